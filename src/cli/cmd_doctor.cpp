@@ -1,0 +1,43 @@
+// `ktier doctor`: what this machine offers ktier (CPU features, cores, memory, GPU module).
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "cli/commands.h"
+#include "cpu/cpu_features.h"
+#include "ktier/version.h"
+
+namespace ktier::cli {
+namespace {
+
+long long meminfo_kib(const std::string& key) {
+  std::ifstream in("/proc/meminfo");
+  std::string k;
+  long long v = 0;
+  std::string unit;
+  while (in >> k >> v >> unit)
+    if (k == key + ":") return v;
+  return -1;
+}
+
+Status run_doctor() {
+  const auto& f = cpu::cpu_features();
+  std::printf("ktier %s (%s)\n", kVersion, kGitRevision);
+  std::printf("cpu: %ld online cores, avx2=%s fma=%s f16c=%s -> %s kernels\n",
+              sysconf(_SC_NPROCESSORS_ONLN), f.avx2 ? "yes" : "no", f.fma ? "yes" : "no",
+              f.f16c ? "yes" : "no", (f.avx2 && f.fma) ? "AVX2+FMA" : "scalar");
+  std::printf("memory: MemTotal %.1f GiB, MemAvailable %.1f GiB\n",
+              meminfo_kib("MemTotal") / 1048576.0, meminfo_kib("MemAvailable") / 1048576.0);
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_doctor_command(CLI::App& app, int& exit_code) {
+  auto* sub = app.add_subcommand("doctor", "Report what this machine offers ktier");
+  sub->callback([&exit_code] { exit_code = finish(run_doctor()); });
+}
+
+}  // namespace ktier::cli

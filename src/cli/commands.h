@@ -1,0 +1,20 @@
+#pragma once
+// Subcommand registry. Each subcommand lives in its own file (cmd_<name>.cpp), adds its
+// options to the CLI11 app and, when invoked, stores its process exit code in `exit_code`.
+// Errors are printed once, by finish(), as "ktier: error: <message>".
+
+#include <CLI/CLI.hpp>
+
+#include "common/status.h"
+
+namespace ktier::cli {
+
+// Prints a non-ok status to stderr and returns its exit code (0 for ok).
+int finish(const Status& status);
+
+void register_synth_command(CLI::App& app, int& exit_code);
+void register_inspect_command(CLI::App& app, int& exit_code);
+void register_tokenize_command(CLI::App& app, int& exit_code);
+void register_doctor_command(CLI::App& app, int& exit_code);
+
+}  // namespace ktier::cli

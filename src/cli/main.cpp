@@ -1,0 +1,59 @@
+// ktier: one binary, subcommands in src/cli/cmd_*.cpp.
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "common/log.h"
+#include "ktier/version.h"
+
+namespace ktier::cli {
+
+int finish(const Status& status) {
+  if (!status.is_ok()) std::fprintf(stderr, "ktier: error: %s\n", status.message().c_str());
+  return status.exit_code();
+}
+
+}  // namespace ktier::cli
+
+int main(int argc, char** argv) {
+  using namespace ktier;
+  CLI::App app{
+      "ktier: decodes Kimi K3 on one machine. The CPU path is exact and the reference;\n"
+      "a GPU, when present, holds hot experts. Exit codes: 0 ok, 1 runtime/I-O, 2 usage/config,\n"
+      "3 corrupt input, 4 budget cannot be met.",
+      "ktier"};
+  app.set_version_flag("--version", std::string("ktier ") + kVersion + " (" + kGitRevision + ")");
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+  app.require_subcommand(1);
+  app.fallthrough();
+
+  int exit_code = 0;
+  cli::register_synth_command(app, exit_code);
+  cli::register_inspect_command(app, exit_code);
+  cli::register_tokenize_command(app, exit_code);
+  cli::register_doctor_command(app, exit_code);
+
+  // The log level must be set before any subcommand callback runs.
+  app.parse_complete_callback([&] {
+    const Status s = set_log_level(log_level);
+    if (!s.is_ok()) throw CLI::ValidationError("--log-level", s.message());
+  });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);  // prints the message
+    return static_cast<int>(ExitCode::kUsage);
+  }
+  return exit_code;
+}

@@ -1,0 +1,87 @@
+#pragma once
+// Element types of tensors on disk and their exact widening to f32.
+// BF16 -> f32: the 16 stored bits become the high half of the f32 pattern (exact).
+// F16  -> f32: exact IEEE half conversion, subnormals, +-inf and NaN included.
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace ktier {
+
+enum class DType : uint8_t { kF32, kBF16, kF16, kU8 };
+
+struct DTypeTraits {
+  DType dtype;
+  std::string_view name;  // safetensors spelling
+  uint32_t size;          // bytes per element
+};
+
+inline constexpr DTypeTraits kDTypeTraits[] = {
+    {DType::kF32, "F32", 4},
+    {DType::kBF16, "BF16", 2},
+    {DType::kF16, "F16", 2},
+    {DType::kU8, "U8", 1},
+};
+
+inline constexpr const DTypeTraits& dtype_traits(DType t) {
+  return kDTypeTraits[static_cast<int>(t)];
+}
+inline constexpr uint32_t dtype_size(DType t) { return dtype_traits(t).size; }
+inline constexpr std::string_view dtype_name(DType t) { return dtype_traits(t).name; }
+
+// Parses a safetensors dtype string; nullopt for dtypes ktier does not read.
+inline std::optional<DType> parse_dtype(std::string_view s) {
+  for (const auto& t : kDTypeTraits)
+    if (t.name == s) return t.dtype;
+  return std::nullopt;
+}
+
+inline float bits_to_f32(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline uint32_t f32_to_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+inline float bf16_to_f32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
+
+// Round-to-nearest-even f32 -> bf16 (writers only; the engine never rounds activations).
+// NaN stays a quiet NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t b = f32_to_bits(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x0040u);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal half: normalise into an f32 normal
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  return bits_to_f32(bits);
+}
+
+}  // namespace ktier
