@@ -42,11 +42,11 @@ def dequant_mxfp4(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
     if scale.shape[1] * GROUP != packed.shape[1] * 2:
         raise ValueError(f"scale_cols*32 != packed_cols*2: packed {packed.shape}, scale {scale.shape}")
     values = E2M1_VALUES[unpack_codes(packed)]  # [rows, in]
-    # 2^(s-127) via ldexp is exact for every byte; 255 becomes a multiplier of 0 (+0.0),
-    # which turns every element of the block into +/-0.
+    # 2^(s-127) via ldexp is exact for every byte (0 gives 2^-127, still exact in float64).
     mult = np.ldexp(1.0, scale.astype(np.int64) - 127)
-    mult = np.where(scale == SCALE_ZERO_BLOCK, 0.0, mult)
     out = values * np.repeat(mult, GROUP, axis=1)
+    # Scale 255: the block contributes nothing; write +0.0 so no -0/NaN leaks out.
+    out[np.repeat(scale == SCALE_ZERO_BLOCK, GROUP, axis=1)] = 0.0
     return out
 
 
