@@ -10,3 +10,7 @@ from .config import ConfigError, K3Config, load_config, parse_config  # noqa: F4
 from .mxfp4 import E2M1_VALUES, dequant_mxfp4  # noqa: F401
 from .safetensors_io import Checkpoint, SafeTensorsError, SafeTensorsFile  # noqa: F401
 from .model import Model, ModelWeights, SeqState, load_model  # noqa: F401
+
+__all__ = ["ConfigError", "K3Config", "load_config", "parse_config", "E2M1_VALUES", "dequant_mxfp4",
+           "Checkpoint", "SafeTensorsError", "SafeTensorsFile", "Model", "ModelWeights", "SeqState",
+           "load_model"]

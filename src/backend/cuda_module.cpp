@@ -1,0 +1,84 @@
+#include "backend/cuda_module.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+namespace ktier {
+namespace {
+
+std::filesystem::path executable_dir() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::filesystem::path(".") : exe.parent_path();
+}
+
+}  // namespace
+
+Result<CudaModuleProbe> probe_cuda_module() {
+  std::vector<std::filesystem::path> candidates;
+  // KTIER_CUDA_MODULE, when set, is the only place looked at (debugging a specific build).
+  if (const char* env = std::getenv("KTIER_CUDA_MODULE"); env && *env)
+    candidates.emplace_back(env);
+  else
+    candidates.push_back(executable_dir() / "libktier_cuda.so");
+
+  std::string tried;
+  for (const auto& path : candidates) {
+    if (!std::filesystem::exists(path)) {
+      tried += (tried.empty() ? "" : ", ") + path.string() + " (absent)";
+      continue;
+    }
+    // The module stays loaded for the life of the process (the CUDA runtime inside it
+    // registers exit handlers), so the handle is never closed.
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      tried += (tried.empty() ? "" : ", ") + path.string() + " (" + dlerror() + ")";
+      continue;
+    }
+    auto abi = reinterpret_cast<KtierCudaAbiVersionFn>(dlsym(handle, "ktier_cuda_abi_version"));
+    auto probe = reinterpret_cast<KtierCudaProbeFn>(dlsym(handle, "ktier_cuda_probe"));
+    if (!abi || !probe)
+      return Status::runtime(path.string() + " is not a ktier CUDA module (symbols missing)");
+    if (abi() != KTIER_CUDA_ABI_VERSION)
+      return Status::runtime(path.string() + " has ABI version " + std::to_string(abi()) +
+                             ", this ktier needs " + std::to_string(KTIER_CUDA_ABI_VERSION) +
+                             " (rebuild both from the same tree)");
+    CudaModuleProbe out;
+    out.module_path = path.string();
+    probe(&out.probe);
+    return out;
+  }
+  return Status::runtime("CUDA module not loaded: " + tried +
+                         " (this build has no CUDA backend, or the module was not installed)");
+}
+
+std::string describe_cuda(const Result<CudaModuleProbe>& probe) {
+  if (!probe.is_ok()) return "cuda: unavailable, using the CPU path: " + probe.status().message();
+  const KtierCudaProbe& p = probe->probe;
+  char buf[512];
+  if (p.device_count == 0) {
+    std::snprintf(buf, sizeof(buf),
+                  "cuda: module %s loaded (runtime %d, driver %d) but no usable GPU: %s; "
+                  "using the CPU path",
+                  probe->module_path.c_str(), p.runtime_version, p.driver_version, p.error);
+    return buf;
+  }
+  std::string s;
+  std::snprintf(buf, sizeof(buf), "cuda: %d device(s), runtime %d, driver %d, module %s",
+                p.device_count, p.runtime_version, p.driver_version, probe->module_path.c_str());
+  s = buf;
+  for (int d = 0; d < p.device_count; ++d) {
+    const KtierCudaDeviceInfo& i = p.devices[d];
+    std::snprintf(buf, sizeof(buf), "\n  [%d] %s, sm_%d%d, %d SMs, %.1f GiB total, %.1f GiB free",
+                  d, i.name, i.compute_major, i.compute_minor, i.multiprocessors,
+                  i.total_bytes / 1073741824.0, i.free_bytes / 1073741824.0);
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace ktier

@@ -1,0 +1,27 @@
+#pragma once
+// Finding and loading the optional CUDA module (libktier_cuda.so) at run time.
+// The module is looked for next to the ktier executable, or only at $KTIER_CUDA_MODULE when
+// that is set (debugging only, see docs/TUNING.md). Thread-safety: call from main only.
+
+#include <string>
+#include <vector>
+
+#include "backend/cuda_module_abi.h"
+#include "common/status.h"
+
+namespace ktier {
+
+struct CudaModuleProbe {
+  std::string module_path;  // the file that was loaded
+  KtierCudaProbe probe;     // what the module found (device_count may be 0)
+};
+
+// Loads the module and asks it for devices. A non-ok Status explains why CUDA cannot be used
+// (module missing, ABI mismatch, symbol missing); its code is kRuntime. A loaded module
+// that sees no device returns ok with probe.device_count == 0 and probe.error set.
+Result<CudaModuleProbe> probe_cuda_module();
+
+// One line for logs and `ktier doctor`: the devices, or why the CPU path is used.
+std::string describe_cuda(const Result<CudaModuleProbe>& probe);
+
+}  // namespace ktier

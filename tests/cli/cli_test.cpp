@@ -1,0 +1,66 @@
+// The ktier executable as a user meets it: help, version, exit codes, CUDA fallback.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/run_process.h"
+#include "common/test_paths.h"
+
+namespace ktier::test {
+namespace {
+
+std::string ktier() { return ktier_bin().string(); }
+
+TEST(Cli, HelpListsEverySubcommandAndExitsZero) {
+  const auto r = run_process(ktier() + " --help");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const char* sub : {"synth", "inspect", "tokenize", "doctor"})
+    EXPECT_NE(r.out.find(sub), std::string::npos) << "--help does not mention " << sub;
+}
+
+TEST(Cli, VersionPrintsProjectVersion) {
+  const auto r = run_process(ktier() + " --version");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out.rfind("ktier 0.", 0), 0u) << r.out;
+}
+
+TEST(Cli, UsageErrorsExitTwo) {
+  EXPECT_EQ(run_process(ktier()).exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " no-such-subcommand").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " --log-level loud doctor").exit_code, 2);
+}
+
+// Without a GPU (as in CI) doctor must still succeed and say the CPU path is used; with one,
+// it lists the devices. Either way the answer is one of the two, never a crash.
+TEST(Cli, DoctorReportsCudaStateWithoutFailing) {
+  const auto r = run_process(ktier() + " doctor");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const bool cpu_path = r.out.find("using the CPU path") != std::string::npos;
+  const bool gpu = r.out.find("device(s)") != std::string::npos;
+  EXPECT_TRUE(cpu_path != gpu) << r.out;
+}
+
+// A broken module must not take the binary down: it is reported and the CPU path is used.
+TEST(Cli, BrokenCudaModuleFallsBackToCpu) {
+  const auto fake = std::filesystem::temp_directory_path() / "ktier_fake_cuda_module.so";
+  std::ofstream(fake) << "not an ELF file";
+  const auto r = run_process("KTIER_CUDA_MODULE=" + fake.string() + " " + ktier() + " doctor");
+  std::filesystem::remove(fake);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("cuda: unavailable, using the CPU path: CUDA module not loaded"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(fake.string()), std::string::npos) << "the reason names the file";
+}
+
+// The executable itself must never need libcudart or libcublas (they live in the module).
+TEST(Cli, ExecutableDoesNotLinkCudaLibraries) {
+  const auto r = run_process("readelf -d " + ktier());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("NEEDED"), std::string::npos);
+  EXPECT_EQ(r.out.find("cudart"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("cublas"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace ktier::test

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what ktier needs on Debian 12 (only what is missing), then configures and builds.
+# Idempotent: a second run installs nothing and rebuilds incrementally.
+#   tools/setup.sh            # deps + build into ./build
+#   KTIER_BUILD_DIR=dir tools/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${KTIER_BUILD_DIR:-build}
+
+# Debian packages: build tools, libraries, and the Python/Node tooling used by the tests.
+PACKAGES=(build-essential cmake pkg-config git
+  liburing-dev libzstd-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+  libcli11-dev libxxhash-dev libbenchmark-dev unicode-data
+  python3-torch python3-numpy python3-pytest python3-matplotlib)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# Node.js and npm (tokenizer cross-check against js-tiktoken). NodeSource's nodejs already
+# bundles npm and conflicts with Debian's npm package, so only install what is absent.
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
+
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+else
+  echo "setup: all Debian packages present"
+fi
+
+# js-tiktoken, pinned by package-lock.json, for the tokenizer cross-check test.
+XCHECK=tools/tokenizer/xcheck
+if [ -f "$XCHECK/package-lock.json" ] && [ ! -d "$XCHECK/node_modules" ]; then
+  echo "setup: npm ci in $XCHECK"
+  npm ci --prefix "$XCHECK" --no-audit --no-fund --loglevel=error
+fi
+
+# Configure and build. CUDA is used when nvcc is found (KTIER_CUDA=AUTO), never required.
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo ${KTIER_CMAKE_ARGS:-}
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+echo "setup: built $BUILD_DIR/ktier"
