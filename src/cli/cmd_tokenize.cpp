@@ -1,11 +1,131 @@
-// Placeholder: replaced by the real 'tokenize' subcommand in this same change set.
+// ktier tokenize: encode text to ids or decode ids to text with a K3 (or o200k) tokenizer.
+//
+//   ktier tokenize --tokenizer DIR (-p TEXT | -f FILE) [--special] [--pattern k3|o200k]
+//       prints the ids on one line, comma-separated ("19180,2695"; empty line for empty text)
+//   ktier tokenize --tokenizer DIR --decode --ids 1,2,3 [--skip-special]
+//       prints the decoded bytes exactly, followed by one newline
+//
+// DIR holds tiktoken.model and tokenizer_config.json; a bare tiktoken.model file is accepted
+// too (no added tokens). -f - reads standard input. Exit codes: 2 usage (bad options, missing
+// files, unknown ids), 3 corrupt tokenizer files, 1 I/O failure.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <string>
+
 #include "cli/commands.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ktier::cli {
+namespace {
+
+struct TokenizeArgs {
+  std::string tokenizer;
+  std::string text;
+  std::string file;
+  std::string ids;
+  std::string pattern = "k3";
+  bool special = false;
+  bool decode = false;
+  bool skip_special = false;
+  bool has_text = false;
+};
+
+Result<std::string> read_input(const std::string& file) {
+  if (file == "-") {
+    std::string s((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    if (std::cin.bad()) return Status::runtime("error reading standard input");
+    return s;
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Status::usage(file + ": cannot open input file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::runtime(file + ": read error");
+  return std::move(ss).str();
+}
+
+Result<std::vector<uint32_t>> parse_ids(const std::string& s) {
+  std::vector<uint32_t> ids;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    std::string item = s.substr(pos, comma - pos);
+    const size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
+    item = a == std::string::npos ? "" : item.substr(a, b - a + 1);
+    if (item.empty() && comma == s.size() && ids.empty() && pos == 0) break;  // "--ids ''"
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 10 ||
+        std::stoull(item) > 0xFFFFFFFFull) {
+      return Status::usage("--ids: '" + item + "' is not a token id (expected e.g. --ids 19180,2695)");
+    }
+    ids.push_back(static_cast<uint32_t>(std::stoull(item)));
+    pos = comma + 1;
+  }
+  return ids;
+}
+
+Status run_tokenize(const TokenizeArgs& a) {
+  KTIER_ASSIGN_OR_RETURN(const tok::SplitPattern pattern, tok::parse_pattern(a.pattern));
+  if (a.decode) {
+    if (a.has_text || !a.file.empty()) return Status::usage("--decode takes --ids, not -p or -f");
+  } else {
+    if (!a.ids.empty()) return Status::usage("--ids needs --decode");
+    if (a.has_text == !a.file.empty()) return Status::usage("give exactly one of -p TEXT or -f FILE");
+  }
+  KTIER_ASSIGN_OR_RETURN(const tok::Tokenizer t, tok::Tokenizer::load(a.tokenizer, pattern));
+  if (a.decode) {
+    KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> ids, parse_ids(a.ids));
+    KTIER_ASSIGN_OR_RETURN(const std::string text, t.decode(ids, a.skip_special));
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fputc('\n', stdout);
+  } else {
+    std::string input;
+    if (a.has_text) {
+      input = a.text;
+    } else {
+      KTIER_ASSIGN_OR_RETURN(input, read_input(a.file));
+    }
+    const std::vector<uint32_t> ids = t.encode(input, a.special);
+    std::string line;
+    line.reserve(ids.size() * 7);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) line += ',';
+      line += std::to_string(ids[i]);
+    }
+    line += '\n';
+    std::fwrite(line.data(), 1, line.size(), stdout);
+  }
+  if (std::fflush(stdout) != 0) return Status::runtime("error writing standard output");
+  return Status::ok();
+}
+
+}  // namespace
 
 void register_tokenize_command(CLI::App& app, int& exit_code) {
-  auto* sub = app.add_subcommand("tokenize", "(not implemented yet)");
-  sub->callback([&exit_code] { exit_code = finish(Status::runtime("tokenize is not implemented yet")); });
+  auto args = std::make_shared<TokenizeArgs>();
+  auto* sub = app.add_subcommand("tokenize", "Encode text to token ids, or decode ids to text");
+  sub->add_option("--tokenizer", args->tokenizer,
+                  "Folder with tiktoken.model and tokenizer_config.json (or a tiktoken.model file)")
+      ->required();
+  auto* p = sub->add_option("-p,--prompt", args->text, "Text to encode");
+  auto* f = sub->add_option("-f,--file", args->file, "File to encode ('-' for standard input)");
+  p->excludes(f);
+  sub->add_flag("--special", args->special,
+                "Encode added-token strings in the input as their ids (trusted text only)");
+  sub->add_option("--pattern", args->pattern,
+                  "Split pattern: k3 (default) or o200k (OpenAI's, for cross-checks)")
+      ->capture_default_str();
+  sub->add_flag("--decode", args->decode, "Decode --ids instead of encoding");
+  sub->add_option("--ids", args->ids, "Comma-separated token ids to decode");
+  sub->add_flag("--skip-special", args->skip_special,
+                "When decoding, drop added tokens flagged special");
+  sub->callback([args, p, &exit_code] {
+    args->has_text = p->count() > 0;
+    exit_code = finish(run_tokenize(*args));
+  });
 }
 
 }  // namespace ktier::cli
