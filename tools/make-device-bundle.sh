@@ -10,4 +10,5 @@ cmake -S . -B "$BUILD_DIR" -DKTIER_CUDA=ON
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target ktier ktier_cuda
 rm -rf build-device && mkdir -p build-device
 cp "$BUILD_DIR/ktier" "$BUILD_DIR/libktier_cuda.so" build-device/
+strip build-device/ktier  # debug info would exceed the 64 MiB a device call carries
 ls -la build-device

@@ -1,0 +1,207 @@
+#include "format/safetensors_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+namespace ktier::format {
+namespace {
+
+// Appends at or above this size skip the staging buffer (one write per large chunk).
+constexpr size_t kDirectWriteBytes = 256u << 10;
+constexpr size_t kBufferBytes = 1u << 20;
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+Status validate_decls(const std::filesystem::path& path, const std::vector<TensorDecl>& tensors) {
+  std::set<std::string> seen;
+  for (const auto& t : tensors) {
+    if (t.name.empty()) return Status::runtime(path.string() + ": a tensor has an empty name");
+    if (t.name == "__metadata__")
+      return Status::runtime(path.string() + ": '__metadata__' is reserved, not a tensor name");
+    if (!seen.insert(t.name).second)
+      return Status::runtime(path.string() + ": tensor '" + t.name + "' is declared twice");
+    for (int64_t d : t.shape)
+      if (d < 0)
+        return Status::runtime(path.string() + ": tensor '" + t.name + "' has a negative dimension");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+uint64_t TensorDecl::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+std::string SafetensorsWriter::header_json(const std::vector<TensorDecl>& tensors,
+                                           const std::map<std::string, std::string>& metadata) {
+  // ordered_json keeps members in insertion order, i.e. file order.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = std::move(meta);
+  }
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+    entry["dtype"] = std::string(dtype_name(t.dtype));
+    entry["shape"] = t.shape;
+    entry["data_offsets"] = {offset, offset + t.nbytes()};
+    offset += t.nbytes();
+    header[t.name] = std::move(entry);
+  }
+  // `replace` instead of throwing on a name that is not valid UTF-8.
+  std::string text = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+Result<SafetensorsWriter> SafetensorsWriter::create(
+    const std::filesystem::path& path, std::vector<TensorDecl> tensors,
+    const std::map<std::string, std::string>& metadata) {
+  KTIER_RETURN_IF_ERROR(validate_decls(path, tensors));
+  SafetensorsWriter w;
+  w.path_ = path;
+  w.partial_path_ = path;
+  w.partial_path_ += ".partial";
+  uint64_t end = 0;
+  for (const auto& t : tensors) {
+    end += t.nbytes();
+    w.ends_.push_back(end);
+  }
+  w.data_bytes_ = end;
+  const std::string header = header_json(tensors, metadata);
+  w.header_bytes_ = header.size();
+  w.tensors_ = std::move(tensors);
+
+  w.fd_ = ::open(w.partial_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w.fd_ < 0)
+    return Status::runtime("cannot create " + w.partial_path_.string() + ": " + errno_text(errno));
+  w.buffer_.reserve(kBufferBytes);
+  uint8_t len_le[8];
+  for (int i = 0; i < 8; ++i) len_le[i] = static_cast<uint8_t>(w.header_bytes_ >> (8 * i));
+  KTIER_RETURN_IF_ERROR(w.write_fd(len_le, 8));
+  KTIER_RETURN_IF_ERROR(w.write_fd(header.data(), header.size()));
+  return w;
+}
+
+SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& other) noexcept { *this = std::move(other); }
+
+SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& other) noexcept {
+  if (this != &other) {
+    abandon();
+    path_ = std::move(other.path_);
+    partial_path_ = std::move(other.partial_path_);
+    fd_ = std::exchange(other.fd_, -1);
+    tensors_ = std::move(other.tensors_);
+    ends_ = std::move(other.ends_);
+    header_bytes_ = other.header_bytes_;
+    data_bytes_ = other.data_bytes_;
+    written_ = other.written_;
+    buffer_ = std::move(other.buffer_);
+    finished_ = std::exchange(other.finished_, true);
+  }
+  return *this;
+}
+
+SafetensorsWriter::~SafetensorsWriter() { abandon(); }
+
+void SafetensorsWriter::abandon() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+    if (!finished_) ::unlink(partial_path_.c_str());
+  }
+}
+
+Status SafetensorsWriter::write_fd(const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t r = ::write(fd_, p, n);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Status::runtime("cannot write " + partial_path_.string() + ": " + errno_text(errno));
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return Status::ok();
+}
+
+Status SafetensorsWriter::flush_buffer() {
+  if (buffer_.empty()) return Status::ok();
+  Status s = write_fd(buffer_.data(), buffer_.size());
+  buffer_.clear();
+  return s;
+}
+
+std::string SafetensorsWriter::tensor_at(uint64_t offset) const {
+  for (size_t i = 0; i < ends_.size(); ++i)
+    if (offset < ends_[i]) return "'" + tensors_[i].name + "'";
+  return "(past the last tensor)";
+}
+
+Status SafetensorsWriter::append(const void* data, size_t n) {
+  if (fd_ < 0 || finished_)
+    return Status::runtime(path_.string() + ": append after the writer was finished or failed");
+  if (n > data_bytes_ - written_) {
+    return Status::runtime(path_.string() + ": " + std::to_string(n) + " bytes appended at data offset " +
+                           std::to_string(written_) + " in tensor " + tensor_at(written_) +
+                           ", but only " + std::to_string(data_bytes_ - written_) +
+                           " bytes remain of the declared " + std::to_string(data_bytes_));
+  }
+  if (n >= kDirectWriteBytes) {
+    KTIER_RETURN_IF_ERROR(flush_buffer());
+    KTIER_RETURN_IF_ERROR(write_fd(data, n));
+  } else {
+    if (buffer_.size() + n > kBufferBytes) KTIER_RETURN_IF_ERROR(flush_buffer());
+    const auto* p = static_cast<const uint8_t*>(data);
+    buffer_.insert(buffer_.end(), p, p + n);
+  }
+  written_ += n;
+  return Status::ok();
+}
+
+Status SafetensorsWriter::finish() {
+  if (fd_ < 0 || finished_)
+    return Status::runtime(path_.string() + ": finish after the writer was finished or failed");
+  if (written_ != data_bytes_) {
+    const Status s = Status::runtime(
+        path_.string() + ": only " + std::to_string(written_) + " of " + std::to_string(data_bytes_) +
+        " data bytes were written; tensor " + tensor_at(written_) + " is incomplete");
+    abandon();
+    return s;
+  }
+  Status s = flush_buffer();
+  if (!s.is_ok()) {
+    abandon();
+    return s;
+  }
+  if (::close(fd_) != 0) {
+    const int err = errno;
+    fd_ = -1;
+    ::unlink(partial_path_.c_str());
+    return Status::runtime("cannot close " + partial_path_.string() + ": " + errno_text(err));
+  }
+  fd_ = -1;
+  if (::rename(partial_path_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(partial_path_.c_str());
+    return Status::runtime("cannot rename " + partial_path_.string() + " to " + path_.string() +
+                           ": " + errno_text(err));
+  }
+  finished_ = true;
+  return Status::ok();
+}
+
+}  // namespace ktier::format

@@ -1,0 +1,506 @@
+#include "synth/synth.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "format/safetensors_writer.h"
+#include "synth/config_gen.h"
+#include "synth/plan.h"
+#include "synth/progress.h"
+#include "synth/tokenizer_gen.h"
+#include "synth/values.h"
+
+namespace ktier::synth {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr const char* kConfigName = "config.json";
+constexpr const char* kSmallFiles[] = {"generation_config.json", "tiktoken.model",
+                                       "tokenizer_config.json"};
+// Upper bound on one work unit of float bytes; a multiple of 32 elements of any dtype.
+constexpr uint64_t kChunkBytes = 8ull << 20;
+// Elements generated per inner step (fits L1/L2 together with its encoded bytes).
+constexpr size_t kBlockElems = 8192;
+
+// ---- output directory -------------------------------------------------------------------------
+
+bool is_shard_name(const std::string& n) {
+  // model-{5 digits}-of-{6 digits}.safetensors, optionally with the writer's ".partial" suffix.
+  std::string base = n;
+  if (base.size() > 8 && base.compare(base.size() - 8, 8, ".partial") == 0) base.resize(base.size() - 8);
+  if (base.size() != 33 || base.compare(0, 6, "model-") != 0 || base.compare(11, 4, "-of-") != 0 ||
+      base.compare(21, 12, ".safetensors") != 0)
+    return false;
+  for (size_t i : {6, 7, 8, 9, 10, 15, 16, 17, 18, 19, 20})
+    if (base[i] < '0' || base[i] > '9') return false;
+  return true;
+}
+
+bool is_our_file(const std::string& n) {
+  if (is_shard_name(n)) return true;
+  std::string base = n;
+  if (base.size() > 4 && base.compare(base.size() - 4, 4, ".tmp") == 0) base.resize(base.size() - 4);
+  if (base == kIndexName || base == kConfigName) return true;
+  for (const char* s : kSmallFiles)
+    if (base == s) return true;
+  return false;
+}
+
+Status remove_file(const fs::path& p) {
+  std::error_code ec;
+  fs::remove(p, ec);
+  if (ec) return Status::runtime("cannot remove " + p.string() + ": " + ec.message());
+  return Status::ok();
+}
+
+Status prepare_output_dir(const fs::path& dir, bool force) {
+  std::error_code ec;
+  const auto st = fs::status(dir, ec);
+  if (fs::exists(st)) {
+    if (!fs::is_directory(st))
+      return Status::usage(dir.string() + " exists and is not a directory");
+    const bool empty = fs::is_empty(dir, ec);
+    if (ec) return Status::runtime("cannot read " + dir.string() + ": " + ec.message());
+    if (!empty && !force)
+      return Status::usage(dir.string() + " is not empty; pass --force to overwrite a checkpoint there");
+    if (!empty) {
+      // Index and config first: from here on the old checkpoint no longer looks complete.
+      KTIER_RETURN_IF_ERROR(remove_file(dir / kIndexName));
+      KTIER_RETURN_IF_ERROR(remove_file(dir / kConfigName));
+      std::vector<fs::path> doomed;
+      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+        if (is_our_file(it->path().filename().string())) doomed.push_back(it->path());
+      if (ec) return Status::runtime("cannot list " + dir.string() + ": " + ec.message());
+      for (const auto& p : doomed) KTIER_RETURN_IF_ERROR(remove_file(p));
+    }
+    return Status::ok();
+  }
+  fs::create_directories(dir, ec);
+  if (ec) return Status::runtime("cannot create " + dir.string() + ": " + ec.message());
+  return Status::ok();
+}
+
+// Writes `text` to dir/name through dir/name.tmp and a rename.
+Status write_small_file(const fs::path& dir, const std::string& name, const std::string& text,
+                        uint64_t* disk_bytes) {
+  const fs::path final_path = dir / name;
+  fs::path tmp = final_path;
+  tmp += ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(text.data(), static_cast<std::streamsize>(text.size()));
+    f.close();
+    if (!f) {
+      const std::string why = std::strerror(errno);  // set by the failing libc call on Linux
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      return Status::runtime("cannot write " + tmp.string() + ": " + why);
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, final_path, ec);
+  if (ec) return Status::runtime("cannot rename " + tmp.string() + " to " + final_path.string() + ": " + ec.message());
+  *disk_bytes += text.size();
+  return Status::ok();
+}
+
+// ---- work units --------------------------------------------------------------------------------
+
+// A run of one tensor's bytes: elements [first, first + count), or for MXFP4 the whole packed
+// tensor followed by its scale tensor.
+struct Segment {
+  uint32_t tensor = 0;
+  uint64_t first = 0;  // first element (value index)
+  uint64_t count = 0;  // elements
+  uint64_t bytes = 0;
+};
+
+// A contiguous byte range of one shard's data section, produced by one call of produce(). Small
+// tensors are batched into one unit (up to kBatchBytes) so that handing units between threads
+// does not dominate small checkpoints.
+struct WorkUnit {
+  uint32_t shard = 0;
+  std::vector<Segment> segments;
+  uint64_t bytes = 0;
+};
+
+constexpr uint64_t kBatchBytes = 1ull << 20;
+
+std::vector<WorkUnit> make_units(const Plan& plan) {
+  std::vector<WorkUnit> units;
+  auto add = [&](uint32_t shard, const Segment& seg) {
+    if (units.empty() || units.back().shard != shard || units.back().bytes + seg.bytes > kBatchBytes)
+      units.push_back({shard, {}, 0});
+    units.back().segments.push_back(seg);
+    units.back().bytes += seg.bytes;
+  };
+  for (size_t s = 0; s < plan.shards.size(); ++s) {
+    const auto shard = static_cast<uint32_t>(s);
+    const auto& ts = plan.shards[s].tensors;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const PlannedTensor& t = ts[i];
+      const auto ti = static_cast<uint32_t>(i);
+      if (t.encoding == Encoding::kMxfp4Scale) continue;  // produced with its packed tensor
+      if (t.encoding == Encoding::kMxfp4Packed) {
+        add(shard, {ti, 0, static_cast<uint64_t>(t.rows * t.cols), t.decl.nbytes() + ts[i + 1].decl.nbytes()});
+        continue;
+      }
+      const uint64_t size = dtype_size(t.decl.dtype);
+      const uint64_t per = std::max<uint64_t>(32, kChunkBytes / size / 32 * 32);
+      const uint64_t n = t.decl.numel();
+      for (uint64_t first = 0; first < n; first += per) {
+        const uint64_t count = std::min(per, n - first);
+        add(shard, {ti, first, count, count * size});
+      }
+    }
+  }
+  return units;
+}
+
+struct UnitStats {
+  HighByteHistogram trunk, model;
+  std::array<uint64_t, 256> scales{};
+  void clear() { *this = UnitStats(); }
+};
+
+// Writes the bytes of one segment to out[0 .. seg.bytes).
+void produce_segment(const PlannedShard& shard, const Segment& seg, uint8_t* out,
+                     std::vector<float>& scratch, UnitStats& stats) {
+  const PlannedTensor& t = shard.tensors[seg.tensor];
+  if (t.encoding == Encoding::kMxfp4Packed) {
+    const size_t cols = static_cast<size_t>(t.cols);
+    const size_t packed_bytes = static_cast<size_t>(t.rows) * cols / 2;
+    scratch.resize(cols);
+    for (size_t r = 0; r < static_cast<size_t>(t.rows); ++r) {
+      generate_values(t.values, r * cols, cols, scratch.data());
+      for (size_t g = 0; g < cols / kMxfp4Group; ++g) {
+        const uint8_t s = mxfp4_quantize_group(scratch.data() + g * kMxfp4Group,
+                                               out + r * cols / 2 + g * kMxfp4Group / 2);
+        out[packed_bytes + r * (cols / kMxfp4Group) + g] = s;
+        ++stats.scales[s];
+      }
+    }
+    return;
+  }
+  HighByteHistogram* hist = t.group == TensorGroup::kTrunk   ? &stats.trunk
+                            : t.group == TensorGroup::kModel ? &stats.model
+                                                             : nullptr;
+  const bool dequant = t.encoding == Encoding::kDequantF32 || t.encoding == Encoding::kDequantBF16;
+  const bool bf16 = t.encoding == Encoding::kBF16 || t.encoding == Encoding::kDequantBF16;
+  const size_t esize = bf16 ? 2 : 4;
+  scratch.resize(kBlockElems);
+  for (uint64_t off = 0; off < seg.count; off += kBlockElems) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBlockElems, seg.count - off));
+    generate_values(t.values, seg.first + off, n, scratch.data());
+    // Segments start at multiples of 32 and quantisable matrices hold whole groups: n % 32 == 0.
+    if (dequant) mxfp4_round_trip(scratch.data(), n);
+    uint8_t* dst = out + off * esize;
+    if (bf16)
+      encode_bf16(scratch.data(), n, dst, hist);
+    else
+      encode_f32(scratch.data(), n, dst);
+  }
+}
+
+void produce(const Plan& plan, const WorkUnit& u, std::vector<uint8_t>& out,
+             std::vector<float>& scratch, UnitStats& stats) {
+  out.resize(u.bytes);
+  uint64_t off = 0;
+  for (const Segment& seg : u.segments) {
+    produce_segment(plan.shards[u.shard], seg, out.data() + off, scratch, stats);
+    off += seg.bytes;
+  }
+}
+
+// ---- the pipeline ------------------------------------------------------------------------------
+
+// Workers produce units into a ring of slots; the calling thread writes them in order.
+class Pipeline {
+ public:
+  Pipeline(const Plan& plan, const std::vector<WorkUnit>& units, int threads)
+      : plan_(plan), units_(units), threads_(threads), slots_(static_cast<size_t>(2 * threads + 2)) {}
+
+  // `consume(unit, bytes, stats)` runs on the calling thread, in unit order.
+  template <typename Consume>
+  Status run(Consume&& consume) {
+    std::vector<std::thread> workers;
+    try {
+      for (int i = 0; i < threads_; ++i) workers.emplace_back([this] { work(); });
+    } catch (const std::exception& e) {
+      stop(workers);
+      return Status::runtime(std::string("cannot start generator threads: ") + e.what());
+    }
+    Status status;
+    for (size_t i = 0; i < units_.size() && status.is_ok(); ++i) {
+      Slot& slot = slots_[i % slots_.size()];
+      {
+        std::unique_lock lock(mu_);
+        cv_ready_.wait(lock, [&] { return slot.ready || !error_.empty(); });
+        if (!error_.empty()) {
+          status = Status::runtime(error_);
+          break;
+        }
+      }
+      status = consume(units_[i], slot.bytes, slot.stats);
+      {
+        std::lock_guard lock(mu_);
+        slot.ready = false;
+        consumed_ = i + 1;
+      }
+      cv_free_.notify_all();
+    }
+    stop(workers);
+    return status;
+  }
+
+ private:
+  struct Slot {
+    std::vector<uint8_t> bytes;
+    UnitStats stats;
+    bool ready = false;
+  };
+
+  void work() {
+    std::vector<float> scratch;
+    for (;;) {
+      size_t i;
+      {
+        std::unique_lock lock(mu_);
+        if (next_ >= units_.size() || abort_) return;
+        i = next_++;
+        // Slot i % K is free once unit i − K has been written.
+        cv_free_.wait(lock, [&] { return i < consumed_ + slots_.size() || abort_; });
+        if (abort_) return;
+      }
+      Slot& slot = slots_[i % slots_.size()];
+      try {
+        slot.stats.clear();
+        produce(plan_, units_[i], slot.bytes, scratch, slot.stats);
+      } catch (const std::exception& e) {  // allocation failure: report, never escape
+        std::lock_guard lock(mu_);
+        error_ = std::string("generating synthetic weights failed: ") + e.what();
+        abort_ = true;
+        cv_ready_.notify_all();
+        cv_free_.notify_all();
+        return;
+      }
+      {
+        std::lock_guard lock(mu_);
+        slot.ready = true;
+      }
+      cv_ready_.notify_all();
+    }
+  }
+
+  void stop(std::vector<std::thread>& workers) {
+    {
+      std::lock_guard lock(mu_);
+      abort_ = true;
+    }
+    cv_free_.notify_all();
+    for (auto& w : workers) w.join();
+  }
+
+  const Plan& plan_;
+  const std::vector<WorkUnit>& units_;
+  int threads_;
+  std::vector<Slot> slots_;
+  std::mutex mu_;
+  std::condition_variable cv_ready_, cv_free_;
+  size_t next_ = 0;      // next unit to hand out (guarded by mu_)
+  size_t consumed_ = 0;  // units written so far (guarded by mu_)
+  bool abort_ = false;
+  std::string error_;
+};
+
+// ---- run ----------------------------------------------------------------------------------------
+
+std::string index_json(const Plan& plan) {
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (const auto& shard : plan.shards)
+    for (const auto& t : shard.tensors) weight_map[t.decl.name] = shard.file_name;
+  const nlohmann::json index = {{"metadata", {{"total_size", plan.data_bytes()}}},
+                                {"weight_map", std::move(weight_map)}};
+  return index.dump(2) + "\n";
+}
+
+std::vector<format::TensorDecl> decls_of(const PlannedShard& shard) {
+  std::vector<format::TensorDecl> decls;
+  decls.reserve(shard.tensors.size());
+  for (const auto& t : shard.tensors) decls.push_back(t.decl);
+  return decls;
+}
+
+Status write_shards(const Plan& plan, const fs::path& dir, int threads, bool progress,
+                    SynthReport& report) {
+  const std::vector<WorkUnit> units = make_units(plan);
+  uint64_t total = 0;
+  for (const auto& shard : plan.shards)
+    total += 8 + format::SafetensorsWriter::header_json(decls_of(shard)).size();
+  total += plan.data_bytes();
+  ProgressMeter meter("synth", total, progress);
+  HighByteHistogram trunk_hist, model_hist;
+
+  std::optional<format::SafetensorsWriter> writer;
+  int64_t current = -1;
+  uint64_t done = 0;
+  // Finishes shards up to `target` − 1 and opens `target`.
+  auto advance_to = [&](int64_t target) -> Status {
+    while (current < target) {
+      if (writer) {
+        KTIER_RETURN_IF_ERROR(writer->finish());
+        writer.reset();
+      }
+      if (++current >= static_cast<int64_t>(plan.shards.size())) break;
+      const PlannedShard& shard = plan.shards[static_cast<size_t>(current)];
+      KTIER_ASSIGN_OR_RETURN(auto w, format::SafetensorsWriter::create(dir / shard.file_name, decls_of(shard)));
+      done += 8 + w.header_bytes();
+      report.disk_bytes += w.file_bytes();
+      writer.emplace(std::move(w));
+    }
+    return Status::ok();
+  };
+  Pipeline pipeline(plan, units, threads);
+  Status s = pipeline.run([&](const WorkUnit& u, const std::vector<uint8_t>& bytes, const UnitStats& st) -> Status {
+    KTIER_RETURN_IF_ERROR(advance_to(u.shard));
+    KTIER_RETURN_IF_ERROR(writer->append(bytes.data(), bytes.size()));
+    trunk_hist.merge(st.trunk);
+    model_hist.merge(st.model);
+    for (int i = 0; i < 256; ++i) report.scale_bytes[static_cast<size_t>(i)] += st.scales[static_cast<size_t>(i)];
+    done += bytes.size();
+    meter.update(done);
+    return Status::ok();
+  });
+  if (s.is_ok()) s = advance_to(static_cast<int64_t>(plan.shards.size()));
+  if (!s.is_ok()) return s;
+  meter.finish(done);
+  report.trunk_high_byte_entropy = trunk_hist.entropy_bits();
+  report.model_high_byte_entropy = model_hist.entropy_bits();
+  return Status::ok();
+}
+
+Result<SynthReport> run_synth_impl(const SynthOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  KTIER_ASSIGN_OR_RETURN(SynthShape preset, preset_shape(o.preset));
+  KTIER_ASSIGN_OR_RETURN(SynthShape shape, apply_overrides(std::move(preset), o.overrides, o.experts));
+  if (o.out_dir.empty()) return Status::usage("no output directory given (-o DIR)");
+  KTIER_ASSIGN_OR_RETURN(SynthVocab vocab, build_vocab(shape.bpe_merges, shape.added_tokens, shape.vocab));
+  const Plan plan = build_plan(shape, o.experts, o.seed);
+  KTIER_RETURN_IF_ERROR(prepare_output_dir(o.out_dir, o.force));
+
+  SynthReport r;
+  r.shape = shape;
+  r.experts = o.experts;
+  r.seed = o.seed;
+  r.out_dir = o.out_dir;
+  r.shards = static_cast<int64_t>(plan.shards.size());
+  r.ranks = static_cast<int64_t>(vocab.ranks.size());
+  r.merges_learned = vocab.merges_learned;
+  r.added_begin = vocab.added_begin;
+  for (const auto& shard : plan.shards)
+    for (const auto& t : shard.tensors) {
+      ++r.tensors;
+      const uint64_t b = t.decl.nbytes();
+      switch (t.group) {
+        case TensorGroup::kTrunk: ++r.trunk_tensors, r.trunk_bytes += b; break;
+        case TensorGroup::kModel: ++r.model_tensors, r.model_bytes += b; break;
+        case TensorGroup::kExpert: ++r.expert_tensors, r.expert_bytes += b; break;
+      }
+    }
+
+  KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, "tiktoken.model", tiktoken_model_text(vocab), &r.disk_bytes));
+  KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, "tokenizer_config.json", tokenizer_config_json(vocab), &r.disk_bytes));
+  KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, "generation_config.json", generation_config_json(vocab), &r.disk_bytes));
+  int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  threads = std::clamp(threads, 1, 64);
+  KTIER_RETURN_IF_ERROR(write_shards(plan, o.out_dir, threads, o.progress, r));
+  // Last: config, then the index. Until the index exists the directory is not a checkpoint.
+  KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, kConfigName, config_json(shape, o.experts, vocab), &r.disk_bytes));
+  KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, kIndexName, index_json(plan), &r.disk_bytes));
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.routing = routing_proxy(shape, plan, vocab);
+  return r;
+}
+
+std::string join_ints(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+}  // namespace
+
+Result<SynthReport> run_synth(const SynthOptions& options) {
+  try {
+    return run_synth_impl(options);
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc; never let it escape the API
+    return Status::runtime(std::string("synth failed: ") + e.what());
+  }
+}
+
+std::string format_report(const SynthReport& r) {
+  const SynthShape& s = r.shape;
+  std::string out;
+  char buf[512];
+  auto add = [&](const char* fmt, auto... args) {
+    std::snprintf(buf, sizeof buf, fmt, args...);
+    out += buf;
+  };
+  const auto mla = s.full_attn_layers_1based();
+  add("ktier synth: preset %s, seed %llu, experts %s -> %s\n", s.preset.c_str(),
+      static_cast<unsigned long long>(r.seed), expert_format_name(r.experts), r.out_dir.string().c_str());
+  add("  shape      E %lld, L %lld (%zu MLA at 1-based %s), V %lld, KDA %lldx%lld, MLA %lld heads "
+      "(q_lora %lld, kv_lora %lld, nope %lld, rope %lld, v %lld)\n",
+      (long long)s.hidden, (long long)s.layers, mla.size(), join_ints(mla).c_str(), (long long)s.vocab,
+      (long long)s.kda_heads, (long long)s.kda_head_dim, (long long)s.mla_heads, (long long)s.q_lora,
+      (long long)s.kv_lora, (long long)s.qk_nope, (long long)s.qk_rope, (long long)s.v_head);
+  add("             experts %lld top-%lld (latent %lld, I %lld), %lld shared, I_d %lld, S %lld\n",
+      (long long)s.experts, (long long)s.top_k, (long long)s.latent, (long long)s.expert_inter,
+      (long long)s.shared_experts, (long long)s.dense_inter, (long long)s.block_size);
+  add("  files      %lld shards + index + config.json + generation_config.json + tiktoken.model + "
+      "tokenizer_config.json\n", (long long)r.shards);
+  add("  tensors    %lld (trunk %lld, model-level %lld, routed experts %lld)\n", (long long)r.tensors,
+      (long long)r.trunk_tensors, (long long)r.model_tensors, (long long)r.expert_tensors);
+  add("  bytes      trunk %.1f MB, embedding/head %.1f MB, experts %.1f MB; %.3f GB on disk\n",
+      r.trunk_bytes / 1e6, r.model_bytes / 1e6, r.expert_bytes / 1e6, r.disk_bytes / 1e9);
+  add("  time       %.2f s, %.0f MB/s\n", r.seconds, r.seconds > 0 ? r.disk_bytes / 1e6 / r.seconds : 0.0);
+  add("  tokenizer  %lld ranks (256 bytes + %lld merges), added ids %lld..%lld",
+      (long long)r.ranks, (long long)(r.ranks - 256), (long long)r.added_begin, (long long)(s.vocab - 1));
+  if (r.added_begin > r.ranks)
+    add(", ids %lld..%lld unused", (long long)r.ranks, (long long)(r.added_begin - 1));
+  out += "\n";
+  add("  bf16 high-byte entropy: trunk %.2f bits, embedding/head %.2f bits (trained weights: ~2.7-3.4)\n",
+      r.trunk_high_byte_entropy, r.model_high_byte_entropy);
+  uint64_t scale_total = 0;
+  for (uint64_t c : r.scale_bytes) scale_total += c;
+  if (scale_total > 0) {
+    out += "  mxfp4 scale bytes:";
+    for (int b = 0; b < 256; ++b)
+      if (r.scale_bytes[b] * 200 >= scale_total)  // show values holding >= 0.5%
+        add(" %d: %.1f%%", b, 100.0 * r.scale_bytes[b] / scale_total);
+    out += " (release: 120-122)\n";
+  }
+  const std::string prompt = r.routing.prompt.size() > 60 ? r.routing.prompt.substr(0, 57) + "..." : r.routing.prompt;
+  add("  routing entropy, ROUTER-ON-EMBEDDING PROXY (not the forward pass): each MoE layer's router\n"
+      "  applied to the RMS-normalised embeddings of a %lld-token prompt (\"%s\"), top-%lld\n",
+      (long long)r.routing.tokens, prompt.c_str(), (long long)s.top_k);
+  for (const auto& l : r.routing.layers)
+    add("    layer %3lld: %.2f of max %.2f bits (log2 %lld), %lld/%lld experts used\n", (long long)l.layer,
+        l.entropy_bits, l.max_bits, (long long)s.experts, (long long)l.experts_used, (long long)s.experts);
+  return out;
+}
+
+}  // namespace ktier::synth

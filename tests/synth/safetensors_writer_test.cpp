@@ -1,0 +1,137 @@
+// SafetensorsWriter: header spelling and padding, chunked streaming, byte-count checks and the
+// .partial → rename protocol.
+#include "format/safetensors_writer.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "synth/synth_test_util.h"
+
+namespace ktier {
+namespace {
+
+using format::SafetensorsWriter;
+using format::TensorDecl;
+namespace fs = std::filesystem;
+
+std::vector<TensorDecl> sample_decls() {
+  return {
+      {"a.bf16", DType::kBF16, {3, 5}},                  // 30 bytes
+      {"scalar", DType::kF32, {}},                       // rank 0: one element
+      {"empty", DType::kF32, {0, 8}},                    // zero elements
+      {"we\"ird\\name", DType::kU8, {7}},                // escaped in JSON
+      {"big", DType::kF16, {1000}},                      // 2000 bytes: crosses chunk boundaries
+  };
+}
+
+TEST(SafetensorsWriter, StreamsChunksAndWritesThePaddedHeader) {
+  test::TempDir dir("writer_ok");
+  const fs::path path = dir.path() / "x.safetensors";
+  const auto decls = sample_decls();
+  auto w = SafetensorsWriter::create(path, decls);
+  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  EXPECT_TRUE(fs::exists(path.string() + ".partial"));
+  EXPECT_FALSE(fs::exists(path));
+  const uint64_t total = 30 + 4 + 0 + 7 + 2000;
+  EXPECT_EQ(w->data_bytes(), total);
+  std::vector<uint8_t> bytes(total);
+  std::iota(bytes.begin(), bytes.end(), 0);
+  // Odd chunk sizes, one past a tensor boundary, one large enough to bypass the buffer.
+  size_t off = 0;
+  for (size_t n : {1, 30, 3, 8, 1999}) {
+    ASSERT_TRUE(w->append(bytes.data() + off, n).is_ok());
+    off += n;
+  }
+  ASSERT_EQ(off, total);
+  ASSERT_TRUE(w->finish().is_ok());
+  EXPECT_FALSE(fs::exists(path.string() + ".partial"));
+
+  const test::RawShard s = test::read_raw_shard(path);
+  EXPECT_EQ(s.header_len % 8, 0u);
+  EXPECT_EQ(s.header_len, w->header_bytes());
+  EXPECT_FALSE(s.has_metadata);  // the release has no __metadata__
+  EXPECT_EQ(s.file_size, 8 + s.header_len + total);
+  ASSERT_EQ(s.tensors.size(), decls.size());
+  uint64_t expect_begin = 0;
+  for (size_t i = 0; i < decls.size(); ++i) {
+    EXPECT_EQ(s.tensors[i].name, decls[i].name);
+    EXPECT_EQ(s.tensors[i].dtype, std::string(dtype_name(decls[i].dtype)));
+    EXPECT_EQ(s.tensors[i].shape, decls[i].shape);
+    EXPECT_EQ(s.tensors[i].begin, expect_begin) << decls[i].name;  // back to back
+    EXPECT_EQ(s.tensors[i].end - s.tensors[i].begin, decls[i].nbytes());
+    expect_begin = s.tensors[i].end;
+  }
+  EXPECT_EQ(test::read_range(path, s.data_offset(), total), bytes);
+  // Compact JSON as released, then space padding.
+  const std::string header = SafetensorsWriter::header_json(decls);
+  EXPECT_EQ(header.rfind("{\"a.bf16\":{\"dtype\":\"BF16\",\"shape\":[3,5],\"data_offsets\":[0,30]}", 0), 0u);
+  EXPECT_EQ(header.find_last_not_of(' '), header.find_last_of('}'));
+}
+
+TEST(SafetensorsWriter, WritesMetadataOnlyWhenGiven) {
+  const std::string h = SafetensorsWriter::header_json({{"t", DType::kF32, {1}}}, {{"format", "pt"}});
+  EXPECT_EQ(h.rfind("{\"__metadata__\":{\"format\":\"pt\"},\"t\":", 0), 0u);
+}
+
+TEST(SafetensorsWriter, RefusesMoreBytesThanDeclaredAndLeavesNoFile) {
+  test::TempDir dir("writer_over");
+  const fs::path path = dir.path() / "over.safetensors";
+  {
+    auto w = SafetensorsWriter::create(path, {{"only", DType::kF32, {2}}});
+    ASSERT_TRUE(w.is_ok());
+    const uint8_t bytes[12] = {};
+    const Status s = w->append(bytes, 12);
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_EQ(s.exit_code(), 1);
+    EXPECT_NE(s.message().find(path.string()), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("'only'"), std::string::npos) << s.message();
+  }  // destroyed unfinished: the partial file goes away
+  EXPECT_TRUE(test::list_dir(dir.path()).empty());
+}
+
+TEST(SafetensorsWriter, FinishRefusesMissingBytesAndNamesTheTensor) {
+  test::TempDir dir("writer_short");
+  const fs::path path = dir.path() / "short.safetensors";
+  auto w = SafetensorsWriter::create(path, {{"first", DType::kU8, {4}}, {"second", DType::kU8, {4}}});
+  ASSERT_TRUE(w.is_ok());
+  const uint8_t bytes[6] = {};
+  ASSERT_TRUE(w->append(bytes, 6).is_ok());
+  const Status s = w->finish();
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("'second'"), std::string::npos) << s.message();
+  EXPECT_TRUE(test::list_dir(dir.path()).empty());
+  EXPECT_FALSE(w->append(bytes, 1).is_ok());  // the writer is dead after a failed finish
+}
+
+TEST(SafetensorsWriter, UnfinishedWriterRemovesItsPartialFile) {
+  test::TempDir dir("writer_abandon");
+  {
+    auto w = SafetensorsWriter::create(dir.path() / "y.safetensors", {{"t", DType::kU8, {3}}});
+    ASSERT_TRUE(w.is_ok());
+    const uint8_t b = 1;
+    ASSERT_TRUE(w->append(&b, 1).is_ok());
+    EXPECT_EQ(test::list_dir(dir.path()).size(), 1u);
+  }
+  EXPECT_TRUE(test::list_dir(dir.path()).empty());
+}
+
+TEST(SafetensorsWriter, IoFailureIsARuntimeErrorNamingTheFile) {
+  const fs::path path = "/nonexistent-ktier-dir/sub/z.safetensors";
+  auto w = SafetensorsWriter::create(path, {{"t", DType::kU8, {3}}});
+  ASSERT_FALSE(w.is_ok());
+  EXPECT_EQ(w.status().exit_code(), 1);
+  EXPECT_NE(w.status().message().find("z.safetensors.partial"), std::string::npos) << w.status().message();
+}
+
+TEST(SafetensorsWriter, RejectsInvalidDeclarations) {
+  test::TempDir dir("writer_bad");
+  EXPECT_FALSE(SafetensorsWriter::create(dir.path() / "a", {{"t", DType::kU8, {1}}, {"t", DType::kU8, {1}}}).is_ok());
+  EXPECT_FALSE(SafetensorsWriter::create(dir.path() / "b", {{"__metadata__", DType::kU8, {1}}}).is_ok());
+  EXPECT_FALSE(SafetensorsWriter::create(dir.path() / "c", {{"", DType::kU8, {1}}}).is_ok());
+  EXPECT_FALSE(SafetensorsWriter::create(dir.path() / "d", {{"n", DType::kU8, {-1}}}).is_ok());
+  EXPECT_TRUE(test::list_dir(dir.path()).empty());
+}
+
+}  // namespace
+}  // namespace ktier
