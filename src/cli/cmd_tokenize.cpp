@@ -8,6 +8,8 @@
 // DIR holds tiktoken.model and tokenizer_config.json; a bare tiktoken.model file is accepted
 // too (no added tokens). -f - reads standard input. Exit codes: 2 usage (bad options, missing
 // files, unknown ids), 3 corrupt tokenizer files, 1 I/O failure.
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -47,24 +49,25 @@ Result<std::string> read_input(const std::string& file) {
   return std::move(ss).str();
 }
 
+// "19180,2695" (spaces around items allowed; an empty string is an empty list).
 Result<std::vector<uint32_t>> parse_ids(const std::string& s) {
   std::vector<uint32_t> ids;
+  if (s.find_first_not_of(" \t") == std::string::npos) return ids;
   size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    std::string item = s.substr(pos, comma - pos);
-    const size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
-    item = a == std::string::npos ? "" : item.substr(a, b - a + 1);
-    if (item.empty() && comma == s.size() && ids.empty() && pos == 0) break;  // "--ids ''"
-    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 10 ||
-        std::stoull(item) > 0xFFFFFFFFull) {
+  while (true) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    const std::string raw = s.substr(pos, comma - pos);
+    const size_t a = raw.find_first_not_of(" \t"), b = raw.find_last_not_of(" \t");
+    const std::string item = a == std::string::npos ? "" : raw.substr(a, b - a + 1);
+    uint64_t v = 0;
+    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || ptr != item.data() + item.size() || v > 0xFFFFFFFFull) {
       return Status::usage("--ids: '" + item + "' is not a token id (expected e.g. --ids 19180,2695)");
     }
-    ids.push_back(static_cast<uint32_t>(std::stoull(item)));
+    ids.push_back(static_cast<uint32_t>(v));
+    if (comma == s.size()) return ids;
     pos = comma + 1;
   }
-  return ids;
 }
 
 Status run_tokenize(const TokenizeArgs& a) {

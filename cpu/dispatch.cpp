@@ -1,0 +1,330 @@
+// The entry points of cpu/kernels.h: validate once, prepare scratch, split over the thread pool,
+// call the range kernel of the chosen instruction set. This is the only place an op is
+// dispatched.
+//
+// Work splits only ever cut independent outputs (rows, elements, channels, heads, tokens);
+// no range kernel reduces across ranges, so no split can change a byte (NUMERICS.md §1).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "cpu/kernel_table.h"
+#include "cpu/kernels.h"
+#include "cpu/numerics.h"
+
+namespace ktier::cpu {
+namespace {
+
+[[noreturn]] void die(const char* op, const char* fmt, ...) {
+  std::fprintf(stderr, "ktier_cpu: %s: ", op);
+  va_list args;
+  va_start(args, fmt);
+  std::vfprintf(stderr, fmt, args);
+  va_end(args);
+  std::fputc('\n', stderr);
+  std::abort();
+}
+
+#define KTIER_CPU_REQUIRE(op, cond, ...) \
+  do {                                   \
+    if (!(cond)) die(op, __VA_ARGS__);   \
+  } while (0)
+
+// Chunk sizes: large enough that a chunk's work dwarfs the pool's per-chunk cost (one atomic
+// increment), small enough that two to a few dozen threads stay balanced on K3 shapes.
+constexpr int64_t kLinearChunkMacs = 1 << 17;   // ~0.1 ms of MXFP4/BF16 work per chunk
+constexpr int64_t kElementwiseChunk = 1 << 12;  // elements (libm-bound ops: ~0.1 ms)
+constexpr int64_t kNormChunkElems = 1 << 14;    // rows x width per chunk
+constexpr int64_t kConvChunkChannels = 256;
+
+int64_t chunk_rows(int64_t work_per_row, int64_t target) {
+  return std::max<int64_t>(1, target / std::max<int64_t>(1, work_per_row));
+}
+
+// Grow-only per-thread scratch, so steady-state decode does not allocate.
+double* thread_scratch(int64_t n_doubles) {
+  thread_local std::vector<double> buf;
+  if (static_cast<int64_t>(buf.size()) < n_doubles) buf.resize(static_cast<size_t>(n_doubles));
+  return buf.data();
+}
+
+void check_weight(const char* op, const WeightMatrix& w) {
+  KTIER_CPU_REQUIRE(op, w.rows >= 0 && w.cols >= 0, "negative weight shape [%lld, %lld]",
+                    static_cast<long long>(w.rows), static_cast<long long>(w.cols));
+  KTIER_CPU_REQUIRE(op, w.type <= WeightType::kMxfp4, "unknown weight type %d",
+                    static_cast<int>(w.type));
+  if (w.rows > 0 && w.cols > 0) KTIER_CPU_REQUIRE(op, w.data != nullptr, "null weight data");
+  if (w.type == WeightType::kMxfp4) {
+    KTIER_CPU_REQUIRE(op, w.cols % 32 == 0, "MXFP4 width %lld is not a multiple of 32",
+                      static_cast<long long>(w.cols));
+    if (w.rows > 0 && w.cols > 0) KTIER_CPU_REQUIRE(op, w.scales != nullptr, "null MXFP4 scales");
+  }
+}
+
+}  // namespace
+
+// ---- ISA selection ---------------------------------------------------------------------------
+
+const KernelTable& kernel_table(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return kRefKernels;
+    case Isa::kAvx2:
+#if KTIER_CPU_HAVE_AVX2
+      if (isa_supported(Isa::kAvx2)) return kAvx2Kernels;
+#endif
+      die("dispatch",
+          "AVX2 kernels requested, but this build has none or the CPU lacks AVX2/FMA/F16C "
+          "(use best_isa())");
+  }
+  die("dispatch", "unknown instruction set %d", static_cast<int>(isa));
+}
+
+const char* weight_type_name(WeightType t) {
+  switch (t) {
+    case WeightType::kF32: return "F32";
+    case WeightType::kBF16: return "BF16";
+    case WeightType::kF16: return "F16";
+    case WeightType::kMxfp4: return "MXFP4";
+  }
+  return "?";
+}
+
+// ---- linear ----------------------------------------------------------------------------------
+
+void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
+  constexpr const char* op = "linear";
+  const KernelTable& kt = kernel_table(ex.isa);
+  KTIER_CPU_REQUIRE(op, n_jobs >= 0 && (n_jobs == 0 || jobs != nullptr), "bad job list");
+  // Widen each distinct activation block to double once (exact); jobs with the same x, width
+  // and at least as many tokens share it. Per-thread buffers: steady-state decode never allocates.
+  thread_local std::vector<double> wide;
+  thread_local std::vector<int64_t> wide_offset;
+  thread_local std::vector<uint8_t> owns_wide;  // job j widens its own x (else shares one)
+  thread_local std::vector<LinearTask> tasks;
+  thread_local std::vector<int64_t> first_row;
+  wide_offset.assign(static_cast<size_t>(n_jobs), -1);
+  owns_wide.assign(static_cast<size_t>(n_jobs), 0);
+  tasks.clear();
+  first_row.clear();
+  int64_t wide_total = 0, total_rows = 0, total_macs = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    const LinearJob& job = jobs[j];
+    check_weight(op, job.w);
+    KTIER_CPU_REQUIRE(op, job.n_tokens >= 0, "negative token count");
+    if (job.w.rows == 0 || job.n_tokens == 0) continue;
+    KTIER_CPU_REQUIRE(op, job.y != nullptr && (job.w.cols == 0 || job.x != nullptr),
+                      "null x or y in job %d", j);
+    for (int p = 0; p < j && wide_offset[j] < 0; ++p)
+      if (wide_offset[p] >= 0 && jobs[p].x == job.x && jobs[p].w.cols == job.w.cols &&
+          jobs[p].n_tokens >= job.n_tokens)
+        wide_offset[j] = wide_offset[p];
+    if (wide_offset[j] < 0) {
+      owns_wide[j] = 1;
+      wide_offset[j] = wide_total;
+      wide_total += job.n_tokens * job.w.cols;
+    }
+    first_row.push_back(total_rows);
+    tasks.push_back(LinearTask{job.w, nullptr, job.n_tokens, job.y});
+    total_rows += job.w.rows;
+    total_macs += job.w.rows * job.n_tokens * std::max<int64_t>(1, job.w.cols);
+  }
+  if (total_rows == 0) return;
+  first_row.push_back(total_rows);
+  if (static_cast<int64_t>(wide.size()) < wide_total) wide.resize(static_cast<size_t>(wide_total));
+  for (int j = 0, t = 0; j < n_jobs; ++j) {
+    if (jobs[j].w.rows == 0 || jobs[j].n_tokens == 0) continue;
+    double* xw = wide.data() + wide_offset[j];
+    tasks[t++].x_wide = xw;
+    if (!owns_wide[j]) continue;
+    const int64_t nx = jobs[j].n_tokens * jobs[j].w.cols;
+    for (int64_t i = 0; i < nx; ++i) xw[i] = num::D(jobs[j].x[i]);
+  }
+  const int64_t grain = chunk_rows(total_macs / total_rows, kLinearChunkMacs);
+  const LinearTask* task_list = tasks.data();
+  const int64_t* starts = first_row.data();
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  parallel_for(ex.pool, total_rows, grain, [&](int64_t b, int64_t e) {
+    int64_t j = std::upper_bound(starts, starts + n_tasks + 1, b) - starts - 1;
+    for (; j < n_tasks && starts[j] < e; ++j) {
+      const int64_t r0 = std::max(b, starts[j]) - starts[j];
+      const int64_t r1 = std::min(e, starts[j + 1]) - starts[j];
+      kt.linear_rows(task_list[j], r0, r1);
+    }
+  });
+}
+
+void mxfp4_decode(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols,
+                  float* out) {
+  KTIER_CPU_REQUIRE("mxfp4_decode", cols % 32 == 0 && rows >= 0, "bad shape");
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < cols; ++i) {
+      const uint8_t s = scales[r * (cols / 32) + i / 32];
+      const uint8_t byte = packed[r * (cols / 2) + i / 2];
+      const int code = (i & 1) ? (byte >> 4) : (byte & 0x0f);
+      out[r * cols + i] =
+          s == num::kE8M0ZeroBlock ? 0.0f : num::kE2M1[code] * std::ldexp(1.0f, s - 127);
+    }
+  }
+}
+
+void widen_to_f32(WeightType type, const void* src, int64_t n, float* out) {
+  switch (type) {
+    case WeightType::kF32:
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<const float*>(src)[i];
+      return;
+    case WeightType::kBF16:
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = num::bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
+      return;
+    case WeightType::kF16:
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = num::f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+      return;
+    case WeightType::kMxfp4: break;
+  }
+  die("widen_to_f32", "weight type %s is not a plain float type", weight_type_name(type));
+}
+
+// ---- norms and elementwise -------------------------------------------------------------------
+
+void rmsnorm(const float* x, const float* gain, int64_t rows, int64_t n, double eps, float* out,
+             const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  KTIER_CPU_REQUIRE("rmsnorm", rows >= 0 && n > 0, "bad shape [%lld, %lld]",
+                    static_cast<long long>(rows), static_cast<long long>(n));
+  parallel_for(ex.pool, rows, chunk_rows(n, kNormChunkElems),
+               [&](int64_t b, int64_t e) { kt.rmsnorm_rows(x, gain, n, eps, b, e, out); });
+}
+
+void l2norm(const float* x, int64_t rows, int64_t n, double eps, float* out, const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  KTIER_CPU_REQUIRE("l2norm", rows >= 0 && n > 0, "bad shape");
+  parallel_for(ex.pool, rows, chunk_rows(n, kNormChunkElems),
+               [&](int64_t b, int64_t e) { kt.l2norm_rows(x, n, eps, b, e, out); });
+}
+
+void situ_glu(const float* a, const float* b, int64_t n, double beta1, std::optional<double> beta2,
+              float* out, const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  KTIER_CPU_REQUIRE("situ_glu", n >= 0 && beta1 > 0 && (!beta2 || *beta2 > 0),
+                    "bad size or non-positive beta");
+  const bool cap_up = beta2.has_value();
+  const double b2 = cap_up ? *beta2 : 1.0;
+  parallel_for(ex.pool, n, kElementwiseChunk, [&](int64_t i0, int64_t i1) {
+    kt.situ_glu_range(a, b, beta1, cap_up, b2, i0, i1, out);
+  });
+}
+
+void sigmoid(const float* x, int64_t n, float* out, const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  parallel_for(ex.pool, n, kElementwiseChunk,
+               [&](int64_t i0, int64_t i1) { kt.sigmoid_range(x, i0, i1, out); });
+}
+
+void sigmoid_gate(const float* x, const float* gate, int64_t n, float* out, const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  parallel_for(ex.pool, n, kElementwiseChunk,
+               [&](int64_t i0, int64_t i1) { kt.sigmoid_gate_range(x, gate, i0, i1, out); });
+}
+
+void add(const float* a, const float* b, int64_t n, float* out, const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  kt.add_range(a, b, 0, std::max<int64_t>(0, n), out);  // memory-bound: not worth a pool hop
+}
+
+void weighted_sum(const float* const* vec, const float* weight, int k, int64_t n, float* out,
+                  const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  KTIER_CPU_REQUIRE("weighted_sum", k >= 0 && n >= 0, "bad sizes");
+  kt.weighted_sum_range(vec, weight, k, 0, n, out);
+}
+
+// ---- KDA -------------------------------------------------------------------------------------
+
+void kda_short_conv(const float* u, int64_t T, int64_t C, const float* w, int K, float* history,
+                    float* out, const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  KTIER_CPU_REQUIRE("kda_short_conv", T >= 0 && C >= 0 && K >= 1, "bad shape");
+  const ShortConvArgs args{u, T, C, w, K, history, out};
+  parallel_for(ex.pool, C, kConvChunkChannels,
+               [&](int64_t c0, int64_t c1) { kt.short_conv_channels(args, c0, c1); });
+}
+
+void kda_decay_gate(const float* z, int64_t T, int H, int D, const float* A_log,
+                    const float* dt_bias, double g_min, float* g, float* alpha, const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  KTIER_CPU_REQUIRE("kda_decay_gate", T >= 0 && H > 0 && D > 0, "bad shape");
+  std::vector<double> A(static_cast<size_t>(H));
+  for (int h = 0; h < H; ++h) A[h] = std::exp(num::D(A_log[h]));  // exp(A_log) in double, once
+  const DecayGateArgs args{z, H, D, A.data(), dt_bias, g_min, g, alpha};
+  parallel_for(ex.pool, T * H * static_cast<int64_t>(D), kElementwiseChunk,
+               [&](int64_t i0, int64_t i1) { kt.decay_gate_range(args, i0, i1); });
+}
+
+void kda_recurrence(const float* q, const float* k, const float* v, const float* alpha,
+                    const float* beta, int64_t T, int H, int Dk, int Dv, double q_scale,
+                    float* state, float* out, const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  KTIER_CPU_REQUIRE("kda_recurrence", T >= 0 && H > 0 && Dk > 0 && Dv > 0, "bad shape");
+  const RecurrenceArgs args{q, k, v, alpha, beta, T, H, Dk, Dv, q_scale, state, out};
+  parallel_for(ex.pool, H, 1, [&](int64_t h0, int64_t h1) {
+    kt.recurrence_heads(args, static_cast<int>(h0), static_cast<int>(h1),
+                        thread_scratch(recurrence_scratch_doubles(Dv)));
+  });
+}
+
+// ---- MLA, AttnRes, router, argmax ------------------------------------------------------------
+
+void mla_attention(const MlaDims& d, const float* q, int64_t T, const WeightMatrix& kv_b,
+                   const float* cache_c, const float* cache_r, int64_t n_past, double scale,
+                   float* out, const Exec& ex) {
+  constexpr const char* op = "mla_attention";
+  const KernelTable& kt = kernel_table(ex.isa);
+  KTIER_CPU_REQUIRE(op,
+                    d.n_heads > 0 && d.qk_nope > 0 && d.qk_rope >= 0 && d.v_head > 0 &&
+                        d.kv_lora > 0 && T >= 0 && n_past >= 0,
+                    "bad dims");
+  check_weight(op, kv_b);
+  KTIER_CPU_REQUIRE(op, kv_b.type != WeightType::kMxfp4, "kv_b must be a float weight");
+  KTIER_CPU_REQUIRE(op,
+                    kv_b.rows == static_cast<int64_t>(d.n_heads) * (d.qk_nope + d.v_head) &&
+                        kv_b.cols == d.kv_lora,
+                    "kv_b is [%lld, %lld], expected [%d, %d]", static_cast<long long>(kv_b.rows),
+                    static_cast<long long>(kv_b.cols), d.n_heads * (d.qk_nope + d.v_head),
+                    d.kv_lora);
+  const MlaArgs args{d, q, T, kv_b, cache_c, cache_r, n_past, scale, out};
+  const int64_t scratch = mla_scratch_doubles(d, n_past + T);
+  parallel_for(ex.pool, T * d.n_heads, 1, [&](int64_t j0, int64_t j1) {
+    kt.mla_tasks(args, j0, j1, thread_scratch(scratch));
+  });
+}
+
+void attnres(const float* const* src, int m, int64_t src_stride, int64_t T, int64_t n,
+             const float* f, double eps, float* out, const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  KTIER_CPU_REQUIRE("attnres", m >= 1 && T >= 0 && n > 0, "bad shape (m=%d)", m);
+  const AttnResArgs args{src, m, src_stride, n, f, eps, out};
+  parallel_for(ex.pool, T, 1,
+               [&](int64_t t0, int64_t t1) { kt.attnres_tokens(args, t0, t1, thread_scratch(m)); });
+}
+
+void router_topk(const float* logits, const float* bias, int64_t T, int n_experts, int top_k,
+                 bool renormalize, double scaling, int32_t* ids, float* weights, const Exec& ex) {
+  const KernelTable& kt = kernel_table(ex.isa);
+  KTIER_CPU_REQUIRE("router_topk", T >= 0 && top_k >= 1 && top_k <= n_experts,
+                    "top_k %d outside 1..%d", top_k, n_experts);
+  const RouterArgs args{logits, bias, n_experts, top_k, renormalize, scaling, ids, weights};
+  parallel_for(ex.pool, T, 1, [&](int64_t t0, int64_t t1) {
+    kt.router_tokens(args, t0, t1, thread_scratch(2 * static_cast<int64_t>(n_experts)));
+  });
+}
+
+int64_t argmax(const float* x, int64_t n, const Exec& ex) {
+  return kernel_table(ex.isa).argmax(x, std::max<int64_t>(0, n));
+}
+
+}  // namespace ktier::cpu

@@ -1,0 +1,27 @@
+#pragma once
+// Execution context of the CPU kernels: which instruction set runs them and which thread pool
+// (if any) splits their work. Neither choice changes an output byte (docs/NUMERICS.md).
+
+#include <cstdint>
+
+namespace ktier::cpu {
+
+class ThreadPool;
+
+enum class Isa : uint8_t {
+  kScalar,  // the *_ref kernels: portable C++, the ground truth of the numerics contract
+  kAvx2,    // the x86/avx2_* kernels (AVX2 + FMA + F16C), byte-identical to kScalar
+};
+
+const char* isa_name(Isa isa);
+// kScalar always; kAvx2 when this build has the x86 kernels and CPUID reports AVX2, FMA and F16C.
+bool isa_supported(Isa isa);
+// The fastest supported instruction set (computed once from CPUID; thread-safe).
+Isa best_isa();
+
+struct Exec {
+  ThreadPool* pool = nullptr;  // null: everything runs on the calling thread
+  Isa isa = best_isa();        // must be supported (checked at every op entry)
+};
+
+}  // namespace ktier::cpu

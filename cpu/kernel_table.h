@@ -1,0 +1,133 @@
+#pragma once
+// Internal: the per-ISA kernel table behind the entry points of cpu/kernels.h.
+//
+// Each op's entry point (cpu/dispatch_*.cpp) validates its arguments, prepares scratch, splits
+// the work over the thread pool and calls one of these range kernels per range. The scalar table
+// (cpu/ref/*, the `_ref` kernels) and the AVX2 table (cpu/x86/avx2_*) have identical signatures
+// and must produce identical bytes for every range. Range kernels never allocate, never throw,
+// and write only the outputs of their range.
+
+#include <cstdint>
+
+#include "cpu/exec.h"
+#include "cpu/types.h"
+
+namespace ktier::cpu {
+
+// One linear job with its activations widened to double (exact) by the entry point.
+struct LinearTask {
+  WeightMatrix w;
+  const double* x_wide = nullptr;  // [n_tokens, w.cols]
+  int64_t n_tokens = 0;
+  float* y = nullptr;  // [n_tokens, w.rows]
+};
+
+struct ShortConvArgs {
+  const float* u;
+  int64_t T, C;
+  const float* w;
+  int K;
+  float* history;
+  float* out;
+};
+
+struct DecayGateArgs {
+  const float* z;
+  int H, D;
+  const double* A;  // [H] exp(A_log[h]) in double, computed once by the entry point
+  const float* dt_bias;
+  double g_min;
+  float* g;  // may be null
+  float* alpha;
+};
+
+struct RecurrenceArgs {
+  const float *q, *k, *v, *alpha, *beta;
+  int64_t T;
+  int H, Dk, Dv;
+  double q_scale;
+  float* state;
+  float* out;
+};
+
+struct MlaArgs {
+  MlaDims dims;
+  const float* q;
+  int64_t T;
+  WeightMatrix kv_b;
+  const float* cache_c;
+  const float* cache_r;
+  int64_t n_past;
+  double scale;
+  float* out;
+};
+
+struct AttnResArgs {
+  const float* const* src;
+  int m;
+  int64_t src_stride, n;
+  const float* f;
+  double eps;
+  float* out;
+};
+
+struct RouterArgs {
+  const float* logits;
+  const float* bias;
+  int n_experts, top_k;
+  bool renormalize;
+  double scaling;
+  int32_t* ids;
+  float* weights;
+};
+
+// Scratch sizes (in doubles) the entry points hand to the kernels that need them.
+inline int64_t recurrence_scratch_doubles(int Dv) { return 3 * static_cast<int64_t>(Dv); }
+inline int64_t mla_scratch_doubles(const MlaDims& d, int64_t n_positions) {
+  return n_positions + 2 * static_cast<int64_t>(d.kv_lora) + 16;
+}
+
+struct KernelTable {
+  // rows [r0, r1) of one job, every token
+  void (*linear_rows)(const LinearTask& task, int64_t r0, int64_t r1);
+  // rows [r0, r1) of a [rows, n] matrix
+  void (*rmsnorm_rows)(const float* x, const float* gain, int64_t n, double eps, int64_t r0,
+                       int64_t r1, float* out);
+  void (*l2norm_rows)(const float* x, int64_t n, double eps, int64_t r0, int64_t r1, float* out);
+  // elements [i0, i1)
+  void (*situ_glu_range)(const float* a, const float* b, double beta1, bool cap_up, double beta2,
+                         int64_t i0, int64_t i1, float* out);
+  void (*sigmoid_range)(const float* x, int64_t i0, int64_t i1, float* out);
+  void (*sigmoid_gate_range)(const float* x, const float* gate, int64_t i0, int64_t i1, float* out);
+  void (*add_range)(const float* a, const float* b, int64_t i0, int64_t i1, float* out);
+  void (*weighted_sum_range)(const float* const* vec, const float* weight, int k, int64_t i0,
+                             int64_t i1, float* out);
+  // channels [c0, c1), all T tokens, and their history
+  void (*short_conv_channels)(const ShortConvArgs& a, int64_t c0, int64_t c1);
+  // elements [i0, i1) of [T, H*D]
+  void (*decay_gate_range)(const DecayGateArgs& a, int64_t i0, int64_t i1);
+  // heads [h0, h1), all T tokens; scratch: recurrence_scratch_doubles(Dv)
+  void (*recurrence_heads)(const RecurrenceArgs& a, int h0, int h1, double* scratch);
+  // tasks [j0, j1), task j = token j / H, head j % H; scratch: mla_scratch_doubles(dims, N)
+  void (*mla_tasks)(const MlaArgs& a, int64_t j0, int64_t j1, double* scratch);
+  // tokens [t0, t1); scratch: m doubles
+  void (*attnres_tokens)(const AttnResArgs& a, int64_t t0, int64_t t1, double* scratch);
+  // tokens [t0, t1); scratch: 2 * n_experts doubles
+  void (*router_tokens)(const RouterArgs& a, int64_t t0, int64_t t1, double* scratch);
+  int64_t (*argmax)(const float* x, int64_t n);
+};
+
+extern const KernelTable kRefKernels;
+#if KTIER_CPU_HAVE_AVX2
+extern const KernelTable kAvx2Kernels;
+#endif
+
+// The table for `isa`; aborts with a message if isa is not supported on this CPU/build.
+const KernelTable& kernel_table(Isa isa);
+
+// Shared by both tables (compiled once, in a scalar TU): the router's selection step.
+// c [n] selection scores; writes the top_k indices by decreasing c, ties to the lower index,
+// NaN last.
+void router_select_topk(const double* c, int n, int top_k, int32_t* ids);
+
+}  // namespace ktier::cpu

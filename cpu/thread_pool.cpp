@@ -1,0 +1,83 @@
+#include "cpu/thread_pool.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+namespace ktier::cpu {
+namespace {
+// Set while this thread runs a range of some pool: a nested parallel_for then runs inline.
+thread_local bool tls_inside_range = false;
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads) {
+  if (n_threads < 1) {
+    std::fprintf(stderr, "ktier_cpu: ThreadPool needs at least 1 thread (got %d)\n", n_threads);
+    std::abort();
+  }
+  workers_.reserve(static_cast<size_t>(n_threads - 1));
+  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::work_on(const Job& job) {
+  const bool was_inside = tls_inside_range;
+  tls_inside_range = true;
+  for (;;) {
+    const int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
+    if (c >= job.n_chunks) break;
+    const int64_t b = c * job.grain;
+    job.fn(job.ctx, b, std::min(job.n, b + job.grain));
+  }
+  tls_inside_range = was_inside;
+}
+
+void ThreadPool::run(int64_t n, int64_t grain, RangeFn fn, void* ctx) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  const int64_t n_chunks = (n + grain - 1) / grain;
+  if (workers_.empty() || n_chunks == 1 || tls_inside_range) {
+    for (int64_t b = 0; b < n; b += grain) fn(ctx, b, std::min(n, b + grain));
+    return;
+  }
+  std::lock_guard<std::mutex> serial(submit_mu_);
+  Job job{fn, ctx, n, grain, n_chunks};
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    job_ = job;
+    next_chunk_.store(0, std::memory_order_relaxed);
+    pending_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  work_cv_.notify_all();
+  work_on(job);
+  std::unique_lock<std::mutex> lk(mu_);
+  done_cv_.wait(lk, [this] { return pending_ == 0; });
+}
+
+void ThreadPool::worker_loop() {
+  uint64_t seen = 0;
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      work_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+    }
+    work_on(job);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (--pending_ == 0) done_cv_.notify_one();
+  }
+}
+
+}  // namespace ktier::cpu

@@ -1,0 +1,77 @@
+#pragma once
+// A fixed pool of worker threads for the CPU kernels.
+//
+// parallel_for(n, grain, fn) covers [0, n) with disjoint ranges [b, e) of at most `grain`
+// indices (the last may be shorter) and calls fn(b, e) exactly once per range, on the calling
+// thread or a worker, then returns when every range is done. Kernels use it only over
+// independent outputs (rows, heads, tokens, channels): each output element is written by
+// exactly one call and nothing is reduced across calls, so results never depend on the number
+// of threads or on which thread ran which range.
+//
+// Thread-safety: parallel_for may be called from several threads; calls are serialised. A call
+// made from inside a range of the same pool runs inline on that thread (no deadlock). fn must
+// not throw.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace ktier::cpu {
+
+class ThreadPool {
+ public:
+  // n_threads counts the calling thread: a pool of N starts N-1 workers. REQUIRES: n_threads >= 1.
+  explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  template <class Fn>
+  void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
+    using F = std::remove_reference_t<Fn>;
+    run(
+        n, grain, [](void* ctx, int64_t b, int64_t e) { (*static_cast<F*>(ctx))(b, e); },
+        const_cast<void*>(static_cast<const void*>(&fn)));
+  }
+
+ private:
+  using RangeFn = void (*)(void* ctx, int64_t begin, int64_t end);
+  struct Job {
+    RangeFn fn = nullptr;
+    void* ctx = nullptr;
+    int64_t n = 0, grain = 1, n_chunks = 0;
+  };
+
+  void run(int64_t n, int64_t grain, RangeFn fn, void* ctx);
+  void work_on(const Job& job);
+  void worker_loop();
+
+  std::vector<std::thread> workers_;
+  std::mutex submit_mu_;  // one parallel_for at a time
+  std::mutex mu_;         // guards job_, generation_, pending_, stop_
+  std::condition_variable work_cv_, done_cv_;
+  Job job_;
+  uint64_t generation_ = 0;
+  int pending_ = 0;  // workers still inside the current generation
+  bool stop_ = false;
+  std::atomic<int64_t> next_chunk_{0};
+};
+
+// parallel_for on `pool`, or inline on the calling thread when pool is null.
+template <class Fn>
+void parallel_for(ThreadPool* pool, int64_t n, int64_t grain, Fn&& fn) {
+  if (n <= 0) return;
+  if (pool == nullptr) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  pool->parallel_for(n, grain, fn);
+}
+
+}  // namespace ktier::cpu

@@ -1,0 +1,213 @@
+// AVX2 kernels for the KDA recurrence, MLA attention (absorbed form) and AttnRes
+// (NUMERICS.md §7-§9), and the AVX2 kernel table. Vectorised across the value channel j, the
+// latent channel c or the hidden index d, so every per-element sum keeps the scalar order.
+
+#include <cstring>
+
+#include "cpu/kernel_table.h"
+#include "cpu/x86/avx2_common.h"
+#include "cpu/x86/avx2_kernels.h"
+
+namespace ktier::cpu::avx2 {
+
+using num::D;
+using num::F;
+
+// ---- KDA recurrence (§7) ---------------------------------------------------------------------
+
+void recurrence_heads_avx2(const RecurrenceArgs& a, int h0, int h1, double* scratch) {
+  const int64_t Dk = a.Dk, Dv = a.Dv, H = a.H;
+  const int64_t Dv4 = Dv & ~int64_t{3};
+  double* u = scratch;
+  double* d = scratch + Dv;
+  double* o = scratch + 2 * Dv;
+  for (int64_t h = h0; h < h1; ++h) {
+    float* S = a.state + h * Dk * Dv;
+    for (int64_t t = 0; t < a.T; ++t) {
+      const float* q = a.q + (t * H + h) * Dk;
+      const float* k = a.k + (t * H + h) * Dk;
+      const float* al = a.alpha + (t * H + h) * Dk;
+      const float* v = a.v + (t * H + h) * Dv;
+      const double beta = D(a.beta[t * H + h]);
+      for (int64_t j = 0; j < Dv; ++j) u[j] = 0.0;
+      for (int64_t i = 0; i < Dk; ++i) {
+        float* Si = S + i * Dv;
+        const double ki = D(k[i]);
+        const __m128 ai4 = _mm_set1_ps(al[i]);
+        const __m256d ki4 = bcast(ki);
+        int64_t j = 0;
+        for (; j < Dv4; j += 4) {
+          const __m128 s = _mm_mul_ps(ai4, _mm_loadu_ps(Si + j));  // f32 decay, as scalar
+          _mm_storeu_ps(Si + j, s);
+          _mm256_storeu_pd(u + j, _mm256_fmadd_pd(ki4, _mm256_cvtps_pd(s), _mm256_loadu_pd(u + j)));
+        }
+        for (; j < Dv; ++j) {
+          Si[j] = al[i] * Si[j];
+          u[j] += ki * D(Si[j]);
+        }
+      }
+      {
+        const __m256d beta4 = bcast(beta);
+        int64_t j = 0;
+        for (; j < Dv4; j += 4) {
+          _mm256_storeu_pd(
+              d + j, _mm256_mul_pd(beta4, _mm256_sub_pd(load4(v + j), _mm256_loadu_pd(u + j))));
+          _mm256_storeu_pd(o + j, _mm256_setzero_pd());
+        }
+        for (; j < Dv; ++j) {
+          d[j] = beta * (D(v[j]) - u[j]);
+          o[j] = 0.0;
+        }
+      }
+      for (int64_t i = 0; i < Dk; ++i) {
+        float* Si = S + i * Dv;
+        const double ki = D(k[i]), qi = D(q[i]);
+        const __m256d ki4 = bcast(ki), qi4 = bcast(qi);
+        int64_t j = 0;
+        for (; j < Dv4; j += 4) {
+          // S + k*d: inexact product, so multiply then add (no FMA), exactly as the scalar.
+          const __m256d s =
+              _mm256_add_pd(load4(Si + j), _mm256_mul_pd(ki4, _mm256_loadu_pd(d + j)));
+          const __m128 sf = _mm256_cvtpd_ps(s);
+          _mm_storeu_ps(Si + j, sf);
+          _mm256_storeu_pd(o + j,
+                           _mm256_fmadd_pd(qi4, _mm256_cvtps_pd(sf), _mm256_loadu_pd(o + j)));
+        }
+        for (; j < Dv; ++j) {
+          Si[j] = F(D(Si[j]) + ki * d[j]);
+          o[j] += qi * D(Si[j]);
+        }
+      }
+      float* out = a.out + (t * H + h) * Dv;
+      const __m256d qs = bcast(a.q_scale);
+      int64_t j = 0;
+      for (; j < Dv4; j += 4) store4(out + j, _mm256_mul_pd(qs, _mm256_loadu_pd(o + j)));
+      for (; j < Dv; ++j) out[j] = F(a.q_scale * o[j]);
+    }
+  }
+}
+
+// ---- MLA, absorbed form (§8) -----------------------------------------------------------------
+
+namespace {
+
+template <class A>
+void mla_tasks_typed(const MlaArgs& a, int64_t j0, int64_t j1, double* scratch) {
+  const MlaDims& m = a.dims;
+  const int64_t H = m.n_heads, dn = m.qk_nope, dr = m.qk_rope, dv = m.v_head, L = m.kv_lora;
+  const int64_t L16 = L & ~int64_t{15};
+  const auto* W = static_cast<const typename A::Storage*>(a.kv_b.data);
+  double* scores = scratch;
+  double* acc = scratch + a.n_past + a.T;
+  float* q_lat = reinterpret_cast<float*>(acc + L);
+  float* c_hat = q_lat + L;
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t t = j / H, h = j % H, n_pos = a.n_past + t + 1;
+    const float* q_n = a.q + (t * H + h) * (dn + dr);
+    const float* q_r = q_n + dn;
+    const typename A::Storage* w_uk = W + h * (dn + dv) * L;
+    const typename A::Storage* w_uv = w_uk + dn * L;
+    // q_lat: 16 columns at a time in registers, summing over the nope index in order.
+    for (int64_t c = 0; c < L16; c += 16) {
+      __m256d s[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                      _mm256_setzero_pd()};
+      for (int64_t i = 0; i < dn; ++i) {
+        const __m256d qi = bcast(D(q_n[i]));
+        const __m256 w0 = A::load8(w_uk + i * L + c), w1 = A::load8(w_uk + i * L + c + 8);
+        s[0] = _mm256_fmadd_pd(lo4(w0), qi, s[0]);
+        s[1] = _mm256_fmadd_pd(hi4(w0), qi, s[1]);
+        s[2] = _mm256_fmadd_pd(lo4(w1), qi, s[2]);
+        s[3] = _mm256_fmadd_pd(hi4(w1), qi, s[3]);
+      }
+      for (int qd = 0; qd < 4; ++qd) store4(q_lat + c + 4 * qd, s[qd]);
+    }
+    for (int64_t c = L16; c < L; ++c) {
+      double sc = 0.0;
+      for (int64_t i = 0; i < dn; ++i) sc += A::Scalar::wide(w_uk[i * L + c]) * D(q_n[i]);
+      q_lat[c] = F(sc);
+    }
+    for (int64_t s = 0; s < n_pos; ++s) {
+      const double dot =
+          dot16_f32(q_lat, a.cache_c + s * L, L) + dot16_f32(q_r, a.cache_r + s * dr, dr);
+      scores[s] = dot * a.scale;
+    }
+    num::softmax_inplace(scores, n_pos);
+    // c_hat: pi_s * c(s) is not exact, so multiply then add (no FMA).
+    for (int64_t c = 0; c < L16; c += 16) {
+      __m256d s4[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                       _mm256_setzero_pd()};
+      for (int64_t s = 0; s < n_pos; ++s) {
+        const __m256d p = bcast(scores[s]);
+        const float* cs = a.cache_c + s * L + c;
+        for (int qd = 0; qd < 4; ++qd)
+          s4[qd] = _mm256_add_pd(s4[qd], _mm256_mul_pd(p, load4(cs + 4 * qd)));
+      }
+      for (int qd = 0; qd < 4; ++qd) store4(c_hat + c + 4 * qd, s4[qd]);
+    }
+    for (int64_t c = L16; c < L; ++c) {
+      double sc = 0.0;
+      for (int64_t s = 0; s < n_pos; ++s) sc += scores[s] * D(a.cache_c[s * L + c]);
+      c_hat[c] = F(sc);
+    }
+    for (int64_t c = 0; c < L; ++c) acc[c] = D(c_hat[c]);
+    float* out = a.out + (t * H + h) * dv;
+    for (int64_t r = 0; r < dv; ++r) out[r] = F(dot16_row<A>(w_uv + r * L, acc, L));
+  }
+}
+
+}  // namespace
+
+void mla_tasks_avx2(const MlaArgs& a, int64_t j0, int64_t j1, double* scratch) {
+  switch (a.kv_b.type) {
+    case WeightType::kF32: return mla_tasks_typed<F32Weights>(a, j0, j1, scratch);
+    case WeightType::kBF16: return mla_tasks_typed<Bf16Weights>(a, j0, j1, scratch);
+    case WeightType::kF16: return mla_tasks_typed<F16Weights>(a, j0, j1, scratch);
+    case WeightType::kMxfp4: return;  // rejected at the entry point
+  }
+}
+
+// ---- AttnRes (§9) ----------------------------------------------------------------------------
+
+void attnres_tokens_avx2(const AttnResArgs& a, int64_t t0, int64_t t1, double* scratch) {
+  const int64_t n = a.n;
+  for (int64_t t = t0; t < t1; ++t) {
+    float* out = a.out + t * n;
+    if (a.m == 1) {
+      std::memcpy(out, a.src[0] + t * a.src_stride, static_cast<size_t>(n) * sizeof(float));
+      continue;
+    }
+    for (int i = 0; i < a.m; ++i) {
+      const float* v = a.src[i] + t * a.src_stride;
+      const double ss = dot16_f32(v, v, n), vf = dot16_f32(v, a.f, n);
+      scratch[i] = vf / std::sqrt(ss / static_cast<double>(n) + a.eps);
+    }
+    num::softmax_inplace(scratch, a.m);
+    int64_t d = 0;
+    for (; d + 4 <= n; d += 4) {
+      __m256d acc = _mm256_setzero_pd();
+      for (int i = 0; i < a.m; ++i)
+        acc = _mm256_add_pd(
+            acc, _mm256_mul_pd(bcast(scratch[i]), load4(a.src[i] + t * a.src_stride + d)));
+      store4(out + d, acc);
+    }
+    for (; d < n; ++d) {
+      double acc = 0.0;
+      for (int i = 0; i < a.m; ++i) acc += scratch[i] * D(a.src[i][t * a.src_stride + d]);
+      out[d] = F(acc);
+    }
+  }
+}
+
+}  // namespace ktier::cpu::avx2
+
+namespace ktier::cpu {
+
+const KernelTable kAvx2Kernels = {
+    avx2::linear_rows_avx2,      avx2::rmsnorm_rows_avx2,       avx2::l2norm_rows_avx2,
+    avx2::situ_glu_range_avx2,   avx2::sigmoid_range_avx2,      avx2::sigmoid_gate_range_avx2,
+    avx2::add_range_avx2,        avx2::weighted_sum_range_avx2, avx2::short_conv_channels_avx2,
+    avx2::decay_gate_range_avx2, avx2::recurrence_heads_avx2,   avx2::mla_tasks_avx2,
+    avx2::attnres_tokens_avx2,   avx2::router_tokens_avx2,      avx2::argmax_avx2,
+};
+
+}  // namespace ktier::cpu

@@ -1,0 +1,197 @@
+// AVX2 linear kernels (NUMERICS.md §3, §4): float weights via traits, MXFP4 straight from the
+// packed bytes. Bit-identical to cpu/ref/linear_ref.cpp.
+//
+// Tiling is a speed choice only: every (token, row) output keeps its own accumulators, so the
+// tile shape never changes a result.
+
+#include "cpu/kernel_table.h"
+#include "cpu/x86/avx2_common.h"
+#include "cpu/x86/avx2_kernels.h"
+
+namespace ktier::cpu::avx2 {
+namespace {
+
+// NR rows x NT tokens of float weights; each 16 weights are widened once and used NT times.
+template <class A, int NR, int NT>
+void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
+  const int64_t n = task.w.cols, rows = task.w.rows;
+  const auto* W = static_cast<const typename A::Storage*>(task.w.data);
+  __m256d acc[NR][NT][4];
+  for (int rr = 0; rr < NR; ++rr)
+    for (int tt = 0; tt < NT; ++tt)
+      for (int q = 0; q < 4; ++q) acc[rr][tt][q] = _mm256_setzero_pd();
+  const int64_t n16 = n & ~int64_t{15};
+  for (int64_t i = 0; i < n16; i += 16) {
+    for (int rr = 0; rr < NR; ++rr) {
+      const auto* wp = W + (r + rr) * n + i;
+      const __m256 a = A::load8(wp), b = A::load8(wp + 8);
+      const __m256d w0 = lo4(a), w1 = hi4(a), w2 = lo4(b), w3 = hi4(b);
+#pragma GCC unroll 4
+      for (int tt = 0; tt < NT; ++tt) {
+        const double* xp = task.x_wide + (tok + tt) * n + i;
+        acc[rr][tt][0] = _mm256_fmadd_pd(w0, _mm256_loadu_pd(xp), acc[rr][tt][0]);
+        acc[rr][tt][1] = _mm256_fmadd_pd(w1, _mm256_loadu_pd(xp + 4), acc[rr][tt][1]);
+        acc[rr][tt][2] = _mm256_fmadd_pd(w2, _mm256_loadu_pd(xp + 8), acc[rr][tt][2]);
+        acc[rr][tt][3] = _mm256_fmadd_pd(w3, _mm256_loadu_pd(xp + 12), acc[rr][tt][3]);
+      }
+    }
+  }
+  for (int rr = 0; rr < NR; ++rr) {
+    for (int tt = 0; tt < NT; ++tt) {
+      double lane[16];
+      store_lanes16(lane, acc[rr][tt]);
+      num::dot16_accumulate<typename A::Scalar>(lane, W + (r + rr) * n,
+                                                task.x_wide + (tok + tt) * n, n16, n);
+      task.y[(tok + tt) * rows + r + rr] = num::F(num::tree16(lane));
+    }
+  }
+}
+
+template <class A>
+void dense_rows(const LinearTask& task, int64_t r0, int64_t r1) {
+  if (task.n_tokens == 1) {  // decode: two rows at a time share the x loads
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) dense_tile<A, 2, 1>(task, r, 0);
+    if (r < r1) dense_tile<A, 1, 1>(task, r, 0);
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r) {  // small batch: the row stays in L1 across token pairs
+    int64_t t = 0;
+    for (; t + 2 <= task.n_tokens; t += 2) dense_tile<A, 1, 2>(task, r, t);
+    if (t < task.n_tokens) dense_tile<A, 1, 1>(task, r, t);
+  }
+}
+
+// 16 packed bytes (32 nibbles, low nibble = even element) -> 32 doubles holding 2*E2M1, in
+// element order: d[q] = elements 4q..4q+3.
+inline void mxfp4_decode_block(const uint8_t* p, __m256d* d) {
+  const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i nib = _mm_set1_epi8(0x0f);
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(bytes, nib));
+  const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), nib));
+  const __m128i e0 = _mm_unpacklo_epi8(lo, hi);  // elements 0..15
+  const __m128i e1 = _mm_unpackhi_epi8(lo, hi);  // elements 16..31
+  const __m256i i0 = _mm256_cvtepi8_epi32(e0);
+  const __m256i i1 = _mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8));
+  const __m256i i2 = _mm256_cvtepi8_epi32(e1);
+  const __m256i i3 = _mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8));
+  d[0] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(i0));
+  d[1] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(i0, 1));
+  d[2] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(i1));
+  d[3] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(i1, 1));
+  d[4] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(i2));
+  d[5] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(i2, 1));
+  d[6] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(i3));
+  d[7] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(i3, 1));
+}
+
+// One decoded block against one token's x: block lanes b0 = lanes 0-3 (elements l, l+8, l+16,
+// l+24), b1 = lanes 4-7, each from +0.0; then row lanes += block lanes * 2^(s-128) (exact).
+inline void mxfp4_block_accumulate(const __m256d* d, const double* xp, __m256d scale, __m256d& Ra,
+                                   __m256d& Rb) {
+  const __m256d zero = _mm256_setzero_pd();
+  __m256d b0 = _mm256_fmadd_pd(d[0], _mm256_loadu_pd(xp), zero);
+  __m256d b1 = _mm256_fmadd_pd(d[1], _mm256_loadu_pd(xp + 4), zero);
+  b0 = _mm256_fmadd_pd(d[2], _mm256_loadu_pd(xp + 8), b0);
+  b1 = _mm256_fmadd_pd(d[3], _mm256_loadu_pd(xp + 12), b1);
+  b0 = _mm256_fmadd_pd(d[4], _mm256_loadu_pd(xp + 16), b0);
+  b1 = _mm256_fmadd_pd(d[5], _mm256_loadu_pd(xp + 20), b1);
+  b0 = _mm256_fmadd_pd(d[6], _mm256_loadu_pd(xp + 24), b0);
+  b1 = _mm256_fmadd_pd(d[7], _mm256_loadu_pd(xp + 28), b1);
+  Ra = _mm256_fmadd_pd(b0, scale, Ra);  // exact product: one rounding, as the scalar add
+  Rb = _mm256_fmadd_pd(b1, scale, Rb);
+}
+
+inline float mxfp4_finish(__m256d Ra, __m256d Rb) {
+  double lane[8];
+  _mm256_storeu_pd(lane, Ra);
+  _mm256_storeu_pd(lane + 4, Rb);
+  return num::F(num::tree8(lane));
+}
+
+// One MXFP4 row against NT tokens. Block lanes: b0 = lanes 0-3 (elements l, l+8, l+16, l+24),
+// b1 = lanes 4-7; row lanes likewise in R[t][0..1].
+template <int NT>
+void mxfp4_tile(const LinearTask& task, int64_t r, int64_t tok) {
+  const int64_t n = task.w.cols, rows = task.w.rows, G = n / 32;
+  const uint8_t* P = static_cast<const uint8_t*>(task.w.data) + r * (n / 2);
+  const uint8_t* S = task.w.scales + r * G;
+  const __m256d zero = _mm256_setzero_pd();
+  __m256d R[NT][2];
+#pragma GCC unroll 4
+  for (int tt = 0; tt < NT; ++tt) R[tt][0] = R[tt][1] = zero;
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t s = S[g];
+    if (s == num::kE8M0ZeroBlock) continue;
+    __m256d d[8];
+    mxfp4_decode_block(P + 16 * g, d);
+    const __m256d scale = bcast(num::kHalfScale.v[s]);
+#pragma GCC unroll 4
+    for (int tt = 0; tt < NT; ++tt)
+      mxfp4_block_accumulate(d, task.x_wide + (tok + tt) * n + 32 * g, scale, R[tt][0], R[tt][1]);
+  }
+  for (int tt = 0; tt < NT; ++tt) task.y[(tok + tt) * rows + r] = mxfp4_finish(R[tt][0], R[tt][1]);
+}
+
+// Decode (T = 1): two rows at a time, so the core has two independent decode chains in flight.
+void mxfp4_two_rows(const LinearTask& task, int64_t r) {
+  const int64_t n = task.w.cols, G = n / 32;
+  const uint8_t* P0 = static_cast<const uint8_t*>(task.w.data) + r * (n / 2);
+  const uint8_t* P1 = P0 + n / 2;
+  const uint8_t* S0 = task.w.scales + r * G;
+  const uint8_t* S1 = S0 + G;
+  const __m256d zero = _mm256_setzero_pd();
+  __m256d R0a = zero, R0b = zero, R1a = zero, R1b = zero;
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t s0 = S0[g], s1 = S1[g];
+    const double* xp = task.x_wide + 32 * g;
+    if (s0 == num::kE8M0ZeroBlock || s1 == num::kE8M0ZeroBlock) {  // rare: one row at a time
+      __m256d d[8];
+      if (s0 != num::kE8M0ZeroBlock) {
+        mxfp4_decode_block(P0 + 16 * g, d);
+        mxfp4_block_accumulate(d, xp, bcast(num::kHalfScale.v[s0]), R0a, R0b);
+      }
+      if (s1 != num::kE8M0ZeroBlock) {
+        mxfp4_decode_block(P1 + 16 * g, d);
+        mxfp4_block_accumulate(d, xp, bcast(num::kHalfScale.v[s1]), R1a, R1b);
+      }
+      continue;
+    }
+    __m256d d0[8], d1[8];
+    mxfp4_decode_block(P0 + 16 * g, d0);
+    mxfp4_decode_block(P1 + 16 * g, d1);
+    mxfp4_block_accumulate(d0, xp, bcast(num::kHalfScale.v[s0]), R0a, R0b);
+    mxfp4_block_accumulate(d1, xp, bcast(num::kHalfScale.v[s1]), R1a, R1b);
+  }
+  task.y[r] = mxfp4_finish(R0a, R0b);
+  task.y[r + 1] = mxfp4_finish(R1a, R1b);
+}
+
+void mxfp4_rows(const LinearTask& task, int64_t r0, int64_t r1) {
+  if (task.n_tokens == 1) {
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) mxfp4_two_rows(task, r);
+    if (r < r1) mxfp4_tile<1>(task, r, 0);
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    int64_t t = 0;
+    for (; t + 4 <= task.n_tokens; t += 4) mxfp4_tile<4>(task, r, t);
+    for (; t + 2 <= task.n_tokens; t += 2) mxfp4_tile<2>(task, r, t);
+    if (t < task.n_tokens) mxfp4_tile<1>(task, r, t);
+  }
+}
+
+}  // namespace
+
+void linear_rows_avx2(const LinearTask& task, int64_t r0, int64_t r1) {
+  switch (task.w.type) {
+    case WeightType::kF32: return dense_rows<F32Weights>(task, r0, r1);
+    case WeightType::kBF16: return dense_rows<Bf16Weights>(task, r0, r1);
+    case WeightType::kF16: return dense_rows<F16Weights>(task, r0, r1);
+    case WeightType::kMxfp4: return mxfp4_rows(task, r0, r1);
+  }
+}
+
+}  // namespace ktier::cpu::avx2

@@ -1,0 +1,344 @@
+#include "io/queued_engine.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "common/check.h"
+
+namespace ktier::io::detail {
+namespace {
+
+std::string range_text(uint64_t offset, uint64_t length) {
+  return "[" + std::to_string(offset) + ", " + std::to_string(offset + length) + ")";
+}
+
+}  // namespace
+
+QueuedIoEngine::QueuedIoEngine(IoOptions options)
+    : IoEngine(std::move(options)),
+      limiter_(options_.rate_limit_bytes_per_s),
+      bounce_bytes_(align_up(std::clamp<uint64_t>(options_.bounce_buffer_bytes, 64 << 10,
+                                                  kMaxReadBytes),
+                             kDefaultAlignment)) {
+  KTIER_CHECK(options_.queue_depth >= 1);
+  KTIER_CHECK(options_.max_chunk_bytes >= 1);
+  const uint32_t n_bounce = std::max<uint32_t>(options_.bounce_buffers, 1);
+  bounce_.resize(n_bounce);
+  for (uint32_t i = n_bounce; i-- > 0;) free_bounce_.push_back(i);
+}
+
+QueuedIoEngine::~QueuedIoEngine() {
+  // Backends must have shut down and joined their threads already.
+  std::lock_guard lock(mu_);
+  KTIER_CHECK(stopping_ && queue_.empty() && requests_outstanding_ == 0);
+}
+
+Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueue& cq) {
+  for (const ReadRequest& r : batch) {
+    KTIER_CHECK(r.file != nullptr && r.file->is_open());
+    KTIER_CHECK(r.dst != nullptr || r.length == 0);
+    if (r.offset > r.file->size() || r.length > r.file->size() - r.offset) {
+      return Status::corrupt("read past the end of " + r.file->path() + ": bytes " +
+                             range_text(r.offset, r.length) + " requested but the file has " +
+                             std::to_string(r.file->size()) +
+                             " bytes (truncated or incomplete download?)");
+    }
+  }
+  if (batch.empty()) return Status::ok();
+  cq.on_submitted(batch.size());
+  {
+    std::lock_guard lock(mu_);
+    KTIER_CHECK_MSG(!stopping_, "submit() on an IoEngine that is being destroyed");
+    if (requests_outstanding_ == 0) busy_since_ = Clock::now();
+    requests_outstanding_ += batch.size();
+    for (const ReadRequest& r : batch) {
+      auto req = std::make_shared<Request>();
+      req->read = r;
+      req->cq = &cq;
+      req->next_offset = r.offset;
+      if (r.length == 0) {
+        maybe_deliver_locked(*req);
+      } else {
+        queue_.push_back(std::move(req));
+      }
+    }
+  }
+  work_cv_.notify_all();
+  wake();
+  return Status::ok();
+}
+
+std::unique_ptr<Chunk> QueuedIoEngine::take_chunk(Take mode) {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    if (auto c = take_chunk_locked()) return c;
+    if (mode == Take::kNonBlocking || (stopping_ && queue_.empty())) return nullptr;
+    work_cv_.wait(lock);
+  }
+}
+
+std::unique_ptr<Chunk> QueuedIoEngine::take_chunk_locked() {
+  while (!queue_.empty()) {
+    Request& r = *queue_.front();
+    const ReadFile& file = *r.read.file;
+    const uint64_t end = r.read.offset + r.read.length;
+    // Fail what is not read yet rather than read data nobody will wait for; chunks already
+    // running finish first, and the request is delivered after them.
+    if (stopping_) stop_request_locked(r, "the I/O engine was shut down");
+    if (r.next_offset == end) {
+      auto done = std::move(queue_.front());
+      queue_.pop_front();
+      maybe_deliver_locked(*done);
+      continue;
+    }
+
+    auto c = std::make_unique<Chunk>();
+    c->file = &file;
+    c->offset = r.next_offset;
+    c->dst = static_cast<uint8_t*>(r.read.dst) + (r.next_offset - r.read.offset);
+    const uint64_t remaining = end - c->offset;
+    const uint64_t align = file.alignment();
+    const uint64_t chunk_limit = align_up(std::min(options_.max_chunk_bytes, kMaxReadBytes), align);
+    if (!file.direct()) {
+      c->length = std::min(remaining, chunk_limit);
+    } else if (is_aligned(c->offset, align) && is_aligned(c->dst, align) && remaining >= align) {
+      c->length = align_down(std::min(remaining, chunk_limit), align);
+    } else {
+      // Bounce. If destination and offset agree modulo the alignment, only this unaligned head
+      // (or tail) block needs it and the middle goes direct; otherwise every byte is bounced.
+      KTIER_CHECK_MSG(2 * align <= bounce_bytes_, "direct-I/O alignment larger than a bounce buffer");
+      if (free_bounce_.empty()) return nullptr;  // head-of-line: keep submission order
+      const uint64_t io_offset = align_down(c->offset, align);
+      const bool relative_ok = is_aligned(reinterpret_cast<uintptr_t>(c->dst) - c->offset, align);
+      const uint64_t limit = relative_ok ? align_down(c->offset, align) + align
+                                         : io_offset + align_down(bounce_bytes_, align);
+      c->length = std::min(end, limit) - c->offset;
+      const uint32_t index = free_bounce_.back();
+      if (bounce_[index].empty()) {
+        auto buf = AlignedBuffer::allocate(bounce_bytes_, kDefaultAlignment);
+        if (!buf.is_ok()) {
+          r.error = buf.status().with_context("bounce buffer for " + file.path());
+          r.next_offset = end;
+          continue;
+        }
+        bounce_[index] = std::move(buf).value();
+        buffer_bytes_.fetch_add(bounce_bytes_, std::memory_order_relaxed);
+        on_bounce_allocated(index, bounce_[index].data(), bounce_bytes_);
+      }
+      free_bounce_.pop_back();
+      c->bounce_index = static_cast<int>(index);
+      c->io_offset = io_offset;
+      c->io_length = align_up(c->offset + c->length, align) - io_offset;
+      c->io_buf = bounce_[index].data();
+      bounced_chunks_.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (c->bounce_index < 0) {
+      c->io_offset = c->offset;
+      c->io_length = c->length;
+      c->io_buf = c->dst;
+    }
+    r.next_offset += c->length;
+    ++r.chunks_running;
+    c->request = queue_.front();
+    if (r.next_offset == end) queue_.pop_front();
+    return c;
+  }
+  return nullptr;
+}
+
+Attempt QueuedIoEngine::plan_attempt(Chunk& c) {
+  Attempt a;
+  uint64_t pos = c.io_offset + c.done;
+  // Under O_DIRECT a continuation must restart on an aligned boundary; re-reading the bytes
+  // between it and `pos` rewrites identical data inside this chunk's own range.
+  if (c.file->direct()) pos = align_down(pos, c.file->alignment());
+  a.file_offset = pos;
+  a.buf = c.io_buf + (pos - c.io_offset);
+  a.length = c.io_length - (pos - c.io_offset);
+  const Clock::time_point now = Clock::now();
+  a.not_before = now;
+  if (c.back_off) {
+    a.not_before += kTransientBackoff;
+    c.back_off = false;
+  }
+  if (options_.fault_plan) {
+    const AttemptFaults f = options_.fault_plan->on_attempt(c.file->path(), pos, a.length);
+    a.inject_eio = f.eio;
+    a.short_read = f.short_read;
+    a.not_before += f.delay;
+    const uint64_t n = uint64_t{f.eio} + uint64_t{f.short_read} + uint64_t{f.delay.count() > 0};
+    if (n > 0) faults_injected_.fetch_add(n, std::memory_order_relaxed);
+  }
+  if (!a.inject_eio && !limiter_.unlimited()) {
+    a.not_before = std::max(a.not_before, limiter_.reserve(a.length, now));
+  }
+  return a;
+}
+
+Status QueuedIoEngine::attempt_error(const Chunk& c, uint64_t pos, uint64_t len, int err) const {
+  const ReadRequest& r = c.request->read;
+  return Status::runtime("read of " + c.file->path() + " failed at offset " + std::to_string(pos) +
+                         " (" + std::to_string(len) + " bytes; request offset " +
+                         std::to_string(r.offset) + ", length " + std::to_string(r.length) +
+                         "): " + errno_text(err) + "; retried " +
+                         std::to_string(c.error_retries) +
+                         (c.error_retries == 1 ? " time" : " times") +
+                         " (check the disk and the kernel log)");
+}
+
+QueuedIoEngine::Step QueuedIoEngine::on_result(Chunk& c, const Attempt& a, int64_t res) {
+  if ((res == -EINTR || res == -EAGAIN) && c.transient_retries < kMaxTransientRetries) {
+    ++c.transient_retries;
+    c.back_off = res == -EAGAIN;
+    return Step::kAgain;
+  }
+  if (res < 0) {
+    const int err = static_cast<int>(-res);
+    if (c.error_retries < kMaxErrorRetries) {
+      ++c.error_retries;
+      retries_.fetch_add(1, std::memory_order_relaxed);
+      spdlog::debug("read of {} at offset {} failed ({}); retrying", c.file->path(), a.file_offset,
+                    errno_text(err));
+      return Step::kAgain;
+    }
+    c.error = attempt_error(c, a.file_offset, a.length, err);
+    return Step::kDone;
+  }
+  bytes_read_.fetch_add(static_cast<uint64_t>(res), std::memory_order_relaxed);
+  if (a.short_read && res > 1) res /= 2;  // injected: pretend the rest did not arrive
+  const uint64_t needed = c.offset + c.length - c.io_offset;
+  if (res == 0) {
+    c.error = Status::runtime(c.file->path() + " ended at offset " +
+                              std::to_string(a.file_offset) + " while reading bytes " +
+                              range_text(c.request->read.offset, c.request->read.length) +
+                              "; it had " + std::to_string(c.file->size()) +
+                              " bytes when opened (was it truncated or replaced while ktier ran?)");
+    return Step::kDone;
+  }
+  c.done = std::max(c.done, (a.file_offset - c.io_offset) + static_cast<uint64_t>(res));
+  if (c.done >= needed) return Step::kDone;
+  short_reads_.fetch_add(1, std::memory_order_relaxed);
+  return Step::kAgain;
+}
+
+void QueuedIoEngine::finish_chunk(std::unique_ptr<Chunk> c) {
+  if (c->error.is_ok()) {
+    if (c->bounce_index >= 0) std::memcpy(c->dst, c->io_buf + (c->offset - c->io_offset), c->length);
+    if (options_.fault_plan) {
+      std::vector<CorruptSpan> spans;
+      options_.fault_plan->on_chunk_done(c->file->path(), c->offset, c->length, spans);
+      for (const CorruptSpan& s : spans) {
+        for (uint64_t i = s.begin; i < s.end; ++i) c->dst[i - c->offset] ^= s.xor_mask;
+      }
+      if (!spans.empty()) faults_injected_.fetch_add(spans.size(), std::memory_order_relaxed);
+    }
+  }
+  bool freed_bounce = false;
+  {
+    std::lock_guard lock(mu_);
+    if (c->bounce_index >= 0) {
+      free_bounce_.push_back(static_cast<uint32_t>(c->bounce_index));
+      freed_bounce = true;
+    }
+    Request& r = *c->request;
+    if (!c->error.is_ok() && r.error.is_ok()) r.error = std::move(c->error);
+    --r.chunks_running;
+    maybe_deliver_locked(r);
+  }
+  if (freed_bounce) {
+    work_cv_.notify_all();
+    wake();
+  }
+}
+
+void QueuedIoEngine::maybe_deliver_locked(Request& r) {
+  if (r.next_offset != r.read.offset + r.read.length || r.chunks_running != 0) return;
+  if (r.cq == nullptr) return;  // already delivered
+  requests_completed_.fetch_add(1, std::memory_order_relaxed);
+  if (r.error.is_ok()) {
+    bytes_delivered_.fetch_add(r.read.length, std::memory_order_relaxed);
+  } else {
+    requests_failed_.fetch_add(1, std::memory_order_relaxed);
+  }
+  CompletionQueue* cq = r.cq;
+  r.cq = nullptr;
+  if (--requests_outstanding_ == 0) {
+    busy_ns_ += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - busy_since_).count());
+  }
+  // Lock order: engine mu_, then the queue's mutex; a queue never calls into the engine while
+  // holding its own.
+  cq->deliver(Completion{r.read.tag, std::move(r.error)});
+}
+
+void QueuedIoEngine::stop_request_locked(Request& r, const std::string& why) {
+  const uint64_t end = r.read.offset + r.read.length;
+  if (r.next_offset == end) return;
+  if (r.error.is_ok()) {
+    r.error = Status::runtime("read of " + r.read.file->path() + " at offset " +
+                              std::to_string(r.next_offset) + " cancelled (" + why + ")");
+  }
+  r.next_offset = end;
+}
+
+void QueuedIoEngine::cancel(CompletionQueue& cq) {
+  bool any = false;
+  {
+    std::lock_guard lock(mu_);
+    std::erase_if(queue_, [&](const std::shared_ptr<Request>& r) {
+      if (r->cq != &cq) return false;
+      stop_request_locked(*r, "its reader cancelled it");
+      maybe_deliver_locked(*r);  // delivers now unless chunks of it are still running
+      any = true;
+      return true;
+    });
+  }
+  if (any) {
+    work_cv_.notify_all();
+    wake();
+  }
+}
+
+void QueuedIoEngine::shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  wake();
+}
+
+bool QueuedIoEngine::shutting_down() const {
+  std::lock_guard lock(mu_);
+  return stopping_;
+}
+
+IoCounters QueuedIoEngine::counters() const {
+  IoCounters c;
+  const auto load = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  c.requests_completed = load(requests_completed_);
+  c.requests_failed = load(requests_failed_);
+  c.bytes_delivered = load(bytes_delivered_);
+  c.bytes_read = load(bytes_read_);
+  c.reads_issued = load(reads_issued_);
+  c.retries = load(retries_);
+  c.short_reads = load(short_reads_);
+  c.bounced_chunks = load(bounced_chunks_);
+  c.fixed_reads = load(fixed_reads_);
+  c.faults_injected = load(faults_injected_);
+  c.wait_ns = load(wait_ns_);
+  c.buffer_bytes = load(buffer_bytes_);
+  std::lock_guard lock(mu_);
+  c.busy_ns = busy_ns_;
+  if (requests_outstanding_ > 0) {
+    c.busy_ns += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - busy_since_).count());
+  }
+  return c;
+}
+
+}  // namespace ktier::io::detail

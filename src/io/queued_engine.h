@@ -1,0 +1,150 @@
+#pragma once
+// Internal to src/io: the part of an IoEngine that does not depend on how a read reaches the
+// kernel. It owns the request queue, cuts requests into chunks, decides each read attempt (the
+// aligned position, faults, the rate limit), interprets results (short reads, retries, EOF),
+// copies bounce buffers out, and delivers completions. A backend (PreadIoEngine,
+// UringIoEngine) only moves attempts to the kernel and results back:
+//
+//   auto chunk = take_chunk(...);                     // FIFO; holds an in-flight slot
+//   for (;;) {
+//     Attempt a = plan_attempt(*chunk);               // wait until a.not_before, then:
+//     int64_t res = a.inject_eio ? -EIO : pread(file fd, a.buf, a.length, a.file_offset);
+//     if (on_result(*chunk, a, res) == Step::kDone) break;
+//   }
+//   finish_chunk(std::move(chunk));
+//
+// Thread-safety: take_chunk / plan_attempt / on_result / finish_chunk may be called from any
+// number of backend threads, each for chunks it holds; a Chunk is used by one thread at a time.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "io/aligned_buffer.h"
+#include "io/io_engine.h"
+#include "io/rate_limiter.h"
+
+namespace ktier::io::detail {
+
+using Clock = std::chrono::steady_clock;
+
+// Retries of EINTR / EAGAIN before they count as an error. The kernel returns EAGAIN for a
+// full device queue; a few thousand tries at ~1 ms apart cover any sane stall.
+inline constexpr uint32_t kMaxTransientRetries = 4096;
+// Error retries per chunk before its request fails (the "retried once" rule of issue 4).
+inline constexpr uint32_t kMaxErrorRetries = 1;
+// Pause before repeating an attempt that got EAGAIN, so a full device queue is not spun on.
+inline constexpr std::chrono::microseconds kTransientBackoff{100};
+// Largest single read: io_uring takes a 32-bit length, Linux pread moves at most 2 GiB - 4 KiB,
+// and a registered buffer may not exceed 1 GiB.
+inline constexpr uint64_t kMaxReadBytes = uint64_t{1} << 30;
+
+struct Request {
+  ReadRequest read;
+  CompletionQueue* cq = nullptr;
+  uint64_t next_offset = 0;     // chunking cursor, absolute file offset
+  uint32_t chunks_running = 0;  // chunks taken and not finished
+  Status error;                 // first failure of any chunk
+};
+
+struct Chunk {
+  std::shared_ptr<Request> request;
+  const ReadFile* file = nullptr;
+  uint64_t offset = 0;  // payload: file offset and length, bytes
+  uint64_t length = 0;
+  uint8_t* dst = nullptr;
+  // What is read: [io_offset, io_offset + io_length) into io_buf. Equal to the payload unless
+  // bounced, in which case it is the aligned cover and io_buf is a bounce buffer.
+  uint64_t io_offset = 0;
+  uint64_t io_length = 0;
+  uint8_t* io_buf = nullptr;
+  int bounce_index = -1;
+  uint64_t done = 0;  // bytes of the io range known read, counted from io_offset
+  uint32_t error_retries = 0;
+  uint32_t transient_retries = 0;
+  bool back_off = false;  // the last attempt got EAGAIN: start the next one a little later
+  Status error;
+  void* backend_state = nullptr;  // free for the backend (the uring engine's attempt record)
+};
+
+struct Attempt {
+  uint8_t* buf = nullptr;
+  uint64_t file_offset = 0;
+  uint64_t length = 0;
+  Clock::time_point not_before{};  // do not start before (rate limit, injected delay)
+  bool inject_eio = false;         // do not read; the result is -EIO
+  bool short_read = false;         // deliver only half of what the kernel returns
+};
+
+class QueuedIoEngine : public IoEngine {
+ public:
+  Status submit(std::span<const ReadRequest> batch, CompletionQueue& cq) final;
+  void cancel(CompletionQueue& cq) final;
+  IoCounters counters() const final;
+
+ protected:
+  explicit QueuedIoEngine(IoOptions options);
+  ~QueuedIoEngine() override;
+
+  enum class Take { kNonBlocking, kBlocking };
+  // The next chunk in submission order, holding one in-flight slot until finish_chunk. Returns
+  // null when there is none: queue empty, or the head needs a bounce buffer and none is free;
+  // with kBlocking it waits for one instead and returns null only once shutdown() was called
+  // and the queue is empty.
+  std::unique_ptr<Chunk> take_chunk(Take mode);
+  Attempt plan_attempt(Chunk& c);
+  enum class Step { kAgain, kDone };
+  // `res` is the byte count the kernel returned, or -errno.
+  Step on_result(Chunk& c, const Attempt& a, int64_t res);
+  void finish_chunk(std::unique_ptr<Chunk> c);
+
+  // Stops accepting work; requests not yet started complete with an error. Chunks already taken
+  // still run to the end. Backends call it first thing in their destructor, then join.
+  void shutdown();
+  bool shutting_down() const;
+  // Bounce buffers, for backends that register them: index -> memory (null until allocated).
+  uint32_t bounce_count() const { return static_cast<uint32_t>(bounce_.size()); }
+  uint64_t bounce_bytes() const { return bounce_bytes_; }
+
+  // Backend hook: called (without locks) after work was queued, a bounce buffer was freed, or
+  // shutdown began, so a backend that does not wait on take_chunk(kBlocking) can look again.
+  virtual void wake() {}
+  // Backend hook: a bounce buffer was just allocated (the uring engine registers it).
+  virtual void on_bounce_allocated(uint32_t index, uint8_t* data, uint64_t bytes) {}
+
+  void add_wait_ns(uint64_t ns) final { wait_ns_.fetch_add(ns, std::memory_order_relaxed); }
+  void count_read_issued() { reads_issued_.fetch_add(1, std::memory_order_relaxed); }
+  void count_fixed_read() { fixed_reads_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  // REQUIRES mu_. Cuts the next chunk off the head request; null as take_chunk.
+  std::unique_ptr<Chunk> take_chunk_locked();
+  // REQUIRES mu_. Delivers `r` if it is fully cut and no chunk of it runs.
+  void maybe_deliver_locked(Request& r);
+  Status attempt_error(const Chunk& c, uint64_t pos, uint64_t len, int err) const;
+  // REQUIRES mu_. Marks the unread rest of `r` as failed with `why`.
+  static void stop_request_locked(Request& r, const std::string& why);
+
+  RateLimiter limiter_;
+  const uint64_t bounce_bytes_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;                 // queue grew, bounce freed, shutdown
+  std::deque<std::shared_ptr<Request>> queue_;      // guarded by mu_; requests not fully cut
+  std::vector<AlignedBuffer> bounce_;               // guarded by mu_ (the vector, not the bytes)
+  std::vector<uint32_t> free_bounce_;               // guarded by mu_
+  bool stopping_ = false;                           // guarded by mu_
+  uint64_t requests_outstanding_ = 0;               // guarded by mu_
+  Clock::time_point busy_since_{};                  // guarded by mu_
+  uint64_t busy_ns_ = 0;                            // guarded by mu_; closed busy intervals
+
+  std::atomic<uint64_t> requests_completed_{0}, requests_failed_{0}, bytes_delivered_{0},
+      bytes_read_{0}, reads_issued_{0}, retries_{0}, short_reads_{0}, bounced_chunks_{0},
+      fixed_reads_{0}, faults_injected_{0}, wait_ns_{0}, buffer_bytes_{0};
+};
+
+}  // namespace ktier::io::detail

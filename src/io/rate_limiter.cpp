@@ -1,0 +1,16 @@
+#include "io/rate_limiter.h"
+
+namespace ktier::io {
+
+RateLimiter::Clock::time_point RateLimiter::reserve(uint64_t bytes, Clock::time_point now) {
+  if (bytes_per_s_ == 0) return now;
+  // Nanoseconds for `bytes` at the cap; long double keeps 64 GiB / 1 B/s in range.
+  const auto cost = std::chrono::nanoseconds(
+      static_cast<int64_t>(static_cast<long double>(bytes) * 1e9L / bytes_per_s_));
+  std::lock_guard lock(mu_);
+  const Clock::time_point start = next_free_ > now ? next_free_ : now;
+  next_free_ = start + cost;
+  return start;
+}
+
+}  // namespace ktier::io

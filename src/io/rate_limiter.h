@@ -1,0 +1,35 @@
+#pragma once
+// RateLimiter: caps the read rate of an engine (IoOptions::rate_limit_bytes_per_s) so a user can
+// emulate a 1, 3 or 7 GB/s disk on a faster machine (issue 7's compressed-vs-plain table).
+//
+// A token bucket whose depth is one read: reserve(n) returns the moment a read of n bytes may
+// start, and moves the "next free" moment n / rate later. Idle time does not accumulate credit,
+// so the long-run rate never exceeds the cap, and a steady stream of reads is paced evenly.
+// Granularity is the engine's chunk size (IoOptions::max_chunk_bytes).
+//
+// Thread-safety: reserve() may be called from any number of threads.
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+
+namespace ktier::io {
+
+class RateLimiter {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // 0 = unlimited: reserve() always returns `now`.
+  explicit RateLimiter(uint64_t bytes_per_s) : bytes_per_s_(bytes_per_s) {}
+  bool unlimited() const { return bytes_per_s_ == 0; }
+  uint64_t bytes_per_s() const { return bytes_per_s_; }
+
+  // Start time for a read of `bytes` issued no earlier than `now`.
+  Clock::time_point reserve(uint64_t bytes, Clock::time_point now);
+
+ private:
+  const uint64_t bytes_per_s_;
+  std::mutex mu_;
+  Clock::time_point next_free_{};  // guarded by mu_
+};
+
+}  // namespace ktier::io

@@ -1,0 +1,334 @@
+#include "io/uring_io_engine.h"
+
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <system_error>
+
+#include "common/check.h"
+
+namespace ktier::io {
+
+struct UringIoEngine::Op {
+  std::unique_ptr<detail::Chunk> chunk;
+  detail::Attempt attempt;
+  int file_slot = -1;  // registered file slot of the read in flight, -1 = plain fd
+};
+
+namespace {
+// user_data of the armed eventfd read; every other user_data is an Op*.
+constexpr uint64_t kWakeTag = 0;
+}  // namespace
+
+Result<std::unique_ptr<IoEngine>> UringIoEngine::create(const IoOptions& options) {
+  std::unique_ptr<UringIoEngine> engine(new UringIoEngine(options));
+  if (Status s = engine->init(); !s.is_ok()) {
+    engine->shutdown();  // no reaper yet; lets the base destructor's checks pass
+    return s;
+  }
+  return std::unique_ptr<IoEngine>(std::move(engine));
+}
+
+Status UringIoEngine::init() {
+  // Every op holds at most one SQE, plus the armed eventfd read.
+  const unsigned entries = options_.queue_depth + 1;
+  if (int r = io_uring_queue_init(entries, &ring_, 0); r < 0) {
+    return Status::runtime("io_uring_queue_init failed: " + errno_text(-r));
+  }
+  ring_ready_ = true;
+
+  io_uring_probe* probe = io_uring_get_probe_ring(&ring_);
+  const bool has_ops = probe != nullptr && io_uring_opcode_supported(probe, IORING_OP_READ) &&
+                       io_uring_opcode_supported(probe, IORING_OP_READ_FIXED);
+  if (probe != nullptr) io_uring_free_probe(probe);
+  if (!has_ops) return Status::runtime("the kernel's io_uring lacks IORING_OP_READ (Linux < 5.6)");
+
+  // Smoke test: seccomp profiles can allow io_uring_setup and block io_uring_enter.
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  io_uring_prep_nop(sqe);
+  io_uring_cqe* cqe = nullptr;
+  if (int r = io_uring_submit_and_wait(&ring_, 1); r < 0) {
+    return Status::runtime("io_uring_enter failed: " + errno_text(-r));
+  }
+  if (int r = io_uring_wait_cqe(&ring_, &cqe); r < 0) {
+    return Status::runtime("io_uring_wait_cqe failed: " + errno_text(-r));
+  }
+  io_uring_cqe_seen(&ring_, cqe);
+
+  // Buffered reads of cold pages cannot complete inline and go to the kernel's io-wq workers,
+  // whose default bound is min(entries, 4 x CPUs): 8 on a 2-core VM, which caps a queue depth of
+  // 32 at 8 reads in flight. Raise it to the depth (a hint; older kernels lack it).
+  unsigned iowq_workers[2] = {options_.queue_depth, 0};  // bounded, unbounded (0 = unchanged)
+  (void)io_uring_register_iowq_max_workers(&ring_, iowq_workers);
+
+  wake_fd_ = eventfd(0, EFD_CLOEXEC);
+  if (wake_fd_ < 0) return Status::runtime("eventfd failed: " + errno_text(errno));
+
+  if (int r = io_uring_register_files_sparse(&ring_, kFileSlots); r == 0) {
+    files_registered_ = true;
+    slot_file_.assign(kFileSlots, 0);
+    slot_reads_.assign(kFileSlots, 0);
+  } else {
+    spdlog::debug("io_uring: no registered file table ({}); using plain descriptors",
+                  errno_text(-r));
+  }
+  if (int r = io_uring_register_buffers_sparse(&ring_, kBufferSlots); r == 0) {
+    buffers_registered_ = true;
+    buffer_slot_used_.assign(kBufferSlots, false);
+  } else {
+    spdlog::debug("io_uring: no registered buffer table ({}); using plain reads",
+                  errno_text(-r));
+  }
+
+  try {
+    reaper_ = std::thread([this] { reaper_loop(); });
+  } catch (const std::system_error& e) {
+    return Status::runtime(std::string("cannot start the io_uring thread: ") + e.what());
+  }
+  return Status::ok();
+}
+
+UringIoEngine::~UringIoEngine() {
+  shutdown();
+  if (reaper_.joinable()) reaper_.join();
+  if (ring_ready_) io_uring_queue_exit(&ring_);  // also drops registered files and buffers
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void UringIoEngine::wake() {
+  if (wake_fd_ < 0) return;
+  const uint64_t one = 1;
+  // Cannot fail short of a bug: the counter saturates only after 2^64 - 2 unread wakes.
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
+}
+
+// ---- registered buffers -------------------------------------------------------------------
+
+Status UringIoEngine::register_buffer(void* base, uint64_t bytes) {
+  if (!buffers_registered_ || bytes == 0) return Status::ok();
+  auto* p = static_cast<uint8_t*>(base);
+  std::lock_guard lock(regions_mu_);
+  std::vector<Region> added;
+  for (uint64_t off = 0; off < bytes; off += detail::kMaxReadBytes) {
+    const uint64_t piece = std::min(bytes - off, detail::kMaxReadBytes);
+    // Slots below bounce_count() are reserved for the engine's bounce buffers.
+    unsigned slot = bounce_count();
+    while (slot < kBufferSlots && buffer_slot_used_[slot]) ++slot;
+    Status error;
+    if (slot >= kBufferSlots) {
+      error = Status::runtime("no free registered-buffer slot (" + std::to_string(kBufferSlots) +
+                              " in the table)");
+    } else {
+      iovec iov{p + off, piece};
+      if (int r = io_uring_register_buffers_update_tag(&ring_, slot, &iov, nullptr, 1); r < 0) {
+        error = Status::runtime("registering " + std::to_string(piece) +
+                                " bytes with io_uring failed: " + errno_text(-r) +
+                                " (RLIMIT_MEMLOCK too low?)");
+      }
+    }
+    if (!error.is_ok()) {
+      for (const Region& r : added) {
+        iovec empty{nullptr, 0};
+        (void)io_uring_register_buffers_update_tag(&ring_, r.slot, &empty, nullptr, 1);
+        buffer_slot_used_[r.slot] = false;
+      }
+      return error;
+    }
+    buffer_slot_used_[slot] = true;
+    added.push_back(Region{p, p + off, piece, slot});
+  }
+  regions_.insert(regions_.end(), added.begin(), added.end());
+  return Status::ok();
+}
+
+void UringIoEngine::unregister_buffer(void* base) {
+  std::lock_guard lock(regions_mu_);
+  std::erase_if(regions_, [&](const Region& r) {
+    if (r.owner != base) return false;
+    iovec empty{nullptr, 0};
+    (void)io_uring_register_buffers_update_tag(&ring_, r.slot, &empty, nullptr, 1);
+    buffer_slot_used_[r.slot] = false;
+    return true;
+  });
+}
+
+void UringIoEngine::on_bounce_allocated(uint32_t index, uint8_t* data, uint64_t bytes) {
+  if (!buffers_registered_ || index >= kBufferSlots) return;
+  iovec iov{data, bytes};
+  if (io_uring_register_buffers_update_tag(&ring_, index, &iov, nullptr, 1) < 0) return;
+  std::lock_guard lock(regions_mu_);
+  buffer_slot_used_[index] = true;
+  regions_.push_back(Region{data, data, bytes, index});
+}
+
+int UringIoEngine::buffer_slot_for(const uint8_t* buf, uint64_t bytes) {
+  if (!buffers_registered_) return -1;
+  std::lock_guard lock(regions_mu_);
+  for (const Region& r : regions_) {
+    if (buf >= r.base && buf + bytes <= r.base + r.bytes) return static_cast<int>(r.slot);
+  }
+  return -1;
+}
+
+// ---- registered files ---------------------------------------------------------------------
+
+int UringIoEngine::file_slot_for(const ReadFile& file) {
+  if (!files_registered_) return -1;
+  if (auto it = file_slot_of_.find(file.id()); it != file_slot_of_.end()) {
+    return static_cast<int>(it->second);
+  }
+  // A free slot, else one whose file has no read in flight.
+  int slot = -1;
+  for (unsigned s = 0; s < kFileSlots && slot < 0; ++s) {
+    if (slot_file_[s] == 0) slot = static_cast<int>(s);
+  }
+  for (unsigned s = 0; s < kFileSlots && slot < 0; ++s) {
+    if (slot_reads_[s] == 0) slot = static_cast<int>(s);
+  }
+  if (slot < 0) return -1;
+  const int fd = file.fd();
+  if (io_uring_register_files_update(&ring_, static_cast<unsigned>(slot), &fd, 1) != 1) return -1;
+  if (slot_file_[slot] != 0) file_slot_of_.erase(slot_file_[slot]);
+  slot_file_[slot] = file.id();
+  file_slot_of_[file.id()] = static_cast<unsigned>(slot);
+  return slot;
+}
+
+// ---- the reaper ---------------------------------------------------------------------------
+
+io_uring_sqe* UringIoEngine::get_sqe() {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) {
+    // The SQ holds queue_depth + 1 entries and each op uses at most one, so it is never full
+    // after a submit.
+    (void)io_uring_submit(&ring_);
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  KTIER_CHECK(sqe != nullptr);
+  return sqe;
+}
+
+void UringIoEngine::arm_wake_read() {
+  io_uring_sqe* sqe = get_sqe();
+  io_uring_prep_read(sqe, wake_fd_, &wake_value_, sizeof wake_value_, 0);
+  io_uring_sqe_set_data64(sqe, kWakeTag);
+}
+
+void UringIoEngine::start_attempt(Op* op) {
+  op->attempt = plan_attempt(*op->chunk);
+  if (op->attempt.inject_eio) {
+    complete(op, -EIO);
+    return;
+  }
+  if (op->attempt.not_before > detail::Clock::now()) {
+    parked_.push_back(op);
+    return;
+  }
+  issue(op);
+}
+
+void UringIoEngine::issue(Op* op) {
+  const detail::Attempt& a = op->attempt;
+  const ReadFile& file = *op->chunk->file;
+  io_uring_sqe* sqe = get_sqe();
+  op->file_slot = file_slot_for(file);
+  const int fd = op->file_slot >= 0 ? op->file_slot : file.fd();
+  const auto len = static_cast<unsigned>(a.length);
+  if (int buf_slot = buffer_slot_for(a.buf, a.length); buf_slot >= 0) {
+    io_uring_prep_read_fixed(sqe, fd, a.buf, len, a.file_offset, buf_slot);
+    count_fixed_read();
+  } else {
+    io_uring_prep_read(sqe, fd, a.buf, len, a.file_offset);
+  }
+  if (op->file_slot >= 0) {
+    sqe->flags |= IOSQE_FIXED_FILE;
+    ++slot_reads_[op->file_slot];
+  }
+  io_uring_sqe_set_data(sqe, op);
+  count_read_issued();
+}
+
+void UringIoEngine::complete(Op* op, int64_t res) {
+  if (op->file_slot >= 0) --slot_reads_[op->file_slot];
+  op->file_slot = -1;
+  if (on_result(*op->chunk, op->attempt, res) == Step::kAgain) {
+    start_attempt(op);  // recursion depth is bounded by the retry limits
+    return;
+  }
+  finish_chunk(std::move(op->chunk));
+  delete op;
+  --ops_active_;
+}
+
+void UringIoEngine::reaper_loop() {
+  arm_wake_read();
+  for (;;) {
+    while (ops_active_ < options_.queue_depth) {
+      std::unique_ptr<detail::Chunk> chunk = take_chunk(Take::kNonBlocking);
+      if (!chunk) break;
+      ++ops_active_;
+      auto* op = new Op;
+      op->chunk = std::move(chunk);
+      start_attempt(op);
+    }
+    const auto now = detail::Clock::now();
+    auto earliest = detail::Clock::time_point::max();
+    std::erase_if(parked_, [&](Op* op) {
+      if (op->attempt.not_before <= now) {
+        issue(op);
+        return true;
+      }
+      earliest = std::min(earliest, op->attempt.not_before);
+      return false;
+    });
+    for (;;) {
+      const int r = io_uring_submit(&ring_);
+      if (r >= 0) break;
+      // EINTR: retry. EAGAIN/EBUSY: the kernel is short of resources; completions free them.
+      KTIER_CHECK_MSG(r == -EINTR || r == -EAGAIN || r == -EBUSY, "io_uring_submit failed");
+      if (r != -EINTR) break;
+    }
+    if (ops_active_ == 0 && shutting_down()) break;  // queue drained (take_chunk cancels the rest)
+
+    io_uring_cqe* cqe = nullptr;
+    int r;
+    if (earliest == detail::Clock::time_point::max()) {
+      r = io_uring_wait_cqe(&ring_, &cqe);
+    } else {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(earliest - now).count();
+      __kernel_timespec ts{ns / 1000000000, ns % 1000000000};
+      r = io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
+    }
+    if (r < 0) {
+      KTIER_CHECK_MSG(r == -EINTR || r == -ETIME || r == -EAGAIN || r == -EBUSY,
+                      "io_uring_wait_cqe failed");
+      continue;
+    }
+    // Take every completion that is ready before going back to issue more.
+    io_uring_cqe* batch[64];
+    unsigned n;
+    while ((n = io_uring_peek_batch_cqe(&ring_, batch, 64)) > 0) {
+      for (unsigned i = 0; i < n; ++i) {
+        const uint64_t data = io_uring_cqe_get_data64(batch[i]);
+        const int res = batch[i]->res;
+        io_uring_cqe_seen(&ring_, batch[i]);
+        if (data == LIBURING_UDATA_TIMEOUT) {
+          continue;  // liburing's own timeout entry on kernels without IORING_ENTER_EXT_ARG
+        } else if (data == kWakeTag) {
+          arm_wake_read();  // the read consumed the eventfd counter: all wakes so far are seen
+        } else {
+          complete(reinterpret_cast<Op*>(data), res);
+        }
+      }
+    }
+  }
+  // Leave no SQE pointing at this object: the armed wake read stays in the kernel until
+  // io_uring_queue_exit cancels it, and it only writes wake_value_, which outlives the ring.
+}
+
+}  // namespace ktier::io

@@ -1,0 +1,103 @@
+// Budget parsing and number formatting for the replay CLI.
+#include "strata/budget.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace ktier::strata {
+namespace {
+
+struct Unit {
+  const char* name;
+  double factor;
+};
+constexpr Unit kUnits[] = {
+    {"", 1},          {"b", 1},          {"kb", 1e3},       {"mb", 1e6},
+    {"gb", 1e9},      {"tb", 1e12},      {"kib", 1024.0},   {"mib", 1048576.0},
+    {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+};
+// Budgets beyond this are a typo, not a machine (and would overflow slot arithmetic).
+constexpr double kMaxBudgetBytes = 1e18;
+
+}  // namespace
+
+Result<Budget> parse_budget(std::string_view item, uint64_t expert_bytes, std::string_view option) {
+  auto bad = [&](const std::string& why) {
+    return Status::usage(std::string(option) + ": '" + std::string(item) + "' " + why +
+                         " (examples: 8GB, 16GiB, 8e9, 455x = 455 experts)");
+  };
+  std::string s;
+  for (char c : item) {
+    if (!std::isspace(static_cast<unsigned char>(c))) s.push_back(c);
+  }
+  if (s.empty()) return bad("is empty");
+  if (expert_bytes == 0) return bad("needs the expert size (--expert-bytes)");
+  const char* begin = s.c_str();
+  char* end = nullptr;
+  const double value = std::strtod(begin, &end);
+  if (end == begin || !std::isfinite(value) || value < 0) return bad("is not a size");
+  std::string unit(end);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  Budget b;
+  b.label = s;
+  if (unit == "x") {
+    if (value != std::floor(value) || value * expert_bytes > kMaxBudgetBytes) {
+      return bad("is not a whole number of experts in range");
+    }
+    b.slots = static_cast<uint64_t>(value);
+    b.bytes = b.slots * expert_bytes;
+    return b;
+  }
+  for (const Unit& u : kUnits) {
+    if (unit != u.name) continue;
+    const double bytes = value * u.factor;
+    if (bytes > kMaxBudgetBytes) return bad("is too large");
+    b.bytes = static_cast<uint64_t>(std::floor(bytes));
+    b.slots = b.bytes / expert_bytes;
+    return b;
+  }
+  return bad("has an unknown unit '" + std::string(end) + "'");
+}
+
+Result<std::vector<Budget>> parse_budget_list(std::string_view list, uint64_t expert_bytes,
+                                              std::string_view option) {
+  std::vector<Budget> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    KTIER_ASSIGN_OR_RETURN(Budget b, parse_budget(list.substr(start, comma - start),
+                                                  expert_bytes, option));
+    out.push_back(std::move(b));
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  static const char* kNames[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1000 && u < 5) {
+    v /= 1000;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(bytes));
+  else std::snprintf(buf, sizeof(buf), v >= 100 ? "%.0f %s" : v >= 10 ? "%.1f %s" : "%.2f %s", v, kNames[u]);
+  return buf;
+}
+
+std::string format_count(uint64_t n) {
+  std::string digits = std::to_string(n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return out;
+}
+
+}  // namespace ktier::strata

@@ -1,0 +1,36 @@
+#pragma once
+// Tier budgets on the command line: comma lists of sizes (docs/STRATA.md §6).
+//
+//   "8GB,16GB"   bytes with a decimal unit (B, KB, MB, GB, TB = powers of 1000)
+//   "8GiB"       bytes with a binary unit (KiB, MiB, GiB, TiB = powers of 1024)
+//   "8e9", "123" bytes (a plain number is bytes; decimals allowed: "1.5GB")
+//   "455x"       a number of experts (slots); bytes = slots * expert_bytes
+// Units are case-insensitive. Slots for a byte budget = floor(bytes / expert_bytes), as in the
+// conformance README §10.3 (8 GB -> 455 slots at 17,547,264 bytes per expert).
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ktier::strata {
+
+struct Budget {
+  std::string label;   // the item as given, e.g. "8GB" or "455x"
+  uint64_t bytes = 0;
+  uint64_t slots = 0;
+};
+
+// `option` names the flag in messages ("--ram"). Usage error on anything malformed.
+Result<Budget> parse_budget(std::string_view item, uint64_t expert_bytes, std::string_view option);
+Result<std::vector<Budget>> parse_budget_list(std::string_view list, uint64_t expert_bytes,
+                                              std::string_view option);
+
+// "8 GB", "455 MB", "1.23 TB" (decimal units, 3 significant digits) for tables.
+std::string format_bytes(uint64_t bytes);
+// 100096 -> "100,096".
+std::string format_count(uint64_t n);
+
+}  // namespace ktier::strata

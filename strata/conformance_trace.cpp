@@ -1,0 +1,167 @@
+// Conversion of the conformance int32-pair routing trace. Structure rules: conformance_trace.h.
+#include "strata/conformance_trace.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace ktier::strata {
+namespace {
+
+constexpr size_t kRecordBytes = 8;  // int32 layer, int32 expert
+constexpr int32_t kMaxLayer = 65534;
+
+int32_t get_i32(const uint8_t* p) {
+  return static_cast<int32_t>(static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+                              (static_cast<uint32_t>(p[2]) << 16) |
+                              (static_cast<uint32_t>(p[3]) << 24));
+}
+
+}  // namespace
+
+Result<Trace> read_conformance_trace(const std::filesystem::path& path,
+                                     const ConformanceTraceOptions& options) {
+  const std::string name = path.string();
+  std::FILE* f = std::fopen(name.c_str(), "rb");
+  if (!f) {
+    return Status::runtime(name + ": cannot open the conformance trace: " + std::strerror(errno) +
+                           " (it lives in ../shared/conformance/expert_trace.bin)");
+  }
+  std::vector<uint8_t> bytes;
+  uint8_t buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
+  const bool read_error = std::ferror(f) != 0;
+  std::fclose(f);
+  if (read_error) return Status::runtime(name + ": read error");
+
+  const size_t k = options.top_k;
+  if (k == 0 || k > 255 || options.experts_per_layer == 0 || options.experts_per_layer > 65535) {
+    return Status::usage("conformance conversion: top_k must be 1..255 and experts_per_layer "
+                         "1..65535");
+  }
+  const size_t records = bytes.size() / kRecordBytes;
+  if (bytes.size() % kRecordBytes != 0) {
+    return Status::corrupt(name + ": size " + std::to_string(bytes.size()) +
+                           " is not a multiple of 8 (record " + std::to_string(records) +
+                           " is truncated)");
+  }
+  if (records == 0 || records % k != 0) {
+    return Status::corrupt(name + ": " + std::to_string(records) +
+                           " records is not a positive multiple of top_k " + std::to_string(k) +
+                           " (the last group, from record " +
+                           std::to_string(records - records % k) + ", is incomplete)");
+  }
+
+  // Decode every group of k records into (layer, experts), checking ids and distinctness.
+  const size_t groups = records / k;
+  std::vector<uint16_t> group_layer(groups);
+  Trace trace;
+  trace.steps.resize(groups);
+  int32_t min_layer = kMaxLayer, max_layer = -1;
+  for (size_t g = 0; g < groups; ++g) {
+    TraceStep& step = trace.steps[g];
+    step.chosen.resize(k);
+    for (size_t j = 0; j < k; ++j) {
+      const size_t r = g * k + j;
+      const int32_t layer = get_i32(&bytes[r * kRecordBytes]);
+      const int32_t expert = get_i32(&bytes[r * kRecordBytes + 4]);
+      const std::string at = name + ": record " + std::to_string(r) + " (byte " +
+                             std::to_string(r * kRecordBytes) + ")";
+      if (layer < 0 || layer > kMaxLayer) {
+        return Status::corrupt(at + ": layer " + std::to_string(layer) + " is out of range");
+      }
+      if (expert < 0 || expert >= static_cast<int32_t>(options.experts_per_layer)) {
+        return Status::corrupt(at + ": expert " + std::to_string(expert) +
+                               " is out of range 0.." +
+                               std::to_string(options.experts_per_layer - 1));
+      }
+      if (j == 0) {
+        group_layer[g] = static_cast<uint16_t>(layer);
+      } else if (layer != group_layer[g]) {
+        return Status::corrupt(at + ": layer " + std::to_string(layer) + " inside a group of " +
+                               std::to_string(k) + " that started at layer " +
+                               std::to_string(group_layer[g]) + " (record " +
+                               std::to_string(g * k) + ")");
+      }
+      for (size_t i = 0; i < j; ++i) {
+        if (step.chosen[i].expert == expert) {
+          return Status::corrupt(at + ": expert " + std::to_string(expert) +
+                                 " appears twice in the group starting at record " +
+                                 std::to_string(g * k));
+        }
+      }
+      step.chosen[j].expert = static_cast<uint16_t>(expert);
+    }
+    step.layer = group_layer[g];
+    min_layer = std::min<int32_t>(min_layer, step.layer);
+    max_layer = std::max<int32_t>(max_layer, step.layer);
+  }
+
+  // Infer passes: see the header comment.
+  uint32_t pass = 0;
+  int32_t pass_last_layer = -1;
+  size_t g = 0;
+  while (g < groups) {
+    const size_t pass_start = g;
+    if (group_layer[g] != min_layer) {
+      return Status::corrupt(name + ": record " + std::to_string(g * k) + ": pass " +
+                             std::to_string(pass) + " starts at layer " +
+                             std::to_string(group_layer[g]) + ", expected layer " +
+                             std::to_string(min_layer));
+    }
+    size_t positions = 0;
+    while (g + positions < groups && group_layer[g + positions] == min_layer) ++positions;
+    int32_t layer = min_layer;
+    while (g < groups && (g == pass_start || group_layer[g] != min_layer)) {
+      for (size_t t = 0; t < positions; ++t, ++g) {
+        if (g >= groups || group_layer[g] != layer) {
+          return Status::corrupt(
+              name + ": record " + std::to_string(std::min(g, groups) * k) + ": pass " +
+              std::to_string(pass) + " has " + std::to_string(positions) +
+              " positions but layer " + std::to_string(layer) + " has only " +
+              std::to_string(t) + " groups");
+        }
+        trace.steps[g].pass = pass;
+        trace.steps[g].position = static_cast<uint32_t>(t);
+      }
+      if (g < groups && group_layer[g] == layer) {
+        return Status::corrupt(name + ": record " + std::to_string(g * k) + ": pass " +
+                               std::to_string(pass) + " has " + std::to_string(positions) +
+                               " positions but layer " + std::to_string(layer) +
+                               " has more groups");
+      }
+      if (g < groups && group_layer[g] != min_layer && group_layer[g] != layer + 1) {
+        return Status::corrupt(name + ": record " + std::to_string(g * k) + ": pass " +
+                               std::to_string(pass) + " jumps from layer " +
+                               std::to_string(layer) + " to layer " +
+                               std::to_string(group_layer[g]));
+      }
+      ++layer;
+    }
+    if (pass_last_layer >= 0 && layer - 1 != pass_last_layer) {
+      return Status::corrupt(name + ": record " + std::to_string(pass_start * k) + ": pass " +
+                             std::to_string(pass) + " ends at layer " +
+                             std::to_string(layer - 1) + ", earlier passes at layer " +
+                             std::to_string(pass_last_layer));
+    }
+    pass_last_layer = layer - 1;
+    ++pass;
+  }
+
+  TraceHeader& h = trace.header;
+  h.num_layers = static_cast<uint32_t>(max_layer) + 1;
+  h.first_moe_layer = static_cast<uint32_t>(min_layer);
+  h.experts_per_layer = options.experts_per_layer;
+  h.top_k = static_cast<uint32_t>(k);
+  h.lookahead_depth = 0;
+  h.expert_bytes = options.expert_bytes;
+  h.flags = kTraceFlagConverted;
+  KTIER_RETURN_IF_ERROR(validate_trace_header(h, "conformance conversion"));
+  return trace;
+}
+
+}  // namespace ktier::strata

@@ -1,0 +1,150 @@
+// MXFP4 against the real released bytes (../shared/conformance/mxfp4.json, README §6) and the
+// packed linear kernels against plain double dot products over the decoded matrix.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "common/test_paths.h"
+#include "cpu/kernels.h"
+#include "test_support.h"
+
+namespace ktier::cpu::test {
+namespace {
+
+struct RealRows {
+  int64_t rows = 0, cols = 0;
+  std::vector<uint8_t> packed, scales;
+  std::vector<float> expected;
+  std::vector<float> swapped_first64;
+};
+
+const RealRows& real_rows() {
+  static const RealRows rr = [] {
+    const Fixture fx = Fixture::load_path(ktier::test::conformance_dir() / "mxfp4.json");
+    RealRows r;
+    r.rows = static_cast<int64_t>(fx.number("rows"));
+    r.cols = static_cast<int64_t>(fx.number("logical_width"));
+    for (double v : fx.tensor("packed").data) r.packed.push_back(static_cast<uint8_t>(v));
+    for (double v : fx.tensor("scales").data) r.scales.push_back(static_cast<uint8_t>(v));
+    r.expected = fx.tensor("expected").f32();  // exact binary fractions: lossless
+    for (const auto& v : fx.json().at("expected_swapped_nibbles").at("first64"))
+      r.swapped_first64.push_back(static_cast<float>(v.get<double>()));
+    return r;
+  }();
+  return rr;
+}
+
+WeightMatrix view(const RealRows& r, int64_t row0 = 0, int64_t rows = -1) {
+  return {WeightType::kMxfp4, r.packed.data() + row0 * (r.cols / 2),
+          r.scales.data() + row0 * (r.cols / 32), rows < 0 ? r.rows : rows, r.cols};
+}
+
+TEST(Mxfp4, DecodeIsBitExactOnRealBytes) {
+  const RealRows& r = real_rows();
+  ASSERT_EQ(static_cast<int64_t>(r.expected.size()), r.rows * r.cols);
+  std::vector<float> got(r.rows * r.cols);
+  mxfp4_decode(r.packed.data(), r.scales.data(), r.rows, r.cols, got.data());
+  int64_t neg_zero = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &got[i], 4);
+    std::memcpy(&b, &r.expected[i], 4);
+    ASSERT_EQ(a, b) << "element " << i << ": " << got[i] << " vs " << r.expected[i];
+    neg_zero += b == 0x80000000u;
+  }
+  EXPECT_GT(neg_zero, 0) << "the real bytes contain -0 (nibble 8); the check must see some";
+  ASSERT_EQ(r.swapped_first64.size(), 64u);
+  EXPECT_NE(std::memcmp(got.data(), r.swapped_first64.data(), 64 * sizeof(float)), 0)
+      << "row 0 decodes like the swapped-nibble order";
+}
+
+// The packed linear on the real rows vs a long-double dot product over the decoded matrix: the
+// kernel sums exactly-representable products in double and rounds once, so it must land within
+// one f32 ulp of the exact value (plus a double-rounding allowance far below that).
+TEST(Mxfp4, PackedLinearMatchesDecodedDotProduct) {
+  const RealRows& r = real_rows();
+  std::vector<float> dec(r.rows * r.cols);
+  mxfp4_decode(r.packed.data(), r.scales.data(), r.rows, r.cols, dec.data());
+  std::mt19937_64 rng(7);
+  const int64_t T = 3;
+  const std::vector<float> x = random_floats(rng, T * r.cols);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2}) {
+    if (!isa_supported(isa)) continue;
+    std::vector<float> y(T * r.rows);
+    linear(view(r), x.data(), T, y.data(), Exec{nullptr, isa});
+    int64_t not_nearest = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t row = 0; row < r.rows; ++row) {
+        long double exact = 0.0L, mag = 0.0L;
+        for (int64_t i = 0; i < r.cols; ++i) {
+          const long double p = static_cast<long double>(dec[row * r.cols + i]) * x[t * r.cols + i];
+          exact += p;
+          mag += std::fabs(p);
+        }
+        const float got = y[t * r.rows + row];
+        const double ulp = std::nextafter(std::fabs(static_cast<float>(exact)), INFINITY) -
+                           std::fabs(static_cast<float>(exact));
+        EXPECT_LE(std::fabs(static_cast<long double>(got) - exact), ulp + 1e-12L * mag)
+            << isa_name(isa) << " token " << t << " row " << row;
+        not_nearest += got != static_cast<float>(exact);
+      }
+    }
+    std::printf("[mxfp4] %s: %lld of %lld outputs differ from round-to-nearest(exact)\n",
+                isa_name(isa), static_cast<long long>(not_nearest),
+                static_cast<long long>(T * r.rows));
+  }
+}
+
+// Several experts in one call (the MoE pattern) == one call per expert, bit for bit, and the
+// token batch never changes a token's result.
+TEST(Mxfp4, MultiExpertJobsEqualSeparateCalls) {
+  const RealRows& r = real_rows();
+  std::mt19937_64 rng(11);
+  constexpr int kExperts = 4;
+  const int64_t rows = r.rows / kExperts;
+  std::vector<std::vector<float>> xs, together(kExperts), alone(kExperts);
+  std::vector<LinearJob> jobs;
+  for (int e = 0; e < kExperts; ++e) {
+    xs.push_back(random_floats(rng, 2 * r.cols));
+    together[e].assign(2 * rows, 0.0f);
+    alone[e].assign(2 * rows, 0.0f);
+  }
+  for (int e = 0; e < kExperts; ++e)
+    jobs.push_back({view(r, e * rows, rows), xs[e].data(), 2, together[e].data()});
+  ThreadPool pool(2);
+  linear(jobs.data(), kExperts, Exec{&pool});
+  for (int e = 0; e < kExperts; ++e) {
+    for (int64_t t = 0; t < 2; ++t)
+      linear(view(r, e * rows, rows), xs[e].data() + t * r.cols, 1, alone[e].data() + t * rows,
+             Exec{});
+    EXPECT_EQ(compare_bits(together[e].data(), alone[e].data(), 2 * rows), "") << "expert " << e;
+  }
+}
+
+// Scale 255 is a zero block (D12): the block contributes nothing, even where x is NaN; scale 0
+// (a subnormal multiplier in f32) is exact.
+TEST(Mxfp4, EdgeScales) {
+  const int64_t cols = 96;
+  std::vector<uint8_t> packed(cols / 2), scales = {255, 0, 127};
+  for (size_t i = 0; i < packed.size(); ++i) packed[i] = static_cast<uint8_t>(0x7f - i);
+  std::vector<float> x(cols, 1.0f);
+  x[3] = NAN;  // inside the zero block
+  for (int64_t i = 32; i < 64; ++i) x[i] = 0x1p100f;
+  const WeightMatrix w{WeightType::kMxfp4, packed.data(), scales.data(), 1, cols};
+  std::vector<float> dec(cols);
+  mxfp4_decode(packed.data(), scales.data(), 1, cols, dec.data());
+  long double exact = 0.0L;
+  for (int64_t i = 32; i < cols; ++i) exact += static_cast<long double>(dec[i]) * x[i];
+  for (int64_t i = 0; i < 32; ++i) EXPECT_EQ(dec[i], 0.0f);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2}) {
+    if (!isa_supported(isa)) continue;
+    float y = NAN;
+    linear(w, x.data(), 1, &y, Exec{nullptr, isa});
+    EXPECT_EQ(y, static_cast<float>(exact)) << isa_name(isa);
+  }
+}
+
+}  // namespace
+}  // namespace ktier::cpu::test

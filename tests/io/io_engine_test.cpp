@@ -1,0 +1,344 @@
+// Engine behaviour on both engines: one test per fault the seam injects (issue 4, item 5), the
+// rate cap, queue depth, out-of-order completions, cancellation, and several concurrent clients.
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "io/aligned_buffer.h"
+#include "io/fault_plan.h"
+#include "io/io_engine.h"
+#include "io_test_util.h"
+
+namespace ktier::io::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kFileBytes = 4ull << 20;
+
+class IoFaultTest : public ::testing::TestWithParam<IoBackend> {
+ protected:
+  void SetUp() override {
+    content_ = random_bytes(kFileBytes, 42);
+    tmp_ = std::make_unique<TempFile>(content_, "fault");
+    plan_ = std::make_shared<FaultPlan>();
+  }
+
+  // Engine with the fault plan attached; O_DIRECT where the filesystem allows it.
+  std::unique_ptr<IoEngine> engine(IoOptions opt = {}) {
+    opt.backend = GetParam();
+    opt.fault_plan = plan_;
+    std::string why;
+    auto e = make_engine_or_skip(opt, &why);
+    if (!e) skip_reason_ = why;
+    return e;
+  }
+  ReadFile open(const IoEngine& e) {
+    auto f = e.open(tmp_->path());
+    EXPECT_TRUE(f.is_ok()) << f.status().message();
+    return std::move(f).value();
+  }
+  // Reads [offset, offset + length) into a fresh aligned buffer; returns the completion.
+  Completion read_one(IoEngine& e, const ReadFile& f, uint64_t offset, uint64_t length,
+                      AlignedBuffer& out) {
+    out = std::move(AlignedBuffer::allocate(length)).value();
+    CompletionQueue cq(e);
+    const ReadRequest r{&f, offset, length, out.data(), 7};
+    EXPECT_TRUE(cq.submit({&r, 1}).is_ok());
+    std::vector<Completion> done;
+    cq.wait(1, done);
+    EXPECT_EQ(done.size(), 1u);
+    return done.empty() ? Completion{} : std::move(done[0]);
+  }
+  bool bytes_match(const AlignedBuffer& buf, uint64_t offset, uint64_t length) const {
+    return std::memcmp(buf.data(), content_.data() + offset, length) == 0;
+  }
+
+  std::vector<uint8_t> content_;
+  std::unique_ptr<TempFile> tmp_;
+  std::shared_ptr<FaultPlan> plan_;
+  std::string skip_reason_;
+};
+
+#define KTIER_ENGINE_OR_SKIP(var, ...)     \
+  auto var = engine(__VA_ARGS__);          \
+  KTIER_IO_SKIP_IF(!var, skip_reason_)
+
+TEST_P(IoFaultTest, EioOnceIsRetriedAndSucceeds) {
+  KTIER_ENGINE_OR_SKIP(e);
+  ReadFile f = open(*e);
+  const size_t rule = plan_->add(FaultRule::eio(65536, 65537));
+  AlignedBuffer buf;
+  const Completion c = read_one(*e, f, 65536, 65536, buf);
+  EXPECT_TRUE(c.status.is_ok()) << c.status.message();
+  EXPECT_EQ(c.tag, 7u);
+  EXPECT_TRUE(bytes_match(buf, 65536, 65536));
+  EXPECT_EQ(plan_->fires(rule), 1u);
+  EXPECT_EQ(e->counters().retries, 1u);
+  EXPECT_EQ(e->counters().requests_failed, 0u);
+}
+
+TEST_P(IoFaultTest, EioTwiceFailsNamingFileAndOffset) {
+  KTIER_ENGINE_OR_SKIP(e);
+  ReadFile f = open(*e);
+  plan_->add(FaultRule::eio(65536, 65537).times(2));
+  AlignedBuffer buf;
+  const Completion c = read_one(*e, f, 65536, 65536, buf);
+  ASSERT_FALSE(c.status.is_ok());
+  EXPECT_EQ(c.status.code(), ExitCode::kRuntime);
+  EXPECT_EQ(c.status.exit_code(), 1);
+  const std::string& msg = c.status.message();
+  EXPECT_NE(msg.find(tmp_->path()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offset 65536"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Input/output error"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("EIO"), std::string::npos) << msg;
+  EXPECT_EQ(e->counters().requests_failed, 1u);
+}
+
+TEST_P(IoFaultTest, ShortReadsAreContinued) {
+  for (DirectMode mode : {DirectMode::kAuto, DirectMode::kBuffered}) {
+    plan_->clear();
+    IoOptions opt;
+    opt.direct = mode;
+    KTIER_ENGINE_OR_SKIP(e, opt);
+    ReadFile f = open(*e);
+    // Three short reads in a row on one 1 MiB chunk (unaligned start under O_DIRECT, too).
+    plan_->add(FaultRule::short_read().times(3));
+    AlignedBuffer buf;
+    const Completion c = read_one(*e, f, 1000, 1 << 20, buf);
+    EXPECT_TRUE(c.status.is_ok()) << c.status.message();
+    EXPECT_TRUE(bytes_match(buf, 1000, 1 << 20)) << direct_name(mode);
+    EXPECT_GE(e->counters().short_reads, 3u) << direct_name(mode);
+  }
+}
+
+TEST_P(IoFaultTest, DelayIsCorrectAndCountedAsWait) {
+  KTIER_ENGINE_OR_SKIP(e);
+  ReadFile f = open(*e);
+  plan_->add(FaultRule::delay_by(std::chrono::milliseconds(150)));
+  AlignedBuffer buf = std::move(AlignedBuffer::allocate(8192)).value();
+  CompletionQueue cq(*e);
+  const ReadRequest r{&f, 8192, 8192, buf.data(), 1};
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(cq.submit({&r, 1}).is_ok());
+  ASSERT_TRUE(cq.wait_all().is_ok());
+  const auto elapsed = Clock::now() - t0;
+  EXPECT_TRUE(bytes_match(buf, 8192, 8192));
+  EXPECT_GE(elapsed, std::chrono::milliseconds(150));
+  EXPECT_GE(cq.wait_ns(), 100'000'000u);
+  EXPECT_GE(e->counters().wait_ns, 100'000'000u);
+  EXPECT_GE(e->counters().busy_ns, 150'000'000u);
+}
+
+TEST_P(IoFaultTest, CorruptBytesAreDeliveredCorrupted) {
+  KTIER_ENGINE_OR_SKIP(e);
+  ReadFile f = open(*e);
+  // Two bytes in the middle of a 64 KiB read get their top bit flipped.
+  const uint64_t off = 3 * 65536, len = 65536, hit = off + 1000;
+  plan_->add(FaultRule::corrupt(hit, hit + 2, 0x80));
+  AlignedBuffer buf;
+  const Completion c = read_one(*e, f, off, len, buf);
+  ASSERT_TRUE(c.status.is_ok()) << "the seam corrupts silently; detection is the checksum's job";
+  for (uint64_t i = 0; i < len; ++i) {
+    const uint8_t want = content_[off + i] ^ ((off + i == hit || off + i == hit + 1) ? 0x80 : 0);
+    ASSERT_EQ(buf.data()[i], want) << "at file offset " << off + i;
+  }
+  // What an upstream checksum (the pack's xxh3) would see:
+  EXPECT_NE(XXH3_64bits(buf.data(), len), XXH3_64bits(content_.data() + off, len));
+  EXPECT_EQ(e->counters().faults_injected, 1u);
+}
+
+TEST_P(IoFaultTest, EveryNthRequestRule) {
+  IoOptions opt;
+  opt.queue_depth = 1;  // attempts in a fixed order, so a retry is never the Nth
+  KTIER_ENGINE_OR_SKIP(e, opt);
+  ReadFile f = open(*e);
+  // EIO on every 2nd read attempt of this file, 4 times: each failure is retried once.
+  const size_t rule = plan_->add(FaultRule::eio().in_path("fault").every(2).times(4));
+  std::vector<AlignedBuffer> bufs;
+  std::vector<ReadRequest> batch;
+  for (uint64_t i = 0; i < 8; ++i) {
+    bufs.push_back(std::move(AlignedBuffer::allocate(4096)).value());
+    batch.push_back({&f, i * 4096, 4096, bufs.back().data(), i});
+  }
+  ASSERT_TRUE(read_all(*e, batch).is_ok());
+  for (uint64_t i = 0; i < 8; ++i) EXPECT_TRUE(bytes_match(bufs[i], i * 4096, 4096));
+  EXPECT_EQ(plan_->fires(rule), 4u);
+  EXPECT_EQ(e->counters().retries, 4u);
+}
+
+TEST_P(IoFaultTest, RateLimitCapsThroughput) {
+  // 64 MB at 200 MB/s must take at least ~0.32 s (first chunk starts at once: >= 0.30 s).
+  const std::vector<uint8_t> big = random_bytes(64ull << 20, 9);
+  TempFile tmp(big, "rate");
+  IoOptions opt;
+  opt.rate_limit_bytes_per_s = 200'000'000;
+  opt.direct = DirectMode::kBuffered;  // page cache: far faster than the cap on any machine
+  KTIER_ENGINE_OR_SKIP(e, opt);
+  auto f = e->open(tmp.path());
+  ASSERT_TRUE(f.is_ok());
+  auto buf = AlignedBuffer::allocate(big.size());
+  ASSERT_TRUE(buf.is_ok());
+  const ReadRequest r{&*f, 0, big.size(), buf->data(), 0};
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(read_all(*e, {&r, 1}).is_ok());
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_GE(seconds, 0.30);
+  EXPECT_LT(seconds, 20.0);  // a hang guard only; the pacing math is RateLimiterTest's
+  EXPECT_EQ(std::memcmp(buf->data(), big.data(), big.size()), 0);
+  EXPECT_LE(e->counters().achieved_gbps(), 0.2 * 1.15);
+}
+
+TEST_P(IoFaultTest, CompletionsOutOfOrderMatchTags) {
+  KTIER_ENGINE_OR_SKIP(e);
+  ReadFile f = open(*e);
+  // The first request is held back 200 ms; the other seven finish first.
+  plan_->add(FaultRule::delay_by(std::chrono::milliseconds(200), 0, 1));
+  std::vector<AlignedBuffer> bufs;
+  std::vector<ReadRequest> batch;
+  for (uint64_t i = 0; i < 8; ++i) {
+    bufs.push_back(std::move(AlignedBuffer::allocate(65536)).value());
+    batch.push_back({&f, i * 65536, 65536, bufs.back().data(), 100 + i});
+  }
+  CompletionQueue cq(*e);
+  ASSERT_TRUE(cq.submit(batch).is_ok());
+  std::vector<Completion> done;
+  while (cq.outstanding() > 0) cq.wait(1, done);
+  ASSERT_EQ(done.size(), 8u);
+  EXPECT_EQ(done.back().tag, 100u) << "the delayed request should complete last";
+  EXPECT_NE(done.front().tag, 100u);
+  for (const Completion& c : done) {
+    ASSERT_TRUE(c.status.is_ok());
+    const uint64_t i = c.tag - 100;
+    EXPECT_TRUE(bytes_match(bufs[i], i * 65536, 65536)) << "tag " << c.tag;
+  }
+}
+
+TEST_P(IoFaultTest, QueueDepthReadsInParallel) {
+  // 32 reads delayed 100 ms each: two waves at depth 16 (~0.2 s), never 32 in sequence (3.2 s).
+  IoOptions opt;
+  opt.queue_depth = 16;
+  KTIER_ENGINE_OR_SKIP(e, opt);
+  ReadFile f = open(*e);
+  plan_->add(FaultRule::delay_by(std::chrono::milliseconds(100)).times(-1));
+  auto buf = std::move(AlignedBuffer::allocate(32 * 4096)).value();
+  std::vector<ReadRequest> batch;
+  for (uint64_t i = 0; i < 32; ++i) batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(read_all(*e, batch).is_ok());
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_GE(seconds, 0.19);
+  EXPECT_LT(seconds, 1.0);
+  EXPECT_TRUE(bytes_match(buf, 0, 32 * 4096));
+}
+
+TEST_P(IoFaultTest, CancelFailsRequestsNotStarted) {
+  IoOptions opt;
+  opt.queue_depth = 1;
+  KTIER_ENGINE_OR_SKIP(e, opt);
+  ReadFile f = open(*e);
+  plan_->add(FaultRule::delay_by(std::chrono::milliseconds(50)).times(-1));
+  auto buf = std::move(AlignedBuffer::allocate(16 * 4096)).value();
+  std::vector<ReadRequest> batch;
+  for (uint64_t i = 0; i < 16; ++i) batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
+  CompletionQueue cq(*e);
+  ASSERT_TRUE(cq.submit(batch).is_ok());
+  std::vector<Completion> done;
+  cq.wait(1, done);
+  cq.cancel();
+  while (cq.outstanding() > 0) cq.wait(1, done);
+  ASSERT_EQ(done.size(), 16u);
+  size_t cancelled = 0;
+  for (const Completion& c : done) {
+    if (c.status.is_ok()) {
+      EXPECT_EQ(std::memcmp(buf.data() + c.tag * 4096, content_.data() + c.tag * 4096, 4096), 0);
+    } else {
+      ++cancelled;
+      EXPECT_NE(c.status.message().find("cancelled"), std::string::npos) << c.status.message();
+    }
+  }
+  EXPECT_GE(cancelled, 10u);
+}
+
+TEST_P(IoFaultTest, FileShrunkWhileRunningIsRuntimeError) {
+  KTIER_ENGINE_OR_SKIP(e);
+  ReadFile f = open(*e);
+  ASSERT_EQ(truncate(tmp_->path().c_str(), 8192), 0);
+  AlignedBuffer buf;
+  const Completion c = read_one(*e, f, 65536, 4096, buf);
+  ASSERT_FALSE(c.status.is_ok());
+  EXPECT_EQ(c.status.code(), ExitCode::kRuntime);
+  EXPECT_NE(c.status.message().find(tmp_->path()), std::string::npos) << c.status.message();
+  EXPECT_NE(c.status.message().find("ended at offset 65536"), std::string::npos)
+      << c.status.message();
+}
+
+TEST_P(IoFaultTest, PastEndOfFileIsRejectedAtSubmit) {
+  KTIER_ENGINE_OR_SKIP(e);
+  ReadFile f = open(*e);
+  auto buf = std::move(AlignedBuffer::allocate(8192)).value();
+  const ReadRequest batch[] = {{&f, 0, 4096, buf.data(), 0},
+                               {&f, kFileBytes - 100, 4096, buf.data() + 4096, 1}};
+  CompletionQueue cq(*e);
+  const Status s = cq.submit(batch);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.code(), ExitCode::kCorrupt);
+  EXPECT_NE(s.message().find(tmp_->path()), std::string::npos) << s.message();
+  EXPECT_EQ(cq.outstanding(), 0u) << "a rejected batch queues nothing";
+}
+
+TEST_P(IoFaultTest, ConcurrentClientsOnOneEngine) {
+  // Four threads, each with its own queue, share one engine (the trunk reader and the expert
+  // prefetcher will). Each sees exactly its own completions, with the right bytes.
+  IoOptions opt;
+  opt.queue_depth = 8;
+  opt.max_chunk_bytes = 64 << 10;
+  KTIER_ENGINE_OR_SKIP(e, opt);
+  ReadFile f = open(*e);
+  constexpr int kThreads = 4, kRounds = 20, kPerRound = 6;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      CompletionQueue cq(*e);
+      uint64_t state = 1000 + t;
+      for (int round = 0; round < kRounds; ++round) {
+        std::vector<std::vector<uint8_t>> bufs(kPerRound);
+        std::vector<ReadRequest> batch;
+        for (int i = 0; i < kPerRound; ++i) {
+          const uint64_t len = 1 + splitmix64(state) % 200000;
+          const uint64_t off = splitmix64(state) % (kFileBytes - len);
+          bufs[i].resize(len);
+          batch.push_back({&f, off, len, bufs[i].data(), uint64_t(t) << 32 | uint64_t(i)});
+        }
+        if (!cq.submit(batch).is_ok()) ++failures;
+        std::vector<Completion> done;
+        while (cq.outstanding() > 0) cq.wait(2, done);
+        if (done.size() != batch.size()) ++failures;
+        for (const Completion& c : done) {
+          const uint64_t i = c.tag & 0xffffffff;
+          if ((c.tag >> 32) != uint64_t(t) || i >= batch.size() || !c.status.is_ok() ||
+              std::memcmp(bufs[i].data(), content_.data() + batch[i].offset, batch[i].length)) {
+            ++failures;
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(e->counters().requests_completed, uint64_t{kThreads * kRounds * kPerRound});
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, IoFaultTest,
+                         ::testing::Values(IoBackend::kUring, IoBackend::kPread),
+                         [](const auto& info) { return std::string(backend_name(info.param)); });
+
+}  // namespace
+}  // namespace ktier::io::test

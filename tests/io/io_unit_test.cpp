@@ -1,0 +1,229 @@
+// Unit tests of the I/O layer's parts: ReadFile, AlignedBuffer, FaultPlan, RateLimiter, the
+// factory and the CLI parsers.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "io/aligned_buffer.h"
+#include "io/fault_plan.h"
+#include "io/io_engine.h"
+#include "io/rate_limiter.h"
+#include "io/read_file.h"
+#include "io_test_util.h"
+
+namespace ktier::io::test {
+namespace {
+
+TEST(ReadFileTest, MissingFileIsRuntimeErrorNamingPath) {
+  auto f = ReadFile::open("/tmp/ktier-io-test-does-not-exist.bin");
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_EQ(f.status().code(), ExitCode::kRuntime);
+  EXPECT_NE(f.status().message().find("/tmp/ktier-io-test-does-not-exist.bin"), std::string::npos);
+  EXPECT_NE(f.status().message().find("ENOENT"), std::string::npos) << f.status().message();
+}
+
+TEST(ReadFileTest, DirectoryIsRejected) {
+  auto f = ReadFile::open("/tmp", DirectMode::kBuffered);
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_EQ(f.status().code(), ExitCode::kRuntime);
+}
+
+TEST(ReadFileTest, ModesAndAlignment) {
+  TempFile tmp(random_bytes(10000, 1), "readfile");
+  auto buffered = ReadFile::open(tmp.path(), DirectMode::kBuffered);
+  ASSERT_TRUE(buffered.is_ok());
+  EXPECT_FALSE(buffered->direct());
+  EXPECT_EQ(buffered->alignment(), 1u);
+  EXPECT_EQ(buffered->size(), 10000u);
+  EXPECT_EQ(buffered->path(), tmp.path());
+
+  auto autod = ReadFile::open(tmp.path(), DirectMode::kAuto);
+  ASSERT_TRUE(autod.is_ok());
+  auto direct = ReadFile::open(tmp.path(), DirectMode::kDirect);
+  if (!direct.is_ok()) {
+    EXPECT_FALSE(autod->direct()) << "kAuto must fall back where kDirect fails";
+    KTIER_IO_SKIP_IF(true, "O_DIRECT unavailable on /tmp: " + direct.status().message());
+  }
+  EXPECT_TRUE(direct->direct());
+  EXPECT_TRUE(autod->direct());
+  const uint32_t a = direct->alignment();
+  EXPECT_GE(a, 512u);
+  EXPECT_LE(a, kDefaultAlignment) << "AlignedBuffer's default would not satisfy this filesystem";
+  EXPECT_EQ(a & (a - 1), 0u);
+  std::printf("  /tmp: O_DIRECT works, alignment %u bytes\n", a);
+  EXPECT_NE(direct->id(), autod->id());
+
+  ReadFile moved = std::move(direct).value();
+  EXPECT_TRUE(moved.is_open());
+  EXPECT_TRUE(moved.direct());
+}
+
+TEST(ReadFileTest, FilesystemThatRefusesDirectIo) {
+  // tmpfs refused O_DIRECT before Linux 6.6; where it still does, kAuto must fall back.
+  const std::string path = "/dev/shm/ktier-io-test-" + std::to_string(getpid()) + ".bin";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    KTIER_IO_SKIP_IF(f == nullptr, std::string("no writable /dev/shm"));
+    std::fputs("hello", f);
+    std::fclose(f);
+  }
+  auto direct = ReadFile::open(path, DirectMode::kDirect);
+  auto autod = ReadFile::open(path, DirectMode::kAuto);
+  std::remove(path.c_str());
+  ASSERT_TRUE(autod.is_ok());
+  if (direct.is_ok()) {
+    EXPECT_TRUE(autod->direct());
+    KTIER_IO_SKIP_IF(true, std::string("/dev/shm accepts O_DIRECT on this kernel; the fallback "
+                                       "path is not reachable here"));
+  }
+  EXPECT_EQ(direct.status().code(), ExitCode::kRuntime);
+  EXPECT_NE(direct.status().message().find("O_DIRECT"), std::string::npos);
+  EXPECT_FALSE(autod->direct());
+  EXPECT_EQ(autod->alignment(), 1u);
+}
+
+TEST(AlignedBufferTest, AlignmentSizeAndCounting) {
+  const uint64_t before = AlignedBuffer::live_bytes();
+  {
+    auto a = AlignedBuffer::allocate(5000);
+    ASSERT_TRUE(a.is_ok());
+    EXPECT_TRUE(is_aligned(a->data(), kDefaultAlignment));
+    EXPECT_EQ(a->size(), 8192u);
+    EXPECT_EQ(AlignedBuffer::live_bytes(), before + 8192);
+    auto h = AlignedBuffer::allocate(3 << 20, kDefaultAlignment, HugePages::kYes);
+    ASSERT_TRUE(h.is_ok());
+    EXPECT_TRUE(is_aligned(h->data(), kHugePageBytes));
+    EXPECT_EQ(h->size(), 4u << 20);
+    EXPECT_EQ(AlignedBuffer::live_bytes(), before + 8192 + (4 << 20));
+    AlignedBuffer moved = std::move(a).value();
+    EXPECT_EQ(AlignedBuffer::live_bytes(), before + 8192 + (4 << 20));
+    moved = AlignedBuffer();
+    EXPECT_EQ(AlignedBuffer::live_bytes(), before + (4 << 20));
+  }
+  EXPECT_EQ(AlignedBuffer::live_bytes(), before);
+  auto empty = AlignedBuffer::allocate(0);
+  ASSERT_TRUE(empty.is_ok());
+  EXPECT_TRUE(empty->empty());
+}
+
+TEST(AlignedBufferTest, HugeAllocationFailsWithStatus) {
+  auto a = AlignedBuffer::allocate(size_t{1} << 62);
+  ASSERT_FALSE(a.is_ok());
+  EXPECT_EQ(a.status().code(), ExitCode::kRuntime);
+}
+
+TEST(AlignedBufferTest, AlignedCover) {
+  const AlignedCover c = aligned_cover(20608, 1632, 4096);
+  EXPECT_EQ(c.offset, 20480u);
+  EXPECT_EQ(c.length, 4096u);
+  EXPECT_EQ(c.payload_offset, 128u);
+  const AlignedCover d = aligned_cover(4000, 200, 4096);
+  EXPECT_EQ(d.offset, 0u);
+  EXPECT_EQ(d.length, 8192u);
+}
+
+TEST(FaultPlanTest, MatchingNthAndLimits) {
+  FaultPlan plan;
+  const size_t a = plan.add(FaultRule::eio(100, 200).in_path("shard-2").every(2).times(2));
+  EXPECT_FALSE(plan.on_attempt("/m/shard-1", 100, 10).eio);  // other file
+  EXPECT_FALSE(plan.on_attempt("/m/shard-2", 0, 100).eio);    // [0,100) misses [100,200)
+  EXPECT_FALSE(plan.on_attempt("/m/shard-2", 150, 10).eio);   // 1st match
+  EXPECT_TRUE(plan.on_attempt("/m/shard-2", 150, 10).eio);    // 2nd
+  EXPECT_FALSE(plan.on_attempt("/m/shard-2", 199, 10).eio);   // 3rd
+  EXPECT_TRUE(plan.on_attempt("/m/shard-2", 0, 101).eio);     // 4th
+  EXPECT_FALSE(plan.on_attempt("/m/shard-2", 150, 10).eio);   // limit reached
+  EXPECT_FALSE(plan.on_attempt("/m/shard-2", 150, 10).eio);
+  EXPECT_EQ(plan.fires(a), 2u);
+
+  plan.add(FaultRule::delay_by(std::chrono::microseconds(5)).times(-1));
+  plan.add(FaultRule::short_read());
+  const AttemptFaults f = plan.on_attempt("/x", 0, 1);
+  EXPECT_EQ(f.delay, std::chrono::microseconds(5));
+  EXPECT_TRUE(f.short_read);
+  EXPECT_FALSE(plan.on_attempt("/x", 0, 1).short_read);
+
+  plan.add(FaultRule::corrupt(10, 20, 0xFF));
+  std::vector<CorruptSpan> spans;
+  plan.on_chunk_done("/x", 15, 100, spans);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(spans[0].begin, 15u);
+  EXPECT_EQ(spans[0].end, 20u);
+  EXPECT_EQ(spans[0].xor_mask, 0xFF);
+  plan.clear();
+  EXPECT_EQ(plan.total_fires(), 0u);
+}
+
+TEST(RateLimiterTest, PacesReads) {
+  using namespace std::chrono;
+  RateLimiter unlimited(0);
+  const auto t0 = RateLimiter::Clock::now();
+  EXPECT_EQ(unlimited.reserve(1 << 30, t0), t0);
+
+  RateLimiter r(1'000'000);  // 1 MB/s: 1000 bytes per ms
+  EXPECT_EQ(r.reserve(1000, t0), t0);
+  EXPECT_EQ(r.reserve(1000, t0), t0 + milliseconds(1));
+  EXPECT_EQ(r.reserve(500, t0), t0 + milliseconds(2));
+  EXPECT_EQ(r.reserve(1, t0), t0 + microseconds(2500));
+  // Idle time earns no burst credit.
+  const auto later = t0 + seconds(10);
+  EXPECT_EQ(r.reserve(1000, later), later);
+  EXPECT_EQ(r.reserve(1000, later), later + milliseconds(1));
+}
+
+TEST(IoFactoryTest, AutoPicksAWorkingEngineAndForcedPread) {
+  IoOptions opt;
+  auto e = make_io_engine(opt);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const std::string name = (*e)->name();
+  EXPECT_TRUE(name == "io_uring" || name == "pread") << name;
+  std::printf("  auto engine here: %s\n", name.c_str());
+
+  opt.backend = IoBackend::kPread;
+  auto p = make_io_engine(opt);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_STREQ((*p)->name(), "pread");
+
+  opt.backend = IoBackend::kUring;
+  auto u = make_io_engine(opt);
+  if (u.is_ok()) {
+    EXPECT_STREQ((*u)->name(), "io_uring");
+    EXPECT_EQ(name, "io_uring") << "auto must prefer io_uring where it works";
+  } else {
+    EXPECT_EQ(u.status().code(), ExitCode::kRuntime);
+    EXPECT_EQ(name, "pread");
+  }
+}
+
+TEST(IoFactoryTest, EmptyAndZeroLengthBatches) {
+  auto e = make_io_engine(IoOptions{});
+  ASSERT_TRUE(e.is_ok());
+  TempFile tmp(random_bytes(100, 3), "empty");
+  auto f = (*e)->open(tmp.path());
+  ASSERT_TRUE(f.is_ok());
+  EXPECT_TRUE(read_all(**e, {}).is_ok());
+  const ReadRequest zero{&*f, 100, 0, nullptr, 5};
+  CompletionQueue cq(**e);
+  ASSERT_TRUE(cq.submit({&zero, 1}).is_ok());
+  std::vector<Completion> done;
+  EXPECT_EQ(cq.wait(1, done), 1u);
+  EXPECT_EQ(done[0].tag, 5u);
+  EXPECT_TRUE(done[0].status.is_ok());
+  EXPECT_EQ(cq.wait(0, done), 0u) << "poll with nothing outstanding";
+}
+
+TEST(IoFactoryTest, ParseCliValues) {
+  EXPECT_EQ(parse_io_backend("uring").value(), IoBackend::kUring);
+  EXPECT_EQ(parse_io_backend("io_uring").value(), IoBackend::kUring);
+  EXPECT_EQ(parse_io_backend("pread").value(), IoBackend::kPread);
+  EXPECT_EQ(parse_io_backend("auto").value(), IoBackend::kAuto);
+  EXPECT_EQ(parse_io_backend("aio").status().code(), ExitCode::kUsage);
+  EXPECT_EQ(parse_direct_mode("direct").value(), DirectMode::kDirect);
+  EXPECT_EQ(parse_direct_mode("buffered").value(), DirectMode::kBuffered);
+  EXPECT_EQ(parse_direct_mode("auto").value(), DirectMode::kAuto);
+  EXPECT_EQ(parse_direct_mode("odirect").status().code(), ExitCode::kUsage);
+}
+
+}  // namespace
+}  // namespace ktier::io::test

@@ -1,0 +1,145 @@
+// Replay with recorded lookahead predictions on synthetic decode-like traces: predictor quality
+// (recall, precision per depth) and prefetch metrics (precision, recall, wasted bytes) against
+// hand-derived values for perfect and for wrong predictions.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/run_process.h"
+#include "common/test_paths.h"
+#include "strata/replay.h"
+#include "strata/trace_format.h"
+#include "strata/trace_summary.h"
+
+namespace ktier::strata {
+namespace {
+
+constexpr uint32_t kLayers = 5;   // layer 0 dense, 1..4 MoE
+constexpr uint32_t kExperts = 32;
+constexpr uint32_t kTopK = 2;
+constexpr uint32_t kTokens = 50;
+
+uint16_t chosen_expert(uint32_t token, uint32_t layer, uint32_t j) {
+  return static_cast<uint16_t>((token * 7 + layer * 13 + j * 5 + (token * layer) % 3) % kExperts);
+}
+
+enum class Predictor { kPerfect, kWrong };
+
+// One pass per token (decode). Each step predicts layer + 1 and layer + 2 of the same token.
+Trace make_decode_trace(Predictor predictor) {
+  Trace t;
+  t.header.num_layers = kLayers;
+  t.header.first_moe_layer = 1;
+  t.header.experts_per_layer = kExperts;
+  t.header.top_k = kTopK;
+  t.header.lookahead_depth = 2;
+  t.header.expert_bytes = 1000;
+  t.header.flags = kTraceFlagWeights;
+  for (uint32_t tok = 0; tok < kTokens; ++tok) {
+    for (uint32_t layer = 1; layer < kLayers; ++layer) {
+      TraceStep s;
+      s.pass = tok;
+      s.position = tok;
+      s.layer = static_cast<uint16_t>(layer);
+      for (uint32_t j = 0; j < kTopK; ++j) s.chosen.push_back({chosen_expert(tok, layer, j), 0.5f});
+      for (uint32_t d = 1; d <= 2; ++d) {
+        std::vector<ExpertWeight> pred;
+        for (uint32_t j = 0; j < kTopK; ++j) {
+          const uint16_t right = chosen_expert(tok, layer + d, j);
+          // Wrong: an expert the target step does not choose (right + 16 never collides, since
+          // the two chosen ids of a step differ by 5 mod 32).
+          pred.push_back({predictor == Predictor::kPerfect
+                              ? right
+                              : static_cast<uint16_t>((right + 16) % kExperts),
+                          0.5f});
+        }
+        s.predicted.push_back(pred);
+      }
+      t.steps.push_back(s);
+    }
+  }
+  return t;
+}
+
+ReplayResult replay_lru(const RequestStream& stream, uint64_t slots, uint32_t depth) {
+  ReplaySpec spec;
+  spec.policy = PolicyKind::kLru;
+  spec.tiers.push_back({"ram", slots * stream.expert_bytes, slots});
+  ReplayParams params;
+  params.lookahead_depth = depth;
+  return replay(stream, spec, params, ReplayInputs::from(stream));
+}
+
+TEST(LookaheadReplay, PredictorQualityPerDepth) {
+  const Trace perfect = make_decode_trace(Predictor::kPerfect);
+  const RequestStream s = build_request_stream(perfect);
+  // Steps at layers 3 and 4 predict past the last layer: no target.
+  EXPECT_EQ(s.predictions_without_target, kTokens * (kTopK + 2 * kTopK));
+  const std::vector<PredictionQuality> q = prediction_quality(s);
+  ASSERT_EQ(q.size(), 2u);
+  // Depth 1 covers layers 2..4 of every token (3 of 4 request sets), depth 2 layers 3..4.
+  EXPECT_DOUBLE_EQ(q[0].recall, 0.75);
+  EXPECT_DOUBLE_EQ(q[0].precision, 1.0);
+  EXPECT_DOUBLE_EQ(q[1].recall, 0.5);
+  EXPECT_DOUBLE_EQ(q[1].precision, 1.0);
+
+  const RequestStream w = build_request_stream(make_decode_trace(Predictor::kWrong));
+  const std::vector<PredictionQuality> qw = prediction_quality(w);
+  EXPECT_DOUBLE_EQ(qw[0].recall, 0.0);
+  EXPECT_DOUBLE_EQ(qw[0].precision, 0.0);
+}
+
+TEST(LookaheadReplay, PerfectPredictionsTurnMissesIntoHits) {
+  const RequestStream s = build_request_stream(make_decode_trace(Predictor::kPerfect));
+  // 4 slots = two steps: without lookahead almost nothing is reused across tokens.
+  const ReplayResult demand = replay_lru(s, 4, 0);
+  const ReplayResult ahead = replay_lru(s, 4, 1);
+  EXPECT_EQ(demand.prefetch.issued, 0u);
+  // Every request at layers 2..4 was prefetched and pinned until its step: a hit.
+  EXPECT_GE(ahead.hits, s.requests() * 3 / 4);
+  EXPECT_GT(ahead.hits, demand.hits);
+  EXPECT_EQ(ahead.prefetch.wasted, 0u);
+  EXPECT_DOUBLE_EQ(ahead.prefetch.precision, 1.0);
+  EXPECT_DOUBLE_EQ(ahead.prefetch.timeliness, 1.0);
+  EXPECT_EQ(ahead.prefetch.useful + ahead.prefetch.wasted, ahead.prefetch.issued);
+  // Recall: prefetch-served over (prefetch-served + remaining tier-0 misses).
+  EXPECT_DOUBLE_EQ(ahead.prefetch.recall,
+                   static_cast<double>(ahead.prefetch.useful) /
+                       (ahead.prefetch.useful + (s.requests() - ahead.tiers[0].hits)));
+  // Bytes read from storage include the prefetches.
+  EXPECT_EQ(ahead.bytes_read,
+            (s.requests() - ahead.hits + ahead.prefetch.useful + ahead.prefetch.wasted) *
+                s.expert_bytes);
+}
+
+TEST(LookaheadReplay, WrongPredictionsAreWasted) {
+  const RequestStream s = build_request_stream(make_decode_trace(Predictor::kWrong));
+  const ReplayResult ahead = replay_lru(s, 64, 2);
+  EXPECT_GT(ahead.prefetch.issued, 0u);
+  EXPECT_EQ(ahead.prefetch.useful, 0u);
+  EXPECT_EQ(ahead.prefetch.wasted, ahead.prefetch.issued);
+  EXPECT_EQ(ahead.prefetch.bytes_wasted, ahead.prefetch.issued * s.expert_bytes);
+  EXPECT_DOUBLE_EQ(ahead.prefetch.precision, 0.0);
+}
+
+TEST(LookaheadReplay, CliReplaysRecordedPredictions) {
+  const std::filesystem::path p = std::filesystem::temp_directory_path() /
+                                  ("ktier_lookahead_" + std::to_string(::getpid()) + ".ktrace");
+  ASSERT_TRUE(write_trace(p, make_decode_trace(Predictor::kPerfect)).is_ok());
+  const test::ProcessResult r = test::run_process(
+      test::ktier_bin().string() + " trace replay '" + p.string() +
+      "' --policy lru,temperature --slots 4,8 --lookahead 1");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("pf precision"), std::string::npos) << r.out;
+  const test::ProcessResult info =
+      test::run_process(test::ktier_bin().string() + " trace info '" + p.string() + "'");
+  EXPECT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("lookahead d=1:    recall 75.00%, precision 100.00%"), std::string::npos)
+      << info.out;
+  std::filesystem::remove(p);
+}
+
+}  // namespace
+}  // namespace ktier::strata

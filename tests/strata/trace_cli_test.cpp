@@ -1,0 +1,207 @@
+// `ktier trace` through the built binary: convert, info, replay with --csv/--json/--plot, and the
+// exit codes of its failures (2 usage, 3 corrupt trace, 1 plotting without matplotlib).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/run_process.h"
+#include "common/test_paths.h"
+
+namespace ktier {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_process;
+
+class TraceCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    conformance_ = test::conformance_dir() / "expert_trace.bin";
+    ASSERT_TRUE(fs::is_regular_file(conformance_))
+        << conformance_ << " is missing (set KTIER_CONFORMANCE_DIR to ../shared/conformance)";
+    ASSERT_TRUE(fs::is_regular_file(test::ktier_bin())) << test::ktier_bin() << " is not built";
+    dir_ = fs::temp_directory_path() /
+           ("ktier_trace_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string ktier(const std::string& args) const { return test::ktier_bin().string() + " " + args; }
+  std::string q(const fs::path& p) const { return "'" + p.string() + "'"; }
+
+  fs::path conformance_, dir_;
+};
+
+// Reads a CSV into rows of column -> value.
+std::vector<std::map<std::string, std::string>> read_csv(const fs::path& p) {
+  std::ifstream in(p);
+  std::string line;
+  std::vector<std::string> head;
+  std::vector<std::map<std::string, std::string>> rows;
+  auto split = [](const std::string& s) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) out.push_back(cell);
+    return out;
+  };
+  if (std::getline(in, line)) head = split(line);
+  while (std::getline(in, line)) {
+    const std::vector<std::string> cells = split(line);
+    std::map<std::string, std::string> row;
+    for (size_t i = 0; i < head.size() && i < cells.size(); ++i) row[head[i]] = cells[i];
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+bool is_png(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  char magic[8] = {};
+  in.read(magic, 8);
+  return in.gcount() == 8 && std::string(magic, 8) == std::string("\x89PNG\r\n\x1a\n", 8);
+}
+
+TEST_F(TraceCli, ReplayWritesCsvJsonAndPng) {
+  const fs::path csv = dir_ / "replay.csv", png = dir_ / "replay.png", json = dir_ / "r.json";
+  const test::ProcessResult r = run_process(ktier(
+      "trace replay " + q(conformance_) +
+      " --convert-conformance --policy lru,belady,static --ram 8GB,16GB,256x --csv " + q(csv) +
+      " --json " + q(json) + " --plot " + q(png)));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("10,010 distinct keys"), std::string::npos) << r.out;
+
+  const auto rows = read_csv(csv);
+  ASSERT_EQ(rows.size(), 9u);
+  std::map<std::string, std::map<std::string, std::string>> by;  // "policy budget" -> row
+  for (const auto& row : rows) by[row.at("policy") + " " + row.at("budget")] = row;
+  EXPECT_EQ(by["lru 8GB"]["total_slots"], "455");
+  EXPECT_EQ(by["lru 8GB"]["hits"], "36272");
+  EXPECT_EQ(by["lru 16GB"]["total_slots"], "911");
+  EXPECT_EQ(by["lru 16GB"]["hits"], "36272");
+  EXPECT_EQ(by["lru 256x"]["hits"], "36272");
+  EXPECT_EQ(by["lru 8GB"]["requests"], "100096");
+  EXPECT_EQ(by["lru 8GB"]["total_bytes"], "8000000000");
+  EXPECT_EQ(by["belady 8GB"]["hits"], "39457");
+  EXPECT_EQ(by["lru 8GB"]["bytes_read"], std::to_string((100096ull - 36272) * 17547264));
+  EXPECT_EQ(by["lru 8GB"]["ram_hits"], "36272");
+
+  EXPECT_TRUE(is_png(png)) << png;
+  EXPECT_GT(fs::file_size(png), 1000u);
+  EXPECT_FALSE(fs::exists(fs::path(png.string() + ".csv")));
+
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["results"].size(), 9u);
+  const auto& first = j["results"][0];
+  EXPECT_EQ(first["policy"], "lru");
+  EXPECT_EQ(first["tiers"][0]["name"], "ram");
+  EXPECT_EQ(first["tiers"][0]["hits"], 36272);
+  EXPECT_EQ(first["tiers"][0]["requests"], 100096);
+  EXPECT_NEAR(first["tiers"][0]["hit_rate_bytes"].get<double>(), 36272.0 / 100096, 1e-12);
+  EXPECT_EQ(first["tiers"][1]["name"], "nvme");
+  EXPECT_EQ(j["summary"]["distinct_keys"], 10010);
+}
+
+TEST_F(TraceCli, PlotWithoutCsvAndTwoTiers) {
+  const fs::path png = dir_ / "two_tier.png";
+  const test::ProcessResult r = run_process(ktier(
+      "trace replay " + q(conformance_) +
+      " --convert-conformance --policy lru,temperature --vram 8GB --slots 100,1368 --plot " +
+      q(png)));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_TRUE(is_png(png));
+  EXPECT_NE(r.out.find("vram %"), std::string::npos) << r.out;
+}
+
+TEST_F(TraceCli, ConvertInfoAndReplayTheConvertedFile) {
+  const fs::path out = dir_ / "conf.ktrace", out2 = dir_ / "conf2.ktrace";
+  test::ProcessResult r = run_process(ktier("trace convert " + q(conformance_) + " " + q(out)));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("6,256 steps"), std::string::npos) << r.out;
+  r = run_process(ktier("trace convert-k3c " + q(conformance_) + " -o " + q(out2)));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream a(out, std::ios::binary), b(out2, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}),
+            std::string(std::istreambuf_iterator<char>(b), {}));
+
+  r = run_process(ktier("trace info " + q(out)));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("distinct keys:    10,010"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("90,086 hits = 90.00%"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("5,152 repeated (position, layer) groups, 0 mismatches"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("tokens:           68"), std::string::npos) << r.out;
+
+  const fs::path csv = dir_ / "slots.csv";
+  r = run_process(ktier("trace replay " + q(out) + " --policy lru --slots 1,2,4,8,16 --csv " + q(csv)));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = read_csv(csv);
+  ASSERT_EQ(rows.size(), 5u);
+  const char* expected[] = {"25", "89", "376", "1910", "17832"};
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(rows[i].at("hits"), expected[i]);
+}
+
+TEST_F(TraceCli, CorruptTraceExits3NamingTheFile) {
+  const fs::path out = dir_ / "conf.ktrace";
+  ASSERT_EQ(run_process(ktier("trace convert " + q(conformance_) + " " + q(out))).exit_code, 0);
+  // Truncate inside the second block.
+  fs::resize_file(out, fs::file_size(out) / 3);
+  test::ProcessResult r = run_process(ktier("trace replay " + q(out) + " --slots 16"));
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find(out.string()), std::string::npos) << r.err;
+  r = run_process(ktier("trace info " + q(out)));
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+
+  // The raw conformance file without --convert-conformance: corrupt, with the hint.
+  r = run_process(ktier("trace info " + q(conformance_)));
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.err.find("--convert-conformance"), std::string::npos) << r.err;
+
+  // A conformance file cut mid-record.
+  const fs::path cut = dir_ / "cut.bin";
+  fs::copy_file(conformance_, cut);
+  fs::resize_file(cut, 8 * 1000 + 4);
+  r = run_process(ktier("trace convert " + q(cut) + " " + q(dir_ / "x.ktrace")));
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.err.find(cut.string()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("record 1000"), std::string::npos) << r.err;
+}
+
+TEST_F(TraceCli, UsageErrorsExit2) {
+  const std::string conf = q(conformance_) + " --convert-conformance";
+  EXPECT_EQ(run_process(ktier("trace replay " + conf)).exit_code, 2);  // no budgets
+  EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8QB")).exit_code, 2);
+  EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8GB --policy arc")).exit_code, 2);
+  EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8GB --slots 4")).exit_code, 2);
+  EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8GB --lookahead 1")).exit_code, 2);
+  EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8GB --half-life 0")).exit_code, 2);
+  EXPECT_EQ(run_process(ktier("trace")).exit_code, 2);
+}
+
+TEST_F(TraceCli, PlotWithoutMatplotlibIsAClearError) {
+  // A matplotlib package that fails to import, found first through PYTHONPATH.
+  const fs::path fake = dir_ / "fake" / "matplotlib";
+  fs::create_directories(fake);
+  std::ofstream(fake / "__init__.py") << "raise ImportError('no matplotlib here (test)')\n";
+  const fs::path png = dir_ / "never.png";
+  const test::ProcessResult r = run_process(
+      "PYTHONPATH=" + q(dir_ / "fake") + " " +
+      ktier("trace replay " + q(conformance_) + " --convert-conformance --policy lru --slots 16 --plot " +
+            q(png)));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("matplotlib"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(png));
+}
+
+}  // namespace
+}  // namespace ktier

@@ -1,0 +1,320 @@
+// The .ktrace writer/reader (round trip, every corruption is an exit-3 Status naming the file)
+// and the conformance int32-pair converter on small hand-made files.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "strata/conformance_trace.h"
+#include "strata/trace_format.h"
+
+namespace ktier::strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_path(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("ktier_strata_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+std::vector<uint8_t> read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+void write_bytes(const fs::path& p, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A small model: 5 layers (MoE from 1), 12 experts, top-3, lookahead depth 2, weights recorded.
+Trace make_trace(uint32_t tokens) {
+  Trace t;
+  t.header.num_layers = 5;
+  t.header.first_moe_layer = 1;
+  t.header.experts_per_layer = 12;
+  t.header.top_k = 3;
+  t.header.lookahead_depth = 2;
+  t.header.expert_bytes = 1000;
+  t.header.flags = kTraceFlagWeights;
+  for (uint32_t tok = 0; tok < tokens; ++tok) {
+    for (uint16_t layer = 1; layer < 5; ++layer) {
+      TraceStep s;
+      s.pass = tok;
+      s.position = tok + 7;
+      s.layer = layer;
+      for (uint16_t j = 0; j < 3; ++j) {
+        s.chosen.push_back({static_cast<uint16_t>((tok * 5 + layer * 3 + j * 4) % 12),
+                            0.5f / (j + 1) + tok * 1e-3f});
+      }
+      for (uint32_t d = 1; d <= 2 && layer + d < 5; ++d) {
+        std::vector<ExpertWeight> pred;
+        for (uint16_t j = 0; j < d + 1; ++j) {
+          pred.push_back({static_cast<uint16_t>((tok + layer + d + j) % 12), 0.25f * j});
+        }
+        s.predicted.push_back(pred);
+      }
+      t.steps.push_back(s);
+    }
+  }
+  return t;
+}
+
+void expect_same(const Trace& a, const Trace& b) {
+  EXPECT_EQ(a.header.version, b.header.version);
+  EXPECT_EQ(a.header.num_layers, b.header.num_layers);
+  EXPECT_EQ(a.header.first_moe_layer, b.header.first_moe_layer);
+  EXPECT_EQ(a.header.experts_per_layer, b.header.experts_per_layer);
+  EXPECT_EQ(a.header.top_k, b.header.top_k);
+  EXPECT_EQ(a.header.lookahead_depth, b.header.lookahead_depth);
+  EXPECT_EQ(a.header.expert_bytes, b.header.expert_bytes);
+  EXPECT_EQ(a.header.flags, b.header.flags);
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    const TraceStep &x = a.steps[i], &y = b.steps[i];
+    ASSERT_EQ(x.pass, y.pass) << i;
+    ASSERT_EQ(x.position, y.position) << i;
+    ASSERT_EQ(x.layer, y.layer) << i;
+    ASSERT_EQ(x.chosen.size(), y.chosen.size()) << i;
+    for (size_t j = 0; j < x.chosen.size(); ++j) {
+      ASSERT_EQ(x.chosen[j].expert, y.chosen[j].expert);
+      ASSERT_EQ(x.chosen[j].weight, y.chosen[j].weight);  // bit-exact float round trip
+    }
+    ASSERT_EQ(x.predicted.size(), y.predicted.size()) << i;
+    for (size_t d = 0; d < x.predicted.size(); ++d) {
+      ASSERT_EQ(x.predicted[d].size(), y.predicted[d].size());
+      for (size_t j = 0; j < x.predicted[d].size(); ++j) {
+        ASSERT_EQ(x.predicted[d][j].expert, y.predicted[d][j].expert);
+        ASSERT_EQ(x.predicted[d][j].weight, y.predicted[d][j].weight);
+      }
+    }
+  }
+}
+
+TEST(TraceFormat, RoundTripAcrossBlocks) {
+  const Trace t = make_trace(700);  // 2,800 steps: three blocks (1024, 1024, 752)
+  const fs::path p = temp_path("round_trip.ktrace");
+  ASSERT_TRUE(write_trace(p, t).is_ok());
+  EXPECT_TRUE(looks_like_ktier_trace(p));
+  Result<Trace> back = read_trace(p);
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  expect_same(t, *back);
+
+  // Streaming reader: blocks of kTraceStepsPerBlock steps, then the footer.
+  Result<TraceReader> reader = TraceReader::open(p);
+  ASSERT_TRUE(reader.is_ok());
+  std::vector<TraceStep> block;
+  std::vector<size_t> sizes;
+  while (true) {
+    Result<bool> more = reader->next_block(block);
+    ASSERT_TRUE(more.is_ok()) << more.status().message();
+    if (!*more) break;
+    sizes.push_back(block.size());
+  }
+  EXPECT_EQ(sizes, (std::vector<size_t>{1024, 1024, 752}));
+}
+
+TEST(TraceFormat, EmptyTraceRoundTrips) {
+  Trace t = make_trace(0);
+  const fs::path p = temp_path("empty.ktrace");
+  ASSERT_TRUE(write_trace(p, t).is_ok());
+  Result<Trace> back = read_trace(p);
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  EXPECT_TRUE(back->steps.empty());
+}
+
+void expect_corrupt(const fs::path& p, const std::string& fragment) {
+  Result<Trace> r = read_trace(p);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().exit_code(), 3) << r.status().message();
+  EXPECT_NE(r.status().message().find(p.string()), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find(fragment), std::string::npos) << r.status().message();
+}
+
+TEST(TraceFormat, TruncationIsCorruptNamingTheFile) {
+  const fs::path good = temp_path("good.ktrace");
+  ASSERT_TRUE(write_trace(good, make_trace(300)).is_ok());  // 1,200 steps: two blocks
+  const std::vector<uint8_t> bytes = read_bytes(good);
+  const fs::path p = temp_path("truncated.ktrace");
+  struct Cut {
+    size_t keep;
+    const char* fragment;
+  };
+  const Cut cuts[] = {
+      {10, "truncated in the header"},
+      {kTraceHeaderBytes, "without its footer"},
+      {kTraceHeaderBytes + 2, "truncated"},
+      {kTraceHeaderBytes + 10, "truncated in the block header"},
+      {kTraceHeaderBytes + 100, "block 0"},
+      {bytes.size() - kTraceFooterBytes, "without its footer"},
+      {bytes.size() - 5, "truncated in the footer"},
+  };
+  for (const Cut& c : cuts) {
+    SCOPED_TRACE(c.keep);
+    write_bytes(p, std::vector<uint8_t>(bytes.begin(), bytes.begin() + c.keep));
+    expect_corrupt(p, c.fragment);
+  }
+}
+
+TEST(TraceFormat, FlippedBytesAreCorrupt) {
+  const fs::path good = temp_path("good2.ktrace");
+  ASSERT_TRUE(write_trace(good, make_trace(300)).is_ok());
+  const std::vector<uint8_t> bytes = read_bytes(good);
+  const fs::path p = temp_path("flipped.ktrace");
+  struct Flip {
+    size_t at;
+    const char* fragment;
+  };
+  const Flip flips[] = {
+      {0, "bad magic"},
+      {20, "header checksum"},
+      {kTraceHeaderBytes + 1, "bad block magic"},
+      {kTraceHeaderBytes + kTraceBlockHeaderBytes + 50, "checksum mismatch"},
+      {bytes.size() - 20, "footer"},
+  };
+  for (const Flip& f : flips) {
+    SCOPED_TRACE(f.at);
+    std::vector<uint8_t> b = bytes;
+    b[f.at] ^= 0x5A;
+    write_bytes(p, b);
+    expect_corrupt(p, f.fragment);
+  }
+  std::vector<uint8_t> extra = bytes;
+  extra.push_back(0);
+  write_bytes(p, extra);
+  expect_corrupt(p, "follow the footer");
+}
+
+TEST(TraceFormat, MissingFileIsRuntimeError) {
+  Result<Trace> r = read_trace(temp_path("does_not_exist.ktrace"));
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().exit_code(), 1);
+}
+
+TEST(TraceFormat, WriterRejectsStepsThatDoNotFitTheHeader) {
+  const fs::path p = temp_path("reject.ktrace");
+  Trace t = make_trace(1);
+  Result<TraceWriter> w = TraceWriter::create(p, t.header);
+  ASSERT_TRUE(w.is_ok());
+  TraceStep s = t.steps[0];
+  s.chosen[1].expert = 12;  // out of range
+  EXPECT_EQ(w->append(s).exit_code(), 2);
+  s = t.steps[0];
+  s.chosen[1].expert = s.chosen[0].expert;  // duplicate
+  EXPECT_EQ(w->append(s).exit_code(), 2);
+  s = t.steps[0];
+  s.layer = 5;
+  EXPECT_EQ(w->append(s).exit_code(), 2);
+  s = t.steps[0];
+  s.predicted.push_back({});
+  s.predicted.push_back({});  // depth 3 > 2
+  EXPECT_EQ(w->append(s).exit_code(), 2);
+  EXPECT_TRUE(w->append(t.steps[0]).is_ok());
+  EXPECT_TRUE(w->close().is_ok());
+  EXPECT_EQ(w->steps_written(), 1u);
+
+  TraceHeader bad = t.header;
+  bad.top_k = 13;  // > experts_per_layer
+  EXPECT_EQ(TraceWriter::create(p, bad).status().exit_code(), 2);
+}
+
+// --------------------------------------------------------------------- conformance format
+
+// Writes int32 pairs in the conformance layout: passes over `positions`, layers first..last,
+// top_k experts per (layer, position) chosen by a formula.
+std::vector<int32_t> conformance_records(const std::vector<int>& positions, int first, int last,
+                                         int top_k) {
+  std::vector<int32_t> r;
+  for (int T : positions) {
+    for (int layer = first; layer <= last; ++layer) {
+      for (int t = 0; t < T; ++t) {
+        for (int j = 0; j < top_k; ++j) {
+          r.push_back(layer);
+          r.push_back((layer * 7 + t * 3 + j) % 20);
+        }
+      }
+    }
+  }
+  return r;
+}
+
+void write_records(const fs::path& p, const std::vector<int32_t>& r) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(r.data()), static_cast<std::streamsize>(r.size() * 4));
+}
+
+TEST(ConformanceConverter, InfersPassesAndPositions) {
+  const fs::path p = temp_path("small_conf.bin");
+  write_records(p, conformance_records({2, 3}, 1, 3, 4));
+  ConformanceTraceOptions o;
+  o.top_k = 4;
+  o.experts_per_layer = 20;
+  o.expert_bytes = 99;
+  Result<Trace> t = read_conformance_trace(p, o);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  EXPECT_EQ(t->header.num_layers, 4u);
+  EXPECT_EQ(t->header.first_moe_layer, 1u);
+  EXPECT_EQ(t->header.top_k, 4u);
+  EXPECT_EQ(t->header.expert_bytes, 99u);
+  EXPECT_EQ(t->header.flags, kTraceFlagConverted);
+  ASSERT_EQ(t->steps.size(), 3u * 2 + 3u * 3);
+  // Pass 0: layer 1 positions 0,1; layer 2 positions 0,1; ... then pass 1 with 3 positions.
+  EXPECT_EQ(t->steps[0].pass, 0u);
+  EXPECT_EQ(t->steps[1].position, 1u);
+  EXPECT_EQ(t->steps[2].layer, 2u);
+  EXPECT_EQ(t->steps[2].position, 0u);
+  EXPECT_EQ(t->steps[6].pass, 1u);
+  EXPECT_EQ(t->steps[6].layer, 1u);
+  EXPECT_EQ(t->steps[8].position, 2u);
+  EXPECT_EQ(t->steps[14].layer, 3u);
+  EXPECT_EQ(t->steps[14].chosen[3].expert, (3 * 7 + 2 * 3 + 3) % 20);
+}
+
+TEST(ConformanceConverter, BadInputIsCorruptNamingFileAndRecord) {
+  const fs::path p = temp_path("bad_conf.bin");
+  ConformanceTraceOptions o;
+  o.top_k = 4;
+  o.experts_per_layer = 20;
+  auto expect_bad = [&](const std::vector<int32_t>& r, const std::string& fragment, size_t extra_bytes = 0) {
+    write_records(p, r);
+    if (extra_bytes) {
+      std::ofstream out(p, std::ios::binary | std::ios::app);
+      out.write("\0\0\0\0\0\0\0", static_cast<std::streamsize>(extra_bytes));
+    }
+    Result<Trace> t = read_conformance_trace(p, o);
+    ASSERT_FALSE(t.is_ok()) << fragment;
+    EXPECT_EQ(t.status().exit_code(), 3);
+    EXPECT_NE(t.status().message().find(p.string()), std::string::npos) << t.status().message();
+    EXPECT_NE(t.status().message().find(fragment), std::string::npos) << t.status().message();
+  };
+  const std::vector<int32_t> good = conformance_records({2, 3}, 1, 3, 4);
+  expect_bad(good, "not a multiple of 8", 4);
+  expect_bad(std::vector<int32_t>(good.begin(), good.end() - 2), "incomplete");
+  std::vector<int32_t> r = good;
+  r[2 * 5 + 1] = 20;  // record 5: expert out of range
+  expect_bad(r, "record 5");
+  r = good;
+  r[2 * 6] = 2;  // record 6 changes layer inside group 1
+  expect_bad(r, "record 6");
+  r = good;
+  r[2 * 3 + 1] = r[2 * 2 + 1];  // duplicate expert in group 0
+  expect_bad(r, "appears twice");
+  // A pass whose layer 2 has fewer groups than layer 1.
+  std::vector<int32_t> broken = conformance_records({2}, 1, 1, 4);
+  const std::vector<int32_t> tail = conformance_records({1}, 2, 3, 4);
+  broken.insert(broken.end(), tail.begin(), tail.end());
+  expect_bad(broken, "positions");
+}
+
+TEST(ConformanceConverter, MissingFileIsRuntimeError) {
+  Result<Trace> t = read_conformance_trace(temp_path("missing.bin"));
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_EQ(t.status().exit_code(), 1);
+}
+
+}  // namespace
+}  // namespace ktier::strata
