@@ -15,9 +15,16 @@ struct Unit {
   double factor;
 };
 constexpr Unit kUnits[] = {
-    {"", 1},          {"b", 1},          {"kb", 1e3},       {"mb", 1e6},
-    {"gb", 1e9},      {"tb", 1e12},      {"kib", 1024.0},   {"mib", 1048576.0},
-    {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+    {"", 1},
+    {"b", 1},
+    {"kb", 1e3},
+    {"mb", 1e6},
+    {"gb", 1e9},
+    {"tb", 1e12},
+    {"kib", 1024.0},
+    {"mib", 1048576.0},
+    {"gib", 1073741824.0},
+    {"tib", 1099511627776.0},
 };
 // Budgets beyond this are a typo, not a machine (and would overflow slot arithmetic).
 constexpr double kMaxBudgetBytes = 1e18;
@@ -68,8 +75,8 @@ Result<std::vector<Budget>> parse_budget_list(std::string_view list, uint64_t ex
   size_t start = 0;
   while (start <= list.size()) {
     const size_t comma = std::min(list.find(',', start), list.size());
-    KTIER_ASSIGN_OR_RETURN(Budget b, parse_budget(list.substr(start, comma - start),
-                                                  expert_bytes, option));
+    KTIER_ASSIGN_OR_RETURN(Budget b,
+                           parse_budget(list.substr(start, comma - start), expert_bytes, option));
     out.push_back(std::move(b));
     start = comma + 1;
   }
@@ -85,8 +92,14 @@ std::string format_bytes(uint64_t bytes) {
     ++u;
   }
   char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(bytes));
-  else std::snprintf(buf, sizeof(buf), v >= 100 ? "%.0f %s" : v >= 10 ? "%.1f %s" : "%.2f %s", v, kNames[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(bytes));
+  else
+    std::snprintf(buf, sizeof(buf),
+                  v >= 100  ? "%.0f %s"
+                  : v >= 10 ? "%.1f %s"
+                            : "%.2f %s",
+                  v, kNames[u]);
   return buf;
 }
 

@@ -18,7 +18,7 @@
 namespace ktier::strata {
 
 struct Budget {
-  std::string label;   // the item as given, e.g. "8GB" or "455x"
+  std::string label;  // the item as given, e.g. "8GB" or "455x"
   uint64_t bytes = 0;
   uint64_t slots = 0;
 };

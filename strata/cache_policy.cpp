@@ -11,11 +11,16 @@ namespace ktier::strata {
 
 std::string_view policy_name(PolicyKind kind) {
   switch (kind) {
-    case PolicyKind::kLru: return "lru";
-    case PolicyKind::kLfu: return "lfu";
-    case PolicyKind::kTemperature: return "temperature";
-    case PolicyKind::kStatic: return "static";
-    case PolicyKind::kBelady: return "belady";
+    case PolicyKind::kLru:
+      return "lru";
+    case PolicyKind::kLfu:
+      return "lfu";
+    case PolicyKind::kTemperature:
+      return "temperature";
+    case PolicyKind::kStatic:
+      return "static";
+    case PolicyKind::kBelady:
+      return "belady";
   }
   return "?";
 }
@@ -48,7 +53,7 @@ Result<std::vector<PolicyKind>> parse_policy_list(std::string_view list) {
 }
 
 CacheModel::CacheModel(uint64_t capacity_slots, uint32_t num_keys)
-    : capacity_(capacity_slots), pin_until_step_(num_keys, -1) {}
+    : capacity_(capacity_slots), pin_until_step_(num_keys, std::numeric_limits<int64_t>::min()) {}
 
 // ------------------------------------------------------------------------------------- LRU
 
@@ -56,7 +61,10 @@ void RecencyList::push_front(uint32_t key) {
   const int32_t k = static_cast<int32_t>(key);
   prev_[key] = kNil;
   next_[key] = head_;
-  if (head_ != kNil) prev_[head_] = k; else tail_ = k;
+  if (head_ != kNil)
+    prev_[head_] = k;
+  else
+    tail_ = k;
   head_ = k;
   in_[key] = 1;
   ++size_;
@@ -64,8 +72,14 @@ void RecencyList::push_front(uint32_t key) {
 
 void RecencyList::unlink(uint32_t key) {
   const int32_t p = prev_[key], n = next_[key];
-  if (p != kNil) next_[p] = n; else head_ = n;
-  if (n != kNil) prev_[n] = p; else tail_ = p;
+  if (p != kNil)
+    next_[p] = n;
+  else
+    head_ = n;
+  if (n != kNil)
+    prev_[n] = p;
+  else
+    tail_ = p;
   prev_[key] = next_[key] = kNil;
   in_[key] = 0;
   --size_;
@@ -263,7 +277,8 @@ bool TemperatureCache::access(uint32_t key, const Request& request) {
     if (params_.adapt_window) window_target_ = std::min(cap, window_target_ + std::max(1.0, m / w));
     window_ghosts_.unlink(key);
   } else if (main_ghosts_.linked(key)) {
-    if (params_.adapt_window) window_target_ = std::max(min_window_, window_target_ - std::max(1.0, w / m));
+    if (params_.adapt_window)
+      window_target_ = std::max(min_window_, window_target_ - std::max(1.0, w / m));
     main_ghosts_.unlink(key);
   }
   insert_into_window(key);
@@ -341,8 +356,10 @@ bool BeladyCache::access(uint32_t key, const Request& request) {
 std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,
                                        const PolicyInputs& inputs) {
   switch (kind) {
-    case PolicyKind::kLru: return std::make_unique<LruCache>(capacity_slots, inputs.num_keys);
-    case PolicyKind::kLfu: return std::make_unique<LfuCache>(capacity_slots, inputs.num_keys);
+    case PolicyKind::kLru:
+      return std::make_unique<LruCache>(capacity_slots, inputs.num_keys);
+    case PolicyKind::kLfu:
+      return std::make_unique<LfuCache>(capacity_slots, inputs.num_keys);
     case PolicyKind::kTemperature: {
       auto cache =
           std::make_unique<TemperatureCache>(capacity_slots, inputs.num_keys, inputs.temperature);
@@ -351,8 +368,7 @@ std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,
     }
     case PolicyKind::kStatic:
       KTIER_CHECK(inputs.static_ranking != nullptr);
-      return std::make_unique<StaticCache>(capacity_slots, inputs.num_keys,
-                                           *inputs.static_ranking);
+      return std::make_unique<StaticCache>(capacity_slots, inputs.num_keys, *inputs.static_ranking);
     case PolicyKind::kBelady:
       return std::make_unique<BeladyCache>(capacity_slots, inputs.num_keys);
   }

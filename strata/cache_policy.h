@@ -44,8 +44,8 @@ inline constexpr uint32_t kNeverUsed = 0xFFFFFFFFu;  // next-use index of a key 
 
 // One demand request as the cache sees it.
 struct Request {
-  uint32_t index = 0;            // position in the whole request stream
-  double clock_tokens = 0;       // token clock (docs/STRATA.md §3.1)
+  uint32_t index = 0;              // position in the whole request stream
+  double clock_tokens = 0;         // token clock (docs/STRATA.md §3.1)
   uint32_t next_use = kNeverUsed;  // index of the next request for the same key (Belady only)
 };
 
@@ -77,12 +77,16 @@ struct TemperatureParams {
 class RecencyList {
  public:
   static constexpr int32_t kNil = -1;
-  explicit RecencyList(uint32_t num_keys) : prev_(num_keys, kNil), next_(num_keys, kNil), in_(num_keys, 0) {}
+  explicit RecencyList(uint32_t num_keys)
+      : prev_(num_keys, kNil), next_(num_keys, kNil), in_(num_keys, 0) {}
   bool linked(uint32_t key) const { return in_[key]; }
   uint64_t size() const { return size_; }
   void push_front(uint32_t key);  // REQUIRES: !linked(key)
   void unlink(uint32_t key);      // REQUIRES: linked(key)
-  void touch(uint32_t key) { unlink(key); push_front(key); }
+  void touch(uint32_t key) {
+    unlink(key);
+    push_front(key);
+  }
   int32_t back() const { return tail_; }
   int32_t toward_front(int32_t key) const { return prev_[key]; }
 
@@ -234,14 +238,14 @@ class TemperatureCache final : public CacheModel {
   void remember(RecencyList& ghosts, uint32_t key);
 
   TemperatureParams params_;
-  double window_target_ = 0;       // slots; adapted by ghost hits
+  double window_target_ = 0;  // slots; adapted by ghost hits
   double min_window_ = 0;
   std::vector<double> score_;      // log2 T + clock / H; -inf for a key never used
   std::vector<int64_t> last_use_;  // -1: never
   std::vector<uint8_t> in_main_;
   RecencyList window_;
   RecencyList window_ghosts_, main_ghosts_;  // keys only, most recent first
-  std::set<Entry> order_;          // main residents, coldest first
+  std::set<Entry> order_;                    // main residents, coldest first
 };
 
 // Static: a fixed set of allowed keys, the first `capacity` keys of a ranking (most used first).
@@ -283,7 +287,7 @@ class BeladyCache final : public CacheModel {
 
  private:
   static constexpr uint64_t kAbsent = ~0ull;
-  std::vector<uint64_t> next_use_;  // per resident key; kAbsent when not resident
+  std::vector<uint64_t> next_use_;                 // per resident key; kAbsent when not resident
   std::set<std::pair<uint64_t, uint32_t>> order_;  // (next use, key), furthest last
 };
 

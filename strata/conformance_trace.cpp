@@ -40,8 +40,9 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
 
   const size_t k = options.top_k;
   if (k == 0 || k > 255 || options.experts_per_layer == 0 || options.experts_per_layer > 65535) {
-    return Status::usage("conformance conversion: top_k must be 1..255 and experts_per_layer "
-                         "1..65535");
+    return Status::usage(
+        "conformance conversion: top_k must be 1..255 and experts_per_layer "
+        "1..65535");
   }
   const size_t records = bytes.size() / kRecordBytes;
   if (bytes.size() % kRecordBytes != 0) {
@@ -75,8 +76,7 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
         return Status::corrupt(at + ": layer " + std::to_string(layer) + " is out of range");
       }
       if (expert < 0 || expert >= static_cast<int32_t>(options.experts_per_layer)) {
-        return Status::corrupt(at + ": expert " + std::to_string(expert) +
-                               " is out of range 0.." +
+        return Status::corrupt(at + ": expert " + std::to_string(expert) + " is out of range 0.." +
                                std::to_string(options.experts_per_layer - 1));
       }
       if (j == 0) {
@@ -121,9 +121,8 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
         if (g >= groups || group_layer[g] != layer) {
           return Status::corrupt(
               name + ": record " + std::to_string(std::min(g, groups) * k) + ": pass " +
-              std::to_string(pass) + " has " + std::to_string(positions) +
-              " positions but layer " + std::to_string(layer) + " has only " +
-              std::to_string(t) + " groups");
+              std::to_string(pass) + " has " + std::to_string(positions) + " positions but layer " +
+              std::to_string(layer) + " has only " + std::to_string(t) + " groups");
         }
         trace.steps[g].pass = pass;
         trace.steps[g].position = static_cast<uint32_t>(t);
@@ -136,17 +135,15 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
       }
       if (g < groups && group_layer[g] != min_layer && group_layer[g] != layer + 1) {
         return Status::corrupt(name + ": record " + std::to_string(g * k) + ": pass " +
-                               std::to_string(pass) + " jumps from layer " +
-                               std::to_string(layer) + " to layer " +
-                               std::to_string(group_layer[g]));
+                               std::to_string(pass) + " jumps from layer " + std::to_string(layer) +
+                               " to layer " + std::to_string(group_layer[g]));
       }
       ++layer;
     }
     if (pass_last_layer >= 0 && layer - 1 != pass_last_layer) {
       return Status::corrupt(name + ": record " + std::to_string(pass_start * k) + ": pass " +
-                             std::to_string(pass) + " ends at layer " +
-                             std::to_string(layer - 1) + ", earlier passes at layer " +
-                             std::to_string(pass_last_layer));
+                             std::to_string(pass) + " ends at layer " + std::to_string(layer - 1) +
+                             ", earlier passes at layer " + std::to_string(pass_last_layer));
     }
     pass_last_layer = layer - 1;
     ++pass;

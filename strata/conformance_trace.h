@@ -33,9 +33,9 @@ inline constexpr uint32_t kK3TopK = 16;
 inline constexpr uint64_t kK3ExpertBytes = 17547264;
 
 struct ConformanceTraceOptions {
-  uint32_t top_k = kK3TopK;                          // records per group (one step)
-  uint32_t experts_per_layer = kK3ExpertsPerLayer;   // expert ids must be below it
-  uint64_t expert_bytes = kK3ExpertBytes;            // written to the header
+  uint32_t top_k = kK3TopK;                         // records per group (one step)
+  uint32_t experts_per_layer = kK3ExpertsPerLayer;  // expert ids must be below it
+  uint64_t expert_bytes = kK3ExpertBytes;           // written to the header
 };
 
 Result<Trace> read_conformance_trace(const std::filesystem::path& path,

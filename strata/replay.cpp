@@ -53,7 +53,8 @@ RequestStream build_request_stream(const Trace& trace) {
     st.step_begin.push_back(static_cast<uint32_t>(st.keys.size()));
     st.step_clock.push_back(static_cast<double>(steps_with_requests) / steps_per_token);
     if (!s.chosen.empty()) ++steps_with_requests;
-    for (const ExpertWeight& e : s.chosen) st.keys.push_back(s.layer * h.experts_per_layer + e.expert);
+    for (const ExpertWeight& e : s.chosen)
+      st.keys.push_back(s.layer * h.experts_per_layer + e.expert);
   }
   st.step_begin.push_back(static_cast<uint32_t>(st.keys.size()));
 
@@ -159,8 +160,8 @@ ReplayInputs ReplayInputs::from(const RequestStream& stream) {
   return in;
 }
 
-ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec,
-                    const ReplayParams& params, const ReplayInputs& inputs) {
+ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const ReplayParams& params,
+                    const ReplayInputs& inputs) {
   const auto t0 = std::chrono::steady_clock::now();
   const size_t n = spec.tiers.size();
   KTIER_CHECK(n >= 1);
@@ -254,19 +255,22 @@ ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec,
     }
     t.hits = served_count[i];
     t.bytes_served = t.hits * eb;
-    t.hit_rate_bytes = res.bytes_requested ? static_cast<double>(t.bytes_served) / res.bytes_requested : 0;
+    t.hit_rate_bytes =
+        res.bytes_requested ? static_cast<double>(t.bytes_served) / res.bytes_requested : 0;
     res.tiers.push_back(t);
   }
   res.hit_rate = res.requests ? static_cast<double>(res.hits) / res.requests : 0;
   res.link_bytes = link_bytes;
   res.bytes_read = link_bytes[n - 1];
-  res.link_bytes_per_token_last = stream.tokens ? static_cast<double>(res.bytes_read) / stream.tokens : 0;
+  res.link_bytes_per_token_last =
+      stream.tokens ? static_cast<double>(res.bytes_read) / stream.tokens : 0;
   pf.wasted = pf.issued - pf.useful;
   pf.bytes_issued = pf.issued * eb;
   pf.bytes_wasted = pf.wasted * eb;
   pf.precision = pf.issued ? static_cast<double>(pf.useful) / pf.issued : 0;
   const uint64_t tier0_misses = res.requests - served_count[0];
-  pf.recall = pf.useful + tier0_misses ? static_cast<double>(pf.useful) / (pf.useful + tier0_misses) : 0;
+  pf.recall =
+      pf.useful + tier0_misses ? static_cast<double>(pf.useful) / (pf.useful + tier0_misses) : 0;
   res.prefetch = pf;
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;

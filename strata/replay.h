@@ -35,18 +35,18 @@ struct Prediction {
 // The trace flattened for replay. Built once per trace; read-only afterwards (shareable).
 struct RequestStream {
   uint32_t experts_per_layer = 0;
-  uint32_t num_keys = 0;          // num_layers * experts_per_layer
+  uint32_t num_keys = 0;  // num_layers * experts_per_layer
   uint64_t expert_bytes = 0;
-  uint32_t moe_layers = 0;        // distinct layers with requests (steps per token)
-  uint64_t tokens = 0;            // distinct (pass, position) pairs, counted per pass
+  uint32_t moe_layers = 0;  // distinct layers with requests (steps per token)
+  uint64_t tokens = 0;      // distinct (pass, position) pairs, counted per pass
   uint32_t passes = 0;
-  uint32_t lookahead_depth = 0;   // recorded prediction depths
-  std::vector<uint32_t> keys;         // per request: layer * experts_per_layer + expert
-  std::vector<uint32_t> step_begin;   // requests of step s: [step_begin[s], step_begin[s + 1])
-  std::vector<double> step_clock;     // per step: token clock = step / moe_layers
-  std::vector<uint32_t> next_use;     // per request: next request index of its key, or kNeverUsed
+  uint32_t lookahead_depth = 0;         // recorded prediction depths
+  std::vector<uint32_t> keys;           // per request: layer * experts_per_layer + expert
+  std::vector<uint32_t> step_begin;     // requests of step s: [step_begin[s], step_begin[s + 1])
+  std::vector<double> step_clock;       // per step: token clock = step / moe_layers
+  std::vector<uint32_t> next_use;       // per request: next request index of its key, or kNeverUsed
   std::vector<Prediction> predictions;  // grouped by issuing step, depth then weight order
-  std::vector<uint32_t> prediction_begin;  // predictions of step s: [begin[s], begin[s + 1])
+  std::vector<uint32_t> prediction_begin;   // predictions of step s: [begin[s], begin[s + 1])
   uint64_t predictions_without_target = 0;  // predicted (token, layer) never requested
 
   uint32_t steps() const { return static_cast<uint32_t>(step_clock.size()); }
@@ -73,9 +73,9 @@ struct PredictionQuality {
 std::vector<PredictionQuality> prediction_quality(const RequestStream& stream);
 
 struct TierBudget {
-  std::string name;         // "vram", "ram"
-  uint64_t bytes = 0;       // as given (slots * expert_bytes when given in slots)
-  uint64_t slots = 0;       // floor(bytes / expert_bytes)
+  std::string name;    // "vram", "ram"
+  uint64_t bytes = 0;  // as given (slots * expert_bytes when given in slots)
+  uint64_t slots = 0;  // floor(bytes / expert_bytes)
 };
 
 struct ReplaySpec {
@@ -91,8 +91,8 @@ struct ReplayParams {
 
 // Inputs derived from a profile (or the trace itself). Shared by all replays of a sweep.
 struct ReplayInputs {
-  std::vector<uint32_t> static_ranking;       // for kStatic
-  std::vector<double> temperature_seed;       // for kTemperature; empty = no seed
+  std::vector<uint32_t> static_ranking;  // for kStatic
+  std::vector<double> temperature_seed;  // for kTemperature; empty = no seed
   bool static_from_profile = false;
   // Static ranked by the replayed stream's own counts (the oracle-ish baseline); no seed.
   static ReplayInputs from(const RequestStream& stream);
@@ -102,19 +102,19 @@ struct TierResult {
   std::string name;
   uint64_t capacity_bytes = 0;  // 0 for the backing store (unbounded)
   uint64_t slots = 0;
-  uint64_t hits = 0;            // requests served from this tier
-  uint64_t bytes_served = 0;    // hits * expert_bytes
-  double hit_rate_bytes = 0;    // bytes_served / bytes requested
+  uint64_t hits = 0;          // requests served from this tier
+  uint64_t bytes_served = 0;  // hits * expert_bytes
+  double hit_rate_bytes = 0;  // bytes_served / bytes requested
 };
 
 struct PrefetchResult {
-  uint64_t issued = 0;          // reads started for predicted keys not in tier 0
-  uint64_t useful = 0;          // of those, requested at their target step and still resident
-  uint64_t wasted = 0;          // issued - useful
+  uint64_t issued = 0;  // reads started for predicted keys not in tier 0
+  uint64_t useful = 0;  // of those, requested at their target step and still resident
+  uint64_t wasted = 0;  // issued - useful
   uint64_t bytes_issued = 0, bytes_wasted = 0;
-  double precision = 0;         // useful / issued
-  double recall = 0;            // useful / (useful + tier-0 demand misses)
-  double timeliness = 1;        // useful that arrived before need / useful: 1 by construction
+  double precision = 0;   // useful / issued
+  double recall = 0;      // useful / (useful + tier-0 demand misses)
+  double timeliness = 1;  // useful that arrived before need / useful: 1 by construction
 };
 
 struct ReplayResult {
@@ -122,18 +122,18 @@ struct ReplayResult {
   std::string label;
   std::vector<TierResult> tiers;  // memory tiers, then the backing store ("nvme")
   uint64_t requests = 0;
-  uint64_t hits = 0;              // served from any memory tier
-  double hit_rate = 0;            // hits / requests (= by bytes: every expert has the same size)
+  uint64_t hits = 0;    // served from any memory tier
+  double hit_rate = 0;  // hits / requests (= by bytes: every expert has the same size)
   uint64_t bytes_requested = 0;
-  uint64_t bytes_read = 0;        // read from the backing store: demand misses + prefetches
+  uint64_t bytes_read = 0;           // read from the backing store: demand misses + prefetches
   std::vector<uint64_t> link_bytes;  // link i carries tier i+1 -> tier i (last: nvme -> slowest)
   double link_bytes_per_token_last = 0;  // backing store reads per token
   PrefetchResult prefetch;
   double seconds = 0;
 };
 
-ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec,
-                    const ReplayParams& params, const ReplayInputs& inputs);
+ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const ReplayParams& params,
+                    const ReplayInputs& inputs);
 
 // Runs every spec (on up to `threads` threads; 0 = hardware concurrency). Results in spec order.
 std::vector<ReplayResult> replay_sweep(const RequestStream& stream,

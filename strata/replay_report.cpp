@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "strata/budget.h"
@@ -92,7 +91,8 @@ std::string format_replay_table(const std::vector<ReplayResult>& results, bool w
   return out;
 }
 
-Status write_replay_csv(const std::filesystem::path& path, const std::vector<ReplayResult>& results) {
+Status write_replay_csv(const std::filesystem::path& path,
+                        const std::vector<ReplayResult>& results) {
   std::ofstream out(path);
   if (!out) return Status::runtime(path.string() + ": cannot create the CSV file");
   const size_t memory_tiers = results.empty() ? 0 : results.front().tiers.size() - 1;
@@ -162,11 +162,12 @@ Status write_replay_json(const std::filesystem::path& path, const std::string& t
     }
     json links = json::array();
     for (size_t i = 0; i < r.link_bytes.size(); ++i) {
-      links.push_back({{"from", r.tiers[i + 1].name},
-                       {"to", r.tiers[i].name},
-                       {"bytes", r.link_bytes[i]},
-                       {"bytes_per_token",
-                        summary.tokens ? static_cast<double>(r.link_bytes[i]) / summary.tokens : 0}});
+      links.push_back(
+          {{"from", r.tiers[i + 1].name},
+           {"to", r.tiers[i].name},
+           {"bytes", r.link_bytes[i]},
+           {"bytes_per_token",
+            summary.tokens ? static_cast<double>(r.link_bytes[i]) / summary.tokens : 0}});
     }
     list.push_back({{"policy", std::string(policy_name(r.policy))},
                     {"budget", r.label},
@@ -191,8 +192,11 @@ Status write_replay_json(const std::filesystem::path& path, const std::string& t
   root["results"] = list;
   json quality = json::array();
   for (const PredictionQuality& q : summary.prediction) {
-    quality.push_back({{"depth", q.depth}, {"recall", q.recall}, {"precision", q.precision},
-                       {"predicted", q.predicted}, {"correct", q.correct}});
+    quality.push_back({{"depth", q.depth},
+                       {"recall", q.recall},
+                       {"precision", q.precision},
+                       {"predicted", q.predicted},
+                       {"correct", q.correct}});
   }
   root["lookahead"] = quality;
   std::ofstream out(path);
@@ -231,13 +235,14 @@ Status plot_replay(const std::filesystem::path& csv, const std::filesystem::path
   }
   const std::filesystem::path script = find_plot_script();
   if (script.empty()) {
-    return Status::runtime("--plot: tools/plot_replay.py was not found next to the ktier binary "
-                           "or in its source tree");
+    return Status::runtime(
+        "--plot: tools/plot_replay.py was not found next to the ktier binary "
+        "or in its source tree");
   }
   char ceiling[32];
   std::snprintf(ceiling, sizeof(ceiling), "%.6f", ceiling_rate);
-  std::vector<std::string> args = {kPython, script.string(), csv.string(), png.string(),
-                                   "--title", title};
+  std::vector<std::string> args = {kPython,      script.string(), csv.string(),
+                                   png.string(), "--title",       title};
   if (ceiling_rate >= 0) args.insert(args.end(), {"--ceiling", ceiling});
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

@@ -18,7 +18,8 @@ std::string format_replay_table(const std::vector<ReplayResult>& results, bool w
 
 // One row per (policy, budget); columns in docs/STRATA.md §6.2. All results must share the tier
 // layout (same tier names in the same order).
-Status write_replay_csv(const std::filesystem::path& path, const std::vector<ReplayResult>& results);
+Status write_replay_csv(const std::filesystem::path& path,
+                        const std::vector<ReplayResult>& results);
 
 // {"trace": ..., "summary": {...}, "results": [{"policy", "budget", "hits", "requests",
 //  "hit_rate", "bytes_read", "tiers": [{"name", "capacity_bytes", "slots", "hits", "requests",

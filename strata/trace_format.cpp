@@ -12,7 +12,7 @@ namespace {
 
 constexpr char kBlockMagic[4] = {'K', 'T', 'B', '1'};
 constexpr char kFooterMagic[4] = {'K', 'T', 'E', 'N'};
-constexpr size_t kStepFixedBytes = 12;   // pass, position, layer, chosen count, depth count
+constexpr size_t kStepFixedBytes = 12;    // pass, position, layer, chosen count, depth count
 constexpr size_t kExpertWeightBytes = 6;  // u16 expert, f32 weight
 
 void put_u16(std::vector<uint8_t>& out, uint16_t v) {
@@ -255,13 +255,14 @@ Result<TraceReader> TraceReader::open(const std::filesystem::path& path) {
   uint8_t h[kTraceHeaderBytes];
   const size_t got = std::fread(h, 1, sizeof(h), r.file_);
   if (got >= 8 && std::memcmp(h, kTraceMagic, 8) != 0) {
-    return Status::corrupt(r.path_ + ": not a ktier trace (bad magic in the header). If it is the "
+    return Status::corrupt(r.path_ +
+                           ": not a ktier trace (bad magic in the header). If it is the "
                            "conformance expert_trace.bin (int32 pairs), convert it first with "
                            "`ktier trace convert` or pass --convert-conformance");
   }
   if (got < sizeof(h)) {
-    return Status::corrupt(r.path_ + ": truncated in the header (" + std::to_string(got) +
-                           " of " + std::to_string(kTraceHeaderBytes) + " bytes)");
+    return Status::corrupt(r.path_ + ": truncated in the header (" + std::to_string(got) + " of " +
+                           std::to_string(kTraceHeaderBytes) + " bytes)");
   }
   if (XXH64(h, 56, 0) != get_u64(h + 56)) {
     return Status::corrupt(r.path_ + ": header checksum mismatch (the header bytes are corrupt)");

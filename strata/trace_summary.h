@@ -14,18 +14,18 @@
 namespace ktier::strata {
 
 struct TraceSummary {
-  uint64_t steps = 0;             // (token, layer) request sets
-  uint64_t requests = 0;          // expert requests
-  uint64_t tokens = 0;            // distinct (pass, position), counted per pass
+  uint64_t steps = 0;     // (token, layer) request sets
+  uint64_t requests = 0;  // expert requests
+  uint64_t tokens = 0;    // distinct (pass, position), counted per pass
   uint32_t passes = 0;
-  uint32_t moe_layers = 0;        // distinct layers with requests
+  uint32_t moe_layers = 0;  // distinct layers with requests
   uint32_t first_layer = 0, last_layer = 0;
-  uint64_t distinct_keys = 0;     // distinct (layer, expert)
-  uint64_t hit_ceiling = 0;       // requests - distinct_keys
-  double hit_ceiling_rate = 0;    // hit_ceiling / requests
-  uint64_t working_set_bytes = 0; // distinct_keys * expert_bytes
-  uint64_t repeated_groups = 0;   // (position, layer) occurrences after the first
-  uint64_t mismatched_groups = 0; // of those, chosen experts (in order) differ from the first
+  uint64_t distinct_keys = 0;      // distinct (layer, expert)
+  uint64_t hit_ceiling = 0;        // requests - distinct_keys
+  double hit_ceiling_rate = 0;     // hit_ceiling / requests
+  uint64_t working_set_bytes = 0;  // distinct_keys * expert_bytes
+  uint64_t repeated_groups = 0;    // (position, layer) occurrences after the first
+  uint64_t mismatched_groups = 0;  // of those, chosen experts (in order) differ from the first
   std::vector<PredictionQuality> prediction;  // per recorded depth
 };
 

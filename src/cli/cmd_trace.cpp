@@ -25,8 +25,8 @@ using namespace ktier::strata;
 
 struct LoadOptions {
   bool convert_conformance = false;
-  uint64_t expert_bytes = 0;        // 0: from the trace header (conformance: K3's size)
-  uint32_t top_k = kK3TopK;         // conformance conversion only
+  uint64_t expert_bytes = 0;  // 0: from the trace header (conformance: K3's size)
+  uint32_t top_k = kK3TopK;   // conformance conversion only
   uint32_t experts_per_layer = kK3ExpertsPerLayer;
 };
 
@@ -42,7 +42,6 @@ Result<Trace> load_trace(const std::string& path, const LoadOptions& o) {
     KTIER_ASSIGN_OR_RETURN(trace, read_trace(path));
   }
   if (o.expert_bytes) trace.header.expert_bytes = o.expert_bytes;
-  if (trace.steps.empty()) return Status::corrupt(path + ": the trace holds no steps");
   return trace;
 }
 
@@ -105,17 +104,20 @@ Status run_replay(const ReplayOptions& o) {
     return Status::usage("give the RAM tier once: --ram SIZES or --slots N,... (not both)");
   }
   if (o.slots.empty() && o.ram.empty() && o.vram.empty()) {
-    return Status::usage("trace replay needs budgets: --ram SIZES (e.g. 8GB,16GB or 455x), "
-                         "--slots N,..., and/or --vram SIZES");
+    return Status::usage(
+        "trace replay needs budgets: --ram SIZES (e.g. 8GB,16GB or 455x), "
+        "--slots N,..., and/or --vram SIZES");
   }
   KTIER_ASSIGN_OR_RETURN(const std::vector<PolicyKind> policies, parse_policy_list(o.policies));
   KTIER_ASSIGN_OR_RETURN(const Trace trace, load_trace(o.trace, o.load));
   const RequestStream stream = build_request_stream(trace);
+  if (stream.requests() == 0)
+    return Status::usage(o.trace + ": the trace holds no requests to replay");
   const uint64_t eb = stream.expert_bytes;
   if (o.lookahead > stream.lookahead_depth) {
     return Status::usage("--lookahead " + std::to_string(o.lookahead) + ": " + o.trace +
-                         " records predictions to depth " +
-                         std::to_string(stream.lookahead_depth) + " only");
+                         " records predictions to depth " + std::to_string(stream.lookahead_depth) +
+                         " only");
   }
 
   // Budget lists: RAM from --ram or --slots, VRAM from --vram; a sweep is their product.
@@ -129,7 +131,8 @@ Status run_replay(const ReplayOptions& o) {
   }
   std::vector<Budget> ram, vram;
   if (!ram_list.empty()) {
-    KTIER_ASSIGN_OR_RETURN(ram, parse_budget_list(ram_list, eb, o.slots.empty() ? "--ram" : "--slots"));
+    KTIER_ASSIGN_OR_RETURN(ram,
+                           parse_budget_list(ram_list, eb, o.slots.empty() ? "--ram" : "--slots"));
   }
   if (!o.vram.empty()) {
     KTIER_ASSIGN_OR_RETURN(vram, parse_budget_list(o.vram, eb, "--vram"));
@@ -142,7 +145,7 @@ Status run_replay(const ReplayOptions& o) {
         spec.policy = p;
         if (!vram.empty()) spec.tiers.push_back({"vram", vram[v].bytes, vram[v].slots});
         if (!ram.empty()) spec.tiers.push_back({"ram", ram[r].bytes, ram[r].slots});
-        spec.label = vram.empty() ? ram[r].label
+        spec.label = vram.empty()  ? ram[r].label
                      : ram.empty() ? vram[v].label
                                    : "vram=" + vram[v].label + " ram=" + ram[r].label;
         specs.push_back(std::move(spec));
@@ -175,19 +178,20 @@ Status run_replay(const ReplayOptions& o) {
   }
 
   const TraceSummary summary = summarize_trace(trace, stream);
-  std::printf("trace %s: %s steps, %s requests, %s tokens, %s distinct keys "
-              "(hit ceiling %s = %.2f%%)\n",
-              o.trace.c_str(), format_count(summary.steps).c_str(),
-              format_count(summary.requests).c_str(), format_count(summary.tokens).c_str(),
-              format_count(summary.distinct_keys).c_str(),
-              format_count(summary.hit_ceiling).c_str(), 100.0 * summary.hit_ceiling_rate);
-  std::printf("expert bytes %s; temperature half-life %g tokens, admit ratio %g, window %g%s; "
-              "static ranked by %s; lookahead depth %u\n\n",
-              format_count(eb).c_str(), o.half_life, o.admit_ratio, o.window_fraction,
-              o.fixed_window ? " fixed" : " adaptive",
-              inputs.static_from_profile ? ("the profile " + o.profile).c_str()
-                                         : "this trace's own counts (oracle-ish)",
-              o.lookahead);
+  std::printf(
+      "trace %s: %s steps, %s requests, %s tokens, %s distinct keys "
+      "(hit ceiling %s = %.2f%%)\n",
+      o.trace.c_str(), format_count(summary.steps).c_str(), format_count(summary.requests).c_str(),
+      format_count(summary.tokens).c_str(), format_count(summary.distinct_keys).c_str(),
+      format_count(summary.hit_ceiling).c_str(), 100.0 * summary.hit_ceiling_rate);
+  std::printf(
+      "expert bytes %s; temperature half-life %g tokens, admit ratio %g, window %g%s; "
+      "static ranked by %s; lookahead depth %u\n\n",
+      format_count(eb).c_str(), o.half_life, o.admit_ratio, o.window_fraction,
+      o.fixed_window ? " fixed" : " adaptive",
+      inputs.static_from_profile ? ("the profile " + o.profile).c_str()
+                                 : "this trace's own counts (oracle-ish)",
+      o.lookahead);
 
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<ReplayResult> results = replay_sweep(stream, specs, params, inputs, o.threads);
@@ -252,7 +256,8 @@ void register_trace_command(CLI::App& app, int& exit_code) {
     auto a = std::make_shared<Args>();
     auto* sub = trace->add_subcommand(
         "info", "Summarise a trace: tokens, layers, distinct keys, hit ceiling, determinism");
-    sub->add_option("TRACE", a->path, "ktier trace (or conformance .bin with --convert-conformance)")
+    sub->add_option("TRACE", a->path,
+                    "ktier trace (or conformance .bin with --convert-conformance)")
         ->required();
     add_load_options(sub, a->load, /*conversion_flag=*/true);
     sub->callback([a, &exit_code] { exit_code = finish(run_info(a->path, a->load)); });
@@ -261,7 +266,8 @@ void register_trace_command(CLI::App& app, int& exit_code) {
     auto o = std::make_shared<ReplayOptions>();
     auto* sub = trace->add_subcommand(
         "replay", "Replay a trace under cache policies over sweeps of tier budgets");
-    sub->add_option("TRACE", o->trace, "ktier trace (or conformance .bin with --convert-conformance)")
+    sub->add_option("TRACE", o->trace,
+                    "ktier trace (or conformance .bin with --convert-conformance)")
         ->required();
     add_load_options(sub, o->load, /*conversion_flag=*/true);
     sub->add_option("--policy", o->policies,
@@ -290,7 +296,8 @@ void register_trace_command(CLI::App& app, int& exit_code) {
     sub->add_option("--csv", o->csv, "write one row per (policy, budget)");
     sub->add_option("--json", o->json, "write results per policy, budget and tier");
     sub->add_option("--plot", o->plot, "draw hit rate against budget (PNG, matplotlib)");
-    sub->add_option("--threads", o->threads, "replay threads (0: all cores)")->capture_default_str();
+    sub->add_option("--threads", o->threads, "replay threads (0: all cores)")
+        ->capture_default_str();
     sub->callback([o, &exit_code] { exit_code = finish(run_replay(*o)); });
   }
 }

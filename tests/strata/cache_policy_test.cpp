@@ -1,5 +1,7 @@
 // Cache policies on tiny hand-made sequences: each rule of each policy (cache_policy.h), and
 // Belady's optimum against every other policy on random sequences.
+#include "strata/cache_policy.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "strata/budget.h"
-#include "strata/cache_policy.h"
 #include "strata/replay.h"
 
 namespace ktier::strata {
@@ -84,11 +85,11 @@ TEST(LruCache, PrefetchNeverEvictsPinnedKeys) {
   (void)lru.access(B, Request{1, 0});
   EXPECT_FALSE(lru.prefetch(C, 1, 0));  // A and B are in use by step 0
   lru.begin_step(1);
-  EXPECT_TRUE(lru.prefetch(C, 3, 1));   // evicts A (LRU), C pinned until step 3
+  EXPECT_TRUE(lru.prefetch(C, 3, 1));  // evicts A (LRU), C pinned until step 3
   EXPECT_FALSE(lru.contains(A));
   EXPECT_FALSE(lru.prefetch(C, 3, 1));  // already resident
   lru.begin_step(2);
-  EXPECT_TRUE(lru.prefetch(D, 3, 2));   // evicts B, not the pinned C
+  EXPECT_TRUE(lru.prefetch(D, 3, 2));  // evicts B, not the pinned C
   EXPECT_TRUE(lru.contains(C));
   EXPECT_TRUE(lru.contains(D));
   EXPECT_FALSE(lru.prefetch(E, 3, 2));  // C and D both pinned until step 3
@@ -124,10 +125,10 @@ TEST(TemperatureCache, DecayArithmetic) {
   EXPECT_NEAR(t.temperature(A, 4.0), 0.25, 1e-12);  // two
   EXPECT_NEAR(t.temperature(A, 1.0), std::exp2(-0.5), 1e-12);
   t.begin_step(1);
-  (void)t.access(A, Request{1, 2.0});               // 0.5 + 1
+  (void)t.access(A, Request{1, 2.0});  // 0.5 + 1
   EXPECT_NEAR(t.temperature(A, 2.0), 1.5, 1e-12);
   EXPECT_NEAR(t.temperature(A, 6.0), 0.375, 1e-12);
-  EXPECT_EQ(t.temperature(B, 3.0), 0.0);            // never used
+  EXPECT_EQ(t.temperature(B, 3.0), 0.0);  // never used
 }
 
 TEST(TemperatureCache, AdmissionHysteresis) {
@@ -241,7 +242,9 @@ TEST(Policies, BeladyIsAnUpperBoundOnRandomSequences) {
     std::geometric_distribution<uint32_t> skew(0.15);
     for (int i = 0; i < 400; ++i) keys.push_back(std::min(skew(rng), alphabet) % kKeys);
     for (uint64_t cap : {1u, 2u, 3u, 5u, 8u, 13u}) {
-      const auto count_hits = [](const std::string& p) { return std::count(p.begin(), p.end(), 'H'); };
+      const auto count_hits = [](const std::string& p) {
+        return std::count(p.begin(), p.end(), 'H');
+      };
       BeladyCache belady(cap, kKeys);
       const auto best = count_hits(run(belady, keys));
       std::vector<uint64_t> counts(kKeys, 0);

@@ -24,12 +24,11 @@ constexpr uint64_t kCeiling = kRequests - kDistinctKeys;  // 90,086
 
 // README §10.3, both halves of the table, plus "10,001 and more -> 90,086".
 const std::vector<std::pair<uint64_t, uint64_t>> kLruOracle = {
-    {1, 25},        {2, 89},        {4, 376},       {8, 1910},      {15, 12815},
-    {16, 17832},    {17, 20618},    {18, 22437},    {20, 25008},    {24, 28579},
-    {32, 32721},    {48, 34912},    {64, 35639},    {100, 36178},   {128, 36260},
-    {256, 36272},   {455, 36272},   {911, 36272},   {1472, 36272},  {1823, 36272},
-    {3647, 36272},  {6000, 38459},  {7000, 46998},  {7294, 49238},  {8000, 56481},
-    {9000, 73853},  {9999, 90000},  {10000, 90000}, {10001, 90086}, {10010, 90086},
+    {1, 25},        {2, 89},        {4, 376},       {8, 1910},      {15, 12815},    {16, 17832},
+    {17, 20618},    {18, 22437},    {20, 25008},    {24, 28579},    {32, 32721},    {48, 34912},
+    {64, 35639},    {100, 36178},   {128, 36260},   {256, 36272},   {455, 36272},   {911, 36272},
+    {1472, 36272},  {1823, 36272},  {3647, 36272},  {6000, 38459},  {7000, 46998},  {7294, 49238},
+    {8000, 56481},  {9000, 73853},  {9999, 90000},  {10000, 90000}, {10001, 90086}, {10010, 90086},
     {12000, 90086}, {20000, 90086}, {100000, 90086}};
 
 class ConformanceTrace : public ::testing::Test {
@@ -70,7 +69,7 @@ TEST_F(ConformanceTrace, StructureAndCeiling) {
   EXPECT_EQ(stream_->requests(), kRequests);
   EXPECT_EQ(trace_->steps.size(), kRequests / 16);  // 6,256 (token, layer) request sets
   EXPECT_EQ(stream_->passes, 8u);
-  EXPECT_EQ(stream_->tokens, 68u);                  // sum of T = 5..12
+  EXPECT_EQ(stream_->tokens, 68u);  // sum of T = 5..12
   EXPECT_EQ(stream_->moe_layers, 92u);
   EXPECT_EQ(trace_->header.num_layers, 93u);
   EXPECT_EQ(trace_->header.first_moe_layer, 1u);
@@ -110,7 +109,8 @@ TEST_F(ConformanceTrace, BeladyBoundsEveryPolicyAndCeilingBoundsBelady) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<ReplayResult> results =
       replay_sweep(*stream_, specs, ReplayParams{}, ReplayInputs::from(*stream_));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("[ timing ] %zu replays of %llu requests: %.2f s\n", results.size(),
               static_cast<unsigned long long>(kRequests), seconds);
   EXPECT_LT(seconds, 120.0);  // seconds, not minutes (typically well under 10 s)

@@ -16,7 +16,7 @@
 namespace ktier::strata {
 namespace {
 
-constexpr uint32_t kLayers = 5;   // layer 0 dense, 1..4 MoE
+constexpr uint32_t kLayers = 5;  // layer 0 dense, 1..4 MoE
 constexpr uint32_t kExperts = 32;
 constexpr uint32_t kTopK = 2;
 constexpr uint32_t kTokens = 50;
@@ -109,9 +109,9 @@ TEST(LookaheadReplay, PerfectPredictionsTurnMissesIntoHits) {
                    static_cast<double>(ahead.prefetch.useful) /
                        (ahead.prefetch.useful + (s.requests() - ahead.tiers[0].hits)));
   // Bytes read from storage include the prefetches.
-  EXPECT_EQ(ahead.bytes_read,
-            (s.requests() - ahead.hits + ahead.prefetch.useful + ahead.prefetch.wasted) *
-                s.expert_bytes);
+  EXPECT_EQ(
+      ahead.bytes_read,
+      (s.requests() - ahead.hits + ahead.prefetch.useful + ahead.prefetch.wasted) * s.expert_bytes);
 }
 
 TEST(LookaheadReplay, WrongPredictionsAreWasted) {
@@ -128,9 +128,9 @@ TEST(LookaheadReplay, CliReplaysRecordedPredictions) {
   const std::filesystem::path p = std::filesystem::temp_directory_path() /
                                   ("ktier_lookahead_" + std::to_string(::getpid()) + ".ktrace");
   ASSERT_TRUE(write_trace(p, make_decode_trace(Predictor::kPerfect)).is_ok());
-  const test::ProcessResult r = test::run_process(
-      test::ktier_bin().string() + " trace replay '" + p.string() +
-      "' --policy lru,temperature --slots 4,8 --lookahead 1");
+  const test::ProcessResult r =
+      test::run_process(test::ktier_bin().string() + " trace replay '" + p.string() +
+                        "' --policy lru,temperature --slots 4,8 --lookahead 1");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("pf precision"), std::string::npos) << r.out;
   const test::ProcessResult info =

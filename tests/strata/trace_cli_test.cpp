@@ -5,11 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/run_process.h"
 #include "common/test_paths.h"
@@ -35,7 +34,9 @@ class TraceCli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  std::string ktier(const std::string& args) const { return test::ktier_bin().string() + " " + args; }
+  std::string ktier(const std::string& args) const {
+    return test::ktier_bin().string() + " " + args;
+  }
   std::string q(const fs::path& p) const { return "'" + p.string() + "'"; }
 
   fs::path conformance_, dir_;
@@ -73,10 +74,10 @@ bool is_png(const fs::path& p) {
 
 TEST_F(TraceCli, ReplayWritesCsvJsonAndPng) {
   const fs::path csv = dir_ / "replay.csv", png = dir_ / "replay.png", json = dir_ / "r.json";
-  const test::ProcessResult r = run_process(ktier(
-      "trace replay " + q(conformance_) +
-      " --convert-conformance --policy lru,belady,static --ram 8GB,16GB,256x --csv " + q(csv) +
-      " --json " + q(json) + " --plot " + q(png)));
+  const test::ProcessResult r = run_process(
+      ktier("trace replay " + q(conformance_) +
+            " --convert-conformance --policy lru,belady,static --ram 8GB,16GB,256x --csv " +
+            q(csv) + " --json " + q(json) + " --plot " + q(png)));
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_NE(r.out.find("10,010 distinct keys"), std::string::npos) << r.out;
 
@@ -114,10 +115,10 @@ TEST_F(TraceCli, ReplayWritesCsvJsonAndPng) {
 
 TEST_F(TraceCli, PlotWithoutCsvAndTwoTiers) {
   const fs::path png = dir_ / "two_tier.png";
-  const test::ProcessResult r = run_process(ktier(
-      "trace replay " + q(conformance_) +
-      " --convert-conformance --policy lru,temperature --vram 8GB --slots 100,1368 --plot " +
-      q(png)));
+  const test::ProcessResult r = run_process(
+      ktier("trace replay " + q(conformance_) +
+            " --convert-conformance --policy lru,temperature --vram 8GB --slots 100,1368 --plot " +
+            q(png)));
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_TRUE(is_png(png));
   EXPECT_NE(r.out.find("vram %"), std::string::npos) << r.out;
@@ -143,12 +144,27 @@ TEST_F(TraceCli, ConvertInfoAndReplayTheConvertedFile) {
   EXPECT_NE(r.out.find("tokens:           68"), std::string::npos) << r.out;
 
   const fs::path csv = dir_ / "slots.csv";
-  r = run_process(ktier("trace replay " + q(out) + " --policy lru --slots 1,2,4,8,16 --csv " + q(csv)));
+  r = run_process(
+      ktier("trace replay " + q(out) + " --policy lru --slots 1,2,4,8,16 --csv " + q(csv)));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto rows = read_csv(csv);
   ASSERT_EQ(rows.size(), 5u);
   const char* expected[] = {"25", "89", "376", "1910", "17832"};
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(rows[i].at("hits"), expected[i]);
+
+  // --budgets is --ram; --profile ranks static (here the trace itself: same as the default).
+  const fs::path csv2 = dir_ / "profile.csv";
+  r = run_process(ktier("trace replay " + q(out) +
+                        " --policy static,temperature --budgets 8GB "
+                        "--profile " +
+                        q(out) + " --csv " + q(csv2)));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("static ranked by the profile"), std::string::npos) << r.out;
+  const auto prof = read_csv(csv2);
+  ASSERT_EQ(prof.size(), 2u);
+  EXPECT_EQ(prof[0].at("policy"), "static");
+  EXPECT_EQ(prof[0].at("hits"), "16012");
+  EXPECT_EQ(prof[0].at("total_slots"), "455");
 }
 
 TEST_F(TraceCli, CorruptTraceExits3NamingTheFile) {
@@ -194,10 +210,10 @@ TEST_F(TraceCli, PlotWithoutMatplotlibIsAClearError) {
   fs::create_directories(fake);
   std::ofstream(fake / "__init__.py") << "raise ImportError('no matplotlib here (test)')\n";
   const fs::path png = dir_ / "never.png";
-  const test::ProcessResult r = run_process(
-      "PYTHONPATH=" + q(dir_ / "fake") + " " +
-      ktier("trace replay " + q(conformance_) + " --convert-conformance --policy lru --slots 16 --plot " +
-            q(png)));
+  const test::ProcessResult r =
+      run_process("PYTHONPATH=" + q(dir_ / "fake") + " " +
+                  ktier("trace replay " + q(conformance_) +
+                        " --convert-conformance --policy lru --slots 16 --plot " + q(png)));
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("matplotlib"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(png));

@@ -1,5 +1,7 @@
 // The .ktrace writer/reader (round trip, every corruption is an exit-3 Status naming the file)
 // and the conformance int32-pair converter on small hand-made files.
+#include "strata/trace_format.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "strata/conformance_trace.h"
-#include "strata/trace_format.h"
 
 namespace ktier::strata {
 namespace {
@@ -28,7 +29,8 @@ std::vector<uint8_t> read_bytes(const fs::path& p) {
 }
 void write_bytes(const fs::path& p, const std::vector<uint8_t>& bytes) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
 }
 
 // A small model: 5 layers (MoE from 1), 12 experts, top-3, lookahead depth 2, weights recorded.
@@ -279,7 +281,8 @@ TEST(ConformanceConverter, BadInputIsCorruptNamingFileAndRecord) {
   ConformanceTraceOptions o;
   o.top_k = 4;
   o.experts_per_layer = 20;
-  auto expect_bad = [&](const std::vector<int32_t>& r, const std::string& fragment, size_t extra_bytes = 0) {
+  auto expect_bad = [&](const std::vector<int32_t>& r, const std::string& fragment,
+                        size_t extra_bytes = 0) {
     write_records(p, r);
     if (extra_bytes) {
       std::ofstream out(p, std::ios::binary | std::ios::app);
