@@ -9,8 +9,8 @@
 // of threads or on which thread ran which range.
 //
 // Thread-safety: parallel_for may be called from several threads; calls are serialised. A call
-// made from inside a range of the same pool runs inline on that thread (no deadlock). fn must
-// not throw.
+// made from inside a range (of any pool) runs inline on that thread, so nesting cannot deadlock.
+// fn must not throw. Waiting workers sleep on a condition variable (no spinning).
 
 #include <atomic>
 #include <condition_variable>

@@ -34,9 +34,10 @@ void expect_case(const std::string& what, const ToleranceResult& r, double readm
                  const std::string& readme_text) {
   report_ratio(what, r, readme_text);
   EXPECT_LE(r.worst_ratio, 1.0) << what;
-  if (readme_max > 0)
+  if (readme_max > 0) {
     EXPECT_LE(r.worst_ratio, kMarginSlack * readme_max)
         << what << ": far above the README's measured margin " << readme_text;
+  }
 }
 
 TEST(Conformance, RmsNorm) {
