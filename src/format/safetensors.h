@@ -12,6 +12,8 @@
 // mapping of the whole file; both are released by the destructor. It is move-only. After open()
 // it is immutable, and bytes() / read() / read_bytes() may be called from any number of threads
 // at once (pread has no shared file position). Spans from bytes() live as long as the object.
+// A mapped file that another process truncates after open() faults (SIGBUS) on access; kPread
+// turns the same situation into a Status::runtime instead.
 
 #include <cstdint>
 #include <filesystem>

@@ -47,9 +47,9 @@ std::string expert_name(int layer, int e, const std::string& part) {
 
 // ---- loads --------------------------------------------------------------------------------------
 
-class TinyMxfp4 : public ::testing::TestWithParam<OpenMode> {};
+class TinyCheckpoint : public ::testing::TestWithParam<OpenMode> {};
 
-TEST_P(TinyMxfp4, LoadsWithExpertLocationsAndCensus) {
+TEST_P(TinyCheckpoint, LoadsWithExpertLocationsAndCensus) {
   const SynthCheckpoint s = make_tiny_checkpoint(/*mxfp4=*/true);
   TempDir dir("ckpt_ok");
   auto r = write_and_open(s, dir, GetParam());
@@ -121,7 +121,7 @@ TEST_P(TinyMxfp4, LoadsWithExpertLocationsAndCensus) {
   EXPECT_FALSE(ck.find("language_model.model.nope").has_value());
 }
 
-INSTANTIATE_TEST_SUITE_P(BothModes, TinyMxfp4, ::testing::Values(OpenMode::kMap, OpenMode::kPread),
+INSTANTIATE_TEST_SUITE_P(Modes, TinyCheckpoint, ::testing::Values(OpenMode::kMap, OpenMode::kPread),
                          [](const auto& info) {
                            return info.param == OpenMode::kMap ? std::string("Map")
                                                                : std::string("Pread");

@@ -50,9 +50,9 @@ struct Row {
   uint64_t offset, nbytes;
 };
 
-class Conformance : public ::testing::TestWithParam<OpenMode> {};
+class StConformance : public ::testing::TestWithParam<OpenMode> {};
 
-TEST_P(Conformance, Shard1MatchesTheTable) {
+TEST_P(StConformance, Shard1MatchesTheTable) {
   const auto path = conformance_dir() / "st" / "model-00001-of-00002.safetensors";
   auto r = SafetensorsFile::open(path, GetParam());
   ASSERT_TRUE(r.is_ok()) << r.status().message();
@@ -131,7 +131,7 @@ TEST_P(Conformance, Shard1MatchesTheTable) {
   }
 }
 
-TEST_P(Conformance, Shard2MatchesTheTable) {
+TEST_P(StConformance, Shard2MatchesTheTable) {
   const auto path = conformance_dir() / "st" / "model-00002-of-00002.safetensors";
   auto r = SafetensorsFile::open(path, GetParam());
   ASSERT_TRUE(r.is_ok()) << r.status().message();
@@ -164,7 +164,7 @@ TEST_P(Conformance, Shard2MatchesTheTable) {
 }
 
 // cache/: 24 experts x 6 tensors; every byte follows README §8.
-TEST_P(Conformance, CacheExpertsAreContiguousAndByteExact) {
+TEST_P(StConformance, CacheExpertsAreContiguousAndByteExact) {
   const auto path = conformance_dir() / "cache" / "model-00001-of-00001.safetensors";
   auto r = SafetensorsFile::open(path, GetParam());
   ASSERT_TRUE(r.is_ok()) << r.status().message();
@@ -202,7 +202,7 @@ TEST_P(Conformance, CacheExpertsAreContiguousAndByteExact) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(BothModes, Conformance,
+INSTANTIATE_TEST_SUITE_P(Modes, StConformance,
                          ::testing::Values(OpenMode::kMap, OpenMode::kPread),
                          [](const auto& info) {
                            return info.param == OpenMode::kMap ? std::string("Map")
