@@ -49,6 +49,12 @@ Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueu
     }
   }
   if (batch.empty()) return Status::ok();
+  // Chunks this batch makes (at most; bounce chunks may be smaller): how many waiting workers
+  // are worth waking. Waking all of them for one small read costs a 2-core machine dearly.
+  uint64_t chunks = 0;
+  for (const ReadRequest& r : batch) {
+    chunks += (r.length + options_.max_chunk_bytes - 1) / options_.max_chunk_bytes;
+  }
   cq.on_submitted(batch.size());
   {
     std::lock_guard lock(mu_);
@@ -67,7 +73,11 @@ Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueu
       }
     }
   }
-  work_cv_.notify_all();
+  if (chunks >= options_.queue_depth) {
+    work_cv_.notify_all();
+  } else {
+    for (uint64_t i = 0; i < chunks; ++i) work_cv_.notify_one();
+  }
   wake();
   return Status::ok();
 }
@@ -75,7 +85,11 @@ Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueu
 std::unique_ptr<Chunk> QueuedIoEngine::take_chunk(Take mode) {
   std::unique_lock lock(mu_);
   for (;;) {
-    if (auto c = take_chunk_locked()) return c;
+    if (auto c = take_chunk_locked()) {
+      // Pass the baton: if more work is ready, wake one more waiter, which does the same.
+      if (mode == Take::kBlocking && !queue_.empty()) work_cv_.notify_one();
+      return c;
+    }
     if (mode == Take::kNonBlocking || (stopping_ && queue_.empty())) return nullptr;
     work_cv_.wait(lock);
   }
@@ -250,7 +264,7 @@ void QueuedIoEngine::finish_chunk(std::unique_ptr<Chunk> c) {
     maybe_deliver_locked(r);
   }
   if (freed_bounce) {
-    work_cv_.notify_all();
+    work_cv_.notify_one();  // one buffer lets one chunk go
     wake();
   }
 }
