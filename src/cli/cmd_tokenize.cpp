@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 
+#include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "tokenizer/tokenizer.h"
 
@@ -34,41 +35,6 @@ struct TokenizeArgs {
   bool skip_special = false;
   bool has_text = false;
 };
-
-Result<std::string> read_input(const std::string& file) {
-  if (file == "-") {
-    std::string s((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-    if (std::cin.bad()) return Status::runtime("error reading standard input");
-    return s;
-  }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Status::usage(file + ": cannot open input file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::runtime(file + ": read error");
-  return std::move(ss).str();
-}
-
-// "19180,2695" (spaces around items allowed; an empty string is an empty list).
-Result<std::vector<uint32_t>> parse_ids(const std::string& s) {
-  std::vector<uint32_t> ids;
-  if (s.find_first_not_of(" \t") == std::string::npos) return ids;
-  size_t pos = 0;
-  while (true) {
-    const size_t comma = std::min(s.find(',', pos), s.size());
-    const std::string raw = s.substr(pos, comma - pos);
-    const size_t a = raw.find_first_not_of(" \t"), b = raw.find_last_not_of(" \t");
-    const std::string item = a == std::string::npos ? "" : raw.substr(a, b - a + 1);
-    uint64_t v = 0;
-    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    if (item.empty() || ec != std::errc() || ptr != item.data() + item.size() || v > 0xFFFFFFFFull) {
-      return Status::usage("--ids: '" + item + "' is not a token id (expected e.g. --ids 19180,2695)");
-    }
-    ids.push_back(static_cast<uint32_t>(v));
-    if (comma == s.size()) return ids;
-    pos = comma + 1;
-  }
-}
 
 Status run_tokenize(const TokenizeArgs& a) {
   KTIER_ASSIGN_OR_RETURN(const tok::SplitPattern pattern, tok::parse_pattern(a.pattern));

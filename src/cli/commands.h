@@ -12,6 +12,8 @@ namespace ktier::cli {
 // Prints a non-ok status to stderr and returns its exit code (0 for ok).
 int finish(const Status& status);
 
+void register_run_command(CLI::App& app, int& exit_code);
+void register_eval_command(CLI::App& app, int& exit_code);
 void register_synth_command(CLI::App& app, int& exit_code);
 void register_inspect_command(CLI::App& app, int& exit_code);
 void register_tokenize_command(CLI::App& app, int& exit_code);

@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
   app.fallthrough();
 
   int exit_code = 0;
+  cli::register_run_command(app, exit_code);
+  cli::register_eval_command(app, exit_code);
   cli::register_synth_command(app, exit_code);
   cli::register_inspect_command(app, exit_code);
   cli::register_tokenize_command(app, exit_code);

@@ -1,0 +1,56 @@
+#include "cli/cli_input.h"
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+namespace ktier::cli {
+
+Result<std::string> read_input(const std::string& file) {
+  if (file == "-") {
+    std::string s((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    if (std::cin.bad()) return Status::runtime("error reading standard input");
+    return s;
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Status::usage(file + ": cannot open input file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::runtime(file + ": read error");
+  return std::move(ss).str();
+}
+
+Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string& flag) {
+  std::vector<uint32_t> ids;
+  if (s.find_first_not_of(" \t") == std::string::npos) return ids;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    const std::string raw = s.substr(pos, comma - pos);
+    const size_t a = raw.find_first_not_of(" \t"), b = raw.find_last_not_of(" \t");
+    const std::string item = a == std::string::npos ? "" : raw.substr(a, b - a + 1);
+    uint64_t v = 0;
+    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || ptr != item.data() + item.size() || v > 0xFFFFFFFFull) {
+      return Status::usage(flag + ": '" + item + "' is not a token id (expected e.g. " + flag +
+                           " 19180,2695)");
+    }
+    ids.push_back(static_cast<uint32_t>(v));
+    if (comma == s.size()) return ids;
+    pos = comma + 1;
+  }
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string line;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) line += ',';
+    line += std::to_string(ids[i]);
+  }
+  return line;
+}
+
+}  // namespace ktier::cli

@@ -1,0 +1,23 @@
+#pragma once
+// Input helpers shared by the subcommands that take text or token ids.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ktier::cli {
+
+// The whole content of `file` ("-" = standard input). Status::usage when it cannot be opened,
+// Status::runtime on a read error.
+Result<std::string> read_input(const std::string& file);
+
+// "19180,2695" -> {19180, 2695}; spaces around items allowed; an empty string is an empty list.
+// Status::usage naming the offending item, with `flag` in the message.
+Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string& flag = "--ids");
+
+// "1,2,3" (no spaces) for an id list.
+std::string join_ids(const std::vector<int32_t>& ids);
+
+}  // namespace ktier::cli

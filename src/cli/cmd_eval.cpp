@@ -1,0 +1,94 @@
+// ktier eval: one teacher-forced forward over token ids (issue 3 interface).
+//
+//   ktier eval -m DIR --ids 1,2,3,... [--argmax] [--logits-out FILE] [--chunk N] [--threads N]
+//
+// --argmax prints the argmax of every position's logits (lowest index on ties), comma-separated
+// on one line. --logits-out writes every logit as little-endian f32, position-major
+// ([T, V]). The output bytes do not depend on --chunk, --threads or --isa.
+#include <bit>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/cli_input.h"
+#include "cli/commands.h"
+#include "cpu/kernels.h"
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+
+namespace ktier::cli {
+namespace {
+
+struct EvalArgs {
+  std::string model, ids, logits_out, isa = "auto";
+  bool argmax = false;
+  int64_t chunk = 0;
+  int threads = 0;
+};
+
+Status write_logits(const std::string& path, const std::vector<float>& logits) {
+  static_assert(std::endian::native == std::endian::little, "logits files are little-endian");
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return Status::runtime(path + ": cannot open for writing");
+  const bool ok = std::fwrite(logits.data(), sizeof(float), logits.size(), f) == logits.size();
+  if (std::fclose(f) != 0 || !ok) return Status::runtime(path + ": write error");
+  return Status::ok();
+}
+
+Status eval(const EvalArgs& a) {
+  if (!a.argmax && a.logits_out.empty())
+    return Status::usage("nothing to do: give --argmax and/or --logits-out FILE");
+  if (a.chunk < 0) return Status::usage("--chunk must be >= 0 (0 = all ids in one pass)");
+  KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> raw, parse_ids(a.ids));
+  if (raw.empty()) return Status::usage("--ids: give at least one token id");
+  KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
+  runtime::EngineOptions eo;
+  eo.model_dir = a.model;
+  eo.threads = a.threads;
+  eo.isa = isa;
+  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
+  const int64_t V = engine->checkpoint().config().vocab_size;
+  std::vector<int32_t> ids;
+  for (uint32_t v : raw) {
+    if (v >= V)
+      return Status::usage("--ids: token id " + std::to_string(v) + " is outside the vocabulary 0.." +
+                           std::to_string(V - 1));
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  const int64_t T = static_cast<int64_t>(ids.size());
+  std::vector<float> logits(static_cast<size_t>(T * V));
+  KTIER_RETURN_IF_ERROR(runtime::evaluate(engine->model(), ids, a.chunk > 0 ? a.chunk : T,
+                                          logits.data(), engine->exec()));
+  if (!a.logits_out.empty()) KTIER_RETURN_IF_ERROR(write_logits(a.logits_out, logits));
+  if (a.argmax) {
+    std::vector<int32_t> best;
+    for (int64_t t = 0; t < T; ++t)
+      best.push_back(static_cast<int32_t>(cpu::argmax(logits.data() + t * V, V, engine->exec())));
+    const std::string line = join_ids(best) + "\n";
+    if (std::fwrite(line.data(), 1, line.size(), stdout) != line.size() || std::fflush(stdout) != 0)
+      return Status::runtime("error writing standard output");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_eval_command(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<EvalArgs>();
+  auto* sub = app.add_subcommand("eval", "Teacher-forced forward over token ids: argmax, logits");
+  sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
+  sub->add_option("--ids", a->ids, "Comma-separated token ids")->required();
+  sub->add_flag("--argmax", a->argmax, "Print the argmax of every position on one line");
+  sub->add_option("--logits-out", a->logits_out,
+                  "Write all logits to FILE as little-endian f32, position-major [T, V]");
+  sub->add_option("--chunk", a->chunk, "Ids per forward pass; 0 = all at once")
+      ->capture_default_str();
+  sub->add_option("--threads", a->threads, "Worker threads; 0 = one per core")
+      ->capture_default_str();
+  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar or avx2 (same output bytes)")
+      ->capture_default_str();
+  sub->callback([a, &exit_code] { exit_code = finish(eval(*a)); });
+}
+
+}  // namespace ktier::cli

@@ -1,0 +1,179 @@
+// ktier run: decode a prompt and stream the generated text (issue 3 interface).
+//
+//   ktier run -m DIR (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--temp T] [--top-k K]
+//             [--top-p P] [--seed S] [--threads N] [--chunk N] [--print-ids] [--isa auto]
+//
+// Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
+// to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
+// A model folder without tiktoken.model runs from --ids and prints the generated ids only.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "cli/cli_input.h"
+#include "cli/commands.h"
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ktier::cli {
+namespace {
+
+struct RunArgs {
+  std::string model, prompt, file, ids, isa = "auto";
+  bool has_prompt = false, print_ids = false, special = false;
+  int64_t max_new_tokens = 128, chunk = 256, top_k = 0;
+  double temperature = 0.0, top_p = 1.0;
+  uint64_t seed = 0;
+  int threads = 0;
+};
+
+Status write_stdout(const std::string& s) {
+  if (s.empty()) return Status::ok();
+  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
+    return Status::runtime("error writing standard output");
+  return Status::ok();
+}
+
+// Token ids from --ids, checked against the vocabulary.
+Result<std::vector<int32_t>> ids_in_vocab(const std::string& text, int64_t vocab) {
+  KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> raw, parse_ids(text));
+  std::vector<int32_t> ids;
+  for (uint32_t v : raw) {
+    if (v >= vocab)
+      return Status::usage("--ids: token id " + std::to_string(v) + " is outside the vocabulary 0.." +
+                           std::to_string(vocab - 1));
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+void print_report(const runtime::GenerationStats& s, const runtime::Engine& e) {
+  const double mb = 1e6;
+  std::fprintf(stderr, "\nktier: prompt %lld tokens, generated %lld (%s)\n",
+               static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.generated_tokens),
+               s.stopped_at_stop_id ? "stopped at EOS" : "length limit");
+  std::fprintf(stderr, "ktier: prefill %.3f s (%.2f tok/s)", s.prefill_seconds,
+               s.prefill_seconds > 0 ? s.prompt_tokens / s.prefill_seconds : 0.0);
+  if (s.decode_steps > 0)
+    std::fprintf(stderr, "; decode %.3f s/token (%.2f tok/s) over %lld steps\n",
+                 s.decode_seconds / s.decode_steps, s.decode_steps / s.decode_seconds,
+                 static_cast<long long>(s.decode_steps));
+  else
+    std::fprintf(stderr, "; no decode step\n");
+  std::fprintf(stderr,
+               "ktier: expert bytes read: prefill %.1f MB, decode %.1f MB/step; peak RSS %.1f MB; "
+               "%d threads, %s\n",
+               s.expert_bytes_prefill / mb,
+               s.decode_steps > 0 ? s.expert_bytes_decode / mb / s.decode_steps : 0.0,
+               runtime::peak_rss_bytes() / mb, e.threads(), cpu::isa_name(e.exec().isa));
+}
+
+Status run(const RunArgs& a) {
+  const int given = int(a.has_prompt) + int(!a.file.empty()) + int(!a.ids.empty());
+  if (given != 1) return Status::usage("give exactly one of -p TEXT, -f FILE or --ids 1,2,3");
+  runtime::GenerationOptions gen;
+  gen.max_new_tokens = a.max_new_tokens;
+  gen.prefill_chunk = a.chunk;
+  gen.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
+  KTIER_RETURN_IF_ERROR(runtime::validate(gen.sampling));
+  if (a.max_new_tokens < 0) return Status::usage("-n must be >= 0");
+  if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
+  KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
+
+  // The tokenizer is optional for --ids runs (ids are printed instead of text).
+  std::optional<tok::Tokenizer> tokenizer;
+  const bool has_tokenizer = std::filesystem::exists(std::filesystem::path(a.model) / "tiktoken.model");
+  if (has_tokenizer) {
+    KTIER_ASSIGN_OR_RETURN(tokenizer, tok::Tokenizer::load(a.model));
+  } else if (a.ids.empty()) {
+    return Status::usage(a.model + "/tiktoken.model: not found; text prompts need the tokenizer "
+                         "(run from token ids with --ids instead)");
+  }
+
+  runtime::EngineOptions eo;
+  eo.model_dir = a.model;
+  eo.threads = a.threads;
+  eo.isa = isa;
+  spdlog::info("loading {}", a.model);
+  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
+  const format::ModelConfig& cfg = engine->checkpoint().config();
+  gen.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+
+  std::vector<int32_t> prompt;
+  if (!a.ids.empty()) {
+    KTIER_ASSIGN_OR_RETURN(prompt, ids_in_vocab(a.ids, cfg.vocab_size));
+  } else {
+    std::string text = a.prompt;
+    if (!a.file.empty()) {
+      KTIER_ASSIGN_OR_RETURN(text, read_input(a.file));
+    }
+    for (uint32_t id : tokenizer->encode(text, a.special)) {
+      if (id >= cfg.vocab_size)
+        return Status::usage("the tokenizer's id " + std::to_string(id) +
+                             " is outside the model's vocabulary of " +
+                             std::to_string(cfg.vocab_size));
+      prompt.push_back(static_cast<int32_t>(id));
+    }
+  }
+
+  std::optional<tok::StreamingDecoder> stream;
+  if (tokenizer) stream.emplace(*tokenizer);
+  std::vector<int32_t> generated;
+  const auto sink = [&](int32_t id) -> Status {
+    generated.push_back(id);
+    const bool stop =
+        std::find(gen.stop_ids.begin(), gen.stop_ids.end(), id) != gen.stop_ids.end();
+    if (!stream || stop || static_cast<uint32_t>(id) >= tokenizer->vocab_size()) return Status::ok();
+    KTIER_ASSIGN_OR_RETURN(const std::string piece, stream->push(static_cast<uint32_t>(id)));
+    return write_stdout(piece);
+  };
+  KTIER_ASSIGN_OR_RETURN(const runtime::GenerationStats stats,
+                         runtime::generate(engine->model(), engine->experts(), prompt, gen,
+                                           engine->exec(), sink));
+  if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
+  if (a.print_ids || !stream) KTIER_RETURN_IF_ERROR(write_stdout(join_ids(generated) + "\n"));
+  print_report(stats, *engine);
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_run_command(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<RunArgs>();
+  auto* sub = app.add_subcommand("run", "Generate text from a prompt (streams to stdout)");
+  sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
+  auto* p = sub->add_option("-p,--prompt", a->prompt, "Prompt text");
+  sub->add_option("-f,--file", a->file, "Read the prompt from a file ('-' = standard input)");
+  sub->add_option("--ids", a->ids, "Prompt as comma-separated token ids (no tokenizer needed)");
+  sub->add_option("-n,--n-predict", a->max_new_tokens, "Tokens to generate at most")
+      ->capture_default_str();
+  sub->add_option("--temp", a->temperature, "Sampling temperature; 0 = greedy")
+      ->capture_default_str();
+  sub->add_option("--top-k", a->top_k, "Keep the K most likely tokens; 0 = off")
+      ->capture_default_str();
+  sub->add_option("--top-p", a->top_p, "Nucleus sampling threshold; 1 = off")
+      ->capture_default_str();
+  sub->add_option("--seed", a->seed, "Sampling seed (same seed, same tokens)")
+      ->capture_default_str();
+  sub->add_option("--threads", a->threads, "Worker threads; 0 = one per core")
+      ->capture_default_str();
+  sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
+  sub->add_flag("--print-ids", a->print_ids, "After the text, print the generated ids on one line");
+  sub->add_flag("--special", a->special,
+                "Encode added-token strings in the prompt text as their ids");
+  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar or avx2 (same output bytes)")
+      ->capture_default_str();
+  sub->callback([a, p, &exit_code] {
+    a->has_prompt = p->count() > 0;
+    exit_code = finish(run(*a));
+  });
+}
+
+}  // namespace ktier::cli

@@ -1,0 +1,94 @@
+#include "model/experts.h"
+
+#include <cstring>
+#include <string>
+
+#include "common/check.h"
+#include "model/weights.h"
+
+namespace ktier::model {
+
+CheckpointExpertSource::CheckpointExpertSource(const format::Checkpoint& ckpt) : ckpt_(ckpt) {
+  const format::ModelConfig& c = ckpt.config();
+  KTIER_CHECK(ckpt.expert_storage() != format::ExpertStorage::kNone);
+  packed_ = ckpt.expert_storage() == format::ExpertStorage::kMxfp4;
+  const char* names[3] = {"w1.", "w2.", "w3."};
+  for (int64_t l = c.first_k_dense_replace; l < c.num_hidden_layers; ++l) {
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const std::string prefix = format::expert_prefix(l, e);
+      std::array<Matrix, 3> m;
+      for (int i = 0; i < 3; ++i) {
+        const std::string base = prefix + names[i];
+        const auto data = ckpt.find(base + (packed_ ? "weight_packed" : "weight"));
+        KTIER_CHECK_MSG(data.has_value(), base.c_str());  // Checkpoint::open verified the set
+        m[i].shard = data->shard;
+        m[i].data = data->info;
+        if (packed_) {
+          const auto scales = ckpt.find(base + "weight_scale");
+          KTIER_CHECK_MSG(scales.has_value() && scales->shard == data->shard, base.c_str());
+          m[i].scales = scales->info;
+        }
+      }
+      matrices_.push_back(m);
+    }
+  }
+}
+
+Result<cpu::WeightMatrix> CheckpointExpertSource::view(const Matrix& m, int64_t rows,
+                                                       int64_t cols, size_t slot) {
+  const format::SafetensorsFile& shard = ckpt_.shard(m.shard);
+  const bool mapped = shard.mode() == format::OpenMode::kMap;
+  // Where one tensor's bytes can be read from: the mapping when its address suits the element
+  // type, else buffer `slot` (grown as needed, reused across fetches).
+  auto place = [&](const format::TensorInfo& t, size_t buf) -> Result<const void*> {
+    if (mapped) {
+      const uint8_t* p = shard.bytes(t).data();
+      if (reinterpret_cast<uintptr_t>(p) % dtype_traits(t.dtype).size == 0) return p;
+    }
+    if (buffers_.size() <= buf) {
+      buffers_.resize(buf + 1);
+      buffer_sizes_.resize(buf + 1, 0);
+    }
+    if (buffer_sizes_[buf] < t.nbytes) {
+      buffers_[buf] = std::make_unique<uint8_t[]>(t.nbytes);
+      buffer_sizes_[buf] = t.nbytes;
+    }
+    if (mapped)
+      std::memcpy(buffers_[buf].get(), shard.bytes(t).data(), t.nbytes);
+    else
+      KTIER_RETURN_IF_ERROR(shard.read(t, buffers_[buf].get()));
+    return static_cast<const void*>(buffers_[buf].get());
+  };
+  cpu::WeightMatrix w;
+  w.rows = rows;
+  w.cols = cols;
+  KTIER_ASSIGN_OR_RETURN(w.data, place(*m.data, 2 * slot));
+  bytes_fetched_ += m.data->nbytes;
+  if (packed_) {
+    w.type = cpu::WeightType::kMxfp4;
+    KTIER_ASSIGN_OR_RETURN(const void* s, place(*m.scales, 2 * slot + 1));
+    w.scales = static_cast<const uint8_t*>(s);
+    bytes_fetched_ += m.scales->nbytes;
+  } else {
+    w.type = weight_type_of(m.data->dtype);
+  }
+  return w;
+}
+
+Status CheckpointExpertSource::fetch(int64_t layer, std::span<const int32_t> ids,
+                                     ExpertWeights* out) {
+  const format::ModelConfig& c = ckpt_.config();
+  KTIER_CHECK(layer >= c.first_k_dense_replace && layer < c.num_hidden_layers);
+  const int64_t I = c.moe_intermediate_size, lat = c.routed_expert_hidden_size;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    KTIER_CHECK(ids[i] >= 0 && ids[i] < c.num_experts);
+    const auto& m =
+        matrices_[static_cast<size_t>((layer - c.first_k_dense_replace) * c.num_experts + ids[i])];
+    KTIER_ASSIGN_OR_RETURN(out[i].w1, view(m[0], I, lat, 3 * i));
+    KTIER_ASSIGN_OR_RETURN(out[i].w2, view(m[1], lat, I, 3 * i + 1));
+    KTIER_ASSIGN_OR_RETURN(out[i].w3, view(m[2], I, lat, 3 * i + 2));
+  }
+  return Status::ok();
+}
+
+}  // namespace ktier::model

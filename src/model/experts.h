@@ -1,0 +1,64 @@
+#pragma once
+// Routed experts as the forward pass sees them: an ExpertSource hands out views of the experts a
+// MoE layer needs for one chunk of tokens. The views are MXFP4 (packed bytes + E8M0 scales,
+// multiplied straight from those bytes) or plain float, exactly as stored (K3-MODEL §5.7, §5.8).
+//
+// CheckpointExpertSource reads them from the checkpoint itself: in OpenMode::kMap the views
+// point into the mapping (the page cache is the only copy); in OpenMode::kPread each fetch reads
+// the experts into buffers it owns. The memory dial and the tiered stores (issues 4, 5) are other
+// ExpertSources; none of them may change an output byte.
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "cpu/types.h"
+#include "format/checkpoint.h"
+
+namespace ktier::model {
+
+// One routed expert: u -> w2(situ(w1 u, w3 u)). w1, w3 [I, latent]; w2 [latent, I].
+struct ExpertWeights {
+  cpu::WeightMatrix w1, w2, w3;
+};
+
+class ExpertSource {
+ public:
+  virtual ~ExpertSource() = default;
+  // Makes experts `ids` (distinct, each in [0, num_experts)) of MoE layer `layer` available and
+  // writes their views to out[0 .. ids.size()). The views stay valid until the next fetch() on
+  // this source. Not thread-safe: one forward pass calls it from one thread.
+  // Errors: Status::runtime for an I/O failure (no partial view is ever used).
+  virtual Status fetch(int64_t layer, std::span<const int32_t> ids, ExpertWeights* out) = 0;
+  // Bytes of expert data handed out since construction (for the per-token reports).
+  virtual uint64_t bytes_fetched() const = 0;
+};
+
+class CheckpointExpertSource final : public ExpertSource {
+ public:
+  // The checkpoint must outlive the source and must have routed experts (a MoE layer).
+  explicit CheckpointExpertSource(const format::Checkpoint& ckpt);
+  Status fetch(int64_t layer, std::span<const int32_t> ids, ExpertWeights* out) override;
+  uint64_t bytes_fetched() const override { return bytes_fetched_; }
+
+ private:
+  struct Matrix {
+    uint32_t shard = 0;
+    const format::TensorInfo* data = nullptr;    // weight_packed or plain weight
+    const format::TensorInfo* scales = nullptr;  // weight_scale (MXFP4 only)
+  };
+  Result<cpu::WeightMatrix> view(const Matrix& m, int64_t rows, int64_t cols, size_t slot);
+
+  const format::Checkpoint& ckpt_;
+  bool packed_ = false;
+  std::vector<std::array<Matrix, 3>> matrices_;  // [(layer - first MoE layer) * N_e + e] w1 w2 w3
+  // Read buffers (pread mode, or a misaligned plain-float tensor): two per matrix slot.
+  std::vector<std::unique_ptr<uint8_t[]>> buffers_;
+  std::vector<uint64_t> buffer_sizes_;
+  uint64_t bytes_fetched_ = 0;
+};
+
+}  // namespace ktier::model

@@ -1,0 +1,63 @@
+#pragma once
+// The whole K3 forward pass on the CPU (K3-MODEL §6.2, §6.7, §6.8).
+//
+// Model::forward consumes T tokens at positions state.n_tokens .. +T-1, layer-major (every
+// layer runs over the whole chunk before the next), updates the sequence state and writes the
+// logits. A decode step is forward() with T = 1: prefill in any chunking and decode run the same
+// code, and under the numerics contract (docs/NUMERICS.md) give identical bytes.
+//
+// Threads: a Model is not thread-safe (its ExpertSource is not); the kernels inside a forward
+// use the Exec's thread pool.
+
+#include <cstdint>
+#include <span>
+
+#include "common/status.h"
+#include "cpu/exec.h"
+#include "model/blocks.h"
+#include "model/experts.h"
+#include "model/state.h"
+#include "model/weights.h"
+
+namespace ktier::model {
+
+enum class LogitRows {
+  kAll,   // logits [T, V]: teacher-forced evaluation
+  kLast,  // logits [1, V] of the last token only: prefill before sampling (skips T-1 lm_heads)
+  kNone,  // no lm_head at all: a prefill chunk that is not the prompt's last
+};
+
+// Optional per-layer probe (tests, checksums, debugging). Called after layer l has added its FFN
+// output: P [T, E] is the block partial sum of K3-MODEL §6.2.
+class LayerObserver {
+ public:
+  virtual ~LayerObserver() = default;
+  virtual void after_layer(int64_t layer, const float* P, int64_t T, int64_t E) = 0;
+};
+
+class Model {
+ public:
+  // `weights` and `experts` must outlive the Model; `experts` may be null only when no layer is
+  // a MoE layer.
+  Model(const ModelWeights& weights, ExpertSource* experts);
+
+  const format::ModelConfig& config() const { return w_.config(); }
+  SequenceState new_sequence() const;
+
+  // Runs ids (each in [0, V): Status::usage naming the id otherwise) and writes logits as `rows`
+  // says (null allowed for kNone). Errors: the ExpertSource's (Status::runtime); on error the
+  // state is unusable and must be discarded.
+  Status forward(std::span<const int32_t> ids, SequenceState& state, LogitRows rows,
+                 float* logits, const cpu::Exec& ex);
+
+  void set_routing_observer(RoutingObserver* o) { routing_observer_ = o; }
+  void set_layer_observer(LayerObserver* o) { layer_observer_ = o; }
+
+ private:
+  const ModelWeights& w_;
+  ExpertSource* experts_;
+  RoutingObserver* routing_observer_ = nullptr;
+  LayerObserver* layer_observer_ = nullptr;
+};
+
+}  // namespace ktier::model

@@ -1,0 +1,190 @@
+#include "model/weights.h"
+
+#include <cstring>
+#include <string>
+
+#include "common/check.h"
+#include "cpu/kernels.h"
+
+namespace ktier::model {
+
+cpu::WeightType weight_type_of(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return cpu::WeightType::kF32;
+    case DType::kBF16: return cpu::WeightType::kBF16;
+    case DType::kF16: return cpu::WeightType::kF16;
+    case DType::kU8: break;
+  }
+  KTIER_CHECK_MSG(false, "U8 is not a float weight dtype");
+  return cpu::WeightType::kF32;
+}
+
+// Turns checkpoint tensors into views (or owned copies) inside one ModelWeights. A name the
+// checkpoint lacks is a bug here: Checkpoint::open has verified every tensor the config implies.
+class WeightBinder {
+ public:
+  WeightBinder(const format::Checkpoint& ckpt, ModelWeights& w) : ckpt_(ckpt), w_(w) {}
+
+  // A [rows, cols] matrix; the stored tensor may have any shape of rows*cols elements.
+  Result<cpu::WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) {
+    KTIER_ASSIGN_OR_RETURN(const Bytes b, bytes(name));
+    KTIER_CHECK_MSG(b.info->numel() == rows * cols, name.c_str());
+    w_.matrix_bytes_ += b.info->nbytes;
+    return cpu::WeightMatrix{weight_type_of(b.info->dtype), b.data, nullptr, rows, cols};
+  }
+
+  // The first n elements of a float tensor, widened to f32.
+  Result<std::vector<float>> vec(const std::string& name, int64_t n) {
+    KTIER_ASSIGN_OR_RETURN(const Bytes b, bytes(name));
+    KTIER_CHECK_MSG(b.info->numel() >= n, name.c_str());
+    std::vector<float> out(static_cast<size_t>(n));
+    cpu::widen_to_f32(weight_type_of(b.info->dtype), b.data, n, out.data());
+    return out;
+  }
+
+  // The folded AttnRes scoring vector f = res_norm ⊙ res_proj, an f32 product (NUMERICS.md §9).
+  Result<std::vector<float>> folded(const std::string& norm, const std::string& proj, int64_t n) {
+    KTIER_ASSIGN_OR_RETURN(std::vector<float> f, vec(norm, n));
+    KTIER_ASSIGN_OR_RETURN(const std::vector<float> p, vec(proj, n));
+    for (size_t i = 0; i < f.size(); ++i) f[i] = f[i] * p[i];
+    return f;
+  }
+
+  Result<GluWeights> glu(const std::string& prefix, int64_t inter, int64_t width) {
+    GluWeights g;
+    KTIER_ASSIGN_OR_RETURN(g.gate, matrix(prefix + "gate_proj.weight", inter, width));
+    KTIER_ASSIGN_OR_RETURN(g.up, matrix(prefix + "up_proj.weight", inter, width));
+    KTIER_ASSIGN_OR_RETURN(g.down, matrix(prefix + "down_proj.weight", width, inter));
+    return g;
+  }
+
+ private:
+  struct Bytes {
+    const format::TensorInfo* info;
+    const void* data;
+  };
+
+  Result<Bytes> bytes(const std::string& name) {
+    const auto ref = ckpt_.find(name);
+    KTIER_CHECK_MSG(ref.has_value(), name.c_str());  // Checkpoint::open verified it exists
+    const format::SafetensorsFile& shard = ckpt_.shard(ref->shard);
+    const format::TensorInfo& info = *ref->info;
+    const size_t align = dtype_traits(info.dtype).size;
+    if (shard.mode() == format::OpenMode::kMap) {
+      const uint8_t* p = shard.bytes(info).data();
+      if (reinterpret_cast<uintptr_t>(p) % align == 0) return Bytes{&info, p};
+    }
+    // Pread mode, or a mapped tensor at an address its element type cannot be read from.
+    auto buf = std::make_unique<uint8_t[]>(info.nbytes ? info.nbytes : 1);
+    if (shard.mode() == format::OpenMode::kMap)
+      std::memcpy(buf.get(), shard.bytes(info).data(), info.nbytes);
+    else
+      KTIER_RETURN_IF_ERROR(shard.read(info, buf.get()));
+    w_.owned_bytes_ += info.nbytes;
+    const void* data = buf.get();
+    w_.owned_.push_back(std::move(buf));
+    return Bytes{&info, data};
+  }
+
+  const format::Checkpoint& ckpt_;
+  ModelWeights& w_;
+};
+
+namespace {
+
+Status bind_kda(WeightBinder& b, const format::ModelConfig& c, const std::string& a,
+                KdaWeights& k) {
+  const int64_t E = c.hidden_size, H = c.kda_num_heads, D = c.kda_head_dim, C = H * D;
+  const int64_t K = c.short_conv_kernel_size;
+  KTIER_ASSIGN_OR_RETURN(k.q, b.matrix(a + "q_proj.weight", C, E));
+  KTIER_ASSIGN_OR_RETURN(k.k, b.matrix(a + "k_proj.weight", C, E));
+  KTIER_ASSIGN_OR_RETURN(k.v, b.matrix(a + "v_proj.weight", C, E));
+  KTIER_ASSIGN_OR_RETURN(k.g, b.matrix(a + "g_proj.weight", C, E));
+  KTIER_ASSIGN_OR_RETURN(k.b, b.matrix(a + "b_proj.weight", H, E));
+  KTIER_ASSIGN_OR_RETURN(k.f_a, b.matrix(a + "f_a_proj.weight", D, E));
+  KTIER_ASSIGN_OR_RETURN(k.f_b, b.matrix(a + "f_b_proj.weight", C, D));
+  KTIER_ASSIGN_OR_RETURN(k.o, b.matrix(a + "o_proj.weight", E, C));
+  KTIER_ASSIGN_OR_RETURN(k.q_conv, b.vec(a + "q_conv1d.weight", C * K));  // [C,1,K] or [C,K]
+  KTIER_ASSIGN_OR_RETURN(k.k_conv, b.vec(a + "k_conv1d.weight", C * K));
+  KTIER_ASSIGN_OR_RETURN(k.v_conv, b.vec(a + "v_conv1d.weight", C * K));
+  KTIER_ASSIGN_OR_RETURN(k.A_log, b.vec(a + "A_log", H));
+  KTIER_ASSIGN_OR_RETURN(k.dt_bias, b.vec(a + "dt_bias", C));
+  KTIER_ASSIGN_OR_RETURN(k.o_norm, b.vec(a + "o_norm.weight", D));
+  return Status::ok();
+}
+
+Status bind_mla(WeightBinder& b, const format::ModelConfig& c, const std::string& a,
+                MlaWeights& m) {
+  const int64_t E = c.hidden_size, H = c.num_attention_heads;
+  const int64_t qk = c.mla_qk_head_dim(), dv = c.v_head_dim, dr = c.qk_rope_head_dim;
+  KTIER_ASSIGN_OR_RETURN(m.q_a, b.matrix(a + "q_a_proj.weight", c.q_lora_rank, E));
+  KTIER_ASSIGN_OR_RETURN(m.q_b, b.matrix(a + "q_b_proj.weight", H * qk, c.q_lora_rank));
+  KTIER_ASSIGN_OR_RETURN(m.kv_a, b.matrix(a + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + dr, E));
+  KTIER_ASSIGN_OR_RETURN(m.kv_b,
+                         b.matrix(a + "kv_b_proj.weight", H * (c.qk_nope_head_dim + dv), c.kv_lora_rank));
+  KTIER_ASSIGN_OR_RETURN(m.o, b.matrix(a + "o_proj.weight", E, H * dv));
+  if (c.mla_use_output_gate) {
+    KTIER_ASSIGN_OR_RETURN(m.g, b.matrix(a + "g_proj.weight", H * dv, E));
+  }
+  KTIER_ASSIGN_OR_RETURN(m.q_a_norm, b.vec(a + "q_a_layernorm.weight", c.q_lora_rank));
+  KTIER_ASSIGN_OR_RETURN(m.kv_a_norm, b.vec(a + "kv_a_layernorm.weight", c.kv_lora_rank));
+  return Status::ok();
+}
+
+Status bind_moe(WeightBinder& b, const format::ModelConfig& c, const std::string& p,
+                MoeWeights& m) {
+  const int64_t E = c.hidden_size, lat = c.routed_expert_hidden_size;
+  KTIER_ASSIGN_OR_RETURN(m.router, b.matrix(p + "gate.weight", c.num_experts, E));
+  KTIER_ASSIGN_OR_RETURN(m.router_bias, b.vec(p + "gate.e_score_correction_bias", c.num_experts));
+  KTIER_ASSIGN_OR_RETURN(m.down, b.matrix(p + "routed_expert_down_proj.weight", lat, E));
+  KTIER_ASSIGN_OR_RETURN(m.up, b.matrix(p + "routed_expert_up_proj.weight", E, lat));
+  if (c.latent_moe_use_norm) {
+    KTIER_ASSIGN_OR_RETURN(m.latent_norm, b.vec(p + "routed_expert_norm.weight", lat));
+  }
+  m.has_shared = c.num_shared_experts > 0;
+  if (m.has_shared) {
+    KTIER_ASSIGN_OR_RETURN(m.shared, b.glu(p + "shared_experts.", c.shared_expert_width(), E));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ModelWeights>> ModelWeights::load(const format::Checkpoint& ckpt) {
+  auto w = std::make_unique<ModelWeights>();
+  const format::ModelConfig& c = ckpt.config();
+  w->config_ = &c;
+  WeightBinder b(ckpt, *w);
+  const std::string M = "language_model.model.";
+  const int64_t E = c.hidden_size, V = c.vocab_size;
+  KTIER_ASSIGN_OR_RETURN(w->embed_, b.matrix(M + "embed_tokens.weight", V, E));
+  KTIER_ASSIGN_OR_RETURN(w->lm_head_, b.matrix("language_model.lm_head.weight", V, E));
+  KTIER_ASSIGN_OR_RETURN(w->final_norm_, b.vec(M + "norm.weight", E));
+  KTIER_ASSIGN_OR_RETURN(w->f_out_, b.folded(M + "output_attn_res_norm.weight",
+                                             M + "output_attn_res_proj.weight", E));
+  w->layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights& lw = w->layers_[static_cast<size_t>(l)];
+    const std::string P = format::layer_prefix(l);
+    lw.is_mla = c.is_mla(l);
+    lw.is_dense = c.is_dense(l);
+    KTIER_ASSIGN_OR_RETURN(lw.input_norm, b.vec(P + "input_layernorm.weight", E));
+    KTIER_ASSIGN_OR_RETURN(lw.post_attention_norm, b.vec(P + "post_attention_layernorm.weight", E));
+    KTIER_ASSIGN_OR_RETURN(lw.f_attn, b.folded(P + "self_attention_res_norm.weight",
+                                               P + "self_attention_res_proj.weight", E));
+    KTIER_ASSIGN_OR_RETURN(lw.f_mlp,
+                           b.folded(P + "mlp_res_norm.weight", P + "mlp_res_proj.weight", E));
+    if (lw.is_mla)
+      KTIER_RETURN_IF_ERROR(bind_mla(b, c, P + "self_attn.", lw.mla));
+    else
+      KTIER_RETURN_IF_ERROR(bind_kda(b, c, P + "self_attn.", lw.kda));
+    if (lw.is_dense) {
+      KTIER_ASSIGN_OR_RETURN(lw.dense, b.glu(P + "mlp.", c.intermediate_size, E));
+    } else {
+      KTIER_RETURN_IF_ERROR(bind_moe(b, c, P + "block_sparse_moe.", lw.moe));
+    }
+  }
+  return w;
+}
+
+}  // namespace ktier::model

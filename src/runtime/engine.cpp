@@ -1,0 +1,33 @@
+#include "runtime/engine.h"
+
+#include <string>
+#include <thread>
+
+namespace ktier::runtime {
+
+Result<std::optional<cpu::Isa>> parse_isa(const std::string& name) {
+  if (name == "auto") return std::optional<cpu::Isa>();
+  if (name == "scalar") return std::optional<cpu::Isa>(cpu::Isa::kScalar);
+  if (name == "avx2") return std::optional<cpu::Isa>(cpu::Isa::kAvx2);
+  return Status::usage("--isa: '" + name + "' is not one of auto, scalar, avx2");
+}
+
+Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
+  if (opts.threads < 0) return Status::usage("--threads must be >= 0 (0 = one per core)");
+  const cpu::Isa isa = opts.isa.value_or(cpu::best_isa());
+  if (!cpu::isa_supported(isa))
+    return Status::usage(std::string("--isa ") + cpu::isa_name(isa) +
+                         ": this CPU or build does not support it");
+  KTIER_ASSIGN_OR_RETURN(format::Checkpoint ckpt, format::Checkpoint::open(opts.model_dir, opts.mode));
+  std::unique_ptr<Engine> e(new Engine(std::move(ckpt)));
+  KTIER_ASSIGN_OR_RETURN(e->weights_, model::ModelWeights::load(e->ckpt_));
+  if (e->ckpt_.expert_storage() != format::ExpertStorage::kNone)
+    e->experts_ = std::make_unique<model::CheckpointExpertSource>(e->ckpt_);
+  e->model_ = std::make_unique<model::Model>(*e->weights_, e->experts_.get());
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  e->pool_ = std::make_unique<cpu::ThreadPool>(opts.threads > 0 ? opts.threads : (hw > 0 ? hw : 1));
+  e->exec_ = cpu::Exec{e->pool_.get(), isa};
+  return e;
+}
+
+}  // namespace ktier::runtime

@@ -1,0 +1,55 @@
+#pragma once
+// Everything a run needs, opened once from the command line's choices: the validated
+// checkpoint, the bound weights, the expert source, the thread pool and the Model over them.
+//
+// Ownership: an Engine owns all of these; the Model refers into them and lives as long as the
+// Engine. Not thread-safe (one generation at a time).
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "common/status.h"
+#include "cpu/exec.h"
+#include "cpu/thread_pool.h"
+#include "format/checkpoint.h"
+#include "model/experts.h"
+#include "model/model.h"
+#include "model/weights.h"
+
+namespace ktier::runtime {
+
+struct EngineOptions {
+  std::filesystem::path model_dir;
+  int threads = 0;                        // 0: one per hardware thread
+  std::optional<cpu::Isa> isa;            // nullopt: the fastest supported
+  format::OpenMode mode = format::OpenMode::kMap;
+};
+
+class Engine {
+ public:
+  // Errors: those of Checkpoint::open (exit 2/3/1), Status::usage for threads < 0 or an ISA this
+  // CPU or build lacks.
+  static Result<std::unique_ptr<Engine>> open(const EngineOptions& opts);
+
+  const format::Checkpoint& checkpoint() const { return ckpt_; }
+  const model::ModelWeights& weights() const { return *weights_; }
+  model::Model& model() { return *model_; }
+  const model::ExpertSource* experts() const { return experts_.get(); }
+  const cpu::Exec& exec() const { return exec_; }
+  int threads() const { return pool_->size(); }
+
+ private:
+  explicit Engine(format::Checkpoint ckpt) : ckpt_(std::move(ckpt)) {}
+  format::Checkpoint ckpt_;
+  std::unique_ptr<model::ModelWeights> weights_;
+  std::unique_ptr<model::ExpertSource> experts_;
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<cpu::ThreadPool> pool_;
+  cpu::Exec exec_;
+};
+
+// "auto" -> nullopt, "scalar", "avx2"; Status::usage otherwise.
+Result<std::optional<cpu::Isa>> parse_isa(const std::string& name);
+
+}  // namespace ktier::runtime

@@ -1,0 +1,56 @@
+#pragma once
+// Text generation over a Model: chunked prefill of the prompt, then one token at a time.
+//
+// Prefill runs the prompt in chunks of `prefill_chunk` tokens (each MoE layer fetches the
+// experts a chunk selects once and applies each once to all its tokens); only the last chunk
+// computes logits, and only for its last token. Decode then alternates sample -> forward(1).
+// Generation stops after max_new_tokens or right after a stop token was sampled (the stop token
+// is reported to the sink and counted, then nothing more is computed).
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "cpu/exec.h"
+#include "model/model.h"
+#include "runtime/sampler.h"
+
+namespace ktier::runtime {
+
+struct GenerationOptions {
+  int64_t max_new_tokens = 128;
+  int64_t prefill_chunk = 256;  // tokens per prefill forward; >= 1
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;  // usually the config's eos_token_ids
+};
+
+struct GenerationStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double prefill_seconds = 0;  // prompt forward passes, up to the first token's logits
+  double decode_seconds = 0;   // sampling + forward of every generated token but the last
+  int64_t decode_steps = 0;    // forward(1) calls
+  bool stopped_at_stop_id = false;
+  uint64_t expert_bytes_prefill = 0, expert_bytes_decode = 0;  // from the ExpertSource
+};
+
+// Called with each generated token as soon as it is chosen; a non-ok Status ends generation
+// with that error (e.g. stdout closed).
+using TokenSink = std::function<Status(int32_t id)>;
+
+// Generates from `prompt` (at least one token). `experts` is the Model's source (may be null
+// when the model has no MoE layer), read only for the byte counts.
+Result<GenerationStats> generate(model::Model& model, const model::ExpertSource* experts,
+                                 std::span<const int32_t> prompt, const GenerationOptions& opts,
+                                 const cpu::Exec& ex, const TokenSink& sink);
+
+// Teacher-forced forward over ids in chunks; logits [ids.size(), V] of every position.
+Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits,
+                const cpu::Exec& ex);
+
+// Peak resident set size of this process in bytes (getrusage), 0 if unknown.
+uint64_t peak_rss_bytes();
+
+}  // namespace ktier::runtime

@@ -1,0 +1,74 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "common/check.h"
+#include "cpu/kernels.h"
+
+namespace ktier::runtime {
+
+Status validate(const SamplingParams& p) {
+  if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
+    return Status::usage("--temp must be a finite number >= 0 (0 = greedy), got " +
+                         std::to_string(p.temperature));
+  if (p.top_k < 0) return Status::usage("--top-k must be >= 0 (0 = off)");
+  if (!(p.top_p > 0 && p.top_p <= 1))
+    return Status::usage("--top-p must be in (0, 1] (1 = off), got " + std::to_string(p.top_p));
+  return Status::ok();
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+  KTIER_CHECK(validate(params).is_ok());
+}
+
+int32_t Sampler::next(const float* logits, int64_t n) {
+  if (params_.temperature == 0) return static_cast<int32_t>(cpu::argmax(logits, n, cpu::Exec{}));
+  order_.clear();
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isfinite(logits[i])) order_.push_back(static_cast<int32_t>(i));
+  if (order_.empty()) return 0;
+  const auto before = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  size_t keep = order_.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
+    keep = static_cast<size_t>(params_.top_k);
+    std::partial_sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(keep),
+                      order_.end(), before);
+    order_.resize(keep);
+  } else {
+    std::sort(order_.begin(), order_.end(), before);
+  }
+  prob_.resize(keep);
+  const double l_max = logits[order_[0]];
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    prob_[i] = std::exp((static_cast<double>(logits[order_[i]]) - l_max) / params_.temperature);
+    sum += prob_[i];
+  }
+  if (params_.top_p < 1) {
+    double cum = 0;
+    size_t cut = keep;
+    for (size_t i = 0; i < keep; ++i) {
+      cum += prob_[i] / sum;
+      if (cum >= params_.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+    sum = 0;
+    for (size_t i = 0; i < keep; ++i) sum += prob_[i];
+  }
+  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;
+  double cum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    cum += prob_[i];
+    if (u < cum) return order_[i];
+  }
+  return order_[keep - 1];  // u rounded up to the total
+}
+
+}  // namespace ktier::runtime

@@ -1,0 +1,47 @@
+#pragma once
+// Choosing the next token from one row of logits (K3-MODEL §6.7 for greedy).
+//
+// temperature == 0: greedy, the largest logit, lowest index on ties (NaN never wins).
+// temperature > 0: seeded sampling in this fixed order (the Hugging Face order):
+//   1. candidates = tokens with a finite logit, ordered by (logit desc, id asc);
+//   2. keep the first top_k (0 = all);
+//   3. p_i = exp((l_i - l_max) / temperature) / sum, in double;
+//   4. keep the shortest prefix whose cumulative p reaches top_p (at least one token);
+//   5. draw u in [0, 1) from std::mt19937_64(seed) (53 bits of one draw) and take the first
+//      candidate whose cumulative p (renormalised over the kept prefix) exceeds u.
+// Every step is deterministic, so one seed gives the same tokens on every machine and for every
+// thread count, memory budget or tier placement.
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ktier::runtime {
+
+struct SamplingParams {
+  double temperature = 0.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: no top-k cut
+  double top_p = 1.0;        // 1: no nucleus cut
+  uint64_t seed = 0;
+};
+
+// Status::usage naming the flag when a parameter is out of range (temperature < 0 or not
+// finite, top_k < 0, top_p outside (0, 1]).
+Status validate(const SamplingParams& p);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);  // REQUIRES validate(params).is_ok()
+  // logits [n]; returns a token id in [0, n). All-NaN/-inf rows give 0 (greedy's rule).
+  int32_t next(const float* logits, int64_t n);
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> order_;
+  std::vector<double> prob_;
+};
+
+}  // namespace ktier::runtime

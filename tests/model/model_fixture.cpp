@@ -1,0 +1,80 @@
+#include "model/model_fixture.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include "common/test_paths.h"
+#include "runtime/generator.h"
+#include "synth/synth.h"
+
+namespace ktier::test {
+
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> v = {{"mxfp4", "tiny-mxfp4.json"}, {"float", "tiny-float.json"}};
+  return v;
+}
+
+std::filesystem::path tiny_checkpoint(const Variant& v) {
+  static std::mutex mu;
+  static std::map<std::string, std::filesystem::path> made;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = made.find(v.name); it != made.end()) return it->second;
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("ktier-model-test-" + std::to_string(::getpid()) + "-" + v.name);
+  synth::SynthOptions o;
+  o.preset = "tiny";
+  o.out_dir = dir;
+  o.seed = 0;  // the goldens' seed
+  o.force = true;
+  o.threads = 1;
+  if (v.name == "float") o.experts = synth::ExpertFormat::kF32;  // `synth --float-experts`
+  auto r = synth::run_synth(o);
+  EXPECT_TRUE(r.is_ok()) << r.status().message();
+  made[v.name] = dir;
+  return dir;
+}
+
+const nlohmann::json& golden(const Variant& v) {
+  static std::map<std::string, nlohmann::json> cache;
+  auto it = cache.find(v.golden);
+  if (it != cache.end()) return it->second;
+  std::ifstream in(source_dir() / "tests" / "fixtures" / "golden" / v.golden);
+  EXPECT_TRUE(in.good()) << v.golden;
+  return cache[v.golden] = nlohmann::json::parse(in);
+}
+
+std::vector<int32_t> golden_prompt(const Variant& v) {
+  return golden(v).at("prompt_ids").get<std::vector<int32_t>>();
+}
+
+std::unique_ptr<runtime::Engine> open_engine(const Variant& v, int threads,
+                                             std::optional<cpu::Isa> isa) {
+  runtime::EngineOptions o;
+  o.model_dir = tiny_checkpoint(v);
+  o.threads = threads;
+  o.isa = isa;
+  auto e = runtime::Engine::open(o);
+  EXPECT_TRUE(e.is_ok()) << e.status().message();
+  return e.is_ok() ? std::move(e).value() : nullptr;
+}
+
+std::vector<float> eval_logits(runtime::Engine& e, const std::vector<int32_t>& ids,
+                               int64_t chunk) {
+  const int64_t V = e.checkpoint().config().vocab_size;
+  // Poisoned: a row the forward forgets to write shows up as NaN.
+  std::vector<float> logits(ids.size() * static_cast<size_t>(V), std::nanf(""));
+  const Status s = runtime::evaluate(e.model(), ids, chunk, logits.data(), e.exec());
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  return logits;
+}
+
+bool same_bytes(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace ktier::test
