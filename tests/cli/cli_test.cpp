@@ -15,7 +15,7 @@ std::string ktier() { return ktier_bin().string(); }
 TEST(Cli, HelpListsEverySubcommandAndExitsZero) {
   const auto r = run_process(ktier() + " --help");
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  for (const char* sub : {"synth", "inspect", "tokenize", "doctor"})
+  for (const char* sub : {"run", "eval", "synth", "inspect", "tokenize", "doctor", "trace"})
     EXPECT_NE(r.out.find(sub), std::string::npos) << "--help does not mention " << sub;
 }
 

@@ -1,0 +1,134 @@
+// `ktier run` and `ktier eval` as the acceptance checks call them (issue 3 interface), on the
+// tiny seed-0 checkpoint whose float64 goldens are committed (tests/fixtures/golden/).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/run_process.h"
+#include "common/test_paths.h"
+
+namespace ktier::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ktier() { return ktier_bin().string(); }
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+class RunEvalCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("ktier-run-cli-" + std::to_string(::getpid()));
+    const auto r = run_process(ktier() + " synth --preset tiny --seed 0 -q --force -o " + dir_.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream in(source_dir() / "tests/fixtures/golden/tiny-mxfp4.json");
+    golden_ = nlohmann::json::parse(in);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static std::string model() { return " -m " + dir_.string(); }
+  static std::string prompt_ids() { return join(golden_.at("prompt_ids").get<std::vector<int>>()); }
+  static std::string last_line(const std::string& s) {
+    std::string t = s;
+    while (!t.empty() && t.back() == '\n') t.pop_back();
+    return t.substr(t.rfind('\n') == std::string::npos ? 0 : t.rfind('\n') + 1);
+  }
+  static inline fs::path dir_;
+  static inline nlohmann::json golden_;
+};
+
+TEST_F(RunEvalCli, EvalArgmaxMatchesReference) {
+  const auto r = run_process(ktier() + " eval" + model() + " --ids " + prompt_ids() + " --argmax");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<int> want;
+  for (const auto& p : golden_.at("teacher_forced")) want.push_back(p.at("argmax").get<int>());
+  EXPECT_EQ(r.out, join(want) + "\n");
+}
+
+TEST_F(RunEvalCli, EvalLogitsFileIsPositionMajorF32AndIndependentOfChunkAndThreads) {
+  const fs::path a = dir_ / "a.f32", b = dir_ / "b.f32";
+  ASSERT_EQ(run_process(ktier() + " eval" + model() + " --ids " + prompt_ids() +
+                        " --logits-out " + a.string()).exit_code, 0);
+  ASSERT_EQ(run_process(ktier() + " eval" + model() + " --ids " + prompt_ids() +
+                        " --chunk 1 --threads 3 --logits-out " + b.string()).exit_code, 0);
+  const auto& tf = golden_.at("teacher_forced");
+  const size_t V = tf[0].at("logits").size();
+  ASSERT_EQ(fs::file_size(a), tf.size() * V * 4);
+  std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
+  std::vector<float> la(tf.size() * V), lb(la.size());
+  fa.read(reinterpret_cast<char*>(la.data()), static_cast<std::streamsize>(la.size() * 4));
+  fb.read(reinterpret_cast<char*>(lb.data()), static_cast<std::streamsize>(lb.size() * 4));
+  EXPECT_EQ(la, lb);
+  const double ref_max = golden_.at("logits_max_abs").get<double>();
+  for (size_t t = 0; t < tf.size(); ++t)
+    for (size_t i = 0; i < V; ++i)
+      ASSERT_NEAR(la[t * V + i], tf[t].at("logits")[i].get<double>(), 1e-4 * ref_max) << t << "," << i;
+}
+
+TEST_F(RunEvalCli, GreedyRunPrintsReferenceIdsAfterTheText) {
+  const auto r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() +
+                             " -n 20 --temp 0 --print-ids");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(last_line(r.out), join(golden_.at("greedy").get<std::vector<int>>()));
+  EXPECT_NE(r.err.find("prompt 12 tokens, generated 20"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tok/s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("peak RSS"), std::string::npos) << r.err;
+}
+
+TEST_F(RunEvalCli, RunsFromIdsWithoutTokenizerFiles) {
+  const fs::path bare = dir_.string() + "-bare";
+  fs::remove_all(bare);
+  fs::copy(dir_, bare);
+  fs::remove(bare / "tiktoken.model");
+  fs::remove(bare / "tokenizer_config.json");
+  const auto r = run_process(ktier() + " run -m " + bare.string() + " --ids " + prompt_ids() + " -n 5");
+  fs::remove_all(bare);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto greedy = golden_.at("greedy").get<std::vector<int>>();
+  EXPECT_EQ(r.out, join({greedy.begin(), greedy.begin() + 5}) + "\n");
+  const auto text = run_process(ktier() + " run -m " + bare.string() + " -p hello -n 2");
+  EXPECT_EQ(text.exit_code, 2);
+  EXPECT_NE(text.err.find("tiktoken.model"), std::string::npos) << text.err;
+}
+
+TEST_F(RunEvalCli, TextPromptStreamsTextAndSeededSamplingRepeats) {
+  const std::string cmd = ktier() + " run" + model() +
+                          " -p 'The lighthouse keeper' -n 12 --temp 0.9 --top-k 40 --top-p 0.95 "
+                          "--seed 11 --print-ids";
+  const auto a = run_process(cmd), b = run_process(cmd + " --threads 1");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  const auto c = run_process(ktier() + " run" + model() +
+                             " -p 'The lighthouse keeper' -n 12 --temp 0.9 --seed 12 --print-ids");
+  EXPECT_NE(last_line(a.out), last_line(c.out));
+}
+
+TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1,99999 -n 1").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1,x -n 1").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --temp -1").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 -p hi").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run -m /nonexistent/model --ids 1").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " eval" + model() + " --ids 1,2").exit_code, 2);  // nothing to do
+  // A shard cut short: corrupt input (3), named, and no token is printed.
+  const fs::path cut = dir_.string() + "-cut";
+  fs::remove_all(cut);
+  fs::copy(dir_, cut);
+  const fs::path shard = cut / "model-00003-of-000014.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) - 100);
+  const auto r = run_process(ktier() + " run -m " + cut.string() + " --ids 1,2 -n 3");
+  fs::remove_all(cut);
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("model-00003-of-000014.safetensors"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
+}  // namespace
+}  // namespace ktier::test

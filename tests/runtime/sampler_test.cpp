@@ -1,0 +1,67 @@
+// The sampler's contract (runtime/sampler.h): greedy = argmax with the lowest-index tie rule;
+// seeded sampling reproducible and distributed as the kept, renormalised softmax.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "runtime/sampler.h"
+
+namespace ktier::runtime {
+namespace {
+
+TEST(Sampler, GreedyTakesTheLowestIndexOfTiedMaxima) {
+  const std::vector<float> l = {0.5f, 2.0f, NAN, 2.0f, -1.0f};
+  Sampler s({});
+  EXPECT_EQ(s.next(l.data(), 5), 1);
+}
+
+TEST(Sampler, SameSeedSameTokensOtherSeedOtherTokens) {
+  std::vector<float> l(50);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = std::sin(0.7f * i);
+  auto draw = [&](uint64_t seed) {
+    Sampler s({1.0, 0, 1.0, seed});
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(s.next(l.data(), 50));
+    return out;
+  };
+  EXPECT_EQ(draw(7), draw(7));
+  EXPECT_NE(draw(7), draw(8));
+}
+
+TEST(Sampler, TopKOneAndTinyTopPAreGreedy) {
+  const std::vector<float> l = {0.1f, 0.3f, 0.9f, 0.9f, -2.0f};
+  for (const SamplingParams p : {SamplingParams{1.5, 1, 1.0, 3}, SamplingParams{1.5, 0, 1e-9, 3}}) {
+    Sampler s(p);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(s.next(l.data(), 5), 2);
+  }
+}
+
+TEST(Sampler, FrequenciesFollowTheKeptRenormalisedSoftmax) {
+  // logits ln(4), ln(3), ln(2), ln(1), -inf at T = 1: p = .4 .3 .2 .1 0. top_k 3 keeps
+  // 4/9, 3/9, 2/9; then top_p 0.7 keeps the first two (4/9 + 3/9 >= 0.7): 4/7, 3/7.
+  const std::vector<float> l = {std::log(3.f), std::log(4.f), std::log(1.f), -INFINITY,
+                                std::log(2.f)};
+  const int n = 40000;
+  std::map<int32_t, int> count;
+  Sampler s({1.0, 3, 0.7, 42});
+  for (int i = 0; i < n; ++i) ++count[s.next(l.data(), 5)];
+  ASSERT_EQ(count.size(), 2u);
+  // 5 standard deviations of a binomial with p = 4/7 over n draws.
+  const double p = 4.0 / 7.0, sd = std::sqrt(n * p * (1 - p));
+  EXPECT_NEAR(count[1], n * p, 5 * sd);
+  EXPECT_NEAR(count[0], n * (1 - p), 5 * sd);
+}
+
+TEST(Sampler, RejectsOutOfRangeParameters) {
+  EXPECT_EQ(validate({-0.1, 0, 1.0, 0}).exit_code(), 2);
+  EXPECT_EQ(validate({NAN, 0, 1.0, 0}).exit_code(), 2);
+  EXPECT_EQ(validate({1.0, -1, 1.0, 0}).exit_code(), 2);
+  EXPECT_EQ(validate({1.0, 0, 0.0, 0}).exit_code(), 2);
+  EXPECT_EQ(validate({1.0, 0, 1.5, 0}).exit_code(), 2);
+  EXPECT_TRUE(validate({0.8, 40, 0.95, 1}).is_ok());
+}
+
+}  // namespace
+}  // namespace ktier::runtime
