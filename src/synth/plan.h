@@ -80,7 +80,7 @@ Plan build_plan(const SynthShape& shape, ExpertFormat format, uint64_t seed);
 
 std::string shard_file_name(int64_t k, int64_t n);  // model-{k:05d}-of-{n:06d}.safetensors
 
-// Value spec of a named weight as build_plan draws it (for tests and the routing proxy).
+// Value spec of a named weight as build_plan draws it (for tests).
 // `name` is the stored name, or for routed experts the logical `…experts.{e}.w{1,2,3}`.
 ValueSpec matrix_values(uint64_t seed, const std::string& name, int64_t fan_in, double gain,
                         double log2_spread);

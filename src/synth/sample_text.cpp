@@ -1,5 +1,5 @@
 // Built-in English sample text for the synthetic tokenizer (tokenizer_gen.h): the BPE merges of
-// every synthetic vocabulary are learned from it, and the routing proxy encodes a prompt taken
+// every synthetic vocabulary are learned from it, and the routing measurement encodes a prompt taken
 // from it. Original prose written for ktier; ~18 KB, which supports about 3,300 merges with the
 // synth pre-splitter. Changing a single byte changes every synthetic vocabulary, so treat it as
 // frozen data.

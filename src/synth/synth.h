@@ -16,7 +16,8 @@
 //  * Bounded memory: bytes are generated in units of at most 8 MiB, or one whole MXFP4 expert
 //    matrix with its scales (5.8 MB at K3 widths), by `threads` workers into a ring of
 //    2·threads + 2 slots, and written in file order by the calling thread (~55 MB peak RSS for
-//    every preset).
+//    every preset). The routing measurement afterwards maps the checkpoint and runs a 64-token
+//    forward pass, which touches (page cache, not private memory) the trunk and the experts used.
 //  * Errors: a non-empty `out_dir` without `force`, an unknown preset or an invalid shape →
 //    Status::usage (exit 2); any I/O failure → Status::runtime (exit 1) naming the file.
 //    Never throws.
@@ -27,7 +28,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "synth/routing_proxy.h"
+#include "synth/routing_stats.h"
 #include "synth/shape.h"
 
 namespace ktier::synth {
@@ -57,7 +58,7 @@ struct SynthReport {
   double trunk_high_byte_entropy = 0.0;  // BF16 high byte over the layers' non-expert tensors
   double model_high_byte_entropy = 0.0;  // ... over embedding, lm_head and the model-level norms
   std::array<uint64_t, 256> scale_bytes{};  // MXFP4 E8M0 scale histogram
-  RoutingProxy routing;
+  RoutingStats routing;  // measured with the forward pass after the files are written
 };
 
 Result<SynthReport> run_synth(const SynthOptions& options);

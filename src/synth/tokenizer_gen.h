@@ -62,7 +62,7 @@ std::string tiktoken_model_text(const SynthVocab& vocab);
 std::string tokenizer_config_json(const SynthVocab& vocab);
 
 // Encodes text without specials with the vocabulary's ranks (tiktoken merge rule: repeatedly
-// merge the adjacent pair whose concatenation has the lowest rank). For the routing proxy and
+// merge the adjacent pair whose concatenation has the lowest rank). For the routing measurement and
 // tests; the engine has its own tokenizer.
 std::vector<int64_t> encode_ordinary(const SynthVocab& vocab, std::string_view text);
 
@@ -72,6 +72,6 @@ std::vector<std::string_view> split_pieces(std::string_view text);
 std::string base64_encode(std::string_view bytes);
 
 std::string_view sample_text();    // the learning corpus (sample_text.cpp)
-std::string_view sample_prompt();  // the routing-proxy prompt
+std::string_view sample_prompt();  // the routing-measurement prompt
 
 }  // namespace ktier::synth

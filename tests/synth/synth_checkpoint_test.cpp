@@ -343,7 +343,7 @@ TEST_F(SynthTiny, EngineLoaderAcceptsEveryVariant) {
 }
 
 // The engine's tokenizer (`ktier tokenize`, the real Kimi split pattern) reads the synthetic
-// tokenizer files and encodes the routing-proxy prompt to the same ids as the synth's encoder.
+// tokenizer files and encodes the routing-measurement prompt to the same ids as the synth's encoder.
 TEST_F(SynthTiny, EngineTokenizerAgreesWithTheSynthEncoder) {
   auto vocab = build_vocab(tiny().bpe_merges, tiny().added_tokens, tiny().vocab);
   ASSERT_TRUE(vocab.is_ok());
