@@ -21,11 +21,12 @@ CheckpointExpertSource::CheckpointExpertSource(const format::Checkpoint& ckpt) :
         const std::string base = prefix + names[i];
         const auto data = ckpt.find(base + (packed_ ? "weight_packed" : "weight"));
         KTIER_CHECK_MSG(data.has_value(), base.c_str());  // Checkpoint::open verified the set
-        m[i].shard = data->shard;
+        m[i].data_shard = data->shard;
         m[i].data = data->info;
         if (packed_) {
           const auto scales = ckpt.find(base + "weight_scale");
-          KTIER_CHECK_MSG(scales.has_value() && scales->shard == data->shard, base.c_str());
+          KTIER_CHECK_MSG(scales.has_value(), base.c_str());
+          m[i].scales_shard = scales->shard;
           m[i].scales = scales->info;
         }
       }
@@ -36,11 +37,12 @@ CheckpointExpertSource::CheckpointExpertSource(const format::Checkpoint& ckpt) :
 
 Result<cpu::WeightMatrix> CheckpointExpertSource::view(const Matrix& m, int64_t rows,
                                                        int64_t cols, size_t slot) {
-  const format::SafetensorsFile& shard = ckpt_.shard(m.shard);
-  const bool mapped = shard.mode() == format::OpenMode::kMap;
   // Where one tensor's bytes can be read from: the mapping when its address suits the element
-  // type, else buffer `slot` (grown as needed, reused across fetches).
-  auto place = [&](const format::TensorInfo& t, size_t buf) -> Result<const void*> {
+  // type, else buffer `buf` (grown as needed, reused across fetches).
+  auto place = [&](uint32_t shard_index, const format::TensorInfo& t,
+                   size_t buf) -> Result<const void*> {
+    const format::SafetensorsFile& shard = ckpt_.shard(shard_index);
+    const bool mapped = shard.mode() == format::OpenMode::kMap;
     if (mapped) {
       const uint8_t* p = shard.bytes(t).data();
       if (reinterpret_cast<uintptr_t>(p) % dtype_traits(t.dtype).size == 0) return p;
@@ -62,11 +64,11 @@ Result<cpu::WeightMatrix> CheckpointExpertSource::view(const Matrix& m, int64_t 
   cpu::WeightMatrix w;
   w.rows = rows;
   w.cols = cols;
-  KTIER_ASSIGN_OR_RETURN(w.data, place(*m.data, 2 * slot));
+  KTIER_ASSIGN_OR_RETURN(w.data, place(m.data_shard, *m.data, 2 * slot));
   bytes_fetched_ += m.data->nbytes;
   if (packed_) {
     w.type = cpu::WeightType::kMxfp4;
-    KTIER_ASSIGN_OR_RETURN(const void* s, place(*m.scales, 2 * slot + 1));
+    KTIER_ASSIGN_OR_RETURN(const void* s, place(m.scales_shard, *m.scales, 2 * slot + 1));
     w.scales = static_cast<const uint8_t*>(s);
     bytes_fetched_ += m.scales->nbytes;
   } else {

@@ -45,8 +45,10 @@ class CheckpointExpertSource final : public ExpertSource {
   uint64_t bytes_fetched() const override { return bytes_fetched_; }
 
  private:
+  // One expert matrix. Its packed bytes and scales may sit in different shards (the index
+  // locates every tensor on its own, K3-MODEL §3.3).
   struct Matrix {
-    uint32_t shard = 0;
+    uint32_t data_shard = 0, scales_shard = 0;
     const format::TensorInfo* data = nullptr;    // weight_packed or plain weight
     const format::TensorInfo* scales = nullptr;  // weight_scale (MXFP4 only)
   };

@@ -109,6 +109,7 @@ void add_moe_trunk(TensorList& t, const SynthShape& s, const std::string& b) {
   t.matrix(b + "routed_expert_down_proj.weight", s.latent, E);
   t.norm(b + "routed_expert_norm.weight", s.latent);
   t.matrix(b + "routed_expert_up_proj.weight", E, s.latent);
+  if (Is == 0) return;  // num_shared_experts 0: the config implies no shared-expert tensors
   t.matrix(b + "shared_experts.gate_proj.weight", Is, E);
   t.matrix(b + "shared_experts.up_proj.weight", Is, E);
   t.matrix(b + "shared_experts.down_proj.weight", E, Is);
