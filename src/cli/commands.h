@@ -19,5 +19,6 @@ void register_inspect_command(CLI::App& app, int& exit_code);
 void register_tokenize_command(CLI::App& app, int& exit_code);
 void register_doctor_command(CLI::App& app, int& exit_code);
 void register_trace_command(CLI::App& app, int& exit_code);
+void register_bench_command(CLI::App& app, int& exit_code);
 
 }  // namespace ktier::cli

@@ -1,0 +1,347 @@
+// Kernel throughput against measured memory read bandwidth; contracts in kernel_bench.h.
+#include "bench/kernel_bench.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "cpu/kernels.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define KTIER_BENCH_X86 1
+#endif
+
+namespace ktier::bench {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+// ---- cache size ---------------------------------------------------------------------------
+
+// "32K", "1024K", "32M" or a plain byte count -> bytes; 0 if unreadable.
+uint64_t parse_cache_size(const std::string& s) {
+  if (s.empty()) return 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  switch (end && *end ? *end : ' ') {
+    case 'K': return v << 10;
+    case 'M': return v << 20;
+    case 'G': return v << 30;
+    default: return v;
+  }
+}
+
+// The largest-level data or unified cache cpu0 reports in sysfs; 0 if there is none.
+uint64_t sysfs_llc_bytes() {
+  int best_level = 0;
+  uint64_t best = 0;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level_in(dir + "level"), type_in(dir + "type"), size_in(dir + "size");
+    int level = 0;
+    std::string type, size;
+    if (!(level_in >> level) || !(type_in >> type) || !(size_in >> size)) continue;
+    if (type == "Instruction") continue;
+    if (level > best_level) {
+      best_level = level;
+      best = parse_cache_size(size);
+    }
+  }
+  return best;
+}
+
+// ---- one reusable buffer ------------------------------------------------------------------
+
+// Anonymous mapping with transparent huge pages requested (as io::AlignedBuffer does for the
+// engine's weight memory), so the TLB behaves like it does for real weights.
+struct Mapping {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit Mapping(size_t bytes) : n(bytes) {
+    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      p = nullptr;
+      return;
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, n, MADV_HUGEPAGE);
+#endif
+  }
+  ~Mapping() {
+    if (p) munmap(p, n);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  uint8_t* bytes() const { return static_cast<uint8_t*>(p); }
+};
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Fills [0, n) with 64-bit words from `word(rng_word)`, in parallel blocks each seeded by its
+// index: the content does not depend on the thread count. n must be a multiple of 8.
+template <class WordFn>
+void fill_words(cpu::ThreadPool* pool, uint8_t* p, uint64_t n, uint64_t seed, WordFn word) {
+  constexpr int64_t kBlock = 1 << 20;  // bytes per block
+  const int64_t n_blocks = static_cast<int64_t>((n + kBlock - 1) / kBlock);
+  cpu::parallel_for(pool, n_blocks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      uint64_t s = seed ^ (static_cast<uint64_t>(blk) * 0x2545f4914f6cdd1dull);
+      const uint64_t lo = static_cast<uint64_t>(blk) * kBlock;
+      const uint64_t hi = std::min<uint64_t>(n, lo + kBlock);
+      uint64_t* w = reinterpret_cast<uint64_t*>(p + lo);
+      for (uint64_t i = 0; i < (hi - lo) / 8; ++i) w[i] = word(splitmix64(s));
+    }
+  });
+}
+
+// Four BF16 values: random sign, magnitude in [2^-7, 2) (exponent 120..127, random mantissa).
+uint64_t bf16_word(uint64_t r) {
+  uint64_t w = 0;
+  for (int k = 0; k < 4; ++k) {
+    const uint64_t bits = (r >> (16 * k)) & 0xffff;
+    w |= ((bits & 0x8000) | (0x3c00 + (bits & 0x3ff))) << (16 * k);
+  }
+  return w;
+}
+
+// Eight E8M0 scales in 120..130 (block magnitudes 2^-7 .. 2^3, like trained weights).
+uint64_t scale_word(uint64_t r) {
+  uint64_t w = 0;
+  for (int k = 0; k < 8; ++k) w |= (120 + ((r >> (8 * k)) & 0xff) % 11) << (8 * k);
+  return w;
+}
+
+// ---- streaming read -----------------------------------------------------------------------
+
+uint64_t read_sum_scalar(const uint8_t* p, uint64_t n) {
+  const uint64_t* w = reinterpret_cast<const uint64_t*>(p);
+  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  uint64_t i = 0;
+  for (; i + 4 <= n / 8; i += 4) {
+    a0 += w[i];
+    a1 += w[i + 1];
+    a2 += w[i + 2];
+    a3 += w[i + 3];
+  }
+  for (; i < n / 8; ++i) a0 += w[i];
+  return a0 + a1 + a2 + a3;
+}
+
+#ifdef KTIER_BENCH_X86
+// 128 bytes per iteration into four independent 256-bit accumulators. REQUIRES p 32-byte aligned.
+__attribute__((target("avx2"))) uint64_t read_sum_avx2(const uint8_t* p, uint64_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  uint64_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  alignas(32) uint64_t lane[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane),
+                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  return lane[0] + lane[1] + lane[2] + lane[3] + read_sum_scalar(p + i, n - i);
+}
+#endif
+
+// Reads all n bytes once, split into equal contiguous 4 KiB-aligned chunks (4 per thread).
+uint64_t read_all(cpu::ThreadPool& pool, const uint8_t* p, uint64_t n, cpu::Isa isa) {
+  const int64_t n_chunks = 4 * static_cast<int64_t>(pool.size());
+  const uint64_t chunk = (n / static_cast<uint64_t>(n_chunks) + 4095) & ~uint64_t{4095};
+  std::vector<uint64_t> sums(static_cast<size_t>(n_chunks), 0);
+  pool.parallel_for(n_chunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const uint64_t lo = std::min(n, static_cast<uint64_t>(c) * chunk);
+      const uint64_t hi = std::min(n, lo + chunk);
+#ifdef KTIER_BENCH_X86
+      if (isa == cpu::Isa::kAvx2) {
+        sums[static_cast<size_t>(c)] = read_sum_avx2(p + lo, hi - lo);
+        continue;
+      }
+#endif
+      sums[static_cast<size_t>(c)] = read_sum_scalar(p + lo, hi - lo);
+    }
+  });
+  uint64_t total = 0;
+  for (uint64_t s : sums) total += s;
+  return total;
+}
+
+// ---- timing -------------------------------------------------------------------------------
+
+// Best wall seconds of up to config.reps timed passes after one untimed warm-up pass.
+template <class Fn>
+double best_seconds(const KernelBenchConfig& config, Fn&& fn) {
+  using Clock = std::chrono::steady_clock;
+  fn();
+  double best = std::numeric_limits<double>::infinity(), spent = 0;
+  for (int i = 0; i < config.reps; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::min(best, dt);
+    spent += dt;
+    if (i >= 1 && spent > config.max_seconds_per_figure) break;
+  }
+  return best;
+}
+
+std::string format_figure(const char* what, int threads, double gbps) {
+  char line[160];
+  std::snprintf(line, sizeof line, "%s, %d thread%s: %.2f GB/s", what, threads,
+                threads == 1 ? "" : "s", gbps);
+  return line;
+}
+
+}  // namespace
+
+uint64_t last_level_cache_bytes(std::string* source) {
+  auto set = [&](const char* s) {
+    if (source) *source = s;
+  };
+  if (const uint64_t b = sysfs_llc_bytes()) {
+    set("sysfs");
+    return b;
+  }
+#if defined(_SC_LEVEL3_CACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+  for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+    const long v = sysconf(name);
+    if (v > 0) {
+      set("sysconf");
+      return static_cast<uint64_t>(v);
+    }
+  }
+#endif
+  set("fallback");
+  return 32 * kMiB;
+}
+
+uint64_t default_buffer_bytes(uint64_t llc_bytes) {
+  const uint64_t want = std::max<uint64_t>(4 * llc_bytes, 256 * kMiB);
+  return (want + kMiB - 1) / kMiB * kMiB;
+}
+
+uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  unsigned long long kib = 0;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return static_cast<uint64_t>(kib) << 10;
+  return 0;
+}
+
+KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const ProgressFn& progress) {
+  KernelBenchResult out;
+  auto say = [&](const std::string& s) {
+    if (progress) progress(s);
+  };
+  const int64_t cols = config.cols;
+  if (cols <= 0 || cols % 32 != 0 || config.buffer_bytes < kMiB || config.reps < 1 ||
+      config.thread_counts.empty()) {
+    out.error = "bad kernel bench configuration";
+    return out;
+  }
+  for (int t : config.thread_counts)
+    if (t < 1) {
+      out.error = "thread counts must be >= 1";
+      return out;
+    }
+
+  const cpu::Isa isa = cpu::best_isa();
+  out.isa = cpu::isa_name(isa);
+  out.cols = cols;
+  out.buffer_bytes = config.buffer_bytes / 4096 * 4096;
+  out.bf16_rows = static_cast<int64_t>(out.buffer_bytes / static_cast<uint64_t>(2 * cols));
+  out.mxfp4_rows =
+      static_cast<int64_t>(out.buffer_bytes / static_cast<uint64_t>(cols / 2 + cols / 32));
+  out.bf16_bytes = static_cast<uint64_t>(out.bf16_rows * cols * 2);
+  const uint64_t packed_bytes = static_cast<uint64_t>(out.mxfp4_rows * (cols / 2));
+  out.mxfp4_bytes = packed_bytes + static_cast<uint64_t>(out.mxfp4_rows * (cols / 32));
+  if (out.bf16_rows < 1 || out.mxfp4_rows < 1) {
+    out.error = "buffer too small for one matrix row";
+    return out;
+  }
+
+  Mapping buf(out.buffer_bytes);
+  if (!buf.p) {
+    out.error = "cannot map " + std::to_string(out.buffer_bytes) + " bytes for the benchmark";
+    return out;
+  }
+  const int max_threads =
+      *std::max_element(config.thread_counts.begin(), config.thread_counts.end());
+  std::vector<std::unique_ptr<cpu::ThreadPool>> pools;
+  for (int t : config.thread_counts) pools.push_back(std::make_unique<cpu::ThreadPool>(t));
+  cpu::ThreadPool fill_pool(max_threads);
+
+  std::vector<float> x(static_cast<size_t>(cols));
+  uint64_t xs = 7;
+  for (float& v : x) v = static_cast<float>(splitmix64(xs) % 2001) / 1000.0f - 1.0f;
+  std::vector<float> y(static_cast<size_t>(std::max(out.bf16_rows, out.mxfp4_rows)));
+  volatile uint64_t sink = 0;
+  // Read bandwidth is measured in both phases and the better figure kept, so a burst of load
+  // from other processes during one of them does not inflate the ratios.
+  auto measure_read = [&](cpu::ThreadPool& pool) {
+    const double t = best_seconds(
+        config, [&] { sink = sink + read_all(pool, buf.bytes(), out.buffer_bytes, isa); });
+    const double gbps = static_cast<double>(out.buffer_bytes) / t / 1e9;
+    say(format_figure("memory read", pool.size(), gbps));
+    return gbps;
+  };
+
+  // Phase 1: the buffer holds the BF16 matrix; read bandwidth and BF16 GEMV per thread count.
+  say("filling " + std::to_string(out.buffer_bytes >> 20) + " MiB with BF16 weights");
+  fill_words(&fill_pool, buf.bytes(), out.buffer_bytes, 1, bf16_word);
+  const cpu::WeightMatrix wb{cpu::WeightType::kBF16, buf.p, nullptr, out.bf16_rows, cols};
+  for (size_t i = 0; i < config.thread_counts.size(); ++i) {
+    ThreadResult r;
+    r.threads = config.thread_counts[i];
+    cpu::ThreadPool& pool = *pools[i];
+    r.mem_read_gbps = measure_read(pool);
+    const cpu::Exec ex{&pool, isa};
+    const double t_bf16 =
+        best_seconds(config, [&] { cpu::linear(wb, x.data(), 1, y.data(), ex); });
+    r.bf16_gemv_gbps = static_cast<double>(out.bf16_bytes) / t_bf16 / 1e9;
+    say(format_figure("bf16 gemv", r.threads, r.bf16_gemv_gbps));
+    out.results.push_back(r);
+  }
+
+  // Phase 2: the MXFP4 matrix (packed nibbles, then scales) over the same bytes.
+  say("filling " + std::to_string(out.mxfp4_bytes >> 20) + " MiB with MXFP4 weights");
+  // packed_bytes is a multiple of 16 (cols % 32 == 0); the scales' byte count is rounded up to
+  // whole words, which stays inside the 4 KiB-rounded buffer.
+  fill_words(&fill_pool, buf.bytes(), packed_bytes, 2, [](uint64_t r) { return r; });
+  fill_words(&fill_pool, buf.bytes() + packed_bytes, (out.mxfp4_bytes - packed_bytes + 7) / 8 * 8,
+             3, scale_word);
+  const cpu::WeightMatrix wm{cpu::WeightType::kMxfp4, buf.p, buf.bytes() + packed_bytes,
+                             out.mxfp4_rows, cols};
+  for (size_t i = 0; i < config.thread_counts.size(); ++i) {
+    ThreadResult& r = out.results[i];
+    r.mem_read_gbps = std::max(r.mem_read_gbps, measure_read(*pools[i]));
+    const cpu::Exec ex{pools[i].get(), isa};
+    const double t_mx = best_seconds(config, [&] { cpu::linear(wm, x.data(), 1, y.data(), ex); });
+    r.mxfp4_gemv_gbps = static_cast<double>(out.mxfp4_bytes) / t_mx / 1e9;
+    say(format_figure("mxfp4 gemv", r.threads, r.mxfp4_gemv_gbps));
+  }
+  for (ThreadResult& r : out.results) {
+    r.bf16_ratio = r.bf16_gemv_gbps / r.mem_read_gbps;
+    r.mxfp4_ratio = r.mxfp4_gemv_gbps / r.mem_read_gbps;
+  }
+  return out;
+}
+
+}  // namespace ktier::bench

@@ -1,0 +1,69 @@
+#pragma once
+// Kernel throughput against the machine's own memory bandwidth (`ktier bench kernels`).
+//
+// What is measured, at each thread count (1 and the full count):
+//  * mem_read_gbps: streaming read of one buffer of `buffer_bytes` (summed with 256-bit loads
+//    when AVX2 is available, split over the thread pool in equal contiguous chunks).
+//  * bf16_gemv_gbps: cpu::linear of a BF16 [rows, cols] matrix that fills the buffer, one token;
+//    bytes = rows * cols * 2.
+//  * mxfp4_gemv_gbps: cpu::linear of an MXFP4 [rows, cols] matrix that fills the buffer, one
+//    token; bytes = packed (rows * cols / 2) + scales (rows * cols / 32).
+// Every figure is bytes / seconds / 1e9 (GB = 1e9 bytes) of the best timed pass after one
+// untimed warm-up pass. A ratio is a GEMV figure divided by the read figure at the SAME thread
+// count, so it says how close the kernel comes to streaming its weights at the speed the memory
+// system delivers to that many threads.
+//
+// The one buffer is reused for all three (phase 1: the BF16 matrix, read and BF16 GEMV at each
+// thread count; phase 2: the MXFP4 matrix written over it, read and MXFP4 GEMV at each thread
+// count), so the peak footprint is about buffer_bytes. mem_read_gbps is the better of the two
+// phases' read figures: load from other processes during one phase must not make the GEMV look
+// closer to the memory limit than it is.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ktier::bench {
+
+// Size of the last-level data or unified cache in bytes, from
+// /sys/devices/system/cpu/cpu0/cache, else sysconf(_SC_LEVEL{3,2}_CACHE_SIZE), else 32 MiB.
+// `source` (optional) receives where the figure came from: "sysfs", "sysconf" or "fallback".
+uint64_t last_level_cache_bytes(std::string* source = nullptr);
+
+// Default buffer size for a given LLC: max(4 * llc, 256 MiB), rounded up to 1 MiB.
+uint64_t default_buffer_bytes(uint64_t llc_bytes);
+
+// MemAvailable from /proc/meminfo in bytes; 0 if unknown.
+uint64_t available_memory_bytes();
+
+struct KernelBenchConfig {
+  std::vector<int> thread_counts = {1};  // each >= 1, measured in this order
+  uint64_t buffer_bytes = 256ull << 20;  // >= 1 MiB; matrices are sized to fill it
+  int64_t cols = 7168;                   // K3 hidden width; REQUIRES cols % 32 == 0
+  int reps = 5;                          // timed passes per figure (best is kept), >= 1
+  double max_seconds_per_figure = 4.0;   // stop timed passes early past this (after 2)
+};
+
+struct ThreadResult {
+  int threads = 0;
+  double mem_read_gbps = 0, bf16_gemv_gbps = 0, mxfp4_gemv_gbps = 0;
+  double bf16_ratio = 0, mxfp4_ratio = 0;  // GEMV / mem_read at this thread count
+};
+
+struct KernelBenchResult {
+  std::string isa;          // cpu::isa_name of the kernels and the read loop ("avx2", "scalar")
+  uint64_t buffer_bytes = 0;
+  int64_t bf16_rows = 0, mxfp4_rows = 0, cols = 0;
+  uint64_t bf16_bytes = 0, mxfp4_bytes = 0;  // weight bytes one GEMV reads
+  std::vector<ThreadResult> results;         // one per config thread count, same order
+  std::string error;                         // non-empty: nothing was measured (e.g. no memory)
+};
+
+// One line of progress (no newline) per measured figure; may be empty.
+using ProgressFn = std::function<void(const std::string&)>;
+
+// Runs the whole measurement. Takes seconds to minutes; single call at a time per process.
+KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const ProgressFn& progress);
+
+}  // namespace ktier::bench

@@ -1,0 +1,177 @@
+// `ktier bench kernels`: BF16 and MXFP4 matrix-vector throughput as a ratio of this machine's
+// measured memory read bandwidth (issue 3; docs/PERFORMANCE.md). What is measured and how is
+// stated in bench/kernel_bench.h; this file is the command line, the table and the JSON.
+//
+//   ktier bench kernels [--json FILE] [--threads N] [--reps N] [--size-mib N] [--quick]
+//
+// Exit codes: 0 measured (whether or not a goal is met), 1 no memory or JSON not writable,
+// 2 bad options.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/kernel_bench.h"
+#include "cli/commands.h"
+
+namespace ktier::cli {
+namespace {
+
+// Goals of issue 3: GEMV weight bytes per second over read bandwidth at the same thread count.
+constexpr double kGoalBf16 = 0.85;
+constexpr double kGoalMxfp4 = 0.75;
+constexpr uint64_t kQuickBufferBytes = 8ull << 20;
+
+struct KernelsOptions {
+  std::string json;
+  int threads = 0;  // used only when --threads was given
+  bool threads_given = false;
+  int reps = 5;
+  uint64_t size_mib = 0;  // 0: max(4 x LLC, 256 MiB)
+  bool quick = false;
+};
+
+void print_row(const char* what, int threads, double gbps, double ratio, double goal) {
+  if (goal <= 0) {
+    std::printf("%-12s %7d %10.2f %7s %7s\n", what, threads, gbps, "-", "-");
+    return;
+  }
+  std::printf("%-12s %7d %10.2f %7.3f  >=%.2f  %s\n", what, threads, gbps, ratio, goal,
+              ratio >= goal ? "met" : "below");
+}
+
+nlohmann::json to_json(const bench::KernelBenchResult& r, uint64_t llc, const std::string& llc_src,
+                       bool capped, const KernelsOptions& o) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const bench::ThreadResult& t : r.results)
+    list.push_back({{"threads", t.threads},
+                    {"mem_read_gbps", t.mem_read_gbps},
+                    {"bf16_gemv_gbps", t.bf16_gemv_gbps},
+                    {"bf16_ratio", t.bf16_ratio},
+                    {"mxfp4_gemv_gbps", t.mxfp4_gemv_gbps},
+                    {"mxfp4_ratio", t.mxfp4_ratio}});
+  const bench::ThreadResult& all = r.results.back();  // the largest thread count
+  return {{"mem_read_gbps", all.mem_read_gbps},
+          {"threads", all.threads},
+          {"bf16_gemv_gbps", all.bf16_gemv_gbps},
+          {"bf16_ratio", all.bf16_ratio},
+          {"mxfp4_gemv_gbps", all.mxfp4_gemv_gbps},
+          {"mxfp4_ratio", all.mxfp4_ratio},
+          {"results", list},
+          {"isa", r.isa},
+          {"llc_bytes", llc},
+          {"llc_source", llc_src},
+          {"buffer_bytes", r.buffer_bytes},
+          {"buffer_capped_by_memory", capped},
+          {"matrix_bytes", {{"bf16", r.bf16_bytes}, {"mxfp4", r.mxfp4_bytes}}},
+          {"matrix_shape",
+           {{"bf16", {r.bf16_rows, r.cols}}, {"mxfp4", {r.mxfp4_rows, r.cols}}}},
+          {"reps", o.quick ? 1 : o.reps},
+          {"quick", o.quick},
+          {"goal_bf16", kGoalBf16},
+          {"goal_mxfp4", kGoalMxfp4},
+          {"units", "GB/s = 1e9 bytes per second; ratio = GEMV / mem_read at the same threads"}};
+}
+
+Status run_kernels(const KernelsOptions& o) {
+  if (o.threads_given && (o.threads < 1 || o.threads > 4096))
+    return Status::usage("--threads must be between 1 and 4096, got " + std::to_string(o.threads));
+  if (o.reps < 1 || o.reps > 1000)
+    return Status::usage("--reps must be between 1 and 1000, got " + std::to_string(o.reps));
+  if (o.size_mib > (uint64_t{1} << 24)) return Status::usage("--size-mib is too large");
+  std::ofstream json_out;
+  if (!o.json.empty()) {  // opened before the long measurement, so a bad path fails at once
+    json_out.open(o.json, std::ios::trunc);
+    if (!json_out) return Status::runtime("cannot write " + o.json);
+  }
+
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  const int n_threads = o.threads_given ? o.threads : std::max(1, hw);
+  std::string llc_src;
+  const uint64_t llc = bench::last_level_cache_bytes(&llc_src);
+  bench::KernelBenchConfig cfg;
+  cfg.thread_counts = n_threads == 1 ? std::vector<int>{1} : std::vector<int>{1, n_threads};
+  cfg.buffer_bytes = o.quick      ? kQuickBufferBytes
+                     : o.size_mib ? o.size_mib << 20
+                                  : bench::default_buffer_bytes(llc);
+  // The default size follows the LLC, which some machines report as the whole host's; it is
+  // capped at half of MemAvailable (the figures then say so) rather than risk the OOM killer.
+  bool capped = false;
+  const uint64_t avail = bench::available_memory_bytes();
+  if (!o.quick && !o.size_mib && avail > 0 && cfg.buffer_bytes > avail / 2) {
+    cfg.buffer_bytes = std::max<uint64_t>(avail / 2 >> 20 << 20, 1 << 20);
+    capped = true;
+    std::fprintf(stderr, "[bench] capping the buffer at %llu MiB (half of MemAvailable)\n",
+                 static_cast<unsigned long long>(cfg.buffer_bytes >> 20));
+  }
+  if (avail > 0 && cfg.buffer_bytes > avail)
+    return Status::runtime("the benchmark buffer (" + std::to_string(cfg.buffer_bytes >> 20) +
+                           " MiB) exceeds MemAvailable; pass a smaller --size-mib");
+  cfg.reps = o.quick ? 1 : o.reps;
+  if (o.quick) cfg.max_seconds_per_figure = 0;
+
+  const bench::KernelBenchResult r = bench::run_kernel_bench(cfg, [](const std::string& line) {
+    std::fprintf(stderr, "[bench] %s\n", line.c_str());
+  });
+  if (!r.error.empty()) return Status::runtime(r.error);
+
+  std::printf("ktier bench kernels: isa %s, LLC %.1f MiB (%s), buffer %.1f MiB (%.2fx LLC)%s\n",
+              r.isa.c_str(), llc / 1048576.0, llc_src.c_str(), r.buffer_bytes / 1048576.0,
+              static_cast<double>(r.buffer_bytes) / static_cast<double>(llc),
+              o.quick   ? ", QUICK: in-cache smoke run, figures meaningless"
+              : capped  ? ", capped by memory: smaller than max(4x LLC, 256 MiB)"
+                        : "");
+  std::printf("bf16 [%lld x %lld] %.1f MiB, mxfp4 [%lld x %lld] %.1f MiB; best of %d pass(es)\n",
+              static_cast<long long>(r.bf16_rows), static_cast<long long>(r.cols),
+              r.bf16_bytes / 1048576.0, static_cast<long long>(r.mxfp4_rows),
+              static_cast<long long>(r.cols), r.mxfp4_bytes / 1048576.0, cfg.reps);
+  std::printf("ratio = GEMV weight GB/s / memory read GB/s at the same thread count "
+              "(GB = 1e9 bytes)\n\n");
+  std::printf("%-12s %7s %10s %7s %7s\n", "what", "threads", "GB/s", "ratio", "goal");
+  for (const bench::ThreadResult& t : r.results) {
+    print_row("memory read", t.threads, t.mem_read_gbps, 0, 0);
+    print_row("bf16 gemv", t.threads, t.bf16_gemv_gbps, t.bf16_ratio, kGoalBf16);
+    print_row("mxfp4 gemv", t.threads, t.mxfp4_gemv_gbps, t.mxfp4_ratio, kGoalMxfp4);
+  }
+
+  if (json_out.is_open()) {
+    json_out << to_json(r, llc, llc_src, capped, o).dump(2) << "\n";
+    json_out.flush();
+    if (!json_out) return Status::runtime("cannot write " + o.json);
+    std::fprintf(stderr, "[bench] wrote %s\n", o.json.c_str());
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_bench_command(CLI::App& app, int& exit_code) {
+  auto* bench = app.add_subcommand("bench", "Measure this machine: kernel throughput vs memory");
+  bench->require_subcommand(1);
+  auto* sub = bench->add_subcommand(
+      "kernels",
+      "Memory read bandwidth, then BF16 and MXFP4 matrix-vector weight GB/s on matrices of at\n"
+      "least 4x the last-level cache, at 1 thread and all threads, each as a ratio of the read\n"
+      "bandwidth at the same thread count (goals: bf16 >= 0.85, mxfp4 >= 0.75)");
+  auto o = std::make_shared<KernelsOptions>();
+  sub->add_option("--json", o->json, "also write the figures to FILE as JSON");
+  auto* threads = sub->add_option("--threads", o->threads,
+                                  "the 'all threads' count (default: hardware concurrency)");
+  sub->add_option("--reps", o->reps, "timed passes per figure, best kept (after one warm-up)")
+      ->capture_default_str();
+  sub->add_option("--size-mib", o->size_mib,
+                  "buffer and matrix size in MiB (default: max(4 x LLC, 256 MiB))");
+  sub->add_flag("--quick", o->quick,
+                "8 MiB in-cache matrices, one pass: checks the command runs; figures meaningless");
+  sub->callback([o, threads, &exit_code] {
+    o->threads_given = threads->count() > 0;
+    exit_code = finish(run_kernels(*o));
+  });
+}
+
+}  // namespace ktier::cli

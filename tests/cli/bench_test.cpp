@@ -1,0 +1,71 @@
+// `ktier bench kernels` in its --quick mode: the command runs end to end and writes every figure
+// the acceptance checks read. Never a timing assertion: only "present, finite, positive".
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/run_process.h"
+#include "common/test_paths.h"
+
+namespace ktier::test {
+namespace {
+
+std::string ktier() { return ktier_bin().string(); }
+
+void expect_positive(const nlohmann::json& j, const char* key) {
+  ASSERT_TRUE(j.contains(key)) << "missing " << key << " in " << j.dump();
+  ASSERT_TRUE(j[key].is_number()) << key;
+  const double v = j[key].get<double>();
+  EXPECT_TRUE(std::isfinite(v) && v > 0) << key << " = " << v;
+}
+
+TEST(CliBench, QuickKernelsWritesTableAndJson) {
+  const auto json_path = std::filesystem::temp_directory_path() /
+                         ("ktier_bench_kernels_" + std::to_string(::getpid()) + ".json");
+  const auto r =
+      run_process(ktier() + " bench kernels --quick --threads 2 --json " + json_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* what : {"memory read", "bf16 gemv", "mxfp4 gemv", "ratio"})
+    EXPECT_NE(r.out.find(what), std::string::npos) << "table lacks " << what << ":\n" << r.out;
+
+  std::ifstream in(json_path);
+  ASSERT_TRUE(in) << "no JSON written";
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::filesystem::remove(json_path);
+  expect_positive(j, "mem_read_gbps");
+  expect_positive(j, "llc_bytes");
+  expect_positive(j, "buffer_bytes");
+  EXPECT_DOUBLE_EQ(j.value("goal_bf16", 0.0), 0.85);
+  EXPECT_DOUBLE_EQ(j.value("goal_mxfp4", 0.0), 0.75);
+  EXPECT_TRUE(j.value("quick", false));
+  ASSERT_TRUE(j.contains("results") && j["results"].is_array());
+  ASSERT_EQ(j["results"].size(), 2u) << "expected 1 thread and 2 threads";
+  EXPECT_EQ(j["results"][0].value("threads", 0), 1);
+  EXPECT_EQ(j["results"][1].value("threads", 0), 2);
+  for (const auto& t : j["results"])
+    for (const char* key : {"mem_read_gbps", "bf16_gemv_gbps", "bf16_ratio", "mxfp4_gemv_gbps",
+                            "mxfp4_ratio"})
+      expect_positive(t, key);
+}
+
+TEST(CliBench, BadOptionsExitTwo) {
+  EXPECT_EQ(run_process(ktier() + " bench").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " bench kernels --quick --threads 0").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " bench kernels --quick --reps 0").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " bench kernels --quick --threads many").exit_code, 2);
+}
+
+TEST(CliBench, UnwritableJsonExitsOneBeforeMeasuring) {
+  const auto r = run_process(ktier() + " bench kernels --quick --json /nonexistent-dir/k.json");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("cannot write /nonexistent-dir/k.json"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("bf16 gemv"), std::string::npos) << "measured before failing";
+}
+
+}  // namespace
+}  // namespace ktier::test
