@@ -344,4 +344,17 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
   return out;
 }
 
+double measure_read_gbps(cpu::ThreadPool& pool, uint64_t bytes, int reps) {
+  bytes = (bytes + 4095) / 4096 * 4096;
+  Mapping buf(bytes);
+  if (!buf.p) return 0;
+  fill_words(&pool, buf.bytes(), bytes, 4, [](uint64_t r) { return r; });
+  KernelBenchConfig config;
+  config.reps = std::max(1, reps);
+  volatile uint64_t sink = 0;
+  const double t = best_seconds(
+      config, [&] { sink = sink + read_all(pool, buf.bytes(), bytes, cpu::best_isa()); });
+  return static_cast<double>(bytes) / t / 1e9;
+}
+
 }  // namespace ktier::bench

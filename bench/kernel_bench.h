@@ -24,6 +24,10 @@
 #include <string>
 #include <vector>
 
+namespace ktier::cpu {
+class ThreadPool;
+}  // namespace ktier::cpu
+
 namespace ktier::bench {
 
 // Size of the last-level data or unified cache in bytes, from
@@ -65,5 +69,10 @@ using ProgressFn = std::function<void(const std::string&)>;
 
 // Runs the whole measurement. Takes seconds to minutes; single call at a time per process.
 KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const ProgressFn& progress);
+
+// Streaming read bandwidth (GB/s, best of `reps` passes after a warm-up) of a freshly filled
+// buffer of `bytes`, read by `pool` as in run_kernel_bench. 0 if the buffer cannot be mapped.
+// Used by `ktier bench decode` to state decode speed as a ratio of the bandwidth floor.
+double measure_read_gbps(cpu::ThreadPool& pool, uint64_t bytes, int reps);
 
 }  // namespace ktier::bench

@@ -172,6 +172,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
     o->threads_given = threads->count() > 0;
     exit_code = finish(run_kernels(*o));
   });
+  register_bench_decode_command(*bench, exit_code);
 }
 
 }  // namespace ktier::cli

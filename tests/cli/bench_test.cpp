@@ -67,5 +67,28 @@ TEST(CliBench, UnwritableJsonExitsOneBeforeMeasuring) {
   EXPECT_EQ(r.out.find("bf16 gemv"), std::string::npos) << "measured before failing";
 }
 
+// `ktier bench decode` on the tiny checkpoint: runs end to end, JSON has every figure.
+TEST(CliBench, DecodeOnTinyWritesJson) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("ktier_bench_decode_" + std::to_string(::getpid()));
+  ASSERT_EQ(run_process(ktier() + " synth --preset tiny -q --force -o " + dir.string()).exit_code, 0);
+  const auto json_path = dir / "decode.json";
+  const auto r = run_process(ktier() + " bench decode -m " + dir.string() +
+                             " -n 4 --buffer-mib 8 --json " + json_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("of the bandwidth floor"), std::string::npos) << r.out;
+  std::ifstream in(json_path);
+  ASSERT_TRUE(in) << "no JSON written";
+  const nlohmann::json j = nlohmann::json::parse(in);
+  for (const char* key : {"decode_s_per_token", "decode_tok_per_s", "mem_read_gbps",
+                          "floor_s_per_token", "ratio_to_floor"})
+    expect_positive(j, key);
+  EXPECT_EQ(j.at("decode_steps").get<int>(), 3);
+  expect_positive(j.at("bytes_read_per_token"), "trunk");
+  expect_positive(j.at("bytes_read_per_token"), "experts");
+  EXPECT_EQ(run_process(ktier() + " bench decode -m " + dir.string() + " -n 1").exit_code, 2);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ktier::test

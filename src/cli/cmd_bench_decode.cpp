@@ -1,0 +1,157 @@
+// `ktier bench decode`: decode speed with every weight in RAM, as a ratio of the bandwidth floor
+// (issue 3, item 6). The floor is the time the weights a decode step reads would take to stream
+// at this machine's measured read bandwidth, at the same thread count, in the same run:
+//
+//   floor_s = (trunk bytes + expert bytes read per step) / read bandwidth
+//   ratio   = floor_s / measured s per step            (1.0 = memory-bound, at the limit)
+//
+// Trunk bytes per step are every non-expert matrix (lm_head included) plus one embedding row;
+// expert bytes come from the expert source's counter. Before timing, every tensor page of the
+// checkpoint is touched so that the run reads from RAM (page cache), never from disk.
+//
+//   ktier bench decode -m DIR [-n N] [--threads N] [--prompt-tokens N] [--buffer-mib N]
+//                     [--json FILE]
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/kernel_bench.h"
+#include "cli/commands.h"
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+
+namespace ktier::cli {
+namespace {
+
+struct DecodeOptions {
+  std::string model, json;
+  int64_t tokens = 32, prompt_tokens = 16;
+  int threads = 0;
+  uint64_t buffer_mib = 0;  // 0: as `bench kernels` (max(4 x LLC, 256 MiB)), capped by memory
+};
+
+// Reads one byte of every 4 KiB page of every tensor (mmap mode): afterwards the weights are in
+// the page cache and mapped. Returns the bytes covered.
+uint64_t touch_all(const format::Checkpoint& ckpt) {
+  uint64_t covered = 0;
+  volatile uint8_t sink = 0;
+  for (size_t s = 0; s < ckpt.num_shards(); ++s) {
+    const format::SafetensorsFile& f = ckpt.shard(s);
+    for (const format::TensorInfo& t : f.tensors()) {
+      const auto bytes = f.bytes(t);
+      for (size_t i = 0; i < bytes.size(); i += 4096) sink = sink + bytes[i];
+      covered += bytes.size();
+    }
+  }
+  return covered;
+}
+
+Status run_decode_bench(const DecodeOptions& o) {
+  if (o.tokens < 2) return Status::usage("-n must be >= 2 (decode steps = n - 1)");
+  if (o.prompt_tokens < 1) return Status::usage("--prompt-tokens must be >= 1");
+  std::ofstream json_out;
+  if (!o.json.empty()) {
+    json_out.open(o.json);
+    if (!json_out) return Status::runtime(o.json + ": cannot open for writing");
+  }
+  runtime::EngineOptions eo;
+  eo.model_dir = o.model;
+  eo.threads = o.threads;
+  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
+  const format::ModelConfig& c = engine->checkpoint().config();
+
+  std::fprintf(stderr, "[bench] touching every weight page (page cache warm-up)\n");
+  const uint64_t covered = touch_all(engine->checkpoint());
+  std::vector<int32_t> prompt;
+  for (int64_t i = 0; i < o.prompt_tokens; ++i)
+    prompt.push_back(static_cast<int32_t>((17 + 31 * i) % c.vocab_size));
+  runtime::GenerationOptions gen;
+  gen.max_new_tokens = o.tokens;
+  const auto sink = [](int32_t) { return Status::ok(); };
+  std::fprintf(stderr, "[bench] warm-up decode (4 tokens)\n");
+  gen.max_new_tokens = 4;
+  KTIER_RETURN_IF_ERROR(runtime::generate(engine->model(), engine->experts(), prompt, gen,
+                                          engine->exec(), sink).status());
+  gen.max_new_tokens = o.tokens;
+  std::fprintf(stderr, "[bench] timed decode (%lld tokens)\n", static_cast<long long>(o.tokens));
+  KTIER_ASSIGN_OR_RETURN(const runtime::GenerationStats st,
+                         runtime::generate(engine->model(), engine->experts(), prompt, gen,
+                                           engine->exec(), sink));
+
+  const cpu::WeightMatrix& embed = engine->weights().embed();
+  const uint64_t embed_bytes = static_cast<uint64_t>(embed.rows * embed.cols) *
+                               (embed.type == cpu::WeightType::kF32 ? 4 : 2);
+  const uint64_t trunk = engine->weights().matrix_bytes() - embed_bytes + embed_bytes / embed.rows;
+  const double steps = static_cast<double>(st.decode_steps);
+  const double experts = static_cast<double>(st.expert_bytes_decode) / steps;
+  const double s_per_token = st.decode_seconds / steps;
+
+  std::fprintf(stderr, "[bench] memory read bandwidth at %d threads\n", engine->threads());
+  uint64_t buffer = o.buffer_mib ? o.buffer_mib << 20
+                                 : bench::default_buffer_bytes(bench::last_level_cache_bytes());
+  if (const uint64_t avail = bench::available_memory_bytes(); avail > 0 && !o.buffer_mib)
+    buffer = std::min(buffer, avail / 4);
+  cpu::ThreadPool pool(engine->threads());
+  const double gbps = bench::measure_read_gbps(pool, buffer, 5);
+  if (gbps <= 0) return Status::runtime("cannot map the bandwidth buffer");
+  const double total = static_cast<double>(trunk) + experts;
+  const double floor_s = total / (gbps * 1e9);
+
+  std::printf("ktier bench decode: %s, %d threads, isa %s, weights touched %.2f GB\n",
+              o.model.c_str(), engine->threads(), cpu::isa_name(engine->exec().isa),
+              covered / 1e9);
+  std::printf("decode        %.4f s/token  %.2f tok/s  (%lld steps, prompt %lld tokens)\n",
+              s_per_token, 1.0 / s_per_token, static_cast<long long>(st.decode_steps),
+              static_cast<long long>(o.prompt_tokens));
+  std::printf("read/token    %.1f MB (trunk %.1f MB, experts %.1f MB)\n", total / 1e6,
+              trunk / 1e6, experts / 1e6);
+  std::printf("memory read   %.2f GB/s  -> floor %.4f s/token\n", gbps, floor_s);
+  std::printf("ratio         %.3f of the bandwidth floor (weights consumed at %.2f GB/s)\n",
+              floor_s / s_per_token, total / s_per_token / 1e9);
+  if (json_out.is_open()) {
+    const nlohmann::json j = {
+        {"model", o.model},
+        {"threads", engine->threads()},
+        {"isa", cpu::isa_name(engine->exec().isa)},
+        {"prompt_tokens", o.prompt_tokens},
+        {"decode_steps", st.decode_steps},
+        {"decode_s_per_token", s_per_token},
+        {"decode_tok_per_s", 1.0 / s_per_token},
+        {"bytes_read_per_token", {{"trunk", trunk}, {"experts", experts}, {"total", total}}},
+        {"mem_read_gbps", gbps},
+        {"floor_s_per_token", floor_s},
+        {"ratio_to_floor", floor_s / s_per_token}};
+    json_out << j.dump(2) << "\n";
+    if (!json_out.flush()) return Status::runtime(o.json + ": write error");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_bench_decode_command(CLI::App& bench, int& exit_code) {
+  auto o = std::make_shared<DecodeOptions>();
+  auto* sub = bench.add_subcommand(
+      "decode",
+      "Greedy decode with every weight in RAM: s/token and its ratio to the bandwidth floor\n"
+      "(bytes read per token / memory read bandwidth measured in the same run)");
+  sub->add_option("-m,--model", o->model, "Model folder")->required();
+  sub->add_option("-n", o->tokens, "Tokens to generate (decode steps = n - 1)")
+      ->capture_default_str();
+  sub->add_option("--prompt-tokens", o->prompt_tokens, "Length of the fixed id prompt")
+      ->capture_default_str();
+  sub->add_option("--threads", o->threads, "Worker threads; 0 = one per core")
+      ->capture_default_str();
+  sub->add_option("--buffer-mib", o->buffer_mib,
+                  "Bandwidth buffer in MiB (default: as bench kernels; small = in-cache, "
+                  "figures meaningless)");
+  sub->add_option("--json", o->json, "Also write the figures to FILE as JSON");
+  sub->callback([o, &exit_code] { exit_code = finish(run_decode_bench(*o)); });
+}
+
+}  // namespace ktier::cli
