@@ -83,7 +83,7 @@ Status run_decode_bench(const DecodeOptions& o) {
                          runtime::generate(engine->model(), engine->experts(), prompt, gen,
                                            engine->exec(), sink));
 
-  const cpu::WeightMatrix& embed = engine->weights().embed();
+  const cpu::WeightMatrix& embed = engine->weights().embed_matrix();
   const uint64_t embed_bytes = static_cast<uint64_t>(embed.rows * embed.cols) *
                                (embed.type == cpu::WeightType::kF32 ? 4 : 2);
   const uint64_t trunk = engine->weights().matrix_bytes() - embed_bytes + embed_bytes / embed.rows;

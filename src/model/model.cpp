@@ -17,7 +17,7 @@ uint64_t SequenceState::bytes() const {
   return n;
 }
 
-Model::Model(const ModelWeights& weights, ExpertSource* experts) : w_(weights), experts_(experts) {
+Model::Model(TrunkSource& trunk, ExpertSource* experts) : trunk_(trunk), experts_(experts) {
   KTIER_CHECK(experts_ != nullptr || config().num_moe_layers() == 0);
 }
 
@@ -53,11 +53,7 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
 
   // P: the running block partial sum, starting as the embeddings (no scaling, §6.2).
   std::vector<float> P(static_cast<size_t>(T * E));
-  const cpu::WeightMatrix& embed = w_.embed();
-  const size_t row_bytes = static_cast<size_t>(E) * (embed.type == cpu::WeightType::kF32 ? 4 : 2);
-  for (int64_t t = 0; t < T; ++t)
-    cpu::widen_to_f32(embed.type, static_cast<const uint8_t*>(embed.data) + ids[t] * row_bytes, E,
-                      P.data() + t * E);
+  KTIER_RETURN_IF_ERROR(trunk_.embed(ids, P.data()));
 
   // AttnRes over depth (§6.0): the bank holds each finished block's P, oldest first.
   std::vector<std::vector<float>> bank;
@@ -71,7 +67,8 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
   };
   std::vector<float> mixed(P.size()), x(P.size()), y(P.size());
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& lw = w_.layer(l);
+    KTIER_ASSIGN_OR_RETURN(const LayerWeights* acquired, trunk_.acquire_layer(l));
+    const LayerWeights& lw = *acquired;
     LayerState& ls = state.layers[static_cast<size_t>(l)];
     // The attention input mixes the OLD bank with P; at a boundary P is then pushed and restarts
     // as the attention output alone (assignment, not 0 + y).
@@ -99,16 +96,18 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
                                       x.data(), T, y.data(), ex));
     }
     cpu::add(P.data(), y.data(), T * E, P.data(), ex);
+    trunk_.release_layer(l);
     if (layer_observer_) layer_observer_->after_layer(l, P.data(), T, E);
   }
   state.n_tokens += T;
   if (rows == LogitRows::kNone) return Status::ok();
 
   // Output AttnRes over bank + P, final norm, lm_head (§6.7) for the rows asked for.
-  aggregate(w_.f_out(), mixed);
+  const HeadWeights& head = trunk_.head();
+  aggregate(head.f_out, mixed);
   const int64_t first = rows == LogitRows::kLast ? T - 1 : 0, n = T - first;
-  cpu::rmsnorm(mixed.data() + first * E, w_.final_norm().data(), n, E, eps, x.data(), ex);
-  cpu::linear(w_.lm_head(), x.data(), n, logits, ex);
+  cpu::rmsnorm(mixed.data() + first * E, head.final_norm.data(), n, E, eps, x.data(), ex);
+  cpu::linear(head.lm_head, x.data(), n, logits, ex);
   return Status::ok();
 }
 

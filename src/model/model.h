@@ -37,16 +37,17 @@ class LayerObserver {
 
 class Model {
  public:
-  // `weights` and `experts` must outlive the Model; `experts` may be null only when no layer is
+  // `trunk` and `experts` must outlive the Model; `experts` may be null only when no layer is
   // a MoE layer.
-  Model(const ModelWeights& weights, ExpertSource* experts);
+  Model(TrunkSource& trunk, ExpertSource* experts);
 
-  const format::ModelConfig& config() const { return w_.config(); }
+  const format::ModelConfig& config() const { return trunk_.config(); }
   SequenceState new_sequence() const;
 
   // Runs ids (each in [0, V): Status::usage naming the id otherwise) and writes logits as `rows`
-  // says (null allowed for kNone). Errors: the ExpertSource's (Status::runtime); on error the
-  // state is unusable and must be discarded.
+  // says (null allowed for kNone). Errors: the TrunkSource's and the ExpertSource's
+  // (Status::runtime for I/O, Status::corrupt for a checksum); on error the state is unusable
+  // and must be discarded.
   Status forward(std::span<const int32_t> ids, SequenceState& state, LogitRows rows,
                  float* logits, const cpu::Exec& ex);
 
@@ -54,7 +55,7 @@ class Model {
   void set_layer_observer(LayerObserver* o) { layer_observer_ = o; }
 
  private:
-  const ModelWeights& w_;
+  TrunkSource& trunk_;
   ExpertSource* experts_;
   RoutingObserver* routing_observer_ = nullptr;
   LayerObserver* layer_observer_ = nullptr;

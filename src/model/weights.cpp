@@ -19,26 +19,27 @@ cpu::WeightType weight_type_of(DType dtype) {
   return cpu::WeightType::kF32;
 }
 
-// Turns checkpoint tensors into views (or owned copies) inside one ModelWeights. A name the
-// checkpoint lacks is a bug here: Checkpoint::open has verified every tensor the config implies.
-class WeightBinder {
+namespace {
+
+// Binds tensors found by a TensorLookup. Shapes were validated by Checkpoint::open (and, for
+// packs, by TrunkPack::open against the checkpoint), so a wrong element count is a bug.
+class Binder {
  public:
-  WeightBinder(const format::Checkpoint& ckpt, ModelWeights& w) : ckpt_(ckpt), w_(w) {}
+  explicit Binder(const TensorLookup& find) : find_(find) {}
 
   // A [rows, cols] matrix; the stored tensor may have any shape of rows*cols elements.
   Result<cpu::WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) {
-    KTIER_ASSIGN_OR_RETURN(const Bytes b, bytes(name));
-    KTIER_CHECK_MSG(b.info->numel() == rows * cols, name.c_str());
-    w_.matrix_bytes_ += b.info->nbytes;
-    return cpu::WeightMatrix{weight_type_of(b.info->dtype), b.data, nullptr, rows, cols};
+    KTIER_ASSIGN_OR_RETURN(const TensorView t, find_(name));
+    KTIER_CHECK_MSG(t.numel == rows * cols, name.c_str());
+    return cpu::WeightMatrix{weight_type_of(t.dtype), t.data, nullptr, rows, cols};
   }
 
   // The first n elements of a float tensor, widened to f32.
   Result<std::vector<float>> vec(const std::string& name, int64_t n) {
-    KTIER_ASSIGN_OR_RETURN(const Bytes b, bytes(name));
-    KTIER_CHECK_MSG(b.info->numel() >= n, name.c_str());
+    KTIER_ASSIGN_OR_RETURN(const TensorView t, find_(name));
+    KTIER_CHECK_MSG(t.numel >= n, name.c_str());
     std::vector<float> out(static_cast<size_t>(n));
-    cpu::widen_to_f32(weight_type_of(b.info->dtype), b.data, n, out.data());
+    cpu::widen_to_f32(weight_type_of(t.dtype), t.data, n, out.data());
     return out;
   }
 
@@ -59,41 +60,10 @@ class WeightBinder {
   }
 
  private:
-  struct Bytes {
-    const format::TensorInfo* info;
-    const void* data;
-  };
-
-  Result<Bytes> bytes(const std::string& name) {
-    const auto ref = ckpt_.find(name);
-    KTIER_CHECK_MSG(ref.has_value(), name.c_str());  // Checkpoint::open verified it exists
-    const format::SafetensorsFile& shard = ckpt_.shard(ref->shard);
-    const format::TensorInfo& info = *ref->info;
-    const size_t align = dtype_traits(info.dtype).size;
-    if (shard.mode() == format::OpenMode::kMap) {
-      const uint8_t* p = shard.bytes(info).data();
-      if (reinterpret_cast<uintptr_t>(p) % align == 0) return Bytes{&info, p};
-    }
-    // Pread mode, or a mapped tensor at an address its element type cannot be read from.
-    auto buf = std::make_unique<uint8_t[]>(info.nbytes ? info.nbytes : 1);
-    if (shard.mode() == format::OpenMode::kMap)
-      std::memcpy(buf.get(), shard.bytes(info).data(), info.nbytes);
-    else
-      KTIER_RETURN_IF_ERROR(shard.read(info, buf.get()));
-    w_.owned_bytes_ += info.nbytes;
-    const void* data = buf.get();
-    w_.owned_.push_back(std::move(buf));
-    return Bytes{&info, data};
-  }
-
-  const format::Checkpoint& ckpt_;
-  ModelWeights& w_;
+  const TensorLookup& find_;
 };
 
-namespace {
-
-Status bind_kda(WeightBinder& b, const format::ModelConfig& c, const std::string& a,
-                KdaWeights& k) {
+Status bind_kda(Binder& b, const format::ModelConfig& c, const std::string& a, KdaWeights& k) {
   const int64_t E = c.hidden_size, H = c.kda_num_heads, D = c.kda_head_dim, C = H * D;
   const int64_t K = c.short_conv_kernel_size;
   KTIER_ASSIGN_OR_RETURN(k.q, b.matrix(a + "q_proj.weight", C, E));
@@ -113,8 +83,7 @@ Status bind_kda(WeightBinder& b, const format::ModelConfig& c, const std::string
   return Status::ok();
 }
 
-Status bind_mla(WeightBinder& b, const format::ModelConfig& c, const std::string& a,
-                MlaWeights& m) {
+Status bind_mla(Binder& b, const format::ModelConfig& c, const std::string& a, MlaWeights& m) {
   const int64_t E = c.hidden_size, H = c.num_attention_heads;
   const int64_t qk = c.mla_qk_head_dim(), dv = c.v_head_dim, dr = c.qk_rope_head_dim;
   KTIER_ASSIGN_OR_RETURN(m.q_a, b.matrix(a + "q_a_proj.weight", c.q_lora_rank, E));
@@ -131,8 +100,7 @@ Status bind_mla(WeightBinder& b, const format::ModelConfig& c, const std::string
   return Status::ok();
 }
 
-Status bind_moe(WeightBinder& b, const format::ModelConfig& c, const std::string& p,
-                MoeWeights& m) {
+Status bind_moe(Binder& b, const format::ModelConfig& c, const std::string& p, MoeWeights& m) {
   const int64_t E = c.hidden_size, lat = c.routed_expert_hidden_size;
   KTIER_ASSIGN_OR_RETURN(m.router, b.matrix(p + "gate.weight", c.num_experts, E));
   KTIER_ASSIGN_OR_RETURN(m.router_bias, b.vec(p + "gate.e_score_correction_bias", c.num_experts));
@@ -148,43 +116,92 @@ Status bind_moe(WeightBinder& b, const format::ModelConfig& c, const std::string
   return Status::ok();
 }
 
+const std::string kModelPrefix = "language_model.model.";
+
 }  // namespace
+
+Result<LayerWeights> bind_layer(const format::ModelConfig& c, int64_t l, const TensorLookup& find) {
+  Binder b(find);
+  const int64_t E = c.hidden_size;
+  const std::string P = format::layer_prefix(l);
+  LayerWeights lw;
+  lw.is_mla = c.is_mla(l);
+  lw.is_dense = c.is_dense(l);
+  KTIER_ASSIGN_OR_RETURN(lw.input_norm, b.vec(P + "input_layernorm.weight", E));
+  KTIER_ASSIGN_OR_RETURN(lw.post_attention_norm, b.vec(P + "post_attention_layernorm.weight", E));
+  KTIER_ASSIGN_OR_RETURN(lw.f_attn, b.folded(P + "self_attention_res_norm.weight",
+                                             P + "self_attention_res_proj.weight", E));
+  KTIER_ASSIGN_OR_RETURN(lw.f_mlp, b.folded(P + "mlp_res_norm.weight", P + "mlp_res_proj.weight", E));
+  if (lw.is_mla) {
+    KTIER_RETURN_IF_ERROR(bind_mla(b, c, P + "self_attn.", lw.mla));
+  } else {
+    KTIER_RETURN_IF_ERROR(bind_kda(b, c, P + "self_attn.", lw.kda));
+  }
+  if (lw.is_dense) {
+    KTIER_ASSIGN_OR_RETURN(lw.dense, b.glu(P + "mlp.", c.intermediate_size, E));
+  } else {
+    KTIER_RETURN_IF_ERROR(bind_moe(b, c, P + "block_sparse_moe.", lw.moe));
+  }
+  return lw;
+}
+
+Result<HeadWeights> bind_head(const format::ModelConfig& c, const TensorLookup& find) {
+  Binder b(find);
+  const int64_t E = c.hidden_size;
+  HeadWeights h;
+  KTIER_ASSIGN_OR_RETURN(h.lm_head, b.matrix("language_model.lm_head.weight", c.vocab_size, E));
+  KTIER_ASSIGN_OR_RETURN(h.final_norm, b.vec(kModelPrefix + "norm.weight", E));
+  KTIER_ASSIGN_OR_RETURN(h.f_out, b.folded(kModelPrefix + "output_attn_res_norm.weight",
+                                           kModelPrefix + "output_attn_res_proj.weight", E));
+  return h;
+}
 
 Result<std::unique_ptr<ModelWeights>> ModelWeights::load(const format::Checkpoint& ckpt) {
   auto w = std::make_unique<ModelWeights>();
   const format::ModelConfig& c = ckpt.config();
   w->config_ = &c;
-  WeightBinder b(ckpt, *w);
-  const std::string M = "language_model.model.";
-  const int64_t E = c.hidden_size, V = c.vocab_size;
-  KTIER_ASSIGN_OR_RETURN(w->embed_, b.matrix(M + "embed_tokens.weight", V, E));
-  KTIER_ASSIGN_OR_RETURN(w->lm_head_, b.matrix("language_model.lm_head.weight", V, E));
-  KTIER_ASSIGN_OR_RETURN(w->final_norm_, b.vec(M + "norm.weight", E));
-  KTIER_ASSIGN_OR_RETURN(w->f_out_, b.folded(M + "output_attn_res_norm.weight",
-                                             M + "output_attn_res_proj.weight", E));
-  w->layers_.resize(static_cast<size_t>(c.num_hidden_layers));
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    LayerWeights& lw = w->layers_[static_cast<size_t>(l)];
-    const std::string P = format::layer_prefix(l);
-    lw.is_mla = c.is_mla(l);
-    lw.is_dense = c.is_dense(l);
-    KTIER_ASSIGN_OR_RETURN(lw.input_norm, b.vec(P + "input_layernorm.weight", E));
-    KTIER_ASSIGN_OR_RETURN(lw.post_attention_norm, b.vec(P + "post_attention_layernorm.weight", E));
-    KTIER_ASSIGN_OR_RETURN(lw.f_attn, b.folded(P + "self_attention_res_norm.weight",
-                                               P + "self_attention_res_proj.weight", E));
-    KTIER_ASSIGN_OR_RETURN(lw.f_mlp,
-                           b.folded(P + "mlp_res_norm.weight", P + "mlp_res_proj.weight", E));
-    if (lw.is_mla)
-      KTIER_RETURN_IF_ERROR(bind_mla(b, c, P + "self_attn.", lw.mla));
-    else
-      KTIER_RETURN_IF_ERROR(bind_kda(b, c, P + "self_attn.", lw.kda));
-    if (lw.is_dense) {
-      KTIER_ASSIGN_OR_RETURN(lw.dense, b.glu(P + "mlp.", c.intermediate_size, E));
-    } else {
-      KTIER_RETURN_IF_ERROR(bind_moe(b, c, P + "block_sparse_moe.", lw.moe));
+  ModelWeights& self = *w;
+  // The checkpoint's bytes: the mapping where the address suits the element type, else a copy.
+  const TensorLookup find = [&ckpt, &self](const std::string& name) -> Result<TensorView> {
+    const auto ref = ckpt.find(name);
+    KTIER_CHECK_MSG(ref.has_value(), name.c_str());  // Checkpoint::open verified it exists
+    const format::SafetensorsFile& shard = ckpt.shard(ref->shard);
+    const format::TensorInfo& info = *ref->info;
+    const bool matrix_like = info.shape.size() >= 2;
+    if (matrix_like) self.matrix_bytes_ += info.nbytes;
+    if (shard.mode() == format::OpenMode::kMap) {
+      const uint8_t* p = shard.bytes(info).data();
+      if (reinterpret_cast<uintptr_t>(p) % dtype_traits(info.dtype).size == 0)
+        return TensorView{info.dtype, info.numel(), p};
     }
+    auto buf = std::make_unique<uint8_t[]>(info.nbytes ? info.nbytes : 1);
+    if (shard.mode() == format::OpenMode::kMap)
+      std::memcpy(buf.get(), shard.bytes(info).data(), info.nbytes);
+    else
+      KTIER_RETURN_IF_ERROR(shard.read(info, buf.get()));
+    self.owned_bytes_ += info.nbytes;
+    const void* data = buf.get();
+    self.owned_.push_back(std::move(buf));
+    return TensorView{info.dtype, info.numel(), data};
+  };
+  KTIER_ASSIGN_OR_RETURN(const TensorView embed, find(kModelPrefix + "embed_tokens.weight"));
+  w->embed_ = {weight_type_of(embed.dtype), embed.data, nullptr, c.vocab_size, c.hidden_size};
+  KTIER_ASSIGN_OR_RETURN(w->head_, bind_head(c, find));
+  w->layers_.reserve(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    KTIER_ASSIGN_OR_RETURN(LayerWeights lw, bind_layer(c, l, find));
+    w->layers_.push_back(std::move(lw));
   }
   return w;
+}
+
+Status ModelWeights::embed(std::span<const int32_t> ids, float* out) {
+  const int64_t E = embed_.cols;
+  const size_t row_bytes = static_cast<size_t>(E) * (embed_.type == cpu::WeightType::kF32 ? 4 : 2);
+  for (size_t t = 0; t < ids.size(); ++t)
+    cpu::widen_to_f32(embed_.type, static_cast<const uint8_t*>(embed_.data) + ids[t] * row_bytes, E,
+                      out + t * E);
+  return Status::ok();
 }
 
 }  // namespace ktier::model

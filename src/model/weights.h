@@ -1,5 +1,6 @@
 #pragma once
-// The non-expert weights of a K3 checkpoint, bound as cpu::WeightMatrix views (K3-MODEL §4, §5).
+// The non-expert weights of a K3 checkpoint, bound as cpu::WeightMatrix views (K3-MODEL §4, §5),
+// and the TrunkSource interface the forward pass reads them through.
 //
 // Matrices are used in their stored dtype (F32, BF16 or F16): nothing is widened or converted
 // ahead of time. In OpenMode::kMap the views point into the checkpoint's mapping (zero copy);
@@ -11,7 +12,10 @@
 // outlive it) and is immutable after load(), so any number of threads may read it.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -64,17 +68,58 @@ struct LayerWeights {
   MoeWeights moe;                    // when !is_dense
 };
 
-class ModelWeights {
+struct HeadWeights {  // §6.7
+  cpu::WeightMatrix lm_head;           // [V, E]
+  std::vector<float> final_norm;       // [E]
+  std::vector<float> f_out;            // folded output AttnRes scoring vector [E]
+};
+
+// Where the binders find a stored tensor: its dtype, element count and bytes (aligned to the
+// element size). The bytes must outlive the weights bound from them.
+struct TensorView {
+  DType dtype = DType::kF32;
+  int64_t numel = 0;
+  const void* data = nullptr;
+};
+using TensorLookup = std::function<Result<TensorView>(const std::string& name)>;
+
+// Bind layer l's (or the head's) weights from `find`: matrices become views of the found bytes,
+// small vectors are widened to f32. The names and shapes are K3-MODEL §4's; a name `find` cannot
+// produce is its error.
+Result<LayerWeights> bind_layer(const format::ModelConfig& c, int64_t l, const TensorLookup& find);
+Result<HeadWeights> bind_head(const format::ModelConfig& c, const TensorLookup& find);
+
+// What the forward pass reads the non-expert weights through. Model::forward acquires layers in
+// order 0..L-1 and releases each when its FFN is done; a streaming source uses the order to read
+// ahead. Not thread-safe: one forward at a time.
+class TrunkSource {
+ public:
+  virtual ~TrunkSource() = default;
+  virtual const format::ModelConfig& config() const = 0;
+  // Layer l's weights, valid until release_layer(l). Errors: Status::runtime (I/O),
+  // Status::corrupt (a checksum mismatch); no byte of a failed read reaches a kernel.
+  virtual Result<const LayerWeights*> acquire_layer(int64_t l) = 0;
+  virtual void release_layer(int64_t l) = 0;
+  virtual const HeadWeights& head() const = 0;
+  // Embedding rows of `ids` (each in [0, V)), widened to f32: out [ids.size(), E].
+  virtual Status embed(std::span<const int32_t> ids, float* out) = 0;
+};
+
+// Every non-expert weight resident: views into the checkpoint's mapping (zero copy) or, in
+// OpenMode::kPread and for tensors whose address does not suit their element type, owned copies.
+class ModelWeights final : public TrunkSource {
  public:
   // Binds every non-expert tensor the config implies. The checkpoint has already validated
   // names, shapes and dtypes (checkpoint.h); errors here are I/O errors of pread mode.
   static Result<std::unique_ptr<ModelWeights>> load(const format::Checkpoint& ckpt);
 
-  const format::ModelConfig& config() const { return *config_; }
-  const cpu::WeightMatrix& embed() const { return embed_; }      // [V, E]
-  const cpu::WeightMatrix& lm_head() const { return lm_head_; }  // [V, E]
-  const std::vector<float>& final_norm() const { return final_norm_; }
-  const std::vector<float>& f_out() const { return f_out_; }
+  const format::ModelConfig& config() const override { return *config_; }
+  Result<const LayerWeights*> acquire_layer(int64_t l) override { return &layer(l); }
+  void release_layer(int64_t) override {}
+  const HeadWeights& head() const override { return head_; }
+  Status embed(std::span<const int32_t> ids, float* out) override;
+
+  const cpu::WeightMatrix& embed_matrix() const { return embed_; }  // [V, E]
   const LayerWeights& layer(int64_t l) const { return layers_.at(static_cast<size_t>(l)); }
   // Bytes of matrix data bound (views and copies), for reports.
   uint64_t matrix_bytes() const { return matrix_bytes_; }
@@ -82,10 +127,9 @@ class ModelWeights {
   uint64_t owned_bytes() const { return owned_bytes_; }
 
  private:
-  friend class WeightBinder;
   const format::ModelConfig* config_ = nullptr;
-  cpu::WeightMatrix embed_, lm_head_;
-  std::vector<float> final_norm_, f_out_;
+  cpu::WeightMatrix embed_;
+  HeadWeights head_;
   std::vector<LayerWeights> layers_;
   std::vector<std::unique_ptr<uint8_t[]>> owned_;
   uint64_t matrix_bytes_ = 0, owned_bytes_ = 0;
