@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   cli::register_doctor_command(app, exit_code);
   cli::register_trace_command(app, exit_code);
   cli::register_bench_command(app, exit_code);
+  cli::register_pack_command(app, exit_code);
 
   // The log level must be set before any subcommand callback runs.
   app.parse_complete_callback([&] {

@@ -1,0 +1,332 @@
+// `ktier pack`. See pack_writer.h for the contract and trunk_pack.h for the format.
+#include "pack/pack_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <xxhash.h>
+
+#include "pack/trunk_pack.h"
+#include "synth/progress.h"
+
+namespace ktier::pack {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+// The partial pack file: a staging buffer filled in place by shard reads and written with one
+// write() per full buffer. Removes the partial file unless finish() succeeded.
+class PartialFile {
+ public:
+  PartialFile(fs::path path, uint64_t buffer_bytes, synth::ProgressMeter& meter)
+      : path_(std::move(path)), buffer_(buffer_bytes), meter_(meter) {}
+  PartialFile(const PartialFile&) = delete;
+  PartialFile& operator=(const PartialFile&) = delete;
+  ~PartialFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!finished_) ::unlink(path_.c_str());
+  }
+
+  Status open() {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) return Status::runtime("cannot create " + path_.string() + ": " + errno_text(errno));
+    return Status::ok();
+  }
+
+  // Free buffer space for up to `max` bytes (at least one byte when max > 0); writes the buffer
+  // out first when it is full.
+  Result<std::span<uint8_t>> space(uint64_t max) {
+    if (fill_ == buffer_.size()) KTIER_RETURN_IF_ERROR(flush());
+    const uint64_t n = std::min<uint64_t>(max, buffer_.size() - fill_);
+    return std::span<uint8_t>(buffer_.data() + fill_, n);
+  }
+  // The first `n` bytes of the last space() are now record bytes.
+  void commit(uint64_t n, XXH3_state_t* record_hash) {
+    XXH3_64bits_update(record_hash, buffer_.data() + fill_, n);
+    fill_ += n;
+    meter_.update(written_ + fill_);
+  }
+  Status zeros(uint64_t n, XXH3_state_t* record_hash) {
+    while (n > 0) {
+      std::span<uint8_t> s;
+      {
+        KTIER_ASSIGN_OR_RETURN(s, space(n));
+      }
+      std::memset(s.data(), 0, s.size());
+      commit(s.size(), record_hash);
+      n -= s.size();
+    }
+    return Status::ok();
+  }
+
+  uint64_t bytes() const { return written_ + fill_; }
+
+  // Writes what is buffered, fsyncs and closes. The file keeps its partial name.
+  Status finish() {
+    KTIER_RETURN_IF_ERROR(flush());
+    if (::fsync(fd_) != 0) return Status::runtime("cannot fsync " + path_.string() + ": " + errno_text(errno));
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) return Status::runtime("cannot close " + path_.string() + ": " + errno_text(errno));
+    return Status::ok();
+  }
+  // After a successful rename: the destructor must not remove anything.
+  void keep() { finished_ = true; }
+
+ private:
+  Status flush() {
+    const uint8_t* p = buffer_.data();
+    uint64_t n = fill_;
+    while (n > 0) {
+      const ssize_t r = ::write(fd_, p, n);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return Status::runtime("cannot write " + path_.string() + ": " + errno_text(errno));
+      p += r;
+      n -= static_cast<uint64_t>(r);
+    }
+    written_ += fill_;
+    fill_ = 0;
+    return Status::ok();
+  }
+
+  fs::path path_;
+  std::vector<uint8_t> buffer_;
+  synth::ProgressMeter& meter_;
+  int fd_ = -1;
+  uint64_t fill_ = 0;
+  uint64_t written_ = 0;
+  bool finished_ = false;
+};
+
+// Keeps the kernel reading the shards ahead of the copy: posix_fadvise(WILLNEED) on the source
+// ranges up to kPrefetchAhead bytes past the copy position, in the copy's order. Shard reads then
+// find their pages cached or in flight, with many requests queued instead of readahead's few.
+// Hints only: a failure to open or advise is ignored (the copy's own reads report errors).
+class Prefetcher {
+ public:
+  static constexpr uint64_t kPrefetchAhead = uint64_t{256} << 20;
+  static constexpr uint64_t kPrefetchStep = uint64_t{32} << 20;
+
+  Prefetcher(const format::Checkpoint& ckpt, const PackLayout& layout) : ckpt_(ckpt), fds_(ckpt.num_shards(), -1) {
+    for (const auto& rec : layout.sources)
+      for (const format::TensorRef& t : rec) {
+        if (!runs_.empty() && runs_.back().shard == t.shard &&
+            runs_.back().offset + runs_.back().length == t.info->file_offset)
+          runs_.back().length += t.info->nbytes;
+        else
+          runs_.push_back({t.shard, t.info->file_offset, t.info->nbytes});
+      }
+  }
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+  ~Prefetcher() {
+    for (int fd : fds_)
+      if (fd >= 0) ::close(fd);
+  }
+
+  // `copied`: source bytes the copy has read so far.
+  void advance(uint64_t copied) {
+    while (run_ < runs_.size() && advised_ < copied + kPrefetchAhead) {
+      const Run& r = runs_[run_];
+      const uint64_t n = std::min(kPrefetchStep, r.length - in_run_);
+      int& fd = fds_[r.shard];
+      if (fd == -1) fd = ::open(ckpt_.shard(r.shard).path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0)
+        ::posix_fadvise(fd, static_cast<off_t>(r.offset + in_run_), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
+      advised_ += n;
+      in_run_ += n;
+      if (in_run_ == r.length) ++run_, in_run_ = 0;
+    }
+  }
+
+ private:
+  struct Run {
+    uint32_t shard;
+    uint64_t offset, length;
+  };
+  const format::Checkpoint& ckpt_;
+  std::vector<int> fds_;
+  std::vector<Run> runs_;  // source byte ranges in copy order, adjacent tensors merged
+  size_t run_ = 0;
+  uint64_t in_run_ = 0;
+  uint64_t advised_ = 0;
+};
+
+Status write_small_file(const fs::path& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::runtime("cannot create " + path.string() + ": " + errno_text(errno));
+  const char* p = text.data();
+  size_t n = text.size();
+  while (n > 0) {
+    const ssize_t r = ::write(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::runtime("cannot write " + path.string() + ": " + errno_text(err));
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    return Status::runtime("cannot write " + path.string() + ": " + errno_text(errno));
+  return Status::ok();
+}
+
+Status fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::runtime("cannot open " + dir.string() + ": " + errno_text(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::runtime("cannot fsync " + dir.string() + ": " + errno_text(err));
+  return Status::ok();
+}
+
+Status rename_file(const fs::path& from, const fs::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    return Status::runtime("cannot rename " + from.string() + " to " + to.string() + ": " + errno_text(errno));
+  return Status::ok();
+}
+
+// Copies every record of `layout` into `out`, filling in the record checksums.
+Status copy_records(const format::Checkpoint& ckpt, PackLayout& layout, PartialFile& out) {
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(), &XXH3_freeState);
+  if (!hash) return Status::runtime("out of memory");
+  Prefetcher prefetch(ckpt, layout);
+  uint64_t copied = 0;
+  prefetch.advance(0);
+  for (size_t ri = 0; ri < layout.records.size(); ++ri) {
+    Record& r = layout.records[ri];
+    XXH3_64bits_reset(hash.get());
+    uint64_t cursor = 0;
+    for (size_t k = 0; k < r.tensors.size(); ++k) {
+      const TensorEntry& t = r.tensors[k];
+      const format::TensorRef& src = layout.sources[ri][k];
+      const format::SafetensorsFile& shard = ckpt.shard(src.shard);
+      KTIER_RETURN_IF_ERROR(out.zeros(t.offset - cursor, hash.get()));
+      for (uint64_t done = 0; done < t.nbytes;) {
+        std::span<uint8_t> s;
+        {
+          KTIER_ASSIGN_OR_RETURN(s, out.space(t.nbytes - done));
+        }
+        KTIER_RETURN_IF_ERROR(shard.read_bytes(src.info->file_offset + done, s.size(), s.data()));
+        out.commit(s.size(), hash.get());
+        done += s.size();
+        copied += s.size();
+        prefetch.advance(copied);
+      }
+      cursor = t.offset + t.nbytes;
+    }
+    KTIER_RETURN_IF_ERROR(out.zeros(r.size - cursor, hash.get()));
+    r.xxh3 = XXH3_64bits_digest(hash.get());
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status check_pack_output(const fs::path& out_dir, bool force) {
+  std::error_code ec;
+  if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
+    return Status::usage(out_dir.string() + ": exists and is not a directory");
+  if (force) return Status::ok();
+  for (const char* name : {kManifestFileName, kPackFileName})
+    if (fs::exists(out_dir / name, ec))
+      return Status::usage(out_dir.string() + " already holds a trunk pack (" + name +
+                           "); pass --force to replace it");
+  return Status::ok();
+}
+
+Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOptions& o) {
+  try {
+    const auto start = std::chrono::steady_clock::now();
+    KTIER_RETURN_IF_ERROR(check_pack_output(o.out_dir, o.force));
+    std::error_code ec;
+    fs::create_directories(o.out_dir, ec);
+    if (ec) return Status::runtime("cannot create " + o.out_dir.string() + ": " + ec.message());
+
+    PackLayout layout = plan_trunk_pack(ckpt);
+    SourceFingerprint source;
+    {
+      KTIER_ASSIGN_OR_RETURN(source, fingerprint_checkpoint(ckpt));
+    }
+    const fs::space_info space = fs::space(o.out_dir, ec);
+    if (!ec && space.available < layout.file_size)
+      return Status::runtime(o.out_dir.string() + ": trunk.pack needs " + std::to_string(layout.file_size) +
+                             " bytes, only " + std::to_string(space.available) + " are free");
+
+    const fs::path pack_partial = o.out_dir / (std::string(".") + kPackFileName + ".partial");
+    const fs::path manifest_partial = o.out_dir / (std::string(".") + kManifestFileName + ".partial");
+    PackReport rep;
+    rep.pack_path = o.out_dir / kPackFileName;
+    rep.manifest_path = o.out_dir / kManifestFileName;
+
+    const uint64_t buffer = std::clamp<uint64_t>(align_up(layout.file_size, kRecordAlignment),
+                                                 kRecordAlignment, align_up(o.buffer_bytes, kRecordAlignment));
+    synth::ProgressMeter meter("pack", layout.file_size, o.progress);
+    PartialFile out(pack_partial, buffer, meter);
+    KTIER_RETURN_IF_ERROR(out.open());
+    KTIER_RETURN_IF_ERROR(copy_records(ckpt, layout, out));
+    if (out.bytes() != layout.file_size)  // the layout's own arithmetic; a bug if it fails
+      return Status::runtime(pack_partial.string() + ": wrote " + std::to_string(out.bytes()) +
+                             " bytes, the layout says " + std::to_string(layout.file_size));
+    KTIER_RETURN_IF_ERROR(out.finish());
+
+    Status s = write_small_file(manifest_partial, manifest_json(layout.records, layout.file_size, source));
+    if (s.is_ok() && ::unlink(rep.manifest_path.c_str()) != 0 && errno != ENOENT)
+      s = Status::runtime("cannot remove " + rep.manifest_path.string() + ": " + errno_text(errno));
+    if (s.is_ok()) s = rename_file(pack_partial, rep.pack_path);
+    if (s.is_ok()) {
+      out.keep();
+      s = rename_file(manifest_partial, rep.manifest_path);
+    }
+    if (!s.is_ok()) {
+      ::unlink(manifest_partial.c_str());
+      return s;
+    }
+    KTIER_RETURN_IF_ERROR(fsync_dir(o.out_dir));
+    meter.finish(layout.file_size);
+
+    rep.records = layout.records.size();
+    rep.layers = layout.records.size() - 2;
+    for (const Record& r : layout.records) rep.tensors += r.tensors.size();
+    rep.payload_bytes = layout.payload_bytes;
+    rep.file_size = layout.file_size;
+    rep.expert_bytes = ckpt.census().experts.bytes;
+    rep.ignored_bytes = ckpt.census().ignored.bytes;
+    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return rep;
+  } catch (const std::exception& e) {  // bad_alloc, filesystem errors; never escape
+    return Status::runtime(o.out_dir.string() + ": " + e.what());
+  }
+}
+
+std::string format_pack_report(const PackReport& r) {
+  char buf[512];
+  const double mb_s = r.seconds > 0 ? static_cast<double>(r.file_size) / r.seconds / 1e6 : 0.0;
+  std::snprintf(buf, sizeof buf,
+                "ktier pack: %llu records (%llu layers, head, embed), %llu tensors\n"
+                "  trunk.pack   %llu bytes (%llu tensor bytes + alignment padding)\n"
+                "  not packed   %llu expert bytes (read from the shards), %llu ignored bytes\n"
+                "  time         %.2f s, %.0f MB/s\n",
+                static_cast<unsigned long long>(r.records), static_cast<unsigned long long>(r.layers),
+                static_cast<unsigned long long>(r.tensors), static_cast<unsigned long long>(r.file_size),
+                static_cast<unsigned long long>(r.payload_bytes),
+                static_cast<unsigned long long>(r.expert_bytes),
+                static_cast<unsigned long long>(r.ignored_bytes), r.seconds, mb_s);
+  return buf + ("  -> " + r.manifest_path.parent_path().string() + "\n");
+}
+
+}  // namespace ktier::pack

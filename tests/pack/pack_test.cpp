@@ -1,0 +1,403 @@
+// The trunk pack (src/pack): `ktier pack` of synthetic tiny checkpoints, read back both with
+// TrunkPack and independently (raw shard headers, the manifest as plain JSON, xxh3 recomputed),
+// then damaged in every way the reader must catch.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
+
+#include "common/run_process.h"
+#include "common/test_paths.h"
+#include "format/checkpoint.h"
+#include "pack/pack_writer.h"
+#include "pack/trunk_pack.h"
+#include "synth/synth.h"
+#include "synth/synth_test_util.h"
+
+namespace ktier::pack {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+synth::SynthOptions tiny(const fs::path& dir, uint64_t seed, synth::ExpertFormat experts) {
+  synth::SynthOptions o;
+  o.preset = "tiny";
+  o.out_dir = dir;
+  o.seed = seed;
+  o.experts = experts;
+  o.threads = 2;
+  return o;
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << text;
+}
+
+void flip_byte(const fs::path& p, uint64_t offset) {
+  std::fstream f(p, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x01);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+// Checkpoints written once for the suite: "a" (seed 1, MXFP4), "b" (seed 2, MXFP4), "f" (seed 1,
+// plain F32 experts). Each test packs into its own folder under scratch().
+class PackTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new test::TempDir("pack");
+    for (auto [name, seed, fmt] : {std::tuple{"a", 1, synth::ExpertFormat::kMxfp4},
+                                   std::tuple{"b", 2, synth::ExpertFormat::kMxfp4},
+                                   std::tuple{"f", 1, synth::ExpertFormat::kF32}}) {
+      auto r = synth::run_synth(tiny(root_->path() / name, static_cast<uint64_t>(seed), fmt));
+      ASSERT_TRUE(r.is_ok()) << r.status().message();
+    }
+  }
+  static void TearDownTestSuite() {
+    delete root_;
+    root_ = nullptr;
+  }
+  static fs::path ckpt_dir(const char* name) { return root_->path() / name; }
+  static format::Checkpoint open_ckpt(const char* name) {
+    auto c = format::Checkpoint::open(ckpt_dir(name));
+    EXPECT_TRUE(c.is_ok()) << c.status().message();
+    return std::move(c).value();
+  }
+  fs::path scratch(const std::string& tag) {
+    const fs::path p = root_->path() / ("out_" + tag);
+    fs::remove_all(p);
+    return p;
+  }
+  static Result<PackReport> pack(const format::Checkpoint& c, const fs::path& out, bool force = false) {
+    PackOptions o;
+    o.out_dir = out;
+    o.force = force;
+    o.buffer_bytes = 64 << 10;  // small, so records and tensors straddle buffer flushes
+    return write_trunk_pack(c, o);
+  }
+
+  static test::TempDir* root_;
+};
+test::TempDir* PackTest::root_ = nullptr;
+
+// Checks the pack in `out` against the checkpoint in `dir` without trusting the engine's readers:
+// shard headers parsed by the test helper, the manifest as plain JSON, xxh3 recomputed.
+void expect_exact_pack(const fs::path& dir, const fs::path& out, const TrunkPack& tp, int64_t layers) {
+  const std::string packed = test::read_file(out / kPackFileName);
+  const json m = json::parse(test::read_file(out / kManifestFileName));
+  EXPECT_EQ(m.at("format"), "ktier-trunk-pack");
+  EXPECT_EQ(m.at("version"), 1);
+  EXPECT_EQ(m.at("alignment"), 4096);
+  EXPECT_EQ(m.at("file"), "trunk.pack");
+  ASSERT_EQ(m.at("file_size").get<uint64_t>(), packed.size());
+  const json& recs = m.at("records");
+  ASSERT_EQ(recs.size(), static_cast<size_t>(layers + 2));
+
+  uint64_t expect_offset = 0;
+  std::set<std::string> in_pack;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const json& r = recs[i];
+    const std::string name = i < static_cast<size_t>(layers) ? "layer." + std::to_string(i)
+                             : i == static_cast<size_t>(layers) ? "head" : "embed";
+    EXPECT_EQ(r.at("name"), name);
+    EXPECT_EQ(r.at("layer").is_null(), i >= static_cast<size_t>(layers));
+    const uint64_t off = r.at("offset"), size = r.at("size"), bytes = r.at("bytes");
+    EXPECT_EQ(off, expect_offset) << name;  // back to back
+    EXPECT_EQ(off % 4096, 0u) << name;
+    EXPECT_EQ(size % 4096, 0u) << name;
+    EXPECT_EQ(size, (bytes + 4095) / 4096 * 4096) << name;
+    ASSERT_LE(off + size, packed.size());
+    EXPECT_EQ(r.at("xxh3").get<std::string>(), hex64(XXH3_64bits(packed.data() + off, size))) << name;
+    EXPECT_TRUE(tp.verify(tp.records().at(i), packed.data() + off).is_ok()) << name;
+    // Payload and zero gaps: everything not covered by a tensor is 0.
+    std::vector<bool> covered(size, false);
+    uint64_t prev_end = 0;
+    for (const json& t : r.at("tensors")) {
+      const uint64_t toff = t.at("offset"), n = t.at("nbytes");
+      EXPECT_EQ(toff % 64, 0u);
+      EXPECT_GE(toff, prev_end);
+      prev_end = toff + n;
+      for (uint64_t k = toff; k < toff + n; ++k) covered[k] = true;
+      in_pack.insert(t.at("name").get<std::string>());
+    }
+    for (uint64_t k = 0; k < size; ++k) {
+      if (!covered[k]) {
+        ASSERT_EQ(packed[off + k], 0) << name << " byte " << k;
+      }
+    }
+    expect_offset = off + size;
+  }
+  EXPECT_EQ(expect_offset, packed.size());
+  EXPECT_EQ(tp.records().size(), recs.size());
+  EXPECT_EQ(tp.head_record().tensors.size(), 4u);
+  ASSERT_EQ(tp.embed_record().tensors.size(), 1u);
+  EXPECT_EQ(tp.embed_record().tensors[0].name, "language_model.model.embed_tokens.weight");
+
+  // Every checkpoint tensor: experts and non-text tensors absent, everything else byte-equal.
+  size_t checked = 0, experts = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    const test::RawShard shard = test::read_raw_shard(e.path());
+    for (const test::RawTensor& t : shard.tensors) {
+      const TensorEntry* te = tp.find(t.name);
+      const bool expert = t.name.find(".block_sparse_moe.experts.") != std::string::npos;
+      const bool text = t.name.starts_with("language_model.");
+      if (expert || !text) {
+        EXPECT_EQ(te, nullptr) << t.name;
+        EXPECT_EQ(in_pack.count(t.name), 0u) << t.name;
+        experts += expert;
+        continue;
+      }
+      ASSERT_NE(te, nullptr) << t.name;
+      EXPECT_EQ(std::string(dtype_name(te->dtype)), t.dtype) << t.name;
+      EXPECT_EQ(te->shape, t.shape) << t.name;
+      ASSERT_EQ(te->nbytes, t.end - t.begin) << t.name;
+      const Record& r = tp.records().at(te->record);
+      const std::vector<uint8_t> want = test::read_range(e.path(), shard.data_offset() + t.begin, te->nbytes);
+      ASSERT_EQ(std::memcmp(packed.data() + r.offset + te->offset, want.data(), want.size()), 0) << t.name;
+      if (t.name.starts_with("language_model.model.layers.")) {
+        const std::string want_rec = "layer." + t.name.substr(28, t.name.find('.', 28) - 28);
+        EXPECT_EQ(r.name, want_rec) << t.name;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, in_pack.size());
+  EXPECT_GT(experts, 0u);
+}
+
+TEST_F(PackTest, PackHoldsEveryNonExpertTensorExactly) {
+  const auto ckpt = open_ckpt("a");
+  const fs::path out = scratch("exact");
+  auto rep = pack(ckpt, out);
+  ASSERT_TRUE(rep.is_ok()) << rep.status().message();
+  EXPECT_EQ(rep->file_size, fs::file_size(out / kPackFileName));
+  EXPECT_EQ(rep->payload_bytes, ckpt.census().trunk.bytes + ckpt.census().embeddings_head.bytes);
+  EXPECT_EQ(test::list_dir(out), (std::vector<std::string>{"manifest.json", "trunk.pack"}));
+  auto tp = TrunkPack::open(out, ckpt);
+  ASSERT_TRUE(tp.is_ok()) << tp.status().message();
+  expect_exact_pack(ckpt_dir("a"), out, *tp, ckpt.config().num_hidden_layers);
+  std::vector<uint8_t> buf(tp->layer_record(0).size);
+  EXPECT_TRUE(tp->read_record(tp->layer_record(0), buf.data()).is_ok());
+}
+
+TEST_F(PackTest, FloatExpertCheckpointPacksWithoutExperts) {
+  const auto ckpt = open_ckpt("f");
+  ASSERT_EQ(ckpt.expert_storage(), format::ExpertStorage::kPlainFloat);
+  const fs::path out = scratch("float");
+  auto rep = pack(ckpt, out);
+  ASSERT_TRUE(rep.is_ok()) << rep.status().message();
+  auto tp = TrunkPack::open(out, ckpt);
+  ASSERT_TRUE(tp.is_ok()) << tp.status().message();
+  expect_exact_pack(ckpt_dir("f"), out, *tp, ckpt.config().num_hidden_layers);
+  EXPECT_EQ(tp->find(format::expert_prefix(1, 0) + "w1.weight"), nullptr);
+}
+
+TEST_F(PackTest, PackIsDeterministic) {
+  const auto ckpt = open_ckpt("a");
+  const fs::path o1 = scratch("det1"), o2 = scratch("det2");
+  ASSERT_TRUE(pack(ckpt, o1).is_ok());
+  PackOptions big;
+  big.out_dir = o2;  // default 64 MiB buffer: other flush points, same bytes
+  ASSERT_TRUE(write_trunk_pack(ckpt, big).is_ok());
+  EXPECT_EQ(test::read_file(o1 / kPackFileName), test::read_file(o2 / kPackFileName));
+  EXPECT_EQ(test::read_file(o1 / kManifestFileName), test::read_file(o2 / kManifestFileName));
+}
+
+TEST_F(PackTest, FlippedByteFailsVerifyNamingTheRecord) {
+  const auto ckpt = open_ckpt("a");
+  const fs::path out = scratch("flip");
+  ASSERT_TRUE(pack(ckpt, out).is_ok());
+  {
+    auto tp = TrunkPack::open(out, ckpt);
+    ASSERT_TRUE(tp.is_ok());
+    const Record& r = tp->layer_record(1);
+    flip_byte(out / kPackFileName, r.offset + r.tensors.at(2).offset + 5);
+  }
+  auto tp = TrunkPack::open(out, ckpt);  // sizes are intact: open cannot see it
+  ASSERT_TRUE(tp.is_ok()) << tp.status().message();
+  const Record& bad = tp->layer_record(1);
+  std::vector<uint8_t> buf(bad.size);
+  const Status s = tp->read_record(bad, buf.data());
+  EXPECT_EQ(s.exit_code(), 3);
+  EXPECT_NE(s.message().find((out / kPackFileName).string()), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("'layer.1'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("offset " + std::to_string(bad.offset)), std::string::npos) << s.message();
+  EXPECT_EQ(tp->verify(bad, buf.data()).exit_code(), 3);
+  // The damage is local: the other records still verify.
+  for (const Record& r : tp->records()) {
+    if (&r == &bad) continue;
+    buf.resize(r.size);
+    EXPECT_TRUE(tp->read_record(r, buf.data()).is_ok()) << r.name;
+  }
+  // A flipped padding byte is caught too: the checksum covers the whole record.
+  const Record& head = tp->head_record();
+  ASSERT_LT(head.bytes, head.size);
+  flip_byte(out / kPackFileName, head.offset + head.size - 1);
+  buf.resize(head.size);
+  EXPECT_EQ(tp->read_record(head, buf.data()).exit_code(), 3);
+}
+
+TEST_F(PackTest, RefusesToOverwriteWithoutForce) {
+  const auto a = open_ckpt("a");
+  const auto b = open_ckpt("b");
+  const fs::path out = scratch("force");
+  ASSERT_TRUE(pack(a, out).is_ok());
+  const std::string before = test::read_file(out / kManifestFileName);
+  auto again = pack(b, out);
+  ASSERT_FALSE(again.is_ok());
+  EXPECT_EQ(again.status().exit_code(), 2);
+  EXPECT_NE(again.status().message().find("--force"), std::string::npos) << again.status().message();
+  EXPECT_EQ(test::read_file(out / kManifestFileName), before);
+  EXPECT_TRUE(TrunkPack::open(out, a).is_ok());
+
+  auto forced = pack(b, out, /*force=*/true);
+  ASSERT_TRUE(forced.is_ok()) << forced.status().message();
+  EXPECT_EQ(test::list_dir(out), (std::vector<std::string>{"manifest.json", "trunk.pack"}));
+  EXPECT_TRUE(TrunkPack::open(out, b).is_ok());
+  EXPECT_EQ(TrunkPack::open(out, a).status().exit_code(), 2);
+
+  // A lone trunk.pack (no manifest) is refused too: it may be the half of a pack.
+  fs::remove(out / kManifestFileName);
+  EXPECT_EQ(pack(a, out).status().exit_code(), 2);
+  EXPECT_EQ(check_pack_output(out / kPackFileName, true).exit_code(), 2);  // a file, not a folder
+}
+
+TEST_F(PackTest, PackOfAnotherCheckpointIsRefused) {
+  const auto a = open_ckpt("a");
+  const auto b = open_ckpt("b");  // same preset and headers, another seed
+  const fs::path out = scratch("other");
+  ASSERT_TRUE(pack(a, out).is_ok());
+  auto tp = TrunkPack::open(out, b);
+  ASSERT_FALSE(tp.is_ok());
+  EXPECT_EQ(tp.status().exit_code(), 2);
+  EXPECT_NE(tp.status().message().find("pack was made from another checkpoint"), std::string::npos)
+      << tp.status().message();
+  EXPECT_NE(tp.status().message().find("rerun ktier pack"), std::string::npos);
+  const auto f = open_ckpt("f");  // other expert storage: other headers and config
+  EXPECT_EQ(TrunkPack::open(out, f).status().exit_code(), 2);
+}
+
+TEST_F(PackTest, TruncatedPackIsRefusedAtOpen) {
+  const auto ckpt = open_ckpt("a");
+  const fs::path out = scratch("trunc");
+  ASSERT_TRUE(pack(ckpt, out).is_ok());
+  fs::resize_file(out / kPackFileName, fs::file_size(out / kPackFileName) - 4096);
+  auto tp = TrunkPack::open(out, ckpt);
+  ASSERT_FALSE(tp.is_ok());
+  EXPECT_EQ(tp.status().exit_code(), 3);
+  EXPECT_NE(tp.status().message().find((out / kPackFileName).string()), std::string::npos)
+      << tp.status().message();
+  fs::remove(out / kPackFileName);
+  EXPECT_EQ(TrunkPack::open(out, ckpt).status().exit_code(), 3);
+}
+
+TEST_F(PackTest, InterruptedWriteIsNotAPack) {
+  const auto ckpt = open_ckpt("a");
+  const fs::path out = scratch("interrupted");
+  fs::create_directories(out);
+  // What a killed `ktier pack` leaves: partial files, no manifest.json.
+  write_text(out / ".trunk.pack.partial", std::string(8192, 'x'));
+  write_text(out / ".manifest.json.partial", "{\"format\"");
+  auto tp = TrunkPack::open(out, ckpt);
+  ASSERT_FALSE(tp.is_ok());
+  EXPECT_EQ(tp.status().exit_code(), 3);
+  EXPECT_NE(tp.status().message().find("manifest.json"), std::string::npos) << tp.status().message();
+  // Partial files do not block a new pack, and are replaced by it.
+  ASSERT_TRUE(pack(ckpt, out).is_ok());
+  EXPECT_EQ(test::list_dir(out), (std::vector<std::string>{"manifest.json", "trunk.pack"}));
+  EXPECT_TRUE(TrunkPack::open(out, ckpt).is_ok());
+}
+
+TEST_F(PackTest, MissingFolderIsUsage) {
+  const auto ckpt = open_ckpt("a");
+  EXPECT_EQ(TrunkPack::open(scratch("nowhere"), ckpt).status().exit_code(), 2);
+}
+
+TEST_F(PackTest, DamagedManifestsAreCorrupt) {
+  const auto ckpt = open_ckpt("a");
+  const fs::path out = scratch("manifest");
+  ASSERT_TRUE(pack(ckpt, out).is_ok());
+  const fs::path mp = out / kManifestFileName;
+  const json good = json::parse(test::read_file(mp));
+  auto expect_corrupt = [&](const std::string& text, const std::string& what, const char* needle) {
+    write_text(mp, text);
+    auto tp = TrunkPack::open(out, ckpt);
+    ASSERT_FALSE(tp.is_ok()) << what;
+    EXPECT_EQ(tp.status().exit_code(), 3) << what << ": " << tp.status().message();
+    EXPECT_NE(tp.status().message().find(mp.string()), std::string::npos) << tp.status().message();
+    EXPECT_NE(tp.status().message().find(needle), std::string::npos) << tp.status().message();
+  };
+  expect_corrupt("{\"format\": ", "cut JSON", "not valid JSON");
+  expect_corrupt("[]", "an array", "not an object");
+  json j = good;
+  j["version"] = 2;
+  expect_corrupt(j.dump(), "version 2", "version 2");
+  j = good;
+  j["format"] = "something";
+  expect_corrupt(j.dump(), "format", "format");
+  j = good;
+  j["records"][1]["offset"] = j["records"][0]["offset"];
+  expect_corrupt(j.dump(), "overlap", "overlaps");
+  j = good;
+  j["records"][0]["offset"] = 100;
+  expect_corrupt(j.dump(), "misaligned record", "multiple of 4096");
+  j = good;
+  j["records"].back()["offset"] = j["file_size"].get<uint64_t>();
+  expect_corrupt(j.dump(), "record past the end", "outside");
+  j = good;
+  j["records"][0]["tensors"][0]["offset"] = j["records"][0]["bytes"].get<uint64_t>();
+  expect_corrupt(j.dump(), "tensor outside its record", "outside the record");
+  j = good;
+  j["records"][0]["tensors"][0]["shape"] = json::array({7});
+  expect_corrupt(j.dump(), "nbytes vs shape", "nbytes");
+  j = good;
+  j["records"][0]["xxh3"] = "xyz";
+  expect_corrupt(j.dump(), "bad checksum text", "16 hex digits");
+  j = good;
+  j["records"][0]["tensors"].erase(j["records"][0]["tensors"].size() - 1);
+  j["records"][0]["bytes"] = j["records"][0]["tensors"].back()["offset"].get<uint64_t>() +
+                             j["records"][0]["tensors"].back()["nbytes"].get<uint64_t>();
+  j["records"][0]["size"] = (j["records"][0]["bytes"].get<uint64_t>() + 4095) / 4096 * 4096;
+  expect_corrupt(j.dump(), "a tensor missing", "lacks tensor");
+  j = good;
+  std::swap(j["records"][0]["tensors"][0]["name"], j["records"][1]["tensors"][0]["name"]);
+  expect_corrupt(j.dump(), "a tensor in the wrong record", "not a non-expert tensor of that record");
+  write_text(mp, good.dump());
+  EXPECT_TRUE(TrunkPack::open(out, ckpt).is_ok());
+}
+
+TEST_F(PackTest, CommandLine) {
+  const fs::path bin = test::ktier_bin();
+  if (!fs::exists(bin)) GTEST_SKIP() << "no ktier binary at " << bin;
+  const fs::path out = scratch("cli");
+  const std::string base = bin.string() + " pack -m " + ckpt_dir("a").string() + " -o " + out.string();
+  auto r = test::run_process(base + " -q");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("trunk.pack"), std::string::npos) << r.out;
+  EXPECT_TRUE(r.err.empty()) << r.err;  // -q: no progress
+  r = test::run_process(base + " -q");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+  r = test::run_process(base + " --force");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("pack:"), std::string::npos) << r.err;  // the progress line
+  const auto ckpt = open_ckpt("a");
+  EXPECT_TRUE(TrunkPack::open(out, ckpt).is_ok());
+  r = test::run_process(bin.string() + " pack -q -m " + (root_->path() / "missing").string() + " -o " +
+                        scratch("cli2").string());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+}
+
+}  // namespace
+}  // namespace ktier::pack
