@@ -53,4 +53,31 @@ std::string join_ids(const std::vector<int32_t>& ids) {
   return line;
 }
 
+void add_memory_options(CLI::App* sub, MemoryArgs& a) {
+  sub->add_option("--pack", a.pack,
+                  "Trunk pack made by `ktier pack`: layers stream with one read each, checksummed");
+  sub->add_option("--ram", a.ram,
+                  "Memory for the trunk (e.g. 8G, 512M): a prefix of layers is pinned, the rest "
+                  "streams; below the minimum the run is refused (exit 4)");
+  sub->add_option("--io", a.io, "Read engine with --pack/--ram: auto, uring or pread")
+      ->capture_default_str();
+}
+
+Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
+  if (!a.pack.empty()) eo.pack_dir = a.pack;
+  if (!a.ram.empty()) {
+    KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, runtime::parse_size(a.ram));
+    eo.ram_budget = bytes;
+  }
+  if (a.io == "auto")
+    eo.io.backend = io::IoBackend::kAuto;
+  else if (a.io == "uring")
+    eo.io.backend = io::IoBackend::kUring;
+  else if (a.io == "pread")
+    eo.io.backend = io::IoBackend::kPread;
+  else
+    return Status::usage("--io: '" + a.io + "' is not one of auto, uring, pread");
+  return Status::ok();
+}
+
 }  // namespace ktier::cli

@@ -5,7 +5,10 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "common/status.h"
+#include "runtime/engine.h"
 
 namespace ktier::cli {
 
@@ -19,5 +22,13 @@ Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string&
 
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);
+
+// The memory-dial options shared by `run` and `eval`: --pack, --ram, --io.
+struct MemoryArgs {
+  std::string pack, ram, io = "auto";
+};
+void add_memory_options(CLI::App* sub, MemoryArgs& a);
+// Fills the engine options from them. Status::usage for a bad size or --io value.
+Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo);
 
 }  // namespace ktier::cli

@@ -22,6 +22,7 @@ namespace {
 
 struct EvalArgs {
   std::string model, ids, logits_out, isa = "auto";
+  MemoryArgs memory;
   bool argmax = false;
   int64_t chunk = 0;
   int threads = 0;
@@ -47,6 +48,7 @@ Status eval(const EvalArgs& a) {
   eo.model_dir = a.model;
   eo.threads = a.threads;
   eo.isa = isa;
+  KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const int64_t V = engine->checkpoint().config().vocab_size;
   std::vector<int32_t> ids;
@@ -88,6 +90,7 @@ void register_eval_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar or avx2 (same output bytes)")
       ->capture_default_str();
+  add_memory_options(sub, a->memory);
   sub->callback([a, &exit_code] { exit_code = finish(eval(*a)); });
 }
 

@@ -27,6 +27,7 @@ namespace {
 
 struct RunArgs {
   std::string model, prompt, file, ids, isa = "auto";
+  MemoryArgs memory;
   bool has_prompt = false, print_ids = false, special = false;
   int64_t max_new_tokens = 128, chunk = 256, top_k = 0;
   double temperature = 0.0, top_p = 1.0;
@@ -101,6 +102,7 @@ Status run(const RunArgs& a) {
   eo.model_dir = a.model;
   eo.threads = a.threads;
   eo.isa = isa;
+  KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
   spdlog::info("loading {}", a.model);
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const format::ModelConfig& cfg = engine->checkpoint().config();
@@ -170,6 +172,7 @@ void register_run_command(CLI::App& app, int& exit_code) {
                 "Encode added-token strings in the prompt text as their ids");
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar or avx2 (same output bytes)")
       ->capture_default_str();
+  add_memory_options(sub, a->memory);
   sub->callback([a, p, &exit_code] {
     a->has_prompt = p->count() > 0;
     exit_code = finish(run(*a));

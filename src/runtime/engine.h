@@ -16,6 +16,8 @@
 #include "model/experts.h"
 #include "model/model.h"
 #include "model/weights.h"
+#include "pack/trunk_pack.h"
+#include "runtime/trunk_store.h"
 
 namespace ktier::runtime {
 
@@ -24,6 +26,11 @@ struct EngineOptions {
   int threads = 0;                        // 0: one per hardware thread
   std::optional<cpu::Isa> isa;            // nullopt: the fastest supported
   format::OpenMode mode = format::OpenMode::kMap;
+  // The memory dial. When either is set the trunk goes through a TrunkStore (pinned prefix +
+  // streamed ring, read with the I/O layer) and the checkpoint is opened without a mapping.
+  std::optional<std::filesystem::path> pack_dir;  // trunk pack made by `ktier pack`
+  std::optional<uint64_t> ram_budget;             // bytes for the trunk (see TrunkStore)
+  io::IoOptions io;
 };
 
 class Engine {
@@ -33,7 +40,10 @@ class Engine {
   static Result<std::unique_ptr<Engine>> open(const EngineOptions& opts);
 
   const format::Checkpoint& checkpoint() const { return ckpt_; }
-  const model::ModelWeights& weights() const { return *weights_; }
+  // Resident weights (no memory dial); null when a TrunkStore holds the trunk.
+  const model::ModelWeights* weights() const { return weights_.get(); }
+  // The memory dial's trunk; null without --pack / --ram.
+  const TrunkStore* trunk_store() const { return store_.get(); }
   model::Model& model() { return *model_; }
   const model::ExpertSource* experts() const { return experts_.get(); }
   const cpu::Exec& exec() const { return exec_; }
@@ -43,6 +53,8 @@ class Engine {
   explicit Engine(format::Checkpoint ckpt) : ckpt_(std::move(ckpt)) {}
   format::Checkpoint ckpt_;
   std::unique_ptr<model::ModelWeights> weights_;
+  std::optional<pack::TrunkPack> pack_;
+  std::unique_ptr<TrunkStore> store_;
   std::unique_ptr<model::ExpertSource> experts_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;

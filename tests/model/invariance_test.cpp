@@ -51,7 +51,7 @@ TEST_P(InvarianceTest, PreadModeGivesIdenticalLogits) {
   o.mode = format::OpenMode::kPread;
   auto pread = runtime::Engine::open(o);
   ASSERT_TRUE(mapped && pread.is_ok()) << pread.status().message();
-  EXPECT_GT(pread.value()->weights().owned_bytes(), 0u);
+  EXPECT_GT(pread.value()->weights()->owned_bytes(), 0u);
   EXPECT_TRUE(same_bytes(eval_logits(*mapped, prompt, 3), eval_logits(*pread.value(), prompt, 3)));
 }
 

@@ -1,0 +1,314 @@
+#include "runtime/trunk_store.h"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cmath>
+
+#include <spdlog/spdlog.h>
+
+#include "common/check.h"
+#include "cpu/kernels.h"
+
+namespace ktier::runtime {
+
+namespace {
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+std::string mib(uint64_t b) {
+  char buf[32];
+  if (b >= (100ull << 20))
+    std::snprintf(buf, sizeof buf, "%.0f MiB", b / 1048576.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
+  return buf;
+}
+}  // namespace
+
+Result<uint64_t> parse_size(const std::string& text) {
+  double v = 0;
+  const char* end = text.data() + text.size();
+  const auto [p, ec] = std::from_chars(text.data(), end, v);
+  uint64_t unit = 1;
+  if (ec == std::errc() && p + 1 == end) {
+    switch (*p) {
+      case 'K': case 'k': unit = 1ull << 10; break;
+      case 'M': case 'm': unit = 1ull << 20; break;
+      case 'G': case 'g': unit = 1ull << 30; break;
+      case 'T': case 't': unit = 1ull << 40; break;
+      default: unit = 0;
+    }
+  }
+  if (ec != std::errc() || text.empty() || (p != end && (p + 1 != end || unit == 0)) ||
+      !(v >= 0) || !std::isfinite(v))
+    return Status::usage("'" + text + "' is not a size (e.g. 512M, 8G, 1.5G, 1073741824)");
+  return static_cast<uint64_t>(v * static_cast<double>(unit));
+}
+
+TrunkStore::~TrunkStore() { cq_.reset(); }  // waits for reads into the ring before it is freed
+
+Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& ckpt,
+                                                     const pack::TrunkPack* pack,
+                                                     const TrunkStoreOptions& opts) {
+  std::unique_ptr<TrunkStore> s(new TrunkStore(ckpt, pack));
+  const format::ModelConfig& c = ckpt.config();
+  const int64_t L = c.num_hidden_layers;
+  if (pack) {
+    s->records_ = pack->records();
+  } else {
+    pack::PackLayout layout = pack::plan_trunk_pack(ckpt);
+    s->records_ = std::move(layout.records);
+    s->tensor_sources_ = std::move(layout.sources);
+  }
+  for (uint32_t r = 0; r < s->records_.size(); ++r)
+    for (uint32_t t = 0; t < s->records_[r].tensors.size(); ++t)
+      s->by_name_[s->records_[r].tensors[t].name] = {r, t};
+  KTIER_ASSIGN_OR_RETURN(s->engine_, io::make_io_engine(opts.io));
+  s->cq_ = std::make_unique<io::CompletionQueue>(*s->engine_);
+  if (pack) {
+    KTIER_ASSIGN_OR_RETURN(s->pack_file_, s->engine_->open(pack->pack_path()));
+  } else {
+    for (size_t i = 0; i < ckpt.num_shards(); ++i) {
+      KTIER_ASSIGN_OR_RETURN(io::ReadFile f, s->engine_->open(ckpt.shard(i).path()));
+      s->shard_files_.push_back(std::move(f));
+    }
+  }
+
+  // The plan: head + row buffer + ring are the minimum; layers are pinned in order while the
+  // rest of the budget holds them; if every layer fits, there is no ring.
+  const pack::Record& head = s->records_[static_cast<size_t>(L)];
+  const pack::Record& embed = s->records_[static_cast<size_t>(L) + 1];
+  const uint64_t row_bytes = embed.tensors.at(0).nbytes / static_cast<uint64_t>(c.vocab_size);
+  const uint64_t row_buf = pack::align_up(row_bytes * 64, 4096);  // grows for long chunks
+  uint64_t largest = 0, all_layers = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    largest = std::max(largest, s->records_[static_cast<size_t>(l)].size);
+    all_layers += s->records_[static_cast<size_t>(l)].size;
+  }
+  const int slots = std::max(2, opts.ring_slots);
+  const uint64_t base = head.size + row_buf;
+  s->stats_.minimum_bytes = base + std::min<uint64_t>(all_layers, slots * largest);
+  if (opts.budget_bytes < s->stats_.minimum_bytes)
+    return Status::budget("a trunk budget of " + mib(opts.budget_bytes) + " cannot be met: the "
+                          "minimum is " + mib(s->stats_.minimum_bytes) + " (head " +
+                          mib(head.size) + " + " + std::to_string(slots) + " ring slots of " +
+                          mib(largest) + " + embedding rows)");
+  int64_t pinned = 0;
+  if (base + all_layers <= opts.budget_bytes) {
+    pinned = L;
+  } else {
+    uint64_t used = base + slots * largest;
+    while (pinned < L && used + s->records_[static_cast<size_t>(pinned)].size <= opts.budget_bytes)
+      used += s->records_[static_cast<size_t>(pinned++)].size;
+  }
+  s->stats_.layers_pinned = pinned;
+  s->stats_.layers_streamed = L - pinned;
+
+  // Resident part: head and the pinned layers, read and verified now.
+  KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer hb, io::AlignedBuffer::allocate(head.size));
+  KTIER_RETURN_IF_ERROR(s->read_now(head, hb.data()));
+  KTIER_ASSIGN_OR_RETURN(s->head_, model::bind_head(c, s->lookup_in(head, hb.data())));
+  s->pinned_.push_back(std::move(hb));
+  for (int64_t l = 0; l < pinned; ++l) {
+    const pack::Record& r = s->records_[static_cast<size_t>(l)];
+    KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer b, io::AlignedBuffer::allocate(r.size));
+    KTIER_RETURN_IF_ERROR(s->read_now(r, b.data()));
+    KTIER_ASSIGN_OR_RETURN(model::LayerWeights w, model::bind_layer(c, l, s->lookup_in(r, b.data())));
+    s->pinned_weights_.push_back(std::move(w));
+    s->pinned_.push_back(std::move(b));
+  }
+  uint64_t allocated = 0;
+  for (const auto& b : s->pinned_) allocated += b.size();
+  if (pinned < L) {
+    s->ring_.resize(static_cast<size_t>(slots));
+    for (Slot& slot : s->ring_) {
+      KTIER_ASSIGN_OR_RETURN(slot.buf, io::AlignedBuffer::allocate(largest));
+      allocated += slot.buf.size();
+    }
+    s->next_prefetch_ = pinned;
+    s->prefetch();
+  }
+  KTIER_ASSIGN_OR_RETURN(s->row_buf_, io::AlignedBuffer::allocate(row_buf));
+  s->stats_.bytes_allocated = allocated + s->row_buf_.size();
+  spdlog::info("trunk: {} of {} layers pinned, {} streamed through {} slots of {}; {} allocated "
+               "({}, {})", pinned, L, L - pinned, pinned < L ? slots : 0, mib(largest),
+               mib(s->stats_.bytes_allocated), s->engine_->name(),
+               pack ? "pack" : "shards");
+  return s;
+}
+
+std::vector<TrunkStore::Source> TrunkStore::sources_of(const pack::Record& r) const {
+  std::vector<Source> out;
+  if (pack_) {
+    out.push_back({&pack_file_, r.offset, r.size, 0});
+    return out;
+  }
+  const size_t ri = static_cast<size_t>(&r - records_.data());
+  for (size_t t = 0; t < r.tensors.size(); ++t) {
+    const format::TensorRef& ref = tensor_sources_[ri][t];
+    out.push_back({&shard_files_[ref.shard], ref.info->file_offset, ref.info->nbytes,
+                   r.tensors[t].offset});
+  }
+  return out;
+}
+
+Status TrunkStore::read_now(const pack::Record& r, uint8_t* dst) {
+  std::fill(dst, dst + r.size, uint8_t{0});  // padding, for records assembled from shards
+  std::vector<io::ReadRequest> batch;
+  for (const Source& src : sources_of(r))
+    batch.push_back({src.file, src.offset, src.length, dst + src.dst_offset, 0});
+  io::CompletionQueue cq(*engine_);
+  KTIER_RETURN_IF_ERROR(cq.submit(batch));
+  KTIER_RETURN_IF_ERROR(cq.wait_all());
+  return pack_ ? pack_->verify(r, dst) : Status::ok();
+}
+
+Status TrunkStore::start_read(Slot& s, int64_t layer) {
+  const pack::Record& r = records_[static_cast<size_t>(layer)];
+  s.layer = layer;
+  s.ready = false;
+  s.status = Status::ok();
+  const uint64_t tag = static_cast<uint64_t>(&s - ring_.data());
+  std::vector<io::ReadRequest> batch;
+  for (const Source& src : sources_of(r))
+    batch.push_back({src.file, src.offset, src.length, s.buf.data() + src.dst_offset, tag});
+  s.outstanding = batch.size();
+  stats_.streamed_bytes_read += pack_ ? r.size : r.bytes;
+  const Status st = cq_->submit(batch);
+  if (!st.is_ok()) {
+    s.outstanding = 0;
+    s.status = st;
+  }
+  return Status::ok();
+}
+
+void TrunkStore::prefetch() {
+  const int64_t L = config().num_hidden_layers, first = stats_.layers_pinned;
+  if (ring_.empty()) return;
+  for (Slot& s : ring_) {
+    if (s.layer >= 0) continue;
+    // Do not read a layer that some slot already holds (the ring is larger than the cycle).
+    const bool held = std::any_of(ring_.begin(), ring_.end(),
+                                  [&](const Slot& o) { return o.layer == next_prefetch_; });
+    if (held) return;
+    (void)start_read(s, next_prefetch_);
+    next_prefetch_ = next_prefetch_ + 1 < L ? next_prefetch_ + 1 : first;
+  }
+}
+
+Status TrunkStore::drain(Slot* until) {
+  std::vector<io::Completion> done;
+  const uint64_t t0 = now_ns();
+  while (until->outstanding > 0) {
+    done.clear();
+    cq_->wait(1, done);
+    for (io::Completion& c : done) {
+      Slot& s = ring_[static_cast<size_t>(c.tag)];
+      --s.outstanding;
+      if (!c.status.is_ok() && s.status.is_ok()) s.status = c.status;
+    }
+  }
+  stats_.io_wait_ns += now_ns() - t0;
+  return Status::ok();
+}
+
+Status TrunkStore::finish(Slot& s) {
+  KTIER_RETURN_IF_ERROR(drain(&s));
+  KTIER_RETURN_IF_ERROR(s.status);
+  const pack::Record& r = records_[static_cast<size_t>(s.layer)];
+  if (pack_) {
+    KTIER_RETURN_IF_ERROR(pack_->verify(r, s.buf.data()));
+  } else {  // the padding between tensors (never read by a kernel) is left as it is
+  }
+  KTIER_ASSIGN_OR_RETURN(s.weights, model::bind_layer(config(), s.layer, lookup_in(r, s.buf.data())));
+  s.ready = true;
+  return Status::ok();
+}
+
+Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
+  if (l < stats_.layers_pinned) return &pinned_weights_[static_cast<size_t>(l)];
+  auto it = std::find_if(ring_.begin(), ring_.end(), [&](const Slot& s) { return s.layer == l; });
+  if (it == ring_.end()) {
+    // Not prefetched (a forward that stopped early, or an earlier error): read it now into the
+    // first free slot.
+    it = std::find_if(ring_.begin(), ring_.end(), [](const Slot& s) { return !s.in_use && s.outstanding == 0; });
+    KTIER_CHECK(it != ring_.end());
+    next_prefetch_ = l;
+    it->layer = -1;
+    KTIER_RETURN_IF_ERROR(start_read(*it, l));
+    next_prefetch_ = l + 1 < config().num_hidden_layers ? l + 1 : stats_.layers_pinned;
+  }
+  Slot& s = *it;
+  if (!s.ready) {
+    const Status st = finish(s);
+    if (!st.is_ok()) {
+      s.layer = -1;  // the bytes are never bound; a retry reads the record again
+      return st;
+    }
+  }
+  s.in_use = true;
+  return &s.weights;
+}
+
+void TrunkStore::release_layer(int64_t l) {
+  if (l < stats_.layers_pinned) return;
+  for (Slot& s : ring_) {
+    if (s.layer != l || !s.in_use) continue;
+    s.in_use = false;
+    s.ready = false;
+    s.layer = -1;
+    s.weights = {};
+  }
+  prefetch();
+}
+
+model::TensorLookup TrunkStore::lookup_in(const pack::Record& r, const uint8_t* base) const {
+  return [this, &r, base](const std::string& name) -> Result<model::TensorView> {
+    const auto it = by_name_.find(name);
+    KTIER_CHECK_MSG(it != by_name_.end() && &records_[it->second.first] == &r, name.c_str());
+    const pack::TensorEntry& t = r.tensors[it->second.second];
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    return model::TensorView{t.dtype, numel, base + t.offset};
+  };
+}
+
+Status TrunkStore::embed(std::span<const int32_t> ids, float* out) {
+  const format::ModelConfig& c = config();
+  const pack::Record& r = records_.back();
+  const pack::TensorEntry& t = r.tensors.at(0);
+  const uint64_t row_bytes = t.nbytes / static_cast<uint64_t>(c.vocab_size);
+  if (row_buf_.size() < row_bytes * ids.size()) {
+    stats_.bytes_allocated -= row_buf_.size();
+    KTIER_ASSIGN_OR_RETURN(row_buf_, io::AlignedBuffer::allocate(
+                                         pack::align_up(row_bytes * ids.size(), 4096)));
+    stats_.bytes_allocated += row_buf_.size();
+  }
+  const io::ReadFile* file = nullptr;
+  uint64_t base = 0;
+  if (pack_) {
+    file = &pack_file_;
+    base = r.offset + t.offset;
+  } else {
+    const format::TensorRef& ref = tensor_sources_.back().at(0);
+    file = &shard_files_[ref.shard];
+    base = ref.info->file_offset;
+  }
+  std::vector<io::ReadRequest> batch;
+  for (size_t i = 0; i < ids.size(); ++i)
+    batch.push_back({file, base + static_cast<uint64_t>(ids[i]) * row_bytes, row_bytes,
+                     row_buf_.data() + i * row_bytes, 0});
+  io::CompletionQueue cq(*engine_);
+  KTIER_RETURN_IF_ERROR(cq.submit(batch));
+  KTIER_RETURN_IF_ERROR(cq.wait_all());
+  const cpu::WeightType type = model::weight_type_of(t.dtype);
+  for (size_t i = 0; i < ids.size(); ++i)
+    cpu::widen_to_f32(type, row_buf_.data() + i * row_bytes, c.hidden_size, out + i * c.hidden_size);
+  return Status::ok();
+}
+
+}  // namespace ktier::runtime

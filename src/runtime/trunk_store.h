@@ -1,0 +1,116 @@
+#pragma once
+// The memory dial for the trunk (issue 4; DESIGN.md §4, §6): the non-expert weights held within
+// a byte budget. The head record (lm_head, final norm, output AttnRes pair) is always resident;
+// a prefix of layers is pinned as far as the budget allows; the remaining layers stream through
+// a ring of slots, layer l+1.. read while layer l computes, in the cyclic order the forward pass
+// acquires them. Embedding rows are read on demand, one small read per token.
+//
+// Source of the bytes: a trunk pack (pack/trunk_pack.h) — one read per layer record, whose xxh3
+// is checked before the layer is bound — or, without a pack, the checkpoint's shards, one read
+// per tensor into the same record layout (no checksum: the shards carry none). Reads go through
+// the I/O layer (io_uring with O_DIRECT where possible, else pread; io/io_engine.h).
+//
+// Exactness: whatever the budget, slot count or source, the kernels see the stored bytes of
+// every tensor, so the output bytes never change (tests/runtime/trunk_store_test.cpp).
+//
+// Memory: every buffer is an io::AlignedBuffer, counted in bytes_allocated(). The budget covers
+// the head record, the pinned records, the ring slots and the embedding-row buffer.
+//
+// Threads: not thread-safe; the forward pass calls it from one thread. The I/O engine's threads
+// write only into slots whose reads are outstanding.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "format/checkpoint.h"
+#include "io/aligned_buffer.h"
+#include "io/io_engine.h"
+#include "model/weights.h"
+#include "pack/trunk_pack.h"
+
+namespace ktier::runtime {
+
+struct TrunkStoreOptions {
+  uint64_t budget_bytes = UINT64_MAX;  // for the trunk; UINT64_MAX: everything pinned
+  int ring_slots = 2;                  // >= 2 when any layer streams
+  io::IoOptions io;
+};
+
+struct TrunkStoreStats {
+  int64_t layers_pinned = 0, layers_streamed = 0;
+  uint64_t bytes_allocated = 0;     // head + pinned + ring + row buffer
+  uint64_t minimum_bytes = 0;       // the smallest budget that works (head + ring + row buffer)
+  uint64_t streamed_bytes_read = 0; // ring reads since open (pinned reads excluded)
+  uint64_t io_wait_ns = 0;          // time acquire_layer() spent waiting for reads
+};
+
+class TrunkStore final : public model::TrunkSource {
+ public:
+  // `pack` may be null (read from the shards). `ckpt` and `pack` must outlive the store.
+  // Errors: Status::budget (exit 4) when the budget is below the minimum, stating both; I/O
+  // errors (exit 1) naming the file; Status::corrupt for a pinned record failing its checksum.
+  static Result<std::unique_ptr<TrunkStore>> open(const format::Checkpoint& ckpt,
+                                                  const pack::TrunkPack* pack,
+                                                  const TrunkStoreOptions& opts);
+  ~TrunkStore() override;
+
+  const format::ModelConfig& config() const override { return ckpt_.config(); }
+  Result<const model::LayerWeights*> acquire_layer(int64_t l) override;
+  void release_layer(int64_t l) override;
+  const model::HeadWeights& head() const override { return head_; }
+  Status embed(std::span<const int32_t> ids, float* out) override;
+
+  const TrunkStoreStats& stats() const { return stats_; }
+  const char* io_engine_name() const { return engine_->name(); }
+
+ private:
+  struct Slot {
+    io::AlignedBuffer buf;
+    int64_t layer = -1;     // record held or being read; -1 free
+    size_t outstanding = 0; // reads not yet completed
+    Status status;          // first error of its reads
+    bool ready = false;     // read, verified and bound
+    bool in_use = false;    // acquired and not yet released
+    model::LayerWeights weights;
+  };
+  struct Source {  // where one record's tensors come from
+    const io::ReadFile* file;
+    uint64_t offset, length, dst_offset;
+  };
+
+  TrunkStore(const format::Checkpoint& ckpt, const pack::TrunkPack* pack)
+      : ckpt_(ckpt), pack_(pack) {}
+  Status read_now(const pack::Record& r, uint8_t* dst);  // synchronous: pinned records, head
+  Status start_read(Slot& s, int64_t layer);
+  Status finish(Slot& s);  // waits for s's reads, verifies, binds
+  Status drain(Slot* until);  // takes completions until `until` has none outstanding
+  void prefetch();
+  model::TensorLookup lookup_in(const pack::Record& r, const uint8_t* base) const;
+  std::vector<Source> sources_of(const pack::Record& r) const;
+
+  const format::Checkpoint& ckpt_;
+  const pack::TrunkPack* pack_;
+  std::vector<pack::Record> records_;  // L layers, head, embed (pack's, or plan_trunk_pack's)
+  std::vector<std::vector<format::TensorRef>> tensor_sources_;  // no-pack mode: [record][tensor]
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> by_name_;
+  std::unique_ptr<io::IoEngine> engine_;
+  std::unique_ptr<io::CompletionQueue> cq_;
+  io::ReadFile pack_file_;
+  std::vector<io::ReadFile> shard_files_;
+  std::vector<io::AlignedBuffer> pinned_;  // head first, then layers 0..n_pinned-1
+  std::vector<model::LayerWeights> pinned_weights_;
+  model::HeadWeights head_;
+  std::vector<Slot> ring_;
+  int64_t next_prefetch_ = -1;  // next streamed layer to read
+  io::AlignedBuffer row_buf_;
+  TrunkStoreStats stats_;
+};
+
+// "512M", "8G", "1024" (bytes), "1.5G": K, M, G, T are powers of 1024. Status::usage otherwise.
+Result<uint64_t> parse_size(const std::string& text);
+
+}  // namespace ktier::runtime
