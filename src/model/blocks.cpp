@@ -111,9 +111,6 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
   std::vector<int32_t> selected;
   for (int64_t e = 0; e < Ne; ++e)
     if (!users[static_cast<size_t>(e)].empty()) selected.push_back(static_cast<int32_t>(e));
-  std::vector<ExpertWeights> views(selected.size());
-  KTIER_RETURN_IF_ERROR(experts.fetch(layer, selected, views.data()));
-
   // Per selected expert g: its m_g gathered input rows, then W1/W3, SiTU-GLU, W2.
   std::vector<int64_t> row0(selected.size() + 1, 0);  // first gathered row of each expert
   for (size_t g = 0; g < selected.size(); ++g)
@@ -122,7 +119,6 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
   auto xin = buffer(rows * lat), a1 = buffer(rows * I), a3 = buffer(rows * I);
   auto y2 = buffer(rows * lat);
   std::vector<const float*> slot_out(static_cast<size_t>(T * k));
-  std::vector<cpu::LinearJob> jobs;
   for (size_t g = 0; g < selected.size(); ++g) {
     const auto& list = users[static_cast<size_t>(selected[g])];
     for (size_t i = 0; i < list.size(); ++i) {
@@ -131,17 +127,32 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
       slot_out[static_cast<size_t>(list[i])] =
           y2.data() + (row0[g] + static_cast<int64_t>(i)) * lat;
     }
-    const int64_t m = row0[g + 1] - row0[g];
-    jobs.push_back({views[g].w1, xin.data() + row0[g] * lat, m, a1.data() + row0[g] * I});
-    jobs.push_back({views[g].w3, xin.data() + row0[g] * lat, m, a3.data() + row0[g] * I});
   }
-  cpu::linear(jobs.data(), static_cast<int>(jobs.size()), ex);
-  cpu::situ_glu(a1.data(), a3.data(), rows * I, c.situ_beta, c.situ_linear_beta, a1.data(), ex);
-  jobs.clear();
-  for (size_t g = 0; g < selected.size(); ++g)
-    jobs.push_back({views[g].w2, a1.data() + row0[g] * I, row0[g + 1] - row0[g],
-                    y2.data() + row0[g] * lat});
-  cpu::linear(jobs.data(), static_cast<int>(jobs.size()), ex);
+  // Experts run in batches the source can hold at once (a RAM tier's slot count); each
+  // expert's rows are computed exactly as in one batch, so the batching changes no byte.
+  const size_t batch = static_cast<size_t>(std::max<int64_t>(1, experts.max_batch()));
+  std::vector<ExpertWeights> views(std::min(batch, selected.size()));
+  std::vector<cpu::LinearJob> jobs;
+  for (size_t b0 = 0; b0 < selected.size(); b0 += batch) {
+    const size_t b1 = std::min(selected.size(), b0 + batch);
+    KTIER_RETURN_IF_ERROR(experts.fetch(
+        layer, std::span<const int32_t>(selected.data() + b0, b1 - b0), views.data()));
+    jobs.clear();
+    for (size_t g = b0; g < b1; ++g) {
+      const int64_t m = row0[g + 1] - row0[g];
+      jobs.push_back({views[g - b0].w1, xin.data() + row0[g] * lat, m, a1.data() + row0[g] * I});
+      jobs.push_back({views[g - b0].w3, xin.data() + row0[g] * lat, m, a3.data() + row0[g] * I});
+    }
+    cpu::linear(jobs.data(), static_cast<int>(jobs.size()), ex);
+    const int64_t r0 = row0[b0], r1 = row0[b1];
+    cpu::situ_glu(a1.data() + r0 * I, a3.data() + r0 * I, (r1 - r0) * I, c.situ_beta,
+                  c.situ_linear_beta, a1.data() + r0 * I, ex);
+    jobs.clear();
+    for (size_t g = b0; g < b1; ++g)
+      jobs.push_back({views[g - b0].w2, a1.data() + row0[g] * I, row0[g + 1] - row0[g],
+                      y2.data() + row0[g] * lat});
+    cpu::linear(jobs.data(), static_cast<int>(jobs.size()), ex);
+  }
 
   // Combine per token in its own selection order, whatever order the experts ran in.
   auto u = buffer(T * lat);

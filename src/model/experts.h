@@ -35,6 +35,8 @@ class ExpertSource {
   virtual Status fetch(int64_t layer, std::span<const int32_t> ids, ExpertWeights* out) = 0;
   // Bytes of expert data handed out since construction (for the per-token reports).
   virtual uint64_t bytes_fetched() const = 0;
+  // Most experts one fetch() may ask for (a RAM tier's slot count); callers split larger sets.
+  virtual int64_t max_batch() const { return INT64_MAX; }
 };
 
 class CheckpointExpertSource final : public ExpertSource {

@@ -1,6 +1,9 @@
 #include "runtime/engine.h"
 
 #include <string>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <thread>
 
 namespace ktier::runtime {
@@ -10,6 +13,85 @@ Result<std::optional<cpu::Isa>> parse_isa(const std::string& name) {
   if (name == "scalar") return std::optional<cpu::Isa>(cpu::Isa::kScalar);
   if (name == "avx2") return std::optional<cpu::Isa>(cpu::Isa::kAvx2);
   return Status::usage("--isa: '" + name + "' is not one of auto, scalar, avx2");
+}
+
+namespace {
+// MemTotal and MemAvailable from /proc/meminfo, bytes (0 when absent).
+std::pair<uint64_t, uint64_t> meminfo() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0, total = 0, avail = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemTotal:") total = kb * 1024;
+    if (key == "MemAvailable:") avail = kb * 1024;
+  }
+  return {total, avail};
+}
+std::string gib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1ull << 30));
+  return buf;
+}
+}  // namespace
+
+Result<uint64_t> preset_budget_bytes(const std::string& name) {
+  constexpr uint64_t G = 1ull << 30;
+  if (name == "laptop") return 8 * G;
+  if (name == "desktop") return 32 * G;
+  if (name == "workstation") return 96 * G;
+  if (name == "server") return 128 * G;
+  if (name == "max") return UINT64_MAX;
+  if (name == "auto") {
+    const auto [total, avail] = meminfo();
+    if (total == 0 || avail == 0)
+      return Status::usage("--preset auto: cannot read MemTotal/MemAvailable from /proc/meminfo");
+    const uint64_t cap = avail > 2 * G ? avail - 2 * G : avail / 2;
+    return std::min<uint64_t>(total / 100 * 55, cap);
+  }
+  return Status::usage("--preset: '" + name +
+                       "' is not one of laptop, desktop, workstation, server, max, auto");
+}
+
+Status Engine::open_dial(const EngineOptions& opts) {
+  if (opts.pack_dir) {
+    KTIER_ASSIGN_OR_RETURN(pack_, pack::TrunkPack::open(*opts.pack_dir, ckpt_));
+  }
+  const pack::TrunkPack* pk = pack_ ? &*pack_ : nullptr;
+  KTIER_ASSIGN_OR_RETURN(io_, io::make_io_engine(opts.io));
+  for (size_t i = 0; i < ckpt_.num_shards(); ++i) {
+    KTIER_ASSIGN_OR_RETURN(io::ReadFile f, io_->open(ckpt_.shard(i).path()));
+    shard_files_.push_back(std::move(f));
+  }
+  const format::ModelConfig& c = ckpt_.config();
+  const bool moe = ckpt_.expert_storage() != format::ExpertStorage::kNone;
+  if (opts.ram_budget) {
+    budget_ = *opts.ram_budget;
+  } else {
+    KTIER_ASSIGN_OR_RETURN(budget_, preset_budget_bytes("auto"));
+  }
+  // Trunk first; the expert tier needs at least one token's experts of one layer.
+  const uint64_t slot = moe ? ExpertCache::slot_bytes(ckpt_) : 0;
+  const uint64_t expert_min = moe ? static_cast<uint64_t>(c.num_experts_per_token) * slot : 0;
+  const uint64_t trunk_min = TrunkStore::minimum_bytes(ckpt_, pk);
+  if (budget_ < trunk_min + expert_min)
+    return Status::budget("a budget of " + gib(budget_) + " cannot be met: the minimum is " +
+                          gib(trunk_min + expert_min) + " (trunk " + gib(trunk_min) + ": head, " +
+                          "two ring slots, embedding rows; experts " + gib(expert_min) + ": " +
+                          std::to_string(c.num_experts_per_token) + " slots of " + gib(slot) + ")");
+  TrunkStoreOptions so;
+  so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min;
+  KTIER_ASSIGN_OR_RETURN(store_, TrunkStore::open(ckpt_, pk, *io_, shard_files_, so));
+  if (moe) {
+    const uint64_t total_experts =
+        static_cast<uint64_t>(c.num_moe_layers()) * static_cast<uint64_t>(c.num_experts);
+    const uint64_t left = budget_ == UINT64_MAX ? UINT64_MAX
+                                                : budget_ - store_->stats().bytes_allocated;
+    const uint64_t slots = std::clamp<uint64_t>(left / slot, c.num_experts_per_token, total_experts);
+    KTIER_ASSIGN_OR_RETURN(cache_, ExpertCache::open(ckpt_, *io_, shard_files_,
+                                                     static_cast<int64_t>(slots)));
+  }
+  return Status::ok();
 }
 
 Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
@@ -25,22 +107,17 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   std::unique_ptr<Engine> e(new Engine(std::move(ckpt)));
   model::TrunkSource* trunk = nullptr;
   if (dial) {
-    if (opts.pack_dir) {
-      KTIER_ASSIGN_OR_RETURN(e->pack_, pack::TrunkPack::open(*opts.pack_dir, e->ckpt_));
-    }
-    TrunkStoreOptions so;
-    so.budget_bytes = opts.ram_budget.value_or(UINT64_MAX);
-    so.io = opts.io;
-    KTIER_ASSIGN_OR_RETURN(e->store_,
-                           TrunkStore::open(e->ckpt_, e->pack_ ? &*e->pack_ : nullptr, so));
+    KTIER_RETURN_IF_ERROR(e->open_dial(opts));
     trunk = e->store_.get();
   } else {
     KTIER_ASSIGN_OR_RETURN(e->weights_, model::ModelWeights::load(e->ckpt_));
     trunk = e->weights_.get();
+    if (e->ckpt_.expert_storage() != format::ExpertStorage::kNone)
+      e->experts_ = std::make_unique<model::CheckpointExpertSource>(e->ckpt_);
   }
-  if (e->ckpt_.expert_storage() != format::ExpertStorage::kNone)
-    e->experts_ = std::make_unique<model::CheckpointExpertSource>(e->ckpt_);
-  e->model_ = std::make_unique<model::Model>(*trunk, e->experts_.get());
+  model::ExpertSource* experts = e->cache_ ? static_cast<model::ExpertSource*>(e->cache_.get())
+                                           : e->experts_.get();
+  e->model_ = std::make_unique<model::Model>(*trunk, experts);
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
   e->pool_ = std::make_unique<cpu::ThreadPool>(opts.threads > 0 ? opts.threads : (hw > 0 ? hw : 1));
   e->exec_ = cpu::Exec{e->pool_.get(), isa};

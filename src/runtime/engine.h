@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "pack/trunk_pack.h"
+#include "runtime/expert_cache.h"
 #include "runtime/trunk_store.h"
 
 namespace ktier::runtime {
@@ -29,7 +30,9 @@ struct EngineOptions {
   // The memory dial. When either is set the trunk goes through a TrunkStore (pinned prefix +
   // streamed ring, read with the I/O layer) and the checkpoint is opened without a mapping.
   std::optional<std::filesystem::path> pack_dir;  // trunk pack made by `ktier pack`
-  std::optional<uint64_t> ram_budget;             // bytes for the trunk (see TrunkStore)
+  // Bytes for the weights: trunk (TrunkStore) first, the rest is the expert RAM tier
+  // (ExpertCache). nullopt with a pack: automatic (see auto_budget_bytes).
+  std::optional<uint64_t> ram_budget;
   io::IoOptions io;
 };
 
@@ -42,24 +45,40 @@ class Engine {
   const format::Checkpoint& checkpoint() const { return ckpt_; }
   // Resident weights (no memory dial); null when a TrunkStore holds the trunk.
   const model::ModelWeights* weights() const { return weights_.get(); }
-  // The memory dial's trunk; null without --pack / --ram.
+  // The memory dial's trunk and expert tier; null without --pack / --ram.
   const TrunkStore* trunk_store() const { return store_.get(); }
+  const ExpertCache* expert_cache() const { return cache_.get(); }
+  const io::IoEngine* io_engine() const { return io_.get(); }
+  uint64_t budget_bytes() const { return budget_; }  // 0 without the dial
   model::Model& model() { return *model_; }
-  const model::ExpertSource* experts() const { return experts_.get(); }
+  // The expert source the model reads (the RAM tier with the dial); null without MoE layers.
+  const model::ExpertSource* experts() const {
+    return cache_ ? static_cast<const model::ExpertSource*>(cache_.get()) : experts_.get();
+  }
   const cpu::Exec& exec() const { return exec_; }
   int threads() const { return pool_->size(); }
 
  private:
   explicit Engine(format::Checkpoint ckpt) : ckpt_(std::move(ckpt)) {}
+  Status open_dial(const EngineOptions& opts);  // pack, I/O engine, TrunkStore, ExpertCache
   format::Checkpoint ckpt_;
   std::unique_ptr<model::ModelWeights> weights_;
   std::optional<pack::TrunkPack> pack_;
+  std::unique_ptr<io::IoEngine> io_;
+  std::vector<io::ReadFile> shard_files_;
   std::unique_ptr<TrunkStore> store_;
+  std::unique_ptr<ExpertCache> cache_;
+  uint64_t budget_ = 0;
   std::unique_ptr<model::ExpertSource> experts_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;
 };
+
+// Budget of a named preset (K3 scale; DESIGN.md §4, docs/TUNING.md): laptop 8G, desktop 32G,
+// workstation 96G, server 128G, max (everything), auto (55 % of MemTotal, at most MemAvailable
+// less 2 GiB). Status::usage for another name or when /proc/meminfo cannot be read for auto.
+Result<uint64_t> preset_budget_bytes(const std::string& name);
 
 // "auto" -> nullopt, "scalar", "avx2"; Status::usage otherwise.
 Result<std::optional<cpu::Isa>> parse_isa(const std::string& name);

@@ -51,10 +51,40 @@ Result<uint64_t> parse_size(const std::string& text) {
 
 TrunkStore::~TrunkStore() { cq_.reset(); }  // waits for reads into the ring before it is freed
 
+namespace {
+// Head, embedding-row buffer and ring sizes of a record table (L layers, head, embed).
+struct TrunkSizes {
+  uint64_t head = 0, row_buf = 0, largest = 0, all_layers = 0;
+  uint64_t minimum(int slots) const {
+    return head + row_buf + std::min<uint64_t>(all_layers, static_cast<uint64_t>(slots) * largest);
+  }
+};
+TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::ModelConfig& c) {
+  TrunkSizes z;
+  const size_t L = static_cast<size_t>(c.num_hidden_layers);
+  z.head = records[L].size;
+  const uint64_t row_bytes = records[L + 1].tensors.at(0).nbytes / static_cast<uint64_t>(c.vocab_size);
+  z.row_buf = pack::align_up(row_bytes * 64, 4096);  // grows for long chunks
+  for (size_t l = 0; l < L; ++l) {
+    z.largest = std::max(z.largest, records[l].size);
+    z.all_layers += records[l].size;
+  }
+  return z;
+}
+}  // namespace
+
+uint64_t TrunkStore::minimum_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                                   int ring_slots) {
+  const auto& records = pack ? pack->records() : pack::plan_trunk_pack(ckpt).records;
+  return sizes_of(records, ckpt.config()).minimum(std::max(2, ring_slots));
+}
+
 Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& ckpt,
                                                      const pack::TrunkPack* pack,
+                                                     io::IoEngine& engine,
+                                                     const std::vector<io::ReadFile>& shard_files,
                                                      const TrunkStoreOptions& opts) {
-  std::unique_ptr<TrunkStore> s(new TrunkStore(ckpt, pack));
+  std::unique_ptr<TrunkStore> s(new TrunkStore(ckpt, pack, engine, shard_files));
   const format::ModelConfig& c = ckpt.config();
   const int64_t L = c.num_hidden_layers;
   if (pack) {
@@ -67,31 +97,20 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   for (uint32_t r = 0; r < s->records_.size(); ++r)
     for (uint32_t t = 0; t < s->records_[r].tensors.size(); ++t)
       s->by_name_[s->records_[r].tensors[t].name] = {r, t};
-  KTIER_ASSIGN_OR_RETURN(s->engine_, io::make_io_engine(opts.io));
-  s->cq_ = std::make_unique<io::CompletionQueue>(*s->engine_);
+  s->cq_ = std::make_unique<io::CompletionQueue>(engine);
   if (pack) {
-    KTIER_ASSIGN_OR_RETURN(s->pack_file_, s->engine_->open(pack->pack_path()));
-  } else {
-    for (size_t i = 0; i < ckpt.num_shards(); ++i) {
-      KTIER_ASSIGN_OR_RETURN(io::ReadFile f, s->engine_->open(ckpt.shard(i).path()));
-      s->shard_files_.push_back(std::move(f));
-    }
+    KTIER_ASSIGN_OR_RETURN(s->pack_file_, engine.open(pack->pack_path()));
   }
 
   // The plan: head + row buffer + ring are the minimum; layers are pinned in order while the
   // rest of the budget holds them; if every layer fits, there is no ring.
   const pack::Record& head = s->records_[static_cast<size_t>(L)];
-  const pack::Record& embed = s->records_[static_cast<size_t>(L) + 1];
-  const uint64_t row_bytes = embed.tensors.at(0).nbytes / static_cast<uint64_t>(c.vocab_size);
-  const uint64_t row_buf = pack::align_up(row_bytes * 64, 4096);  // grows for long chunks
-  uint64_t largest = 0, all_layers = 0;
-  for (int64_t l = 0; l < L; ++l) {
-    largest = std::max(largest, s->records_[static_cast<size_t>(l)].size);
-    all_layers += s->records_[static_cast<size_t>(l)].size;
-  }
+  const TrunkSizes z = sizes_of(s->records_, c);
+  const uint64_t largest = z.largest, all_layers = z.all_layers;
   const int slots = std::max(2, opts.ring_slots);
-  const uint64_t base = head.size + row_buf;
-  s->stats_.minimum_bytes = base + std::min<uint64_t>(all_layers, slots * largest);
+  const uint64_t base = z.head + z.row_buf;
+  const uint64_t row_buf = z.row_buf;
+  s->stats_.minimum_bytes = z.minimum(slots);
   if (opts.budget_bytes < s->stats_.minimum_bytes)
     return Status::budget("a trunk budget of " + mib(opts.budget_bytes) + " cannot be met: the "
                           "minimum is " + mib(s->stats_.minimum_bytes) + " (head " +
@@ -101,7 +120,7 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   if (base + all_layers <= opts.budget_bytes) {
     pinned = L;
   } else {
-    uint64_t used = base + slots * largest;
+    uint64_t used = base + static_cast<uint64_t>(slots) * largest;
     while (pinned < L && used + s->records_[static_cast<size_t>(pinned)].size <= opts.budget_bytes)
       used += s->records_[static_cast<size_t>(pinned++)].size;
   }
@@ -150,7 +169,7 @@ std::vector<TrunkStore::Source> TrunkStore::sources_of(const pack::Record& r) co
   const size_t ri = static_cast<size_t>(&r - records_.data());
   for (size_t t = 0; t < r.tensors.size(); ++t) {
     const format::TensorRef& ref = tensor_sources_[ri][t];
-    out.push_back({&shard_files_[ref.shard], ref.info->file_offset, ref.info->nbytes,
+    out.push_back({&(*shard_files_)[ref.shard], ref.info->file_offset, ref.info->nbytes,
                    r.tensors[t].offset});
   }
   return out;
@@ -295,7 +314,7 @@ Status TrunkStore::embed(std::span<const int32_t> ids, float* out) {
     base = r.offset + t.offset;
   } else {
     const format::TensorRef& ref = tensor_sources_.back().at(0);
-    file = &shard_files_[ref.shard];
+    file = &(*shard_files_)[ref.shard];
     base = ref.info->file_offset;
   }
   std::vector<io::ReadRequest> batch;

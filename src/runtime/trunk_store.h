@@ -37,7 +37,6 @@ namespace ktier::runtime {
 struct TrunkStoreOptions {
   uint64_t budget_bytes = UINT64_MAX;  // for the trunk; UINT64_MAX: everything pinned
   int ring_slots = 2;                  // >= 2 when any layer streams
-  io::IoOptions io;
 };
 
 struct TrunkStoreStats {
@@ -50,12 +49,19 @@ struct TrunkStoreStats {
 
 class TrunkStore final : public model::TrunkSource {
  public:
-  // `pack` may be null (read from the shards). `ckpt` and `pack` must outlive the store.
+  // `pack` may be null (read from the shards, `shard_files` in Checkpoint order). `ckpt`, `pack`,
+  // `engine` and `shard_files` must outlive the store.
   // Errors: Status::budget (exit 4) when the budget is below the minimum, stating both; I/O
   // errors (exit 1) naming the file; Status::corrupt for a pinned record failing its checksum.
   static Result<std::unique_ptr<TrunkStore>> open(const format::Checkpoint& ckpt,
                                                   const pack::TrunkPack* pack,
+                                                  io::IoEngine& engine,
+                                                  const std::vector<io::ReadFile>& shard_files,
                                                   const TrunkStoreOptions& opts);
+  // The smallest trunk budget open() accepts (head + ring + embedding-row buffer; all layers if
+  // they are smaller than the ring).
+  static uint64_t minimum_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                                int ring_slots = 2);
   ~TrunkStore() override;
 
   const format::ModelConfig& config() const override { return ckpt_.config(); }
@@ -82,8 +88,9 @@ class TrunkStore final : public model::TrunkSource {
     uint64_t offset, length, dst_offset;
   };
 
-  TrunkStore(const format::Checkpoint& ckpt, const pack::TrunkPack* pack)
-      : ckpt_(ckpt), pack_(pack) {}
+  TrunkStore(const format::Checkpoint& ckpt, const pack::TrunkPack* pack, io::IoEngine& engine,
+             const std::vector<io::ReadFile>& shard_files)
+      : ckpt_(ckpt), pack_(pack), engine_(&engine), shard_files_(&shard_files) {}
   Status read_now(const pack::Record& r, uint8_t* dst);  // synchronous: pinned records, head
   Status start_read(Slot& s, int64_t layer);
   Status finish(Slot& s);  // waits for s's reads, verifies, binds
@@ -97,10 +104,10 @@ class TrunkStore final : public model::TrunkSource {
   std::vector<pack::Record> records_;  // L layers, head, embed (pack's, or plan_trunk_pack's)
   std::vector<std::vector<format::TensorRef>> tensor_sources_;  // no-pack mode: [record][tensor]
   std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> by_name_;
-  std::unique_ptr<io::IoEngine> engine_;
+  io::IoEngine* engine_;
+  const std::vector<io::ReadFile>* shard_files_;
   std::unique_ptr<io::CompletionQueue> cq_;
   io::ReadFile pack_file_;
-  std::vector<io::ReadFile> shard_files_;
   std::vector<io::AlignedBuffer> pinned_;  // head first, then layers 0..n_pinned-1
   std::vector<model::LayerWeights> pinned_weights_;
   model::HeadWeights head_;

@@ -67,16 +67,13 @@ class TrunkStoreTest : public ::testing::Test {
     EXPECT_TRUE(st.is_ok()) << st.status().message();
     return out;
   }
+  // The smallest whole budget: the trunk's minimum plus top-k expert slots.
   static uint64_t minimum() {
-    EngineOptions eo = options();
-    eo.ram_budget = 1;
-    auto e = open(eo);
-    EXPECT_EQ(e.status().exit_code(), 4);
-    // "... the minimum is X MiB ..." is for people; the test derives it from a real store.
-    eo.ram_budget = UINT64_MAX;
-    auto full = open(eo);
-    EXPECT_TRUE(full.is_ok());
-    return full.value()->trunk_store()->stats().minimum_bytes;
+    auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+    EXPECT_TRUE(ckpt.is_ok());
+    const auto& c = ckpt.value().config();
+    return TrunkStore::minimum_bytes(ckpt.value(), nullptr) +
+           static_cast<uint64_t>(c.num_experts_per_token) * ExpertCache::slot_bytes(ckpt.value());
   }
 
   static inline fs::path root_;
@@ -86,7 +83,7 @@ class TrunkStoreTest : public ::testing::Test {
 
 TEST_F(TrunkStoreTest, OutputIsIdenticalAcrossBudgetsSourcesEnginesAndThreads) {
   const uint64_t min = minimum();
-  int streamed_runs = 0;
+  int streamed_runs = 0, small_tiers = 0;
   for (const uint64_t budget : {min, min + 150'000, min + 600'000, min + 1'500'000, uint64_t{1} << 30}) {
     for (const bool use_pack : {false, true}) {
       for (const io::IoBackend backend : {io::IoBackend::kAuto, io::IoBackend::kPread}) {
@@ -97,6 +94,7 @@ TEST_F(TrunkStoreTest, OutputIsIdenticalAcrossBudgetsSourcesEnginesAndThreads) {
         auto e = open(eo);
         ASSERT_TRUE(e.is_ok()) << e.status().message();
         streamed_runs += e.value()->trunk_store()->stats().layers_streamed > 0;
+        small_tiers += e.value()->expert_cache()->stats().slots < 8;  // < one layer's experts
         EXPECT_EQ(logits(eo, budget == min ? 1 : 2), reference_)
             << "budget " << budget << (use_pack ? " pack" : " shards")
             << (backend == io::IoBackend::kPread ? " pread" : " auto");
@@ -104,6 +102,7 @@ TEST_F(TrunkStoreTest, OutputIsIdenticalAcrossBudgetsSourcesEnginesAndThreads) {
     }
   }
   EXPECT_GE(streamed_runs, 12) << "the budgets must force streaming";
+  EXPECT_GE(small_tiers, 4) << "the smallest budgets must force expert evictions";
 }
 
 TEST_F(TrunkStoreTest, BudgetBelowTheMinimumIsRefusedWithExitFour) {
@@ -159,6 +158,51 @@ TEST_F(TrunkStoreTest, FailingReadIsRetriedOnceThenFailsWithExitOneNamingTheFile
   const Status s = evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
   EXPECT_EQ(s.exit_code(), 1) << s.message();
   EXPECT_NE(s.message().find("trunk.pack"), std::string::npos) << s.message();
+}
+
+TEST_F(TrunkStoreTest, FailingExpertReadFailsTheForwardWithExitOne) {
+  EngineOptions eo = options();
+  eo.pack_dir = root_ / "pack";  // the trunk comes from the pack: shard reads are expert reads
+  eo.ram_budget = minimum();
+  eo.io.backend = io::IoBackend::kPread;
+  eo.io.fault_plan = std::make_shared<io::FaultPlan>();
+  auto e = open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  // Shard 6 holds decoder layer 5 and its experts (one shard per layer).
+  eo.io.fault_plan->add(io::FaultRule::eio().in_path("model-00006-of").times(-1));
+  std::vector<float> out(prompt_.size() * 320);
+  const Status s = evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
+  EXPECT_EQ(s.exit_code(), 1) << s.message();
+  EXPECT_NE(s.message().find("model-00006-of"), std::string::npos) << s.message();
+}
+
+// Plain-float experts are never one contiguous run: the tier reads them part by part.
+TEST(TrunkStoreFloat, FloatExpertsThroughASmallTierMatchTheResidentRun) {
+  const fs::path dir = fs::temp_directory_path() / ("ktier-trunk-float-" + std::to_string(::getpid()));
+  synth::SynthOptions o;
+  o.out_dir = dir;
+  o.threads = 1;
+  o.force = true;
+  o.experts = synth::ExpertFormat::kF32;
+  ASSERT_TRUE(synth::run_synth(o).is_ok());
+  const std::vector<int32_t> ids = {5, 9, 300, 2, 77, 18, 64};
+  auto run = [&](std::optional<uint64_t> budget) {
+    EngineOptions eo;
+    eo.model_dir = dir;
+    eo.threads = 2;
+    eo.ram_budget = budget;
+    auto e = Engine::open(eo);
+    EXPECT_TRUE(e.is_ok()) << e.status().message();
+    std::vector<float> out(ids.size() * 320);
+    EXPECT_TRUE(evaluate(e.value()->model(), ids, 3, out.data(), e.value()->exec()).is_ok());
+    return out;
+  };
+  auto ckpt = format::Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.is_ok());
+  const uint64_t min = TrunkStore::minimum_bytes(ckpt.value(), nullptr) +
+                       2 * ExpertCache::slot_bytes(ckpt.value());
+  EXPECT_EQ(run(min), run(std::nullopt));
+  fs::remove_all(dir);
 }
 
 TEST(ParseSize, AcceptsSuffixesAndRejectsJunk) {
