@@ -59,7 +59,12 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
   sub->add_option("--ram", a.ram,
                   "Memory for the trunk (e.g. 8G, 512M): a prefix of layers is pinned, the rest "
                   "streams; below the minimum the run is refused (exit 4)");
-  sub->add_option("--io", a.io, "Read engine with --pack/--ram: auto, uring or pread")
+  auto* preset = sub->add_option(
+      "--preset", a.preset,
+      "Memory budget by name: laptop (8G), desktop (32G), workstation (96G), server (128G), max, "
+      "auto (55% of RAM, within MemAvailable)");
+  preset->excludes(sub->get_option("--ram"));
+  sub->add_option("--io", a.io, "Read engine with --pack/--ram/--preset: auto, uring or pread")
       ->capture_default_str();
 }
 
@@ -67,6 +72,10 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
   if (!a.pack.empty()) eo.pack_dir = a.pack;
   if (!a.ram.empty()) {
     KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, runtime::parse_size(a.ram));
+    eo.ram_budget = bytes;
+  }
+  if (!a.preset.empty()) {
+    KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, runtime::preset_budget_bytes(a.preset));
     eo.ram_budget = bytes;
   }
   if (a.io == "auto")

@@ -23,9 +23,9 @@ Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string&
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);
 
-// The memory-dial options shared by `run` and `eval`: --pack, --ram, --io.
+// The memory-dial options shared by `run` and `eval`: --pack, --ram, --preset, --io.
 struct MemoryArgs {
-  std::string pack, ram, io = "auto";
+  std::string pack, ram, preset, io = "auto";
 };
 void add_memory_options(CLI::App* sub, MemoryArgs& a);
 // Fills the engine options from them. Status::usage for a bad size or --io value.

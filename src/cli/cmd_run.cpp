@@ -2,6 +2,7 @@
 //
 //   ktier run -m DIR (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--temp T] [--top-k K]
 //             [--top-p P] [--seed S] [--threads N] [--chunk N] [--print-ids] [--isa auto]
+//             [--pack PACKDIR] [--ram SIZE | --preset NAME] [--io auto] [--report-json FILE]
 //
 // Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,13 +22,14 @@
 #include "cli/commands.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "runtime/run_report.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ktier::cli {
 namespace {
 
 struct RunArgs {
-  std::string model, prompt, file, ids, isa = "auto";
+  std::string model, prompt, file, ids, isa = "auto", report_json;
   MemoryArgs memory;
   bool has_prompt = false, print_ids = false, special = false;
   int64_t max_new_tokens = 128, chunk = 256, top_k = 0;
@@ -53,27 +56,6 @@ Result<std::vector<int32_t>> ids_in_vocab(const std::string& text, int64_t vocab
     ids.push_back(static_cast<int32_t>(v));
   }
   return ids;
-}
-
-void print_report(const runtime::GenerationStats& s, const runtime::Engine& e) {
-  const double mb = 1e6;
-  std::fprintf(stderr, "\nktier: prompt %lld tokens, generated %lld (%s)\n",
-               static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.generated_tokens),
-               s.stopped_at_stop_id ? "stopped at EOS" : "length limit");
-  std::fprintf(stderr, "ktier: prefill %.3f s (%.2f tok/s)", s.prefill_seconds,
-               s.prefill_seconds > 0 ? s.prompt_tokens / s.prefill_seconds : 0.0);
-  if (s.decode_steps > 0)
-    std::fprintf(stderr, "; decode %.3f s/token (%.2f tok/s) over %lld steps\n",
-                 s.decode_seconds / s.decode_steps, s.decode_steps / s.decode_seconds,
-                 static_cast<long long>(s.decode_steps));
-  else
-    std::fprintf(stderr, "; no decode step\n");
-  std::fprintf(stderr,
-               "ktier: expert bytes read: prefill %.1f MB, decode %.1f MB/step; peak RSS %.1f MB; "
-               "%d threads, %s\n",
-               s.expert_bytes_prefill / mb,
-               s.decode_steps > 0 ? s.expert_bytes_decode / mb / s.decode_steps : 0.0,
-               runtime::peak_rss_bytes() / mb, e.threads(), cpu::isa_name(e.exec().isa));
 }
 
 Status run(const RunArgs& a) {
@@ -136,12 +118,21 @@ Status run(const RunArgs& a) {
     KTIER_ASSIGN_OR_RETURN(const std::string piece, stream->push(static_cast<uint32_t>(id)));
     return write_stdout(piece);
   };
-  KTIER_ASSIGN_OR_RETURN(const runtime::GenerationStats stats,
-                         runtime::generate(engine->model(), engine->experts(), prompt, gen,
-                                           engine->exec(), sink));
+  runtime::RunReport report;
+  report.decode_start = runtime::EngineCounters::of(*engine);
+  gen.before_decode = [&] { report.decode_start = runtime::EngineCounters::of(*engine); };
+  KTIER_ASSIGN_OR_RETURN(report.gen, runtime::generate(engine->model(), engine->experts(), prompt,
+                                                       gen, engine->exec(), sink));
+  report.decode_end = runtime::EngineCounters::of(*engine);
+  report.peak_rss_bytes = runtime::peak_rss_bytes();
   if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
   if (a.print_ids || !stream) KTIER_RETURN_IF_ERROR(write_stdout(join_ids(generated) + "\n"));
-  print_report(stats, *engine);
+  std::fputs(report.to_table(*engine).c_str(), stderr);
+  if (!a.report_json.empty()) {
+    std::ofstream out(a.report_json);
+    out << report.to_json(*engine).dump(2) << "\n";
+    if (!out.flush()) return Status::runtime(a.report_json + ": cannot write the report");
+  }
   return Status::ok();
 }
 
@@ -173,6 +164,7 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar or avx2 (same output bytes)")
       ->capture_default_str();
   add_memory_options(sub, a->memory);
+  sub->add_option("--report-json", a->report_json, "Also write the run report to FILE as JSON");
   sub->callback([a, p, &exit_code] {
     a->has_prompt = p->count() > 0;
     exit_code = finish(run(*a));

@@ -40,6 +40,7 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
   st.prefill_seconds = seconds_since(t0);
   st.expert_bytes_prefill = expert_bytes() - bytes0;
 
+  if (opts.before_decode) opts.before_decode();
   Sampler sampler(opts.sampling);
   const uint64_t bytes1 = expert_bytes();
   t0 = std::chrono::steady_clock::now();

@@ -24,6 +24,8 @@ struct GenerationOptions {
   int64_t prefill_chunk = 256;  // tokens per prefill forward; >= 1
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // usually the config's eos_token_ids
+  // Called once between prefill and the first sampled token (reports snapshot counters here).
+  std::function<void()> before_decode;
 };
 
 struct GenerationStats {

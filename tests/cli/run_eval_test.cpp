@@ -130,5 +130,36 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
   EXPECT_EQ(r.out, "");
 }
 
+// The memory dial from the command line (issue 4 interface): a pack, a budget small enough to
+// stream most layers and evict experts, the same ids as the reference, every report key.
+TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
+  const fs::path pack = dir_.string() + "-pack", report = dir_.string() + "-report.json";
+  auto r = run_process(ktier() + " pack -q" + model() + " -o " + pack.string() + " --force");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 20 --pack " +
+                  pack.string() + " --ram 900K --report-json " + report.string() + " --print-ids");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(last_line(r.out), join(golden_.at("greedy").get<std::vector<int>>()));
+  std::ifstream in(report);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  for (const char* key : {"decode_s_per_token", "decode_tok_per_s", "read_gbps", "io_wait_share",
+                          "trunk_layers_pinned", "trunk_layers_streamed", "peak_rss_bytes",
+                          "budget_bytes"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_TRUE(j.at("bytes_read_per_token").contains("trunk"));
+  EXPECT_TRUE(j.at("bytes_read_per_token").contains("experts"));
+  EXPECT_TRUE(j.at("tiers").at("ram").contains("hit_rate_bytes"));
+  EXPECT_GT(j.at("trunk_layers_streamed").get<int>(), 0);
+  EXPECT_EQ(j.at("budget_bytes").get<uint64_t>(), 900u * 1024);
+  // Below the minimum: exit 4, stating the minimum.
+  r = run_process(ktier() + " run" + model() + " --ids 1,2 -n 2 --ram 100K");
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("minimum"), std::string::npos) << r.err;
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --ram 12Q").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --preset huge").exit_code, 2);
+  fs::remove_all(pack);
+  fs::remove(report);
+}
+
 }  // namespace
 }  // namespace ktier::test

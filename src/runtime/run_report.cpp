@@ -1,0 +1,108 @@
+#include "runtime/run_report.h"
+
+#include <cstdio>
+
+namespace ktier::runtime {
+
+EngineCounters EngineCounters::of(const Engine& e) {
+  EngineCounters c;
+  if (const TrunkStore* t = e.trunk_store()) {
+    c.trunk_bytes_read = t->stats().streamed_bytes_read;
+    c.io_wait_ns += t->stats().io_wait_ns;
+  }
+  if (const ExpertCache* x = e.expert_cache()) {
+    c.expert_hit_bytes = x->stats().hit_bytes;
+    c.expert_miss_bytes = x->stats().miss_bytes;
+    c.io_wait_ns += x->stats().io_wait_ns;
+  }
+  if (const io::IoEngine* io = e.io_engine()) {
+    const io::IoCounters k = io->counters();
+    c.io_bytes = k.bytes_delivered;
+    c.io_busy_ns = k.busy_ns;
+  }
+  return c;
+}
+
+nlohmann::json RunReport::to_json(const Engine& e) const {
+  const double steps = static_cast<double>(gen.decode_steps);
+  const auto per_step = [&](uint64_t v) { return steps > 0 ? static_cast<double>(v) / steps : 0.0; };
+  const EngineCounters& a = decode_start;
+  const EngineCounters& b = decode_end;
+  const uint64_t hit = b.expert_hit_bytes - a.expert_hit_bytes;
+  const uint64_t miss = b.expert_miss_bytes - a.expert_miss_bytes;
+  const uint64_t busy = b.io_busy_ns - a.io_busy_ns;
+  const TrunkStore* t = e.trunk_store();
+  const ExpertCache* x = e.expert_cache();
+  nlohmann::json j = {
+      {"prompt_tokens", gen.prompt_tokens},
+      {"generated_tokens", gen.generated_tokens},
+      {"prefill_s", gen.prefill_seconds},
+      {"prefill_tok_per_s", gen.prefill_seconds > 0 ? gen.prompt_tokens / gen.prefill_seconds : 0.0},
+      {"decode_steps", gen.decode_steps},
+      {"decode_s_per_token", steps > 0 ? gen.decode_seconds / steps : 0.0},
+      {"decode_tok_per_s", gen.decode_seconds > 0 ? steps / gen.decode_seconds : 0.0},
+      {"bytes_read_per_token",
+       {{"trunk", per_step(b.trunk_bytes_read - a.trunk_bytes_read)}, {"experts", per_step(miss)}}},
+      {"read_gbps", busy > 0 ? static_cast<double>(b.io_bytes - a.io_bytes) / static_cast<double>(busy) : 0.0},
+      {"io_wait_share", gen.decode_seconds > 0
+                            ? static_cast<double>(b.io_wait_ns - a.io_wait_ns) / 1e9 / gen.decode_seconds
+                            : 0.0},
+      {"tiers",
+       {{"ram",
+         {{"hit_rate_bytes", hit + miss ? static_cast<double>(hit) / static_cast<double>(hit + miss) : 0.0},
+          {"slots", x ? x->stats().slots : 0},
+          {"bytes", x ? x->stats().bytes_allocated : 0}}}}},
+      {"trunk_layers_pinned", t ? t->stats().layers_pinned : e.checkpoint().config().num_hidden_layers},
+      {"trunk_layers_streamed", t ? t->stats().layers_streamed : 0},
+      {"trunk_bytes", t ? t->stats().bytes_allocated : 0},
+      {"peak_rss_bytes", peak_rss_bytes},
+      {"budget_bytes", e.budget_bytes()},
+      {"threads", e.threads()},
+      {"isa", cpu::isa_name(e.exec().isa)},
+      {"io_engine", e.io_engine() ? e.io_engine()->name() : "mmap"},
+  };
+  return j;
+}
+
+std::string RunReport::to_table(const Engine& e) const {
+  const nlohmann::json j = to_json(e);
+  char buf[1024];
+  std::string out;
+  const double mb = 1e6;
+  std::snprintf(buf, sizeof buf, "\nktier: prompt %lld tokens, generated %lld (%s)\n",
+                static_cast<long long>(gen.prompt_tokens), static_cast<long long>(gen.generated_tokens),
+                gen.stopped_at_stop_id ? "stopped at EOS" : "length limit");
+  out += buf;
+  std::snprintf(buf, sizeof buf, "ktier: prefill %.3f s (%.2f tok/s)", gen.prefill_seconds,
+                j["prefill_tok_per_s"].get<double>());
+  out += buf;
+  if (gen.decode_steps > 0)
+    std::snprintf(buf, sizeof buf, "; decode %.3f s/token (%.2f tok/s) over %lld steps\n",
+                  j["decode_s_per_token"].get<double>(), j["decode_tok_per_s"].get<double>(),
+                  static_cast<long long>(gen.decode_steps));
+  else
+    std::snprintf(buf, sizeof buf, "; no decode step\n");
+  out += buf;
+  std::snprintf(buf, sizeof buf,
+                "ktier: read/token: trunk %.1f MB, experts %.1f MB; read %.2f GB/s; I/O wait %.0f%% "
+                "of decode; expert RAM hit rate %.1f%% (by bytes)\n",
+                j["bytes_read_per_token"]["trunk"].get<double>() / mb,
+                j["bytes_read_per_token"]["experts"].get<double>() / mb, j["read_gbps"].get<double>(),
+                100 * j["io_wait_share"].get<double>(),
+                100 * j["tiers"]["ram"]["hit_rate_bytes"].get<double>());
+  if (e.trunk_store()) out += buf;
+  const uint64_t budget = e.budget_bytes();
+  std::snprintf(buf, sizeof buf, "ktier: trunk layers pinned %lld, streamed %lld; peak RSS %.1f MB%s; "
+                "%d threads, %s, %s\n",
+                static_cast<long long>(j["trunk_layers_pinned"].get<int64_t>()),
+                static_cast<long long>(j["trunk_layers_streamed"].get<int64_t>()),
+                peak_rss_bytes / mb,
+                budget && budget != UINT64_MAX
+                    ? (" (budget " + std::to_string(static_cast<double>(budget) / mb) + " MB)").c_str()
+                    : "",
+                e.threads(), cpu::isa_name(e.exec().isa), j["io_engine"].get<std::string>().c_str());
+  out += buf;
+  return out;
+}
+
+}  // namespace ktier::runtime

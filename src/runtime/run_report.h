@@ -1,0 +1,36 @@
+#pragma once
+// The run report (issue 4 item 4): what a generation cost, as a table on stderr and as JSON
+// (`ktier run --report-json FILE`).
+//
+// Per-token figures are decode-phase figures: counter deltas between the start of decode and the
+// end, divided by the decode steps. "Read" means bytes ktier's I/O layer read from storage (the
+// trunk ring, the expert tier's misses); a run without the memory dial maps the checkpoint and
+// reports 0 read bytes (the page cache serves it).
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+
+namespace ktier::runtime {
+
+// Counters of an engine at one moment.
+struct EngineCounters {
+  uint64_t trunk_bytes_read = 0, expert_hit_bytes = 0, expert_miss_bytes = 0;
+  uint64_t io_wait_ns = 0, io_bytes = 0, io_busy_ns = 0;
+  static EngineCounters of(const Engine& e);
+};
+
+struct RunReport {
+  GenerationStats gen;
+  EngineCounters decode_start, decode_end;
+  uint64_t peak_rss_bytes = 0;
+
+  nlohmann::json to_json(const Engine& e) const;
+  std::string to_table(const Engine& e) const;  // several lines, for stderr
+};
+
+}  // namespace ktier::runtime
