@@ -7,7 +7,9 @@
 // contiguous run (§3.5), one read per part otherwise — all submitted together (so up to the I/O
 // engine's queue depth are in flight), in disk order (shard, offset). Destinations are placed
 // congruent to their file offsets modulo 4096, so O_DIRECT reads the aligned middle of every
-// part straight into the slot. Every slot is an io::AlignedBuffer, counted in bytes_allocated().
+// part straight into the slot. The slots share one io::AlignedBuffer on transparent huge pages
+// (a fresh 4 KiB-page slot costs thousands of page faults on its first read), counted in
+// bytes_allocated().
 //
 // Exactness: a slot holds the stored bytes; the views handed out are the same WeightMatrix the
 // mapped source gives, so the output never depends on the tier's size or its hits.
@@ -58,7 +60,7 @@ class ExpertCache final : public model::ExpertSource {
 
  private:
   struct Slot {
-    io::AlignedBuffer buf;
+    uint8_t* base = nullptr;        // slot_bytes inside arena_
     int64_t key = -1;               // layer * N_e + expert, -1 empty
     std::array<uint64_t, 6> part_offset{};  // where each part starts in buf
     std::list<size_t>::iterator lru;
@@ -72,6 +74,7 @@ class ExpertCache final : public model::ExpertSource {
   io::IoEngine& engine_;
   const std::vector<io::ReadFile>& files_;
   std::unique_ptr<io::CompletionQueue> cq_;
+  io::AlignedBuffer arena_;  // all slots, one huge-page allocation (few page faults per slot)
   std::vector<Slot> slots_;
   std::list<size_t> lru_;  // front = most recently used slot index
   std::unordered_map<int64_t, size_t> where_;  // key -> slot
