@@ -245,6 +245,15 @@ class ManifestParser {
 };
 
 Result<TrunkPack> TrunkPack::open(const std::filesystem::path& packdir, const format::Checkpoint& ckpt) {
+  return open_impl(packdir, &ckpt);
+}
+
+Result<TrunkPack> TrunkPack::open_unchecked(const std::filesystem::path& packdir) {
+  return open_impl(packdir, nullptr);
+}
+
+Result<TrunkPack> TrunkPack::open_impl(const std::filesystem::path& packdir,
+                                       const format::Checkpoint* ckpt) {
   TrunkPack pack;
   pack.dir_ = packdir;
   pack.pack_path_ = packdir / kPackFileName;
@@ -277,15 +286,16 @@ Result<TrunkPack> TrunkPack::open(const std::filesystem::path& packdir, const fo
     } catch (const ManifestError& e) {
       return Status::corrupt(manifest_path.string() + ": " + e.msg);
     }
+    if (ckpt == nullptr) return pack;  // structure only (benchmarks)
     {
-      KTIER_ASSIGN_OR_RETURN(const SourceFingerprint mine, fingerprint_checkpoint(ckpt));
+      KTIER_ASSIGN_OR_RETURN(const SourceFingerprint mine, fingerprint_checkpoint(*ckpt));
       KTIER_RETURN_IF_ERROR(compare_source(packdir, source, mine));
     }
     try {
-      parser.match_layout(plan_trunk_pack(ckpt));
+      parser.match_layout(plan_trunk_pack(*ckpt));
     } catch (const ManifestError& e) {
       return Status::corrupt(manifest_path.string() + ": " + e.msg + " (the pack does not match " +
-                             ckpt.dir().string() + "): rerun ktier pack");
+                             ckpt->dir().string() + "): rerun ktier pack");
     }
   } catch (const std::exception& e) {  // bad_alloc, json type errors missed above; never escape
     return Status::corrupt(manifest_path.string() + ": " + e.what());

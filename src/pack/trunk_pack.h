@@ -129,6 +129,10 @@ class TrunkPack {
   static Result<TrunkPack> open(const std::filesystem::path& packdir,
                                 const format::Checkpoint& ckpt);
 
+  // The same checks of the manifest and trunk.pack, without a checkpoint to compare against
+  // (`ktier bench io`). The engine always uses open().
+  static Result<TrunkPack> open_unchecked(const std::filesystem::path& packdir);
+
   TrunkPack(TrunkPack&&) noexcept = default;
   TrunkPack& operator=(TrunkPack&&) noexcept = default;
 
@@ -158,6 +162,8 @@ class TrunkPack {
 
  private:
   TrunkPack() = default;
+  static Result<TrunkPack> open_impl(const std::filesystem::path& packdir,
+                                     const format::Checkpoint* ckpt);
   friend class ManifestParser;
 
   std::filesystem::path dir_;

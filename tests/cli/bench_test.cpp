@@ -90,5 +90,23 @@ TEST(CliBench, DecodeOnTinyWritesJson) {
   std::filesystem::remove_all(dir);
 }
 
+// `ktier bench io` on a tiny pack: runs, JSON has the three figures the acceptance reads.
+TEST(CliBench, IoOnTinyPackWritesJson) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("ktier_bench_io_" + std::to_string(::getpid()));
+  ASSERT_EQ(run_process(ktier() + " synth --preset tiny -q --force -o " + (dir / "m").string()).exit_code, 0);
+  ASSERT_EQ(run_process(ktier() + " pack -q -m " + (dir / "m").string() + " -o " + (dir / "p").string()).exit_code, 0);
+  const auto json_path = dir / "io.json";
+  const auto r = run_process(ktier() + " bench io --pack " + (dir / "p").string() +
+                             " --passes 1 --raw-block-mib 1 --json " + json_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(json_path);
+  ASSERT_TRUE(in) << "no JSON written";
+  const nlohmann::json j = nlohmann::json::parse(in);
+  for (const char* key : {"engine_gbps", "raw_gbps", "ratio"}) expect_positive(j, key);
+  EXPECT_EQ(run_process(ktier() + " bench io --pack " + (dir / "nope").string()).exit_code, 2);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ktier::test
