@@ -68,6 +68,13 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
   std::vector<float> mixed(P.size()), x(P.size()), y(P.size());
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     KTIER_ASSIGN_OR_RETURN(const LayerWeights* acquired, trunk_.acquire_layer(l));
+    // Released when the layer is done, or on an error return: a streaming source must get its
+    // slot back either way.
+    struct Lease {
+      TrunkSource& trunk;
+      int64_t layer;
+      ~Lease() { trunk.release_layer(layer); }
+    } lease{trunk_, l};
     const LayerWeights& lw = *acquired;
     LayerState& ls = state.layers[static_cast<size_t>(l)];
     // The attention input mixes the OLD bank with P; at a boundary P is then pushed and restarts
@@ -96,7 +103,6 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
                                       x.data(), T, y.data(), ex));
     }
     cpu::add(P.data(), y.data(), T * E, P.data(), ex);
-    trunk_.release_layer(l);
     if (layer_observer_) layer_observer_->after_layer(l, P.data(), T, E);
   }
   state.n_tokens += T;

@@ -254,8 +254,14 @@ Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
   if (it == ring_.end()) {
     // Not prefetched (a forward that stopped early, or an earlier error): read it now into the
     // first free slot.
-    it = std::find_if(ring_.begin(), ring_.end(), [](const Slot& s) { return !s.in_use && s.outstanding == 0; });
-    KTIER_CHECK(it != ring_.end());
+    auto is_free = [](const Slot& s) { return !s.in_use && s.outstanding == 0; };
+    it = std::find_if(ring_.begin(), ring_.end(), is_free);
+    if (it == ring_.end()) {  // every slot busy with a read ahead: let those reads land first
+      for (Slot& busy : ring_)
+        if (busy.outstanding > 0) KTIER_RETURN_IF_ERROR(drain(&busy));
+      it = std::find_if(ring_.begin(), ring_.end(), is_free);
+    }
+    KTIER_CHECK(it != ring_.end());  // at most one layer is in use at a time (Model::forward)
     next_prefetch_ = l;
     it->layer = -1;
     KTIER_RETURN_IF_ERROR(start_read(*it, l));

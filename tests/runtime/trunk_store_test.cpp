@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -153,11 +154,15 @@ TEST_F(TrunkStoreTest, FailingReadIsRetriedOnceThenFailsWithExitOneNamingTheFile
   eo.io.fault_plan = std::make_shared<io::FaultPlan>();
   auto e = open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
-  eo.io.fault_plan->add(io::FaultRule::eio().in_path("trunk.pack").times(-1));  // every read from now on
+  // The next read and its one retry fail; later reads succeed.
+  eo.io.fault_plan->add(io::FaultRule::eio().in_path("trunk.pack").times(2));
   std::vector<float> out(prompt_.size() * 320);
   const Status s = evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
   EXPECT_EQ(s.exit_code(), 1) << s.message();
   EXPECT_NE(s.message().find("trunk.pack"), std::string::npos) << s.message();
+  // The store recovers: a new sequence on the same engine gives the reference bytes.
+  ASSERT_TRUE(evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec()).is_ok());
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), reference_.begin()));
 }
 
 TEST_F(TrunkStoreTest, FailingExpertReadFailsTheForwardWithExitOne) {
