@@ -20,6 +20,9 @@ Result<std::string> read_input(const std::string& file);
 // Status::usage naming the offending item, with `flag` in the message.
 Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string& flag = "--ids");
 
+// The ids as model token ids; Status::usage naming the first id >= vocab.
+Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int64_t vocab);
+
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);
 

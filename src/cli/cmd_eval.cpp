@@ -51,13 +51,7 @@ Status eval(const EvalArgs& a) {
   KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const int64_t V = engine->checkpoint().config().vocab_size;
-  std::vector<int32_t> ids;
-  for (uint32_t v : raw) {
-    if (v >= V)
-      return Status::usage("--ids: token id " + std::to_string(v) + " is outside the vocabulary 0.." +
-                           std::to_string(V - 1));
-    ids.push_back(static_cast<int32_t>(v));
-  }
+  KTIER_ASSIGN_OR_RETURN(const std::vector<int32_t> ids, ids_in_vocab(raw, V));
   const int64_t T = static_cast<int64_t>(ids.size());
   std::vector<float> logits(static_cast<size_t>(T * V));
   KTIER_RETURN_IF_ERROR(runtime::evaluate(engine->model(), ids, a.chunk > 0 ? a.chunk : T,
@@ -88,7 +82,7 @@ void register_eval_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--threads", a->threads, "Worker threads; 0 = one per core")
       ->capture_default_str();
-  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar or avx2 (same output bytes)")
+  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();
   add_memory_options(sub, a->memory);
   sub->callback([a, &exit_code] { exit_code = finish(eval(*a)); });

@@ -45,19 +45,6 @@ Status write_stdout(const std::string& s) {
   return Status::ok();
 }
 
-// Token ids from --ids, checked against the vocabulary.
-Result<std::vector<int32_t>> ids_in_vocab(const std::string& text, int64_t vocab) {
-  KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> raw, parse_ids(text));
-  std::vector<int32_t> ids;
-  for (uint32_t v : raw) {
-    if (v >= vocab)
-      return Status::usage("--ids: token id " + std::to_string(v) + " is outside the vocabulary 0.." +
-                           std::to_string(vocab - 1));
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  return ids;
-}
-
 Status run(const RunArgs& a) {
   const int given = int(a.has_prompt) + int(!a.file.empty()) + int(!a.ids.empty());
   if (given != 1) return Status::usage("give exactly one of -p TEXT, -f FILE or --ids 1,2,3");
@@ -92,7 +79,8 @@ Status run(const RunArgs& a) {
 
   std::vector<int32_t> prompt;
   if (!a.ids.empty()) {
-    KTIER_ASSIGN_OR_RETURN(prompt, ids_in_vocab(a.ids, cfg.vocab_size));
+    KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> raw, parse_ids(a.ids));
+    KTIER_ASSIGN_OR_RETURN(prompt, ids_in_vocab(raw, cfg.vocab_size));
   } else {
     std::string text = a.prompt;
     if (!a.file.empty()) {
@@ -161,7 +149,7 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_flag("--print-ids", a->print_ids, "After the text, print the generated ids on one line");
   sub->add_flag("--special", a->special,
                 "Encode added-token strings in the prompt text as their ids");
-  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar or avx2 (same output bytes)")
+  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();
   add_memory_options(sub, a->memory);
   sub->add_option("--report-json", a->report_json, "Also write the run report to FILE as JSON");
