@@ -10,7 +10,7 @@
 // checkpoint is touched so that the run reads from RAM (page cache), never from disk.
 //
 //   ktier bench decode -m DIR [-n N] [--threads N] [--prompt-tokens N] [--buffer-mib N]
-//                     [--json FILE]
+//                     [--pack PACKDIR [--ram SIZE]] [--json FILE]
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -21,9 +21,11 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/kernel_bench.h"
+#include "cli/bench_util.h"
 #include "cli/commands.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "runtime/run_report.h"
 
 namespace ktier::cli {
 namespace {
@@ -33,6 +35,7 @@ struct DecodeOptions {
   int64_t tokens = 32, prompt_tokens = 16;
   int threads = 0;
   uint64_t buffer_mib = 0;  // 0: as `bench kernels` (max(4 x LLC, 256 MiB)), capped by memory
+  std::string pack, ram;    // streamed run: trunk pack and budget (default: the minimum)
 };
 
 // Reads one byte of every 4 KiB page of every tensor (mmap mode): afterwards the weights are in
@@ -49,6 +52,69 @@ uint64_t touch_all(const format::Checkpoint& ckpt) {
     }
   }
   return covered;
+}
+
+// Timed greedy decode of `tokens` after a 4-token warm-up; returns the stats of the timed run.
+Result<runtime::GenerationStats> timed_decode(runtime::Engine& e, const std::vector<int32_t>& prompt,
+                                              int64_t tokens, runtime::EngineCounters* start,
+                                              runtime::EngineCounters* end) {
+  runtime::GenerationOptions gen;
+  const auto sink = [](int32_t) { return Status::ok(); };
+  gen.max_new_tokens = 4;
+  KTIER_RETURN_IF_ERROR(runtime::generate(e.model(), e.experts(), prompt, gen, e.exec(), sink).status());
+  gen.max_new_tokens = tokens;
+  gen.before_decode = [&] { *start = runtime::EngineCounters::of(e); };
+  KTIER_ASSIGN_OR_RETURN(runtime::GenerationStats st,
+                         runtime::generate(e.model(), e.experts(), prompt, gen, e.exec(), sink));
+  *end = runtime::EngineCounters::of(e);
+  return st;
+}
+
+// The streamed-trunk check (issue 4, item 6b): per-token time with the trunk streamed from the
+// pack, against max(I/O time, compute time) measured in the same run: compute = the resident
+// s/token, I/O = bytes read per token / raw sequential read GB/s of the pack file.
+Result<nlohmann::json> streamed_check(const DecodeOptions& o, const std::vector<int32_t>& prompt,
+                                      double compute_s) {
+  runtime::EngineOptions eo;
+  eo.model_dir = o.model;
+  eo.threads = o.threads;
+  eo.pack_dir = o.pack;
+  if (!o.ram.empty()) {
+    KTIER_ASSIGN_OR_RETURN(eo.ram_budget, runtime::parse_size(o.ram));
+  } else {
+    KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ck, format::Checkpoint::open(o.model, format::OpenMode::kPread));
+    KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack pk, pack::TrunkPack::open(o.pack, ck));
+    eo.ram_budget = runtime::TrunkStore::minimum_bytes(ck, &pk) +
+                    static_cast<uint64_t>(ck.config().num_experts_per_token) *
+                        runtime::ExpertCache::slot_bytes(ck);
+  }
+  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> e, runtime::Engine::open(eo));
+  std::fprintf(stderr, "[bench] streamed decode (%lld of %lld layers streamed)\n",
+               static_cast<long long>(e->trunk_store()->stats().layers_streamed),
+               static_cast<long long>(e->checkpoint().config().num_hidden_layers));
+  runtime::EngineCounters a, b;
+  KTIER_ASSIGN_OR_RETURN(const runtime::GenerationStats st, timed_decode(*e, prompt, o.tokens, &a, &b));
+  const double steps = static_cast<double>(st.decode_steps);
+  const double streamed_s = st.decode_seconds / steps;
+  const double read = static_cast<double>((b.trunk_bytes_read - a.trunk_bytes_read) +
+                                          (b.expert_miss_bytes - a.expert_miss_bytes)) / steps;
+  KTIER_ASSIGN_OR_RETURN(const io::ReadFile f, e->io_engine()->open(std::filesystem::path(o.pack) / "trunk.pack"));
+  KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer buf, io::AlignedBuffer::allocate(64 << 20));
+  double raw = 0;
+  for (int i = 0; i < 3; ++i) {
+    KTIER_ASSIGN_OR_RETURN(const double r, raw_read_gbps(f, buf));
+    raw = std::max(raw, r);
+  }
+  const double io_s = read / (raw * 1e9);
+  const double bound = std::max(io_s, compute_s);
+  std::printf("streamed      %.4f s/token, %.1f MB read/token; raw read %.2f GB/s -> I/O %.4f s, "
+              "compute %.4f s\n", streamed_s, read / 1e6, raw, io_s, compute_s);
+  std::printf("overlap       %.3f x max(I/O, compute)  (goal <= 1.15)\n", streamed_s / bound);
+  return nlohmann::json{{"streamed_s_per_token", streamed_s}, {"bytes_read_per_token", read},
+                        {"raw_read_gbps", raw}, {"io_s_per_token", io_s},
+                        {"compute_s_per_token", compute_s}, {"ratio_to_bound", streamed_s / bound},
+                        {"layers_streamed", e->trunk_store()->stats().layers_streamed},
+                        {"budget_bytes", e->budget_bytes()}};
 }
 
 Status run_decode_bench(const DecodeOptions& o) {
@@ -113,8 +179,12 @@ Status run_decode_bench(const DecodeOptions& o) {
   std::printf("memory read   %.2f GB/s  -> floor %.4f s/token\n", gbps, floor_s);
   std::printf("ratio         %.3f of the bandwidth floor (weights consumed at %.2f GB/s)\n",
               floor_s / s_per_token, total / s_per_token / 1e9);
+  nlohmann::json streamed;
+  if (!o.pack.empty()) {
+    KTIER_ASSIGN_OR_RETURN(streamed, streamed_check(o, prompt, s_per_token));
+  }
   if (json_out.is_open()) {
-    const nlohmann::json j = {
+    nlohmann::json j = {
         {"model", o.model},
         {"threads", engine->threads()},
         {"isa", cpu::isa_name(engine->exec().isa)},
@@ -126,6 +196,7 @@ Status run_decode_bench(const DecodeOptions& o) {
         {"mem_read_gbps", gbps},
         {"floor_s_per_token", floor_s},
         {"ratio_to_floor", floor_s / s_per_token}};
+    if (!streamed.is_null()) j["streamed"] = streamed;
     json_out << j.dump(2) << "\n";
     if (!json_out.flush()) return Status::runtime(o.json + ": write error");
   }
@@ -150,6 +221,10 @@ void register_bench_decode_command(CLI::App& bench, int& exit_code) {
   sub->add_option("--buffer-mib", o->buffer_mib,
                   "Bandwidth buffer in MiB (default: as bench kernels; small = in-cache, "
                   "figures meaningless)");
+  sub->add_option("--pack", o->pack,
+                  "Also decode with the trunk streamed from this pack and compare with "
+                  "max(I/O time, compute time)");
+  sub->add_option("--ram", o->ram, "Budget of the streamed run (default: the minimum)");
   sub->add_option("--json", o->json, "Also write the figures to FILE as JSON");
   sub->callback([o, &exit_code] { exit_code = finish(run_decode_bench(*o)); });
 }

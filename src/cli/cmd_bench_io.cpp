@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "cli/bench_util.h"
 #include "cli/commands.h"
 #include "io/aligned_buffer.h"
 #include "io/io_engine.h"
@@ -39,19 +40,6 @@ struct IoBenchOptions {
 
 double seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-Result<double> raw_pass(const io::ReadFile& f, io::AlignedBuffer& buf) {
-  const auto t0 = std::chrono::steady_clock::now();
-  uint64_t off = 0;
-  while (off < f.size()) {
-    const uint64_t want = std::min<uint64_t>(buf.size(), f.size() - off);
-    const ssize_t n = ::pread(f.fd(), buf.data(), io::align_up(want, f.alignment()),
-                              static_cast<off_t>(off));
-    if (n <= 0) return Status::runtime(f.path() + ": read failed at offset " + std::to_string(off));
-    off += static_cast<uint64_t>(n);
-  }
-  return static_cast<double>(f.size()) / seconds(t0) / 1e9;
 }
 
 Result<double> engine_pass(const pack::TrunkPack& p, io::IoEngine& engine, const io::ReadFile& f,
@@ -104,7 +92,7 @@ Status run_io_bench(const IoBenchOptions& o) {
   uint64_t bytes = 0;
   for (int i = 0; i < o.passes; ++i) {
     std::fprintf(stderr, "[bench] pass %d/%d\n", i + 1, o.passes);
-    KTIER_ASSIGN_OR_RETURN(const double r, raw_pass(f, raw_buf));
+    KTIER_ASSIGN_OR_RETURN(const double r, raw_read_gbps(f, raw_buf));
     KTIER_ASSIGN_OR_RETURN(const double e, engine_pass(p, *engine, f, slots, &bytes));
     raw = std::max(raw, r);
     eng = std::max(eng, e);
@@ -127,6 +115,19 @@ Status run_io_bench(const IoBenchOptions& o) {
 }
 
 }  // namespace
+
+Result<double> raw_read_gbps(const io::ReadFile& f, io::AlignedBuffer& buf) {
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t off = 0;
+  while (off < f.size()) {
+    const uint64_t want = std::min<uint64_t>(buf.size(), f.size() - off);
+    const ssize_t n = ::pread(f.fd(), buf.data(), io::align_up(want, f.alignment()),
+                              static_cast<off_t>(off));
+    if (n <= 0) return Status::runtime(f.path() + ": read failed at offset " + std::to_string(off));
+    off += static_cast<uint64_t>(n);
+  }
+  return static_cast<double>(f.size()) / seconds(t0) / 1e9;
+}
 
 void register_bench_io_command(CLI::App& bench, int& exit_code) {
   auto o = std::make_shared<IoBenchOptions>();

@@ -87,6 +87,17 @@ TEST(CliBench, DecodeOnTinyWritesJson) {
   expect_positive(j.at("bytes_read_per_token"), "trunk");
   expect_positive(j.at("bytes_read_per_token"), "experts");
   EXPECT_EQ(run_process(ktier() + " bench decode -m " + dir.string() + " -n 1").exit_code, 2);
+  // With a pack: the streamed-trunk check is added.
+  ASSERT_EQ(run_process(ktier() + " pack -q -m " + dir.string() + " -o " + (dir / "pack").string()).exit_code, 0);
+  const auto r2 = run_process(ktier() + " bench decode -m " + dir.string() + " -n 4 --buffer-mib 8 --pack " +
+                              (dir / "pack").string() + " --json " + json_path.string());
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  std::ifstream in2(json_path);
+  const nlohmann::json j2 = nlohmann::json::parse(in2);
+  ASSERT_TRUE(j2.contains("streamed")) << j2.dump();
+  for (const char* key : {"streamed_s_per_token", "io_s_per_token", "compute_s_per_token", "ratio_to_bound"})
+    expect_positive(j2.at("streamed"), key);
+  EXPECT_GT(j2.at("streamed").at("layers_streamed").get<int>(), 0);
   std::filesystem::remove_all(dir);
 }
 
