@@ -3,6 +3,7 @@
 //   ktier run -m DIR (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--temp T] [--top-k K]
 //             [--top-p P] [--seed S] [--threads N] [--chunk N] [--print-ids] [--isa auto]
 //             [--pack PACKDIR] [--ram SIZE | --preset NAME] [--io auto] [--report-json FILE]
+//             [--trace FILE]
 //
 // Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
@@ -23,13 +24,14 @@
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/run_report.h"
+#include "strata/trace_recorder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ktier::cli {
 namespace {
 
 struct RunArgs {
-  std::string model, prompt, file, ids, isa = "auto", report_json;
+  std::string model, prompt, file, ids, isa = "auto", report_json, trace;
   MemoryArgs memory;
   bool has_prompt = false, print_ids = false, special = false;
   int64_t max_new_tokens = 128, chunk = 256, top_k = 0;
@@ -106,12 +108,22 @@ Status run(const RunArgs& a) {
     KTIER_ASSIGN_OR_RETURN(const std::string piece, stream->push(static_cast<uint32_t>(id)));
     return write_stdout(piece);
   };
+  std::unique_ptr<strata::TraceRecorder> recorder;
+  if (!a.trace.empty()) {
+    KTIER_ASSIGN_OR_RETURN(recorder, strata::TraceRecorder::create(a.trace, engine->checkpoint()));
+    engine->model().set_routing_observer(recorder.get());
+  }
   runtime::RunReport report;
   report.decode_start = runtime::EngineCounters::of(*engine);
   gen.before_decode = [&] { report.decode_start = runtime::EngineCounters::of(*engine); };
   KTIER_ASSIGN_OR_RETURN(report.gen, runtime::generate(engine->model(), engine->experts(), prompt,
                                                        gen, engine->exec(), sink));
   report.decode_end = runtime::EngineCounters::of(*engine);
+  if (recorder) {
+    engine->model().set_routing_observer(nullptr);
+    KTIER_RETURN_IF_ERROR(recorder->close());
+    spdlog::info("trace: {} routing steps -> {}", recorder->steps(), a.trace);
+  }
   report.peak_rss_bytes = runtime::peak_rss_bytes();
   if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
   if (a.print_ids || !stream) KTIER_RETURN_IF_ERROR(write_stdout(join_ids(generated) + "\n"));
@@ -153,6 +165,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   add_memory_options(sub, a->memory);
   sub->add_option("--report-json", a->report_json, "Also write the run report to FILE as JSON");
+  sub->add_option("--trace", a->trace,
+                  "Record every token's routing (strata trace, see `ktier trace info/replay`)");
   sub->callback([a, p, &exit_code] {
     a->has_prompt = p->count() > 0;
     exit_code = finish(run(*a));

@@ -161,5 +161,20 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   fs::remove(report);
 }
 
+// `run --trace` records one step per (token computed, MoE layer): 12 prompt tokens + 4 decode
+// steps (the 5th token is sampled, not computed) over the tiny model's 12 MoE layers.
+TEST_F(RunEvalCli, TraceRecordsEveryTokensRouting) {
+  const fs::path trace = dir_.string() + "-run.ktrace";
+  auto r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 5 --chunk 5 --trace " +
+                       trace.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_process(ktier() + " trace info " + trace.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("steps:            192 "), std::string::npos) << r.out;  // 16 x 12
+  EXPECT_NE(r.out.find("passes:           7"), std::string::npos) << r.out;   // 3 chunks + 4 steps
+  EXPECT_NE(r.out.find("routing weights:  recorded"), std::string::npos) << r.out;
+  fs::remove(trace);
+}
+
 }  // namespace
 }  // namespace ktier::test

@@ -1,0 +1,44 @@
+#include "strata/trace_recorder.h"
+
+namespace ktier::strata {
+
+Result<std::unique_ptr<TraceRecorder>> TraceRecorder::create(const std::filesystem::path& path,
+                                                             const format::Checkpoint& ckpt) {
+  const format::ModelConfig& c = ckpt.config();
+  TraceHeader h;
+  h.num_layers = static_cast<uint32_t>(c.num_hidden_layers);
+  h.first_moe_layer = static_cast<uint32_t>(c.first_k_dense_replace);
+  h.experts_per_layer = static_cast<uint32_t>(c.num_experts);
+  h.top_k = static_cast<uint32_t>(c.num_experts_per_token);
+  h.lookahead_depth = 0;
+  h.expert_bytes = ckpt.expert_summary().bytes_per_expert;
+  h.flags = kTraceFlagWeights;
+  KTIER_ASSIGN_OR_RETURN(TraceWriter w, TraceWriter::create(path, h));
+  return std::unique_ptr<TraceRecorder>(new TraceRecorder(std::move(w)));
+}
+
+void TraceRecorder::on_routing(int64_t layer, int64_t first_position, const int32_t* ids,
+                               const float* weights, int64_t T, int k) {
+  if (!error_.is_ok()) return;
+  // Layers arrive in increasing order within a forward pass; a lower one starts the next pass.
+  if (started_ && layer <= last_layer_) ++pass_;
+  started_ = true;
+  last_layer_ = layer;
+  TraceStep step;
+  step.pass = pass_;
+  step.layer = static_cast<uint16_t>(layer);
+  step.chosen.resize(static_cast<size_t>(k));
+  for (int64_t t = 0; t < T && error_.is_ok(); ++t) {
+    step.position = static_cast<uint32_t>(first_position + t);
+    for (int j = 0; j < k; ++j)
+      step.chosen[static_cast<size_t>(j)] = {static_cast<uint16_t>(ids[t * k + j]), weights[t * k + j]};
+    error_ = writer_.append(step);
+  }
+}
+
+Status TraceRecorder::close() {
+  const Status closed = writer_.close();
+  return error_.is_ok() ? closed : error_;
+}
+
+}  // namespace ktier::strata
