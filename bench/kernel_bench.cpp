@@ -169,7 +169,7 @@ uint64_t read_all(cpu::ThreadPool& pool, const uint8_t* p, uint64_t n, cpu::Isa 
       const uint64_t lo = std::min(n, static_cast<uint64_t>(c) * chunk);
       const uint64_t hi = std::min(n, lo + chunk);
 #ifdef KTIER_BENCH_X86
-      if (isa == cpu::Isa::kAvx2) {
+      if (isa != cpu::Isa::kScalar) {  // kAvx2 or kAvx512 (which implies AVX2)
         sums[static_cast<size_t>(c)] = read_sum_avx2(p + lo, hi - lo);
         continue;
       }
@@ -262,7 +262,11 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
       return out;
     }
 
-  const cpu::Isa isa = cpu::best_isa();
+  const cpu::Isa isa = config.isa.value_or(cpu::best_isa());
+  if (!cpu::isa_supported(isa)) {
+    out.error = std::string("the ") + cpu::isa_name(isa) + " kernels are not supported here";
+    return out;
+  }
   out.isa = cpu::isa_name(isa);
   out.cols = cols;
   out.buffer_bytes = config.buffer_bytes / 4096 * 4096;

@@ -21,8 +21,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "cpu/exec.h"
 
 namespace ktier::cpu {
 class ThreadPool;
@@ -47,6 +50,7 @@ struct KernelBenchConfig {
   int64_t cols = 7168;                   // K3 hidden width; REQUIRES cols % 32 == 0
   int reps = 5;                          // timed passes per figure (best is kept), >= 1
   double max_seconds_per_figure = 4.0;   // stop timed passes early past this (after 2)
+  std::optional<cpu::Isa> isa;           // kernel set to measure; default cpu::best_isa()
 };
 
 struct ThreadResult {
@@ -56,7 +60,8 @@ struct ThreadResult {
 };
 
 struct KernelBenchResult {
-  std::string isa;          // cpu::isa_name of the kernels and the read loop ("avx2", "scalar")
+  std::string isa;  // cpu::isa_name of the kernels ("avx512", "avx2", "scalar"); the read loop
+                    // is the AVX2 one for both vector sets, else scalar
   uint64_t buffer_bytes = 0;
   int64_t bf16_rows = 0, mxfp4_rows = 0, cols = 0;
   uint64_t bf16_bytes = 0, mxfp4_bytes = 0;  // weight bytes one GEMV reads

@@ -6,6 +6,14 @@ struct CpuFeatures {
   bool avx2 = false;
   bool fma = false;
   bool f16c = false;
+  // AVX-512 foundation, byte/word, dword/qword and 128/256-bit forms (CPUID leaf 7).
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512dq = false;
+  bool avx512vl = false;
+  // XCR0 (XGETBV) has the SSE, AVX, opmask, ZMM_Hi256 and Hi16_ZMM state bits: the OS saves
+  // the full zmm state, so AVX-512 instructions may run.
+  bool os_avx512 = false;
 };
 
 const CpuFeatures& cpu_features();

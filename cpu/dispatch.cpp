@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -15,6 +16,9 @@
 #include "cpu/kernel_table.h"
 #include "cpu/kernels.h"
 #include "cpu/numerics.h"
+#if KTIER_CPU_HAVE_AVX512
+#include "cpu/x86/avx512_kernels.h"
+#endif
 
 namespace ktier::cpu {
 namespace {
@@ -40,6 +44,7 @@ constexpr int64_t kLinearChunkMacs = 1 << 17;   // ~0.1 ms of MXFP4/BF16 work pe
 constexpr int64_t kElementwiseChunk = 1 << 12;  // elements (libm-bound ops: ~0.1 ms)
 constexpr int64_t kNormChunkElems = 1 << 14;    // rows x width per chunk
 constexpr int64_t kConvChunkChannels = 256;
+constexpr int64_t kWideAlign = 8;  // doubles: linear's widened activations start 64-byte aligned
 
 int64_t chunk_rows(int64_t work_per_row, int64_t target) {
   return std::max<int64_t>(1, target / std::max<int64_t>(1, work_per_row));
@@ -69,6 +74,21 @@ void check_weight(const char* op, const WeightMatrix& w) {
 
 // ---- ISA selection ---------------------------------------------------------------------------
 
+#if KTIER_CPU_HAVE_AVX512
+// The AVX-512 set: only linear has its own kernel; every other op reuses the AVX2 one.
+// (A function-local static, so it is ready whenever the first op runs.)
+namespace {
+const KernelTable& avx512_kernels() {
+  static const KernelTable table = [] {
+    KernelTable t = kAvx2Kernels;
+    t.linear_rows = avx512::linear_rows_avx512;
+    return t;
+  }();
+  return table;
+}
+}  // namespace
+#endif
+
 const KernelTable& kernel_table(Isa isa) {
   switch (isa) {
     case Isa::kScalar: return kRefKernels;
@@ -78,6 +98,14 @@ const KernelTable& kernel_table(Isa isa) {
 #endif
       die("dispatch",
           "AVX2 kernels requested, but this build has none or the CPU lacks AVX2/FMA/F16C "
+          "(use best_isa())");
+    case Isa::kAvx512:
+#if KTIER_CPU_HAVE_AVX512
+      if (isa_supported(Isa::kAvx512)) return avx512_kernels();
+#endif
+      die("dispatch",
+          "AVX-512 kernels requested, but this build has none, or the CPU lacks "
+          "AVX512F/BW/DQ/VL (or AVX2/FMA/F16C), or the OS does not save zmm state "
           "(use best_isa())");
   }
   die("dispatch", "unknown instruction set %d", static_cast<int>(isa));
@@ -101,6 +129,8 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
   KTIER_CPU_REQUIRE(op, n_jobs >= 0 && (n_jobs == 0 || jobs != nullptr), "bad job list");
   // Widen each distinct activation block to double once (exact); jobs with the same x, width
   // and at least as many tokens share it. Per-thread buffers: steady-state decode never allocates.
+  // Each block starts on a 64-byte boundary (so do its token rows when cols % 8 == 0): a vector
+  // load that crosses a cache line costs the AVX-512 kernels a second load slot.
   thread_local std::vector<double> wide;
   thread_local std::vector<int64_t> wide_offset;
   thread_local std::vector<uint8_t> owns_wide;  // job j widens its own x (else shares one)
@@ -125,7 +155,7 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
     if (wide_offset[j] < 0) {
       owns_wide[j] = 1;
       wide_offset[j] = wide_total;
-      wide_total += job.n_tokens * job.w.cols;
+      wide_total += (job.n_tokens * job.w.cols + kWideAlign - 1) / kWideAlign * kWideAlign;
     }
     first_row.push_back(total_rows);
     tasks.push_back(LinearTask{job.w, nullptr, job.n_tokens, job.y});
@@ -134,16 +164,20 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
   }
   if (total_rows == 0) return;
   first_row.push_back(total_rows);
-  if (static_cast<int64_t>(wide.size()) < wide_total) wide.resize(static_cast<size_t>(wide_total));
+  if (static_cast<int64_t>(wide.size()) < wide_total + kWideAlign)
+    wide.resize(static_cast<size_t>(wide_total + kWideAlign));
+  double* const wide_base = reinterpret_cast<double*>(
+      (reinterpret_cast<uintptr_t>(wide.data()) + 63) & ~uintptr_t{63});  // < kWideAlign ahead
   for (int j = 0, t = 0; j < n_jobs; ++j) {
     if (jobs[j].w.rows == 0 || jobs[j].n_tokens == 0) continue;
-    double* xw = wide.data() + wide_offset[j];
+    double* xw = wide_base + wide_offset[j];
     tasks[t++].x_wide = xw;
     if (!owns_wide[j]) continue;
     const int64_t nx = jobs[j].n_tokens * jobs[j].w.cols;
     for (int64_t i = 0; i < nx; ++i) xw[i] = num::D(jobs[j].x[i]);
   }
-  const int64_t grain = chunk_rows(total_macs / total_rows, kLinearChunkMacs);
+  // Whole tiles of 4 rows per chunk where possible (the vector kernels' decode tile height).
+  const int64_t grain = (chunk_rows(total_macs / total_rows, kLinearChunkMacs) + 3) / 4 * 4;
   const LinearTask* task_list = tasks.data();
   const int64_t* starts = first_row.data();
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());

@@ -11,10 +11,13 @@ class ThreadPool;
 enum class Isa : uint8_t {
   kScalar,  // the *_ref kernels: portable C++, the ground truth of the numerics contract
   kAvx2,    // the x86/avx2_* kernels (AVX2 + FMA + F16C), byte-identical to kScalar
+  kAvx512,  // kAvx2 with the AVX-512 linear kernels (x86/avx512_linear.cpp), byte-identical too
 };
 
 const char* isa_name(Isa isa);
-// kScalar always; kAvx2 when this build has the x86 kernels and CPUID reports AVX2, FMA and F16C.
+// kScalar always; kAvx2 when this build has the x86 kernels and CPUID reports AVX2, FMA and F16C;
+// kAvx512 when kAvx2 is supported, CPUID also reports AVX512F/BW/DQ/VL and the OS saves the
+// opmask and zmm registers (XGETBV).
 bool isa_supported(Isa isa);
 // The fastest supported instruction set (computed once from CPUID; thread-safe).
 Isa best_isa();

@@ -3,8 +3,9 @@
 //
 // Each op's entry point (cpu/dispatch_*.cpp) validates its arguments, prepares scratch, splits
 // the work over the thread pool and calls one of these range kernels per range. The scalar table
-// (cpu/ref/*, the `_ref` kernels) and the AVX2 table (cpu/x86/avx2_*) have identical signatures
-// and must produce identical bytes for every range. Range kernels never allocate, never throw,
+// (cpu/ref/*, the `_ref` kernels), the AVX2 table (cpu/x86/avx2_*) and the AVX-512 table (the AVX2
+// one with its own linear kernel, cpu/x86/avx512_linear.cpp) have identical signatures and must
+// produce identical bytes for every range. Range kernels never allocate, never throw,
 // and write only the outputs of their range.
 
 #include <cstdint>
@@ -121,6 +122,9 @@ extern const KernelTable kRefKernels;
 #if KTIER_CPU_HAVE_AVX2
 extern const KernelTable kAvx2Kernels;
 #endif
+// kAvx512 has no table object of its own: kernel_table(Isa::kAvx512) is kAvx2Kernels with
+// linear_rows replaced by avx512::linear_rows_avx512 (cpu/x86/avx512_kernels.h); every other op
+// runs its AVX2 kernel.
 
 // The table for `isa`; aborts with a message if isa is not supported on this CPU/build.
 const KernelTable& kernel_table(Isa isa);

@@ -11,6 +11,22 @@
 namespace ktier::cpu::avx2 {
 namespace {
 
+// Software prefetch for the decode (T = 1) tiles of kTileRows contiguous rows: each row stream
+// fetches the same offset a whole number of tiles ahead, at least kPrefetchBytes (as in
+// avx512_linear.cpp; decode weights are usually cold and the hardware prefetchers alone fall
+// behind on several row streams).
+constexpr int64_t kPrefetchBytes = 4096;
+constexpr int64_t kTileRows = 2;
+
+static inline int64_t prefetch_ahead(int64_t row_bytes) {
+  const int64_t tile = kTileRows * row_bytes;
+  return tile <= 0 ? 0 : (kPrefetchBytes + tile - 1) / tile * tile;
+}
+static inline void prefetch_range(const void* p, int64_t n) {
+  for (int64_t off = 0; off < n; off += 64)
+    _mm_prefetch(static_cast<const char*>(p) + off, _MM_HINT_T0);
+}
+
 // NR rows x NT tokens of float weights; each 16 weights are widened once and used NT times.
 template <class A, int NR, int NT>
 void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
@@ -21,7 +37,12 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
     for (int tt = 0; tt < NT; ++tt)
       for (int q = 0; q < 4; ++q) acc[rr][tt][q] = _mm256_setzero_pd();
   const int64_t n16 = n & ~int64_t{15};
+  const int64_t ahead =
+      NR == kTileRows && NT == 1 ? prefetch_ahead(n * sizeof(typename A::Storage)) : 0;
   for (int64_t i = 0; i < n16; i += 16) {
+    if (NR == kTileRows && NT == 1 && (i & (64 / sizeof(typename A::Storage) - 1)) == 0)
+      for (int rr = 0; rr < NR; ++rr)
+        _mm_prefetch(reinterpret_cast<const char*>(W + (r + rr) * n + i) + ahead, _MM_HINT_T0);
     for (int rr = 0; rr < NR; ++rr) {
       const auto* wp = W + (r + rr) * n + i;
       const __m256 a = A::load8(wp), b = A::load8(wp + 8);
@@ -50,6 +71,10 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
 template <class A>
 void dense_rows(const LinearTask& task, int64_t r0, int64_t r1) {
   if (task.n_tokens == 1) {  // decode: two rows at a time share the x loads
+    const int64_t row_bytes = task.w.cols * static_cast<int64_t>(sizeof(typename A::Storage));
+    const int64_t ahead = prefetch_ahead(row_bytes), range = (r1 - r0) * row_bytes;
+    prefetch_range(static_cast<const typename A::Storage*>(task.w.data) + r0 * task.w.cols,
+                   ahead < range ? ahead : range);
     int64_t r = r0;
     for (; r + 2 <= r1; r += 2) dense_tile<A, 2, 1>(task, r, 0);
     if (r < r1) dense_tile<A, 1, 1>(task, r, 0);
@@ -142,8 +167,13 @@ void mxfp4_two_rows(const LinearTask& task, int64_t r) {
   const uint8_t* S0 = task.w.scales + r * G;
   const uint8_t* S1 = S0 + G;
   const __m256d zero = _mm256_setzero_pd();
+  const int64_t ahead = prefetch_ahead(n / 2);
   __m256d R0a = zero, R0b = zero, R1a = zero, R1b = zero;
   for (int64_t g = 0; g < G; ++g) {
+    if ((g & 3) == 0) {  // one line per row per 4 blocks
+      _mm_prefetch(reinterpret_cast<const char*>(P0 + 16 * g + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(P1 + 16 * g + ahead), _MM_HINT_T0);
+    }
     const uint8_t s0 = S0[g], s1 = S1[g];
     const double* xp = task.x_wide + 32 * g;
     if (s0 == num::kE8M0ZeroBlock || s1 == num::kE8M0ZeroBlock) {  // rare: one row at a time
@@ -170,6 +200,10 @@ void mxfp4_two_rows(const LinearTask& task, int64_t r) {
 
 void mxfp4_rows(const LinearTask& task, int64_t r0, int64_t r1) {
   if (task.n_tokens == 1) {
+    const int64_t stride = task.w.cols / 2, range = (r1 - r0) * stride;
+    const int64_t ahead = prefetch_ahead(stride);
+    prefetch_range(static_cast<const uint8_t*>(task.w.data) + r0 * stride,
+                   ahead < range ? ahead : range);
     int64_t r = r0;
     for (; r + 2 <= r1; r += 2) mxfp4_two_rows(task, r);
     if (r < r1) mxfp4_tile<1>(task, r, 0);

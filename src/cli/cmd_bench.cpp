@@ -18,6 +18,8 @@
 
 #include "bench/kernel_bench.h"
 #include "cli/commands.h"
+#include "cpu/exec.h"
+#include "runtime/engine.h"
 
 namespace ktier::cli {
 namespace {
@@ -34,6 +36,7 @@ struct KernelsOptions {
   int reps = 5;
   uint64_t size_mib = 0;  // 0: max(4 x LLC, 256 MiB)
   bool quick = false;
+  std::string isa = "auto";
 };
 
 void print_row(const char* what, int threads, double gbps, double ratio, double goal) {
@@ -95,6 +98,10 @@ Status run_kernels(const KernelsOptions& o) {
   std::string llc_src;
   const uint64_t llc = bench::last_level_cache_bytes(&llc_src);
   bench::KernelBenchConfig cfg;
+  KTIER_ASSIGN_OR_RETURN(cfg.isa, runtime::parse_isa(o.isa));
+  if (cfg.isa && !cpu::isa_supported(*cfg.isa))
+    return Status::usage(std::string("--isa ") + cpu::isa_name(*cfg.isa) +
+                         ": this CPU or build does not support it");
   cfg.thread_counts = n_threads == 1 ? std::vector<int>{1} : std::vector<int>{1, n_threads};
   cfg.buffer_bytes = o.quick      ? kQuickBufferBytes
                      : o.size_mib ? o.size_mib << 20
@@ -166,6 +173,8 @@ void register_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--size-mib", o->size_mib,
                   "buffer and matrix size in MiB (default: max(4 x LLC, 256 MiB))");
+  sub->add_option("--isa", o->isa, "Kernel set to measure: auto, scalar, avx2 or avx512")
+      ->capture_default_str();
   sub->add_flag("--quick", o->quick,
                 "8 MiB in-cache matrices, one pass: checks the command runs; figures meaningless");
   sub->callback([o, threads, &exit_code] {

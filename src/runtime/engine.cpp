@@ -12,7 +12,8 @@ Result<std::optional<cpu::Isa>> parse_isa(const std::string& name) {
   if (name == "auto") return std::optional<cpu::Isa>();
   if (name == "scalar") return std::optional<cpu::Isa>(cpu::Isa::kScalar);
   if (name == "avx2") return std::optional<cpu::Isa>(cpu::Isa::kAvx2);
-  return Status::usage("--isa: '" + name + "' is not one of auto, scalar, avx2");
+  if (name == "avx512") return std::optional<cpu::Isa>(cpu::Isa::kAvx512);
+  return Status::usage("--isa: '" + name + "' is not one of auto, scalar, avx2, avx512");
 }
 
 namespace {

@@ -1,6 +1,7 @@
 // The cpu/ kernels against ../shared/conformance/ops (README §2 tolerance rules, §5 cases).
-// Every case runs with the best instruction set on 2 threads; the ISA and thread invariance of
-// the same kernels is pinned separately (isa_equivalence_test, threads_test). Each case prints
+// Every case runs with each kernel set (scalar, AVX2, AVX-512; unsupported ones skip) on 2
+// threads; the ISA and thread invariance of the same kernels is pinned separately
+// (invariance_test.cpp: IsaEquivalence, ThreadInvariance). Each case prints
 // its worst ratio next to the README's measured margin (float64 / naive f32).
 
 #include <gtest/gtest.h>
@@ -18,12 +19,22 @@ namespace {
 
 struct Env {
   ThreadPool pool{2};
-  Exec ex{&pool, best_isa()};
+  Exec ex{&pool, best_isa()};  // ex.isa: set by the fixture to the test's kernel set
 };
 Env& env() {
   static Env e;
   return e;
 }
+
+// Every case runs once per kernel set (scalar, AVX2, AVX-512), skipped where unsupported.
+class Conformance : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(GetParam())) GTEST_SKIP() << skip_reason(GetParam());
+    env().ex.isa = GetParam();
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Isas, Conformance, ::testing::ValuesIn(kAllIsas), IsaParamName());
 
 // README §5: "a margin far above these means a bug even if it is still under 1". So each case
 // must pass its tolerance and also stay within kMarginSlack times the README's larger measured
@@ -40,7 +51,7 @@ void expect_case(const std::string& what, const ToleranceResult& r, double readm
   }
 }
 
-TEST(Conformance, RmsNorm) {
+TEST_P(Conformance, RmsNorm) {
   const Fixture fx = Fixture::load_op("rmsnorm");
   const Tensor in = fx.tensor("in");
   const std::vector<float> x = in.f32(), w = fx.f32("weight");
@@ -50,7 +61,7 @@ TEST(Conformance, RmsNorm) {
   expect_case("rmsnorm", r, 0.006, "0.006 / 0.006");
 }
 
-TEST(Conformance, SituGlu) {
+TEST_P(Conformance, SituGlu) {
   const Fixture fx = Fixture::load_op("situ_glu");
   const Tensor in = fx.tensor("in");  // [6, 16]: a = cols 0..7, b = cols 8..15
   const int64_t rows = in.shape[0], half = in.shape[1] / 2;
@@ -69,7 +80,7 @@ TEST(Conformance, SituGlu) {
   EXPECT_LE(max_abs, fx.number("max_abs") * (1.0 + 1e-6)) << "SiTU bound beta1*beta2 violated";
 }
 
-TEST(Conformance, ShortConvWithHistoryContinuation) {
+TEST_P(Conformance, ShortConvWithHistoryContinuation) {
   const Fixture fx = Fixture::load_op("shortconv");
   const int K = static_cast<int>(fx.number("kernel"));
   const int64_t C = static_cast<int64_t>(fx.number("channels"));
@@ -92,7 +103,7 @@ TEST(Conformance, ShortConvWithHistoryContinuation) {
   expect_case("shortconv continuation", rn, 0.005, "0.005 / 0.004");
 }
 
-TEST(Conformance, KdaDecayGate) {
+TEST_P(Conformance, KdaDecayGate) {
   const Fixture fx = Fixture::load_op("kda_decay");
   const Tensor z = fx.tensor("z");  // [1, T, H*D]
   const std::vector<float> A_log = fx.f32("A_log"), dt = fx.f32("dt_bias"), zf = z.f32();
@@ -129,8 +140,8 @@ void run_recurrence_case(const char* name, double readme_max, const char* readme
   expect_case(std::string(name) + " out", r, readme_max, readme);
   expect_case(std::string(name) + " state_out", rs, readme_max, readme);
 }
-TEST(Conformance, KdaRecurrence1) { run_recurrence_case("kda_recur1", 0.006, "0.006 / 0.005"); }
-TEST(Conformance, KdaRecurrence8) { run_recurrence_case("kda_recur8", 0.061, "0.047 / 0.061"); }
+TEST_P(Conformance, KdaRecurrence1) { run_recurrence_case("kda_recur1", 0.006, "0.006 / 0.005"); }
+TEST_P(Conformance, KdaRecurrence8) { run_recurrence_case("kda_recur8", 0.061, "0.047 / 0.061"); }
 
 void run_kda_layer_case(const char* name, double readme_max, const char* readme) {
   const Fixture fx = Fixture::load_op(name);
@@ -157,10 +168,10 @@ void run_kda_layer_case(const char* name, double readme_max, const char* readme)
       compare_bits(st.hist_v.data(), st1.hist_v.data(), static_cast<int64_t>(st.hist_v.size())),
       "");
 }
-TEST(Conformance, KdaLayer1) { run_kda_layer_case("kda_layer1", 0.034, "0.016 / 0.034"); }
-TEST(Conformance, KdaLayer8) { run_kda_layer_case("kda_layer8", 0.50, "0.50 / 0.36"); }
+TEST_P(Conformance, KdaLayer1) { run_kda_layer_case("kda_layer1", 0.034, "0.016 / 0.034"); }
+TEST_P(Conformance, KdaLayer8) { run_kda_layer_case("kda_layer8", 0.50, "0.50 / 0.36"); }
 
-TEST(Conformance, RouterSetsAndWeightsById) {
+TEST_P(Conformance, RouterSetsAndWeightsById) {
   const Fixture fx = Fixture::load_op("router");
   const int k = static_cast<int>(fx.number("top_k")),
             n_exp = static_cast<int>(fx.number("n_experts"));
@@ -199,7 +210,7 @@ TEST(Conformance, RouterSetsAndWeightsById) {
   expect_case("router weights (by id)", r, 0.003, "0.002 / 0.003");
 }
 
-TEST(Conformance, AttnRes) {
+TEST_P(Conformance, AttnRes) {
   const Fixture fx = Fixture::load_op("attnres");
   const Tensor bank = fx.tensor("block_residual");  // [rows, 8, E]
   const int64_t T = bank.shape[0], nb = bank.shape[1], E = bank.shape[2];
@@ -220,7 +231,7 @@ TEST(Conformance, AttnRes) {
   expect_case("attnres", r, 0.036, "0.025 / 0.006-0.036");
 }
 
-TEST(Conformance, MlaAbsorbedAndPrefillThenDecode) {
+TEST_P(Conformance, MlaAbsorbedAndPrefillThenDecode) {
   const Fixture fx = Fixture::load_op("mla");
   MlaDims d;
   d.n_heads = static_cast<int>(fx.number("n_heads"));
@@ -258,7 +269,7 @@ ToleranceResult check_moe_scaled(const std::vector<float>& got, const std::vecto
   return check_tolerance(got, want, 1e-5 * std::max(1.0, max_want), 1e-4);
 }
 
-TEST(Conformance, LatentMoe) {
+TEST_P(Conformance, LatentMoe) {
   const Fixture fx = Fixture::load_op("moe");
   MoeWeights w = load_moe(fx, "", static_cast<int>(fx.number("n_experts")),
                           static_cast<int>(fx.number("top_k")));
@@ -372,8 +383,8 @@ void run_layer_case(const char* name, double readme_max, const char* readme) {
   }
   EXPECT_EQ(compare_bits(P.data(), P_all.data(), T * E), "");
 }
-TEST(Conformance, LayerKda) { run_layer_case("layer_kda", 0.63, "0.46 / 0.63"); }
-TEST(Conformance, LayerMla) {
+TEST_P(Conformance, LayerKda) { run_layer_case("layer_kda", 0.63, "0.46 / 0.63"); }
+TEST_P(Conformance, LayerMla) {
   run_layer_case("layer_mla", 0.24, "0.24 / 0.24 (0.21 with eps_lr 1e-6)");
 }
 

@@ -17,11 +17,14 @@
 namespace ktier::cpu::test {
 namespace {
 
-std::vector<Isa> isas() {
-  std::vector<Isa> v{Isa::kScalar};
-  if (isa_supported(Isa::kAvx2)) v.push_back(Isa::kAvx2);
-  return v;
-}
+// Each contract test runs once per kernel set (scalar, AVX2, AVX-512), skipped where unsupported.
+class Contract : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(GetParam())) GTEST_SKIP() << skip_reason(GetParam());
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Isas, Contract, ::testing::ValuesIn(kAllIsas), IsaParamName());
 
 float bf16(uint16_t h) {
   const uint32_t b = static_cast<uint32_t>(h) << 16;
@@ -40,18 +43,21 @@ float contract_dot16(const std::vector<double>& w, const float* x) {
   return static_cast<float>(lane[0]);
 }
 
-TEST(Contract, Bf16LinearIsTheDocumentedDot16) {
+// Token counts 1, 2 and 5 and 9 rows: every tile shape of the vector kernels (decode: 4, 2 and
+// 1 rows; batches: 4, 2 and 1 tokens), and a width with a tail past the last 16.
+TEST_P(Contract, Bf16LinearIsTheDocumentedDot16) {
   std::mt19937_64 rng(5);
-  const int64_t rows = 9, cols = 97, T = 2;
+  const int64_t rows = 9, cols = 97;
   std::vector<uint16_t> w(rows * cols);
   for (auto& h : w)
     h = static_cast<uint16_t>(rng() & 0x7f7f) | static_cast<uint16_t>((rng() & 1) << 15);
-  std::vector<float> x(T * cols);  // well-scaled, so the planted pair's rounding stays visible
-  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  for (auto& v : x) v = unit(rng);
   for (int64_t r = 0; r < rows; ++r) w[r * cols + 94] = w[r * cols + 3];  // cancelling pair:
-  for (int64_t t = 0; t < T; ++t) x[t * cols + 94] = -(x[t * cols + 3] = 0x1p48f);  // see op_cases
-  for (Isa isa : isas()) {
+  const Isa isa = GetParam();
+  for (int64_t T : {1, 2, 5}) {
+    std::vector<float> x(T * cols);  // well-scaled, so the planted pair's rounding stays visible
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    for (auto& v : x) v = unit(rng);
+    for (int64_t t = 0; t < T; ++t) x[t * cols + 94] = -(x[t * cols + 3] = 0x1p48f);  // op_cases
     std::vector<float> y(T * rows);
     linear({WeightType::kBF16, w.data(), nullptr, rows, cols}, x.data(), T, y.data(),
            Exec{nullptr, isa});
@@ -62,57 +68,63 @@ TEST(Contract, Bf16LinearIsTheDocumentedDot16) {
         EXPECT_EQ(compare_bits(&y[t * rows + r],
                                std::vector<float>{contract_dot16(wr, &x[t * cols])}.data(), 1),
                   "")
-            << isa_name(isa) << " row " << r;
+            << isa_name(isa) << " T " << T << " token " << t << " row " << r;
       }
   }
 }
 
 // §4: per 32-block, 8 lanes (k % 8) of 2*E2M1 x products from +0.0; each lane times 2^(s-128)
 // added into 8 row lanes in block order (scale 255 skipped); tree (l,l+4), (l,l+2), (0,1).
-TEST(Contract, Mxfp4LinearIsTheDocumentedBlockSum) {
+// 9 rows with a zero block only in row 0, and 1 and 5 tokens: the vector kernels' decode tiles
+// with and without a zero block, their single rows, and their 4- and 1-token batch tiles.
+TEST_P(Contract, Mxfp4LinearIsTheDocumentedBlockSum) {
   static const int twice[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
   std::mt19937_64 rng(6);
-  const int64_t rows = 5, cols = 160;
+  const int64_t rows = 9, cols = 160;
   std::vector<uint8_t> packed(rows * cols / 2), scales(rows * cols / 32);
   for (auto& b : packed) b = static_cast<uint8_t>(rng());
   for (auto& s : scales) s = static_cast<uint8_t>(118 + rng() % 7);  // real K3 scales are ~120
   scales[3] = 255;
-  std::vector<float> x(cols);  // well-scaled, so the planted pair's rounding stays visible
-  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  for (auto& v : x) v = unit(rng);
   for (int64_t r = 0; r < rows; ++r) {  // cancelling pair in block 1: elements 33 and 62 = 6.0
     uint8_t* row = packed.data() + r * cols / 2;
     row[16] = static_cast<uint8_t>((row[16] & 0x0f) | 0x70);  // element 33: high nibble
     row[31] = static_cast<uint8_t>((row[31] & 0xf0) | 0x07);  // element 62: low nibble
   }
-  x[62] = -(x[33] = 0x1p48f);
-  for (Isa isa : isas()) {
-    std::vector<float> y(rows);
-    linear({WeightType::kMxfp4, packed.data(), scales.data(), rows, cols}, x.data(), 1, y.data(),
+  const Isa isa = GetParam();
+  for (int64_t T : {1, 5}) {
+    std::vector<float> x(T * cols);  // well-scaled, so the planted pair's rounding stays visible
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    for (auto& v : x) v = unit(rng);
+    for (int64_t t = 0; t < T; ++t) x[t * cols + 62] = -(x[t * cols + 33] = 0x1p48f);
+    std::vector<float> y(T * rows);
+    linear({WeightType::kMxfp4, packed.data(), scales.data(), rows, cols}, x.data(), T, y.data(),
            Exec{nullptr, isa});
-    for (int64_t r = 0; r < rows; ++r) {
-      double row[8] = {};
-      for (int64_t g = 0; g < cols / 32; ++g) {
-        const int s = scales[r * cols / 32 + g];
-        if (s == 255) continue;
-        double lane[8] = {};
-        for (int k = 0; k < 32; ++k) {
-          const int i = static_cast<int>(32 * g + k);
-          const uint8_t byte = packed[r * cols / 2 + i / 2];
-          lane[k % 8] += twice[(i % 2) ? byte >> 4 : byte & 15] * static_cast<double>(x[i]);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < rows; ++r) {
+        double row[8] = {};
+        for (int64_t g = 0; g < cols / 32; ++g) {
+          const int s = scales[r * cols / 32 + g];
+          if (s == 255) continue;
+          double lane[8] = {};
+          for (int k = 0; k < 32; ++k) {
+            const int i = static_cast<int>(32 * g + k);
+            const uint8_t byte = packed[r * cols / 2 + i / 2];
+            lane[k % 8] +=
+                twice[(i % 2) ? byte >> 4 : byte & 15] * static_cast<double>(x[t * cols + i]);
+          }
+          for (int l = 0; l < 8; ++l) row[l] += lane[l] * std::ldexp(1.0, s - 128);
         }
-        for (int l = 0; l < 8; ++l) row[l] += lane[l] * std::ldexp(1.0, s - 128);
+        for (int s = 4; s >= 1; s /= 2)
+          for (int l = 0; l < s; ++l) row[l] = row[l] + row[l + s];
+        const float want = static_cast<float>(row[0]);
+        EXPECT_EQ(compare_bits(&y[t * rows + r], &want, 1), "")
+            << isa_name(isa) << " T " << T << " token " << t << " row " << r;
       }
-      for (int s = 4; s >= 1; s /= 2)
-        for (int l = 0; l < s; ++l) row[l] = row[l] + row[l + s];
-      const float want = static_cast<float>(row[0]);
-      EXPECT_EQ(compare_bits(&y[r], &want, 1), "") << isa_name(isa) << " row " << r;
-    }
   }
 }
 
 // §5: sum of squares by dot16, inv = 1 / sqrt(ss / n + eps) in double, out = F((x * inv) * gain).
-TEST(Contract, RmsNormIsTheDocumentedFormula) {
+TEST_P(Contract, RmsNormIsTheDocumentedFormula) {
   std::mt19937_64 rng(8);
   const int64_t n = 54;
   const std::vector<float> x = random_floats(rng, n), gain = random_floats(rng, n);
@@ -122,18 +134,17 @@ TEST(Contract, RmsNormIsTheDocumentedFormula) {
   for (int s = 8; s >= 1; s /= 2)
     for (int l = 0; l < s; ++l) lane[l] = lane[l] + lane[l + s];
   const double inv = 1.0 / std::sqrt(lane[0] / static_cast<double>(n) + 1e-5);
-  for (Isa isa : isas()) {
-    std::vector<float> y(n);
-    rmsnorm(x.data(), gain.data(), 1, n, 1e-5, y.data(), Exec{nullptr, isa});
-    for (int64_t i = 0; i < n; ++i) {
-      const float want = static_cast<float>((xd[i] * inv) * static_cast<double>(gain[i]));
-      EXPECT_EQ(compare_bits(&y[i], &want, 1), "") << isa_name(isa) << " element " << i;
-    }
+  const Isa isa = GetParam();
+  std::vector<float> y(n);
+  rmsnorm(x.data(), gain.data(), 1, n, 1e-5, y.data(), Exec{nullptr, isa});
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = static_cast<float>((xd[i] * inv) * static_cast<double>(gain[i]));
+    EXPECT_EQ(compare_bits(&y[i], &want, 1), "") << isa_name(isa) << " element " << i;
   }
 }
 
 // §1: subnormals are neither flushed on input nor on output.
-TEST(Contract, DenormalsAreKept) {
+TEST_P(Contract, DenormalsAreKept) {
 #if defined(__x86_64__)
   EXPECT_EQ(_mm_getcsr() & 0x8040u, 0u) << "FTZ or DAZ is set in MXCSR";
 #endif
@@ -141,35 +152,33 @@ TEST(Contract, DenormalsAreKept) {
   const uint8_t packed[16] = {0x01}, scale[1] = {0};  // 0.5 * 2^-127 = 2^-128
   std::vector<float> x(32, 0.0f);
   x[0] = 1.0f;
-  for (Isa isa : isas()) {
-    float y = 0.0f;
-    linear({WeightType::kBF16, &w_bf16, nullptr, 1, 1}, x.data(), 1, &y, Exec{nullptr, isa});
-    EXPECT_EQ(y, std::ldexp(1.0f, -133)) << isa_name(isa);
-    linear({WeightType::kMxfp4, packed, scale, 1, 32}, x.data(), 1, &y, Exec{nullptr, isa});
-    EXPECT_EQ(y, std::ldexp(1.0f, -128)) << isa_name(isa);
-  }
+  const Isa isa = GetParam();
+  float y = 0.0f;
+  linear({WeightType::kBF16, &w_bf16, nullptr, 1, 1}, x.data(), 1, &y, Exec{nullptr, isa});
+  EXPECT_EQ(y, std::ldexp(1.0f, -133)) << isa_name(isa);
+  linear({WeightType::kMxfp4, packed, scale, 1, 32}, x.data(), 1, &y, Exec{nullptr, isa});
+  EXPECT_EQ(y, std::ldexp(1.0f, -128)) << isa_name(isa);
 }
 
 // §10: ties go to the lower index, for the router (equal biased scores) and argmax.
-TEST(Contract, TiesGoToTheLowerIndex) {
+TEST_P(Contract, TiesGoToTheLowerIndex) {
   const std::vector<float> logits = {0.5f, 2.0f, 2.0f, -1.0f, 2.0f, NAN};
-  for (Isa isa : isas()) {
-    int32_t ids[3];
-    float w[3];
-    router_topk(logits.data(), nullptr, 1, 6, 3, false, 1.0, ids, w, Exec{nullptr, isa});
-    EXPECT_EQ(ids[0], 1);
-    EXPECT_EQ(ids[1], 2);
-    EXPECT_EQ(ids[2], 4);
-    EXPECT_EQ(argmax(logits.data(), 6, Exec{nullptr, isa}), 1);
-    std::vector<float> big(1000, -1.0f);
-    big[517] = big[901] = 3.0f;
-    big[3] = NAN;
-    EXPECT_EQ(argmax(big.data(), 1000, Exec{nullptr, isa}), 517);
-  }
+  const Isa isa = GetParam();
+  int32_t ids[3];
+  float w[3];
+  router_topk(logits.data(), nullptr, 1, 6, 3, false, 1.0, ids, w, Exec{nullptr, isa});
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(ids[1], 2);
+  EXPECT_EQ(ids[2], 4);
+  EXPECT_EQ(argmax(logits.data(), 6, Exec{nullptr, isa}), 1);
+  std::vector<float> big(1000, -1.0f);
+  big[517] = big[901] = 3.0f;
+  big[3] = NAN;
+  EXPECT_EQ(argmax(big.data(), 1000, Exec{nullptr, isa}), 517);
 }
 
 // A token's linear result never depends on the batch it is in.
-TEST(Contract, LinearBatchInvariance) {
+TEST_P(Contract, LinearBatchInvariance) {
   std::mt19937_64 rng(9);
   for (WeightType type : {WeightType::kF32, WeightType::kMxfp4}) {
     const int64_t rows = 7, cols = 96, T = 5;
@@ -180,13 +189,12 @@ TEST(Contract, LinearBatchInvariance) {
                                ? WeightMatrix{type, wf.data(), nullptr, rows, cols}
                                : WeightMatrix{type, packed.data(), scales.data(), rows, cols};
     const std::vector<float> x = random_floats(rng, T * cols);
-    for (Isa isa : isas()) {
-      std::vector<float> all(T * rows), one(T * rows);
-      linear(w, x.data(), T, all.data(), Exec{nullptr, isa});
-      for (int64_t t = 0; t < T; ++t)
-        linear(w, x.data() + t * cols, 1, one.data() + t * rows, Exec{nullptr, isa});
-      EXPECT_EQ(compare_bits(all.data(), one.data(), T * rows), "") << isa_name(isa);
-    }
+    const Isa isa = GetParam();
+    std::vector<float> all(T * rows), one(T * rows);
+    linear(w, x.data(), T, all.data(), Exec{nullptr, isa});
+    for (int64_t t = 0; t < T; ++t)
+      linear(w, x.data() + t * cols, 1, one.data() + t * rows, Exec{nullptr, isa});
+    EXPECT_EQ(compare_bits(all.data(), one.data(), T * rows), "") << isa_name(isa);
   }
 }
 

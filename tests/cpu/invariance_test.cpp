@@ -1,8 +1,12 @@
-// Bitwise invariance of every cpu/ op (NUMERICS.md §1): scalar == AVX2, and 1 == 2 == 3 threads,
-// on fresh random inputs of odd sizes, with outputs poisoned before each run, and with NaN/Inf
-// inputs propagating to the same positions.
+// Bitwise invariance of every cpu/ op (NUMERICS.md §1): scalar == AVX2 == AVX-512, and
+// 1 == 2 == 3 threads, on fresh random inputs of odd sizes, with outputs poisoned before each run,
+// and with NaN/Inf inputs propagating to the same positions; plus the linear op over every tile
+// shape of the vector kernels.
 
 #include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
 
 #include "cpu/kernels.h"
 #include "op_cases.h"
@@ -19,27 +23,50 @@ void expect_identical(const OpCase& c, const Exec& a, const Exec& b, const std::
         << c.name << " (" << label << "), output " << i;
 }
 
-class IsaEquivalence : public ::testing::TestWithParam<bool> {};
+// Every vector kernel set against the scalar one: param (isa, with NaN/Inf/subnormal inputs).
+class IsaEquivalence : public ::testing::TestWithParam<std::tuple<Isa, bool>> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(isa())) GTEST_SKIP() << skip_reason(isa());
+  }
+  Isa isa() const { return std::get<0>(GetParam()); }
+  CaseOptions options(uint64_t seed_finite, uint64_t seed_specials) const {
+    CaseOptions opt;
+    opt.specials = std::get<1>(GetParam());
+    opt.seed = opt.specials ? seed_specials : seed_finite;
+    return opt;
+  }
+};
 
-TEST_P(IsaEquivalence, ScalarAndAvx2WriteIdenticalBytes) {
-  if (!isa_supported(Isa::kAvx2))
-    GTEST_SKIP() << "this CPU has no AVX2+FMA+F16C: only the scalar kernels can run here";
-  CaseOptions opt;
-  opt.seed = GetParam() ? 1234 : 99;
-  opt.specials = GetParam();
-  const auto cases = make_op_cases(opt);
+TEST_P(IsaEquivalence, EveryOpWritesTheScalarBytes) {
+  const auto cases = make_op_cases(options(99, 1234));
   ASSERT_GT(cases.size(), 50u);
+  const std::string label = std::string("scalar vs ") + isa_name(isa());
   for (const OpCase& c : cases)
-    expect_identical(c, Exec{nullptr, Isa::kScalar}, Exec{nullptr, Isa::kAvx2}, "scalar vs avx2");
+    expect_identical(c, Exec{nullptr, Isa::kScalar}, Exec{nullptr, isa()}, label);
 }
-INSTANTIATE_TEST_SUITE_P(Inputs, IsaEquivalence, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "WithNanInf" : "Finite"; });
+
+TEST_P(IsaEquivalence, LinearWritesTheScalarBytesForEveryTileShape) {
+  const auto cases = make_linear_sweep_cases(options(5, 6));
+  ASSERT_GT(cases.size(), 1000u);
+  const std::string label = std::string("scalar vs ") + isa_name(isa());
+  for (const OpCase& c : cases)
+    expect_identical(c, Exec{nullptr, Isa::kScalar}, Exec{nullptr, isa()}, label);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Inputs, IsaEquivalence,
+    ::testing::Combine(::testing::Values(Isa::kAvx2, Isa::kAvx512), ::testing::Bool()),
+    [](const auto& info) {
+      return std::string(isa_name(std::get<0>(info.param))) +
+             (std::get<1>(info.param) ? "_WithNanInf" : "_Finite");
+    });
 
 class ThreadInvariance : public ::testing::TestWithParam<Isa> {};
 
 TEST_P(ThreadInvariance, OneTwoThreeThreadsWriteIdenticalBytes) {
   const Isa isa = GetParam();
-  if (!isa_supported(isa)) GTEST_SKIP() << isa_name(isa) << " not supported on this CPU";
+  if (!isa_supported(isa)) GTEST_SKIP() << skip_reason(isa);
   ThreadPool p1(1), p2(2), p3(3);
   CaseOptions opt;
   opt.seed = 77;
@@ -58,8 +85,7 @@ TEST_P(ThreadInvariance, OneTwoThreeThreadsWriteIdenticalBytes) {
   }
   EXPECT_GT(threaded, 20);
 }
-INSTANTIATE_TEST_SUITE_P(Isas, ThreadInvariance, ::testing::Values(Isa::kScalar, Isa::kAvx2),
-                         [](const auto& info) { return std::string(isa_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Isas, ThreadInvariance, ::testing::ValuesIn(kAllIsas), IsaParamName());
 
 // The pool itself: every index covered exactly once, for odd sizes and grains, nested calls inline.
 TEST(ThreadPool, CoversEachIndexOnce) {

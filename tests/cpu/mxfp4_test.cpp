@@ -60,41 +60,49 @@ TEST(Mxfp4, DecodeIsBitExactOnRealBytes) {
       << "row 0 decodes like the swapped-nibble order";
 }
 
+// The kernel tests below run once per kernel set (scalar, AVX2, AVX-512), skipped where
+// unsupported.
+class Mxfp4Kernels : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(GetParam())) GTEST_SKIP() << skip_reason(GetParam());
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Isas, Mxfp4Kernels, ::testing::ValuesIn(kAllIsas), IsaParamName());
+
 // The packed linear on the real rows vs a long-double dot product over the decoded matrix: the
 // kernel sums exactly-representable products in double and rounds once, so it must land within
 // one f32 ulp of the exact value (plus a double-rounding allowance far below that).
-TEST(Mxfp4, PackedLinearMatchesDecodedDotProduct) {
+TEST_P(Mxfp4Kernels, PackedLinearMatchesDecodedDotProduct) {
   const RealRows& r = real_rows();
   std::vector<float> dec(r.rows * r.cols);
   mxfp4_decode(r.packed.data(), r.scales.data(), r.rows, r.cols, dec.data());
   std::mt19937_64 rng(7);
   const int64_t T = 3;
   const std::vector<float> x = random_floats(rng, T * r.cols);
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2}) {
-    if (!isa_supported(isa)) continue;
-    std::vector<float> y(T * r.rows);
-    linear(view(r), x.data(), T, y.data(), Exec{nullptr, isa});
-    int64_t not_nearest = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t row = 0; row < r.rows; ++row) {
-        long double exact = 0.0L, mag = 0.0L;
-        for (int64_t i = 0; i < r.cols; ++i) {
-          const long double p = static_cast<long double>(dec[row * r.cols + i]) * x[t * r.cols + i];
-          exact += p;
-          mag += std::fabs(p);
-        }
-        const float got = y[t * r.rows + row];
-        const double ulp = std::nextafter(std::fabs(static_cast<float>(exact)), INFINITY) -
-                           std::fabs(static_cast<float>(exact));
-        EXPECT_LE(std::fabs(static_cast<long double>(got) - exact), ulp + 1e-12L * mag)
-            << isa_name(isa) << " token " << t << " row " << row;
-        not_nearest += got != static_cast<float>(exact);
+  const Isa isa = GetParam();
+  std::vector<float> y(T * r.rows);
+  linear(view(r), x.data(), T, y.data(), Exec{nullptr, isa});
+  int64_t not_nearest = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t row = 0; row < r.rows; ++row) {
+      long double exact = 0.0L, mag = 0.0L;
+      for (int64_t i = 0; i < r.cols; ++i) {
+        const long double p = static_cast<long double>(dec[row * r.cols + i]) * x[t * r.cols + i];
+        exact += p;
+        mag += std::fabs(p);
       }
+      const float got = y[t * r.rows + row];
+      const double ulp = std::nextafter(std::fabs(static_cast<float>(exact)), INFINITY) -
+                         std::fabs(static_cast<float>(exact));
+      EXPECT_LE(std::fabs(static_cast<long double>(got) - exact), ulp + 1e-12L * mag)
+          << isa_name(isa) << " token " << t << " row " << row;
+      not_nearest += got != static_cast<float>(exact);
     }
-    std::printf("[mxfp4] %s: %lld of %lld outputs differ from round-to-nearest(exact)\n",
-                isa_name(isa), static_cast<long long>(not_nearest),
-                static_cast<long long>(T * r.rows));
   }
+  std::printf("[mxfp4] %s: %lld of %lld outputs differ from round-to-nearest(exact)\n",
+              isa_name(isa), static_cast<long long>(not_nearest),
+              static_cast<long long>(T * r.rows));
 }
 
 // Several experts in one call (the MoE pattern) == one call per expert, bit for bit, and the
@@ -125,7 +133,7 @@ TEST(Mxfp4, MultiExpertJobsEqualSeparateCalls) {
 
 // Scale 255 is a zero block (D12): the block contributes nothing, even where x is NaN; scale 0
 // (a subnormal multiplier in f32) is exact.
-TEST(Mxfp4, EdgeScales) {
+TEST_P(Mxfp4Kernels, EdgeScales) {
   const int64_t cols = 96;
   std::vector<uint8_t> packed(cols / 2), scales = {255, 0, 127};
   for (size_t i = 0; i < packed.size(); ++i) packed[i] = static_cast<uint8_t>(0x7f - i);
@@ -138,12 +146,10 @@ TEST(Mxfp4, EdgeScales) {
   long double exact = 0.0L;
   for (int64_t i = 32; i < cols; ++i) exact += static_cast<long double>(dec[i]) * x[i];
   for (int64_t i = 0; i < 32; ++i) EXPECT_EQ(dec[i], 0.0f);
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2}) {
-    if (!isa_supported(isa)) continue;
-    float y = NAN;
-    linear(w, x.data(), 1, &y, Exec{nullptr, isa});
-    EXPECT_EQ(y, static_cast<float>(exact)) << isa_name(isa);
-  }
+  const Isa isa = GetParam();
+  float y = NAN;
+  linear(w, x.data(), 1, &y, Exec{nullptr, isa});
+  EXPECT_EQ(y, static_cast<float>(exact)) << isa_name(isa);
 }
 
 }  // namespace

@@ -373,6 +373,62 @@ std::vector<OpCase> make_op_cases(const CaseOptions& opt) {
   return cases;
 }
 
+std::vector<OpCase> make_linear_sweep_cases(const CaseOptions& opt) {
+  auto g = std::make_shared<Gen>(Gen{std::mt19937_64(opt.seed ^ 0x5eedull), opt.specials});
+  std::vector<OpCase> cases;
+  const char* const kScaleModes[] = {"no zero block", "zero block in last row",
+                                     "zero blocks every 7th", "extreme scales, no zero block"};
+  for (WeightType type :
+       {WeightType::kF32, WeightType::kBF16, WeightType::kF16, WeightType::kMxfp4}) {
+    const bool mx = type == WeightType::kMxfp4;
+    const std::vector<int64_t> cols_list =
+        mx ? std::vector<int64_t>{32, 64, 96, 544}
+           : std::vector<int64_t>{1, 2, 15, 16, 17, 31, 33, 48, 97};
+    int variant = 0;
+    for (int64_t cols : cols_list) {
+      for (int64_t rows : {1, 2, 3, 4, 5, 8, 9, 13}) {
+        for (int64_t T : {1, 2, 3, 4, 5, 7}) {
+          auto w = random_weight(*g, type, rows, cols);
+          auto x = std::make_shared<std::vector<float>>(g->floats(T * cols));
+          std::string name = "linear sweep " + std::string(weight_type_name(type)) +
+                             " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                             " T=" + std::to_string(T);
+          if (mx) {
+            const int mode = variant++ % 4;
+            name += std::string(", ") + kScaleModes[mode];
+            const int64_t G = cols / 32;
+            std::uniform_int_distribution<int> normal(110, 140), pick(0, 5);
+            const uint8_t extreme[] = {0, 1, 2, 127, 253, 254};
+            for (size_t i = 0; i < w->scales.size(); ++i) {
+              if (mode == 0 || mode == 1) w->scales[i] = static_cast<uint8_t>(normal(g->rng));
+              if (mode == 3) w->scales[i] = extreme[pick(g->rng)];
+            }
+            if (mode == 1) w->scales[(rows - 1) * G] = 255;
+            // The pair goes in the last block (lanes 1 and 6), whose scale it sets to a normal
+            // one in every row; with a single block that would remove the zero blocks.
+            if (G > 1 || mode == 0) plant_cancelling_pair(*w, *x, T, cols - 31, cols - 2);
+            if (opt.specials && mode != 0) {  // NaN/Inf under a zero block must not reach y
+              for (int64_t b = 0; b < rows * G; ++b) {
+                if (w->scales[b] != 255) continue;
+                const int64_t c = (b % G) * 32 + (b % 32);
+                for (int64_t t = 0; t < T; ++t) (*x)[t * cols + c] = t % 2 ? INFINITY : NAN;
+                break;
+              }
+            }
+          } else if (cols >= 4) {
+            plant_cancelling_pair(*w, *x, T, 1, cols - 2);
+          }
+          cases.push_back(
+              {name, false, {T * rows}, [w, x, T](const Exec& ex, const std::vector<float*>& o) {
+                 linear(w->view, x->data(), T, o[0], ex);
+               }});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
 std::vector<std::vector<float>> run_poisoned(const OpCase& c, const Exec& ex) {
   std::vector<std::vector<float>> bufs;
   std::vector<float*> ptrs;

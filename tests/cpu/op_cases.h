@@ -30,6 +30,15 @@ struct CaseOptions {
 // SiTU forms; `large` switches to sizes that split into several ranges.
 std::vector<OpCase> make_op_cases(const CaseOptions& opt);
 
+// The linear op alone over every tile shape a vector kernel has: rows 1-5, 8, 9, 13 (whole
+// tiles of 4 and 2 plus leftovers), tokens 1-5 and 7, float widths around multiples of 16 (tails
+// of 0-15 elements) and MXFP4 widths of 1-17 blocks. MXFP4 scale patterns: no zero block (the
+// branch-free decode path everywhere), a zero block in the last row only (one tile falls back),
+// zero blocks and scale 0 every 7th block, and extreme scales (0, 1, 2, 127, 253, 254: subnormal
+// and overflowing block products) without zero blocks; with `specials`, NaN/Inf in x under a
+// zero block. Every case plants a cancelling +-2^48 pair (MXFP4: unless the only block).
+std::vector<OpCase> make_linear_sweep_cases(const CaseOptions& opt);
+
 // Runs `c` under `ex` into fresh output buffers poisoned with kPoisonBits (plus a poisoned guard
 // after each). Fails the current test if any output element or guard is left unwritten/written.
 std::vector<std::vector<float>> run_poisoned(const OpCase& c, const Exec& ex);

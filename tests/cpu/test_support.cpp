@@ -116,6 +116,19 @@ int64_t count_poison(const float* p, int64_t n) {
   return c;
 }
 
+std::string skip_reason(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar: always supported";
+    case Isa::kAvx2:
+      return "avx2: this build has no x86 kernels or the CPU lacks AVX2/FMA/F16C; only the "
+             "scalar kernels can run here";
+    case Isa::kAvx512:
+      return "avx512: this build has no AVX-512 kernels, or the CPU lacks AVX512F/BW/DQ/VL "
+             "(or AVX2/FMA/F16C), or the OS does not save zmm state (XCR0)";
+  }
+  return "unknown instruction set";
+}
+
 // Values spread over several binades, both signs; one in eight is far larger or smaller
 // (2^+-12..2^+-30), so sums cancel and absorb: a different order or an extra rounding anywhere
 // then shows in the f32 result instead of hiding below it.

@@ -5,11 +5,17 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cpu/kernels.h"
+
+namespace ktier::cpu {
+// gtest prints parameters with this: "avx512" rather than "1-byte object <02>".
+inline void PrintTo(Isa isa, std::ostream* os) { *os << isa_name(isa); }
+}  // namespace ktier::cpu
 
 namespace ktier::cpu::test {
 
@@ -62,6 +68,19 @@ std::string compare_bits(const float* a, const float* b, int64_t n);
 inline constexpr uint32_t kPoisonBits = 0x7f8dead5u;
 void poison(float* p, int64_t n);
 int64_t count_poison(const float* p, int64_t n);
+
+// Every kernel set the library knows, scalar first. Tests that compare or exercise kernel sets
+// run over all of them and GTEST_SKIP (with skip_reason) those this CPU or build cannot run.
+inline constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512};
+// Why `isa` cannot run here (for GTEST_SKIP), e.g. "avx512: the CPU lacks AVX512F/BW/DQ/VL ...".
+std::string skip_reason(Isa isa);
+// gtest parameter names: "scalar", "avx2", "avx512".
+struct IsaParamName {
+  template <class ParamInfo>
+  std::string operator()(const ParamInfo& info) const {
+    return isa_name(info.param);
+  }
+};
 
 float random_float(std::mt19937_64& rng, float scale = 1.0f);
 std::vector<float> random_floats(std::mt19937_64& rng, int64_t n, float scale = 1.0f);
