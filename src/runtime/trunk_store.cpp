@@ -269,9 +269,15 @@ Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
   }
   Slot& s = *it;
   if (!s.ready) {
-    const Status st = finish(s);
+    Status st = finish(s);
+    if (!st.is_ok() && s.status.exit_code() == static_cast<int>(ExitCode::kRuntime)) {
+      // A read ahead that failed (I/O) is speculative: read the record once more, now that it
+      // is needed, before failing the forward pass. Checksum errors are not retried.
+      KTIER_RETURN_IF_ERROR(start_read(s, l));
+      st = finish(s);
+    }
     if (!st.is_ok()) {
-      s.layer = -1;  // the bytes are never bound; a retry reads the record again
+      s.layer = -1;  // the bytes are never bound; a later acquire reads the record again
       return st;
     }
   }
