@@ -61,7 +61,9 @@ Status run(const RunArgs& a) {
 
   // The tokenizer is optional for --ids runs (ids are printed instead of text).
   std::optional<tok::Tokenizer> tokenizer;
-  const bool has_tokenizer = std::filesystem::exists(std::filesystem::path(a.model) / "tiktoken.model");
+  std::error_code ec;
+  const bool has_tokenizer =
+      std::filesystem::exists(std::filesystem::path(a.model) / "tiktoken.model", ec);
   if (has_tokenizer) {
     KTIER_ASSIGN_OR_RETURN(tokenizer, tok::Tokenizer::load(a.model));
   } else if (a.ids.empty()) {
@@ -116,14 +118,16 @@ Status run(const RunArgs& a) {
   runtime::RunReport report;
   report.decode_start = runtime::EngineCounters::of(*engine);
   gen.before_decode = [&] { report.decode_start = runtime::EngineCounters::of(*engine); };
-  KTIER_ASSIGN_OR_RETURN(report.gen, runtime::generate(engine->model(), engine->experts(), prompt,
-                                                       gen, engine->exec(), sink));
-  report.decode_end = runtime::EngineCounters::of(*engine);
-  if (recorder) {
+  auto generated_stats = runtime::generate(engine->model(), engine->experts(), prompt, gen,
+                                          engine->exec(), sink);
+  if (recorder) {  // on every path, so the trace file is complete up to where the run stopped
     engine->model().set_routing_observer(nullptr);
-    KTIER_RETURN_IF_ERROR(recorder->close());
+    const Status closed = recorder->close();
+    if (generated_stats.is_ok()) KTIER_RETURN_IF_ERROR(closed);
     spdlog::info("trace: {} routing steps -> {}", recorder->steps(), a.trace);
   }
+  KTIER_ASSIGN_OR_RETURN(report.gen, std::move(generated_stats));
+  report.decode_end = runtime::EngineCounters::of(*engine);
   report.peak_rss_bytes = runtime::peak_rss_bytes();
   if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
   if (a.print_ids || !stream) KTIER_RETURN_IF_ERROR(write_stdout(join_ids(generated) + "\n"));

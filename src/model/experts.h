@@ -31,7 +31,8 @@ class ExpertSource {
   // Makes experts `ids` (distinct, each in [0, num_experts)) of MoE layer `layer` available and
   // writes their views to out[0 .. ids.size()). The views stay valid until the next fetch() on
   // this source. Not thread-safe: one forward pass calls it from one thread.
-  // Errors: Status::runtime for an I/O failure (no partial view is ever used).
+  // Errors: Status::runtime for an I/O failure, Status::corrupt for a range past the end of its
+  // file (a shard shorter than its header says); no partial view is ever used.
   virtual Status fetch(int64_t layer, std::span<const int32_t> ids, ExpertWeights* out) = 0;
   // Bytes of expert data handed out since construction (for the per-token reports).
   virtual uint64_t bytes_fetched() const = 0;

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 namespace ktier::runtime {
 
 Result<std::optional<cpu::Isa>> parse_isa(const std::string& name) {
@@ -86,8 +88,17 @@ Status Engine::open_dial(const EngineOptions& opts) {
   if (moe) {
     const uint64_t total_experts =
         static_cast<uint64_t>(c.num_moe_layers()) * static_cast<uint64_t>(c.num_experts);
-    const uint64_t left = budget_ == UINT64_MAX ? UINT64_MAX
-                                                : budget_ - store_->stats().bytes_allocated;
+    uint64_t left = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - store_->stats().bytes_allocated;
+    // The tier is faulted in at start: never ask for more than the machine has free (a budget
+    // above physical memory, or `max`, would otherwise end in the OOM killer).
+    if (const uint64_t avail = meminfo().second; avail > 0) {
+      const uint64_t usable = avail / 10 * 9;
+      if (left > usable) {
+        spdlog::warn("expert tier capped at {} (90% of MemAvailable), below what the budget leaves",
+                     gib(usable));
+        left = usable;
+      }
+    }
     const uint64_t slots = std::clamp<uint64_t>(left / slot, c.num_experts_per_token, total_experts);
     KTIER_ASSIGN_OR_RETURN(cache_, ExpertCache::open(ckpt_, *io_, shard_files_,
                                                      static_cast<int64_t>(slots)));

@@ -21,7 +21,8 @@ uint64_t now_ns() {
 
 // Where each part of an expert goes in its slot: a contiguous expert keeps its file layout
 // (one read); otherwise each part starts on a fresh page, congruent to its file offset modulo
-// the page, or 64-aligned when the offset does not suit the element type.
+// the page, or page-aligned when the offset does not suit the element type (then the I/O layer
+// bounces the read).
 struct Placement {
   std::array<uint64_t, 6> offset{};
   uint64_t end = 0;

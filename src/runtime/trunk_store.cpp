@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include "common/check.h"
 #include "cpu/kernels.h"
@@ -46,7 +47,9 @@ Result<uint64_t> parse_size(const std::string& text) {
   if (ec != std::errc() || text.empty() || (p != end && (p + 1 != end || unit == 0)) ||
       !(v >= 0) || !std::isfinite(v))
     return Status::usage("'" + text + "' is not a size (e.g. 512M, 8G, 1.5G, 1073741824)");
-  return static_cast<uint64_t>(v * static_cast<double>(unit));
+  const double bytes = v * static_cast<double>(unit);
+  if (bytes >= 0x1p64) return Status::usage("'" + text + "' is larger than 16 EiB");
+  return static_cast<uint64_t>(bytes);
 }
 
 TrunkStore::~TrunkStore() { cq_.reset(); }  // waits for reads into the ring before it is freed
@@ -152,6 +155,9 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
     s->prefetch();
   }
   KTIER_ASSIGN_OR_RETURN(s->row_buf_, io::AlignedBuffer::allocate(row_buf));
+  // Embedding rows are read one by one later, too small to checksum each: the whole record is
+  // verified here, streamed through the row buffer, and its rows are trusted afterwards.
+  if (pack) KTIER_RETURN_IF_ERROR(s->verify_embed_record());
   s->stats_.bytes_allocated = allocated + s->row_buf_.size();
   spdlog::info("trunk: {} of {} layers pinned, {} streamed through {} slots of {}; {} allocated "
                "({}, {})", pinned, L, L - pinned, pinned < L ? slots : 0, mib(largest),
@@ -313,12 +319,6 @@ Status TrunkStore::embed(std::span<const int32_t> ids, float* out) {
   const pack::Record& r = records_.back();
   const pack::TensorEntry& t = r.tensors.at(0);
   const uint64_t row_bytes = t.nbytes / static_cast<uint64_t>(c.vocab_size);
-  if (row_buf_.size() < row_bytes * ids.size()) {
-    stats_.bytes_allocated -= row_buf_.size();
-    KTIER_ASSIGN_OR_RETURN(row_buf_, io::AlignedBuffer::allocate(
-                                         pack::align_up(row_bytes * ids.size(), 4096)));
-    stats_.bytes_allocated += row_buf_.size();
-  }
   const io::ReadFile* file = nullptr;
   uint64_t base = 0;
   if (pack_) {
@@ -329,16 +329,48 @@ Status TrunkStore::embed(std::span<const int32_t> ids, float* out) {
     file = &(*shard_files_)[ref.shard];
     base = ref.info->file_offset;
   }
-  std::vector<io::ReadRequest> batch;
-  for (size_t i = 0; i < ids.size(); ++i)
-    batch.push_back({file, base + static_cast<uint64_t>(ids[i]) * row_bytes, row_bytes,
-                     row_buf_.data() + i * row_bytes, 0});
-  io::CompletionQueue cq(*engine_);
-  KTIER_RETURN_IF_ERROR(cq.submit(batch));
-  KTIER_RETURN_IF_ERROR(cq.wait_all());
+  // In batches that fit the fixed row buffer (its size is part of the budget's minimum).
+  const size_t per_batch = std::max<size_t>(1, row_buf_.size() / row_bytes);
   const cpu::WeightType type = model::weight_type_of(t.dtype);
-  for (size_t i = 0; i < ids.size(); ++i)
-    cpu::widen_to_f32(type, row_buf_.data() + i * row_bytes, c.hidden_size, out + i * c.hidden_size);
+  io::CompletionQueue cq(*engine_);
+  for (size_t b0 = 0; b0 < ids.size(); b0 += per_batch) {
+    const size_t n = std::min(per_batch, ids.size() - b0);
+    std::vector<io::ReadRequest> batch;
+    for (size_t i = 0; i < n; ++i)
+      batch.push_back({file, base + static_cast<uint64_t>(ids[b0 + i]) * row_bytes, row_bytes,
+                       row_buf_.data() + i * row_bytes, 0});
+    KTIER_RETURN_IF_ERROR(cq.submit(batch));
+    KTIER_RETURN_IF_ERROR(cq.wait_all());
+    for (size_t i = 0; i < n; ++i)
+      cpu::widen_to_f32(type, row_buf_.data() + i * row_bytes, c.hidden_size,
+                        out + (b0 + i) * c.hidden_size);
+  }
+  return Status::ok();
+}
+
+Status TrunkStore::verify_embed_record() {
+  const pack::Record& r = records_.back();
+  XXH3_state_t* state = XXH3_createState();
+  KTIER_CHECK(state != nullptr);
+  XXH3_64bits_reset(state);
+  io::CompletionQueue cq(*engine_);
+  const uint64_t chunk = row_buf_.size();
+  Status st = Status::ok();
+  for (uint64_t off = 0; off < r.size && st.is_ok(); off += chunk) {
+    const uint64_t n = std::min(chunk, r.size - off);
+    const io::ReadRequest req{&pack_file_, r.offset + off, n, row_buf_.data(), 0};
+    st = cq.submit(std::span<const io::ReadRequest>(&req, 1));
+    if (st.is_ok()) st = cq.wait_all();
+    if (st.is_ok()) XXH3_64bits_update(state, row_buf_.data(), n);
+  }
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  KTIER_RETURN_IF_ERROR(st);
+  if (digest != r.xxh3)
+    return Status::corrupt(pack_->pack_path().string() + ": record '" + r.name + "' at offset " +
+                           std::to_string(r.offset) + " fails its xxh3 checksum (expected " +
+                           pack::hex64(r.xxh3) + ", read " + pack::hex64(digest) +
+                           "): the pack is damaged; rerun ktier pack");
   return Status::ok();
 }
 

@@ -6,15 +6,19 @@
 // acquires them. Embedding rows are read on demand, one small read per token.
 //
 // Source of the bytes: a trunk pack (pack/trunk_pack.h) — one read per layer record, whose xxh3
-// is checked before the layer is bound — or, without a pack, the checkpoint's shards, one read
-// per tensor into the same record layout (no checksum: the shards carry none). Reads go through
+// is checked before the layer is bound; the head record once at open; the embed record streamed
+// through the row buffer once at open, its rows trusted afterwards — or, without a pack, the
+// checkpoint's shards, one read per tensor into the same record layout (no checksum: the shards
+// carry none). Reads go through
 // the I/O layer (io_uring with O_DIRECT where possible, else pread; io/io_engine.h).
 //
 // Exactness: whatever the budget, slot count or source, the kernels see the stored bytes of
 // every tensor, so the output bytes never change (tests/runtime/trunk_store_test.cpp).
 //
-// Memory: every buffer is an io::AlignedBuffer, counted in bytes_allocated(). The budget covers
-// the head record, the pinned records, the ring slots and the embedding-row buffer.
+// Memory: the weight buffers are io::AlignedBuffers, counted in bytes_allocated(): the head
+// record, the pinned records, the ring slots and the fixed embedding-row buffer. Not counted:
+// the f32 copies of each bound layer's small vectors (norm gains, conv taps; ~0.75 MB per K3
+// layer) — part of the fixed overhead documented in docs/TUNING.md.
 //
 // Threads: not thread-safe; the forward pass calls it from one thread. The I/O engine's threads
 // write only into slots whose reads are outstanding.
@@ -95,6 +99,7 @@ class TrunkStore final : public model::TrunkSource {
   Status start_read(Slot& s, int64_t layer);
   Status finish(Slot& s);  // waits for s's reads, verifies, binds
   Status drain(Slot* until);  // takes completions until `until` has none outstanding
+  Status verify_embed_record();  // pack mode: xxh3 of the embed record, streamed
   void prefetch();
   model::TensorLookup lookup_in(const pack::Record& r, const uint8_t* base) const;
   std::vector<Source> sources_of(const pack::Record& r) const;

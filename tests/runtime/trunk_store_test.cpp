@@ -146,6 +146,33 @@ TEST_F(TrunkStoreTest, CorruptStreamedRecordFailsTheForwardWithExitThree) {
   EXPECT_EQ(open(eo).status().exit_code(), 3);
 }
 
+// Embedding rows are read one at a time; the embed record is verified whole at open instead.
+TEST_F(TrunkStoreTest, CorruptEmbedRecordIsRefusedAtOpen) {
+  const fs::path bad = root_ / "pack-bad-embed";
+  fs::remove_all(bad);
+  fs::copy(root_ / "pack", bad);
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+  ASSERT_TRUE(ckpt.is_ok());
+  auto tp = pack::TrunkPack::open(bad, ckpt.value());
+  ASSERT_TRUE(tp.is_ok());
+  const uint64_t at = tp.value().embed_record().offset + 12345;
+  {
+    std::fstream f(bad / "trunk.pack", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x01);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(&c, 1);
+  }
+  EngineOptions eo = options();
+  eo.pack_dir = bad;
+  eo.ram_budget = minimum();
+  const auto e = open(eo);
+  ASSERT_EQ(e.status().exit_code(), 3);
+  EXPECT_NE(e.status().message().find("'embed'"), std::string::npos) << e.status().message();
+}
+
 TEST_F(TrunkStoreTest, FailingReadIsRetriedOnceThenFailsWithExitOneNamingTheFile) {
   EngineOptions eo = options();
   eo.pack_dir = root_ / "pack";
@@ -217,7 +244,7 @@ TEST(ParseSize, AcceptsSuffixesAndRejectsJunk) {
   EXPECT_EQ(parse_size("8G").value(), 8ull << 30);
   EXPECT_EQ(parse_size("1.5K").value(), 1536u);
   EXPECT_EQ(parse_size("4096").value(), 4096u);
-  for (const char* bad : {"", "G", "12Q", "-1G", "1GG", "nanG"})
+  for (const char* bad : {"", "G", "12Q", "-1G", "1GG", "nanG", "1e30", "20000000T"})
     EXPECT_EQ(parse_size(bad).status().exit_code(), 2) << bad;
 }
 
