@@ -149,8 +149,12 @@ TEST_F(SynthTiny, ShardsHoldOneLayerEachInReleasedOrderAndDtypes) {
       EXPECT_FLOAT_EQ(a[3], 1.2f);
       for (int i = 4; i < 16; ++i) EXPECT_EQ(f32_to_bits(a[i]), 0u);
     }
-    if (t.name.ends_with("q_conv1d.weight")) EXPECT_EQ(t.shape, (std::vector<int64_t>{64, 1, 4}));
-    if (t.name.ends_with("self_attention_res_proj.weight")) EXPECT_EQ(t.shape, (std::vector<int64_t>{1, 128}));
+    if (t.name.ends_with("q_conv1d.weight")) {
+      EXPECT_EQ(t.shape, (std::vector<int64_t>{64, 1, 4}));
+    }
+    if (t.name.ends_with("self_attention_res_proj.weight")) {
+      EXPECT_EQ(t.shape, (std::vector<int64_t>{1, 128}));
+    }
   }
 }
 
