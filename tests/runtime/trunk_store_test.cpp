@@ -77,6 +77,28 @@ class TrunkStoreTest : public ::testing::Test {
            static_cast<uint64_t>(c.num_experts_per_token) * ExpertCache::slot_bytes(ckpt.value());
   }
 
+  // A copy of the pack named `name` with one byte of `record` (offset `at` inside it) xored with
+  // `mask`: bytes a checksum must catch.
+  static fs::path damaged_pack(const std::string& name, const pack::Record& (*pick)(const pack::TrunkPack&),
+                               uint64_t at, char mask) {
+    const fs::path bad = root_ / name;
+    fs::remove_all(bad);
+    fs::copy(root_ / "pack", bad);
+    auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+    EXPECT_TRUE(ckpt.is_ok());
+    auto tp = pack::TrunkPack::open(bad, ckpt.value());
+    EXPECT_TRUE(tp.is_ok());
+    const uint64_t pos = pick(tp.value()).offset + at;
+    std::fstream f(bad / "trunk.pack", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(pos));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ mask);
+    f.seekp(static_cast<std::streamoff>(pos));
+    f.write(&c, 1);
+    return bad;
+  }
+
   static inline fs::path root_;
   static inline std::vector<int32_t> prompt_;
   static inline std::vector<float> reference_;
@@ -115,23 +137,9 @@ TEST_F(TrunkStoreTest, BudgetBelowTheMinimumIsRefusedWithExitFour) {
 }
 
 TEST_F(TrunkStoreTest, CorruptStreamedRecordFailsTheForwardWithExitThree) {
-  const fs::path bad = root_ / "pack-bad";
-  fs::remove_all(bad);
-  fs::copy(root_ / "pack", bad);
-  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
-  ASSERT_TRUE(ckpt.is_ok());
-  auto tp = pack::TrunkPack::open(bad, ckpt.value());
-  ASSERT_TRUE(tp.is_ok());
-  const uint64_t at = tp.value().layer_record(7).offset + 100;
-  {
-    std::fstream f(bad / "trunk.pack", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(at));
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x10);
-    f.seekp(static_cast<std::streamoff>(at));
-    f.write(&c, 1);
-  }
+  const fs::path bad = damaged_pack(
+      "pack-bad", [](const pack::TrunkPack& p) -> const pack::Record& { return p.layer_record(7); },
+      100, 0x10);
   EngineOptions eo = options();
   eo.pack_dir = bad;
   eo.ram_budget = minimum();  // every layer streams: layer 7 is read during the forward
@@ -148,23 +156,9 @@ TEST_F(TrunkStoreTest, CorruptStreamedRecordFailsTheForwardWithExitThree) {
 
 // Embedding rows are read one at a time; the embed record is verified whole at open instead.
 TEST_F(TrunkStoreTest, CorruptEmbedRecordIsRefusedAtOpen) {
-  const fs::path bad = root_ / "pack-bad-embed";
-  fs::remove_all(bad);
-  fs::copy(root_ / "pack", bad);
-  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
-  ASSERT_TRUE(ckpt.is_ok());
-  auto tp = pack::TrunkPack::open(bad, ckpt.value());
-  ASSERT_TRUE(tp.is_ok());
-  const uint64_t at = tp.value().embed_record().offset + 12345;
-  {
-    std::fstream f(bad / "trunk.pack", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(at));
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x01);
-    f.seekp(static_cast<std::streamoff>(at));
-    f.write(&c, 1);
-  }
+  const fs::path bad = damaged_pack(
+      "pack-bad-embed", [](const pack::TrunkPack& p) -> const pack::Record& { return p.embed_record(); },
+      12345, 0x01);
   EngineOptions eo = options();
   eo.pack_dir = bad;
   eo.ram_budget = minimum();
