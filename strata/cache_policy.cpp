@@ -95,7 +95,10 @@ int32_t LruCache::victim(bool allow_pinned) const {
   return allow_pinned ? list_.back() : RecencyList::kNil;
 }
 
-void LruCache::evict(uint32_t key) { list_.unlink(key); }
+void LruCache::evict(uint32_t key) {
+  list_.unlink(key);
+  evicted(key);
+}
 
 bool LruCache::access(uint32_t key, const Request& request) {
   pin_for_current_step(key);
@@ -137,8 +140,10 @@ bool LfuCache::make_room(bool allow_pinned) {
     if (!allow_pinned || order_.empty()) return false;
     it = order_.begin();
   }
-  resident_[std::get<2>(*it)] = 0;
+  const uint32_t key = std::get<2>(*it);
+  resident_[key] = 0;
   order_.erase(it);
+  evicted(key);
   return true;
 }
 
@@ -205,19 +210,25 @@ void TemperatureCache::remember(RecencyList& ghosts, uint32_t key) {
   if (ghosts.size() > capacity()) ghosts.unlink(static_cast<uint32_t>(ghosts.back()));
 }
 
-void TemperatureCache::evict_coldest_from_main() {
+bool TemperatureCache::evict_coldest_from_main(bool allow_pinned) {
   auto victim = order_.begin();
   while (victim != order_.end() && pinned(std::get<2>(*victim))) ++victim;
-  if (victim == order_.end()) victim = order_.begin();
+  if (victim == order_.end()) {
+    if (!allow_pinned || order_.empty()) return false;
+    victim = order_.begin();
+  }
   const uint32_t key = std::get<2>(*victim);
   in_main_[key] = 0;
   order_.erase(victim);
   remember(main_ghosts_, key);
+  evicted(key);
+  return true;
 }
 
 void TemperatureCache::offer_to_main(uint32_t key, uint64_t main_share) {
   if (main_share == 0) {
     remember(window_ghosts_, key);
+    evicted(key);
     return;
   }
   if (order_.size() >= main_share) {
@@ -227,9 +238,10 @@ void TemperatureCache::offer_to_main(uint32_t key, uint64_t main_share) {
     // T_key >= ratio * T_v  <=>  s_key >= s_v + log2(ratio) (both read at the same clock).
     if (score_[key] < std::get<0>(*victim) + std::log2(params_.admit_ratio)) {
       remember(window_ghosts_, key);
+      evicted(key);
       return;
     }
-    evict_coldest_from_main();
+    evict_coldest_from_main(/*allow_pinned=*/true);
   }
   in_main_[key] = 1;
   order_.insert(entry(key));
@@ -239,8 +251,11 @@ void TemperatureCache::insert_into_window(uint32_t key) {
   window_.push_front(key);
   const uint64_t window_share = window_target();
   const uint64_t main_share = capacity() - window_share;
-  while (order_.size() > main_share) evict_coldest_from_main();
-  while (window_.size() > window_share) {
+  // Main gives up unpinned keys beyond its share (a grown window target shrinks it); pinned ones
+  // stay until their step ends, and the window makes room for them instead.
+  while (order_.size() > main_share && evict_coldest_from_main(/*allow_pinned=*/false)) {
+  }
+  while (window_.size() > window_share || window_.size() + order_.size() > capacity()) {
     // The least recent unpinned window key leaves (the least recent if all are pinned).
     int32_t out = window_.back();
     for (int32_t k = out; k != RecencyList::kNil; k = window_.toward_front(k)) {
@@ -343,8 +358,10 @@ bool BeladyCache::access(uint32_t key, const Request& request) {
   if (order_.size() == capacity()) {
     const auto furthest = std::prev(order_.end());
     if (next >= furthest->first) return false;  // declined: used later than every resident
-    next_use_[furthest->second] = kAbsent;
+    const uint32_t out = furthest->second;
+    next_use_[out] = kAbsent;
     order_.erase(furthest);
+    evicted(out);
   }
   next_use_[key] = next;
   order_.insert({next, key});

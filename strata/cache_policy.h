@@ -16,6 +16,7 @@
 // Not thread-safe; one instance per replay.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -115,6 +116,11 @@ class CacheModel {
 
   void begin_step(uint32_t step) { step_ = static_cast<int64_t>(step); }
   uint64_t capacity() const { return capacity_; }
+  // Called with every key that stops being resident (evicted, or leaving the window without
+  // being admitted), during the access() or prefetch() that displaced it. A live tier uses it to
+  // free the key's memory (runtime/expert_cache.h); replay leaves it unset.
+  using EvictionHook = std::function<void(uint32_t key)>;
+  void set_eviction_hook(EvictionHook hook) { eviction_hook_ = std::move(hook); }
 
  protected:
   bool pinned(uint32_t key) const { return pin_until_step_[key] >= step_; }
@@ -125,11 +131,15 @@ class CacheModel {
     if (pin_until_step_[key] < static_cast<int64_t>(step)) pin_until_step_[key] = step;
   }
   int64_t current_step() const { return step_; }
+  void evicted(uint32_t key) {
+    if (eviction_hook_) eviction_hook_(key);
+  }
 
  private:
   uint64_t capacity_;
   int64_t step_ = -1;
   std::vector<int64_t> pin_until_step_;  // per key; pinned while >= the current step
+  EvictionHook eviction_hook_;
 };
 
 // LRU, global over (layer, expert) keys — the README §10.3 model.
@@ -204,7 +214,9 @@ class LfuCache final : public CacheModel {
 //              |window ghosts|) slots; a miss on a main ghost shrinks it by max(1, |window
 //              ghosts| / |main ghosts|), never below min_window_slots; the target may reach the
 //              whole capacity (then the policy is LRU). A segment over its share gives up keys
-//              on the next insert. With adapt_window false the target never moves.
+//              on the next insert; main gives up only unpinned keys then (the window makes room
+//              for pinned ones), so a grown window never evicts the step in progress. With
+//              adapt_window false the target never moves.
 //   Discarded: nothing about temperature: evicted and bypassed keys keep decaying and counting.
 //   Prefetch:  inserted into the window without the admission test, pinned until its step;
 //              refused when every window slot is pinned. Ghost lists do not react to prefetch.
@@ -234,7 +246,9 @@ class TemperatureCache final : public CacheModel {
   void insert_into_window(uint32_t key);
   // Offers a key leaving the window to the main segment (the admission rule above).
   void offer_to_main(uint32_t key, uint64_t main_share);
-  void evict_coldest_from_main();
+  // Evicts main's coldest unpinned key, or with `allow_pinned` its coldest key when all are
+  // pinned; false when nothing was evicted.
+  bool evict_coldest_from_main(bool allow_pinned);
   void remember(RecencyList& ghosts, uint32_t key);
 
   TemperatureParams params_;

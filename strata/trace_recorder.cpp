@@ -1,16 +1,22 @@
 #include "strata/trace_recorder.h"
 
+#include <string>
+
 namespace ktier::strata {
 
 Result<std::unique_ptr<TraceRecorder>> TraceRecorder::create(const std::filesystem::path& path,
-                                                             const format::Checkpoint& ckpt) {
+                                                             const format::Checkpoint& ckpt,
+                                                             int lookahead_depth) {
   const format::ModelConfig& c = ckpt.config();
   TraceHeader h;
   h.num_layers = static_cast<uint32_t>(c.num_hidden_layers);
   h.first_moe_layer = static_cast<uint32_t>(c.first_k_dense_replace);
   h.experts_per_layer = static_cast<uint32_t>(c.num_experts);
   h.top_k = static_cast<uint32_t>(c.num_experts_per_token);
-  h.lookahead_depth = 0;
+  if (lookahead_depth < 0 || lookahead_depth > 255)
+    return Status::usage("--lookahead " + std::to_string(lookahead_depth) +
+                         ": a trace records depths 0..255");
+  h.lookahead_depth = static_cast<uint32_t>(lookahead_depth);
   h.expert_bytes = ckpt.expert_summary().bytes_per_expert;
   h.flags = kTraceFlagWeights;
   KTIER_ASSIGN_OR_RETURN(TraceWriter w, TraceWriter::create(path, h));
@@ -28,12 +34,33 @@ void TraceRecorder::on_routing(int64_t layer, int64_t first_position, const int3
   step.pass = pass_;
   step.layer = static_cast<uint16_t>(layer);
   step.chosen.resize(static_cast<size_t>(k));
+  const bool with_predictions = predicted_layer_ == layer;
   for (int64_t t = 0; t < T && error_.is_ok(); ++t) {
     step.position = static_cast<uint32_t>(first_position + t);
     for (int j = 0; j < k; ++j)
       step.chosen[static_cast<size_t>(j)] = {static_cast<uint16_t>(ids[t * k + j]), weights[t * k + j]};
+    step.predicted.clear();
+    for (size_t d = 0; with_predictions && d < predicted_.size(); ++d) {
+      const auto first = predicted_[d].begin() + t * k;
+      step.predicted.emplace_back(first, first + k);
+    }
     error_ = writer_.append(step);
   }
+  predicted_layer_ = -1;
+}
+
+void TraceRecorder::on_prediction(int64_t layer, int depth, int64_t first_position,
+                                  const int32_t* ids, const float* weights, int64_t T, int k) {
+  (void)first_position;
+  if (layer != predicted_layer_) {
+    predicted_layer_ = layer;
+    predicted_.clear();
+  }
+  // Depths arrive in order 1, 2, ...; one that is skipped (a dense target) ends the list.
+  if (static_cast<size_t>(depth) != predicted_.size() + 1) return;
+  std::vector<ExpertWeight>& out = predicted_.emplace_back(static_cast<size_t>(T * k));
+  for (int64_t i = 0; i < T * k; ++i)
+    out[static_cast<size_t>(i)] = {static_cast<uint16_t>(ids[i]), weights[i]};
 }
 
 Status TraceRecorder::close() {

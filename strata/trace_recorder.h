@@ -1,8 +1,10 @@
 #pragma once
 // Records a live run's routing as a strata trace (trace_format.h, docs/STRATA.md): `ktier run
 // --trace FILE`. One TraceStep per (token, MoE layer): the router's top-k in selection order with
-// their combine weights. A forward pass (a prefill chunk or one decode step) is one `pass`.
-// Lookahead predictions are not recorded yet (header lookahead_depth 0).
+// their combine weights, and with lookahead depth D the predictions made for layers L+1..L+D
+// after layer L's attention (highest weight first; fewer near the last layer). A forward pass (a
+// prefill chunk or one decode step) is one `pass`. Predictions made at a dense layer (K3: layer
+// 0, for layer 1) have no step to go with and are not recorded.
 //
 // Errors from the writer cannot propagate through the observer callback, so the first one is
 // kept and returned by close(); later steps are dropped. Not thread-safe (one forward pass).
@@ -10,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <vector>
 
 #include "common/status.h"
 #include "format/checkpoint.h"
@@ -18,15 +21,19 @@
 
 namespace ktier::strata {
 
-class TraceRecorder final : public model::RoutingObserver {
+class TraceRecorder final : public model::RoutingObserver, public model::LookaheadObserver {
  public:
   // Creates `path` with a header describing `ckpt`'s MoE shape. Status::usage when the model does
   // not fit the trace format (more than 65535 experts or top-k above 255), Status::runtime when
   // the file cannot be created.
+  // `lookahead_depth`: the header's (0 when no prediction is recorded).
   static Result<std::unique_ptr<TraceRecorder>> create(const std::filesystem::path& path,
-                                                       const format::Checkpoint& ckpt);
+                                                       const format::Checkpoint& ckpt,
+                                                       int lookahead_depth = 0);
   void on_routing(int64_t layer, int64_t first_position, const int32_t* ids, const float* weights,
                   int64_t T, int k) override;
+  void on_prediction(int64_t layer, int depth, int64_t first_position, const int32_t* ids,
+                     const float* weights, int64_t T, int k) override;
   // Writes the footer. Returns the first error met while recording, if any.
   Status close();
   uint64_t steps() const { return writer_.steps_written(); }
@@ -38,6 +45,9 @@ class TraceRecorder final : public model::RoutingObserver {
   int64_t last_layer_ = INT64_MAX;
   uint32_t pass_ = 0;
   bool started_ = false;
+  // Predictions made at layer predicted_layer_, per depth: [T * k] experts with weights.
+  int64_t predicted_layer_ = -1;
+  std::vector<std::vector<ExpertWeight>> predicted_;
 };
 
 }  // namespace ktier::strata

@@ -84,9 +84,7 @@ Result<nlohmann::json> streamed_check(const DecodeOptions& o, const std::vector<
   } else {
     KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ck, format::Checkpoint::open(o.model, format::OpenMode::kPread));
     KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack pk, pack::TrunkPack::open(o.pack, ck));
-    eo.ram_budget = runtime::TrunkStore::minimum_bytes(ck, &pk) +
-                    static_cast<uint64_t>(ck.config().num_experts_per_token) *
-                        runtime::ExpertCache::slot_bytes(ck);
+    eo.ram_budget = runtime::minimum_budget_bytes(ck, &pk, eo.lookahead);
   }
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> e, runtime::Engine::open(eo));
   std::fprintf(stderr, "[bench] streamed decode (%lld of %lld layers streamed)\n",
@@ -97,7 +95,7 @@ Result<nlohmann::json> streamed_check(const DecodeOptions& o, const std::vector<
   const double steps = static_cast<double>(st.decode_steps);
   const double streamed_s = st.decode_seconds / steps;
   const double read = static_cast<double>((b.trunk_bytes_read - a.trunk_bytes_read) +
-                                          (b.expert_miss_bytes - a.expert_miss_bytes)) / steps;
+                                          (b.experts.read_bytes - a.experts.read_bytes)) / steps;
   KTIER_ASSIGN_OR_RETURN(const io::ReadFile f, e->io_engine()->open(std::filesystem::path(o.pack) / "trunk.pack"));
   KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer buf, io::AlignedBuffer::allocate(64 << 20));
   double raw = 0;

@@ -13,6 +13,7 @@
 
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "cli/strata_options.h"
 #include "cpu/kernels.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
@@ -23,6 +24,7 @@ namespace {
 struct EvalArgs {
   std::string model, ids, logits_out, isa = "auto";
   MemoryArgs memory;
+  StrataArgs strata;
   bool argmax = false;
   int64_t chunk = 0;
   int threads = 0;
@@ -49,6 +51,7 @@ Status eval(const EvalArgs& a) {
   eo.threads = a.threads;
   eo.isa = isa;
   KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
+  KTIER_RETURN_IF_ERROR(apply_strata_options(a.strata, eo));
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const int64_t V = engine->checkpoint().config().vocab_size;
   KTIER_ASSIGN_OR_RETURN(const std::vector<int32_t> ids, ids_in_vocab(raw, V));
@@ -85,6 +88,7 @@ void register_eval_command(CLI::App& app, int& exit_code) {
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();
   add_memory_options(sub, a->memory);
+  add_strata_options(sub, a->strata);
   sub->callback([a, &exit_code] { exit_code = finish(eval(*a)); });
 }
 

@@ -3,7 +3,7 @@
 //   ktier run -m DIR (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--temp T] [--top-k K]
 //             [--top-p P] [--seed S] [--threads N] [--chunk N] [--print-ids] [--isa auto]
 //             [--pack PACKDIR] [--ram SIZE | --preset NAME] [--io auto] [--report-json FILE]
-//             [--trace FILE]
+//             [--trace FILE] [--lookahead D] [--policy NAME] [--profile TRACE]
 //
 // Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
@@ -21,6 +21,7 @@
 
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "cli/strata_options.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/run_report.h"
@@ -33,6 +34,7 @@ namespace {
 struct RunArgs {
   std::string model, prompt, file, ids, isa = "auto", report_json, trace;
   MemoryArgs memory;
+  StrataArgs strata;
   bool has_prompt = false, print_ids = false, special = false;
   int64_t max_new_tokens = 128, chunk = 256, top_k = 0;
   double temperature = 0.0, top_p = 1.0;
@@ -76,6 +78,7 @@ Status run(const RunArgs& a) {
   eo.threads = a.threads;
   eo.isa = isa;
   KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
+  KTIER_RETURN_IF_ERROR(apply_strata_options(a.strata, eo));
   spdlog::info("loading {}", a.model);
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const format::ModelConfig& cfg = engine->checkpoint().config();
@@ -112,8 +115,10 @@ Status run(const RunArgs& a) {
   };
   std::unique_ptr<strata::TraceRecorder> recorder;
   if (!a.trace.empty()) {
-    KTIER_ASSIGN_OR_RETURN(recorder, strata::TraceRecorder::create(a.trace, engine->checkpoint()));
+    KTIER_ASSIGN_OR_RETURN(recorder, strata::TraceRecorder::create(a.trace, engine->checkpoint(),
+                                                                   eo.lookahead));
     engine->model().set_routing_observer(recorder.get());
+    engine->model().add_lookahead_observer(recorder.get());
   }
   runtime::RunReport report;
   report.decode_start = runtime::EngineCounters::of(*engine);
@@ -122,6 +127,7 @@ Status run(const RunArgs& a) {
                                           engine->exec(), sink);
   if (recorder) {  // on every path, so the trace file is complete up to where the run stopped
     engine->model().set_routing_observer(nullptr);
+    engine->model().remove_lookahead_observer(recorder.get());
     const Status closed = recorder->close();
     if (generated_stats.is_ok()) KTIER_RETURN_IF_ERROR(closed);
     spdlog::info("trace: {} routing steps -> {}", recorder->steps(), a.trace);
@@ -168,9 +174,11 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();
   add_memory_options(sub, a->memory);
+  add_strata_options(sub, a->strata);
   sub->add_option("--report-json", a->report_json, "Also write the run report to FILE as JSON");
   sub->add_option("--trace", a->trace,
-                  "Record every token's routing (strata trace, see `ktier trace info/replay`)");
+                  "Record every token's routing and lookahead predictions (strata trace, see "
+                  "`ktier trace info/replay`)");
   sub->callback([a, p, &exit_code] {
     a->has_prompt = p->count() > 0;
     exit_code = finish(run(*a));

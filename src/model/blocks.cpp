@@ -103,6 +103,7 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
   cpu::router_topk(logits.data(), w.router_bias.data(), T, static_cast<int>(Ne), k,
                    c.moe_renormalize, c.routed_scaling_factor, ids.data(), weights.data(), ex);
   if (observer) observer->on_routing(layer, first_position, ids.data(), weights.data(), T, k);
+  experts.begin_layer(layer, first_position, ids.data(), T, k);
 
   // Group the (token, slot) pairs by expert, experts in ascending id order: each selected
   // expert is fetched once and its rows are read once for all the tokens that chose it.

@@ -26,6 +26,17 @@ class RoutingObserver {
                           const float* weights, int64_t T, int k) = 0;
 };
 
+// Sees router lookahead (docs/STRATA.md §4): after layer `layer`'s attention, the router of MoE
+// layer `layer + depth` scored on the current residual stream. Called on the forward pass's
+// thread for depth 1, 2, ... in order, before layer `layer`'s experts are routed.
+class LookaheadObserver {
+ public:
+  virtual ~LookaheadObserver() = default;
+  // ids, weights [T, k]: each token's predicted experts, highest weight first (ties: lower id).
+  virtual void on_prediction(int64_t layer, int depth, int64_t first_position, const int32_t* ids,
+                             const float* weights, int64_t T, int k) = 0;
+};
+
 // KDA (§6.3): updates the state's S and conv histories.
 void kda_block(const KdaWeights& w, const format::ModelConfig& c, const float* x, int64_t T,
                KdaState& st, float* out, const cpu::Exec& ex);

@@ -34,6 +34,12 @@ class ExpertSource {
   // Errors: Status::runtime for an I/O failure, Status::corrupt for a range past the end of its
   // file (a shard shorter than its header says); no partial view is ever used.
   virtual Status fetch(int64_t layer, std::span<const int32_t> ids, ExpertWeights* out) = 0;
+  // Announces MoE layer `layer`'s routing for one forward chunk, before its fetches: ids [T, k],
+  // each token's experts in selection order; token t is at sequence position first_position + t.
+  // A tiered source drives its placement policy with it (one policy step per token). Default:
+  // ignored.
+  virtual void begin_layer(int64_t layer, int64_t first_position, const int32_t* ids, int64_t T,
+                           int k) {}
   // Bytes of expert data handed out since construction (for the per-token reports).
   virtual uint64_t bytes_fetched() const = 0;
   // Most experts one fetch() may ask for (a RAM tier's slot count); callers split larger sets.

@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,8 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
       P.swap(y);
     else
       cpu::add(P.data(), y.data(), T * E, P.data(), ex);
+    if (lookahead_depth_ > 0 && !lookahead_observers_.empty())
+      predict(l, state.n_tokens, P, bank, T, ex);
     aggregate(lw.f_mlp, mixed);  // the bank is never empty here
     cpu::rmsnorm(mixed.data(), lw.post_attention_norm.data(), T, E, eps, x.data(), ex);
     if (lw.is_dense) {
@@ -115,6 +118,48 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
   cpu::rmsnorm(mixed.data() + first * E, head.final_norm.data(), n, E, eps, x.data(), ex);
   cpu::linear(head.lm_head, x.data(), n, logits, ex);
   return Status::ok();
+}
+
+void Model::predict(int64_t l, int64_t first_position, const std::vector<float>& P,
+                    const std::vector<std::vector<float>>& bank, int64_t T, const cpu::Exec& ex) {
+  const format::ModelConfig& c = config();
+  const int64_t E = c.hidden_size, Ne = c.num_experts;
+  const int k = static_cast<int>(c.num_experts_per_token);
+  std::vector<const float*> sources;
+  for (const auto& b : bank) sources.push_back(b.data());
+  sources.push_back(P.data());
+  std::vector<float> mixed(P.size()), x(P.size()), logits(static_cast<size_t>(T * Ne));
+  std::vector<int32_t> ids(static_cast<size_t>(T * k));
+  std::vector<float> weights(ids.size());
+  std::vector<int> order(static_cast<size_t>(k));
+  std::vector<int32_t> sorted_ids(ids.size());
+  std::vector<float> sorted_weights(ids.size());
+  for (int d = 1; d <= lookahead_depth_; ++d) {
+    const int64_t t = l + d;
+    if (t >= c.num_hidden_layers || c.is_dense(t)) continue;
+    const LayerWeights* w = routing_weights_ ? routing_weights_(t) : nullptr;
+    if (w == nullptr) continue;
+    cpu::attnres(sources.data(), static_cast<int>(sources.size()), E, T, E, w->f_mlp.data(),
+                 c.rms_norm_eps, mixed.data(), ex);
+    cpu::rmsnorm(mixed.data(), w->post_attention_norm.data(), T, E, c.rms_norm_eps, x.data(), ex);
+    cpu::linear(w->moe.router, x.data(), T, logits.data(), ex);
+    cpu::router_topk(logits.data(), w->moe.router_bias.data(), T, static_cast<int>(Ne), k,
+                     c.moe_renormalize, c.routed_scaling_factor, ids.data(), weights.data(), ex);
+    for (int64_t tok = 0; tok < T; ++tok) {  // highest weight first, ties to the lower id
+      const int32_t* id = ids.data() + tok * k;
+      const float* wt = weights.data() + tok * k;
+      for (int i = 0; i < k; ++i) order[static_cast<size_t>(i)] = i;
+      std::sort(order.begin(), order.end(), [&](int a, int b) {
+        return wt[a] != wt[b] ? wt[a] > wt[b] : id[a] < id[b];
+      });
+      for (int i = 0; i < k; ++i) {
+        sorted_ids[static_cast<size_t>(tok * k + i)] = id[order[static_cast<size_t>(i)]];
+        sorted_weights[static_cast<size_t>(tok * k + i)] = wt[order[static_cast<size_t>(i)]];
+      }
+    }
+    for (LookaheadObserver* o : lookahead_observers_)
+      o->on_prediction(l, d, first_position, sorted_ids.data(), sorted_weights.data(), T, k);
+  }
 }
 
 }  // namespace ktier::model

@@ -10,7 +10,9 @@
 // use the Exec's thread pool.
 
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <vector>
 
 #include "common/status.h"
 #include "cpu/exec.h"
@@ -52,12 +54,35 @@ class Model {
                  float* logits, const cpu::Exec& ex);
 
   void set_routing_observer(RoutingObserver* o) { routing_observer_ = o; }
+  // Router lookahead (docs/STRATA.md §4): after layer l's attention, for d = 1..depth, MoE layer
+  // l+d's router is scored on the current residual stream (its own AttnRes mix of the bank and
+  // P, its post-attention norm) and its top-k goes to the observers. `routing(l)` gives layer
+  // l's routing weights (bind_routing) or null to skip that layer; it must stay valid while the
+  // Model runs. Predictions never change an output byte; depth 0 turns lookahead off.
+  using RoutingWeightsFn = std::function<const LayerWeights*(int64_t layer)>;
+  void set_lookahead(int depth, RoutingWeightsFn routing) {
+    lookahead_depth_ = depth;
+    routing_weights_ = std::move(routing);
+  }
+  int lookahead_depth() const { return lookahead_depth_; }
+  // Observers are called in the order added; they must outlive the Model (or be removed).
+  void add_lookahead_observer(LookaheadObserver* o) { lookahead_observers_.push_back(o); }
+  void remove_lookahead_observer(LookaheadObserver* o) {
+    std::erase(lookahead_observers_, o);
+  }
   void set_layer_observer(LayerObserver* o) { layer_observer_ = o; }
 
  private:
   TrunkSource& trunk_;
   ExpertSource* experts_;
+  // Scores routers l+1..l+depth on the residual stream after layer l's attention.
+  void predict(int64_t l, int64_t first_position, const std::vector<float>& P,
+               const std::vector<std::vector<float>>& bank, int64_t T, const cpu::Exec& ex);
+
   RoutingObserver* routing_observer_ = nullptr;
+  int lookahead_depth_ = 0;
+  RoutingWeightsFn routing_weights_;
+  std::vector<LookaheadObserver*> lookahead_observers_;
   LayerObserver* layer_observer_ = nullptr;
 };
 

@@ -100,10 +100,15 @@ Status bind_mla(Binder& b, const format::ModelConfig& c, const std::string& a, M
   return Status::ok();
 }
 
+Status bind_router(Binder& b, const format::ModelConfig& c, const std::string& p, MoeWeights& m) {
+  KTIER_ASSIGN_OR_RETURN(m.router, b.matrix(p + "gate.weight", c.num_experts, c.hidden_size));
+  KTIER_ASSIGN_OR_RETURN(m.router_bias, b.vec(p + "gate.e_score_correction_bias", c.num_experts));
+  return Status::ok();
+}
+
 Status bind_moe(Binder& b, const format::ModelConfig& c, const std::string& p, MoeWeights& m) {
   const int64_t E = c.hidden_size, lat = c.routed_expert_hidden_size;
-  KTIER_ASSIGN_OR_RETURN(m.router, b.matrix(p + "gate.weight", c.num_experts, E));
-  KTIER_ASSIGN_OR_RETURN(m.router_bias, b.vec(p + "gate.e_score_correction_bias", c.num_experts));
+  KTIER_RETURN_IF_ERROR(bind_router(b, c, p, m));
   KTIER_ASSIGN_OR_RETURN(m.down, b.matrix(p + "routed_expert_down_proj.weight", lat, E));
   KTIER_ASSIGN_OR_RETURN(m.up, b.matrix(p + "routed_expert_up_proj.weight", E, lat));
   if (c.latent_moe_use_norm) {
@@ -118,7 +123,27 @@ Status bind_moe(Binder& b, const format::ModelConfig& c, const std::string& p, M
 
 const std::string kModelPrefix = "language_model.model.";
 
+// The FFN input of layer l: its AttnRes scoring vector and norm.
+Status bind_ffn_input(Binder& b, const format::ModelConfig& c, const std::string& P,
+                      LayerWeights& lw) {
+  const int64_t E = c.hidden_size;
+  KTIER_ASSIGN_OR_RETURN(lw.post_attention_norm, b.vec(P + "post_attention_layernorm.weight", E));
+  KTIER_ASSIGN_OR_RETURN(lw.f_mlp, b.folded(P + "mlp_res_norm.weight", P + "mlp_res_proj.weight", E));
+  return Status::ok();
+}
+
 }  // namespace
+
+Result<LayerWeights> bind_routing(const format::ModelConfig& c, int64_t l, const TensorLookup& find) {
+  KTIER_CHECK(!c.is_dense(l));
+  Binder b(find);
+  const std::string P = format::layer_prefix(l);
+  LayerWeights lw;
+  lw.is_mla = c.is_mla(l);
+  KTIER_RETURN_IF_ERROR(bind_ffn_input(b, c, P, lw));
+  KTIER_RETURN_IF_ERROR(bind_router(b, c, P + "block_sparse_moe.", lw.moe));
+  return lw;
+}
 
 Result<LayerWeights> bind_layer(const format::ModelConfig& c, int64_t l, const TensorLookup& find) {
   Binder b(find);
@@ -128,10 +153,9 @@ Result<LayerWeights> bind_layer(const format::ModelConfig& c, int64_t l, const T
   lw.is_mla = c.is_mla(l);
   lw.is_dense = c.is_dense(l);
   KTIER_ASSIGN_OR_RETURN(lw.input_norm, b.vec(P + "input_layernorm.weight", E));
-  KTIER_ASSIGN_OR_RETURN(lw.post_attention_norm, b.vec(P + "post_attention_layernorm.weight", E));
   KTIER_ASSIGN_OR_RETURN(lw.f_attn, b.folded(P + "self_attention_res_norm.weight",
                                              P + "self_attention_res_proj.weight", E));
-  KTIER_ASSIGN_OR_RETURN(lw.f_mlp, b.folded(P + "mlp_res_norm.weight", P + "mlp_res_proj.weight", E));
+  KTIER_RETURN_IF_ERROR(bind_ffn_input(b, c, P, lw));
   if (lw.is_mla) {
     KTIER_RETURN_IF_ERROR(bind_mla(b, c, P + "self_attn.", lw.mla));
   } else {

@@ -88,6 +88,9 @@ using TensorLookup = std::function<Result<TensorView>(const std::string& name)>;
 // produce is its error.
 Result<LayerWeights> bind_layer(const format::ModelConfig& c, int64_t l, const TensorLookup& find);
 Result<HeadWeights> bind_head(const format::ModelConfig& c, const TensorLookup& find);
+// Only what router lookahead reads of MoE layer l (model.h): post_attention_norm, f_mlp,
+// moe.router and moe.router_bias; every other field is left empty. REQUIRES: l is a MoE layer.
+Result<LayerWeights> bind_routing(const format::ModelConfig& c, int64_t l, const TensorLookup& find);
 
 // What the forward pass reads the non-expert weights through. Model::forward acquires layers in
 // order 0..L-1 and releases each when its FFN is done; a streaming source uses the order to read

@@ -8,6 +8,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/check.h"
+
 namespace ktier::runtime {
 
 Result<std::optional<cpu::Isa>> parse_isa(const std::string& name) {
@@ -31,9 +33,12 @@ std::pair<uint64_t, uint64_t> meminfo() {
   }
   return {total, avail};
 }
-std::string gib(uint64_t b) {
+std::string gib(uint64_t b) {  // GiB, or MiB below one GiB
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1ull << 30));
+  if (b < (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1ull << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1ull << 30));
   return buf;
 }
 }  // namespace
@@ -54,6 +59,16 @@ Result<uint64_t> preset_budget_bytes(const std::string& name) {
   }
   return Status::usage("--preset: '" + name +
                        "' is not one of laptop, desktop, workstation, server, max, auto");
+}
+
+uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                              int lookahead) {
+  const bool moe = ckpt.expert_storage() != format::ExpertStorage::kNone;
+  uint64_t n = TrunkStore::minimum_bytes(ckpt, pack);
+  if (moe)
+    n += static_cast<uint64_t>(ckpt.config().num_experts_per_token) * ExpertCache::slot_bytes(ckpt);
+  if (moe && lookahead > 0) n += RouterBank::bytes_needed(ckpt);
+  return n;
 }
 
 Status Engine::open_dial(const EngineOptions& opts) {
@@ -77,18 +92,29 @@ Status Engine::open_dial(const EngineOptions& opts) {
   const uint64_t slot = moe ? ExpertCache::slot_bytes(ckpt_) : 0;
   const uint64_t expert_min = moe ? static_cast<uint64_t>(c.num_experts_per_token) * slot : 0;
   const uint64_t trunk_min = TrunkStore::minimum_bytes(ckpt_, pk);
-  if (budget_ < trunk_min + expert_min)
-    return Status::budget("a budget of " + gib(budget_) + " cannot be met: the minimum is " +
-                          gib(trunk_min + expert_min) + " (trunk " + gib(trunk_min) + ": head, " +
-                          "two ring slots, embedding rows; experts " + gib(expert_min) + ": " +
-                          std::to_string(c.num_experts_per_token) + " slots of " + gib(slot) + ")");
+  const bool lookahead = moe && opts.lookahead > 0;
+  const uint64_t bank_bytes = lookahead ? RouterBank::bytes_needed(ckpt_) : 0;
+  if (budget_ < trunk_min + expert_min + bank_bytes)
+    return Status::budget(
+        "a budget of " + gib(budget_) + " cannot be met: the minimum is " +
+        gib(trunk_min + expert_min + bank_bytes) + " (trunk " + gib(trunk_min) + ": head, " +
+        "two ring slots, embedding rows; experts " + gib(expert_min) + ": " +
+        std::to_string(c.num_experts_per_token) + " slots of " + gib(slot) +
+        (lookahead ? "; lookahead routers " + gib(bank_bytes) + ", 0 with --lookahead 0" : "") +
+        ")");
+  if (lookahead) {
+    KTIER_ASSIGN_OR_RETURN(bank_, RouterBank::load(ckpt_, *io_, shard_files_));
+    KTIER_CHECK(bank_->bytes_allocated() == bank_bytes);
+  }
   TrunkStoreOptions so;
-  so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min;
+  so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min - bank_bytes;
   KTIER_ASSIGN_OR_RETURN(store_, TrunkStore::open(ckpt_, pk, *io_, shard_files_, so));
   if (moe) {
     const uint64_t total_experts =
         static_cast<uint64_t>(c.num_moe_layers()) * static_cast<uint64_t>(c.num_experts);
-    uint64_t left = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - store_->stats().bytes_allocated;
+    uint64_t left = budget_ == UINT64_MAX
+                        ? UINT64_MAX
+                        : budget_ - store_->stats().bytes_allocated - bank_bytes;
     // The tier is faulted in at start: never ask for more than the machine has free (a budget
     // above physical memory, or `max`, would otherwise end in the OOM killer).
     if (const uint64_t avail = meminfo().second; avail > 0) {
@@ -99,15 +125,32 @@ Status Engine::open_dial(const EngineOptions& opts) {
         left = usable;
       }
     }
-    const uint64_t slots = std::clamp<uint64_t>(left / slot, c.num_experts_per_token, total_experts);
-    KTIER_ASSIGN_OR_RETURN(cache_, ExpertCache::open(ckpt_, *io_, shard_files_,
-                                                     static_cast<int64_t>(slots)));
+    // One fetch's worth of slots is lent to experts the policy does not keep; the rest is the
+    // policy's capacity.
+    const uint64_t batch = static_cast<uint64_t>(c.num_experts_per_token);
+    const uint64_t slots = std::clamp<uint64_t>(left / slot, batch, total_experts + batch);
+    ExpertCacheOptions xo;
+    xo.policy = opts.policy;
+    xo.temperature_seed = opts.temperature_seed;
+    xo.static_ranking = opts.static_ranking;
+    xo.policy_slots = static_cast<int64_t>(slots - batch);
+    xo.batch_slots = static_cast<int64_t>(batch);
+    xo.prefetch_in_flight = std::max<uint32_t>(1, opts.io.queue_depth);
+    KTIER_ASSIGN_OR_RETURN(cache_, ExpertCache::open(ckpt_, *io_, shard_files_, std::move(xo)));
+    spdlog::info("experts: {} policy, {} slots of {} ({} kept, {} for one fetch), lookahead {}",
+                 strata::policy_name(opts.policy), slots, gib(slot), slots - batch, batch,
+                 opts.lookahead);
   }
   return Status::ok();
 }
 
 Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   if (opts.threads < 0) return Status::usage("--threads must be >= 0 (0 = one per core)");
+  if (opts.lookahead < 0) return Status::usage("--lookahead must be >= 0 (0 = off)");
+  if (opts.policy == strata::PolicyKind::kBelady)
+    return Status::usage("--policy belady needs the future: it is for `ktier trace replay` only");
+  if (opts.policy == strata::PolicyKind::kStatic && opts.static_ranking.empty())
+    return Status::usage("--policy static needs a routing profile: give --profile TRACE");
   const cpu::Isa isa = opts.isa.value_or(cpu::best_isa());
   if (!cpu::isa_supported(isa))
     return Status::usage(std::string("--isa ") + cpu::isa_name(isa) +
@@ -130,6 +173,18 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   model::ExpertSource* experts = e->cache_ ? static_cast<model::ExpertSource*>(e->cache_.get())
                                            : e->experts_.get();
   e->model_ = std::make_unique<model::Model>(*trunk, experts);
+  if (opts.lookahead > 0 && e->ckpt_.config().num_moe_layers() > 0) {
+    model::Model::RoutingWeightsFn routing;
+    if (e->bank_) {
+      routing = [bank = e->bank_.get()](int64_t l) { return bank->routing(l); };
+    } else if (e->weights_) {
+      routing = [w = e->weights_.get()](int64_t l) -> const model::LayerWeights* {
+        return w->config().is_dense(l) ? nullptr : &w->layer(l);
+      };
+    }
+    e->model_->set_lookahead(opts.lookahead, std::move(routing));
+    if (e->cache_) e->model_->add_lookahead_observer(e->cache_.get());
+  }
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
   e->pool_ = std::make_unique<cpu::ThreadPool>(opts.threads > 0 ? opts.threads : (hw > 0 ? hw : 1));
   e->exec_ = cpu::Exec{e->pool_.get(), isa};

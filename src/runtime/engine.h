@@ -18,7 +18,9 @@
 #include "model/weights.h"
 #include "pack/trunk_pack.h"
 #include "runtime/expert_cache.h"
+#include "runtime/router_bank.h"
 #include "runtime/trunk_store.h"
+#include "strata/cache_policy.h"
 
 namespace ktier::runtime {
 
@@ -34,12 +36,19 @@ struct EngineOptions {
   // (ExpertCache). nullopt with a pack: automatic (see auto_budget_bytes).
   std::optional<uint64_t> ram_budget;
   io::IoOptions io;
+  // Strata (docs/STRATA.md): the expert tier's placement policy, router lookahead depth (0: off;
+  // without the memory dial lookahead only feeds observers such as a trace), and what a recorded
+  // profile gives the policy (temperatures at clock 0, per key; a ranking for kStatic).
+  strata::PolicyKind policy = strata::PolicyKind::kTemperature;
+  int lookahead = 1;
+  std::vector<double> temperature_seed;
+  std::vector<uint32_t> static_ranking;
 };
 
 class Engine {
  public:
-  // Errors: those of Checkpoint::open (exit 2/3/1), Status::usage for threads < 0 or an ISA this
-  // CPU or build lacks; with the memory dial also those of TrunkPack::open (exit 2/3), I/O
+  // Errors: those of Checkpoint::open (exit 2/3/1), Status::usage for threads < 0, lookahead < 0,
+  // the belady policy (replay only), static without a ranking, or an ISA this CPU or build lacks; with the memory dial also those of TrunkPack::open (exit 2/3), I/O
   // errors (exit 1), Status::corrupt for a pack record failing its checksum, and
   // Status::budget (exit 4) for a budget below the stated minimum.
   static Result<std::unique_ptr<Engine>> open(const EngineOptions& opts);
@@ -50,9 +59,12 @@ class Engine {
   // The memory dial's trunk and expert tier; null without --pack / --ram.
   const TrunkStore* trunk_store() const { return store_.get(); }
   const ExpertCache* expert_cache() const { return cache_.get(); }
+  // Routing weights held for lookahead with the memory dial; null otherwise.
+  const RouterBank* router_bank() const { return bank_.get(); }
   const io::IoEngine* io_engine() const { return io_.get(); }
   uint64_t budget_bytes() const { return budget_; }  // 0 without the dial
   model::Model& model() { return *model_; }
+  const model::Model& model() const { return *model_; }
   // The expert source the model reads (the RAM tier with the dial); null without MoE layers.
   const model::ExpertSource* experts() const {
     return cache_ ? static_cast<const model::ExpertSource*>(cache_.get()) : experts_.get();
@@ -69,6 +81,7 @@ class Engine {
   std::unique_ptr<io::IoEngine> io_;
   std::vector<io::ReadFile> shard_files_;
   std::unique_ptr<TrunkStore> store_;
+  std::unique_ptr<RouterBank> bank_;
   std::unique_ptr<ExpertCache> cache_;
   uint64_t budget_ = 0;
   std::unique_ptr<model::ExpertSource> experts_;
@@ -76,6 +89,12 @@ class Engine {
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;
 };
+
+// The smallest budget the memory dial accepts for `ckpt` (with `pack`, or null): the trunk's
+// minimum (TrunkStore::minimum_bytes), one fetch's expert slots, and the lookahead routers when
+// lookahead > 0 (RouterBank::bytes_needed).
+uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                              int lookahead);
 
 // Budget of a named preset (K3 scale; DESIGN.md §4, docs/TUNING.md): laptop 8G, desktop 32G,
 // workstation 96G, server 128G, max (everything), auto (55 % of MemTotal, at most MemAvailable

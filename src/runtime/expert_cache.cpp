@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string>
 
 #include "common/check.h"
 #include "model/weights.h"
@@ -60,31 +61,63 @@ uint64_t ExpertCache::slot_bytes(const format::Checkpoint& ckpt) {
   return (most + kPage - 1) / kPage * kPage;
 }
 
-ExpertCache::~ExpertCache() { cq_.reset(); }  // waits for reads into the slots
+ExpertCache::~ExpertCache() {  // the queues wait for reads into the slots
+  prefetch_cq_.reset();
+  demand_cq_.reset();
+}
 
 Result<std::unique_ptr<ExpertCache>> ExpertCache::open(const format::Checkpoint& ckpt,
                                                        io::IoEngine& engine,
                                                        const std::vector<io::ReadFile>& files,
-                                                       int64_t slots) {
-  KTIER_CHECK(slots >= 1 && ckpt.expert_storage() != format::ExpertStorage::kNone);
-  std::unique_ptr<ExpertCache> c(new ExpertCache(ckpt, engine, files));
-  c->cq_ = std::make_unique<io::CompletionQueue>(engine);
-  c->stats_.slots = slots;
-  c->stats_.slot_bytes = slot_bytes(ckpt);
-  KTIER_ASSIGN_OR_RETURN(c->arena_, io::AlignedBuffer::allocate(
-                                        static_cast<size_t>(slots) * c->stats_.slot_bytes,
+                                                       ExpertCacheOptions opts) {
+  KTIER_CHECK(opts.policy_slots >= 0 && opts.batch_slots >= 1 && opts.prefetch_in_flight >= 1);
+  KTIER_CHECK(opts.policy != strata::PolicyKind::kBelady);
+  KTIER_CHECK(opts.policy != strata::PolicyKind::kStatic || !opts.static_ranking.empty());
+  KTIER_CHECK(ckpt.expert_storage() != format::ExpertStorage::kNone);
+  const format::ModelConfig& c = ckpt.config();
+  std::unique_ptr<ExpertCache> x(new ExpertCache(ckpt, engine, files));
+  x->demand_cq_ = std::make_unique<io::CompletionQueue>(engine);
+  x->prefetch_cq_ = std::make_unique<io::CompletionQueue>(engine);
+  const int64_t slots = opts.policy_slots + opts.batch_slots;
+  x->stats_.slots = slots;
+  x->stats_.policy_slots = opts.policy_slots;
+  x->stats_.batch_slots = opts.batch_slots;
+  x->stats_.slot_bytes = slot_bytes(ckpt);
+  KTIER_ASSIGN_OR_RETURN(x->arena_, io::AlignedBuffer::allocate(
+                                        static_cast<size_t>(slots) * x->stats_.slot_bytes,
                                         io::kDefaultAlignment, io::HugePages::kYes));
-  c->stats_.bytes_allocated = c->arena_.size();
+  x->stats_.bytes_allocated = x->arena_.size();
   // Fault the arena in now: otherwise every first read into a slot pays for page allocation and
   // zeroing inside decode (measured: a tier larger than the working set ran 3x slower per token
   // on the development VM until every slot had been used once).
-  std::memset(c->arena_.data(), 0, c->arena_.size());
-  c->slots_.resize(static_cast<size_t>(slots));
-  for (size_t i = 0; i < c->slots_.size(); ++i) {
-    c->slots_[i].base = c->arena_.data() + i * c->stats_.slot_bytes;
-    c->slots_[i].lru = c->lru_.insert(c->lru_.end(), i);
+  std::memset(x->arena_.data(), 0, x->arena_.size());
+  x->slots_.resize(static_cast<size_t>(slots));
+  for (size_t i = 0; i < x->slots_.size(); ++i) {
+    x->slots_[i].base = x->arena_.data() + i * x->stats_.slot_bytes;
+    x->free_.push_back(x->slots_.size() - 1 - i);  // pop_back hands out slot 0 first
   }
-  return c;
+  const uint32_t num_keys = static_cast<uint32_t>(c.num_hidden_layers * c.num_experts);
+  x->slot_of_key_.assign(num_keys, -1);
+  strata::PolicyInputs in;
+  in.num_keys = num_keys;
+  in.temperature = opts.temperature;
+  if (!opts.temperature_seed.empty()) {
+    KTIER_CHECK(opts.temperature_seed.size() == num_keys);
+    in.temperature_seed = &opts.temperature_seed;
+  }
+  in.static_ranking = &opts.static_ranking;
+  x->policy_ = strata::make_cache(opts.policy, static_cast<uint64_t>(opts.policy_slots), in);
+  x->policy_->set_eviction_hook([p = x.get()](uint32_t key) { p->on_evicted(key); });
+  x->policy_kind_ = opts.policy;
+  x->prefetch_in_flight_ = opts.prefetch_in_flight;
+  x->first_moe_ = c.first_k_dense_replace;
+  x->moe_layers_ = std::max<int64_t>(1, c.num_moe_layers());
+  return x;
+}
+
+uint64_t ExpertCache::expert_bytes(uint32_t key) const {
+  const int64_t Ne = ckpt_.config().num_experts;
+  return ckpt_.expert(key / Ne, static_cast<int64_t>(key % Ne)).nbytes;
 }
 
 model::ExpertWeights ExpertCache::view(const Slot& s, int64_t layer, int32_t e) const {
@@ -110,66 +143,225 @@ model::ExpertWeights ExpertCache::view(const Slot& s, int64_t layer, int32_t e) 
   return w;
 }
 
-Status ExpertCache::fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) {
-  KTIER_CHECK(static_cast<int64_t>(ids.size()) <= stats_.slots);
-  const format::ModelConfig& c = ckpt_.config();
-  auto key_of = [&](int32_t e) { return layer * c.num_experts + e; };
-  // Hits first: they must not be chosen as victims for this request's misses.
-  std::vector<size_t> slot_of(ids.size(), SIZE_MAX);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const auto it = where_.find(key_of(ids[i]));
-    if (it == where_.end()) continue;
-    slot_of[i] = it->second;
-    lru_.splice(lru_.begin(), lru_, slots_[it->second].lru);
-    stats_.hit_bytes += ckpt_.expert(layer, ids[i]).nbytes;
+void ExpertCache::plan_reads(uint32_t key, size_t si, std::vector<io::ReadRequest>& out) {
+  const int64_t Ne = ckpt_.config().num_experts;
+  const format::ExpertLocation& loc = ckpt_.expert(key / Ne, static_cast<int64_t>(key % Ne));
+  Slot& s = slots_[si];
+  const Placement p = place(loc, ckpt_);
+  s.part_offset = p.offset;
+  if (loc.contiguous) {
+    out.push_back({&files_[loc.shard], loc.file_offset, loc.nbytes, s.base + p.offset[0], si});
+    return;
   }
-  // Misses: take the least recently used slots (from the back), read them all at once.
-  struct Pending {  // one read: a whole contiguous expert or one part
-    size_t slot;
-    uint32_t shard;
-    uint64_t file_offset, nbytes, dst;
-  };
-  std::vector<Pending> reads;
+  for (uint32_t k = 0; k < loc.num_parts; ++k)
+    out.push_back({&files_[loc.parts[k].shard], loc.parts[k].file_offset, loc.parts[k].nbytes,
+                   s.base + p.offset[k], si});
+}
+
+void ExpertCache::on_evicted(uint32_t key) {
+  const int32_t si = slot_of_key_[key];
+  if (si < 0) return;  // admitted and dropped before it was ever fetched
+  Slot& s = slots_[static_cast<size_t>(si)];
+  slot_of_key_[key] = -1;
+  s.key = -1;
+  s.prefetched_unused = false;
+  if (s.state == SlotState::kReady) s.state = SlotState::kFree;  // kLoading: freed on completion
+  free_.push_back(static_cast<size_t>(si));
+}
+
+void ExpertCache::release_bypass() {
+  for (size_t si : bypass_) {
+    Slot& s = slots_[si];
+    if (s.key >= 0) slot_of_key_[static_cast<size_t>(s.key)] = -1;
+    s.key = -1;
+    s.state = SlotState::kFree;
+    free_.push_back(si);
+  }
+  bypass_.clear();
+}
+
+void ExpertCache::reap_prefetches(bool block) {
+  std::vector<io::Completion> done;
+  const uint64_t t0 = block ? now_ns() : 0;
+  prefetch_cq_->wait(block ? 1 : 0, done);
+  if (block) stats_.io_wait_ns += now_ns() - t0;
+  for (const io::Completion& c : done) {
+    Slot& s = slots_[c.tag];
+    KTIER_CHECK(s.state == SlotState::kLoading && s.reads_outstanding > 0);
+    --prefetch_reads_outstanding_;
+    if (!c.status.is_ok()) s.read_failed = true;  // re-read on demand (a retry, then the error)
+    if (--s.reads_outstanding == 0) s.state = s.key >= 0 ? SlotState::kReady : SlotState::kFree;
+  }
+}
+
+size_t ExpertCache::take_free_slot() {
+  // Invariant: slots with a key are the policy's residents (<= policy_slots) and this fetch's
+  // bypasses (< batch_slots), so free_ is never empty here; its entries may still be loading.
+  KTIER_CHECK(!free_.empty());
+  for (;;) {
+    for (size_t i = free_.size(); i-- > 0;) {
+      const size_t si = free_[i];
+      if (slots_[si].state != SlotState::kFree) continue;
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+      slots_[si].read_failed = false;
+      return si;
+    }
+    reap_prefetches(/*block=*/true);  // every free slot is an evicted prefetch still being read
+  }
+}
+
+void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32_t* ids,
+                              int64_t T, int k) {
+  release_bypass();
+  // Predictions for this layer or an earlier one that were never issued are stale now.
+  while (!pending_.empty() && pending_.front().target_layer <= layer) {
+    pending_.pop_front();
+    ++stats_.prefetch_cancelled;
+  }
+  const int64_t Ne = ckpt_.config().num_experts;
+  for (int64_t t = 0; t < T; ++t) {
+    policy_->begin_step(step_);
+    const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
+    ++step_;
+    for (int i = 0; i < k; ++i) {
+      const uint32_t key = static_cast<uint32_t>(layer * Ne + ids[t * k + i]);
+      const strata::Request req{requests_++, clock, strata::kNeverUsed};
+      stats_.policy_hits += policy_->access(key, req);
+      ++stats_.policy_requests;
+    }
+  }
+  (void)first_position;
+  pump_prefetches();  // predictions queued behind the in-flight cap
+}
+
+void ExpertCache::on_prediction(int64_t layer, int depth, int64_t first_position,
+                                const int32_t* ids, const float* weights, int64_t T, int k) {
+  (void)first_position;
+  release_bypass();
+  const int64_t Ne = ckpt_.config().num_experts;
+  const int64_t target = layer + depth;
+  // Pinned through the target layer's steps for this chunk: its T steps begin after those of
+  // the `depth` MoE layers before it (this layer's included).
+  const uint32_t pin_until = step_ + static_cast<uint32_t>(T * (depth + 1)) - 1;
+  std::vector<PendingPrefetch> add;
+  for (int64_t t = 0; t < T; ++t)
+    for (int i = 0; i < k; ++i)
+      add.push_back({target, weights[t * k + i], static_cast<uint32_t>(target * Ne + ids[t * k + i]),
+                     pin_until});
+  // Nearest layer first, then highest weight (a key predicted twice is issued once).
+  pending_.insert(pending_.end(), add.begin(), add.end());
+  std::stable_sort(pending_.begin(), pending_.end(),
+                   [](const PendingPrefetch& a, const PendingPrefetch& b) {
+                     return a.target_layer != b.target_layer ? a.target_layer < b.target_layer
+                                                             : a.weight > b.weight;
+                   });
+  pump_prefetches();
+}
+
+void ExpertCache::pump_prefetches() {
+  reap_prefetches(/*block=*/false);
+  std::vector<io::ReadRequest> batch;
+  while (!pending_.empty() && prefetch_reads_outstanding_ < prefetch_in_flight_) {
+    const PendingPrefetch p = pending_.front();
+    pending_.pop_front();
+    if (slot_of_key_[p.key] >= 0) continue;  // held or being read already
+    const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
+    if (!policy_->prefetch(p.key, p.pin_until_step, clock)) continue;
+    const size_t si = take_free_slot();
+    Slot& s = slots_[si];
+    s.key = p.key;
+    s.state = SlotState::kLoading;
+    s.prefetched_unused = true;
+    slot_of_key_[p.key] = static_cast<int32_t>(si);
+    const size_t before = batch.size();
+    plan_reads(p.key, si, batch);
+    s.reads_outstanding = static_cast<uint32_t>(batch.size() - before);
+    prefetch_reads_outstanding_ += s.reads_outstanding;
+    ++stats_.prefetch_issued;
+    stats_.prefetch_bytes += expert_bytes(p.key);
+    stats_.read_bytes += expert_bytes(p.key);
+  }
+  if (batch.empty()) return;
+  std::sort(batch.begin(), batch.end(), [](const io::ReadRequest& a, const io::ReadRequest& b) {
+    return a.file->id() != b.file->id() ? a.file->id() < b.file->id() : a.offset < b.offset;
+  });
+  if (const Status st = prefetch_cq_->submit(batch); !st.is_ok()) {
+    // Nothing was queued: the slots stay with their keys, marked for a read on demand (which
+    // reports the error if it persists).
+    for (const io::ReadRequest& r : batch) {
+      Slot& s = slots_[r.tag];
+      if (s.reads_outstanding == 0) continue;
+      prefetch_reads_outstanding_ -= s.reads_outstanding;
+      s.reads_outstanding = 0;
+      s.read_failed = true;
+      s.state = s.key >= 0 ? SlotState::kReady : SlotState::kFree;
+    }
+  }
+}
+
+Status ExpertCache::fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) {
+  KTIER_CHECK(static_cast<int64_t>(ids.size()) <= stats_.batch_slots);
+  release_bypass();
+  reap_prefetches(/*block=*/false);
+  const int64_t Ne = ckpt_.config().num_experts;
+  std::vector<io::ReadRequest> reads;
+  std::vector<size_t> slot_of(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (slot_of[i] != SIZE_MAX) continue;
-    const size_t victim = lru_.back();
-    lru_.splice(lru_.begin(), lru_, slots_[victim].lru);
-    Slot& s = slots_[victim];
-    if (s.key >= 0) where_.erase(s.key);
-    s.key = key_of(ids[i]);
-    where_[s.key] = victim;
-    slot_of[i] = victim;
-    const format::ExpertLocation& loc = ckpt_.expert(layer, ids[i]);
-    const Placement p = place(loc, ckpt_);
-    s.part_offset = p.offset;
-    stats_.miss_bytes += loc.nbytes;
-    if (loc.contiguous)
-      reads.push_back({victim, loc.shard, loc.file_offset, loc.nbytes, p.offset[0]});
-    for (uint32_t k = 0; !loc.contiguous && k < loc.num_parts; ++k)
-      reads.push_back({victim, loc.parts[k].shard, loc.parts[k].file_offset, loc.parts[k].nbytes,
-                       p.offset[k]});
+    const uint32_t key = static_cast<uint32_t>(layer * Ne + ids[i]);
+    const uint64_t bytes = expert_bytes(key);
+    int32_t si = slot_of_key_[key];
+    if (si >= 0) {
+      Slot& s = slots_[static_cast<size_t>(si)];
+      const bool was_loading = s.state == SlotState::kLoading;
+      while (s.state == SlotState::kLoading) reap_prefetches(/*block=*/true);
+      if (s.prefetched_unused) {
+        s.prefetched_unused = false;
+        ++stats_.prefetch_useful;
+        stats_.prefetch_useful_bytes += bytes;
+        stats_.prefetch_timely += !was_loading;
+      }
+      if (!s.read_failed) {
+        slot_of[i] = static_cast<size_t>(si);
+        if (was_loading) {
+          ++stats_.late;
+          stats_.late_bytes += bytes;
+          stats_.miss_bytes += bytes;
+        } else {
+          ++stats_.hits;
+          stats_.hit_bytes += bytes;
+        }
+        continue;
+      }
+      s.read_failed = false;  // a failed prefetch: read again on demand, same slot
+    } else {
+      si = static_cast<int32_t>(take_free_slot());
+      Slot& s = slots_[static_cast<size_t>(si)];
+      s.key = key;
+      slot_of_key_[key] = si;
+      if (!policy_->contains(key)) bypass_.push_back(static_cast<size_t>(si));
+    }
+    slots_[static_cast<size_t>(si)].state = SlotState::kReady;
+    slot_of[i] = static_cast<size_t>(si);
+    plan_reads(key, static_cast<size_t>(si), reads);
+    ++stats_.demand_reads;
+    stats_.miss_bytes += bytes;
+    stats_.read_bytes += bytes;
   }
   if (!reads.empty()) {
-    std::vector<io::ReadRequest> batch;
-    for (const Pending& r : reads)
-      batch.push_back({&files_[r.shard], r.file_offset, r.nbytes, slots_[r.slot].base + r.dst, 0});
-    std::sort(batch.begin(), batch.end(), [](const io::ReadRequest& a, const io::ReadRequest& b) {
+    std::sort(reads.begin(), reads.end(), [](const io::ReadRequest& a, const io::ReadRequest& b) {
       return a.file->id() != b.file->id() ? a.file->id() < b.file->id() : a.offset < b.offset;
     });
     const uint64_t t0 = now_ns();
-    Status st = cq_->submit(batch);
-    if (st.is_ok()) st = cq_->wait_all();
+    Status st = demand_cq_->submit(reads);
+    if (st.is_ok()) st = demand_cq_->wait_all();
     stats_.io_wait_ns += now_ns() - t0;
     if (!st.is_ok()) {
-      // No partial expert may be used later: forget every slot of this request.
-      for (const Pending& r : reads) {
-        Slot& s = slots_[r.slot];
-        if (s.key >= 0) where_.erase(s.key);
-        s.key = -1;
-      }
+      // No partial expert may be used later: every slot this fetch read is marked for re-reading.
+      for (const io::ReadRequest& r : reads) slots_[r.tag].read_failed = true;
       return st;
     }
   }
+  // No prefetch is issued here: the policy could displace an expert this fetch hands out.
   for (size_t i = 0; i < ids.size(); ++i) out[i] = view(slots_[slot_of[i]], layer, ids[i]);
   return Status::ok();
 }

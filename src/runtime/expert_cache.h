@@ -1,83 +1,155 @@
 #pragma once
-// The expert RAM tier of the memory dial (issue 4; DESIGN.md §4, §6): routed experts read from
-// the shards into a fixed set of equal slots, kept and replaced least-recently-used (the strata
-// scheduler brings the real policy, issue 5).
+// The expert RAM tier (DESIGN.md §4-§6, docs/STRATA.md §6): routed experts read from the shards
+// into a fixed set of equal slots, placed by a strata cache policy (temperature by default, LRU
+// selectable) and fetched ahead of need by router lookahead.
 //
-// A fetch reads the missing experts whole — one read for an expert whose parts are one
-// contiguous run (§3.5), one read per part otherwise — all submitted together (so up to the I/O
-// engine's queue depth are in flight), in disk order (shard, offset). Destinations are placed
-// congruent to their file offsets modulo 4096, so O_DIRECT reads the aligned middle of every
-// part straight into the slot. The slots share one io::AlignedBuffer on transparent huge pages
-// (a fresh 4 KiB-page slot costs thousands of page faults on its first read), counted in
-// bytes_allocated().
+// Two layers of state:
+//   * The policy (strata::CacheModel, the same class replay runs) decides which experts are
+//     resident. It sees one step per (token, MoE layer), the token's experts in selection order
+//     (begin_layer), and the lookahead predictions (on_prediction -> prefetch). Its capacity is
+//     `policy_slots`; it reports every key it drops through its eviction hook.
+//   * The slots hold bytes. A resident expert has a slot once it has been fetched or prefetched;
+//     an expert the policy does not keep (a bypass: declined, or displaced by a later token of
+//     the same chunk) borrows one of `batch_slots` extra slots for the one fetch that needs it.
+//     So slots = policy_slots + batch_slots, and a fetch never waits for a slot to be freed.
+//
+// Reads: a fetch reads its missing experts whole — one read for an expert whose parts are one
+// contiguous run (§3.5), one read per part otherwise — all submitted together, in disk order
+// (shard, offset). Prefetches are queued nearest target layer first, then highest predicted
+// weight, at most `prefetch_in_flight` reads outstanding; a queued prediction whose layer has
+// been routed is dropped (cancelled). A prefetched expert still being read when its layer needs
+// it is waited for and counted late: a miss for the hit rate, useful but not timely for the
+// prefetch figures. Destinations are placed congruent to their file offsets modulo 4096, so
+// O_DIRECT reads the aligned middle of every part straight into the slot. The slots share one
+// io::AlignedBuffer on transparent huge pages, faulted in at open.
 //
 // Exactness: a slot holds the stored bytes; the views handed out are the same WeightMatrix the
-// mapped source gives, so the output never depends on the tier's size or its hits.
+// mapped source gives, so the output never depends on the policy, the tier's size, prefetch or
+// hits.
 //
-// Threads: not thread-safe (one forward pass at a time). Views stay valid until the next fetch.
+// Threads: not thread-safe (one forward pass at a time; the I/O engine's threads only write
+// slots with reads outstanding). Views stay valid until the next fetch, begin_layer or
+// on_prediction.
 
 #include <cstdint>
-#include <list>
+#include <deque>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
 #include "format/checkpoint.h"
 #include "io/aligned_buffer.h"
 #include "io/io_engine.h"
+#include "model/blocks.h"
 #include "model/experts.h"
+#include "strata/cache_policy.h"
 
 namespace ktier::runtime {
 
+struct ExpertCacheOptions {
+  strata::PolicyKind policy = strata::PolicyKind::kTemperature;  // not kBelady (needs the future)
+  strata::TemperatureParams temperature;
+  std::vector<double> temperature_seed;  // per key (layer * N_e + e) at clock 0; empty: none
+  std::vector<uint32_t> static_ranking;  // keys, most used first; required for kStatic
+  int64_t policy_slots = 0;              // the policy's capacity, >= 0
+  int64_t batch_slots = 1;               // the most experts one fetch may ask for, >= 1
+  uint32_t prefetch_in_flight = 32;      // prefetch reads outstanding at most, >= 1
+};
+
 struct ExpertCacheStats {
-  int64_t slots = 0;
+  int64_t slots = 0, policy_slots = 0, batch_slots = 0;
   uint64_t slot_bytes = 0, bytes_allocated = 0;
-  uint64_t hit_bytes = 0, miss_bytes = 0;  // expert bytes served from RAM / read from disk
-  uint64_t io_wait_ns = 0;
+  // Fetched experts: served from RAM without waiting (hits), or not (misses: read on demand, or
+  // prefetched but still in flight = late). Bytes are the experts' stored bytes.
+  uint64_t hits = 0, demand_reads = 0, late = 0;
+  uint64_t hit_bytes = 0, miss_bytes = 0, late_bytes = 0;
+  uint64_t read_bytes = 0;  // shards -> RAM, demand and prefetch (the NVMe -> RAM link)
+  // Prefetch: reads started for predicted experts; useful = later fetched while still held;
+  // timely = useful and complete when fetched; cancelled = predictions dropped before issue.
+  uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_timely = 0, prefetch_cancelled = 0;
+  uint64_t prefetch_bytes = 0, prefetch_useful_bytes = 0;
+  uint64_t io_wait_ns = 0;  // fetch() blocked on reads (demand and late prefetch)
+  // The policy's own decisions, one per (token, layer, expert): what replay of the same trace
+  // at policy_slots reports.
+  uint64_t policy_requests = 0, policy_hits = 0;
+
   double hit_rate_bytes() const {
     const uint64_t total = hit_bytes + miss_bytes;
     return total ? static_cast<double>(hit_bytes) / static_cast<double>(total) : 0.0;
   }
 };
 
-class ExpertCache final : public model::ExpertSource {
+class ExpertCache final : public model::ExpertSource, public model::LookaheadObserver {
  public:
   // Bytes one slot needs for the largest expert of `ckpt` (parts plus alignment slack).
   static uint64_t slot_bytes(const format::Checkpoint& ckpt);
-  // `slots` >= 1. `ckpt`, `engine` and `files` (one ReadFile per shard, Checkpoint order) must
-  // outlive the cache. Status::runtime when the slots cannot be allocated.
+  // `ckpt`, `engine` and `files` (one ReadFile per shard, Checkpoint order) must outlive the
+  // cache. Status::runtime when the slots cannot be allocated.
   static Result<std::unique_ptr<ExpertCache>> open(const format::Checkpoint& ckpt,
                                                    io::IoEngine& engine,
                                                    const std::vector<io::ReadFile>& files,
-                                                   int64_t slots);
+                                                   ExpertCacheOptions opts);
   ~ExpertCache() override;
 
+  void begin_layer(int64_t layer, int64_t first_position, const int32_t* ids, int64_t T,
+                   int k) override;
   Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override;
   uint64_t bytes_fetched() const override { return stats_.hit_bytes + stats_.miss_bytes; }
-  int64_t max_batch() const override { return stats_.slots; }
+  int64_t max_batch() const override { return stats_.batch_slots; }
+  void on_prediction(int64_t layer, int depth, int64_t first_position, const int32_t* ids,
+                     const float* weights, int64_t T, int k) override;
+
   const ExpertCacheStats& stats() const { return stats_; }
+  strata::PolicyKind policy() const { return policy_kind_; }
 
  private:
+  enum class SlotState { kFree, kLoading, kReady };
   struct Slot {
-    uint8_t* base = nullptr;        // slot_bytes inside arena_
-    int64_t key = -1;               // layer * N_e + expert, -1 empty
-    std::array<uint64_t, 6> part_offset{};  // where each part starts in buf
-    std::list<size_t>::iterator lru;
+    uint8_t* base = nullptr;  // slot_bytes inside arena_
+    int64_t key = -1;         // layer * N_e + expert, -1 when free
+    SlotState state = SlotState::kFree;
+    uint32_t reads_outstanding = 0;  // prefetch reads not yet completed
+    bool read_failed = false;        // a prefetch read failed: re-read on demand
+    bool prefetched_unused = false;  // prefetched and not yet fetched
+    std::array<uint64_t, 6> part_offset{};
+  };
+  struct PendingPrefetch {
+    int64_t target_layer;
+    float weight;
+    uint32_t key;
+    uint32_t pin_until_step;
   };
   ExpertCache(const format::Checkpoint& ckpt, io::IoEngine& engine,
               const std::vector<io::ReadFile>& files)
       : ckpt_(ckpt), engine_(engine), files_(files) {}
   model::ExpertWeights view(const Slot& s, int64_t layer, int32_t e) const;
+  uint64_t expert_bytes(uint32_t key) const;
+  // Read requests for expert `key` into slot `si` (sets its part offsets); tag = si.
+  void plan_reads(uint32_t key, size_t si, std::vector<io::ReadRequest>& out);
+  void on_evicted(uint32_t key);
+  void release_bypass();
+  // A free slot whose reads are complete, waiting for an evicted prefetch's reads if need be.
+  size_t take_free_slot();
+  // Moves completed prefetch reads into their slots; blocks for one when `block`.
+  void reap_prefetches(bool block);
+  void pump_prefetches();
 
   const format::Checkpoint& ckpt_;
   io::IoEngine& engine_;
   const std::vector<io::ReadFile>& files_;
-  std::unique_ptr<io::CompletionQueue> cq_;
+  std::unique_ptr<io::CompletionQueue> demand_cq_, prefetch_cq_;
   io::AlignedBuffer arena_;  // all slots, one huge-page allocation (few page faults per slot)
   std::vector<Slot> slots_;
-  std::list<size_t> lru_;  // front = most recently used slot index
-  std::unordered_map<int64_t, size_t> where_;  // key -> slot
+  std::vector<int32_t> slot_of_key_;  // per key, -1 when the key has no slot
+  std::vector<size_t> free_;          // slots with key -1 (some may still be loading)
+  std::vector<size_t> bypass_;        // slots lent to the last fetch for non-resident experts
+  std::unique_ptr<strata::CacheModel> policy_;
+  strata::PolicyKind policy_kind_ = strata::PolicyKind::kTemperature;
+  std::deque<PendingPrefetch> pending_;
+  uint32_t prefetch_reads_outstanding_ = 0, prefetch_in_flight_ = 32;
+  uint32_t step_ = 0;      // policy steps begun (the next is step_)
+  uint32_t requests_ = 0;  // policy requests made
+  int64_t first_moe_ = 0, moe_layers_ = 1;
   ExpertCacheStats stats_;
 };
 

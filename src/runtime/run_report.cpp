@@ -8,13 +8,10 @@ EngineCounters EngineCounters::of(const Engine& e) {
   EngineCounters c;
   if (const TrunkStore* t = e.trunk_store()) {
     c.trunk_bytes_read = t->stats().streamed_bytes_read;
-    c.io_wait_ns += t->stats().io_wait_ns;
+    c.trunk_wait_ns = t->stats().io_wait_ns;
   }
-  if (const ExpertCache* x = e.expert_cache()) {
-    c.expert_hit_bytes = x->stats().hit_bytes;
-    c.expert_miss_bytes = x->stats().miss_bytes;
-    c.io_wait_ns += x->stats().io_wait_ns;
-  }
+  if (const ExpertCache* x = e.expert_cache()) c.experts = x->stats();
+  c.io_wait_ns = c.trunk_wait_ns + c.experts.io_wait_ns;
   if (const io::IoEngine* io = e.io_engine()) {
     const io::IoCounters k = io->counters();
     c.io_bytes = k.bytes_delivered;
@@ -23,13 +20,26 @@ EngineCounters EngineCounters::of(const Engine& e) {
   return c;
 }
 
+namespace {
+double ratio(uint64_t num, uint64_t den) {
+  return den ? static_cast<double>(num) / static_cast<double>(den) : 0.0;
+}
+}  // namespace
+
 nlohmann::json RunReport::to_json(const Engine& e) const {
   const double steps = static_cast<double>(gen.decode_steps);
   const auto per_step = [&](uint64_t v) { return steps > 0 ? static_cast<double>(v) / steps : 0.0; };
+  const auto share = [&](uint64_t ns) {
+    return gen.decode_seconds > 0 ? static_cast<double>(ns) / 1e9 / gen.decode_seconds : 0.0;
+  };
   const EngineCounters& a = decode_start;
   const EngineCounters& b = decode_end;
-  const uint64_t hit = b.expert_hit_bytes - a.expert_hit_bytes;
-  const uint64_t miss = b.expert_miss_bytes - a.expert_miss_bytes;
+  const ExpertCacheStats& xa = a.experts;
+  const ExpertCacheStats& xb = b.experts;
+  const auto d = [](uint64_t end, uint64_t start) { return end - start; };
+  const uint64_t hit = d(xb.hit_bytes, xa.hit_bytes), miss = d(xb.miss_bytes, xa.miss_bytes);
+  const uint64_t issued = d(xb.prefetch_issued, xa.prefetch_issued);
+  const uint64_t useful = d(xb.prefetch_useful, xa.prefetch_useful);
   const uint64_t busy = b.io_busy_ns - a.io_busy_ns;
   const TrunkStore* t = e.trunk_store();
   const ExpertCache* x = e.expert_cache();
@@ -42,19 +52,36 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
       {"decode_s_per_token", steps > 0 ? gen.decode_seconds / steps : 0.0},
       {"decode_tok_per_s", gen.decode_seconds > 0 ? steps / gen.decode_seconds : 0.0},
       {"bytes_read_per_token",
-       {{"trunk", per_step(b.trunk_bytes_read - a.trunk_bytes_read)}, {"experts", per_step(miss)}}},
-      {"read_gbps", busy > 0 ? static_cast<double>(b.io_bytes - a.io_bytes) / static_cast<double>(busy) : 0.0},
-      {"io_wait_share", gen.decode_seconds > 0
-                            ? static_cast<double>(b.io_wait_ns - a.io_wait_ns) / 1e9 / gen.decode_seconds
-                            : 0.0},
+       {{"trunk", per_step(b.trunk_bytes_read - a.trunk_bytes_read)},
+        {"experts", per_step(d(xb.read_bytes, xa.read_bytes))}}},
+      {"read_gbps", ratio(b.io_bytes - a.io_bytes, busy)},
+      {"io_wait_share", share(b.io_wait_ns - a.io_wait_ns)},
+      {"expert_wait_share", share(d(xb.io_wait_ns, xa.io_wait_ns))},
       {"tiers",
        {{"ram",
-         {{"hit_rate_bytes", hit + miss ? static_cast<double>(hit) / static_cast<double>(hit + miss) : 0.0},
+         {{"hit_rate_bytes", ratio(hit, hit + miss)},
+          {"hits", d(xb.hits, xa.hits)},
+          {"requests", d(xb.hits, xa.hits) + d(xb.demand_reads, xa.demand_reads) + d(xb.late, xa.late)},
           {"slots", x ? x->stats().slots : 0},
+          {"policy_slots", x ? x->stats().policy_slots : 0},
           {"bytes", x ? x->stats().bytes_allocated : 0}}}}},
+      {"links", {{"nvme_to_ram_bytes_per_token", per_step(d(xb.read_bytes, xa.read_bytes))}}},
+      {"prefetch",
+       {{"issued", issued},
+        {"useful", useful},
+        {"timely", d(xb.prefetch_timely, xa.prefetch_timely)},
+        {"cancelled", d(xb.prefetch_cancelled, xa.prefetch_cancelled)},
+        {"precision", ratio(useful, issued)},
+        {"recall", ratio(useful, useful + d(xb.demand_reads, xa.demand_reads))},
+        {"timeliness", ratio(d(xb.prefetch_timely, xa.prefetch_timely), useful)},
+        {"wasted_bytes", d(xb.prefetch_bytes, xa.prefetch_bytes) -
+                             d(xb.prefetch_useful_bytes, xa.prefetch_useful_bytes)}}},
+      {"policy", x ? std::string(strata::policy_name(x->policy())) : std::string("none")},
+      {"lookahead", e.model().lookahead_depth()},
       {"trunk_layers_pinned", t ? t->stats().layers_pinned : e.checkpoint().config().num_hidden_layers},
       {"trunk_layers_streamed", t ? t->stats().layers_streamed : 0},
       {"trunk_bytes", t ? t->stats().bytes_allocated : 0},
+      {"router_bank_bytes", e.router_bank() ? e.router_bank()->bytes_allocated() : 0},
       {"peak_rss_bytes", peak_rss_bytes},
       {"budget_bytes", e.budget_bytes()},
       {"threads", e.threads()},
@@ -91,6 +118,17 @@ std::string RunReport::to_table(const Engine& e) const {
                 100 * j["io_wait_share"].get<double>(),
                 100 * j["tiers"]["ram"]["hit_rate_bytes"].get<double>());
   if (e.trunk_store()) out += buf;
+  if (e.expert_cache()) {
+    const nlohmann::json& p = j["prefetch"];
+    std::snprintf(buf, sizeof buf,
+                  "ktier: experts: %s policy, lookahead %d; prefetch precision %.1f%%, recall "
+                  "%.1f%%, timely %.1f%%, wasted %.1f MB; waiting on experts %.0f%% of decode\n",
+                  j["policy"].get<std::string>().c_str(), j["lookahead"].get<int>(),
+                  100 * p["precision"].get<double>(), 100 * p["recall"].get<double>(),
+                  100 * p["timeliness"].get<double>(), p["wasted_bytes"].get<double>() / mb,
+                  100 * j["expert_wait_share"].get<double>());
+    out += buf;
+  }
   const uint64_t budget = e.budget_bytes();
   std::snprintf(buf, sizeof buf, "ktier: trunk layers pinned %lld, streamed %lld; peak RSS %.1f MB%s; "
                 "%d threads, %s, %s\n",

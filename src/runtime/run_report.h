@@ -19,7 +19,8 @@ namespace ktier::runtime {
 
 // Counters of an engine at one moment.
 struct EngineCounters {
-  uint64_t trunk_bytes_read = 0, expert_hit_bytes = 0, expert_miss_bytes = 0;
+  uint64_t trunk_bytes_read = 0, trunk_wait_ns = 0;
+  ExpertCacheStats experts;  // zero without the memory dial
   uint64_t io_wait_ns = 0, io_bytes = 0, io_busy_ns = 0;
   static EngineCounters of(const Engine& e);
 };

@@ -68,13 +68,11 @@ class TrunkStoreTest : public ::testing::Test {
     EXPECT_TRUE(st.is_ok()) << st.status().message();
     return out;
   }
-  // The smallest whole budget: the trunk's minimum plus top-k expert slots.
+  // The smallest whole budget: the trunk's minimum, top-k expert slots, the lookahead routers.
   static uint64_t minimum() {
     auto ckpt = format::Checkpoint::open(root_ / "ckpt");
     EXPECT_TRUE(ckpt.is_ok());
-    const auto& c = ckpt.value().config();
-    return TrunkStore::minimum_bytes(ckpt.value(), nullptr) +
-           static_cast<uint64_t>(c.num_experts_per_token) * ExpertCache::slot_bytes(ckpt.value());
+    return minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead);
   }
 
   // A copy of the pack named `name` with one byte of `record` (offset `at` inside it) xored with
@@ -227,8 +225,7 @@ TEST(TrunkStoreFloat, FloatExpertsThroughASmallTierMatchTheResidentRun) {
   };
   auto ckpt = format::Checkpoint::open(dir);
   ASSERT_TRUE(ckpt.is_ok());
-  const uint64_t min = TrunkStore::minimum_bytes(ckpt.value(), nullptr) +
-                       2 * ExpertCache::slot_bytes(ckpt.value());
+  const uint64_t min = minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead);
   EXPECT_EQ(run(min), run(std::nullopt));
   fs::remove_all(dir);
 }

@@ -1,0 +1,44 @@
+#include "cli/strata_options.h"
+
+#include "format/config.h"
+#include "strata/replay.h"
+#include "strata/trace_format.h"
+
+namespace ktier::cli {
+
+void add_strata_options(CLI::App* sub, StrataArgs& a) {
+  sub->add_option("--policy", a.policy,
+                  "Expert RAM tier placement with --pack/--ram: temperature, lru, lfu or static "
+                  "(static needs --profile); never changes the output")
+      ->capture_default_str();
+  sub->add_option("--lookahead", a.lookahead,
+                  "Router lookahead depth: predict and prefetch the experts of the next D layers; "
+                  "0 = off")
+      ->capture_default_str();
+  sub->add_option("--profile", a.profile,
+                  "A trace recorded earlier (run --trace) seeding the policy's temperatures "
+                  "(and the ranking of --policy static)");
+}
+
+Status apply_strata_options(const StrataArgs& a, runtime::EngineOptions& eo) {
+  KTIER_ASSIGN_OR_RETURN(eo.policy, strata::parse_policy(a.policy));
+  eo.lookahead = a.lookahead;
+  if (a.profile.empty()) return Status::ok();
+  KTIER_ASSIGN_OR_RETURN(const strata::Trace trace, strata::read_trace(a.profile));
+  // The profile must describe this model's experts: its keys index the policy's.
+  KTIER_ASSIGN_OR_RETURN(const format::ModelConfig cfg,
+                         format::load_model_config(eo.model_dir / "config.json"));
+  if (trace.header.num_layers != static_cast<uint32_t>(cfg.num_hidden_layers) ||
+      trace.header.experts_per_layer != static_cast<uint32_t>(cfg.num_experts))
+    return Status::usage("--profile " + a.profile + ": recorded from a model with " +
+                         std::to_string(trace.header.num_layers) + " layers of " +
+                         std::to_string(trace.header.experts_per_layer) + " experts, not " +
+                         std::to_string(cfg.num_hidden_layers) + " of " +
+                         std::to_string(cfg.num_experts));
+  const strata::RequestStream stream = strata::build_request_stream(trace);
+  eo.temperature_seed = strata::profile_temperatures(stream, strata::kDefaultHalfLifeTokens);
+  eo.static_ranking = strata::rank_keys_by_use(strata::key_use_counts(stream));
+  return Status::ok();
+}
+
+}  // namespace ktier::cli

@@ -1,0 +1,236 @@
+// The live expert RAM tier (runtime/expert_cache.h) on the tiny checkpoint: its policy makes
+// exactly the decisions replay makes on the trace of the same run; output bytes never depend on
+// the policy, the lookahead depth or the tier's size; the prefetch counters add up; the trace
+// records the lookahead predictions.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+#include "strata/replay.h"
+#include "strata/trace_format.h"
+#include "strata/trace_recorder.h"
+#include "synth/synth.h"
+
+namespace ktier::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using strata::PolicyKind;
+
+class ExpertCacheTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / ("ktier-expert-cache-" + std::to_string(::getpid()));
+    synth::SynthOptions o;
+    o.out_dir = root_ / "ckpt";
+    o.threads = 1;
+    ASSERT_TRUE(synth::run_synth(o).is_ok());
+    prompt_ = {17, 42, 1, 99, 128, 7, 200, 63, 150, 31, 222, 88};
+    auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+    ASSERT_TRUE(ckpt.is_ok());
+    slot_ = ExpertCache::slot_bytes(ckpt.value());
+    const auto& c = ckpt.value().config();
+    keys_ = static_cast<uint64_t>(c.num_moe_layers() * c.num_experts);
+    top_k_ = static_cast<uint64_t>(c.num_experts_per_token);
+    // What a budget must hold before the tier gets anything: the whole trunk pinned (the dial
+    // gives the trunk the budget first) and the lookahead routers.
+    EngineOptions eo;
+    eo.model_dir = root_ / "ckpt";
+    eo.ram_budget = uint64_t{1} << 30;
+    eo.lookahead = 3;
+    auto e = Engine::open(eo);
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    ASSERT_EQ(e.value()->trunk_store()->stats().layers_streamed, 0);
+    trunk_ = e.value()->trunk_store()->stats().bytes_allocated;
+    bank_ = e.value()->router_bank()->bytes_allocated();
+    reference_ = run({}, nullptr);
+  }
+  static void TearDownTestSuite() { fs::remove_all(root_); }
+
+  // The budget leaving `policy_slots` for the policy: the whole trunk, the routers (with
+  // lookahead), one fetch's top-k slots and the policy's.
+  static uint64_t budget_for(uint64_t policy_slots, int lookahead) {
+    return trunk_ + (lookahead > 0 ? bank_ : 0) + (top_k_ + policy_slots) * slot_;
+  }
+
+  // Prefill in chunks of `chunk` then 20 greedy tokens; returns the ids. `eo` without a budget
+  // runs resident. Records a trace when `trace` is set.
+  static std::vector<int32_t> run(const EngineOptions& eo_in, std::unique_ptr<Engine>* keep,
+                                  const fs::path& trace = {}, int64_t chunk = 1) {
+    EngineOptions eo = eo_in;
+    eo.model_dir = root_ / "ckpt";
+    eo.threads = 2;
+    auto e = Engine::open(eo);
+    EXPECT_TRUE(e.is_ok()) << e.status().message();
+    if (!e.is_ok()) return {};
+    Engine& engine = *e.value();
+    std::unique_ptr<strata::TraceRecorder> rec;
+    if (!trace.empty()) {
+      auto r = strata::TraceRecorder::create(trace, engine.checkpoint(), eo.lookahead);
+      EXPECT_TRUE(r.is_ok()) << r.status().message();
+      rec = std::move(r.value());
+      engine.model().set_routing_observer(rec.get());
+      engine.model().add_lookahead_observer(rec.get());
+    }
+    GenerationOptions g;
+    g.max_new_tokens = 20;
+    g.prefill_chunk = chunk;
+    std::vector<int32_t> ids;
+    auto st = generate(engine.model(), engine.experts(), prompt_, g, engine.exec(),
+                       [&](int32_t id) {
+                         ids.push_back(id);
+                         return Status::ok();
+                       });
+    EXPECT_TRUE(st.is_ok()) << st.status().message();
+    if (rec) {
+      engine.model().set_routing_observer(nullptr);
+      engine.model().remove_lookahead_observer(rec.get());
+      EXPECT_TRUE(rec->close().is_ok());
+    }
+    if (keep) *keep = std::move(e.value());
+    return ids;
+  }
+
+  static inline fs::path root_;
+  static inline std::vector<int32_t> prompt_;
+  static inline std::vector<int32_t> reference_;
+  static inline uint64_t slot_ = 0, trunk_ = 0, bank_ = 0, keys_ = 0, top_k_ = 0;
+};
+
+// The live policy is the replay model: with one token per forward pass (chunk 1) and no
+// lookahead, its hits on the run's own trace equal replay's at its capacity, and the slots agree
+// with the policy (a hit in the policy is a hit in RAM).
+TEST_F(ExpertCacheTest, LivePolicyMakesTheDecisionsReplayMakes) {
+  int runs = 0;
+  for (const PolicyKind policy : {PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kTemperature}) {
+    for (const uint64_t policy_slots : {uint64_t{30}, uint64_t{50}, uint64_t{80}}) {
+      EngineOptions eo;
+      eo.ram_budget = budget_for(policy_slots, 0);
+      eo.policy = policy;
+      eo.lookahead = 0;
+      const fs::path trace = root_ / "live.trace";
+      std::unique_ptr<Engine> e;
+      EXPECT_EQ(run(eo, &e, trace), reference_);
+      ASSERT_TRUE(e && e->expert_cache());
+      const ExpertCacheStats& x = e->expert_cache()->stats();
+      ASSERT_EQ(x.policy_slots, static_cast<int64_t>(policy_slots));
+      ASSERT_LT(static_cast<uint64_t>(x.policy_slots), keys_) << "the tier must be too small";
+
+      auto tr = strata::read_trace(trace);
+      ASSERT_TRUE(tr.is_ok()) << tr.status().message();
+      const strata::RequestStream stream = strata::build_request_stream(tr.value());
+      strata::ReplaySpec spec{policy, {{"ram", 0, static_cast<uint64_t>(x.policy_slots)}}, "live"};
+      const strata::ReplayResult r =
+          strata::replay(stream, spec, strata::ReplayParams{}, strata::ReplayInputs::from(stream));
+      const std::string what = std::string(strata::policy_name(policy)) + " at " +
+                               std::to_string(x.policy_slots) + " slots";
+      EXPECT_EQ(x.policy_requests, r.requests) << what;
+      EXPECT_EQ(x.policy_hits, r.hits) << what;
+      EXPECT_EQ(x.hits, x.policy_hits) << what;
+      EXPECT_EQ(x.hits + x.demand_reads + x.late, x.policy_requests) << what;
+      EXPECT_GT(x.hits, 0u) << what;
+      EXPECT_GT(x.demand_reads, 0u) << what;
+      ++runs;
+    }
+  }
+  EXPECT_EQ(runs, 9);
+}
+
+TEST_F(ExpertCacheTest, OutputIsIdenticalAcrossPoliciesLookaheadBudgetsAndChunks) {
+  // A profile for `static` and for seeding temperatures: the trace of a resident run.
+  const fs::path profile = root_ / "profile.trace";
+  EngineOptions rec;
+  rec.lookahead = 2;
+  EXPECT_EQ(run(rec, nullptr, profile, 5), reference_);
+  auto tr = strata::read_trace(profile);
+  ASSERT_TRUE(tr.is_ok());
+  const strata::RequestStream stream = strata::build_request_stream(tr.value());
+  for (const PolicyKind policy :
+       {PolicyKind::kTemperature, PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kStatic}) {
+    for (const int lookahead : {0, 1, 3}) {
+      for (const uint64_t policy_slots : {uint64_t{0}, uint64_t{9}, keys_}) {
+        EngineOptions eo;
+        eo.ram_budget = budget_for(policy_slots, lookahead);
+        eo.policy = policy;
+        eo.lookahead = lookahead;
+        eo.static_ranking = strata::rank_keys_by_use(strata::key_use_counts(stream));
+        if (policy == PolicyKind::kTemperature && policy_slots == 9)
+          eo.temperature_seed = strata::profile_temperatures(stream, 64.0);
+        EXPECT_EQ(run(eo, nullptr, {}, lookahead == 1 ? 5 : 1), reference_)
+            << strata::policy_name(policy) << " lookahead " << lookahead << " slots "
+            << policy_slots;
+      }
+    }
+  }
+}
+
+TEST_F(ExpertCacheTest, PrefetchCountersAddUpAndPrefetchReplacesDemandReads) {
+  uint64_t demand[2] = {0, 0};
+  for (const int lookahead : {0, 2}) {
+    EngineOptions eo;
+    eo.ram_budget = budget_for(12, lookahead);
+    eo.lookahead = lookahead;
+    std::unique_ptr<Engine> e;
+    EXPECT_EQ(run(eo, &e), reference_);
+    const ExpertCacheStats& x = e->expert_cache()->stats();
+    demand[lookahead ? 1 : 0] = x.demand_reads;
+    EXPECT_EQ(x.hits + x.demand_reads + x.late, x.policy_requests);
+    EXPECT_LE(x.prefetch_useful, x.prefetch_issued);
+    EXPECT_LE(x.prefetch_timely, x.prefetch_useful);
+    EXPECT_LE(x.prefetch_useful_bytes, x.prefetch_bytes);
+    EXPECT_EQ(x.late, x.prefetch_useful - x.prefetch_timely);
+    EXPECT_EQ(x.read_bytes, x.prefetch_bytes + (x.miss_bytes - x.late_bytes))
+        << "every byte read is a demand read or a prefetch";
+    if (lookahead == 0) EXPECT_EQ(x.prefetch_issued, 0u);
+    if (lookahead > 0) EXPECT_GT(x.prefetch_useful, 0u);
+  }
+  EXPECT_LT(demand[1], demand[0]) << "lookahead must turn some demand reads into prefetches";
+}
+
+TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
+  const fs::path trace = root_ / "predictions.trace";
+  EngineOptions eo;
+  eo.lookahead = 2;
+  EXPECT_EQ(run(eo, nullptr, trace, 4), reference_);
+  auto tr = strata::read_trace(trace);
+  ASSERT_TRUE(tr.is_ok()) << tr.status().message();
+  const strata::Trace& t = tr.value();
+  EXPECT_EQ(t.header.lookahead_depth, 2u);
+  const uint32_t L = t.header.num_layers, k = t.header.top_k;
+  uint64_t with_predictions = 0;
+  for (const strata::TraceStep& s : t.steps) {
+    // Depths reach the last layer at most: L-1 has none, L-2 one.
+    const size_t depths = std::min<size_t>(2, L - 1 - s.layer);
+    ASSERT_EQ(s.predicted.size(), depths) << "layer " << s.layer;
+    for (const auto& p : s.predicted) {
+      ASSERT_EQ(p.size(), k);
+      for (size_t i = 1; i < p.size(); ++i) EXPECT_GE(p[i - 1].weight, p[i].weight);
+    }
+    with_predictions += !s.predicted.empty();
+  }
+  EXPECT_GT(with_predictions, 0u);
+  // The predictor is better than chance (k of N_e) one layer ahead.
+  const auto q = strata::prediction_quality(strata::build_request_stream(t));
+  ASSERT_FALSE(q.empty());
+  EXPECT_GT(q[0].precision, static_cast<double>(k) / t.header.experts_per_layer);
+}
+
+TEST_F(ExpertCacheTest, PoliciesThatCannotRunLiveAreUsageErrors) {
+  EngineOptions eo;
+  eo.model_dir = root_ / "ckpt";
+  eo.ram_budget = budget_for(8, 1);
+  eo.policy = PolicyKind::kBelady;
+  EXPECT_EQ(Engine::open(eo).status().exit_code(), 2);
+  eo.policy = PolicyKind::kStatic;  // without a ranking
+  EXPECT_EQ(Engine::open(eo).status().exit_code(), 2);
+  eo.policy = PolicyKind::kLru;
+  eo.lookahead = -1;
+  EXPECT_EQ(Engine::open(eo).status().exit_code(), 2);
+}
+
+}  // namespace
+}  // namespace ktier::runtime
