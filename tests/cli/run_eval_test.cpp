@@ -149,6 +149,12 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   EXPECT_TRUE(j.at("bytes_read_per_token").contains("trunk"));
   EXPECT_TRUE(j.at("bytes_read_per_token").contains("experts"));
   EXPECT_TRUE(j.at("tiers").at("ram").contains("hit_rate_bytes"));
+  for (const char* key : {"precision", "recall", "timeliness", "wasted_bytes", "issued"})
+    EXPECT_TRUE(j.at("prefetch").contains(key)) << key;
+  EXPECT_TRUE(j.at("links").contains("nvme_to_ram_bytes_per_token"));
+  EXPECT_TRUE(j.contains("expert_wait_share"));
+  EXPECT_EQ(j.at("policy"), "temperature");
+  EXPECT_EQ(j.at("lookahead"), 1);
   EXPECT_GT(j.at("trunk_layers_streamed").get<int>(), 0);
   EXPECT_EQ(j.at("budget_bytes").get<uint64_t>(), 900u * 1024);
   // Below the minimum: exit 4, stating the minimum.
@@ -174,6 +180,50 @@ TEST_F(RunEvalCli, TraceRecordsEveryTokensRouting) {
   EXPECT_NE(r.out.find("passes:           7"), std::string::npos) << r.out;   // 3 chunks + 4 steps
   EXPECT_NE(r.out.find("routing weights:  recorded"), std::string::npos) << r.out;
   fs::remove(trace);
+}
+
+// --policy, --lookahead and --profile change where experts live and when they are read, never
+// the ids; the policies that cannot run live, and a profile of another model, are usage errors.
+TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
+  const fs::path pack = dir_.string() + "-spack", trace = dir_.string() + "-profile.ktrace",
+                 report = dir_.string() + "-sreport.json";
+  auto r = run_process(ktier() + " pack -q" + model() + " -o " + pack.string() + " --force");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string greedy = join(golden_.at("greedy").get<std::vector<int>>());
+  r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 20 --lookahead 3 " +
+                  "--trace " + trace.string() + " --print-ids");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(last_line(r.out), greedy);
+  r = run_process(ktier() + " trace info " + trace.string());
+  EXPECT_NE(r.out.find("lookahead depth:  3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lookahead d=1:"), std::string::npos) << r.out;
+  const std::string dial = " --pack " + pack.string() + " --ram 1100K --print-ids";
+  for (const std::string& flags : std::vector<std::string>{" --policy lru --lookahead 2", " --policy lfu --lookahead 0",
+                                  " --policy static --profile " + trace.string(),
+                                  " --policy temperature --profile " + trace.string()}) {
+    r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 20" + dial + flags +
+                    " --report-json " + report.string());
+    ASSERT_EQ(r.exit_code, 0) << flags << "\n" << r.err;
+    EXPECT_EQ(last_line(r.out), greedy) << flags;
+  }
+  std::ifstream in(report);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("policy"), "temperature");
+  EXPECT_GT(j.at("prefetch").at("issued").get<uint64_t>(), 0u);
+  const std::string ids = " --ids 1,2 -n 2" + dial;
+  EXPECT_EQ(run_process(ktier() + " run" + model() + ids + " --policy belady").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run" + model() + ids + " --policy static").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run" + model() + ids + " --policy fifo").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run" + model() + ids + " --lookahead -1").exit_code, 2);
+  // A profile recorded from another model shape (the conformance trace: 896 experts per layer).
+  const fs::path other = dir_.string() + "-other.ktrace";
+  r = run_process(ktier() + " trace convert-k3c " + std::string(KTIER_CONFORMANCE_DIR) +
+                  "/expert_trace.bin -o " + other.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_process(ktier() + " run" + model() + ids + " --profile " + other.string());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--profile"), std::string::npos) << r.err;
+  for (const fs::path& p : {pack, trace, report, other}) fs::remove_all(p);
 }
 
 }  // namespace
