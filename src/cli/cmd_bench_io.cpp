@@ -34,7 +34,7 @@ namespace {
 
 struct IoBenchOptions {
   std::string pack, json, io = "auto";
-  int passes = 3;
+  int passes = 3, ring_slots = 2;
   uint64_t raw_block_mib = 64;
 };
 
@@ -42,26 +42,36 @@ double seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Records are read in order into `slots` (a ring): all but the slot being verified have a read
+// in flight, as in TrunkStore's ring of the same size.
 Result<double> engine_pass(const pack::TrunkPack& p, io::IoEngine& engine, const io::ReadFile& f,
-                           io::AlignedBuffer* slots, uint64_t* bytes) {
+                           std::vector<io::AlignedBuffer>& slots, uint64_t* bytes) {
   std::vector<const pack::Record*> layers;
   for (const pack::Record& r : p.records())
     if (r.kind == pack::RecordKind::kLayer) layers.push_back(&r);
   io::CompletionQueue cq(engine);
+  const size_t n = slots.size();
   const auto t0 = std::chrono::steady_clock::now();
   auto issue = [&](size_t i) {
-    const io::ReadRequest req{&f, layers[i]->offset, layers[i]->size, slots[i % 2].data(), i};
+    const io::ReadRequest req{&f, layers[i]->offset, layers[i]->size, slots[i % n].data(), i};
     return cq.submit(std::span<const io::ReadRequest>(&req, 1));
   };
   *bytes = 0;
-  KTIER_RETURN_IF_ERROR(issue(0));
+  size_t issued = 0;
+  for (; issued < std::min(n - 1, layers.size()); ++issued) KTIER_RETURN_IF_ERROR(issue(issued));
+  std::vector<bool> ready(layers.size(), false);
   std::vector<io::Completion> done;
   for (size_t i = 0; i < layers.size(); ++i) {
-    done.clear();
-    cq.wait(1, done);  // one request in flight per wait: the completion is record i's
-    KTIER_RETURN_IF_ERROR(done.at(0).status);
-    if (i + 1 < layers.size()) KTIER_RETURN_IF_ERROR(issue(i + 1));
-    KTIER_RETURN_IF_ERROR(p.verify(*layers[i], slots[i % 2].data()));
+    while (!ready[i]) {  // completions arrive in any order
+      done.clear();
+      cq.wait(1, done);
+      for (const io::Completion& c : done) {
+        KTIER_RETURN_IF_ERROR(c.status);
+        ready[c.tag] = true;
+      }
+    }
+    if (issued < layers.size()) KTIER_RETURN_IF_ERROR(issue(issued++));  // into the freed slot
+    KTIER_RETURN_IF_ERROR(p.verify(*layers[i], slots[i % n].data()));
     *bytes += layers[i]->size;
   }
   return static_cast<double>(*bytes) / seconds(t0) / 1e9;
@@ -79,7 +89,8 @@ Status run_io_bench(const IoBenchOptions& o) {
   uint64_t largest = 0;
   for (const pack::Record& r : p.records())
     if (r.kind == pack::RecordKind::kLayer) largest = std::max(largest, r.size);
-  io::AlignedBuffer slots[2];
+  if (o.ring_slots < 2) return Status::usage("--ring-slots must be >= 2");
+  std::vector<io::AlignedBuffer> slots(static_cast<size_t>(o.ring_slots));
   for (auto& s : slots) {
     KTIER_ASSIGN_OR_RETURN(s, io::AlignedBuffer::allocate(largest, io::kDefaultAlignment,
                                                           io::HugePages::kYes));
@@ -106,7 +117,7 @@ Status run_io_bench(const IoBenchOptions& o) {
     std::ofstream out(o.json);
     out << nlohmann::json{{"engine_gbps", eng}, {"raw_gbps", raw}, {"ratio", eng / raw},
                           {"direct", f.direct()}, {"io_engine", engine->name()},
-                          {"bytes", bytes}, {"passes", o.passes}}
+                          {"bytes", bytes}, {"passes", o.passes}, {"ring_slots", o.ring_slots}}
                .dump(2)
         << "\n";
     if (!out.flush()) return Status::runtime(o.json + ": cannot write");
@@ -136,6 +147,9 @@ void register_bench_io_command(CLI::App& bench, int& exit_code) {
   sub->add_option("--pack", o->pack, "Trunk pack folder (ktier pack)")->required();
   sub->add_option("--passes", o->passes, "Passes of each; the best is kept")->capture_default_str();
   sub->add_option("--io", o->io, "auto, uring or pread")->capture_default_str();
+  sub->add_option("--ring-slots", o->ring_slots,
+                  "Slots of the streaming ring (TrunkStore's ring: 2); all but one have a read in flight")
+      ->capture_default_str();
   sub->add_option("--raw-block-mib", o->raw_block_mib, "Block size of the raw sequential reads")
       ->capture_default_str();
   sub->add_option("--json", o->json, "Also write the figures to FILE as JSON");
