@@ -112,7 +112,7 @@ bool LruCache::access(uint32_t key, const Request& request) {
   return false;
 }
 
-bool LruCache::prefetch(uint32_t key, uint32_t target_step, double clock_tokens) {
+bool LruCache::prefetch(uint32_t key, uint64_t target_step, double clock_tokens) {
   if (list_.linked(key) || capacity() == 0) return false;
   if (list_.size() == capacity()) {
     const int32_t v = victim(/*allow_pinned=*/false);
@@ -162,7 +162,7 @@ bool LfuCache::access(uint32_t key, const Request& request) {
   return hit;
 }
 
-bool LfuCache::prefetch(uint32_t key, uint32_t target_step, double clock_tokens) {
+bool LfuCache::prefetch(uint32_t key, uint64_t target_step, double clock_tokens) {
   if (resident_[key] || capacity() == 0 || !make_room(/*allow_pinned=*/false)) return false;
   resident_[key] = 1;
   order_.insert(entry(key));
@@ -210,13 +210,10 @@ void TemperatureCache::remember(RecencyList& ghosts, uint32_t key) {
   if (ghosts.size() > capacity()) ghosts.unlink(static_cast<uint32_t>(ghosts.back()));
 }
 
-bool TemperatureCache::evict_coldest_from_main(bool allow_pinned) {
+bool TemperatureCache::evict_coldest_unpinned_from_main() {
   auto victim = order_.begin();
   while (victim != order_.end() && pinned(std::get<2>(*victim))) ++victim;
-  if (victim == order_.end()) {
-    if (!allow_pinned || order_.empty()) return false;
-    victim = order_.begin();
-  }
+  if (victim == order_.end()) return false;
   const uint32_t key = std::get<2>(*victim);
   in_main_[key] = 0;
   order_.erase(victim);
@@ -234,14 +231,15 @@ void TemperatureCache::offer_to_main(uint32_t key, uint64_t main_share) {
   if (order_.size() >= main_share) {
     auto victim = order_.begin();
     while (victim != order_.end() && pinned(std::get<2>(*victim))) ++victim;
-    if (victim == order_.end()) victim = order_.begin();
-    // T_key >= ratio * T_v  <=>  s_key >= s_v + log2(ratio) (both read at the same clock).
-    if (score_[key] < std::get<0>(*victim) + std::log2(params_.admit_ratio)) {
+    // T_key >= ratio * T_v  <=>  s_key >= s_v + log2(ratio) (both read at the same clock). A main
+    // segment of pinned keys only (the step in progress) takes no newcomer.
+    if (victim == order_.end() ||
+        score_[key] < std::get<0>(*victim) + std::log2(params_.admit_ratio)) {
       remember(window_ghosts_, key);
       evicted(key);
       return;
     }
-    evict_coldest_from_main(/*allow_pinned=*/true);
+    evict_coldest_unpinned_from_main();
   }
   in_main_[key] = 1;
   order_.insert(entry(key));
@@ -253,7 +251,7 @@ void TemperatureCache::insert_into_window(uint32_t key) {
   const uint64_t main_share = capacity() - window_share;
   // Main gives up unpinned keys beyond its share (a grown window target shrinks it); pinned ones
   // stay until their step ends, and the window makes room for them instead.
-  while (order_.size() > main_share && evict_coldest_from_main(/*allow_pinned=*/false)) {
+  while (order_.size() > main_share && evict_coldest_unpinned_from_main()) {
   }
   while (window_.size() > window_share || window_.size() + order_.size() > capacity()) {
     // The least recent unpinned window key leaves (the least recent if all are pinned).
@@ -300,7 +298,7 @@ bool TemperatureCache::access(uint32_t key, const Request& request) {
   return false;
 }
 
-bool TemperatureCache::prefetch(uint32_t key, uint32_t target_step, double clock_tokens) {
+bool TemperatureCache::prefetch(uint32_t key, uint64_t target_step, double clock_tokens) {
   if (contains(key) || capacity() == 0) return false;
   if (window_.size() >= window_target()) {
     bool any_unpinned = false;

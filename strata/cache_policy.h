@@ -111,10 +111,11 @@ class CacheModel {
   // Inserts a predicted key for step `target_step`; returns true if it was read into the cache
   // (false when resident already, when the policy does not prefetch, or when every resident is
   // pinned). Default: the policy does not prefetch.
-  virtual bool prefetch(uint32_t key, uint32_t target_step, double clock_tokens) { return false; }
+  virtual bool prefetch(uint32_t key, uint64_t target_step, double clock_tokens) { return false; }
   virtual uint64_t resident_count() const = 0;
 
-  void begin_step(uint32_t step) { step_ = static_cast<int64_t>(step); }
+  // Steps are 64-bit: a live tier counts one per (token, MoE layer) for as long as it runs.
+  void begin_step(uint64_t step) { step_ = static_cast<int64_t>(step); }
   uint64_t capacity() const { return capacity_; }
   // Called with every key that stops being resident (evicted, or leaving the window without
   // being admitted), during the access() or prefetch() that displaced it. A live tier uses it to
@@ -127,7 +128,7 @@ class CacheModel {
   void pin_for_current_step(uint32_t key) {
     if (pin_until_step_[key] < step_) pin_until_step_[key] = step_;
   }
-  void pin_until(uint32_t key, uint32_t step) {
+  void pin_until(uint32_t key, uint64_t step) {
     if (pin_until_step_[key] < static_cast<int64_t>(step)) pin_until_step_[key] = step;
   }
   int64_t current_step() const { return step_; }
@@ -153,7 +154,7 @@ class LruCache final : public CacheModel {
   LruCache(uint64_t capacity_slots, uint32_t num_keys);
   bool contains(uint32_t key) const override { return list_.linked(key); }
   bool access(uint32_t key, const Request& request) override;
-  bool prefetch(uint32_t key, uint32_t target_step, double clock_tokens) override;
+  bool prefetch(uint32_t key, uint64_t target_step, double clock_tokens) override;
   uint64_t resident_count() const override { return list_.size(); }
 
  private:
@@ -178,7 +179,7 @@ class LfuCache final : public CacheModel {
   LfuCache(uint64_t capacity_slots, uint32_t num_keys);
   bool contains(uint32_t key) const override { return resident_[key]; }
   bool access(uint32_t key, const Request& request) override;
-  bool prefetch(uint32_t key, uint32_t target_step, double clock_tokens) override;
+  bool prefetch(uint32_t key, uint64_t target_step, double clock_tokens) override;
   uint64_t resident_count() const override { return order_.size(); }
   uint64_t count(uint32_t key) const { return count_[key]; }
 
@@ -215,8 +216,9 @@ class LfuCache final : public CacheModel {
 //              ghosts| / |main ghosts|), never below min_window_slots; the target may reach the
 //              whole capacity (then the policy is LRU). A segment over its share gives up keys
 //              on the next insert; main gives up only unpinned keys then (the window makes room
-//              for pinned ones), so a grown window never evicts the step in progress. With
-//              adapt_window false the target never moves.
+//              for pinned ones), and a key leaving the window never displaces a pinned main key.
+//              A pinned key still leaves when the window holds nothing else (a cache smaller
+//              than the pinned set). With adapt_window false the target never moves.
 //   Discarded: nothing about temperature: evicted and bypassed keys keep decaying and counting.
 //   Prefetch:  inserted into the window without the admission test, pinned until its step;
 //              refused when every window slot is pinned. Ghost lists do not react to prefetch.
@@ -232,7 +234,7 @@ class TemperatureCache final : public CacheModel {
 
   bool contains(uint32_t key) const override { return in_main_[key] || window_.linked(key); }
   bool access(uint32_t key, const Request& request) override;
-  bool prefetch(uint32_t key, uint32_t target_step, double clock_tokens) override;
+  bool prefetch(uint32_t key, uint64_t target_step, double clock_tokens) override;
   uint64_t resident_count() const override { return order_.size() + window_.size(); }
   bool in_window(uint32_t key) const { return window_.linked(key); }
   uint64_t window_target() const;
@@ -246,9 +248,8 @@ class TemperatureCache final : public CacheModel {
   void insert_into_window(uint32_t key);
   // Offers a key leaving the window to the main segment (the admission rule above).
   void offer_to_main(uint32_t key, uint64_t main_share);
-  // Evicts main's coldest unpinned key, or with `allow_pinned` its coldest key when all are
-  // pinned; false when nothing was evicted.
-  bool evict_coldest_from_main(bool allow_pinned);
+  // Evicts main's coldest unpinned key; false when every main key is pinned.
+  bool evict_coldest_unpinned_from_main();
   void remember(RecencyList& ghosts, uint32_t key);
 
   TemperatureParams params_;

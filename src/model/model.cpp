@@ -136,7 +136,8 @@ void Model::predict(int64_t l, int64_t first_position, const std::vector<float>&
   std::vector<float> sorted_weights(ids.size());
   for (int d = 1; d <= lookahead_depth_; ++d) {
     const int64_t t = l + d;
-    if (t >= c.num_hidden_layers || c.is_dense(t)) continue;
+    if (t >= c.num_hidden_layers) break;
+    if (c.is_dense(t)) continue;
     const LayerWeights* w = routing_weights_ ? routing_weights_(t) : nullptr;
     if (w == nullptr) continue;
     cpu::attnres(sources.data(), static_cast<int>(sources.size()), E, T, E, w->f_mlp.data(),

@@ -100,15 +100,17 @@ Status bind_mla(Binder& b, const format::ModelConfig& c, const std::string& a, M
   return Status::ok();
 }
 
-Status bind_router(Binder& b, const format::ModelConfig& c, const std::string& p, MoeWeights& m) {
-  KTIER_ASSIGN_OR_RETURN(m.router, b.matrix(p + "gate.weight", c.num_experts, c.hidden_size));
+Status bind_router(Binder& b, const format::ModelConfig& c, int64_t l, MoeWeights& m) {
+  const std::string p = format::layer_prefix(l) + "block_sparse_moe.";
+  KTIER_ASSIGN_OR_RETURN(m.router, b.matrix(router_tensor_name(l), c.num_experts, c.hidden_size));
   KTIER_ASSIGN_OR_RETURN(m.router_bias, b.vec(p + "gate.e_score_correction_bias", c.num_experts));
   return Status::ok();
 }
 
-Status bind_moe(Binder& b, const format::ModelConfig& c, const std::string& p, MoeWeights& m) {
+Status bind_moe(Binder& b, const format::ModelConfig& c, int64_t l, MoeWeights& m) {
+  const std::string p = format::layer_prefix(l) + "block_sparse_moe.";
   const int64_t E = c.hidden_size, lat = c.routed_expert_hidden_size;
-  KTIER_RETURN_IF_ERROR(bind_router(b, c, p, m));
+  KTIER_RETURN_IF_ERROR(bind_router(b, c, l, m));
   KTIER_ASSIGN_OR_RETURN(m.down, b.matrix(p + "routed_expert_down_proj.weight", lat, E));
   KTIER_ASSIGN_OR_RETURN(m.up, b.matrix(p + "routed_expert_up_proj.weight", E, lat));
   if (c.latent_moe_use_norm) {
@@ -134,6 +136,10 @@ Status bind_ffn_input(Binder& b, const format::ModelConfig& c, const std::string
 
 }  // namespace
 
+std::string router_tensor_name(int64_t l) {
+  return format::layer_prefix(l) + "block_sparse_moe.gate.weight";
+}
+
 Result<LayerWeights> bind_routing(const format::ModelConfig& c, int64_t l, const TensorLookup& find) {
   KTIER_CHECK(!c.is_dense(l));
   Binder b(find);
@@ -141,7 +147,7 @@ Result<LayerWeights> bind_routing(const format::ModelConfig& c, int64_t l, const
   LayerWeights lw;
   lw.is_mla = c.is_mla(l);
   KTIER_RETURN_IF_ERROR(bind_ffn_input(b, c, P, lw));
-  KTIER_RETURN_IF_ERROR(bind_router(b, c, P + "block_sparse_moe.", lw.moe));
+  KTIER_RETURN_IF_ERROR(bind_router(b, c, l, lw.moe));
   return lw;
 }
 
@@ -164,7 +170,7 @@ Result<LayerWeights> bind_layer(const format::ModelConfig& c, int64_t l, const T
   if (lw.is_dense) {
     KTIER_ASSIGN_OR_RETURN(lw.dense, b.glu(P + "mlp.", c.intermediate_size, E));
   } else {
-    KTIER_RETURN_IF_ERROR(bind_moe(b, c, P + "block_sparse_moe.", lw.moe));
+    KTIER_RETURN_IF_ERROR(bind_moe(b, c, l, lw.moe));
   }
   return lw;
 }

@@ -91,6 +91,8 @@ Result<HeadWeights> bind_head(const format::ModelConfig& c, const TensorLookup& 
 // Only what router lookahead reads of MoE layer l (model.h): post_attention_norm, f_mlp,
 // moe.router and moe.router_bias; every other field is left empty. REQUIRES: l is a MoE layer.
 Result<LayerWeights> bind_routing(const format::ModelConfig& c, int64_t l, const TensorLookup& find);
+// The stored name of MoE layer l's router matrix.
+std::string router_tensor_name(int64_t l);
 
 // What the forward pass reads the non-expert weights through. Model::forward acquires layers in
 // order 0..L-1 and releases each when its FFN is done; a streaming source uses the order to read

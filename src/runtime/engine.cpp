@@ -61,6 +61,14 @@ Result<uint64_t> preset_budget_bytes(const std::string& name) {
                        "' is not one of laptop, desktop, workstation, server, max, auto");
 }
 
+namespace {
+// The lookahead the memory dial runs: `static` never prefetches, so it gets none (and its
+// routers are not loaded).
+int lookahead_depth(const EngineOptions& opts) {
+  return opts.policy == strata::PolicyKind::kStatic ? 0 : opts.lookahead;
+}
+}  // namespace
+
 uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                               int lookahead) {
   const bool moe = ckpt.expert_storage() != format::ExpertStorage::kNone;
@@ -92,7 +100,7 @@ Status Engine::open_dial(const EngineOptions& opts) {
   const uint64_t slot = moe ? ExpertCache::slot_bytes(ckpt_) : 0;
   const uint64_t expert_min = moe ? static_cast<uint64_t>(c.num_experts_per_token) * slot : 0;
   const uint64_t trunk_min = TrunkStore::minimum_bytes(ckpt_, pk);
-  const bool lookahead = moe && opts.lookahead > 0;
+  const bool lookahead = moe && lookahead_depth(opts) > 0;
   const uint64_t bank_bytes = lookahead ? RouterBank::bytes_needed(ckpt_) : 0;
   if (budget_ < trunk_min + expert_min + bank_bytes)
     return Status::budget(
@@ -135,11 +143,11 @@ Status Engine::open_dial(const EngineOptions& opts) {
     xo.static_ranking = opts.static_ranking;
     xo.policy_slots = static_cast<int64_t>(slots - batch);
     xo.batch_slots = static_cast<int64_t>(batch);
-    xo.prefetch_in_flight = std::max<uint32_t>(1, opts.io.queue_depth);
+    xo.prefetch_in_flight = std::max<uint32_t>(1, opts.io.queue_depth / 2);
     KTIER_ASSIGN_OR_RETURN(cache_, ExpertCache::open(ckpt_, *io_, shard_files_, std::move(xo)));
     spdlog::info("experts: {} policy, {} slots of {} ({} kept, {} for one fetch), lookahead {}",
                  strata::policy_name(opts.policy), slots, gib(slot), slots - batch, batch,
-                 opts.lookahead);
+                 lookahead_depth(opts));
   }
   return Status::ok();
 }
@@ -173,7 +181,8 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   model::ExpertSource* experts = e->cache_ ? static_cast<model::ExpertSource*>(e->cache_.get())
                                            : e->experts_.get();
   e->model_ = std::make_unique<model::Model>(*trunk, experts);
-  if (opts.lookahead > 0 && e->ckpt_.config().num_moe_layers() > 0) {
+  if (const int depth = dial ? lookahead_depth(opts) : opts.lookahead;
+      depth > 0 && e->ckpt_.config().num_moe_layers() > 0) {
     model::Model::RoutingWeightsFn routing;
     if (e->bank_) {
       routing = [bank = e->bank_.get()](int64_t l) { return bank->routing(l); };
@@ -182,7 +191,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
         return w->config().is_dense(l) ? nullptr : &w->layer(l);
       };
     }
-    e->model_->set_lookahead(opts.lookahead, std::move(routing));
+    e->model_->set_lookahead(depth, std::move(routing));
     if (e->cache_) e->model_->add_lookahead_observer(e->cache_.get());
   }
   const int hw = static_cast<int>(std::thread::hardware_concurrency());

@@ -50,6 +50,11 @@ Placement place(const format::ExpertLocation& loc, const format::Checkpoint& ckp
   return p;
 }
 
+// Reads sorted by (shard, offset): the disk order a batch is submitted in.
+bool by_disk_order(const io::ReadRequest& a, const io::ReadRequest& b) {
+  return a.file->id() != b.file->id() ? a.file->id() < b.file->id() : a.offset < b.offset;
+}
+
 }  // namespace
 
 uint64_t ExpertCache::slot_bytes(const format::Checkpoint& ckpt) {
@@ -110,7 +115,6 @@ Result<std::unique_ptr<ExpertCache>> ExpertCache::open(const format::Checkpoint&
   x->policy_->set_eviction_hook([p = x.get()](uint32_t key) { p->on_evicted(key); });
   x->policy_kind_ = opts.policy;
   x->prefetch_in_flight_ = opts.prefetch_in_flight;
-  x->first_moe_ = c.first_k_dense_replace;
   x->moe_layers_ = std::max<int64_t>(1, c.num_moe_layers());
   return x;
 }
@@ -164,7 +168,11 @@ void ExpertCache::on_evicted(uint32_t key) {
   Slot& s = slots_[static_cast<size_t>(si)];
   slot_of_key_[key] = -1;
   s.key = -1;
-  s.prefetched_unused = false;
+  if (s.prefetched_unused) {
+    s.prefetched_unused = false;
+    ++stats_.prefetch_wasted;
+    stats_.prefetch_wasted_bytes += expert_bytes(key);
+  }
   if (s.state == SlotState::kReady) s.state = SlotState::kFree;  // kLoading: freed on completion
   free_.push_back(static_cast<size_t>(si));
 }
@@ -194,9 +202,30 @@ void ExpertCache::reap_prefetches(bool block) {
   }
 }
 
+void ExpertCache::settle_prefetch(Slot& s, int64_t layer, bool arrived_in_time) {
+  s.prefetched_unused = false;
+  const uint64_t bytes = expert_bytes(static_cast<uint32_t>(s.key));
+  if (s.prefetch_layer == layer && s.prefetch_pass == pass_ && !s.read_failed) {
+    ++stats_.prefetch_useful;
+    stats_.prefetch_timely += arrived_in_time;
+  } else {
+    ++stats_.prefetch_wasted;
+    stats_.prefetch_wasted_bytes += bytes;
+  }
+}
+
+void ExpertCache::track_pass(int64_t layer, bool from_begin_layer) {
+  // In a pass, on_prediction(l) may precede begin_layer(l); layers never decrease and
+  // begin_layer is called once per layer.
+  if (layer < last_layer_ || (layer == last_layer_ && last_was_begin_ && from_begin_layer)) ++pass_;
+  last_layer_ = layer;
+  last_was_begin_ = from_begin_layer;
+}
+
 size_t ExpertCache::take_free_slot() {
   // Invariant: slots with a key are the policy's residents (<= policy_slots) and this fetch's
-  // bypasses (< batch_slots), so free_ is never empty here; its entries may still be loading.
+  // bypasses (< batch_slots), so free_ is never empty here; its entries may still be loading
+  // (an evicted prefetch), and then a submitted read will free one.
   KTIER_CHECK(!free_.empty());
   for (;;) {
     for (size_t i = free_.size(); i-- > 0;) {
@@ -206,12 +235,14 @@ size_t ExpertCache::take_free_slot() {
       slots_[si].read_failed = false;
       return si;
     }
+    KTIER_CHECK(prefetch_cq_->outstanding() > 0);  // every loading slot has reads submitted
     reap_prefetches(/*block=*/true);  // every free slot is an evicted prefetch still being read
   }
 }
 
 void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32_t* ids,
                               int64_t T, int k) {
+  track_pass(layer, /*from_begin_layer=*/true);
   release_bypass();
   // Predictions for this layer or an earlier one that were never issued are stale now.
   while (!pending_.empty() && pending_.front().target_layer <= layer) {
@@ -237,12 +268,13 @@ void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32
 void ExpertCache::on_prediction(int64_t layer, int depth, int64_t first_position,
                                 const int32_t* ids, const float* weights, int64_t T, int k) {
   (void)first_position;
+  track_pass(layer, /*from_begin_layer=*/false);
   release_bypass();
   const int64_t Ne = ckpt_.config().num_experts;
   const int64_t target = layer + depth;
   // Pinned through the target layer's steps for this chunk: its T steps begin after those of
   // the `depth` MoE layers before it (this layer's included).
-  const uint32_t pin_until = step_ + static_cast<uint32_t>(T * (depth + 1)) - 1;
+  const uint64_t pin_until = step_ + static_cast<uint64_t>(T * (depth + 1)) - 1;
   std::vector<PendingPrefetch> add;
   for (int64_t t = 0; t < T; ++t)
     for (int i = 0; i < k; ++i)
@@ -260,41 +292,34 @@ void ExpertCache::on_prediction(int64_t layer, int depth, int64_t first_position
 
 void ExpertCache::pump_prefetches() {
   reap_prefetches(/*block=*/false);
-  std::vector<io::ReadRequest> batch;
+  std::vector<io::ReadRequest> reads;
   while (!pending_.empty() && prefetch_reads_outstanding_ < prefetch_in_flight_) {
     const PendingPrefetch p = pending_.front();
     pending_.pop_front();
     if (slot_of_key_[p.key] >= 0) continue;  // held or being read already
     const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
     if (!policy_->prefetch(p.key, p.pin_until_step, clock)) continue;
+    KTIER_CHECK(policy_->contains(p.key));  // the slot invariant counts it as a resident
     const size_t si = take_free_slot();
     Slot& s = slots_[si];
     s.key = p.key;
-    s.state = SlotState::kLoading;
     s.prefetched_unused = true;
+    s.prefetch_layer = p.target_layer;
+    s.prefetch_pass = pass_;
     slot_of_key_[p.key] = static_cast<int32_t>(si);
-    const size_t before = batch.size();
-    plan_reads(p.key, si, batch);
-    s.reads_outstanding = static_cast<uint32_t>(batch.size() - before);
-    prefetch_reads_outstanding_ += s.reads_outstanding;
+    reads.clear();
+    plan_reads(p.key, si, reads);
     ++stats_.prefetch_issued;
     stats_.prefetch_bytes += expert_bytes(p.key);
     stats_.read_bytes += expert_bytes(p.key);
-  }
-  if (batch.empty()) return;
-  std::sort(batch.begin(), batch.end(), [](const io::ReadRequest& a, const io::ReadRequest& b) {
-    return a.file->id() != b.file->id() ? a.file->id() < b.file->id() : a.offset < b.offset;
-  });
-  if (const Status st = prefetch_cq_->submit(batch); !st.is_ok()) {
-    // Nothing was queued: the slots stay with their keys, marked for a read on demand (which
-    // reports the error if it persists).
-    for (const io::ReadRequest& r : batch) {
-      Slot& s = slots_[r.tag];
-      if (s.reads_outstanding == 0) continue;
-      prefetch_reads_outstanding_ -= s.reads_outstanding;
-      s.reads_outstanding = 0;
+    // Submitted at once (in priority order), so a loading slot always has reads outstanding.
+    if (prefetch_cq_->submit(reads).is_ok()) {
+      s.state = SlotState::kLoading;
+      s.reads_outstanding = static_cast<uint32_t>(reads.size());
+      prefetch_reads_outstanding_ += s.reads_outstanding;
+    } else {
+      s.state = SlotState::kReady;  // nothing was queued: read on demand, which reports the error
       s.read_failed = true;
-      s.state = s.key >= 0 ? SlotState::kReady : SlotState::kFree;
     }
   }
 }
@@ -314,12 +339,7 @@ Status ExpertCache::fetch(int64_t layer, std::span<const int32_t> ids, model::Ex
       Slot& s = slots_[static_cast<size_t>(si)];
       const bool was_loading = s.state == SlotState::kLoading;
       while (s.state == SlotState::kLoading) reap_prefetches(/*block=*/true);
-      if (s.prefetched_unused) {
-        s.prefetched_unused = false;
-        ++stats_.prefetch_useful;
-        stats_.prefetch_useful_bytes += bytes;
-        stats_.prefetch_timely += !was_loading;
-      }
+      if (s.prefetched_unused) settle_prefetch(s, layer, !was_loading);
       if (!s.read_failed) {
         slot_of[i] = static_cast<size_t>(si);
         if (was_loading) {
@@ -348,9 +368,7 @@ Status ExpertCache::fetch(int64_t layer, std::span<const int32_t> ids, model::Ex
     stats_.read_bytes += bytes;
   }
   if (!reads.empty()) {
-    std::sort(reads.begin(), reads.end(), [](const io::ReadRequest& a, const io::ReadRequest& b) {
-      return a.file->id() != b.file->id() ? a.file->id() < b.file->id() : a.offset < b.offset;
-    });
+    std::sort(reads.begin(), reads.end(), by_disk_order);
     const uint64_t t0 = now_ns();
     Status st = demand_cq_->submit(reads);
     if (st.is_ok()) st = demand_cq_->wait_all();

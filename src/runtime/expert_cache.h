@@ -15,11 +15,14 @@
 //
 // Reads: a fetch reads its missing experts whole — one read for an expert whose parts are one
 // contiguous run (§3.5), one read per part otherwise — all submitted together, in disk order
-// (shard, offset). Prefetches are queued nearest target layer first, then highest predicted
-// weight, at most `prefetch_in_flight` reads outstanding; a queued prediction whose layer has
-// been routed is dropped (cancelled). A prefetched expert still being read when its layer needs
-// it is waited for and counted late: a miss for the hit rate, useful but not timely for the
-// prefetch figures. Destinations are placed congruent to their file offsets modulo 4096, so
+// (shard, offset), and waits for them. Prefetches are queued nearest target layer first, then
+// highest predicted weight, and submitted one expert at a time while fewer than
+// `prefetch_in_flight` prefetch reads are outstanding (half the I/O queue in the engine, so a
+// layer's demand reads never queue behind a full set of prefetches); a queued prediction whose
+// layer has been routed is dropped (cancelled). A prefetch is useful when its expert is fetched
+// by the layer it was predicted for, in the same forward pass; one still being read then is
+// waited for and counted late (a miss for the hit rate, useful but not timely). A prefetch
+// evicted, failed, or first fetched by another pass or layer is wasted. Destinations are placed congruent to their file offsets modulo 4096, so
 // O_DIRECT reads the aligned middle of every part straight into the slot. The slots share one
 // io::AlignedBuffer on transparent huge pages, faulted in at open.
 //
@@ -53,7 +56,7 @@ struct ExpertCacheOptions {
   std::vector<uint32_t> static_ranking;  // keys, most used first; required for kStatic
   int64_t policy_slots = 0;              // the policy's capacity, >= 0
   int64_t batch_slots = 1;               // the most experts one fetch may ask for, >= 1
-  uint32_t prefetch_in_flight = 32;      // prefetch reads outstanding at most, >= 1
+  uint32_t prefetch_in_flight = 16;      // prefetch reads (not experts) outstanding at most, >= 1
 };
 
 struct ExpertCacheStats {
@@ -64,11 +67,14 @@ struct ExpertCacheStats {
   uint64_t hits = 0, demand_reads = 0, late = 0;
   uint64_t hit_bytes = 0, miss_bytes = 0, late_bytes = 0;
   uint64_t read_bytes = 0;  // shards -> RAM, demand and prefetch (the NVMe -> RAM link)
-  // Prefetch: reads started for predicted experts; useful = later fetched while still held;
-  // timely = useful and complete when fetched; cancelled = predictions dropped before issue.
-  uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_timely = 0, prefetch_cancelled = 0;
-  uint64_t prefetch_bytes = 0, prefetch_useful_bytes = 0;
-  uint64_t io_wait_ns = 0;  // fetch() blocked on reads (demand and late prefetch)
+  // Prefetch (experts): issued = reads started for predicted experts; useful = fetched by their
+  // target layer in the same pass; timely = useful and complete by then; wasted = evicted,
+  // failed, or first fetched elsewhere (issued - useful - wasted are still pending);
+  // cancelled = predictions dropped before issue.
+  uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_timely = 0, prefetch_wasted = 0;
+  uint64_t prefetch_cancelled = 0;
+  uint64_t prefetch_bytes = 0, prefetch_wasted_bytes = 0;
+  uint64_t io_wait_ns = 0;  // time blocked on expert reads (demand, late prefetch, a busy slot)
   // The policy's own decisions, one per (token, layer, expert): what replay of the same trace
   // at policy_slots reports.
   uint64_t policy_requests = 0, policy_hits = 0;
@@ -111,13 +117,15 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
     uint32_t reads_outstanding = 0;  // prefetch reads not yet completed
     bool read_failed = false;        // a prefetch read failed: re-read on demand
     bool prefetched_unused = false;  // prefetched and not yet fetched
+    int64_t prefetch_layer = -1;     // the layer it was predicted for ...
+    uint64_t prefetch_pass = 0;      // ... in this forward pass
     std::array<uint64_t, 6> part_offset{};
   };
   struct PendingPrefetch {
     int64_t target_layer;
     float weight;
     uint32_t key;
-    uint32_t pin_until_step;
+    uint64_t pin_until_step;
   };
   ExpertCache(const format::Checkpoint& ckpt, io::IoEngine& engine,
               const std::vector<io::ReadFile>& files)
@@ -127,6 +135,12 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   // Read requests for expert `key` into slot `si` (sets its part offsets); tag = si.
   void plan_reads(uint32_t key, size_t si, std::vector<io::ReadRequest>& out);
   void on_evicted(uint32_t key);
+  // Counts a prefetched slot's first use (or loss): useful when `layer` is its target in this
+  // pass and its bytes are good, wasted otherwise.
+  void settle_prefetch(Slot& s, int64_t layer, bool arrived_in_time);
+  // A call for `layer` from begin_layer (or on_prediction) starts a new forward pass when the
+  // layers stop increasing.
+  void track_pass(int64_t layer, bool from_begin_layer);
   void release_bypass();
   // A free slot whose reads are complete, waiting for an evicted prefetch's reads if need be.
   size_t take_free_slot();
@@ -147,9 +161,14 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   strata::PolicyKind policy_kind_ = strata::PolicyKind::kTemperature;
   std::deque<PendingPrefetch> pending_;
   uint32_t prefetch_reads_outstanding_ = 0, prefetch_in_flight_ = 32;
-  uint32_t step_ = 0;      // policy steps begun (the next is step_)
-  uint32_t requests_ = 0;  // policy requests made
-  int64_t first_moe_ = 0, moe_layers_ = 1;
+  uint64_t step_ = 0;  // policy steps begun (the next is step_)
+  // Policy requests made. Request::index is 32-bit and wraps after 2^32 requests (K3: ~2.9M
+  // tokens); only the policies' tie-breaks between equally hot keys read it.
+  uint32_t requests_ = 0;
+  int64_t moe_layers_ = 1;
+  uint64_t pass_ = 0;  // forward passes seen
+  int64_t last_layer_ = -1;
+  bool last_was_begin_ = false;
   ExpertCacheStats stats_;
 };
 

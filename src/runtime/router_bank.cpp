@@ -6,19 +6,37 @@
 
 namespace ktier::runtime {
 
+namespace {
+
+int64_t first_held(const format::ModelConfig& c) { return c.first_k_dense_replace + 1; }
+
+// What the bank keeps of a bound layer: the router's stored bytes (an aligned buffer) and the
+// f32 vectors bind_routing widened.
+uint64_t kept_bytes(const model::LayerWeights& w, uint64_t router_nbytes) {
+  const uint64_t floats =
+      w.post_attention_norm.size() + w.f_mlp.size() + w.moe.router_bias.size();
+  return io::align_up(router_nbytes, io::kDefaultAlignment) + floats * sizeof(float);
+}
+
+}  // namespace
+
 uint64_t RouterBank::bytes_needed(const format::Checkpoint& ckpt) {
   const format::ModelConfig& c = ckpt.config();
   uint64_t total = 0;
   std::vector<uint8_t> zeros;
-  // Binds against zero bytes of the right size, adding up what load() would allocate.
-  const model::TensorLookup measure = [&](const std::string& name) -> Result<model::TensorView> {
-    const format::TensorInfo& t = *ckpt.find(name)->info;
-    if (zeros.size() < t.nbytes) zeros.resize(t.nbytes);
-    total += io::align_up(t.nbytes, io::kDefaultAlignment);
-    return model::TensorView{t.dtype, t.numel(), zeros.data()};
-  };
-  for (int64_t l = c.first_k_dense_replace + 1; l < c.num_hidden_layers; ++l)
-    KTIER_CHECK(model::bind_routing(c, l, measure).is_ok());
+  for (int64_t l = first_held(c); l < c.num_hidden_layers; ++l) {
+    const std::string router = model::router_tensor_name(l);
+    // Binds against zero bytes (the matrix is never read) to learn the vectors' sizes.
+    const model::TensorLookup measure = [&](const std::string& name) -> Result<model::TensorView> {
+      const format::TensorInfo& t = *ckpt.find(name)->info;
+      if (name == router) return model::TensorView{t.dtype, t.numel(), nullptr};
+      if (zeros.size() < t.nbytes) zeros.resize(t.nbytes);
+      return model::TensorView{t.dtype, t.numel(), zeros.data()};
+    };
+    auto w = model::bind_routing(c, l, measure);
+    KTIER_CHECK(w.is_ok());
+    total += kept_bytes(w.value(), ckpt.find(router)->info->nbytes);
+  }
   return total;
 }
 
@@ -27,22 +45,27 @@ Result<std::unique_ptr<RouterBank>> RouterBank::load(const format::Checkpoint& c
                                                      const std::vector<io::ReadFile>& shards) {
   const format::ModelConfig& c = ckpt.config();
   std::unique_ptr<RouterBank> bank(new RouterBank());
-  bank->first_ = c.first_k_dense_replace + 1;
-  // Each tensor bind_routing asks for is read on demand into a buffer of its own.
-  const model::TensorLookup read = [&](const std::string& name) -> Result<model::TensorView> {
-    const std::optional<format::TensorRef> ref = ckpt.find(name);
-    KTIER_CHECK_MSG(ref.has_value(), name.c_str());  // Checkpoint::open validated the names
-    const format::TensorInfo& t = *ref->info;
-    KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer buf, io::AlignedBuffer::allocate(t.nbytes));
-    const io::ReadRequest req{&shards[ref->shard], t.file_offset, t.nbytes, buf.data(), 0};
-    KTIER_RETURN_IF_ERROR(io::read_all(engine, std::span<const io::ReadRequest>(&req, 1)));
-    const model::TensorView view{t.dtype, t.numel(), buf.data()};
-    bank->bytes_ += buf.size();
-    bank->buffers_.push_back(std::move(buf));
-    return view;
-  };
+  bank->first_ = first_held(c);
   for (int64_t l = bank->first_; l < c.num_hidden_layers; ++l) {
-    KTIER_ASSIGN_OR_RETURN(model::LayerWeights w, model::bind_routing(c, l, read));
+    // Each tensor bind_routing asks for is read into a buffer of its own; only the router
+    // matrix's is kept (the vectors are widened copies).
+    std::vector<io::AlignedBuffer> read;
+    const model::TensorLookup find = [&](const std::string& name) -> Result<model::TensorView> {
+      const std::optional<format::TensorRef> ref = ckpt.find(name);
+      KTIER_CHECK_MSG(ref.has_value(), name.c_str());  // Checkpoint::open validated the names
+      const format::TensorInfo& t = *ref->info;
+      KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer buf, io::AlignedBuffer::allocate(t.nbytes));
+      const io::ReadRequest req{&shards[ref->shard], t.file_offset, t.nbytes, buf.data(), 0};
+      KTIER_RETURN_IF_ERROR(io::read_all(engine, std::span<const io::ReadRequest>(&req, 1)));
+      read.push_back(std::move(buf));
+      return model::TensorView{t.dtype, t.numel(), read.back().data()};
+    };
+    KTIER_ASSIGN_OR_RETURN(model::LayerWeights w, model::bind_routing(c, l, find));
+    for (io::AlignedBuffer& b : read) {
+      if (b.data() != w.moe.router.data) continue;
+      bank->bytes_ += kept_bytes(w, ckpt.find(model::router_tensor_name(l))->info->nbytes);
+      bank->buffers_.push_back(std::move(b));
+    }
     bank->layers_.push_back(std::move(w));
   }
   return bank;

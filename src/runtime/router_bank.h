@@ -3,8 +3,9 @@
 // streamed: for every MoE layer l > first MoE layer, its router matrix and bias and its FFN
 // input's norm and AttnRes vector (model::bind_routing), read once from the shards and kept
 // resident. A streamed layer's record is not in memory when an earlier layer predicts it, so
-// these few tensors are held apart from the TrunkStore (K3: ~12.9 MB per layer in bf16, about
-// 1.2 GB in all; counted in the budget, docs/TUNING.md).
+// these few tensors are held apart from the TrunkStore (K3: ~12.9 MB per layer in bf16, 91
+// layers, about 1.2 GB; counted in the budget, docs/TUNING.md). Layers the TrunkStore pins are
+// held twice: a known cost, small against a pinned layer.
 //
 // Ownership: the bank owns its buffers; the LayerWeights it hands out view them and live as
 // long as the bank. Immutable after load(): any thread may call routing().
@@ -33,7 +34,7 @@ class RouterBank {
   // Layer l's routing weights, or null for a layer the bank does not hold (dense layers, the
   // first MoE layer: nothing precedes it to predict it).
   const model::LayerWeights* routing(int64_t l) const;
-  uint64_t bytes_allocated() const { return bytes_; }
+  uint64_t bytes_allocated() const { return bytes_; }  // = bytes_needed()
 
  private:
   RouterBank() = default;

@@ -74,8 +74,8 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
         {"precision", ratio(useful, issued)},
         {"recall", ratio(useful, useful + d(xb.demand_reads, xa.demand_reads))},
         {"timeliness", ratio(d(xb.prefetch_timely, xa.prefetch_timely), useful)},
-        {"wasted_bytes", d(xb.prefetch_bytes, xa.prefetch_bytes) -
-                             d(xb.prefetch_useful_bytes, xa.prefetch_useful_bytes)}}},
+        {"wasted", d(xb.prefetch_wasted, xa.prefetch_wasted)},
+        {"wasted_bytes", d(xb.prefetch_wasted_bytes, xa.prefetch_wasted_bytes)}}},
       {"policy", x ? std::string(strata::policy_name(x->policy())) : std::string("none")},
       {"lookahead", e.model().lookahead_depth()},
       {"trunk_layers_pinned", t ? t->stats().layers_pinned : e.checkpoint().config().num_hidden_layers},

@@ -6,8 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <memory>
 
+#include "io/fault_plan.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "strata/replay.h"
@@ -105,7 +108,6 @@ class ExpertCacheTest : public ::testing::Test {
 // lookahead, its hits on the run's own trace equal replay's at its capacity, and the slots agree
 // with the policy (a hit in the policy is a hit in RAM).
 TEST_F(ExpertCacheTest, LivePolicyMakesTheDecisionsReplayMakes) {
-  int runs = 0;
   for (const PolicyKind policy : {PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kTemperature}) {
     for (const uint64_t policy_slots : {uint64_t{30}, uint64_t{50}, uint64_t{80}}) {
       EngineOptions eo;
@@ -134,10 +136,8 @@ TEST_F(ExpertCacheTest, LivePolicyMakesTheDecisionsReplayMakes) {
       EXPECT_EQ(x.hits + x.demand_reads + x.late, x.policy_requests) << what;
       EXPECT_GT(x.hits, 0u) << what;
       EXPECT_GT(x.demand_reads, 0u) << what;
-      ++runs;
     }
   }
-  EXPECT_EQ(runs, 9);
 }
 
 TEST_F(ExpertCacheTest, OutputIsIdenticalAcrossPoliciesLookaheadBudgetsAndChunks) {
@@ -179,14 +179,17 @@ TEST_F(ExpertCacheTest, PrefetchCountersAddUpAndPrefetchReplacesDemandReads) {
     const ExpertCacheStats& x = e->expert_cache()->stats();
     demand[lookahead ? 1 : 0] = x.demand_reads;
     EXPECT_EQ(x.hits + x.demand_reads + x.late, x.policy_requests);
-    EXPECT_LE(x.prefetch_useful, x.prefetch_issued);
+    EXPECT_LE(x.prefetch_useful + x.prefetch_wasted, x.prefetch_issued);
     EXPECT_LE(x.prefetch_timely, x.prefetch_useful);
-    EXPECT_LE(x.prefetch_useful_bytes, x.prefetch_bytes);
-    EXPECT_EQ(x.late, x.prefetch_useful - x.prefetch_timely);
-    EXPECT_EQ(x.read_bytes, x.prefetch_bytes + (x.miss_bytes - x.late_bytes))
-        << "every byte read is a demand read or a prefetch";
-    if (lookahead == 0) EXPECT_EQ(x.prefetch_issued, 0u);
-    if (lookahead > 0) EXPECT_GT(x.prefetch_useful, 0u);
+    EXPECT_LE(x.prefetch_wasted_bytes, x.prefetch_bytes);
+    EXPECT_GE(x.late, x.prefetch_useful - x.prefetch_timely);
+    if (lookahead == 0) {
+      EXPECT_EQ(x.prefetch_issued, 0u);
+      EXPECT_EQ(x.read_bytes, x.miss_bytes);
+    } else {
+      EXPECT_GT(x.prefetch_useful, 0u);
+      EXPECT_GT(x.prefetch_issued, x.prefetch_useful) << "some predictions must miss";
+    }
   }
   EXPECT_LT(demand[1], demand[0]) << "lookahead must turn some demand reads into prefetches";
 }
@@ -217,6 +220,57 @@ TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
   const auto q = strata::prediction_quality(strata::build_request_stream(t));
   ASSERT_FALSE(q.empty());
   EXPECT_GT(q[0].precision, static_cast<double>(k) / t.header.experts_per_layer);
+}
+
+// Slow prefetch reads (each delayed 30 ms) arrive after their layer needs them: waited for,
+// counted late (a miss), the bytes unchanged.
+TEST_F(ExpertCacheTest, LatePrefetchesAreWaitedForAndCountedAsMisses) {
+  EngineOptions eo;
+  eo.ram_budget = budget_for(12, 2);
+  eo.lookahead = 2;
+  eo.io.fault_plan = std::make_shared<io::FaultPlan>();
+  eo.io.fault_plan->add(
+      io::FaultRule::delay_by(std::chrono::microseconds(30'000)).in_path("model-"));
+  std::unique_ptr<Engine> e;
+  EXPECT_EQ(run(eo, &e), reference_);
+  const ExpertCacheStats& x = e->expert_cache()->stats();
+  EXPECT_GT(x.late, 0u);
+  EXPECT_LT(x.prefetch_timely, x.prefetch_useful);
+  EXPECT_EQ(x.hits + x.demand_reads + x.late, x.policy_requests);
+  EXPECT_GE(x.miss_bytes, x.late_bytes);
+}
+
+// Expert reads that fail (prefetch and demand alike) fail the forward pass with exit 1 naming the
+// shard; once the disk heals, the same engine gives the reference ids (no failed slot is used).
+TEST_F(ExpertCacheTest, FailedReadsFailThePassAndTheTierRecovers) {
+  EngineOptions eo;
+  eo.model_dir = root_ / "ckpt";
+  eo.threads = 2;
+  eo.ram_budget = budget_for(12, 2);
+  eo.lookahead = 2;
+  eo.io.backend = io::IoBackend::kPread;
+  eo.io.fault_plan = std::make_shared<io::FaultPlan>();
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  Engine& engine = *e.value();
+  // Shard 6 holds decoder layer 5 and its experts (one shard per layer).
+  eo.io.fault_plan->add(io::FaultRule::eio().in_path("model-00006-of").times(-1));
+  GenerationOptions g;
+  g.max_new_tokens = 20;
+  const auto keep = [](int32_t) { return Status::ok(); };
+  const auto failed = generate(engine.model(), engine.experts(), prompt_, g, engine.exec(), keep);
+  ASSERT_FALSE(failed.is_ok());
+  EXPECT_EQ(failed.status().exit_code(), 1);
+  EXPECT_NE(failed.status().message().find("model-00006-of"), std::string::npos);
+  eo.io.fault_plan->clear();
+  std::vector<int32_t> ids;
+  const auto again = generate(engine.model(), engine.experts(), prompt_, g, engine.exec(),
+                              [&](int32_t id) {
+                                ids.push_back(id);
+                                return Status::ok();
+                              });
+  ASSERT_TRUE(again.is_ok()) << again.status().message();
+  EXPECT_EQ(ids, reference_);
 }
 
 TEST_F(ExpertCacheTest, PoliciesThatCannotRunLiveAreUsageErrors) {
