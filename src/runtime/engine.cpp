@@ -56,6 +56,11 @@ Result<uint64_t> preset_budget_bytes(const std::string& name) {
                        "' is not one of laptop, desktop, workstation, server, max, auto");
 }
 
+int resolve_threads(int requested) {
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  return requested > 0 ? requested : (hw > 0 ? hw : 1);
+}
+
 Status Engine::open_dial(const EngineOptions& opts) {
   if (opts.pack_dir) {
     KTIER_ASSIGN_OR_RETURN(pack_, pack::TrunkPack::open(*opts.pack_dir, ckpt_));
@@ -76,7 +81,7 @@ Status Engine::open_dial(const EngineOptions& opts) {
   // Trunk first; the expert tier needs at least one token's experts of one layer.
   const uint64_t slot = moe ? ExpertCache::slot_bytes(ckpt_) : 0;
   const uint64_t expert_min = moe ? static_cast<uint64_t>(c.num_experts_per_token) * slot : 0;
-  const uint64_t trunk_min = TrunkStore::minimum_bytes(ckpt_, pk);
+  const uint64_t trunk_min = TrunkStore::minimum_bytes(ckpt_, pk, 2, pool_->size());
   if (budget_ < trunk_min + expert_min)
     return Status::budget("a budget of " + gib(budget_) + " cannot be met: the minimum is " +
                           gib(trunk_min + expert_min) + " (trunk " + gib(trunk_min) + ": head, " +
@@ -84,6 +89,7 @@ Status Engine::open_dial(const EngineOptions& opts) {
                           std::to_string(c.num_experts_per_token) + " slots of " + gib(slot) + ")");
   TrunkStoreOptions so;
   so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min;
+  so.pool = pool_.get();
   KTIER_ASSIGN_OR_RETURN(store_, TrunkStore::open(ckpt_, pk, *io_, shard_files_, so));
   if (moe) {
     const uint64_t total_experts =
@@ -117,6 +123,8 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
                          format::Checkpoint::open(opts.model_dir,
                                                   dial ? format::OpenMode::kPread : opts.mode));
   std::unique_ptr<Engine> e(new Engine(std::move(ckpt)));
+  // First: a compressed pack's blocks are inflated on this pool.
+  e->pool_ = std::make_unique<cpu::ThreadPool>(resolve_threads(opts.threads));
   model::TrunkSource* trunk = nullptr;
   if (dial) {
     KTIER_RETURN_IF_ERROR(e->open_dial(opts));
@@ -130,8 +138,6 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   model::ExpertSource* experts = e->cache_ ? static_cast<model::ExpertSource*>(e->cache_.get())
                                            : e->experts_.get();
   e->model_ = std::make_unique<model::Model>(*trunk, experts);
-  const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  e->pool_ = std::make_unique<cpu::ThreadPool>(opts.threads > 0 ? opts.threads : (hw > 0 ? hw : 1));
   e->exec_ = cpu::Exec{e->pool_.get(), isa};
   return e;
 }

@@ -82,6 +82,9 @@ class Engine {
 // less 2 GiB). Status::usage for another name or when /proc/meminfo cannot be read for auto.
 Result<uint64_t> preset_budget_bytes(const std::string& name);
 
+// The engine's thread count for EngineOptions::threads (0: one per hardware thread).
+int resolve_threads(int requested);
+
 // "auto" -> nullopt, "scalar", "avx2"; Status::usage otherwise.
 Result<std::optional<cpu::Isa>> parse_isa(const std::string& name);
 

@@ -9,6 +9,7 @@ EngineCounters EngineCounters::of(const Engine& e) {
   if (const TrunkStore* t = e.trunk_store()) {
     c.trunk_bytes_read = t->stats().streamed_bytes_read;
     c.io_wait_ns += t->stats().io_wait_ns;
+    c.trunk_inflate_ns = t->stats().inflate_ns;
   }
   if (const ExpertCache* x = e.expert_cache()) {
     c.expert_hit_bytes = x->stats().hit_bytes;

@@ -21,6 +21,7 @@ namespace ktier::runtime {
 struct EngineCounters {
   uint64_t trunk_bytes_read = 0, expert_hit_bytes = 0, expert_miss_bytes = 0;
   uint64_t io_wait_ns = 0, io_bytes = 0, io_busy_ns = 0;
+  uint64_t trunk_inflate_ns = 0;  // compressed packs: time spent inflating streamed blocks
   static EngineCounters of(const Engine& e);
 };
 
