@@ -85,7 +85,10 @@ Status Engine::open_dial(const EngineOptions& opts) {
   if (budget_ < trunk_min + expert_min)
     return Status::budget("a budget of " + gib(budget_) + " cannot be met: the minimum is " +
                           gib(trunk_min + expert_min) + " (trunk " + gib(trunk_min) + ": head, " +
-                          "two ring slots, embedding rows; experts " + gib(expert_min) + ": " +
+                          "two ring slots, embedding rows" +
+                          (pk && pk->compressed() ? ", compressed staging per slot, inflate scratch per thread"
+                                                  : "") +
+                          "; experts " + gib(expert_min) + ": " +
                           std::to_string(c.num_experts_per_token) + " slots of " + gib(slot) + ")");
   TrunkStoreOptions so;
   so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -178,16 +179,24 @@ std::vector<uint8_t> inflate_parallel(const Compressed& c, uint64_t size, int th
   std::vector<InflateScratch> scratch(static_cast<size_t>(threads));
   std::vector<uint8_t> out(size, 0xEE);
   std::vector<int> ok(c.blocks.size(), 0);
-  std::atomic<int> next_scratch{0};
+  std::mutex mu;
+  std::vector<InflateScratch*> free;  // one scratch per running range, as TrunkStore does
+  for (auto& s : scratch) free.push_back(&s);
   pool.parallel_for(static_cast<int64_t>(c.blocks.size()), 1, [&](int64_t b, int64_t e) {
-    thread_local int mine = -1;
-    if (mine < 0 || mine >= threads) mine = next_scratch++ % threads;
+    InflateScratch* mine = nullptr;
+    {
+      std::lock_guard lock(mu);
+      mine = free.back();
+      free.pop_back();
+    }
     for (int64_t i = b; i < e; ++i) {
       const Block& k = c.blocks[static_cast<size_t>(i)];
       std::span<uint8_t> dst(out.data() + k.raw_offset, k.inflated);
-      ok[static_cast<size_t>(i)] = inflate_block(c.stored[static_cast<size_t>(i)], dst, scratch[static_cast<size_t>(mine)]).is_ok() &&
+      ok[static_cast<size_t>(i)] = inflate_block(c.stored[static_cast<size_t>(i)], dst, *mine).is_ok() &&
                                    XXH3_64bits(dst.data(), dst.size()) == k.xxh3;
     }
+    std::lock_guard lock(mu);
+    free.push_back(mine);
   });
   for (size_t i = 0; i < ok.size(); ++i) EXPECT_TRUE(ok[i]) << "block " << i;
   return out;
@@ -244,8 +253,12 @@ TEST(BlockCodec, AdversarialShapesAreIdenticalAtEveryThreadCount) {
       any_whole |= !p.split;
     }
     EXPECT_EQ(covered, size) << s.what;
-    if (size % 2 == 1) EXPECT_TRUE(any_whole) << s.what;
-    if (std::string(s.what) == "more blocks than threads") EXPECT_GT(c.blocks.size(), 8u);
+    if (size % 2 == 1) {
+      EXPECT_TRUE(any_whole) << s.what;
+    }
+    if (std::string(s.what) == "more blocks than threads") {
+      EXPECT_GT(c.blocks.size(), 8u);
+    }
     for (int threads : {1, 2, 3, 5, 8}) {
       EXPECT_EQ(inflate_parallel(c, size, threads), bytes) << s.what << ", " << threads << " threads";
     }
