@@ -5,6 +5,10 @@
 // read of its record and checks the record's xxh3 before any byte reaches a kernel. Routed
 // experts are not in the pack; they are read from the shards.
 //
+// Version 2 (`ktier pack --compress`) stores each layer record as independently compressed
+// blocks (block_codec.h; Record::blocks) whose inflated bytes are exactly the version-1 record;
+// head and embed stay stored as they are. Version 1 packs are written and read as before.
+//
 // This header holds the format (constants, the record table), the layout rule shared by the
 // writer (pack_writer.h) and the reader, and the reader, TrunkPack.
 //
@@ -13,7 +17,8 @@
 //   * PACKDIR missing or not a directory: Status::usage (exit 2);
 //   * manifest.json or trunk.pack missing, unreadable as JSON, of another format or version, or
 //     inconsistent (records outside the file, overlapping, misaligned, tensors outside their
-//     record, trunk.pack's size not the manifest's): Status::corrupt (exit 3) naming the file;
+//     record, blocks misplaced or not tiling their record, trunk.pack's size not the
+//     manifest's): Status::corrupt (exit 3) naming the file;
 //   * a pack whose tensor table differs from the checkpoint's non-expert tensors (names, record,
 //     dtype, shape): Status::corrupt naming the tensor;
 //   * a pack made from another checkpoint (source fingerprint differs, see SourceFingerprint):
