@@ -200,6 +200,7 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
   EXPECT_LT(j.at("ratio").get<double>(), 1.0);
   EXPECT_LT(j.at("high_plane_bits").get<double>(), j.at("low_plane_bits").get<double>());
   EXPECT_EQ(run_process(ktier() + " bench inflate --pack " + plain.string()).exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " bench io --pack " + z.string()).exit_code, 2);  // plain packs only
 
   // A flipped byte in the middle of the compressed pack's first layer record's second block.
   const nlohmann::json m = nlohmann::json::parse(std::ifstream(z / "manifest.json"));
