@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "io/fault_plan.h"
 #include "pack/block_codec.h"
 #include "pack/pack_writer.h"
 #include "runtime/engine.h"
@@ -249,6 +250,31 @@ TEST_F(CompressedTrunkTest, FlippedByteFailsWithExitThreeNamingTheBlock) {
   eo.threads = 2;
   eo.pack_dir = bad;
   EXPECT_EQ(Engine::open(eo).status().exit_code(), 3);
+}
+
+// A failing block read (I/O) is retried once when its layer is needed, then fails with exit 1
+// naming the file; after the disk heals the same engine gives the reference bytes again (no
+// block of a failed read is ever bound, none is read twice into a slot still being written).
+TEST_F(CompressedTrunkTest, FailingBlockReadFailsWithExitOneAndRecovers) {
+  EngineOptions eo;
+  eo.model_dir = root_ / "ckpt";
+  eo.threads = 3;
+  eo.pack_dir = root_ / "z";
+  eo.ram_budget = minimum(root_ / "z", 3);
+  eo.io.backend = io::IoBackend::kPread;
+  eo.io.fault_plan = std::make_shared<io::FaultPlan>();
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  std::vector<float> want(prompt_.size() * 320), out(want.size());
+  ASSERT_TRUE(evaluate(e.value()->model(), prompt_, 12, want.data(), e.value()->exec()).is_ok());
+  eo.io.fault_plan->add(io::FaultRule::eio().in_path("trunk.pack").times(-1));
+  const Status s = evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
+  EXPECT_EQ(s.exit_code(), 1) << s.message();
+  EXPECT_NE(s.message().find("trunk.pack"), std::string::npos) << s.message();
+  eo.io.fault_plan->clear();
+  const Status again = evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
+  ASSERT_TRUE(again.is_ok()) << again.message();
+  EXPECT_EQ(out, want);
 }
 
 }  // namespace
