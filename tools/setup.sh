@@ -11,7 +11,8 @@ BUILD_DIR=${KTIER_BUILD_DIR:-build}
 PACKAGES=(build-essential cmake pkg-config git
   liburing-dev libzstd-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   libcli11-dev libxxhash-dev libbenchmark-dev unicode-data
-  python3-torch python3-numpy python3-pytest python3-matplotlib)
+  python3-torch python3-numpy python3-pytest python3-matplotlib
+  python3-zstandard)  # tools/trunk_blocks.py: the cross-language test of compressed packs
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -77,6 +78,19 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
   preset->excludes(sub->get_option("--ram"));
   sub->add_option("--io", a.io, "Read engine with --pack/--ram/--preset: auto, uring or pread")
       ->capture_default_str();
+  add_rate_limit_option(sub, a.io_rate_limit_mb_s);
+}
+
+void add_rate_limit_option(CLI::App* sub, double& mb_s) {
+  sub->add_option("--io-rate-limit", mb_s,
+                  "Cap the read rate of the streamed trunk and experts at this many MB/s (1 MB = 1e6 "
+                  "bytes; e.g. 3000 emulates a 3 GB/s disk); 0 = no cap");
+}
+
+Result<uint64_t> rate_limit_bytes_per_s(double mb_s) {
+  if (!(mb_s >= 0) || !std::isfinite(mb_s) || mb_s > 1e9)
+    return Status::usage("--io-rate-limit: " + std::to_string(mb_s) + " is not a rate in MB/s");
+  return static_cast<uint64_t>(mb_s * 1e6);
 }
 
 Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
@@ -97,6 +111,7 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
     eo.io.backend = io::IoBackend::kPread;
   else
     return Status::usage("--io: '" + a.io + "' is not one of auto, uring, pread");
+  KTIER_ASSIGN_OR_RETURN(eo.io.rate_limit_bytes_per_s, rate_limit_bytes_per_s(a.io_rate_limit_mb_s));
   return Status::ok();
 }
 

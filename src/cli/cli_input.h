@@ -26,10 +26,17 @@ Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int6
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);
 
-// The memory-dial options shared by `run` and `eval`: --pack, --ram, --preset, --io.
+// The memory-dial options shared by `run` and `eval`: --pack, --ram, --preset, --io,
+// --io-rate-limit.
 struct MemoryArgs {
   std::string pack, ram, preset, io = "auto";
+  double io_rate_limit_mb_s = 0;  // MB/s (1e6 bytes); 0 = unlimited
 };
+// Adds --io-rate-limit MB/s to `sub` (also used by `bench decode`).
+void add_rate_limit_option(CLI::App* sub, double& mb_s);
+// The cap in bytes per second for IoOptions::rate_limit_bytes_per_s; Status::usage when negative
+// or not finite.
+Result<uint64_t> rate_limit_bytes_per_s(double mb_s);
 void add_memory_options(CLI::App* sub, MemoryArgs& a);
 // Fills the engine options from them. Status::usage for a bad size or --io value.
 Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo);

@@ -22,6 +22,7 @@
 
 #include "bench/kernel_bench.h"
 #include "cli/bench_util.h"
+#include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
@@ -36,6 +37,7 @@ struct DecodeOptions {
   int threads = 0;
   uint64_t buffer_mib = 0;  // 0: as `bench kernels` (max(4 x LLC, 256 MiB)), capped by memory
   std::string pack, ram;    // streamed run: trunk pack and budget (default: the minimum)
+  double io_rate_limit_mb_s = 0;  // streamed run: read-rate cap, MB/s; 0 = none
 };
 
 // Reads one byte of every 4 KiB page of every tensor (mmap mode): afterwards the weights are in
@@ -79,12 +81,14 @@ Result<nlohmann::json> streamed_check(const DecodeOptions& o, const std::vector<
   eo.model_dir = o.model;
   eo.threads = o.threads;
   eo.pack_dir = o.pack;
+  KTIER_ASSIGN_OR_RETURN(eo.io.rate_limit_bytes_per_s, rate_limit_bytes_per_s(o.io_rate_limit_mb_s));
   if (!o.ram.empty()) {
     KTIER_ASSIGN_OR_RETURN(eo.ram_budget, runtime::parse_size(o.ram));
   } else {
     KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ck, format::Checkpoint::open(o.model, format::OpenMode::kPread));
     KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack pk, pack::TrunkPack::open(o.pack, ck));
-    eo.ram_budget = runtime::minimum_budget_bytes(ck, &pk, eo.lookahead);
+    eo.ram_budget =
+        runtime::minimum_budget_bytes(ck, &pk, eo.lookahead, runtime::resolve_threads(o.threads));
   }
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> e, runtime::Engine::open(eo));
   std::fprintf(stderr, "[bench] streamed decode (%lld of %lld layers streamed)\n",
@@ -103,6 +107,8 @@ Result<nlohmann::json> streamed_check(const DecodeOptions& o, const std::vector<
     KTIER_ASSIGN_OR_RETURN(const double r, raw_read_gbps(f, buf));
     raw = std::max(raw, r);
   }
+  // With --io-rate-limit the engine's reads are capped below what the raw read measures.
+  if (eo.io.rate_limit_bytes_per_s > 0) raw = std::min(raw, static_cast<double>(eo.io.rate_limit_bytes_per_s) / 1e9);
   const double io_s = read / (raw * 1e9);
   const double bound = std::max(io_s, compute_s);
   std::printf("streamed      %.4f s/token, %.1f MB read/token; raw read %.2f GB/s -> I/O %.4f s, "
@@ -112,7 +118,10 @@ Result<nlohmann::json> streamed_check(const DecodeOptions& o, const std::vector<
                         {"raw_read_gbps", raw}, {"io_s_per_token", io_s},
                         {"compute_s_per_token", compute_s}, {"ratio_to_bound", streamed_s / bound},
                         {"layers_streamed", e->trunk_store()->stats().layers_streamed},
-                        {"budget_bytes", e->budget_bytes()}};
+                        {"budget_bytes", e->budget_bytes()},
+                        {"io_rate_limit_bytes_per_s", eo.io.rate_limit_bytes_per_s},
+                        {"compressed_pack", e->trunk_store() != nullptr && e->trunk_store()->stats().staging_bytes > 0},
+                        {"inflate_s_per_token", static_cast<double>(b.trunk_inflate_ns - a.trunk_inflate_ns) / 1e9 / steps}};
 }
 
 Status run_decode_bench(const DecodeOptions& o) {
@@ -223,6 +232,7 @@ void register_bench_decode_command(CLI::App& bench, int& exit_code) {
                   "Also decode with the trunk streamed from this pack and compare with "
                   "max(I/O time, compute time)");
   sub->add_option("--ram", o->ram, "Budget of the streamed run (default: the minimum)");
+  add_rate_limit_option(sub, o->io_rate_limit_mb_s);
   sub->add_option("--json", o->json, "Also write the figures to FILE as JSON");
   sub->callback([o, &exit_code] { exit_code = finish(run_decode_bench(*o)); });
 }

@@ -84,6 +84,9 @@ Status run_io_bench(const IoBenchOptions& o) {
   else if (o.io == "pread") io_opts.backend = io::IoBackend::kPread;
   else if (o.io != "auto") return Status::usage("--io: '" + o.io + "' is not one of auto, uring, pread");
   KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack p, pack::TrunkPack::open_unchecked(o.pack));
+  if (p.compressed())
+    return Status::usage(o.pack + ": a compressed pack; bench io measures plain packs (see ktier bench "
+                         "inflate, and bench decode --io-rate-limit for compressed ones)");
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<io::IoEngine> engine, io::make_io_engine(io_opts));
   KTIER_ASSIGN_OR_RETURN(const io::ReadFile f, engine->open(p.pack_path()));
   uint64_t largest = 0;

@@ -1,15 +1,21 @@
-// `ktier pack -m DIR -o PACKDIR [--force] [-q]`: writes the trunk pack of the checkpoint in DIR
-// (every non-expert tensor, one 4096-aligned record per layer, plus manifest.json; see
-// src/pack/pack_writer.h and docs/FORMAT.md). The summary goes to stdout, progress to stderr.
+// `ktier pack -m DIR -o PACKDIR [--compress [--block-size SIZE]] [--force] [-q]`: writes the
+// trunk pack of the checkpoint in DIR (every non-expert tensor, one 4096-aligned record per layer,
+// plus manifest.json; with --compress the layer records are stored as independently compressed
+// blocks, manifest version 2; see src/pack/pack_writer.h and docs/FORMAT.md). The summary goes to
+// stdout, progress to stderr.
 // Exit codes: 0 ok, 1 I/O failure, 2 bad flags or config, or PACKDIR already holding a pack
 // without --force, 3 a corrupt checkpoint.
+#include <algorithm>
 #include <cstdio>
+#include <thread>
 #include <memory>
 #include <string>
 
 #include "cli/commands.h"
 #include "format/checkpoint.h"
+#include "pack/block_codec.h"
 #include "pack/pack_writer.h"
+#include "runtime/trunk_store.h"
 
 namespace ktier::cli {
 namespace {
@@ -19,15 +25,28 @@ struct PackArgs {
   std::string out_dir;
   bool force = false;
   bool quiet = false;
+  bool compress = false;
+  std::string block_size;  // SIZE (K/M/G suffixes); only with --compress
+  int threads = 0;         // 0: one per hardware thread
 };
 
 Status run_pack_command(const PackArgs& a) {
+  pack::PackOptions o;
+  if (!a.block_size.empty() && !a.compress) return Status::usage("--block-size needs --compress");
+  if (a.compress) {
+    o.block_size = pack::kDefaultBlockSize;
+    if (!a.block_size.empty()) {
+      KTIER_ASSIGN_OR_RETURN(o.block_size, runtime::parse_size(a.block_size));
+    }
+  }
+  if (a.threads < 0) return Status::usage("--threads must be >= 0 (0 = one per hardware thread)");
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  o.threads = a.threads > 0 ? a.threads : std::max(1, hw);
   // Refuse an existing pack before the (possibly long) checkpoint validation.
   KTIER_RETURN_IF_ERROR(pack::check_pack_output(a.out_dir, a.force));
   // Positioned reads: the copy is sequential and large, and needs no mapping of the shards.
   auto ckpt = format::Checkpoint::open(a.model_dir, format::OpenMode::kPread);
   if (!ckpt.is_ok()) return ckpt.status();
-  pack::PackOptions o;
   o.out_dir = a.out_dir;
   o.force = a.force;
   o.progress = !a.quiet;
@@ -52,6 +71,12 @@ void register_pack_command(CLI::App& app, int& exit_code) {
       ->required();
   sub->add_flag("--force", args->force, "replace a pack already in the output directory");
   sub->add_flag("-q,--quiet", args->quiet, "no progress meter");
+  sub->add_flag("--compress", args->compress,
+                "store layer records as zstd blocks, bf16 split into high/low byte planes (lossless; "
+                "manifest version 2)");
+  sub->add_option("--block-size", args->block_size,
+                  "inflated bytes per compressed block, a multiple of 4K (default 4M; K/M/G suffixes)");
+  sub->add_option("--threads", args->threads, "threads compressing blocks (default: one per core)");
   sub->callback([args, &exit_code] { exit_code = finish(run_pack_command(*args)); });
 }
 

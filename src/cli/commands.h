@@ -23,6 +23,7 @@ void register_bench_command(CLI::App& app, int& exit_code);
 // `ktier bench decode`, added under the `bench` subcommand by register_bench_command.
 void register_bench_decode_command(CLI::App& bench, int& exit_code);
 void register_bench_io_command(CLI::App& bench, int& exit_code);
+void register_bench_inflate_command(CLI::App& bench, int& exit_code);
 void register_pack_command(CLI::App& app, int& exit_code);
 
 }  // namespace ktier::cli

@@ -15,6 +15,8 @@
 
 #include <xxhash.h>
 
+#include "cpu/thread_pool.h"
+#include "pack/block_codec.h"
 #include "pack/trunk_pack.h"
 #include "synth/progress.h"
 
@@ -51,9 +53,9 @@ class PartialFile {
     const uint64_t n = std::min<uint64_t>(max, buffer_.size() - fill_);
     return std::span<uint8_t>(buffer_.data() + fill_, n);
   }
-  // The first `n` bytes of the last space() are now record bytes.
+  // The first `n` bytes of the last space() are now record bytes (hashed unless null).
   void commit(uint64_t n, XXH3_state_t* record_hash) {
-    XXH3_64bits_update(record_hash, buffer_.data() + fill_, n);
+    if (record_hash) XXH3_64bits_update(record_hash, buffer_.data() + fill_, n);
     fill_ += n;
     meter_.update(written_ + fill_);
   }
@@ -71,6 +73,21 @@ class PartialFile {
   }
 
   uint64_t bytes() const { return written_ + fill_; }
+
+  // Appends `n` bytes (not hashed).
+  Status append(const uint8_t* p, uint64_t n) {
+    while (n > 0) {
+      std::span<uint8_t> s;
+      {
+        KTIER_ASSIGN_OR_RETURN(s, space(n));
+      }
+      std::memcpy(s.data(), p, s.size());
+      commit(s.size(), nullptr);
+      p += s.size();
+      n -= s.size();
+    }
+    return Status::ok();
+  }
 
   // Writes what is buffered, fsyncs and closes. The file keeps its partial name.
   Status finish() {
@@ -200,16 +217,87 @@ Status rename_file(const fs::path& from, const fs::path& to) {
   return Status::ok();
 }
 
-// Copies every record of `layout` into `out`, filling in the record checksums.
-Status copy_records(const format::Checkpoint& ckpt, PackLayout& layout, PartialFile& out) {
+// Fills [at, at + n) of record `ri`'s inflated bytes from the shards (zeros between tensors).
+Status fill_range(const format::Checkpoint& ckpt, const PackLayout& layout, size_t ri, uint64_t at,
+                  uint64_t n, uint8_t* dst) {
+  std::memset(dst, 0, n);
+  const Record& r = layout.records[ri];
+  for (size_t k = 0; k < r.tensors.size(); ++k) {
+    const TensorEntry& t = r.tensors[k];
+    const uint64_t b = std::max(at, t.offset), e = std::min(at + n, t.offset + t.nbytes);
+    if (b >= e) continue;
+    const format::TensorRef& src = layout.sources[ri][k];
+    KTIER_RETURN_IF_ERROR(
+        ckpt.shard(src.shard).read_bytes(src.info->file_offset + (b - t.offset), e - b, dst + (b - at)));
+  }
+  return Status::ok();
+}
+
+// Writes layer record `ri` as compressed blocks (plan_blocks), `threads` blocks compressed at
+// once; fills in its blocks, stored size and the xxh3 of its inflated bytes.
+Status write_compressed_record(const format::Checkpoint& ckpt, PackLayout& layout, size_t ri,
+                               const PackOptions& o, cpu::ThreadPool& pool, PartialFile& out,
+                               XXH3_state_t* hash, uint64_t* copied) {
+  Record& r = layout.records[ri];
+  r.compressed = true;
+  const std::vector<BlockPlan> plan = plan_blocks(r, o.block_size);
+  const size_t batch = static_cast<size_t>(std::max(1, o.threads));
+  std::vector<std::vector<uint8_t>> raw(batch), stored(batch);
+  std::vector<Status> status(batch);
+  for (size_t b0 = 0; b0 < plan.size(); b0 += batch) {
+    const size_t n = std::min(batch, plan.size() - b0);
+    for (size_t i = 0; i < n; ++i) {
+      raw[i].resize(plan[b0 + i].inflated);
+      KTIER_RETURN_IF_ERROR(fill_range(ckpt, layout, ri, plan[b0 + i].raw_offset, raw[i].size(), raw[i].data()));
+      *copied += raw[i].size();
+    }
+    pool.parallel_for(static_cast<int64_t>(n), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        auto z = deflate_block(raw[i], plan[b0 + i].split, kZstdLevel);
+        status[i] = z.is_ok() ? Status::ok() : z.status();
+        if (z.is_ok()) stored[i] = std::move(z.value());
+      }
+    });
+    for (size_t i = 0; i < n; ++i) {
+      KTIER_RETURN_IF_ERROR(status[i]);
+      Block k;
+      k.offset = out.bytes();
+      k.length = stored[i].size();
+      k.inflated = raw[i].size();
+      k.raw_offset = plan[b0 + i].raw_offset;
+      k.xxh3 = XXH3_64bits(raw[i].data(), raw[i].size());
+      XXH3_64bits_update(hash, raw[i].data(), raw[i].size());
+      KTIER_RETURN_IF_ERROR(out.append(stored[i].data(), stored[i].size()));
+      KTIER_RETURN_IF_ERROR(out.zeros(align_up(out.bytes(), kRecordAlignment) - out.bytes(), nullptr));
+      r.blocks.push_back(k);
+    }
+  }
+  r.stored_size = out.bytes() - r.offset;
+  return Status::ok();
+}
+
+// Copies every record of `layout` into `out`, filling in the record checksums (and, compressing,
+// the offsets, which then differ from the plain layout's).
+Status copy_records(const format::Checkpoint& ckpt, PackLayout& layout, const PackOptions& o,
+                    PartialFile& out) {
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(), &XXH3_freeState);
   if (!hash) return Status::runtime("out of memory");
   Prefetcher prefetch(ckpt, layout);
   uint64_t copied = 0;
   prefetch.advance(0);
+  std::unique_ptr<cpu::ThreadPool> pool;
+  if (o.block_size > 0) pool = std::make_unique<cpu::ThreadPool>(std::max(1, o.threads));
   for (size_t ri = 0; ri < layout.records.size(); ++ri) {
     Record& r = layout.records[ri];
     XXH3_64bits_reset(hash.get());
+    r.offset = out.bytes();
+    r.stored_size = r.size;
+    if (o.block_size > 0 && r.kind == RecordKind::kLayer) {
+      KTIER_RETURN_IF_ERROR(write_compressed_record(ckpt, layout, ri, o, *pool, out, hash.get(), &copied));
+      r.xxh3 = XXH3_64bits_digest(hash.get());
+      prefetch.advance(copied);
+      continue;
+    }
     uint64_t cursor = 0;
     for (size_t k = 0; k < r.tensors.size(); ++k) {
       const TensorEntry& t = r.tensors[k];
@@ -253,6 +341,11 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
   try {
     const auto start = std::chrono::steady_clock::now();
     KTIER_RETURN_IF_ERROR(check_pack_output(o.out_dir, o.force));
+    if (o.block_size > 0 && (o.block_size % kRecordAlignment != 0 || o.block_size < kMinBlockSize ||
+                             o.block_size > kMaxBlockSize))
+      return Status::usage("--block-size " + std::to_string(o.block_size) + " must be a multiple of " +
+                           std::to_string(kRecordAlignment) + " between " + std::to_string(kMinBlockSize) +
+                           " and " + std::to_string(kMaxBlockSize) + " bytes");
     std::error_code ec;
     fs::create_directories(o.out_dir, ec);
     if (ec) return Status::runtime("cannot create " + o.out_dir.string() + ": " + ec.message());
@@ -278,13 +371,14 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
     synth::ProgressMeter meter("pack", layout.file_size, o.progress);
     PartialFile out(pack_partial, buffer, meter);
     KTIER_RETURN_IF_ERROR(out.open());
-    KTIER_RETURN_IF_ERROR(copy_records(ckpt, layout, out));
+    KTIER_RETURN_IF_ERROR(copy_records(ckpt, layout, o, out));
+    if (o.block_size > 0) layout.file_size = out.bytes();
     if (out.bytes() != layout.file_size)  // the layout's own arithmetic; a bug if it fails
       return Status::runtime(pack_partial.string() + ": wrote " + std::to_string(out.bytes()) +
                              " bytes, the layout says " + std::to_string(layout.file_size));
     KTIER_RETURN_IF_ERROR(out.finish());
 
-    Status s = write_small_file(manifest_partial, manifest_json(layout.records, layout.file_size, source));
+    Status s = write_small_file(manifest_partial, manifest_json(layout.records, layout.file_size, source, o.block_size));
     if (s.is_ok() && ::unlink(rep.manifest_path.c_str()) != 0 && errno != ENOENT)
       s = Status::runtime("cannot remove " + rep.manifest_path.string() + ": " + errno_text(errno));
     if (s.is_ok()) s = rename_file(pack_partial, rep.pack_path);
@@ -306,6 +400,13 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
     rep.file_size = layout.file_size;
     rep.expert_bytes = ckpt.census().experts.bytes;
     rep.ignored_bytes = ckpt.census().ignored.bytes;
+    rep.block_size = o.block_size;
+    for (const Record& r : layout.records) {
+      if (r.kind != RecordKind::kLayer) continue;
+      rep.blocks += r.blocks.size();
+      rep.layer_bytes += r.size;
+      rep.layer_stored += r.stored_size;
+    }
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return rep;
   } catch (const std::exception& e) {  // bad_alloc, filesystem errors; never escape
@@ -326,7 +427,18 @@ std::string format_pack_report(const PackReport& r) {
                 static_cast<unsigned long long>(r.payload_bytes),
                 static_cast<unsigned long long>(r.expert_bytes),
                 static_cast<unsigned long long>(r.ignored_bytes), r.seconds, mb_s);
-  return buf + ("  -> " + r.manifest_path.parent_path().string() + "\n");
+  std::string text = buf;
+  if (r.block_size > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "  compressed   layer records %llu -> %llu bytes (ratio %.4f), %llu blocks of <= %llu "
+                  "bytes, zstd level %d, bf16 planes split\n",
+                  static_cast<unsigned long long>(r.layer_bytes), static_cast<unsigned long long>(r.layer_stored),
+                  r.layer_bytes ? static_cast<double>(r.layer_stored) / static_cast<double>(r.layer_bytes) : 1.0,
+                  static_cast<unsigned long long>(r.blocks), static_cast<unsigned long long>(r.block_size),
+                  kZstdLevel);
+    text += buf;
+  }
+  return text + ("  -> " + r.manifest_path.parent_path().string() + "\n");
 }
 
 }  // namespace ktier::pack

@@ -9,7 +9,10 @@
 //    manifest.json is removed just before the renames, so until then the earlier pack stays
 //    usable, and after a failure in between the folder is no pack at all (never a mixed one).
 //  * Exact: every tensor's bytes are copied as stored (no dtype conversion); padding is zeros.
-//  * Bounded memory: one copy buffer of PackOptions::buffer_bytes, whatever the record sizes.
+//    With PackOptions::block_size the layer records are stored as compressed blocks
+//    (block_codec.h) whose inflated bytes are exactly those of the plain record.
+//  * Bounded memory: one copy buffer of PackOptions::buffer_bytes, whatever the record sizes
+//    (plus 2 x block_size per thread when compressing).
 //    Tensors are read with Checkpoint shard reads of up to that size, in checkpoint order
 //    (sequential within each shard), and written with one write() per full buffer.
 //  * Errors: PACKDIR holding manifest.json or trunk.pack without `force`, or PACKDIR a file →
@@ -33,6 +36,11 @@ struct PackOptions {
   bool progress = false;          // progress meter on stderr
   // Copy buffer: bytes per write() and the largest shard read. Multiple of 4096.
   uint64_t buffer_bytes = uint64_t{64} << 20;
+  // > 0: `--compress`, a version-2 pack whose layer records are compressed blocks of this many
+  // inflated bytes (a multiple of 4096 in [kMinBlockSize, kMaxBlockSize]); 0: version 1, plain.
+  uint64_t block_size = 0;
+  // Threads compressing blocks (>= 1). Memory: 2 x block_size per thread, on top of the buffer.
+  int threads = 1;
 };
 
 struct PackReport {
@@ -45,6 +53,10 @@ struct PackReport {
   uint64_t file_size = 0;       // trunk.pack, padding included
   uint64_t expert_bytes = 0;    // routed expert bytes left in the shards
   uint64_t ignored_bytes = 0;   // vision / MTP bytes not packed
+  uint64_t block_size = 0;      // 0: plain pack
+  uint64_t blocks = 0;          // compressed blocks written
+  uint64_t layer_bytes = 0;     // layer records, inflated (size, padding included)
+  uint64_t layer_stored = 0;    // the same records as stored (== layer_bytes when plain)
   double seconds = 0.0;         // copy, fsync and renames
 };
 

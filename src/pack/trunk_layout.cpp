@@ -112,6 +112,25 @@ PackLayout plan_trunk_pack(const format::Checkpoint& ckpt) {
   return out;
 }
 
+std::vector<BlockPlan> plan_blocks(const Record& r, uint64_t block_size) {
+  KTIER_CHECK(block_size > 0 && block_size % kRecordAlignment == 0);
+  std::vector<BlockPlan> out;
+  size_t k = 0;
+  while (k < r.tensors.size()) {
+    const bool bf16 = r.tensors[k].dtype == DType::kBF16;
+    const uint64_t begin = k == 0 ? 0 : r.tensors[k].offset;
+    while (k + 1 < r.tensors.size() && (r.tensors[k + 1].dtype == DType::kBF16) == bf16) ++k;
+    const uint64_t end = k + 1 < r.tensors.size() ? r.tensors[k + 1].offset : r.size;
+    ++k;
+    for (uint64_t at = begin; at < end; at += block_size) {
+      const uint64_t n = std::min(block_size, end - at);
+      out.push_back({at, n, bf16 && n % 2 == 0 && at % 2 == 0});
+    }
+  }
+  if (r.tensors.empty() && r.size > 0) out.push_back({0, r.size, false});
+  return out;
+}
+
 Result<SourceFingerprint> fingerprint_checkpoint(const format::Checkpoint& ckpt) {
   SourceFingerprint fp;
   {
@@ -141,12 +160,16 @@ Result<SourceFingerprint> fingerprint_checkpoint(const format::Checkpoint& ckpt)
 
 // Written by hand so that each tensor takes one line: the release's manifest has ~2,400 of them.
 std::string manifest_json(const std::vector<Record>& records, uint64_t file_size,
-                          const SourceFingerprint& source) {
+                          const SourceFingerprint& source, uint64_t block_size) {
   std::string o;
   auto num = [](uint64_t v) { return std::to_string(v); };
   o += "{\n";
   o += " \"format\": " + json_string(kPackFormat) + ",\n";
-  o += " \"version\": " + std::to_string(kPackVersion) + ",\n";
+  o += " \"version\": " + std::to_string(block_size > 0 ? kPackVersionCompressed : kPackVersion) + ",\n";
+  if (block_size > 0)
+    o += " \"compression\": {\"codec\": \"zstd\", \"level\": " + std::to_string(kZstdLevel) +
+         ", \"planes\": \"bf16-split\", \"block_size\": " + num(block_size) + ", \"block_alignment\": " +
+         num(kRecordAlignment) + "},\n";
   o += " \"alignment\": " + num(kRecordAlignment) + ",\n";
   o += " \"tensor_alignment\": " + num(kTensorAlignment) + ",\n";
   o += " \"source\": {\n  \"config_xxh3\": \"" + hex64(source.config_xxh3) + "\",\n  \"shards\": [";
@@ -167,7 +190,18 @@ std::string manifest_json(const std::vector<Record>& records, uint64_t file_size
     o += "\"name\": " + json_string(r.name) + ", \"layer\": " +
          (r.kind == RecordKind::kLayer ? std::to_string(r.layer) : std::string("null")) +
          ", \"offset\": " + num(r.offset) + ", \"size\": " + num(r.size) + ", \"bytes\": " +
-         num(r.bytes) + ", \"xxh3\": \"" + hex64(r.xxh3) + "\",\n   \"tensors\": [";
+         num(r.bytes) + ", \"xxh3\": \"" + hex64(r.xxh3) + "\",";
+    if (r.compressed) {
+      o += "\n   \"stored_size\": " + num(r.stored_size) + ", \"blocks\": [";
+      for (size_t b = 0; b < r.blocks.size(); ++b) {
+        const Block& k = r.blocks[b];
+        o += (b ? ",\n    " : "\n    ");
+        o += "{\"offset\": " + num(k.offset) + ", \"length\": " + num(k.length) + ", \"inflated\": " +
+             num(k.inflated) + ", \"xxh3\": \"" + hex64(k.xxh3) + "\"}";
+      }
+      o += "\n   ],";
+    }
+    o += "\n   \"tensors\": [";
     for (size_t k = 0; k < r.tensors.size(); ++k) {
       const TensorEntry& t = r.tensors[k];
       o += (k ? ",\n    " : "\n    ");

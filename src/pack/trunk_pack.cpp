@@ -94,10 +94,22 @@ class ManifestParser {
     if (format != kPackFormat)
       throw ManifestError{"format is \"" + format + "\", not \"" + kPackFormat + "\""};
     const json& v = member(root_, "version", "manifest");
-    if (!v.is_number_integer() || v.get<int64_t>() != kPackVersion)
-      throw ManifestError{"version " + v.dump() + "; this ktier reads version " +
-                          std::to_string(kPackVersion) + " (rerun ktier pack)"};
-    pack_.version_ = kPackVersion;
+    if (!v.is_number_integer() ||
+        (v.get<int64_t>() != kPackVersion && v.get<int64_t>() != kPackVersionCompressed))
+      throw ManifestError{"version " + v.dump() + "; this ktier reads versions " +
+                          std::to_string(kPackVersion) + " and " + std::to_string(kPackVersionCompressed) +
+                          " (rerun ktier pack)"};
+    pack_.version_ = v.get<int64_t>();
+    if (pack_.version_ == kPackVersionCompressed) {
+      const json& c = member(root_, "compression", "manifest");
+      if (get_string(c, "codec", "compression") != "zstd" ||
+          get_string(c, "planes", "compression") != "bf16-split")
+        throw ManifestError{"compression " + c.dump() + " is not zstd with bf16-split planes"};
+      pack_.block_size_ = get_u64(c, "block_size", "compression");
+      if (pack_.block_size_ < kMinBlockSize || pack_.block_size_ > kMaxBlockSize)
+        throw ManifestError{"compression.block_size " + std::to_string(pack_.block_size_) + " is outside [" +
+                            std::to_string(kMinBlockSize) + ", " + std::to_string(kMaxBlockSize) + "]"};
+    }
     if (get_u64(root_, "alignment", "manifest") != kRecordAlignment)
       throw ManifestError{"alignment is not " + std::to_string(kRecordAlignment)};
     if (get_string(root_, "file", "manifest") != kPackFileName)
@@ -117,11 +129,11 @@ class ManifestParser {
       if (r.offset < prev_end)
         throw ManifestError{"record '" + r.name + "' at offset " + std::to_string(r.offset) +
                             " overlaps the record before it (which ends at " + std::to_string(prev_end) + ")"};
-      if (r.offset > pack_.file_size_ || r.size > pack_.file_size_ - r.offset)
+      if (r.offset > pack_.file_size_ || r.stored_size > pack_.file_size_ - r.offset)
         throw ManifestError{"record '" + r.name + "' [" + std::to_string(r.offset) + ", +" +
-                            std::to_string(r.size) + ") lies outside " + kPackFileName + " (" +
+                            std::to_string(r.stored_size) + ") lies outside " + kPackFileName + " (" +
                             std::to_string(pack_.file_size_) + " bytes)"};
-      prev_end = r.offset + r.size;
+      prev_end = r.offset + r.stored_size;
     }
   }
 
@@ -181,6 +193,45 @@ class ManifestParser {
   }
 
  private:
+  // The blocks of a compressed record: stored back to back from r.offset, each aligned, their
+  // inflated lengths tiling [0, r.size), none larger than the pack's block size.
+  void parse_blocks(const json& j, Record& r, const std::string& rw) {
+    if (pack_.version_ != kPackVersionCompressed || r.layer < 0)
+      throw ManifestError{rw + ": blocks in a version-1 pack or a non-layer record"};
+    r.compressed = true;
+    r.stored_size = get_u64(j, "stored_size", rw);
+    const json& blocks = member(j, "blocks", rw);
+    if (!blocks.is_array()) throw ManifestError{rw + ": blocks is not an array"};
+    uint64_t at = r.offset, raw = 0;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      const std::string bw = rw + " block " + std::to_string(b);
+      Block k;
+      k.offset = get_u64(blocks[b], "offset", bw);
+      k.length = get_u64(blocks[b], "length", bw);
+      k.inflated = get_u64(blocks[b], "inflated", bw);
+      k.xxh3 = get_hex64(blocks[b], "xxh3", bw);
+      k.raw_offset = raw;
+      if (k.offset != at)
+        throw ManifestError{bw + ": offset " + std::to_string(k.offset) + ", expected " + std::to_string(at) +
+                            " (blocks are stored back to back, each on a " +
+                            std::to_string(kRecordAlignment) + "-byte boundary)"};
+      if (k.length < kBlockHeaderBytes || k.length > kBlockHeaderBytes + 2 * pack_.block_size_ + 1024 ||
+          k.inflated == 0 || k.inflated > pack_.block_size_ || k.inflated > r.size - raw)
+        throw ManifestError{bw + ": length " + std::to_string(k.length) + " or inflated length " +
+                            std::to_string(k.inflated) + " is impossible (block size " +
+                            std::to_string(pack_.block_size_) + ", record " + std::to_string(r.size) + " bytes)"};
+      at = align_up(k.offset + k.length, kRecordAlignment);
+      raw += k.inflated;
+      r.blocks.push_back(k);
+    }
+    if (raw != r.size)
+      throw ManifestError{rw + ": blocks inflate to " + std::to_string(raw) + " bytes, the record has " +
+                          std::to_string(r.size)};
+    if (r.stored_size != at - r.offset)
+      throw ManifestError{rw + ": stored_size " + std::to_string(r.stored_size) + ", its blocks end at +" +
+                          std::to_string(at - r.offset)};
+  }
+
   Record parse_record(const json& j, const std::string& w) {
     Record r;
     r.name = get_string(j, "name", w);
@@ -199,6 +250,8 @@ class ManifestParser {
     if (r.bytes > r.size || r.size - r.bytes >= kRecordAlignment)
       throw ManifestError{rw + ": size " + std::to_string(r.size) + " is not " +
                           std::to_string(r.bytes) + " bytes padded to " + std::to_string(kRecordAlignment)};
+    r.stored_size = r.size;
+    if (j.contains("blocks")) parse_blocks(j, r, rw);
     const json& tensors = member(j, "tensors", w);
     if (!tensors.is_array()) throw ManifestError{rw + ": tensors is not an array"};
     uint64_t end = 0;
@@ -323,13 +376,49 @@ Status TrunkPack::verify(const Record& record, const void* bytes) const {
                          hex64(record.xxh3) + "): the pack is damaged; rerun ktier pack --force");
 }
 
+Status TrunkPack::inflate_block(const Record& record, size_t b, const uint8_t* stored, uint8_t* dst,
+                                InflateScratch& scratch) const {
+  KTIER_CHECK(record.compressed && b < record.blocks.size());
+  const Block& k = record.blocks[b];
+  auto where = [&] {
+    return pack_path_.string() + ": record '" + record.name + "' block " + std::to_string(b) + " of " +
+           std::to_string(record.blocks.size()) + " (offset " + std::to_string(k.offset) + ", " +
+           std::to_string(k.length) + " stored bytes, " + std::to_string(k.inflated) + " inflated)";
+  };
+  const Status st = pack::inflate_block(std::span<const uint8_t>(stored, k.length),
+                                        std::span<uint8_t>(dst, k.inflated), scratch);
+  if (!st.is_ok())
+    return Status::corrupt(where() + ": " + st.message() + ": the pack is damaged; rerun ktier pack --force");
+  const uint64_t got = XXH3_64bits(dst, k.inflated);
+  if (got != k.xxh3)
+    return Status::corrupt(where() + ": the inflated bytes fail their checksum (xxh3 " + hex64(got) +
+                           ", manifest " + hex64(k.xxh3) + "): the pack is damaged (or its planes are "
+                           "swapped or misplaced); rerun ktier pack --force");
+  return Status::ok();
+}
+
 Status TrunkPack::read_record(const Record& record, void* dst) const {
+  if (!record.compressed) {
+    KTIER_RETURN_IF_ERROR(read_stored(record, dst));
+    return verify(record, dst);
+  }
+  std::vector<uint8_t> stored(record.stored_size);
+  KTIER_RETURN_IF_ERROR(read_stored(record, stored.data()));
+  InflateScratch scratch;
+  auto* out = static_cast<uint8_t*>(dst);
+  for (size_t b = 0; b < record.blocks.size(); ++b)
+    KTIER_RETURN_IF_ERROR(inflate_block(record, b, stored.data() + (record.blocks[b].offset - record.offset),
+                                        out + record.blocks[b].raw_offset, scratch));
+  return verify(record, dst);
+}
+
+Status TrunkPack::read_stored(const Record& record, void* dst) const {
   const int fd = ::open(pack_path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::runtime("cannot open " + pack_path_.string() + ": " + std::strerror(errno));
   auto* p = static_cast<uint8_t*>(dst);
   uint64_t done = 0;
-  while (done < record.size) {
-    const ssize_t r = ::pread(fd, p + done, record.size - done, static_cast<off_t>(record.offset + done));
+  while (done < record.stored_size) {
+    const ssize_t r = ::pread(fd, p + done, record.stored_size - done, static_cast<off_t>(record.offset + done));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
       const std::string why = r < 0 ? std::strerror(errno) : "the file shrank since it was opened";
@@ -340,7 +429,7 @@ Status TrunkPack::read_record(const Record& record, void* dst) const {
     done += static_cast<uint64_t>(r);
   }
   ::close(fd);
-  return verify(record, dst);
+  return Status::ok();
 }
 
 }  // namespace ktier::pack

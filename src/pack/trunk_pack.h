@@ -5,6 +5,10 @@
 // read of its record and checks the record's xxh3 before any byte reaches a kernel. Routed
 // experts are not in the pack; they are read from the shards.
 //
+// Version 2 (`ktier pack --compress`) stores each layer record as independently compressed
+// blocks (block_codec.h; Record::blocks) whose inflated bytes are exactly the version-1 record;
+// head and embed stay stored as they are. Version 1 packs are written and read as before.
+//
 // This header holds the format (constants, the record table), the layout rule shared by the
 // writer (pack_writer.h) and the reader, and the reader, TrunkPack.
 //
@@ -13,7 +17,8 @@
 //   * PACKDIR missing or not a directory: Status::usage (exit 2);
 //   * manifest.json or trunk.pack missing, unreadable as JSON, of another format or version, or
 //     inconsistent (records outside the file, overlapping, misaligned, tensors outside their
-//     record, trunk.pack's size not the manifest's): Status::corrupt (exit 3) naming the file;
+//     record, blocks misplaced or not tiling their record, trunk.pack's size not the
+//     manifest's): Status::corrupt (exit 3) naming the file;
 //   * a pack whose tensor table differs from the checkpoint's non-expert tensors (names, record,
 //     dtype, shape): Status::corrupt naming the tensor;
 //   * a pack made from another checkpoint (source fingerprint differs, see SourceFingerprint):
@@ -36,11 +41,13 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "format/checkpoint.h"
+#include "pack/block_codec.h"
 
 namespace ktier::pack {
 
 inline constexpr const char* kPackFormat = "ktier-trunk-pack";
-inline constexpr int64_t kPackVersion = 1;
+inline constexpr int64_t kPackVersion = 1;            // plain packs (every record as stored)
+inline constexpr int64_t kPackVersionCompressed = 2;  // layer records as compressed blocks
 inline constexpr const char* kPackFileName = "trunk.pack";
 inline constexpr const char* kManifestFileName = "manifest.json";
 // Records start at, and are zero-padded to, multiples of this (the O_DIRECT block of every
@@ -66,16 +73,32 @@ struct TensorEntry {
   uint32_t record = 0;  // index of its record in TrunkPack::records() / PackLayout::records
 };
 
+// One compressed block of a record (version 2; block_codec.h has its stored bytes). Blocks tile
+// the record's inflated bytes in order: block k inflates to [sum of the earlier `inflated`, +
+// inflated). Stored back to back in trunk.pack, each starting on a kRecordAlignment boundary.
+struct Block {
+  uint64_t offset = 0;    // in trunk.pack; multiple of kRecordAlignment
+  uint64_t length = 0;    // stored bytes (header + planes); zero padding follows to the alignment
+  uint64_t inflated = 0;  // bytes it inflates to, recorded (never derived from the block size)
+  uint64_t xxh3 = 0;      // XXH3_64bits of the inflated bytes
+  uint64_t raw_offset = 0;  // where they go in the record (not in the manifest: running sum)
+};
+
 // One record: a contiguous, aligned range of trunk.pack.
 struct Record {
   std::string name;  // "layer.{l}", "head" or "embed"
   RecordKind kind = RecordKind::kLayer;
   int64_t layer = -1;   // decoder layer for kLayer, -1 otherwise
   uint64_t offset = 0;  // in trunk.pack; multiple of kRecordAlignment
-  uint64_t size = 0;    // padded length; multiple of kRecordAlignment
+  uint64_t size = 0;    // padded (inflated) length; multiple of kRecordAlignment
   uint64_t bytes = 0;   // end of the last tensor (payload); size == align_up(bytes, 4096)
-  uint64_t xxh3 = 0;    // XXH3_64bits over all `size` bytes, padding included
+  uint64_t xxh3 = 0;    // XXH3_64bits over all `size` inflated bytes, padding included
   std::vector<TensorEntry> tensors;  // ascending offset, the checkpoint's order
+  // Version 2 layer records: stored as `blocks`, occupying [offset, offset + stored_size) of
+  // trunk.pack. Otherwise the record's `size` bytes are stored as they are and stored_size == size.
+  bool compressed = false;
+  uint64_t stored_size = 0;  // multiple of kRecordAlignment
+  std::vector<Block> blocks;
 };
 
 // What a pack was made from. Cheap to compute (headers plus 12 KiB per shard) and equal for a
@@ -112,15 +135,27 @@ struct PackLayout {
 // order, then file offset). Never fails on a checkpoint that Checkpoint::open() accepted.
 PackLayout plan_trunk_pack(const format::Checkpoint& ckpt);
 
+// Where the blocks of a compressed layer record are cut (version 2): the record is divided into
+// runs of consecutive tensors of one kind (bf16, or anything else), each tensor's run including
+// the padding after it; each run is cut into blocks of `block_size` bytes, the last one shorter.
+// Blocks of bf16 runs of even length are byte-split into planes, the others are compressed whole.
+// REQUIRES: block_size a positive multiple of kRecordAlignment.
+struct BlockPlan {
+  uint64_t raw_offset = 0, inflated = 0;
+  bool split = false;
+};
+std::vector<BlockPlan> plan_blocks(const Record& record, uint64_t block_size);
+
 // Status::runtime when config.json or a shard cannot be read.
 Result<SourceFingerprint> fingerprint_checkpoint(const format::Checkpoint& ckpt);
 
 // "%016x", as the manifest spells checksums.
 std::string hex64(uint64_t v);
 
-// manifest.json for a finished pack (records carry their checksums).
+// manifest.json for a finished pack (records carry their checksums). `block_size` > 0 writes
+// version 2 (compressed layer records, with their blocks), 0 version 1.
 std::string manifest_json(const std::vector<Record>& records, uint64_t file_size,
-                          const SourceFingerprint& source);
+                          const SourceFingerprint& source, uint64_t block_size = 0);
 
 class TrunkPack {
  public:
@@ -140,6 +175,9 @@ class TrunkPack {
   const std::filesystem::path& pack_path() const { return pack_path_; }  // dir()/trunk.pack
   uint64_t file_size() const { return file_size_; }
   int64_t version() const { return version_; }
+  // Version 2: layer records are compressed blocks of at most block_size() inflated bytes.
+  bool compressed() const { return version_ == kPackVersionCompressed; }
+  uint64_t block_size() const { return block_size_; }  // 0 for version 1
 
   // L layer records (records()[l] is layer l), then head, then embed.
   const std::vector<Record>& records() const { return records_; }
@@ -155,10 +193,19 @@ class TrunkPack {
   // naming the pack file, the record and its offset on a mismatch.
   Status verify(const Record& record, const void* bytes) const;
 
+  // Inflates block `b` of a compressed record from its `block.length` stored bytes into `dst`
+  // (block.inflated bytes) and checks the xxh3 of the inflated bytes. Status::corrupt naming the
+  // pack file, the record, the block and its offset. Thread-safe (one scratch per thread).
+  Status inflate_block(const Record& record, size_t b, const uint8_t* stored, uint8_t* dst,
+                       InflateScratch& scratch) const;
+
   // Reads the whole record into `dst` (caller-owned, at least record.size bytes) with buffered
-  // positioned reads and verifies it. For tools and tests; the engine reads through src/io.
-  // Status::runtime on an I/O error, Status::corrupt as verify().
+  // positioned reads, inflating compressed records, and verifies it (every block, then the
+  // record's xxh3). For tools and tests; the engine reads through src/io.
+  // Status::runtime on an I/O error, Status::corrupt as verify() and inflate_block().
   Status read_record(const Record& record, void* dst) const;
+  // The record's stored bytes, [offset, offset + stored_size), unverified (tools, tests).
+  Status read_stored(const Record& record, void* dst) const;
 
  private:
   TrunkPack() = default;
@@ -169,6 +216,7 @@ class TrunkPack {
   std::filesystem::path dir_;
   std::filesystem::path pack_path_;
   int64_t version_ = 0;
+  uint64_t block_size_ = 0;
   uint64_t file_size_ = 0;
   std::vector<Record> records_;
   std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> by_name_;  // -> record, tensor

@@ -70,13 +70,18 @@ int lookahead_depth(const EngineOptions& opts) {
 }  // namespace
 
 uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                              int lookahead) {
+                              int lookahead, int threads) {
   const bool moe = ckpt.expert_storage() != format::ExpertStorage::kNone;
-  uint64_t n = TrunkStore::minimum_bytes(ckpt, pack);
+  uint64_t n = TrunkStore::minimum_bytes(ckpt, pack, 2, threads);
   if (moe)
     n += static_cast<uint64_t>(ckpt.config().num_experts_per_token) * ExpertCache::slot_bytes(ckpt);
   if (moe && lookahead > 0) n += RouterBank::bytes_needed(ckpt);
   return n;
+}
+
+int resolve_threads(int requested) {
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  return requested > 0 ? requested : (hw > 0 ? hw : 1);
 }
 
 Status Engine::open_dial(const EngineOptions& opts) {
@@ -99,15 +104,18 @@ Status Engine::open_dial(const EngineOptions& opts) {
   // Trunk first; the expert tier needs at least one token's experts of one layer.
   const uint64_t slot = moe ? ExpertCache::slot_bytes(ckpt_) : 0;
   const uint64_t expert_min = moe ? static_cast<uint64_t>(c.num_experts_per_token) * slot : 0;
-  const uint64_t trunk_min = TrunkStore::minimum_bytes(ckpt_, pk);
+  const uint64_t trunk_min = TrunkStore::minimum_bytes(ckpt_, pk, 2, pool_->size());
   const bool lookahead = moe && lookahead_depth(opts) > 0;
   const uint64_t bank_bytes = lookahead ? RouterBank::bytes_needed(ckpt_) : 0;
   if (budget_ < trunk_min + expert_min + bank_bytes)
     return Status::budget(
         "a budget of " + gib(budget_) + " cannot be met: the minimum is " +
         gib(trunk_min + expert_min + bank_bytes) + " (trunk " + gib(trunk_min) + ": head, " +
-        "two ring slots, embedding rows; experts " + gib(expert_min) + ": " +
-        std::to_string(c.num_experts_per_token) + " slots of " + gib(slot) +
+        "two ring slots, embedding rows" +
+        (pk && pk->compressed() ? ", compressed staging per slot, inflate scratch per thread"
+                                : "") +
+        "; experts " + gib(expert_min) + ": " + std::to_string(c.num_experts_per_token) +
+        " slots of " + gib(slot) +
         (lookahead ? "; lookahead routers " + gib(bank_bytes) + ", 0 with --lookahead 0" : "") +
         ")");
   if (lookahead) {
@@ -116,6 +124,7 @@ Status Engine::open_dial(const EngineOptions& opts) {
   }
   TrunkStoreOptions so;
   so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min - bank_bytes;
+  so.pool = pool_.get();
   KTIER_ASSIGN_OR_RETURN(store_, TrunkStore::open(ckpt_, pk, *io_, shard_files_, so));
   if (moe) {
     const uint64_t total_experts =
@@ -168,6 +177,8 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
                          format::Checkpoint::open(opts.model_dir,
                                                   dial ? format::OpenMode::kPread : opts.mode));
   std::unique_ptr<Engine> e(new Engine(std::move(ckpt)));
+  // First: a compressed pack's blocks are inflated on this pool.
+  e->pool_ = std::make_unique<cpu::ThreadPool>(resolve_threads(opts.threads));
   model::TrunkSource* trunk = nullptr;
   if (dial) {
     KTIER_RETURN_IF_ERROR(e->open_dial(opts));
@@ -194,8 +205,6 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
     e->model_->set_lookahead(depth, std::move(routing));
     if (e->cache_) e->model_->add_lookahead_observer(e->cache_.get());
   }
-  const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  e->pool_ = std::make_unique<cpu::ThreadPool>(opts.threads > 0 ? opts.threads : (hw > 0 ? hw : 1));
   e->exec_ = cpu::Exec{e->pool_.get(), isa};
   return e;
 }

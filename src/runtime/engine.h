@@ -91,15 +91,18 @@ class Engine {
 };
 
 // The smallest budget the memory dial accepts for `ckpt` (with `pack`, or null): the trunk's
-// minimum (TrunkStore::minimum_bytes), one fetch's expert slots, and the lookahead routers when
-// lookahead > 0 (RouterBank::bytes_needed).
+// minimum (TrunkStore::minimum_bytes; a compressed pack's scratch grows with `threads`), one
+// fetch's expert slots, and the lookahead routers when lookahead > 0 (RouterBank::bytes_needed).
 uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                              int lookahead);
+                              int lookahead, int threads = 1);
 
 // Budget of a named preset (K3 scale; DESIGN.md §4, docs/TUNING.md): laptop 8G, desktop 32G,
 // workstation 96G, server 128G, max (everything), auto (55 % of MemTotal, at most MemAvailable
 // less 2 GiB). Status::usage for another name or when /proc/meminfo cannot be read for auto.
 Result<uint64_t> preset_budget_bytes(const std::string& name);
+
+// The engine's thread count for EngineOptions::threads (0: one per hardware thread).
+int resolve_threads(int requested);
 
 // "auto" -> nullopt, "scalar", "avx2"; Status::usage otherwise.
 Result<std::optional<cpu::Isa>> parse_isa(const std::string& name);

@@ -9,6 +9,7 @@ EngineCounters EngineCounters::of(const Engine& e) {
   if (const TrunkStore* t = e.trunk_store()) {
     c.trunk_bytes_read = t->stats().streamed_bytes_read;
     c.trunk_wait_ns = t->stats().io_wait_ns;
+    c.trunk_inflate_ns = t->stats().inflate_ns;
   }
   if (const ExpertCache* x = e.expert_cache()) c.experts = x->stats();
   c.io_wait_ns = c.trunk_wait_ns + c.experts.io_wait_ns;

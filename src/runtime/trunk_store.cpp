@@ -55,15 +55,24 @@ Result<uint64_t> parse_size(const std::string& text) {
 TrunkStore::~TrunkStore() { cq_.reset(); }  // waits for reads into the ring before it is freed
 
 namespace {
-// Head, embedding-row buffer and ring sizes of a record table (L layers, head, embed).
+// Head, embedding-row buffer and ring sizes of a record table (L layers, head, embed); for a
+// compressed pack the staging buffer (largest stored layer record) and the inflate scratch.
 struct TrunkSizes {
   uint64_t head = 0, row_buf = 0, largest = 0, all_layers = 0;
+  uint64_t staging = 0, scratch = 0;
+  // Everything pinned: one staging buffer while the layers are read at open.
+  uint64_t all_pinned() const { return head + row_buf + scratch + all_layers + staging; }
+  uint64_t ring(int slots) const { return static_cast<uint64_t>(slots) * (largest + staging); }
   uint64_t minimum(int slots) const {
-    return head + row_buf + std::min<uint64_t>(all_layers, static_cast<uint64_t>(slots) * largest);
+    return head + row_buf + scratch + std::min<uint64_t>(all_layers + staging, ring(slots));
   }
 };
-TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::ModelConfig& c) {
+TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::ModelConfig& c,
+                    uint64_t block_size = 0, int threads = 1) {
   TrunkSizes z;
+  for (const pack::Record& r : records)
+    if (r.compressed) z.staging = std::max(z.staging, r.stored_size);
+  if (z.staging > 0) z.scratch = static_cast<uint64_t>(std::max(1, threads)) * block_size;
   const size_t L = static_cast<size_t>(c.num_hidden_layers);
   z.head = records[L].size;
   const uint64_t row_bytes = records[L + 1].tensors.at(0).nbytes / static_cast<uint64_t>(c.vocab_size);
@@ -77,9 +86,10 @@ TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::Mode
 }  // namespace
 
 uint64_t TrunkStore::minimum_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                                   int ring_slots) {
+                                   int ring_slots, int inflate_threads) {
   const auto& records = pack ? pack->records() : pack::plan_trunk_pack(ckpt).records;
-  return sizes_of(records, ckpt.config()).minimum(std::max(2, ring_slots));
+  return sizes_of(records, ckpt.config(), pack ? pack->block_size() : 0, inflate_threads)
+      .minimum(std::max(2, ring_slots));
 }
 
 Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& ckpt,
@@ -88,6 +98,8 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
                                                      const std::vector<io::ReadFile>& shard_files,
                                                      const TrunkStoreOptions& opts) {
   std::unique_ptr<TrunkStore> s(new TrunkStore(ckpt, pack, engine, shard_files));
+  s->pool_ = opts.pool;
+  s->inflate_threads_ = opts.pool ? opts.pool->size() : 1;
   const format::ModelConfig& c = ckpt.config();
   const int64_t L = c.num_hidden_layers;
   if (pack) {
@@ -108,49 +120,75 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   // The plan: head + row buffer + ring are the minimum; layers are pinned in order while the
   // rest of the budget holds them; if every layer fits, there is no ring.
   const pack::Record& head = s->records_[static_cast<size_t>(L)];
-  const TrunkSizes z = sizes_of(s->records_, c);
-  const uint64_t largest = z.largest, all_layers = z.all_layers;
+  const TrunkSizes z = sizes_of(s->records_, c, pack ? pack->block_size() : 0, s->inflate_threads_);
+  const uint64_t largest = z.largest;
   const int slots = std::max(2, opts.ring_slots);
-  const uint64_t base = z.head + z.row_buf;
+  const uint64_t base = z.head + z.row_buf + z.scratch;
   const uint64_t row_buf = z.row_buf;
   s->stats_.minimum_bytes = z.minimum(slots);
   if (opts.budget_bytes < s->stats_.minimum_bytes)
     return Status::budget("a trunk budget of " + mib(opts.budget_bytes) + " cannot be met: the "
                           "minimum is " + mib(s->stats_.minimum_bytes) + " (head " +
                           mib(head.size) + " + " + std::to_string(slots) + " ring slots of " +
-                          mib(largest) + " + embedding rows)");
+                          mib(largest) + (z.staging ? " + " + mib(z.staging) + " compressed staging each + " +
+                                                          mib(z.scratch) + " inflate scratch" : std::string()) +
+                          " + embedding rows)");
   int64_t pinned = 0;
-  if (base + all_layers <= opts.budget_bytes) {
+  if (z.all_pinned() <= opts.budget_bytes) {
     pinned = L;
   } else {
-    uint64_t used = base + static_cast<uint64_t>(slots) * largest;
+    uint64_t used = base + z.ring(slots);
     while (pinned < L && used + s->records_[static_cast<size_t>(pinned)].size <= opts.budget_bytes)
       used += s->records_[static_cast<size_t>(pinned++)].size;
   }
   s->stats_.layers_pinned = pinned;
   s->stats_.layers_streamed = L - pinned;
 
-  // Resident part: head and the pinned layers, read and verified now.
-  KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer hb, io::AlignedBuffer::allocate(head.size));
-  KTIER_RETURN_IF_ERROR(s->read_now(head, hb.data()));
-  KTIER_ASSIGN_OR_RETURN(s->head_, model::bind_head(c, s->lookup_in(head, hb.data())));
-  s->pinned_.push_back(std::move(hb));
-  for (int64_t l = 0; l < pinned; ++l) {
-    const pack::Record& r = s->records_[static_cast<size_t>(l)];
-    KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer b, io::AlignedBuffer::allocate(r.size));
-    KTIER_RETURN_IF_ERROR(s->read_now(r, b.data()));
-    KTIER_ASSIGN_OR_RETURN(model::LayerWeights w, model::bind_layer(c, l, s->lookup_in(r, b.data())));
-    s->pinned_weights_.push_back(std::move(w));
-    s->pinned_.push_back(std::move(b));
+  // Compressed packs: inflate scratch, one per pool thread, allocated now (counted).
+  if (z.staging > 0) {
+    for (int i = 0; i < s->inflate_threads_; ++i) {
+      s->scratch_.emplace_back();
+      s->scratch_.back().reserve(pack->block_size());
+      s->stats_.scratch_bytes += s->scratch_.back().bytes();
+    }
+    for (pack::InflateScratch& sc : s->scratch_) s->free_scratch_.push_back(&sc);
   }
-  uint64_t allocated = 0;
-  for (const auto& b : s->pinned_) allocated += b.size();
+  // The ring (with its staging buffers) first: slot 0's staging serves the reads at open.
+  uint64_t allocated = s->stats_.scratch_bytes;
   if (pinned < L) {
     s->ring_.resize(static_cast<size_t>(slots));
     for (Slot& slot : s->ring_) {
       KTIER_ASSIGN_OR_RETURN(slot.buf, io::AlignedBuffer::allocate(largest));
       allocated += slot.buf.size();
+      if (z.staging > 0) {
+        KTIER_ASSIGN_OR_RETURN(slot.staging, io::AlignedBuffer::allocate(z.staging));
+        allocated += slot.staging.size();
+        s->stats_.staging_bytes += slot.staging.size();
+      }
     }
+  }
+  io::AlignedBuffer open_staging;  // every layer pinned: a staging buffer for open() only
+  if (z.staging > 0 && pinned == L) {
+    KTIER_ASSIGN_OR_RETURN(open_staging, io::AlignedBuffer::allocate(z.staging));
+    allocated += open_staging.size();
+  }
+  uint8_t* staging = pinned < L ? s->ring_[0].staging.data() : open_staging.data();
+
+  // Resident part: head and the pinned layers, read and verified now.
+  KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer hb, io::AlignedBuffer::allocate(head.size));
+  KTIER_RETURN_IF_ERROR(s->read_now(head, hb.data(), staging));
+  KTIER_ASSIGN_OR_RETURN(s->head_, model::bind_head(c, s->lookup_in(head, hb.data())));
+  s->pinned_.push_back(std::move(hb));
+  for (int64_t l = 0; l < pinned; ++l) {
+    const pack::Record& r = s->records_[static_cast<size_t>(l)];
+    KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer b, io::AlignedBuffer::allocate(r.size));
+    KTIER_RETURN_IF_ERROR(s->read_now(r, b.data(), staging));
+    KTIER_ASSIGN_OR_RETURN(model::LayerWeights w, model::bind_layer(c, l, s->lookup_in(r, b.data())));
+    s->pinned_weights_.push_back(std::move(w));
+    s->pinned_.push_back(std::move(b));
+  }
+  for (const auto& b : s->pinned_) allocated += b.size();
+  if (pinned < L) {
     s->next_prefetch_ = pinned;
     s->prefetch();
   }
@@ -162,12 +200,20 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   spdlog::info("trunk: {} of {} layers pinned, {} streamed through {} slots of {}; {} allocated "
                "({}, {})", pinned, L, L - pinned, pinned < L ? slots : 0, mib(largest),
                mib(s->stats_.bytes_allocated), s->engine_->name(),
-               pack ? "pack" : "shards");
+               pack ? (pack->compressed() ? "compressed pack" : "pack") : "shards");
   return s;
 }
 
+// For a compressed record: one source per block, into the staging buffer at the block's place
+// in the stored record (the whole aligned extent, so O_DIRECT reads need no bounce buffer).
 std::vector<TrunkStore::Source> TrunkStore::sources_of(const pack::Record& r) const {
   std::vector<Source> out;
+  if (pack_ && r.compressed) {
+    for (const pack::Block& b : r.blocks)
+      out.push_back({&pack_file_, b.offset, pack::align_up(b.length, pack::kRecordAlignment),
+                     b.offset - r.offset});
+    return out;
+  }
   if (pack_) {
     out.push_back({&pack_file_, r.offset, r.size, 0});
     return out;
@@ -181,15 +227,47 @@ std::vector<TrunkStore::Source> TrunkStore::sources_of(const pack::Record& r) co
   return out;
 }
 
-Status TrunkStore::read_now(const pack::Record& r, uint8_t* dst) {
-  std::fill(dst, dst + r.size, uint8_t{0});  // padding, for records assembled from shards
+Status TrunkStore::read_now(const pack::Record& r, uint8_t* dst, uint8_t* staging) {
+  if (!r.compressed) std::fill(dst, dst + r.size, uint8_t{0});  // padding, for records from shards
+  uint8_t* into = r.compressed ? staging : dst;
   std::vector<io::ReadRequest> batch;
   for (const Source& src : sources_of(r))
-    batch.push_back({src.file, src.offset, src.length, dst + src.dst_offset, 0});
+    batch.push_back({src.file, src.offset, src.length, into + src.dst_offset, 0});
   io::CompletionQueue cq(*engine_);
   KTIER_RETURN_IF_ERROR(cq.submit(batch));
   KTIER_RETURN_IF_ERROR(cq.wait_all());
+  if (r.compressed) {
+    std::vector<uint32_t> all(r.blocks.size());
+    for (uint32_t b = 0; b < all.size(); ++b) all[b] = b;
+    return inflate_blocks(r, all, staging, dst);
+  }
   return pack_ ? pack_->verify(r, dst) : Status::ok();
+}
+
+Status TrunkStore::inflate_blocks(const pack::Record& r, std::span<const uint32_t> blocks,
+                                  const uint8_t* stored, uint8_t* dst) {
+  const uint64_t t0 = now_ns();
+  std::vector<Status> status(blocks.size());
+  cpu::parallel_for(pool_, static_cast<int64_t>(blocks.size()), 1, [&](int64_t b, int64_t e) {
+    pack::InflateScratch* scratch = nullptr;
+    {
+      std::lock_guard lock(scratch_mu_);
+      KTIER_CHECK(!free_scratch_.empty());  // one per pool thread
+      scratch = free_scratch_.back();
+      free_scratch_.pop_back();
+    }
+    for (int64_t i = b; i < e; ++i) {
+      const pack::Block& k = r.blocks[blocks[static_cast<size_t>(i)]];
+      status[static_cast<size_t>(i)] = pack_->inflate_block(r, blocks[static_cast<size_t>(i)],
+                                                            stored + (k.offset - r.offset), dst + k.raw_offset,
+                                                            *scratch);
+    }
+    std::lock_guard lock(scratch_mu_);
+    free_scratch_.push_back(scratch);
+  });
+  stats_.inflate_ns += now_ns() - t0;
+  for (Status& st : status) KTIER_RETURN_IF_ERROR(st);
+  return Status::ok();
 }
 
 Status TrunkStore::start_read(Slot& s, int64_t layer) {
@@ -197,12 +275,17 @@ Status TrunkStore::start_read(Slot& s, int64_t layer) {
   s.layer = layer;
   s.ready = false;
   s.status = Status::ok();
+  s.landed.clear();
+  s.inflated = 0;
+  // Tag: slot index in the low 16 bits; for compressed records the block number above them.
   const uint64_t tag = static_cast<uint64_t>(&s - ring_.data());
+  uint8_t* into = r.compressed ? s.staging.data() : s.buf.data();
   std::vector<io::ReadRequest> batch;
   for (const Source& src : sources_of(r))
-    batch.push_back({src.file, src.offset, src.length, s.buf.data() + src.dst_offset, tag});
+    batch.push_back({src.file, src.offset, src.length, into + src.dst_offset, tag | (batch.size() << 16)});
   s.outstanding = batch.size();
-  stats_.streamed_bytes_read += pack_ ? r.size : r.bytes;
+  stats_.streamed_bytes_read += pack_ ? r.stored_size : r.bytes;
+  stats_.streamed_bytes_inflated += pack_ ? r.size : r.bytes;
   const Status st = cq_->submit(batch);
   if (!st.is_ok()) {
     s.outstanding = 0;
@@ -225,27 +308,63 @@ void TrunkStore::prefetch() {
   }
 }
 
-Status TrunkStore::drain(Slot* until) {
+void TrunkStore::take(size_t min_count) {
   std::vector<io::Completion> done;
-  const uint64_t t0 = now_ns();
-  while (until->outstanding > 0) {
-    done.clear();
-    cq_->wait(1, done);
-    for (io::Completion& c : done) {
-      Slot& s = ring_[static_cast<size_t>(c.tag)];
-      --s.outstanding;
-      if (!c.status.is_ok() && s.status.is_ok()) s.status = c.status;
-    }
+  cq_->wait(min_count, done);
+  for (io::Completion& c : done) {
+    Slot& s = ring_[static_cast<size_t>(c.tag & 0xffff)];
+    --s.outstanding;
+    if (!c.status.is_ok() && s.status.is_ok()) s.status = c.status;
+    if (c.status.is_ok() && s.layer >= 0 && records_[static_cast<size_t>(s.layer)].compressed)
+      s.landed.push_back(static_cast<uint32_t>(c.tag >> 16));
   }
+}
+
+Status TrunkStore::drain(Slot* until) {
+  const uint64_t t0 = now_ns();
+  while (until->outstanding > 0) take(1);
   stats_.io_wait_ns += now_ns() - t0;
   return Status::ok();
 }
 
-Status TrunkStore::finish(Slot& s) {
-  KTIER_RETURN_IF_ERROR(drain(&s));
-  KTIER_RETURN_IF_ERROR(s.status);
+Status TrunkStore::finish_compressed(Slot& s) {
   const pack::Record& r = records_[static_cast<size_t>(s.layer)];
-  if (pack_) {
+  std::vector<uint32_t> batch;
+  while (s.inflated < r.blocks.size()) {
+    // Wait until a pool's worth of blocks has landed (or every read has), then inflate those
+    // while the engine reads the rest.
+    const uint64_t t0 = now_ns();
+    const size_t want = std::min<size_t>(static_cast<size_t>(inflate_threads_), s.outstanding + s.landed.size());
+    while (s.status.is_ok() && s.landed.size() < want && s.outstanding > 0) take(1);
+    take(0);
+    stats_.io_wait_ns += now_ns() - t0;
+    if (!s.status.is_ok() || s.landed.empty()) break;
+    batch.swap(s.landed);
+    s.landed.clear();
+    std::sort(batch.begin(), batch.end());  // errors are reported for the first block
+    const Status st = inflate_blocks(r, batch, s.staging.data(), s.buf.data());
+    s.inflated += batch.size();
+    if (!st.is_ok() && s.status.is_ok()) s.status = st;
+    if (!s.status.is_ok()) break;
+  }
+  if (!s.status.is_ok()) {
+    KTIER_RETURN_IF_ERROR(drain(&s));  // no read may still write the staging buffer
+    return s.status;
+  }
+  KTIER_CHECK(s.inflated == r.blocks.size() && s.outstanding == 0);
+  return Status::ok();
+}
+
+Status TrunkStore::finish(Slot& s) {
+  const pack::Record& r = records_[static_cast<size_t>(s.layer)];
+  if (r.compressed) {
+    KTIER_RETURN_IF_ERROR(finish_compressed(s));
+  } else {
+    KTIER_RETURN_IF_ERROR(drain(&s));
+    KTIER_RETURN_IF_ERROR(s.status);
+  }
+  if (r.compressed) {  // every block was checked against its xxh3 as it was inflated
+  } else if (pack_) {
     KTIER_RETURN_IF_ERROR(pack_->verify(r, s.buf.data()));
   } else {  // the padding between tensors (never read by a kernel) is left as it is
   }

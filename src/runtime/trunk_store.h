@@ -12,24 +12,37 @@
 // carry none). Reads go through
 // the I/O layer (io_uring with O_DIRECT where possible, else pread; io/io_engine.h).
 //
+// Compressed packs (version 2): a layer record is read as one request per block into a staging
+// buffer of its slot; blocks are inflated on the thread pool as they land (I/O of later blocks
+// overlaps the inflation of earlier ones), each straight into its disjoint range of the slot (or
+// pinned buffer), and each block's inflated bytes are checked against their xxh3 before the
+// layer is bound. A failing block is Status::corrupt naming the pack file, the layer record and
+// the block.
+//
 // Exactness: whatever the budget, slot count or source, the kernels see the stored bytes of
 // every tensor, so the output bytes never change (tests/runtime/trunk_store_test.cpp).
 //
 // Memory: the weight buffers are io::AlignedBuffers, counted in bytes_allocated(): the head
-// record, the pinned records, the ring slots and the fixed embedding-row buffer. Not counted:
+// record, the pinned records, the ring slots and the fixed embedding-row buffer; for compressed
+// packs also a staging buffer per slot (one at open when every layer is pinned) and one inflate
+// scratch of the block size per pool thread. Not counted:
 // the f32 copies of each bound layer's small vectors (norm gains, conv taps; ~0.75 MB per K3
 // layer) — part of the fixed overhead documented in docs/TUNING.md.
 //
 // Threads: not thread-safe; the forward pass calls it from one thread. The I/O engine's threads
-// write only into slots whose reads are outstanding.
+// write only into slots whose reads are outstanding; pool threads inflating a block write only
+// that block's range of the destination and use one scratch each.
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
+#include "cpu/thread_pool.h"
 #include "format/checkpoint.h"
 #include "io/aligned_buffer.h"
 #include "io/io_engine.h"
@@ -41,14 +54,22 @@ namespace ktier::runtime {
 struct TrunkStoreOptions {
   uint64_t budget_bytes = UINT64_MAX;  // for the trunk; UINT64_MAX: everything pinned
   int ring_slots = 2;                  // >= 2 when any layer streams
+  // Inflates the blocks of a compressed pack's records in parallel (the engine's kernel pool;
+  // must outlive the store). Null: on the calling thread. Unused for plain packs and shards.
+  cpu::ThreadPool* pool = nullptr;
 };
 
 struct TrunkStoreStats {
   int64_t layers_pinned = 0, layers_streamed = 0;
-  uint64_t bytes_allocated = 0;     // head + pinned + ring + row buffer
+  uint64_t bytes_allocated = 0;     // head + pinned + ring + row buffer (+ compressed staging
+                                    // and inflate scratch); the peak, during open()
   uint64_t minimum_bytes = 0;       // the smallest budget that works (head + ring + row buffer)
-  uint64_t streamed_bytes_read = 0; // ring reads since open (pinned reads excluded)
+  uint64_t streamed_bytes_read = 0; // ring reads since open (pinned reads excluded), as stored
+  uint64_t streamed_bytes_inflated = 0;  // the same records inflated (== read for plain packs)
   uint64_t io_wait_ns = 0;          // time acquire_layer() spent waiting for reads
+  uint64_t inflate_ns = 0;          // time acquire_layer() spent inflating blocks (wall)
+  uint64_t staging_bytes = 0;       // compressed-byte staging buffers held (0 for plain packs)
+  uint64_t scratch_bytes = 0;       // inflate scratch held (0 for plain packs)
 };
 
 class TrunkStore final : public model::TrunkSource {
@@ -63,9 +84,10 @@ class TrunkStore final : public model::TrunkSource {
                                                   const std::vector<io::ReadFile>& shard_files,
                                                   const TrunkStoreOptions& opts);
   // The smallest trunk budget open() accepts (head + ring + embedding-row buffer; all layers if
-  // they are smaller than the ring).
+  // they are smaller than the ring). For a compressed pack also one staging buffer per ring slot
+  // (the largest stored layer record) and `inflate_threads` scratch buffers of the block size.
   static uint64_t minimum_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                                int ring_slots = 2);
+                                int ring_slots = 2, int inflate_threads = 1);
   ~TrunkStore() override;
 
   const format::ModelConfig& config() const override { return ckpt_.config(); }
@@ -80,11 +102,14 @@ class TrunkStore final : public model::TrunkSource {
  private:
   struct Slot {
     io::AlignedBuffer buf;
+    io::AlignedBuffer staging;  // compressed packs: the stored bytes of the record being read
     int64_t layer = -1;     // record held or being read; -1 free
     size_t outstanding = 0; // reads not yet completed
     Status status;          // first error of its reads
     bool ready = false;     // read, verified and bound
     bool in_use = false;    // acquired and not yet released
+    std::vector<uint32_t> landed;  // compressed: blocks read, not yet inflated
+    size_t inflated = 0;           // compressed: blocks inflated and verified
     model::LayerWeights weights;
   };
   struct Source {  // where one record's tensors come from
@@ -95,10 +120,17 @@ class TrunkStore final : public model::TrunkSource {
   TrunkStore(const format::Checkpoint& ckpt, const pack::TrunkPack* pack, io::IoEngine& engine,
              const std::vector<io::ReadFile>& shard_files)
       : ckpt_(ckpt), pack_(pack), engine_(&engine), shard_files_(&shard_files) {}
-  Status read_now(const pack::Record& r, uint8_t* dst);  // synchronous: pinned records, head
+  // Synchronous: pinned records, head. `staging`: room for a compressed record's stored bytes.
+  Status read_now(const pack::Record& r, uint8_t* dst, uint8_t* staging);
   Status start_read(Slot& s, int64_t layer);
   Status finish(Slot& s);  // waits for s's reads, verifies, binds
   Status drain(Slot* until);  // takes completions until `until` has none outstanding
+  void take(size_t min_count);  // takes completions (blocking for min_count) into their slots
+  Status finish_compressed(Slot& s);  // reads and inflates in parallel, as blocks land
+  // Inflates `blocks` of compressed record `r` from `stored` into `dst` on the pool; the first
+  // error in block order.
+  Status inflate_blocks(const pack::Record& r, std::span<const uint32_t> blocks, const uint8_t* stored,
+                        uint8_t* dst);
   Status verify_embed_record();  // pack mode: xxh3 of the embed record, streamed
   void prefetch();
   model::TensorLookup lookup_in(const pack::Record& r, const uint8_t* base) const;
@@ -120,6 +152,12 @@ class TrunkStore final : public model::TrunkSource {
   int64_t next_prefetch_ = -1;  // next streamed layer to read
   io::AlignedBuffer row_buf_;
   TrunkStoreStats stats_;
+  cpu::ThreadPool* pool_ = nullptr;
+  int inflate_threads_ = 1;
+  // One InflateScratch per inflating thread; taken and returned under scratch_mu_.
+  std::vector<pack::InflateScratch> scratch_;
+  std::mutex scratch_mu_;
+  std::vector<pack::InflateScratch*> free_scratch_;  // guarded by scratch_mu_
 };
 
 // "512M", "8G", "1024" (bytes), "1.5G": K, M, G, T are powers of 1024. Status::usage otherwise.

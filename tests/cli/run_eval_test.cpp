@@ -167,6 +167,69 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   fs::remove(report);
 }
 
+// Issue 7 interface: a compressed pack (small blocks, several per layer) runs exactly like a plain
+// pack and like no pack at all, whatever the inflate thread count and read-rate cap; `bench
+// inflate` reports the documented keys; a damaged block is exit 3 naming the layer and block.
+TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
+  const fs::path plain = dir_.string() + "-zplain", z = dir_.string() + "-z";
+  const fs::path json = dir_.string() + "-inflate.json";
+  auto r = run_process(ktier() + " pack -q" + model() + " -o " + plain.string() + " --force");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_process(ktier() + " pack -q" + model() + " -o " + z.string() + " --force --compress --block-size 64K");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("compressed"), std::string::npos) << r.out;
+  const std::string args = " --ids " + prompt_ids() + " -n 20 --temp 0 --print-ids";
+  const auto none = run_process(ktier() + " run" + model() + args);
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_EQ(last_line(none.out), join(golden_.at("greedy").get<std::vector<int>>()));
+  const auto packed = run_process(ktier() + " run" + model() + args + " --pack " + plain.string() + " --ram 900K");
+  ASSERT_EQ(packed.exit_code, 0) << packed.err;
+  EXPECT_EQ(packed.out, none.out);
+  for (const char* extra : {" --threads 1", " --threads 3", " --threads 2 --io-rate-limit 200"}) {
+    // 1200K: above the minimum with compressed staging and scratch; every layer streams.
+    const auto zr = run_process(ktier() + " run" + model() + args + " --pack " + z.string() + " --ram 1200K" + extra);
+    ASSERT_EQ(zr.exit_code, 0) << extra << ": " << zr.err;
+    EXPECT_EQ(zr.out, none.out) << extra;
+  }
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit -5").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --block-size 8K").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --compress --block-size 5000")
+                .exit_code, 2);
+
+  r = run_process(ktier() + " bench inflate --pack " + z.string() + " --threads 2 --passes 1 --json " + json.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  for (const char* key : {"ratio", "high_plane_bits", "low_plane_bits", "inflate_gbps_per_core"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_GT(j.at("ratio").get<double>(), 0.0);
+  EXPECT_LT(j.at("ratio").get<double>(), 1.0);
+  EXPECT_LT(j.at("high_plane_bits").get<double>(), j.at("low_plane_bits").get<double>());
+  EXPECT_EQ(run_process(ktier() + " bench inflate --pack " + plain.string()).exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " bench io --pack " + z.string()).exit_code, 2);  // plain packs only
+
+  // A flipped byte in the middle of the compressed pack's first layer record's second block.
+  const nlohmann::json m = nlohmann::json::parse(std::ifstream(z / "manifest.json"));
+  const nlohmann::json& block = m.at("records").at(0).at("blocks").at(1);
+  {
+    std::fstream f(z / "trunk.pack", std::ios::in | std::ios::out | std::ios::binary);
+    const auto pos = static_cast<std::streamoff>(block.at("offset").get<uint64_t>() +
+                                                 block.at("length").get<uint64_t>() / 2);
+    f.seekg(pos);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x21);
+    f.seekp(pos);
+    f.write(&c, 1);
+  }
+  r = run_process(ktier() + " run" + model() + args + " --pack " + z.string() + " --ram 1200K");
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("'layer.0' block 1 of"), std::string::npos) << r.err;
+  fs::remove_all(plain);
+  fs::remove_all(z);
+  fs::remove(json);
+}
+
 // `run --trace` records one step per (token computed, MoE layer): 12 prompt tokens + 4 decode
 // steps (the 5th token is sampled, not computed) over the tiny model's 12 MoE layers.
 TEST_F(RunEvalCli, TraceRecordsEveryTokensRouting) {

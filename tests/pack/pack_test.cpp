@@ -341,8 +341,22 @@ TEST_F(PackTest, DamagedManifestsAreCorrupt) {
   expect_corrupt("{\"format\": ", "cut JSON", "not valid JSON");
   expect_corrupt("[]", "an array", "not an object");
   json j = good;
-  j["version"] = 2;
-  expect_corrupt(j.dump(), "version 2", "version 2");
+  j["version"] = 3;
+  expect_corrupt(j.dump(), "version 3", "version 3");
+  j["version"] = 2;  // compressed packs name their compression
+  expect_corrupt(j.dump(), "version 2 without compression", "no \"compression\"");
+  j["compression"] = {{"codec", "zstd"}, {"planes", "bf16-split"}, {"block_size", 4096}};
+  j["records"][0]["blocks"] = json::array();  // blocks must inflate to the record's size
+  j["records"][0]["stored_size"] = 0;
+  expect_corrupt(j.dump(), "no blocks", "blocks inflate to 0 bytes");
+  j["records"][0]["blocks"] = {{{"offset", 4096}, {"length", 100}, {"inflated", 4096}, {"xxh3", "0000000000000000"}}};
+  expect_corrupt(j.dump(), "misplaced block", "block 0: offset 4096");
+  j["records"][0]["blocks"][0]["offset"] = j["records"][0]["offset"];
+  j["records"][0]["blocks"][0]["inflated"] = 8192;
+  expect_corrupt(j.dump(), "block above the block size", "is impossible");
+  j = good;
+  j["records"][0]["blocks"] = json::array();
+  expect_corrupt(j.dump(), "blocks in version 1", "version-1 pack");
   j = good;
   j["format"] = "something";
   expect_corrupt(j.dump(), "format", "format");

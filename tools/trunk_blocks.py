@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Independent Python implementation of the compressed block of a version-2 trunk pack
+(docs/FORMAT.md, "Compressed records"; the C++ side is src/pack/block_codec.{h,cpp}).
+
+Stored bytes of a block, little-endian:
+  magic b"KTB1" | mode u8 (0 whole, 1 bf16 split) | codec A u8 | codec B u8 | 0 u8 |
+  inflated u64 | stored length of plane A u64 | stored length of plane B u64 | plane A | plane B
+Split: plane A = the high byte of every bf16 value (odd offsets), plane B = the low bytes (even
+offsets). Codec 0 = raw, 1 = one zstd frame; a plane is stored raw when zstd is not smaller.
+
+  trunk_blocks.py fixture OUTDIR    write the cross-language fixture: case_K.src (original bytes)
+                                    and case_K.block (stored block) for K in 0..N-1, plus
+                                    cases.txt ("K split|whole description" per line)
+  trunk_blocks.py entropy FILE      bf16 plane entropies (bits/byte) and split+zstd ratio of the
+                                    bytes of FILE (raw little-endian bf16), in 4 MiB blocks
+
+Needs python3-zstandard (tools/setup.sh installs it) and numpy.
+"""
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import zstandard
+
+MAGIC = b"KTB1"
+HEADER = struct.Struct("<4sBBBBQQQ")  # 32 bytes
+LEVEL = 1
+
+
+def _plane(data: bytes, level: int):
+    z = zstandard.ZstdCompressor(level=level).compress(data)
+    return (1, z) if len(z) < len(data) else (0, bytes(data))
+
+
+def split(data: bytes):
+    a = np.frombuffer(data, dtype=np.uint8)
+    return a[1::2].tobytes(), a[0::2].tobytes()  # high, low
+
+
+def merge(hi: bytes, lo: bytes) -> bytes:
+    out = np.empty(2 * len(hi), dtype=np.uint8)
+    out[1::2] = np.frombuffer(hi, dtype=np.uint8)
+    out[0::2] = np.frombuffer(lo, dtype=np.uint8)
+    return out.tobytes()
+
+
+def encode(data: bytes, split_planes: bool, level: int = LEVEL) -> bytes:
+    if split_planes:
+        assert len(data) % 2 == 0, "split blocks have an even length"
+        hi, lo = split(data)
+        ca, pa = _plane(hi, level)
+        cb, pb = _plane(lo, level)
+        return HEADER.pack(MAGIC, 1, ca, cb, 0, len(data), len(pa), len(pb)) + pa + pb
+    ca, pa = _plane(data, level)
+    return HEADER.pack(MAGIC, 0, ca, 0, 0, len(data), len(pa), 0) + pa
+
+
+def decode(block: bytes) -> bytes:
+    magic, mode, ca, cb, zero, n, la, lb = HEADER.unpack_from(block)
+    assert magic == MAGIC and zero == 0 and HEADER.size + la + lb == len(block)
+    body = block[HEADER.size:]
+
+    def plane(codec, raw, size):
+        out = zstandard.ZstdDecompressor().decompress(raw, max_output_size=size) if codec else raw
+        assert len(out) == size
+        return out
+
+    if mode == 0:
+        return plane(ca, body[:la], n)
+    return merge(plane(ca, body[:la], n // 2), plane(cb, body[la:], n // 2))
+
+
+def bf16_like(rng, count: int, scale: float) -> bytes:
+    """bf16 bytes of normally distributed weights (the high byte then has low entropy)."""
+    f = (rng.standard_normal(count) * scale).astype(np.float32)
+    return (f.view(np.uint32) >> 16).astype("<u2").tobytes()
+
+
+def fixture(outdir: str) -> None:
+    os.makedirs(outdir, exist_ok=True)
+    rng = np.random.default_rng(7)
+    cases = [
+        ("split", bf16_like(rng, 3000, 0.02), "bf16 weights, both planes zstd or raw"),
+        ("split", bf16_like(rng, 1, 0.02), "one bf16 value"),
+        ("split", rng.integers(0, 256, 4096, dtype=np.uint8).tobytes(), "noise: raw planes"),
+        ("split", bytes(8192), "zeros: both planes zstd"),
+        ("whole", rng.integers(0, 4, 5001, dtype=np.uint8).tobytes(), "odd length, whole, zstd"),
+        ("whole", rng.integers(0, 256, 777, dtype=np.uint8).tobytes(), "noise, whole, raw"),
+    ]
+    with open(os.path.join(outdir, "cases.txt"), "w") as listing:
+        for k, (mode, data, what) in enumerate(cases):
+            block = encode(data, mode == "split")
+            assert decode(block) == data
+            with open(os.path.join(outdir, f"case_{k}.src"), "wb") as f:
+                f.write(data)
+            with open(os.path.join(outdir, f"case_{k}.block"), "wb") as f:
+                f.write(block)
+            listing.write(f"{k} {mode} {what}\n")
+
+
+def entropy(data: bytes) -> float:
+    counts = np.bincount(np.frombuffer(data, dtype=np.uint8), minlength=256)
+    p = counts[counts > 0] / max(1, len(data))
+    return float(-(p * np.log2(p)).sum())
+
+
+def measure(path: str, block: int = 4 << 20) -> None:
+    data = open(path, "rb").read()
+    data = data[: len(data) // 2 * 2]
+    hi, lo = split(data)
+    stored = sum(len(encode(data[i:i + block], True)) for i in range(0, len(data), block))
+    print(f"bytes {len(data)} high_plane_bits {entropy(hi):.3f} low_plane_bits {entropy(lo):.3f} "
+          f"ratio {stored / max(1, len(data)):.4f} (split + zstd level {LEVEL}, {block} byte blocks)")
+
+
+def main(argv):
+    if len(argv) == 3 and argv[1] == "fixture":
+        fixture(argv[2])
+    elif len(argv) == 3 and argv[1] == "entropy":
+        measure(argv[2])
+    else:
+        sys.stderr.write(__doc__)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# ThreadSanitizer over the parallel inflate path (issue 7): builds the block codec test and the
+# runtime test with -fsanitize=thread in a separate build folder and runs the cases that inflate
+# blocks on the thread pool while the I/O engine reads later blocks (the five adversarial shapes
+# at 1..8 threads; compressed-pack runs at 1, 2, 3, 5 and 8 threads, io_uring and pread).
+# Too slow for every CI run (a full TSan build of ktier_core); run it after touching
+# src/pack/block_codec.*, src/runtime/trunk_store.* or the thread pool:
+#   tools/tsan-inflate.sh            # build folder: build-tsan (KTIER_TSAN_DIR to change)
+# Exit status: that of the tests; TSan reports make them fail (halt_on_error).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=${KTIER_TSAN_DIR:-build-tsan}
+JOBS=${KTIER_JOBS:-2}
+cmake -S . -B "$DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKTIER_SANITIZE=thread -DKTIER_CUDA=OFF \
+  -DKTIER_BUILD_BENCH=OFF >/dev/null
+cmake --build "$DIR" -j "$JOBS" --target block_codec_test runtime_test
+/usr/bin/python3 tools/trunk_blocks.py fixture "$DIR/tsan_block_fixture"
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
+KTIER_BLOCK_FIXTURE_DIR="$DIR/tsan_block_fixture" "$DIR/tests/pack/block_codec_test"
+"$DIR/tests/runtime/runtime_test" --gtest_filter='CompressedTrunkTest.*'
+echo "tsan-inflate: no ThreadSanitizer reports"
