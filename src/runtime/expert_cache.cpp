@@ -69,6 +69,7 @@ uint64_t ExpertCache::slot_bytes(const format::Checkpoint& ckpt) {
 ExpertCache::~ExpertCache() {  // the queues wait for reads into the slots
   prefetch_cq_.reset();
   demand_cq_.reset();
+  if (arena_registered_) engine_.unregister_buffer(arena_.data());
 }
 
 Result<std::unique_ptr<ExpertCache>> ExpertCache::open(const format::Checkpoint& ckpt,
@@ -96,6 +97,9 @@ Result<std::unique_ptr<ExpertCache>> ExpertCache::open(const format::Checkpoint&
   // zeroing inside decode (measured: a tier larger than the working set ran 3x slower per token
   // on the development VM until every slot had been used once).
   std::memset(x->arena_.data(), 0, x->arena_.size());
+  // Fixed buffers spare io_uring the per-read page pinning; a large arena may exceed the
+  // registration table or RLIMIT_MEMLOCK, and then reads still work unregistered.
+  x->arena_registered_ = engine.register_buffer(x->arena_.data(), x->arena_.size()).is_ok();
   x->slots_.resize(static_cast<size_t>(slots));
   for (size_t i = 0; i < x->slots_.size(); ++i) {
     x->slots_[i].base = x->arena_.data() + i * x->stats_.slot_bytes;

@@ -153,6 +153,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   const std::vector<io::ReadFile>& files_;
   std::unique_ptr<io::CompletionQueue> demand_cq_, prefetch_cq_;
   io::AlignedBuffer arena_;  // all slots, one huge-page allocation (few page faults per slot)
+  bool arena_registered_ = false;  // with the I/O engine, for fixed-buffer reads
   std::vector<Slot> slots_;
   std::vector<int32_t> slot_of_key_;  // per key, -1 when the key has no slot
   std::vector<size_t> free_;          // slots with key -1 (some may still be loading)

@@ -17,6 +17,8 @@ EngineCounters EngineCounters::of(const Engine& e) {
     const io::IoCounters k = io->counters();
     c.io_bytes = k.bytes_delivered;
     c.io_busy_ns = k.busy_ns;
+    c.io_reads = k.reads_issued;
+    c.io_fixed_reads = k.fixed_reads;
   }
   return c;
 }
@@ -57,6 +59,7 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
         {"experts", per_step(d(xb.read_bytes, xa.read_bytes))}}},
       {"read_gbps", ratio(b.io_bytes - a.io_bytes, busy)},
       {"io_wait_share", share(b.io_wait_ns - a.io_wait_ns)},
+      {"fixed_buffer_read_share", ratio(b.io_fixed_reads - a.io_fixed_reads, b.io_reads - a.io_reads)},
       {"expert_wait_share", share(d(xb.io_wait_ns, xa.io_wait_ns))},
       {"tiers",
        {{"ram",

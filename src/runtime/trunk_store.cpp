@@ -52,7 +52,15 @@ Result<uint64_t> parse_size(const std::string& text) {
   return static_cast<uint64_t>(bytes);
 }
 
-TrunkStore::~TrunkStore() { cq_.reset(); }  // waits for reads into the ring before it is freed
+TrunkStore::~TrunkStore() {
+  cq_.reset();  // waits for reads into the ring before it is unregistered and freed
+  for (void* base : registered_) engine_->unregister_buffer(base);
+}
+
+void TrunkStore::register_for_reads(io::AlignedBuffer& b) {
+  // Fixed buffers spare io_uring the per-read page pinning; without them reads still work.
+  if (engine_->register_buffer(b.data(), b.size()).is_ok()) registered_.push_back(b.data());
+}
 
 namespace {
 // Head, embedding-row buffer and ring sizes of a record table (L layers, head, embed); for a
@@ -164,6 +172,9 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
         KTIER_ASSIGN_OR_RETURN(slot.staging, io::AlignedBuffer::allocate(z.staging));
         allocated += slot.staging.size();
         s->stats_.staging_bytes += slot.staging.size();
+        s->register_for_reads(slot.staging);  // compressed: blocks are read into the staging
+      } else {
+        s->register_for_reads(slot.buf);
       }
     }
   }

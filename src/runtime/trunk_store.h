@@ -144,6 +144,9 @@ class TrunkStore final : public model::TrunkSource {
   io::IoEngine* engine_;
   const std::vector<io::ReadFile>* shard_files_;
   std::unique_ptr<io::CompletionQueue> cq_;
+  std::vector<void*> registered_;  // ring buffers registered with the I/O engine
+  // Registers a ring buffer for fixed-buffer reads (io_uring); a failure leaves it unregistered.
+  void register_for_reads(io::AlignedBuffer& b);
   io::ReadFile pack_file_;
   std::vector<io::AlignedBuffer> pinned_;  // head first, then layers 0..n_pinned-1
   std::vector<model::LayerWeights> pinned_weights_;
