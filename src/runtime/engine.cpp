@@ -67,14 +67,19 @@ namespace {
 int lookahead_depth(const EngineOptions& opts) {
   return opts.policy == strata::PolicyKind::kStatic ? 0 : opts.lookahead;
 }
+
+// The fewest expert slots: one fetch's top-k, plus room for what lookahead prefetches ahead of
+// the layers in flight (top-k per depth), without which a prefetch has nowhere to go.
+uint64_t min_expert_slots(const format::ModelConfig& c, int lookahead) {
+  return static_cast<uint64_t>(c.num_experts_per_token) * (1 + static_cast<uint64_t>(lookahead));
+}
 }  // namespace
 
 uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                               int lookahead, int threads) {
   const bool moe = ckpt.expert_storage() != format::ExpertStorage::kNone;
   uint64_t n = TrunkStore::minimum_bytes(ckpt, pack, 2, threads);
-  if (moe)
-    n += static_cast<uint64_t>(ckpt.config().num_experts_per_token) * ExpertCache::slot_bytes(ckpt);
+  if (moe) n += min_expert_slots(ckpt.config(), lookahead) * ExpertCache::slot_bytes(ckpt);
   if (moe && lookahead > 0) n += RouterBank::bytes_needed(ckpt);
   return n;
 }
@@ -101,9 +106,10 @@ Status Engine::open_dial(const EngineOptions& opts) {
   } else {
     KTIER_ASSIGN_OR_RETURN(budget_, preset_budget_bytes("auto"));
   }
-  // Trunk first; the expert tier needs at least one token's experts of one layer.
+  // Trunk first; the expert tier needs one token's experts of one layer and the prefetch room.
   const uint64_t slot = moe ? ExpertCache::slot_bytes(ckpt_) : 0;
-  const uint64_t expert_min = moe ? static_cast<uint64_t>(c.num_experts_per_token) * slot : 0;
+  const uint64_t min_slots = moe ? min_expert_slots(c, lookahead_depth(opts)) : 0;
+  const uint64_t expert_min = min_slots * slot;
   const uint64_t trunk_min = TrunkStore::minimum_bytes(ckpt_, pk, 2, pool_->size());
   const bool lookahead = moe && lookahead_depth(opts) > 0;
   const uint64_t bank_bytes = lookahead ? RouterBank::bytes_needed(ckpt_) : 0;
@@ -114,8 +120,8 @@ Status Engine::open_dial(const EngineOptions& opts) {
         "two ring slots, embedding rows" +
         (pk && pk->compressed() ? ", compressed staging per slot, inflate scratch per thread"
                                 : "") +
-        "; experts " + gib(expert_min) + ": " + std::to_string(c.num_experts_per_token) +
-        " slots of " + gib(slot) +
+        "; experts " + gib(expert_min) + ": " + std::to_string(min_slots) + " slots of " +
+        gib(slot) +
         (lookahead ? "; lookahead routers " + gib(bank_bytes) + ", 0 with --lookahead 0" : "") +
         ")");
   if (lookahead) {
@@ -145,7 +151,7 @@ Status Engine::open_dial(const EngineOptions& opts) {
     // One fetch's worth of slots is lent to experts the policy does not keep; the rest is the
     // policy's capacity.
     const uint64_t batch = static_cast<uint64_t>(c.num_experts_per_token);
-    const uint64_t slots = std::clamp<uint64_t>(left / slot, batch, total_experts + batch);
+    const uint64_t slots = std::clamp<uint64_t>(left / slot, min_slots, total_experts + batch);
     ExpertCacheOptions xo;
     xo.policy = opts.policy;
     xo.temperature_seed = opts.temperature_seed;

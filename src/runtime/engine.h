@@ -91,8 +91,9 @@ class Engine {
 };
 
 // The smallest budget the memory dial accepts for `ckpt` (with `pack`, or null): the trunk's
-// minimum (TrunkStore::minimum_bytes; a compressed pack's scratch grows with `threads`), one
-// fetch's expert slots, and the lookahead routers when lookahead > 0 (RouterBank::bytes_needed).
+// minimum (TrunkStore::minimum_bytes; a compressed pack's scratch grows with `threads`), expert
+// slots for one fetch and top-k more per lookahead depth, and the lookahead routers when
+// lookahead > 0 (RouterBank::bytes_needed).
 uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                               int lookahead, int threads = 1);
 
