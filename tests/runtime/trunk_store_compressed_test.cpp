@@ -14,6 +14,7 @@
 #include "pack/block_codec.h"
 #include "pack/pack_writer.h"
 #include "runtime/engine.h"
+#include "runtime/engine_outputs.h"
 #include "runtime/generator.h"
 #include "synth/synth.h"
 
@@ -51,21 +52,7 @@ class CompressedTrunkTest : public ::testing::Test {
     EngineOptions eo = eo_in;
     eo.model_dir = root_ / "ckpt";
     eo.threads = threads;
-    auto e = Engine::open(eo);
-    EXPECT_TRUE(e.is_ok()) << e.status().message();
-    if (!e.is_ok()) return {};
-    const int64_t V = e.value()->checkpoint().config().vocab_size;
-    std::vector<float> out(prompt_.size() * V);
-    EXPECT_TRUE(evaluate(e.value()->model(), prompt_, 5, out.data(), e.value()->exec()).is_ok());
-    GenerationOptions g;
-    g.max_new_tokens = 6;
-    auto st = generate(e.value()->model(), e.value()->experts(), prompt_, g, e.value()->exec(),
-                       [&](int32_t id) {
-                         out.push_back(static_cast<float>(id));
-                         return Status::ok();
-                       });
-    EXPECT_TRUE(st.is_ok()) << st.status().message();
-    return out;
+    return logits_then_greedy_ids(eo, prompt_);
   }
   // The smallest whole budget with the pack in `dir` at `threads` inflate threads (default
   // lookahead: its routers included).

@@ -13,6 +13,7 @@
 #include "io/fault_plan.h"
 #include "pack/pack_writer.h"
 #include "runtime/engine.h"
+#include "runtime/engine_outputs.h"
 #include "runtime/generator.h"
 #include "synth/synth.h"
 
@@ -52,21 +53,7 @@ class TrunkStoreTest : public ::testing::Test {
     EngineOptions eo = eo_in;
     eo.model_dir = root_ / "ckpt";
     eo.threads = threads;
-    auto e = open(eo);
-    EXPECT_TRUE(e.is_ok()) << e.status().message();
-    if (!e.is_ok()) return {};
-    const int64_t V = e.value()->checkpoint().config().vocab_size;
-    std::vector<float> out(prompt_.size() * V);
-    EXPECT_TRUE(evaluate(e.value()->model(), prompt_, 5, out.data(), e.value()->exec()).is_ok());
-    GenerationOptions g;
-    g.max_new_tokens = 6;
-    auto st = generate(e.value()->model(), e.value()->experts(), prompt_, g, e.value()->exec(),
-                       [&](int32_t id) {
-                         out.push_back(static_cast<float>(id));
-                         return Status::ok();
-                       });
-    EXPECT_TRUE(st.is_ok()) << st.status().message();
-    return out;
+    return logits_then_greedy_ids(eo, prompt_);
   }
   // The smallest whole budget: the trunk's minimum, top-k expert slots, the lookahead routers.
   static uint64_t minimum() {
