@@ -13,6 +13,12 @@ offsets). Codec 0 = raw, 1 = one zstd frame; a plane is stored raw when zstd is 
                                     cases.txt ("K split|whole description" per line)
   trunk_blocks.py entropy FILE      bf16 plane entropies (bits/byte) and split+zstd ratio of the
                                     bytes of FILE (raw little-endian bf16), in 4 MiB blocks
+  trunk_blocks.py check-pack ZPACK PLAIN
+                                    the other direction: inflate every block of the compressed
+                                    pack ZPACK (written by `ktier pack --compress`) with this
+                                    decoder and compare each record with the same record of the
+                                    plain pack PLAIN (`ktier pack`); exit 1 naming the first
+                                    record that differs
 
 Needs python3-zstandard (tools/setup.sh installs it) and numpy.
 """
@@ -115,7 +121,44 @@ def measure(path: str, block: int = 4 << 20) -> None:
           f"ratio {stored / max(1, len(data)):.4f} (split + zstd level {LEVEL}, {block} byte blocks)")
 
 
+def check_pack(zpack: str, plain: str) -> int:
+    import json
+    zman = json.load(open(os.path.join(zpack, "manifest.json")))
+    pman = json.load(open(os.path.join(plain, "manifest.json")))
+    plain_records = {r["name"]: r for r in pman["records"]}
+    blocks = 0
+    with open(os.path.join(zpack, "trunk.pack"), "rb") as zf, \
+            open(os.path.join(plain, "trunk.pack"), "rb") as pf:
+        for r in zman["records"]:
+            want_r = plain_records[r["name"]]
+            pf.seek(want_r["offset"])
+            want = pf.read(want_r["size"])
+            if "blocks" not in r:  # head and embed are stored as in a plain pack
+                zf.seek(r["offset"])
+                got = zf.read(r["size"])
+            else:
+                parts = []
+                for b in r["blocks"]:
+                    zf.seek(b["offset"])
+                    out = decode(zf.read(b["length"]))
+                    if len(out) != b["inflated"]:
+                        print(f"{r['name']}: block at {b['offset']} inflates to {len(out)}, "
+                              f"manifest says {b['inflated']}")
+                        return 1
+                    parts.append(out)
+                    blocks += 1
+                got = b"".join(parts)
+            if got != want:
+                print(f"{r['name']}: inflated bytes differ from the plain pack's record")
+                return 1
+    print(f"ok: {len(zman['records'])} records, {blocks} blocks inflated by Python equal the "
+          f"plain pack")
+    return 0
+
+
 def main(argv):
+    if len(argv) == 4 and argv[1] == "check-pack":
+        return check_pack(argv[2], argv[3])
     if len(argv) == 3 and argv[1] == "fixture":
         fixture(argv[2])
     elif len(argv) == 3 and argv[1] == "entropy":
