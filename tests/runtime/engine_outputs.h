@@ -5,12 +5,26 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <vector>
 
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "synth/synth.h"
 
 namespace ktier::runtime {
+
+// The prompt the memory-dial tests run (12 ids of the tiny vocabulary).
+inline const std::vector<int32_t> kDialTestPrompt = {17, 42, 1, 99, 128, 7, 200, 63, 150, 31,
+                                                     222, 88};
+
+// Writes the tiny synthetic checkpoint to `dir` (call under ASSERT_NO_FATAL_FAILURE).
+inline void synth_tiny(const std::filesystem::path& dir) {
+  synth::SynthOptions o;
+  o.out_dir = dir;
+  o.threads = 1;
+  ASSERT_TRUE(synth::run_synth(o).is_ok());
+}
 
 inline std::vector<float> logits_then_greedy_ids(const EngineOptions& eo,
                                                  const std::vector<int32_t>& prompt) {

@@ -12,6 +12,7 @@
 
 #include "io/fault_plan.h"
 #include "runtime/engine.h"
+#include "runtime/engine_outputs.h"
 #include "runtime/generator.h"
 #include "strata/replay.h"
 #include "strata/trace_format.h"
@@ -28,11 +29,8 @@ class ExpertCacheTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     root_ = fs::temp_directory_path() / ("ktier-expert-cache-" + std::to_string(::getpid()));
-    synth::SynthOptions o;
-    o.out_dir = root_ / "ckpt";
-    o.threads = 1;
-    ASSERT_TRUE(synth::run_synth(o).is_ok());
-    prompt_ = {17, 42, 1, 99, 128, 7, 200, 63, 150, 31, 222, 88};
+    ASSERT_NO_FATAL_FAILURE(synth_tiny(root_ / "ckpt"));
+    prompt_ = kDialTestPrompt;
     auto ckpt = format::Checkpoint::open(root_ / "ckpt");
     ASSERT_TRUE(ckpt.is_ok());
     slot_ = ExpertCache::slot_bytes(ckpt.value());

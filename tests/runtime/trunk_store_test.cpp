@@ -26,16 +26,13 @@ class TrunkStoreTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     root_ = fs::temp_directory_path() / ("ktier-trunk-store-" + std::to_string(::getpid()));
-    synth::SynthOptions o;
-    o.out_dir = root_ / "ckpt";
-    o.threads = 1;
-    ASSERT_TRUE(synth::run_synth(o).is_ok());
-    auto ckpt = format::Checkpoint::open(o.out_dir);
+    ASSERT_NO_FATAL_FAILURE(synth_tiny(root_ / "ckpt"));
+    auto ckpt = format::Checkpoint::open(root_ / "ckpt");
     ASSERT_TRUE(ckpt.is_ok());
     pack::PackOptions po;
     po.out_dir = root_ / "pack";
     ASSERT_TRUE(pack::write_trunk_pack(ckpt.value(), po).is_ok());
-    prompt_ = {17, 42, 1, 99, 128, 7, 200, 63, 150, 31, 222, 88};
+    prompt_ = kDialTestPrompt;
     reference_ = logits({});
   }
   static void TearDownTestSuite() { fs::remove_all(root_); }
