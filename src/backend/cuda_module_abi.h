@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-#define KTIER_CUDA_ABI_VERSION 1
+#define KTIER_CUDA_ABI_VERSION 2
 
 typedef struct KtierCudaDeviceInfo {
   char name[256];
@@ -34,6 +34,125 @@ typedef struct KtierCudaProbe {
 typedef int (*KtierCudaAbiVersionFn)(void);
 /* Symbol "ktier_cuda_probe": fills *out; never aborts, whatever the machine lacks. */
 typedef void (*KtierCudaProbeFn)(KtierCudaProbe* out);
+
+/* ------------------------------------------------------------------------------------------
+ * Ops. Symbol "ktier_cuda_ops": returns the module's table (static storage, never null).
+ *
+ * Conventions (the CPU kernel API, cpu/kernels.h, with device pointers):
+ *  - Every pointer an op reads or writes is device memory (cudaMalloc) unless the field says
+ *    "host"; host arrays are read before the call returns (the module copies them into kernel
+ *    parameters), so the caller may reuse them at once.
+ *  - Every op is asynchronous on `stream` (a cudaStream_t; NULL = the legacy default stream).
+ *  - Every function returns 0 on success; on failure a non-zero code, and last_error() then
+ *    describes the failure (CUDA error name and the op) until the next failing call on the same
+ *    host thread. Argument errors (a bug in the caller) also return non-zero, never abort.
+ *  - Shapes, layouts and semantics are exactly those of the same-named op in cpu/kernels.h;
+ *    the arithmetic is f32 with the accumulation chains stated per op in cuda/README.md, so the
+ *    results agree with the CPU within the tolerances the cross-backend test derives from them.
+ *  - Thread-safety: ops on different streams may be issued from different host threads.
+ * ------------------------------------------------------------------------------------------ */
+
+typedef void* KtierCudaStream;
+typedef void* KtierCudaEvent;
+
+/* Weight types: the numeric values of ktier::cpu::WeightType. */
+enum { KTIER_CUDA_F32 = 0, KTIER_CUDA_BF16 = 1, KTIER_CUDA_F16 = 2, KTIER_CUDA_MXFP4 = 3 };
+
+typedef struct KtierCudaWeight {
+  int32_t type;           /* KTIER_CUDA_* */
+  const void* data;       /* device: elements, or MXFP4 packed bytes [rows, cols/2] */
+  const uint8_t* scales;  /* device: MXFP4 E8M0 scales [rows, cols/32]; NULL otherwise */
+  int64_t rows;
+  int64_t cols;           /* MXFP4 requires cols % 32 == 0 */
+} KtierCudaWeight;
+
+typedef struct KtierCudaLinearJob {
+  KtierCudaWeight w;
+  const float* x; /* device [n_tokens, w.cols] */
+  int64_t n_tokens;
+  float* y;       /* device [n_tokens, w.rows]; y ranges of one call are disjoint */
+} KtierCudaLinearJob;
+
+typedef struct KtierCudaMlaDims {
+  int n_heads, qk_nope, qk_rope, v_head, kv_lora;
+} KtierCudaMlaDims;
+
+#define KTIER_CUDA_MAX_TOPK 64      /* weighted_sum k, router top_k */
+#define KTIER_CUDA_MAX_SOURCES 128  /* attnres m */
+
+typedef struct KtierCudaOps {
+  size_t struct_size; /* sizeof(KtierCudaOps) as the module was built */
+  const char* (*last_error)(void);
+
+  /* Selects the device for the calling thread and creates the module's per-device state
+   * (cuBLAS handle). Call once per host thread before anything else. */
+  int (*init)(int device);
+
+  /* ---- memory, streams, events ---- */
+  int (*malloc_device)(void** ptr, size_t bytes);
+  int (*free_device)(void* ptr);
+  int (*malloc_host)(void** ptr, size_t bytes); /* pinned, cudaHostAlloc (portable) */
+  int (*free_host)(void* ptr);
+  int (*mem_info)(size_t* free_bytes, size_t* total_bytes);
+  /* cudaMemcpyAsync with cudaMemcpyDefault (unified addressing decides the direction). */
+  int (*memcpy_async)(void* dst, const void* src, size_t bytes, KtierCudaStream stream);
+  int (*memset_async)(void* dst, int value, size_t bytes, KtierCudaStream stream);
+  int (*stream_create)(KtierCudaStream* stream); /* non-blocking stream */
+  int (*stream_destroy)(KtierCudaStream stream);
+  int (*stream_synchronize)(KtierCudaStream stream);
+  int (*event_create)(KtierCudaEvent* event); /* timing disabled */
+  int (*event_destroy)(KtierCudaEvent event);
+  int (*event_record)(KtierCudaEvent event, KtierCudaStream stream);
+  int (*stream_wait_event)(KtierCudaStream stream, KtierCudaEvent event);
+  int (*event_synchronize)(KtierCudaEvent event);
+
+  /* ---- ops (cpu/kernels.h names) ---- */
+  /* jobs: host array. MXFP4 and n_tokens < 8 run the fused matrix-vector kernels (packed bytes
+   * decoded in registers); float weights with n_tokens >= 8 run cuBLAS (x rounded to the
+   * weight's 16-bit type, f32 accumulation), F32 weights cuBLAS SGEMM. */
+  int (*linear)(const KtierCudaLinearJob* jobs, int n_jobs, KtierCudaStream stream);
+  int (*rmsnorm)(const float* x, const float* gain, int64_t rows, int64_t n, double eps,
+                 float* out, KtierCudaStream stream);
+  int (*l2norm)(const float* x, int64_t rows, int64_t n, double eps, float* out,
+                KtierCudaStream stream);
+  /* cap_up == 0: the up factor is b itself (beta2 ignored). */
+  int (*situ_glu)(const float* a, const float* b, int64_t n, double beta1, int cap_up,
+                  double beta2, float* out, KtierCudaStream stream);
+  int (*sigmoid)(const float* x, int64_t n, float* out, KtierCudaStream stream);
+  int (*sigmoid_gate)(const float* x, const float* gate, int64_t n, float* out,
+                      KtierCudaStream stream);
+  int (*add)(const float* a, const float* b, int64_t n, float* out, KtierCudaStream stream);
+  /* vec: host array of k device pointers; weight: device [k]. k <= KTIER_CUDA_MAX_TOPK. */
+  int (*weighted_sum)(const float* const* vec, const float* weight, int k, int64_t n, float* out,
+                      KtierCudaStream stream);
+  int (*kda_short_conv)(const float* u, int64_t T, int64_t C, const float* w, int K,
+                        float* history, float* out, KtierCudaStream stream);
+  /* g may be NULL. */
+  int (*kda_decay_gate)(const float* z, int64_t T, int H, int D, const float* A_log,
+                        const float* dt_bias, double g_min, float* g, float* alpha,
+                        KtierCudaStream stream);
+  int (*kda_recurrence)(const float* q, const float* k, const float* v, const float* alpha,
+                        const float* beta, int64_t T, int H, int Dk, int Dv, double q_scale,
+                        float* state, float* out, KtierCudaStream stream);
+  /* dims, kv_b: host structs (kv_b's pointers are device). kv_b is F32, BF16 or F16. */
+  int (*mla_attention)(const KtierCudaMlaDims* dims, const float* q, int64_t T,
+                       const KtierCudaWeight* kv_b, const float* cache_c, const float* cache_r,
+                       int64_t n_past, double scale, float* out, KtierCudaStream stream);
+  /* src: host array of m device pointers, m <= KTIER_CUDA_MAX_SOURCES. */
+  int (*attnres)(const float* const* src, int m, int64_t src_stride, int64_t T, int64_t n,
+                 const float* f, double eps, float* out, KtierCudaStream stream);
+  /* bias may be NULL; ids, weights device [T, top_k]; top_k <= KTIER_CUDA_MAX_TOPK. Selection
+   * is computed in double (sigmoid, bias add), so ids equal the CPU's except where two scores
+   * lie within a few double roundings of each other. */
+  int (*router_topk)(const float* logits, const float* bias, int64_t T, int n_experts, int top_k,
+                     int renormalize, double scaling, int32_t* ids, float* weights,
+                     KtierCudaStream stream);
+  /* out: device int64 [1]; the CPU rule (lowest index on ties, NaN never wins, 0 if none). */
+  int (*argmax)(const float* x, int64_t n, int64_t* out, KtierCudaStream stream);
+} KtierCudaOps;
+
+/* Symbol "ktier_cuda_ops". */
+typedef const KtierCudaOps* (*KtierCudaOpsFn)(void);
 
 #ifdef __cplusplus
 }
