@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-namespace ktier {
+namespace ktier::backend {
 namespace {
 
 std::filesystem::path executable_dir() {
@@ -18,7 +18,9 @@ std::filesystem::path executable_dir() {
 
 }  // namespace
 
-Result<CudaModuleProbe> probe_cuda_module() {
+namespace {
+
+Result<CudaModuleProbe> load_cuda_module() {
   std::vector<std::filesystem::path> candidates;
   // KTIER_CUDA_MODULE, when set, is the only place looked at (debugging a specific build).
   if (const char* env = std::getenv("KTIER_CUDA_MODULE"); env && *env)
@@ -41,7 +43,8 @@ Result<CudaModuleProbe> probe_cuda_module() {
     }
     auto abi = reinterpret_cast<KtierCudaAbiVersionFn>(dlsym(handle, "ktier_cuda_abi_version"));
     auto probe = reinterpret_cast<KtierCudaProbeFn>(dlsym(handle, "ktier_cuda_probe"));
-    if (!abi || !probe)
+    auto ops = reinterpret_cast<KtierCudaOpsFn>(dlsym(handle, "ktier_cuda_ops"));
+    if (!abi || !probe || !ops)
       return Status::runtime(path.string() + " is not a ktier CUDA module (symbols missing)");
     if (abi() != KTIER_CUDA_ABI_VERSION)
       return Status::runtime(path.string() + " has ABI version " + std::to_string(abi()) +
@@ -50,10 +53,23 @@ Result<CudaModuleProbe> probe_cuda_module() {
     CudaModuleProbe out;
     out.module_path = path.string();
     probe(&out.probe);
+    out.ops = ops();
+    if (!out.ops || out.ops->struct_size != sizeof(KtierCudaOps))
+      return Status::runtime(path.string() + " has an op table of another layout " +
+                             "(rebuild both from the same tree)");
     return out;
   }
   return Status::runtime("CUDA module not loaded: " + tried +
                          " (this build has no CUDA backend, or the module was not installed)");
+}
+
+}  // namespace
+
+Result<CudaModuleProbe> probe_cuda_module() {
+  // The CUDA runtime inside the module initialises once per process; probing twice would only
+  // repeat the answer.
+  static const Result<CudaModuleProbe> probe = load_cuda_module();
+  return probe;
 }
 
 std::string describe_cuda(const Result<CudaModuleProbe>& probe) {
@@ -81,4 +97,4 @@ std::string describe_cuda(const Result<CudaModuleProbe>& probe) {
   return s;
 }
 
-}  // namespace ktier
+}  // namespace ktier::backend

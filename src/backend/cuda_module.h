@@ -9,14 +9,16 @@
 #include "backend/cuda_module_abi.h"
 #include "common/status.h"
 
-namespace ktier {
+namespace ktier::backend {
 
 struct CudaModuleProbe {
-  std::string module_path;  // the file that was loaded
-  KtierCudaProbe probe;     // what the module found (device_count may be 0)
+  std::string module_path;         // the file that was loaded
+  KtierCudaProbe probe;            // what the module found (device_count may be 0)
+  const KtierCudaOps* ops = nullptr;  // the module's op table (static storage, never null)
 };
 
-// Loads the module and asks it for devices. A non-ok Status explains why CUDA cannot be used
+// Loads the module (once per process; later calls return the first answer) and asks it for
+// devices. A non-ok Status explains why CUDA cannot be used
 // (module missing, ABI mismatch, symbol missing); its code is kRuntime. A loaded module
 // that sees no device returns ok with probe.device_count == 0 and probe.error set.
 Result<CudaModuleProbe> probe_cuda_module();
@@ -24,4 +26,4 @@ Result<CudaModuleProbe> probe_cuda_module();
 // One line for logs and `ktier doctor`: the devices, or why the CPU path is used.
 std::string describe_cuda(const Result<CudaModuleProbe>& probe);
 
-}  // namespace ktier
+}  // namespace ktier::backend

@@ -8,6 +8,10 @@
 #include <iterator>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
+#include "backend/device_choice.h"
+
 namespace ktier::cli {
 
 Result<std::string> read_input(const std::string& file) {
@@ -79,6 +83,11 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
   sub->add_option("--io", a.io, "Read engine with --pack/--ram/--preset: auto, uring or pread")
       ->capture_default_str();
   add_rate_limit_option(sub, a.io_rate_limit_mb_s);
+  sub->add_option("--device", a.device,
+                  "auto (a GPU when the CUDA module can decode on it, else the CPU, saying why), "
+                  "cpu, or cuda (exit 2 when it cannot be used)")
+      ->capture_default_str();
+  sub->add_option("--vram", a.vram, "VRAM for the GPU tiers (e.g. 40G); ignored on the CPU");
 }
 
 void add_rate_limit_option(CLI::App* sub, double& mb_s) {
@@ -112,6 +121,23 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
   else
     return Status::usage("--io: '" + a.io + "' is not one of auto, uring, pread");
   KTIER_ASSIGN_OR_RETURN(eo.io.rate_limit_bytes_per_s, rate_limit_bytes_per_s(a.io_rate_limit_mb_s));
+  if (!a.vram.empty()) {
+    KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, runtime::parse_size(a.vram));
+    eo.vram_budget = bytes;
+  }
+  KTIER_ASSIGN_OR_RETURN(const backend::DeviceRequest request,
+                         backend::parse_device_request(a.device));
+  // --device cpu never loads the CUDA module (nor the CUDA runtime inside it).
+  const Result<backend::CudaModuleProbe> module =
+      request == backend::DeviceRequest::kCpu
+          ? Result<backend::CudaModuleProbe>(Status::runtime("not probed"))
+          : backend::probe_cuda_module();
+  KTIER_ASSIGN_OR_RETURN(const backend::DeviceChoice choice,
+                         backend::choose_device(request, module));
+  eo.device = choice.kind;
+  if (request != backend::DeviceRequest::kCpu) spdlog::info("device: {}", choice.reason);
+  if (eo.device == backend::DeviceKind::kCpu && eo.vram_budget)
+    spdlog::warn("--vram {} ignored: decoding on the CPU", a.vram);
   return Status::ok();
 }
 

@@ -26,10 +26,10 @@ Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int6
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);
 
-// The memory-dial options shared by `run` and `eval`: --pack, --ram, --preset, --io,
-// --io-rate-limit.
+// The memory-dial and device options shared by `run` and `eval`: --pack, --ram, --preset, --io,
+// --io-rate-limit, --device, --vram.
 struct MemoryArgs {
-  std::string pack, ram, preset, io = "auto";
+  std::string pack, ram, preset, io = "auto", device = "auto", vram;
   double io_rate_limit_mb_s = 0;  // MB/s (1e6 bytes); 0 = unlimited
 };
 // Adds --io-rate-limit MB/s to `sub` (also used by `bench decode`).
@@ -38,7 +38,9 @@ void add_rate_limit_option(CLI::App* sub, double& mb_s);
 // or not finite.
 Result<uint64_t> rate_limit_bytes_per_s(double mb_s);
 void add_memory_options(CLI::App* sub, MemoryArgs& a);
-// Fills the engine options from them. Status::usage for a bad size or --io value.
+// Fills the engine options from them and decides the device (loading the CUDA module unless
+// --device cpu; the reason for the choice is logged once). Status::usage for a bad size, --io or
+// --device value, or --device cuda where CUDA cannot be used.
 Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo);
 
 }  // namespace ktier::cli

@@ -31,7 +31,7 @@ Status run_doctor() {
               f.f16c ? "yes" : "no", (f.avx2 && f.fma) ? "AVX2+FMA" : "scalar");
   std::printf("memory: MemTotal %.1f GiB, MemAvailable %.1f GiB\n",
               meminfo_kib("MemTotal") / 1048576.0, meminfo_kib("MemAvailable") / 1048576.0);
-  std::printf("%s\n", describe_cuda(probe_cuda_module()).c_str());
+  std::printf("%s\n", backend::describe_cuda(backend::probe_cuda_module()).c_str());
   return Status::ok();
 }
 

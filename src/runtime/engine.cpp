@@ -170,6 +170,8 @@ Status Engine::open_dial(const EngineOptions& opts) {
 Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   if (opts.threads < 0) return Status::usage("--threads must be >= 0 (0 = one per core)");
   if (opts.lookahead < 0) return Status::usage("--lookahead must be >= 0 (0 = off)");
+  if (opts.device != backend::DeviceKind::kCpu)  // choose_device never picks it yet
+    return Status::usage("--device cuda: the GPU decode path is not finished in this ktier");
   if (opts.policy == strata::PolicyKind::kBelady)
     return Status::usage("--policy belady needs the future: it is for `ktier trace replay` only");
   if (opts.policy == strata::PolicyKind::kStatic && opts.static_ranking.empty())

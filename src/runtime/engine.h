@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 
+#include "backend/backend.h"
 #include "common/status.h"
 #include "cpu/exec.h"
 #include "cpu/thread_pool.h"
@@ -43,6 +44,10 @@ struct EngineOptions {
   int lookahead = 1;
   std::vector<double> temperature_seed;
   std::vector<uint32_t> static_ranking;
+  // The device chosen by --device (backend/device_choice.h); today only kCpu decodes. vram_budget
+  // is the --vram size for the GPU tiers (unused on the CPU).
+  backend::DeviceKind device = backend::DeviceKind::kCpu;
+  std::optional<uint64_t> vram_budget;
 };
 
 class Engine {

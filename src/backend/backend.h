@@ -1,0 +1,112 @@
+#pragma once
+// The Backend interface: the ops of one decode step (cpu/kernels.h) on one device, behind one
+// virtual dispatch. The CPU backend forwards to the exact CPU kernels; the CUDA backend to the
+// dlopen()ed module (libktier_cuda.so). No CUDA header is visible here.
+//
+// Contracts:
+//  * Every pointer an op takes is memory of this backend (allocate()); host memory for the CPU
+//    backend, device memory for CUDA. Host <-> backend transfers go through upload/download.
+//  * Ops are ordered on the backend's stream: they may return before the work is done (CUDA).
+//    download() and synchronize() wait. The CPU backend runs everything before returning.
+//  * Shapes, layouts and semantics are those of the same-named op in cpu/kernels.h. The CPU
+//    backend gives exactly the CPU bytes; other backends agree within the tolerances derived in
+//    tests/backend/cross_backend_test.cpp (arithmetic in cuda/README.md).
+//  * Errors the device can cause (launch failure, out of memory) are a Status (kRuntime);
+//    a violated REQUIRES of the CPU op still aborts (a caller bug).
+//  * Thread-safety: one Backend object is used from one thread at a time.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "cpu/kernels.h"
+
+namespace ktier::backend {
+
+enum class DeviceKind : uint8_t { kCpu, kCuda };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceKind kind() const = 0;
+  // "cpu (avx2, 8 threads)", "cuda:0 NVIDIA H200 (sm_90)".
+  virtual std::string name() const = 0;
+
+  // ---- memory (bytes of this backend) ----
+  virtual Result<void*> allocate(size_t bytes) = 0;
+  virtual void release(void* ptr) = 0;  // null is allowed
+  virtual Status upload(void* dst, const void* host_src, size_t bytes) = 0;
+  // Waits for the ops issued before it, then copies.
+  virtual Status download(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual Status fill(void* dst, uint8_t byte, size_t bytes) = 0;
+  virtual Status synchronize() = 0;
+
+  // ---- ops (cpu/kernels.h; every pointer is this backend's memory) ----
+  // The jobs array itself is host memory; the weights and activations it points at are not.
+  virtual Status linear(const cpu::LinearJob* jobs, int n_jobs) = 0;
+  virtual Status rmsnorm(const float* x, const float* gain, int64_t rows, int64_t n, double eps,
+                         float* out) = 0;
+  virtual Status l2norm(const float* x, int64_t rows, int64_t n, double eps, float* out) = 0;
+  virtual Status situ_glu(const float* a, const float* b, int64_t n, double beta1,
+                          std::optional<double> beta2, float* out) = 0;
+  virtual Status sigmoid(const float* x, int64_t n, float* out) = 0;
+  virtual Status sigmoid_gate(const float* x, const float* gate, int64_t n, float* out) = 0;
+  virtual Status add(const float* a, const float* b, int64_t n, float* out) = 0;
+  // vec: host array of k pointers to backend memory; weight: backend memory [k].
+  virtual Status weighted_sum(const float* const* vec, const float* weight, int k, int64_t n,
+                              float* out) = 0;
+  virtual Status kda_short_conv(const float* u, int64_t T, int64_t C, const float* w, int K,
+                                float* history, float* out) = 0;
+  virtual Status kda_decay_gate(const float* z, int64_t T, int H, int D, const float* A_log,
+                                const float* dt_bias, double g_min, float* g, float* alpha) = 0;
+  virtual Status kda_recurrence(const float* q, const float* k, const float* v,
+                                const float* alpha, const float* beta, int64_t T, int H, int Dk,
+                                int Dv, double q_scale, float* state, float* out) = 0;
+  virtual Status mla_attention(const cpu::MlaDims& dims, const float* q, int64_t T,
+                               const cpu::WeightMatrix& kv_b, const float* cache_c,
+                               const float* cache_r, int64_t n_past, double scale,
+                               float* out) = 0;
+  // src: host array of m pointers to backend memory.
+  virtual Status attnres(const float* const* src, int m, int64_t src_stride, int64_t T,
+                         int64_t n, const float* f, double eps, float* out) = 0;
+  // ids, weights: backend memory [T, top_k].
+  virtual Status router_topk(const float* logits, const float* bias, int64_t T, int n_experts,
+                             int top_k, bool renormalize, double scaling, int32_t* ids,
+                             float* weights) = 0;
+  // The index is returned to the host (waits for the backend).
+  virtual Result<int64_t> argmax(const float* x, int64_t n) = 0;
+};
+
+// The CPU backend over `ex` (which must outlive it).
+std::unique_ptr<Backend> make_cpu_backend(const cpu::Exec& ex);
+
+// Owns `bytes` of backend memory; released on destruction. Move-only.
+class BackendBuffer {
+ public:
+  BackendBuffer() = default;
+  static Result<BackendBuffer> allocate(Backend& backend, size_t bytes);
+  BackendBuffer(BackendBuffer&& o) noexcept { *this = std::move(o); }
+  BackendBuffer& operator=(BackendBuffer&& o) noexcept;
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+  ~BackendBuffer() { reset(); }
+
+  void reset();
+  void* get() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t size() const { return bytes_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace ktier::backend

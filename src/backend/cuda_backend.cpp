@@ -1,0 +1,172 @@
+// The CUDA backend: forwards every op to the module's table on one non-blocking stream.
+#include "backend/cuda_backend.h"
+
+#include <cstdio>
+#include <vector>
+
+namespace ktier::backend {
+namespace {
+
+static_assert(static_cast<int>(cpu::WeightType::kF32) == KTIER_CUDA_F32);
+static_assert(static_cast<int>(cpu::WeightType::kBF16) == KTIER_CUDA_BF16);
+static_assert(static_cast<int>(cpu::WeightType::kF16) == KTIER_CUDA_F16);
+static_assert(static_cast<int>(cpu::WeightType::kMxfp4) == KTIER_CUDA_MXFP4);
+
+KtierCudaWeight to_abi(const cpu::WeightMatrix& w) {
+  return {static_cast<int32_t>(w.type), w.data, w.scales, w.rows, w.cols};
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const KtierCudaOps* ops, int device, std::string name)
+      : ops_(ops), device_(device), name_(std::move(name)) {}
+  ~CudaBackend() override {
+    if (argmax_out_) ops_->free_device(argmax_out_);
+    if (stream_) ops_->stream_destroy(stream_);
+  }
+
+  Status open() {
+    KTIER_RETURN_IF_ERROR(check(ops_->init(device_), "init"));
+    return check(ops_->stream_create(&stream_), "stream_create");
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override { return name_; }
+
+  Result<void*> allocate(size_t bytes) override {
+    void* p = nullptr;
+    KTIER_RETURN_IF_ERROR(check(ops_->malloc_device(&p, bytes == 0 ? 1 : bytes),
+                                "allocating " + std::to_string(bytes) + " bytes of VRAM"));
+    return p;
+  }
+  void release(void* ptr) override {
+    if (ptr) ops_->free_device(ptr);
+  }
+  Status upload(void* dst, const void* src, size_t bytes) override {
+    KTIER_RETURN_IF_ERROR(check(ops_->memcpy_async(dst, src, bytes, stream_), "upload"));
+    // The host source may be reused as soon as upload returns.
+    return synchronize();
+  }
+  Status download(void* dst, const void* src, size_t bytes) override {
+    KTIER_RETURN_IF_ERROR(check(ops_->memcpy_async(dst, src, bytes, stream_), "download"));
+    return synchronize();
+  }
+  Status fill(void* dst, uint8_t byte, size_t bytes) override {
+    return check(ops_->memset_async(dst, byte, bytes, stream_), "fill");
+  }
+  Status synchronize() override {
+    return check(ops_->stream_synchronize(stream_), "stream_synchronize");
+  }
+
+  Status linear(const cpu::LinearJob* jobs, int n_jobs) override {
+    std::vector<KtierCudaLinearJob> abi(static_cast<size_t>(n_jobs));
+    for (int i = 0; i < n_jobs; ++i)
+      abi[i] = {to_abi(jobs[i].w), jobs[i].x, jobs[i].n_tokens, jobs[i].y};
+    return check(ops_->linear(abi.data(), n_jobs, stream_), "linear");
+  }
+  Status rmsnorm(const float* x, const float* gain, int64_t rows, int64_t n, double eps,
+                 float* out) override {
+    return check(ops_->rmsnorm(x, gain, rows, n, eps, out, stream_), "rmsnorm");
+  }
+  Status l2norm(const float* x, int64_t rows, int64_t n, double eps, float* out) override {
+    return check(ops_->l2norm(x, rows, n, eps, out, stream_), "l2norm");
+  }
+  Status situ_glu(const float* a, const float* b, int64_t n, double beta1,
+                  std::optional<double> beta2, float* out) override {
+    return check(ops_->situ_glu(a, b, n, beta1, beta2.has_value() ? 1 : 0, beta2.value_or(0.0),
+                                out, stream_),
+                 "situ_glu");
+  }
+  Status sigmoid(const float* x, int64_t n, float* out) override {
+    return check(ops_->sigmoid(x, n, out, stream_), "sigmoid");
+  }
+  Status sigmoid_gate(const float* x, const float* gate, int64_t n, float* out) override {
+    return check(ops_->sigmoid_gate(x, gate, n, out, stream_), "sigmoid_gate");
+  }
+  Status add(const float* a, const float* b, int64_t n, float* out) override {
+    return check(ops_->add(a, b, n, out, stream_), "add");
+  }
+  Status weighted_sum(const float* const* vec, const float* weight, int k, int64_t n,
+                      float* out) override {
+    return check(ops_->weighted_sum(vec, weight, k, n, out, stream_), "weighted_sum");
+  }
+  Status kda_short_conv(const float* u, int64_t T, int64_t C, const float* w, int K,
+                        float* history, float* out) override {
+    return check(ops_->kda_short_conv(u, T, C, w, K, history, out, stream_), "kda_short_conv");
+  }
+  Status kda_decay_gate(const float* z, int64_t T, int H, int D, const float* A_log,
+                        const float* dt_bias, double g_min, float* g, float* alpha) override {
+    return check(ops_->kda_decay_gate(z, T, H, D, A_log, dt_bias, g_min, g, alpha, stream_),
+                 "kda_decay_gate");
+  }
+  Status kda_recurrence(const float* q, const float* k, const float* v, const float* alpha,
+                        const float* beta, int64_t T, int H, int Dk, int Dv, double q_scale,
+                        float* state, float* out) override {
+    return check(
+        ops_->kda_recurrence(q, k, v, alpha, beta, T, H, Dk, Dv, q_scale, state, out, stream_),
+        "kda_recurrence");
+  }
+  Status mla_attention(const cpu::MlaDims& dims, const float* q, int64_t T,
+                       const cpu::WeightMatrix& kv_b, const float* cache_c, const float* cache_r,
+                       int64_t n_past, double scale, float* out) override {
+    const KtierCudaMlaDims d{dims.n_heads, dims.qk_nope, dims.qk_rope, dims.v_head,
+                             dims.kv_lora};
+    const KtierCudaWeight w = to_abi(kv_b);
+    return check(
+        ops_->mla_attention(&d, q, T, &w, cache_c, cache_r, n_past, scale, out, stream_),
+        "mla_attention");
+  }
+  Status attnres(const float* const* src, int m, int64_t src_stride, int64_t T, int64_t n,
+                 const float* f, double eps, float* out) override {
+    return check(ops_->attnres(src, m, src_stride, T, n, f, eps, out, stream_), "attnres");
+  }
+  Status router_topk(const float* logits, const float* bias, int64_t T, int n_experts, int top_k,
+                     bool renormalize, double scaling, int32_t* ids, float* weights) override {
+    return check(ops_->router_topk(logits, bias, T, n_experts, top_k, renormalize ? 1 : 0,
+                                   scaling, ids, weights, stream_),
+                 "router_topk");
+  }
+  Result<int64_t> argmax(const float* x, int64_t n) override {
+    if (!argmax_out_) {
+      KTIER_ASSIGN_OR_RETURN(argmax_out_, allocate(sizeof(int64_t)));
+    }
+    KTIER_RETURN_IF_ERROR(
+        check(ops_->argmax(x, n, static_cast<int64_t*>(argmax_out_), stream_), "argmax"));
+    int64_t index = 0;
+    KTIER_RETURN_IF_ERROR(download(&index, argmax_out_, sizeof index));
+    return index;
+  }
+
+ private:
+  Status check(int rc, const std::string& what) const {
+    if (rc == 0) return Status::ok();
+    return Status::runtime(name_ + ": " + what + " failed: " + ops_->last_error());
+  }
+
+  const KtierCudaOps* ops_;
+  int device_;
+  std::string name_;
+  KtierCudaStream stream_ = nullptr;
+  void* argmax_out_ = nullptr;  // device int64, owned
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(const Result<CudaModuleProbe>& module,
+                                                   int device) {
+  if (!module.is_ok()) return module.status();
+  const KtierCudaProbe& p = module->probe;
+  if (p.device_count == 0) return Status::runtime(std::string("no usable CUDA device: ") + p.error);
+  if (device < 0 || device >= p.device_count)
+    return Status::runtime("CUDA device " + std::to_string(device) + " does not exist (" +
+                           std::to_string(p.device_count) + " found)");
+  const KtierCudaDeviceInfo& info = p.devices[device];
+  char name[320];
+  std::snprintf(name, sizeof name, "cuda:%d %s (sm_%d%d)", device, info.name, info.compute_major,
+                info.compute_minor);
+  auto backend = std::make_unique<CudaBackend>(module->ops, device, name);
+  KTIER_RETURN_IF_ERROR(backend->open());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace ktier::backend

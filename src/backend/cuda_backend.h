@@ -1,0 +1,18 @@
+#pragma once
+// The CUDA backend: the Backend interface over the op table of libktier_cuda.so (loaded with
+// dlopen by probe_cuda_module; ktier itself never links the CUDA libraries).
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "backend/cuda_module.h"
+
+namespace ktier::backend {
+
+// Opens device `device` of a loaded module on one stream of its own. Errors (kRuntime): the
+// module is not loaded, has no such device, or the device cannot be initialised; the message
+// says which.
+Result<std::unique_ptr<Backend>> make_cuda_backend(const Result<CudaModuleProbe>& module,
+                                                   int device = 0);
+
+}  // namespace ktier::backend

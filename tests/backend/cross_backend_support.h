@@ -1,0 +1,111 @@
+#pragma once
+// Helpers of the cross-backend op test: backend arrays, poisoned outputs, and the comparison
+// of a backend's output with the CPU reference under per-element tolerances.
+//
+// Tolerances are derived, not tuned (docs/NUMERICS.md, cuda/README.md): with u = 2^-24, a sum
+// of d terms in f32, in any order, is within gamma(d) * sum|terms| of the exact sum
+// (gamma(d) = d u / (1 - d u), Higham, Accuracy and Stability, §3.1); per-element formulas
+// evaluated in double and rounded once agree to one f32 ulp. Each op's bound composes these.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace ktier::backend::test {
+
+inline constexpr double kUnitRoundoff = 0x1p-24;
+inline double gamma(double d) { return d * kUnitRoundoff / (1.0 - d * kUnitRoundoff); }
+// The spacing of f32 values at |x| (the next float above |x| minus |x|).
+inline double ulp(float x) {
+  const float a = std::fabs(x);
+  return static_cast<double>(std::nextafter(a, std::numeric_limits<float>::infinity())) - a;
+}
+
+// A NaN pattern no arithmetic produces: outputs are filled with it before each run, so an
+// output a kernel never wrote is caught.
+inline constexpr uint8_t kPoisonByte = 0xff;
+
+// Backend memory holding a copy of a host vector (or `n` poisoned elements).
+template <class T>
+class Array {
+ public:
+  Array(Backend& b, const std::vector<T>& host) : b_(&b), n_(host.size()) {
+    buf_ = take(BackendBuffer::allocate(b, bytes()));
+    expect_ok(b.upload(buf_.get(), host.data(), bytes()));
+  }
+  static Array poisoned(Backend& b, size_t n) {
+    Array a(b, n);
+    expect_ok(b.fill(a.buf_.get(), kPoisonByte, a.bytes()));
+    return a;
+  }
+  T* data() const { return buf_.template as<T>(); }
+  std::vector<T> host() const {
+    std::vector<T> out(n_);
+    expect_ok(b_->download(out.data(), buf_.get(), bytes()));
+    return out;
+  }
+
+ private:
+  Array(Backend& b, size_t n) : b_(&b), n_(n) { buf_ = take(BackendBuffer::allocate(b, bytes())); }
+  size_t bytes() const { return n_ * sizeof(T); }
+  static void expect_ok(const Status& s) { ASSERT_TRUE(s.is_ok()) << s.message(); }
+  static BackendBuffer take(Result<BackendBuffer> r) {
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
+    return r.is_ok() ? std::move(*r) : BackendBuffer();
+  }
+  Backend* b_;
+  size_t n_;
+  BackendBuffer buf_;
+};
+
+// got agrees with want where: NaN exactly where want is NaN, the same infinity where want is
+// infinite, and |got - want| <= tol[i] (+ one ulp of want) elsewhere. `exact` demands equal
+// bits (both-NaN counts as equal). Returns "" or a description of the first few mismatches.
+inline std::string compare(const std::vector<float>& want, const std::vector<float>& got,
+                           const std::vector<double>& tol, bool exact) {
+  std::string out;
+  int shown = 0, bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float w = want[i], g = got[i];
+    bool ok;
+    if (std::isnan(w) || std::isnan(g)) {
+      ok = std::isnan(w) && std::isnan(g);
+    } else if (exact) {
+      ok = std::memcmp(&w, &g, sizeof w) == 0;
+    } else if (std::isinf(w) || std::isinf(g)) {
+      ok = w == g;
+    } else {
+      ok = std::fabs(static_cast<double>(g) - w) <= tol[i] + ulp(w);
+    }
+    if (!ok) {
+      ++bad;
+      if (shown++ < 5)
+        out += "  [" + std::to_string(i) + "] want " + std::to_string(w) + " got " +
+               std::to_string(g) + " tol " + std::to_string(exact ? 0.0 : tol[i] + ulp(w)) +
+               "\n";
+    }
+  }
+  if (bad) out = std::to_string(bad) + " of " + std::to_string(want.size()) + " differ:\n" + out;
+  return out;
+}
+
+inline std::vector<float> random_floats(std::mt19937_64& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+inline int odd_between(std::mt19937_64& rng, int lo, int hi) {
+  return std::uniform_int_distribution<int>(lo / 2, (hi - 1) / 2)(rng) * 2 + 1;
+}
+
+}  // namespace ktier::backend::test

@@ -1,0 +1,376 @@
+// Every op of a decode step on every available backend against the CPU reference (the scalar
+// kernels, one thread), on fresh random inputs of odd sizes, with outputs poisoned before each
+// run. The CPU backend (best instruction set, several threads) must give the reference bytes;
+// CUDA must agree within the bound derived for each op (cross_backend_support.h) and put NaN
+// and Inf in the same places. Without a usable GPU the CUDA cases skip and say why.
+//
+// Seeds are fresh per run and printed on failure; KTIER_TEST_SEED=N replays one (debugging).
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+
+#include "backend/cuda_backend.h"
+#include "backend/cuda_module.h"
+#include "cpu/thread_pool.h"
+#include "cross_backend_support.h"
+#include "op_bounds.h"
+
+namespace ktier::backend {
+// gtest prints the parameter with this ("cuda" rather than "1-byte object <01>").
+inline void PrintTo(DeviceKind k, std::ostream* os) { *os << (k == DeviceKind::kCpu ? "cpu" : "cuda"); }
+}  // namespace ktier::backend
+
+namespace ktier::backend::test {
+namespace {
+
+uint64_t fresh_seed() {
+  if (const char* s = std::getenv("KTIER_TEST_SEED"); s && *s) return std::strtoull(s, nullptr, 10);
+  return std::random_device{}() * 0x9e3779b97f4a7c15ull + std::random_device{}();
+}
+
+class CrossBackend : public ::testing::TestWithParam<DeviceKind> {
+ protected:
+  void SetUp() override {
+    ref_ = make_cpu_backend(ref_exec_);
+    if (GetParam() == DeviceKind::kCpu) {
+      under_test_ = make_cpu_backend(fast_exec_);
+    } else {
+      auto module = probe_cuda_module();
+      auto cuda = make_cuda_backend(module);
+      if (!cuda.is_ok()) GTEST_SKIP() << "no CUDA backend here: " << cuda.status().message();
+      under_test_ = std::move(*cuda);
+    }
+    seed_ = fresh_seed();
+    rng_.seed(seed_);
+    std::printf("[cross-backend] %s, seed %llu\n", under_test_->name().c_str(),
+                static_cast<unsigned long long>(seed_));
+  }
+  bool exact() const { return under_test_->kind() == DeviceKind::kCpu; }
+  std::string where() const {
+    return under_test_->name() + ", seed " + std::to_string(seed_) + " (KTIER_TEST_SEED)";
+  }
+  // Within tol (plus one ulp) on CUDA; the reference bytes on the CPU, or wherever `bitwise`.
+  void expect_close(const char* what, const std::vector<float>& want,
+                    const std::vector<float>& got, const std::vector<double>& tol,
+                    bool bitwise = false) {
+    ASSERT_EQ(want.size(), got.size());
+    const std::string diff = compare(want, got, tol, bitwise || exact());
+    EXPECT_TRUE(diff.empty()) << what << " on " << where() << "\n" << diff;
+  }
+  void expect_close(const char* what, const std::vector<float>& want,
+                    const std::vector<float>& got, double tol_each, bool bitwise = false) {
+    expect_close(what, want, got, std::vector<double>(want.size(), tol_each), bitwise);
+  }
+
+  cpu::Exec ref_exec_{nullptr, cpu::Isa::kScalar};
+  cpu::ThreadPool pool_{3};
+  cpu::Exec fast_exec_{&pool_, cpu::best_isa()};
+  std::unique_ptr<Backend> ref_, under_test_;
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+// ---- linear: F32, BF16, F16 and MXFP4 in one call, decode (T = 1, 3) and prefill (T = 9) ----
+
+TEST_P(CrossBackend, Linear) {
+  for (int64_t T : {1, 3, 9}) {
+    SCOPED_TRACE("n_tokens " + std::to_string(T));
+    std::vector<HostWeight> weights;
+    weights.push_back(HostWeight::random(rng_, cpu::WeightType::kF32, odd_between(rng_, 3, 41),
+                                         odd_between(rng_, 101, 301)));
+    weights.push_back(HostWeight::random(rng_, cpu::WeightType::kBF16, odd_between(rng_, 41, 99),
+                                         odd_between(rng_, 301, 1201)));
+    weights.push_back(HostWeight::random(rng_, cpu::WeightType::kF16, odd_between(rng_, 3, 41),
+                                         odd_between(rng_, 101, 301)));
+    weights.push_back(HostWeight::random(rng_, cpu::WeightType::kMxfp4,
+                                         odd_between(rng_, 41, 99),
+                                         32 * odd_between(rng_, 5, 41)));
+    // NaN/Inf: an Inf in the BF16 job's last token, a NaN in an MXFP4 block every row skips.
+    std::vector<std::vector<float>> xs;
+    for (auto& w : weights) xs.push_back(random_floats(rng_, T * w.cols, -2.0f, 2.0f));
+    xs[1][(T - 1) * weights[1].cols + 7] = std::numeric_limits<float>::infinity();
+    weights[3].zero_block_column(2);
+    xs[3][2 * 32 + 5] = std::numeric_limits<float>::quiet_NaN();
+
+    std::vector<cpu::LinearJob> ref_jobs, dev_jobs;
+    std::vector<std::vector<float>> want(weights.size());
+    std::vector<Array<uint8_t>> dev_w, dev_s;
+    std::vector<Array<float>> dev_x, dev_y;
+    for (size_t j = 0; j < weights.size(); ++j) {
+      want[j].assign(T * weights[j].rows, 0.0f);
+      ref_jobs.push_back({weights[j].view(), xs[j].data(), T, want[j].data()});
+      dev_w.emplace_back(*under_test_, weights[j].bytes);
+      dev_s.emplace_back(*under_test_, weights[j].scales.empty() ? std::vector<uint8_t>(1)
+                                                                 : weights[j].scales);
+      dev_x.emplace_back(*under_test_, xs[j]);
+      dev_y.push_back(Array<float>::poisoned(*under_test_, T * weights[j].rows));
+      cpu::WeightMatrix w = weights[j].view();
+      w.data = dev_w.back().data();
+      w.scales = weights[j].scales.empty() ? nullptr : dev_s.back().data();
+      dev_jobs.push_back({w, dev_x.back().data(), T, dev_y.back().data()});
+    }
+    ASSERT_TRUE(ref_->linear(ref_jobs.data(), static_cast<int>(ref_jobs.size())).is_ok());
+    ASSERT_TRUE(under_test_->linear(dev_jobs.data(), static_cast<int>(dev_jobs.size())).is_ok());
+    for (size_t j = 0; j < weights.size(); ++j) {
+      SCOPED_TRACE(std::string("job ") + cpu::weight_type_name(weights[j].type));
+      const auto tol = linear_bound(weights[j], xs[j], T, under_test_->kind());
+      expect_close("linear", want[j], dev_y[j].host(), tol);
+    }
+  }
+}
+
+// ---- norms ----
+
+TEST_P(CrossBackend, RmsnormAndL2norm) {
+  const int64_t rows = odd_between(rng_, 3, 9), n = odd_between(rng_, 101, 777);
+  auto x = random_floats(rng_, rows * n, -3.0f, 3.0f);
+  auto gain = random_floats(rng_, n, 0.5f, 1.5f);
+  x[n + 3] = std::numeric_limits<float>::quiet_NaN();  // row 1 becomes NaN everywhere
+  Array<float> dx(*under_test_, x), dg(*under_test_, gain);
+  for (int variant = 0; variant < 3; ++variant) {
+    std::vector<float> want(x.size());
+    auto got = Array<float>::poisoned(*under_test_, x.size());
+    if (variant < 2) {
+      const float* g = variant == 0 ? gain.data() : nullptr;
+      ASSERT_TRUE(ref_->rmsnorm(x.data(), g, rows, n, 1e-5, want.data()).is_ok());
+      ASSERT_TRUE(under_test_->rmsnorm(dx.data(), variant == 0 ? dg.data() : nullptr, rows, n,
+                                       1e-5, got.data()).is_ok());
+    } else {
+      ASSERT_TRUE(ref_->l2norm(x.data(), rows, n, 1e-6, want.data()).is_ok());
+      ASSERT_TRUE(under_test_->l2norm(dx.data(), rows, n, 1e-6, got.data()).is_ok());
+    }
+    expect_close(variant < 2 ? "rmsnorm" : "l2norm", want, got.host(), norm_bound(want, n));
+  }
+}
+
+// ---- elementwise ----
+
+TEST_P(CrossBackend, Elementwise) {
+  const int64_t n = odd_between(rng_, 1001, 3001);
+  auto a = random_floats(rng_, n, -30.0f, 30.0f), b = random_floats(rng_, n, -30.0f, 30.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  a[0] = inf, a[1] = -inf, a[2] = std::numeric_limits<float>::quiet_NaN(), b[3] = -inf;
+  Array<float> da(*under_test_, a), db(*under_test_, b);
+  const double beta1 = 2.5 + std::uniform_real_distribution<double>(0, 1)(rng_);
+  for (int op = 0; op < 5; ++op) {
+    std::vector<float> want(n);
+    auto got = Array<float>::poisoned(*under_test_, n);
+    const char* name = "";
+    switch (op) {
+      case 0:
+      case 1: {
+        const std::optional<double> beta2 = op == 0 ? std::optional<double>(3.5) : std::nullopt;
+        name = "situ_glu";
+        ASSERT_TRUE(ref_->situ_glu(a.data(), b.data(), n, beta1, beta2, want.data()).is_ok());
+        ASSERT_TRUE(
+            under_test_->situ_glu(da.data(), db.data(), n, beta1, beta2, got.data()).is_ok());
+        break;
+      }
+      case 2:
+        name = "sigmoid";
+        ASSERT_TRUE(ref_->sigmoid(a.data(), n, want.data()).is_ok());
+        ASSERT_TRUE(under_test_->sigmoid(da.data(), n, got.data()).is_ok());
+        break;
+      case 3:
+        name = "sigmoid_gate";
+        ASSERT_TRUE(ref_->sigmoid_gate(a.data(), b.data(), n, want.data()).is_ok());
+        ASSERT_TRUE(under_test_->sigmoid_gate(da.data(), db.data(), n, got.data()).is_ok());
+        break;
+      case 4:
+        name = "add";  // the f32 sum: exact everywhere
+        ASSERT_TRUE(ref_->add(a.data(), b.data(), n, want.data()).is_ok());
+        ASSERT_TRUE(under_test_->add(da.data(), db.data(), n, got.data()).is_ok());
+        break;
+    }
+    // Double formulas rounded once: one ulp (compare() adds it); add is the f32 sum, exact.
+    expect_close(name, want, got.host(), 0.0, /*bitwise=*/op == 4);
+  }
+}
+
+TEST_P(CrossBackend, WeightedSum) {
+  for (int k : {1, 5, 16}) {
+    const int64_t n = odd_between(rng_, 101, 999);
+    std::vector<std::vector<float>> vec;
+    std::vector<Array<float>> dvec;
+    std::vector<const float*> ref_ptrs, dev_ptrs;
+    for (int j = 0; j < k; ++j) {
+      vec.push_back(random_floats(rng_, n, -4.0f, 4.0f));
+      dvec.emplace_back(*under_test_, vec.back());
+      ref_ptrs.push_back(vec.back().data());
+      dev_ptrs.push_back(dvec.back().data());
+    }
+    const auto w = random_floats(rng_, k, 0.0f, 1.0f);
+    Array<float> dw(*under_test_, w);
+    std::vector<float> want(n);
+    auto got = Array<float>::poisoned(*under_test_, n);
+    ASSERT_TRUE(ref_->weighted_sum(ref_ptrs.data(), w.data(), k, n, want.data()).is_ok());
+    ASSERT_TRUE(
+        under_test_->weighted_sum(dev_ptrs.data(), dw.data(), k, n, got.data()).is_ok());
+    std::vector<double> tol(n);
+    for (int64_t i = 0; i < n; ++i) {
+      double mag = 0;
+      for (int j = 0; j < k; ++j) mag += std::fabs(double{w[j]} * vec[j][i]);
+      tol[i] = 2 * gamma(k + 1) * mag;
+    }
+    expect_close("weighted_sum", want, got.host(), tol);
+  }
+}
+
+// ---- KDA ----
+
+TEST_P(CrossBackend, KdaShortConvAndDecayGate) {
+  const int K = 4;
+  for (int64_t T : {1, 2, 7}) {
+    const int64_t C = odd_between(rng_, 33, 99);
+    auto u = random_floats(rng_, T * C, -2.0f, 2.0f), w = random_floats(rng_, C * K, -1.0f, 1.0f);
+    auto hist = random_floats(rng_, (K - 1) * C, -2.0f, 2.0f);
+    Array<float> du(*under_test_, u), dw(*under_test_, w), dh(*under_test_, hist);
+    std::vector<float> want(T * C), want_hist = hist;
+    auto got = Array<float>::poisoned(*under_test_, T * C);
+    ASSERT_TRUE(ref_->kda_short_conv(u.data(), T, C, w.data(), K, want_hist.data(),
+                                     want.data()).is_ok());
+    ASSERT_TRUE(under_test_->kda_short_conv(du.data(), T, C, dw.data(), K, dh.data(),
+                                            got.data()).is_ok());
+    expect_close("kda_short_conv", want, got.host(), short_conv_bound(u, hist, w, T, C, K));
+    expect_close("kda_short_conv history (a copy)", want_hist, dh.host(), 0.0, /*bitwise=*/true);
+  }
+  const int H = odd_between(rng_, 3, 7), D = odd_between(rng_, 9, 33);
+  const int64_t T = 3, n = T * H * D;
+  auto z = random_floats(rng_, n, -6.0f, 6.0f), A_log = random_floats(rng_, H, -1.0f, 1.0f);
+  auto dt = random_floats(rng_, H * D, -1.0f, 1.0f);
+  Array<float> dz(*under_test_, z), dA(*under_test_, A_log), ddt(*under_test_, dt);
+  std::vector<float> g(n), alpha(n);
+  auto dg = Array<float>::poisoned(*under_test_, n), dal = Array<float>::poisoned(*under_test_, n);
+  ASSERT_TRUE(ref_->kda_decay_gate(z.data(), T, H, D, A_log.data(), dt.data(), -5.0, g.data(),
+                                   alpha.data()).is_ok());
+  ASSERT_TRUE(under_test_->kda_decay_gate(dz.data(), T, H, D, dA.data(), ddt.data(), -5.0,
+                                          dg.data(), dal.data()).is_ok());
+  expect_close("kda_decay_gate g", g, dg.host(), 0.0);
+  expect_close("kda_decay_gate alpha", alpha, dal.host(), 0.0);
+}
+
+TEST_P(CrossBackend, KdaRecurrence) {
+  const int H = odd_between(rng_, 1, 5), Dk = odd_between(rng_, 17, 41), Dv = odd_between(rng_, 17, 41);
+  const int64_t T = odd_between(rng_, 1, 5);
+  RecurrenceInputs in = RecurrenceInputs::random(rng_, T, H, Dk, Dv);
+  Array<float> dq(*under_test_, in.q), dk(*under_test_, in.k), dv(*under_test_, in.v);
+  Array<float> dal(*under_test_, in.alpha), db(*under_test_, in.beta), ds(*under_test_, in.state);
+  std::vector<float> want(T * H * Dv), want_state = in.state;
+  auto got = Array<float>::poisoned(*under_test_, want.size());
+  const double q_scale = 1.0 / std::sqrt(double(Dk));
+  ASSERT_TRUE(ref_->kda_recurrence(in.q.data(), in.k.data(), in.v.data(), in.alpha.data(),
+                                   in.beta.data(), T, H, Dk, Dv, q_scale, want_state.data(),
+                                   want.data()).is_ok());
+  ASSERT_TRUE(under_test_->kda_recurrence(dq.data(), dk.data(), dv.data(), dal.data(), db.data(),
+                                          T, H, Dk, Dv, q_scale, ds.data(), got.data()).is_ok());
+  const RecurrenceBound bound = recurrence_bound(in, T, H, Dk, Dv, q_scale);
+  expect_close("kda_recurrence out", want, got.host(), bound.out);
+  expect_close("kda_recurrence state", want_state, ds.host(), bound.state);
+}
+
+// ---- MLA attention and AttnRes ----
+
+TEST_P(CrossBackend, MlaAttention) {
+  const cpu::MlaDims d{odd_between(rng_, 1, 5), odd_between(rng_, 9, 33), odd_between(rng_, 3, 17),
+                       odd_between(rng_, 9, 33), odd_between(rng_, 33, 99)};
+  const int64_t T = odd_between(rng_, 1, 3), n_past = odd_between(rng_, 1, 41), N = n_past + T;
+  const int64_t qd = d.qk_nope + d.qk_rope;
+  auto q = random_floats(rng_, T * d.n_heads * qd, -1.0f, 1.0f);
+  auto cache_c = random_floats(rng_, N * d.kv_lora, -1.0f, 1.0f);
+  auto cache_r = random_floats(rng_, N * d.qk_rope, -1.0f, 1.0f);
+  HostWeight kv_b = HostWeight::random(rng_, cpu::WeightType::kBF16,
+                                       d.n_heads * (d.qk_nope + d.v_head), d.kv_lora);
+  const double scale = 1.0 / std::sqrt(double(qd));
+  std::vector<float> want(T * d.n_heads * d.v_head);
+  ASSERT_TRUE(ref_->mla_attention(d, q.data(), T, kv_b.view(), cache_c.data(), cache_r.data(),
+                                  n_past, scale, want.data()).is_ok());
+  Array<float> dq(*under_test_, q), dc(*under_test_, cache_c), dr(*under_test_, cache_r);
+  Array<uint8_t> dw(*under_test_, kv_b.bytes);
+  auto got = Array<float>::poisoned(*under_test_, want.size());
+  cpu::WeightMatrix w = kv_b.view();
+  w.data = dw.data();
+  ASSERT_TRUE(under_test_->mla_attention(d, dq.data(), T, w, dc.data(), dr.data(), n_past, scale,
+                                         got.data()).is_ok());
+  expect_close("mla_attention", want, got.host(),
+               mla_bound(d, q, T, kv_b, cache_c, cache_r, n_past, scale));
+}
+
+TEST_P(CrossBackend, AttnRes) {
+  for (int m : {1, 2, 7}) {
+    const int64_t T = odd_between(rng_, 1, 5), n = odd_between(rng_, 101, 401);
+    const int64_t stride = n + 2;  // sources are rows of a wider buffer
+    std::vector<std::vector<float>> src;
+    std::vector<Array<float>> dsrc;
+    std::vector<const float*> ref_ptrs, dev_ptrs;
+    for (int i = 0; i < m; ++i) {
+      src.push_back(random_floats(rng_, T * stride, -3.0f, 3.0f));
+      dsrc.emplace_back(*under_test_, src.back());
+      ref_ptrs.push_back(src.back().data());
+      dev_ptrs.push_back(dsrc.back().data());
+    }
+    const auto f = random_floats(rng_, n, -0.5f, 0.5f);
+    Array<float> df(*under_test_, f);
+    std::vector<float> want(T * n);
+    auto got = Array<float>::poisoned(*under_test_, want.size());
+    ASSERT_TRUE(ref_->attnres(ref_ptrs.data(), m, stride, T, n, f.data(), 1e-6, want.data()).is_ok());
+    ASSERT_TRUE(
+        under_test_->attnres(dev_ptrs.data(), m, stride, T, n, df.data(), 1e-6, got.data()).is_ok());
+    if (m == 1)  // a copy: exact on every backend
+      expect_close("attnres (one source)", want, got.host(), 0.0, /*bitwise=*/true);
+    else
+      expect_close("attnres", want, got.host(), attnres_bound(src, stride, T, n, f, 1e-6));
+  }
+}
+
+// ---- router and argmax: exact selections ----
+
+TEST_P(CrossBackend, RouterTopk) {
+  for (int k : {1, 8, 16}) {
+    const int64_t T = odd_between(rng_, 1, 5);
+    const int E = odd_between(rng_, 97, 901);
+    auto logits = random_floats(rng_, T * E, -4.0f, 4.0f);
+    auto bias = random_floats(rng_, E, -0.1f, 0.1f);
+    logits[5] = std::numeric_limits<float>::quiet_NaN();  // ranks last
+    logits[9] = logits[10];                                // a tie: the lower index first
+    for (int renorm = 0; renorm < 2; ++renorm) {
+      std::vector<int32_t> want_ids(T * k);
+      std::vector<float> want_w(T * k);
+      ASSERT_TRUE(ref_->router_topk(logits.data(), bias.data(), T, E, k, renorm, 2.5,
+                                    want_ids.data(), want_w.data()).is_ok());
+      Array<float> dl(*under_test_, logits), db(*under_test_, bias);
+      Array<int32_t> dids(*under_test_, std::vector<int32_t>(T * k, -1));
+      auto dw = Array<float>::poisoned(*under_test_, T * k);
+      ASSERT_TRUE(under_test_->router_topk(dl.data(), db.data(), T, E, k, renorm, 2.5,
+                                           dids.data(), dw.data()).is_ok());
+      EXPECT_EQ(want_ids, dids.host()) << "router ids on " << where();
+      expect_close("router weights", want_w, dw.host(), 0.0);
+    }
+  }
+}
+
+TEST_P(CrossBackend, Argmax) {
+  const int64_t n = odd_between(rng_, 10001, 200001);
+  auto x = random_floats(rng_, n, -1.0f, 1.0f);
+  const int64_t a = n / 3, b = n / 2;
+  x[a] = x[b] = 5.0f;                               // tie: the lower index wins
+  x[n - 1] = std::numeric_limits<float>::quiet_NaN();  // never wins
+  Array<float> dx(*under_test_, x);
+  auto got = under_test_->argmax(dx.data(), n);
+  ASSERT_TRUE(got.is_ok()) << got.status().message();
+  EXPECT_EQ(*got, a) << where();
+  std::vector<float> nan(7, std::numeric_limits<float>::quiet_NaN());
+  Array<float> dn(*under_test_, nan);
+  auto none = under_test_->argmax(dn.data(), 7);
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_EQ(*none, 0) << "all NaN on " << where();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CrossBackend,
+                         ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda),
+                         [](const auto& info) {
+                           return std::string(info.param == DeviceKind::kCpu ? "cpu" : "cuda");
+                         });
+
+}  // namespace
+}  // namespace ktier::backend::test
