@@ -43,6 +43,8 @@ class Backend {
   // Waits for the ops issued before it, then copies.
   virtual Status download(void* host_dst, const void* src, size_t bytes) = 0;
   virtual Status fill(void* dst, uint8_t byte, size_t bytes) = 0;
+  // Within this backend's memory, ordered with the ops (ranges must not overlap).
+  virtual Status copy(void* dst, const void* src, size_t bytes) = 0;
   virtual Status synchronize() = 0;
 
   // ---- ops (cpu/kernels.h; every pointer is this backend's memory) ----
@@ -107,6 +109,24 @@ class BackendBuffer {
   Backend* backend_ = nullptr;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// A growable float array in backend memory (sequence state, caches). Growth keeps the
+// contents (capacity doubles, so appending is amortised O(1)); new elements are unspecified
+// until written. Move-only; the Backend must outlive it.
+class BackendArray {
+ public:
+  BackendArray() = default;
+  // n zero-filled floats.
+  static Result<BackendArray> zeros(Backend& backend, int64_t n);
+  Status resize(Backend& backend, int64_t n);
+  float* data() const { return buf_.as<float>(); }
+  int64_t size() const { return n_; }
+  int64_t capacity() const { return static_cast<int64_t>(buf_.size() / sizeof(float)); }
+
+ private:
+  BackendBuffer buf_;
+  int64_t n_ = 0;
 };
 
 }  // namespace ktier::backend

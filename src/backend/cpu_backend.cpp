@@ -1,5 +1,6 @@
 // The CPU backend: the Backend interface over the exact CPU kernels (cpu/kernels.h). Memory is
 // ordinary host memory, every op completes before it returns, and the bytes are the CPU path's.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -39,6 +40,10 @@ class CpuBackend final : public Backend {
   }
   Status fill(void* dst, uint8_t byte, size_t bytes) override {
     std::memset(dst, byte, bytes);
+    return Status::ok();
+  }
+  Status copy(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
     return Status::ok();
   }
   Status synchronize() override { return Status::ok(); }
@@ -142,6 +147,29 @@ BackendBuffer& BackendBuffer::operator=(BackendBuffer&& o) noexcept {
     o.bytes_ = 0;
   }
   return *this;
+}
+
+Result<BackendArray> BackendArray::zeros(Backend& backend, int64_t n) {
+  BackendArray a;
+  KTIER_RETURN_IF_ERROR(a.resize(backend, n));
+  if (n > 0)
+    KTIER_RETURN_IF_ERROR(backend.fill(a.data(), 0, static_cast<size_t>(n) * sizeof(float)));
+  return a;
+}
+
+Status BackendArray::resize(Backend& backend, int64_t n) {
+  if (n <= capacity()) {
+    n_ = n;
+    return Status::ok();
+  }
+  const int64_t cap = std::max<int64_t>(n, 2 * capacity());
+  KTIER_ASSIGN_OR_RETURN(BackendBuffer grown,
+                         BackendBuffer::allocate(backend, static_cast<size_t>(cap) * sizeof(float)));
+  if (n_ > 0)
+    KTIER_RETURN_IF_ERROR(backend.copy(grown.get(), buf_.get(), static_cast<size_t>(n_) * sizeof(float)));
+  buf_ = std::move(grown);
+  n_ = n;
+  return Status::ok();
 }
 
 void BackendBuffer::reset() {

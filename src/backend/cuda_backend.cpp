@@ -54,6 +54,9 @@ class CudaBackend final : public Backend {
   Status fill(void* dst, uint8_t byte, size_t bytes) override {
     return check(ops_->memset_async(dst, byte, bytes, stream_), "fill");
   }
+  Status copy(void* dst, const void* src, size_t bytes) override {
+    return check(ops_->memcpy_async(dst, src, bytes, stream_), "copy");
+  }
   Status synchronize() override {
     return check(ops_->stream_synchronize(stream_), "stream_synchronize");
   }

@@ -63,11 +63,11 @@ Result<runtime::GenerationStats> timed_decode(runtime::Engine& e, const std::vec
   runtime::GenerationOptions gen;
   const auto sink = [](int32_t) { return Status::ok(); };
   gen.max_new_tokens = 4;
-  KTIER_RETURN_IF_ERROR(runtime::generate(e.model(), e.experts(), prompt, gen, e.exec(), sink).status());
+  KTIER_RETURN_IF_ERROR(runtime::generate(e.model(), e.experts(), prompt, gen, sink).status());
   gen.max_new_tokens = tokens;
   gen.before_decode = [&] { *start = runtime::EngineCounters::of(e); };
   KTIER_ASSIGN_OR_RETURN(runtime::GenerationStats st,
-                         runtime::generate(e.model(), e.experts(), prompt, gen, e.exec(), sink));
+                         runtime::generate(e.model(), e.experts(), prompt, gen, sink));
   *end = runtime::EngineCounters::of(e);
   return st;
 }
@@ -148,13 +148,11 @@ Status run_decode_bench(const DecodeOptions& o) {
   const auto sink = [](int32_t) { return Status::ok(); };
   std::fprintf(stderr, "[bench] warm-up decode (4 tokens)\n");
   gen.max_new_tokens = 4;
-  KTIER_RETURN_IF_ERROR(runtime::generate(engine->model(), engine->experts(), prompt, gen,
-                                          engine->exec(), sink).status());
+  KTIER_RETURN_IF_ERROR(runtime::generate(engine->model(), engine->experts(), prompt, gen, sink).status());
   gen.max_new_tokens = o.tokens;
   std::fprintf(stderr, "[bench] timed decode (%lld tokens)\n", static_cast<long long>(o.tokens));
   KTIER_ASSIGN_OR_RETURN(const runtime::GenerationStats st,
-                         runtime::generate(engine->model(), engine->experts(), prompt, gen,
-                                           engine->exec(), sink));
+                         runtime::generate(engine->model(), engine->experts(), prompt, gen, sink));
 
   const cpu::WeightMatrix& embed = engine->weights()->embed_matrix();
   const uint64_t embed_bytes = static_cast<uint64_t>(embed.rows * embed.cols) *

@@ -58,7 +58,7 @@ Status eval(const EvalArgs& a) {
   const int64_t T = static_cast<int64_t>(ids.size());
   std::vector<float> logits(static_cast<size_t>(T * V));
   KTIER_RETURN_IF_ERROR(runtime::evaluate(engine->model(), ids, a.chunk > 0 ? a.chunk : T,
-                                          logits.data(), engine->exec()));
+                                          logits.data()));
   if (!a.logits_out.empty()) KTIER_RETURN_IF_ERROR(write_logits(a.logits_out, logits));
   if (a.argmax) {
     std::vector<int32_t> best;

@@ -123,8 +123,7 @@ Status run(const RunArgs& a) {
   runtime::RunReport report;
   report.decode_start = runtime::EngineCounters::of(*engine);
   gen.before_decode = [&] { report.decode_start = runtime::EngineCounters::of(*engine); };
-  auto generated_stats = runtime::generate(engine->model(), engine->experts(), prompt, gen,
-                                          engine->exec(), sink);
+  auto generated_stats = runtime::generate(engine->model(), engine->experts(), prompt, gen, sink);
   if (recorder) {  // on every path, so the trace file is complete up to where the run stopped
     engine->model().set_routing_observer(nullptr);
     engine->model().remove_lookahead_observer(recorder.get());

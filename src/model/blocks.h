@@ -1,13 +1,16 @@
 #pragma once
-// The blocks of one K3 decoder layer on the CPU kernels (K3-MODEL §6.3-§6.6). Each takes the
-// normed input x [T, E] of T consecutive tokens and writes out [T, E]; activations are f32.
-// A token's output never depends on T or on which other tokens share the call, so prefill in
-// any chunking and one-token decode give identical bytes (docs/NUMERICS.md §11).
+// The blocks of one K3 decoder layer on a Backend (K3-MODEL §6.3-§6.6). Each takes the normed
+// input x [T, E] of T consecutive tokens and writes out [T, E]; activations are f32. Every
+// pointer (activations, weights, state) is memory of that backend. A token's output never
+// depends on T or on which other tokens share the call, so prefill in any chunking and
+// one-token decode give identical bytes (docs/NUMERICS.md §11). Errors: the backend's (device
+// failures; never on the CPU) and, for moe_block, the ExpertSource's.
 
 #include <cstdint>
+#include <vector>
 
 #include "common/status.h"
-#include "cpu/exec.h"
+#include "backend/backend.h"
 #include "format/config.h"
 #include "model/experts.h"
 #include "model/state.h"
@@ -38,21 +41,36 @@ class LookaheadObserver {
 };
 
 // KDA (§6.3): updates the state's S and conv histories.
-void kda_block(const KdaWeights& w, const format::ModelConfig& c, const float* x, int64_t T,
-               KdaState& st, float* out, const cpu::Exec& ex);
+Status kda_block(const KdaWeights& w, const format::ModelConfig& c, const float* x, int64_t T,
+                 KdaState& st, float* out, backend::Backend& be);
 
 // Gated NoPE MLA, absorbed latent cache (§6.4): appends T positions to the cache.
-void mla_block(const MlaWeights& w, const format::ModelConfig& c, const float* x, int64_t T,
-               MlaCache& cache, float* out, const cpu::Exec& ex);
+Status mla_block(const MlaWeights& w, const format::ModelConfig& c, const float* x, int64_t T,
+                 MlaCache& cache, float* out, backend::Backend& be);
 
 // SiTU-GLU MLP (dense layer-0 MLP, shared expert).
-void glu_mlp(const GluWeights& w, const format::ModelConfig& c, const float* x, int64_t T,
-             float* out, const cpu::Exec& ex);
+Status glu_mlp(const GluWeights& w, const format::ModelConfig& c, const float* x, int64_t T,
+               float* out, backend::Backend& be);
 
 // Latent MoE with the shared expert (§6.6). The experts the chunk selects are fetched once and
-// each runs once over all the tokens that chose it. Errors: the ExpertSource's.
+// each runs once over all the tokens that chose it; the ExpertSource's views must be memory of
+// `be` too.
 Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t layer,
                  int64_t first_position, ExpertSource& experts, RoutingObserver* observer,
-                 const float* x, int64_t T, float* out, const cpu::Exec& ex);
+                 const float* x, int64_t T, float* out, backend::Backend& be);
+
+// Scratch floats in backend memory for one call: allocations are checked together (status())
+// before any op uses them; everything is released with the Scratch.
+class Scratch {
+ public:
+  explicit Scratch(backend::Backend& be) : be_(be) {}
+  float* floats(int64_t n);  // null after a failed allocation (see status())
+  Status status() const { return status_; }
+
+ private:
+  backend::Backend& be_;
+  std::vector<backend::BackendBuffer> buffers_;
+  Status status_ = Status::ok();
+};
 
 }  // namespace ktier::model

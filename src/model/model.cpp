@@ -5,42 +5,44 @@
 #include <vector>
 
 #include "common/check.h"
-#include "cpu/kernels.h"
 
 namespace ktier::model {
 
 uint64_t SequenceState::bytes() const {
   uint64_t n = 0;
   for (const LayerState& l : layers)
-    n += (l.kda.S.size() + l.kda.conv_q.size() + l.kda.conv_k.size() + l.kda.conv_v.size() +
-          l.mla.c.capacity() + l.mla.r.capacity()) *
+    n += static_cast<uint64_t>(l.kda.S.capacity() + l.kda.conv_q.capacity() +
+                               l.kda.conv_k.capacity() + l.kda.conv_v.capacity() +
+                               l.mla.c.capacity() + l.mla.r.capacity()) *
          sizeof(float);
   return n;
 }
 
-Model::Model(TrunkSource& trunk, ExpertSource* experts) : trunk_(trunk), experts_(experts) {
+Model::Model(TrunkSource& trunk, ExpertSource* experts, backend::Backend& backend)
+    : trunk_(trunk), experts_(experts), be_(backend) {
   KTIER_CHECK(experts_ != nullptr || config().num_moe_layers() == 0);
 }
 
-SequenceState Model::new_sequence() const {
+Result<SequenceState> Model::new_sequence() const {
   const format::ModelConfig& c = config();
   SequenceState s;
   s.layers.resize(static_cast<size_t>(c.num_hidden_layers));
-  const size_t C = static_cast<size_t>(c.kda_width());
-  const size_t hist = static_cast<size_t>(c.short_conv_kernel_size - 1) * C;
+  const int64_t C = c.kda_width(), hist = (c.short_conv_kernel_size - 1) * C;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (c.is_mla(l)) continue;  // the MLA cache starts empty
     KdaState& k = s.layers[static_cast<size_t>(l)].kda;
-    k.S.assign(static_cast<size_t>(c.kda_num_heads * c.kda_head_dim * c.kda_head_dim), 0.0f);
-    k.conv_q.assign(hist, 0.0f);
-    k.conv_k.assign(hist, 0.0f);
-    k.conv_v.assign(hist, 0.0f);
+    KTIER_ASSIGN_OR_RETURN(k.S,
+                           backend::BackendArray::zeros(
+                               be_, c.kda_num_heads * c.kda_head_dim * c.kda_head_dim));
+    KTIER_ASSIGN_OR_RETURN(k.conv_q, backend::BackendArray::zeros(be_, hist));
+    KTIER_ASSIGN_OR_RETURN(k.conv_k, backend::BackendArray::zeros(be_, hist));
+    KTIER_ASSIGN_OR_RETURN(k.conv_v, backend::BackendArray::zeros(be_, hist));
   }
   return s;
 }
 
 Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitRows rows,
-                      float* logits, const cpu::Exec& ex) {
+                      float* logits) {
   const format::ModelConfig& c = config();
   const int64_t T = static_cast<int64_t>(ids.size()), E = c.hidden_size, V = c.vocab_size;
   KTIER_CHECK(rows == LogitRows::kNone || logits != nullptr);
@@ -51,22 +53,33 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
                            std::to_string(V - 1));
   if (T == 0) return Status::ok();
   const double eps = c.rms_norm_eps;
+  const size_t row_bytes = static_cast<size_t>(T * E) * sizeof(float);
 
   // P: the running block partial sum, starting as the embeddings (no scaling, §6.2).
-  std::vector<float> P(static_cast<size_t>(T * E));
-  KTIER_RETURN_IF_ERROR(trunk_.embed(ids, P.data()));
+  auto activation = [&]() { return backend::BackendBuffer::allocate(be_, row_bytes); };
+  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer P, activation());
+  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer mixed, activation());
+  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer x, activation());
+  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer y, activation());
+  {
+    std::vector<float> embedded(static_cast<size_t>(T * E));
+    KTIER_RETURN_IF_ERROR(trunk_.embed(ids, embedded.data()));
+    KTIER_RETURN_IF_ERROR(be_.upload(P.get(), embedded.data(), row_bytes));
+  }
 
   // AttnRes over depth (§6.0): the bank holds each finished block's P, oldest first.
-  std::vector<std::vector<float>> bank;
+  std::vector<backend::BackendBuffer> bank;
   std::vector<const float*> sources;
-  auto aggregate = [&](const std::vector<float>& f, std::vector<float>& out) {
+  auto gather_sources = [&] {
     sources.clear();
-    for (const auto& b : bank) sources.push_back(b.data());
-    sources.push_back(P.data());
-    cpu::attnres(sources.data(), static_cast<int>(sources.size()), E, T, E, f.data(), eps,
-                 out.data(), ex);
+    for (const auto& b : bank) sources.push_back(b.as<float>());
+    sources.push_back(P.as<float>());
   };
-  std::vector<float> mixed(P.size()), x(P.size()), y(P.size());
+  auto aggregate = [&](const std::vector<float>& f, float* out) {
+    gather_sources();
+    return be_.attnres(sources.data(), static_cast<int>(sources.size()), E, T, E, f.data(), eps,
+                       out);
+  };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     KTIER_ASSIGN_OR_RETURN(const LayerWeights* acquired, trunk_.acquire_layer(l));
     // Released when the layer is done, or on an error return: a streaming source must get its
@@ -81,54 +94,70 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
     // The attention input mixes the OLD bank with P; at a boundary P is then pushed and restarts
     // as the attention output alone (assignment, not 0 + y).
     if (bank.empty())
-      mixed = P;
+      KTIER_RETURN_IF_ERROR(be_.copy(mixed.get(), P.get(), row_bytes));
     else
-      aggregate(lw.f_attn, mixed);
+      KTIER_RETURN_IF_ERROR(aggregate(lw.f_attn, mixed.as<float>()));
     const bool boundary = c.is_boundary(l);
-    if (boundary) bank.push_back(P);
-    cpu::rmsnorm(mixed.data(), lw.input_norm.data(), T, E, eps, x.data(), ex);
+    if (boundary) {
+      KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer pushed, activation());
+      KTIER_RETURN_IF_ERROR(be_.copy(pushed.get(), P.get(), row_bytes));
+      bank.push_back(std::move(pushed));
+    }
+    KTIER_RETURN_IF_ERROR(
+        be_.rmsnorm(mixed.as<float>(), lw.input_norm.data(), T, E, eps, x.as<float>()));
     if (lw.is_mla)
-      mla_block(lw.mla, c, x.data(), T, ls.mla, y.data(), ex);
+      KTIER_RETURN_IF_ERROR(mla_block(lw.mla, c, x.as<float>(), T, ls.mla, y.as<float>(), be_));
     else
-      kda_block(lw.kda, c, x.data(), T, ls.kda, y.data(), ex);
+      KTIER_RETURN_IF_ERROR(kda_block(lw.kda, c, x.as<float>(), T, ls.kda, y.as<float>(), be_));
     if (boundary)
-      P.swap(y);
+      std::swap(P, y);
     else
-      cpu::add(P.data(), y.data(), T * E, P.data(), ex);
-    if (lookahead_depth_ > 0 && !lookahead_observers_.empty())
-      predict(l, state.n_tokens, P, bank, T, ex);
-    aggregate(lw.f_mlp, mixed);  // the bank is never empty here
-    cpu::rmsnorm(mixed.data(), lw.post_attention_norm.data(), T, E, eps, x.data(), ex);
+      KTIER_RETURN_IF_ERROR(be_.add(P.as<float>(), y.as<float>(), T * E, P.as<float>()));
+    if (lookahead_depth_ > 0 && !lookahead_observers_.empty()) {
+      gather_sources();
+      KTIER_RETURN_IF_ERROR(predict(l, state.n_tokens, sources, T));
+    }
+    KTIER_RETURN_IF_ERROR(aggregate(lw.f_mlp, mixed.as<float>()));  // the bank is never empty
+    KTIER_RETURN_IF_ERROR(be_.rmsnorm(mixed.as<float>(), lw.post_attention_norm.data(), T, E, eps,
+                                      x.as<float>()));
     if (lw.is_dense) {
-      glu_mlp(lw.dense, c, x.data(), T, y.data(), ex);
+      KTIER_RETURN_IF_ERROR(glu_mlp(lw.dense, c, x.as<float>(), T, y.as<float>(), be_));
     } else {
       KTIER_RETURN_IF_ERROR(moe_block(lw.moe, c, l, state.n_tokens, *experts_, routing_observer_,
-                                      x.data(), T, y.data(), ex));
+                                      x.as<float>(), T, y.as<float>(), be_));
     }
-    cpu::add(P.data(), y.data(), T * E, P.data(), ex);
-    if (layer_observer_) layer_observer_->after_layer(l, P.data(), T, E);
+    KTIER_RETURN_IF_ERROR(be_.add(P.as<float>(), y.as<float>(), T * E, P.as<float>()));
+    if (layer_observer_) {
+      std::vector<float> host(static_cast<size_t>(T * E));
+      KTIER_RETURN_IF_ERROR(be_.download(host.data(), P.get(), row_bytes));
+      layer_observer_->after_layer(l, host.data(), T, E);
+    }
   }
   state.n_tokens += T;
   if (rows == LogitRows::kNone) return Status::ok();
 
   // Output AttnRes over bank + P, final norm, lm_head (§6.7) for the rows asked for.
   const HeadWeights& head = trunk_.head();
-  aggregate(head.f_out, mixed);
+  KTIER_RETURN_IF_ERROR(aggregate(head.f_out, mixed.as<float>()));
   const int64_t first = rows == LogitRows::kLast ? T - 1 : 0, n = T - first;
-  cpu::rmsnorm(mixed.data() + first * E, head.final_norm.data(), n, E, eps, x.data(), ex);
-  cpu::linear(head.lm_head, x.data(), n, logits, ex);
-  return Status::ok();
+  KTIER_RETURN_IF_ERROR(be_.rmsnorm(mixed.as<float>() + first * E, head.final_norm.data(), n, E,
+                                    eps, x.as<float>()));
+  const size_t logit_bytes = static_cast<size_t>(n * V) * sizeof(float);
+  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer out, backend::BackendBuffer::allocate(be_, logit_bytes));
+  const cpu::LinearJob lm{head.lm_head, x.as<float>(), n, out.as<float>()};
+  KTIER_RETURN_IF_ERROR(be_.linear(&lm, 1));
+  return be_.download(logits, out.get(), logit_bytes);
 }
 
-void Model::predict(int64_t l, int64_t first_position, const std::vector<float>& P,
-                    const std::vector<std::vector<float>>& bank, int64_t T, const cpu::Exec& ex) {
+Status Model::predict(int64_t l, int64_t first_position, const std::vector<const float*>& sources,
+                      int64_t T) {
   const format::ModelConfig& c = config();
   const int64_t E = c.hidden_size, Ne = c.num_experts;
   const int k = static_cast<int>(c.num_experts_per_token);
-  std::vector<const float*> sources;
-  for (const auto& b : bank) sources.push_back(b.data());
-  sources.push_back(P.data());
-  std::vector<float> mixed(P.size()), x(P.size()), logits(static_cast<size_t>(T * Ne));
+  Scratch s(be_);
+  float *mixed = s.floats(T * E), *x = s.floats(T * E), *logits = s.floats(T * Ne);
+  float *ids_dev = s.floats(T * k), *weights_dev = s.floats(T * k);  // ids_dev holds int32
+  KTIER_RETURN_IF_ERROR(s.status());
   std::vector<int32_t> ids(static_cast<size_t>(T * k));
   std::vector<float> weights(ids.size());
   std::vector<int> order(static_cast<size_t>(k));
@@ -140,12 +169,18 @@ void Model::predict(int64_t l, int64_t first_position, const std::vector<float>&
     if (c.is_dense(t)) continue;
     const LayerWeights* w = routing_weights_ ? routing_weights_(t) : nullptr;
     if (w == nullptr) continue;
-    cpu::attnres(sources.data(), static_cast<int>(sources.size()), E, T, E, w->f_mlp.data(),
-                 c.rms_norm_eps, mixed.data(), ex);
-    cpu::rmsnorm(mixed.data(), w->post_attention_norm.data(), T, E, c.rms_norm_eps, x.data(), ex);
-    cpu::linear(w->moe.router, x.data(), T, logits.data(), ex);
-    cpu::router_topk(logits.data(), w->moe.router_bias.data(), T, static_cast<int>(Ne), k,
-                     c.moe_renormalize, c.routed_scaling_factor, ids.data(), weights.data(), ex);
+    KTIER_RETURN_IF_ERROR(be_.attnres(sources.data(), static_cast<int>(sources.size()), E, T, E,
+                                      w->f_mlp.data(), c.rms_norm_eps, mixed));
+    KTIER_RETURN_IF_ERROR(
+        be_.rmsnorm(mixed, w->post_attention_norm.data(), T, E, c.rms_norm_eps, x));
+    const cpu::LinearJob router{w->moe.router, x, T, logits};
+    KTIER_RETURN_IF_ERROR(be_.linear(&router, 1));
+    KTIER_RETURN_IF_ERROR(be_.router_topk(logits, w->moe.router_bias.data(), T,
+                                          static_cast<int>(Ne), k, c.moe_renormalize,
+                                          c.routed_scaling_factor,
+                                          reinterpret_cast<int32_t*>(ids_dev), weights_dev));
+    KTIER_RETURN_IF_ERROR(be_.download(ids.data(), ids_dev, ids.size() * sizeof(int32_t)));
+    KTIER_RETURN_IF_ERROR(be_.download(weights.data(), weights_dev, weights.size() * sizeof(float)));
     for (int64_t tok = 0; tok < T; ++tok) {  // highest weight first, ties to the lower id
       const int32_t* id = ids.data() + tok * k;
       const float* wt = weights.data() + tok * k;
@@ -161,6 +196,7 @@ void Model::predict(int64_t l, int64_t first_position, const std::vector<float>&
     for (LookaheadObserver* o : lookahead_observers_)
       o->on_prediction(l, d, first_position, sorted_ids.data(), sorted_weights.data(), T, k);
   }
+  return Status::ok();
 }
 
 }  // namespace ktier::model

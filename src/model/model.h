@@ -1,13 +1,14 @@
 #pragma once
-// The whole K3 forward pass on the CPU (K3-MODEL §6.2, §6.7, §6.8).
+// The whole K3 forward pass on a Backend (K3-MODEL §6.2, §6.7, §6.8): the CPU backend gives the
+// exact CPU bytes; the weights, the expert views and the sequence state are that backend's
+// memory.
 //
 // Model::forward consumes T tokens at positions state.n_tokens .. +T-1, layer-major (every
 // layer runs over the whole chunk before the next), updates the sequence state and writes the
 // logits. A decode step is forward() with T = 1: prefill in any chunking and decode run the same
 // code, and under the numerics contract (docs/NUMERICS.md) give identical bytes.
 //
-// Threads: a Model is not thread-safe (its ExpertSource is not); the kernels inside a forward
-// use the Exec's thread pool.
+// Threads: a Model is not thread-safe (its ExpertSource and Backend are not).
 
 #include <cstdint>
 #include <functional>
@@ -15,7 +16,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "cpu/exec.h"
+#include "backend/backend.h"
 #include "model/blocks.h"
 #include "model/experts.h"
 #include "model/state.h"
@@ -39,19 +40,22 @@ class LayerObserver {
 
 class Model {
  public:
-  // `trunk` and `experts` must outlive the Model; `experts` may be null only when no layer is
-  // a MoE layer.
-  Model(TrunkSource& trunk, ExpertSource* experts);
+  // `trunk`, `experts` and `backend` must outlive the Model; `experts` may be null only when no
+  // layer is a MoE layer. Every weight they hand out must be memory of `backend`.
+  Model(TrunkSource& trunk, ExpertSource* experts, backend::Backend& backend);
 
   const format::ModelConfig& config() const { return trunk_.config(); }
-  SequenceState new_sequence() const;
+  backend::Backend& backend() const { return be_; }
+  // A fresh sequence (zero KDA state, empty MLA caches) in the backend's memory. Errors: the
+  // backend's (out of device memory).
+  Result<SequenceState> new_sequence() const;
 
-  // Runs ids (each in [0, V): Status::usage naming the id otherwise) and writes logits as `rows`
-  // says (null allowed for kNone). Errors: the TrunkSource's and the ExpertSource's
-  // (Status::runtime for I/O, Status::corrupt for a checksum); on error the state is unusable
-  // and must be discarded.
+  // Runs ids (each in [0, V): Status::usage naming the id otherwise) and writes logits (host
+  // memory) as `rows` says (null allowed for kNone). Errors: the TrunkSource's, the
+  // ExpertSource's (Status::runtime for I/O, Status::corrupt for a checksum) and the backend's;
+  // on error the state is unusable and must be discarded.
   Status forward(std::span<const int32_t> ids, SequenceState& state, LogitRows rows,
-                 float* logits, const cpu::Exec& ex);
+                 float* logits);
 
   void set_routing_observer(RoutingObserver* o) { routing_observer_ = o; }
   // Router lookahead (docs/STRATA.md §4): after layer l's attention, for d = 1..depth, MoE layer
@@ -75,9 +79,11 @@ class Model {
  private:
   TrunkSource& trunk_;
   ExpertSource* experts_;
-  // Scores routers l+1..l+depth on the residual stream after layer l's attention.
-  void predict(int64_t l, int64_t first_position, const std::vector<float>& P,
-               const std::vector<std::vector<float>>& bank, int64_t T, const cpu::Exec& ex);
+  backend::Backend& be_;
+  // Scores routers l+1..l+depth on the residual stream after layer l's attention; sources are
+  // the bank and P (backend memory, [T, E] each).
+  Status predict(int64_t l, int64_t first_position, const std::vector<const float*>& sources,
+                 int64_t T);
 
   RoutingObserver* routing_observer_ = nullptr;
   int lookahead_depth_ = 0;

@@ -199,7 +199,9 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   }
   model::ExpertSource* experts = e->cache_ ? static_cast<model::ExpertSource*>(e->cache_.get())
                                            : e->experts_.get();
-  e->model_ = std::make_unique<model::Model>(*trunk, experts);
+  e->exec_ = cpu::Exec{e->pool_.get(), isa};
+  e->backend_ = backend::make_cpu_backend(e->exec_);
+  e->model_ = std::make_unique<model::Model>(*trunk, experts, *e->backend_);
   if (const int depth = dial ? lookahead_depth(opts) : opts.lookahead;
       depth > 0 && e->ckpt_.config().num_moe_layers() > 0) {
     model::Model::RoutingWeightsFn routing;
@@ -213,7 +215,6 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
     e->model_->set_lookahead(depth, std::move(routing));
     if (e->cache_) e->model_->add_lookahead_observer(e->cache_.get());
   }
-  e->exec_ = cpu::Exec{e->pool_.get(), isa};
   return e;
 }
 

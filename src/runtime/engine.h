@@ -90,6 +90,7 @@ class Engine {
   std::unique_ptr<ExpertCache> cache_;
   uint64_t budget_ = 0;
   std::unique_ptr<model::ExpertSource> experts_;
+  std::unique_ptr<backend::Backend> backend_;  // what the Model runs on (the CPU over exec_)
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;

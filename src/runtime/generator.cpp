@@ -15,7 +15,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Result<GenerationStats> generate(model::Model& model, const model::ExpertSource* experts,
                                  std::span<const int32_t> prompt, const GenerationOptions& opts,
-                                 const cpu::Exec& ex, const TokenSink& sink) {
+                                 const TokenSink& sink) {
   if (prompt.empty()) return Status::usage("the prompt is empty: give at least one token");
   if (opts.prefill_chunk < 1) return Status::usage("--chunk must be >= 1");
   if (opts.max_new_tokens < 0) return Status::usage("-n must be >= 0");
@@ -25,7 +25,7 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
 
   GenerationStats st;
   st.prompt_tokens = static_cast<int64_t>(prompt.size());
-  model::SequenceState seq = model.new_sequence();
+  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq, model.new_sequence());
   std::vector<float> logits(static_cast<size_t>(V));
   const uint64_t bytes0 = expert_bytes();
   auto t0 = std::chrono::steady_clock::now();
@@ -34,7 +34,7 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
     const bool last = pos + n == prompt.size();
     KTIER_RETURN_IF_ERROR(model.forward(prompt.subspan(pos, n), seq,
                                         last ? model::LogitRows::kLast : model::LogitRows::kNone,
-                                        last ? logits.data() : nullptr, ex));
+                                        last ? logits.data() : nullptr));
     pos += n;
   }
   st.prefill_seconds = seconds_since(t0);
@@ -54,7 +54,7 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
     }
     if (st.generated_tokens == opts.max_new_tokens) break;
     const int32_t one[1] = {id};
-    KTIER_RETURN_IF_ERROR(model.forward(one, seq, model::LogitRows::kLast, logits.data(), ex));
+    KTIER_RETURN_IF_ERROR(model.forward(one, seq, model::LogitRows::kLast, logits.data()));
     ++st.decode_steps;
   }
   st.decode_seconds = seconds_since(t0);
@@ -62,15 +62,14 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
   return st;
 }
 
-Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits,
-                const cpu::Exec& ex) {
+Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits) {
   if (chunk < 1) return Status::usage("--chunk must be >= 1");
   const int64_t V = model.config().vocab_size;
-  model::SequenceState seq = model.new_sequence();
+  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq, model.new_sequence());
   for (size_t pos = 0; pos < ids.size();) {
     const size_t n = std::min(ids.size() - pos, static_cast<size_t>(chunk));
     KTIER_RETURN_IF_ERROR(model.forward(ids.subspan(pos, n), seq, model::LogitRows::kAll,
-                                        logits + static_cast<int64_t>(pos) * V, ex));
+                                        logits + static_cast<int64_t>(pos) * V));
     pos += n;
   }
   return Status::ok();

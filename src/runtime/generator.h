@@ -46,11 +46,10 @@ using TokenSink = std::function<Status(int32_t id)>;
 // when the model has no MoE layer), read only for the byte counts.
 Result<GenerationStats> generate(model::Model& model, const model::ExpertSource* experts,
                                  std::span<const int32_t> prompt, const GenerationOptions& opts,
-                                 const cpu::Exec& ex, const TokenSink& sink);
+                                 const TokenSink& sink);
 
 // Teacher-forced forward over ids in chunks; logits [ids.size(), V] of every position.
-Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits,
-                const cpu::Exec& ex);
+Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits);
 
 // Peak resident set size of this process in bytes (getrusage), 0 if unknown.
 uint64_t peak_rss_bytes();

@@ -39,10 +39,10 @@ Result<RoutingStats> measure_routing(const std::filesystem::path& dir, const Syn
   if (c.num_moe_layers() == 0 || ids.empty()) return out;
   UseCounter counter(c);
   engine->model().set_routing_observer(&counter);
-  model::SequenceState seq = engine->model().new_sequence();
+  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq, engine->model().new_sequence());
   const auto t0 = std::chrono::steady_clock::now();
   KTIER_RETURN_IF_ERROR(
-      engine->model().forward(ids, seq, model::LogitRows::kNone, nullptr, engine->exec()));
+      engine->model().forward(ids, seq, model::LogitRows::kNone, nullptr));
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   engine->model().set_routing_observer(nullptr);
 

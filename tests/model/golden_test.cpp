@@ -90,8 +90,7 @@ TEST_P(GoldenTest, GreedyContinuationMatchesReference) {
   o.max_new_tokens = static_cast<int64_t>(want.size());
   o.prefill_chunk = 5;  // not a divisor of the 12-token prompt
   std::vector<int32_t> got;
-  auto stats = runtime::generate(engine->model(), engine->experts(), golden_prompt(v), o,
-                                 engine->exec(), [&](int32_t id) {
+  auto stats = runtime::generate(engine->model(), engine->experts(), golden_prompt(v), o, [&](int32_t id) {
                                    got.push_back(id);
                                    return Status::ok();
                                  });

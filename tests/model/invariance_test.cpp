@@ -69,9 +69,11 @@ TEST_P(InvarianceTest, IncrementalDecodeEqualsFullReforwardAtEveryStep) {
   ASSERT_TRUE(engine);
   std::vector<int32_t> ids = golden_prompt(GetParam());
   const int64_t V = engine->checkpoint().config().vocab_size;
-  model::SequenceState seq = engine->model().new_sequence();
+  auto made = engine->model().new_sequence();
+  ASSERT_TRUE(made.is_ok());
+  model::SequenceState seq = std::move(*made);
   std::vector<float> step(static_cast<size_t>(V));
-  ASSERT_TRUE(engine->model().forward(ids, seq, model::LogitRows::kLast, step.data(), engine->exec()).is_ok());
+  ASSERT_TRUE(engine->model().forward(ids, seq, model::LogitRows::kLast, step.data()).is_ok());
   for (int s = 0; s < 12; ++s) {
     const auto full = eval_logits(*engine, ids, static_cast<int64_t>(ids.size()));
     const std::vector<float> last(full.end() - V, full.end());
@@ -79,7 +81,7 @@ TEST_P(InvarianceTest, IncrementalDecodeEqualsFullReforwardAtEveryStep) {
     const int32_t next = static_cast<int32_t>(std::max_element(step.begin(), step.end()) - step.begin());
     ids.push_back(next);
     const int32_t one[1] = {next};
-    ASSERT_TRUE(engine->model().forward(one, seq, model::LogitRows::kLast, step.data(), engine->exec()).is_ok());
+    ASSERT_TRUE(engine->model().forward(one, seq, model::LogitRows::kLast, step.data()).is_ok());
   }
   EXPECT_EQ(seq.n_tokens, static_cast<int64_t>(ids.size()));
 }

@@ -68,7 +68,7 @@ std::vector<float> eval_logits(runtime::Engine& e, const std::vector<int32_t>& i
   const int64_t V = e.checkpoint().config().vocab_size;
   // Poisoned: a row the forward forgets to write shows up as NaN.
   std::vector<float> logits(ids.size() * static_cast<size_t>(V), std::nanf(""));
-  const Status s = runtime::evaluate(e.model(), ids, chunk, logits.data(), e.exec());
+  const Status s = runtime::evaluate(e.model(), ids, chunk, logits.data());
   EXPECT_TRUE(s.is_ok()) << s.message();
   return logits;
 }

@@ -34,10 +34,10 @@ inline std::vector<float> logits_then_greedy_ids(const EngineOptions& eo,
   Engine& engine = *e.value();
   const int64_t V = engine.checkpoint().config().vocab_size;
   std::vector<float> out(prompt.size() * static_cast<size_t>(V));
-  EXPECT_TRUE(evaluate(engine.model(), prompt, 5, out.data(), engine.exec()).is_ok());
+  EXPECT_TRUE(evaluate(engine.model(), prompt, 5, out.data()).is_ok());
   GenerationOptions g;
   g.max_new_tokens = 6;
-  auto st = generate(engine.model(), engine.experts(), prompt, g, engine.exec(), [&](int32_t id) {
+  auto st = generate(engine.model(), engine.experts(), prompt, g, [&](int32_t id) {
     out.push_back(static_cast<float>(id));
     return Status::ok();
   });

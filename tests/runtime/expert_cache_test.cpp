@@ -81,7 +81,7 @@ class ExpertCacheTest : public ::testing::Test {
     g.max_new_tokens = 20;
     g.prefill_chunk = chunk;
     std::vector<int32_t> ids;
-    auto st = generate(engine.model(), engine.experts(), prompt_, g, engine.exec(),
+    auto st = generate(engine.model(), engine.experts(), prompt_, g,
                        [&](int32_t id) {
                          ids.push_back(id);
                          return Status::ok();
@@ -256,13 +256,13 @@ TEST_F(ExpertCacheTest, FailedReadsFailThePassAndTheTierRecovers) {
   GenerationOptions g;
   g.max_new_tokens = 20;
   const auto keep = [](int32_t) { return Status::ok(); };
-  const auto failed = generate(engine.model(), engine.experts(), prompt_, g, engine.exec(), keep);
+  const auto failed = generate(engine.model(), engine.experts(), prompt_, g, keep);
   ASSERT_FALSE(failed.is_ok());
   EXPECT_EQ(failed.status().exit_code(), 1);
   EXPECT_NE(failed.status().message().find("model-00006-of"), std::string::npos);
   eo.io.fault_plan->clear();
   std::vector<int32_t> ids;
-  const auto again = generate(engine.model(), engine.experts(), prompt_, g, engine.exec(),
+  const auto again = generate(engine.model(), engine.experts(), prompt_, g,
                               [&](int32_t id) {
                                 ids.push_back(id);
                                 return Status::ok();

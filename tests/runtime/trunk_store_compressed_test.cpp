@@ -89,7 +89,7 @@ class CompressedTrunkTest : public ::testing::Test {
     auto e = Engine::open(eo);
     if (!e.is_ok()) return e.status();
     std::vector<float> out(prompt_.size() * 320);
-    return evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
+    return evaluate(e.value()->model(), prompt_, 12, out.data());
   }
 
   static inline fs::path root_;
@@ -138,7 +138,7 @@ TEST_F(CompressedTrunkTest, StreamedBytesAreTheStoredBytes) {
   auto e = Engine::open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   std::vector<float> out(prompt_.size() * 320);
-  ASSERT_TRUE(evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec()).is_ok());
+  ASSERT_TRUE(evaluate(e.value()->model(), prompt_, 12, out.data()).is_ok());
   const TrunkStoreStats& st = e.value()->trunk_store()->stats();
   EXPECT_GT(st.streamed_bytes_read, 0u);
   EXPECT_GT(st.streamed_bytes_inflated, 0u);
@@ -249,13 +249,13 @@ TEST_F(CompressedTrunkTest, FailingBlockReadFailsWithExitOneAndRecovers) {
   auto e = Engine::open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   std::vector<float> want(prompt_.size() * 320), out(want.size());
-  ASSERT_TRUE(evaluate(e.value()->model(), prompt_, 12, want.data(), e.value()->exec()).is_ok());
+  ASSERT_TRUE(evaluate(e.value()->model(), prompt_, 12, want.data()).is_ok());
   eo.io.fault_plan->add(io::FaultRule::eio().in_path("trunk.pack").times(-1));
-  const Status s = evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
+  const Status s = evaluate(e.value()->model(), prompt_, 12, out.data());
   EXPECT_EQ(s.exit_code(), 1) << s.message();
   EXPECT_NE(s.message().find("trunk.pack"), std::string::npos) << s.message();
   eo.io.fault_plan->clear();
-  const Status again = evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
+  const Status again = evaluate(e.value()->model(), prompt_, 12, out.data());
   ASSERT_TRUE(again.is_ok()) << again.message();
   EXPECT_EQ(out, want);
 }

@@ -128,7 +128,7 @@ TEST_F(TrunkStoreTest, CorruptStreamedRecordFailsTheForwardWithExitThree) {
   auto e = open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   std::vector<float> out(prompt_.size() * 320);
-  const Status s = evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
+  const Status s = evaluate(e.value()->model(), prompt_, 12, out.data());
   EXPECT_EQ(s.exit_code(), 3) << s.message();
   EXPECT_NE(s.message().find("layer.7"), std::string::npos) << s.message();
   // Pinned: the same record fails at open.
@@ -159,13 +159,13 @@ TEST_F(TrunkStoreTest, FailingReadIsRetriedOnceThenFailsWithExitOneNamingTheFile
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   eo.io.fault_plan->add(io::FaultRule::eio().in_path("trunk.pack").times(-1));  // every read
   std::vector<float> out(prompt_.size() * 320);
-  const Status s = evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
+  const Status s = evaluate(e.value()->model(), prompt_, 12, out.data());
   EXPECT_EQ(s.exit_code(), 1) << s.message();
   EXPECT_NE(s.message().find("trunk.pack"), std::string::npos) << s.message();
   // The disk heals: the store recovers, a new sequence on the same engine gives the reference
   // bytes (reads ahead that failed meanwhile are read again when their layer is needed).
   eo.io.fault_plan->clear();
-  const Status again = evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
+  const Status again = evaluate(e.value()->model(), prompt_, 12, out.data());
   ASSERT_TRUE(again.is_ok()) << again.message();
   EXPECT_TRUE(std::equal(out.begin(), out.end(), reference_.begin()));
 }
@@ -181,7 +181,7 @@ TEST_F(TrunkStoreTest, FailingExpertReadFailsTheForwardWithExitOne) {
   // Shard 6 holds decoder layer 5 and its experts (one shard per layer).
   eo.io.fault_plan->add(io::FaultRule::eio().in_path("model-00006-of").times(-1));
   std::vector<float> out(prompt_.size() * 320);
-  const Status s = evaluate(e.value()->model(), prompt_, 12, out.data(), e.value()->exec());
+  const Status s = evaluate(e.value()->model(), prompt_, 12, out.data());
   EXPECT_EQ(s.exit_code(), 1) << s.message();
   EXPECT_NE(s.message().find("model-00006-of"), std::string::npos) << s.message();
 }
@@ -204,7 +204,7 @@ TEST(TrunkStoreFloat, FloatExpertsThroughASmallTierMatchTheResidentRun) {
     auto e = Engine::open(eo);
     EXPECT_TRUE(e.is_ok()) << e.status().message();
     std::vector<float> out(ids.size() * 320);
-    EXPECT_TRUE(evaluate(e.value()->model(), ids, 3, out.data(), e.value()->exec()).is_ok());
+    EXPECT_TRUE(evaluate(e.value()->model(), ids, 3, out.data()).is_ok());
     return out;
   };
   auto ckpt = format::Checkpoint::open(dir);
