@@ -1,0 +1,575 @@
+// The linear op (NUMERICS.md §3, §4 semantics; arithmetic in cuda/README.md):
+//  * fused matrix-vector kernels, one launch per (weight type, alignment) for up to kMaxJobs
+//    jobs: a warp per weight row, 16-byte weight loads decoded in registers, f32 accumulation,
+//    up to kMaxNt tokens per pass with one accumulator set per token;
+//  * float weights with n_tokens >= 8: cuBLAS (x rounded to the weight's 16-bit type in a
+//    per-(device, stream) scratch buffer for BF16/F16; SGEMM for F32).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cublas_v2.h>
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "kernels.cuh"
+
+namespace ktier_cuda {
+namespace {
+
+constexpr int kMaxJobs = 64;     // jobs per launch (kernel parameter space)
+constexpr int kRowsPerBlock = 8;  // one row per warp
+constexpr int kMaxNt = 8;         // tokens per pass of the fused kernels
+constexpr int64_t kCublasMinTokens = 8;
+
+struct LinJob {
+  const void* w;
+  const uint8_t* scales;
+  const float* x;
+  float* y;
+  int64_t rows, cols;
+  int32_t n_tokens;
+  int32_t block0;  // first block of this job in the launch
+};
+struct LinBatch {
+  int32_t n_jobs;
+  int32_t n_blocks;
+  LinJob job[kMaxJobs];
+};
+
+// Which job block b belongs to (binary search over block0).
+__device__ __forceinline__ int find_job(const LinBatch& b, int block) {
+  int lo = 0, hi = b.n_jobs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (b.job[mid].block0 <= block) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// 16 weight bytes, not kept in L1 (read once; x is what L1 should hold).
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+// The same 16 bytes without any alignment requirement.
+__device__ __forceinline__ uint4 load_bytes16(const uint8_t* p) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = static_cast<uint32_t>(p[4 * i]) | static_cast<uint32_t>(p[4 * i + 1]) << 8 |
+           static_cast<uint32_t>(p[4 * i + 2]) << 16 | static_cast<uint32_t>(p[4 * i + 3]) << 24;
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Weight traits for the dense kernel: E elements per 16-byte chunk, unpacked exactly to f32.
+struct F32T : F32W {
+  static constexpr int E = 4;
+  static __device__ __forceinline__ void unpack(uint4 r, float* o) {
+    o[0] = __uint_as_float(r.x); o[1] = __uint_as_float(r.y);
+    o[2] = __uint_as_float(r.z); o[3] = __uint_as_float(r.w);
+  }
+};
+struct Bf16T : Bf16W {
+  static constexpr int E = 8;
+  static __device__ __forceinline__ void unpack(uint4 r, float* o) {
+    const uint32_t u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o[2 * i] = __uint_as_float(u[i] << 16);
+      o[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+  }
+};
+struct F16T : F16W {
+  static constexpr int E = 8;
+  static __device__ __forceinline__ void unpack(uint4 r, float* o) {
+    const uint32_t u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      __half2 h;
+      memcpy(&h, &u[i], 4);
+      const float2 f = __half22float2(h);
+      o[2 * i] = f.x;
+      o[2 * i + 1] = f.y;
+    }
+  }
+};
+
+// Dense weights. Warp per row; lane l takes the 16-byte chunks l, l + 32, ... (Vec: rows and
+// x rows 16-byte aligned) or the elements l, l + 32, ... (otherwise), in increasing order, one
+// f32 FMA per element into the token's accumulator; then the 5-level butterfly.
+template <class Wt, bool Vec, int NT>
+__global__ void __launch_bounds__(kRowsPerBlock * 32) dense_kernel(const __grid_constant__ LinBatch batch) {
+  const LinJob& jb = batch.job[find_job(batch, blockIdx.x)];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x - jb.block0) * kRowsPerBlock + warp;
+  if (r >= jb.rows) return;
+  const int64_t cols = jb.cols;
+  using St = typename Wt::Storage;
+  const St* wr = static_cast<const St*>(jb.w) + r * cols;
+  for (int t0 = 0; t0 < jb.n_tokens; t0 += NT) {
+    const int nt = jb.n_tokens - t0 < NT ? jb.n_tokens - t0 : NT;
+    const float* xt = jb.x + static_cast<int64_t>(t0) * cols;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+    if constexpr (Vec) {
+      constexpr int E = Wt::E, U = 4;
+      const int64_t nchunk = cols / E;
+      for (int64_t base = lane; base < nchunk; base += 32 * U) {
+        uint4 raw[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t ch = base + 32 * u;
+          raw[u] = ch < nchunk ? load_stream16(wr + ch * E) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t ch = base + 32 * u;
+          if (ch >= nchunk) break;
+          float wv[E];
+          Wt::unpack(raw[u], wv);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            if (t < nt) {
+              const float4* xp = reinterpret_cast<const float4*>(xt + t * cols + ch * E);
+#pragma unroll
+              for (int q = 0; q < E / 4; ++q) {
+                const float4 xv = __ldg(xp + q);
+                acc[t] = __fmaf_rn(wv[4 * q + 0], xv.x, acc[t]);
+                acc[t] = __fmaf_rn(wv[4 * q + 1], xv.y, acc[t]);
+                acc[t] = __fmaf_rn(wv[4 * q + 2], xv.z, acc[t]);
+                acc[t] = __fmaf_rn(wv[4 * q + 3], xv.w, acc[t]);
+              }
+            }
+          }
+        }
+      }
+    } else {
+      for (int64_t i = lane; i < cols; i += 32) {
+        const float wv = Wt::wide(wr[i]);
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          if (t < nt) acc[t] = __fmaf_rn(wv, __ldg(xt + t * cols + i), acc[t]);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float s = warp_sum(acc[t]);
+      if (lane == 0 && t < nt) jb.y[static_cast<int64_t>(t0 + t) * jb.rows + r] = s;
+    }
+  }
+}
+
+// Two E2M1 codes, at bits 12-15 and 28-31 of v, as f32 values times 2^-14 (exact): the code's
+// sign, exponent and mantissa bits moved into binary16 fields, then widened.
+__device__ __forceinline__ float2 e2m1x2(uint32_t v) {
+  const uint32_t h = (v & 0x80008000u) | ((v >> 3) & 0x0e000e00u);
+  __half2 hh;
+  memcpy(&hh, &h, 4);
+  return __half22float2(hh);
+}
+
+// MXFP4. Warp per row; lane l takes blocks g = l, l + 32, ... (16 packed bytes = 32 elements
+// each) in increasing order. A scale-255 block is skipped (its x is never read). Per block and
+// token: 4 f32 partial sums (element k -> partial k % 4, 8 FMAs each, in order), combined
+// (p0 + p1) + (p2 + p3); the block sum times 2^(s - 127) (exact in double) is added to the
+// token's double row accumulator; lanes are summed by the double butterfly; one rounding to f32.
+template <bool Vec, int NT>
+__global__ void __launch_bounds__(kRowsPerBlock * 32) mxfp4_kernel(const __grid_constant__ LinBatch batch) {
+  const LinJob& jb = batch.job[find_job(batch, blockIdx.x)];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x - jb.block0) * kRowsPerBlock + warp;
+  if (r >= jb.rows) return;
+  const int64_t cols = jb.cols, nblk = cols / 32;
+  const uint8_t* wr = static_cast<const uint8_t*>(jb.w) + r * (cols / 2);
+  const uint8_t* sr = jb.scales + r * nblk;
+  for (int t0 = 0; t0 < jb.n_tokens; t0 += NT) {
+    const int nt = jb.n_tokens - t0 < NT ? jb.n_tokens - t0 : NT;
+    const float* xt = jb.x + static_cast<int64_t>(t0) * cols;
+    double acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0;
+    for (int64_t g = lane; g < nblk; g += 32) {
+      const uint32_t s = sr[g];
+      if (s == 255u) continue;
+      const uint4 raw = Vec ? load_stream16(wr + 16 * g) : load_bytes16(wr + 16 * g);
+      // The decoded values are E2M1 * 2^-14, so the scale is 2^(s - 127 + 14).
+      const double scale = __longlong_as_double(static_cast<long long>(s + 1023 - 113) << 52);
+      const uint32_t word[4] = {raw.x, raw.y, raw.z, raw.w};
+      float p[NT][4];
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) p[t][k] = 0.0f;
+#pragma unroll
+      for (int wi = 0; wi < 4; ++wi) {
+        float2 v[4];  // v[k] = (element 8wi + k, element 8wi + k + 4)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = e2m1x2(word[wi] << (12 - 4 * k));
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (t < nt) {
+            const float* xp = xt + t * cols + 32 * g + 8 * wi;
+            float xa[4], xb[4];
+            if constexpr (Vec) {
+              const float4 a = __ldg(reinterpret_cast<const float4*>(xp));
+              const float4 b = __ldg(reinterpret_cast<const float4*>(xp) + 1);
+              xa[0] = a.x; xa[1] = a.y; xa[2] = a.z; xa[3] = a.w;
+              xb[0] = b.x; xb[1] = b.y; xb[2] = b.z; xb[3] = b.w;
+            } else {
+#pragma unroll
+              for (int k = 0; k < 4; ++k) {
+                xa[k] = __ldg(xp + k);
+                xb[k] = __ldg(xp + 4 + k);
+              }
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              p[t][k] = __fmaf_rn(v[k].x, xa[k], p[t][k]);
+              p[t][k] = __fmaf_rn(v[k].y, xb[k], p[t][k]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t < nt) {
+          const float b = __fadd_rn(__fadd_rn(p[t][0], p[t][1]), __fadd_rn(p[t][2], p[t][3]));
+          acc[t] = __dadd_rn(acc[t], __dmul_rn(D(b), scale));
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const double s = warp_sum_d(acc[t]);
+      if (lane == 0 && t < nt) jb.y[static_cast<int64_t>(t0 + t) * jb.rows + r] = F(s);
+    }
+  }
+}
+
+// x rounded to nearest even to the weight's 16-bit type (the cuBLAS path's only rounding of x).
+__device__ __forceinline__ void round16(float v, __nv_bfloat16* o) { *o = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void round16(float v, __half* o) { *o = __float2half_rn(v); }
+template <class T>
+__global__ void round16_kernel(const float* __restrict__ x, int64_t n, T* __restrict__ out) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    round16(x[i], out + i);
+}
+
+// ---- launch of the fused kernels ----
+
+template <int NT>
+cudaError_t launch_fused_nt(int type, bool vec, const LinBatch& b, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(b.n_blocks)), block(kRowsPerBlock * 32);
+  switch (type) {
+    case KTIER_CUDA_F32:
+      if (vec) dense_kernel<F32T, true, NT><<<grid, block, 0, s>>>(b);
+      else dense_kernel<F32T, false, NT><<<grid, block, 0, s>>>(b);
+      break;
+    case KTIER_CUDA_BF16:
+      if (vec) dense_kernel<Bf16T, true, NT><<<grid, block, 0, s>>>(b);
+      else dense_kernel<Bf16T, false, NT><<<grid, block, 0, s>>>(b);
+      break;
+    case KTIER_CUDA_F16:
+      if (vec) dense_kernel<F16T, true, NT><<<grid, block, 0, s>>>(b);
+      else dense_kernel<F16T, false, NT><<<grid, block, 0, s>>>(b);
+      break;
+    default:
+      if (vec) mxfp4_kernel<true, NT><<<grid, block, 0, s>>>(b);
+      else mxfp4_kernel<false, NT><<<grid, block, 0, s>>>(b);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fused(int type, bool vec, const LinBatch& b, int max_tokens, cudaStream_t s) {
+  if (max_tokens <= 1) return launch_fused_nt<1>(type, vec, b, s);
+  if (max_tokens <= 2) return launch_fused_nt<2>(type, vec, b, s);
+  if (max_tokens <= 4) return launch_fused_nt<4>(type, vec, b, s);
+  return launch_fused_nt<kMaxNt>(type, vec, b, s);
+}
+
+// ---- cuBLAS: linked statically, or loaded from libcublas.so.<major> at init ----
+
+using CreateFn = cublasStatus_t (*)(cublasHandle_t*);
+using SetStreamFn = cublasStatus_t (*)(cublasHandle_t, cudaStream_t);
+using SetMathModeFn = cublasStatus_t (*)(cublasHandle_t, cublasMath_t);
+using SgemmFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                   int, const float*, const float*, int, const float*, int,
+                                   const float*, float*, int);
+using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                    int, const void*, const void*, cudaDataType, int, const void*,
+                                    cudaDataType, int, const void*, void*, cudaDataType, int,
+                                    cublasComputeType_t, cublasGemmAlgo_t);
+struct CublasApi {
+  bool ok = false;
+  CreateFn create = nullptr;
+  SetStreamFn set_stream = nullptr;
+  SetMathModeFn set_math_mode = nullptr;
+  SgemmFn sgemm = nullptr;
+  GemmExFn gemm_ex = nullptr;
+};
+
+const CublasApi& cublas_api() {
+  static CublasApi api;
+  static std::once_flag once;
+  std::call_once(once, [] {
+#ifdef KTIER_CUBLAS_STATIC
+    api.create = &cublasCreate_v2;
+    api.set_stream = &cublasSetStream_v2;
+    api.set_math_mode = &cublasSetMathMode;
+    api.sgemm = &cublasSgemm_v2;
+    api.gemm_ex = static_cast<GemmExFn>(&cublasGemmEx);
+#else
+    char name[64];
+    std::snprintf(name, sizeof(name), "libcublas.so.%d", CUBLAS_VER_MAJOR);
+    void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    api.create = reinterpret_cast<CreateFn>(dlsym(lib, "cublasCreate_v2"));
+    api.set_stream = reinterpret_cast<SetStreamFn>(dlsym(lib, "cublasSetStream_v2"));
+    api.set_math_mode = reinterpret_cast<SetMathModeFn>(dlsym(lib, "cublasSetMathMode"));
+    api.sgemm = reinterpret_cast<SgemmFn>(dlsym(lib, "cublasSgemm_v2"));
+    api.gemm_ex = reinterpret_cast<GemmExFn>(dlsym(lib, "cublasGemmEx"));
+#endif
+    api.ok = api.create && api.set_stream && api.set_math_mode && api.sgemm && api.gemm_ex;
+  });
+  return api;
+}
+
+// The calling thread's handle per device (made by init; leaked at thread exit, as destroying
+// one after the context is gone is unsafe).
+constexpr int kMaxDevices = 64;
+thread_local cublasHandle_t t_handle[kMaxDevices] = {};
+
+// Scratch per (device, stream) for the 16-bit copies of x; grown stream-ordered.
+struct Scratch {
+  void* ptr = nullptr;
+  size_t cap = 0;
+};
+std::mutex g_scratch_mu;
+std::map<std::pair<int, cudaStream_t>, Scratch> g_scratch;
+
+cudaError_t scratch_get(int device, cudaStream_t s, size_t bytes, void** out) {
+  std::lock_guard<std::mutex> lock(g_scratch_mu);
+  Scratch& sc = g_scratch[{device, s}];
+  if (sc.cap < bytes) {
+    if (sc.ptr) {
+      const cudaError_t err = cudaFreeAsync(sc.ptr, s);
+      sc.ptr = nullptr;
+      sc.cap = 0;
+      if (err != cudaSuccess) return err;
+    }
+    const size_t cap = bytes + bytes / 4;
+    const cudaError_t err = cudaMallocAsync(&sc.ptr, cap, s);
+    if (err != cudaSuccess) {
+      sc.ptr = nullptr;
+      return err;
+    }
+    sc.cap = cap;
+  }
+  *out = sc.ptr;
+  return cudaSuccess;
+}
+
+const char* cublas_status_name(cublasStatus_t st) {
+  switch (st) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_INTERNAL_ERROR";
+  }
+}
+
+constexpr int64_t kIntMax = 0x7fffffff;
+
+}  // namespace
+
+void cublas_init(int device) {
+  if (device < 0 || device >= kMaxDevices || t_handle[device]) return;
+  const CublasApi& api = cublas_api();
+  if (!api.ok) return;
+  cublasHandle_t h = nullptr;
+  if (api.create(&h) != CUBLAS_STATUS_SUCCESS) return;
+  api.set_math_mode(h, CUBLAS_DEFAULT_MATH);  // no TF32, f32 reductions
+  t_handle[device] = h;
+}
+
+void scratch_release(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(g_scratch_mu);
+  for (auto it = g_scratch.begin(); it != g_scratch.end();) {
+    if (it->first.second == s) {
+      if (it->second.ptr) cudaFreeAsync(it->second.ptr, s);
+      it = g_scratch.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+int linear_run(const KtierCudaLinearJob* jobs, int n_jobs, cudaStream_t stream) {
+  constexpr const char* op = "linear";
+  if (n_jobs < 0 || (n_jobs > 0 && !jobs)) return set_error(kArgError, op, "bad job list");
+  // Checks first (cpu/dispatch.cpp's), so that a bad job launches nothing.
+  for (int j = 0; j < n_jobs; ++j) {
+    const KtierCudaLinearJob& jb = jobs[j];
+    const KtierCudaWeight& w = jb.w;
+    if (w.rows < 0 || w.cols < 0)
+      return set_error(kArgError, op, "job %d: negative weight shape [%lld, %lld]", j,
+                       (long long)w.rows, (long long)w.cols);
+    if (w.type < KTIER_CUDA_F32 || w.type > KTIER_CUDA_MXFP4)
+      return set_error(kArgError, op, "job %d: unknown weight type %d", j, (int)w.type);
+    if (w.rows > 0 && w.cols > 0 && !w.data)
+      return set_error(kArgError, op, "job %d: null weight data", j);
+    if (w.type == KTIER_CUDA_MXFP4) {
+      if (w.cols % 32 != 0)
+        return set_error(kArgError, op, "job %d: MXFP4 width %lld is not a multiple of 32", j,
+                         (long long)w.cols);
+      if (w.rows > 0 && w.cols > 0 && !w.scales)
+        return set_error(kArgError, op, "job %d: null MXFP4 scales", j);
+    }
+    if (jb.n_tokens < 0) return set_error(kArgError, op, "job %d: negative token count", j);
+    if (w.rows == 0 || jb.n_tokens == 0) continue;
+    if (!jb.y || (w.cols > 0 && !jb.x))
+      return set_error(kArgError, op, "null x or y in job %d", j);
+    if (jb.n_tokens > kIntMax || (w.rows + kRowsPerBlock - 1) / kRowsPerBlock > kIntMax)
+      return set_error(kArgError, op, "job %d: too large (%lld tokens, %lld rows)", j,
+                       (long long)jb.n_tokens, (long long)w.rows);
+  }
+  int device = 0;
+  if (const int rc = cuda_check(op, cudaGetDevice(&device))) return rc;
+  const cublasHandle_t handle =
+      device >= 0 && device < kMaxDevices ? t_handle[device] : cublasHandle_t{};
+  const CublasApi& api = cublas_api();
+
+  // Fused launches: one per (type, vec) group, kMaxJobs jobs at a time.
+  std::vector<int> cublas_jobs;
+  for (int type = KTIER_CUDA_F32; type <= KTIER_CUDA_MXFP4; ++type) {
+    for (int vec = 1; vec >= 0; --vec) {
+      LinBatch batch;
+      batch.n_jobs = 0;
+      batch.n_blocks = 0;
+      int max_tokens = 0;
+      auto flush = [&]() -> int {
+        if (batch.n_jobs == 0) return 0;
+        const int rc = cuda_check(op, launch_fused(type, vec != 0, batch, max_tokens, stream));
+        batch.n_jobs = 0;
+        batch.n_blocks = 0;
+        max_tokens = 0;
+        return rc;
+      };
+      for (int j = 0; j < n_jobs; ++j) {
+        const KtierCudaLinearJob& jb = jobs[j];
+        const KtierCudaWeight& w = jb.w;
+        if (w.type != type || w.rows == 0 || jb.n_tokens == 0) continue;
+        const size_t esize = type == KTIER_CUDA_F32 ? 4 : type == KTIER_CUDA_MXFP4 ? 1 : 2;
+        const size_t row_bytes = type == KTIER_CUDA_MXFP4 ? w.cols / 2 : w.cols * esize;
+        const bool aligned = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+                             row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(jb.x) % 16 == 0;
+        if (aligned != (vec != 0)) continue;
+        if (type != KTIER_CUDA_MXFP4 && jb.n_tokens >= kCublasMinTokens && w.cols > 0 &&
+            handle && w.rows <= kIntMax && w.cols <= kIntMax) {
+          cublas_jobs.push_back(j);
+          continue;
+        }
+        if (batch.n_jobs == kMaxJobs) {
+          if (const int rc = flush()) return rc;
+        }
+        const int64_t blocks = (w.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+        if (batch.n_blocks + blocks > kIntMax) {
+          if (const int rc = flush()) return rc;
+        }
+        LinJob& lj = batch.job[batch.n_jobs++];
+        lj.w = w.data;
+        lj.scales = w.scales;
+        lj.x = jb.x;
+        lj.y = jb.y;
+        lj.rows = w.rows;
+        lj.cols = w.cols;
+        lj.n_tokens = static_cast<int32_t>(jb.n_tokens);
+        lj.block0 = batch.n_blocks;
+        batch.n_blocks += static_cast<int32_t>(blocks);
+        if (jb.n_tokens > max_tokens) max_tokens = static_cast<int>(jb.n_tokens);
+      }
+      if (const int rc = flush()) return rc;
+    }
+  }
+  if (cublas_jobs.empty()) return 0;
+
+  // cuBLAS: y^T [rows, T] (column-major, ldc = rows) = op_T(W as column-major [cols, rows],
+  // lda = cols) * x^T (column-major [cols, T], ldb = cols); alpha = 1, beta = 0.
+  if (api.set_stream(handle, stream) != CUBLAS_STATUS_SUCCESS)
+    return set_error(cudaErrorUnknown, op, "cublasSetStream failed");
+  // 16-bit copies of x: one per distinct (x, cols, T, type), packed in the scratch buffer.
+  struct Copy {
+    const float* x;
+    int64_t cols, n_tokens;
+    int type;
+    size_t offset;
+  };
+  std::vector<Copy> copies;
+  std::vector<size_t> copy_of(cublas_jobs.size(), 0);
+  size_t total = 0;
+  for (size_t i = 0; i < cublas_jobs.size(); ++i) {
+    const KtierCudaLinearJob& jb = jobs[cublas_jobs[i]];
+    if (jb.w.type == KTIER_CUDA_F32) continue;
+    size_t c = 0;
+    while (c < copies.size() && !(copies[c].x == jb.x && copies[c].cols == jb.w.cols &&
+                                  copies[c].n_tokens == jb.n_tokens && copies[c].type == jb.w.type))
+      ++c;
+    if (c == copies.size()) {
+      copies.push_back({jb.x, jb.w.cols, jb.n_tokens, jb.w.type, total});
+      total += (static_cast<size_t>(jb.n_tokens) * jb.w.cols * 2 + 255) / 256 * 256;
+    }
+    copy_of[i] = c;
+  }
+  char* scratch = nullptr;
+  if (total > 0) {
+    void* p = nullptr;
+    if (const int rc = cuda_check(op, scratch_get(device, stream, total, &p))) return rc;
+    scratch = static_cast<char*>(p);
+    for (const Copy& c : copies) {
+      const int64_t n = c.n_tokens * c.cols;
+      if (c.type == KTIER_CUDA_BF16)
+        round16_kernel<<<grid_for(n), kBlock, 0, stream>>>(
+            c.x, n, reinterpret_cast<__nv_bfloat16*>(scratch + c.offset));
+      else
+        round16_kernel<<<grid_for(n), kBlock, 0, stream>>>(
+            c.x, n, reinterpret_cast<__half*>(scratch + c.offset));
+    }
+    if (const int rc = cuda_check(op, cudaGetLastError())) return rc;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  for (size_t i = 0; i < cublas_jobs.size(); ++i) {
+    const KtierCudaLinearJob& jb = jobs[cublas_jobs[i]];
+    const int m = static_cast<int>(jb.w.rows), n = static_cast<int>(jb.n_tokens),
+              k = static_cast<int>(jb.w.cols);
+    cublasStatus_t st;
+    if (jb.w.type == KTIER_CUDA_F32) {
+      st = api.sgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one,
+                     static_cast<const float*>(jb.w.data), k, jb.x, k, &zero, jb.y, m);
+    } else {
+      const cudaDataType dt = jb.w.type == KTIER_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+      st = api.gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, jb.w.data, dt, k,
+                       scratch + copies[copy_of[i]].offset, dt, k, &zero, jb.y, CUDA_R_32F, m,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return set_error(cudaErrorUnknown, op, "job %d: cuBLAS %s", cublas_jobs[i],
+                       cublas_status_name(st));
+  }
+  return 0;
+}
+
+}  // namespace ktier_cuda
