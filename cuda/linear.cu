@@ -177,11 +177,63 @@ __device__ __forceinline__ float2 e2m1x2(uint32_t v) {
   return __half22float2(hh);
 }
 
-// MXFP4. Warp per row; lane l takes blocks g = l, l + 32, ... (16 packed bytes = 32 elements
-// each) in increasing order. A scale-255 block is skipped (its x is never read). Per block and
-// token: 4 f32 partial sums (element k -> partial k % 4, 8 FMAs each, in order), combined
+// One MXFP4 block (16 packed bytes = 32 elements, scale byte s != 255) against up to NT tokens:
+// per token, 4 f32 partial sums (element k -> partial k % 4, 8 FMAs each, in order k), combined
 // (p0 + p1) + (p2 + p3); the block sum times 2^(s - 127) (exact in double) is added to the
-// token's double row accumulator; lanes are summed by the double butterfly; one rounding to f32.
+// token's double accumulator.
+template <bool Vec, int NT>
+__device__ __forceinline__ void mxfp4_block(uint4 raw, uint32_t s, const float* xt, int64_t cols,
+                                            int nt, double* acc) {
+  // The decoded values are E2M1 * 2^-14, so the scale is 2^(s - 127 + 14).
+  const double scale = __longlong_as_double(static_cast<long long>(s + 1023 - 113) << 52);
+  const uint32_t word[4] = {raw.x, raw.y, raw.z, raw.w};
+  float p[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) p[t][k] = 0.0f;
+#pragma unroll
+  for (int wi = 0; wi < 4; ++wi) {
+    float2 v[4];  // v[k] = (element 8wi + k, element 8wi + k + 4)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = e2m1x2(word[wi] << (12 - 4 * k));
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t < nt) {
+        const float* xp = xt + t * cols + 8 * wi;
+        float xa[4], xb[4];
+        if constexpr (Vec) {
+          const float4 a = __ldg(reinterpret_cast<const float4*>(xp));
+          const float4 b = __ldg(reinterpret_cast<const float4*>(xp) + 1);
+          xa[0] = a.x; xa[1] = a.y; xa[2] = a.z; xa[3] = a.w;
+          xb[0] = b.x; xb[1] = b.y; xb[2] = b.z; xb[3] = b.w;
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            xa[k] = __ldg(xp + k);
+            xb[k] = __ldg(xp + 4 + k);
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          p[t][k] = __fmaf_rn(v[k].x, xa[k], p[t][k]);
+          p[t][k] = __fmaf_rn(v[k].y, xb[k], p[t][k]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t < nt) {
+      const float b = __fadd_rn(__fadd_rn(p[t][0], p[t][1]), __fadd_rn(p[t][2], p[t][3]));
+      acc[t] = __dadd_rn(acc[t], __dmul_rn(D(b), scale));
+    }
+  }
+}
+
+// MXFP4. Warp per row; lane l takes blocks g = l, l + 32, ... in increasing order, two per step
+// (both loads issued first). A scale-255 block is skipped: its x is never read. Lanes are summed
+// by the double butterfly; one rounding to f32.
 template <bool Vec, int NT>
 __global__ void __launch_bounds__(kRowsPerBlock * 32) mxfp4_kernel(const __grid_constant__ LinBatch batch) {
   const LinJob& jb = batch.job[find_job(batch, blockIdx.x)];
@@ -197,55 +249,19 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) mxfp4_kernel(const __grid_
     double acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.0;
-    for (int64_t g = lane; g < nblk; g += 32) {
-      const uint32_t s = sr[g];
-      if (s == 255u) continue;
-      const uint4 raw = Vec ? load_stream16(wr + 16 * g) : load_bytes16(wr + 16 * g);
-      // The decoded values are E2M1 * 2^-14, so the scale is 2^(s - 127 + 14).
-      const double scale = __longlong_as_double(static_cast<long long>(s + 1023 - 113) << 52);
-      const uint32_t word[4] = {raw.x, raw.y, raw.z, raw.w};
-      float p[NT][4];
+    for (int64_t g0 = lane; g0 < nblk; g0 += 64) {
+      uint32_t sc[2];
+      uint4 raw[2];
 #pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) p[t][k] = 0.0f;
-#pragma unroll
-      for (int wi = 0; wi < 4; ++wi) {
-        float2 v[4];  // v[k] = (element 8wi + k, element 8wi + k + 4)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) v[k] = e2m1x2(word[wi] << (12 - 4 * k));
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          if (t < nt) {
-            const float* xp = xt + t * cols + 32 * g + 8 * wi;
-            float xa[4], xb[4];
-            if constexpr (Vec) {
-              const float4 a = __ldg(reinterpret_cast<const float4*>(xp));
-              const float4 b = __ldg(reinterpret_cast<const float4*>(xp) + 1);
-              xa[0] = a.x; xa[1] = a.y; xa[2] = a.z; xa[3] = a.w;
-              xb[0] = b.x; xb[1] = b.y; xb[2] = b.z; xb[3] = b.w;
-            } else {
-#pragma unroll
-              for (int k = 0; k < 4; ++k) {
-                xa[k] = __ldg(xp + k);
-                xb[k] = __ldg(xp + 4 + k);
-              }
-            }
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              p[t][k] = __fmaf_rn(v[k].x, xa[k], p[t][k]);
-              p[t][k] = __fmaf_rn(v[k].y, xb[k], p[t][k]);
-            }
-          }
-        }
+      for (int u = 0; u < 2; ++u) {
+        const int64_t g = g0 + 32 * u;
+        sc[u] = g < nblk ? sr[g] : 255u;
+        raw[u] = g < nblk ? (Vec ? load_stream16(wr + 16 * g) : load_bytes16(wr + 16 * g))
+                          : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        if (t < nt) {
-          const float b = __fadd_rn(__fadd_rn(p[t][0], p[t][1]), __fadd_rn(p[t][2], p[t][3]));
-          acc[t] = __dadd_rn(acc[t], __dmul_rn(D(b), scale));
-        }
-      }
+      for (int u = 0; u < 2; ++u)
+        if (sc[u] != 255u) mxfp4_block<Vec, NT>(raw[u], sc[u], xt + 32 * (g0 + 32 * u), cols, nt, acc);
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
