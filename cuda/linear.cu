@@ -21,7 +21,7 @@ namespace ktier_cuda {
 namespace {
 
 constexpr int kMaxJobs = 64;     // jobs per launch (kernel parameter space)
-constexpr int kRowsPerBlock = 8;  // one row per warp
+constexpr int kWarpsPerBlock = 8;  // 256 threads; dense: one row per warp
 constexpr int kMaxNt = 8;         // tokens per pass of the fused kernels
 constexpr int64_t kCublasMinTokens = 8;
 
@@ -58,16 +58,6 @@ __device__ __forceinline__ uint4 load_stream16(const void* p) {
                : "l"(p));
   return r;
 }
-// The same 16 bytes without any alignment requirement.
-__device__ __forceinline__ uint4 load_bytes16(const uint8_t* p) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    w[i] = static_cast<uint32_t>(p[4 * i]) | static_cast<uint32_t>(p[4 * i + 1]) << 8 |
-           static_cast<uint32_t>(p[4 * i + 2]) << 16 | static_cast<uint32_t>(p[4 * i + 3]) << 24;
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 // Weight traits for the dense kernel: E elements per 16-byte chunk, unpacked exactly to f32.
 struct F32T : F32W {
   static constexpr int E = 4;
@@ -106,10 +96,10 @@ struct F16T : F16W {
 // x rows 16-byte aligned) or the elements l, l + 32, ... (otherwise), in increasing order, one
 // f32 FMA per element into the token's accumulator; then the 5-level butterfly.
 template <class Wt, bool Vec, int NT>
-__global__ void __launch_bounds__(kRowsPerBlock * 32) dense_kernel(const __grid_constant__ LinBatch batch) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) dense_kernel(const __grid_constant__ LinBatch batch) {
   const LinJob& jb = batch.job[find_job(batch, blockIdx.x)];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x - jb.block0) * kRowsPerBlock + warp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x - jb.block0) * kWarpsPerBlock + warp;
   if (r >= jb.rows) return;
   const int64_t cols = jb.cols;
   using St = typename Wt::Storage;
@@ -177,96 +167,119 @@ __device__ __forceinline__ float2 e2m1x2(uint32_t v) {
   return __half22float2(hh);
 }
 
-// One MXFP4 block (16 packed bytes = 32 elements, scale byte s != 255) against up to NT tokens:
-// per token, 4 f32 partial sums (element k -> partial k % 4, 8 FMAs each, in order k), combined
-// (p0 + p1) + (p2 + p3); the block sum times 2^(s - 127) (exact in double) is added to the
-// token's double accumulator.
-template <bool Vec, int NT>
-__device__ __forceinline__ void mxfp4_block(uint4 raw, uint32_t s, const float* xt, int64_t cols,
-                                            int nt, double* acc) {
-  // The decoded values are E2M1 * 2^-14, so the scale is 2^(s - 127 + 14).
-  const double scale = __longlong_as_double(static_cast<long long>(s + 1023 - 113) << 52);
-  const uint32_t word[4] = {raw.x, raw.y, raw.z, raw.w};
-  float p[NT][4];
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) p[t][k] = 0.0f;
-#pragma unroll
-  for (int wi = 0; wi < 4; ++wi) {
-    float2 v[4];  // v[k] = (element 8wi + k, element 8wi + k + 4)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = e2m1x2(word[wi] << (12 - 4 * k));
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      if (t < nt) {
-        const float* xp = xt + t * cols + 8 * wi;
-        float xa[4], xb[4];
-        if constexpr (Vec) {
-          const float4 a = __ldg(reinterpret_cast<const float4*>(xp));
-          const float4 b = __ldg(reinterpret_cast<const float4*>(xp) + 1);
-          xa[0] = a.x; xa[1] = a.y; xa[2] = a.z; xa[3] = a.w;
-          xb[0] = b.x; xb[1] = b.y; xb[2] = b.z; xb[3] = b.w;
-        } else {
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            xa[k] = __ldg(xp + k);
-            xb[k] = __ldg(xp + 4 + k);
-          }
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          p[t][k] = __fmaf_rn(v[k].x, xa[k], p[t][k]);
-          p[t][k] = __fmaf_rn(v[k].y, xb[k], p[t][k]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    if (t < nt) {
-      const float b = __fadd_rn(__fadd_rn(p[t][0], p[t][1]), __fadd_rn(p[t][2], p[t][3]));
-      acc[t] = __dadd_rn(acc[t], __dmul_rn(D(b), scale));
-    }
-  }
-}
+// MXFP4 rows per warp for NT tokens per pass: a lane's x values (8 per token) are reused from
+// registers by all of its rows, which keeps the L1 traffic of x below that of the weights' 8x.
+template <int NT>
+__host__ __device__ constexpr int mxfp4_rows_per_warp() { return NT <= 2 ? 4 : NT == 4 ? 2 : 1; }
 
-// MXFP4. Warp per row; lane l takes blocks g = l, l + 32, ... in increasing order, two per step
-// (both loads issued first). A scale-255 block is skipped: its x is never read. Lanes are summed
-// by the double butterfly; one rounding to f32.
+// MXFP4. A warp takes RPW consecutive rows; lane l takes the 4-byte words w = l, l + 32, ... of
+// each row (8 elements, a quarter of a block; consecutive lanes read consecutive weight bytes and
+// consecutive x), in increasing order, U words per step with all loads issued first. Per word,
+// row and token: two f32 partial sums of 4 FMAs (elements 0-3, elements 4-7 of the word), added;
+// that sum times 2^(s - 127) (exact) is added to the (row, token) double accumulator. Words of a
+// scale-255 block are skipped for that row (their x is never used). Lanes are summed by the
+// double butterfly; one rounding to f32.
 template <bool Vec, int NT>
-__global__ void __launch_bounds__(kRowsPerBlock * 32) mxfp4_kernel(const __grid_constant__ LinBatch batch) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) mxfp4_kernel(const __grid_constant__ LinBatch batch) {
+  constexpr int RPW = mxfp4_rows_per_warp<NT>(), U = 2;
   const LinJob& jb = batch.job[find_job(batch, blockIdx.x)];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x - jb.block0) * kRowsPerBlock + warp;
-  if (r >= jb.rows) return;
-  const int64_t cols = jb.cols, nblk = cols / 32;
-  const uint8_t* wr = static_cast<const uint8_t*>(jb.w) + r * (cols / 2);
-  const uint8_t* sr = jb.scales + r * nblk;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x - jb.block0) * kWarpsPerBlock + warp) * RPW;
+  if (r0 >= jb.rows) return;
+  const int64_t cols = jb.cols, nblk = cols / 32, nwords = cols / 8;
+  const uint8_t* wr[RPW];
+  const uint8_t* sr[RPW];
+#pragma unroll
+  for (int q = 0; q < RPW; ++q) {
+    const int64_t r = r0 + q < jb.rows ? r0 + q : r0;  // rows past the end: computed, not stored
+    wr[q] = static_cast<const uint8_t*>(jb.w) + r * (cols / 2);
+    sr[q] = jb.scales + r * nblk;
+  }
   for (int t0 = 0; t0 < jb.n_tokens; t0 += NT) {
     const int nt = jb.n_tokens - t0 < NT ? jb.n_tokens - t0 : NT;
     const float* xt = jb.x + static_cast<int64_t>(t0) * cols;
-    double acc[NT];
+    double acc[RPW][NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.0;
-    for (int64_t g0 = lane; g0 < nblk; g0 += 64) {
-      uint32_t sc[2];
-      uint4 raw[2];
+    for (int q = 0; q < RPW; ++q)
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int64_t g = g0 + 32 * u;
-        sc[u] = g < nblk ? sr[g] : 255u;
-        raw[u] = g < nblk ? (Vec ? load_stream16(wr + 16 * g) : load_bytes16(wr + 16 * g))
-                          : make_uint4(0, 0, 0, 0);
+      for (int t = 0; t < NT; ++t) acc[q][t] = 0.0;
+    for (int64_t w0 = lane; w0 < nwords; w0 += 32 * U) {
+      uint32_t wd[U][RPW], sc[U][RPW];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t w = w0 + 32 * u;
+#pragma unroll
+        for (int q = 0; q < RPW; ++q) {
+          if (w < nwords) {
+            sc[u][q] = sr[q][w >> 2];
+            if constexpr (Vec) {
+              wd[u][q] = __ldg(reinterpret_cast<const unsigned int*>(wr[q]) + w);
+            } else {
+              const uint8_t* b = wr[q] + 4 * w;
+              wd[u][q] = static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
+                         static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24;
+            }
+          } else {
+            sc[u][q] = 255u;
+            wd[u][q] = 0u;
+          }
+        }
       }
 #pragma unroll
-      for (int u = 0; u < 2; ++u)
-        if (sc[u] != 255u) mxfp4_block<Vec, NT>(raw[u], sc[u], xt + 32 * (g0 + 32 * u), cols, nt, acc);
+      for (int u = 0; u < U; ++u) {
+        const int64_t w = w0 + 32 * u;
+        if (w >= nwords) break;
+        float xa[NT][4], xb[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (t < nt) {
+            const float* xp = xt + t * cols + 8 * w;
+            if constexpr (Vec) {
+              const float4 a = __ldg(reinterpret_cast<const float4*>(xp));
+              const float4 b = __ldg(reinterpret_cast<const float4*>(xp) + 1);
+              xa[t][0] = a.x; xa[t][1] = a.y; xa[t][2] = a.z; xa[t][3] = a.w;
+              xb[t][0] = b.x; xb[t][1] = b.y; xb[t][2] = b.z; xb[t][3] = b.w;
+            } else {
+#pragma unroll
+              for (int k = 0; k < 4; ++k) {
+                xa[t][k] = __ldg(xp + k);
+                xb[t][k] = __ldg(xp + 4 + k);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < RPW; ++q) {
+          const uint32_t s = sc[u][q];
+          if (s == 255u) continue;
+          // The decoded values are E2M1 * 2^-14, so the scale is 2^(s - 127 + 14).
+          const double scale = __longlong_as_double(static_cast<long long>(s + 1023 - 113) << 52);
+          float2 v[4];  // v[k] = (element k, element k + 4) of the word
+#pragma unroll
+          for (int k = 0; k < 4; ++k) v[k] = e2m1x2(wd[u][q] << (12 - 4 * k));
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            if (t < nt) {
+              float pa = 0.0f, pb = 0.0f;
+#pragma unroll
+              for (int k = 0; k < 4; ++k) {
+                pa = __fmaf_rn(v[k].x, xa[t][k], pa);
+                pb = __fmaf_rn(v[k].y, xb[t][k], pb);
+              }
+              acc[q][t] = __dadd_rn(acc[q][t], __dmul_rn(D(__fadd_rn(pa, pb)), scale));
+            }
+          }
+        }
+      }
     }
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const double s = warp_sum_d(acc[t]);
-      if (lane == 0 && t < nt) jb.y[static_cast<int64_t>(t0 + t) * jb.rows + r] = F(s);
+    for (int q = 0; q < RPW; ++q) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const double s = warp_sum_d(acc[q][t]);
+        if (lane == 0 && t < nt && r0 + q < jb.rows)
+          jb.y[static_cast<int64_t>(t0 + t) * jb.rows + r0 + q] = F(s);
+      }
     }
   }
 }
@@ -285,7 +298,7 @@ __global__ void round16_kernel(const float* __restrict__ x, int64_t n, T* __rest
 
 template <int NT>
 cudaError_t launch_fused_nt(int type, bool vec, const LinBatch& b, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(b.n_blocks)), block(kRowsPerBlock * 32);
+  const dim3 grid(static_cast<unsigned>(b.n_blocks)), block(kWarpsPerBlock * 32);
   switch (type) {
     case KTIER_CUDA_F32:
       if (vec) dense_kernel<F32T, true, NT><<<grid, block, 0, s>>>(b);
@@ -307,11 +320,25 @@ cudaError_t launch_fused_nt(int type, bool vec, const LinBatch& b, cudaStream_t 
   return cudaGetLastError();
 }
 
-cudaError_t launch_fused(int type, bool vec, const LinBatch& b, int max_tokens, cudaStream_t s) {
-  if (max_tokens <= 1) return launch_fused_nt<1>(type, vec, b, s);
-  if (max_tokens <= 2) return launch_fused_nt<2>(type, vec, b, s);
-  if (max_tokens <= 4) return launch_fused_nt<4>(type, vec, b, s);
-  return launch_fused_nt<kMaxNt>(type, vec, b, s);
+int nt_for(int max_tokens) { return max_tokens <= 1 ? 1 : max_tokens <= 2 ? 2 : max_tokens <= 4 ? 4 : kMaxNt; }
+
+int rows_per_block(int type, int nt) {
+  if (type != KTIER_CUDA_MXFP4) return kWarpsPerBlock;
+  switch (nt) {
+    case 1: return kWarpsPerBlock * mxfp4_rows_per_warp<1>();
+    case 2: return kWarpsPerBlock * mxfp4_rows_per_warp<2>();
+    case 4: return kWarpsPerBlock * mxfp4_rows_per_warp<4>();
+    default: return kWarpsPerBlock * mxfp4_rows_per_warp<kMaxNt>();
+  }
+}
+
+cudaError_t launch_fused(int type, bool vec, const LinBatch& b, int nt, cudaStream_t s) {
+  switch (nt) {
+    case 1: return launch_fused_nt<1>(type, vec, b, s);
+    case 2: return launch_fused_nt<2>(type, vec, b, s);
+    case 4: return launch_fused_nt<4>(type, vec, b, s);
+    default: return launch_fused_nt<kMaxNt>(type, vec, b, s);
+  }
 }
 
 // ---- cuBLAS: linked statically, or loaded from libcublas.so.<major> at init ----
@@ -459,7 +486,7 @@ int linear_run(const KtierCudaLinearJob* jobs, int n_jobs, cudaStream_t stream) 
     if (w.rows == 0 || jb.n_tokens == 0) continue;
     if (!jb.y || (w.cols > 0 && !jb.x))
       return set_error(kArgError, op, "null x or y in job %d", j);
-    if (jb.n_tokens > kIntMax || (w.rows + kRowsPerBlock - 1) / kRowsPerBlock > kIntMax)
+    if (jb.n_tokens > kIntMax || (w.rows + kWarpsPerBlock - 1) / kWarpsPerBlock > kIntMax)
       return set_error(kArgError, op, "job %d: too large (%lld tokens, %lld rows)", j,
                        (long long)jb.n_tokens, (long long)w.rows);
   }
@@ -469,22 +496,11 @@ int linear_run(const KtierCudaLinearJob* jobs, int n_jobs, cudaStream_t stream) 
       device >= 0 && device < kMaxDevices ? t_handle[device] : cublasHandle_t{};
   const CublasApi& api = cublas_api();
 
-  // Fused launches: one per (type, vec) group, kMaxJobs jobs at a time.
-  std::vector<int> cublas_jobs;
+  // Fused launches: one per (type, alignment) group and kMaxJobs jobs.
+  std::vector<int> cublas_jobs, group;
   for (int type = KTIER_CUDA_F32; type <= KTIER_CUDA_MXFP4; ++type) {
     for (int vec = 1; vec >= 0; --vec) {
-      LinBatch batch;
-      batch.n_jobs = 0;
-      batch.n_blocks = 0;
-      int max_tokens = 0;
-      auto flush = [&]() -> int {
-        if (batch.n_jobs == 0) return 0;
-        const int rc = cuda_check(op, launch_fused(type, vec != 0, batch, max_tokens, stream));
-        batch.n_jobs = 0;
-        batch.n_blocks = 0;
-        max_tokens = 0;
-        return rc;
-      };
+      group.clear();
       for (int j = 0; j < n_jobs; ++j) {
         const KtierCudaLinearJob& jb = jobs[j];
         const KtierCudaWeight& w = jb.w;
@@ -499,26 +515,45 @@ int linear_run(const KtierCudaLinearJob* jobs, int n_jobs, cudaStream_t stream) 
           cublas_jobs.push_back(j);
           continue;
         }
-        if (batch.n_jobs == kMaxJobs) {
-          if (const int rc = flush()) return rc;
-        }
-        const int64_t blocks = (w.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-        if (batch.n_blocks + blocks > kIntMax) {
-          if (const int rc = flush()) return rc;
-        }
-        LinJob& lj = batch.job[batch.n_jobs++];
-        lj.w = w.data;
-        lj.scales = w.scales;
-        lj.x = jb.x;
-        lj.y = jb.y;
-        lj.rows = w.rows;
-        lj.cols = w.cols;
-        lj.n_tokens = static_cast<int32_t>(jb.n_tokens);
-        lj.block0 = batch.n_blocks;
-        batch.n_blocks += static_cast<int32_t>(blocks);
-        if (jb.n_tokens > max_tokens) max_tokens = static_cast<int>(jb.n_tokens);
+        group.push_back(j);
       }
-      if (const int rc = flush()) return rc;
+      size_t next = 0;
+      while (next < group.size()) {
+        // Up to kMaxJobs jobs whose blocks (counted with one row per warp, the most blocks any
+        // NT gives) fit the grid.
+        size_t end = next;
+        int64_t bound = 0;
+        int max_tokens = 0;
+        while (end < group.size() && end - next < static_cast<size_t>(kMaxJobs)) {
+          const KtierCudaLinearJob& jb = jobs[group[end]];
+          const int64_t blocks = (jb.w.rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+          if (end > next && bound + blocks > kIntMax) break;
+          bound += blocks;
+          if (jb.n_tokens > max_tokens) max_tokens = static_cast<int>(jb.n_tokens);
+          ++end;
+        }
+        const int nt = nt_for(max_tokens);
+        const int64_t rpb = rows_per_block(type, nt);
+        LinBatch batch;
+        batch.n_jobs = 0;
+        batch.n_blocks = 0;
+        for (size_t g = next; g < end; ++g) {
+          const KtierCudaLinearJob& jb = jobs[group[g]];
+          LinJob& lj = batch.job[batch.n_jobs++];
+          lj.w = jb.w.data;
+          lj.scales = jb.w.scales;
+          lj.x = jb.x;
+          lj.y = jb.y;
+          lj.rows = jb.w.rows;
+          lj.cols = jb.w.cols;
+          lj.n_tokens = static_cast<int32_t>(jb.n_tokens);
+          lj.block0 = batch.n_blocks;
+          batch.n_blocks += static_cast<int32_t>((jb.w.rows + rpb - 1) / rpb);
+        }
+        if (const int rc = cuda_check(op, launch_fused(type, vec != 0, batch, nt, stream)))
+          return rc;
+        next = end;
+      }
     }
   }
   if (cublas_jobs.empty()) return 0;
