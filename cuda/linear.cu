@@ -53,7 +53,7 @@ __device__ __forceinline__ int find_job(const LinBatch& b, int block) {
 // 16 weight bytes, not kept in L1 (read once; x is what L1 should hold).
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
   return r;
@@ -96,7 +96,8 @@ struct F16T : F16W {
 // x rows 16-byte aligned) or the elements l, l + 32, ... (otherwise), in increasing order, one
 // f32 FMA per element into the token's accumulator; then the 5-level butterfly.
 template <class Wt, bool Vec, int NT>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) dense_kernel(const __grid_constant__ LinBatch batch) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    dense_kernel(const __grid_constant__ LinBatch batch) {
   const LinJob& jb = batch.job[find_job(batch, blockIdx.x)];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x - jb.block0) * kWarpsPerBlock + warp;
@@ -180,7 +181,8 @@ __host__ __device__ constexpr int mxfp4_rows_per_warp() { return NT <= 2 ? 4 : N
 // scale-255 block are skipped for that row (their x is never used). Lanes are summed by the
 // double butterfly; one rounding to f32.
 template <bool Vec, int NT>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) mxfp4_kernel(const __grid_constant__ LinBatch batch) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    mxfp4_kernel(const __grid_constant__ LinBatch batch) {
   constexpr int RPW = mxfp4_rows_per_warp<NT>(), U = 2;
   const LinJob& jb = batch.job[find_job(batch, blockIdx.x)];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -320,7 +322,9 @@ cudaError_t launch_fused_nt(int type, bool vec, const LinBatch& b, cudaStream_t 
   return cudaGetLastError();
 }
 
-int nt_for(int max_tokens) { return max_tokens <= 1 ? 1 : max_tokens <= 2 ? 2 : max_tokens <= 4 ? 4 : kMaxNt; }
+int nt_for(int max_tokens) {
+  return max_tokens <= 1 ? 1 : max_tokens <= 2 ? 2 : max_tokens <= 4 ? 4 : kMaxNt;
+}
 
 int rows_per_block(int type, int nt) {
   if (type != KTIER_CUDA_MXFP4) return kWarpsPerBlock;

@@ -55,7 +55,8 @@ __global__ void mla_kernel(KtierCudaMlaDims d, const float* __restrict__ q, cons
 
   for (int c = threadIdx.x; c < L; c += kBlock) {
     float a = 0.0f;
-    for (int i = 0; i < dn; ++i) a = __fmaf_rn(Wt::wide(w_uk[static_cast<int64_t>(i) * L + c]), q_n[i], a);
+    for (int i = 0; i < dn; ++i)
+      a = __fmaf_rn(Wt::wide(w_uk[static_cast<int64_t>(i) * L + c]), q_n[i], a);
     q_lat[c] = a;
   }
   for (int i = threadIdx.x; i < dr; i += kBlock) q_r[i] = q_n[dn + i];
