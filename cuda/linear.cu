@@ -1,7 +1,8 @@
 // The linear op (NUMERICS.md §3, §4 semantics; arithmetic in cuda/README.md):
 //  * fused matrix-vector kernels, one launch per (weight type, alignment) for up to kMaxJobs
-//    jobs: a warp per weight row, 16-byte weight loads decoded in registers, f32 accumulation,
-//    up to kMaxNt tokens per pass with one accumulator set per token;
+//    jobs: a warp per row (dense) or per 1-4 rows (MXFP4), weight bytes decoded in registers,
+//    f32 accumulation (MXFP4: f32 within a word, double across words), up to kMaxNt tokens per
+//    pass with one accumulator per (row, token);
 //  * float weights with n_tokens >= 8: cuBLAS (x rounded to the weight's 16-bit type in a
 //    per-(device, stream) scratch buffer for BF16/F16; SGEMM for F32).
 #include <cuda_bf16.h>
@@ -20,9 +21,9 @@
 namespace ktier_cuda {
 namespace {
 
-constexpr int kMaxJobs = 64;     // jobs per launch (kernel parameter space)
+constexpr int kMaxJobs = 64;       // jobs per launch (kernel parameter space: ~3.6 KB)
 constexpr int kWarpsPerBlock = 8;  // 256 threads; dense: one row per warp
-constexpr int kMaxNt = 8;         // tokens per pass of the fused kernels
+constexpr int kMaxNt = 8;          // tokens per pass of the fused kernels
 constexpr int64_t kCublasMinTokens = 8;
 
 struct LinJob {
@@ -54,8 +55,8 @@ __device__ __forceinline__ int find_job(const LinBatch& b, int block) {
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
   uint4 r;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
   return r;
 }
 // Weight traits for the dense kernel: E elements per 16-byte chunk, unpacked exactly to f32.
