@@ -6,7 +6,7 @@
 
 #include "backend/cuda_module_abi.h"
 
-#define KTIER_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
+#include "kernels.cuh"  // KTIER_CUDA_EXPORT
 
 KTIER_CUDA_EXPORT int ktier_cuda_abi_version(void) { return KTIER_CUDA_ABI_VERSION; }
 

@@ -1,0 +1,224 @@
+// cuBLAS for the float-weight linears with n_tokens >= 8 (cuda/README.md): the library (linked
+// statically, or loaded from libcublas.so.<major> by init), the per-(thread, device) handles,
+// the per-(device, stream) scratch buffers holding x rounded to the weight's 16-bit type, and
+// the GEMM calls.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cublas_v2.h>
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "kernels.cuh"
+
+namespace ktier_cuda {
+namespace {
+
+// x rounded to nearest even to the weight's 16-bit type (the cuBLAS path's only rounding of x).
+__device__ __forceinline__ void round16(float v, __nv_bfloat16* o) { *o = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void round16(float v, __half* o) { *o = __float2half_rn(v); }
+template <class T>
+__global__ void round16_kernel(const float* __restrict__ x, int64_t n, T* __restrict__ out) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    round16(x[i], out + i);
+}
+
+// ---- cuBLAS: linked statically, or loaded from libcublas.so.<major> at init ----
+
+using CreateFn = cublasStatus_t (*)(cublasHandle_t*);
+using SetStreamFn = cublasStatus_t (*)(cublasHandle_t, cudaStream_t);
+using SetMathModeFn = cublasStatus_t (*)(cublasHandle_t, cublasMath_t);
+using SgemmFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                   int, const float*, const float*, int, const float*, int,
+                                   const float*, float*, int);
+using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                    int, const void*, const void*, cudaDataType, int, const void*,
+                                    cudaDataType, int, const void*, void*, cudaDataType, int,
+                                    cublasComputeType_t, cublasGemmAlgo_t);
+struct CublasApi {
+  bool ok = false;
+  CreateFn create = nullptr;
+  SetStreamFn set_stream = nullptr;
+  SetMathModeFn set_math_mode = nullptr;
+  SgemmFn sgemm = nullptr;
+  GemmExFn gemm_ex = nullptr;
+};
+
+const CublasApi& cublas_api() {
+  static CublasApi api;
+  static std::once_flag once;
+  std::call_once(once, [] {
+#ifdef KTIER_CUBLAS_STATIC
+    api.create = &cublasCreate_v2;
+    api.set_stream = &cublasSetStream_v2;
+    api.set_math_mode = &cublasSetMathMode;
+    api.sgemm = &cublasSgemm_v2;
+    api.gemm_ex = static_cast<GemmExFn>(&cublasGemmEx);
+#else
+    char name[64];
+    std::snprintf(name, sizeof(name), "libcublas.so.%d", CUBLAS_VER_MAJOR);
+    void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    api.create = reinterpret_cast<CreateFn>(dlsym(lib, "cublasCreate_v2"));
+    api.set_stream = reinterpret_cast<SetStreamFn>(dlsym(lib, "cublasSetStream_v2"));
+    api.set_math_mode = reinterpret_cast<SetMathModeFn>(dlsym(lib, "cublasSetMathMode"));
+    api.sgemm = reinterpret_cast<SgemmFn>(dlsym(lib, "cublasSgemm_v2"));
+    api.gemm_ex = reinterpret_cast<GemmExFn>(dlsym(lib, "cublasGemmEx"));
+#endif
+    api.ok = api.create && api.set_stream && api.set_math_mode && api.sgemm && api.gemm_ex;
+  });
+  return api;
+}
+
+// The calling thread's handle per device (made by init; leaked at thread exit, as destroying
+// one after the context is gone is unsafe).
+constexpr int kMaxDevices = 64;
+thread_local cublasHandle_t t_handle[kMaxDevices] = {};
+
+// Scratch per (device, stream) for the 16-bit copies of x; grown stream-ordered.
+struct Scratch {
+  void* ptr = nullptr;
+  size_t cap = 0;
+};
+std::mutex g_scratch_mu;
+std::map<std::pair<int, cudaStream_t>, Scratch> g_scratch;
+
+cudaError_t scratch_get(int device, cudaStream_t s, size_t bytes, void** out) {
+  std::lock_guard<std::mutex> lock(g_scratch_mu);
+  Scratch& sc = g_scratch[{device, s}];
+  if (sc.cap < bytes) {
+    if (sc.ptr) {
+      const cudaError_t err = cudaFreeAsync(sc.ptr, s);
+      sc.ptr = nullptr;
+      sc.cap = 0;
+      if (err != cudaSuccess) return err;
+    }
+    const size_t cap = bytes + bytes / 4;
+    const cudaError_t err = cudaMallocAsync(&sc.ptr, cap, s);
+    if (err != cudaSuccess) {
+      sc.ptr = nullptr;
+      return err;
+    }
+    sc.cap = cap;
+  }
+  *out = sc.ptr;
+  return cudaSuccess;
+}
+
+const char* cublas_status_name(cublasStatus_t st) {
+  switch (st) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_INTERNAL_ERROR";
+  }
+}
+
+}  // namespace
+
+
+void cublas_init(int device) {
+  if (device < 0 || device >= kMaxDevices || t_handle[device]) return;
+  const CublasApi& api = cublas_api();
+  if (!api.ok) return;
+  cublasHandle_t h = nullptr;
+  if (api.create(&h) != CUBLAS_STATUS_SUCCESS) return;
+  api.set_math_mode(h, CUBLAS_DEFAULT_MATH);  // no TF32, f32 reductions
+  t_handle[device] = h;
+}
+
+void scratch_release(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(g_scratch_mu);
+  for (auto it = g_scratch.begin(); it != g_scratch.end();) {
+    if (it->first.second == s) {
+      if (it->second.ptr) cudaFreeAsync(it->second.ptr, s);
+      it = g_scratch.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool cublas_ready(int device) {
+  return device >= 0 && device < kMaxDevices && t_handle[device] != nullptr;
+}
+
+int cublas_linear(const KtierCudaLinearJob* jobs, const int* idx, int n_idx, int device,
+                  cudaStream_t stream) {
+  constexpr const char* op = "linear";
+  const cublasHandle_t handle = t_handle[device];
+  const CublasApi& api = cublas_api();
+  // cuBLAS: y^T [rows, T] (column-major, ldc = rows) = op_T(W as column-major [cols, rows],
+  // lda = cols) * x^T (column-major [cols, T], ldb = cols); alpha = 1, beta = 0.
+  if (api.set_stream(handle, stream) != CUBLAS_STATUS_SUCCESS)
+    return set_error(cudaErrorUnknown, op, "cublasSetStream failed");
+  // 16-bit copies of x: one per distinct (x, cols, T, type), packed in the scratch buffer.
+  struct Copy {
+    const float* x;
+    int64_t cols, n_tokens;
+    int type;
+    size_t offset;
+  };
+  std::vector<Copy> copies;
+  std::vector<size_t> copy_of(static_cast<size_t>(n_idx), 0);
+  size_t total = 0;
+  for (size_t i = 0; i < static_cast<size_t>(n_idx); ++i) {
+    const KtierCudaLinearJob& jb = jobs[idx[i]];
+    if (jb.w.type == KTIER_CUDA_F32) continue;
+    size_t c = 0;
+    while (c < copies.size() && !(copies[c].x == jb.x && copies[c].cols == jb.w.cols &&
+                                  copies[c].n_tokens == jb.n_tokens && copies[c].type == jb.w.type))
+      ++c;
+    if (c == copies.size()) {
+      copies.push_back({jb.x, jb.w.cols, jb.n_tokens, jb.w.type, total});
+      total += (static_cast<size_t>(jb.n_tokens) * jb.w.cols * 2 + 255) / 256 * 256;
+    }
+    copy_of[i] = c;
+  }
+  char* scratch = nullptr;
+  if (total > 0) {
+    void* p = nullptr;
+    if (const int rc = cuda_check(op, scratch_get(device, stream, total, &p))) return rc;
+    scratch = static_cast<char*>(p);
+    for (const Copy& c : copies) {
+      const int64_t n = c.n_tokens * c.cols;
+      if (c.type == KTIER_CUDA_BF16)
+        round16_kernel<<<grid_for(n), kBlock, 0, stream>>>(
+            c.x, n, reinterpret_cast<__nv_bfloat16*>(scratch + c.offset));
+      else
+        round16_kernel<<<grid_for(n), kBlock, 0, stream>>>(
+            c.x, n, reinterpret_cast<__half*>(scratch + c.offset));
+    }
+    if (const int rc = cuda_check(op, cudaGetLastError())) return rc;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  for (size_t i = 0; i < static_cast<size_t>(n_idx); ++i) {
+    const KtierCudaLinearJob& jb = jobs[idx[i]];
+    const int m = static_cast<int>(jb.w.rows), n = static_cast<int>(jb.n_tokens),
+              k = static_cast<int>(jb.w.cols);
+    cublasStatus_t st;
+    if (jb.w.type == KTIER_CUDA_F32) {
+      st = api.sgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one,
+                     static_cast<const float*>(jb.w.data), k, jb.x, k, &zero, jb.y, m);
+    } else {
+      const cudaDataType dt = jb.w.type == KTIER_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+      st = api.gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, jb.w.data, dt, k,
+                       scratch + copies[copy_of[i]].offset, dt, k, &zero, jb.y, CUDA_R_32F, m,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return set_error(cudaErrorUnknown, op, "job %d: cuBLAS %s", idx[i],
+                       cublas_status_name(st));
+  }
+  return 0;
+}
+
+}  // namespace ktier_cuda
