@@ -85,6 +85,10 @@ class Backend {
 
 // The CPU backend over `ex` (which must outlive it).
 std::unique_ptr<Backend> make_cpu_backend(const cpu::Exec& ex);
+// The CPU backend behind a memory wall (backend/emulated_device.cpp): every op aborts on a
+// pointer outside this backend's allocations, as a GPU would fault on host memory. Runs the GPU
+// mode's placement code without a GPU, with the CPU's bytes (tests, --device emulated).
+std::unique_ptr<Backend> make_emulated_device_backend(const cpu::Exec& ex);
 
 // Owns `bytes` of backend memory; released on destruction. Move-only.
 class BackendBuffer {

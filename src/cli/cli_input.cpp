@@ -84,10 +84,13 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
       ->capture_default_str();
   add_rate_limit_option(sub, a.io_rate_limit_mb_s);
   sub->add_option("--device", a.device,
-                  "auto (a GPU when the CUDA module can decode on it, else the CPU, saying why), "
-                  "cpu, or cuda (exit 2 when it cannot be used)")
+                  "auto (the GPU when the CUDA module finds one, else the CPU, saying why), cpu, "
+                  "cuda (exit 2 when it cannot be used), or emulated (GPU mode's placement on the "
+                  "CPU kernels: same output as cpu; needs --vram)")
       ->capture_default_str();
-  sub->add_option("--vram", a.vram, "VRAM for the GPU tiers (e.g. 40G); ignored on the CPU");
+  sub->add_option("--vram", a.vram,
+                  "Device memory for the trunk and the VRAM expert tier (e.g. 40G); default 90% of "
+                  "the GPU's free memory; ignored on the CPU");
 }
 
 void add_rate_limit_option(CLI::App* sub, double& mb_s) {
@@ -128,15 +131,17 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
   KTIER_ASSIGN_OR_RETURN(const backend::DeviceRequest request,
                          backend::parse_device_request(a.device));
   // --device cpu never loads the CUDA module (nor the CUDA runtime inside it).
+  const bool probe = request == backend::DeviceRequest::kAuto ||
+                     request == backend::DeviceRequest::kCuda;
   const Result<backend::CudaModuleProbe> module =
-      request == backend::DeviceRequest::kCpu
-          ? Result<backend::CudaModuleProbe>(Status::runtime("not probed"))
-          : backend::probe_cuda_module();
+      probe ? backend::probe_cuda_module()
+            : Result<backend::CudaModuleProbe>(Status::runtime("not probed"));
   KTIER_ASSIGN_OR_RETURN(const backend::DeviceChoice choice,
                          backend::choose_device(request, module));
   eo.device = choice.kind;
+  eo.emulate_device = choice.emulated;
   if (request != backend::DeviceRequest::kCpu) spdlog::info("device: {}", choice.reason);
-  if (eo.device == backend::DeviceKind::kCpu && eo.vram_budget)
+  if (eo.device == backend::DeviceKind::kCpu && !eo.emulate_device && eo.vram_budget)
     spdlog::warn("--vram {} ignored: decoding on the CPU", a.vram);
   return Status::ok();
 }

@@ -75,7 +75,7 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
     for (const auto& b : bank) sources.push_back(b.as<float>());
     sources.push_back(P.as<float>());
   };
-  auto aggregate = [&](const std::vector<float>& f, float* out) {
+  auto aggregate = [&](const F32Vec& f, float* out) {
     gather_sources();
     return be_.attnres(sources.data(), static_cast<int>(sources.size()), E, T, E, f.data(), eps,
                        out);

@@ -225,6 +225,49 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::load(const format::Checkpoin
   return w;
 }
 
+void for_each_tensor(LayerWeights& w, const std::function<void(cpu::WeightMatrix&)>& matrix,
+                     const std::function<void(F32Vec&)>& vector) {
+  auto m = [&](cpu::WeightMatrix& x) {
+    if (x.data) matrix(x);
+  };
+  auto v = [&](F32Vec& x) {
+    if (!x.empty()) vector(x);
+  };
+  auto glu = [&](GluWeights& g) {
+    m(g.gate), m(g.up), m(g.down);
+  };
+  v(w.input_norm), v(w.post_attention_norm), v(w.f_attn), v(w.f_mlp);
+  KdaWeights& k = w.kda;
+  m(k.q), m(k.k), m(k.v), m(k.g), m(k.b), m(k.f_a), m(k.f_b), m(k.o);
+  v(k.q_conv), v(k.k_conv), v(k.v_conv), v(k.A_log), v(k.dt_bias), v(k.o_norm);
+  MlaWeights& a = w.mla;
+  m(a.q_a), m(a.q_b), m(a.kv_a), m(a.kv_b), m(a.o), m(a.g);
+  v(a.q_a_norm), v(a.kv_a_norm);
+  glu(w.dense);
+  MoeWeights& e = w.moe;
+  m(e.router), m(e.down), m(e.up);
+  v(e.router_bias), v(e.latent_norm);
+  glu(e.shared);
+}
+
+void for_each_tensor(HeadWeights& w, const std::function<void(cpu::WeightMatrix&)>& matrix,
+                     const std::function<void(F32Vec&)>& vector) {
+  if (w.lm_head.data) matrix(w.lm_head);
+  if (!w.final_norm.empty()) vector(w.final_norm);
+  if (!w.f_out.empty()) vector(w.f_out);
+}
+
+uint64_t matrix_bytes(const cpu::WeightMatrix& m) {
+  const uint64_t n = static_cast<uint64_t>(m.rows) * static_cast<uint64_t>(m.cols);
+  switch (m.type) {
+    case cpu::WeightType::kF32: return 4 * n;
+    case cpu::WeightType::kBF16:
+    case cpu::WeightType::kF16: return 2 * n;
+    case cpu::WeightType::kMxfp4: return n / 2 + n / 32;
+  }
+  return 0;
+}
+
 Status ModelWeights::embed(std::span<const int32_t> ids, float* out) {
   const int64_t E = embed_.cols;
   const size_t row_bytes = static_cast<size_t>(E) * (embed_.type == cpu::WeightType::kF32 ? 4 : 2);

@@ -24,6 +24,32 @@
 
 namespace ktier::model {
 
+// A small f32 vector of the weights (norm gains, conv taps, biases, folded AttnRes vectors):
+// owned host floats as bound from the checkpoint, or a view of floats elsewhere (a device
+// mirror, DeviceTrunk). Copies share the owned floats, so a copied LayerWeights stays valid.
+class F32Vec {
+ public:
+  F32Vec() = default;
+  F32Vec(std::vector<float> v)  // NOLINT(implicit): the binders assign widened vectors
+      : owned_(std::make_shared<const std::vector<float>>(std::move(v))),
+        data_(owned_->data()),
+        size_(owned_->size()) {}
+  static F32Vec view(const float* data, size_t size) {
+    F32Vec v;
+    v.data_ = data;
+    v.size_ = size;
+    return v;
+  }
+  const float* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  std::shared_ptr<const std::vector<float>> owned_;
+  const float* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 // SiTU-GLU MLP: down(situ(gate x, up x)). The dense layer-0 MLP and the fused shared expert.
 struct GluWeights {
   cpu::WeightMatrix gate, up, down;  // [I, E], [I, E], [E, I]
@@ -34,10 +60,10 @@ struct KdaWeights {  // §6.3; C = H*D
   cpu::WeightMatrix b;               // [H, E]
   cpu::WeightMatrix f_a, f_b;        // [D, E], [C, D]
   cpu::WeightMatrix o;               // [E, C]
-  std::vector<float> q_conv, k_conv, v_conv;  // [C, K] taps, tap K-1 = current input
-  std::vector<float> A_log;          // [H] (the first H elements of the stored tensor, D1)
-  std::vector<float> dt_bias;        // [C]
-  std::vector<float> o_norm;         // [D]
+  F32Vec q_conv, k_conv, v_conv;     // [C, K] taps, tap K-1 = current input
+  F32Vec A_log;                      // [H] (the first H elements of the stored tensor, D1)
+  F32Vec dt_bias;                    // [C]
+  F32Vec o_norm;                     // [D]
 };
 
 struct MlaWeights {  // §6.4
@@ -46,22 +72,22 @@ struct MlaWeights {  // §6.4
   cpu::WeightMatrix kv_b;       // [H*(nope+v), kv_lora]
   cpu::WeightMatrix o;          // [E, H*v]
   cpu::WeightMatrix g;          // [H*v, E]; data == nullptr when mla_use_output_gate is false
-  std::vector<float> q_a_norm, kv_a_norm;
+  F32Vec q_a_norm, kv_a_norm;
 };
 
 struct MoeWeights {  // §6.6: the trunk of a MoE layer (the routed experts come from an ExpertSource)
   cpu::WeightMatrix router;          // [N_e, E]
-  std::vector<float> router_bias;    // [N_e] e_score_correction_bias
+  F32Vec router_bias;                // [N_e] e_score_correction_bias
   cpu::WeightMatrix down, up;        // [latent, E], [E, latent]
-  std::vector<float> latent_norm;    // [latent]; empty when latent_moe_use_norm is false
+  F32Vec latent_norm;                // [latent]; empty when latent_moe_use_norm is false
   bool has_shared = false;
   GluWeights shared;                 // [I*n_shared, E] ...
 };
 
 struct LayerWeights {
   bool is_mla = false, is_dense = false;
-  std::vector<float> input_norm, post_attention_norm;  // [E]
-  std::vector<float> f_attn, f_mlp;  // folded AttnRes scoring vectors res_norm ⊙ res_proj [E]
+  F32Vec input_norm, post_attention_norm;  // [E]
+  F32Vec f_attn, f_mlp;              // folded AttnRes scoring vectors res_norm ⊙ res_proj [E]
   KdaWeights kda;                    // when !is_mla
   MlaWeights mla;                    // when is_mla
   GluWeights dense;                  // when is_dense
@@ -70,9 +96,18 @@ struct LayerWeights {
 
 struct HeadWeights {  // §6.7
   cpu::WeightMatrix lm_head;           // [V, E]
-  std::vector<float> final_norm;       // [E]
-  std::vector<float> f_out;            // folded output AttnRes scoring vector [E]
+  F32Vec final_norm;                   // [E]
+  F32Vec f_out;                        // folded output AttnRes scoring vector [E]
 };
+
+// Calls matrix(m) for every bound matrix (data != nullptr) and vector(v) for every non-empty
+// vector of the layer, in one fixed order (device mirrors copy them in that order).
+void for_each_tensor(LayerWeights& w, const std::function<void(cpu::WeightMatrix&)>& matrix,
+                     const std::function<void(F32Vec&)>& vector);
+void for_each_tensor(HeadWeights& w, const std::function<void(cpu::WeightMatrix&)>& matrix,
+                     const std::function<void(F32Vec&)>& vector);
+// Bytes of one matrix's data (MXFP4: packed bytes + scales).
+uint64_t matrix_bytes(const cpu::WeightMatrix& m);
 
 // Where the binders find a stored tensor: its dtype, element count and bytes (aligned to the
 // element size). The bytes must outlive the weights bound from them.

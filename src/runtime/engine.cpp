@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "backend/cuda_backend.h"
 #include "common/check.h"
 
 namespace ktier::runtime {
@@ -167,11 +168,48 @@ Status Engine::open_dial(const EngineOptions& opts) {
   return Status::ok();
 }
 
+Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
+                           model::ExpertSource* experts) {
+  uint64_t vram = 0;
+  if (opts.emulate_device) {
+    if (!opts.vram_budget)
+      return Status::usage("--device emulated needs --vram SIZE (there is no GPU to ask)");
+    backend_ = backend::make_emulated_device_backend(exec_);
+    vram = *opts.vram_budget;
+  } else {
+    const auto module = backend::probe_cuda_module();
+    KTIER_ASSIGN_OR_RETURN(backend_, backend::make_cuda_backend(module));
+    const uint64_t free_bytes = module->probe.devices[0].free_bytes;
+    vram = opts.vram_budget.value_or(free_bytes / 10 * 9);
+    if (vram > free_bytes)
+      return Status::budget("--vram " + std::to_string(vram) + " bytes: the GPU has only " +
+                            std::to_string(free_bytes) + " bytes free");
+  }
+  const format::ModelConfig& c = ckpt_.config();
+  const bool moe = experts != nullptr && c.num_moe_layers() > 0;
+  const uint64_t slot = moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0;
+  const uint64_t min_tier = moe ? 2 * static_cast<uint64_t>(c.num_experts_per_token) * slot : 0;
+  if (vram < min_tier)
+    return Status::budget("--vram " + std::to_string(vram) + " bytes: the VRAM expert tier " +
+                          "alone needs " + std::to_string(min_tier) + " bytes");
+  KTIER_ASSIGN_OR_RETURN(device_trunk_, DeviceTrunk::open(trunk, *backend_, vram - min_tier));
+  if (moe) {
+    const int64_t slots = static_cast<int64_t>((vram - device_trunk_->bytes()) / slot);
+    strata::PolicyInputs in;
+    in.temperature_seed = opts.temperature_seed.empty() ? nullptr : &opts.temperature_seed;
+    in.static_ranking = &opts.static_ranking;
+    KTIER_ASSIGN_OR_RETURN(vram_tier_, VramExpertTier::open(*experts, *backend_, c, slot, slots,
+                                                            opts.policy, in));
+  }
+  spdlog::info("device: {}; trunk layers resident {} of {} ({:.1f} MB), VRAM expert slots {}",
+               backend_->name(), device_trunk_->resident_layers(), c.num_hidden_layers,
+               device_trunk_->bytes() / 1e6, vram_tier_ ? vram_tier_->stats().slots : 0);
+  return Status::ok();
+}
+
 Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   if (opts.threads < 0) return Status::usage("--threads must be >= 0 (0 = one per core)");
   if (opts.lookahead < 0) return Status::usage("--lookahead must be >= 0 (0 = off)");
-  if (opts.device != backend::DeviceKind::kCpu)  // choose_device never picks it yet
-    return Status::usage("--device cuda: the GPU decode path is not finished in this ktier");
   if (opts.policy == strata::PolicyKind::kBelady)
     return Status::usage("--policy belady needs the future: it is for `ktier trace replay` only");
   if (opts.policy == strata::PolicyKind::kStatic && opts.static_ranking.empty())
@@ -200,12 +238,23 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   model::ExpertSource* experts = e->cache_ ? static_cast<model::ExpertSource*>(e->cache_.get())
                                            : e->experts_.get();
   e->exec_ = cpu::Exec{e->pool_.get(), isa};
-  e->backend_ = backend::make_cpu_backend(e->exec_);
+  const bool device_mode = opts.device == backend::DeviceKind::kCuda || opts.emulate_device;
+  if (device_mode) {
+    KTIER_RETURN_IF_ERROR(e->open_device(opts, *trunk, experts));
+    trunk = e->device_trunk_.get();
+    if (e->vram_tier_) experts = e->vram_tier_.get();
+  } else {
+    e->backend_ = backend::make_cpu_backend(e->exec_);
+  }
   e->model_ = std::make_unique<model::Model>(*trunk, experts, *e->backend_);
   if (const int depth = dial ? lookahead_depth(opts) : opts.lookahead;
       depth > 0 && e->ckpt_.config().num_moe_layers() > 0) {
     model::Model::RoutingWeightsFn routing;
-    if (e->bank_) {
+    if (e->device_trunk_) {  // the routers the device holds (lookahead skips streamed layers)
+      routing = [t = e->device_trunk_.get()](int64_t l) -> const model::LayerWeights* {
+        return t->config().is_dense(l) ? nullptr : t->resident_layer(l);
+      };
+    } else if (e->bank_) {
       routing = [bank = e->bank_.get()](int64_t l) { return bank->routing(l); };
     } else if (e->weights_) {
       routing = [w = e->weights_.get()](int64_t l) -> const model::LayerWeights* {

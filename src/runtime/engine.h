@@ -18,9 +18,11 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "pack/trunk_pack.h"
+#include "runtime/device_trunk.h"
 #include "runtime/expert_cache.h"
 #include "runtime/router_bank.h"
 #include "runtime/trunk_store.h"
+#include "runtime/vram_expert_tier.h"
 #include "strata/cache_policy.h"
 
 namespace ktier::runtime {
@@ -44,9 +46,14 @@ struct EngineOptions {
   int lookahead = 1;
   std::vector<double> temperature_seed;
   std::vector<uint32_t> static_ranking;
-  // The device chosen by --device (backend/device_choice.h); today only kCpu decodes. vram_budget
-  // is the --vram size for the GPU tiers (unused on the CPU).
+  // GPU mode (issue 6): decode on a device, with the trunk mirrored into its memory
+  // (DeviceTrunk) and a VRAM expert tier (VramExpertTier) in front of the host tier. kCuda opens
+  // the CUDA module's first GPU; emulate_device runs the same placement on the emulated device
+  // (the CPU kernels behind a memory wall: tests, --device emulated). vram_budget: bytes for the
+  // trunk mirror and the VRAM tier; nullopt: 90% of the GPU's free memory (required when
+  // emulating).
   backend::DeviceKind device = backend::DeviceKind::kCpu;
+  bool emulate_device = false;
   std::optional<uint64_t> vram_budget;
 };
 
@@ -66,12 +73,18 @@ class Engine {
   const ExpertCache* expert_cache() const { return cache_.get(); }
   // Routing weights held for lookahead with the memory dial; null otherwise.
   const RouterBank* router_bank() const { return bank_.get(); }
+  // GPU mode only (null otherwise): the trunk mirror and the VRAM expert tier.
+  const DeviceTrunk* device_trunk() const { return device_trunk_.get(); }
+  const VramExpertTier* vram_tier() const { return vram_tier_.get(); }
+  const backend::Backend& backend() const { return *backend_; }
   const io::IoEngine* io_engine() const { return io_.get(); }
   uint64_t budget_bytes() const { return budget_; }  // 0 without the dial
   model::Model& model() { return *model_; }
   const model::Model& model() const { return *model_; }
   // The expert source the model reads (the RAM tier with the dial); null without MoE layers.
+  // The ExpertSource the Model reads: the VRAM tier, the RAM tier or the checkpoint.
   const model::ExpertSource* experts() const {
+    if (vram_tier_) return vram_tier_.get();
     return cache_ ? static_cast<const model::ExpertSource*>(cache_.get()) : experts_.get();
   }
   const cpu::Exec& exec() const { return exec_; }
@@ -80,6 +93,9 @@ class Engine {
  private:
   explicit Engine(format::Checkpoint ckpt) : ckpt_(std::move(ckpt)) {}
   Status open_dial(const EngineOptions& opts);  // pack, I/O engine, TrunkStore, ExpertCache
+  // GPU mode: the backend, DeviceTrunk over `trunk`, VramExpertTier over `experts` (may be null).
+  Status open_device(const EngineOptions& opts, model::TrunkSource& trunk,
+                     model::ExpertSource* experts);
   format::Checkpoint ckpt_;
   std::unique_ptr<model::ModelWeights> weights_;
   std::optional<pack::TrunkPack> pack_;
@@ -90,7 +106,9 @@ class Engine {
   std::unique_ptr<ExpertCache> cache_;
   uint64_t budget_ = 0;
   std::unique_ptr<model::ExpertSource> experts_;
-  std::unique_ptr<backend::Backend> backend_;  // what the Model runs on (the CPU over exec_)
+  std::unique_ptr<backend::Backend> backend_;  // what the Model runs on
+  std::unique_ptr<DeviceTrunk> device_trunk_;
+  std::unique_ptr<VramExpertTier> vram_tier_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;

@@ -374,3 +374,22 @@ INSTANTIATE_TEST_SUITE_P(Backends, CrossBackend,
 
 }  // namespace
 }  // namespace ktier::backend::test
+
+namespace ktier::backend::test {
+namespace {
+
+// The emulated device (GPU mode without a GPU) must catch what a GPU would fault on: a host
+// pointer handed to a device op.
+TEST(EmulatedDeviceDeathTest, HostPointerInAnOpAborts) {
+  cpu::Exec ex{nullptr, cpu::Isa::kScalar};
+  auto dev = make_emulated_device_backend(ex);
+  auto buf = BackendBuffer::allocate(*dev, 64 * sizeof(float));
+  ASSERT_TRUE(buf.is_ok());
+  std::vector<float> host(64, 1.0f);
+  EXPECT_TRUE(dev->sigmoid(buf->as<float>(), 64, buf->as<float>()).is_ok());
+  EXPECT_DEATH((void)dev->sigmoid(host.data(), 64, buf->as<float>()), "not device memory");
+  EXPECT_DEATH((void)dev->sigmoid(buf->as<float>(), 65, buf->as<float>()), "not device memory");
+}
+
+}  // namespace
+}  // namespace ktier::backend::test

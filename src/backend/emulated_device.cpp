@@ -1,0 +1,182 @@
+// The emulated device: the CPU kernels behind a memory wall. Allocations are registered, and
+// every op checks that each pointer it is given lies inside one of them, as a GPU would fault on
+// a host pointer. It runs the GPU mode's placement code (device trunk mirror, VRAM expert tier)
+// on machines without a GPU, and gives the CPU's bytes, so tests can demand byte identity.
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "backend/backend.h"
+#include "common/check.h"
+
+namespace ktier::backend {
+namespace {
+
+class EmulatedDevice final : public Backend {
+ public:
+  explicit EmulatedDevice(const cpu::Exec& ex) : cpu_(make_cpu_backend(ex)) {}
+
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  std::string name() const override { return "emulated device over " + cpu_->name(); }
+
+  Result<void*> allocate(size_t bytes) override {
+    KTIER_ASSIGN_OR_RETURN(void* p, cpu_->allocate(bytes));
+    blocks_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    return p;
+  }
+  void release(void* ptr) override {
+    if (!ptr) return;
+    KTIER_CHECK_MSG(blocks_.erase(reinterpret_cast<uintptr_t>(ptr)) == 1, "release of a foreign pointer");
+    cpu_->release(ptr);
+  }
+  Status upload(void* dst, const void* src, size_t bytes) override {
+    mine(dst, bytes, "upload destination");
+    return cpu_->upload(dst, src, bytes);
+  }
+  Status download(void* dst, const void* src, size_t bytes) override {
+    mine(src, bytes, "download source");
+    return cpu_->download(dst, src, bytes);
+  }
+  Status fill(void* dst, uint8_t byte, size_t bytes) override {
+    mine(dst, bytes, "fill");
+    return cpu_->fill(dst, byte, bytes);
+  }
+  Status copy(void* dst, const void* src, size_t bytes) override {
+    mine(dst, bytes, "copy destination");
+    mine(src, bytes, "copy source");
+    return cpu_->copy(dst, src, bytes);
+  }
+  Status synchronize() override { return Status::ok(); }
+
+  Status linear(const cpu::LinearJob* jobs, int n_jobs) override {
+    for (int i = 0; i < n_jobs; ++i) {
+      const cpu::LinearJob& j = jobs[i];
+      weight(j.w, "linear weight");
+      floats(j.x, j.n_tokens * j.w.cols, "linear x");
+      floats(j.y, j.n_tokens * j.w.rows, "linear y");
+    }
+    return cpu_->linear(jobs, n_jobs);
+  }
+  Status rmsnorm(const float* x, const float* gain, int64_t rows, int64_t n, double eps,
+                 float* out) override {
+    floats(x, rows * n, "rmsnorm x"), floats(out, rows * n, "rmsnorm out");
+    if (gain) floats(gain, n, "rmsnorm gain");
+    return cpu_->rmsnorm(x, gain, rows, n, eps, out);
+  }
+  Status l2norm(const float* x, int64_t rows, int64_t n, double eps, float* out) override {
+    floats(x, rows * n, "l2norm x"), floats(out, rows * n, "l2norm out");
+    return cpu_->l2norm(x, rows, n, eps, out);
+  }
+  Status situ_glu(const float* a, const float* b, int64_t n, double beta1,
+                  std::optional<double> beta2, float* out) override {
+    floats(a, n, "situ a"), floats(b, n, "situ b"), floats(out, n, "situ out");
+    return cpu_->situ_glu(a, b, n, beta1, beta2, out);
+  }
+  Status sigmoid(const float* x, int64_t n, float* out) override {
+    floats(x, n, "sigmoid x"), floats(out, n, "sigmoid out");
+    return cpu_->sigmoid(x, n, out);
+  }
+  Status sigmoid_gate(const float* x, const float* gate, int64_t n, float* out) override {
+    floats(x, n, "gate x"), floats(gate, n, "gate"), floats(out, n, "gate out");
+    return cpu_->sigmoid_gate(x, gate, n, out);
+  }
+  Status add(const float* a, const float* b, int64_t n, float* out) override {
+    floats(a, n, "add a"), floats(b, n, "add b"), floats(out, n, "add out");
+    return cpu_->add(a, b, n, out);
+  }
+  Status weighted_sum(const float* const* vec, const float* weight, int k, int64_t n,
+                      float* out) override {
+    for (int j = 0; j < k; ++j) floats(vec[j], n, "weighted_sum vector");
+    floats(weight, k, "weighted_sum weights"), floats(out, n, "weighted_sum out");
+    return cpu_->weighted_sum(vec, weight, k, n, out);
+  }
+  Status kda_short_conv(const float* u, int64_t T, int64_t C, const float* w, int K,
+                        float* history, float* out) override {
+    floats(u, T * C, "conv u"), floats(w, C * K, "conv taps");
+    floats(history, (K - 1) * C, "conv history"), floats(out, T * C, "conv out");
+    return cpu_->kda_short_conv(u, T, C, w, K, history, out);
+  }
+  Status kda_decay_gate(const float* z, int64_t T, int H, int D, const float* A_log,
+                        const float* dt_bias, double g_min, float* g, float* alpha) override {
+    floats(z, T * H * D, "gate z"), floats(A_log, H, "A_log"), floats(dt_bias, H * D, "dt_bias");
+    floats(alpha, T * H * D, "alpha");
+    if (g) floats(g, T * H * D, "g");
+    return cpu_->kda_decay_gate(z, T, H, D, A_log, dt_bias, g_min, g, alpha);
+  }
+  Status kda_recurrence(const float* q, const float* k, const float* v, const float* alpha,
+                        const float* beta, int64_t T, int H, int Dk, int Dv, double q_scale,
+                        float* state, float* out) override {
+    floats(q, T * H * Dk, "q"), floats(k, T * H * Dk, "k"), floats(v, T * H * Dv, "v");
+    floats(alpha, T * H * Dk, "alpha"), floats(beta, T * H, "beta");
+    floats(state, int64_t{H} * Dk * Dv, "state"), floats(out, T * H * Dv, "recurrence out");
+    return cpu_->kda_recurrence(q, k, v, alpha, beta, T, H, Dk, Dv, q_scale, state, out);
+  }
+  Status mla_attention(const cpu::MlaDims& d, const float* q, int64_t T,
+                       const cpu::WeightMatrix& kv_b, const float* cache_c, const float* cache_r,
+                       int64_t n_past, double scale, float* out) override {
+    floats(q, T * d.n_heads * (d.qk_nope + d.qk_rope), "mla q"), weight(kv_b, "kv_b");
+    floats(cache_c, (n_past + T) * d.kv_lora, "cache c");
+    floats(cache_r, (n_past + T) * d.qk_rope, "cache r");
+    floats(out, T * d.n_heads * d.v_head, "mla out");
+    return cpu_->mla_attention(d, q, T, kv_b, cache_c, cache_r, n_past, scale, out);
+  }
+  Status attnres(const float* const* src, int m, int64_t src_stride, int64_t T, int64_t n,
+                 const float* f, double eps, float* out) override {
+    for (int i = 0; i < m; ++i) floats(src[i], (T - 1) * src_stride + n, "attnres source");
+    floats(f, n, "attnres f"), floats(out, T * n, "attnres out");
+    return cpu_->attnres(src, m, src_stride, T, n, f, eps, out);
+  }
+  Status router_topk(const float* logits, const float* bias, int64_t T, int n_experts, int top_k,
+                     bool renormalize, double scaling, int32_t* ids, float* weights) override {
+    floats(logits, T * n_experts, "router logits");
+    if (bias) floats(bias, n_experts, "router bias");
+    mine(ids, static_cast<size_t>(T * top_k) * 4, "router ids");
+    floats(weights, T * top_k, "router weights");
+    return cpu_->router_topk(logits, bias, T, n_experts, top_k, renormalize, scaling, ids,
+                             weights);
+  }
+  Result<int64_t> argmax(const float* x, int64_t n) override {
+    floats(x, n, "argmax x");
+    return cpu_->argmax(x, n);
+  }
+
+ private:
+  // A pointer outside every allocation is a host pointer handed to the device: a bug.
+  void mine(const void* p, size_t bytes, const char* what) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = blocks_.upper_bound(a);
+    bool inside = false;
+    if (it != blocks_.begin()) {
+      --it;
+      inside = a >= it->first && a + bytes <= it->first + it->second;
+    }
+    if (!inside) {
+      std::fprintf(stderr, "ktier: emulated device: %s (%zu bytes at %p) is not device memory\n",
+                   what, bytes, p);
+      KTIER_CHECK_MSG(inside, what);
+    }
+  }
+  void floats(const void* p, int64_t n, const char* what) const {
+    mine(p, static_cast<size_t>(n) * sizeof(float), what);
+  }
+  void weight(const cpu::WeightMatrix& w, const char* what) const {
+    if (w.type == cpu::WeightType::kMxfp4) {
+      mine(w.data, static_cast<size_t>(w.rows * w.cols / 2), what);
+      mine(w.scales, static_cast<size_t>(w.rows * w.cols / 32), what);
+    } else {
+      const size_t element = w.type == cpu::WeightType::kF32 ? 4 : 2;
+      mine(w.data, static_cast<size_t>(w.rows * w.cols) * element, what);
+    }
+  }
+
+  std::unique_ptr<Backend> cpu_;
+  std::map<uintptr_t, size_t> blocks_;  // allocation start -> bytes
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_emulated_device_backend(const cpu::Exec& ex) {
+  return std::make_unique<EmulatedDevice>(ex);
+}
+
+}  // namespace ktier::backend

@@ -1,0 +1,129 @@
+#include "runtime/device_trunk.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace ktier::runtime {
+namespace {
+
+constexpr uint64_t kAlign = 256;  // cudaMalloc's alignment; enough for 16-byte vector loads
+uint64_t aligned(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// The pieces of one weight matrix as stored: (data, bytes) and, for MXFP4, the scales.
+uint64_t data_bytes(const cpu::WeightMatrix& m) {
+  return m.type == cpu::WeightType::kMxfp4 ? static_cast<uint64_t>(m.rows * m.cols / 2)
+                                           : model::matrix_bytes(m);
+}
+uint64_t scale_bytes(const cpu::WeightMatrix& m) {
+  return m.type == cpu::WeightType::kMxfp4 ? static_cast<uint64_t>(m.rows * m.cols / 32) : 0;
+}
+
+template <class Weights>
+uint64_t bytes_of(Weights& w) {
+  uint64_t n = 0;
+  model::for_each_tensor(
+      w, [&](cpu::WeightMatrix& m) { n += aligned(data_bytes(m)) + aligned(scale_bytes(m)); },
+      [&](model::F32Vec& v) { n += aligned(v.size() * sizeof(float)); });
+  return n;
+}
+
+}  // namespace
+
+uint64_t DeviceTrunk::layer_bytes(model::LayerWeights w) { return bytes_of(w); }
+uint64_t DeviceTrunk::head_bytes(model::HeadWeights w) { return bytes_of(w); }
+
+template <class Weights>
+Status DeviceTrunk::mirror(Weights& w, uint8_t* dst) {
+  Status status = Status::ok();
+  uint64_t at = 0;
+  auto put = [&](const void* src, uint64_t n) -> uint8_t* {
+    uint8_t* p = dst + at;
+    if (status.is_ok() && n > 0) status = be_.upload(p, src, n);
+    at += aligned(n);
+    return p;
+  };
+  model::for_each_tensor(
+      w,
+      [&](cpu::WeightMatrix& m) {
+        m.data = put(m.data, data_bytes(m));
+        if (m.scales) m.scales = put(m.scales, scale_bytes(m));
+      },
+      [&](model::F32Vec& v) {
+        const size_t n = v.size();
+        v = model::F32Vec::view(reinterpret_cast<const float*>(put(v.data(), n * sizeof(float))), n);
+      });
+  return status;
+}
+
+Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
+                                                       backend::Backend& be,
+                                                       uint64_t budget_bytes) {
+  std::unique_ptr<DeviceTrunk> t(new DeviceTrunk(host, be));
+  const format::ModelConfig& c = host.config();
+  const int64_t L = c.num_hidden_layers;
+  // Sizes first (acquiring each host layer once; a streaming host reads it).
+  std::vector<uint64_t> sizes(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) {
+    KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host.acquire_layer(l));
+    sizes[static_cast<size_t>(l)] = layer_bytes(*w);
+    host.release_layer(l);
+  }
+  const uint64_t head = head_bytes(host.head());
+  uint64_t all = head;
+  for (uint64_t s : sizes) all += s;
+  const uint64_t largest = L ? *std::max_element(sizes.begin(), sizes.end()) : 0;
+  if (all <= budget_bytes) {
+    t->resident_ = L;
+  } else {
+    const uint64_t minimum = head + 2 * largest;
+    if (budget_bytes < minimum)
+      return Status::budget("--vram: " + std::to_string(budget_bytes) + " bytes cannot hold the " +
+                            "trunk's head and two streaming layer slots; the minimum is " +
+                            std::to_string(minimum) + " bytes");
+    uint64_t used = minimum;
+    while (t->resident_ < L && used + sizes[static_cast<size_t>(t->resident_)] <= budget_bytes)
+      used += sizes[static_cast<size_t>(t->resident_++)];
+    t->slot_bytes_ = largest;
+  }
+  // The head and the resident layers.
+  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer hb, backend::BackendBuffer::allocate(be, head));
+  t->head_ = host.head();
+  KTIER_RETURN_IF_ERROR(t->mirror(t->head_, hb.as<uint8_t>()));
+  t->bytes_ += head;
+  t->buffers_.push_back(std::move(hb));
+  for (int64_t l = 0; l < t->resident_; ++l) {
+    KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host.acquire_layer(l));
+    model::LayerWeights copy = *w;
+    auto buf = backend::BackendBuffer::allocate(be, sizes[static_cast<size_t>(l)]);
+    Status s = buf.is_ok() ? t->mirror(copy, buf->as<uint8_t>()) : buf.status();
+    host.release_layer(l);  // the mirror holds no host pointer (its vectors are views)
+    KTIER_RETURN_IF_ERROR(s);
+    t->bytes_ += sizes[static_cast<size_t>(l)];
+    t->buffers_.push_back(std::move(*buf));
+    t->layers_.push_back(std::move(copy));
+  }
+  for (auto& slot : t->slots_) {
+    if (t->slot_bytes_ == 0) break;
+    KTIER_ASSIGN_OR_RETURN(slot, backend::BackendBuffer::allocate(be, t->slot_bytes_));
+    t->bytes_ += t->slot_bytes_;
+  }
+  return t;
+}
+
+Result<const model::LayerWeights*> DeviceTrunk::acquire_layer(int64_t l) {
+  if (l < resident_) return &layers_[static_cast<size_t>(l)];
+  // Streamed: into slot l % 2. The copy is ordered after every op already issued (the same
+  // stream), so the slot's previous layer (l - 2) is finished with before it is overwritten.
+  const size_t slot = static_cast<size_t>(l % 2);
+  KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host_.acquire_layer(l));
+  model::LayerWeights copy = *w;
+  const uint64_t n = layer_bytes(copy);
+  const Status s = mirror(copy, slots_[slot].as<uint8_t>());
+  host_.release_layer(l);
+  KTIER_RETURN_IF_ERROR(s);
+  streamed_bytes_ += n;
+  slot_layers_[slot] = std::move(copy);
+  return &slot_layers_[slot];
+}
+
+}  // namespace ktier::runtime

@@ -1,0 +1,65 @@
+#pragma once
+// The trunk in a device's memory (GPU mode, issue 6): a TrunkSource whose weights are the
+// backend's memory, mirrored from a host TrunkSource (resident weights or the memory dial's
+// TrunkStore). The head and a prefix of layers stay resident; when the budget cannot hold every
+// layer, the rest are copied into one of two device slots when acquired (streamed per layer
+// over the host-to-device link). The bytes are the host's bytes: nothing is converted.
+//
+// Not thread-safe: one forward pass at a time, like every TrunkSource.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/weights.h"
+
+namespace ktier::runtime {
+
+class DeviceTrunk final : public model::TrunkSource {
+ public:
+  // Bytes a layer (or the head) takes on the device: its matrices and vectors, each aligned to
+  // 256 bytes.
+  static uint64_t layer_bytes(model::LayerWeights w);
+  static uint64_t head_bytes(model::HeadWeights w);
+
+  // Mirrors `host` (which must outlive this) into `be`'s memory within `budget_bytes`: the head,
+  // then as many layers as fit while leaving room for two streaming slots of the largest layer
+  // (none needed when all fit). Errors: the host's (reading layers), the backend's, and
+  // Status::budget (exit 4) when not even the head and two slots fit, with the minimum stated.
+  static Result<std::unique_ptr<DeviceTrunk>> open(model::TrunkSource& host, backend::Backend& be,
+                                                   uint64_t budget_bytes);
+
+  const format::ModelConfig& config() const override { return host_.config(); }
+  Result<const model::LayerWeights*> acquire_layer(int64_t l) override;
+  void release_layer(int64_t l) override {}
+  const model::HeadWeights& head() const override { return head_; }
+  Status embed(std::span<const int32_t> ids, float* out) override { return host_.embed(ids, out); }
+
+  int64_t resident_layers() const { return resident_; }
+  // Layer l's mirror when it is resident, else null (lookahead reads routers only from these).
+  const model::LayerWeights* resident_layer(int64_t l) const {
+    return l < resident_ ? &layers_[static_cast<size_t>(l)] : nullptr;
+  }
+  uint64_t bytes() const { return bytes_; }  // device bytes held (resident + slots)
+  uint64_t streamed_bytes() const { return streamed_bytes_; }  // host -> device, after open
+
+ private:
+  DeviceTrunk(model::TrunkSource& host, backend::Backend& be) : host_(host), be_(be) {}
+  // Copies `w` into `dst` (layer_bytes(w) of device memory) and points `w` at the copy.
+  template <class Weights>
+  Status mirror(Weights& w, uint8_t* dst);
+
+  model::TrunkSource& host_;
+  backend::Backend& be_;
+  model::HeadWeights head_;
+  std::vector<model::LayerWeights> layers_;  // resident mirrors, [resident_]
+  std::vector<backend::BackendBuffer> buffers_;
+  backend::BackendBuffer slots_[2];
+  model::LayerWeights slot_layers_[2];
+  uint64_t slot_bytes_ = 0;
+  int64_t resident_ = 0;
+  uint64_t bytes_ = 0, streamed_bytes_ = 0;
+};
+
+}  // namespace ktier::runtime

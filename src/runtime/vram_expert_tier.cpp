@@ -1,0 +1,178 @@
+#include "runtime/vram_expert_tier.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+#include "model/weights.h"
+
+namespace ktier::runtime {
+namespace {
+
+constexpr uint64_t kAlign = 256;
+uint64_t aligned(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+uint64_t data_bytes(const cpu::WeightMatrix& m) {
+  return m.type == cpu::WeightType::kMxfp4 ? static_cast<uint64_t>(m.rows * m.cols / 2)
+                                           : model::matrix_bytes(m);
+}
+uint64_t scale_bytes(const cpu::WeightMatrix& m) {
+  return m.type == cpu::WeightType::kMxfp4 ? static_cast<uint64_t>(m.rows * m.cols / 32) : 0;
+}
+uint64_t placed_bytes(const cpu::WeightMatrix& m) {
+  return aligned(data_bytes(m)) + aligned(scale_bytes(m));
+}
+
+}  // namespace
+
+uint64_t VramExpertTier::slot_bytes_for(const format::Checkpoint& ckpt) {
+  const format::ModelConfig& c = ckpt.config();
+  const int64_t I = c.moe_intermediate_size, lat = c.routed_expert_hidden_size;
+  const bool packed = ckpt.expert_storage() == format::ExpertStorage::kMxfp4;
+  const cpu::WeightType t = packed ? cpu::WeightType::kMxfp4 : cpu::WeightType::kF32;
+  // Float experts: at most 4 bytes an element (F32); BF16/F16 take less.
+  const cpu::WeightMatrix w1{t, nullptr, nullptr, I, lat}, w2{t, nullptr, nullptr, lat, I};
+  return 2 * placed_bytes(w1) + placed_bytes(w2);
+}
+
+Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
+    model::ExpertSource& host, backend::Backend& be, const format::ModelConfig& c,
+    uint64_t slot_bytes, int64_t slots, strata::PolicyKind policy,
+    const strata::PolicyInputs& inputs) {
+  const int64_t k = c.num_experts_per_token;
+  if (slots < 2 * k)
+    return Status::budget("--vram: room for " + std::to_string(slots) + " experts; the VRAM " +
+                          "tier needs at least " + std::to_string(2 * k) + " (" +
+                          std::to_string(2 * k * slot_bytes) + " bytes): top_k for the policy " +
+                          "and top_k for one fetch");
+  std::unique_ptr<VramExpertTier> x(new VramExpertTier(host, be));
+  x->num_experts_ = c.num_experts;
+  x->moe_layers_ = std::max<int64_t>(1, c.num_moe_layers());
+  x->bypass_ = k;
+  x->stats_.slots = static_cast<uint64_t>(slots);
+  x->stats_.policy_slots = static_cast<uint64_t>(slots - k);
+  x->stats_.slot_bytes = slot_bytes;
+  KTIER_ASSIGN_OR_RETURN(x->arena_, backend::BackendBuffer::allocate(
+                                        be, static_cast<size_t>(slot_bytes * slots)));
+  x->slot_views_.resize(static_cast<size_t>(slots));
+  for (int64_t s = slots - k - 1; s >= 0; --s) x->free_.push_back(s);  // slot 0 first
+  const uint32_t num_keys = static_cast<uint32_t>(c.num_hidden_layers * c.num_experts);
+  x->slot_of_key_.assign(num_keys, -1);
+  strata::PolicyInputs in = inputs;
+  in.num_keys = num_keys;
+  x->policy_ = strata::make_cache(policy, x->stats_.policy_slots, in);
+  x->policy_->set_eviction_hook([p = x.get()](uint32_t key) { p->on_evicted(key); });
+  return x;
+}
+
+void VramExpertTier::on_evicted(uint32_t key) {
+  const int64_t slot = slot_of_key_[key];
+  if (slot < 0) return;  // admitted but never copied in
+  slot_of_key_[key] = -1;
+  free_.push_back(slot);
+}
+
+void VramExpertTier::begin_layer(int64_t layer, int64_t first_position, const int32_t* ids,
+                                 int64_t T, int k) {
+  for (int64_t t = 0; t < T; ++t) {
+    policy_->begin_step(step_);
+    const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
+    ++step_;
+    for (int i = 0; i < k; ++i) {
+      const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + ids[t * k + i]);
+      policy_->access(key, strata::Request{static_cast<uint32_t>(requests_++), clock,
+                                           strata::kNeverUsed});
+    }
+  }
+  host_.begin_layer(layer, first_position, ids, T, k);  // the RAM tier's policy and prefetch
+}
+
+Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights& host,
+                                                     int64_t slot) {
+  uint8_t* base = arena_.as<uint8_t>() + static_cast<uint64_t>(slot) * stats_.slot_bytes;
+  uint64_t at = 0;
+  model::ExpertWeights dev = host;
+  for (cpu::WeightMatrix* m : {&dev.w1, &dev.w2, &dev.w3}) {
+    if (at + placed_bytes(*m) > stats_.slot_bytes)
+      return Status::runtime("VRAM expert slot of " + std::to_string(stats_.slot_bytes) +
+                             " bytes is too small for an expert's matrices");
+    KTIER_RETURN_IF_ERROR(be_.upload(base + at, m->data, data_bytes(*m)));
+    m->data = base + at;
+    at += aligned(data_bytes(*m));
+    if (m->scales) {
+      KTIER_RETURN_IF_ERROR(be_.upload(base + at, m->scales, scale_bytes(*m)));
+      m->scales = base + at;
+      at += aligned(scale_bytes(*m));
+    }
+    stats_.copied_bytes += data_bytes(*m) + scale_bytes(*m);
+  }
+  return dev;
+}
+
+Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
+                             model::ExpertWeights* out) {
+  // Misses go to a policy slot when the policy holds the key, else to a bypass slot (the
+  // last top_k slots), in the order asked.
+  const int64_t first_bypass = static_cast<int64_t>(stats_.policy_slots);
+  std::vector<int32_t> miss_ids;
+  std::vector<size_t> miss_at;
+  std::vector<int64_t> miss_slot;
+  int64_t next_bypass = first_bypass;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + ids[i]);
+    ++stats_.requests;
+    const int64_t slot = slot_of_key_[key];
+    if (slot >= 0) {
+      ++stats_.hits;
+      out[i] = slot_views_[static_cast<size_t>(slot)];
+      stats_.hit_bytes += model::matrix_bytes(out[i].w1) + model::matrix_bytes(out[i].w2) +
+                          model::matrix_bytes(out[i].w3);
+      continue;
+    }
+    int64_t target;
+    if (policy_->contains(key) && !free_.empty()) {
+      target = free_.back();
+      free_.pop_back();
+      slot_of_key_[key] = target;
+    } else {
+      KTIER_CHECK(next_bypass < first_bypass + bypass_);  // max_batch() bounds a fetch
+      target = next_bypass++;
+    }
+    miss_ids.push_back(ids[i]);
+    miss_at.push_back(i);
+    miss_slot.push_back(target);
+  }
+  if (miss_ids.empty()) return Status::ok();
+  // From the host tier in batches it can hold at once.
+  const size_t batch = static_cast<size_t>(std::max<int64_t>(1, host_.max_batch()));
+  std::vector<model::ExpertWeights> views(std::min(batch, miss_ids.size()));
+  for (size_t b0 = 0; b0 < miss_ids.size(); b0 += batch) {
+    const size_t b1 = std::min(miss_ids.size(), b0 + batch);
+    Status s = host_.fetch(layer, std::span<const int32_t>(miss_ids.data() + b0, b1 - b0),
+                           views.data());
+    for (size_t j = b0; s.is_ok() && j < b1; ++j) {
+      auto dev = copy_in(views[j - b0], miss_slot[j]);
+      if (!dev.is_ok()) {
+        s = dev.status();
+        break;
+      }
+      slot_views_[static_cast<size_t>(miss_slot[j])] = *dev;
+      out[miss_at[j]] = *dev;
+      stats_.miss_bytes += model::matrix_bytes(dev->w1) + model::matrix_bytes(dev->w2) +
+                           model::matrix_bytes(dev->w3);
+    }
+    if (!s.is_ok()) {
+      // No half-copied slot may be served later: forget every slot this fetch assigned.
+      for (size_t j = 0; j < miss_ids.size(); ++j) {
+        const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + miss_ids[j]);
+        if (slot_of_key_[key] == miss_slot[j]) {
+          slot_of_key_[key] = -1;
+          free_.push_back(miss_slot[j]);
+        }
+      }
+      return s;
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace ktier::runtime
