@@ -1,22 +1,72 @@
 #!/usr/bin/env bash
-# The one prepared script for a lent GPU machine (see README "GPU checks").
-# Build here first:   tools/make-device-bundle.sh      (writes build-device/: ktier + libktier_cuda.so)
+# The one prepared script for a lent GPU machine (an H200; see README "GPU checks").
+# Build here first:   tools/make-device-bundle.sh   (build-device/: ktier, libktier_cuda.so for
+#                                                    sm_90, backend_test, runtime_test)
 # Then run there, from the repository root, with build-device carried:
 #   bash bench/device-check.sh build-device | tee $OUT/device-check.log
-# Prints what docs/PERFORMANCE.md records. Each step is independent; failures are reported,
-# not fatal, so one run shows everything.
+# Steps: machine, module probe, the CUDA tests (every op against the CPU; GPU mode end to end),
+# device limits and GEMV ratios (bench device), then on a demo checkpoint decode with
+# everything resident and with VRAM budgets holding 50%, 25% and 10% of the experts, and a
+# closing table. Each step is independent: failures are reported, not fatal. About 5 minutes.
 set -u
 B=${1:-build-device}
-step() { echo; echo "== $*"; }
+# Debugging the script without a GPU: KTIER_CHECK_DEVICE=emulated KTIER_CHECK_PRESET=tiny.
+DEVICE=${KTIER_CHECK_DEVICE:-cuda}
+PRESET=${KTIER_CHECK_PRESET:-demo}
+OUTDIR=${OUT:-/tmp/ktier-device-out}
+mkdir -p "$OUTDIR"
+export KTIER_CUDA_MODULE="$PWD/$B/libktier_cuda.so"
+step() { echo; echo "== $(date +%T) $*"; }
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv || true
 nproc; grep MemTotal /proc/meminfo; uname -r
 step "ktier --version / doctor (module probe through dlopen)"
 "$B/ktier" --version
 "$B/ktier" doctor; echo "doctor rc=$?"
-step "CPU fallback forced by a missing module"
 KTIER_CUDA_MODULE=/nonexistent/libktier_cuda.so "$B/ktier" doctor | tail -1
-step "synth tiny + inspect"
-rm -rf /tmp/ktier-tiny
-"$B/ktier" synth --preset tiny -o /tmp/ktier-tiny --seed 1 && "$B/ktier" inspect -m /tmp/ktier-tiny | head -40
-echo "inspect rc=${PIPESTATUS[0]}"
+step "CUDA op tests: every op against the CPU reference (backend_test)"
+timeout 300 "$B/backend_test" --gtest_brief=1; echo "backend_test rc=$?"
+step "GPU mode end to end on tiny (runtime_test DeviceMode*)"
+timeout 300 "$B/runtime_test" --gtest_filter='DeviceMode*' --gtest_brief=1; echo "runtime_test rc=$?"
+step "device limits and GEMV (bench device)"
+timeout 120 "$B/ktier" bench device --device $DEVICE --bytes 2G --json "$OUTDIR/bench-device.json"; echo "bench device rc=$?"
+step "$PRESET checkpoint"
+M=/tmp/ktier-$PRESET
+[ -f $M/config.json ] || timeout 300 "$B/ktier" synth --preset $PRESET -o $M --seed 1 -q
+echo "synth rc=$?"
+PROMPT=1,17,42,99,7,200,63,150,31,222,88,5
+run() {  # run NAME DEVICE [flags...]: greedy decode of 32 tokens with a JSON report
+  local name=$1 dev=$2; shift 2
+  timeout 120 "$B/ktier" run -m $M --ids $PROMPT -n 32 --print-ids --device $dev \
+    --report-json "$OUTDIR/run-$name.json" "$@" >"$OUTDIR/run-$name.out" 2>"$OUTDIR/run-$name.err"
+  echo "run $name rc=$?  ids: $(grep -a -E '^[0-9]+(,[0-9]+)+$' "$OUTDIR/run-$name.out" | tail -1)"
+  grep -a "^ktier:" "$OUTDIR/run-$name.err"
+}
+run resident $DEVICE $([ "$DEVICE" = emulated ] && echo --vram 4G)
+run cpu-reference cpu
+# Budgets holding a share of the experts: the resident run's trunk bytes, plus that share of
+# every expert's slot, plus top_k bypass slots.
+for share in 50 25 10; do
+  vram=$(python3 -c "import json; j=json.load(open('$OUTDIR/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes'] + (d['expert_keys']*$share//100 + 16) * v['slot_bytes']))" 2>/dev/null)
+  [ -n "$vram" ] && run "experts$share" $DEVICE --vram "$vram"
+done
+step "table"
+python3 - "$OUTDIR" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+def load(n):
+    p = os.path.join(d, n)
+    return json.load(open(p)) if os.path.exists(p) else None
+b = load("bench-device.json")
+if b:
+    print(f"copy {b['copy_gbps']:.0f} GB/s  h2d {b['h2d_gbps']:.1f} GB/s  "
+          f"bf16 gemv {b['bf16_gemv_gbps']:.0f} GB/s ({b['bf16_ratio']:.2f})  "
+          f"mxfp4 gemv {b['mxfp4_gemv_gbps']:.0f} GB/s ({b['mxfp4_ratio']:.2f})")
+print(f"{'run':14} {'tok/s':>7} {'vram hit':>9} {'ram hit':>8} {'RAM->VRAM MB/tok':>17} {'layers':>7}")
+for n in ["resident", "experts50", "experts25", "experts10", "cpu-reference"]:
+    j = load(f"run-{n}.json")
+    if not j: print(f"{n:14} (no report)"); continue
+    print(f"{n:14} {j['decode_tok_per_s']:7.2f} {100*j['tiers']['vram']['hit_rate_bytes']:8.1f}% "
+          f"{100*j['tiers']['ram']['hit_rate_bytes']:7.1f}% "
+          f"{j['links']['ram_to_vram_bytes_per_token']/1e6:17.1f} {j['device']['trunk_layers_resident']:7}")
+PY

@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Collects what a GPU machine needs into build-device/ (git-ignored): the ktier executable and
-# libktier_cuda.so (sm_80..sm_90), built in ./build. Third-party libraries are linked statically
-# (KTIER_STATIC_DEPS), so the bundle runs where only the CUDA driver is installed.
+# Collects what a GPU machine needs into build-device/ (git-ignored): the ktier executable,
+# libktier_cuda.so and the test executables that exercise CUDA (backend_test: every op against
+# the CPU; runtime_test: GPU mode end to end). Built in build-bundle/ with the CUDA module for
+# sm_90 (the lent H200; KTIER_BUNDLE_ARCHS to change) and with libstdc++/libgcc linked
+# statically, so the bundle needs only the NVIDIA driver and a C library there (third-party
+# libraries are static already: KTIER_STATIC_DEPS). A first build takes ~15 minutes on 2 cores.
 # Carry build-device to run bench/device-check.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD_DIR=${KTIER_BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -DKTIER_CUDA=ON
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target ktier ktier_cuda
+BUILD_DIR=${KTIER_BUNDLE_DIR:-build-bundle}
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKTIER_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="${KTIER_BUNDLE_ARCHS:-90}" -DKTIER_BUILD_BENCH=OFF \
+  -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" \
+  -DCMAKE_SHARED_LINKER_FLAGS="-static-libstdc++ -static-libgcc" >/dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target ktier ktier_cuda backend_test runtime_test
 rm -rf build-device && mkdir -p build-device
 cp "$BUILD_DIR/ktier" "$BUILD_DIR/libktier_cuda.so" build-device/
-strip build-device/ktier  # debug info would exceed the 64 MiB a device call carries
+cp "$BUILD_DIR/tests/backend/backend_test" "$BUILD_DIR/tests/runtime/runtime_test" build-device/
+# Debug info would exceed the 64 MiB a device call carries.
+strip build-device/ktier build-device/backend_test build-device/runtime_test
 ls -la build-device
+du -sh build-device

@@ -2,6 +2,7 @@
 #include "backend/cuda_backend.h"
 
 #include <cstdio>
+#include <unordered_map>
 #include <vector>
 
 namespace ktier::backend {
@@ -21,7 +22,10 @@ class CudaBackend final : public Backend {
   CudaBackend(const KtierCudaOps* ops, int device, std::string name)
       : ops_(ops), device_(device), name_(std::move(name)) {}
   ~CudaBackend() override {
-    if (argmax_out_) ops_->free_device(argmax_out_);
+    if (stream_) ops_->stream_synchronize(stream_);
+    for (auto& [bytes, list] : pool_)
+      for (void* p : list) ops_->free_device(p);
+    for (auto& [p, bytes] : live_) ops_->free_device(p);
     if (stream_) ops_->stream_destroy(stream_);
   }
 
@@ -33,14 +37,30 @@ class CudaBackend final : public Backend {
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
 
+  // A forward pass allocates the same scratch sizes on every token; cudaMalloc and cudaFree
+  // are slow and synchronise the device, so released blocks are kept by size and handed out
+  // again. Reuse is safe without events: every op runs on the one stream, so the next user of
+  // a block is ordered after the last.
   Result<void*> allocate(size_t bytes) override {
+    if (bytes == 0) bytes = 1;
+    if (auto it = pool_.find(bytes); it != pool_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      live_[p] = bytes;
+      return p;
+    }
     void* p = nullptr;
-    KTIER_RETURN_IF_ERROR(check(ops_->malloc_device(&p, bytes == 0 ? 1 : bytes),
+    KTIER_RETURN_IF_ERROR(check(ops_->malloc_device(&p, bytes),
                                 "allocating " + std::to_string(bytes) + " bytes of VRAM"));
+    live_[p] = bytes;
     return p;
   }
   void release(void* ptr) override {
-    if (ptr) ops_->free_device(ptr);
+    if (!ptr) return;
+    auto it = live_.find(ptr);
+    if (it == live_.end()) return;  // not ours (a bug; never free foreign memory)
+    pool_[it->second].push_back(ptr);
+    live_.erase(it);
   }
   Status upload(void* dst, const void* src, size_t bytes) override {
     KTIER_RETURN_IF_ERROR(check(ops_->memcpy_async(dst, src, bytes, stream_), "upload"));
@@ -150,7 +170,9 @@ class CudaBackend final : public Backend {
   int device_;
   std::string name_;
   KtierCudaStream stream_ = nullptr;
-  void* argmax_out_ = nullptr;  // device int64, owned
+  void* argmax_out_ = nullptr;  // device int64, from allocate()
+  std::unordered_map<void*, size_t> live_;                 // handed out: pointer -> bytes
+  std::unordered_map<size_t, std::vector<void*>> pool_;    // released, by size
 };
 
 }  // namespace

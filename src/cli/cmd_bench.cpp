@@ -184,6 +184,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   register_bench_decode_command(*bench, exit_code);
   register_bench_io_command(*bench, exit_code);
   register_bench_inflate_command(*bench, exit_code);
+  register_bench_device_command(*bench, exit_code);
 }
 
 }  // namespace ktier::cli

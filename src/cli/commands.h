@@ -24,6 +24,8 @@ void register_bench_command(CLI::App& app, int& exit_code);
 void register_bench_decode_command(CLI::App& bench, int& exit_code);
 void register_bench_io_command(CLI::App& bench, int& exit_code);
 void register_bench_inflate_command(CLI::App& bench, int& exit_code);
+// `ktier bench device` (cmd_bench_device.cpp).
+void register_bench_device_command(CLI::App& bench, int& exit_code);
 void register_pack_command(CLI::App& app, int& exit_code);
 
 }  // namespace ktier::cli

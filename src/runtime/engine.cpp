@@ -194,7 +194,10 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
                           "alone needs " + std::to_string(min_tier) + " bytes");
   KTIER_ASSIGN_OR_RETURN(device_trunk_, DeviceTrunk::open(trunk, *backend_, vram - min_tier));
   if (moe) {
-    const int64_t slots = static_cast<int64_t>((vram - device_trunk_->bytes()) / slot);
+    // Never more slots than every expert plus one fetch's bypass.
+    const int64_t keys = c.num_moe_layers() * c.num_experts;
+    const int64_t slots = std::min<int64_t>(
+        static_cast<int64_t>((vram - device_trunk_->bytes()) / slot), keys + c.num_experts_per_token);
     strata::PolicyInputs in;
     in.temperature_seed = opts.temperature_seed.empty() ? nullptr : &opts.temperature_seed;
     in.static_ranking = &opts.static_ranking;

@@ -12,6 +12,8 @@ EngineCounters EngineCounters::of(const Engine& e) {
     c.trunk_inflate_ns = t->stats().inflate_ns;
   }
   if (const ExpertCache* x = e.expert_cache()) c.experts = x->stats();
+  if (const VramExpertTier* v = e.vram_tier()) c.vram = v->stats();
+  if (const DeviceTrunk* t = e.device_trunk()) c.device_trunk_streamed = t->streamed_bytes();
   c.io_wait_ns = c.trunk_wait_ns + c.experts.io_wait_ns;
   if (const io::IoEngine* io = e.io_engine()) {
     const io::IoCounters k = io->counters();
@@ -46,6 +48,10 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
   const uint64_t busy = b.io_busy_ns - a.io_busy_ns;
   const TrunkStore* t = e.trunk_store();
   const ExpertCache* x = e.expert_cache();
+  const VramTierStats& va = a.vram;
+  const VramTierStats& vb = b.vram;
+  const VramExpertTier* v = e.vram_tier();
+  const DeviceTrunk* dt = e.device_trunk();
   nlohmann::json j = {
       {"prompt_tokens", gen.prompt_tokens},
       {"generated_tokens", gen.generated_tokens},
@@ -68,8 +74,25 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
           {"requests", d(xb.hits, xa.hits) + d(xb.demand_reads, xa.demand_reads) + d(xb.late, xa.late)},
           {"slots", x ? x->stats().slots : 0},
           {"policy_slots", x ? x->stats().policy_slots : 0},
-          {"bytes", x ? x->stats().bytes_allocated : 0}}}}},
-      {"links", {{"nvme_to_ram_bytes_per_token", per_step(d(xb.read_bytes, xa.read_bytes))}}},
+          {"bytes", x ? x->stats().bytes_allocated : 0}}},
+        {"vram",
+         {{"hit_rate_bytes", ratio(d(vb.hit_bytes, va.hit_bytes),
+                                   d(vb.hit_bytes, va.hit_bytes) + d(vb.miss_bytes, va.miss_bytes))},
+          {"hits", d(vb.hits, va.hits)},
+          {"requests", d(vb.requests, va.requests)},
+          {"slots", v ? v->stats().slots : 0},
+          {"policy_slots", v ? v->stats().policy_slots : 0},
+          {"slot_bytes", v ? v->stats().slot_bytes : 0}}}}},
+      {"links",
+       {{"nvme_to_ram_bytes_per_token", per_step(d(xb.read_bytes, xa.read_bytes))},
+        {"ram_to_vram_bytes_per_token",
+         per_step(d(vb.copied_bytes, va.copied_bytes) + d(b.device_trunk_streamed, a.device_trunk_streamed))}}},
+      {"device",
+       {{"name", e.backend().name()},
+        {"gpu_mode", dt != nullptr},
+        {"trunk_layers_resident", dt ? dt->resident_layers() : 0},
+        {"trunk_bytes", dt ? dt->bytes() : 0},
+        {"expert_keys", e.checkpoint().config().num_moe_layers() * e.checkpoint().config().num_experts}}},
       {"prefetch",
        {{"issued", issued},
         {"useful", useful},
@@ -122,6 +145,19 @@ std::string RunReport::to_table(const Engine& e) const {
                 100 * j["io_wait_share"].get<double>(),
                 100 * j["tiers"]["ram"]["hit_rate_bytes"].get<double>());
   if (e.trunk_store()) out += buf;
+  if (e.device_trunk()) {
+    const nlohmann::json& vr = j["tiers"]["vram"];
+    std::snprintf(buf, sizeof buf,
+                  "ktier: device %s: trunk layers resident %lld of %lld; VRAM expert hit rate "
+                  "%.1f%% (by bytes, %llu slots); RAM->VRAM %.1f MB/token\n",
+                  e.backend().name().c_str(),
+                  static_cast<long long>(j["device"]["trunk_layers_resident"].get<int64_t>()),
+                  static_cast<long long>(e.checkpoint().config().num_hidden_layers),
+                  100 * vr["hit_rate_bytes"].get<double>(),
+                  static_cast<unsigned long long>(vr["slots"].get<uint64_t>()),
+                  j["links"]["ram_to_vram_bytes_per_token"].get<double>() / mb);
+    out += buf;
+  }
   if (e.expert_cache()) {
     const nlohmann::json& p = j["prefetch"];
     std::snprintf(buf, sizeof buf,

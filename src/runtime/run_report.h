@@ -21,6 +21,8 @@ namespace ktier::runtime {
 struct EngineCounters {
   uint64_t trunk_bytes_read = 0, trunk_wait_ns = 0;
   ExpertCacheStats experts;  // zero without the memory dial
+  VramTierStats vram;        // zero outside GPU mode
+  uint64_t device_trunk_streamed = 0;  // GPU mode: trunk bytes copied to the device per layer
   uint64_t io_wait_ns = 0, io_bytes = 0, io_busy_ns = 0;
   uint64_t io_reads = 0, io_fixed_reads = 0;  // reads issued; of them into registered buffers
   uint64_t trunk_inflate_ns = 0;  // compressed packs: time spent inflating streamed blocks
