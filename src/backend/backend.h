@@ -83,6 +83,14 @@ class Backend {
   virtual Result<int64_t> argmax(const float* x, int64_t n) = 0;
 };
 
+// Bytes of a weight's stored elements (MXFP4: the packed nibbles, rows * cols / 2) and of its
+// MXFP4 scales (rows * cols / 32; 0 for float weights): what a copy of the weight moves.
+uint64_t weight_data_bytes(const cpu::WeightMatrix& w);
+uint64_t weight_scale_bytes(const cpu::WeightMatrix& w);
+// Device copies place each piece at this alignment (cudaMalloc's; enough for 16-byte loads).
+inline constexpr uint64_t kDeviceAlign = 256;
+inline uint64_t device_aligned(uint64_t n) { return (n + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign; }
+
 // The CPU backend over `ex` (which must outlive it).
 std::unique_ptr<Backend> make_cpu_backend(const cpu::Exec& ex);
 // The CPU backend behind a memory wall (backend/emulated_device.cpp): every op aborts on a

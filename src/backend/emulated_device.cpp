@@ -160,13 +160,8 @@ class EmulatedDevice final : public Backend {
     mine(p, static_cast<size_t>(n) * sizeof(float), what);
   }
   void weight(const cpu::WeightMatrix& w, const char* what) const {
-    if (w.type == cpu::WeightType::kMxfp4) {
-      mine(w.data, static_cast<size_t>(w.rows * w.cols / 2), what);
-      mine(w.scales, static_cast<size_t>(w.rows * w.cols / 32), what);
-    } else {
-      const size_t element = w.type == cpu::WeightType::kF32 ? 4 : 2;
-      mine(w.data, static_cast<size_t>(w.rows * w.cols) * element, what);
-    }
+    mine(w.data, weight_data_bytes(w), what);
+    if (w.type == cpu::WeightType::kMxfp4) mine(w.scales, weight_scale_bytes(w), what);
   }
 
   std::unique_ptr<Backend> cpu_;

@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include "backend/backend.h"
+
 #include <cstring>
 #include <string>
 
@@ -258,14 +260,7 @@ void for_each_tensor(HeadWeights& w, const std::function<void(cpu::WeightMatrix&
 }
 
 uint64_t matrix_bytes(const cpu::WeightMatrix& m) {
-  const uint64_t n = static_cast<uint64_t>(m.rows) * static_cast<uint64_t>(m.cols);
-  switch (m.type) {
-    case cpu::WeightType::kF32: return 4 * n;
-    case cpu::WeightType::kBF16:
-    case cpu::WeightType::kF16: return 2 * n;
-    case cpu::WeightType::kMxfp4: return n / 2 + n / 32;
-  }
-  return 0;
+  return backend::weight_data_bytes(m) + backend::weight_scale_bytes(m);
 }
 
 Status ModelWeights::embed(std::span<const int32_t> ids, float* out) {

@@ -6,24 +6,14 @@
 namespace ktier::runtime {
 namespace {
 
-constexpr uint64_t kAlign = 256;  // cudaMalloc's alignment; enough for 16-byte vector loads
-uint64_t aligned(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// The pieces of one weight matrix as stored: (data, bytes) and, for MXFP4, the scales.
-uint64_t data_bytes(const cpu::WeightMatrix& m) {
-  return m.type == cpu::WeightType::kMxfp4 ? static_cast<uint64_t>(m.rows * m.cols / 2)
-                                           : model::matrix_bytes(m);
-}
-uint64_t scale_bytes(const cpu::WeightMatrix& m) {
-  return m.type == cpu::WeightType::kMxfp4 ? static_cast<uint64_t>(m.rows * m.cols / 32) : 0;
-}
+using backend::device_aligned;
 
 template <class Weights>
 uint64_t bytes_of(Weights& w) {
   uint64_t n = 0;
   model::for_each_tensor(
-      w, [&](cpu::WeightMatrix& m) { n += aligned(data_bytes(m)) + aligned(scale_bytes(m)); },
-      [&](model::F32Vec& v) { n += aligned(v.size() * sizeof(float)); });
+      w, [&](cpu::WeightMatrix& m) { n += device_aligned(backend::weight_data_bytes(m)) + device_aligned(backend::weight_scale_bytes(m)); },
+      [&](model::F32Vec& v) { n += device_aligned(v.size() * sizeof(float)); });
   return n;
 }
 
@@ -39,14 +29,14 @@ Status DeviceTrunk::mirror(Weights& w, uint8_t* dst) {
   auto put = [&](const void* src, uint64_t n) -> uint8_t* {
     uint8_t* p = dst + at;
     if (status.is_ok() && n > 0) status = be_.upload(p, src, n);
-    at += aligned(n);
+    at += device_aligned(n);
     return p;
   };
   model::for_each_tensor(
       w,
       [&](cpu::WeightMatrix& m) {
-        m.data = put(m.data, data_bytes(m));
-        if (m.scales) m.scales = put(m.scales, scale_bytes(m));
+        m.data = put(m.data, backend::weight_data_bytes(m));
+        if (m.scales) m.scales = put(m.scales, backend::weight_scale_bytes(m));
       },
       [&](model::F32Vec& v) {
         const size_t n = v.size();

@@ -8,18 +8,9 @@
 namespace ktier::runtime {
 namespace {
 
-constexpr uint64_t kAlign = 256;
-uint64_t aligned(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-uint64_t data_bytes(const cpu::WeightMatrix& m) {
-  return m.type == cpu::WeightType::kMxfp4 ? static_cast<uint64_t>(m.rows * m.cols / 2)
-                                           : model::matrix_bytes(m);
-}
-uint64_t scale_bytes(const cpu::WeightMatrix& m) {
-  return m.type == cpu::WeightType::kMxfp4 ? static_cast<uint64_t>(m.rows * m.cols / 32) : 0;
-}
+using backend::device_aligned;
 uint64_t placed_bytes(const cpu::WeightMatrix& m) {
-  return aligned(data_bytes(m)) + aligned(scale_bytes(m));
+  return device_aligned(backend::weight_data_bytes(m)) + device_aligned(backend::weight_scale_bytes(m));
 }
 
 }  // namespace
@@ -95,15 +86,15 @@ Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights&
     if (at + placed_bytes(*m) > stats_.slot_bytes)
       return Status::runtime("VRAM expert slot of " + std::to_string(stats_.slot_bytes) +
                              " bytes is too small for an expert's matrices");
-    KTIER_RETURN_IF_ERROR(be_.upload(base + at, m->data, data_bytes(*m)));
+    KTIER_RETURN_IF_ERROR(be_.upload(base + at, m->data, backend::weight_data_bytes(*m)));
     m->data = base + at;
-    at += aligned(data_bytes(*m));
+    at += device_aligned(backend::weight_data_bytes(*m));
     if (m->scales) {
-      KTIER_RETURN_IF_ERROR(be_.upload(base + at, m->scales, scale_bytes(*m)));
+      KTIER_RETURN_IF_ERROR(be_.upload(base + at, m->scales, backend::weight_scale_bytes(*m)));
       m->scales = base + at;
-      at += aligned(scale_bytes(*m));
+      at += device_aligned(backend::weight_scale_bytes(*m));
     }
-    stats_.copied_bytes += data_bytes(*m) + scale_bytes(*m);
+    stats_.copied_bytes += backend::weight_data_bytes(*m) + backend::weight_scale_bytes(*m);
   }
   return dev;
 }

@@ -111,7 +111,9 @@ TEST_F(DeviceModeTest, VramTierCountsHitsAndCopies) {
     EXPECT_LE(s.hits, s.requests);
     EXPECT_EQ(s.copied_bytes, s.miss_bytes) << "every miss is one copy of the stored bytes";
     EXPECT_EQ((*e)->experts()->bytes_fetched(), s.hit_bytes + s.miss_bytes);
-    if (vram == budgets()[0]) EXPECT_GT(s.hits, 0u) << "room for every expert: reuse";
+    if (vram == budgets()[0]) {
+      EXPECT_GT(s.hits, 0u) << "room for every expert: reuse";
+    }
   }
 }
 
