@@ -50,7 +50,9 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   __syncthreads();  // red may still be read by a previous call
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  float w = lane < kBlock / 32 ? red[lane] : 0.0f;
+  // Every group of 8 lanes holds all 8 warp sums, so the 3-level butterfly leaves the total
+  // (same bits: each step adds the same two values, commuted) in every lane, not just 0-7.
+  float w = red[lane & (kBlock / 32 - 1)];
 #pragma unroll
   for (int o = kBlock / 64; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
   return w;
