@@ -58,6 +58,11 @@ int malloc_host(void** ptr, size_t bytes) {
   return cuda_check("malloc_host", cudaHostAlloc(ptr, bytes, cudaHostAllocPortable));
 }
 int free_host(void* ptr) { return cuda_check("free_host", cudaFreeHost(ptr)); }
+int host_register(void* ptr, size_t bytes) {
+  KC_REQUIRE("host_register", ptr != nullptr, "null ptr");
+  return cuda_check("host_register", cudaHostRegister(ptr, bytes, cudaHostRegisterPortable));
+}
+int host_unregister(void* ptr) { return cuda_check("host_unregister", cudaHostUnregister(ptr)); }
 int mem_info(size_t* free_bytes, size_t* total_bytes) {
   KC_REQUIRE("mem_info", free_bytes != nullptr && total_bytes != nullptr, "null output");
   return cuda_check("mem_info", cudaMemGetInfo(free_bytes, total_bytes));
@@ -258,6 +263,8 @@ const KtierCudaOps kOps = {
     free_device,
     malloc_host,
     free_host,
+    host_register,
+    host_unregister,
     mem_info,
     memcpy_async,
     memset_async,

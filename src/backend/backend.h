@@ -46,6 +46,10 @@ class Backend {
   // Within this backend's memory, ordered with the ops (ranges must not overlap).
   virtual Status copy(void* dst, const void* src, size_t bytes) = 0;
   virtual Status synchronize() = 0;
+  // Page-locks host memory that uploads will read (a RAM tier's arena), so they run at full link
+  // speed; unpin before the memory is freed. No-ops where host and backend memory are one.
+  virtual Status pin_host(void* host, size_t bytes) { return Status::ok(); }
+  virtual void unpin_host(void* host) {}
 
   // ---- ops (cpu/kernels.h; every pointer is this backend's memory) ----
   // The jobs array itself is host memory; the weights and activations it points at are not.

@@ -77,6 +77,10 @@ class CudaBackend final : public Backend {
   Status copy(void* dst, const void* src, size_t bytes) override {
     return check(ops_->memcpy_async(dst, src, bytes, stream_), "copy");
   }
+  Status pin_host(void* host, size_t bytes) override {
+    return check(ops_->host_register(host, bytes), "pinning " + std::to_string(bytes) + " host bytes");
+  }
+  void unpin_host(void* host) override { ops_->host_unregister(host); }
   Status synchronize() override {
     return check(ops_->stream_synchronize(stream_), "stream_synchronize");
   }

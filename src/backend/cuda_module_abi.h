@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-#define KTIER_CUDA_ABI_VERSION 2
+#define KTIER_CUDA_ABI_VERSION 3
 
 typedef struct KtierCudaDeviceInfo {
   char name[256];
@@ -93,6 +93,10 @@ typedef struct KtierCudaOps {
   int (*free_device)(void* ptr);
   int (*malloc_host)(void** ptr, size_t bytes); /* pinned, cudaHostAlloc (portable) */
   int (*free_host)(void* ptr);
+  /* Page-locks existing host memory (cudaHostRegister, portable) so copies from it run at full
+   * link speed; unregister before the memory is freed. */
+  int (*host_register)(void* ptr, size_t bytes);
+  int (*host_unregister)(void* ptr);
   int (*mem_info)(size_t* free_bytes, size_t* total_bytes);
   /* cudaMemcpyAsync with cudaMemcpyDefault (unified addressing decides the direction). */
   int (*memcpy_async)(void* dst, const void* src, size_t bytes, KtierCudaStream stream);

@@ -168,6 +168,10 @@ Status Engine::open_dial(const EngineOptions& opts) {
   return Status::ok();
 }
 
+Engine::~Engine() {
+  if (pinned_arena_) backend_->unpin_host(pinned_arena_);  // before cache_ frees it
+}
+
 Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
                            model::ExpertSource* experts) {
   uint64_t vram = 0;
@@ -203,6 +207,14 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
     in.static_ranking = &opts.static_ranking;
     KTIER_ASSIGN_OR_RETURN(vram_tier_, VramExpertTier::open(*experts, *backend_, c, slot, slots,
                                                             opts.policy, in));
+  }
+  // Experts reach the VRAM tier from the RAM tier's arena: page-locked, the copies run at link
+  // speed. Refused (e.g. RLIMIT_MEMLOCK) it still works, from pageable memory.
+  if (cache_) {
+    if (Status s = backend_->pin_host(cache_->arena(), cache_->arena_bytes()); s.is_ok())
+      pinned_arena_ = cache_->arena();
+    else
+      spdlog::warn("RAM expert tier not page-locked ({}); RAM->VRAM copies run slower", s.message());
   }
   spdlog::info("device: {}; trunk layers resident {} of {} ({:.1f} MB), VRAM expert slots {}",
                backend_->name(), device_trunk_->resident_layers(), c.num_hidden_layers,

@@ -64,6 +64,7 @@ class Engine {
   // errors (exit 1), Status::corrupt for a pack record failing its checksum, and
   // Status::budget (exit 4) for a budget below the stated minimum.
   static Result<std::unique_ptr<Engine>> open(const EngineOptions& opts);
+  ~Engine();
 
   const format::Checkpoint& checkpoint() const { return ckpt_; }
   // Resident weights (no memory dial); null when a TrunkStore holds the trunk.
@@ -109,6 +110,7 @@ class Engine {
   std::unique_ptr<backend::Backend> backend_;  // what the Model runs on
   std::unique_ptr<DeviceTrunk> device_trunk_;
   std::unique_ptr<VramExpertTier> vram_tier_;
+  void* pinned_arena_ = nullptr;  // the RAM tier's arena, page-locked by backend_ in GPU mode
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;

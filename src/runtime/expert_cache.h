@@ -100,6 +100,9 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   void begin_layer(int64_t layer, int64_t first_position, const int32_t* ids, int64_t T,
                    int k) override;
   Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override;
+  // The slots' memory (GPU mode pins it so RAM -> VRAM copies run at link speed).
+  uint8_t* arena() { return arena_.data(); }
+  size_t arena_bytes() const { return arena_.size(); }
   uint64_t bytes_fetched() const override { return stats_.hit_bytes + stats_.miss_bytes; }
   int64_t max_batch() const override { return stats_.batch_slots; }
   void on_prediction(int64_t layer, int depth, int64_t first_position, const int32_t* ids,
