@@ -132,6 +132,18 @@ std::vector<double> norm_bound(const std::vector<float>& out, int64_t n) {
   return tol;
 }
 
+std::vector<double> weighted_sum_bound(const std::vector<std::vector<float>>& vec,
+                                       const std::vector<float>& w) {
+  const int k = static_cast<int>(w.size());
+  std::vector<double> tol(vec.empty() ? 0 : vec[0].size());
+  for (size_t i = 0; i < tol.size(); ++i) {
+    double mag = 0;
+    for (int j = 0; j < k; ++j) mag += std::fabs(double{w[j]} * vec[j][i]);
+    tol[i] = 2 * gamma(k + 1) * mag;
+  }
+  return tol;
+}
+
 std::vector<double> short_conv_bound(const std::vector<float>& u, const std::vector<float>& hist,
                                      const std::vector<float>& w, int64_t T, int64_t C, int K) {
   std::vector<double> tol(T * C);

@@ -45,6 +45,10 @@ std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& 
 // the product(s) and the rounding add a few u: 2 gamma(n + 6) |out|.
 std::vector<double> norm_bound(const std::vector<float>& out, int64_t n);
 
+// Weighted sum (MoE combine): k products and a sum of k terms: 2 gamma(k + 1) sum_j |w_j v_j|.
+std::vector<double> weighted_sum_bound(const std::vector<std::vector<float>>& vec,
+                                       const std::vector<float>& w);
+
 // Short conv: SiLU's slope is below 1.1, the sum has K terms: 2.2 gamma(K + 1) sum|w v|.
 std::vector<double> short_conv_bound(const std::vector<float>& u, const std::vector<float>& hist,
                                      const std::vector<float>& w, int64_t T, int64_t C, int K);
