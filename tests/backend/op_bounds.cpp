@@ -108,21 +108,32 @@ void HostWeight::zero_block_column(int64_t g) {
   for (int64_t r = 0; r < rows; ++r) scales[r * (cols / 32) + g] = 255;
 }
 
-std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& x, int64_t T,
-                                 DeviceKind kind) {
+std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& x, int64_t T) {
   // |W| |x| by the CPU kernel itself: its own rounding is far below the bound.
   const HostWeight mw = w.magnitude();
   std::vector<float> mx(x.size()), mag(T * w.rows);
   for (size_t i = 0; i < x.size(); ++i) mx[i] = std::fabs(x[i]);
   cpu::linear(mw.view(), mx.data(), T, mag.data(), cpu::Exec{nullptr, cpu::Isa::kScalar});
-  double rel = 2 * gamma(static_cast<double>(w.cols) + 2);
-  if (kind == DeviceKind::kCuda && T >= 8) {
-    if (w.type == cpu::WeightType::kBF16) rel += 0x1p-8;
-    if (w.type == cpu::WeightType::kF16) rel += 0x1p-11;
-  }
+  const double rel = 2 * gamma(static_cast<double>(w.cols) + 2);
   std::vector<double> tol(mag.size());
   for (size_t i = 0; i < mag.size(); ++i) tol[i] = rel * mag[i];
   return tol;
+}
+
+bool cuda_rounds_x(cpu::WeightType type, int64_t T) {
+  return T >= 8 && (type == cpu::WeightType::kBF16 || type == cpu::WeightType::kF16);
+}
+
+std::vector<float> round_x_like_cuda(const std::vector<float>& x, cpu::WeightType type) {
+  const int p = type == cpu::WeightType::kBF16 ? 8 : 11;
+  const int emin = type == cpu::WeightType::kBF16 ? -126 : -14;
+  std::vector<float> out(x);
+  for (float& v : out) {
+    if (v == 0.0f || !std::isfinite(v)) continue;
+    const int q = std::max(std::ilogb(v), emin) - (p - 1);
+    v = static_cast<float>(std::nearbyint(std::ldexp(double{v}, -q)) * std::ldexp(1.0, q));
+  }
+  return out;
 }
 
 std::vector<double> norm_bound(const std::vector<float>& out, int64_t n) {

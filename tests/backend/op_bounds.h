@@ -35,11 +35,15 @@ struct HostWeight {
   void zero_block_column(int64_t g);
 };
 
-// Linear: 2 gamma(cols + 2) (|W| |x|) per output; on CUDA with T >= 8 and a 16-bit float
-// weight, cuBLAS reads x rounded to the weight's type, which adds 2^-8 (bf16) or 2^-11 (f16)
-// times the same magnitude.
-std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& x, int64_t T,
-                                 DeviceKind kind);
+// Linear: 2 gamma(cols + 2) (|W| |x|) per output, for any summation order.
+std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& x, int64_t T);
+
+// What CUDA's prefill path feeds cuBLAS for a 16-bit float weight (T >= 8): x rounded to the
+// weight's type (round to nearest even; bf16: 8 significant bits, f16: 11, subnormals kept).
+// Other types and T < 8: x unchanged. The cross-backend test compares that path with the CPU on
+// the rounded x, so the bound above applies unchanged.
+bool cuda_rounds_x(cpu::WeightType type, int64_t T);
+std::vector<float> round_x_like_cuda(const std::vector<float>& x, cpu::WeightType type);
 
 // RMSNorm / L2Norm: the sum of squares has relative error gamma(n); the inverse square root,
 // the product(s) and the rounding add a few u: 2 gamma(n + 6) |out|.
