@@ -46,6 +46,20 @@ class Backend {
   // Within this backend's memory, ordered with the ops (ranges must not overlap).
   virtual Status copy(void* dst, const void* src, size_t bytes) = 0;
   virtual Status synchronize() = 0;
+  // Copies ahead of need, on a second (copy) stream, so they overlap the ops:
+  //  * copy_async: host -> backend memory, in issue order with the other copy_async calls; the
+  //    host bytes must stay unchanged until sync_copies() returns.
+  //  * copies_after_ops: later copy_async calls wait for the ops issued so far (a slot the ops
+  //    still read is not overwritten).
+  //  * ops_after_copies: later ops wait for the copies issued so far.
+  //  * sync_copies: the host waits for the copies issued so far.
+  // The CPU backends copy at once; the fences are then no-ops.
+  virtual Status copy_async(void* dst, const void* host_src, size_t bytes) {
+    return upload(dst, host_src, bytes);
+  }
+  virtual Status copies_after_ops() { return Status::ok(); }
+  virtual Status ops_after_copies() { return Status::ok(); }
+  virtual Status sync_copies() { return Status::ok(); }
   // Page-locks host memory that uploads will read (a RAM tier's arena), so they run at full link
   // speed; unpin before the memory is freed. No-ops where host and backend memory are one.
   virtual Status pin_host(void* host, size_t bytes) { return Status::ok(); }

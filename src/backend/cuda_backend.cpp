@@ -22,16 +22,23 @@ class CudaBackend final : public Backend {
   CudaBackend(const KtierCudaOps* ops, int device, std::string name)
       : ops_(ops), device_(device), name_(std::move(name)) {}
   ~CudaBackend() override {
+    if (copy_stream_) ops_->stream_synchronize(copy_stream_);
     if (stream_) ops_->stream_synchronize(stream_);
     for (auto& [bytes, list] : pool_)
       for (void* p : list) ops_->free_device(p);
     for (auto& [p, bytes] : live_) ops_->free_device(p);
+    for (KtierCudaEvent e : {ops_done_, copies_done_})
+      if (e) ops_->event_destroy(e);
+    if (copy_stream_) ops_->stream_destroy(copy_stream_);
     if (stream_) ops_->stream_destroy(stream_);
   }
 
   Status open() {
     KTIER_RETURN_IF_ERROR(check(ops_->init(device_), "init"));
-    return check(ops_->stream_create(&stream_), "stream_create");
+    KTIER_RETURN_IF_ERROR(check(ops_->stream_create(&stream_), "stream_create"));
+    KTIER_RETURN_IF_ERROR(check(ops_->stream_create(&copy_stream_), "stream_create (copies)"));
+    KTIER_RETURN_IF_ERROR(check(ops_->event_create(&ops_done_), "event_create"));
+    return check(ops_->event_create(&copies_done_), "event_create");
   }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
@@ -76,6 +83,20 @@ class CudaBackend final : public Backend {
   }
   Status copy(void* dst, const void* src, size_t bytes) override {
     return check(ops_->memcpy_async(dst, src, bytes, stream_), "copy");
+  }
+  Status copy_async(void* dst, const void* src, size_t bytes) override {
+    return check(ops_->memcpy_async(dst, src, bytes, copy_stream_), "copy_async");
+  }
+  Status copies_after_ops() override {
+    KTIER_RETURN_IF_ERROR(check(ops_->event_record(ops_done_, stream_), "event_record"));
+    return check(ops_->stream_wait_event(copy_stream_, ops_done_), "stream_wait_event");
+  }
+  Status ops_after_copies() override {
+    KTIER_RETURN_IF_ERROR(check(ops_->event_record(copies_done_, copy_stream_), "event_record"));
+    return check(ops_->stream_wait_event(stream_, copies_done_), "stream_wait_event");
+  }
+  Status sync_copies() override {
+    return check(ops_->stream_synchronize(copy_stream_), "stream_synchronize (copies)");
   }
   Status pin_host(void* host, size_t bytes) override {
     return check(ops_->host_register(host, bytes), "pinning " + std::to_string(bytes) + " host bytes");
@@ -173,7 +194,9 @@ class CudaBackend final : public Backend {
   const KtierCudaOps* ops_;
   int device_;
   std::string name_;
-  KtierCudaStream stream_ = nullptr;
+  KtierCudaStream stream_ = nullptr;       // the ops
+  KtierCudaStream copy_stream_ = nullptr;  // copy_async
+  KtierCudaEvent ops_done_ = nullptr, copies_done_ = nullptr;
   void* argmax_out_ = nullptr;  // device int64, from allocate()
   std::unordered_map<void*, size_t> live_;                 // handed out: pointer -> bytes
   std::unordered_map<size_t, std::vector<void*>> pool_;    // released, by size

@@ -46,6 +46,10 @@ class EmulatedDevice final : public Backend {
     mine(src, bytes, "copy source");
     return cpu_->copy(dst, src, bytes);
   }
+  Status copy_async(void* dst, const void* src, size_t bytes) override {
+    mine(dst, bytes, "copy_async destination");
+    return cpu_->upload(dst, src, bytes);
+  }
   Status synchronize() override { return Status::ok(); }
 
   Status linear(const cpu::LinearJob* jobs, int n_jobs) override {

@@ -77,6 +77,37 @@ Result<cpu::WeightMatrix> CheckpointExpertSource::view(const Matrix& m, int64_t 
   return w;
 }
 
+bool CheckpointExpertSource::peek(int64_t layer, int32_t id, ExpertWeights* out) {
+  const format::ModelConfig& c = ckpt_.config();
+  const int64_t I = c.moe_intermediate_size, lat = c.routed_expert_hidden_size;
+  const auto& m = matrices_[static_cast<size_t>((layer - c.first_k_dense_replace) * c.num_experts + id)];
+  // Only where every part is mapped and aligned for its element type: nothing to read or copy.
+  auto mapped = [&](uint32_t shard_index, const format::TensorInfo& t) -> const void* {
+    const format::SafetensorsFile& shard = ckpt_.shard(shard_index);
+    if (shard.mode() != format::OpenMode::kMap) return nullptr;
+    const uint8_t* p = shard.bytes(t).data();
+    return reinterpret_cast<uintptr_t>(p) % dtype_traits(t.dtype).size == 0 ? p : nullptr;
+  };
+  cpu::WeightMatrix* parts[3] = {&out->w1, &out->w2, &out->w3};
+  const int64_t rows[3] = {I, lat, I}, cols[3] = {lat, I, lat};
+  for (int i = 0; i < 3; ++i) {
+    cpu::WeightMatrix& w = *parts[i];
+    w.rows = rows[i];
+    w.cols = cols[i];
+    w.data = mapped(m[i].data_shard, *m[i].data);
+    if (!w.data) return false;
+    w.scales = nullptr;
+    if (packed_) {
+      w.type = cpu::WeightType::kMxfp4;
+      w.scales = static_cast<const uint8_t*>(mapped(m[i].scales_shard, *m[i].scales));
+      if (!w.scales) return false;
+    } else {
+      w.type = weight_type_of(m[i].data->dtype);
+    }
+  }
+  return true;
+}
+
 Status CheckpointExpertSource::fetch(int64_t layer, std::span<const int32_t> ids,
                                      ExpertWeights* out) {
   const format::ModelConfig& c = ckpt_.config();

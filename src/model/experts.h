@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -44,6 +45,15 @@ class ExpertSource {
   virtual uint64_t bytes_fetched() const = 0;
   // Most experts one fetch() may ask for (a RAM tier's slot count); callers split larger sets.
   virtual int64_t max_batch() const { return INT64_MAX; }
+  // Views of expert `id` of MoE layer `layer` when its bytes are in memory now (no I/O, no
+  // waiting), else false. Counts as no use. The views stay valid until this source overwrites
+  // that memory, which it does only after calling the reuse fence (below). For a tier above
+  // (GPU mode) that copies experts ahead of need. Default: false.
+  virtual bool peek(int64_t layer, int32_t id, ExpertWeights* out) { return false; }
+  // Called before memory handed out by peek() or fetch() is overwritten by a new read, so a
+  // tier above can first wait for copies still reading it. Default: the source never reuses
+  // such memory, or has no peek.
+  virtual void set_reuse_fence(std::function<void()> fence) {}
 };
 
 class CheckpointExpertSource final : public ExpertSource {
@@ -52,6 +62,8 @@ class CheckpointExpertSource final : public ExpertSource {
   explicit CheckpointExpertSource(const format::Checkpoint& ckpt);
   Status fetch(int64_t layer, std::span<const int32_t> ids, ExpertWeights* out) override;
   uint64_t bytes_fetched() const override { return bytes_fetched_; }
+  // Mapped checkpoints: views into the mapping (valid for the source's life). Pread mode: false.
+  bool peek(int64_t layer, int32_t id, ExpertWeights* out) override;
 
  private:
   // One expert matrix. Its packed bytes and scales may sit in different shards (the index

@@ -237,6 +237,7 @@ size_t ExpertCache::take_free_slot() {
       if (slots_[si].state != SlotState::kFree) continue;
       free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
       slots_[si].read_failed = false;
+      if (reuse_fence_) reuse_fence_();  // a device copy may still read the old contents
       return si;
     }
     KTIER_CHECK(prefetch_cq_->outstanding() > 0);  // every loading slot has reads submitted
@@ -326,6 +327,16 @@ void ExpertCache::pump_prefetches() {
       s.read_failed = true;
     }
   }
+}
+
+bool ExpertCache::peek(int64_t layer, int32_t id, model::ExpertWeights* out) {
+  const uint32_t key = static_cast<uint32_t>(layer * ckpt_.config().num_experts + id);
+  const int32_t si = slot_of_key_[key];
+  if (si < 0) return false;
+  const Slot& s = slots_[static_cast<size_t>(si)];
+  if (s.state != SlotState::kReady || s.read_failed) return false;
+  *out = view(s, layer, id);
+  return true;
 }
 
 Status ExpertCache::fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) {

@@ -82,7 +82,12 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
           {"requests", d(vb.requests, va.requests)},
           {"slots", v ? v->stats().slots : 0},
           {"policy_slots", v ? v->stats().policy_slots : 0},
-          {"slot_bytes", v ? v->stats().slot_bytes : 0}}}}},
+          {"slot_bytes", v ? v->stats().slot_bytes : 0},
+          {"prefetch_issued", d(vb.prefetch_issued, va.prefetch_issued)},
+          {"prefetch_useful", d(vb.prefetch_useful, va.prefetch_useful)},
+          {"prefetch_wasted", d(vb.prefetch_wasted, va.prefetch_wasted)},
+          {"prefetch_precision", ratio(d(vb.prefetch_useful, va.prefetch_useful),
+                                       d(vb.prefetch_issued, va.prefetch_issued))}}}}},
       {"links",
        {{"nvme_to_ram_bytes_per_token", per_step(d(xb.read_bytes, xa.read_bytes))},
         {"ram_to_vram_bytes_per_token",
@@ -149,12 +154,15 @@ std::string RunReport::to_table(const Engine& e) const {
     const nlohmann::json& vr = j["tiers"]["vram"];
     std::snprintf(buf, sizeof buf,
                   "ktier: device %s: trunk layers resident %lld of %lld; VRAM expert hit rate "
-                  "%.1f%% (by bytes, %llu slots); RAM->VRAM %.1f MB/token\n",
+                  "%.1f%% (by bytes, %llu slots, lookahead copies %llu, useful %llu); RAM->VRAM "
+                  "%.1f MB/token\n",
                   e.backend().name().c_str(),
                   static_cast<long long>(j["device"]["trunk_layers_resident"].get<int64_t>()),
                   static_cast<long long>(e.checkpoint().config().num_hidden_layers),
                   100 * vr["hit_rate_bytes"].get<double>(),
                   static_cast<unsigned long long>(vr["slots"].get<uint64_t>()),
+                  static_cast<unsigned long long>(vr["prefetch_issued"].get<uint64_t>()),
+                  static_cast<unsigned long long>(vr["prefetch_useful"].get<uint64_t>()),
                   j["links"]["ram_to_vram_bytes_per_token"].get<double>() / mb);
     out += buf;
   }

@@ -45,6 +45,9 @@ Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
   KTIER_ASSIGN_OR_RETURN(x->arena_, backend::BackendBuffer::allocate(
                                         be, static_cast<size_t>(slot_bytes * slots)));
   x->slot_views_.resize(static_cast<size_t>(slots));
+  x->prefetched_.assign(static_cast<size_t>(slots), 0);
+  // The host tier waits for copies still reading its memory before it overwrites it.
+  host.set_reuse_fence([p = x.get()] { (void)p->be_.sync_copies(); });
   for (int64_t s = slots - k - 1; s >= 0; --s) x->free_.push_back(s);  // slot 0 first
   const uint32_t num_keys = static_cast<uint32_t>(c.num_hidden_layers * c.num_experts);
   x->slot_of_key_.assign(num_keys, -1);
@@ -59,7 +62,50 @@ void VramExpertTier::on_evicted(uint32_t key) {
   const int64_t slot = slot_of_key_[key];
   if (slot < 0) return;  // admitted but never copied in
   slot_of_key_[key] = -1;
+  if (prefetched_[static_cast<size_t>(slot)]) {
+    prefetched_[static_cast<size_t>(slot)] = 0;
+    ++stats_.prefetch_wasted;
+  }
   free_.push_back(slot);
+}
+
+Status VramExpertTier::begin_copies() {
+  if (copies_open_) return Status::ok();
+  copies_open_ = true;
+  return be_.copies_after_ops();
+}
+
+void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_position,
+                                   const int32_t* ids, const float* weights, int64_t T, int k) {
+  (void)first_position, (void)weights;  // ids arrive highest weight first per token
+  if (!deferred_.is_ok()) return;
+  const int64_t target = layer + depth;
+  // Pinned through the target layer's steps of this chunk (as in the RAM tier).
+  const uint64_t pin_until = step_ + static_cast<uint64_t>(T * (depth + 1)) - 1;
+  const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
+  copies_open_ = false;
+  for (int64_t i = 0; i < T * k; ++i) {
+    const uint32_t key = static_cast<uint32_t>(target * num_experts_ + ids[i]);
+    if (slot_of_key_[key] >= 0) continue;  // in VRAM already (or copied by this call)
+    model::ExpertWeights host;
+    if (!host_.peek(target, ids[i], &host)) continue;  // not in RAM yet: nothing to copy
+    if (!policy_->prefetch(key, pin_until, clock) || free_.empty()) continue;
+    const int64_t slot = free_.back();
+    free_.pop_back();
+    Status s = begin_copies();
+    auto dev = s.is_ok() ? copy_in(host, slot) : Result<model::ExpertWeights>(s);
+    if (!dev.is_ok()) {  // the slot's bytes are unknown: keep it out of use, report at fetch
+      deferred_ = dev.status();
+      return;
+    }
+    slot_of_key_[key] = slot;
+    slot_views_[static_cast<size_t>(slot)] = *dev;
+    prefetched_[static_cast<size_t>(slot)] = 1;
+    copies_pending_ = true;
+    ++stats_.prefetch_issued;
+    stats_.prefetch_bytes += model::matrix_bytes(dev->w1) + model::matrix_bytes(dev->w2) +
+                             model::matrix_bytes(dev->w3);
+  }
 }
 
 void VramExpertTier::begin_layer(int64_t layer, int64_t first_position, const int32_t* ids,
@@ -86,11 +132,11 @@ Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights&
     if (at + placed_bytes(*m) > stats_.slot_bytes)
       return Status::runtime("VRAM expert slot of " + std::to_string(stats_.slot_bytes) +
                              " bytes is too small for an expert's matrices");
-    KTIER_RETURN_IF_ERROR(be_.upload(base + at, m->data, backend::weight_data_bytes(*m)));
+    KTIER_RETURN_IF_ERROR(be_.copy_async(base + at, m->data, backend::weight_data_bytes(*m)));
     m->data = base + at;
     at += device_aligned(backend::weight_data_bytes(*m));
     if (m->scales) {
-      KTIER_RETURN_IF_ERROR(be_.upload(base + at, m->scales, backend::weight_scale_bytes(*m)));
+      KTIER_RETURN_IF_ERROR(be_.copy_async(base + at, m->scales, backend::weight_scale_bytes(*m)));
       m->scales = base + at;
       at += device_aligned(backend::weight_scale_bytes(*m));
     }
@@ -101,6 +147,7 @@ Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights&
 
 Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
                              model::ExpertWeights* out) {
+  KTIER_RETURN_IF_ERROR(deferred_);
   // Misses go to a policy slot when the policy holds the key, else to a bypass slot (the
   // last top_k slots), in the order asked.
   const int64_t first_bypass = static_cast<int64_t>(stats_.policy_slots);
@@ -114,6 +161,10 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
     const int64_t slot = slot_of_key_[key];
     if (slot >= 0) {
       ++stats_.hits;
+      if (prefetched_[static_cast<size_t>(slot)]) {
+        prefetched_[static_cast<size_t>(slot)] = 0;
+        ++stats_.prefetch_useful;
+      }
       out[i] = slot_views_[static_cast<size_t>(slot)];
       stats_.hit_bytes += model::matrix_bytes(out[i].w1) + model::matrix_bytes(out[i].w2) +
                           model::matrix_bytes(out[i].w3);
@@ -132,14 +183,23 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
     miss_at.push_back(i);
     miss_slot.push_back(target);
   }
-  if (miss_ids.empty()) return Status::ok();
-  // From the host tier in batches it can hold at once.
+  if (miss_ids.empty()) {
+    if (copies_pending_) KTIER_RETURN_IF_ERROR(be_.ops_after_copies());  // prefetched hits
+    copies_pending_ = false;
+    return Status::ok();
+  }
+  // From the host tier in batches it can hold at once. Its fetch may overwrite memory that
+  // earlier copies read (bypass slots, read buffers): those copies finish first.
+  KTIER_RETURN_IF_ERROR(be_.sync_copies());
+  copies_open_ = false;
   const size_t batch = static_cast<size_t>(std::max<int64_t>(1, host_.max_batch()));
   std::vector<model::ExpertWeights> views(std::min(batch, miss_ids.size()));
   for (size_t b0 = 0; b0 < miss_ids.size(); b0 += batch) {
     const size_t b1 = std::min(miss_ids.size(), b0 + batch);
+    if (b0 > 0) KTIER_RETURN_IF_ERROR(be_.sync_copies());  // the host reuses its views' memory
     Status s = host_.fetch(layer, std::span<const int32_t>(miss_ids.data() + b0, b1 - b0),
                            views.data());
+    if (s.is_ok()) s = begin_copies();
     for (size_t j = b0; s.is_ok() && j < b1; ++j) {
       auto dev = copy_in(views[j - b0], miss_slot[j]);
       if (!dev.is_ok()) {
@@ -147,7 +207,9 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
         break;
       }
       slot_views_[static_cast<size_t>(miss_slot[j])] = *dev;
+      prefetched_[static_cast<size_t>(miss_slot[j])] = 0;
       out[miss_at[j]] = *dev;
+      copies_pending_ = true;
       stats_.miss_bytes += model::matrix_bytes(dev->w1) + model::matrix_bytes(dev->w2) +
                            model::matrix_bytes(dev->w3);
     }
@@ -162,7 +224,11 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
       }
       return s;
     }
+    copies_open_ = false;
   }
+  // The ops that use these experts wait for every copy issued so far.
+  KTIER_RETURN_IF_ERROR(be_.ops_after_copies());
+  copies_pending_ = false;
   return Status::ok();
 }
 

@@ -7,6 +7,12 @@
 //   * fetch() serves experts resident in a slot (a VRAM hit) and copies the others from the host
 //     tier's views into slots (RAM -> VRAM link): into a policy slot when the policy admitted
 //     the expert, else into one of top_k bypass slots, which only last until the next fetch.
+//   * Router lookahead (on_prediction) copies predicted experts that the host tier holds in
+//     memory now (ExpertSource::peek) into policy slots ahead of need, on the backend's copy
+//     stream, overlapping the ops already issued; fetch() makes the ops wait for them. Every
+//     slot write is a copy-stream copy issued after `copies_after_ops`, so no slot is
+//     overwritten while an op still reads it; the host tier calls the reuse fence before it
+//     overwrites memory a copy may still read.
 //   * Exactness: a slot holds the stored bytes and the views are the same matrices, so where an
 //     expert came from never changes an output byte.
 //
@@ -17,6 +23,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/blocks.h"
 #include "model/experts.h"
 #include "strata/cache_policy.h"
 
@@ -26,14 +33,16 @@ struct VramTierStats {
   uint64_t slots = 0, policy_slots = 0, slot_bytes = 0;
   uint64_t requests = 0, hits = 0;                  // experts asked of fetch()
   uint64_t hit_bytes = 0, miss_bytes = 0;           // stored bytes of those experts
-  uint64_t copied_bytes = 0;                        // RAM -> VRAM
+  uint64_t copied_bytes = 0;                        // RAM -> VRAM, demand and prefetch
+  uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_wasted = 0;
+  uint64_t prefetch_bytes = 0;
   double hit_rate_bytes() const {
     const uint64_t total = hit_bytes + miss_bytes;
     return total ? static_cast<double>(hit_bytes) / static_cast<double>(total) : 0.0;
   }
 };
 
-class VramExpertTier final : public model::ExpertSource {
+class VramExpertTier final : public model::ExpertSource, public model::LookaheadObserver {
  public:
   // `host` and `be` must outlive the tier. slot_bytes: room for one expert's three matrices as
   // placed here (each part 256-byte aligned); slots: total slots, at least 2 * top_k (top_k for
@@ -53,13 +62,18 @@ class VramExpertTier final : public model::ExpertSource {
                    int k) override;
   uint64_t bytes_fetched() const override { return stats_.hit_bytes + stats_.miss_bytes; }
   int64_t max_batch() const override { return bypass_; }
+  void on_prediction(int64_t layer, int depth, int64_t first_position, const int32_t* ids,
+                     const float* weights, int64_t T, int k) override;
   const VramTierStats& stats() const { return stats_; }
 
  private:
   VramExpertTier(model::ExpertSource& host, backend::Backend& be) : host_(host), be_(be) {}
   void on_evicted(uint32_t key);
-  // Copies the host views of one expert into `slot` and returns the device views.
+  // Issues copies of one expert's host views into `slot` on the copy stream; returns the device
+  // views (usable by ops after ops_after_copies).
   Result<model::ExpertWeights> copy_in(const model::ExpertWeights& host, int64_t slot);
+  // Before the first slot write of a batch: the copy stream waits for the ops issued so far.
+  Status begin_copies();
 
   model::ExpertSource& host_;
   backend::Backend& be_;
@@ -68,8 +82,12 @@ class VramExpertTier final : public model::ExpertSource {
   std::vector<int64_t> slot_of_key_;             // -1: not in a slot
   std::vector<model::ExpertWeights> slot_views_;  // device views of each slot's expert
   std::vector<int64_t> free_;                     // free policy slots
+  std::vector<uint8_t> prefetched_;               // per slot: filled by lookahead, not used yet
+  bool copies_open_ = false;     // begin_copies() done for the current batch of copies
+  bool copies_pending_ = false;  // copies issued that the ops have not been made to wait for
   std::unique_ptr<strata::CacheModel> policy_;
   uint64_t step_ = 0, requests_ = 0;
+  Status deferred_ = Status::ok();  // a copy failure in on_prediction, reported by fetch()
   VramTierStats stats_;
 };
 
