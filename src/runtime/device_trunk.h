@@ -3,7 +3,9 @@
 // backend's memory, mirrored from a host TrunkSource (resident weights or the memory dial's
 // TrunkStore). The head and a prefix of layers stay resident; when the budget cannot hold every
 // layer, the rest are copied into one of two device slots when acquired (streamed per layer
-// over the host-to-device link). The bytes are the host's bytes: nothing is converted.
+// over the host-to-device link). The routing weights of every non-resident MoE layer (post-
+// attention norm, f_mlp, router, router bias) stay resident too, so router lookahead can score
+// any layer (the device's RouterBank). The bytes are the host's bytes: nothing is converted.
 //
 // Not thread-safe: one forward pass at a time, like every TrunkSource.
 
@@ -25,7 +27,7 @@ class DeviceTrunk final : public model::TrunkSource {
 
   // Mirrors `host` (which must outlive this) into `be`'s memory within `budget_bytes`: the head,
   // then as many layers as fit while leaving room for two streaming slots of the largest layer
-  // (none needed when all fit). Errors: the host's (reading layers), the backend's, and
+  // and the routing weights of the layers that stream (none needed when all fit). Errors: the host's (reading layers), the backend's, and
   // Status::budget (exit 4) when not even the head and two slots fit, with the minimum stated.
   static Result<std::unique_ptr<DeviceTrunk>> open(model::TrunkSource& host, backend::Backend& be,
                                                    uint64_t budget_bytes);
@@ -37,10 +39,10 @@ class DeviceTrunk final : public model::TrunkSource {
   Status embed(std::span<const int32_t> ids, float* out) override { return host_.embed(ids, out); }
 
   int64_t resident_layers() const { return resident_; }
-  // Layer l's mirror when it is resident, else null (lookahead reads routers only from these).
-  const model::LayerWeights* resident_layer(int64_t l) const {
-    return l < resident_ ? &layers_[static_cast<size_t>(l)] : nullptr;
-  }
+  // What router lookahead reads for MoE layer l: the layer's mirror when resident, else its
+  // resident routing weights (only post_attention_norm, f_mlp, moe.router, moe.router_bias set);
+  // null for a dense layer.
+  const model::LayerWeights* routing_layer(int64_t l) const;
   uint64_t bytes() const { return bytes_; }  // device bytes held (resident + slots)
   uint64_t streamed_bytes() const { return streamed_bytes_; }  // host -> device, after open
 
@@ -53,7 +55,8 @@ class DeviceTrunk final : public model::TrunkSource {
   model::TrunkSource& host_;
   backend::Backend& be_;
   model::HeadWeights head_;
-  std::vector<model::LayerWeights> layers_;  // resident mirrors, [resident_]
+  std::vector<model::LayerWeights> layers_;   // resident mirrors, [resident_]
+  std::vector<model::LayerWeights> routers_;  // [L]: routing-only mirrors of streamed MoE layers
   std::vector<backend::BackendBuffer> buffers_;
   backend::BackendBuffer slots_[2];
   model::LayerWeights slot_layers_[2];

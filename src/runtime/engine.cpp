@@ -265,10 +265,8 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   if (const int depth = dial ? lookahead_depth(opts) : opts.lookahead;
       depth > 0 && e->ckpt_.config().num_moe_layers() > 0) {
     model::Model::RoutingWeightsFn routing;
-    if (e->device_trunk_) {  // the routers the device holds (lookahead skips streamed layers)
-      routing = [t = e->device_trunk_.get()](int64_t l) -> const model::LayerWeights* {
-        return t->config().is_dense(l) ? nullptr : t->resident_layer(l);
-      };
+    if (e->device_trunk_) {  // resident layers, or the device's copy of a streamed one's router
+      routing = [t = e->device_trunk_.get()](int64_t l) { return t->routing_layer(l); };
     } else if (e->bank_) {
       routing = [bank = e->bank_.get()](int64_t l) { return bank->routing(l); };
     } else if (e->weights_) {
