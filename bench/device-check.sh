@@ -45,9 +45,9 @@ run() {  # run NAME DEVICE [flags...]: greedy decode of 32 tokens with a JSON re
 run resident $DEVICE $([ "$DEVICE" = emulated ] && echo --vram 4G)
 run cpu-reference cpu
 # Budgets holding a share of the experts: the resident run's trunk bytes, plus that share of
-# every expert's slot, plus top_k bypass slots.
+# every expert's slot, plus the bypass slots (slots - policy_slots).
 for share in 50 25 10; do
-  vram=$(python3 -c "import json; j=json.load(open('$OUTDIR/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes'] + (d['expert_keys']*$share//100 + 16) * v['slot_bytes']))" 2>/dev/null)
+  vram=$(python3 -c "import json; j=json.load(open('$OUTDIR/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes'] + (d['expert_keys']*$share//100 + v['slots'] - v['policy_slots']) * v['slot_bytes']))" 2>/dev/null)
   [ -n "$vram" ] && run "experts$share" $DEVICE --vram "$vram"
 done
 step "table"

@@ -3,7 +3,7 @@
 # runtime test with -fsanitize=thread in a separate build folder and runs the cases that inflate
 # blocks on the thread pool while the I/O engine reads later blocks (the five adversarial shapes
 # at 1..8 threads; compressed-pack runs at 1, 2, 3, 5 and 8 threads, io_uring and pread).
-# Runs in CI as the CTest `tsan.inflate` (build folder <build>/tsan; about 5 minutes on 2 cores,
+# Runs in CI as the CTest `pack.tsan_inflate` (label `slow`; `ctest -LE slow` skips it) (build folder <build>/tsan; about 5 minutes on 2 cores,
 # the TSan build at -O1 -g1 being most of it); by hand after touching src/pack/block_codec.*,
 # src/runtime/trunk_store.* or the thread pool:
 #   tools/tsan-inflate.sh            # build folder: build-tsan (KTIER_TSAN_DIR to change)

@@ -46,9 +46,15 @@ class Backend {
   // Within this backend's memory, ordered with the ops (ranges must not overlap).
   virtual Status copy(void* dst, const void* src, size_t bytes) = 0;
   virtual Status synchronize() = 0;
+  // Bytes the device could still allocate (CUDA: cudaMemGetInfo's free figure); the CPU
+  // backends have no such limit of their own and say so (Status::usage).
+  virtual Result<uint64_t> free_memory() {
+    return Status::usage(name() + " has no device memory figure");
+  }
   // Copies ahead of need, on a second (copy) stream, so they overlap the ops:
   //  * copy_async: host -> backend memory, in issue order with the other copy_async calls; the
-  //    host bytes must stay unchanged until sync_copies() returns.
+  //    host bytes must stay unchanged until sync_copies() returns, and the destination must not
+  //    be released while copies may run (it is not ordered with release()).
   //  * copies_after_ops: later copy_async calls wait for the ops issued so far (a slot the ops
   //    still read is not overwritten).
   //  * ops_after_copies: later ops wait for the copies issued so far.

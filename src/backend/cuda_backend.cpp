@@ -1,4 +1,5 @@
-// The CUDA backend: forwards every op to the module's table on one non-blocking stream.
+// The CUDA backend: forwards every op to the module's table on one non-blocking stream, and
+// copy_async to a second one (copies ahead of need), ordered by two events.
 #include "backend/cuda_backend.h"
 
 #include <cstdio>
@@ -46,8 +47,9 @@ class CudaBackend final : public Backend {
 
   // A forward pass allocates the same scratch sizes on every token; cudaMalloc and cudaFree
   // are slow and synchronise the device, so released blocks are kept by size and handed out
-  // again. Reuse is safe without events: every op runs on the one stream, so the next user of
-  // a block is ordered after the last.
+  // again. Reuse is safe without events because every op runs on the ops stream, so the next
+  // user of a block is ordered after the last; copy_async (the other stream) may only write
+  // memory that is never released while copies run (the VRAM tier's arena).
   Result<void*> allocate(size_t bytes) override {
     if (bytes == 0) bytes = 1;
     if (auto it = pool_.find(bytes); it != pool_.end() && !it->second.empty()) {
@@ -57,8 +59,16 @@ class CudaBackend final : public Backend {
       return p;
     }
     void* p = nullptr;
-    KTIER_RETURN_IF_ERROR(check(ops_->malloc_device(&p, bytes),
-                                "allocating " + std::to_string(bytes) + " bytes of VRAM"));
+    if (ops_->malloc_device(&p, bytes) != 0) {
+      // Out of memory, perhaps only because released blocks of other sizes are kept: give them
+      // back (after the ops that may still use them) and try once more.
+      KTIER_RETURN_IF_ERROR(synchronize());
+      for (auto& [size, list] : pool_)
+        for (void* q : list) ops_->free_device(q);
+      pool_.clear();
+      KTIER_RETURN_IF_ERROR(check(ops_->malloc_device(&p, bytes),
+                                  "allocating " + std::to_string(bytes) + " bytes of VRAM"));
+    }
     live_[p] = bytes;
     return p;
   }
@@ -97,6 +107,11 @@ class CudaBackend final : public Backend {
   }
   Status sync_copies() override {
     return check(ops_->stream_synchronize(copy_stream_), "stream_synchronize (copies)");
+  }
+  Result<uint64_t> free_memory() override {
+    size_t free_b = 0, total_b = 0;
+    KTIER_RETURN_IF_ERROR(check(ops_->mem_info(&free_b, &total_b), "mem_info"));
+    return static_cast<uint64_t>(free_b);
   }
   Status pin_host(void* host, size_t bytes) override {
     return check(ops_->host_register(host, bytes), "pinning " + std::to_string(bytes) + " host bytes");

@@ -87,7 +87,7 @@ Status run_device_bench(const DeviceBenchOptions& o) {
   std::ofstream json_out;
   if (!o.json.empty()) {
     json_out.open(o.json);
-    if (!json_out) return Status::usage("--json: cannot write " + o.json);
+    if (!json_out) return Status::runtime("--json: cannot write " + o.json);
   }
   cpu::ThreadPool pool(1);
   std::unique_ptr<backend::Backend> be;

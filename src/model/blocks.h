@@ -1,9 +1,9 @@
 #pragma once
 // The blocks of one K3 decoder layer on a Backend (K3-MODEL §6.3-§6.6). Each takes the normed
 // input x [T, E] of T consecutive tokens and writes out [T, E]; activations are f32. Every
-// pointer (activations, weights, state) is memory of that backend. A token's output never
-// depends on T or on which other tokens share the call, so prefill in any chunking and
-// one-token decode give identical bytes (docs/NUMERICS.md §11). Errors: the backend's (device
+// pointer (activations, weights, state) is memory of that backend. On the CPU backends a
+// token's output never depends on T or on which other tokens share the call, so prefill in any
+// chunking and one-token decode give identical bytes (docs/NUMERICS.md §11; CUDA: §13). Errors: the backend's (device
 // failures; never on the CPU) and, for moe_block, the ExpertSource's.
 
 #include <cstdint>

@@ -77,6 +77,10 @@ Result<cpu::WeightMatrix> CheckpointExpertSource::view(const Matrix& m, int64_t 
   return w;
 }
 
+uint64_t expert_bytes(const ExpertWeights& e) {
+  return matrix_bytes(e.w1) + matrix_bytes(e.w2) + matrix_bytes(e.w3);
+}
+
 bool CheckpointExpertSource::peek(int64_t layer, int32_t id, ExpertWeights* out) {
   const format::ModelConfig& c = ckpt_.config();
   const int64_t I = c.moe_intermediate_size, lat = c.routed_expert_hidden_size;

@@ -25,6 +25,8 @@ namespace ktier::model {
 struct ExpertWeights {
   cpu::WeightMatrix w1, w2, w3;
 };
+// Stored bytes of one expert's three matrices (MXFP4: packed nibbles + scales).
+uint64_t expert_bytes(const ExpertWeights& e);
 
 class ExpertSource {
  public:

@@ -1,19 +1,19 @@
 #include "runtime/device_trunk.h"
 
+#include "runtime/device_placement.h"
+
 #include <algorithm>
 #include <cstring>
 
 namespace ktier::runtime {
 namespace {
 
-using backend::device_aligned;
-
 template <class Weights>
 uint64_t bytes_of(Weights& w) {
   uint64_t n = 0;
   model::for_each_tensor(
-      w, [&](cpu::WeightMatrix& m) { n += device_aligned(backend::weight_data_bytes(m)) + device_aligned(backend::weight_scale_bytes(m)); },
-      [&](model::F32Vec& v) { n += device_aligned(v.size() * sizeof(float)); });
+      w, [&](cpu::WeightMatrix& m) { n += DevicePlacer::bytes(m); },
+      [&](model::F32Vec& v) { n += DevicePlacer::bytes(v); });
   return n;
 }
 
@@ -34,30 +34,19 @@ uint64_t DeviceTrunk::head_bytes(model::HeadWeights w) { return bytes_of(w); }
 
 template <class Weights>
 Status DeviceTrunk::mirror(Weights& w, uint8_t* dst) {
+  DevicePlacer placer(be_, dst, bytes_of(w), /*async=*/false);
   Status status = Status::ok();
-  uint64_t at = 0;
-  auto put = [&](const void* src, uint64_t n) -> uint8_t* {
-    uint8_t* p = dst + at;
-    if (status.is_ok() && n > 0) status = be_.upload(p, src, n);
-    at += device_aligned(n);
-    return p;
-  };
   model::for_each_tensor(
-      w,
-      [&](cpu::WeightMatrix& m) {
-        m.data = put(m.data, backend::weight_data_bytes(m));
-        if (m.scales) m.scales = put(m.scales, backend::weight_scale_bytes(m));
-      },
-      [&](model::F32Vec& v) {
-        const size_t n = v.size();
-        v = model::F32Vec::view(reinterpret_cast<const float*>(put(v.data(), n * sizeof(float))), n);
-      });
+      w, [&](cpu::WeightMatrix& m) { if (status.is_ok()) status = placer.place(m); },
+      [&](model::F32Vec& v) { if (status.is_ok()) status = placer.place(v); });
   return status;
 }
 
 Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
                                                        backend::Backend& be,
-                                                       uint64_t budget_bytes) {
+                                                       uint64_t vram_bytes,
+                                                       uint64_t reserved_bytes) {
+  const uint64_t budget_bytes = vram_bytes > reserved_bytes ? vram_bytes - reserved_bytes : 0;
   std::unique_ptr<DeviceTrunk> t(new DeviceTrunk(host, be));
   const format::ModelConfig& c = host.config();
   const int64_t L = c.num_hidden_layers;
@@ -82,9 +71,10 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
     // A resident layer's routing weights are part of its mirror: it costs its size less those.
     const uint64_t minimum = head + 2 * largest + all_routing;
     if (budget_bytes < minimum)
-      return Status::budget("--vram: " + std::to_string(budget_bytes) + " bytes cannot hold the " +
-                            "trunk's head, two streaming layer slots and the routers; the " +
-                            "minimum is " + std::to_string(minimum) + " bytes");
+      return Status::budget("--vram " + std::to_string(vram_bytes) + " bytes cannot hold the " +
+                            "trunk's head, two streaming layer slots, the routers and the VRAM " +
+                            "expert tier's minimum; the minimum is " +
+                            std::to_string(minimum + reserved_bytes) + " bytes");
     uint64_t used = minimum;
     while (t->resident_ < L) {
       const size_t l = static_cast<size_t>(t->resident_);

@@ -25,12 +25,14 @@ class DeviceTrunk final : public model::TrunkSource {
   static uint64_t layer_bytes(model::LayerWeights w);
   static uint64_t head_bytes(model::HeadWeights w);
 
-  // Mirrors `host` (which must outlive this) into `be`'s memory within `budget_bytes`: the head,
-  // then as many layers as fit while leaving room for two streaming slots of the largest layer
-  // and the routing weights of the layers that stream (none needed when all fit). Errors: the host's (reading layers), the backend's, and
-  // Status::budget (exit 4) when not even the head and two slots fit, with the minimum stated.
+  // Mirrors `host` (which must outlive this) into `be`'s memory within `vram_bytes` less
+  // `reserved_bytes` (the VRAM tier's minimum, kept for it): the head, then as many layers as
+  // fit while leaving room for two streaming slots of the largest layer and the routing weights
+  // of the layers that stream (none needed when all fit). Errors: the host's (reading layers),
+  // the backend's, and Status::budget (exit 4) naming --vram and its minimum (head, two slots,
+  // routers, and the reserve) when that does not fit.
   static Result<std::unique_ptr<DeviceTrunk>> open(model::TrunkSource& host, backend::Backend& be,
-                                                   uint64_t budget_bytes);
+                                                   uint64_t vram_bytes, uint64_t reserved_bytes);
 
   const format::ModelConfig& config() const override { return host_.config(); }
   Result<const model::LayerWeights*> acquire_layer(int64_t l) override;

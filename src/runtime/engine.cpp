@@ -181,9 +181,8 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
     backend_ = backend::make_emulated_device_backend(exec_);
     vram = *opts.vram_budget;
   } else {
-    const auto module = backend::probe_cuda_module();
-    KTIER_ASSIGN_OR_RETURN(backend_, backend::make_cuda_backend(module));
-    const uint64_t free_bytes = module->probe.devices[0].free_bytes;
+    KTIER_ASSIGN_OR_RETURN(backend_, backend::make_cuda_backend(backend::probe_cuda_module()));
+    KTIER_ASSIGN_OR_RETURN(const uint64_t free_bytes, backend_->free_memory());
     vram = opts.vram_budget.value_or(free_bytes / 10 * 9);
     if (vram > free_bytes)
       return Status::budget("--vram " + std::to_string(vram) + " bytes: the GPU has only " +
@@ -193,10 +192,7 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
   const bool moe = experts != nullptr && c.num_moe_layers() > 0;
   const uint64_t slot = moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0;
   const uint64_t min_tier = moe ? 2 * static_cast<uint64_t>(c.num_experts_per_token) * slot : 0;
-  if (vram < min_tier)
-    return Status::budget("--vram " + std::to_string(vram) + " bytes: the VRAM expert tier " +
-                          "alone needs " + std::to_string(min_tier) + " bytes");
-  KTIER_ASSIGN_OR_RETURN(device_trunk_, DeviceTrunk::open(trunk, *backend_, vram - min_tier));
+  KTIER_ASSIGN_OR_RETURN(device_trunk_, DeviceTrunk::open(trunk, *backend_, vram, min_tier));
   if (moe) {
     // Never more slots than every expert plus one fetch's bypass.
     const int64_t keys = c.num_moe_layers() * c.num_experts;

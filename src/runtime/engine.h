@@ -82,8 +82,8 @@ class Engine {
   uint64_t budget_bytes() const { return budget_; }  // 0 without the dial
   model::Model& model() { return *model_; }
   const model::Model& model() const { return *model_; }
-  // The expert source the model reads (the RAM tier with the dial); null without MoE layers.
-  // The ExpertSource the Model reads: the VRAM tier, the RAM tier or the checkpoint.
+  // The ExpertSource the Model reads: the VRAM tier (GPU mode), the RAM tier (the memory dial)
+  // or the checkpoint; null without MoE layers.
   const model::ExpertSource* experts() const {
     if (vram_tier_) return vram_tier_.get();
     return cache_ ? static_cast<const model::ExpertSource*>(cache_.get()) : experts_.get();

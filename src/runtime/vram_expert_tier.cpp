@@ -4,14 +4,10 @@
 
 #include "common/check.h"
 #include "model/weights.h"
+#include "runtime/device_placement.h"
 
 namespace ktier::runtime {
 namespace {
-
-using backend::device_aligned;
-uint64_t placed_bytes(const cpu::WeightMatrix& m) {
-  return device_aligned(backend::weight_data_bytes(m)) + device_aligned(backend::weight_scale_bytes(m));
-}
 
 }  // namespace
 
@@ -22,7 +18,7 @@ uint64_t VramExpertTier::slot_bytes_for(const format::Checkpoint& ckpt) {
   const cpu::WeightType t = packed ? cpu::WeightType::kMxfp4 : cpu::WeightType::kF32;
   // Float experts: at most 4 bytes an element (F32); BF16/F16 take less.
   const cpu::WeightMatrix w1{t, nullptr, nullptr, I, lat}, w2{t, nullptr, nullptr, lat, I};
-  return 2 * placed_bytes(w1) + placed_bytes(w2);
+  return 2 * DevicePlacer::bytes(w1) + DevicePlacer::bytes(w2);
 }
 
 Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
@@ -47,7 +43,7 @@ Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
   x->slot_views_.resize(static_cast<size_t>(slots));
   x->prefetched_.assign(static_cast<size_t>(slots), 0);
   // The host tier waits for copies still reading its memory before it overwrites it.
-  host.set_reuse_fence([p = x.get()] { (void)p->be_.sync_copies(); });
+  host.set_reuse_fence([p = x.get()] { p->fence_host_reuse(); });
   for (int64_t s = slots - k - 1; s >= 0; --s) x->free_.push_back(s);  // slot 0 first
   const uint32_t num_keys = static_cast<uint32_t>(c.num_hidden_layers * c.num_experts);
   x->slot_of_key_.assign(num_keys, -1);
@@ -56,6 +52,15 @@ Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
   x->policy_ = strata::make_cache(policy, x->stats_.policy_slots, in);
   x->policy_->set_eviction_hook([p = x.get()](uint32_t key) { p->on_evicted(key); });
   return x;
+}
+
+VramExpertTier::~VramExpertTier() { host_.set_reuse_fence(nullptr); }
+
+void VramExpertTier::fence_host_reuse() {
+  if (!copies_unsynced_) return;  // nothing issued since the last wait reads host memory
+  // A failed wait leaves the copies' state unknown: the next fetch reports it.
+  if (Status s = be_.sync_copies(); !s.is_ok() && deferred_.is_ok()) deferred_ = s;
+  copies_unsynced_ = false;
 }
 
 void VramExpertTier::on_evicted(uint32_t key) {
@@ -94,8 +99,9 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
     free_.pop_back();
     Status s = begin_copies();
     auto dev = s.is_ok() ? copy_in(host, slot) : Result<model::ExpertWeights>(s);
-    if (!dev.is_ok()) {  // the slot's bytes are unknown: keep it out of use, report at fetch
+    if (!dev.is_ok()) {  // reported by the next fetch; the slot holds nothing in use
       deferred_ = dev.status();
+      free_.push_back(slot);
       return;
     }
     slot_of_key_[key] = slot;
@@ -103,8 +109,7 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
     prefetched_[static_cast<size_t>(slot)] = 1;
     copies_pending_ = true;
     ++stats_.prefetch_issued;
-    stats_.prefetch_bytes += model::matrix_bytes(dev->w1) + model::matrix_bytes(dev->w2) +
-                             model::matrix_bytes(dev->w3);
+    stats_.prefetch_bytes += model::expert_bytes(*dev);
   }
 }
 
@@ -125,23 +130,12 @@ void VramExpertTier::begin_layer(int64_t layer, int64_t first_position, const in
 
 Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights& host,
                                                      int64_t slot) {
-  uint8_t* base = arena_.as<uint8_t>() + static_cast<uint64_t>(slot) * stats_.slot_bytes;
-  uint64_t at = 0;
+  DevicePlacer placer(be_, arena_.as<uint8_t>() + static_cast<uint64_t>(slot) * stats_.slot_bytes,
+                      stats_.slot_bytes, /*async=*/true);
   model::ExpertWeights dev = host;
-  for (cpu::WeightMatrix* m : {&dev.w1, &dev.w2, &dev.w3}) {
-    if (at + placed_bytes(*m) > stats_.slot_bytes)
-      return Status::runtime("VRAM expert slot of " + std::to_string(stats_.slot_bytes) +
-                             " bytes is too small for an expert's matrices");
-    KTIER_RETURN_IF_ERROR(be_.copy_async(base + at, m->data, backend::weight_data_bytes(*m)));
-    m->data = base + at;
-    at += device_aligned(backend::weight_data_bytes(*m));
-    if (m->scales) {
-      KTIER_RETURN_IF_ERROR(be_.copy_async(base + at, m->scales, backend::weight_scale_bytes(*m)));
-      m->scales = base + at;
-      at += device_aligned(backend::weight_scale_bytes(*m));
-    }
-    stats_.copied_bytes += backend::weight_data_bytes(*m) + backend::weight_scale_bytes(*m);
-  }
+  copies_unsynced_ = true;  // from here until a wait, the copies may read the host's memory
+  for (cpu::WeightMatrix* m : {&dev.w1, &dev.w2, &dev.w3}) KTIER_RETURN_IF_ERROR(placer.place(*m));
+  stats_.copied_bytes += model::expert_bytes(dev);
   return dev;
 }
 
@@ -166,8 +160,7 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
         ++stats_.prefetch_useful;
       }
       out[i] = slot_views_[static_cast<size_t>(slot)];
-      stats_.hit_bytes += model::matrix_bytes(out[i].w1) + model::matrix_bytes(out[i].w2) +
-                          model::matrix_bytes(out[i].w3);
+      stats_.hit_bytes += model::expert_bytes(out[i]);
       continue;
     }
     int64_t target;
@@ -190,13 +183,17 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
   }
   // From the host tier in batches it can hold at once. Its fetch may overwrite memory that
   // earlier copies read (bypass slots, read buffers): those copies finish first.
-  KTIER_RETURN_IF_ERROR(be_.sync_copies());
+  fence_host_reuse();
+  KTIER_RETURN_IF_ERROR(deferred_);
   copies_open_ = false;
   const size_t batch = static_cast<size_t>(std::max<int64_t>(1, host_.max_batch()));
   std::vector<model::ExpertWeights> views(std::min(batch, miss_ids.size()));
   for (size_t b0 = 0; b0 < miss_ids.size(); b0 += batch) {
     const size_t b1 = std::min(miss_ids.size(), b0 + batch);
-    if (b0 > 0) KTIER_RETURN_IF_ERROR(be_.sync_copies());  // the host reuses its views' memory
+    if (b0 > 0) {  // the host may reuse the memory the previous batch's copies read
+      fence_host_reuse();
+      KTIER_RETURN_IF_ERROR(deferred_);
+    }
     Status s = host_.fetch(layer, std::span<const int32_t>(miss_ids.data() + b0, b1 - b0),
                            views.data());
     if (s.is_ok()) s = begin_copies();
@@ -210,8 +207,7 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
       prefetched_[static_cast<size_t>(miss_slot[j])] = 0;
       out[miss_at[j]] = *dev;
       copies_pending_ = true;
-      stats_.miss_bytes += model::matrix_bytes(dev->w1) + model::matrix_bytes(dev->w2) +
-                           model::matrix_bytes(dev->w3);
+      stats_.miss_bytes += model::expert_bytes(*dev);
     }
     if (!s.is_ok()) {
       // No half-copied slot may be served later: forget every slot this fetch assigned.

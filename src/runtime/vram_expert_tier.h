@@ -54,7 +54,9 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
                                                       uint64_t slot_bytes, int64_t slots,
                                                       strata::PolicyKind policy,
                                                       const strata::PolicyInputs& inputs);
-  // Bytes one expert takes in a slot, from the checkpoint's expert tensors.
+  ~VramExpertTier() override;
+  // Bytes one expert takes in a slot, from the checkpoint's expert tensors (float experts are
+  // sized as F32, the widest: they occur only in test checkpoints).
   static uint64_t slot_bytes_for(const format::Checkpoint& ckpt);
 
   Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override;
@@ -74,6 +76,9 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   Result<model::ExpertWeights> copy_in(const model::ExpertWeights& host, int64_t slot);
   // Before the first slot write of a batch: the copy stream waits for the ops issued so far.
   Status begin_copies();
+  // The host tier's reuse fence: waits for the copies issued since the last wait (they may read
+  // the memory about to be overwritten); a failure is kept in deferred_.
+  void fence_host_reuse();
 
   model::ExpertSource& host_;
   backend::Backend& be_;
@@ -85,6 +90,7 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   std::vector<uint8_t> prefetched_;               // per slot: filled by lookahead, not used yet
   bool copies_open_ = false;     // begin_copies() done for the current batch of copies
   bool copies_pending_ = false;  // copies issued that the ops have not been made to wait for
+  bool copies_unsynced_ = false;  // copies issued that the host has not waited for
   std::unique_ptr<strata::CacheModel> policy_;
   uint64_t step_ = 0, requests_ = 0;
   Status deferred_ = Status::ok();  // a copy failure in on_prediction, reported by fetch()
