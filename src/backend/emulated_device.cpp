@@ -2,9 +2,15 @@
 // every op checks that each pointer it is given lies inside one of them, as a GPU would fault on
 // a host pointer. It runs the GPU mode's placement code (device trunk mirror, VRAM expert tier)
 // on machines without a GPU, and gives the CPU's bytes, so tests can demand byte identity.
+//
+// copy_async is as late as the contract allows: the destination is poisoned (NaN bytes) at
+// once, and the host bytes are read only when ops_after_copies() or sync_copies() is called. So
+// an op that reads a copy before its fence sees NaN, and host memory overwritten before
+// sync_copies() lands in the copy: both change the output, which the tests compare.
 #include <cstdio>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "common/check.h"
@@ -48,8 +54,12 @@ class EmulatedDevice final : public Backend {
   }
   Status copy_async(void* dst, const void* src, size_t bytes) override {
     mine(dst, bytes, "copy_async destination");
-    return cpu_->upload(dst, src, bytes);
+    KTIER_RETURN_IF_ERROR(cpu_->fill(dst, 0xff, bytes));
+    pending_.push_back({dst, src, bytes});
+    return Status::ok();
   }
+  Status ops_after_copies() override { return apply_copies(); }
+  Status sync_copies() override { return apply_copies(); }
   Status synchronize() override { return Status::ok(); }
 
   Status linear(const cpu::LinearJob* jobs, int n_jobs) override {
@@ -168,8 +178,20 @@ class EmulatedDevice final : public Backend {
     if (w.type == cpu::WeightType::kMxfp4) mine(w.scales, weight_scale_bytes(w), what);
   }
 
+  Status apply_copies() {
+    for (const PendingCopy& c : pending_) KTIER_RETURN_IF_ERROR(cpu_->upload(c.dst, c.src, c.bytes));
+    pending_.clear();
+    return Status::ok();
+  }
+
+  struct PendingCopy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
   std::unique_ptr<Backend> cpu_;
   std::map<uintptr_t, size_t> blocks_;  // allocation start -> bytes
+  std::vector<PendingCopy> pending_;    // copy_async calls not applied yet
 };
 
 }  // namespace
