@@ -12,7 +12,8 @@ BUILD_DIR=${KTIER_BUNDLE_DIR:-build-bundle}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKTIER_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${KTIER_BUNDLE_ARCHS:-90}" -DKTIER_BUILD_BENCH=OFF \
   -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" \
-  -DCMAKE_SHARED_LINKER_FLAGS="-static-libstdc++ -static-libgcc" >/dev/null
+  -DCMAKE_SHARED_LINKER_FLAGS="-static-libstdc++ -static-libgcc" \
+  -DCMAKE_MODULE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target ktier ktier_cuda backend_test runtime_test
 rm -rf build-device && mkdir -p build-device
 cp "$BUILD_DIR/ktier" "$BUILD_DIR/libktier_cuda.so" build-device/
