@@ -368,6 +368,22 @@ bool BeladyCache::access(uint32_t key, const Request& request) {
 
 // --------------------------------------------------------------------------------- factory
 
+uint64_t access_routing(CacheModel& policy, int64_t layer, int64_t num_experts,
+                        const int32_t* ids, int64_t T, int k, int64_t moe_layers, uint64_t& step,
+                        uint32_t& request) {
+  uint64_t hits = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    policy.begin_step(step);
+    const double clock = static_cast<double>(step) / static_cast<double>(moe_layers);
+    ++step;
+    for (int i = 0; i < k; ++i) {
+      const uint32_t key = static_cast<uint32_t>(layer * num_experts + ids[t * k + i]);
+      hits += policy.access(key, Request{request++, clock, kNeverUsed});
+    }
+  }
+  return hits;
+}
+
 std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,
                                        const PolicyInputs& inputs) {
   switch (kind) {

@@ -317,4 +317,11 @@ struct PolicyInputs {
 std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,
                                        const PolicyInputs& inputs);
 
+// A live tier's routing of one chunk (docs/STRATA.md §7): per token a policy step at token clock
+// step / moe_layers, then its k keys (layer * num_experts + id) accessed in selection order.
+// ids [T, k]. Advances `step` (one per token) and `request` (one per key); returns the hits.
+uint64_t access_routing(CacheModel& policy, int64_t layer, int64_t num_experts,
+                        const int32_t* ids, int64_t T, int k, int64_t moe_layers, uint64_t& step,
+                        uint32_t& request);
+
 }  // namespace ktier::strata

@@ -104,6 +104,20 @@ Status glu_mlp(const GluWeights& w, const format::ModelConfig& c, const float* x
   return be.linear(&dj, 1);
 }
 
+Status select_experts(const MoeWeights& w, const format::ModelConfig& c, const float* logits,
+                      int64_t T, float* ids_dev, float* weights_dev, std::vector<int32_t>& ids,
+                      std::vector<float>& weights, backend::Backend& be) {
+  const int k = static_cast<int>(c.num_experts_per_token);
+  KTIER_RETURN_IF_ERROR(be.router_topk(logits, w.router_bias.data(), T,
+                                       static_cast<int>(c.num_experts), k, c.moe_renormalize,
+                                       c.routed_scaling_factor,
+                                       reinterpret_cast<int32_t*>(ids_dev), weights_dev));
+  ids.resize(static_cast<size_t>(T * k));
+  weights.resize(ids.size());
+  KTIER_RETURN_IF_ERROR(be.download(ids.data(), ids_dev, ids.size() * sizeof(int32_t)));
+  return be.download(weights.data(), weights_dev, weights.size() * sizeof(float));
+}
+
 Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t layer,
                  int64_t first_position, ExpertSource& experts, RoutingObserver* observer,
                  const float* x, int64_t T, float* out, backend::Backend& be) {
@@ -119,14 +133,9 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
   KTIER_RETURN_IF_ERROR(s.status());
   const cpu::LinearJob first[] = {{w.router, x, T, logits}, {w.down, x, T, u_in}};
   KTIER_RETURN_IF_ERROR(be.linear(first, 2));
-  KTIER_RETURN_IF_ERROR(be.router_topk(logits, w.router_bias.data(), T, static_cast<int>(Ne), k,
-                          c.moe_renormalize, c.routed_scaling_factor,
-                          reinterpret_cast<int32_t*>(ids_dev), weights_dev));
-  // The selection goes to the host: the tier, the observers and the grouping below need it.
-  std::vector<int32_t> ids(static_cast<size_t>(T * k));
-  std::vector<float> weights(ids.size());
-  KTIER_RETURN_IF_ERROR(be.download(ids.data(), ids_dev, ids.size() * sizeof(int32_t)));
-  KTIER_RETURN_IF_ERROR(be.download(weights.data(), weights_dev, weights.size() * sizeof(float)));
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  KTIER_RETURN_IF_ERROR(select_experts(w, c, logits, T, ids_dev, weights_dev, ids, weights, be));
   if (observer) observer->on_routing(layer, first_position, ids.data(), weights.data(), T, k);
   experts.begin_layer(layer, first_position, ids.data(), T, k);
 

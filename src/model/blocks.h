@@ -59,6 +59,13 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
                  int64_t first_position, ExpertSource& experts, RoutingObserver* observer,
                  const float* x, int64_t T, float* out, backend::Backend& be);
 
+// Top-k of a MoE router's logits [T, N_e] (backend memory): ids and weights [T, k] into
+// ids_dev/weights_dev (backend memory; ids_dev holds int32 in float-sized cells), then copied to
+// the host vectors (resized to T * k), which the tiers, observers and grouping read.
+Status select_experts(const MoeWeights& w, const format::ModelConfig& c, const float* logits,
+                      int64_t T, float* ids_dev, float* weights_dev, std::vector<int32_t>& ids,
+                      std::vector<float>& weights, backend::Backend& be);
+
 // Scratch floats in backend memory for one call: allocations are checked together (status())
 // before any op uses them; everything is released with the Scratch.
 class Scratch {

@@ -175,12 +175,8 @@ Status Model::predict(int64_t l, int64_t first_position, const std::vector<const
         be_.rmsnorm(mixed, w->post_attention_norm.data(), T, E, c.rms_norm_eps, x));
     const cpu::LinearJob router{w->moe.router, x, T, logits};
     KTIER_RETURN_IF_ERROR(be_.linear(&router, 1));
-    KTIER_RETURN_IF_ERROR(be_.router_topk(logits, w->moe.router_bias.data(), T,
-                                          static_cast<int>(Ne), k, c.moe_renormalize,
-                                          c.routed_scaling_factor,
-                                          reinterpret_cast<int32_t*>(ids_dev), weights_dev));
-    KTIER_RETURN_IF_ERROR(be_.download(ids.data(), ids_dev, ids.size() * sizeof(int32_t)));
-    KTIER_RETURN_IF_ERROR(be_.download(weights.data(), weights_dev, weights.size() * sizeof(float)));
+    KTIER_RETURN_IF_ERROR(
+        select_experts(w->moe, c, logits, T, ids_dev, weights_dev, ids, weights, be_));
     for (int64_t tok = 0; tok < T; ++tok) {  // highest weight first, ties to the lower id
       const int32_t* id = ids.data() + tok * k;
       const float* wt = weights.data() + tok * k;

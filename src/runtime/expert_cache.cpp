@@ -254,18 +254,9 @@ void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32
     pending_.pop_front();
     ++stats_.prefetch_cancelled;
   }
-  const int64_t Ne = ckpt_.config().num_experts;
-  for (int64_t t = 0; t < T; ++t) {
-    policy_->begin_step(step_);
-    const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
-    ++step_;
-    for (int i = 0; i < k; ++i) {
-      const uint32_t key = static_cast<uint32_t>(layer * Ne + ids[t * k + i]);
-      const strata::Request req{requests_++, clock, strata::kNeverUsed};
-      stats_.policy_hits += policy_->access(key, req);
-      ++stats_.policy_requests;
-    }
-  }
+  stats_.policy_hits += strata::access_routing(*policy_, layer, ckpt_.config().num_experts, ids,
+                                               T, k, moe_layers_, step_, requests_);
+  stats_.policy_requests += static_cast<uint64_t>(T * k);
   (void)first_position;
   pump_prefetches();  // predictions queued behind the in-flight cap
 }

@@ -115,16 +115,7 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
 
 void VramExpertTier::begin_layer(int64_t layer, int64_t first_position, const int32_t* ids,
                                  int64_t T, int k) {
-  for (int64_t t = 0; t < T; ++t) {
-    policy_->begin_step(step_);
-    const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
-    ++step_;
-    for (int i = 0; i < k; ++i) {
-      const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + ids[t * k + i]);
-      policy_->access(key, strata::Request{static_cast<uint32_t>(requests_++), clock,
-                                           strata::kNeverUsed});
-    }
-  }
+  strata::access_routing(*policy_, layer, num_experts_, ids, T, k, moe_layers_, step_, requests_);
   host_.begin_layer(layer, first_position, ids, T, k);  // the RAM tier's policy and prefetch
 }
 
