@@ -70,6 +70,19 @@ void RecencyList::push_front(uint32_t key) {
   ++size_;
 }
 
+void RecencyList::push_back(uint32_t key) {
+  const int32_t k = static_cast<int32_t>(key);
+  next_[key] = kNil;
+  prev_[key] = tail_;
+  if (tail_ != kNil)
+    next_[tail_] = k;
+  else
+    head_ = k;
+  tail_ = k;
+  in_[key] = 1;
+  ++size_;
+}
+
 void RecencyList::unlink(uint32_t key) {
   const int32_t p = prev_[key], n = next_[key];
   if (p != kNil)
@@ -254,13 +267,24 @@ void TemperatureCache::insert_into_window(uint32_t key) {
   while (order_.size() > main_share && evict_coldest_unpinned_from_main()) {
   }
   while (window_.size() > window_share || window_.size() + order_.size() > capacity()) {
-    // The least recent unpinned window key leaves (the least recent if all are pinned).
-    int32_t out = window_.back();
-    for (int32_t k = out; k != RecencyList::kNil; k = window_.toward_front(k)) {
+    // The least recent unpinned window key leaves; else the least recent pinned for this step
+    // only (it has been read for the step; main's admission rule decides whether it stays).
+    int32_t out = RecencyList::kNil, current = RecencyList::kNil;
+    for (int32_t k = window_.back(); k != RecencyList::kNil; k = window_.toward_front(k)) {
       if (!pinned(static_cast<uint32_t>(k))) {
         out = k;
         break;
       }
+      if (current == RecencyList::kNil && !pinned_for_later(static_cast<uint32_t>(k))) current = k;
+    }
+    if (out == RecencyList::kNil) out = current;
+    if (out == RecencyList::kNil) {
+      // Every window key waits for a later step (prefetched, e.g. a prefill's next layer): the
+      // window exceeds its share until they are used, taking main's coldest unpinned slots; only
+      // a cache smaller than the pinned set gives up such a key.
+      if (window_.size() + order_.size() <= capacity() || evict_coldest_unpinned_from_main())
+        break;
+      out = window_.back();
     }
     window_.unlink(static_cast<uint32_t>(out));
     offer_to_main(static_cast<uint32_t>(out), main_share);
@@ -283,6 +307,12 @@ bool TemperatureCache::access(uint32_t key, const Request& request) {
     return true;
   }
   if (capacity() == 0) return false;
+  adapt_on_ghost(key);
+  insert_into_window(key);
+  return false;
+}
+
+void TemperatureCache::adapt_on_ghost(uint32_t key) {
   const double cap = static_cast<double>(capacity());
   const double w = static_cast<double>(window_ghosts_.size());
   const double m = static_cast<double>(main_ghosts_.size());
@@ -294,25 +324,30 @@ bool TemperatureCache::access(uint32_t key, const Request& request) {
       window_target_ = std::max(min_window_, window_target_ - std::max(1.0, w / m));
     main_ghosts_.unlink(key);
   }
-  insert_into_window(key);
-  return false;
 }
 
 bool TemperatureCache::prefetch(uint32_t key, uint64_t target_step, double clock_tokens) {
   if (contains(key) || capacity() == 0) return false;
-  if (window_.size() >= window_target()) {
+  if (resident_count() >= capacity()) {  // refused only when no resident could make room
     bool any_unpinned = false;
     for (int32_t k = window_.back(); k != RecencyList::kNil && !any_unpinned;
          k = window_.toward_front(k)) {
       any_unpinned = !pinned(static_cast<uint32_t>(k));
     }
+    for (auto it = order_.begin(); it != order_.end() && !any_unpinned; ++it)
+      any_unpinned = !pinned(std::get<2>(*it));
     if (!any_unpinned) return false;
   }
   pin_until(key, target_step);
-  if (window_ghosts_.linked(key)) window_ghosts_.unlink(key);
-  if (main_ghosts_.linked(key)) main_ghosts_.unlink(key);
+  adapt_on_ghost(key);
   insert_into_window(key);
   return true;
+}
+
+void TemperatureCache::prefetch_unused(uint32_t key) {
+  if (!window_.linked(key)) return;
+  window_.unlink(key);
+  window_.push_back(key);
 }
 
 // ---------------------------------------------------------------------------------- static
@@ -341,8 +376,11 @@ bool StaticCache::access(uint32_t key, const Request& request) {
 
 // ---------------------------------------------------------------------------------- Belady
 
-BeladyCache::BeladyCache(uint64_t capacity_slots, uint32_t num_keys)
-    : CacheModel(capacity_slots, num_keys), next_use_(num_keys, kAbsent) {}
+BeladyCache::BeladyCache(uint64_t capacity_slots, uint32_t num_keys,
+                         const std::vector<uint32_t>* upcoming)
+    : CacheModel(capacity_slots, num_keys), upcoming_(upcoming), next_use_(num_keys, kAbsent) {
+  KTIER_CHECK(upcoming == nullptr || upcoming->size() == num_keys);
+}
 
 bool BeladyCache::access(uint32_t key, const Request& request) {
   const uint64_t next = request.next_use;
@@ -352,6 +390,16 @@ bool BeladyCache::access(uint32_t key, const Request& request) {
     order_.insert({next, key});
     return true;
   }
+  (void)admit(key, next);
+  return false;
+}
+
+bool BeladyCache::prefetch(uint32_t key, uint64_t target_step, double clock_tokens) {
+  if (upcoming_ == nullptr || contains(key)) return false;
+  return admit(key, (*upcoming_)[key]);
+}
+
+bool BeladyCache::admit(uint32_t key, uint64_t next) {
   if (capacity() == 0 || next == kNeverUsed) return false;
   if (order_.size() == capacity()) {
     const auto furthest = std::prev(order_.end());
@@ -363,7 +411,7 @@ bool BeladyCache::access(uint32_t key, const Request& request) {
   }
   next_use_[key] = next;
   order_.insert({next, key});
-  return false;
+  return true;
 }
 
 // --------------------------------------------------------------------------------- factory
@@ -384,6 +432,22 @@ uint64_t access_routing(CacheModel& policy, int64_t layer, int64_t num_experts,
   return hits;
 }
 
+void PrefetchLedger::settle(CacheModel& policy, int64_t layer, int64_t num_experts,
+                            const int32_t* ids, int64_t n) {
+  size_t kept = 0;
+  for (const auto& [target, key] : pending_) {
+    if (target > layer) {
+      pending_[kept++] = {target, key};
+      continue;
+    }
+    const bool requested =
+        target == layer && std::find(ids, ids + n, static_cast<int32_t>(key - layer * num_experts)) !=
+                               ids + n;
+    if (!requested) policy.prefetch_unused(key);
+  }
+  pending_.resize(kept);
+}
+
 std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,
                                        const PolicyInputs& inputs) {
   switch (kind) {
@@ -401,7 +465,7 @@ std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,
       KTIER_CHECK(inputs.static_ranking != nullptr);
       return std::make_unique<StaticCache>(capacity_slots, inputs.num_keys, *inputs.static_ranking);
     case PolicyKind::kBelady:
-      return std::make_unique<BeladyCache>(capacity_slots, inputs.num_keys);
+      return std::make_unique<BeladyCache>(capacity_slots, inputs.num_keys, inputs.belady_upcoming);
   }
   return nullptr;
 }

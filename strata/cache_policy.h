@@ -5,10 +5,12 @@
 // Keys are dense: key = layer * experts_per_layer + expert. A replay drives a cache with
 //   begin_step(s)         once per step (one token at one MoE layer), before its requests;
 //   access(key, request)  for every expert the step needs, in the recorded order -> hit or miss;
-//   prefetch(key, target) for a predicted expert before the step `target` that needs it.
+//   prefetch(key, target) for a predicted expert before the step `target` that needs it;
+//   protect(key, target)  for a predicted expert that is resident already;
+//   prefetch_unused(key)  when step `target` of a prefetched key ended without requesting it.
 //
 // Pins (shared by every policy that evicts): a key requested in the step in progress, and a key
-// prefetched for a step that has not yet ended, is pinned. A demand miss never evicts a pinned
+// prefetched or protected for a step that has not yet ended, is pinned. A demand miss never evicts a pinned
 // key while an unpinned resident exists; if every resident is pinned (a cache smaller than one
 // step's request set), it takes the policy's own victim among them — which makes LRU exactly
 // the conformance model of README §10.3 at every size. A prefetch never evicts a pinned key.
@@ -84,6 +86,7 @@ class RecencyList {
   uint64_t size() const { return size_; }
   void push_front(uint32_t key);  // REQUIRES: !linked(key)
   void unlink(uint32_t key);      // REQUIRES: linked(key)
+  void push_back(uint32_t key);   // REQUIRES: !linked(key)
   void touch(uint32_t key) {
     unlink(key);
     push_front(key);
@@ -113,6 +116,14 @@ class CacheModel {
   // pinned). Default: the policy does not prefetch.
   virtual bool prefetch(uint32_t key, uint64_t target_step, double clock_tokens) { return false; }
   virtual uint64_t resident_count() const = 0;
+  // A predicted key that is resident already: pinned until `target_step`, so that the misses and
+  // prefetches before its step cannot displace it. No effect on a key not resident.
+  void protect(uint32_t key, uint64_t target_step) {
+    if (contains(key)) pin_until(key, target_step);
+  }
+  // The step a prefetch of `key` was for has ended without requesting it (a wrong prediction).
+  // Default: nothing (the key keeps the place its prefetch gave it).
+  virtual void prefetch_unused(uint32_t key) {}
 
   // Steps are 64-bit: a live tier counts one per (token, MoE layer) for as long as it runs.
   void begin_step(uint64_t step) { step_ = static_cast<int64_t>(step); }
@@ -125,6 +136,8 @@ class CacheModel {
 
  protected:
   bool pinned(uint32_t key) const { return pin_until_step_[key] >= step_; }
+  // Pinned for a step after the current one (prefetched or protected for it).
+  bool pinned_for_later(uint32_t key) const { return pin_until_step_[key] > step_; }
   void pin_for_current_step(uint32_t key) {
     if (pin_until_step_[key] < step_) pin_until_step_[key] = step_;
   }
@@ -220,8 +233,12 @@ class LfuCache final : public CacheModel {
 //              A pinned key still leaves when the window holds nothing else (a cache smaller
 //              than the pinned set). With adapt_window false the target never moves.
 //   Discarded: nothing about temperature: evicted and bypassed keys keep decaying and counting.
-//   Prefetch:  inserted into the window without the admission test, pinned until its step;
-//              refused when every window slot is pinned. Ghost lists do not react to prefetch.
+//   Prefetch:  inserted into the window without the admission test, pinned until its step; a
+//              prefetch of a ghost adapts the split as a miss on it would. While every window
+//              key waits for a later step (a prefill's predictions), the window exceeds its share
+//              and takes main's coldest unpinned slots; a prefetch is refused only when no
+//              resident could make room. A prefetch whose step ended unused moves to
+//              the window's least recent end: nothing says it will be used, so it leaves first.
 // Main ordering uses s_k = log2 T_k(now) + now / H, which does not change while a key is unused,
 // so residents sit in one ordered set and comparisons are exact over time.
 class TemperatureCache final : public CacheModel {
@@ -235,6 +252,7 @@ class TemperatureCache final : public CacheModel {
   bool contains(uint32_t key) const override { return in_main_[key] || window_.linked(key); }
   bool access(uint32_t key, const Request& request) override;
   bool prefetch(uint32_t key, uint64_t target_step, double clock_tokens) override;
+  void prefetch_unused(uint32_t key) override;
   uint64_t resident_count() const override { return order_.size() + window_.size(); }
   bool in_window(uint32_t key) const { return window_.linked(key); }
   uint64_t window_target() const;
@@ -250,6 +268,8 @@ class TemperatureCache final : public CacheModel {
   void offer_to_main(uint32_t key, uint64_t main_share);
   // Evicts main's coldest unpinned key; false when every main key is pinned.
   bool evict_coldest_unpinned_from_main();
+  // A key about to be read (a miss or a prefetch) that is a ghost moves the split (ARC's rule).
+  void adapt_on_ghost(uint32_t key);
   void remember(RecencyList& ghosts, uint32_t key);
 
   TemperatureParams params_;
@@ -291,17 +311,27 @@ class StaticCache final : public CacheModel {
 //              every resident's next use; otherwise the resident used furthest in the future is
 //              evicted and the key admitted.
 //   Promotion: a hit updates the key's next use. Eviction: furthest next use.
-//   Discarded: bypassed keys. Pins and prefetch are ignored: as an upper bound it must not be
-//              constrained by them (a policy with prefetch can exceed it; docs/STRATA.md §4).
+//   Discarded: bypassed keys. Pins are ignored: as an upper bound it must not be constrained by
+//              them.
+//   Prefetch:  only when given `upcoming` (per key, the index of its next request, kept current
+//              by the caller): a predicted key is admitted by the same rule, with that next use,
+//              so a wrong prediction (used late or never) is declined — the bound for a cache fed
+//              the same predictions (docs/STRATA.md §4). Without it, prefetch is ignored and a
+//              policy with prefetch can exceed this demand-only bound.
 class BeladyCache final : public CacheModel {
  public:
-  BeladyCache(uint64_t capacity_slots, uint32_t num_keys);
+  BeladyCache(uint64_t capacity_slots, uint32_t num_keys,
+              const std::vector<uint32_t>* upcoming = nullptr);
   bool contains(uint32_t key) const override { return next_use_[key] != kAbsent; }
   bool access(uint32_t key, const Request& request) override;
+  bool prefetch(uint32_t key, uint64_t target_step, double clock_tokens) override;
   uint64_t resident_count() const override { return order_.size(); }
 
  private:
   static constexpr uint64_t kAbsent = ~0ull;
+  // Admits `key` with next use `next` unless it is used later than every resident.
+  bool admit(uint32_t key, uint64_t next);
+  const std::vector<uint32_t>* upcoming_;
   std::vector<uint64_t> next_use_;                 // per resident key; kAbsent when not resident
   std::set<std::pair<uint64_t, uint32_t>> order_;  // (next use, key), furthest last
 };
@@ -312,6 +342,9 @@ struct PolicyInputs {
   TemperatureParams temperature;
   const std::vector<double>* temperature_seed = nullptr;  // per key, or null
   const std::vector<uint32_t>* static_ranking = nullptr;  // required for kStatic
+  // kBelady with prefetch: per key, its next request index (kNeverUsed: none), kept current by
+  // the caller. Null: Belady ignores prefetch.
+  const std::vector<uint32_t>* belady_upcoming = nullptr;
 };
 
 std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,
@@ -323,5 +356,21 @@ std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,
 uint64_t access_routing(CacheModel& policy, int64_t layer, int64_t num_experts,
                         const int32_t* ids, int64_t T, int k, int64_t moe_layers, uint64_t& step,
                         uint32_t& request);
+
+// A live tier's prefetches awaiting the layer they were predicted for. Replay tells the policy
+// when a prefetch's step ends unused (CacheModel::prefetch_unused); a live tier does it per
+// layer of a chunk: after the routing of layer L, every key prefetched for L (or for an earlier
+// layer, left by a pass that ended early) that L's chunk did not request. In decode (one token
+// per pass) this is replay's rule exactly. Not thread-safe.
+class PrefetchLedger {
+ public:
+  void issued(uint32_t key, int64_t target_layer) { pending_.push_back({target_layer, key}); }
+  // ids [n]: layer `layer`'s requested experts (key = layer * num_experts + id).
+  void settle(CacheModel& policy, int64_t layer, int64_t num_experts, const int32_t* ids,
+              int64_t n);
+
+ private:
+  std::vector<std::pair<int64_t, uint32_t>> pending_;  // (target layer, key), in issue order
+};
 
 }  // namespace ktier::strata

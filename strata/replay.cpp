@@ -136,16 +136,25 @@ std::vector<PredictionQuality> prediction_quality(const RequestStream& stream) {
     for (const Prediction& p : stream.predictions) {
       if (p.depth == d) by_target[p.target_step].push_back(p.key);
     }
+    q.by_layer.resize(stream.num_keys / std::max<uint32_t>(stream.experts_per_layer, 1));
     for (uint32_t t = 0; t < steps; ++t) {
-      q.predicted += by_target[t].size();
+      const uint32_t first = stream.step_begin[t], end = stream.step_begin[t + 1];
+      if (first == end) continue;
+      PredictionQuality::Counts& layer = q.by_layer[stream.keys[first] / stream.experts_per_layer];
+      layer.requested += end - first;
+      layer.predicted += by_target[t].size();
       for (uint32_t key : by_target[t]) {
-        for (uint32_t r = stream.step_begin[t]; r < stream.step_begin[t + 1]; ++r) {
+        for (uint32_t r = first; r < end; ++r) {
           if (stream.keys[r] == key) {
-            ++q.correct;
+            ++layer.correct;
             break;
           }
         }
       }
+    }
+    for (const PredictionQuality::Counts& layer : q.by_layer) {
+      q.predicted += layer.predicted;
+      q.correct += layer.correct;
     }
     q.recall = q.requested ? static_cast<double>(q.correct) / q.requested : 0;
     q.precision = q.predicted ? static_cast<double>(q.correct) / q.predicted : 0;
@@ -172,6 +181,14 @@ ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const R
   pin.temperature = params.temperature;
   pin.static_ranking = &inputs.static_ranking;
   if (!inputs.temperature_seed.empty()) pin.temperature_seed = &inputs.temperature_seed;
+  const bool lookahead = params.lookahead_depth > 0 && !stream.predictions.empty();
+  // Belady's prefetch needs each key's next request from here on: first uses, then next_use.
+  std::vector<uint32_t> upcoming;
+  if (lookahead && spec.policy == PolicyKind::kBelady) {
+    upcoming.assign(stream.num_keys, kNeverUsed);
+    for (size_t r = stream.requests(); r-- > 0;) upcoming[stream.keys[r]] = static_cast<uint32_t>(r);
+    pin.belady_upcoming = &upcoming;
+  }
   std::vector<std::unique_ptr<CacheModel>> caches;
   uint64_t cumulative = 0;
   for (const TierBudget& t : spec.tiers) {
@@ -182,7 +199,6 @@ ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const R
   std::vector<uint64_t> served_count(n + 1, 0);  // index n = backing store
   std::vector<uint64_t> link_bytes(n, 0);
   PrefetchResult pf;
-  const bool lookahead = params.lookahead_depth > 0 && !stream.predictions.empty();
   std::vector<int64_t> pending_target;
   std::vector<std::vector<uint32_t>> pending_by_step;
   if (lookahead) {
@@ -208,18 +224,26 @@ ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const R
         pending_target[key] = -1;
       }
       const Request req{r, clock, stream.next_use[r]};
+      if (!upcoming.empty()) upcoming[key] = stream.next_use[r];
       for (auto& c : caches) (void)c->access(key, req);
       ++served_count[served];
       for (size_t i = 0; i < served; ++i) link_bytes[i] += eb;
     }
     if (!lookahead) continue;
     for (uint32_t key : pending_by_step[s]) {
-      if (pending_target[key] == s) pending_target[key] = -1;  // not used at its step: wasted
+      if (pending_target[key] == s) {  // not used at its step: wasted
+        pending_target[key] = -1;
+        for (auto& c : caches) c->prefetch_unused(key);
+      }
     }
     std::vector<uint32_t>().swap(pending_by_step[s]);
     for (uint32_t p = stream.prediction_begin[s]; p < stream.prediction_begin[s + 1]; ++p) {
       const Prediction& pred = stream.predictions[p];
-      if (pred.depth > params.lookahead_depth || caches[0]->contains(pred.key)) continue;
+      if (pred.depth > params.lookahead_depth) continue;
+      if (caches[0]->contains(pred.key)) {  // nothing to read; kept until its step
+        for (auto& c : caches) c->protect(pred.key, pred.target_step);
+        continue;
+      }
       size_t from = n;
       for (size_t i = 1; i < n; ++i) {
         if (caches[i]->contains(pred.key)) {

@@ -65,10 +65,16 @@ std::vector<double> profile_temperatures(const RequestStream& profile, double ha
 // Predictor quality at one depth, independent of any cache: over every (step, depth d)
 // prediction set P and the target step's request set A, recall = sum |P∩A| / sum |A| (targets
 // with no prediction at d count with P empty), precision = sum |P∩A| / sum |P|.
+// `by_layer[l]`: the same sums over the target steps of layer l only (index = model layer;
+// layers without requests stay zero), so recall per layer is correct / requested there.
 struct PredictionQuality {
+  struct Counts {
+    uint64_t predicted = 0, requested = 0, correct = 0;
+  };
   uint32_t depth = 0;
   uint64_t predicted = 0, requested = 0, correct = 0;
   double recall = 0, precision = 0;
+  std::vector<Counts> by_layer;
 };
 std::vector<PredictionQuality> prediction_quality(const RequestStream& stream);
 

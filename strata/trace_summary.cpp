@@ -78,6 +78,15 @@ std::string format_summary(const TraceSummary& s, const TraceHeader& h, const st
     line("lookahead d=%u:    recall %.2f%%, precision %.2f%% (%s of %s requests predicted)",
          q.depth, 100.0 * q.recall, 100.0 * q.precision, format_count(q.correct).c_str(),
          format_count(q.requested).c_str());
+    std::string per_layer;
+    for (size_t l = 0; l < q.by_layer.size(); ++l) {
+      const PredictionQuality::Counts& c = q.by_layer[l];
+      if (c.requested == 0) continue;
+      char item[32];
+      std::snprintf(item, sizeof item, " %zu:%.0f", l, 100.0 * c.correct / c.requested);
+      per_layer += item;
+    }
+    line("  recall by layer %%:%s", per_layer.c_str());
   }
   return out;
 }

@@ -256,6 +256,7 @@ void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32
   }
   stats_.policy_hits += strata::access_routing(*policy_, layer, ckpt_.config().num_experts, ids,
                                                T, k, moe_layers_, step_, requests_);
+  prefetched_for_.settle(*policy_, layer, ckpt_.config().num_experts, ids, T * k);
   stats_.policy_requests += static_cast<uint64_t>(T * k);
   (void)first_position;
   pump_prefetches();  // predictions queued behind the in-flight cap
@@ -292,10 +293,14 @@ void ExpertCache::pump_prefetches() {
   while (!pending_.empty() && prefetch_reads_outstanding_ < prefetch_in_flight_) {
     const PendingPrefetch p = pending_.front();
     pending_.pop_front();
-    if (slot_of_key_[p.key] >= 0) continue;  // held or being read already
+    if (slot_of_key_[p.key] >= 0) {  // held or being read already: kept until its layer
+      policy_->protect(p.key, p.pin_until_step);
+      continue;
+    }
     const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
     if (!policy_->prefetch(p.key, p.pin_until_step, clock)) continue;
     KTIER_CHECK(policy_->contains(p.key));  // the slot invariant counts it as a resident
+    prefetched_for_.issued(p.key, p.target_layer);
     const size_t si = take_free_slot();
     Slot& s = slots_[si];
     s.key = p.key;

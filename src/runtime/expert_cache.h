@@ -166,6 +166,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   std::vector<size_t> free_;          // slots with key -1 (some may still be loading)
   std::vector<size_t> bypass_;        // slots lent to the last fetch for non-resident experts
   std::unique_ptr<strata::CacheModel> policy_;
+  strata::PrefetchLedger prefetched_for_;  // issued prefetches awaiting their layer
   strata::PolicyKind policy_kind_ = strata::PolicyKind::kTemperature;
   std::deque<PendingPrefetch> pending_;
   uint32_t prefetch_reads_outstanding_ = 0, prefetch_in_flight_ = 32;

@@ -91,7 +91,10 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
   copies_open_ = false;
   for (int64_t i = 0; i < T * k; ++i) {
     const uint32_t key = static_cast<uint32_t>(target * num_experts_ + ids[i]);
-    if (slot_of_key_[key] >= 0) continue;  // in VRAM already (or copied by this call)
+    if (slot_of_key_[key] >= 0) {  // in VRAM already (or copied by this call): kept until used
+      policy_->protect(key, pin_until);
+      continue;
+    }
     model::ExpertWeights host;
     if (!host_.peek(target, ids[i], &host)) continue;  // not in RAM yet: nothing to copy
     if (!policy_->prefetch(key, pin_until, clock) || free_.empty()) continue;
@@ -107,6 +110,7 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
     slot_of_key_[key] = slot;
     slot_views_[static_cast<size_t>(slot)] = *dev;
     prefetched_[static_cast<size_t>(slot)] = 1;
+    prefetched_for_.issued(key, target);
     copies_pending_ = true;
     ++stats_.prefetch_issued;
     stats_.prefetch_bytes += model::expert_bytes(*dev);
@@ -116,6 +120,7 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
 void VramExpertTier::begin_layer(int64_t layer, int64_t first_position, const int32_t* ids,
                                  int64_t T, int k) {
   strata::access_routing(*policy_, layer, num_experts_, ids, T, k, moe_layers_, step_, requests_);
+  prefetched_for_.settle(*policy_, layer, num_experts_, ids, T * k);
   host_.begin_layer(layer, first_position, ids, T, k);  // the RAM tier's policy and prefetch
 }
 

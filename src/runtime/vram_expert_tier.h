@@ -92,6 +92,7 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   bool copies_pending_ = false;  // copies issued that the ops have not been made to wait for
   bool copies_unsynced_ = false;  // copies issued that the host has not waited for
   std::unique_ptr<strata::CacheModel> policy_;
+  strata::PrefetchLedger prefetched_for_;  // issued prefetches awaiting their layer
   uint64_t step_ = 0;     // policy steps begun (one per token and MoE layer)
   uint32_t requests_ = 0;  // keys accessed (strata::Request::index)
   Status deferred_ = Status::ok();  // a copy failure in on_prediction, reported by fetch()

@@ -214,6 +214,116 @@ TEST(TemperatureCache, PrefetchEntersTheWindowPinned) {
   EXPECT_TRUE(t.access(A, Request{0, 0}));
 }
 
+TEST(TemperatureCache, UnusedPrefetchLeavesTheWindowFirst) {
+  // 34 slots, default split: window 32, main 2. Keys 100..133 fill both (100 and 101 in main);
+  // E is prefetched for step 40 (102 leaves the window); at step 41 its step has passed unused.
+  TemperatureCache t(34, 256, TemperatureParams{});
+  std::vector<uint32_t> keys;
+  for (uint32_t k = 100; k < 134; ++k) keys.push_back(k);
+  (void)run(t, keys, 1.0 / 92);
+  t.begin_step(34);
+  ASSERT_TRUE(t.prefetch(E, 40, 0.4));
+  EXPECT_FALSE(t.contains(102));
+  t.begin_step(41);
+  t.prefetch_unused(E);
+  // The next miss pushes one key out of the full window: E, not the least recent key 103
+  // (main does not take E: a prediction is not a use, its temperature is 0).
+  EXPECT_FALSE(t.access(200, Request{41, 0.45}));
+  EXPECT_FALSE(t.contains(E));
+  EXPECT_TRUE(t.contains(103));
+  t.prefetch_unused(A);  // not resident: nothing happens
+  EXPECT_FALSE(t.contains(A));
+}
+
+TEST(TemperatureCache, PrefetchesWaitingBeyondTheWindowTakeMainSlots) {
+  // 40 slots, window fixed at 32, main 8. 8 keys become hot (main); then 38 prefetches for a
+  // later step arrive. The window holds them all past its share, taking main's slots, until
+  // every resident is pinned: then a prefetch is refused.
+  TemperatureParams p;
+  p.adapt_window = false;
+  TemperatureCache t(40, 256, p);
+  std::vector<uint32_t> keys;
+  for (int use = 0; use < 3; ++use)
+    for (uint32_t k = 100; k < 108; ++k) keys.push_back(k);
+  (void)run(t, keys, 1.0 / 92);
+  t.begin_step(30);
+  for (uint32_t k = 0; k < 40; ++k) EXPECT_TRUE(t.prefetch(k, 50, 0.5)) << k;
+  EXPECT_EQ(t.resident_count(), 40u);
+  for (uint32_t k = 0; k < 40; ++k) EXPECT_TRUE(t.contains(k)) << k;
+  EXPECT_FALSE(t.prefetch(41, 50, 0.5));  // all 40 pinned
+  // Their step: every one is a hit.
+  t.begin_step(50);
+  for (uint32_t k = 0; k < 40; ++k) EXPECT_TRUE(t.access(k, Request{50 + k, 0.6})) << k;
+}
+
+TEST(Policies, ProtectKeepsAPredictedResidentUntilItsStep) {
+  for (PolicyKind kind : {PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kTemperature}) {
+    SCOPED_TRACE(std::string(policy_name(kind)));
+    PolicyInputs in;
+    in.num_keys = kKeys;
+    in.temperature.min_window_slots = 0;
+    in.temperature.window_fraction = 1;  // temperature as LRU: the rule under test is the pin
+    auto cache = make_cache(kind, 2, in);
+    (void)run(*cache, {A, B});  // steps 0, 1; A is least recently used
+    cache->protect(A, 3);
+    cache->protect(C, 3);  // not resident: no effect
+    cache->begin_step(2);
+    EXPECT_FALSE(cache->access(C, Request{2, 2}));
+    EXPECT_TRUE(cache->contains(A));
+    EXPECT_FALSE(cache->contains(B));
+    EXPECT_FALSE(cache->contains(D));
+  }
+}
+
+// Records what a live tier's ledger reports.
+class UnusedRecorder final : public CacheModel {
+ public:
+  UnusedRecorder() : CacheModel(8, kKeys) {}
+  bool contains(uint32_t) const override { return false; }
+  bool access(uint32_t, const Request&) override { return false; }
+  uint64_t resident_count() const override { return 0; }
+  void prefetch_unused(uint32_t key) override { unused.push_back(key); }
+  std::vector<uint32_t> unused;
+};
+
+TEST(PrefetchLedger, ReportsKeysTheirLayerDidNotRequest) {
+  constexpr int64_t kExperts = 8;
+  UnusedRecorder policy;
+  PrefetchLedger ledger;
+  ledger.issued(2 * kExperts + 1, 2);
+  ledger.issued(2 * kExperts + 5, 2);
+  ledger.issued(3 * kExperts + 1, 3);
+  ledger.issued(1 * kExperts + 7, 1);  // an earlier layer: left by a pass that ended early
+  const int32_t layer2[] = {5, 3};
+  ledger.settle(policy, 2, kExperts, layer2, 2);
+  EXPECT_EQ(policy.unused, (std::vector<uint32_t>{2 * kExperts + 1, 1 * kExperts + 7}));
+  policy.unused.clear();
+  const int32_t layer3[] = {0, 2};
+  ledger.settle(policy, 3, kExperts, layer3, 2);
+  EXPECT_EQ(policy.unused, (std::vector<uint32_t>{3 * kExperts + 1}));
+  policy.unused.clear();
+  ledger.settle(policy, 4, kExperts, layer3, 2);  // nothing left
+  EXPECT_TRUE(policy.unused.empty());
+}
+
+TEST(BeladyCache, PrefetchAdmitsByNextUseOnlyWhenTheFutureIsGiven) {
+  std::vector<uint32_t> upcoming(kKeys, kNeverUsed);
+  BeladyCache b(2, kKeys, &upcoming);
+  b.begin_step(0);
+  (void)b.access(A, Request{0, 0, 10});
+  (void)b.access(B, Request{1, 0, 20});
+  upcoming[C] = 30;  // used after every resident: declined
+  EXPECT_FALSE(b.prefetch(C, 5, 0));
+  upcoming[D] = 5;  // before B's next use: B (furthest) leaves
+  EXPECT_TRUE(b.prefetch(D, 5, 0));
+  EXPECT_TRUE(b.contains(D));
+  EXPECT_FALSE(b.contains(B));
+  EXPECT_FALSE(b.prefetch(E, 5, 0));  // never used again
+  BeladyCache demand_only(2, kKeys);
+  EXPECT_FALSE(demand_only.prefetch(A, 5, 0));
+  EXPECT_FALSE(demand_only.contains(A));
+}
+
 TEST(StaticCache, AdmitsOnlyTheRankedSetOnFirstUse) {
   StaticCache s(2, kKeys, {C, A, B});
   EXPECT_EQ(s.resident_count(), 0u);

@@ -63,6 +63,52 @@ Trace make_decode_trace(Predictor predictor) {
   return t;
 }
 
+// One pass over kTokens positions (a prefill): every layer's steps for all positions, then the
+// next layer's. 256 experts a layer, each position its own two, so a layer requests 100 distinct
+// keys. Each step predicts its position's next layer exactly, so up to 100 prefetches wait for
+// their steps at once — more than a temperature window of 32 holds.
+Trace make_prefill_trace() {
+  constexpr uint32_t kWideExperts = 256;
+  Trace t;
+  t.header.num_layers = kLayers;
+  t.header.first_moe_layer = 1;
+  t.header.experts_per_layer = kWideExperts;
+  t.header.top_k = kTopK;
+  t.header.lookahead_depth = 1;
+  t.header.expert_bytes = 1000;
+  t.header.flags = kTraceFlagWeights;
+  const auto expert = [](uint32_t tok, uint32_t layer, uint32_t j) {
+    return static_cast<uint16_t>((tok * kTopK + j + layer * 37) % kWideExperts);
+  };
+  for (uint32_t layer = 1; layer < kLayers; ++layer) {
+    for (uint32_t tok = 0; tok < kTokens; ++tok) {
+      TraceStep s;
+      s.pass = 0;
+      s.position = tok;
+      s.layer = static_cast<uint16_t>(layer);
+      std::vector<ExpertWeight> next;
+      for (uint32_t j = 0; j < kTopK; ++j) {
+        s.chosen.push_back({expert(tok, layer, j), 0.5f});
+        next.push_back({expert(tok, layer + 1, j), 0.5f});
+      }
+      s.predicted.push_back(next);
+      t.steps.push_back(s);
+    }
+  }
+  return t;
+}
+
+ReplayResult replay_policy(PolicyKind policy, const RequestStream& stream, uint64_t slots,
+                           uint32_t depth, bool adapt_window = true) {
+  ReplaySpec spec;
+  spec.policy = policy;
+  spec.tiers.push_back({"ram", slots * stream.expert_bytes, slots});
+  ReplayParams params;
+  params.lookahead_depth = depth;
+  params.temperature.adapt_window = adapt_window;
+  return replay(stream, spec, params, ReplayInputs::from(stream));
+}
+
 ReplayResult replay_lru(const RequestStream& stream, uint64_t slots, uint32_t depth) {
   ReplaySpec spec;
   spec.policy = PolicyKind::kLru;
@@ -84,6 +130,18 @@ TEST(LookaheadReplay, PredictorQualityPerDepth) {
   EXPECT_DOUBLE_EQ(q[0].precision, 1.0);
   EXPECT_DOUBLE_EQ(q[1].recall, 0.5);
   EXPECT_DOUBLE_EQ(q[1].precision, 1.0);
+  // Per target layer: layer 1 is never predicted, layers 2..4 always at depth 1.
+  ASSERT_EQ(q[0].by_layer.size(), kLayers);
+  EXPECT_EQ(q[0].by_layer[0].requested, 0u);
+  EXPECT_EQ(q[0].by_layer[1].requested, kTokens * kTopK);
+  EXPECT_EQ(q[0].by_layer[1].correct, 0u);
+  for (uint32_t l = 2; l < kLayers; ++l) {
+    EXPECT_EQ(q[0].by_layer[l].requested, kTokens * kTopK);
+    EXPECT_EQ(q[0].by_layer[l].correct, kTokens * kTopK);
+    EXPECT_EQ(q[0].by_layer[l].predicted, kTokens * kTopK);
+  }
+  EXPECT_EQ(q[1].by_layer[2].correct, 0u);
+  EXPECT_EQ(q[1].by_layer[3].correct, kTokens * kTopK);
 
   const RequestStream w = build_request_stream(make_decode_trace(Predictor::kWrong));
   const std::vector<PredictionQuality> qw = prediction_quality(w);
@@ -139,6 +197,46 @@ TEST(LookaheadReplay, CliReplaysRecordedPredictions) {
   EXPECT_NE(info.out.find("lookahead d=1:    recall 75.00%, precision 100.00%"), std::string::npos)
       << info.out;
   std::filesystem::remove(p);
+}
+
+}  // namespace
+}  // namespace ktier::strata
+
+namespace ktier::strata {
+namespace {
+
+TEST(LookaheadReplay, PrefillPredictionsAreAllKeptByEveryPolicy) {
+  const RequestStream s = build_request_stream(make_prefill_trace());
+  // About 100 keys are pinned at once (this layer's remaining steps, the next layer's
+  // predictions), within 128 slots: a prefetch always finds an unpinned resident to displace.
+  // Temperature's window (32 slots, fixed here) is smaller than the pinned set.
+  for (PolicyKind p : {PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kTemperature}) {
+    SCOPED_TRACE(std::string(policy_name(p)));
+    const ReplayResult r = replay_policy(p, s, 128, 1, /*adapt_window=*/false);
+    EXPECT_EQ(r.prefetch.wasted, 0u);
+    // Layers 2..4 were predicted exactly: every one of their requests is a hit.
+    EXPECT_GE(r.hits, s.requests() * 3 / 4);
+  }
+}
+
+TEST(LookaheadReplay, BeladyWithPredictionsBoundsThePolicies) {
+  for (Predictor pr : {Predictor::kPerfect, Predictor::kWrong}) {
+    const RequestStream s = build_request_stream(make_decode_trace(pr));
+    for (uint64_t slots : {4, 8, 16}) {
+      SCOPED_TRACE(std::to_string(slots) + " slots");
+      const ReplayResult belady = replay_policy(PolicyKind::kBelady, s, slots, 2);
+      const ReplayResult demand = replay_policy(PolicyKind::kBelady, s, slots, 0);
+      EXPECT_GE(belady.hits, demand.hits);
+      for (PolicyKind p : {PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kTemperature})
+        EXPECT_GE(belady.hits, replay_policy(p, s, slots, 2).hits) << policy_name(p);
+      // It knows the future: a wrong prediction is admitted only for a real later use.
+      if (pr == Predictor::kWrong) {
+        EXPECT_EQ(belady.prefetch.useful, 0u);
+      } else {
+        EXPECT_GT(belady.prefetch.useful, 0u);
+      }
+    }
+  }
 }
 
 }  // namespace
