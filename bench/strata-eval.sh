@@ -42,7 +42,7 @@ for p in "${prompts[@]}"; do
     --trace "$tr" > /dev/null 2> "$OUT/record-$i.log"
   echo
   echo "## trace $i: prompt ${p:0:30}..., $TOKENS tokens"
-  "$KTIER" trace info "$tr" | grep -E "tokens:|steps:|distinct keys|hit ceiling|lookahead d="
+  "$KTIER" trace info "$tr" | grep -E "tokens:|steps:|distinct keys|hit ceiling|lookahead d=|recall by layer"
   for la in 0 1; do
     echo "### replay, lookahead $la"
     "$KTIER" trace replay "$tr" --policy all --ram "$budgets" --lookahead "$la" \

@@ -23,13 +23,37 @@ Result<std::unique_ptr<TraceRecorder>> TraceRecorder::create(const std::filesyst
   return std::unique_ptr<TraceRecorder>(new TraceRecorder(std::move(w)));
 }
 
-void TraceRecorder::on_routing(int64_t layer, int64_t first_position, const int32_t* ids,
-                               const float* weights, int64_t T, int k) {
-  if (!error_.is_ok()) return;
+void TraceRecorder::start_layer(int64_t layer) {
   // Layers arrive in increasing order within a forward pass; a lower one starts the next pass.
   if (started_ && layer <= last_layer_) ++pass_;
   started_ = true;
   last_layer_ = layer;
+}
+
+void TraceRecorder::flush_predictions_without_routing() {
+  if (predicted_layer_ < 0) return;
+  // A layer that routes nothing (dense) but predicted later layers: steps with k = 0.
+  start_layer(predicted_layer_);
+  TraceStep step;
+  step.pass = pass_;
+  step.layer = static_cast<uint16_t>(predicted_layer_);
+  for (int64_t t = 0; t < predicted_tokens_ && error_.is_ok(); ++t) {
+    step.position = static_cast<uint32_t>(predicted_first_position_ + t);
+    step.predicted.clear();
+    for (const std::vector<ExpertWeight>& depth : predicted_) {
+      const auto first = depth.begin() + t * predicted_k_;
+      step.predicted.emplace_back(first, first + predicted_k_);
+    }
+    error_ = writer_.append(step);
+  }
+  predicted_layer_ = -1;
+}
+
+void TraceRecorder::on_routing(int64_t layer, int64_t first_position, const int32_t* ids,
+                               const float* weights, int64_t T, int k) {
+  if (!error_.is_ok()) return;
+  if (predicted_layer_ != layer) flush_predictions_without_routing();
+  start_layer(layer);
   TraceStep step;
   step.pass = pass_;
   step.layer = static_cast<uint16_t>(layer);
@@ -51,9 +75,13 @@ void TraceRecorder::on_routing(int64_t layer, int64_t first_position, const int3
 
 void TraceRecorder::on_prediction(int64_t layer, int depth, int64_t first_position,
                                   const int32_t* ids, const float* weights, int64_t T, int k) {
-  (void)first_position;
+  if (!error_.is_ok()) return;
   if (layer != predicted_layer_) {
+    flush_predictions_without_routing();
     predicted_layer_ = layer;
+    predicted_first_position_ = first_position;
+    predicted_tokens_ = T;
+    predicted_k_ = k;
     predicted_.clear();
   }
   // Depths arrive in order 1, 2, ...; one that is skipped (a dense target) ends the list.
@@ -64,6 +92,7 @@ void TraceRecorder::on_prediction(int64_t layer, int depth, int64_t first_positi
 }
 
 Status TraceRecorder::close() {
+  if (error_.is_ok()) flush_predictions_without_routing();
   const Status closed = writer_.close();
   return error_.is_ok() ? closed : error_;
 }

@@ -4,7 +4,7 @@
 // their combine weights, and with lookahead depth D the predictions made for layers L+1..L+D
 // after layer L's attention (highest weight first; fewer near the last layer). A forward pass (a
 // prefill chunk or one decode step) is one `pass`. Predictions made at a dense layer (K3: layer
-// 0, for layer 1) have no step to go with and are not recorded.
+// 0, for layer 1) are recorded in steps of their own with no chosen experts (k = 0).
 //
 // Errors from the writer cannot propagate through the observer callback, so the first one is
 // kept and returned by close(); later steps are dropped. Not thread-safe (one forward pass).
@@ -40,13 +40,19 @@ class TraceRecorder final : public model::RoutingObserver, public model::Lookahe
 
  private:
   explicit TraceRecorder(TraceWriter w) : writer_(std::move(w)) {}
+  void start_layer(int64_t layer);  // advances the pass when layers restart
+  // Writes predictions whose layer routed nothing (a dense layer) as steps with k = 0.
+  void flush_predictions_without_routing();
   TraceWriter writer_;
   Status error_;
   int64_t last_layer_ = INT64_MAX;
   uint32_t pass_ = 0;
   bool started_ = false;
-  // Predictions made at layer predicted_layer_, per depth: [T * k] experts with weights.
+  // Predictions made at layer predicted_layer_ for tokens predicted_first_position_ + [0, T),
+  // per depth: [T * k] experts with weights.
   int64_t predicted_layer_ = -1;
+  int64_t predicted_first_position_ = 0, predicted_tokens_ = 0;
+  int predicted_k_ = 0;
   std::vector<std::vector<ExpertWeight>> predicted_;
 };
 

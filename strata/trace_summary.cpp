@@ -10,7 +10,12 @@ namespace ktier::strata {
 
 TraceSummary summarize_trace(const Trace& trace, const RequestStream& stream) {
   TraceSummary s;
-  s.steps = trace.steps.size();
+  for (const TraceStep& step : trace.steps) {
+    if (step.chosen.empty())
+      ++s.prediction_only_steps;
+    else
+      ++s.steps;
+  }
   s.requests = stream.requests();
   s.tokens = stream.tokens;
   s.passes = stream.passes;
@@ -65,7 +70,11 @@ std::string format_summary(const TraceSummary& s, const TraceHeader& h, const st
   line("passes:           %u", s.passes);
   line("tokens:           %s (token computations: distinct (pass, position))",
        format_count(s.tokens).c_str());
-  line("steps:            %s ((token, layer) request sets)", format_count(s.steps).c_str());
+  if (s.prediction_only_steps == 0)
+    line("steps:            %s ((token, layer) request sets)", format_count(s.steps).c_str());
+  else
+    line("steps:            %s ((token, layer) request sets) + %s with predictions only (dense layers)",
+         format_count(s.steps).c_str(), format_count(s.prediction_only_steps).c_str());
   line("requests:         %s", format_count(s.requests).c_str());
   line("MoE layers:       %u (layers %u..%u)", s.moe_layers, s.first_layer, s.last_layer);
   line("distinct keys:    %s (working set %s)", format_count(s.distinct_keys).c_str(),

@@ -15,6 +15,7 @@ namespace ktier::strata {
 
 struct TraceSummary {
   uint64_t steps = 0;     // (token, layer) request sets
+  uint64_t prediction_only_steps = 0;  // steps with no request (a dense layer's predictions)
   uint64_t requests = 0;  // expert requests
   uint64_t tokens = 0;    // distinct (pass, position), counted per pass
   uint32_t passes = 0;

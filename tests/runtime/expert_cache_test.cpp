@@ -202,11 +202,14 @@ TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
   const strata::Trace& t = tr.value();
   EXPECT_EQ(t.header.lookahead_depth, 2u);
   const uint32_t L = t.header.num_layers, k = t.header.top_k;
-  uint64_t with_predictions = 0;
+  uint64_t with_predictions = 0, dense_steps = 0;
   for (const strata::TraceStep& s : t.steps) {
     // Depths reach the last layer at most: L-1 has none, L-2 one.
     const size_t depths = std::min<size_t>(2, L - 1 - s.layer);
     ASSERT_EQ(s.predicted.size(), depths) << "layer " << s.layer;
+    // A dense layer's predictions come in steps of their own, with nothing chosen.
+    ASSERT_EQ(s.chosen.empty(), s.layer < t.header.first_moe_layer) << "layer " << s.layer;
+    dense_steps += s.chosen.empty();
     for (const auto& p : s.predicted) {
       ASSERT_EQ(p.size(), k);
       for (size_t i = 1; i < p.size(); ++i) EXPECT_GE(p[i - 1].weight, p[i].weight);
@@ -214,10 +217,16 @@ TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
     with_predictions += !s.predicted.empty();
   }
   EXPECT_GT(with_predictions, 0u);
-  // The predictor is better than chance (k of N_e) one layer ahead.
+  ASSERT_GT(t.header.first_moe_layer, 0u);
+  EXPECT_GT(dense_steps, 0u);
+  // The predictor is better than chance (k of N_e) one layer ahead, the first MoE layer too
+  // (predicted from the dense layer before it).
   const auto q = strata::prediction_quality(strata::build_request_stream(t));
   ASSERT_FALSE(q.empty());
   EXPECT_GT(q[0].precision, static_cast<double>(k) / t.header.experts_per_layer);
+  const auto& first = q[0].by_layer[t.header.first_moe_layer];
+  EXPECT_EQ(first.predicted, first.requested);
+  EXPECT_GT(first.correct, first.requested * k / t.header.experts_per_layer);
 }
 
 // Slow prefetch reads (each delayed 30 ms) arrive after their layer needs them: waited for,
