@@ -31,9 +31,10 @@ budgets=""
 for pct in 5 10 20 40 60; do budgets+="${budgets:+,}$((keys * pct / 100))x"; done
 echo "# $MODEL: $keys routed experts; RAM tiers (experts): $budgets"
 
-# Two conversations: different prompts, sampled (a greedy random-weight model may loop, which
+# Four conversations: different prompts, sampled (a greedy random-weight model may loop, which
 # would flatter every cache).
-prompts=("1,5,9,13,17,21,25,29,33,37,41,45,49,53,57,61" "200,3,77,150,8,91,240,16,120,64,33,180")
+prompts=("1,5,9,13,17,21,25,29,33,37,41,45,49,53,57,61" "200,3,77,150,8,91,240,16,120,64,33,180"
+         "21,33,400,39,99,1000,2000,3" "28,44,400,52,99,1000,2000,4")
 i=0
 for p in "${prompts[@]}"; do
   i=$((i + 1))
