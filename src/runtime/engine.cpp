@@ -74,15 +74,26 @@ int lookahead_depth(const EngineOptions& opts) {
 uint64_t min_expert_slots(const format::ModelConfig& c, int lookahead) {
   return static_cast<uint64_t>(c.num_experts_per_token) * (1 + static_cast<uint64_t>(lookahead));
 }
+
+bool device_mode(const EngineOptions& opts) {
+  return opts.device == backend::DeviceKind::kCuda || opts.emulate_device;
+}
 }  // namespace
+
+DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                         int lookahead, int threads, bool host_routers) {
+  DialMinimum m;
+  m.trunk = TrunkStore::minimum_bytes(ckpt, pack, 2, threads);
+  if (ckpt.expert_storage() == format::ExpertStorage::kNone) return m;
+  m.expert_slots = min_expert_slots(ckpt.config(), lookahead);
+  m.slot_bytes = ExpertCache::slot_bytes(ckpt);
+  if (lookahead > 0 && host_routers) m.routers = RouterBank::bytes_needed(ckpt);
+  return m;
+}
 
 uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                               int lookahead, int threads) {
-  const bool moe = ckpt.expert_storage() != format::ExpertStorage::kNone;
-  uint64_t n = TrunkStore::minimum_bytes(ckpt, pack, 2, threads);
-  if (moe) n += min_expert_slots(ckpt.config(), lookahead) * ExpertCache::slot_bytes(ckpt);
-  if (moe && lookahead > 0) n += RouterBank::bytes_needed(ckpt);
-  return n;
+  return dial_minimum(ckpt, pack, lookahead, threads, /*host_routers=*/true).total();
 }
 
 int resolve_threads(int requested) {
@@ -108,24 +119,21 @@ Status Engine::open_dial(const EngineOptions& opts) {
     KTIER_ASSIGN_OR_RETURN(budget_, preset_budget_bytes("auto"));
   }
   // Trunk first; the expert tier needs one token's experts of one layer and the prefetch room.
-  const uint64_t slot = moe ? ExpertCache::slot_bytes(ckpt_) : 0;
-  const uint64_t min_slots = moe ? min_expert_slots(c, lookahead_depth(opts)) : 0;
-  const uint64_t expert_min = min_slots * slot;
-  const uint64_t trunk_min = TrunkStore::minimum_bytes(ckpt_, pk, 2, pool_->size());
-  const bool lookahead = moe && lookahead_depth(opts) > 0;
-  const uint64_t bank_bytes = lookahead ? RouterBank::bytes_needed(ckpt_) : 0;
-  if (budget_ < trunk_min + expert_min + bank_bytes)
+  // In GPU mode lookahead scores the device trunk's copy of the routers, not a host RouterBank.
+  const DialMinimum min = dial_minimum(ckpt_, pk, lookahead_depth(opts), pool_->size(),
+                                       /*host_routers=*/!device_mode(opts));
+  const uint64_t slot = min.slot_bytes, expert_min = min.experts(), bank_bytes = min.routers;
+  if (budget_ < min.total())
     return Status::budget(
-        "a budget of " + gib(budget_) + " cannot be met: the minimum is " +
-        gib(trunk_min + expert_min + bank_bytes) + " (trunk " + gib(trunk_min) + ": head, " +
-        "two ring slots, embedding rows" +
+        "a budget of " + gib(budget_) + " cannot be met: the minimum is " + gib(min.total()) +
+        " (trunk " + gib(min.trunk) + ": head, two ring slots, embedding rows" +
         (pk && pk->compressed() ? ", compressed staging per slot, inflate scratch per thread"
                                 : "") +
-        "; experts " + gib(expert_min) + ": " + std::to_string(min_slots) + " slots of " +
+        "; experts " + gib(expert_min) + ": " + std::to_string(min.expert_slots) + " slots of " +
         gib(slot) +
-        (lookahead ? "; lookahead routers " + gib(bank_bytes) + ", 0 with --lookahead 0" : "") +
+        (bank_bytes ? "; lookahead routers " + gib(bank_bytes) + ", 0 with --lookahead 0" : "") +
         ")");
-  if (lookahead) {
+  if (bank_bytes) {
     KTIER_ASSIGN_OR_RETURN(bank_, RouterBank::load(ckpt_, *io_, shard_files_));
     KTIER_CHECK(bank_->bytes_allocated() == bank_bytes);
   }
@@ -152,7 +160,7 @@ Status Engine::open_dial(const EngineOptions& opts) {
     // One fetch's worth of slots is lent to experts the policy does not keep; the rest is the
     // policy's capacity.
     const uint64_t batch = static_cast<uint64_t>(c.num_experts_per_token);
-    const uint64_t slots = std::clamp<uint64_t>(left / slot, min_slots, total_experts + batch);
+    const uint64_t slots = std::clamp<uint64_t>(left / slot, min.expert_slots, total_experts + batch);
     ExpertCacheOptions xo;
     xo.policy = opts.policy;
     xo.temperature_seed = opts.temperature_seed;
@@ -191,7 +199,7 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
   const format::ModelConfig& c = ckpt_.config();
   const bool moe = experts != nullptr && c.num_moe_layers() > 0;
   const uint64_t slot = moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0;
-  const uint64_t min_tier = moe ? 2 * static_cast<uint64_t>(c.num_experts_per_token) * slot : 0;
+  const uint64_t min_tier = moe ? VramExpertTier::minimum_slots(c) * slot : 0;
   KTIER_ASSIGN_OR_RETURN(device_trunk_, DeviceTrunk::open(trunk, *backend_, vram, min_tier));
   if (moe) {
     // Never more slots than every expert plus one fetch's bypass.
@@ -249,8 +257,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   model::ExpertSource* experts = e->cache_ ? static_cast<model::ExpertSource*>(e->cache_.get())
                                            : e->experts_.get();
   e->exec_ = cpu::Exec{e->pool_.get(), isa};
-  const bool device_mode = opts.device == backend::DeviceKind::kCuda || opts.emulate_device;
-  if (device_mode) {
+  if (device_mode(opts)) {
     KTIER_RETURN_IF_ERROR(e->open_device(opts, *trunk, experts));
     trunk = e->device_trunk_.get();
     if (e->vram_tier_) experts = e->vram_tier_.get();

@@ -116,10 +116,21 @@ class Engine {
   cpu::Exec exec_;
 };
 
-// The smallest budget the memory dial accepts for `ckpt` (with `pack`, or null): the trunk's
-// minimum (TrunkStore::minimum_bytes; a compressed pack's scratch grows with `threads`), expert
-// slots for one fetch and top-k more per lookahead depth, and the lookahead routers when
-// lookahead > 0 (RouterBank::bytes_needed).
+// The smallest budget the memory dial accepts for `ckpt` (with `pack`, or null), part by part:
+// the trunk's minimum (TrunkStore::minimum_bytes; a compressed pack's scratch grows with
+// `threads`), expert slots for one fetch and top-k more per lookahead depth, and the lookahead
+// routers (RouterBank::bytes_needed) when lookahead > 0 and the host scores them
+// (`host_routers`; GPU mode scores the device trunk's copy instead). Bytes.
+struct DialMinimum {
+  uint64_t trunk = 0;
+  uint64_t expert_slots = 0, slot_bytes = 0;
+  uint64_t routers = 0;
+  uint64_t experts() const { return expert_slots * slot_bytes; }
+  uint64_t total() const { return trunk + experts() + routers; }
+};
+DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                         int lookahead, int threads, bool host_routers);
+// dial_minimum(...).total() for the CPU engine (host routers).
 uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                               int lookahead, int threads = 1);
 

@@ -25,12 +25,12 @@ Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
     model::ExpertSource& host, backend::Backend& be, const format::ModelConfig& c,
     uint64_t slot_bytes, int64_t slots, strata::PolicyKind policy,
     const strata::PolicyInputs& inputs) {
-  const int64_t k = c.num_experts_per_token;
-  if (slots < 2 * k)
+  const int64_t k = c.num_experts_per_token, min_slots = minimum_slots(c);
+  if (slots < min_slots)
     return Status::budget("--vram: room for " + std::to_string(slots) + " experts; the VRAM " +
-                          "tier needs at least " + std::to_string(2 * k) + " (" +
-                          std::to_string(2 * k * slot_bytes) + " bytes): top_k for the policy " +
-                          "and top_k for one fetch");
+                          "tier needs at least " + std::to_string(min_slots) + " (" +
+                          std::to_string(min_slots * slot_bytes) + " bytes): top_k for the " +
+                          "policy and top_k for one fetch");
   std::unique_ptr<VramExpertTier> x(new VramExpertTier(host, be));
   x->num_experts_ = c.num_experts;
   x->moe_layers_ = std::max<int64_t>(1, c.num_moe_layers());

@@ -45,9 +45,8 @@ struct VramTierStats {
 class VramExpertTier final : public model::ExpertSource, public model::LookaheadObserver {
  public:
   // `host` and `be` must outlive the tier. slot_bytes: room for one expert's three matrices as
-  // placed here (each part 256-byte aligned); slots: total slots, at least 2 * top_k (top_k for
-  // the policy, top_k bypass). Errors: the backend's (allocation); Status::budget when slots is
-  // too small.
+  // placed here (each part 256-byte aligned); slots: total slots, at least minimum_slots().
+  // Errors: the backend's (allocation); Status::budget when slots is too small.
   static Result<std::unique_ptr<VramExpertTier>> open(model::ExpertSource& host,
                                                       backend::Backend& be,
                                                       const format::ModelConfig& c,
@@ -55,6 +54,8 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
                                                       strata::PolicyKind policy,
                                                       const strata::PolicyInputs& inputs);
   ~VramExpertTier() override;
+  // The fewest slots the tier opens with: top_k for the policy and top_k bypass for one fetch.
+  static int64_t minimum_slots(const format::ModelConfig& c) { return 2 * c.num_experts_per_token; }
   // Bytes one expert takes in a slot, from the checkpoint's expert tensors (float experts are
   // sized as F32, the widest: they occur only in test checkpoints).
   static uint64_t slot_bytes_for(const format::Checkpoint& ckpt);

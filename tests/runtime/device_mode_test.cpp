@@ -92,9 +92,22 @@ TEST_F(DeviceModeTest, EmulatedDeviceGivesTheCpuBytesAtEveryVramBudget) {
 
 TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {
   EngineOptions eo = emulated(budgets()[1]);
-  eo.ram_budget = minimum_budget_bytes(*format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread),
-                                       nullptr, eo.lookahead, eo.threads);
+  ASSERT_GT(eo.lookahead, 0);
+  // GPU mode scores lookahead on the device trunk's routers: no host RouterBank, and the
+  // dial's minimum is the CPU engine's less the routers.
+  const auto ck = format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread);
+  const DialMinimum cpu = dial_minimum(*ck, nullptr, eo.lookahead, eo.threads, true);
+  const DialMinimum gpu = dial_minimum(*ck, nullptr, eo.lookahead, eo.threads, false);
+  ASSERT_GT(cpu.routers, 0u);
+  EXPECT_EQ(gpu.total(), cpu.total() - cpu.routers);
+  EXPECT_EQ(cpu.total(), minimum_budget_bytes(*ck, nullptr, eo.lookahead, eo.threads));
+  eo.ram_budget = gpu.total();
   EXPECT_TRUE(logits_then_greedy_ids(eo, kDialTestPrompt) == reference_);
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  EXPECT_EQ((*e)->router_bank(), nullptr);
+  eo.ram_budget = gpu.total() - 1;
+  EXPECT_EQ(Engine::open(eo).status().exit_code(), 4);
 }
 
 TEST_F(DeviceModeTest, VramTierCountsHitsAndCopies) {
