@@ -99,8 +99,11 @@ cudaError_t launch_situ_glu(const float* a, const float* b, int64_t n, double be
 cudaError_t launch_sigmoid(const float* x, const float* gate, int64_t n, float* out,
                            cudaStream_t s);  // gate == nullptr: sigmoid(x); else x*sigmoid(gate)
 cudaError_t launch_add(const float* a, const float* b, int64_t n, float* out, cudaStream_t s);
-cudaError_t launch_weighted_sum(const float* const* vec, const float* weight, int k, int64_t n,
-                                float* out, cudaStream_t s);
+// row_of: host arrays, passed to the kernels in kernel parameters (kIndexParams at a time).
+cudaError_t launch_weighted_sum(const float* rows, const int32_t* row_of, const float* weight,
+                                int64_t T, int k, int64_t n, float* out, cudaStream_t s);
+cudaError_t launch_gather_rows(const float* src, const int32_t* row_of, int64_t rows, int64_t n,
+                               float* dst, cudaStream_t s);
 
 // kda.cu
 cudaError_t launch_short_conv(const float* u, int64_t T, int64_t C, const float* w, int K,

@@ -162,14 +162,26 @@ int add(const float* a, const float* b, int64_t n, float* out, KtierCudaStream s
   return cuda_check("add", launch_add(a, b, n, out, S(stream)));
 }
 
-int weighted_sum(const float* const* vec, const float* weight, int k, int64_t n, float* out,
-                 KtierCudaStream stream) {
-  KC_REQUIRE("weighted_sum", k >= 0 && n >= 0, "bad sizes");
+int weighted_sum(const float* rows, const int32_t* row_of, const float* weight, int64_t T, int k,
+                 int64_t n, float* out, KtierCudaStream stream) {
+  KC_REQUIRE("weighted_sum", T >= 0 && k >= 0 && n >= 0, "bad sizes");
   KC_REQUIRE("weighted_sum", k <= KTIER_CUDA_MAX_TOPK, "k = %d > %d", k, KTIER_CUDA_MAX_TOPK);
-  if (n == 0) return 0;
-  KC_REQUIRE("weighted_sum", out && (k == 0 || (vec && weight)), "null pointer");
-  for (int j = 0; j < k; ++j) KC_REQUIRE("weighted_sum", vec[j], "null vec[%d]", j);
-  return cuda_check("weighted_sum", launch_weighted_sum(vec, weight, k, n, out, S(stream)));
+  if (n == 0 || T == 0) return 0;
+  KC_REQUIRE("weighted_sum", out && (k == 0 || (rows && row_of && weight)), "null pointer");
+  for (int64_t i = 0; i < T * k; ++i)
+    KC_REQUIRE("weighted_sum", row_of[i] >= 0, "row_of[%lld] = %d", (long long)i, row_of[i]);
+  return cuda_check("weighted_sum",
+                    launch_weighted_sum(rows, row_of, weight, T, k, n, out, S(stream)));
+}
+
+int gather_rows(const float* src, const int32_t* row_of, int64_t rows, int64_t n, float* dst,
+                KtierCudaStream stream) {
+  KC_REQUIRE("gather_rows", rows >= 0 && n >= 0, "bad sizes");
+  if (n == 0 || rows == 0) return 0;
+  KC_REQUIRE("gather_rows", src && row_of && dst, "null pointer");
+  for (int64_t i = 0; i < rows; ++i)
+    KC_REQUIRE("gather_rows", row_of[i] >= 0, "row_of[%lld] = %d", (long long)i, row_of[i]);
+  return cuda_check("gather_rows", launch_gather_rows(src, row_of, rows, n, dst, S(stream)));
 }
 
 int kda_short_conv(const float* u, int64_t T, int64_t C, const float* w, int K, float* history,
@@ -284,6 +296,7 @@ const KtierCudaOps kOps = {
     sigmoid_gate,
     add,
     weighted_sum,
+    gather_rows,
     kda_short_conv,
     kda_decay_gate,
     kda_recurrence,

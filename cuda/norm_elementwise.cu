@@ -52,19 +52,36 @@ __global__ void add_kernel(const float* a, const float* b, int64_t n, float* out
     out[i] = __fadd_rn(a[i], b[i]);
 }
 
-struct VecList {
-  const float* v[KTIER_CUDA_MAX_TOPK];
+// Row indices travel in kernel parameters (no host-to-device copy, no sync): at most
+// kIndexParams per launch, which keeps the parameter block under the classic 4 KiB limit.
+constexpr int kIndexParams = 960;
+struct IndexList {
+  int32_t row[kIndexParams];
 };
 
-// The CPU's sum exactly: double, j order, exact products (bit-identical).
-__global__ void weighted_sum_kernel(const __grid_constant__ VecList vec, const float* weight,
-                                    int k, int64_t n, float* out) {
+// Tokens t0 + blockIdx.y: the CPU's sum exactly: double, j order, exact products
+// (bit-identical). idx holds the chunk's row indices, token-major.
+__global__ void weighted_sum_kernel(const float* rows, const __grid_constant__ IndexList idx,
+                                    const float* weight, int64_t t0, int k, int64_t n,
+                                    float* out) {
+  const int64_t t = blockIdx.y;
+  const float* w = weight + (t0 + t) * k;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     double acc = 0.0;
-    for (int j = 0; j < k; ++j) acc = acc + D(weight[j]) * D(vec.v[j][i]);
-    out[i] = F(acc);
+    for (int j = 0; j < k; ++j) acc = acc + D(w[j]) * D(rows[idx.row[t * k + j] * n + i]);
+    out[(t0 + t) * n + i] = F(acc);
   }
+}
+
+__global__ void gather_rows_kernel(const float* src, const __grid_constant__ IndexList idx,
+                                   int64_t r0, int64_t n, float* dst) {
+  const int64_t r = blockIdx.y;
+  const float* from = src + idx.row[r] * n;
+  float* to = dst + (r0 + r) * n;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    to[i] = from[i];
 }
 
 }  // namespace
@@ -96,12 +113,34 @@ cudaError_t launch_add(const float* a, const float* b, int64_t n, float* out, cu
   return cudaGetLastError();
 }
 
-cudaError_t launch_weighted_sum(const float* const* vec, const float* weight, int k, int64_t n,
-                                float* out, cudaStream_t s) {
-  VecList list{};
-  for (int j = 0; j < k; ++j) list.v[j] = vec[j];
-  weighted_sum_kernel<<<grid_for(n), kBlock, 0, s>>>(list, weight, k, n, out);
-  return cudaGetLastError();
+cudaError_t launch_weighted_sum(const float* rows, const int32_t* row_of, const float* weight,
+                                int64_t T, int k, int64_t n, float* out, cudaStream_t s) {
+  if (k == 0) {  // an empty sum: zeros
+    return cudaMemsetAsync(out, 0, static_cast<size_t>(T * n) * sizeof(float), s);
+  }
+  const int64_t per_launch = kIndexParams / k;  // tokens whose indices fit one parameter block
+  for (int64_t t0 = 0; t0 < T; t0 += per_launch) {
+    const int64_t nt = T - t0 < per_launch ? T - t0 : per_launch;
+    IndexList idx{};
+    for (int64_t i = 0; i < nt * k; ++i) idx.row[i] = row_of[t0 * k + i];
+    const dim3 grid(grid_for(n), static_cast<unsigned>(nt));
+    weighted_sum_kernel<<<grid, kBlock, 0, s>>>(rows, idx, weight, t0, k, n, out);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t launch_gather_rows(const float* src, const int32_t* row_of, int64_t rows, int64_t n,
+                               float* dst, cudaStream_t s) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kIndexParams) {
+    const int64_t nr = rows - r0 < kIndexParams ? rows - r0 : kIndexParams;
+    IndexList idx{};
+    for (int64_t i = 0; i < nr; ++i) idx.row[i] = row_of[r0 + i];
+    const dim3 grid(grid_for(n), static_cast<unsigned>(nr));
+    gather_rows_kernel<<<grid, kBlock, 0, s>>>(src, idx, r0, n, dst);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace ktier_cuda

@@ -82,9 +82,15 @@ class Backend {
   virtual Status sigmoid(const float* x, int64_t n, float* out) = 0;
   virtual Status sigmoid_gate(const float* x, const float* gate, int64_t n, float* out) = 0;
   virtual Status add(const float* a, const float* b, int64_t n, float* out) = 0;
-  // vec: host array of k pointers to backend memory; weight: backend memory [k].
-  virtual Status weighted_sum(const float* const* vec, const float* weight, int k, int64_t n,
-                              float* out) = 0;
+  // The MoE combine for T tokens: out[t] = sum over j < k of weight[t*k + j] * rows[row_of[t*k +
+  // j]], j in order (per token, cpu::weighted_sum's arithmetic). rows: backend memory, n floats a
+  // row; row_of: host array [T * k] of row indices; weight: backend memory [T * k]; out: [T, n].
+  virtual Status weighted_sum(const float* rows, const int32_t* row_of, const float* weight,
+                              int64_t T, int k, int64_t n, float* out) = 0;
+  // dst[r] = src[row_of[r]] for r < rows (n floats a row; exact). src, dst: backend memory, not
+  // overlapping; row_of: host array [rows]. One launch where per-row copies would be many.
+  virtual Status gather_rows(const float* src, const int32_t* row_of, int64_t rows, int64_t n,
+                             float* dst) = 0;
   virtual Status kda_short_conv(const float* u, int64_t T, int64_t C, const float* w, int K,
                                 float* history, float* out) = 0;
   virtual Status kda_decay_gate(const float* z, int64_t T, int H, int D, const float* A_log,

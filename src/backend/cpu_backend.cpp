@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backend/backend.h"
 #include "cpu/thread_pool.h"
@@ -78,9 +79,19 @@ class CpuBackend final : public Backend {
     cpu::add(a, b, n, out, ex_);
     return Status::ok();
   }
-  Status weighted_sum(const float* const* vec, const float* weight, int k, int64_t n,
-                      float* out) override {
-    cpu::weighted_sum(vec, weight, k, n, out, ex_);
+  Status weighted_sum(const float* rows, const int32_t* row_of, const float* weight, int64_t T,
+                      int k, int64_t n, float* out) override {
+    std::vector<const float*> vec(static_cast<size_t>(k));
+    for (int64_t t = 0; t < T; ++t) {
+      for (int j = 0; j < k; ++j) vec[static_cast<size_t>(j)] = rows + row_of[t * k + j] * n;
+      cpu::weighted_sum(vec.data(), weight + t * k, k, n, out + t * n, ex_);
+    }
+    return Status::ok();
+  }
+  Status gather_rows(const float* src, const int32_t* row_of, int64_t rows, int64_t n,
+                     float* dst) override {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + r * n, src + row_of[r] * n, static_cast<size_t>(n) * sizeof(float));
     return Status::ok();
   }
   Status kda_short_conv(const float* u, int64_t T, int64_t C, const float* w, int K,

@@ -149,9 +149,13 @@ class CudaBackend final : public Backend {
   Status add(const float* a, const float* b, int64_t n, float* out) override {
     return check(ops_->add(a, b, n, out, stream_), "add");
   }
-  Status weighted_sum(const float* const* vec, const float* weight, int k, int64_t n,
-                      float* out) override {
-    return check(ops_->weighted_sum(vec, weight, k, n, out, stream_), "weighted_sum");
+  Status weighted_sum(const float* rows, const int32_t* row_of, const float* weight, int64_t T,
+                      int k, int64_t n, float* out) override {
+    return check(ops_->weighted_sum(rows, row_of, weight, T, k, n, out, stream_), "weighted_sum");
+  }
+  Status gather_rows(const float* src, const int32_t* row_of, int64_t rows, int64_t n,
+                     float* dst) override {
+    return check(ops_->gather_rows(src, row_of, rows, n, dst, stream_), "gather_rows");
   }
   Status kda_short_conv(const float* u, int64_t T, int64_t C, const float* w, int K,
                         float* history, float* out) override {

@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-#define KTIER_CUDA_ABI_VERSION 3
+#define KTIER_CUDA_ABI_VERSION 4
 
 typedef struct KtierCudaDeviceInfo {
   char name[256];
@@ -126,9 +126,13 @@ typedef struct KtierCudaOps {
   int (*sigmoid_gate)(const float* x, const float* gate, int64_t n, float* out,
                       KtierCudaStream stream);
   int (*add)(const float* a, const float* b, int64_t n, float* out, KtierCudaStream stream);
-  /* vec: host array of k device pointers; weight: device [k]. k <= KTIER_CUDA_MAX_TOPK. */
-  int (*weighted_sum)(const float* const* vec, const float* weight, int k, int64_t n, float* out,
-                      KtierCudaStream stream);
+  /* out[t] = sum_j weight[t*k + j] * rows[row_of[t*k + j]] (n floats a row), j in order.
+   * row_of: host array [T * k]; rows, weight [T * k], out [T, n]: device. k <= MAX_TOPK. */
+  int (*weighted_sum)(const float* rows, const int32_t* row_of, const float* weight, int64_t T,
+                      int k, int64_t n, float* out, KtierCudaStream stream);
+  /* dst[r] = src[row_of[r]] for r < rows, n floats a row. row_of: host array [rows]. */
+  int (*gather_rows)(const float* src, const int32_t* row_of, int64_t rows, int64_t n,
+                     float* dst, KtierCudaStream stream);
   int (*kda_short_conv)(const float* u, int64_t T, int64_t C, const float* w, int K,
                         float* history, float* out, KtierCudaStream stream);
   /* g may be NULL. */

@@ -7,6 +7,7 @@
 // once, and the host bytes are read only when ops_after_copies() or sync_copies() is called. So
 // an op that reads a copy before its fence sees NaN, and host memory overwritten before
 // sync_copies() lands in the copy: both change the output, which the tests compare.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -98,11 +99,16 @@ class EmulatedDevice final : public Backend {
     floats(a, n, "add a"), floats(b, n, "add b"), floats(out, n, "add out");
     return cpu_->add(a, b, n, out);
   }
-  Status weighted_sum(const float* const* vec, const float* weight, int k, int64_t n,
-                      float* out) override {
-    for (int j = 0; j < k; ++j) floats(vec[j], n, "weighted_sum vector");
-    floats(weight, k, "weighted_sum weights"), floats(out, n, "weighted_sum out");
-    return cpu_->weighted_sum(vec, weight, k, n, out);
+  Status weighted_sum(const float* rows, const int32_t* row_of, const float* weight, int64_t T,
+                      int k, int64_t n, float* out) override {
+    floats(rows, rows_spanned(row_of, T * k) * n, "weighted_sum rows");
+    floats(weight, T * k, "weighted_sum weights"), floats(out, T * n, "weighted_sum out");
+    return cpu_->weighted_sum(rows, row_of, weight, T, k, n, out);
+  }
+  Status gather_rows(const float* src, const int32_t* row_of, int64_t rows, int64_t n,
+                     float* dst) override {
+    floats(src, rows_spanned(row_of, rows) * n, "gather src"), floats(dst, rows * n, "gather dst");
+    return cpu_->gather_rows(src, row_of, rows, n, dst);
   }
   Status kda_short_conv(const float* u, int64_t T, int64_t C, const float* w, int K,
                         float* history, float* out) override {
@@ -169,6 +175,15 @@ class EmulatedDevice final : public Backend {
                    what, bytes, p);
       KTIER_CHECK_MSG(inside, what);
     }
+  }
+  // Rows a host index list reaches: 1 + its largest entry (0 for an empty list).
+  static int64_t rows_spanned(const int32_t* row_of, int64_t count) {
+    int64_t rows = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      KTIER_CHECK(row_of[i] >= 0);
+      rows = std::max<int64_t>(rows, int64_t{row_of[i]} + 1);
+    }
+    return rows;
   }
   void floats(const void* p, int64_t n, const char* what) const {
     mine(p, static_cast<size_t>(n) * sizeof(float), what);

@@ -150,15 +150,18 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
   std::vector<int64_t> row0(selected.size() + 1, 0);  // first gathered row of each expert
   for (size_t g = 0; g < selected.size(); ++g)
     row0[g + 1] = row0[g] + static_cast<int64_t>(users[static_cast<size_t>(selected[g])].size());
-  std::vector<const float*> slot_out(static_cast<size_t>(T * k));
+  // Gathered row r holds token src_row[r]'s input; slot (t, j)'s output is y2's row
+  // row_of_slot[t * k + j].
+  std::vector<int32_t> src_row(static_cast<size_t>(T * k)), row_of_slot(static_cast<size_t>(T * k));
   for (size_t g = 0; g < selected.size(); ++g) {
     const auto& list = users[static_cast<size_t>(selected[g])];
     for (size_t i = 0; i < list.size(); ++i) {
       const int64_t row = row0[g] + static_cast<int64_t>(i);
-      KTIER_RETURN_IF_ERROR(be.copy(xin + row * lat, u_in + (list[i] / k) * lat, lat * sizeof(float)));
-      slot_out[static_cast<size_t>(list[i])] = y2 + row * lat;
+      src_row[static_cast<size_t>(row)] = static_cast<int32_t>(list[i] / k);
+      row_of_slot[static_cast<size_t>(list[i])] = static_cast<int32_t>(row);
     }
   }
+  KTIER_RETURN_IF_ERROR(be.gather_rows(u_in, src_row.data(), T * k, lat, xin));
   // Experts run in batches the source can hold at once (a RAM tier's slot count); each
   // expert's rows are computed exactly as in one batch, so the batching changes no byte.
   const size_t batch = static_cast<size_t>(std::max<int64_t>(1, experts.max_batch()));
@@ -185,8 +188,7 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
   }
 
   // Combine per token in its own selection order, whatever order the experts ran in.
-  for (int64_t t = 0; t < T; ++t)
-    KTIER_RETURN_IF_ERROR(be.weighted_sum(slot_out.data() + t * k, weights_dev + t * k, k, lat, u + t * lat));
+  KTIER_RETURN_IF_ERROR(be.weighted_sum(y2, row_of_slot.data(), weights_dev, T, k, lat, u));
   if (!w.latent_norm.empty())
     KTIER_RETURN_IF_ERROR(be.rmsnorm(u, w.latent_norm.data(), T, lat, c.rms_norm_eps, u));
   const cpu::LinearJob up{w.up, u, T, out};

@@ -194,26 +194,57 @@ TEST_P(CrossBackend, Elementwise) {
   }
 }
 
+// The MoE combine over T tokens, rows picked by index (repeats allowed), an Inf in one row
+// and a NaN in another where some token picks them.
 TEST_P(CrossBackend, WeightedSum) {
-  for (int k : {1, 5, 16}) {
-    const int64_t n = odd_between(rng_, 101, 999);
-    std::vector<std::vector<float>> vec;
-    std::vector<Array<float>> dvec;
-    std::vector<const float*> ref_ptrs, dev_ptrs;
-    for (int j = 0; j < k; ++j) {
-      vec.push_back(random_floats(rng_, n, -4.0f, 4.0f));
-      dvec.emplace_back(*under_test_, vec.back());
-      ref_ptrs.push_back(vec.back().data());
-      dev_ptrs.push_back(dvec.back().data());
-    }
-    const auto w = random_floats(rng_, k, 0.0f, 1.0f);
-    Array<float> dw(*under_test_, w);
-    std::vector<float> want(n);
-    auto got = Array<float>::poisoned(*under_test_, n);
-    ASSERT_TRUE(ref_->weighted_sum(ref_ptrs.data(), w.data(), k, n, want.data()).is_ok());
+  for (auto [T, k] : {std::pair<int64_t, int>{1, 1}, {3, 5}, {7, 16}}) {
+    const int64_t n = odd_between(rng_, 101, 999), n_rows = odd_between(rng_, 3, 41);
+    auto rows = random_floats(rng_, n_rows * n, -4.0f, 4.0f);
+    rows[1 * n + n / 2] = std::numeric_limits<float>::infinity();
+    rows[2 * n + 7] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<int32_t> row_of(static_cast<size_t>(T * k));
+    for (auto& r : row_of) r = static_cast<int32_t>(rng_() % static_cast<uint64_t>(n_rows));
+    row_of[0] = 1;
+    if (T > 1) row_of[static_cast<size_t>(k)] = 2;
+    const auto w = random_floats(rng_, T * k, 0.0f, 1.0f);
+    Array<float> drows(*under_test_, rows), dw(*under_test_, w);
+    std::vector<float> want(T * n);
+    auto got = Array<float>::poisoned(*under_test_, T * n);
+    ASSERT_TRUE(ref_->weighted_sum(rows.data(), row_of.data(), w.data(), T, k, n, want.data()).is_ok());
     ASSERT_TRUE(
-        under_test_->weighted_sum(dev_ptrs.data(), dw.data(), k, n, got.data()).is_ok());
-    expect_close("weighted_sum", want, got.host(), weighted_sum_bound(vec, w));
+        under_test_->weighted_sum(drows.data(), row_of.data(), dw.data(), T, k, n, got.data()).is_ok());
+    std::vector<double> tol;
+    for (int64_t t = 0; t < T; ++t) {  // each token's bound over the rows it picked
+      std::vector<std::vector<float>> vec;
+      for (int j = 0; j < k; ++j) {
+        const float* r = rows.data() + row_of[static_cast<size_t>(t * k + j)] * n;
+        vec.emplace_back(r, r + n);
+      }
+      const auto b = weighted_sum_bound(vec, std::vector<float>(w.begin() + t * k, w.begin() + (t + 1) * k));
+      tol.insert(tol.end(), b.begin(), b.end());
+    }
+    expect_close("weighted_sum", want, got.host(), tol);
+  }
+}
+
+// A gather moves bytes: equal bits on every backend, NaN payloads and infinities included.
+TEST_P(CrossBackend, GatherRows) {
+  for (int64_t rows : {1, 9, 1001}) {  // 1001 > one CUDA launch's 960 indices
+    const int64_t n = odd_between(rng_, 1, 301), n_src = odd_between(rng_, 3, 41);
+    auto src = random_floats(rng_, n_src * n, -4.0f, 4.0f);
+    src[0] = std::numeric_limits<float>::infinity();
+    src[n_src * n - 1] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<int32_t> row_of(static_cast<size_t>(rows));
+    for (auto& r : row_of) r = static_cast<int32_t>(rng_() % static_cast<uint64_t>(n_src));
+    row_of[0] = 0;
+    row_of.back() = static_cast<int32_t>(n_src - 1);
+    std::vector<float> want(rows * n);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(src.data() + row_of[static_cast<size_t>(r)] * n, n, want.data() + r * n);
+    Array<float> dsrc(*under_test_, src);
+    auto got = Array<float>::poisoned(*under_test_, rows * n);
+    ASSERT_TRUE(under_test_->gather_rows(dsrc.data(), row_of.data(), rows, n, got.data()).is_ok());
+    expect_close("gather_rows", want, got.host(), 0.0, /*bitwise=*/true);
   }
 }
 
