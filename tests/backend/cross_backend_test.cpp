@@ -223,7 +223,7 @@ TEST_P(CrossBackend, WeightedSum) {
       const auto b = weighted_sum_bound(vec, std::vector<float>(w.begin() + t * k, w.begin() + (t + 1) * k));
       tol.insert(tol.end(), b.begin(), b.end());
     }
-    expect_close("weighted_sum", want, got.host(), tol);
+    expect_close("weighted_sum", want, got.host(), tol, /*bitwise=*/true);  // NUMERICS.md §13
   }
 }
 
