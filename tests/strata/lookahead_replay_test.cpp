@@ -27,16 +27,23 @@ uint16_t chosen_expert(uint32_t token, uint32_t layer, uint32_t j) {
 
 enum class Predictor { kPerfect, kWrong };
 
+// kLayers layers, MoE from 1, top-kTopK, 1000-byte experts, weights recorded.
+TraceHeader test_header(uint32_t experts_per_layer, uint32_t lookahead_depth) {
+  TraceHeader h;
+  h.num_layers = kLayers;
+  h.first_moe_layer = 1;
+  h.experts_per_layer = experts_per_layer;
+  h.top_k = kTopK;
+  h.lookahead_depth = lookahead_depth;
+  h.expert_bytes = 1000;
+  h.flags = kTraceFlagWeights;
+  return h;
+}
+
 // One pass per token (decode). Each step predicts layer + 1 and layer + 2 of the same token.
 Trace make_decode_trace(Predictor predictor) {
   Trace t;
-  t.header.num_layers = kLayers;
-  t.header.first_moe_layer = 1;
-  t.header.experts_per_layer = kExperts;
-  t.header.top_k = kTopK;
-  t.header.lookahead_depth = 2;
-  t.header.expert_bytes = 1000;
-  t.header.flags = kTraceFlagWeights;
+  t.header = test_header(kExperts, 2);
   for (uint32_t tok = 0; tok < kTokens; ++tok) {
     for (uint32_t layer = 1; layer < kLayers; ++layer) {
       TraceStep s;
@@ -70,13 +77,7 @@ Trace make_decode_trace(Predictor predictor) {
 Trace make_prefill_trace() {
   constexpr uint32_t kWideExperts = 256;
   Trace t;
-  t.header.num_layers = kLayers;
-  t.header.first_moe_layer = 1;
-  t.header.experts_per_layer = kWideExperts;
-  t.header.top_k = kTopK;
-  t.header.lookahead_depth = 1;
-  t.header.expert_bytes = 1000;
-  t.header.flags = kTraceFlagWeights;
+  t.header = test_header(kWideExperts, 1);
   const auto expert = [](uint32_t tok, uint32_t layer, uint32_t j) {
     return static_cast<uint16_t>((tok * kTopK + j + layer * 37) % kWideExperts);
   };
