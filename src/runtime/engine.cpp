@@ -237,7 +237,11 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   if (!cpu::isa_supported(isa))
     return Status::usage(std::string("--isa ") + cpu::isa_name(isa) +
                          ": this CPU or build does not support it");
-  const bool dial = opts.pack_dir.has_value() || opts.ram_budget.has_value();
+  // GPU mode always runs the memory dial (default budget: --preset auto): its page-locked RAM
+  // tier is the warm tier and the staging buffer NVMe -> RAM -> VRAM, filled by io_uring reads;
+  // a mapped checkpoint's pageable pages would be copied to the device at page-fault speed.
+  const bool dial =
+      opts.pack_dir.has_value() || opts.ram_budget.has_value() || device_mode(opts);
   KTIER_ASSIGN_OR_RETURN(format::Checkpoint ckpt,
                          format::Checkpoint::open(opts.model_dir,
                                                   dial ? format::OpenMode::kPread : opts.mode));
