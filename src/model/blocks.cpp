@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "common/check.h"
+
 namespace ktier::model {
 
 namespace {
@@ -120,7 +122,9 @@ Status select_experts(const MoeWeights& w, const format::ModelConfig& c, const f
 
 Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t layer,
                  int64_t first_position, ExpertSource& experts, RoutingObserver* observer,
-                 const float* x, int64_t T, float* out, backend::Backend& be) {
+                 const float* x, const float* shared_out, int64_t T, float* out,
+                 backend::Backend& be) {
+  KTIER_CHECK(w.has_shared == (shared_out != nullptr));
   const int64_t E = c.hidden_size, lat = c.routed_expert_hidden_size;
   const int64_t I = c.moe_intermediate_size, Ne = c.num_experts;
   const int k = static_cast<int>(c.num_experts_per_token);
@@ -129,7 +133,6 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
   float* ids_dev = s.floats(T * k);  // holds int32 ids (4 bytes each, like a float)
   float *xin = s.floats(T * k * lat), *a1 = s.floats(T * k * I), *a3 = s.floats(T * k * I);
   float *y2 = s.floats(T * k * lat), *u = s.floats(T * lat);
-  float* shared = w.has_shared ? s.floats(T * E) : nullptr;
   KTIER_RETURN_IF_ERROR(s.status());
   const cpu::LinearJob first[] = {{w.router, x, T, logits}, {w.down, x, T, u_in}};
   KTIER_RETURN_IF_ERROR(be.linear(first, 2));
@@ -193,10 +196,7 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
     KTIER_RETURN_IF_ERROR(be.rmsnorm(u, w.latent_norm.data(), T, lat, c.rms_norm_eps, u));
   const cpu::LinearJob up{w.up, u, T, out};
   KTIER_RETURN_IF_ERROR(be.linear(&up, 1));
-  if (w.has_shared) {
-    KTIER_RETURN_IF_ERROR(glu_mlp(w.shared, c, x, T, shared, be));
-    KTIER_RETURN_IF_ERROR(be.add(out, shared, T * E, out));
-  }
+  if (shared_out) KTIER_RETURN_IF_ERROR(be.add(out, shared_out, T * E, out));
   return Status::ok();
 }
 

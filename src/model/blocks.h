@@ -54,10 +54,13 @@ Status glu_mlp(const GluWeights& w, const format::ModelConfig& c, const float* x
 
 // Latent MoE with the shared expert (§6.6). The experts the chunk selects are fetched once and
 // each runs once over all the tokens that chose it; the ExpertSource's views must be memory of
-// `be` too.
+// `be` too. shared_out [T, E]: glu_mlp(w.shared) of the same x, computed by the caller (before
+// router lookahead, which sees it: docs/STRATA.md §7); null exactly when !w.has_shared. out =
+// latent path + shared_out.
 Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t layer,
                  int64_t first_position, ExpertSource& experts, RoutingObserver* observer,
-                 const float* x, int64_t T, float* out, backend::Backend& be);
+                 const float* x, const float* shared_out, int64_t T, float* out,
+                 backend::Backend& be);
 
 // Top-k of a MoE router's logits [T, N_e] (backend memory): ids and weights [T, k] into
 // ids_dev/weights_dev (backend memory; ids_dev holds int32 in float-sized cells), then copied to

@@ -61,6 +61,8 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
   KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer mixed, activation());
   KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer x, activation());
   KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer y, activation());
+  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer shared, activation());  // shared experts' output
+  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer ahead, activation());   // P as lookahead sees it
   {
     std::vector<float> embedded(static_cast<size_t>(T * E));
     KTIER_RETURN_IF_ERROR(trunk_.embed(ids, embedded.data()));
@@ -113,18 +115,31 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
       std::swap(P, y);
     else
       KTIER_RETURN_IF_ERROR(be_.add(P.as<float>(), y.as<float>(), T * E, P.as<float>()));
-    if (lookahead_depth_ > 0 && !lookahead_observers_.empty()) {
-      gather_sources();
-      KTIER_RETURN_IF_ERROR(predict(l, state.n_tokens, sources, T));
-    }
     KTIER_RETURN_IF_ERROR(aggregate(lw.f_mlp, mixed.as<float>()));  // the bank is never empty
     KTIER_RETURN_IF_ERROR(be_.rmsnorm(mixed.as<float>(), lw.post_attention_norm.data(), T, E, eps,
                                       x.as<float>()));
+    // The part of the FFN output that needs no routing — the dense MLP, or the MoE's shared
+    // experts — first, so that router lookahead scores the next layers on P plus it: on `demo`
+    // depth-1 recall 61.6% -> 70.7% (docs/STRATA.md §7). The sum into P is unchanged.
+    float* known = nullptr;  // [T, E]
     if (lw.is_dense) {
       KTIER_RETURN_IF_ERROR(glu_mlp(lw.dense, c, x.as<float>(), T, y.as<float>(), be_));
-    } else {
+      known = y.as<float>();
+    } else if (lw.moe.has_shared) {
+      KTIER_RETURN_IF_ERROR(glu_mlp(lw.moe.shared, c, x.as<float>(), T, shared.as<float>(), be_));
+      known = shared.as<float>();
+    }
+    if (lookahead_depth_ > 0 && !lookahead_observers_.empty()) {
+      gather_sources();
+      if (known) {
+        KTIER_RETURN_IF_ERROR(be_.add(P.as<float>(), known, T * E, ahead.as<float>()));
+        sources.back() = ahead.as<float>();
+      }
+      KTIER_RETURN_IF_ERROR(predict(l, state.n_tokens, sources, T));
+    }
+    if (!lw.is_dense) {
       KTIER_RETURN_IF_ERROR(moe_block(lw.moe, c, l, state.n_tokens, *experts_, routing_observer_,
-                                      x.as<float>(), T, y.as<float>(), be_));
+                                      x.as<float>(), known, T, y.as<float>(), be_));
     }
     KTIER_RETURN_IF_ERROR(be_.add(P.as<float>(), y.as<float>(), T * E, P.as<float>()));
     if (layer_observer_) {
