@@ -1,5 +1,6 @@
 #include "runtime/router_bank.h"
 
+#include <algorithm>
 #include <string>
 
 #include "common/check.h"
@@ -8,7 +9,11 @@ namespace ktier::runtime {
 
 namespace {
 
-int64_t first_held(const format::ModelConfig& c) { return c.first_k_dense_replace + 1; }
+// Every MoE layer with a layer before it to predict it from: the first MoE layer too when dense
+// layers precede it (they predict it), layer 0 never.
+int64_t first_held(const format::ModelConfig& c) {
+  return std::max<int64_t>(c.first_k_dense_replace, 1);
+}
 
 // What the bank keeps of a bound layer: the router's stored bytes (an aligned buffer) and the
 // f32 vectors bind_routing widened.

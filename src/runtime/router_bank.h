@@ -1,9 +1,9 @@
 #pragma once
 // The routing weights router lookahead reads (model::Model::set_lookahead) when the trunk is
-// streamed: for every MoE layer l > first MoE layer, its router matrix and bias and its FFN
+// streamed: for every MoE layer l > 0, its router matrix and bias and its FFN
 // input's norm and AttnRes vector (model::bind_routing), read once from the shards and kept
 // resident. A streamed layer's record is not in memory when an earlier layer predicts it, so
-// these few tensors are held apart from the TrunkStore (K3: ~12.9 MB per layer in bf16, 91
+// these few tensors are held apart from the TrunkStore (K3: ~12.9 MB per layer in bf16, 92
 // layers, about 1.2 GB; counted in the budget, docs/TUNING.md). Layers the TrunkStore pins are
 // held twice: a known cost, small against a pinned layer.
 //
@@ -31,8 +31,8 @@ class RouterBank {
   static Result<std::unique_ptr<RouterBank>> load(const format::Checkpoint& ckpt,
                                                   io::IoEngine& engine,
                                                   const std::vector<io::ReadFile>& shards);
-  // Layer l's routing weights, or null for a layer the bank does not hold (dense layers, the
-  // first MoE layer: nothing precedes it to predict it).
+  // Layer l's routing weights, or null for a layer the bank does not hold (dense layers, and
+  // layer 0: nothing precedes it to predict it).
   const model::LayerWeights* routing(int64_t l) const;
   uint64_t bytes_allocated() const { return bytes_; }  // = bytes_needed()
 

@@ -192,6 +192,22 @@ TEST_F(ExpertCacheTest, PrefetchCountersAddUpAndPrefetchReplacesDemandReads) {
   EXPECT_LT(demand[1], demand[0]) << "lookahead must turn some demand reads into prefetches";
 }
 
+// The bank holds every layer a lookahead can predict: each MoE layer with a layer before it —
+// the first MoE layer too, predicted from the dense layer 0.
+TEST_F(ExpertCacheTest, RouterBankHoldsEveryPredictableLayer) {
+  EngineOptions eo;
+  eo.model_dir = root_ / "ckpt";
+  eo.ram_budget = budget_for(12, 1);
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const format::ModelConfig& c = (*e)->checkpoint().config();
+  ASSERT_GE(c.first_k_dense_replace, 1);
+  const RouterBank* bank = (*e)->router_bank();
+  ASSERT_NE(bank, nullptr);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    EXPECT_EQ(bank->routing(l) != nullptr, l >= 1 && !c.is_dense(l)) << "layer " << l;
+}
+
 TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
   const fs::path trace = root_ / "predictions.trace";
   EngineOptions eo;
