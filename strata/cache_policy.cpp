@@ -258,7 +258,7 @@ void TemperatureCache::offer_to_main(uint32_t key, uint64_t main_share) {
   order_.insert(entry(key));
 }
 
-void TemperatureCache::insert_into_window(uint32_t key) {
+void TemperatureCache::insert_into_window(uint32_t key, bool prefetching) {
   window_.push_front(key);
   const uint64_t window_share = window_target();
   const uint64_t main_share = capacity() - window_share;
@@ -267,8 +267,9 @@ void TemperatureCache::insert_into_window(uint32_t key) {
   while (order_.size() > main_share && evict_coldest_unpinned_from_main()) {
   }
   while (window_.size() > window_share || window_.size() + order_.size() > capacity()) {
-    // The least recent unpinned window key leaves; else the least recent pinned for this step
-    // only (it has been read for the step; main's admission rule decides whether it stays).
+    // The least recent unpinned window key leaves; else, for a demand miss, the least recent
+    // pinned for this step only (it has been read for the step; main's admission rule decides
+    // whether it stays). A prefetch never displaces a pinned key: main gives up a slot instead.
     int32_t out = RecencyList::kNil, current = RecencyList::kNil;
     for (int32_t k = window_.back(); k != RecencyList::kNil; k = window_.toward_front(k)) {
       if (!pinned(static_cast<uint32_t>(k))) {
@@ -277,11 +278,12 @@ void TemperatureCache::insert_into_window(uint32_t key) {
       }
       if (current == RecencyList::kNil && !pinned_for_later(static_cast<uint32_t>(k))) current = k;
     }
-    if (out == RecencyList::kNil) out = current;
+    if (out == RecencyList::kNil && !prefetching) out = current;
     if (out == RecencyList::kNil) {
-      // Every window key waits for a later step (prefetched, e.g. a prefill's next layer): the
-      // window exceeds its share until they are used, taking main's coldest unpinned slots; only
-      // a cache smaller than the pinned set gives up such a key.
+      // Every window key is pinned (prefetches waiting for a later step, e.g. a prefill's next
+      // layer, or this step's keys when prefetching): the window exceeds its share until they
+      // are used, taking main's coldest unpinned slots; only a cache smaller than the pinned set
+      // gives up a pinned key (never on a prefetch: prefetch() refuses first).
       if (window_.size() + order_.size() <= capacity() || evict_coldest_unpinned_from_main())
         break;
       out = window_.back();
@@ -308,7 +310,7 @@ bool TemperatureCache::access(uint32_t key, const Request& request) {
   }
   if (capacity() == 0) return false;
   adapt_on_ghost(key);
-  insert_into_window(key);
+  insert_into_window(key, /*prefetching=*/false);
   return false;
 }
 
@@ -340,7 +342,7 @@ bool TemperatureCache::prefetch(uint32_t key, uint64_t target_step, double clock
   }
   pin_until(key, target_step);
   adapt_on_ghost(key);
-  insert_into_window(key);
+  insert_into_window(key, /*prefetching=*/true);
   return true;
 }
 

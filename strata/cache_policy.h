@@ -17,6 +17,7 @@
 //
 // Not thread-safe; one instance per replay.
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -230,15 +231,20 @@ class LfuCache final : public CacheModel {
 //              whole capacity (then the policy is LRU). A segment over its share gives up keys
 //              on the next insert; main gives up only unpinned keys then (the window makes room
 //              for pinned ones), and a key leaving the window never displaces a pinned main key.
-//              A pinned key still leaves when the window holds nothing else (a cache smaller
-//              than the pinned set). With adapt_window false the target never moves.
+//              On a demand miss, when every window key is pinned, the least recent pinned for
+//              this step only is offered to main (it was read for the step); keys pinned for a
+//              later step stay, the window over its share, and main gives up its coldest
+//              unpinned key. A pinned key is discarded only when no resident is unpinned (a
+//              cache smaller than the pinned set). With adapt_window false the target never
+//              moves.
 //   Discarded: nothing about temperature: evicted and bypassed keys keep decaying and counting.
 //   Prefetch:  inserted into the window without the admission test, pinned until its step; a
-//              prefetch of a ghost adapts the split as a miss on it would. While every window
-//              key waits for a later step (a prefill's predictions), the window exceeds its share
-//              and takes main's coldest unpinned slots; a prefetch is refused only when no
-//              resident could make room. A prefetch whose step ended unused moves to
-//              the window's least recent end: nothing says it will be used, so it leaves first.
+//              prefetch of a ghost adapts the split as a miss on it would. A prefetch never
+//              displaces a pinned key (this step's included): when the window holds only pinned
+//              keys it grows past its share and main gives up its coldest unpinned key; it is
+//              refused only when every resident is pinned. A prefetch whose step ended unused
+//              moves to the window's least recent end: nothing says it will be used, so it
+//              leaves first.
 // Main ordering uses s_k = log2 T_k(now) + now / H, which does not change while a key is unused,
 // so residents sit in one ordered set and comparisons are exact over time.
 class TemperatureCache final : public CacheModel {
@@ -262,8 +268,9 @@ class TemperatureCache final : public CacheModel {
  private:
   using Entry = std::tuple<double, int64_t, uint32_t>;  // score, last request, key
   Entry entry(uint32_t key) const { return {score_[key], last_use_[key], key}; }
-  // Puts `key` at the window's recent end, then brings both segments back within their shares.
-  void insert_into_window(uint32_t key);
+  // Puts `key` at the window's recent end, then brings both segments back within their shares
+  // (`prefetching`: without displacing any pinned key).
+  void insert_into_window(uint32_t key, bool prefetching);
   // Offers a key leaving the window to the main segment (the admission rule above).
   void offer_to_main(uint32_t key, uint64_t main_share);
   // Evicts main's coldest unpinned key; false when every main key is pinned.
@@ -356,6 +363,16 @@ std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,
 uint64_t access_routing(CacheModel& policy, int64_t layer, int64_t num_experts,
                         const int32_t* ids, int64_t T, int k, int64_t moe_layers, uint64_t& step,
                         uint32_t& request);
+
+// The last policy step a live tier's prediction pins its key through: the target layer's steps
+// of a chunk of T tokens. `step` is the next step to begin; a prediction made at layer `layer`
+// (before its routing) for `target` waits for the T steps of each MoE layer in [layer, target]
+// — MoE layers are those from `first_moe_layer` on — so a dense layer adds none.
+inline uint64_t prediction_pin_until(uint64_t step, int64_t T, int64_t layer, int64_t target,
+                                     int64_t first_moe_layer) {
+  const int64_t moe_layers = target - std::max(layer, first_moe_layer) + 1;
+  return step + static_cast<uint64_t>(T * moe_layers) - 1;
+}
 
 // A live tier's prefetches awaiting the layer they were predicted for. Replay tells the policy
 // when a prefetch's step ends unused (CacheModel::prefetch_unused); a live tier does it per

@@ -252,7 +252,10 @@ ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const R
         }
       }
       if (!caches[0]->prefetch(pred.key, pred.target_step, clock)) continue;
-      for (size_t i = 1; i < n; ++i) (void)caches[i]->prefetch(pred.key, pred.target_step, clock);
+      for (size_t i = 1; i < n; ++i) {  // a slower tier that holds it keeps it until its step
+        if (!caches[i]->prefetch(pred.key, pred.target_step, clock))
+          caches[i]->protect(pred.key, pred.target_step);
+      }
       ++pf.issued;
       for (size_t i = 0; i < from; ++i) link_bytes[i] += eb;
       pending_target[pred.key] = pred.target_step;

@@ -32,6 +32,10 @@ void TraceRecorder::start_layer(int64_t layer) {
 
 void TraceRecorder::flush_predictions_without_routing() {
   if (predicted_layer_ < 0) return;
+  if (predicted_.empty()) {  // its depth-1 target was dense too: nothing to record
+    predicted_layer_ = -1;
+    return;
+  }
   // A layer that routes nothing (dense) but predicted later layers: steps with k = 0.
   start_layer(predicted_layer_);
   TraceStep step;

@@ -2,7 +2,8 @@
 // Records a live run's routing as a strata trace (trace_format.h, docs/STRATA.md): `ktier run
 // --trace FILE`. One TraceStep per (token, MoE layer): the router's top-k in selection order with
 // their combine weights, and with lookahead depth D the predictions made for layers L+1..L+D
-// after layer L's attention (highest weight first; fewer near the last layer). A forward pass (a
+// after layer L's attention and routing-free FFN part (highest weight first; fewer near the last
+// layer). A forward pass (a
 // prefill chunk or one decode step) is one `pass`. Predictions made at a dense layer (K3: layer
 // 0, for layer 1) are recorded in steps of their own with no chosen experts (k = 0).
 //

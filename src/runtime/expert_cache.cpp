@@ -269,9 +269,8 @@ void ExpertCache::on_prediction(int64_t layer, int depth, int64_t first_position
   release_bypass();
   const int64_t Ne = ckpt_.config().num_experts;
   const int64_t target = layer + depth;
-  // Pinned through the target layer's steps for this chunk: its T steps begin after those of
-  // the `depth` MoE layers before it (this layer's included).
-  const uint64_t pin_until = step_ + static_cast<uint64_t>(T * (depth + 1)) - 1;
+  const uint64_t pin_until = strata::prediction_pin_until(step_, T, layer, target,
+                                                          ckpt_.config().first_k_dense_replace);
   std::vector<PendingPrefetch> add;
   for (int64_t t = 0; t < T; ++t)
     for (int i = 0; i < k; ++i)

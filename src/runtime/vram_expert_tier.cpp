@@ -34,6 +34,7 @@ Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
   std::unique_ptr<VramExpertTier> x(new VramExpertTier(host, be));
   x->num_experts_ = c.num_experts;
   x->moe_layers_ = std::max<int64_t>(1, c.num_moe_layers());
+  x->first_moe_layer_ = c.first_k_dense_replace;
   x->bypass_ = k;
   x->stats_.slots = static_cast<uint64_t>(slots);
   x->stats_.policy_slots = static_cast<uint64_t>(slots - k);
@@ -80,40 +81,61 @@ Status VramExpertTier::begin_copies() {
   return be_.copies_after_ops();
 }
 
+bool VramExpertTier::prefetch_one(const Prediction& p) {
+  if (slot_of_key_[p.key] >= 0) {  // in VRAM already (or copied by this call): kept until used
+    policy_->protect(p.key, p.pin_until);
+    return true;
+  }
+  model::ExpertWeights host;
+  if (!host_.peek(p.target, p.id, &host)) return false;  // not in RAM yet
+  const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
+  if (!policy_->prefetch(p.key, p.pin_until, clock) || free_.empty()) return true;
+  const int64_t slot = free_.back();
+  free_.pop_back();
+  Status s = begin_copies();
+  auto dev = s.is_ok() ? copy_in(host, slot) : Result<model::ExpertWeights>(s);
+  if (!dev.is_ok()) {  // reported by the next fetch; the slot holds nothing in use
+    deferred_ = dev.status();
+    free_.push_back(slot);
+    return true;
+  }
+  slot_of_key_[p.key] = slot;
+  slot_views_[static_cast<size_t>(slot)] = *dev;
+  prefetched_[static_cast<size_t>(slot)] = 1;
+  prefetched_for_.issued(p.key, p.target);
+  copies_pending_ = true;
+  ++stats_.prefetch_issued;
+  stats_.prefetch_bytes += model::expert_bytes(*dev);
+  return true;
+}
+
+void VramExpertTier::retry_waiting(int64_t done_through) {
+  copies_open_ = false;
+  size_t kept = 0;
+  for (const Prediction& p : waiting_) {
+    if (p.target <= done_through || !deferred_.is_ok()) continue;
+    if (!prefetch_one(p)) waiting_[kept++] = p;
+  }
+  waiting_.resize(kept);
+}
+
 void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_position,
                                    const int32_t* ids, const float* weights, int64_t T, int k) {
   (void)first_position, (void)weights;  // ids arrive highest weight first per token
   if (!deferred_.is_ok()) return;
+  if (depth == 1) {
+    if (layer < last_predicting_layer_) waiting_.clear();  // a new pass: the old one's are stale
+    last_predicting_layer_ = layer;
+    retry_waiting(layer - 1);  // earlier predictions whose RAM reads have landed since
+  }
   const int64_t target = layer + depth;
-  // Pinned through the target layer's steps of this chunk (as in the RAM tier).
-  const uint64_t pin_until = step_ + static_cast<uint64_t>(T * (depth + 1)) - 1;
-  const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
+  const uint64_t pin_until =
+      strata::prediction_pin_until(step_, T, layer, target, first_moe_layer_);
   copies_open_ = false;
-  for (int64_t i = 0; i < T * k; ++i) {
-    const uint32_t key = static_cast<uint32_t>(target * num_experts_ + ids[i]);
-    if (slot_of_key_[key] >= 0) {  // in VRAM already (or copied by this call): kept until used
-      policy_->protect(key, pin_until);
-      continue;
-    }
-    model::ExpertWeights host;
-    if (!host_.peek(target, ids[i], &host)) continue;  // not in RAM yet: nothing to copy
-    if (!policy_->prefetch(key, pin_until, clock) || free_.empty()) continue;
-    const int64_t slot = free_.back();
-    free_.pop_back();
-    Status s = begin_copies();
-    auto dev = s.is_ok() ? copy_in(host, slot) : Result<model::ExpertWeights>(s);
-    if (!dev.is_ok()) {  // reported by the next fetch; the slot holds nothing in use
-      deferred_ = dev.status();
-      free_.push_back(slot);
-      return;
-    }
-    slot_of_key_[key] = slot;
-    slot_views_[static_cast<size_t>(slot)] = *dev;
-    prefetched_[static_cast<size_t>(slot)] = 1;
-    prefetched_for_.issued(key, target);
-    copies_pending_ = true;
-    ++stats_.prefetch_issued;
-    stats_.prefetch_bytes += model::expert_bytes(*dev);
+  for (int64_t i = 0; i < T * k && deferred_.is_ok(); ++i) {
+    const Prediction p{static_cast<uint32_t>(target * num_experts_ + ids[i]), target, ids[i],
+                       pin_until};
+    if (!prefetch_one(p)) waiting_.push_back(p);
   }
 }
 
@@ -122,6 +144,7 @@ void VramExpertTier::begin_layer(int64_t layer, int64_t first_position, const in
   strata::access_routing(*policy_, layer, num_experts_, ids, T, k, moe_layers_, step_, requests_);
   prefetched_for_.settle(*policy_, layer, num_experts_, ids, T * k);
   host_.begin_layer(layer, first_position, ids, T, k);  // the RAM tier's policy and prefetch
+  if (deferred_.is_ok()) retry_waiting(layer);  // this layer's own misses are fetch()'s
 }
 
 Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights& host,

@@ -8,8 +8,10 @@
 //     tier's views into slots (RAM -> VRAM link): into a policy slot when the policy admitted
 //     the expert, else into one of top_k bypass slots, which only last until the next fetch.
 //   * Router lookahead (on_prediction) copies predicted experts that the host tier holds in
-//     memory now (ExpertSource::peek) into policy slots ahead of need, on the backend's copy
-//     stream, overlapping the ops already issued; fetch() makes the ops wait for them. Every
+//     memory (ExpertSource::peek) into policy slots ahead of need, on the backend's copy stream,
+//     overlapping the ops already issued; fetch() makes the ops wait for them. A predicted
+//     expert the host is still reading (its RAM prefetch) waits, and is copied at the next
+//     layer's prediction or routing that finds it in memory, until its own layer is routed. Every
 //     slot write is a copy-stream copy issued after `copies_after_ops`, so no slot is
 //     overwritten while an op still reads it; the host tier calls the reuse fence before it
 //     overwrites memory a copy may still read.
@@ -81,9 +83,22 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   // the memory about to be overwritten); a failure is kept in deferred_.
   void fence_host_reuse();
 
+  // A predicted expert for layer `target`, pinned (once copied) through step `pin_until`.
+  struct Prediction {
+    uint32_t key;
+    int64_t target;
+    int32_t id;
+    uint64_t pin_until;
+  };
+  // Copies one predicted expert ahead when the host holds it; false when the host does not hold
+  // it yet (worth another try before its layer). A copy failure is kept in deferred_.
+  bool prefetch_one(const Prediction& p);
+  // Tries the waiting predictions again; forgets those for layers up to `done_through`.
+  void retry_waiting(int64_t done_through);
+
   model::ExpertSource& host_;
   backend::Backend& be_;
-  int64_t num_experts_ = 0, moe_layers_ = 1, bypass_ = 0;
+  int64_t num_experts_ = 0, moe_layers_ = 1, bypass_ = 0, first_moe_layer_ = 0;
   backend::BackendBuffer arena_;
   std::vector<int64_t> slot_of_key_;             // -1: not in a slot
   std::vector<model::ExpertWeights> slot_views_;  // device views of each slot's expert
@@ -94,6 +109,8 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   bool copies_unsynced_ = false;  // copies issued that the host has not waited for
   std::unique_ptr<strata::CacheModel> policy_;
   strata::PrefetchLedger prefetched_for_;  // issued prefetches awaiting their layer
+  std::vector<Prediction> waiting_;        // predicted, not yet in host memory
+  int64_t last_predicting_layer_ = -1;
   uint64_t step_ = 0;     // policy steps begun (one per token and MoE layer)
   uint32_t requests_ = 0;  // keys accessed (strata::Request::index)
   Status deferred_ = Status::ok();  // a copy failure in on_prediction, reported by fetch()

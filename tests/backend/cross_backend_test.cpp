@@ -197,7 +197,8 @@ TEST_P(CrossBackend, Elementwise) {
 // The MoE combine over T tokens, rows picked by index (repeats allowed), an Inf in one row
 // and a NaN in another where some token picks them.
 TEST_P(CrossBackend, WeightedSum) {
-  for (auto [T, k] : {std::pair<int64_t, int>{1, 1}, {3, 5}, {7, 16}}) {
+  // 67 x 16 = 1,072 indices: more than one CUDA launch's 960.
+  for (auto [T, k] : {std::pair<int64_t, int>{1, 1}, {3, 5}, {7, 16}, {67, 16}}) {
     const int64_t n = odd_between(rng_, 101, 999), n_rows = odd_between(rng_, 3, 41);
     auto rows = random_floats(rng_, n_rows * n, -4.0f, 4.0f);
     rows[1 * n + n / 2] = std::numeric_limits<float>::infinity();

@@ -99,8 +99,7 @@ TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {
   const DialMinimum cpu = dial_minimum(*ck, nullptr, eo.lookahead, eo.threads, true);
   const DialMinimum gpu = dial_minimum(*ck, nullptr, eo.lookahead, eo.threads, false);
   ASSERT_GT(cpu.routers, 0u);
-  EXPECT_EQ(gpu.total(), cpu.total() - cpu.routers);
-  EXPECT_EQ(cpu.total(), minimum_budget_bytes(*ck, nullptr, eo.lookahead, eo.threads));
+  EXPECT_EQ(gpu.routers, 0u);
   eo.ram_budget = gpu.total();
   EXPECT_TRUE(logits_then_greedy_ids(eo, kDialTestPrompt) == reference_);
   auto e = Engine::open(eo);

@@ -256,6 +256,24 @@ TEST(TemperatureCache, PrefetchesWaitingBeyondTheWindowTakeMainSlots) {
   for (uint32_t k = 0; k < 40; ++k) EXPECT_TRUE(t.access(k, Request{50 + k, 0.6})) << k;
 }
 
+TEST(TemperatureCache, PrefetchNeverDisplacesThisStepsKeys) {
+  // 34 slots: window 32, main 2. A and B are hot (main); step 40 then requests 32 new keys,
+  // which fill the window, all pinned for the step. A prefetch for step 41 must take main's
+  // coldest slot, not push one of this step's keys out (the live tier is about to compute them).
+  TemperatureCache t(34, 512, TemperatureParams{});
+  std::vector<uint32_t> keys = {A, B, A, B, A, B};
+  for (uint32_t k = 100; k < 132; ++k) keys.push_back(k);
+  (void)run(t, keys, 1.0 / 92);
+  ASSERT_TRUE(t.contains(A) && !t.in_window(A));
+  t.begin_step(40);
+  for (uint32_t k = 200; k < 232; ++k) EXPECT_FALSE(t.access(k, Request{40 + k, 0.5}));
+  ASSERT_TRUE(t.prefetch(300, 41, 0.5));
+  for (uint32_t k = 200; k < 232; ++k) EXPECT_TRUE(t.contains(k)) << k;
+  EXPECT_TRUE(t.contains(300));
+  EXPECT_EQ(t.contains(A) + t.contains(B), 1);
+  EXPECT_EQ(t.resident_count(), 34u);
+}
+
 TEST(Policies, ProtectKeepsAPredictedResidentUntilItsStep) {
   for (PolicyKind kind : {PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kTemperature}) {
     SCOPED_TRACE(std::string(policy_name(kind)));
