@@ -54,9 +54,11 @@ step "table"
 python3 - "$OUTDIR" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-def load(n):
-    p = os.path.join(d, n)
-    return json.load(open(p)) if os.path.exists(p) else None
+def load(n):  # None when the step that writes it failed or timed out (an empty file)
+    try:
+        return json.load(open(os.path.join(d, n)))
+    except (OSError, ValueError):
+        return None
 b = load("bench-device.json")
 if b:
     print(f"copy {b['copy_gbps']:.0f} GB/s  h2d {b['h2d_gbps']:.1f} GB/s  "
