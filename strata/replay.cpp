@@ -32,6 +32,7 @@ RequestStream build_request_stream(const Trace& trace) {
   st.num_keys = h.num_layers * h.experts_per_layer;
   st.expert_bytes = h.expert_bytes;
   st.lookahead_depth = h.lookahead_depth;
+  st.refresh = (h.flags & kTraceFlagRefresh) != 0;
 
   std::vector<uint8_t> layer_seen(h.num_layers, 0);
   std::unordered_set<uint64_t> tokens, passes;
@@ -89,7 +90,14 @@ RequestStream build_request_stream(const Trace& trace) {
             {it->second, layer * h.experts_per_layer + e.expert, static_cast<uint8_t>(d + 1)});
       }
     }
+    // The next step's refresh, issued here (its target is that step itself).
+    if (i + 1 < n_steps) {
+      const TraceStep& next = trace.steps[i + 1];
+      for (const ExpertWeight& e : next.refreshed)
+        st.predictions.push_back({i + 1, next.layer * h.experts_per_layer + e.expert, 0});
+    }
   }
+  if (n_steps > 0) st.predictions_without_target += trace.steps[0].refreshed.size();
   st.prediction_begin.push_back(static_cast<uint32_t>(st.predictions.size()));
   return st;
 }
@@ -128,7 +136,7 @@ std::vector<double> profile_temperatures(const RequestStream& profile, double ha
 std::vector<PredictionQuality> prediction_quality(const RequestStream& stream) {
   std::vector<PredictionQuality> out;
   const uint32_t steps = stream.steps();
-  for (uint32_t d = 1; d <= stream.lookahead_depth; ++d) {
+  for (uint32_t d = stream.refresh ? 0 : 1; d <= stream.lookahead_depth; ++d) {
     PredictionQuality q;
     q.depth = d;
     q.requested = stream.requests();
@@ -239,7 +247,7 @@ ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const R
     std::vector<uint32_t>().swap(pending_by_step[s]);
     for (uint32_t p = stream.prediction_begin[s]; p < stream.prediction_begin[s + 1]; ++p) {
       const Prediction& pred = stream.predictions[p];
-      if (pred.depth > params.lookahead_depth) continue;
+      if (pred.depth == 0 ? !params.refresh : pred.depth > params.lookahead_depth) continue;
       if (caches[0]->contains(pred.key)) {  // nothing to read; kept until its step
         for (auto& c : caches) c->protect(pred.key, pred.target_step);
         continue;

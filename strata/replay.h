@@ -24,12 +24,13 @@
 
 namespace ktier::strata {
 
-// A prediction as replay uses it: at the end of step `issued_at`, `key` is predicted for step
-// `target_step` (same token, layer + depth).
+// A prediction as replay uses it: at the end of the step that holds it, `key` is predicted for
+// step `target_step` (same token, layer + depth). A refresh (depth 0, recorded in its target
+// step) is held by the step before its target in the stream, after that step's own predictions.
 struct Prediction {
   uint32_t target_step = 0;
   uint32_t key = 0;
-  uint8_t depth = 0;  // 1 = the next layer
+  uint8_t depth = 0;  // 1 = the next layer; 0 = the refresh
 };
 
 // The trace flattened for replay. Built once per trace; read-only afterwards (shareable).
@@ -41,6 +42,7 @@ struct RequestStream {
   uint64_t tokens = 0;      // distinct (pass, position) pairs, counted per pass
   uint32_t passes = 0;
   uint32_t lookahead_depth = 0;         // recorded prediction depths
+  bool refresh = false;                 // refresh predictions recorded (depth 0)
   std::vector<uint32_t> keys;           // per request: layer * experts_per_layer + expert
   std::vector<uint32_t> step_begin;     // requests of step s: [step_begin[s], step_begin[s + 1])
   std::vector<double> step_clock;       // per step: token clock = step / moe_layers
@@ -62,7 +64,8 @@ std::vector<uint32_t> rank_keys_by_use(const std::vector<uint64_t>& counts);
 // Temperature of every key at the end of `profile`, re-based to clock 0 of the replay.
 std::vector<double> profile_temperatures(const RequestStream& profile, double half_life_tokens);
 
-// Predictor quality at one depth, independent of any cache: over every (step, depth d)
+// Predictor quality at one depth (0: the refresh, listed first when recorded), independent of
+// any cache: over every (step, depth d)
 // prediction set P and the target step's request set A, recall = sum |P∩A| / sum |A| (targets
 // with no prediction at d count with P empty), precision = sum |P∩A| / sum |P|.
 // `by_layer[l]`: the same sums over the target steps of layer l only (index = model layer;
@@ -93,6 +96,7 @@ struct ReplaySpec {
 struct ReplayParams {
   TemperatureParams temperature;
   uint32_t lookahead_depth = 0;  // use recorded predictions up to this depth (0: none)
+  bool refresh = true;           // with lookahead_depth >= 1, also the recorded refresh
 };
 
 // Inputs derived from a profile (or the trace itself). Shared by all replays of a sweep.

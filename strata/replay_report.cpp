@@ -147,7 +147,8 @@ Status write_replay_json(const std::filesystem::path& path, const std::string& t
                     {"window_fraction", params.temperature.window_fraction},
                     {"min_window_slots", params.temperature.min_window_slots},
                     {"adapt_window", params.temperature.adapt_window},
-                    {"lookahead_depth", params.lookahead_depth}};
+                    {"lookahead_depth", params.lookahead_depth},
+                    {"refresh", params.refresh}};
   json list = json::array();
   for (const ReplayResult& r : results) {
     json tiers = json::array();

@@ -109,10 +109,13 @@ Status check_step(const TraceStep& s, const TraceHeader& h, const std::string& w
     KTIER_RETURN_IF_ERROR(check_experts(s.predicted[d], h, /*distinct=*/true,
                                         what + " (depth " + std::to_string(d + 1) + ")"));
   }
-  return Status::ok();
+  if (!(h.flags & kTraceFlagRefresh) && !s.refreshed.empty())
+    return Status::corrupt(what + ": a refresh list without the header's refresh flag");
+  if (s.refreshed.size() > 255) return Status::corrupt(what + ": more than 255 refreshed experts");
+  return check_experts(s.refreshed, h, /*distinct=*/true, what + " (refresh)");
 }
 
-void encode_step(std::vector<uint8_t>& out, const TraceStep& s) {
+void encode_step(std::vector<uint8_t>& out, const TraceStep& s, const TraceHeader& h) {
   put_u32(out, s.pass);
   put_u32(out, s.position);
   put_u16(out, s.layer);
@@ -125,6 +128,10 @@ void encode_step(std::vector<uint8_t>& out, const TraceStep& s) {
     for (const ExpertWeight& e : depth) put_u16(out, e.expert);
     for (const ExpertWeight& e : depth) put_f32(out, e.weight);
   }
+  if (!(h.flags & kTraceFlagRefresh)) return;
+  out.push_back(static_cast<uint8_t>(s.refreshed.size()));
+  for (const ExpertWeight& e : s.refreshed) put_u16(out, e.expert);
+  for (const ExpertWeight& e : s.refreshed) put_f32(out, e.weight);
 }
 
 // Reads `count` (expert, weight) pairs stored as count u16 then count f32.
@@ -161,7 +168,8 @@ Status validate_trace_header(const TraceHeader& h, const std::string& what) {
   }
   if (h.lookahead_depth > 255) return bad("lookahead_depth must be 0..255");
   if (h.expert_bytes == 0) return bad("expert_bytes must be > 0");
-  if (h.flags & ~(kTraceFlagWeights | kTraceFlagConverted)) return bad("unknown flag bits set");
+  if (h.flags & ~(kTraceFlagWeights | kTraceFlagConverted | kTraceFlagRefresh))
+    return bad("unknown flag bits set");
   return Status::ok();
 }
 
@@ -205,7 +213,7 @@ Status TraceWriter::append(const TraceStep& step) {
   if (!file_) return Status::usage(path_ + ": append after close");
   const Status s = check_step(step, header_, "step " + std::to_string(steps_written_));
   if (!s.is_ok()) return Status::usage(path_ + ": cannot record " + s.message());
-  encode_step(payload_, step);
+  encode_step(payload_, step, header_);
   ++block_steps_;
   ++steps_written_;
   if (block_steps_ == kTraceStepsPerBlock) return flush_block();
@@ -389,6 +397,13 @@ Result<bool> TraceReader::next_block(std::vector<TraceStep>& out) {
         return Status::corrupt(step_name + ": block payload ends inside depth " +
                                std::to_string(d + 1));
       }
+    }
+    s.refreshed.clear();
+    if (header_.flags & kTraceFlagRefresh) {
+      const bool has_count = p != end;
+      const size_t count = has_count ? *p++ : 0;
+      if (!has_count || !decode_list(p, end, count, s.refreshed))
+        return Status::corrupt(step_name + ": block payload ends inside the refresh list");
     }
     KTIER_RETURN_IF_ERROR(check_step(s, header_, step_name));
   }

@@ -8,7 +8,8 @@
 //
 // A *step* is one request set: one token at one MoE layer, i.e. the top-k experts the router
 // chose there (with routing weights) plus the predictions made right after that layer's
-// attention for layers layer+1 .. layer+depth of the same token. Steps appear in the order the
+// attention for layers layer+1 .. layer+depth of the same token, and (flag kTraceFlagRefresh)
+// the refresh: its own experts as predicted just before its attention. Steps appear in the order the
 // engine issued them (request order), which is what a replay consumes.
 //
 // Usage (the engine, `--trace FILE`):
@@ -45,6 +46,7 @@ inline constexpr uint32_t kTraceMaxBlockPayload = 64u << 20;
 // Header flags.
 inline constexpr uint32_t kTraceFlagWeights = 1u << 0;    // routing weights were recorded
 inline constexpr uint32_t kTraceFlagConverted = 1u << 1;  // converted from conformance int32 pairs
+inline constexpr uint32_t kTraceFlagRefresh = 1u << 2;    // every step carries its refresh list
 
 struct TraceHeader {
   uint32_t version = kTraceVersion;
@@ -71,6 +73,10 @@ struct TraceStep {
   std::vector<ExpertWeight> chosen;  // the router's top-k, in selection order; distinct experts
   // predicted[d-1]: experts predicted for layer + d of the same token, highest weight first.
   std::vector<std::vector<ExpertWeight>> predicted;
+  // The lookahead refresh (docs/STRATA.md §4): this step's own experts as predicted after the
+  // previous layer's FFN, before this layer's attention, highest weight first. Stored only when
+  // the header has kTraceFlagRefresh; may be empty (nothing was predicted).
+  std::vector<ExpertWeight> refreshed;
 };
 
 struct Trace {

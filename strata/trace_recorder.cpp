@@ -6,7 +6,7 @@ namespace ktier::strata {
 
 Result<std::unique_ptr<TraceRecorder>> TraceRecorder::create(const std::filesystem::path& path,
                                                              const format::Checkpoint& ckpt,
-                                                             int lookahead_depth) {
+                                                             int lookahead_depth, bool refresh) {
   const format::ModelConfig& c = ckpt.config();
   TraceHeader h;
   h.num_layers = static_cast<uint32_t>(c.num_hidden_layers);
@@ -18,9 +18,9 @@ Result<std::unique_ptr<TraceRecorder>> TraceRecorder::create(const std::filesyst
                          ": a trace records depths 0..255");
   h.lookahead_depth = static_cast<uint32_t>(lookahead_depth);
   h.expert_bytes = ckpt.expert_summary().bytes_per_expert;
-  h.flags = kTraceFlagWeights;
+  h.flags = kTraceFlagWeights | (refresh ? kTraceFlagRefresh : 0u);
   KTIER_ASSIGN_OR_RETURN(TraceWriter w, TraceWriter::create(path, h));
-  return std::unique_ptr<TraceRecorder>(new TraceRecorder(std::move(w)));
+  return std::unique_ptr<TraceRecorder>(new TraceRecorder(std::move(w), refresh));
 }
 
 void TraceRecorder::start_layer(int64_t layer) {
@@ -63,6 +63,8 @@ void TraceRecorder::on_routing(int64_t layer, int64_t first_position, const int3
   step.layer = static_cast<uint16_t>(layer);
   step.chosen.resize(static_cast<size_t>(k));
   const bool with_predictions = predicted_layer_ == layer;
+  const bool with_refresh =
+      refreshed_layer_ == layer && refreshed_.size() == static_cast<size_t>(T * k);
   for (int64_t t = 0; t < T && error_.is_ok(); ++t) {
     step.position = static_cast<uint32_t>(first_position + t);
     for (int j = 0; j < k; ++j)
@@ -72,14 +74,24 @@ void TraceRecorder::on_routing(int64_t layer, int64_t first_position, const int3
       const auto first = predicted_[d].begin() + t * k;
       step.predicted.emplace_back(first, first + k);
     }
+    if (with_refresh) step.refreshed.assign(refreshed_.begin() + t * k, refreshed_.begin() + (t + 1) * k);
     error_ = writer_.append(step);
   }
   predicted_layer_ = -1;
+  refreshed_layer_ = -1;
 }
 
 void TraceRecorder::on_prediction(int64_t layer, int depth, int64_t first_position,
                                   const int32_t* ids, const float* weights, int64_t T, int k) {
   if (!error_.is_ok()) return;
+  if (depth == 0) {  // the refresh of `layer`, before its attention: kept for its routing
+    if (!refresh_) return;
+    refreshed_layer_ = layer;
+    refreshed_.resize(static_cast<size_t>(T * k));
+    for (int64_t i = 0; i < T * k; ++i)
+      refreshed_[static_cast<size_t>(i)] = {static_cast<uint16_t>(ids[i]), weights[i]};
+    return;
+  }
   if (layer != predicted_layer_) {
     flush_predictions_without_routing();
     predicted_layer_ = layer;

@@ -66,7 +66,8 @@ std::string format_summary(const TraceSummary& s, const TraceHeader& h, const st
        h.num_layers, h.first_moe_layer, h.experts_per_layer, h.top_k,
        format_count(h.expert_bytes).c_str());
   line("routing weights:  %s", (h.flags & kTraceFlagWeights) ? "recorded" : "not recorded");
-  line("lookahead depth:  %u", h.lookahead_depth);
+  line("lookahead depth:  %u%s", h.lookahead_depth,
+       (h.flags & kTraceFlagRefresh) ? " + refresh (depth 0)" : "");
   line("passes:           %u", s.passes);
   line("tokens:           %s (token computations: distinct (pass, position))",
        format_count(s.tokens).c_str());
@@ -84,8 +85,13 @@ std::string format_summary(const TraceSummary& s, const TraceHeader& h, const st
   line("determinism:      %s repeated (position, layer) groups, %s mismatches",
        format_count(s.repeated_groups).c_str(), format_count(s.mismatched_groups).c_str());
   for (const PredictionQuality& q : s.prediction) {
-    line("lookahead d=%u:    recall %.2f%%, precision %.2f%% (%s of %s requests predicted)",
-         q.depth, 100.0 * q.recall, 100.0 * q.precision, format_count(q.correct).c_str(),
+    char name[24];
+    if (q.depth == 0)
+      std::snprintf(name, sizeof name, "refresh:");
+    else
+      std::snprintf(name, sizeof name, "d=%u:", q.depth);
+    line("lookahead %-7s recall %.2f%%, precision %.2f%% (%s of %s requests predicted)", name,
+         100.0 * q.recall, 100.0 * q.precision, format_count(q.correct).c_str(),
          format_count(q.requested).c_str());
     std::string per_layer;
     for (size_t l = 0; l < q.by_layer.size(); ++l) {

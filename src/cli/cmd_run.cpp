@@ -115,8 +115,9 @@ Status run(const RunArgs& a) {
   };
   std::unique_ptr<strata::TraceRecorder> recorder;
   if (!a.trace.empty()) {
-    KTIER_ASSIGN_OR_RETURN(recorder, strata::TraceRecorder::create(a.trace, engine->checkpoint(),
-                                                                   eo.lookahead));
+    KTIER_ASSIGN_OR_RETURN(recorder,
+                           strata::TraceRecorder::create(a.trace, engine->checkpoint(), eo.lookahead,
+                                                         eo.lookahead > 0 && eo.lookahead_refresh));
     engine->model().set_routing_observer(recorder.get());
     engine->model().add_lookahead_observer(recorder.get());
   }

@@ -89,6 +89,7 @@ struct ReplayOptions {
   double window_fraction = kDefaultWindowFraction;
   bool fixed_window = false;
   uint32_t lookahead = 0;
+  bool no_refresh = false;
   std::string profile;
   std::string csv, json, plot;
   unsigned threads = 0;
@@ -159,6 +160,7 @@ Status run_replay(const ReplayOptions& o) {
   params.temperature.window_fraction = o.window_fraction;
   params.temperature.adapt_window = !o.fixed_window;
   params.lookahead_depth = o.lookahead;
+  params.refresh = !o.no_refresh;
   ReplayInputs inputs = ReplayInputs::from(stream);
   if (!o.profile.empty()) {
     KTIER_ASSIGN_OR_RETURN(const Trace profile_trace, read_trace(o.profile));
@@ -186,12 +188,14 @@ Status run_replay(const ReplayOptions& o) {
       format_count(summary.hit_ceiling).c_str(), 100.0 * summary.hit_ceiling_rate);
   std::printf(
       "expert bytes %s; temperature half-life %g tokens, admit ratio %g, window %g%s; "
-      "static ranked by %s; lookahead depth %u\n\n",
+      "static ranked by %s; lookahead depth %u%s\n\n",
       format_count(eb).c_str(), o.half_life, o.admit_ratio, o.window_fraction,
       o.fixed_window ? " fixed" : " adaptive",
       inputs.static_from_profile ? ("the profile " + o.profile).c_str()
                                  : "this trace's own counts (oracle-ish)",
-      o.lookahead);
+      o.lookahead,
+      o.lookahead > 0 && stream.refresh ? (o.no_refresh ? ", refresh not used" : " + refresh")
+                                        : "");
 
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<ReplayResult> results = replay_sweep(stream, specs, params, inputs, o.threads);
@@ -291,6 +295,9 @@ void register_trace_command(CLI::App& app, int& exit_code) {
     sub->add_option("--lookahead", o->lookahead,
                     "prefetch recorded predictions up to this depth (0: demand only)")
         ->capture_default_str();
+    sub->add_flag("--no-refresh", o->no_refresh,
+                  "with --lookahead, leave out the recorded refresh predictions (depth 0: each "
+                  "layer re-predicted after the previous layer's FFN)");
     sub->add_option("--profile", o->profile,
                     "ktier trace whose counts rank `static` and seed `temperature`");
     sub->add_option("--csv", o->csv, "write one row per (policy, budget)");

@@ -15,6 +15,10 @@ void add_strata_options(CLI::App* sub, StrataArgs& a) {
                   "Router lookahead depth: predict and prefetch the experts of the next D layers; "
                   "0 = off")
       ->capture_default_str();
+  sub->add_flag("--no-lookahead-refresh", a.no_refresh,
+               "Predict each layer's experts only after the previous layer's attention, not again "
+               "after its FFN (the refresh, on by default with --lookahead >= 1, sees that "
+               "layer's routed experts too)");
   sub->add_option("--profile", a.profile,
                   "A trace recorded earlier (run --trace) seeding the policy's temperatures "
                   "(and the ranking of --policy static)");
@@ -23,6 +27,7 @@ void add_strata_options(CLI::App* sub, StrataArgs& a) {
 Status apply_strata_options(const StrataArgs& a, runtime::EngineOptions& eo) {
   KTIER_ASSIGN_OR_RETURN(eo.policy, strata::parse_policy(a.policy));
   eo.lookahead = a.lookahead;
+  eo.lookahead_refresh = !a.no_refresh;
   if (a.profile.empty()) return Status::ok();
   KTIER_ASSIGN_OR_RETURN(const strata::Trace trace, strata::read_trace(a.profile));
   // The profile must describe this model's experts: its keys index the policy's.

@@ -2,6 +2,7 @@
 // The strata flags that `run` and `eval` share (docs/STRATA.md §6, docs/TUNING.md):
 //   --policy temperature|lru|lfu|static   placement of the expert RAM tier (memory dial)
 //   --lookahead D                         router lookahead depth, 0 = off (default 1)
+//   --no-lookahead-refresh                no second prediction of layer l+1 after layer l's FFN
 //   --profile TRACE                       a recorded trace seeding the policy (temperatures;
 //                                         the ranking of `static`)
 
@@ -17,6 +18,7 @@ namespace ktier::cli {
 struct StrataArgs {
   std::string policy = "temperature", profile;
   int lookahead = 1;
+  bool no_refresh = false;
 };
 void add_strata_options(CLI::App* sub, StrataArgs& a);
 // Fills the engine options; reads the profile. Status::usage for an unknown policy or a profile

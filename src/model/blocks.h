@@ -31,7 +31,9 @@ class RoutingObserver {
 
 // Sees router lookahead (docs/STRATA.md §4): after layer `layer`'s attention, the router of MoE
 // layer `layer + depth` scored on the current residual stream. Called on the forward pass's
-// thread for depth 1, 2, ... in order, before layer `layer`'s experts are routed.
+// thread for depth 1, 2, ... in order, before layer `layer`'s experts are routed. Depth 0 is the
+// refresh: layer `layer`'s own router scored after layer `layer - 1`'s FFN, before `layer`'s
+// attention (so before its depth 1, 2, ... calls).
 class LookaheadObserver {
  public:
   virtual ~LookaheadObserver() = default;

@@ -62,7 +62,11 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
   KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer x, activation());
   KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer y, activation());
   KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer shared, activation());  // shared experts' output
-  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer ahead, activation());   // P as lookahead sees it
+  const bool lookahead = lookahead_depth_ > 0 && !lookahead_observers_.empty();
+  backend::BackendBuffer ahead;  // P as lookahead sees it after the attention (with lookahead)
+  if (lookahead) {
+    KTIER_ASSIGN_OR_RETURN(ahead, activation());
+  }
   {
     std::vector<float> embedded(static_cast<size_t>(T * E));
     KTIER_RETURN_IF_ERROR(trunk_.embed(ids, embedded.data()));
@@ -129,19 +133,26 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
       KTIER_RETURN_IF_ERROR(glu_mlp(lw.moe.shared, c, x.as<float>(), T, shared.as<float>(), be_));
       known = shared.as<float>();
     }
-    if (lookahead_depth_ > 0 && !lookahead_observers_.empty()) {
+    if (lookahead) {
       gather_sources();
       if (known) {
         KTIER_RETURN_IF_ERROR(be_.add(P.as<float>(), known, T * E, ahead.as<float>()));
         sources.back() = ahead.as<float>();
       }
-      KTIER_RETURN_IF_ERROR(predict(l, state.n_tokens, sources, T));
+      KTIER_RETURN_IF_ERROR(predict(l, 1, lookahead_depth_, state.n_tokens, sources, T));
     }
     if (!lw.is_dense) {
       KTIER_RETURN_IF_ERROR(moe_block(lw.moe, c, l, state.n_tokens, *experts_, routing_observer_,
                                       x.as<float>(), known, T, y.as<float>(), be_));
     }
     KTIER_RETURN_IF_ERROR(be_.add(P.as<float>(), y.as<float>(), T * E, P.as<float>()));
+    // The refresh: layer l+1's router on the complete stream, which now holds layer l's routed
+    // experts too (the part the prediction above misses most: on `demo`, layer 2's depth-1
+    // recall is 15%, docs/STRATA.md §7).
+    if (lookahead && lookahead_refresh_ && l + 1 < c.num_hidden_layers) {
+      gather_sources();
+      KTIER_RETURN_IF_ERROR(predict(l + 1, 0, 0, state.n_tokens, sources, T));
+    }
     if (layer_observer_) {
       std::vector<float> host(static_cast<size_t>(T * E));
       KTIER_RETURN_IF_ERROR(be_.download(host.data(), P.get(), row_bytes));
@@ -164,8 +175,8 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
   return be_.download(logits, out.get(), logit_bytes);
 }
 
-Status Model::predict(int64_t l, int64_t first_position, const std::vector<const float*>& sources,
-                      int64_t T) {
+Status Model::predict(int64_t l, int first_depth, int last_depth, int64_t first_position,
+                      const std::vector<const float*>& sources, int64_t T) {
   const format::ModelConfig& c = config();
   const int64_t E = c.hidden_size, Ne = c.num_experts;
   const int k = static_cast<int>(c.num_experts_per_token);
@@ -178,7 +189,7 @@ Status Model::predict(int64_t l, int64_t first_position, const std::vector<const
   std::vector<int> order(static_cast<size_t>(k));
   std::vector<int32_t> sorted_ids(ids.size());
   std::vector<float> sorted_weights(ids.size());
-  for (int d = 1; d <= lookahead_depth_; ++d) {
+  for (int d = first_depth; d <= last_depth; ++d) {
     const int64_t t = l + d;
     if (t >= c.num_hidden_layers) break;
     if (c.is_dense(t)) continue;

@@ -61,12 +61,16 @@ class Model {
   void set_routing_observer(RoutingObserver* o) { routing_observer_ = o; }
   // Router lookahead (docs/STRATA.md §4): after layer l's attention, for d = 1..depth, MoE layer
   // l+d's router is scored on the current residual stream (its own AttnRes mix of the bank and
-  // P, its post-attention norm) and its top-k goes to the observers. `routing(l)` gives layer
-  // l's routing weights (bind_routing) or null to skip that layer; it must stay valid while the
-  // Model runs. Predictions never change an output byte; depth 0 turns lookahead off.
+  // P, its post-attention norm) and its top-k goes to the observers. With `refresh`, layer l+1's
+  // router is scored once more after layer l's FFN, on the complete residual stream, and given
+  // to the observers as a depth-0 prediction made at layer l+1. `routing(l)` gives layer l's
+  // routing weights (bind_routing) or null to skip that layer; it must stay valid while the
+  // Model runs. Predictions never change an output byte; depth 0 turns lookahead (and the
+  // refresh) off.
   using RoutingWeightsFn = std::function<const LayerWeights*(int64_t layer)>;
-  void set_lookahead(int depth, RoutingWeightsFn routing) {
+  void set_lookahead(int depth, bool refresh, RoutingWeightsFn routing) {
     lookahead_depth_ = depth;
+    lookahead_refresh_ = depth > 0 && refresh;
     routing_weights_ = std::move(routing);
   }
   int lookahead_depth() const { return lookahead_depth_; }
@@ -81,13 +85,15 @@ class Model {
   TrunkSource& trunk_;
   ExpertSource* experts_;
   backend::Backend& be_;
-  // Scores routers l+1..l+depth on the residual stream after layer l's attention; sources are
-  // the bank and P (backend memory, [T, E] each).
-  Status predict(int64_t l, int64_t first_position, const std::vector<const float*>& sources,
-                 int64_t T);
+  // Scores the routers of MoE layers l+first_depth .. l+last_depth on the residual stream
+  // `sources` (the bank and P as the caller has them, backend memory, [T, E] each) and tells the
+  // observers, prediction (l, d) for layer l + d.
+  Status predict(int64_t l, int first_depth, int last_depth, int64_t first_position,
+                 const std::vector<const float*>& sources, int64_t T);
 
   RoutingObserver* routing_observer_ = nullptr;
   int lookahead_depth_ = 0;
+  bool lookahead_refresh_ = false;
   RoutingWeightsFn routing_weights_;
   std::vector<LookaheadObserver*> lookahead_observers_;
   LayerObserver* layer_observer_ = nullptr;

@@ -281,7 +281,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
         return w->config().is_dense(l) ? nullptr : &w->layer(l);
       };
     }
-    e->model_->set_lookahead(depth, std::move(routing));
+    e->model_->set_lookahead(depth, opts.lookahead_refresh, std::move(routing));
     // The RAM tier first: it issues the reads; the VRAM tier then copies what RAM holds.
     if (e->cache_) e->model_->add_lookahead_observer(e->cache_.get());
     if (e->vram_tier_) e->model_->add_lookahead_observer(e->vram_tier_.get());

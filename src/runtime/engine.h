@@ -40,10 +40,12 @@ struct EngineOptions {
   std::optional<uint64_t> ram_budget;
   io::IoOptions io;
   // Strata (docs/STRATA.md): the expert tier's placement policy, router lookahead depth (0: off;
-  // without the memory dial lookahead only feeds observers such as a trace), and what a recorded
+  // without the memory dial lookahead only feeds observers such as a trace) and its refresh
+  // (layer l+1 rescored after layer l's FFN, §4), and what a recorded
   // profile gives the policy (temperatures at clock 0, per key; a ranking for kStatic).
   strata::PolicyKind policy = strata::PolicyKind::kTemperature;
   int lookahead = 1;
+  bool lookahead_refresh = true;
   std::vector<double> temperature_seed;
   std::vector<uint32_t> static_ranking;
   // GPU mode (issue 6): decode on a device, with the trunk mirrored into its memory

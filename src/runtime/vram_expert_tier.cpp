@@ -7,9 +7,6 @@
 #include "runtime/device_placement.h"
 
 namespace ktier::runtime {
-namespace {
-
-}  // namespace
 
 uint64_t VramExpertTier::slot_bytes_for(const format::Checkpoint& ckpt) {
   const format::ModelConfig& c = ckpt.config();

@@ -1,12 +1,17 @@
-// Router lookahead scores the next layer on the residual stream as it stands once the part of
-// the FFN that needs no routing has been added (docs/STRATA.md §7). At the dense layer 0 that
-// part is the whole MLP, so the prediction for layer 1 must be exactly layer 1's router applied
-// to AttnRes([embedding, P after layer 0]) — recomputed here from the observed P with the same
-// kernels. A predictor that left the MLP out would score [embedding, attention output] instead.
+// Router lookahead scores a later layer's router on the residual stream as the Model holds it at
+// the moment of the prediction (docs/STRATA.md §4, §7). Two moments are exact enough to recompute
+// here from the observed P with the same kernels:
+//  * at the dense layer 0 the part of the FFN that needs no routing is the whole MLP, so the
+//    depth-1 prediction for layer 1 is layer 1's router on AttnRes([embedding, P after layer 0]);
+//    a predictor that left the MLP out would score [embedding, attention output] instead;
+//  * the refresh (depth 0) for layer 2 comes after layer 1's FFN, so it is layer 2's router on
+//    AttnRes([embedding, P after layer 1]) — the routed experts of layer 1 included.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -17,59 +22,44 @@
 namespace ktier::test {
 namespace {
 
-class FirstLayerRecorder final : public model::LayerObserver, public model::LookaheadObserver {
+class Recorder final : public model::LayerObserver, public model::LookaheadObserver {
  public:
   void after_layer(int64_t layer, const float* P, int64_t T, int64_t E) override {
-    if (layer == 0) p_after_0.assign(P, P + T * E);
+    p_after[layer].assign(P, P + T * E);
   }
   void on_prediction(int64_t layer, int depth, int64_t, const int32_t* ids, const float*,
                      int64_t T, int k) override {
-    if (layer == 0 && depth == 1) predicted.assign(ids, ids + T * k);
+    predicted[{layer, depth}].assign(ids, ids + T * k);
   }
-  std::vector<float> p_after_0;
-  std::vector<int32_t> predicted;
+  std::map<int64_t, std::vector<float>> p_after;
+  std::map<std::pair<int64_t, int>, std::vector<int32_t>> predicted;
 };
 
-TEST(Lookahead, DenseLayerPredictionSeesItsMlp) {
-  const Variant& v = variants()[0];
-  auto engine = open_engine(v);
-  ASSERT_TRUE(engine);
-  const format::ModelConfig& c = engine->checkpoint().config();
-  ASSERT_EQ(c.first_k_dense_replace, 1) << "the test needs layer 0 dense, layer 1 MoE";
-  ASSERT_TRUE(c.is_boundary(0));
-  const std::vector<int32_t> prompt = golden_prompt(v);
+// Layer `target`'s router on AttnRes([embedding, P]), top-k per token highest weight first
+// (ties: lower id), as predictions are ordered.
+std::vector<int32_t> expected_prediction(runtime::Engine& engine, model::ModelWeights& w,
+                                         const std::vector<int32_t>& prompt, int64_t target,
+                                         const std::vector<float>& P) {
+  const format::ModelConfig& c = engine.checkpoint().config();
   const int64_t T = static_cast<int64_t>(prompt.size()), E = c.hidden_size, Ne = c.num_experts;
   const int k = static_cast<int>(c.num_experts_per_token);
-
-  FirstLayerRecorder rec;
-  engine->model().set_layer_observer(&rec);
-  engine->model().add_lookahead_observer(&rec);
-  (void)eval_logits(*engine, prompt, T);
-  engine->model().set_layer_observer(nullptr);
-  engine->model().remove_lookahead_observer(&rec);
-  ASSERT_EQ(rec.p_after_0.size(), static_cast<size_t>(T * E));
-  ASSERT_EQ(rec.predicted.size(), static_cast<size_t>(T * k));
-
-  // Layer 0 is a boundary: the bank is [embedding], P = attention + MLP.
-  auto w = model::ModelWeights::load(engine->checkpoint());
-  ASSERT_TRUE(w.is_ok()) << w.status().message();
-  const model::LayerWeights& l1 = (*w)->layer(1);
-  auto be = backend::make_cpu_backend(engine->exec());
+  const model::LayerWeights& lw = w.layer(target);
+  auto be = backend::make_cpu_backend(engine.exec());
   std::vector<float> emb(static_cast<size_t>(T * E)), mixed(emb.size()), x(emb.size());
   std::vector<float> logits(static_cast<size_t>(T * Ne));
   std::vector<float> ids_dev(static_cast<size_t>(T * k)), weights_dev(ids_dev.size());
-  ASSERT_TRUE((*w)->embed(prompt, emb.data()).is_ok());
-  const float* sources[] = {emb.data(), rec.p_after_0.data()};
-  ASSERT_TRUE(be->attnres(sources, 2, E, T, E, l1.f_mlp.data(), c.rms_norm_eps, mixed.data()).is_ok());
-  ASSERT_TRUE(be->rmsnorm(mixed.data(), l1.post_attention_norm.data(), T, E, c.rms_norm_eps, x.data()).is_ok());
-  const cpu::LinearJob router{l1.moe.router, x.data(), T, logits.data()};
-  ASSERT_TRUE(be->linear(&router, 1).is_ok());
-  std::vector<int32_t> ids;
+  EXPECT_TRUE(w.embed(prompt, emb.data()).is_ok());
+  const float* sources[] = {emb.data(), P.data()};
+  EXPECT_TRUE(be->attnres(sources, 2, E, T, E, lw.f_mlp.data(), c.rms_norm_eps, mixed.data()).is_ok());
+  EXPECT_TRUE(be->rmsnorm(mixed.data(), lw.post_attention_norm.data(), T, E, c.rms_norm_eps, x.data()).is_ok());
+  const cpu::LinearJob router{lw.moe.router, x.data(), T, logits.data()};
+  EXPECT_TRUE(be->linear(&router, 1).is_ok());
+  std::vector<int32_t> ids, out(static_cast<size_t>(T * k));
   std::vector<float> weights;
-  ASSERT_TRUE(model::select_experts(l1.moe, c, logits.data(), T, ids_dev.data(), weights_dev.data(),
+  EXPECT_TRUE(model::select_experts(lw.moe, c, logits.data(), T, ids_dev.data(), weights_dev.data(),
                                     ids, weights, *be)
                   .is_ok());
-  for (int64_t t = 0; t < T; ++t) {  // predictions come highest weight first (ties: lower id)
+  for (int64_t t = 0; t < T; ++t) {
     std::vector<int> order(static_cast<size_t>(k));
     std::iota(order.begin(), order.end(), 0);
     const int32_t* id = ids.data() + t * k;
@@ -77,10 +67,47 @@ TEST(Lookahead, DenseLayerPredictionSeesItsMlp) {
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
       return wt[a] != wt[b] ? wt[a] > wt[b] : id[a] < id[b];
     });
-    for (int i = 0; i < k; ++i)
-      EXPECT_EQ(rec.predicted[static_cast<size_t>(t * k + i)], id[order[static_cast<size_t>(i)]])
-          << "token " << t << " rank " << i;
+    for (int i = 0; i < k; ++i) out[static_cast<size_t>(t * k + i)] = id[order[static_cast<size_t>(i)]];
   }
+  return out;
+}
+
+TEST(Lookahead, DenseLayerPredictionSeesItsMlpAndTheRefreshSeesTheRoutedExperts) {
+  const Variant& v = variants()[0];
+  auto engine = open_engine(v);
+  ASSERT_TRUE(engine);
+  const format::ModelConfig& c = engine->checkpoint().config();
+  ASSERT_EQ(c.first_k_dense_replace, 1) << "the test needs layer 0 dense, layers 1, 2 MoE";
+  ASSERT_GE(c.num_hidden_layers, 3);
+  ASSERT_TRUE(c.is_boundary(0));
+  ASSERT_FALSE(c.is_boundary(1) || c.is_boundary(2)) << "the bank must stay [embedding]";
+  const std::vector<int32_t> prompt = golden_prompt(v);
+  const int64_t T = static_cast<int64_t>(prompt.size()), E = c.hidden_size;
+  const int k = static_cast<int>(c.num_experts_per_token);
+
+  Recorder rec;
+  engine->model().set_layer_observer(&rec);
+  engine->model().add_lookahead_observer(&rec);
+  (void)eval_logits(*engine, prompt, T);
+  engine->model().set_layer_observer(nullptr);
+  engine->model().remove_lookahead_observer(&rec);
+  ASSERT_EQ(rec.p_after[0].size(), static_cast<size_t>(T * E));
+  ASSERT_EQ(rec.p_after[1].size(), static_cast<size_t>(T * E));
+  const std::vector<int32_t>& dense_prediction = rec.predicted[{0, 1}];
+  const std::vector<int32_t>& refresh = rec.predicted[{2, 0}];
+  ASSERT_EQ(dense_prediction.size(), static_cast<size_t>(T * k));
+  ASSERT_EQ(refresh.size(), static_cast<size_t>(T * k)) << "no refresh for layer 2";
+  EXPECT_EQ(rec.predicted.count({1, 0}), 1u) << "layer 1 (after the dense layer) is refreshed too";
+  EXPECT_EQ(rec.predicted.count({0, 0}), 0u) << "nothing precedes layer 0";
+
+  auto w = model::ModelWeights::load(engine->checkpoint());
+  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  EXPECT_EQ(dense_prediction, expected_prediction(*engine, **w, prompt, 1, rec.p_after[0]));
+  EXPECT_EQ(refresh, expected_prediction(*engine, **w, prompt, 2, rec.p_after[1]));
+  // The refresh must differ from the depth-1 prediction somewhere, or it would not be tested
+  // that it sees layer 1's routed experts.
+  const std::vector<int32_t>& early = rec.predicted[{1, 1}];
+  EXPECT_NE(refresh, early);
 }
 
 }  // namespace

@@ -173,6 +173,55 @@ TEST(LookaheadReplay, PerfectPredictionsTurnMissesIntoHits) {
       (s.requests() - ahead.hits + ahead.prefetch.useful + ahead.prefetch.wasted) * s.expert_bytes);
 }
 
+// make_decode_trace(kWrong) with a perfect refresh: every step but the first carries its own
+// experts as its refresh list (issued at the end of the step before it).
+Trace make_refresh_trace() {
+  Trace t = make_decode_trace(Predictor::kWrong);
+  t.header.flags |= kTraceFlagRefresh;
+  for (TraceStep& s : t.steps) s.refreshed = s.chosen;
+  return t;
+}
+
+TEST(LookaheadReplay, RefreshPredictionsAreDepthZeroAndServeTheirOwnStep) {
+  const Trace wrong = make_decode_trace(Predictor::kWrong);
+  const RequestStream plain = build_request_stream(wrong);
+  const RequestStream s = build_request_stream(make_refresh_trace());
+  EXPECT_TRUE(s.refresh);
+  EXPECT_FALSE(plain.refresh);
+  // The first step's refresh has no step before it to be issued at.
+  EXPECT_EQ(s.predictions_without_target, plain.predictions_without_target + kTopK);
+  const std::vector<PredictionQuality> q = prediction_quality(s);
+  ASSERT_EQ(q.size(), 3u);
+  EXPECT_EQ(q[0].depth, 0u);
+  EXPECT_EQ(q[0].correct, s.requests() - kTopK);
+  EXPECT_DOUBLE_EQ(q[0].precision, 1.0);
+  EXPECT_EQ(q[1].depth, 1u);
+  EXPECT_DOUBLE_EQ(q[1].recall, 0.0);  // the wrong depth-1 predictions are unchanged
+
+  // 8 slots hold one step's keys, the wrong prediction for the next and the refresh.
+  for (PolicyKind p : {PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kTemperature,
+                       PolicyKind::kBelady}) {
+    SCOPED_TRACE(std::string(policy_name(p)));
+    const ReplayResult with = replay_policy(p, s, 8, 1);
+    EXPECT_EQ(with.hits, s.requests() - kTopK);  // all but the first step's two
+    EXPECT_EQ(with.prefetch.useful + with.prefetch.wasted, with.prefetch.issued);
+    // Without the refresh, exactly the replay of the trace that never recorded one.
+    ReplaySpec spec;
+    spec.policy = p;
+    spec.tiers.push_back({"ram", 8 * s.expert_bytes, 8});
+    ReplayParams params;
+    params.lookahead_depth = 1;
+    params.refresh = false;
+    const ReplayResult without = replay(s, spec, params, ReplayInputs::from(s));
+    const ReplayResult never = replay_policy(p, plain, 8, 1);
+    EXPECT_EQ(without.hits, never.hits);
+    EXPECT_EQ(without.prefetch.issued, never.prefetch.issued);
+    EXPECT_LT(without.hits, with.hits);
+    // Depth 0 alone is not lookahead: with --lookahead 0 nothing is prefetched.
+    EXPECT_EQ(replay_policy(p, s, 8, 0).prefetch.issued, 0u);
+  }
+}
+
 TEST(LookaheadReplay, WrongPredictionsAreWasted) {
   const RequestStream s = build_request_stream(make_decode_trace(Predictor::kWrong));
   const ReplayResult ahead = replay_lru(s, 64, 2);

@@ -94,7 +94,24 @@ void expect_same(const Trace& a, const Trace& b) {
         ASSERT_EQ(x.predicted[d][j].weight, y.predicted[d][j].weight);
       }
     }
+    ASSERT_EQ(x.refreshed.size(), y.refreshed.size()) << i;
+    for (size_t j = 0; j < x.refreshed.size(); ++j) {
+      ASSERT_EQ(x.refreshed[j].expert, y.refreshed[j].expert);
+      ASSERT_EQ(x.refreshed[j].weight, y.refreshed[j].weight);
+    }
   }
+}
+
+// make_trace with the refresh flag: a step at layer L carries L - 1 refreshed experts.
+Trace make_refresh_trace(uint32_t tokens) {
+  Trace t = make_trace(tokens);
+  t.header.flags |= kTraceFlagRefresh;
+  for (size_t i = 0; i < t.steps.size(); ++i) {
+    TraceStep& s = t.steps[i];
+    for (uint16_t j = 0; j + 1 < s.layer; ++j)
+      s.refreshed.push_back({static_cast<uint16_t>((i + 5 * j) % 12), 0.125f * (j + 1)});
+  }
+  return t;
 }
 
 TEST(TraceFormat, RoundTripAcrossBlocks) {
@@ -118,6 +135,34 @@ TEST(TraceFormat, RoundTripAcrossBlocks) {
     sizes.push_back(block.size());
   }
   EXPECT_EQ(sizes, (std::vector<size_t>{1024, 1024, 752}));
+}
+
+TEST(TraceFormat, RefreshListsRoundTripAndAreChecked) {
+  const Trace t = make_refresh_trace(300);  // 1,200 steps: two blocks
+  const fs::path p = temp_path("refresh.ktrace");
+  ASSERT_TRUE(write_trace(p, t).is_ok());
+  Result<Trace> back = read_trace(p);
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  expect_same(t, *back);
+  // Without the flag the same steps take fewer bytes: the list is written only with the flag.
+  Trace plain = make_trace(300);
+  const fs::path q = temp_path("plain.ktrace");
+  ASSERT_TRUE(write_trace(q, plain).is_ok());
+  // A count byte per step; layer L's steps hold L - 1 entries of 6 bytes.
+  EXPECT_EQ(fs::file_size(p) - fs::file_size(q), 1200u + 6u * 300u * (0 + 1 + 2 + 3));
+
+  Result<TraceWriter> w = TraceWriter::create(temp_path("refresh-reject.ktrace"), plain.header);
+  ASSERT_TRUE(w.is_ok());
+  EXPECT_EQ(w->append(t.steps[2]).exit_code(), 2);  // a refresh list, header without the flag
+  Result<TraceWriter> wf = TraceWriter::create(temp_path("refresh-reject2.ktrace"), t.header);
+  ASSERT_TRUE(wf.is_ok());
+  TraceStep s = t.steps[3];
+  ASSERT_GE(s.refreshed.size(), 2u);
+  s.refreshed[1].expert = s.refreshed[0].expert;  // duplicate
+  EXPECT_EQ(wf->append(s).exit_code(), 2);
+  s = t.steps[3];
+  s.refreshed[0].expert = 12;  // out of range
+  EXPECT_EQ(wf->append(s).exit_code(), 2);
 }
 
 TEST(TraceFormat, EmptyTraceRoundTrips) {
