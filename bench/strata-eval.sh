@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The strata evaluation of docs/STRATA.md §8 on a synthetic checkpoint (issue 5 item 6):
-# records traces from live runs with router lookahead depth 3, then for each trace prints
-#   * the lookahead predictor's recall and precision at depths 1-3 (`ktier trace info`), and
+# records traces from live runs with router lookahead depth 3 (and the refresh), then for each
+# trace prints
+#   * the lookahead predictor's recall and precision at depths 1-3 and of the refresh (`ktier
+#     trace info`), and
 #   * hit rate by bytes for every policy (lru, lfu, temperature, static, belady) at RAM tiers
-#     holding 5, 10, 20, 40 and 60% of the experts (`ktier trace replay`), with and without the
-#     recorded predictions prefetched (depth 1);
+#     holding 5, 10, 20, 40 and 60% of the experts (`ktier trace replay`), without the recorded
+#     predictions, with depth 1 alone and with depth 1 and the refresh prefetched;
 # then live runs of the engine (memory dial, all experts read from the shards) at one budget:
-# temperature vs lru, lookahead 0/1/2, s/token, hit rate, prefetch precision/recall/timeliness.
+# temperature vs lru, lookahead 0/1/2 (and 1 without the refresh), s/token, hit rate, prefetch precision/recall/timeliness.
 #
 #   bench/strata-eval.sh MODEL [BUILD] [OUT] [TOKENS]
 # MODEL: a checkpoint (`ktier synth --preset demo -o DIR`); BUILD: build folder (default build);
@@ -43,10 +45,13 @@ for p in "${prompts[@]}"; do
     --trace "$tr" > /dev/null 2> "$OUT/record-$i.log"
   echo
   echo "## trace $i: prompt ${p:0:30}..., $TOKENS tokens"
-  "$KTIER" trace info "$tr" | grep -E "tokens:|steps:|distinct keys|hit ceiling|lookahead d=|recall by layer"
-  for la in 0 1; do
+  "$KTIER" trace info "$tr" | grep -E "tokens:|steps:|distinct keys|hit ceiling|lookahead (d=|refresh)|recall by layer"
+  # Lookahead 0, 1 without the recorded refresh ("1n"), 1 with it.
+  for la in 0 1n 1; do
     echo "### replay, lookahead $la"
-    "$KTIER" trace replay "$tr" --policy all --ram "$budgets" --lookahead "$la" \
+    flags=(--lookahead "${la%n}")
+    [ "$la" = 1n ] && flags+=(--no-refresh)
+    "$KTIER" trace replay "$tr" --policy all --ram "$budgets" "${flags[@]}" \
       --csv "$OUT/replay-$i-la$la.csv" --json "$OUT/replay-$i-la$la.json" \
       --plot "$OUT/replay-$i-la$la.png" 2> /dev/null
   done
@@ -69,10 +74,13 @@ print(j["trunk_bytes"] + j["router_bank_bytes"] + (batch + keys // 5) * slot)
 PY
 )
 echo "budget $budget bytes"
+# Lookahead 0, 1 and 2 with the refresh (the default), and 1 without it ("1n").
 for policy in temperature lru; do
-  for la in 0 1 2; do
+  for la in 0 1 1n 2; do
+    flags=(--lookahead "${la%n}")
+    [ "$la" = 1n ] && flags+=(--no-lookahead-refresh)
     "$KTIER" run -m "$MODEL" --pack "$pack" --ram "$budget" --ids "${prompts[0]}" -n 64 \
-      --temp 0.8 --seed 1 --policy "$policy" --lookahead "$la" \
+      --temp 0.8 --seed 1 --policy "$policy" "${flags[@]}" \
       --report-json "$OUT/live-$policy-$la.json" --print-ids > "$OUT/live-$policy-$la.out" \
       2> "$OUT/live-$policy-$la.log"
   done
@@ -80,11 +88,12 @@ done
 /usr/bin/python3 - "$OUT" <<'PY'
 import json, sys, glob, os
 out = sys.argv[1]
-print("policy       la  s/token  hit%   prefetch prec/recall/timely  expert wait")
+print("policy       la  refresh  s/token  hit%   prefetch prec/recall/timely  expert wait")
 for f in sorted(glob.glob(os.path.join(out, "live-*.json"))):
     j = json.load(open(f))
     p = j["prefetch"]
-    print(f'{j["policy"]:<12} {j["lookahead"]:>2}  {j["decode_s_per_token"]:.4f}  '
+    refresh = "yes" if j["lookahead_refresh"] else "no"
+    print(f'{j["policy"]:<12} {j["lookahead"]:>2}  {refresh:<7}  {j["decode_s_per_token"]:.4f}  '
           f'{100*j["tiers"]["ram"]["hit_rate_bytes"]:5.1f}  '
           f'{100*p["precision"]:5.1f} / {100*p["recall"]:5.1f} / {100*p["timeliness"]:5.1f}     '
           f'{100*j["expert_wait_share"]:4.0f}%')

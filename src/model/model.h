@@ -74,6 +74,7 @@ class Model {
     routing_weights_ = std::move(routing);
   }
   int lookahead_depth() const { return lookahead_depth_; }
+  bool lookahead_refresh() const { return lookahead_refresh_; }
   // Observers are called in the order added; they must outlive the Model (or be removed).
   void add_lookahead_observer(LookaheadObserver* o) { lookahead_observers_.push_back(o); }
   void remove_lookahead_observer(LookaheadObserver* o) {

@@ -110,6 +110,7 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
         {"wasted_bytes", d(xb.prefetch_wasted_bytes, xa.prefetch_wasted_bytes)}}},
       {"policy", x ? std::string(strata::policy_name(x->policy())) : std::string("none")},
       {"lookahead", e.model().lookahead_depth()},
+      {"lookahead_refresh", e.model().lookahead_refresh()},
       {"trunk_layers_pinned", t ? t->stats().layers_pinned : e.checkpoint().config().num_hidden_layers},
       {"trunk_layers_streamed", t ? t->stats().layers_streamed : 0},
       {"trunk_bytes", t ? t->stats().bytes_allocated : 0},
@@ -169,9 +170,10 @@ std::string RunReport::to_table(const Engine& e) const {
   if (e.expert_cache()) {
     const nlohmann::json& p = j["prefetch"];
     std::snprintf(buf, sizeof buf,
-                  "ktier: experts: %s policy, lookahead %d; prefetch precision %.1f%%, recall "
+                  "ktier: experts: %s policy, lookahead %d%s; prefetch precision %.1f%%, recall "
                   "%.1f%%, timely %.1f%%, wasted %.1f MB; waiting on experts %.0f%% of decode\n",
                   j["policy"].get<std::string>().c_str(), j["lookahead"].get<int>(),
+                  j["lookahead_refresh"].get<bool>() ? " + refresh" : "",
                   100 * p["precision"].get<double>(), 100 * p["recall"].get<double>(),
                   100 * p["timeliness"].get<double>(), p["wasted_bytes"].get<double>() / mb,
                   100 * j["expert_wait_share"].get<double>());

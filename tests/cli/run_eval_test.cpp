@@ -258,10 +258,20 @@ TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(last_line(r.out), greedy);
   r = run_process(ktier() + " trace info " + trace.string());
-  EXPECT_NE(r.out.find("lookahead depth:  3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lookahead depth:  3 + refresh"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("lookahead d=1:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lookahead refresh:"), std::string::npos) << r.out;
+  // Without the refresh the trace has no refresh lists.
+  const fs::path plain = dir_.string() + "-plain.ktrace";
+  r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 3 --lookahead 1 " +
+                  "--no-lookahead-refresh --trace " + plain.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_process(ktier() + " trace info " + plain.string());
+  EXPECT_NE(r.out.find("lookahead depth:  1\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("lookahead refresh:"), std::string::npos) << r.out;
   const std::string dial = " --pack " + pack.string() + " --ram 1100K --print-ids";
   for (const std::string& flags : std::vector<std::string>{" --policy lru --lookahead 2", " --policy lfu --lookahead 0",
+                                  " --lookahead 1 --no-lookahead-refresh",
                                   " --policy static --profile " + trace.string(),
                                   " --policy temperature --profile " + trace.string()}) {
     r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 20" + dial + flags +
@@ -286,7 +296,7 @@ TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
   r = run_process(ktier() + " run" + model() + ids + " --profile " + other.string());
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--profile"), std::string::npos) << r.err;
-  for (const fs::path& p : {pack, trace, report, other}) fs::remove_all(p);
+  for (const fs::path& p : {pack, trace, report, other, plain}) fs::remove_all(p);
 }
 
 }  // namespace
