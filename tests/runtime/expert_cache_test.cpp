@@ -71,7 +71,8 @@ class ExpertCacheTest : public ::testing::Test {
     Engine& engine = *e.value();
     std::unique_ptr<strata::TraceRecorder> rec;
     if (!trace.empty()) {
-      auto r = strata::TraceRecorder::create(trace, engine.checkpoint(), eo.lookahead);
+      auto r = strata::TraceRecorder::create(trace, engine.checkpoint(), eo.lookahead,
+                                             eo.lookahead > 0 && eo.lookahead_refresh);
       EXPECT_TRUE(r.is_ok()) << r.status().message();
       rec = std::move(r.value());
       engine.model().set_routing_observer(rec.get());
@@ -155,11 +156,13 @@ TEST_F(ExpertCacheTest, OutputIsIdenticalAcrossPoliciesLookaheadBudgetsAndChunks
         eo.ram_budget = budget_for(policy_slots, lookahead);
         eo.policy = policy;
         eo.lookahead = lookahead;
+        eo.lookahead_refresh = lookahead != 3;  // depth 1 with the refresh, depth 3 without
         eo.static_ranking = strata::rank_keys_by_use(strata::key_use_counts(stream));
         if (policy == PolicyKind::kTemperature && policy_slots == 9)
           eo.temperature_seed = strata::profile_temperatures(stream, 64.0);
         EXPECT_EQ(run(eo, nullptr, {}, lookahead == 1 ? 5 : 1), reference_)
-            << strata::policy_name(policy) << " lookahead " << lookahead << " slots "
+            << strata::policy_name(policy) << " lookahead " << lookahead
+            << (eo.lookahead_refresh ? " + refresh" : "") << " slots "
             << policy_slots;
       }
     }
@@ -217,6 +220,7 @@ TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
   ASSERT_TRUE(tr.is_ok()) << tr.status().message();
   const strata::Trace& t = tr.value();
   EXPECT_EQ(t.header.lookahead_depth, 2u);
+  EXPECT_TRUE(t.header.flags & strata::kTraceFlagRefresh);
   const uint32_t L = t.header.num_layers, k = t.header.top_k;
   uint64_t with_predictions = 0, dense_steps = 0;
   for (const strata::TraceStep& s : t.steps) {
@@ -226,6 +230,10 @@ TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
     // A dense layer's predictions come in steps of their own, with nothing chosen.
     ASSERT_EQ(s.chosen.empty(), s.layer < t.header.first_moe_layer) << "layer " << s.layer;
     dense_steps += s.chosen.empty();
+    // Every MoE layer is refreshed after the layer before it (the first from the dense layer).
+    ASSERT_EQ(s.refreshed.size(), s.chosen.empty() ? 0u : k) << "layer " << s.layer;
+    for (size_t i = 1; i < s.refreshed.size(); ++i)
+      EXPECT_GE(s.refreshed[i - 1].weight, s.refreshed[i].weight);
     for (const auto& p : s.predicted) {
       ASSERT_EQ(p.size(), k);
       for (size_t i = 1; i < p.size(); ++i) EXPECT_GE(p[i - 1].weight, p[i].weight);
@@ -237,10 +245,14 @@ TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
   EXPECT_GT(dense_steps, 0u);
   // The predictor is better than chance (k of N_e) one layer ahead, the first MoE layer too
   // (predicted from the dense layer before it).
+  // q[0] is the refresh, q[1] depth 1.
   const auto q = strata::prediction_quality(strata::build_request_stream(t));
-  ASSERT_FALSE(q.empty());
+  ASSERT_EQ(q.size(), 3u);
+  ASSERT_EQ(q[0].depth, 0u);
   EXPECT_GT(q[0].precision, static_cast<double>(k) / t.header.experts_per_layer);
-  const auto& first = q[0].by_layer[t.header.first_moe_layer];
+  EXPECT_GT(q[1].precision, static_cast<double>(k) / t.header.experts_per_layer);
+  EXPECT_EQ(q[0].predicted, q[0].requested) << "every MoE step carries its refresh";
+  const auto& first = q[1].by_layer[t.header.first_moe_layer];
   EXPECT_EQ(first.predicted, first.requested);
   EXPECT_GT(first.correct, first.requested * k / t.header.experts_per_layer);
 }
