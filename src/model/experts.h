@@ -56,6 +56,10 @@ class ExpertSource {
   // tier above can first wait for copies still reading it. Default: the source never reuses
   // such memory, or has no peek.
   virtual void set_reuse_fence(std::function<void()> fence) {}
+  // A tier above (GPU mode) says which experts it holds and keeps through their predicted use
+  // (`held(layer, id)`), so this source's lookahead does not read them again. Null: none.
+  // Default: ignored (a source without prefetch).
+  virtual void set_held_above(std::function<bool(int64_t layer, int32_t id)> held) {}
 };
 
 class CheckpointExpertSource final : public ExpertSource {

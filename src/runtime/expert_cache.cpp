@@ -258,6 +258,16 @@ void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32
                                                T, k, moe_layers_, step_, requests_);
   prefetched_for_.settle(*policy_, layer, ckpt_.config().num_experts, ids, T * k);
   stats_.policy_requests += static_cast<uint64_t>(T * k);
+  // A prefetch that has landed is useful once its layer asks for it, whether fetch() then takes
+  // it from here or a faster tier serves the copy it made from here (GPU mode; that tier never
+  // asks this one). A prefetch still loading is left to fetch(), which waits for it (late).
+  const int64_t Ne = ckpt_.config().num_experts;
+  for (int64_t i = 0; i < T * k; ++i) {
+    const int32_t si = slot_of_key_[static_cast<size_t>(layer * Ne + ids[i])];
+    if (si < 0) continue;
+    Slot& s = slots_[static_cast<size_t>(si)];
+    if (s.prefetched_unused && s.state == SlotState::kReady) settle_prefetch(s, layer, true);
+  }
   (void)first_position;
   pump_prefetches();  // predictions queued behind the in-flight cap
 }
@@ -296,6 +306,9 @@ void ExpertCache::pump_prefetches() {
       policy_->protect(p.key, p.pin_until_step);
       continue;
     }
+    const int64_t Ne = ckpt_.config().num_experts;
+    if (held_above_ && held_above_(p.key / Ne, static_cast<int32_t>(p.key % Ne)))
+      continue;  // the faster tier serves it: reading it here too would be wasted
     const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
     if (!policy_->prefetch(p.key, p.pin_until_step, clock)) continue;
     KTIER_CHECK(policy_->contains(p.key));  // the slot invariant counts it as a resident

@@ -103,6 +103,9 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   // A ready slot's views (no read, no wait; not counted as a use). See ExpertSource::peek.
   bool peek(int64_t layer, int32_t id, model::ExpertWeights* out) override;
   void set_reuse_fence(std::function<void()> fence) override { reuse_fence_ = std::move(fence); }
+  void set_held_above(std::function<bool(int64_t layer, int32_t id)> held) override {
+    held_above_ = std::move(held);
+  }
   // The slots' memory (GPU mode pins it so RAM -> VRAM copies run at link speed).
   uint8_t* arena() { return arena_.data(); }
   size_t arena_bytes() const { return arena_.size(); }
@@ -160,6 +163,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   std::unique_ptr<io::CompletionQueue> demand_cq_, prefetch_cq_;
   io::AlignedBuffer arena_;  // all slots, one huge-page allocation (few page faults per slot)
   std::function<void()> reuse_fence_;  // called before a slot is handed out for a new read
+  std::function<bool(int64_t, int32_t)> held_above_;  // experts a faster tier keeps for use
   bool arena_registered_ = false;  // with the I/O engine, for fixed-buffer reads
   std::vector<Slot> slots_;
   std::vector<int32_t> slot_of_key_;  // per key, -1 when the key has no slot

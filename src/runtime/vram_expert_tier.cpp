@@ -42,6 +42,7 @@ Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
   x->prefetched_.assign(static_cast<size_t>(slots), 0);
   // The host tier waits for copies still reading its memory before it overwrites it.
   host.set_reuse_fence([p = x.get()] { p->fence_host_reuse(); });
+  host.set_held_above([p = x.get()](int64_t layer, int32_t id) { return p->holds(layer, id); });
   for (int64_t s = slots - k - 1; s >= 0; --s) x->free_.push_back(s);  // slot 0 first
   const uint32_t num_keys = static_cast<uint32_t>(c.num_hidden_layers * c.num_experts);
   x->slot_of_key_.assign(num_keys, -1);
@@ -52,7 +53,15 @@ Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
   return x;
 }
 
-VramExpertTier::~VramExpertTier() { host_.set_reuse_fence(nullptr); }
+VramExpertTier::~VramExpertTier() {
+  host_.set_reuse_fence(nullptr);
+  host_.set_held_above(nullptr);
+}
+
+bool VramExpertTier::holds(int64_t layer, int32_t id) const {
+  const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + id);
+  return slot_of_key_[key] >= 0 && policy_->contains(key);
+}
 
 void VramExpertTier::fence_host_reuse() {
   if (!copies_unsynced_) return;  // nothing issued since the last wait reads host memory

@@ -82,6 +82,8 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   // The host tier's reuse fence: waits for the copies issued since the last wait (they may read
   // the memory about to be overwritten); a failure is kept in deferred_.
   void fence_host_reuse();
+  // Whether a policy slot holds expert `id` of `layer` (the host's set_held_above hook).
+  bool holds(int64_t layer, int32_t id) const;
 
   // A predicted expert for layer `target`, pinned (once copied) through step `pin_until`.
   struct Prediction {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <set>
 #include <vector>
 
@@ -34,7 +35,11 @@ class FakeHost final : public model::ExpertSource {
     *out = view(layer, id);
     return true;
   }
+  void set_held_above(std::function<bool(int64_t, int32_t)> held) override {
+    held_above = std::move(held);
+  }
   std::set<int64_t> ready;  // layer * kExperts + id
+  std::function<bool(int64_t, int32_t)> held_above;  // the tier's hook, while it lives
 
  private:
   model::ExpertWeights view(int64_t layer, int32_t id) const {
@@ -86,6 +91,10 @@ TEST(VramExpertTier, PredictionsTheHostIsStillReadingAreCopiedOnceReady) {
   const int32_t predicted3[] = {6, 7};
   t.on_prediction(2, 1, 0, predicted3, w, 1, kTopK);
   EXPECT_EQ(t.stats().prefetch_issued, 1u);
+  // The host learns what the tier keeps, so its own lookahead need not read it again.
+  ASSERT_TRUE(host.held_above);
+  EXPECT_TRUE(host.held_above(2, 3));
+  EXPECT_FALSE(host.held_above(2, 5));
   // Layer 2 routes {3, 5}: 3 is a VRAM hit (the lookahead copy), 5 a miss copied on demand;
   // 5's wait ends with its layer even if its read lands now.
   const int32_t routed2[] = {3, 5};
@@ -100,6 +109,8 @@ TEST(VramExpertTier, PredictionsTheHostIsStillReadingAreCopiedOnceReady) {
   ASSERT_TRUE(be->synchronize().is_ok());
   ASSERT_TRUE(be->download(back.data(), out[0].w1.data, back.size() * sizeof(float)).is_ok());
   EXPECT_EQ(back, std::vector<float>(back.size(), 1.0f));
+  tier->reset();
+  EXPECT_FALSE(host.held_above) << "the hook must not outlive the tier";
 }
 
 }  // namespace
