@@ -61,8 +61,9 @@ echo
 echo "## live engine: all experts from the shards, tier = 20% of the experts, 64 tokens"
 pack="$OUT/pack"
 [ -f "$pack/manifest.json" ] || "$KTIER" pack -m "$MODEL" -o "$pack" --force > /dev/null 2>&1
-# The budget: the whole trunk pinned, the lookahead routers, one fetch's slots and 20% of the
-# experts, sized from a one-token probe run that keeps everything.
+# The budget: the whole trunk pinned, one fetch's slots and 20% of the experts, sized from a
+# one-token probe run that keeps everything (every layer pinned: router_bank_bytes is 0; the
+# dial's reserve for the routers fits in the tier's share and comes back to it).
 "$KTIER" run -m "$MODEL" --pack "$pack" --preset max --ids 1 -n 1 --report-json "$OUT/probe.json" \
   > /dev/null 2>&1
 budget=$(/usr/bin/python3 - "$OUT/probe.json" "$keys" <<'PY'

@@ -122,7 +122,7 @@ Status Engine::open_dial(const EngineOptions& opts) {
   // In GPU mode lookahead scores the device trunk's copy of the routers, not a host RouterBank.
   const DialMinimum min = dial_minimum(ckpt_, pk, lookahead_depth(opts), pool_->size(),
                                        /*host_routers=*/!device_mode(opts));
-  const uint64_t slot = min.slot_bytes, expert_min = min.experts(), bank_bytes = min.routers;
+  const uint64_t slot = min.slot_bytes, expert_min = min.experts(), bank_reserve = min.routers;
   if (budget_ < min.total())
     return Status::budget(
         "a budget of " + gib(budget_) + " cannot be met: the minimum is " + gib(min.total()) +
@@ -131,16 +131,23 @@ Status Engine::open_dial(const EngineOptions& opts) {
                                 : "") +
         "; experts " + gib(expert_min) + ": " + std::to_string(min.expert_slots) + " slots of " +
         gib(slot) +
-        (bank_bytes ? "; lookahead routers " + gib(bank_bytes) + ", 0 with --lookahead 0" : "") +
+        (bank_reserve ? "; lookahead routers " + gib(bank_reserve) + ", 0 with --lookahead 0"
+                      : "") +
         ")");
-  if (bank_bytes) {
-    KTIER_ASSIGN_OR_RETURN(bank_, RouterBank::load(ckpt_, *io_, shard_files_));
-    KTIER_CHECK(bank_->bytes_allocated() == bank_bytes);
-  }
+  // The trunk's share leaves room for every layer's router; the bank then holds only the layers
+  // the trunk streams (a pinned layer's router is read from the store), and what it does not
+  // need goes to the expert tier.
   TrunkStoreOptions so;
-  so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min - bank_bytes;
+  so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min - bank_reserve;
   so.pool = pool_.get();
   KTIER_ASSIGN_OR_RETURN(store_, TrunkStore::open(ckpt_, pk, *io_, shard_files_, so));
+  uint64_t bank_bytes = 0;
+  if (const int64_t streamed_from = store_->stats().layers_pinned;
+      bank_reserve && RouterBank::bytes_needed(ckpt_, streamed_from) > 0) {
+    KTIER_ASSIGN_OR_RETURN(bank_, RouterBank::load(ckpt_, *io_, shard_files_, streamed_from));
+    bank_bytes = bank_->bytes_allocated();
+    KTIER_CHECK(bank_bytes <= bank_reserve);
+  }
   if (moe) {
     const uint64_t total_experts =
         static_cast<uint64_t>(c.num_moe_layers()) * static_cast<uint64_t>(c.num_experts);
@@ -274,8 +281,13 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
     model::Model::RoutingWeightsFn routing;
     if (e->device_trunk_) {  // resident layers, or the device's copy of a streamed one's router
       routing = [t = e->device_trunk_.get()](int64_t l) { return t->routing_layer(l); };
-    } else if (e->bank_) {
-      routing = [bank = e->bank_.get()](int64_t l) { return bank->routing(l); };
+    } else if (e->store_) {  // a pinned layer from the store, a streamed one from the bank
+      routing = [store = e->store_.get(), bank = e->bank_.get()](int64_t l)
+          -> const model::LayerWeights* {
+        if (store->config().is_dense(l)) return nullptr;
+        if (const model::LayerWeights* w = store->pinned_layer(l)) return w;
+        return bank ? bank->routing(l) : nullptr;
+      };
     } else if (e->weights_) {
       routing = [w = e->weights_.get()](int64_t l) -> const model::LayerWeights* {
         return w->config().is_dense(l) ? nullptr : &w->layer(l);

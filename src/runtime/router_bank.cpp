@@ -10,9 +10,9 @@ namespace ktier::runtime {
 namespace {
 
 // Every MoE layer with a layer before it to predict it from: the first MoE layer too when dense
-// layers precede it (they predict it), layer 0 never.
-int64_t first_held(const format::ModelConfig& c) {
-  return std::max<int64_t>(c.first_k_dense_replace, 1);
+// layers precede it (they predict it), layer 0 never; none before `from_layer`.
+int64_t first_held(const format::ModelConfig& c, int64_t from_layer) {
+  return std::max<int64_t>({c.first_k_dense_replace, 1, from_layer});
 }
 
 // What the bank keeps of a bound layer: the router's stored bytes (an aligned buffer) and the
@@ -25,11 +25,11 @@ uint64_t kept_bytes(const model::LayerWeights& w, uint64_t router_nbytes) {
 
 }  // namespace
 
-uint64_t RouterBank::bytes_needed(const format::Checkpoint& ckpt) {
+uint64_t RouterBank::bytes_needed(const format::Checkpoint& ckpt, int64_t from_layer) {
   const format::ModelConfig& c = ckpt.config();
   uint64_t total = 0;
   std::vector<uint8_t> zeros;
-  for (int64_t l = first_held(c); l < c.num_hidden_layers; ++l) {
+  for (int64_t l = first_held(c, from_layer); l < c.num_hidden_layers; ++l) {
     const std::string router = model::router_tensor_name(l);
     // Binds against zero bytes (the matrix is never read) to learn the vectors' sizes.
     const model::TensorLookup measure = [&](const std::string& name) -> Result<model::TensorView> {
@@ -47,10 +47,11 @@ uint64_t RouterBank::bytes_needed(const format::Checkpoint& ckpt) {
 
 Result<std::unique_ptr<RouterBank>> RouterBank::load(const format::Checkpoint& ckpt,
                                                      io::IoEngine& engine,
-                                                     const std::vector<io::ReadFile>& shards) {
+                                                     const std::vector<io::ReadFile>& shards,
+                                                     int64_t from_layer) {
   const format::ModelConfig& c = ckpt.config();
   std::unique_ptr<RouterBank> bank(new RouterBank());
-  bank->first_ = first_held(c);
+  bank->first_ = first_held(c, from_layer);
   for (int64_t l = bank->first_; l < c.num_hidden_layers; ++l) {
     // Each tensor bind_routing asks for is read into a buffer of its own; only the router
     // matrix's is kept (the vectors are widened copies).

@@ -97,6 +97,11 @@ class TrunkStore final : public model::TrunkSource {
   Status embed(std::span<const int32_t> ids, float* out) override;
 
   const TrunkStoreStats& stats() const { return stats_; }
+  // A pinned layer's weights (valid for the store's life, immutable: any thread), or null for a
+  // layer the store streams.
+  const model::LayerWeights* pinned_layer(int64_t l) const {
+    return l >= 0 && l < stats_.layers_pinned ? &pinned_weights_[static_cast<size_t>(l)] : nullptr;
+  }
   const char* io_engine_name() const { return engine_->name(); }
 
  private:

@@ -38,7 +38,8 @@ class ExpertCacheTest : public ::testing::Test {
     keys_ = static_cast<uint64_t>(c.num_moe_layers() * c.num_experts);
     top_k_ = static_cast<uint64_t>(c.num_experts_per_token);
     // What a budget must hold before the tier gets anything: the whole trunk pinned (the dial
-    // gives the trunk the budget first) and the lookahead routers.
+    // gives the trunk the budget first) and the lookahead routers' reserve (the trunk's share
+    // leaves room for them; with every layer pinned the bank holds none and the tier gets it).
     EngineOptions eo;
     eo.model_dir = root_ / "ckpt";
     eo.ram_budget = uint64_t{1} << 30;
@@ -47,7 +48,8 @@ class ExpertCacheTest : public ::testing::Test {
     ASSERT_TRUE(e.is_ok()) << e.status().message();
     ASSERT_EQ(e.value()->trunk_store()->stats().layers_streamed, 0);
     trunk_ = e.value()->trunk_store()->stats().bytes_allocated;
-    bank_ = e.value()->router_bank()->bytes_allocated();
+    EXPECT_EQ(e.value()->router_bank(), nullptr) << "every layer pinned: no router held twice";
+    bank_ = RouterBank::bytes_needed(ckpt.value());
     reference_ = run({}, nullptr);
   }
   static void TearDownTestSuite() { fs::remove_all(root_); }
@@ -195,20 +197,38 @@ TEST_F(ExpertCacheTest, PrefetchCountersAddUpAndPrefetchReplacesDemandReads) {
   EXPECT_LT(demand[1], demand[0]) << "lookahead must turn some demand reads into prefetches";
 }
 
-// The bank holds every layer a lookahead can predict: each MoE layer with a layer before it —
-// the first MoE layer too, predicted from the dense layer 0.
-TEST_F(ExpertCacheTest, RouterBankHoldsEveryPredictableLayer) {
+// Every layer a lookahead can predict (each MoE layer with a layer before it — the first MoE
+// layer too, predicted from the dense layer 0) has its router in memory exactly once: pinned in
+// the trunk store, or, for a streamed layer, in the bank; the bank's bytes are those layers'.
+TEST_F(ExpertCacheTest, RouterBankHoldsExactlyTheStreamedPredictableLayers) {
   EngineOptions eo;
   eo.model_dir = root_ / "ckpt";
-  eo.ram_budget = budget_for(12, 1);
+  eo.ram_budget = budget_for(12, 1) - trunk_ / 2;  // about half the trunk streams
   auto e = Engine::open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   const format::ModelConfig& c = (*e)->checkpoint().config();
   ASSERT_GE(c.first_k_dense_replace, 1);
+  const TrunkStore& store = *(*e)->trunk_store();
+  const int64_t pinned = store.stats().layers_pinned;
+  ASSERT_GT(pinned, 1) << "the test needs a pinned MoE layer";
+  ASSERT_GT(store.stats().layers_streamed, 0);
   const RouterBank* bank = (*e)->router_bank();
   ASSERT_NE(bank, nullptr);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    EXPECT_EQ(bank->routing(l) != nullptr, l >= 1 && !c.is_dense(l)) << "layer " << l;
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+  ASSERT_TRUE(ckpt.is_ok());
+  EXPECT_EQ(bank->bytes_allocated(), RouterBank::bytes_needed(*ckpt, pinned));
+  EXPECT_LT(bank->bytes_allocated(), bank_);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const bool predictable = l >= 1 && !c.is_dense(l);
+    EXPECT_EQ(bank->routing(l) != nullptr, predictable && l >= pinned) << "layer " << l;
+    EXPECT_EQ(store.pinned_layer(l) != nullptr, l < pinned) << "layer " << l;
+  }
+  // The lookahead still predicts every MoE layer (prefetches are issued) and the ids are the
+  // reference's.
+  std::unique_ptr<Engine> kept;
+  eo.threads = 2;
+  EXPECT_EQ(run(eo, &kept), reference_);
+  EXPECT_GT(kept->expert_cache()->stats().prefetch_issued, 0u);
 }
 
 TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
