@@ -115,9 +115,11 @@ Status run(const RunArgs& a) {
   };
   std::unique_ptr<strata::TraceRecorder> recorder;
   if (!a.trace.empty()) {
+    // What the model runs (`--policy static` under the memory dial runs without lookahead).
+    const model::Model& m = engine->model();
     KTIER_ASSIGN_OR_RETURN(recorder,
-                           strata::TraceRecorder::create(a.trace, engine->checkpoint(), eo.lookahead,
-                                                         eo.lookahead > 0 && eo.lookahead_refresh));
+                           strata::TraceRecorder::create(a.trace, engine->checkpoint(),
+                                                         m.lookahead_depth(), m.lookahead_refresh()));
     engine->model().set_routing_observer(recorder.get());
     engine->model().add_lookahead_observer(recorder.get());
   }

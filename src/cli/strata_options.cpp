@@ -16,9 +16,9 @@ void add_strata_options(CLI::App* sub, StrataArgs& a) {
                   "0 = off")
       ->capture_default_str();
   sub->add_flag("--no-lookahead-refresh", a.no_refresh,
-               "Predict each layer's experts once, after the previous layer's attention, and not "
-               "again after the previous layer's FFN (the refresh: on by default with "
-               "--lookahead >= 1; it also sees the previous layer's routed experts)");
+               "Do not predict layer L+1's experts again after layer L's FFN (the refresh: on by "
+               "default with --lookahead >= 1; it sees layer L's routed experts, which the "
+               "predictions made after layer L's attention cannot)");
   sub->add_option("--profile", a.profile,
                   "A trace recorded earlier (run --trace) seeding the policy's temperatures "
                   "(and the ranking of --policy static)");

@@ -134,26 +134,34 @@ Status Engine::open_dial(const EngineOptions& opts) {
         (bank_reserve ? "; lookahead routers " + gib(bank_reserve) + ", 0 with --lookahead 0"
                       : "") +
         ")");
-  // The trunk's share leaves room for every layer's router; the bank then holds only the layers
-  // the trunk streams (a pinned layer's router is read from the store), and what it does not
-  // need goes to the expert tier.
+  // The trunk pins what fits beside the routers of the layers it streams, which the bank then
+  // holds (a pinned layer's router is read from the store); the rest goes to the expert tier.
   TrunkStoreOptions so;
-  so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min - bank_reserve;
+  so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min;
   so.pool = pool_.get();
+  std::vector<uint64_t> router_suffix;  // [l]: routers of layers l.. (the bank's bytes from l)
+  if (bank_reserve) {
+    const std::vector<uint64_t> per_layer = RouterBank::layer_bytes(ckpt_);
+    router_suffix.assign(per_layer.size() + 1, 0);
+    for (size_t l = per_layer.size(); l-- > 0;) router_suffix[l] = router_suffix[l + 1] + per_layer[l];
+    KTIER_CHECK(router_suffix[0] == bank_reserve);
+    so.streamed_extra = [&router_suffix](int64_t first) {
+      return router_suffix[static_cast<size_t>(first)];
+    };
+  }
   KTIER_ASSIGN_OR_RETURN(store_, TrunkStore::open(ckpt_, pk, *io_, shard_files_, so));
   uint64_t bank_bytes = 0;
   if (const int64_t streamed_from = store_->stats().layers_pinned;
-      bank_reserve && RouterBank::bytes_needed(ckpt_, streamed_from) > 0) {
+      bank_reserve && router_suffix[static_cast<size_t>(streamed_from)] > 0) {
     KTIER_ASSIGN_OR_RETURN(bank_, RouterBank::load(ckpt_, *io_, shard_files_, streamed_from));
     bank_bytes = bank_->bytes_allocated();
-    KTIER_CHECK(bank_bytes <= bank_reserve);
+    KTIER_CHECK(bank_bytes == router_suffix[static_cast<size_t>(streamed_from)]);
   }
   if (moe) {
     const uint64_t total_experts =
         static_cast<uint64_t>(c.num_moe_layers()) * static_cast<uint64_t>(c.num_experts);
-    uint64_t left = budget_ == UINT64_MAX
-                        ? UINT64_MAX
-                        : budget_ - store_->stats().bytes_allocated - bank_bytes;
+    const uint64_t held = store_->stats().bytes_allocated + bank_bytes;
+    uint64_t left = budget_ == UINT64_MAX ? UINT64_MAX : (budget_ > held ? budget_ - held : 0);
     // The tier is faulted in at start: never ask for more than the machine has free (a budget
     // above physical memory, or `max`, would otherwise end in the OOM killer).
     if (const uint64_t avail = meminfo().second; avail > 0) {

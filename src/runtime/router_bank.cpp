@@ -26,10 +26,18 @@ uint64_t kept_bytes(const model::LayerWeights& w, uint64_t router_nbytes) {
 }  // namespace
 
 uint64_t RouterBank::bytes_needed(const format::Checkpoint& ckpt, int64_t from_layer) {
-  const format::ModelConfig& c = ckpt.config();
+  const std::vector<uint64_t> per_layer = layer_bytes(ckpt);
   uint64_t total = 0;
+  for (int64_t l = first_held(ckpt.config(), from_layer); l < ckpt.config().num_hidden_layers; ++l)
+    total += per_layer[static_cast<size_t>(l)];
+  return total;
+}
+
+std::vector<uint64_t> RouterBank::layer_bytes(const format::Checkpoint& ckpt) {
+  const format::ModelConfig& c = ckpt.config();
+  std::vector<uint64_t> out(static_cast<size_t>(c.num_hidden_layers), 0);
   std::vector<uint8_t> zeros;
-  for (int64_t l = first_held(c, from_layer); l < c.num_hidden_layers; ++l) {
+  for (int64_t l = first_held(c, 0); l < c.num_hidden_layers; ++l) {
     const std::string router = model::router_tensor_name(l);
     // Binds against zero bytes (the matrix is never read) to learn the vectors' sizes.
     const model::TensorLookup measure = [&](const std::string& name) -> Result<model::TensorView> {
@@ -40,9 +48,9 @@ uint64_t RouterBank::bytes_needed(const format::Checkpoint& ckpt, int64_t from_l
     };
     auto w = model::bind_routing(c, l, measure);
     KTIER_CHECK(w.is_ok());
-    total += kept_bytes(w.value(), ckpt.find(router)->info->nbytes);
+    out[static_cast<size_t>(l)] = kept_bytes(w.value(), ckpt.find(router)->info->nbytes);
   }
-  return total;
+  return out;
 }
 
 Result<std::unique_ptr<RouterBank>> RouterBank::load(const format::Checkpoint& ckpt,

@@ -26,6 +26,8 @@ class RouterBank {
  public:
   // Bytes load() allocates for `ckpt` from layer `from_layer` on, without reading anything.
   static uint64_t bytes_needed(const format::Checkpoint& ckpt, int64_t from_layer = 0);
+  // The same per layer ([num_hidden_layers], 0 for a layer the bank never holds).
+  static std::vector<uint64_t> layer_bytes(const format::Checkpoint& ckpt);
   // Reads the tensors through `engine` (`shards`: one ReadFile per shard, Checkpoint order; they
   // must outlive the call). Errors: the I/O layer's (exit 1, naming file and offset).
   static Result<std::unique_ptr<RouterBank>> load(const format::Checkpoint& ckpt,

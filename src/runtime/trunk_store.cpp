@@ -141,12 +141,16 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
                           mib(largest) + (z.staging ? " + " + mib(z.staging) + " compressed staging each + " +
                                                           mib(z.scratch) + " inflate scratch" : std::string()) +
                           " + embedding rows)");
+  const auto extra = [&](int64_t first_streamed) -> uint64_t {
+    return opts.streamed_extra ? opts.streamed_extra(first_streamed) : 0;
+  };
   int64_t pinned = 0;
-  if (z.all_pinned() <= opts.budget_bytes) {
+  if (z.all_pinned() + extra(L) <= opts.budget_bytes) {
     pinned = L;
   } else {
     uint64_t used = base + z.ring(slots);
-    while (pinned < L && used + s->records_[static_cast<size_t>(pinned)].size <= opts.budget_bytes)
+    while (pinned < L && used + s->records_[static_cast<size_t>(pinned)].size + extra(pinned + 1) <=
+                             opts.budget_bytes)
       used += s->records_[static_cast<size_t>(pinned++)].size;
   }
   s->stats_.layers_pinned = pinned;

@@ -34,6 +34,7 @@
 // that block's range of the destination and use one scratch each.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -57,6 +58,11 @@ struct TrunkStoreOptions {
   // Inflates the blocks of a compressed pack's records in parallel (the engine's kernel pool;
   // must outlive the store). Null: on the calling thread. Unused for plain packs and shards.
   cpu::ThreadPool* pool = nullptr;
+  // Bytes the caller must also hold, within budget_bytes, when layers first_streamed.. stream
+  // (the lookahead routers of the streamed layers, runtime::RouterBank); non-increasing in
+  // first_streamed. Counted when choosing how many layers to pin, never allocated here.
+  // Null: none.
+  std::function<uint64_t(int64_t first_streamed)> streamed_extra;
 };
 
 struct TrunkStoreStats {

@@ -138,6 +138,12 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
   const uint64_t pin_until =
       strata::prediction_pin_until(step_, T, layer, target, first_moe_layer_);
   copies_open_ = false;
+  // Predictions it holds are pinned first, so that admitting another one cannot evict them (the
+  // host skips those it holds: set_held_above).
+  for (int64_t i = 0; i < T * k; ++i) {
+    const uint32_t key = static_cast<uint32_t>(target * num_experts_ + ids[i]);
+    if (slot_of_key_[key] >= 0) policy_->protect(key, pin_until);
+  }
   for (int64_t i = 0; i < T * k && deferred_.is_ok(); ++i) {
     const Prediction p{static_cast<uint32_t>(target * num_experts_ + ids[i]), target, ids[i],
                        pin_until};

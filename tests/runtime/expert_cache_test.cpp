@@ -9,6 +9,9 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <set>
+#include <thread>
+#include <utility>
 
 #include "io/fault_plan.h"
 #include "runtime/engine.h"
@@ -38,8 +41,8 @@ class ExpertCacheTest : public ::testing::Test {
     keys_ = static_cast<uint64_t>(c.num_moe_layers() * c.num_experts);
     top_k_ = static_cast<uint64_t>(c.num_experts_per_token);
     // What a budget must hold before the tier gets anything: the whole trunk pinned (the dial
-    // gives the trunk the budget first) and the lookahead routers' reserve (the trunk's share
-    // leaves room for them; with every layer pinned the bank holds none and the tier gets it).
+    // gives the trunk the budget first). With every layer pinned the lookahead routers are read
+    // from the trunk: no bank.
     EngineOptions eo;
     eo.model_dir = root_ / "ckpt";
     eo.ram_budget = uint64_t{1} << 30;
@@ -54,16 +57,19 @@ class ExpertCacheTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { fs::remove_all(root_); }
 
-  // The budget leaving `policy_slots` for the policy: the whole trunk, the routers (with
-  // lookahead), one fetch's top-k slots and the policy's.
-  static uint64_t budget_for(uint64_t policy_slots, int lookahead) {
-    return trunk_ + (lookahead > 0 ? bank_ : 0) + (top_k_ + policy_slots) * slot_;
+  // The budget leaving `policy_slots` for the policy: the whole trunk, one fetch's top-k slots
+  // and the policy's. With lookahead the dial's minimum is top_k × (1 + lookahead) slots: below
+  // it (policy_slots < top_k × lookahead) the trunk streams a layer or more to make room, and the
+  // routers of those layers are held apart (RouterBank).
+  static uint64_t budget_for(uint64_t policy_slots) {
+    return trunk_ + (top_k_ + policy_slots) * slot_;
   }
 
   // Prefill in chunks of `chunk` then 20 greedy tokens; returns the ids. `eo` without a budget
   // runs resident. Records a trace when `trace` is set.
   static std::vector<int32_t> run(const EngineOptions& eo_in, std::unique_ptr<Engine>* keep,
-                                  const fs::path& trace = {}, int64_t chunk = 1) {
+                                  const fs::path& trace = {}, int64_t chunk = 1,
+                                  model::LookaheadObserver* observer = nullptr) {
     EngineOptions eo = eo_in;
     eo.model_dir = root_ / "ckpt";
     eo.threads = 2;
@@ -80,6 +86,7 @@ class ExpertCacheTest : public ::testing::Test {
       engine.model().set_routing_observer(rec.get());
       engine.model().add_lookahead_observer(rec.get());
     }
+    if (observer) engine.model().add_lookahead_observer(observer);
     GenerationOptions g;
     g.max_new_tokens = 20;
     g.prefill_chunk = chunk;
@@ -90,6 +97,7 @@ class ExpertCacheTest : public ::testing::Test {
                          return Status::ok();
                        });
     EXPECT_TRUE(st.is_ok()) << st.status().message();
+    if (observer) engine.model().remove_lookahead_observer(observer);
     if (rec) {
       engine.model().set_routing_observer(nullptr);
       engine.model().remove_lookahead_observer(rec.get());
@@ -112,7 +120,7 @@ TEST_F(ExpertCacheTest, LivePolicyMakesTheDecisionsReplayMakes) {
   for (const PolicyKind policy : {PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kTemperature}) {
     for (const uint64_t policy_slots : {uint64_t{30}, uint64_t{50}, uint64_t{80}}) {
       EngineOptions eo;
-      eo.ram_budget = budget_for(policy_slots, 0);
+      eo.ram_budget = budget_for(policy_slots);
       eo.policy = policy;
       eo.lookahead = 0;
       const fs::path trace = root_ / "live.trace";
@@ -155,7 +163,7 @@ TEST_F(ExpertCacheTest, OutputIsIdenticalAcrossPoliciesLookaheadBudgetsAndChunks
     for (const int lookahead : {0, 1, 3}) {
       for (const uint64_t policy_slots : {uint64_t{0}, uint64_t{9}, keys_}) {
         EngineOptions eo;
-        eo.ram_budget = budget_for(policy_slots, lookahead);
+        eo.ram_budget = budget_for(policy_slots);
         eo.policy = policy;
         eo.lookahead = lookahead;
         eo.lookahead_refresh = lookahead != 3;  // depth 1 with the refresh, depth 3 without
@@ -175,7 +183,7 @@ TEST_F(ExpertCacheTest, PrefetchCountersAddUpAndPrefetchReplacesDemandReads) {
   uint64_t demand[2] = {0, 0};
   for (const int lookahead : {0, 2}) {
     EngineOptions eo;
-    eo.ram_budget = budget_for(12, lookahead);
+    eo.ram_budget = budget_for(12);
     eo.lookahead = lookahead;
     std::unique_ptr<Engine> e;
     EXPECT_EQ(run(eo, &e), reference_);
@@ -203,7 +211,7 @@ TEST_F(ExpertCacheTest, PrefetchCountersAddUpAndPrefetchReplacesDemandReads) {
 TEST_F(ExpertCacheTest, RouterBankHoldsExactlyTheStreamedPredictableLayers) {
   EngineOptions eo;
   eo.model_dir = root_ / "ckpt";
-  eo.ram_budget = budget_for(12, 1) - trunk_ / 2;  // about half the trunk streams
+  eo.ram_budget = budget_for(12) - trunk_ / 2;  // about half the trunk streams
   auto e = Engine::open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   const format::ModelConfig& c = (*e)->checkpoint().config();
@@ -223,12 +231,21 @@ TEST_F(ExpertCacheTest, RouterBankHoldsExactlyTheStreamedPredictableLayers) {
     EXPECT_EQ(bank->routing(l) != nullptr, predictable && l >= pinned) << "layer " << l;
     EXPECT_EQ(store.pinned_layer(l) != nullptr, l < pinned) << "layer " << l;
   }
-  // The lookahead still predicts every MoE layer (prefetches are issued) and the ids are the
-  // reference's.
-  std::unique_ptr<Engine> kept;
-  eo.threads = 2;
-  EXPECT_EQ(run(eo, &kept), reference_);
-  EXPECT_GT(kept->expert_cache()->stats().prefetch_issued, 0u);
+  // The lookahead still predicts every MoE layer after the first — pinned or streamed — at depth
+  // 1 and by the refresh, and the ids are the reference's.
+  struct Seen final : model::LookaheadObserver {
+    std::set<std::pair<int64_t, int>> targets;  // (target layer, depth)
+    void on_prediction(int64_t layer, int depth, int64_t, const int32_t*, const float*, int64_t T,
+                       int) override {
+      if (T > 0) targets.insert({layer + depth, depth});
+    }
+  } seen;
+  EXPECT_EQ(run(eo, nullptr, {}, 1, &seen), reference_);
+  for (int64_t l = 1; l < c.num_hidden_layers; ++l) {
+    if (c.is_dense(l)) continue;
+    EXPECT_TRUE(seen.targets.count({l, 1})) << "layer " << l << " not predicted at depth 1";
+    EXPECT_TRUE(seen.targets.count({l, 0})) << "layer " << l << " not refreshed";
+  }
 }
 
 TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
@@ -277,11 +294,56 @@ TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
   EXPECT_GT(first.correct, first.requested * k / t.header.experts_per_layer);
 }
 
+// GPU mode's bookkeeping, on the tier alone: a prediction the tier above keeps is not read
+// here, and a prefetch that has landed counts as useful once its layer is routed to it, even
+// though nothing fetches it from this tier (the VRAM tier serves the copy it made).
+TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWhenRouted) {
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+  ASSERT_TRUE(ckpt.is_ok());
+  auto io = io::make_io_engine(io::IoOptions{});
+  ASSERT_TRUE(io.is_ok()) << io.status().message();
+  std::vector<io::ReadFile> files;
+  for (size_t i = 0; i < ckpt->num_shards(); ++i) {
+    auto f = (*io)->open(ckpt->shard(i).path());
+    ASSERT_TRUE(f.is_ok()) << f.status().message();
+    files.push_back(std::move(*f));
+  }
+  ExpertCacheOptions xo;
+  xo.policy = PolicyKind::kLru;
+  xo.policy_slots = 8;
+  xo.batch_slots = static_cast<int64_t>(top_k_);
+  auto cache = ExpertCache::open(*ckpt, **io, files, std::move(xo));
+  ASSERT_TRUE(cache.is_ok()) << cache.status().message();
+  ExpertCache& x = **cache;
+  const format::ModelConfig& c = ckpt->config();
+  const int64_t layer = c.first_k_dense_replace + 1;  // a MoE layer predicted from a MoE layer
+  ASSERT_LT(layer, c.num_hidden_layers);
+  ASSERT_GE(c.num_experts, static_cast<int64_t>(top_k_) + 2);
+  x.set_held_above([](int64_t, int32_t id) { return id == 1; });
+  const int32_t predicted[] = {0, 1};
+  const float weights[] = {0.6f, 0.4f};
+  x.on_prediction(layer - 1, 1, 0, predicted, weights, 1, 2);
+  EXPECT_EQ(x.stats().prefetch_issued, 1u) << "expert 1 is kept by the tier above";
+  model::ExpertWeights view;
+  for (int i = 0; i < 500 && !x.peek(layer, 0, &view); ++i) {  // pump the tier until 0 lands
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    x.on_prediction(layer - 1, 1, 0, nullptr, nullptr, 0, 2);
+  }
+  ASSERT_TRUE(x.peek(layer, 0, &view));
+  std::vector<int32_t> routed(top_k_);
+  for (size_t j = 0; j < routed.size(); ++j) routed[j] = j == 0 ? 0 : static_cast<int32_t>(j + 1);
+  x.begin_layer(layer, 0, routed.data(), 1, static_cast<int>(top_k_));
+  EXPECT_EQ(x.stats().prefetch_useful, 1u);
+  EXPECT_EQ(x.stats().prefetch_timely, 1u);
+  EXPECT_EQ(x.stats().prefetch_wasted, 0u);
+  x.set_held_above(nullptr);
+}
+
 // Slow prefetch reads (each delayed 30 ms) arrive after their layer needs them: waited for,
 // counted late (a miss), the bytes unchanged.
 TEST_F(ExpertCacheTest, LatePrefetchesAreWaitedForAndCountedAsMisses) {
   EngineOptions eo;
-  eo.ram_budget = budget_for(12, 2);
+  eo.ram_budget = budget_for(12);
   eo.lookahead = 2;
   eo.io.fault_plan = std::make_shared<io::FaultPlan>();
   eo.io.fault_plan->add(
@@ -301,7 +363,7 @@ TEST_F(ExpertCacheTest, FailedReadsFailThePassAndTheTierRecovers) {
   EngineOptions eo;
   eo.model_dir = root_ / "ckpt";
   eo.threads = 2;
-  eo.ram_budget = budget_for(12, 2);
+  eo.ram_budget = budget_for(12);
   eo.lookahead = 2;
   eo.io.backend = io::IoBackend::kPread;
   eo.io.fault_plan = std::make_shared<io::FaultPlan>();
@@ -331,7 +393,7 @@ TEST_F(ExpertCacheTest, FailedReadsFailThePassAndTheTierRecovers) {
 TEST_F(ExpertCacheTest, PoliciesThatCannotRunLiveAreUsageErrors) {
   EngineOptions eo;
   eo.model_dir = root_ / "ckpt";
-  eo.ram_budget = budget_for(8, 1);
+  eo.ram_budget = budget_for(8);
   eo.policy = PolicyKind::kBelady;
   EXPECT_EQ(Engine::open(eo).status().exit_code(), 2);
   eo.policy = PolicyKind::kStatic;  // without a ranking
