@@ -60,8 +60,8 @@ struct TrunkStoreOptions {
   cpu::ThreadPool* pool = nullptr;
   // Bytes the caller must also hold, within budget_bytes, when layers first_streamed.. stream
   // (the lookahead routers of the streamed layers, runtime::RouterBank); non-increasing in
-  // first_streamed. Counted when choosing how many layers to pin, never allocated here.
-  // Null: none.
+  // first_streamed. Counted when choosing how many layers to pin, never allocated here; called
+  // during open() only. Null: none.
   std::function<uint64_t(int64_t first_streamed)> streamed_extra;
 };
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "io/fault_plan.h"
 #include "pack/pack_writer.h"
@@ -108,6 +109,52 @@ TEST_F(TrunkStoreTest, OutputIsIdenticalAcrossBudgetsSourcesEnginesAndThreads) {
   }
   EXPECT_GE(streamed_runs, 12) << "the budgets must force streaming";
   EXPECT_GE(small_tiers, 4) << "the smallest budgets must force expert evictions";
+}
+
+// `streamed_extra` (what the caller must hold for the layers that stream: the dial's router
+// bank) is counted while choosing how many layers to pin: the pinned records plus the extra for
+// the rest fit the budget, and pinning one more would not.
+TEST_F(TrunkStoreTest, StreamedExtraLeavesRoomForWhatTheStreamedLayersNeed) {
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+  ASSERT_TRUE(ckpt.is_ok());
+  auto io = io::make_io_engine(io::IoOptions{});
+  ASSERT_TRUE(io.is_ok()) << io.status().message();
+  std::vector<io::ReadFile> files;
+  for (size_t i = 0; i < ckpt->num_shards(); ++i) {
+    auto f = (*io)->open(ckpt->shard(i).path());
+    ASSERT_TRUE(f.is_ok()) << f.status().message();
+    files.push_back(std::move(*f));
+  }
+  const int64_t L = ckpt->config().num_hidden_layers;
+  auto open_with = [&](uint64_t budget, uint64_t per_streamed) {
+    TrunkStoreOptions so;
+    so.budget_bytes = budget;
+    if (per_streamed)
+      so.streamed_extra = [=](int64_t first) { return static_cast<uint64_t>(L - first) * per_streamed; };
+    return TrunkStore::open(*ckpt, nullptr, **io, files, so);
+  };
+  auto all = open_with(UINT64_MAX, 0);
+  ASSERT_TRUE(all.is_ok()) << all.status().message();
+  ASSERT_EQ((*all)->stats().layers_pinned, L);
+  const uint64_t everything = (*all)->stats().bytes_allocated;
+  // A budget that pins all but about two layers without the extra.
+  auto some = open_with(everything - everything / L, 0);
+  ASSERT_TRUE(some.is_ok()) << some.status().message();
+  const int64_t plain = (*some)->stats().layers_pinned;
+  ASSERT_GT(plain, 1);
+  ASSERT_LT(plain, L);
+  const uint64_t budget = everything - everything / L;
+  const uint64_t per = everything / L / 2;  // half an average layer per streamed layer
+  auto with = open_with(budget, per);
+  ASSERT_TRUE(with.is_ok()) << with.status().message();
+  const int64_t pinned = (*with)->stats().layers_pinned;
+  EXPECT_LE(pinned, plain);
+  EXPECT_LE((*with)->stats().bytes_allocated + static_cast<uint64_t>(L - pinned) * per, budget);
+  EXPECT_LT(pinned, plain) << "the extra must cost at least one pinned layer here";
+  // Everything pinned needs no extra: a budget of exactly the whole trunk pins it all.
+  auto exact = open_with(everything, per);
+  ASSERT_TRUE(exact.is_ok());
+  EXPECT_EQ((*exact)->stats().layers_pinned, L);
 }
 
 TEST_F(TrunkStoreTest, BudgetBelowTheMinimumIsRefusedWithExitFour) {
