@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <vector>
 
+#include "io/io_engine.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "synth/synth.h"
@@ -24,6 +26,23 @@ inline void synth_tiny(const std::filesystem::path& dir) {
   o.out_dir = dir;
   o.threads = 1;
   ASSERT_TRUE(synth::run_synth(o).is_ok());
+}
+
+// The parts a tier is opened on without an Engine: an I/O engine and one ReadFile per shard of
+// `ckpt`, in Checkpoint order (call under ASSERT_NO_FATAL_FAILURE; `engine` is null on failure).
+struct ShardFiles {
+  std::unique_ptr<io::IoEngine> engine;
+  std::vector<io::ReadFile> files;
+};
+inline void open_shard_files(const format::Checkpoint& ckpt, ShardFiles& out) {
+  auto io = io::make_io_engine(io::IoOptions{});
+  ASSERT_TRUE(io.is_ok()) << io.status().message();
+  out.engine = std::move(*io);
+  for (size_t i = 0; i < ckpt.num_shards(); ++i) {
+    auto f = out.engine->open(ckpt.shard(i).path());
+    ASSERT_TRUE(f.is_ok()) << f.status().message();
+    out.files.push_back(std::move(*f));
+  }
 }
 
 inline std::vector<float> logits_then_greedy_ids(const EngineOptions& eo,

@@ -300,19 +300,13 @@ TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
 TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWhenRouted) {
   auto ckpt = format::Checkpoint::open(root_ / "ckpt");
   ASSERT_TRUE(ckpt.is_ok());
-  auto io = io::make_io_engine(io::IoOptions{});
-  ASSERT_TRUE(io.is_ok()) << io.status().message();
-  std::vector<io::ReadFile> files;
-  for (size_t i = 0; i < ckpt->num_shards(); ++i) {
-    auto f = (*io)->open(ckpt->shard(i).path());
-    ASSERT_TRUE(f.is_ok()) << f.status().message();
-    files.push_back(std::move(*f));
-  }
+  ShardFiles shards;
+  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
   ExpertCacheOptions xo;
   xo.policy = PolicyKind::kLru;
   xo.policy_slots = 8;
   xo.batch_slots = static_cast<int64_t>(top_k_);
-  auto cache = ExpertCache::open(*ckpt, **io, files, std::move(xo));
+  auto cache = ExpertCache::open(*ckpt, *shards.engine, shards.files, std::move(xo));
   ASSERT_TRUE(cache.is_ok()) << cache.status().message();
   ExpertCache& x = **cache;
   const format::ModelConfig& c = ckpt->config();

@@ -117,21 +117,15 @@ TEST_F(TrunkStoreTest, OutputIsIdenticalAcrossBudgetsSourcesEnginesAndThreads) {
 TEST_F(TrunkStoreTest, StreamedExtraLeavesRoomForWhatTheStreamedLayersNeed) {
   auto ckpt = format::Checkpoint::open(root_ / "ckpt");
   ASSERT_TRUE(ckpt.is_ok());
-  auto io = io::make_io_engine(io::IoOptions{});
-  ASSERT_TRUE(io.is_ok()) << io.status().message();
-  std::vector<io::ReadFile> files;
-  for (size_t i = 0; i < ckpt->num_shards(); ++i) {
-    auto f = (*io)->open(ckpt->shard(i).path());
-    ASSERT_TRUE(f.is_ok()) << f.status().message();
-    files.push_back(std::move(*f));
-  }
+  ShardFiles shards;
+  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
   const int64_t L = ckpt->config().num_hidden_layers;
   auto open_with = [&](uint64_t budget, uint64_t per_streamed) {
     TrunkStoreOptions so;
     so.budget_bytes = budget;
     if (per_streamed)
       so.streamed_extra = [=](int64_t first) { return static_cast<uint64_t>(L - first) * per_streamed; };
-    return TrunkStore::open(*ckpt, nullptr, **io, files, so);
+    return TrunkStore::open(*ckpt, nullptr, *shards.engine, shards.files, so);
   };
   auto all = open_with(UINT64_MAX, 0);
   ASSERT_TRUE(all.is_ok()) << all.status().message();
