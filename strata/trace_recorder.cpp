@@ -3,6 +3,17 @@
 #include <string>
 
 namespace ktier::strata {
+namespace {
+
+// The model's picks (ids [n] as int32, weights [n]) in the trace's form, replacing `out`.
+void copy_picks(const int32_t* ids, const float* weights, int64_t n,
+                std::vector<ExpertWeight>& out) {
+  out.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    out[static_cast<size_t>(i)] = {static_cast<uint16_t>(ids[i]), weights[i]};
+}
+
+}  // namespace
 
 Result<std::unique_ptr<TraceRecorder>> TraceRecorder::create(const std::filesystem::path& path,
                                                              const format::Checkpoint& ckpt,
@@ -61,14 +72,12 @@ void TraceRecorder::on_routing(int64_t layer, int64_t first_position, const int3
   TraceStep step;
   step.pass = pass_;
   step.layer = static_cast<uint16_t>(layer);
-  step.chosen.resize(static_cast<size_t>(k));
   const bool with_predictions = predicted_layer_ == layer;
   const bool with_refresh =
       refreshed_layer_ == layer && refreshed_.size() == static_cast<size_t>(T * k);
   for (int64_t t = 0; t < T && error_.is_ok(); ++t) {
     step.position = static_cast<uint32_t>(first_position + t);
-    for (int j = 0; j < k; ++j)
-      step.chosen[static_cast<size_t>(j)] = {static_cast<uint16_t>(ids[t * k + j]), weights[t * k + j]};
+    copy_picks(ids + t * k, weights + t * k, k, step.chosen);
     step.predicted.clear();
     for (size_t d = 0; with_predictions && d < predicted_.size(); ++d) {
       const auto first = predicted_[d].begin() + t * k;
@@ -87,9 +96,7 @@ void TraceRecorder::on_prediction(int64_t layer, int depth, int64_t first_positi
   if (depth == 0) {  // the refresh of `layer`, before its attention: kept for its routing
     if (!refresh_) return;
     refreshed_layer_ = layer;
-    refreshed_.resize(static_cast<size_t>(T * k));
-    for (int64_t i = 0; i < T * k; ++i)
-      refreshed_[static_cast<size_t>(i)] = {static_cast<uint16_t>(ids[i]), weights[i]};
+    copy_picks(ids, weights, T * k, refreshed_);
     return;
   }
   if (layer != predicted_layer_) {
@@ -102,9 +109,7 @@ void TraceRecorder::on_prediction(int64_t layer, int depth, int64_t first_positi
   }
   // Depths arrive in order 1, 2, ...; one that is skipped (a dense target) ends the list.
   if (static_cast<size_t>(depth) != predicted_.size() + 1) return;
-  std::vector<ExpertWeight>& out = predicted_.emplace_back(static_cast<size_t>(T * k));
-  for (int64_t i = 0; i < T * k; ++i)
-    out[static_cast<size_t>(i)] = {static_cast<uint16_t>(ids[i]), weights[i]};
+  copy_picks(ids, weights, T * k, predicted_.emplace_back());
 }
 
 Status TraceRecorder::close() {
