@@ -225,15 +225,21 @@ QueuedIoEngine::Step QueuedIoEngine::on_result(Chunk& c, const Attempt& a, int64
   bytes_read_.fetch_add(static_cast<uint64_t>(res), std::memory_order_relaxed);
   if (a.short_read && res > 1) res /= 2;  // injected: pretend the rest did not arrive
   const uint64_t needed = c.offset + c.length - c.io_offset;
-  if (res == 0) {
+  const uint64_t reached = (a.file_offset - c.io_offset) + static_cast<uint64_t>(res);
+  const bool stalled = reached <= c.done;
+  if (res == 0 || (stalled && ++c.stalled_reads > kMaxStalledReads)) {
     c.error = Status::runtime(c.file->path() + " ended at offset " +
-                              std::to_string(a.file_offset) + " while reading bytes " +
+                              std::to_string(a.file_offset + static_cast<uint64_t>(res)) +
+                              " while reading bytes " +
                               range_text(c.request->read.offset, c.request->read.length) +
                               "; it had " + std::to_string(c.file->size()) +
                               " bytes when opened (was it truncated or replaced while ktier ran?)");
     return Step::kDone;
   }
-  c.done = std::max(c.done, (a.file_offset - c.io_offset) + static_cast<uint64_t>(res));
+  if (!stalled) {
+    c.done = reached;
+    c.stalled_reads = 0;
+  }
   if (c.done >= needed) return Step::kDone;
   short_reads_.fetch_add(1, std::memory_order_relaxed);
   return Step::kAgain;

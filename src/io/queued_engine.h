@@ -37,6 +37,11 @@ using Clock = std::chrono::steady_clock;
 inline constexpr uint32_t kMaxTransientRetries = 4096;
 // Error retries per chunk before its request fails (the "retried once" rule of issue 4).
 inline constexpr uint32_t kMaxErrorRetries = 1;
+// Short reads in a row that bring no new byte before the file counts as ended there. Under
+// O_DIRECT a continuation restarts on an aligned boundary below what was read, so a file that
+// ends inside a chunk returns the same few bytes again instead of 0; a short read that merely
+// stopped early (rare, but allowed) brings new bytes on the next try.
+inline constexpr uint32_t kMaxStalledReads = 4;
 // Pause before repeating an attempt that got EAGAIN, so a full device queue is not spun on.
 inline constexpr std::chrono::microseconds kTransientBackoff{100};
 // Largest single read: io_uring takes a 32-bit length, Linux pread moves at most 2 GiB - 4 KiB,
@@ -66,6 +71,7 @@ struct Chunk {
   uint64_t done = 0;  // bytes of the io range known read, counted from io_offset
   uint32_t error_retries = 0;
   uint32_t transient_retries = 0;
+  uint32_t stalled_reads = 0;  // consecutive attempts that read no new byte
   bool back_off = false;  // the last attempt got EAGAIN: start the next one a little later
   Status error;
   void* backend_state = nullptr;  // free for the backend (the uring engine's attempt record)
