@@ -130,7 +130,10 @@ void cublas_init(int device) {
   const CublasApi& api = cublas_api();
   if (!api.ok) return;
   cublasHandle_t h = nullptr;
-  if (api.create(&h) != CUBLAS_STATUS_SUCCESS) return;
+  if (api.create(&h) != CUBLAS_STATUS_SUCCESS) {
+    (void)cudaGetLastError();  // static cuBLAS shares our runtime: its failure is not an op's
+    return;
+  }
   api.set_math_mode(h, CUBLAS_DEFAULT_MATH);  // no TF32, f32 reductions
   t_handle[device] = h;
 }
@@ -139,7 +142,9 @@ void scratch_release(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(g_scratch_mu);
   for (auto it = g_scratch.begin(); it != g_scratch.end();) {
     if (it->first.second == s) {
-      if (it->second.ptr) cudaFreeAsync(it->second.ptr, s);
+      // A failed free (the stream already broken) is not this op's error: drop it (see
+      // cuda_check on the runtime's last error).
+      if (it->second.ptr && cudaFreeAsync(it->second.ptr, s) != cudaSuccess) (void)cudaGetLastError();
       it = g_scratch.erase(it);
     } else {
       ++it;

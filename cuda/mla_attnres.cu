@@ -20,7 +20,9 @@ __device__ __forceinline__ double mla_score(const float* q_lat, const float* q_r
   float p = 0.0f;
   for (int i = lane; i < L; i += 32) p = __fmaf_rn(q_lat[i], c[i], p);
   for (int i = lane; i < dr; i += 32) p = __fmaf_rn(q_r[i], r[i], p);
-  return D(warp_sum(p)) * scale;
+  // __dmul_rn: never contracted with the caller's "- max" into an FMA, so pass B recomputes
+  // pass A's score bits exactly.
+  return __dmul_rn(D(warp_sum(p)), scale);
 }
 
 // Block per (token t, head h), 8 warps. Dynamic shared: q_lat[L], q_r[dr], c_hat[L],

@@ -24,6 +24,12 @@ int set_error(int code, const char* op, const char* fmt, ...) {
 
 int cuda_check(const char* op, cudaError_t err) {
   if (err == cudaSuccess) return 0;
+  // The runtime keeps a failed call's error as the thread's "last error" until it is read; the
+  // launchers read it to see their own launch fail, so a failure reported here (or tolerated by
+  // the caller: a refused cudaHostRegister, an out-of-memory cudaMalloc retried after freeing
+  // the pool) must not be reported again by the next, successful launch. Sticky errors (a fault
+  // inside a kernel) are not cleared by this; every later call reports them.
+  (void)cudaGetLastError();
   return set_error(static_cast<int>(err), op, "%s (%s)", cudaGetErrorName(err),
                    cudaGetErrorString(err));
 }
@@ -267,6 +273,15 @@ int argmax(const float* x, int64_t n, int64_t* out, KtierCudaStream stream) {
   return cuda_check("argmax", launch_argmax(x, n < 0 ? 0 : n, out, S(stream)));
 }
 
+int uses_cublas() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return cublas_ready(device) ? 1 : 0;
+}
+
 const KtierCudaOps kOps = {
     sizeof(KtierCudaOps),
     last_error,
@@ -304,6 +319,7 @@ const KtierCudaOps kOps = {
     attnres,
     router_topk,
     argmax,
+    uses_cublas,
 };
 
 }  // namespace

@@ -18,8 +18,9 @@ KTIER_CUDA_EXPORT void ktier_cuda_probe(KtierCudaProbe* out) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    std::snprintf(out->error, sizeof(out->error), "%s (%s)", cudaGetErrorString(err),
-                  cudaGetErrorName(err));
+    std::snprintf(out->error, sizeof(out->error), "%s (%s)", cudaGetErrorName(err),
+                  cudaGetErrorString(err));
+    (void)cudaGetLastError();  // reported here, not by the next call (see cuda_check)
     return;
   }
   if (count == 0) {
@@ -28,9 +29,14 @@ KTIER_CUDA_EXPORT void ktier_cuda_probe(KtierCudaProbe* out) {
   }
   const int max_devices = static_cast<int>(sizeof(out->devices) / sizeof(out->devices[0]));
   out->device_count = count < max_devices ? count : max_devices;
+  int current = 0;  // the calling thread's device, restored below
+  const bool restore = cudaGetDevice(&current) == cudaSuccess;
   for (int d = 0; d < out->device_count; ++d) {
     cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
+    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
     KtierCudaDeviceInfo& info = out->devices[d];
     std::snprintf(info.name, sizeof(info.name), "%s", prop.name);
     info.compute_major = prop.major;
@@ -41,7 +47,10 @@ KTIER_CUDA_EXPORT void ktier_cuda_probe(KtierCudaProbe* out) {
       info.free_bytes = free_b;
       info.total_bytes = total_b;
     } else {
+      (void)cudaGetLastError();
       info.total_bytes = prop.totalGlobalMem;
     }
   }
+  if (restore) cudaSetDevice(current);
+  (void)cudaGetLastError();  // the probe's tolerated failures are not the next caller's
 }

@@ -33,8 +33,11 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual DeviceKind kind() const = 0;
-  // "cpu (avx2, 8 threads)", "cuda:0 NVIDIA H200 (sm_90)".
+  // "cpu (avx2, 8 threads)", "cuda:0 NVIDIA H200 (sm_90, cuBLAS)".
   virtual std::string name() const = 0;
+  // True where float-weight linears of 8 or more tokens run a BLAS library with x rounded to
+  // the weight's 16-bit type (CUDA with cuBLAS loaded; cuda/README.md): their tolerance differs.
+  virtual bool uses_blas() const { return false; }
 
   // ---- memory (bytes of this backend) ----
   virtual Result<void*> allocate(size_t bytes) = 0;

@@ -36,6 +36,8 @@ class CudaBackend final : public Backend {
 
   Status open() {
     KTIER_RETURN_IF_ERROR(check(ops_->init(device_), "init"));
+    uses_blas_ = ops_->uses_cublas() != 0;
+    name_.insert(name_.size() - 1, uses_blas_ ? ", cuBLAS" : ", no cuBLAS: fused kernels for prefill");
     KTIER_RETURN_IF_ERROR(check(ops_->stream_create(&stream_), "stream_create"));
     KTIER_RETURN_IF_ERROR(check(ops_->stream_create(&copy_stream_), "stream_create (copies)"));
     KTIER_RETURN_IF_ERROR(check(ops_->event_create(&ops_done_), "event_create"));
@@ -44,6 +46,7 @@ class CudaBackend final : public Backend {
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
+  bool uses_blas() const override { return uses_blas_; }
 
   // A forward pass allocates the same scratch sizes on every token; cudaMalloc and cudaFree
   // are slow and synchronise the device, so released blocks are kept by size and handed out
@@ -213,6 +216,7 @@ class CudaBackend final : public Backend {
   const KtierCudaOps* ops_;
   int device_;
   std::string name_;
+  bool uses_blas_ = false;
   KtierCudaStream stream_ = nullptr;       // the ops
   KtierCudaStream copy_stream_ = nullptr;  // copy_async
   KtierCudaEvent ops_done_ = nullptr, copies_done_ = nullptr;

@@ -8,6 +8,7 @@
 #include "backend/cuda_module.h"
 #include "cli/commands.h"
 #include "cpu/cpu_features.h"
+#include "cpu/exec.h"
 #include "ktier/version.h"
 
 namespace ktier::cli {
@@ -26,9 +27,13 @@ long long meminfo_kib(const std::string& key) {
 Status run_doctor() {
   const auto& f = cpu::cpu_features();
   std::printf("ktier %s (%s)\n", kVersion, kGitRevision);
-  std::printf("cpu: %ld online cores, avx2=%s fma=%s f16c=%s -> %s kernels\n",
+  const bool avx512 = f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl;
+  std::printf("cpu: %ld online cores, avx2=%s fma=%s f16c=%s avx512=%s%s -> %s kernels "
+              "(--isa auto)\n",
               sysconf(_SC_NPROCESSORS_ONLN), f.avx2 ? "yes" : "no", f.fma ? "yes" : "no",
-              f.f16c ? "yes" : "no", (f.avx2 && f.fma) ? "AVX2+FMA" : "scalar");
+              f.f16c ? "yes" : "no", avx512 ? "yes" : "no",
+              avx512 && !f.os_avx512 ? " (zmm state not saved by the OS)" : "",
+              cpu::isa_name(cpu::best_isa()));
   std::printf("memory: MemTotal %.1f GiB, MemAvailable %.1f GiB\n",
               meminfo_kib("MemTotal") / 1048576.0, meminfo_kib("MemAvailable") / 1048576.0);
   std::printf("%s\n", backend::describe_cuda(backend::probe_cuda_module()).c_str());

@@ -94,11 +94,12 @@ TEST_P(CrossBackend, Linear) {
     xs[3][2 * 32 + 5] = std::numeric_limits<float>::quiet_NaN();
 
     // CUDA's prefill path feeds cuBLAS x rounded to a 16-bit weight's type: the reference
-    // then runs on that rounded x, so the plain bound applies (cuda_rounds_x).
-    const bool cuda = under_test_->kind() == DeviceKind::kCuda;
+    // then runs on that rounded x, so the plain bound applies (cuda_rounds_x). Without cuBLAS
+    // the fused kernels take the unrounded x.
+    const bool blas = under_test_->uses_blas();
     std::vector<std::vector<float>> ref_xs = xs;
     for (size_t j = 0; j < weights.size(); ++j)
-      if (cuda && cuda_rounds_x(weights[j].type, T)) ref_xs[j] = round_x_like_cuda(xs[j], weights[j].type);
+      if (blas && cuda_rounds_x(weights[j].type, T)) ref_xs[j] = round_x_like_cuda(xs[j], weights[j].type);
     std::vector<cpu::LinearJob> ref_jobs, dev_jobs;
     std::vector<std::vector<float>> want(weights.size());
     std::vector<Array<uint8_t>> dev_w, dev_s;

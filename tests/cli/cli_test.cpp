@@ -39,6 +39,13 @@ TEST(Cli, DoctorReportsCudaStateWithoutFailing) {
   const bool cpu_path = r.out.find("using the CPU path") != std::string::npos;
   const bool gpu = r.out.find("device(s)") != std::string::npos;
   EXPECT_TRUE(cpu_path != gpu) << r.out;
+  // The kernel set named is the one `--isa auto` runs: AVX-512 wherever the CPU and OS have it.
+  const bool has_avx512 = r.out.find("avx512=yes") != std::string::npos &&
+                          r.out.find("zmm state not saved") == std::string::npos;
+  const bool has_avx2 = r.out.find("avx2=yes fma=yes f16c=yes") != std::string::npos;
+  const char* expected = has_avx512 ? "-> avx512 kernels" : has_avx2 ? "-> avx2 kernels"
+                                                                    : "-> scalar kernels";
+  EXPECT_NE(r.out.find(expected), std::string::npos) << r.out;
 }
 
 // A broken module must not take the binary down: it is reported and the CPU path is used.
