@@ -11,8 +11,9 @@ thread_local bool tls_inside_range = false;
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads < 1) {
-    std::fprintf(stderr, "ktier_cpu: ThreadPool needs at least 1 thread (got %d)\n", n_threads);
+  if (n_threads < 1 || n_threads > kMaxThreads) {
+    std::fprintf(stderr, "ktier_cpu: ThreadPool takes 1..%d threads (got %d)\n", kMaxThreads,
+                 n_threads);
     std::abort();
   }
   workers_.reserve(static_cast<size_t>(n_threads - 1));

@@ -22,9 +22,13 @@
 
 namespace ktier::cpu {
 
+// The most threads a pool takes (the command lines refuse more; see cli::add_threads_option).
+inline constexpr int kMaxThreads = 1024;
+
 class ThreadPool {
  public:
-  // n_threads counts the calling thread: a pool of N starts N-1 workers. REQUIRES: n_threads >= 1.
+  // n_threads counts the calling thread: a pool of N starts N-1 workers.
+  // REQUIRES: 1 <= n_threads <= kMaxThreads.
   explicit ThreadPool(int n_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

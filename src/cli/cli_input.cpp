@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/device_choice.h"
+#include "cpu/thread_pool.h"
 
 namespace ktier::cli {
 
@@ -92,6 +93,15 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
   sub->add_option("--vram", a.vram,
                   "Device memory for the trunk and the VRAM expert tier (e.g. 40G); default 90% of "
                   "the GPU's free memory; ignored on the CPU");
+}
+
+CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& what, int min) {
+  const std::string help = what + " threads, " + std::to_string(min) + ".." +
+                           std::to_string(cpu::kMaxThreads) +
+                           (min == 0 ? " (0 = one per hardware thread)" : "");
+  return sub->add_option("-t,--threads", threads, help)
+      ->check(CLI::Range(min, cpu::kMaxThreads))
+      ->capture_default_str();
 }
 
 void add_rate_limit_option(CLI::App* sub, double& mb_s) {

@@ -17,8 +17,10 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/kernel_bench.h"
+#include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "cpu/exec.h"
+#include "cpu/thread_pool.h"
 #include "runtime/engine.h"
 
 namespace ktier::cli {
@@ -31,8 +33,7 @@ constexpr uint64_t kQuickBufferBytes = 8ull << 20;
 
 struct KernelsOptions {
   std::string json;
-  int threads = 0;  // used only when --threads was given
-  bool threads_given = false;
+  int threads = 0;  // the "all threads" count; 0 = one per hardware thread
   int reps = 5;
   uint64_t size_mib = 0;  // 0: max(4 x LLC, 256 MiB)
   bool quick = false;
@@ -82,8 +83,6 @@ nlohmann::json to_json(const bench::KernelBenchResult& r, uint64_t llc, const st
 }
 
 Status run_kernels(const KernelsOptions& o) {
-  if (o.threads_given && (o.threads < 1 || o.threads > 4096))
-    return Status::usage("--threads must be between 1 and 4096, got " + std::to_string(o.threads));
   if (o.reps < 1 || o.reps > 1000)
     return Status::usage("--reps must be between 1 and 1000, got " + std::to_string(o.reps));
   if (o.size_mib > (uint64_t{1} << 24)) return Status::usage("--size-mib is too large");
@@ -94,7 +93,7 @@ Status run_kernels(const KernelsOptions& o) {
   }
 
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  const int n_threads = o.threads_given ? o.threads : std::max(1, hw);
+  const int n_threads = o.threads > 0 ? o.threads : std::clamp(hw, 1, cpu::kMaxThreads);
   std::string llc_src;
   const uint64_t llc = bench::last_level_cache_bytes(&llc_src);
   bench::KernelBenchConfig cfg;
@@ -167,8 +166,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
       "bandwidth at the same thread count (goals: bf16 >= 0.85, mxfp4 >= 0.75)");
   auto o = std::make_shared<KernelsOptions>();
   sub->add_option("--json", o->json, "also write the figures to FILE as JSON");
-  auto* threads = sub->add_option("--threads", o->threads,
-                                  "the 'all threads' count (default: hardware concurrency)");
+  add_threads_option(sub, o->threads, "The 'all threads' figures'");
   sub->add_option("--reps", o->reps, "timed passes per figure, best kept (after one warm-up)")
       ->capture_default_str();
   sub->add_option("--size-mib", o->size_mib,
@@ -177,10 +175,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_flag("--quick", o->quick,
                 "8 MiB in-cache matrices, one pass: checks the command runs; figures meaningless");
-  sub->callback([o, threads, &exit_code] {
-    o->threads_given = threads->count() > 0;
-    exit_code = finish(run_kernels(*o));
-  });
+  sub->callback([o, &exit_code] { exit_code = finish(run_kernels(*o)); });
   register_bench_decode_command(*bench, exit_code);
   register_bench_io_command(*bench, exit_code);
   register_bench_inflate_command(*bench, exit_code);

@@ -221,8 +221,7 @@ void register_bench_decode_command(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Length of the fixed id prompt")
       ->capture_default_str();
-  sub->add_option("--threads", o->threads, "Worker threads; 0 = one per core")
-      ->capture_default_str();
+  add_threads_option(sub, o->threads, "Worker");
   sub->add_option("--buffer-mib", o->buffer_mib,
                   "Bandwidth buffer in MiB (default: as bench kernels; small = in-cache, "
                   "figures meaningless)");

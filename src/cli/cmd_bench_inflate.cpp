@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "cpu/thread_pool.h"
 #include "pack/block_codec.h"
@@ -90,7 +91,6 @@ class Inflater {
 };
 
 Status run_inflate_bench(const InflateOptions& o) {
-  if (o.threads < 1) return Status::usage("--threads must be >= 1");
   if (o.passes < 1) return Status::usage("--passes must be >= 1");
   std::ofstream json_out;
   if (!o.json.empty()) {
@@ -203,7 +203,7 @@ void register_bench_inflate_command(CLI::App& bench, int& exit_code) {
       "(blocks inflated from RAM in parallel, checksums checked; goal >= 2.0 GB/s per core)");
   auto o = std::make_shared<InflateOptions>();
   sub->add_option("--pack", o->pack, "trunk pack made by `ktier pack --compress`")->required();
-  sub->add_option("--threads", o->threads, "inflating threads")->capture_default_str();
+  add_threads_option(sub, o->threads, "Inflating", 1);
   sub->add_option("--passes", o->passes, "timed passes, best kept")->capture_default_str();
   sub->add_option("--max-mib", o->max_mib, "inflated MiB of layer records in the timed passes")
       ->capture_default_str();

@@ -11,7 +11,9 @@
 #include <memory>
 #include <string>
 
+#include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "cpu/thread_pool.h"
 #include "format/checkpoint.h"
 #include "pack/block_codec.h"
 #include "pack/pack_writer.h"
@@ -39,9 +41,8 @@ Status run_pack_command(const PackArgs& a) {
       KTIER_ASSIGN_OR_RETURN(o.block_size, runtime::parse_size(a.block_size));
     }
   }
-  if (a.threads < 0) return Status::usage("--threads must be >= 0 (0 = one per hardware thread)");
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  o.threads = a.threads > 0 ? a.threads : std::max(1, hw);
+  o.threads = a.threads > 0 ? a.threads : std::clamp(hw, 1, cpu::kMaxThreads);
   // Refuse an existing pack before the (possibly long) checkpoint validation.
   KTIER_RETURN_IF_ERROR(pack::check_pack_output(a.out_dir, a.force));
   // Positioned reads: the copy is sequential and large, and needs no mapping of the shards.
@@ -76,7 +77,7 @@ void register_pack_command(CLI::App& app, int& exit_code) {
                 "manifest version 2)");
   sub->add_option("--block-size", args->block_size,
                   "inflated bytes per compressed block, a multiple of 4K (default 4M; K/M/G suffixes)");
-  sub->add_option("--threads", args->threads, "threads compressing blocks (default: one per core)");
+  add_threads_option(sub, args->threads, "Compressing");
   sub->callback([args, &exit_code] { exit_code = finish(run_pack_command(*args)); });
 }
 

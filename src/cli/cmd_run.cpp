@@ -167,8 +167,7 @@ void register_run_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--seed", a->seed, "Sampling seed (same seed, same tokens)")
       ->capture_default_str();
-  sub->add_option("--threads", a->threads, "Worker threads; 0 = one per core")
-      ->capture_default_str();
+  add_threads_option(sub, a->threads, "Worker");
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
   sub->add_flag("--print-ids", a->print_ids, "After the text, print the generated ids on one line");
   sub->add_flag("--special", a->special,

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "synth/synth.h"
 
@@ -77,7 +78,7 @@ void register_synth_command(CLI::App& app, int& exit_code) {
   args->dtype_option = sub->add_option("--expert-dtype", args->expert_dtype, "f32 or bf16 (with --float-experts)")
                            ->check(CLI::IsMember({"f32", "bf16"}));
   sub->add_flag("--force", args->options.force, "overwrite a checkpoint in a non-empty output directory");
-  sub->add_option("--threads", args->options.threads, "generator threads (0 = all cores)");
+  add_threads_option(sub, args->options.threads, "Generator (at most 64 used)");
   sub->add_flag("-q,--quiet", args->quiet, "no progress meter");
 
   using O = synth::ShapeOverrides;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "strata/budget.h"
 #include "strata/conformance_trace.h"
@@ -92,7 +93,7 @@ struct ReplayOptions {
   bool no_refresh = false;
   std::string profile;
   std::string csv, json, plot;
-  unsigned threads = 0;
+  int threads = 0;
 };
 
 Status run_replay(const ReplayOptions& o) {
@@ -198,7 +199,7 @@ Status run_replay(const ReplayOptions& o) {
                                         : "");
 
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<ReplayResult> results = replay_sweep(stream, specs, params, inputs, o.threads);
+  const std::vector<ReplayResult> results = replay_sweep(stream, specs, params, inputs, static_cast<unsigned>(o.threads));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fputs(format_replay_table(results, o.lookahead > 0).c_str(), stdout);
@@ -303,8 +304,7 @@ void register_trace_command(CLI::App& app, int& exit_code) {
     sub->add_option("--csv", o->csv, "write one row per (policy, budget)");
     sub->add_option("--json", o->json, "write results per policy, budget and tier");
     sub->add_option("--plot", o->plot, "draw hit rate against budget (PNG, matplotlib)");
-    sub->add_option("--threads", o->threads, "replay threads (0: all cores)")
-        ->capture_default_str();
+    add_threads_option(sub, o->threads, "Replay");
     sub->callback([o, &exit_code] { exit_code = finish(run_replay(*o)); });
   }
 }

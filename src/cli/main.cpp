@@ -1,4 +1,5 @@
 // ktier: one binary, subcommands in src/cli/cmd_*.cpp.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -45,7 +46,7 @@ int main(int argc, char** argv) {
   // The log level must be set before any subcommand callback runs.
   app.parse_complete_callback([&] {
     const Status s = set_log_level(log_level);
-    if (!s.is_ok()) throw CLI::ValidationError("--log-level", s.message());
+    if (!s.is_ok()) throw CLI::ValidationError(s.message());
   });
 
   try {
@@ -57,7 +58,16 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);  // prints the message
+    // One line in the form of every other error, then where to look.
+    std::string what = e.what();
+    const auto& subs = app.get_subcommands({});
+    if (argc > 1 && argv[1][0] != '-' &&
+        std::none_of(subs.begin(), subs.end(),
+                     [&](const CLI::App* s) { return s->get_name() == argv[1]; })) {
+      what = std::string("unknown command '") + argv[1] + "'";
+    }
+    std::fprintf(stderr, "ktier: error: %s\nRun 'ktier --help' or 'ktier COMMAND --help'.\n",
+                 what.c_str());
     return static_cast<int>(ExitCode::kUsage);
   }
   return exit_code;

@@ -98,7 +98,7 @@ uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkP
 
 int resolve_threads(int requested) {
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  return requested > 0 ? requested : (hw > 0 ? hw : 1);
+  return requested > 0 ? requested : std::clamp(hw, 1, cpu::kMaxThreads);
 }
 
 Status Engine::open_dial(const EngineOptions& opts) {
@@ -242,7 +242,9 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
 }
 
 Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
-  if (opts.threads < 0) return Status::usage("--threads must be >= 0 (0 = one per core)");
+  if (opts.threads < 0 || opts.threads > cpu::kMaxThreads)
+    return Status::usage("--threads " + std::to_string(opts.threads) + " is outside 0.." +
+                         std::to_string(cpu::kMaxThreads) + " (0 = one per hardware thread)");
   if (opts.lookahead < 0) return Status::usage("--lookahead must be >= 0 (0 = off)");
   if (opts.policy == strata::PolicyKind::kBelady)
     return Status::usage("--policy belady needs the future: it is for `ktier trace replay` only");

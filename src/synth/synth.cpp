@@ -433,7 +433,7 @@ Result<SynthReport> run_synth_impl(const SynthOptions& o) {
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Expert-use entropy through the real forward pass; a 64-token prompt keeps this to seconds
   // even at K3 widths (k3-slice).
-  KTIER_ASSIGN_OR_RETURN(r.routing, measure_routing(o.out_dir, vocab, 64, o.threads));
+  KTIER_ASSIGN_OR_RETURN(r.routing, measure_routing(o.out_dir, vocab, 64, threads));
   return r;
 }
 

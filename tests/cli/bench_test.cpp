@@ -53,9 +53,34 @@ TEST(CliBench, QuickKernelsWritesTableAndJson) {
       expect_positive(t, key);
 }
 
+// `bench device` on the emulated device (GPU mode's code on the CPU): the figures the device
+// script's table reads are written. Where CUDA cannot be used, `--device cuda` exits 2 with the
+// reason, as `run --device cuda` does.
+TEST(CliBench, DeviceOnEmulatedWritesFiguresAndCudaWithoutGpuExitsTwo) {
+  const auto json_path = std::filesystem::temp_directory_path() /
+                         ("ktier_bench_device_" + std::to_string(::getpid()) + ".json");
+  const auto r = run_process(ktier() + " bench device --device emulated --bytes 4M --passes 1 --json " +
+                             json_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(json_path);
+  ASSERT_TRUE(in) << "no JSON written";
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::filesystem::remove(json_path);
+  for (const char* key : {"copy_gbps", "h2d_gbps", "bf16_gemv_gbps", "bf16_ratio",
+                          "mxfp4_gemv_gbps", "mxfp4_ratio"})
+    expect_positive(j, key);
+
+  if (run_process(ktier() + " doctor").out.find("using the CPU path") == std::string::npos)
+    GTEST_SKIP() << "a GPU is usable here: the no-GPU half does not apply";
+  const auto cuda = run_process(ktier() + " bench device --device cuda --bytes 4M");
+  EXPECT_EQ(cuda.exit_code, 2) << cuda.err;
+  EXPECT_NE(cuda.err.find("ktier: error: --device cuda: CUDA cannot be used"), std::string::npos)
+      << cuda.err;
+}
+
 TEST(CliBench, BadOptionsExitTwo) {
   EXPECT_EQ(run_process(ktier() + " bench").exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " bench kernels --quick --threads 0").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " bench kernels --quick --threads 5000").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " bench kernels --quick --reps 0").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " bench kernels --quick --threads many").exit_code, 2);
 }

@@ -27,8 +27,22 @@ TEST(Cli, VersionPrintsProjectVersion) {
 
 TEST(Cli, UsageErrorsExitTwo) {
   EXPECT_EQ(run_process(ktier()).exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " no-such-subcommand").exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " --log-level loud doctor").exit_code, 2);
+  const auto unknown = run_process(ktier() + " no-such-subcommand");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_EQ(unknown.err.rfind("ktier: error: unknown command 'no-such-subcommand'\n", 0), 0u)
+      << unknown.err;
+  const auto level = run_process(ktier() + " --log-level loud doctor");
+  EXPECT_EQ(level.exit_code, 2);
+  EXPECT_EQ(level.err.rfind("ktier: error: --log-level: unknown level 'loud'", 0), 0u) << level.err;
+  // Thread counts beyond what a pool takes are refused up front, by every command.
+  for (const char* cmd : {"run -m x --ids 1", "eval -m x --ids 1", "synth --preset tiny -o x",
+                          "pack -m x -o y", "bench decode -m x", "bench inflate --pack x",
+                          "trace replay x"}) {
+    const auto r = run_process(ktier() + " " + cmd + " --threads 100000");
+    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("--threads: Value 100000 not in range"), std::string::npos)
+        << cmd << ": " << r.err;
+  }
 }
 
 // Without a GPU (as in CI) doctor must still succeed and say the CPU path is used; with one,
