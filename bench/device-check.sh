@@ -7,37 +7,62 @@
 # Steps: machine, module probe, the CUDA tests (every op against the CPU; GPU mode end to end),
 # device limits and GEMV ratios (bench device), then on a demo checkpoint decode with
 # everything resident and with VRAM budgets holding 50%, 25% and 10% of the experts, and a
-# closing table. Each step is independent: failures are reported, not fatal. About 5 minutes.
+# closing table. Each step is independent: failures are reported, not fatal. About 5 minutes;
+# every step has a timeout, and steps that would start after DEADLINE_S (default 500) seconds
+# are skipped, so one call of at most 600 s always reaches the table. The demo checkpoint is
+# generated in the background while the tests run (it needs no GPU).
 set -u
 B=${1:-build-device}
 # Debugging the script without a GPU: KTIER_CHECK_DEVICE=emulated KTIER_CHECK_PRESET=tiny.
 DEVICE=${KTIER_CHECK_DEVICE:-cuda}
 PRESET=${KTIER_CHECK_PRESET:-demo}
 OUTDIR=${OUT:-/tmp/ktier-device-out}
+DEADLINE_S=${DEADLINE_S:-500}
 mkdir -p "$OUTDIR"
+rm -f "$OUTDIR"/run-*.json "$OUTDIR"/run-*.out "$OUTDIR"/bench-device.json  # no stale rows
 export KTIER_CUDA_MODULE="$PWD/$B/libktier_cuda.so"
-step() { echo; echo "== $(date +%T) $*"; }
+# The module dlopen()s libcublas.so.<major> when it has no static cuBLAS: make the toolkit's
+# copy findable (without it prefill runs the fused kernels and the backend name says so).
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+START=$SECONDS
+step() { echo; echo "== $(date +%T) +$((SECONDS - START))s $*"; }
+# in_time: true while a step may still start (prints why not otherwise).
+in_time() {
+  if [ $((SECONDS - START)) -ge "$DEADLINE_S" ]; then echo "(skipped: past ${DEADLINE_S}s)"; return 1; fi
+}
+T() { local s=$1; shift; timeout -k 5 "$s" "$@"; }  # a step's command, killed after $s seconds
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv || true
 nproc; grep MemTotal /proc/meminfo; uname -r
+ldconfig -p 2>/dev/null | grep -m2 'libcublas\.so' || ls /usr/local/cuda/lib64/libcublas.so* 2>/dev/null || echo "libcublas: not found"
+M=/tmp/ktier-$PRESET
+# A folder left by an interrupted synth has no index: start it again (--force).
+SYNTH_PID=
+if [ ! -f $M/model.safetensors.index.json ]; then
+  (T 240 "$B/ktier" synth --preset $PRESET -o $M --seed 1 -q --force >"$OUTDIR/synth.log" 2>&1
+   echo "synth rc=$?" >>"$OUTDIR/synth.log") &
+  SYNTH_PID=$!
+fi
 step "ktier --version / doctor (module probe through dlopen)"
 "$B/ktier" --version
 "$B/ktier" doctor; echo "doctor rc=$?"
 KTIER_CUDA_MODULE=/nonexistent/libktier_cuda.so "$B/ktier" doctor | tail -1
 step "CUDA op tests: every op against the CPU reference (backend_test)"
-timeout 300 "$B/backend_test" --gtest_brief=1; echo "backend_test rc=$?"
+in_time && { T 150 "$B/backend_test" --gtest_brief=1; echo "backend_test rc=$?"; }
 step "GPU mode end to end on tiny (runtime_test DeviceMode*)"
-timeout 300 "$B/runtime_test" --gtest_filter='DeviceMode*' --gtest_brief=1; echo "runtime_test rc=$?"
+in_time && { T 150 "$B/runtime_test" --gtest_filter='DeviceMode*' --gtest_brief=1; echo "runtime_test rc=$?"; }
 step "device limits and GEMV (bench device)"
-timeout 120 "$B/ktier" bench device --device $DEVICE --bytes 2G --json "$OUTDIR/bench-device.json"; echo "bench device rc=$?"
+in_time && { T 90 "$B/ktier" bench device --device $DEVICE --bytes 2G --json "$OUTDIR/bench-device.json"; echo "bench device rc=$?"; }
 step "$PRESET checkpoint"
-M=/tmp/ktier-$PRESET
-[ -f $M/config.json ] || timeout 300 "$B/ktier" synth --preset $PRESET -o $M --seed 1 -q
-echo "synth rc=$?"
+[ -n "$SYNTH_PID" ] && wait $SYNTH_PID
+cat "$OUTDIR/synth.log" 2>/dev/null
 PROMPT=1,17,42,99,7,200,63,150,31,222,88,5
 run() {  # run NAME DEVICE [flags...]: greedy decode of 32 tokens with a JSON report
   local name=$1 dev=$2; shift 2
-  timeout 120 "$B/ktier" run -m $M --ids $PROMPT -n 32 --print-ids --device $dev \
+  in_time || return 0
+  T 60 "$B/ktier" run -m $M --ids $PROMPT -n 32 --print-ids --device $dev \
     --report-json "$OUTDIR/run-$name.json" "$@" >"$OUTDIR/run-$name.out" 2>"$OUTDIR/run-$name.err"
   echo "run $name rc=$?  ids: $(grep -a -E '^[0-9]+(,[0-9]+)+$' "$OUTDIR/run-$name.out" | tail -1)"
   grep -a "^ktier:" "$OUTDIR/run-$name.err"
@@ -64,11 +89,22 @@ if b:
     print(f"copy {b['copy_gbps']:.0f} GB/s  h2d {b['h2d_gbps']:.1f} GB/s  "
           f"bf16 gemv {b['bf16_gemv_gbps']:.0f} GB/s ({b['bf16_ratio']:.2f})  "
           f"mxfp4 gemv {b['mxfp4_gemv_gbps']:.0f} GB/s ({b['mxfp4_ratio']:.2f})")
-print(f"{'run':14} {'tok/s':>7} {'vram hit':>9} {'ram hit':>8} {'RAM->VRAM MB/tok':>17} {'layers':>7}")
+def ids(n):  # the generated ids a run printed (its last line of ids), or None
+    try:
+        lines = [l.strip() for l in open(os.path.join(d, f"run-{n}.out"), errors="replace")]
+    except OSError:
+        return None
+    lines = [l for l in lines if l and all(p.isdigit() for p in l.split(","))]
+    return lines[-1] if lines else None
+ref = ids("cpu-reference")
+print(f"{'run':14} {'tok/s':>7} {'vram hit':>9} {'ram hit':>8} {'RAM->VRAM MB/tok':>17} {'layers':>7}"
+      f"  ids = cpu")
 for n in ["resident", "experts50", "experts25", "experts10", "cpu-reference"]:
     j = load(f"run-{n}.json")
     if not j: print(f"{n:14} (no report)"); continue
+    same = "-" if ref is None or n == "cpu-reference" else ("yes" if ids(n) == ref else "NO")
     print(f"{n:14} {j['decode_tok_per_s']:7.2f} {100*j['tiers']['vram']['hit_rate_bytes']:8.1f}% "
           f"{100*j['tiers']['ram']['hit_rate_bytes']:7.1f}% "
-          f"{j['links']['ram_to_vram_bytes_per_token']/1e6:17.1f} {j['device']['trunk_layers_resident']:7}")
+          f"{j['links']['ram_to_vram_bytes_per_token']/1e6:17.1f} {j['device']['trunk_layers_resident']:7}"
+          f"  {same}")
 PY
