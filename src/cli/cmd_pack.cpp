@@ -39,6 +39,8 @@ Status run_pack_command(const PackArgs& a) {
     o.block_size = pack::kDefaultBlockSize;
     if (!a.block_size.empty()) {
       KTIER_ASSIGN_OR_RETURN(o.block_size, runtime::parse_size(a.block_size));
+      // 0 would mean "no compression" to the writer: with --compress it is a mistake.
+      if (o.block_size == 0) return Status::usage("--block-size 0: a compressed pack needs blocks");
     }
   }
   const int hw = static_cast<int>(std::thread::hardware_concurrency());

@@ -192,7 +192,13 @@ Status Engine::open_dial(const EngineOptions& opts) {
 }
 
 Engine::~Engine() {
-  if (pinned_arena_) backend_->unpin_host(pinned_arena_);  // before cache_ frees it
+  if (pinned_arena_) {
+    // After an error return copies from the arena may still run: wait for them (their errors
+    // were or will not be reported; nothing is left to report them to) before unpinning.
+    (void)backend_->sync_copies();
+    (void)backend_->synchronize();
+    backend_->unpin_host(pinned_arena_);  // before cache_ frees it
+  }
 }
 
 Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,

@@ -61,10 +61,11 @@ struct EngineOptions {
 
 class Engine {
  public:
-  // Errors: those of Checkpoint::open (exit 2/3/1), Status::usage for threads outside 0..cpu::kMaxThreads, lookahead < 0,
-  // the belady policy (replay only), static without a ranking, or an ISA this CPU or build lacks; with the memory dial also those of TrunkPack::open (exit 2/3), I/O
-  // errors (exit 1), Status::corrupt for a pack record failing its checksum, and
-  // Status::budget (exit 4) for a budget below the stated minimum.
+  // Errors: those of Checkpoint::open (exit 2/3/1), Status::usage for threads outside
+  // 0..cpu::kMaxThreads, lookahead < 0, the belady policy (replay only), static without a
+  // ranking, or an ISA this CPU or build lacks; with the memory dial also those of
+  // TrunkPack::open (exit 2/3), I/O errors (exit 1), Status::corrupt for a pack record failing
+  // its checksum, and Status::budget (exit 4) for a budget below the stated minimum.
   static Result<std::unique_ptr<Engine>> open(const EngineOptions& opts);
   ~Engine();
 

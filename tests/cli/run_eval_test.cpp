@@ -195,6 +195,9 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --block-size 8K").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --compress --block-size 5000")
                 .exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --compress --block-size 0")
+                .exit_code, 2);
+  EXPECT_FALSE(std::filesystem::exists(z.string() + "x")) << "a refused pack writes nothing";
 
   r = run_process(ktier() + " bench inflate --pack " + z.string() + " --threads 2 --passes 1 --json " + json.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
