@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -21,6 +22,9 @@ Result<std::string> read_input(const std::string& file) {
     if (std::cin.bad()) return Status::runtime("error reading standard input");
     return s;
   }
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec))
+    return Status::usage(file + ": is a directory, not an input file");
   std::ifstream in(file, std::ios::binary);
   if (!in) return Status::usage(file + ": cannot open input file");
   std::ostringstream ss;

@@ -22,6 +22,7 @@
 #include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "cli/strata_options.h"
+#include "format/checkpoint.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/run_report.h"
@@ -61,6 +62,13 @@ Status run(const RunArgs& a) {
   if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
 
+  // What can be checked before the (long) load: the folder, and the report file's folder.
+  KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
+  std::ofstream report_out;
+  if (!a.report_json.empty()) {
+    report_out.open(a.report_json);
+    if (!report_out) return Status::usage("--report-json: cannot write " + a.report_json);
+  }
   // The tokenizer is optional for --ids runs (ids are printed instead of text).
   std::optional<tok::Tokenizer> tokenizer;
   std::error_code ec;
@@ -71,6 +79,11 @@ Status run(const RunArgs& a) {
   } else if (a.ids.empty()) {
     return Status::usage(a.model + "/tiktoken.model: not found; text prompts need the tokenizer "
                          "(run from token ids with --ids instead)");
+  }
+
+  std::string text = a.prompt;  // read before the load: a bad -f fails at once
+  if (a.ids.empty() && !a.file.empty()) {
+    KTIER_ASSIGN_OR_RETURN(text, read_input(a.file));
   }
 
   runtime::EngineOptions eo;
@@ -89,10 +102,6 @@ Status run(const RunArgs& a) {
     KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> raw, parse_ids(a.ids));
     KTIER_ASSIGN_OR_RETURN(prompt, ids_in_vocab(raw, cfg.vocab_size));
   } else {
-    std::string text = a.prompt;
-    if (!a.file.empty()) {
-      KTIER_ASSIGN_OR_RETURN(text, read_input(a.file));
-    }
     for (uint32_t id : tokenizer->encode(text, a.special)) {
       if (id >= cfg.vocab_size)
         return Status::usage("the tokenizer's id " + std::to_string(id) +
@@ -140,10 +149,9 @@ Status run(const RunArgs& a) {
   if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
   if (a.print_ids || !stream) KTIER_RETURN_IF_ERROR(write_stdout(join_ids(generated) + "\n"));
   std::fputs(report.to_table(*engine).c_str(), stderr);
-  if (!a.report_json.empty()) {
-    std::ofstream out(a.report_json);
-    out << report.to_json(*engine).dump(2) << "\n";
-    if (!out.flush()) return Status::runtime(a.report_json + ": cannot write the report");
+  if (report_out.is_open()) {
+    report_out << report.to_json(*engine).dump(2) << "\n";
+    if (!report_out.flush()) return Status::runtime(a.report_json + ": cannot write the report");
   }
   return Status::ok();
 }

@@ -694,11 +694,17 @@ void CheckpointBuilder::summarise_experts() {
                  ck_.dir_.string(), sum.count - sum.contiguous, sum.count);
 }
 
+Status Checkpoint::check_directory(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir, ec)) return Status::ok();
+  return Status::usage(dir.string() + ": not a model directory (" +
+                       (std::filesystem::exists(dir, ec) ? "not a directory" : "no such directory") +
+                       ")");
+}
+
 Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir, OpenMode mode) {
   try {
-    std::error_code ec;
-    if (!std::filesystem::is_directory(dir, ec))
-      return Status::usage(dir.string() + ": not a model directory (no such directory)");
+    KTIER_RETURN_IF_ERROR(check_directory(dir));
     Checkpoint ck;
     ck.dir_ = dir;
     KTIER_ASSIGN_OR_RETURN(ck.config_, load_model_config(dir / "config.json"));

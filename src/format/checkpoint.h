@@ -102,6 +102,9 @@ class Checkpoint {
   // Opens and validates the model directory `dir`. Never throws. Exit codes as described at the
   // top of this file; an unreadable directory or shard is Status::runtime.
   static Result<Checkpoint> open(const std::filesystem::path& dir, OpenMode mode = OpenMode::kMap);
+  // The first check open() makes, alone and cheap (before a command does other work with
+  // `dir`): Status::usage "not a model directory" unless `dir` is a directory.
+  static Status check_directory(const std::filesystem::path& dir);
 
   Checkpoint(Checkpoint&&) noexcept = default;
   Checkpoint& operator=(Checkpoint&&) noexcept = default;

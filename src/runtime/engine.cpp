@@ -265,6 +265,13 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   // a mapped checkpoint's pageable pages would be copied to the device at page-fault speed.
   const bool dial =
       opts.pack_dir.has_value() || opts.ram_budget.has_value() || device_mode(opts);
+  if (!dial) {  // a mapped checkpoint has no expert tier and reads nothing itself
+    const char* why = "ignored: the checkpoint is memory-mapped (give --pack, --ram or --preset)";
+    if (opts.policy != strata::PolicyKind::kTemperature || !opts.temperature_seed.empty())
+      spdlog::warn("--policy/--profile {}", why);
+    if (opts.io.backend != io::IoBackend::kAuto || opts.io.rate_limit_bytes_per_s != 0)
+      spdlog::warn("--io/--io-rate-limit {}", why);
+  }
   KTIER_ASSIGN_OR_RETURN(format::Checkpoint ckpt,
                          format::Checkpoint::open(opts.model_dir,
                                                   dial ? format::OpenMode::kPread : opts.mode));

@@ -117,6 +117,27 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 -p hi").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run -m /nonexistent/model --ids 1").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " eval" + model() + " --ids 1,2").exit_code, 2);  // nothing to do
+  // Refused before the model loads, each naming what is wrong, no token printed: a text prompt
+  // for a missing folder (the folder, not its tokenizer), a report that cannot be written, a
+  // prompt file that is a folder.
+  for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
+           {" run -m /nonexistent/model -p hi", "/nonexistent/model: not a model directory"},
+           {" run" + model() + " -p hi -n 2 --report-json /nonexistent/r.json",
+            "--report-json: cannot write /nonexistent/r.json"},
+           {" run" + model() + " -f " + dir_.string() + " -n 2", "is a directory"}}) {
+    const auto bad = run_process(ktier() + args);
+    EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.err;
+    EXPECT_NE(bad.err.find("ktier: error: "), std::string::npos) << args << ": " << bad.err;
+    EXPECT_NE(bad.err.find(what), std::string::npos) << args << ": " << bad.err;
+    EXPECT_EQ(bad.err.find("loading"), std::string::npos) << args << ": refused after the load";
+    EXPECT_EQ(bad.out, "") << args;
+  }
+  // Options of the memory dial on a mapped checkpoint do nothing: said, not silently dropped.
+  const auto mapped = run_process(ktier() + " run" + model() + " --ids 1 -n 1 --policy lru --io pread");
+  EXPECT_EQ(mapped.exit_code, 0) << mapped.err;
+  EXPECT_NE(mapped.err.find("--policy/--profile ignored: the checkpoint is memory-mapped"),
+            std::string::npos) << mapped.err;
+  EXPECT_NE(mapped.err.find("--io/--io-rate-limit ignored"), std::string::npos) << mapped.err;
   // A shard cut short: corrupt input (3), named, and no token is printed.
   const fs::path cut = dir_.string() + "-cut";
   fs::remove_all(cut);
