@@ -7,34 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/size.h"
+
 namespace ktier::strata {
-namespace {
-
-struct Unit {
-  const char* name;
-  double factor;
-};
-constexpr Unit kUnits[] = {
-    {"", 1},
-    {"b", 1},
-    {"kb", 1e3},
-    {"mb", 1e6},
-    {"gb", 1e9},
-    {"tb", 1e12},
-    {"kib", 1024.0},
-    {"mib", 1048576.0},
-    {"gib", 1073741824.0},
-    {"tib", 1099511627776.0},
-};
-// Budgets beyond this are a typo, not a machine (and would overflow slot arithmetic).
-constexpr double kMaxBudgetBytes = 1e18;
-
-}  // namespace
 
 Result<Budget> parse_budget(std::string_view item, uint64_t expert_bytes, std::string_view option) {
   auto bad = [&](const std::string& why) {
     return Status::usage(std::string(option) + ": '" + std::string(item) + "' " + why +
-                         " (examples: 8GB, 16GiB, 8e9, 455x = 455 experts)");
+                         " (examples: 8GB, 16GiB, 16G, 8e9, 455x = 455 experts)");
   };
   std::string s;
   for (char c : item) {
@@ -42,31 +22,26 @@ Result<Budget> parse_budget(std::string_view item, uint64_t expert_bytes, std::s
   }
   if (s.empty()) return bad("is empty");
   if (expert_bytes == 0) return bad("needs the expert size (--expert-bytes)");
-  const char* begin = s.c_str();
-  char* end = nullptr;
-  const double value = std::strtod(begin, &end);
-  if (end == begin || !std::isfinite(value) || value < 0) return bad("is not a size");
-  std::string unit(end);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   Budget b;
   b.label = s;
-  if (unit == "x") {
-    if (value != std::floor(value) || value * expert_bytes > kMaxBudgetBytes) {
+  if (s.back() == 'x' || s.back() == 'X') {  // a number of experts
+    const char* begin = s.c_str();
+    char* end = nullptr;
+    const double value = std::strtod(begin, &end);
+    if (end != begin + s.size() - 1 || !(value >= 0) || value != std::floor(value) ||
+        value * static_cast<double>(expert_bytes) > static_cast<double>(kMaxSizeBytes)) {
       return bad("is not a whole number of experts in range");
     }
     b.slots = static_cast<uint64_t>(value);
     b.bytes = b.slots * expert_bytes;
     return b;
   }
-  for (const Unit& u : kUnits) {
-    if (unit != u.name) continue;
-    const double bytes = value * u.factor;
-    if (bytes > kMaxBudgetBytes) return bad("is too large");
-    b.bytes = static_cast<uint64_t>(std::floor(bytes));
-    b.slots = b.bytes / expert_bytes;
-    return b;
-  }
-  return bad("has an unknown unit '" + std::string(end) + "'");
+  const Result<uint64_t> bytes = parse_size(s);
+  if (!bytes.is_ok()) return Status::usage(std::string(option) + ": " + bytes.status().message() +
+                                           "; or 455x = 455 experts");
+  b.bytes = *bytes;
+  b.slots = b.bytes / expert_bytes;
+  return b;
 }
 
 Result<std::vector<Budget>> parse_budget_list(std::string_view list, uint64_t expert_bytes,

@@ -1,9 +1,8 @@
 #pragma once
 // Tier budgets on the command line: comma lists of sizes (docs/STRATA.md §6).
 //
-//   "8GB,16GB"   bytes with a decimal unit (B, KB, MB, GB, TB = powers of 1000)
-//   "8GiB"       bytes with a binary unit (KiB, MiB, GiB, TiB = powers of 1024)
-//   "8e9", "123" bytes (a plain number is bytes; decimals allowed: "1.5GB")
+//   "8GB,16GB"   sizes as every size flag reads them (common/size.h): KB..TB powers of 1000,
+//   "8GiB", "8G"   KiB..TiB and K..T powers of 1024, a plain number bytes ("8e9", "1.5GB")
 //   "455x"       a number of experts (slots); bytes = slots * expert_bytes
 // Units are case-insensitive. Slots for a byte budget = floor(bytes / expert_bytes), as in the
 // conformance README §10.3 (8 GB -> 455 slots at 17,547,264 bytes per expert).

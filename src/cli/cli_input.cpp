@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/device_choice.h"
+#include "common/size.h"
 #include "cpu/thread_pool.h"
 
 namespace ktier::cli {
@@ -123,7 +124,7 @@ Result<uint64_t> rate_limit_bytes_per_s(double mb_s) {
 Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
   if (!a.pack.empty()) eo.pack_dir = a.pack;
   if (!a.ram.empty()) {
-    KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, runtime::parse_size(a.ram));
+    KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, parse_size(a.ram));
     eo.ram_budget = bytes;
   }
   if (!a.preset.empty()) {
@@ -140,7 +141,7 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
     return Status::usage("--io: '" + a.io + "' is not one of auto, uring, pread");
   KTIER_ASSIGN_OR_RETURN(eo.io.rate_limit_bytes_per_s, rate_limit_bytes_per_s(a.io_rate_limit_mb_s));
   if (!a.vram.empty()) {
-    KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, runtime::parse_size(a.vram));
+    KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, parse_size(a.vram));
     eo.vram_budget = bytes;
   }
   KTIER_ASSIGN_OR_RETURN(const backend::DeviceRequest request,

@@ -24,6 +24,7 @@
 #include "cli/bench_util.h"
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "common/size.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/run_report.h"
@@ -83,7 +84,7 @@ Result<nlohmann::json> streamed_check(const DecodeOptions& o, const std::vector<
   eo.pack_dir = o.pack;
   KTIER_ASSIGN_OR_RETURN(eo.io.rate_limit_bytes_per_s, rate_limit_bytes_per_s(o.io_rate_limit_mb_s));
   if (!o.ram.empty()) {
-    KTIER_ASSIGN_OR_RETURN(eo.ram_budget, runtime::parse_size(o.ram));
+    KTIER_ASSIGN_OR_RETURN(eo.ram_budget, parse_size(o.ram));
   } else {
     KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ck, format::Checkpoint::open(o.model, format::OpenMode::kPread));
     KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack pk, pack::TrunkPack::open(o.pack, ck));

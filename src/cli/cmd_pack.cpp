@@ -13,6 +13,7 @@
 
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "common/size.h"
 #include "cpu/thread_pool.h"
 #include "format/checkpoint.h"
 #include "pack/block_codec.h"
@@ -38,7 +39,7 @@ Status run_pack_command(const PackArgs& a) {
   if (a.compress) {
     o.block_size = pack::kDefaultBlockSize;
     if (!a.block_size.empty()) {
-      KTIER_ASSIGN_OR_RETURN(o.block_size, runtime::parse_size(a.block_size));
+      KTIER_ASSIGN_OR_RETURN(o.block_size, parse_size(a.block_size));
       // 0 would mean "no compression" to the writer: with --compress it is a mistake.
       if (o.block_size == 0) return Status::usage("--block-size 0: a compressed pack needs blocks");
     }

@@ -279,7 +279,7 @@ void register_trace_command(CLI::App& app, int& exit_code) {
                     "comma list of lru, lfu, temperature, static, belady, or all")
         ->capture_default_str();
     sub->add_option("--ram,--budgets", o->ram,
-                    "RAM tier sizes, comma list: 8GB, 16GiB, 8e9, or 455x (experts)");
+                    "RAM tier sizes, comma list: 8GB (1e9), 16GiB or 16G (2^30), 8e9, or 455x (experts)");
     sub->add_option("--slots", o->slots, "RAM tier sizes in experts, comma list (= --ram Nx,...)");
     sub->add_option("--vram", o->vram, "VRAM tier sizes (the fastest tier), comma list");
     sub->add_option("--half-life", o->half_life, "temperature half-life in tokens")

@@ -1,7 +1,6 @@
 #include "runtime/trunk_store.h"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -29,28 +28,6 @@ std::string mib(uint64_t b) {
   return buf;
 }
 }  // namespace
-
-Result<uint64_t> parse_size(const std::string& text) {
-  double v = 0;
-  const char* end = text.data() + text.size();
-  const auto [p, ec] = std::from_chars(text.data(), end, v);
-  uint64_t unit = 1;
-  if (ec == std::errc() && p + 1 == end) {
-    switch (*p) {
-      case 'K': case 'k': unit = 1ull << 10; break;
-      case 'M': case 'm': unit = 1ull << 20; break;
-      case 'G': case 'g': unit = 1ull << 30; break;
-      case 'T': case 't': unit = 1ull << 40; break;
-      default: unit = 0;
-    }
-  }
-  if (ec != std::errc() || text.empty() || (p != end && (p + 1 != end || unit == 0)) ||
-      !(v >= 0) || !std::isfinite(v))
-    return Status::usage("'" + text + "' is not a size (e.g. 512M, 8G, 1.5G, 1073741824)");
-  const double bytes = v * static_cast<double>(unit);
-  if (bytes >= 0x1p64) return Status::usage("'" + text + "' is larger than 16 EiB");
-  return static_cast<uint64_t>(bytes);
-}
 
 TrunkStore::~TrunkStore() {
   cq_.reset();  // waits for reads into the ring before it is unregistered and freed

@@ -174,7 +174,4 @@ class TrunkStore final : public model::TrunkSource {
   std::vector<pack::InflateScratch*> free_scratch_;  // guarded by scratch_mu_
 };
 
-// "512M", "8G", "1024" (bytes), "1.5G": K, M, G, T are powers of 1024. Status::usage otherwise.
-Result<uint64_t> parse_size(const std::string& text);
-
 }  // namespace ktier::runtime

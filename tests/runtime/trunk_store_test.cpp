@@ -255,14 +255,5 @@ TEST(TrunkStoreFloat, FloatExpertsThroughASmallTierMatchTheResidentRun) {
   fs::remove_all(dir);
 }
 
-TEST(ParseSize, AcceptsSuffixesAndRejectsJunk) {
-  EXPECT_EQ(parse_size("512M").value(), 512ull << 20);
-  EXPECT_EQ(parse_size("8G").value(), 8ull << 30);
-  EXPECT_EQ(parse_size("1.5K").value(), 1536u);
-  EXPECT_EQ(parse_size("4096").value(), 4096u);
-  for (const char* bad : {"", "G", "12Q", "-1G", "1GG", "nanG", "1e30", "20000000T"})
-    EXPECT_EQ(parse_size(bad).status().exit_code(), 2) << bad;
-}
-
 }  // namespace
 }  // namespace ktier::runtime

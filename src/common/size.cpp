@@ -1,0 +1,45 @@
+#include "common/size.h"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <string>
+
+namespace ktier {
+namespace {
+
+struct Unit {
+  std::string_view name;  // lower case
+  double factor;
+};
+constexpr Unit kUnits[] = {
+    {"", 1},           {"b", 1},
+    {"k", 0x1p10},     {"m", 0x1p20},     {"g", 0x1p30},     {"t", 0x1p40},
+    {"kib", 0x1p10},   {"mib", 0x1p20},   {"gib", 0x1p30},   {"tib", 0x1p40},
+    {"kb", 1e3},       {"mb", 1e6},       {"gb", 1e9},       {"tb", 1e12},
+};
+
+}  // namespace
+
+Result<uint64_t> parse_size(std::string_view text) {
+  const auto bad = [&](const char* why) {
+    return Status::usage("'" + std::string(text) + "' " + why +
+                         " (e.g. 512M, 8G = 8 GiB, 16GiB, 8GB = 8e9 bytes, 1073741824)");
+  };
+  double value = 0;
+  const char* end = text.data() + text.size();
+  const auto [p, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || text.empty()) return bad("is not a size");
+  std::string unit(p, end);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const Unit& u : kUnits) {
+    if (unit != u.name) continue;
+    if (!(value >= 0) || !std::isfinite(value)) return bad("is not a size");
+    const double bytes = value * u.factor;
+    if (bytes > static_cast<double>(kMaxSizeBytes)) return bad("is larger than 1 EiB");
+    return static_cast<uint64_t>(std::floor(bytes));
+  }
+  return bad("has an unknown unit");
+}
+
+}  // namespace ktier
