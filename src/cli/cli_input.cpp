@@ -79,9 +79,10 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
   sub->add_option("--pack", a.pack,
                   "Trunk pack made by `ktier pack`: layers stream with one read each, checksummed");
   sub->add_option("--ram", a.ram,
-                  "Memory budget (e.g. 8G = 8 GiB, 512M, 8GB = 8e9 bytes) for the trunk and the expert RAM tier: a prefix "
-                  "of layers is pinned, the rest streams; below the minimum the run is refused "
-                  "(exit 4). GPU mode always uses it (default: --preset auto)");
+                  "Memory budget (e.g. 8G = 8 GiB, 512M, 8GB = 8e9 bytes) for the trunk and the "
+                  "expert RAM tier: a prefix of layers is pinned, the rest streams; below the "
+                  "minimum the run is refused (exit 4). GPU mode always uses it (default: "
+                  "--preset auto)");
   auto* preset = sub->add_option(
       "--preset", a.preset,
       "Memory budget by name: laptop (8G), desktop (32G), workstation (96G), server (128G), max, "
