@@ -260,6 +260,11 @@ void read_token_ids(ConfigReader& r, ModelConfig& c, const Scope& root, const Sc
     } else if (auto id = r.as_int(*v, path)) {
       c.eos_token_ids = {*id};
     }
+    // An id outside the vocabulary can never be generated: generation would never stop at it.
+    for (int64_t id : c.eos_token_ids)
+      if (c.vocab_size >= 1 && (id < 0 || id >= c.vocab_size))
+        r.error(path, "id " + std::to_string(id) + " is outside the vocabulary (0.." +
+                          std::to_string(c.vocab_size - 1) + ")");
   }
   if (auto [v, s] = pick("bos_token_id"); v != nullptr) c.bos_token_id = r.as_int(*v, s->key_path("bos_token_id"));
   if (auto [v, s] = pick("pad_token_id"); v != nullptr) c.pad_token_id = r.as_int(*v, s->key_path("pad_token_id"));

@@ -518,6 +518,14 @@ TEST(Config, EosIds) {
   EXPECT_EQ(parse_ok(j).eos_token_ids, (std::vector<int64_t>{7}));
   j["eos_token_id"] = "x";
   EXPECT_HAS(parse_err(j), "config.json: eos_token_id: expected an integer, got string");
+  const int64_t V = parse_ok(k3_config()).vocab_size;
+  j["eos_token_id"] = V;  // one past the last id
+  EXPECT_HAS(parse_err(j), "config.json: eos_token_id: id " + std::to_string(V) +
+                               " is outside the vocabulary (0.." + std::to_string(V - 1) + ")");
+  j["eos_token_id"] = {163586, -1};
+  EXPECT_HAS(parse_err(j), "id -1 is outside the vocabulary");
+  j["eos_token_id"] = V - 1;
+  EXPECT_EQ(parse_ok(j).eos_token_ids, (std::vector<int64_t>{V - 1}));
 }
 
 TEST(Config, LoadFromFileErrors) {
