@@ -119,6 +119,7 @@ Status run(const RunArgs& a) {
     const bool stop =
         std::find(gen.stop_ids.begin(), gen.stop_ids.end(), id) != gen.stop_ids.end();
     if (!stream || stop || static_cast<uint32_t>(id) >= tokenizer->vocab_size()) return Status::ok();
+    if (!a.special && tokenizer->is_special(static_cast<uint32_t>(id))) return Status::ok();
     KTIER_ASSIGN_OR_RETURN(const std::string piece, stream->push(static_cast<uint32_t>(id)));
     return write_stdout(piece);
   };
@@ -179,7 +180,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
   sub->add_flag("--print-ids", a->print_ids, "After the text, print the generated ids on one line");
   sub->add_flag("--special", a->special,
-                "Encode added-token strings in the prompt text as their ids");
+                "Encode added-token strings in the prompt text as their ids, and print special "
+                "tokens in the output (hidden by default; --print-ids lists every id)");
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();
   add_memory_options(sub, a->memory);

@@ -180,14 +180,15 @@ std::string RunReport::to_table(const Engine& e) const {
     out += buf;
   }
   const uint64_t budget = e.budget_bytes();
+  char budget_text[48] = "";
+  if (budget && budget != UINT64_MAX)
+    std::snprintf(budget_text, sizeof budget_text, " (budget %.1f MB)",
+                  static_cast<double>(budget) / mb);
   std::snprintf(buf, sizeof buf, "ktier: trunk layers pinned %lld, streamed %lld; peak RSS %.1f MB%s; "
                 "%d threads, %s, %s\n",
                 static_cast<long long>(j["trunk_layers_pinned"].get<int64_t>()),
                 static_cast<long long>(j["trunk_layers_streamed"].get<int64_t>()),
-                peak_rss_bytes / mb,
-                budget && budget != UINT64_MAX
-                    ? (" (budget " + std::to_string(static_cast<double>(budget) / mb) + " MB)").c_str()
-                    : "",
+                peak_rss_bytes / mb, budget_text,
                 e.threads(), cpu::isa_name(e.exec().isa), j["io_engine"].get<std::string>().c_str());
   out += buf;
   return out;

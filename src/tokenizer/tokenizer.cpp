@@ -328,7 +328,7 @@ Result<std::string> Tokenizer::decode(std::span<const uint32_t> ids, bool skip_s
       return Status::usage("token id " + std::to_string(id) + " is out of range (the vocabulary has " +
                            std::to_string(vocab_size()) + " ids)");
     }
-    if (skip_special && is_added(id) && added_[id - n_ranks()].special) continue;
+    if (skip_special && is_special(id)) continue;
     out += *b;
   }
   return out;

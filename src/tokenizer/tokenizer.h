@@ -74,6 +74,8 @@ class Tokenizer {
   // Id of an added token by content, e.g. "<|end_of_msg|>".
   std::optional<uint32_t> added_token_id(std::string_view content) const;
   bool is_added(uint32_t id) const { return id >= n_ranks() && id < vocab_size(); }
+  // An added token whose config flag "special" is set (what decode(skip_special) drops).
+  bool is_special(uint32_t id) const { return is_added(id) && added_[id - n_ranks()].special; }
 
   uint32_t n_ranks() const { return ranks_.size(); }
   uint32_t vocab_size() const { return n_ranks() + static_cast<uint32_t>(added_.size()); }

@@ -9,6 +9,7 @@
 
 #include "common/run_process.h"
 #include "common/test_paths.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ktier::test {
 namespace {
@@ -89,11 +90,11 @@ TEST_F(RunEvalCli, RunsFromIdsWithoutTokenizerFiles) {
   fs::remove(bare / "tiktoken.model");
   fs::remove(bare / "tokenizer_config.json");
   const auto r = run_process(ktier() + " run -m " + bare.string() + " --ids " + prompt_ids() + " -n 5");
+  const auto text = run_process(ktier() + " run -m " + bare.string() + " -p hello -n 2");
   fs::remove_all(bare);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto greedy = golden_.at("greedy").get<std::vector<int>>();
   EXPECT_EQ(r.out, join({greedy.begin(), greedy.begin() + 5}) + "\n");
-  const auto text = run_process(ktier() + " run -m " + bare.string() + " -p hello -n 2");
   EXPECT_EQ(text.exit_code, 2);
   EXPECT_NE(text.err.find("tiktoken.model"), std::string::npos) << text.err;
 }
@@ -108,6 +109,35 @@ TEST_F(RunEvalCli, TextPromptStreamsTextAndSeededSamplingRepeats) {
   const auto c = run_process(ktier() + " run" + model() +
                              " -p 'The lighthouse keeper' -n 12 --temp 0.9 --seed 12 --print-ids");
   EXPECT_NE(last_line(a.out), last_line(c.out));
+}
+
+// Special tokens are generated like any other but not printed as text unless --special (as
+// llama.cpp); --print-ids lists them either way.
+TEST_F(RunEvalCli, SpecialTokensAreHiddenFromTheTextUnlessAsked) {
+  // Sampled hot (seed fixed) so that the tiny model's 64 tokens include special ones.
+  const std::string cmd = ktier() + " run" + model() + " --ids " + prompt_ids() +
+                          " -n 64 --temp 1.5 --seed 2 --print-ids";
+  const auto plain = run_process(cmd), special = run_process(cmd + " --special");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(special.exit_code, 0) << special.err;
+  const std::string ids = last_line(plain.out);
+  ASSERT_EQ(ids, last_line(special.out)) << "the same tokens are generated";
+  auto tok = tok::Tokenizer::load(dir_);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().message();
+  std::vector<std::string> hidden;
+  for (size_t at = 0; at < ids.size();) {
+    const size_t comma = std::min(ids.find(',', at), ids.size());
+    const uint32_t id = static_cast<uint32_t>(std::stoul(ids.substr(at, comma - at)));
+    if (tok->is_special(id)) hidden.push_back(std::string(*tok->token_bytes(id)));
+    at = comma + 1;
+  }
+  ASSERT_FALSE(hidden.empty()) << "the fixture's 64 tokens include no special token: " << ids;
+  const std::string plain_text = plain.out.substr(0, plain.out.size() - ids.size() - 1);
+  const std::string special_text = special.out.substr(0, special.out.size() - ids.size() - 1);
+  for (const std::string& content : hidden) {
+    EXPECT_EQ(plain_text.find(content), std::string::npos) << content << " printed by default";
+    EXPECT_NE(special_text.find(content), std::string::npos) << content << " hidden with --special";
+  }
 }
 
 TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
