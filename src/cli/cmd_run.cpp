@@ -111,6 +111,12 @@ Status run(const RunArgs& a) {
     }
   }
 
+  if (const auto limit = cfg.max_position_embeddings;
+      limit && static_cast<int64_t>(prompt.size()) + a.max_new_tokens > *limit)
+    spdlog::warn("prompt ({} tokens) + -n {} passes max_position_embeddings = {} of config.json: "
+                 "positions beyond it were not trained",
+                 prompt.size(), a.max_new_tokens, *limit);
+
   std::optional<tok::StreamingDecoder> stream;
   if (tokenizer) stream.emplace(*tokenizer);
   std::vector<int32_t> generated;
@@ -174,7 +180,10 @@ void register_run_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--top-p", a->top_p, "Nucleus sampling threshold; 1 = off")
       ->capture_default_str();
-  sub->add_option("--seed", a->seed, "Sampling seed (same seed, same tokens)")
+  sub->add_option("--seed", a->seed, "Sampling seed >= 0 (same seed, same tokens)")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.rfind('-', 0) == 0 ? "a seed is >= 0" : std::string(); },
+          "", "seed >= 0"))
       ->capture_default_str();
   add_threads_option(sub, a->threads, "Worker");
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();

@@ -140,10 +140,31 @@ TEST_F(RunEvalCli, SpecialTokensAreHiddenFromTheTextUnlessAsked) {
   }
 }
 
+// Positions past max_position_embeddings still decode (the CPU path has no table to overflow)
+// but are said to be outside what the model was trained on.
+TEST_F(RunEvalCli, RunPastMaxPositionEmbeddingsWarns) {
+  const fs::path short_ctx = dir_.string() + "-short";
+  fs::remove_all(short_ctx);
+  fs::copy(dir_, short_ctx);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(short_ctx / "config.json"));
+  nlohmann::json& where = cfg.contains("text_config") ? cfg["text_config"] : cfg;
+  where["max_position_embeddings"] = 4;
+  std::ofstream(short_ctx / "config.json") << cfg.dump(2);
+  const auto r = run_process(ktier() + " run -m " + short_ctx.string() + " --ids 1,2,3 -n 2");
+  const auto fits = run_process(ktier() + " run -m " + short_ctx.string() + " --ids 1,2 -n 2");
+  fs::remove_all(short_ctx);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("prompt (3 tokens) + -n 2 passes max_position_embeddings = 4"),
+            std::string::npos) << r.err;
+  ASSERT_EQ(fits.exit_code, 0) << fits.err;
+  EXPECT_EQ(fits.err.find("max_position_embeddings"), std::string::npos) << fits.err;
+}
+
 TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1,99999 -n 1").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1,x -n 1").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --temp -1").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --seed -1").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 -p hi").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run -m /nonexistent/model --ids 1").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " eval" + model() + " --ids 1,2").exit_code, 2);  // nothing to do
