@@ -27,6 +27,9 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
   const std::string name = path.string();
   std::FILE* f = std::fopen(name.c_str(), "rb");
   if (!f) {
+    if (errno == ENOENT)
+      return Status::usage(name + ": no such file (the conformance trace lives in "
+                                  "../shared/conformance/expert_trace.bin)");
     return Status::runtime(name + ": cannot open the conformance trace: " + std::strerror(errno) +
                            " (it lives in ../shared/conformance/expert_trace.bin)");
   }

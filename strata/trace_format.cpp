@@ -259,7 +259,10 @@ Result<TraceReader> TraceReader::open(const std::filesystem::path& path) {
   TraceReader r;
   r.path_ = path.string();
   r.file_ = std::fopen(r.path_.c_str(), "rb");
-  if (!r.file_) return io_error(r.path_, "cannot open the trace");
+  if (!r.file_) {  // a path the command line named that does not exist is a usage error
+    if (errno == ENOENT) return Status::usage(r.path_ + ": no such trace file");
+    return io_error(r.path_, "cannot open the trace");
+  }
   uint8_t h[kTraceHeaderBytes];
   const size_t got = std::fread(h, 1, sizeof(h), r.file_);
   if (got >= 8 && std::memcmp(h, kTraceMagic, 8) != 0) {

@@ -236,10 +236,13 @@ TEST(TraceFormat, FlippedBytesAreCorrupt) {
   expect_corrupt(p, "follow the footer");
 }
 
-TEST(TraceFormat, MissingFileIsRuntimeError) {
+// A path that does not exist is a usage error (exit 2), as for -m, --pack or -f.
+TEST(TraceFormat, MissingFileIsUsageErrorNamingIt) {
   Result<Trace> r = read_trace(temp_path("does_not_exist.ktrace"));
   ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().exit_code(), 1);
+  EXPECT_EQ(r.status().exit_code(), 2);
+  EXPECT_NE(r.status().message().find("does_not_exist.ktrace: no such trace file"),
+            std::string::npos) << r.status().message();
 }
 
 TEST(TraceFormat, WriterRejectsStepsThatDoNotFitTheHeader) {
@@ -358,10 +361,12 @@ TEST(ConformanceConverter, BadInputIsCorruptNamingFileAndRecord) {
   expect_bad(broken, "positions");
 }
 
-TEST(ConformanceConverter, MissingFileIsRuntimeError) {
+TEST(ConformanceConverter, MissingFileIsUsageErrorNamingIt) {
   Result<Trace> t = read_conformance_trace(temp_path("missing.bin"));
   ASSERT_FALSE(t.is_ok());
-  EXPECT_EQ(t.status().exit_code(), 1);
+  EXPECT_EQ(t.status().exit_code(), 2);
+  EXPECT_NE(t.status().message().find("missing.bin: no such file"), std::string::npos)
+      << t.status().message();
 }
 
 }  // namespace
