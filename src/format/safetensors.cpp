@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/check.h"
+#include "format/map_guard.h"
 
 namespace ktier::format {
 namespace {
@@ -261,6 +262,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   mode_ = o.mode_;
   fd_ = std::exchange(o.fd_, -1);
   map_ = std::exchange(o.map_, nullptr);
+  map_slot_ = std::exchange(o.map_slot_, -1);
   file_size_ = o.file_size_;
   data_offset_ = o.data_offset_;
   tensors_ = std::move(o.tensors_);
@@ -271,6 +273,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
 SafetensorsFile::~SafetensorsFile() { release(); }
 
 void SafetensorsFile::release() {
+  unregister_mapping(std::exchange(map_slot_, -1));
   if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), file_size_);
   if (fd_ >= 0) ::close(fd_);
   map_ = nullptr;
@@ -369,6 +372,7 @@ Result<SafetensorsFile> SafetensorsFile::open_unguarded(const std::filesystem::p
     void* p = ::mmap(nullptr, f.file_size_, PROT_READ, MAP_SHARED, f.fd_, 0);
     if (p == MAP_FAILED) return Status::runtime(file + ": mmap failed: " + errno_text(errno));
     f.map_ = static_cast<const uint8_t*>(p);
+    f.map_slot_ = register_mapping(p, f.file_size_, file);
   }
   spdlog::debug("{}: {} tensors, header {} bytes, data at {}", file, f.tensors_.size(), n,
                 f.data_offset_);

@@ -92,6 +92,7 @@ class SafetensorsFile {
   OpenMode mode_ = OpenMode::kMap;
   int fd_ = -1;
   const uint8_t* map_ = nullptr;  // whole file, PROT_READ; null in kPread mode
+  int map_slot_ = -1;             // map_guard.h: a SIGBUS in map_ names this file
   uint64_t file_size_ = 0;
   uint64_t data_offset_ = 0;
   std::vector<TensorInfo> tensors_;

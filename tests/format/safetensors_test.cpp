@@ -2,8 +2,12 @@
 // malformed files built byte by byte.
 #include "format/safetensors.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <span>
 
 #include <gtest/gtest.h>
 
@@ -411,6 +415,27 @@ TEST(Safetensors, MissingFileIsAnIoError) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().exit_code(), 1);
   EXPECT_HAS(r.status().message(), "/nonexistent/ktier/model.safetensors: cannot open");
+}
+
+// A mapped shard that shrinks while in use: touching its lost pages raises SIGBUS, which the
+// guard turns into "ktier: error: FILE ..." and exit 1 (runtime), never a crash.
+TEST(SafetensorsDeathTest, ShrunkMappedFileExitsOneNamingIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir("st_shrink");
+  const std::filesystem::path path = dir.path() / "shrunk.safetensors";
+  ktier::test::write_bytes(path, ktier::test::st_file({f32("big", {1 << 16})}));  // 256 KiB
+  auto r = SafetensorsFile::open(path);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  const std::span<const uint8_t> bytes = r->bytes(*r->find("big"));
+  ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+  EXPECT_EXIT(
+      {
+        uint64_t sum = 0;
+        for (size_t i = 0; i < bytes.size(); i += 4096) sum += bytes[i];
+        std::printf("%llu\n", static_cast<unsigned long long>(sum));  // never reached
+      },
+      ::testing::ExitedWithCode(1),
+      "ktier: error: .*shrunk\\.safetensors: its bytes at offset [0-9]+ can no longer be read");
 }
 
 TEST(Safetensors, MovedFileKeepsItsMappingAndPointers) {
