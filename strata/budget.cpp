@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 
 #include "common/size.h"
 
@@ -25,10 +25,10 @@ Result<Budget> parse_budget(std::string_view item, uint64_t expert_bytes, std::s
   Budget b;
   b.label = s;
   if (s.back() == 'x' || s.back() == 'X') {  // a number of experts
-    const char* begin = s.c_str();
-    char* end = nullptr;
-    const double value = std::strtod(begin, &end);
-    if (end != begin + s.size() - 1 || !(value >= 0) || value != std::floor(value) ||
+    double value = 0;
+    const char* last = s.data() + s.size() - 1;
+    const auto [p, ec] = std::from_chars(s.data(), last, value);
+    if (ec != std::errc() || p != last || !(value >= 0) || value != std::floor(value) ||
         value * static_cast<double>(expert_bytes) > static_cast<double>(kMaxSizeBytes)) {
       return bad("is not a whole number of experts in range");
     }
@@ -36,9 +36,8 @@ Result<Budget> parse_budget(std::string_view item, uint64_t expert_bytes, std::s
     b.bytes = b.slots * expert_bytes;
     return b;
   }
-  const Result<uint64_t> bytes = parse_size(s);
-  if (!bytes.is_ok()) return Status::usage(std::string(option) + ": " + bytes.status().message() +
-                                           "; or 455x = 455 experts");
+  const Result<uint64_t> bytes = parse_size(s, option);
+  if (!bytes.is_ok()) return Status::usage(bytes.status().message() + "; or 455x = 455 experts");
   b.bytes = *bytes;
   b.slots = b.bytes / expert_bytes;
   return b;

@@ -4,7 +4,8 @@
 //   "8GB,16GB"   sizes as every size flag reads them (common/size.h): KB..TB powers of 1000,
 //   "8GiB", "8G"   KiB..TiB and K..T powers of 1024, a plain number bytes ("8e9", "1.5GB")
 //   "455x"       a number of experts (slots); bytes = slots * expert_bytes
-// Units are case-insensitive. Slots for a byte budget = floor(bytes / expert_bytes), as in the
+// Units are case-insensitive; spaces around and inside an item are ignored (unlike a single size
+// flag). Slots for a byte budget = floor(bytes / expert_bytes), as in the
 // conformance README §10.3 (8 GB -> 455 slots at 17,547,264 bytes per expert).
 
 #include <cstdint>

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/size.h"
 #include "io/aligned_buffer.h"
 #include "io/io_engine.h"
 
@@ -55,16 +56,12 @@ struct Row {
   std::string note;
 };
 
-uint64_t parse_size(const char* s) {
-  char* end = nullptr;
-  double v = std::strtod(s, &end);
-  switch (end && *end ? *end : ' ') {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
-  }
-  return static_cast<uint64_t>(v);
+// common/size.h's grammar, as every ktier size flag; exit 2 naming the flag otherwise.
+uint64_t size_arg(const std::string& flag, const char* s) {
+  const Result<uint64_t> r = parse_size(s);
+  if (r.is_ok()) return *r;
+  std::fprintf(stderr, "%s: %s\n", flag.c_str(), r.status().message().c_str());
+  std::exit(2);
 }
 
 bool ensure_file(const Args& a) {
@@ -191,8 +188,8 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (k == "--file") a.file = val();
-    else if (k == "--size") a.size = parse_size(val());
-    else if (k == "--block") a.block = parse_size(val());
+    else if (k == "--size") a.size = size_arg(k, val());
+    else if (k == "--block") a.block = size_arg(k, val());
     else if (k == "--depth") a.depth = static_cast<uint32_t>(std::atoi(val()));
     else if (k == "--runs") a.runs = std::atoi(val());
     else if (k == "--json") a.json = val();

@@ -101,11 +101,10 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
                   "the GPU's free memory; ignored on the CPU");
 }
 
-CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& what, int min) {
-  const std::string help = what + " threads, " + std::to_string(min) + ".." +
-                           std::to_string(cpu::kMaxThreads) +
-                           (min == 0 ? " (0 = one per hardware thread)" : "");
-  return sub->add_option("-t,--threads", threads, help)
+CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& help, int min) {
+  const std::string range = ", " + std::to_string(min) + ".." + std::to_string(cpu::kMaxThreads) +
+                            (min == 0 ? " (0 = one per hardware thread)" : "");
+  return sub->add_option("-t,--threads", threads, help + range)
       ->check(CLI::Range(min, cpu::kMaxThreads))
       ->capture_default_str();
 }
@@ -125,7 +124,7 @@ Result<uint64_t> rate_limit_bytes_per_s(double mb_s) {
 Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
   if (!a.pack.empty()) eo.pack_dir = a.pack;
   if (!a.ram.empty()) {
-    KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, parse_size(a.ram));
+    KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, parse_size(a.ram, "--ram"));
     eo.ram_budget = bytes;
   }
   if (!a.preset.empty()) {
@@ -142,7 +141,7 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
     return Status::usage("--io: '" + a.io + "' is not one of auto, uring, pread");
   KTIER_ASSIGN_OR_RETURN(eo.io.rate_limit_bytes_per_s, rate_limit_bytes_per_s(a.io_rate_limit_mb_s));
   if (!a.vram.empty()) {
-    KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, parse_size(a.vram));
+    KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, parse_size(a.vram, "--vram"));
     eo.vram_budget = bytes;
   }
   KTIER_ASSIGN_OR_RETURN(const backend::DeviceRequest request,

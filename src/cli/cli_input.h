@@ -39,9 +39,10 @@ void add_rate_limit_option(CLI::App* sub, double& mb_s);
 Result<uint64_t> rate_limit_bytes_per_s(double mb_s);
 void add_memory_options(CLI::App* sub, MemoryArgs& a);
 
-// Adds "-t,--threads N" to `sub`, "<what> threads", taking min..cpu::kMaxThreads (CLI11 refuses
-// other values: exit 2); with min 0, 0 means one per hardware thread.
-CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& what, int min = 0);
+// Adds "-t,--threads N" to `sub` with help `help` (e.g. "Worker threads"), taking
+// min..cpu::kMaxThreads (CLI11 refuses other values: exit 2); with min 0, 0 means one per
+// hardware thread.
+CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& help, int min = 0);
 // Fills the engine options from them and decides the device (loading the CUDA module unless
 // --device cpu; the reason for the choice is logged once). Status::usage for a bad size, --io or
 // --device value, or --device cuda where CUDA cannot be used.

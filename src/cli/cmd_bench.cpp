@@ -20,7 +20,6 @@
 #include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "cpu/exec.h"
-#include "cpu/thread_pool.h"
 #include "runtime/engine.h"
 
 namespace ktier::cli {
@@ -92,8 +91,7 @@ Status run_kernels(const KernelsOptions& o) {
     if (!json_out) return Status::runtime("cannot write " + o.json);
   }
 
-  const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  const int n_threads = o.threads > 0 ? o.threads : std::clamp(hw, 1, cpu::kMaxThreads);
+  const int n_threads = runtime::resolve_threads(o.threads);
   std::string llc_src;
   const uint64_t llc = bench::last_level_cache_bytes(&llc_src);
   bench::KernelBenchConfig cfg;
@@ -166,7 +164,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
       "bandwidth at the same thread count (goals: bf16 >= 0.85, mxfp4 >= 0.75)");
   auto o = std::make_shared<KernelsOptions>();
   sub->add_option("--json", o->json, "also write the figures to FILE as JSON");
-  add_threads_option(sub, o->threads, "The 'all threads' figures'");
+  add_threads_option(sub, o->threads, "Threads of the 'all threads' figures");
   sub->add_option("--reps", o->reps, "timed passes per figure, best kept (after one warm-up)")
       ->capture_default_str();
   sub->add_option("--size-mib", o->size_mib,

@@ -84,7 +84,7 @@ Result<nlohmann::json> streamed_check(const DecodeOptions& o, const std::vector<
   eo.pack_dir = o.pack;
   KTIER_ASSIGN_OR_RETURN(eo.io.rate_limit_bytes_per_s, rate_limit_bytes_per_s(o.io_rate_limit_mb_s));
   if (!o.ram.empty()) {
-    KTIER_ASSIGN_OR_RETURN(eo.ram_budget, parse_size(o.ram));
+    KTIER_ASSIGN_OR_RETURN(eo.ram_budget, parse_size(o.ram, "--ram"));
   } else {
     KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ck, format::Checkpoint::open(o.model, format::OpenMode::kPread));
     KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack pk, pack::TrunkPack::open(o.pack, ck));
@@ -222,7 +222,7 @@ void register_bench_decode_command(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Length of the fixed id prompt")
       ->capture_default_str();
-  add_threads_option(sub, o->threads, "Worker");
+  add_threads_option(sub, o->threads, "Worker threads");
   sub->add_option("--buffer-mib", o->buffer_mib,
                   "Bandwidth buffer in MiB (default: as bench kernels; small = in-cache, "
                   "figures meaningless)");

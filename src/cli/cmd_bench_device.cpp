@@ -89,7 +89,7 @@ Result<DeviceMatrix> random_matrix(backend::Backend& be, cpu::WeightType type, u
 }
 
 Status run_device_bench(const DeviceBenchOptions& o) {
-  KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, parse_size(o.bytes));
+  KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, parse_size(o.bytes, "--bytes"));
   if (o.passes < 1) return Status::usage("--passes must be >= 1");
   std::ofstream json_out;
   if (!o.json.empty()) {

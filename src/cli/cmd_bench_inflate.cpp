@@ -203,7 +203,7 @@ void register_bench_inflate_command(CLI::App& bench, int& exit_code) {
       "(blocks inflated from RAM in parallel, checksums checked; goal >= 2.0 GB/s per core)");
   auto o = std::make_shared<InflateOptions>();
   sub->add_option("--pack", o->pack, "trunk pack made by `ktier pack --compress`")->required();
-  add_threads_option(sub, o->threads, "Inflating", 1);
+  add_threads_option(sub, o->threads, "Inflating threads", 1);
   sub->add_option("--passes", o->passes, "timed passes, best kept")->capture_default_str();
   sub->add_option("--max-mib", o->max_mib, "inflated MiB of layer records in the timed passes")
       ->capture_default_str();

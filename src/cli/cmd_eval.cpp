@@ -83,7 +83,7 @@ void register_eval_command(CLI::App& app, int& exit_code) {
                   "Write all logits to FILE as little-endian f32, position-major [T, V]");
   sub->add_option("--chunk", a->chunk, "Ids per forward pass; 0 = all at once")
       ->capture_default_str();
-  add_threads_option(sub, a->threads, "Worker");
+  add_threads_option(sub, a->threads, "Worker threads");
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();
   add_memory_options(sub, a->memory);

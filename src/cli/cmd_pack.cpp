@@ -14,11 +14,10 @@
 #include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "common/size.h"
-#include "cpu/thread_pool.h"
 #include "format/checkpoint.h"
 #include "pack/block_codec.h"
 #include "pack/pack_writer.h"
-#include "runtime/trunk_store.h"
+#include "runtime/engine.h"
 
 namespace ktier::cli {
 namespace {
@@ -39,13 +38,12 @@ Status run_pack_command(const PackArgs& a) {
   if (a.compress) {
     o.block_size = pack::kDefaultBlockSize;
     if (!a.block_size.empty()) {
-      KTIER_ASSIGN_OR_RETURN(o.block_size, parse_size(a.block_size));
+      KTIER_ASSIGN_OR_RETURN(o.block_size, parse_size(a.block_size, "--block-size"));
       // 0 would mean "no compression" to the writer: with --compress it is a mistake.
       if (o.block_size == 0) return Status::usage("--block-size 0: a compressed pack needs blocks");
     }
   }
-  const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  o.threads = a.threads > 0 ? a.threads : std::clamp(hw, 1, cpu::kMaxThreads);
+  o.threads = runtime::resolve_threads(a.threads);
   // Refuse an existing pack before the (possibly long) checkpoint validation.
   KTIER_RETURN_IF_ERROR(pack::check_pack_output(a.out_dir, a.force));
   // Positioned reads: the copy is sequential and large, and needs no mapping of the shards.
@@ -80,7 +78,7 @@ void register_pack_command(CLI::App& app, int& exit_code) {
                 "manifest version 2)");
   sub->add_option("--block-size", args->block_size,
                   "inflated bytes per compressed block, a multiple of 4K (default 4M; K/M/G suffixes)");
-  add_threads_option(sub, args->threads, "Compressing");
+  add_threads_option(sub, args->threads, "Compressing threads");
   sub->callback([args, &exit_code] { exit_code = finish(run_pack_command(*args)); });
 }
 

@@ -8,6 +8,8 @@
 // Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
 // A model folder without tiktoken.model runs from --ids and prints the generated ids only.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -64,14 +66,19 @@ Status run(const RunArgs& a) {
 
   // What can be checked before the (long) load: the folder, and the report file's folder.
   KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
-  std::ofstream report_out;
-  if (!a.report_json.empty()) {
-    report_out.open(a.report_json);
-    if (!report_out) return Status::usage("--report-json: cannot write " + a.report_json);
+  std::error_code ec;
+  if (!a.report_json.empty()) {  // checked, not yet opened: a failed run leaves an old report
+    const std::filesystem::path report(a.report_json);
+    const std::filesystem::path folder =
+        report.has_parent_path() ? report.parent_path() : std::filesystem::path(".");
+    const bool writable = std::filesystem::exists(report, ec)
+                              ? ::access(report.c_str(), W_OK) == 0
+                              : ::access(folder.c_str(), W_OK | X_OK) == 0;
+    if (!writable || std::filesystem::is_directory(report, ec))
+      return Status::usage("--report-json: cannot write " + a.report_json);
   }
   // The tokenizer is optional for --ids runs (ids are printed instead of text).
   std::optional<tok::Tokenizer> tokenizer;
-  std::error_code ec;
   const bool has_tokenizer =
       std::filesystem::exists(std::filesystem::path(a.model) / "tiktoken.model", ec);
   if (has_tokenizer) {
@@ -111,11 +118,13 @@ Status run(const RunArgs& a) {
     }
   }
 
+  // The last generated token is never fed back: the highest position run is P + n - 2.
   if (const auto limit = cfg.max_position_embeddings;
-      limit && static_cast<int64_t>(prompt.size()) + a.max_new_tokens > *limit)
-    spdlog::warn("prompt ({} tokens) + -n {} passes max_position_embeddings = {} of config.json: "
-                 "positions beyond it were not trained",
-                 prompt.size(), a.max_new_tokens, *limit);
+      limit && static_cast<int64_t>(prompt.size()) + a.max_new_tokens - 1 > *limit)
+    spdlog::warn("prompt ({} tokens) + -n {} runs positions up to {}, past max_position_embeddings "
+                 "= {} of config.json: positions from {} on were not trained",
+                 prompt.size(), a.max_new_tokens,
+                 static_cast<int64_t>(prompt.size()) + a.max_new_tokens - 2, *limit, *limit);
 
   std::optional<tok::StreamingDecoder> stream;
   if (tokenizer) stream.emplace(*tokenizer);
@@ -156,9 +165,10 @@ Status run(const RunArgs& a) {
   if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
   if (a.print_ids || !stream) KTIER_RETURN_IF_ERROR(write_stdout(join_ids(generated) + "\n"));
   std::fputs(report.to_table(*engine).c_str(), stderr);
-  if (report_out.is_open()) {
-    report_out << report.to_json(*engine).dump(2) << "\n";
-    if (!report_out.flush()) return Status::runtime(a.report_json + ": cannot write the report");
+  if (!a.report_json.empty()) {
+    std::ofstream out(a.report_json);
+    out << report.to_json(*engine).dump(2) << "\n";
+    if (!out.flush()) return Status::runtime(a.report_json + ": cannot write the report");
   }
   return Status::ok();
 }
@@ -185,7 +195,7 @@ void register_run_command(CLI::App& app, int& exit_code) {
           [](std::string& v) { return v.rfind('-', 0) == 0 ? "a seed is >= 0" : std::string(); },
           "", "seed >= 0"))
       ->capture_default_str();
-  add_threads_option(sub, a->threads, "Worker");
+  add_threads_option(sub, a->threads, "Worker threads");
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
   sub->add_flag("--print-ids", a->print_ids, "After the text, print the generated ids on one line");
   sub->add_flag("--special", a->special,

@@ -78,7 +78,7 @@ void register_synth_command(CLI::App& app, int& exit_code) {
   args->dtype_option = sub->add_option("--expert-dtype", args->expert_dtype, "f32 or bf16 (with --float-experts)")
                            ->check(CLI::IsMember({"f32", "bf16"}));
   sub->add_flag("--force", args->options.force, "overwrite a checkpoint in a non-empty output directory");
-  add_threads_option(sub, args->options.threads, "Generator (at most 64 used)");
+  add_threads_option(sub, args->options.threads, "Generator threads (at most 64 are used)");
   sub->add_flag("-q,--quiet", args->quiet, "no progress meter");
 
   using O = synth::ShapeOverrides;

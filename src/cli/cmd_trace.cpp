@@ -304,7 +304,7 @@ void register_trace_command(CLI::App& app, int& exit_code) {
     sub->add_option("--csv", o->csv, "write one row per (policy, budget)");
     sub->add_option("--json", o->json, "write results per policy, budget and tier");
     sub->add_option("--plot", o->plot, "draw hit rate against budget (PNG, matplotlib)");
-    add_threads_option(sub, o->threads, "Replay");
+    add_threads_option(sub, o->threads, "Replay threads");
     sub->callback([o, &exit_code] { exit_code = finish(run_replay(*o)); });
   }
 }

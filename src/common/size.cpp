@@ -21,9 +21,10 @@ constexpr Unit kUnits[] = {
 
 }  // namespace
 
-Result<uint64_t> parse_size(std::string_view text) {
+Result<uint64_t> parse_size(std::string_view text, std::string_view flag) {
   const auto bad = [&](const char* why) {
-    return Status::usage("'" + std::string(text) + "' " + why +
+    return Status::usage((flag.empty() ? std::string() : std::string(flag) + ": ") + "'" +
+                         std::string(text) + "' " + why +
                          " (e.g. 512M, 8G = 8 GiB, 16GiB, 8GB = 8e9 bytes, 1073741824)");
   };
   double value = 0;

@@ -20,8 +20,8 @@ namespace ktier {
 // would overflow slot arithmetic.
 inline constexpr uint64_t kMaxSizeBytes = uint64_t{1} << 60;
 
-// Status::usage "'TEXT' is not a size (e.g. ...)" for anything else, negative, NaN or above
-// kMaxSizeBytes.
-Result<uint64_t> parse_size(std::string_view text);
+// Status::usage "FLAG: 'TEXT' is not a size (e.g. ...)" for anything else, negative, NaN or
+// above kMaxSizeBytes (without "FLAG: " when `flag` is empty).
+Result<uint64_t> parse_size(std::string_view text, std::string_view flag = {});
 
 }  // namespace ktier

@@ -22,6 +22,7 @@ struct Region {
 };
 Region g_regions[kSlots];
 std::mutex g_mu;  // serialises slot allocation (not taken by the handler)
+struct sigaction g_previous;  // the SIGBUS action before ours, for faults that are not ours
 
 void put(const char* s) {
   const size_t n = std::strlen(s);
@@ -45,7 +46,10 @@ const char* decimal(uint64_t v, char* buf) {
 
 void on_sigbus(int sig, siginfo_t* info, void*) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(info->si_addr);
-  for (const Region& r : g_regions) {
+  // BUS_ADRERR: a page of a mapping whose file no longer backs it (shrunk) or could not be
+  // read. Anything else (kill -BUS, hardware memory errors) is not ours to explain.
+  for (int i = 0; info->si_code == BUS_ADRERR && i < kSlots; ++i) {
+    const Region& r = g_regions[i];
     const uintptr_t end = r.end.load(std::memory_order_acquire);
     const uintptr_t begin = r.begin.load(std::memory_order_relaxed);
     if (end == 0 || at < begin || at >= end) continue;
@@ -54,12 +58,15 @@ void on_sigbus(int sig, siginfo_t* info, void*) {
     put(r.path);
     put(": its bytes at offset ");
     put(decimal(at - begin, num));
-    put(" can no longer be read (the file was truncated or replaced while ktier ran)\n");
+    put(" can no longer be read (the file was truncated, replaced or became unreadable while "
+        "ktier ran)\n");
     ::_exit(1);
   }
-  // Not a registered mapping: the default action (core dump) with the same signal.
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
+  // Not ours: hand the signal to the action installed before us (by default a core dump). A
+  // fault repeats when the instruction restarts, reaching that action with its own siginfo; a
+  // sent signal does not, so it is raised again.
+  ::sigaction(SIGBUS, &g_previous, nullptr);
+  if (info->si_code <= 0) ::raise(sig);
 }
 
 void install_once() {
@@ -69,7 +76,7 @@ void install_once() {
     sa.sa_sigaction = on_sigbus;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    return ::sigaction(SIGBUS, &sa, nullptr) == 0;
+    return ::sigaction(SIGBUS, &sa, &g_previous) == 0;
   }();
   (void)installed;
 }

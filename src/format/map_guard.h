@@ -2,8 +2,9 @@
 // A mapped file that shrinks (truncated or rewritten while ktier runs) turns every read of its
 // lost pages into SIGBUS. The guard names the file instead of crashing: mapped regions are
 // registered here, and a SIGBUS handler that finds the faulting address in one of them prints
-// "ktier: error: FILE ... changed while ktier ran" and exits 1 (the documented runtime code).
-// A SIGBUS anywhere else keeps the default action.
+// "ktier: error: FILE: its bytes at offset N can no longer be read (...)" and exits 1 (the
+// documented runtime code). Any other SIGBUS goes to the action installed before (by default
+// a core dump).
 //
 // Thread-safety: register/unregister may be called from any thread; the handler only reads
 // the table with atomic loads and calls async-signal-safe functions (write, _exit).

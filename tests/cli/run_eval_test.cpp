@@ -150,11 +150,13 @@ TEST_F(RunEvalCli, RunPastMaxPositionEmbeddingsWarns) {
   nlohmann::json& where = cfg.contains("text_config") ? cfg["text_config"] : cfg;
   where["max_position_embeddings"] = 4;
   std::ofstream(short_ctx / "config.json") << cfg.dump(2);
-  const auto r = run_process(ktier() + " run -m " + short_ctx.string() + " --ids 1,2,3 -n 2");
-  const auto fits = run_process(ktier() + " run -m " + short_ctx.string() + " --ids 1,2 -n 2");
+  // Positions run: the prompt's, then one per generated token but the last (never fed back).
+  const auto r = run_process(ktier() + " run -m " + short_ctx.string() + " --ids 1,2,3,4 -n 2");
+  const auto fits = run_process(ktier() + " run -m " + short_ctx.string() + " --ids 1,2,3 -n 2");
   fs::remove_all(short_ctx);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.err.find("prompt (3 tokens) + -n 2 passes max_position_embeddings = 4"),
+  EXPECT_NE(r.err.find("prompt (4 tokens) + -n 2 runs positions up to 4, past "
+                       "max_position_embeddings = 4"),
             std::string::npos) << r.err;
   ASSERT_EQ(fits.exit_code, 0) << fits.err;
   EXPECT_EQ(fits.err.find("max_position_embeddings"), std::string::npos) << fits.err;
@@ -183,6 +185,16 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     EXPECT_EQ(bad.err.find("loading"), std::string::npos) << args << ": refused after the load";
     EXPECT_EQ(bad.out, "") << args;
   }
+  // A run that fails after the checks (here: a budget below the minimum) leaves an earlier
+  // report as it was.
+  const fs::path old_report = dir_.string() + "-old-report.json";
+  std::ofstream(old_report) << "{\"old\": true}\n";
+  const auto refused = run_process(ktier() + " run" + model() + " --ids 1 -n 1 --ram 1K --report-json " +
+                                   old_report.string());
+  EXPECT_EQ(refused.exit_code, 4) << refused.err;
+  std::ifstream old_in(old_report);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(old_in), {}), "{\"old\": true}\n");
+  fs::remove(old_report);
   // Options of the memory dial on a mapped checkpoint do nothing: said, not silently dropped.
   const auto mapped = run_process(ktier() + " run" + model() + " --ids 1 -n 1 --policy lru --io pread");
   EXPECT_EQ(mapped.exit_code, 0) << mapped.err;

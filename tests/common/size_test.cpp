@@ -32,6 +32,8 @@ TEST(ParseSize, RefusesJunkNamingIt) {
     EXPECT_NE(r.status().message().find(std::string("'") + bad + "'"), std::string::npos)
         << r.status().message();
   }
+  EXPECT_EQ(parse_size("8Q", "--vram").status().message().rfind("--vram: '8Q' has an unknown unit", 0),
+            0u) << "the flag named first";
 }
 
 }  // namespace
