@@ -69,10 +69,11 @@ run() {  # run NAME DEVICE [flags...]: greedy decode of 32 tokens with a JSON re
 }
 run resident $DEVICE $([ "$DEVICE" = emulated ] && echo --vram 4G)
 run cpu-reference cpu
-# Budgets holding a share of the experts: the resident run's trunk bytes, plus that share of
-# every expert's slot, plus the bypass slots (slots - policy_slots).
+# Budgets holding a share of the experts: the resident run's trunk bytes and working set (the
+# same prompt and -n), plus that share of every expert's slot, plus the bypass slots (slots -
+# policy_slots).
 for share in 50 25 10; do
-  vram=$(python3 -c "import json; j=json.load(open('$OUTDIR/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes'] + (d['expert_keys']*$share//100 + v['slots'] - v['policy_slots']) * v['slot_bytes']))" 2>/dev/null)
+  vram=$(python3 -c "import json; j=json.load(open('$OUTDIR/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes'] + d['working_set_bytes'] + (d['expert_keys']*$share//100 + v['slots'] - v['policy_slots']) * v['slot_bytes']))" 2>/dev/null)
   [ -n "$vram" ] && run "experts$share" $DEVICE --vram "$vram"
 done
 step "table"
@@ -98,7 +99,7 @@ def ids(n):  # the generated ids a run printed (its last line of ids), or None
     return lines[-1] if lines else None
 ref = ids("cpu-reference")
 print(f"{'run':14} {'tok/s':>7} {'vram hit':>9} {'ram hit':>8} {'RAM->VRAM MB/tok':>17} {'layers':>7}"
-      f"  ids = cpu")
+      f" {'peak/vram':>9}  ids = cpu")
 for n in ["resident", "experts50", "experts25", "experts10", "cpu-reference"]:
     j = load(f"run-{n}.json")
     if not j: print(f"{n:14} (no report)"); continue
@@ -106,5 +107,5 @@ for n in ["resident", "experts50", "experts25", "experts10", "cpu-reference"]:
     print(f"{n:14} {j['decode_tok_per_s']:7.2f} {100*j['tiers']['vram']['hit_rate_bytes']:8.1f}% "
           f"{100*j['tiers']['ram']['hit_rate_bytes']:7.1f}% "
           f"{j['links']['ram_to_vram_bytes_per_token']/1e6:17.1f} {j['device']['trunk_layers_resident']:7}"
-          f"  {same}")
+          f" {j['device']['memory_peak_bytes']/max(j['device']['vram_budget_bytes'],1):9.3f}  {same}")
 PY

@@ -54,6 +54,13 @@ class Backend {
   virtual Result<uint64_t> free_memory() {
     return Status::usage(name() + " has no device memory figure");
   }
+  // Bytes handed out by allocate() and not yet released: now, and the most at once so far
+  // (as asked, before any rounding). Zero where nothing is counted (the CPU backend). For
+  // reports, and for the tests that hold GPU mode to its --vram budget.
+  struct MemoryUse {
+    uint64_t live = 0, peak = 0;
+  };
+  virtual MemoryUse memory_use() const { return {}; }
   // Copies ahead of need, on a second (copy) stream, so they overlap the ops:
   //  * copy_async: host -> backend memory, in issue order with the other copy_async calls; the
   //    host bytes must stay unchanged until sync_copies() returns, and the destination must not
@@ -128,8 +135,11 @@ inline uint64_t device_aligned(uint64_t n) { return (n + kDeviceAlign - 1) / kDe
 std::unique_ptr<Backend> make_cpu_backend(const cpu::Exec& ex);
 // The CPU backend behind a memory wall (backend/emulated_device.cpp): every op aborts on a
 // pointer outside this backend's allocations, as a GPU would fault on host memory. Runs the GPU
-// mode's placement code without a GPU, with the CPU's bytes (tests, --device emulated).
-std::unique_ptr<Backend> make_emulated_device_backend(const cpu::Exec& ex);
+// mode's placement code without a GPU, with the CPU's bytes (tests, --device emulated). Holding
+// more than `capacity_bytes` at once fails like a GPU out of memory (Status::runtime), and
+// free_memory() is what is left of it.
+std::unique_ptr<Backend> make_emulated_device_backend(const cpu::Exec& ex,
+                                                      uint64_t capacity_bytes = UINT64_MAX);
 
 // Owns `bytes` of backend memory; released on destruction. Move-only.
 class BackendBuffer {
@@ -165,6 +175,9 @@ class BackendArray {
   // n zero-filled floats.
   static Result<BackendArray> zeros(Backend& backend, int64_t n);
   Status resize(Backend& backend, int64_t n);
+  // Capacity for at least n floats (contents kept), so that growing up to n allocates nothing:
+  // a cache sized once for a whole run, not doubled into twice its need.
+  Status reserve(Backend& backend, int64_t n);
   float* data() const { return buf_.as<float>(); }
   int64_t size() const { return n_; }
   int64_t capacity() const { return static_cast<int64_t>(buf_.size() / sizeof(float)); }

@@ -186,17 +186,18 @@ Result<BackendArray> BackendArray::zeros(Backend& backend, int64_t n) {
 }
 
 Status BackendArray::resize(Backend& backend, int64_t n) {
-  if (n <= capacity()) {
-    n_ = n;
-    return Status::ok();
-  }
-  const int64_t cap = std::max<int64_t>(n, 2 * capacity());
+  if (n > capacity()) KTIER_RETURN_IF_ERROR(reserve(backend, std::max<int64_t>(n, 2 * capacity())));
+  n_ = n;
+  return Status::ok();
+}
+
+Status BackendArray::reserve(Backend& backend, int64_t n) {
+  if (n <= capacity()) return Status::ok();
   KTIER_ASSIGN_OR_RETURN(BackendBuffer grown,
-                         BackendBuffer::allocate(backend, static_cast<size_t>(cap) * sizeof(float)));
+                         BackendBuffer::allocate(backend, static_cast<size_t>(n) * sizeof(float)));
   if (n_ > 0)
     KTIER_RETURN_IF_ERROR(backend.copy(grown.get(), buf_.get(), static_cast<size_t>(n_) * sizeof(float)));
   buf_ = std::move(grown);
-  n_ = n;
   return Status::ok();
 }
 

@@ -2,6 +2,7 @@
 // copy_async to a second one (copies ahead of need), ordered by two events.
 #include "backend/cuda_backend.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <unordered_map>
 #include <vector>
@@ -58,7 +59,7 @@ class CudaBackend final : public Backend {
     if (auto it = pool_.find(bytes); it != pool_.end() && !it->second.empty()) {
       void* p = it->second.back();
       it->second.pop_back();
-      live_[p] = bytes;
+      hand_out(p, bytes);
       return p;
     }
     void* p = nullptr;
@@ -72,7 +73,7 @@ class CudaBackend final : public Backend {
       KTIER_RETURN_IF_ERROR(check(ops_->malloc_device(&p, bytes),
                                   "allocating " + std::to_string(bytes) + " bytes of VRAM"));
     }
-    live_[p] = bytes;
+    hand_out(p, bytes);
     return p;
   }
   void release(void* ptr) override {
@@ -80,8 +81,10 @@ class CudaBackend final : public Backend {
     auto it = live_.find(ptr);
     if (it == live_.end()) return;  // not ours (a bug; never free foreign memory)
     pool_[it->second].push_back(ptr);
+    use_.live -= it->second;
     live_.erase(it);
   }
+  MemoryUse memory_use() const override { return use_; }
   Status upload(void* dst, const void* src, size_t bytes) override {
     KTIER_RETURN_IF_ERROR(check(ops_->memcpy_async(dst, src, bytes, stream_), "upload"));
     // The host source may be reused as soon as upload returns.
@@ -208,6 +211,11 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  void hand_out(void* p, size_t bytes) {
+    live_[p] = bytes;
+    use_.live += bytes;
+    use_.peak = std::max(use_.peak, use_.live);
+  }
   Status check(int rc, const std::string& what) const {
     if (rc == 0) return Status::ok();
     return Status::runtime(name_ + ": " + what + " failed: " + ops_->last_error());
@@ -222,6 +230,7 @@ class CudaBackend final : public Backend {
   KtierCudaEvent ops_done_ = nullptr, copies_done_ = nullptr;
   void* argmax_out_ = nullptr;  // device int64, from allocate()
   std::unordered_map<void*, size_t> live_;                 // handed out: pointer -> bytes
+  MemoryUse use_;                                          // of live_
   std::unordered_map<size_t, std::vector<void*>> pool_;    // released, by size
 };
 

@@ -21,21 +21,36 @@ namespace {
 
 class EmulatedDevice final : public Backend {
  public:
-  explicit EmulatedDevice(const cpu::Exec& ex) : cpu_(make_cpu_backend(ex)) {}
+  EmulatedDevice(const cpu::Exec& ex, uint64_t capacity)
+      : cpu_(make_cpu_backend(ex)), capacity_(capacity) {}
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::string name() const override { return "emulated device over " + cpu_->name(); }
 
   Result<void*> allocate(size_t bytes) override {
+    if (bytes > capacity_ - use_.live)
+      return Status::runtime(name() + ": out of memory: " + std::to_string(bytes) +
+                             " bytes asked, " + std::to_string(use_.live) + " of " +
+                             std::to_string(capacity_) + " in use");
     KTIER_ASSIGN_OR_RETURN(void* p, cpu_->allocate(bytes));
     blocks_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    use_.live += bytes;
+    use_.peak = std::max(use_.peak, use_.live);
     return p;
   }
   void release(void* ptr) override {
     if (!ptr) return;
-    KTIER_CHECK_MSG(blocks_.erase(reinterpret_cast<uintptr_t>(ptr)) == 1, "release of a foreign pointer");
+    auto it = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+    KTIER_CHECK_MSG(it != blocks_.end(), "release of a foreign pointer");
+    use_.live -= it->second;
+    blocks_.erase(it);
     cpu_->release(ptr);
   }
+  Result<uint64_t> free_memory() override {
+    if (capacity_ == UINT64_MAX) return Backend::free_memory();
+    return capacity_ - use_.live;
+  }
+  MemoryUse memory_use() const override { return use_; }
   Status upload(void* dst, const void* src, size_t bytes) override {
     mine(dst, bytes, "upload destination");
     return cpu_->upload(dst, src, bytes);
@@ -207,14 +222,17 @@ class EmulatedDevice final : public Backend {
     size_t bytes;
   };
   std::unique_ptr<Backend> cpu_;
+  const uint64_t capacity_;             // bytes that may be held at once
+  MemoryUse use_;
   std::map<uintptr_t, size_t> blocks_;  // allocation start -> bytes
   std::vector<PendingCopy> pending_;    // copy_async calls not applied yet
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_emulated_device_backend(const cpu::Exec& ex) {
-  return std::make_unique<EmulatedDevice>(ex);
+std::unique_ptr<Backend> make_emulated_device_backend(const cpu::Exec& ex,
+                                                      uint64_t capacity_bytes) {
+  return std::make_unique<EmulatedDevice>(ex, capacity_bytes);
 }
 
 }  // namespace ktier::backend

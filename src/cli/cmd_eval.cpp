@@ -52,6 +52,9 @@ Status eval(const EvalArgs& a) {
   eo.isa = isa;
   KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
   KTIER_RETURN_IF_ERROR(apply_strata_options(a.strata, eo));
+  eo.workload.positions = static_cast<int64_t>(raw.size());
+  eo.workload.chunk = a.chunk > 0 ? a.chunk : eo.workload.positions;
+  eo.workload.rows = model::LogitRows::kAll;
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const int64_t V = engine->checkpoint().config().vocab_size;
   KTIER_ASSIGN_OR_RETURN(const std::vector<int32_t> ids, ids_in_vocab(raw, V));

@@ -93,12 +93,23 @@ Status run(const RunArgs& a) {
     KTIER_ASSIGN_OR_RETURN(text, read_input(a.file));
   }
 
+  // The prompt before the load too: GPU mode sets its working set aside for exactly this run.
+  std::vector<uint32_t> raw;
+  if (!a.ids.empty()) {
+    KTIER_ASSIGN_OR_RETURN(raw, parse_ids(a.ids));
+  } else {
+    raw = tokenizer->encode(text, a.special);
+  }
+
   runtime::EngineOptions eo;
   eo.model_dir = a.model;
   eo.threads = a.threads;
   eo.isa = isa;
   KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
   KTIER_RETURN_IF_ERROR(apply_strata_options(a.strata, eo));
+  eo.workload.positions =
+      std::max<int64_t>(1, static_cast<int64_t>(raw.size()) + std::max<int64_t>(a.max_new_tokens - 1, 0));
+  eo.workload.chunk = a.chunk;
   spdlog::info("loading {}", a.model);
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const format::ModelConfig& cfg = engine->checkpoint().config();
@@ -106,10 +117,9 @@ Status run(const RunArgs& a) {
 
   std::vector<int32_t> prompt;
   if (!a.ids.empty()) {
-    KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> raw, parse_ids(a.ids));
     KTIER_ASSIGN_OR_RETURN(prompt, ids_in_vocab(raw, cfg.vocab_size));
   } else {
-    for (uint32_t id : tokenizer->encode(text, a.special)) {
+    for (uint32_t id : raw) {
       if (id >= cfg.vocab_size)
         return Status::usage("the tokenizer's id " + std::to_string(id) +
                              " is outside the model's vocabulary of " +

@@ -23,13 +23,69 @@ Model::Model(TrunkSource& trunk, ExpertSource* experts, backend::Backend& backen
   KTIER_CHECK(experts_ != nullptr || config().num_moe_layers() == 0);
 }
 
-Result<SequenceState> Model::new_sequence() const {
+WorkingSet working_set(const format::ModelConfig& c, int64_t chunk, int64_t positions,
+                       LogitRows rows, bool lookahead) {
+  KTIER_CHECK(chunk >= 1 && positions >= 0);
+  // Bytes of one allocation of n floats, as Scratch and BackendBuffer ask (at least one float).
+  auto buf = [](int64_t n) {
+    return backend::device_aligned(static_cast<uint64_t>(std::max<int64_t>(n, 1)) * sizeof(float));
+  };
+  WorkingSet w;
+  const int64_t C = c.kda_width(), hist = (c.short_conv_kernel_size - 1) * C;
+  w.state_bytes =
+      static_cast<uint64_t>(c.num_kda_layers()) *
+          (buf(c.kda_num_heads * c.kda_head_dim * c.kda_head_dim) + 3 * buf(hist)) +
+      (positions > 0 ? static_cast<uint64_t>(c.num_mla_layers()) *
+                           (buf(positions * c.kv_lora_rank) + buf(positions * c.qk_rope_head_dim))
+                     : 0);
+
+  const int64_t T = std::min(chunk, std::max<int64_t>(positions, 1));
+  const int64_t E = c.hidden_size, V = c.vocab_size;
+  int64_t boundaries = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) boundaries += c.is_boundary(l) ? 1 : 0;
+  // forward(): P, mixed, x, y, shared (+ the lookahead copy), and the bank of finished blocks;
+  // all live through every layer.
+  const uint64_t stream = static_cast<uint64_t>(5 + (lookahead ? 1 : 0) + boundaries) * buf(T * E);
+  // Beside them, one at a time: a block's scratch, a prediction's, or the logits at the end.
+  uint64_t largest = 0;
+  auto take = [&](uint64_t b) { largest = std::max(largest, b); };
+  if (c.num_kda_layers() > 0) {  // kda_block
+    const int64_t H = c.kda_num_heads, D = c.kda_head_dim;
+    take(10 * buf(T * C) + 2 * buf(T * H) + buf(T * D));
+  }
+  if (c.num_mla_layers() > 0) {  // mla_block (the cache is reserved: no growth inside)
+    const int64_t H = c.num_attention_heads, vh = c.v_head_dim;
+    take(buf(T * c.q_lora_rank) + buf(T * (c.kv_lora_rank + c.qk_rope_head_dim)) +
+         (c.mla_use_output_gate ? buf(T * H * vh) : 0) + buf(T * H * c.mla_qk_head_dim()) +
+         buf(T * H * vh));
+  }
+  if (c.num_dense_layers() > 0) take(2 * buf(T * c.intermediate_size));        // glu_mlp
+  if (c.num_shared_experts > 0) take(2 * buf(T * c.shared_expert_width()));    // shared experts
+  if (c.num_moe_layers() > 0) {                                                 // moe_block
+    const int64_t k = c.num_experts_per_token, lat = c.routed_expert_hidden_size;
+    const int64_t I = c.moe_intermediate_size;
+    take(buf(T * c.num_experts) + 2 * buf(T * lat) + 2 * buf(T * k) + 2 * buf(T * k * lat) +
+         2 * buf(T * k * I));
+    if (lookahead)  // Model::predict
+      take(2 * buf(T * E) + buf(T * c.num_experts) + 2 * buf(T * k));
+  }
+  if (rows != LogitRows::kNone) take(buf((rows == LogitRows::kAll ? T : 1) * V));
+  w.activation_bytes = stream + largest;
+  return w;
+}
+
+Result<SequenceState> Model::new_sequence(int64_t positions) const {
   const format::ModelConfig& c = config();
   SequenceState s;
   s.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   const int64_t C = c.kda_width(), hist = (c.short_conv_kernel_size - 1) * C;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.is_mla(l)) continue;  // the MLA cache starts empty
+    if (c.is_mla(l)) {  // the MLA cache starts empty
+      MlaCache& m = s.layers[static_cast<size_t>(l)].mla;
+      KTIER_RETURN_IF_ERROR(m.c.reserve(be_, positions * c.kv_lora_rank));
+      KTIER_RETURN_IF_ERROR(m.r.reserve(be_, positions * c.qk_rope_head_dim));
+      continue;
+    }
     KdaState& k = s.layers[static_cast<size_t>(l)].kda;
     KTIER_ASSIGN_OR_RETURN(k.S,
                            backend::BackendArray::zeros(

@@ -39,6 +39,19 @@ class LayerObserver {
   virtual void after_layer(int64_t layer, const float* P, int64_t T, int64_t E) = 0;
 };
 
+// Backend memory one sequence needs besides the weights: upper bounds, each allocation rounded
+// up to backend::kDeviceAlign, for forward() calls of at most `chunk` tokens over a sequence
+// from new_sequence(positions) that runs at most `positions` tokens, with logits as `rows` says
+// and with or without router lookahead. GPU mode sets this much of --vram aside before placing
+// the trunk and the experts; the emulated device's tests hold the whole run to --vram.
+struct WorkingSet {
+  uint64_t state_bytes = 0;       // KDA states, conv histories, MLA caches for `positions`
+  uint64_t activation_bytes = 0;  // forward()'s buffers, the largest block's scratch, logits
+  uint64_t total() const { return state_bytes + activation_bytes; }
+};
+WorkingSet working_set(const format::ModelConfig& c, int64_t chunk, int64_t positions,
+                       LogitRows rows, bool lookahead);
+
 class Model {
  public:
   // `trunk`, `experts` and `backend` must outlive the Model; `experts` may be null only when no
@@ -47,9 +60,10 @@ class Model {
 
   const format::ModelConfig& config() const { return trunk_.config(); }
   backend::Backend& backend() const { return be_; }
-  // A fresh sequence (zero KDA state, empty MLA caches) in the backend's memory. Errors: the
-  // backend's (out of device memory).
-  Result<SequenceState> new_sequence() const;
+  // A fresh sequence (zero KDA state, empty MLA caches) in the backend's memory, its MLA caches
+  // reserved for `positions` tokens (they grow past that, by doubling). Errors: the backend's
+  // (out of device memory).
+  Result<SequenceState> new_sequence(int64_t positions = 0) const;
 
   // Runs ids (each in [0, V): Status::usage naming the id otherwise) and writes logits (host
   // memory) as `rows` says (null allowed for kNone). Errors: the TrunkSource's, the

@@ -72,8 +72,9 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
     const uint64_t minimum = head + 2 * largest + all_routing;
     if (budget_bytes < minimum)
       return Status::budget("--vram " + std::to_string(vram_bytes) + " bytes cannot hold the " +
-                            "trunk's head, two streaming layer slots, the routers and the VRAM " +
-                            "expert tier's minimum; the minimum is " +
+                            "trunk's head, two streaming layer slots and the routers beside the " +
+                            std::to_string(reserved_bytes) + " bytes set aside (the VRAM expert " +
+                            "tier's minimum and the sequence's working set); the minimum is " +
                             std::to_string(minimum + reserved_bytes) + " bytes");
     uint64_t used = minimum;
     while (t->resident_ < L) {

@@ -26,7 +26,7 @@ class DeviceTrunk final : public model::TrunkSource {
   static uint64_t head_bytes(model::HeadWeights w);
 
   // Mirrors `host` (which must outlive this) into `be`'s memory within `vram_bytes` less
-  // `reserved_bytes` (the VRAM tier's minimum, kept for it): the head, then as many layers as
+  // `reserved_bytes` (kept for others: the VRAM tier's minimum, the working set): the head, then as many layers as
   // fit while leaving room for two streaming slots of the largest layer and the routing weights
   // of the layers that stream (none needed when all fit). Errors: the host's (reading layers),
   // the backend's, and Status::budget (exit 4) naming --vram and its minimum (head, two slots,

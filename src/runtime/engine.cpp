@@ -78,6 +78,25 @@ uint64_t min_expert_slots(const format::ModelConfig& c, int lookahead) {
 bool device_mode(const EngineOptions& opts) {
   return opts.device == backend::DeviceKind::kCuda || opts.emulate_device;
 }
+
+// Device memory cuBLAS takes beside the Backend's allocations, for forward() chunks of up to T
+// tokens: its workspace (32 MiB, NVIDIA's recommendation for Hopper; 4 MiB before) and the
+// module's 16-bit copies of x, one per distinct x of a linear call, kept grown to 1.25x the
+// largest call (cuda/cublas_gemm.cu). The widest such call reads T rows of the widest input —
+// T * top_k rows of an expert's input with float experts (their jobs of one call differ in x).
+uint64_t blas_bytes(const format::Checkpoint& ckpt, int64_t T) {
+  const format::ModelConfig& c = ckpt.config();
+  const int64_t cols = std::max({c.hidden_size, c.kda_width(), c.q_lora_rank,
+                                 c.num_attention_heads * c.v_head_dim, c.intermediate_size,
+                                 c.shared_expert_width(), c.routed_expert_hidden_size});
+  int64_t elements = T * cols;
+  if (ckpt.expert_storage() == format::ExpertStorage::kPlainFloat)
+    elements = std::max(elements, T * c.num_experts_per_token *
+                                      std::max(c.moe_intermediate_size, c.routed_expert_hidden_size));
+  constexpr uint64_t kWorkspace = 32ull << 20;
+  return kWorkspace + backend::device_aligned(static_cast<uint64_t>(elements) * 2) / 4 * 5 +
+         (1ull << 20);  // + the copies' 256-byte padding, many calls' worth
+}
 }  // namespace
 
 DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
@@ -207,8 +226,8 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
   if (opts.emulate_device) {
     if (!opts.vram_budget)
       return Status::usage("--device emulated needs --vram SIZE (there is no GPU to ask)");
-    backend_ = backend::make_emulated_device_backend(exec_);
     vram = *opts.vram_budget;
+    backend_ = backend::make_emulated_device_backend(exec_, vram);
   } else {
     KTIER_ASSIGN_OR_RETURN(backend_, backend::make_cuda_backend(backend::probe_cuda_module()));
     KTIER_ASSIGN_OR_RETURN(const uint64_t free_bytes, backend_->free_memory());
@@ -221,12 +240,26 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
   const bool moe = experts != nullptr && c.num_moe_layers() > 0;
   const uint64_t slot = moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0;
   const uint64_t min_tier = moe ? VramExpertTier::minimum_slots(c) * slot : 0;
-  KTIER_ASSIGN_OR_RETURN(device_trunk_, DeviceTrunk::open(trunk, *backend_, vram, min_tier));
+  vram_bytes_ = vram;
+  // The sequence's working set first: what every token needs, whatever the placement.
+  const EngineOptions::Workload& wl = opts.workload;
+  if (wl.positions < 1 || wl.chunk < 1)
+    return Status::usage("the planned sequence needs at least one position and one token a chunk");
+  const model::WorkingSet ws = model::working_set(c, wl.chunk, wl.positions, wl.rows,
+                                                  moe && lookahead_depth(opts) > 0);
+  const uint64_t blas = backend_->uses_blas() ? blas_bytes(ckpt_, std::min(wl.chunk, wl.positions)) : 0;
+  working_bytes_ = ws.total() + blas;
+  spdlog::info("device working set {} for {} positions in chunks of {}: state {}, activations {}{}",
+               gib(working_bytes_), wl.positions, wl.chunk, gib(ws.state_bytes),
+               gib(ws.activation_bytes), blas ? ", cuBLAS " + gib(blas) : std::string());
+  KTIER_ASSIGN_OR_RETURN(device_trunk_, DeviceTrunk::open(trunk, *backend_, vram,
+                                                          min_tier + working_bytes_));
   if (moe) {
     // Never more slots than every expert plus one fetch's bypass.
     const int64_t keys = c.num_moe_layers() * c.num_experts;
     const int64_t slots = std::min<int64_t>(
-        static_cast<int64_t>((vram - device_trunk_->bytes()) / slot), keys + c.num_experts_per_token);
+        static_cast<int64_t>((vram - working_bytes_ - device_trunk_->bytes()) / slot),
+        keys + c.num_experts_per_token);
     strata::PolicyInputs in;
     in.temperature_seed = opts.temperature_seed.empty() ? nullptr : &opts.temperature_seed;
     in.static_ranking = &opts.static_ranking;

@@ -57,6 +57,16 @@ struct EngineOptions {
   backend::DeviceKind device = backend::DeviceKind::kCpu;
   bool emulate_device = false;
   std::optional<uint64_t> vram_budget;
+  // What one sequence will run, in GPU mode: its working set (model::working_set, plus cuBLAS's
+  // workspace and copies) is set aside from vram_budget before the trunk and the experts are
+  // placed, so that the whole run fits in it. A sequence past it still runs, but allocates
+  // outside the budget. `run` gives prompt + -n, `eval` its tokens.
+  struct Workload {
+    int64_t positions = 4096;  // tokens the sequence holds at most
+    int64_t chunk = 256;       // tokens per forward() at most
+    model::LogitRows rows = model::LogitRows::kLast;
+  };
+  Workload workload;
 };
 
 class Engine {
@@ -80,6 +90,10 @@ class Engine {
   // GPU mode only (null otherwise): the trunk mirror and the VRAM expert tier.
   const DeviceTrunk* device_trunk() const { return device_trunk_.get(); }
   const VramExpertTier* vram_tier() const { return vram_tier_.get(); }
+  // GPU mode (0 otherwise): --vram as applied, and the part of it set aside for the sequence's
+  // working set.
+  uint64_t device_vram_bytes() const { return vram_bytes_; }
+  uint64_t device_working_bytes() const { return working_bytes_; }
   const backend::Backend& backend() const { return *backend_; }
   const io::IoEngine* io_engine() const { return io_.get(); }
   uint64_t budget_bytes() const { return budget_; }  // 0 without the dial
@@ -113,6 +127,8 @@ class Engine {
   std::unique_ptr<backend::Backend> backend_;  // what the Model runs on
   std::unique_ptr<DeviceTrunk> device_trunk_;
   std::unique_ptr<VramExpertTier> vram_tier_;
+  uint64_t vram_bytes_ = 0;     // GPU mode: the budget applied
+  uint64_t working_bytes_ = 0;  // GPU mode: set aside for the sequence (EngineOptions::Workload)
   void* pinned_arena_ = nullptr;  // the RAM tier's arena, page-locked by backend_ in GPU mode
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;

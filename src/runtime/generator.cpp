@@ -25,7 +25,10 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
 
   GenerationStats st;
   st.prompt_tokens = static_cast<int64_t>(prompt.size());
-  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq, model.new_sequence());
+  // Positions run: the prompt, then every generated token but the last.
+  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq,
+                         model.new_sequence(st.prompt_tokens +
+                                            std::max<int64_t>(opts.max_new_tokens - 1, 0)));
   std::vector<float> logits(static_cast<size_t>(V));
   const uint64_t bytes0 = expert_bytes();
   auto t0 = std::chrono::steady_clock::now();
@@ -65,7 +68,8 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
 Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits) {
   if (chunk < 1) return Status::usage("--chunk must be >= 1");
   const int64_t V = model.config().vocab_size;
-  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq, model.new_sequence());
+  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq,
+                         model.new_sequence(static_cast<int64_t>(ids.size())));
   for (size_t pos = 0; pos < ids.size();) {
     const size_t n = std::min(ids.size() - pos, static_cast<size_t>(chunk));
     KTIER_RETURN_IF_ERROR(model.forward(ids.subspan(pos, n), seq, model::LogitRows::kAll,

@@ -97,6 +97,9 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
         {"gpu_mode", dt != nullptr},
         {"trunk_layers_resident", dt ? dt->resident_layers() : 0},
         {"trunk_bytes", dt ? dt->bytes() : 0},
+        {"vram_budget_bytes", e.device_vram_bytes()},
+        {"working_set_bytes", e.device_working_bytes()},
+        {"memory_peak_bytes", e.backend().memory_use().peak},
         {"expert_keys", e.checkpoint().config().num_moe_layers() * e.checkpoint().config().num_experts}}},
       {"prefetch",
        {{"issued", issued},
@@ -165,6 +168,14 @@ std::string RunReport::to_table(const Engine& e) const {
                   static_cast<unsigned long long>(vr["prefetch_issued"].get<uint64_t>()),
                   static_cast<unsigned long long>(vr["prefetch_useful"].get<uint64_t>()),
                   j["links"]["ram_to_vram_bytes_per_token"].get<double>() / mb);
+    out += buf;
+    std::snprintf(buf, sizeof buf,
+                  "ktier: device memory: peak %.1f MB of --vram %.1f MB (trunk %.1f MB, working "
+                  "set %.1f MB, expert slots the rest)\n",
+                  j["device"]["memory_peak_bytes"].get<double>() / mb,
+                  j["device"]["vram_budget_bytes"].get<double>() / mb,
+                  j["device"]["trunk_bytes"].get<double>() / mb,
+                  j["device"]["working_set_bytes"].get<double>() / mb);
     out += buf;
   }
   if (e.expert_cache()) {

@@ -30,6 +30,7 @@ class DeviceModeTest : public ::testing::Test {
     auto e = Engine::open(eo);
     ASSERT_TRUE(e.is_ok()) << e.status().message();
     trunk_all_ = (*e)->device_trunk()->bytes();
+    working_ = (*e)->device_working_bytes();
     slot_ = (*e)->vram_tier()->stats().slot_bytes;
     top_k_ = (*e)->checkpoint().config().num_experts_per_token;
     layers_ = (*e)->checkpoint().config().num_hidden_layers;
@@ -45,21 +46,28 @@ class DeviceModeTest : public ::testing::Test {
     eo.threads = 2;
     return eo;
   }
+  // The emulated device holds no more than `vram` at once (an allocation past it fails the run
+  // as a GPU's would), so every run below also checks that the working set set aside covers
+  // what the sequence allocates: the prompt in chunks of 5 with every row's logits, then up to
+  // 8 generated tokens.
   static EngineOptions emulated(uint64_t vram) {
     EngineOptions eo = cpu();
     eo.emulate_device = true;
     eo.vram_budget = vram;
+    eo.workload = {static_cast<int64_t>(kDialTestPrompt.size()) + 8,
+                   static_cast<int64_t>(kDialTestPrompt.size()), model::LogitRows::kAll};
     return eo;
   }
   // Everything resident, every expert too; about half the trunk; the smallest budget that
   // opens (no layer resident, the VRAM tier at its minimum of 2 * top_k slots).
   static std::vector<uint64_t> budgets() {
     const uint64_t tier_min = 2 * top_k_ * slot_;
-    return {trunk_all_ + (experts_ + top_k_) * slot_, trunk_all_ / 2 + tier_min, minimum()};
+    return {working_ + trunk_all_ + (experts_ + top_k_) * slot_,
+            working_ + trunk_all_ / 2 + tier_min, minimum()};
   }
   static uint64_t minimum() {
     EngineOptions eo = emulated(0);  // the refusal states the minimum; found by bisection
-    uint64_t lo = 0, hi = trunk_all_ + 4 * top_k_ * slot_;
+    uint64_t lo = 0, hi = working_ + trunk_all_ + 4 * top_k_ * slot_;
     while (hi - lo > 4096) {
       const uint64_t mid = (lo + hi) / 2;
       eo.vram_budget = mid;
@@ -70,7 +78,7 @@ class DeviceModeTest : public ::testing::Test {
 
   static inline std::filesystem::path dir_;
   static inline std::vector<float> reference_;
-  static inline uint64_t trunk_all_ = 0, slot_ = 0, top_k_ = 0, experts_ = 0;
+  static inline uint64_t trunk_all_ = 0, working_ = 0, slot_ = 0, top_k_ = 0, experts_ = 0;
   static inline int64_t layers_ = 0, vocab_ = 0;
 };
 
@@ -158,6 +166,44 @@ TEST_F(DeviceModeTest, BudgetsTheDeviceCannotMeetAreRefused) {
   auto e = Engine::open(no_vram);
   ASSERT_FALSE(e.is_ok());
   EXPECT_EQ(e.status().exit_code(), 2) << e.status().message();
+}
+
+// model::working_set against what the sequence really allocates on the device (the emulated
+// device counts its allocations as asked; the bound rounds each up to 256 bytes): never less,
+// and little more.
+TEST_F(DeviceModeTest, WorkingSetBoundsWhatASequenceAllocates) {
+  for (const int lookahead : {0, 1})
+    for (const int64_t T : {1, 5, 12})
+      for (const model::LogitRows rows :
+           {model::LogitRows::kNone, model::LogitRows::kLast, model::LogitRows::kAll}) {
+        SCOPED_TRACE("lookahead " + std::to_string(lookahead) + ", T " + std::to_string(T) +
+                     ", rows " + std::to_string(static_cast<int>(rows)));
+        EngineOptions eo = emulated(uint64_t{1} << 32);
+        eo.lookahead = lookahead;
+        auto e = Engine::open(eo);
+        ASSERT_TRUE(e.is_ok()) << e.status().message();
+        model::Model& m = (*e)->model();
+        const backend::Backend& be = (*e)->backend();
+        const int64_t positions = T + 3;
+        const model::WorkingSet ws = model::working_set(m.config(), T, positions, rows, lookahead > 0);
+        const uint64_t live0 = be.memory_use().live;
+        ASSERT_EQ(be.memory_use().peak, live0) << "opening only adds";
+        auto seq = m.new_sequence(positions);
+        ASSERT_TRUE(seq.is_ok());
+        const uint64_t state = be.memory_use().live - live0;
+        EXPECT_LE(state, ws.state_bytes);
+        EXPECT_GE(state + 4 * 256 * static_cast<uint64_t>(m.config().num_hidden_layers), ws.state_bytes);
+        std::vector<float> logits(static_cast<size_t>(T * vocab_));
+        const std::vector<int32_t> ids(kDialTestPrompt.begin(), kDialTestPrompt.begin() + T);
+        const uint64_t live1 = be.memory_use().live;
+        ASSERT_TRUE(m.forward(ids, *seq, rows, logits.data()).is_ok());
+        const int32_t next[1] = {3};  // a decode step after the chunk needs no more
+        ASSERT_TRUE(m.forward(next, *seq, rows, logits.data()).is_ok());
+        const uint64_t activations = be.memory_use().peak - live1;
+        EXPECT_LE(activations, ws.activation_bytes);
+        EXPECT_GE(activations, ws.activation_bytes / 10 * 9);
+        EXPECT_EQ(be.memory_use().live, live1) << "a forward pass keeps nothing";
+      }
 }
 
 // The real GPU: same model, same prompts. Skips (saying why) without one.
