@@ -76,6 +76,21 @@ class Backend {
   virtual Status copies_after_ops() { return Status::ok(); }
   virtual Status ops_after_copies() { return Status::ok(); }
   virtual Status sync_copies() { return Status::ok(); }
+  // Fences at chosen points of the two streams (CUDA events), for a caller that keeps several
+  // copies in flight and must wait for one, not all. A caller creates its fences once and
+  // records them again and again; a fence never recorded has passed.
+  //  * mark_ops(f): f = the ops issued so far; mark_copies(f): f = the copy_async calls so far.
+  //  * copies_wait(f): later copy_async calls wait for f; ops_wait(f): later ops wait for f;
+  //    host_wait(f): the host waits for f.
+  // The CPU backend runs everything at once: all are no-ops there.
+  using Fence = int;
+  virtual Result<Fence> create_fence() { return Fence{0}; }
+  virtual void destroy_fence(Fence f) {}
+  virtual Status mark_ops(Fence f) { return Status::ok(); }
+  virtual Status mark_copies(Fence f) { return Status::ok(); }
+  virtual Status copies_wait(Fence f) { return Status::ok(); }
+  virtual Status ops_wait(Fence f) { return Status::ok(); }
+  virtual Status host_wait(Fence f) { return Status::ok(); }
   // Page-locks host memory that uploads will read (a RAM tier's arena), so they run at full link
   // speed; unpin before the memory is freed. No-ops where host and backend memory are one.
   virtual Status pin_host(void* host, size_t bytes) { return Status::ok(); }

@@ -2,6 +2,8 @@
 // copy_async to a second one (copies ahead of need), ordered by two events.
 #include "backend/cuda_backend.h"
 
+#include "common/check.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <unordered_map>
@@ -30,6 +32,8 @@ class CudaBackend final : public Backend {
       for (void* p : list) ops_->free_device(p);
     for (auto& [p, bytes] : live_) ops_->free_device(p);
     for (KtierCudaEvent e : {ops_done_, copies_done_})
+      if (e) ops_->event_destroy(e);
+    for (KtierCudaEvent e : fences_)
       if (e) ops_->event_destroy(e);
     if (copy_stream_) ops_->stream_destroy(copy_stream_);
     if (stream_) ops_->stream_destroy(stream_);
@@ -110,6 +114,33 @@ class CudaBackend final : public Backend {
   Status ops_after_copies() override {
     KTIER_RETURN_IF_ERROR(check(ops_->event_record(copies_done_, copy_stream_), "event_record"));
     return check(ops_->stream_wait_event(stream_, copies_done_), "stream_wait_event");
+  }
+  Result<Fence> create_fence() override {
+    KtierCudaEvent e = nullptr;
+    KTIER_RETURN_IF_ERROR(check(ops_->event_create(&e), "event_create"));
+    fences_.push_back(e);
+    return static_cast<Fence>(fences_.size() - 1);
+  }
+  void destroy_fence(Fence f) override {
+    if (KtierCudaEvent& e = fence(f)) {
+      ops_->event_destroy(e);
+      e = nullptr;
+    }
+  }
+  Status mark_ops(Fence f) override {
+    return check(ops_->event_record(fence(f), stream_), "event_record (fence)");
+  }
+  Status mark_copies(Fence f) override {
+    return check(ops_->event_record(fence(f), copy_stream_), "event_record (fence)");
+  }
+  Status copies_wait(Fence f) override {
+    return check(ops_->stream_wait_event(copy_stream_, fence(f)), "stream_wait_event (fence)");
+  }
+  Status ops_wait(Fence f) override {
+    return check(ops_->stream_wait_event(stream_, fence(f)), "stream_wait_event (fence)");
+  }
+  Status host_wait(Fence f) override {
+    return check(ops_->event_synchronize(fence(f)), "event_synchronize (fence)");
   }
   Status sync_copies() override {
     return check(ops_->stream_synchronize(copy_stream_), "stream_synchronize (copies)");
@@ -211,6 +242,10 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  KtierCudaEvent& fence(Fence f) {
+    KTIER_CHECK_MSG(f >= 0 && static_cast<size_t>(f) < fences_.size() && fences_[f], "unknown fence");
+    return fences_[static_cast<size_t>(f)];
+  }
   void hand_out(void* p, size_t bytes) {
     live_[p] = bytes;
     use_.live += bytes;
@@ -228,6 +263,7 @@ class CudaBackend final : public Backend {
   KtierCudaStream stream_ = nullptr;       // the ops
   KtierCudaStream copy_stream_ = nullptr;  // copy_async
   KtierCudaEvent ops_done_ = nullptr, copies_done_ = nullptr;
+  std::vector<KtierCudaEvent> fences_;  // create_fence(); null once destroyed
   void* argmax_out_ = nullptr;  // device int64, from allocate()
   std::unordered_map<void*, size_t> live_;                 // handed out: pointer -> bytes
   MemoryUse use_;                                          // of live_

@@ -71,11 +71,31 @@ class EmulatedDevice final : public Backend {
   Status copy_async(void* dst, const void* src, size_t bytes) override {
     mine(dst, bytes, "copy_async destination");
     KTIER_RETURN_IF_ERROR(cpu_->fill(dst, 0xff, bytes));
-    pending_.push_back({dst, src, bytes});
+    pending_.push_back({dst, src, bytes, ++copies_issued_});
     return Status::ok();
   }
-  Status ops_after_copies() override { return apply_copies(); }
-  Status sync_copies() override { return apply_copies(); }
+  Status ops_after_copies() override { return apply_copies(copies_issued_); }
+  Status sync_copies() override { return apply_copies(copies_issued_); }
+  // A fence is the number of copies issued when it was marked: waiting for it applies those
+  // copies and no later one (marks of the ops stream are passed at once: ops run at call time).
+  Result<Fence> create_fence() override {
+    fences_.push_back(0);
+    return static_cast<Fence>(fences_.size() - 1);
+  }
+  Status mark_ops(Fence f) override {
+    (void)fence(f);
+    return Status::ok();
+  }
+  Status mark_copies(Fence f) override {
+    fence(f) = copies_issued_;
+    return Status::ok();
+  }
+  Status copies_wait(Fence f) override {
+    (void)fence(f);
+    return Status::ok();
+  }
+  Status ops_wait(Fence f) override { return apply_copies(fence(f)); }
+  Status host_wait(Fence f) override { return apply_copies(fence(f)); }
   Status synchronize() override { return Status::ok(); }
 
   Status linear(const cpu::LinearJob* jobs, int n_jobs) override {
@@ -210,22 +230,34 @@ class EmulatedDevice final : public Backend {
     if (w.type == cpu::WeightType::kMxfp4) mine(w.scales, weight_scale_bytes(w), what);
   }
 
-  Status apply_copies() {
-    for (const PendingCopy& c : pending_) KTIER_RETURN_IF_ERROR(cpu_->upload(c.dst, c.src, c.bytes));
-    pending_.clear();
+  // Applies the pending copies numbered up to `last`, in issue order.
+  Status apply_copies(uint64_t last) {
+    size_t n = 0;
+    while (n < pending_.size() && pending_[n].number <= last) {
+      const PendingCopy& c = pending_[n++];
+      KTIER_RETURN_IF_ERROR(cpu_->upload(c.dst, c.src, c.bytes));
+    }
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
     return Status::ok();
+  }
+  uint64_t& fence(Fence f) {
+    KTIER_CHECK_MSG(f >= 0 && static_cast<size_t>(f) < fences_.size(), "unknown fence");
+    return fences_[static_cast<size_t>(f)];
   }
 
   struct PendingCopy {
     void* dst;
     const void* src;
     size_t bytes;
+    uint64_t number;  // 1 = the first copy_async
   };
   std::unique_ptr<Backend> cpu_;
   const uint64_t capacity_;             // bytes that may be held at once
   MemoryUse use_;
   std::map<uintptr_t, size_t> blocks_;  // allocation start -> bytes
-  std::vector<PendingCopy> pending_;    // copy_async calls not applied yet
+  std::vector<PendingCopy> pending_;    // copy_async calls not applied yet, in issue order
+  uint64_t copies_issued_ = 0;
+  std::vector<uint64_t> fences_;        // per fence: copies issued when last marked
 };
 
 }  // namespace

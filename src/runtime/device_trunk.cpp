@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace ktier::runtime {
 namespace {
@@ -116,12 +117,23 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
     t->buffers_.push_back(std::move(*buf));
     t->routers_[static_cast<size_t>(l)] = std::move(r);
   }
-  for (auto& slot : t->slots_) {
+  for (StreamSlot& slot : t->slots_) {
     if (t->slot_bytes_ == 0) break;
-    KTIER_ASSIGN_OR_RETURN(slot, backend::BackendBuffer::allocate(be, t->slot_bytes_));
+    KTIER_ASSIGN_OR_RETURN(slot.buf, backend::BackendBuffer::allocate(be, t->slot_bytes_));
+    KTIER_ASSIGN_OR_RETURN(slot.read, be.create_fence());
+    KTIER_ASSIGN_OR_RETURN(slot.copied, be.create_fence());
     t->bytes_ += t->slot_bytes_;
   }
   return t;
+}
+
+DeviceTrunk::~DeviceTrunk() {
+  for (StreamSlot& s : slots_) {
+    (void)release_host(s);  // a copy ahead nobody acquired (the last token's)
+    if (!s.buf.get()) continue;
+    be_.destroy_fence(s.read);
+    be_.destroy_fence(s.copied);
+  }
 }
 
 const model::LayerWeights* DeviceTrunk::routing_layer(int64_t l) const {
@@ -130,20 +142,63 @@ const model::LayerWeights* DeviceTrunk::routing_layer(int64_t l) const {
   return &routers_[static_cast<size_t>(l)];
 }
 
+Status DeviceTrunk::load(int64_t l, StreamSlot& s) {
+  KTIER_RETURN_IF_ERROR(release_host(s));
+  s.layer = -1;
+  KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host_.acquire_layer(l));
+  s.weights = *w;
+  s.layer = l;
+  s.host_held = true;  // from here on the copy may read the host bytes
+  const uint64_t n = layer_bytes(s.weights);
+  DevicePlacer placer(be_, s.buf.as<uint8_t>(), slot_bytes_, /*async=*/true);
+  Status status = be_.copies_wait(s.read);
+  model::for_each_tensor(
+      s.weights, [&](cpu::WeightMatrix& m) { if (status.is_ok()) status = placer.place(m); },
+      [&](model::F32Vec& v) { if (status.is_ok()) status = placer.place(v); });
+  if (status.is_ok()) status = be_.mark_copies(s.copied);
+  if (!status.is_ok()) {
+    (void)be_.sync_copies();  // what was issued may still read the host layer
+    s.host_held = false;
+    s.layer = -1;
+    host_.release_layer(l);
+    return status;
+  }
+  streamed_bytes_ += n;
+  return Status::ok();
+}
+
+Status DeviceTrunk::release_host(StreamSlot& s) {
+  if (!s.host_held) return Status::ok();
+  const Status waited = be_.host_wait(s.copied);
+  if (!waited.is_ok()) (void)be_.sync_copies();  // the host bytes must not go while read
+  s.host_held = false;
+  host_.release_layer(s.layer);
+  return waited;
+}
+
 Result<const model::LayerWeights*> DeviceTrunk::acquire_layer(int64_t l) {
   if (l < resident_) return &layers_[static_cast<size_t>(l)];
-  // Streamed: into slot l % 2. The copy is ordered after every op already issued (the same
-  // stream), so the slot's previous layer (l - 2) is finished with before it is overwritten.
-  const size_t slot = static_cast<size_t>(l % 2);
-  KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host_.acquire_layer(l));
-  model::LayerWeights copy = *w;
-  const uint64_t n = layer_bytes(copy);
-  const Status s = mirror(copy, slots_[slot].as<uint8_t>());
-  host_.release_layer(l);
-  KTIER_RETURN_IF_ERROR(s);
-  streamed_bytes_ += n;
-  slot_layers_[slot] = std::move(copy);
-  return &slot_layers_[slot];
+  int s = slots_[0].layer == l ? 0 : slots_[1].layer == l ? 1 : -1;
+  if (s < 0) {  // not copied ahead (the first token, or after an error): now
+    if (!prefetch_status_.is_ok()) return std::exchange(prefetch_status_, Status::ok());
+    s = current_ < 0 ? 0 : 1 - current_;  // not the slot the layer before may still read
+    KTIER_RETURN_IF_ERROR(load(l, slots_[s]));
+  }
+  KTIER_RETURN_IF_ERROR(be_.ops_wait(slots_[s].copied));
+  current_ = s;
+  return &slots_[s].weights;
+}
+
+void DeviceTrunk::release_layer(int64_t l) {
+  if (l < resident_ || current_ < 0 || slots_[current_].layer != l) return;
+  StreamSlot& cur = slots_[current_];
+  StreamSlot& other = slots_[1 - current_];
+  // The next streamed layer in the forward pass's order: after the last, the next token's first.
+  const int64_t next = l + 1 < config().num_hidden_layers ? l + 1 : resident_;
+  Status s = be_.mark_ops(cur.read);
+  if (s.is_ok()) s = release_host(cur);
+  if (s.is_ok() && next != cur.layer && next != other.layer) s = load(next, other);
+  if (!s.is_ok() && prefetch_status_.is_ok()) prefetch_status_ = s;
 }
 
 }  // namespace ktier::runtime

@@ -2,8 +2,12 @@
 // The trunk in a device's memory (GPU mode, issue 6): a TrunkSource whose weights are the
 // backend's memory, mirrored from a host TrunkSource (resident weights or the memory dial's
 // TrunkStore). The head and a prefix of layers stay resident; when the budget cannot hold every
-// layer, the rest are copied into one of two device slots when acquired (streamed per layer
-// over the host-to-device link). The routing weights of every non-resident MoE layer (post-
+// layer, the rest stream per layer over the host-to-device link through two device slots,
+// double-buffered: when a streamed layer's ops have been issued (release_layer), the next
+// streamed layer in the forward pass's cyclic order is copied into the other slot on the copy
+// stream, after the ops that last read that slot and while this layer's ops run; its ops wait
+// for the copy (per-slot fences, Backend::mark_ops/mark_copies), and its host layer stays
+// acquired until the copy has landed. The routing weights of every non-resident MoE layer (post-
 // attention norm, f_mlp, router, router bias) stay resident too, so router lookahead can score
 // any layer (the device's RouterBank). The bytes are the host's bytes: nothing is converted.
 //
@@ -35,8 +39,11 @@ class DeviceTrunk final : public model::TrunkSource {
                                                    uint64_t vram_bytes, uint64_t reserved_bytes);
 
   const format::ModelConfig& config() const override { return host_.config(); }
+  ~DeviceTrunk() override;
+  // A streamed layer comes from its slot: copied ahead by the previous release_layer, else now.
+  // Errors: the host's and the backend's (a failed copy ahead is reported here, at its layer).
   Result<const model::LayerWeights*> acquire_layer(int64_t l) override;
-  void release_layer(int64_t l) override {}
+  void release_layer(int64_t l) override;
   const model::HeadWeights& head() const override { return head_; }
   Status embed(std::span<const int32_t> ids, float* out) override { return host_.embed(ids, out); }
 
@@ -60,8 +67,23 @@ class DeviceTrunk final : public model::TrunkSource {
   std::vector<model::LayerWeights> layers_;   // resident mirrors, [resident_]
   std::vector<model::LayerWeights> routers_;  // [L]: routing-only mirrors of streamed MoE layers
   std::vector<backend::BackendBuffer> buffers_;
-  backend::BackendBuffer slots_[2];
-  model::LayerWeights slot_layers_[2];
+  struct StreamSlot {
+    backend::BackendBuffer buf;
+    model::LayerWeights weights;  // views into buf
+    int64_t layer = -1;           // held or being copied in; -1: none
+    bool host_held = false;       // the host layer stays acquired until the copy has landed
+    backend::Backend::Fence read = 0;    // after the ops that read the slot
+    backend::Backend::Fence copied = 0;  // after the copy into the slot
+  };
+  // Acquires host layer l and copies it into `s` on the copy stream, after the ops that last
+  // read `s`; on error `s` holds nothing.
+  Status load(int64_t l, StreamSlot& s);
+  // Waits for `s`'s copy, then gives its host layer back.
+  Status release_host(StreamSlot& s);
+
+  StreamSlot slots_[2];
+  int current_ = -1;         // slot of the streamed layer acquired last
+  Status prefetch_status_;   // a failed copy ahead, reported by the next acquire
   uint64_t slot_bytes_ = 0;
   int64_t resident_ = 0;
   uint64_t bytes_ = 0, streamed_bytes_ = 0;

@@ -211,12 +211,12 @@ Status Engine::open_dial(const EngineOptions& opts) {
 }
 
 Engine::~Engine() {
-  if (pinned_arena_) {
-    // After an error return copies from the arena may still run: wait for them (their errors
+  if (!pinned_host_.empty()) {
+    // After an error return copies from these may still run: wait for them (their errors
     // were or will not be reported; nothing is left to report them to) before unpinning.
     (void)backend_->sync_copies();
     (void)backend_->synchronize();
-    backend_->unpin_host(pinned_arena_);  // before cache_ frees it
+    for (void* p : pinned_host_) backend_->unpin_host(p);  // before cache_ and store_ free them
   }
 }
 
@@ -266,14 +266,21 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
     KTIER_ASSIGN_OR_RETURN(vram_tier_, VramExpertTier::open(*experts, *backend_, c, slot, slots,
                                                             opts.policy, in));
   }
-  // Experts reach the VRAM tier from the RAM tier's arena: page-locked, the copies run at link
-  // speed. Refused (e.g. RLIMIT_MEMLOCK) it still works, from pageable memory.
-  if (cache_) {
-    if (Status s = backend_->pin_host(cache_->arena(), cache_->arena_bytes()); s.is_ok())
-      pinned_arena_ = cache_->arena();
+  // Experts reach the VRAM tier from the RAM tier's arena, streamed trunk layers from the
+  // TrunkStore's records and ring: page-locked, the copies run at link speed and overlap the
+  // ops. Refused (e.g. RLIMIT_MEMLOCK) it still works, from pageable memory, slower.
+  auto pin = [&](void* p, size_t bytes, const char* what) {
+    const Status s = backend_->pin_host(p, bytes);
+    if (s.is_ok())
+      pinned_host_.push_back(p);
     else
-      spdlog::warn("RAM expert tier not page-locked ({}); RAM->VRAM copies run slower", s.message());
-  }
+      spdlog::warn("{} not page-locked ({}); its copies to the device run slower", what, s.message());
+    return s.is_ok();
+  };
+  if (cache_) pin(cache_->arena(), cache_->arena_bytes(), "RAM expert tier");
+  if (store_ && device_trunk_->resident_layers() < c.num_hidden_layers)
+    for (std::span<uint8_t> b : store_->layer_buffers(device_trunk_->resident_layers()))
+      if (!b.empty() && !pin(b.data(), b.size(), "the streamed trunk layers' host memory")) break;
   spdlog::info("device: {}; trunk layers resident {} of {} ({:.1f} MB), VRAM expert slots {}",
                backend_->name(), device_trunk_->resident_layers(), c.num_hidden_layers,
                device_trunk_->bytes() / 1e6, vram_tier_ ? vram_tier_->stats().slots : 0);

@@ -127,9 +127,11 @@ class Engine {
   std::unique_ptr<backend::Backend> backend_;  // what the Model runs on
   std::unique_ptr<DeviceTrunk> device_trunk_;
   std::unique_ptr<VramExpertTier> vram_tier_;
+  // GPU mode: host memory page-locked by backend_ (the RAM tier's arena, the TrunkStore buffers
+  // of the layers the device streams); unpinned before they are freed.
+  std::vector<void*> pinned_host_;
   uint64_t vram_bytes_ = 0;     // GPU mode: the budget applied
   uint64_t working_bytes_ = 0;  // GPU mode: set aside for the sequence (EngineOptions::Workload)
-  void* pinned_arena_ = nullptr;  // the RAM tier's arena, page-locked by backend_ in GPU mode
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;

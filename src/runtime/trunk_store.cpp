@@ -196,6 +196,16 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   return s;
 }
 
+std::vector<std::span<uint8_t>> TrunkStore::layer_buffers(int64_t first_layer) {
+  std::vector<std::span<uint8_t>> out;
+  for (int64_t l = std::max<int64_t>(first_layer, 0); l < stats_.layers_pinned; ++l) {
+    io::AlignedBuffer& b = pinned_[static_cast<size_t>(l) + 1];  // [0] is the head
+    out.emplace_back(b.data(), b.size());
+  }
+  for (Slot& s : ring_) out.emplace_back(s.buf.data(), s.buf.size());
+  return out;
+}
+
 // For a compressed record: one source per block, into the staging buffer at the block's place
 // in the stored record (the whole aligned extent, so O_DIRECT reads need no bounce buffer).
 std::vector<TrunkStore::Source> TrunkStore::sources_of(const pack::Record& r) const {

@@ -109,6 +109,10 @@ class TrunkStore final : public model::TrunkSource {
     return l >= 0 && l < stats_.layers_pinned ? &pinned_weights_[static_cast<size_t>(l)] : nullptr;
   }
   const char* io_engine_name() const { return engine_->name(); }
+  // The buffers layers first_layer.. are handed out from (their pinned records, and the ring
+  // slots when any layer streams): what GPU mode page-locks so that its copies of the layers it
+  // streams run at link speed. Valid for the store's life.
+  std::vector<std::span<uint8_t>> layer_buffers(int64_t first_layer);
 
  private:
   struct Slot {

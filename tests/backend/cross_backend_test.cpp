@@ -6,6 +6,8 @@
 //
 // Seeds are fresh per run and printed on failure; KTIER_TEST_SEED=N replays one (debugging).
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <memory>
 #include <numeric>
@@ -399,6 +401,41 @@ TEST_P(CrossBackend, Argmax) {
   EXPECT_EQ(*none, 0) << "all NaN on " << where();
 }
 
+// Fences (GPU mode's streamed trunk): copies waited for one at a time, and a copy ordered after
+// an op that wrote its destination. Large copies, so that on a GPU a missing wait would show.
+TEST_P(CrossBackend, FencesOrderCopiesAndOps) {
+  const int64_t n = odd_between(rng_, (1 << 20) + 1, (1 << 21) + 1);
+  const auto a = random_floats(rng_, n, -1.0f, 1.0f), b = random_floats(rng_, n, -1.0f, 1.0f);
+  auto c = random_floats(rng_, n, -1.0f, 1.0f);
+  auto da = Array<float>::poisoned(*under_test_, n), db = Array<float>::poisoned(*under_test_, n);
+  auto dc = Array<float>::poisoned(*under_test_, n), sum = Array<float>::poisoned(*under_test_, n);
+  Backend& be = *under_test_;
+  auto fa = be.create_fence(), fb = be.create_fence(), fo = be.create_fence();
+  ASSERT_TRUE(fa.is_ok() && fb.is_ok() && fo.is_ok());
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  ASSERT_TRUE(be.copy_async(da.data(), a.data(), bytes).is_ok());
+  ASSERT_TRUE(be.mark_copies(*fa).is_ok());
+  ASSERT_TRUE(be.copy_async(db.data(), b.data(), bytes).is_ok());
+  ASSERT_TRUE(be.mark_copies(*fb).is_ok());
+  ASSERT_TRUE(be.ops_wait(*fa).is_ok());
+  ASSERT_TRUE(be.add(da.data(), da.data(), n, sum.data()).is_ok());
+  std::vector<float> twice_a(a.size());
+  for (size_t i = 0; i < a.size(); ++i) twice_a[i] = a[i] + a[i];
+  expect_close("a + a after its copy's fence", twice_a, sum.host(), 0.0, /*bitwise=*/true);
+  ASSERT_TRUE(be.ops_wait(*fb).is_ok());
+  ASSERT_TRUE(be.add(db.data(), da.data(), n, dc.data()).is_ok());  // dc: written by an op
+  ASSERT_TRUE(be.mark_ops(*fo).is_ok());
+  ASSERT_TRUE(be.copies_wait(*fo).is_ok());
+  ASSERT_TRUE(be.copy_async(dc.data(), c.data(), bytes).is_ok());  // then overwritten by a copy
+  ASSERT_TRUE(be.mark_copies(*fa).is_ok());                        // a fence recorded again
+  ASSERT_TRUE(be.host_wait(*fa).is_ok());
+  const std::vector<float> copied_c = c;
+  std::fill(c.begin(), c.end(), 0.0f);  // the host may reuse its bytes after host_wait
+  expect_close("b copied", b, db.host(), 0.0, true);
+  expect_close("the copy after the op that wrote the same bytes", copied_c, dc.host(), 0.0, true);
+  for (auto f : {*fa, *fb, *fo}) be.destroy_fence(f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CrossBackend,
                          ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda),
                          [](const auto& info) {
@@ -422,6 +459,47 @@ TEST(EmulatedDeviceDeathTest, HostPointerInAnOpAborts) {
   EXPECT_TRUE(dev->sigmoid(buf->as<float>(), 64, buf->as<float>()).is_ok());
   EXPECT_DEATH((void)dev->sigmoid(host.data(), 64, buf->as<float>()), "not device memory");
   EXPECT_DEATH((void)dev->sigmoid(buf->as<float>(), 65, buf->as<float>()), "not device memory");
+}
+
+// The emulated device applies a copy no earlier than a fence that covers it, so a test over it
+// sees NaN wherever an op reads a copy it did not wait for; and it holds no more than its
+// capacity.
+TEST(EmulatedDevice, CopiesLandAtTheirFenceAndCapacityIsEnforced) {
+  cpu::Exec ex{nullptr, cpu::Isa::kScalar};
+  auto dev = make_emulated_device_backend(ex, 1024);
+  auto a = BackendBuffer::allocate(*dev, 256), b = BackendBuffer::allocate(*dev, 256);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(dev->memory_use().live, 512u);
+  const std::vector<float> ones(64, 1.0f), twos(64, 2.0f);
+  auto fa = dev->create_fence(), fb = dev->create_fence();
+  ASSERT_TRUE(fa.is_ok() && fb.is_ok());
+  ASSERT_TRUE(dev->copy_async(a->get(), ones.data(), 256).is_ok());
+  ASSERT_TRUE(dev->mark_copies(*fa).is_ok());
+  ASSERT_TRUE(dev->copy_async(b->get(), twos.data(), 256).is_ok());
+  ASSERT_TRUE(dev->mark_copies(*fb).is_ok());
+  std::vector<float> got(64);
+  auto peek = [&](const BackendBuffer& buf) {  // raw bytes, without applying any copy
+    std::memcpy(got.data(), buf.get(), 256);
+    return got;
+  };
+  EXPECT_TRUE(std::isnan(peek(*a)[0]) && std::isnan(peek(*b)[0])) << "poisoned until a fence";
+  ASSERT_TRUE(dev->ops_wait(*fa).is_ok());
+  EXPECT_EQ(peek(*a), ones);
+  EXPECT_TRUE(std::isnan(peek(*b)[0])) << "a later copy is not applied by an earlier fence";
+  ASSERT_TRUE(dev->host_wait(*fb).is_ok());
+  EXPECT_EQ(peek(*b), twos);
+  auto c = BackendBuffer::allocate(*dev, 512);
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(dev->memory_use().peak, 1024u);
+  auto d = BackendBuffer::allocate(*dev, 1);
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_EQ(d.status().exit_code(), 1);
+  EXPECT_NE(d.status().message().find("out of memory"), std::string::npos);
+  ASSERT_TRUE(dev->free_memory().is_ok());
+  EXPECT_EQ(*dev->free_memory(), 0u);
+  c->reset();
+  EXPECT_EQ(*dev->free_memory(), 512u);
+  EXPECT_EQ(dev->memory_use().live, 512u);
 }
 
 }  // namespace

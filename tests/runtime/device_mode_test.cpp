@@ -168,6 +168,71 @@ TEST_F(DeviceModeTest, BudgetsTheDeviceCannotMeetAreRefused) {
   EXPECT_EQ(e.status().exit_code(), 2) << e.status().message();
 }
 
+// Streamed layers are double-buffered: each is copied once per forward pass, the next one while
+// the current one's ops run (after the last layer, the next token's first streamed layer), and
+// one or two streamed layers stay in their slots, copied once. The bytes are the CPU's.
+TEST_F(DeviceModeTest, StreamedLayersAreCopiedOnceAheadOfUse) {
+  auto host = Engine::open(cpu());
+  ASSERT_TRUE(host.is_ok());
+  std::vector<uint64_t> layer_bytes;
+  for (int64_t l = 0; l < layers_; ++l)
+    layer_bytes.push_back(DeviceTrunk::layer_bytes((*host)->weights()->layer(l)));
+  // The smallest budget with at least `resident` layers resident (found by bisection).
+  auto budget_for = [&](int64_t resident) {
+    uint64_t lo = minimum(), hi = budgets()[0];
+    while (hi - lo > 256) {
+      const uint64_t mid = (lo + hi) / 2;
+      auto e = Engine::open(emulated(mid));
+      (e.is_ok() && (*e)->device_trunk()->resident_layers() >= resident ? hi : lo) = mid;
+    }
+    return hi;
+  };
+  // The placements budgets can give, fewest streamed layers first (holding all but one or two
+  // layers can cost more than holding all, when the two slots are larger than the last layers).
+  std::vector<uint64_t> vrams;
+  int64_t last = layers_;
+  for (int64_t want = layers_ - 1; want >= 0; --want) {
+    const uint64_t v = want == 0 ? minimum() : budget_for(want);
+    auto e = Engine::open(emulated(v));
+    ASSERT_TRUE(e.is_ok());
+    const int64_t got = (*e)->device_trunk()->resident_layers();
+    if (got < last) vrams.push_back(v), last = got;
+  }
+  ASSERT_GE(vrams.size(), 2u);
+  // logits_then_greedy_ids runs 9 forward passes: the prompt in 3 chunks, then 1 + 5 tokens.
+  constexpr uint64_t kForwards = 9;
+  bool three_or_more = false;
+  for (const uint64_t vram : {vrams.front(), vrams[vrams.size() / 2], vrams.back()}) {
+    auto e = Engine::open(emulated(vram));
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    const int64_t resident = (*e)->device_trunk()->resident_layers();
+    const int64_t streamed = layers_ - resident;
+    SCOPED_TRACE("streamed layers " + std::to_string(streamed));
+    three_or_more = three_or_more || streamed >= 3;
+    uint64_t per_pass = 0;
+    for (int64_t l = resident; l < layers_; ++l) per_pass += layer_bytes[static_cast<size_t>(l)];
+    Engine& run = **e;
+    const int64_t V = vocab_;
+    std::vector<float> out(kDialTestPrompt.size() * static_cast<size_t>(V));
+    ASSERT_TRUE(evaluate(run.model(), kDialTestPrompt, 5, out.data()).is_ok());
+    GenerationOptions g;
+    g.max_new_tokens = 6;
+    ASSERT_TRUE(generate(run.model(), run.experts(), kDialTestPrompt, g, [&](int32_t id) {
+                  out.push_back(static_cast<float>(id));
+                  return Status::ok();
+                }).is_ok());
+    EXPECT_TRUE(out == reference_) << "the CPU's bytes";
+    const uint64_t copied = run.device_trunk()->streamed_bytes();
+    if (streamed <= 2)
+      EXPECT_EQ(copied, per_pass) << "the streamed layers stay in their two slots";
+    else
+      EXPECT_EQ(copied, kForwards * per_pass + layer_bytes[static_cast<size_t>(resident)])
+          << "each pass copies each streamed layer once; the last copies the next pass's first";
+  }
+  EXPECT_TRUE(three_or_more);
+  EXPECT_EQ(last, 0) << "the smallest budget streams every layer";
+}
+
 // model::working_set against what the sequence really allocates on the device (the emulated
 // device counts its allocations as asked; the bound rounds each up to 256 bytes): never less,
 // and little more.
