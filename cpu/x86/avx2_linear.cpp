@@ -7,25 +7,20 @@
 #include "cpu/kernel_table.h"
 #include "cpu/x86/avx2_common.h"
 #include "cpu/x86/avx2_kernels.h"
+#include "cpu/x86/decode_prefetch.h"
 
 namespace ktier::cpu::avx2 {
 namespace {
 
-// Software prefetch for the decode (T = 1) tiles of kTileRows contiguous rows: each row stream
-// fetches the same offset a whole number of tiles ahead, at least kPrefetchBytes (as in
-// avx512_linear.cpp; decode weights are usually cold and the hardware prefetchers alone fall
-// behind on several row streams).
+// Decode (T = 1) tiles are kTileRows contiguous rows, prefetched whole tiles ahead, at least
+// kPrefetchBytes (decode_prefetch.h).
 constexpr int64_t kPrefetchBytes = 4096;
 constexpr int64_t kTileRows = 2;
 
 static inline int64_t prefetch_ahead(int64_t row_bytes) {
-  const int64_t tile = kTileRows * row_bytes;
-  return tile <= 0 ? 0 : (kPrefetchBytes + tile - 1) / tile * tile;
+  return x86::whole_tiles_ahead(kTileRows * row_bytes, kPrefetchBytes);
 }
-static inline void prefetch_range(const void* p, int64_t n) {
-  for (int64_t off = 0; off < n; off += 64)
-    _mm_prefetch(static_cast<const char*>(p) + off, _MM_HINT_T0);
-}
+using x86::prefetch_range;
 
 // NR rows x NT tokens of float weights; each 16 weights are widened once and used NT times.
 template <class A, int NR, int NT>

@@ -40,33 +40,25 @@
 #include "cpu/kernel_table.h"
 #include "cpu/numerics.h"
 #include "cpu/x86/avx512_kernels.h"
+#include "cpu/x86/decode_prefetch.h"
 
 namespace ktier::cpu::avx512 {
 namespace {
 
-// Software prefetch for the decode (T = 1) tiles, whose 4 rows are contiguous in memory: each row
-// stream fetches the same offset a whole number of tiles ahead, at least kPrefetchBytes, so the
-// prefetches continue every stream exactly (the first tiles of a range are fetched up front).
-// Decode weights are usually cold (experts just read or mapped, 4 KiB pages), and four streams
-// are more than the hardware prefetchers keep ahead of (measured, bf16 [*, 7168] from DRAM:
-// ~14 GB/s without, ~22 GB/s with).
+// Software prefetch for the decode (T = 1) tiles of 4 contiguous rows, whole tiles ahead, at
+// least kPrefetchBytes (decode_prefetch.h). Four row streams are more than the hardware
+// prefetchers keep ahead of (measured, bf16 [*, 7168] from DRAM: ~14 GB/s without, ~22 GB/s
+// with).
 #ifndef KTIER_AVX512_PREFETCH_BYTES
 #define KTIER_AVX512_PREFETCH_BYTES 4096
 #endif
 constexpr int64_t kPrefetchBytes = KTIER_AVX512_PREFETCH_BYTES;
 constexpr int64_t kTileRows = 4;  // decode tile height of both kernels
 
-// Bytes ahead for tiles of kTileRows rows of row_bytes each: whole tiles, >= kPrefetchBytes.
 static inline int64_t prefetch_ahead(int64_t row_bytes) {
-  const int64_t tile = kTileRows * row_bytes;
-  return tile <= 0 ? 0 : (kPrefetchBytes + tile - 1) / tile * tile;
+  return x86::whole_tiles_ahead(kTileRows * row_bytes, kPrefetchBytes);
 }
-
-// Prefetches [p, p + n) (the first tiles of a range).
-static inline void prefetch_range(const void* p, int64_t n) {
-  for (int64_t off = 0; off < n; off += 64)
-    _mm_prefetch(static_cast<const char*>(p) + off, _MM_HINT_T0);
-}
+using x86::prefetch_range;
 
 // ---- weight element traits: 16 weights -> 16 f32 (exact); masked: missing ones are +0 ----------
 
