@@ -107,5 +107,5 @@ for n in ["resident", "experts50", "experts25", "experts10", "cpu-reference"]:
     print(f"{n:14} {j['decode_tok_per_s']:7.2f} {100*j['tiers']['vram']['hit_rate_bytes']:8.1f}% "
           f"{100*j['tiers']['ram']['hit_rate_bytes']:7.1f}% "
           f"{j['links']['ram_to_vram_bytes_per_token']/1e6:17.1f} {j['device']['trunk_layers_resident']:7}"
-          f" {j['device']['memory_peak_bytes']/max(j['device']['vram_budget_bytes'],1):9.3f}  {same}")
+          f" {(format(j['device']['memory_peak_bytes']/j['device']['vram_budget_bytes'], '.3f') if j['device']['gpu_mode'] else '-'):>9}  {same}")
 PY

@@ -61,9 +61,14 @@ class Backend {
     uint64_t live = 0, peak = 0;
   };
   virtual MemoryUse memory_use() const { return {}; }
+  // Keeps what this backend holds of the device's memory — handed out, plus released blocks it
+  // keeps for reuse (CUDA) — within `bytes` where it can: kept blocks are given back before an
+  // allocation would pass it. GPU mode sets its --vram. No-op where nothing is kept.
+  virtual void limit_memory(uint64_t bytes) {}
   // Copies ahead of need, on a second (copy) stream, so they overlap the ops:
   //  * copy_async: host -> backend memory, in issue order with the other copy_async calls; the
-  //    host bytes must stay unchanged until sync_copies() returns, and the destination must not
+  //    host bytes must stay unchanged until sync_copies() returns (or host_wait() on a fence
+  //    marked after the copy, below), and the destination must not
   //    be released while copies may run (it is not ordered with release()).
   //  * copies_after_ops: later copy_async calls wait for the ops issued so far (a slot the ops
   //    still read is not overwritten).

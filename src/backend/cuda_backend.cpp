@@ -63,17 +63,18 @@ class CudaBackend final : public Backend {
     if (auto it = pool_.find(bytes); it != pool_.end() && !it->second.empty()) {
       void* p = it->second.back();
       it->second.pop_back();
+      pooled_ -= bytes;
       hand_out(p, bytes);
       return p;
     }
+    // Within the limit, kept blocks included (prefill chunks, the last chunk and decode steps
+    // each leave blocks of their own sizes): give the kept ones back first.
+    if (pooled_ > 0 && use_.live + pooled_ + bytes > limit_) KTIER_RETURN_IF_ERROR(trim_pool());
     void* p = nullptr;
     if (ops_->malloc_device(&p, bytes) != 0) {
       // Out of memory, perhaps only because released blocks of other sizes are kept: give them
-      // back (after the ops that may still use them) and try once more.
-      KTIER_RETURN_IF_ERROR(synchronize());
-      for (auto& [size, list] : pool_)
-        for (void* q : list) ops_->free_device(q);
-      pool_.clear();
+      // back and try once more.
+      KTIER_RETURN_IF_ERROR(trim_pool());
       KTIER_RETURN_IF_ERROR(check(ops_->malloc_device(&p, bytes),
                                   "allocating " + std::to_string(bytes) + " bytes of VRAM"));
     }
@@ -85,10 +86,12 @@ class CudaBackend final : public Backend {
     auto it = live_.find(ptr);
     if (it == live_.end()) return;  // not ours (a bug; never free foreign memory)
     pool_[it->second].push_back(ptr);
+    pooled_ += it->second;
     use_.live -= it->second;
     live_.erase(it);
   }
   MemoryUse memory_use() const override { return use_; }
+  void limit_memory(uint64_t bytes) override { limit_ = bytes; }
   Status upload(void* dst, const void* src, size_t bytes) override {
     KTIER_RETURN_IF_ERROR(check(ops_->memcpy_async(dst, src, bytes, stream_), "upload"));
     // The host source may be reused as soon as upload returns.
@@ -242,6 +245,15 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Frees the kept blocks, after the ops that may still use them.
+  Status trim_pool() {
+    KTIER_RETURN_IF_ERROR(synchronize());
+    for (auto& [size, list] : pool_)
+      for (void* q : list) ops_->free_device(q);
+    pool_.clear();
+    pooled_ = 0;
+    return Status::ok();
+  }
   KtierCudaEvent& fence(Fence f) {
     KTIER_CHECK_MSG(f >= 0 && static_cast<size_t>(f) < fences_.size() && fences_[f], "unknown fence");
     return fences_[static_cast<size_t>(f)];
@@ -267,6 +279,8 @@ class CudaBackend final : public Backend {
   void* argmax_out_ = nullptr;  // device int64, from allocate()
   std::unordered_map<void*, size_t> live_;                 // handed out: pointer -> bytes
   MemoryUse use_;                                          // of live_
+  uint64_t pooled_ = 0;                                    // bytes in pool_
+  uint64_t limit_ = UINT64_MAX;                            // limit_memory()
   std::unordered_map<size_t, std::vector<void*>> pool_;    // released, by size
 };
 

@@ -60,7 +60,8 @@ Status run(const RunArgs& a) {
   gen.prefill_chunk = a.chunk;
   gen.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
   KTIER_RETURN_IF_ERROR(runtime::validate(gen.sampling));
-  if (a.max_new_tokens < 0) return Status::usage("-n must be >= 0");
+  if (a.max_new_tokens < 0 || a.max_new_tokens > INT32_MAX)
+    return Status::usage("-n must be in 0.." + std::to_string(INT32_MAX));
   if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
 
@@ -114,6 +115,7 @@ Status run(const RunArgs& a) {
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const format::ModelConfig& cfg = engine->checkpoint().config();
   gen.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+  if (engine->device_trunk()) gen.reserve_positions = eo.workload.positions;  // as planned
 
   std::vector<int32_t> prompt;
   if (!a.ids.empty()) {

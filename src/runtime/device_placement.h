@@ -14,7 +14,8 @@ namespace ktier::runtime {
 class DevicePlacer {
  public:
   // Places into [base, base + capacity) of `be`'s memory; `async`: on the copy stream
-  // (Backend::copy_async, the host bytes must stay put until sync_copies), else upload().
+  // (Backend::copy_async, the host bytes must stay put until sync_copies or a host_wait on a
+  // fence marked after them), else upload().
   DevicePlacer(backend::Backend& be, uint8_t* base, uint64_t capacity, bool async)
       : be_(be), base_(base), capacity_(capacity), async_(async) {}
 

@@ -130,9 +130,8 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
 DeviceTrunk::~DeviceTrunk() {
   for (StreamSlot& s : slots_) {
     (void)release_host(s);  // a copy ahead nobody acquired (the last token's)
-    if (!s.buf.get()) continue;
-    be_.destroy_fence(s.read);
-    be_.destroy_fence(s.copied);
+    for (backend::Backend::Fence f : {s.read, s.copied})
+      if (f >= 0) be_.destroy_fence(f);
   }
 }
 
@@ -178,9 +177,9 @@ Status DeviceTrunk::release_host(StreamSlot& s) {
 
 Result<const model::LayerWeights*> DeviceTrunk::acquire_layer(int64_t l) {
   if (l < resident_) return &layers_[static_cast<size_t>(l)];
+  if (!prefetch_status_.is_ok()) return std::exchange(prefetch_status_, Status::ok());
   int s = slots_[0].layer == l ? 0 : slots_[1].layer == l ? 1 : -1;
   if (s < 0) {  // not copied ahead (the first token, or after an error): now
-    if (!prefetch_status_.is_ok()) return std::exchange(prefetch_status_, Status::ok());
     s = current_ < 0 ? 0 : 1 - current_;  // not the slot the layer before may still read
     KTIER_RETURN_IF_ERROR(load(l, slots_[s]));
   }
@@ -196,7 +195,7 @@ void DeviceTrunk::release_layer(int64_t l) {
   // The next streamed layer in the forward pass's order: after the last, the next token's first.
   const int64_t next = l + 1 < config().num_hidden_layers ? l + 1 : resident_;
   Status s = be_.mark_ops(cur.read);
-  if (s.is_ok()) s = release_host(cur);
+  if (Status released = release_host(cur); s.is_ok()) s = released;
   if (s.is_ok() && next != cur.layer && next != other.layer) s = load(next, other);
   if (!s.is_ok() && prefetch_status_.is_ok()) prefetch_status_ = s;
 }

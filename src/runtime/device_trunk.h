@@ -41,7 +41,8 @@ class DeviceTrunk final : public model::TrunkSource {
   const format::ModelConfig& config() const override { return host_.config(); }
   ~DeviceTrunk() override;
   // A streamed layer comes from its slot: copied ahead by the previous release_layer, else now.
-  // Errors: the host's and the backend's (a failed copy ahead is reported here, at its layer).
+  // Errors: the host's and the backend's; a failure of the copy ahead (which release_layer
+  // cannot return) is returned by the next acquire of a streamed layer.
   Result<const model::LayerWeights*> acquire_layer(int64_t l) override;
   void release_layer(int64_t l) override;
   const model::HeadWeights& head() const override { return head_; }
@@ -72,8 +73,8 @@ class DeviceTrunk final : public model::TrunkSource {
     model::LayerWeights weights;  // views into buf
     int64_t layer = -1;           // held or being copied in; -1: none
     bool host_held = false;       // the host layer stays acquired until the copy has landed
-    backend::Backend::Fence read = 0;    // after the ops that read the slot
-    backend::Backend::Fence copied = 0;  // after the copy into the slot
+    backend::Backend::Fence read = -1;    // after the ops that read the slot (-1: none made)
+    backend::Backend::Fence copied = -1;  // after the copy into the slot (-1: none made)
   };
   // Acquires host layer l and copies it into `s` on the copy stream, after the ops that last
   // read `s`; on error `s` holds nothing.

@@ -216,7 +216,10 @@ Engine::~Engine() {
     // were or will not be reported; nothing is left to report them to) before unpinning.
     (void)backend_->sync_copies();
     (void)backend_->synchronize();
-    for (void* p : pinned_host_) backend_->unpin_host(p);  // before cache_ and store_ free them
+    // Before cache_ and store_ free them. ~DeviceTrunk then gives back a host layer it copied
+    // ahead, which may start a TrunkStore read into an unpinned buffer: harmless, nothing is
+    // copied to the device any more.
+    for (void* p : pinned_host_) backend_->unpin_host(p);
   }
 }
 
@@ -241,6 +244,7 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
   const uint64_t slot = moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0;
   const uint64_t min_tier = moe ? VramExpertTier::minimum_slots(c) * slot : 0;
   vram_bytes_ = vram;
+  backend_->limit_memory(vram);
   // The sequence's working set first: what every token needs, whatever the placement.
   const EngineOptions::Workload& wl = opts.workload;
   if (wl.positions < 1 || wl.chunk < 1)

@@ -59,8 +59,10 @@ struct EngineOptions {
   std::optional<uint64_t> vram_budget;
   // What one sequence will run, in GPU mode: its working set (model::working_set, plus cuBLAS's
   // workspace and copies) is set aside from vram_budget before the trunk and the experts are
-  // placed, so that the whole run fits in it. A sequence past it still runs, but allocates
-  // outside the budget. `run` gives prompt + -n, `eval` its tokens.
+  // placed, so that the whole run fits in it; the sequence must reserve its caches for
+  // `positions` (GenerationOptions::reserve_positions; evaluate() does). A longer sequence
+  // grows its caches outside the budget: on a GPU that may fail out of memory (exit 1), on the
+  // emulated device it does. `run` gives prompt + -n - 1, `eval` its tokens.
   struct Workload {
     int64_t positions = 4096;  // tokens the sequence holds at most
     int64_t chunk = 256;       // tokens per forward() at most

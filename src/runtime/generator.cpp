@@ -25,10 +25,8 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
 
   GenerationStats st;
   st.prompt_tokens = static_cast<int64_t>(prompt.size());
-  // Positions run: the prompt, then every generated token but the last.
-  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq,
-                         model.new_sequence(st.prompt_tokens +
-                                            std::max<int64_t>(opts.max_new_tokens - 1, 0)));
+  if (opts.reserve_positions < 0) return Status::usage("reserve_positions must be >= 0");
+  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq, model.new_sequence(opts.reserve_positions));
   std::vector<float> logits(static_cast<size_t>(V));
   const uint64_t bytes0 = expert_bytes();
   auto t0 = std::chrono::steady_clock::now();

@@ -123,6 +123,7 @@ TEST_F(DeviceModeTest, VramTierCountsHitsAndCopies) {
     ASSERT_TRUE(e.is_ok());
     GenerationOptions g;
     g.max_new_tokens = 8;
+    g.reserve_positions = static_cast<int64_t>(kDialTestPrompt.size()) + 7;
     ASSERT_TRUE(generate((*e)->model(), (*e)->experts(), kDialTestPrompt, g,
                          [](int32_t) { return Status::ok(); })
                     .is_ok());
@@ -217,6 +218,7 @@ TEST_F(DeviceModeTest, StreamedLayersAreCopiedOnceAheadOfUse) {
     ASSERT_TRUE(evaluate(run.model(), kDialTestPrompt, 5, out.data()).is_ok());
     GenerationOptions g;
     g.max_new_tokens = 6;
+    g.reserve_positions = static_cast<int64_t>(kDialTestPrompt.size()) + 5;
     ASSERT_TRUE(generate(run.model(), run.experts(), kDialTestPrompt, g, [&](int32_t id) {
                   out.push_back(static_cast<float>(id));
                   return Status::ok();

@@ -56,6 +56,7 @@ inline std::vector<float> logits_then_greedy_ids(const EngineOptions& eo,
   EXPECT_TRUE(evaluate(engine.model(), prompt, 5, out.data()).is_ok());
   GenerationOptions g;
   g.max_new_tokens = 6;
+  g.reserve_positions = static_cast<int64_t>(prompt.size()) + g.max_new_tokens - 1;  // GPU mode's plan
   auto st = generate(engine.model(), engine.experts(), prompt, g, [&](int32_t id) {
     out.push_back(static_cast<float>(id));
     return Status::ok();
