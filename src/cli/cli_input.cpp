@@ -97,7 +97,8 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
                   "CPU kernels: same output as cpu; needs --vram)")
       ->capture_default_str();
   sub->add_option("--vram", a.vram,
-                  "Device memory for the trunk and the VRAM expert tier (e.g. 40G); default 90% of "
+                  "Device memory for everything on the GPU: the sequence's working set (sized for "
+                  "the prompt + -n), the trunk and the VRAM expert tier (e.g. 40G); default 90% of "
                   "the GPU's free memory; ignored on the CPU");
 }
 

@@ -158,6 +158,8 @@ Status Engine::open_dial(const EngineOptions& opts) {
   TrunkStoreOptions so;
   so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min;
   so.pool = pool_.get();
+  // GPU mode: the device holds the first layers, so the host pins the last ones.
+  so.pin_last = device_mode(opts);
   std::vector<uint64_t> router_suffix;  // [l]: routers of layers l.. (the bank's bytes from l)
   if (bank_reserve) {
     const std::vector<uint64_t> per_layer = RouterBank::layer_bytes(ckpt_);
@@ -172,6 +174,7 @@ Status Engine::open_dial(const EngineOptions& opts) {
   uint64_t bank_bytes = 0;
   if (const int64_t streamed_from = store_->stats().layers_pinned;
       bank_reserve && router_suffix[static_cast<size_t>(streamed_from)] > 0) {
+    KTIER_CHECK(store_->first_pinned() == 0);  // the bank holds the routers of a streamed suffix
     KTIER_ASSIGN_OR_RETURN(bank_, RouterBank::load(ckpt_, *io_, shard_files_, streamed_from));
     bank_bytes = bank_->bytes_allocated();
     KTIER_CHECK(bank_bytes == router_suffix[static_cast<size_t>(streamed_from)]);
@@ -258,6 +261,8 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
                gib(ws.activation_bytes), blas ? ", cuBLAS " + gib(blas) : std::string());
   KTIER_ASSIGN_OR_RETURN(device_trunk_, DeviceTrunk::open(trunk, *backend_, vram,
                                                           min_tier + working_bytes_));
+  // From now on the host serves only the layers the device streams.
+  if (store_) store_->set_cycle_start(device_trunk_->resident_layers());
   if (moe) {
     // Never more slots than every expert plus one fetch's bypass.
     const int64_t keys = c.num_moe_layers() * c.num_experts;

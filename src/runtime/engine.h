@@ -51,9 +51,9 @@ struct EngineOptions {
   // GPU mode (issue 6): decode on a device, with the trunk mirrored into its memory
   // (DeviceTrunk) and a VRAM expert tier (VramExpertTier) in front of the host tier. kCuda opens
   // the CUDA module's first GPU; emulate_device runs the same placement on the emulated device
-  // (the CPU kernels behind a memory wall: tests, --device emulated). vram_budget: bytes for the
-  // trunk mirror and the VRAM tier; nullopt: 90% of the GPU's free memory (required when
-  // emulating).
+  // (the CPU kernels behind a memory wall: tests, --device emulated). vram_budget: device bytes
+  // for everything — the working set (below), the trunk mirror and the VRAM tier; nullopt: 90%
+  // of the GPU's free memory (required when emulating, and the emulated device's capacity).
   backend::DeviceKind device = backend::DeviceKind::kCpu;
   bool emulate_device = false;
   std::optional<uint64_t> vram_budget;

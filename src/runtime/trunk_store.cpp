@@ -121,16 +121,21 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   const auto extra = [&](int64_t first_streamed) -> uint64_t {
     return opts.streamed_extra ? opts.streamed_extra(first_streamed) : 0;
   };
+  KTIER_CHECK(!(opts.pin_last && opts.streamed_extra));
   int64_t pinned = 0;
   if (z.all_pinned() + extra(L) <= opts.budget_bytes) {
     pinned = L;
   } else {
+    // Layer by layer, from the first (or the last) one, while the next fits.
+    auto layer = [&](int64_t i) { return opts.pin_last ? L - 1 - i : i; };
     uint64_t used = base + z.ring(slots);
-    while (pinned < L && used + s->records_[static_cast<size_t>(pinned)].size + extra(pinned + 1) <=
-                             opts.budget_bytes)
-      used += s->records_[static_cast<size_t>(pinned++)].size;
+    while (pinned < L &&
+           used + s->records_[static_cast<size_t>(layer(pinned))].size + extra(pinned + 1) <=
+               opts.budget_bytes)
+      used += s->records_[static_cast<size_t>(layer(pinned++))].size;
   }
   s->stats_.layers_pinned = pinned;
+  s->pin_first_ = opts.pin_last ? L - pinned : 0;
   s->stats_.layers_streamed = L - pinned;
 
   // Compressed packs: inflate scratch, one per pool thread, allocated now (counted).
@@ -171,7 +176,7 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   KTIER_RETURN_IF_ERROR(s->read_now(head, hb.data(), staging));
   KTIER_ASSIGN_OR_RETURN(s->head_, model::bind_head(c, s->lookup_in(head, hb.data())));
   s->pinned_.push_back(std::move(hb));
-  for (int64_t l = 0; l < pinned; ++l) {
+  for (int64_t l = s->pin_first_; l < s->pin_first_ + pinned; ++l) {
     const pack::Record& r = s->records_[static_cast<size_t>(l)];
     KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer b, io::AlignedBuffer::allocate(r.size));
     KTIER_RETURN_IF_ERROR(s->read_now(r, b.data(), staging));
@@ -181,7 +186,7 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   }
   for (const auto& b : s->pinned_) allocated += b.size();
   if (pinned < L) {
-    s->next_prefetch_ = pinned;
+    s->next_prefetch_ = s->streamed_from(0);
     s->prefetch();
   }
   KTIER_ASSIGN_OR_RETURN(s->row_buf_, io::AlignedBuffer::allocate(row_buf));
@@ -189,8 +194,10 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   // verified here, streamed through the row buffer, and its rows are trusted afterwards.
   if (pack) KTIER_RETURN_IF_ERROR(s->verify_embed_record());
   s->stats_.bytes_allocated = allocated + s->row_buf_.size();
-  spdlog::info("trunk: {} of {} layers pinned, {} streamed through {} slots of {}; {} allocated "
-               "({}, {})", pinned, L, L - pinned, pinned < L ? slots : 0, mib(largest),
+  spdlog::info("trunk: {} of {} layers pinned{}, {} streamed through {} slots of {}; {} "
+               "allocated ({}, {})", pinned, L,
+               opts.pin_last && pinned > 0 && pinned < L ? " (the last ones)" : "", L - pinned,
+               pinned < L ? slots : 0, mib(largest),
                mib(s->stats_.bytes_allocated), s->engine_->name(),
                pack ? (pack->compressed() ? "compressed pack" : "pack") : "shards");
   return s;
@@ -198,8 +205,8 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
 
 std::vector<std::span<uint8_t>> TrunkStore::layer_buffers(int64_t first_layer) {
   std::vector<std::span<uint8_t>> out;
-  for (int64_t l = std::max<int64_t>(first_layer, 0); l < stats_.layers_pinned; ++l) {
-    io::AlignedBuffer& b = pinned_[static_cast<size_t>(l) + 1];  // [0] is the head
+  for (int64_t l = std::max(first_layer, pin_first_); l < pin_first_ + stats_.layers_pinned; ++l) {
+    io::AlignedBuffer& b = pinned_[static_cast<size_t>(l - pin_first_) + 1];  // [0] is the head
     out.emplace_back(b.data(), b.size());
   }
   for (Slot& s : ring_) out.emplace_back(s.buf.data(), s.buf.size());
@@ -297,16 +304,16 @@ Status TrunkStore::start_read(Slot& s, int64_t layer) {
 }
 
 void TrunkStore::prefetch() {
-  const int64_t L = config().num_hidden_layers, first = stats_.layers_pinned;
-  if (ring_.empty()) return;
+  const int64_t L = config().num_hidden_layers;
   for (Slot& s : ring_) {
+    if (next_prefetch_ < 0 || next_prefetch_ >= L) return;  // nothing (more) to read ahead
     if (s.layer >= 0) continue;
     // Do not read a layer that some slot already holds (the ring is larger than the cycle).
     const bool held = std::any_of(ring_.begin(), ring_.end(),
                                   [&](const Slot& o) { return o.layer == next_prefetch_; });
     if (held) return;
     (void)start_read(s, next_prefetch_);
-    next_prefetch_ = next_prefetch_ + 1 < L ? next_prefetch_ + 1 : first;
+    next_prefetch_ = streamed_after(next_prefetch_);
   }
 }
 
@@ -376,7 +383,7 @@ Status TrunkStore::finish(Slot& s) {
 }
 
 Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
-  if (l < stats_.layers_pinned) return &pinned_weights_[static_cast<size_t>(l)];
+  if (const model::LayerWeights* w = pinned_layer(l)) return w;
   auto it = std::find_if(ring_.begin(), ring_.end(), [&](const Slot& s) { return s.layer == l; });
   if (it == ring_.end()) {
     // Not prefetched (a forward that stopped early, or an earlier error): read it now into the
@@ -392,7 +399,7 @@ Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
     next_prefetch_ = l;
     it->layer = -1;
     KTIER_RETURN_IF_ERROR(start_read(*it, l));
-    next_prefetch_ = l + 1 < config().num_hidden_layers ? l + 1 : stats_.layers_pinned;
+    next_prefetch_ = streamed_after(l);
   }
   Slot& s = *it;
   if (!s.ready) {
@@ -413,7 +420,7 @@ Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
 }
 
 void TrunkStore::release_layer(int64_t l) {
-  if (l < stats_.layers_pinned) return;
+  if (is_pinned(l)) return;
   for (Slot& s : ring_) {
     if (s.layer != l || !s.in_use) continue;
     s.in_use = false;

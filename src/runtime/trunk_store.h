@@ -1,9 +1,10 @@
 #pragma once
 // The memory dial for the trunk (issue 4; DESIGN.md §4, §6): the non-expert weights held within
 // a byte budget. The head record (lm_head, final norm, output AttnRes pair) is always resident;
-// a prefix of layers is pinned as far as the budget allows; the remaining layers stream through
-// a ring of slots, layer l+1.. read while layer l computes, in the cyclic order the forward pass
-// acquires them. Embedding rows are read on demand, one small read per token.
+// a prefix of layers (GPU mode: a suffix, TrunkStoreOptions::pin_last) is pinned as far as the
+// budget allows; the remaining layers stream through a ring of slots, layer l+1.. read while
+// layer l computes, in the cyclic order the forward pass acquires them (from set_cycle_start's
+// layer on). Embedding rows are read on demand, one small read per token.
 //
 // Source of the bytes: a trunk pack (pack/trunk_pack.h) — one read per layer record, whose xxh3
 // is checked before the layer is bound; the head record once at open; the embed record streamed
@@ -37,6 +38,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <algorithm>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -63,6 +65,10 @@ struct TrunkStoreOptions {
   // first_streamed. Counted when choosing how many layers to pin, never allocated here; called
   // during open() only. Null: none.
   std::function<uint64_t(int64_t first_streamed)> streamed_extra;
+  // Pin layers from the last one down instead of from the first (GPU mode: the device holds the
+  // first layers, so the host's pinned ones complement them instead of duplicating them, and
+  // fewer of the layers the device streams come from disk). Not with streamed_extra.
+  bool pin_last = false;
 };
 
 struct TrunkStoreStats {
@@ -103,12 +109,24 @@ class TrunkStore final : public model::TrunkSource {
   Status embed(std::span<const int32_t> ids, float* out) override;
 
   const TrunkStoreStats& stats() const { return stats_; }
+  // Pinned layers are first_pinned() .. first_pinned() + layers_pinned - 1: the first ones, or
+  // with TrunkStoreOptions::pin_last the last ones.
+  int64_t first_pinned() const { return pin_first_; }
+  bool is_pinned(int64_t l) const { return l >= pin_first_ && l < pin_first_ + stats_.layers_pinned; }
   // A pinned layer's weights (valid for the store's life, immutable: any thread), or null for a
   // layer the store streams.
   const model::LayerWeights* pinned_layer(int64_t l) const {
-    return l >= 0 && l < stats_.layers_pinned ? &pinned_weights_[static_cast<size_t>(l)] : nullptr;
+    return is_pinned(l) ? &pinned_weights_[static_cast<size_t>(l - pin_first_)] : nullptr;
   }
   const char* io_engine_name() const { return engine_->name(); }
+  // The first layer the forward pass acquires from the store from now on; the layers before it
+  // are served by someone else (GPU mode: the device holds them). The ring's read-ahead wraps
+  // from the last layer to the first streamed layer at or after it, instead of reading layers
+  // nobody asks for every token. They can still be acquired (read then, not ahead).
+  void set_cycle_start(int64_t layer) {
+    cycle_start_ = layer;
+    if (next_prefetch_ >= 0 && next_prefetch_ < cycle_start_) next_prefetch_ = wrap_target();
+  }
   // The buffers layers first_layer.. are handed out from (their pinned records, and the ring
   // slots when any layer streams): what GPU mode page-locks so that its copies of the layers it
   // streams run at link speed. Valid for the store's life.
@@ -168,6 +186,18 @@ class TrunkStore final : public model::TrunkSource {
   model::HeadWeights head_;
   std::vector<Slot> ring_;
   int64_t next_prefetch_ = -1;  // next streamed layer to read
+  int64_t cycle_start_ = 0;     // read-ahead wraps to the first streamed layer from here
+  int64_t pin_first_ = 0;       // the first pinned layer
+  // The first streamed layer at or after l; L when none.
+  int64_t streamed_from(int64_t l) const {
+    return is_pinned(l) ? pin_first_ + stats_.layers_pinned : l;
+  }
+  int64_t wrap_target() const { return streamed_from(cycle_start_); }
+  // The streamed layer read after l, in the forward pass's cyclic order; L when none.
+  int64_t streamed_after(int64_t l) const {
+    const int64_t n = streamed_from(l + 1);
+    return n < config().num_hidden_layers ? n : wrap_target();
+  }
   io::AlignedBuffer row_buf_;
   TrunkStoreStats stats_;
   cpu::ThreadPool* pool_ = nullptr;

@@ -117,6 +117,54 @@ TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {
   EXPECT_EQ(Engine::open(eo).status().exit_code(), 4);
 }
 
+// The host trunk (the memory dial's TrunkStore) complements the device's: it pins the last
+// layers (the device holds the first ones), and its ring reads ahead only the layers the device
+// streams and the host does not pin — after the last layer it wraps to the device's first
+// streamed layer, not to its own first (which the device holds). So each decode step reads
+// exactly those layers from disk, whatever the two budgets; the bytes are the CPU's.
+TEST_F(DeviceModeTest, HostTrunkComplementsTheDeviceTrunk) {
+  const auto ck = format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread);
+  ASSERT_TRUE(ck.is_ok());
+  const pack::PackLayout plan = pack::plan_trunk_pack(*ck);
+  const uint64_t ram_min = dial_minimum(*ck, nullptr, 1, 2, false).total();
+  bool some_pinned = false;
+  for (const uint64_t extra_ram : {uint64_t{0}, 3 * plan.records[static_cast<size_t>(layers_ - 1)].size}) {
+    SCOPED_TRACE("RAM above the minimum: " + std::to_string(extra_ram));
+    EngineOptions eo = emulated(budgets()[1]);
+    eo.ram_budget = ram_min + extra_ram;
+    auto e = Engine::open(eo);
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    const int64_t resident = (*e)->device_trunk()->resident_layers();
+    const TrunkStore* store = (*e)->trunk_store();
+    const int64_t pinned = store->stats().layers_pinned;
+    ASSERT_LT(resident, layers_);
+    ASSERT_GT(resident, 2) << "layers the device holds are not read per token by the host";
+    EXPECT_EQ(store->first_pinned(), layers_ - pinned) << "the host pins the last layers";
+    some_pinned = some_pinned || (pinned > 0 && pinned < layers_ - resident);
+    uint64_t per_step = 0;
+    for (int64_t l = resident; l < layers_ - pinned; ++l)
+      per_step += plan.records[static_cast<size_t>(l)].bytes;
+    uint64_t before = 0;
+    std::vector<int32_t> ids;
+    GenerationOptions g;
+    g.max_new_tokens = 8;
+    g.reserve_positions = static_cast<int64_t>(kDialTestPrompt.size()) + 7;
+    g.before_decode = [&] { before = store->stats().streamed_bytes_read; };
+    auto st = generate((*e)->model(), (*e)->experts(), kDialTestPrompt, g, [&](int32_t id) {
+      ids.push_back(id);
+      return Status::ok();
+    });
+    ASSERT_TRUE(st.is_ok()) << st.status().message();
+    EXPECT_EQ(store->stats().streamed_bytes_read - before,
+              static_cast<uint64_t>(st->decode_steps) * per_step);
+    const size_t n_logits = kDialTestPrompt.size() * static_cast<size_t>(vocab_);
+    ASSERT_GE(reference_.size(), n_logits + 6);
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_EQ(static_cast<float>(ids[i]), reference_[n_logits + i]) << "greedy id " << i;
+  }
+  EXPECT_TRUE(some_pinned) << "one case pins some, not all, of the layers the device streams";
+}
+
 TEST_F(DeviceModeTest, VramTierCountsHitsAndCopies) {
   for (uint64_t vram : {budgets()[0], budgets()[2]}) {
     auto e = Engine::open(emulated(vram));
