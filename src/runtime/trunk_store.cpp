@@ -203,13 +203,27 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   return s;
 }
 
+void TrunkStore::set_cycle_start(int64_t layer) {
+  cycle_start_ = layer;
+  for (Slot& s : ring_) {
+    if (s.in_use || s.layer < 0 || s.layer >= cycle_start_) continue;
+    (void)drain(&s);  // its read ahead is not wanted: let it land, then free the slot
+    s.layer = -1;
+    s.ready = false;
+    s.status = Status::ok();
+    s.weights = {};
+  }
+  if (next_prefetch_ < cycle_start_) next_prefetch_ = wrap_target();
+  prefetch();
+}
+
 std::vector<std::span<uint8_t>> TrunkStore::layer_buffers(int64_t first_layer) {
-  std::vector<std::span<uint8_t>> out;
+  std::vector<std::span<uint8_t>> out;  // the ring first: what streams from disk
+  for (Slot& s : ring_) out.emplace_back(s.buf.data(), s.buf.size());
   for (int64_t l = std::max(first_layer, pin_first_); l < pin_first_ + stats_.layers_pinned; ++l) {
     io::AlignedBuffer& b = pinned_[static_cast<size_t>(l - pin_first_) + 1];  // [0] is the head
     out.emplace_back(b.data(), b.size());
   }
-  for (Slot& s : ring_) out.emplace_back(s.buf.data(), s.buf.size());
   return out;
 }
 

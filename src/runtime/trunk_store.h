@@ -34,11 +34,11 @@
 // write only into slots whose reads are outstanding; pool threads inflating a block write only
 // that block's range of the destination and use one scratch each.
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <algorithm>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -122,13 +122,18 @@ class TrunkStore final : public model::TrunkSource {
   // The first layer the forward pass acquires from the store from now on; the layers before it
   // are served by someone else (GPU mode: the device holds them). The ring's read-ahead wraps
   // from the last layer to the first streamed layer at or after it, instead of reading layers
-  // nobody asks for every token. They can still be acquired (read then, not ahead).
-  void set_cycle_start(int64_t layer) {
-    cycle_start_ = layer;
-    if (next_prefetch_ >= 0 && next_prefetch_ < cycle_start_) next_prefetch_ = wrap_target();
+  // nobody asks for every token; ring slots holding (or reading) a layer below it are freed and
+  // refilled from the cycle. Such layers can still be acquired: read then, and the read-ahead
+  // goes on from there until it wraps.
+  void set_cycle_start(int64_t layer);
+  // The layer each ring slot holds or is reading (-1: free), for tests and reports.
+  std::vector<int64_t> ring_layers() const {
+    std::vector<int64_t> out;
+    for (const Slot& s : ring_) out.push_back(s.layer);
+    return out;
   }
-  // The buffers layers first_layer.. are handed out from (their pinned records, and the ring
-  // slots when any layer streams): what GPU mode page-locks so that its copies of the layers it
+  // The buffers layers first_layer.. are handed out from (the ring slots when any layer
+  // streams, then their pinned records): what GPU mode page-locks so that its copies of the layers it
   // streams run at link speed. Valid for the store's life.
   std::vector<std::span<uint8_t>> layer_buffers(int64_t first_layer);
 

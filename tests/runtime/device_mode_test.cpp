@@ -140,6 +140,8 @@ TEST_F(DeviceModeTest, HostTrunkComplementsTheDeviceTrunk) {
     ASSERT_LT(resident, layers_);
     ASSERT_GT(resident, 2) << "layers the device holds are not read per token by the host";
     EXPECT_EQ(store->first_pinned(), layers_ - pinned) << "the host pins the last layers";
+    // Both ring slots read ahead for the cycle (none is left holding a layer the device has).
+    for (int64_t l : store->ring_layers()) EXPECT_TRUE(l == -1 || l >= resident) << l;
     some_pinned = some_pinned || (pinned > 0 && pinned < layers_ - resident);
     uint64_t per_step = 0;
     for (int64_t l = resident; l < layers_ - pinned; ++l)
@@ -157,8 +159,10 @@ TEST_F(DeviceModeTest, HostTrunkComplementsTheDeviceTrunk) {
     ASSERT_TRUE(st.is_ok()) << st.status().message();
     EXPECT_EQ(store->stats().streamed_bytes_read - before,
               static_cast<uint64_t>(st->decode_steps) * per_step);
+    for (int64_t l : store->ring_layers()) EXPECT_TRUE(l == -1 || l >= resident) << l;
     const size_t n_logits = kDialTestPrompt.size() * static_cast<size_t>(vocab_);
     ASSERT_GE(reference_.size(), n_logits + 6);
+    ASSERT_GE(ids.size(), 6u);
     for (size_t i = 0; i < 6; ++i)
       EXPECT_EQ(static_cast<float>(ids[i]), reference_[n_logits + i]) << "greedy id " << i;
   }
