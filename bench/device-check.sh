@@ -6,8 +6,8 @@
 #   bash bench/device-check.sh build-device | tee $OUT/device-check.log
 # Steps: machine, module probe, the CUDA tests (every op against the CPU; GPU mode end to end),
 # device limits and GEMV ratios (bench device), then on a demo checkpoint decode with
-# everything resident and with VRAM budgets holding 50%, 25% and 10% of the experts, and a
-# closing table. Each step is independent: failures are reported, not fatal. About 5 minutes;
+# everything resident, with VRAM budgets holding 50%, 25% and 10% of the experts, and with half
+# the trunk (the other layers streamed per token), and a closing table. Each step is independent: failures are reported, not fatal. About 5 minutes;
 # every step has a timeout, and steps that would start after DEADLINE_S (default 480) seconds
 # are skipped, so one call of at most 600 s (the last step ends by ~545 s) reaches the table. The demo checkpoint is
 # generated in the background while the tests run (it needs no GPU).
@@ -76,6 +76,10 @@ for share in 50 25 10; do
   vram=$(python3 -c "import json; j=json.load(open('$OUTDIR/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes'] + d['working_set_bytes'] + (d['expert_keys']*$share//100 + v['slots'] - v['policy_slots']) * v['slot_bytes']))" 2>/dev/null)
   [ -n "$vram" ] && run "experts$share" $DEVICE --vram "$vram"
 done
+# Half the trunk: the rest of the layers streamed per token (copied ahead on the copy stream),
+# 10 % of the experts.
+vram=$(python3 -c "import json; j=json.load(open('$OUTDIR/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes']//2 + d['working_set_bytes'] + (d['expert_keys']//10 + 2*(v['slots'] - v['policy_slots'])) * v['slot_bytes']))" 2>/dev/null)
+[ -n "$vram" ] && run trunk50 $DEVICE --vram "$vram"
 step "table"
 python3 - "$OUTDIR" <<'PY'
 import json, os, sys
@@ -100,7 +104,7 @@ def ids(n):  # the generated ids a run printed (its last line of ids), or None
 ref = ids("cpu-reference")
 print(f"{'run':14} {'tok/s':>7} {'vram hit':>9} {'ram hit':>8} {'RAM->VRAM MB/tok':>17} {'layers':>7}"
       f" {'peak/vram':>9}  ids = cpu")
-for n in ["resident", "experts50", "experts25", "experts10", "cpu-reference"]:
+for n in ["resident", "experts50", "experts25", "experts10", "trunk50", "cpu-reference"]:
     j = load(f"run-{n}.json")
     if not j: print(f"{n:14} (no report)"); continue
     same = "-" if ref is None or n == "cpu-reference" else ("yes" if ids(n) == ref else "NO")
