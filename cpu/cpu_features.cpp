@@ -74,8 +74,7 @@ bool isa_supported(Isa isa) {
     case Isa::kAvx512: {
 #if KTIER_CPU_HAVE_AVX512
       const CpuFeatures& f = cpu_features();
-      return isa_supported(Isa::kAvx2) && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl &&
-             f.os_avx512;
+      return isa_supported(Isa::kAvx2) && f.avx512_subsets() && f.os_avx512;
 #else
       return false;
 #endif

@@ -14,6 +14,8 @@ struct CpuFeatures {
   // XCR0 (XGETBV) has the SSE, AVX, opmask, ZMM_Hi256 and Hi16_ZMM state bits: the OS saves
   // the full zmm state, so AVX-512 instructions may run.
   bool os_avx512 = false;
+  // The four AVX-512 subsets the AVX-512 kernels are compiled for (the OS's zmm support aside).
+  bool avx512_subsets() const { return avx512f && avx512bw && avx512dq && avx512vl; }
 };
 
 const CpuFeatures& cpu_features();

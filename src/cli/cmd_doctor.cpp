@@ -27,7 +27,7 @@ long long meminfo_kib(const std::string& key) {
 Status run_doctor() {
   const auto& f = cpu::cpu_features();
   std::printf("ktier %s (%s)\n", kVersion, kGitRevision);
-  const bool avx512 = f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl;
+  const bool avx512 = f.avx512_subsets();
   std::printf("cpu: %ld online cores, avx2=%s fma=%s f16c=%s avx512=%s%s -> %s kernels "
               "(--isa auto)\n",
               sysconf(_SC_NPROCESSORS_ONLN), f.avx2 ? "yes" : "no", f.fma ? "yes" : "no",
