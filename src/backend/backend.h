@@ -59,6 +59,11 @@ class Backend {
   // reports, and for the tests that hold GPU mode to its --vram budget.
   struct MemoryUse {
     uint64_t live = 0, peak = 0;
+    void allocated(uint64_t bytes) {
+      live += bytes;
+      if (live > peak) peak = live;
+    }
+    void released(uint64_t bytes) { live -= bytes; }
   };
   virtual MemoryUse memory_use() const { return {}; }
   // Keeps what this backend holds of the device's memory — handed out, plus released blocks it

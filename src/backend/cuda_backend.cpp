@@ -87,7 +87,7 @@ class CudaBackend final : public Backend {
     if (it == live_.end()) return;  // not ours (a bug; never free foreign memory)
     pool_[it->second].push_back(ptr);
     pooled_ += it->second;
-    use_.live -= it->second;
+    use_.released(it->second);
     live_.erase(it);
   }
   MemoryUse memory_use() const override { return use_; }
@@ -260,8 +260,7 @@ class CudaBackend final : public Backend {
   }
   void hand_out(void* p, size_t bytes) {
     live_[p] = bytes;
-    use_.live += bytes;
-    use_.peak = std::max(use_.peak, use_.live);
+    use_.allocated(bytes);
   }
   Status check(int rc, const std::string& what) const {
     if (rc == 0) return Status::ok();

@@ -34,15 +34,14 @@ class EmulatedDevice final : public Backend {
                              std::to_string(capacity_) + " in use");
     KTIER_ASSIGN_OR_RETURN(void* p, cpu_->allocate(bytes));
     blocks_[reinterpret_cast<uintptr_t>(p)] = bytes;
-    use_.live += bytes;
-    use_.peak = std::max(use_.peak, use_.live);
+    use_.allocated(bytes);
     return p;
   }
   void release(void* ptr) override {
     if (!ptr) return;
     auto it = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
     KTIER_CHECK_MSG(it != blocks_.end(), "release of a foreign pointer");
-    use_.live -= it->second;
+    use_.released(it->second);
     blocks_.erase(it);
     cpu_->release(ptr);
   }

@@ -34,8 +34,8 @@ uint64_t DeviceTrunk::layer_bytes(model::LayerWeights w) { return bytes_of(w); }
 uint64_t DeviceTrunk::head_bytes(model::HeadWeights w) { return bytes_of(w); }
 
 template <class Weights>
-Status DeviceTrunk::mirror(Weights& w, uint8_t* dst) {
-  DevicePlacer placer(be_, dst, bytes_of(w), /*async=*/false);
+Status DeviceTrunk::mirror(Weights& w, uint8_t* dst, bool async) {
+  DevicePlacer placer(be_, dst, bytes_of(w), async);
   Status status = Status::ok();
   model::for_each_tensor(
       w, [&](cpu::WeightMatrix& m) { if (status.is_ok()) status = placer.place(m); },
@@ -89,14 +89,14 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
   // The head and the resident layers.
   KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer hb, backend::BackendBuffer::allocate(be, head));
   t->head_ = host.head();
-  KTIER_RETURN_IF_ERROR(t->mirror(t->head_, hb.as<uint8_t>()));
+  KTIER_RETURN_IF_ERROR(t->mirror(t->head_, hb.as<uint8_t>(), /*async=*/false));
   t->bytes_ += head;
   t->buffers_.push_back(std::move(hb));
   for (int64_t l = 0; l < t->resident_; ++l) {
     KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host.acquire_layer(l));
     model::LayerWeights copy = *w;
     auto buf = backend::BackendBuffer::allocate(be, sizes[static_cast<size_t>(l)]);
-    Status s = buf.is_ok() ? t->mirror(copy, buf->as<uint8_t>()) : buf.status();
+    Status s = buf.is_ok() ? t->mirror(copy, buf->as<uint8_t>(), /*async=*/false) : buf.status();
     host.release_layer(l);  // the mirror holds no host pointer (its vectors are views)
     KTIER_RETURN_IF_ERROR(s);
     t->bytes_ += sizes[static_cast<size_t>(l)];
@@ -110,7 +110,7 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
     KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host.acquire_layer(l));
     model::LayerWeights r = routing_part(*w);
     auto buf = backend::BackendBuffer::allocate(be, routing[static_cast<size_t>(l)]);
-    Status s = buf.is_ok() ? t->mirror(r, buf->as<uint8_t>()) : buf.status();
+    Status s = buf.is_ok() ? t->mirror(r, buf->as<uint8_t>(), /*async=*/false) : buf.status();
     host.release_layer(l);
     KTIER_RETURN_IF_ERROR(s);
     t->bytes_ += routing[static_cast<size_t>(l)];
@@ -148,12 +148,9 @@ Status DeviceTrunk::load(int64_t l, StreamSlot& s) {
   s.weights = *w;
   s.layer = l;
   s.host_held = true;  // from here on the copy may read the host bytes
-  const uint64_t n = layer_bytes(s.weights);
-  DevicePlacer placer(be_, s.buf.as<uint8_t>(), slot_bytes_, /*async=*/true);
+  const uint64_t n = layer_bytes(s.weights);  // <= slot_bytes_, the largest layer's
   Status status = be_.copies_wait(s.read);
-  model::for_each_tensor(
-      s.weights, [&](cpu::WeightMatrix& m) { if (status.is_ok()) status = placer.place(m); },
-      [&](model::F32Vec& v) { if (status.is_ok()) status = placer.place(v); });
+  if (status.is_ok()) status = mirror(s.weights, s.buf.as<uint8_t>(), /*async=*/true);
   if (status.is_ok()) status = be_.mark_copies(s.copied);
   if (!status.is_ok()) {
     (void)be_.sync_copies();  // what was issued may still read the host layer

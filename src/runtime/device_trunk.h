@@ -58,9 +58,10 @@ class DeviceTrunk final : public model::TrunkSource {
 
  private:
   DeviceTrunk(model::TrunkSource& host, backend::Backend& be) : host_(host), be_(be) {}
-  // Copies `w` into `dst` (layer_bytes(w) of device memory) and points `w` at the copy.
+  // Copies `w` into `dst` (layer_bytes(w) of device memory) and points `w` at the copy; with
+  // `async` on the copy stream (DevicePlacer).
   template <class Weights>
-  Status mirror(Weights& w, uint8_t* dst);
+  Status mirror(Weights& w, uint8_t* dst, bool async);
 
   model::TrunkSource& host_;
   backend::Backend& be_;

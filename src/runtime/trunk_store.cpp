@@ -203,15 +203,19 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   return s;
 }
 
+void TrunkStore::free_slot(Slot& s) {
+  s.in_use = false;
+  s.ready = false;
+  s.layer = -1;
+  s.weights = {};
+}
+
 void TrunkStore::set_cycle_start(int64_t layer) {
   cycle_start_ = layer;
   for (Slot& s : ring_) {
     if (s.in_use || s.layer < 0 || s.layer >= cycle_start_) continue;
     (void)drain(&s);  // its read ahead is not wanted: let it land, then free the slot
-    s.layer = -1;
-    s.ready = false;
-    s.status = Status::ok();
-    s.weights = {};
+    free_slot(s);
   }
   if (next_prefetch_ < cycle_start_) next_prefetch_ = wrap_target();
   prefetch();
@@ -436,11 +440,7 @@ Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
 void TrunkStore::release_layer(int64_t l) {
   if (is_pinned(l)) return;
   for (Slot& s : ring_) {
-    if (s.layer != l || !s.in_use) continue;
-    s.in_use = false;
-    s.ready = false;
-    s.layer = -1;
-    s.weights = {};
+    if (s.layer == l && s.in_use) free_slot(s);
   }
   prefetch();
 }

@@ -162,6 +162,7 @@ class TrunkStore final : public model::TrunkSource {
   Status read_now(const pack::Record& r, uint8_t* dst, uint8_t* staging);
   Status start_read(Slot& s, int64_t layer);
   Status finish(Slot& s);  // waits for s's reads, verifies, binds
+  static void free_slot(Slot& s);  // holds nothing (its reads must have landed)
   Status drain(Slot* until);  // takes completions until `until` has none outstanding
   void take(size_t min_count);  // takes completions (blocking for min_count) into their slots
   Status finish_compressed(Slot& s);  // reads and inflates in parallel, as blocks land

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 
 #include "backend/cuda_backend.h"
 #include "engine_outputs.h"
@@ -65,15 +66,20 @@ class DeviceModeTest : public ::testing::Test {
     return {working_ + trunk_all_ + (experts_ + top_k_) * slot_,
             working_ + trunk_all_ / 2 + tier_min, minimum()};
   }
-  static uint64_t minimum() {
-    EngineOptions eo = emulated(0);  // the refusal states the minimum; found by bisection
-    uint64_t lo = 0, hi = working_ + trunk_all_ + 4 * top_k_ * slot_;
-    while (hi - lo > 4096) {
+  // The smallest --vram in (lo, hi] whose engine opens and satisfies `ok`, within `step`
+  // (bisection; `hi` must satisfy it).
+  static uint64_t smallest_vram(uint64_t lo, uint64_t hi, uint64_t step,
+                                const std::function<bool(const Engine&)>& ok) {
+    while (hi - lo > step) {
       const uint64_t mid = (lo + hi) / 2;
-      eo.vram_budget = mid;
-      (Engine::open(eo).is_ok() ? hi : lo) = mid;
+      auto e = Engine::open(emulated(mid));
+      (e.is_ok() && ok(**e) ? hi : lo) = mid;
     }
     return hi;
+  }
+  static uint64_t minimum() {  // the refusal states the minimum; found by bisection
+    return smallest_vram(0, working_ + trunk_all_ + 4 * top_k_ * slot_, 4096,
+                         [](const Engine&) { return true; });
   }
 
   static inline std::filesystem::path dir_;
@@ -230,15 +236,11 @@ TEST_F(DeviceModeTest, StreamedLayersAreCopiedOnceAheadOfUse) {
   std::vector<uint64_t> layer_bytes;
   for (int64_t l = 0; l < layers_; ++l)
     layer_bytes.push_back(DeviceTrunk::layer_bytes((*host)->weights()->layer(l)));
-  // The smallest budget with at least `resident` layers resident (found by bisection).
+  // The smallest budget with at least `resident` layers resident.
   auto budget_for = [&](int64_t resident) {
-    uint64_t lo = minimum(), hi = budgets()[0];
-    while (hi - lo > 256) {
-      const uint64_t mid = (lo + hi) / 2;
-      auto e = Engine::open(emulated(mid));
-      (e.is_ok() && (*e)->device_trunk()->resident_layers() >= resident ? hi : lo) = mid;
-    }
-    return hi;
+    return smallest_vram(minimum(), budgets()[0], 256, [&](const Engine& e) {
+      return e.device_trunk()->resident_layers() >= resident;
+    });
   };
   // The placements budgets can give, fewest streamed layers first (holding all but one or two
   // layers can cost more than holding all, when the two slots are larger than the last layers).
