@@ -36,12 +36,12 @@ class Binder {
     return cpu::WeightMatrix{weight_type_of(t.dtype), t.data, nullptr, rows, cols};
   }
 
-  // The first n elements of a float tensor, widened to f32.
+  // The first n elements of a float tensor, widened to f32 (zeros for a shape-only view).
   Result<std::vector<float>> vec(const std::string& name, int64_t n) {
     KTIER_ASSIGN_OR_RETURN(const TensorView t, find_(name));
     KTIER_CHECK_MSG(t.numel >= n, name.c_str());
     std::vector<float> out(static_cast<size_t>(n));
-    cpu::widen_to_f32(weight_type_of(t.dtype), t.data, n, out.data());
+    if (t.data) cpu::widen_to_f32(weight_type_of(t.dtype), t.data, n, out.data());
     return out;
   }
 
@@ -230,7 +230,7 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::load(const format::Checkpoin
 void for_each_tensor(LayerWeights& w, const std::function<void(cpu::WeightMatrix&)>& matrix,
                      const std::function<void(F32Vec&)>& vector) {
   auto m = [&](cpu::WeightMatrix& x) {
-    if (x.data) matrix(x);
+    if (x.rows > 0) matrix(x);
   };
   auto v = [&](F32Vec& x) {
     if (!x.empty()) vector(x);
@@ -254,9 +254,19 @@ void for_each_tensor(LayerWeights& w, const std::function<void(cpu::WeightMatrix
 
 void for_each_tensor(HeadWeights& w, const std::function<void(cpu::WeightMatrix&)>& matrix,
                      const std::function<void(F32Vec&)>& vector) {
-  if (w.lm_head.data) matrix(w.lm_head);
+  if (w.lm_head.rows > 0) matrix(w.lm_head);
   if (!w.final_norm.empty()) vector(w.final_norm);
   if (!w.f_out.empty()) vector(w.f_out);
+}
+
+Result<LayerWeights> TrunkSource::layer_shapes(int64_t l) {
+  KTIER_ASSIGN_OR_RETURN(const LayerWeights* acquired, acquire_layer(l));
+  LayerWeights w = *acquired;
+  release_layer(l);
+  for_each_tensor(
+      w, [](cpu::WeightMatrix& m) { m.data = nullptr, m.scales = nullptr; },
+      [](F32Vec& v) { v = F32Vec(std::vector<float>(v.size())); });
+  return w;
 }
 
 uint64_t matrix_bytes(const cpu::WeightMatrix& m) {

@@ -100,8 +100,9 @@ struct HeadWeights {  // §6.7
   F32Vec f_out;                        // folded output AttnRes scoring vector [E]
 };
 
-// Calls matrix(m) for every bound matrix (data != nullptr) and vector(v) for every non-empty
-// vector of the layer, in one fixed order (device mirrors copy them in that order).
+// Calls matrix(m) for every bound matrix (rows > 0; its data is null when bound from shapes
+// alone) and vector(v) for every non-empty vector of the layer, in one fixed order (device
+// mirrors copy them in that order).
 void for_each_tensor(LayerWeights& w, const std::function<void(cpu::WeightMatrix&)>& matrix,
                      const std::function<void(F32Vec&)>& vector);
 void for_each_tensor(HeadWeights& w, const std::function<void(cpu::WeightMatrix&)>& matrix,
@@ -110,7 +111,9 @@ void for_each_tensor(HeadWeights& w, const std::function<void(cpu::WeightMatrix&
 uint64_t matrix_bytes(const cpu::WeightMatrix& m);
 
 // Where the binders find a stored tensor: its dtype, element count and bytes (aligned to the
-// element size). The bytes must outlive the weights bound from them.
+// element size). The bytes must outlive the weights bound from them. Null data: shapes only —
+// the binders read nothing, a matrix is bound with null data and a vector as zeros of its size
+// (to size weights before, or without, reading them).
 struct TensorView {
   DType dtype = DType::kF32;
   int64_t numel = 0;
@@ -143,6 +146,11 @@ class TrunkSource {
   virtual const HeadWeights& head() const = 0;
   // Embedding rows of `ids` (each in [0, V)), widened to f32: out [ids.size(), E].
   virtual Status embed(std::span<const int32_t> ids, float* out) = 0;
+  // Layer l's weights from shapes alone (every matrix with its type and shape and null data,
+  // every vector zeros of its size): what sizing a copy of the layer needs. This default
+  // acquires the layer (a streaming source reads it); sources that stream override it to read
+  // nothing. Errors: acquire_layer's.
+  virtual Result<LayerWeights> layer_shapes(int64_t l);
 };
 
 // Every non-expert weight resident: views into the checkpoint's mapping (zero copy) or, in

@@ -46,18 +46,18 @@ Status DeviceTrunk::mirror(Weights& w, uint8_t* dst, bool async) {
 Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
                                                        backend::Backend& be,
                                                        uint64_t vram_bytes,
-                                                       uint64_t reserved_bytes) {
+                                                       uint64_t reserved_bytes,
+                                                       const std::function<void(int64_t)>& placed) {
   const uint64_t budget_bytes = vram_bytes > reserved_bytes ? vram_bytes - reserved_bytes : 0;
   std::unique_ptr<DeviceTrunk> t(new DeviceTrunk(host, be));
   const format::ModelConfig& c = host.config();
   const int64_t L = c.num_hidden_layers;
-  // Sizes first (acquiring each host layer once; a streaming host reads it).
+  // Sizes first, from shapes (a streaming host reads nothing for them).
   std::vector<uint64_t> sizes(static_cast<size_t>(L)), routing(static_cast<size_t>(L), 0);
   for (int64_t l = 0; l < L; ++l) {
-    KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host.acquire_layer(l));
-    sizes[static_cast<size_t>(l)] = layer_bytes(*w);
-    if (!c.is_dense(l)) routing[static_cast<size_t>(l)] = layer_bytes(routing_part(*w));
-    host.release_layer(l);
+    KTIER_ASSIGN_OR_RETURN(const model::LayerWeights shapes, host.layer_shapes(l));
+    sizes[static_cast<size_t>(l)] = layer_bytes(shapes);
+    if (!c.is_dense(l)) routing[static_cast<size_t>(l)] = layer_bytes(routing_part(shapes));
   }
   const uint64_t head = head_bytes(host.head());
   uint64_t all = head, all_routing = 0;
@@ -86,36 +86,31 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
     }
     t->slot_bytes_ = largest;
   }
-  // The head and the resident layers.
+  if (placed) placed(t->resident_);
+  // The head; then, each host layer acquired once and in order, the resident layers' mirrors and
+  // the streamed MoE layers' routing weights (for router lookahead).
   KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer hb, backend::BackendBuffer::allocate(be, head));
   t->head_ = host.head();
   KTIER_RETURN_IF_ERROR(t->mirror(t->head_, hb.as<uint8_t>(), /*async=*/false));
   t->bytes_ += head;
   t->buffers_.push_back(std::move(hb));
-  for (int64_t l = 0; l < t->resident_; ++l) {
+  t->routers_.resize(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) {
+    const bool resident = l < t->resident_;
+    if (!resident && c.is_dense(l)) continue;
+    const uint64_t n = resident ? sizes[static_cast<size_t>(l)] : routing[static_cast<size_t>(l)];
     KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host.acquire_layer(l));
-    model::LayerWeights copy = *w;
-    auto buf = backend::BackendBuffer::allocate(be, sizes[static_cast<size_t>(l)]);
+    model::LayerWeights copy = resident ? *w : routing_part(*w);
+    auto buf = backend::BackendBuffer::allocate(be, n);
     Status s = buf.is_ok() ? t->mirror(copy, buf->as<uint8_t>(), /*async=*/false) : buf.status();
     host.release_layer(l);  // the mirror holds no host pointer (its vectors are views)
     KTIER_RETURN_IF_ERROR(s);
-    t->bytes_ += sizes[static_cast<size_t>(l)];
+    t->bytes_ += n;
     t->buffers_.push_back(std::move(*buf));
-    t->layers_.push_back(std::move(copy));
-  }
-  // Routing weights of the streamed MoE layers, for router lookahead.
-  t->routers_.resize(static_cast<size_t>(L));
-  for (int64_t l = t->resident_; l < L; ++l) {
-    if (c.is_dense(l)) continue;
-    KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host.acquire_layer(l));
-    model::LayerWeights r = routing_part(*w);
-    auto buf = backend::BackendBuffer::allocate(be, routing[static_cast<size_t>(l)]);
-    Status s = buf.is_ok() ? t->mirror(r, buf->as<uint8_t>(), /*async=*/false) : buf.status();
-    host.release_layer(l);
-    KTIER_RETURN_IF_ERROR(s);
-    t->bytes_ += routing[static_cast<size_t>(l)];
-    t->buffers_.push_back(std::move(*buf));
-    t->routers_[static_cast<size_t>(l)] = std::move(r);
+    if (resident)
+      t->layers_.push_back(std::move(copy));
+    else
+      t->routers_[static_cast<size_t>(l)] = std::move(copy);
   }
   for (StreamSlot& slot : t->slots_) {
     if (t->slot_bytes_ == 0) break;

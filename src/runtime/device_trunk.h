@@ -14,6 +14,7 @@
 // Not thread-safe: one forward pass at a time, like every TrunkSource.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -32,11 +33,17 @@ class DeviceTrunk final : public model::TrunkSource {
   // Mirrors `host` (which must outlive this) into `be`'s memory within `vram_bytes` less
   // `reserved_bytes` (kept for others: the VRAM tier's minimum, the working set): the head, then as many layers as
   // fit while leaving room for two streaming slots of the largest layer and the routing weights
-  // of the layers that stream (none needed when all fit). Errors: the host's (reading layers),
-  // the backend's, and Status::budget (exit 4) naming --vram and its minimum (head, two slots,
-  // routers, and the reserve) when that does not fit.
-  static Result<std::unique_ptr<DeviceTrunk>> open(model::TrunkSource& host, backend::Backend& be,
-                                                   uint64_t vram_bytes, uint64_t reserved_bytes);
+  // of the layers that stream (none needed when all fit). The placement is sized from the
+  // host's layer_shapes; then each host layer the device needs (resident, or a streamed MoE
+  // layer's routing weights) is acquired once, in order. `placed`, when set, is told the number
+  // of resident layers before any layer is acquired (GPU mode: the host's TrunkStore starts its
+  // read-ahead cycle there, so that its ring reads ahead what this pass and then the first
+  // token acquire). Errors: the host's (reading layers), the backend's, and Status::budget (exit
+  // 4) naming --vram and its minimum (head, two slots, routers, and the reserve) when that does
+  // not fit.
+  static Result<std::unique_ptr<DeviceTrunk>> open(
+      model::TrunkSource& host, backend::Backend& be, uint64_t vram_bytes,
+      uint64_t reserved_bytes, const std::function<void(int64_t resident_layers)>& placed = {});
 
   const format::ModelConfig& config() const override { return host_.config(); }
   ~DeviceTrunk() override;

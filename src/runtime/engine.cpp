@@ -259,10 +259,13 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
   spdlog::info("device working set {} for {} positions in chunks of {}: state {}, activations {}{}",
                gib(working_bytes_), wl.positions, wl.chunk, gib(ws.state_bytes),
                gib(ws.activation_bytes), blas ? ", cuBLAS " + gib(blas) : std::string());
+  // From the mirror's pass on, the host reads ahead only the layers the device streams.
+  const auto start_host_cycle = [this](int64_t resident) {
+    if (store_) store_->set_cycle_start(resident);
+  };
   KTIER_ASSIGN_OR_RETURN(device_trunk_, DeviceTrunk::open(trunk, *backend_, vram,
-                                                          min_tier + working_bytes_));
-  // From now on the host serves only the layers the device streams.
-  if (store_) store_->set_cycle_start(device_trunk_->resident_layers());
+                                                          min_tier + working_bytes_,
+                                                          start_host_cycle));
   if (moe) {
     // Never more slots than every expert plus one fetch's bypass.
     const int64_t keys = c.num_moe_layers() * c.num_experts;

@@ -36,19 +36,16 @@ uint64_t RouterBank::bytes_needed(const format::Checkpoint& ckpt, int64_t from_l
 std::vector<uint64_t> RouterBank::layer_bytes(const format::Checkpoint& ckpt) {
   const format::ModelConfig& c = ckpt.config();
   std::vector<uint64_t> out(static_cast<size_t>(c.num_hidden_layers), 0);
-  std::vector<uint8_t> zeros;
+  // Binds from shapes alone (reads nothing) to learn the vectors' sizes.
+  const model::TensorLookup measure = [&](const std::string& name) -> Result<model::TensorView> {
+    const format::TensorInfo& t = *ckpt.find(name)->info;
+    return model::TensorView{t.dtype, t.numel(), nullptr};
+  };
   for (int64_t l = first_held(c, 0); l < c.num_hidden_layers; ++l) {
-    const std::string router = model::router_tensor_name(l);
-    // Binds against zero bytes (the matrix is never read) to learn the vectors' sizes.
-    const model::TensorLookup measure = [&](const std::string& name) -> Result<model::TensorView> {
-      const format::TensorInfo& t = *ckpt.find(name)->info;
-      if (name == router) return model::TensorView{t.dtype, t.numel(), nullptr};
-      if (zeros.size() < t.nbytes) zeros.resize(t.nbytes);
-      return model::TensorView{t.dtype, t.numel(), zeros.data()};
-    };
     auto w = model::bind_routing(c, l, measure);
     KTIER_CHECK(w.is_ok());
-    out[static_cast<size_t>(l)] = kept_bytes(w.value(), ckpt.find(router)->info->nbytes);
+    out[static_cast<size_t>(l)] =
+        kept_bytes(w.value(), ckpt.find(model::router_tensor_name(l))->info->nbytes);
   }
   return out;
 }

@@ -210,17 +210,6 @@ void TrunkStore::free_slot(Slot& s) {
   s.weights = {};
 }
 
-void TrunkStore::set_cycle_start(int64_t layer) {
-  cycle_start_ = layer;
-  for (Slot& s : ring_) {
-    if (s.in_use || s.layer < 0 || s.layer >= cycle_start_) continue;
-    (void)drain(&s);  // its read ahead is not wanted: let it land, then free the slot
-    free_slot(s);
-  }
-  if (next_prefetch_ < cycle_start_) next_prefetch_ = wrap_target();
-  prefetch();
-}
-
 std::vector<std::span<uint8_t>> TrunkStore::layer_buffers(int64_t first_layer) {
   std::vector<std::span<uint8_t>> out;  // the ring first: what streams from disk
   for (Slot& s : ring_) out.emplace_back(s.buf.data(), s.buf.size());
@@ -400,6 +389,11 @@ Status TrunkStore::finish(Slot& s) {
   return Status::ok();
 }
 
+Result<model::LayerWeights> TrunkStore::layer_shapes(int64_t l) {
+  KTIER_CHECK(l >= 0 && l < config().num_hidden_layers);
+  return model::bind_layer(config(), l, lookup_in(records_[static_cast<size_t>(l)], nullptr));
+}
+
 Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
   if (const model::LayerWeights* w = pinned_layer(l)) return w;
   auto it = std::find_if(ring_.begin(), ring_.end(), [&](const Slot& s) { return s.layer == l; });
@@ -452,7 +446,7 @@ model::TensorLookup TrunkStore::lookup_in(const pack::Record& r, const uint8_t* 
     const pack::TensorEntry& t = r.tensors[it->second.second];
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
-    return model::TensorView{t.dtype, numel, base + t.offset};
+    return model::TensorView{t.dtype, numel, base ? base + t.offset : nullptr};
   };
 }
 

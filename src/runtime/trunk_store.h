@@ -107,6 +107,8 @@ class TrunkStore final : public model::TrunkSource {
   void release_layer(int64_t l) override;
   const model::HeadWeights& head() const override { return head_; }
   Status embed(std::span<const int32_t> ids, float* out) override;
+  // From the record's tensor table: reads nothing.
+  Result<model::LayerWeights> layer_shapes(int64_t l) override;
 
   const TrunkStoreStats& stats() const { return stats_; }
   // Pinned layers are first_pinned() .. first_pinned() + layers_pinned - 1: the first ones, or
@@ -119,13 +121,15 @@ class TrunkStore final : public model::TrunkSource {
     return is_pinned(l) ? &pinned_weights_[static_cast<size_t>(l - pin_first_)] : nullptr;
   }
   const char* io_engine_name() const { return engine_->name(); }
-  // The first layer the forward pass acquires from the store from now on; the layers before it
-  // are served by someone else (GPU mode: the device holds them). The ring's read-ahead wraps
-  // from the last layer to the first streamed layer at or after it, instead of reading layers
-  // nobody asks for every token; ring slots holding (or reading) a layer below it are freed and
-  // refilled from the cycle. Such layers can still be acquired: read then, and the read-ahead
-  // goes on from there until it wraps.
-  void set_cycle_start(int64_t layer);
+  // The first layer the forward pass will acquire from the store once the current pass over
+  // the layers is done; the layers before it are served by someone else (GPU mode: the device
+  // holds them). From its next wrap on, the ring's read-ahead goes from the last layer to the
+  // first streamed layer at or after `layer`, instead of reading layers nobody asks for every
+  // token. The reads already under way are left as they are, for the pass that acquires the
+  // layers once more first (GPU mode: the device mirror's, which calls this before it starts).
+  // Any layer can still be acquired later: read then, and the read-ahead goes on from there
+  // until it wraps.
+  void set_cycle_start(int64_t layer) { cycle_start_ = layer; }
   // The layer each ring slot holds or is reading (-1: free), for tests and reports.
   std::vector<int64_t> ring_layers() const {
     std::vector<int64_t> out;
@@ -172,6 +176,7 @@ class TrunkStore final : public model::TrunkSource {
                         uint8_t* dst);
   Status verify_embed_record();  // pack mode: xxh3 of the embed record, streamed
   void prefetch();
+  // Finds r's tensors at `base` (the record's bytes); null base: shapes only (TensorView).
   model::TensorLookup lookup_in(const pack::Record& r, const uint8_t* base) const;
   std::vector<Source> sources_of(const pack::Record& r) const;
 

@@ -148,6 +148,16 @@ TEST_F(DeviceModeTest, HostTrunkComplementsTheDeviceTrunk) {
     EXPECT_EQ(store->first_pinned(), layers_ - pinned) << "the host pins the last layers";
     // Both ring slots read ahead for the cycle (none is left holding a layer the device has).
     for (int64_t l : store->ring_layers()) EXPECT_TRUE(l == -1 || l >= resident) << l;
+    // Opening read each layer the device needs once — the resident ones, and the streamed MoE
+    // layers' routing weights (sized from shapes, not read for that) — plus the cycle's first
+    // layers, read ahead for the first token.
+    uint64_t open_reads = 0;
+    for (int64_t l = 0; l < layers_; ++l)
+      if (!store->is_pinned(l) && (l < resident || !ck->config().is_dense(l)))
+        open_reads += plan.records[static_cast<size_t>(l)].bytes;
+    for (int64_t l : store->ring_layers())
+      if (l >= 0) open_reads += plan.records[static_cast<size_t>(l)].bytes;
+    EXPECT_EQ(store->stats().streamed_bytes_read, open_reads);
     some_pinned = some_pinned || (pinned > 0 && pinned < layers_ - resident);
     uint64_t per_step = 0;
     for (int64_t l = resident; l < layers_ - pinned; ++l)

@@ -13,6 +13,7 @@
 
 #include "io/fault_plan.h"
 #include "pack/pack_writer.h"
+#include "pack/trunk_pack.h"
 #include "runtime/engine.h"
 #include "runtime/engine_outputs.h"
 #include "runtime/generator.h"
@@ -149,6 +150,68 @@ TEST_F(TrunkStoreTest, StreamedExtraLeavesRoomForWhatTheStreamedLayersNeed) {
   auto exact = open_with(everything, per);
   ASSERT_TRUE(exact.is_ok());
   EXPECT_EQ((*exact)->stats().layers_pinned, L);
+}
+
+// What a device mirror sizes a layer from: layer_shapes gives every tensor the bound layer has,
+// with its type and shape and no bytes (null matrix data, zero vectors), and a streaming store
+// reads nothing for it; the default (acquire and copy) gives the same for the resident weights.
+TEST_F(TrunkStoreTest, LayerShapesMatchTheBoundLayerAndReadNothing) {
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+  ASSERT_TRUE(ckpt.is_ok());
+  ShardFiles shards;
+  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
+  auto pack = pack::TrunkPack::open(root_ / "pack", *ckpt);
+  ASSERT_TRUE(pack.is_ok()) << pack.status().message();
+  auto resident = model::ModelWeights::load(*ckpt);
+  ASSERT_TRUE(resident.is_ok());
+  struct Tensor {
+    cpu::WeightType type;
+    int64_t rows, cols;
+    bool operator==(const Tensor&) const = default;
+  };
+  // (type, rows, cols) of every matrix, then (f32, size, 1) of every vector, in visiting order;
+  // `bytes` says whether the data is there (shapes: null matrices, zero vectors).
+  auto describe = [](model::LayerWeights w, bool bytes) {
+    std::vector<Tensor> out;
+    model::for_each_tensor(
+        w,
+        [&](cpu::WeightMatrix& m) {
+          EXPECT_EQ(m.data != nullptr, bytes);
+          out.push_back({m.type, m.rows, m.cols});
+        },
+        [&](model::F32Vec& v) {
+          if (!bytes) {
+            EXPECT_TRUE(std::all_of(v.data(), v.data() + v.size(), [](float x) { return x == 0; }));
+          }
+          out.push_back({cpu::WeightType::kF32, static_cast<int64_t>(v.size()), 1});
+        });
+    return out;
+  };
+  const int64_t L = ckpt->config().num_hidden_layers;
+  for (const pack::TrunkPack* source : {static_cast<const pack::TrunkPack*>(nullptr),
+                                        static_cast<const pack::TrunkPack*>(&*pack)}) {
+    SCOPED_TRACE(source ? "pack" : "shards");
+    TrunkStoreOptions so;
+    so.budget_bytes = TrunkStore::minimum_bytes(*ckpt, source);
+    auto store = TrunkStore::open(*ckpt, source, *shards.engine, shards.files, so);
+    ASSERT_TRUE(store.is_ok()) << store.status().message();
+    ASSERT_EQ((*store)->stats().layers_pinned, 0);
+    for (int64_t l = 0; l < L; ++l) {
+      const uint64_t read = (*store)->stats().streamed_bytes_read;
+      auto shapes = (*store)->layer_shapes(l);
+      ASSERT_TRUE(shapes.is_ok());
+      EXPECT_EQ((*store)->stats().streamed_bytes_read, read) << "layer " << l;
+      auto bound = (*store)->acquire_layer(l);
+      ASSERT_TRUE(bound.is_ok());
+      const std::vector<Tensor> want = describe(**bound, true);
+      (*store)->release_layer(l);
+      EXPECT_GT(want.size(), 5u);
+      EXPECT_TRUE(describe(*shapes, false) == want) << "layer " << l;
+      auto defaulted = (*resident)->layer_shapes(l);
+      ASSERT_TRUE(defaulted.is_ok());
+      EXPECT_TRUE(describe(*defaulted, false) == want) << "layer " << l;
+    }
+  }
 }
 
 TEST_F(TrunkStoreTest, BudgetBelowTheMinimumIsRefusedWithExitFour) {
