@@ -223,6 +223,9 @@ int cublas_linear(const KtierCudaLinearJob* jobs, const int* idx, int n_idx, int
       return set_error(cudaErrorUnknown, op, "job %d: cuBLAS %s", idx[i],
                        cublas_status_name(st));
   }
+  // cuBLAS shares this runtime (static builds) and may leave a tolerated error of its own in
+  // the last-error slot; it must not be reported by the next launcher as that launch's failure.
+  (void)cudaGetLastError();
   return 0;
 }
 

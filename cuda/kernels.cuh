@@ -134,4 +134,17 @@ inline unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
 }
 
+// Lets `kernel` take `dynamic_bytes` of dynamic shared memory. Past 48 KiB per block — static
+// (the kernel's own __shared__ arrays) and dynamic together — a kernel must opt in; the
+// static part is asked of the runtime so that a size just under 48 KiB is not refused at launch.
+template <class Kernel>
+cudaError_t allow_dynamic_shared(Kernel* kernel, size_t dynamic_bytes) {
+  cudaFuncAttributes a{};
+  const cudaError_t err = cudaFuncGetAttributes(&a, kernel);
+  if (err != cudaSuccess) return err;
+  if (dynamic_bytes + a.sharedSizeBytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(dynamic_bytes));
+}
+
 }  // namespace ktier_cuda

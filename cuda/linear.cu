@@ -169,7 +169,8 @@ __host__ __device__ constexpr int mxfp4_rows_per_warp() { return NT <= 2 ? 4 : N
 // each row (8 elements, a quarter of a block; consecutive lanes read consecutive weight bytes and
 // consecutive x), in increasing order, U words per step with all loads issued first. Per word,
 // row and token: two f32 partial sums of 4 FMAs (elements 0-3, elements 4-7 of the word), added;
-// that sum times 2^(s - 127) (exact) is added to the (row, token) double accumulator. Words of a
+// that sum times 2^(s - 113) (exact; the E2M1 codes are decoded as binary16 values
+// 2^-14 times theirs) is added to the (row, token) double accumulator. Words of a
 // scale-255 block are skipped for that row (their x is never used). Lanes are summed by the
 // double butterfly; one rounding to f32.
 template <bool Vec, int NT>

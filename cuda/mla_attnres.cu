@@ -162,11 +162,8 @@ cudaError_t launch_mla_typed(const KtierCudaMlaDims& d, const float* q, int64_t 
                              const void* kv_b, const float* cache_c, const float* cache_r,
                              int64_t n_past, double scale, float* out, cudaStream_t s) {
   const size_t shmem = (static_cast<size_t>(kWarps + 2) * d.kv_lora + d.qk_rope) * sizeof(float);
-  if (shmem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        mla_kernel<Wt>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shmem));
-    if (err != cudaSuccess) return err;
-  }
+  const cudaError_t err = allow_dynamic_shared(mla_kernel<Wt>, shmem);
+  if (err != cudaSuccess) return err;
   const int64_t H = d.n_heads;
   const int64_t per_launch = 0x7fffffff / H;  // tokens per launch (gridDim.x limit)
   for (int64_t t0 = 0; t0 < T; t0 += per_launch) {

@@ -8,11 +8,25 @@
 
 #include "kernels.cuh"  // KTIER_CUDA_EXPORT
 
+namespace {
+
+// The virtual architectures this file is compiled for (nvcc's list, e.g. 800,860,890,900; the
+// whole module is built with one list): code for compute_XY runs on XY and newer.
+constexpr int kArchList[] = {__CUDA_ARCH_LIST__};
+constexpr int oldest_arch() {
+  int m = kArchList[0];
+  for (int a : kArchList) m = a < m ? a : m;
+  return m;
+}
+
+}  // namespace
+
 KTIER_CUDA_EXPORT int ktier_cuda_abi_version(void) { return KTIER_CUDA_ABI_VERSION; }
 
 KTIER_CUDA_EXPORT void ktier_cuda_probe(KtierCudaProbe* out) {
   std::memset(out, 0, sizeof(*out));
   out->abi_version = KTIER_CUDA_ABI_VERSION;
+  out->min_compute = oldest_arch() / 10;
   cudaRuntimeGetVersion(&out->runtime_version);
   cudaDriverGetVersion(&out->driver_version);
   int count = 0;
@@ -42,13 +56,14 @@ KTIER_CUDA_EXPORT void ktier_cuda_probe(KtierCudaProbe* out) {
     info.compute_major = prop.major;
     info.compute_minor = prop.minor;
     info.multiprocessors = prop.multiProcessorCount;
+    info.total_bytes = prop.totalGlobalMem;
+    if (d != 0) continue;  // no context on the devices ktier does not run on
     size_t free_b = 0, total_b = 0;
     if (cudaSetDevice(d) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
       info.free_bytes = free_b;
       info.total_bytes = total_b;
     } else {
       (void)cudaGetLastError();
-      info.total_bytes = prop.totalGlobalMem;
     }
   }
   if (restore) cudaSetDevice(current);

@@ -135,11 +135,8 @@ cudaError_t launch_router(const float* logits, const float* bias, int64_t T, int
                           int top_k, bool renormalize, double scaling, int32_t* ids,
                           float* weights, cudaStream_t s) {
   const size_t shmem = static_cast<size_t>(n_experts) * (2 * sizeof(double) + 1);
-  if (shmem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shmem));
-    if (err != cudaSuccess) return err;
-  }
+  const cudaError_t err = allow_dynamic_shared(router_kernel, shmem);
+  if (err != cudaSuccess) return err;
   for (int64_t t0 = 0; t0 < T; t0 += 0x7fffffff) {
     const int64_t nt = T - t0 < 0x7fffffff ? T - t0 : 0x7fffffff;
     router_kernel<<<static_cast<unsigned>(nt), kBlock, shmem, s>>>(

@@ -13,7 +13,9 @@
 //    tests/backend/cross_backend_test.cpp (arithmetic in cuda/README.md).
 //  * Errors the device can cause (launch failure, out of memory) are a Status (kRuntime);
 //    a violated REQUIRES of the CPU op still aborts (a caller bug).
-//  * Thread-safety: one Backend object is used from one thread at a time.
+//  * Thread-safety: one Backend object is used from one thread at a time; the CUDA backend
+//    from the thread that made it (the module keeps the current device and the cuBLAS handle
+//    per thread; linear() checks it).
 
 #include <cstddef>
 #include <cstdint>

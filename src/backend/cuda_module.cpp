@@ -23,8 +23,9 @@ namespace {
 Result<CudaModuleProbe> load_cuda_module() {
   std::vector<std::filesystem::path> candidates;
   // KTIER_CUDA_MODULE, when set, is the only place looked at (debugging a specific build).
+  // Made absolute: dlopen() would search the library path for a name without a slash.
   if (const char* env = std::getenv("KTIER_CUDA_MODULE"); env && *env)
-    candidates.emplace_back(env);
+    candidates.push_back(std::filesystem::absolute(env));
   else
     candidates.push_back(executable_dir() / "libktier_cuda.so");
 
@@ -72,6 +73,15 @@ Result<CudaModuleProbe> probe_cuda_module() {
   return probe;
 }
 
+std::string cuda_device_unsupported(const KtierCudaProbe& p, int d) {
+  const KtierCudaDeviceInfo& i = p.devices[d];
+  if (i.compute_major * 10 + i.compute_minor >= p.min_compute) return "";
+  char buf[400];
+  std::snprintf(buf, sizeof(buf), "GPU %d (%s) is sm_%d%d; the CUDA module has kernels for sm_%d "
+                "and newer only", d, i.name, i.compute_major, i.compute_minor, p.min_compute);
+  return buf;
+}
+
 std::string describe_cuda(const Result<CudaModuleProbe>& probe) {
   if (!probe.is_ok()) return "cuda: unavailable, using the CPU path: " + probe.status().message();
   const KtierCudaProbe& p = probe->probe;
@@ -89,10 +99,15 @@ std::string describe_cuda(const Result<CudaModuleProbe>& probe) {
   s = buf;
   for (int d = 0; d < p.device_count; ++d) {
     const KtierCudaDeviceInfo& i = p.devices[d];
-    std::snprintf(buf, sizeof(buf), "\n  [%d] %s, sm_%d%d, %d SMs, %.1f GiB total, %.1f GiB free",
-                  d, i.name, i.compute_major, i.compute_minor, i.multiprocessors,
-                  i.total_bytes / 1073741824.0, i.free_bytes / 1073741824.0);
+    std::snprintf(buf, sizeof(buf), "\n  [%d] %s, sm_%d%d, %d SMs, %.1f GiB total", d, i.name,
+                  i.compute_major, i.compute_minor, i.multiprocessors, i.total_bytes / 1073741824.0);
     s += buf;
+    if (d == 0) {  // the only one asked (see KtierCudaDeviceInfo::free_bytes)
+      std::snprintf(buf, sizeof(buf), ", %.1f GiB free", i.free_bytes / 1073741824.0);
+      s += buf;
+    }
+    if (!cuda_device_unsupported(p, d).empty())
+      s += " (unusable: needs sm_" + std::to_string(p.min_compute) + " or newer)";
   }
   return s;
 }

@@ -26,4 +26,8 @@ Result<CudaModuleProbe> probe_cuda_module();
 // One line for logs and `ktier doctor`: the devices, or why the CPU path is used.
 std::string describe_cuda(const Result<CudaModuleProbe>& probe);
 
+// Why device `d` of the probe cannot run the module's kernels (its compute capability is below
+// the oldest architecture the module was built for), or "" when it can.
+std::string cuda_device_unsupported(const KtierCudaProbe& p, int d);
+
 }  // namespace ktier::backend

@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-#define KTIER_CUDA_ABI_VERSION 5
+#define KTIER_CUDA_ABI_VERSION 6
 
 typedef struct KtierCudaDeviceInfo {
   char name[256];
@@ -18,7 +18,8 @@ typedef struct KtierCudaDeviceInfo {
   int compute_minor;
   int multiprocessors;
   uint64_t total_bytes;
-  uint64_t free_bytes;
+  uint64_t free_bytes;  /* device 0 only (the one ktier runs on), else 0: asking opens a context
+                           (hundreds of MB) on the device for the life of the process */
 } KtierCudaDeviceInfo;
 
 typedef struct KtierCudaProbe {
@@ -27,6 +28,9 @@ typedef struct KtierCudaProbe {
   int driver_version;   /* cudaDriverGetVersion; 0 when no driver is installed */
   int device_count;     /* usable CUDA devices; 0 when none */
   char error[256];      /* why device_count is 0, empty otherwise */
+  int min_compute;      /* 10 * major + minor of the oldest GPU the module has kernels for (the
+                           lowest architecture it was built for, e.g. 80): older ones cannot run
+                           it (ABI v6) */
   KtierCudaDeviceInfo devices[8];
 } KtierCudaProbe;
 

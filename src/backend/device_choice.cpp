@@ -8,7 +8,7 @@ std::string cuda_unusable_reason(const Result<CudaModuleProbe>& module) {
   if (!module.is_ok()) return module.status().message();
   if (module->probe.device_count == 0)
     return std::string("the CUDA module sees no usable GPU: ") + module->probe.error;
-  return "";
+  return cuda_device_unsupported(module->probe, 0);  // the device ktier runs on
 }
 
 }  // namespace

@@ -117,6 +117,9 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
     KTIER_ASSIGN_OR_RETURN(slot.buf, backend::BackendBuffer::allocate(be, t->slot_bytes_));
     KTIER_ASSIGN_OR_RETURN(slot.read, be.create_fence());
     KTIER_ASSIGN_OR_RETURN(slot.copied, be.create_fence());
+    // The block may be one the backend kept from a buffer whose ops are still queued (CUDA
+    // reuses released blocks in the ops stream's order): the first copy into it waits for them.
+    KTIER_RETURN_IF_ERROR(be.mark_ops(slot.read));
     t->bytes_ += t->slot_bytes_;
   }
   return t;

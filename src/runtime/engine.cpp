@@ -247,7 +247,6 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
   const uint64_t slot = moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0;
   const uint64_t min_tier = moe ? VramExpertTier::minimum_slots(c) * slot : 0;
   vram_bytes_ = vram;
-  backend_->limit_memory(vram);
   // The sequence's working set first: what every token needs, whatever the placement.
   const EngineOptions::Workload& wl = opts.workload;
   if (wl.positions < 1 || wl.chunk < 1)
@@ -256,6 +255,8 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
                                                   moe && lookahead_depth(opts) > 0);
   const uint64_t blas = backend_->uses_blas() ? blas_bytes(ckpt_, std::min(wl.chunk, wl.positions)) : 0;
   working_bytes_ = ws.total() + blas;
+  // What this backend allocates and keeps; cuBLAS's workspace and copies come on top of it.
+  backend_->limit_memory(vram > blas ? vram - blas : 0);
   spdlog::info("device working set {} for {} positions in chunks of {}: state {}, activations {}{}",
                gib(working_bytes_), wl.positions, wl.chunk, gib(ws.state_bytes),
                gib(ws.activation_bytes), blas ? ", cuBLAS " + gib(blas) : std::string());
