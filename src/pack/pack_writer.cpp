@@ -18,7 +18,7 @@
 #include "cpu/thread_pool.h"
 #include "pack/block_codec.h"
 #include "pack/trunk_pack.h"
-#include "synth/progress.h"
+#include "common/progress.h"
 
 namespace ktier::pack {
 namespace fs = std::filesystem;
@@ -31,7 +31,7 @@ std::string errno_text(int err) { return std::strerror(err); }
 // write() per full buffer. Removes the partial file unless finish() succeeded.
 class PartialFile {
  public:
-  PartialFile(fs::path path, uint64_t buffer_bytes, synth::ProgressMeter& meter)
+  PartialFile(fs::path path, uint64_t buffer_bytes, ProgressMeter& meter)
       : path_(std::move(path)), buffer_(buffer_bytes), meter_(meter) {}
   PartialFile(const PartialFile&) = delete;
   PartialFile& operator=(const PartialFile&) = delete;
@@ -119,7 +119,7 @@ class PartialFile {
 
   fs::path path_;
   std::vector<uint8_t> buffer_;
-  synth::ProgressMeter& meter_;
+  ProgressMeter& meter_;
   int fd_ = -1;
   uint64_t fill_ = 0;
   uint64_t written_ = 0;
@@ -368,7 +368,7 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
 
     const uint64_t buffer = std::clamp<uint64_t>(align_up(layout.file_size, kRecordAlignment),
                                                  kRecordAlignment, align_up(o.buffer_bytes, kRecordAlignment));
-    synth::ProgressMeter meter("pack", layout.file_size, o.progress);
+    ProgressMeter meter("pack", layout.file_size, o.progress);
     PartialFile out(pack_partial, buffer, meter);
     KTIER_RETURN_IF_ERROR(out.open());
     KTIER_RETURN_IF_ERROR(copy_records(ckpt, layout, o, out));

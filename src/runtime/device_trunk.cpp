@@ -1,10 +1,13 @@
 #include "runtime/device_trunk.h"
 
-#include "runtime/device_placement.h"
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstring>
 #include <utility>
+
+#include "common/progress.h"
+#include "runtime/device_placement.h"
 
 namespace ktier::runtime {
 namespace {
@@ -95,6 +98,10 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
   t->bytes_ += head;
   t->buffers_.push_back(std::move(hb));
   t->routers_.resize(static_cast<size_t>(L));
+  uint64_t to_copy = 0, copied = 0;
+  for (int64_t l = 0; l < t->resident_; ++l) to_copy += sizes[static_cast<size_t>(l)];
+  for (int64_t l = t->resident_; l < L; ++l) to_copy += routing[static_cast<size_t>(l)];
+  ProgressMeter meter("trunk to device", to_copy, spdlog::should_log(spdlog::level::info));
   for (int64_t l = 0; l < L; ++l) {
     const bool resident = l < t->resident_;
     if (!resident && c.is_dense(l)) continue;
@@ -111,7 +118,9 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
       t->layers_.push_back(std::move(copy));
     else
       t->routers_[static_cast<size_t>(l)] = std::move(copy);
+    meter.update(copied += n);
   }
+  meter.finish_if_shown(copied);
   for (StreamSlot& slot : t->slots_) {
     if (t->slot_bytes_ == 0) break;
     KTIER_ASSIGN_OR_RETURN(slot.buf, backend::BackendBuffer::allocate(be, t->slot_bytes_));

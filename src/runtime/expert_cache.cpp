@@ -5,7 +5,10 @@
 #include <cstring>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
 #include "common/check.h"
+#include "common/progress.h"
 #include "model/weights.h"
 
 namespace ktier::runtime {
@@ -96,7 +99,15 @@ Result<std::unique_ptr<ExpertCache>> ExpertCache::open(const format::Checkpoint&
   // Fault the arena in now: otherwise every first read into a slot pays for page allocation and
   // zeroing inside decode (measured: a tier larger than the working set ran 3x slower per token
   // on the development VM until every slot had been used once).
-  std::memset(x->arena_.data(), 0, x->arena_.size());
+  // (A K3 tier of a few hundred GB takes a while: progress on stderr at the info log level.)
+  ProgressMeter meter("expert RAM tier", x->arena_.size(), spdlog::should_log(spdlog::level::info));
+  constexpr size_t kFaultStep = size_t{256} << 20;
+  for (size_t at = 0; at < x->arena_.size(); at += kFaultStep) {
+    const size_t n = std::min(kFaultStep, x->arena_.size() - at);
+    std::memset(x->arena_.data() + at, 0, n);
+    meter.update(at + n);
+  }
+  meter.finish_if_shown(x->arena_.size());
   // Fixed buffers spare io_uring the per-read page pinning; a large arena may exceed the
   // registration table or RLIMIT_MEMLOCK, and then reads still work unregistered.
   x->arena_registered_ = engine.register_buffer(x->arena_.data(), x->arena_.size()).is_ok();

@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "common/check.h"
+#include "common/progress.h"
 #include "cpu/kernels.h"
 
 namespace ktier::runtime {
@@ -171,11 +172,17 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   }
   uint8_t* staging = pinned < L ? s->ring_[0].staging.data() : open_staging.data();
 
-  // Resident part: head and the pinned layers, read and verified now.
+  // Resident part: head and the pinned layers, read and verified now (K3's whole trunk is
+  // ~115 GB: progress on stderr while it loads, at the info log level).
+  uint64_t to_load = head.size, loaded = 0;
+  for (int64_t l = s->pin_first_; l < s->pin_first_ + pinned; ++l)
+    to_load += s->records_[static_cast<size_t>(l)].size;
+  ProgressMeter meter("loading trunk", to_load, spdlog::should_log(spdlog::level::info));
   KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer hb, io::AlignedBuffer::allocate(head.size));
   KTIER_RETURN_IF_ERROR(s->read_now(head, hb.data(), staging));
   KTIER_ASSIGN_OR_RETURN(s->head_, model::bind_head(c, s->lookup_in(head, hb.data())));
   s->pinned_.push_back(std::move(hb));
+  meter.update(loaded += head.size);
   for (int64_t l = s->pin_first_; l < s->pin_first_ + pinned; ++l) {
     const pack::Record& r = s->records_[static_cast<size_t>(l)];
     KTIER_ASSIGN_OR_RETURN(io::AlignedBuffer b, io::AlignedBuffer::allocate(r.size));
@@ -183,7 +190,9 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
     KTIER_ASSIGN_OR_RETURN(model::LayerWeights w, model::bind_layer(c, l, s->lookup_in(r, b.data())));
     s->pinned_weights_.push_back(std::move(w));
     s->pinned_.push_back(std::move(b));
+    meter.update(loaded += r.size);
   }
+  meter.finish_if_shown(loaded);
   for (const auto& b : s->pinned_) allocated += b.size();
   if (pinned < L) {
     s->next_prefetch_ = s->streamed_from(0);

@@ -18,7 +18,7 @@
 #include "format/safetensors_writer.h"
 #include "synth/config_gen.h"
 #include "synth/plan.h"
-#include "synth/progress.h"
+#include "common/progress.h"
 #include "synth/tokenizer_gen.h"
 #include "synth/values.h"
 

@@ -1,10 +1,10 @@
-#include "synth/progress.h"
+#include "common/progress.h"
 
 #include <unistd.h>
 
 #include <cstdio>
 
-namespace ktier::synth {
+namespace ktier {
 namespace {
 
 constexpr auto kTtyInterval = std::chrono::milliseconds(200);
@@ -53,6 +53,7 @@ void ProgressMeter::update(uint64_t done_bytes) {
                                 : std::chrono::duration_cast<std::chrono::steady_clock::duration>(kLogInterval)))
     return;
   last_print_ = now;
+  shown_ = true;
   const double s = std::chrono::duration<double>(now - start_).count();
   if (tty_) {
     std::fprintf(stderr, "\r\033[K%s", line(done_bytes, s).c_str());
@@ -69,4 +70,4 @@ void ProgressMeter::finish(uint64_t done_bytes) {
   std::fflush(stderr);
 }
 
-}  // namespace ktier::synth
+}  // namespace ktier

@@ -1,14 +1,15 @@
 #pragma once
-// Progress of a long write on stderr: bytes done / total, MB/s and ETA.
+// Progress of a long write or load on stderr: bytes done / total, MB/s and ETA.
 // On a terminal one line is redrawn in place at most every 200 ms; otherwise (a log file, a
 // pipe) a plain line is printed every 10 s, so logs stay short. finish() prints the final line
-// in both cases. Not thread-safe: one thread reports.
+// in both cases; finish_if_shown() only after a progress line was printed (loads that are over
+// before the first one say nothing). Not thread-safe: one thread reports.
 
 #include <chrono>
 #include <cstdint>
 #include <string>
 
-namespace ktier::synth {
+namespace ktier {
 
 class ProgressMeter {
  public:
@@ -16,6 +17,9 @@ class ProgressMeter {
   ProgressMeter(std::string label, uint64_t total_bytes, bool enabled);
   void update(uint64_t done_bytes);
   void finish(uint64_t done_bytes);
+  void finish_if_shown(uint64_t done_bytes) {
+    if (shown_) finish(done_bytes);
+  }
 
  private:
   std::string line(uint64_t done, double seconds) const;
@@ -24,8 +28,9 @@ class ProgressMeter {
   uint64_t total_;
   bool enabled_;
   bool tty_;
+  bool shown_ = false;  // a progress line was printed
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_print_;
 };
 
-}  // namespace ktier::synth
+}  // namespace ktier
