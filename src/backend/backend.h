@@ -72,35 +72,40 @@ class Backend {
   // keeps for reuse (CUDA) — within `bytes` where it can: kept blocks are given back before an
   // allocation would pass it. GPU mode sets its --vram. No-op where nothing is kept.
   virtual void limit_memory(uint64_t bytes) {}
-  // Copies ahead of need, on a second (copy) stream, so they overlap the ops:
-  //  * copy_async: host -> backend memory, in issue order with the other copy_async calls; the
-  //    host bytes must stay unchanged until sync_copies() returns (or host_wait() on a fence
-  //    marked after the copy, below), and the destination must not
-  //    be released while copies may run (it is not ordered with release()).
-  //  * copies_after_ops: later copy_async calls wait for the ops issued so far (a slot the ops
+  // Copies ahead of need, on copy streams of their own, so they overlap the ops. Two queues,
+  // independent of each other (CUDA: two copy streams), so that the copies the next ops need
+  // soon never wait behind large ones issued ahead: CopyQueue::kExperts (the VRAM expert tier's
+  // slots) and CopyQueue::kLayers (the streamed trunk layers' copy-ahead). Per queue q:
+  //  * copy_async(q, ...): host -> backend memory, in issue order with q's other copies; the
+  //    host bytes must stay unchanged until sync_copies(q) returns (or host_wait() on a fence
+  //    marked on q after the copy, below), and the destination must not be released while
+  //    copies may run (it is not ordered with release()).
+  //  * copies_after_ops(q): q's later copies wait for the ops issued so far (a slot the ops
   //    still read is not overwritten).
-  //  * ops_after_copies: later ops wait for the copies issued so far.
-  //  * sync_copies: the host waits for the copies issued so far.
+  //  * ops_after_copies(q): later ops wait for the copies issued on q so far.
+  //  * sync_copies(q): the host waits for the copies issued on q so far.
   // The CPU backends copy at once; the fences are then no-ops.
-  virtual Status copy_async(void* dst, const void* host_src, size_t bytes) {
+  enum class CopyQueue : uint8_t { kExperts, kLayers };
+  static constexpr CopyQueue kCopyQueues[] = {CopyQueue::kExperts, CopyQueue::kLayers};
+  virtual Status copy_async(CopyQueue q, void* dst, const void* host_src, size_t bytes) {
     return upload(dst, host_src, bytes);
   }
-  virtual Status copies_after_ops() { return Status::ok(); }
-  virtual Status ops_after_copies() { return Status::ok(); }
-  virtual Status sync_copies() { return Status::ok(); }
-  // Fences at chosen points of the two streams (CUDA events), for a caller that keeps several
+  virtual Status copies_after_ops(CopyQueue q) { return Status::ok(); }
+  virtual Status ops_after_copies(CopyQueue q) { return Status::ok(); }
+  virtual Status sync_copies(CopyQueue q) { return Status::ok(); }
+  // Fences at chosen points of the streams (CUDA events), for a caller that keeps several
   // copies in flight and must wait for one, not all. A caller creates its fences once and
   // records them again and again; a fence never recorded has passed.
-  //  * mark_ops(f): f = the ops issued so far; mark_copies(f): f = the copy_async calls so far.
-  //  * copies_wait(f): later copy_async calls wait for f; ops_wait(f): later ops wait for f;
+  //  * mark_ops(f): f = the ops issued so far; mark_copies(f, q): f = q's copies so far.
+  //  * copies_wait(f, q): q's later copies wait for f; ops_wait(f): later ops wait for f;
   //    host_wait(f): the host waits for f.
   // The CPU backend runs everything at once: all are no-ops there.
   using Fence = int;
   virtual Result<Fence> create_fence() { return Fence{0}; }
   virtual void destroy_fence(Fence f) {}
   virtual Status mark_ops(Fence f) { return Status::ok(); }
-  virtual Status mark_copies(Fence f) { return Status::ok(); }
-  virtual Status copies_wait(Fence f) { return Status::ok(); }
+  virtual Status mark_copies(Fence f, CopyQueue q) { return Status::ok(); }
+  virtual Status copies_wait(Fence f, CopyQueue q) { return Status::ok(); }
   virtual Status ops_wait(Fence f) { return Status::ok(); }
   virtual Status host_wait(Fence f) { return Status::ok(); }
   // Page-locks host memory that uploads will read (a RAM tier's arena), so they run at full link

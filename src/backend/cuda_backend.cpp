@@ -1,5 +1,5 @@
 // The CUDA backend: forwards every op to the module's table on one non-blocking stream, and
-// copy_async to a second one (copies ahead of need), ordered by two events.
+// copy_async to one copy stream per CopyQueue (copies ahead of need), ordered by events.
 #include "backend/cuda_backend.h"
 
 #include "common/check.h"
@@ -29,16 +29,18 @@ class CudaBackend final : public Backend {
   CudaBackend(const KtierCudaOps* ops, int device, std::string name)
       : ops_(ops), device_(device), name_(std::move(name)) {}
   ~CudaBackend() override {
-    if (copy_stream_) ops_->stream_synchronize(copy_stream_);
+    for (KtierCudaStream c : copy_streams_)
+      if (c) ops_->stream_synchronize(c);
     if (stream_) ops_->stream_synchronize(stream_);
     for (auto& [bytes, list] : pool_)
       for (void* p : list) ops_->free_device(p);
     for (auto& [p, bytes] : live_) ops_->free_device(p);
-    for (KtierCudaEvent e : {ops_done_, copies_done_})
+    for (KtierCudaEvent e : {ops_done_, copies_done_[0], copies_done_[1]})
       if (e) ops_->event_destroy(e);
     for (KtierCudaEvent e : fences_)
       if (e) ops_->event_destroy(e);
-    if (copy_stream_) ops_->stream_destroy(copy_stream_);
+    for (KtierCudaStream c : copy_streams_)
+      if (c) ops_->stream_destroy(c);
     if (stream_) ops_->stream_destroy(stream_);
   }
 
@@ -48,9 +50,11 @@ class CudaBackend final : public Backend {
     uses_blas_ = ops_->uses_cublas() != 0;
     name_.insert(name_.size() - 1, uses_blas_ ? ", cuBLAS" : ", no cuBLAS: fused kernels for prefill");
     KTIER_RETURN_IF_ERROR(check(ops_->stream_create(&stream_), "stream_create"));
-    KTIER_RETURN_IF_ERROR(check(ops_->stream_create(&copy_stream_), "stream_create (copies)"));
-    KTIER_RETURN_IF_ERROR(check(ops_->event_create(&ops_done_), "event_create"));
-    return check(ops_->event_create(&copies_done_), "event_create");
+    for (int q = 0; q < 2; ++q) {
+      KTIER_RETURN_IF_ERROR(check(ops_->stream_create(&copy_streams_[q]), "stream_create (copies)"));
+      KTIER_RETURN_IF_ERROR(check(ops_->event_create(&copies_done_[q]), "event_create"));
+    }
+    return check(ops_->event_create(&ops_done_), "event_create");
   }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
@@ -60,8 +64,9 @@ class CudaBackend final : public Backend {
   // A forward pass allocates the same scratch sizes on every token; cudaMalloc and cudaFree
   // are slow and synchronise the device, so released blocks are kept by size and handed out
   // again. Reuse is safe without events because every op runs on the ops stream, so the next
-  // user of a block is ordered after the last; copy_async (the other stream) may only write
-  // memory that is never released while copies run (the VRAM tier's arena).
+  // user of a block is ordered after the last; copy_async (the copy streams) may only write
+  // memory that is never released while copies run, and must wait for the ops queued before
+  // its first copy into a block (the VRAM tier's arena, DeviceTrunk's slots).
   Result<void*> allocate(size_t bytes) override {
     if (bytes == 0) bytes = 1;
     if (auto it = pool_.find(bytes); it != pool_.end() && !it->second.empty()) {
@@ -111,16 +116,17 @@ class CudaBackend final : public Backend {
   Status copy(void* dst, const void* src, size_t bytes) override {
     return check(ops_->memcpy_async(dst, src, bytes, stream_), "copy");
   }
-  Status copy_async(void* dst, const void* src, size_t bytes) override {
-    return check(ops_->memcpy_async(dst, src, bytes, copy_stream_), "copy_async");
+  Status copy_async(CopyQueue q, void* dst, const void* src, size_t bytes) override {
+    return check(ops_->memcpy_async(dst, src, bytes, copies(q)), "copy_async");
   }
-  Status copies_after_ops() override {
+  Status copies_after_ops(CopyQueue q) override {
     KTIER_RETURN_IF_ERROR(check(ops_->event_record(ops_done_, stream_), "event_record"));
-    return check(ops_->stream_wait_event(copy_stream_, ops_done_), "stream_wait_event");
+    return check(ops_->stream_wait_event(copies(q), ops_done_), "stream_wait_event");
   }
-  Status ops_after_copies() override {
-    KTIER_RETURN_IF_ERROR(check(ops_->event_record(copies_done_, copy_stream_), "event_record"));
-    return check(ops_->stream_wait_event(stream_, copies_done_), "stream_wait_event");
+  Status ops_after_copies(CopyQueue q) override {
+    KtierCudaEvent done = copies_done_[static_cast<int>(q)];
+    KTIER_RETURN_IF_ERROR(check(ops_->event_record(done, copies(q)), "event_record"));
+    return check(ops_->stream_wait_event(stream_, done), "stream_wait_event");
   }
   Result<Fence> create_fence() override {
     KtierCudaEvent e = nullptr;
@@ -137,11 +143,11 @@ class CudaBackend final : public Backend {
   Status mark_ops(Fence f) override {
     return check(ops_->event_record(fence(f), stream_), "event_record (fence)");
   }
-  Status mark_copies(Fence f) override {
-    return check(ops_->event_record(fence(f), copy_stream_), "event_record (fence)");
+  Status mark_copies(Fence f, CopyQueue q) override {
+    return check(ops_->event_record(fence(f), copies(q)), "event_record (fence)");
   }
-  Status copies_wait(Fence f) override {
-    return check(ops_->stream_wait_event(copy_stream_, fence(f)), "stream_wait_event (fence)");
+  Status copies_wait(Fence f, CopyQueue q) override {
+    return check(ops_->stream_wait_event(copies(q), fence(f)), "stream_wait_event (fence)");
   }
   Status ops_wait(Fence f) override {
     return check(ops_->stream_wait_event(stream_, fence(f)), "stream_wait_event (fence)");
@@ -149,8 +155,8 @@ class CudaBackend final : public Backend {
   Status host_wait(Fence f) override {
     return check(ops_->event_synchronize(fence(f)), "event_synchronize (fence)");
   }
-  Status sync_copies() override {
-    return check(ops_->stream_synchronize(copy_stream_), "stream_synchronize (copies)");
+  Status sync_copies(CopyQueue q) override {
+    return check(ops_->stream_synchronize(copies(q)), "stream_synchronize (copies)");
   }
   Result<uint64_t> free_memory() override {
     size_t free_b = 0, total_b = 0;
@@ -262,6 +268,7 @@ class CudaBackend final : public Backend {
     pooled_ = 0;
     return Status::ok();
   }
+  KtierCudaStream copies(CopyQueue q) const { return copy_streams_[static_cast<int>(q)]; }
   KtierCudaEvent& fence(Fence f) {
     KTIER_CHECK_MSG(f >= 0 && static_cast<size_t>(f) < fences_.size() && fences_[f], "unknown fence");
     return fences_[static_cast<size_t>(f)];
@@ -289,8 +296,8 @@ class CudaBackend final : public Backend {
   bool uses_blas_ = false;
   std::thread::id owner_;  // the thread that called init (current device, cuBLAS handle)
   KtierCudaStream stream_ = nullptr;       // the ops
-  KtierCudaStream copy_stream_ = nullptr;  // copy_async
-  KtierCudaEvent ops_done_ = nullptr, copies_done_ = nullptr;
+  KtierCudaStream copy_streams_[2] = {};   // copy_async, per CopyQueue
+  KtierCudaEvent ops_done_ = nullptr, copies_done_[2] = {};
   std::vector<KtierCudaEvent> fences_;  // create_fence(); null once destroyed
   void* argmax_out_ = nullptr;  // device int64, from allocate()
   std::unordered_map<void*, size_t> live_;                 // handed out: pointer -> bytes

@@ -4,12 +4,14 @@
 // on machines without a GPU, and gives the CPU's bytes, so tests can demand byte identity.
 //
 // copy_async is as late as the contract allows: the destination is poisoned (NaN bytes) at
-// once, and the host bytes are read only when ops_after_copies() or sync_copies() is called. So
-// an op that reads a copy before its fence sees NaN, and host memory overwritten before
-// sync_copies() lands in the copy: both change the output, which the tests compare.
+// once, and the host bytes are read only when ops_after_copies(q), sync_copies(q) or a wait on
+// a fence marked on q after it is called — a wait on the other queue never applies it. So an op
+// that reads a copy before its fence sees NaN, and host memory overwritten before the wait
+// lands in the copy: both change the output, which the tests compare.
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,34 +69,36 @@ class EmulatedDevice final : public Backend {
     mine(src, bytes, "copy source");
     return cpu_->copy(dst, src, bytes);
   }
-  Status copy_async(void* dst, const void* src, size_t bytes) override {
+  Status copy_async(CopyQueue q, void* dst, const void* src, size_t bytes) override {
     mine(dst, bytes, "copy_async destination");
     KTIER_RETURN_IF_ERROR(cpu_->fill(dst, 0xff, bytes));
-    pending_.push_back({dst, src, bytes, ++copies_issued_});
+    Queue& queue = queues_[static_cast<int>(q)];
+    queue.pending.push_back({dst, src, bytes, ++queue.issued});
     return Status::ok();
   }
-  Status ops_after_copies() override { return apply_copies(copies_issued_); }
-  Status sync_copies() override { return apply_copies(copies_issued_); }
-  // A fence is the number of copies issued when it was marked: waiting for it applies those
-  // copies and no later one (marks of the ops stream are passed at once: ops run at call time).
+  Status ops_after_copies(CopyQueue q) override { return apply_copies(q, issued(q)); }
+  Status sync_copies(CopyQueue q) override { return apply_copies(q, issued(q)); }
+  // A fence marked on queue q is the number of q's copies issued then: waiting for it applies
+  // those copies and no later one, and none of the other queue (marks of the ops stream are
+  // passed at once: ops run at call time).
   Result<Fence> create_fence() override {
-    fences_.push_back(0);
+    fences_.push_back({});
     return static_cast<Fence>(fences_.size() - 1);
   }
   Status mark_ops(Fence f) override {
+    fence(f) = {};
+    return Status::ok();
+  }
+  Status mark_copies(Fence f, CopyQueue q) override {
+    fence(f) = {q, issued(q)};
+    return Status::ok();
+  }
+  Status copies_wait(Fence f, CopyQueue) override {
     (void)fence(f);
     return Status::ok();
   }
-  Status mark_copies(Fence f) override {
-    fence(f) = copies_issued_;
-    return Status::ok();
-  }
-  Status copies_wait(Fence f) override {
-    (void)fence(f);
-    return Status::ok();
-  }
-  Status ops_wait(Fence f) override { return apply_copies(fence(f)); }
-  Status host_wait(Fence f) override { return apply_copies(fence(f)); }
+  Status ops_wait(Fence f) override { return pass(fence(f)); }
+  Status host_wait(Fence f) override { return pass(fence(f)); }
   Status synchronize() override { return Status::ok(); }
 
   Status linear(const cpu::LinearJob* jobs, int n_jobs) override {
@@ -229,34 +233,45 @@ class EmulatedDevice final : public Backend {
     if (w.type == cpu::WeightType::kMxfp4) mine(w.scales, weight_scale_bytes(w), what);
   }
 
-  // Applies the pending copies numbered up to `last`, in issue order.
-  Status apply_copies(uint64_t last) {
-    size_t n = 0;
-    while (n < pending_.size() && pending_[n].number <= last) {
-      const PendingCopy& c = pending_[n++];
-      KTIER_RETURN_IF_ERROR(cpu_->upload(c.dst, c.src, c.bytes));
-    }
-    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
-    return Status::ok();
-  }
-  uint64_t& fence(Fence f) {
-    KTIER_CHECK_MSG(f >= 0 && static_cast<size_t>(f) < fences_.size(), "unknown fence");
-    return fences_[static_cast<size_t>(f)];
-  }
-
   struct PendingCopy {
     void* dst;
     const void* src;
     size_t bytes;
-    uint64_t number;  // 1 = the first copy_async
+    uint64_t number;  // 1 = the queue's first copy_async
   };
+  struct Queue {
+    std::vector<PendingCopy> pending;  // copy_async calls not applied yet, in issue order
+    uint64_t issued = 0;
+  };
+  struct FenceMark {
+    std::optional<CopyQueue> queue;  // none: the ops stream's (or never marked): passed
+    uint64_t copies = 0;             // the queue's copies issued when marked
+  };
+
+  uint64_t issued(CopyQueue q) const { return queues_[static_cast<int>(q)].issued; }
+  // Applies q's pending copies numbered up to `last`, in issue order.
+  Status apply_copies(CopyQueue q, uint64_t last) {
+    std::vector<PendingCopy>& pending = queues_[static_cast<int>(q)].pending;
+    size_t n = 0;
+    while (n < pending.size() && pending[n].number <= last) {
+      const PendingCopy& c = pending[n++];
+      KTIER_RETURN_IF_ERROR(cpu_->upload(c.dst, c.src, c.bytes));
+    }
+    pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
+    return Status::ok();
+  }
+  Status pass(const FenceMark& m) { return m.queue ? apply_copies(*m.queue, m.copies) : Status::ok(); }
+  FenceMark& fence(Fence f) {
+    KTIER_CHECK_MSG(f >= 0 && static_cast<size_t>(f) < fences_.size(), "unknown fence");
+    return fences_[static_cast<size_t>(f)];
+  }
+
   std::unique_ptr<Backend> cpu_;
   const uint64_t capacity_;             // bytes that may be held at once
   MemoryUse use_;
   std::map<uintptr_t, size_t> blocks_;  // allocation start -> bytes
-  std::vector<PendingCopy> pending_;    // copy_async calls not applied yet, in issue order
-  uint64_t copies_issued_ = 0;
-  std::vector<uint64_t> fences_;        // per fence: copies issued when last marked
+  Queue queues_[2];                     // per CopyQueue
+  std::vector<FenceMark> fences_;       // per fence: where it was last marked
 };
 
 }  // namespace

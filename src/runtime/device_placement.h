@@ -5,6 +5,7 @@
 // layers with it, VramExpertTier one expert per slot.
 
 #include <cstdint>
+#include <optional>
 
 #include "backend/backend.h"
 #include "model/weights.h"
@@ -13,11 +14,12 @@ namespace ktier::runtime {
 
 class DevicePlacer {
  public:
-  // Places into [base, base + capacity) of `be`'s memory; `async`: on the copy stream
-  // (Backend::copy_async, the host bytes must stay put until sync_copies or a host_wait on a
-  // fence marked after them), else upload().
-  DevicePlacer(backend::Backend& be, uint8_t* base, uint64_t capacity, bool async)
-      : be_(be), base_(base), capacity_(capacity), async_(async) {}
+  // Places into [base, base + capacity) of `be`'s memory: with a `queue`, copies ahead on that
+  // copy queue (Backend::copy_async: the host bytes must stay put until sync_copies or a
+  // host_wait on a fence marked after them); without one, upload() now.
+  DevicePlacer(backend::Backend& be, uint8_t* base, uint64_t capacity,
+               std::optional<backend::Backend::CopyQueue> queue)
+      : be_(be), base_(base), capacity_(capacity), queue_(queue) {}
 
   // Bytes a piece takes when placed.
   static uint64_t bytes(const cpu::WeightMatrix& m) {
@@ -54,7 +56,7 @@ class DevicePlacer {
                              "the " + std::to_string(capacity_ - used_) + " bytes left");
     uint8_t* dst = base_ + used_;
     if (n > 0)
-      KTIER_RETURN_IF_ERROR(async_ ? be_.copy_async(dst, src, n) : be_.upload(dst, src, n));
+      KTIER_RETURN_IF_ERROR(queue_ ? be_.copy_async(*queue_, dst, src, n) : be_.upload(dst, src, n));
     used_ += backend::device_aligned(n);
     *placed = dst;
     return Status::ok();
@@ -63,7 +65,7 @@ class DevicePlacer {
   backend::Backend& be_;
   uint8_t* base_;
   uint64_t capacity_, used_ = 0;
-  bool async_;
+  std::optional<backend::Backend::CopyQueue> queue_;
 };
 
 }  // namespace ktier::runtime

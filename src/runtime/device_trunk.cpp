@@ -37,8 +37,9 @@ uint64_t DeviceTrunk::layer_bytes(model::LayerWeights w) { return bytes_of(w); }
 uint64_t DeviceTrunk::head_bytes(model::HeadWeights w) { return bytes_of(w); }
 
 template <class Weights>
-Status DeviceTrunk::mirror(Weights& w, uint8_t* dst, bool async) {
-  DevicePlacer placer(be_, dst, bytes_of(w), async);
+Status DeviceTrunk::mirror(Weights& w, uint8_t* dst, bool ahead) {
+  DevicePlacer placer(be_, dst, bytes_of(w),
+                      ahead ? std::optional(kQueue) : std::nullopt);
   Status status = Status::ok();
   model::for_each_tensor(
       w, [&](cpu::WeightMatrix& m) { if (status.is_ok()) status = placer.place(m); },
@@ -94,7 +95,7 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
   // the streamed MoE layers' routing weights (for router lookahead).
   KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer hb, backend::BackendBuffer::allocate(be, head));
   t->head_ = host.head();
-  KTIER_RETURN_IF_ERROR(t->mirror(t->head_, hb.as<uint8_t>(), /*async=*/false));
+  KTIER_RETURN_IF_ERROR(t->mirror(t->head_, hb.as<uint8_t>(), /*ahead=*/false));
   t->bytes_ += head;
   t->buffers_.push_back(std::move(hb));
   t->routers_.resize(static_cast<size_t>(L));
@@ -109,7 +110,7 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
     KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host.acquire_layer(l));
     model::LayerWeights copy = resident ? *w : routing_part(*w);
     auto buf = backend::BackendBuffer::allocate(be, n);
-    Status s = buf.is_ok() ? t->mirror(copy, buf->as<uint8_t>(), /*async=*/false) : buf.status();
+    Status s = buf.is_ok() ? t->mirror(copy, buf->as<uint8_t>(), /*ahead=*/false) : buf.status();
     host.release_layer(l);  // the mirror holds no host pointer (its vectors are views)
     KTIER_RETURN_IF_ERROR(s);
     t->bytes_ += n;
@@ -156,11 +157,11 @@ Status DeviceTrunk::load(int64_t l, StreamSlot& s) {
   s.layer = l;
   s.host_held = true;  // from here on the copy may read the host bytes
   const uint64_t n = layer_bytes(s.weights);  // <= slot_bytes_, the largest layer's
-  Status status = be_.copies_wait(s.read);
-  if (status.is_ok()) status = mirror(s.weights, s.buf.as<uint8_t>(), /*async=*/true);
-  if (status.is_ok()) status = be_.mark_copies(s.copied);
+  Status status = be_.copies_wait(s.read, kQueue);
+  if (status.is_ok()) status = mirror(s.weights, s.buf.as<uint8_t>(), /*ahead=*/true);
+  if (status.is_ok()) status = be_.mark_copies(s.copied, kQueue);
   if (!status.is_ok()) {
-    (void)be_.sync_copies();  // what was issued may still read the host layer
+    (void)be_.sync_copies(kQueue);  // what was issued may still read the host layer
     s.host_held = false;
     s.layer = -1;
     host_.release_layer(l);
@@ -173,7 +174,7 @@ Status DeviceTrunk::load(int64_t l, StreamSlot& s) {
 Status DeviceTrunk::release_host(StreamSlot& s) {
   if (!s.host_held) return Status::ok();
   const Status waited = be_.host_wait(s.copied);
-  if (!waited.is_ok()) (void)be_.sync_copies();  // the host bytes must not go while read
+  if (!waited.is_ok()) (void)be_.sync_copies(kQueue);  // the host bytes must not go while read
   s.host_held = false;
   host_.release_layer(s.layer);
   return waited;

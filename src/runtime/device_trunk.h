@@ -6,7 +6,9 @@
 // double-buffered: when a streamed layer's ops have been issued (release_layer), the next
 // streamed layer in the forward pass's cyclic order is copied into the other slot on the copy
 // stream, after the ops that last read that slot and while this layer's ops run; its ops wait
-// for the copy (per-slot fences, Backend::mark_ops/mark_copies), and its host layer stays
+// for the copy (per-slot fences, Backend::mark_ops/mark_copies; the copies go on their own
+// queue, CopyQueue::kLayers, so that the VRAM tier's expert copies never wait behind a layer's),
+// and its host layer stays
 // acquired until the copy has landed. The routing weights of every non-resident MoE layer (post-
 // attention norm, f_mlp, router, router bias) stay resident too, so router lookahead can score
 // any layer (the device's RouterBank). The bytes are the host's bytes: nothing is converted.
@@ -66,9 +68,10 @@ class DeviceTrunk final : public model::TrunkSource {
  private:
   DeviceTrunk(model::TrunkSource& host, backend::Backend& be) : host_(host), be_(be) {}
   // Copies `w` into `dst` (layer_bytes(w) of device memory) and points `w` at the copy; with
-  // `async` on the copy stream (DevicePlacer).
+  // `ahead` on the copy queue kQueue (DevicePlacer), else now.
   template <class Weights>
-  Status mirror(Weights& w, uint8_t* dst, bool async);
+  Status mirror(Weights& w, uint8_t* dst, bool ahead);
+  static constexpr backend::Backend::CopyQueue kQueue = backend::Backend::CopyQueue::kLayers;
 
   model::TrunkSource& host_;
   backend::Backend& be_;
@@ -84,7 +87,7 @@ class DeviceTrunk final : public model::TrunkSource {
     backend::Backend::Fence read = -1;    // after the ops that read the slot (-1: none made)
     backend::Backend::Fence copied = -1;  // after the copy into the slot (-1: none made)
   };
-  // Acquires host layer l and copies it into `s` on the copy stream, after the ops that last
+  // Acquires host layer l and copies it into `s` on its copy queue, after the ops that last
   // read `s`; on error `s` holds nothing.
   Status load(int64_t l, StreamSlot& s);
   // Waits for `s`'s copy, then gives its host layer back.

@@ -217,7 +217,8 @@ Engine::~Engine() {
   if (!pinned_host_.empty()) {
     // After an error return copies from these may still run: wait for them (their errors
     // were or will not be reported; nothing is left to report them to) before unpinning.
-    (void)backend_->sync_copies();
+    for (backend::Backend::CopyQueue q : backend::Backend::kCopyQueues)
+      (void)backend_->sync_copies(q);
     (void)backend_->synchronize();
     // Before cache_ and store_ free them. ~DeviceTrunk then gives back a host layer it copied
     // ahead, which may start a TrunkStore read into an unpinned buffer: harmless, nothing is

@@ -66,7 +66,7 @@ bool VramExpertTier::holds(int64_t layer, int32_t id) const {
 void VramExpertTier::fence_host_reuse() {
   if (!copies_unsynced_) return;  // nothing issued since the last wait reads host memory
   // A failed wait leaves the copies' state unknown: the next fetch reports it.
-  if (Status s = be_.sync_copies(); !s.is_ok() && deferred_.is_ok()) deferred_ = s;
+  if (Status s = be_.sync_copies(kQueue); !s.is_ok() && deferred_.is_ok()) deferred_ = s;
   copies_unsynced_ = false;
 }
 
@@ -84,7 +84,7 @@ void VramExpertTier::on_evicted(uint32_t key) {
 Status VramExpertTier::begin_copies() {
   if (copies_open_) return Status::ok();
   copies_open_ = true;
-  return be_.copies_after_ops();
+  return be_.copies_after_ops(kQueue);
 }
 
 bool VramExpertTier::prefetch_one(const Prediction& p) {
@@ -162,7 +162,7 @@ void VramExpertTier::begin_layer(int64_t layer, int64_t first_position, const in
 Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights& host,
                                                      int64_t slot) {
   DevicePlacer placer(be_, arena_.as<uint8_t>() + static_cast<uint64_t>(slot) * stats_.slot_bytes,
-                      stats_.slot_bytes, /*async=*/true);
+                      stats_.slot_bytes, kQueue);
   model::ExpertWeights dev = host;
   copies_unsynced_ = true;  // from here until a wait, the copies may read the host's memory
   for (cpu::WeightMatrix* m : {&dev.w1, &dev.w2, &dev.w3}) KTIER_RETURN_IF_ERROR(placer.place(*m));
@@ -208,7 +208,7 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
     miss_slot.push_back(target);
   }
   if (miss_ids.empty()) {
-    if (copies_pending_) KTIER_RETURN_IF_ERROR(be_.ops_after_copies());  // prefetched hits
+    if (copies_pending_) KTIER_RETURN_IF_ERROR(be_.ops_after_copies(kQueue));  // prefetched hits
     copies_pending_ = false;
     return Status::ok();
   }
@@ -254,7 +254,7 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
     copies_open_ = false;
   }
   // The ops that use these experts wait for every copy issued so far.
-  KTIER_RETURN_IF_ERROR(be_.ops_after_copies());
+  KTIER_RETURN_IF_ERROR(be_.ops_after_copies(kQueue));
   copies_pending_ = false;
   return Status::ok();
 }

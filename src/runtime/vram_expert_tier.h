@@ -8,7 +8,7 @@
 //     tier's views into slots (RAM -> VRAM link): into a policy slot when the policy admitted
 //     the expert, else into one of top_k bypass slots, which only last until the next fetch.
 //   * Router lookahead (on_prediction) copies predicted experts that the host tier holds in
-//     memory (ExpertSource::peek) into policy slots ahead of need, on the backend's copy stream,
+//     memory (ExpertSource::peek) into policy slots ahead of need, on its copy queue (kExperts),
 //     overlapping the ops already issued; fetch() makes the ops wait for them. A predicted
 //     expert the host is still reading (its RAM prefetch) waits, and is copied at the next
 //     layer's prediction or routing that finds it in memory, until its own layer is routed. Every
@@ -74,10 +74,10 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
  private:
   VramExpertTier(model::ExpertSource& host, backend::Backend& be) : host_(host), be_(be) {}
   void on_evicted(uint32_t key);
-  // Issues copies of one expert's host views into `slot` on the copy stream; returns the device
+  // Issues copies of one expert's host views into `slot` on its copy queue; returns the device
   // views (usable by ops after ops_after_copies).
   Result<model::ExpertWeights> copy_in(const model::ExpertWeights& host, int64_t slot);
-  // Before the first slot write of a batch: the copy stream waits for the ops issued so far.
+  // Before the first slot write of a batch: its copy queue waits for the ops issued so far.
   Status begin_copies();
   // The host tier's reuse fence: waits for the copies issued since the last wait (they may read
   // the memory about to be overwritten); a failure is kept in deferred_.
@@ -98,6 +98,8 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   // Tries the waiting predictions again; forgets those for layers up to `done_through`.
   void retry_waiting(int64_t done_through);
 
+  // Its own copy queue: a miss's copies never wait behind a streamed trunk layer's.
+  static constexpr backend::Backend::CopyQueue kQueue = backend::Backend::CopyQueue::kExperts;
   model::ExpertSource& host_;
   backend::Backend& be_;
   int64_t num_experts_ = 0, moe_layers_ = 1, bypass_ = 0, first_moe_layer_ = 0;

@@ -401,8 +401,9 @@ TEST_P(CrossBackend, Argmax) {
   EXPECT_EQ(*none, 0) << "all NaN on " << where();
 }
 
-// Fences (GPU mode's streamed trunk): copies waited for one at a time, and a copy ordered after
-// an op that wrote its destination. Large copies, so that on a GPU a missing wait would show.
+// Fences (GPU mode's streamed trunk): copies waited for one at a time, on both copy queues, and
+// a copy ordered after an op that wrote its destination. Large copies, so that on a GPU a
+// missing wait would show.
 TEST_P(CrossBackend, FencesOrderCopiesAndOps) {
   const int64_t n = odd_between(rng_, (1 << 20) + 1, (1 << 21) + 1);
   const auto a = random_floats(rng_, n, -1.0f, 1.0f), b = random_floats(rng_, n, -1.0f, 1.0f);
@@ -410,13 +411,14 @@ TEST_P(CrossBackend, FencesOrderCopiesAndOps) {
   auto da = Array<float>::poisoned(*under_test_, n), db = Array<float>::poisoned(*under_test_, n);
   auto dc = Array<float>::poisoned(*under_test_, n), sum = Array<float>::poisoned(*under_test_, n);
   Backend& be = *under_test_;
+  using Q = Backend::CopyQueue;
   auto fa = be.create_fence(), fb = be.create_fence(), fo = be.create_fence();
   ASSERT_TRUE(fa.is_ok() && fb.is_ok() && fo.is_ok());
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-  ASSERT_TRUE(be.copy_async(da.data(), a.data(), bytes).is_ok());
-  ASSERT_TRUE(be.mark_copies(*fa).is_ok());
-  ASSERT_TRUE(be.copy_async(db.data(), b.data(), bytes).is_ok());
-  ASSERT_TRUE(be.mark_copies(*fb).is_ok());
+  ASSERT_TRUE(be.copy_async(Q::kLayers, da.data(), a.data(), bytes).is_ok());
+  ASSERT_TRUE(be.mark_copies(*fa, Q::kLayers).is_ok());
+  ASSERT_TRUE(be.copy_async(Q::kExperts, db.data(), b.data(), bytes).is_ok());
+  ASSERT_TRUE(be.mark_copies(*fb, Q::kExperts).is_ok());
   ASSERT_TRUE(be.ops_wait(*fa).is_ok());
   ASSERT_TRUE(be.add(da.data(), da.data(), n, sum.data()).is_ok());
   std::vector<float> twice_a(a.size());
@@ -425,9 +427,9 @@ TEST_P(CrossBackend, FencesOrderCopiesAndOps) {
   ASSERT_TRUE(be.ops_wait(*fb).is_ok());
   ASSERT_TRUE(be.add(db.data(), da.data(), n, dc.data()).is_ok());  // dc: written by an op
   ASSERT_TRUE(be.mark_ops(*fo).is_ok());
-  ASSERT_TRUE(be.copies_wait(*fo).is_ok());
-  ASSERT_TRUE(be.copy_async(dc.data(), c.data(), bytes).is_ok());  // then overwritten by a copy
-  ASSERT_TRUE(be.mark_copies(*fa).is_ok());                        // a fence recorded again
+  ASSERT_TRUE(be.copies_wait(*fo, Q::kLayers).is_ok());
+  ASSERT_TRUE(be.copy_async(Q::kLayers, dc.data(), c.data(), bytes).is_ok());  // then overwritten by a copy
+  ASSERT_TRUE(be.mark_copies(*fa, Q::kLayers).is_ok());  // a fence recorded again
   ASSERT_TRUE(be.host_wait(*fa).is_ok());
   const std::vector<float> copied_c = c;
   std::fill(c.begin(), c.end(), 0.0f);  // the host may reuse its bytes after host_wait
@@ -461,9 +463,9 @@ TEST(EmulatedDeviceDeathTest, HostPointerInAnOpAborts) {
   EXPECT_DEATH((void)dev->sigmoid(buf->as<float>(), 65, buf->as<float>()), "not device memory");
 }
 
-// The emulated device applies a copy no earlier than a fence that covers it, so a test over it
-// sees NaN wherever an op reads a copy it did not wait for; and it holds no more than its
-// capacity.
+// The emulated device applies a copy no earlier than a fence of its queue that covers it, so a
+// test over it sees NaN wherever an op reads a copy it did not wait for; and it holds no more
+// than its capacity.
 TEST(EmulatedDevice, CopiesLandAtTheirFenceAndCapacityIsEnforced) {
   cpu::Exec ex{nullptr, cpu::Isa::kScalar};
   auto dev = make_emulated_device_backend(ex, 1024);
@@ -471,12 +473,13 @@ TEST(EmulatedDevice, CopiesLandAtTheirFenceAndCapacityIsEnforced) {
   ASSERT_TRUE(a.is_ok() && b.is_ok());
   EXPECT_EQ(dev->memory_use().live, 512u);
   const std::vector<float> ones(64, 1.0f), twos(64, 2.0f);
+  using Q = Backend::CopyQueue;
   auto fa = dev->create_fence(), fb = dev->create_fence();
   ASSERT_TRUE(fa.is_ok() && fb.is_ok());
-  ASSERT_TRUE(dev->copy_async(a->get(), ones.data(), 256).is_ok());
-  ASSERT_TRUE(dev->mark_copies(*fa).is_ok());
-  ASSERT_TRUE(dev->copy_async(b->get(), twos.data(), 256).is_ok());
-  ASSERT_TRUE(dev->mark_copies(*fb).is_ok());
+  ASSERT_TRUE(dev->copy_async(Q::kLayers, a->get(), ones.data(), 256).is_ok());
+  ASSERT_TRUE(dev->mark_copies(*fa, Q::kLayers).is_ok());
+  ASSERT_TRUE(dev->copy_async(Q::kLayers, b->get(), twos.data(), 256).is_ok());
+  ASSERT_TRUE(dev->mark_copies(*fb, Q::kLayers).is_ok());
   std::vector<float> got(64);
   auto peek = [&](const BackendBuffer& buf) {  // raw bytes, without applying any copy
     std::memcpy(got.data(), buf.get(), 256);
@@ -488,6 +491,19 @@ TEST(EmulatedDevice, CopiesLandAtTheirFenceAndCapacityIsEnforced) {
   EXPECT_TRUE(std::isnan(peek(*b)[0])) << "a later copy is not applied by an earlier fence";
   ASSERT_TRUE(dev->host_wait(*fb).is_ok());
   EXPECT_EQ(peek(*b), twos);
+  // The two queues are independent: waiting for one never lands the other's copies.
+  ASSERT_TRUE(dev->copy_async(Q::kLayers, a->get(), twos.data(), 256).is_ok());
+  ASSERT_TRUE(dev->copy_async(Q::kExperts, b->get(), ones.data(), 256).is_ok());
+  ASSERT_TRUE(dev->mark_copies(*fb, Q::kExperts).is_ok());
+  ASSERT_TRUE(dev->host_wait(*fb).is_ok());
+  EXPECT_EQ(peek(*b), ones);
+  EXPECT_TRUE(std::isnan(peek(*a)[0])) << "the other queue's copy is still pending";
+  ASSERT_TRUE(dev->ops_after_copies(Q::kExperts).is_ok());
+  EXPECT_TRUE(std::isnan(peek(*a)[0]));
+  ASSERT_TRUE(dev->sync_copies(Q::kLayers).is_ok());
+  EXPECT_EQ(peek(*a), twos);
+  ASSERT_TRUE(dev->mark_ops(*fa).is_ok());  // re-marked on the ops stream: passed at once
+  ASSERT_TRUE(dev->host_wait(*fa).is_ok());
   auto c = BackendBuffer::allocate(*dev, 512);
   ASSERT_TRUE(c.is_ok());
   EXPECT_EQ(dev->memory_use().peak, 1024u);
