@@ -259,6 +259,14 @@ void for_each_tensor(HeadWeights& w, const std::function<void(cpu::WeightMatrix&
   if (!w.f_out.empty()) vector(w.f_out);
 }
 
+TensorLookup shapes_in(const format::Checkpoint& ckpt) {
+  return [&ckpt](const std::string& name) -> Result<TensorView> {
+    const std::optional<format::TensorRef> ref = ckpt.find(name);
+    KTIER_CHECK_MSG(ref.has_value(), name.c_str());  // Checkpoint::open validated the names
+    return TensorView{ref->info->dtype, ref->info->numel(), nullptr};
+  };
+}
+
 Result<LayerWeights> TrunkSource::layer_shapes(int64_t l) {
   KTIER_ASSIGN_OR_RETURN(const LayerWeights* acquired, acquire_layer(l));
   LayerWeights w = *acquired;

@@ -120,6 +120,9 @@ struct TensorView {
   const void* data = nullptr;
 };
 using TensorLookup = std::function<Result<TensorView>(const std::string& name)>;
+// Shapes only, from the checkpoint's index (reads nothing): for sizing weights before they are
+// read. `ckpt` must outlive the lookup.
+TensorLookup shapes_in(const format::Checkpoint& ckpt);
 
 // Bind layer l's (or the head's) weights from `find`: matrices become views of the found bytes,
 // small vectors are widened to f32. The names and shapes are K3-MODEL §4's; a name `find` cannot

@@ -47,49 +47,68 @@ Status DeviceTrunk::mirror(Weights& w, uint8_t* dst, bool ahead) {
   return status;
 }
 
+Result<DeviceTrunk::Plan> DeviceTrunk::plan(
+    const format::ModelConfig& c,
+    const std::function<Result<model::LayerWeights>(int64_t)>& layer_shapes,
+    model::HeadWeights head, uint64_t vram_bytes, uint64_t reserved_bytes) {
+  const uint64_t budget_bytes = vram_bytes > reserved_bytes ? vram_bytes - reserved_bytes : 0;
+  const int64_t L = c.num_hidden_layers;
+  Plan p;
+  p.layer_bytes.assign(static_cast<size_t>(L), 0);
+  p.routing_bytes.assign(static_cast<size_t>(L), 0);
+  for (int64_t l = 0; l < L; ++l) {
+    KTIER_ASSIGN_OR_RETURN(const model::LayerWeights shapes, layer_shapes(l));
+    p.layer_bytes[static_cast<size_t>(l)] = layer_bytes(shapes);
+    if (!c.is_dense(l)) p.routing_bytes[static_cast<size_t>(l)] = layer_bytes(routing_part(shapes));
+  }
+  p.head_bytes = head_bytes(std::move(head));
+  uint64_t all = p.head_bytes, all_routing = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    all += p.layer_bytes[static_cast<size_t>(l)];
+    all_routing += p.routing_bytes[static_cast<size_t>(l)];
+  }
+  if (all <= budget_bytes) {
+    p.resident_layers = L;
+    return p;
+  }
+  const uint64_t largest = *std::max_element(p.layer_bytes.begin(), p.layer_bytes.end());
+  // A resident layer's routing weights are part of its mirror: it costs its size less those.
+  const uint64_t minimum = p.head_bytes + 2 * largest + all_routing;
+  if (budget_bytes < minimum)
+    return Status::budget("--vram " + std::to_string(vram_bytes) + " bytes cannot hold the " +
+                          "trunk's head, two streaming layer slots and the routers beside the " +
+                          std::to_string(reserved_bytes) + " bytes set aside (the VRAM expert " +
+                          "tier's minimum and the sequence's working set); the minimum is " +
+                          std::to_string(minimum + reserved_bytes) + " bytes");
+  uint64_t used = minimum;
+  while (p.resident_layers < L) {
+    const size_t l = static_cast<size_t>(p.resident_layers);
+    if (used + p.layer_bytes[l] - p.routing_bytes[l] > budget_bytes) break;
+    used += p.layer_bytes[l] - p.routing_bytes[l];
+    ++p.resident_layers;
+  }
+  p.slot_bytes = largest;
+  return p;
+}
+
 Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
                                                        backend::Backend& be,
                                                        uint64_t vram_bytes,
                                                        uint64_t reserved_bytes,
                                                        const std::function<void(int64_t)>& placed) {
-  const uint64_t budget_bytes = vram_bytes > reserved_bytes ? vram_bytes - reserved_bytes : 0;
-  std::unique_ptr<DeviceTrunk> t(new DeviceTrunk(host, be));
   const format::ModelConfig& c = host.config();
   const int64_t L = c.num_hidden_layers;
-  // Sizes first, from shapes (a streaming host reads nothing for them).
-  std::vector<uint64_t> sizes(static_cast<size_t>(L)), routing(static_cast<size_t>(L), 0);
-  for (int64_t l = 0; l < L; ++l) {
-    KTIER_ASSIGN_OR_RETURN(const model::LayerWeights shapes, host.layer_shapes(l));
-    sizes[static_cast<size_t>(l)] = layer_bytes(shapes);
-    if (!c.is_dense(l)) routing[static_cast<size_t>(l)] = layer_bytes(routing_part(shapes));
-  }
-  const uint64_t head = head_bytes(host.head());
-  uint64_t all = head, all_routing = 0;
-  for (int64_t l = 0; l < L; ++l) {
-    all += sizes[static_cast<size_t>(l)];
-    all_routing += routing[static_cast<size_t>(l)];
-  }
-  const uint64_t largest = L ? *std::max_element(sizes.begin(), sizes.end()) : 0;
-  if (all <= budget_bytes) {
-    t->resident_ = L;
-  } else {
-    // A resident layer's routing weights are part of its mirror: it costs its size less those.
-    const uint64_t minimum = head + 2 * largest + all_routing;
-    if (budget_bytes < minimum)
-      return Status::budget("--vram " + std::to_string(vram_bytes) + " bytes cannot hold the " +
-                            "trunk's head, two streaming layer slots and the routers beside the " +
-                            std::to_string(reserved_bytes) + " bytes set aside (the VRAM expert " +
-                            "tier's minimum and the sequence's working set); the minimum is " +
-                            std::to_string(minimum + reserved_bytes) + " bytes");
-    uint64_t used = minimum;
-    while (t->resident_ < L) {
-      const size_t l = static_cast<size_t>(t->resident_);
-      if (used + sizes[l] - routing[l] > budget_bytes) break;
-      used += sizes[l] - routing[l];
-      ++t->resident_;
-    }
-    t->slot_bytes_ = largest;
-  }
+  // Sized from shapes (a streaming host reads nothing for them).
+  KTIER_ASSIGN_OR_RETURN(
+      const Plan p,
+      plan(c, [&host](int64_t l) { return host.layer_shapes(l); }, host.head(), vram_bytes,
+           reserved_bytes));
+  std::unique_ptr<DeviceTrunk> t(new DeviceTrunk(host, be));
+  t->resident_ = p.resident_layers;
+  t->slot_bytes_ = p.slot_bytes;
+  const std::vector<uint64_t>& sizes = p.layer_bytes;
+  const std::vector<uint64_t>& routing = p.routing_bytes;
+  const uint64_t head = p.head_bytes;
   if (placed) placed(t->resident_);
   // The head; then, each host layer acquired once and in order, the resident layers' mirrors and
   // the streamed MoE layers' routing weights (for router lookahead).

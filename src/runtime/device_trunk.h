@@ -32,17 +32,30 @@ class DeviceTrunk final : public model::TrunkSource {
   static uint64_t layer_bytes(model::LayerWeights w);
   static uint64_t head_bytes(model::HeadWeights w);
 
-  // Mirrors `host` (which must outlive this) into `be`'s memory within `vram_bytes` less
-  // `reserved_bytes` (kept for others: the VRAM tier's minimum, the working set): the head, then as many layers as
-  // fit while leaving room for two streaming slots of the largest layer and the routing weights
-  // of the layers that stream (none needed when all fit). The placement is sized from the
+  // Where the trunk goes within `vram_bytes` less `reserved_bytes` (kept for others: the VRAM
+  // tier's minimum, the working set): the head, then as many layers as fit while leaving room
+  // for two streaming slots of the largest layer and the routing weights of the layers that
+  // stream (none needed when all fit).
+  struct Plan {
+    int64_t resident_layers = 0;
+    uint64_t slot_bytes = 0;  // each of the two streaming slots; 0 when every layer is resident
+    uint64_t head_bytes = 0;
+    std::vector<uint64_t> layer_bytes, routing_bytes;  // [L]; routing: 0 for dense layers
+  };
+  // From shapes alone: `layer_shapes(l)` gives layer l's (TrunkSource::layer_shapes, or
+  // model::bind_layer over model::shapes_in), `head` the head's. Errors: layer_shapes's, and
+  // Status::budget (exit 4) naming --vram and its minimum (head, two slots, routers, and the
+  // reserve) when that does not fit.
+  static Result<Plan> plan(const format::ModelConfig& c,
+                           const std::function<Result<model::LayerWeights>(int64_t)>& layer_shapes,
+                           model::HeadWeights head, uint64_t vram_bytes, uint64_t reserved_bytes);
+
+  // Mirrors `host` (which must outlive this) into `be`'s memory as plan() places it from the
   // host's layer_shapes; then each host layer the device needs (resident, or a streamed MoE
   // layer's routing weights) is acquired once, in order. `placed`, when set, is told the number
   // of resident layers before any layer is acquired (GPU mode: the host's TrunkStore starts its
   // read-ahead cycle there, so that its ring reads ahead what this pass and then the first
-  // token acquire). Errors: the host's (reading layers), the backend's, and Status::budget (exit
-  // 4) naming --vram and its minimum (head, two slots, routers, and the reserve) when that does
-  // not fit.
+  // token acquire). Errors: plan()'s, the host's (reading layers) and the backend's.
   static Result<std::unique_ptr<DeviceTrunk>> open(
       model::TrunkSource& host, backend::Backend& be, uint64_t vram_bytes,
       uint64_t reserved_bytes, const std::function<void(int64_t resident_layers)>& placed = {});

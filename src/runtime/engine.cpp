@@ -158,8 +158,10 @@ Status Engine::open_dial(const EngineOptions& opts) {
   TrunkStoreOptions so;
   so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min;
   so.pool = pool_.get();
-  // GPU mode: the device holds the first layers, so the host pins the last ones.
+  // GPU mode: the device holds the first layers, so the host pins the last ones, and only those
+  // the device streams (RAM beyond them goes to the expert tier, not to layers the device holds).
   so.pin_last = device_mode(opts);
+  if (device_mode(opts)) so.max_pinned = c.num_hidden_layers - device_resident_;
   std::vector<uint64_t> router_suffix;  // [l]: routers of layers l.. (the bank's bytes from l)
   if (bank_reserve) {
     const std::vector<uint64_t> per_layer = RouterBank::layer_bytes(ckpt_);
@@ -227,8 +229,7 @@ Engine::~Engine() {
   }
 }
 
-Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
-                           model::ExpertSource* experts) {
+Status Engine::plan_device(const EngineOptions& opts) {
   uint64_t vram = 0;
   if (opts.emulate_device) {
     if (!opts.vram_budget)
@@ -244,9 +245,8 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
                             std::to_string(free_bytes) + " bytes free");
   }
   const format::ModelConfig& c = ckpt_.config();
-  const bool moe = experts != nullptr && c.num_moe_layers() > 0;
-  const uint64_t slot = moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0;
-  const uint64_t min_tier = moe ? VramExpertTier::minimum_slots(c) * slot : 0;
+  const bool moe = ckpt_.expert_storage() != format::ExpertStorage::kNone && c.num_moe_layers() > 0;
+  vram_tier_min_ = moe ? VramExpertTier::minimum_slots(c) * VramExpertTier::slot_bytes_for(ckpt_) : 0;
   vram_bytes_ = vram;
   // The sequence's working set first: what every token needs, whatever the placement.
   const EngineOptions::Workload& wl = opts.workload;
@@ -261,6 +261,24 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
   spdlog::info("device working set {} for {} positions in chunks of {}: state {}, activations {}{}",
                gib(working_bytes_), wl.positions, wl.chunk, gib(ws.state_bytes),
                gib(ws.activation_bytes), blas ? ", cuBLAS " + gib(blas) : std::string());
+  // The trunk's placement, from the checkpoint's shapes (DeviceTrunk::open places it the same
+  // way from the host's): a budget too small for it is refused here, before anything is read.
+  const model::TensorLookup shapes = model::shapes_in(ckpt_);
+  KTIER_ASSIGN_OR_RETURN(model::HeadWeights head, model::bind_head(c, shapes));
+  KTIER_ASSIGN_OR_RETURN(
+      const DeviceTrunk::Plan plan,
+      DeviceTrunk::plan(c, [&](int64_t l) { return model::bind_layer(c, l, shapes); },
+                        std::move(head), vram, vram_tier_min_ + working_bytes_));
+  device_resident_ = plan.resident_layers;
+  return Status::ok();
+}
+
+Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
+                           model::ExpertSource* experts) {
+  const format::ModelConfig& c = ckpt_.config();
+  const bool moe = experts != nullptr && c.num_moe_layers() > 0;
+  const uint64_t slot = moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0;
+  const uint64_t vram = vram_bytes_, min_tier = vram_tier_min_;
   // From the mirror's pass on, the host reads ahead only the layers the device streams.
   const auto start_host_cycle = [this](int64_t resident) {
     if (store_) store_->set_cycle_start(resident);
@@ -268,6 +286,7 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
   KTIER_ASSIGN_OR_RETURN(device_trunk_, DeviceTrunk::open(trunk, *backend_, vram,
                                                           min_tier + working_bytes_,
                                                           start_host_cycle));
+  KTIER_CHECK(device_trunk_->resident_layers() == device_resident_);  // the plan's shapes
   if (moe) {
     // Never more slots than every expert plus one fetch's bypass.
     const int64_t keys = c.num_moe_layers() * c.num_experts;
@@ -332,6 +351,8 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   std::unique_ptr<Engine> e(new Engine(std::move(ckpt)));
   // First: a compressed pack's blocks are inflated on this pool.
   e->pool_ = std::make_unique<cpu::ThreadPool>(resolve_threads(opts.threads));
+  e->exec_ = cpu::Exec{e->pool_.get(), isa};
+  if (device_mode(opts)) KTIER_RETURN_IF_ERROR(e->plan_device(opts));
   model::TrunkSource* trunk = nullptr;
   if (dial) {
     KTIER_RETURN_IF_ERROR(e->open_dial(opts));
@@ -344,7 +365,6 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   }
   model::ExpertSource* experts = e->cache_ ? static_cast<model::ExpertSource*>(e->cache_.get())
                                            : e->experts_.get();
-  e->exec_ = cpu::Exec{e->pool_.get(), isa};
   if (device_mode(opts)) {
     KTIER_RETURN_IF_ERROR(e->open_device(opts, *trunk, experts));
     trunk = e->device_trunk_.get();

@@ -113,7 +113,10 @@ class Engine {
  private:
   explicit Engine(format::Checkpoint ckpt) : ckpt_(std::move(ckpt)) {}
   Status open_dial(const EngineOptions& opts);  // pack, I/O engine, TrunkStore, ExpertCache
-  // GPU mode: the backend, DeviceTrunk over `trunk`, VramExpertTier over `experts` (may be null).
+  // GPU mode, before the dial: the backend, --vram, the sequence's working set and where the
+  // trunk will go (device_resident_), so that the host pins only the layers the device streams.
+  Status plan_device(const EngineOptions& opts);
+  // GPU mode: DeviceTrunk over `trunk`, VramExpertTier over `experts` (may be null).
   Status open_device(const EngineOptions& opts, model::TrunkSource& trunk,
                      model::ExpertSource* experts);
   format::Checkpoint ckpt_;
@@ -134,6 +137,8 @@ class Engine {
   std::vector<void*> pinned_host_;
   uint64_t vram_bytes_ = 0;     // GPU mode: the budget applied
   uint64_t working_bytes_ = 0;  // GPU mode: set aside for the sequence (EngineOptions::Workload)
+  uint64_t vram_tier_min_ = 0;  // GPU mode: the VRAM expert tier's minimum, set aside too
+  int64_t device_resident_ = 0; // GPU mode: trunk layers the device will hold (DeviceTrunk::plan)
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;

@@ -37,10 +37,7 @@ std::vector<uint64_t> RouterBank::layer_bytes(const format::Checkpoint& ckpt) {
   const format::ModelConfig& c = ckpt.config();
   std::vector<uint64_t> out(static_cast<size_t>(c.num_hidden_layers), 0);
   // Binds from shapes alone (reads nothing) to learn the vectors' sizes.
-  const model::TensorLookup measure = [&](const std::string& name) -> Result<model::TensorView> {
-    const format::TensorInfo& t = *ckpt.find(name)->info;
-    return model::TensorView{t.dtype, t.numel(), nullptr};
-  };
+  const model::TensorLookup measure = model::shapes_in(ckpt);
   for (int64_t l = first_held(c, 0); l < c.num_hidden_layers; ++l) {
     auto w = model::bind_routing(c, l, measure);
     KTIER_CHECK(w.is_ok());

@@ -135,6 +135,7 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
                opts.budget_bytes)
       used += s->records_[static_cast<size_t>(layer(pinned++))].size;
   }
+  if (opts.max_pinned >= 0) pinned = std::min(pinned, opts.max_pinned);
   s->stats_.layers_pinned = pinned;
   s->pin_first_ = opts.pin_last ? L - pinned : 0;
   s->stats_.layers_streamed = L - pinned;

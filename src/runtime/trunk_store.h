@@ -69,6 +69,9 @@ struct TrunkStoreOptions {
   // first layers, so the host's pinned ones complement them instead of duplicating them, and
   // fewer of the layers the device streams come from disk). Not with streamed_extra.
   bool pin_last = false;
+  // At most this many layers pinned (-1: as many as the budget holds). GPU mode: the layers the
+  // device streams; the budget left over is not held by the store.
+  int64_t max_pinned = -1;
 };
 
 struct TrunkStoreStats {

@@ -183,6 +183,24 @@ TEST_F(DeviceModeTest, HostTrunkComplementsTheDeviceTrunk) {
       EXPECT_EQ(static_cast<float>(ids[i]), reference_[n_logits + i]) << "greedy id " << i;
   }
   EXPECT_TRUE(some_pinned) << "one case pins some, not all, of the layers the device streams";
+  // RAM for the whole trunk and more: the host pins only the layers the device streams, and the
+  // rest of the budget goes to the expert RAM tier instead of to layers the device holds.
+  EngineOptions eo = emulated(budgets()[1]);
+  uint64_t trunk_records = 0;  // every layer and the head: the CPU path pins them all
+  for (int64_t r = 0; r <= layers_; ++r) trunk_records += plan.records[static_cast<size_t>(r)].size;
+  eo.ram_budget = ram_min + trunk_records;
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const int64_t resident = (*e)->device_trunk()->resident_layers();
+  ASSERT_GT(resident, 0);
+  EXPECT_EQ((*e)->trunk_store()->stats().layers_pinned, layers_ - resident);
+  EXPECT_EQ((*e)->trunk_store()->first_pinned(), resident);
+  EngineOptions on_cpu = eo;
+  on_cpu.emulate_device = false;
+  auto c = Engine::open(on_cpu);  // the CPU path pins every layer from the same budget
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  ASSERT_EQ((*c)->trunk_store()->stats().layers_pinned, layers_);
+  EXPECT_GT((*e)->expert_cache()->stats().slots, (*c)->expert_cache()->stats().slots);
 }
 
 TEST_F(DeviceModeTest, VramTierCountsHitsAndCopies) {
