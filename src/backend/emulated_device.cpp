@@ -7,13 +7,18 @@
 // once, and the host bytes are read only when ops_after_copies(q), sync_copies(q) or a wait on
 // a fence marked on q after it is called — a wait on the other queue never applies it. So an op
 // that reads a copy before its fence sees NaN, and host memory overwritten before the wait
-// lands in the copy: both change the output, which the tests compare.
+// lands in the copy: both change the output, which the tests compare. A GPU may read the host
+// bytes any time until the host waits for the copy (sync_copies, host_wait), later than an
+// ops-side wait that applied it here: so the host bytes are hashed when applied and checked
+// again when the host waits, and a change in between (host memory reused too early) aborts.
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <xxhash.h>
 
 #include "backend/backend.h"
 #include "common/check.h"
@@ -77,7 +82,7 @@ class EmulatedDevice final : public Backend {
     return Status::ok();
   }
   Status ops_after_copies(CopyQueue q) override { return apply_copies(q, issued(q)); }
-  Status sync_copies(CopyQueue q) override { return apply_copies(q, issued(q)); }
+  Status sync_copies(CopyQueue q) override { return host_waits(q, issued(q)); }
   // A fence marked on queue q is the number of q's copies issued then: waiting for it applies
   // those copies and no later one, and none of the other queue (marks of the ops stream are
   // passed at once: ops run at call time).
@@ -97,8 +102,14 @@ class EmulatedDevice final : public Backend {
     (void)fence(f);
     return Status::ok();
   }
-  Status ops_wait(Fence f) override { return pass(fence(f)); }
-  Status host_wait(Fence f) override { return pass(fence(f)); }
+  Status ops_wait(Fence f) override {
+    const FenceMark& m = fence(f);
+    return m.queue ? apply_copies(*m.queue, m.copies) : Status::ok();
+  }
+  Status host_wait(Fence f) override {
+    const FenceMark& m = fence(f);
+    return m.queue ? host_waits(*m.queue, m.copies) : Status::ok();
+  }
   Status synchronize() override { return Status::ok(); }
 
   Status linear(const cpu::LinearJob* jobs, int n_jobs) override {
@@ -239,8 +250,15 @@ class EmulatedDevice final : public Backend {
     size_t bytes;
     uint64_t number;  // 1 = the queue's first copy_async
   };
+  struct LandedCopy {  // applied, the host not yet waited for it
+    const void* src;
+    size_t bytes;
+    uint64_t number;
+    uint64_t src_hash;  // of the host bytes when applied
+  };
   struct Queue {
     std::vector<PendingCopy> pending;  // copy_async calls not applied yet, in issue order
+    std::vector<LandedCopy> landed;    // applied, in issue order
     uint64_t issued = 0;
   };
   struct FenceMark {
@@ -251,16 +269,34 @@ class EmulatedDevice final : public Backend {
   uint64_t issued(CopyQueue q) const { return queues_[static_cast<int>(q)].issued; }
   // Applies q's pending copies numbered up to `last`, in issue order.
   Status apply_copies(CopyQueue q, uint64_t last) {
-    std::vector<PendingCopy>& pending = queues_[static_cast<int>(q)].pending;
+    Queue& queue = queues_[static_cast<int>(q)];
     size_t n = 0;
-    while (n < pending.size() && pending[n].number <= last) {
-      const PendingCopy& c = pending[n++];
+    while (n < queue.pending.size() && queue.pending[n].number <= last) {
+      const PendingCopy& c = queue.pending[n++];
       KTIER_RETURN_IF_ERROR(cpu_->upload(c.dst, c.src, c.bytes));
+      queue.landed.push_back({c.src, c.bytes, c.number, XXH3_64bits(c.src, c.bytes)});
     }
-    pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
+    queue.pending.erase(queue.pending.begin(), queue.pending.begin() + static_cast<std::ptrdiff_t>(n));
     return Status::ok();
   }
-  Status pass(const FenceMark& m) { return m.queue ? apply_copies(*m.queue, m.copies) : Status::ok(); }
+  // The host waits for q's copies up to `last`: they land, and their host bytes must not have
+  // changed since they were applied (a GPU could have read them until now).
+  Status host_waits(CopyQueue q, uint64_t last) {
+    KTIER_RETURN_IF_ERROR(apply_copies(q, last));
+    std::vector<LandedCopy>& landed = queues_[static_cast<int>(q)].landed;
+    size_t n = 0;
+    for (; n < landed.size() && landed[n].number <= last; ++n) {
+      const LandedCopy& c = landed[n];
+      if (XXH3_64bits(c.src, c.bytes) != c.src_hash) {
+        std::fprintf(stderr, "ktier: emulated device: the host bytes of copy_async #%llu (%zu bytes "
+                     "at %p) changed before the host waited for it\n",
+                     static_cast<unsigned long long>(c.number), c.bytes, c.src);
+        KTIER_CHECK_MSG(false, "host memory of a copy reused before the host waited for it");
+      }
+    }
+    landed.erase(landed.begin(), landed.begin() + static_cast<std::ptrdiff_t>(n));
+    return Status::ok();
+  }
   FenceMark& fence(Fence f) {
     KTIER_CHECK_MSG(f >= 0 && static_cast<size_t>(f) < fences_.size(), "unknown fence");
     return fences_[static_cast<size_t>(f)];

@@ -463,6 +463,29 @@ TEST(EmulatedDeviceDeathTest, HostPointerInAnOpAborts) {
   EXPECT_DEATH((void)dev->sigmoid(buf->as<float>(), 65, buf->as<float>()), "not device memory");
 }
 
+// A GPU may read a copy's host bytes until the host waits for it; the emulated device applies
+// the copy earlier (at the ops' wait), so it checks at the host's wait that the bytes did not
+// change in between: host memory reused too early aborts, as it would corrupt a GPU's copy.
+TEST(EmulatedDeviceDeathTest, HostBytesReusedBeforeTheHostWaitAbort) {
+  cpu::Exec ex{nullptr, cpu::Isa::kScalar};
+  auto dev = make_emulated_device_backend(ex);
+  auto buf = BackendBuffer::allocate(*dev, 64 * sizeof(float));
+  ASSERT_TRUE(buf.is_ok());
+  using Q = Backend::CopyQueue;
+  std::vector<float> host(64, 1.0f);
+  auto f = dev->create_fence();
+  ASSERT_TRUE(f.is_ok());
+  ASSERT_TRUE(dev->copy_async(Q::kExperts, buf->get(), host.data(), 256).is_ok());
+  ASSERT_TRUE(dev->mark_copies(*f, Q::kExperts).is_ok());
+  ASSERT_TRUE(dev->ops_wait(*f).is_ok());  // the ops may use it; the host may not reuse it yet
+  ASSERT_TRUE(dev->host_wait(*f).is_ok());
+  host[3] = 2.0f;  // after the wait: allowed
+  ASSERT_TRUE(dev->copy_async(Q::kExperts, buf->get(), host.data(), 256).is_ok());
+  ASSERT_TRUE(dev->ops_after_copies(Q::kExperts).is_ok());
+  host[5] = 3.0f;  // before the host's wait: a GPU could still be reading it
+  EXPECT_DEATH((void)dev->sync_copies(Q::kExperts), "reused before the host waited");
+}
+
 // The emulated device applies a copy no earlier than a fence of its queue that covers it, so a
 // test over it sees NaN wherever an op reads a copy it did not wait for; and it holds no more
 // than its capacity.
