@@ -9,9 +9,9 @@
 
 namespace ktier::backend {
 
-// Opens device `device` of a loaded module on one stream of its own. Errors (kRuntime): the
-// module is not loaded, has no such device, or the device cannot be initialised; the message
-// says which.
+// Opens device `device` of a loaded module: a stream for the ops and one per copy queue.
+// Errors (kRuntime): the module is not loaded, has no such device, the device is older than the
+// module's kernels, or it cannot be initialised; the message says which.
 Result<std::unique_ptr<Backend>> make_cuda_backend(const Result<CudaModuleProbe>& module,
                                                    int device = 0);
 

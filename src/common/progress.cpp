@@ -8,7 +8,6 @@ namespace ktier {
 namespace {
 
 constexpr auto kTtyInterval = std::chrono::milliseconds(200);
-constexpr auto kLogInterval = std::chrono::seconds(10);
 
 std::string human_bytes(double b) {
   char buf[32];
@@ -21,11 +20,13 @@ std::string human_bytes(double b) {
 
 }  // namespace
 
-ProgressMeter::ProgressMeter(std::string label, uint64_t total_bytes, bool enabled)
+ProgressMeter::ProgressMeter(std::string label, uint64_t total_bytes, bool enabled,
+                             std::chrono::milliseconds log_interval)
     : label_(std::move(label)),
       total_(total_bytes),
       enabled_(enabled),
       tty_(::isatty(STDERR_FILENO) == 1),
+      log_interval_(log_interval),
       start_(std::chrono::steady_clock::now()),
       last_print_(start_) {}
 
@@ -49,9 +50,8 @@ std::string ProgressMeter::line(uint64_t done, double seconds) const {
 void ProgressMeter::update(uint64_t done_bytes) {
   if (!enabled_) return;
   const auto now = std::chrono::steady_clock::now();
-  if (now - last_print_ < (tty_ ? std::chrono::duration_cast<std::chrono::steady_clock::duration>(kTtyInterval)
-                                : std::chrono::duration_cast<std::chrono::steady_clock::duration>(kLogInterval)))
-    return;
+  const std::chrono::milliseconds interval = tty_ ? kTtyInterval : log_interval_;
+  if (now - last_print_ < interval) return;
   last_print_ = now;
   shown_ = true;
   const double s = std::chrono::duration<double>(now - start_).count();

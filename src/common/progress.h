@@ -13,8 +13,10 @@ namespace ktier {
 
 class ProgressMeter {
  public:
-  // `label` starts each line ("synth"). Disabled meters print nothing.
-  ProgressMeter(std::string label, uint64_t total_bytes, bool enabled);
+  // `label` starts each line ("synth"). Disabled meters print nothing. `log_interval`: between
+  // lines when stderr is not a terminal.
+  ProgressMeter(std::string label, uint64_t total_bytes, bool enabled,
+                std::chrono::milliseconds log_interval = std::chrono::seconds(10));
   void update(uint64_t done_bytes);
   void finish(uint64_t done_bytes);
   void finish_if_shown(uint64_t done_bytes) {
@@ -28,6 +30,7 @@ class ProgressMeter {
   uint64_t total_;
   bool enabled_;
   bool tty_;
+  std::chrono::milliseconds log_interval_;
   bool shown_ = false;  // a progress line was printed
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_print_;

@@ -123,19 +123,19 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
     return opts.streamed_extra ? opts.streamed_extra(first_streamed) : 0;
   };
   KTIER_CHECK(!(opts.pin_last && opts.streamed_extra));
+  const int64_t most = opts.max_pinned >= 0 ? std::min<int64_t>(opts.max_pinned, L) : L;
   int64_t pinned = 0;
-  if (z.all_pinned() + extra(L) <= opts.budget_bytes) {
-    pinned = L;
+  if (most == L && z.all_pinned() + extra(L) <= opts.budget_bytes) {
+    pinned = L;  // no ring
   } else {
-    // Layer by layer, from the first (or the last) one, while the next fits.
+    // Layer by layer, from the first (or the last) one, while the next fits beside the ring.
     auto layer = [&](int64_t i) { return opts.pin_last ? L - 1 - i : i; };
     uint64_t used = base + z.ring(slots);
-    while (pinned < L &&
+    while (pinned < most &&
            used + s->records_[static_cast<size_t>(layer(pinned))].size + extra(pinned + 1) <=
                opts.budget_bytes)
       used += s->records_[static_cast<size_t>(layer(pinned++))].size;
   }
-  if (opts.max_pinned >= 0) pinned = std::min(pinned, opts.max_pinned);
   s->stats_.layers_pinned = pinned;
   s->pin_first_ = opts.pin_last ? L - pinned : 0;
   s->stats_.layers_streamed = L - pinned;
@@ -218,6 +218,16 @@ void TrunkStore::free_slot(Slot& s) {
   s.ready = false;
   s.layer = -1;
   s.weights = {};
+}
+
+void TrunkStore::set_cycle_start(int64_t layer) {
+  cycle_start_ = layer;
+  // A read-ahead that has wrapped to the old cycle's start stops at a layer a slot already holds
+  // (prefetch() does not read a layer twice): it goes on from there, in the new cycle.
+  const int64_t next = next_prefetch_;
+  if (next >= 0 && next < config().num_hidden_layers &&
+      std::any_of(ring_.begin(), ring_.end(), [&](const Slot& s) { return s.layer == next; }))
+    next_prefetch_ = streamed_after(next);
 }
 
 std::vector<std::span<uint8_t>> TrunkStore::layer_buffers(int64_t first_layer) {

@@ -132,7 +132,7 @@ class TrunkStore final : public model::TrunkSource {
   // layers once more first (GPU mode: the device mirror's, which calls this before it starts).
   // Any layer can still be acquired later: read then, and the read-ahead goes on from there
   // until it wraps.
-  void set_cycle_start(int64_t layer) { cycle_start_ = layer; }
+  void set_cycle_start(int64_t layer);
   // The layer each ring slot holds or is reading (-1: free), for tests and reports.
   std::vector<int64_t> ring_layers() const {
     std::vector<int64_t> out;

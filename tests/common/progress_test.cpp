@@ -3,6 +3,8 @@
 // for work that ended before the first progress line (every test's short loads).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "common/progress.h"
@@ -10,9 +12,10 @@
 namespace ktier {
 namespace {
 
-std::string run(bool enabled, bool only_if_shown) {
+std::string run(bool enabled, bool only_if_shown,
+                std::chrono::milliseconds log_interval = std::chrono::seconds(10)) {
   testing::internal::CaptureStderr();
-  ProgressMeter meter("loading trunk", 3'000'000, enabled);
+  ProgressMeter meter("loading trunk", 3'000'000, enabled, log_interval);
   meter.update(1'000'000);
   meter.update(3'000'000);
   if (only_if_shown)
@@ -32,6 +35,15 @@ TEST(ProgressMeter, QuietWhenDisabledOrOverBeforeTheFirstLine) {
   EXPECT_EQ(run(false, false), "");
   EXPECT_EQ(run(false, true), "");
   EXPECT_EQ(run(true, true), "");  // stderr is not a terminal here: the first line is due at 10 s
+}
+
+// Work that lasts past the first line (here: a zero interval) prints its lines, one per
+// update, and the final one.
+TEST(ProgressMeter, LongWorkShowsProgressThenTheFinalLine) {
+  const std::string out = run(true, true, std::chrono::milliseconds(0));
+  EXPECT_NE(out.find("loading trunk: 1.0 MB / 3.0 MB (33%)"), std::string::npos) << out;
+  EXPECT_NE(out.find("loading trunk: 3.0 MB / 3.0 MB (100%)"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 3) << out;
 }
 
 }  // namespace

@@ -152,6 +152,34 @@ TEST_F(TrunkStoreTest, StreamedExtraLeavesRoomForWhatTheStreamedLayersNeed) {
   EXPECT_EQ((*exact)->stats().layers_pinned, L);
 }
 
+// max_pinned (GPU mode: only the layers the device streams): a budget that holds every layer
+// without a ring pins at most that many, and the ring the others then need fits the budget too.
+TEST_F(TrunkStoreTest, MaxPinnedKeepsTheRingWithinTheBudget) {
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+  ASSERT_TRUE(ckpt.is_ok());
+  ShardFiles shards;
+  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
+  const int64_t L = ckpt->config().num_hidden_layers;
+  TrunkStoreOptions so;
+  auto all = TrunkStore::open(*ckpt, nullptr, *shards.engine, shards.files, so);
+  ASSERT_TRUE(all.is_ok());
+  const uint64_t everything = (*all)->stats().bytes_allocated;
+  so.pin_last = true;
+  for (const int64_t cap : {int64_t{0}, L - 3, L - 1, L}) {
+    so.budget_bytes = everything;
+    so.max_pinned = cap;
+    auto s = TrunkStore::open(*ckpt, nullptr, *shards.engine, shards.files, so);
+    ASSERT_TRUE(s.is_ok()) << s.status().message();
+    EXPECT_LE((*s)->stats().layers_pinned, cap);
+    EXPECT_LE((*s)->stats().bytes_allocated, everything) << "max_pinned " << cap;
+    EXPECT_EQ((*s)->first_pinned(), L - (*s)->stats().layers_pinned);
+  }
+  so.max_pinned = L - 1;  // the ring costs two layers: the budget then pins fewer than L - 1
+  auto capped = TrunkStore::open(*ckpt, nullptr, *shards.engine, shards.files, so);
+  ASSERT_TRUE(capped.is_ok());
+  EXPECT_LT((*capped)->stats().layers_pinned, L - 1);
+}
+
 // What a device mirror sizes a layer from: layer_shapes gives every tensor the bound layer has,
 // with its type and shape and no bytes (null matrix data, zero vectors), and a streaming store
 // reads nothing for it; the default (acquire and copy) gives the same for the resident weights.
