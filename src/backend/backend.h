@@ -112,6 +112,10 @@ class Backend {
   // speed; unpin before the memory is freed. No-ops where host and backend memory are one.
   virtual Status pin_host(void* host, size_t bytes) { return Status::ok(); }
   virtual void unpin_host(void* host) {}
+  // Bytes copy_async has read from host memory that was not page-locked with pin_host (on a GPU
+  // such a copy is staged by the driver and may make the host wait for the copies before it).
+  // The emulated device counts them, for tests; elsewhere 0 (not tracked).
+  virtual uint64_t pageable_copy_bytes() const { return 0; }
 
   // ---- ops (cpu/kernels.h; every pointer is this backend's memory) ----
   // The jobs array itself is host memory; the weights and activations it points at are not.

@@ -57,6 +57,12 @@ class EmulatedDevice final : public Backend {
     return capacity_ - use_.live;
   }
   MemoryUse memory_use() const override { return use_; }
+  Status pin_host(void* host, size_t bytes) override {
+    pinned_[reinterpret_cast<uintptr_t>(host)] = bytes;
+    return Status::ok();
+  }
+  void unpin_host(void* host) override { pinned_.erase(reinterpret_cast<uintptr_t>(host)); }
+  uint64_t pageable_copy_bytes() const override { return pageable_copy_bytes_; }
   Status upload(void* dst, const void* src, size_t bytes) override {
     mine(dst, bytes, "upload destination");
     return cpu_->upload(dst, src, bytes);
@@ -79,6 +85,7 @@ class EmulatedDevice final : public Backend {
     KTIER_RETURN_IF_ERROR(cpu_->fill(dst, 0xff, bytes));
     Queue& queue = queues_[static_cast<int>(q)];
     queue.pending.push_back({dst, src, bytes, ++queue.issued});
+    if (!pinned(src, bytes)) pageable_copy_bytes_ += bytes;
     return Status::ok();
   }
   Status ops_after_copies(CopyQueue q) override { return apply_copies(q, issued(q)); }
@@ -306,7 +313,17 @@ class EmulatedDevice final : public Backend {
   const uint64_t capacity_;             // bytes that may be held at once
   MemoryUse use_;
   std::map<uintptr_t, size_t> blocks_;  // allocation start -> bytes
+  // Whether [p, p + n) lies inside one pin_host range.
+  bool pinned(const void* p, size_t n) const {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    auto it = pinned_.upper_bound(a);
+    if (it == pinned_.begin()) return false;
+    --it;
+    return a + n <= it->first + it->second;
+  }
   Queue queues_[2];                     // per CopyQueue
+  std::map<uintptr_t, size_t> pinned_;  // pin_host ranges: start -> bytes
+  uint64_t pageable_copy_bytes_ = 0;
   std::vector<FenceMark> fences_;       // per fence: where it was last marked
 };
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/check.h"
 #include "common/progress.h"
 #include "runtime/device_placement.h"
 
@@ -57,7 +58,11 @@ Result<DeviceTrunk::Plan> DeviceTrunk::plan(
   p.layer_bytes.assign(static_cast<size_t>(L), 0);
   p.routing_bytes.assign(static_cast<size_t>(L), 0);
   for (int64_t l = 0; l < L; ++l) {
-    KTIER_ASSIGN_OR_RETURN(const model::LayerWeights shapes, layer_shapes(l));
+    KTIER_ASSIGN_OR_RETURN(model::LayerWeights shapes, layer_shapes(l));
+    uint64_t vectors = 0;
+    model::for_each_tensor(
+        shapes, [](cpu::WeightMatrix&) {}, [&](model::F32Vec& v) { vectors += v.size() * sizeof(float); });
+    p.largest_vectors = std::max(p.largest_vectors, vectors);
     p.layer_bytes[static_cast<size_t>(l)] = layer_bytes(shapes);
     if (!c.is_dense(l)) p.routing_bytes[static_cast<size_t>(l)] = layer_bytes(routing_part(shapes));
   }
@@ -144,6 +149,10 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
   for (StreamSlot& slot : t->slots_) {
     if (t->slot_bytes_ == 0) break;
     KTIER_ASSIGN_OR_RETURN(slot.buf, backend::BackendBuffer::allocate(be, t->slot_bytes_));
+    slot.vector_staging.resize(p.largest_vectors / sizeof(float));
+    // Refused (RLIMIT_MEMLOCK): the copies still work, from pageable memory.
+    slot.staging_pinned = !slot.vector_staging.empty() &&
+                          be.pin_host(slot.vector_staging.data(), p.largest_vectors).is_ok();
     KTIER_ASSIGN_OR_RETURN(slot.read, be.create_fence());
     KTIER_ASSIGN_OR_RETURN(slot.copied, be.create_fence());
     // The block may be one the backend kept from a buffer whose ops are still queued (CUDA
@@ -159,6 +168,7 @@ DeviceTrunk::~DeviceTrunk() {
     (void)release_host(s);  // a copy ahead nobody acquired (the last token's)
     for (backend::Backend::Fence f : {s.read, s.copied})
       if (f >= 0) be_.destroy_fence(f);
+    if (s.staging_pinned) be_.unpin_host(s.vector_staging.data());
   }
 }
 
@@ -176,6 +186,17 @@ Status DeviceTrunk::load(int64_t l, StreamSlot& s) {
   s.layer = l;
   s.host_held = true;  // from here on the copy may read the host bytes
   const uint64_t n = layer_bytes(s.weights);  // <= slot_bytes_, the largest layer's
+  // The vectors move to the slot's staging (its last copy landed in release_host above).
+  size_t staged = 0;
+  model::for_each_tensor(
+      s.weights, [](cpu::WeightMatrix&) {},
+      [&](model::F32Vec& v) {
+        KTIER_CHECK(staged + v.size() <= s.vector_staging.size());  // Plan::largest_vectors
+        float* at = s.vector_staging.data() + staged;
+        std::copy(v.data(), v.data() + v.size(), at);
+        v = model::F32Vec::view(at, v.size());
+        staged += v.size();
+      });
   Status status = be_.copies_wait(s.read, kQueue);
   if (status.is_ok()) status = mirror(s.weights, s.buf.as<uint8_t>(), /*ahead=*/true);
   if (status.is_ok()) status = be_.mark_copies(s.copied, kQueue);

@@ -41,6 +41,7 @@ class DeviceTrunk final : public model::TrunkSource {
     uint64_t slot_bytes = 0;  // each of the two streaming slots; 0 when every layer is resident
     uint64_t head_bytes = 0;
     std::vector<uint64_t> layer_bytes, routing_bytes;  // [L]; routing: 0 for dense layers
+    uint64_t largest_vectors = 0;  // f32 vector bytes of the layer with the most (unaligned)
   };
   // From shapes alone: `layer_shapes(l)` gives layer l's (TrunkSource::layer_shapes, or
   // model::bind_layer over model::shapes_in), `head` the head's. Errors: layer_shapes's, and
@@ -94,6 +95,11 @@ class DeviceTrunk final : public model::TrunkSource {
   std::vector<backend::BackendBuffer> buffers_;
   struct StreamSlot {
     backend::BackendBuffer buf;
+    // The layer's f32 vectors (widened by the host, in its pageable heap) are gathered here,
+    // page-locked, before they are copied: a copy from pageable memory may make the host wait
+    // for the copies before it, i.e. the whole layer. Reused once the slot's copy has landed.
+    std::vector<float> vector_staging;
+    bool staging_pinned = false;
     model::LayerWeights weights;  // views into buf
     int64_t layer = -1;           // held or being copied in; -1: none
     bool host_held = false;       // the host layer stays acquired until the copy has landed

@@ -318,6 +318,9 @@ TEST_F(DeviceModeTest, StreamedLayersAreCopiedOnceAheadOfUse) {
                   return Status::ok();
                 }).is_ok());
     EXPECT_TRUE(out == reference_) << "the CPU's bytes";
+    // Every copy ahead — streamed layers (their vectors gathered into page-locked staging),
+    // experts from the RAM tier's arena — reads page-locked memory.
+    EXPECT_EQ(run.backend().pageable_copy_bytes(), 0u);
     const uint64_t copied = run.device_trunk()->streamed_bytes();
     if (streamed <= 2)
       EXPECT_EQ(copied, per_pass) << "the streamed layers stay in their two slots";
