@@ -115,7 +115,11 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
       {"lookahead", e.model().lookahead_depth()},
       {"lookahead_refresh", e.model().lookahead_refresh()},
       {"trunk_layers_pinned", t ? t->stats().layers_pinned : e.checkpoint().config().num_hidden_layers},
-      {"trunk_layers_streamed", t ? t->stats().layers_streamed : 0},
+      // Read from disk every token: in GPU mode not the layers the device holds (the host
+      // streams those through its ring once, at open, to copy them).
+      {"trunk_layers_streamed",
+       t ? t->stats().layers_streamed - (e.device_trunk() ? e.device_trunk()->resident_layers() : 0)
+         : 0},
       {"trunk_bytes", t ? t->stats().bytes_allocated : 0},
       {"router_bank_bytes", e.router_bank() ? e.router_bank()->bytes_allocated() : 0},
       {"peak_rss_bytes", peak_rss_bytes},
@@ -195,10 +199,14 @@ std::string RunReport::to_table(const Engine& e) const {
   if (budget && budget != UINT64_MAX)
     std::snprintf(budget_text, sizeof budget_text, " (budget %.1f MB)",
                   static_cast<double>(budget) / mb);
-  std::snprintf(buf, sizeof buf, "ktier: trunk layers pinned %lld, streamed %lld; peak RSS %.1f MB%s; "
-                "%d threads, %s, %s\n",
+  char on_device[48] = "";
+  if (const DeviceTrunk* dt = e.device_trunk())
+    std::snprintf(on_device, sizeof on_device, " (the device holds %lld)",
+                  static_cast<long long>(dt->resident_layers()));
+  std::snprintf(buf, sizeof buf, "ktier: %strunk layers pinned %lld, streamed %lld%s; peak RSS %.1f "
+                "MB%s; %d threads, %s, %s\n", e.device_trunk() ? "host " : "",
                 static_cast<long long>(j["trunk_layers_pinned"].get<int64_t>()),
-                static_cast<long long>(j["trunk_layers_streamed"].get<int64_t>()),
+                static_cast<long long>(j["trunk_layers_streamed"].get<int64_t>()), on_device,
                 peak_rss_bytes / mb, budget_text,
                 e.threads(), cpu::isa_name(e.exec().isa), j["io_engine"].get<std::string>().c_str());
   out += buf;

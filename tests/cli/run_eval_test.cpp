@@ -251,6 +251,28 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   fs::remove(report);
 }
 
+// GPU mode on the emulated device: the reference ids, and a report that tells the host's trunk
+// apart from the device's — with every layer on the device the host streams none per token.
+TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
+  const fs::path report = dir_.string() + "-device-report.json";
+  const auto r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() +
+                             " -n 20 --device emulated --vram 64M --report-json " +
+                             report.string() + " --print-ids");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(last_line(r.out), join(golden_.at("greedy").get<std::vector<int>>()));
+  std::ifstream in(report);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const int layers = j.at("device").at("trunk_layers_resident").get<int>();
+  EXPECT_GT(layers, 0);
+  EXPECT_EQ(j.at("trunk_layers_pinned").get<int>(), 0);
+  EXPECT_EQ(j.at("trunk_layers_streamed").get<int>(), 0);
+  EXPECT_NE(r.err.find("host trunk layers pinned 0, streamed 0 (the device holds " +
+                       std::to_string(layers) + ")"),
+            std::string::npos)
+      << r.err;
+  fs::remove(report);
+}
+
 // Issue 7 interface: a compressed pack (small blocks, several per layer) runs exactly like a plain
 // pack and like no pack at all, whatever the inflate thread count and read-rate cap; `bench
 // inflate` reports the documented keys; a damaged block is exit 3 naming the layer and block.
