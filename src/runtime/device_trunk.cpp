@@ -149,10 +149,12 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
   for (StreamSlot& slot : t->slots_) {
     if (t->slot_bytes_ == 0) break;
     KTIER_ASSIGN_OR_RETURN(slot.buf, backend::BackendBuffer::allocate(be, t->slot_bytes_));
-    slot.vector_staging.resize(p.largest_vectors / sizeof(float));
-    // Refused (RLIMIT_MEMLOCK): the copies still work, from pageable memory.
-    slot.staging_pinned = !slot.vector_staging.empty() &&
-                          be.pin_host(slot.vector_staging.data(), p.largest_vectors).is_ok();
+    if (p.largest_vectors > 0) {
+      KTIER_ASSIGN_OR_RETURN(slot.vector_staging, io::AlignedBuffer::allocate(p.largest_vectors));
+      // Refused: the copies still work, from pageable memory.
+      slot.staging_pinned =
+          be.pin_host(slot.vector_staging.data(), slot.vector_staging.size()).is_ok();
+    }
     KTIER_ASSIGN_OR_RETURN(slot.read, be.create_fence());
     KTIER_ASSIGN_OR_RETURN(slot.copied, be.create_fence());
     // The block may be one the backend kept from a buffer whose ops are still queued (CUDA
@@ -191,8 +193,8 @@ Status DeviceTrunk::load(int64_t l, StreamSlot& s) {
   model::for_each_tensor(
       s.weights, [](cpu::WeightMatrix&) {},
       [&](model::F32Vec& v) {
-        KTIER_CHECK(staged + v.size() <= s.vector_staging.size());  // Plan::largest_vectors
-        float* at = s.vector_staging.data() + staged;
+        KTIER_CHECK((staged + v.size()) * sizeof(float) <= s.vector_staging.size());  // Plan
+        float* at = reinterpret_cast<float*>(s.vector_staging.data()) + staged;
         std::copy(v.data(), v.data() + v.size(), at);
         v = model::F32Vec::view(at, v.size());
         staged += v.size();

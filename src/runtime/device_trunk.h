@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "io/aligned_buffer.h"
 #include "model/weights.h"
 
 namespace ktier::runtime {
@@ -98,7 +99,8 @@ class DeviceTrunk final : public model::TrunkSource {
     // The layer's f32 vectors (widened by the host, in its pageable heap) are gathered here,
     // page-locked, before they are copied: a copy from pageable memory may make the host wait
     // for the copies before it, i.e. the whole layer. Reused once the slot's copy has landed.
-    std::vector<float> vector_staging;
+    // Page-aligned, so that page-locking it locks no other object's page.
+    io::AlignedBuffer vector_staging;
     bool staging_pinned = false;
     model::LayerWeights weights;  // views into buf
     int64_t layer = -1;           // held or being copied in; -1: none
