@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <vector>
 
 #include "io/fault_plan.h"
@@ -83,6 +84,16 @@ class TrunkStoreTest : public ::testing::Test {
     return bad;
   }
 
+  // The checkpoint and its shards, for a test that opens TrunkStores of its own.
+  void open_inputs() {
+    auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+    ASSERT_TRUE(ckpt.is_ok());
+    ckpt_.emplace(std::move(*ckpt));
+    ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt_, shards_));
+  }
+  std::optional<format::Checkpoint> ckpt_;
+  ShardFiles shards_;
+
   static inline fs::path root_;
   static inline std::vector<int32_t> prompt_;
   static inline std::vector<float> reference_;
@@ -116,17 +127,16 @@ TEST_F(TrunkStoreTest, OutputIsIdenticalAcrossBudgetsSourcesEnginesAndThreads) {
 // bank) is counted while choosing how many layers to pin: the pinned records plus the extra for
 // the rest fit the budget, and pinning one more would not.
 TEST_F(TrunkStoreTest, StreamedExtraLeavesRoomForWhatTheStreamedLayersNeed) {
-  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
-  ASSERT_TRUE(ckpt.is_ok());
-  ShardFiles shards;
-  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
-  const int64_t L = ckpt->config().num_hidden_layers;
+  ASSERT_NO_FATAL_FAILURE(open_inputs());
+  const format::Checkpoint& ckpt = *ckpt_;
+  ShardFiles& shards = shards_;
+  const int64_t L = ckpt.config().num_hidden_layers;
   auto open_with = [&](uint64_t budget, uint64_t per_streamed) {
     TrunkStoreOptions so;
     so.budget_bytes = budget;
     if (per_streamed)
       so.streamed_extra = [=](int64_t first) { return static_cast<uint64_t>(L - first) * per_streamed; };
-    return TrunkStore::open(*ckpt, nullptr, *shards.engine, shards.files, so);
+    return TrunkStore::open(ckpt, nullptr, *shards.engine, shards.files, so);
   };
   auto all = open_with(UINT64_MAX, 0);
   ASSERT_TRUE(all.is_ok()) << all.status().message();
@@ -155,27 +165,26 @@ TEST_F(TrunkStoreTest, StreamedExtraLeavesRoomForWhatTheStreamedLayersNeed) {
 // max_pinned (GPU mode: only the layers the device streams): a budget that holds every layer
 // without a ring pins at most that many, and the ring the others then need fits the budget too.
 TEST_F(TrunkStoreTest, MaxPinnedKeepsTheRingWithinTheBudget) {
-  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
-  ASSERT_TRUE(ckpt.is_ok());
-  ShardFiles shards;
-  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
-  const int64_t L = ckpt->config().num_hidden_layers;
+  ASSERT_NO_FATAL_FAILURE(open_inputs());
+  const format::Checkpoint& ckpt = *ckpt_;
+  ShardFiles& shards = shards_;
+  const int64_t L = ckpt.config().num_hidden_layers;
   TrunkStoreOptions so;
-  auto all = TrunkStore::open(*ckpt, nullptr, *shards.engine, shards.files, so);
+  auto all = TrunkStore::open(ckpt, nullptr, *shards.engine, shards.files, so);
   ASSERT_TRUE(all.is_ok());
   const uint64_t everything = (*all)->stats().bytes_allocated;
   so.pin_last = true;
   for (const int64_t cap : {int64_t{0}, L - 3, L - 1, L}) {
     so.budget_bytes = everything;
     so.max_pinned = cap;
-    auto s = TrunkStore::open(*ckpt, nullptr, *shards.engine, shards.files, so);
+    auto s = TrunkStore::open(ckpt, nullptr, *shards.engine, shards.files, so);
     ASSERT_TRUE(s.is_ok()) << s.status().message();
     EXPECT_LE((*s)->stats().layers_pinned, cap);
     EXPECT_LE((*s)->stats().bytes_allocated, everything) << "max_pinned " << cap;
     EXPECT_EQ((*s)->first_pinned(), L - (*s)->stats().layers_pinned);
   }
   so.max_pinned = L - 1;  // the ring costs two layers: the budget then pins fewer than L - 1
-  auto capped = TrunkStore::open(*ckpt, nullptr, *shards.engine, shards.files, so);
+  auto capped = TrunkStore::open(ckpt, nullptr, *shards.engine, shards.files, so);
   ASSERT_TRUE(capped.is_ok());
   EXPECT_LT((*capped)->stats().layers_pinned, L - 1);
 }
@@ -184,13 +193,12 @@ TEST_F(TrunkStoreTest, MaxPinnedKeepsTheRingWithinTheBudget) {
 // with its type and shape and no bytes (null matrix data, zero vectors), and a streaming store
 // reads nothing for it; the default (acquire and copy) gives the same for the resident weights.
 TEST_F(TrunkStoreTest, LayerShapesMatchTheBoundLayerAndReadNothing) {
-  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
-  ASSERT_TRUE(ckpt.is_ok());
-  ShardFiles shards;
-  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
-  auto pack = pack::TrunkPack::open(root_ / "pack", *ckpt);
+  ASSERT_NO_FATAL_FAILURE(open_inputs());
+  const format::Checkpoint& ckpt = *ckpt_;
+  ShardFiles& shards = shards_;
+  auto pack = pack::TrunkPack::open(root_ / "pack", ckpt);
   ASSERT_TRUE(pack.is_ok()) << pack.status().message();
-  auto resident = model::ModelWeights::load(*ckpt);
+  auto resident = model::ModelWeights::load(ckpt);
   ASSERT_TRUE(resident.is_ok());
   struct Tensor {
     cpu::WeightType type;
@@ -215,13 +223,13 @@ TEST_F(TrunkStoreTest, LayerShapesMatchTheBoundLayerAndReadNothing) {
         });
     return out;
   };
-  const int64_t L = ckpt->config().num_hidden_layers;
+  const int64_t L = ckpt.config().num_hidden_layers;
   for (const pack::TrunkPack* source : {static_cast<const pack::TrunkPack*>(nullptr),
                                         static_cast<const pack::TrunkPack*>(&*pack)}) {
     SCOPED_TRACE(source ? "pack" : "shards");
     TrunkStoreOptions so;
-    so.budget_bytes = TrunkStore::minimum_bytes(*ckpt, source);
-    auto store = TrunkStore::open(*ckpt, source, *shards.engine, shards.files, so);
+    so.budget_bytes = TrunkStore::minimum_bytes(ckpt, source);
+    auto store = TrunkStore::open(ckpt, source, *shards.engine, shards.files, so);
     ASSERT_TRUE(store.is_ok()) << store.status().message();
     ASSERT_EQ((*store)->stats().layers_pinned, 0);
     for (int64_t l = 0; l < L; ++l) {
