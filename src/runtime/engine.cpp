@@ -207,6 +207,7 @@ Status Engine::open_dial(const EngineOptions& opts) {
     xo.policy_slots = static_cast<int64_t>(slots - batch);
     xo.batch_slots = static_cast<int64_t>(batch);
     xo.prefetch_in_flight = std::max<uint32_t>(1, opts.io.queue_depth / 2);
+    xo.pool = pool_.get();
     KTIER_ASSIGN_OR_RETURN(cache_, ExpertCache::open(ckpt_, *io_, shard_files_, std::move(xo)));
     spdlog::info("experts: {} policy, {} slots of {} ({} kept, {} for one fetch), lookahead {}",
                  strata::policy_name(opts.policy), slots, gib(slot), slots - batch, batch,

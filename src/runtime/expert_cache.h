@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "cpu/thread_pool.h"
 #include "format/checkpoint.h"
 #include "io/aligned_buffer.h"
 #include "io/io_engine.h"
@@ -57,6 +58,9 @@ struct ExpertCacheOptions {
   int64_t policy_slots = 0;              // the policy's capacity, >= 0
   int64_t batch_slots = 1;               // the most experts one fetch may ask for, >= 1
   uint32_t prefetch_in_flight = 16;      // prefetch reads (not experts) outstanding at most, >= 1
+  // Faults the slot arena in at open on these threads (the engine's kernel pool; must outlive
+  // open()); null: on the calling thread.
+  cpu::ThreadPool* pool = nullptr;
 };
 
 struct ExpertCacheStats {
