@@ -267,16 +267,6 @@ TensorLookup shapes_in(const format::Checkpoint& ckpt) {
   };
 }
 
-Result<LayerWeights> TrunkSource::layer_shapes(int64_t l) {
-  KTIER_ASSIGN_OR_RETURN(const LayerWeights* acquired, acquire_layer(l));
-  LayerWeights w = *acquired;
-  release_layer(l);
-  for_each_tensor(
-      w, [](cpu::WeightMatrix& m) { m.data = nullptr, m.scales = nullptr; },
-      [](F32Vec& v) { v = F32Vec(std::vector<float>(v.size())); });
-  return w;
-}
-
 uint64_t matrix_bytes(const cpu::WeightMatrix& m) {
   return backend::weight_data_bytes(m) + backend::weight_scale_bytes(m);
 }

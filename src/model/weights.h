@@ -149,11 +149,6 @@ class TrunkSource {
   virtual const HeadWeights& head() const = 0;
   // Embedding rows of `ids` (each in [0, V)), widened to f32: out [ids.size(), E].
   virtual Status embed(std::span<const int32_t> ids, float* out) = 0;
-  // Layer l's weights from shapes alone (every matrix with its type and shape and null data,
-  // every vector zeros of its size): what sizing a copy of the layer needs. This default
-  // acquires the layer (a streaming source reads it); sources that stream override it to read
-  // nothing. Errors: acquire_layer's.
-  virtual Result<LayerWeights> layer_shapes(int64_t l);
 };
 
 // Every non-expert weight resident: views into the checkpoint's mapping (zero copy) or, in

@@ -97,17 +97,11 @@ Result<DeviceTrunk::Plan> DeviceTrunk::plan(
 }
 
 Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
-                                                       backend::Backend& be,
-                                                       uint64_t vram_bytes,
-                                                       uint64_t reserved_bytes,
+                                                       backend::Backend& be, const Plan& p,
                                                        const std::function<void(int64_t)>& placed) {
   const format::ModelConfig& c = host.config();
   const int64_t L = c.num_hidden_layers;
-  // Sized from shapes (a streaming host reads nothing for them).
-  KTIER_ASSIGN_OR_RETURN(
-      const Plan p,
-      plan(c, [&host](int64_t l) { return host.layer_shapes(l); }, host.head(), vram_bytes,
-           reserved_bytes));
+  KTIER_CHECK(static_cast<int64_t>(p.layer_bytes.size()) == L && p.resident_layers <= L);
   std::unique_ptr<DeviceTrunk> t(new DeviceTrunk(host, be));
   t->resident_ = p.resident_layers;
   t->slot_bytes_ = p.slot_bytes;
@@ -133,6 +127,7 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
     const uint64_t n = resident ? sizes[static_cast<size_t>(l)] : routing[static_cast<size_t>(l)];
     KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host.acquire_layer(l));
     model::LayerWeights copy = resident ? *w : routing_part(*w);
+    KTIER_CHECK(layer_bytes(copy) == n);  // the plan is of the checkpoint the host binds
     auto buf = backend::BackendBuffer::allocate(be, n);
     Status s = buf.is_ok() ? t->mirror(copy, buf->as<uint8_t>(), /*ahead=*/false) : buf.status();
     host.release_layer(l);  // the mirror holds no host pointer (its vectors are views)

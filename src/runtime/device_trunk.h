@@ -44,23 +44,23 @@ class DeviceTrunk final : public model::TrunkSource {
     std::vector<uint64_t> layer_bytes, routing_bytes;  // [L]; routing: 0 for dense layers
     uint64_t largest_vectors = 0;  // f32 vector bytes of the layer with the most (unaligned)
   };
-  // From shapes alone: `layer_shapes(l)` gives layer l's (TrunkSource::layer_shapes, or
-  // model::bind_layer over model::shapes_in), `head` the head's. Errors: layer_shapes's, and
-  // Status::budget (exit 4) naming --vram and its minimum (head, two slots, routers, and the
-  // reserve) when that does not fit.
+  // From shapes alone: `layer_shapes(l)` gives layer l's (model::bind_layer over
+  // model::shapes_in: the checkpoint's shapes, which every TrunkSource of it binds), `head` the
+  // head's (bound the same way). Errors: layer_shapes's, and Status::budget (exit 4) naming --vram and its minimum
+  // (head, two slots, routers, and the reserve) when that does not fit.
   static Result<Plan> plan(const format::ModelConfig& c,
                            const std::function<Result<model::LayerWeights>(int64_t)>& layer_shapes,
                            model::HeadWeights head, uint64_t vram_bytes, uint64_t reserved_bytes);
 
-  // Mirrors `host` (which must outlive this) into `be`'s memory as plan() places it from the
-  // host's layer_shapes; then each host layer the device needs (resident, or a streamed MoE
-  // layer's routing weights) is acquired once, in order. `placed`, when set, is told the number
-  // of resident layers before any layer is acquired (GPU mode: the host's TrunkStore starts its
-  // read-ahead cycle there, so that its ring reads ahead what this pass and then the first
-  // token acquire). Errors: plan()'s, the host's (reading layers) and the backend's.
+  // Mirrors `host` (which must outlive this) into `be`'s memory as `plan` (plan() for the
+  // checkpoint `host` binds) places it: each host layer the device needs (resident, or a
+  // streamed MoE layer's routing weights) is acquired once, in order. `placed`, when set, is
+  // told the number of resident layers before any layer is acquired (GPU mode: the host's
+  // TrunkStore starts its read-ahead cycle there, so that its ring reads ahead what this pass
+  // and then the first token acquire). Errors: the host's (reading layers) and the backend's.
   static Result<std::unique_ptr<DeviceTrunk>> open(
-      model::TrunkSource& host, backend::Backend& be, uint64_t vram_bytes,
-      uint64_t reserved_bytes, const std::function<void(int64_t resident_layers)>& placed = {});
+      model::TrunkSource& host, backend::Backend& be, const Plan& plan,
+      const std::function<void(int64_t resident_layers)>& placed = {});
 
   const format::ModelConfig& config() const override { return host_.config(); }
   ~DeviceTrunk() override;

@@ -161,7 +161,7 @@ Status Engine::open_dial(const EngineOptions& opts) {
   // GPU mode: the device holds the first layers, so the host pins the last ones, and only those
   // the device streams (RAM beyond them goes to the expert tier, not to layers the device holds).
   so.pin_last = device_mode(opts);
-  if (device_mode(opts)) so.max_pinned = c.num_hidden_layers - device_resident_;
+  if (device_mode(opts)) so.max_pinned = c.num_hidden_layers - device_plan_.resident_layers;
   std::vector<uint64_t> router_suffix;  // [l]: routers of layers l.. (the bank's bytes from l)
   if (bank_reserve) {
     const std::vector<uint64_t> per_layer = RouterBank::layer_bytes(ckpt_);
@@ -247,7 +247,8 @@ Status Engine::plan_device(const EngineOptions& opts) {
   }
   const format::ModelConfig& c = ckpt_.config();
   const bool moe = ckpt_.expert_storage() != format::ExpertStorage::kNone && c.num_moe_layers() > 0;
-  vram_tier_min_ = moe ? VramExpertTier::minimum_slots(c) * VramExpertTier::slot_bytes_for(ckpt_) : 0;
+  const uint64_t vram_tier_min =
+      moe ? VramExpertTier::minimum_slots(c) * VramExpertTier::slot_bytes_for(ckpt_) : 0;
   vram_bytes_ = vram;
   // The sequence's working set first: what every token needs, whatever the placement.
   const EngineOptions::Workload& wl = opts.workload;
@@ -262,15 +263,14 @@ Status Engine::plan_device(const EngineOptions& opts) {
   spdlog::info("device working set {} for {} positions in chunks of {}: state {}, activations {}{}",
                gib(working_bytes_), wl.positions, wl.chunk, gib(ws.state_bytes),
                gib(ws.activation_bytes), blas ? ", cuBLAS " + gib(blas) : std::string());
-  // The trunk's placement, from the checkpoint's shapes (DeviceTrunk::open places it the same
-  // way from the host's): a budget too small for it is refused here, before anything is read.
+  // The trunk's placement, from the checkpoint's shapes: a budget too small for it is refused
+  // here, before anything is read; DeviceTrunk::open places the trunk as planned.
   const model::TensorLookup shapes = model::shapes_in(ckpt_);
   KTIER_ASSIGN_OR_RETURN(model::HeadWeights head, model::bind_head(c, shapes));
   KTIER_ASSIGN_OR_RETURN(
-      const DeviceTrunk::Plan plan,
+      device_plan_,
       DeviceTrunk::plan(c, [&](int64_t l) { return model::bind_layer(c, l, shapes); },
-                        std::move(head), vram, vram_tier_min_ + working_bytes_));
-  device_resident_ = plan.resident_layers;
+                        std::move(head), vram, vram_tier_min + working_bytes_));
   return Status::ok();
 }
 
@@ -279,15 +279,13 @@ Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
   const format::ModelConfig& c = ckpt_.config();
   const bool moe = experts != nullptr && c.num_moe_layers() > 0;
   const uint64_t slot = moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0;
-  const uint64_t vram = vram_bytes_, min_tier = vram_tier_min_;
+  const uint64_t vram = vram_bytes_;
   // From the mirror's pass on, the host reads ahead only the layers the device streams.
   const auto start_host_cycle = [this](int64_t resident) {
     if (store_) store_->set_cycle_start(resident);
   };
-  KTIER_ASSIGN_OR_RETURN(device_trunk_, DeviceTrunk::open(trunk, *backend_, vram,
-                                                          min_tier + working_bytes_,
-                                                          start_host_cycle));
-  KTIER_CHECK(device_trunk_->resident_layers() == device_resident_);  // the plan's shapes
+  KTIER_ASSIGN_OR_RETURN(device_trunk_,
+                         DeviceTrunk::open(trunk, *backend_, device_plan_, start_host_cycle));
   if (moe) {
     // Never more slots than every expert plus one fetch's bypass.
     const int64_t keys = c.num_moe_layers() * c.num_experts;

@@ -114,7 +114,7 @@ class Engine {
   explicit Engine(format::Checkpoint ckpt) : ckpt_(std::move(ckpt)) {}
   Status open_dial(const EngineOptions& opts);  // pack, I/O engine, TrunkStore, ExpertCache
   // GPU mode, before the dial: the backend, --vram, the sequence's working set and where the
-  // trunk will go (device_resident_), so that the host pins only the layers the device streams.
+  // trunk will go (device_plan_), so that the host pins only the layers the device streams.
   Status plan_device(const EngineOptions& opts);
   // GPU mode: DeviceTrunk over `trunk`, VramExpertTier over `experts` (may be null).
   Status open_device(const EngineOptions& opts, model::TrunkSource& trunk,
@@ -137,8 +137,7 @@ class Engine {
   std::vector<void*> pinned_host_;
   uint64_t vram_bytes_ = 0;     // GPU mode: the budget applied
   uint64_t working_bytes_ = 0;  // GPU mode: set aside for the sequence (EngineOptions::Workload)
-  uint64_t vram_tier_min_ = 0;  // GPU mode: the VRAM expert tier's minimum, set aside too
-  int64_t device_resident_ = 0; // GPU mode: trunk layers the device will hold (DeviceTrunk::plan)
+  DeviceTrunk::Plan device_plan_;  // GPU mode: where the trunk goes (plan_device)
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;

@@ -409,11 +409,6 @@ Status TrunkStore::finish(Slot& s) {
   return Status::ok();
 }
 
-Result<model::LayerWeights> TrunkStore::layer_shapes(int64_t l) {
-  KTIER_CHECK(l >= 0 && l < config().num_hidden_layers);
-  return model::bind_layer(config(), l, lookup_in(records_[static_cast<size_t>(l)], nullptr));
-}
-
 Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
   if (const model::LayerWeights* w = pinned_layer(l)) return w;
   auto it = std::find_if(ring_.begin(), ring_.end(), [&](const Slot& s) { return s.layer == l; });
@@ -466,7 +461,7 @@ model::TensorLookup TrunkStore::lookup_in(const pack::Record& r, const uint8_t* 
     const pack::TensorEntry& t = r.tensors[it->second.second];
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
-    return model::TensorView{t.dtype, numel, base ? base + t.offset : nullptr};
+    return model::TensorView{t.dtype, numel, base + t.offset};
   };
 }
 

@@ -110,8 +110,6 @@ class TrunkStore final : public model::TrunkSource {
   void release_layer(int64_t l) override;
   const model::HeadWeights& head() const override { return head_; }
   Status embed(std::span<const int32_t> ids, float* out) override;
-  // From the record's tensor table: reads nothing.
-  Result<model::LayerWeights> layer_shapes(int64_t l) override;
 
   const TrunkStoreStats& stats() const { return stats_; }
   // Pinned layers are first_pinned() .. first_pinned() + layers_pinned - 1: the first ones, or
@@ -179,7 +177,7 @@ class TrunkStore final : public model::TrunkSource {
                         uint8_t* dst);
   Status verify_embed_record();  // pack mode: xxh3 of the embed record, streamed
   void prefetch();
-  // Finds r's tensors at `base` (the record's bytes); null base: shapes only (TensorView).
+  // Finds r's tensors at `base` (the record's bytes).
   model::TensorLookup lookup_in(const pack::Record& r, const uint8_t* base) const;
   std::vector<Source> sources_of(const pack::Record& r) const;
 

@@ -189,10 +189,11 @@ TEST_F(TrunkStoreTest, MaxPinnedKeepsTheRingWithinTheBudget) {
   EXPECT_LT((*capped)->stats().layers_pinned, L - 1);
 }
 
-// What a device mirror sizes a layer from: layer_shapes gives every tensor the bound layer has,
-// with its type and shape and no bytes (null matrix data, zero vectors), and a streaming store
-// reads nothing for it; the default (acquire and copy) gives the same for the resident weights.
-TEST_F(TrunkStoreTest, LayerShapesMatchTheBoundLayerAndReadNothing) {
+// GPU mode places the trunk from the checkpoint's shapes (model::shapes_in, read before any
+// layer) and then mirrors the layers a host source binds: every tensor a host binds, from shards
+// or from a pack, has the type and shape the checkpoint's shapes give it, and binding from
+// shapes reads nothing (null matrix data, zero vectors).
+TEST_F(TrunkStoreTest, CheckpointShapesDescribeWhatEveryHostSourceBinds) {
   ASSERT_NO_FATAL_FAILURE(open_inputs());
   const format::Checkpoint& ckpt = *ckpt_;
   ShardFiles& shards = shards_;
@@ -223,7 +224,15 @@ TEST_F(TrunkStoreTest, LayerShapesMatchTheBoundLayerAndReadNothing) {
         });
     return out;
   };
-  const int64_t L = ckpt.config().num_hidden_layers;
+  const format::ModelConfig& c = ckpt.config();
+  const model::TensorLookup shapes = model::shapes_in(ckpt);
+  auto bound_by = [&](model::TrunkSource& host, int64_t l) {
+    auto w = host.acquire_layer(l);
+    EXPECT_TRUE(w.is_ok());
+    std::vector<Tensor> out = w.is_ok() ? describe(**w, true) : std::vector<Tensor>{};
+    if (w.is_ok()) host.release_layer(l);
+    return out;
+  };
   for (const pack::TrunkPack* source : {static_cast<const pack::TrunkPack*>(nullptr),
                                         static_cast<const pack::TrunkPack*>(&*pack)}) {
     SCOPED_TRACE(source ? "pack" : "shards");
@@ -232,20 +241,13 @@ TEST_F(TrunkStoreTest, LayerShapesMatchTheBoundLayerAndReadNothing) {
     auto store = TrunkStore::open(ckpt, source, *shards.engine, shards.files, so);
     ASSERT_TRUE(store.is_ok()) << store.status().message();
     ASSERT_EQ((*store)->stats().layers_pinned, 0);
-    for (int64_t l = 0; l < L; ++l) {
-      const uint64_t read = (*store)->stats().streamed_bytes_read;
-      auto shapes = (*store)->layer_shapes(l);
-      ASSERT_TRUE(shapes.is_ok());
-      EXPECT_EQ((*store)->stats().streamed_bytes_read, read) << "layer " << l;
-      auto bound = (*store)->acquire_layer(l);
-      ASSERT_TRUE(bound.is_ok());
-      const std::vector<Tensor> want = describe(**bound, true);
-      (*store)->release_layer(l);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      auto planned = model::bind_layer(c, l, shapes);
+      ASSERT_TRUE(planned.is_ok());
+      const std::vector<Tensor> want = describe(*planned, false);
       EXPECT_GT(want.size(), 5u);
-      EXPECT_TRUE(describe(*shapes, false) == want) << "layer " << l;
-      auto defaulted = (*resident)->layer_shapes(l);
-      ASSERT_TRUE(defaulted.is_ok());
-      EXPECT_TRUE(describe(*defaulted, false) == want) << "layer " << l;
+      EXPECT_TRUE(bound_by(**store, l) == want) << "layer " << l;
+      EXPECT_TRUE(bound_by(**resident, l) == want) << "layer " << l;
     }
   }
 }
