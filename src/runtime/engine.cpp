@@ -120,7 +120,7 @@ int resolve_threads(int requested) {
   return requested > 0 ? requested : std::clamp(hw, 1, cpu::kMaxThreads);
 }
 
-Status Engine::open_dial(const EngineOptions& opts) {
+Status Engine::open_trunk_dial(const EngineOptions& opts) {
   if (opts.pack_dir) {
     KTIER_ASSIGN_OR_RETURN(pack_, pack::TrunkPack::open(*opts.pack_dir, ckpt_));
   }
@@ -131,7 +131,6 @@ Status Engine::open_dial(const EngineOptions& opts) {
     shard_files_.push_back(std::move(f));
   }
   const format::ModelConfig& c = ckpt_.config();
-  const bool moe = ckpt_.expert_storage() != format::ExpertStorage::kNone;
   if (opts.ram_budget) {
     budget_ = *opts.ram_budget;
   } else {
@@ -141,7 +140,8 @@ Status Engine::open_dial(const EngineOptions& opts) {
   // In GPU mode lookahead scores the device trunk's copy of the routers, not a host RouterBank.
   const DialMinimum min = dial_minimum(ckpt_, pk, lookahead_depth(opts), pool_->size(),
                                        /*host_routers=*/!device_mode(opts));
-  const uint64_t slot = min.slot_bytes, expert_min = min.experts(), bank_reserve = min.routers;
+  dial_min_ = min;
+  const uint64_t expert_min = min.experts(), bank_reserve = min.routers;
   if (budget_ < min.total())
     return Status::budget(
         "a budget of " + gib(budget_) + " cannot be met: the minimum is " + gib(min.total()) +
@@ -149,7 +149,7 @@ Status Engine::open_dial(const EngineOptions& opts) {
         (pk && pk->compressed() ? ", compressed staging per slot, inflate scratch per thread"
                                 : "") +
         "; experts " + gib(expert_min) + ": " + std::to_string(min.expert_slots) + " slots of " +
-        gib(slot) +
+        gib(min.slot_bytes) +
         (bank_reserve ? "; lookahead routers " + gib(bank_reserve) + ", 0 with --lookahead 0"
                       : "") +
         ")");
@@ -173,46 +173,50 @@ Status Engine::open_dial(const EngineOptions& opts) {
     };
   }
   KTIER_ASSIGN_OR_RETURN(store_, TrunkStore::open(ckpt_, pk, *io_, shard_files_, so));
-  uint64_t bank_bytes = 0;
   if (const int64_t streamed_from = store_->stats().layers_pinned;
       bank_reserve && router_suffix[static_cast<size_t>(streamed_from)] > 0) {
     KTIER_CHECK(store_->first_pinned() == 0);  // the bank holds the routers of a streamed suffix
     KTIER_ASSIGN_OR_RETURN(bank_, RouterBank::load(ckpt_, *io_, shard_files_, streamed_from));
-    bank_bytes = bank_->bytes_allocated();
-    KTIER_CHECK(bank_bytes == router_suffix[static_cast<size_t>(streamed_from)]);
+    KTIER_CHECK(bank_->bytes_allocated() == router_suffix[static_cast<size_t>(streamed_from)]);
   }
-  if (moe) {
-    const uint64_t total_experts =
-        static_cast<uint64_t>(c.num_moe_layers()) * static_cast<uint64_t>(c.num_experts);
-    const uint64_t held = store_->stats().bytes_allocated + bank_bytes;
-    uint64_t left = budget_ == UINT64_MAX ? UINT64_MAX : (budget_ > held ? budget_ - held : 0);
-    // The tier is faulted in at start: never ask for more than the machine has free (a budget
-    // above physical memory, or `max`, would otherwise end in the OOM killer).
-    if (const uint64_t avail = meminfo().second; avail > 0) {
-      const uint64_t usable = avail / 10 * 9;
-      if (left > usable) {
-        spdlog::warn("expert tier capped at {} (90% of MemAvailable), below what the budget leaves",
-                     gib(usable));
-        left = usable;
-      }
+  return Status::ok();
+}
+
+Status Engine::open_expert_tier(const EngineOptions& opts) {
+  if (ckpt_.expert_storage() == format::ExpertStorage::kNone) return Status::ok();
+  const format::ModelConfig& c = ckpt_.config();
+  const DialMinimum& min = dial_min_;
+  const uint64_t slot = min.slot_bytes;
+  const uint64_t total_experts =
+      static_cast<uint64_t>(c.num_moe_layers()) * static_cast<uint64_t>(c.num_experts);
+  const uint64_t held = store_->stats().bytes_allocated + (bank_ ? bank_->bytes_allocated() : 0);
+  uint64_t left = budget_ == UINT64_MAX ? UINT64_MAX : (budget_ > held ? budget_ - held : 0);
+  // The tier is faulted in at start: never ask for more than the machine has free (a budget
+  // above physical memory, or `max`, would otherwise end in the OOM killer).
+  if (const uint64_t avail = meminfo().second; avail > 0) {
+    const uint64_t usable = avail / 10 * 9;
+    if (left > usable) {
+      spdlog::warn("expert tier capped at {} (90% of MemAvailable), below what the budget leaves",
+                   gib(usable));
+      left = usable;
     }
-    // One fetch's worth of slots is lent to experts the policy does not keep; the rest is the
-    // policy's capacity.
-    const uint64_t batch = static_cast<uint64_t>(c.num_experts_per_token);
-    const uint64_t slots = std::clamp<uint64_t>(left / slot, min.expert_slots, total_experts + batch);
-    ExpertCacheOptions xo;
-    xo.policy = opts.policy;
-    xo.temperature_seed = opts.temperature_seed;
-    xo.static_ranking = opts.static_ranking;
-    xo.policy_slots = static_cast<int64_t>(slots - batch);
-    xo.batch_slots = static_cast<int64_t>(batch);
-    xo.prefetch_in_flight = std::max<uint32_t>(1, opts.io.queue_depth / 2);
-    xo.pool = pool_.get();
-    KTIER_ASSIGN_OR_RETURN(cache_, ExpertCache::open(ckpt_, *io_, shard_files_, std::move(xo)));
-    spdlog::info("experts: {} policy, {} slots of {} ({} kept, {} for one fetch), lookahead {}",
-                 strata::policy_name(opts.policy), slots, gib(slot), slots - batch, batch,
-                 lookahead_depth(opts));
   }
+  // One fetch's worth of slots is lent to experts the policy does not keep; the rest is the
+  // policy's capacity.
+  const uint64_t batch = static_cast<uint64_t>(c.num_experts_per_token);
+  const uint64_t slots = std::clamp<uint64_t>(left / slot, min.expert_slots, total_experts + batch);
+  ExpertCacheOptions xo;
+  xo.policy = opts.policy;
+  xo.temperature_seed = opts.temperature_seed;
+  xo.static_ranking = opts.static_ranking;
+  xo.policy_slots = static_cast<int64_t>(slots - batch);
+  xo.batch_slots = static_cast<int64_t>(batch);
+  xo.prefetch_in_flight = std::max<uint32_t>(1, opts.io.queue_depth / 2);
+  xo.pool = pool_.get();
+  KTIER_ASSIGN_OR_RETURN(cache_, ExpertCache::open(ckpt_, *io_, shard_files_, std::move(xo)));
+  spdlog::info("experts: {} policy, {} slots of {} ({} kept, {} for one fetch), lookahead {}",
+               strata::policy_name(opts.policy), slots, gib(slot), slots - batch, batch,
+               lookahead_depth(opts));
   return Status::ok();
 }
 
@@ -274,18 +278,26 @@ Status Engine::plan_device(const EngineOptions& opts) {
   return Status::ok();
 }
 
-Status Engine::open_device(const EngineOptions& opts, model::TrunkSource& trunk,
-                           model::ExpertSource* experts) {
-  const format::ModelConfig& c = ckpt_.config();
-  const bool moe = experts != nullptr && c.num_moe_layers() > 0;
-  const uint64_t slot = moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0;
-  const uint64_t vram = vram_bytes_;
+Status Engine::open_device_trunk(model::TrunkSource& trunk) {
   // From the mirror's pass on, the host reads ahead only the layers the device streams.
   const auto start_host_cycle = [this](int64_t resident) {
     if (store_) store_->set_cycle_start(resident);
   };
   KTIER_ASSIGN_OR_RETURN(device_trunk_,
                          DeviceTrunk::open(trunk, *backend_, device_plan_, start_host_cycle));
+  // When the host pins every layer the device streams, its ring has served its one pass: the
+  // expert RAM tier, opened next, gets its RAM.
+  if (const uint64_t freed = store_ ? store_->release_ring(device_trunk_->resident_layers()) : 0)
+    spdlog::info("trunk: ring of {} freed (the device holds or the host pins every layer)",
+                 gib(freed));
+  return Status::ok();
+}
+
+Status Engine::open_device(const EngineOptions& opts, model::ExpertSource* experts) {
+  const format::ModelConfig& c = ckpt_.config();
+  const bool moe = experts != nullptr && c.num_moe_layers() > 0;
+  const uint64_t slot = moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0;
+  const uint64_t vram = vram_bytes_;
   if (moe) {
     // Never more slots than every expert plus one fetch's bypass.
     const int64_t keys = c.num_moe_layers() * c.num_experts;
@@ -354,7 +366,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   if (device_mode(opts)) KTIER_RETURN_IF_ERROR(e->plan_device(opts));
   model::TrunkSource* trunk = nullptr;
   if (dial) {
-    KTIER_RETURN_IF_ERROR(e->open_dial(opts));
+    KTIER_RETURN_IF_ERROR(e->open_trunk_dial(opts));
     trunk = e->store_.get();
   } else {
     KTIER_ASSIGN_OR_RETURN(e->weights_, model::ModelWeights::load(e->ckpt_));
@@ -362,11 +374,17 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
     if (e->ckpt_.expert_storage() != format::ExpertStorage::kNone)
       e->experts_ = std::make_unique<model::CheckpointExpertSource>(e->ckpt_);
   }
+  // GPU mode mirrors the trunk before the expert RAM tier opens: the host's ring may be freed
+  // for it then.
+  if (device_mode(opts)) {
+    KTIER_RETURN_IF_ERROR(e->open_device_trunk(*trunk));
+    trunk = e->device_trunk_.get();
+  }
+  if (dial) KTIER_RETURN_IF_ERROR(e->open_expert_tier(opts));
   model::ExpertSource* experts = e->cache_ ? static_cast<model::ExpertSource*>(e->cache_.get())
                                            : e->experts_.get();
   if (device_mode(opts)) {
-    KTIER_RETURN_IF_ERROR(e->open_device(opts, *trunk, experts));
-    trunk = e->device_trunk_.get();
+    KTIER_RETURN_IF_ERROR(e->open_device(opts, experts));
     if (e->vram_tier_) experts = e->vram_tier_.get();
   } else {
     e->backend_ = backend::make_cpu_backend(e->exec_);

@@ -71,6 +71,19 @@ struct EngineOptions {
   Workload workload;
 };
 
+// The smallest budget the memory dial accepts for `ckpt` (with `pack`, or null), part by part:
+// the trunk's minimum (TrunkStore::minimum_bytes; a compressed pack's scratch grows with
+// `threads`), expert slots for one fetch and top-k more per lookahead depth, and the lookahead
+// routers (RouterBank::bytes_needed) when lookahead > 0 and the host scores them
+// (`host_routers`; GPU mode scores the device trunk's copy instead). Bytes.
+struct DialMinimum {
+  uint64_t trunk = 0;
+  uint64_t expert_slots = 0, slot_bytes = 0;
+  uint64_t routers = 0;
+  uint64_t experts() const { return expert_slots * slot_bytes; }
+  uint64_t total() const { return trunk + experts() + routers; }
+};
+
 class Engine {
  public:
   // Errors: those of Checkpoint::open (exit 2/3/1), Status::usage for threads outside
@@ -112,13 +125,17 @@ class Engine {
 
  private:
   explicit Engine(format::Checkpoint ckpt) : ckpt_(std::move(ckpt)) {}
-  Status open_dial(const EngineOptions& opts);  // pack, I/O engine, TrunkStore, ExpertCache
+  // The memory dial in two steps, GPU mode's device trunk between them: pack, I/O engine,
+  // TrunkStore, RouterBank; then the ExpertCache from the budget the others left.
+  Status open_trunk_dial(const EngineOptions& opts);
+  Status open_expert_tier(const EngineOptions& opts);
   // GPU mode, before the dial: the backend, --vram, the sequence's working set and where the
   // trunk will go (device_plan_), so that the host pins only the layers the device streams.
   Status plan_device(const EngineOptions& opts);
-  // GPU mode: DeviceTrunk over `trunk`, VramExpertTier over `experts` (may be null).
-  Status open_device(const EngineOptions& opts, model::TrunkSource& trunk,
-                     model::ExpertSource* experts);
+  // GPU mode: DeviceTrunk over `trunk` (frees the TrunkStore's ring when it is done with it);
+  // then VramExpertTier over `experts` (may be null) and the host memory page-locked.
+  Status open_device_trunk(model::TrunkSource& trunk);
+  Status open_device(const EngineOptions& opts, model::ExpertSource* experts);
   format::Checkpoint ckpt_;
   std::unique_ptr<model::ModelWeights> weights_;
   std::optional<pack::TrunkPack> pack_;
@@ -138,23 +155,12 @@ class Engine {
   uint64_t vram_bytes_ = 0;     // GPU mode: the budget applied
   uint64_t working_bytes_ = 0;  // GPU mode: set aside for the sequence (EngineOptions::Workload)
   DeviceTrunk::Plan device_plan_;  // GPU mode: where the trunk goes (plan_device)
+  DialMinimum dial_min_;            // the memory dial's minimum, part by part (open_trunk_dial)
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;
 };
 
-// The smallest budget the memory dial accepts for `ckpt` (with `pack`, or null), part by part:
-// the trunk's minimum (TrunkStore::minimum_bytes; a compressed pack's scratch grows with
-// `threads`), expert slots for one fetch and top-k more per lookahead depth, and the lookahead
-// routers (RouterBank::bytes_needed) when lookahead > 0 and the host scores them
-// (`host_routers`; GPU mode scores the device trunk's copy instead). Bytes.
-struct DialMinimum {
-  uint64_t trunk = 0;
-  uint64_t expert_slots = 0, slot_bytes = 0;
-  uint64_t routers = 0;
-  uint64_t experts() const { return expert_slots * slot_bytes; }
-  uint64_t total() const { return trunk + experts() + routers; }
-};
 DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                          int lookahead, int threads, bool host_routers);
 // dial_minimum(...).total() for the CPU engine (host routers).

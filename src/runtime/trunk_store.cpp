@@ -230,6 +230,31 @@ void TrunkStore::set_cycle_start(int64_t layer) {
     next_prefetch_ = streamed_after(next);
 }
 
+uint64_t TrunkStore::release_ring(int64_t first_layer) {
+  const int64_t L = config().num_hidden_layers;
+  for (int64_t l = std::max<int64_t>(first_layer, 0); l < L; ++l)
+    if (!is_pinned(l)) return 0;
+  uint64_t freed = 0;
+  for (Slot& s : ring_) {
+    KTIER_CHECK(!s.in_use);
+    (void)drain(&s);  // a read ahead nobody will acquire: its status does not matter
+    for (io::AlignedBuffer* b : {&s.buf, &s.staging}) {
+      if (b->size() == 0) continue;
+      const auto reg = std::find(registered_.begin(), registered_.end(), b->data());
+      if (reg != registered_.end()) {
+        engine_->unregister_buffer(b->data());
+        registered_.erase(reg);
+      }
+      freed += b->size();
+    }
+    stats_.staging_bytes -= s.staging.size();
+  }
+  ring_.clear();
+  next_prefetch_ = -1;
+  stats_.bytes_allocated -= freed;
+  return freed;
+}
+
 std::vector<std::span<uint8_t>> TrunkStore::layer_buffers(int64_t first_layer) {
   std::vector<std::span<uint8_t>> out;  // the ring first: what streams from disk
   for (Slot& s : ring_) out.emplace_back(s.buf.data(), s.buf.size());
@@ -422,7 +447,8 @@ Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
         if (busy.outstanding > 0) KTIER_RETURN_IF_ERROR(drain(&busy));
       it = std::find_if(ring_.begin(), ring_.end(), is_free);
     }
-    KTIER_CHECK(it != ring_.end());  // at most one layer is in use at a time (Model::forward)
+    // At most one layer is in use at a time (Model::forward); no ring: release_ring's contract.
+    KTIER_CHECK(it != ring_.end());
     next_prefetch_ = l;
     it->layer = -1;
     KTIER_RETURN_IF_ERROR(start_read(*it, l));

@@ -77,7 +77,8 @@ struct TrunkStoreOptions {
 struct TrunkStoreStats {
   int64_t layers_pinned = 0, layers_streamed = 0;
   uint64_t bytes_allocated = 0;     // head + pinned + ring + row buffer (+ compressed staging
-                                    // and inflate scratch); the peak, during open()
+                                    // and inflate scratch); the peak, during open(), until
+                                    // release_ring frees the ring
   uint64_t minimum_bytes = 0;       // the smallest budget that works (head + ring + row buffer)
   uint64_t streamed_bytes_read = 0; // ring reads since open (pinned reads excluded), as stored
   uint64_t streamed_bytes_inflated = 0;  // the same records inflated (== read for plain packs)
@@ -131,6 +132,13 @@ class TrunkStore final : public model::TrunkSource {
   // Any layer can still be acquired later: read then, and the read-ahead goes on from there
   // until it wraps.
   void set_cycle_start(int64_t layer);
+  // From now on only layers first_layer.. are acquired (GPU mode, after the device's mirror pass:
+  // the device holds the layers before). When the store pins every one of them, the ring (and a
+  // compressed pack's staging) would never be read into again: it is freed, after the reads
+  // under way land (their errors are dropped: nobody asks for those layers), and bytes_allocated
+  // shrinks by it. Acquiring a layer the store does not pin afterwards is a bug (CHECK).
+  // REQUIRES: no layer acquired. Returns the bytes freed (0 when some of those layers stream).
+  uint64_t release_ring(int64_t first_layer);
   // The layer each ring slot holds or is reading (-1: free), for tests and reports.
   std::vector<int64_t> ring_layers() const {
     std::vector<int64_t> out;

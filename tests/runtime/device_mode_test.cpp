@@ -213,6 +213,30 @@ TEST_F(DeviceModeTest, HostTrunkComplementsTheDeviceTrunk) {
   ASSERT_TRUE(c.is_ok()) << c.status().message();
   ASSERT_EQ((*c)->trunk_store()->stats().layers_pinned, layers_);
   EXPECT_GT((*e)->expert_cache()->stats().slots, (*c)->expert_cache()->stats().slots);
+  // When the device holds or the host pins every layer, the host's ring served only the
+  // mirror's pass: it is freed before the expert RAM tier opens, which gets every byte the
+  // trunk left (two layers fewer if the ring were still counted; `e`'s tier holds every expert).
+  for (Engine* both : {e->get(), one->get()}) {
+    const TrunkStore& store = *both->trunk_store();
+    EXPECT_TRUE(store.ring_layers().empty());
+    const ExpertCacheStats& x = both->expert_cache()->stats();
+    const uint64_t all = experts_ + static_cast<uint64_t>(top_k_);
+    EXPECT_EQ(static_cast<uint64_t>(x.slots),
+              std::min(all, (eo.ram_budget.value() - store.stats().bytes_allocated) / x.slot_bytes));
+    if (both == one->get()) EXPECT_LT(static_cast<uint64_t>(x.slots), all);
+    GenerationOptions g;
+    g.max_new_tokens = 4;
+    std::vector<int32_t> ids;
+    auto st = generate(both->model(), both->experts(), kDialTestPrompt, g,
+                       [&](int32_t id) {
+                         ids.push_back(id);
+                         return Status::ok();
+                       });
+    ASSERT_TRUE(st.is_ok()) << st.status().message();
+    const size_t n_logits = kDialTestPrompt.size() * static_cast<size_t>(vocab_);
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_EQ(static_cast<float>(ids[i]), reference_[n_logits + i]) << "greedy id " << i;
+  }
 }
 
 TEST_F(DeviceModeTest, VramTierCountsHitsAndCopies) {

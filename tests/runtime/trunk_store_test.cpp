@@ -189,6 +189,61 @@ TEST_F(TrunkStoreTest, MaxPinnedKeepsTheRingWithinTheBudget) {
   EXPECT_LT((*capped)->stats().layers_pinned, L - 1);
 }
 
+// release_ring (GPU mode, after the device's mirror): the ring is freed only when the store pins
+// every layer from the given one on, after its read-ahead lands; bytes_allocated shrinks by
+// exactly the ring (and a compressed pack's staging), and the pinned layers still bind the same
+// bytes without a read.
+TEST_F(TrunkStoreTest, ReleaseRingFreesItOnlyWhenNothingStreamsFromThere) {
+  ASSERT_NO_FATAL_FAILURE(open_inputs());
+  const format::Checkpoint& ckpt = *ckpt_;
+  ShardFiles& shards = shards_;
+  const int64_t L = ckpt.config().num_hidden_layers;
+  pack::PackOptions po;
+  po.out_dir = root_ / "release-z";
+  po.block_size = 8192;
+  ASSERT_TRUE(pack::write_trunk_pack(ckpt, po).is_ok());
+  auto plain = pack::TrunkPack::open(root_ / "pack", ckpt);
+  auto packed_z = pack::TrunkPack::open(root_ / "release-z", ckpt);
+  ASSERT_TRUE(plain.is_ok() && packed_z.is_ok());
+  ASSERT_TRUE(packed_z->compressed());
+  for (const pack::TrunkPack* source : {static_cast<const pack::TrunkPack*>(nullptr),
+                                        static_cast<const pack::TrunkPack*>(&*plain),
+                                        static_cast<const pack::TrunkPack*>(&*packed_z)}) {
+    SCOPED_TRACE(!source ? "shards" : source->compressed() ? "compressed pack" : "pack");
+    TrunkStoreOptions so;
+    so.pin_last = true;
+    so.max_pinned = L - 3;
+    auto store = TrunkStore::open(ckpt, source, *shards.engine, shards.files, so);
+    ASSERT_TRUE(store.is_ok()) << store.status().message();
+    TrunkStore& st = **store;
+    const int64_t first = st.first_pinned();
+    ASSERT_EQ(first, 3);
+    // Layer 0 acquired and given back: the read-ahead of the next layers is under way.
+    auto w0 = st.acquire_layer(0);
+    ASSERT_TRUE(w0.is_ok()) << w0.status().message();
+    st.release_layer(0);
+    const TrunkStoreStats before = st.stats();
+    EXPECT_EQ(st.release_ring(first - 1), 0u) << "layer " << first - 1 << " streams";
+    EXPECT_EQ(st.ring_layers().size(), 2u);
+    uint64_t ring = 0;
+    for (const std::span<uint8_t> b : st.layer_buffers(L)) ring += b.size();
+    ring += before.staging_bytes;
+    EXPECT_EQ(st.release_ring(first), ring);
+    EXPECT_TRUE(st.ring_layers().empty());
+    EXPECT_EQ(st.stats().bytes_allocated, before.bytes_allocated - ring);
+    EXPECT_EQ(st.stats().staging_bytes, 0u);
+    EXPECT_EQ(st.release_ring(first), 0u) << "nothing left to free";
+    const uint64_t read = st.stats().streamed_bytes_read;
+    for (int64_t l = first; l < L; ++l) {
+      auto w = st.acquire_layer(l);
+      ASSERT_TRUE(w.is_ok()) << w.status().message();
+      EXPECT_EQ(*w, st.pinned_layer(l));
+      st.release_layer(l);
+    }
+    EXPECT_EQ(st.stats().streamed_bytes_read, read);
+  }
+}
+
 // GPU mode places the trunk from the checkpoint's shapes (model::shapes_in, read before any
 // layer) and then mirrors the layers a host source binds: every tensor a host binds, from shards
 // or from a pack, has the type and shape the checkpoint's shapes give it, and binding from
