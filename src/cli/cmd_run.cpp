@@ -3,7 +3,10 @@
 //   ktier run -m DIR (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--temp T] [--top-k K]
 //             [--top-p P] [--seed S] [--threads N] [--chunk N] [--print-ids] [--isa auto]
 //             [--pack PACKDIR] [--ram SIZE | --preset NAME] [--io auto] [--report-json FILE]
-//             [--trace FILE] [--lookahead D] [--policy NAME] [--profile TRACE]
+//             [--trace FILE] [--lookahead D] [--policy NAME] [--profile TRACE] [--chat]
+//
+// --chat wraps the prompt text as one user message in K3's chat format (tokenizer/chat.h,
+// thinking off) and stops where the model closes its response (<|close|>) or the message.
 //
 // Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
@@ -29,6 +32,7 @@
 #include "runtime/generator.h"
 #include "runtime/run_report.h"
 #include "strata/trace_recorder.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ktier::cli {
@@ -38,7 +42,7 @@ struct RunArgs {
   std::string model, prompt, file, ids, isa = "auto", report_json, trace;
   MemoryArgs memory;
   StrataArgs strata;
-  bool has_prompt = false, print_ids = false, special = false;
+  bool has_prompt = false, print_ids = false, special = false, chat = false;
   int64_t max_new_tokens = 128, chunk = 256, top_k = 0;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
@@ -55,6 +59,8 @@ Status write_stdout(const std::string& s) {
 Status run(const RunArgs& a) {
   const int given = int(a.has_prompt) + int(!a.file.empty()) + int(!a.ids.empty());
   if (given != 1) return Status::usage("give exactly one of -p TEXT, -f FILE or --ids 1,2,3");
+  if (a.chat && !a.ids.empty())
+    return Status::usage("--chat wraps prompt text in the chat format: give -p TEXT or -f FILE");
   runtime::GenerationOptions gen;
   gen.max_new_tokens = a.max_new_tokens;
   gen.prefill_chunk = a.chunk;
@@ -98,6 +104,8 @@ Status run(const RunArgs& a) {
   std::vector<uint32_t> raw;
   if (!a.ids.empty()) {
     KTIER_ASSIGN_OR_RETURN(raw, parse_ids(a.ids));
+  } else if (a.chat) {
+    KTIER_ASSIGN_OR_RETURN(raw, tok::render_user_turn(*tokenizer, text));
   } else {
     raw = tokenizer->encode(text, a.special);
   }
@@ -115,6 +123,10 @@ Status run(const RunArgs& a) {
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const format::ModelConfig& cfg = engine->checkpoint().config();
   gen.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+  if (a.chat) {  // the response element closes: what follows is markup, not the answer
+    KTIER_ASSIGN_OR_RETURN(const tok::ChatMarkers markers, tok::chat_markers(*tokenizer));
+    gen.stop_ids.push_back(static_cast<int32_t>(markers.close));
+  }
   if (engine->device_trunk()) gen.reserve_positions = eo.workload.positions;  // as planned
 
   std::vector<int32_t> prompt;
@@ -213,6 +225,12 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_flag("--special", a->special,
                 "Encode added-token strings in the prompt text as their ids, and print special "
                 "tokens in the output (hidden by default; --print-ids lists every id)");
+  sub->add_flag("--chat", a->chat,
+                "Wrap the prompt text as one user message in Kimi K3's chat format (thinking "
+                "off; typed marker strings stay text) and stop where the model closes its "
+                "response")
+      ->excludes("--ids")
+      ->excludes("--special");
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();
   add_memory_options(sub, a->memory);

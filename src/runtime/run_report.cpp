@@ -138,7 +138,7 @@ std::string RunReport::to_table(const Engine& e) const {
   const double mb = 1e6;
   std::snprintf(buf, sizeof buf, "\nktier: prompt %lld tokens, generated %lld (%s)\n",
                 static_cast<long long>(gen.prompt_tokens), static_cast<long long>(gen.generated_tokens),
-                gen.stopped_at_stop_id ? "stopped at EOS" : "length limit");
+                gen.stopped_at_stop_id ? "stopped at a stop token" : "length limit");
   out += buf;
   std::snprintf(buf, sizeof buf, "ktier: prefill %.3f s (%.2f tok/s)", gen.prefill_seconds,
                 j["prefill_tok_per_s"].get<double>());

@@ -9,6 +9,7 @@
 
 #include "common/run_process.h"
 #include "common/test_paths.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ktier::test {
@@ -138,6 +139,50 @@ TEST_F(RunEvalCli, SpecialTokensAreHiddenFromTheTextUnlessAsked) {
     EXPECT_EQ(plain_text.find(content), std::string::npos) << content << " printed by default";
     EXPECT_NE(special_text.find(content), std::string::npos) << content << " hidden with --special";
   }
+}
+
+// --chat runs the rendered chat prompt (tokenizer/chat.h; the same ids given with --ids) and
+// stops right after the model closes its response (<|close|>) or its message (eos), sampled
+// hot so that the tiny model's tokens are varied; it takes text only.
+TEST_F(RunEvalCli, ChatRunsTheRenderedPromptAndStopsAtTheResponseClose) {
+  auto tok = tok::Tokenizer::load(dir_);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().message();
+  const std::string text = "Tell me about the lighthouse <|close|>";
+  auto rendered = tok::render_user_turn(*tok, text);
+  ASSERT_TRUE(rendered.is_ok()) << rendered.status().message();
+  auto markers = tok::chat_markers(*tok);
+  ASSERT_TRUE(markers.is_ok());
+  std::vector<int> ids(rendered->begin(), rendered->end());
+  // Seeds whose raw runs reach the length limit, the close marker and eos (checked below).
+  int closed = 0, ended = 0;
+  for (const uint64_t seed : {1, 5, 7}) {
+    const std::string sampling = " -n 48 --temp 1.5 --seed " + std::to_string(seed) + " --print-ids";
+    const auto chat = run_process(ktier() + " run" + model() + " --chat -p '" + text + "'" + sampling);
+    const auto raw = run_process(ktier() + " run" + model() + " --ids " + join(ids) + sampling);
+    ASSERT_EQ(chat.exit_code, 0) << chat.err;
+    ASSERT_EQ(raw.exit_code, 0) << raw.err;
+    EXPECT_NE(chat.err.find("prompt " + std::to_string(ids.size()) + " tokens"), std::string::npos)
+        << chat.err;
+    // The raw run's ids up to and including the first close or eos.
+    std::string want;
+    const std::string all = last_line(raw.out);
+    for (size_t at = 0; at < all.size();) {
+      const size_t comma = std::min(all.find(',', at), all.size());
+      const std::string id = all.substr(at, comma - at);
+      want += (want.empty() ? "" : ",") + id;
+      const uint32_t v = static_cast<uint32_t>(std::stoul(id));
+      if (v == markers->close || v == markers->end_of_msg) {
+        (v == markers->close ? closed : ended) += 1;
+        break;
+      }
+      at = comma + 1;
+    }
+    EXPECT_EQ(last_line(chat.out), want) << "seed " << seed;
+  }
+  EXPECT_EQ(closed, 1) << "one run stops at <|close|>";
+  EXPECT_EQ(ended, 1) << "one run stops at <|end_of_msg|>";
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat --ids 1,2 -n 1").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat --special -p hi -n 1").exit_code, 2);
 }
 
 // Positions past max_position_embeddings still decode (the CPU path has no table to overflow)

@@ -1,0 +1,34 @@
+#pragma once
+// Kimi K3's chat format (K3-MODEL.md §8.6, "XTML"), as far as it is verified: one user turn and
+// the assistant's generation prompt with thinking off. An element is
+//   <|open|>TAG ATTRS<|sep|>CONTENT<|close|>TAG<|sep|>
+// where the three markers are single added-token ids and the tag, its attributes and the
+// content are ordinary text; a message ends with <|end_of_msg|>. The rendered prompt is
+//   <|open|>message role="user"<|sep|>TEXT<|close|>message<|sep|><|end_of_msg|>
+//   <|open|>message role="assistant"<|sep|><|open|>response<|sep|>
+// (no separator between the two lines, no BOS: decision D10). The model then writes the
+// response's content and closes it with <|close|>. Thinking mode, system messages and tools
+// need texts from the release's encoding_k3.py that K3-MODEL.md does not reproduce: not here.
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ktier::tok {
+
+struct ChatMarkers {
+  uint32_t open = 0, close = 0, sep = 0, end_of_msg = 0;
+};
+// The markers' ids, looked up by name in the tokenizer's added tokens. Status::usage naming
+// the first one missing (a tokenizer that is not K3's).
+Result<ChatMarkers> chat_markers(const Tokenizer& tok);
+
+// The prompt above for one user message `text`, encoded as ordinary text: marker strings typed
+// in it are text, never markers (K3-MODEL.md §8.4: user content is untrusted). Errors:
+// chat_markers's.
+Result<std::vector<uint32_t>> render_user_turn(const Tokenizer& tok, std::string_view text);
+
+}  // namespace ktier::tok

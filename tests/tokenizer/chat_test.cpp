@@ -1,0 +1,65 @@
+// K3's chat rendering (tokenizer/chat.h) on a small vocabulary with K3's marker names: the
+// markers are single ids in the documented places, the rest is the ordinary encoding of the
+// documented text, typed marker strings in the user's text stay text, and a tokenizer without
+// the markers is refused by name.
+#include "tokenizer/chat.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "test_vocab.h"
+
+namespace ktier::tok {
+namespace {
+
+Tokenizer k3_like(bool with_close = true) {
+  std::vector<AddedToken> added = {{1000, "[BOS]", true},        {1002, "<|end_of_msg|>", true},
+                                   {1003, "<|open|>", false},     {1005, "<|sep|>", false}};
+  if (with_close) added.push_back({1004, "<|close|>", false});
+  const std::vector<std::string> vocab = test::byte_vocab(test::demo_merges());
+  auto t = Tokenizer::from_parts(vocab, added, 1024 - static_cast<uint32_t>(vocab.size()));
+  EXPECT_TRUE(t.is_ok()) << t.status().message();
+  return std::move(t).value();
+}
+
+std::vector<uint32_t> cat(std::initializer_list<std::vector<uint32_t>> parts) {
+  std::vector<uint32_t> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+TEST(ChatFormat, UserTurnAndGenerationPromptAsDocumented) {
+  const Tokenizer tok = k3_like();
+  const std::string text = "hello world, the thing's <|close|> and <|end_of_msg|>\n";
+  auto ids = render_user_turn(tok, text);
+  ASSERT_TRUE(ids.is_ok()) << ids.status().message();
+  const auto enc = [&](std::string_view s) { return tok.encode(s, false); };
+  const std::vector<uint32_t> want =
+      cat({{1003}, enc("message role=\"user\""), {1005}, enc(text), {1004}, enc("message"),
+           {1005, 1002, 1003}, enc("message role=\"assistant\""), {1005, 1003}, enc("response"),
+           {1005}});
+  EXPECT_EQ(*ids, want);
+  // Markers only where the format puts them: the typed ones in `text` are ordinary bytes.
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), 1003u), 3);
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), 1005u), 4);
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), 1004u), 1);
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), 1002u), 1);
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), 1000u), 0) << "no BOS (decision D10)";
+  auto text_back = tok.decode(*ids);
+  ASSERT_TRUE(text_back.is_ok());
+  EXPECT_EQ(*text_back, "<|open|>message role=\"user\"<|sep|>" + text +
+                            "<|close|>message<|sep|><|end_of_msg|><|open|>message "
+                            "role=\"assistant\"<|sep|><|open|>response<|sep|>");
+}
+
+TEST(ChatFormat, MissingMarkerIsAUsageErrorNamingIt) {
+  const Tokenizer tok = k3_like(/*with_close=*/false);
+  auto ids = render_user_turn(tok, "hi");
+  ASSERT_FALSE(ids.is_ok());
+  EXPECT_EQ(ids.status().exit_code(), 2);
+  EXPECT_NE(ids.status().message().find("<|close|>"), std::string::npos) << ids.status().message();
+}
+
+}  // namespace
+}  // namespace ktier::tok
