@@ -3,10 +3,15 @@
 //   ktier run -m DIR (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--temp T] [--top-k K]
 //             [--top-p P] [--seed S] [--threads N] [--chunk N] [--print-ids] [--isa auto]
 //             [--pack PACKDIR] [--ram SIZE | --preset NAME] [--io auto] [--report-json FILE]
-//             [--trace FILE] [--lookahead D] [--policy NAME] [--profile TRACE] [--chat]
+//             [--trace FILE] [--lookahead D] [--policy NAME] [--profile TRACE]
+//             [--chat [-i|--interactive] [-c|--ctx-size N]]
 //
 // --chat wraps the prompt text as one user message in K3's chat format (tokenizer/chat.h,
 // thinking off) and stops where the model closes its response (<|close|>) or the message.
+// --interactive (with --chat) goes on as a conversation in the same sequence: after each answer
+// it reads the next user message, one line from standard input ("> " on stderr; end of input
+// ends it), and runs only the new tokens. -c/--ctx-size bounds the positions a conversation may
+// use (GPU mode sets that much state aside); the run report follows every answer.
 //
 // Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
@@ -17,6 +22,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,12 +44,15 @@
 namespace ktier::cli {
 namespace {
 
+// Positions a conversation may use unless -c says otherwise.
+constexpr int64_t kConversationPositions = 4096;
+
 struct RunArgs {
   std::string model, prompt, file, ids, isa = "auto", report_json, trace;
   MemoryArgs memory;
   StrataArgs strata;
-  bool has_prompt = false, print_ids = false, special = false, chat = false;
-  int64_t max_new_tokens = 128, chunk = 256, top_k = 0;
+  bool has_prompt = false, print_ids = false, special = false, chat = false, interactive = false;
+  int64_t max_new_tokens = 128, chunk = 256, top_k = 0, ctx_size = 0;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
   int threads = 0;
@@ -58,7 +67,17 @@ Status write_stdout(const std::string& s) {
 
 Status run(const RunArgs& a) {
   const int given = int(a.has_prompt) + int(!a.file.empty()) + int(!a.ids.empty());
-  if (given != 1) return Status::usage("give exactly one of -p TEXT, -f FILE or --ids 1,2,3");
+  // A conversation may take its first message from standard input too.
+  if (given > 1 || (given == 0 && !a.interactive))
+    return Status::usage("give exactly one of -p TEXT, -f FILE or --ids 1,2,3");
+  if (a.interactive && !a.chat)
+    return Status::usage("--interactive is a conversation in the chat format: add --chat");
+  if (a.interactive && a.file == "-")
+    return Status::usage("--interactive reads the conversation from standard input: give the "
+                         "first message with -p or -f FILE");
+  if (a.interactive && a.max_new_tokens < 1)
+    return Status::usage("--interactive needs -n >= 1 (each answer is at least one token)");
+  if (a.ctx_size < 0) return Status::usage("-c/--ctx-size must be >= 0 (0 = auto)");
   if (a.chat && !a.ids.empty())
     return Status::usage("--chat wraps prompt text in the chat format: give -p TEXT or -f FILE");
   runtime::GenerationOptions gen;
@@ -95,6 +114,10 @@ Status run(const RunArgs& a) {
                          "(run from token ids with --ids instead)");
   }
 
+  std::optional<tok::ChatMarkers> markers;
+  if (a.chat) {
+    KTIER_ASSIGN_OR_RETURN(markers, tok::chat_markers(*tokenizer));
+  }
   std::string text = a.prompt;  // read before the load: a bad -f fails at once
   if (a.ids.empty() && !a.file.empty()) {
     KTIER_ASSIGN_OR_RETURN(text, read_input(a.file));
@@ -104,7 +127,7 @@ Status run(const RunArgs& a) {
   std::vector<uint32_t> raw;
   if (!a.ids.empty()) {
     KTIER_ASSIGN_OR_RETURN(raw, parse_ids(a.ids));
-  } else if (a.chat) {
+  } else if (a.chat && given > 0) {
     KTIER_ASSIGN_OR_RETURN(raw, tok::render_user_turn(*tokenizer, text));
   } else {
     raw = tokenizer->encode(text, a.special);
@@ -116,35 +139,51 @@ Status run(const RunArgs& a) {
   eo.isa = isa;
   KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
   KTIER_RETURN_IF_ERROR(apply_strata_options(a.strata, eo));
-  eo.workload.positions =
+  // The last generated token is never fed back: a run uses P + n - 1 positions.
+  const int64_t first_turn =
       std::max<int64_t>(1, static_cast<int64_t>(raw.size()) + std::max<int64_t>(a.max_new_tokens - 1, 0));
+  const int64_t ctx = a.ctx_size > 0 ? a.ctx_size
+                      : a.interactive ? std::max<int64_t>(first_turn, kConversationPositions)
+                                      : first_turn;
+  if (ctx < first_turn)
+    return Status::usage("-c/--ctx-size " + std::to_string(ctx) + " cannot hold the prompt (" +
+                         std::to_string(raw.size()) + " tokens) and -n " +
+                         std::to_string(a.max_new_tokens) + ": it needs " +
+                         std::to_string(first_turn) + " positions");
+  eo.workload.positions = ctx;
   eo.workload.chunk = a.chunk;
   spdlog::info("loading {}", a.model);
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const format::ModelConfig& cfg = engine->checkpoint().config();
   gen.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
-  if (a.chat) {  // the response element closes: what follows is markup, not the answer
-    KTIER_ASSIGN_OR_RETURN(const tok::ChatMarkers markers, tok::chat_markers(*tokenizer));
-    gen.stop_ids.push_back(static_cast<int32_t>(markers.close));
-  }
   if (engine->device_trunk()) gen.reserve_positions = eo.workload.positions;  // as planned
 
-  std::vector<int32_t> prompt;
-  if (!a.ids.empty()) {
-    KTIER_ASSIGN_OR_RETURN(prompt, ids_in_vocab(raw, cfg.vocab_size));
-  } else {
-    for (uint32_t id : raw) {
+  // The response element closes: what follows is markup, not the answer.
+  if (markers) gen.stop_ids.push_back(static_cast<int32_t>(markers->close));
+  const auto model_ids = [&](const std::vector<uint32_t>& ids) -> Result<std::vector<int32_t>> {
+    std::vector<int32_t> out;
+    for (uint32_t id : ids) {
       if (id >= cfg.vocab_size)
         return Status::usage("the tokenizer's id " + std::to_string(id) +
                              " is outside the model's vocabulary of " +
                              std::to_string(cfg.vocab_size));
-      prompt.push_back(static_cast<int32_t>(id));
+      out.push_back(static_cast<int32_t>(id));
     }
+    return out;
+  };
+  std::vector<int32_t> prompt;
+  if (!a.ids.empty()) {
+    KTIER_ASSIGN_OR_RETURN(prompt, ids_in_vocab(raw, cfg.vocab_size));
+  } else {
+    KTIER_ASSIGN_OR_RETURN(prompt, model_ids(raw));
   }
 
-  // The last generated token is never fed back: the highest position run is P + n - 2.
-  if (const auto limit = cfg.max_position_embeddings;
-      limit && static_cast<int64_t>(prompt.size()) + a.max_new_tokens - 1 > *limit)
+  // A conversation may reach its -c; a single run's highest position is P + n - 2 (the last
+  // generated token is never fed back).
+  if (const auto limit = cfg.max_position_embeddings; limit && a.interactive && ctx > *limit)
+    spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json: positions "
+                 "from {} on were not trained", ctx, *limit, *limit);
+  else if (limit && static_cast<int64_t>(prompt.size()) + a.max_new_tokens - 1 > *limit)
     spdlog::warn("prompt ({} tokens) + -n {} runs positions up to {}, past max_position_embeddings "
                  "= {} of config.json: positions from {} on were not trained",
                  prompt.size(), a.max_new_tokens,
@@ -152,7 +191,7 @@ Status run(const RunArgs& a) {
 
   std::optional<tok::StreamingDecoder> stream;
   if (tokenizer) stream.emplace(*tokenizer);
-  std::vector<int32_t> generated;
+  std::vector<int32_t> generated;  // this turn's
   const auto sink = [&](int32_t id) -> Status {
     generated.push_back(id);
     const bool stop =
@@ -162,6 +201,8 @@ Status run(const RunArgs& a) {
     KTIER_ASSIGN_OR_RETURN(const std::string piece, stream->push(static_cast<uint32_t>(id)));
     return write_stdout(piece);
   };
+  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::GenerationSession> session,
+                         runtime::GenerationSession::open(engine->model(), engine->experts(), gen));
   std::unique_ptr<strata::TraceRecorder> recorder;
   if (!a.trace.empty()) {
     // What the model runs (`--policy static` under the memory dial runs without lookahead).
@@ -172,29 +213,57 @@ Status run(const RunArgs& a) {
     engine->model().set_routing_observer(recorder.get());
     engine->model().add_lookahead_observer(recorder.get());
   }
+  // One answer: its text (and ids), then its report (the JSON file holds the last answer's).
   runtime::RunReport report;
-  report.decode_start = runtime::EngineCounters::of(*engine);
-  gen.before_decode = [&] { report.decode_start = runtime::EngineCounters::of(*engine); };
-  auto generated_stats = runtime::generate(engine->model(), engine->experts(), prompt, gen, sink);
+  const auto answer = [&](std::span<const int32_t> ids) -> Status {
+    generated.clear();
+    report.decode_start = runtime::EngineCounters::of(*engine);
+    KTIER_ASSIGN_OR_RETURN(report.gen, session->turn(ids, sink));
+    report.decode_end = runtime::EngineCounters::of(*engine);
+    report.peak_rss_bytes = runtime::peak_rss_bytes();
+    if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
+    if (a.print_ids || !stream) KTIER_RETURN_IF_ERROR(write_stdout(join_ids(generated) + "\n"));
+    std::fputs(report.to_table(*engine).c_str(), stderr);
+    if (!a.report_json.empty()) {
+      std::ofstream out(a.report_json);
+      out << report.to_json(*engine).dump(2) << "\n";
+      if (!out.flush()) return Status::runtime(a.report_json + ": cannot write the report");
+    }
+    return Status::ok();
+  };
+  // The next turn of a conversation: the assistant's message closed, the user's next one.
+  const auto next_turn = [&](const std::string& line) -> Result<std::vector<int32_t>> {
+    std::vector<uint32_t> ids;
+    if (!generated.empty()) ids = tok::end_assistant_turn(*tokenizer, *markers, generated.back());
+    KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> user, tok::render_user_turn(*tokenizer, line));
+    ids.insert(ids.end(), user.begin(), user.end());
+    const int64_t needs = session->positions() + static_cast<int64_t>(ids.size()) + a.max_new_tokens - 1;
+    if (needs > ctx)
+      return Status::budget("the conversation would need " + std::to_string(needs) +
+                            " positions with this message and -n " +
+                            std::to_string(a.max_new_tokens) + ", past -c/--ctx-size " +
+                            std::to_string(ctx) + ": start it again with a larger one");
+    return model_ids(ids);
+  };
+  Status status = prompt.empty() ? Status::ok() : answer(prompt);
+  while (status.is_ok() && a.interactive) {
+    std::fputs("> ", stderr);
+    std::fflush(stderr);
+    std::string line;
+    if (!std::getline(std::cin, line)) break;  // end of input ends the conversation
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    Result<std::vector<int32_t>> ids = next_turn(line);
+    status = ids.is_ok() ? answer(*ids) : ids.status();
+  }
   if (recorder) {  // on every path, so the trace file is complete up to where the run stopped
     engine->model().set_routing_observer(nullptr);
     engine->model().remove_lookahead_observer(recorder.get());
     const Status closed = recorder->close();
-    if (generated_stats.is_ok()) KTIER_RETURN_IF_ERROR(closed);
+    if (status.is_ok()) KTIER_RETURN_IF_ERROR(closed);
     spdlog::info("trace: {} routing steps -> {}", recorder->steps(), a.trace);
   }
-  KTIER_ASSIGN_OR_RETURN(report.gen, std::move(generated_stats));
-  report.decode_end = runtime::EngineCounters::of(*engine);
-  report.peak_rss_bytes = runtime::peak_rss_bytes();
-  if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
-  if (a.print_ids || !stream) KTIER_RETURN_IF_ERROR(write_stdout(join_ids(generated) + "\n"));
-  std::fputs(report.to_table(*engine).c_str(), stderr);
-  if (!a.report_json.empty()) {
-    std::ofstream out(a.report_json);
-    out << report.to_json(*engine).dump(2) << "\n";
-    if (!out.flush()) return Status::runtime(a.report_json + ": cannot write the report");
-  }
-  return Status::ok();
+  return status;
 }
 
 }  // namespace
@@ -231,6 +300,14 @@ void register_run_command(CLI::App& app, int& exit_code) {
                 "response")
       ->excludes("--ids")
       ->excludes("--special");
+  sub->add_flag("-i,--interactive", a->interactive,
+                "With --chat: a conversation. After each answer, read the next message as one "
+                "line from standard input (\"> \" on stderr; end of input ends it) and run only "
+                "its tokens in the same sequence; the first message may come from there too");
+  sub->add_option("-c,--ctx-size", a->ctx_size,
+                  "Positions a run may use (0 = auto: the prompt + -n, or 4096 for "
+                  "--interactive; GPU mode sets the state for this many aside)")
+      ->capture_default_str();
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();
   add_memory_options(sub, a->memory);

@@ -17,45 +17,58 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
                                  std::span<const int32_t> prompt, const GenerationOptions& opts,
                                  const TokenSink& sink) {
   if (prompt.empty()) return Status::usage("the prompt is empty: give at least one token");
+  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<GenerationSession> session,
+                         GenerationSession::open(model, experts, opts));
+  return session->turn(prompt, sink);
+}
+
+Result<std::unique_ptr<GenerationSession>> GenerationSession::open(
+    model::Model& model, const model::ExpertSource* experts, const GenerationOptions& opts) {
   if (opts.prefill_chunk < 1) return Status::usage("--chunk must be >= 1");
   if (opts.max_new_tokens < 0) return Status::usage("-n must be >= 0");
+  if (opts.reserve_positions < 0) return Status::usage("reserve_positions must be >= 0");
   KTIER_RETURN_IF_ERROR(validate(opts.sampling));
-  const int64_t V = model.config().vocab_size;
-  auto expert_bytes = [&] { return experts ? experts->bytes_fetched() : 0; };
+  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq, model.new_sequence(opts.reserve_positions));
+  return std::unique_ptr<GenerationSession>(
+      new GenerationSession(model, experts, opts, std::move(seq)));
+}
+
+Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
+                                                const TokenSink& sink) {
+  if (ids.empty()) return Status::usage("a turn needs at least one token");
+  const int64_t V = model_.config().vocab_size;
+  auto expert_bytes = [&] { return experts_ ? experts_->bytes_fetched() : 0; };
 
   GenerationStats st;
-  st.prompt_tokens = static_cast<int64_t>(prompt.size());
-  if (opts.reserve_positions < 0) return Status::usage("reserve_positions must be >= 0");
-  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq, model.new_sequence(opts.reserve_positions));
-  std::vector<float> logits(static_cast<size_t>(V));
+  st.prompt_tokens = static_cast<int64_t>(ids.size());
+  logits_.resize(static_cast<size_t>(V));
   const uint64_t bytes0 = expert_bytes();
   auto t0 = std::chrono::steady_clock::now();
-  for (size_t pos = 0; pos < prompt.size();) {
-    const size_t n = std::min(prompt.size() - pos, static_cast<size_t>(opts.prefill_chunk));
-    const bool last = pos + n == prompt.size();
-    KTIER_RETURN_IF_ERROR(model.forward(prompt.subspan(pos, n), seq,
-                                        last ? model::LogitRows::kLast : model::LogitRows::kNone,
-                                        last ? logits.data() : nullptr));
+  for (size_t pos = 0; pos < ids.size();) {
+    const size_t n = std::min(ids.size() - pos, static_cast<size_t>(opts_.prefill_chunk));
+    const bool last = pos + n == ids.size();
+    KTIER_RETURN_IF_ERROR(model_.forward(ids.subspan(pos, n), seq_,
+                                         last ? model::LogitRows::kLast : model::LogitRows::kNone,
+                                         last ? logits_.data() : nullptr));
     pos += n;
   }
   st.prefill_seconds = seconds_since(t0);
   st.expert_bytes_prefill = expert_bytes() - bytes0;
 
-  if (opts.before_decode) opts.before_decode();
-  Sampler sampler(opts.sampling);
+  if (opts_.before_decode) opts_.before_decode();
   const uint64_t bytes1 = expert_bytes();
   t0 = std::chrono::steady_clock::now();
-  while (st.generated_tokens < opts.max_new_tokens) {
-    const int32_t id = sampler.next(logits.data(), V);
+  while (st.generated_tokens < opts_.max_new_tokens) {
+    const int32_t id = sampler_.next(logits_.data(), V);
     ++st.generated_tokens;
     KTIER_RETURN_IF_ERROR(sink(id));
-    if (std::find(opts.stop_ids.begin(), opts.stop_ids.end(), id) != opts.stop_ids.end()) {
+    if (std::find(opts_.stop_ids.begin(), opts_.stop_ids.end(), id) != opts_.stop_ids.end()) {
       st.stopped_at_stop_id = true;
       break;
     }
-    if (st.generated_tokens == opts.max_new_tokens) break;
+    if (st.generated_tokens == opts_.max_new_tokens) break;
     const int32_t one[1] = {id};
-    KTIER_RETURN_IF_ERROR(model.forward(one, seq, model::LogitRows::kLast, logits.data()));
+    KTIER_RETURN_IF_ERROR(model_.forward(one, seq_, model::LogitRows::kLast, logits_.data()));
     ++st.decode_steps;
   }
   st.decode_seconds = seconds_since(t0);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -51,6 +52,33 @@ using TokenSink = std::function<Status(int32_t id)>;
 Result<GenerationStats> generate(model::Model& model, const model::ExpertSource* experts,
                                  std::span<const int32_t> prompt, const GenerationOptions& opts,
                                  const TokenSink& sink);
+
+// Generation that goes on in one sequence across calls (a conversation's turns): each turn()
+// runs its ids after everything run before, then samples as generate() does (which is one
+// turn of a fresh session). The token a turn sampled last is never run: the next turn's ids
+// start with it where the text goes on through it (a stop token included). One sampler serves
+// every turn, so a seeded conversation repeats. Model, experts and opts as for generate();
+// opts.max_new_tokens is per turn. After an error the session is unusable.
+class GenerationSession {
+ public:
+  static Result<std::unique_ptr<GenerationSession>> open(model::Model& model,
+                                                         const model::ExpertSource* experts,
+                                                         const GenerationOptions& opts);
+  // Errors: generate()'s; `ids` must not be empty.
+  Result<GenerationStats> turn(std::span<const int32_t> ids, const TokenSink& sink);
+  int64_t positions() const { return seq_.n_tokens; }  // tokens run so far
+
+ private:
+  GenerationSession(model::Model& model, const model::ExpertSource* experts,
+                    const GenerationOptions& opts, model::SequenceState seq)
+      : model_(model), experts_(experts), opts_(opts), seq_(std::move(seq)), sampler_(opts.sampling) {}
+  model::Model& model_;
+  const model::ExpertSource* experts_;
+  GenerationOptions opts_;
+  model::SequenceState seq_;
+  Sampler sampler_;
+  std::vector<float> logits_;
+};
 
 // Teacher-forced forward over ids in chunks; logits [ids.size(), V] of every position.
 Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits);

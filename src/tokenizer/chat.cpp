@@ -3,6 +3,19 @@
 #include <string>
 
 namespace ktier::tok {
+namespace {
+void append_text(const Tokenizer& tok, std::string_view s, std::vector<uint32_t>& ids) {
+  const std::vector<uint32_t> part = tok.encode(s, /*allow_special=*/false);
+  ids.insert(ids.end(), part.begin(), part.end());
+}
+// <|close|>TAG<|sep|>
+void close_element(const Tokenizer& tok, const ChatMarkers& m, std::string_view tag,
+                   std::vector<uint32_t>& ids) {
+  ids.push_back(m.close);
+  append_text(tok, tag, ids);
+  ids.push_back(m.sep);
+}
+}  // namespace
 
 Result<ChatMarkers> chat_markers(const Tokenizer& tok) {
   ChatMarkers m;
@@ -21,23 +34,32 @@ Result<ChatMarkers> chat_markers(const Tokenizer& tok) {
 Result<std::vector<uint32_t>> render_user_turn(const Tokenizer& tok, std::string_view text) {
   KTIER_ASSIGN_OR_RETURN(const ChatMarkers m, chat_markers(tok));
   std::vector<uint32_t> ids;
-  const auto append_text = [&](std::string_view s) {
-    const std::vector<uint32_t> part = tok.encode(s, /*allow_special=*/false);
-    ids.insert(ids.end(), part.begin(), part.end());
-  };
   const auto open = [&](std::string_view tag_and_attrs) {
     ids.push_back(m.open);
-    append_text(tag_and_attrs);
+    append_text(tok, tag_and_attrs, ids);
     ids.push_back(m.sep);
   };
   open("message role=\"user\"");
-  append_text(text);
-  ids.push_back(m.close);
-  append_text("message");
-  ids.push_back(m.sep);
+  append_text(tok, text, ids);
+  close_element(tok, m, "message", ids);
   ids.push_back(m.end_of_msg);
   open("message role=\"assistant\"");
   open("response");
+  return ids;
+}
+
+std::vector<uint32_t> end_assistant_turn(const Tokenizer& tok, const ChatMarkers& m,
+                                         uint32_t last) {
+  std::vector<uint32_t> ids = {last};
+  if (last == m.end_of_msg) return ids;
+  if (last == m.close) {  // the model's own <|close|>: the tag follows
+    append_text(tok, "response", ids);
+    ids.push_back(m.sep);
+  } else {
+    close_element(tok, m, "response", ids);
+  }
+  close_element(tok, m, "message", ids);
+  ids.push_back(m.end_of_msg);
   return ids;
 }
 

@@ -185,6 +185,59 @@ TEST_F(RunEvalCli, ChatRunsTheRenderedPromptAndStopsAtTheResponseClose) {
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat --special -p hi -n 1").exit_code, 2);
 }
 
+// --chat --interactive goes on in the same sequence: the second answer is what a fresh greedy
+// run over the whole rendered history (first message, first answer, its close, second message)
+// gives; a conversation that outgrows -c/--ctx-size stops with exit 4 naming it; the flags'
+// misuses exit 2.
+TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
+  auto tok = tok::Tokenizer::load(dir_);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().message();
+  auto markers = tok::chat_markers(*tok);
+  ASSERT_TRUE(markers.is_ok());
+  const std::string first = "Tell me about the lighthouse", second = "And the lamp?";
+  const std::string n = " -n 9 --print-ids";
+  const auto one = run_process(ktier() + " run" + model() + " --chat -p '" + first + "'" + n);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const std::string ids1 = last_line(one.out);
+  auto first_ids = tok::render_user_turn(*tok, first), second_ids = tok::render_user_turn(*tok, second);
+  ASSERT_TRUE(first_ids.is_ok() && second_ids.is_ok());
+  std::vector<uint32_t> history = *first_ids;
+  for (size_t at = 0; at < ids1.size();) {
+    const size_t comma = std::min(ids1.find(',', at), ids1.size());
+    history.push_back(static_cast<uint32_t>(std::stoul(ids1.substr(at, comma - at))));
+    at = comma + 1;
+  }
+  const uint32_t last = history.back();
+  history.pop_back();  // never run: the second turn starts with it
+  const std::vector<uint32_t> closing = tok::end_assistant_turn(*tok, *markers, last);
+  history.insert(history.end(), closing.begin(), closing.end());
+  history.insert(history.end(), second_ids->begin(), second_ids->end());
+  const auto fresh = run_process(ktier() + " run" + model() + " --ids " +
+                                 join(std::vector<int>(history.begin(), history.end())) + n);
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+  const std::string ids2 = last_line(fresh.out);
+  const std::string chat = ktier() + " run" + model() + " --chat -i -p '" + first + "'" + n;
+  const auto talk = run_process("printf '" + second + "\\n' | " + chat);
+  ASSERT_EQ(talk.exit_code, 0) << talk.err;
+  const size_t at1 = talk.out.find("\n" + ids1 + "\n");
+  ASSERT_NE(at1, std::string::npos) << talk.out;
+  EXPECT_EQ(last_line(talk.out), ids2) << talk.out;
+  EXPECT_GT(talk.out.size() - ids2.size(), at1 + ids1.size()) << "the second answer comes after";
+  EXPECT_NE(talk.err.find("prompt " + std::to_string(closing.size() + second_ids->size()) +
+                          " tokens, generated"),
+            std::string::npos) << talk.err;
+  // The first turn needs its prompt + 8 positions; the second would need more than 4 extra.
+  const int64_t first_needs = static_cast<int64_t>(first_ids->size()) + 8;
+  const auto full = run_process("printf '" + second + "\\n' | " + chat + " -c " +
+                                std::to_string(first_needs + 4));
+  EXPECT_EQ(full.exit_code, 4) << full.err;
+  EXPECT_NE(full.err.find("-c/--ctx-size " + std::to_string(first_needs + 4)), std::string::npos)
+      << full.err;
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " -i -p hi -n 2").exit_code, 2);
+  EXPECT_EQ(run_process("echo hi | " + ktier() + " run" + model() + " --chat -i -f - -n 2").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat -p hi -n 2 -c 3").exit_code, 2);
+}
+
 // Positions past max_position_embeddings still decode (the CPU path has no table to overflow)
 // but are said to be outside what the model was trained on.
 TEST_F(RunEvalCli, RunPastMaxPositionEmbeddingsWarns) {

@@ -1,7 +1,8 @@
 // K3's chat rendering (tokenizer/chat.h) on a small vocabulary with K3's marker names: the
 // markers are single ids in the documented places, the rest is the ordinary encoding of the
-// documented text, typed marker strings in the user's text stay text, and a tokenizer without
-// the markers is refused by name.
+// documented text, typed marker strings in the user's text stay text, an assistant message is
+// closed from wherever the answer stopped, and a tokenizer without the markers is refused by
+// name.
 #include "tokenizer/chat.h"
 
 #include <gtest/gtest.h>
@@ -51,6 +52,25 @@ TEST(ChatFormat, UserTurnAndGenerationPromptAsDocumented) {
   EXPECT_EQ(*text_back, "<|open|>message role=\"user\"<|sep|>" + text +
                             "<|close|>message<|sep|><|end_of_msg|><|open|>message "
                             "role=\"assistant\"<|sep|><|open|>response<|sep|>");
+}
+
+// The assistant's message is closed as the format writes it, whatever ended the answer: the
+// model's <|close|> (the tag follows), its <|end_of_msg|> (nothing follows), or a length limit
+// (the whole closing markup follows the cut answer's last token).
+TEST(ChatFormat, EndAssistantTurnClosesTheMessageFromWhereTheAnswerStopped) {
+  const Tokenizer tok = k3_like();
+  auto m = chat_markers(tok);
+  ASSERT_TRUE(m.is_ok());
+  const auto enc = [&](std::string_view s) { return tok.encode(s, false); };
+  const std::vector<uint32_t> tail =
+      cat({enc("response"), {m->sep, m->close}, enc("message"), {m->sep, m->end_of_msg}});
+  EXPECT_EQ(end_assistant_turn(tok, *m, m->close), cat({{m->close}, tail}));
+  EXPECT_EQ(end_assistant_turn(tok, *m, m->end_of_msg), std::vector<uint32_t>{m->end_of_msg});
+  const uint32_t word = enc("hello").at(0);
+  EXPECT_EQ(end_assistant_turn(tok, *m, word), cat({{word, m->close}, tail}));
+  auto text = tok.decode(end_assistant_turn(tok, *m, word));
+  ASSERT_TRUE(text.is_ok());
+  EXPECT_EQ(*text, "hello<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>");
 }
 
 TEST(ChatFormat, MissingMarkerIsAUsageErrorNamingIt) {
