@@ -201,6 +201,9 @@ Status run(const RunArgs& a) {
     KTIER_ASSIGN_OR_RETURN(const std::string piece, stream->push(static_cast<uint32_t>(id)));
     return write_stdout(piece);
   };
+  // One answer's report: its counters from the start of its decode (after its prompt) on.
+  runtime::RunReport report;
+  gen.before_decode = [&] { report.decode_start = runtime::EngineCounters::of(*engine); };
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::GenerationSession> session,
                          runtime::GenerationSession::open(engine->model(), engine->experts(), gen));
   std::unique_ptr<strata::TraceRecorder> recorder;
@@ -214,10 +217,8 @@ Status run(const RunArgs& a) {
     engine->model().add_lookahead_observer(recorder.get());
   }
   // One answer: its text (and ids), then its report (the JSON file holds the last answer's).
-  runtime::RunReport report;
   const auto answer = [&](std::span<const int32_t> ids) -> Status {
     generated.clear();
-    report.decode_start = runtime::EngineCounters::of(*engine);
     KTIER_ASSIGN_OR_RETURN(report.gen, session->turn(ids, sink));
     report.decode_end = runtime::EngineCounters::of(*engine);
     report.peak_rss_bytes = runtime::peak_rss_bytes();
@@ -245,12 +246,16 @@ Status run(const RunArgs& a) {
                             std::to_string(ctx) + ": start it again with a larger one");
     return model_ids(ids);
   };
-  Status status = prompt.empty() ? Status::ok() : answer(prompt);
+  // A conversation's first message may come from standard input; an empty prompt is refused.
+  Status status = a.interactive && given == 0 ? Status::ok() : answer(prompt);
   while (status.is_ok() && a.interactive) {
     std::fputs("> ", stderr);
     std::fflush(stderr);
     std::string line;
-    if (!std::getline(std::cin, line)) break;  // end of input ends the conversation
+    if (!std::getline(std::cin, line)) {  // end of input ends the conversation
+      if (std::cin.bad()) status = Status::runtime("error reading standard input");
+      break;
+    }
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
     Result<std::vector<int32_t>> ids = next_turn(line);
@@ -305,8 +310,9 @@ void register_run_command(CLI::App& app, int& exit_code) {
                 "line from standard input (\"> \" on stderr; end of input ends it) and run only "
                 "its tokens in the same sequence; the first message may come from there too");
   sub->add_option("-c,--ctx-size", a->ctx_size,
-                  "Positions a run may use (0 = auto: the prompt + -n, or 4096 for "
-                  "--interactive; GPU mode sets the state for this many aside)")
+                  "Positions a run may use (0 = auto: the prompt + -n - 1, or 4096 for "
+                  "--interactive; GPU mode sets the state for this many aside). Too small for "
+                  "the prompt: exit 2; a conversation's message past it: exit 4")
       ->capture_default_str();
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();

@@ -194,6 +194,10 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
     meter.update(loaded += r.size);
   }
   meter.finish_if_shown(loaded);
+  if (open_staging.size() > 0) {  // served the reads above only: what is held from now on
+    allocated -= open_staging.size();
+    open_staging = io::AlignedBuffer();
+  }
   for (const auto& b : s->pinned_) allocated += b.size();
   if (pinned < L) {
     s->next_prefetch_ = s->streamed_from(0);

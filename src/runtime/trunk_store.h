@@ -77,8 +77,10 @@ struct TrunkStoreOptions {
 struct TrunkStoreStats {
   int64_t layers_pinned = 0, layers_streamed = 0;
   uint64_t bytes_allocated = 0;     // head + pinned + ring + row buffer (+ compressed staging
-                                    // and inflate scratch); the peak, during open(), until
-                                    // release_ring frees the ring
+                                    // and inflate scratch): held after open() (which, with
+                                    // every layer of a compressed pack pinned, also held one
+                                    // staging buffer while it read them), until release_ring
+                                    // frees the ring
   uint64_t minimum_bytes = 0;       // the smallest budget that works (head + ring + row buffer)
   uint64_t streamed_bytes_read = 0; // ring reads since open (pinned reads excluded), as stored
   uint64_t streamed_bytes_inflated = 0;  // the same records inflated (== read for plain packs)

@@ -226,14 +226,25 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   EXPECT_NE(talk.err.find("prompt " + std::to_string(closing.size() + second_ids->size()) +
                           " tokens, generated"),
             std::string::npos) << talk.err;
-  // The first turn needs its prompt + 8 positions; the second would need more than 4 extra.
+  // -c at the boundaries: a turn of K ids with -n 9 takes K + 8 positions (its last token is
+  // never run). The first turn's alone: exit 2 (usage) below it; the conversation's: exit 4.
   const int64_t first_needs = static_cast<int64_t>(first_ids->size()) + 8;
-  const auto full = run_process("printf '" + second + "\\n' | " + chat + " -c " +
-                                std::to_string(first_needs + 4));
+  const int64_t both_need =
+      first_needs + static_cast<int64_t>(closing.size() + second_ids->size()) + 8;
+  const std::string single = ktier() + " run" + model() + " --chat -p '" + first + "'" + n + " -c ";
+  EXPECT_EQ(run_process(single + std::to_string(first_needs)).exit_code, 0);
+  const auto tight = run_process(single + std::to_string(first_needs - 1));
+  EXPECT_EQ(tight.exit_code, 2) << tight.err;
+  const std::string piped = "printf '" + second + "\\n' | " + chat + " -c ";
+  const auto exact = run_process(piped + std::to_string(both_need));
+  EXPECT_EQ(exact.exit_code, 0) << exact.err;
+  EXPECT_EQ(last_line(exact.out), ids2);
+  const auto full = run_process(piped + std::to_string(both_need - 1));
   EXPECT_EQ(full.exit_code, 4) << full.err;
-  EXPECT_NE(full.err.find("-c/--ctx-size " + std::to_string(first_needs + 4)), std::string::npos)
+  EXPECT_NE(full.err.find("past -c/--ctx-size " + std::to_string(both_need - 1)), std::string::npos)
       << full.err;
   EXPECT_EQ(run_process(ktier() + " run" + model() + " -i -p hi -n 2").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " -p '' -n 2").exit_code, 2);  // empty prompt
   EXPECT_EQ(run_process("echo hi | " + ktier() + " run" + model() + " --chat -i -f - -n 2").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat -p hi -n 2 -c 3").exit_code, 2);
 }
@@ -339,6 +350,18 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   EXPECT_EQ(j.at("lookahead"), 1);
   EXPECT_GT(j.at("trunk_layers_streamed").get<int>(), 0);
   EXPECT_EQ(j.at("budget_bytes").get<uint64_t>(), 900u * 1024);
+  // Per-token figures are the decode's alone: every decode step reads the streamed layers once,
+  // so a 2-token run (one step, after a prefill that read them too) reports the same trunk bytes
+  // per token as the 20-token one.
+  const fs::path report2 = dir_.string() + "-report2.json";
+  r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 2 --pack " +
+                  pack.string() + " --ram 900K --report-json " + report2.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j2 = nlohmann::json::parse(std::ifstream(report2));
+  const double trunk_per_token = j.at("bytes_read_per_token").at("trunk").get<double>();
+  EXPECT_GT(trunk_per_token, 0);
+  EXPECT_EQ(j2.at("decode_steps").get<int>(), 1);
+  EXPECT_EQ(j2.at("bytes_read_per_token").at("trunk").get<double>(), trunk_per_token);
   // Below the minimum: exit 4, stating the minimum.
   r = run_process(ktier() + " run" + model() + " --ids 1,2 -n 2 --ram 100K");
   EXPECT_EQ(r.exit_code, 4) << r.err;

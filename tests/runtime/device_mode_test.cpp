@@ -215,7 +215,8 @@ TEST_F(DeviceModeTest, HostTrunkComplementsTheDeviceTrunk) {
   EXPECT_GT((*e)->expert_cache()->stats().slots, (*c)->expert_cache()->stats().slots);
   // When the device holds or the host pins every layer, the host's ring served only the
   // mirror's pass: it is freed before the expert RAM tier opens, which gets every byte the
-  // trunk left (two layers fewer if the ring were still counted; `e`'s tier holds every expert).
+  // trunk holds no more (TrunkStoreTest checks what the release subtracts; a tier opened before
+  // it would have two layers' bytes fewer; `e`'s tier holds every expert).
   for (Engine* both : {e->get(), one->get()}) {
     const TrunkStore& store = *both->trunk_store();
     EXPECT_TRUE(store.ring_layers().empty());

@@ -195,6 +195,19 @@ TEST_F(CompressedTrunkTest, BudgetCountsStagingAndScratch) {
   const auto e = Engine::open(eo);
   ASSERT_EQ(e.status().exit_code(), 4) << e.status().message();
   EXPECT_NE(e.status().message().find("staging"), std::string::npos) << e.status().message();
+  // Every layer pinned: the staging buffer that served open()'s reads is gone afterwards, so
+  // the store holds what a plain pack's does plus the inflate scratch (the rest of the budget
+  // is the expert tier's).
+  eo.ram_budget = uint64_t{1} << 30;
+  const auto all_z = Engine::open(eo);
+  eo.pack_dir = root_ / "plain";
+  const auto all_plain = Engine::open(eo);
+  ASSERT_TRUE(all_z.is_ok() && all_plain.is_ok());
+  const TrunkStoreStats& sz = (*all_z)->trunk_store()->stats();
+  ASSERT_EQ(sz.layers_streamed, 0);
+  EXPECT_EQ(sz.staging_bytes, 0u);
+  EXPECT_EQ(sz.bytes_allocated,
+            (*all_plain)->trunk_store()->stats().bytes_allocated + sz.scratch_bytes);
 }
 
 // The mutation test of issue 7: the planes of one block swapped on disk make a well-formed block
