@@ -39,7 +39,9 @@ namespace ktier::io {
 class UringIoEngine final : public detail::QueuedIoEngine {
  public:
   static constexpr unsigned kFileSlots = 64;
-  static constexpr unsigned kBufferSlots = 64;
+  // 1 TiB of registered regions in 1 GiB slots: a K3 expert tier on a large host is hundreds of
+  // GiB (the kernel allows 16,384 slots; an empty one costs a table entry).
+  static constexpr unsigned kBufferSlots = 1024;
 
   // Status::runtime naming the failing step and errno when io_uring cannot be used here.
   static Result<std::unique_ptr<IoEngine>> create(const IoOptions& options);

@@ -123,7 +123,10 @@ Result<std::unique_ptr<ExpertCache>> ExpertCache::open(const format::Checkpoint&
   meter.finish_if_shown(size);
   // Fixed buffers spare io_uring the per-read page pinning; a large arena may exceed the
   // registration table or RLIMIT_MEMLOCK, and then reads still work unregistered.
-  x->arena_registered_ = engine.register_buffer(x->arena_.data(), x->arena_.size()).is_ok();
+  if (const Status reg = engine.register_buffer(x->arena_.data(), x->arena_.size()); reg.is_ok())
+    x->arena_registered_ = true;
+  else
+    spdlog::info("expert tier: reads go to unregistered memory (pinned per read): {}", reg.message());
   x->slots_.resize(static_cast<size_t>(slots));
   for (size_t i = 0; i < x->slots_.size(); ++i) {
     x->slots_[i].base = x->arena_.data() + i * x->stats_.slot_bytes;

@@ -363,6 +363,38 @@ TEST_P(IoFaultTest, ConcurrentClientsOnOneEngine) {
   EXPECT_EQ(e->counters().requests_completed, uint64_t{kThreads * kRounds * kPerRound});
 }
 
+// Registration scales to a large expert tier's arena (hundreds of GiB, one slot per GiB): 200
+// separately registered regions — more than the 64-slot table this engine once had — each take
+// fixed-buffer reads (io_uring; the pread engine registers nothing and reads all the same).
+TEST_P(IoFaultTest, ManyRegisteredRegionsEachTakeFixedReads) {
+  KTIER_ENGINE_OR_SKIP(e);
+  const ReadFile f = open(*e);
+  constexpr int kRegions = 200;
+  constexpr uint64_t kBytes = 4096;
+  std::vector<AlignedBuffer> regions;
+  for (int i = 0; i < kRegions; ++i) {
+    regions.push_back(std::move(AlignedBuffer::allocate(kBytes)).value());
+    ASSERT_TRUE(e->register_buffer(regions.back().data(), kBytes).is_ok()) << "region " << i;
+  }
+  std::vector<ReadRequest> reads;
+  for (int i = 0; i < kRegions; ++i)
+    reads.push_back({&f, static_cast<uint64_t>(i) * kBytes, kBytes, regions[i].data(),
+                     static_cast<uint64_t>(i)});
+  CompletionQueue cq(*e);
+  ASSERT_TRUE(cq.submit(reads).is_ok());
+  std::vector<Completion> done;
+  while (cq.outstanding() > 0) cq.wait(1, done);
+  ASSERT_EQ(done.size(), static_cast<size_t>(kRegions));
+  for (const Completion& c : done) {
+    ASSERT_TRUE(c.status.is_ok()) << c.status.message();
+    EXPECT_TRUE(bytes_match(regions[c.tag], c.tag * kBytes, kBytes)) << "region " << c.tag;
+  }
+  if (GetParam() == IoBackend::kUring) {
+    EXPECT_EQ(e->counters().fixed_reads, static_cast<uint64_t>(kRegions));
+  }
+  for (AlignedBuffer& b : regions) e->unregister_buffer(b.data());
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, IoFaultTest,
                          ::testing::Values(IoBackend::kUring, IoBackend::kPread),
                          [](const auto& info) { return std::string(backend_name(info.param)); });
