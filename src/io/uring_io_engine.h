@@ -38,7 +38,8 @@ namespace ktier::io {
 
 class UringIoEngine final : public detail::QueuedIoEngine {
  public:
-  static constexpr unsigned kFileSlots = 64;
+  // K3's 96 shards and a trunk pack fit, so a decode step's reads never re-register a file.
+  static constexpr unsigned kFileSlots = 256;
   // 1 TiB of registered regions in 1 GiB slots: a K3 expert tier on a large host is hundreds of
   // GiB (the kernel allows 16,384 slots; an empty one costs a table entry).
   static constexpr unsigned kBufferSlots = 1024;
