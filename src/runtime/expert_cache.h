@@ -168,7 +168,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   io::AlignedBuffer arena_;  // all slots, one huge-page allocation (few page faults per slot)
   std::function<void()> reuse_fence_;  // called before a slot is handed out for a new read
   std::function<bool(int64_t, int32_t)> held_above_;  // experts a faster tier keeps for use
-  bool arena_registered_ = false;  // with the I/O engine, for fixed-buffer reads
+  std::vector<uint8_t*> registered_;  // arena pieces registered with the I/O engine
   std::vector<Slot> slots_;
   std::vector<int32_t> slot_of_key_;  // per key, -1 when the key has no slot
   std::vector<size_t> free_;          // slots with key -1 (some may still be loading)

@@ -362,6 +362,11 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   EXPECT_GT(trunk_per_token, 0);
   EXPECT_EQ(j2.at("decode_steps").get<int>(), 1);
   EXPECT_EQ(j2.at("bytes_read_per_token").at("trunk").get<double>(), trunk_per_token);
+  // With io_uring every read goes into registered memory: the trunk's ring and the expert
+  // tier's arena (registered in pieces) and the engine's bounce buffers.
+  if (j.at("io_engine") == "io_uring") {
+    EXPECT_EQ(j.at("fixed_buffer_read_share").get<double>(), 1.0);
+  }
   // Below the minimum: exit 4, stating the minimum.
   r = run_process(ktier() + " run" + model() + " --ids 1,2 -n 2 --ram 100K");
   EXPECT_EQ(r.exit_code, 4) << r.err;
