@@ -223,6 +223,11 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   ASSERT_NE(at1, std::string::npos) << talk.out;
   EXPECT_EQ(last_line(talk.out), ids2) << talk.out;
   EXPECT_GT(talk.out.size() - ids2.size(), at1 + ids1.size()) << "the second answer comes after";
+  // The first message may come from standard input too: the same conversation.
+  const auto both_piped = run_process("printf '" + first + "\\n" + second + "\\n' | " + ktier() +
+                                      " run" + model() + " --chat -i" + n);
+  ASSERT_EQ(both_piped.exit_code, 0) << both_piped.err;
+  EXPECT_EQ(both_piped.out, talk.out);
   EXPECT_NE(talk.err.find("prompt " + std::to_string(closing.size() + second_ids->size()) +
                           " tokens, generated"),
             std::string::npos) << talk.err;
