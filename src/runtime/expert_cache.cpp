@@ -240,9 +240,12 @@ void ExpertCache::reap_prefetches(bool block) {
   for (const io::Completion& c : done) {
     Slot& s = slots_[c.tag];
     KTIER_CHECK(s.state == SlotState::kLoading && s.reads_outstanding > 0);
-    --prefetch_reads_outstanding_;
     if (!c.status.is_ok()) s.read_failed = true;  // re-read on demand (a retry, then the error)
-    if (--s.reads_outstanding == 0) s.state = s.key >= 0 ? SlotState::kReady : SlotState::kFree;
+    if (--s.reads_outstanding == 0) {
+      s.state = s.key >= 0 ? SlotState::kReady : SlotState::kFree;
+      prefetch_chunks_outstanding_ -= s.prefetch_chunks;
+      s.prefetch_chunks = 0;
+    }
   }
 }
 
@@ -339,7 +342,8 @@ void ExpertCache::on_prediction(int64_t layer, int depth, int64_t first_position
 void ExpertCache::pump_prefetches() {
   reap_prefetches(/*block=*/false);
   std::vector<io::ReadRequest> reads;
-  while (!pending_.empty() && prefetch_reads_outstanding_ < prefetch_in_flight_) {
+  const uint64_t chunk = std::max<uint64_t>(1, engine_.options().max_chunk_bytes);
+  while (!pending_.empty() && prefetch_chunks_outstanding_ < prefetch_in_flight_) {
     const PendingPrefetch p = pending_.front();
     pending_.pop_front();
     if (slot_of_key_[p.key] >= 0) {  // held or being read already: kept until its layer
@@ -369,7 +373,10 @@ void ExpertCache::pump_prefetches() {
     if (prefetch_cq_->submit(reads).is_ok()) {
       s.state = SlotState::kLoading;
       s.reads_outstanding = static_cast<uint32_t>(reads.size());
-      prefetch_reads_outstanding_ += s.reads_outstanding;
+      s.prefetch_chunks = 0;
+      for (const io::ReadRequest& r : reads)
+        s.prefetch_chunks += static_cast<uint32_t>((r.length + chunk - 1) / chunk);
+      prefetch_chunks_outstanding_ += s.prefetch_chunks;
     } else {
       s.state = SlotState::kReady;  // nothing was queued: read on demand, which reports the error
       s.read_failed = true;

@@ -17,8 +17,10 @@
 // contiguous run (§3.5), one read per part otherwise — all submitted together, in disk order
 // (shard, offset), and waits for them. Prefetches are queued nearest target layer first, then
 // highest predicted weight, and submitted one expert at a time while fewer than
-// `prefetch_in_flight` prefetch reads are outstanding (half the I/O queue in the engine, so a
-// layer's demand reads never queue behind a full set of prefetches); a queued prediction whose
+// `prefetch_in_flight` prefetch chunk reads are outstanding (half the I/O queue in the engine,
+// which counts chunks of IoOptions::max_chunk_bytes: a K3 expert of 17.5 MB is 5 of 4 MiB, so
+// counting reads would let 16 prefetched experts fill the queue three times over and a layer's
+// demand reads wait behind them); a queued prediction whose
 // layer has been routed is dropped (cancelled). A prefetch is useful when its expert is fetched
 // by the layer it was predicted for, in the same forward pass; one still being read then is
 // waited for and counted late (a miss for the hit rate, useful but not timely). A prefetch
@@ -57,7 +59,9 @@ struct ExpertCacheOptions {
   std::vector<uint32_t> static_ranking;  // keys, most used first; required for kStatic
   int64_t policy_slots = 0;              // the policy's capacity, >= 0
   int64_t batch_slots = 1;               // the most experts one fetch may ask for, >= 1
-  uint32_t prefetch_in_flight = 16;      // prefetch reads (not experts) outstanding at most, >= 1
+  // Prefetch chunk reads (IoOptions::max_chunk_bytes each; not experts) outstanding at most,
+  // >= 1; one expert is always let through, however many chunks it takes.
+  uint32_t prefetch_in_flight = 16;
   // Faults the slot arena in at open on these threads (the engine's kernel pool; must outlive
   // open()); null: on the calling thread.
   cpu::ThreadPool* pool = nullptr;
@@ -128,6 +132,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
     int64_t key = -1;         // layer * N_e + expert, -1 when free
     SlotState state = SlotState::kFree;
     uint32_t reads_outstanding = 0;  // prefetch reads not yet completed
+    uint32_t prefetch_chunks = 0;    // their chunk reads, released when the last one lands
     bool read_failed = false;        // a prefetch read failed: re-read on demand
     bool prefetched_unused = false;  // prefetched and not yet fetched
     int64_t prefetch_layer = -1;     // the layer it was predicted for ...
@@ -177,7 +182,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   strata::PrefetchLedger prefetched_for_;  // issued prefetches awaiting their layer
   strata::PolicyKind policy_kind_ = strata::PolicyKind::kTemperature;
   std::deque<PendingPrefetch> pending_;
-  uint32_t prefetch_reads_outstanding_ = 0, prefetch_in_flight_ = 32;
+  uint32_t prefetch_chunks_outstanding_ = 0, prefetch_in_flight_ = 32;
   uint64_t step_ = 0;  // policy steps begun (the next is step_)
   // Policy requests made. Request::index is 32-bit and wraps after 2^32 requests (K3: ~2.9M
   // tokens); only the policies' tie-breaks between equally hot keys read it.

@@ -333,6 +333,53 @@ TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWh
   x.set_held_above(nullptr);
 }
 
+// The prefetch budget counts the engine's chunk reads, not requests: with 4 KiB chunks a tiny
+// expert (one contiguous read of several chunks) fills a budget of 2 alone, so the second
+// prediction waits until the first has landed (reads delayed 100 ms, so both would otherwise be
+// in flight together).
+TEST_F(ExpertCacheTest, PrefetchBudgetCountsChunkReadsNotRequests) {
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+  ASSERT_TRUE(ckpt.is_ok());
+  const format::ModelConfig& c = ckpt->config();
+  const int64_t layer = c.first_k_dense_replace + 1;  // a MoE layer predicted from a MoE layer
+  ASSERT_LT(layer, c.num_hidden_layers);
+  const format::ExpertLocation& loc = ckpt->expert(layer, 0);
+  ASSERT_TRUE(loc.contiguous) << "one request per expert, or requests alone would fill the budget";
+  io::IoOptions opt;
+  opt.max_chunk_bytes = 4096;
+  ASSERT_GT(loc.nbytes, opt.max_chunk_bytes);  // two chunks or more
+  opt.fault_plan = std::make_shared<io::FaultPlan>();
+  opt.fault_plan->add(io::FaultRule::delay_by(std::chrono::microseconds(100'000)).in_path("model-"));
+  auto engine = io::make_io_engine(opt);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().message();
+  std::vector<io::ReadFile> files;
+  for (size_t i = 0; i < ckpt->num_shards(); ++i) {
+    auto f = (*engine)->open(ckpt->shard(i).path());
+    ASSERT_TRUE(f.is_ok()) << f.status().message();
+    files.push_back(std::move(*f));
+  }
+  ExpertCacheOptions xo;
+  xo.policy = PolicyKind::kLru;
+  xo.policy_slots = 8;
+  xo.batch_slots = static_cast<int64_t>(top_k_);
+  xo.prefetch_in_flight = 2;
+  auto cache = ExpertCache::open(*ckpt, **engine, files, std::move(xo));
+  ASSERT_TRUE(cache.is_ok()) << cache.status().message();
+  ExpertCache& x = **cache;
+  const int32_t predicted[] = {0, 1};
+  const float weights[] = {0.6f, 0.4f};
+  x.on_prediction(layer - 1, 1, 0, predicted, weights, 1, 2);
+  EXPECT_EQ(x.stats().prefetch_issued, 1u) << "expert 0's chunks fill the budget";
+  model::ExpertWeights view;
+  for (int i = 0; i < 500 && !x.peek(layer, 0, &view); ++i) {  // pump the tier until 0 lands
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    x.on_prediction(layer - 1, 1, 0, nullptr, nullptr, 0, 2);
+  }
+  ASSERT_TRUE(x.peek(layer, 0, &view));
+  x.on_prediction(layer - 1, 1, 0, nullptr, nullptr, 0, 2);
+  EXPECT_EQ(x.stats().prefetch_issued, 2u) << "then expert 1";
+}
+
 // Slow prefetch reads (each delayed 30 ms) arrive after their layer needs them: waited for,
 // counted late (a miss), the bytes unchanged.
 TEST_F(ExpertCacheTest, LatePrefetchesAreWaitedForAndCountedAsMisses) {
