@@ -156,7 +156,10 @@ Status run(const RunArgs& a) {
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const format::ModelConfig& cfg = engine->checkpoint().config();
   gen.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
-  if (engine->device_trunk()) gen.reserve_positions = eo.workload.positions;  // as planned
+  // The MLA caches are reserved for the positions planned (GPU mode: its working set holds
+  // them), rather than grown by doubling: up to twice the memory, and a copy of every cache in
+  // one token (K3 at 128k positions: 7 GB of caches).
+  gen.reserve_positions = eo.workload.positions;
 
   // The response element closes: what follows is markup, not the answer.
   if (markers) gen.stop_ids.push_back(static_cast<int32_t>(markers->close));

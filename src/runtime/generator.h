@@ -24,8 +24,9 @@ struct GenerationOptions {
   int64_t max_new_tokens = 128;
   int64_t prefill_chunk = 256;  // tokens per prefill forward; >= 1
   // Positions the sequence's MLA caches are reserved for up front (Model::new_sequence); 0:
-  // they grow as needed, doubling. GPU mode reserves what its working set planned (prompt +
-  // -n - 1, EngineOptions::Workload), so that the run stays inside --vram.
+  // they grow as needed, doubling. `ktier run` reserves what it planned (prompt + -n - 1, or
+  // -c; EngineOptions::Workload), so that GPU mode stays inside --vram and no run copies its
+  // caches to grow them.
   int64_t reserve_positions = 0;
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // usually the config's eos_token_ids
