@@ -142,13 +142,14 @@ Status UringIoEngine::register_buffer(void* base, uint64_t bytes) {
     buffer_slot_used_[slot] = true;
     added.push_back(Region{p, p + off, piece, slot});
   }
-  regions_.insert(regions_.end(), added.begin(), added.end());
+  for (const Region& r : added) regions_.emplace(r.base, r);
   return Status::ok();
 }
 
 void UringIoEngine::unregister_buffer(void* base) {
   std::lock_guard lock(regions_mu_);
-  std::erase_if(regions_, [&](const Region& r) {
+  std::erase_if(regions_, [&](const auto& entry) {
+    const Region& r = entry.second;
     if (r.owner != base) return false;
     iovec empty{nullptr, 0};
     (void)io_uring_register_buffers_update_tag(&ring_, r.slot, &empty, nullptr, 1);
@@ -163,16 +164,18 @@ void UringIoEngine::on_bounce_allocated(uint32_t index, uint8_t* data, uint64_t 
   if (io_uring_register_buffers_update_tag(&ring_, index, &iov, nullptr, 1) < 0) return;
   std::lock_guard lock(regions_mu_);
   buffer_slot_used_[index] = true;
-  regions_.push_back(Region{data, data, bytes, index});
+  regions_.emplace(data, Region{data, data, bytes, index});
 }
 
 int UringIoEngine::buffer_slot_for(const uint8_t* buf, uint64_t bytes) {
   if (!buffers_registered_) return -1;
   std::lock_guard lock(regions_mu_);
-  for (const Region& r : regions_) {
-    if (buf >= r.base && buf + bytes <= r.base + r.bytes) return static_cast<int>(r.slot);
-  }
-  return -1;
+  // The region starting at or below buf (regions never overlap): one lookup per read, however
+  // many regions a large expert tier registered.
+  auto it = regions_.upper_bound(const_cast<uint8_t*>(buf));
+  if (it == regions_.begin()) return -1;
+  const Region& r = std::prev(it)->second;
+  return buf + bytes <= r.base + r.bytes ? static_cast<int>(r.slot) : -1;
 }
 
 // ---- registered files ---------------------------------------------------------------------

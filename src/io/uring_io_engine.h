@@ -26,6 +26,7 @@
 
 #include <liburing.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -40,9 +41,10 @@ class UringIoEngine final : public detail::QueuedIoEngine {
  public:
   // K3's 96 shards and a trunk pack fit, so a decode step's reads never re-register a file.
   static constexpr unsigned kFileSlots = 256;
-  // 1 TiB of registered regions in 1 GiB slots: a K3 expert tier on a large host is hundreds of
-  // GiB (the kernel allows 16,384 slots; an empty one costs a table entry).
-  static constexpr unsigned kBufferSlots = 1024;
+  // 2 TiB of registered regions in 1 GiB slots: a K3 expert tier on a large host is hundreds of
+  // GiB, all of K3's experts 1.35 TiB (the kernel allows 16,384 slots; an empty one costs a
+  // table entry).
+  static constexpr unsigned kBufferSlots = 2048;
 
   // Status::runtime naming the failing step and errno when io_uring cannot be used here.
   static Result<std::unique_ptr<IoEngine>> create(const IoOptions& options);
@@ -96,7 +98,7 @@ class UringIoEngine final : public detail::QueuedIoEngine {
   std::vector<uint32_t> slot_reads_;                     // slot -> reads in flight
 
   std::mutex regions_mu_;
-  std::vector<Region> regions_;     // guarded by regions_mu_
+  std::map<uint8_t*, Region> regions_;  // by base; guarded by regions_mu_
   std::vector<bool> buffer_slot_used_;  // guarded by regions_mu_
 };
 
