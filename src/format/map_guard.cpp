@@ -12,7 +12,7 @@
 namespace ktier::format {
 namespace {
 
-// K3 ships 64 shards; a process may hold a few checkpoints (tests): 1024 is plenty.
+// K3 ships 96 shards; a process may hold a few checkpoints (tests): 1024 is plenty.
 constexpr int kSlots = 1024;
 constexpr size_t kPathBytes = 480;
 
