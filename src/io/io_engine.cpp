@@ -2,10 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 
 #include "io/pread_io_engine.h"
+#include "io/queued_engine.h"
 #include "io/uring_io_engine.h"
 
 namespace ktier::io {
@@ -125,6 +127,11 @@ Result<DirectMode> parse_direct_mode(const std::string& text) {
   if (text == "direct") return DirectMode::kDirect;
   if (text == "buffered") return DirectMode::kBuffered;
   return Status::usage("unknown I/O mode '" + text + "' (use auto, direct or buffered)");
+}
+
+uint64_t chunk_reads(const IoOptions& options, uint64_t length) {
+  const uint64_t chunk = std::clamp<uint64_t>(options.max_chunk_bytes, 1, detail::kMaxReadBytes);
+  return length / chunk + (length % chunk != 0);
 }
 
 }  // namespace ktier::io

@@ -94,6 +94,10 @@ struct ReadRequest {
   uint64_t tag = 0;                // caller's id, returned in the Completion
 };
 
+// Chunk reads a request of `length` bytes is split into (before O_DIRECT alignment widens its
+// ends, which may add a bounced head or tail): what IoOptions::queue_depth counts.
+uint64_t chunk_reads(const IoOptions& options, uint64_t length);
+
 struct Completion {
   uint64_t tag = 0;
   Status status;  // ok, or the error of the request (runtime: I/O; corrupt: past end of file)
@@ -143,6 +147,7 @@ class IoEngine {
   // Registers [base, base + bytes) with the kernel so that reads into it skip per-read page
   // pinning (io_uring fixed buffers); a no-op returning ok in the pread engine. Optional: on
   // failure (Status::runtime, e.g. RLIMIT_MEMLOCK) reads into the region still work, unregistered.
+  // A region overlapping one registered already is refused (Status::runtime; read unregistered).
   // REQUIRES: no outstanding request targets the region while it is registered or unregistered;
   // the region stays valid until unregister_buffer(base) or the engine's destruction.
   virtual Status register_buffer(void* base, uint64_t bytes) { return Status::ok(); }

@@ -53,7 +53,7 @@ Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueu
   // are worth waking. Waking all of them for one small read costs a 2-core machine dearly.
   uint64_t chunks = 0;
   for (const ReadRequest& r : batch) {
-    chunks += (r.length + options_.max_chunk_bytes - 1) / options_.max_chunk_bytes;
+    chunks += chunk_reads(options_, r.length);
   }
   cq.on_submitted(batch.size());
   {

@@ -113,6 +113,11 @@ Status UringIoEngine::register_buffer(void* base, uint64_t bytes) {
   if (!buffers_registered_ || bytes == 0) return Status::ok();
   auto* p = static_cast<uint8_t*>(base);
   std::lock_guard lock(regions_mu_);
+  // Regions never overlap (buffer_slot_for relies on it): the neighbours decide.
+  if (auto next = regions_.lower_bound(p);
+      (next != regions_.end() && next->first < p + bytes) ||
+      (next != regions_.begin() && std::prev(next)->second.base + std::prev(next)->second.bytes > p))
+    return Status::runtime("the region overlaps one registered already");
   std::vector<Region> added;
   for (uint64_t off = 0; off < bytes; off += detail::kMaxReadBytes) {
     const uint64_t piece = std::min(bytes - off, detail::kMaxReadBytes);

@@ -128,18 +128,20 @@ Result<std::unique_ptr<ExpertCache>> ExpertCache::open(const format::Checkpoint&
   constexpr size_t kRegisterStep = size_t{4} << 30;
   ProgressMeter registering("expert RAM tier registered for io_uring", size,
                             spdlog::should_log(spdlog::level::info));
-  for (size_t at = 0; at < size; at += kRegisterStep) {
-    const size_t piece = std::min(kRegisterStep, size - at);
-    if (const Status reg = engine.register_buffer(x->arena_.data() + at, piece); !reg.is_ok()) {
+  size_t registered = 0;
+  for (; registered < size; registered += kRegisterStep) {
+    const size_t piece = std::min(kRegisterStep, size - registered);
+    if (const Status reg = engine.register_buffer(x->arena_.data() + registered, piece);
+        !reg.is_ok()) {
       spdlog::info("expert tier: {:.1f} of {:.1f} GiB registered for io_uring; the rest is read "
-                   "unregistered (pinned per read): {}", at / 1073741824.0, size / 1073741824.0,
-                   reg.message());
+                   "unregistered (pinned per read): {}", registered / 1073741824.0,
+                   size / 1073741824.0, reg.message());
       break;
     }
-    x->registered_.push_back(x->arena_.data() + at);
-    registering.update(at + piece);
+    x->registered_.push_back(x->arena_.data() + registered);
+    registering.update(registered + piece);
   }
-  registering.finish_if_shown(size);
+  registering.finish_if_shown(std::min(registered, size));
   x->slots_.resize(static_cast<size_t>(slots));
   for (size_t i = 0; i < x->slots_.size(); ++i) {
     x->slots_[i].base = x->arena_.data() + i * x->stats_.slot_bytes;
@@ -204,6 +206,19 @@ void ExpertCache::plan_reads(uint32_t key, size_t si, std::vector<io::ReadReques
   for (uint32_t k = 0; k < loc.num_parts; ++k)
     out.push_back({&files_[loc.parts[k].shard], loc.parts[k].file_offset, loc.parts[k].nbytes,
                    s.base + p.offset[k], si});
+}
+
+uint32_t ExpertCache::chunks_of(uint32_t key) const {
+  const int64_t Ne = ckpt_.config().num_experts;
+  const format::ExpertLocation& loc = ckpt_.expert(key / Ne, static_cast<int64_t>(key % Ne));
+  uint64_t n = 0;
+  if (loc.contiguous) {
+    n = io::chunk_reads(engine_.options(), loc.nbytes);
+  } else {
+    for (uint32_t k = 0; k < loc.num_parts; ++k)
+      n += io::chunk_reads(engine_.options(), loc.parts[k].nbytes);
+  }
+  return static_cast<uint32_t>(std::min<uint64_t>(n, UINT32_MAX));
 }
 
 void ExpertCache::on_evicted(uint32_t key) {
@@ -342,17 +357,23 @@ void ExpertCache::on_prediction(int64_t layer, int depth, int64_t first_position
 void ExpertCache::pump_prefetches() {
   reap_prefetches(/*block=*/false);
   std::vector<io::ReadRequest> reads;
-  const uint64_t chunk = std::max<uint64_t>(1, engine_.options().max_chunk_bytes);
   while (!pending_.empty() && prefetch_chunks_outstanding_ < prefetch_in_flight_) {
     const PendingPrefetch p = pending_.front();
-    pending_.pop_front();
     if (slot_of_key_[p.key] >= 0) {  // held or being read already: kept until its layer
+      pending_.pop_front();
       policy_->protect(p.key, p.pin_until_step);
       continue;
     }
     const int64_t Ne = ckpt_.config().num_experts;
-    if (held_above_ && held_above_(p.key / Ne, static_cast<int32_t>(p.key % Ne)))
+    if (held_above_ && held_above_(p.key / Ne, static_cast<int32_t>(p.key % Ne))) {
+      pending_.pop_front();
       continue;  // the faster tier serves it: reading it here too would be wasted
+    }
+    // Within the budget, or alone: an expert larger than the budget still goes, by itself.
+    const uint32_t need = chunks_of(p.key);
+    if (prefetch_chunks_outstanding_ > 0 && prefetch_chunks_outstanding_ + need > prefetch_in_flight_)
+      break;
+    pending_.pop_front();
     const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
     if (!policy_->prefetch(p.key, p.pin_until_step, clock)) continue;
     KTIER_CHECK(policy_->contains(p.key));  // the slot invariant counts it as a resident
@@ -373,10 +394,8 @@ void ExpertCache::pump_prefetches() {
     if (prefetch_cq_->submit(reads).is_ok()) {
       s.state = SlotState::kLoading;
       s.reads_outstanding = static_cast<uint32_t>(reads.size());
-      s.prefetch_chunks = 0;
-      for (const io::ReadRequest& r : reads)
-        s.prefetch_chunks += static_cast<uint32_t>((r.length + chunk - 1) / chunk);
-      prefetch_chunks_outstanding_ += s.prefetch_chunks;
+      s.prefetch_chunks = need;
+      prefetch_chunks_outstanding_ += need;
     } else {
       s.state = SlotState::kReady;  // nothing was queued: read on demand, which reports the error
       s.read_failed = true;

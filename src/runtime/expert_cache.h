@@ -19,8 +19,9 @@
 // highest predicted weight, and submitted one expert at a time while fewer than
 // `prefetch_in_flight` prefetch chunk reads are outstanding (half the I/O queue in the engine,
 // which counts chunks of IoOptions::max_chunk_bytes: a K3 expert of 17.5 MB is 5 of 4 MiB, so
-// counting reads would let 16 prefetched experts fill the queue three times over and a layer's
-// demand reads wait behind them); a queued prediction whose
+// counting reads would let 16 prefetched experts fill the 32-deep queue 2.5 times over and a
+// layer's demand reads wait behind them; one expert larger than the budget still goes alone); a
+// queued prediction whose
 // layer has been routed is dropped (cancelled). A prefetch is useful when its expert is fetched
 // by the layer it was predicted for, in the same forward pass; one still being read then is
 // waited for and counted late (a miss for the hit rate, useful but not timely). A prefetch
@@ -150,6 +151,9 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
       : ckpt_(ckpt), engine_(engine), files_(files) {}
   model::ExpertWeights view(const Slot& s, int64_t layer, int32_t e) const;
   uint64_t expert_bytes(uint32_t key) const;
+  // The engine's chunk reads for expert `key`'s requests (what the prefetch budget counts; a
+  // bounced O_DIRECT head or tail may add one or two).
+  uint32_t chunks_of(uint32_t key) const;
   // Read requests for expert `key` into slot `si` (sets its part offsets); tag = si.
   void plan_reads(uint32_t key, size_t si, std::vector<io::ReadRequest>& out);
   void on_evicted(uint32_t key);

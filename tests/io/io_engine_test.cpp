@@ -394,6 +394,32 @@ TEST_P(IoFaultTest, ManyRegisteredRegionsEachTakeFixedReads) {
     EXPECT_EQ(e->counters().fixed_reads, static_cast<uint64_t>(kRegions));
   }
   for (AlignedBuffer& b : regions) e->unregister_buffer(b.data());
+  // One buffer registered as two adjacent halves: a read inside the second half is fixed, one
+  // across the seam is not (it lies in no single region), and both deliver the bytes; a region
+  // overlapping a registered one is refused.
+  auto two = AlignedBuffer::allocate(4 * kBytes);
+  ASSERT_TRUE(two.is_ok());
+  ASSERT_TRUE(e->register_buffer(two->data(), 2 * kBytes).is_ok());
+  ASSERT_TRUE(e->register_buffer(two->data() + 2 * kBytes, 2 * kBytes).is_ok());
+  if (GetParam() == IoBackend::kUring) {
+    EXPECT_FALSE(e->register_buffer(two->data() + kBytes, 2 * kBytes).is_ok());
+  }
+  const uint64_t fixed = e->counters().fixed_reads;
+  const ReadRequest inside{&f, 0, kBytes, two->data() + 3 * kBytes, 0};
+  const ReadRequest seam{&f, kBytes, 2 * kBytes, two->data() + kBytes, 1};
+  ASSERT_TRUE(cq.submit({&inside, 1}).is_ok());
+  ASSERT_TRUE(cq.submit({&seam, 1}).is_ok());
+  done.clear();
+  while (cq.outstanding() > 0) cq.wait(1, done);
+  ASSERT_EQ(done.size(), 2u);
+  for (const Completion& c : done) ASSERT_TRUE(c.status.is_ok()) << c.status.message();
+  EXPECT_EQ(std::memcmp(two->data() + 3 * kBytes, content_.data(), kBytes), 0);
+  EXPECT_EQ(std::memcmp(two->data() + kBytes, content_.data() + kBytes, 2 * kBytes), 0);
+  if (GetParam() == IoBackend::kUring) {
+    EXPECT_EQ(e->counters().fixed_reads - fixed, 1u) << "the read inside the second half only";
+  }
+  e->unregister_buffer(two->data());
+  e->unregister_buffer(two->data() + 2 * kBytes);
 }
 
 // More files than the registered-file table holds (io_uring reuses the slots of files with no

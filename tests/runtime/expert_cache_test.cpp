@@ -333,10 +333,10 @@ TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWh
   x.set_held_above(nullptr);
 }
 
-// The prefetch budget counts the engine's chunk reads, not requests: with 4 KiB chunks a tiny
-// expert (one contiguous read of several chunks) fills a budget of 2 alone, so the second
-// prediction waits until the first has landed (reads delayed 100 ms, so both would otherwise be
-// in flight together).
+// The prefetch budget counts the engine's chunk reads, not requests, and admits an expert only
+// when all its chunks fit: with 4 KiB chunks a tiny expert (one contiguous read of 2 chunks)
+// leaves a budget of 3 too small for the next one, so the second prediction waits until the
+// first has landed (reads delayed 100 ms, so both would otherwise be in flight together).
 TEST_F(ExpertCacheTest, PrefetchBudgetCountsChunkReadsNotRequests) {
   auto ckpt = format::Checkpoint::open(root_ / "ckpt");
   ASSERT_TRUE(ckpt.is_ok());
@@ -347,7 +347,8 @@ TEST_F(ExpertCacheTest, PrefetchBudgetCountsChunkReadsNotRequests) {
   ASSERT_TRUE(loc.contiguous) << "one request per expert, or requests alone would fill the budget";
   io::IoOptions opt;
   opt.max_chunk_bytes = 4096;
-  ASSERT_GT(loc.nbytes, opt.max_chunk_bytes);  // two chunks or more
+  ASSERT_EQ(io::chunk_reads(opt, loc.nbytes), 2u);
+  ASSERT_EQ(io::chunk_reads(opt, ckpt->expert(layer, 1).nbytes), 2u);
   opt.fault_plan = std::make_shared<io::FaultPlan>();
   opt.fault_plan->add(io::FaultRule::delay_by(std::chrono::microseconds(100'000)).in_path("model-"));
   auto engine = io::make_io_engine(opt);
@@ -362,14 +363,14 @@ TEST_F(ExpertCacheTest, PrefetchBudgetCountsChunkReadsNotRequests) {
   xo.policy = PolicyKind::kLru;
   xo.policy_slots = 8;
   xo.batch_slots = static_cast<int64_t>(top_k_);
-  xo.prefetch_in_flight = 2;
+  xo.prefetch_in_flight = 3;
   auto cache = ExpertCache::open(*ckpt, **engine, files, std::move(xo));
   ASSERT_TRUE(cache.is_ok()) << cache.status().message();
   ExpertCache& x = **cache;
   const int32_t predicted[] = {0, 1};
   const float weights[] = {0.6f, 0.4f};
   x.on_prediction(layer - 1, 1, 0, predicted, weights, 1, 2);
-  EXPECT_EQ(x.stats().prefetch_issued, 1u) << "expert 0's chunks fill the budget";
+  EXPECT_EQ(x.stats().prefetch_issued, 1u) << "2 + 2 chunks would pass the budget of 3";
   model::ExpertWeights view;
   for (int i = 0; i < 500 && !x.peek(layer, 0, &view); ++i) {  // pump the tier until 0 lands
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
