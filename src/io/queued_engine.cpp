@@ -149,6 +149,7 @@ std::unique_ptr<Chunk> QueuedIoEngine::take_chunk_locked() {
       c->io_length = align_up(c->offset + c->length, align) - io_offset;
       c->io_buf = bounce_[index].data();
       bounced_chunks_.fetch_add(1, std::memory_order_relaxed);
+      bounced_bytes_.fetch_add(c->length, std::memory_order_relaxed);
     }
     if (c->bounce_index < 0) {
       c->io_offset = c->offset;
@@ -348,6 +349,7 @@ IoCounters QueuedIoEngine::counters() const {
   c.retries = load(retries_);
   c.short_reads = load(short_reads_);
   c.bounced_chunks = load(bounced_chunks_);
+  c.bounced_bytes = load(bounced_bytes_);
   c.fixed_reads = load(fixed_reads_);
   c.faults_injected = load(faults_injected_);
   c.wait_ns = load(wait_ns_);

@@ -41,6 +41,12 @@ void TrunkStore::register_for_reads(io::AlignedBuffer& b) {
 }
 
 namespace {
+// The tensors' bytes of a record (what is read of it from the shards; padding is not read).
+uint64_t payload_bytes(const pack::Record& r) {
+  uint64_t n = 0;
+  for (const pack::TensorEntry& t : r.tensors) n += t.nbytes;
+  return n;
+}
 // Head, embedding-row buffer and ring sizes of a record table (L layers, head, embed); for a
 // compressed pack the staging buffer (largest stored layer record) and the inflate scratch.
 struct TrunkSizes {
@@ -71,9 +77,30 @@ TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::Mode
 }
 }  // namespace
 
+pack::PackLayout TrunkStore::shard_layout(const format::Checkpoint& ckpt) {
+  constexpr uint64_t kPage = 4096;
+  pack::PackLayout layout = pack::plan_trunk_pack(ckpt);
+  for (size_t ri = 0; ri < layout.records.size(); ++ri) {
+    pack::Record& r = layout.records[ri];
+    uint64_t cursor = 0;
+    for (size_t t = 0; t < r.tensors.size(); ++t) {
+      pack::TensorEntry& e = r.tensors[t];
+      const uint64_t file = layout.sources[ri][t].info->file_offset;
+      if (file % dtype_size(e.dtype) == 0)  // the next offset congruent to the file's
+        e.offset = cursor + (file % kPage + kPage - cursor % kPage) % kPage;
+      else                                  // would misalign its elements: bounced
+        e.offset = pack::align_up(cursor, pack::kTensorAlignment);
+      cursor = e.offset + e.nbytes;
+    }
+    r.bytes = cursor;
+    r.size = pack::align_up(cursor, pack::kRecordAlignment);
+  }
+  return layout;
+}
+
 uint64_t TrunkStore::minimum_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                                    int ring_slots, int inflate_threads) {
-  const auto& records = pack ? pack->records() : pack::plan_trunk_pack(ckpt).records;
+  const auto& records = pack ? pack->records() : shard_layout(ckpt).records;
   return sizes_of(records, ckpt.config(), pack ? pack->block_size() : 0, inflate_threads)
       .minimum(std::max(2, ring_slots));
 }
@@ -91,7 +118,7 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   if (pack) {
     s->records_ = pack->records();
   } else {
-    pack::PackLayout layout = pack::plan_trunk_pack(ckpt);
+    pack::PackLayout layout = shard_layout(ckpt);
     s->records_ = std::move(layout.records);
     s->tensor_sources_ = std::move(layout.sources);
   }
@@ -349,8 +376,8 @@ Status TrunkStore::start_read(Slot& s, int64_t layer) {
   for (const Source& src : sources_of(r))
     batch.push_back({src.file, src.offset, src.length, into + src.dst_offset, tag | (batch.size() << 16)});
   s.outstanding = batch.size();
-  stats_.streamed_bytes_read += pack_ ? r.stored_size : r.bytes;
-  stats_.streamed_bytes_inflated += pack_ ? r.size : r.bytes;
+  stats_.streamed_bytes_read += pack_ ? r.stored_size : payload_bytes(r);
+  stats_.streamed_bytes_inflated += pack_ ? r.size : payload_bytes(r);
   const Status st = cq_->submit(batch);
   if (!st.is_ok()) {
     s.outstanding = 0;

@@ -82,7 +82,8 @@ struct TrunkStoreStats {
                                     // staging buffer while it read them), until release_ring
                                     // frees the ring
   uint64_t minimum_bytes = 0;       // the smallest budget that works (head + ring + row buffer)
-  uint64_t streamed_bytes_read = 0; // ring reads since open (pinned reads excluded), as stored
+  uint64_t streamed_bytes_read = 0; // ring reads since open (pinned reads excluded): a pack's
+                                    // records as stored, from the shards the tensors' bytes
   uint64_t streamed_bytes_inflated = 0;  // the same records inflated (== read for plain packs)
   uint64_t io_wait_ns = 0;          // time acquire_layer() spent waiting for reads
   uint64_t inflate_ns = 0;          // time acquire_layer() spent inflating blocks (wall)
@@ -101,6 +102,13 @@ class TrunkStore final : public model::TrunkSource {
                                                   io::IoEngine& engine,
                                                   const std::vector<io::ReadFile>& shard_files,
                                                   const TrunkStoreOptions& opts);
+  // The records the store reads from the shards (no pack): plan_trunk_pack's, except that each
+  // tensor sits congruent to its file offset modulo 4096 (when that offset suits its element
+  // type), so that O_DIRECT reads it straight into the record instead of bouncing every byte
+  // through the I/O engine's bounce buffers (the pack's 64-byte placement disagrees with the
+  // shards' offsets: K3's data start 16 bytes past a multiple of 64). Up to 4 KiB of padding per
+  // tensor. Record file offsets are meaningless here.
+  static pack::PackLayout shard_layout(const format::Checkpoint& ckpt);
   // The smallest trunk budget open() accepts (head + ring + embedding-row buffer; all layers if
   // they are smaller than the ring). For a compressed pack also one staging buffer per ring slot
   // (the largest stored layer record) and `inflate_threads` scratch buffers of the block size.

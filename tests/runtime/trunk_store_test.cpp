@@ -244,6 +244,41 @@ TEST_F(TrunkStoreTest, ReleaseRingFreesItOnlyWhenNothingStreamsFromThere) {
   }
 }
 
+// Records read from the shards sit congruent to the shards' file offsets (shard_layout), so
+// that under O_DIRECT only each tensor's unaligned head and tail block go through a bounce
+// buffer and the rest lands in place (the pack's 64-byte placement bounced every byte): with
+// every layer pinned, open() reads each record once, and the bytes bounced are exactly those.
+TEST_F(TrunkStoreTest, ShardRecordsBounceOnlyTheUnalignedEndsOfTensors) {
+  ASSERT_NO_FATAL_FAILURE(open_inputs());
+  const format::Checkpoint& ckpt = *ckpt_;
+  ShardFiles& shards = shards_;
+  if (!shards.files.at(0).direct()) GTEST_SKIP() << "no O_DIRECT on this filesystem: nothing bounces";
+  const uint64_t align = shards.files.at(0).alignment();
+  const pack::PackLayout layout = TrunkStore::shard_layout(ckpt);
+  const int64_t L = ckpt.config().num_hidden_layers;
+  uint64_t ends = 0, payload = 0;  // over the layer records and the head
+  for (int64_t r = 0; r <= L; ++r)
+    for (const format::TensorRef& t : layout.sources[static_cast<size_t>(r)]) {
+      uint64_t at = t.info->file_offset;
+      const uint64_t end = at + t.info->nbytes;
+      if (at % align != 0) {  // the head block, up to the next boundary
+        const uint64_t head = std::min(end, at - at % align + align) - at;
+        ends += head;
+        at += head;
+      }
+      ends += (end - at) % align;  // the tail after the aligned middle
+      payload += t.info->nbytes;
+    }
+  TrunkStoreOptions so;  // every layer pinned: each record read once, at open
+  auto store = TrunkStore::open(ckpt, nullptr, *shards.engine, shards.files, so);
+  ASSERT_TRUE(store.is_ok()) << store.status().message();
+  ASSERT_EQ((*store)->stats().layers_pinned, L);
+  const io::IoCounters k = shards.engine->counters();
+  EXPECT_EQ(k.bytes_delivered, payload);
+  EXPECT_EQ(k.bounced_bytes, ends);
+  EXPECT_LT(ends, payload);
+}
+
 // GPU mode places the trunk from the checkpoint's shapes (model::shapes_in, read before any
 // layer) and then mirrors the layers a host source binds: every tensor a host binds, from shards
 // or from a pack, has the type and shape the checkpoint's shapes give it, and binding from
