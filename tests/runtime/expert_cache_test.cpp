@@ -107,6 +107,16 @@ class ExpertCacheTest : public ::testing::Test {
     return ids;
   }
 
+  // Pumps the tier (an empty prediction issues what is queued and takes completions) until
+  // expert `id` of `layer` has landed; false after 5 s.
+  static bool pump_until_landed(ExpertCache& x, int64_t layer, int32_t id) {
+    model::ExpertWeights view;
+    for (int i = 0; i < 500 && !x.peek(layer, id, &view); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      x.on_prediction(layer - 1, 1, 0, nullptr, nullptr, 0, 2);
+    }
+    return x.peek(layer, id, &view);
+  }
   static inline fs::path root_;
   static inline std::vector<int32_t> prompt_;
   static inline std::vector<int32_t> reference_;
@@ -318,12 +328,7 @@ TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWh
   const float weights[] = {0.6f, 0.4f};
   x.on_prediction(layer - 1, 1, 0, predicted, weights, 1, 2);
   EXPECT_EQ(x.stats().prefetch_issued, 1u) << "expert 1 is kept by the tier above";
-  model::ExpertWeights view;
-  for (int i = 0; i < 500 && !x.peek(layer, 0, &view); ++i) {  // pump the tier until 0 lands
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    x.on_prediction(layer - 1, 1, 0, nullptr, nullptr, 0, 2);
-  }
-  ASSERT_TRUE(x.peek(layer, 0, &view));
+  ASSERT_TRUE(pump_until_landed(x, layer, 0));
   std::vector<int32_t> routed(top_k_);
   for (size_t j = 0; j < routed.size(); ++j) routed[j] = j == 0 ? 0 : static_cast<int32_t>(j + 1);
   x.begin_layer(layer, 0, routed.data(), 1, static_cast<int>(top_k_));
@@ -371,12 +376,7 @@ TEST_F(ExpertCacheTest, PrefetchBudgetCountsChunkReadsNotRequests) {
   const float weights[] = {0.6f, 0.4f};
   x.on_prediction(layer - 1, 1, 0, predicted, weights, 1, 2);
   EXPECT_EQ(x.stats().prefetch_issued, 1u) << "2 + 2 chunks would pass the budget of 3";
-  model::ExpertWeights view;
-  for (int i = 0; i < 500 && !x.peek(layer, 0, &view); ++i) {  // pump the tier until 0 lands
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    x.on_prediction(layer - 1, 1, 0, nullptr, nullptr, 0, 2);
-  }
-  ASSERT_TRUE(x.peek(layer, 0, &view));
+  ASSERT_TRUE(pump_until_landed(x, layer, 0));
   x.on_prediction(layer - 1, 1, 0, nullptr, nullptr, 0, 2);
   EXPECT_EQ(x.stats().prefetch_issued, 2u) << "then expert 1";
 }
