@@ -112,55 +112,74 @@ void UringIoEngine::wake() {
 Status UringIoEngine::register_buffer(void* base, uint64_t bytes) {
   if (!buffers_registered_ || bytes == 0) return Status::ok();
   auto* p = static_cast<uint8_t*>(base);
-  std::lock_guard lock(regions_mu_);
-  // Regions never overlap (buffer_slot_for relies on it): the neighbours decide.
-  if (auto next = regions_.lower_bound(p);
-      (next != regions_.end() && next->first < p + bytes) ||
-      (next != regions_.begin() && std::prev(next)->second.base + std::prev(next)->second.bytes > p))
-    return Status::runtime("the region overlaps one registered already");
+  // One (un)registration at a time; the kernel pins the pages (seconds for a few GiB) outside
+  // regions_mu_, which every read's slot lookup takes.
+  std::lock_guard registering(register_mu_);
   std::vector<Region> added;
-  for (uint64_t off = 0; off < bytes; off += detail::kMaxReadBytes) {
-    const uint64_t piece = std::min(bytes - off, detail::kMaxReadBytes);
+  {
+    std::lock_guard lock(regions_mu_);
+    // Regions never overlap (buffer_slot_for relies on it): the neighbours decide.
+    if (auto next = regions_.lower_bound(p);
+        (next != regions_.end() && next->first < p + bytes) ||
+        (next != regions_.begin() &&
+         std::prev(next)->second.base + std::prev(next)->second.bytes > p))
+      return Status::runtime("the region overlaps one registered already");
     // Slots below bounce_count() are reserved for the engine's bounce buffers.
     unsigned slot = bounce_count();
-    while (slot < kBufferSlots && buffer_slot_used_[slot]) ++slot;
-    Status error;
-    if (slot >= kBufferSlots) {
-      error = Status::runtime("no free registered-buffer slot (" + std::to_string(kBufferSlots) +
-                              " in the table)");
-    } else {
-      iovec iov{p + off, piece};
-      if (int r = io_uring_register_buffers_update_tag(&ring_, slot, &iov, nullptr, 1); r < 0) {
-        error = Status::runtime("registering " + std::to_string(piece) +
-                                " bytes with io_uring failed: " + errno_text(-r) +
-                                " (RLIMIT_MEMLOCK too low?)");
+    for (uint64_t off = 0; off < bytes; off += detail::kMaxReadBytes) {
+      while (slot < kBufferSlots && buffer_slot_used_[slot]) ++slot;
+      if (slot >= kBufferSlots) {
+        for (const Region& r : added) buffer_slot_used_[r.slot] = false;
+        return Status::runtime("no free registered-buffer slot (" +
+                               std::to_string(kBufferSlots) + " in the table)");
       }
+      buffer_slot_used_[slot] = true;  // reserved: not looked up until inserted below
+      added.push_back(Region{p, p + off, std::min(bytes - off, detail::kMaxReadBytes), slot});
     }
-    if (!error.is_ok()) {
-      for (const Region& r : added) {
-        iovec empty{nullptr, 0};
-        (void)io_uring_register_buffers_update_tag(&ring_, r.slot, &empty, nullptr, 1);
-        buffer_slot_used_[r.slot] = false;
-      }
-      return error;
-    }
-    buffer_slot_used_[slot] = true;
-    added.push_back(Region{p, p + off, piece, slot});
   }
-  for (const Region& r : added) regions_.emplace(r.base, r);
-  return Status::ok();
+  Status error;
+  size_t done = 0;
+  for (; done < added.size(); ++done) {
+    const Region& r = added[done];
+    iovec iov{r.base, r.bytes};
+    if (int e = io_uring_register_buffers_update_tag(&ring_, r.slot, &iov, nullptr, 1); e < 0) {
+      error = Status::runtime("registering " + std::to_string(r.bytes) +
+                              " bytes with io_uring failed: " + errno_text(-e) +
+                              " (RLIMIT_MEMLOCK too low?)");
+      break;
+    }
+  }
+  for (size_t i = 0; i < done && !error.is_ok(); ++i) {
+    iovec empty{nullptr, 0};
+    (void)io_uring_register_buffers_update_tag(&ring_, added[i].slot, &empty, nullptr, 1);
+  }
+  std::lock_guard lock(regions_mu_);
+  for (const Region& r : added) {
+    if (error.is_ok())
+      regions_.emplace(r.base, r);
+    else
+      buffer_slot_used_[r.slot] = false;
+  }
+  return error;
 }
 
 void UringIoEngine::unregister_buffer(void* base) {
-  std::lock_guard lock(regions_mu_);
-  std::erase_if(regions_, [&](const auto& entry) {
-    const Region& r = entry.second;
-    if (r.owner != base) return false;
+  std::lock_guard registering(register_mu_);
+  std::vector<Region> removed;
+  {
+    std::lock_guard lock(regions_mu_);
+    std::erase_if(regions_, [&](const auto& entry) {
+      if (entry.second.owner != base) return false;
+      removed.push_back(entry.second);
+      return true;
+    });
+  }
+  for (const Region& r : removed) {
     iovec empty{nullptr, 0};
     (void)io_uring_register_buffers_update_tag(&ring_, r.slot, &empty, nullptr, 1);
-    buffer_slot_used_[r.slot] = false;
-    return true;
-  });
+  }
+  std::lock_guard lock(regions_mu_);
+  for (const Region& r : removed) buffer_slot_used_[r.slot] = false;
 }
 
 void UringIoEngine::on_bounce_allocated(uint32_t index, uint8_t* data, uint64_t bytes) {

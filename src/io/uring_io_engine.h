@@ -97,6 +97,7 @@ class UringIoEngine final : public detail::QueuedIoEngine {
   std::vector<uint64_t> slot_file_;                      // slot -> ReadFile::id(), 0 = free
   std::vector<uint32_t> slot_reads_;                     // slot -> reads in flight
 
+  std::mutex register_mu_;  // serializes register_buffer / unregister_buffer (taken first)
   std::mutex regions_mu_;
   std::map<uint8_t*, Region> regions_;  // by base; guarded by regions_mu_
   std::vector<bool> buffer_slot_used_;  // guarded by regions_mu_
