@@ -55,11 +55,12 @@ Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string&
   }
 }
 
-Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int64_t vocab) {
+Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int64_t vocab,
+                                          const std::string& what) {
   std::vector<int32_t> ids;
   for (uint32_t v : raw) {
     if (v >= vocab)
-      return Status::usage("--ids: token id " + std::to_string(v) +
+      return Status::usage(what + " " + std::to_string(v) +
                            " is outside the vocabulary 0.." + std::to_string(vocab - 1));
     ids.push_back(static_cast<int32_t>(v));
   }

@@ -20,8 +20,10 @@ Result<std::string> read_input(const std::string& file);
 // Status::usage naming the offending item, with `flag` in the message.
 Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string& flag = "--ids");
 
-// The ids as model token ids; Status::usage naming the first id >= vocab.
-Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int64_t vocab);
+// The ids as model token ids; Status::usage naming the first id >= vocab, after `what` (where
+// the ids came from: "--ids: token id", "the tokenizer's id").
+Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int64_t vocab,
+                                          const std::string& what = "--ids: token id");
 
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);

@@ -128,7 +128,7 @@ Status run(const RunArgs& a) {
   if (!a.ids.empty()) {
     KTIER_ASSIGN_OR_RETURN(raw, parse_ids(a.ids));
   } else if (a.chat && given > 0) {
-    KTIER_ASSIGN_OR_RETURN(raw, tok::render_user_turn(*tokenizer, text));
+    raw = tok::render_user_turn(*tokenizer, *markers, text);
   } else {
     raw = tokenizer->encode(text, a.special);
   }
@@ -163,23 +163,9 @@ Status run(const RunArgs& a) {
 
   // The response element closes: what follows is markup, not the answer.
   if (markers) gen.stop_ids.push_back(static_cast<int32_t>(markers->close));
-  const auto model_ids = [&](const std::vector<uint32_t>& ids) -> Result<std::vector<int32_t>> {
-    std::vector<int32_t> out;
-    for (uint32_t id : ids) {
-      if (id >= cfg.vocab_size)
-        return Status::usage("the tokenizer's id " + std::to_string(id) +
-                             " is outside the model's vocabulary of " +
-                             std::to_string(cfg.vocab_size));
-      out.push_back(static_cast<int32_t>(id));
-    }
-    return out;
-  };
-  std::vector<int32_t> prompt;
-  if (!a.ids.empty()) {
-    KTIER_ASSIGN_OR_RETURN(prompt, ids_in_vocab(raw, cfg.vocab_size));
-  } else {
-    KTIER_ASSIGN_OR_RETURN(prompt, model_ids(raw));
-  }
+  const std::string id_source = a.ids.empty() ? "the tokenizer's id" : "--ids: token id";
+  KTIER_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt,
+                         ids_in_vocab(raw, cfg.vocab_size, id_source));
 
   // A conversation may reach its -c; a single run's highest position is P + n - 2 (the last
   // generated token is never fed back).
@@ -239,15 +225,16 @@ Status run(const RunArgs& a) {
   const auto next_turn = [&](const std::string& line) -> Result<std::vector<int32_t>> {
     std::vector<uint32_t> ids;
     if (!generated.empty()) ids = tok::end_assistant_turn(*tokenizer, *markers, generated.back());
-    KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> user, tok::render_user_turn(*tokenizer, line));
+    const std::vector<uint32_t> user = tok::render_user_turn(*tokenizer, *markers, line);
     ids.insert(ids.end(), user.begin(), user.end());
-    const int64_t needs = session->positions() + static_cast<int64_t>(ids.size()) + a.max_new_tokens - 1;
+    const int64_t needs =
+        session->positions() + static_cast<int64_t>(ids.size()) + a.max_new_tokens - 1;
     if (needs > ctx)
       return Status::budget("the conversation would need " + std::to_string(needs) +
                             " positions with this message and -n " +
                             std::to_string(a.max_new_tokens) + ", past -c/--ctx-size " +
                             std::to_string(ctx) + ": start it again with a larger one");
-    return model_ids(ids);
+    return ids_in_vocab(ids, cfg.vocab_size, id_source);
   };
   // A conversation's first message may come from standard input; an empty prompt is refused.
   Status status = a.interactive && given == 0 ? Status::ok() : answer(prompt);

@@ -149,8 +149,8 @@ class QueuedIoEngine : public IoEngine {
   uint64_t busy_ns_ = 0;                            // guarded by mu_; closed busy intervals
 
   std::atomic<uint64_t> requests_completed_{0}, requests_failed_{0}, bytes_delivered_{0},
-      bytes_read_{0}, reads_issued_{0}, retries_{0}, short_reads_{0}, bounced_chunks_{0}, bounced_bytes_{0},
-      fixed_reads_{0}, faults_injected_{0}, wait_ns_{0}, buffer_bytes_{0};
+      bytes_read_{0}, reads_issued_{0}, retries_{0}, short_reads_{0}, bounced_chunks_{0},
+      bounced_bytes_{0}, fixed_reads_{0}, faults_injected_{0}, wait_ns_{0}, buffer_bytes_{0};
 };
 
 }  // namespace ktier::io::detail

@@ -46,8 +46,8 @@ class DeviceTrunk final : public model::TrunkSource {
   };
   // From shapes alone: `layer_shapes(l)` gives layer l's (model::bind_layer over
   // model::shapes_in: the checkpoint's shapes, which every TrunkSource of it binds), `head` the
-  // head's (bound the same way). Errors: layer_shapes's, and Status::budget (exit 4) naming --vram and its minimum
-  // (head, two slots, routers, and the reserve) when that does not fit.
+  // head's (bound the same way). Errors: layer_shapes's, and Status::budget (exit 4) naming
+  // --vram and its minimum (head, two slots, routers, and the reserve) when that does not fit.
   static Result<Plan> plan(const format::ModelConfig& c,
                            const std::function<Result<model::LayerWeights>(int64_t)>& layer_shapes,
                            model::HeadWeights head, uint64_t vram_bytes, uint64_t reserved_bytes);

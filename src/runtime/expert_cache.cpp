@@ -371,7 +371,8 @@ void ExpertCache::pump_prefetches() {
     }
     // Within the budget, or alone: an expert larger than the budget still goes, by itself.
     const uint32_t need = chunks_of(p.key);
-    if (prefetch_chunks_outstanding_ > 0 && prefetch_chunks_outstanding_ + need > prefetch_in_flight_)
+    if (prefetch_chunks_outstanding_ > 0 &&
+        prefetch_chunks_outstanding_ + need > prefetch_in_flight_)
       break;
     pending_.pop_front();
     const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);

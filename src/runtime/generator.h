@@ -72,7 +72,8 @@ class GenerationSession {
  private:
   GenerationSession(model::Model& model, const model::ExpertSource* experts,
                     const GenerationOptions& opts, model::SequenceState seq)
-      : model_(model), experts_(experts), opts_(opts), seq_(std::move(seq)), sampler_(opts.sampling) {}
+      : model_(model), experts_(experts), opts_(opts), seq_(std::move(seq)),
+        sampler_(opts.sampling) {}
   model::Model& model_;
   const model::ExpertSource* experts_;
   GenerationOptions opts_;

@@ -19,8 +19,9 @@ void close_element(const Tokenizer& tok, const ChatMarkers& m, std::string_view 
 
 Result<ChatMarkers> chat_markers(const Tokenizer& tok) {
   ChatMarkers m;
-  for (auto [name, id] : {std::pair{"<|open|>", &m.open}, std::pair{"<|close|>", &m.close},
-                          std::pair{"<|sep|>", &m.sep}, std::pair{"<|end_of_msg|>", &m.end_of_msg}}) {
+  for (auto [name, id] :
+       {std::pair{"<|open|>", &m.open}, std::pair{"<|close|>", &m.close},
+        std::pair{"<|sep|>", &m.sep}, std::pair{"<|end_of_msg|>", &m.end_of_msg}}) {
     const std::optional<uint32_t> found = tok.added_token_id(name);
     if (!found)
       return Status::usage(std::string("the tokenizer has no added token ") + name +
@@ -31,8 +32,8 @@ Result<ChatMarkers> chat_markers(const Tokenizer& tok) {
   return m;
 }
 
-Result<std::vector<uint32_t>> render_user_turn(const Tokenizer& tok, std::string_view text) {
-  KTIER_ASSIGN_OR_RETURN(const ChatMarkers m, chat_markers(tok));
+std::vector<uint32_t> render_user_turn(const Tokenizer& tok, const ChatMarkers& m,
+                                       std::string_view text) {
   std::vector<uint32_t> ids;
   const auto open = [&](std::string_view tag_and_attrs) {
     ids.push_back(m.open);

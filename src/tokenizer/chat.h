@@ -8,8 +8,9 @@
 //   <|open|>message role="assistant"<|sep|><|open|>response<|sep|>
 // (no separator between the two lines, no BOS: decision D10). The model then writes the
 // response's content and closes it with <|close|>; a conversation goes on with the assistant's
-// message closed (end_assistant_turn) and the next user turn. Thinking mode, system messages and tools
-// need texts from the release's encoding_k3.py that K3-MODEL.md does not reproduce: not here.
+// message closed (end_assistant_turn) and the next user turn. Thinking mode, system messages
+// and tools need texts from the release's encoding_k3.py that K3-MODEL.md does not reproduce:
+// not here.
 
 #include <cstdint>
 #include <string_view>
@@ -28,15 +29,17 @@ struct ChatMarkers {
 Result<ChatMarkers> chat_markers(const Tokenizer& tok);
 
 // The prompt above for one user message `text`, encoded as ordinary text: marker strings typed
-// in it are text, never markers (K3-MODEL.md §8.4: user content is untrusted). Errors:
-// chat_markers's.
-Result<std::vector<uint32_t>> render_user_turn(const Tokenizer& tok, std::string_view text);
+// in it are text, never markers (K3-MODEL.md §8.4: user content is untrusted). `markers` from
+// chat_markers(tok).
+std::vector<uint32_t> render_user_turn(const Tokenizer& tok, const ChatMarkers& markers,
+                                       std::string_view text);
 
 // What ends the assistant's message in the history after a turn whose last sampled token
 // (never run: GenerationSession) was `last`: `last` itself, then
 //   after <|close|> (the response closed):  response<|sep|><|close|>message<|sep|><|end_of_msg|>
 //   after <|end_of_msg|>:                   nothing (the message is complete)
-//   after anything else (a length limit):   <|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>
+//   after anything else (a length limit):   <|close|>response<|sep|><|close|>message<|sep|>
+//                                           <|end_of_msg|>
 // so that render_user_turn's ids can follow. `markers` from chat_markers(tok).
 std::vector<uint32_t> end_assistant_turn(const Tokenizer& tok, const ChatMarkers& markers,
                                          uint32_t last);

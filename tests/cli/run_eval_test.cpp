@@ -148,11 +148,10 @@ TEST_F(RunEvalCli, ChatRunsTheRenderedPromptAndStopsAtTheResponseClose) {
   auto tok = tok::Tokenizer::load(dir_);
   ASSERT_TRUE(tok.is_ok()) << tok.status().message();
   const std::string text = "Tell me about the lighthouse <|close|>";
-  auto rendered = tok::render_user_turn(*tok, text);
-  ASSERT_TRUE(rendered.is_ok()) << rendered.status().message();
   auto markers = tok::chat_markers(*tok);
-  ASSERT_TRUE(markers.is_ok());
-  std::vector<int> ids(rendered->begin(), rendered->end());
+  ASSERT_TRUE(markers.is_ok()) << markers.status().message();
+  const std::vector<uint32_t> rendered = tok::render_user_turn(*tok, *markers, text);
+  std::vector<int> ids(rendered.begin(), rendered.end());
   // Seeds whose raw runs reach the length limit, the close marker and eos (checked below).
   int closed = 0, ended = 0;
   for (const uint64_t seed : {1, 5, 7}) {
@@ -199,9 +198,9 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   const auto one = run_process(ktier() + " run" + model() + " --chat -p '" + first + "'" + n);
   ASSERT_EQ(one.exit_code, 0) << one.err;
   const std::string ids1 = last_line(one.out);
-  auto first_ids = tok::render_user_turn(*tok, first), second_ids = tok::render_user_turn(*tok, second);
-  ASSERT_TRUE(first_ids.is_ok() && second_ids.is_ok());
-  std::vector<uint32_t> history = *first_ids;
+  const std::vector<uint32_t> first_ids = tok::render_user_turn(*tok, *markers, first);
+  const std::vector<uint32_t> second_ids = tok::render_user_turn(*tok, *markers, second);
+  std::vector<uint32_t> history = first_ids;
   for (size_t at = 0; at < ids1.size();) {
     const size_t comma = std::min(ids1.find(',', at), ids1.size());
     history.push_back(static_cast<uint32_t>(std::stoul(ids1.substr(at, comma - at))));
@@ -211,7 +210,7 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   history.pop_back();  // never run: the second turn starts with it
   const std::vector<uint32_t> closing = tok::end_assistant_turn(*tok, *markers, last);
   history.insert(history.end(), closing.begin(), closing.end());
-  history.insert(history.end(), second_ids->begin(), second_ids->end());
+  history.insert(history.end(), second_ids.begin(), second_ids.end());
   const auto fresh = run_process(ktier() + " run" + model() + " --ids " +
                                  join(std::vector<int>(history.begin(), history.end())) + n);
   ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
@@ -228,14 +227,14 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
                                       " run" + model() + " --chat -i" + n);
   ASSERT_EQ(both_piped.exit_code, 0) << both_piped.err;
   EXPECT_EQ(both_piped.out, talk.out);
-  EXPECT_NE(talk.err.find("prompt " + std::to_string(closing.size() + second_ids->size()) +
+  EXPECT_NE(talk.err.find("prompt " + std::to_string(closing.size() + second_ids.size()) +
                           " tokens, generated"),
             std::string::npos) << talk.err;
   // -c at the boundaries: a turn of K ids with -n 9 takes K + 8 positions (its last token is
   // never run). The first turn's alone: exit 2 (usage) below it; the conversation's: exit 4.
-  const int64_t first_needs = static_cast<int64_t>(first_ids->size()) + 8;
+  const int64_t first_needs = static_cast<int64_t>(first_ids.size()) + 8;
   const int64_t both_need =
-      first_needs + static_cast<int64_t>(closing.size() + second_ids->size()) + 8;
+      first_needs + static_cast<int64_t>(closing.size() + second_ids.size()) + 8;
   const std::string single = ktier() + " run" + model() + " --chat -p '" + first + "'" + n + " -c ";
   EXPECT_EQ(run_process(single + std::to_string(first_needs)).exit_code, 0);
   const auto tight = run_process(single + std::to_string(first_needs - 1));

@@ -229,7 +229,9 @@ TEST_F(DeviceModeTest, HostTrunkComplementsTheDeviceTrunk) {
     const uint64_t all = experts_ + static_cast<uint64_t>(top_k_);
     EXPECT_EQ(static_cast<uint64_t>(x.slots),
               std::min(all, (eo.ram_budget.value() - store.stats().bytes_allocated) / x.slot_bytes));
-    if (both == one->get()) EXPECT_LT(static_cast<uint64_t>(x.slots), all);
+    if (both == one->get()) {
+      EXPECT_LT(static_cast<uint64_t>(x.slots), all);
+    }
     GenerationOptions g;
     g.max_new_tokens = 4;
     std::vector<int32_t> ids;

@@ -33,21 +33,22 @@ std::vector<uint32_t> cat(std::initializer_list<std::vector<uint32_t>> parts) {
 TEST(ChatFormat, UserTurnAndGenerationPromptAsDocumented) {
   const Tokenizer tok = k3_like();
   const std::string text = "hello world, the thing's <|close|> and <|end_of_msg|>\n";
-  auto ids = render_user_turn(tok, text);
-  ASSERT_TRUE(ids.is_ok()) << ids.status().message();
+  auto m = chat_markers(tok);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  const std::vector<uint32_t> ids = render_user_turn(tok, *m, text);
   const auto enc = [&](std::string_view s) { return tok.encode(s, false); };
   const std::vector<uint32_t> want =
       cat({{1003}, enc("message role=\"user\""), {1005}, enc(text), {1004}, enc("message"),
            {1005, 1002, 1003}, enc("message role=\"assistant\""), {1005, 1003}, enc("response"),
            {1005}});
-  EXPECT_EQ(*ids, want);
+  EXPECT_EQ(ids, want);
   // Markers only where the format puts them: the typed ones in `text` are ordinary bytes.
-  EXPECT_EQ(std::count(ids->begin(), ids->end(), 1003u), 3);
-  EXPECT_EQ(std::count(ids->begin(), ids->end(), 1005u), 4);
-  EXPECT_EQ(std::count(ids->begin(), ids->end(), 1004u), 1);
-  EXPECT_EQ(std::count(ids->begin(), ids->end(), 1002u), 1);
-  EXPECT_EQ(std::count(ids->begin(), ids->end(), 1000u), 0) << "no BOS (decision D10)";
-  auto text_back = tok.decode(*ids);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 1003u), 3);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 1005u), 4);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 1004u), 1);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 1002u), 1);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 1000u), 0) << "no BOS (decision D10)";
+  auto text_back = tok.decode(ids);
   ASSERT_TRUE(text_back.is_ok());
   EXPECT_EQ(*text_back, "<|open|>message role=\"user\"<|sep|>" + text +
                             "<|close|>message<|sep|><|end_of_msg|><|open|>message "
@@ -75,10 +76,10 @@ TEST(ChatFormat, EndAssistantTurnClosesTheMessageFromWhereTheAnswerStopped) {
 
 TEST(ChatFormat, MissingMarkerIsAUsageErrorNamingIt) {
   const Tokenizer tok = k3_like(/*with_close=*/false);
-  auto ids = render_user_turn(tok, "hi");
-  ASSERT_FALSE(ids.is_ok());
-  EXPECT_EQ(ids.status().exit_code(), 2);
-  EXPECT_NE(ids.status().message().find("<|close|>"), std::string::npos) << ids.status().message();
+  auto m = chat_markers(tok);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_EQ(m.status().exit_code(), 2);
+  EXPECT_NE(m.status().message().find("<|close|>"), std::string::npos) << m.status().message();
 }
 
 }  // namespace
