@@ -30,10 +30,10 @@ void CompletionQueue::on_submitted(size_t n) {
 }
 
 void CompletionQueue::deliver(Completion c) {
-  {
-    std::lock_guard lock(mu_);
-    ready_.push_back(std::move(c));
-  }
+  // Notified under the lock: the destructor may return, and free this queue, as soon as it
+  // sees the last completion, so nothing here may touch the queue after unlocking.
+  std::lock_guard lock(mu_);
+  ready_.push_back(std::move(c));
   cv_.notify_all();
 }
 

@@ -267,6 +267,25 @@ TEST_P(IoFaultTest, CancelFailsRequestsNotStarted) {
   EXPECT_GE(cancelled, 10u);
 }
 
+// A reader may free its queue while a read it submitted is still running (an engine torn down
+// after a failed read does): the queue's destructor waits for that read, and the engine thread
+// that delivers it must be done with the queue before the destructor can return.
+// tools/tsan-inflate.sh runs this case under ThreadSanitizer, which reports any touch of the
+// queue that is not ordered before its destruction.
+TEST_P(IoFaultTest, QueueFreedWhileItsReadIsRunning) {
+  KTIER_ENGINE_OR_SKIP(e);
+  ReadFile f = open(*e);
+  plan_->add(FaultRule::delay_by(std::chrono::milliseconds(4)).times(-1));
+  auto buf = std::move(AlignedBuffer::allocate(4096)).value();
+  for (uint64_t i = 0; i < 40; ++i) {
+    auto cq = std::make_unique<CompletionQueue>(*e);
+    const ReadRequest r{&f, (i % 64) * 4096, 4096, buf.data(), i};
+    ASSERT_TRUE(cq->submit({&r, 1}).is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the read starts, then waits
+    cq.reset();  // cancels the read if it has not started; waits for it if it has
+  }
+}
+
 TEST_P(IoFaultTest, FileShrunkWhileRunningIsRuntimeError) {
   KTIER_ENGINE_OR_SKIP(e);
   ReadFile f = open(*e);
