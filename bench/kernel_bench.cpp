@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -122,6 +124,18 @@ uint64_t bf16_word(uint64_t r) {
 uint64_t scale_word(uint64_t r) {
   uint64_t w = 0;
   for (int k = 0; k < 8; ++k) w |= (120 + ((r >> (8 * k)) & 0xff) % 11) << (8 * k);
+  return w;
+}
+
+// Two f32 values in [-1, 1) (the latent cache of the MLA figure).
+uint64_t f32_pair_word(uint64_t r) {
+  uint64_t w = 0;
+  for (int k = 0; k < 2; ++k) {
+    const float v = static_cast<float>((r >> (32 * k)) & 0xffffff) / 8388608.0f - 1.0f;
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    w |= static_cast<uint64_t>(bits) << (32 * k);
+  }
   return w;
 }
 
@@ -341,9 +355,42 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
     r.mxfp4_gemv_gbps = static_cast<double>(out.mxfp4_bytes) / t_mx / 1e9;
     say(format_figure("mxfp4 gemv", r.threads, r.mxfp4_gemv_gbps));
   }
+
+  // Phase 3: one decode token of a K3 MLA layer over a latent cache that fills the buffer.
+  const cpu::MlaDims mla{96, 128, 64, 128, 512};
+  const uint64_t row_bytes = static_cast<uint64_t>(mla.kv_lora + mla.qk_rope) * sizeof(float);
+  out.mla_positions = static_cast<int64_t>(out.buffer_bytes / row_bytes);
+  out.mla_cache_bytes = static_cast<uint64_t>(out.mla_positions) * row_bytes;
+  const int64_t kv_b_rows = int64_t{mla.n_heads} * (mla.qk_nope + mla.v_head);
+  const uint64_t kv_b_bytes = static_cast<uint64_t>(kv_b_rows * mla.kv_lora) * 2;
+  Mapping kv_b(kv_b_bytes);
+  if (out.mla_positions >= 2 && kv_b.p) {
+    say("filling " + std::to_string(out.mla_cache_bytes >> 20) + " MiB with an MLA latent cache (" +
+        std::to_string(out.mla_positions) + " positions)");
+    fill_words(&fill_pool, buf.bytes(), out.mla_cache_bytes / 8 * 8, 5, f32_pair_word);
+    fill_words(&fill_pool, kv_b.bytes(), kv_b_bytes, 6, bf16_word);
+    const float* cache_c = static_cast<const float*>(buf.p);
+    const float* cache_r = cache_c + out.mla_positions * mla.kv_lora;
+    const cpu::WeightMatrix wkv{cpu::WeightType::kBF16, kv_b.p, nullptr, kv_b_rows, mla.kv_lora};
+    std::vector<float> q(static_cast<size_t>(mla.n_heads) * (mla.qk_nope + mla.qk_rope));
+    for (float& v : q) v = static_cast<float>(splitmix64(xs) % 2001) / 1000.0f - 1.0f;
+    std::vector<float> o(static_cast<size_t>(mla.n_heads) * mla.v_head);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(mla.qk_nope + mla.qk_rope));
+    for (size_t i = 0; i < config.thread_counts.size(); ++i) {
+      ThreadResult& r = out.results[i];
+      const cpu::Exec ex{pools[i].get(), isa};
+      const double t_mla = best_seconds(config, [&] {
+        cpu::mla_attention(mla, q.data(), 1, wkv, cache_c, cache_r, out.mla_positions - 1, scale,
+                           o.data(), ex);
+      });
+      r.mla_decode_gbps = static_cast<double>(out.mla_cache_bytes) / t_mla / 1e9;
+      say(format_figure("mla decode", r.threads, r.mla_decode_gbps));
+    }
+  }
   for (ThreadResult& r : out.results) {
     r.bf16_ratio = r.bf16_gemv_gbps / r.mem_read_gbps;
     r.mxfp4_ratio = r.mxfp4_gemv_gbps / r.mem_read_gbps;
+    r.mla_ratio = r.mla_decode_gbps / r.mem_read_gbps;
   }
   return out;
 }

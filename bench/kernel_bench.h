@@ -8,14 +8,20 @@
 //    bytes = rows * cols * 2.
 //  * mxfp4_gemv_gbps: cpu::linear of an MXFP4 [rows, cols] matrix that fills the buffer, one
 //    token; bytes = packed (rows * cols / 2) + scales (rows * cols / 32).
+//  * mla_decode_gbps: cpu::mla_attention of one decode token of a K3 MLA layer (96 heads,
+//    kv_lora 512, rope 64, BF16 kv_b) over a latent cache that fills the buffer; bytes = the
+//    cache's (positions * 576 * 4). The kernel reads the cache at least twice (scores, then
+//    the probability-weighted latent), so its ratio cannot pass 0.5; with 96 heads in double
+//    precision (~90 flop per cache byte) arithmetic bounds it well below that on most machines.
 // Every figure is bytes / seconds / 1e9 (GB = 1e9 bytes) of the best timed pass after one
 // untimed warm-up pass. A ratio is a GEMV figure divided by the read figure at the SAME thread
 // count, so it says how close the kernel comes to streaming its weights at the speed the memory
 // system delivers to that many threads.
 //
-// The one buffer is reused for all three (phase 1: the BF16 matrix, read and BF16 GEMV at each
-// thread count; phase 2: the MXFP4 matrix written over it, read and MXFP4 GEMV at each thread
-// count), so the peak footprint is about buffer_bytes. mem_read_gbps is the better of the two
+// The one buffer is reused for all four figures (phase 1: the BF16 matrix, read and BF16 GEMV at
+// each thread count; phase 2: the MXFP4 matrix written over it, read and MXFP4 GEMV at each
+// thread count; phase 3: the MLA cache written over it, plus a separate 25 MB kv_b), so the peak
+// footprint is about buffer_bytes. mem_read_gbps is the better of the two
 // phases' read figures: load from other processes during one phase must not make the GEMV look
 // closer to the memory limit than it is.
 
@@ -56,7 +62,9 @@ struct KernelBenchConfig {
 struct ThreadResult {
   int threads = 0;
   double mem_read_gbps = 0, bf16_gemv_gbps = 0, mxfp4_gemv_gbps = 0;
+  double mla_decode_gbps = 0;                // 0: not measured (buffer or memory too small)
   double bf16_ratio = 0, mxfp4_ratio = 0;  // GEMV / mem_read at this thread count
+  double mla_ratio = 0;                      // mla_decode / mem_read at this thread count
 };
 
 struct KernelBenchResult {
@@ -65,6 +73,8 @@ struct KernelBenchResult {
   uint64_t buffer_bytes = 0;
   int64_t bf16_rows = 0, mxfp4_rows = 0, cols = 0;
   uint64_t bf16_bytes = 0, mxfp4_bytes = 0;  // weight bytes one GEMV reads
+  int64_t mla_positions = 0;                 // cache positions the MLA token attends
+  uint64_t mla_cache_bytes = 0;              // their latent cache bytes
   std::vector<ThreadResult> results;         // one per config thread count, same order
   std::string error;                         // non-empty: nothing was measured (e.g. no memory)
 };

@@ -313,14 +313,22 @@ void kda_recurrence(const float* q, const float* k, const float* v, const float*
 
 // ---- MLA, AttnRes, router, argmax ------------------------------------------------------------
 
-void mla_attention(const MlaDims& d, const float* q, int64_t T, const WeightMatrix& kv_b,
-                   const float* cache_c, const float* cache_r, int64_t n_past, double scale,
-                   float* out, const Exec& ex) {
+int mla_heads_per_pass(int n_heads, int64_t n_positions) {
+  // A pass holds its heads' scores (heads x positions doubles); 8 Mi doubles (64 MiB) keeps all
+  // 96 heads of K3 in one pass up to ~87k positions and a million positions in 12 passes.
+  constexpr int64_t kScoreDoubles = int64_t{8} << 20;
+  const int64_t fit = kScoreDoubles / std::max<int64_t>(1, n_positions);
+  return static_cast<int>(std::clamp<int64_t>(fit, 1, std::max(1, n_heads)));
+}
+
+void mla_attention_in_passes(const MlaDims& d, const float* q, int64_t T, const WeightMatrix& kv_b,
+                             const float* cache_c, const float* cache_r, int64_t n_past,
+                             double scale, float* out, int heads_per_pass, const Exec& ex) {
   constexpr const char* op = "mla_attention";
   const KernelTable& kt = kernel_table(ex.isa);
   KTIER_CPU_REQUIRE(op,
                     d.n_heads > 0 && d.qk_nope > 0 && d.qk_rope >= 0 && d.v_head > 0 &&
-                        d.kv_lora > 0 && T >= 0 && n_past >= 0,
+                        d.kv_lora > 0 && T >= 0 && n_past >= 0 && heads_per_pass > 0,
                     "bad dims");
   check_weight(op, kv_b);
   KTIER_CPU_REQUIRE(op, kv_b.type != WeightType::kMxfp4, "kv_b must be a float weight");
@@ -330,11 +338,57 @@ void mla_attention(const MlaDims& d, const float* q, int64_t T, const WeightMatr
                     "kv_b is [%lld, %lld], expected [%d, %d]", static_cast<long long>(kv_b.rows),
                     static_cast<long long>(kv_b.cols), d.n_heads * (d.qk_nope + d.v_head),
                     d.kv_lora);
+  if (T == 0) return;
   const MlaArgs args{d, q, T, kv_b, cache_c, cache_r, n_past, scale, out};
-  const int64_t scratch = mla_scratch_doubles(d, n_past + T);
-  parallel_for(ex.pool, T * d.n_heads, 1, [&](int64_t j0, int64_t j1) {
-    kt.mla_tasks(args, j0, j1, thread_scratch(scratch));
-  });
+  const int G = std::min(heads_per_pass, d.n_heads);
+  const int64_t L = d.kv_lora, dr = d.qk_rope, n_max = n_past + T;
+  // The pass's shared buffers (q_lat, q_rope, probs, c_hat) live on the calling thread; not in
+  // thread_scratch, which this thread also uses as a worker of the pool.
+  thread_local std::vector<double> pass_buf;
+  const int64_t c_hat_doubles = (G * L + 1) / 2;
+  const size_t need = static_cast<size_t>(G * (L + dr + n_max) + c_hat_doubles);
+  if (pass_buf.size() < need) pass_buf.resize(need);
+  MlaPass p;
+  p.q_lat = pass_buf.data();
+  p.q_rope = p.q_lat + G * L;
+  p.probs = p.q_rope + G * dr;
+  p.c_hat = reinterpret_cast<float*>(p.probs + G * n_max);
+  // Ranges: positions in runs of 64 for the scores, latent channels in 32s (whole 16-channel
+  // vectors) for the mix.
+  constexpr int64_t kScoreGrain = 64, kMixChannels = 32;
+  const int64_t n_mix = (L + kMixChannels - 1) / kMixChannels;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int h0 = 0; h0 < d.n_heads; h0 += G) {
+      p.t = t;
+      p.h0 = h0;
+      p.heads = std::min(G, d.n_heads - h0);
+      p.n_pos = n_past + t + 1;
+      parallel_for(ex.pool, p.heads, 1,
+                   [&](int64_t i0, int64_t i1) { kt.mla_query(args, p, i0, i1); });
+      parallel_for(ex.pool, p.n_pos, kScoreGrain, [&](int64_t s0, int64_t s1) {
+        kt.mla_scores(args, p, s0, s1, thread_scratch(mla_scores_scratch_doubles(d)));
+      });
+      parallel_for(ex.pool, p.heads, 1, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) num::softmax_inplace(p.probs + i * p.n_pos, p.n_pos);
+      });
+      parallel_for(ex.pool, n_mix, 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t c0 = b * kMixChannels, c1 = std::min(L, c0 + kMixChannels);
+          kt.mla_mix(args, p, c0, c1, thread_scratch(mla_mix_scratch_doubles(p.heads, c1 - c0)));
+        }
+      });
+      parallel_for(ex.pool, p.heads, 1, [&](int64_t i0, int64_t i1) {
+        kt.mla_out(args, p, i0, i1, thread_scratch(L));
+      });
+    }
+  }
+}
+
+void mla_attention(const MlaDims& d, const float* q, int64_t T, const WeightMatrix& kv_b,
+                   const float* cache_c, const float* cache_r, int64_t n_past, double scale,
+                   float* out, const Exec& ex) {
+  mla_attention_in_passes(d, q, T, kv_b, cache_c, cache_r, n_past, scale, out,
+                          mla_heads_per_pass(d.n_heads, n_past + T), ex);
 }
 
 void attnres(const float* const* src, int m, int64_t src_stride, int64_t T, int64_t n,

@@ -84,8 +84,29 @@ struct RouterArgs {
 
 // Scratch sizes (in doubles) the entry points hand to the kernels that need them.
 inline int64_t recurrence_scratch_doubles(int Dv) { return 3 * static_cast<int64_t>(Dv); }
-inline int64_t mla_scratch_doubles(const MlaDims& d, int64_t n_positions) {
-  return n_positions + 2 * static_cast<int64_t>(d.kv_lora) + 16;
+
+// One MLA pass (NUMERICS.md §8): token t of the call (position n_past + t), heads
+// [h0, h0 + heads), attending positions 0 .. n_pos - 1 (n_pos = n_past + t + 1). The buffers
+// belong to the entry point and are shared by every range of the pass; each step writes only
+// its range's part. The pass reads the latent cache twice in all (scores, then mix), whatever
+// the number of heads, instead of twice per head.
+struct MlaPass {
+  int64_t t = 0;
+  int h0 = 0, heads = 0;
+  int64_t n_pos = 0;
+  double* q_lat = nullptr;   // [heads, kv_lora]  W_UK,h^T q_nope rounded to f32, held widened
+  double* q_rope = nullptr;  // [heads, qk_rope]  the query's rope part, widened
+  double* probs = nullptr;   // [heads, n_pos]    scaled scores; the entry point softmaxes them
+  float* c_hat = nullptr;    // [heads, kv_lora]  sum_s probs_s c(s), rounded to f32
+};
+// Scratch (doubles) of mla_scores and mla_mix ranges; the mix takes latent channels
+// [c0, c1) with c1 - c0 <= max_channels.
+inline int64_t mla_scores_scratch_doubles(const MlaDims& d) {
+  return static_cast<int64_t>(d.kv_lora) + d.qk_rope;
+}
+inline constexpr int64_t kMlaMixTile = 64;  // positions per tile of mla_mix
+inline int64_t mla_mix_scratch_doubles(int heads, int64_t max_channels) {
+  return (heads + kMlaMixTile) * max_channels;
 }
 
 struct KernelTable {
@@ -109,8 +130,16 @@ struct KernelTable {
   void (*decay_gate_range)(const DecayGateArgs& a, int64_t i0, int64_t i1);
   // heads [h0, h1), all T tokens; scratch: recurrence_scratch_doubles(Dv)
   void (*recurrence_heads)(const RecurrenceArgs& a, int h0, int h1, double* scratch);
-  // tasks [j0, j1), task j = token j / H, head j % H; scratch: mla_scratch_doubles(dims, N)
-  void (*mla_tasks)(const MlaArgs& a, int64_t j0, int64_t j1, double* scratch);
+  // MLA, one pass (MlaPass) in four steps; the entry point softmaxes probs between 2 and 3.
+  // 1. heads [i0, i1) of the pass: q_lat and q_rope
+  void (*mla_query)(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1);
+  // 2. positions [s0, s1), every head of the pass: probs (the scaled scores); scratch:
+  //    mla_scores_scratch_doubles(dims)
+  void (*mla_scores)(const MlaArgs& a, const MlaPass& p, int64_t s0, int64_t s1, double* scratch);
+  // 3. latent channels [c0, c1), every head: c_hat; scratch: mla_mix_scratch_doubles(heads, c1-c0)
+  void (*mla_mix)(const MlaArgs& a, const MlaPass& p, int64_t c0, int64_t c1, double* scratch);
+  // 4. heads [i0, i1) of the pass: their rows of out; scratch: kv_lora doubles
+  void (*mla_out)(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1, double* scratch);
   // tokens [t0, t1); scratch: m doubles
   void (*attnres_tokens)(const AttnResArgs& a, int64_t t0, int64_t t1, double* scratch);
   // tokens [t0, t1); scratch: 2 * n_experts doubles

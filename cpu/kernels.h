@@ -132,10 +132,22 @@ void kda_recurrence(const float* q, const float* k, const float* v, const float*
 //   token t attends cache positions 0 .. n_past+t (causal); scale is 1/sqrt(nope+rope)
 //   out     [T, H*v]           o_h = W_UV,h * sum_s softmax_s(score_h(s)) c(s)  (before the gate)
 // A token's output depends only on its own query and positions 0..n_past+t, so prefill of any
-// chunking and decode give identical bytes. Threaded over (token, head).
+// chunking and decode give identical bytes. Each token runs in passes over groups of heads (all
+// of them unless their scores would pass 64 MiB: mla_heads_per_pass); a pass reads the cache
+// once for the scores (threaded over positions) and once for the weighted latent (threaded over
+// latent channels), whatever the number of heads. Neither the grouping nor the threading
+// changes a byte. Uses a per-calling-thread buffer of heads x (kv_lora + rope + N) doubles.
 void mla_attention(const MlaDims& dims, const float* q, int64_t T, const WeightMatrix& kv_b,
                    const float* cache_c, const float* cache_r, int64_t n_past, double scale,
                    float* out, const Exec& ex);
+// Heads per pass mla_attention uses for n_positions (= n_past + T) cached positions.
+int mla_heads_per_pass(int n_heads, int64_t n_positions);
+// mla_attention with an explicit heads_per_pass (>= 1; more than n_heads means all): for tests
+// that the grouping leaves every byte as it is.
+void mla_attention_in_passes(const MlaDims& dims, const float* q, int64_t T,
+                             const WeightMatrix& kv_b, const float* cache_c, const float* cache_r,
+                             int64_t n_past, double scale, float* out, int heads_per_pass,
+                             const Exec& ex);
 
 // ---------------------------------------------------------------------------------------------
 // (j) AttnRes aggregation (K3-MODEL §6.0)                                  NUMERICS.md §9

@@ -147,48 +147,41 @@ void recurrence_heads_ref(const RecurrenceArgs& a, int h0, int h1, double* scrat
 namespace {
 
 template <class Wt>
-void mla_tasks_typed_ref(const MlaArgs& a, int64_t j0, int64_t j1, double* scratch) {
+void mla_query_typed_ref(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1) {
   const MlaDims& m = a.dims;
   const int64_t H = m.n_heads, dn = m.qk_nope, dr = m.qk_rope, dv = m.v_head, L = m.kv_lora;
   const auto* w = static_cast<const typename Wt::Storage*>(a.kv_b.data);
-  double* scores = scratch;                          // [n_past + T]
-  double* acc = scratch + a.n_past + a.T;            // [L]
-  float* q_lat = reinterpret_cast<float*>(acc + L);  // [L]
-  float* c_hat = q_lat + L;                          // [L]
-  for (int64_t j = j0; j < j1; ++j) {
-    const int64_t t = j / H, h = j % H, n_pos = a.n_past + t + 1;
-    const float* q_n = a.q + (t * H + h) * (dn + dr);
-    const float* q_r = q_n + dn;
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t h = p.h0 + i;
+    const float* q_n = a.q + (p.t * H + h) * (dn + dr);
     const typename Wt::Storage* w_uk = w + h * (dn + dv) * L;
-    const typename Wt::Storage* w_uv = w_uk + dn * L;
     // q_lat = W_UK,h^T q_n: per column c, a sum over the nope index in increasing order.
+    double* acc = p.q_lat + i * L;
     for (int64_t c = 0; c < L; ++c) acc[c] = 0.0;
-    for (int64_t i = 0; i < dn; ++i) {
-      const double qi = D(q_n[i]);
-      for (int64_t c = 0; c < L; ++c) acc[c] += Wt::wide(w_uk[i * L + c]) * qi;
+    for (int64_t k = 0; k < dn; ++k) {
+      const double qk = D(q_n[k]);
+      for (int64_t c = 0; c < L; ++c) acc[c] += Wt::wide(w_uk[k * L + c]) * qk;
     }
-    for (int64_t c = 0; c < L; ++c) q_lat[c] = F(acc[c]);
-    // Scores over positions 0..n_past+t, softmax in double.
-    for (int64_t s = 0; s < n_pos; ++s) {
-      const double dot =
-          num::dot16_f32(q_lat, a.cache_c + s * L, L) + num::dot16_f32(q_r, a.cache_r + s * dr, dr);
-      scores[s] = dot * a.scale;
-    }
-    num::softmax_inplace(scores, n_pos);
-    // c_hat = sum_s pi_s c(s), in position order.
-    for (int64_t c = 0; c < L; ++c) acc[c] = 0.0;
-    for (int64_t s = 0; s < n_pos; ++s) {
-      const double p = scores[s];
-      const float* cs = a.cache_c + s * L;
-      for (int64_t c = 0; c < L; ++c) acc[c] += p * D(cs[c]);
-    }
-    for (int64_t c = 0; c < L; ++c) c_hat[c] = F(acc[c]);
+    for (int64_t c = 0; c < L; ++c) acc[c] = D(F(acc[c]));
+    for (int64_t k = 0; k < dr; ++k) p.q_rope[i * dr + k] = D(q_n[dn + k]);
+  }
+}
+
+template <class Wt>
+void mla_out_typed_ref(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1,
+                       double* scratch) {
+  const MlaDims& m = a.dims;
+  const int64_t H = m.n_heads, dn = m.qk_nope, dv = m.v_head, L = m.kv_lora;
+  const auto* w = static_cast<const typename Wt::Storage*>(a.kv_b.data);
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t h = p.h0 + i;
+    const typename Wt::Storage* w_uv = w + h * (dn + dv) * L + dn * L;
     // o_h = W_UV,h c_hat: ordinary dot16 rows.
-    for (int64_t c = 0; c < L; ++c) acc[c] = D(c_hat[c]);
-    float* out = a.out + (t * H + h) * dv;
+    for (int64_t c = 0; c < L; ++c) scratch[c] = D(p.c_hat[i * L + c]);
+    float* out = a.out + (p.t * H + h) * dv;
     for (int64_t r = 0; r < dv; ++r) {
       double lane[num::kDotLanes] = {};
-      num::dot16_accumulate<Wt>(lane, w_uv + r * L, acc, 0, L);
+      num::dot16_accumulate<Wt>(lane, w_uv + r * L, scratch, 0, L);
       out[r] = F(num::tree16(lane));
     }
   }
@@ -196,11 +189,49 @@ void mla_tasks_typed_ref(const MlaArgs& a, int64_t j0, int64_t j1, double* scrat
 
 }  // namespace
 
-void mla_tasks_ref(const MlaArgs& a, int64_t j0, int64_t j1, double* scratch) {
+void mla_query_ref(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1) {
   switch (a.kv_b.type) {
-    case WeightType::kF32: return mla_tasks_typed_ref<num::F32Weights>(a, j0, j1, scratch);
-    case WeightType::kBF16: return mla_tasks_typed_ref<num::Bf16Weights>(a, j0, j1, scratch);
-    case WeightType::kF16: return mla_tasks_typed_ref<num::F16Weights>(a, j0, j1, scratch);
+    case WeightType::kF32: return mla_query_typed_ref<num::F32Weights>(a, p, i0, i1);
+    case WeightType::kBF16: return mla_query_typed_ref<num::Bf16Weights>(a, p, i0, i1);
+    case WeightType::kF16: return mla_query_typed_ref<num::F16Weights>(a, p, i0, i1);
+    case WeightType::kMxfp4: return;  // rejected at the entry point
+  }
+}
+
+// score_h(s) = (q_lat . c(s) + q_rope . r(s)) * scale, each dot a dot16 of exact products.
+void mla_scores_ref(const MlaArgs& a, const MlaPass& p, int64_t s0, int64_t s1, double*) {
+  const int64_t dr = a.dims.qk_rope, L = a.dims.kv_lora;
+  for (int64_t s = s0; s < s1; ++s) {
+    const float* cs = a.cache_c + s * L;
+    const float* rs = a.cache_r + s * dr;
+    for (int64_t i = 0; i < p.heads; ++i) {
+      double lc[num::kDotLanes] = {}, lr[num::kDotLanes] = {};
+      num::dot16_accumulate<num::F32Weights>(lc, cs, p.q_lat + i * L, 0, L);
+      num::dot16_accumulate<num::F32Weights>(lr, rs, p.q_rope + i * dr, 0, dr);
+      p.probs[i * p.n_pos + s] = (num::tree16(lc) + num::tree16(lr)) * a.scale;
+    }
+  }
+}
+
+// c_hat_h[c] = sum_s probs_h(s) c(s)[c], in position order; probs_s * c(s) is rounded before
+// the add (no FMA).
+void mla_mix_ref(const MlaArgs& a, const MlaPass& p, int64_t c0, int64_t c1, double*) {
+  const int64_t L = a.dims.kv_lora;
+  for (int64_t i = 0; i < p.heads; ++i) {
+    const double* pr = p.probs + i * p.n_pos;
+    for (int64_t c = c0; c < c1; ++c) {
+      double acc = 0.0;
+      for (int64_t s = 0; s < p.n_pos; ++s) acc += pr[s] * D(a.cache_c[s * L + c]);
+      p.c_hat[i * L + c] = F(acc);
+    }
+  }
+}
+
+void mla_out_ref(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1, double* scratch) {
+  switch (a.kv_b.type) {
+    case WeightType::kF32: return mla_out_typed_ref<num::F32Weights>(a, p, i0, i1, scratch);
+    case WeightType::kBF16: return mla_out_typed_ref<num::Bf16Weights>(a, p, i0, i1, scratch);
+    case WeightType::kF16: return mla_out_typed_ref<num::F16Weights>(a, p, i0, i1, scratch);
     case WeightType::kMxfp4: return;  // rejected at the entry point
   }
 }
@@ -279,8 +310,9 @@ int64_t argmax_ref(const float* x, int64_t n) {
 const KernelTable kRefKernels = {
     linear_rows_ref,         rmsnorm_rows_ref,       l2norm_rows_ref,      situ_glu_range_ref,
     sigmoid_range_ref,       sigmoid_gate_range_ref, add_range_ref,        weighted_sum_range_ref,
-    short_conv_channels_ref, decay_gate_range_ref,   recurrence_heads_ref, mla_tasks_ref,
-    attnres_tokens_ref,      router_tokens_ref,      argmax_ref,
+    short_conv_channels_ref, decay_gate_range_ref,   recurrence_heads_ref, mla_query_ref,
+    mla_scores_ref,          mla_mix_ref,            mla_out_ref,          attnres_tokens_ref,
+    router_tokens_ref,       argmax_ref,
 };
 
 }  // namespace ktier::cpu

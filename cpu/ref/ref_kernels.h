@@ -22,7 +22,10 @@ void weighted_sum_range_ref(const float* const* vec, const float* weight, int k,
 void short_conv_channels_ref(const ShortConvArgs& a, int64_t c0, int64_t c1);
 void decay_gate_range_ref(const DecayGateArgs& a, int64_t i0, int64_t i1);
 void recurrence_heads_ref(const RecurrenceArgs& a, int h0, int h1, double* scratch);
-void mla_tasks_ref(const MlaArgs& a, int64_t j0, int64_t j1, double* scratch);
+void mla_query_ref(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1);
+void mla_scores_ref(const MlaArgs& a, const MlaPass& p, int64_t s0, int64_t s1, double* scratch);
+void mla_mix_ref(const MlaArgs& a, const MlaPass& p, int64_t c0, int64_t c1, double* scratch);
+void mla_out_ref(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1, double* scratch);
 void attnres_tokens_ref(const AttnResArgs& a, int64_t t0, int64_t t1, double* scratch);
 void router_tokens_ref(const RouterArgs& a, int64_t t0, int64_t t1, double* scratch);
 int64_t argmax_ref(const float* x, int64_t n);

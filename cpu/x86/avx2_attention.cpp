@@ -91,77 +91,186 @@ void recurrence_heads_avx2(const RecurrenceArgs& a, int h0, int h1, double* scra
 
 namespace {
 
+// a . b for f32 values already widened to double, with dot16's lanes (the products are exact).
+static inline double dot16_wide(const double* a, const double* b, int64_t n) {
+  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                    _mm256_setzero_pd()};
+  const int64_t n16 = n & ~int64_t{15};
+  for (int64_t i = 0; i < n16; i += 16) {
+    for (int qd = 0; qd < 4; ++qd)
+      acc[qd] = _mm256_fmadd_pd(_mm256_loadu_pd(a + i + 4 * qd), _mm256_loadu_pd(b + i + 4 * qd),
+                                acc[qd]);
+  }
+  double lane[16];
+  store_lanes16(lane, acc);
+  for (int64_t i = n16; i < n; ++i) lane[i & 15] += a[i] * b[i];
+  return num::tree16(lane);
+}
+
+static inline void widen(const float* x, int64_t n, double* out) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) _mm256_storeu_pd(out + i, load4(x + i));
+  for (; i < n; ++i) out[i] = D(x[i]);
+}
+
 template <class A>
-void mla_tasks_typed(const MlaArgs& a, int64_t j0, int64_t j1, double* scratch) {
+void mla_query_typed(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1) {
   const MlaDims& m = a.dims;
   const int64_t H = m.n_heads, dn = m.qk_nope, dr = m.qk_rope, dv = m.v_head, L = m.kv_lora;
   const int64_t L16 = L & ~int64_t{15};
   const auto* W = static_cast<const typename A::Storage*>(a.kv_b.data);
-  double* scores = scratch;
-  double* acc = scratch + a.n_past + a.T;
-  float* q_lat = reinterpret_cast<float*>(acc + L);
-  float* c_hat = q_lat + L;
-  for (int64_t j = j0; j < j1; ++j) {
-    const int64_t t = j / H, h = j % H, n_pos = a.n_past + t + 1;
-    const float* q_n = a.q + (t * H + h) * (dn + dr);
-    const float* q_r = q_n + dn;
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t h = p.h0 + i;
+    const float* q_n = a.q + (p.t * H + h) * (dn + dr);
     const typename A::Storage* w_uk = W + h * (dn + dv) * L;
-    const typename A::Storage* w_uv = w_uk + dn * L;
-    // q_lat: 16 columns at a time in registers, summing over the nope index in order.
+    double* q_lat = p.q_lat + i * L;
+    // 16 columns at a time in registers, summing over the nope index in order.
     for (int64_t c = 0; c < L16; c += 16) {
       __m256d s[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
                       _mm256_setzero_pd()};
-      for (int64_t i = 0; i < dn; ++i) {
-        const __m256d qi = bcast(D(q_n[i]));
-        const __m256 w0 = A::load8(w_uk + i * L + c), w1 = A::load8(w_uk + i * L + c + 8);
-        s[0] = _mm256_fmadd_pd(lo4(w0), qi, s[0]);
-        s[1] = _mm256_fmadd_pd(hi4(w0), qi, s[1]);
-        s[2] = _mm256_fmadd_pd(lo4(w1), qi, s[2]);
-        s[3] = _mm256_fmadd_pd(hi4(w1), qi, s[3]);
+      for (int64_t k = 0; k < dn; ++k) {
+        const __m256d qk = bcast(D(q_n[k]));
+        const __m256 w0 = A::load8(w_uk + k * L + c), w1 = A::load8(w_uk + k * L + c + 8);
+        s[0] = _mm256_fmadd_pd(lo4(w0), qk, s[0]);
+        s[1] = _mm256_fmadd_pd(hi4(w0), qk, s[1]);
+        s[2] = _mm256_fmadd_pd(lo4(w1), qk, s[2]);
+        s[3] = _mm256_fmadd_pd(hi4(w1), qk, s[3]);
       }
-      for (int qd = 0; qd < 4; ++qd) store4(q_lat + c + 4 * qd, s[qd]);
+      // Rounded to f32 (the spec's q_lat), then held widened for the score dots.
+      for (int qd = 0; qd < 4; ++qd)
+        _mm256_storeu_pd(q_lat + c + 4 * qd, _mm256_cvtps_pd(_mm256_cvtpd_ps(s[qd])));
     }
     for (int64_t c = L16; c < L; ++c) {
       double sc = 0.0;
-      for (int64_t i = 0; i < dn; ++i) sc += A::Scalar::wide(w_uk[i * L + c]) * D(q_n[i]);
-      q_lat[c] = F(sc);
+      for (int64_t k = 0; k < dn; ++k) sc += A::Scalar::wide(w_uk[k * L + c]) * D(q_n[k]);
+      q_lat[c] = D(F(sc));
     }
-    for (int64_t s = 0; s < n_pos; ++s) {
-      const double dot =
-          dot16_f32(q_lat, a.cache_c + s * L, L) + dot16_f32(q_r, a.cache_r + s * dr, dr);
-      scores[s] = dot * a.scale;
-    }
-    num::softmax_inplace(scores, n_pos);
-    // c_hat: pi_s * c(s) is not exact, so multiply then add (no FMA).
-    for (int64_t c = 0; c < L16; c += 16) {
-      __m256d s4[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
-                       _mm256_setzero_pd()};
-      for (int64_t s = 0; s < n_pos; ++s) {
-        const __m256d p = bcast(scores[s]);
-        const float* cs = a.cache_c + s * L + c;
-        for (int qd = 0; qd < 4; ++qd)
-          s4[qd] = _mm256_add_pd(s4[qd], _mm256_mul_pd(p, load4(cs + 4 * qd)));
-      }
-      for (int qd = 0; qd < 4; ++qd) store4(c_hat + c + 4 * qd, s4[qd]);
-    }
-    for (int64_t c = L16; c < L; ++c) {
-      double sc = 0.0;
-      for (int64_t s = 0; s < n_pos; ++s) sc += scores[s] * D(a.cache_c[s * L + c]);
-      c_hat[c] = F(sc);
-    }
-    for (int64_t c = 0; c < L; ++c) acc[c] = D(c_hat[c]);
-    float* out = a.out + (t * H + h) * dv;
+    widen(q_n + dn, dr, p.q_rope + i * dr);
+  }
+}
+
+template <class A>
+void mla_out_typed(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1, double* acc) {
+  const MlaDims& m = a.dims;
+  const int64_t H = m.n_heads, dn = m.qk_nope, dv = m.v_head, L = m.kv_lora;
+  const auto* W = static_cast<const typename A::Storage*>(a.kv_b.data);
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t h = p.h0 + i;
+    const typename A::Storage* w_uv = W + h * (dn + dv) * L + dn * L;
+    widen(p.c_hat + i * L, L, acc);
+    float* out = a.out + (p.t * H + h) * dv;
     for (int64_t r = 0; r < dv; ++r) out[r] = F(dot16_row<A>(w_uv + r * L, acc, L));
   }
 }
 
 }  // namespace
 
-void mla_tasks_avx2(const MlaArgs& a, int64_t j0, int64_t j1, double* scratch) {
+void mla_query_avx2(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1) {
   switch (a.kv_b.type) {
-    case WeightType::kF32: return mla_tasks_typed<F32Weights>(a, j0, j1, scratch);
-    case WeightType::kBF16: return mla_tasks_typed<Bf16Weights>(a, j0, j1, scratch);
-    case WeightType::kF16: return mla_tasks_typed<F16Weights>(a, j0, j1, scratch);
+    case WeightType::kF32: return mla_query_typed<F32Weights>(a, p, i0, i1);
+    case WeightType::kBF16: return mla_query_typed<Bf16Weights>(a, p, i0, i1);
+    case WeightType::kF16: return mla_query_typed<F16Weights>(a, p, i0, i1);
+    case WeightType::kMxfp4: return;  // rejected at the entry point
+  }
+}
+
+// Each cached position is widened once into scratch and then dotted with every head's query,
+// so the cache is read once per pass rather than once per head. Heads go two at a time: eight
+// independent accumulators (two heads x dot16's four lane quads) share each load of the cache.
+void mla_scores_avx2(const MlaArgs& a, const MlaPass& p, int64_t s0, int64_t s1,
+                     double* scratch) {
+  const int64_t dr = a.dims.qk_rope, L = a.dims.kv_lora, L16 = L & ~int64_t{15};
+  double* cw = scratch;
+  double* rw = scratch + L;
+  for (int64_t s = s0; s < s1; ++s) {
+    widen(a.cache_c + s * L, L, cw);
+    widen(a.cache_r + s * dr, dr, rw);
+    int64_t i = 0;
+    for (; i + 2 <= p.heads; i += 2) {
+      const double* qa = p.q_lat + i * L;
+      const double* qb = qa + L;
+      __m256d va[4], vb[4];
+      #pragma GCC unroll 8
+      for (int qd = 0; qd < 4; ++qd) va[qd] = vb[qd] = _mm256_setzero_pd();
+      for (int64_t k = 0; k < L16; k += 16) {
+        #pragma GCC unroll 8
+        for (int qd = 0; qd < 4; ++qd) {
+          const __m256d c = _mm256_loadu_pd(cw + k + 4 * qd);
+          va[qd] = _mm256_fmadd_pd(_mm256_loadu_pd(qa + k + 4 * qd), c, va[qd]);
+          vb[qd] = _mm256_fmadd_pd(_mm256_loadu_pd(qb + k + 4 * qd), c, vb[qd]);
+        }
+      }
+      double la[16], lb[16];
+      store_lanes16(la, va);
+      store_lanes16(lb, vb);
+      for (int64_t k = L16; k < L; ++k) {
+        la[k & 15] += qa[k] * cw[k];
+        lb[k & 15] += qb[k] * cw[k];
+      }
+      const double* ra = p.q_rope + i * dr;
+      p.probs[i * p.n_pos + s] = (num::tree16(la) + dot16_wide(ra, rw, dr)) * a.scale;
+      p.probs[(i + 1) * p.n_pos + s] = (num::tree16(lb) + dot16_wide(ra + dr, rw, dr)) * a.scale;
+    }
+    for (; i < p.heads; ++i) {
+      const double dot = dot16_wide(p.q_lat + i * L, cw, L) + dot16_wide(p.q_rope + i * dr, rw, dr);
+      p.probs[i * p.n_pos + s] = dot * a.scale;
+    }
+  }
+}
+
+// Tiles of kMlaMixTile positions: a tile's channels [c0, c1) are widened once into scratch and
+// stay in L1 while every head of the pass adds its share. Each head's sum over positions still
+// runs in increasing s (the partial sums live in scratch between tiles), and probs_s * c(s) is
+// rounded before the add (no FMA), as in the scalar kernel. 32 channels at a time give eight
+// independent add chains.
+void mla_mix_avx2(const MlaArgs& a, const MlaPass& p, int64_t c0, int64_t c1, double* scratch) {
+  const int64_t L = a.dims.kv_lora, W = c1 - c0;
+  double* acc = scratch;                 // [heads, W]
+  double* tile = scratch + p.heads * W;  // [kMlaMixTile, W]
+  for (int64_t k = 0; k < p.heads * W; ++k) acc[k] = 0.0;
+  for (int64_t s0 = 0; s0 < p.n_pos; s0 += kMlaMixTile) {
+    const int64_t n = p.n_pos - s0 < kMlaMixTile ? p.n_pos - s0 : kMlaMixTile;
+    for (int64_t s = 0; s < n; ++s) widen(a.cache_c + (s0 + s) * L + c0, W, tile + s * W);
+    for (int64_t i = 0; i < p.heads; ++i) {
+      const double* pr = p.probs + i * p.n_pos + s0;
+      double* ai = acc + i * W;
+      int64_t c = 0;
+      for (; c + 32 <= W; c += 32) {
+        __m256d v[8];
+        #pragma GCC unroll 8
+        for (int qd = 0; qd < 8; ++qd) v[qd] = _mm256_loadu_pd(ai + c + 4 * qd);
+        for (int64_t s = 0; s < n; ++s) {
+          const __m256d ps = bcast(pr[s]);
+          const double* ts = tile + s * W + c;
+          #pragma GCC unroll 8
+          for (int qd = 0; qd < 8; ++qd)
+            v[qd] = _mm256_add_pd(v[qd], _mm256_mul_pd(ps, _mm256_loadu_pd(ts + 4 * qd)));
+        }
+        #pragma GCC unroll 8
+        for (int qd = 0; qd < 8; ++qd) _mm256_storeu_pd(ai + c + 4 * qd, v[qd]);
+      }
+      for (; c + 4 <= W; c += 4) {
+        __m256d v = _mm256_loadu_pd(ai + c);
+        for (int64_t s = 0; s < n; ++s)
+          v = _mm256_add_pd(v, _mm256_mul_pd(bcast(pr[s]), _mm256_loadu_pd(tile + s * W + c)));
+        _mm256_storeu_pd(ai + c, v);
+      }
+      for (; c < W; ++c) {
+        double x = ai[c];
+        for (int64_t s = 0; s < n; ++s) x += pr[s] * tile[s * W + c];
+        ai[c] = x;
+      }
+    }
+  }
+  for (int64_t i = 0; i < p.heads; ++i)
+    for (int64_t c = 0; c < W; ++c) p.c_hat[i * L + c0 + c] = F(acc[i * W + c]);
+}
+
+void mla_out_avx2(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1, double* scratch) {
+  switch (a.kv_b.type) {
+    case WeightType::kF32: return mla_out_typed<F32Weights>(a, p, i0, i1, scratch);
+    case WeightType::kBF16: return mla_out_typed<Bf16Weights>(a, p, i0, i1, scratch);
+    case WeightType::kF16: return mla_out_typed<F16Weights>(a, p, i0, i1, scratch);
     case WeightType::kMxfp4: return;  // rejected at the entry point
   }
 }
@@ -206,7 +315,8 @@ const KernelTable kAvx2Kernels = {
     avx2::linear_rows_avx2,      avx2::rmsnorm_rows_avx2,       avx2::l2norm_rows_avx2,
     avx2::situ_glu_range_avx2,   avx2::sigmoid_range_avx2,      avx2::sigmoid_gate_range_avx2,
     avx2::add_range_avx2,        avx2::weighted_sum_range_avx2, avx2::short_conv_channels_avx2,
-    avx2::decay_gate_range_avx2, avx2::recurrence_heads_avx2,   avx2::mla_tasks_avx2,
+    avx2::decay_gate_range_avx2, avx2::recurrence_heads_avx2,   avx2::mla_query_avx2,
+    avx2::mla_scores_avx2,       avx2::mla_mix_avx2,            avx2::mla_out_avx2,
     avx2::attnres_tokens_avx2,   avx2::router_tokens_avx2,      avx2::argmax_avx2,
 };
 

@@ -22,7 +22,10 @@ void weighted_sum_range_avx2(const float* const* vec, const float* weight, int k
 void short_conv_channels_avx2(const ShortConvArgs& a, int64_t c0, int64_t c1);
 void decay_gate_range_avx2(const DecayGateArgs& a, int64_t i0, int64_t i1);
 void recurrence_heads_avx2(const RecurrenceArgs& a, int h0, int h1, double* scratch);
-void mla_tasks_avx2(const MlaArgs& a, int64_t j0, int64_t j1, double* scratch);
+void mla_query_avx2(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1);
+void mla_scores_avx2(const MlaArgs& a, const MlaPass& p, int64_t s0, int64_t s1, double* scratch);
+void mla_mix_avx2(const MlaArgs& a, const MlaPass& p, int64_t c0, int64_t c1, double* scratch);
+void mla_out_avx2(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1, double* scratch);
 void attnres_tokens_avx2(const AttnResArgs& a, int64_t t0, int64_t t1, double* scratch);
 void router_tokens_avx2(const RouterArgs& a, int64_t t0, int64_t t1, double* scratch);
 int64_t argmax_avx2(const float* x, int64_t n);

@@ -39,9 +39,14 @@ struct KernelsOptions {
   std::string isa = "auto";
 };
 
+// ratio < 0: the row has none (memory read itself); goal <= 0: a ratio without a goal.
 void print_row(const char* what, int threads, double gbps, double ratio, double goal) {
-  if (goal <= 0) {
+  if (ratio < 0) {
     std::printf("%-12s %7d %10.2f %7s %7s\n", what, threads, gbps, "-", "-");
+    return;
+  }
+  if (goal <= 0) {
+    std::printf("%-12s %7d %10.2f %7.3f %7s\n", what, threads, gbps, ratio, "-");
     return;
   }
   std::printf("%-12s %7d %10.2f %7.3f  >=%.2f  %s\n", what, threads, gbps, ratio, goal,
@@ -57,7 +62,9 @@ nlohmann::json to_json(const bench::KernelBenchResult& r, uint64_t llc, const st
                     {"bf16_gemv_gbps", t.bf16_gemv_gbps},
                     {"bf16_ratio", t.bf16_ratio},
                     {"mxfp4_gemv_gbps", t.mxfp4_gemv_gbps},
-                    {"mxfp4_ratio", t.mxfp4_ratio}});
+                    {"mxfp4_ratio", t.mxfp4_ratio},
+                    {"mla_decode_gbps", t.mla_decode_gbps},
+                    {"mla_ratio", t.mla_ratio}});
   const bench::ThreadResult& all = r.results.back();  // the largest thread count
   return {{"mem_read_gbps", all.mem_read_gbps},
           {"threads", all.threads},
@@ -65,6 +72,10 @@ nlohmann::json to_json(const bench::KernelBenchResult& r, uint64_t llc, const st
           {"bf16_ratio", all.bf16_ratio},
           {"mxfp4_gemv_gbps", all.mxfp4_gemv_gbps},
           {"mxfp4_ratio", all.mxfp4_ratio},
+          {"mla_decode_gbps", all.mla_decode_gbps},
+          {"mla_ratio", all.mla_ratio},
+          {"mla_positions", r.mla_positions},
+          {"mla_cache_bytes", r.mla_cache_bytes},
           {"results", list},
           {"isa", r.isa},
           {"llc_bytes", llc},
@@ -134,13 +145,19 @@ Status run_kernels(const KernelsOptions& o) {
               static_cast<long long>(r.bf16_rows), static_cast<long long>(r.cols),
               r.bf16_bytes / 1048576.0, static_cast<long long>(r.mxfp4_rows),
               static_cast<long long>(r.cols), r.mxfp4_bytes / 1048576.0, cfg.reps);
-  std::printf("ratio = GEMV weight GB/s / memory read GB/s at the same thread count "
-              "(GB = 1e9 bytes)\n\n");
+  if (r.mla_positions > 0)
+    std::printf("mla decode: one token, K3 MLA layer (96 heads), %lld cached positions, %.1f MiB "
+                "of latent cache\n",
+                static_cast<long long>(r.mla_positions), r.mla_cache_bytes / 1048576.0);
+  std::printf("ratio = GEMV weight (or MLA cache) GB/s / memory read GB/s at the same thread "
+              "count (GB = 1e9 bytes)\n\n");
   std::printf("%-12s %7s %10s %7s %7s\n", "what", "threads", "GB/s", "ratio", "goal");
   for (const bench::ThreadResult& t : r.results) {
-    print_row("memory read", t.threads, t.mem_read_gbps, 0, 0);
+    print_row("memory read", t.threads, t.mem_read_gbps, -1, 0);
     print_row("bf16 gemv", t.threads, t.bf16_gemv_gbps, t.bf16_ratio, kGoalBf16);
     print_row("mxfp4 gemv", t.threads, t.mxfp4_gemv_gbps, t.mxfp4_ratio, kGoalMxfp4);
+    if (t.mla_decode_gbps > 0)
+      print_row("mla decode", t.threads, t.mla_decode_gbps, t.mla_ratio, 0);
   }
 
   if (json_out.is_open()) {

@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <tuple>
 
 #include "cpu/kernels.h"
+#include "cpu/thread_pool.h"
 #include "op_cases.h"
 #include "test_support.h"
 
@@ -86,6 +88,58 @@ TEST_P(ThreadInvariance, OneTwoThreeThreadsWriteIdenticalBytes) {
   EXPECT_GT(threaded, 20);
 }
 INSTANTIATE_TEST_SUITE_P(Isas, ThreadInvariance, ::testing::ValuesIn(kAllIsas), IsaParamName());
+
+// MLA runs each token in passes over groups of heads (mla_heads_per_pass): every grouping, at 1
+// and 3 threads, writes the bytes of the scalar kernels in one pass. 7 heads: pairs and a single
+// in the score kernel; 150 positions: several mix tiles; 97 latent channels: a partial range.
+TEST_P(ThreadInvariance, MlaHeadGroupingWritesIdenticalBytes) {
+  const Isa isa = GetParam();
+  if (!isa_supported(isa)) GTEST_SKIP() << skip_reason(isa);
+  std::mt19937_64 rng(91);
+  MlaDims d;
+  d.n_heads = 7;
+  d.qk_nope = 13;
+  d.qk_rope = 4;
+  d.v_head = 6;
+  d.kv_lora = 97;
+  const int64_t T = 3, n_past = 147, N = n_past + T;
+  // Well-scaled inputs (not random_floats' wide exponents): the softmax stays spread over many
+  // positions, so a wrong score anywhere shows in the output.
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  auto uniform = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = unit(rng);
+    return v;
+  };
+  const int64_t kv_rows = int64_t{d.n_heads} * (d.qk_nope + d.v_head);
+  const std::vector<float> w = uniform(kv_rows * d.kv_lora);
+  const WeightMatrix kv_b{WeightType::kF32, w.data(), nullptr, kv_rows, d.kv_lora};
+  const std::vector<float> q = uniform(T * d.n_heads * (d.qk_nope + d.qk_rope));
+  const std::vector<float> c = uniform(N * d.kv_lora);
+  const std::vector<float> r = uniform(N * d.qk_rope);
+  const int64_t n_out = T * d.n_heads * d.v_head;
+  auto run = [&](int heads_per_pass, const Exec& ex) {
+    std::vector<float> out(static_cast<size_t>(n_out));
+    poison(out.data(), n_out);
+    mla_attention_in_passes(d, q.data(), T, kv_b, c.data(), r.data(), n_past, 0.02, out.data(),
+                            heads_per_pass, ex);
+    EXPECT_EQ(count_poison(out.data(), n_out), 0) << heads_per_pass << " heads per pass";
+    return out;
+  };
+  const std::vector<float> base = run(d.n_heads, Exec{nullptr, Isa::kScalar});
+  ThreadPool p3(3);
+  for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &p3}) {
+    for (int g : {1, 2, 3, 6, 7, 100}) {
+      const std::vector<float> out = run(g, Exec{pool, isa});
+      EXPECT_EQ(compare_bits(base.data(), out.data(), n_out), "")
+          << g << " heads per pass, " << (pool ? 3 : 1) << " thread(s)";
+    }
+  }
+  // The default grouping keeps every head in one pass until the scores would pass 64 MiB.
+  EXPECT_EQ(mla_heads_per_pass(96, 4096), 96);
+  EXPECT_EQ(mla_heads_per_pass(96, int64_t{1} << 20), 8);
+  EXPECT_EQ(mla_heads_per_pass(96, int64_t{1} << 30), 1);
+}
 
 // The pool itself: every index covered exactly once, for odd sizes and grains, nested calls inline.
 TEST(ThreadPool, CoversEachIndexOnce) {

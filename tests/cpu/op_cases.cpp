@@ -309,6 +309,33 @@ std::vector<OpCase> make_op_cases(const CaseOptions& opt) {
     }
   }
 
+  // (i') MLA over a long history: several mix tiles, an odd head count (pairs and a single in
+  // the score kernel), latent widths with and without whole 32-channel mix ranges.
+  for (int64_t L : opt.large ? std::vector<int64_t>{512} : std::vector<int64_t>{97, 64}) {
+    for (WeightType type : {WeightType::kF32, WeightType::kBF16}) {
+      MlaDims d;
+      d.n_heads = opt.large ? 7 : 5;
+      d.qk_nope = 19;
+      d.qk_rope = 6;
+      d.v_head = 11;
+      d.kv_lora = static_cast<int>(L);
+      const int64_t T = 2, n_past = opt.large ? 300 : 150, N = n_past + T;
+      auto w = random_weight(*g, type, static_cast<int64_t>(d.n_heads) * (d.qk_nope + d.v_head), L);
+      auto q =
+          std::make_shared<std::vector<float>>(g->floats(T * d.n_heads * (d.qk_nope + d.qk_rope)));
+      auto c = std::make_shared<std::vector<float>>(g->floats(N * L));
+      auto r = std::make_shared<std::vector<float>>(g->floats(N * d.qk_rope));
+      cases.push_back({"mla_attention long history L=" + std::to_string(L) + " " +
+                           weight_type_name(type),
+                       true,
+                       {T * d.n_heads * d.v_head},
+                       [=](const Exec& ex, const std::vector<float*>& o) {
+                         mla_attention(d, q->data(), T, w->view, c->data(), r->data(), n_past,
+                                       1.0 / std::sqrt(25.0), o[0], ex);
+                       }});
+    }
+  }
+
   // (j) AttnRes with 1, 2 and 9 sources.
   for (int64_t n : widths) {
     for (int m : {1, 2, 9}) {
