@@ -75,13 +75,16 @@ void check_weight(const char* op, const WeightMatrix& w) {
 // ---- ISA selection ---------------------------------------------------------------------------
 
 #if KTIER_CPU_HAVE_AVX512
-// The AVX-512 set: only linear has its own kernel; every other op reuses the AVX2 one.
+// The AVX-512 set: linear and MLA's cache-reading steps have their own kernels; every other op
+// reuses the AVX2 one.
 // (A function-local static, so it is ready whenever the first op runs.)
 namespace {
 const KernelTable& avx512_kernels() {
   static const KernelTable table = [] {
     KernelTable t = kAvx2Kernels;
     t.linear_rows = avx512::linear_rows_avx512;
+    t.mla_scores = avx512::mla_scores_avx512;
+    t.mla_mix = avx512::mla_mix_avx512;
     return t;
   }();
   return table;

@@ -4,8 +4,8 @@
 // Each op's entry point (cpu/dispatch_*.cpp) validates its arguments, prepares scratch, splits
 // the work over the thread pool and calls one of these range kernels per range. The scalar table
 // (cpu/ref/*, the `_ref` kernels), the AVX2 table (cpu/x86/avx2_*) and the AVX-512 table (the AVX2
-// one with its own linear kernel, cpu/x86/avx512_linear.cpp) have identical signatures and must
-// produce identical bytes for every range. Range kernels never allocate, never throw,
+// one with its own linear and MLA cache kernels, cpu/x86/avx512_*.cpp) have identical signatures
+// and must produce identical bytes for every range. Range kernels never allocate, never throw,
 // and write only the outputs of their range.
 
 #include <cstdint>
@@ -101,8 +101,9 @@ struct MlaPass {
 };
 // Scratch (doubles) of mla_scores and mla_mix ranges; the mix takes latent channels
 // [c0, c1) with c1 - c0 <= max_channels.
+inline constexpr int64_t kMlaScoreTile = 4;  // positions per tile of mla_scores
 inline int64_t mla_scores_scratch_doubles(const MlaDims& d) {
-  return static_cast<int64_t>(d.kv_lora) + d.qk_rope;
+  return kMlaScoreTile * (static_cast<int64_t>(d.kv_lora) + d.qk_rope);
 }
 inline constexpr int64_t kMlaMixTile = 64;  // positions per tile of mla_mix
 inline int64_t mla_mix_scratch_doubles(int heads, int64_t max_channels) {
@@ -152,8 +153,8 @@ extern const KernelTable kRefKernels;
 extern const KernelTable kAvx2Kernels;
 #endif
 // kAvx512 has no table object of its own: kernel_table(Isa::kAvx512) is kAvx2Kernels with
-// linear_rows replaced by avx512::linear_rows_avx512 (cpu/x86/avx512_kernels.h); every other op
-// runs its AVX2 kernel.
+// linear_rows, mla_scores and mla_mix replaced by the avx512:: kernels (cpu/x86/avx512_kernels.h);
+// every other op runs its AVX2 kernel.
 
 // The table for `isa`; aborts with a message if isa is not supported on this CPU/build.
 const KernelTable& kernel_table(Isa isa);

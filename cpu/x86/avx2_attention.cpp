@@ -7,6 +7,7 @@
 #include "cpu/kernel_table.h"
 #include "cpu/x86/avx2_common.h"
 #include "cpu/x86/avx2_kernels.h"
+#include "cpu/x86/mla_pass_vec.h"
 
 namespace ktier::cpu::avx2 {
 
@@ -91,27 +92,25 @@ void recurrence_heads_avx2(const RecurrenceArgs& a, int h0, int h1, double* scra
 
 namespace {
 
-// a . b for f32 values already widened to double, with dot16's lanes (the products are exact).
-static inline double dot16_wide(const double* a, const double* b, int64_t n) {
-  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
-                    _mm256_setzero_pd()};
-  const int64_t n16 = n & ~int64_t{15};
-  for (int64_t i = 0; i < n16; i += 16) {
-    for (int qd = 0; qd < 4; ++qd)
-      acc[qd] = _mm256_fmadd_pd(_mm256_loadu_pd(a + i + 4 * qd), _mm256_loadu_pd(b + i + 4 * qd),
-                                acc[qd]);
+// The double-vector trait of cpu/x86/mla_pass_vec.h: 4 doubles per register.
+struct Avx2Doubles {
+  using V = __m256d;
+  static constexpr int kWidth = 4;
+  static V zero() { return _mm256_setzero_pd(); }
+  static V load(const double* p) { return _mm256_loadu_pd(p); }
+  static void store(double* p, V v) { _mm256_storeu_pd(p, v); }
+  static V set1(double v) { return _mm256_set1_pd(v); }
+  static V add(V a, V b) { return _mm256_add_pd(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_pd(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
+  static V widen(const float* p) { return load4(p); }
+  // acc[q] = lanes 4q..4q+3. Pairs (l, l+8), (l, l+4), (l, l+2), (0, 1), as num::tree16.
+  static double tree16(const V* acc) {
+    const V b = _mm256_add_pd(_mm256_add_pd(acc[0], acc[2]), _mm256_add_pd(acc[1], acc[3]));
+    const __m128d c = _mm_add_pd(_mm256_castpd256_pd128(b), _mm256_extractf128_pd(b, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(c, _mm_unpackhi_pd(c, c)));
   }
-  double lane[16];
-  store_lanes16(lane, acc);
-  for (int64_t i = n16; i < n; ++i) lane[i & 15] += a[i] * b[i];
-  return num::tree16(lane);
-}
-
-static inline void widen(const float* x, int64_t n, double* out) {
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) _mm256_storeu_pd(out + i, load4(x + i));
-  for (; i < n; ++i) out[i] = D(x[i]);
-}
+};
 
 template <class A>
 void mla_query_typed(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1) {
@@ -145,7 +144,7 @@ void mla_query_typed(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1)
       for (int64_t k = 0; k < dn; ++k) sc += A::Scalar::wide(w_uk[k * L + c]) * D(q_n[k]);
       q_lat[c] = D(F(sc));
     }
-    widen(q_n + dn, dr, p.q_rope + i * dr);
+    x86::mla_widen<Avx2Doubles>(q_n + dn, dr, p.q_rope + i * dr);
   }
 }
 
@@ -157,7 +156,7 @@ void mla_out_typed(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1, d
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t h = p.h0 + i;
     const typename A::Storage* w_uv = W + h * (dn + dv) * L + dn * L;
-    widen(p.c_hat + i * L, L, acc);
+    x86::mla_widen<Avx2Doubles>(p.c_hat + i * L, L, acc);
     float* out = a.out + (p.t * H + h) * dv;
     for (int64_t r = 0; r < dv; ++r) out[r] = F(dot16_row<A>(w_uv + r * L, acc, L));
   }
@@ -174,96 +173,13 @@ void mla_query_avx2(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1) 
   }
 }
 
-// Each cached position is widened once into scratch and then dotted with every head's query,
-// so the cache is read once per pass rather than once per head. Heads go two at a time: eight
-// independent accumulators (two heads x dot16's four lane quads) share each load of the cache.
 void mla_scores_avx2(const MlaArgs& a, const MlaPass& p, int64_t s0, int64_t s1,
                      double* scratch) {
-  const int64_t dr = a.dims.qk_rope, L = a.dims.kv_lora, L16 = L & ~int64_t{15};
-  double* cw = scratch;
-  double* rw = scratch + L;
-  for (int64_t s = s0; s < s1; ++s) {
-    widen(a.cache_c + s * L, L, cw);
-    widen(a.cache_r + s * dr, dr, rw);
-    int64_t i = 0;
-    for (; i + 2 <= p.heads; i += 2) {
-      const double* qa = p.q_lat + i * L;
-      const double* qb = qa + L;
-      __m256d va[4], vb[4];
-      #pragma GCC unroll 8
-      for (int qd = 0; qd < 4; ++qd) va[qd] = vb[qd] = _mm256_setzero_pd();
-      for (int64_t k = 0; k < L16; k += 16) {
-        #pragma GCC unroll 8
-        for (int qd = 0; qd < 4; ++qd) {
-          const __m256d c = _mm256_loadu_pd(cw + k + 4 * qd);
-          va[qd] = _mm256_fmadd_pd(_mm256_loadu_pd(qa + k + 4 * qd), c, va[qd]);
-          vb[qd] = _mm256_fmadd_pd(_mm256_loadu_pd(qb + k + 4 * qd), c, vb[qd]);
-        }
-      }
-      double la[16], lb[16];
-      store_lanes16(la, va);
-      store_lanes16(lb, vb);
-      for (int64_t k = L16; k < L; ++k) {
-        la[k & 15] += qa[k] * cw[k];
-        lb[k & 15] += qb[k] * cw[k];
-      }
-      const double* ra = p.q_rope + i * dr;
-      p.probs[i * p.n_pos + s] = (num::tree16(la) + dot16_wide(ra, rw, dr)) * a.scale;
-      p.probs[(i + 1) * p.n_pos + s] = (num::tree16(lb) + dot16_wide(ra + dr, rw, dr)) * a.scale;
-    }
-    for (; i < p.heads; ++i) {
-      const double dot = dot16_wide(p.q_lat + i * L, cw, L) + dot16_wide(p.q_rope + i * dr, rw, dr);
-      p.probs[i * p.n_pos + s] = dot * a.scale;
-    }
-  }
+  x86::mla_scores_vec<Avx2Doubles>(a, p, s0, s1, scratch);
 }
 
-// Tiles of kMlaMixTile positions: a tile's channels [c0, c1) are widened once into scratch and
-// stay in L1 while every head of the pass adds its share. Each head's sum over positions still
-// runs in increasing s (the partial sums live in scratch between tiles), and probs_s * c(s) is
-// rounded before the add (no FMA), as in the scalar kernel. 32 channels at a time give eight
-// independent add chains.
 void mla_mix_avx2(const MlaArgs& a, const MlaPass& p, int64_t c0, int64_t c1, double* scratch) {
-  const int64_t L = a.dims.kv_lora, W = c1 - c0;
-  double* acc = scratch;                 // [heads, W]
-  double* tile = scratch + p.heads * W;  // [kMlaMixTile, W]
-  for (int64_t k = 0; k < p.heads * W; ++k) acc[k] = 0.0;
-  for (int64_t s0 = 0; s0 < p.n_pos; s0 += kMlaMixTile) {
-    const int64_t n = p.n_pos - s0 < kMlaMixTile ? p.n_pos - s0 : kMlaMixTile;
-    for (int64_t s = 0; s < n; ++s) widen(a.cache_c + (s0 + s) * L + c0, W, tile + s * W);
-    for (int64_t i = 0; i < p.heads; ++i) {
-      const double* pr = p.probs + i * p.n_pos + s0;
-      double* ai = acc + i * W;
-      int64_t c = 0;
-      for (; c + 32 <= W; c += 32) {
-        __m256d v[8];
-        #pragma GCC unroll 8
-        for (int qd = 0; qd < 8; ++qd) v[qd] = _mm256_loadu_pd(ai + c + 4 * qd);
-        for (int64_t s = 0; s < n; ++s) {
-          const __m256d ps = bcast(pr[s]);
-          const double* ts = tile + s * W + c;
-          #pragma GCC unroll 8
-          for (int qd = 0; qd < 8; ++qd)
-            v[qd] = _mm256_add_pd(v[qd], _mm256_mul_pd(ps, _mm256_loadu_pd(ts + 4 * qd)));
-        }
-        #pragma GCC unroll 8
-        for (int qd = 0; qd < 8; ++qd) _mm256_storeu_pd(ai + c + 4 * qd, v[qd]);
-      }
-      for (; c + 4 <= W; c += 4) {
-        __m256d v = _mm256_loadu_pd(ai + c);
-        for (int64_t s = 0; s < n; ++s)
-          v = _mm256_add_pd(v, _mm256_mul_pd(bcast(pr[s]), _mm256_loadu_pd(tile + s * W + c)));
-        _mm256_storeu_pd(ai + c, v);
-      }
-      for (; c < W; ++c) {
-        double x = ai[c];
-        for (int64_t s = 0; s < n; ++s) x += pr[s] * tile[s * W + c];
-        ai[c] = x;
-      }
-    }
-  }
-  for (int64_t i = 0; i < p.heads; ++i)
-    for (int64_t c = 0; c < W; ++c) p.c_hat[i * L + c0 + c] = F(acc[i * W + c]);
+  x86::mla_mix_vec<Avx2Doubles>(a, p, c0, c1, scratch);
 }
 
 void mla_out_avx2(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1, double* scratch) {
