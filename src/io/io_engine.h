@@ -19,9 +19,11 @@
 //   }
 //
 // Contract of every engine:
-// - Requests are issued in submission order (all chunks of one request before the next), with
-//   up to IoOptions::queue_depth chunk reads in flight across all queues. Completions are
-//   delivered per request, in any order, to the queue the request was submitted on.
+// - Requests are issued in submission order (all chunks of one request before the next) within
+//   each priority (ReadPriority: every urgent request before any speculative one not yet
+//   started), with up to IoOptions::queue_depth chunk reads in flight across all queues.
+//   Completions are delivered per request, in any order, to the queue the request was
+//   submitted on.
 // - Large requests are split into chunks of at most max_chunk_bytes, read in parallel.
 // - Unaligned requests under O_DIRECT: the engine reads the covering aligned range into one of
 //   its own bounce buffers and copies the payload out (one extra memcpy). A request is read
@@ -177,15 +179,22 @@ Result<std::unique_ptr<IoEngine>> make_io_engine(const IoOptions& options);
 // One client's completions. Thread-safe. Requests submitted through it complete into it. Its
 // destructor cancels the requests that have not started and blocks until the rest have
 // completed (so their buffers are no longer written), discarding the completions.
+// Which of an engine's two FIFOs a queue's requests wait in. Chunks are cut from urgent
+// requests first, so a read something is blocked on (a layer's expert misses, the trunk) waits
+// only for the chunks already in flight, never behind queued speculative ones (expert prefetch).
+enum class ReadPriority { kUrgent = 0, kSpeculative = 1 };
+
 // REQUIRES: the engine outlives the queue.
 class CompletionQueue {
  public:
-  explicit CompletionQueue(IoEngine& engine) : engine_(engine) {}
+  explicit CompletionQueue(IoEngine& engine, ReadPriority priority = ReadPriority::kUrgent)
+      : engine_(engine), priority_(priority) {}
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;
   ~CompletionQueue();
 
   IoEngine& engine() { return engine_; }
+  ReadPriority priority() const { return priority_; }
   Status submit(std::span<const ReadRequest> batch) { return engine_.submit(batch, *this); }
   // IoEngine::cancel for this queue.
   void cancel() { engine_.cancel(*this); }
@@ -207,6 +216,7 @@ class CompletionQueue {
 
  private:
   IoEngine& engine_;
+  const ReadPriority priority_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Completion> ready_;  // guarded by mu_

@@ -34,7 +34,7 @@ QueuedIoEngine::QueuedIoEngine(IoOptions options)
 QueuedIoEngine::~QueuedIoEngine() {
   // Backends must have shut down and joined their threads already.
   std::lock_guard lock(mu_);
-  KTIER_CHECK(stopping_ && queue_.empty() && requests_outstanding_ == 0);
+  KTIER_CHECK(stopping_ && next_queue_locked() == nullptr && requests_outstanding_ == 0);
 }
 
 Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueue& cq) {
@@ -69,7 +69,7 @@ Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueu
       if (r.length == 0) {
         maybe_deliver_locked(*req);
       } else {
-        queue_.push_back(std::move(req));
+        queues_[static_cast<int>(cq.priority())].push_back(std::move(req));
       }
     }
   }
@@ -87,25 +87,31 @@ std::unique_ptr<Chunk> QueuedIoEngine::take_chunk(Take mode) {
   for (;;) {
     if (auto c = take_chunk_locked()) {
       // Pass the baton: if more work is ready, wake one more waiter, which does the same.
-      if (mode == Take::kBlocking && !queue_.empty()) work_cv_.notify_one();
+      if (mode == Take::kBlocking && next_queue_locked() != nullptr) work_cv_.notify_one();
       return c;
     }
-    if (mode == Take::kNonBlocking || (stopping_ && queue_.empty())) return nullptr;
+    if (mode == Take::kNonBlocking || (stopping_ && next_queue_locked() == nullptr)) return nullptr;
     work_cv_.wait(lock);
   }
 }
 
+std::deque<std::shared_ptr<Request>>* QueuedIoEngine::next_queue_locked() {
+  for (auto& q : queues_)
+    if (!q.empty()) return &q;
+  return nullptr;
+}
+
 std::unique_ptr<Chunk> QueuedIoEngine::take_chunk_locked() {
-  while (!queue_.empty()) {
-    Request& r = *queue_.front();
+  while (auto* queue = next_queue_locked()) {
+    Request& r = *queue->front();
     const ReadFile& file = *r.read.file;
     const uint64_t end = r.read.offset + r.read.length;
     // Fail what is not read yet rather than read data nobody will wait for; chunks already
     // running finish first, and the request is delivered after them.
     if (stopping_) stop_request_locked(r, "the I/O engine was shut down");
     if (r.next_offset == end) {
-      auto done = std::move(queue_.front());
-      queue_.pop_front();
+      auto done = std::move(queue->front());
+      queue->pop_front();
       maybe_deliver_locked(*done);
       continue;
     }
@@ -158,8 +164,8 @@ std::unique_ptr<Chunk> QueuedIoEngine::take_chunk_locked() {
     }
     r.next_offset += c->length;
     ++r.chunks_running;
-    c->request = queue_.front();
-    if (r.next_offset == end) queue_.pop_front();
+    c->request = queue->front();
+    if (r.next_offset == end) queue->pop_front();
     return c;
   }
   return nullptr;
@@ -310,13 +316,15 @@ void QueuedIoEngine::cancel(CompletionQueue& cq) {
   bool any = false;
   {
     std::lock_guard lock(mu_);
-    std::erase_if(queue_, [&](const std::shared_ptr<Request>& r) {
-      if (r->cq != &cq) return false;
-      stop_request_locked(*r, "its reader cancelled it");
-      maybe_deliver_locked(*r);  // delivers now unless chunks of it are still running
-      any = true;
-      return true;
-    });
+    for (auto& queue : queues_) {
+      std::erase_if(queue, [&](const std::shared_ptr<Request>& r) {
+        if (r->cq != &cq) return false;
+        stop_request_locked(*r, "its reader cancelled it");
+        maybe_deliver_locked(*r);  // delivers now unless chunks of it are still running
+        any = true;
+        return true;
+      });
+    }
   }
   if (any) {
     work_cv_.notify_all();

@@ -239,6 +239,41 @@ TEST_P(IoFaultTest, QueueDepthReadsInParallel) {
   EXPECT_TRUE(bytes_match(buf, 0, 32 * 4096));
 }
 
+// A read something waits on overtakes queued speculative ones: with one read in flight at a
+// time and 30 ms per read, an urgent read submitted behind 12 speculative ones lands while at
+// most two of them have (the one running when it came, and at most one started just before),
+// not after all 12; the speculative ones then still all land, in their own order.
+TEST_P(IoFaultTest, UrgentReadsOvertakeQueuedSpeculativeOnes) {
+  IoOptions opt;
+  opt.queue_depth = 1;
+  KTIER_ENGINE_OR_SKIP(e, opt);
+  ReadFile f = open(*e);
+  plan_->add(FaultRule::delay_by(std::chrono::milliseconds(30)).times(-1));
+  auto buf = std::move(AlignedBuffer::allocate(13 * 4096)).value();
+  std::vector<ReadRequest> batch;
+  for (uint64_t i = 0; i < 12; ++i) batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
+  CompletionQueue speculative(*e, ReadPriority::kSpeculative), urgent(*e);
+  EXPECT_EQ(speculative.priority(), ReadPriority::kSpeculative);
+  EXPECT_EQ(urgent.priority(), ReadPriority::kUrgent);
+  ASSERT_TRUE(speculative.submit(batch).is_ok());
+  const ReadRequest u{&f, 12 * 4096, 4096, buf.data() + 12 * 4096, 99};
+  ASSERT_TRUE(urgent.submit({&u, 1}).is_ok());
+  std::vector<Completion> done;
+  urgent.wait(1, done);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.is_ok()) << done[0].status.message();
+  done.clear();
+  speculative.wait(0, done);
+  EXPECT_LE(done.size(), 2u) << "speculative reads landed before the urgent one";
+  while (speculative.outstanding() > 0) speculative.wait(1, done);
+  ASSERT_EQ(done.size(), 12u);
+  for (size_t i = 0; i < done.size(); ++i) {
+    EXPECT_TRUE(done[i].status.is_ok()) << done[i].status.message();
+    EXPECT_EQ(done[i].tag, i);  // one at a time, in submission order
+  }
+  EXPECT_TRUE(bytes_match(buf, 0, 13 * 4096));
+}
+
 TEST_P(IoFaultTest, CancelFailsRequestsNotStarted) {
   IoOptions opt;
   opt.queue_depth = 1;
