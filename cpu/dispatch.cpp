@@ -316,6 +316,19 @@ void kda_recurrence(const float* q, const float* k, const float* v, const float*
 
 // ---- MLA, AttnRes, router, argmax ------------------------------------------------------------
 
+namespace {
+// The pass buffer: q_lat and q_rope (doubles), probs (doubles), c_hat (f32, in doubles' room).
+int64_t mla_buffer_doubles(int64_t L, int64_t dr, int64_t heads, int64_t n_positions) {
+  return heads * (L + dr + n_positions) + (heads * L + 1) / 2;
+}
+}  // namespace
+
+uint64_t mla_buffer_bytes(const MlaDims& d, int64_t n_positions) {
+  const int G = mla_heads_per_pass(d.n_heads, n_positions);
+  return static_cast<uint64_t>(mla_buffer_doubles(d.kv_lora, d.qk_rope, G, n_positions)) *
+         sizeof(double);
+}
+
 int mla_heads_per_pass(int n_heads, int64_t n_positions) {
   // A pass holds its heads' scores (heads x positions doubles); 8 Mi doubles (64 MiB) keeps all
   // 96 heads of K3 in one pass up to ~87k positions and a million positions in 12 passes.
@@ -348,8 +361,7 @@ void mla_attention_in_passes(const MlaDims& d, const float* q, int64_t T, const 
   // The pass's shared buffers (q_lat, q_rope, probs, c_hat) live on the calling thread; not in
   // thread_scratch, which this thread also uses as a worker of the pool.
   thread_local std::vector<double> pass_buf;
-  const int64_t c_hat_doubles = (G * L + 1) / 2;
-  const size_t need = static_cast<size_t>(G * (L + dr + n_max) + c_hat_doubles);
+  const size_t need = static_cast<size_t>(mla_buffer_doubles(L, dr, G, n_max));
   if (pass_buf.size() < need) pass_buf.resize(need);
   MlaPass p;
   p.q_lat = pass_buf.data();

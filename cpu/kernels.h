@@ -142,6 +142,9 @@ void mla_attention(const MlaDims& dims, const float* q, int64_t T, const WeightM
                    float* out, const Exec& ex);
 // Heads per pass mla_attention uses for n_positions (= n_past + T) cached positions.
 int mla_heads_per_pass(int n_heads, int64_t n_positions);
+// Bytes of the calling thread's buffer mla_attention keeps (it grows to the largest call and is
+// kept for the next): for calls attending up to n_positions positions.
+uint64_t mla_buffer_bytes(const MlaDims& dims, int64_t n_positions);
 // mla_attention with an explicit heads_per_pass (>= 1; more than n_heads means all): for tests
 // that the grouping leaves every byte as it is.
 void mla_attention_in_passes(const MlaDims& dims, const float* q, int64_t T,

@@ -10,6 +10,7 @@
 
 #include "backend/cuda_backend.h"
 #include "common/check.h"
+#include "cpu/kernels.h"
 
 namespace ktier::runtime {
 
@@ -99,10 +100,29 @@ uint64_t blas_bytes(const format::Checkpoint& ckpt, int64_t T) {
 }
 }  // namespace
 
+uint64_t host_sequence_bytes(const format::ModelConfig& c, const EngineOptions::Workload& wl,
+                             bool lookahead) {
+  const int64_t positions = std::max<int64_t>(wl.positions, 1);
+  uint64_t bytes = model::working_set(c, std::max<int64_t>(wl.chunk, 1), positions, wl.rows,
+                                      lookahead)
+                       .total();
+  if (c.num_mla_layers() > 0) {
+    const cpu::MlaDims d{static_cast<int>(c.num_attention_heads),
+                         static_cast<int>(c.qk_nope_head_dim), static_cast<int>(c.qk_rope_head_dim),
+                         static_cast<int>(c.v_head_dim), static_cast<int>(c.kv_lora_rank)};
+    bytes += cpu::mla_buffer_bytes(d, positions);
+  }
+  return bytes;
+}
+
 DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                         int lookahead, int threads, bool host_routers) {
+                         int lookahead, int threads, bool host_routers,
+                         const EngineOptions::Workload* sequence) {
   DialMinimum m;
   m.trunk = TrunkStore::minimum_bytes(ckpt, pack, 2, threads);
+  const bool moe = ckpt.expert_storage() != format::ExpertStorage::kNone &&
+                   ckpt.config().num_moe_layers() > 0;
+  if (sequence) m.sequence = host_sequence_bytes(ckpt.config(), *sequence, moe && lookahead > 0);
   if (ckpt.expert_storage() == format::ExpertStorage::kNone) return m;
   m.expert_slots = min_expert_slots(ckpt.config(), lookahead);
   m.slot_bytes = ExpertCache::slot_bytes(ckpt);
@@ -111,8 +131,9 @@ DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* 
 }
 
 uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                              int lookahead, int threads) {
-  return dial_minimum(ckpt, pack, lookahead, threads, /*host_routers=*/true).total();
+                              int lookahead, int threads,
+                              const EngineOptions::Workload& sequence) {
+  return dial_minimum(ckpt, pack, lookahead, threads, /*host_routers=*/true, &sequence).total();
 }
 
 int resolve_threads(int requested) {
@@ -138,8 +159,11 @@ Status Engine::open_trunk_dial(const EngineOptions& opts) {
   }
   // Trunk first; the expert tier needs one token's experts of one layer and the prefetch room.
   // In GPU mode lookahead scores the device trunk's copy of the routers, not a host RouterBank.
-  const DialMinimum min = dial_minimum(ckpt_, pk, lookahead_depth(opts), pool_->size(),
-                                       /*host_routers=*/!device_mode(opts));
+  // The sequence's working set lives in host memory on the CPU path; in GPU mode it is set
+  // aside from the VRAM budget (plan_device).
+  const DialMinimum min =
+      dial_minimum(ckpt_, pk, lookahead_depth(opts), pool_->size(),
+                   /*host_routers=*/!device_mode(opts), device_mode(opts) ? nullptr : &opts.workload);
   dial_min_ = min;
   const uint64_t expert_min = min.experts(), bank_reserve = min.routers;
   if (budget_ < min.total())
@@ -152,11 +176,17 @@ Status Engine::open_trunk_dial(const EngineOptions& opts) {
         gib(min.slot_bytes) +
         (bank_reserve ? "; lookahead routers " + gib(bank_reserve) + ", 0 with --lookahead 0"
                       : "") +
+        (min.sequence ? "; the sequence " + gib(min.sequence) + ": state and activations for " +
+                            std::to_string(opts.workload.positions) + " positions (-c)"
+                      : "") +
         ")");
+  if (min.sequence)
+    spdlog::info("budget: {} set aside for the sequence ({} positions in chunks of {})",
+                 gib(min.sequence), opts.workload.positions, opts.workload.chunk);
   // The trunk pins what fits beside the routers of the layers it streams, which the bank then
   // holds (a pinned layer's router is read from the store); the rest goes to the expert tier.
   TrunkStoreOptions so;
-  so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min;
+  so.budget_bytes = budget_ == UINT64_MAX ? UINT64_MAX : budget_ - expert_min - min.sequence;
   so.pool = pool_.get();
   // GPU mode: the device holds the first layers, so the host pins the last ones, and only those
   // the device streams (RAM beyond them goes to the expert tier, not to layers the device holds).
@@ -189,7 +219,8 @@ Status Engine::open_expert_tier(const EngineOptions& opts) {
   const uint64_t slot = min.slot_bytes;
   const uint64_t total_experts =
       static_cast<uint64_t>(c.num_moe_layers()) * static_cast<uint64_t>(c.num_experts);
-  const uint64_t held = store_->stats().bytes_allocated + (bank_ ? bank_->bytes_allocated() : 0);
+  const uint64_t held = store_->stats().bytes_allocated + (bank_ ? bank_->bytes_allocated() : 0) +
+                        min.sequence;
   uint64_t left = budget_ == UINT64_MAX ? UINT64_MAX : (budget_ > held ? budget_ - held : 0);
   // The tier is faulted in at start: never ask for more than the machine has free (a budget
   // above physical memory, or `max`, would otherwise end in the OOM killer).

@@ -57,12 +57,13 @@ struct EngineOptions {
   backend::DeviceKind device = backend::DeviceKind::kCpu;
   bool emulate_device = false;
   std::optional<uint64_t> vram_budget;
-  // What one sequence will run, in GPU mode: its working set (model::working_set, plus cuBLAS's
-  // workspace and copies) is set aside from vram_budget before the trunk and the experts are
+  // What one sequence will run: its working set (model::working_set; in GPU mode plus cuBLAS's
+  // workspace and copies, on the CPU plus the MLA kernel's buffer) is set aside from
+  // vram_budget (GPU mode) or ram_budget (the memory dial) before the trunk and the experts are
   // placed, so that the whole run fits in it; the sequence must reserve its caches for
   // `positions` (GenerationOptions::reserve_positions; evaluate() does). A longer sequence
   // grows its caches outside the budget: on a GPU that may fail out of memory (exit 1), on the
-  // emulated device it does. `run` gives prompt + -n - 1, `eval` its tokens.
+  // emulated device it does. `run` gives prompt + -n - 1 (or -c), `eval` its tokens.
   struct Workload {
     int64_t positions = 4096;  // tokens the sequence holds at most
     int64_t chunk = 256;       // tokens per forward() at most
@@ -73,15 +74,20 @@ struct EngineOptions {
 
 // The smallest budget the memory dial accepts for `ckpt` (with `pack`, or null), part by part:
 // the trunk's minimum (TrunkStore::minimum_bytes; a compressed pack's scratch grows with
-// `threads`), expert slots for one fetch and top-k more per lookahead depth, and the lookahead
+// `threads`), expert slots for one fetch and top-k more per lookahead depth, the lookahead
 // routers (RouterBank::bytes_needed) when lookahead > 0 and the host scores them
-// (`host_routers`; GPU mode scores the device trunk's copy instead). Bytes.
+// (`host_routers`; GPU mode scores the device trunk's copy instead), and the planned sequence's
+// working set in host memory (`sequence`: model::working_set for the workload plus the CPU MLA
+// kernel's buffer; null in GPU mode, where it is set aside from the VRAM budget). Bytes. The
+// sequence's part is not a minimum of the dial but a fixed cost: the trunk and the experts get
+// what the budget leaves after it.
 struct DialMinimum {
   uint64_t trunk = 0;
   uint64_t expert_slots = 0, slot_bytes = 0;
   uint64_t routers = 0;
+  uint64_t sequence = 0;
   uint64_t experts() const { return expert_slots * slot_bytes; }
-  uint64_t total() const { return trunk + experts() + routers; }
+  uint64_t total() const { return trunk + experts() + routers + sequence; }
 };
 
 class Engine {
@@ -162,10 +168,12 @@ class Engine {
 };
 
 DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                         int lookahead, int threads, bool host_routers);
-// dial_minimum(...).total() for the CPU engine (host routers).
+                         int lookahead, int threads, bool host_routers,
+                         const EngineOptions::Workload* sequence);
+// dial_minimum(...).total() for the CPU engine (host routers, the sequence in host memory).
 uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                              int lookahead, int threads = 1);
+                              int lookahead, int threads = 1,
+                              const EngineOptions::Workload& sequence = {});
 
 // Budget of a named preset (K3 scale; DESIGN.md §4, docs/TUNING.md): laptop 8G, desktop 32G,
 // workstation 96G, server 128G, max (everything), auto (55 % of MemTotal, at most MemAvailable

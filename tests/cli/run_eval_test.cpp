@@ -333,8 +333,8 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   const fs::path pack = dir_.string() + "-pack", report = dir_.string() + "-report.json";
   auto r = run_process(ktier() + " pack -q" + model() + " -o " + pack.string() + " --force");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 20 --pack " +
-                  pack.string() + " --ram 900K --report-json " + report.string() + " --print-ids");
+  r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 20 -c 40 --pack " +
+                  pack.string() + " --ram 1250K --report-json " + report.string() + " --print-ids");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(last_line(r.out), join(golden_.at("greedy").get<std::vector<int>>()));
   std::ifstream in(report);
@@ -353,13 +353,14 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   EXPECT_EQ(j.at("policy"), "temperature");
   EXPECT_EQ(j.at("lookahead"), 1);
   EXPECT_GT(j.at("trunk_layers_streamed").get<int>(), 0);
-  EXPECT_EQ(j.at("budget_bytes").get<uint64_t>(), 900u * 1024);
+  EXPECT_EQ(j.at("budget_bytes").get<uint64_t>(), 1250u * 1024);
   // Per-token figures are the decode's alone: every decode step reads the streamed layers once,
   // so a 2-token run (one step, after a prefill that read them too) reports the same trunk bytes
-  // per token as the 20-token one.
+  // per token as the 20-token one. (The same -c: the budget sets the sequence's state aside
+  // first, so the same layers stream.)
   const fs::path report2 = dir_.string() + "-report2.json";
-  r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 2 --pack " +
-                  pack.string() + " --ram 900K --report-json " + report2.string());
+  r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 2 -c 40 --pack " +
+                  pack.string() + " --ram 1250K --report-json " + report2.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j2 = nlohmann::json::parse(std::ifstream(report2));
   const double trunk_per_token = j.at("bytes_read_per_token").at("trunk").get<double>();
@@ -376,6 +377,13 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   r = run_process(ktier() + " run" + model() + " --ids 1,2 -n 2 --ram 100K");
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("minimum"), std::string::npos) << r.err;
+  // The budget holds the sequence too: a context whose state cannot fit beside the minimum trunk
+  // and experts is refused up front (exit 4, naming the sequence), not grown past the budget.
+  r = run_process(ktier() + " run" + model() + " --ids 1,2 -n 2 -c 20000 --pack " +
+                  pack.string() + " --ram 1250K");
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("the sequence"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("20000 positions"), std::string::npos) << r.err;
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --ram 12Q").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --preset huge").exit_code, 2);
   fs::remove_all(pack);
@@ -419,12 +427,12 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
   const auto none = run_process(ktier() + " run" + model() + args);
   ASSERT_EQ(none.exit_code, 0) << none.err;
   EXPECT_EQ(last_line(none.out), join(golden_.at("greedy").get<std::vector<int>>()));
-  const auto packed = run_process(ktier() + " run" + model() + args + " --pack " + plain.string() + " --ram 900K");
+  const auto packed = run_process(ktier() + " run" + model() + args + " --pack " + plain.string() + " --ram 1250K");
   ASSERT_EQ(packed.exit_code, 0) << packed.err;
   EXPECT_EQ(packed.out, none.out);
   for (const char* extra : {" --threads 1", " --threads 3", " --threads 2 --io-rate-limit 200"}) {
-    // 1200K: above the minimum with compressed staging and scratch; every layer streams.
-    const auto zr = run_process(ktier() + " run" + model() + args + " --pack " + z.string() + " --ram 1200K" + extra);
+    // 1550K: above the minimum with compressed staging and scratch; every layer streams.
+    const auto zr = run_process(ktier() + " run" + model() + args + " --pack " + z.string() + " --ram 1550K" + extra);
     ASSERT_EQ(zr.exit_code, 0) << extra << ": " << zr.err;
     EXPECT_EQ(zr.out, none.out) << extra;
   }
@@ -462,7 +470,7 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
     f.seekp(pos);
     f.write(&c, 1);
   }
-  r = run_process(ktier() + " run" + model() + args + " --pack " + z.string() + " --ram 1200K");
+  r = run_process(ktier() + " run" + model() + args + " --pack " + z.string() + " --ram 1550K");
   EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_NE(r.err.find("'layer.0' block 1 of"), std::string::npos) << r.err;
   fs::remove_all(plain);
@@ -509,7 +517,7 @@ TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
   r = run_process(ktier() + " trace info " + plain.string());
   EXPECT_NE(r.out.find("lookahead depth:  1\n"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("lookahead refresh:"), std::string::npos) << r.out;
-  const std::string dial = " --pack " + pack.string() + " --ram 1100K --print-ids";
+  const std::string dial = " --pack " + pack.string() + " --ram 1450K --print-ids";
   for (const std::string& flags : std::vector<std::string>{" --policy lru --lookahead 2", " --policy lfu --lookahead 0",
                                   " --lookahead 1 --no-lookahead-refresh",
                                   " --policy static --profile " + trace.string(),

@@ -110,8 +110,8 @@ TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {
   // GPU mode scores lookahead on the device trunk's routers: no host RouterBank, and the
   // dial's minimum is the CPU engine's less the routers.
   const auto ck = format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread);
-  const DialMinimum cpu = dial_minimum(*ck, nullptr, eo.lookahead, eo.threads, true);
-  const DialMinimum gpu = dial_minimum(*ck, nullptr, eo.lookahead, eo.threads, false);
+  const DialMinimum cpu = dial_minimum(*ck, nullptr, eo.lookahead, eo.threads, true, nullptr);
+  const DialMinimum gpu = dial_minimum(*ck, nullptr, eo.lookahead, eo.threads, false, nullptr);
   ASSERT_GT(cpu.routers, 0u);
   EXPECT_EQ(gpu.routers, 0u);
   eo.ram_budget = gpu.total();
@@ -137,7 +137,7 @@ TEST_F(DeviceModeTest, HostTrunkComplementsTheDeviceTrunk) {
     for (const pack::TensorEntry& t : plan.records[static_cast<size_t>(record)].tensors) n += t.nbytes;
     return n;
   };
-  const uint64_t ram_min = dial_minimum(*ck, nullptr, 1, 2, false).total();
+  const uint64_t ram_min = dial_minimum(*ck, nullptr, 1, 2, false, nullptr).total();
   bool some_pinned = false;
   for (const uint64_t extra_ram : {uint64_t{0}, 3 * plan.records[static_cast<size_t>(layers_ - 1)].size}) {
     SCOPED_TRACE("RAM above the minimum: " + std::to_string(extra_ram));

@@ -57,12 +57,17 @@ class ExpertCacheTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { fs::remove_all(root_); }
 
-  // The budget leaving `policy_slots` for the policy: the whole trunk, one fetch's top-k slots
-  // and the policy's. With lookahead the dial's minimum is top_k × (1 + lookahead) slots: below
-  // it (policy_slots < top_k × lookahead) the trunk streams a layer or more to make room, and the
-  // routers of those layers are held apart (RouterBank).
-  static uint64_t budget_for(uint64_t policy_slots) {
-    return trunk_ + (top_k_ + policy_slots) * slot_;
+  // The budget leaving `policy_slots` for the policy: the sequence's working set (the default
+  // workload; its activations include the lookahead copy when lookahead > 0), the whole trunk,
+  // one fetch's top-k slots and the policy's. With lookahead the dial's minimum is
+  // top_k × (1 + lookahead) slots: below it (policy_slots < top_k × lookahead) the trunk streams
+  // a layer or more to make room, and the routers of those layers are held apart (RouterBank).
+  static uint64_t budget_for(uint64_t policy_slots, int lookahead = EngineOptions{}.lookahead) {
+    const auto ckpt = format::Checkpoint::open(root_ / "ckpt", format::OpenMode::kPread);
+    const EngineOptions::Workload sequence;
+    const uint64_t seq =
+        dial_minimum(ckpt.value(), nullptr, lookahead, 1, true, &sequence).sequence;
+    return seq + trunk_ + (top_k_ + policy_slots) * slot_;
   }
 
   // Prefill in chunks of `chunk` then 20 greedy tokens; returns the ids. `eo` without a budget
@@ -130,7 +135,7 @@ TEST_F(ExpertCacheTest, LivePolicyMakesTheDecisionsReplayMakes) {
   for (const PolicyKind policy : {PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kTemperature}) {
     for (const uint64_t policy_slots : {uint64_t{30}, uint64_t{50}, uint64_t{80}}) {
       EngineOptions eo;
-      eo.ram_budget = budget_for(policy_slots);
+      eo.ram_budget = budget_for(policy_slots, 0);
       eo.policy = policy;
       eo.lookahead = 0;
       const fs::path trace = root_ / "live.trace";
@@ -173,7 +178,7 @@ TEST_F(ExpertCacheTest, OutputIsIdenticalAcrossPoliciesLookaheadBudgetsAndChunks
     for (const int lookahead : {0, 1, 3}) {
       for (const uint64_t policy_slots : {uint64_t{0}, uint64_t{9}, keys_}) {
         EngineOptions eo;
-        eo.ram_budget = budget_for(policy_slots);
+        eo.ram_budget = budget_for(policy_slots, policy == PolicyKind::kStatic ? 0 : lookahead);
         eo.policy = policy;
         eo.lookahead = lookahead;
         eo.lookahead_refresh = lookahead != 3;  // depth 1 with the refresh, depth 3 without
@@ -193,10 +198,11 @@ TEST_F(ExpertCacheTest, PrefetchCountersAddUpAndPrefetchReplacesDemandReads) {
   uint64_t demand[2] = {0, 0};
   for (const int lookahead : {0, 2}) {
     EngineOptions eo;
-    eo.ram_budget = budget_for(12);
+    eo.ram_budget = budget_for(12, lookahead);
     eo.lookahead = lookahead;
     std::unique_ptr<Engine> e;
     EXPECT_EQ(run(eo, &e), reference_);
+    ASSERT_NE(e, nullptr);
     const ExpertCacheStats& x = e->expert_cache()->stats();
     demand[lookahead ? 1 : 0] = x.demand_reads;
     EXPECT_EQ(x.hits + x.demand_reads + x.late, x.policy_requests);
@@ -385,13 +391,14 @@ TEST_F(ExpertCacheTest, PrefetchBudgetCountsChunkReadsNotRequests) {
 // counted late (a miss), the bytes unchanged.
 TEST_F(ExpertCacheTest, LatePrefetchesAreWaitedForAndCountedAsMisses) {
   EngineOptions eo;
-  eo.ram_budget = budget_for(12);
+  eo.ram_budget = budget_for(12, 2);
   eo.lookahead = 2;
   eo.io.fault_plan = std::make_shared<io::FaultPlan>();
   eo.io.fault_plan->add(
       io::FaultRule::delay_by(std::chrono::microseconds(30'000)).in_path("model-"));
   std::unique_ptr<Engine> e;
   EXPECT_EQ(run(eo, &e), reference_);
+  ASSERT_NE(e, nullptr);
   const ExpertCacheStats& x = e->expert_cache()->stats();
   EXPECT_GT(x.late, 0u);
   EXPECT_LT(x.prefetch_timely, x.prefetch_useful);
@@ -405,7 +412,7 @@ TEST_F(ExpertCacheTest, FailedReadsFailThePassAndTheTierRecovers) {
   EngineOptions eo;
   eo.model_dir = root_ / "ckpt";
   eo.threads = 2;
-  eo.ram_budget = budget_for(12);
+  eo.ram_budget = budget_for(12, 2);
   eo.lookahead = 2;
   eo.io.backend = io::IoBackend::kPread;
   eo.io.fault_plan = std::make_shared<io::FaultPlan>();
