@@ -25,8 +25,24 @@ uint64_t step_id(uint32_t pass, uint32_t position, uint32_t layer) {
 
 }  // namespace
 
-RequestStream build_request_stream(const Trace& trace) {
+Status replay_fits_in_32_bits(uint64_t steps, uint64_t requests, uint64_t predictions) {
+  if (std::max({steps, requests, predictions}) < kNeverUsed) return Status::ok();
+  return Status::usage("the trace is too long to replay: " + std::to_string(steps) + " steps, " +
+                       std::to_string(requests) + " requests, " + std::to_string(predictions) +
+                       " predictions; replay indexes each in 32 bits (fewer than " +
+                       std::to_string(kNeverUsed) + "): record or replay a shorter run");
+}
+
+Result<RequestStream> build_request_stream(const Trace& trace) {
   const TraceHeader& h = trace.header;
+  // Requests, predictions and steps are indexed in 32 bits (kNeverUsed is the largest).
+  uint64_t requests = 0, predictions = 0;
+  for (const TraceStep& s : trace.steps) {
+    requests += s.chosen.size();
+    predictions += s.refreshed.size();
+    for (const auto& list : s.predicted) predictions += list.size();
+  }
+  KTIER_RETURN_IF_ERROR(replay_fits_in_32_bits(trace.steps.size(), requests, predictions));
   RequestStream st;
   st.experts_per_layer = h.experts_per_layer;
   st.num_keys = h.num_layers * h.experts_per_layer;

@@ -3,7 +3,7 @@
 // sweeps of budgets. Definitions of every reported number: docs/STRATA.md §3-§4.
 //
 //   KTIER_ASSIGN_OR_RETURN(Trace trace, read_trace(path));
-//   const RequestStream stream = build_request_stream(trace);
+//   KTIER_ASSIGN_OR_RETURN(const RequestStream stream, build_request_stream(trace));
 //   ReplaySpec spec{PolicyKind::kLru, {{"ram", 8'000'000'000, 455}}};
 //   ReplayResult r = replay(stream, spec, ReplayParams{}, ReplayInputs::from(stream));
 //
@@ -55,7 +55,11 @@ struct RequestStream {
   uint64_t requests() const { return keys.size(); }
 };
 
-RequestStream build_request_stream(const Trace& trace);
+// Status::usage when the trace is too long to index in 32 bits (replay_fits_in_32_bits).
+Result<RequestStream> build_request_stream(const Trace& trace);
+// Whether a stream of these counts can be indexed: each below kNeverUsed (4,294,967,295;
+// requests run out first, after about 2.9 million K3 tokens). Status::usage naming them if not.
+Status replay_fits_in_32_bits(uint64_t steps, uint64_t requests, uint64_t predictions);
 
 // Per-key demand counts of a stream (a routing profile).
 std::vector<uint64_t> key_use_counts(const RequestStream& stream);

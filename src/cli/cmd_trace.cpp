@@ -65,7 +65,7 @@ Status run_convert(const std::string& in, const std::string& out, LoadOptions o)
   o.convert_conformance = true;
   KTIER_ASSIGN_OR_RETURN(const Trace trace, load_trace(in, o));
   KTIER_RETURN_IF_ERROR(write_trace(out, trace));
-  const RequestStream stream = build_request_stream(trace);
+  KTIER_ASSIGN_OR_RETURN(const RequestStream stream, build_request_stream(trace));
   std::printf("wrote %s: %s steps, %s requests, %u passes, %s tokens\n", out.c_str(),
               format_count(trace.steps.size()).c_str(), format_count(stream.requests()).c_str(),
               stream.passes, format_count(stream.tokens).c_str());
@@ -74,7 +74,7 @@ Status run_convert(const std::string& in, const std::string& out, LoadOptions o)
 
 Status run_info(const std::string& path, const LoadOptions& o) {
   KTIER_ASSIGN_OR_RETURN(const Trace trace, load_trace(path, o));
-  const RequestStream stream = build_request_stream(trace);
+  KTIER_ASSIGN_OR_RETURN(const RequestStream stream, build_request_stream(trace));
   const TraceSummary summary = summarize_trace(trace, stream);
   std::fputs(format_summary(summary, trace.header, path).c_str(), stdout);
   return Status::ok();
@@ -112,7 +112,7 @@ Status run_replay(const ReplayOptions& o) {
   }
   KTIER_ASSIGN_OR_RETURN(const std::vector<PolicyKind> policies, parse_policy_list(o.policies));
   KTIER_ASSIGN_OR_RETURN(const Trace trace, load_trace(o.trace, o.load));
-  const RequestStream stream = build_request_stream(trace);
+  KTIER_ASSIGN_OR_RETURN(const RequestStream stream, build_request_stream(trace));
   if (stream.requests() == 0)
     return Status::usage(o.trace + ": the trace holds no requests to replay");
   const uint64_t eb = stream.expert_bytes;
@@ -171,7 +171,7 @@ Status run_replay(const ReplayOptions& o) {
                            " experts per layer, the trace " +
                            std::to_string(trace.header.experts_per_layer));
     }
-    const RequestStream profile = build_request_stream(profile_trace);
+    KTIER_ASSIGN_OR_RETURN(const RequestStream profile, build_request_stream(profile_trace));
     std::vector<uint64_t> counts = key_use_counts(profile);
     counts.resize(stream.num_keys, 0);
     inputs.static_ranking = rank_keys_by_use(counts);

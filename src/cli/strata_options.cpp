@@ -40,7 +40,7 @@ Status apply_strata_options(const StrataArgs& a, runtime::EngineOptions& eo) {
                          std::to_string(trace.header.experts_per_layer) + " experts, not " +
                          std::to_string(cfg.num_hidden_layers) + " of " +
                          std::to_string(cfg.num_experts));
-  const strata::RequestStream stream = strata::build_request_stream(trace);
+  KTIER_ASSIGN_OR_RETURN(const strata::RequestStream stream, strata::build_request_stream(trace));
   eo.temperature_seed = strata::profile_temperatures(stream, strata::kDefaultHalfLifeTokens);
   eo.static_ranking = strata::rank_keys_by_use(strata::key_use_counts(stream));
   return Status::ok();

@@ -148,7 +148,7 @@ TEST_F(ExpertCacheTest, LivePolicyMakesTheDecisionsReplayMakes) {
 
       auto tr = strata::read_trace(trace);
       ASSERT_TRUE(tr.is_ok()) << tr.status().message();
-      const strata::RequestStream stream = strata::build_request_stream(tr.value());
+      const strata::RequestStream stream = strata::build_request_stream(tr.value()).value();
       strata::ReplaySpec spec{policy, {{"ram", 0, static_cast<uint64_t>(x.policy_slots)}}, "live"};
       const strata::ReplayResult r =
           strata::replay(stream, spec, strata::ReplayParams{}, strata::ReplayInputs::from(stream));
@@ -172,7 +172,7 @@ TEST_F(ExpertCacheTest, OutputIsIdenticalAcrossPoliciesLookaheadBudgetsAndChunks
   EXPECT_EQ(run(rec, nullptr, profile, 5), reference_);
   auto tr = strata::read_trace(profile);
   ASSERT_TRUE(tr.is_ok());
-  const strata::RequestStream stream = strata::build_request_stream(tr.value());
+  const strata::RequestStream stream = strata::build_request_stream(tr.value()).value();
   for (const PolicyKind policy :
        {PolicyKind::kTemperature, PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kStatic}) {
     for (const int lookahead : {0, 1, 3}) {
@@ -299,7 +299,7 @@ TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
   // The predictor is better than chance (k of N_e) one layer ahead, the first MoE layer too
   // (predicted from the dense layer before it).
   // q[0] is the refresh, q[1] depth 1.
-  const auto q = strata::prediction_quality(strata::build_request_stream(t));
+  const auto q = strata::prediction_quality(strata::build_request_stream(t).value());
   ASSERT_EQ(q.size(), 3u);
   ASSERT_EQ(q[0].depth, 0u);
   EXPECT_GT(q[0].precision, static_cast<double>(k) / t.header.experts_per_layer);

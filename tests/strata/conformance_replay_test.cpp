@@ -39,7 +39,7 @@ class ConformanceTrace : public ::testing::Test {
     load_status_ = t.status();
     if (!t.is_ok()) return;
     trace_ = new Trace(std::move(t).value());
-    stream_ = new RequestStream(build_request_stream(*trace_));
+    stream_ = new RequestStream(build_request_stream(*trace_).value());
   }
   static void TearDownTestSuite() {
     delete stream_;
@@ -157,7 +157,7 @@ TEST_F(ConformanceTrace, ConvertedFileReplaysIdentically) {
   ASSERT_TRUE(write_trace(p, *trace_).is_ok());
   Result<Trace> back = read_trace(p);
   ASSERT_TRUE(back.is_ok()) << back.status().message();
-  const RequestStream s = build_request_stream(*back);
+  const RequestStream s = build_request_stream(*back).value();
   EXPECT_EQ(s.keys, stream_->keys);
   EXPECT_EQ(s.step_begin, stream_->step_begin);
   std::filesystem::remove(p);

@@ -3,6 +3,8 @@
 // hand-derived values for perfect and for wrong predictions.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -121,7 +123,7 @@ ReplayResult replay_lru(const RequestStream& stream, uint64_t slots, uint32_t de
 
 TEST(LookaheadReplay, PredictorQualityPerDepth) {
   const Trace perfect = make_decode_trace(Predictor::kPerfect);
-  const RequestStream s = build_request_stream(perfect);
+  const RequestStream s = build_request_stream(perfect).value();
   // Steps at layers 3 and 4 predict past the last layer: no target.
   EXPECT_EQ(s.predictions_without_target, kTokens * (kTopK + 2 * kTopK));
   const std::vector<PredictionQuality> q = prediction_quality(s);
@@ -144,14 +146,14 @@ TEST(LookaheadReplay, PredictorQualityPerDepth) {
   EXPECT_EQ(q[1].by_layer[2].correct, 0u);
   EXPECT_EQ(q[1].by_layer[3].correct, kTokens * kTopK);
 
-  const RequestStream w = build_request_stream(make_decode_trace(Predictor::kWrong));
+  const RequestStream w = build_request_stream(make_decode_trace(Predictor::kWrong)).value();
   const std::vector<PredictionQuality> qw = prediction_quality(w);
   EXPECT_DOUBLE_EQ(qw[0].recall, 0.0);
   EXPECT_DOUBLE_EQ(qw[0].precision, 0.0);
 }
 
 TEST(LookaheadReplay, PerfectPredictionsTurnMissesIntoHits) {
-  const RequestStream s = build_request_stream(make_decode_trace(Predictor::kPerfect));
+  const RequestStream s = build_request_stream(make_decode_trace(Predictor::kPerfect)).value();
   // 4 slots = two steps: without lookahead almost nothing is reused across tokens.
   const ReplayResult demand = replay_lru(s, 4, 0);
   const ReplayResult ahead = replay_lru(s, 4, 1);
@@ -184,8 +186,8 @@ Trace make_refresh_trace() {
 
 TEST(LookaheadReplay, RefreshPredictionsAreDepthZeroAndServeTheirOwnStep) {
   const Trace wrong = make_decode_trace(Predictor::kWrong);
-  const RequestStream plain = build_request_stream(wrong);
-  const RequestStream s = build_request_stream(make_refresh_trace());
+  const RequestStream plain = build_request_stream(wrong).value();
+  const RequestStream s = build_request_stream(make_refresh_trace()).value();
   EXPECT_TRUE(s.refresh);
   EXPECT_FALSE(plain.refresh);
   // The first step's refresh has no step before it to be issued at.
@@ -223,7 +225,7 @@ TEST(LookaheadReplay, RefreshPredictionsAreDepthZeroAndServeTheirOwnStep) {
 }
 
 TEST(LookaheadReplay, WrongPredictionsAreWasted) {
-  const RequestStream s = build_request_stream(make_decode_trace(Predictor::kWrong));
+  const RequestStream s = build_request_stream(make_decode_trace(Predictor::kWrong)).value();
   const ReplayResult ahead = replay_lru(s, 64, 2);
   EXPECT_GT(ahead.prefetch.issued, 0u);
   EXPECT_EQ(ahead.prefetch.useful, 0u);
@@ -256,7 +258,7 @@ namespace ktier::strata {
 namespace {
 
 TEST(LookaheadReplay, PrefillPredictionsAreAllKeptByEveryPolicy) {
-  const RequestStream s = build_request_stream(make_prefill_trace());
+  const RequestStream s = build_request_stream(make_prefill_trace()).value();
   // About 100 keys are pinned at once (this layer's remaining steps, the next layer's
   // predictions), within 128 slots: a prefetch always finds an unpinned resident to displace.
   // Temperature's window (32 slots, fixed here) is smaller than the pinned set.
@@ -271,7 +273,7 @@ TEST(LookaheadReplay, PrefillPredictionsAreAllKeptByEveryPolicy) {
 
 TEST(LookaheadReplay, BeladyWithPredictionsBoundsThePolicies) {
   for (Predictor pr : {Predictor::kPerfect, Predictor::kWrong}) {
-    const RequestStream s = build_request_stream(make_decode_trace(pr));
+    const RequestStream s = build_request_stream(make_decode_trace(pr)).value();
     for (uint64_t slots : {4, 8, 16}) {
       SCOPED_TRACE(std::to_string(slots) + " slots");
       const ReplayResult belady = replay_policy(PolicyKind::kBelady, s, slots, 2);
@@ -286,6 +288,22 @@ TEST(LookaheadReplay, BeladyWithPredictionsBoundsThePolicies) {
         EXPECT_GT(belady.prefetch.useful, 0u);
       }
     }
+  }
+}
+
+// Replay indexes steps, requests and predictions in 32 bits (kNeverUsed is the sentinel):
+// a trace with more of any is refused naming the counts, never replayed with wrapped indices.
+TEST(LookaheadReplay, TracesTooLongToIndexAreRefused) {
+  const uint64_t last = kNeverUsed - 1;
+  EXPECT_TRUE(replay_fits_in_32_bits(last, last, last).is_ok());
+  for (const auto& [steps, requests, predictions] :
+       {std::tuple{uint64_t{kNeverUsed}, uint64_t{0}, uint64_t{0}},
+        std::tuple{uint64_t{1}, uint64_t{kNeverUsed}, uint64_t{0}},
+        std::tuple{uint64_t{1}, uint64_t{2}, uint64_t{1} << 40}}) {
+    const Status s = replay_fits_in_32_bits(steps, requests, predictions);
+    EXPECT_EQ(s.exit_code(), 2);
+    EXPECT_NE(s.message().find(std::to_string(requests) + " requests"), std::string::npos)
+        << s.message();
   }
 }
 
