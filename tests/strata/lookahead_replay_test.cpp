@@ -3,10 +3,9 @@
 // hand-derived values for perfect and for wrong predictions.
 #include <gtest/gtest.h>
 
-#include <tuple>
-
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/run_process.h"
