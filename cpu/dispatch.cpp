@@ -317,6 +317,9 @@ void kda_recurrence(const float* q, const float* k, const float* v, const float*
 // ---- MLA, AttnRes, router, argmax ------------------------------------------------------------
 
 namespace {
+// A pass holds its heads' scores (heads x positions doubles); 8 Mi doubles (64 MiB) keeps all
+// 96 heads of K3 in one pass up to ~87k positions and a million positions in 12 passes.
+constexpr int64_t kMlaScoreDoubles = int64_t{8} << 20;
 // The pass buffer: q_lat and q_rope (doubles), probs (doubles), c_hat (f32, in doubles' room).
 int64_t mla_buffer_doubles(int64_t L, int64_t dr, int64_t heads, int64_t n_positions) {
   return heads * (L + dr + n_positions) + (heads * L + 1) / 2;
@@ -324,16 +327,19 @@ int64_t mla_buffer_doubles(int64_t L, int64_t dr, int64_t heads, int64_t n_posit
 }  // namespace
 
 uint64_t mla_buffer_bytes(const MlaDims& d, int64_t n_positions) {
-  const int G = mla_heads_per_pass(d.n_heads, n_positions);
-  return static_cast<uint64_t>(mla_buffer_doubles(d.kv_lora, d.qk_rope, G, n_positions)) *
-         sizeof(double);
+  // Largest over the calls up to n_positions: it grows with n while every head fits one pass,
+  // and past that point (fewer heads per pass) it shrinks, so the peak is at n_positions or at
+  // the last n with all heads in one pass.
+  auto at = [&](int64_t n) {
+    const int G = mla_heads_per_pass(d.n_heads, n);
+    return static_cast<uint64_t>(mla_buffer_doubles(d.kv_lora, d.qk_rope, G, n)) * sizeof(double);
+  };
+  const int64_t all_heads = kMlaScoreDoubles / std::max(1, d.n_heads);
+  return std::max(at(n_positions), at(std::min(n_positions, all_heads)));
 }
 
 int mla_heads_per_pass(int n_heads, int64_t n_positions) {
-  // A pass holds its heads' scores (heads x positions doubles); 8 Mi doubles (64 MiB) keeps all
-  // 96 heads of K3 in one pass up to ~87k positions and a million positions in 12 passes.
-  constexpr int64_t kScoreDoubles = int64_t{8} << 20;
-  const int64_t fit = kScoreDoubles / std::max<int64_t>(1, n_positions);
+  const int64_t fit = kMlaScoreDoubles / std::max<int64_t>(1, n_positions);
   return static_cast<int>(std::clamp<int64_t>(fit, 1, std::max(1, n_heads)));
 }
 

@@ -11,7 +11,7 @@ class ThreadPool;
 enum class Isa : uint8_t {
   kScalar,  // the *_ref kernels: portable C++, the ground truth of the numerics contract
   kAvx2,    // the x86/avx2_* kernels (AVX2 + FMA + F16C), byte-identical to kScalar
-  kAvx512,  // kAvx2 with the AVX-512 linear kernels (x86/avx512_linear.cpp), byte-identical too
+  kAvx512,  // kAvx2 with AVX-512 linear and MLA cache kernels (x86/avx512_*.cpp); identical too
 };
 
 const char* isa_name(Isa isa);

@@ -20,7 +20,7 @@
 //
 // Contract of every engine:
 // - Requests are issued in submission order (all chunks of one request before the next) within
-//   each priority (ReadPriority: every urgent request before any speculative one not yet
+//   each priority (ReadPriority: every demand request before any read-ahead one not yet
 //   started), with up to IoOptions::queue_depth chunk reads in flight across all queues.
 //   Completions are delivered per request, in any order, to the queue the request was
 //   submitted on.
@@ -176,18 +176,21 @@ class IoEngine {
 // process which engine it uses and why. Status::runtime when the forced backend is unavailable.
 Result<std::unique_ptr<IoEngine>> make_io_engine(const IoOptions& options);
 
-// One client's completions. Thread-safe. Requests submitted through it complete into it. Its
-// destructor cancels the requests that have not started and blocks until the rest have
-// completed (so their buffers are no longer written), discarding the completions.
-// Which of an engine's two FIFOs a queue's requests wait in. Chunks are cut from urgent
-// requests first, so a read something is blocked on (a layer's expert misses, the trunk) waits
-// only for the chunks already in flight, never behind queued speculative ones (expert prefetch).
-enum class ReadPriority { kUrgent = 0, kSpeculative = 1 };
+// Which of an engine's two FIFOs a queue's requests wait in. kDemand: reads the caller blocks
+// on as it submits them (the expert tier's misses, synchronous loads); kReadAhead: reads issued
+// ahead of need (the trunk ring's next layers, expert prefetch), which keep their common FIFO
+// order among themselves. Chunks are cut from demand requests first: a miss waits only for the
+// chunks already in flight, never behind queued read-ahead.
+enum class ReadPriority { kDemand = 0, kReadAhead = 1 };
 
+// One client's completions. Thread-safe. Requests submitted through it complete into it, in the
+// engine FIFO of its priority. Its destructor cancels the requests that have not started and
+// blocks until the rest have completed (so their buffers are no longer written), discarding the
+// completions.
 // REQUIRES: the engine outlives the queue.
 class CompletionQueue {
  public:
-  explicit CompletionQueue(IoEngine& engine, ReadPriority priority = ReadPriority::kUrgent)
+  explicit CompletionQueue(IoEngine& engine, ReadPriority priority = ReadPriority::kDemand)
       : engine_(engine), priority_(priority) {}
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;

@@ -129,7 +129,7 @@ class QueuedIoEngine : public IoEngine {
  private:
   // REQUIRES mu_. Cuts the next chunk off the head request; null as take_chunk.
   std::unique_ptr<Chunk> take_chunk_locked();
-  // REQUIRES mu_. The FIFO chunks are cut from next (urgent before speculative); null if both
+  // REQUIRES mu_. The FIFO chunks are cut from next (demand before read-ahead); null if both
   // are empty.
   std::deque<std::shared_ptr<Request>>* next_queue_locked();
   // REQUIRES mu_. Delivers `r` if it is fully cut and no chunk of it runs.
@@ -143,7 +143,7 @@ class QueuedIoEngine : public IoEngine {
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;                 // queue grew, bounce freed, shutdown
-  // Requests not fully cut, one FIFO per ReadPriority (urgent first). Guarded by mu_.
+  // Requests not fully cut, one FIFO per ReadPriority (demand first). Guarded by mu_.
   std::deque<std::shared_ptr<Request>> queues_[2];
   std::vector<AlignedBuffer> bounce_;               // guarded by mu_ (the vector, not the bytes)
   std::vector<uint32_t> free_bounce_;               // guarded by mu_

@@ -161,9 +161,9 @@ Status Engine::open_trunk_dial(const EngineOptions& opts) {
   // In GPU mode lookahead scores the device trunk's copy of the routers, not a host RouterBank.
   // The sequence's working set lives in host memory on the CPU path; in GPU mode it is set
   // aside from the VRAM budget (plan_device).
-  const DialMinimum min =
-      dial_minimum(ckpt_, pk, lookahead_depth(opts), pool_->size(),
-                   /*host_routers=*/!device_mode(opts), device_mode(opts) ? nullptr : &opts.workload);
+  const EngineOptions::Workload* host_sequence = device_mode(opts) ? nullptr : &opts.workload;
+  const DialMinimum min = dial_minimum(ckpt_, pk, lookahead_depth(opts), pool_->size(),
+                                       /*host_routers=*/!device_mode(opts), host_sequence);
   dial_min_ = min;
   const uint64_t expert_min = min.experts(), bank_reserve = min.routers;
   if (budget_ < min.total())
@@ -225,7 +225,8 @@ Status Engine::open_expert_tier(const EngineOptions& opts) {
   // The tier is faulted in at start: never ask for more than the machine has free (a budget
   // above physical memory, or `max`, would otherwise end in the OOM killer).
   if (const uint64_t avail = meminfo().second; avail > 0) {
-    const uint64_t usable = avail / 10 * 9;
+    // The sequence's state is allocated after the tier (new_sequence): still free now.
+    const uint64_t usable = avail / 10 * 9 > min.sequence ? avail / 10 * 9 - min.sequence : 0;
     if (left > usable) {
       spdlog::warn("expert tier capped at {} (90% of MemAvailable), below what the budget leaves",
                    gib(usable));

@@ -63,7 +63,8 @@ struct EngineOptions {
   // placed, so that the whole run fits in it; the sequence must reserve its caches for
   // `positions` (GenerationOptions::reserve_positions; evaluate() does). A longer sequence
   // grows its caches outside the budget: on a GPU that may fail out of memory (exit 1), on the
-  // emulated device it does. `run` gives prompt + -n - 1 (or -c), `eval` its tokens.
+  // emulated device it does. `run` gives prompt + -n - 1 (or -c), `eval` its tokens. (The
+  // emulated device runs the CPU MLA kernel, whose buffer is counted in neither budget.)
   struct Workload {
     int64_t positions = 4096;  // tokens the sequence holds at most
     int64_t chunk = 256;       // tokens per forward() at most

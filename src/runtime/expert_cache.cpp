@@ -86,7 +86,7 @@ Result<std::unique_ptr<ExpertCache>> ExpertCache::open(const format::Checkpoint&
   const format::ModelConfig& c = ckpt.config();
   std::unique_ptr<ExpertCache> x(new ExpertCache(ckpt, engine, files));
   x->demand_cq_ = std::make_unique<io::CompletionQueue>(engine);
-  x->prefetch_cq_ = std::make_unique<io::CompletionQueue>(engine, io::ReadPriority::kSpeculative);
+  x->prefetch_cq_ = std::make_unique<io::CompletionQueue>(engine, io::ReadPriority::kReadAhead);
   const int64_t slots = opts.policy_slots + opts.batch_slots;
   x->stats_.slots = slots;
   x->stats_.policy_slots = opts.policy_slots;

@@ -125,7 +125,9 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   for (uint32_t r = 0; r < s->records_.size(); ++r)
     for (uint32_t t = 0; t < s->records_[r].tensors.size(); ++t)
       s->by_name_[s->records_[r].tensors[t].name] = {r, t};
-  s->cq_ = std::make_unique<io::CompletionQueue>(engine);
+  // The ring reads ahead of need, in one FIFO with expert prefetch; a layer the decode waits
+  // for may queue behind prefetches, as it did before priorities existed (IO-LAYER.md).
+  s->cq_ = std::make_unique<io::CompletionQueue>(engine, io::ReadPriority::kReadAhead);
   if (pack) {
     KTIER_ASSIGN_OR_RETURN(s->pack_file_, engine.open(pack->pack_path()));
   }

@@ -90,8 +90,9 @@ TEST_P(ThreadInvariance, OneTwoThreeThreadsWriteIdenticalBytes) {
 INSTANTIATE_TEST_SUITE_P(Isas, ThreadInvariance, ::testing::ValuesIn(kAllIsas), IsaParamName());
 
 // MLA runs each token in passes over groups of heads (mla_heads_per_pass): every grouping, at 1
-// and 3 threads, writes the bytes of the scalar kernels in one pass. 7 heads: pairs and a single
-// in the score kernel; 150 positions: several mix tiles; 97 latent channels: a partial range.
+// and 3 threads, writes the bytes of the scalar kernels in one pass. 7 heads: blocks and single
+// heads in the score kernel; 150 positions: several mix tiles; 97 latent channels: a partial
+// range; rope 20: a 16-lane block and a tail.
 TEST_P(ThreadInvariance, MlaHeadGroupingWritesIdenticalBytes) {
   const Isa isa = GetParam();
   if (!isa_supported(isa)) GTEST_SKIP() << skip_reason(isa);
@@ -99,7 +100,7 @@ TEST_P(ThreadInvariance, MlaHeadGroupingWritesIdenticalBytes) {
   MlaDims d;
   d.n_heads = 7;
   d.qk_nope = 13;
-  d.qk_rope = 4;
+  d.qk_rope = 20;  // a whole 16-lane block and a tail
   d.v_head = 6;
   d.kv_lora = 97;
   const int64_t T = 3, n_past = 147, N = n_past + T;
@@ -139,6 +140,11 @@ TEST_P(ThreadInvariance, MlaHeadGroupingWritesIdenticalBytes) {
   EXPECT_EQ(mla_heads_per_pass(96, 4096), 96);
   EXPECT_EQ(mla_heads_per_pass(96, int64_t{1} << 20), 8);
   EXPECT_EQ(mla_heads_per_pass(96, int64_t{1} << 30), 1);
+  // The buffer a thread keeps is the largest of any call up to n positions: fewer heads per
+  // pass past ~87k positions make it shrink again.
+  const MlaDims k3{96, 128, 64, 128, 512};
+  for (const int64_t n : {int64_t{1000}, int64_t{87381}, int64_t{100000}, int64_t{131072}})
+    EXPECT_LE(mla_buffer_bytes(k3, n), mla_buffer_bytes(k3, 131072)) << n;
 }
 
 // The pool itself: every index covered exactly once, for odd sizes and grains, nested calls inline.

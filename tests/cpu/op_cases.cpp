@@ -316,7 +316,7 @@ std::vector<OpCase> make_op_cases(const CaseOptions& opt) {
       MlaDims d;
       d.n_heads = opt.large ? 7 : 5;
       d.qk_nope = 19;
-      d.qk_rope = 6;
+      d.qk_rope = 21;  // one whole 16-lane block and a tail
       d.v_head = 11;
       d.kv_lora = static_cast<int>(L);
       const int64_t T = 2, n_past = opt.large ? 300 : 150, N = n_past + T;
@@ -331,7 +331,7 @@ std::vector<OpCase> make_op_cases(const CaseOptions& opt) {
                        {T * d.n_heads * d.v_head},
                        [=](const Exec& ex, const std::vector<float*>& o) {
                          mla_attention(d, q->data(), T, w->view, c->data(), r->data(), n_past,
-                                       1.0 / std::sqrt(25.0), o[0], ex);
+                                       1.0 / std::sqrt(40.0), o[0], ex);
                        }});
     }
   }

@@ -239,11 +239,11 @@ TEST_P(IoFaultTest, QueueDepthReadsInParallel) {
   EXPECT_TRUE(bytes_match(buf, 0, 32 * 4096));
 }
 
-// A read something waits on overtakes queued speculative ones: with one read in flight at a
-// time and 30 ms per read, an urgent read submitted behind 12 speculative ones lands while at
-// most two of them have (the one running when it came, and at most one started just before),
-// not after all 12; the speculative ones then still all land, in their own order.
-TEST_P(IoFaultTest, UrgentReadsOvertakeQueuedSpeculativeOnes) {
+// A demand read overtakes queued read-ahead: with one read in flight at a time and 30 ms per
+// read, a demand read submitted behind 12 read-ahead ones lands while at most two of them have
+// (the one running when it came, and at most one started just before), not after all 12; the
+// read-ahead ones then still all land, in their own order.
+TEST_P(IoFaultTest, DemandReadsOvertakeQueuedReadAhead) {
   IoOptions opt;
   opt.queue_depth = 1;
   KTIER_ENGINE_OR_SKIP(e, opt);
@@ -252,20 +252,20 @@ TEST_P(IoFaultTest, UrgentReadsOvertakeQueuedSpeculativeOnes) {
   auto buf = std::move(AlignedBuffer::allocate(13 * 4096)).value();
   std::vector<ReadRequest> batch;
   for (uint64_t i = 0; i < 12; ++i) batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
-  CompletionQueue speculative(*e, ReadPriority::kSpeculative), urgent(*e);
-  EXPECT_EQ(speculative.priority(), ReadPriority::kSpeculative);
-  EXPECT_EQ(urgent.priority(), ReadPriority::kUrgent);
-  ASSERT_TRUE(speculative.submit(batch).is_ok());
+  CompletionQueue ahead(*e, ReadPriority::kReadAhead), demand(*e);
+  EXPECT_EQ(ahead.priority(), ReadPriority::kReadAhead);
+  EXPECT_EQ(demand.priority(), ReadPriority::kDemand);
+  ASSERT_TRUE(ahead.submit(batch).is_ok());
   const ReadRequest u{&f, 12 * 4096, 4096, buf.data() + 12 * 4096, 99};
-  ASSERT_TRUE(urgent.submit({&u, 1}).is_ok());
+  ASSERT_TRUE(demand.submit({&u, 1}).is_ok());
   std::vector<Completion> done;
-  urgent.wait(1, done);
+  demand.wait(1, done);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(done[0].status.is_ok()) << done[0].status.message();
   done.clear();
-  speculative.wait(0, done);
-  EXPECT_LE(done.size(), 2u) << "speculative reads landed before the urgent one";
-  while (speculative.outstanding() > 0) speculative.wait(1, done);
+  ahead.wait(0, done);
+  EXPECT_LE(done.size(), 2u) << "read-ahead landed before the demand read";
+  while (ahead.outstanding() > 0) ahead.wait(1, done);
   ASSERT_EQ(done.size(), 12u);
   for (size_t i = 0; i < done.size(); ++i) {
     EXPECT_TRUE(done[i].status.is_ok()) << done[i].status.message();
