@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -419,8 +420,32 @@ TEST_F(DeviceModeTest, CudaMatchesTheCpuAndIsBudgetInvariant) {
   for (size_t i = 1; i < outs.size(); ++i)
     EXPECT_TRUE(outs[i] == outs[0]) << "GPU output changed with the VRAM budget (" << i << ")";
   const size_t n_logits = kDialTestPrompt.size() * V;
-  EXPECT_TRUE(std::equal(outs[0].begin() + n_logits, outs[0].end(), reference_.begin() + n_logits))
-      << "greedy ids differ from the CPU's";
+  // The greedy ids must match the CPU's up to the first step where the CPU's own top two
+  // logits are within 1e-3 (its logits along its continuation, teacher-forced): the GPU sums
+  // in f32 and may take the other one there, and every id after it may then differ.
+  const std::vector<int32_t> cpu_ids(reference_.begin() + n_logits, reference_.end());
+  std::vector<int32_t> forced = kDialTestPrompt;
+  forced.insert(forced.end(), cpu_ids.begin(), cpu_ids.end() - 1);
+  std::vector<float> along(forced.size() * static_cast<size_t>(V));
+  {
+    auto e = Engine::open(cpu());
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    ASSERT_TRUE(evaluate((*e)->model(), forced, 5, along.data()).is_ok());
+  }
+  size_t robust = 0;
+  for (; robust < cpu_ids.size(); ++robust) {
+    const float* l = along.data() + (kDialTestPrompt.size() - 1 + robust) * V;
+    std::vector<float> top(l, l + V);
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<>());
+    ASSERT_EQ(std::max_element(l, l + V) - l, cpu_ids[robust]) << "the CPU is not its own greedy";
+    if (top[0] - top[1] <= 1e-3f) break;
+  }
+  if (robust < cpu_ids.size())
+    std::printf("[ note ] greedy ids compared up to step %zu of %zu (a near tie after it)\n",
+                robust, cpu_ids.size());
+  EXPECT_TRUE(std::equal(outs[0].begin() + n_logits, outs[0].begin() + n_logits + robust,
+                         reference_.begin() + n_logits))
+      << "greedy ids differ from the CPU's before any near tie";
   for (size_t t = 0; t < kDialTestPrompt.size(); ++t) {
     const float* want = reference_.data() + t * V;
     const float* got = outs[0].data() + t * V;
