@@ -165,29 +165,35 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
     }
   }
   KTIER_RETURN_IF_ERROR(be.gather_rows(u_in, src_row.data(), T * k, lat, xin));
-  // Experts run in batches the source can hold at once (a RAM tier's slot count); each
-  // expert's rows are computed exactly as in one batch, so the batching changes no byte.
+  // Experts run in batches the source can hold at once (a RAM tier's slot count), and within a
+  // batch in the groups the source hands over (those in memory first, while the others load).
+  // Each expert's rows are computed exactly as in one batch, so neither changes a byte.
   const size_t batch = static_cast<size_t>(std::max<int64_t>(1, experts.max_batch()));
   std::vector<ExpertWeights> views(std::min(batch, selected.size()));
   std::vector<cpu::LinearJob> jobs;
   for (size_t b0 = 0; b0 < selected.size(); b0 += batch) {
     const size_t b1 = std::min(selected.size(), b0 + batch);
-    KTIER_RETURN_IF_ERROR(experts.fetch(
-        layer, std::span<const int32_t>(selected.data() + b0, b1 - b0), views.data()));
-    jobs.clear();
-    for (size_t g = b0; g < b1; ++g) {
-      const int64_t m = row0[g + 1] - row0[g];
-      jobs.push_back({views[g - b0].w1, xin + row0[g] * lat, m, a1 + row0[g] * I});
-      jobs.push_back({views[g - b0].w3, xin + row0[g] * lat, m, a3 + row0[g] * I});
-    }
-    KTIER_RETURN_IF_ERROR(be.linear(jobs.data(), static_cast<int>(jobs.size())));
-    const int64_t r0 = row0[b0], r1 = row0[b1];
-    KTIER_RETURN_IF_ERROR(be.situ_glu(a1 + r0 * I, a3 + r0 * I, (r1 - r0) * I, c.situ_beta,
-                         c.situ_linear_beta, a1 + r0 * I));
-    jobs.clear();
-    for (size_t g = b0; g < b1; ++g)
-      jobs.push_back({views[g - b0].w2, a1 + row0[g] * I, row0[g + 1] - row0[g], y2 + row0[g] * lat});
-    KTIER_RETURN_IF_ERROR(be.linear(jobs.data(), static_cast<int>(jobs.size())));
+    const auto run_group = [&](std::span<const size_t> group) -> Status {
+      jobs.clear();
+      for (size_t i : group) {
+        const size_t g = b0 + i;
+        const int64_t m = row0[g + 1] - row0[g];
+        jobs.push_back({views[i].w1, xin + row0[g] * lat, m, a1 + row0[g] * I});
+        jobs.push_back({views[i].w3, xin + row0[g] * lat, m, a3 + row0[g] * I});
+      }
+      KTIER_RETURN_IF_ERROR(be.linear(jobs.data(), static_cast<int>(jobs.size())));
+      jobs.clear();
+      for (size_t i : group) {
+        const size_t g = b0 + i;
+        const int64_t r0 = row0[g], r1 = row0[g + 1];
+        KTIER_RETURN_IF_ERROR(be.situ_glu(a1 + r0 * I, a3 + r0 * I, (r1 - r0) * I, c.situ_beta,
+                                          c.situ_linear_beta, a1 + r0 * I));
+        jobs.push_back({views[i].w2, a1 + r0 * I, r1 - r0, y2 + r0 * lat});
+      }
+      return be.linear(jobs.data(), static_cast<int>(jobs.size()));
+    };
+    KTIER_RETURN_IF_ERROR(experts.fetch_each(
+        layer, std::span<const int32_t>(selected.data() + b0, b1 - b0), views.data(), run_group));
   }
 
   // Combine per token in its own selection order, whatever order the experts ran in.

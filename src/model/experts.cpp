@@ -77,6 +77,14 @@ Result<cpu::WeightMatrix> CheckpointExpertSource::view(const Matrix& m, int64_t 
   return w;
 }
 
+Status ExpertSource::fetch_each(int64_t layer, std::span<const int32_t> ids, ExpertWeights* out,
+                                const ReadyFn& ready) {
+  KTIER_RETURN_IF_ERROR(fetch(layer, ids, out));
+  std::vector<size_t> all(ids.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return ready(all);
+}
+
 uint64_t expert_bytes(const ExpertWeights& e) {
   return matrix_bytes(e.w1) + matrix_bytes(e.w2) + matrix_bytes(e.w3);
 }

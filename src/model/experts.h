@@ -37,6 +37,15 @@ class ExpertSource {
   // Errors: Status::runtime for an I/O failure, Status::corrupt for a range past the end of its
   // file (a shard shorter than its header says); no partial view is ever used.
   virtual Status fetch(int64_t layer, std::span<const int32_t> ids, ExpertWeights* out) = 0;
+  // fetch() that hands experts over as they become available, so a caller computes with some
+  // while others still load: calls `ready` with indices into `ids` (each exactly once over the
+  // call, in groups: a tiered source gives those in memory first, then each group of reads as
+  // it lands), out[i] valid from then until the next fetch. If `ready` fails, or a read does,
+  // no later group is handed over and the first error is returned once every read issued has
+  // landed. Default: fetch(), then ready(all) once.
+  using ReadyFn = std::function<Status(std::span<const size_t> indices)>;
+  virtual Status fetch_each(int64_t layer, std::span<const int32_t> ids, ExpertWeights* out,
+                            const ReadyFn& ready);
   // Announces MoE layer `layer`'s routing for one forward chunk, before its fetches: ids [T, k],
   // each token's experts in selection order; token t is at sequence position first_position + t.
   // A tiered source drives its placement policy with it (one policy step per token). Default:

@@ -127,6 +127,10 @@ class Engine {
     if (vram_tier_) return vram_tier_.get();
     return cache_ ? static_cast<const model::ExpertSource*>(cache_.get()) : experts_.get();
   }
+  model::ExpertSource* experts() {
+    if (vram_tier_) return vram_tier_.get();
+    return cache_ ? static_cast<model::ExpertSource*>(cache_.get()) : experts_.get();
+  }
   const cpu::Exec& exec() const { return exec_; }
   int threads() const { return pool_->size(); }
 

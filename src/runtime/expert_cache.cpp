@@ -415,31 +415,49 @@ bool ExpertCache::peek(int64_t layer, int32_t id, model::ExpertWeights* out) {
 }
 
 Status ExpertCache::fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) {
+  return fetch_each(layer, ids, out, [](std::span<const size_t>) { return Status::ok(); });
+}
+
+Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
+                               model::ExpertWeights* out, const ReadyFn& ready) {
   KTIER_CHECK(static_cast<int64_t>(ids.size()) <= stats_.batch_slots);
   release_bypass();
   reap_prefetches(/*block=*/false);
   const int64_t Ne = ckpt_.config().num_experts;
   std::vector<io::ReadRequest> reads;
-  std::vector<size_t> slot_of(ids.size());
+  std::vector<size_t> slot_of(ids.size()), in_memory, loading;
+  struct Miss {
+    size_t slot, index;
+    uint32_t reads_left;
+  };
+  std::vector<Miss> misses;
+  // A demand read of ids[i] into slot si (a new one, or a prefetch's that failed).
+  const auto plan_miss = [&](size_t i, size_t si) {
+    slots_[si].state = SlotState::kReady;
+    slot_of[i] = si;
+    const size_t before = reads.size();
+    plan_reads(static_cast<uint32_t>(layer * Ne + ids[i]), si, reads);
+    misses.push_back({si, i, static_cast<uint32_t>(reads.size() - before)});
+    const uint64_t bytes = expert_bytes(static_cast<uint32_t>(layer * Ne + ids[i]));
+    ++stats_.demand_reads;
+    stats_.miss_bytes += bytes;
+    stats_.read_bytes += bytes;
+  };
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t key = static_cast<uint32_t>(layer * Ne + ids[i]);
-    const uint64_t bytes = expert_bytes(key);
     int32_t si = slot_of_key_[key];
     if (si >= 0) {
       Slot& s = slots_[static_cast<size_t>(si)];
-      const bool was_loading = s.state == SlotState::kLoading;
-      while (s.state == SlotState::kLoading) reap_prefetches(/*block=*/true);
-      if (s.prefetched_unused) settle_prefetch(s, layer, !was_loading);
+      slot_of[i] = static_cast<size_t>(si);
+      if (s.state == SlotState::kLoading) {  // a late prefetch: handed over when it lands
+        loading.push_back(i);
+        continue;
+      }
+      if (s.prefetched_unused) settle_prefetch(s, layer, /*arrived_in_time=*/true);
       if (!s.read_failed) {
-        slot_of[i] = static_cast<size_t>(si);
-        if (was_loading) {
-          ++stats_.late;
-          stats_.late_bytes += bytes;
-          stats_.miss_bytes += bytes;
-        } else {
-          ++stats_.hits;
-          stats_.hit_bytes += bytes;
-        }
+        in_memory.push_back(i);
+        ++stats_.hits;
+        stats_.hit_bytes += expert_bytes(key);
         continue;
       }
       s.read_failed = false;  // a failed prefetch: read again on demand, same slot
@@ -450,28 +468,80 @@ Status ExpertCache::fetch(int64_t layer, std::span<const int32_t> ids, model::Ex
       slot_of_key_[key] = si;
       if (!policy_->contains(key)) bypass_.push_back(static_cast<size_t>(si));
     }
-    slots_[static_cast<size_t>(si)].state = SlotState::kReady;
-    slot_of[i] = static_cast<size_t>(si);
-    plan_reads(key, static_cast<size_t>(si), reads);
-    ++stats_.demand_reads;
-    stats_.miss_bytes += bytes;
-    stats_.read_bytes += bytes;
+    plan_miss(i, static_cast<size_t>(si));
   }
-  if (!reads.empty()) {
+  // The experts in memory go first, while late prefetches and the misses' reads run; each of
+  // those is handed over when its reads land. No prefetch is issued here: the policy could
+  // displace an expert this fetch hands out.
+  Status first;
+  const auto submit = [&]() {
+    if (reads.empty()) return;
     std::sort(reads.begin(), reads.end(), by_disk_order);
-    const uint64_t t0 = now_ns();
-    Status st = demand_cq_->submit(reads);
-    if (st.is_ok()) st = demand_cq_->wait_all();
-    stats_.io_wait_ns += now_ns() - t0;
-    if (!st.is_ok()) {
-      // No partial expert may be used later: every slot this fetch read is marked for re-reading.
-      for (const io::ReadRequest& r : reads) slots_[r.tag].read_failed = true;
-      return st;
+    if (Status st = demand_cq_->submit(reads); !st.is_ok()) {  // nothing was queued
+      for (Miss& m : misses) {
+        if (m.reads_left == 0) continue;
+        slots_[m.slot].read_failed = true;
+        m.reads_left = 0;
+      }
+      if (first.is_ok()) first = st;
     }
+    reads.clear();
+  };
+  submit();
+  const auto hand_over = [&](std::span<const size_t> indices) {
+    for (size_t i : indices) out[i] = view(slots_[slot_of[i]], layer, ids[i]);
+    if (first.is_ok()) first = ready(indices);
+  };
+  if (!in_memory.empty()) hand_over(in_memory);
+  // Late prefetches, in the order asked: one that has landed by the time the decode comes to it
+  // (after computing with those above) was in time (a hit); the decode waits for the others
+  // (late: misses). Each is handed over as it lands.
+  std::vector<size_t> landed;
+  for (const size_t i : loading) {
+    Slot& s = slots_[slot_of[i]];
+    reap_prefetches(/*block=*/false);
+    const bool in_time = s.state != SlotState::kLoading;
+    while (s.state == SlotState::kLoading) reap_prefetches(/*block=*/true);
+    if (s.prefetched_unused) settle_prefetch(s, layer, in_time);
+    if (s.read_failed) {  // re-read on demand (a retry, then the error)
+      s.read_failed = false;
+      plan_miss(i, slot_of[i]);
+      submit();
+      continue;
+    }
+    const uint64_t bytes = expert_bytes(static_cast<uint32_t>(layer * Ne + ids[i]));
+    if (in_time) {
+      ++stats_.hits;
+      stats_.hit_bytes += bytes;
+    } else {
+      ++stats_.late;
+      stats_.late_bytes += bytes;
+      stats_.miss_bytes += bytes;
+    }
+    if (first.is_ok()) hand_over(std::span<const size_t>(&i, 1));
   }
-  // No prefetch is issued here: the policy could displace an expert this fetch hands out.
-  for (size_t i = 0; i < ids.size(); ++i) out[i] = view(slots_[slot_of[i]], layer, ids[i]);
-  return Status::ok();
+  std::vector<io::Completion> done;
+  while (demand_cq_->outstanding() > 0) {
+    done.clear();
+    landed.clear();
+    const uint64_t t0 = now_ns();
+    demand_cq_->wait(1, done);
+    stats_.io_wait_ns += now_ns() - t0;
+    for (const io::Completion& c : done) {
+      // No partial expert may be used later: a slot with a failed read is marked for re-reading.
+      Miss* m = nullptr;
+      for (Miss& x : misses)
+        if (x.slot == c.tag && x.reads_left > 0) m = &x;
+      KTIER_CHECK(m != nullptr);
+      if (!c.status.is_ok()) {
+        slots_[m->slot].read_failed = true;
+        if (first.is_ok()) first = c.status;
+      }
+      if (--m->reads_left == 0 && !slots_[m->slot].read_failed) landed.push_back(m->index);
+    }
+    if (!landed.empty() && first.is_ok()) hand_over(landed);
+  }
+  return first;
 }
 
 }  // namespace ktier::runtime

@@ -109,6 +109,10 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   void begin_layer(int64_t layer, int64_t first_position, const int32_t* ids, int64_t T,
                    int k) override;
   Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override;
+  // Experts in memory (hits, landed prefetches) are handed over first, while the misses' reads
+  // run; each miss when its reads land.
+  Status fetch_each(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out,
+                    const ReadyFn& ready) override;
   // A ready slot's views (no read, no wait; not counted as a use). See ExpertSource::peek.
   bool peek(int64_t layer, int32_t id, model::ExpertWeights* out) override;
   void set_reuse_fence(std::function<void()> fence) override { reuse_fence_ = std::move(fence); }

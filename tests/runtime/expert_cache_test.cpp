@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <memory>
 #include <set>
+#include <span>
 #include <thread>
 #include <utility>
 
@@ -437,6 +438,75 @@ TEST_F(ExpertCacheTest, FailedReadsFailThePassAndTheTierRecovers) {
                               });
   ASSERT_TRUE(again.is_ok()) << again.status().message();
   EXPECT_EQ(ids, reference_);
+}
+
+// fetch_each hands the experts already in memory over at once, while the misses' reads run,
+// and each miss when its reads land: with every read delayed 80 ms the first group is the hits
+// (before any read could land), the misses come after, every index exactly once, and the views
+// are the ones a later fetch() hands out. A failing callback stops the hand-over; its error is
+// returned once the reads issued have landed, and those experts are then in memory.
+TEST_F(ExpertCacheTest, FetchEachHandsOverExpertsInMemoryWhileMissesLoad) {
+  EngineOptions eo;
+  eo.model_dir = root_ / "ckpt";
+  eo.threads = 2;
+  eo.ram_budget = budget_for(keys_, 0);
+  eo.lookahead = 0;
+  eo.io.backend = io::IoBackend::kPread;
+  eo.io.fault_plan = std::make_shared<io::FaultPlan>();
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  ASSERT_NE((*e)->experts(), nullptr);
+  model::ExpertSource& x = *(*e)->experts();
+  const format::ModelConfig& c = (*e)->checkpoint().config();
+  ASSERT_GE(c.num_experts, 8);
+  ASSERT_GE(top_k_, 2u);  // a fetch takes up to top_k experts
+  const int64_t layer = c.first_k_dense_replace;  // the first MoE layer
+  std::vector<model::ExpertWeights> out(2), again(2);
+  const std::vector<int32_t> warm = {0, 1};
+  x.begin_layer(layer, 0, warm.data(), 1, 2);
+  ASSERT_TRUE(x.fetch(layer, warm, out.data()).is_ok());
+
+  eo.io.fault_plan->add(io::FaultRule::delay_by(std::chrono::milliseconds(80)).times(-1));
+  const std::vector<int32_t> ids = {5, 0};  // a miss, then a hit
+  x.begin_layer(layer, 1, ids.data(), 1, 2);
+  std::vector<std::vector<size_t>> groups;
+  std::vector<double> at;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = x.fetch_each(layer, ids, out.data(), [&](std::span<const size_t> g) {
+    groups.emplace_back(g.begin(), g.end());
+    at.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return Status::ok();
+  });
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  ASSERT_GE(groups.size(), 2u);
+  EXPECT_EQ(groups[0], (std::vector<size_t>{1}));  // the hit, before the miss asked first
+  EXPECT_LT(at[0], 0.04);
+  std::vector<size_t> later;
+  for (size_t i = 1; i < groups.size(); ++i) {
+    EXPECT_GE(at[i], 0.07);
+    later.insert(later.end(), groups[i].begin(), groups[i].end());
+  }
+  std::sort(later.begin(), later.end());
+  EXPECT_EQ(later, (std::vector<size_t>{0}));
+  const uint64_t reads = (*e)->expert_cache()->stats().demand_reads;
+  x.begin_layer(layer, 2, ids.data(), 1, 2);
+  ASSERT_TRUE(x.fetch(layer, ids, again.data()).is_ok());
+  EXPECT_EQ((*e)->expert_cache()->stats().demand_reads, reads);  // both in memory now
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(again[i].w1.data, out[i].w1.data) << i;
+
+  const std::vector<int32_t> more = {1, 4};
+  x.begin_layer(layer, 3, more.data(), 1, 2);
+  int calls = 0;
+  const Status stopped = x.fetch_each(layer, more, out.data(), [&](std::span<const size_t>) {
+    ++calls;
+    return Status::runtime("the caller failed");
+  });
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(stopped.message(), "the caller failed");
+  const uint64_t reads_before = (*e)->expert_cache()->stats().demand_reads;
+  x.begin_layer(layer, 4, more.data(), 1, 2);
+  ASSERT_TRUE(x.fetch(layer, more, again.data()).is_ok());
+  EXPECT_EQ((*e)->expert_cache()->stats().demand_reads, reads_before);  // 4 landed whole
 }
 
 TEST_F(ExpertCacheTest, PoliciesThatCannotRunLiveAreUsageErrors) {
