@@ -474,17 +474,18 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
   // those is handed over when its reads land. No prefetch is issued here: the policy could
   // displace an expert this fetch hands out.
   Status first;
+  size_t unsubmitted = 0;  // misses[unsubmitted..] have their reads in `reads`
   const auto submit = [&]() {
     if (reads.empty()) return;
     std::sort(reads.begin(), reads.end(), by_disk_order);
-    if (Status st = demand_cq_->submit(reads); !st.is_ok()) {  // nothing was queued
-      for (Miss& m : misses) {
-        if (m.reads_left == 0) continue;
-        slots_[m.slot].read_failed = true;
-        m.reads_left = 0;
+    if (Status st = demand_cq_->submit(reads); !st.is_ok()) {  // nothing of it was queued
+      for (size_t k = unsubmitted; k < misses.size(); ++k) {
+        slots_[misses[k].slot].read_failed = true;
+        misses[k].reads_left = 0;
       }
       if (first.is_ok()) first = st;
     }
+    unsubmitted = misses.size();
     reads.clear();
   };
   submit();
@@ -503,7 +504,8 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
     const bool in_time = s.state != SlotState::kLoading;
     while (s.state == SlotState::kLoading) reap_prefetches(/*block=*/true);
     if (s.prefetched_unused) settle_prefetch(s, layer, in_time);
-    if (s.read_failed) {  // re-read on demand (a retry, then the error)
+    if (s.read_failed) {  // re-read on demand (a retry, then the error), unless already failed
+      if (!first.is_ok()) continue;  // left marked: a later fetch reads it
       s.read_failed = false;
       plan_miss(i, slot_of[i]);
       submit();

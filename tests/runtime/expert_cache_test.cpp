@@ -441,7 +441,7 @@ TEST_F(ExpertCacheTest, FailedReadsFailThePassAndTheTierRecovers) {
 }
 
 // fetch_each hands the experts already in memory over at once, while the misses' reads run,
-// and each miss when its reads land: with every read delayed 80 ms the first group is the hits
+// and each miss when its reads land: with every read delayed 200 ms the first group is the hits
 // (before any read could land), the misses come after, every index exactly once, and the views
 // are the ones a later fetch() hands out. A failing callback stops the hand-over; its error is
 // returned once the reads issued have landed, and those experts are then in memory.
@@ -466,7 +466,7 @@ TEST_F(ExpertCacheTest, FetchEachHandsOverExpertsInMemoryWhileMissesLoad) {
   x.begin_layer(layer, 0, warm.data(), 1, 2);
   ASSERT_TRUE(x.fetch(layer, warm, out.data()).is_ok());
 
-  eo.io.fault_plan->add(io::FaultRule::delay_by(std::chrono::milliseconds(80)).times(-1));
+  eo.io.fault_plan->add(io::FaultRule::delay_by(std::chrono::milliseconds(200)).times(-1));
   const std::vector<int32_t> ids = {5, 0};  // a miss, then a hit
   x.begin_layer(layer, 1, ids.data(), 1, 2);
   std::vector<std::vector<size_t>> groups;
@@ -480,10 +480,10 @@ TEST_F(ExpertCacheTest, FetchEachHandsOverExpertsInMemoryWhileMissesLoad) {
   ASSERT_TRUE(st.is_ok()) << st.message();
   ASSERT_GE(groups.size(), 2u);
   EXPECT_EQ(groups[0], (std::vector<size_t>{1}));  // the hit, before the miss asked first
-  EXPECT_LT(at[0], 0.04);
+  EXPECT_LT(at[0], 0.1);
   std::vector<size_t> later;
   for (size_t i = 1; i < groups.size(); ++i) {
-    EXPECT_GE(at[i], 0.07);
+    EXPECT_GE(at[i], 0.19);
     later.insert(later.end(), groups[i].begin(), groups[i].end());
   }
   std::sort(later.begin(), later.end());
