@@ -3,20 +3,10 @@
 // cpu/ref/ops_ref.cpp. Compiled with the AVX-512 flags of cpu/CMakeLists.txt; runs only where
 // isa_supported(Isa::kAvx512).
 
-// GCC 12's AVX-512 intrinsics trip -Wuninitialized (GCC bug 105593); see avx512_linear.cpp.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
-
 #include <cstdint>
 
 #include "cpu/kernel_table.h"
+#include "cpu/x86/avx512_intrinsics.h"
 #include "cpu/x86/avx512_kernels.h"
 #include "cpu/x86/mla_pass_vec.h"
 

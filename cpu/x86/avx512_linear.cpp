@@ -21,24 +21,12 @@
 // tile shape never changes a result. Like the AVX2 files, this one uses no standard-library
 // templates (see cpu/numerics.h).
 
-// GCC 12's AVX-512 intrinsics initialise their "undefined" operands from themselves
-// (`__m512i __Y = __Y;`), which -Wuninitialized reports at every inlined use (GCC bug 105593,
-// fixed in 13). Only the header's own code is covered: the pragmas end right after it.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
-
 #include <cstdint>
 #include <cstring>
 
 #include "cpu/kernel_table.h"
 #include "cpu/numerics.h"
+#include "cpu/x86/avx512_intrinsics.h"
 #include "cpu/x86/avx512_kernels.h"
 #include "cpu/x86/decode_prefetch.h"
 
