@@ -182,13 +182,20 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
         jobs.push_back({views[i].w3, xin + row0[g] * lat, m, a3 + row0[g] * I});
       }
       KTIER_RETURN_IF_ERROR(be.linear(jobs.data(), static_cast<int>(jobs.size())));
+      // SiTU-GLU over each run of consecutive experts' rows (one call for a whole batch handed
+      // over at once: a GPU launches one kernel, not one per expert).
+      for (size_t k = 0; k < group.size();) {
+        size_t e = k + 1;
+        while (e < group.size() && group[e] == group[e - 1] + 1) ++e;
+        const int64_t r0 = row0[b0 + group[k]], r1 = row0[b0 + group[e - 1] + 1];
+        KTIER_RETURN_IF_ERROR(be.situ_glu(a1 + r0 * I, a3 + r0 * I, (r1 - r0) * I, c.situ_beta,
+                                          c.situ_linear_beta, a1 + r0 * I));
+        k = e;
+      }
       jobs.clear();
       for (size_t i : group) {
         const size_t g = b0 + i;
-        const int64_t r0 = row0[g], r1 = row0[g + 1];
-        KTIER_RETURN_IF_ERROR(be.situ_glu(a1 + r0 * I, a3 + r0 * I, (r1 - r0) * I, c.situ_beta,
-                                          c.situ_linear_beta, a1 + r0 * I));
-        jobs.push_back({views[i].w2, a1 + r0 * I, r1 - r0, y2 + r0 * lat});
+        jobs.push_back({views[i].w2, a1 + row0[g] * I, row0[g + 1] - row0[g], y2 + row0[g] * lat});
       }
       return be.linear(jobs.data(), static_cast<int>(jobs.size()));
     };
