@@ -58,11 +58,15 @@ Status kda_block(const KdaWeights& w, const format::ModelConfig& c, const float*
   return be.linear(&oj, 1);
 }
 
+cpu::MlaDims mla_dims(const format::ModelConfig& c) {
+  return {static_cast<int>(c.num_attention_heads), static_cast<int>(c.qk_nope_head_dim),
+          static_cast<int>(c.qk_rope_head_dim), static_cast<int>(c.v_head_dim),
+          static_cast<int>(c.kv_lora_rank)};
+}
+
 Status mla_block(const MlaWeights& w, const format::ModelConfig& c, const float* x, int64_t T,
                  MlaCache& cache, float* out, backend::Backend& be) {
-  const cpu::MlaDims d{static_cast<int>(c.num_attention_heads),
-                       static_cast<int>(c.qk_nope_head_dim), static_cast<int>(c.qk_rope_head_dim),
-                       static_cast<int>(c.v_head_dim), static_cast<int>(c.kv_lora_rank)};
+  const cpu::MlaDims d = mla_dims(c);
   const int64_t H = d.n_heads, L = d.kv_lora, dr = d.qk_rope, qd = d.qk_nope + d.qk_rope;
   const bool gated = w.g.data != nullptr;
   Scratch s(be);

@@ -46,6 +46,9 @@ class LookaheadObserver {
 Status kda_block(const KdaWeights& w, const format::ModelConfig& c, const float* x, int64_t T,
                  KdaState& st, float* out, backend::Backend& be);
 
+// The MLA attention shape of config `c` (§6.4): what the kernels and the buffer sizing take.
+cpu::MlaDims mla_dims(const format::ModelConfig& c);
+
 // Gated NoPE MLA, absorbed latent cache (§6.4): appends T positions to the cache.
 Status mla_block(const MlaWeights& w, const format::ModelConfig& c, const float* x, int64_t T,
                  MlaCache& cache, float* out, backend::Backend& be);

@@ -106,12 +106,7 @@ uint64_t host_sequence_bytes(const format::ModelConfig& c, const EngineOptions::
   uint64_t bytes = model::working_set(c, std::max<int64_t>(wl.chunk, 1), positions, wl.rows,
                                       lookahead)
                        .total();
-  if (c.num_mla_layers() > 0) {
-    const cpu::MlaDims d{static_cast<int>(c.num_attention_heads),
-                         static_cast<int>(c.qk_nope_head_dim), static_cast<int>(c.qk_rope_head_dim),
-                         static_cast<int>(c.v_head_dim), static_cast<int>(c.kv_lora_rank)};
-    bytes += cpu::mla_buffer_bytes(d, positions);
-  }
+  if (c.num_mla_layers() > 0) bytes += cpu::mla_buffer_bytes(model::mla_dims(c), positions);
   return bytes;
 }
 
