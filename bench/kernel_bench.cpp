@@ -196,6 +196,74 @@ uint64_t read_all(cpu::ThreadPool& pool, const uint8_t* p, uint64_t n, cpu::Isa 
   return total;
 }
 
+// ---- double FMA throughput -----------------------------------------------------------------
+
+// kFmaChains independent chains of `iters` vector FMAs each, in registers: the core's double FMA
+// throughput (the linear kernels' arithmetic: each MAC is one double FMA lane). Returns a value
+// derived from the chains so that none is optimised away.
+constexpr int kFmaChains = 12;
+constexpr int64_t kFmaIters = int64_t{1} << 22;
+
+double fma_chains_scalar(int64_t iters) {
+  double a[kFmaChains];
+  for (int c = 0; c < kFmaChains; ++c) a[c] = 1.0 + c * 1e-9;
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kFmaChains; ++c) a[c] = a[c] * 0.999999999 + 1e-9;  // as the ref kernels
+  double s = 0;
+  for (double v : a) s += v;
+  return s;
+}
+
+#ifdef KTIER_BENCH_X86
+__attribute__((target("avx2,fma"))) double fma_chains_avx2(int64_t iters) {
+  __m256d a[kFmaChains];
+  const __m256d m = _mm256_set1_pd(0.999999999), b = _mm256_set1_pd(1e-9);
+#pragma GCC unroll 12
+  for (int c = 0; c < kFmaChains; ++c) a[c] = _mm256_set1_pd(1.0 + c * 1e-9);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kFmaChains; ++c) a[c] = _mm256_fmadd_pd(a[c], m, b);
+  alignas(32) double lane[4];
+  __m256d s = a[0];
+#pragma GCC unroll 12
+  for (int c = 1; c < kFmaChains; ++c) s = _mm256_add_pd(s, a[c]);
+  _mm256_store_pd(lane, s);
+  return lane[0] + lane[1] + lane[2] + lane[3];
+}
+
+__attribute__((target("avx512f"))) double fma_chains_avx512(int64_t iters) {
+  __m512d a[kFmaChains];
+  const __m512d m = _mm512_set1_pd(0.999999999), b = _mm512_set1_pd(1e-9);
+#pragma GCC unroll 12
+  for (int c = 0; c < kFmaChains; ++c) a[c] = _mm512_set1_pd(1.0 + c * 1e-9);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int c = 0; c < kFmaChains; ++c) a[c] = _mm512_fmadd_pd(a[c], m, b);
+  __m512d s = a[0];
+#pragma GCC unroll 12
+  for (int c = 1; c < kFmaChains; ++c) s = _mm512_add_pd(s, a[c]);
+  alignas(64) double lane[8];
+  _mm512_store_pd(lane, s);
+  double sum = 0;
+  for (double v : lane) sum += v;
+  return sum;
+}
+#endif
+
+// Double FMA lanes per call of fma_chains_* for `isa`: its vector width times the chains.
+int fma_lanes(cpu::Isa isa) {
+  return kFmaChains * (isa == cpu::Isa::kAvx512 ? 8 : isa == cpu::Isa::kAvx2 ? 4 : 1);
+}
+
+double fma_chains(cpu::Isa isa, int64_t iters) {
+#ifdef KTIER_BENCH_X86
+  if (isa == cpu::Isa::kAvx512) return fma_chains_avx512(iters);
+  if (isa == cpu::Isa::kAvx2) return fma_chains_avx2(iters);
+#endif
+  return fma_chains_scalar(iters);
+}
+
 // ---- timing -------------------------------------------------------------------------------
 
 // Best wall seconds of up to config.reps timed passes after one untimed warm-up pass.
@@ -290,6 +358,13 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
   out.bf16_bytes = static_cast<uint64_t>(out.bf16_rows * cols * 2);
   const uint64_t packed_bytes = static_cast<uint64_t>(out.mxfp4_rows * (cols / 2));
   out.mxfp4_bytes = packed_bytes + static_cast<uint64_t>(out.mxfp4_rows * (cols / 32));
+  out.bf16_prefill_rows = std::max<int64_t>(
+      1, std::min<int64_t>(out.bf16_rows, static_cast<int64_t>(config.prefill_bytes) / (2 * cols)));
+  out.mxfp4_prefill_rows = std::max<int64_t>(
+      1, std::min<int64_t>(out.mxfp4_rows, static_cast<int64_t>(config.prefill_bytes) /
+                                               (cols / 2 + cols / 32)));
+  out.bf16_prefill_tokens = std::max<int64_t>(2, config.prefill_tokens_bf16);
+  out.mxfp4_prefill_tokens = std::max<int64_t>(2, config.prefill_tokens_mxfp4);
   if (out.bf16_rows < 1 || out.mxfp4_rows < 1) {
     out.error = "buffer too small for one matrix row";
     return out;
@@ -310,6 +385,25 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
   uint64_t xs = 7;
   for (float& v : x) v = static_cast<float>(splitmix64(xs) % 2001) / 1000.0f - 1.0f;
   std::vector<float> y(static_cast<size_t>(std::max(out.bf16_rows, out.mxfp4_rows)));
+  // Prefill activations: every token's row a fresh draw; outputs [tokens, rows].
+  const int64_t max_prefill_tokens = std::max(out.bf16_prefill_tokens, out.mxfp4_prefill_tokens);
+  std::vector<float> xp(static_cast<size_t>(max_prefill_tokens * cols));
+  for (float& v : xp) v = static_cast<float>(splitmix64(xs) % 2001) / 1000.0f - 1.0f;
+  std::vector<float> yp(static_cast<size_t>(
+      std::max(out.bf16_prefill_rows * out.bf16_prefill_tokens,
+               out.mxfp4_prefill_rows * out.mxfp4_prefill_tokens)));
+  // Multiply-accumulates per second (1e9) of cpu::linear over `tokens` tokens of `w`.
+  auto measure_prefill = [&](const cpu::WeightMatrix& w, int64_t tokens, const cpu::Exec& ex,
+                             const char* what, int threads) {
+    const double t =
+        best_seconds(config, [&] { cpu::linear(w, xp.data(), tokens, yp.data(), ex); });
+    const double gmacs = static_cast<double>(w.rows * w.cols * tokens) / t / 1e9;
+    char line[160];
+    std::snprintf(line, sizeof line, "%s x%lld tokens, %d thread%s: %.2f GMAC/s", what,
+                  static_cast<long long>(tokens), threads, threads == 1 ? "" : "s", gmacs);
+    say(line);
+    return gmacs;
+  };
   volatile uint64_t sink = 0;
   // Read bandwidth is measured in both phases and the better figure kept, so a burst of load
   // from other processes during one of them does not inflate the ratios.
@@ -335,6 +429,22 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
         best_seconds(config, [&] { cpu::linear(wb, x.data(), 1, y.data(), ex); });
     r.bf16_gemv_gbps = static_cast<double>(out.bf16_bytes) / t_bf16 / 1e9;
     say(format_figure("bf16 gemv", r.threads, r.bf16_gemv_gbps));
+    const double t_fma = best_seconds(config, [&] {  // one range per thread
+      pool.parallel_for(pool.size(), 1, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c)
+          if (fma_chains(isa, kFmaIters) < 0) sink = sink + 1;  // never: keeps the chains
+      });
+    });
+    r.fma_gmacs = static_cast<double>(pool.size()) * static_cast<double>(kFmaIters) *
+                  fma_lanes(isa) / t_fma / 1e9;
+    char line[160];
+    std::snprintf(line, sizeof line, "double fma, %d thread%s: %.2f G lanes/s", r.threads,
+                  r.threads == 1 ? "" : "s", r.fma_gmacs);
+    say(line);
+    const cpu::WeightMatrix wbp{cpu::WeightType::kBF16, buf.p, nullptr, out.bf16_prefill_rows,
+                                cols};
+    r.bf16_prefill_gmacs =
+        measure_prefill(wbp, out.bf16_prefill_tokens, ex, "bf16 prefill", r.threads);
     out.results.push_back(r);
   }
 
@@ -354,6 +464,11 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
     const double t_mx = best_seconds(config, [&] { cpu::linear(wm, x.data(), 1, y.data(), ex); });
     r.mxfp4_gemv_gbps = static_cast<double>(out.mxfp4_bytes) / t_mx / 1e9;
     say(format_figure("mxfp4 gemv", r.threads, r.mxfp4_gemv_gbps));
+    // The first rows' packed bytes, and their scales at the start of the scale array.
+    const cpu::WeightMatrix wmp{cpu::WeightType::kMxfp4, buf.p, buf.bytes() + packed_bytes,
+                                out.mxfp4_prefill_rows, cols};
+    r.mxfp4_prefill_gmacs =
+        measure_prefill(wmp, out.mxfp4_prefill_tokens, ex, "mxfp4 prefill", r.threads);
   }
 
   // Phase 3: one decode token of a K3 MLA layer over a latent cache that fills the buffer.
@@ -391,6 +506,8 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
     r.bf16_ratio = r.bf16_gemv_gbps / r.mem_read_gbps;
     r.mxfp4_ratio = r.mxfp4_gemv_gbps / r.mem_read_gbps;
     r.mla_ratio = r.mla_decode_gbps / r.mem_read_gbps;
+    r.bf16_prefill_ratio = r.bf16_prefill_gmacs / r.fma_gmacs;
+    r.mxfp4_prefill_ratio = r.mxfp4_prefill_gmacs / r.fma_gmacs;
   }
   return out;
 }

@@ -13,6 +13,13 @@
 //    cache's (positions * 576 * 4). The kernel reads the cache at least twice (scores, then
 //    the probability-weighted latent), so its ratio cannot pass 0.5; with 96 heads in double
 //    precision (~90 flop per cache byte) arithmetic bounds it well below that on most machines.
+//  * fma_gmacs: double FMA lanes per second of independent register-only FMA chains on every
+//    thread (the widest vector of the measured ISA): the arithmetic limit of the linear kernels,
+//    which spend one double FMA lane per multiply-accumulate.
+//  * bf16_prefill_gmacs / mxfp4_prefill_gmacs: cpu::linear of the first rows (prefill_bytes of
+//    weights) of the same matrices over `prefill_tokens_*` tokens at once, as in a prefill chunk
+//    (the trunk sees every token of the chunk; a routed expert a few): multiply-accumulates per
+//    second (rows * cols * tokens / s / 1e9), as a ratio of fma_gmacs at the same thread count.
 // Every figure is bytes / seconds / 1e9 (GB = 1e9 bytes) of the best timed pass after one
 // untimed warm-up pass. A ratio is a GEMV figure divided by the read figure at the SAME thread
 // count, so it says how close the kernel comes to streaming its weights at the speed the memory
@@ -57,6 +64,9 @@ struct KernelBenchConfig {
   int reps = 5;                          // timed passes per figure (best is kept), >= 1
   double max_seconds_per_figure = 4.0;   // stop timed passes early past this (after 2)
   std::optional<cpu::Isa> isa;           // kernel set to measure; default cpu::best_isa()
+  uint64_t prefill_bytes = 16ull << 20;  // weight bytes of the prefill figures' matrices
+  int64_t prefill_tokens_bf16 = 64;      // tokens of one bf16 prefill call, >= 2
+  int64_t prefill_tokens_mxfp4 = 8;      // tokens of one MXFP4 prefill call, >= 2
 };
 
 struct ThreadResult {
@@ -65,6 +75,9 @@ struct ThreadResult {
   double mla_decode_gbps = 0;                // 0: not measured (buffer or memory too small)
   double bf16_ratio = 0, mxfp4_ratio = 0;  // GEMV / mem_read at this thread count
   double mla_ratio = 0;                      // mla_decode / mem_read at this thread count
+  double fma_gmacs = 0;                      // double FMA lanes per second, 1e9
+  double bf16_prefill_gmacs = 0, mxfp4_prefill_gmacs = 0;  // multiply-accumulates/s, 1e9
+  double bf16_prefill_ratio = 0, mxfp4_prefill_ratio = 0;  // prefill / fma at these threads
 };
 
 struct KernelBenchResult {
@@ -75,6 +88,8 @@ struct KernelBenchResult {
   uint64_t bf16_bytes = 0, mxfp4_bytes = 0;  // weight bytes one GEMV reads
   int64_t mla_positions = 0;                 // cache positions the MLA token attends
   uint64_t mla_cache_bytes = 0;              // their latent cache bytes
+  int64_t bf16_prefill_rows = 0, mxfp4_prefill_rows = 0;      // rows of the prefill matrices
+  int64_t bf16_prefill_tokens = 0, mxfp4_prefill_tokens = 0;  // tokens of one prefill call
   std::vector<ThreadResult> results;         // one per config thread count, same order
   std::string error;                         // non-empty: nothing was measured (e.g. no memory)
 };

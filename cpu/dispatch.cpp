@@ -143,7 +143,7 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
   owns_wide.assign(static_cast<size_t>(n_jobs), 0);
   tasks.clear();
   first_row.clear();
-  int64_t wide_total = 0, total_rows = 0, total_macs = 0;
+  int64_t wide_total = 0, total_rows = 0, total_macs = 0, total_bytes = 0, max_tokens = 0;
   for (int j = 0; j < n_jobs; ++j) {
     const LinearJob& job = jobs[j];
     check_weight(op, job.w);
@@ -164,6 +164,8 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
     tasks.push_back(LinearTask{job.w, nullptr, job.n_tokens, job.y});
     total_rows += job.w.rows;
     total_macs += job.w.rows * job.n_tokens * std::max<int64_t>(1, job.w.cols);
+    total_bytes += job.w.rows * weight_row_bytes(job.w);
+    max_tokens = std::max(max_tokens, job.n_tokens);
   }
   if (total_rows == 0) return;
   first_row.push_back(total_rows);
@@ -179,8 +181,15 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
     const int64_t nx = jobs[j].n_tokens * jobs[j].w.cols;
     for (int64_t i = 0; i < nx; ++i) xw[i] = num::D(jobs[j].x[i]);
   }
-  // Whole tiles of 4 rows per chunk where possible (the vector kernels' decode tile height).
-  const int64_t grain = (chunk_rows(total_macs / total_rows, kLinearChunkMacs) + 3) / 4 * 4;
+  // Whole tiles of 4 rows per chunk where possible (the vector kernels' decode tile height);
+  // with several tokens, whole panels (kLinearPanelBytes) as long as every thread gets two.
+  int64_t grain = (chunk_rows(total_macs / total_rows, kLinearChunkMacs) + 3) / 4 * 4;
+  if (max_tokens > 1) {
+    const int64_t threads = ex.pool ? ex.pool->size() : 1;
+    const int64_t panel = kLinearPanelBytes / std::max<int64_t>(1, total_bytes / total_rows);
+    const int64_t share = (total_rows + 2 * threads - 1) / (2 * threads);
+    grain = std::max(grain, (std::min(panel, share) + 3) / 4 * 4);
+  }
   const LinearTask* task_list = tasks.data();
   const int64_t* starts = first_row.data();
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());

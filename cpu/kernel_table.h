@@ -23,6 +23,29 @@ struct LinearTask {
   float* y = nullptr;  // [n_tokens, w.rows]
 };
 
+// Several tokens: the vector kernels take a range's rows in panels of about this many weight
+// bytes (kept in L2) and run each panel over the tokens a group at a time (the group's x in L1),
+// so each weight is read from memory once per panel, not once per token group. cpu::linear sizes
+// its ranges to hold whole panels where that still leaves every thread work.
+inline constexpr int64_t kLinearPanelBytes = 96 << 10;
+
+// Bytes of one stored row of `w` (MXFP4: packed nibbles and scales).
+inline int64_t weight_row_bytes(const WeightMatrix& w) {
+  switch (w.type) {
+    case WeightType::kF32: return 4 * w.cols;
+    case WeightType::kBF16:
+    case WeightType::kF16: return 2 * w.cols;
+    case WeightType::kMxfp4: return w.cols / 2 + w.cols / 32;
+  }
+  return 4 * w.cols;
+}
+
+// Rows of a panel of `w`: a multiple of 4 (the kernels' widest row tile), at least 4.
+inline int64_t linear_panel_rows(const WeightMatrix& w) {
+  const int64_t rows = kLinearPanelBytes / (weight_row_bytes(w) > 0 ? weight_row_bytes(w) : 1);
+  return rows < 4 ? 4 : rows / 4 * 4;
+}
+
 struct ShortConvArgs {
   const float* u;
   int64_t T, C;

@@ -8,6 +8,7 @@
 #include "cpu/x86/avx2_common.h"
 #include "cpu/x86/avx2_kernels.h"
 #include "cpu/x86/decode_prefetch.h"
+#include "cpu/x86/panel_loop.h"
 
 namespace ktier::cpu::avx2 {
 namespace {
@@ -75,11 +76,11 @@ void dense_rows(const LinearTask& task, int64_t r0, int64_t r1) {
     if (r < r1) dense_tile<A, 1, 1>(task, r, 0);
     return;
   }
-  for (int64_t r = r0; r < r1; ++r) {  // small batch: the row stays in L1 across token pairs
-    int64_t t = 0;
-    for (; t + 2 <= task.n_tokens; t += 2) dense_tile<A, 1, 2>(task, r, t);
-    if (t < task.n_tokens) dense_tile<A, 1, 1>(task, r, t);
-  }
+  // Several tokens: one row x 2 tokens at a time, in panels (x86/panel_loop.h).
+  x86::panel_loop<1, 2>(r0, r1, linear_panel_rows(task.w), task.n_tokens,
+                        [&]<int NR, int NT>(int64_t r, int64_t t) {
+                          dense_tile<A, NR, NT>(task, r, t);
+                        });
 }
 
 // 16 packed bytes (32 nibbles, low nibble = even element) -> 32 doubles holding 2*E2M1, in
@@ -204,12 +205,11 @@ void mxfp4_rows(const LinearTask& task, int64_t r0, int64_t r1) {
     if (r < r1) mxfp4_tile<1>(task, r, 0);
     return;
   }
-  for (int64_t r = r0; r < r1; ++r) {
-    int64_t t = 0;
-    for (; t + 4 <= task.n_tokens; t += 4) mxfp4_tile<4>(task, r, t);
-    for (; t + 2 <= task.n_tokens; t += 2) mxfp4_tile<2>(task, r, t);
-    if (t < task.n_tokens) mxfp4_tile<1>(task, r, t);
-  }
+  // Several tokens: one row x 4 tokens at a time, in panels (x86/panel_loop.h).
+  x86::panel_loop<1, 4>(r0, r1, linear_panel_rows(task.w), task.n_tokens,
+                        [&]<int NR, int NT>(int64_t r, int64_t t) {
+                          mxfp4_tile<NT>(task, r, t);
+                        });
 }
 
 }  // namespace

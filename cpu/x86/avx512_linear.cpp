@@ -29,6 +29,7 @@
 #include "cpu/x86/avx512_intrinsics.h"
 #include "cpu/x86/avx512_kernels.h"
 #include "cpu/x86/decode_prefetch.h"
+#include "cpu/x86/panel_loop.h"
 
 namespace ktier::cpu::avx512 {
 namespace {
@@ -102,26 +103,33 @@ static inline __m128 tree8x4(__m512d v0, __m512d v1, __m512d v2, __m512d v3) {
       _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
 }
 
-// Finishes k <= 4 outputs: F(tree8(v[j])) -> *dst[j].
+// Finishes k outputs, four at a time: F(tree8(v[j])) -> *dst[j].
 static inline void finish_outputs(const __m512d* v, int k, float* const* dst) {
   const __m512d z = _mm512_setzero_pd();
-  alignas(16) float out[4];
-  _mm_store_ps(out, tree8x4(v[0], k > 1 ? v[1] : z, k > 2 ? v[2] : z, k > 3 ? v[3] : z));
-  for (int j = 0; j < k; ++j) *dst[j] = out[j];
+  for (int j0 = 0; j0 < k; j0 += 4) {
+    const int m = k - j0 < 4 ? k - j0 : 4;
+    const __m512d* u = v + j0;
+    alignas(16) float out[4];
+    _mm_store_ps(out, tree8x4(u[0], m > 1 ? u[1] : z, m > 2 ? u[2] : z, m > 3 ? u[3] : z));
+    for (int j = 0; j < m; ++j) *dst[j0 + j] = out[j];
+  }
 }
 
 // ---- float weights (§3) ------------------------------------------------------------------------
 
 // NR rows x NT tokens; each 16 weights are widened once and used NT times, each 16 x values are
-// loaded once and used NR times.
+// loaded once and used NR times. 2 * NR * NT accumulators + 2 * NT x + 2 weight registers: at
+// most the 32 zmm registers.
 template <class A, int NR, int NT>
 void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
-  static_assert(NR * NT <= 4, "one tree8x4 per tile");
+  static_assert(NR * NT <= 12, "accumulators, x and weights must fit the zmm registers");
   const int64_t n = task.w.cols, rows = task.w.rows;
   const auto* W = static_cast<const typename A::Storage*>(task.w.data) + r * n;
   const double* X = task.x_wide + tok * n;
   __m512d acc[NR][NT][2];
+  #pragma GCC unroll 12
   for (int rr = 0; rr < NR; ++rr)
+    #pragma GCC unroll 12
     for (int tt = 0; tt < NT; ++tt) acc[rr][tt][0] = acc[rr][tt][1] = _mm512_setzero_pd();
   const int64_t n16 = n & ~int64_t{15};
   // decode: prefetch whole tiles ahead (see kPrefetchBytes), one line per row per 64 bytes
@@ -129,6 +137,7 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
       NR == kTileRows && NT == 1 ? prefetch_ahead(n * sizeof(typename A::Storage)) : 0;
   for (int64_t i = 0; i < n16; i += 16) {
     __m512d x[NT][2];
+    #pragma GCC unroll 12
     for (int tt = 0; tt < NT; ++tt) {
       x[tt][0] = _mm512_loadu_pd(X + tt * n + i);
       x[tt][1] = _mm512_loadu_pd(X + tt * n + i + 8);
@@ -136,9 +145,11 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
     if (NR == kTileRows && NT == 1 && (i & (64 / sizeof(typename A::Storage) - 1)) == 0)
       for (int rr = 0; rr < NR; ++rr)
         _mm_prefetch(reinterpret_cast<const char*>(W + rr * n + i) + ahead, _MM_HINT_T0);
+    #pragma GCC unroll 12
     for (int rr = 0; rr < NR; ++rr) {
       const __m512 v = A::load16(W + rr * n + i);
       const __m512d w0 = lo8(v), w1 = hi8(v);
+      #pragma GCC unroll 12
       for (int tt = 0; tt < NT; ++tt) {
         acc[rr][tt][0] = _mm512_fmadd_pd(w0, x[tt][0], acc[rr][tt][0]);
         acc[rr][tt][1] = _mm512_fmadd_pd(w1, x[tt][1], acc[rr][tt][1]);
@@ -149,13 +160,16 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - n16)) - 1);
     const __mmask8 m0 = static_cast<__mmask8>(m & 0xff), m1 = static_cast<__mmask8>(m >> 8);
     __m512d x[NT][2];
+    #pragma GCC unroll 12
     for (int tt = 0; tt < NT; ++tt) {
       x[tt][0] = _mm512_maskz_loadu_pd(m0, X + tt * n + n16);
       x[tt][1] = _mm512_maskz_loadu_pd(m1, X + tt * n + n16 + 8);
     }
+    #pragma GCC unroll 12
     for (int rr = 0; rr < NR; ++rr) {
       const __m512 v = A::load_part(W + rr * n + n16, m);
       const __m512d w0 = lo8(v), w1 = hi8(v);
+      #pragma GCC unroll 12
       for (int tt = 0; tt < NT; ++tt) {
         acc[rr][tt][0] = _mm512_fmadd_pd(w0, x[tt][0], acc[rr][tt][0]);
         acc[rr][tt][1] = _mm512_fmadd_pd(w1, x[tt][1], acc[rr][tt][1]);
@@ -165,7 +179,9 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
   // §3 step 2, first level: a_l = L_l + L_{l+8}; the rest is tree8.
   __m512d a[NR * NT];
   float* dst[NR * NT];
+  #pragma GCC unroll 12
   for (int rr = 0; rr < NR; ++rr)
+    #pragma GCC unroll 12
     for (int tt = 0; tt < NT; ++tt) {
       a[rr * NT + tt] = _mm512_add_pd(acc[rr][tt][0], acc[rr][tt][1]);
       dst[rr * NT + tt] = task.y + (tok + tt) * rows + r + rr;
@@ -186,12 +202,11 @@ void dense_rows(const LinearTask& task, int64_t r0, int64_t r1) {
     if (r < r1) dense_tile<A, 1, 1>(task, r, 0);
     return;
   }
-  for (int64_t r = r0; r < r1; ++r) {  // small batch: the row stays in L1 across token groups
-    int64_t t = 0;
-    for (; t + 4 <= task.n_tokens; t += 4) dense_tile<A, 1, 4>(task, r, t);
-    for (; t + 2 <= task.n_tokens; t += 2) dense_tile<A, 1, 2>(task, r, t);
-    if (t < task.n_tokens) dense_tile<A, 1, 1>(task, r, t);
-  }
+  // Several tokens: tiles of 4 rows x 3 tokens in panels (x86/panel_loop.h).
+  x86::panel_loop<4, 3>(r0, r1, linear_panel_rows(task.w), task.n_tokens,
+                        [&]<int NR, int NT>(int64_t r, int64_t t) {
+                          dense_tile<A, NR, NT>(task, r, t);
+                        });
 }
 
 // ---- MXFP4 (§4) --------------------------------------------------------------------------------
@@ -278,29 +293,53 @@ void mxfp4_rows_no_zero_block(const LinearTask& task, const Mxfp4Decoder& dec, i
   finish_outputs(R, NR, dst);
 }
 
-// One MXFP4 row against NT tokens, any scales: each block is decoded once and used NT times.
-template <int NT>
+// NR MXFP4 rows against NT tokens, any scales: each block is decoded once and used NT times,
+// each token's 32 x values are loaded once and used NR times; a zero block (D12) is skipped per
+// row. 4 * NR decoded + NR * NT accumulators + 4 x + the decoder's 4: within the zmm registers.
+template <int NR, int NT>
 void mxfp4_tile(const LinearTask& task, const Mxfp4Decoder& dec, int64_t r, int64_t tok) {
+  static_assert(NR * NT <= 8 && NR <= 2, "decoded blocks and accumulators must fit the zmm");
   const int64_t n = task.w.cols, rows = task.w.rows, G = n / 32;
   const uint8_t* P = static_cast<const uint8_t*>(task.w.data) + r * (n / 2);
   const uint8_t* S = task.w.scales + r * G;
-  __m512d R[NT];
-  for (int tt = 0; tt < NT; ++tt) R[tt] = _mm512_setzero_pd();
+  __m512d R[NR][NT];
+#pragma GCC unroll 8
+  for (int rr = 0; rr < NR; ++rr)
+#pragma GCC unroll 8
+    for (int tt = 0; tt < NT; ++tt) R[rr][tt] = _mm512_setzero_pd();
   for (int64_t g = 0; g < G; ++g) {
-    const uint8_t s = S[g];
-    if (s == num::kE8M0ZeroBlock) continue;  // D12: the block contributes nothing
-    __m512d d[4];
-    decode_block(dec, P + 16 * g, d);
-    const __m512d scale = _mm512_set1_pd(num::kHalfScale.v[s]);
+    __m512d d[NR][4], scale[NR];
+    bool live[NR];
+    bool any = false;
+#pragma GCC unroll 8
+    for (int rr = 0; rr < NR; ++rr) {
+      const uint8_t s = S[rr * G + g];
+      live[rr] = s != num::kE8M0ZeroBlock;  // D12: a zero block contributes nothing
+      any = any || live[rr];
+      if (!live[rr]) continue;
+      decode_block(dec, P + rr * (n / 2) + 16 * g, d[rr]);
+      scale[rr] = _mm512_set1_pd(num::kHalfScale.v[s]);
+    }
+    if (!any) continue;
+#pragma GCC unroll 8
     for (int tt = 0; tt < NT; ++tt) {
       __m512d x[4];
       load_x32(task.x_wide + (tok + tt) * n + 32 * g, x);
-      R[tt] = block_accumulate(d, x, scale, R[tt]);
+#pragma GCC unroll 8
+      for (int rr = 0; rr < NR; ++rr)
+        if (live[rr]) R[rr][tt] = block_accumulate(d[rr], x, scale[rr], R[rr][tt]);
     }
   }
-  float* dst[NT];
-  for (int tt = 0; tt < NT; ++tt) dst[tt] = task.y + (tok + tt) * rows + r;
-  finish_outputs(R, NT, dst);
+  __m512d out[NR * NT];
+  float* dst[NR * NT];
+#pragma GCC unroll 8
+  for (int rr = 0; rr < NR; ++rr)
+#pragma GCC unroll 8
+    for (int tt = 0; tt < NT; ++tt) {
+      out[rr * NT + tt] = R[rr][tt];
+      dst[rr * NT + tt] = task.y + (tok + tt) * rows + r + rr;
+    }
+  finish_outputs(out, NR * NT, dst);
 }
 
 void mxfp4_rows(const LinearTask& task, int64_t r0, int64_t r1) {
@@ -320,18 +359,17 @@ void mxfp4_rows(const LinearTask& task, int64_t r0, int64_t r1) {
       if (!any_zero_block || !has_zero_block(task.w.scales + r * G, 4 * G)) {
         mxfp4_rows_no_zero_block<4>(task, dec, r);
       } else {  // rare: row by row, skipping the zero blocks
-        for (int k = 0; k < 4; ++k) mxfp4_tile<1>(task, dec, r + k, 0);
+        for (int k = 0; k < 4; ++k) mxfp4_tile<1, 1>(task, dec, r + k, 0);
       }
     }
-    for (; r < r1; ++r) mxfp4_tile<1>(task, dec, r, 0);
+    for (; r < r1; ++r) mxfp4_tile<1, 1>(task, dec, r, 0);
     return;
   }
-  for (int64_t r = r0; r < r1; ++r) {
-    int64_t t = 0;
-    for (; t + 4 <= task.n_tokens; t += 4) mxfp4_tile<4>(task, dec, r, t);
-    for (; t + 2 <= task.n_tokens; t += 2) mxfp4_tile<2>(task, dec, r, t);
-    if (t < task.n_tokens) mxfp4_tile<1>(task, dec, r, t);
-  }
+  // Several tokens: tiles of 2 rows x 4 tokens in panels (x86/panel_loop.h).
+  x86::panel_loop<2, 4>(r0, r1, linear_panel_rows(task.w), task.n_tokens,
+                        [&]<int NR, int NT>(int64_t r, int64_t t) {
+                          mxfp4_tile<NR, NT>(task, dec, r, t);
+                        });
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // `ktier bench kernels`: BF16 and MXFP4 matrix-vector throughput as a ratio of this machine's
-// measured memory read bandwidth (issue 3; docs/PERFORMANCE.md). What is measured and how is
+// measured memory read bandwidth (issue 3; docs/PERFORMANCE.md), and their several-token
+// (prefill) throughput as a ratio of its measured double FMA rate. What is measured and how is
 // stated in bench/kernel_bench.h; this file is the command line, the table and the JSON.
 //
 //   ktier bench kernels [--json FILE] [--threads N] [--reps N] [--size-mib N] [--quick]
@@ -64,7 +65,12 @@ nlohmann::json to_json(const bench::KernelBenchResult& r, uint64_t llc, const st
                     {"mxfp4_gemv_gbps", t.mxfp4_gemv_gbps},
                     {"mxfp4_ratio", t.mxfp4_ratio},
                     {"mla_decode_gbps", t.mla_decode_gbps},
-                    {"mla_ratio", t.mla_ratio}});
+                    {"mla_ratio", t.mla_ratio},
+                    {"fma_gmacs", t.fma_gmacs},
+                    {"bf16_prefill_gmacs", t.bf16_prefill_gmacs},
+                    {"bf16_prefill_ratio", t.bf16_prefill_ratio},
+                    {"mxfp4_prefill_gmacs", t.mxfp4_prefill_gmacs},
+                    {"mxfp4_prefill_ratio", t.mxfp4_prefill_ratio}});
   const bench::ThreadResult& all = r.results.back();  // the largest thread count
   return {{"mem_read_gbps", all.mem_read_gbps},
           {"threads", all.threads},
@@ -74,6 +80,14 @@ nlohmann::json to_json(const bench::KernelBenchResult& r, uint64_t llc, const st
           {"mxfp4_ratio", all.mxfp4_ratio},
           {"mla_decode_gbps", all.mla_decode_gbps},
           {"mla_ratio", all.mla_ratio},
+          {"fma_gmacs", all.fma_gmacs},
+          {"bf16_prefill_gmacs", all.bf16_prefill_gmacs},
+          {"bf16_prefill_ratio", all.bf16_prefill_ratio},
+          {"mxfp4_prefill_gmacs", all.mxfp4_prefill_gmacs},
+          {"mxfp4_prefill_ratio", all.mxfp4_prefill_ratio},
+          {"prefill_shape",
+           {{"bf16", {r.bf16_prefill_rows, r.cols, r.bf16_prefill_tokens}},
+            {"mxfp4", {r.mxfp4_prefill_rows, r.cols, r.mxfp4_prefill_tokens}}}},
           {"mla_positions", r.mla_positions},
           {"mla_cache_bytes", r.mla_cache_bytes},
           {"results", list},
@@ -89,7 +103,9 @@ nlohmann::json to_json(const bench::KernelBenchResult& r, uint64_t llc, const st
           {"quick", o.quick},
           {"goal_bf16", kGoalBf16},
           {"goal_mxfp4", kGoalMxfp4},
-          {"units", "GB/s = 1e9 bytes per second; ratio = GEMV / mem_read at the same threads"}};
+          {"units", "GB/s = 1e9 bytes per second; ratio = GEMV / mem_read at the same threads; "
+                    "GMAC/s = 1e9 multiply-accumulates per second, prefill ratio = prefill / "
+                    "fma at the same threads"}};
 }
 
 Status run_kernels(const KernelsOptions& o) {
@@ -159,6 +175,20 @@ Status run_kernels(const KernelsOptions& o) {
     if (t.mla_decode_gbps > 0)
       print_row("mla decode", t.threads, t.mla_decode_gbps, t.mla_ratio, 0);
   }
+  std::printf("\nprefill: bf16 [%lld x %lld] x %lld tokens, mxfp4 [%lld x %lld] x %lld tokens; "
+              "ratio = GMAC/s / double FMA lanes/s at the same thread count\n\n",
+              static_cast<long long>(r.bf16_prefill_rows), static_cast<long long>(r.cols),
+              static_cast<long long>(r.bf16_prefill_tokens),
+              static_cast<long long>(r.mxfp4_prefill_rows), static_cast<long long>(r.cols),
+              static_cast<long long>(r.mxfp4_prefill_tokens));
+  std::printf("%-12s %7s %10s %7s\n", "what", "threads", "G/s", "ratio");
+  for (const bench::ThreadResult& t : r.results) {
+    std::printf("%-12s %7d %10.2f %7s\n", "double fma", t.threads, t.fma_gmacs, "-");
+    std::printf("%-12s %7d %10.2f %7.3f\n", "bf16 prefill", t.threads, t.bf16_prefill_gmacs,
+                t.bf16_prefill_ratio);
+    std::printf("%-12s %7d %10.2f %7.3f\n", "mxfp4 prefill", t.threads, t.mxfp4_prefill_gmacs,
+                t.mxfp4_prefill_ratio);
+  }
 
   if (json_out.is_open()) {
     json_out << to_json(r, llc, llc_src, capped, o).dump(2) << "\n";
@@ -178,7 +208,8 @@ void register_bench_command(CLI::App& app, int& exit_code) {
       "kernels",
       "Memory read bandwidth, then BF16 and MXFP4 matrix-vector weight GB/s on matrices of at\n"
       "least 4x the last-level cache, at 1 thread and all threads, each as a ratio of the read\n"
-      "bandwidth at the same thread count (goals: bf16 >= 0.85, mxfp4 >= 0.75)");
+      "bandwidth at the same thread count (goals: bf16 >= 0.85, mxfp4 >= 0.75); then the\n"
+      "prefill products (several tokens at once) as a ratio of the measured double FMA rate");
   auto o = std::make_shared<KernelsOptions>();
   sub->add_option("--json", o->json, "also write the figures to FILE as JSON");
   add_threads_option(sub, o->threads, "Threads of the 'all threads' figures");

@@ -30,7 +30,8 @@ TEST(CliBench, QuickKernelsWritesTableAndJson) {
   const auto r =
       run_process(ktier() + " bench kernels --quick --threads 2 --json " + json_path.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* what : {"memory read", "bf16 gemv", "mxfp4 gemv", "ratio"})
+  for (const char* what : {"memory read", "bf16 gemv", "mxfp4 gemv", "ratio", "double fma",
+                           "bf16 prefill", "mxfp4 prefill"})
     EXPECT_NE(r.out.find(what), std::string::npos) << "table lacks " << what << ":\n" << r.out;
 
   std::ifstream in(json_path);
@@ -49,7 +50,8 @@ TEST(CliBench, QuickKernelsWritesTableAndJson) {
   EXPECT_EQ(j["results"][1].value("threads", 0), 2);
   for (const auto& t : j["results"])
     for (const char* key : {"mem_read_gbps", "bf16_gemv_gbps", "bf16_ratio", "mxfp4_gemv_gbps",
-                            "mxfp4_ratio"})
+                            "mxfp4_ratio", "fma_gmacs", "bf16_prefill_gmacs", "bf16_prefill_ratio",
+                            "mxfp4_prefill_gmacs", "mxfp4_prefill_ratio"})
       expect_positive(t, key);
 }
 

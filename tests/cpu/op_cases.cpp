@@ -7,6 +7,8 @@
 #include <memory>
 #include <random>
 
+#include "common/check.h"
+#include "cpu/kernel_table.h"
 #include "test_support.h"
 
 namespace ktier::cpu::test {
@@ -452,6 +454,33 @@ std::vector<OpCase> make_linear_sweep_cases(const CaseOptions& opt) {
         }
       }
     }
+  }
+  // Prefill shapes: rows wide enough that a range spans several weight panels
+  // (kLinearPanelBytes), tokens in several groups with a partial last one, rows not a multiple
+  // of the row tiles.
+  struct PanelCase {
+    WeightType type;
+    int64_t rows, cols, T;
+  };
+  for (const PanelCase& pc : {PanelCase{WeightType::kBF16, 67, 3001, 11},
+                              PanelCase{WeightType::kF32, 37, 2049, 5},
+                              PanelCase{WeightType::kF16, 21, 6000, 7},
+                              PanelCase{WeightType::kMxfp4, 101, 4096, 11},
+                              PanelCase{WeightType::kMxfp4, 93, 8192, 6}}) {
+    auto w = random_weight(*g, pc.type, pc.rows, pc.cols);
+    KTIER_CHECK(pc.rows > linear_panel_rows(w->view));
+    auto x = std::make_shared<std::vector<float>>(g->floats(pc.T * pc.cols));
+    if (pc.type == WeightType::kMxfp4 && opt.specials) w->scales[5 * (pc.cols / 32) + 3] = 255;
+    plant_cancelling_pair(*w, *x, pc.T, 1, pc.type == WeightType::kMxfp4 ? 30 : pc.cols - 2);
+    const int64_t T = pc.T;
+    cases.push_back({"linear panels " + std::string(weight_type_name(pc.type)) +
+                         " rows=" + std::to_string(pc.rows) + " cols=" + std::to_string(pc.cols) +
+                         " T=" + std::to_string(T),
+                     false,
+                     {T * pc.rows},
+                     [w, x, T](const Exec& ex, const std::vector<float*>& o) {
+                       linear(w->view, x->data(), T, o[0], ex);
+                     }});
   }
   return cases;
 }
