@@ -50,6 +50,15 @@ int64_t chunk_rows(int64_t work_per_row, int64_t target) {
   return std::max<int64_t>(1, target / std::max<int64_t>(1, work_per_row));
 }
 
+// linear's widened weight panels (kernel_table.h): grow-only, per thread, 64-byte aligned; a
+// buffer of its own, since linear may run inside an op that holds thread_scratch.
+double* linear_panel_scratch(int64_t n_doubles) {
+  thread_local std::vector<double> buf;
+  if (static_cast<int64_t>(buf.size()) < n_doubles + 8)
+    buf.resize(static_cast<size_t>(n_doubles + 8));
+  return reinterpret_cast<double*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
+}
+
 // Grow-only per-thread scratch, so steady-state decode does not allocate.
 double* thread_scratch(int64_t n_doubles) {
   thread_local std::vector<double> buf;
@@ -143,7 +152,7 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
   owns_wide.assign(static_cast<size_t>(n_jobs), 0);
   tasks.clear();
   first_row.clear();
-  int64_t wide_total = 0, total_rows = 0, total_macs = 0, total_bytes = 0, max_tokens = 0;
+  int64_t wide_total = 0, total_rows = 0, total_macs = 0, max_tokens = 0;
   for (int j = 0; j < n_jobs; ++j) {
     const LinearJob& job = jobs[j];
     check_weight(op, job.w);
@@ -164,7 +173,6 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
     tasks.push_back(LinearTask{job.w, nullptr, job.n_tokens, job.y});
     total_rows += job.w.rows;
     total_macs += job.w.rows * job.n_tokens * std::max<int64_t>(1, job.w.cols);
-    total_bytes += job.w.rows * weight_row_bytes(job.w);
     max_tokens = std::max(max_tokens, job.n_tokens);
   }
   if (total_rows == 0) return;
@@ -186,19 +194,24 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
   int64_t grain = (chunk_rows(total_macs / total_rows, kLinearChunkMacs) + 3) / 4 * 4;
   if (max_tokens > 1) {
     const int64_t threads = ex.pool ? ex.pool->size() : 1;
-    const int64_t panel = kLinearPanelBytes / std::max<int64_t>(1, total_bytes / total_rows);
+    int64_t panel = 4;
+    for (const LinearTask& t : tasks) panel = std::max(panel, linear_panel_rows(t));
     const int64_t share = (total_rows + 2 * threads - 1) / (2 * threads);
     grain = std::max(grain, (std::min(panel, share) + 3) / 4 * 4);
   }
+  int64_t scratch_doubles = 0;
+  for (const LinearTask& t : tasks)
+    scratch_doubles = std::max(scratch_doubles, linear_scratch_doubles(t));
   const LinearTask* task_list = tasks.data();
   const int64_t* starts = first_row.data();
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
   parallel_for(ex.pool, total_rows, grain, [&](int64_t b, int64_t e) {
+    double* scratch = scratch_doubles > 0 ? linear_panel_scratch(scratch_doubles) : nullptr;
     int64_t j = std::upper_bound(starts, starts + n_tasks + 1, b) - starts - 1;
     for (; j < n_tasks && starts[j] < e; ++j) {
       const int64_t r0 = std::max(b, starts[j]) - starts[j];
       const int64_t r1 = std::min(e, starts[j + 1]) - starts[j];
-      kt.linear_rows(task_list[j], r0, r1);
+      kt.linear_rows(task_list[j], r0, r1, scratch);
     }
   });
 }

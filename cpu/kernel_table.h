@@ -23,11 +23,23 @@ struct LinearTask {
   float* y = nullptr;  // [n_tokens, w.rows]
 };
 
-// Several tokens: the vector kernels take a range's rows in panels of about this many weight
-// bytes (kept in L2) and run each panel over the tokens a group at a time (the group's x in L1),
-// so each weight is read from memory once per panel, not once per token group. cpu::linear sizes
-// its ranges to hold whole panels where that still leaves every thread work.
+// Several tokens (docs/PERFORMANCE.md "Prefill"): the vector kernels take a range's rows in
+// panels of about kLinearPanelBytes of weights (kept in L2) and run each panel over the tokens a
+// group at a time (the group's x in L1), so each weight is read from memory once per panel, not
+// once per token group.
+//
+// Float weights with at least kLinearWidenMinTokens tokens are blocked further, so that each
+// weight is also widened to double once per block of tokens rather than once per token group,
+// and a token group's x stays in L1 even for K3's 7168-wide rows: per block of
+// kLinearBlockTokens tokens, per panel of kLinearBlockRows rows, per slice of kLinearBlockCols
+// columns, the slice is widened into the caller's per-thread scratch, then every (row tile,
+// token group) runs over it, its double accumulators carried from slice to slice in the scratch
+// (stored and reloaded exactly: every output's sum keeps its order, so no byte changes).
 inline constexpr int64_t kLinearPanelBytes = 96 << 10;
+inline constexpr int64_t kLinearWidenMinTokens = 4;
+inline constexpr int64_t kLinearBlockRows = 32;    // a multiple of every row tile
+inline constexpr int64_t kLinearBlockCols = 512;   // a multiple of 16
+inline constexpr int64_t kLinearBlockTokens = 48;
 
 // Bytes of one stored row of `w` (MXFP4: packed nibbles and scales).
 inline int64_t weight_row_bytes(const WeightMatrix& w) {
@@ -40,10 +52,24 @@ inline int64_t weight_row_bytes(const WeightMatrix& w) {
   return 4 * w.cols;
 }
 
-// Rows of a panel of `w`: a multiple of 4 (the kernels' widest row tile), at least 4.
-inline int64_t linear_panel_rows(const WeightMatrix& w) {
-  const int64_t rows = kLinearPanelBytes / (weight_row_bytes(w) > 0 ? weight_row_bytes(w) : 1);
+// True when linear_rows blocks `task` as above (and needs scratch).
+inline bool linear_blocked(const LinearTask& task) {
+  return task.w.type != WeightType::kMxfp4 && task.n_tokens >= kLinearWidenMinTokens;
+}
+
+// Rows of a panel of `task`'s range: a multiple of 4 (the kernels' widest row tile), >= 4.
+inline int64_t linear_panel_rows(const LinearTask& task) {
+  if (linear_blocked(task)) return kLinearBlockRows;
+  const int64_t bytes = weight_row_bytes(task.w);
+  const int64_t rows = kLinearPanelBytes / (bytes > 0 ? bytes : 1);
   return rows < 4 ? 4 : rows / 4 * 4;
+}
+
+// Per-thread scratch (doubles) linear_rows needs for `task`: a widened slice [rows][cols] and
+// the accumulators [rows][tokens][16] of one block, or 0.
+inline int64_t linear_scratch_doubles(const LinearTask& task) {
+  if (!linear_blocked(task)) return 0;
+  return kLinearBlockRows * kLinearBlockCols + kLinearBlockRows * kLinearBlockTokens * 16;
 }
 
 struct ShortConvArgs {
@@ -134,8 +160,9 @@ inline int64_t mla_mix_scratch_doubles(int heads, int64_t max_channels) {
 }
 
 struct KernelTable {
-  // rows [r0, r1) of one job, every token
-  void (*linear_rows)(const LinearTask& task, int64_t r0, int64_t r1);
+  // rows [r0, r1) of one job, every token; scratch: this thread's, 64-byte aligned, at least
+  // linear_scratch_doubles(task) doubles (null when that is 0)
+  void (*linear_rows)(const LinearTask& task, int64_t r0, int64_t r1, double* scratch);
   // rows [r0, r1) of a [rows, n] matrix
   void (*rmsnorm_rows)(const float* x, const float* gain, int64_t n, double eps, int64_t r0,
                        int64_t r1, float* out);

@@ -54,7 +54,7 @@ void mxfp4_rows_ref(const LinearTask& task, int64_t r0, int64_t r1) {
 
 }  // namespace
 
-void linear_rows_ref(const LinearTask& task, int64_t r0, int64_t r1) {
+void linear_rows_ref(const LinearTask& task, int64_t r0, int64_t r1, double* /*scratch*/) {
   switch (task.w.type) {
     case WeightType::kF32: return dense_rows_ref<num::F32Weights>(task, r0, r1);
     case WeightType::kBF16: return dense_rows_ref<num::Bf16Weights>(task, r0, r1);

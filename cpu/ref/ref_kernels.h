@@ -8,7 +8,7 @@
 
 namespace ktier::cpu {
 
-void linear_rows_ref(const LinearTask& task, int64_t r0, int64_t r1);
+void linear_rows_ref(const LinearTask& task, int64_t r0, int64_t r1, double* scratch);
 void rmsnorm_rows_ref(const float* x, const float* gain, int64_t n, double eps, int64_t r0,
                       int64_t r1, float* out);
 void l2norm_rows_ref(const float* x, int64_t n, double eps, int64_t r0, int64_t r1, float* out);

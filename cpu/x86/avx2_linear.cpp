@@ -64,8 +64,107 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
   }
 }
 
+// ---- float weights, many tokens: blocked (kernel_table.h) ---------------------------------------
+
+// One block's place: rows [p0, p1) x columns [k0, k1) x tokens from t0; `slice` holds the rows'
+// whole 16-lane blocks of those columns widened to double, row stride kLinearBlockCols (the
+// row's tail past its last whole block stays in the weights: dense_tile's scalar tail); `carry`
+// holds each (row, token)'s 16 accumulator lanes between slices.
+struct Block {
+  int64_t p0, k0, k1, t0;
+  const double* slice;
+  double* carry;
+};
+
+static inline double* carry_of(const Block& b, int64_t r, int64_t t) {
+  return b.carry + ((r - b.p0) * kLinearBlockTokens + (t - b.t0)) * 16;
+}
+
 template <class A>
-void dense_rows(const LinearTask& task, int64_t r0, int64_t r1) {
+void widen_slice(const LinearTask& task, int64_t p0, int64_t p1, int64_t k0, int64_t k1,
+                 double* slice) {
+  const int64_t n = task.w.cols, len16 = (k1 - k0) & ~int64_t{15};
+  for (int64_t r = p0; r < p1; ++r) {
+    const auto* W = static_cast<const typename A::Storage*>(task.w.data) + r * n + k0;
+    double* d = slice + (r - p0) * kLinearBlockCols;
+    for (int64_t i = 0; i < len16; i += 8) {
+      const __m256 v = A::load8(W + i);
+      _mm256_store_pd(d + i, lo4(v));
+      _mm256_store_pd(d + i + 4, hi4(v));
+    }
+  }
+}
+
+// One row x NT tokens over one slice: the accumulators start at +0 (first slice) or from the
+// carry, run over the slice's whole blocks exactly as dense_tile's, and go back to the carry or,
+// after the last slice, take the scalar tail and the tree to y. 4 * NT accumulators + 4 weights.
+template <int NR, int NT, class A>
+void block_tile(const LinearTask& task, const Block& b, int64_t r, int64_t tok) {
+  static_assert(NR == 1 && NT <= 3, "accumulators and weights must fit the ymm registers");
+  const int64_t n = task.w.cols, rows = task.w.rows;
+  const bool first = b.k0 == 0, last = b.k1 == n;
+  __m256d acc[NT][4];
+#pragma GCC unroll 4
+  for (int tt = 0; tt < NT; ++tt) {
+    const double* c = carry_of(b, r, tok + tt);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q)
+      acc[tt][q] = first ? _mm256_setzero_pd() : _mm256_load_pd(c + 4 * q);
+  }
+  const double* Wd = b.slice + (r - b.p0) * kLinearBlockCols;
+  const int64_t len16 = (b.k1 - b.k0) & ~int64_t{15};
+  for (int64_t i = 0; i < len16; i += 16) {
+    const __m256d w0 = _mm256_load_pd(Wd + i), w1 = _mm256_load_pd(Wd + i + 4);
+    const __m256d w2 = _mm256_load_pd(Wd + i + 8), w3 = _mm256_load_pd(Wd + i + 12);
+#pragma GCC unroll 4
+    for (int tt = 0; tt < NT; ++tt) {
+      const double* xp = task.x_wide + (tok + tt) * n + b.k0 + i;
+      acc[tt][0] = _mm256_fmadd_pd(w0, _mm256_loadu_pd(xp), acc[tt][0]);
+      acc[tt][1] = _mm256_fmadd_pd(w1, _mm256_loadu_pd(xp + 4), acc[tt][1]);
+      acc[tt][2] = _mm256_fmadd_pd(w2, _mm256_loadu_pd(xp + 8), acc[tt][2]);
+      acc[tt][3] = _mm256_fmadd_pd(w3, _mm256_loadu_pd(xp + 12), acc[tt][3]);
+    }
+  }
+  if (!last) {
+#pragma GCC unroll 4
+    for (int tt = 0; tt < NT; ++tt) store_lanes16(carry_of(b, r, tok + tt), acc[tt]);
+    return;
+  }
+  const auto* W = static_cast<const typename A::Storage*>(task.w.data) + r * n;
+  for (int tt = 0; tt < NT; ++tt) {
+    double lane[16];
+    store_lanes16(lane, acc[tt]);
+    num::dot16_accumulate<typename A::Scalar>(lane, W, task.x_wide + (tok + tt) * n,
+                                              b.k0 + len16, n);
+    task.y[(tok + tt) * rows + r] = num::F(num::tree16(lane));
+  }
+}
+
+template <class A>
+void dense_rows_blocked(const LinearTask& task, int64_t r0, int64_t r1, double* scratch) {
+  const int64_t n = task.w.cols, T = task.n_tokens;
+  double* const slice = scratch;
+  double* const carry = scratch + kLinearBlockRows * kLinearBlockCols;
+  for (int64_t t0 = 0; t0 < T; t0 += kLinearBlockTokens) {
+    const int64_t nt = T - t0 < kLinearBlockTokens ? T - t0 : kLinearBlockTokens;
+    for (int64_t p0 = r0; p0 < r1; p0 += kLinearBlockRows) {
+      const int64_t p1 = r1 - p0 < kLinearBlockRows ? r1 : p0 + kLinearBlockRows;
+      for (int64_t k0 = 0; k0 < n; k0 += kLinearBlockCols) {
+        const int64_t k1 = n - k0 < kLinearBlockCols ? n : k0 + kLinearBlockCols;
+        widen_slice<A>(task, p0, p1, k0, k1, slice);
+        const Block b{p0, k0, k1, t0, slice, carry};
+        // One panel (the block's rows), tokens t0 .. t0 + nt in groups of 3, one row at a time.
+        x86::panel_loop<1, 3>(p0, p1, kLinearBlockRows, nt,
+                              [&]<int NR, int NT>(int64_t r, int64_t t) {
+                                block_tile<NR, NT, A>(task, b, r, t0 + t);
+                              });
+      }
+    }
+  }
+}
+
+template <class A>
+void dense_rows(const LinearTask& task, int64_t r0, int64_t r1, double* scratch) {
   if (task.n_tokens == 1) {  // decode: two rows at a time share the x loads
     const int64_t row_bytes = task.w.cols * static_cast<int64_t>(sizeof(typename A::Storage));
     const int64_t ahead = prefetch_ahead(row_bytes), range = (r1 - r0) * row_bytes;
@@ -76,8 +175,9 @@ void dense_rows(const LinearTask& task, int64_t r0, int64_t r1) {
     if (r < r1) dense_tile<A, 1, 1>(task, r, 0);
     return;
   }
-  // Several tokens: one row x 2 tokens at a time, in panels (x86/panel_loop.h).
-  x86::panel_loop<1, 2>(r0, r1, linear_panel_rows(task.w), task.n_tokens,
+  if (linear_blocked(task)) return dense_rows_blocked<A>(task, r0, r1, scratch);
+  // 2-3 tokens: one row x 2 tokens at a time, in panels (x86/panel_loop.h).
+  x86::panel_loop<1, 2>(r0, r1, linear_panel_rows(task), task.n_tokens,
                         [&]<int NR, int NT>(int64_t r, int64_t t) {
                           dense_tile<A, NR, NT>(task, r, t);
                         });
@@ -206,7 +306,7 @@ void mxfp4_rows(const LinearTask& task, int64_t r0, int64_t r1) {
     return;
   }
   // Several tokens: one row x 4 tokens at a time, in panels (x86/panel_loop.h).
-  x86::panel_loop<1, 4>(r0, r1, linear_panel_rows(task.w), task.n_tokens,
+  x86::panel_loop<1, 4>(r0, r1, linear_panel_rows(task), task.n_tokens,
                         [&]<int NR, int NT>(int64_t r, int64_t t) {
                           mxfp4_tile<NT>(task, r, t);
                         });
@@ -214,11 +314,11 @@ void mxfp4_rows(const LinearTask& task, int64_t r0, int64_t r1) {
 
 }  // namespace
 
-void linear_rows_avx2(const LinearTask& task, int64_t r0, int64_t r1) {
+void linear_rows_avx2(const LinearTask& task, int64_t r0, int64_t r1, double* scratch) {
   switch (task.w.type) {
-    case WeightType::kF32: return dense_rows<F32Weights>(task, r0, r1);
-    case WeightType::kBF16: return dense_rows<Bf16Weights>(task, r0, r1);
-    case WeightType::kF16: return dense_rows<F16Weights>(task, r0, r1);
+    case WeightType::kF32: return dense_rows<F32Weights>(task, r0, r1, scratch);
+    case WeightType::kBF16: return dense_rows<Bf16Weights>(task, r0, r1, scratch);
+    case WeightType::kF16: return dense_rows<F16Weights>(task, r0, r1, scratch);
     case WeightType::kMxfp4: return mxfp4_rows(task, r0, r1);
   }
 }

@@ -9,7 +9,7 @@
 
 namespace ktier::cpu::avx512 {
 
-void linear_rows_avx512(const LinearTask& task, int64_t r0, int64_t r1);
+void linear_rows_avx512(const LinearTask& task, int64_t r0, int64_t r1, double* scratch);
 void mla_scores_avx512(const MlaArgs& a, const MlaPass& p, int64_t s0, int64_t s1,
                        double* scratch);
 void mla_mix_avx512(const MlaArgs& a, const MlaPass& p, int64_t c0, int64_t c1, double* scratch);

@@ -189,8 +189,142 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
   finish_outputs(a, NR * NT, dst);
 }
 
+// ---- float weights, many tokens: blocked (kernel_table.h) ---------------------------------------
+
+// One block's place: rows [p0, p1) x columns [k0, k1) x tokens from t0; `slice` holds the rows'
+// columns widened to double, row stride kLinearBlockCols, padded with +0 to whole 16-lane blocks;
+// `carry` holds each (row, token)'s 16 accumulator lanes between slices.
+struct Block {
+  int64_t p0, k0, k1, t0;
+  const double* slice;
+  double* carry;
+};
+
+static inline double* carry_of(const Block& b, int64_t r, int64_t t) {
+  return b.carry + ((r - b.p0) * kLinearBlockTokens + (t - b.t0)) * 16;
+}
+
 template <class A>
-void dense_rows(const LinearTask& task, int64_t r0, int64_t r1) {
+void widen_slice(const LinearTask& task, int64_t p0, int64_t p1, int64_t k0, int64_t k1,
+                 double* slice) {
+  const int64_t n = task.w.cols, len16 = (k1 - k0) & ~int64_t{15};
+  for (int64_t r = p0; r < p1; ++r) {
+    const auto* W = static_cast<const typename A::Storage*>(task.w.data) + r * n + k0;
+    double* d = slice + (r - p0) * kLinearBlockCols;
+    for (int64_t i = 0; i < len16; i += 16) {
+      const __m512 v = A::load16(W + i);
+      _mm512_store_pd(d + i, lo8(v));
+      _mm512_store_pd(d + i + 8, hi8(v));
+    }
+    if (len16 < k1 - k0) {  // only the last slice of a row whose width is not a multiple of 16
+      const __m512 v =
+          A::load_part(W + len16, static_cast<__mmask16>((1u << (k1 - k0 - len16)) - 1));
+      _mm512_store_pd(d + len16, lo8(v));
+      _mm512_store_pd(d + len16 + 8, hi8(v));
+    }
+  }
+}
+
+// NR rows x NT tokens over one slice: the accumulators start at +0 (first slice) or from the
+// carry, run over the slice's columns exactly as dense_tile's, and go back to the carry or, after
+// the last slice, through the tree to y. 2 * NR * NT accumulators + 2 * NR weights + 2 x.
+template <int NR, int NT>
+void block_tile(const LinearTask& task, const Block& b, int64_t r, int64_t tok) {
+  static_assert(NR * NT <= 12 && NR <= 2, "accumulators, weights and x must fit the zmm");
+  const int64_t n = task.w.cols, rows = task.w.rows;
+  const bool first = b.k0 == 0, last = b.k1 == n;
+  __m512d acc[NR][NT][2];
+#pragma GCC unroll 12
+  for (int rr = 0; rr < NR; ++rr)
+#pragma GCC unroll 12
+    for (int tt = 0; tt < NT; ++tt) {
+      const double* c = carry_of(b, r + rr, tok + tt);
+      acc[rr][tt][0] = first ? _mm512_setzero_pd() : _mm512_load_pd(c);
+      acc[rr][tt][1] = first ? _mm512_setzero_pd() : _mm512_load_pd(c + 8);
+    }
+  const double* Wd = b.slice + (r - b.p0) * kLinearBlockCols;
+  const double* X = task.x_wide + tok * n + b.k0;
+  const int64_t len = b.k1 - b.k0, len16 = len & ~int64_t{15};
+  for (int64_t i = 0; i < len16; i += 16) {
+    __m512d w[NR][2];
+#pragma GCC unroll 12
+    for (int rr = 0; rr < NR; ++rr) {
+      w[rr][0] = _mm512_load_pd(Wd + rr * kLinearBlockCols + i);
+      w[rr][1] = _mm512_load_pd(Wd + rr * kLinearBlockCols + i + 8);
+    }
+#pragma GCC unroll 12
+    for (int tt = 0; tt < NT; ++tt) {
+      const __m512d x0 = _mm512_loadu_pd(X + tt * n + i), x1 = _mm512_loadu_pd(X + tt * n + i + 8);
+#pragma GCC unroll 12
+      for (int rr = 0; rr < NR; ++rr) {
+        acc[rr][tt][0] = _mm512_fmadd_pd(w[rr][0], x0, acc[rr][tt][0]);
+        acc[rr][tt][1] = _mm512_fmadd_pd(w[rr][1], x1, acc[rr][tt][1]);
+      }
+    }
+  }
+  if (len16 < len) {  // the row's tail: padded weights are +0, and so are the masked x values
+    const __mmask16 m = static_cast<__mmask16>((1u << (len - len16)) - 1);
+    const __mmask8 m0 = static_cast<__mmask8>(m & 0xff), m1 = static_cast<__mmask8>(m >> 8);
+#pragma GCC unroll 12
+    for (int tt = 0; tt < NT; ++tt) {
+      const __m512d x0 = _mm512_maskz_loadu_pd(m0, X + tt * n + len16);
+      const __m512d x1 = _mm512_maskz_loadu_pd(m1, X + tt * n + len16 + 8);
+#pragma GCC unroll 12
+      for (int rr = 0; rr < NR; ++rr) {
+        const double* wp = Wd + rr * kLinearBlockCols + len16;
+        acc[rr][tt][0] = _mm512_fmadd_pd(_mm512_load_pd(wp), x0, acc[rr][tt][0]);
+        acc[rr][tt][1] = _mm512_fmadd_pd(_mm512_load_pd(wp + 8), x1, acc[rr][tt][1]);
+      }
+    }
+  }
+  if (!last) {
+#pragma GCC unroll 12
+    for (int rr = 0; rr < NR; ++rr)
+#pragma GCC unroll 12
+      for (int tt = 0; tt < NT; ++tt) {
+        double* c = carry_of(b, r + rr, tok + tt);
+        _mm512_store_pd(c, acc[rr][tt][0]);
+        _mm512_store_pd(c + 8, acc[rr][tt][1]);
+      }
+    return;
+  }
+  __m512d a[NR * NT];
+  float* dst[NR * NT];
+#pragma GCC unroll 12
+  for (int rr = 0; rr < NR; ++rr)
+#pragma GCC unroll 12
+    for (int tt = 0; tt < NT; ++tt) {
+      a[rr * NT + tt] = _mm512_add_pd(acc[rr][tt][0], acc[rr][tt][1]);
+      dst[rr * NT + tt] = task.y + (tok + tt) * rows + r + rr;
+    }
+  finish_outputs(a, NR * NT, dst);
+}
+
+template <class A>
+void dense_rows_blocked(const LinearTask& task, int64_t r0, int64_t r1, double* scratch) {
+  const int64_t n = task.w.cols, T = task.n_tokens;
+  double* const slice = scratch;
+  double* const carry = scratch + kLinearBlockRows * kLinearBlockCols;
+  for (int64_t t0 = 0; t0 < T; t0 += kLinearBlockTokens) {
+    const int64_t nt = T - t0 < kLinearBlockTokens ? T - t0 : kLinearBlockTokens;
+    for (int64_t p0 = r0; p0 < r1; p0 += kLinearBlockRows) {
+      const int64_t p1 = r1 - p0 < kLinearBlockRows ? r1 : p0 + kLinearBlockRows;
+      for (int64_t k0 = 0; k0 < n; k0 += kLinearBlockCols) {
+        const int64_t k1 = n - k0 < kLinearBlockCols ? n : k0 + kLinearBlockCols;
+        widen_slice<A>(task, p0, p1, k0, k1, slice);
+        const Block b{p0, k0, k1, t0, slice, carry};
+        // One panel (the block's rows), tokens t0 .. t0 + nt in groups of 6, tiles of 2 rows.
+        x86::panel_loop<2, 6>(p0, p1, kLinearBlockRows, nt,
+                              [&]<int NR, int NT>(int64_t r, int64_t t) {
+                                block_tile<NR, NT>(task, b, r, t0 + t);
+                              });
+      }
+    }
+  }
+}
+
+template <class A>
+void dense_rows(const LinearTask& task, int64_t r0, int64_t r1, double* scratch) {
   if (task.n_tokens == 1) {  // decode: four rows share each x load
     const int64_t row_bytes = task.w.cols * static_cast<int64_t>(sizeof(typename A::Storage));
     const int64_t ahead = prefetch_ahead(row_bytes), range = (r1 - r0) * row_bytes;
@@ -202,8 +336,9 @@ void dense_rows(const LinearTask& task, int64_t r0, int64_t r1) {
     if (r < r1) dense_tile<A, 1, 1>(task, r, 0);
     return;
   }
-  // Several tokens: tiles of 4 rows x 3 tokens in panels (x86/panel_loop.h).
-  x86::panel_loop<4, 3>(r0, r1, linear_panel_rows(task.w), task.n_tokens,
+  if (linear_blocked(task)) return dense_rows_blocked<A>(task, r0, r1, scratch);
+  // 2-3 tokens: tiles of 4 rows x 3 tokens in panels (x86/panel_loop.h).
+  x86::panel_loop<4, 3>(r0, r1, linear_panel_rows(task), task.n_tokens,
                         [&]<int NR, int NT>(int64_t r, int64_t t) {
                           dense_tile<A, NR, NT>(task, r, t);
                         });
@@ -366,7 +501,7 @@ void mxfp4_rows(const LinearTask& task, int64_t r0, int64_t r1) {
     return;
   }
   // Several tokens: tiles of 2 rows x 4 tokens in panels (x86/panel_loop.h).
-  x86::panel_loop<2, 4>(r0, r1, linear_panel_rows(task.w), task.n_tokens,
+  x86::panel_loop<2, 4>(r0, r1, linear_panel_rows(task), task.n_tokens,
                         [&]<int NR, int NT>(int64_t r, int64_t t) {
                           mxfp4_tile<NR, NT>(task, dec, r, t);
                         });
@@ -374,11 +509,11 @@ void mxfp4_rows(const LinearTask& task, int64_t r0, int64_t r1) {
 
 }  // namespace
 
-void linear_rows_avx512(const LinearTask& task, int64_t r0, int64_t r1) {
+void linear_rows_avx512(const LinearTask& task, int64_t r0, int64_t r1, double* scratch) {
   switch (task.w.type) {
-    case WeightType::kF32: return dense_rows<F32Weights>(task, r0, r1);
-    case WeightType::kBF16: return dense_rows<Bf16Weights>(task, r0, r1);
-    case WeightType::kF16: return dense_rows<F16Weights>(task, r0, r1);
+    case WeightType::kF32: return dense_rows<F32Weights>(task, r0, r1, scratch);
+    case WeightType::kBF16: return dense_rows<Bf16Weights>(task, r0, r1, scratch);
+    case WeightType::kF16: return dense_rows<F16Weights>(task, r0, r1, scratch);
     case WeightType::kMxfp4: return mxfp4_rows(task, r0, r1);
   }
 }

@@ -455,20 +455,21 @@ std::vector<OpCase> make_linear_sweep_cases(const CaseOptions& opt) {
       }
     }
   }
-  // Prefill shapes: rows wide enough that a range spans several weight panels
-  // (kLinearPanelBytes), tokens in several groups with a partial last one, rows not a multiple
-  // of the row tiles.
+  // Prefill shapes: ranges spanning several weight panels (kernel_table.h), float weights over
+  // several column slices with a tail and over two token blocks, token groups with a partial
+  // last one, rows not a multiple of the row tiles.
   struct PanelCase {
     WeightType type;
     int64_t rows, cols, T;
   };
-  for (const PanelCase& pc : {PanelCase{WeightType::kBF16, 67, 3001, 11},
+  for (const PanelCase& pc : {PanelCase{WeightType::kBF16, 67, 3001, kLinearBlockTokens + 5},
                               PanelCase{WeightType::kF32, 37, 2049, 5},
-                              PanelCase{WeightType::kF16, 21, 6000, 7},
-                              PanelCase{WeightType::kMxfp4, 101, 4096, 11},
-                              PanelCase{WeightType::kMxfp4, 93, 8192, 6}}) {
+                              PanelCase{WeightType::kF16, 35, 6000, 7},
+                              PanelCase{WeightType::kBF16, 37, 7001, 3},
+                              PanelCase{WeightType::kMxfp4, 93, 8192, 11},
+                              PanelCase{WeightType::kMxfp4, 61, 16384, 6}}) {
     auto w = random_weight(*g, pc.type, pc.rows, pc.cols);
-    KTIER_CHECK(pc.rows > linear_panel_rows(w->view));
+    KTIER_CHECK(pc.rows > linear_panel_rows(LinearTask{w->view, nullptr, pc.T, nullptr}));
     auto x = std::make_shared<std::vector<float>>(g->floats(pc.T * pc.cols));
     if (pc.type == WeightType::kMxfp4 && opt.specials) w->scales[5 * (pc.cols / 32) + 3] = 255;
     plant_cancelling_pair(*w, *x, pc.T, 1, pc.type == WeightType::kMxfp4 ? 30 : pc.cols - 2);
