@@ -169,10 +169,11 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
     }
   }
   KTIER_RETURN_IF_ERROR(be.gather_rows(u_in, src_row.data(), T * k, lat, xin));
-  // Experts run in batches the source can hold at once (a RAM tier's slot count), and within a
-  // batch in the groups the source hands over (those in memory first, while the others load).
-  // Each expert's rows are computed exactly as in one batch, so neither changes a byte.
-  const size_t batch = static_cast<size_t>(std::max<int64_t>(1, experts.max_batch()));
+  // Experts run in batches the source can take in one fetch_each (a RAM tier: all of them,
+  // streamed through its slots), and within a batch in the groups the source hands over (those
+  // in memory first, then each as it lands). Each expert's rows are computed exactly as in one
+  // batch, so neither changes a byte.
+  const size_t batch = static_cast<size_t>(std::max<int64_t>(1, experts.max_each()));
   std::vector<ExpertWeights> views(std::min(batch, selected.size()));
   std::vector<cpu::LinearJob> jobs;
   for (size_t b0 = 0; b0 < selected.size(); b0 += batch) {

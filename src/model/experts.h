@@ -40,7 +40,9 @@ class ExpertSource {
   // fetch() that hands experts over as they become available, so a caller computes with some
   // while others still load: calls `ready` with indices into `ids` (each exactly once over the
   // call, in groups: a tiered source gives those in memory first, then each group of reads as
-  // it lands), out[i] valid from then until the next fetch. If `ready` fails, or a read does,
+  // it lands), out[i] valid from then until the next fetch — or, when ids.size() exceeds
+  // max_batch(), only until that `ready` call returns (the source may then reuse the memory for
+  // a later expert of the same call). At most max_each() ids. If `ready` fails, or a read does,
   // no later group is handed over and the first error is returned once every read issued has
   // landed. Default: fetch(), then ready(all) once.
   using ReadyFn = std::function<Status(std::span<const size_t> indices)>;
@@ -56,6 +58,9 @@ class ExpertSource {
   virtual uint64_t bytes_fetched() const = 0;
   // Most experts one fetch() may ask for (a RAM tier's slot count); callers split larger sets.
   virtual int64_t max_batch() const { return INT64_MAX; }
+  // Most experts one fetch_each() may ask for: max_batch(), unless the source streams a larger
+  // set through its slots (reading the next experts while the caller computes with earlier ones).
+  virtual int64_t max_each() const { return max_batch(); }
   // Views of expert `id` of MoE layer `layer` when its bytes are in memory now (no I/O, no
   // waiting), else false. Counts as no use. The views stay valid until this source overwrites
   // that memory, which it does only after calling the reuse fence (below). For a tier above

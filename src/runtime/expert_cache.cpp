@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <string>
 
 #include <spdlog/spdlog.h>
@@ -420,24 +421,32 @@ Status ExpertCache::fetch(int64_t layer, std::span<const int32_t> ids, model::Ex
 
 Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
                                model::ExpertWeights* out, const ReadyFn& ready) {
-  KTIER_CHECK(static_cast<int64_t>(ids.size()) <= stats_.batch_slots);
   release_bypass();
   reap_prefetches(/*block=*/false);
   const int64_t Ne = ckpt_.config().num_experts;
   std::vector<io::ReadRequest> reads;
   std::vector<size_t> slot_of(ids.size()), in_memory, loading;
+  std::deque<size_t> waiting;  // misses without a slot yet, in the order asked
   struct Miss {
     size_t slot, index;
     uint32_t reads_left;
+    bool windowed;  // holds one of the window's places (a slot taken for this call)
   };
   std::vector<Miss> misses;
+  // Misses given a slot by this call and not yet released: at most batch_slots, so that the
+  // bypasses among them always find a free slot (take_free_slot's invariant). A miss handed over
+  // is released (a bypass slot freed) only when a waiting miss needs its place, so a call of at
+  // most batch_slots ids — every fetch() — keeps all its views until the next fetch.
+  const size_t window_max = static_cast<size_t>(stats_.batch_slots);
+  size_t window = 0;
+  std::vector<size_t> handed;  // windowed misses handed over: their places can be released
   // A demand read of ids[i] into slot si (a new one, or a prefetch's that failed).
-  const auto plan_miss = [&](size_t i, size_t si) {
+  const auto plan_miss = [&](size_t i, size_t si, bool windowed) {
     slots_[si].state = SlotState::kReady;
     slot_of[i] = si;
     const size_t before = reads.size();
     plan_reads(static_cast<uint32_t>(layer * Ne + ids[i]), si, reads);
-    misses.push_back({si, i, static_cast<uint32_t>(reads.size() - before)});
+    misses.push_back({si, i, static_cast<uint32_t>(reads.size() - before), windowed});
     const uint64_t bytes = expert_bytes(static_cast<uint32_t>(layer * Ne + ids[i]));
     ++stats_.demand_reads;
     stats_.miss_bytes += bytes;
@@ -445,30 +454,26 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
   };
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t key = static_cast<uint32_t>(layer * Ne + ids[i]);
-    int32_t si = slot_of_key_[key];
-    if (si >= 0) {
-      Slot& s = slots_[static_cast<size_t>(si)];
-      slot_of[i] = static_cast<size_t>(si);
-      if (s.state == SlotState::kLoading) {  // a late prefetch: handed over when it lands
-        loading.push_back(i);
-        continue;
-      }
-      if (s.prefetched_unused) settle_prefetch(s, layer, /*arrived_in_time=*/true);
-      if (!s.read_failed) {
-        in_memory.push_back(i);
-        ++stats_.hits;
-        stats_.hit_bytes += expert_bytes(key);
-        continue;
-      }
-      s.read_failed = false;  // a failed prefetch: read again on demand, same slot
-    } else {
-      si = static_cast<int32_t>(take_free_slot());
-      Slot& s = slots_[static_cast<size_t>(si)];
-      s.key = key;
-      slot_of_key_[key] = si;
-      if (!policy_->contains(key)) bypass_.push_back(static_cast<size_t>(si));
+    const int32_t si = slot_of_key_[key];
+    if (si < 0) {
+      waiting.push_back(i);
+      continue;
     }
-    plan_miss(i, static_cast<size_t>(si));
+    Slot& s = slots_[static_cast<size_t>(si)];
+    slot_of[i] = static_cast<size_t>(si);
+    if (s.state == SlotState::kLoading) {  // a late prefetch: handed over when it lands
+      loading.push_back(i);
+      continue;
+    }
+    if (s.prefetched_unused) settle_prefetch(s, layer, /*arrived_in_time=*/true);
+    if (!s.read_failed) {
+      in_memory.push_back(i);
+      ++stats_.hits;
+      stats_.hit_bytes += expert_bytes(key);
+      continue;
+    }
+    s.read_failed = false;  // a failed prefetch: read again on demand, same slot
+    plan_miss(i, static_cast<size_t>(si), /*windowed=*/false);
   }
   // The experts in memory go first, while late prefetches and the misses' reads run; each of
   // those is handed over when its reads land. No prefetch is issued here: the policy could
@@ -488,7 +493,40 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
     unsubmitted = misses.size();
     reads.clear();
   };
-  submit();
+  // Gives waiting misses slots and reads while the window has places, releasing handed-over
+  // misses' places as needed; stops after an error.
+  const auto top_up = [&]() {
+    while (!waiting.empty() && first.is_ok()) {
+      if (window == window_max) {
+        if (handed.empty()) break;
+        const size_t si = handed.back();
+        handed.pop_back();
+        --window;
+        const auto it = std::find(bypass_.begin(), bypass_.end(), si);
+        if (it != bypass_.end()) {  // a bypass: its slot goes back now (a kept expert stays)
+          bypass_.erase(it);
+          Slot& s = slots_[si];
+          slot_of_key_[static_cast<size_t>(s.key)] = -1;
+          s.key = -1;
+          s.state = SlotState::kFree;
+          free_.push_back(si);
+        }
+        continue;
+      }
+      const size_t i = waiting.front();
+      waiting.pop_front();
+      const uint32_t key = static_cast<uint32_t>(layer * Ne + ids[i]);
+      const size_t si = take_free_slot();
+      Slot& s = slots_[si];
+      s.key = key;
+      slot_of_key_[key] = static_cast<int32_t>(si);
+      if (!policy_->contains(key)) bypass_.push_back(si);
+      ++window;
+      plan_miss(i, si, /*windowed=*/true);
+    }
+    submit();
+  };
+  top_up();
   const auto hand_over = [&](std::span<const size_t> indices) {
     for (size_t i : indices) out[i] = view(slots_[slot_of[i]], layer, ids[i]);
     if (first.is_ok()) first = ready(indices);
@@ -497,7 +535,6 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
   // Late prefetches, in the order asked: one that has landed by the time the decode comes to it
   // (after computing with those above) was in time (a hit); the decode waits for the others
   // (late: misses). Each is handed over as it lands.
-  std::vector<size_t> landed;
   for (const size_t i : loading) {
     Slot& s = slots_[slot_of[i]];
     reap_prefetches(/*block=*/false);
@@ -507,7 +544,7 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
     if (s.read_failed) {  // re-read on demand (a retry, then the error), unless already failed
       if (!first.is_ok()) continue;  // left marked: a later fetch reads it
       s.read_failed = false;
-      plan_miss(i, slot_of[i]);
+      plan_miss(i, slot_of[i], /*windowed=*/false);
       submit();
       continue;
     }
@@ -523,6 +560,7 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
     if (first.is_ok()) hand_over(std::span<const size_t>(&i, 1));
   }
   std::vector<io::Completion> done;
+  std::vector<size_t> landed;
   while (demand_cq_->outstanding() > 0) {
     done.clear();
     landed.clear();
@@ -539,9 +577,13 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
         slots_[m->slot].read_failed = true;
         if (first.is_ok()) first = c.status;
       }
-      if (--m->reads_left == 0 && !slots_[m->slot].read_failed) landed.push_back(m->index);
+      if (--m->reads_left == 0 && !slots_[m->slot].read_failed) {
+        landed.push_back(m->index);
+        if (m->windowed) handed.push_back(m->slot);
+      }
     }
     if (!landed.empty() && first.is_ok()) hand_over(landed);
+    top_up();  // the next misses' reads, before waiting again
   }
   return first;
 }

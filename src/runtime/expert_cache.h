@@ -59,7 +59,7 @@ struct ExpertCacheOptions {
   std::vector<double> temperature_seed;  // per key (layer * N_e + e) at clock 0; empty: none
   std::vector<uint32_t> static_ranking;  // keys, most used first; required for kStatic
   int64_t policy_slots = 0;              // the policy's capacity, >= 0
-  int64_t batch_slots = 1;               // the most experts one fetch may ask for, >= 1
+  int64_t batch_slots = 1;  // experts one fetch() may ask for; fetch_each() misses at once; >= 1
   // Prefetch chunk reads (IoOptions::max_chunk_bytes each; not experts) outstanding at most,
   // >= 1; one expert is always let through, however many chunks it takes.
   uint32_t prefetch_in_flight = 16;
@@ -110,7 +110,10 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
                    int k) override;
   Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override;
   // Experts in memory (hits, landed prefetches) are handed over first, while the misses' reads
-  // run; each miss when its reads land.
+  // run; each miss when its reads land. Any number of ids: at most batch_slots misses hold a
+  // slot lent for this call at once, the next one's reads starting as soon as an earlier one
+  // has been handed over (a prefill chunk's experts stream through the slots, reads overlapping
+  // the compute).
   Status fetch_each(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out,
                     const ReadyFn& ready) override;
   // A ready slot's views (no read, no wait; not counted as a use). See ExpertSource::peek.
@@ -124,6 +127,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   size_t arena_bytes() const { return arena_.size(); }
   uint64_t bytes_fetched() const override { return stats_.hit_bytes + stats_.miss_bytes; }
   int64_t max_batch() const override { return stats_.batch_slots; }
+  int64_t max_each() const override { return INT64_MAX; }
   void on_prediction(int64_t layer, int depth, int64_t first_position, const int32_t* ids,
                      const float* weights, int64_t T, int k) override;
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -507,6 +508,72 @@ TEST_F(ExpertCacheTest, FetchEachHandsOverExpertsInMemoryWhileMissesLoad) {
   x.begin_layer(layer, 4, more.data(), 1, 2);
   ASSERT_TRUE(x.fetch(layer, more, again.data()).is_ok());
   EXPECT_EQ((*e)->expert_cache()->stats().demand_reads, reads_before);  // 4 landed whole
+}
+
+// fetch_each takes more experts than the tier lends slots for (a prefill chunk's layer): with no
+// policy slots every miss borrows one of the top_k lent slots, which are given to the next miss
+// once the earlier one has been handed over. Every index comes exactly once, each view holds
+// the checkpoint's bytes of its expert when handed over, and a failing callback stops the
+// stream with its error, after which the tier still serves fetches.
+TEST_F(ExpertCacheTest, FetchEachStreamsMoreExpertsThanItsSlots) {
+  EngineOptions eo;
+  eo.model_dir = root_ / "ckpt";
+  eo.threads = 2;
+  eo.ram_budget = budget_for(0, 0);
+  eo.lookahead = 0;
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const ExpertCache* cache = (*e)->expert_cache();
+  ASSERT_NE(cache, nullptr);
+  model::ExpertSource& x = *(*e)->experts();
+  ASSERT_EQ(cache->stats().policy_slots, 0);
+  EngineOptions mapped_opts;
+  mapped_opts.model_dir = root_ / "ckpt";
+  auto mapped = Engine::open(mapped_opts);  // the checkpoint's bytes, mapped
+  ASSERT_TRUE(mapped.is_ok()) << mapped.status().message();
+  const format::ModelConfig& c = (*e)->checkpoint().config();
+  const auto batch = static_cast<size_t>(x.max_batch());
+  ASSERT_GT(static_cast<size_t>(c.num_experts), 2 * batch);
+  EXPECT_EQ(x.max_each(), INT64_MAX);
+  const int64_t layer = c.first_k_dense_replace;
+  std::vector<int32_t> ids;
+  for (int32_t id = static_cast<int32_t>(c.num_experts) - 1; id >= 0; id -= 1) ids.push_back(id);
+  std::vector<model::ExpertWeights> out(ids.size()), truth(ids.size());
+  ASSERT_TRUE((*mapped)->experts()->fetch(layer, ids, truth.data()).is_ok());
+  const auto same_bytes = [](const cpu::WeightMatrix& a, const cpu::WeightMatrix& b) {
+    if (a.type != b.type || a.rows != b.rows || a.cols != b.cols) return false;
+    if (a.type != cpu::WeightType::kMxfp4)
+      return std::memcmp(a.data, b.data, model::matrix_bytes(a)) == 0;
+    const size_t packed = static_cast<size_t>(a.rows * a.cols / 2);
+    return std::memcmp(a.data, b.data, packed) == 0 &&
+           std::memcmp(a.scales, b.scales, static_cast<size_t>(a.rows * a.cols / 32)) == 0;
+  };
+  x.begin_layer(layer, 0, ids.data(), 1, static_cast<int>(ids.size()));
+  std::vector<int> seen(ids.size(), 0);
+  const Status st = x.fetch_each(layer, ids, out.data(), [&](std::span<const size_t> g) {
+    for (size_t i : g) {
+      ++seen[i];
+      EXPECT_TRUE(same_bytes(out[i].w1, truth[i].w1) && same_bytes(out[i].w2, truth[i].w2) &&
+                  same_bytes(out[i].w3, truth[i].w3))
+          << "expert " << ids[i];
+    }
+    return Status::ok();
+  });
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(seen, std::vector<int>(ids.size(), 1));
+  EXPECT_EQ(cache->stats().slots, static_cast<int64_t>(batch));
+
+  x.begin_layer(layer, 1, ids.data(), 1, static_cast<int>(ids.size()));
+  int calls = 0;
+  const Status stopped = x.fetch_each(layer, ids, out.data(), [&](std::span<const size_t>) {
+    return ++calls == 2 ? Status::runtime("the caller failed") : Status::ok();
+  });
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(stopped.message(), "the caller failed");
+  const std::vector<int32_t> two = {ids[0], ids[1]};
+  x.begin_layer(layer, 2, two.data(), 1, 2);
+  ASSERT_TRUE(x.fetch(layer, two, out.data()).is_ok());
+  for (size_t i = 0; i < two.size(); ++i) EXPECT_TRUE(same_bytes(out[i].w2, truth[i].w2)) << i;
 }
 
 TEST_F(ExpertCacheTest, PoliciesThatCannotRunLiveAreUsageErrors) {
