@@ -41,6 +41,10 @@ inline constexpr int64_t kLinearBlockRows = 32;    // a multiple of every row ti
 inline constexpr int64_t kLinearBlockCols = 512;   // a multiple of 16
 inline constexpr int64_t kLinearBlockTokens = 48;
 
+// The helpers below are compiled into kernels built with different -m flags: internal linkage,
+// so that no copy compiled for one instruction set is linked into another's callers.
+namespace {
+
 // Bytes of one stored row of `w` (MXFP4: packed nibbles and scales).
 inline int64_t weight_row_bytes(const WeightMatrix& w) {
   switch (w.type) {
@@ -52,9 +56,11 @@ inline int64_t weight_row_bytes(const WeightMatrix& w) {
   return 4 * w.cols;
 }
 
-// True when linear_rows blocks `task` as above (and needs scratch).
+// True when linear_rows blocks `task` as above (and needs scratch). A zero-width matrix is not
+// blocked: it has no column slice, and its outputs are +0 written by the unblocked tiles.
 inline bool linear_blocked(const LinearTask& task) {
-  return task.w.type != WeightType::kMxfp4 && task.n_tokens >= kLinearWidenMinTokens;
+  return task.w.type != WeightType::kMxfp4 && task.n_tokens >= kLinearWidenMinTokens &&
+         task.w.cols > 0;
 }
 
 // Rows of a panel of `task`'s range: a multiple of 4 (the kernels' widest row tile), >= 4.
@@ -71,6 +77,8 @@ inline int64_t linear_scratch_doubles(const LinearTask& task) {
   if (!linear_blocked(task)) return 0;
   return kLinearBlockRows * kLinearBlockCols + kLinearBlockRows * kLinearBlockTokens * 16;
 }
+
+}  // namespace
 
 struct ShortConvArgs {
   const float* u;

@@ -416,6 +416,8 @@ bool ExpertCache::peek(int64_t layer, int32_t id, model::ExpertWeights* out) {
 }
 
 Status ExpertCache::fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) {
+  // Every view must stay valid until the next fetch: no place of the call may be given again.
+  KTIER_CHECK(static_cast<int64_t>(ids.size()) <= stats_.batch_slots);
   return fetch_each(layer, ids, out, [](std::span<const size_t>) { return Status::ok(); });
 }
 

@@ -35,7 +35,8 @@
 //
 // Threads: not thread-safe (one forward pass at a time; the I/O engine's threads only write
 // slots with reads outstanding). Views stay valid until the next fetch, begin_layer or
-// on_prediction.
+// on_prediction — those of a fetch_each of more than batch_slots ids only until the `ready`
+// call that handed them over returns.
 
 #include <cstdint>
 #include <deque>

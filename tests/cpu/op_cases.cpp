@@ -455,6 +455,21 @@ std::vector<OpCase> make_linear_sweep_cases(const CaseOptions& opt) {
       }
     }
   }
+  // Zero-width float matrices, decode to blocked prefill: every output is +0.
+  for (WeightType type : {WeightType::kF32, WeightType::kBF16, WeightType::kF16}) {
+    for (int64_t T : {int64_t{1}, int64_t{3}, kLinearWidenMinTokens + 1}) {
+      const cpu::WeightMatrix w{type, nullptr, nullptr, 7, 0};
+      cases.push_back({"linear zero width " + std::string(weight_type_name(type)) +
+                           " T=" + std::to_string(T),
+                       false,
+                       {T * 7},
+                       [w, T](const Exec& ex, const std::vector<float*>& o) {
+                         linear(w, nullptr, T, o[0], ex);
+                         for (int64_t i = 0; i < T * 7; ++i)
+                           EXPECT_EQ(std::signbit(o[0][i]) || o[0][i] != 0.0f, false) << i;
+                       }});
+    }
+  }
   // Prefill shapes: ranges spanning several weight panels (kernel_table.h), float weights over
   // several column slices with a tail and over two token blocks, token groups with a partial
   // last one, rows not a multiple of the row tiles.
