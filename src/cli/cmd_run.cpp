@@ -31,6 +31,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/cli_input.h"
+#include "common/progress.h"
 #include "cli/commands.h"
 #include "cli/strata_options.h"
 #include "format/checkpoint.h"
@@ -189,6 +190,21 @@ Status run(const RunArgs& a) {
     if (!a.special && tokenizer->is_special(static_cast<uint32_t>(id))) return Status::ok();
     KTIER_ASSIGN_OR_RETURN(const std::string piece, stream->push(static_cast<uint32_t>(id)));
     return write_stdout(piece);
+  };
+  // A long prompt's prefill says how far it is (a K3 chunk on a CPU can take minutes): a line
+  // once it has run 200 ms on a terminal (10 s in a log), none for a short one.
+  std::optional<ProgressMeter> prefill_meter;
+  gen.prefill_progress = [&](int64_t done, int64_t total) {
+    if (!prefill_meter)
+      prefill_meter.emplace("prefill", static_cast<uint64_t>(total),
+                            spdlog::should_log(spdlog::level::info), std::chrono::seconds(10),
+                            ProgressMeter::Unit::kTokens);
+    if (done < total) {
+      prefill_meter->update(static_cast<uint64_t>(done));
+      return;
+    }
+    prefill_meter->finish_if_shown(static_cast<uint64_t>(total));
+    prefill_meter.reset();
   };
   // One answer's report: its counters from the start of its decode (after its prompt) on.
   runtime::RunReport report;

@@ -21,11 +21,12 @@ std::string human_bytes(double b) {
 }  // namespace
 
 ProgressMeter::ProgressMeter(std::string label, uint64_t total_bytes, bool enabled,
-                             std::chrono::milliseconds log_interval)
+                             std::chrono::milliseconds log_interval, Unit unit)
     : label_(std::move(label)),
       total_(total_bytes),
       enabled_(enabled),
       tty_(::isatty(STDERR_FILENO) == 1),
+      unit_(unit),
       log_interval_(log_interval),
       start_(std::chrono::steady_clock::now()),
       last_print_(start_) {}
@@ -34,6 +35,17 @@ std::string ProgressMeter::line(uint64_t done, double seconds) const {
   const double rate = seconds > 0 ? static_cast<double>(done) / seconds : 0.0;
   const double pct = total_ ? 100.0 * static_cast<double>(done) / static_cast<double>(total_) : 100.0;
   char buf[160];
+  if (unit_ == Unit::kTokens) {
+    const int n = std::snprintf(buf, sizeof buf, "%s: %llu / %llu tokens (%.0f%%), %.1f tok/s",
+                                label_.c_str(), static_cast<unsigned long long>(done),
+                                static_cast<unsigned long long>(total_), pct, rate);
+    if (done < total_ && rate > 0)
+      std::snprintf(buf + n, sizeof buf - n, ", ETA %.0f s",
+                    static_cast<double>(total_ - done) / rate);
+    else
+      std::snprintf(buf + n, sizeof buf - n, ", %.1f s", seconds);
+    return buf;
+  }
   if (done < total_ && rate > 0) {
     const double eta = static_cast<double>(total_ - done) / rate;
     std::snprintf(buf, sizeof buf, "%s: %s / %s (%.0f%%), %.0f MB/s, ETA %.0f s", label_.c_str(),

@@ -1,5 +1,6 @@
 #pragma once
-// Progress of a long write or load on stderr: bytes done / total, MB/s and ETA.
+// Progress of a long write, load or prefill on stderr: bytes (or tokens) done / total, the rate
+// and ETA.
 // On a terminal one line is redrawn in place at most every 200 ms; otherwise (a log file, a
 // pipe) a plain line is printed every 10 s, so logs stay short. finish() prints the final line
 // in both cases; finish_if_shown() only after a progress line was printed (loads that are over
@@ -13,10 +14,12 @@ namespace ktier {
 
 class ProgressMeter {
  public:
+  enum class Unit { kBytes, kTokens };
   // `label` starts each line ("synth"). Disabled meters print nothing. `log_interval`: between
-  // lines when stderr is not a terminal.
+  // lines when stderr is not a terminal. Counts are bytes, or tokens with Unit::kTokens.
   ProgressMeter(std::string label, uint64_t total_bytes, bool enabled,
-                std::chrono::milliseconds log_interval = std::chrono::seconds(10));
+                std::chrono::milliseconds log_interval = std::chrono::seconds(10),
+                Unit unit = Unit::kBytes);
   void update(uint64_t done_bytes);
   void finish(uint64_t done_bytes);
   void finish_if_shown(uint64_t done_bytes) {
@@ -30,6 +33,7 @@ class ProgressMeter {
   uint64_t total_;
   bool enabled_;
   bool tty_;
+  Unit unit_;
   std::chrono::milliseconds log_interval_;
   bool shown_ = false;  // a progress line was printed
   std::chrono::steady_clock::time_point start_;

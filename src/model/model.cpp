@@ -214,6 +214,7 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
       KTIER_RETURN_IF_ERROR(be_.download(host.data(), P.get(), row_bytes));
       layer_observer_->after_layer(l, host.data(), T, E);
     }
+    if (layer_progress_) layer_progress_(l);
   }
   state.n_tokens += T;
   if (rows == LogitRows::kNone) return Status::ok();

@@ -95,6 +95,10 @@ class Model {
     std::erase(lookahead_observers_, o);
   }
   void set_layer_observer(LayerObserver* o) { layer_observer_ = o; }
+  // Called after each layer of every forward() with the layer's index, for progress lines
+  // (nothing is copied; in GPU mode the layer's work has been issued, not necessarily run).
+  // Null: none.
+  void set_layer_progress(std::function<void(int64_t layer)> f) { layer_progress_ = std::move(f); }
 
  private:
   TrunkSource& trunk_;
@@ -112,6 +116,7 @@ class Model {
   RoutingWeightsFn routing_weights_;
   std::vector<LookaheadObserver*> lookahead_observers_;
   LayerObserver* layer_observer_ = nullptr;
+  std::function<void(int64_t)> layer_progress_;
 };
 
 }  // namespace ktier::model

@@ -44,14 +44,26 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   logits_.resize(static_cast<size_t>(V));
   const uint64_t bytes0 = expert_bytes();
   auto t0 = std::chrono::steady_clock::now();
-  for (size_t pos = 0; pos < ids.size();) {
+  const int64_t total = static_cast<int64_t>(ids.size()), layers = model_.config().num_hidden_layers;
+  int64_t chunk_start = 0, chunk_tokens = 0;
+  if (opts_.prefill_progress) {
+    model_.set_layer_progress([&](int64_t layer) {
+      opts_.prefill_progress(chunk_start + chunk_tokens * (layer + 1) / layers, total);
+    });
+  }
+  Status prefilled;
+  for (size_t pos = 0; pos < ids.size() && prefilled.is_ok();) {
     const size_t n = std::min(ids.size() - pos, static_cast<size_t>(opts_.prefill_chunk));
     const bool last = pos + n == ids.size();
-    KTIER_RETURN_IF_ERROR(model_.forward(ids.subspan(pos, n), seq_,
-                                         last ? model::LogitRows::kLast : model::LogitRows::kNone,
-                                         last ? logits_.data() : nullptr));
+    chunk_start = static_cast<int64_t>(pos);
+    chunk_tokens = static_cast<int64_t>(n);
+    prefilled = model_.forward(ids.subspan(pos, n), seq_,
+                               last ? model::LogitRows::kLast : model::LogitRows::kNone,
+                               last ? logits_.data() : nullptr);
     pos += n;
   }
+  if (opts_.prefill_progress) model_.set_layer_progress(nullptr);
+  KTIER_RETURN_IF_ERROR(prefilled);
   st.prefill_seconds = seconds_since(t0);
   st.expert_bytes_prefill = expert_bytes() - bytes0;
 

@@ -89,6 +89,8 @@ TEST_P(GoldenTest, GreedyContinuationMatchesReference) {
   runtime::GenerationOptions o;
   o.max_new_tokens = static_cast<int64_t>(want.size());
   o.prefill_chunk = 5;  // not a divisor of the 12-token prompt
+  std::vector<std::pair<int64_t, int64_t>> progress;  // (done, total) after each prefill layer
+  o.prefill_progress = [&](int64_t done, int64_t total) { progress.emplace_back(done, total); };
   std::vector<int32_t> got;
   auto stats = runtime::generate(engine->model(), engine->experts(), golden_prompt(v), o, [&](int32_t id) {
                                    got.push_back(id);
@@ -98,6 +100,19 @@ TEST_P(GoldenTest, GreedyContinuationMatchesReference) {
   EXPECT_EQ(got, want);
   EXPECT_EQ(stats.value().generated_tokens, static_cast<int64_t>(want.size()));
   EXPECT_EQ(stats.value().decode_steps, static_cast<int64_t>(want.size()) - 1);
+  // Prefill progress: once per layer of each of the 3 chunks (none in decode), never backwards,
+  // ending at the prompt's length.
+  const int64_t prompt = static_cast<int64_t>(golden_prompt(v).size());
+  ASSERT_EQ(progress.size(), static_cast<size_t>(3 * engine->model().config().num_hidden_layers));
+  for (size_t i = 0; i < progress.size(); ++i) {
+    EXPECT_EQ(progress[i].second, prompt);
+    EXPECT_LE(progress[i].first, prompt);
+    if (i > 0) {
+      EXPECT_GE(progress[i].first, progress[i - 1].first) << i;
+    }
+  }
+  EXPECT_EQ(progress.back().first, prompt);
+  EXPECT_EQ(progress[engine->model().config().num_hidden_layers - 1].first, 5);  // chunk 1 done
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GoldenTest, ::testing::ValuesIn(variants()),
