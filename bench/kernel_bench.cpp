@@ -283,6 +283,19 @@ double best_seconds(const KernelBenchConfig& config, Fn&& fn) {
   return best;
 }
 
+// Double FMA lanes per second (1e9) of the pool's threads, one fma_chains call each.
+double fma_gmacs(const KernelBenchConfig& config, cpu::ThreadPool& pool, cpu::Isa isa) {
+  volatile double sink = 0;
+  const double t = best_seconds(config, [&] {
+    pool.parallel_for(pool.size(), 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c)
+        if (fma_chains(isa, kFmaIters) < 0) sink = sink + 1;  // never: keeps the chains
+    });
+  });
+  return static_cast<double>(pool.size()) * static_cast<double>(kFmaIters) * fma_lanes(isa) /
+         t / 1e9;
+}
+
 std::string format_figure(const char* what, int threads, double gbps) {
   char line[160];
   std::snprintf(line, sizeof line, "%s, %d thread%s: %.2f GB/s", what, threads,
@@ -429,14 +442,7 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
         best_seconds(config, [&] { cpu::linear(wb, x.data(), 1, y.data(), ex); });
     r.bf16_gemv_gbps = static_cast<double>(out.bf16_bytes) / t_bf16 / 1e9;
     say(format_figure("bf16 gemv", r.threads, r.bf16_gemv_gbps));
-    const double t_fma = best_seconds(config, [&] {  // one range per thread
-      pool.parallel_for(pool.size(), 1, [&](int64_t b, int64_t e) {
-        for (int64_t c = b; c < e; ++c)
-          if (fma_chains(isa, kFmaIters) < 0) sink = sink + 1;  // never: keeps the chains
-      });
-    });
-    r.fma_gmacs = static_cast<double>(pool.size()) * static_cast<double>(kFmaIters) *
-                  fma_lanes(isa) / t_fma / 1e9;
+    r.fma_gmacs = fma_gmacs(config, pool, isa);
     char line[160];
     std::snprintf(line, sizeof line, "double fma, %d thread%s: %.2f G lanes/s", r.threads,
                   r.threads == 1 ? "" : "s", r.fma_gmacs);
@@ -510,6 +516,12 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
     r.mxfp4_prefill_ratio = r.mxfp4_prefill_gmacs / r.fma_gmacs;
   }
   return out;
+}
+
+double measure_fma_gmacs(cpu::ThreadPool& pool, cpu::Isa isa, int reps) {
+  KernelBenchConfig config;
+  config.reps = std::max(1, reps);
+  return fma_gmacs(config, pool, isa);
 }
 
 double measure_read_gbps(cpu::ThreadPool& pool, uint64_t bytes, int reps) {

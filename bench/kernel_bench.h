@@ -105,4 +105,8 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
 // Used by `ktier bench decode` to state decode speed as a ratio of the bandwidth floor.
 double measure_read_gbps(cpu::ThreadPool& pool, uint64_t bytes, int reps);
 
+// Double FMA lanes per second (1e9) of `pool`'s threads on `isa`, as fma_gmacs above (best of
+// `reps` passes after a warm-up). Used by `ktier bench decode` for its prefill ratio.
+double measure_fma_gmacs(cpu::ThreadPool& pool, cpu::Isa isa, int reps);
+
 }  // namespace ktier::bench

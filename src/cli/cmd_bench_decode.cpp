@@ -9,8 +9,13 @@
 // expert bytes come from the expert source's counter. Before timing, every tensor page of the
 // checkpoint is touched so that the run reads from RAM (page cache), never from disk.
 //
-//   ktier bench decode -m DIR [-n N] [--threads N] [--prompt-tokens N] [--buffer-mib N]
-//                     [--pack PACKDIR [--ram SIZE]] [--json FILE]
+// Prefill (a prompt of --prefill-tokens in one chunk, like llama-bench's pp512) is bound by
+// arithmetic, not memory: its figure is the weights' multiply-accumulates per second (every
+// trunk matrix and top_k routed experts per token, lm_head once) as a ratio of the double FMA
+// rate measured at the same thread count (`bench kernels`' "double fma").
+//
+//   ktier bench decode -m DIR [-n N] [--threads N] [--prompt-tokens N] [--prefill-tokens N]
+//                     [--buffer-mib N] [--pack PACKDIR [--ram SIZE]] [--json FILE]
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -34,7 +39,7 @@ namespace {
 
 struct DecodeOptions {
   std::string model, json;
-  int64_t tokens = 32, prompt_tokens = 16;
+  int64_t tokens = 32, prompt_tokens = 16, prefill_tokens = 512;
   int threads = 0;
   uint64_t buffer_mib = 0;  // 0: as `bench kernels` (max(4 x LLC, 256 MiB)), capped by memory
   std::string pack, ram;    // streamed run: trunk pack and budget (default: the minimum)
@@ -55,6 +60,21 @@ uint64_t touch_all(const format::Checkpoint& ckpt) {
     }
   }
   return covered;
+}
+
+// Multiply-accumulates of the weights for one prompt token: every trunk matrix but lm_head,
+// and top_k routed experts in each MoE layer.
+double macs_per_prompt_token(const runtime::Engine& e) {
+  const format::ModelConfig& c = e.checkpoint().config();
+  double macs = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)  // for_each_tensor only reads here
+    model::for_each_tensor(
+        const_cast<model::LayerWeights&>(e.weights()->layer(l)),
+        [&](cpu::WeightMatrix& m) { macs += static_cast<double>(m.rows * m.cols); },
+        [](model::F32Vec&) {});
+  const double expert = 3.0 * static_cast<double>(c.moe_intermediate_size) *
+                        static_cast<double>(c.routed_expert_hidden_size);
+  return macs + static_cast<double>(c.num_moe_layers() * c.num_experts_per_token) * expert;
 }
 
 // Timed greedy decode of `tokens` after a 4-token warm-up; returns the stats of the timed run.
@@ -128,6 +148,7 @@ Result<nlohmann::json> streamed_check(const DecodeOptions& o, const std::vector<
 Status run_decode_bench(const DecodeOptions& o) {
   if (o.tokens < 2) return Status::usage("-n must be >= 2 (decode steps = n - 1)");
   if (o.prompt_tokens < 1) return Status::usage("--prompt-tokens must be >= 1");
+  if (o.prefill_tokens < 0) return Status::usage("--prefill-tokens must be >= 0 (0 = skip)");
   std::ofstream json_out;
   if (!o.json.empty()) {
     json_out.open(o.json);
@@ -185,6 +206,40 @@ Status run_decode_bench(const DecodeOptions& o) {
   std::printf("memory read   %.2f GB/s  -> floor %.4f s/token\n", gbps, floor_s);
   std::printf("ratio         %.3f of the bandwidth floor (weights consumed at %.2f GB/s)\n",
               floor_s / s_per_token, total / s_per_token / 1e9);
+  nlohmann::json prefill;
+  if (o.prefill_tokens > 0) {
+    std::vector<int32_t> long_prompt;
+    for (int64_t i = 0; i < o.prefill_tokens; ++i)
+      long_prompt.push_back(static_cast<int32_t>((29 + 37 * i) % c.vocab_size));
+    runtime::GenerationOptions pg;
+    pg.max_new_tokens = 1;
+    pg.prefill_chunk = o.prefill_tokens;
+    double best = 0;  // two passes, the faster kept (the first also grows the buffers)
+    for (int pass = 0; pass < 2; ++pass) {
+      std::fprintf(stderr, "[bench] prefill of %lld tokens, pass %d of 2\n",
+                   static_cast<long long>(o.prefill_tokens), pass + 1);
+      KTIER_ASSIGN_OR_RETURN(const runtime::GenerationStats ps,
+                             runtime::generate(engine->model(), engine->experts(), long_prompt, pg,
+                                               sink));
+      if (pass == 0 || ps.prefill_seconds < best) best = ps.prefill_seconds;
+    }
+    const double lm_head = static_cast<double>(engine->weights()->head().lm_head.rows *
+                                               engine->weights()->head().lm_head.cols);
+    const double macs =
+        macs_per_prompt_token(*engine) * static_cast<double>(o.prefill_tokens) + lm_head;
+    const double gmacs = macs / best / 1e9;
+    const double fma = bench::measure_fma_gmacs(pool, engine->exec().isa, 5);
+    std::printf("prefill       %.3f s for %lld tokens  %.1f tok/s  (%.2f GMAC/s of weights)\n",
+                best, static_cast<long long>(o.prefill_tokens),
+                static_cast<double>(o.prefill_tokens) / best, gmacs);
+    std::printf("double fma    %.2f G lanes/s  -> prefill ratio %.3f\n", fma, gmacs / fma);
+    prefill = {{"tokens", o.prefill_tokens},
+               {"seconds", best},
+               {"tok_per_s", static_cast<double>(o.prefill_tokens) / best},
+               {"gmacs", gmacs},
+               {"fma_gmacs", fma},
+               {"ratio_to_fma", gmacs / fma}};
+  }
   nlohmann::json streamed;
   if (!o.pack.empty()) {
     KTIER_ASSIGN_OR_RETURN(streamed, streamed_check(o, prompt, s_per_token));
@@ -203,6 +258,7 @@ Status run_decode_bench(const DecodeOptions& o) {
         {"floor_s_per_token", floor_s},
         {"ratio_to_floor", floor_s / s_per_token}};
     if (!streamed.is_null()) j["streamed"] = streamed;
+    if (!prefill.is_null()) j["prefill"] = prefill;
     json_out << j.dump(2) << "\n";
     if (!json_out.flush()) return Status::runtime(o.json + ": write error");
   }
@@ -216,11 +272,16 @@ void register_bench_decode_command(CLI::App& bench, int& exit_code) {
   auto* sub = bench.add_subcommand(
       "decode",
       "Greedy decode with every weight in RAM: s/token and its ratio to the bandwidth floor\n"
-      "(bytes read per token / memory read bandwidth measured in the same run)");
+      "(bytes read per token / memory read bandwidth measured in the same run); then a\n"
+      "prefill's weight multiply-accumulates per second against the double FMA rate");
   sub->add_option("-m,--model", o->model, "Model folder")->required();
   sub->add_option("-n", o->tokens, "Tokens to generate (decode steps = n - 1)")
       ->capture_default_str();
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Length of the fixed id prompt")
+      ->capture_default_str();
+  sub->add_option("--prefill-tokens", o->prefill_tokens,
+                  "Also time a prefill of this many tokens in one chunk (like pp512) against "
+                  "the double FMA rate; 0 = skip")
       ->capture_default_str();
   add_threads_option(sub, o->threads, "Worker threads");
   sub->add_option("--buffer-mib", o->buffer_mib,

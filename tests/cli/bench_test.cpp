@@ -101,9 +101,11 @@ TEST(CliBench, DecodeOnTinyWritesJson) {
   ASSERT_EQ(run_process(ktier() + " synth --preset tiny -q --force -o " + dir.string()).exit_code, 0);
   const auto json_path = dir / "decode.json";
   const auto r = run_process(ktier() + " bench decode -m " + dir.string() +
-                             " -n 4 --buffer-mib 8 --json " + json_path.string());
+                             " -n 4 --buffer-mib 8 --prefill-tokens 37 --json " +
+                             json_path.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("of the bandwidth floor"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("prefill ratio"), std::string::npos) << r.out;
   std::ifstream in(json_path);
   ASSERT_TRUE(in) << "no JSON written";
   const nlohmann::json j = nlohmann::json::parse(in);
@@ -113,6 +115,10 @@ TEST(CliBench, DecodeOnTinyWritesJson) {
   EXPECT_EQ(j.at("decode_steps").get<int>(), 3);
   expect_positive(j.at("bytes_read_per_token"), "trunk");
   expect_positive(j.at("bytes_read_per_token"), "experts");
+  ASSERT_TRUE(j.contains("prefill")) << j.dump();
+  EXPECT_EQ(j.at("prefill").at("tokens").get<int>(), 37);
+  for (const char* key : {"seconds", "tok_per_s", "gmacs", "fma_gmacs", "ratio_to_fma"})
+    expect_positive(j.at("prefill"), key);
   EXPECT_EQ(run_process(ktier() + " bench decode -m " + dir.string() + " -n 1").exit_code, 2);
   // With a pack: the streamed-trunk check is added.
   ASSERT_EQ(run_process(ktier() + " pack -q -m " + dir.string() + " -o " + (dir / "pack").string()).exit_code, 0);
