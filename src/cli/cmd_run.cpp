@@ -31,9 +31,9 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/cli_input.h"
-#include "common/progress.h"
 #include "cli/commands.h"
 #include "cli/strata_options.h"
+#include "common/progress.h"
 #include "format/checkpoint.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
@@ -224,7 +224,12 @@ Status run(const RunArgs& a) {
   // One answer: its text (and ids), then its report (the JSON file holds the last answer's).
   const auto answer = [&](std::span<const int32_t> ids) -> Status {
     generated.clear();
-    KTIER_ASSIGN_OR_RETURN(report.gen, session->turn(ids, sink));
+    Result<runtime::GenerationStats> turn = session->turn(ids, sink);
+    if (prefill_meter) {  // the prefill failed: end its progress line before the error
+      prefill_meter->abandon();
+      prefill_meter.reset();
+    }
+    KTIER_ASSIGN_OR_RETURN(report.gen, std::move(turn));
     report.decode_end = runtime::EngineCounters::of(*engine);
     report.peak_rss_bytes = runtime::peak_rss_bytes();
     if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));

@@ -75,6 +75,12 @@ void ProgressMeter::update(uint64_t done_bytes) {
   std::fflush(stderr);
 }
 
+void ProgressMeter::abandon() {
+  if (!enabled_ || !shown_ || !tty_) return;
+  std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
 void ProgressMeter::finish(uint64_t done_bytes) {
   if (!enabled_) return;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();

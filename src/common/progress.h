@@ -25,6 +25,9 @@ class ProgressMeter {
   void finish_if_shown(uint64_t done_bytes) {
     if (shown_) finish(done_bytes);
   }
+  // The work stopped early (an error follows): ends a progress line redrawn in place, so the
+  // next message starts on its own line.
+  void abandon();
 
  private:
   std::string line(uint64_t done, double seconds) const;

@@ -44,7 +44,8 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   logits_.resize(static_cast<size_t>(V));
   const uint64_t bytes0 = expert_bytes();
   auto t0 = std::chrono::steady_clock::now();
-  const int64_t total = static_cast<int64_t>(ids.size()), layers = model_.config().num_hidden_layers;
+  const int64_t total = static_cast<int64_t>(ids.size());
+  const int64_t layers = model_.config().num_hidden_layers;
   int64_t chunk_start = 0, chunk_tokens = 0;
   if (opts_.prefill_progress) {
     model_.set_layer_progress([&](int64_t layer) {
