@@ -1,13 +1,40 @@
 #include "cpu/thread_pool.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 namespace ktier::cpu {
 namespace {
 // Set while this thread runs a range of some pool: a nested parallel_for then runs inline.
 thread_local bool tls_inside_range = false;
+
+// Pauses spent waiting for the next call (a worker) or for the workers (the caller) before
+// sleeping: ~10-100 us depending on the CPU's pause latency.
+constexpr int kSpinRounds = 2000;
+
+inline void cpu_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Spins until done() or kSpinRounds pauses; returns done().
+template <class Done>
+bool spin_until(const Done& done) {
+  for (int i = 0; i < kSpinRounds; ++i) {
+    if (done()) return true;
+    cpu_pause();
+  }
+  return done();
+}
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
@@ -24,6 +51,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
+    stopping_.store(true, std::memory_order_relaxed);
   }
   work_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -55,18 +83,27 @@ void ThreadPool::run(int64_t n, int64_t grain, RangeFn fn, void* ctx) {
     std::lock_guard<std::mutex> lk(mu_);
     job_ = job;
     next_chunk_.store(0, std::memory_order_relaxed);
-    pending_ = static_cast<int>(workers_.size());
+    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
     ++generation_;
+    published_.store(generation_, std::memory_order_release);
   }
   work_cv_.notify_all();
   work_on(job);
+  // Acquire: the workers' writes (their ranges' outputs) happen before their decrement.
+  const auto all_done = [this] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (spin_until(all_done)) return;
   std::unique_lock<std::mutex> lk(mu_);
-  done_cv_.wait(lk, [this] { return pending_ == 0; });
+  done_cv_.wait(lk, all_done);
 }
 
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
+    // Spin a little for the next call before sleeping; the job itself is read under mu_.
+    spin_until([&] {
+      return published_.load(std::memory_order_acquire) != seen ||
+             stopping_.load(std::memory_order_relaxed);
+    });
     Job job;
     {
       std::unique_lock<std::mutex> lk(mu_);
@@ -76,8 +113,12 @@ void ThreadPool::worker_loop() {
       job = job_;
     }
     work_on(job);
-    std::lock_guard<std::mutex> lk(mu_);
-    if (--pending_ == 0) done_cv_.notify_one();
+    // The last worker out wakes a caller that went to sleep; taking mu_ first means the caller
+    // is either still before its predicate check or already waiting, never in between.
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_cv_.notify_one();
+    }
   }
 }
 

@@ -10,7 +10,9 @@
 //
 // Thread-safety: parallel_for may be called from several threads; calls are serialised. A call
 // made from inside a range (of any pool) runs inline on that thread, so nesting cannot deadlock.
-// fn must not throw. Waiting workers sleep on a condition variable (no spinning).
+// fn must not throw. Between calls, workers spin for a few microseconds (kSpinRounds pauses)
+// before they sleep on a condition variable, and so does the caller waiting for them: a decode
+// step makes hundreds of short calls, and a sleep/wake-up pair costs more than many of them.
 
 #include <atomic>
 #include <condition_variable>
@@ -58,12 +60,14 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;
   std::mutex submit_mu_;  // one parallel_for at a time
-  std::mutex mu_;         // guards job_, generation_, pending_, stop_
+  std::mutex mu_;         // guards job_, generation_, stop_; held to notify done_cv_
   std::condition_variable work_cv_, done_cv_;
   Job job_;
   uint64_t generation_ = 0;
-  int pending_ = 0;  // workers still inside the current generation
   bool stop_ = false;
+  std::atomic<uint64_t> published_{0};  // generation_, for workers spinning without mu_
+  std::atomic<bool> stopping_{false};   // stop_, likewise
+  std::atomic<int> pending_{0};         // workers still inside the current generation
   std::atomic<int64_t> next_chunk_{0};
 };
 
