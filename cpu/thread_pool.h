@@ -10,7 +10,7 @@
 //
 // Thread-safety: parallel_for may be called from several threads; calls are serialised. A call
 // made from inside a range (of any pool) runs inline on that thread, so nesting cannot deadlock.
-// fn must not throw. Between calls, workers spin for a few microseconds (kSpinRounds pauses)
+// fn must not throw. Between calls, workers spin for tens of microseconds (kSpinRounds pauses)
 // before they sleep on a condition variable, and so does the caller waiting for them: a decode
 // step makes hundreds of short calls, and a sleep/wake-up pair costs more than many of them.
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace ktier {
@@ -36,9 +37,13 @@ std::string ProgressMeter::line(uint64_t done, double seconds) const {
   const double pct = total_ ? 100.0 * static_cast<double>(done) / static_cast<double>(total_) : 100.0;
   char buf[160];
   if (unit_ == Unit::kTokens) {
-    const int n = std::snprintf(buf, sizeof buf, "%s: %llu / %llu tokens (%.0f%%), %.1f tok/s",
-                                label_.c_str(), static_cast<unsigned long long>(done),
-                                static_cast<unsigned long long>(total_), pct, rate);
+    const int printed =
+        std::snprintf(buf, sizeof buf, "%s: %llu / %llu tokens (%.0f%%), %.1f tok/s",
+                      label_.c_str(), static_cast<unsigned long long>(done),
+                      static_cast<unsigned long long>(total_), pct, rate);
+    // snprintf returns what it would have written: a long label leaves no room for the rest.
+    const size_t n =
+        printed < 0 ? 0 : std::min<size_t>(static_cast<size_t>(printed), sizeof buf - 1);
     if (done < total_ && rate > 0)
       std::snprintf(buf + n, sizeof buf - n, ", ETA %.0f s",
                     static_cast<double>(total_ - done) / rate);

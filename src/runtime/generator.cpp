@@ -48,6 +48,7 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   const int64_t layers = model_.config().num_hidden_layers;
   int64_t chunk_start = 0, chunk_tokens = 0;
   if (opts_.prefill_progress) {
+    opts_.prefill_progress(0, total);  // the start: a meter's clock starts here
     model_.set_layer_progress([&](int64_t layer) {
       opts_.prefill_progress(chunk_start + chunk_tokens * (layer + 1) / layers, total);
     });

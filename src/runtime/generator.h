@@ -32,9 +32,10 @@ struct GenerationOptions {
   std::vector<int32_t> stop_ids;  // usually the config's eos_token_ids
   // Called once between prefill and the first sampled token (reports snapshot counters here).
   std::function<void()> before_decode;
-  // Prefill progress of a turn: after every layer of every prompt chunk, the prompt tokens done
-  // (whole chunks, plus the layers done of the current one, rounded down) and the turn's total;
-  // the last call has done == total. Null: none.
+  // Prefill progress of a turn: once with done == 0 before the first chunk, then after every
+  // layer of every prompt chunk, the prompt tokens done (whole chunks, plus the layers done of
+  // the current one, rounded down) and the turn's total; the last call has done == total.
+  // Null: none.
   std::function<void(int64_t done, int64_t total)> prefill_progress;
 };
 

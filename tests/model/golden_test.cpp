@@ -100,10 +100,12 @@ TEST_P(GoldenTest, GreedyContinuationMatchesReference) {
   EXPECT_EQ(got, want);
   EXPECT_EQ(stats.value().generated_tokens, static_cast<int64_t>(want.size()));
   EXPECT_EQ(stats.value().decode_steps, static_cast<int64_t>(want.size()) - 1);
-  // Prefill progress: once per layer of each of the 3 chunks (none in decode), never backwards,
-  // ending at the prompt's length.
+  // Prefill progress: a start (0), then once per layer of each of the 3 chunks (none in decode),
+  // never backwards, ending at the prompt's length.
   const int64_t prompt = static_cast<int64_t>(golden_prompt(v).size());
-  ASSERT_EQ(progress.size(), static_cast<size_t>(3 * engine->model().config().num_hidden_layers));
+  ASSERT_EQ(progress.size(),
+            static_cast<size_t>(1 + 3 * engine->model().config().num_hidden_layers));
+  EXPECT_EQ(progress.front().first, 0);
   for (size_t i = 0; i < progress.size(); ++i) {
     EXPECT_EQ(progress[i].second, prompt);
     EXPECT_LE(progress[i].first, prompt);
@@ -112,7 +114,7 @@ TEST_P(GoldenTest, GreedyContinuationMatchesReference) {
     }
   }
   EXPECT_EQ(progress.back().first, prompt);
-  EXPECT_EQ(progress[engine->model().config().num_hidden_layers - 1].first, 5);  // chunk 1 done
+  EXPECT_EQ(progress[engine->model().config().num_hidden_layers].first, 5);  // chunk 1 done
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GoldenTest, ::testing::ValuesIn(variants()),
