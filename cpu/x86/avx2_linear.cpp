@@ -64,22 +64,11 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
   }
 }
 
-// ---- float weights, many tokens: blocked (kernel_table.h) ---------------------------------------
+// ---- float weights, many tokens: blocked (kernel_table.h, x86/panel_loop.h) ---------------------
 
-// One block's place: rows [p0, p1) x columns [k0, k1) x tokens from t0; `slice` holds the rows'
-// whole 16-lane blocks of those columns widened to double, row stride kLinearBlockCols (the
-// row's tail past its last whole block stays in the weights: dense_tile's scalar tail); `carry`
-// holds each (row, token)'s 16 accumulator lanes between slices.
-struct Block {
-  int64_t p0, k0, k1, t0;
-  const double* slice;
-  double* carry;
-};
-
-static inline double* carry_of(const Block& b, int64_t r, int64_t t) {
-  return b.carry + ((r - b.p0) * kLinearBlockTokens + (t - b.t0)) * 16;
-}
-
+// Rows [p0, p1) x columns [k0, k1) widened to double (exact) into the slice: whole 16-lane
+// blocks only; a row's tail past its last whole block stays in the weights (block_tile's scalar
+// tail, as dense_tile's).
 template <class A>
 void widen_slice(const LinearTask& task, int64_t p0, int64_t p1, int64_t k0, int64_t k1,
                  double* slice) {
@@ -99,14 +88,14 @@ void widen_slice(const LinearTask& task, int64_t p0, int64_t p1, int64_t k0, int
 // carry, run over the slice's whole blocks exactly as dense_tile's, and go back to the carry or,
 // after the last slice, take the scalar tail and the tree to y. 4 * NT accumulators + 4 weights.
 template <int NR, int NT, class A>
-void block_tile(const LinearTask& task, const Block& b, int64_t r, int64_t tok) {
+void block_tile(const LinearTask& task, const x86::LinearBlock& b, int64_t r, int64_t tok) {
   static_assert(NR == 1 && NT <= 3, "accumulators and weights must fit the ymm registers");
   const int64_t n = task.w.cols, rows = task.w.rows;
   const bool first = b.k0 == 0, last = b.k1 == n;
   __m256d acc[NT][4];
 #pragma GCC unroll 4
   for (int tt = 0; tt < NT; ++tt) {
-    const double* c = carry_of(b, r, tok + tt);
+    const double* c = x86::carry_of(b, r, tok + tt);
 #pragma GCC unroll 4
     for (int q = 0; q < 4; ++q)
       acc[tt][q] = first ? _mm256_setzero_pd() : _mm256_load_pd(c + 4 * q);
@@ -127,7 +116,7 @@ void block_tile(const LinearTask& task, const Block& b, int64_t r, int64_t tok) 
   }
   if (!last) {
 #pragma GCC unroll 4
-    for (int tt = 0; tt < NT; ++tt) store_lanes16(carry_of(b, r, tok + tt), acc[tt]);
+    for (int tt = 0; tt < NT; ++tt) store_lanes16(x86::carry_of(b, r, tok + tt), acc[tt]);
     return;
   }
   const auto* W = static_cast<const typename A::Storage*>(task.w.data) + r * n;
@@ -137,29 +126,6 @@ void block_tile(const LinearTask& task, const Block& b, int64_t r, int64_t tok) 
     num::dot16_accumulate<typename A::Scalar>(lane, W, task.x_wide + (tok + tt) * n,
                                               b.k0 + len16, n);
     task.y[(tok + tt) * rows + r] = num::F(num::tree16(lane));
-  }
-}
-
-template <class A>
-void dense_rows_blocked(const LinearTask& task, int64_t r0, int64_t r1, double* scratch) {
-  const int64_t n = task.w.cols, T = task.n_tokens;
-  double* const slice = scratch;
-  double* const carry = scratch + kLinearBlockRows * kLinearBlockCols;
-  for (int64_t t0 = 0; t0 < T; t0 += kLinearBlockTokens) {
-    const int64_t nt = T - t0 < kLinearBlockTokens ? T - t0 : kLinearBlockTokens;
-    for (int64_t p0 = r0; p0 < r1; p0 += kLinearBlockRows) {
-      const int64_t p1 = r1 - p0 < kLinearBlockRows ? r1 : p0 + kLinearBlockRows;
-      for (int64_t k0 = 0; k0 < n; k0 += kLinearBlockCols) {
-        const int64_t k1 = n - k0 < kLinearBlockCols ? n : k0 + kLinearBlockCols;
-        widen_slice<A>(task, p0, p1, k0, k1, slice);
-        const Block b{p0, k0, k1, t0, slice, carry};
-        // One panel (the block's rows), tokens t0 .. t0 + nt in groups of 3, one row at a time.
-        x86::panel_loop<1, 3>(p0, p1, kLinearBlockRows, nt,
-                              [&]<int NR, int NT>(int64_t r, int64_t t) {
-                                block_tile<NR, NT, A>(task, b, r, t0 + t);
-                              });
-      }
-    }
   }
 }
 
@@ -175,7 +141,17 @@ void dense_rows(const LinearTask& task, int64_t r0, int64_t r1, double* scratch)
     if (r < r1) dense_tile<A, 1, 1>(task, r, 0);
     return;
   }
-  if (linear_blocked(task)) return dense_rows_blocked<A>(task, r0, r1, scratch);
+  if (linear_blocked(task)) {  // one row x 3 tokens over each widened slice
+    x86::blocked_loop<1, 3>(
+        task, r0, r1, scratch,
+        [&](int64_t p0, int64_t p1, int64_t k0, int64_t k1, double* slice) {
+          widen_slice<A>(task, p0, p1, k0, k1, slice);
+        },
+        [&]<int NR, int NT>(const x86::LinearBlock& b, int64_t r, int64_t t) {
+          block_tile<NR, NT, A>(task, b, r, t);
+        });
+    return;
+  }
   // 2-3 tokens: one row x 2 tokens at a time, in panels (x86/panel_loop.h).
   x86::panel_loop<1, 2>(r0, r1, linear_panel_rows(task), task.n_tokens,
                         [&]<int NR, int NT>(int64_t r, int64_t t) {

@@ -115,6 +115,22 @@ static inline void finish_outputs(const __m512d* v, int k, float* const* dst) {
   }
 }
 
+// §3 step 2 for a tile of NR rows x NT tokens at (r, tok): a_l = L_l + L_{l+8}, then tree8.
+template <int NR, int NT>
+static inline void finish_tile(const __m512d (&acc)[NR][NT][2], const LinearTask& task, int64_t r,
+                               int64_t tok) {
+  __m512d a[NR * NT];
+  float* dst[NR * NT];
+#pragma GCC unroll 12
+  for (int rr = 0; rr < NR; ++rr)
+#pragma GCC unroll 12
+    for (int tt = 0; tt < NT; ++tt) {
+      a[rr * NT + tt] = _mm512_add_pd(acc[rr][tt][0], acc[rr][tt][1]);
+      dst[rr * NT + tt] = task.y + (tok + tt) * task.w.rows + r + rr;
+    }
+  finish_outputs(a, NR * NT, dst);
+}
+
 // ---- float weights (§3) ------------------------------------------------------------------------
 
 // NR rows x NT tokens; each 16 weights are widened once and used NT times, each 16 x values are
@@ -123,13 +139,13 @@ static inline void finish_outputs(const __m512d* v, int k, float* const* dst) {
 template <class A, int NR, int NT>
 void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
   static_assert(NR * NT <= 12, "accumulators, x and weights must fit the zmm registers");
-  const int64_t n = task.w.cols, rows = task.w.rows;
+  const int64_t n = task.w.cols;
   const auto* W = static_cast<const typename A::Storage*>(task.w.data) + r * n;
   const double* X = task.x_wide + tok * n;
   __m512d acc[NR][NT][2];
-  #pragma GCC unroll 12
+#pragma GCC unroll 12
   for (int rr = 0; rr < NR; ++rr)
-    #pragma GCC unroll 12
+#pragma GCC unroll 12
     for (int tt = 0; tt < NT; ++tt) acc[rr][tt][0] = acc[rr][tt][1] = _mm512_setzero_pd();
   const int64_t n16 = n & ~int64_t{15};
   // decode: prefetch whole tiles ahead (see kPrefetchBytes), one line per row per 64 bytes
@@ -137,7 +153,7 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
       NR == kTileRows && NT == 1 ? prefetch_ahead(n * sizeof(typename A::Storage)) : 0;
   for (int64_t i = 0; i < n16; i += 16) {
     __m512d x[NT][2];
-    #pragma GCC unroll 12
+#pragma GCC unroll 12
     for (int tt = 0; tt < NT; ++tt) {
       x[tt][0] = _mm512_loadu_pd(X + tt * n + i);
       x[tt][1] = _mm512_loadu_pd(X + tt * n + i + 8);
@@ -145,11 +161,11 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
     if (NR == kTileRows && NT == 1 && (i & (64 / sizeof(typename A::Storage) - 1)) == 0)
       for (int rr = 0; rr < NR; ++rr)
         _mm_prefetch(reinterpret_cast<const char*>(W + rr * n + i) + ahead, _MM_HINT_T0);
-    #pragma GCC unroll 12
+#pragma GCC unroll 12
     for (int rr = 0; rr < NR; ++rr) {
       const __m512 v = A::load16(W + rr * n + i);
       const __m512d w0 = lo8(v), w1 = hi8(v);
-      #pragma GCC unroll 12
+#pragma GCC unroll 12
       for (int tt = 0; tt < NT; ++tt) {
         acc[rr][tt][0] = _mm512_fmadd_pd(w0, x[tt][0], acc[rr][tt][0]);
         acc[rr][tt][1] = _mm512_fmadd_pd(w1, x[tt][1], acc[rr][tt][1]);
@@ -160,50 +176,29 @@ void dense_tile(const LinearTask& task, int64_t r, int64_t tok) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - n16)) - 1);
     const __mmask8 m0 = static_cast<__mmask8>(m & 0xff), m1 = static_cast<__mmask8>(m >> 8);
     __m512d x[NT][2];
-    #pragma GCC unroll 12
+#pragma GCC unroll 12
     for (int tt = 0; tt < NT; ++tt) {
       x[tt][0] = _mm512_maskz_loadu_pd(m0, X + tt * n + n16);
       x[tt][1] = _mm512_maskz_loadu_pd(m1, X + tt * n + n16 + 8);
     }
-    #pragma GCC unroll 12
+#pragma GCC unroll 12
     for (int rr = 0; rr < NR; ++rr) {
       const __m512 v = A::load_part(W + rr * n + n16, m);
       const __m512d w0 = lo8(v), w1 = hi8(v);
-      #pragma GCC unroll 12
+#pragma GCC unroll 12
       for (int tt = 0; tt < NT; ++tt) {
         acc[rr][tt][0] = _mm512_fmadd_pd(w0, x[tt][0], acc[rr][tt][0]);
         acc[rr][tt][1] = _mm512_fmadd_pd(w1, x[tt][1], acc[rr][tt][1]);
       }
     }
   }
-  // §3 step 2, first level: a_l = L_l + L_{l+8}; the rest is tree8.
-  __m512d a[NR * NT];
-  float* dst[NR * NT];
-  #pragma GCC unroll 12
-  for (int rr = 0; rr < NR; ++rr)
-    #pragma GCC unroll 12
-    for (int tt = 0; tt < NT; ++tt) {
-      a[rr * NT + tt] = _mm512_add_pd(acc[rr][tt][0], acc[rr][tt][1]);
-      dst[rr * NT + tt] = task.y + (tok + tt) * rows + r + rr;
-    }
-  finish_outputs(a, NR * NT, dst);
+  finish_tile<NR, NT>(acc, task, r, tok);
 }
 
-// ---- float weights, many tokens: blocked (kernel_table.h) ---------------------------------------
+// ---- float weights, many tokens: blocked (kernel_table.h, x86/panel_loop.h) ---------------------
 
-// One block's place: rows [p0, p1) x columns [k0, k1) x tokens from t0; `slice` holds the rows'
-// columns widened to double, row stride kLinearBlockCols, padded with +0 to whole 16-lane blocks;
-// `carry` holds each (row, token)'s 16 accumulator lanes between slices.
-struct Block {
-  int64_t p0, k0, k1, t0;
-  const double* slice;
-  double* carry;
-};
-
-static inline double* carry_of(const Block& b, int64_t r, int64_t t) {
-  return b.carry + ((r - b.p0) * kLinearBlockTokens + (t - b.t0)) * 16;
-}
-
+// Rows [p0, p1) x columns [k0, k1) widened to double (exact) into the slice, the last partial
+// 16-lane block of a row padded with +0 (block_tile masks the matching x to +0).
 template <class A>
 void widen_slice(const LinearTask& task, int64_t p0, int64_t p1, int64_t k0, int64_t k1,
                  double* slice) {
@@ -229,16 +224,16 @@ void widen_slice(const LinearTask& task, int64_t p0, int64_t p1, int64_t k0, int
 // carry, run over the slice's columns exactly as dense_tile's, and go back to the carry or, after
 // the last slice, through the tree to y. 2 * NR * NT accumulators + 2 * NR weights + 2 x.
 template <int NR, int NT>
-void block_tile(const LinearTask& task, const Block& b, int64_t r, int64_t tok) {
+void block_tile(const LinearTask& task, const x86::LinearBlock& b, int64_t r, int64_t tok) {
   static_assert(NR * NT <= 12 && NR <= 2, "accumulators, weights and x must fit the zmm");
-  const int64_t n = task.w.cols, rows = task.w.rows;
+  const int64_t n = task.w.cols;
   const bool first = b.k0 == 0, last = b.k1 == n;
   __m512d acc[NR][NT][2];
 #pragma GCC unroll 12
   for (int rr = 0; rr < NR; ++rr)
 #pragma GCC unroll 12
     for (int tt = 0; tt < NT; ++tt) {
-      const double* c = carry_of(b, r + rr, tok + tt);
+      const double* c = x86::carry_of(b, r + rr, tok + tt);
       acc[rr][tt][0] = first ? _mm512_setzero_pd() : _mm512_load_pd(c);
       acc[rr][tt][1] = first ? _mm512_setzero_pd() : _mm512_load_pd(c + 8);
     }
@@ -282,45 +277,13 @@ void block_tile(const LinearTask& task, const Block& b, int64_t r, int64_t tok) 
     for (int rr = 0; rr < NR; ++rr)
 #pragma GCC unroll 12
       for (int tt = 0; tt < NT; ++tt) {
-        double* c = carry_of(b, r + rr, tok + tt);
+        double* c = x86::carry_of(b, r + rr, tok + tt);
         _mm512_store_pd(c, acc[rr][tt][0]);
         _mm512_store_pd(c + 8, acc[rr][tt][1]);
       }
     return;
   }
-  __m512d a[NR * NT];
-  float* dst[NR * NT];
-#pragma GCC unroll 12
-  for (int rr = 0; rr < NR; ++rr)
-#pragma GCC unroll 12
-    for (int tt = 0; tt < NT; ++tt) {
-      a[rr * NT + tt] = _mm512_add_pd(acc[rr][tt][0], acc[rr][tt][1]);
-      dst[rr * NT + tt] = task.y + (tok + tt) * rows + r + rr;
-    }
-  finish_outputs(a, NR * NT, dst);
-}
-
-template <class A>
-void dense_rows_blocked(const LinearTask& task, int64_t r0, int64_t r1, double* scratch) {
-  const int64_t n = task.w.cols, T = task.n_tokens;
-  double* const slice = scratch;
-  double* const carry = scratch + kLinearBlockRows * kLinearBlockCols;
-  for (int64_t t0 = 0; t0 < T; t0 += kLinearBlockTokens) {
-    const int64_t nt = T - t0 < kLinearBlockTokens ? T - t0 : kLinearBlockTokens;
-    for (int64_t p0 = r0; p0 < r1; p0 += kLinearBlockRows) {
-      const int64_t p1 = r1 - p0 < kLinearBlockRows ? r1 : p0 + kLinearBlockRows;
-      for (int64_t k0 = 0; k0 < n; k0 += kLinearBlockCols) {
-        const int64_t k1 = n - k0 < kLinearBlockCols ? n : k0 + kLinearBlockCols;
-        widen_slice<A>(task, p0, p1, k0, k1, slice);
-        const Block b{p0, k0, k1, t0, slice, carry};
-        // One panel (the block's rows), tokens t0 .. t0 + nt in groups of 6, tiles of 2 rows.
-        x86::panel_loop<2, 6>(p0, p1, kLinearBlockRows, nt,
-                              [&]<int NR, int NT>(int64_t r, int64_t t) {
-                                block_tile<NR, NT>(task, b, r, t0 + t);
-                              });
-      }
-    }
-  }
+  finish_tile<NR, NT>(acc, task, r, tok);
 }
 
 template <class A>
@@ -336,7 +299,17 @@ void dense_rows(const LinearTask& task, int64_t r0, int64_t r1, double* scratch)
     if (r < r1) dense_tile<A, 1, 1>(task, r, 0);
     return;
   }
-  if (linear_blocked(task)) return dense_rows_blocked<A>(task, r0, r1, scratch);
+  if (linear_blocked(task)) {  // tiles of 2 rows x 6 tokens over each widened slice
+    x86::blocked_loop<2, 6>(
+        task, r0, r1, scratch,
+        [&](int64_t p0, int64_t p1, int64_t k0, int64_t k1, double* slice) {
+          widen_slice<A>(task, p0, p1, k0, k1, slice);
+        },
+        [&]<int NR, int NT>(const x86::LinearBlock& b, int64_t r, int64_t t) {
+          block_tile<NR, NT>(task, b, r, t);
+        });
+    return;
+  }
   // 2-3 tokens: tiles of 4 rows x 3 tokens in panels (x86/panel_loop.h).
   x86::panel_loop<4, 3>(r0, r1, linear_panel_rows(task), task.n_tokens,
                         [&]<int NR, int NT>(int64_t r, int64_t t) {
