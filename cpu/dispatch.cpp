@@ -153,6 +153,7 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
   tasks.clear();
   first_row.clear();
   int64_t wide_total = 0, total_rows = 0, total_macs = 0, max_tokens = 0;
+  int64_t panel_rows = 4, scratch_doubles = 0;  // the widest task's panel and scratch
   for (int j = 0; j < n_jobs; ++j) {
     const LinearJob& job = jobs[j];
     check_weight(op, job.w);
@@ -174,6 +175,8 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
     total_rows += job.w.rows;
     total_macs += job.w.rows * job.n_tokens * std::max<int64_t>(1, job.w.cols);
     max_tokens = std::max(max_tokens, job.n_tokens);
+    panel_rows = std::max(panel_rows, linear_panel_rows(tasks.back()));
+    scratch_doubles = std::max(scratch_doubles, linear_scratch_doubles(tasks.back()));
   }
   if (total_rows == 0) return;
   first_row.push_back(total_rows);
@@ -194,14 +197,9 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
   int64_t grain = (chunk_rows(total_macs / total_rows, kLinearChunkMacs) + 3) / 4 * 4;
   if (max_tokens > 1) {
     const int64_t threads = ex.pool ? ex.pool->size() : 1;
-    int64_t panel = 4;
-    for (const LinearTask& t : tasks) panel = std::max(panel, linear_panel_rows(t));
     const int64_t share = (total_rows + 2 * threads - 1) / (2 * threads);
-    grain = std::max(grain, (std::min(panel, share) + 3) / 4 * 4);
+    grain = std::max(grain, (std::min(panel_rows, share) + 3) / 4 * 4);
   }
-  int64_t scratch_doubles = 0;
-  for (const LinearTask& t : tasks)
-    scratch_doubles = std::max(scratch_doubles, linear_scratch_doubles(t));
   const LinearTask* task_list = tasks.data();
   const int64_t* starts = first_row.data();
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());

@@ -62,6 +62,15 @@ uint64_t touch_all(const format::Checkpoint& ckpt) {
   return covered;
 }
 
+// `count` fixed ids first, first + step, ... (mod the vocabulary): a prompt that needs no
+// tokenizer and is the same in every run.
+std::vector<int32_t> fixed_prompt(int64_t count, int64_t first, int64_t step, int64_t vocab) {
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < count; ++i)
+    ids.push_back(static_cast<int32_t>((first + step * i) % vocab));
+  return ids;
+}
+
 // Multiply-accumulates of the weights for one prompt token: every trunk matrix but lm_head,
 // and top_k routed experts in each MoE layer.
 double macs_per_prompt_token(const runtime::Engine& e) {
@@ -162,9 +171,7 @@ Status run_decode_bench(const DecodeOptions& o) {
 
   std::fprintf(stderr, "[bench] touching every weight page (page cache warm-up)\n");
   const uint64_t covered = touch_all(engine->checkpoint());
-  std::vector<int32_t> prompt;
-  for (int64_t i = 0; i < o.prompt_tokens; ++i)
-    prompt.push_back(static_cast<int32_t>((17 + 31 * i) % c.vocab_size));
+  const std::vector<int32_t> prompt = fixed_prompt(o.prompt_tokens, 17, 31, c.vocab_size);
   runtime::GenerationOptions gen;
   gen.max_new_tokens = o.tokens;
   const auto sink = [](int32_t) { return Status::ok(); };
@@ -208,9 +215,7 @@ Status run_decode_bench(const DecodeOptions& o) {
               floor_s / s_per_token, total / s_per_token / 1e9);
   nlohmann::json prefill;
   if (o.prefill_tokens > 0) {
-    std::vector<int32_t> long_prompt;
-    for (int64_t i = 0; i < o.prefill_tokens; ++i)
-      long_prompt.push_back(static_cast<int32_t>((29 + 37 * i) % c.vocab_size));
+    const std::vector<int32_t> long_prompt = fixed_prompt(o.prefill_tokens, 29, 37, c.vocab_size);
     runtime::GenerationOptions pg;
     pg.max_new_tokens = 1;
     pg.prefill_chunk = o.prefill_tokens;
