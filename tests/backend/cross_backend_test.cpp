@@ -73,7 +73,8 @@ class CrossBackend : public ::testing::TestWithParam<DeviceKind> {
   std::mt19937_64 rng_;
 };
 
-// ---- linear: F32, BF16, F16 and MXFP4 in one call, decode (T = 1, 3) and prefill (T = 9) ----
+// ---- linear: F32, BF16, F16 and MXFP4 in one call, odd and 16-byte rows, decode (T = 1, 3) and
+// prefill (T = 9) ----
 
 TEST_P(CrossBackend, Linear) {
   for (int64_t T : {1, 3, 9}) {
@@ -88,6 +89,12 @@ TEST_P(CrossBackend, Linear) {
     weights.push_back(HostWeight::random(rng_, cpu::WeightType::kMxfp4,
                                          odd_between(rng_, 41, 99),
                                          32 * odd_between(rng_, 5, 41)));
+    // Rows of a multiple of 16 bytes: CUDA's dense kernels load them 16 bytes at a time (the
+    // trunk's matrices all take that path), the odd widths above one element at a time.
+    weights.push_back(HostWeight::random(rng_, cpu::WeightType::kBF16, odd_between(rng_, 41, 99),
+                                         8 * odd_between(rng_, 41, 151)));
+    weights.push_back(HostWeight::random(rng_, cpu::WeightType::kF32, odd_between(rng_, 3, 41),
+                                         4 * odd_between(rng_, 25, 75)));
     // NaN/Inf: an Inf in the BF16 job's last token, a NaN in an MXFP4 block every row skips.
     std::vector<std::vector<float>> xs;
     for (auto& w : weights) xs.push_back(random_floats(rng_, T * w.cols, -2.0f, 2.0f));

@@ -18,6 +18,13 @@
 namespace ktier::runtime {
 namespace {
 
+// What an opened device engine's placement is made of, bytes.
+struct DeviceSizes {
+  uint64_t trunk_all = 0;  // the whole trunk mirrored
+  uint64_t working = 0;    // the sequence's working set, set aside first
+  uint64_t slot = 0;       // one VRAM expert slot
+};
+
 class DeviceModeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -28,12 +35,9 @@ class DeviceModeTest : public ::testing::Test {
     reference_ = logits_then_greedy_ids(cpu(), kDialTestPrompt);
     ASSERT_FALSE(reference_.empty());
     // The sizes the budgets below are made from, measured on a device run that holds it all.
-    EngineOptions eo = emulated(uint64_t{1} << 32);
-    auto e = Engine::open(eo);
+    auto e = Engine::open(emulated(uint64_t{1} << 32));
     ASSERT_TRUE(e.is_ok()) << e.status().message();
-    trunk_all_ = (*e)->device_trunk()->bytes();
-    working_ = (*e)->device_working_bytes();
-    slot_ = (*e)->vram_tier()->stats().slot_bytes;
+    emulated_sizes_ = sizes_of(**e);
     top_k_ = (*e)->checkpoint().config().num_experts_per_token;
     layers_ = (*e)->checkpoint().config().num_hidden_layers;
     vocab_ = (*e)->checkpoint().config().vocab_size;
@@ -60,32 +64,48 @@ class DeviceModeTest : public ::testing::Test {
                    static_cast<int64_t>(kDialTestPrompt.size()), model::LogitRows::kAll};
     return eo;
   }
+  // The same plan on the real GPU, whose working set is larger (cuBLAS's workspace): budgets
+  // for it are made from its own sizes (DeviceSizes), not the emulated device's.
+  static EngineOptions on_cuda(uint64_t vram) {
+    EngineOptions eo = emulated(vram);
+    eo.emulate_device = false;
+    eo.device = backend::DeviceKind::kCuda;
+    return eo;
+  }
+  using MakeOptions = EngineOptions (*)(uint64_t vram);
+  static DeviceSizes sizes_of(const Engine& e) {
+    return {e.device_trunk()->bytes(), e.device_working_bytes(), e.vram_tier()->stats().slot_bytes};
+  }
   // Everything resident, every expert too; about half the trunk; the smallest budget that
   // opens (no layer resident, the VRAM tier at its minimum of 2 * top_k slots).
-  static std::vector<uint64_t> budgets() {
-    const uint64_t tier_min = 2 * top_k_ * slot_;
-    return {working_ + trunk_all_ + (experts_ + top_k_) * slot_,
-            working_ + trunk_all_ / 2 + tier_min, minimum()};
+  static std::vector<uint64_t> budgets(const DeviceSizes& z = emulated_sizes_,
+                                       MakeOptions make = emulated) {
+    const uint64_t tier_min = 2 * top_k_ * z.slot;
+    return {z.working + z.trunk_all + (experts_ + top_k_) * z.slot,
+            z.working + z.trunk_all / 2 + tier_min, minimum(z, make)};
   }
   // The smallest --vram in (lo, hi] whose engine opens and satisfies `ok`, within `step`
   // (bisection; `hi` must satisfy it).
   static uint64_t smallest_vram(uint64_t lo, uint64_t hi, uint64_t step,
-                                const std::function<bool(const Engine&)>& ok) {
+                                const std::function<bool(const Engine&)>& ok,
+                                MakeOptions make = emulated) {
     while (hi - lo > step) {
       const uint64_t mid = (lo + hi) / 2;
-      auto e = Engine::open(emulated(mid));
+      auto e = Engine::open(make(mid));
       (e.is_ok() && ok(**e) ? hi : lo) = mid;
     }
     return hi;
   }
-  static uint64_t minimum() {  // the refusal states the minimum; found by bisection
-    return smallest_vram(0, working_ + trunk_all_ + 4 * top_k_ * slot_, 4096,
-                         [](const Engine&) { return true; });
+  // The refusal states the minimum; found by bisection.
+  static uint64_t minimum(const DeviceSizes& z = emulated_sizes_, MakeOptions make = emulated) {
+    return smallest_vram(0, z.working + z.trunk_all + 4 * top_k_ * z.slot, 4096,
+                         [](const Engine&) { return true; }, make);
   }
 
   static inline std::filesystem::path dir_;
   static inline std::vector<float> reference_;
-  static inline uint64_t trunk_all_ = 0, working_ = 0, slot_ = 0, top_k_ = 0, experts_ = 0;
+  static inline DeviceSizes emulated_sizes_;
+  static inline uint64_t top_k_ = 0, experts_ = 0;
   static inline int64_t layers_ = 0, vocab_ = 0;
 };
 
@@ -409,16 +429,31 @@ TEST_F(DeviceModeTest, CudaMatchesTheCpuAndIsBudgetInvariant) {
   if (auto be = backend::make_cuda_backend(module); !be.is_ok())
     GTEST_SKIP() << "no CUDA device here: " << be.status().message();
   const int64_t V = vocab_;
+  DeviceSizes gpu;
+  {
+    auto e = Engine::open(on_cuda(uint64_t{1} << 32));
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    gpu = sizes_of(**e);
+  }
   std::vector<std::vector<float>> outs;
-  for (uint64_t vram : budgets()) {
-    EngineOptions eo = cpu();
-    eo.device = backend::DeviceKind::kCuda;
-    eo.vram_budget = vram;
-    outs.push_back(logits_then_greedy_ids(eo, kDialTestPrompt));
+  const std::vector<uint64_t> vrams = budgets(gpu, on_cuda);
+  for (uint64_t vram : vrams) {
+    SCOPED_TRACE("vram " + std::to_string(vram));
+    outs.push_back(logits_then_greedy_ids(on_cuda(vram), kDialTestPrompt));
     ASSERT_EQ(outs.back().size(), reference_.size());
   }
   for (size_t i = 1; i < outs.size(); ++i)
     EXPECT_TRUE(outs[i] == outs[0]) << "GPU output changed with the VRAM budget (" << i << ")";
+  // The whole prompt in one pass: its matrix products go through cuBLAS (8 tokens or more),
+  // the chunks of 5 above through the fused kernels. Compared by argmax below.
+  std::vector<float> one_pass(kDialTestPrompt.size() * static_cast<size_t>(V));
+  {
+    auto e = Engine::open(on_cuda(vrams[0]));
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    ASSERT_TRUE(evaluate((*e)->model(), kDialTestPrompt,
+                         static_cast<int64_t>(kDialTestPrompt.size()), one_pass.data())
+                    .is_ok());
+  }
   const size_t n_logits = kDialTestPrompt.size() * V;
   // The greedy ids must match the CPU's up to the first step where the CPU's own top two
   // logits are within 1e-3 (its logits along its continuation, teacher-forced): the GPU sums
@@ -448,12 +483,14 @@ TEST_F(DeviceModeTest, CudaMatchesTheCpuAndIsBudgetInvariant) {
       << "greedy ids differ from the CPU's before any near tie";
   for (size_t t = 0; t < kDialTestPrompt.size(); ++t) {
     const float* want = reference_.data() + t * V;
-    const float* got = outs[0].data() + t * V;
     std::vector<float> sorted(want, want + V);
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
     if (sorted[0] - sorted[1] <= 1e-3f) continue;
-    EXPECT_EQ(std::max_element(want, want + V) - want, std::max_element(got, got + V) - got)
-        << "teacher-forced argmax at position " << t;
+    const int64_t cpu_argmax = std::max_element(want, want + V) - want;
+    for (const float* got : {outs[0].data() + t * V, one_pass.data() + t * V})
+      EXPECT_EQ(cpu_argmax, std::max_element(got, got + V) - got)
+          << "teacher-forced argmax at position " << t
+          << (got == one_pass.data() + t * V ? " (one pass, cuBLAS)" : " (chunks of 5)");
   }
 }
 
