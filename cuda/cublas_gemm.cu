@@ -1,9 +1,8 @@
-// cuBLAS for the float-weight linears with n_tokens >= 8 (cuda/README.md): the library (linked
+// cuBLAS for the F32 and BF16 linears with n_tokens >= 8 (cuda/README.md): the library (linked
 // statically, or loaded from libcublas.so.<major> by init), the per-(thread, device) handles,
-// the per-(device, stream) scratch buffers holding x rounded to the weight's 16-bit type, and
-// the GEMM calls.
+// the per-(device, stream) scratch buffers holding x split into three bf16 parts, and the GEMM
+// calls.
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cublas_v2.h>
 #include <dlfcn.h>
 
@@ -18,14 +17,28 @@
 namespace ktier_cuda {
 namespace {
 
-// x rounded to nearest even to the weight's 16-bit type (the cuBLAS path's only rounding of x).
-__device__ __forceinline__ void round16(float v, __nv_bfloat16* o) { *o = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void round16(float v, __half* o) { *o = __float2half_rn(v); }
-template <class T>
-__global__ void round16_kernel(const float* __restrict__ x, int64_t n, T* __restrict__ out) {
+// x = hi + mid + lo exactly, each a bf16 (so cuBLAS's bf16 products are exact and x is not
+// rounded): hi is x truncated to bf16, mid the remainder truncated, lo the remainder of that,
+// which has at most 8 significant bits left. Truncation keeps all three with x's sign (so
+// |hi| + |mid| + |lo| = |x|) and cannot overflow. Inf and NaN go in hi alone (the remainders
+// would be NaN). Only parts below bf16's smallest normal lose bits (x under ~2^-110), as
+// f32's subnormals would. Parts are stored as three [n] arrays: out, out + n, out + 2n.
+__global__ void split_bf16x3_kernel(const float* __restrict__ x, int64_t n,
+                                    __nv_bfloat16* __restrict__ out) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    round16(x[i], out + i);
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const float v = x[i];
+    const __nv_bfloat16 hi = __float2bfloat16_rz(v);
+    __nv_bfloat16 mid = __float2bfloat16_rz(0.0f), lo = mid;
+    if (isfinite(v)) {
+      const float r = __fsub_rn(v, __bfloat162float(hi));  // exact: v's low 16 bits
+      mid = __float2bfloat16_rz(r);
+      lo = __float2bfloat16_rz(__fsub_rn(r, __bfloat162float(mid)));  // exact
+    }
+    out[i] = hi;
+    out[n + i] = mid;
+    out[2 * n + i] = lo;
+  }
 }
 
 // ---- cuBLAS: linked statically, or loaded from libcublas.so.<major> at init ----
@@ -80,7 +93,7 @@ const CublasApi& cublas_api() {
 constexpr int kMaxDevices = 64;
 thread_local cublasHandle_t t_handle[kMaxDevices] = {};
 
-// Scratch per (device, stream) for the 16-bit copies of x; grown stream-ordered.
+// Scratch per (device, stream) for the split copies of x; grown stream-ordered.
 struct Scratch {
   void* ptr = nullptr;
   size_t cap = 0;
@@ -165,11 +178,11 @@ int cublas_linear(const KtierCudaLinearJob* jobs, const int* idx, int n_idx, int
   // lda = cols) * x^T (column-major [cols, T], ldb = cols); alpha = 1, beta = 0.
   if (api.set_stream(handle, stream) != CUBLAS_STATUS_SUCCESS)
     return set_error(cudaErrorUnknown, op, "cublasSetStream failed");
-  // 16-bit copies of x: one per distinct (x, cols, T, type), packed in the scratch buffer.
+  // Split copies of x (three bf16 parts): one per distinct (x, cols, T) among the BF16 jobs,
+  // packed in the scratch buffer.
   struct Copy {
     const float* x;
     int64_t cols, n_tokens;
-    int type;
     size_t offset;
   };
   std::vector<Copy> copies;
@@ -177,14 +190,14 @@ int cublas_linear(const KtierCudaLinearJob* jobs, const int* idx, int n_idx, int
   size_t total = 0;
   for (size_t i = 0; i < static_cast<size_t>(n_idx); ++i) {
     const KtierCudaLinearJob& jb = jobs[idx[i]];
-    if (jb.w.type == KTIER_CUDA_F32) continue;
+    if (jb.w.type != KTIER_CUDA_BF16) continue;
     size_t c = 0;
     while (c < copies.size() && !(copies[c].x == jb.x && copies[c].cols == jb.w.cols &&
-                                  copies[c].n_tokens == jb.n_tokens && copies[c].type == jb.w.type))
+                                  copies[c].n_tokens == jb.n_tokens))
       ++c;
     if (c == copies.size()) {
-      copies.push_back({jb.x, jb.w.cols, jb.n_tokens, jb.w.type, total});
-      total += (static_cast<size_t>(jb.n_tokens) * jb.w.cols * 2 + 255) / 256 * 256;
+      copies.push_back({jb.x, jb.w.cols, jb.n_tokens, total});
+      total += (static_cast<size_t>(jb.n_tokens) * jb.w.cols * 2 * 3 + 255) / 256 * 256;
     }
     copy_of[i] = c;
   }
@@ -195,12 +208,8 @@ int cublas_linear(const KtierCudaLinearJob* jobs, const int* idx, int n_idx, int
     scratch = static_cast<char*>(p);
     for (const Copy& c : copies) {
       const int64_t n = c.n_tokens * c.cols;
-      if (c.type == KTIER_CUDA_BF16)
-        round16_kernel<<<grid_for(n), kBlock, 0, stream>>>(
-            c.x, n, reinterpret_cast<__nv_bfloat16*>(scratch + c.offset));
-      else
-        round16_kernel<<<grid_for(n), kBlock, 0, stream>>>(
-            c.x, n, reinterpret_cast<__half*>(scratch + c.offset));
+      split_bf16x3_kernel<<<grid_for(n), kBlock, 0, stream>>>(
+          c.x, n, reinterpret_cast<__nv_bfloat16*>(scratch + c.offset));
     }
     if (const int rc = cuda_check(op, cudaGetLastError())) return rc;
   }
@@ -214,10 +223,16 @@ int cublas_linear(const KtierCudaLinearJob* jobs, const int* idx, int n_idx, int
       st = api.sgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one,
                      static_cast<const float*>(jb.w.data), k, jb.x, k, &zero, jb.y, m);
     } else {
-      const cudaDataType dt = jb.w.type == KTIER_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-      st = api.gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, jb.w.data, dt, k,
-                       scratch + copies[copy_of[i]].offset, dt, k, &zero, jb.y, CUDA_R_32F, m,
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      // y = (W lo + W mid) + W hi: three products with exact bf16 inputs and f32 sums, the
+      // smallest first; beta = 1 adds each onto the last.
+      const __nv_bfloat16* parts =
+          reinterpret_cast<const __nv_bfloat16*>(scratch + copies[copy_of[i]].offset);
+      const int64_t part = static_cast<int64_t>(n) * k;
+      st = CUBLAS_STATUS_SUCCESS;
+      for (int p = 2; p >= 0 && st == CUBLAS_STATUS_SUCCESS; --p)
+        st = api.gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, jb.w.data, CUDA_R_16BF,
+                         k, parts + p * part, CUDA_R_16BF, k, p == 2 ? &zero : &one, jb.y,
+                         CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }
     if (st != CUBLAS_STATUS_SUCCESS)
       return set_error(cudaErrorUnknown, op, "job %d: cuBLAS %s", idx[i],

@@ -3,7 +3,7 @@
 //    jobs: a warp per row (dense) or per 1-4 rows (MXFP4), weight bytes decoded in registers,
 //    f32 accumulation (MXFP4: f32 within a word, double across words), up to kMaxNt tokens per
 //    pass with one accumulator per (row, token);
-//  * float weights with n_tokens >= 8: cuBLAS (cublas_gemm.cu).
+//  * F32 and BF16 weights with n_tokens >= 8: cuBLAS (cublas_gemm.cu; F16 stays fused).
 #include <cuda_fp16.h>
 #include <vector>
 
@@ -379,7 +379,8 @@ int linear_run(const KtierCudaLinearJob* jobs, int n_jobs, cudaStream_t stream) 
         const bool aligned = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
                              row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(jb.x) % 16 == 0;
         if (aligned != (vec != 0)) continue;
-        if (type != KTIER_CUDA_MXFP4 && jb.n_tokens >= kCublasMinTokens && w.cols > 0 &&
+        if ((type == KTIER_CUDA_F32 || type == KTIER_CUDA_BF16) &&
+            jb.n_tokens >= kCublasMinTokens && w.cols > 0 &&
             have_cublas && w.rows <= kIntMax && w.cols <= kIntMax) {
           cublas_jobs.push_back(j);
           continue;

@@ -173,8 +173,7 @@ class CudaBackend final : public Backend {
 
   Status linear(const cpu::LinearJob* jobs, int n_jobs) override {
     // cuBLAS handles are per thread (made by init): from another thread prefill would quietly
-    // run the fused kernels while uses_blas() says cuBLAS, and be checked against the wrong
-    // tolerance.
+    // run the fused kernels while uses_blas() and the backend's name say cuBLAS.
     KTIER_CHECK_MSG(std::this_thread::get_id() == owner_, "CUDA backend used off its thread");
     std::vector<KtierCudaLinearJob> abi(static_cast<size_t>(n_jobs));
     for (int i = 0; i < n_jobs; ++i)

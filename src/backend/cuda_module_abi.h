@@ -162,7 +162,7 @@ typedef struct KtierCudaOps {
   /* out: device int64 [1]; the CPU rule (lowest index on ties, NaN never wins, 0 if none). */
   int (*argmax)(const float* x, int64_t n, int64_t* out, KtierCudaStream stream);
 
-  /* 1 when linear sends float-weight jobs of n_tokens >= 8 to cuBLAS on the calling thread's
+  /* 1 when linear sends F32/BF16 jobs of n_tokens >= 8 to cuBLAS on the calling thread's
    * current device (init found cuBLAS and made a handle), 0 when the fused kernels run them. */
   int (*uses_cublas)(void);
 } KtierCudaOps;

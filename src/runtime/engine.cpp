@@ -82,8 +82,8 @@ bool device_mode(const EngineOptions& opts) {
 
 // Device memory cuBLAS takes beside the Backend's allocations, for forward() chunks of up to T
 // tokens: its workspace (32 MiB, NVIDIA's recommendation for Hopper; 4 MiB before) and the
-// module's 16-bit copies of x, one per distinct x of a linear call, kept grown to 1.25x the
-// largest call (cuda/cublas_gemm.cu). The widest such call reads T rows of the widest input —
+// module's copies of x split into three bf16 parts (6 bytes per element), one per distinct x
+// of a linear call, kept grown to 1.25x the largest call (cuda/cublas_gemm.cu). The widest such call reads T rows of the widest input —
 // T * top_k rows of an expert's input with float experts (their jobs of one call differ in x).
 uint64_t blas_bytes(const format::Checkpoint& ckpt, int64_t T) {
   const format::ModelConfig& c = ckpt.config();
@@ -95,7 +95,7 @@ uint64_t blas_bytes(const format::Checkpoint& ckpt, int64_t T) {
     elements = std::max(elements, T * c.num_experts_per_token *
                                       std::max(c.moe_intermediate_size, c.routed_expert_hidden_size));
   constexpr uint64_t kWorkspace = 32ull << 20;
-  return kWorkspace + backend::device_aligned(static_cast<uint64_t>(elements) * 2) / 4 * 5 +
+  return kWorkspace + backend::device_aligned(static_cast<uint64_t>(elements) * 6) / 4 * 5 +
          (1ull << 20);  // + the copies' 256-byte padding, many calls' worth
 }
 }  // namespace

@@ -162,38 +162,29 @@ TEST(BoundValidation, Linear) {
         const auto x = random_floats(rng, T * cols, -2.0f, 2.0f);
         std::vector<float> want(T * w.rows), got(T * w.rows);
         cpu::linear(w.view(), x.data(), T, want.data(), kRef);
-        // T = 9 with a 16-bit weight: x rounded to that type (cuBLAS's input), the CUDA bound.
-        const bool rounds = cuda_rounds_x(type, T);
-        const std::vector<float> xr = rounds ? round_x_like_cuda(x, type) : x;
+        // T = 9 with BF16 weights: cuBLAS's three products on the split x, added smallest
+        // first; otherwise one f32 sum of the products.
+        const bool split = T >= 8 && type == cpu::WeightType::kBF16;
+        const SplitX parts = split_x_like_cuda(x);
         const auto wf = widen(w);
         for (int64_t t = 0; t < T; ++t)
-          for (int64_t r = 0; r < w.rows; ++r)
-            got[t * w.rows + r] = sum_f32(cols, T == 1 ? Order::kStrided32 : Order::kReverse,
-                                          [&](int64_t c) { return wf[r * cols + c] * xr[t * cols + c]; });
-        // Against the reference on the unrounded x, rounding x adds up to 2^-8 (bf16) or 2^-11
-        // (f16) of |W||x|: a valid but loose bound (~0.1 of a typical output for bf16).
-        std::vector<double> tol = linear_bound(w, x, T);
-        if (rounds)
-          for (double& v : tol) v *= 1 + (type == cpu::WeightType::kBF16 ? 0x1p-8 : 0x1p-11) /
-                                         (2 * gamma(static_cast<double>(cols) + 2));
+          for (int64_t r = 0; r < w.rows; ++r) {
+            const auto dot = [&](const std::vector<float>& v) {
+              return sum_f32(cols, T == 1 ? Order::kStrided32 : Order::kReverse,
+                             [&](int64_t c) { return wf[r * cols + c] * v[t * cols + c]; });
+            };
+            got[t * w.rows + r] =
+                split ? (dot(parts.lo) + dot(parts.mid)) + dot(parts.hi) : dot(x);
+          }
+        const std::vector<double> tol = linear_bound(w, x, T);
         const std::string op = std::string("linear ") + cpu::weight_type_name(type) +
-                               (T == 1 ? " T=1" : rounds ? " T=9 (x16)" : " T=9");
+                               (T == 1 ? " T=1" : split ? " T=9 (split x)" : " T=9");
         check(tight, op, seed, want, got, tol);
         // What one wrong element of median magnitude must be to be caught. The bound is
         // 2 gamma(cols + 2) |W||x|, and |W||x| / |y| grows like sqrt(cols): ~1e-3 of a typical
         // output at the BF16 / MXFP4 sizes (cols up to ~1300), ~2e-4 at F32 / F16's 101..301.
         const bool wide = type == cpu::WeightType::kBF16 || type == cpu::WeightType::kMxfp4;
-        if (!rounds) expect_catches_relative(op, want, got, tol, wide ? 1e-2 : 1e-3);
-        if (rounds) {
-          // The x rounding term (2^-8 |W||x| for BF16) makes the CUDA bound ~0.1 of a typical
-          // output. Against the reference on the rounded x (what cuBLAS is fed) the plain f32
-          // bound holds and is as tight as at T = 1.
-          std::vector<float> want16(T * w.rows);
-          cpu::linear(w.view(), xr.data(), T, want16.data(), kRef);
-          const auto tol16 = linear_bound(w, xr, T);
-          check(tight, op + " vs ref(x16)", seed, want16, got, tol16);
-          expect_catches_relative(op + " vs ref(x16)", want16, got, tol16, wide ? 1e-2 : 1e-3);
-        }
+        expect_catches_relative(op, want, got, tol, wide ? 1e-2 : 1e-3);
       }
     }
   }

@@ -120,20 +120,23 @@ std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& 
   return tol;
 }
 
-bool cuda_rounds_x(cpu::WeightType type, int64_t T) {
-  return T >= 8 && (type == cpu::WeightType::kBF16 || type == cpu::WeightType::kF16);
-}
-
-std::vector<float> round_x_like_cuda(const std::vector<float>& x, cpu::WeightType type) {
-  const int p = type == cpu::WeightType::kBF16 ? 8 : 11;
-  const int emin = type == cpu::WeightType::kBF16 ? -126 : -14;
-  std::vector<float> out(x);
-  for (float& v : out) {
-    if (v == 0.0f || !std::isfinite(v)) continue;
-    const int q = std::max(std::ilogb(v), emin) - (p - 1);
-    v = static_cast<float>(std::nearbyint(std::ldexp(double{v}, -q)) * std::ldexp(1.0, q));
+SplitX split_x_like_cuda(const std::vector<float>& x) {
+  const auto truncate = [](float v) {
+    uint32_t b;
+    std::memcpy(&b, &v, 4);
+    b &= 0xffff0000u;
+    std::memcpy(&v, &b, 4);
+    return v;
+  };
+  SplitX s{x, std::vector<float>(x.size()), std::vector<float>(x.size())};
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) continue;
+    s.hi[i] = truncate(x[i]);
+    const float r = x[i] - s.hi[i];
+    s.mid[i] = truncate(r);
+    s.lo[i] = r - s.mid[i];
   }
-  return out;
+  return s;
 }
 
 std::vector<double> norm_bound(const std::vector<float>& out, int64_t n) {

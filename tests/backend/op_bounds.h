@@ -38,12 +38,13 @@ struct HostWeight {
 // Linear: 2 gamma(cols + 2) (|W| |x|) per output, for any summation order.
 std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& x, int64_t T);
 
-// What CUDA's prefill path feeds cuBLAS for a 16-bit float weight (T >= 8): x rounded to the
-// weight's type (round to nearest even; bf16: 8 significant bits, f16: 11, subnormals kept).
-// Other types and T < 8: x unchanged. The cross-backend test compares that path with the CPU on
-// the rounded x, so the bound above applies unchanged.
-bool cuda_rounds_x(cpu::WeightType type, int64_t T);
-std::vector<float> round_x_like_cuda(const std::vector<float>& x, cpu::WeightType type);
+// What CUDA's prefill path feeds cuBLAS for BF16 weights (T >= 8): x = hi + mid + lo exactly,
+// each part x's remainder truncated to bf16 (cuda/cublas_gemm.cu; Inf/NaN in hi alone). The
+// device sums W lo, W mid and W hi in f32 and adds them (smallest first): the bound above holds.
+struct SplitX {
+  std::vector<float> hi, mid, lo;
+};
+SplitX split_x_like_cuda(const std::vector<float>& x);
 
 // RMSNorm / L2Norm: the sum of squares has relative error gamma(n); the inverse square root,
 // the product(s) and the rounding add a few u: 2 gamma(n + 6) |out|.
