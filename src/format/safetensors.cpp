@@ -365,8 +365,23 @@ Result<SafetensorsFile> SafetensorsFile::open_unguarded(const std::filesystem::p
                              "' [" + std::to_string(prev->begin) + ", " + std::to_string(prev->end) +
                              ") and '" + name + "' [" + std::to_string(r.begin) + ", " +
                              std::to_string(r.end) + ") overlap");
-    if (prev == nullptr || r.end > prev->end) prev = &r;
+    // The format indexes the whole data section, without holes: a header length off by a few
+    // bytes still parses (the header ends in padding spaces) but shifts every tensor, and this
+    // is what catches it.
+    const uint64_t covered = prev == nullptr ? 0 : prev->end;
+    if (r.begin > covered)
+      return Status::corrupt(file + ": data bytes [" + std::to_string(covered) + ", " +
+                             std::to_string(r.begin) + ") belong to no tensor (before '" + name +
+                             "'): the header length (" + std::to_string(n) +
+                             ") or the offsets are wrong");
+    prev = &r;
   }
+  if (const uint64_t covered = prev == nullptr ? 0 : prev->end; covered != data_len)
+    return Status::corrupt(file + ": the tensors end at data byte " + std::to_string(covered) +
+                           " but the data section holds " + std::to_string(data_len) +
+                           " bytes (file is " + std::to_string(f.file_size_) +
+                           " bytes): the header length (" + std::to_string(n) +
+                           ") is wrong, or bytes were appended");
 
   if (mode == OpenMode::kMap) {
     void* p = ::mmap(nullptr, f.file_size_, PROT_READ, MAP_SHARED, f.fd_, 0);

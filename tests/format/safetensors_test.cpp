@@ -257,6 +257,33 @@ TEST(SafetensorsCorrupt, OverlappingRanges) {
   EXPECT_HAS(m, "'first.tensor' [0, 16) and 'second.tensor' [8, 24) overlap");
 }
 
+// The tensors index the whole data section, without holes (the format's rule): a header length
+// a few bytes short still parses (the header ends in padding spaces) but would shift every
+// tensor; appended bytes or a gap between tensors are refused the same way.
+TEST(SafetensorsCorrupt, DataSectionIsIndexedExactly) {
+  TempDir dir("st_cover");
+  const auto bytes = ktier::test::st_file({f32("x", {3}), f32("y", {2})}, nullptr, 64);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<size_t>(i)];
+  ASSERT_EQ(bytes[8 + n - 4], ' ') << "the header ends in padding";
+  ktier::test::write_bytes(dir.path() / "ok.safetensors", bytes);
+  ASSERT_TRUE(SafetensorsFile::open(dir.path() / "ok.safetensors", OpenMode::kPread).is_ok());
+  for (uint64_t shorter : {1, 4}) {
+    auto b = bytes;
+    for (int i = 0; i < 8; ++i) b[static_cast<size_t>(i)] = static_cast<uint8_t>((n - shorter) >> (8 * i));
+    EXPECT_HAS(open_corrupt(dir, b), "the header length (" + std::to_string(n - shorter) + ") is wrong");
+  }
+  auto longer = bytes;
+  longer.push_back(0);
+  EXPECT_HAS(open_corrupt(dir, longer), "but the data section holds");
+  auto a = f32("first.tensor", {4});
+  auto b = f32("second.tensor", {4});
+  b.offsets = std::make_pair(uint64_t{20}, uint64_t{36});  // 4 bytes after first.tensor [0, 16)
+  b.data.resize(20);
+  EXPECT_HAS(open_corrupt(dir, ktier::test::st_file({a, b})),
+             "data bytes [16, 20) belong to no tensor (before 'second.tensor')");
+}
+
 TEST(SafetensorsCorrupt, ShapeDoesNotMatchBytes) {
   TempDir dir("st_shape");
   auto t = f32("layer.weight", {3, 4});
