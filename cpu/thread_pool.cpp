@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <system_error>
 #include <thread>
 
 namespace ktier::cpu {
@@ -44,7 +46,15 @@ ThreadPool::ThreadPool(int n_threads) {
     std::abort();
   }
   workers_.reserve(static_cast<size_t>(n_threads - 1));
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int i = 1; i < n_threads; ++i) {
+    try {
+      workers_.emplace_back([this] { worker_loop(); });
+    } catch (const std::system_error& e) {  // a thread or process limit: run with fewer
+      start_error_ = "could start only " + std::to_string(i - 1) + " of " +
+                     std::to_string(n_threads - 1) + " worker threads (" + e.what() + ")";
+      break;
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {

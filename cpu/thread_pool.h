@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -29,7 +30,10 @@ inline constexpr int kMaxThreads = 1024;
 
 class ThreadPool {
  public:
-  // n_threads counts the calling thread: a pool of N starts N-1 workers.
+  // n_threads counts the calling thread: a pool of N starts N-1 workers. If the system refuses
+  // a thread (a process or memory limit), the pool runs with the workers it has: size() says
+  // how many threads that is and start_error() why (empty when all started). Output bytes never
+  // depend on the count.
   // REQUIRES: 1 <= n_threads <= kMaxThreads.
   explicit ThreadPool(int n_threads);
   ~ThreadPool();
@@ -37,6 +41,7 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
+  const std::string& start_error() const { return start_error_; }
 
   template <class Fn>
   void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
@@ -59,6 +64,7 @@ class ThreadPool {
   void worker_loop();
 
   std::vector<std::thread> workers_;
+  std::string start_error_;  // set once by the constructor
   std::mutex submit_mu_;  // one parallel_for at a time
   std::mutex mu_;         // guards job_, generation_, stop_; held to notify done_cv_
   std::condition_variable work_cv_, done_cv_;

@@ -1,6 +1,7 @@
 // ktier: one binary, subcommands in src/cli/cmd_*.cpp.
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -69,6 +70,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ktier: error: %s\nRun 'ktier --help' or 'ktier COMMAND --help'.\n",
                  what.c_str());
     return static_cast<int>(ExitCode::kUsage);
+  } catch (const std::exception& e) {
+    // What the environment refused below a Status (a thread the system would not start, memory
+    // outside the budgets): an error, not std::terminate.
+    std::fprintf(stderr, "ktier: error: %s\n", e.what());
+    return static_cast<int>(ExitCode::kRuntime);
   }
   return exit_code;
 }

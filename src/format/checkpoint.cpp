@@ -56,24 +56,29 @@ constexpr std::string_view kLayersPrefix = "language_model.model.layers.";
 
 bool is_float(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 
-// Collects problems; open() reports them all at once (capped, with a count of the rest).
+// Collects problems; open() reports them all at once (capped, with a count of the rest, which
+// are counted, not kept).
 class Problems {
  public:
-  void add(std::string msg) { list_.push_back(std::move(msg)); }
-  bool empty() const { return list_.empty(); }
+  void add(std::string msg) {
+    if (list_.size() < kMaxListedProblems) list_.push_back(std::move(msg));
+    ++count_;
+  }
+  bool empty() const { return count_ == 0; }
   Status corrupt(const std::string& header) const {
-    std::string msg = list_.size() == 1 ? header + ": " + list_[0]
-                                        : header + ": " + std::to_string(list_.size()) + " problems:";
-    if (list_.size() > 1) {
-      for (size_t i = 0; i < list_.size() && i < kMaxListedProblems; ++i) msg += "\n  " + list_[i];
-      if (list_.size() > kMaxListedProblems)
-        msg += "\n  ... and " + std::to_string(list_.size() - kMaxListedProblems) + " more";
+    std::string msg = count_ == 1 ? header + ": " + list_[0]
+                                  : header + ": " + std::to_string(count_) + " problems:";
+    if (count_ > 1) {
+      for (const std::string& m : list_) msg += "\n  " + m;
+      if (count_ > list_.size())
+        msg += "\n  ... and " + std::to_string(count_ - list_.size()) + " more";
     }
     return Status::corrupt(msg);
   }
 
  private:
-  std::vector<std::string> list_;
+  std::vector<std::string> list_;  // the first kMaxListedProblems
+  uint64_t count_ = 0;
 };
 
 // Shard file names must be plain names inside the model directory.
@@ -563,7 +568,20 @@ Status CheckpointBuilder::validate_model() {
   expect(M + "output_attn_res_proj.weight", {{1, E}, {E}}, census.embeddings_head);
   expect("language_model.lm_head.weight", {{V, E}}, census.embeddings_head);
 
-  ck_.experts_.assign(static_cast<size_t>(c.num_moe_layers() * Ne), ExpertLocation{});
+  // Every routed expert is at least three tensors: a config that asks for more experts than the
+  // shards could hold is refused before anything is sized by it (a num_experts of 10^7 would
+  // otherwise take gigabytes and minutes to report millions of missing tensors).
+  uint64_t n_tensors = 0;
+  for (const SafetensorsFile& shard : ck_.shards_) n_tensors += shard.tensors().size();
+  const uint64_t moe_layers = static_cast<uint64_t>(c.num_moe_layers());
+  const bool experts_fit = moe_layers == 0 || static_cast<uint64_t>(Ne) <= n_tensors / 3 / moe_layers;
+  if (experts_fit)
+    ck_.experts_.assign(static_cast<size_t>(c.num_moe_layers() * Ne), ExpertLocation{});
+  else
+    problems_.add(c.source + " says " + std::to_string(Ne) + " routed experts in each of " +
+                  std::to_string(moe_layers) + " MoE layers, but the shards hold only " +
+                  std::to_string(n_tensors) + " tensors (an expert is at least 3): num_experts " +
+                  "does not match the weights");
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string P = layer_prefix(l);
     auto trunk = [&](const std::string& suffix, std::vector<Shape> shapes) {
@@ -616,7 +634,7 @@ Status CheckpointBuilder::validate_model() {
       trunk(B + "shared_experts.up_proj.weight", {{Is, E}});
       trunk(B + "shared_experts.down_proj.weight", {{E, Is}});
     }
-    for (int64_t e = 0; e < Ne; ++e) expect_expert(l, e);
+    for (int64_t e = 0; experts_fit && e < Ne; ++e) expect_expert(l, e);
   }
 
   if (!first_packed_.empty() && !first_plain_.empty())

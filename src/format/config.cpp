@@ -350,6 +350,10 @@ void check_values(ConfigReader& r, const ModelConfig& c, const PathOf& path_of,
   };
   positive("hidden_size", c.hidden_size);
   positive("num_hidden_layers", c.num_hidden_layers);
+  if (ok("num_hidden_layers") && c.num_hidden_layers > kMaxLayers)
+    r.error(path_of("num_hidden_layers"), "is " + std::to_string(c.num_hidden_layers) +
+                                              ", more than ktier's limit of " +
+                                              std::to_string(kMaxLayers) + " layers");
   positive("vocab_size", c.vocab_size);
   positive("kda_num_heads", c.kda_num_heads);
   positive("kda_head_dim", c.kda_head_dim);
@@ -395,7 +399,7 @@ void check_values(ConfigReader& r, const ModelConfig& c, const PathOf& path_of,
 
   // Rule 5: the layer map.
   const int64_t L = c.num_hidden_layers;
-  const bool have_L = ok("num_hidden_layers") && L >= 1;
+  const bool have_L = ok("num_hidden_layers") && L >= 1 && L <= kMaxLayers;
   std::set<int64_t> mla;
   if (ok("full_attn_layers")) {
     const std::string p = path_of("full_attn_layers");
@@ -427,17 +431,18 @@ void check_values(ConfigReader& r, const ModelConfig& c, const PathOf& path_of,
       if (!kda.insert(x).second)
         r.error(p, "entry [" + std::to_string(i) + "] = " + std::to_string(x) + " is a duplicate");
     }
-    std::vector<int64_t> uncovered;
-    for (int64_t x = 1; x <= L; ++x)
-      if (!mla.count(x) && !kda.count(x)) uncovered.push_back(x);
-    if (!uncovered.empty()) {
-      std::string list;
-      for (size_t i = 0; i < uncovered.size() && i < 8; ++i)
-        list += (i ? ", " : "") + std::to_string(uncovered[i]);
-      if (uncovered.size() > 8) list += ", ...";
+    // The first few layers neither list covers; the scan stops there, so a huge
+    // num_hidden_layers costs no more than the lists' lengths.
+    std::string list;
+    int listed = 0;
+    for (int64_t x = 1; x <= L && listed <= 8; ++x) {
+      if (mla.count(x) || kda.count(x)) continue;
+      list += listed == 8 ? ", ..." : (listed ? ", " : "") + std::to_string(x);
+      ++listed;
+    }
+    if (listed > 0)
       r.error(p, "together with full_attn_layers does not cover 1.." + std::to_string(L) +
                      " (missing " + list + ")");
-    }
   }
 
   // Rule 6: top-k.

@@ -31,6 +31,9 @@ namespace ktier::format {
 // experts in fixed-size arrays on the stack; 64 is the bound the public C99 engine used and is
 // four times K3's 16.
 inline constexpr int64_t kMaxTopK = 64;
+// Most decoder layers ktier accepts (K3 has 93): per-layer tables are sized by the config before
+// the shards are read, so a corrupt count must not allocate by it.
+inline constexpr int64_t kMaxLayers = 4096;
 
 // Which of the two accepted config.json layouts a config came from (§2.1).
 enum class ConfigShape { kNested, kFlat };

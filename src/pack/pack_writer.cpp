@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include <spdlog/spdlog.h>
 #include <xxhash.h>
 
 #include "cpu/thread_pool.h"
@@ -286,7 +287,12 @@ Status copy_records(const format::Checkpoint& ckpt, PackLayout& layout, const Pa
   uint64_t copied = 0;
   prefetch.advance(0);
   std::unique_ptr<cpu::ThreadPool> pool;
-  if (o.block_size > 0) pool = std::make_unique<cpu::ThreadPool>(std::max(1, o.threads));
+  if (o.block_size > 0) {
+    pool = std::make_unique<cpu::ThreadPool>(std::max(1, o.threads));
+    if (!pool->start_error().empty())
+      spdlog::warn("threads: {}; compressing with {} (same pack)", pool->start_error(),
+                   pool->size());
+  }
   for (size_t ri = 0; ri < layout.records.size(); ++ri) {
     Record& r = layout.records[ri];
     XXH3_64bits_reset(hash.get());

@@ -389,6 +389,9 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
   std::unique_ptr<Engine> e(new Engine(std::move(ckpt)));
   // First: a compressed pack's blocks are inflated on this pool.
   e->pool_ = std::make_unique<cpu::ThreadPool>(resolve_threads(opts.threads));
+  if (!e->pool_->start_error().empty())
+    spdlog::warn("threads: {}; running with {} (same output)", e->pool_->start_error(),
+                 e->pool_->size());
   e->exec_ = cpu::Exec{e->pool_.get(), isa};
   if (device_mode(opts)) KTIER_RETURN_IF_ERROR(e->plan_device(opts));
   model::TrunkSource* trunk = nullptr;

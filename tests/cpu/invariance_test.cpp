@@ -4,7 +4,11 @@
 // shape of the vector kernels.
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <tuple>
@@ -165,6 +169,37 @@ TEST(ThreadPool, CoversEachIndexOnce) {
       }
     }
   }
+}
+
+// A system that refuses threads (here an address-space limit too small for 64 stacks, in a
+// child process) leaves a working pool of the workers that started, saying why. Runs in the
+// child; returns its exit code (0: as promised).
+int pool_under_a_memory_limit() {
+  long pages = 0;
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  // Room for a few default stacks (8 MiB each, or whatever RLIMIT_STACK says), not 63.
+  const rlim_t limit = static_cast<rlim_t>(pages) * 4096 + (rlim_t{96} << 20);
+  rlimit lim{};
+  lim.rlim_cur = lim.rlim_max = limit;
+  if (pages == 0 || setrlimit(RLIMIT_AS, &lim) != 0) return 3;
+  ThreadPool pool(64);
+  if (pool.size() == 64 || pool.start_error().find("could start only") == std::string::npos)
+    return 4;
+  std::vector<std::atomic<int>> hits(1000);
+  pool.parallel_for(1000, 7, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+  });
+  for (auto& h : hits)
+    if (h.load() != 1) return 5;
+  return 0;
+}
+
+TEST(ThreadPoolDeathTest, RefusedThreadsLeaveASmallerWorkingPool) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::_Exit(pool_under_a_memory_limit()), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

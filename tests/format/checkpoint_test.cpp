@@ -244,6 +244,17 @@ TEST(Checkpoint, MissingTensors) {
   EXPECT_HAS(m, "missing tensor 'language_model.lm_head.weight'");
 }
 
+// A num_experts the shards cannot hold (an expert is at least 3 tensors) is refused before
+// anything is sized by it: 10^7 experts took gigabytes and minutes to list as missing.
+TEST(Checkpoint, MoreExpertsThanTheShardsHoldAreRefusedAtOnce) {
+  SynthCheckpoint s = make_tiny_checkpoint(true);
+  s.config["text_config"]["num_experts"] = 10000000;
+  const std::string m = open_error(s, 3);
+  EXPECT_HAS(m, "config.json says 10000000 routed experts in each of 12 MoE layers, but the "
+                "shards hold only ");
+  EXPECT_HAS(m, "... and ");  // the rest counted, not listed
+}
+
 TEST(Checkpoint, WrongShape) {
   SynthCheckpoint s = make_tiny_checkpoint(true);
   s.find(kP + "3.self_attn.q_b_proj.weight")->shape = {64, 128};  // same bytes, transposed

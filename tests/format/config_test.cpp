@@ -204,6 +204,21 @@ TEST(Config, K3NestedLayerMap) {
   EXPECT_EQ(c.quantization->found_in, "text_config.quantization_config");
 }
 
+// A corrupt layer count is refused without allocating or scanning by it (it sizes per-layer
+// tables before any shard is read): past the limit, and when the layer lists leave layers out.
+TEST(Config, HugeLayerCountsAreRefusedCheaply) {
+  for (const int64_t L : {int64_t{4097}, int64_t{1} << 40}) {
+    json j = k3_config();
+    j["text_config"]["num_hidden_layers"] = L;
+    j["text_config"]["linear_attn_config"].erase("kda_layers");
+    EXPECT_HAS(parse_err(j), "text_config.num_hidden_layers: is " + std::to_string(L) +
+                                 ", more than ktier's limit of 4096 layers");
+  }
+  json j = k3_config();
+  j["text_config"]["num_hidden_layers"] = 4096;
+  EXPECT_HAS(parse_err(j), "does not cover 1..4096 (missing 94, 95, 96, 97, 98, 99, 100, 101, ...)");
+}
+
 TEST(Config, ResavedHeadDimIsNotTheKdaHeadDim) {
   json j = k3_config();
   j["text_config"]["head_dim"] = 74;  // transformers adds floor(7168/96) on load
