@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -91,6 +92,11 @@ Status check_step(const TraceStep& s, const TraceHeader& h, const std::string& w
     return Status::corrupt(what + ": layer " + std::to_string(s.layer) + " >= num_layers " +
                            std::to_string(h.num_layers));
   }
+  if (s.layer < h.first_moe_layer && !s.chosen.empty()) {
+    return Status::corrupt(what + ": layer " + std::to_string(s.layer) + " is dense (first_moe_layer " +
+                           std::to_string(h.first_moe_layer) + ") but routes " +
+                           std::to_string(s.chosen.size()) + " experts");
+  }
   if (s.chosen.size() > h.top_k) {
     return Status::corrupt(what + ": " + std::to_string(s.chosen.size()) +
                            " chosen experts > top_k " + std::to_string(h.top_k));
@@ -113,6 +119,23 @@ Status check_step(const TraceStep& s, const TraceHeader& h, const std::string& w
     return Status::corrupt(what + ": a refresh list without the header's refresh flag");
   if (s.refreshed.size() > 255) return Status::corrupt(what + ": more than 255 refreshed experts");
   return check_experts(s.refreshed, h, /*distinct=*/true, what + " (refresh)");
+}
+
+// Routing and prediction weights are router scores: finite and >= 0 in any trace ktier writes
+// (checked on reading only: the writer records what the router gave).
+Status check_weights(const TraceStep& s, const std::string& what) {
+  const auto check = [&](const std::vector<ExpertWeight>& list, const std::string& which) {
+    for (const ExpertWeight& e : list)
+      if (!(e.weight >= 0.0f) || !std::isfinite(e.weight))
+        return Status::corrupt(what + " (" + which + "): expert " + std::to_string(e.expert) +
+                               " has weight " + std::to_string(e.weight) +
+                               ", not a finite number >= 0");
+    return Status::ok();
+  };
+  KTIER_RETURN_IF_ERROR(check(s.chosen, "chosen"));
+  for (size_t d = 0; d < s.predicted.size(); ++d)
+    KTIER_RETURN_IF_ERROR(check(s.predicted[d], "depth " + std::to_string(d + 1)));
+  return check(s.refreshed, "refresh");
 }
 
 void encode_step(std::vector<uint8_t>& out, const TraceStep& s, const TraceHeader& h) {
@@ -409,6 +432,7 @@ Result<bool> TraceReader::next_block(std::vector<TraceStep>& out) {
         return Status::corrupt(step_name + ": block payload ends inside the refresh list");
     }
     KTIER_RETURN_IF_ERROR(check_step(s, header_, step_name));
+    KTIER_RETURN_IF_ERROR(check_weights(s, step_name));
   }
   if (p != end) return Status::corrupt(where + ": payload has bytes after its last step");
   offset_ += kTraceBlockHeaderBytes + payload_bytes;

@@ -437,6 +437,9 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
     EXPECT_EQ(zr.out, none.out) << extra;
   }
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit -5").exit_code, 2);
+  const ProcessResult tiny_rate = run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit 1e-9");
+  EXPECT_EQ(tiny_rate.exit_code, 2);  // not "no cap"
+  EXPECT_NE(tiny_rate.err.find("below 1 byte per second"), std::string::npos) << tiny_rate.err;
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --block-size 8K").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --compress --block-size 5000")
                 .exit_code, 2);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -245,6 +246,26 @@ TEST(TraceFormat, MissingFileIsUsageErrorNamingIt) {
             std::string::npos) << r.status().message();
 }
 
+// Weights are router scores: a trace holding a NaN, an infinite or a negative one is refused
+// on reading, naming the step (the writer records what it is given).
+TEST(TraceFormat, WeightsThatNoRouterGivesAreCorrupt) {
+  for (const float w : {std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity(), -0.25f}) {
+    for (int where = 0; where < 2; ++where) {
+      Trace t = make_trace(2);
+      (where == 0 ? t.steps[5].chosen[2] : t.steps[5].predicted[0][0]).weight = w;
+      const fs::path p = temp_path("weights.ktrace");
+      ASSERT_TRUE(write_trace(p, t).is_ok());
+      const Result<Trace> back = read_trace(p);
+      ASSERT_FALSE(back.is_ok()) << w;
+      EXPECT_EQ(back.status().exit_code(), 3);
+      EXPECT_NE(back.status().message().find(where == 0 ? "(chosen)" : "(depth 1)"),
+                std::string::npos) << back.status().message();
+      EXPECT_NE(back.status().message().find("not a finite number >= 0"), std::string::npos);
+    }
+  }
+}
+
 TEST(TraceFormat, WriterRejectsStepsThatDoNotFitTheHeader) {
   const fs::path p = temp_path("reject.ktrace");
   Trace t = make_trace(1);
@@ -263,9 +284,14 @@ TEST(TraceFormat, WriterRejectsStepsThatDoNotFitTheHeader) {
   s.predicted.push_back({});
   s.predicted.push_back({});  // depth 3 > 2
   EXPECT_EQ(w->append(s).exit_code(), 2);
+  s = t.steps[0];
+  s.layer = 0;  // dense (first_moe_layer 1): may predict, never route
+  EXPECT_EQ(w->append(s).exit_code(), 2);
+  s.chosen.clear();
+  EXPECT_TRUE(w->append(s).is_ok());
   EXPECT_TRUE(w->append(t.steps[0]).is_ok());
   EXPECT_TRUE(w->close().is_ok());
-  EXPECT_EQ(w->steps_written(), 1u);
+  EXPECT_EQ(w->steps_written(), 2u);
 
   TraceHeader bad = t.header;
   bad.top_k = 13;  // > experts_per_layer
