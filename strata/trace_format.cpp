@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <system_error>
 #include <utility>
 
 namespace ktier::strata {
@@ -281,6 +282,9 @@ Status TraceWriter::close() {
 Result<TraceReader> TraceReader::open(const std::filesystem::path& path) {
   TraceReader r;
   r.path_ = path.string();
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return Status::usage(r.path_ + ": is a directory, not a trace file");
   r.file_ = std::fopen(r.path_.c_str(), "rb");
   if (!r.file_) {  // a path the command line named that does not exist is a usage error
     if (errno == ENOENT) return Status::usage(r.path_ + ": no such trace file");

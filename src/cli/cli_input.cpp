@@ -56,12 +56,17 @@ Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string&
 }
 
 Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int64_t vocab,
-                                          const std::string& what) {
+                                          IdSource source) {
   std::vector<int32_t> ids;
   for (uint32_t v : raw) {
-    if (v >= vocab)
-      return Status::usage(what + " " + std::to_string(v) +
-                           " is outside the vocabulary 0.." + std::to_string(vocab - 1));
+    if (v >= vocab) {
+      const std::string range = " is outside the vocabulary 0.." + std::to_string(vocab - 1);
+      if (source == IdSource::kCommandLine)
+        return Status::usage("--ids: token id " + std::to_string(v) + range);
+      return Status::corrupt("the tokenizer's id " + std::to_string(v) + range +
+                             " of config.json (tiktoken.model / tokenizer_config.json and "
+                             "config.json's vocab_size disagree)");
+    }
     ids.push_back(static_cast<int32_t>(v));
   }
   return ids;

@@ -20,10 +20,14 @@ Result<std::string> read_input(const std::string& file);
 // Status::usage naming the offending item, with `flag` in the message.
 Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string& flag = "--ids");
 
-// The ids as model token ids; Status::usage naming the first id >= vocab, after `what` (where
-// the ids came from: "--ids: token id", "the tokenizer's id").
+// Where ids to run come from: the command line (a bad id is a usage error) or the model's own
+// tokenizer (an id past config.json's vocab_size means the model folder disagrees with itself).
+enum class IdSource { kCommandLine, kTokenizer };
+
+// The ids as model token ids; an error naming the first id >= vocab: Status::usage for
+// command-line ids, Status::corrupt for the tokenizer's.
 Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int64_t vocab,
-                                          const std::string& what = "--ids: token id");
+                                          IdSource source = IdSource::kCommandLine);
 
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);

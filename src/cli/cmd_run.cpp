@@ -102,7 +102,7 @@ Status run(const RunArgs& a) {
                               ? ::access(report.c_str(), W_OK) == 0
                               : ::access(folder.c_str(), W_OK | X_OK) == 0;
     if (!writable || std::filesystem::is_directory(report, ec))
-      return Status::usage("--report-json: cannot write " + a.report_json);
+      return Status::runtime("--report-json: cannot write " + a.report_json);  // as --trace
   }
   // The tokenizer is optional for --ids runs (ids are printed instead of text).
   std::optional<tok::Tokenizer> tokenizer;
@@ -164,7 +164,7 @@ Status run(const RunArgs& a) {
 
   // The response element closes: what follows is markup, not the answer.
   if (markers) gen.stop_ids.push_back(static_cast<int32_t>(markers->close));
-  const std::string id_source = a.ids.empty() ? "the tokenizer's id" : "--ids: token id";
+  const IdSource id_source = a.ids.empty() ? IdSource::kTokenizer : IdSource::kCommandLine;
   KTIER_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt,
                          ids_in_vocab(raw, cfg.vocab_size, id_source));
 

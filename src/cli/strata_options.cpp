@@ -25,7 +25,14 @@ void add_strata_options(CLI::App* sub, StrataArgs& a) {
 }
 
 Status apply_strata_options(const StrataArgs& a, runtime::EngineOptions& eo) {
-  KTIER_ASSIGN_OR_RETURN(eo.policy, strata::parse_policy(a.policy));
+  Result<strata::PolicyKind> policy = strata::parse_policy(a.policy);
+  if (!policy.is_ok() && a.policy != "belady" && a.policy != "all")
+    return Status::usage("--policy: unknown policy '" + a.policy +
+                         "' (choose from temperature, lru, lfu or static)");
+  if (!policy.is_ok() || *policy == strata::PolicyKind::kBelady)
+    return Status::usage("--policy " + a.policy + " is for `ktier trace replay` only (it needs " +
+                         "the future); a run takes temperature, lru, lfu or static");
+  eo.policy = *policy;
   eo.lookahead = a.lookahead;
   eo.lookahead_refresh = !a.no_refresh;
   if (a.profile.empty()) return Status::ok();

@@ -350,6 +350,7 @@ void check_values(ConfigReader& r, const ModelConfig& c, const PathOf& path_of,
   };
   positive("hidden_size", c.hidden_size);
   positive("num_hidden_layers", c.num_hidden_layers);
+  if (c.max_position_embeddings) positive("max_position_embeddings", *c.max_position_embeddings);
   if (ok("num_hidden_layers") && c.num_hidden_layers > kMaxLayers)
     r.error(path_of("num_hidden_layers"), "is " + std::to_string(c.num_hidden_layers) +
                                               ", more than ktier's limit of " +

@@ -28,9 +28,12 @@ Result<std::unique_ptr<GenerationSession>> GenerationSession::open(
   if (opts.max_new_tokens < 0) return Status::usage("-n must be >= 0");
   if (opts.reserve_positions < 0) return Status::usage("reserve_positions must be >= 0");
   KTIER_RETURN_IF_ERROR(validate(opts.sampling));
-  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq, model.new_sequence(opts.reserve_positions));
+  Result<model::SequenceState> seq = model.new_sequence(opts.reserve_positions);
+  if (!seq.is_ok())
+    return seq.status().with_context("the caches for " + std::to_string(opts.reserve_positions) +
+                                     " positions (the prompt + -n, or -c/--ctx-size)");
   return std::unique_ptr<GenerationSession>(
-      new GenerationSession(model, experts, opts, std::move(seq)));
+      new GenerationSession(model, experts, opts, std::move(*seq)));
 }
 
 Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,

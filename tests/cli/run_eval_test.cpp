@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "common/run_process.h"
@@ -283,16 +284,45 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 -p hi").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run -m /nonexistent/model --ids 1").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " eval" + model() + " --ids 1,2").exit_code, 2);  // nothing to do
+  // A tokenizer whose ids run past config.json's vocab_size: the model folder is inconsistent.
+  {
+    const fs::path bad_tok = dir_.string() + "-badtok";
+    fs::remove_all(bad_tok);
+    fs::copy(dir_, bad_tok, fs::copy_options::recursive);
+    nlohmann::json tc = nlohmann::json::parse(std::ifstream(bad_tok / "tokenizer_config.json"));
+    auto& added = tc["added_tokens_decoder"];
+    const std::string id = added.begin().key();
+    const std::string content = added[id]["content"];
+    added["100000"] = added[id];
+    added.erase(id);
+    std::ofstream(bad_tok / "tokenizer_config.json") << tc.dump();
+    const auto bad = run_process(ktier() + " run -m " + bad_tok.string() + " -p 'hi" + content +
+                                 "' --special -n 1");
+    EXPECT_EQ(bad.exit_code, 3) << bad.err;
+    EXPECT_NE(bad.err.find("the tokenizer's id 100000 is outside the vocabulary"), std::string::npos)
+        << bad.err;
+    fs::remove_all(bad_tok);
+  }
+  // Policies a run takes are named as such; replay's are sent there; a folder is no profile.
+  for (const auto& [flag, what] : std::vector<std::pair<std::string, std::string>>{
+           {" --policy lfru", "--policy: unknown policy 'lfru' (choose from temperature, lru, lfu or static)"},
+           {" --policy all", "--policy all is for `ktier trace replay` only"},
+           {" --policy belady", "--policy belady is for `ktier trace replay` only"},
+           {" --profile " + dir_.string(), dir_.string() + ": is a directory, not a trace file"}}) {
+    const auto bad = run_process(ktier() + " run" + model() + " --ids 1 -n 1" + flag);
+    EXPECT_EQ(bad.exit_code, 2) << flag << ": " << bad.err;
+    EXPECT_NE(bad.err.find(what), std::string::npos) << flag << ": " << bad.err;
+  }
   // Refused before the model loads, each naming what is wrong, no token printed: a text prompt
-  // for a missing folder (the folder, not its tokenizer), a report that cannot be written, a
-  // prompt file that is a folder.
-  for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
-           {" run -m /nonexistent/model -p hi", "/nonexistent/model: not a model directory"},
+  // for a missing folder (the folder, not its tokenizer), a report that cannot be written (an
+  // I/O error, exit 1, as for --trace and --logits-out), a prompt file that is a folder.
+  for (const auto& [args, what, code] : std::vector<std::tuple<std::string, std::string, int>>{
+           {" run -m /nonexistent/model -p hi", "/nonexistent/model: not a model directory", 2},
            {" run" + model() + " -p hi -n 2 --report-json /nonexistent/r.json",
-            "--report-json: cannot write /nonexistent/r.json"},
-           {" run" + model() + " -f " + dir_.string() + " -n 2", "is a directory"}}) {
+            "--report-json: cannot write /nonexistent/r.json", 1},
+           {" run" + model() + " -f " + dir_.string() + " -n 2", "is a directory", 2}}) {
     const auto bad = run_process(ktier() + args);
-    EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.err;
+    EXPECT_EQ(bad.exit_code, code) << args << ": " << bad.err;
     EXPECT_NE(bad.err.find("ktier: error: "), std::string::npos) << args << ": " << bad.err;
     EXPECT_NE(bad.err.find(what), std::string::npos) << args << ": " << bad.err;
     EXPECT_EQ(bad.err.find("loading"), std::string::npos) << args << ": refused after the load";
@@ -440,6 +470,13 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
   const ProcessResult tiny_rate = run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit 1e-9");
   EXPECT_EQ(tiny_rate.exit_code, 2);  // not "no cap"
   EXPECT_NE(tiny_rate.err.find("below 1 byte per second"), std::string::npos) << tiny_rate.err;
+  // Caches too large for memory (an address-space limit makes that so on any machine): the
+  // error says which flags sized them.
+  const ProcessResult huge_ctx = run_process("(ulimit -v 4000000; exec " + ktier() + " run" +
+                                             model() + " --ids 1 -n 1 -c 2147483647)");
+  EXPECT_EQ(huge_ctx.exit_code, 1);
+  EXPECT_NE(huge_ctx.err.find("the caches for 2147483647 positions (the prompt + -n, or -c/--ctx-size)"),
+            std::string::npos) << huge_ctx.err;
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --block-size 8K").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --compress --block-size 5000")
                 .exit_code, 2);

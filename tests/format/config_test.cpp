@@ -219,6 +219,18 @@ TEST(Config, HugeLayerCountsAreRefusedCheaply) {
   EXPECT_HAS(parse_err(j), "does not cover 1..4096 (missing 94, 95, 96, 97, 98, 99, 100, 101, ...)");
 }
 
+TEST(Config, MaxPositionEmbeddingsIsPositiveWhenGiven) {
+  for (const int64_t v : {0, -1}) {
+    json j = k3_config();
+    j["text_config"]["max_position_embeddings"] = v;
+    EXPECT_HAS(parse_err(j), "text_config.max_position_embeddings: is " + std::to_string(v) +
+                                 ", must be >= 1");
+  }
+  json j = k3_config();
+  j["text_config"]["max_position_embeddings"] = nullptr;  // null: not stated
+  EXPECT_FALSE(parse_ok(j).max_position_embeddings.has_value());
+}
+
 TEST(Config, ResavedHeadDimIsNotTheKdaHeadDim) {
   json j = k3_config();
   j["text_config"]["head_dim"] = 74;  // transformers adds floor(7168/96) on load
