@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
-#include <system_error>
 #include <thread>
 
 namespace ktier::cpu {
@@ -49,9 +49,13 @@ ThreadPool::ThreadPool(int n_threads) {
   for (int i = 1; i < n_threads; ++i) {
     try {
       workers_.emplace_back([this] { worker_loop(); });
-    } catch (const std::system_error& e) {  // a thread or process limit: run with fewer
-      start_error_ = "could start only " + std::to_string(i - 1) + " of " +
-                     std::to_string(n_threads - 1) + " worker threads (" + e.what() + ")";
+    } catch (const std::exception& e) {  // a thread or memory limit: run with those started
+      try {
+        start_error_ = "could start only " + std::to_string(i - 1) + " of " +
+                       std::to_string(n_threads - 1) + " worker threads (" + e.what() + ")";
+      } catch (...) {
+        start_error_ = "out of memory";  // fits the string's own buffer: no allocation
+      }
       break;
     }
   }

@@ -31,9 +31,9 @@ inline constexpr int kMaxThreads = 1024;
 class ThreadPool {
  public:
   // n_threads counts the calling thread: a pool of N starts N-1 workers. If the system refuses
-  // a thread (a process or memory limit), the pool runs with the workers it has: size() says
-  // how many threads that is and start_error() why (empty when all started). Output bytes never
-  // depend on the count.
+  // a thread (a process or memory limit: any exception from std::thread), the pool runs with the
+  // workers it has: size() says how many threads that is and start_error() why (empty when all
+  // started). Output bytes never depend on the count.
   // REQUIRES: 1 <= n_threads <= kMaxThreads.
   explicit ThreadPool(int n_threads);
   ~ThreadPool();

@@ -122,8 +122,8 @@ Status check_step(const TraceStep& s, const TraceHeader& h, const std::string& w
   return check_experts(s.refreshed, h, /*distinct=*/true, what + " (refresh)");
 }
 
-// Routing and prediction weights are router scores: finite and >= 0 in any trace ktier writes
-// (checked on reading only: the writer records what the router gave).
+// Routing and prediction weights are router scores: finite and >= 0 (the writer refuses others,
+// so no trace it finishes fails this on reading).
 Status check_weights(const TraceStep& s, const std::string& what) {
   const auto check = [&](const std::vector<ExpertWeight>& list, const std::string& which) {
     for (const ExpertWeight& e : list)
@@ -235,7 +235,8 @@ TraceWriter::~TraceWriter() {
 
 Status TraceWriter::append(const TraceStep& step) {
   if (!file_) return Status::usage(path_ + ": append after close");
-  const Status s = check_step(step, header_, "step " + std::to_string(steps_written_));
+  Status s = check_step(step, header_, "step " + std::to_string(steps_written_));
+  if (s.is_ok()) s = check_weights(step, "step " + std::to_string(steps_written_));
   if (!s.is_ok()) return Status::usage(path_ + ": cannot record " + s.message());
   encode_step(payload_, step, header_);
   ++block_steps_;
