@@ -73,6 +73,30 @@ Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int6
   return ids;
 }
 
+Status check_output_is_not_input(const std::string& flag, const std::string& output,
+                                 std::initializer_list<InputPath> inputs) {
+  if (output.empty()) return Status::ok();
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(output, ec);
+  if (ec) return Status::ok();  // unresolvable: opening it reports the problem
+  for (const InputPath& in : inputs) {
+    if (in.path.empty()) continue;
+    const fs::path p = fs::weakly_canonical(in.path, ec);
+    if (ec) continue;
+    const bool same = out == p;
+    // An existing file inside the folder (its components a prefix of the output's): a new
+    // file there, a report beside the model, harms nothing.
+    const bool inside = in.folder && fs::exists(out, ec) &&
+                        std::mismatch(p.begin(), p.end(), out.begin(), out.end()).first == p.end();
+    if (same || inside)
+      return Status::usage(flag + " " + output + (same ? " is also given as " : " is inside ") +
+                           in.flag + " " + in.path + ": writing it would overwrite what the " +
+                           "command uses; give another path");
+  }
+  return Status::ok();
+}
+
 std::string join_ids(const std::vector<int32_t>& ids) {
   std::string line;
   for (size_t i = 0; i < ids.size(); ++i) {

@@ -2,6 +2,7 @@
 // Input helpers shared by the subcommands that take text or token ids.
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,19 @@ enum class IdSource { kCommandLine, kTokenizer };
 // command-line ids, Status::corrupt for the tokenizer's.
 Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int64_t vocab,
                                           IdSource source = IdSource::kCommandLine);
+
+// What a command reads: a folder (every file in it) or one file, named for messages.
+struct InputPath {
+  std::string flag;  // "-m", "--pack", "--profile", "TRACE"
+  std::string path;  // empty: not given (skipped)
+  bool folder = false;
+};
+// Refuses (Status::usage naming both) an output path that is one of `inputs` (files the command
+// reads, or another of its outputs) or an existing file inside an input folder, so that no
+// report, trace or CSV overwrites what the command uses. Paths are compared after resolving links and `..` (the
+// output need not exist). Empty paths pass.
+Status check_output_is_not_input(const std::string& flag, const std::string& output,
+                                 std::initializer_list<InputPath> inputs);
 
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);

@@ -92,7 +92,9 @@ Status run_io_bench(const IoBenchOptions& o) {
   uint64_t largest = 0;
   for (const pack::Record& r : p.records())
     if (r.kind == pack::RecordKind::kLayer) largest = std::max(largest, r.size);
-  if (o.ring_slots < 2) return Status::usage("--ring-slots must be >= 2");
+  if (o.ring_slots < 2 || o.ring_slots > 64)
+    return Status::usage("--ring-slots must be in 2..64 (the engine reads ahead at most a few "
+                         "layers)");
   std::vector<io::AlignedBuffer> slots(static_cast<size_t>(o.ring_slots));
   for (auto& s : slots) {
     KTIER_ASSIGN_OR_RETURN(s, io::AlignedBuffer::allocate(largest, io::kDefaultAlignment,
@@ -151,7 +153,8 @@ void register_bench_io_command(CLI::App& bench, int& exit_code) {
   sub->add_option("--passes", o->passes, "Passes of each; the best is kept")->capture_default_str();
   sub->add_option("--io", o->io, "auto, uring or pread")->capture_default_str();
   sub->add_option("--ring-slots", o->ring_slots,
-                  "Slots of the streaming ring (TrunkStore's ring: 2); all but one have a read in flight")
+                  "Slots of the streaming ring, 2..64 (TrunkStore's ring: 2); all but one have a read "
+                  "in flight")
       ->capture_default_str();
   sub->add_option("--raw-block-mib", o->raw_block_mib, "Block size of the raw sequential reads")
       ->capture_default_str();

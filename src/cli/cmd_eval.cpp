@@ -45,6 +45,9 @@ Status eval(const EvalArgs& a) {
   if (a.chunk < 0) return Status::usage("--chunk must be >= 0 (0 = all ids in one pass)");
   KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> raw, parse_ids(a.ids));
   if (raw.empty()) return Status::usage("--ids: give at least one token id");
+  KTIER_RETURN_IF_ERROR(check_output_is_not_input(
+      "--logits-out", a.logits_out,
+      {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile}}));
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
   runtime::EngineOptions eo;
   eo.model_dir = a.model;

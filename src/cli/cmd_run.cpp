@@ -93,6 +93,14 @@ Status run(const RunArgs& a) {
 
   // What can be checked before the (long) load: the folder, and the report file's folder.
   KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
+  for (const auto& [flag, out] : {std::pair<std::string, std::string>{"--report-json", a.report_json},
+                                  {"--trace", a.trace}})
+    KTIER_RETURN_IF_ERROR(check_output_is_not_input(
+        flag, out,
+        {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile},
+         {"-f", a.file == "-" ? std::string() : a.file}}));
+  KTIER_RETURN_IF_ERROR(check_output_is_not_input("--report-json", a.report_json,
+                                                  {{"--trace", a.trace}}));
   std::error_code ec;
   if (!a.report_json.empty()) {  // checked, not yet opened: a failed run leaves an old report
     const std::filesystem::path report(a.report_json);

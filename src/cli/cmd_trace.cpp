@@ -4,6 +4,7 @@
 //   trace info TRACE                         summary, distinct keys, hit ceiling, determinism
 //   trace replay TRACE --policy ... --ram SIZES [--vram SIZES] [--csv F] [--json F] [--plot F]
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -62,6 +63,7 @@ void add_load_options(CLI::App* sub, LoadOptions& o, bool conversion_flag) {
 
 Status run_convert(const std::string& in, const std::string& out, LoadOptions o) {
   if (out.empty()) return Status::usage("trace convert: give the output file");
+  KTIER_RETURN_IF_ERROR(check_output_is_not_input("trace convert: the output", out, {{"IN", in}}));
   o.convert_conformance = true;
   KTIER_ASSIGN_OR_RETURN(const Trace trace, load_trace(in, o));
   KTIER_RETURN_IF_ERROR(write_trace(out, trace));
@@ -97,8 +99,14 @@ struct ReplayOptions {
 };
 
 Status run_replay(const ReplayOptions& o) {
-  if (!(o.half_life > 0)) return Status::usage("--half-life must be > 0 tokens");
-  if (!(o.admit_ratio > 0)) return Status::usage("--admit-ratio must be > 0");
+  if (!(o.half_life > 0) || !std::isfinite(o.half_life))
+    return Status::usage("--half-life must be a finite number > 0 of tokens");
+  if (!(o.admit_ratio > 0) || !std::isfinite(o.admit_ratio))
+    return Status::usage("--admit-ratio must be a finite number > 0");
+  for (const auto& [flag, out] : {std::pair<std::string, std::string>{"--csv", o.csv},
+                                  {"--json", o.json}, {"--plot", o.plot}})
+    KTIER_RETURN_IF_ERROR(check_output_is_not_input(
+        flag, out, {{"TRACE", o.trace}, {"--profile", o.profile}}));
   if (!(o.window_fraction >= 0 && o.window_fraction <= 1)) {
     return Status::usage("--window-fraction must be in 0..1");
   }

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <tuple>
 #include <nlohmann/json.hpp>
 
@@ -302,6 +303,30 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     EXPECT_NE(bad.err.find("the tokenizer's id 100000 is outside the vocabulary"), std::string::npos)
         << bad.err;
     fs::remove_all(bad_tok);
+  }
+  // No output may overwrite an input (the model, the pack, a trace read) or another output.
+  const std::string cfg = (dir_ / "config.json").string();
+  const std::string cfg_before = [&] {
+    std::ifstream in(cfg);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  const std::string trace_out = (fs::temp_directory_path() / "ktier-cli-same.ktrace").string();
+  for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
+           {" run" + model() + " --ids 1 -n 1 --report-json " + cfg, "is inside -m"},
+           {" run" + model() + " --ids 1 -n 1 --trace " + dir_.string() + "/../" +
+                dir_.filename().string() + "/tiktoken.model", "is inside -m"},
+           {" eval" + model() + " --ids 1 --logits-out " + cfg, "is inside -m"},
+           {" run" + model() + " --ids 1 -n 1 --trace " + trace_out + " --report-json " + trace_out,
+            "is also given as --trace"},
+           {" trace replay " + trace_out + " --ram 5x --csv " + trace_out, "is also given as TRACE"},
+           {" trace convert " + trace_out + " " + trace_out, "is also given as IN"}}) {
+    const auto bad = run_process(ktier() + args);
+    EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.err;
+    EXPECT_NE(bad.err.find(what), std::string::npos) << args << ": " << bad.err;
+  }
+  {
+    std::ifstream in(cfg);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), cfg_before) << "config.json changed";
   }
   // Policies a run takes are named as such; replay's are sent there; a folder is no profile.
   for (const auto& [flag, what] : std::vector<std::pair<std::string, std::string>>{
