@@ -65,9 +65,11 @@ Result<uint64_t> preset_budget_bytes(const std::string& name) {
 
 namespace {
 // The lookahead the memory dial runs: `static` never prefetches, so it gets none (and its
-// routers are not loaded).
-int lookahead_depth(const EngineOptions& opts) {
-  return opts.policy == strata::PolicyKind::kStatic ? 0 : opts.lookahead;
+// routers are not loaded); no deeper than the layers after the first (a deeper one predicts
+// nothing more but would size the minimum budget by it).
+int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c) {
+  if (opts.policy == strata::PolicyKind::kStatic) return 0;
+  return static_cast<int>(std::min<int64_t>(opts.lookahead, c.num_hidden_layers - 1));
 }
 
 // The fewest expert slots: one fetch's top-k, plus room for what lookahead prefetches ahead of
@@ -157,8 +159,9 @@ Status Engine::open_trunk_dial(const EngineOptions& opts) {
   // The sequence's working set lives in host memory on the CPU path; in GPU mode it is set
   // aside from the VRAM budget (plan_device).
   const EngineOptions::Workload* host_sequence = device_mode(opts) ? nullptr : &opts.workload;
-  const DialMinimum min = dial_minimum(ckpt_, pk, lookahead_depth(opts), pool_->size(),
-                                       /*host_routers=*/!device_mode(opts), host_sequence);
+  const DialMinimum min =
+      dial_minimum(ckpt_, pk, lookahead_depth(opts, ckpt_.config()), pool_->size(),
+                   /*host_routers=*/!device_mode(opts), host_sequence);
   dial_min_ = min;
   const uint64_t expert_min = min.experts(), bank_reserve = min.routers;
   if (budget_ < min.total())
@@ -243,7 +246,7 @@ Status Engine::open_expert_tier(const EngineOptions& opts) {
   KTIER_ASSIGN_OR_RETURN(cache_, ExpertCache::open(ckpt_, *io_, shard_files_, std::move(xo)));
   spdlog::info("experts: {} policy, {} slots of {} ({} kept, {} for one fetch), lookahead {}",
                strata::policy_name(opts.policy), slots, gib(slot), slots - batch, batch,
-               lookahead_depth(opts));
+               lookahead_depth(opts, ckpt_.config()));
   return Status::ok();
 }
 
@@ -286,7 +289,7 @@ Status Engine::plan_device(const EngineOptions& opts) {
   if (wl.positions < 1 || wl.chunk < 1)
     return Status::usage("the planned sequence needs at least one position and one token a chunk");
   const model::WorkingSet ws = model::working_set(c, wl.chunk, wl.positions, wl.rows,
-                                                  moe && lookahead_depth(opts) > 0);
+                                                  moe && lookahead_depth(opts, c) > 0);
   const uint64_t blas = backend_->uses_blas() ? blas_bytes(ckpt_, std::min(wl.chunk, wl.positions)) : 0;
   working_bytes_ = ws.total() + blas;
   // What this backend allocates and keeps; cuBLAS's workspace and copies come on top of it.
@@ -420,7 +423,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
     e->backend_ = backend::make_cpu_backend(e->exec_);
   }
   e->model_ = std::make_unique<model::Model>(*trunk, experts, *e->backend_);
-  if (const int depth = dial ? lookahead_depth(opts) : opts.lookahead;
+  if (const int depth = dial ? lookahead_depth(opts, e->ckpt_.config()) : opts.lookahead;
       depth > 0 && e->ckpt_.config().num_moe_layers() > 0) {
     model::Model::RoutingWeightsFn routing;
     if (e->device_trunk_) {  // resident layers, or the device's copy of a streamed one's router

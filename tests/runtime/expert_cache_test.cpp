@@ -589,5 +589,22 @@ TEST_F(ExpertCacheTest, PoliciesThatCannotRunLiveAreUsageErrors) {
   EXPECT_EQ(Engine::open(eo).status().exit_code(), 2);
 }
 
+// A lookahead deeper than the layers after the first predicts nothing more, and is sized as
+// that depth: the minimum budget of L - 1 opens it.
+TEST_F(ExpertCacheTest, LookaheadDeeperThanTheModelIsSizedAsItsLayers) {
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt", format::OpenMode::kPread);
+  ASSERT_TRUE(ckpt.is_ok());
+  const int deepest = static_cast<int>(ckpt->config().num_hidden_layers - 1);
+  EngineOptions eo;
+  eo.model_dir = root_ / "ckpt";
+  eo.lookahead = 1000;
+  eo.threads = 1;
+  eo.ram_budget = dial_minimum(*ckpt, nullptr, deepest, 1, true, &eo.workload).total();
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  eo.ram_budget = *eo.ram_budget - 1;
+  EXPECT_EQ(Engine::open(eo).status().exit_code(), 4);
+}
+
 }  // namespace
 }  // namespace ktier::runtime
