@@ -94,8 +94,9 @@ Status check_step(const TraceStep& s, const TraceHeader& h, const std::string& w
                            std::to_string(h.num_layers));
   }
   if (s.layer < h.first_moe_layer && !s.chosen.empty()) {
-    return Status::corrupt(what + ": layer " + std::to_string(s.layer) + " is dense (first_moe_layer " +
-                           std::to_string(h.first_moe_layer) + ") but routes " +
+    return Status::corrupt(what + ": layer " + std::to_string(s.layer) +
+                           " is dense (first_moe_layer " + std::to_string(h.first_moe_layer) +
+                           ") but routes " +
                            std::to_string(s.chosen.size()) + " experts");
   }
   if (s.chosen.size() > h.top_k) {

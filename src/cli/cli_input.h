@@ -38,8 +38,8 @@ struct InputPath {
 };
 // Refuses (Status::usage naming both) an output path that is one of `inputs` (files the command
 // reads, or another of its outputs) or an existing file inside an input folder, so that no
-// report, trace or CSV overwrites what the command uses. Paths are compared after resolving links and `..` (the
-// output need not exist). Empty paths pass.
+// report, trace or CSV overwrites what the command uses. Paths are compared after resolving
+// links and `..` (the output need not exist). Empty paths pass.
 Status check_output_is_not_input(const std::string& flag, const std::string& output,
                                  std::initializer_list<InputPath> inputs);
 

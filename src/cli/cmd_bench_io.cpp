@@ -153,8 +153,8 @@ void register_bench_io_command(CLI::App& bench, int& exit_code) {
   sub->add_option("--passes", o->passes, "Passes of each; the best is kept")->capture_default_str();
   sub->add_option("--io", o->io, "auto, uring or pread")->capture_default_str();
   sub->add_option("--ring-slots", o->ring_slots,
-                  "Slots of the streaming ring, 2..64 (TrunkStore's ring: 2); all but one have a read "
-                  "in flight")
+                  "Slots of the streaming ring, 2..64 (TrunkStore's ring: 2); all but one have a "
+                  "read in flight")
       ->capture_default_str();
   sub->add_option("--raw-block-mib", o->raw_block_mib, "Block size of the raw sequential reads")
       ->capture_default_str();

@@ -93,8 +93,8 @@ Status run(const RunArgs& a) {
 
   // What can be checked before the (long) load: the folder, and the report file's folder.
   KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
-  for (const auto& [flag, out] : {std::pair<std::string, std::string>{"--report-json", a.report_json},
-                                  {"--trace", a.trace}})
+  using Output = std::pair<std::string, std::string>;  // flag, path
+  for (const auto& [flag, out] : {Output{"--report-json", a.report_json}, {"--trace", a.trace}})
     KTIER_RETURN_IF_ERROR(check_output_is_not_input(
         flag, out,
         {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile},

@@ -574,7 +574,8 @@ Status CheckpointBuilder::validate_model() {
   uint64_t n_tensors = 0;
   for (const SafetensorsFile& shard : ck_.shards_) n_tensors += shard.tensors().size();
   const uint64_t moe_layers = static_cast<uint64_t>(c.num_moe_layers());
-  const bool experts_fit = moe_layers == 0 || static_cast<uint64_t>(Ne) <= n_tensors / 3 / moe_layers;
+  const bool experts_fit =
+      moe_layers == 0 || static_cast<uint64_t>(Ne) <= n_tensors / 3 / moe_layers;
   if (experts_fit)
     ck_.experts_.assign(static_cast<size_t>(c.num_moe_layers() * Ne), ExpertLocation{});
   else

@@ -85,8 +85,9 @@ bool device_mode(const EngineOptions& opts) {
 // Device memory cuBLAS takes beside the Backend's allocations, for forward() chunks of up to T
 // tokens: its workspace (32 MiB, NVIDIA's recommendation for Hopper; 4 MiB before) and the
 // module's copies of x split into three bf16 parts (6 bytes per element), one per distinct x
-// of a linear call, kept grown to 1.25x the largest call (cuda/cublas_gemm.cu). The widest such call reads T rows of the widest input —
-// T * top_k rows of an expert's input with float experts (their jobs of one call differ in x).
+// of a linear call, kept grown to 1.25x the largest call (cuda/cublas_gemm.cu). The widest
+// such call reads T rows of the widest input — T * top_k rows of an expert's input with float
+// experts (their jobs of one call differ in x).
 uint64_t blas_bytes(const format::Checkpoint& ckpt, int64_t T) {
   const format::ModelConfig& c = ckpt.config();
   const int64_t cols = std::max({c.hidden_size, c.kda_width(), c.q_lora_rank,

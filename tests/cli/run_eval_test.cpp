@@ -300,8 +300,8 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     const auto bad = run_process(ktier() + " run -m " + bad_tok.string() + " -p 'hi" + content +
                                  "' --special -n 1");
     EXPECT_EQ(bad.exit_code, 3) << bad.err;
-    EXPECT_NE(bad.err.find("the tokenizer's id 100000 is outside the vocabulary"), std::string::npos)
-        << bad.err;
+    EXPECT_NE(bad.err.find("the tokenizer's id 100000 is outside the vocabulary"),
+              std::string::npos) << bad.err;
     fs::remove_all(bad_tok);
   }
   // No output may overwrite an input (the model, the pack, a trace read) or another output.
@@ -318,7 +318,8 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
            {" eval" + model() + " --ids 1 --logits-out " + cfg, "is inside -m"},
            {" run" + model() + " --ids 1 -n 1 --trace " + trace_out + " --report-json " + trace_out,
             "is also given as --trace"},
-           {" trace replay " + trace_out + " --ram 5x --csv " + trace_out, "is also given as TRACE"},
+           {" trace replay " + trace_out + " --ram 5x --csv " + trace_out,
+            "is also given as TRACE"},
            {" trace convert " + trace_out + " " + trace_out, "is also given as IN"}}) {
     const auto bad = run_process(ktier() + args);
     EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.err;
@@ -326,11 +327,13 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
   }
   {
     std::ifstream in(cfg);
-    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), cfg_before) << "config.json changed";
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), cfg_before)
+        << "config.json changed";
   }
   // Policies a run takes are named as such; replay's are sent there; a folder is no profile.
   for (const auto& [flag, what] : std::vector<std::pair<std::string, std::string>>{
-           {" --policy lfru", "--policy: unknown policy 'lfru' (choose from temperature, lru, lfu or static)"},
+           {" --policy lfru",
+            "--policy: unknown policy 'lfru' (choose from temperature, lru, lfu or static)"},
            {" --policy all", "--policy all is for `ktier trace replay` only"},
            {" --policy belady", "--policy belady is for `ktier trace replay` only"},
            {" --profile " + dir_.string(), dir_.string() + ": is a directory, not a trace file"}}) {
@@ -492,7 +495,8 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
     EXPECT_EQ(zr.out, none.out) << extra;
   }
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit -5").exit_code, 2);
-  const ProcessResult tiny_rate = run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit 1e-9");
+  const ProcessResult tiny_rate =
+      run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit 1e-9");
   EXPECT_EQ(tiny_rate.exit_code, 2);  // not "no cap"
   EXPECT_NE(tiny_rate.err.find("below 1 byte per second"), std::string::npos) << tiny_rate.err;
   // Caches too large for memory (an address-space limit makes that so on any machine): the
@@ -500,7 +504,8 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
   const ProcessResult huge_ctx = run_process("(ulimit -v 4000000; exec " + ktier() + " run" +
                                              model() + " --ids 1 -n 1 -c 2147483647)");
   EXPECT_EQ(huge_ctx.exit_code, 1);
-  EXPECT_NE(huge_ctx.err.find("the caches for 2147483647 positions (the prompt + -n, or -c/--ctx-size)"),
+  EXPECT_NE(huge_ctx.err.find(
+                "the caches for 2147483647 positions (the prompt + -n, or -c/--ctx-size)"),
             std::string::npos) << huge_ctx.err;
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --block-size 8K").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --compress --block-size 5000")

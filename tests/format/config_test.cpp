@@ -216,7 +216,8 @@ TEST(Config, HugeLayerCountsAreRefusedCheaply) {
   }
   json j = k3_config();
   j["text_config"]["num_hidden_layers"] = 4096;
-  EXPECT_HAS(parse_err(j), "does not cover 1..4096 (missing 94, 95, 96, 97, 98, 99, 100, 101, ...)");
+  EXPECT_HAS(parse_err(j),
+             "does not cover 1..4096 (missing 94, 95, 96, 97, 98, 99, 100, 101, ...)");
 }
 
 TEST(Config, MaxPositionEmbeddingsIsPositiveWhenGiven) {

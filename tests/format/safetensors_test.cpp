@@ -270,8 +270,10 @@ TEST(SafetensorsCorrupt, DataSectionIsIndexedExactly) {
   ASSERT_TRUE(SafetensorsFile::open(dir.path() / "ok.safetensors", OpenMode::kPread).is_ok());
   for (uint64_t shorter : {1, 4}) {
     auto b = bytes;
-    for (int i = 0; i < 8; ++i) b[static_cast<size_t>(i)] = static_cast<uint8_t>((n - shorter) >> (8 * i));
-    EXPECT_HAS(open_corrupt(dir, b), "the header length (" + std::to_string(n - shorter) + ") is wrong");
+    for (int i = 0; i < 8; ++i)
+      b[static_cast<size_t>(i)] = static_cast<uint8_t>((n - shorter) >> (8 * i));
+    EXPECT_HAS(open_corrupt(dir, b),
+               "the header length (" + std::to_string(n - shorter) + ") is wrong");
   }
   auto longer = bytes;
   longer.push_back(0);
