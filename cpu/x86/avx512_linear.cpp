@@ -115,20 +115,32 @@ static inline void finish_outputs(const __m512d* v, int k, float* const* dst) {
   }
 }
 
-// §3 step 2 for a tile of NR rows x NT tokens at (r, tok): a_l = L_l + L_{l+8}, then tree8.
+// The 8-lane tree of a tile of NR rows x NT tokens at (r, tok), each output stored to y.
 template <int NR, int NT>
-static inline void finish_tile(const __m512d (&acc)[NR][NT][2], const LinearTask& task, int64_t r,
-                               int64_t tok) {
+static inline void store_tile(const __m512d (&lanes)[NR][NT], const LinearTask& task, int64_t r,
+                              int64_t tok) {
   __m512d a[NR * NT];
   float* dst[NR * NT];
 #pragma GCC unroll 12
   for (int rr = 0; rr < NR; ++rr)
 #pragma GCC unroll 12
     for (int tt = 0; tt < NT; ++tt) {
-      a[rr * NT + tt] = _mm512_add_pd(acc[rr][tt][0], acc[rr][tt][1]);
+      a[rr * NT + tt] = lanes[rr][tt];
       dst[rr * NT + tt] = task.y + (tok + tt) * task.w.rows + r + rr;
     }
   finish_outputs(a, NR * NT, dst);
+}
+
+// §3 step 2 for a tile of NR rows x NT tokens at (r, tok): a_l = L_l + L_{l+8}, then tree8.
+template <int NR, int NT>
+static inline void finish_tile(const __m512d (&acc)[NR][NT][2], const LinearTask& task, int64_t r,
+                               int64_t tok) {
+  __m512d a[NR][NT];
+#pragma GCC unroll 12
+  for (int rr = 0; rr < NR; ++rr)
+#pragma GCC unroll 12
+    for (int tt = 0; tt < NT; ++tt) a[rr][tt] = _mm512_add_pd(acc[rr][tt][0], acc[rr][tt][1]);
+  store_tile(a, task, r, tok);
 }
 
 // ---- float weights (§3) ------------------------------------------------------------------------
@@ -407,7 +419,7 @@ void mxfp4_rows_no_zero_block(const LinearTask& task, const Mxfp4Decoder& dec, i
 template <int NR, int NT>
 void mxfp4_tile(const LinearTask& task, const Mxfp4Decoder& dec, int64_t r, int64_t tok) {
   static_assert(NR * NT <= 8 && NR <= 2, "decoded blocks and accumulators must fit the zmm");
-  const int64_t n = task.w.cols, rows = task.w.rows, G = n / 32;
+  const int64_t n = task.w.cols, G = n / 32;
   const uint8_t* P = static_cast<const uint8_t*>(task.w.data) + r * (n / 2);
   const uint8_t* S = task.w.scales + r * G;
   __m512d R[NR][NT];
@@ -438,16 +450,7 @@ void mxfp4_tile(const LinearTask& task, const Mxfp4Decoder& dec, int64_t r, int6
         if (live[rr]) R[rr][tt] = block_accumulate(d[rr], x, scale[rr], R[rr][tt]);
     }
   }
-  __m512d out[NR * NT];
-  float* dst[NR * NT];
-#pragma GCC unroll 8
-  for (int rr = 0; rr < NR; ++rr)
-#pragma GCC unroll 8
-    for (int tt = 0; tt < NT; ++tt) {
-      out[rr * NT + tt] = R[rr][tt];
-      dst[rr * NT + tt] = task.y + (tok + tt) * rows + r + rr;
-    }
-  finish_outputs(out, NR * NT, dst);
+  store_tile(R, task, r, tok);
 }
 
 void mxfp4_rows(const LinearTask& task, int64_t r0, int64_t r1) {
