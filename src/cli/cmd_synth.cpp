@@ -4,9 +4,12 @@
 //               [--expert-dtype f32|bf16]] [--force] [shape flags...]
 //
 // Shape flags override the preset (see src/synth/shape.h); --mla-layers takes 0-based layer
-// indices and becomes the 1-based full_attn_layers of config.json. The summary goes to stdout,
-// progress to stderr. Exit codes: 0 ok, 1 I/O failure, 2 bad flags or a non-empty DIR without
-// --force.
+// indices and becomes the 1-based full_attn_layers of config.json. Shapes are bounded so that
+// ktier loads what synth writes and memory holds the plan (shape.h: L <= 4096, top-k <= 64, at
+// most 2^21 expert tensors), and refused before anything is written when their tensors alone
+// exceed the output file system's free space. The summary goes to stdout, progress to stderr.
+// Exit codes: 0 ok, 1 I/O failure or too little disk space, 2 bad flags or a non-empty DIR
+// without --force.
 
 #include <cstdio>
 #include <memory>

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "format/safetensors.h"
+
 namespace ktier::format {
 namespace {
 
@@ -81,6 +83,11 @@ Result<SafetensorsWriter> SafetensorsWriter::create(
   }
   w.data_bytes_ = end;
   const std::string header = header_json(tensors, metadata);
+  if (header.size() > kMaxHeaderBytes)  // no reader (ours included) would open the file
+    return Status::usage("cannot write " + path.string() + ": its header of " +
+                         std::to_string(tensors.size()) + " tensors takes " +
+                         std::to_string(header.size()) + " bytes, over the " +
+                         std::to_string(kMaxHeaderBytes) + "-byte limit of safetensors readers");
   w.header_bytes_ = header.size();
   w.tensors_ = std::move(tensors);
 

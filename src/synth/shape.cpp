@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "format/config.h"
+
 namespace ktier::synth {
 namespace {
 
@@ -195,11 +197,25 @@ Status validate_shape(const SynthShape& s, ExpertFormat format) {
       {"--block-size", s.block_size, 1},
   };
   for (const Dim& d : dims) KTIER_RETURN_IF_ERROR(check_range(d.flag, d.value, d.min));
-  if (s.layers > 99998)  // shard k is named with five digits: k ≤ L + 1 ≤ 99999
-    return Status::usage("--layers must be at most 99998 (got " + std::to_string(s.layers) + ")");
+  // The engine's limits (config.h): a checkpoint it would refuse is not worth writing.
+  if (s.layers > format::kMaxLayers)
+    return Status::usage("--layers must be at most " + std::to_string(format::kMaxLayers) +
+                         ", the most ktier loads (got " + std::to_string(s.layers) + ")");
   if (s.top_k > s.experts)
     return Status::usage("--top-k (" + std::to_string(s.top_k) + ") must not exceed --experts (" +
                          std::to_string(s.experts) + ")");
+  if (s.top_k > format::kMaxTopK)
+    return Status::usage("--top-k must be at most " + std::to_string(format::kMaxTopK) +
+                         ", the most ktier routes (got " + std::to_string(s.top_k) + ")");
+  const int64_t moe_layers = s.layers - std::min(s.first_k_dense, s.layers);
+  const int64_t per_expert = format == ExpertFormat::kMxfp4 ? 6 : 3;
+  // experts ≤ 2^22 and layers ≤ 4096: the product fits easily in int64.
+  if (moe_layers * s.experts * per_expert > kMaxExpertTensors)
+    return Status::usage("--experts " + std::to_string(s.experts) + " over " +
+                         std::to_string(moe_layers) + " MoE layers makes " +
+                         std::to_string(moe_layers * s.experts * per_expert) +
+                         " expert tensors; synth writes at most " +
+                         std::to_string(kMaxExpertTensors) + " (K3 has 494592)");
   const int64_t min_vocab = 256 + s.added_tokens;
   if (s.vocab < min_vocab || s.vocab > (int64_t{1} << 24))
     return Status::usage("--vocab must be at least " + std::to_string(min_vocab) +
@@ -229,6 +245,21 @@ Status validate_shape(const SynthShape& s, ExpertFormat format) {
                            "use --float-experts for other widths");
   }
   return Status::ok();
+}
+
+long double min_data_bytes(const SynthShape& s, ExpertFormat format) {
+  using LD = long double;
+  const LD moe_layers = static_cast<LD>(s.layers - std::min(s.first_k_dense, s.layers));
+  const LD weights = 3.0L * static_cast<LD>(s.expert_inter) * static_cast<LD>(s.latent);
+  LD per_weight = 0;
+  switch (format) {
+    case ExpertFormat::kMxfp4: per_weight = 0.5L + 1.0L / 32; break;  // packed nibble + scale
+    case ExpertFormat::kF32: per_weight = 4; break;
+    case ExpertFormat::kBF16: per_weight = 2; break;
+  }
+  const LD experts = moe_layers * static_cast<LD>(s.experts) * weights * per_weight;
+  const LD embedding_and_head = 2.0L * 2 * static_cast<LD>(s.vocab) * static_cast<LD>(s.hidden);
+  return experts + embedding_and_head;
 }
 
 }  // namespace ktier::synth

@@ -102,11 +102,21 @@ std::vector<int64_t> default_mla_layers(int64_t layers);
 Result<SynthShape> apply_overrides(SynthShape shape, const ShapeOverrides& o, ExpertFormat format);
 
 // Usage error (exit 2) naming the flag when a shape cannot be written as a loadable checkpoint:
-// sizes ≥ 1 (shared experts ≥ 0) and at most kMaxDim, L ≥ 2, MLA layers in range, unique and
-// leaving at least one KDA layer, top-k ≤ experts, V ≥ 256 + added tokens, and for MXFP4 the
-// expert input widths (latent, expert-inter) multiples of 32.
+// sizes ≥ 1 (shared experts ≥ 0) and at most kMaxDim, 2 ≤ L ≤ format::kMaxLayers, MLA layers in
+// range, unique and leaving at least one KDA layer, top-k ≤ experts and ≤ format::kMaxTopK,
+// V ≥ 256 + added tokens, for MXFP4 the expert input widths (latent, expert-inter) multiples of
+// 32, and at most kMaxExpertTensors routed-expert tensors in all.
 Status validate_shape(const SynthShape& s, ExpertFormat format);
 
+// A lower bound on the bytes of the shards' tensor data (routed experts, embedding and lm_head:
+// what dominates any large shape), as a long double so that no combination of flags overflows.
+// Synth compares it with the free space of the output directory before planning anything.
+long double min_data_bytes(const SynthShape& s, ExpertFormat format);
+
 inline constexpr int64_t kMaxDim = int64_t{1} << 22;
+// Routed-expert tensors one checkpoint may hold: 4x the release's 494,592 (92 MoE layers x 896
+// experts x 6). The plan holds every tensor's name and shape in memory (~250 B each), so this is
+// what keeps a flag like `--experts 4194304` from planning for minutes and ending in bad_alloc.
+inline constexpr int64_t kMaxExpertTensors = int64_t{1} << 21;
 
 }  // namespace ktier::synth

@@ -93,6 +93,30 @@ Status prepare_output_dir(const fs::path& dir, bool force) {
   return Status::ok();
 }
 
+// Refuses (exit 1) a shape whose tensors cannot fit in the output directory's file system,
+// before anything is planned or removed; `need` is min_data_bytes (a lower bound, so a refusal
+// is always right). With --force, the checkpoint files it would replace count as free.
+Status check_free_space(const fs::path& dir, long double need, bool force) {
+  std::error_code ec;
+  fs::path probe = fs::absolute(dir, ec);
+  while (!ec && !fs::exists(probe, ec) && probe.has_relative_path()) probe = probe.parent_path();
+  const fs::space_info space = fs::space(probe, ec);
+  if (ec) return Status::ok();  // unknown: the writes will report a full disk
+  long double have = static_cast<long double>(space.available);
+  if (force && fs::is_directory(dir, ec))
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code size_ec;
+      const uintmax_t size = it->file_size(size_ec);
+      if (!size_ec && is_our_file(it->path().filename().string())) have += size;
+    }
+  if (need <= have) return Status::ok();
+  char text[160];
+  std::snprintf(text, sizeof text, "needs at least %.4Lg GB for its tensors; the file system holding"
+                " it has %.4Lg GB free", need / 1e9L, have / 1e9L);
+  return Status::runtime("this shape (-o " + dir.string() + ") " + text +
+                         " (reduce --experts, --layers, the widths or --vocab)");
+}
+
 // Writes `text` to dir/name through dir/name.tmp and a rename.
 Status write_small_file(const fs::path& dir, const std::string& name, const std::string& text,
                         uint64_t* disk_bytes) {
@@ -398,6 +422,7 @@ Result<SynthReport> run_synth_impl(const SynthOptions& o) {
   KTIER_ASSIGN_OR_RETURN(SynthShape shape, apply_overrides(std::move(preset), o.overrides, o.experts));
   if (o.out_dir.empty()) return Status::usage("no output directory given (-o DIR)");
   KTIER_ASSIGN_OR_RETURN(SynthVocab vocab, build_vocab(shape.bpe_merges, shape.added_tokens, shape.vocab));
+  KTIER_RETURN_IF_ERROR(check_free_space(o.out_dir, min_data_bytes(shape, o.experts), o.force));
   const Plan plan = build_plan(shape, o.experts, o.seed);
   KTIER_RETURN_IF_ERROR(prepare_output_dir(o.out_dir, o.force));
 

@@ -6,6 +6,8 @@
 
 #include <numeric>
 
+#include "format/safetensors.h"
+
 #include "synth/synth_test_util.h"
 
 namespace ktier {
@@ -122,6 +124,17 @@ TEST(SafetensorsWriter, IoFailureIsARuntimeErrorNamingTheFile) {
   ASSERT_FALSE(w.is_ok());
   EXPECT_EQ(w.status().exit_code(), 1);
   EXPECT_NE(w.status().message().find("z.safetensors.partial"), std::string::npos) << w.status().message();
+}
+
+// A header no reader would open (format::kMaxHeaderBytes) is refused before a file exists.
+TEST(SafetensorsWriter, RefusesAHeaderOverTheReadersLimit) {
+  test::TempDir dir("writer_header");
+  const std::string long_name(format::kMaxHeaderBytes, 'n');
+  auto w = SafetensorsWriter::create(dir.path() / "h.safetensors", {{long_name, DType::kU8, {1}}});
+  ASSERT_FALSE(w.is_ok());
+  EXPECT_EQ(w.status().exit_code(), 2);
+  EXPECT_NE(w.status().message().find("h.safetensors"), std::string::npos);
+  EXPECT_TRUE(test::list_dir(dir.path()).empty());
 }
 
 TEST(SafetensorsWriter, RejectsInvalidDeclarations) {

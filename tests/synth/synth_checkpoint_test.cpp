@@ -414,6 +414,28 @@ TEST(SynthCli, RejectsBadFlagsWithUsageErrors) {
   EXPECT_EQ(test::run_process(base + " --preset tiny --expert-dtype bf16").exit_code, 2);
   EXPECT_EQ(test::run_process(base + " --preset tiny --top-k 9").exit_code, 2);
   EXPECT_EQ(test::run_process(base + " --preset tiny --mla-layers 0,1,2,3,4,5,6,7,8,9,10,11,12").exit_code, 2);
+  // Shapes the engine would refuse, or no memory could plan: refused at once by name.
+  auto r = test::run_process(base + " --preset tiny --experts 4194304 --top-k 4194304");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--top-k"), std::string::npos) << r.err;
+  r = test::run_process(base + " --preset tiny --experts 4194304");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("expert tensors"), std::string::npos) << r.err;
+  EXPECT_EQ(test::run_process(base + " --preset tiny --layers 5000").exit_code, 2);
+  EXPECT_FALSE(fs::exists(dir.path() / "x"));
+}
+
+// A shape larger than its file system's free space is refused before anything is written; the
+// bound is min_data_bytes, so a refusal never stops a checkpoint that would have fit.
+TEST(SynthCli, RefusesAShapeLargerThanTheFreeSpace) {
+  test::TempDir dir("space");
+  const fs::path out = dir.path() / "x" / "y";
+  // 2 x 2^24 x 2^22 BF16 values (embedding + lm_head) alone: 2.8e14 bytes.
+  const auto r = test::run_process(test::ktier_bin().string() + " synth -q --preset tiny -o " +
+                                   out.string() + " --vocab 16777216 --hidden 4194304");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("GB free"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(out.string()), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir.path() / "x"));
 }
 

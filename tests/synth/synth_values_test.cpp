@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/dtype.h"
+#include "format/config.h"
 #include "format/safetensors_writer.h"
 #include "synth/plan.h"
 #include "synth/rng.h"
@@ -240,11 +241,46 @@ TEST(SynthShape, PresetsAreValidAndOverridesAreChecked) {
   EXPECT_EQ(apply_overrides(tiny, o, ExpertFormat::kMxfp4).status().exit_code(), 2);
   o.mla_layers = std::vector<int64_t>{};
   EXPECT_EQ(apply_overrides(tiny, o, ExpertFormat::kMxfp4).status().exit_code(), 2);
+  // The engine's own limits (config.h) and the expert-tensor cap.
+  o = {};
+  o.layers = format::kMaxLayers + 1;
+  EXPECT_EQ(apply_overrides(tiny, o, ExpertFormat::kMxfp4).status().exit_code(), 2);
+  o.layers = format::kMaxLayers;
+  EXPECT_TRUE(apply_overrides(tiny, o, ExpertFormat::kMxfp4).is_ok());
+  o = {};
+  o.experts = 100;
+  o.top_k = format::kMaxTopK + 1;
+  EXPECT_EQ(apply_overrides(tiny, o, ExpertFormat::kMxfp4).status().exit_code(), 2);
+  o.top_k = format::kMaxTopK;
+  EXPECT_TRUE(apply_overrides(tiny, o, ExpertFormat::kMxfp4).is_ok());
+  const int64_t moe_layers = tiny.layers - tiny.first_k_dense;
+  o = {};
+  o.experts = kMaxExpertTensors / (6 * moe_layers);
+  EXPECT_TRUE(apply_overrides(tiny, o, ExpertFormat::kMxfp4).is_ok());
+  o.experts = *o.experts + 1;
+  const Status too_many = apply_overrides(tiny, o, ExpertFormat::kMxfp4).status();
+  EXPECT_EQ(too_many.exit_code(), 2);
+  EXPECT_NE(too_many.message().find("--experts"), std::string::npos) << too_many.message();
+  EXPECT_TRUE(apply_overrides(tiny, o, ExpertFormat::kF32).is_ok());  // 3 tensors per expert
   o = {};
   o.layers = 6;
   auto s = apply_overrides(tiny, o, ExpertFormat::kMxfp4);
   ASSERT_TRUE(s.is_ok());
   EXPECT_EQ(s->mla_layers, (std::vector<int64_t>{3, 4, 5}));  // default rule for L = 6
+}
+
+// min_data_bytes bounds the plan's exact total from below, and is close to it where the experts
+// dominate (demo; tiny and k3-slice are half trunk).
+TEST(SynthShape, MinDataBytesBoundsThePlan) {
+  for (const auto& name : preset_names()) {
+    const SynthShape s = *preset_shape(name);
+    for (ExpertFormat f : {ExpertFormat::kMxfp4, ExpertFormat::kF32, ExpertFormat::kBF16}) {
+      const auto exact = static_cast<long double>(build_plan(s, f, 0).data_bytes());
+      const long double bound = min_data_bytes(s, f);
+      EXPECT_LE(bound, exact) << name << " " << expert_format_name(f);
+      if (name == "demo") EXPECT_GT(bound, 0.8L * exact) << expert_format_name(f);  // 0.87-0.98
+    }
+  }
 }
 
 // The plan at K3 widths must reproduce the released byte counts of K3-MODEL.md §3.4, §5.7, §5.9
