@@ -1,13 +1,14 @@
 #include "cli/cli_input.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
-#include <iterator>
 #include <sstream>
 
 #include <spdlog/spdlog.h>
@@ -15,24 +16,76 @@
 #include "backend/device_choice.h"
 #include "common/size.h"
 #include "cpu/thread_pool.h"
+#include "io/read_file.h"
 
 namespace ktier::cli {
 
-Result<std::string> read_input(const std::string& file) {
-  if (file == "-") {
-    std::string s((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-    if (std::cin.bad()) return Status::runtime("error reading standard input");
-    return s;
+namespace {
+
+// Appends what one read(2) of `fd` returns (up to 64 KiB) to `out`; 0 at the end of input.
+// EINTR is retried. `what` names the input in the error.
+Result<size_t> read_some(int fd, std::string& out, const std::string& what) {
+  constexpr size_t kStep = 64 << 10;
+  const size_t old_size = out.size();
+  out.resize(old_size + kStep);
+  ssize_t n;
+  do {
+    n = ::read(fd, out.data() + old_size, kStep);
+  } while (n < 0 && errno == EINTR);
+  const int err = errno;
+  out.resize(old_size + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  if (n < 0) {
+    if (err == EISDIR) return Status::usage(what + ": is a directory, not an input file");
+    return Status::runtime(what + ": read error: " + io::errno_text(err));
   }
+  return static_cast<size_t>(n);
+}
+
+Status too_long(const std::string& what) {
+  return Status::usage(what + ": more than " + std::to_string(kMaxInputBytes >> 20) +
+                       " MiB of text, more than any context holds");
+}
+
+Result<std::string> read_all(int fd, const std::string& what) {
+  std::string text;
+  while (true) {
+    KTIER_ASSIGN_OR_RETURN(const size_t n, read_some(fd, text, what));
+    if (n == 0) return text;
+    if (text.size() > kMaxInputBytes) return too_long(what);
+  }
+}
+
+}  // namespace
+
+Result<std::string> read_input(const std::string& file) {
+  if (file == "-") return read_all(STDIN_FILENO, "standard input");
   std::error_code ec;
   if (std::filesystem::is_directory(file, ec))
     return Status::usage(file + ": is a directory, not an input file");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Status::usage(file + ": cannot open input file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::runtime(file + ": read error");
-  return std::move(ss).str();
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::usage(file + ": cannot open input file: " + io::errno_text(errno));
+  Result<std::string> text = read_all(fd, file);
+  ::close(fd);
+  return text;
+}
+
+Result<std::optional<std::string>> StdinLines::next() {
+  size_t scanned = 0;  // bytes of buffer_ already known to hold no newline
+  while (true) {
+    const size_t newline = buffer_.find('\n', scanned);
+    if (newline != std::string::npos || (at_end_ && !buffer_.empty())) {
+      const size_t end = newline == std::string::npos ? buffer_.size() : newline;
+      std::string line = buffer_.substr(0, end);
+      buffer_.erase(0, std::min(end + 1, buffer_.size()));
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      return std::optional<std::string>(std::move(line));
+    }
+    if (at_end_) return std::optional<std::string>();
+    if (buffer_.size() > kMaxInputBytes) return too_long("standard input (one line)");
+    scanned = buffer_.size();
+    KTIER_ASSIGN_OR_RETURN(const size_t n, read_some(STDIN_FILENO, buffer_, "standard input"));
+    at_end_ = n == 0;
+  }
 }
 
 Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string& flag) {

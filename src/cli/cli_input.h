@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,9 +14,28 @@
 
 namespace ktier::cli {
 
-// The whole content of `file` ("-" = standard input). Status::usage when it cannot be opened,
-// Status::runtime on a read error.
+// Prompt text ends here: 256 bytes per position of K3's 1,048,576-position context, far more
+// than any tokenizer packs into a token, so a longer input cannot run; reading stops at this
+// bound instead of exhausting memory on `-f /dev/zero`.
+inline constexpr size_t kMaxInputBytes = size_t{256} << 20;
+
+// The whole content of `file` ("-" = standard input). Status::usage when it cannot be opened, is
+// a directory, or holds more than kMaxInputBytes; Status::runtime on a read error (errno named).
 Result<std::string> read_input(const std::string& file);
+
+// Lines of standard input for `run --chat -i`, read from descriptor 0 (nothing else in ktier
+// reads it). Not thread-safe.
+class StdinLines {
+ public:
+  // The next line without its "\n" or "\r\n"; std::nullopt at the end of input (a last line
+  // without "\n" is still returned). Status::usage for a line over kMaxInputBytes,
+  // Status::runtime on a read error.
+  Result<std::optional<std::string>> next();
+
+ private:
+  std::string buffer_;  // bytes read and not yet returned
+  bool at_end_ = false;
+};
 
 // "19180,2695" -> {19180, 2695}; spaces around items allowed; an empty string is an empty list.
 // Status::usage naming the offending item, with `flag` in the message.

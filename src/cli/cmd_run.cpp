@@ -22,7 +22,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -267,17 +266,18 @@ Status run(const RunArgs& a) {
   };
   // A conversation's first message may come from standard input; an empty prompt is refused.
   Status status = a.interactive && given == 0 ? Status::ok() : answer(prompt);
+  StdinLines input;
   while (status.is_ok() && a.interactive) {
     std::fputs("> ", stderr);
     std::fflush(stderr);
-    std::string line;
-    if (!std::getline(std::cin, line)) {  // end of input ends the conversation
-      if (std::cin.bad()) status = Status::runtime("error reading standard input");
+    Result<std::optional<std::string>> line = input.next();
+    if (!line.is_ok()) {
+      status = line.status();
       break;
     }
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
-    Result<std::vector<int32_t>> ids = next_turn(line);
+    if (!line->has_value()) break;  // end of input ends the conversation
+    if ((*line)->empty()) continue;
+    Result<std::vector<int32_t>> ids = next_turn(**line);
     status = ids.is_ok() ? answer(*ids) : ids.status();
   }
   if (recorder) {  // on every path, so the trace file is complete up to where the run stopped

@@ -1,7 +1,12 @@
 // ktier: one binary, subcommands in src/cli/cmd_*.cpp.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +26,13 @@ int finish(const Status& status) {
 
 int main(int argc, char** argv) {
   using namespace ktier;
+  // A closed standard descriptor would be handed to the next open(): a shard read as the chat's
+  // input, a log line written into a file. Point each closed one at /dev/null first (open()
+  // takes the lowest free number, so they are reopened in order).
+  for (int fd = STDIN_FILENO; fd <= STDERR_FILENO; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF &&
+        ::open("/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY) < 0)
+      return static_cast<int>(ExitCode::kRuntime);
   CLI::App app{
       "ktier: decodes Kimi K3 on one machine. The CPU path is exact and the reference;\n"
       "a GPU, when present, holds hot experts. Exit codes: 0 ok, 1 runtime/I-O, 2 usage/config,\n"
@@ -70,9 +82,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ktier: error: %s\nRun 'ktier --help' or 'ktier COMMAND --help'.\n",
                  what.c_str());
     return static_cast<int>(ExitCode::kUsage);
+  } catch (const std::bad_alloc&) {
+    // Memory outside the budgets (which size what they govern before allocating it) that the
+    // system refused: say so in words, not as "std::bad_alloc".
+    std::fprintf(stderr, "ktier: error: out of memory (the system refused an allocation outside "
+                         "the --ram budget; see docs/TUNING.md)\n");
+    return static_cast<int>(ExitCode::kRuntime);
   } catch (const std::exception& e) {
-    // What the environment refused below a Status (a thread the system would not start, memory
-    // outside the budgets): an error, not std::terminate.
+    // What else the environment refused below a Status (a thread the system would not start):
+    // an error, not std::terminate.
     std::fprintf(stderr, "ktier: error: %s\n", e.what());
     return static_cast<int>(ExitCode::kRuntime);
   }

@@ -224,8 +224,9 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   ASSERT_NE(at1, std::string::npos) << talk.out;
   EXPECT_EQ(last_line(talk.out), ids2) << talk.out;
   EXPECT_GT(talk.out.size() - ids2.size(), at1 + ids1.size()) << "the second answer comes after";
-  // The first message may come from standard input too: the same conversation.
-  const auto both_piped = run_process("printf '" + first + "\\n" + second + "\\n' | " + ktier() +
+  // The first message may come from standard input too: the same conversation (with a CRLF line
+  // and a last line without its newline).
+  const auto both_piped = run_process("printf '" + first + "\\r\\n" + second + "' | " + ktier() +
                                       " run" + model() + " --chat -i" + n);
   ASSERT_EQ(both_piped.exit_code, 0) << both_piped.err;
   EXPECT_EQ(both_piped.out, talk.out);
@@ -253,6 +254,14 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   EXPECT_EQ(run_process(ktier() + " run" + model() + " -p '' -n 2").exit_code, 2);  // empty prompt
   EXPECT_EQ(run_process("echo hi | " + ktier() + " run" + model() + " --chat -i -f - -n 2").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat -p hi -n 2 -c 3").exit_code, 2);
+  // Standard input a folder: named. Closed: read as empty (before, the descriptor went to the
+  // next file ktier opened and a shard's bytes became the conversation).
+  const auto folder = run_process(ktier() + " run" + model() + " --chat -i -n 2 < " + dir_.string());
+  EXPECT_EQ(folder.exit_code, 2) << folder.err;
+  EXPECT_NE(folder.err.find("standard input: is a directory"), std::string::npos) << folder.err;
+  const auto closed = run_process(ktier() + " run" + model() + " --chat -i -n 2 <&-");
+  EXPECT_EQ(closed.exit_code, 0) << closed.err;
+  EXPECT_EQ(closed.out, "");
 }
 
 // Positions past max_position_embeddings still decode (the CPU path has no table to overflow)
@@ -348,7 +357,10 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
            {" run -m /nonexistent/model -p hi", "/nonexistent/model: not a model directory", 2},
            {" run" + model() + " -p hi -n 2 --report-json /nonexistent/r.json",
             "--report-json: cannot write /nonexistent/r.json", 1},
-           {" run" + model() + " -f " + dir_.string() + " -n 2", "is a directory", 2}}) {
+           {" run" + model() + " -f " + dir_.string() + " -n 2", "is a directory", 2},
+           {" run" + model() + " -f - -n 2 < " + dir_.string(), "standard input: is a directory",
+            2},
+           {" run" + model() + " -f /dev/zero -n 2", "/dev/zero: more than 256 MiB of text", 2}}) {
     const auto bad = run_process(ktier() + args);
     EXPECT_EQ(bad.exit_code, code) << args << ": " << bad.err;
     EXPECT_NE(bad.err.find("ktier: error: "), std::string::npos) << args << ": " << bad.err;
