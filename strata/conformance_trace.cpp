@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,11 @@ int32_t get_i32(const uint8_t* p) {
 Result<Trace> read_conformance_trace(const std::filesystem::path& path,
                                      const ConformanceTraceOptions& options) {
   const std::string name = path.string();
+  std::error_code ec;
+  // A folder or a device (/dev/zero) would read as an error or without end: refused by name.
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    return Status::usage(name + ": not a regular file (the conformance trace is a file of int32 "
+                                "(layer, expert) pairs)");
   std::FILE* f = std::fopen(name.c_str(), "rb");
   if (!f) {
     if (errno == ENOENT)
@@ -37,9 +43,9 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
   uint8_t buf[1 << 16];
   size_t n;
   while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
-  const bool read_error = std::ferror(f) != 0;
+  const int read_errno = std::ferror(f) != 0 ? errno : 0;
   std::fclose(f);
-  if (read_error) return Status::runtime(name + ": read error");
+  if (read_errno != 0) return Status::runtime(name + ": read error: " + std::strerror(read_errno));
 
   const size_t k = options.top_k;
   if (k == 0 || k > 255 || options.experts_per_layer == 0 || options.experts_per_layer > 65535) {

@@ -126,6 +126,25 @@ Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int6
   return ids;
 }
 
+Status check_can_write(const std::string& flag, const std::string& path) {
+  if (path.empty()) return Status::ok();
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return Status::runtime(flag + ": cannot write " + path + ": it is a directory");
+  // O_NONBLOCK: a FIFO without its reader yet answers ENXIO instead of blocking here.
+  const bool exists = std::filesystem::exists(path, ec);
+  const int fd = exists ? ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK)
+                        : ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    if (exists && err == ENXIO) return Status::ok();
+    return Status::runtime(flag + ": cannot write " + path + ": " + io::errno_text(err));
+  }
+  ::close(fd);
+  if (!exists) ::unlink(path.c_str());
+  return Status::ok();
+}
+
 Status check_output_is_not_input(const std::string& flag, const std::string& output,
                                  std::initializer_list<InputPath> inputs) {
   if (output.empty()) return Status::ok();
@@ -191,6 +210,17 @@ CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& 
                             (min == 0 ? " (0 = one per hardware thread)" : "");
   return sub->add_option("-t,--threads", threads, help + range)
       ->check(CLI::Range(min, cpu::kMaxThreads))
+      ->capture_default_str();
+}
+
+CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help) {
+  const auto digits = [](std::string& v) {
+    return v.empty() || v.find_first_not_of("0123456789") != std::string::npos
+               ? "a seed is a whole number 0.." + std::to_string(UINT64_MAX)
+               : std::string();
+  };
+  return sub->add_option("--seed", seed, help)
+      ->check(CLI::Validator(digits, "UINT", "seed"))
       ->capture_default_str();
 }
 

@@ -63,6 +63,13 @@ struct InputPath {
 Status check_output_is_not_input(const std::string& flag, const std::string& output,
                                  std::initializer_list<InputPath> inputs);
 
+// Status::runtime (exit 1) "FLAG: cannot write PATH: <errno>" unless `path` (empty: no output)
+// can be written: an existing file is opened for writing without truncating it (a run that
+// fails later leaves it as it was), a new one is created and removed again. Called before the
+// work, so that a report which cannot be written (a read-only file system, /proc) is refused
+// before minutes of decoding, not after.
+Status check_can_write(const std::string& flag, const std::string& path);
+
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);
 
@@ -83,6 +90,9 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a);
 // min..cpu::kMaxThreads (CLI11 refuses other values: exit 2); with min 0, 0 means one per
 // hardware thread.
 CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& help, int min = 0);
+// Adds "--seed S" to `sub`: decimal digits only, 0..2^64-1 (CLI11 alone would wrap "-1" and
+// " -1" to 2^64-1).
+CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help);
 // Fills the engine options from them and decides the device (loading the CUDA module unless
 // --device cpu; the reason for the choice is logged once). Status::usage for a bad size, --io or
 // --device value, or --device cuda where CUDA cannot be used.

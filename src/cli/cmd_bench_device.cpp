@@ -90,6 +90,9 @@ Result<DeviceMatrix> random_matrix(backend::Backend& be, cpu::WeightType type, u
 
 Status run_device_bench(const DeviceBenchOptions& o) {
   KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, parse_size(o.bytes, "--bytes"));
+  if (bytes < (uint64_t{1} << 20))  // a ratio of two launch latencies is no bandwidth (0: inf)
+    return Status::usage("--bytes must be at least 1M (got " + o.bytes + "): smaller transfers "
+                         "time the launch, not the bandwidth");
   if (o.passes < 1) return Status::usage("--passes must be >= 1");
   std::ofstream json_out;
   if (!o.json.empty()) {
@@ -174,7 +177,8 @@ void register_bench_device_command(CLI::App& bench, int& exit_code) {
       "the copy (goal >= 0.7); --device emulated runs it on the CPU kernels (a smoke test)");
   auto o = std::make_shared<DeviceBenchOptions>();
   sub->add_option("--device", o->device, "cuda or emulated")->capture_default_str();
-  sub->add_option("--bytes", o->bytes, "buffer and matrix size (e.g. 1G, 64M)")->capture_default_str();
+  sub->add_option("--bytes", o->bytes, "buffer and matrix size, at least 1M (e.g. 1G, 64M)")
+      ->capture_default_str();
   sub->add_option("--passes", o->passes, "timed passes, best kept")->capture_default_str();
   sub->add_option("--json", o->json, "also write the figures to FILE as JSON");
   sub->callback([o, &exit_code] { exit_code = finish(run_device_bench(*o)); });

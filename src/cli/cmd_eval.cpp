@@ -48,6 +48,7 @@ Status eval(const EvalArgs& a) {
   KTIER_RETURN_IF_ERROR(check_output_is_not_input(
       "--logits-out", a.logits_out,
       {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile}}));
+  KTIER_RETURN_IF_ERROR(check_can_write("--logits-out", a.logits_out));
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
   runtime::EngineOptions eo;
   eo.model_dir = a.model;

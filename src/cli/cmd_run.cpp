@@ -16,7 +16,6 @@
 // Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
 // A model folder without tiktoken.model runs from --ids and prints the generated ids only.
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -100,17 +99,8 @@ Status run(const RunArgs& a) {
          {"-f", a.file == "-" ? std::string() : a.file}}));
   KTIER_RETURN_IF_ERROR(check_output_is_not_input("--report-json", a.report_json,
                                                   {{"--trace", a.trace}}));
+  KTIER_RETURN_IF_ERROR(check_can_write("--report-json", a.report_json));
   std::error_code ec;
-  if (!a.report_json.empty()) {  // checked, not yet opened: a failed run leaves an old report
-    const std::filesystem::path report(a.report_json);
-    const std::filesystem::path folder =
-        report.has_parent_path() ? report.parent_path() : std::filesystem::path(".");
-    const bool writable = std::filesystem::exists(report, ec)
-                              ? ::access(report.c_str(), W_OK) == 0
-                              : ::access(folder.c_str(), W_OK | X_OK) == 0;
-    if (!writable || std::filesystem::is_directory(report, ec))
-      return Status::runtime("--report-json: cannot write " + a.report_json);  // as --trace
-  }
   // The tokenizer is optional for --ids runs (ids are printed instead of text).
   std::optional<tok::Tokenizer> tokenizer;
   const bool has_tokenizer =
@@ -307,11 +297,7 @@ void register_run_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--top-p", a->top_p, "Nucleus sampling threshold; 1 = off")
       ->capture_default_str();
-  sub->add_option("--seed", a->seed, "Sampling seed >= 0 (same seed, same tokens)")
-      ->check(CLI::Validator(
-          [](std::string& v) { return v.rfind('-', 0) == 0 ? "a seed is >= 0" : std::string(); },
-          "", "seed >= 0"))
-      ->capture_default_str();
+  add_seed_option(sub, a->seed, "Sampling seed (same seed, same tokens)");
   add_threads_option(sub, a->threads, "Worker threads");
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
   sub->add_flag("--print-ids", a->print_ids, "After the text, print the generated ids on one line");

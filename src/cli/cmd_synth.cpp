@@ -74,7 +74,7 @@ void register_synth_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"tiny", "demo", "k3-slice"}));
   sub->add_option("-o,--output", args->out_dir, "output directory (created; must be empty unless --force)")
       ->required();
-  sub->add_option("--seed", args->options.seed, "random seed; same seed, same bytes")->capture_default_str();
+  add_seed_option(sub, args->options.seed, "random seed; same seed, same bytes");
   sub->add_flag("--float-experts", args->float_experts,
                 "store routed experts as plain float `.weight` tensors (the MXFP4 round trip of the "
                 "same values) instead of MXFP4");

@@ -104,9 +104,11 @@ Status run_replay(const ReplayOptions& o) {
   if (!(o.admit_ratio > 0) || !std::isfinite(o.admit_ratio))
     return Status::usage("--admit-ratio must be a finite number > 0");
   for (const auto& [flag, out] : {std::pair<std::string, std::string>{"--csv", o.csv},
-                                  {"--json", o.json}, {"--plot", o.plot}})
+                                  {"--json", o.json}, {"--plot", o.plot}}) {
     KTIER_RETURN_IF_ERROR(check_output_is_not_input(
         flag, out, {{"TRACE", o.trace}, {"--profile", o.profile}}));
+    KTIER_RETURN_IF_ERROR(check_can_write(flag, out));
+  }
   if (!(o.window_fraction >= 0 && o.window_fraction <= 1)) {
     return Status::usage("--window-fraction must be in 0..1");
   }

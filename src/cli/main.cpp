@@ -62,6 +62,24 @@ int main(int argc, char** argv) {
     if (!s.is_ok()) throw CLI::ValidationError(s.message());
   });
 
+  // CLI11 reads an empty value as the type's zero ("-n ''" as -n 0, "--pack=" as no pack).
+  // Only text and id lists mean something by an empty value (an empty prompt to tokenize);
+  // for every other option it is refused by name.
+  const auto may_be_empty = [](const std::string& option) {
+    return option == "-p" || option == "--prompt" || option == "--ids" || option == "--pattern";
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool joined = arg.size() > 1 && arg[0] == '-' && arg.back() == '=';  // "--pack="
+    if (!arg.empty() && !joined) continue;
+    const std::string what = joined ? arg.substr(0, arg.size() - 1)
+                             : i > 1 && argv[i - 1][0] == '-' ? argv[i - 1]
+                                                              : "argument " + std::to_string(i);
+    if (may_be_empty(what)) continue;
+    std::fprintf(stderr, "ktier: error: %s: empty value (give one, or leave the option out)\n",
+                 what.c_str());
+    return static_cast<int>(ExitCode::kUsage);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -73,12 +91,34 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // One line in the form of every other error, then where to look.
     std::string what = e.what();
-    const auto& subs = app.get_subcommands({});
-    if (argc > 1 && argv[1][0] != '-' &&
-        std::none_of(subs.begin(), subs.end(),
-                     [&](const CLI::App* s) { return s->get_name() == argv[1]; })) {
-      what = std::string("unknown command '") + argv[1] + "'";
+    // A word where a command was due ("ktier bogus", "ktier trace bogus") is named, with the
+    // choices, instead of CLI11's "A subcommand is required".
+    const CLI::App* level = &app;
+    std::string path = "";
+    const auto names = [](const std::vector<const CLI::App*>& subs) {
+      std::string text;
+      for (const CLI::App* sub : subs) text += (text.empty() ? "" : ", ") + sub->get_name();
+      return text;
+    };
+    bool named = false;
+    for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+      const auto subs = level->get_subcommands({});
+      if (subs.empty()) break;  // a positional argument of a leaf command
+      const auto next = std::find_if(subs.begin(), subs.end(), [&](const CLI::App* sub) {
+        return sub->get_name() == argv[i];
+      });
+      if (next == subs.end()) {
+        what = "unknown " + path + "command '" + argv[i] + "' (choose from " + names(subs) + ")";
+        named = true;
+        break;
+      }
+      level = *next;
+      path += level->get_name() + " ";
     }
+    const auto subs = level->get_subcommands({});
+    if (!named && !subs.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
+        level->get_require_subcommand_min() > 0)
+      what = (path.empty() ? std::string("ktier ") : path) + "needs a command: " + names(subs);
     std::fprintf(stderr, "ktier: error: %s\nRun 'ktier --help' or 'ktier COMMAND --help'.\n",
                  what.c_str());
     return static_cast<int>(ExitCode::kUsage);

@@ -3,6 +3,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/run_process.h"
 #include "common/test_paths.h"
@@ -29,8 +32,25 @@ TEST(Cli, UsageErrorsExitTwo) {
   EXPECT_EQ(run_process(ktier()).exit_code, 2);
   const auto unknown = run_process(ktier() + " no-such-subcommand");
   EXPECT_EQ(unknown.exit_code, 2);
-  EXPECT_EQ(unknown.err.rfind("ktier: error: unknown command 'no-such-subcommand'\n", 0), 0u)
+  EXPECT_EQ(unknown.err.rfind("ktier: error: unknown command 'no-such-subcommand' (choose from "
+                              "run, eval, synth,", 0), 0u)
       << unknown.err;
+  // Nested commands too, and a missing one is asked for with the choices.
+  for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
+           {" trace bogus", "unknown trace command 'bogus' (choose from convert, convert-k3c, "
+                            "info, replay)"},
+           {" bench", "bench needs a command: kernels, decode, io, inflate, device"},
+           // CLI11 would read an empty value as zero (-n '' as -n 0, --pack= as no pack).
+           {" run -m x --ids 1 -n ''", "-n: empty value"},
+           {" run -m x --ids 1 --pack=", "--pack: empty value"},
+           // CLI11 alone wraps a negative seed to 2^64 - 1.
+           {" synth --preset tiny -o x --seed -1", "--seed: a seed is a whole number"},
+           {" run -m x --ids 1 --seed ' -1'", "--seed: a seed is a whole number"},
+           {" bench device --device emulated --bytes 0", "--bytes must be at least 1M"}}) {
+    const auto r = run_process(ktier() + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("ktier: error: " + what), std::string::npos) << args << ": " << r.err;
+  }
   const auto level = run_process(ktier() + " --log-level loud doctor");
   EXPECT_EQ(level.exit_code, 2);
   EXPECT_EQ(level.err.rfind("ktier: error: --log-level: unknown level 'loud'", 0), 0u) << level.err;

@@ -202,6 +202,17 @@ TEST_F(TraceCli, UsageErrorsExit2) {
   EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8GB --lookahead 1")).exit_code, 2);
   EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8GB --half-life 0")).exit_code, 2);
   EXPECT_EQ(run_process(ktier("trace")).exit_code, 2);
+  // A folder or a device as the conformance file: named, not "read error" or a read without end.
+  for (const std::string& in : {dir_.string(), std::string("/dev/zero")}) {
+    const auto r = run_process(ktier("trace convert " + q(in) + " " + q(dir_ / "x.ktrace")));
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find(in + ": not a regular file"), std::string::npos) << r.err;
+  }
+  // An output that cannot be written is refused before the replay (exit 1, as any I/O error).
+  const auto r = run_process(ktier("trace replay " + conf + " --slots 16 --csv /proc/ktier.csv"));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("--csv: cannot write /proc/ktier.csv"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
 }
 
 TEST_F(TraceCli, PlotWithoutMatplotlibIsAClearError) {
