@@ -11,6 +11,8 @@
 #include <string>
 #include <thread>
 
+#include "cpu/worker_thread.h"
+
 namespace ktier::cpu {
 namespace {
 // Set while this thread runs a range of some pool: a nested parallel_for then runs inline.
@@ -48,7 +50,7 @@ ThreadPool::ThreadPool(int n_threads) {
   workers_.reserve(static_cast<size_t>(n_threads - 1));
   for (int i = 1; i < n_threads; ++i) {
     try {
-      workers_.emplace_back([this] { worker_loop(); });
+      workers_.emplace_back([this] { run_worker("compute", [this] { worker_loop(); }); });
     } catch (const std::exception& e) {  // a thread or memory limit: run with those started
       try {
         start_error_ = "could start only " + std::to_string(i - 1) + " of " +

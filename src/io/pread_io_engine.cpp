@@ -7,6 +7,8 @@
 #include <system_error>
 #include <thread>
 
+#include "cpu/worker_thread.h"
+
 namespace ktier::io {
 
 Result<std::unique_ptr<IoEngine>> PreadIoEngine::create(const IoOptions& options) {
@@ -14,7 +16,8 @@ Result<std::unique_ptr<IoEngine>> PreadIoEngine::create(const IoOptions& options
   const uint32_t n = std::min(options.queue_depth, kMaxPreadThreads);
   for (uint32_t i = 0; i < n; ++i) {
     try {
-      engine->workers_.emplace_back([e = engine.get()] { e->worker_loop(); });
+      engine->workers_.emplace_back(
+          [e = engine.get()] { run_worker("pread I/O", [e] { e->worker_loop(); }); });
     } catch (const std::system_error& err) {
       // The destructor joins the threads that did start.
       return Status::runtime("cannot start I/O thread " + std::to_string(i) + " of " +

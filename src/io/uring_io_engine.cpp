@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "common/check.h"
+#include "cpu/worker_thread.h"
 
 namespace ktier::io {
 
@@ -86,7 +87,7 @@ Status UringIoEngine::init() {
   }
 
   try {
-    reaper_ = std::thread([this] { reaper_loop(); });
+    reaper_ = std::thread([this] { run_worker("io_uring", [this] { reaper_loop(); }); });
   } catch (const std::system_error& e) {
     return Status::runtime(std::string("cannot start the io_uring thread: ") + e.what());
   }

@@ -11,12 +11,16 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
+#include "cpu/worker_thread.h"
 #include "op_cases.h"
 #include "test_support.h"
 
@@ -214,6 +218,20 @@ TEST(ThreadPoolDeathTest, RefusedThreadsLeaveASmallerWorkingPool) {
   if (stack < (size_t{4} << 20)) GTEST_SKIP() << "default thread stack " << stack << " bytes";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(std::_Exit(pool_under_a_memory_limit(stack)), ::testing::ExitedWithCode(0), "");
+}
+
+// An exception escaping a worker thread's body ends the process with exit 1 and a line naming
+// the thread and the cause, not std::terminate's abort; output written before is flushed.
+TEST(ThreadPoolDeathTest, AWorkerThatRunsOutOfMemoryExitsOneNamingIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        std::thread t([] { run_worker("test-reaper", [] { throw std::bad_alloc(); }); });
+        t.join();
+      },
+      ::testing::ExitedWithCode(1), "ktier: error: test-reaper thread: out of memory");
+  EXPECT_EXIT(run_worker("other", [] { throw std::runtime_error("gone"); }),
+              ::testing::ExitedWithCode(1), "ktier: error: other thread: gone");
 }
 
 }  // namespace
