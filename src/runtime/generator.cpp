@@ -4,12 +4,33 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
 
 namespace ktier::runtime {
 
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// No token is drawn from logits that are not numbers. A NaN or +Inf logit means weights or
+// activations that are not finite, which a sound checkpoint never gives: bytes damaged or
+// changed under the run (a pack or shard rewritten while mapped or streamed), or an overflow.
+// Greedy argmax would turn NaNs into token 0 and carry on; this ends the run with exit 3.
+// `positions` is the sequence length whose next token these logits are for.
+Status check_logits(const float* logits, int64_t n, int64_t positions) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float l = logits[i];
+    if (!std::isnan(l) && l != std::numeric_limits<float>::infinity()) continue;
+    return Status::corrupt("the logits after " + std::to_string(positions) + " positions hold " +
+                           (std::isnan(l) ? "NaN" : "+Inf") + " (first at id " +
+                           std::to_string(i) + "): weights or activations are not finite "
+                           "(a shard or pack damaged or rewritten during the run?); no token is "
+                           "drawn from them");
+  }
+  return Status::ok();
 }
 }  // namespace
 
@@ -76,6 +97,7 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   const uint64_t bytes1 = expert_bytes();
   t0 = std::chrono::steady_clock::now();
   while (st.generated_tokens < opts_.max_new_tokens) {
+    KTIER_RETURN_IF_ERROR(check_logits(logits_.data(), V, seq_.n_tokens));
     const int32_t id = sampler_.next(logits_.data(), V);
     ++st.generated_tokens;
     KTIER_RETURN_IF_ERROR(sink(id));

@@ -11,6 +11,7 @@
 
 #include "common/run_process.h"
 #include "common/test_paths.h"
+#include "format/safetensors.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -388,6 +389,34 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
   EXPECT_NE(mapped.err.find("--policy/--profile ignored: the checkpoint is memory-mapped"),
             std::string::npos) << mapped.err;
   EXPECT_NE(mapped.err.find("--io/--io-rate-limit ignored"), std::string::npos) << mapped.err;
+  // lm_head rows of NaN (bytes damaged, or rewritten under a run): exit 3 before any token, not
+  // greedy argmax's token 0 (the same check stops each decode step).
+  {
+    const fs::path nan_dir = dir_.string() + "-nan";
+    fs::remove_all(nan_dir);
+    fs::copy(dir_, nan_dir);
+    const fs::path last = nan_dir / "model-00014-of-000014.safetensors";
+    uint64_t offset = 0, hidden = 0;
+    {
+      auto st = format::SafetensorsFile::open(last);
+      ASSERT_TRUE(st.is_ok()) << st.status().message();
+      const format::TensorInfo* head = st->find("language_model.lm_head.weight");
+      ASSERT_NE(head, nullptr);
+      offset = head->file_offset;
+      hidden = static_cast<uint64_t>(head->shape.at(1));
+    }
+    std::fstream f(last, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset + 2 * hidden * 7));  // rows 7, 8 and 9
+    const char nan_bf16[2] = {'\xc0', '\x7f'};  // 0x7fc0 little-endian: a quiet NaN
+    for (uint64_t i = 0; i < 3 * hidden; ++i) f.write(nan_bf16, 2);
+    f.close();
+    const auto r = run_process(ktier() + " run -m " + nan_dir.string() + " --ids 1,2 -n 3");
+    fs::remove_all(nan_dir);
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("the logits after 2 positions hold NaN (first at id 7)"),
+              std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
   // A shard cut short: corrupt input (3), named, and no token is printed.
   const fs::path cut = dir_.string() + "-cut";
   fs::remove_all(cut);
