@@ -166,10 +166,16 @@ std::string manifest_json(const std::vector<Record>& records, uint64_t file_size
   o += "{\n";
   o += " \"format\": " + json_string(kPackFormat) + ",\n";
   o += " \"version\": " + std::to_string(block_size > 0 ? kPackVersionCompressed : kPackVersion) + ",\n";
-  if (block_size > 0)
+  if (block_size > 0) {
+    // What the reader sizes its inflate scratch by: the blocks' largest, not the option (a
+    // 1 GiB --block-size over 200 KiB records made every reader allocate 1 GiB).
+    uint64_t largest = kMinBlockSize;
+    for (const Record& r : records)
+      for (const Block& k : r.blocks) largest = std::max(largest, k.inflated);
     o += " \"compression\": {\"codec\": \"zstd\", \"level\": " + std::to_string(kZstdLevel) +
-         ", \"planes\": \"bf16-split\", \"block_size\": " + num(block_size) + ", \"block_alignment\": " +
-         num(kRecordAlignment) + "},\n";
+         ", \"planes\": \"bf16-split\", \"block_size\": " + num(largest) +
+         ", \"block_alignment\": " + num(kRecordAlignment) + "},\n";
+  }
   o += " \"alignment\": " + num(kRecordAlignment) + ",\n";
   o += " \"tensor_alignment\": " + num(kTensorAlignment) + ",\n";
   o += " \"source\": {\n  \"config_xxh3\": \"" + hex64(source.config_xxh3) + "\",\n  \"shards\": [";
@@ -212,7 +218,27 @@ std::string manifest_json(const std::vector<Record>& records, uint64_t file_size
     o += "\n   ]}";
   }
   o += "\n ]\n}\n";
+  const std::optional<uint64_t> sum = manifest_checksum(o);
+  KTIER_CHECK(sum.has_value());  // our own text
+  o.resize(o.size() - 3);  // "\n}\n"
+  o += ",\n \"manifest_xxh3\": \"" + hex64(*sum) + "\"\n}\n";
   return o;
+}
+
+std::optional<uint64_t> manifest_checksum(const std::string& manifest_text) {
+  nlohmann::json root = nlohmann::json::parse(manifest_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) return std::nullopt;
+  root.erase("manifest_xxh3");
+  const std::string canonical = root.dump();
+  return XXH3_64bits(canonical.data(), canonical.size());
+}
+
+std::string seal_manifest(const std::string& manifest_text) {
+  nlohmann::json root = nlohmann::json::parse(manifest_text, nullptr, /*allow_exceptions=*/false);
+  const std::optional<uint64_t> sum = manifest_checksum(manifest_text);
+  if (!sum) return manifest_text;
+  root["manifest_xxh3"] = hex64(*sum);
+  return root.dump();
 }
 
 }  // namespace ktier::pack

@@ -9,7 +9,9 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <algorithm>
 #include <map>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -135,6 +137,11 @@ class ManifestParser {
                             std::to_string(pack_.file_size_) + " bytes)"};
       prev_end = r.offset + r.stored_size;
     }
+    if (pack_.block_size_ > 0 && pack_.block_size_ != std::max(largest_block_, kMinBlockSize))
+      throw ManifestError{"compression.block_size " + std::to_string(pack_.block_size_) +
+                          " is not the largest block's inflated size, " +
+                          std::to_string(std::max(largest_block_, kMinBlockSize)) +
+                          " (readers size their inflate scratch by it)"};
   }
 
   SourceFingerprint parse_source() {
@@ -227,6 +234,7 @@ class ManifestParser {
     if (raw != r.size)
       throw ManifestError{rw + ": blocks inflate to " + std::to_string(raw) + " bytes, the record has " +
                           std::to_string(r.size)};
+    for (const Block& k : r.blocks) largest_block_ = std::max(largest_block_, k.inflated);
     if (r.stored_size != at - r.offset)
       throw ManifestError{rw + ": stored_size " + std::to_string(r.stored_size) + ", its blocks end at +" +
                           std::to_string(at - r.offset)};
@@ -295,6 +303,7 @@ class ManifestParser {
 
   TrunkPack& pack_;
   const json& root_;
+  uint64_t largest_block_ = 0;  // of every compressed record's blocks
 };
 
 Result<TrunkPack> TrunkPack::open(const std::filesystem::path& packdir, const format::Checkpoint& ckpt) {
@@ -314,18 +323,46 @@ Result<TrunkPack> TrunkPack::open_impl(const std::filesystem::path& packdir,
   try {
     std::error_code ec;
     if (!std::filesystem::is_directory(packdir, ec))
-      return Status::usage(packdir.string() + ": not a trunk pack (no such directory); make one with "
-                           "ktier pack -m MODEL -o " + packdir.string());
+      return Status::usage(packdir.string() + ": not a trunk pack (" +
+                           (std::filesystem::exists(packdir, ec) ? "not a directory"
+                                                                 : "no such directory") +
+                           "); make one with ktier pack -m MODEL -o " + packdir.string());
     if (!std::filesystem::exists(manifest_path, ec))
       return Status::corrupt(manifest_path.string() + ": missing, so " + packdir.string() +
                              " is not a finished trunk pack (an interrupted ktier pack?): rerun ktier pack");
+    // A folder, a FIFO or a device in its place would read as a library error, block, or read
+    // without end; a manifest has one line per tensor, far below the cap.
+    if (!std::filesystem::is_regular_file(manifest_path, ec))
+      return Status::corrupt(manifest_path.string() + ": not a regular file: rerun ktier pack");
+    const uint64_t manifest_bytes = std::filesystem::file_size(manifest_path, ec);
+    if (ec || manifest_bytes > kMaxManifestBytes)
+      return Status::corrupt(manifest_path.string() + ": " +
+                             (ec ? ec.message() : std::to_string(manifest_bytes) + " bytes, over " +
+                                                      std::to_string(kMaxManifestBytes)) +
+                             ": rerun ktier pack");
     std::ifstream in(manifest_path, std::ios::binary);
     if (!in) return Status::runtime("cannot open " + manifest_path.string());
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (in.bad()) return Status::runtime("cannot read " + manifest_path.string());
+    std::string text(manifest_bytes, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    if (in.bad() || static_cast<uint64_t>(in.gcount()) != manifest_bytes)
+      return Status::runtime("cannot read " + manifest_path.string());
     json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (root.is_discarded())
       return Status::corrupt(manifest_path.string() + ": not valid JSON: rerun ktier pack");
+    // The manifest's own checksum first: an edit the other checks cannot see (two tensors of one
+    // shape with their names swapped) must not reach a run.
+    if (root.is_object()) {
+      const auto stored = root.find("manifest_xxh3");
+      if (stored == root.end() || !stored->is_string())
+        return Status::corrupt(manifest_path.string() + ": no \"manifest_xxh3\" (a pack made "
+                               "before manifests carried their checksum?): rerun ktier pack");
+      const std::optional<uint64_t> sum = manifest_checksum(text);
+      if (!sum || hex64(*sum) != stored->get<std::string>())
+        return Status::corrupt(manifest_path.string() + ": its text does not match its "
+                               "manifest_xxh3 " + stored->get<std::string>() + " (computed " +
+                               (sum ? hex64(*sum) : std::string("-")) +
+                               "): edited or damaged: rerun ktier pack");
+    }
 
     const uint64_t actual_size = std::filesystem::file_size(pack.pack_path_, ec);
     if (ec)

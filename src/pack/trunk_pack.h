@@ -50,6 +50,8 @@ inline constexpr int64_t kPackVersion = 1;            // plain packs (every reco
 inline constexpr int64_t kPackVersionCompressed = 2;  // layer records as compressed blocks
 inline constexpr const char* kPackFileName = "trunk.pack";
 inline constexpr const char* kManifestFileName = "manifest.json";
+// A manifest holds ~150 bytes per tensor (K3's trunk: a few thousand); a larger file is not one.
+inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
 // Records start at, and are zero-padded to, multiples of this (the O_DIRECT block of every
 // filesystem ktier targets). Bytes.
 inline constexpr uint64_t kRecordAlignment = 4096;
@@ -153,9 +155,21 @@ Result<SourceFingerprint> fingerprint_checkpoint(const format::Checkpoint& ckpt)
 std::string hex64(uint64_t v);
 
 // manifest.json for a finished pack (records carry their checksums). `block_size` > 0 writes
-// version 2 (compressed layer records, with their blocks), 0 version 1.
+// version 2 (compressed layer records, with their blocks; the manifest's block_size is then the
+// largest block's inflated size, at least kMinBlockSize), 0 version 1. The text ends with
+// "manifest_xxh3", the manifest's own checksum (manifest_checksum).
 std::string manifest_json(const std::vector<Record>& records, uint64_t file_size,
                           const SourceFingerprint& source, uint64_t block_size = 0);
+
+// XXH3_64bits of the manifest's canonical form: the JSON text of `manifest_text` parsed, without
+// its "manifest_xxh3" member, dumped compactly with sorted keys (nlohmann's default), so a
+// manifest's layout of whitespace does not matter but any edit of a value or a name (two tensors'
+// names swapped pass every other check) does. std::nullopt when the text is not a JSON object.
+std::optional<uint64_t> manifest_checksum(const std::string& manifest_text);
+
+// `manifest_text` with its "manifest_xxh3" set to manifest_checksum (compact JSON): for tests
+// and tools that edit a manifest on purpose and want its other checks to speak.
+std::string seal_manifest(const std::string& manifest_text);
 
 class TrunkPack {
  public:

@@ -338,57 +338,107 @@ TEST_F(PackTest, DamagedManifestsAreCorrupt) {
     EXPECT_NE(tp.status().message().find(mp.string()), std::string::npos) << tp.status().message();
     EXPECT_NE(tp.status().message().find(needle), std::string::npos) << tp.status().message();
   };
+  // Edits are checked against manifest_xxh3 first; the cases below reseal (seal_manifest) so
+  // that the field checks behind it speak.
+  const auto seal = [](const json& m) { return seal_manifest(m.dump()); };
   expect_corrupt("{\"format\": ", "cut JSON", "not valid JSON");
+  {
+    // Two tensors of one shape with their names swapped pass every check but the checksum.
+    json swapped = good;
+    auto& tensors = swapped["records"][0]["tensors"];
+    size_t a = 0, b = 0;
+    for (size_t x = 0; x < tensors.size() && !b; ++x)
+      for (size_t y = x + 1; y < tensors.size() && !b; ++y)
+        if (tensors[x]["shape"] == tensors[y]["shape"] && tensors[x]["dtype"] == tensors[y]["dtype"])
+          a = x, b = y;
+    ASSERT_NE(b, 0u) << "no two tensors of one shape in record 0";
+    std::swap(tensors[a]["name"], tensors[b]["name"]);
+    expect_corrupt(swapped.dump(), "names swapped", "does not match its manifest_xxh3");
+    json unsealed = good;
+    unsealed.erase("manifest_xxh3");
+    expect_corrupt(unsealed.dump(), "no checksum", "no \"manifest_xxh3\"");
+    write_text(mp, good.dump(3));  // whitespace is not part of the canonical form
+    const auto reopened = TrunkPack::open(out, ckpt);
+    EXPECT_TRUE(reopened.is_ok()) << reopened.status().message();
+  }
   expect_corrupt("[]", "an array", "not an object");
   json j = good;
   j["version"] = 3;
-  expect_corrupt(j.dump(), "version 3", "version 3");
+  expect_corrupt(seal(j), "version 3", "version 3");
   j["version"] = 2;  // compressed packs name their compression
-  expect_corrupt(j.dump(), "version 2 without compression", "no \"compression\"");
+  expect_corrupt(seal(j), "version 2 without compression", "no \"compression\"");
   j["compression"] = {{"codec", "zstd"}, {"planes", "bf16-split"}, {"block_size", 4096}};
   j["records"][0]["blocks"] = json::array();  // blocks must inflate to the record's size
   j["records"][0]["stored_size"] = 0;
-  expect_corrupt(j.dump(), "no blocks", "blocks inflate to 0 bytes");
+  expect_corrupt(seal(j), "no blocks", "blocks inflate to 0 bytes");
   j["records"][0]["blocks"] = {{{"offset", 4096}, {"length", 100}, {"inflated", 4096}, {"xxh3", "0000000000000000"}}};
-  expect_corrupt(j.dump(), "misplaced block", "block 0: offset 4096");
+  expect_corrupt(seal(j), "misplaced block", "block 0: offset 4096");
   j["records"][0]["blocks"][0]["offset"] = j["records"][0]["offset"];
   j["records"][0]["blocks"][0]["inflated"] = 8192;
-  expect_corrupt(j.dump(), "block above the block size", "is impossible");
+  expect_corrupt(seal(j), "block above the block size", "is impossible");
   j = good;
   j["records"][0]["blocks"] = json::array();
-  expect_corrupt(j.dump(), "blocks in version 1", "version-1 pack");
+  expect_corrupt(seal(j), "blocks in version 1", "version-1 pack");
   j = good;
   j["format"] = "something";
-  expect_corrupt(j.dump(), "format", "format");
+  expect_corrupt(seal(j), "format", "format");
   j = good;
   j["records"][1]["offset"] = j["records"][0]["offset"];
-  expect_corrupt(j.dump(), "overlap", "overlaps");
+  expect_corrupt(seal(j), "overlap", "overlaps");
   j = good;
   j["records"][0]["offset"] = 100;
-  expect_corrupt(j.dump(), "misaligned record", "multiple of 4096");
+  expect_corrupt(seal(j), "misaligned record", "multiple of 4096");
   j = good;
   j["records"].back()["offset"] = j["file_size"].get<uint64_t>();
-  expect_corrupt(j.dump(), "record past the end", "outside");
+  expect_corrupt(seal(j), "record past the end", "outside");
   j = good;
   j["records"][0]["tensors"][0]["offset"] = j["records"][0]["bytes"].get<uint64_t>();
-  expect_corrupt(j.dump(), "tensor outside its record", "outside the record");
+  expect_corrupt(seal(j), "tensor outside its record", "outside the record");
   j = good;
   j["records"][0]["tensors"][0]["shape"] = json::array({7});
-  expect_corrupt(j.dump(), "nbytes vs shape", "nbytes");
+  expect_corrupt(seal(j), "nbytes vs shape", "nbytes");
   j = good;
   j["records"][0]["xxh3"] = "xyz";
-  expect_corrupt(j.dump(), "bad checksum text", "16 hex digits");
+  expect_corrupt(seal(j), "bad checksum text", "16 hex digits");
   j = good;
   j["records"][0]["tensors"].erase(j["records"][0]["tensors"].size() - 1);
   j["records"][0]["bytes"] = j["records"][0]["tensors"].back()["offset"].get<uint64_t>() +
                              j["records"][0]["tensors"].back()["nbytes"].get<uint64_t>();
   j["records"][0]["size"] = (j["records"][0]["bytes"].get<uint64_t>() + 4095) / 4096 * 4096;
-  expect_corrupt(j.dump(), "a tensor missing", "lacks tensor");
+  expect_corrupt(seal(j), "a tensor missing", "lacks tensor");
   j = good;
   std::swap(j["records"][0]["tensors"][0]["name"], j["records"][1]["tensors"][0]["name"]);
-  expect_corrupt(j.dump(), "a tensor in the wrong record", "not a non-expert tensor of that record");
+  expect_corrupt(seal(j), "a tensor in the wrong record", "not a non-expert tensor of that record");
   write_text(mp, good.dump());
   EXPECT_TRUE(TrunkPack::open(out, ckpt).is_ok());
+}
+
+// A compressed pack records the largest block it holds as block_size (readers size their inflate
+// scratch by it), not the --block-size asked for; a manifest saying otherwise is corrupt.
+TEST_F(PackTest, CompressedBlockSizeIsTheLargestBlock) {
+  const auto ckpt = open_ckpt("a");
+  const fs::path out = scratch("blocks");
+  PackOptions o;
+  o.out_dir = out;
+  o.block_size = uint64_t{64} << 20;  // larger than any record of the tiny model
+  ASSERT_TRUE(write_trunk_pack(ckpt, o).is_ok());
+  const fs::path mp = out / kManifestFileName;
+  json m = json::parse(test::read_file(mp));
+  uint64_t largest = 0;
+  for (const json& r : m.at("records"))
+    if (r.contains("blocks"))
+      for (const json& b : r.at("blocks")) largest = std::max(largest, b.at("inflated").get<uint64_t>());
+  ASSERT_GT(largest, 0u);
+  EXPECT_LT(largest, o.block_size);
+  EXPECT_EQ(m.at("compression").at("block_size").get<uint64_t>(), std::max(largest, kMinBlockSize));
+  EXPECT_TRUE(TrunkPack::open(out, ckpt).is_ok());
+  m["compression"]["block_size"] = o.block_size;
+  write_text(mp, seal_manifest(m.dump()));
+  const auto tp = TrunkPack::open(out, ckpt);
+  ASSERT_FALSE(tp.is_ok());
+  EXPECT_EQ(tp.status().exit_code(), 3);
+  EXPECT_NE(tp.status().message().find("is not the largest block's inflated size"),
+            std::string::npos) << tp.status().message();
 }
 
 TEST_F(PackTest, CommandLine) {
