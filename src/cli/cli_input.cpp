@@ -214,14 +214,7 @@ CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& 
 }
 
 CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help) {
-  const auto digits = [](std::string& v) {
-    return v.empty() || v.find_first_not_of("0123456789") != std::string::npos
-               ? "a seed is a whole number 0.." + std::to_string(UINT64_MAX)
-               : std::string();
-  };
-  return sub->add_option("--seed", seed, help)
-      ->check(CLI::Validator(digits, "UINT", "seed"))
-      ->capture_default_str();
+  return sub->add_option("--seed", seed, help)->check(whole_number<uint64_t>())->capture_default_str();
 }
 
 void add_rate_limit_option(CLI::App* sub, double& mb_s) {

@@ -1,7 +1,9 @@
 #pragma once
 // Input helpers shared by the subcommands that take text or token ids.
 
+#include <charconv>
 #include <cstdint>
+#include <limits>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -90,8 +92,25 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a);
 // min..cpu::kMaxThreads (CLI11 refuses other values: exit 2); with min 0, 0 means one per
 // hardware thread.
 CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& help, int min = 0);
-// Adds "--seed S" to `sub`: decimal digits only, 0..2^64-1 (CLI11 alone would wrap "-1" and
-// " -1" to 2^64-1).
+// A CLI11 check for options bound to an unsigned type T: decimal digits only, within T's range.
+// CLI11 alone converts with strtoull, which wraps "-1" (and " -1") to the largest value and
+// saturates "99999999999999999999" to it without a word.
+template <typename T>
+CLI::Validator whole_number() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        T value{};
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
+        if (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos &&
+            ec == std::errc() && end == v.data() + v.size())
+          return {};
+        return "'" + v + "' is not a whole number 0.." +
+               std::to_string(std::numeric_limits<T>::max());
+      },
+      "UINT", "whole number");
+}
+
+// Adds "--seed S" to `sub` (checked with whole_number<uint64_t>).
 CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help);
 // Fills the engine options from them and decides the device (loading the CUDA module unless
 // --device cpu; the reason for the choice is logged once). Status::usage for a bad size, --io or

@@ -291,7 +291,8 @@ void register_bench_decode_command(CLI::App& bench, int& exit_code) {
   add_threads_option(sub, o->threads, "Worker threads");
   sub->add_option("--buffer-mib", o->buffer_mib,
                   "Bandwidth buffer in MiB (default: as bench kernels; small = in-cache, "
-                  "figures meaningless)");
+                  "figures meaningless)")
+      ->check(whole_number<uint64_t>());
   sub->add_option("--pack", o->pack,
                   "Also decode with the trunk streamed from this pack and compare with "
                   "max(I/O time, compute time)");

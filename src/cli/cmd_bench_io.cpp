@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "cli/bench_util.h"
+#include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "io/aligned_buffer.h"
 #include "io/io_engine.h"
@@ -157,7 +158,8 @@ void register_bench_io_command(CLI::App& bench, int& exit_code) {
                   "read in flight")
       ->capture_default_str();
   sub->add_option("--raw-block-mib", o->raw_block_mib, "Block size of the raw sequential reads")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(whole_number<uint64_t>());
   sub->add_option("--json", o->json, "Also write the figures to FILE as JSON");
   sub->callback([o, &exit_code] { exit_code = finish(run_io_bench(*o)); });
 }

@@ -76,7 +76,11 @@ Status run(const RunArgs& a) {
                          "first message with -p or -f FILE");
   if (a.interactive && a.max_new_tokens < 1)
     return Status::usage("--interactive needs -n >= 1 (each answer is at least one token)");
-  if (a.ctx_size < 0) return Status::usage("-c/--ctx-size must be >= 0 (0 = auto)");
+  // Up to INT32_MAX positions, like -n: 2^31 of K3's ~70 KB of cache per position is far past any
+  // machine, and the working-set products (positions x widths x bytes) stay inside int64.
+  if (a.ctx_size < 0 || a.ctx_size > INT32_MAX)
+    return Status::usage("-c/--ctx-size must be in 0.." + std::to_string(INT32_MAX) +
+                         " (0 = auto)");
   if (a.chat && !a.ids.empty())
     return Status::usage("--chat wraps prompt text in the chat format: give -p TEXT or -f FILE");
   runtime::GenerationOptions gen;

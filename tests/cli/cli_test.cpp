@@ -43,9 +43,15 @@ TEST(Cli, UsageErrorsExitTwo) {
            // CLI11 would read an empty value as zero (-n '' as -n 0, --pack= as no pack).
            {" run -m x --ids 1 -n ''", "-n: empty value"},
            {" run -m x --ids 1 --pack=", "--pack: empty value"},
-           // CLI11 alone wraps a negative seed to 2^64 - 1.
-           {" synth --preset tiny -o x --seed -1", "--seed: a seed is a whole number"},
-           {" run -m x --ids 1 --seed ' -1'", "--seed: a seed is a whole number"},
+           // CLI11 alone wraps a negative value of an unsigned option to its largest, and
+           // saturates one past it.
+           {" synth --preset tiny -o x --seed -1", "--seed: '-1' is not a whole number"},
+           {" run -m x --ids 1 --seed ' -1'", "--seed: ' -1' is not a whole number"},
+           {" run -m x --ids 1 --seed 18446744073709551616",
+            "--seed: '18446744073709551616' is not a whole number 0..18446744073709551615"},
+           {" trace replay x --slots 4 --expert-bytes -1", "--expert-bytes: '-1' is not"},
+           {" bench io --pack x --raw-block-mib -1", "--raw-block-mib: '-1' is not"},
+           {" run -m x --ids 1 -c 9223372036854775807", "-c/--ctx-size must be in 0..2147483647"},
            {" bench device --device emulated --bytes 0", "--bytes must be at least 1M"}}) {
     const auto r = run_process(ktier() + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
