@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -105,21 +106,28 @@ Result<runtime::GenerationStats> timed_decode(runtime::Engine& e, const std::vec
 // The streamed-trunk check (issue 4, item 6b): per-token time with the trunk streamed from the
 // pack, against max(I/O time, compute time) measured in the same run: compute = the resident
 // s/token, I/O = bytes read per token / raw sequential read GB/s of the pack file.
-Result<nlohmann::json> streamed_check(const DecodeOptions& o, const std::vector<int32_t>& prompt,
-                                      double compute_s) {
+// The streamed run's engine options, from --pack, --ram (default: the pack's minimum budget) and
+// --io-rate-limit. Built before the in-RAM figures are measured, so that a wrong pack or flag is
+// refused in a second, not after the whole benchmark.
+Result<runtime::EngineOptions> streamed_options(const DecodeOptions& o) {
   runtime::EngineOptions eo;
   eo.model_dir = o.model;
   eo.threads = o.threads;
   eo.pack_dir = o.pack;
   KTIER_ASSIGN_OR_RETURN(eo.io.rate_limit_bytes_per_s, rate_limit_bytes_per_s(o.io_rate_limit_mb_s));
+  KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ck, format::Checkpoint::open(o.model, format::OpenMode::kPread));
+  KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack pk, pack::TrunkPack::open(o.pack, ck));
   if (!o.ram.empty()) {
     KTIER_ASSIGN_OR_RETURN(eo.ram_budget, parse_size(o.ram, "--ram"));
   } else {
-    KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ck, format::Checkpoint::open(o.model, format::OpenMode::kPread));
-    KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack pk, pack::TrunkPack::open(o.pack, ck));
     eo.ram_budget =
         runtime::minimum_budget_bytes(ck, &pk, eo.lookahead, runtime::resolve_threads(o.threads));
   }
+  return eo;
+}
+
+Result<nlohmann::json> streamed_check(const DecodeOptions& o, const runtime::EngineOptions& eo,
+                                      const std::vector<int32_t>& prompt, double compute_s) {
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> e, runtime::Engine::open(eo));
   std::fprintf(stderr, "[bench] streamed decode (%lld of %lld layers streamed)\n",
                static_cast<long long>(e->trunk_store()->stats().layers_streamed),
@@ -162,6 +170,12 @@ Status run_decode_bench(const DecodeOptions& o) {
   if (!o.json.empty()) {
     json_out.open(o.json);
     if (!json_out) return Status::runtime(o.json + ": cannot open for writing");
+  }
+  std::optional<runtime::EngineOptions> streamed_eo;
+  if (!o.pack.empty()) {
+    KTIER_ASSIGN_OR_RETURN(streamed_eo, streamed_options(o));
+  } else if (!o.ram.empty() || o.io_rate_limit_mb_s != 0) {
+    return Status::usage("--ram and --io-rate-limit shape the streamed run: give --pack too");
   }
   runtime::EngineOptions eo;
   eo.model_dir = o.model;
@@ -246,8 +260,8 @@ Status run_decode_bench(const DecodeOptions& o) {
                {"ratio_to_fma", gmacs / fma}};
   }
   nlohmann::json streamed;
-  if (!o.pack.empty()) {
-    KTIER_ASSIGN_OR_RETURN(streamed, streamed_check(o, prompt, s_per_token));
+  if (streamed_eo) {
+    KTIER_ASSIGN_OR_RETURN(streamed, streamed_check(o, *streamed_eo, prompt, s_per_token));
   }
   if (json_out.is_open()) {
     nlohmann::json j = {
