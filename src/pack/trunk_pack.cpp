@@ -173,8 +173,15 @@ class ManifestParser {
     for (size_t i = 0; i < have.size(); ++i) {
       Record& h = have[i];
       const Record& w = want.records[i];
-      if (h.name != w.name || h.layer != w.layer)
+      if (h.name != w.name)
         throw ManifestError{"record " + std::to_string(i) + " is '" + h.name + "', expected '" + w.name + "'"};
+      if (h.layer != w.layer) {
+        const auto layer_text = [](const Record& r) {
+          return r.layer >= 0 ? std::to_string(r.layer) : std::string("null");  // -1: null
+        };
+        throw ManifestError{"record '" + h.name + "' has layer " + layer_text(h) + ", expected " +
+                            layer_text(w)};
+      }
       h.kind = w.kind;
       std::map<std::string_view, const TensorEntry*> expected;
       for (const TensorEntry& t : w.tensors) expected.emplace(t.name, &t);

@@ -407,6 +407,11 @@ TEST_F(PackTest, DamagedManifestsAreCorrupt) {
   j["records"][0]["size"] = (j["records"][0]["bytes"].get<uint64_t>() + 4095) / 4096 * 4096;
   expect_corrupt(seal(j), "a tensor missing", "lacks tensor");
   j = good;
+  j["records"][1]["layer"] = 2;
+  expect_corrupt(seal(j), "a wrong layer", "record 'layer.1' has layer 2, expected 1");
+  j["records"][1]["layer"] = nullptr;
+  expect_corrupt(seal(j), "a null layer", "record 'layer.1' has layer null, expected 1");
+  j = good;
   std::swap(j["records"][0]["tensors"][0]["name"], j["records"][1]["tensors"][0]["name"]);
   expect_corrupt(seal(j), "a tensor in the wrong record", "not a non-expert tensor of that record");
   write_text(mp, good.dump());
