@@ -152,6 +152,16 @@ Result<SourceFingerprint> fingerprint_checkpoint(const format::Checkpoint& ckpt)
     buf.resize(3 * w);
     for (int k = 0; k < 3; ++k)
       KTIER_RETURN_IF_ERROR(sh.read_bytes(sh.data_offset() + starts[k], w, buf.data() + k * w));
+    // And every packed tensor's first and last kTensorSampleBytes: a trunk tensor rewritten in
+    // place (a layer edited or retrained) changes them, where the three windows above rarely
+    // lie (the pack then decoded the old weights with exit 0). ~2 small reads per tensor.
+    for (const format::TensorInfo& t : sh.tensors()) {
+      if (t.nbytes == 0 || !record_for(t.name, ckpt.config().num_hidden_layers)) continue;
+      const uint64_t n = std::min(t.nbytes, kTensorSampleBytes), at = buf.size();
+      buf.resize(at + 2 * n);
+      KTIER_RETURN_IF_ERROR(sh.read_bytes(t.file_offset, n, buf.data() + at));
+      KTIER_RETURN_IF_ERROR(sh.read_bytes(t.file_offset + t.nbytes - n, n, buf.data() + at + n));
+    }
     s.sample_xxh3 = XXH3_64bits(buf.data(), buf.size());
     fp.shards.push_back(std::move(s));
   }

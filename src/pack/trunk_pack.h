@@ -60,6 +60,8 @@ inline constexpr uint64_t kTensorAlignment = 64;
 // Bytes of each shard's data section hashed into SourceFingerprint::Shard::sample_xxh3, at the
 // start, the middle and the end of the section.
 inline constexpr uint64_t kSampleWindowBytes = 4096;
+// Bytes sampled at each end of every packed tensor for the fingerprint (sample_xxh3).
+inline constexpr uint64_t kTensorSampleBytes = 64;
 
 inline constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -112,7 +114,8 @@ struct SourceFingerprint {
     std::string file;          // file name inside the model directory
     uint64_t size = 0;         // bytes
     uint64_t header_xxh3 = 0;  // over bytes [0, 8 + N): length prefix and JSON header
-    uint64_t sample_xxh3 = 0;  // over up to 3 windows of kSampleWindowBytes of the data section
+    uint64_t sample_xxh3 = 0;  // over up to 3 windows of kSampleWindowBytes of the data section,
+                               // then both ends of each packed tensor (kTensorSampleBytes)
   };
   uint64_t config_xxh3 = 0;  // over config.json as stored
   std::vector<Shard> shards;  // Checkpoint::shard() order, every shard it opened

@@ -288,6 +288,48 @@ TEST_F(PackTest, PackOfAnotherCheckpointIsRefused) {
   EXPECT_EQ(TrunkPack::open(out, f).status().exit_code(), 2);
 }
 
+// A trunk tensor rewritten in place (every value negated: a layer edited or retrained) makes the
+// pack stale: refused, not decoded with the old weights. The shard windows alone missed it.
+TEST_F(PackTest, PackOfACheckpointEditedInPlaceIsRefused) {
+  const fs::path edited = root_->path() / "edited";
+  fs::remove_all(edited);
+  fs::copy(ckpt_dir("a"), edited);
+  const fs::path out = scratch("edited");
+  {
+    auto c = format::Checkpoint::open(edited);
+    ASSERT_TRUE(c.is_ok()) << c.status().message();
+    ASSERT_TRUE(pack(*c, out).is_ok());
+  }
+  const std::string name = "language_model.model.layers.1.self_attn.o_proj.weight";
+  uint64_t offset = 0, nbytes = 0;
+  fs::path shard;
+  {
+    auto c = format::Checkpoint::open(edited);
+    ASSERT_TRUE(c.is_ok());
+    const auto loc = c->find(name);
+    ASSERT_TRUE(loc.has_value());
+    offset = loc->info->file_offset;
+    nbytes = loc->info->nbytes;
+    shard = c->shard(loc->shard).path();
+  }
+  {
+    std::fstream f(shard, std::ios::binary | std::ios::in | std::ios::out);
+    std::vector<char> bytes(nbytes);
+    f.seekg(static_cast<std::streamoff>(offset));
+    f.read(bytes.data(), static_cast<std::streamsize>(nbytes));
+    for (size_t i = 1; i < bytes.size(); i += 2) bytes[i] = static_cast<char>(bytes[i] ^ 0x80);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.write(bytes.data(), static_cast<std::streamsize>(nbytes));
+  }
+  auto c = format::Checkpoint::open(edited);
+  ASSERT_TRUE(c.is_ok());
+  const auto tp = TrunkPack::open(out, *c);
+  ASSERT_FALSE(tp.is_ok());
+  EXPECT_EQ(tp.status().exit_code(), 2);
+  EXPECT_NE(tp.status().message().find("holds other bytes"), std::string::npos)
+      << tp.status().message();
+}
+
 TEST_F(PackTest, TruncatedPackIsRefusedAtOpen) {
   const auto ckpt = open_ckpt("a");
   const fs::path out = scratch("trunc");
