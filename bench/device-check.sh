@@ -33,7 +33,9 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 START=$SECONDS
-step() { echo; echo "== $(date +%T) +$((SECONDS - START))s $*"; }
+# Each step packs what the earlier ones left, so a call killed outright (SIGKILL: no EXIT trap)
+# still brings back all but the step it was in.
+step() { pack; echo; echo "== $(date +%T) +$((SECONDS - START))s $*"; }
 # in_time: true while a step may still start (prints why not otherwise).
 in_time() {
   if [ $((SECONDS - START)) -ge "$DEADLINE_S" ]; then echo "(skipped: past ${DEADLINE_S}s)"; return 1; fi

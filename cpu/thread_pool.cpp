@@ -66,8 +66,7 @@ ThreadPool::ThreadPool(int n_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-    stopping_.store(true, std::memory_order_relaxed);
+    stopping_.store(true, std::memory_order_relaxed);  // under mu_: the sleepers' predicate
   }
   work_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -123,8 +122,9 @@ void ThreadPool::worker_loop() {
     Job job;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      work_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
+      const auto stopping = [&] { return stopping_.load(std::memory_order_relaxed); };
+      work_cv_.wait(lk, [&] { return stopping() || generation_ != seen; });
+      if (stopping()) return;
       seen = generation_;
       job = job_;
     }

@@ -66,13 +66,14 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::string start_error_;  // set once by the constructor
   std::mutex submit_mu_;  // one parallel_for at a time
-  std::mutex mu_;         // guards job_, generation_, stop_; held to notify done_cv_
+  std::mutex mu_;         // guards job_, generation_; held to notify done_cv_ and to set stopping_
   std::condition_variable work_cv_, done_cv_;
   Job job_;
   uint64_t generation_ = 0;
-  bool stop_ = false;
   std::atomic<uint64_t> published_{0};  // generation_, for workers spinning without mu_
-  std::atomic<bool> stopping_{false};   // stop_, likewise
+  // Set once, under mu_, by the destructor; read under mu_ by sleeping workers and without it by
+  // spinning ones.
+  std::atomic<bool> stopping_{false};
   std::atomic<int> pending_{0};         // workers still inside the current generation
   std::atomic<int64_t> next_chunk_{0};
 };

@@ -12,6 +12,9 @@
 namespace ktier::strata {
 namespace {
 
+// The conformance trace is a few MB; 4 GiB of int32 pairs would be 500 million records.
+constexpr size_t kMaxConformanceTraceBytes = size_t{4} << 30;
+
 constexpr size_t kRecordBytes = 8;  // int32 layer, int32 expert
 constexpr int32_t kMaxLayer = 65534;
 
@@ -27,9 +30,12 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
                                      const ConformanceTraceOptions& options) {
   const std::string name = path.string();
   std::error_code ec;
-  // A folder or a device (/dev/zero) would read as an error or without end: refused by name.
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-    return Status::usage(name + ": not a regular file (the conformance trace is a file of int32 "
+  // A folder or a device (/dev/zero) would read as an error or without end: refused by name. A
+  // pipe is read (`trace convert <(zcat x.bin.gz) out`), up to kMaxConformanceTraceBytes.
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(st) || std::filesystem::is_character_file(st) ||
+      std::filesystem::is_block_file(st))
+    return Status::usage(name + ": not a file or a pipe (the conformance trace is a file of int32 "
                                 "(layer, expert) pairs)");
   std::FILE* f = std::fopen(name.c_str(), "rb");
   if (!f) {
@@ -42,7 +48,14 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
   std::vector<uint8_t> bytes;
   uint8_t buf[1 << 16];
   size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
+    bytes.insert(bytes.end(), buf, buf + n);
+    if (bytes.size() > kMaxConformanceTraceBytes) {
+      std::fclose(f);
+      return Status::usage(name + ": over " + std::to_string(kMaxConformanceTraceBytes >> 30) +
+                           " GiB, more than a conformance trace holds");
+    }
+  }
   const int read_errno = std::ferror(f) != 0 ? errno : 0;
   std::fclose(f);
   if (read_errno != 0) return Status::runtime(name + ": read error: " + std::strerror(read_errno));

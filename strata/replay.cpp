@@ -5,11 +5,13 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "common/check.h"
+#include "cpu/worker_thread.h"
 
 namespace ktier::strata {
 namespace {
@@ -341,7 +343,13 @@ std::vector<ReplayResult> replay_sweep(const RequestStream& stream,
     }
   };
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  for (unsigned t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back([&] { run_worker("replay", worker); });
+    } catch (const std::system_error&) {
+      break;  // a thread the system will not start: fewer threads, the same results
+    }
+  }
   worker();
   for (auto& t : pool) t.join();
   return results;

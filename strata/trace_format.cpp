@@ -192,7 +192,8 @@ Status validate_trace_header(const TraceHeader& h, const std::string& what) {
     return bad("top_k must be 1..min(255, experts_per_layer)");
   }
   if (h.lookahead_depth > 255) return bad("lookahead_depth must be 0..255");
-  if (h.expert_bytes == 0) return bad("expert_bytes must be > 0");
+  if (h.expert_bytes == 0 || h.expert_bytes > kMaxExpertBytes)
+    return bad("expert_bytes must be 1.." + std::to_string(kMaxExpertBytes));
   if (h.flags & ~(kTraceFlagWeights | kTraceFlagConverted | kTraceFlagRefresh))
     return bad("unknown flag bits set");
   return Status::ok();

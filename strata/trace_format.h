@@ -32,6 +32,10 @@
 
 namespace ktier::strata {
 
+// Largest expert_bytes a trace may state: 1 GiB, ~60x K3's expert. Byte totals are products of
+// it with counts up to 2^32 (layers x experts), which must stay inside uint64.
+inline constexpr uint64_t kMaxExpertBytes = uint64_t{1} << 30;
+
 inline constexpr char kTraceMagic[8] = {'K', 'T', 'I', 'E', 'R', 'T', 'R', 'C'};
 inline constexpr uint32_t kTraceVersion = 1;
 inline constexpr uint32_t kTraceHeaderBytes = 64;
@@ -55,7 +59,8 @@ struct TraceHeader {
   uint32_t experts_per_layer = 0;  // routed experts per MoE layer (K3: 896), <= 65535
   uint32_t top_k = 0;              // experts chosen per token per layer (K3: 16), <= 255
   uint32_t lookahead_depth = 0;    // prediction depths recorded per step, <= 255 (0: none)
-  uint64_t expert_bytes = 0;       // bytes of one routed expert as stored (K3: 17,547,264)
+  uint64_t expert_bytes = 0;       // bytes of one routed expert as stored (K3: 17,547,264),
+                                   // 1..kMaxExpertBytes
   uint32_t flags = 0;              // kTraceFlag*
 };
 

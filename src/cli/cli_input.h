@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -66,11 +67,18 @@ Status check_output_is_not_input(const std::string& flag, const std::string& out
                                  std::initializer_list<InputPath> inputs);
 
 // Status::runtime (exit 1) "FLAG: cannot write PATH: <errno>" unless `path` (empty: no output)
-// can be written: an existing file is opened for writing without truncating it (a run that
-// fails later leaves it as it was), a new one is created and removed again. Called before the
-// work, so that a report which cannot be written (a read-only file system, /proc) is refused
-// before minutes of decoding, not after.
+// can be written: an existing regular file is opened for writing without truncating it (a run
+// that fails later leaves it as it was), a FIFO or device is checked with access(W_OK) only,
+// and for a new file a probe of another name is created and removed in its folder. Called
+// before the work, so that a report which cannot be written (a read-only file system, /proc) is
+// refused before minutes of decoding, not after.
 Status check_can_write(const std::string& flag, const std::string& path);
+
+// Writes `bytes` as the file `path` (created or truncated), Status::runtime naming it on failure.
+// A path that is this process's own stdout or stderr (/dev/stdout, /dev/stderr, or the file they
+// are redirected to) is written through that stream instead, after what it already holds:
+// truncating it would erase the generated text printed before.
+Status write_output_file(const std::string& path, std::string_view bytes);
 
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);
@@ -92,23 +100,28 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a);
 // min..cpu::kMaxThreads (CLI11 refuses other values: exit 2); with min 0, 0 means one per
 // hardware thread.
 CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& help, int min = 0);
-// A CLI11 check for options bound to an unsigned type T: decimal digits only, within T's range.
-// CLI11 alone converts with strtoull, which wraps "-1" (and " -1") to the largest value and
-// saturates "99999999999999999999" to it without a word.
+// A CLI11 transform for options bound to an unsigned type T: decimal digits only, at most `max`
+// (default: T's largest), rewritten in canonical decimal. CLI11 alone converts with strtoull
+// base 0, which wraps "-1" (and " -1") to the largest value, saturates "99999999999999999999"
+// to it without a word, and reads "010" as octal 8. Use with ->transform(), not ->check() (a
+// check gets a copy of the text).
 template <typename T>
-CLI::Validator whole_number() {
+CLI::Validator whole_number(T max = std::numeric_limits<T>::max()) {
   return CLI::Validator(
-      [](std::string& v) -> std::string {
+      [max](std::string& v) -> std::string {
         T value{};
         const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
-        if (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos &&
-            ec == std::errc() && end == v.data() + v.size())
-          return {};
-        return "'" + v + "' is not a whole number 0.." +
-               std::to_string(std::numeric_limits<T>::max());
+        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos ||
+            ec != std::errc() || end != v.data() + v.size() || value > max)
+          return "'" + v + "' is not a whole number 0.." + std::to_string(max);
+        v = std::to_string(value);
+        return {};
       },
-      "UINT", "whole number");
+      "", "whole number");
 }
+
+// Largest value of the MiB-sized bench options (1 TiB): past it, `<< 20` would wrap.
+inline constexpr uint64_t kMaxBenchMib = uint64_t{1} << 20;
 
 // Adds "--seed S" to `sub` (checked with whole_number<uint64_t>).
 CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help);

@@ -217,7 +217,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--size-mib", o->size_mib,
                   "buffer and matrix size in MiB (default: max(4 x LLC, 256 MiB))")
-      ->check(whole_number<uint64_t>());
+      ->transform(whole_number<uint64_t>(kMaxBenchMib));
   sub->add_option("--isa", o->isa, "Kernel set to measure: auto, scalar, avx2 or avx512")
       ->capture_default_str();
   sub->add_flag("--quick", o->quick,

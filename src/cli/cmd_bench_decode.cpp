@@ -115,7 +115,8 @@ Result<runtime::EngineOptions> streamed_options(const DecodeOptions& o) {
   eo.threads = o.threads;
   eo.pack_dir = o.pack;
   KTIER_ASSIGN_OR_RETURN(eo.io.rate_limit_bytes_per_s, rate_limit_bytes_per_s(o.io_rate_limit_mb_s));
-  KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ck, format::Checkpoint::open(o.model, format::OpenMode::kPread));
+  KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ck,
+                         format::Checkpoint::open(o.model, format::OpenMode::kPread));
   KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack pk, pack::TrunkPack::open(o.pack, ck));
   if (!o.ram.empty()) {
     KTIER_ASSIGN_OR_RETURN(eo.ram_budget, parse_size(o.ram, "--ram"));
@@ -306,7 +307,7 @@ void register_bench_decode_command(CLI::App& bench, int& exit_code) {
   sub->add_option("--buffer-mib", o->buffer_mib,
                   "Bandwidth buffer in MiB (default: as bench kernels; small = in-cache, "
                   "figures meaningless)")
-      ->check(whole_number<uint64_t>());
+      ->transform(whole_number<uint64_t>(kMaxBenchMib));
   sub->add_option("--pack", o->pack,
                   "Also decode with the trunk streamed from this pack and compare with "
                   "max(I/O time, compute time)");

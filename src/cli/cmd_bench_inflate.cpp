@@ -207,7 +207,7 @@ void register_bench_inflate_command(CLI::App& bench, int& exit_code) {
   sub->add_option("--passes", o->passes, "timed passes, best kept")->capture_default_str();
   sub->add_option("--max-mib", o->max_mib, "inflated MiB of layer records in the timed passes")
       ->capture_default_str()
-      ->check(whole_number<uint64_t>());
+      ->transform(whole_number<uint64_t>(kMaxBenchMib));
   sub->add_option("--json", o->json, "also write the figures to FILE as JSON");
   sub->callback([o, &exit_code] { exit_code = finish(run_inflate_bench(*o)); });
 }

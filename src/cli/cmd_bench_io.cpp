@@ -159,7 +159,7 @@ void register_bench_io_command(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--raw-block-mib", o->raw_block_mib, "Block size of the raw sequential reads")
       ->capture_default_str()
-      ->check(whole_number<uint64_t>());
+      ->transform(whole_number<uint64_t>(kMaxBenchMib));
   sub->add_option("--json", o->json, "Also write the figures to FILE as JSON");
   sub->callback([o, &exit_code] { exit_code = finish(run_io_bench(*o)); });
 }

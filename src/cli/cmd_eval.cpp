@@ -32,11 +32,8 @@ struct EvalArgs {
 
 Status write_logits(const std::string& path, const std::vector<float>& logits) {
   static_assert(std::endian::native == std::endian::little, "logits files are little-endian");
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return Status::runtime(path + ": cannot open for writing");
-  const bool ok = std::fwrite(logits.data(), sizeof(float), logits.size(), f) == logits.size();
-  if (std::fclose(f) != 0 || !ok) return Status::runtime(path + ": write error");
-  return Status::ok();
+  return write_output_file(path, std::string_view(reinterpret_cast<const char*>(logits.data()),
+                                                  logits.size() * sizeof(float)));
 }
 
 Status eval(const EvalArgs& a) {
@@ -69,8 +66,10 @@ Status eval(const EvalArgs& a) {
   if (!a.logits_out.empty()) KTIER_RETURN_IF_ERROR(write_logits(a.logits_out, logits));
   if (a.argmax) {
     std::vector<int32_t> best;
-    for (int64_t t = 0; t < T; ++t)
+    for (int64_t t = 0; t < T; ++t) {
+      KTIER_RETURN_IF_ERROR(runtime::check_logits(logits.data() + t * V, V, t + 1));
       best.push_back(static_cast<int32_t>(cpu::argmax(logits.data() + t * V, V, engine->exec())));
+    }
     const std::string line = join_ids(best) + "\n";
     if (std::fwrite(line.data(), 1, line.size(), stdout) != line.size() || std::fflush(stdout) != 0)
       return Status::runtime("error writing standard output");

@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -236,11 +235,9 @@ Status run(const RunArgs& a) {
     if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
     if (a.print_ids || !stream) KTIER_RETURN_IF_ERROR(write_stdout(join_ids(generated) + "\n"));
     std::fputs(report.to_table(*engine).c_str(), stderr);
-    if (!a.report_json.empty()) {
-      std::ofstream out(a.report_json);
-      out << report.to_json(*engine).dump(2) << "\n";
-      if (!out.flush()) return Status::runtime(a.report_json + ": cannot write the report");
-    }
+    if (!a.report_json.empty())
+      KTIER_RETURN_IF_ERROR(write_output_file(a.report_json,
+                                              report.to_json(*engine).dump(2) + "\n"));
     return Status::ok();
   };
   // The next turn of a conversation: the assistant's message closed, the user's next one.

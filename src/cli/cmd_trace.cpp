@@ -54,13 +54,13 @@ void add_load_options(CLI::App* sub, LoadOptions& o, bool conversion_flag) {
   }
   sub->add_option("--expert-bytes", o.expert_bytes,
                   "bytes per routed expert (default: from the trace; K3: 17547264)")
-      ->check(whole_number<decltype(o.expert_bytes)>());
+      ->transform(whole_number<decltype(o.expert_bytes)>(strata::kMaxExpertBytes));
   sub->add_option("--top-k", o.top_k, "conformance input: records per (token, layer) group")
-      ->check(whole_number<decltype(o.top_k)>())
+      ->transform(whole_number<decltype(o.top_k)>())
       ->capture_default_str();
   sub->add_option("--experts-per-layer", o.experts_per_layer,
                   "conformance input: routed experts per MoE layer")
-      ->check(whole_number<decltype(o.experts_per_layer)>())
+      ->transform(whole_number<decltype(o.experts_per_layer)>())
       ->capture_default_str();
 }
 
@@ -308,7 +308,7 @@ void register_trace_command(CLI::App& app, int& exit_code) {
                   "temperature: keep the window at its initial share (no adaptation)");
     sub->add_option("--lookahead", o->lookahead,
                     "prefetch recorded predictions up to this depth (0: demand only)")
-        ->check(whole_number<decltype(o->lookahead)>())
+        ->transform(whole_number<decltype(o->lookahead)>())
         ->capture_default_str();
     sub->add_flag("--no-refresh", o->no_refresh,
                   "with --lookahead, leave out the recorded refresh predictions (depth 0: each "

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <new>
 #include <string>
 
@@ -27,11 +28,11 @@ int finish(const Status& status) {
 int main(int argc, char** argv) {
   using namespace ktier;
   // A closed standard descriptor would be handed to the next open(): a shard read as the chat's
-  // input, a log line written into a file. Point each closed one at /dev/null first (open()
-  // takes the lowest free number, so they are reopened in order).
+  // input, a log line written into a file. Each closed one is taken by /dev/null first (open()
+  // takes the lowest free number, so they are reopened in order), read-only: reads see end of
+  // input and writes fail (EBADF), so output to a closed stdout is still reported as lost.
   for (int fd = STDIN_FILENO; fd <= STDERR_FILENO; ++fd)
-    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF &&
-        ::open("/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY) < 0)
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF && ::open("/dev/null", O_RDONLY) < 0)
       return static_cast<int>(ExitCode::kRuntime);
   CLI::App app{
       "ktier: decodes Kimi K3 on one machine. The CPU path is exact and the reference;\n"
@@ -57,29 +58,31 @@ int main(int argc, char** argv) {
   cli::register_pack_command(app, exit_code);
 
   // The log level must be set before any subcommand callback runs.
+  // CLI11 reads an empty value as the type's zero ("-n ''" as -n 0, "--pack=" as no pack). Only
+  // text and id lists mean something by an empty value (an empty prompt to tokenize); for every
+  // other option it is refused by name, before any command runs.
+  const auto display_name = [](const CLI::Option& opt) {  // "--pack", "-n" or "IN"
+    if (!opt.get_lnames().empty()) return "--" + opt.get_lnames().front();
+    if (!opt.get_snames().empty()) return "-" + opt.get_snames().front();
+    return opt.get_name(true);
+  };
+  std::function<void(const CLI::App*)> refuse_empty_values = [&](const CLI::App* cmd) {
+    for (const CLI::Option* opt : cmd->get_options()) {
+      if (opt->check_lname("prompt") || opt->check_lname("ids") || opt->check_lname("pattern"))
+        continue;
+      for (const std::string& value : opt->results())
+        if (value.empty())
+          throw CLI::ValidationError(display_name(*opt) +
+                                     ": empty value (give one, or leave the option out)");
+    }
+    for (const CLI::App* sub : cmd->get_subcommands()) refuse_empty_values(sub);  // parsed ones
+  };
   app.parse_complete_callback([&] {
     const Status s = set_log_level(log_level);
     if (!s.is_ok()) throw CLI::ValidationError(s.message());
+    refuse_empty_values(&app);
   });
 
-  // CLI11 reads an empty value as the type's zero ("-n ''" as -n 0, "--pack=" as no pack).
-  // Only text and id lists mean something by an empty value (an empty prompt to tokenize);
-  // for every other option it is refused by name.
-  const auto may_be_empty = [](const std::string& option) {
-    return option == "-p" || option == "--prompt" || option == "--ids" || option == "--pattern";
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool joined = arg.size() > 1 && arg[0] == '-' && arg.back() == '=';  // "--pack="
-    if (!arg.empty() && !joined) continue;
-    const std::string what = joined ? arg.substr(0, arg.size() - 1)
-                             : i > 1 && argv[i - 1][0] == '-' ? argv[i - 1]
-                                                              : "argument " + std::to_string(i);
-    if (may_be_empty(what)) continue;
-    std::fprintf(stderr, "ktier: error: %s: empty value (give one, or leave the option out)\n",
-                 what.c_str());
-    return static_cast<int>(ExitCode::kUsage);
-  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -133,6 +136,14 @@ int main(int argc, char** argv) {
     // an error, not std::terminate.
     std::fprintf(stderr, "ktier: error: %s\n", e.what());
     return static_cast<int>(ExitCode::kRuntime);
+  }
+  // Every command's stdout: what a full disk or a closed descriptor refused is an error, not a
+  // silent exit 0 (doctor, inspect, trace info, bench ... print through stdio).
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    if (exit_code == 0) {
+      std::fprintf(stderr, "ktier: error: error writing standard output\n");
+      return static_cast<int>(ExitCode::kRuntime);
+    }
   }
   return exit_code;
 }

@@ -167,8 +167,10 @@ Status Engine::open_trunk_dial(const EngineOptions& opts) {
   const uint64_t expert_min = min.experts(), bank_reserve = min.routers;
   if (budget_ < min.total())
     return Status::budget(
-        "a budget of " + gib(budget_) + " cannot be met: the minimum is " + gib(min.total()) +
-        " (trunk " + gib(min.trunk) + ": head, two ring slots, embedding rows" +
+        "a budget of " + gib(budget_) + " (" + std::to_string(budget_) +
+        " bytes) cannot be met: the minimum is " + gib(min.total()) + " = " +
+        std::to_string(min.total()) + " bytes (trunk " + gib(min.trunk) +
+        ": head, two ring slots, embedding rows" +
         (pk && pk->compressed() ? ", compressed staging per slot, inflate scratch per thread"
                                 : "") +
         "; experts " + gib(expert_min) + ": " + std::to_string(min.expert_slots) + " slots of " +

@@ -14,12 +14,8 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+}  // namespace
 
-// No token is drawn from logits that are not numbers. A NaN or +Inf logit means weights or
-// activations that are not finite, which a sound checkpoint never gives: bytes damaged or
-// changed under the run (a pack or shard rewritten while mapped or streamed), or an overflow.
-// Greedy argmax would turn NaNs into token 0 and carry on; this ends the run with exit 3.
-// `positions` is the sequence length whose next token these logits are for.
 Status check_logits(const float* logits, int64_t n, int64_t positions) {
   for (int64_t i = 0; i < n; ++i) {
     const float l = logits[i];
@@ -32,7 +28,6 @@ Status check_logits(const float* logits, int64_t n, int64_t positions) {
   }
   return Status::ok();
 }
-}  // namespace
 
 Result<GenerationStats> generate(model::Model& model, const model::ExpertSource* experts,
                                  std::span<const int32_t> prompt, const GenerationOptions& opts,

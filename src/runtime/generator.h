@@ -90,6 +90,12 @@ class GenerationSession {
 // Teacher-forced forward over ids in chunks; logits [ids.size(), V] of every position.
 Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits);
 
+// Status::corrupt (exit 3) when a row of `n` logits holds a NaN or +Inf (naming `positions`, the
+// sequence length they follow, and the first such id): no token is drawn or reported from it.
+// Weights or activations that are not finite never come from a sound checkpoint (bytes damaged
+// or rewritten under the run, or an overflow); greedy argmax would say token 0 and carry on.
+Status check_logits(const float* logits, int64_t n, int64_t positions);
+
 // Peak resident set size of this process in bytes (getrusage), 0 if unknown.
 uint64_t peak_rss_bytes();
 

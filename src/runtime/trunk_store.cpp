@@ -143,7 +143,8 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   s->stats_.minimum_bytes = z.minimum(slots);
   if (opts.budget_bytes < s->stats_.minimum_bytes)
     return Status::budget("a trunk budget of " + mib(opts.budget_bytes) + " cannot be met: the "
-                          "minimum is " + mib(s->stats_.minimum_bytes) + " (head " +
+                          "minimum is " + mib(s->stats_.minimum_bytes) + " = " +
+                          std::to_string(s->stats_.minimum_bytes) + " bytes (head " +
                           mib(head.size) + " + " + std::to_string(slots) + " ring slots of " +
                           mib(largest) + (z.staging ? " + " + mib(z.staging) + " compressed staging each + " +
                                                           mib(z.scratch) + " inflate scratch" : std::string()) +

@@ -66,33 +66,6 @@ Status remove_file(const fs::path& p) {
   return Status::ok();
 }
 
-Status prepare_output_dir(const fs::path& dir, bool force) {
-  std::error_code ec;
-  const auto st = fs::status(dir, ec);
-  if (fs::exists(st)) {
-    if (!fs::is_directory(st))
-      return Status::usage(dir.string() + " exists and is not a directory");
-    const bool empty = fs::is_empty(dir, ec);
-    if (ec) return Status::runtime("cannot read " + dir.string() + ": " + ec.message());
-    if (!empty && !force)
-      return Status::usage(dir.string() + " is not empty; pass --force to overwrite a checkpoint there");
-    if (!empty) {
-      // Index and config first: from here on the old checkpoint no longer looks complete.
-      KTIER_RETURN_IF_ERROR(remove_file(dir / kIndexName));
-      KTIER_RETURN_IF_ERROR(remove_file(dir / kConfigName));
-      std::vector<fs::path> doomed;
-      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-        if (is_our_file(it->path().filename().string())) doomed.push_back(it->path());
-      if (ec) return Status::runtime("cannot list " + dir.string() + ": " + ec.message());
-      for (const auto& p : doomed) KTIER_RETURN_IF_ERROR(remove_file(p));
-    }
-    return Status::ok();
-  }
-  fs::create_directories(dir, ec);
-  if (ec) return Status::runtime("cannot create " + dir.string() + ": " + ec.message());
-  return Status::ok();
-}
-
 // Refuses (exit 1) a shape whose tensors cannot fit in the output directory's file system,
 // before anything is planned or removed; `need` is min_data_bytes (a lower bound, so a refusal
 // is always right). With --force, the checkpoint files it would replace count as free.
@@ -111,10 +84,43 @@ Status check_free_space(const fs::path& dir, long double need, bool force) {
     }
   if (need <= have) return Status::ok();
   char text[160];
-  std::snprintf(text, sizeof text, "needs at least %.4Lg GB for its tensors; the file system holding"
-                " it has %.4Lg GB free", need / 1e9L, have / 1e9L);
+  std::snprintf(text, sizeof text,
+                "needs at least %.4Lg GB for its tensors; the file system holding it has %.4Lg GB "
+                "free", need / 1e9L, have / 1e9L);
   return Status::runtime("this shape (-o " + dir.string() + ") " + text +
                          " (reduce --experts, --layers, the widths or --vocab)");
+}
+
+// Creates `dir`, or empties the checkpoint files of a previous synth there (--force); refuses a
+// non-empty folder without --force (exit 2) and, before removing anything, a shape whose
+// tensors need more than the free space (`need`, exit 1).
+Status prepare_output_dir(const fs::path& dir, bool force, long double need) {
+  std::error_code ec;
+  const auto st = fs::status(dir, ec);
+  if (fs::exists(st)) {
+    if (!fs::is_directory(st))
+      return Status::usage(dir.string() + " exists and is not a directory");
+    const bool empty = fs::is_empty(dir, ec);
+    if (ec) return Status::runtime("cannot read " + dir.string() + ": " + ec.message());
+    if (!empty && !force)
+      return Status::usage(dir.string() + " is not empty; pass --force to overwrite a checkpoint there");
+    KTIER_RETURN_IF_ERROR(check_free_space(dir, need, force));
+    if (!empty) {
+      // Index and config first: from here on the old checkpoint no longer looks complete.
+      KTIER_RETURN_IF_ERROR(remove_file(dir / kIndexName));
+      KTIER_RETURN_IF_ERROR(remove_file(dir / kConfigName));
+      std::vector<fs::path> doomed;
+      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+        if (is_our_file(it->path().filename().string())) doomed.push_back(it->path());
+      if (ec) return Status::runtime("cannot list " + dir.string() + ": " + ec.message());
+      for (const auto& p : doomed) KTIER_RETURN_IF_ERROR(remove_file(p));
+    }
+    return Status::ok();
+  }
+  KTIER_RETURN_IF_ERROR(check_free_space(dir, need, force));
+  fs::create_directories(dir, ec);
+  if (ec) return Status::runtime("cannot create " + dir.string() + ": " + ec.message());
+  return Status::ok();
 }
 
 // Writes `text` to dir/name through dir/name.tmp and a rename.
@@ -422,9 +428,8 @@ Result<SynthReport> run_synth_impl(const SynthOptions& o) {
   KTIER_ASSIGN_OR_RETURN(SynthShape shape, apply_overrides(std::move(preset), o.overrides, o.experts));
   if (o.out_dir.empty()) return Status::usage("no output directory given (-o DIR)");
   KTIER_ASSIGN_OR_RETURN(SynthVocab vocab, build_vocab(shape.bpe_merges, shape.added_tokens, shape.vocab));
-  KTIER_RETURN_IF_ERROR(check_free_space(o.out_dir, min_data_bytes(shape, o.experts), o.force));
+  KTIER_RETURN_IF_ERROR(prepare_output_dir(o.out_dir, o.force, min_data_bytes(shape, o.experts)));
   const Plan plan = build_plan(shape, o.experts, o.seed);
-  KTIER_RETURN_IF_ERROR(prepare_output_dir(o.out_dir, o.force));
 
   SynthReport r;
   r.shape = shape;

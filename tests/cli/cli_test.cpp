@@ -41,8 +41,9 @@ TEST(Cli, UsageErrorsExitTwo) {
                             "info, replay)"},
            {" bench", "bench needs a command: kernels, decode, io, inflate, device"},
            // CLI11 would read an empty value as zero (-n '' as -n 0, --pack= as no pack).
-           {" run -m x --ids 1 -n ''", "-n: empty value"},
-           {" run -m x --ids 1 --pack=", "--pack: empty value"},
+           {" run -m x --ids 1 -n ''", "--n-predict: empty value"},
+           {" run -m x --ids 1 --pack ''", "--pack: empty value"},
+           {" trace convert '' out", "IN: empty value"},
            // CLI11 alone wraps a negative value of an unsigned option to its largest, and
            // saturates one past it.
            {" synth --preset tiny -o x --seed -1", "--seed: '-1' is not a whole number"},
@@ -50,12 +51,24 @@ TEST(Cli, UsageErrorsExitTwo) {
            {" run -m x --ids 1 --seed 18446744073709551616",
             "--seed: '18446744073709551616' is not a whole number 0..18446744073709551615"},
            {" trace replay x --slots 4 --expert-bytes -1", "--expert-bytes: '-1' is not"},
+           {" trace replay x --slots 4 --expert-bytes 1073741825",
+            "--expert-bytes: '1073741825' is not a whole number 0..1073741824"},
+           {" bench io --pack x --raw-block-mib 17592186044416",
+            "--raw-block-mib: '17592186044416' is not a whole number 0..1048576"},
            {" bench io --pack x --raw-block-mib -1", "--raw-block-mib: '-1' is not"},
            {" run -m x --ids 1 -c 9223372036854775807", "-c/--ctx-size must be in 0..2147483647"},
            {" bench device --device emulated --bytes 0", "--bytes must be at least 1M"}}) {
     const auto r = run_process(ktier() + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find("ktier: error: " + what), std::string::npos) << args << ": " << r.err;
+  }
+  // "--opt=" is CLI11's own refusal; a prompt that ends in '=' is still a prompt.
+  EXPECT_EQ(run_process(ktier() + " run -m x --ids 1 --pack=").exit_code, 2);
+  // Output a full disk or a closed descriptor refused: exit 1, not a silent 0.
+  for (const char* redirect : {" >/dev/full", " >&-"}) {
+    const auto r = run_process(ktier() + " doctor" + redirect);
+    EXPECT_EQ(r.exit_code, 1) << redirect << ": " << r.err;
+    EXPECT_NE(r.err.find("error writing standard output"), std::string::npos) << r.err;
   }
   const auto level = run_process(ktier() + " --log-level loud doctor");
   EXPECT_EQ(level.exit_code, 2);

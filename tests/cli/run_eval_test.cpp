@@ -1,6 +1,7 @@
 // `ktier run` and `ktier eval` as the acceptance checks call them (issue 3 interface), on the
 // tiny seed-0 checkpoint whose float64 goldens are committed (tests/fixtures/golden/).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -21,6 +22,11 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string ktier() { return ktier_bin().string(); }
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 std::string join(const std::vector<int>& v) {
   std::string s;
@@ -257,12 +263,49 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat -p hi -n 2 -c 3").exit_code, 2);
   // Standard input a folder: named. Closed: read as empty (before, the descriptor went to the
   // next file ktier opened and a shard's bytes became the conversation).
-  const auto folder = run_process(ktier() + " run" + model() + " --chat -i -n 2 < " + dir_.string());
+  const auto folder =
+      run_process(ktier() + " run" + model() + " --chat -i -n 2 < " + dir_.string());
   EXPECT_EQ(folder.exit_code, 2) << folder.err;
   EXPECT_NE(folder.err.find("standard input: is a directory"), std::string::npos) << folder.err;
   const auto closed = run_process(ktier() + " run" + model() + " --chat -i -n 2 <&-");
   EXPECT_EQ(closed.exit_code, 0) << closed.err;
   EXPECT_EQ(closed.out, "");
+}
+
+// Outputs that are not plain new files: a FIFO gets the whole report (the writability probe
+// must not open it and end its reader's input), the run's own stdout (/dev/stdout redirected to
+// a file) gets the report after the ids instead of truncating them, a dangling symlink's target
+// is created. Seeds are decimal: 010 is ten, not octal eight.
+TEST_F(RunEvalCli, OutputsToFifosStdoutAndSymlinks) {
+  const fs::path base = dir_.string() + "-outputs";
+  fs::remove_all(base);
+  fs::create_directories(base);
+  const std::string run = ktier() + " run" + model() + " --ids 1,2 -n 3 --print-ids";
+  const fs::path fifo = base / "fifo", got = base / "got.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  auto r = run_process("cat " + fifo.string() + " > " + got.string() + " & " + run +
+                       " --report-json " + fifo.string() + "; wait");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string report = read_text(got);
+  EXPECT_EQ(report.rfind("{", 0), 0u) << report;
+  const fs::path both = base / "both.txt";
+  r = run_process(run + " --report-json /dev/stdout > " + both.string());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string text = read_text(both);
+  const size_t brace = text.find("\n{");
+  ASSERT_NE(brace, std::string::npos) << text;
+  EXPECT_NE(text.substr(0, brace).find_first_of("0123456789"), std::string::npos) << text;
+  fs::create_symlink(base / "later.f32", base / "link");
+  r = run_process(ktier() + " eval" + model() + " --ids 1,2 --logits-out " +
+                  (base / "link").string());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(base / "later.f32"));
+  const auto seeded = [&](const char* seed) {
+    return run_process(run + " --temp 1 --seed " + seed).out;
+  };
+  EXPECT_EQ(seeded("010"), seeded("10"));
+  EXPECT_NE(seeded("010"), seeded("8"));
+  fs::remove_all(base);
 }
 
 // Positions past max_position_embeddings still decode (the CPU path has no table to overflow)
@@ -411,11 +454,15 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     for (uint64_t i = 0; i < 3 * hidden; ++i) f.write(nan_bf16, 2);
     f.close();
     const auto r = run_process(ktier() + " run -m " + nan_dir.string() + " --ids 1,2 -n 3");
+    const auto ev = run_process(ktier() + " eval -m " + nan_dir.string() + " --ids 1,2 --argmax");
     fs::remove_all(nan_dir);
     EXPECT_EQ(r.exit_code, 3) << r.err;
     EXPECT_NE(r.err.find("the logits after 2 positions hold NaN (first at id 7)"),
               std::string::npos) << r.err;
     EXPECT_EQ(r.out, "");
+    EXPECT_EQ(ev.exit_code, 3) << ev.err;  // eval --argmax reports no id from them either
+    EXPECT_NE(ev.err.find("the logits after 1 positions hold NaN"), std::string::npos) << ev.err;
+    EXPECT_EQ(ev.out, "");
   }
   // A shard cut short: corrupt input (3), named, and no token is printed.
   const fs::path cut = dir_.string() + "-cut";

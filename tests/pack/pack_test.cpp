@@ -391,7 +391,8 @@ TEST_F(PackTest, DamagedManifestsAreCorrupt) {
     size_t a = 0, b = 0;
     for (size_t x = 0; x < tensors.size() && !b; ++x)
       for (size_t y = x + 1; y < tensors.size() && !b; ++y)
-        if (tensors[x]["shape"] == tensors[y]["shape"] && tensors[x]["dtype"] == tensors[y]["dtype"])
+        if (tensors[x]["shape"] == tensors[y]["shape"] &&
+            tensors[x]["dtype"] == tensors[y]["dtype"])
           a = x, b = y;
     ASSERT_NE(b, 0u) << "no two tensors of one shape in record 0";
     std::swap(tensors[a]["name"], tensors[b]["name"]);
@@ -474,7 +475,8 @@ TEST_F(PackTest, CompressedBlockSizeIsTheLargestBlock) {
   uint64_t largest = 0;
   for (const json& r : m.at("records"))
     if (r.contains("blocks"))
-      for (const json& b : r.at("blocks")) largest = std::max(largest, b.at("inflated").get<uint64_t>());
+      for (const json& b : r.at("blocks"))
+        largest = std::max(largest, b.at("inflated").get<uint64_t>());
   ASSERT_GT(largest, 0u);
   EXPECT_LT(largest, o.block_size);
   EXPECT_EQ(m.at("compression").at("block_size").get<uint64_t>(), std::max(largest, kMinBlockSize));

@@ -206,8 +206,12 @@ TEST_F(TraceCli, UsageErrorsExit2) {
   for (const std::string& in : {dir_.string(), std::string("/dev/zero")}) {
     const auto r = run_process(ktier("trace convert " + q(in) + " " + q(dir_ / "x.ktrace")));
     EXPECT_EQ(r.exit_code, 2) << r.err;
-    EXPECT_NE(r.err.find(in + ": not a regular file"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(in + ": not a file or a pipe"), std::string::npos) << r.err;
   }
+  // A pipe is read as before.
+  const auto piped = run_process("cat " + q(conformance_) + " | " +
+                                 ktier("trace convert /dev/stdin " + q(dir_ / "p.ktrace")));
+  EXPECT_EQ(piped.exit_code, 0) << piped.err;
   // An output that cannot be written is refused before the replay (exit 1, as any I/O error).
   const auto r = run_process(ktier("trace replay " + conf + " --slots 16 --csv /proc/ktier.csv"));
   EXPECT_EQ(r.exit_code, 1) << r.err;

@@ -437,6 +437,11 @@ TEST(SynthCli, RefusesAShapeLargerThanTheFreeSpace) {
   EXPECT_NE(r.err.find("GB free"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(out.string()), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir.path() / "x"));
+  // A non-empty folder without --force is the usage error it always was, checked first.
+  { std::ofstream(dir.path() / "keep.txt") << "mine"; }
+  const auto busy = test::run_process(test::ktier_bin().string() + " synth -q --preset tiny -o " +
+                                      dir.path().string() + " --vocab 16777216 --hidden 4194304");
+  EXPECT_EQ(busy.exit_code, 2) << busy.err;
 }
 
 }  // namespace
