@@ -57,7 +57,6 @@ int main(int argc, char** argv) {
   cli::register_bench_command(app, exit_code);
   cli::register_pack_command(app, exit_code);
 
-  // The log level must be set before any subcommand callback runs.
   // CLI11 reads an empty value as the type's zero ("-n ''" as -n 0, "--pack=" as no pack). Only
   // text and id lists mean something by an empty value (an empty prompt to tokenize); for every
   // other option it is refused by name, before any command runs.
@@ -77,6 +76,7 @@ int main(int argc, char** argv) {
     }
     for (const CLI::App* sub : cmd->get_subcommands()) refuse_empty_values(sub);  // parsed ones
   };
+  // Runs before any subcommand callback: the log level is set and empty values refused first.
   app.parse_complete_callback([&] {
     const Status s = set_log_level(log_level);
     if (!s.is_ok()) throw CLI::ValidationError(s.message());
