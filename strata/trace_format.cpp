@@ -321,6 +321,8 @@ Result<TraceReader> TraceReader::open(const std::filesystem::path& path) {
   hd.lookahead_depth = get_u32(h + 32);
   hd.flags = get_u32(h + 36);
   hd.expert_bytes = get_u64(h + 40);
+  if (get_u64(h + 48) != 0)  // reserved: a later version's field this reader would ignore
+    return Status::corrupt(r.path_ + ": header bytes 48..55 (reserved) are not 0");
   const Status valid = validate_trace_header(hd, r.path_);
   if (!valid.is_ok()) return Status::corrupt(valid.message());
   r.offset_ = kTraceHeaderBytes;
@@ -366,6 +368,7 @@ Result<bool> TraceReader::next_block(std::vector<TraceStep>& out) {
     if (XXH64(head, 24, 0) != get_u64(head + 24)) {
       return Status::corrupt(path_ + ": footer checksum mismatch");
     }
+    if (get_u32(head + 4) != 0) return Status::corrupt(path_ + ": footer reserved field is not 0");
     if (get_u64(head + 8) != blocks_read_ || get_u64(head + 16) != steps_read_) {
       return Status::corrupt(path_ + ": footer counts (" + std::to_string(get_u64(head + 8)) +
                              " blocks, " + std::to_string(get_u64(head + 16)) +

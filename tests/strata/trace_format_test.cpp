@@ -3,8 +3,10 @@
 #include "strata/trace_format.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -235,6 +237,22 @@ TEST(TraceFormat, FlippedBytesAreCorrupt) {
   extra.push_back(0);
   write_bytes(p, extra);
   expect_corrupt(p, "follow the footer");
+  // Reserved fields set, with the checksums made to match: a later version's fields, refused.
+  const auto reseal = [](std::vector<uint8_t>& b, size_t from, size_t len) {
+    const uint64_t sum = XXH64(b.data() + from, len, 0);
+    std::memcpy(b.data() + from + len, &sum, 8);  // little-endian host, as the format
+  };
+  std::vector<uint8_t> header = bytes;
+  header[48] = 1;
+  reseal(header, 0, 56);
+  write_bytes(p, header);
+  expect_corrupt(p, "(reserved) are not 0");
+  std::vector<uint8_t> footer = bytes;
+  const size_t foot = footer.size() - kTraceFooterBytes;
+  footer[foot + 4] = 1;
+  reseal(footer, foot, 24);
+  write_bytes(p, footer);
+  expect_corrupt(p, "footer reserved field is not 0");
 }
 
 // A path that does not exist is a usage error (exit 2), as for -m, --pack or -f.
