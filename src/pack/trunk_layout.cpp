@@ -235,19 +235,22 @@ std::string manifest_json(const std::vector<Record>& records, uint64_t file_size
   return o;
 }
 
+uint64_t manifest_checksum(nlohmann::json manifest) {
+  manifest.erase("manifest_xxh3");
+  const std::string canonical = manifest.dump();
+  return XXH3_64bits(canonical.data(), canonical.size());
+}
+
 std::optional<uint64_t> manifest_checksum(const std::string& manifest_text) {
   nlohmann::json root = nlohmann::json::parse(manifest_text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) return std::nullopt;
-  root.erase("manifest_xxh3");
-  const std::string canonical = root.dump();
-  return XXH3_64bits(canonical.data(), canonical.size());
+  return manifest_checksum(std::move(root));
 }
 
 std::string seal_manifest(const std::string& manifest_text) {
   nlohmann::json root = nlohmann::json::parse(manifest_text, nullptr, /*allow_exceptions=*/false);
-  const std::optional<uint64_t> sum = manifest_checksum(manifest_text);
-  if (!sum) return manifest_text;
-  root["manifest_xxh3"] = hex64(*sum);
+  if (root.is_discarded() || !root.is_object()) return manifest_text;
+  root["manifest_xxh3"] = hex64(manifest_checksum(root));
   return root.dump();
 }
 

@@ -4,14 +4,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <fstream>
-#include <iterator>
-#include <algorithm>
 #include <map>
-#include <optional>
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -363,12 +361,11 @@ Result<TrunkPack> TrunkPack::open_impl(const std::filesystem::path& packdir,
       if (stored == root.end() || !stored->is_string())
         return Status::corrupt(manifest_path.string() + ": no \"manifest_xxh3\" (a pack made "
                                "before manifests carried their checksum?): rerun ktier pack");
-      const std::optional<uint64_t> sum = manifest_checksum(text);
-      if (!sum || hex64(*sum) != stored->get<std::string>())
+      const std::string sum = hex64(manifest_checksum(root));
+      if (sum != stored->get<std::string>())
         return Status::corrupt(manifest_path.string() + ": its text does not match its "
                                "manifest_xxh3 " + stored->get<std::string>() + " (computed " +
-                               (sum ? hex64(*sum) : std::string("-")) +
-                               "): edited or damaged: rerun ktier pack");
+                               sum + "): edited or damaged: rerun ktier pack");
     }
 
     const uint64_t actual_size = std::filesystem::file_size(pack.pack_path_, ec);

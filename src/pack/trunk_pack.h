@@ -38,6 +38,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "common/dtype.h"
 #include "common/status.h"
 #include "format/checkpoint.h"
@@ -169,6 +171,8 @@ std::string manifest_json(const std::vector<Record>& records, uint64_t file_size
 // manifest's layout of whitespace does not matter but any edit of a value or a name (two tensors'
 // names swapped pass every other check) does. std::nullopt when the text is not a JSON object.
 std::optional<uint64_t> manifest_checksum(const std::string& manifest_text);
+// The same of a manifest already parsed (an object; its "manifest_xxh3", if any, is ignored).
+uint64_t manifest_checksum(nlohmann::json manifest);
 
 // `manifest_text` with its "manifest_xxh3" set to manifest_checksum (compact JSON): for tests
 // and tools that edit a manifest on purpose and want its other checks to speak.

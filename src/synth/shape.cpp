@@ -207,7 +207,7 @@ Status validate_shape(const SynthShape& s, ExpertFormat format) {
   if (s.top_k > format::kMaxTopK)
     return Status::usage("--top-k must be at most " + std::to_string(format::kMaxTopK) +
                          ", the most ktier routes (got " + std::to_string(s.top_k) + ")");
-  const int64_t moe_layers = s.layers - std::min(s.first_k_dense, s.layers);
+  const int64_t moe_layers = s.moe_layers();
   const int64_t per_expert = format == ExpertFormat::kMxfp4 ? 6 : 3;
   // experts ≤ 2^22 and layers ≤ 4096: the product fits easily in int64.
   if (moe_layers * s.experts * per_expert > kMaxExpertTensors)
@@ -249,7 +249,7 @@ Status validate_shape(const SynthShape& s, ExpertFormat format) {
 
 long double min_data_bytes(const SynthShape& s, ExpertFormat format) {
   using LD = long double;
-  const LD moe_layers = static_cast<LD>(s.layers - std::min(s.first_k_dense, s.layers));
+  const LD moe_layers = static_cast<LD>(s.moe_layers());
   const LD weights = 3.0L * static_cast<LD>(s.expert_inter) * static_cast<LD>(s.latent);
   LD per_weight = 0;
   switch (format) {

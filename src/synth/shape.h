@@ -31,6 +31,7 @@
 // iff l % 4 == 0 or l ≥ L − 1. This reproduces K3 (4, 8, …, 92, 93), tiny and demo; layer 0 is
 // always KDA, so any L ≥ 2 has both kinds.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -79,6 +80,7 @@ struct SynthShape {
 
   bool is_mla(int64_t layer) const;
   bool is_dense(int64_t layer) const { return layer < first_k_dense; }
+  int64_t moe_layers() const { return layers - std::min(first_k_dense, layers); }
   std::vector<int64_t> full_attn_layers_1based() const;
   std::vector<int64_t> kda_layers_1based() const;
 };

@@ -97,29 +97,30 @@ Status check_free_space(const fs::path& dir, long double need, bool force) {
 Status prepare_output_dir(const fs::path& dir, bool force, long double need) {
   std::error_code ec;
   const auto st = fs::status(dir, ec);
-  if (fs::exists(st)) {
+  const bool exists = fs::exists(st);
+  bool empty = true;
+  if (exists) {
     if (!fs::is_directory(st))
       return Status::usage(dir.string() + " exists and is not a directory");
-    const bool empty = fs::is_empty(dir, ec);
+    empty = fs::is_empty(dir, ec);
     if (ec) return Status::runtime("cannot read " + dir.string() + ": " + ec.message());
     if (!empty && !force)
       return Status::usage(dir.string() + " is not empty; pass --force to overwrite a checkpoint there");
-    KTIER_RETURN_IF_ERROR(check_free_space(dir, need, force));
-    if (!empty) {
-      // Index and config first: from here on the old checkpoint no longer looks complete.
-      KTIER_RETURN_IF_ERROR(remove_file(dir / kIndexName));
-      KTIER_RETURN_IF_ERROR(remove_file(dir / kConfigName));
-      std::vector<fs::path> doomed;
-      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-        if (is_our_file(it->path().filename().string())) doomed.push_back(it->path());
-      if (ec) return Status::runtime("cannot list " + dir.string() + ": " + ec.message());
-      for (const auto& p : doomed) KTIER_RETURN_IF_ERROR(remove_file(p));
-    }
-    return Status::ok();
   }
   KTIER_RETURN_IF_ERROR(check_free_space(dir, need, force));
-  fs::create_directories(dir, ec);
-  if (ec) return Status::runtime("cannot create " + dir.string() + ": " + ec.message());
+  if (!exists) {
+    fs::create_directories(dir, ec);
+    if (ec) return Status::runtime("cannot create " + dir.string() + ": " + ec.message());
+  } else if (!empty) {
+    // Index and config first: from here on the old checkpoint no longer looks complete.
+    KTIER_RETURN_IF_ERROR(remove_file(dir / kIndexName));
+    KTIER_RETURN_IF_ERROR(remove_file(dir / kConfigName));
+    std::vector<fs::path> doomed;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (is_our_file(it->path().filename().string())) doomed.push_back(it->path());
+    if (ec) return Status::runtime("cannot list " + dir.string() + ": " + ec.message());
+    for (const auto& p : doomed) KTIER_RETURN_IF_ERROR(remove_file(p));
+  }
   return Status::ok();
 }
 
