@@ -9,9 +9,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "io/output_file.h"
 #include "strata/budget.h"
 
 extern char** environ;
@@ -93,8 +94,7 @@ std::string format_replay_table(const std::vector<ReplayResult>& results, bool w
 
 Status write_replay_csv(const std::filesystem::path& path,
                         const std::vector<ReplayResult>& results) {
-  std::ofstream out(path);
-  if (!out) return Status::runtime(path.string() + ": cannot create the CSV file");
+  std::ostringstream out;
   const size_t memory_tiers = results.empty() ? 0 : results.front().tiers.size() - 1;
   out << "policy,budget,total_bytes,total_slots,requests,hits,hit_rate,bytes_read";
   for (size_t i = 0; i < memory_tiers; ++i) {
@@ -125,9 +125,7 @@ Status write_replay_csv(const std::filesystem::path& path,
         << ',' << num(r.prefetch.precision) << ',' << num(r.prefetch.recall) << ','
         << num(r.seconds) << '\n';
   }
-  out.close();
-  if (!out) return Status::runtime(path.string() + ": write failed");
-  return Status::ok();
+  return io::write_output_file(path.string(), out.str());
 }
 
 Status write_replay_json(const std::filesystem::path& path, const std::string& trace_name,
@@ -200,12 +198,7 @@ Status write_replay_json(const std::filesystem::path& path, const std::string& t
                        {"correct", q.correct}});
   }
   root["lookahead"] = quality;
-  std::ofstream out(path);
-  if (!out) return Status::runtime(path.string() + ": cannot create the JSON file");
-  out << root.dump(2) << '\n';
-  out.close();
-  if (!out) return Status::runtime(path.string() + ": write failed");
-  return Status::ok();
+  return io::write_output_file(path.string(), root.dump(2) + '\n');
 }
 
 std::filesystem::path find_plot_script() {

@@ -17,7 +17,8 @@ namespace ktier::strata {
 std::string format_replay_table(const std::vector<ReplayResult>& results, bool with_prefetch);
 
 // One row per (policy, budget); columns in docs/STRATA.md §6.2. All results must share the tier
-// layout (same tier names in the same order).
+// layout (same tier names in the same order). Both writers go through io::write_output_file (a
+// path that is our own stdout is appended to, not truncated).
 Status write_replay_csv(const std::filesystem::path& path,
                         const std::vector<ReplayResult>& results);
 

@@ -23,14 +23,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/size.h"
 #include "io/aligned_buffer.h"
 #include "io/io_engine.h"
+#include "io/output_file.h"
 
 using namespace ktier;
 using namespace ktier::io;
@@ -204,6 +206,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "sizes, depth and runs must be positive\n");
     return 2;
   }
+  if (const Status can = check_can_write("--json", a.json); !can.is_ok()) {
+    std::fprintf(stderr, "%s\n", can.message().c_str());
+    return 1;
+  }
   if (!ensure_file(a)) {
     std::fprintf(stderr, "cannot create %s\n", a.file.c_str());
     return 1;
@@ -226,15 +232,17 @@ int main(int argc, char** argv) {
                 100 * r.io_wait_share, r.note.c_str());
   }
   if (!a.json.empty()) {
-    std::ofstream out(a.json);
-    out << "{\"file\": \"" << a.file << "\", \"bytes\": " << a.size << ", \"block\": " << a.block
-        << ", \"depth\": " << a.depth << ", \"results\": [";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      out << (i ? ", " : "") << "{\"mode\": \"" << rows[i].mode << "\", \"io\": \"" << rows[i].io
-          << "\", \"gbps\": " << rows[i].gbps << ", \"io_wait_share\": " << rows[i].io_wait_share
-          << "}";
+    nlohmann::json results = nlohmann::json::array();
+    for (const Row& r : rows)
+      results.push_back({{"mode", r.mode}, {"io", r.io}, {"gbps", r.gbps},
+                         {"io_wait_share", r.io_wait_share}});
+    const nlohmann::json out{{"file", a.file}, {"bytes", a.size}, {"block", a.block},
+                             {"depth", a.depth}, {"results", results}};
+    const Status written = io::write_output_file(a.json, out.dump(2) + "\n");
+    if (!written.is_ok()) {
+      std::fprintf(stderr, "%s\n", written.message().c_str());
+      return 1;
     }
-    out << "]}\n";
   }
   if (!a.keep) std::remove(a.file.c_str());
   return 0;

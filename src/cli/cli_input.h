@@ -66,20 +66,6 @@ struct InputPath {
 Status check_output_is_not_input(const std::string& flag, const std::string& output,
                                  std::initializer_list<InputPath> inputs);
 
-// Status::runtime (exit 1) "FLAG: cannot write PATH: <errno>" unless `path` (empty: no output)
-// can be written: an existing regular file is opened for writing without truncating it (a run
-// that fails later leaves it as it was), a FIFO or device is checked with access(W_OK) only,
-// and for a new file a probe of another name is created and removed in its folder. Called
-// before the work, so that a report which cannot be written (a read-only file system, /proc) is
-// refused before minutes of decoding, not after.
-Status check_can_write(const std::string& flag, const std::string& path);
-
-// Writes `bytes` as the file `path` (created or truncated), Status::runtime naming it on failure.
-// A path that is this process's own stdout or stderr (/dev/stdout, /dev/stderr, or the file they
-// are redirected to) is written through that stream instead, after what it already holds:
-// truncating it would erase the generated text printed before.
-Status write_output_file(const std::string& path, std::string_view bytes);
-
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);
 

@@ -9,7 +9,6 @@
 // 2 bad options.
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +20,7 @@
 #include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "cpu/exec.h"
+#include "io/output_file.h"
 #include "runtime/engine.h"
 
 namespace ktier::cli {
@@ -112,11 +112,8 @@ Status run_kernels(const KernelsOptions& o) {
   if (o.reps < 1 || o.reps > 1000)
     return Status::usage("--reps must be between 1 and 1000, got " + std::to_string(o.reps));
   if (o.size_mib > (uint64_t{1} << 24)) return Status::usage("--size-mib is too large");
-  std::ofstream json_out;
-  if (!o.json.empty()) {  // opened before the long measurement, so a bad path fails at once
-    json_out.open(o.json, std::ios::trunc);
-    if (!json_out) return Status::runtime("cannot write " + o.json);
-  }
+  // Checked before the long measurement, so a bad path fails at once.
+  KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));
 
   const int n_threads = runtime::resolve_threads(o.threads);
   std::string llc_src;
@@ -190,10 +187,9 @@ Status run_kernels(const KernelsOptions& o) {
                 t.mxfp4_prefill_ratio);
   }
 
-  if (json_out.is_open()) {
-    json_out << to_json(r, llc, llc_src, capped, o).dump(2) << "\n";
-    json_out.flush();
-    if (!json_out) return Status::runtime("cannot write " + o.json);
+  if (!o.json.empty()) {
+    KTIER_RETURN_IF_ERROR(
+        io::write_output_file(o.json, to_json(r, llc, llc_src, capped, o).dump(2) + "\n"));
     std::fprintf(stderr, "[bench] wrote %s\n", o.json.c_str());
   }
   return Status::ok();

@@ -18,7 +18,6 @@
 //                     [--buffer-mib N] [--pack PACKDIR [--ram SIZE]] [--json FILE]
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +30,7 @@
 #include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "common/size.h"
+#include "io/output_file.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/run_report.h"
@@ -167,11 +167,7 @@ Status run_decode_bench(const DecodeOptions& o) {
   if (o.tokens < 2) return Status::usage("-n must be >= 2 (decode steps = n - 1)");
   if (o.prompt_tokens < 1) return Status::usage("--prompt-tokens must be >= 1");
   if (o.prefill_tokens < 0) return Status::usage("--prefill-tokens must be >= 0 (0 = skip)");
-  std::ofstream json_out;
-  if (!o.json.empty()) {
-    json_out.open(o.json);
-    if (!json_out) return Status::runtime(o.json + ": cannot open for writing");
-  }
+  KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));
   std::optional<runtime::EngineOptions> streamed_eo;
   if (!o.pack.empty()) {
     KTIER_ASSIGN_OR_RETURN(streamed_eo, streamed_options(o));
@@ -264,7 +260,7 @@ Status run_decode_bench(const DecodeOptions& o) {
   if (streamed_eo) {
     KTIER_ASSIGN_OR_RETURN(streamed, streamed_check(o, *streamed_eo, prompt, s_per_token));
   }
-  if (json_out.is_open()) {
+  if (!o.json.empty()) {
     nlohmann::json j = {
         {"model", o.model},
         {"threads", engine->threads()},
@@ -279,8 +275,7 @@ Status run_decode_bench(const DecodeOptions& o) {
         {"ratio_to_floor", floor_s / s_per_token}};
     if (!streamed.is_null()) j["streamed"] = streamed;
     if (!prefill.is_null()) j["prefill"] = prefill;
-    json_out << j.dump(2) << "\n";
-    if (!json_out.flush()) return Status::runtime(o.json + ": write error");
+    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, j.dump(2) + "\n"));
   }
   return Status::ok();
 }

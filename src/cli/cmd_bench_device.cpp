@@ -17,7 +17,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -29,6 +28,7 @@
 #include "backend/device_choice.h"
 #include "cli/commands.h"
 #include "common/size.h"
+#include "io/output_file.h"
 #include "cpu/thread_pool.h"
 #include "runtime/engine.h"
 
@@ -94,11 +94,7 @@ Status run_device_bench(const DeviceBenchOptions& o) {
     return Status::usage("--bytes must be at least 1M (got " + o.bytes + "): smaller transfers "
                          "time the launch, not the bandwidth");
   if (o.passes < 1) return Status::usage("--passes must be >= 1");
-  std::ofstream json_out;
-  if (!o.json.empty()) {
-    json_out.open(o.json);
-    if (!json_out) return Status::runtime("--json: cannot write " + o.json);
-  }
+  KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));
   cpu::ThreadPool pool(1);
   std::unique_ptr<backend::Backend> be;
   if (o.device == "emulated") {
@@ -155,15 +151,13 @@ Status run_device_bench(const DeviceBenchOptions& o) {
   std::printf("h2d_gbps         %8.1f  (host to device, pageable host memory)\n", h2d_gbps);
   std::printf("bf16_gemv_gbps   %8.1f  ratio %.3f  (goal >= 0.7)\n", bf16, bf16 / copy_gbps);
   std::printf("mxfp4_gemv_gbps  %8.1f  ratio %.3f  (goal >= 0.7)\n", mxfp4, mxfp4 / copy_gbps);
-  if (json_out.is_open()) {
+  if (!o.json.empty()) {
     const nlohmann::json j{{"device", be->name()},      {"bytes", bytes},
                            {"passes", o.passes},        {"copy_gbps", copy_gbps},
                            {"h2d_gbps", h2d_gbps},      {"bf16_gemv_gbps", bf16},
                            {"bf16_ratio", bf16 / copy_gbps}, {"mxfp4_gemv_gbps", mxfp4},
                            {"mxfp4_ratio", mxfp4 / copy_gbps}};
-    json_out << j.dump(2) << "\n";
-    json_out.flush();
-    if (!json_out) return Status::runtime("cannot write " + o.json);
+    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, j.dump(2) + "\n"));
   }
   return Status::ok();
 }

@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +29,7 @@
 #include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "cpu/thread_pool.h"
+#include "io/output_file.h"
 #include "pack/block_codec.h"
 #include "pack/trunk_pack.h"
 
@@ -92,11 +92,7 @@ class Inflater {
 
 Status run_inflate_bench(const InflateOptions& o) {
   if (o.passes < 1) return Status::usage("--passes must be >= 1");
-  std::ofstream json_out;
-  if (!o.json.empty()) {
-    json_out.open(o.json);
-    if (!json_out) return Status::runtime(o.json + ": cannot open for writing");
-  }
+  KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));
   KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack p, pack::TrunkPack::open_unchecked(o.pack));
   if (!p.compressed())
     return Status::usage(o.pack + ": a plain pack (version " + std::to_string(p.version()) +
@@ -170,7 +166,7 @@ Status run_inflate_bench(const InflateOptions& o) {
   std::printf("inflate_gbps           %.3f  (%d threads, %.1f MB from RAM, best of %d, xxh3 checked)\n",
               best, o.threads, static_cast<double>(timed_bytes) / 1e6, o.passes);
   std::printf("inflate_gbps_per_core  %.3f  (goal >= 2.0)\n", per_core);
-  if (json_out.is_open()) {
+  if (!o.json.empty()) {
     const nlohmann::json j{{"pack", p.pack_path().string()},
                            {"block_size", p.block_size()},
                            {"blocks", blocks},
@@ -187,9 +183,7 @@ Status run_inflate_bench(const InflateOptions& o) {
                            {"passes", o.passes},
                            {"inflate_gbps", best},
                            {"inflate_gbps_per_core", per_core}};
-    json_out << j.dump(2) << "\n";
-    json_out.flush();
-    if (!json_out) return Status::runtime("cannot write " + o.json);
+    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, j.dump(2) + "\n"));
   }
   return Status::ok();
 }

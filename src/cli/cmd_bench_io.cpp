@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 
@@ -27,6 +26,7 @@
 #include "cli/commands.h"
 #include "io/aligned_buffer.h"
 #include "io/io_engine.h"
+#include "io/output_file.h"
 #include "io/read_file.h"
 #include "pack/trunk_pack.h"
 
@@ -84,6 +84,7 @@ Status run_io_bench(const IoBenchOptions& o) {
   if (o.io == "uring") io_opts.backend = io::IoBackend::kUring;
   else if (o.io == "pread") io_opts.backend = io::IoBackend::kPread;
   else if (o.io != "auto") return Status::usage("--io: '" + o.io + "' is not one of auto, uring, pread");
+  KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));
   KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack p, pack::TrunkPack::open_unchecked(o.pack));
   if (p.compressed())
     return Status::usage(o.pack + ": a compressed pack; bench io measures plain packs (see ktier bench "
@@ -120,13 +121,10 @@ Status run_io_bench(const IoBenchOptions& o) {
   std::printf("raw sequential  %8.2f GB/s\nengine stream   %8.2f GB/s\nratio           %8.3f  (goal >= 0.90)\n",
               raw, eng, eng / raw);
   if (!o.json.empty()) {
-    std::ofstream out(o.json);
-    out << nlohmann::json{{"engine_gbps", eng}, {"raw_gbps", raw}, {"ratio", eng / raw},
-                          {"direct", f.direct()}, {"io_engine", engine->name()},
-                          {"bytes", bytes}, {"passes", o.passes}, {"ring_slots", o.ring_slots}}
-               .dump(2)
-        << "\n";
-    if (!out.flush()) return Status::runtime(o.json + ": cannot write");
+    const nlohmann::json j{{"engine_gbps", eng}, {"raw_gbps", raw}, {"ratio", eng / raw},
+                           {"direct", f.direct()}, {"io_engine", engine->name()},
+                           {"bytes", bytes}, {"passes", o.passes}, {"ring_slots", o.ring_slots}};
+    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, j.dump(2) + "\n"));
   }
   return Status::ok();
 }

@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/strata_options.h"
 #include "cpu/kernels.h"
+#include "io/output_file.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 
@@ -32,7 +33,7 @@ struct EvalArgs {
 
 Status write_logits(const std::string& path, const std::vector<float>& logits) {
   static_assert(std::endian::native == std::endian::little, "logits files are little-endian");
-  return write_output_file(path, std::string_view(reinterpret_cast<const char*>(logits.data()),
+  return io::write_output_file(path, std::string_view(reinterpret_cast<const char*>(logits.data()),
                                                   logits.size() * sizeof(float)));
 }
 
@@ -45,7 +46,7 @@ Status eval(const EvalArgs& a) {
   KTIER_RETURN_IF_ERROR(check_output_is_not_input(
       "--logits-out", a.logits_out,
       {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile}}));
-  KTIER_RETURN_IF_ERROR(check_can_write("--logits-out", a.logits_out));
+  KTIER_RETURN_IF_ERROR(io::check_can_write("--logits-out", a.logits_out));
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
   runtime::EngineOptions eo;
   eo.model_dir = a.model;

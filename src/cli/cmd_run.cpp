@@ -32,6 +32,7 @@
 #include "cli/strata_options.h"
 #include "common/progress.h"
 #include "format/checkpoint.h"
+#include "io/output_file.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/run_report.h"
@@ -102,7 +103,7 @@ Status run(const RunArgs& a) {
          {"-f", a.file == "-" ? std::string() : a.file}}));
   KTIER_RETURN_IF_ERROR(check_output_is_not_input("--report-json", a.report_json,
                                                   {{"--trace", a.trace}}));
-  KTIER_RETURN_IF_ERROR(check_can_write("--report-json", a.report_json));
+  KTIER_RETURN_IF_ERROR(io::check_can_write("--report-json", a.report_json));
   std::error_code ec;
   // The tokenizer is optional for --ids runs (ids are printed instead of text).
   std::optional<tok::Tokenizer> tokenizer;
@@ -236,7 +237,7 @@ Status run(const RunArgs& a) {
     if (a.print_ids || !stream) KTIER_RETURN_IF_ERROR(write_stdout(join_ids(generated) + "\n"));
     std::fputs(report.to_table(*engine).c_str(), stderr);
     if (!a.report_json.empty())
-      KTIER_RETURN_IF_ERROR(write_output_file(a.report_json,
+      KTIER_RETURN_IF_ERROR(io::write_output_file(a.report_json,
                                               report.to_json(*engine).dump(2) + "\n"));
     return Status::ok();
   };

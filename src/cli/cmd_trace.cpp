@@ -13,6 +13,7 @@
 
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "io/output_file.h"
 #include "strata/budget.h"
 #include "strata/conformance_trace.h"
 #include "strata/replay.h"
@@ -110,7 +111,7 @@ Status run_replay(const ReplayOptions& o) {
                                   {"--json", o.json}, {"--plot", o.plot}}) {
     KTIER_RETURN_IF_ERROR(check_output_is_not_input(
         flag, out, {{"TRACE", o.trace}, {"--profile", o.profile}}));
-    KTIER_RETURN_IF_ERROR(check_can_write(flag, out));
+    KTIER_RETURN_IF_ERROR(io::check_can_write(flag, out));
   }
   if (!(o.window_fraction >= 0 && o.window_fraction <= 1)) {
     return Status::usage("--window-fraction must be in 0..1");

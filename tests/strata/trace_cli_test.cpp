@@ -113,6 +113,26 @@ TEST_F(TraceCli, ReplayWritesCsvJsonAndPng) {
   EXPECT_EQ(j["summary"]["distinct_keys"], 10010);
 }
 
+// --csv naming the file stdout is redirected to: the table printed first stays, the CSV follows
+// (a writer that truncated the path would erase the table).
+TEST_F(TraceCli, CsvToOwnStdoutFollowsTheTable) {
+  const fs::path both = dir_ / "both.txt";
+  const test::ProcessResult r = run_process(
+      ktier("trace replay " + q(conformance_) + " --convert-conformance --policy lru --slots 455 " +
+            "--csv /dev/stdout > " + q(both)));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(both);
+  std::stringstream s;
+  s << in.rdbuf();
+  const std::string text = s.str();
+  const size_t table = text.find("policy  budget");
+  const size_t csv = text.find("policy,budget,total_bytes");
+  ASSERT_NE(table, std::string::npos) << text;
+  ASSERT_NE(csv, std::string::npos) << text;
+  EXPECT_LT(table, csv);
+  EXPECT_NE(text.find("\nlru,455x,", csv), std::string::npos) << text;
+}
+
 TEST_F(TraceCli, PlotWithoutCsvAndTwoTiers) {
   const fs::path png = dir_ / "two_tier.png";
   const test::ProcessResult r = run_process(

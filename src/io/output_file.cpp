@@ -1,0 +1,72 @@
+#include "io/output_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "io/read_file.h"
+
+namespace ktier::io {
+
+Status check_can_write(const std::string& flag, const std::string& path) {
+  if (path.empty()) return Status::ok();
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto refuse = [&](const std::string& why) {
+    return Status::runtime(flag + ": cannot write " + path + ": " + why);
+  };
+  const fs::file_status st = fs::status(path, ec);  // follows symlinks
+  if (fs::is_directory(st)) return refuse("it is a directory");
+  if (fs::exists(st)) {
+    // A FIFO or a device is not opened here: closing a FIFO's write end would end its reader's
+    // input before the real output comes.
+    if (!fs::is_regular_file(st))
+      return ::access(path.c_str(), W_OK) == 0 ? Status::ok() : refuse(errno_text(errno));
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);  // no O_TRUNC: left as it is
+    if (fd < 0) return refuse(errno_text(errno));
+    ::close(fd);
+    return Status::ok();
+  }
+  // A new file (or a dangling symlink's target): a probe file of another name is created and
+  // removed in the folder it will live in, so no name anyone may be using is touched.
+  fs::path target = path;
+  if (fs::is_symlink(fs::symlink_status(path, ec))) {
+    const fs::path link = fs::read_symlink(path, ec);
+    if (!ec) target = link.is_absolute() ? link : fs::path(path).parent_path() / link;
+  }
+  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::string probe = (folder / ".ktier-write-probe-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) return refuse(errno_text(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return Status::ok();
+}
+
+Status write_output_file(const std::string& path, std::string_view bytes) {
+  struct stat target {};
+  if (::stat(path.c_str(), &target) == 0) {
+    for (std::FILE* stream : {stdout, stderr}) {
+      struct stat open_file {};
+      if (::fstat(::fileno(stream), &open_file) != 0 || open_file.st_dev != target.st_dev ||
+          open_file.st_ino != target.st_ino)
+        continue;
+      if (std::fwrite(bytes.data(), 1, bytes.size(), stream) != bytes.size() ||
+          std::fflush(stream) != 0)
+        return Status::runtime(path + ": write error");
+      return Status::ok();
+    }
+  }
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return Status::runtime(path + ": cannot open for writing: " + errno_text(errno));
+  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  if (std::fclose(f) != 0 || !ok) return Status::runtime(path + ": write error");
+  return Status::ok();
+}
+
+}  // namespace ktier::io

@@ -1,0 +1,110 @@
+// io::check_can_write and io::write_output_file: outputs are probed before the work without
+// being changed, written whole after it, and a path that is our own stdout is appended to.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "io/output_file.h"
+
+namespace ktier::io::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class OutputFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ktier-output-file-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  size_t entries() const {
+    return static_cast<size_t>(std::distance(fs::directory_iterator(dir_), {}));
+  }
+  fs::path dir_;
+};
+
+TEST_F(OutputFileTest, EmptyPathMeansNoOutput) { EXPECT_TRUE(check_can_write("--json", "")); }
+
+TEST_F(OutputFileTest, FolderAndMissingFolderAreRefusedNamingFlagAndPath) {
+  Status s = check_can_write("--json", dir_.string());
+  EXPECT_EQ(s.code(), ExitCode::kRuntime);
+  EXPECT_EQ(s.message(), "--json: cannot write " + dir_.string() + ": it is a directory");
+  const std::string missing = (dir_ / "no-such-folder" / "r.json").string();
+  s = check_can_write("--csv", missing);
+  EXPECT_EQ(s.code(), ExitCode::kRuntime);
+  EXPECT_NE(s.message().find("--csv: cannot write " + missing + ": "), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("ENOENT"), std::string::npos) << s.message();
+}
+
+TEST_F(OutputFileTest, ProbeChangesNothingAndWriteReplaces) {
+  const fs::path existing = dir_ / "old.json";
+  std::ofstream(existing) << "old contents";
+  ASSERT_TRUE(check_can_write("--json", existing.string()));
+  EXPECT_EQ(slurp(existing), "old contents");  // not truncated by the probe
+  const fs::path fresh = dir_ / "new.json";
+  ASSERT_TRUE(check_can_write("--json", fresh.string()));
+  EXPECT_FALSE(fs::exists(fresh));
+  EXPECT_EQ(entries(), 1u);  // the probe file was removed
+
+  ASSERT_TRUE(write_output_file(existing.string(), "new"));
+  EXPECT_EQ(slurp(existing), "new");
+  ASSERT_TRUE(write_output_file(fresh.string(), std::string("a\0b", 3)));
+  EXPECT_EQ(slurp(fresh), std::string("a\0b", 3));
+}
+
+TEST_F(OutputFileTest, DanglingSymlinkIsWrittenThrough) {
+  const fs::path target = dir_ / "target.csv";
+  const fs::path link = dir_ / "link.csv";
+  fs::create_symlink(target.filename(), link);  // relative, resolved beside the link
+  ASSERT_TRUE(check_can_write("--csv", link.string()));
+  EXPECT_FALSE(fs::exists(target));
+  ASSERT_TRUE(write_output_file(link.string(), "x,y\n"));
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(slurp(target), "x,y\n");
+}
+
+TEST_F(OutputFileTest, ProcIsRefusedBeforeTheWork) {
+  const Status s = check_can_write("--json", "/proc/ktier-output-file-test.json");
+  EXPECT_EQ(s.code(), ExitCode::kRuntime);
+}
+
+// The output named is the file stdout is redirected to (`--json out > out`, /dev/stdout):
+// what was printed before stays, the output follows it.
+TEST_F(OutputFileTest, OwnStdoutIsAppendedToNotTruncated) {
+  const fs::path redirected = dir_ / "stdout.txt";
+  std::fflush(stdout);
+  const int saved = ::dup(STDOUT_FILENO);
+  ASSERT_GE(saved, 0);
+  const int fd = ::open(redirected.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::dup2(fd, STDOUT_FILENO), STDOUT_FILENO);
+  ::close(fd);
+  std::fputs("table printed first\n", stdout);
+  const Status written = write_output_file(redirected.string(), "{\"json\": 1}\n");
+  std::fflush(stdout);
+  ::dup2(saved, STDOUT_FILENO);
+  ::close(saved);
+  ASSERT_TRUE(written) << written.message();
+  EXPECT_EQ(slurp(redirected), "table printed first\n{\"json\": 1}\n");
+}
+
+}  // namespace
+}  // namespace ktier::io::test
