@@ -19,7 +19,8 @@
 //
 // Reading: read_trace(path) loads and validates a whole file; TraceReader streams it block by
 // block. Any byte that does not check out is Status::corrupt (exit 3) naming the file and the
-// block / step at fault; a missing or unreadable file is Status::runtime (exit 1).
+// block / step at fault; a missing file or a folder is Status::usage (exit 2), an unreadable one
+// Status::runtime (exit 1).
 // Neither class is thread-safe; use one per thread.
 
 #include <cstdint>

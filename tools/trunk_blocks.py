@@ -151,6 +151,14 @@ def check_pack(zpack: str, plain: str) -> int:
             if got != want:
                 print(f"{r['name']}: inflated bytes differ from the plain pack's record")
                 return 1
+    # A compressed pack stores every layer record as blocks; a plain one passed as the first
+    # argument (no blocks at all) would otherwise "pass" without inflating anything.
+    unblocked = [r["name"] for r in zman["records"]
+                 if r["name"].startswith("layer.") and "blocks" not in r]
+    if zman.get("version") != 2 or blocks == 0 or unblocked:
+        print(f"{zpack}: not a compressed pack (version {zman.get('version')}, {blocks} blocks, "
+              f"layer records without blocks: {unblocked[:3]})")
+        return 1
     print(f"ok: {len(zman['records'])} records, {blocks} blocks inflated by Python equal the "
           f"plain pack")
     return 0

@@ -164,12 +164,12 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
   sub->add_option("--ram", a.ram,
                   "Memory budget (e.g. 8G = 8 GiB, 512M, 8GB = 8e9 bytes) for the trunk and the "
                   "expert RAM tier: a prefix of layers is pinned, the rest streams; below the "
-                  "minimum the run is refused (exit 4). GPU mode always uses it (default: "
-                  "--preset auto)");
+                  "minimum the run is refused (exit 4). Used with --pack and in GPU mode "
+                  "always (default there: --preset auto)");
   auto* preset = sub->add_option(
       "--preset", a.preset,
       "Memory budget by name: laptop (8G), desktop (32G), workstation (96G), server (128G), max, "
-      "auto (55% of RAM, within MemAvailable)");
+      "auto (55% of MemTotal, at most MemAvailable - 2 GiB)");
   preset->excludes(sub->get_option("--ram"));
   sub->add_option("--io", a.io, "Read engine with --pack/--ram/--preset: auto, uring or pread")
       ->capture_default_str();
@@ -228,14 +228,7 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
     KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, runtime::preset_budget_bytes(a.preset));
     eo.ram_budget = bytes;
   }
-  if (a.io == "auto")
-    eo.io.backend = io::IoBackend::kAuto;
-  else if (a.io == "uring")
-    eo.io.backend = io::IoBackend::kUring;
-  else if (a.io == "pread")
-    eo.io.backend = io::IoBackend::kPread;
-  else
-    return Status::usage("--io: '" + a.io + "' is not one of auto, uring, pread");
+  KTIER_ASSIGN_OR_RETURN(eo.io.backend, io::parse_io_backend(a.io));
   KTIER_ASSIGN_OR_RETURN(eo.io.rate_limit_bytes_per_s, rate_limit_bytes_per_s(a.io_rate_limit_mb_s));
   if (!a.vram.empty()) {
     KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, parse_size(a.vram, "--vram"));

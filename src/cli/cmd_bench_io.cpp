@@ -81,9 +81,7 @@ Result<double> engine_pass(const pack::TrunkPack& p, io::IoEngine& engine, const
 Status run_io_bench(const IoBenchOptions& o) {
   if (o.passes < 1) return Status::usage("--passes must be >= 1");
   io::IoOptions io_opts;
-  if (o.io == "uring") io_opts.backend = io::IoBackend::kUring;
-  else if (o.io == "pread") io_opts.backend = io::IoBackend::kPread;
-  else if (o.io != "auto") return Status::usage("--io: '" + o.io + "' is not one of auto, uring, pread");
+  KTIER_ASSIGN_OR_RETURN(io_opts.backend, io::parse_io_backend(o.io));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));
   KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack p, pack::TrunkPack::open_unchecked(o.pack));
   if (p.compressed())

@@ -319,7 +319,7 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_option("-c,--ctx-size", a->ctx_size,
                   "Positions a run may use (0 = auto: the prompt + -n - 1, or 4096 for "
                   "--interactive; GPU mode sets the state for this many aside). Too small for "
-                  "the prompt: exit 2; a conversation's message past it: exit 4")
+                  "the prompt + -n - 1: exit 2; a conversation's message past it: exit 4")
       ->capture_default_str();
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();

@@ -119,14 +119,7 @@ Result<IoBackend> parse_io_backend(const std::string& text) {
   if (text == "auto") return IoBackend::kAuto;
   if (text == "uring" || text == "io_uring") return IoBackend::kUring;
   if (text == "pread") return IoBackend::kPread;
-  return Status::usage("unknown I/O engine '" + text + "' (use auto, uring or pread)");
-}
-
-Result<DirectMode> parse_direct_mode(const std::string& text) {
-  if (text == "auto") return DirectMode::kAuto;
-  if (text == "direct") return DirectMode::kDirect;
-  if (text == "buffered") return DirectMode::kBuffered;
-  return Status::usage("unknown I/O mode '" + text + "' (use auto, direct or buffered)");
+  return Status::usage("--io: '" + text + "' is not one of auto, uring, pread");
 }
 
 uint64_t chunk_reads(const IoOptions& options, uint64_t length) {

@@ -67,7 +67,7 @@ enum class IoBackend {
 
 struct IoOptions {
   IoBackend backend = IoBackend::kAuto;
-  // How IoEngine::open() opens files (`--io direct|buffered`; tests force each).
+  // How IoEngine::open() opens files. The commands always use kAuto; tests force each mode.
   DirectMode direct = DirectMode::kAuto;
   // Chunk reads in flight at once, >= 1 (the expert path wants >= 16: one layer's top-16).
   // The pread engine runs this many threads, capped at kMaxPreadThreads.
@@ -231,8 +231,7 @@ class CompletionQueue {
 // first error. The buffers are no longer written when it returns, success or not.
 Status read_all(IoEngine& engine, std::span<const ReadRequest> batch);
 
-// "auto" | "uring" | "io_uring" | "pread" and "auto" | "direct" | "buffered", for the CLI.
+// `--io`: "auto" | "uring" | "io_uring" | "pread"; anything else is Status::usage naming --io.
 Result<IoBackend> parse_io_backend(const std::string& text);
-Result<DirectMode> parse_direct_mode(const std::string& text);
 
 }  // namespace ktier::io

@@ -43,7 +43,16 @@ class RunEvalCli : public ::testing::Test {
     std::ifstream in(source_dir() / "tests/fixtures/golden/tiny-mxfp4.json");
     golden_ = nlohmann::json::parse(in);
   }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  // The tests' files and folders are dir_'s siblings named "<dir_>-…": removed with it.
+  static void TearDownTestSuite() {
+    const std::string prefix = dir_.filename().string();
+    std::vector<fs::path> ours;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir_.parent_path())) {
+      const std::string name = e.path().filename().string();
+      if (name == prefix || name.rfind(prefix + "-", 0) == 0) ours.push_back(e.path());
+    }
+    for (const fs::path& p : ours) fs::remove_all(p);
+  }
   static std::string model() { return " -m " + dir_.string(); }
   static std::string prompt_ids() { return join(golden_.at("prompt_ids").get<std::vector<int>>()); }
   static std::string last_line(const std::string& s) {
@@ -113,7 +122,8 @@ TEST_F(RunEvalCli, TextPromptStreamsTextAndSeededSamplingRepeats) {
   const std::string cmd = ktier() + " run" + model() +
                           " -p 'The lighthouse keeper' -n 12 --temp 0.9 --top-k 40 --top-p 0.95 "
                           "--seed 11 --print-ids";
-  const auto a = run_process(cmd), b = run_process(cmd + " --threads 1");
+  // Explicit counts: the default may itself be 1 on a one-core runner.
+  const auto a = run_process(cmd + " --threads 1"), b = run_process(cmd + " --threads 3");
   ASSERT_EQ(a.exit_code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
   const auto c = run_process(ktier() + " run" + model() +
@@ -284,10 +294,12 @@ TEST_F(RunEvalCli, OutputsToFifosStdoutAndSymlinks) {
   const fs::path fifo = base / "fifo", got = base / "got.json";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
   auto r = run_process("cat " + fifo.string() + " > " + got.string() + " & " + run +
-                       " --report-json " + fifo.string() + "; wait");
-  EXPECT_EQ(r.exit_code, 0) << r.err;
+                       " --report-json " + fifo.string() + "; rc=$?; wait; exit $rc");
+  EXPECT_EQ(r.exit_code, 0) << r.err;  // ktier's status, not wait's (always 0)
   const std::string report = read_text(got);
   EXPECT_EQ(report.rfind("{", 0), 0u) << report;
+  EXPECT_EQ(report.back(), '\n') << report;  // the whole report, not a prefix
+  EXPECT_TRUE(nlohmann::json::accept(report)) << report;
   const fs::path both = base / "both.txt";
   r = run_process(run + " --report-json /dev/stdout > " + both.string());
   EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -582,9 +594,15 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
   EXPECT_EQ(packed.out, none.out);
   for (const char* extra : {" --threads 1", " --threads 3", " --threads 2 --io-rate-limit 200"}) {
     // 1550K: above the minimum with compressed staging and scratch; every layer streams.
-    const auto zr = run_process(ktier() + " run" + model() + args + " --pack " + z.string() + " --ram 1550K" + extra);
+    const fs::path report = dir_.string() + "-z-report.json";
+    const auto zr = run_process(ktier() + " run" + model() + args + " --pack " + z.string() +
+                                " --ram 1550K --report-json " + report.string() + extra);
     ASSERT_EQ(zr.exit_code, 0) << extra << ": " << zr.err;
     EXPECT_EQ(zr.out, none.out) << extra;
+    std::ifstream in(report);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_EQ(j.at("trunk_layers_pinned").get<int>(), 0) << extra;
+    EXPECT_GT(j.at("trunk_layers_streamed").get<int>(), 0) << extra;
   }
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit -5").exit_code, 2);
   const ProcessResult tiny_rate =

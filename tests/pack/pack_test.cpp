@@ -492,7 +492,7 @@ TEST_F(PackTest, CompressedBlockSizeIsTheLargestBlock) {
 
 TEST_F(PackTest, CommandLine) {
   const fs::path bin = test::ktier_bin();
-  if (!fs::exists(bin)) GTEST_SKIP() << "no ktier binary at " << bin;
+  ASSERT_TRUE(fs::exists(bin)) << "no ktier binary at " << bin;
   const fs::path out = scratch("cli");
   const std::string base = bin.string() + " pack -m " + ckpt_dir("a").string() + " -o " + out.string();
   auto r = test::run_process(base + " -q");

@@ -196,6 +196,31 @@ TEST_F(ExpertCacheTest, OutputIsIdenticalAcrossPoliciesLookaheadBudgetsAndChunks
   }
 }
 
+// The ids above would not see a damaged slot that moves no argmax: the logits of every position
+// (teacher-forced in chunks of 5, then 6 greedy tokens) are compared bytewise too, for a tier
+// far smaller than the experts and one that holds them all, with and without lookahead.
+TEST_F(ExpertCacheTest, LogitsDoNotDependOnPolicyLookaheadOrTierSize) {
+  EngineOptions resident;
+  resident.model_dir = root_ / "ckpt";
+  const std::vector<float> reference = logits_then_greedy_ids(resident, prompt_);
+  ASSERT_FALSE(reference.empty());
+  for (const PolicyKind policy : {PolicyKind::kTemperature, PolicyKind::kLru}) {
+    for (const int lookahead : {0, 2}) {
+      for (const uint64_t policy_slots : {uint64_t{3}, keys_}) {
+        EngineOptions eo;
+        eo.model_dir = root_ / "ckpt";
+        eo.ram_budget = budget_for(policy_slots, lookahead);
+        eo.policy = policy;
+        eo.lookahead = lookahead;
+        eo.threads = 2;
+        EXPECT_TRUE(logits_then_greedy_ids(eo, prompt_) == reference)
+            << strata::policy_name(policy) << " lookahead " << lookahead << " slots "
+            << policy_slots;
+      }
+    }
+  }
+}
+
 TEST_F(ExpertCacheTest, PrefetchCountersAddUpAndPrefetchReplacesDemandReads) {
   uint64_t demand[2] = {0, 0};
   for (const int lookahead : {0, 2}) {

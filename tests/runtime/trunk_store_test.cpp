@@ -36,6 +36,7 @@ class TrunkStoreTest : public ::testing::Test {
     po.out_dir = root_ / "pack";
     ASSERT_TRUE(pack::write_trunk_pack(ckpt.value(), po).is_ok());
     prompt_ = kDialTestPrompt;
+    vocab_ = static_cast<size_t>(ckpt.value().config().vocab_size);
     reference_ = logits({});
   }
   static void TearDownTestSuite() { fs::remove_all(root_); }
@@ -97,6 +98,7 @@ class TrunkStoreTest : public ::testing::Test {
   static inline fs::path root_;
   static inline std::vector<int32_t> prompt_;
   static inline std::vector<float> reference_;
+  static inline size_t vocab_ = 0;
 };
 
 TEST_F(TrunkStoreTest, OutputIsIdenticalAcrossBudgetsSourcesEnginesAndThreads) {
@@ -359,7 +361,7 @@ TEST_F(TrunkStoreTest, CorruptStreamedRecordFailsTheForwardWithExitThree) {
   eo.ram_budget = minimum();  // every layer streams: layer 7 is read during the forward
   auto e = open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
-  std::vector<float> out(prompt_.size() * 320);
+  std::vector<float> out(prompt_.size() * vocab_);
   const Status s = evaluate(e.value()->model(), prompt_, 12, out.data());
   EXPECT_EQ(s.exit_code(), 3) << s.message();
   EXPECT_NE(s.message().find("layer.7"), std::string::npos) << s.message();
@@ -390,7 +392,7 @@ TEST_F(TrunkStoreTest, FailingReadIsRetriedOnceThenFailsWithExitOneNamingTheFile
   auto e = open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   eo.io.fault_plan->add(io::FaultRule::eio().in_path("trunk.pack").times(-1));  // every read
-  std::vector<float> out(prompt_.size() * 320);
+  std::vector<float> out(prompt_.size() * vocab_);
   const Status s = evaluate(e.value()->model(), prompt_, 12, out.data());
   EXPECT_EQ(s.exit_code(), 1) << s.message();
   EXPECT_NE(s.message().find("trunk.pack"), std::string::npos) << s.message();
@@ -412,7 +414,7 @@ TEST_F(TrunkStoreTest, FailingExpertReadFailsTheForwardWithExitOne) {
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   // Shard 6 holds decoder layer 5 and its experts (one shard per layer).
   eo.io.fault_plan->add(io::FaultRule::eio().in_path("model-00006-of").times(-1));
-  std::vector<float> out(prompt_.size() * 320);
+  std::vector<float> out(prompt_.size() * vocab_);
   const Status s = evaluate(e.value()->model(), prompt_, 12, out.data());
   EXPECT_EQ(s.exit_code(), 1) << s.message();
   EXPECT_NE(s.message().find("model-00006-of"), std::string::npos) << s.message();
@@ -428,21 +430,35 @@ TEST(TrunkStoreFloat, FloatExpertsThroughASmallTierMatchTheResidentRun) {
   o.experts = synth::ExpertFormat::kF32;
   ASSERT_TRUE(synth::run_synth(o).is_ok());
   const std::vector<int32_t> ids = {5, 9, 300, 2, 77, 18, 64};
-  auto run = [&](std::optional<uint64_t> budget) {
+  auto ckpt = format::Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.is_ok());
+  const int64_t vocab = ckpt.value().config().vocab_size;
+  const uint64_t experts = static_cast<uint64_t>(ckpt.value().config().num_moe_layers() *
+                                                 ckpt.value().config().num_experts);
+  // Logits of every position; `streamed` counts the trunk layers streamed and `tier_slots` the
+  // expert tier's slots (0 when resident), so the budget is seen to take effect.
+  auto run = [&](std::optional<uint64_t> budget, int64_t* streamed, int64_t* tier_slots) {
     EngineOptions eo;
     eo.model_dir = dir;
     eo.threads = 2;
     eo.ram_budget = budget;
     auto e = Engine::open(eo);
     EXPECT_TRUE(e.is_ok()) << e.status().message();
-    std::vector<float> out(ids.size() * 320);
+    if (!e.is_ok()) return std::vector<float>{};
+    std::vector<float> out(ids.size() * static_cast<size_t>(vocab));
     EXPECT_TRUE(evaluate(e.value()->model(), ids, 3, out.data()).is_ok());
+    const TrunkStore* trunk = e.value()->trunk_store();
+    *streamed = trunk ? trunk->stats().layers_streamed : 0;
+    const ExpertCache* tier = e.value()->expert_cache();
+    *tier_slots = tier ? tier->stats().policy_slots : 0;
     return out;
   };
-  auto ckpt = format::Checkpoint::open(dir);
-  ASSERT_TRUE(ckpt.is_ok());
   const uint64_t min = minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead);
-  EXPECT_EQ(run(min), run(std::nullopt));
+  int64_t streamed = 0, tier_slots = 0, unused = 0;
+  const std::vector<float> small = run(min, &streamed, &tier_slots);
+  EXPECT_GT(streamed, 0) << "the minimum budget streams trunk layers";
+  EXPECT_LT(static_cast<uint64_t>(tier_slots), experts) << "and holds few experts";
+  EXPECT_EQ(small, run(std::nullopt, &unused, &unused));
   fs::remove_all(dir);
 }
 

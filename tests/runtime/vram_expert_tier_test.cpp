@@ -19,11 +19,14 @@ namespace {
 
 constexpr int64_t kLayers = 4, kExperts = 8, kTopK = 2, kRows = 4, kCols = 4;
 
-// Every expert: three 4 x 4 F32 matrices in one host array. peek() succeeds only for the
-// experts marked ready.
+// Every expert: three 4 x 4 F32 matrices in one host array, each element a distinct value (its
+// index), so bytes copied from the wrong expert, matrix or slot are seen. peek() succeeds only
+// for the experts marked ready.
 class FakeHost final : public model::ExpertSource {
  public:
-  FakeHost() : data_(static_cast<size_t>(kLayers * kExperts * 3 * kRows * kCols), 1.0f) {}
+  FakeHost() : data_(static_cast<size_t>(kLayers * kExperts * 3 * kRows * kCols)) {
+    for (size_t i = 0; i < data_.size(); ++i) data_[i] = static_cast<float>(i);
+  }
   Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override {
     for (size_t i = 0; i < ids.size(); ++i) out[i] = view(layer, ids[i]);
     return Status::ok();
@@ -40,6 +43,12 @@ class FakeHost final : public model::ExpertSource {
   }
   std::set<int64_t> ready;  // layer * kExperts + id
   std::function<bool(int64_t, int32_t)> held_above;  // the tier's hook, while it lives
+
+  // The host's matrix `m` (0 = w1, 1 = w2, 2 = w3) of expert `id` of `layer`, for comparing.
+  std::vector<float> matrix(int64_t layer, int32_t id, int m) const {
+    const float* p = data_.data() + ((layer * kExperts + id) * 3 + m) * kRows * kCols;
+    return std::vector<float>(p, p + kRows * kCols);
+  }
 
  private:
   model::ExpertWeights view(int64_t layer, int32_t id) const {
@@ -104,11 +113,17 @@ TEST(VramExpertTier, PredictionsTheHostIsStillReadingAreCopiedOnceReady) {
   EXPECT_EQ(t.stats().hits, 1u);
   EXPECT_EQ(t.stats().prefetch_useful, 1u);
   EXPECT_EQ(t.stats().prefetch_issued, 1u);
-  // The views are device memory holding the host's bytes.
-  std::vector<float> back(static_cast<size_t>(kRows * kCols));
+  // The views are device memory holding the host's bytes of the routed experts, in order: the
+  // prefetched 3 and the on-demand 5, each of the three matrices.
   ASSERT_TRUE(be->synchronize().is_ok());
-  ASSERT_TRUE(be->download(back.data(), out[0].w1.data, back.size() * sizeof(float)).is_ok());
-  EXPECT_EQ(back, std::vector<float>(back.size(), 1.0f));
+  for (int i = 0; i < kTopK; ++i) {
+    for (int m = 0; m < 3; ++m) {
+      const cpu::WeightMatrix& x = m == 0 ? out[i].w1 : m == 1 ? out[i].w2 : out[i].w3;
+      std::vector<float> back(static_cast<size_t>(kRows * kCols), -1.0f);
+      ASSERT_TRUE(be->download(back.data(), x.data, back.size() * sizeof(float)).is_ok());
+      EXPECT_EQ(back, host.matrix(2, routed2[i], m)) << "expert " << routed2[i] << " matrix " << m;
+    }
+  }
   tier->reset();
   EXPECT_FALSE(host.held_above) << "the hook must not outlive the tier";
 }
