@@ -43,6 +43,33 @@ Result<Budget> parse_budget(std::string_view item, uint64_t expert_bytes, std::s
   return b;
 }
 
+Result<std::vector<Budget>> parse_slot_list(std::string_view list, uint64_t expert_bytes,
+                                            std::string_view option) {
+  std::vector<Budget> out;
+  for (size_t start = 0; start <= list.size();) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string_view item = list.substr(start, comma - start);
+    start = comma + 1;
+    auto bad = [&](const std::string& why) {
+      return Status::usage(std::string(option) + ": '" + std::string(item) + "' " + why +
+                           " (e.g. " + std::string(option) + " 455,911)");
+    };
+    std::string_view digits = item;
+    if (!digits.empty() && (digits.back() == 'x' || digits.back() == 'X'))
+      digits.remove_suffix(1);
+    uint64_t n = 0;
+    const auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (ec == std::errc::result_out_of_range) return bad("is too many experts");
+    if (digits.empty() || ec != std::errc() || p != digits.data() + digits.size())
+      return bad("is not a whole number of experts");
+    if (expert_bytes == 0) return bad("needs the expert size (--expert-bytes)");
+    if (n > kMaxSizeBytes / expert_bytes)
+      return bad("is more experts than " + format_bytes(kMaxSizeBytes) + " hold");
+    out.push_back({std::to_string(n) + "x", n * expert_bytes, n});
+  }
+  return out;
+}
+
 Result<std::vector<Budget>> parse_budget_list(std::string_view list, uint64_t expert_bytes,
                                               std::string_view option) {
   std::vector<Budget> out;

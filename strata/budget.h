@@ -25,6 +25,10 @@ struct Budget {
 
 // `option` names the flag in messages ("--ram"). Usage error on anything malformed.
 Result<Budget> parse_budget(std::string_view item, uint64_t expert_bytes, std::string_view option);
+// `--slots 455,911`: comma-separated counts of experts (decimal, an optional trailing x), each a
+// Budget labelled "455x"; a usage error quoting the item as given otherwise.
+Result<std::vector<Budget>> parse_slot_list(std::string_view list, uint64_t expert_bytes,
+                                            std::string_view option);
 Result<std::vector<Budget>> parse_budget_list(std::string_view list, uint64_t expert_bytes,
                                               std::string_view option);
 

@@ -137,18 +137,11 @@ Status run_replay(const ReplayOptions& o) {
   }
 
   // Budget lists: RAM from --ram or --slots, VRAM from --vram; a sweep is their product.
-  std::string ram_list = o.ram;
-  if (!o.slots.empty()) {
-    for (size_t start = 0; start <= o.slots.size();) {
-      const size_t comma = std::min(o.slots.find(',', start), o.slots.size());
-      ram_list += (ram_list.empty() ? "" : ",") + o.slots.substr(start, comma - start) + "x";
-      start = comma + 1;
-    }
-  }
   std::vector<Budget> ram, vram;
-  if (!ram_list.empty()) {
-    KTIER_ASSIGN_OR_RETURN(ram,
-                           parse_budget_list(ram_list, eb, o.slots.empty() ? "--ram" : "--slots"));
+  if (!o.slots.empty()) {
+    KTIER_ASSIGN_OR_RETURN(ram, parse_slot_list(o.slots, eb, "--slots"));
+  } else if (!o.ram.empty()) {
+    KTIER_ASSIGN_OR_RETURN(ram, parse_budget_list(o.ram, eb, "--ram"));
   }
   if (!o.vram.empty()) {
     KTIER_ASSIGN_OR_RETURN(vram, parse_budget_list(o.vram, eb, "--vram"));

@@ -423,5 +423,30 @@ TEST(Budget, ParsesUnitsAndSlots) {
   EXPECT_EQ(format_bytes(8000000000u), "8.00 GB");
 }
 
+// --slots items are counts of experts; an error quotes the item as given (no internal suffix).
+TEST(Budget, SlotListsQuoteTheBadItem) {
+  const uint64_t eb = 17547264;
+  Result<std::vector<Budget>> b = parse_slot_list("455,911x,0", eb, "--slots");
+  ASSERT_TRUE(b.is_ok()) << b.status().message();
+  ASSERT_EQ(b->size(), 3u);
+  EXPECT_EQ((*b)[0].label, "455x");
+  EXPECT_EQ((*b)[0].bytes, 455 * eb);
+  EXPECT_EQ((*b)[1].slots, 911u);
+  EXPECT_EQ((*b)[2].slots, 0u);
+  const auto message = [&](const char* list) {
+    const Result<std::vector<Budget>> r = parse_slot_list(list, eb, "--slots");
+    EXPECT_EQ(r.status().exit_code(), 2) << list;
+    return r.status().message();
+  };
+  EXPECT_EQ(message(",1"), "--slots: '' is not a whole number of experts (e.g. --slots 455,911)");
+  EXPECT_EQ(message("4,abc").rfind("--slots: 'abc' is not a whole number", 0), 0u);
+  EXPECT_EQ(message("-1").rfind("--slots: '-1' is not", 0), 0u);
+  EXPECT_EQ(message("1.5").rfind("--slots: '1.5' is not", 0), 0u);
+  EXPECT_EQ(message("99999999999999999999").rfind("--slots: '99999999999999999999' is too many", 0),
+            0u);
+  EXPECT_EQ(message("999999999999999").rfind("--slots: '999999999999999' is more experts", 0), 0u);
+  EXPECT_EQ(parse_slot_list("4", 0, "--slots").status().exit_code(), 2);  // no expert size
+}
+
 }  // namespace
 }  // namespace ktier::strata
