@@ -123,15 +123,21 @@ Status check_step(const TraceStep& s, const TraceHeader& h, const std::string& w
   return check_experts(s.refreshed, h, /*distinct=*/true, what + " (refresh)");
 }
 
-// Routing and prediction weights are router scores: finite and >= 0 (the writer refuses others,
-// so no trace it finishes fails this on reading).
-Status check_weights(const TraceStep& s, const std::string& what) {
+// Routing and prediction weights are router scores: finite and >= 0, and all 0 when the header
+// says none were recorded (flags bit 0 clear). The writer refuses others, so no trace it
+// finishes fails this on reading.
+Status check_weights(const TraceStep& s, const TraceHeader& h, const std::string& what) {
+  const bool recorded = (h.flags & kTraceFlagWeights) != 0;
   const auto check = [&](const std::vector<ExpertWeight>& list, const std::string& which) {
-    for (const ExpertWeight& e : list)
+    for (const ExpertWeight& e : list) {
+      const std::string head = what + " (" + which + "): expert " + std::to_string(e.expert) +
+                               " has weight " + std::to_string(e.weight);
       if (!(e.weight >= 0.0f) || !std::isfinite(e.weight))
-        return Status::corrupt(what + " (" + which + "): expert " + std::to_string(e.expert) +
-                               " has weight " + std::to_string(e.weight) +
-                               ", not a finite number >= 0");
+        return Status::corrupt(head + ", not a finite number >= 0");
+      if (!recorded && e.weight != 0.0f)
+        return Status::corrupt(head + ", but the header says no weights were recorded "
+                               "(flags bit 0 clear)");
+    }
     return Status::ok();
   };
   KTIER_RETURN_IF_ERROR(check(s.chosen, "chosen"));
@@ -238,7 +244,7 @@ TraceWriter::~TraceWriter() {
 Status TraceWriter::append(const TraceStep& step) {
   if (!file_) return Status::usage(path_ + ": append after close");
   Status s = check_step(step, header_, "step " + std::to_string(steps_written_));
-  if (s.is_ok()) s = check_weights(step, "step " + std::to_string(steps_written_));
+  if (s.is_ok()) s = check_weights(step, header_, "step " + std::to_string(steps_written_));
   if (!s.is_ok()) return Status::usage(path_ + ": cannot record " + s.message());
   encode_step(payload_, step, header_);
   ++block_steps_;
@@ -442,7 +448,7 @@ Result<bool> TraceReader::next_block(std::vector<TraceStep>& out) {
         return Status::corrupt(step_name + ": block payload ends inside the refresh list");
     }
     KTIER_RETURN_IF_ERROR(check_step(s, header_, step_name));
-    KTIER_RETURN_IF_ERROR(check_weights(s, step_name));
+    KTIER_RETURN_IF_ERROR(check_weights(s, header_, step_name));
   }
   if (p != end) return Status::corrupt(where + ": payload has bytes after its last step");
   offset_ += kTraceBlockHeaderBytes + payload_bytes;

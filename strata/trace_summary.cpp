@@ -77,7 +77,10 @@ std::string format_summary(const TraceSummary& s, const TraceHeader& h, const st
     line("steps:            %s ((token, layer) request sets) + %s with predictions only (dense layers)",
          format_count(s.steps).c_str(), format_count(s.prediction_only_steps).c_str());
   line("requests:         %s", format_count(s.requests).c_str());
-  line("MoE layers:       %u (layers %u..%u)", s.moe_layers, s.first_layer, s.last_layer);
+  if (s.moe_layers == 0)
+    line("MoE layers:       0 (no routing recorded)");
+  else
+    line("MoE layers:       %u (layers %u..%u)", s.moe_layers, s.first_layer, s.last_layer);
   line("distinct keys:    %s (working set %s)", format_count(s.distinct_keys).c_str(),
        format_bytes(s.working_set_bytes).c_str());
   line("hit ceiling:      %s hits = %.2f%% (requests - distinct keys: compulsory misses)",

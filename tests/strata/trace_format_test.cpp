@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "strata/conformance_trace.h"
+#include "strata/replay.h"
+#include "strata/trace_summary.h"
 
 namespace ktier::strata {
 namespace {
@@ -175,6 +177,12 @@ TEST(TraceFormat, EmptyTraceRoundTrips) {
   Result<Trace> back = read_trace(p);
   ASSERT_TRUE(back.is_ok()) << back.status().message();
   EXPECT_TRUE(back->steps.empty());
+  // `trace info` on it: no layer range made up from the empty stream.
+  const Result<RequestStream> stream = build_request_stream(*back);
+  ASSERT_TRUE(stream.is_ok()) << stream.status().message();
+  const std::string info =
+      format_summary(summarize_trace(*back, *stream), back->header, p.string());
+  EXPECT_NE(info.find("MoE layers:       0 (no routing recorded)"), std::string::npos) << info;
 }
 
 void expect_corrupt(const fs::path& p, const std::string& fragment) {
@@ -253,6 +261,13 @@ TEST(TraceFormat, FlippedBytesAreCorrupt) {
   reseal(footer, foot, 24);
   write_bytes(p, footer);
   expect_corrupt(p, "footer reserved field is not 0");
+  // Flags bit 0 cleared (no weights recorded) in a trace that holds weights: refused, not read
+  // as unweighted routing.
+  std::vector<uint8_t> unweighted = bytes;
+  unweighted[36] &= static_cast<uint8_t>(~kTraceFlagWeights);
+  reseal(unweighted, 0, 56);
+  write_bytes(p, unweighted);
+  expect_corrupt(p, "but the header says no weights were recorded");
 }
 
 // A path that does not exist is a usage error (exit 2), as for -m, --pack or -f.
@@ -267,6 +282,21 @@ TEST(TraceFormat, MissingFileIsUsageErrorNamingIt) {
 // Weights are router scores: a NaN, an infinite or a negative one is refused, naming the step
 // (by the writer, so a recording run fails rather than leave a trace no reader takes; the
 // reader applies the same check to what it decodes).
+TEST(TraceFormat, WeightsWithoutTheWeightsFlagAreRefused) {
+  Trace t = make_trace(2);
+  t.header.flags &= ~kTraceFlagWeights;
+  for (TraceStep& s : t.steps) {
+    for (ExpertWeight& e : s.chosen) e.weight = 0.0f;
+    for (auto& depth : s.predicted)
+      for (ExpertWeight& e : depth) e.weight = 0.0f;
+  }
+  ASSERT_TRUE(write_trace(temp_path("unweighted.ktrace"), t).is_ok());
+  t.steps[3].chosen[1].weight = 0.5f;
+  const Status st = write_trace(temp_path("unweighted.ktrace"), t);
+  EXPECT_EQ(st.exit_code(), 2);
+  EXPECT_NE(st.message().find("step 3 (chosen)"), std::string::npos) << st.message();
+}
+
 TEST(TraceFormat, WeightsThatNoRouterGivesAreRefused) {
   for (const float w : {std::numeric_limits<float>::quiet_NaN(),
                         std::numeric_limits<float>::infinity(), -0.25f}) {
