@@ -69,4 +69,17 @@ Status write_output_file(const std::string& path, std::string_view bytes) {
   return Status::ok();
 }
 
+Status create_output_dir(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path target = dir;
+  if (fs::is_symlink(fs::symlink_status(dir, ec)) && !fs::exists(dir, ec)) {
+    const fs::path link = fs::read_symlink(dir, ec);
+    if (!ec) target = link.is_absolute() ? link : dir.parent_path() / link;
+  }
+  fs::create_directories(target, ec);
+  if (ec) return Status::runtime("cannot create " + dir.string() + ": " + ec.message());
+  return Status::ok();
+}
+
 }  // namespace ktier::io

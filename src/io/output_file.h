@@ -6,6 +6,7 @@
 // Threads: both functions touch only the named path (and stdout/stderr for a path that is one of
 // them); callers serialize writes to the same path.
 
+#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -26,5 +27,10 @@ Status check_can_write(const std::string& flag, const std::string& path);
 // are redirected to) is written through that stream instead, after what it already holds:
 // truncating it would erase the text printed before.
 Status write_output_file(const std::string& path, std::string_view bytes);
+
+// Creates the output folder `dir` and its parents (`ktier synth -o`, `ktier pack -o`); an
+// existing folder is fine. A dangling symlink creates the folder it names, as writing a file
+// through one creates the file. Status::runtime (exit 1) "cannot create DIR: <why>".
+Status create_output_dir(const std::filesystem::path& dir);
 
 }  // namespace ktier::io

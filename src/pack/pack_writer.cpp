@@ -16,10 +16,11 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include "common/progress.h"
 #include "cpu/thread_pool.h"
+#include "io/output_file.h"
 #include "pack/block_codec.h"
 #include "pack/trunk_pack.h"
-#include "common/progress.h"
 
 namespace ktier::pack {
 namespace fs = std::filesystem;
@@ -352,9 +353,8 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
       return Status::usage("--block-size " + std::to_string(o.block_size) + " must be a multiple of " +
                            std::to_string(kRecordAlignment) + " between " + std::to_string(kMinBlockSize) +
                            " and " + std::to_string(kMaxBlockSize) + " bytes");
+    KTIER_RETURN_IF_ERROR(io::create_output_dir(o.out_dir));
     std::error_code ec;
-    fs::create_directories(o.out_dir, ec);
-    if (ec) return Status::runtime("cannot create " + o.out_dir.string() + ": " + ec.message());
 
     PackLayout layout = plan_trunk_pack(ckpt);
     SourceFingerprint source;

@@ -15,10 +15,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/progress.h"
 #include "format/safetensors_writer.h"
+#include "io/output_file.h"
 #include "synth/config_gen.h"
 #include "synth/plan.h"
-#include "common/progress.h"
 #include "synth/tokenizer_gen.h"
 #include "synth/values.h"
 
@@ -109,8 +110,7 @@ Status prepare_output_dir(const fs::path& dir, bool force, long double need) {
   }
   KTIER_RETURN_IF_ERROR(check_free_space(dir, need, force));
   if (!exists) {
-    fs::create_directories(dir, ec);
-    if (ec) return Status::runtime("cannot create " + dir.string() + ": " + ec.message());
+    KTIER_RETURN_IF_ERROR(io::create_output_dir(dir));
   } else if (!empty) {
     // Index and config first: from here on the old checkpoint no longer looks complete.
     KTIER_RETURN_IF_ERROR(remove_file(dir / kIndexName));

@@ -81,6 +81,23 @@ TEST_F(OutputFileTest, DanglingSymlinkIsWrittenThrough) {
   EXPECT_EQ(slurp(target), "x,y\n");
 }
 
+// Output folders (synth -o, pack -o): parents made, an existing folder fine, a dangling
+// symlink's folder created, and a failure names the path.
+TEST_F(OutputFileTest, OutputFoldersAreCreatedThroughDanglingSymlinks) {
+  ASSERT_TRUE(create_output_dir(dir_ / "a" / "b"));
+  EXPECT_TRUE(fs::is_directory(dir_ / "a" / "b"));
+  ASSERT_TRUE(create_output_dir(dir_ / "a"));
+  fs::create_symlink("made-later", dir_ / "link");
+  ASSERT_TRUE(create_output_dir(dir_ / "link"));
+  EXPECT_TRUE(fs::is_directory(dir_ / "made-later"));
+  EXPECT_TRUE(fs::is_symlink(dir_ / "link"));
+  std::ofstream(dir_ / "file") << "x";
+  const Status s = create_output_dir(dir_ / "file" / "sub");
+  EXPECT_EQ(s.code(), ExitCode::kRuntime);
+  EXPECT_EQ(s.message().rfind("cannot create " + (dir_ / "file" / "sub").string() + ": ", 0), 0u)
+      << s.message();
+}
+
 TEST_F(OutputFileTest, ProcIsRefusedBeforeTheWork) {
   const Status s = check_can_write("--json", "/proc/ktier-output-file-test.json");
   EXPECT_EQ(s.code(), ExitCode::kRuntime);
