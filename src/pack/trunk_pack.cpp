@@ -368,6 +368,12 @@ Result<TrunkPack> TrunkPack::open_impl(const std::filesystem::path& packdir,
                                sum + "): edited or damaged: rerun ktier pack");
     }
 
+    // file_size() on a FIFO or folder says only "Operation not supported" / "Is a directory".
+    const std::filesystem::file_status pack_status = std::filesystem::status(pack.pack_path_, ec);
+    if (!ec && std::filesystem::exists(pack_status) &&
+        !std::filesystem::is_regular_file(pack_status))
+      return Status::corrupt(pack.pack_path_.string() + ": not a regular file (the manifest "
+                             "names it as the pack's data): rerun ktier pack");
     const uint64_t actual_size = std::filesystem::file_size(pack.pack_path_, ec);
     if (ec)
       return Status::corrupt(pack.pack_path_.string() + ": " + ec.message() +

@@ -1,6 +1,8 @@
 // The trunk pack (src/pack): `ktier pack` of synthetic tiny checkpoints, read back both with
 // TrunkPack and independently (raw shard headers, the manifest as plain JSON, xxh3 recomputed),
 // then damaged in every way the reader must catch.
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -342,6 +344,17 @@ TEST_F(PackTest, TruncatedPackIsRefusedAtOpen) {
       << tp.status().message();
   fs::remove(out / kPackFileName);
   EXPECT_EQ(TrunkPack::open(out, ckpt).status().exit_code(), 3);
+  // A FIFO or a folder in its place: said so (file_size() would only say "Operation not
+  // supported"), and the FIFO is not opened (no writer would ever come).
+  ASSERT_EQ(::mkfifo((out / kPackFileName).c_str(), 0644), 0);
+  tp = TrunkPack::open(out, ckpt);
+  EXPECT_EQ(tp.status().exit_code(), 3);
+  EXPECT_NE(tp.status().message().find("not a regular file"), std::string::npos)
+      << tp.status().message();
+  fs::remove(out / kPackFileName);
+  fs::create_directory(out / kPackFileName);
+  EXPECT_NE(TrunkPack::open(out, ckpt).status().message().find("not a regular file"),
+            std::string::npos);
 }
 
 TEST_F(PackTest, InterruptedWriteIsNotAPack) {
