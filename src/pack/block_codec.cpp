@@ -76,9 +76,12 @@ Result<BlockHeader> parse_block_header(std::span<const uint8_t> stored) {
   const uint32_t magic = static_cast<uint32_t>(load_u64(p) & 0xffffffffu);
   if (magic != kBlockMagic) return Status::corrupt("block does not start with the magic \"KTB1\"");
   BlockHeader h;
-  if (p[4] > 1 || p[5] > 1 || p[6] > 1 || p[7] != 0)
+  if (p[4] > 1 || p[5] > 1 || p[6] > 1)
     return Status::corrupt("block header has an unknown mode or codec (" + std::to_string(p[4]) + ", " +
                            std::to_string(p[5]) + ", " + std::to_string(p[6]) + ")");
+  if (p[7] != 0)
+    return Status::corrupt("block header byte 7 (reserved) is " + std::to_string(p[7]) +
+                           ", not 0");
   h.mode = static_cast<BlockMode>(p[4]);
   h.codec_a = static_cast<PlaneCodec>(p[5]);
   h.codec_b = static_cast<PlaneCodec>(p[6]);

@@ -143,6 +143,9 @@ TEST(BlockCodec, DamagedHeadersAreCorrupt) {
   b[4] = 7;
   expect_corrupt(b, out, "unknown mode");
   b = good;
+  b[7] = 1;
+  expect_corrupt(b, out, "byte 7 (reserved) is 1, not 0");
+  b = good;
   b[16] ^= 1;  // plane A length
   expect_corrupt(b, out, "do not fill");
   std::vector<uint8_t> shorter(src.size() - 2);
