@@ -9,7 +9,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <sstream>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "io/output_file.h"
@@ -19,6 +22,35 @@ extern char** environ;
 
 namespace ktier::strata {
 namespace {
+
+// A private file in the system's temporary folder, removed by the destructor (move-only).
+class TempFile {
+ public:
+  static Result<TempFile> create(const std::string& suffix) {
+    std::error_code ec;
+    const std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
+    std::string name = ((ec ? std::filesystem::path("/tmp") : dir) / "ktier-plot-XXXXXX").string() +
+                       suffix;
+    const int fd = ::mkstemps(name.data(), static_cast<int>(suffix.size()));
+    if (fd < 0)
+      return Status::runtime("--plot: cannot create a temporary file " + name + ": " +
+                             std::strerror(errno));
+    ::close(fd);
+    TempFile t;
+    t.path_ = std::move(name);
+    return t;
+  }
+  TempFile() = default;
+  TempFile(TempFile&& o) noexcept : path_(std::exchange(o.path_, {})) {}
+  TempFile& operator=(TempFile&&) = delete;
+  ~TempFile() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 constexpr const char* kPython = "/usr/bin/python3";
 // Exit status tools/plot_replay.py uses when matplotlib cannot be imported.
@@ -221,7 +253,7 @@ std::filesystem::path find_plot_script() {
   return {};
 }
 
-Status plot_replay(const std::filesystem::path& csv, const std::filesystem::path& png,
+Status plot_replay(const std::vector<ReplayResult>& results, const std::filesystem::path& png,
                    const std::string& title, double ceiling_rate) {
   if (::access(kPython, X_OK) != 0) {
     return Status::runtime(std::string("--plot needs ") + kPython +
@@ -233,10 +265,13 @@ Status plot_replay(const std::filesystem::path& csv, const std::filesystem::path
         "--plot: tools/plot_replay.py was not found next to the ktier binary "
         "or in its source tree");
   }
+  KTIER_ASSIGN_OR_RETURN(const TempFile csv, TempFile::create(".csv"));
+  KTIER_ASSIGN_OR_RETURN(const TempFile image, TempFile::create(".png"));
+  KTIER_RETURN_IF_ERROR(write_replay_csv(csv.path(), results));
   char ceiling[32];
   std::snprintf(ceiling, sizeof(ceiling), "%.6f", ceiling_rate);
-  std::vector<std::string> args = {kPython,      script.string(), csv.string(),
-                                   png.string(), "--title",       title};
+  std::vector<std::string> args = {kPython,      script.string(), csv.path(),
+                                   image.path(), "--title",       title};
   if (ceiling_rate >= 0) args.insert(args.end(), {"--ceiling", ceiling});
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -271,7 +306,13 @@ Status plot_replay(const std::filesystem::path& csv, const std::filesystem::path
   while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
   }
   while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
-  if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) return Status::ok();
+  if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) {
+    std::ifstream in(image.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof())
+      return Status::runtime("--plot: cannot read the image drawn in " + image.path());
+    return io::write_output_file(png.string(), bytes);
+  }
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kPlotExitNoMatplotlib) {
     return Status::runtime("--plot needs matplotlib for " + std::string(kPython) +
                            " (install python3-matplotlib or `" + kPython +

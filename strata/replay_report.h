@@ -29,10 +29,13 @@ Status write_replay_json(const std::filesystem::path& path, const std::string& t
                          const TraceSummary& summary, const ReplayParams& params,
                          const std::vector<ReplayResult>& results);
 
-// Draws `png` from `csv` with tools/plot_replay.py under /usr/bin/python3 (matplotlib, Agg).
-// A missing interpreter, script or matplotlib is Status::runtime (exit 1) saying what to install.
-// `ceiling_rate` (0..1) is drawn as the compulsory-miss ceiling; pass a negative value to omit.
-Status plot_replay(const std::filesystem::path& csv, const std::filesystem::path& png,
+// Draws `png` (the --plot path) from `results` with tools/plot_replay.py under /usr/bin/python3
+// (matplotlib, Agg). The script reads a CSV and writes the image in private temporary files
+// (removed after), and the image is written to `png` by io::write_output_file, so no file beside
+// `png` is touched and errors name `png` in one line. A missing interpreter, script or matplotlib
+// is Status::runtime (exit 1) saying what to install. `ceiling_rate` (0..1) is drawn as the
+// compulsory-miss ceiling; pass a negative value to omit.
+Status plot_replay(const std::vector<ReplayResult>& results, const std::filesystem::path& png,
                    const std::string& title, double ceiling_rate);
 
 // Where tools/plot_replay.py is looked for: the source tree this binary was built from, then

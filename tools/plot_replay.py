@@ -72,7 +72,11 @@ def main() -> int:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(args.png, format="png")
+    try:
+        fig.savefig(args.png, format="png")
+    except OSError as e:
+        print(f"cannot write {args.png}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
 
 

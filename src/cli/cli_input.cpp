@@ -125,22 +125,53 @@ Result<std::vector<int32_t>> ids_in_vocab(const std::vector<uint32_t>& raw, int6
   return ids;
 }
 
+namespace {
+
+// `path` with dangling symlinks followed to the file they would create, then made canonical as
+// far as it exists; `ec` set when that fails.
+std::filesystem::path resolve_output(const std::string& path, std::error_code& ec) {
+  namespace fs = std::filesystem;
+  fs::path p = path;
+  std::error_code probe;
+  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, probe)) &&
+                     !fs::exists(p, probe);
+       ++hops) {
+    const fs::path link = fs::read_symlink(p, probe);
+    if (probe) break;
+    p = link.is_absolute() ? link : p.parent_path() / link;
+  }
+  return fs::weakly_canonical(p, ec);
+}
+
+}  // namespace
+
 Status check_output_is_not_input(const std::string& flag, const std::string& output,
                                  std::initializer_list<InputPath> inputs) {
   if (output.empty()) return Status::ok();
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path out = fs::weakly_canonical(output, ec);
+  const fs::path out = resolve_output(output, ec);
   if (ec) return Status::ok();  // unresolvable: opening it reports the problem
+  const bool out_exists = fs::exists(out, ec);
+  // Another name of the same file (a hard link): the same device and inode.
+  const auto same_file = [&](const fs::path& p) {
+    std::error_code e;
+    return out_exists && fs::equivalent(out, p, e) && !e;
+  };
   for (const InputPath& in : inputs) {
     if (in.path.empty()) continue;
-    const fs::path p = fs::weakly_canonical(in.path, ec);
+    const fs::path p = resolve_output(in.path, ec);
     if (ec) continue;
-    const bool same = out == p;
-    // An existing file inside the folder (its components a prefix of the output's): a new
-    // file there, a report beside the model, harms nothing.
-    const bool inside = in.folder && fs::exists(out, ec) &&
-                        std::mismatch(p.begin(), p.end(), out.begin(), out.end()).first == p.end();
+    const bool same = out == p || same_file(p);
+    // An existing file inside the folder (its components a prefix of the output's, or another
+    // name of one of its files): a new file there, a report beside the model, harms nothing.
+    bool inside = false;
+    if (in.folder && out_exists && !same) {
+      inside = std::mismatch(p.begin(), p.end(), out.begin(), out.end()).first == p.end();
+      std::error_code e;
+      for (fs::directory_iterator it(p, e), end; !inside && !e && it != end; it.increment(e))
+        inside = same_file(it->path());
+    }
     if (same || inside)
       return Status::usage(flag + " " + output + (same ? " is also given as " : " is inside ") +
                            in.flag + " " + in.path + ": writing it would overwrite what the " +

@@ -167,6 +167,8 @@ Status run_decode_bench(const DecodeOptions& o) {
   if (o.tokens < 2) return Status::usage("-n must be >= 2 (decode steps = n - 1)");
   if (o.prompt_tokens < 1) return Status::usage("--prompt-tokens must be >= 1");
   if (o.prefill_tokens < 0) return Status::usage("--prefill-tokens must be >= 0 (0 = skip)");
+  KTIER_RETURN_IF_ERROR(check_output_is_not_input(
+      "--json", o.json, {{"-m", o.model, true}, {"--pack", o.pack, true}}));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));
   std::optional<runtime::EngineOptions> streamed_eo;
   if (!o.pack.empty()) {

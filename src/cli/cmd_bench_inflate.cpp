@@ -92,6 +92,8 @@ class Inflater {
 
 Status run_inflate_bench(const InflateOptions& o) {
   if (o.passes < 1) return Status::usage("--passes must be >= 1");
+  KTIER_RETURN_IF_ERROR(
+      check_output_is_not_input("--json", o.json, {{"--pack", o.pack, true}}));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));
   KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack p, pack::TrunkPack::open_unchecked(o.pack));
   if (!p.compressed())

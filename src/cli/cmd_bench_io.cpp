@@ -82,6 +82,8 @@ Status run_io_bench(const IoBenchOptions& o) {
   if (o.passes < 1) return Status::usage("--passes must be >= 1");
   io::IoOptions io_opts;
   KTIER_ASSIGN_OR_RETURN(io_opts.backend, io::parse_io_backend(o.io));
+  KTIER_RETURN_IF_ERROR(
+      check_output_is_not_input("--json", o.json, {{"--pack", o.pack, true}}));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));
   KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack p, pack::TrunkPack::open_unchecked(o.pack));
   if (p.compressed())

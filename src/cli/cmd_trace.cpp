@@ -113,6 +113,9 @@ Status run_replay(const ReplayOptions& o) {
         flag, out, {{"TRACE", o.trace}, {"--profile", o.profile}}));
     KTIER_RETURN_IF_ERROR(io::check_can_write(flag, out));
   }
+  KTIER_RETURN_IF_ERROR(check_output_is_not_input("--json", o.json, {{"--csv", o.csv}}));
+  KTIER_RETURN_IF_ERROR(
+      check_output_is_not_input("--plot", o.plot, {{"--csv", o.csv}, {"--json", o.json}}));
   if (!(o.window_fraction >= 0 && o.window_fraction <= 1)) {
     return Status::usage("--window-fraction must be in 0..1");
   }
@@ -218,18 +221,9 @@ Status run_replay(const ReplayOptions& o) {
     KTIER_RETURN_IF_ERROR(write_replay_json(o.json, o.trace, summary, params, results));
   }
   if (!o.plot.empty()) {
-    std::filesystem::path csv = o.csv;
-    const bool temporary_csv = csv.empty();
-    if (temporary_csv) {
-      csv = o.plot + ".csv";
-      KTIER_RETURN_IF_ERROR(write_replay_csv(csv, results));
-    }
     const std::string title = std::filesystem::path(o.trace).filename().string() + ": " +
                               format_count(stream.requests()) + " expert requests";
-    const Status plotted = plot_replay(csv, o.plot, title, summary.hit_ceiling_rate);
-    std::error_code ec;
-    if (temporary_csv) std::filesystem::remove(csv, ec);
-    KTIER_RETURN_IF_ERROR(plotted);
+    KTIER_RETURN_IF_ERROR(plot_replay(results, o.plot, title, summary.hit_ceiling_rate));
   }
   return Status::ok();
 }

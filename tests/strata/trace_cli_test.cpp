@@ -133,8 +133,10 @@ TEST_F(TraceCli, CsvToOwnStdoutFollowsTheTable) {
   EXPECT_NE(text.find("\nlru,455x,", csv), std::string::npos) << text;
 }
 
+// The plot's CSV is a private temporary: a file named like PNG.csv beside it is the user's.
 TEST_F(TraceCli, PlotWithoutCsvAndTwoTiers) {
   const fs::path png = dir_ / "two_tier.png";
+  std::ofstream(png.string() + ".csv") << "precious\n";
   const test::ProcessResult r = run_process(
       ktier("trace replay " + q(conformance_) +
             " --convert-conformance --policy lru,temperature --vram 8GB --slots 100,1368 --plot " +
@@ -142,6 +144,23 @@ TEST_F(TraceCli, PlotWithoutCsvAndTwoTiers) {
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_TRUE(is_png(png));
   EXPECT_NE(r.out.find("vram %"), std::string::npos) << r.out;
+  std::ifstream kept(png.string() + ".csv");
+  std::string line;
+  EXPECT_TRUE(std::getline(kept, line) && line == "precious");
+  // An image that cannot be written: one line naming --plot's path, no Python traceback.
+  const test::ProcessResult full = run_process(
+      ktier("trace replay " + q(conformance_) + " --convert-conformance --policy lru --slots 100 "
+            "--plot /dev/full"));
+  EXPECT_EQ(full.exit_code, 1);
+  EXPECT_NE(full.err.find("/dev/full"), std::string::npos) << full.err;
+  EXPECT_EQ(full.err.find("Traceback"), std::string::npos) << full.err;
+  // Two outputs on one path: refused before the work.
+  const fs::path same = dir_ / "same.out";
+  const test::ProcessResult twice = run_process(
+      ktier("trace replay " + q(conformance_) + " --convert-conformance --policy lru --slots 100 "
+            "--csv " + q(same) + " --json " + q(same)));
+  EXPECT_EQ(twice.exit_code, 2);
+  EXPECT_NE(twice.err.find("is also given as --csv"), std::string::npos) << twice.err;
 }
 
 TEST_F(TraceCli, ConvertInfoAndReplayTheConvertedFile) {
