@@ -213,10 +213,9 @@ Result<TraceWriter> TraceWriter::create(const std::filesystem::path& path,
   TraceWriter w;
   w.path_ = path.string();
   w.header_ = header;
-  w.file_ = std::fopen(w.path_.c_str(), "wb");
-  if (!w.file_) return io_error(w.path_, "cannot create the trace file");
+  KTIER_ASSIGN_OR_RETURN(w.out_, io::StagedOutputFile::open(w.path_));
   const std::vector<uint8_t> bytes = encode_header(header);
-  if (std::fwrite(bytes.data(), 1, bytes.size(), w.file_) != bytes.size()) {
+  if (std::fwrite(bytes.data(), 1, bytes.size(), w.out_.stream()) != bytes.size()) {
     return io_error(w.path_, "cannot write the trace header");
   }
   return w;
@@ -226,8 +225,7 @@ TraceWriter::TraceWriter(TraceWriter&& o) noexcept { *this = std::move(o); }
 
 TraceWriter& TraceWriter::operator=(TraceWriter&& o) noexcept {
   if (this == &o) return *this;
-  if (file_) std::fclose(file_);
-  file_ = std::exchange(o.file_, nullptr);
+  out_ = std::move(o.out_);
   path_ = std::move(o.path_);
   header_ = o.header_;
   payload_ = std::move(o.payload_);
@@ -237,12 +235,10 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& o) noexcept {
   return *this;
 }
 
-TraceWriter::~TraceWriter() {
-  if (file_) std::fclose(file_);
-}
+TraceWriter::~TraceWriter() = default;
 
 Status TraceWriter::append(const TraceStep& step) {
-  if (!file_) return Status::usage(path_ + ": append after close");
+  if (!out_.stream()) return Status::usage(path_ + ": append after close");
   Status s = check_step(step, header_, "step " + std::to_string(steps_written_));
   if (s.is_ok()) s = check_weights(step, header_, "step " + std::to_string(steps_written_));
   if (!s.is_ok()) return Status::usage(path_ + ": cannot record " + s.message());
@@ -260,8 +256,9 @@ Status TraceWriter::flush_block() {
   put_u32(head, block_steps_);
   put_u64(head, payload_.size());
   put_u64(head, XXH64(payload_.data(), payload_.size(), 0));
-  if (std::fwrite(head.data(), 1, head.size(), file_) != head.size() ||
-      std::fwrite(payload_.data(), 1, payload_.size(), file_) != payload_.size()) {
+  std::FILE* file = out_.stream();
+  if (std::fwrite(head.data(), 1, head.size(), file) != head.size() ||
+      std::fwrite(payload_.data(), 1, payload_.size(), file) != payload_.size()) {
     return io_error(path_, "cannot write trace block " + std::to_string(blocks_written_));
   }
   payload_.clear();
@@ -271,7 +268,7 @@ Status TraceWriter::flush_block() {
 }
 
 Status TraceWriter::close() {
-  if (!file_) return Status::usage(path_ + ": close called twice");
+  if (!out_.stream()) return Status::usage(path_ + ": close called twice");
   KTIER_RETURN_IF_ERROR(flush_block());
   std::vector<uint8_t> foot;
   foot.insert(foot.end(), kFooterMagic, kFooterMagic + 4);
@@ -279,11 +276,9 @@ Status TraceWriter::close() {
   put_u64(foot, blocks_written_);
   put_u64(foot, steps_written_);
   put_u64(foot, XXH64(foot.data(), foot.size(), 0));
-  const bool ok = std::fwrite(foot.data(), 1, foot.size(), file_) == foot.size();
-  const bool closed = std::fclose(file_) == 0;
-  file_ = nullptr;
-  if (!ok || !closed) return io_error(path_, "cannot finish the trace file");
-  return Status::ok();
+  if (std::fwrite(foot.data(), 1, foot.size(), out_.stream()) != foot.size())
+    return io_error(path_, "cannot finish the trace file");
+  return out_.commit();
 }
 
 // ---------------------------------------------------------------------------------- reader

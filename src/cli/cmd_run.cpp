@@ -272,11 +272,16 @@ Status run(const RunArgs& a) {
     Result<std::vector<int32_t>> ids = next_turn(**line);
     status = ids.is_ok() ? answer(*ids) : ids.status();
   }
-  if (recorder) {  // on every path, so the trace file is complete up to where the run stopped
+  if (recorder) {
     engine->model().set_routing_observer(nullptr);
     engine->model().remove_lookahead_observer(recorder.get());
-    const Status closed = recorder->close();
-    if (status.is_ok()) KTIER_RETURN_IF_ERROR(closed);
+    // A failed run writes no trace (a file already at the path stays as it was): a trace that
+    // ends inside a token would read as a whole one.
+    if (!status.is_ok()) {
+      spdlog::warn("trace: not written to {} (the run failed)", a.trace);
+      return status;
+    }
+    KTIER_RETURN_IF_ERROR(recorder->close());
     spdlog::info("trace: {} routing steps -> {}", recorder->steps(), a.trace);
   }
   return status;

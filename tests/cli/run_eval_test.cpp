@@ -465,10 +465,23 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     const char nan_bf16[2] = {'\xc0', '\x7f'};  // 0x7fc0 little-endian: a quiet NaN
     for (uint64_t i = 0; i < 3 * hidden; ++i) f.write(nan_bf16, 2);
     f.close();
-    const auto r = run_process(ktier() + " run -m " + nan_dir.string() + " --ids 1,2 -n 3");
+    // With --trace over an existing file: the failed run leaves that file as it was (no trace
+    // ending inside a token, no temporary left beside it).
+    const fs::path trace = dir_.string() + "-nan-old.ktrace";
+    std::ofstream(trace) << "an earlier trace";
+    const auto r = run_process(ktier() + " run -m " + nan_dir.string() + " --ids 1,2 -n 3 " +
+                               "--trace " + trace.string());
     const auto ev = run_process(ktier() + " eval -m " + nan_dir.string() + " --ids 1,2 --argmax");
     fs::remove_all(nan_dir);
+    EXPECT_EQ(read_text(trace), "an earlier trace");
+    size_t leftovers = 0;
+    for (const auto& e : fs::directory_iterator(trace.parent_path()))
+      leftovers += e.path().filename().string().rfind("." + trace.filename().string(), 0) == 0;
+    EXPECT_EQ(leftovers, 0u);
+    fs::remove(trace);
     EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("trace: not written to " + trace.string() + " (the run failed)"),
+              std::string::npos) << r.err;
     EXPECT_NE(r.err.find("the logits after 2 positions hold NaN (first at id 7)"),
               std::string::npos) << r.err;
     EXPECT_EQ(r.out, "");

@@ -98,6 +98,65 @@ TEST_F(OutputFileTest, OutputFoldersAreCreatedThroughDanglingSymlinks) {
       << s.message();
 }
 
+// A staged output appears whole at commit(): until then an existing file keeps its bytes, and
+// an output never committed leaves no trace of itself.
+TEST_F(OutputFileTest, StagedOutputReplacesOnlyAtCommit) {
+  const fs::path out = dir_ / "trace.ktrace";
+  std::ofstream(out) << "old";
+  {
+    Result<StagedOutputFile> f = StagedOutputFile::open(out.string());
+    ASSERT_TRUE(f.is_ok()) << f.status().message();
+    std::fputs("half", f->stream());
+    std::fflush(f->stream());
+    EXPECT_EQ(slurp(out), "old");
+    EXPECT_EQ(entries(), 2u);  // the file and its temporary
+  }  // not committed
+  EXPECT_EQ(slurp(out), "old");
+  EXPECT_EQ(entries(), 1u);
+  Result<StagedOutputFile> f = StagedOutputFile::open(out.string());
+  ASSERT_TRUE(f.is_ok());
+  std::fputs("new", f->stream());
+  ASSERT_TRUE(f->commit());
+  EXPECT_EQ(slurp(out), "new");
+  EXPECT_EQ(entries(), 1u);
+  EXPECT_EQ(f->stream(), nullptr);
+  EXPECT_FALSE(f->commit());  // nothing left to commit
+}
+
+TEST_F(OutputFileTest, StagedOutputWritesThroughSymlinksAndDevices) {
+  fs::create_symlink("real.ktrace", dir_ / "link.ktrace");
+  Result<StagedOutputFile> f = StagedOutputFile::open((dir_ / "link.ktrace").string());
+  ASSERT_TRUE(f.is_ok()) << f.status().message();
+  std::fputs("x", f->stream());
+  ASSERT_TRUE(f->commit());
+  EXPECT_TRUE(fs::is_symlink(dir_ / "link.ktrace"));  // the link stays, its target is written
+  EXPECT_EQ(slurp(dir_ / "real.ktrace"), "x");
+  Result<StagedOutputFile> null = StagedOutputFile::open("/dev/null");  // no rename over it
+  ASSERT_TRUE(null.is_ok()) << null.status().message();
+  std::fputs("x", null->stream());
+  EXPECT_TRUE(null->commit());
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  EXPECT_EQ(StagedOutputFile::open((dir_ / "no-folder" / "t").string()).status().code(),
+            ExitCode::kRuntime);
+}
+
+// Our own stdout (redirected to a file): a binary output there is refused, the file untouched.
+TEST_F(OutputFileTest, StagedOutputRefusesOwnStdout) {
+  const fs::path redirected = dir_ / "stdout.txt";
+  std::fflush(stdout);
+  const int saved = ::dup(STDOUT_FILENO);
+  const int fd = ::open(redirected.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::dup2(fd, STDOUT_FILENO), STDOUT_FILENO);
+  ::close(fd);
+  const Result<StagedOutputFile> f = StagedOutputFile::open(redirected.string());
+  ::dup2(saved, STDOUT_FILENO);
+  ::close(saved);
+  EXPECT_EQ(f.status().code(), ExitCode::kUsage);
+  EXPECT_NE(f.status().message().find("own standard output"), std::string::npos)
+      << f.status().message();
+}
+
 TEST_F(OutputFileTest, ProcIsRefusedBeforeTheWork) {
   const Status s = check_can_write("--json", "/proc/ktier-output-file-test.json");
   EXPECT_EQ(s.code(), ExitCode::kRuntime);
