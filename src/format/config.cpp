@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -44,11 +45,11 @@ std::string describe(const json& v) {
   return std::string(v.type_name()) + " " + text;
 }
 
+// The shortest text that reads back as `v` (1e300, not 1.0000000000000001e+300).
 std::string format_number(double v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return ec == std::errc() ? std::string(buf, end) : std::string("?");
 }
 
 // Collects every problem with the file; nothing is reported until parsing is over (rule 2).
@@ -384,13 +385,22 @@ void check_values(ConfigReader& r, const ModelConfig& c, const PathOf& path_of,
   if (ok("intermediate_size") && c.first_k_dense_replace > 0 && c.intermediate_size < 1)
     r.error(path_of("intermediate_size"), "is " + std::to_string(c.intermediate_size) + ", must be >= 1");
 
-  // Rule 4. JSON text cannot spell inf/NaN, but a config built in memory can hold them.
+  // Rule 4. JSON text cannot spell inf/NaN, but a config built in memory can hold them. The
+  // kernels take these as 32-bit floats: 1e300 would become inf there, and 1e-50 zero.
   auto finite_cmp = [&](const char* key, double v, bool want_positive) {
     if (!ok(key)) return;
     const bool good = std::isfinite(v) && (want_positive ? v > 0 : v < 0);
-    if (!good)
+    if (!good) {
       r.error(path_of(key), "is " + format_number(v) + ", must be finite and " +
                                 (want_positive ? "> 0" : "< 0"));
+      return;
+    }
+    const double magnitude = std::fabs(v);
+    if (magnitude > std::numeric_limits<float>::max() ||
+        magnitude < std::numeric_limits<float>::min())
+      r.error(path_of(key), "is " + format_number(v) + ", outside what a 32-bit float holds "
+                                "(magnitude " + format_number(std::numeric_limits<float>::min()) +
+                                " to " + format_number(std::numeric_limits<float>::max()) + ")");
   };
   finite_cmp("rms_norm_eps", c.rms_norm_eps, true);
   finite_cmp("gate_lower_bound", c.gate_lower_bound, false);

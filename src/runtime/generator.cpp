@@ -23,7 +23,8 @@ Status check_logits(const float* logits, int64_t n, int64_t positions) {
     return Status::corrupt("the logits after " + std::to_string(positions) + " positions hold " +
                            (std::isnan(l) ? "NaN" : "+Inf") + " (first at id " +
                            std::to_string(i) + "): weights or activations are not finite "
-                           "(a shard or pack damaged or rewritten during the run?); no token is "
+                           "(a shard or pack damaged or rewritten during the run, or a "
+                           "config.json scale too large for 32-bit floats?); no token is "
                            "drawn from them");
   }
   return Status::ok();

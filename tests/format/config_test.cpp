@@ -409,6 +409,16 @@ TEST(Config, ValueRanges) {
   // JSON text cannot spell inf (nlohmann refuses 1e999), but an in-memory config can hold it.
   j["rms_norm_eps"] = std::numeric_limits<double>::infinity();
   EXPECT_HAS(parse_err(j), "rms_norm_eps: is inf, must be finite and > 0");
+  // Finite doubles the kernels' 32-bit floats cannot hold (inf or 0 there): refused too.
+  j = manifest_config();
+  j["rms_norm_eps"] = 1e300;
+  j["gate_lower_bound"] = -1e-50;
+  j["routed_scaling_factor"] = 4e38;
+  const std::string f = parse_err(j);
+  EXPECT_HAS(f, "rms_norm_eps: is 1e+300, outside what a 32-bit float holds");
+  EXPECT_HAS(f, "gate_lower_bound: is -1e-50, outside what a 32-bit float");
+  EXPECT_HAS(f, "routed_scaling_factor: is 4e+38, outside what a 32-bit");
+  EXPECT_EQ(problem_lines(f), 3u);
 }
 
 TEST(Config, LayerListRules) {
