@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "common/check.h"
+#include "format/config.h"
 
 namespace ktier::pack {
 
@@ -250,8 +251,10 @@ class ManifestParser {
     r.name = get_string(j, "name", w);
     const std::string rw = "record '" + r.name + "'";
     const json& layer = member(j, "layer", w);
-    if (!layer.is_null() && !layer.is_number_integer())
-      throw ManifestError{rw + ": layer is " + layer.dump() + ", expected an integer or null"};
+    if (!layer.is_null() && (!layer.is_number_integer() || layer.get<int64_t>() < 0 ||
+                             layer.get<int64_t>() >= format::kMaxLayers))
+      throw ManifestError{rw + ": layer is " + layer.dump() + ", expected an integer 0.." +
+                          std::to_string(format::kMaxLayers - 1) + " or null"};
     r.layer = layer.is_null() ? -1 : layer.get<int64_t>();
     r.offset = get_u64(j, "offset", w);
     r.size = get_u64(j, "size", w);
@@ -283,9 +286,11 @@ class ManifestParser {
       for (const json& d : shape) {
         if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t{1} << 40))
           throw ManifestError{tw + ": shape is " + shape.dump()};
-        t.shape.push_back(d.get<int64_t>());
-        numel *= static_cast<uint64_t>(d.get<int64_t>());
-        if (numel > (uint64_t{1} << 48)) throw ManifestError{tw + ": shape is " + shape.dump()};
+        const uint64_t dim = static_cast<uint64_t>(d.get<int64_t>());
+        t.shape.push_back(static_cast<int64_t>(dim));
+        if (dim != 0 && numel > (uint64_t{1} << 48) / dim)  // checked before it can wrap
+          throw ManifestError{tw + ": shape is " + shape.dump() + ", more than 2^48 elements"};
+        numel *= dim;
       }
       t.offset = get_u64(tensors[k], "offset", tw);
       t.nbytes = get_u64(tensors[k], "nbytes", tw);

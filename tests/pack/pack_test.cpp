@@ -467,6 +467,11 @@ TEST_F(PackTest, DamagedManifestsAreCorrupt) {
   expect_corrupt(seal(j), "a wrong layer", "record 'layer.1' has layer 2, expected 1");
   j["records"][1]["layer"] = nullptr;
   expect_corrupt(seal(j), "a null layer", "record 'layer.1' has layer null, expected 1");
+  j["records"][1]["layer"] = -1;  // not read as null
+  expect_corrupt(seal(j), "a negative layer", "layer is -1, expected an integer 0..4095 or null");
+  j = good;
+  j["records"][0]["tensors"][0]["shape"] = json::array({uint64_t{1} << 32, uint64_t{1} << 32, 16});
+  expect_corrupt(seal(j), "a shape whose element count wraps", "more than 2^48 elements");
   j = good;
   std::swap(j["records"][0]["tensors"][0]["name"], j["records"][1]["tensors"][0]["name"]);
   expect_corrupt(seal(j), "a tensor in the wrong record", "not a non-expert tensor of that record");
