@@ -21,6 +21,9 @@ Status check_can_write(const std::string& flag, const std::string& path) {
     return Status::runtime(flag + ": cannot write " + path + ": " + why);
   };
   const fs::file_status st = fs::status(path, ec);  // follows symlinks
+  // Anything but "no such file" (a symlink loop, a name too long, a file used as a folder)
+  // will not get better by the end of the work.
+  if (ec && ec != std::errc::no_such_file_or_directory) return refuse(ec.message());
   if (fs::is_directory(st)) return refuse("it is a directory");
   if (fs::exists(st)) {
     // A FIFO or a device is not opened here: closing a FIFO's write end would end its reader's

@@ -99,7 +99,8 @@ TEST(CliBench, DecodeOnTinyWritesJson) {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("ktier_bench_decode_" + std::to_string(::getpid()));
   ASSERT_EQ(run_process(ktier() + " synth --preset tiny -q --force -o " + dir.string()).exit_code, 0);
-  const auto json_path = dir / "decode.json";
+  // Beside the model, not in it: an existing file inside -m is refused as an output.
+  const std::filesystem::path json_path = dir.string() + "-decode.json";
   const auto r = run_process(ktier() + " bench decode -m " + dir.string() +
                              " -n 4 --buffer-mib 8 --prefill-tokens 37 --json " +
                              json_path.string());
@@ -131,7 +132,13 @@ TEST(CliBench, DecodeOnTinyWritesJson) {
   for (const char* key : {"streamed_s_per_token", "io_s_per_token", "compute_s_per_token", "ratio_to_bound"})
     expect_positive(j2.at("streamed"), key);
   EXPECT_GT(j2.at("streamed").at("layers_streamed").get<int>(), 0);
+  // The model's own files are not outputs.
+  const auto over = run_process(ktier() + " bench decode -m " + dir.string() +
+                                " -n 2 --buffer-mib 8 --json " + (dir / "config.json").string());
+  EXPECT_EQ(over.exit_code, 2);
+  EXPECT_NE(over.err.find("is inside -m"), std::string::npos) << over.err;
   std::filesystem::remove_all(dir);
+  std::filesystem::remove(json_path);
 }
 
 // `ktier bench io` on a tiny pack: runs, JSON has the three figures the acceptance reads.

@@ -54,6 +54,17 @@ TEST_F(OutputFileTest, FolderAndMissingFolderAreRefusedNamingFlagAndPath) {
   EXPECT_NE(s.message().find("ENOENT"), std::string::npos) << s.message();
 }
 
+TEST_F(OutputFileTest, LoopsLongNamesAndFilesAsFoldersAreRefusedAtOnce) {
+  fs::create_symlink("loop-b", dir_ / "loop-a");
+  fs::create_symlink("loop-a", dir_ / "loop-b");
+  EXPECT_EQ(check_can_write("--json", (dir_ / "loop-a").string()).code(), ExitCode::kRuntime);
+  EXPECT_EQ(check_can_write("--json", (dir_ / std::string(300, 'n')).string()).code(),
+            ExitCode::kRuntime);
+  std::ofstream(dir_ / "file") << "x";
+  EXPECT_EQ(check_can_write("--json", (dir_ / "file" / "r.json").string()).code(),
+            ExitCode::kRuntime);
+}
+
 TEST_F(OutputFileTest, ProbeChangesNothingAndWriteReplaces) {
   const fs::path existing = dir_ / "old.json";
   std::ofstream(existing) << "old contents";
