@@ -54,7 +54,11 @@ Result<std::vector<Budget>> parse_slot_list(std::string_view list, uint64_t expe
       return Status::usage(std::string(option) + ": '" + std::string(item) + "' " + why +
                            " (e.g. " + std::string(option) + " 455,911)");
     };
-    std::string_view digits = item;
+    std::string_view digits = item;  // spaces around it allowed, as in --ram lists
+    while (!digits.empty() && std::isspace(static_cast<unsigned char>(digits.front())))
+      digits.remove_prefix(1);
+    while (!digits.empty() && std::isspace(static_cast<unsigned char>(digits.back())))
+      digits.remove_suffix(1);
     if (!digits.empty() && (digits.back() == 'x' || digits.back() == 'X'))
       digits.remove_suffix(1);
     uint64_t n = 0;

@@ -130,13 +130,13 @@ Status check_weights(const TraceStep& s, const TraceHeader& h, const std::string
   const bool recorded = (h.flags & kTraceFlagWeights) != 0;
   const auto check = [&](const std::vector<ExpertWeight>& list, const std::string& which) {
     for (const ExpertWeight& e : list) {
+      const bool finite = e.weight >= 0.0f && std::isfinite(e.weight);
+      if (finite && (recorded || e.weight == 0.0f)) continue;  // no message built per weight
       const std::string head = what + " (" + which + "): expert " + std::to_string(e.expert) +
                                " has weight " + std::to_string(e.weight);
-      if (!(e.weight >= 0.0f) || !std::isfinite(e.weight))
-        return Status::corrupt(head + ", not a finite number >= 0");
-      if (!recorded && e.weight != 0.0f)
-        return Status::corrupt(head + ", but the header says no weights were recorded "
-                               "(flags bit 0 clear)");
+      if (!finite) return Status::corrupt(head + ", not a finite number >= 0");
+      return Status::corrupt(head + ", but the header says no weights were recorded "
+                             "(flags bit 0 clear)");
     }
     return Status::ok();
   };
@@ -213,9 +213,10 @@ Result<TraceWriter> TraceWriter::create(const std::filesystem::path& path,
   TraceWriter w;
   w.path_ = path.string();
   w.header_ = header;
-  KTIER_ASSIGN_OR_RETURN(w.out_, io::StagedOutputFile::open(w.path_));
+  w.file_ = std::fopen(w.path_.c_str(), "wb");
+  if (!w.file_) return io_error(w.path_, "cannot create the trace file");
   const std::vector<uint8_t> bytes = encode_header(header);
-  if (std::fwrite(bytes.data(), 1, bytes.size(), w.out_.stream()) != bytes.size()) {
+  if (std::fwrite(bytes.data(), 1, bytes.size(), w.file_) != bytes.size()) {
     return io_error(w.path_, "cannot write the trace header");
   }
   return w;
@@ -225,7 +226,8 @@ TraceWriter::TraceWriter(TraceWriter&& o) noexcept { *this = std::move(o); }
 
 TraceWriter& TraceWriter::operator=(TraceWriter&& o) noexcept {
   if (this == &o) return *this;
-  out_ = std::move(o.out_);
+  if (file_) std::fclose(file_);
+  file_ = std::exchange(o.file_, nullptr);
   path_ = std::move(o.path_);
   header_ = o.header_;
   payload_ = std::move(o.payload_);
@@ -235,10 +237,12 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& o) noexcept {
   return *this;
 }
 
-TraceWriter::~TraceWriter() = default;
+TraceWriter::~TraceWriter() {
+  if (file_) std::fclose(file_);
+}
 
 Status TraceWriter::append(const TraceStep& step) {
-  if (!out_.stream()) return Status::usage(path_ + ": append after close");
+  if (!file_) return Status::usage(path_ + ": append after close");
   Status s = check_step(step, header_, "step " + std::to_string(steps_written_));
   if (s.is_ok()) s = check_weights(step, header_, "step " + std::to_string(steps_written_));
   if (!s.is_ok()) return Status::usage(path_ + ": cannot record " + s.message());
@@ -256,9 +260,8 @@ Status TraceWriter::flush_block() {
   put_u32(head, block_steps_);
   put_u64(head, payload_.size());
   put_u64(head, XXH64(payload_.data(), payload_.size(), 0));
-  std::FILE* file = out_.stream();
-  if (std::fwrite(head.data(), 1, head.size(), file) != head.size() ||
-      std::fwrite(payload_.data(), 1, payload_.size(), file) != payload_.size()) {
+  if (std::fwrite(head.data(), 1, head.size(), file_) != head.size() ||
+      std::fwrite(payload_.data(), 1, payload_.size(), file_) != payload_.size()) {
     return io_error(path_, "cannot write trace block " + std::to_string(blocks_written_));
   }
   payload_.clear();
@@ -268,7 +271,7 @@ Status TraceWriter::flush_block() {
 }
 
 Status TraceWriter::close() {
-  if (!out_.stream()) return Status::usage(path_ + ": close called twice");
+  if (!file_) return Status::usage(path_ + ": close called twice");
   KTIER_RETURN_IF_ERROR(flush_block());
   std::vector<uint8_t> foot;
   foot.insert(foot.end(), kFooterMagic, kFooterMagic + 4);
@@ -276,9 +279,11 @@ Status TraceWriter::close() {
   put_u64(foot, blocks_written_);
   put_u64(foot, steps_written_);
   put_u64(foot, XXH64(foot.data(), foot.size(), 0));
-  if (std::fwrite(foot.data(), 1, foot.size(), out_.stream()) != foot.size())
-    return io_error(path_, "cannot finish the trace file");
-  return out_.commit();
+  const bool ok = std::fwrite(foot.data(), 1, foot.size(), file_) == foot.size();
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!ok || !closed) return io_error(path_, "cannot finish the trace file");
+  return Status::ok();
 }
 
 // ---------------------------------------------------------------------------------- reader

@@ -15,7 +15,8 @@
 // Usage (the engine, `--trace FILE`):
 //   KTIER_ASSIGN_OR_RETURN(TraceWriter w, TraceWriter::create(path, header));
 //   for each token, for each MoE layer: KTIER_RETURN_IF_ERROR(w.append(step));
-//   KTIER_RETURN_IF_ERROR(w.close());   // without close() nothing is written at `path`
+//   KTIER_RETURN_IF_ERROR(w.close());   // without close() the file has no footer: readers
+//                                        // refuse it (a run that stopped inside a token)
 //
 // Reading: read_trace(path) loads and validates a whole file; TraceReader streams it block by
 // block. Any byte that does not check out is Status::corrupt (exit 3) naming the file and the
@@ -30,7 +31,6 @@
 #include <vector>
 
 #include "common/status.h"
-#include "io/output_file.h"
 
 namespace ktier::strata {
 
@@ -96,22 +96,20 @@ Status validate_trace_header(const TraceHeader& header, const std::string& what)
 
 class TraceWriter {
  public:
-  // Starts the trace at `path` (io::StagedOutputFile: written to a temporary beside it, renamed
-  // over it by close(), so an existing file stays until then) and writes the header. A header
-  // that fails validate_trace_header() is a usage error, as is our own stdout or stderr.
+  // Creates (truncates) `path` and writes the header. REQUIRES: nothing; a header that fails
+  // validate_trace_header() is a usage error.
   static Result<TraceWriter> create(const std::filesystem::path& path, const TraceHeader& header);
 
   TraceWriter(TraceWriter&& other) noexcept;
   TraceWriter& operator=(TraceWriter&& other) noexcept;
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
-  ~TraceWriter();  // without close(): the temporary is removed, `path` left as it was
+  ~TraceWriter();  // closes the file without a footer if close() was not called
 
   // Appends one step. A step that does not fit the header (layer, expert id, count, depth,
   // duplicate chosen expert) is a usage error and nothing is written.
   Status append(const TraceStep& step);
-  // Flushes the last block, writes the footer and puts the file at `path`. The writer is
-  // unusable afterwards.
+  // Flushes the last block and writes the footer. The writer is unusable afterwards.
   Status close();
 
   uint64_t steps_written() const { return steps_written_; }
@@ -120,7 +118,7 @@ class TraceWriter {
   TraceWriter() = default;
   Status flush_block();
 
-  io::StagedOutputFile out_;
+  std::FILE* file_ = nullptr;
   std::string path_;
   TraceHeader header_;
   std::vector<uint8_t> payload_;  // the block being filled

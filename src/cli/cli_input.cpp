@@ -15,6 +15,7 @@
 #include "backend/device_choice.h"
 #include "common/size.h"
 #include "cpu/thread_pool.h"
+#include "io/output_file.h"
 #include "io/read_file.h"
 
 namespace ktier::cli {
@@ -130,17 +131,7 @@ namespace {
 // `path` with dangling symlinks followed to the file they would create, then made canonical as
 // far as it exists; `ec` set when that fails.
 std::filesystem::path resolve_output(const std::string& path, std::error_code& ec) {
-  namespace fs = std::filesystem;
-  fs::path p = path;
-  std::error_code probe;
-  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, probe)) &&
-                     !fs::exists(p, probe);
-       ++hops) {
-    const fs::path link = fs::read_symlink(p, probe);
-    if (probe) break;
-    p = link.is_absolute() ? link : p.parent_path() / link;
-  }
-  return fs::weakly_canonical(p, ec);
+  return std::filesystem::weakly_canonical(io::follow_dangling_symlinks(path), ec);
 }
 
 }  // namespace
@@ -152,7 +143,11 @@ Status check_output_is_not_input(const std::string& flag, const std::string& out
   std::error_code ec;
   const fs::path out = resolve_output(output, ec);
   if (ec) return Status::ok();  // unresolvable: opening it reports the problem
-  const bool out_exists = fs::exists(out, ec);
+  const fs::file_status out_status = fs::status(out, ec);
+  // A device or FIFO (/dev/null for two outputs) holds nothing a write could overwrite.
+  if (fs::exists(out_status) && !fs::is_regular_file(out_status) && !fs::is_directory(out_status))
+    return Status::ok();
+  const bool out_exists = fs::exists(out_status);
   // Another name of the same file (a hard link): the same device and inode.
   const auto same_file = [&](const fs::path& p) {
     std::error_code e;

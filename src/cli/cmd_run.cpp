@@ -104,6 +104,8 @@ Status run(const RunArgs& a) {
   KTIER_RETURN_IF_ERROR(check_output_is_not_input("--report-json", a.report_json,
                                                   {{"--trace", a.trace}}));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--report-json", a.report_json));
+  KTIER_RETURN_IF_ERROR(io::check_not_own_stdout("--trace", a.trace));
+  KTIER_RETURN_IF_ERROR(io::check_can_write("--trace", a.trace));
   std::error_code ec;
   // The tokenizer is optional for --ids runs (ids are printed instead of text).
   std::optional<tok::Tokenizer> tokenizer;
@@ -223,9 +225,11 @@ Status run(const RunArgs& a) {
     engine->model().add_lookahead_observer(recorder.get());
   }
   // One answer: its text (and ids), then its report (the JSON file holds the last answer's).
+  bool turn_cut = false;  // a turn failed inside its forward passes (the trace ends mid-token)
   const auto answer = [&](std::span<const int32_t> ids) -> Status {
     generated.clear();
     Result<runtime::GenerationStats> turn = session->turn(ids, sink);
+    turn_cut = !turn.is_ok();
     if (prefill_meter) {  // the prefill failed: end its progress line before the error
       prefill_meter->abandon();
       prefill_meter.reset();
@@ -275,13 +279,16 @@ Status run(const RunArgs& a) {
   if (recorder) {
     engine->model().set_routing_observer(nullptr);
     engine->model().remove_lookahead_observer(recorder.get());
-    // A failed run writes no trace (a file already at the path stays as it was): a trace that
-    // ends inside a token would read as a whole one.
-    if (!status.is_ok()) {
-      spdlog::warn("trace: not written to {} (the run failed)", a.trace);
+    // A turn stopped inside its forward passes: closed, the trace would read as whole though its
+    // last token's routing is not. Left without its footer, readers refuse it (exit 3). A
+    // failure between turns (a message refused, stdin) leaves whole tokens: the trace is closed.
+    if (turn_cut) {
+      spdlog::warn("trace: {} left unfinished (the run stopped inside a token); trace readers "
+                   "refuse it", a.trace);
       return status;
     }
-    KTIER_RETURN_IF_ERROR(recorder->close());
+    const Status closed = recorder->close();
+    if (status.is_ok()) KTIER_RETURN_IF_ERROR(closed);
     spdlog::info("trace: {} routing steps -> {}", recorder->steps(), a.trace);
   }
   return status;

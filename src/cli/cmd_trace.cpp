@@ -68,6 +68,8 @@ void add_load_options(CLI::App* sub, LoadOptions& o, bool conversion_flag) {
 Status run_convert(const std::string& in, const std::string& out, LoadOptions o) {
   if (out.empty()) return Status::usage("trace convert: give the output file");
   KTIER_RETURN_IF_ERROR(check_output_is_not_input("trace convert: the output", out, {{"IN", in}}));
+  KTIER_RETURN_IF_ERROR(io::check_not_own_stdout("trace convert: the output", out));
+  KTIER_RETURN_IF_ERROR(io::check_can_write("trace convert: the output", out));
   o.convert_conformance = true;
   KTIER_ASSIGN_OR_RETURN(const Trace trace, load_trace(in, o));
   KTIER_RETURN_IF_ERROR(write_trace(out, trace));

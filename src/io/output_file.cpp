@@ -37,11 +37,7 @@ Status check_can_write(const std::string& flag, const std::string& path) {
   }
   // A new file (or a dangling symlink's target): a probe file of another name is created and
   // removed in the folder it will live in, so no name anyone may be using is touched.
-  fs::path target = path;
-  if (fs::is_symlink(fs::symlink_status(path, ec))) {
-    const fs::path link = fs::read_symlink(path, ec);
-    if (!ec) target = link.is_absolute() ? link : fs::path(path).parent_path() / link;
-  }
+  const fs::path target = follow_dangling_symlinks(path);
   const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::string probe = (folder / ".ktier-write-probe-XXXXXX").string();
   const int fd = ::mkstemp(probe.data());
@@ -72,113 +68,38 @@ Status write_output_file(const std::string& path, std::string_view bytes) {
   return Status::ok();
 }
 
-namespace {
-
-// True when `path` names the file behind our stdout or stderr.
-bool is_own_stdout_or_stderr(const std::string& path) {
+Status check_not_own_stdout(const std::string& flag, const std::string& path) {
   struct stat target {};
-  if (::stat(path.c_str(), &target) != 0) return false;
+  if (path.empty() || ::stat(path.c_str(), &target) != 0) return Status::ok();
+  if (!S_ISREG(target.st_mode) && !S_ISFIFO(target.st_mode)) return Status::ok();
   for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
     struct stat open_file {};
     if (::fstat(fd, &open_file) == 0 && open_file.st_dev == target.st_dev &&
         open_file.st_ino == target.st_ino)
-      return true;
+      return Status::usage(flag + ": " + path + " is this process's own standard " +
+                           (fd == STDOUT_FILENO ? "output" : "error") +
+                           ": give a file of its own (the output is binary)");
   }
-  return false;
-}
-
-}  // namespace
-
-Result<StagedOutputFile> StagedOutputFile::open(const std::string& path) {
-  namespace fs = std::filesystem;
-  if (is_own_stdout_or_stderr(path))
-    return Status::usage(path + " is this process's own standard output or error: give a file "
-                         "of its own (the output is binary)");
-  StagedOutputFile f;
-  f.path_ = path;
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (fs::exists(st) && !fs::is_regular_file(st)) {  // FIFO, device: no rename possible
-    f.stream_ = std::fopen(path.c_str(), "wb");
-    if (!f.stream_) return Status::runtime("cannot create " + path + ": " + errno_text(errno));
-    return f;
-  }
-  // The file a rename must replace: symlinks followed (dangling ones to what they would create).
-  fs::path target = path;
-  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(target, ec)); ++hops) {
-    const fs::path link = fs::read_symlink(target, ec);
-    if (ec) break;
-    target = link.is_absolute() ? link : target.parent_path() / link;
-  }
-  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::string staging =
-      (folder / ("." + target.filename().string() + ".partial-XXXXXX")).string();
-  const int fd = ::mkstemp(staging.data());
-  if (fd < 0) return Status::runtime("cannot create " + path + ": " + errno_text(errno));
-  ::fchmod(fd, 0644);  // mkstemp's 0600 would make traces unreadable to others
-  f.stream_ = ::fdopen(fd, "wb");
-  if (!f.stream_) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(staging.c_str());
-    return Status::runtime("cannot create " + path + ": " + errno_text(err));
-  }
-  f.target_ = target.string();
-  f.staging_ = std::move(staging);
-  return f;
-}
-
-StagedOutputFile::StagedOutputFile(StagedOutputFile&& other) noexcept { *this = std::move(other); }
-
-StagedOutputFile& StagedOutputFile::operator=(StagedOutputFile&& other) noexcept {
-  if (this == &other) return *this;
-  discard();
-  path_ = std::move(other.path_);
-  target_ = std::move(other.target_);
-  staging_ = std::move(other.staging_);
-  stream_ = other.stream_;
-  other.stream_ = nullptr;
-  other.staging_.clear();
-  return *this;
-}
-
-StagedOutputFile::~StagedOutputFile() { discard(); }
-
-void StagedOutputFile::discard() {
-  if (stream_) std::fclose(stream_);
-  stream_ = nullptr;
-  if (!staging_.empty()) ::unlink(staging_.c_str());
-  staging_.clear();
-}
-
-Status StagedOutputFile::commit() {
-  if (!stream_) return Status::runtime(path_ + ": nothing to commit");
-  const bool flushed = std::fflush(stream_) == 0 && !std::ferror(stream_);
-  const int err = errno;
-  const bool closed = std::fclose(stream_) == 0;
-  stream_ = nullptr;
-  if (!flushed || !closed) {
-    discard();
-    return Status::runtime(path_ + ": write error: " + errno_text(flushed ? errno : err));
-  }
-  if (!staging_.empty() && ::rename(staging_.c_str(), target_.c_str()) != 0) {
-    const int rename_err = errno;
-    discard();
-    return Status::runtime("cannot write " + path_ + ": " + errno_text(rename_err));
-  }
-  staging_.clear();
   return Status::ok();
+}
+
+std::filesystem::path follow_dangling_symlinks(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(path, ec)) return path;  // resolvable: the system follows it
+  fs::path p = path;
+  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+    const fs::path link = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = link.is_absolute() ? link : p.parent_path() / link;
+  }
+  return p;
 }
 
 Status create_output_dir(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  fs::path target = dir;
-  if (fs::is_symlink(fs::symlink_status(dir, ec)) && !fs::exists(dir, ec)) {
-    const fs::path link = fs::read_symlink(dir, ec);
-    if (!ec) target = link.is_absolute() ? link : dir.parent_path() / link;
-  }
-  fs::create_directories(target, ec);
+  fs::create_directories(follow_dangling_symlinks(dir), ec);
   if (ec) return Status::runtime("cannot create " + dir.string() + ": " + ec.message());
   return Status::ok();
 }

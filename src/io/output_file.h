@@ -3,10 +3,8 @@
 // written whole after it, the same way for every command and below the CLI, so that no writer
 // truncates a file early or erases what this process already printed to it.
 //
-// Threads: both functions touch only the named path (and stdout/stderr for a path that is one of
-// them); callers serialize writes to the same path.
+// Threads: none of these keeps state; callers serialize writes to the same path.
 
-#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -14,6 +12,10 @@
 #include "common/status.h"
 
 namespace ktier::io {
+
+// `path` with a chain of symlinks that ends nowhere followed (up to 40 links) to the name a write
+// through it would create; any other path as it is.
+std::filesystem::path follow_dangling_symlinks(const std::filesystem::path& path);
 
 // Status::runtime (exit 1) "FLAG: cannot write PATH: <errno>" unless `path` (empty: no output)
 // can be written: an existing regular file is opened for writing without truncating it (a run
@@ -29,38 +31,11 @@ Status check_can_write(const std::string& flag, const std::string& path);
 // truncating it would erase the text printed before.
 Status write_output_file(const std::string& path, std::string_view bytes);
 
-// An output file written in pieces and made visible whole (a trace): while open, the bytes go
-// to a temporary ".NAME.partial-XXXXXX" in the folder the path resolves to (symlinks followed),
-// and commit() renames it over that target, so a command that fails or is cut short leaves an
-// existing file as it was. A path that exists and is not a regular file (a FIFO, /dev/null) is
-// written directly. A path that is this process's own stdout or stderr (/dev/stdout, or the file
-// they are redirected to) is refused with Status::usage: binary output would be mixed with the
-// text. Move-only; one thread at a time.
-class StagedOutputFile {
- public:
-  // Status::usage for our own stdout/stderr, Status::runtime "cannot create PATH: <errno>".
-  static Result<StagedOutputFile> open(const std::string& path);
-  StagedOutputFile() = default;
-  StagedOutputFile(StagedOutputFile&& other) noexcept;
-  StagedOutputFile& operator=(StagedOutputFile&& other) noexcept;
-  StagedOutputFile(const StagedOutputFile&) = delete;
-  StagedOutputFile& operator=(const StagedOutputFile&) = delete;
-  // Not committed: the stream is closed and the temporary removed (the target is untouched).
-  ~StagedOutputFile();
-
-  std::FILE* stream() const { return stream_; }  // null once committed
-  const std::string& path() const { return path_; }
-  // Flushes, closes and renames the temporary over the target; Status::runtime naming the path
-  // on failure (the temporary is removed). The object holds nothing afterwards.
-  Status commit();
-
- private:
-  void discard();
-  std::string path_;     // as given
-  std::string target_;   // what the rename replaces (empty: written directly)
-  std::string staging_;  // the temporary (empty: written directly)
-  std::FILE* stream_ = nullptr;
-};
+// For binary outputs written as a stream (a trace): Status::usage "FLAG: PATH is this process's
+// own standard output or error ..." when `path` is the regular file or pipe our stdout or stderr
+// goes to (/dev/stdout, or the file they are redirected to): the bytes would be mixed with the
+// text printed there, and truncating the file would erase it. A device (/dev/null) is fine.
+Status check_not_own_stdout(const std::string& flag, const std::string& path);
 
 // Creates the output folder `dir` and its parents (`ktier synth -o`, `ktier pack -o`); an
 // existing folder is fine. A dangling symlink creates the folder it names, as writing a file

@@ -263,10 +263,17 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   const auto exact = run_process(piped + std::to_string(both_need));
   EXPECT_EQ(exact.exit_code, 0) << exact.err;
   EXPECT_EQ(last_line(exact.out), ids2);
-  const auto full = run_process(piped + std::to_string(both_need - 1));
+  // Refused before its turn ran: the first answer's trace is whole and kept.
+  const fs::path trace = dir_.string() + "-chat.ktrace";
+  const auto full = run_process(piped + std::to_string(both_need - 1) + " --trace " +
+                                trace.string());
   EXPECT_EQ(full.exit_code, 4) << full.err;
   EXPECT_NE(full.err.find("past -c/--ctx-size " + std::to_string(both_need - 1)), std::string::npos)
       << full.err;
+  const auto info = run_process(ktier() + " trace info " + trace.string());
+  EXPECT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("tokens:           " + std::to_string(first_needs)), std::string::npos)
+      << info.out;
   EXPECT_EQ(run_process(ktier() + " run" + model() + " -i -p hi -n 2").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " -p '' -n 2").exit_code, 2);  // empty prompt
   EXPECT_EQ(run_process("echo hi | " + ktier() + " run" + model() + " --chat -i -f - -n 2").exit_code, 2);
@@ -293,7 +300,8 @@ TEST_F(RunEvalCli, OutputsToFifosStdoutAndSymlinks) {
   const std::string run = ktier() + " run" + model() + " --ids 1,2 -n 3 --print-ids";
   const fs::path fifo = base / "fifo", got = base / "got.json";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
-  auto r = run_process("cat " + fifo.string() + " > " + got.string() + " & " + run +
+  // timeout: if ktier failed before opening the FIFO, cat would wait for a writer forever.
+  auto r = run_process("timeout 60 cat " + fifo.string() + " > " + got.string() + " & " + run +
                        " --report-json " + fifo.string() + "; rc=$?; wait; exit $rc");
   EXPECT_EQ(r.exit_code, 0) << r.err;  // ktier's status, not wait's (always 0)
   const std::string report = read_text(got);
@@ -465,23 +473,19 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     const char nan_bf16[2] = {'\xc0', '\x7f'};  // 0x7fc0 little-endian: a quiet NaN
     for (uint64_t i = 0; i < 3 * hidden; ++i) f.write(nan_bf16, 2);
     f.close();
-    // With --trace over an existing file: the failed run leaves that file as it was (no trace
-    // ending inside a token, no temporary left beside it).
-    const fs::path trace = dir_.string() + "-nan-old.ktrace";
-    std::ofstream(trace) << "an earlier trace";
+    // With --trace: the run stops inside a token, so the trace is left without its footer and
+    // readers refuse it (closed, it would read as whole).
+    const fs::path trace = dir_.string() + "-nan.ktrace";
     const auto r = run_process(ktier() + " run -m " + nan_dir.string() + " --ids 1,2 -n 3 " +
                                "--trace " + trace.string());
     const auto ev = run_process(ktier() + " eval -m " + nan_dir.string() + " --ids 1,2 --argmax");
     fs::remove_all(nan_dir);
-    EXPECT_EQ(read_text(trace), "an earlier trace");
-    size_t leftovers = 0;
-    for (const auto& e : fs::directory_iterator(trace.parent_path()))
-      leftovers += e.path().filename().string().rfind("." + trace.filename().string(), 0) == 0;
-    EXPECT_EQ(leftovers, 0u);
-    fs::remove(trace);
+    EXPECT_NE(r.err.find("trace: " + trace.string() + " left unfinished"), std::string::npos)
+        << r.err;
+    const auto info = run_process(ktier() + " trace info " + trace.string());
+    EXPECT_EQ(info.exit_code, 3) << info.out;
+    EXPECT_NE(info.err.find("without its footer"), std::string::npos) << info.err;
     EXPECT_EQ(r.exit_code, 3) << r.err;
-    EXPECT_NE(r.err.find("trace: not written to " + trace.string() + " (the run failed)"),
-              std::string::npos) << r.err;
     EXPECT_NE(r.err.find("the logits after 2 positions hold NaN (first at id 7)"),
               std::string::npos) << r.err;
     EXPECT_EQ(r.out, "");

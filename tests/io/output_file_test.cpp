@@ -101,6 +101,10 @@ TEST_F(OutputFileTest, OutputFoldersAreCreatedThroughDanglingSymlinks) {
   fs::create_symlink("made-later", dir_ / "link");
   ASSERT_TRUE(create_output_dir(dir_ / "link"));
   EXPECT_TRUE(fs::is_directory(dir_ / "made-later"));
+  fs::create_symlink("chain-2", dir_ / "chain-1");  // two links, then nothing
+  fs::create_symlink("chain-end", dir_ / "chain-2");
+  ASSERT_TRUE(create_output_dir(dir_ / "chain-1"));
+  EXPECT_TRUE(fs::is_directory(dir_ / "chain-end"));
   EXPECT_TRUE(fs::is_symlink(dir_ / "link"));
   std::ofstream(dir_ / "file") << "x";
   const Status s = create_output_dir(dir_ / "file" / "sub");
@@ -109,50 +113,8 @@ TEST_F(OutputFileTest, OutputFoldersAreCreatedThroughDanglingSymlinks) {
       << s.message();
 }
 
-// A staged output appears whole at commit(): until then an existing file keeps its bytes, and
-// an output never committed leaves no trace of itself.
-TEST_F(OutputFileTest, StagedOutputReplacesOnlyAtCommit) {
-  const fs::path out = dir_ / "trace.ktrace";
-  std::ofstream(out) << "old";
-  {
-    Result<StagedOutputFile> f = StagedOutputFile::open(out.string());
-    ASSERT_TRUE(f.is_ok()) << f.status().message();
-    std::fputs("half", f->stream());
-    std::fflush(f->stream());
-    EXPECT_EQ(slurp(out), "old");
-    EXPECT_EQ(entries(), 2u);  // the file and its temporary
-  }  // not committed
-  EXPECT_EQ(slurp(out), "old");
-  EXPECT_EQ(entries(), 1u);
-  Result<StagedOutputFile> f = StagedOutputFile::open(out.string());
-  ASSERT_TRUE(f.is_ok());
-  std::fputs("new", f->stream());
-  ASSERT_TRUE(f->commit());
-  EXPECT_EQ(slurp(out), "new");
-  EXPECT_EQ(entries(), 1u);
-  EXPECT_EQ(f->stream(), nullptr);
-  EXPECT_FALSE(f->commit());  // nothing left to commit
-}
-
-TEST_F(OutputFileTest, StagedOutputWritesThroughSymlinksAndDevices) {
-  fs::create_symlink("real.ktrace", dir_ / "link.ktrace");
-  Result<StagedOutputFile> f = StagedOutputFile::open((dir_ / "link.ktrace").string());
-  ASSERT_TRUE(f.is_ok()) << f.status().message();
-  std::fputs("x", f->stream());
-  ASSERT_TRUE(f->commit());
-  EXPECT_TRUE(fs::is_symlink(dir_ / "link.ktrace"));  // the link stays, its target is written
-  EXPECT_EQ(slurp(dir_ / "real.ktrace"), "x");
-  Result<StagedOutputFile> null = StagedOutputFile::open("/dev/null");  // no rename over it
-  ASSERT_TRUE(null.is_ok()) << null.status().message();
-  std::fputs("x", null->stream());
-  EXPECT_TRUE(null->commit());
-  EXPECT_TRUE(fs::is_character_file("/dev/null"));
-  EXPECT_EQ(StagedOutputFile::open((dir_ / "no-folder" / "t").string()).status().code(),
-            ExitCode::kRuntime);
-}
-
-// Our own stdout (redirected to a file): a binary output there is refused, the file untouched.
-TEST_F(OutputFileTest, StagedOutputRefusesOwnStdout) {
+// A binary stream to our own stdout (redirected to a file) is refused; /dev/null is not.
+TEST_F(OutputFileTest, BinaryOutputToOwnStdoutIsRefused) {
   const fs::path redirected = dir_ / "stdout.txt";
   std::fflush(stdout);
   const int saved = ::dup(STDOUT_FILENO);
@@ -160,12 +122,18 @@ TEST_F(OutputFileTest, StagedOutputRefusesOwnStdout) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::dup2(fd, STDOUT_FILENO), STDOUT_FILENO);
   ::close(fd);
-  const Result<StagedOutputFile> f = StagedOutputFile::open(redirected.string());
+  const Status to_file = check_not_own_stdout("--trace", redirected.string());
+  const Status to_link = check_not_own_stdout("--trace", "/dev/stdout");
   ::dup2(saved, STDOUT_FILENO);
   ::close(saved);
-  EXPECT_EQ(f.status().code(), ExitCode::kUsage);
-  EXPECT_NE(f.status().message().find("own standard output"), std::string::npos)
-      << f.status().message();
+  EXPECT_EQ(to_file.code(), ExitCode::kUsage);
+  EXPECT_EQ(to_file.message(), "--trace: " + redirected.string() +
+                                   " is this process's own standard output: give a file of its "
+                                   "own (the output is binary)");
+  EXPECT_EQ(to_link.code(), ExitCode::kUsage);
+  EXPECT_TRUE(check_not_own_stdout("--trace", "/dev/null"));
+  EXPECT_TRUE(check_not_own_stdout("--trace", (dir_ / "other").string()));
+  EXPECT_TRUE(check_not_own_stdout("--trace", ""));
 }
 
 TEST_F(OutputFileTest, ProcIsRefusedBeforeTheWork) {

@@ -426,7 +426,7 @@ TEST(Budget, ParsesUnitsAndSlots) {
 // --slots items are counts of experts; an error quotes the item as given (no internal suffix).
 TEST(Budget, SlotListsQuoteTheBadItem) {
   const uint64_t eb = 17547264;
-  Result<std::vector<Budget>> b = parse_slot_list("455,911x,0", eb, "--slots");
+  Result<std::vector<Budget>> b = parse_slot_list("455, 911x ,0", eb, "--slots");
   ASSERT_TRUE(b.is_ok()) << b.status().message();
   ASSERT_EQ(b->size(), 3u);
   EXPECT_EQ((*b)[0].label, "455x");

@@ -161,6 +161,11 @@ TEST_F(TraceCli, PlotWithoutCsvAndTwoTiers) {
             "--csv " + q(same) + " --json " + q(same)));
   EXPECT_EQ(twice.exit_code, 2);
   EXPECT_NE(twice.err.find("is also given as --csv"), std::string::npos) << twice.err;
+  // A device holds nothing to overwrite: /dev/null may take both.
+  EXPECT_EQ(run_process(ktier("trace replay " + q(conformance_) + " --convert-conformance "
+                              "--policy lru --slots 100 --csv /dev/null --json /dev/null"))
+                .exit_code,
+            0);
 }
 
 TEST_F(TraceCli, ConvertInfoAndReplayTheConvertedFile) {

@@ -279,9 +279,8 @@ TEST(TraceFormat, MissingFileIsUsageErrorNamingIt) {
             std::string::npos) << r.status().message();
 }
 
-// Weights are router scores: a NaN, an infinite or a negative one is refused, naming the step
-// (by the writer, so a recording run fails rather than leave a trace no reader takes; the
-// reader applies the same check to what it decodes).
+// A header without the weights flag (converted traces) holds only zero weights: another weight
+// is refused by the writer (exit 2) as by the reader (FlippedBytesAreCorrupt).
 TEST(TraceFormat, WeightsWithoutTheWeightsFlagAreRefused) {
   Trace t = make_trace(2);
   t.header.flags &= ~kTraceFlagWeights;
@@ -297,6 +296,9 @@ TEST(TraceFormat, WeightsWithoutTheWeightsFlagAreRefused) {
   EXPECT_NE(st.message().find("step 3 (chosen)"), std::string::npos) << st.message();
 }
 
+// Weights are router scores: a NaN, an infinite or a negative one is refused, naming the step
+// (by the writer, so a recording run fails rather than leave a trace no reader takes; the
+// reader applies the same check to what it decodes).
 TEST(TraceFormat, WeightsThatNoRouterGivesAreRefused) {
   for (const float w : {std::numeric_limits<float>::quiet_NaN(),
                         std::numeric_limits<float>::infinity(), -0.25f}) {
