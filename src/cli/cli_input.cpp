@@ -131,7 +131,10 @@ namespace {
 // `path` with dangling symlinks followed to the file they would create, then made canonical as
 // far as it exists; `ec` set when that fails.
 std::filesystem::path resolve_output(const std::string& path, std::error_code& ec) {
-  return std::filesystem::weakly_canonical(io::follow_dangling_symlinks(path), ec);
+  // Absolute first: weakly_canonical leaves a bare relative name of a missing file relative, so
+  // "out.json" and "./out.json" would differ.
+  const std::filesystem::path p = std::filesystem::absolute(io::follow_dangling_symlinks(path), ec);
+  return ec ? p : std::filesystem::weakly_canonical(p, ec);
 }
 
 }  // namespace

@@ -100,7 +100,9 @@ Status run(const RunArgs& a) {
     KTIER_RETURN_IF_ERROR(check_output_is_not_input(
         flag, out,
         {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile},
-         {"-f", a.file == "-" ? std::string() : a.file}}));
+         {"-f", a.file == "-" ? std::string() : a.file},
+         // The file standard input reads, when it is read (-f -, or a conversation).
+         {"standard input", a.file == "-" || a.interactive ? "/dev/stdin" : std::string()}}));
   KTIER_RETURN_IF_ERROR(check_output_is_not_input("--report-json", a.report_json,
                                                   {{"--trace", a.trace}}));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--report-json", a.report_json));

@@ -395,12 +395,10 @@ void check_values(ConfigReader& r, const ModelConfig& c, const PathOf& path_of,
                                 (want_positive ? "> 0" : "< 0"));
       return;
     }
-    const double magnitude = std::fabs(v);
-    if (magnitude > std::numeric_limits<float>::max() ||
-        magnitude < std::numeric_limits<float>::min())
+    const float as_float = static_cast<float>(v);  // what the kernels get
+    if (!std::isfinite(as_float) || as_float == 0.0f)
       r.error(path_of(key), "is " + format_number(v) + ", outside what a 32-bit float holds "
-                                "(magnitude " + format_number(std::numeric_limits<float>::min()) +
-                                " to " + format_number(std::numeric_limits<float>::max()) + ")");
+                                "(it would be " + (as_float == 0.0f ? "0" : "infinite") + ")");
   };
   finite_cmp("rms_norm_eps", c.rms_norm_eps, true);
   finite_cmp("gate_lower_bound", c.gate_lower_bound, false);

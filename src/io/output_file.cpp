@@ -1,7 +1,9 @@
 #include "io/output_file.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -25,6 +27,16 @@ Status check_can_write(const std::string& flag, const std::string& path) {
   // will not get better by the end of the work.
   if (ec && ec != std::errc::no_such_file_or_directory) return refuse(ec.message());
   if (fs::is_directory(st)) return refuse("it is a directory");
+  // /proc and /sys files open for writing and then refuse the bytes (or, as root, change the
+  // kernel's settings): no output goes there.
+  {
+    const fs::path existing = fs::exists(st) ? fs::path(path)
+                              : follow_dangling_symlinks(path).parent_path();
+    struct statfs fs_info {};
+    if (::statfs(existing.empty() ? "." : existing.c_str(), &fs_info) == 0 &&
+        (fs_info.f_type == PROC_SUPER_MAGIC || fs_info.f_type == SYSFS_MAGIC))
+      return refuse("/proc and /sys are not for output files");
+  }
   if (fs::exists(st)) {
     // A FIFO or a device is not opened here: closing a FIFO's write end would end its reader's
     // input before the real output comes.
@@ -57,14 +69,17 @@ Status write_output_file(const std::string& path, std::string_view bytes) {
         continue;
       if (std::fwrite(bytes.data(), 1, bytes.size(), stream) != bytes.size() ||
           std::fflush(stream) != 0)
-        return Status::runtime(path + ": write error");
+        return Status::runtime(path + ": write error: " + errno_text(errno));
       return Status::ok();
     }
   }
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) return Status::runtime(path + ": cannot open for writing: " + errno_text(errno));
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  if (std::fclose(f) != 0 || !ok) return Status::runtime(path + ": write error");
+  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() &&
+                  std::fflush(f) == 0;
+  const int err = errno;
+  if (std::fclose(f) != 0 || !ok)
+    return Status::runtime(path + ": write error: " + errno_text(ok ? errno : err));
   return Status::ok();
 }
 
@@ -88,6 +103,7 @@ std::filesystem::path follow_dangling_symlinks(const std::filesystem::path& path
   std::error_code ec;
   if (fs::exists(path, ec)) return path;  // resolvable: the system follows it
   fs::path p = path;
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();  // "link/" names the link
   for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
     const fs::path link = fs::read_symlink(p, ec);
     if (ec) break;

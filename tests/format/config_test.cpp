@@ -415,10 +415,14 @@ TEST(Config, ValueRanges) {
   j["gate_lower_bound"] = -1e-50;
   j["routed_scaling_factor"] = 4e38;
   const std::string f = parse_err(j);
-  EXPECT_HAS(f, "rms_norm_eps: is 1e+300, outside what a 32-bit float holds");
-  EXPECT_HAS(f, "gate_lower_bound: is -1e-50, outside what a 32-bit float");
+  EXPECT_HAS(f, "rms_norm_eps: is 1e+300, outside what a 32-bit float holds (it would be inf");
+  EXPECT_HAS(f, "gate_lower_bound: is -1e-50, outside what a 32-bit float holds (it would be 0)");
   EXPECT_HAS(f, "routed_scaling_factor: is 4e+38, outside what a 32-bit");
   EXPECT_EQ(problem_lines(f), 3u);
+  j = manifest_config();
+  j["gate_lower_bound"] = -3.4028235e38;  // FLT_MAX as usually printed: rounds to it
+  j["rms_norm_eps"] = 1e-40;              // a denormal float, not 0
+  EXPECT_NO_FATAL_FAILURE(parse_ok(j));
 }
 
 TEST(Config, LayerListRules) {

@@ -105,6 +105,9 @@ TEST_F(OutputFileTest, OutputFoldersAreCreatedThroughDanglingSymlinks) {
   fs::create_symlink("chain-end", dir_ / "chain-2");
   ASSERT_TRUE(create_output_dir(dir_ / "chain-1"));
   EXPECT_TRUE(fs::is_directory(dir_ / "chain-end"));
+  fs::create_symlink("slash-target", dir_ / "slash-link");
+  ASSERT_TRUE(create_output_dir((dir_ / "slash-link").string() + "/"));  // "-o link/"
+  EXPECT_TRUE(fs::is_directory(dir_ / "slash-target"));
   EXPECT_TRUE(fs::is_symlink(dir_ / "link"));
   std::ofstream(dir_ / "file") << "x";
   const Status s = create_output_dir(dir_ / "file" / "sub");
@@ -139,6 +142,13 @@ TEST_F(OutputFileTest, BinaryOutputToOwnStdoutIsRefused) {
 TEST_F(OutputFileTest, ProcIsRefusedBeforeTheWork) {
   const Status s = check_can_write("--json", "/proc/ktier-output-file-test.json");
   EXPECT_EQ(s.code(), ExitCode::kRuntime);
+  // Existing /proc and /sys files open for writing (and, as root, change kernel settings).
+  for (const char* file : {"/proc/self/status", "/proc/sys/kernel/hostname"}) {
+    const Status e = check_can_write("--json", file);
+    EXPECT_EQ(e.code(), ExitCode::kRuntime) << file;
+    EXPECT_NE(e.message().find("/proc and /sys are not for output files"), std::string::npos)
+        << e.message();
+  }
 }
 
 // The output named is the file stdout is redirected to (`--json out > out`, /dev/stdout):

@@ -161,6 +161,12 @@ TEST_F(TraceCli, PlotWithoutCsvAndTwoTiers) {
             "--csv " + q(same) + " --json " + q(same)));
   EXPECT_EQ(twice.exit_code, 2);
   EXPECT_NE(twice.err.find("is also given as --csv"), std::string::npos) << twice.err;
+  // The same new file by a bare relative name and by a longer one.
+  const test::ProcessResult relative = run_process(
+      "cd " + q(dir_) + " && " +
+      ktier("trace replay " + q(conformance_) + " --convert-conformance --policy lru "
+            "--slots 100 --csv fresh.csv --json ./fresh.csv"));
+  EXPECT_EQ(relative.exit_code, 2) << relative.err;
   // A device holds nothing to overwrite: /dev/null may take both.
   EXPECT_EQ(run_process(ktier("trace replay " + q(conformance_) + " --convert-conformance "
                               "--policy lru --slots 100 --csv /dev/null --json /dev/null"))
