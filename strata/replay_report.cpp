@@ -9,8 +9,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 #include <utility>
 #include <nlohmann/json.hpp>
@@ -23,33 +21,49 @@ extern char** environ;
 namespace ktier::strata {
 namespace {
 
-// A private file in the system's temporary folder, removed by the destructor (move-only).
-class TempFile {
+// A private file without a name: created in the system's temporary folder and unlinked at
+// once, reached by the plotting child through /dev/fd/N (inherited: no O_CLOEXEC), so nothing is
+// left behind however the process ends. Closed by the destructor; move-only.
+class AnonymousFile {
  public:
-  static Result<TempFile> create(const std::string& suffix) {
+  static Result<AnonymousFile> create() {
     std::error_code ec;
     const std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
-    std::string name = ((ec ? std::filesystem::path("/tmp") : dir) / "ktier-plot-XXXXXX").string() +
-                       suffix;
-    const int fd = ::mkstemps(name.data(), static_cast<int>(suffix.size()));
+    std::string name = ((ec ? std::filesystem::path("/tmp") : dir) / "ktier-plot-XXXXXX").string();
+    const int fd = ::mkstemp(name.data());
     if (fd < 0)
-      return Status::runtime("--plot: cannot create a temporary file " + name + ": " +
+      return Status::runtime("--plot: cannot create a temporary file in " +
+                             (ec ? std::string("/tmp") : dir.string()) + ": " +
                              std::strerror(errno));
-    ::close(fd);
-    TempFile t;
-    t.path_ = std::move(name);
-    return t;
+    ::unlink(name.c_str());
+    AnonymousFile f;
+    f.fd_ = fd;
+    return f;
   }
-  TempFile() = default;
-  TempFile(TempFile&& o) noexcept : path_(std::exchange(o.path_, {})) {}
-  TempFile& operator=(TempFile&&) = delete;
-  ~TempFile() {
-    if (!path_.empty()) ::unlink(path_.c_str());
+  AnonymousFile() = default;
+  AnonymousFile(AnonymousFile&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  AnonymousFile& operator=(AnonymousFile&&) = delete;
+  ~AnonymousFile() {
+    if (fd_ >= 0) ::close(fd_);
   }
-  const std::string& path() const { return path_; }
+  // The name this process and its children open it by.
+  std::string path() const { return "/dev/fd/" + std::to_string(fd_); }
+  // Everything written to it so far (by anyone), from the start.
+  Result<std::string> read_all() const {
+    std::string out;
+    char buf[1 << 16];
+    for (off_t at = 0;;) {
+      const ssize_t n = ::pread(fd_, buf, sizeof buf, at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::runtime(std::string("--plot: ") + std::strerror(errno));
+      if (n == 0) return out;
+      out.append(buf, static_cast<size_t>(n));
+      at += n;
+    }
+  }
 
  private:
-  std::string path_;
+  int fd_ = -1;
 };
 
 constexpr const char* kPython = "/usr/bin/python3";
@@ -265,8 +279,8 @@ Status plot_replay(const std::vector<ReplayResult>& results, const std::filesyst
         "--plot: tools/plot_replay.py was not found next to the ktier binary "
         "or in its source tree");
   }
-  KTIER_ASSIGN_OR_RETURN(const TempFile csv, TempFile::create(".csv"));
-  KTIER_ASSIGN_OR_RETURN(const TempFile image, TempFile::create(".png"));
+  KTIER_ASSIGN_OR_RETURN(const AnonymousFile csv, AnonymousFile::create());
+  KTIER_ASSIGN_OR_RETURN(const AnonymousFile image, AnonymousFile::create());
   KTIER_RETURN_IF_ERROR(write_replay_csv(csv.path(), results));
   char ceiling[32];
   std::snprintf(ceiling, sizeof(ceiling), "%.6f", ceiling_rate);
@@ -307,10 +321,7 @@ Status plot_replay(const std::vector<ReplayResult>& results, const std::filesyst
   }
   while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) {
-    std::ifstream in(image.path(), std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (!in.good() && !in.eof())
-      return Status::runtime("--plot: cannot read the image drawn in " + image.path());
+    KTIER_ASSIGN_OR_RETURN(const std::string bytes, image.read_all());
     return io::write_output_file(png.string(), bytes);
   }
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kPlotExitNoMatplotlib) {

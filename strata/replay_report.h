@@ -30,9 +30,10 @@ Status write_replay_json(const std::filesystem::path& path, const std::string& t
                          const std::vector<ReplayResult>& results);
 
 // Draws `png` (the --plot path) from `results` with tools/plot_replay.py under /usr/bin/python3
-// (matplotlib, Agg). The script reads a CSV and writes the image in private temporary files
-// (removed after), and the image is written to `png` by io::write_output_file, so no file beside
-// `png` is touched and errors name `png` in one line. A missing interpreter, script or matplotlib
+// (matplotlib, Agg). The script reads a CSV and writes the image in private files without names
+// (unlinked at creation, opened through /dev/fd: nothing is left behind even if ktier is killed),
+// and the image is written to `png` by io::write_output_file, so no file beside `png` is touched
+// and errors name `png` in one line. A missing interpreter, script or matplotlib
 // is Status::runtime (exit 1) saying what to install. `ceiling_rate` (0..1) is drawn as the
 // compulsory-miss ceiling; pass a negative value to omit.
 Status plot_replay(const std::vector<ReplayResult>& results, const std::filesystem::path& png,
