@@ -235,7 +235,7 @@ QueuedIoEngine::Step QueuedIoEngine::on_result(Chunk& c, const Attempt& a, int64
   const uint64_t reached = (a.file_offset - c.io_offset) + static_cast<uint64_t>(res);
   const bool stalled = reached <= c.done;
   if (res == 0 || (stalled && ++c.stalled_reads > kMaxStalledReads)) {
-    c.error = Status::runtime(c.file->path() + " ended at offset " +
+    c.error = Status::runtime(c.file->path() + " ends at or before offset " +
                               std::to_string(a.file_offset + static_cast<uint64_t>(res)) +
                               " while reading bytes " +
                               range_text(c.request->read.offset, c.request->read.length) +
