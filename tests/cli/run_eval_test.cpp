@@ -305,6 +305,7 @@ TEST_F(RunEvalCli, OutputsToFifosStdoutAndSymlinks) {
                        " --report-json " + fifo.string() + "; rc=$?; wait; exit $rc");
   EXPECT_EQ(r.exit_code, 0) << r.err;  // ktier's status, not wait's (always 0)
   const std::string report = read_text(got);
+  ASSERT_FALSE(report.empty());
   EXPECT_EQ(report.rfind("{", 0), 0u) << report;
   EXPECT_EQ(report.back(), '\n') << report;  // the whole report, not a prefix
   EXPECT_TRUE(nlohmann::json::accept(report)) << report;
