@@ -14,6 +14,21 @@
 #include "io/read_file.h"
 
 namespace ktier::io {
+namespace {
+
+// STDOUT_FILENO or STDERR_FILENO when `target` is the file (or pipe) that descriptor writes to,
+// else -1.
+int own_output_fd(const struct stat& target) {
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat open_file {};
+    if (::fstat(fd, &open_file) == 0 && open_file.st_dev == target.st_dev &&
+        open_file.st_ino == target.st_ino)
+      return fd;
+  }
+  return -1;
+}
+
+}  // namespace
 
 Status check_can_write(const std::string& flag, const std::string& path) {
   if (path.empty()) return Status::ok();
@@ -62,11 +77,8 @@ Status check_can_write(const std::string& flag, const std::string& path) {
 Status write_output_file(const std::string& path, std::string_view bytes) {
   struct stat target {};
   if (::stat(path.c_str(), &target) == 0) {
-    for (std::FILE* stream : {stdout, stderr}) {
-      struct stat open_file {};
-      if (::fstat(::fileno(stream), &open_file) != 0 || open_file.st_dev != target.st_dev ||
-          open_file.st_ino != target.st_ino)
-        continue;
+    if (const int fd = own_output_fd(target); fd >= 0) {
+      std::FILE* stream = fd == STDOUT_FILENO ? stdout : stderr;
       if (std::fwrite(bytes.data(), 1, bytes.size(), stream) != bytes.size() ||
           std::fflush(stream) != 0)
         return Status::runtime(path + ": write error: " + errno_text(errno));
@@ -87,15 +99,11 @@ Status check_not_own_stdout(const std::string& flag, const std::string& path) {
   struct stat target {};
   if (path.empty() || ::stat(path.c_str(), &target) != 0) return Status::ok();
   if (!S_ISREG(target.st_mode) && !S_ISFIFO(target.st_mode)) return Status::ok();
-  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
-    struct stat open_file {};
-    if (::fstat(fd, &open_file) == 0 && open_file.st_dev == target.st_dev &&
-        open_file.st_ino == target.st_ino)
-      return Status::usage(flag + ": " + path + " is this process's own standard " +
-                           (fd == STDOUT_FILENO ? "output" : "error") +
-                           ": give a file of its own (the output is binary)");
-  }
-  return Status::ok();
+  const int fd = own_output_fd(target);
+  if (fd < 0) return Status::ok();
+  return Status::usage(flag + ": " + path + " is this process's own standard " +
+                       (fd == STDOUT_FILENO ? "output" : "error") +
+                       ": give a file of its own (the output is binary)");
 }
 
 std::filesystem::path follow_dangling_symlinks(const std::filesystem::path& path) {
