@@ -1,6 +1,7 @@
 #include "cli/cli_input.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -69,7 +70,7 @@ Result<std::string> read_input(const std::string& file) {
   return text;
 }
 
-Result<std::optional<std::string>> StdinLines::next() {
+Result<std::optional<std::string>> StdinLines::next(int wake_fd) {
   size_t scanned = 0;  // bytes of buffer_ already known to hold no newline
   while (true) {
     const size_t newline = buffer_.find('\n', scanned);
@@ -83,6 +84,15 @@ Result<std::optional<std::string>> StdinLines::next() {
     if (at_end_) return std::optional<std::string>();
     if (buffer_.size() > kMaxInputBytes) return too_long("standard input (one line)");
     scanned = buffer_.size();
+    if (wake_fd >= 0) {
+      pollfd fds[2] = {{STDIN_FILENO, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+      int ready;
+      do {
+        ready = ::poll(fds, 2, -1);
+      } while (ready < 0 && errno == EINTR);
+      if (ready < 0) return Status::runtime("standard input: poll: " + io::errno_text(errno));
+      if (fds[1].revents != 0) return std::optional<std::string>();
+    }
     KTIER_ASSIGN_OR_RETURN(const size_t n, read_some(STDIN_FILENO, buffer_, "standard input"));
     at_end_ = n == 0;
   }

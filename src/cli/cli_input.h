@@ -32,8 +32,10 @@ class StdinLines {
  public:
   // The next line without its "\n" or "\r\n"; std::nullopt at the end of input (a last line
   // without "\n" is still returned). Status::usage for a line over kMaxInputBytes,
-  // Status::runtime on a read error.
-  Result<std::optional<std::string>> next();
+  // Status::runtime on a read error. With `wake_fd` >= 0: std::nullopt too as soon as that
+  // descriptor is readable while a line is awaited (Ctrl-C, InterruptRequest::wake_fd; the
+  // caller tells the two apart), the bytes read so far kept for the next call.
+  Result<std::optional<std::string>> next(int wake_fd = -1);
 
  private:
   std::string buffer_;  // bytes read and not yet returned

@@ -15,6 +15,7 @@
 //
 // Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
+// Ctrl-C stops at the next whole token with all of that (exit 130); see docs/ARCHITECTURE.md.
 // A model folder without tiktoken.model runs from --ids and prints the generated ids only.
 
 #include <algorithm>
@@ -30,6 +31,7 @@
 #include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "cli/strata_options.h"
+#include "common/interrupt.h"
 #include "common/progress.h"
 #include "format/checkpoint.h"
 #include "io/output_file.h"
@@ -187,6 +189,18 @@ Status run(const RunArgs& a) {
   std::optional<tok::StreamingDecoder> stream;
   if (tokenizer) stream.emplace(*tokenizer);
   std::vector<int32_t> generated;  // this turn's
+  // Ctrl-C stops at a whole token: a single run after its prompt chunk or token, with its text,
+  // report and trace (exit 130); a conversation's answer after at least one token (its message
+  // is never cut, and the answer closes as usual), the conversation going on. A second Ctrl-C
+  // quits at once (a trace then stays unfinished).
+  constexpr const char* kStopRun =
+      "\nktier: Ctrl-C: stopping after this token or prompt chunk (Ctrl-C again quits at once)\n";
+  constexpr const char* kStopAnswer =
+      "\nktier: Ctrl-C: ending this answer (Ctrl-C again quits at once)\n";
+  InterruptRequest interrupt(a.interactive ? kStopAnswer : kStopRun);
+  gen.stop_requested = [&] {
+    return InterruptRequest::requested() && (!a.interactive || !generated.empty());
+  };
   const auto sink = [&](int32_t id) -> Status {
     generated.push_back(id);
     const bool stop =
@@ -228,6 +242,7 @@ Status run(const RunArgs& a) {
   }
   // One answer: its text (and ids), then its report (the JSON file holds the last answer's).
   bool turn_cut = false;  // a turn failed inside its forward passes (the trace ends mid-token)
+  bool interrupted = false;  // Ctrl-C ended the last turn
   const auto answer = [&](std::span<const int32_t> ids) -> Status {
     generated.clear();
     Result<runtime::GenerationStats> turn = session->turn(ids, sink);
@@ -237,6 +252,7 @@ Status run(const RunArgs& a) {
       prefill_meter.reset();
     }
     KTIER_ASSIGN_OR_RETURN(report.gen, std::move(turn));
+    interrupted = report.gen.interrupted;
     report.decode_end = runtime::EngineCounters::of(*engine);
     report.peak_rss_bytes = runtime::peak_rss_bytes();
     if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
@@ -266,17 +282,35 @@ Status run(const RunArgs& a) {
   Status status = a.interactive && given == 0 ? Status::ok() : answer(prompt);
   StdinLines input;
   while (status.is_ok() && a.interactive) {
+    // Ctrl-C at the prompt ends the conversation (no notice: it ends at once).
+    if (interrupted) interrupt.rearm();
+    interrupt.set_notice(nullptr);
     std::fputs("> ", stderr);
     std::fflush(stderr);
-    Result<std::optional<std::string>> line = input.next();
+    Result<std::optional<std::string>> line = input.next(interrupt.wake_fd());
     if (!line.is_ok()) {
       status = line.status();
       break;
     }
-    if (!line->has_value()) break;  // end of input ends the conversation
+    if (!line->has_value()) {  // end of input (or Ctrl-C) ends the conversation
+      if (InterruptRequest::requested()) {
+        std::fputs("\n", stderr);
+        status = Status::interrupted("conversation ended by Ctrl-C");
+      }
+      break;
+    }
     if ((*line)->empty()) continue;
+    interrupt.set_notice(kStopAnswer);
     Result<std::vector<int32_t>> ids = next_turn(**line);
     status = ids.is_ok() ? answer(*ids) : ids.status();
+  }
+  if (status.is_ok() && interrupted && !a.interactive) {
+    const int64_t run = report.gen.prompt_tokens, generated_n = report.gen.generated_tokens;
+    status = Status::interrupted(
+        run < static_cast<int64_t>(prompt.size())
+            ? "stopped by Ctrl-C in the prompt, after " + std::to_string(run) + " of its " +
+                  std::to_string(prompt.size()) + " tokens"
+            : "stopped by Ctrl-C after " + std::to_string(generated_n) + " generated tokens");
   }
   if (recorder) {
     engine->model().set_routing_observer(nullptr);
@@ -290,7 +324,7 @@ Status run(const RunArgs& a) {
       return status;
     }
     const Status closed = recorder->close();
-    if (status.is_ok()) KTIER_RETURN_IF_ERROR(closed);
+    if (status.is_ok() || status.code() == ExitCode::kInterrupted) KTIER_RETURN_IF_ERROR(closed);
     spdlog::info("trace: {} routing steps -> {}", recorder->steps(), a.trace);
   }
   return status;
@@ -328,8 +362,9 @@ void register_run_command(CLI::App& app, int& exit_code) {
       ->excludes("--special");
   sub->add_flag("-i,--interactive", a->interactive,
                 "With --chat: a conversation. After each answer, read the next message as one "
-                "line from standard input (\"> \" on stderr; end of input ends it) and run only "
-                "its tokens in the same sequence; the first message may come from there too");
+                "line from standard input (\"> \" on stderr; end of input or Ctrl-C there ends it; "
+                "Ctrl-C during an answer ends the answer) and run only its tokens in the same "
+                "sequence; the first message may come from there too");
   sub->add_option("-c,--ctx-size", a->ctx_size,
                   "Positions a run may use (0 = auto: the prompt + -n - 1, or 4096 for "
                   "--interactive; GPU mode sets the state for this many aside). Too small for "

@@ -4,7 +4,7 @@
 //
 // Every Status carries the process exit code it maps to (docs/ARCHITECTURE.md, "Exit codes"):
 //   0 ok, 1 runtime / I-O failure, 2 usage or config error, 3 corrupt or inconsistent input,
-//   4 a budget that cannot be met.
+//   4 a budget that cannot be met; 130 a run stopped by Ctrl-C (SIGINT), as shells report one.
 // Messages name the file, tensor or field at fault, and where the cause is known, what to do.
 
 #include <cstdlib>
@@ -20,6 +20,7 @@ enum class ExitCode : int {
   kUsage = 2,     // bad command line, bad or inconsistent config.json
   kCorrupt = 3,   // corrupt or inconsistent checkpoint bytes / headers / packs
   kBudget = 4,    // a memory budget that cannot hold the minimum working set
+  kInterrupted = 130,  // stopped at a clean point by Ctrl-C (common/interrupt.h): not an error
 };
 
 class [[nodiscard]] Status {
@@ -30,6 +31,9 @@ class [[nodiscard]] Status {
   static Status usage(std::string msg) { return Status(ExitCode::kUsage, std::move(msg)); }
   static Status corrupt(std::string msg) { return Status(ExitCode::kCorrupt, std::move(msg)); }
   static Status budget(std::string msg) { return Status(ExitCode::kBudget, std::move(msg)); }
+  static Status interrupted(std::string msg) {
+    return Status(ExitCode::kInterrupted, std::move(msg));
+  }
 
   bool is_ok() const { return code_ == ExitCode::kOk; }
   explicit operator bool() const { return is_ok(); }

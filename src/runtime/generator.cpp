@@ -73,6 +73,10 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
       opts_.prefill_progress(chunk_start + chunk_tokens * (layer + 1) / layers, total);
     });
   }
+  const auto stop_requested = [&] {
+    st.interrupted = opts_.stop_requested && opts_.stop_requested();
+    return st.interrupted;
+  };
   Status prefilled;
   for (size_t pos = 0; pos < ids.size() && prefilled.is_ok();) {
     const size_t n = std::min(ids.size() - pos, static_cast<size_t>(opts_.prefill_chunk));
@@ -83,6 +87,10 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
                                last ? model::LogitRows::kLast : model::LogitRows::kNone,
                                last ? logits_.data() : nullptr);
     pos += n;
+    if (prefilled.is_ok() && !last && stop_requested()) {
+      st.prompt_tokens = static_cast<int64_t>(pos);
+      break;
+    }
   }
   if (opts_.prefill_progress) model_.set_layer_progress(nullptr);
   KTIER_RETURN_IF_ERROR(prefilled);
@@ -92,7 +100,7 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   if (opts_.before_decode) opts_.before_decode();
   const uint64_t bytes1 = expert_bytes();
   t0 = std::chrono::steady_clock::now();
-  while (st.generated_tokens < opts_.max_new_tokens) {
+  while (!st.interrupted && st.generated_tokens < opts_.max_new_tokens) {
     KTIER_RETURN_IF_ERROR(check_logits(logits_.data(), V, seq_.n_tokens));
     const int32_t id = sampler_.next(logits_.data(), V);
     ++st.generated_tokens;
@@ -101,7 +109,7 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
       st.stopped_at_stop_id = true;
       break;
     }
-    if (st.generated_tokens == opts_.max_new_tokens) break;
+    if (st.generated_tokens == opts_.max_new_tokens || stop_requested()) break;
     const int32_t one[1] = {id};
     KTIER_RETURN_IF_ERROR(model_.forward(one, seq_, model::LogitRows::kLast, logits_.data()));
     ++st.decode_steps;

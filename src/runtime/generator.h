@@ -37,6 +37,11 @@ struct GenerationOptions {
   // the current one, rounded down) and the turn's total; the last call has done == total.
   // Null: none.
   std::function<void(int64_t done, int64_t total)> prefill_progress;
+  // Asked after every prefill chunk but the last, and after every sampled token has gone to the
+  // sink (before it is run): true ends the turn there, at a whole token, with
+  // GenerationStats::interrupted (Ctrl-C in `ktier run`). A turn stopped inside its prompt has
+  // run GenerationStats::prompt_tokens of its ids and sampled nothing. Null: never.
+  std::function<bool()> stop_requested;
 };
 
 struct GenerationStats {
@@ -46,6 +51,7 @@ struct GenerationStats {
   double decode_seconds = 0;   // sampling + forward of every generated token but the last
   int64_t decode_steps = 0;    // forward(1) calls
   bool stopped_at_stop_id = false;
+  bool interrupted = false;  // stop_requested() ended the turn
   uint64_t expert_bytes_prefill = 0, expert_bytes_decode = 0;  // from the ExpertSource
 };
 

@@ -29,6 +29,11 @@ namespace {
 double ratio(uint64_t num, uint64_t den) {
   return den ? static_cast<double>(num) / static_cast<double>(den) : 0.0;
 }
+
+// Why the generation ended: "interrupted" (Ctrl-C), "stop token" or "length limit" (-n).
+const char* stop_name(const GenerationStats& gen) {
+  return gen.interrupted ? "interrupted" : gen.stopped_at_stop_id ? "stop token" : "length limit";
+}
 }  // namespace
 
 nlohmann::json RunReport::to_json(const Engine& e) const {
@@ -55,6 +60,7 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
   nlohmann::json j = {
       {"prompt_tokens", gen.prompt_tokens},
       {"generated_tokens", gen.generated_tokens},
+      {"stop", stop_name(gen)},
       {"prefill_s", gen.prefill_seconds},
       {"prefill_tok_per_s", gen.prefill_seconds > 0 ? gen.prompt_tokens / gen.prefill_seconds : 0.0},
       {"decode_steps", gen.decode_steps},
@@ -138,7 +144,7 @@ std::string RunReport::to_table(const Engine& e) const {
   const double mb = 1e6;
   std::snprintf(buf, sizeof buf, "\nktier: prompt %lld tokens, generated %lld (%s)\n",
                 static_cast<long long>(gen.prompt_tokens), static_cast<long long>(gen.generated_tokens),
-                gen.stopped_at_stop_id ? "stopped at a stop token" : "length limit");
+                stop_name(gen));
   out += buf;
   std::snprintf(buf, sizeof buf, "ktier: prefill %.3f s (%.2f tok/s)", gen.prefill_seconds,
                 j["prefill_tok_per_s"].get<double>());

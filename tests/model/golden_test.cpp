@@ -117,6 +117,67 @@ TEST_P(GoldenTest, GreedyContinuationMatchesReference) {
   EXPECT_EQ(progress[engine->model().config().num_hidden_layers].first, 5);  // chunk 1 done
 }
 
+// stop_requested (Ctrl-C in `ktier run`) ends a turn at a whole token: after a sampled token
+// went to the sink, or after a prompt chunk, never inside a forward pass.
+TEST_P(GoldenTest, StopRequestEndsTheTurnAtAWholeToken) {
+  const Variant& v = GetParam();
+  auto engine = open_engine(v);
+  ASSERT_TRUE(engine);
+  const auto want = golden(v).at("greedy").get<std::vector<int32_t>>();
+  ASSERT_GE(want.size(), 4u);
+  const auto prompt = golden_prompt(v);
+  runtime::GenerationOptions o;
+  o.max_new_tokens = static_cast<int64_t>(want.size());
+  o.prefill_chunk = 5;
+  std::vector<int32_t> got;
+  int asked = 0;
+  o.stop_requested = [&] {
+    ++asked;
+    return got.size() == 3;
+  };
+  auto session = runtime::GenerationSession::open(engine->model(), engine->experts(), o);
+  ASSERT_TRUE(session.is_ok());
+  auto stats = (*session)->turn(prompt, [&](int32_t id) {
+    got.push_back(id);
+    return Status::ok();
+  });
+  ASSERT_TRUE(stats.is_ok()) << stats.status().message();
+  EXPECT_TRUE(stats->interrupted);
+  EXPECT_FALSE(stats->stopped_at_stop_id);
+  EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + 3));
+  EXPECT_EQ(stats->prompt_tokens, static_cast<int64_t>(prompt.size()));
+  EXPECT_EQ(stats->generated_tokens, 3);
+  EXPECT_EQ(stats->decode_steps, 2);
+  EXPECT_EQ(asked, 2 + 3);  // after prompt chunks 1 and 2 (not the last), after each token
+  // The sequence holds whole tokens: the last one sampled is not run, as after -n.
+  EXPECT_EQ((*session)->positions(), static_cast<int64_t>(prompt.size()) + 2);
+
+  // Inside the prompt: after its first chunk, nothing sampled.
+  got.clear();
+  o.stop_requested = [] { return true; };
+  auto stopped = runtime::generate(engine->model(), engine->experts(), prompt, o,
+                                   [&](int32_t id) {
+                                     got.push_back(id);
+                                     return Status::ok();
+                                   });
+  ASSERT_TRUE(stopped.is_ok()) << stopped.status().message();
+  EXPECT_TRUE(stopped->interrupted);
+  EXPECT_EQ(stopped->prompt_tokens, 5);
+  EXPECT_EQ(stopped->generated_tokens, 0);
+  EXPECT_TRUE(got.empty());
+
+  // Asked but never stopping: the whole continuation, not marked interrupted.
+  got.clear();
+  o.stop_requested = [] { return false; };
+  auto whole = runtime::generate(engine->model(), engine->experts(), prompt, o, [&](int32_t id) {
+    got.push_back(id);
+    return Status::ok();
+  });
+  ASSERT_TRUE(whole.is_ok());
+  EXPECT_FALSE(whole->interrupted);
+  EXPECT_EQ(got, want);
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiny, GoldenTest, ::testing::ValuesIn(variants()),
                          [](const auto& info) { return info.param.name; });
 

@@ -1,0 +1,160 @@
+// Ctrl-C in `ktier run` (common/interrupt.h): the first SIGINT stops at a whole token with the
+// text, the report and a closed trace (exit 130); in a conversation it ends the answer and the
+// conversation goes on; at the conversation's prompt it ends the conversation.
+//
+// The runs use a tiny checkpoint whose config has no eos token and whose lm_head row for the
+// chat's <|close|> is zero (its logit exactly 0, below the argmax of the other 319), so that a
+// greedy run or answer goes on until -n (minutes away) and only the signal can end it early.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/child_process.h"
+#include "common/run_process.h"
+#include "common/test_paths.h"
+#include "format/safetensors.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ktier::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Stream = ChildProcess::Stream;
+
+class InterruptCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("ktier-interrupt-" + std::to_string(::getpid()));
+    const auto r = run_process(ktier_bin().string() + " synth --preset tiny --seed 0 -q --force -o " +
+                               (dir_ / "model").string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const fs::path config = dir_ / "model" / "config.json";
+    nlohmann::json c = nlohmann::json::parse(std::ifstream(config));
+    c["eos_token_id"] = nullptr;
+    if (c.contains("text_config") && c["text_config"].contains("eos_token_id"))
+      c["text_config"]["eos_token_id"] = nullptr;
+    std::ofstream(config) << c.dump(1);
+
+    auto tokenizer = tok::Tokenizer::load((dir_ / "model").string());
+    ASSERT_TRUE(tokenizer.is_ok()) << tokenizer.status().message();
+    auto markers = tok::chat_markers(*tokenizer);
+    ASSERT_TRUE(markers.is_ok()) << markers.status().message();
+    bool zeroed = false;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir_ / "model")) {
+      if (e.path().extension() != ".safetensors") continue;
+      uint64_t offset = 0, row_bytes = 0;
+      {
+        auto st = format::SafetensorsFile::open(e.path().string());
+        ASSERT_TRUE(st.is_ok()) << st.status().message();
+        const format::TensorInfo* head = st->find("language_model.lm_head.weight");
+        if (head == nullptr) continue;
+        row_bytes = head->nbytes / static_cast<uint64_t>(head->shape.at(0));
+        offset = head->file_offset + row_bytes * markers->close;
+      }
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(offset));
+      const std::string zeros(row_bytes, '\0');
+      f.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+      zeroed = f.good();
+    }
+    ASSERT_TRUE(zeroed);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::vector<std::string> run_args(std::vector<std::string> extra,
+                                          const std::string& n = "100000") {
+    std::vector<std::string> args = {ktier_bin().string(), "run", "-m", (dir_ / "model").string(),
+                                     "-n", n};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+  static std::vector<int> ids_of(const std::string& line) {
+    std::vector<int> ids;
+    std::stringstream ss(line);
+    for (std::string item; std::getline(ss, item, ',');) ids.push_back(std::stoi(item));
+    return ids;
+  }
+  static std::string last_line(std::string s) {
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    const size_t nl = s.rfind('\n');
+    return nl == std::string::npos ? s : s.substr(nl + 1);
+  }
+  static inline fs::path dir_;
+};
+
+TEST_F(InterruptCli, RunStopsAtAWholeTokenWithItsTextReportAndTrace) {
+  const fs::path trace = dir_ / "run.ktrace", report = dir_ / "run.json";
+  ChildProcess c(run_args({"--ids", "2", "--print-ids", "--trace", trace.string(),
+                           "--report-json", report.string()}));
+  ASSERT_TRUE(c.started());
+  // Text is streaming: the decode runs.
+  ASSERT_TRUE(c.wait_until([&] { return !c.out().empty(); })) << c.err();
+  c.signal(SIGINT);
+  ASSERT_EQ(c.wait(), 130) << c.err();
+  EXPECT_NE(c.err().find("ktier: Ctrl-C: stopping after this token"), std::string::npos);
+  EXPECT_NE(c.err().find("(interrupted)"), std::string::npos) << c.err();
+  EXPECT_NE(c.err().find("ktier: stopped by Ctrl-C after "), std::string::npos) << c.err();
+  EXPECT_EQ(c.err().find("error"), std::string::npos) << c.err();
+
+  // The ids printed are the greedy continuation's first n: the same as a run with -n n.
+  const std::vector<int> got = ids_of(last_line(c.out()));
+  ASSERT_GE(got.size(), 1u);
+  ASSERT_LT(got.size(), 100000u);
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(report));
+  EXPECT_EQ(j.at("stop"), "interrupted");
+  EXPECT_EQ(j.at("generated_tokens").get<size_t>(), got.size());
+  const auto again =
+      run_process(ktier_bin().string() + " run -m " + (dir_ / "model").string() +
+                  " --ids 2 --print-ids -n " + std::to_string(got.size()));
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(ids_of(last_line(again.out)), got);
+  EXPECT_NE(again.err.find("(length limit)"), std::string::npos) << again.err;
+
+  // The trace was closed: whole tokens, readable.
+  const auto info = run_process(ktier_bin().string() + " trace info " + trace.string());
+  EXPECT_EQ(info.exit_code, 0) << info.err;
+}
+
+TEST_F(InterruptCli, ConversationAnswerEndsAndTheConversationGoesOn) {
+  const fs::path trace = dir_ / "chat.ktrace";
+  ChildProcess c(run_args({"--chat", "-i", "-p", "hello", "-c", "50000", "--trace", trace.string()},
+                          "20000"));
+  ASSERT_TRUE(c.started());
+  ASSERT_TRUE(c.wait_until([&] { return !c.out().empty(); })) << c.err();
+  c.signal(SIGINT);
+  ASSERT_TRUE(c.wait_for(Stream::kErr, "(interrupted)")) << c.err();
+  EXPECT_NE(c.err().find("ktier: Ctrl-C: ending this answer"), std::string::npos) << c.err();
+  ASSERT_TRUE(c.wait_for(Stream::kErr, "> ", c.err().find("(interrupted)"))) << c.err();
+
+  // The next message is answered, and Ctrl-C ends that answer too.
+  const size_t out_before = c.out().size(), err_before = c.err().size();
+  ASSERT_TRUE(c.write_stdin("and again\n"));
+  ASSERT_TRUE(c.wait_until([&] { return c.out().size() > out_before; })) << c.err();
+  c.signal(SIGINT);
+  ASSERT_TRUE(c.wait_for(Stream::kErr, "(interrupted)", err_before)) << c.err();
+  ASSERT_TRUE(c.wait_for(Stream::kErr, "> ", c.err().find("(interrupted)", err_before)))
+      << c.err();
+  // End of input ends the conversation as usual: exit 0, the trace closed.
+  c.close_stdin();
+  EXPECT_EQ(c.wait(), 0) << c.err();
+  EXPECT_EQ(run_process(ktier_bin().string() + " trace info " + trace.string()).exit_code, 0);
+}
+
+TEST_F(InterruptCli, CtrlCAtTheConversationPromptEndsIt) {
+  const fs::path trace = dir_ / "prompt.ktrace";
+  ChildProcess c(run_args({"--chat", "-i", "-p", "hello", "--trace", trace.string()}, "2"));
+  ASSERT_TRUE(c.started());
+  ASSERT_TRUE(c.wait_for(Stream::kErr, "> ")) << c.err();
+  c.signal(SIGINT);
+  EXPECT_EQ(c.wait(), 130) << c.err();
+  EXPECT_NE(c.err().find("ktier: conversation ended by Ctrl-C"), std::string::npos) << c.err();
+  EXPECT_EQ(run_process(ktier_bin().string() + " trace info " + trace.string()).exit_code, 0);
+}
+
+}  // namespace
+}  // namespace ktier::test
