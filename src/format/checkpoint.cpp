@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -14,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/check.h"
+#include "io/read_file.h"
 
 namespace ktier::format {
 
@@ -192,12 +192,7 @@ class IndexSax final : public nlohmann::json_sax<json> {
 };
 
 Result<IndexFile> read_index(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return Status::runtime(path.string() + ": cannot open");
-  std::string body(static_cast<size_t>(in.tellg()), '\0');
-  in.seekg(0);
-  if (!in.read(body.data(), static_cast<std::streamsize>(body.size())))
-    return Status::runtime(path.string() + ": read failed");
+  KTIER_ASSIGN_OR_RETURN(const std::string body, io::read_regular_file(path));
   IndexSax sax(path.string());
   const bool ok = json::sax_parse(body, &sax);
   if (!sax.error.is_ok()) return sax.error;

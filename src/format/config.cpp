@@ -6,15 +6,14 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/check.h"
+#include "io/read_file.h"
 
 namespace ktier::format {
 namespace {
@@ -658,15 +657,11 @@ Result<ModelConfig> load_model_config(const std::filesystem::path& config_json) 
   std::error_code ec;
   if (!std::filesystem::exists(config_json, ec))
     return Status::usage(name + ": not found (a model directory needs a config.json)");
-  std::ifstream in(config_json, std::ios::binary);
-  if (!in) return Status::runtime(name + ": cannot open: " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return Status::runtime(name + ": read failed: " + std::strerror(errno));
+  KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(config_json));
 
   json root;
   try {
-    root = json::parse(text.str());
+    root = json::parse(text);
   } catch (const json::exception& e) {
     return Status::usage(name + ": not valid JSON: " + e.what());
   }

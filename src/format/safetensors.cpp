@@ -17,13 +17,14 @@
 
 #include "common/check.h"
 #include "format/map_guard.h"
+#include "io/read_file.h"
 
 namespace ktier::format {
 namespace {
 
 using json = nlohmann::json;
 
-std::string errno_text(int err) { return std::strerror(err); }
+using io::errno_text;
 
 // Positioned read of exactly `n` bytes; retries EINTR and short reads. Returns 0 on success,
 // -1 when the file ended early, or the errno of a failed read.
@@ -299,11 +300,9 @@ Result<SafetensorsFile> SafetensorsFile::open_unguarded(const std::filesystem::p
   SafetensorsFile f;
   f.path_ = path;
   f.mode_ = mode;
-  f.fd_ = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd_ < 0) return Status::runtime(file + ": cannot open: " + errno_text(errno));
+  KTIER_ASSIGN_OR_RETURN(f.fd_, io::open_regular_file(path));
   struct stat st {};
   if (::fstat(f.fd_, &st) != 0) return Status::runtime(file + ": cannot stat: " + errno_text(errno));
-  if (!S_ISREG(st.st_mode)) return Status::runtime(file + ": not a regular file");
   f.file_size_ = static_cast<uint64_t>(st.st_size);
 
   if (f.file_size_ < 8)

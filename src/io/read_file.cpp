@@ -62,34 +62,95 @@ std::string errno_text(int err) {
   return std::string(std::strerror(err)) + " (" + (name ? name : std::to_string(err)) + ")";
 }
 
+namespace {
+// What a file that is not a regular one is, for messages.
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "not a regular file";
+}
+}  // namespace
+
+Result<int> open_regular_file(const std::filesystem::path& path, int extra_flags,
+                              int* open_errno) {
+  const std::string name = path.string();
+  const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags);
+  if (fd < 0) {
+    const int err = errno;
+    if (open_errno) *open_errno = err;
+    return Status::runtime(name + ": cannot open: " + errno_text(err));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::runtime(name + ": cannot stat: " + errno_text(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    const char* kind = kind_of(st.st_mode);
+    return Status::usage(name + ": is " + (kind[0] == 'n' ? "" : std::string(kind) + ", ") +
+                         "not a regular file");
+  }
+  // Blocking again: O_NONBLOCK would make io_uring fail reads with EAGAIN instead of waiting.
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::runtime(name + ": cannot clear O_NONBLOCK: " + errno_text(err));
+  }
+  return fd;
+}
+
+Result<std::string> read_regular_file(const std::filesystem::path& path) {
+  KTIER_ASSIGN_OR_RETURN(const int fd, open_regular_file(path));
+  std::string out;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::runtime(path.string() + ": read error: " + errno_text(err));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
 Result<ReadFile> ReadFile::open(const std::filesystem::path& path, DirectMode mode) {
   ReadFile f;
   f.path_ = path.string();
   f.id_ = g_next_file_id.fetch_add(1, std::memory_order_relaxed);
-  const int base_flags = O_RDONLY | O_CLOEXEC;
   std::string refused;  // why O_DIRECT was refused, empty if it was not tried or works
 
   if (mode != DirectMode::kBuffered) {
-    f.fd_ = ::open(f.path_.c_str(), base_flags | O_DIRECT);
-    if (f.fd_ < 0) {
-      if (errno != EINVAL) {
-        return Status::runtime("cannot open " + f.path_ + ": " + errno_text(errno));
-      }
-      refused = "open with O_DIRECT failed: " + errno_text(EINVAL);
-    } else {
+    int open_errno = 0;
+    Result<int> fd = open_regular_file(path, O_DIRECT, &open_errno);
+    if (fd.is_ok()) {
+      f.fd_ = *fd;
       f.direct_ = true;
+    } else if (open_errno != EINVAL) {
+      return fd.status();
+    } else {
+      refused = "open with O_DIRECT failed: " + errno_text(EINVAL);
     }
   }
   if (f.fd_ < 0) {
-    f.fd_ = ::open(f.path_.c_str(), base_flags);
-    if (f.fd_ < 0) return Status::runtime("cannot open " + f.path_ + ": " + errno_text(errno));
+    KTIER_ASSIGN_OR_RETURN(f.fd_, open_regular_file(path));
   }
 
   struct stat st {};
   if (fstat(f.fd_, &st) != 0) {
     return Status::runtime("cannot stat " + f.path_ + ": " + errno_text(errno));
   }
-  if (!S_ISREG(st.st_mode)) return Status::runtime("not a regular file: " + f.path_);
   f.size_ = static_cast<uint64_t>(st.st_size);
 
   if (f.direct_) {
@@ -109,8 +170,7 @@ Result<ReadFile> ReadFile::open(const std::filesystem::path& path, DirectMode mo
       f.direct_ = false;
       f.alignment_ = 1;
       if (mode == DirectMode::kAuto) {
-        f.fd_ = ::open(f.path_.c_str(), base_flags);
-        if (f.fd_ < 0) return Status::runtime("cannot open " + f.path_ + ": " + errno_text(errno));
+        KTIER_ASSIGN_OR_RETURN(f.fd_, open_regular_file(path));
       }
     }
   }

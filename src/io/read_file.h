@@ -34,8 +34,9 @@ enum class DirectMode {
 
 class ReadFile {
  public:
-  // Opens `path` read-only. Status::runtime (exit 1) when it cannot be opened or is not a
-  // regular file; the message names the path and the errno text.
+  // Opens `path` read-only (open_regular_file below). Status::runtime (exit 1) when it cannot
+  // be opened, Status::usage (exit 2) when it is not a regular file; the message names the path
+  // and the errno text.
   static Result<ReadFile> open(const std::filesystem::path& path,
                                DirectMode mode = DirectMode::kAuto);
 
@@ -72,5 +73,20 @@ class ReadFile {
 
 // "Input/output error (EIO)": strerror text plus the symbolic name, for messages.
 std::string errno_text(int err);
+
+// Opens one of the engine's own input files (config.json, the index, a shard, the tokenizer's
+// files, a trace) read-only with O_CLOEXEC | `extra_flags`, and refuses anything but a regular
+// file: the open itself is non-blocking, so a FIFO in the model folder is refused at once
+// instead of waiting forever for a writer, and a directory, socket or device is refused before
+// a read. The descriptor returned is blocking again and owned by the caller.
+// Errors name the path: Status::usage (exit 2) for one that is not a regular file ("is a FIFO
+// (named pipe), not a regular file"), Status::runtime (exit 1) when open or fstat fail (errno
+// named; callers with a better word for a missing file check that first); the errno of a failed
+// open is in `*open_errno` when given (ReadFile retries without O_DIRECT on EINVAL).
+Result<int> open_regular_file(const std::filesystem::path& path, int extra_flags = 0,
+                              int* open_errno = nullptr);
+
+// The whole of a regular file opened as above. Status::runtime on a read error.
+Result<std::string> read_regular_file(const std::filesystem::path& path);
 
 }  // namespace ktier::io

@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include <nlohmann/json.hpp>
+
+#include "io/read_file.h"
 
 namespace ktier::tok {
 namespace fs = std::filesystem;
@@ -20,13 +20,7 @@ constexpr uint32_t kDefaultAddedIds = 256;  // K3's num_reserved_special_tokens
 Result<std::string> read_file(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return Status::usage(path.string() + ": file not found");
-  if (fs::is_directory(path, ec)) return Status::usage(path.string() + ": is a directory, not a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::runtime(path.string() + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::runtime(path.string() + ": read error");
-  return std::move(ss).str();
+  return io::read_regular_file(path);
 }
 
 // Base64 alphabet values; -1 for other bytes.

@@ -509,6 +509,37 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
 
 // The memory dial from the command line (issue 4 interface): a pack, a budget small enough to
 // stream most layers and evict experts, the same ids as the reference, every report key.
+// A model folder's file that is a FIFO, or a folder, is refused by name at once (a FIFO's open
+// used to wait forever for a writer; a folder index.json read as a file of 2^63 bytes).
+TEST_F(RunEvalCli, ModelFilesThatAreNotRegularFilesAreRefusedAtOnce) {
+  const fs::path copy = dir_.string() + "-notreg";
+  std::string shard;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_))
+    if (e.path().extension() == ".safetensors") shard = e.path().filename().string();
+  for (const std::string name : {"config.json", "model.safetensors.index.json", shard.c_str(),
+                                 "tiktoken.model", "tokenizer_config.json"}) {
+    for (const bool fifo : {true, false}) {
+      fs::remove_all(copy);
+      fs::copy(dir_, copy);
+      fs::remove(copy / name);
+      if (fifo) {
+        ASSERT_EQ(::mkfifo((copy / name).c_str(), 0644), 0);
+      } else {
+        fs::create_directory(copy / name);
+      }
+      const auto r = run_process("timeout 60 " + ktier() + " run -m " + copy.string() +
+                                 " -p hi -n 1");
+      EXPECT_EQ(r.exit_code, 2) << name << ": " << r.err;
+      EXPECT_NE(r.err.find((copy / name).string() + ": is " +
+                           (fifo ? "a FIFO (named pipe)" : "a directory") +
+                           ", not a regular file"),
+                std::string::npos)
+          << r.err;
+    }
+  }
+  fs::remove_all(copy);
+}
+
 TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   const fs::path pack = dir_.string() + "-pack", report = dir_.string() + "-report.json";
   auto r = run_process(ktier() + " pack -q" + model() + " -o " + pack.string() + " --force");

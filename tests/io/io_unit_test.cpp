@@ -1,7 +1,10 @@
 // Unit tests of the I/O layer's parts: ReadFile, AlignedBuffer, FaultPlan, RateLimiter, the
 // factory and the CLI parsers.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -27,7 +30,37 @@ TEST(ReadFileTest, MissingFileIsRuntimeErrorNamingPath) {
 TEST(ReadFileTest, DirectoryIsRejected) {
   auto f = ReadFile::open("/tmp", DirectMode::kBuffered);
   ASSERT_FALSE(f.is_ok());
-  EXPECT_EQ(f.status().code(), ExitCode::kRuntime);
+  EXPECT_EQ(f.status().code(), ExitCode::kUsage);
+  EXPECT_EQ(f.status().message(), "/tmp: is a directory, not a regular file");
+}
+
+// A FIFO is refused without waiting for a writer (a blocking open would wait forever), by every
+// reader of the engine's input files; /dev/null is a device.
+TEST(ReadFileTest, FifoAndDeviceAreRejectedWithoutBlocking) {
+  const std::string fifo = "/tmp/ktier-readfile-fifo-" + std::to_string(::getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const DirectMode mode : {DirectMode::kAuto, DirectMode::kBuffered}) {
+    auto f = ReadFile::open(fifo, mode);
+    ASSERT_FALSE(f.is_ok());
+    EXPECT_EQ(f.status().message(), fifo + ": is a FIFO (named pipe), not a regular file");
+  }
+  auto whole = read_regular_file(fifo);
+  ASSERT_FALSE(whole.is_ok());
+  EXPECT_EQ(whole.status().code(), ExitCode::kUsage);
+  ::unlink(fifo.c_str());
+  auto device = open_regular_file("/dev/null");
+  ASSERT_FALSE(device.is_ok());
+  EXPECT_EQ(device.status().message(), "/dev/null: is a device, not a regular file");
+  // A regular file comes back blocking (io_uring reads of an O_NONBLOCK file could fail EAGAIN).
+  TempFile tmp(random_bytes(100, 2), "readfile-flags");
+  auto fd = open_regular_file(tmp.path());
+  ASSERT_TRUE(fd.is_ok()) << fd.status().message();
+  EXPECT_EQ(::fcntl(*fd, F_GETFL) & O_NONBLOCK, 0);
+  ::close(*fd);
+  auto bytes = read_regular_file(tmp.path());
+  ASSERT_TRUE(bytes.is_ok());
+  EXPECT_EQ(bytes->size(), 100u);
 }
 
 TEST(ReadFileTest, ModesAndAlignment) {
