@@ -150,9 +150,11 @@ Status run(const RunArgs& a) {
   // The last generated token is never fed back: a run uses P + n - 1 positions.
   const int64_t first_turn =
       std::max<int64_t>(1, static_cast<int64_t>(raw.size()) + std::max<int64_t>(a.max_new_tokens - 1, 0));
-  const int64_t ctx = a.ctx_size > 0 ? a.ctx_size
-                      : a.interactive ? std::max<int64_t>(first_turn, kConversationPositions)
-                                      : first_turn;
+  // A conversation's auto size holds its first turn and one more answer of -n at least.
+  const int64_t ctx =
+      a.ctx_size > 0  ? a.ctx_size
+      : a.interactive ? std::max<int64_t>(first_turn + a.max_new_tokens, kConversationPositions)
+                      : first_turn;
   if (ctx < first_turn)
     return Status::usage("-c/--ctx-size " + std::to_string(ctx) + " cannot hold the prompt (" +
                          std::to_string(raw.size()) + " tokens) and -n " +
@@ -274,8 +276,12 @@ Status run(const RunArgs& a) {
     if (needs > ctx)
       return Status::budget("the conversation would need " + std::to_string(needs) +
                             " positions with this message and -n " +
-                            std::to_string(a.max_new_tokens) + ", past -c/--ctx-size " +
-                            std::to_string(ctx) + ": start it again with a larger one");
+                            std::to_string(a.max_new_tokens) + ", past " +
+                            (a.ctx_size > 0 ? "-c/--ctx-size " + std::to_string(ctx)
+                                            : "the " + std::to_string(ctx) +
+                                                  " positions set aside for it (-c/--ctx-size "
+                                                  "auto)") +
+                            ": start it again with a larger -c");
     return ids_in_vocab(ids, cfg.vocab_size, id_source);
   };
   // A conversation's first message may come from standard input; an empty prompt is refused.
@@ -366,8 +372,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
                 "Ctrl-C during an answer ends the answer) and run only its tokens in the same "
                 "sequence; the first message may come from there too");
   sub->add_option("-c,--ctx-size", a->ctx_size,
-                  "Positions a run may use (0 = auto: the prompt + -n - 1, or 4096 for "
-                  "--interactive; GPU mode sets the state for this many aside). Too small for "
+                  "Positions a run may use (0 = auto: the prompt + -n - 1; for --interactive "
+                  "4096, or the first turn + -n if more; GPU mode sets the state for this many aside). Too small for "
                   "the prompt + -n - 1: exit 2; a conversation's message past it: exit 4")
       ->capture_default_str();
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")

@@ -274,6 +274,11 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   EXPECT_EQ(info.exit_code, 0) << info.err;
   EXPECT_NE(info.out.find("tokens:           " + std::to_string(first_needs)), std::string::npos)
       << info.out;
+  // Without -c, a conversation whose first message comes from standard input has room for it
+  // and -n past 4096 (the auto size was -n - 1, which no message fits; exit 4 blamed "-c").
+  const auto long_n =
+      run_process("echo hi | " + ktier() + " run" + model() + " --chat -i -n 5000");
+  EXPECT_EQ(long_n.exit_code, 0) << long_n.err;
   EXPECT_EQ(run_process(ktier() + " run" + model() + " -i -p hi -n 2").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " -p '' -n 2").exit_code, 2);  // empty prompt
   EXPECT_EQ(run_process("echo hi | " + ktier() + " run" + model() + " --chat -i -f - -n 2").exit_code, 2);
