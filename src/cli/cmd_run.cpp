@@ -165,6 +165,14 @@ Status run(const RunArgs& a) {
   spdlog::info("loading {}", a.model);
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const format::ModelConfig& cfg = engine->checkpoint().config();
+  // A tokenizer and a model that disagree on the vocabulary: ids past the tokenizer have no text
+  // (the stream skips them), ids past the model cannot be run (refused where they occur).
+  if (tokenizer && static_cast<int64_t>(tokenizer->vocab_size()) != cfg.vocab_size)
+    spdlog::warn("the tokenizer has {} ids and config.json's vocab_size is {}: {}",
+                 tokenizer->vocab_size(), cfg.vocab_size,
+                 static_cast<int64_t>(tokenizer->vocab_size()) < cfg.vocab_size
+                     ? "generated ids past the tokenizer print no text (--print-ids lists them)"
+                     : "prompt text that encodes to ids past the model is refused");
   gen.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
   // The MLA caches are reserved for the positions planned (GPU mode: its working set holds
   // them), rather than grown by doubling: up to twice the memory, and a copy of every cache in

@@ -545,6 +545,24 @@ TEST_F(RunEvalCli, ModelFilesThatAreNotRegularFilesAreRefusedAtOnce) {
   fs::remove_all(copy);
 }
 
+// A tokenizer with fewer ids than config.json's vocab_size: the ids past it have no text, which
+// the run says once instead of dropping them silently.
+TEST_F(RunEvalCli, TokenizerSmallerThanTheModelVocabularyIsWarned) {
+  const fs::path copy = dir_.string() + "-vocab";
+  fs::remove_all(copy);
+  fs::copy(dir_, copy);
+  std::ofstream(copy / "tokenizer_config.json") << R"({"added_tokens_decoder": {}})";
+  const auto r = run_process(ktier() + " run -m " + copy.string() + " -p hi -n 1");
+  fs::remove_all(copy);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("config.json's vocab_size is 320: generated ids past the tokenizer print "
+                       "no text"),
+            std::string::npos)
+      << r.err;
+  const auto same = run_process(ktier() + " run" + model() + " -p hi -n 1");
+  EXPECT_EQ(same.err.find("vocab_size is"), std::string::npos) << same.err;
+}
+
 TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   const fs::path pack = dir_.string() + "-pack", report = dir_.string() + "-report.json";
   auto r = run_process(ktier() + " pack -q" + model() + " -o " + pack.string() + " --force");
