@@ -18,6 +18,8 @@
 // Ctrl-C stops at the next whole token with all of that (exit 130); see docs/ARCHITECTURE.md.
 // A model folder without tiktoken.model runs from --ids and prints the generated ids only.
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -35,6 +37,7 @@
 #include "common/progress.h"
 #include "format/checkpoint.h"
 #include "io/output_file.h"
+#include "io/read_file.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/run_report.h"
@@ -62,7 +65,7 @@ struct RunArgs {
 Status write_stdout(const std::string& s) {
   if (s.empty()) return Status::ok();
   if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
-    return Status::runtime("error writing standard output");
+    return Status::runtime("error writing standard output: " + io::errno_text(errno));
   return Status::ok();
 }
 
@@ -80,6 +83,11 @@ Status run(const RunArgs& a) {
     return Status::usage("--interactive needs -n >= 1 (each answer is at least one token)");
   // Up to INT32_MAX positions, like -n: 2^31 of K3's ~70 KB of cache per position is far past any
   // machine, and the working-set products (positions x widths x bytes) stay inside int64.
+  // A reader that goes away (`ktier run ... | head`) is a write error (exit 1, the trace closed
+  // at a whole token), not a silent death by SIGPIPE (exit 141, the trace cut).
+  struct sigaction ignore_pipe {};
+  ignore_pipe.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignore_pipe, nullptr);
   if (a.ctx_size < 0 || a.ctx_size > INT32_MAX)
     return Status::usage("-c/--ctx-size must be in 0.." + std::to_string(INT32_MAX) +
                          " (0 = auto)");
@@ -199,6 +207,7 @@ Status run(const RunArgs& a) {
   std::optional<tok::StreamingDecoder> stream;
   if (tokenizer) stream.emplace(*tokenizer);
   std::vector<int32_t> generated;  // this turn's
+  bool sink_failed = false;  // stdout failed (a reader gone: `| head`): between tokens
   // Ctrl-C stops at a whole token: a single run after its prompt chunk or token, with its text,
   // report and trace (exit 130); a conversation's answer after at least one token (its message
   // is never cut, and the answer closes as usual), the conversation going on. A second Ctrl-C
@@ -211,7 +220,7 @@ Status run(const RunArgs& a) {
   gen.stop_requested = [&] {
     return InterruptRequest::requested() && (!a.interactive || !generated.empty());
   };
-  const auto sink = [&](int32_t id) -> Status {
+  const auto emit = [&](int32_t id) -> Status {
     generated.push_back(id);
     const bool stop =
         std::find(gen.stop_ids.begin(), gen.stop_ids.end(), id) != gen.stop_ids.end();
@@ -219,6 +228,11 @@ Status run(const RunArgs& a) {
     if (!a.special && tokenizer->is_special(static_cast<uint32_t>(id))) return Status::ok();
     KTIER_ASSIGN_OR_RETURN(const std::string piece, stream->push(static_cast<uint32_t>(id)));
     return write_stdout(piece);
+  };
+  const auto sink = [&](int32_t id) -> Status {
+    Status emitted = emit(id);
+    sink_failed = !emitted.is_ok();
+    return emitted;
   };
   // A long prompt's prefill says how far it is (a K3 chunk on a CPU can take minutes): a line
   // once it has run 200 ms on a terminal (10 s in a log), none for a short one.
@@ -251,12 +265,14 @@ Status run(const RunArgs& a) {
     engine->model().add_lookahead_observer(recorder.get());
   }
   // One answer: its text (and ids), then its report (the JSON file holds the last answer's).
-  bool turn_cut = false;  // a turn failed inside its forward passes (the trace ends mid-token)
+  // A turn failed inside its forward passes (the trace ends mid-token); not when the sink failed
+  // (that is between tokens).
+  bool turn_cut = false;
   bool interrupted = false;  // Ctrl-C ended the last turn
   const auto answer = [&](std::span<const int32_t> ids) -> Status {
     generated.clear();
     Result<runtime::GenerationStats> turn = session->turn(ids, sink);
-    turn_cut = !turn.is_ok();
+    turn_cut = !turn.is_ok() && !sink_failed;
     if (prefill_meter) {  // the prefill failed: end its progress line before the error
       prefill_meter->abandon();
       prefill_meter.reset();

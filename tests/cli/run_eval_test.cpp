@@ -547,6 +547,20 @@ TEST_F(RunEvalCli, ModelFilesThatAreNotRegularFilesAreRefusedAtOnce) {
 
 // A tokenizer with fewer ids than config.json's vocab_size: the ids past it have no text, which
 // the run says once instead of dropping them silently.
+// A reader that goes away (`| head -c 1`): exit 1 naming the broken pipe, the trace closed at a
+// whole token (before, SIGPIPE ended the run: exit 141, no message, a trace of 0 bytes).
+TEST_F(RunEvalCli, BrokenPipeIsAWriteErrorAndTheTraceIsKept) {
+  const fs::path trace = dir_.string() + "-pipe.ktrace";
+  const auto r = run_process("( { " + ktier() + " run" + model() +
+                             " --ids 1,2,3 -n 2000 --temp 1 --seed 5 --trace " + trace.string() +
+                             "; echo \"rc=$?\" >&2; } | head -c 1 )");
+  EXPECT_NE(r.err.find("rc=1\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("error writing standard output: Broken pipe (EPIPE)"), std::string::npos)
+      << r.err;
+  const auto info = run_process(ktier() + " trace info " + trace.string());
+  EXPECT_EQ(info.exit_code, 0) << info.err;
+}
+
 TEST_F(RunEvalCli, TokenizerSmallerThanTheModelVocabularyIsWarned) {
   const fs::path copy = dir_.string() + "-vocab";
   fs::remove_all(copy);
