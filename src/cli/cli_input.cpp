@@ -245,15 +245,17 @@ void add_rate_limit_option(CLI::App* sub, double& mb_s) {
 }
 
 Result<uint64_t> rate_limit_bytes_per_s(double mb_s) {
-  if (!(mb_s >= 0) || !std::isfinite(mb_s) || mb_s > 1e9)
-    return Status::usage("--io-rate-limit: " + std::to_string(mb_s) + " is not a rate in MB/s");
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", mb_s);
+  if (!(mb_s >= 0) || !std::isfinite(mb_s))
+    return Status::usage(std::string("--io-rate-limit: ") + text + " is not a rate in MB/s");
+  if (mb_s > 1e9)
+    return Status::usage(std::string("--io-rate-limit: ") + text +
+                         " MB/s is above 1e9 MB/s (1 PB/s), past any disk (0 = no cap)");
   // 0 is "no cap": a positive rate below a byte per second must not silently become it.
-  if (mb_s > 0 && mb_s * 1e6 < 1) {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%g", mb_s);
+  if (mb_s > 0 && mb_s * 1e6 < 1)
     return Status::usage(std::string("--io-rate-limit: ") + text +
                          " MB/s is below 1 byte per second (0 = no cap)");
-  }
   return static_cast<uint64_t>(mb_s * 1e6);
 }
 

@@ -55,7 +55,7 @@ struct RunArgs {
   std::string model, prompt, file, ids, isa = "auto", report_json, trace;
   MemoryArgs memory;
   StrataArgs strata;
-  bool has_prompt = false, print_ids = false, special = false, chat = false, interactive = false;
+  bool has_prompt = false, has_ids = false, print_ids = false, special = false, chat = false, interactive = false;
   int64_t max_new_tokens = 128, chunk = 256, top_k = 0, ctx_size = 0;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
@@ -70,6 +70,8 @@ Status write_stdout(const std::string& s) {
 }
 
 Status run(const RunArgs& a) {
+  if (a.has_ids && a.ids.find_first_not_of(" \t") == std::string::npos)
+    return Status::usage("--ids is empty: give at least one token id (e.g. --ids 19180,2695)");
   const int given = int(a.has_prompt) + int(!a.file.empty()) + int(!a.ids.empty());
   // A conversation may take its first message from standard input too.
   if (given > 1 || (given == 0 && !a.interactive))
@@ -368,7 +370,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
   auto* p = sub->add_option("-p,--prompt", a->prompt, "Prompt text");
   sub->add_option("-f,--file", a->file, "Read the prompt from a file ('-' = standard input)");
-  sub->add_option("--ids", a->ids, "Prompt as comma-separated token ids (no tokenizer needed)");
+  auto* ids = sub->add_option("--ids", a->ids,
+                              "Prompt as comma-separated token ids (no tokenizer needed)");
   sub->add_option("-n,--n-predict", a->max_new_tokens, "Tokens to generate at most")
       ->capture_default_str();
   sub->add_option("--temp", a->temperature, "Sampling temperature; 0 = greedy")
@@ -408,8 +411,9 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_option("--trace", a->trace,
                   "Record every token's routing and lookahead predictions (strata trace, see "
                   "`ktier trace info/replay`)");
-  sub->callback([a, p, &exit_code] {
+  sub->callback([a, p, ids, &exit_code] {
     a->has_prompt = p->count() > 0;
+    a->has_ids = ids->count() > 0;
     exit_code = finish(run(*a));
   });
 }

@@ -82,15 +82,20 @@ void register_tokenize_command(CLI::App& app, int& exit_code) {
   auto* p = sub->add_option("-p,--prompt", args->text, "Text to encode");
   auto* f = sub->add_option("-f,--file", args->file, "File to encode ('-' for standard input)");
   p->excludes(f);
-  sub->add_flag("--special", args->special,
-                "Encode added-token strings in the input as their ids (trusted text only)");
+  auto* special = sub->add_flag(
+      "--special", args->special,
+      "Encode added-token strings in the input as their ids (trusted text only)");
   sub->add_option("--pattern", args->pattern,
                   "Split pattern: k3 (default) or o200k (OpenAI's, for cross-checks)")
       ->capture_default_str();
-  sub->add_flag("--decode", args->decode, "Decode --ids instead of encoding");
-  sub->add_option("--ids", args->ids, "Comma-separated token ids to decode");
+  // Flags of the other direction are refused rather than ignored.
+  auto* decode = sub->add_flag("--decode", args->decode, "Decode --ids instead of encoding");
+  auto* ids = sub->add_option("--ids", args->ids, "Comma-separated token ids to decode");
+  decode->needs(ids);
+  special->excludes(decode);
   sub->add_flag("--skip-special", args->skip_special,
-                "When decoding, drop added tokens flagged special");
+                "When decoding, drop added tokens flagged special")
+      ->needs(decode);
   sub->callback([args, p, &exit_code] {
     args->has_text = p->count() > 0;
     exit_code = finish(run_tokenize(*args));

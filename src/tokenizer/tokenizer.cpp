@@ -76,7 +76,8 @@ Result<std::vector<std::string>> parse_tiktoken(const std::string& text, const s
   size_t line_no = 0;
   // A rank can only be valid if it is below the number of lines; checking this first also
   // keeps a corrupt huge rank from sizing the table.
-  size_t max_lines = 1;
+  // Lines: every "\n" ends one, and a last line may go without.
+  size_t max_lines = !text.empty() && text.back() != '\n' ? 1 : 0;
   for (const char* q = text.data(); (q = static_cast<const char*>(
                                          std::memchr(q, '\n', text.data() + text.size() - q)));
        ++q) {

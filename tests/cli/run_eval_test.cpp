@@ -281,6 +281,10 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   EXPECT_EQ(long_n.exit_code, 0) << long_n.err;
   EXPECT_EQ(run_process(ktier() + " run" + model() + " -i -p hi -n 2").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " -p '' -n 2").exit_code, 2);  // empty prompt
+  const auto no_ids = run_process(ktier() + " run" + model() + " --ids ' ' -n 2");
+  EXPECT_EQ(no_ids.exit_code, 2);
+  EXPECT_NE(no_ids.err.find("--ids is empty: give at least one token id"), std::string::npos)
+      << no_ids.err;
   EXPECT_EQ(run_process("echo hi | " + ktier() + " run" + model() + " --chat -i -f - -n 2").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat -p hi -n 2 -c 3").exit_code, 2);
   // Standard input a folder: named. Closed: read as empty (before, the descriptor went to the
@@ -561,6 +565,22 @@ TEST_F(RunEvalCli, BrokenPipeIsAWriteErrorAndTheTraceIsKept) {
   EXPECT_EQ(info.exit_code, 0) << info.err;
 }
 
+// `tokenize` flags of the other direction are refused, not ignored (--decode without --ids
+// printed an empty line with exit 0).
+TEST_F(RunEvalCli, TokenizeRefusesFlagsOfTheOtherDirection) {
+  const std::string tokenize = ktier() + " tokenize --tokenizer " + dir_.string();
+  for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
+           {" --decode", "--decode requires --ids"},
+           {" --decode --ids 1 --special", "--special excludes --decode"},
+           {" -p hi --skip-special", "--skip-special requires --decode"},
+           {" -p hi --ids 1", "--ids needs --decode"}}) {
+    const auto r = run_process(tokenize + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(what), std::string::npos) << args << ": " << r.err;
+  }
+  EXPECT_EQ(run_process(tokenize + " --decode --ids 104,105 --skip-special").exit_code, 0);
+}
+
 TEST_F(RunEvalCli, TokenizerSmallerThanTheModelVocabularyIsWarned) {
   const fs::path copy = dir_.string() + "-vocab";
   fs::remove_all(copy);
@@ -695,6 +715,12 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
       run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit 1e-9");
   EXPECT_EQ(tiny_rate.exit_code, 2);  // not "no cap"
   EXPECT_NE(tiny_rate.err.find("below 1 byte per second"), std::string::npos) << tiny_rate.err;
+  const ProcessResult huge_rate =
+      run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit 1e300");
+  EXPECT_EQ(huge_rate.exit_code, 2);
+  EXPECT_NE(huge_rate.err.find("--io-rate-limit: 1e+300 MB/s is above 1e9 MB/s"),
+            std::string::npos)
+      << huge_rate.err;
   // Caches too large for memory (an address-space limit makes that so on any machine): the
   // error says which flags sized them.
   const ProcessResult huge_ctx = run_process("(ulimit -v 4000000; exec " + ktier() + " run" +

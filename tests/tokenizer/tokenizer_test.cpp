@@ -89,12 +89,14 @@ struct BadCase {
 TEST(TokenizerLoad, RejectsBadFilesWithFileAndLine) {
   const std::string good = test::tiktoken_text(byte_vocab({"ab"}));
   std::string dup = good + test::b64("cd") + " 256\n";
-  std::string gap = good + test::b64("cd") + " 258\n";
+  std::string gap = good + test::b64("cd") + " 258\n\n";  // 259 lines: 258 in range
   std::string bad64 = good + "Y!== 257\n";
   std::string nonpadded = good + "YWJj" "ZA 257\n";
   std::string no_rank = good + test::b64("cd") + "\n";
   std::string neg_rank = good + test::b64("cd") + " -1\n";
   std::string dup_bytes = good + test::b64("ab") + " 257\n";
+  // 258 lines (the last ends in "\n"), so 258 is one past the last possible rank.
+  std::string past_lines = good + test::b64("cd") + " 258\n";
   std::string missing_byte;  // byte 0x41 absent
   for (int b = 0, r = 0; b < 256; ++b) {
     if (b != 0x41) missing_byte += test::b64(std::string(1, static_cast<char>(b))) + " " + std::to_string(r++) + "\n";
@@ -107,6 +109,8 @@ TEST(TokenizerLoad, RejectsBadFilesWithFileAndLine) {
       {"no_rank", no_rank, "{}", 3, "tiktoken.model:258: expected '<base64> <rank>'"},
       {"neg_rank", neg_rank, "{}", 3, "rank '-1' is not a decimal number"},
       {"dup_bytes", dup_bytes, "{}", 3, "have the same bytes"},
+      {"past_lines", past_lines, "{}", 3,
+       "rank 258 is out of range (the file has 258 lines, so ranks must lie below that)"},
       {"missing_byte", missing_byte, "{}", 3, "0x41 has no rank"},
       {"bad_json", good, "{\"added_tokens_decoder\": ", 3, "tokenizer_config.json: not a JSON object"},
       {"id_in_ranks", good, R"({"added_tokens_decoder": {"5": {"content": "x"}}})", 3, "inside the rank range"},
