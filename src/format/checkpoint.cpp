@@ -484,7 +484,7 @@ void CheckpointBuilder::expect_expert(int64_t layer, int64_t e) {
       if (t.shape != logical[w])
         problems_.add("tensor '" + t.name + "' (" + where(*plain) + ") has shape " +
                       shape_string(t.shape) + " but the config implies " + shape_string(logical[w]));
-      loc.parts[w] = {plain->shard, t.file_offset, t.nbytes};
+      loc.parts[w] = {plain->shard, t.file_offset, t.nbytes, t.dtype};
       continue;
     }
     packed_any = true;
@@ -526,8 +526,8 @@ void CheckpointBuilder::expect_expert(int64_t layer, int64_t e) {
       }
     }
     if (!ok) complete = false;
-    loc.parts[2 * w] = {packed->shard, p.file_offset, p.nbytes};
-    loc.parts[2 * w + 1] = {scale->shard, s.file_offset, s.nbytes};
+    loc.parts[2 * w] = {packed->shard, p.file_offset, p.nbytes, p.dtype};
+    loc.parts[2 * w + 1] = {scale->shard, s.file_offset, s.nbytes, s.dtype};
   }
   if (packed_any && plain_any)
     problems_.add("expert '" + prefix + "' mixes MXFP4 and plain-float matrices");

@@ -53,6 +53,7 @@ struct ExpertPart {
   uint32_t shard = 0;
   uint64_t file_offset = 0;  // absolute, in that shard
   uint64_t nbytes = 0;
+  DType dtype = DType::kU8;  // MXFP4 parts: U8; plain-float parts: each its own float dtype
 };
 
 // Where one routed expert's bytes are. The in-memory layout of a fetched expert is the parts
@@ -94,7 +95,9 @@ struct ExpertSummary {
   uint64_t count = 0;              // experts in the checkpoint: MoE layers x num_experts
   uint64_t contiguous = 0;         // how many of them are contiguous (packed only)
   uint64_t bytes_per_expert = 0;   // when every expert has the same size, else 0
-  std::optional<DType> plain_dtype;  // plain-float experts that all share one dtype
+  // Plain-float experts that all share one dtype (informative: each part has its own dtype,
+  // ExpertPart::dtype, and mixed dtypes run).
+  std::optional<DType> plain_dtype;
 };
 
 class Checkpoint {

@@ -32,7 +32,7 @@ struct Placement {
   std::array<uint64_t, 6> offset{};
   uint64_t end = 0;
 };
-Placement place(const format::ExpertLocation& loc, const format::Checkpoint& ckpt) {
+Placement place(const format::ExpertLocation& loc) {
   Placement p;
   if (loc.contiguous) {
     const uint64_t base = loc.file_offset % kPage;
@@ -41,11 +41,10 @@ Placement place(const format::ExpertLocation& loc, const format::Checkpoint& ckp
     p.end = base + loc.nbytes;
     return p;
   }
-  const bool packed = ckpt.expert_storage() == format::ExpertStorage::kMxfp4;
-  const size_t elem = packed ? 1 : dtype_traits(*ckpt.expert_summary().plain_dtype).size;
   uint64_t cursor = 0;
   for (uint32_t i = 0; i < loc.num_parts; ++i) {
     const uint64_t off = loc.parts[i].file_offset;
+    const size_t elem = dtype_traits(loc.parts[i].dtype).size;
     const uint64_t start = (cursor + kPage - 1) / kPage * kPage;
     p.offset[i] = off % elem == 0 ? start + off % kPage : start;
     cursor = p.offset[i] + loc.parts[i].nbytes;
@@ -66,7 +65,7 @@ uint64_t ExpertCache::slot_bytes(const format::Checkpoint& ckpt) {
   uint64_t most = 0;
   for (int64_t l = c.first_k_dense_replace; l < c.num_hidden_layers; ++l)
     for (int64_t e = 0; e < c.num_experts; ++e)
-      most = std::max(most, place(ckpt.expert(l, e), ckpt).end);
+      most = std::max(most, place(ckpt.expert(l, e)).end);
   return (most + kPage - 1) / kPage * kPage;
 }
 
@@ -187,7 +186,8 @@ model::ExpertWeights ExpertCache::view(const Slot& s, int64_t layer, int32_t e) 
       m[i]->data = base + s.part_offset[2 * i];
       m[i]->scales = base + s.part_offset[2 * i + 1];
     } else {
-      m[i]->type = model::weight_type_of(*ckpt_.expert_summary().plain_dtype);
+      m[i]->type = model::weight_type_of(
+          ckpt_.expert(layer, e).parts[static_cast<size_t>(i)].dtype);
       m[i]->data = base + s.part_offset[i];
     }
   }
@@ -198,7 +198,7 @@ void ExpertCache::plan_reads(uint32_t key, size_t si, std::vector<io::ReadReques
   const int64_t Ne = ckpt_.config().num_experts;
   const format::ExpertLocation& loc = ckpt_.expert(key / Ne, static_cast<int64_t>(key % Ne));
   Slot& s = slots_[si];
-  const Placement p = place(loc, ckpt_);
+  const Placement p = place(loc);
   s.part_offset = p.offset;
   if (loc.contiguous) {
     out.push_back({&files_[loc.shard], loc.file_offset, loc.nbytes, s.base + p.offset[0], si});

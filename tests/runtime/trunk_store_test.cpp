@@ -12,6 +12,10 @@
 #include <optional>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "format/safetensors.h"
+#include "format/safetensors_writer.h"
 #include "io/fault_plan.h"
 #include "pack/pack_writer.h"
 #include "pack/trunk_pack.h"
@@ -459,6 +463,91 @@ TEST(TrunkStoreFloat, FloatExpertsThroughASmallTierMatchTheResidentRun) {
   EXPECT_GT(streamed, 0) << "the minimum budget streams trunk layers";
   EXPECT_LT(static_cast<uint64_t>(tier_slots), experts) << "and holds few experts";
   EXPECT_EQ(small, run(std::nullopt, &unused, &unused));
+  fs::remove_all(dir);
+}
+
+// Plain-float experts whose parts have different dtypes (w2 BF16, w1/w3 F32): the tier reads and
+// views each part as its own dtype (it took one dtype for all three from a summary that is
+// empty when they differ: undefined behaviour, BF16 bytes read as F32).
+TEST(TrunkStoreFloat, MixedDtypeExpertsThroughASmallTierMatchTheResidentRun) {
+  const fs::path dir = fs::temp_directory_path() / ("ktier-trunk-mixed-" + std::to_string(::getpid()));
+  synth::SynthOptions o;
+  o.out_dir = dir;
+  o.threads = 1;
+  o.force = true;
+  o.experts = synth::ExpertFormat::kF32;
+  ASSERT_TRUE(synth::run_synth(o).is_ok());
+  // Every shard rewritten with its experts' w2 as BF16 (the top half of each F32).
+  int converted = 0;
+  uint64_t saved = 0;  // bytes the index's metadata.total_size loses
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    std::vector<format::TensorDecl> decls;
+    std::vector<std::vector<uint8_t>> data;
+    {
+      auto st = format::SafetensorsFile::open(entry.path(), format::OpenMode::kPread);
+      ASSERT_TRUE(st.is_ok()) << st.status().message();
+      for (const format::TensorInfo& t : st->tensors()) {
+        std::vector<uint8_t> bytes(t.nbytes);
+        ASSERT_TRUE(st->read(t, bytes.data()).is_ok());
+        format::TensorDecl d{t.name, t.dtype, t.shape};
+        if (t.name.find(".experts.") != std::string::npos &&
+            t.name.size() > 10 && t.name.compare(t.name.size() - 10, 10, ".w2.weight") == 0) {
+          ASSERT_EQ(t.dtype, DType::kF32);
+          std::vector<uint8_t> half(bytes.size() / 2);
+          for (size_t i = 0; i < half.size() / 2; ++i) {  // little-endian: bytes 2 and 3
+            half[2 * i] = bytes[4 * i + 2];
+            half[2 * i + 1] = bytes[4 * i + 3];
+          }
+          saved += bytes.size() - half.size();
+          bytes = std::move(half);
+          d.dtype = DType::kBF16;
+          ++converted;
+        }
+        decls.push_back(d);
+        data.push_back(std::move(bytes));
+      }
+    }
+    const fs::path tmp = entry.path().string() + ".mixed";
+    auto w = format::SafetensorsWriter::create(tmp, decls);
+    ASSERT_TRUE(w.is_ok()) << w.status().message();
+    for (const auto& bytes : data) ASSERT_TRUE(w->append(bytes.data(), bytes.size()).is_ok());
+    ASSERT_TRUE(w->finish().is_ok());
+    fs::rename(tmp, entry.path());
+  }
+  ASSERT_GT(converted, 0);
+  {
+    const fs::path index = dir / "model.safetensors.index.json";
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(index));
+    j["metadata"]["total_size"] = j["metadata"]["total_size"].get<uint64_t>() - saved;
+    std::ofstream(index) << j.dump(1);
+  }
+  auto ckpt = format::Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+  ASSERT_FALSE(ckpt->expert_summary().plain_dtype.has_value()) << "the dtypes are mixed";
+  const std::vector<int32_t> ids = {5, 9, 300, 2, 77, 18, 64};
+  const int64_t vocab = ckpt->config().vocab_size;
+  auto run = [&](std::optional<uint64_t> budget, int64_t* tier_slots) {
+    EngineOptions eo;
+    eo.model_dir = dir;
+    eo.threads = 2;
+    eo.ram_budget = budget;
+    auto e = Engine::open(eo);
+    EXPECT_TRUE(e.is_ok()) << e.status().message();
+    if (!e.is_ok()) return std::vector<float>{};
+    std::vector<float> out(ids.size() * static_cast<size_t>(vocab));
+    EXPECT_TRUE(evaluate(e.value()->model(), ids, 3, out.data()).is_ok());
+    const ExpertCache* tier = e.value()->expert_cache();
+    *tier_slots = tier ? tier->stats().policy_slots : 0;
+    return out;
+  };
+  int64_t tier_slots = 0, unused = 0;
+  const std::vector<float> small =
+      run(minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead), &tier_slots);
+  EXPECT_GT(tier_slots, 0) << "the experts go through the tier";
+  const std::vector<float> resident = run(std::nullopt, &unused);
+  ASSERT_EQ(small.size(), resident.size());
+  EXPECT_TRUE(std::memcmp(small.data(), resident.data(), small.size() * sizeof(float)) == 0);
   fs::remove_all(dir);
 }
 
