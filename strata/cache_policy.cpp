@@ -436,18 +436,25 @@ uint64_t access_routing(CacheModel& policy, int64_t layer, int64_t num_experts,
 
 void PrefetchLedger::settle(CacheModel& policy, int64_t layer, int64_t num_experts,
                             const int32_t* ids, int64_t n) {
+  if (pending_.empty()) return;
+  requested_.resize(static_cast<size_t>(num_experts));
+  const auto in_layer = [&](int32_t id) { return id >= 0 && id < num_experts; };
+  for (int64_t i = 0; i < n; ++i)
+    if (in_layer(ids[i])) requested_[static_cast<size_t>(ids[i])] = 1;
   size_t kept = 0;
   for (const auto& [target, key] : pending_) {
     if (target > layer) {
       pending_[kept++] = {target, key};
       continue;
     }
-    const bool requested =
-        target == layer && std::find(ids, ids + n, static_cast<int32_t>(key - layer * num_experts)) !=
-                               ids + n;
+    const int64_t id = static_cast<int64_t>(key) - layer * num_experts;
+    const bool requested = target == layer && id >= 0 && id < num_experts &&
+                           requested_[static_cast<size_t>(id)] != 0;
     if (!requested) policy.prefetch_unused(key);
   }
   pending_.resize(kept);
+  for (int64_t i = 0; i < n; ++i)
+    if (in_layer(ids[i])) requested_[static_cast<size_t>(ids[i])] = 0;
 }
 
 std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,

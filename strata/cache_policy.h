@@ -388,6 +388,9 @@ class PrefetchLedger {
 
  private:
   std::vector<std::pair<int64_t, uint32_t>> pending_;  // (target layer, key), in issue order
+  // settle()'s set of the layer's requested ids, all false between calls: a prefill chunk
+  // requests T x k ids (K3: 4,096 at T = 256), too many to search once per pending prefetch.
+  std::vector<uint8_t> requested_;
 };
 
 }  // namespace ktier::strata

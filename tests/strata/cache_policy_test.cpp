@@ -311,6 +311,7 @@ TEST(PrefetchLedger, ReportsKeysTheirLayerDidNotRequest) {
   ledger.issued(2 * kExperts + 1, 2);
   ledger.issued(2 * kExperts + 5, 2);
   ledger.issued(3 * kExperts + 1, 3);
+  ledger.issued(3 * kExperts + 5, 3);  // 5 was layer 2's request, not layer 3's
   ledger.issued(1 * kExperts + 7, 1);  // an earlier layer: left by a pass that ended early
   const int32_t layer2[] = {5, 3};
   ledger.settle(policy, 2, kExperts, layer2, 2);
@@ -318,7 +319,7 @@ TEST(PrefetchLedger, ReportsKeysTheirLayerDidNotRequest) {
   policy.unused.clear();
   const int32_t layer3[] = {0, 2};
   ledger.settle(policy, 3, kExperts, layer3, 2);
-  EXPECT_EQ(policy.unused, (std::vector<uint32_t>{3 * kExperts + 1}));
+  EXPECT_EQ(policy.unused, (std::vector<uint32_t>{3 * kExperts + 1, 3 * kExperts + 5}));
   policy.unused.clear();
   ledger.settle(policy, 4, kExperts, layer3, 2);  // nothing left
   EXPECT_TRUE(policy.unused.empty());
