@@ -82,21 +82,28 @@ bool device_mode(const EngineOptions& opts) {
   return opts.device == backend::DeviceKind::kCuda || opts.emulate_device;
 }
 
-// Device memory cuBLAS takes beside the Backend's allocations, for forward() chunks of up to T
-// tokens: its workspace (32 MiB, NVIDIA's recommendation for Hopper; 4 MiB before) and the
-// module's copies of x split into three bf16 parts (6 bytes per element), one per distinct x
-// of a linear call, kept grown to 1.25x the largest call (cuda/cublas_gemm.cu). The widest
-// such call reads T rows of the widest input — T * top_k rows of an expert's input with float
-// experts (their jobs of one call differ in x).
-uint64_t blas_bytes(const format::Checkpoint& ckpt, int64_t T) {
-  const format::ModelConfig& c = ckpt.config();
+// Elements of the distinct inputs x of the widest linear call in a forward() chunk of T
+// tokens: T rows of the widest trunk input or, with `expert_calls`, a MoE call's T * top_k rows
+// of an expert's input (its jobs differ in x: each expert's tokens are gathered apart).
+int64_t widest_linear_inputs(const format::ModelConfig& c, int64_t T, bool expert_calls) {
   const int64_t cols = std::max({c.hidden_size, c.kda_width(), c.q_lora_rank,
                                  c.num_attention_heads * c.v_head_dim, c.intermediate_size,
                                  c.shared_expert_width(), c.routed_expert_hidden_size});
   int64_t elements = T * cols;
-  if (ckpt.expert_storage() == format::ExpertStorage::kPlainFloat)
+  if (expert_calls && c.num_moe_layers() > 0)
     elements = std::max(elements, T * c.num_experts_per_token *
                                       std::max(c.moe_intermediate_size, c.routed_expert_hidden_size));
+  return elements;
+}
+
+// Device memory cuBLAS takes beside the Backend's allocations, for forward() chunks of up to T
+// tokens: its workspace (32 MiB, NVIDIA's recommendation for Hopper; 4 MiB before) and the
+// module's copies of x split into three bf16 parts (6 bytes per element), one per distinct x
+// of a linear call, kept grown to 1.25x the largest call (cuda/cublas_gemm.cu). cuBLAS runs the
+// float weights only: expert calls count with float experts.
+uint64_t blas_bytes(const format::Checkpoint& ckpt, int64_t T) {
+  const int64_t elements = widest_linear_inputs(
+      ckpt.config(), T, ckpt.expert_storage() == format::ExpertStorage::kPlainFloat);
   constexpr uint64_t kWorkspace = 32ull << 20;
   return kWorkspace + backend::device_aligned(static_cast<uint64_t>(elements) * 6) / 4 * 5 +
          (1ull << 20);  // + the copies' 256-byte padding, many calls' worth
@@ -110,6 +117,12 @@ uint64_t host_sequence_bytes(const format::ModelConfig& c, const EngineOptions::
                                       lookahead)
                        .total();
   if (c.num_mla_layers() > 0) bytes += cpu::mla_buffer_bytes(model::mla_dims(c), positions);
+  // cpu::linear widens each distinct x of a call to double once, in a buffer of the forward
+  // thread kept at its largest (K3, chunk 256: a MoE call's 117 MB), plus each block's padding
+  // to 64 bytes (one block per expert at most).
+  const int64_t T = std::min(std::max<int64_t>(wl.chunk, 1), positions);
+  bytes += static_cast<uint64_t>(widest_linear_inputs(c, T, true) + 8 * (c.num_experts + 1)) *
+           sizeof(double);
   return bytes;
 }
 

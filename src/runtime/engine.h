@@ -58,7 +58,8 @@ struct EngineOptions {
   bool emulate_device = false;
   std::optional<uint64_t> vram_budget;
   // What one sequence will run: its working set (model::working_set; in GPU mode plus cuBLAS's
-  // workspace and copies, on the CPU plus the MLA kernel's buffer) is set aside from
+  // workspace and copies, on the CPU plus the MLA kernel's buffer and cpu::linear's widened
+  // inputs) is set aside from
   // vram_budget (GPU mode) or ram_budget (the memory dial) before the trunk and the experts are
   // placed, so that the whole run fits in it; the sequence must reserve its caches for
   // `positions` (GenerationOptions::reserve_positions; evaluate() does). A longer sequence
