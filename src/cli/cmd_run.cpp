@@ -48,8 +48,10 @@
 namespace ktier::cli {
 namespace {
 
-// Positions a conversation may use unless -c says otherwise.
+// Positions a conversation may use unless -c says otherwise; past a long first turn, room for
+// one more message of this many positions and its answer.
 constexpr int64_t kConversationPositions = 4096;
+constexpr int64_t kNextMessagePositions = 1024;
 
 struct RunArgs {
   std::string model, prompt, file, ids, isa = "auto", report_json, trace;
@@ -160,11 +162,14 @@ Status run(const RunArgs& a) {
   // The last generated token is never fed back: a run uses P + n - 1 positions.
   const int64_t first_turn =
       std::max<int64_t>(1, static_cast<int64_t>(raw.size()) + std::max<int64_t>(a.max_new_tokens - 1, 0));
-  // A conversation's auto size holds its first turn and one more answer of -n at least.
+  // A conversation's auto size holds its first turn and one more message (up to
+  // kNextMessagePositions tokens with its markup) with an answer of -n, at least.
   const int64_t ctx =
-      a.ctx_size > 0  ? a.ctx_size
-      : a.interactive ? std::max<int64_t>(first_turn + a.max_new_tokens, kConversationPositions)
-                      : first_turn;
+      a.ctx_size > 0 ? a.ctx_size
+      : a.interactive
+          ? std::max<int64_t>(first_turn + kNextMessagePositions + a.max_new_tokens,
+                              kConversationPositions)
+          : first_turn;
   if (ctx < first_turn)
     return Status::usage("-c/--ctx-size " + std::to_string(ctx) + " cannot hold the prompt (" +
                          std::to_string(raw.size()) + " tokens) and -n " +
@@ -270,7 +275,6 @@ Status run(const RunArgs& a) {
   // A turn failed inside its forward passes (the trace ends mid-token); not when the sink failed
   // (that is between tokens).
   bool turn_cut = false;
-  bool interrupted = false;  // Ctrl-C ended the last turn
   const auto answer = [&](std::span<const int32_t> ids) -> Status {
     generated.clear();
     Result<runtime::GenerationStats> turn = session->turn(ids, sink);
@@ -280,7 +284,6 @@ Status run(const RunArgs& a) {
       prefill_meter.reset();
     }
     KTIER_ASSIGN_OR_RETURN(report.gen, std::move(turn));
-    interrupted = report.gen.interrupted;
     report.decode_end = runtime::EngineCounters::of(*engine);
     report.peak_rss_bytes = runtime::peak_rss_bytes();
     if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
@@ -314,8 +317,10 @@ Status run(const RunArgs& a) {
   Status status = a.interactive && given == 0 ? Status::ok() : answer(prompt);
   StdinLines input;
   while (status.is_ok() && a.interactive) {
-    // Ctrl-C at the prompt ends the conversation (no notice: it ends at once).
-    if (interrupted) interrupt.rearm();
+    // A Ctrl-C during the answer ended it, or came after the answer's last stop check (its last
+    // token, the report): either way it was for the answer. At the prompt, Ctrl-C ends the
+    // conversation (no notice: it ends at once).
+    if (InterruptRequest::requested()) interrupt.rearm();
     interrupt.set_notice(nullptr);
     std::fputs("> ", stderr);
     std::fflush(stderr);
@@ -336,7 +341,9 @@ Status run(const RunArgs& a) {
     Result<std::vector<int32_t>> ids = next_turn(**line);
     status = ids.is_ok() ? answer(*ids) : ids.status();
   }
-  if (status.is_ok() && interrupted && !a.interactive) {
+  // A single run that saw Ctrl-C, even after its last stop check, ends as interrupted (a script
+  // running it stops).
+  if (status.is_ok() && !a.interactive && InterruptRequest::requested()) {
     const int64_t run = report.gen.prompt_tokens, generated_n = report.gen.generated_tokens;
     status = Status::interrupted(
         run < static_cast<int64_t>(prompt.size())
@@ -400,7 +407,7 @@ void register_run_command(CLI::App& app, int& exit_code) {
                 "sequence; the first message may come from there too");
   sub->add_option("-c,--ctx-size", a->ctx_size,
                   "Positions a run may use (0 = auto: the prompt + -n - 1; for --interactive "
-                  "4096, or the first turn + -n if more; GPU mode sets the state for this many aside). Too small for "
+                  "4096, or the first turn + 1024 + -n if more; GPU mode sets the state for this many aside). Too small for "
                   "the prompt + -n - 1: exit 2; a conversation's message past it: exit 4")
       ->capture_default_str();
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <functional>
@@ -146,6 +147,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ktier: error: error writing standard output\n");
       return static_cast<int>(ExitCode::kRuntime);
     }
+  }
+  if (exit_code == static_cast<int>(ExitCode::kInterrupted)) {
+    // Stopped by Ctrl-C after a clean finish (common/interrupt.h): end by SIGINT itself, so that
+    // a shell running ktier in a script or loop stops too (it goes on after a plain exit 130,
+    // taking that as a child that handled the Ctrl-C). 130 if SIGINT is blocked.
+    std::fflush(stderr);
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
   }
   return exit_code;
 }

@@ -75,7 +75,7 @@ class ReadFile {
 std::string errno_text(int err);
 
 // Opens one of the engine's own input files (config.json, the index, a shard, the tokenizer's
-// files, a trace) read-only with O_CLOEXEC | `extra_flags`, and refuses anything but a regular
+// files) read-only with O_CLOEXEC | `extra_flags`, and refuses anything but a regular
 // file: the open itself is non-blocking, so a FIFO in the model folder is refused at once
 // instead of waiting forever for a writer, and a directory, socket or device is refused before
 // a read. The descriptor returned is blocking again and owned by the caller.

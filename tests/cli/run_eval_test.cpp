@@ -516,8 +516,6 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
   EXPECT_EQ(r.out, "");
 }
 
-// The memory dial from the command line (issue 4 interface): a pack, a budget small enough to
-// stream most layers and evict experts, the same ids as the reference, every report key.
 // A model folder's file that is a FIFO, or a folder, is refused by name at once (a FIFO's open
 // used to wait forever for a writer; a folder index.json read as a file of 2^63 bytes).
 TEST_F(RunEvalCli, ModelFilesThatAreNotRegularFilesAreRefusedAtOnce) {
@@ -549,8 +547,6 @@ TEST_F(RunEvalCli, ModelFilesThatAreNotRegularFilesAreRefusedAtOnce) {
   fs::remove_all(copy);
 }
 
-// A tokenizer with fewer ids than config.json's vocab_size: the ids past it have no text, which
-// the run says once instead of dropping them silently.
 // A reader that goes away (`| head -c 1`): exit 1 naming the broken pipe, the trace closed at a
 // whole token (before, SIGPIPE ended the run: exit 141, no message, a trace of 0 bytes).
 TEST_F(RunEvalCli, BrokenPipeIsAWriteErrorAndTheTraceIsKept) {
@@ -573,7 +569,8 @@ TEST_F(RunEvalCli, TokenizeRefusesFlagsOfTheOtherDirection) {
            {" --decode", "--decode requires --ids"},
            {" --decode --ids 1 --special", "--special excludes --decode"},
            {" -p hi --skip-special", "--skip-special requires --decode"},
-           {" -p hi --ids 1", "--ids needs --decode"}}) {
+           {" -p hi --ids 1", "--ids needs --decode"},
+           {" --decode --ids ''", "--ids is empty"}}) {
     const auto r = run_process(tokenize + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find(what), std::string::npos) << args << ": " << r.err;
@@ -581,6 +578,8 @@ TEST_F(RunEvalCli, TokenizeRefusesFlagsOfTheOtherDirection) {
   EXPECT_EQ(run_process(tokenize + " --decode --ids 104,105 --skip-special").exit_code, 0);
 }
 
+// A tokenizer with fewer ids than config.json's vocab_size: the ids past it have no text, which
+// the run says once instead of dropping them silently.
 TEST_F(RunEvalCli, TokenizerSmallerThanTheModelVocabularyIsWarned) {
   const fs::path copy = dir_.string() + "-vocab";
   fs::remove_all(copy);
@@ -597,6 +596,8 @@ TEST_F(RunEvalCli, TokenizerSmallerThanTheModelVocabularyIsWarned) {
   EXPECT_EQ(same.err.find("vocab_size is"), std::string::npos) << same.err;
 }
 
+// The memory dial from the command line (issue 4 interface): a pack, a budget small enough to
+// stream most layers and evict experts, the same ids as the reference, every report key.
 TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   const fs::path pack = dir_.string() + "-pack", report = dir_.string() + "-report.json";
   auto r = run_process(ktier() + " pack -q" + model() + " -o " + pack.string() + " --force");

@@ -22,6 +22,10 @@ class ChildProcess {
   enum class Stream { kOut, kErr };
 
   explicit ChildProcess(const std::vector<std::string>& argv) {
+    // Built before fork(): the child of a multi-threaded test may not allocate.
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
     int in[2], out[2], err[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 ||
         ::pipe2(err, O_CLOEXEC) != 0)
@@ -36,9 +40,6 @@ class ChildProcess {
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
       ::execv(args[0], args.data());
       ::_exit(127);
     }
@@ -109,12 +110,14 @@ class ChildProcess {
     int status = 0;
     ::waitpid(pid_, &status, 0);
     reaped_ = true;
+    term_signal_ = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     status_ = WIFEXITED(status) ? WEXITSTATUS(status)
               : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
     if (std::chrono::steady_clock::now() > deadline) status_ = -1;
     return status_;
   }
   const std::string& out() const { return out_text_; }
+  int term_signal() const { return term_signal_; }  // the signal that ended it, 0 if it exited
   const std::string& err() const { return err_text_; }
 
  private:
@@ -144,6 +147,7 @@ class ChildProcess {
   int in_ = -1, out_ = -1, err_ = -1;
   int status_ = -1;
   bool reaped_ = false;
+  int term_signal_ = 0;
   std::string out_text_, err_text_;
 };
 
