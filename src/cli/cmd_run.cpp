@@ -57,7 +57,8 @@ struct RunArgs {
   std::string model, prompt, file, ids, isa = "auto", report_json, trace;
   MemoryArgs memory;
   StrataArgs strata;
-  bool has_prompt = false, has_ids = false, print_ids = false, special = false, chat = false, interactive = false;
+  bool has_prompt = false, has_ids = false, print_ids = false, special = false, chat = false,
+       interactive = false;
   int64_t max_new_tokens = 128, chunk = 256, top_k = 0, ctx_size = 0;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
@@ -72,6 +73,11 @@ Status write_stdout(const std::string& s) {
 }
 
 Status run(const RunArgs& a) {
+  // A reader that goes away (`ktier run ... | head`) is a write error (exit 1, the trace closed
+  // at a whole token), not a silent death by SIGPIPE (exit 141, the trace cut).
+  struct sigaction ignore_pipe {};
+  ignore_pipe.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignore_pipe, nullptr);
   if (a.has_ids && a.ids.find_first_not_of(" \t") == std::string::npos)
     return Status::usage("--ids is empty: give at least one token id (e.g. --ids 19180,2695)");
   const int given = int(a.has_prompt) + int(!a.file.empty()) + int(!a.ids.empty());
@@ -87,11 +93,6 @@ Status run(const RunArgs& a) {
     return Status::usage("--interactive needs -n >= 1 (each answer is at least one token)");
   // Up to INT32_MAX positions, like -n: 2^31 of K3's ~70 KB of cache per position is far past any
   // machine, and the working-set products (positions x widths x bytes) stay inside int64.
-  // A reader that goes away (`ktier run ... | head`) is a write error (exit 1, the trace closed
-  // at a whole token), not a silent death by SIGPIPE (exit 141, the trace cut).
-  struct sigaction ignore_pipe {};
-  ignore_pipe.sa_handler = SIG_IGN;
-  ::sigaction(SIGPIPE, &ignore_pipe, nullptr);
   if (a.ctx_size < 0 || a.ctx_size > INT32_MAX)
     return Status::usage("-c/--ctx-size must be in 0.." + std::to_string(INT32_MAX) +
                          " (0 = auto)");
@@ -407,7 +408,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
                 "sequence; the first message may come from there too");
   sub->add_option("-c,--ctx-size", a->ctx_size,
                   "Positions a run may use (0 = auto: the prompt + -n - 1; for --interactive "
-                  "4096, or the first turn + 1024 + -n if more; GPU mode sets the state for this many aside). Too small for "
+                  "4096, or the first turn + 1024 + -n if more; GPU mode sets the state for "
+                  "this many aside). Too small for "
                   "the prompt + -n - 1: exit 2; a conversation's message past it: exit 4")
       ->capture_default_str();
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")

@@ -30,7 +30,8 @@ class InterruptCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("ktier-interrupt-" + std::to_string(::getpid()));
-    const auto r = run_process(ktier_bin().string() + " synth --preset tiny --seed 0 -q --force -o " +
+    const auto r = run_process(ktier_bin().string() +
+                               " synth --preset tiny --seed 0 -q --force -o " +
                                (dir_ / "model").string());
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const fs::path config = dir_ / "model" / "config.json";

@@ -424,38 +424,52 @@ TEST_F(TrunkStoreTest, FailingExpertReadFailsTheForwardWithExitOne) {
   EXPECT_NE(s.message().find("model-00006-of"), std::string::npos) << s.message();
 }
 
-// Plain-float experts are never one contiguous run: the tier reads them part by part.
-TEST(TrunkStoreFloat, FloatExpertsThroughASmallTierMatchTheResidentRun) {
-  const fs::path dir = fs::temp_directory_path() / ("ktier-trunk-float-" + std::to_string(::getpid()));
+// A tiny synth checkpoint with F32 experts in a fresh temporary folder named after `what`.
+fs::path synth_float_experts(const std::string& what) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("ktier-trunk-" + what + "-" + std::to_string(::getpid()));
   synth::SynthOptions o;
   o.out_dir = dir;
   o.threads = 1;
   o.force = true;
   o.experts = synth::ExpertFormat::kF32;
-  ASSERT_TRUE(synth::run_synth(o).is_ok());
+  EXPECT_TRUE(synth::run_synth(o).is_ok());
+  return dir;
+}
+
+// Logits of every position of `ids` on the checkpoint in `dir` under `budget` (none: resident);
+// `streamed` gets the trunk layers streamed and `tier_slots` the expert tier's slots (0 when
+// resident), so that a test sees the budget take effect.
+std::vector<float> float_expert_logits(const fs::path& dir, const std::vector<int32_t>& ids,
+                                       std::optional<uint64_t> budget, int64_t* streamed,
+                                       int64_t* tier_slots) {
+  EngineOptions eo;
+  eo.model_dir = dir;
+  eo.threads = 2;
+  eo.ram_budget = budget;
+  auto e = Engine::open(eo);
+  EXPECT_TRUE(e.is_ok()) << e.status().message();
+  if (!e.is_ok()) return {};
+  const int64_t vocab = e.value()->checkpoint().config().vocab_size;
+  std::vector<float> out(ids.size() * static_cast<size_t>(vocab));
+  EXPECT_TRUE(evaluate(e.value()->model(), ids, 3, out.data()).is_ok());
+  const TrunkStore* trunk = e.value()->trunk_store();
+  *streamed = trunk ? trunk->stats().layers_streamed : 0;
+  const ExpertCache* tier = e.value()->expert_cache();
+  *tier_slots = tier ? tier->stats().policy_slots : 0;
+  return out;
+}
+
+// Plain-float experts are never one contiguous run: the tier reads them part by part.
+TEST(TrunkStoreFloat, FloatExpertsThroughASmallTierMatchTheResidentRun) {
+  const fs::path dir = synth_float_experts("float");
   const std::vector<int32_t> ids = {5, 9, 300, 2, 77, 18, 64};
   auto ckpt = format::Checkpoint::open(dir);
   ASSERT_TRUE(ckpt.is_ok());
-  const int64_t vocab = ckpt.value().config().vocab_size;
   const uint64_t experts = static_cast<uint64_t>(ckpt.value().config().num_moe_layers() *
                                                  ckpt.value().config().num_experts);
-  // Logits of every position; `streamed` counts the trunk layers streamed and `tier_slots` the
-  // expert tier's slots (0 when resident), so the budget is seen to take effect.
-  auto run = [&](std::optional<uint64_t> budget, int64_t* streamed, int64_t* tier_slots) {
-    EngineOptions eo;
-    eo.model_dir = dir;
-    eo.threads = 2;
-    eo.ram_budget = budget;
-    auto e = Engine::open(eo);
-    EXPECT_TRUE(e.is_ok()) << e.status().message();
-    if (!e.is_ok()) return std::vector<float>{};
-    std::vector<float> out(ids.size() * static_cast<size_t>(vocab));
-    EXPECT_TRUE(evaluate(e.value()->model(), ids, 3, out.data()).is_ok());
-    const TrunkStore* trunk = e.value()->trunk_store();
-    *streamed = trunk ? trunk->stats().layers_streamed : 0;
-    const ExpertCache* tier = e.value()->expert_cache();
-    *tier_slots = tier ? tier->stats().policy_slots : 0;
-    return out;
+  const auto run = [&](std::optional<uint64_t> budget, int64_t* streamed, int64_t* tier_slots) {
+    return float_expert_logits(dir, ids, budget, streamed, tier_slots);
   };
   const uint64_t min = minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead);
   int64_t streamed = 0, tier_slots = 0, unused = 0;
@@ -470,13 +484,7 @@ TEST(TrunkStoreFloat, FloatExpertsThroughASmallTierMatchTheResidentRun) {
 // views each part as its own dtype (it took one dtype for all three from a summary that is
 // empty when they differ: undefined behaviour, BF16 bytes read as F32).
 TEST(TrunkStoreFloat, MixedDtypeExpertsThroughASmallTierMatchTheResidentRun) {
-  const fs::path dir = fs::temp_directory_path() / ("ktier-trunk-mixed-" + std::to_string(::getpid()));
-  synth::SynthOptions o;
-  o.out_dir = dir;
-  o.threads = 1;
-  o.force = true;
-  o.experts = synth::ExpertFormat::kF32;
-  ASSERT_TRUE(synth::run_synth(o).is_ok());
+  const fs::path dir = synth_float_experts("mixed");
   // Every shard rewritten with its experts' w2 as BF16 (the top half of each F32).
   int converted = 0;
   uint64_t saved = 0;  // bytes the index's metadata.total_size loses
@@ -526,26 +534,12 @@ TEST(TrunkStoreFloat, MixedDtypeExpertsThroughASmallTierMatchTheResidentRun) {
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
   ASSERT_FALSE(ckpt->expert_summary().plain_dtype.has_value()) << "the dtypes are mixed";
   const std::vector<int32_t> ids = {5, 9, 300, 2, 77, 18, 64};
-  const int64_t vocab = ckpt->config().vocab_size;
-  auto run = [&](std::optional<uint64_t> budget, int64_t* tier_slots) {
-    EngineOptions eo;
-    eo.model_dir = dir;
-    eo.threads = 2;
-    eo.ram_budget = budget;
-    auto e = Engine::open(eo);
-    EXPECT_TRUE(e.is_ok()) << e.status().message();
-    if (!e.is_ok()) return std::vector<float>{};
-    std::vector<float> out(ids.size() * static_cast<size_t>(vocab));
-    EXPECT_TRUE(evaluate(e.value()->model(), ids, 3, out.data()).is_ok());
-    const ExpertCache* tier = e.value()->expert_cache();
-    *tier_slots = tier ? tier->stats().policy_slots : 0;
-    return out;
-  };
   int64_t tier_slots = 0, unused = 0;
-  const std::vector<float> small =
-      run(minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead), &tier_slots);
+  const std::vector<float> small = float_expert_logits(
+      dir, ids, minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead), &unused,
+      &tier_slots);
   EXPECT_GT(tier_slots, 0) << "the experts go through the tier";
-  const std::vector<float> resident = run(std::nullopt, &unused);
+  const std::vector<float> resident = float_expert_logits(dir, ids, std::nullopt, &unused, &unused);
   ASSERT_EQ(small.size(), resident.size());
   EXPECT_TRUE(std::memcmp(small.data(), resident.data(), small.size() * sizeof(float)) == 0);
   fs::remove_all(dir);
