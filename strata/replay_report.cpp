@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/output_file.h"
+#include "io/read_file.h"
 #include "strata/budget.h"
 
 extern char** environ;
@@ -49,18 +50,7 @@ class AnonymousFile {
   // The name this process and its children open it by.
   std::string path() const { return "/dev/fd/" + std::to_string(fd_); }
   // Everything written to it so far (by anyone), from the start.
-  Result<std::string> read_all() const {
-    std::string out;
-    char buf[1 << 16];
-    for (off_t at = 0;;) {
-      const ssize_t n = ::pread(fd_, buf, sizeof buf, at);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return Status::runtime(std::string("--plot: ") + std::strerror(errno));
-      if (n == 0) return out;
-      out.append(buf, static_cast<size_t>(n));
-      at += n;
-    }
-  }
+  Result<std::string> read_all() const { return io::read_whole(fd_, "--plot: the drawn image"); }
 
  private:
   int fd_ = -1;

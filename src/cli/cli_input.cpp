@@ -98,6 +98,12 @@ Result<std::optional<std::string>> StdinLines::next(int wake_fd) {
   }
 }
 
+Status check_ids_given(const std::string& s, const std::string& flag) {
+  if (s.find_first_not_of(" \t") != std::string::npos) return Status::ok();
+  return Status::usage(flag + " is empty: give at least one token id (e.g. " + flag +
+                       " 19180,2695)");
+}
+
 Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string& flag) {
   std::vector<uint32_t> ids;
   if (s.find_first_not_of(" \t") == std::string::npos) return ids;

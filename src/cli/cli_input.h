@@ -45,6 +45,9 @@ class StdinLines {
 // "19180,2695" -> {19180, 2695}; spaces around items allowed; an empty string is an empty list.
 // Status::usage naming the offending item, with `flag` in the message.
 Result<std::vector<uint32_t>> parse_ids(const std::string& s, const std::string& flag = "--ids");
+// Status::usage when `s`, the value given to `flag`, holds no id at all (blank): where a list is
+// required (run, eval, tokenize --decode), an empty one is refused in these words.
+Status check_ids_given(const std::string& s, const std::string& flag = "--ids");
 
 // Where ids to run come from: the command line (a bad id is a usage error) or the model's own
 // tokenizer (an id past config.json's vocab_size means the model folder disagrees with itself).

@@ -41,8 +41,8 @@ Status eval(const EvalArgs& a) {
   if (!a.argmax && a.logits_out.empty())
     return Status::usage("nothing to do: give --argmax and/or --logits-out FILE");
   if (a.chunk < 0) return Status::usage("--chunk must be >= 0 (0 = all ids in one pass)");
+  KTIER_RETURN_IF_ERROR(check_ids_given(a.ids));
   KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> raw, parse_ids(a.ids));
-  if (raw.empty()) return Status::usage("--ids: give at least one token id");
   KTIER_RETURN_IF_ERROR(check_output_is_not_input(
       "--logits-out", a.logits_out,
       {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile}}));

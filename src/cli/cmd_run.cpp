@@ -78,8 +78,7 @@ Status run(const RunArgs& a) {
   struct sigaction ignore_pipe {};
   ignore_pipe.sa_handler = SIG_IGN;
   ::sigaction(SIGPIPE, &ignore_pipe, nullptr);
-  if (a.has_ids && a.ids.find_first_not_of(" \t") == std::string::npos)
-    return Status::usage("--ids is empty: give at least one token id (e.g. --ids 19180,2695)");
+  if (a.has_ids) KTIER_RETURN_IF_ERROR(check_ids_given(a.ids));
   const int given = int(a.has_prompt) + int(!a.file.empty()) + int(!a.ids.empty());
   // A conversation may take its first message from standard input too.
   if (given > 1 || (given == 0 && !a.interactive))

@@ -40,8 +40,7 @@ Status run_tokenize(const TokenizeArgs& a) {
   KTIER_ASSIGN_OR_RETURN(const tok::SplitPattern pattern, tok::parse_pattern(a.pattern));
   if (a.decode) {
     if (a.has_text || !a.file.empty()) return Status::usage("--decode takes --ids, not -p or -f");
-    if (a.ids.find_first_not_of(" \t") == std::string::npos)
-      return Status::usage("--ids is empty: give at least one token id to decode");
+    KTIER_RETURN_IF_ERROR(check_ids_given(a.ids));
   } else {
     if (!a.ids.empty()) return Status::usage("--ids needs --decode");
     if (a.has_text == !a.file.empty()) return Status::usage("give exactly one of -p TEXT or -f FILE");

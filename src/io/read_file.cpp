@@ -104,25 +104,26 @@ Result<int> open_regular_file(const std::filesystem::path& path, int extra_flags
   return fd;
 }
 
-Result<std::string> read_regular_file(const std::filesystem::path& path) {
-  KTIER_ASSIGN_OR_RETURN(const int fd, open_regular_file(path));
+Result<std::string> read_whole(int fd, const std::string& what) {
   std::string out;
   struct stat st {};
   if (::fstat(fd, &st) == 0) out.reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
+  for (off_t at = 0;;) {
+    const ssize_t n = ::pread(fd, buf, sizeof buf, at);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return Status::runtime(path.string() + ": read error: " + errno_text(err));
-    }
-    if (n == 0) break;
+    if (n < 0) return Status::runtime(what + ": read error: " + errno_text(errno));
+    if (n == 0) return out;
     out.append(buf, static_cast<size_t>(n));
+    at += n;
   }
+}
+
+Result<std::string> read_regular_file(const std::filesystem::path& path) {
+  KTIER_ASSIGN_OR_RETURN(const int fd, open_regular_file(path));
+  Result<std::string> bytes = read_whole(fd, path.string());
   ::close(fd);
-  return out;
+  return bytes;
 }
 
 Result<ReadFile> ReadFile::open(const std::filesystem::path& path, DirectMode mode) {

@@ -89,4 +89,8 @@ Result<int> open_regular_file(const std::filesystem::path& path, int extra_flags
 // The whole of a regular file opened as above. Status::runtime on a read error.
 Result<std::string> read_regular_file(const std::filesystem::path& path);
 
+// Everything in the regular file open as `fd`, from its start (positioned reads: the
+// descriptor's offset is not used). Status::runtime "WHAT: read error: ..." on a failed read.
+Result<std::string> read_whole(int fd, const std::string& what);
+
 }  // namespace ktier::io

@@ -285,6 +285,10 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   EXPECT_EQ(no_ids.exit_code, 2);
   EXPECT_NE(no_ids.err.find("--ids is empty: give at least one token id"), std::string::npos)
       << no_ids.err;
+  const auto eval_no_ids = run_process(ktier() + " eval" + model() + " --ids ' ' --argmax");
+  EXPECT_EQ(eval_no_ids.exit_code, 2);
+  EXPECT_NE(eval_no_ids.err.find("--ids is empty: give at least one token id"), std::string::npos)
+      << eval_no_ids.err;
   EXPECT_EQ(run_process("echo hi | " + ktier() + " run" + model() + " --chat -i -f - -n 2").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat -p hi -n 2 -c 3").exit_code, 2);
   // Standard input a folder: named. Closed: read as empty (before, the descriptor went to the
