@@ -106,7 +106,11 @@ cudaError_t scratch_get(int device, cudaStream_t s, size_t bytes, void** out) {
   Scratch& sc = g_scratch[{device, s}];
   if (sc.cap < bytes) {
     if (sc.ptr) {
-      const cudaError_t err = cudaFreeAsync(sc.ptr, s);
+      // The pool cannot hand the smaller block to the larger request, and keeps it until a
+      // synchronisation: wait here (growth happens a few times a run) so that the old and new
+      // blocks are never held together, past the cuBLAS allowance budgeted for the largest call.
+      cudaError_t err = cudaFreeAsync(sc.ptr, s);
+      if (err == cudaSuccess) err = cudaStreamSynchronize(s);
       sc.ptr = nullptr;
       sc.cap = 0;
       if (err != cudaSuccess) return err;
@@ -147,7 +151,12 @@ void cublas_init(int device) {
     (void)cudaGetLastError();  // static cuBLAS shares our runtime: its failure is not an op's
     return;
   }
-  api.set_math_mode(h, CUBLAS_DEFAULT_MATH);  // no TF32, f32 reductions
+  // No TF32, f32 reductions (the tolerances assume them): without that, no cuBLAS (the fused
+  // kernels serve prefill). The handle is leaked, as at thread exit.
+  if (api.set_math_mode(h, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
+    (void)cudaGetLastError();
+    return;
+  }
   t_handle[device] = h;
 }
 

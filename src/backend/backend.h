@@ -72,10 +72,12 @@ class Backend {
   // keeps for reuse (CUDA) — within `bytes` where it can: kept blocks are given back before an
   // allocation would pass it. GPU mode sets its --vram. No-op where nothing is kept.
   virtual void limit_memory(uint64_t bytes) {}
-  // Copies ahead of need, on copy streams of their own, so they overlap the ops. Two queues,
-  // independent of each other (CUDA: two copy streams), so that the copies the next ops need
+  // Copies ahead of need, on copy streams of their own, so they overlap the ops. Three queues,
+  // independent of each other (CUDA: three copy streams), so that the copies the next ops need
   // soon never wait behind large ones issued ahead: CopyQueue::kExperts (the VRAM expert tier's
-  // slots) and CopyQueue::kLayers (the streamed trunk layers' copy-ahead). Per queue q:
+  // lookahead copies), CopyQueue::kExpertMisses (its copies on demand, which the ops of the
+  // layer being computed wait for) and CopyQueue::kLayers (the streamed trunk layers'
+  // copy-ahead). Per queue q:
   //  * copy_async(q, ...): host -> backend memory, in issue order with q's other copies; the
   //    host bytes must stay unchanged until sync_copies(q) returns (or host_wait() on a fence
   //    marked on q after the copy, below), and the destination must not be released while
@@ -85,8 +87,10 @@ class Backend {
   //  * ops_after_copies(q): later ops wait for the copies issued on q so far.
   //  * sync_copies(q): the host waits for the copies issued on q so far.
   // The CPU backends copy at once; the fences are then no-ops.
-  enum class CopyQueue : uint8_t { kExperts, kLayers };
-  static constexpr CopyQueue kCopyQueues[] = {CopyQueue::kExperts, CopyQueue::kLayers};
+  enum class CopyQueue : uint8_t { kExperts, kExpertMisses, kLayers };
+  static constexpr CopyQueue kCopyQueues[] = {CopyQueue::kExperts, CopyQueue::kExpertMisses,
+                                              CopyQueue::kLayers};
+  static constexpr int kNumCopyQueues = 3;
   virtual Status copy_async(CopyQueue q, void* dst, const void* host_src, size_t bytes) {
     return upload(dst, host_src, bytes);
   }

@@ -35,7 +35,8 @@ class CudaBackend final : public Backend {
     for (auto& [bytes, list] : pool_)
       for (void* p : list) ops_->free_device(p);
     for (auto& [p, bytes] : live_) ops_->free_device(p);
-    for (KtierCudaEvent e : {ops_done_, copies_done_[0], copies_done_[1]})
+    if (ops_done_) ops_->event_destroy(ops_done_);
+    for (KtierCudaEvent e : copies_done_)
       if (e) ops_->event_destroy(e);
     for (KtierCudaEvent e : fences_)
       if (e) ops_->event_destroy(e);
@@ -50,7 +51,7 @@ class CudaBackend final : public Backend {
     uses_blas_ = ops_->uses_cublas() != 0;
     name_.insert(name_.size() - 1, uses_blas_ ? ", cuBLAS" : ", no cuBLAS: fused kernels for prefill");
     KTIER_RETURN_IF_ERROR(check(ops_->stream_create(&stream_), "stream_create"));
-    for (int q = 0; q < 2; ++q) {
+    for (int q = 0; q < kNumCopyQueues; ++q) {
       KTIER_RETURN_IF_ERROR(check(ops_->stream_create(&copy_streams_[q]), "stream_create (copies)"));
       KTIER_RETURN_IF_ERROR(check(ops_->event_create(&copies_done_[q]), "event_create"));
     }
@@ -295,8 +296,8 @@ class CudaBackend final : public Backend {
   bool uses_blas_ = false;
   std::thread::id owner_;  // the thread that called init (current device, cuBLAS handle)
   KtierCudaStream stream_ = nullptr;       // the ops
-  KtierCudaStream copy_streams_[2] = {};   // copy_async, per CopyQueue
-  KtierCudaEvent ops_done_ = nullptr, copies_done_[2] = {};
+  KtierCudaStream copy_streams_[kNumCopyQueues] = {};  // copy_async, per CopyQueue
+  KtierCudaEvent ops_done_ = nullptr, copies_done_[kNumCopyQueues] = {};
   std::vector<KtierCudaEvent> fences_;  // create_fence(); null once destroyed
   void* argmax_out_ = nullptr;  // device int64, from allocate()
   std::unordered_map<void*, size_t> live_;                 // handed out: pointer -> bytes

@@ -5,7 +5,7 @@
 //
 // copy_async is as late as the contract allows: the destination is poisoned (NaN bytes) at
 // once, and the host bytes are read only when ops_after_copies(q), sync_copies(q) or a wait on
-// a fence marked on q after it is called — a wait on the other queue never applies it. So an op
+// a fence marked on q after it is called — a wait on another queue never applies it. So an op
 // that reads a copy before its fence sees NaN, and host memory overwritten before the wait
 // lands in the copy: both change the output, which the tests compare. A GPU may read the host
 // bytes any time until the host waits for the copy (sync_copies, host_wait), later than an
@@ -91,7 +91,7 @@ class EmulatedDevice final : public Backend {
   Status ops_after_copies(CopyQueue q) override { return apply_copies(q, issued(q)); }
   Status sync_copies(CopyQueue q) override { return host_waits(q, issued(q)); }
   // A fence marked on queue q is the number of q's copies issued then: waiting for it applies
-  // those copies and no later one, and none of the other queue (marks of the ops stream are
+  // those copies and no later one, and none of another queue (marks of the ops stream are
   // passed at once: ops run at call time).
   Result<Fence> create_fence() override {
     fences_.push_back({});
@@ -105,10 +105,9 @@ class EmulatedDevice final : public Backend {
     fence(f) = {q, issued(q)};
     return Status::ok();
   }
-  Status copies_wait(Fence f, CopyQueue) override {
-    (void)fence(f);
-    return Status::ok();
-  }
+  // The later copies of the waiting queue come after f's copies: applied now, so that a copy
+  // of another queue into the same bytes, issued later, lands last (as on a GPU).
+  Status copies_wait(Fence f, CopyQueue) override { return ops_wait(f); }
   Status ops_wait(Fence f) override {
     const FenceMark& m = fence(f);
     return m.queue ? apply_copies(*m.queue, m.copies) : Status::ok();
@@ -321,7 +320,7 @@ class EmulatedDevice final : public Backend {
     --it;
     return a + n <= it->first + it->second;
   }
-  Queue queues_[2];                     // per CopyQueue
+  Queue queues_[kNumCopyQueues];        // per CopyQueue
   std::map<uintptr_t, size_t> pinned_;  // pin_host ranges: start -> bytes
   uint64_t pageable_copy_bytes_ = 0;
   std::vector<FenceMark> fences_;       // per fence: where it was last marked

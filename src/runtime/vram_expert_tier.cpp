@@ -40,6 +40,12 @@ Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
                                         be, static_cast<size_t>(slot_bytes * slots)));
   x->slot_views_.resize(static_cast<size_t>(slots));
   x->prefetched_.assign(static_cast<size_t>(slots), 0);
+  x->slot_copy_.assign(static_cast<size_t>(slots), {});
+  x->slot_fence_.reserve(static_cast<size_t>(slots));
+  for (int64_t s = 0; s < slots; ++s) {
+    KTIER_ASSIGN_OR_RETURN(backend::Backend::Fence f, be.create_fence());
+    x->slot_fence_.push_back(f);
+  }
   // The host tier waits for copies still reading its memory before it overwrites it.
   host.set_reuse_fence([p = x.get()] { p->fence_host_reuse(); });
   host.set_held_above([p = x.get()](int64_t layer, int32_t id) { return p->holds(layer, id); });
@@ -56,6 +62,7 @@ Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
 VramExpertTier::~VramExpertTier() {
   host_.set_reuse_fence(nullptr);
   host_.set_held_above(nullptr);
+  for (backend::Backend::Fence f : slot_fence_) be_.destroy_fence(f);
 }
 
 bool VramExpertTier::holds(int64_t layer, int32_t id) const {
@@ -63,11 +70,16 @@ bool VramExpertTier::holds(int64_t layer, int32_t id) const {
   return slot_of_key_[key] >= 0 && policy_->contains(key);
 }
 
-void VramExpertTier::fence_host_reuse() {
-  if (!copies_unsynced_) return;  // nothing issued since the last wait reads host memory
+void VramExpertTier::host_waits_for(Link l) {
+  if (!copies_unsynced_[l]) return;  // nothing issued since the last wait reads host memory
   // A failed wait leaves the copies' state unknown: the next fetch reports it.
-  if (Status s = be_.sync_copies(kQueue); !s.is_ok() && deferred_.is_ok()) deferred_ = s;
-  copies_unsynced_ = false;
+  if (Status s = be_.sync_copies(queue_of(l)); !s.is_ok() && deferred_.is_ok()) deferred_ = s;
+  copies_unsynced_[l] = false;
+}
+
+void VramExpertTier::fence_host_reuse() {
+  host_waits_for(kAhead);
+  host_waits_for(kMisses);
 }
 
 void VramExpertTier::on_evicted(uint32_t key) {
@@ -81,10 +93,27 @@ void VramExpertTier::on_evicted(uint32_t key) {
   free_.push_back(slot);
 }
 
-Status VramExpertTier::begin_copies() {
-  if (copies_open_) return Status::ok();
-  copies_open_ = true;
-  return be_.copies_after_ops(kQueue);
+Status VramExpertTier::begin_copies(Link l) {
+  if (copies_open_[l]) return Status::ok();
+  copies_open_[l] = true;
+  return be_.copies_after_ops(queue_of(l));
+}
+
+Status VramExpertTier::ops_need(std::span<const int64_t> slots) {
+  // Each link's copies land in issue order: waiting for the latest one needed covers the rest.
+  int64_t latest[kLinks] = {-1, -1};
+  for (int64_t slot : slots) {
+    const SlotCopy& c = slot_copy_[static_cast<size_t>(slot)];
+    if (c.link < 0 || c.number <= ops_waited_[c.link]) continue;
+    int64_t& l = latest[c.link];
+    if (l < 0 || c.number > slot_copy_[static_cast<size_t>(l)].number) l = slot;
+  }
+  for (int l = 0; l < kLinks; ++l) {
+    if (latest[l] < 0) continue;
+    KTIER_RETURN_IF_ERROR(be_.ops_wait(slot_fence_[static_cast<size_t>(latest[l])]));
+    ops_waited_[l] = slot_copy_[static_cast<size_t>(latest[l])].number;
+  }
+  return Status::ok();
 }
 
 bool VramExpertTier::prefetch_one(const Prediction& p) {
@@ -98,8 +127,8 @@ bool VramExpertTier::prefetch_one(const Prediction& p) {
   if (!policy_->prefetch(p.key, p.pin_until, clock) || free_.empty()) return true;
   const int64_t slot = free_.back();
   free_.pop_back();
-  Status s = begin_copies();
-  auto dev = s.is_ok() ? copy_in(host, slot) : Result<model::ExpertWeights>(s);
+  Status s = begin_copies(kAhead);
+  auto dev = s.is_ok() ? copy_in(host, slot, kAhead) : Result<model::ExpertWeights>(s);
   if (!dev.is_ok()) {  // reported by the next fetch; the slot holds nothing in use
     deferred_ = dev.status();
     free_.push_back(slot);
@@ -109,14 +138,13 @@ bool VramExpertTier::prefetch_one(const Prediction& p) {
   slot_views_[static_cast<size_t>(slot)] = *dev;
   prefetched_[static_cast<size_t>(slot)] = 1;
   prefetched_for_.issued(p.key, p.target);
-  copies_pending_ = true;
   ++stats_.prefetch_issued;
   stats_.prefetch_bytes += model::expert_bytes(*dev);
   return true;
 }
 
 void VramExpertTier::retry_waiting(int64_t done_through) {
-  copies_open_ = false;
+  copies_open_[kAhead] = false;
   size_t kept = 0;
   for (const Prediction& p : waiting_) {
     if (p.target <= done_through || !deferred_.is_ok()) continue;
@@ -137,7 +165,7 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
   const int64_t target = layer + depth;
   const uint64_t pin_until =
       strata::prediction_pin_until(step_, T, layer, target, first_moe_layer_);
-  copies_open_ = false;
+  copies_open_[kAhead] = false;
   // Predictions it holds are pinned first, so that admitting another one cannot evict them (the
   // host skips those it holds: set_held_above).
   for (int64_t i = 0; i < T * k; ++i) {
@@ -160,12 +188,25 @@ void VramExpertTier::begin_layer(int64_t layer, int64_t first_position, const in
 }
 
 Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights& host,
-                                                     int64_t slot) {
+                                                     int64_t slot, Link l) {
+  const size_t si = static_cast<size_t>(slot);
+  const backend::Backend::Fence fence = slot_fence_[si];
+  SlotCopy& last = slot_copy_[si];
+  // A copy of the other link into this slot (an evicted prefetch, say) may not have landed:
+  // this one must land after it.
+  if (last.link >= 0 && last.link != l) KTIER_RETURN_IF_ERROR(be_.copies_wait(fence, queue_of(l)));
   DevicePlacer placer(be_, arena_.as<uint8_t>() + static_cast<uint64_t>(slot) * stats_.slot_bytes,
-                      stats_.slot_bytes, kQueue);
+                      stats_.slot_bytes, queue_of(l));
   model::ExpertWeights dev = host;
-  copies_unsynced_ = true;  // from here until a wait, the copies may read the host's memory
-  for (cpu::WeightMatrix* m : {&dev.w1, &dev.w2, &dev.w3}) KTIER_RETURN_IF_ERROR(placer.place(*m));
+  copies_unsynced_[l] = true;  // from here until a wait, the copies may read the host's memory
+  Status placed = Status::ok();
+  for (cpu::WeightMatrix* m : {&dev.w1, &dev.w2, &dev.w3})
+    if (placed = placer.place(*m); !placed.is_ok()) break;
+  // Marked after a failed copy too: the slot is reused, and its next writer must come after
+  // whatever this one issued.
+  KTIER_RETURN_IF_ERROR(be_.mark_copies(fence, queue_of(l)));
+  last = {static_cast<int8_t>(l), ++issued_[l]};
+  KTIER_RETURN_IF_ERROR(placed);
   stats_.copied_bytes += model::expert_bytes(dev);
   return dev;
 }
@@ -178,7 +219,7 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
   const int64_t first_bypass = static_cast<int64_t>(stats_.policy_slots);
   std::vector<int32_t> miss_ids;
   std::vector<size_t> miss_at;
-  std::vector<int64_t> miss_slot;
+  std::vector<int64_t> miss_slot, used_slots;
   int64_t next_bypass = first_bypass;
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + ids[i]);
@@ -192,6 +233,7 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
       }
       out[i] = slot_views_[static_cast<size_t>(slot)];
       stats_.hit_bytes += model::expert_bytes(out[i]);
+      used_slots.push_back(slot);
       continue;
     }
     int64_t target;
@@ -207,29 +249,21 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
     miss_at.push_back(i);
     miss_slot.push_back(target);
   }
-  if (miss_ids.empty()) {
-    if (copies_pending_) KTIER_RETURN_IF_ERROR(be_.ops_after_copies(kQueue));  // prefetched hits
-    copies_pending_ = false;
-    return Status::ok();
-  }
-  // From the host tier in batches it can hold at once. Its fetch may overwrite memory that
-  // earlier copies read (bypass slots, read buffers): those copies finish first.
-  fence_host_reuse();
-  KTIER_RETURN_IF_ERROR(deferred_);
-  copies_open_ = false;
+  // From the host tier in batches it can hold at once. The host's fetch views last until its
+  // next fetch: the copies that read the previous ones finish first. (Lookahead copies read
+  // peek() views, which the host fences itself before reusing.)
   const size_t batch = static_cast<size_t>(std::max<int64_t>(1, host_.max_batch()));
   std::vector<model::ExpertWeights> views(std::min(batch, miss_ids.size()));
   for (size_t b0 = 0; b0 < miss_ids.size(); b0 += batch) {
     const size_t b1 = std::min(miss_ids.size(), b0 + batch);
-    if (b0 > 0) {  // the host may reuse the memory the previous batch's copies read
-      fence_host_reuse();
-      KTIER_RETURN_IF_ERROR(deferred_);
-    }
+    host_waits_for(kMisses);
+    KTIER_RETURN_IF_ERROR(deferred_);
+    copies_open_[kMisses] = false;
     Status s = host_.fetch(layer, std::span<const int32_t>(miss_ids.data() + b0, b1 - b0),
                            views.data());
-    if (s.is_ok()) s = begin_copies();
+    if (s.is_ok()) s = begin_copies(kMisses);
     for (size_t j = b0; s.is_ok() && j < b1; ++j) {
-      auto dev = copy_in(views[j - b0], miss_slot[j]);
+      auto dev = copy_in(views[j - b0], miss_slot[j], kMisses);
       if (!dev.is_ok()) {
         s = dev.status();
         break;
@@ -237,7 +271,6 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
       slot_views_[static_cast<size_t>(miss_slot[j])] = *dev;
       prefetched_[static_cast<size_t>(miss_slot[j])] = 0;
       out[miss_at[j]] = *dev;
-      copies_pending_ = true;
       stats_.miss_bytes += model::expert_bytes(*dev);
     }
     if (!s.is_ok()) {
@@ -251,12 +284,11 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
       }
       return s;
     }
-    copies_open_ = false;
   }
-  // The ops that use these experts wait for every copy issued so far.
-  KTIER_RETURN_IF_ERROR(be_.ops_after_copies(kQueue));
-  copies_pending_ = false;
-  return Status::ok();
+  // The ops that use these experts wait for their slots' copies, not for lookahead copies
+  // issued for later layers.
+  used_slots.insert(used_slots.end(), miss_slot.begin(), miss_slot.end());
+  return ops_need(used_slots);
 }
 
 }  // namespace ktier::runtime

@@ -8,13 +8,20 @@
 //     tier's views into slots (RAM -> VRAM link): into a policy slot when the policy admitted
 //     the expert, else into one of top_k bypass slots, which only last until the next fetch.
 //   * Router lookahead (on_prediction) copies predicted experts that the host tier holds in
-//     memory (ExpertSource::peek) into policy slots ahead of need, on its copy queue (kExperts),
-//     overlapping the ops already issued; fetch() makes the ops wait for them. A predicted
-//     expert the host is still reading (its RAM prefetch) waits, and is copied at the next
-//     layer's prediction or routing that finds it in memory, until its own layer is routed. Every
-//     slot write is a copy-stream copy issued after `copies_after_ops`, so no slot is
-//     overwritten while an op still reads it; the host tier calls the reuse fence before it
-//     overwrites memory a copy may still read.
+//     memory (ExpertSource::peek) into policy slots ahead of need, on the lookahead copy queue
+//     (kExperts), overlapping the ops already issued. A predicted expert the host is still
+//     reading (its RAM prefetch) waits, and is copied at the next layer's prediction or routing
+//     that finds it in memory, until its own layer is routed. fetch() copies its misses on a
+//     queue of their own (kExpertMisses), so they never wait behind lookahead copies for later
+//     layers.
+//   * Ordering: every slot has a fence marked after its latest copy. fetch() makes the ops wait
+//     for the fences of the slots it hands out, and no others: a layer's ops never wait for the
+//     copies of experts predicted for later layers. Every slot write is a copy issued after
+//     `copies_after_ops`, so no slot is overwritten while an op still reads it, and after the
+//     slot's previous copy when that was on the other queue (a prefetch evicted before it
+//     landed). The host tier calls the reuse fence before it overwrites memory that a copy of
+//     either queue may still read; fetch() waits for its own earlier misses' copies before it
+//     asks the host for more (the host's fetch views last only until its next fetch).
 //   * Exactness: a slot holds the stored bytes and the views are the same matrices, so where an
 //     expert came from never changes an output byte.
 //
@@ -22,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -74,13 +82,23 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
  private:
   VramExpertTier(model::ExpertSource& host, backend::Backend& be) : host_(host), be_(be) {}
   void on_evicted(uint32_t key);
-  // Issues copies of one expert's host views into `slot` on its copy queue; returns the device
-  // views (usable by ops after ops_after_copies).
-  Result<model::ExpertWeights> copy_in(const model::ExpertWeights& host, int64_t slot);
-  // Before the first slot write of a batch: its copy queue waits for the ops issued so far.
-  Status begin_copies();
-  // The host tier's reuse fence: waits for the copies issued since the last wait (they may read
-  // the memory about to be overwritten); a failure is kept in deferred_.
+  // The tier's two copy queues, as indices of its per-queue state.
+  enum Link : int { kAhead = 0, kMisses = 1, kLinks = 2 };
+  static backend::Backend::CopyQueue queue_of(Link l) {
+    return l == kAhead ? backend::Backend::CopyQueue::kExperts
+                       : backend::Backend::CopyQueue::kExpertMisses;
+  }
+  // Issues copies of one expert's host views into `slot` on link `l` (after begin_copies(l))
+  // and marks the slot's fence; returns the device views (usable by ops after ops_need()).
+  Result<model::ExpertWeights> copy_in(const model::ExpertWeights& host, int64_t slot, Link l);
+  // Before the first slot write of a batch on link l: its queue waits for the ops issued so far.
+  Status begin_copies(Link l);
+  // Later ops wait for the copies into `slots` (each slot's latest), and for no later copy.
+  Status ops_need(std::span<const int64_t> slots);
+  // The host waits for link l's copies issued since its last wait (they may read host memory
+  // about to be overwritten); a failure is kept in deferred_.
+  void host_waits_for(Link l);
+  // The host tier's reuse fence: host_waits_for both links.
   void fence_host_reuse();
   // Whether a policy slot holds expert `id` of `layer` (the host's set_held_above hook).
   bool holds(int64_t layer, int32_t id) const;
@@ -98,8 +116,6 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   // Tries the waiting predictions again; forgets those for layers up to `done_through`.
   void retry_waiting(int64_t done_through);
 
-  // Its own copy queue: a miss's copies never wait behind a streamed trunk layer's.
-  static constexpr backend::Backend::CopyQueue kQueue = backend::Backend::CopyQueue::kExperts;
   model::ExpertSource& host_;
   backend::Backend& be_;
   int64_t num_experts_ = 0, moe_layers_ = 1, bypass_ = 0, first_moe_layer_ = 0;
@@ -108,9 +124,17 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   std::vector<model::ExpertWeights> slot_views_;  // device views of each slot's expert
   std::vector<int64_t> free_;                     // free policy slots
   std::vector<uint8_t> prefetched_;               // per slot: filled by lookahead, not used yet
-  bool copies_open_ = false;     // begin_copies() done for the current batch of copies
-  bool copies_pending_ = false;  // copies issued that the ops have not been made to wait for
-  bool copies_unsynced_ = false;  // copies issued that the host has not waited for
+  // Per slot: a fence marked after its latest copy, and that copy's link and number on it.
+  struct SlotCopy {
+    int8_t link = -1;     // -1: never copied into
+    uint64_t number = 0;  // 1 = the link's first slot copy
+  };
+  std::vector<backend::Backend::Fence> slot_fence_;
+  std::vector<SlotCopy> slot_copy_;
+  // Per link: slot copies issued, the latest the ops were made to wait for, begin_copies() done
+  // for the current batch, and copies issued that the host has not waited for.
+  uint64_t issued_[kLinks] = {}, ops_waited_[kLinks] = {};
+  bool copies_open_[kLinks] = {}, copies_unsynced_[kLinks] = {};
   std::unique_ptr<strata::CacheModel> policy_;
   strata::PrefetchLedger prefetched_for_;  // issued prefetches awaiting their layer
   std::vector<Prediction> waiting_;        // predicted, not yet in host memory

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <memory>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -49,6 +51,11 @@ class FakeHost final : public model::ExpertSource {
     const float* p = data_.data() + ((layer * kExperts + id) * 3 + m) * kRows * kCols;
     return std::vector<float>(p, p + kRows * kCols);
   }
+  // Adds `delta` to every element of expert `id` of `layer` (new bytes, still distinct).
+  void change(int64_t layer, int32_t id, float delta) {
+    float* p = data_.data() + (layer * kExperts + id) * 3 * kRows * kCols;
+    for (int64_t i = 0; i < 3 * kRows * kCols; ++i) p[i] += delta;
+  }
 
  private:
   model::ExpertWeights view(int64_t layer, int32_t id) const {
@@ -62,6 +69,21 @@ class FakeHost final : public model::ExpertSource {
   }
   std::vector<float> data_;
 };
+
+// The device bytes of views `out` against the host's experts `ids` of `layer`, each matrix.
+void expect_views_hold(backend::Backend& be, const FakeHost& host, int64_t layer,
+                       std::span<const int32_t> ids, const std::vector<model::ExpertWeights>& out) {
+  ASSERT_TRUE(be.synchronize().is_ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    for (int m = 0; m < 3; ++m) {
+      const cpu::WeightMatrix& x = m == 0 ? out[i].w1 : m == 1 ? out[i].w2 : out[i].w3;
+      std::vector<float> back(static_cast<size_t>(kRows * kCols), -1.0f);
+      ASSERT_TRUE(be.download(back.data(), x.data, back.size() * sizeof(float)).is_ok());
+      EXPECT_EQ(back, host.matrix(layer, ids[i], m))
+          << "layer " << layer << " expert " << ids[i] << " matrix " << m;
+    }
+  }
+}
 
 format::ModelConfig tiny_config() {
   format::ModelConfig c;
@@ -115,17 +137,78 @@ TEST(VramExpertTier, PredictionsTheHostIsStillReadingAreCopiedOnceReady) {
   EXPECT_EQ(t.stats().prefetch_issued, 1u);
   // The views are device memory holding the host's bytes of the routed experts, in order: the
   // prefetched 3 and the on-demand 5, each of the three matrices.
-  ASSERT_TRUE(be->synchronize().is_ok());
-  for (int i = 0; i < kTopK; ++i) {
-    for (int m = 0; m < 3; ++m) {
-      const cpu::WeightMatrix& x = m == 0 ? out[i].w1 : m == 1 ? out[i].w2 : out[i].w3;
-      std::vector<float> back(static_cast<size_t>(kRows * kCols), -1.0f);
-      ASSERT_TRUE(be->download(back.data(), x.data, back.size() * sizeof(float)).is_ok());
-      EXPECT_EQ(back, host.matrix(2, routed2[i], m)) << "expert " << routed2[i] << " matrix " << m;
-    }
-  }
+  expect_views_hold(*be, host, 2, routed2, out);
   tier->reset();
   EXPECT_FALSE(host.held_above) << "the hook must not outlive the tier";
+}
+
+struct TierUnderTest {
+  std::unique_ptr<backend::Backend> be =
+      backend::make_emulated_device_backend(cpu::Exec{nullptr, cpu::Isa::kScalar});
+  FakeHost host;
+  std::unique_ptr<VramExpertTier> tier;
+  explicit TierUnderTest(int64_t slots) {
+    const cpu::WeightMatrix m{cpu::WeightType::kF32, nullptr, nullptr, kRows, kCols};
+    auto t = VramExpertTier::open(host, *be, tiny_config(), 3 * DevicePlacer::bytes(m), slots,
+                                  strata::PolicyKind::kLru, strata::PolicyInputs{});
+    EXPECT_TRUE(t.is_ok()) << t.status().message();
+    if (t.is_ok()) tier = std::move(*t);
+  }
+  // One decode token's MoE layer: routed to `ids`, fetched into `out`.
+  void layer(int64_t l, std::span<const int32_t> ids, std::vector<model::ExpertWeights>& out) {
+    out.resize(ids.size());
+    tier->begin_layer(l, 0, ids.data(), 1, kTopK);
+    ASSERT_TRUE(tier->fetch(l, ids, out.data()).is_ok());
+  }
+};
+
+// The emulated device reads a copy's host bytes only when the ops (or the host) first wait for
+// it. So host bytes changed after layer 2's fetch that show in layer 3's views prove that layer
+// 2's ops did not wait for the lookahead copies of layer 3's experts: on a GPU, a layer's
+// experts (hits and misses) are not held up behind copies for later layers.
+TEST(VramExpertTier, OpsWaitOnlyForTheCopiesOfTheirOwnExperts) {
+  TierUnderTest x(6 * kTopK);
+  ASSERT_TRUE(x.tier);
+  for (int32_t id : {3, 5}) x.host.ready.insert(2 * kExperts + id);
+  for (int32_t id : {6, 7}) x.host.ready.insert(3 * kExperts + id);
+  const float w[] = {0.5f, 0.5f};
+  const int32_t for2[] = {3, 5}, for3[] = {6, 7};
+  x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);
+  x.tier->on_prediction(1, 2, 0, for3, w, 1, kTopK);
+  EXPECT_EQ(x.tier->stats().prefetch_issued, 4u);
+  std::vector<model::ExpertWeights> out;
+  const int32_t routed1[] = {0, 1}, routed2[] = {3, 4};
+  x.layer(1, routed1, out);  // misses
+  expect_views_hold(*x.be, x.host, 1, routed1, out);
+  x.layer(2, routed2, out);  // a lookahead hit and a miss
+  expect_views_hold(*x.be, x.host, 2, routed2, out);
+  x.host.change(3, 6, 1000.0f);
+  x.layer(3, for3, out);  // lookahead hits
+  EXPECT_EQ(x.tier->stats().prefetch_useful, 3u);
+  expect_views_hold(*x.be, x.host, 3, for3, out);
+}
+
+// A prefetch evicted before its copy landed frees its slot to a miss, whose copy goes on the
+// other queue: it must land after the stale one, whenever that queue's copies are applied.
+TEST(VramExpertTier, ASlotReusedBeforeItsPrefetchLandedKeepsTheNewExpert) {
+  TierUnderTest x(VramExpertTier::minimum_slots(tiny_config()));  // two policy slots
+  ASSERT_TRUE(x.tier);
+  for (int32_t id : {3, 5}) x.host.ready.insert(2 * kExperts + id);
+  const float w[] = {0.5f, 0.5f};
+  const int32_t for2[] = {3, 5};
+  x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);  // both policy slots, pinned through 2
+  EXPECT_EQ(x.tier->stats().prefetch_issued, 2u);
+  std::vector<model::ExpertWeights> out;
+  const int32_t routed1[] = {0, 1}, routed2[] = {6, 7}, routed3[] = {0, 1};
+  x.layer(1, routed1, out);
+  x.layer(2, routed2, out);  // the prediction was wrong: bypass slots, nothing waits for it
+  x.layer(3, routed3, out);  // pins over: 3 and 5 evicted, their slots take layer 3's 0 and 1
+  ASSERT_TRUE(x.host.held_above);
+  EXPECT_TRUE(x.host.held_above(3, 0) && x.host.held_above(3, 1));
+  EXPECT_FALSE(x.host.held_above(2, 3) || x.host.held_above(2, 5));
+  EXPECT_EQ(x.tier->stats().prefetch_wasted, 2u);
+  for (auto q : backend::Backend::kCopyQueues) ASSERT_TRUE(x.be->sync_copies(q).is_ok());
+  expect_views_hold(*x.be, x.host, 3, routed3, out);
 }
 
 }  // namespace
