@@ -118,11 +118,15 @@ Result<runtime::EngineOptions> streamed_options(const DecodeOptions& o) {
   KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ck,
                          format::Checkpoint::open(o.model, format::OpenMode::kPread));
   KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack pk, pack::TrunkPack::open(o.pack, ck));
+  eo.workload.positions = o.prompt_tokens + o.tokens;  // timed_decode's longest sequence
+  const int threads = runtime::resolve_threads(o.threads);
+  const runtime::DialMinimum min =
+      runtime::dial_minimum(ck, &pk, eo.lookahead, threads, /*host_routers=*/true, &eo.workload);
   if (!o.ram.empty()) {
     KTIER_ASSIGN_OR_RETURN(eo.ram_budget, parse_size(o.ram, "--ram"));
+    KTIER_RETURN_IF_ERROR(runtime::check_dial_budget(*eo.ram_budget, min, &pk, eo.workload));
   } else {
-    eo.ram_budget =
-        runtime::minimum_budget_bytes(ck, &pk, eo.lookahead, runtime::resolve_threads(o.threads));
+    eo.ram_budget = min.total();
   }
   return eo;
 }

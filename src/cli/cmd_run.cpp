@@ -125,8 +125,8 @@ Status run(const RunArgs& a) {
   std::error_code ec;
   // The tokenizer is optional for --ids runs (ids are printed instead of text).
   std::optional<tok::Tokenizer> tokenizer;
-  const bool has_tokenizer =
-      std::filesystem::exists(std::filesystem::path(a.model) / "tiktoken.model", ec);
+  KTIER_ASSIGN_OR_RETURN(const bool has_tokenizer,
+                         io::path_exists(std::filesystem::path(a.model) / "tiktoken.model"));
   if (has_tokenizer) {
     KTIER_ASSIGN_OR_RETURN(tokenizer, tok::Tokenizer::load(a.model));
   } else if (a.ids.empty()) {

@@ -201,6 +201,16 @@ Result<IndexFile> read_index(const std::filesystem::path& path) {
   return std::move(sax.out);
 }
 
+// The one file of a single-file checkpoint (no index): "model.safetensors" or
+// "model-00001-of-00001.safetensors", whichever exists first; "" when neither does.
+Result<std::string> single_file_name(const std::filesystem::path& dir) {
+  for (const char* name : {"model.safetensors", "model-00001-of-00001.safetensors"}) {
+    KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(dir / name));
+    if (exists) return std::string(name);
+  }
+  return std::string();
+}
+
 }  // namespace
 
 // Does the work of Checkpoint::open(); a friend so that it can fill the private members.
@@ -253,7 +263,8 @@ Status CheckpointBuilder::discover_and_open(OpenMode mode) {
   std::vector<std::string> files;
   std::optional<IndexFile> index;
   const auto index_path = dir / kIndexFileName;
-  if (std::filesystem::exists(index_path, ec)) {
+  KTIER_ASSIGN_OR_RETURN(const bool has_index, io::path_exists(index_path));
+  if (has_index) {
     KTIER_ASSIGN_OR_RETURN(index, read_index(index_path));
     std::map<std::string, std::string> example;  // shard file -> one tensor mapped to it
     for (const auto& [tensor, file] : index->weight_map) {
@@ -263,16 +274,17 @@ Status CheckpointBuilder::discover_and_open(OpenMode mode) {
       example.try_emplace(file, tensor);
     }
     for (const auto& [file, tensor] : example) {
-      if (!std::filesystem::exists(dir / file, ec))
+      KTIER_ASSIGN_OR_RETURN(const bool shard_exists, io::path_exists(dir / file));
+      if (!shard_exists)
         return Status::corrupt(index_path.string() + ": maps tensor '" + tensor + "' to shard " +
                                file + ", which does not exist in " + dir_name);
       files.push_back(file);
     }
     ck_.has_index_ = true;
-  } else if (std::filesystem::exists(dir / "model.safetensors", ec)) {
-    files.push_back("model.safetensors");
-  } else if (std::filesystem::exists(dir / "model-00001-of-00001.safetensors", ec)) {
-    files.push_back("model-00001-of-00001.safetensors");
+  } else if (Result<std::string> single = single_file_name(dir); !single.is_ok()) {
+    return single.status();
+  } else if (!single->empty()) {
+    files.push_back(*single);
   } else {
     size_t shards = 0;
     for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
@@ -711,9 +723,9 @@ void CheckpointBuilder::summarise_experts() {
 Status Checkpoint::check_directory(const std::filesystem::path& dir) {
   std::error_code ec;
   if (std::filesystem::is_directory(dir, ec)) return Status::ok();
+  KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(dir));
   return Status::usage(dir.string() + ": not a model directory (" +
-                       (std::filesystem::exists(dir, ec) ? "not a directory" : "no such directory") +
-                       ")");
+                       (exists ? "not a directory" : "no such directory") + ")");
 }
 
 Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir, OpenMode mode) {

@@ -654,9 +654,8 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& root, const std::st
 
 Result<ModelConfig> load_model_config(const std::filesystem::path& config_json) {
   const std::string name = config_json.string();
-  std::error_code ec;
-  if (!std::filesystem::exists(config_json, ec))
-    return Status::usage(name + ": not found (a model directory needs a config.json)");
+  KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(config_json));
+  if (!exists) return Status::usage(name + ": not found (a model directory needs a config.json)");
   KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(config_json));
 
   json root;

@@ -23,7 +23,7 @@ Result<AlignedBuffer> AlignedBuffer::allocate(size_t bytes, size_t alignment, Hu
   void* p = std::aligned_alloc(alignment, rounded);
   if (p == nullptr) {
     return Status::runtime("cannot allocate " + std::to_string(rounded) +
-                           " bytes of aligned memory (out of memory? lower --ram)");
+                           " bytes of aligned memory (out of memory?)");
   }
   // A hint only: without THP support the buffer still works, on 4 KiB pages.
   if (huge == HugePages::kYes) (void)madvise(p, rounded, MADV_HUGEPAGE);

@@ -119,6 +119,14 @@ Result<std::string> read_whole(int fd, const std::string& what) {
   }
 }
 
+Result<bool> path_exists(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return true;
+  const int err = errno;
+  if (err == ENOENT || err == ENOTDIR) return false;
+  return Status::runtime(path.string() + ": cannot access: " + errno_text(err));
+}
+
 Result<std::string> read_regular_file(const std::filesystem::path& path) {
   KTIER_ASSIGN_OR_RETURN(const int fd, open_regular_file(path));
   Result<std::string> bytes = read_whole(fd, path.string());

@@ -86,6 +86,12 @@ std::string errno_text(int err);
 Result<int> open_regular_file(const std::filesystem::path& path, int extra_flags = 0,
                               int* open_errno = nullptr);
 
+// Whether `path` names something (symbolic links followed): false when it or a folder on the
+// way does not exist (ENOENT, ENOTDIR); Status::runtime (exit 1) naming the path and the errno
+// when that cannot be told (EACCES: a folder that may be listed but not entered, ELOOP, ...),
+// so a permission problem is not reported as a missing file.
+Result<bool> path_exists(const std::filesystem::path& path);
+
 // The whole of a regular file opened as above. Status::runtime on a read error.
 Result<std::string> read_regular_file(const std::filesystem::path& path);
 

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <fstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +15,7 @@
 
 #include "common/check.h"
 #include "format/config.h"
+#include "io/read_file.h"
 
 namespace ktier::pack {
 
@@ -332,12 +332,14 @@ Result<TrunkPack> TrunkPack::open_impl(const std::filesystem::path& packdir,
   const std::filesystem::path manifest_path = packdir / kManifestFileName;
   try {
     std::error_code ec;
-    if (!std::filesystem::is_directory(packdir, ec))
+    if (!std::filesystem::is_directory(packdir, ec)) {
+      KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(packdir));
       return Status::usage(packdir.string() + ": not a trunk pack (" +
-                           (std::filesystem::exists(packdir, ec) ? "not a directory"
-                                                                 : "no such directory") +
+                           (exists ? "not a directory" : "no such directory") +
                            "); make one with ktier pack -m MODEL -o " + packdir.string());
-    if (!std::filesystem::exists(manifest_path, ec))
+    }
+    KTIER_ASSIGN_OR_RETURN(const bool has_manifest, io::path_exists(manifest_path));
+    if (!has_manifest)
       return Status::corrupt(manifest_path.string() + ": missing, so " + packdir.string() +
                              " is not a finished trunk pack (an interrupted ktier pack?): rerun ktier pack");
     // A folder, a FIFO or a device in its place would read as a library error, block, or read
@@ -350,13 +352,22 @@ Result<TrunkPack> TrunkPack::open_impl(const std::filesystem::path& packdir,
                              (ec ? ec.message() : std::to_string(manifest_bytes) + " bytes, over " +
                                                       std::to_string(kMaxManifestBytes)) +
                              ": rerun ktier pack");
-    std::ifstream in(manifest_path, std::ios::binary);
-    if (!in) return Status::runtime("cannot open " + manifest_path.string());
-    std::string text(manifest_bytes, '\0');
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    if (in.bad() || static_cast<uint64_t>(in.gcount()) != manifest_bytes)
-      return Status::runtime("cannot read " + manifest_path.string());
-    json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(manifest_path));
+    // Ours nests 5 deep; copying or dumping a far deeper value (a damaged or hostile file)
+    // recurses once per level and would overflow the stack.
+    constexpr int kMaxManifestDepth = 32;
+    bool too_deep = false;
+    json root = json::parse(
+        text,
+        [&too_deep](int depth, json::parse_event_t, json&) {
+          too_deep = too_deep || depth > kMaxManifestDepth;
+          return !too_deep;
+        },
+        /*allow_exceptions=*/false);
+    if (too_deep)
+      return Status::corrupt(manifest_path.string() + ": nested deeper than " +
+                             std::to_string(kMaxManifestDepth) + " levels, not a ktier manifest: "
+                             "rerun ktier pack");
     if (root.is_discarded())
       return Status::corrupt(manifest_path.string() + ": not valid JSON: rerun ktier pack");
     // The manifest's own checksum first: an edit the other checks cannot see (two tensors of one

@@ -45,6 +45,26 @@ std::string gib(uint64_t b) {  // GiB, or MiB below one GiB
 }
 }  // namespace
 
+Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::TrunkPack* pack,
+                         const EngineOptions::Workload& workload) {
+  if (budget >= min.total()) return Status::ok();
+  return Status::budget(
+      "a budget of " + gib(budget) + " (" + std::to_string(budget) +
+      " bytes) cannot be met: the minimum is " + gib(min.total()) + " = " +
+      std::to_string(min.total()) + " bytes (trunk " + gib(min.trunk) +
+      ": head, two ring slots, embedding rows" +
+      (pack && pack->compressed() ? ", compressed staging per slot, inflate scratch per thread"
+                                  : "") +
+      "; experts " + gib(min.experts()) + ": " + std::to_string(min.expert_slots) +
+      " slots of " + gib(min.slot_bytes) +
+      (min.routers ? "; lookahead routers " + gib(min.routers) + ", 0 with --lookahead 0" : "") +
+      (min.sequence ? "; the sequence " + gib(min.sequence) + ": state and activations for " +
+                          std::to_string(workload.positions) +
+                          " positions: the prompt and the tokens to generate, or -c"
+                    : "") +
+      ")");
+}
+
 Result<uint64_t> preset_budget_bytes(const std::string& name) {
   constexpr uint64_t G = 1ull << 30;
   if (name == "laptop") return 8 * G;
@@ -178,22 +198,7 @@ Status Engine::open_trunk_dial(const EngineOptions& opts) {
                    /*host_routers=*/!device_mode(opts), host_sequence);
   dial_min_ = min;
   const uint64_t expert_min = min.experts(), bank_reserve = min.routers;
-  if (budget_ < min.total())
-    return Status::budget(
-        "a budget of " + gib(budget_) + " (" + std::to_string(budget_) +
-        " bytes) cannot be met: the minimum is " + gib(min.total()) + " = " +
-        std::to_string(min.total()) + " bytes (trunk " + gib(min.trunk) +
-        ": head, two ring slots, embedding rows" +
-        (pk && pk->compressed() ? ", compressed staging per slot, inflate scratch per thread"
-                                : "") +
-        "; experts " + gib(expert_min) + ": " + std::to_string(min.expert_slots) + " slots of " +
-        gib(min.slot_bytes) +
-        (bank_reserve ? "; lookahead routers " + gib(bank_reserve) + ", 0 with --lookahead 0"
-                      : "") +
-        (min.sequence ? "; the sequence " + gib(min.sequence) + ": state and activations for " +
-                            std::to_string(opts.workload.positions) + " positions (-c)"
-                      : "") +
-        ")");
+  KTIER_RETURN_IF_ERROR(check_dial_budget(budget_, min, pk, opts.workload));
   if (min.sequence)
     spdlog::info("budget: {} set aside for the sequence ({} positions in chunks of {})",
                  gib(min.sequence), opts.workload.positions, opts.workload.chunk);

@@ -181,6 +181,11 @@ uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkP
                               int lookahead, int threads = 1,
                               const EngineOptions::Workload& sequence = {});
 
+// Status::budget (exit 4) naming every part of `min` when `budget` is below its total (the
+// memory dial's refusal, also asked before a run that would open the engine late); ok otherwise.
+Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::TrunkPack* pack,
+                         const EngineOptions::Workload& workload);
+
 // Budget of a named preset (K3 scale; DESIGN.md §4, docs/TUNING.md): laptop 8G, desktop 32G,
 // workstation 96G, server 128G, max (everything), auto (55 % of MemTotal, at most MemAvailable
 // less 2 GiB). Status::usage for another name or when /proc/meminfo cannot be read for auto.

@@ -48,7 +48,8 @@ uint64_t payload_bytes(const pack::Record& r) {
   return n;
 }
 // Head, embedding-row buffer and ring sizes of a record table (L layers, head, embed); for a
-// compressed pack the staging buffer (largest stored layer record) and the inflate scratch.
+// compressed pack the staging buffer (largest stored layer record) and the inflate scratch. With
+// a pack, row_buf also holds the embedding rows' checksums (8 bytes a row).
 struct TrunkSizes {
   uint64_t head = 0, row_buf = 0, largest = 0, all_layers = 0;
   uint64_t staging = 0, scratch = 0;
@@ -60,7 +61,8 @@ struct TrunkSizes {
   }
 };
 TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::ModelConfig& c,
-                    uint64_t block_size = 0, int threads = 1) {
+                    const pack::TrunkPack* pack, int threads = 1) {
+  const uint64_t block_size = pack ? pack->block_size() : 0;
   TrunkSizes z;
   for (const pack::Record& r : records)
     if (r.compressed) z.staging = std::max(z.staging, r.stored_size);
@@ -69,6 +71,7 @@ TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::Mode
   z.head = records[L].size;
   const uint64_t row_bytes = records[L + 1].tensors.at(0).nbytes / static_cast<uint64_t>(c.vocab_size);
   z.row_buf = pack::align_up(row_bytes * 64, 4096);  // grows for long chunks
+  if (pack) z.row_buf += static_cast<uint64_t>(c.vocab_size) * sizeof(uint64_t);
   for (size_t l = 0; l < L; ++l) {
     z.largest = std::max(z.largest, records[l].size);
     z.all_layers += records[l].size;
@@ -101,7 +104,7 @@ pack::PackLayout TrunkStore::shard_layout(const format::Checkpoint& ckpt) {
 uint64_t TrunkStore::minimum_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                                    int ring_slots, int inflate_threads) {
   const auto& records = pack ? pack->records() : shard_layout(ckpt).records;
-  return sizes_of(records, ckpt.config(), pack ? pack->block_size() : 0, inflate_threads)
+  return sizes_of(records, ckpt.config(), pack, inflate_threads)
       .minimum(std::max(2, ring_slots));
 }
 
@@ -135,11 +138,12 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   // The plan: head + row buffer + ring are the minimum; layers are pinned in order while the
   // rest of the budget holds them; if every layer fits, there is no ring.
   const pack::Record& head = s->records_[static_cast<size_t>(L)];
-  const TrunkSizes z = sizes_of(s->records_, c, pack ? pack->block_size() : 0, s->inflate_threads_);
+  const TrunkSizes z = sizes_of(s->records_, c, pack, s->inflate_threads_);
   const uint64_t largest = z.largest;
   const int slots = std::max(2, opts.ring_slots);
   const uint64_t base = z.head + z.row_buf + z.scratch;
-  const uint64_t row_buf = z.row_buf;
+  const uint64_t row_buf =
+      z.row_buf - (pack ? static_cast<uint64_t>(c.vocab_size) * sizeof(uint64_t) : 0);
   s->stats_.minimum_bytes = z.minimum(slots);
   if (opts.budget_bytes < s->stats_.minimum_bytes)
     return Status::budget("a trunk budget of " + mib(opts.budget_bytes) + " cannot be met: the "
@@ -234,10 +238,11 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
     s->prefetch();
   }
   KTIER_ASSIGN_OR_RETURN(s->row_buf_, io::AlignedBuffer::allocate(row_buf));
-  // Embedding rows are read one by one later, too small to checksum each: the whole record is
-  // verified here, streamed through the row buffer, and its rows are trusted afterwards.
+  // Embedding rows are read one by one later: the whole record is verified here, streamed
+  // through the row buffer, and each row's own checksum is kept for the reads that follow.
   if (pack) KTIER_RETURN_IF_ERROR(s->verify_embed_record());
-  s->stats_.bytes_allocated = allocated + s->row_buf_.size();
+  s->stats_.bytes_allocated =
+      allocated + s->row_buf_.size() + s->row_sums_.size() * sizeof(uint64_t);
   spdlog::info("trunk: {} of {} layers pinned{}, {} streamed through {} slots of {}; {} "
                "allocated ({}, {})", pinned, L,
                opts.pin_last && pinned > 0 && pinned < L ? " (the last ones)" : "", L - pinned,
@@ -552,27 +557,52 @@ Status TrunkStore::embed(std::span<const int32_t> ids, float* out) {
                        row_buf_.data() + i * row_bytes, 0});
     KTIER_RETURN_IF_ERROR(cq.submit(batch));
     KTIER_RETURN_IF_ERROR(cq.wait_all());
-    for (size_t i = 0; i < n; ++i)
-      cpu::widen_to_f32(type, row_buf_.data() + i * row_bytes, c.hidden_size,
-                        out + (b0 + i) * c.hidden_size);
+    for (size_t i = 0; i < n; ++i) {
+      const uint8_t* row = row_buf_.data() + i * row_bytes;
+      const int32_t id = ids[b0 + i];
+      // The pack's rows as checked at open: a file changed since then is not computed from.
+      if (!row_sums_.empty() && XXH3_64bits(row, row_bytes) != row_sums_[static_cast<size_t>(id)])
+        return Status::corrupt(pack_->pack_path().string() + ": record '" + r.name + "' row " +
+                               std::to_string(id) + " no longer matches the bytes checked at "
+                               "open: the pack changed during the run; rerun ktier pack");
+      cpu::widen_to_f32(type, row, c.hidden_size, out + (b0 + i) * c.hidden_size);
+    }
   }
   return Status::ok();
 }
 
 Status TrunkStore::verify_embed_record() {
   const pack::Record& r = records_.back();
+  const pack::TensorEntry& t = r.tensors.at(0);
+  const uint64_t vocab = static_cast<uint64_t>(config().vocab_size);
+  const uint64_t row_bytes = t.nbytes / vocab;
   XXH3_state_t* state = XXH3_createState();
   KTIER_CHECK(state != nullptr);
   XXH3_64bits_reset(state);
   io::CompletionQueue cq(*engine_);
-  const uint64_t chunk = row_buf_.size();
+  // Pieces of whole rows (the bytes before and after the rows on their own), so that each row's
+  // checksum is taken from the same bytes as the record's.
+  const uint64_t rows_per_piece = std::max<uint64_t>(1, row_buf_.size() / row_bytes);
+  std::vector<uint64_t> sums(vocab);
   Status st = Status::ok();
-  for (uint64_t off = 0; off < r.size && st.is_ok(); off += chunk) {
-    const uint64_t n = std::min(chunk, r.size - off);
+  for (uint64_t off = 0; off < r.size && st.is_ok();) {
+    uint64_t n = 0;
+    if (off < t.offset) {
+      n = std::min(t.offset - off, row_buf_.size());
+    } else if (off < t.offset + vocab * row_bytes) {
+      n = std::min(rows_per_piece * row_bytes, t.offset + vocab * row_bytes - off);
+    } else {
+      n = std::min(r.size - off, row_buf_.size());
+    }
     const io::ReadRequest req{&pack_file_, r.offset + off, n, row_buf_.data(), 0};
     st = cq.submit(std::span<const io::ReadRequest>(&req, 1));
     if (st.is_ok()) st = cq.wait_all();
-    if (st.is_ok()) XXH3_64bits_update(state, row_buf_.data(), n);
+    if (!st.is_ok()) break;
+    XXH3_64bits_update(state, row_buf_.data(), n);
+    if (off >= t.offset && off < t.offset + vocab * row_bytes)
+      for (uint64_t b = 0; b < n; b += row_bytes)
+        sums[(off - t.offset + b) / row_bytes] = XXH3_64bits(row_buf_.data() + b, row_bytes);
+    off += n;
   }
   const uint64_t digest = XXH3_64bits_digest(state);
   XXH3_freeState(state);
@@ -582,6 +612,7 @@ Status TrunkStore::verify_embed_record() {
                            std::to_string(r.offset) + " fails its xxh3 checksum (expected " +
                            pack::hex64(r.xxh3) + ", read " + pack::hex64(digest) +
                            "): the pack is damaged; rerun ktier pack");
+  row_sums_ = std::move(sums);
   return Status::ok();
 }
 

@@ -8,7 +8,8 @@
 //
 // Source of the bytes: a trunk pack (pack/trunk_pack.h) — one read per layer record, whose xxh3
 // is checked before the layer is bound; the head record once at open; the embed record streamed
-// through the row buffer once at open, its rows trusted afterwards — or, without a pack, the
+// through the row buffer once at open, each row's own checksum kept and checked at every read
+// of it — or, without a pack, the
 // checkpoint's shards, one read per tensor into the same record layout (no checksum: the shards
 // carry none). Reads go through
 // the I/O layer (io_uring with O_DIRECT where possible, else pread; io/io_engine.h).
@@ -229,6 +230,9 @@ class TrunkStore final : public model::TrunkSource {
     return n < config().num_hidden_layers ? n : wrap_target();
   }
   io::AlignedBuffer row_buf_;
+  // Pack mode: xxh3 of each embedding row, taken at open from the bytes the record's checksum
+  // passed; embed() checks every row it reads against it. Empty without a pack.
+  std::vector<uint64_t> row_sums_;
   TrunkStoreStats stats_;
   cpu::ThreadPool* pool_ = nullptr;
   int inflate_threads_ = 1;

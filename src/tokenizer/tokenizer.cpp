@@ -18,8 +18,8 @@ constexpr uint32_t kDefaultAddedIds = 256;  // K3's num_reserved_special_tokens
 
 // Reads a whole file. Missing -> usage (exit 2), unreadable -> runtime (exit 1).
 Result<std::string> read_file(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return Status::usage(path.string() + ": file not found");
+  KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(path));
+  if (!exists) return Status::usage(path.string() + ": file not found");
   return io::read_regular_file(path);
 }
 
@@ -235,8 +235,9 @@ Result<Tokenizer> Tokenizer::from_parts(std::vector<std::string> tokens_by_rank,
 }
 
 Result<Tokenizer> Tokenizer::load(const fs::path& path, SplitPattern pattern) {
+  KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(path));
+  if (!exists) return Status::usage(path.string() + ": tokenizer path not found");
   std::error_code ec;
-  if (!fs::exists(path, ec)) return Status::usage(path.string() + ": tokenizer path not found");
   const bool is_dir = fs::is_directory(path, ec);
   const fs::path model = is_dir ? path / "tiktoken.model" : path;
   KTIER_ASSIGN_OR_RETURN(std::string model_text, read_file(model));

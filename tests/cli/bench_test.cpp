@@ -132,6 +132,16 @@ TEST(CliBench, DecodeOnTinyWritesJson) {
   for (const char* key : {"streamed_s_per_token", "io_s_per_token", "compute_s_per_token", "ratio_to_bound"})
     expect_positive(j2.at("streamed"), key);
   EXPECT_GT(j2.at("streamed").at("layers_streamed").get<int>(), 0);
+  // A budget the streamed run cannot meet is refused before anything is measured, with the
+  // sequence sized for the bench's own positions (4 prompt + 4 new), not run's default 4096.
+  const auto small = run_process(ktier() + " bench decode -m " + dir.string() +
+                                 " -n 4 --prompt-tokens 4 --buffer-mib 8 --pack " +
+                                 (dir / "pack").string() + " --ram 1K");
+  EXPECT_EQ(small.exit_code, 4) << small.err;
+  EXPECT_NE(small.err.find("state and activations for 8 positions"), std::string::npos)
+      << small.err;
+  EXPECT_EQ(small.err.find("[bench]"), std::string::npos) << small.err;
+  EXPECT_EQ(small.out, "");
   // The model's own files are not outputs.
   const auto over = run_process(ktier() + " bench decode -m " + dir.string() +
                                 " -n 2 --buffer-mib 8 --json " + (dir / "config.json").string());

@@ -521,7 +521,9 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
 }
 
 // A model folder's file that is a FIFO, or a folder, is refused by name at once (a FIFO's open
-// used to wait forever for a writer; a folder index.json read as a file of 2^63 bytes).
+// used to wait forever for a writer; a folder index.json read as a file of 2^63 bytes). One that
+// cannot be looked at (a symbolic link loop here; a folder without search permission alike) is
+// an I/O error naming it, not "not found" (exit 2) or "does not exist" (exit 3).
 TEST_F(RunEvalCli, ModelFilesThatAreNotRegularFilesAreRefusedAtOnce) {
   const fs::path copy = dir_.string() + "-notreg";
   std::string shard;
@@ -529,20 +531,28 @@ TEST_F(RunEvalCli, ModelFilesThatAreNotRegularFilesAreRefusedAtOnce) {
     if (e.path().extension() == ".safetensors") shard = e.path().filename().string();
   for (const std::string name : {"config.json", "model.safetensors.index.json", shard.c_str(),
                                  "tiktoken.model", "tokenizer_config.json"}) {
-    for (const bool fifo : {true, false}) {
+    for (const std::string kind : {"fifo", "folder", "loop"}) {
       fs::remove_all(copy);
       fs::copy(dir_, copy);
       fs::remove(copy / name);
-      if (fifo) {
+      if (kind == "fifo") {
         ASSERT_EQ(::mkfifo((copy / name).c_str(), 0644), 0);
-      } else {
+      } else if (kind == "folder") {
         fs::create_directory(copy / name);
+      } else {
+        fs::create_symlink(name, copy / name);
       }
       const auto r = run_process("timeout 60 " + ktier() + " run -m " + copy.string() +
                                  " -p hi -n 1");
+      const std::string path = (copy / name).string();
+      if (kind == "loop") {
+        EXPECT_EQ(r.exit_code, 1) << name << ": " << r.err;
+        EXPECT_NE(r.err.find(path + ": cannot access: "), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("(ELOOP)"), std::string::npos) << r.err;
+        continue;
+      }
       EXPECT_EQ(r.exit_code, 2) << name << ": " << r.err;
-      EXPECT_NE(r.err.find((copy / name).string() + ": is " +
-                           (fifo ? "a FIFO (named pipe)" : "a directory") +
+      EXPECT_NE(r.err.find(path + ": is " + (kind == "fifo" ? "a FIFO (named pipe)" : "a directory") +
                            ", not a regular file"),
                 std::string::npos)
           << r.err;

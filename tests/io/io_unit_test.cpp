@@ -63,6 +63,23 @@ TEST(ReadFileTest, FifoAndDeviceAreRejectedWithoutBlocking) {
   EXPECT_EQ(bytes->size(), 100u);
 }
 
+// Missing is false; what cannot be looked at is an error naming the path, never "missing".
+TEST(ReadFileTest, PathExistsTellsMissingFromUnreachable) {
+  TempFile tmp(random_bytes(10, 3), "path-exists");
+  EXPECT_TRUE(*path_exists(tmp.path()));
+  EXPECT_FALSE(*path_exists("/tmp/ktier-io-test-does-not-exist.bin"));
+  EXPECT_FALSE(*path_exists(tmp.path() + "/below-a-file"));  // ENOTDIR
+  const std::string loop = "/tmp/ktier-path-exists-loop-" + std::to_string(::getpid());
+  ::unlink(loop.c_str());
+  ASSERT_EQ(::symlink(loop.c_str(), loop.c_str()), 0);
+  auto looped = path_exists(loop);
+  ::unlink(loop.c_str());
+  ASSERT_FALSE(looped.is_ok());
+  EXPECT_EQ(looped.status().code(), ExitCode::kRuntime);
+  EXPECT_EQ(looped.status().message(),
+            loop + ": cannot access: Too many levels of symbolic links (ELOOP)");
+}
+
 TEST(ReadFileTest, ModesAndAlignment) {
   TempFile tmp(random_bytes(10000, 1), "readfile");
   auto buffered = ReadFile::open(tmp.path(), DirectMode::kBuffered);

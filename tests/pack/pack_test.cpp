@@ -398,6 +398,13 @@ TEST_F(PackTest, DamagedManifestsAreCorrupt) {
   const auto seal = [](const json& m) { return seal_manifest(m.dump()); };
   expect_corrupt("{\"format\": ", "cut JSON", "not valid JSON");
   {
+    // Deep nesting in a small file: copying or dumping it recursed until the stack overflowed.
+    std::string text = good.dump();
+    text.pop_back();  // the closing brace
+    text += ", \"x\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+    expect_corrupt(text, "nested 100000 deep", "nested deeper than");
+  }
+  {
     // Two tensors of one shape with their names swapped pass every check but the checksum.
     json swapped = good;
     auto& tensors = swapped["records"][0]["tensors"];

@@ -61,10 +61,17 @@ class TrunkStoreTest : public ::testing::Test {
     return logits_then_greedy_ids(eo, prompt_);
   }
   // The smallest whole budget: the trunk's minimum, top-k expert slots, the lookahead routers.
+  // With the pack (whose minimum adds the embedding rows' checksums), so that it serves runs
+  // from either source.
   static uint64_t minimum() {
     auto ckpt = format::Checkpoint::open(root_ / "ckpt");
     EXPECT_TRUE(ckpt.is_ok());
-    return minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead);
+    auto tp = pack::TrunkPack::open(root_ / "pack", ckpt.value());
+    EXPECT_TRUE(tp.is_ok());
+    const uint64_t with_pack =
+        minimum_budget_bytes(ckpt.value(), &tp.value(), EngineOptions{}.lookahead);
+    EXPECT_GE(with_pack, minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead));
+    return with_pack;
   }
 
   // A copy of the pack named `name` with one byte of `record` (offset `at` inside it) xored with
@@ -78,15 +85,18 @@ class TrunkStoreTest : public ::testing::Test {
     EXPECT_TRUE(ckpt.is_ok());
     auto tp = pack::TrunkPack::open(bad, ckpt.value());
     EXPECT_TRUE(tp.is_ok());
-    const uint64_t pos = pick(tp.value()).offset + at;
-    std::fstream f(bad / "trunk.pack", std::ios::in | std::ios::out | std::ios::binary);
+    flip_byte(bad / "trunk.pack", pick(tp.value()).offset + at, mask);
+    return bad;
+  }
+  static void flip_byte(const fs::path& file, uint64_t pos, char mask) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(static_cast<std::streamoff>(pos));
     char c = 0;
     f.read(&c, 1);
     c = static_cast<char>(c ^ mask);
     f.seekp(static_cast<std::streamoff>(pos));
     f.write(&c, 1);
-    return bad;
+    ASSERT_TRUE(f.good()) << file;
   }
 
   // The checkpoint and its shards, for a test that opens TrunkStores of its own.
@@ -350,6 +360,7 @@ TEST_F(TrunkStoreTest, CheckpointShapesDescribeWhatEveryHostSourceBinds) {
 
 TEST_F(TrunkStoreTest, BudgetBelowTheMinimumIsRefusedWithExitFour) {
   EngineOptions eo = options();
+  eo.pack_dir = root_ / "pack";
   eo.ram_budget = minimum() - 1;
   auto e = open(eo);
   ASSERT_EQ(e.status().exit_code(), 4);
@@ -385,6 +396,33 @@ TEST_F(TrunkStoreTest, CorruptEmbedRecordIsRefusedAtOpen) {
   const auto e = open(eo);
   ASSERT_EQ(e.status().exit_code(), 3);
   EXPECT_NE(e.status().message().find("'embed'"), std::string::npos) << e.status().message();
+}
+
+// A pack changed after open: each row read is checked against its checksum, taken at open from
+// the bytes the record's checksum passed, so a changed row is refused, not computed from.
+TEST_F(TrunkStoreTest, EmbedRowChangedAfterOpenFailsTheForwardWithExitThree) {
+  const fs::path copy = damaged_pack(
+      "pack-embed-later", [](const pack::TrunkPack& p) -> const pack::Record& { return p.embed_record(); },
+      0, 0);  // an intact copy
+  EngineOptions eo = options();
+  eo.pack_dir = copy;
+  eo.ram_budget = minimum();
+  auto e = open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  std::vector<float> out(prompt_.size() * vocab_);
+  ASSERT_TRUE(evaluate(e.value()->model(), prompt_, 12, out.data()).is_ok());
+  auto tp = pack::TrunkPack::open(copy, e.value()->checkpoint());
+  ASSERT_TRUE(tp.is_ok());
+  const pack::Record& r = tp.value().embed_record();
+  const uint64_t row_bytes = r.tensors.at(0).nbytes / vocab_;
+  const int32_t id = prompt_.at(3);
+  ASSERT_NO_FATAL_FAILURE(flip_byte(copy / "trunk.pack",
+                                    r.offset + r.tensors.at(0).offset + id * row_bytes + 7, 0x04));
+  const Status s = evaluate(e.value()->model(), prompt_, 12, out.data());
+  EXPECT_EQ(s.exit_code(), 3) << s.message();
+  EXPECT_NE(s.message().find("'embed' row " + std::to_string(id) + " no longer matches"),
+            std::string::npos)
+      << s.message();
 }
 
 TEST_F(TrunkStoreTest, FailingReadIsRetriedOnceThenFailsWithExitOneNamingTheFile) {
