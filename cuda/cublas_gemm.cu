@@ -92,6 +92,7 @@ const CublasApi& cublas_api() {
 // one after the context is gone is unsafe).
 constexpr int kMaxDevices = 64;
 thread_local cublasHandle_t t_handle[kMaxDevices] = {};
+thread_local bool t_handle_refused[kMaxDevices] = {};  // made but unusable: not made again
 
 // Scratch per (device, stream) for the split copies of x; grown stream-ordered.
 struct Scratch {
@@ -143,7 +144,7 @@ const char* cublas_status_name(cublasStatus_t st) {
 
 
 void cublas_init(int device) {
-  if (device < 0 || device >= kMaxDevices || t_handle[device]) return;
+  if (device < 0 || device >= kMaxDevices || t_handle[device] || t_handle_refused[device]) return;
   const CublasApi& api = cublas_api();
   if (!api.ok) return;
   cublasHandle_t h = nullptr;
@@ -152,9 +153,10 @@ void cublas_init(int device) {
     return;
   }
   // No TF32, f32 reductions (the tolerances assume them): without that, no cuBLAS (the fused
-  // kernels serve prefill). The handle is leaked, as at thread exit.
+  // kernels serve prefill). The handle is leaked, as at thread exit, once.
   if (api.set_math_mode(h, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
     (void)cudaGetLastError();
+    t_handle_refused[device] = true;
     return;
   }
   t_handle[device] = h;

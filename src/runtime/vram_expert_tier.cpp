@@ -203,8 +203,11 @@ Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights&
   for (cpu::WeightMatrix* m : {&dev.w1, &dev.w2, &dev.w3})
     if (placed = placer.place(*m); !placed.is_ok()) break;
   // Marked after a failed copy too: the slot is reused, and its next writer must come after
-  // whatever this one issued.
-  KTIER_RETURN_IF_ERROR(be_.mark_copies(fence, queue_of(l)));
+  // whatever this one issued. A failed mark leaves that unknown: the tier stops (deferred_).
+  if (Status marked = be_.mark_copies(fence, queue_of(l)); !marked.is_ok()) {
+    if (deferred_.is_ok()) deferred_ = marked;
+    return marked;
+  }
   last = {static_cast<int8_t>(l), ++issued_[l]};
   KTIER_RETURN_IF_ERROR(placed);
   stats_.copied_bytes += model::expert_bytes(dev);

@@ -438,6 +438,20 @@ TEST_P(CrossBackend, FencesOrderCopiesAndOps) {
   std::fill(c.begin(), c.end(), 0.0f);  // the host may reuse its bytes after host_wait
   expect_close("b copied", b, db.host(), 0.0, true);
   expect_close("the copy after the op that wrote the same bytes", copied_c, dc.host(), 0.0, true);
+  // Two queues writing the same bytes (the VRAM tier's slot taken by a miss before an evicted
+  // prefetch landed): the later copy waits for the earlier one's fence and lands last.
+  ASSERT_TRUE(be.copy_async(Q::kExperts, dc.data(), a.data(), bytes).is_ok());
+  ASSERT_TRUE(be.mark_copies(*fb, Q::kExperts).is_ok());
+  ASSERT_TRUE(be.copies_wait(*fb, Q::kExpertMisses).is_ok());
+  ASSERT_TRUE(be.copy_async(Q::kExpertMisses, dc.data(), b.data(), bytes).is_ok());
+  ASSERT_TRUE(be.mark_copies(*fa, Q::kExpertMisses).is_ok());
+  ASSERT_TRUE(be.ops_wait(*fa).is_ok());
+  ASSERT_TRUE(be.add(dc.data(), dc.data(), n, sum.data()).is_ok());
+  std::vector<float> twice_b(b.size());
+  for (size_t i = 0; i < b.size(); ++i) twice_b[i] = b[i] + b[i];
+  expect_close("b + b: the later queue's copy landed last", twice_b, sum.host(), 0.0, true);
+  for (Q q : Backend::kCopyQueues) ASSERT_TRUE(be.sync_copies(q).is_ok());
+  expect_close("still b after both queues finished", b, dc.host(), 0.0, true);
   for (auto f : {*fa, *fb, *fo}) be.destroy_fence(f);
 }
 

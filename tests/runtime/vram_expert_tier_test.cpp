@@ -23,18 +23,29 @@ constexpr int64_t kLayers = 4, kExperts = 8, kTopK = 2, kRows = 4, kCols = 4;
 
 // Every expert: three 4 x 4 F32 matrices in one host array, each element a distinct value (its
 // index), so bytes copied from the wrong expert, matrix or slot are seen. peek() succeeds only
-// for the experts marked ready.
+// for the experts marked ready. With `one_buffer`, fetch() serves one expert at a time from one
+// buffer that each fetch overwrites, as a source reading into a read buffer does
+// (CheckpointExpertSource in pread mode: views valid until its next fetch).
 class FakeHost final : public model::ExpertSource {
  public:
-  FakeHost() : data_(static_cast<size_t>(kLayers * kExperts * 3 * kRows * kCols)) {
+  explicit FakeHost(bool one_buffer = false)
+      : one_buffer_(one_buffer), data_(static_cast<size_t>(kLayers * kExperts * 3 * kRows * kCols)),
+        buffer_(static_cast<size_t>(3 * kRows * kCols)) {
     for (size_t i = 0; i < data_.size(); ++i) data_[i] = static_cast<float>(i);
   }
   Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override {
+    if (one_buffer_) {
+      EXPECT_EQ(ids.size(), 1u);
+      const float* src = data_.data() + (layer * kExperts + ids[0]) * 3 * kRows * kCols;
+      std::copy(src, src + buffer_.size(), buffer_.begin());
+      out[0] = views_of(buffer_.data());
+      return Status::ok();
+    }
     for (size_t i = 0; i < ids.size(); ++i) out[i] = view(layer, ids[i]);
     return Status::ok();
   }
   uint64_t bytes_fetched() const override { return 0; }
-  int64_t max_batch() const override { return kTopK; }
+  int64_t max_batch() const override { return one_buffer_ ? 1 : kTopK; }
   bool peek(int64_t layer, int32_t id, model::ExpertWeights* out) override {
     if (!ready.count(layer * kExperts + id)) return false;
     *out = view(layer, id);
@@ -59,7 +70,9 @@ class FakeHost final : public model::ExpertSource {
 
  private:
   model::ExpertWeights view(int64_t layer, int32_t id) const {
-    const float* base = data_.data() + (layer * kExperts + id) * 3 * kRows * kCols;
+    return views_of(data_.data() + (layer * kExperts + id) * 3 * kRows * kCols);
+  }
+  static model::ExpertWeights views_of(const float* base) {
     model::ExpertWeights w;
     for (int m = 0; m < 3; ++m) {
       cpu::WeightMatrix& x = m == 0 ? w.w1 : m == 1 ? w.w2 : w.w3;
@@ -67,7 +80,9 @@ class FakeHost final : public model::ExpertSource {
     }
     return w;
   }
+  bool one_buffer_;
   std::vector<float> data_;
+  std::vector<float> buffer_;  // one_buffer: what fetch() last read
 };
 
 // The device bytes of views `out` against the host's experts `ids` of `layer`, each matrix.
@@ -147,7 +162,7 @@ struct TierUnderTest {
       backend::make_emulated_device_backend(cpu::Exec{nullptr, cpu::Isa::kScalar});
   FakeHost host;
   std::unique_ptr<VramExpertTier> tier;
-  explicit TierUnderTest(int64_t slots) {
+  explicit TierUnderTest(int64_t slots, bool one_buffer = false) : host(one_buffer) {
     const cpu::WeightMatrix m{cpu::WeightType::kF32, nullptr, nullptr, kRows, kCols};
     auto t = VramExpertTier::open(host, *be, tiny_config(), 3 * DevicePlacer::bytes(m), slots,
                                   strata::PolicyKind::kLru, strata::PolicyInputs{});
@@ -186,6 +201,22 @@ TEST(VramExpertTier, OpsWaitOnlyForTheCopiesOfTheirOwnExperts) {
   x.layer(3, for3, out);  // lookahead hits
   EXPECT_EQ(x.tier->stats().prefetch_useful, 3u);
   expect_views_hold(*x.be, x.host, 3, for3, out);
+}
+
+// A host whose fetch reuses its buffer: a fetch's misses come in batches of one, and each batch's
+// copy must have read the buffer before the next batch's host fetch rewrites it (otherwise the
+// first expert's slot receives the second's bytes, or the emulated device sees the host bytes
+// change before the host waited).
+TEST(VramExpertTier, AHostsReadBufferIsRewrittenOnlyAfterTheCopiesThatReadIt) {
+  TierUnderTest x(6 * kTopK, /*one_buffer=*/true);
+  ASSERT_TRUE(x.tier);
+  std::vector<model::ExpertWeights> out;
+  const int32_t routed1[] = {2, 6}, routed2[] = {1, 4};
+  x.layer(1, routed1, out);
+  expect_views_hold(*x.be, x.host, 1, routed1, out);
+  x.layer(2, routed2, out);
+  for (auto q : backend::Backend::kCopyQueues) ASSERT_TRUE(x.be->sync_copies(q).is_ok());
+  expect_views_hold(*x.be, x.host, 2, routed2, out);
 }
 
 // A prefetch evicted before its copy landed frees its slot to a miss, whose copy goes on the
