@@ -106,8 +106,14 @@ class EmulatedDevice final : public Backend {
     return Status::ok();
   }
   // The later copies of the waiting queue come after f's copies: applied now, so that a copy
-  // of another queue into the same bytes, issued later, lands last (as on a GPU).
-  Status copies_wait(Fence f, CopyQueue) override { return ops_wait(f); }
+  // of another queue into the same bytes, issued later, lands last (as on a GPU); and a host
+  // wait for those later copies is one for f's copies too (the GPU's chain of events).
+  Status copies_wait(Fence f, CopyQueue q) override {
+    const FenceMark& m = fence(f);
+    if (!m.queue) return Status::ok();
+    queues_[static_cast<int>(q)].after.push_back({issued(q), *m.queue, m.copies});
+    return apply_copies(*m.queue, m.copies);
+  }
   Status ops_wait(Fence f) override {
     const FenceMark& m = fence(f);
     return m.queue ? apply_copies(*m.queue, m.copies) : Status::ok();
@@ -262,9 +268,15 @@ class EmulatedDevice final : public Backend {
     uint64_t number;
     uint64_t src_hash;  // of the host bytes when applied
   };
+  struct Waited {  // copies_wait: this queue's copies after `from` come after `queue`'s first
+    uint64_t from;    // `copies` of them
+    CopyQueue queue;
+    uint64_t copies;
+  };
   struct Queue {
     std::vector<PendingCopy> pending;  // copy_async calls not applied yet, in issue order
     std::vector<LandedCopy> landed;    // applied, in issue order
+    std::vector<Waited> after;         // copies_wait calls not yet covered by a host wait
     uint64_t issued = 0;
   };
   struct FenceMark {
@@ -289,14 +301,22 @@ class EmulatedDevice final : public Backend {
   // changed since they were applied (a GPU could have read them until now).
   Status host_waits(CopyQueue q, uint64_t last) {
     KTIER_RETURN_IF_ERROR(apply_copies(q, last));
+    // The copies waited for include some issued after a copies_wait: its copies are done too.
+    std::vector<Waited>& after = queues_[static_cast<int>(q)].after;
+    while (!after.empty() && after.front().from < last) {
+      const Waited w = after.front();
+      after.erase(after.begin());
+      KTIER_RETURN_IF_ERROR(host_waits(w.queue, w.copies));
+    }
     std::vector<LandedCopy>& landed = queues_[static_cast<int>(q)].landed;
     size_t n = 0;
     for (; n < landed.size() && landed[n].number <= last; ++n) {
       const LandedCopy& c = landed[n];
       if (XXH3_64bits(c.src, c.bytes) != c.src_hash) {
-        std::fprintf(stderr, "ktier: emulated device: the host bytes of copy_async #%llu (%zu bytes "
-                     "at %p) changed before the host waited for it\n",
-                     static_cast<unsigned long long>(c.number), c.bytes, c.src);
+        std::fprintf(stderr, "ktier: emulated device: the host bytes of copy_async #%llu of queue "
+                     "%d (%zu bytes at %p) changed before the host waited for it\n",
+                     static_cast<unsigned long long>(c.number), static_cast<int>(q), c.bytes,
+                     c.src);
         KTIER_CHECK_MSG(false, "host memory of a copy reused before the host waited for it");
       }
     }

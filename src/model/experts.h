@@ -66,10 +66,11 @@ class ExpertSource {
   // that memory, which it does only after calling the reuse fence (below). For a tier above
   // (GPU mode) that copies experts ahead of need. Default: false.
   virtual bool peek(int64_t layer, int32_t id, ExpertWeights* out) { return false; }
-  // Called before memory handed out by peek() or fetch() is overwritten by a new read, so a
-  // tier above can first wait for copies still reading it. Default: the source never reuses
-  // such memory, or has no peek.
-  virtual void set_reuse_fence(std::function<void()> fence) {}
+  // Called with [begin, begin + bytes) before that memory, handed out by peek() or fetch(), is
+  // overwritten by a new read, so a tier above can first wait for the copies still reading it
+  // (and only those). Default: the source never reuses such memory, or has no peek.
+  using ReuseFence = std::function<void(const void* begin, size_t bytes)>;
+  virtual void set_reuse_fence(ReuseFence fence) {}
   // A tier above (GPU mode) says which experts it holds and keeps through their predicted use
   // (`held(layer, id)`), so this source's lookahead does not read them again. Null: none.
   // Default: ignored (a source without prefetch).

@@ -296,7 +296,8 @@ size_t ExpertCache::take_free_slot() {
       if (slots_[si].state != SlotState::kFree) continue;
       free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
       slots_[si].read_failed = false;
-      if (reuse_fence_) reuse_fence_();  // a device copy may still read the old contents
+      // A device copy may still read the old contents.
+      if (reuse_fence_) reuse_fence_(slots_[si].base, stats_.slot_bytes);
       return si;
     }
     KTIER_CHECK(prefetch_cq_->outstanding() > 0);  // every loading slot has reads submitted

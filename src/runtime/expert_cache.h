@@ -119,7 +119,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
                     const ReadyFn& ready) override;
   // A ready slot's views (no read, no wait; not counted as a use). See ExpertSource::peek.
   bool peek(int64_t layer, int32_t id, model::ExpertWeights* out) override;
-  void set_reuse_fence(std::function<void()> fence) override { reuse_fence_ = std::move(fence); }
+  void set_reuse_fence(ReuseFence fence) override { reuse_fence_ = std::move(fence); }
   void set_held_above(std::function<bool(int64_t layer, int32_t id)> held) override {
     held_above_ = std::move(held);
   }
@@ -184,7 +184,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   const std::vector<io::ReadFile>& files_;
   std::unique_ptr<io::CompletionQueue> demand_cq_, prefetch_cq_;
   io::AlignedBuffer arena_;  // all slots, one huge-page allocation (few page faults per slot)
-  std::function<void()> reuse_fence_;  // called before a slot is handed out for a new read
+  ReuseFence reuse_fence_;  // called with a slot's memory before it is handed out for a new read
   std::function<bool(int64_t, int32_t)> held_above_;  // experts a faster tier keeps for use
   std::vector<uint8_t*> registered_;  // arena pieces registered with the I/O engine
   std::vector<Slot> slots_;

@@ -41,13 +41,16 @@ Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
   x->slot_views_.resize(static_cast<size_t>(slots));
   x->prefetched_.assign(static_cast<size_t>(slots), 0);
   x->slot_copy_.assign(static_cast<size_t>(slots), {});
+  // Scanned at every reuse fence: a few per layer, so a list of a few thousand costs little.
+  x->max_host_reads_ = static_cast<size_t>(2 * slots + 64);
   x->slot_fence_.reserve(static_cast<size_t>(slots));
   for (int64_t s = 0; s < slots; ++s) {
     KTIER_ASSIGN_OR_RETURN(backend::Backend::Fence f, be.create_fence());
     x->slot_fence_.push_back(f);
   }
   // The host tier waits for copies still reading its memory before it overwrites it.
-  host.set_reuse_fence([p = x.get()] { p->fence_host_reuse(); });
+  host.set_reuse_fence(
+      [p = x.get()](const void* begin, size_t bytes) { p->fence_host_range(begin, bytes); });
   host.set_held_above([p = x.get()](int64_t layer, int32_t id) { return p->holds(layer, id); });
   for (int64_t s = slots - k - 1; s >= 0; --s) x->free_.push_back(s);  // slot 0 first
   const uint32_t num_keys = static_cast<uint32_t>(c.num_hidden_layers * c.num_experts);
@@ -75,11 +78,28 @@ void VramExpertTier::host_waits_for(Link l) {
   // A failed wait leaves the copies' state unknown: the next fetch reports it.
   if (Status s = be_.sync_copies(queue_of(l)); !s.is_ok() && deferred_.is_ok()) deferred_ = s;
   copies_unsynced_[l] = false;
+  std::erase_if(host_reads_, [l](const HostRead& r) { return r.link == l; });
 }
 
-void VramExpertTier::fence_host_reuse() {
-  host_waits_for(kAhead);
-  host_waits_for(kMisses);
+void VramExpertTier::fence_host_range(const void* begin, size_t bytes) {
+  const auto lo = reinterpret_cast<uintptr_t>(begin), hi = lo + bytes;
+  // Per link, the latest copy reading the range: waiting for its slot's fence covers it and every
+  // earlier copy of the link (issue order), and any copy of the slot on the other link before it
+  // (copy_in orders those), so those entries go too.
+  uint64_t waited[kLinks] = {0, 0};
+  for (const HostRead& r : host_reads_) {
+    if (r.lo >= hi || r.hi <= lo || r.number <= waited[r.link]) continue;
+    const SlotCopy& now = slot_copy_[static_cast<size_t>(r.slot)];
+    // The slot's fence marks its latest copy, this one or a later one: either covers this.
+    const uint64_t covered = now.link == r.link ? now.number : r.number;
+    Status s = be_.host_wait(slot_fence_[static_cast<size_t>(r.slot)]);
+    if (!s.is_ok()) {  // the copies' state is unknown: the next fetch reports it
+      if (deferred_.is_ok()) deferred_ = s;
+      return;
+    }
+    waited[r.link] = std::max(waited[r.link], covered);
+  }
+  std::erase_if(host_reads_, [&](const HostRead& r) { return r.number <= waited[r.link]; });
 }
 
 void VramExpertTier::on_evicted(uint32_t key) {
@@ -198,7 +218,24 @@ Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights&
   DevicePlacer placer(be_, arena_.as<uint8_t>() + static_cast<uint64_t>(slot) * stats_.slot_bytes,
                       stats_.slot_bytes, queue_of(l));
   model::ExpertWeights dev = host;
+  if (host_reads_.size() >= max_host_reads_) {  // rare: the host waits once for all
+    host_waits_for(kAhead);
+    host_waits_for(kMisses);
+    KTIER_RETURN_IF_ERROR(deferred_);
+  }
   copies_unsynced_[l] = true;  // from here until a wait, the copies may read the host's memory
+  HostRead read{UINTPTR_MAX, 0, slot, static_cast<int8_t>(l), issued_[l] + 1};
+  for (const cpu::WeightMatrix* m : {&host.w1, &host.w2, &host.w3}) {
+    const auto data = reinterpret_cast<uintptr_t>(m->data);
+    read.lo = std::min(read.lo, data);
+    read.hi = std::max(read.hi, data + backend::weight_data_bytes(*m));
+    if (const uint64_t scales = backend::weight_scale_bytes(*m); scales > 0) {
+      const auto s = reinterpret_cast<uintptr_t>(m->scales);
+      read.lo = std::min(read.lo, s);
+      read.hi = std::max(read.hi, s + scales);
+    }
+  }
+  host_reads_.push_back(read);
   Status placed = Status::ok();
   for (cpu::WeightMatrix* m : {&dev.w1, &dev.w2, &dev.w3})
     if (placed = placer.place(*m); !placed.is_ok()) break;

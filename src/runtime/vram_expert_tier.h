@@ -19,9 +19,10 @@
 //     copies of experts predicted for later layers. Every slot write is a copy issued after
 //     `copies_after_ops`, so no slot is overwritten while an op still reads it, and after the
 //     slot's previous copy when that was on the other queue (a prefetch evicted before it
-//     landed). The host tier calls the reuse fence before it overwrites memory that a copy of
-//     either queue may still read; fetch() waits for its own earlier misses' copies before it
-//     asks the host for more (the host's fetch views last only until its next fetch).
+//     landed). The host tier calls the reuse fence with the memory it is about to overwrite,
+//     and the host waits for the copies that read it, not for the rest; fetch() waits for its
+//     own earlier misses' copies before it asks the host for more (the host's fetch views last
+//     only until its next fetch).
 //   * Exactness: a slot holds the stored bytes and the views are the same matrices, so where an
 //     expert came from never changes an output byte.
 //
@@ -98,8 +99,9 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   // The host waits for link l's copies issued since its last wait (they may read host memory
   // about to be overwritten); a failure is kept in deferred_.
   void host_waits_for(Link l);
-  // The host tier's reuse fence: host_waits_for both links.
-  void fence_host_reuse();
+  // The host tier's reuse fence: the host waits for the copies that read [begin, begin + bytes)
+  // (host_reads_), not for the others; a failure is kept in deferred_.
+  void fence_host_range(const void* begin, size_t bytes);
   // Whether a policy slot holds expert `id` of `layer` (the host's set_held_above hook).
   bool holds(int64_t layer, int32_t id) const;
 
@@ -135,6 +137,16 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   // for the current batch, and copies issued that the host has not waited for.
   uint64_t issued_[kLinks] = {}, ops_waited_[kLinks] = {};
   bool copies_open_[kLinks] = {}, copies_unsynced_[kLinks] = {};
+  // The host memory each slot copy reads ([lo, hi) over its parts), until the host has waited
+  // for it; at most max_host_reads_ (then the host waits for all and the list empties).
+  struct HostRead {
+    uintptr_t lo = 0, hi = 0;
+    int64_t slot = 0;
+    int8_t link = 0;
+    uint64_t number = 0;  // the copy's number on its link
+  };
+  std::vector<HostRead> host_reads_;
+  size_t max_host_reads_ = 0;
   std::unique_ptr<strata::CacheModel> policy_;
   strata::PrefetchLedger prefetched_for_;  // issued prefetches awaiting their layer
   std::vector<Prediction> waiting_;        // predicted, not yet in host memory

@@ -503,6 +503,30 @@ TEST(EmulatedDeviceDeathTest, HostBytesReusedBeforeTheHostWaitAbort) {
   EXPECT_DEATH((void)dev->sync_copies(Q::kExperts), "reused before the host waited");
 }
 
+// A host wait on a copy that was ordered after another queue's (copies_wait) is a wait for that
+// one too, as a GPU's chain of events makes it: the host may then reuse both sources.
+TEST(EmulatedDevice, AHostWaitCoversTheCopiesItsQueueWaitedFor) {
+  cpu::Exec ex{nullptr, cpu::Isa::kScalar};
+  auto dev = make_emulated_device_backend(ex);
+  auto buf = BackendBuffer::allocate(*dev, 64 * sizeof(float));
+  ASSERT_TRUE(buf.is_ok());
+  using Q = Backend::CopyQueue;
+  std::vector<float> first(64, 1.0f), second(64, 2.0f);
+  auto f = dev->create_fence(), g = dev->create_fence();
+  ASSERT_TRUE(f.is_ok() && g.is_ok());
+  ASSERT_TRUE(dev->copy_async(Q::kExperts, buf->get(), first.data(), 256).is_ok());
+  ASSERT_TRUE(dev->mark_copies(*f, Q::kExperts).is_ok());
+  ASSERT_TRUE(dev->copies_wait(*f, Q::kExpertMisses).is_ok());
+  ASSERT_TRUE(dev->copy_async(Q::kExpertMisses, buf->get(), second.data(), 256).is_ok());
+  ASSERT_TRUE(dev->mark_copies(*g, Q::kExpertMisses).is_ok());
+  ASSERT_TRUE(dev->host_wait(*g).is_ok());
+  first[0] = 3.0f;  // allowed: the copy that read it came before the one waited for
+  for (Q q : Backend::kCopyQueues) ASSERT_TRUE(dev->sync_copies(q).is_ok());
+  std::vector<float> back(64);
+  ASSERT_TRUE(dev->download(back.data(), buf->get(), 256).is_ok());
+  EXPECT_EQ(back, second);
+}
+
 // The emulated device applies a copy no earlier than a fence of its queue that covers it, so a
 // test over it sees NaN wherever an op reads a copy it did not wait for; and it holds no more
 // than its capacity.

@@ -54,6 +54,14 @@ class FakeHost final : public model::ExpertSource {
   void set_held_above(std::function<bool(int64_t, int32_t)> held) override {
     held_above = std::move(held);
   }
+  void set_reuse_fence(ReuseFence fence) override { reuse_fence = std::move(fence); }
+  // Rewrites expert `id` of `layer` as a RAM tier reusing its slot would: after the fence.
+  void reuse(int64_t layer, int32_t id, float delta) {
+    const float* p = data_.data() + (layer * kExperts + id) * 3 * kRows * kCols;
+    if (reuse_fence) reuse_fence(p, 3 * kRows * kCols * sizeof(float));
+    change(layer, id, delta);
+  }
+  ReuseFence reuse_fence;  // the tier's, while it lives
   std::set<int64_t> ready;  // layer * kExperts + id
   std::function<bool(int64_t, int32_t)> held_above;  // the tier's hook, while it lives
 
@@ -217,6 +225,35 @@ TEST(VramExpertTier, AHostsReadBufferIsRewrittenOnlyAfterTheCopiesThatReadIt) {
   x.layer(2, routed2, out);
   for (auto q : backend::Backend::kCopyQueues) ASSERT_TRUE(x.be->sync_copies(q).is_ok());
   expect_views_hold(*x.be, x.host, 2, routed2, out);
+}
+
+// The host's reuse fence waits for the copies that read the memory about to be rewritten, and
+// not for the others (on a GPU the host would otherwise stall for every lookahead copy in flight
+// each time its RAM tier reads an expert). Rewritten after the fence, expert 3's old bytes are
+// what landed; expert 5's copy, not waited for, reads its bytes later (the emulated device reads
+// host bytes at the first wait that covers a copy), so 5's view shows the new bytes.
+TEST(VramExpertTier, TheReuseFenceWaitsOnlyForCopiesOfThatMemory) {
+  TierUnderTest x(6 * kTopK);
+  ASSERT_TRUE(x.tier);
+  ASSERT_TRUE(x.host.reuse_fence);
+  for (int32_t id : {3, 5}) x.host.ready.insert(2 * kExperts + id);
+  const float w[] = {0.5f, 0.5f};
+  const int32_t for2[] = {3, 5};
+  x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);
+  ASSERT_EQ(x.tier->stats().prefetch_issued, 2u);
+  const std::vector<float> old3 = x.host.matrix(2, 3, 0);
+  x.host.reuse(2, 3, 1000.0f);   // fenced
+  x.host.change(2, 5, 2000.0f);  // a probe: no fence, so the copy of 5 has not read it yet
+  std::vector<model::ExpertWeights> out;
+  const int32_t routed1[] = {0, 1};
+  x.layer(1, routed1, out);
+  x.layer(2, for2, out);
+  ASSERT_TRUE(x.be->synchronize().is_ok());
+  std::vector<float> back(static_cast<size_t>(kRows * kCols));
+  ASSERT_TRUE(x.be->download(back.data(), out[0].w1.data, back.size() * 4).is_ok());
+  EXPECT_EQ(back, old3) << "expert 3's copy read its bytes before they were rewritten";
+  ASSERT_TRUE(x.be->download(back.data(), out[1].w1.data, back.size() * 4).is_ok());
+  EXPECT_EQ(back, x.host.matrix(2, 5, 0)) << "the fence waited for expert 5's copy too";
 }
 
 // A prefetch evicted before its copy landed frees its slot to a miss, whose copy goes on the
