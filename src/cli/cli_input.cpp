@@ -153,6 +153,18 @@ std::filesystem::path resolve_output(const std::string& path, std::error_code& e
   return ec ? p : std::filesystem::weakly_canonical(p, ec);
 }
 
+// The names of the files `run`, `eval` and the benches read from a model or pack folder.
+bool is_model_or_pack_file_name(const std::string& name) {
+  for (const char* own : {"config.json", "generation_config.json", "tiktoken.model",
+                          "tokenizer_config.json", "manifest.json", "trunk.pack"})
+    if (name == own) return true;
+  const auto ends_with = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends_with(".safetensors") || ends_with(".safetensors.index.json");
+}
+
 }  // namespace
 
 Status check_output_is_not_input(const std::string& flag, const std::string& output,
@@ -177,14 +189,16 @@ Status check_output_is_not_input(const std::string& flag, const std::string& out
     const fs::path p = resolve_output(in.path, ec);
     if (ec) continue;
     const bool same = out == p || same_file(p);
-    // An existing file inside the folder (its components a prefix of the output's, or another
-    // name of one of its files): a new file there, a report beside the model, harms nothing.
+    // An existing file of the folder that ktier reads (inside it by path and named like a model
+    // or pack file), or another name of any of its files. A new file there, or one of the user's
+    // own (a report beside the model, written again by a rerun), harms nothing.
     bool inside = false;
     if (in.folder && out_exists && !same) {
-      inside = std::mismatch(p.begin(), p.end(), out.begin(), out.end()).first == p.end();
+      inside = std::mismatch(p.begin(), p.end(), out.begin(), out.end()).first == p.end() &&
+               is_model_or_pack_file_name(out.filename().string());
       std::error_code e;
       for (fs::directory_iterator it(p, e), end; !inside && !e && it != end; it.increment(e))
-        inside = same_file(it->path());
+        inside = it->path() != out && same_file(it->path());  // not the output's own entry
     }
     if (same || inside)
       return Status::usage(flag + " " + output + (same ? " is also given as " : " is inside ") +

@@ -65,7 +65,9 @@ struct InputPath {
   bool folder = false;
 };
 // Refuses (Status::usage naming both) an output path that is one of `inputs` (files the command
-// reads, or another of its outputs) or an existing file inside an input folder, so that no
+// reads, or another of its outputs) or an existing model or pack file inside an input folder
+// (config.json, shards, index, tokenizer files, manifest.json, trunk.pack; or another name of
+// any file there), so that no
 // report, trace or CSV overwrites what the command uses. Paths are compared after resolving
 // links and `..` (the output need not exist). Empty paths pass.
 Status check_output_is_not_input(const std::string& flag, const std::string& output,

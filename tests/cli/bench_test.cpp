@@ -147,6 +147,13 @@ TEST(CliBench, DecodeOnTinyWritesJson) {
                                 " -n 2 --buffer-mib 8 --json " + (dir / "config.json").string());
   EXPECT_EQ(over.exit_code, 2);
   EXPECT_NE(over.err.find("is inside -m"), std::string::npos) << over.err;
+  // A report of the user's own inside the folder is written, and written again by a rerun.
+  for (int run = 0; run < 2; ++run) {
+    const auto mine = run_process(ktier() + " bench decode -m " + dir.string() +
+                                  " -n 2 --prefill-tokens 0 --buffer-mib 8 --json " +
+                                  (dir / "my-bench.json").string());
+    EXPECT_EQ(mine.exit_code, 0) << "run " << run << ": " << mine.err;
+  }
   std::filesystem::remove_all(dir);
   std::filesystem::remove(json_path);
 }

@@ -398,8 +398,13 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     return std::string(std::istreambuf_iterator<char>(in), {});
   }();
   const std::string trace_out = (fs::temp_directory_path() / "ktier-cli-same.ktrace").string();
+  // Another name of config.json, outside the folder: the same file.
+  const fs::path cfg_link = fs::temp_directory_path() / ("ktier-cli-cfg-" + std::to_string(::getpid()));
+  fs::remove(cfg_link);
+  fs::create_hard_link(cfg, cfg_link);
   for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
            {" run" + model() + " --ids 1 -n 1 --report-json " + cfg, "is inside -m"},
+           {" run" + model() + " --ids 1 -n 1 --report-json " + cfg_link.string(), "is inside -m"},
            {" run" + model() + " --ids 1 -n 1 --trace " + dir_.string() + "/../" +
                 dir_.filename().string() + "/tiktoken.model", "is inside -m"},
            {" eval" + model() + " --ids 1 --logits-out " + cfg, "is inside -m"},
@@ -412,6 +417,7 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.err;
     EXPECT_NE(bad.err.find(what), std::string::npos) << args << ": " << bad.err;
   }
+  fs::remove(cfg_link);
   {
     std::ifstream in(cfg);
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), cfg_before)
