@@ -42,7 +42,14 @@ Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
   x->prefetched_.assign(static_cast<size_t>(slots), 0);
   x->slot_copy_.assign(static_cast<size_t>(slots), {});
   // Scanned at every reuse fence: a few per layer, so a list of a few thousand costs little.
-  x->max_host_reads_ = static_cast<size_t>(2 * slots + 64);
+  // One fence per entry, made once.
+  const size_t max_reads = static_cast<size_t>(2 * slots + 64);
+  x->read_fences_.reserve(max_reads);
+  for (size_t i = 0; i < max_reads; ++i) {
+    KTIER_ASSIGN_OR_RETURN(backend::Backend::Fence f, be.create_fence());
+    x->read_fences_.push_back(f);
+  }
+  x->free_read_fences_ = x->read_fences_;
   x->slot_fence_.reserve(static_cast<size_t>(slots));
   for (int64_t s = 0; s < slots; ++s) {
     KTIER_ASSIGN_OR_RETURN(backend::Backend::Fence f, be.create_fence());
@@ -66,6 +73,7 @@ VramExpertTier::~VramExpertTier() {
   host_.set_reuse_fence(nullptr);
   host_.set_held_above(nullptr);
   for (backend::Backend::Fence f : slot_fence_) be_.destroy_fence(f);
+  for (backend::Backend::Fence f : read_fences_) be_.destroy_fence(f);
 }
 
 bool VramExpertTier::holds(int64_t layer, int32_t id) const {
@@ -78,28 +86,41 @@ void VramExpertTier::host_waits_for(Link l) {
   // A failed wait leaves the copies' state unknown: the next fetch reports it.
   if (Status s = be_.sync_copies(queue_of(l)); !s.is_ok() && deferred_.is_ok()) deferred_ = s;
   copies_unsynced_[l] = false;
-  std::erase_if(host_reads_, [l](const HostRead& r) { return r.link == l; });
+  forget_reads([l](const HostRead& r) { return r.link == l; });
 }
 
 void VramExpertTier::fence_host_range(const void* begin, size_t bytes) {
   const auto lo = reinterpret_cast<uintptr_t>(begin), hi = lo + bytes;
-  // Per link, the latest copy reading the range: waiting for its slot's fence covers it and every
-  // earlier copy of the link (issue order), and any copy of the slot on the other link before it
-  // (copy_in orders those), so those entries go too.
+  // Per link, the latest copy that reads the range: its own fence covers it and the link's
+  // earlier copies (issue order), whose entries go too; later copies are not waited for.
+  const HostRead* latest[kLinks] = {nullptr, nullptr};
+  for (const HostRead& r : host_reads_)
+    if (r.lo < hi && r.hi > lo && (!latest[r.link] || r.number > latest[r.link]->number))
+      latest[r.link] = &r;
   uint64_t waited[kLinks] = {0, 0};
-  for (const HostRead& r : host_reads_) {
-    if (r.lo >= hi || r.hi <= lo || r.number <= waited[r.link]) continue;
-    const SlotCopy& now = slot_copy_[static_cast<size_t>(r.slot)];
-    // The slot's fence marks its latest copy, this one or a later one: either covers this.
-    const uint64_t covered = now.link == r.link ? now.number : r.number;
-    Status s = be_.host_wait(slot_fence_[static_cast<size_t>(r.slot)]);
-    if (!s.is_ok()) {  // the copies' state is unknown: the next fetch reports it
-      if (deferred_.is_ok()) deferred_ = s;
+  for (int l = 0; l < kLinks; ++l) {
+    if (!latest[l]) continue;
+    if (Status s = be_.host_wait(latest[l]->fence); !s.is_ok()) {
+      if (deferred_.is_ok()) deferred_ = s;  // the copies' state is unknown: fetch reports it
       return;
     }
-    waited[r.link] = std::max(waited[r.link], covered);
+    waited[l] = latest[l]->number;
   }
-  std::erase_if(host_reads_, [&](const HostRead& r) { return r.number <= waited[r.link]; });
+  if (waited[kAhead] || waited[kMisses])
+    forget_reads([&](const HostRead& r) { return r.number <= waited[r.link]; });
+}
+
+template <class Pred>
+void VramExpertTier::forget_reads(Pred done) {
+  size_t kept = 0;
+  for (const HostRead& r : host_reads_) {
+    if (done(r)) {
+      free_read_fences_.push_back(r.fence);
+    } else {
+      host_reads_[kept++] = r;
+    }
+  }
+  host_reads_.resize(kept);
 }
 
 void VramExpertTier::on_evicted(uint32_t key) {
@@ -218,13 +239,15 @@ Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights&
   DevicePlacer placer(be_, arena_.as<uint8_t>() + static_cast<uint64_t>(slot) * stats_.slot_bytes,
                       stats_.slot_bytes, queue_of(l));
   model::ExpertWeights dev = host;
-  if (host_reads_.size() >= max_host_reads_) {  // rare: the host waits once for all
+  if (free_read_fences_.empty()) {  // rare: the host waits once for all
     host_waits_for(kAhead);
     host_waits_for(kMisses);
     KTIER_RETURN_IF_ERROR(deferred_);
   }
   copies_unsynced_[l] = true;  // from here until a wait, the copies may read the host's memory
-  HostRead read{UINTPTR_MAX, 0, slot, static_cast<int8_t>(l), issued_[l] + 1};
+  KTIER_CHECK(!free_read_fences_.empty());  // every entry's fence came back with the waits
+  HostRead read{UINTPTR_MAX, 0, static_cast<int8_t>(l), issued_[l] + 1, free_read_fences_.back()};
+  free_read_fences_.pop_back();
   for (const cpu::WeightMatrix* m : {&host.w1, &host.w2, &host.w3}) {
     const auto data = reinterpret_cast<uintptr_t>(m->data);
     read.lo = std::min(read.lo, data);
@@ -241,7 +264,9 @@ Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights&
     if (placed = placer.place(*m); !placed.is_ok()) break;
   // Marked after a failed copy too: the slot is reused, and its next writer must come after
   // whatever this one issued. A failed mark leaves that unknown: the tier stops (deferred_).
-  if (Status marked = be_.mark_copies(fence, queue_of(l)); !marked.is_ok()) {
+  Status marked = be_.mark_copies(fence, queue_of(l));
+  if (marked.is_ok()) marked = be_.mark_copies(read.fence, queue_of(l));
+  if (!marked.is_ok()) {
     if (deferred_.is_ok()) deferred_ = marked;
     return marked;
   }

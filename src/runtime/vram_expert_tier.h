@@ -137,16 +137,20 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   // for the current batch, and copies issued that the host has not waited for.
   uint64_t issued_[kLinks] = {}, ops_waited_[kLinks] = {};
   bool copies_open_[kLinks] = {}, copies_unsynced_[kLinks] = {};
-  // The host memory each slot copy reads ([lo, hi) over its parts), until the host has waited
-  // for it; at most max_host_reads_ (then the host waits for all and the list empties).
+  // The host memory each slot copy reads ([lo, hi) over its parts) and a fence marked after
+  // it, until the host has waited for it; at most one per fence of read_fences_ (when none is
+  // free, the host waits for all copies and the list empties).
   struct HostRead {
     uintptr_t lo = 0, hi = 0;
-    int64_t slot = 0;
     int8_t link = 0;
     uint64_t number = 0;  // the copy's number on its link
+    backend::Backend::Fence fence = 0;
   };
   std::vector<HostRead> host_reads_;
-  size_t max_host_reads_ = 0;
+  std::vector<backend::Backend::Fence> read_fences_, free_read_fences_;
+  // Drops the entries `done` says the host has waited for; their fences are free again.
+  template <class Pred>
+  void forget_reads(Pred done);
   std::unique_ptr<strata::CacheModel> policy_;
   strata::PrefetchLedger prefetched_for_;  // issued prefetches awaiting their layer
   std::vector<Prediction> waiting_;        // predicted, not yet in host memory

@@ -256,6 +256,22 @@ TEST(VramExpertTier, TheReuseFenceWaitsOnlyForCopiesOfThatMemory) {
   EXPECT_EQ(back, x.host.matrix(2, 5, 0)) << "the fence waited for expert 5's copy too";
 }
 
+// The same for a miss's copy: the RAM tier refills a slot it handed to a fetch (a bypass slot)
+// before the next fetch's wait; the fence must cover copies on the misses' queue too.
+TEST(VramExpertTier, TheReuseFenceCoversMissCopies) {
+  TierUnderTest x(6 * kTopK);
+  ASSERT_TRUE(x.tier);
+  std::vector<model::ExpertWeights> out;
+  const int32_t routed1[] = {0, 1};
+  x.layer(1, routed1, out);
+  const std::vector<float> old0 = x.host.matrix(1, 0, 0);
+  x.host.reuse(1, 0, 1000.0f);
+  for (auto q : backend::Backend::kCopyQueues) ASSERT_TRUE(x.be->sync_copies(q).is_ok());
+  std::vector<float> back(static_cast<size_t>(kRows * kCols));
+  ASSERT_TRUE(x.be->download(back.data(), out[0].w1.data, back.size() * 4).is_ok());
+  EXPECT_EQ(back, old0);
+}
+
 // A prefetch evicted before its copy landed frees its slot to a miss, whose copy goes on the
 // other queue: it must land after the stale one, whenever that queue's copies are applied.
 TEST(VramExpertTier, ASlotReusedBeforeItsPrefetchLandedKeepsTheNewExpert) {
