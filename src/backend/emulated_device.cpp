@@ -268,8 +268,10 @@ class EmulatedDevice final : public Backend {
     uint64_t number;
     uint64_t src_hash;  // of the host bytes when applied
   };
-  struct Waited {  // copies_wait: this queue's copies after `from` come after `queue`'s first
-    uint64_t from;    // `copies` of them
+  // A copies_wait: this queue's copies numbered above `from` run after the first `copies`
+  // copies of `queue`.
+  struct Waited {
+    uint64_t from;
     CopyQueue queue;
     uint64_t copies;
   };

@@ -48,16 +48,17 @@ uint64_t payload_bytes(const pack::Record& r) {
   return n;
 }
 // Head, embedding-row buffer and ring sizes of a record table (L layers, head, embed); for a
-// compressed pack the staging buffer (largest stored layer record) and the inflate scratch. With
-// a pack, row_buf also holds the embedding rows' checksums (8 bytes a row).
+// compressed pack the staging buffer (largest stored layer record) and the inflate scratch; with
+// a pack, the embedding rows' checksums (8 bytes a row).
 struct TrunkSizes {
-  uint64_t head = 0, row_buf = 0, largest = 0, all_layers = 0;
+  uint64_t head = 0, row_buf = 0, row_sums = 0, largest = 0, all_layers = 0;
   uint64_t staging = 0, scratch = 0;
+  uint64_t fixed() const { return head + row_buf + row_sums + scratch; }
   // Everything pinned: one staging buffer while the layers are read at open.
-  uint64_t all_pinned() const { return head + row_buf + scratch + all_layers + staging; }
+  uint64_t all_pinned() const { return fixed() + all_layers + staging; }
   uint64_t ring(int slots) const { return static_cast<uint64_t>(slots) * (largest + staging); }
   uint64_t minimum(int slots) const {
-    return head + row_buf + scratch + std::min<uint64_t>(all_layers + staging, ring(slots));
+    return fixed() + std::min<uint64_t>(all_layers + staging, ring(slots));
   }
 };
 TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::ModelConfig& c,
@@ -71,7 +72,7 @@ TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::Mode
   z.head = records[L].size;
   const uint64_t row_bytes = records[L + 1].tensors.at(0).nbytes / static_cast<uint64_t>(c.vocab_size);
   z.row_buf = pack::align_up(row_bytes * 64, 4096);  // grows for long chunks
-  if (pack) z.row_buf += static_cast<uint64_t>(c.vocab_size) * sizeof(uint64_t);
+  if (pack) z.row_sums = static_cast<uint64_t>(c.vocab_size) * sizeof(uint64_t);
   for (size_t l = 0; l < L; ++l) {
     z.largest = std::max(z.largest, records[l].size);
     z.all_layers += records[l].size;
@@ -141,9 +142,8 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   const TrunkSizes z = sizes_of(s->records_, c, pack, s->inflate_threads_);
   const uint64_t largest = z.largest;
   const int slots = std::max(2, opts.ring_slots);
-  const uint64_t base = z.head + z.row_buf + z.scratch;
-  const uint64_t row_buf =
-      z.row_buf - (pack ? static_cast<uint64_t>(c.vocab_size) * sizeof(uint64_t) : 0);
+  const uint64_t base = z.fixed();
+  const uint64_t row_buf = z.row_buf;
   s->stats_.minimum_bytes = z.minimum(slots);
   if (opts.budget_bytes < s->stats_.minimum_bytes)
     return Status::budget("a trunk budget of " + mib(opts.budget_bytes) + " cannot be met: the "
