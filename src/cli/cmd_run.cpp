@@ -36,6 +36,7 @@
 #include "common/interrupt.h"
 #include "common/progress.h"
 #include "format/checkpoint.h"
+#include "format/map_guard.h"
 #include "io/output_file.h"
 #include "io/read_file.h"
 #include "runtime/engine.h"
@@ -270,6 +271,9 @@ Status run(const RunArgs& a) {
                                                          m.lookahead_depth(), m.lookahead_refresh()));
     engine->model().set_routing_observer(recorder.get());
     engine->model().add_lookahead_observer(recorder.get());
+    // A mapped shard lost mid-run ends the process from its SIGBUS handler, inside a token.
+    format::set_exit_note("ktier: warning: trace: " + a.trace + " left unfinished (the run "
+                          "stopped inside a token); trace readers refuse it\n");
   }
   // One answer: its text (and ids), then its report (the JSON file holds the last answer's).
   // A turn failed inside its forward passes (the trace ends mid-token); not when the sink failed
@@ -352,6 +356,7 @@ Status run(const RunArgs& a) {
             : "stopped by Ctrl-C after " + std::to_string(generated_n) + " generated tokens");
   }
   if (recorder) {
+    format::set_exit_note("");
     engine->model().set_routing_observer(nullptr);
     engine->model().remove_lookahead_observer(recorder.get());
     // A turn stopped inside its forward passes: closed, the trace would read as whole though its

@@ -23,6 +23,8 @@ struct Region {
 Region g_regions[kSlots];
 std::mutex g_mu;  // serialises slot allocation (not taken by the handler)
 struct sigaction g_previous;  // the SIGBUS action before ours, for faults that are not ours
+char g_note[1024] = {};        // set_exit_note's line, valid while g_note_set
+std::atomic<bool> g_note_set{false};
 
 void put(const char* s) {
   const size_t n = std::strlen(s);
@@ -60,6 +62,7 @@ void on_sigbus(int sig, siginfo_t* info, void*) {
     put(decimal(at - begin, num));
     put(" can no longer be read (the file was truncated, replaced or became unreadable while "
         "ktier ran)\n");
+    if (g_note_set.load(std::memory_order_acquire)) put(g_note);
     ::_exit(1);
   }
   // Not ours: hand the signal to the action installed before us (by default a core dump). A
@@ -104,6 +107,15 @@ void unregister_mapping(int slot) {
   if (slot < 0 || slot >= kSlots) return;
   std::lock_guard lock(g_mu);
   g_regions[slot].end.store(0, std::memory_order_release);
+}
+
+void set_exit_note(const std::string& line) {
+  g_note_set.store(false, std::memory_order_release);
+  if (line.empty()) return;
+  const size_t n = std::min(line.size(), sizeof g_note - 1);
+  std::memcpy(g_note, line.data(), n);
+  g_note[n] = '\0';
+  g_note_set.store(true, std::memory_order_release);
 }
 
 }  // namespace ktier::format

@@ -20,4 +20,9 @@ namespace ktier::format {
 int register_mapping(const void* base, size_t bytes, const std::string& path);
 void unregister_mapping(int slot);
 
+// A line the SIGBUS exit above writes after its error, for what the exit leaves behind (a trace
+// without its footer); at most 1 KiB (longer is cut). An empty line clears it. Set from one
+// thread at a time.
+void set_exit_note(const std::string& line);
+
 }  // namespace ktier::format

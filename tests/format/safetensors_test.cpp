@@ -1,5 +1,6 @@
 // safetensors reader: conformance st/ and cache/ (README §7, §8) in both open modes, and
 // malformed files built byte by byte.
+#include "format/map_guard.h"
 #include "format/safetensors.h"
 
 #include <unistd.h>
@@ -459,13 +460,16 @@ TEST(SafetensorsDeathTest, ShrunkMappedFileExitsOneNamingIt) {
   ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
   EXPECT_EXIT(
       {
+        // What the exit leaves behind is said after the error (run's trace).
+        ktier::format::set_exit_note("ktier: warning: a note after the error\n");
         std::filesystem::remove_all(dir.path());  // the child's own folder: the mapping stays
         uint64_t sum = 0;
         for (size_t i = 0; i < bytes.size(); i += 4096) sum += bytes[i];
         std::printf("%llu\n", static_cast<unsigned long long>(sum));  // never reached
       },
       ::testing::ExitedWithCode(1),
-      "ktier: error: .*shrunk\\.safetensors: its bytes at offset [0-9]+ can no longer be read");
+      "ktier: error: .*shrunk\\.safetensors: its bytes at offset [0-9]+ can no longer be "
+      "read.*\nktier: warning: a note after the error");
 }
 
 TEST(Safetensors, MovedFileKeepsItsMappingAndPointers) {
