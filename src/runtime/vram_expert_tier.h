@@ -15,8 +15,9 @@
 //     queue of their own (kExpertMisses), so they never wait behind lookahead copies for later
 //     layers.
 //   * Ordering: every slot has a fence marked after its latest copy. fetch() makes the ops wait
-//     for the fences of the slots it hands out, and no others: a layer's ops never wait for the
-//     copies of experts predicted for later layers. Every slot write is a copy issued after
+//     for the fences of the slots it hands out (per queue the latest, which covers the queue's
+//     earlier copies), so a layer's ops do not wait for copies issued after their own experts'
+//     (those of experts predicted for later layers). Every slot write is a copy issued after
 //     `copies_after_ops`, so no slot is overwritten while an op still reads it, and after the
 //     slot's previous copy when that was on the other queue (a prefetch evicted before it
 //     landed). The host tier calls the reuse fence with the memory it is about to overwrite,
