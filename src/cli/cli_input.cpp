@@ -18,6 +18,7 @@
 #include "cpu/thread_pool.h"
 #include "io/output_file.h"
 #include "io/read_file.h"
+#include "pack/trunk_pack.h"
 
 namespace ktier::cli {
 
@@ -156,7 +157,7 @@ std::filesystem::path resolve_output(const std::string& path, std::error_code& e
 // The names of the files `run`, `eval` and the benches read from a model or pack folder.
 bool is_model_or_pack_file_name(const std::string& name) {
   for (const char* own : {"config.json", "generation_config.json", "tiktoken.model",
-                          "tokenizer_config.json", "manifest.json", "trunk.pack"})
+                          "tokenizer_config.json", pack::kManifestFileName, pack::kPackFileName})
     if (name == own) return true;
   const auto ends_with = [&](std::string_view suffix) {
     return name.size() >= suffix.size() &&
