@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared script for a lent GPU machine (an H200; see README "GPU checks").
+# The one prepared script for a lent GPU machine (an H200; docs/PERFORMANCE.md "Machine B").
 # Build here first:   tools/make-device-bundle.sh   (build-device/: ktier, libktier_cuda.so for
 #                                                    sm_90, backend_test, runtime_test)
 # Then run there, from the repository root, with build-device carried, in one device call of

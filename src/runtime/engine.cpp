@@ -84,12 +84,16 @@ Result<uint64_t> preset_budget_bytes(const std::string& name) {
 }
 
 namespace {
-// The lookahead the memory dial runs: `static` never prefetches, so it gets none (and its
-// routers are not loaded); no deeper than the layers after the first (a deeper one predicts
-// nothing more but would size the minimum budget by it).
-int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c) {
-  if (opts.policy == strata::PolicyKind::kStatic) return 0;
+// No lookahead runs deeper than the layers after the first: a deeper one predicts nothing more,
+// but would size the minimum budget by it (and a trace records depths up to 255 only).
+int clamped_lookahead(const EngineOptions& opts, const format::ModelConfig& c) {
   return static_cast<int>(std::min<int64_t>(opts.lookahead, c.num_hidden_layers - 1));
+}
+
+// The lookahead the memory dial runs: `static` never prefetches, so it gets none (and its
+// routers are not loaded).
+int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c) {
+  return opts.policy == strata::PolicyKind::kStatic ? 0 : clamped_lookahead(opts, c);
 }
 
 // The fewest expert slots: one fetch's top-k, plus room for what lookahead prefetches ahead of
@@ -444,7 +448,9 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
     e->backend_ = backend::make_cpu_backend(e->exec_);
   }
   e->model_ = std::make_unique<model::Model>(*trunk, experts, *e->backend_);
-  if (const int depth = dial ? lookahead_depth(opts, e->ckpt_.config()) : opts.lookahead;
+  // Without the dial, lookahead only feeds observers such as a trace.
+  if (const int depth = dial ? lookahead_depth(opts, e->ckpt_.config())
+                             : clamped_lookahead(opts, e->ckpt_.config());
       depth > 0 && e->ckpt_.config().num_moe_layers() > 0) {
     model::Model::RoutingWeightsFn routing;
     if (e->device_trunk_) {  // resident layers, or the device's copy of a streamed one's router

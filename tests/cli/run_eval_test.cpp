@@ -830,6 +830,13 @@ TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
   r = run_process(ktier() + " trace info " + plain.string());
   EXPECT_NE(r.out.find("lookahead depth:  1\n"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("lookahead refresh:"), std::string::npos) << r.out;
+  // A depth past the model's layers runs as the layers after the first, without the dial too
+  // (the trace would refuse 300: it records depths up to 255).
+  r = run_process(ktier() + " run" + model() + " --ids 1,2 -n 2 --lookahead 300 --trace " +
+                  plain.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_process(ktier() + " trace info " + plain.string());
+  EXPECT_NE(r.out.find("lookahead depth:  12 + refresh"), std::string::npos) << r.out;
   const std::string dial = " --pack " + pack.string() + " --ram 1450K --print-ids";
   for (const std::string& flags : std::vector<std::string>{" --policy lru --lookahead 2", " --policy lfu --lookahead 0",
                                   " --lookahead 1 --no-lookahead-refresh",
