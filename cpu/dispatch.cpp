@@ -94,6 +94,7 @@ const KernelTable& avx512_kernels() {
     t.linear_rows = avx512::linear_rows_avx512;
     t.mla_scores = avx512::mla_scores_avx512;
     t.mla_mix = avx512::mla_mix_avx512;
+    t.mxfp4_x_pairs_split = false;  // its MXFP4 kernel reads x in column order
     return t;
   }();
   return table;
@@ -139,8 +140,9 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
   constexpr const char* op = "linear";
   const KernelTable& kt = kernel_table(ex.isa);
   KTIER_CPU_REQUIRE(op, n_jobs >= 0 && (n_jobs == 0 || jobs != nullptr), "bad job list");
-  // Widen each distinct activation block to double once (exact); jobs with the same x, width
-  // and at least as many tokens share it. Per-thread buffers: steady-state decode never allocates.
+  // Widen each distinct activation block to double once (exact), in the column order the
+  // table's kernel reads it in (KernelTable::mxfp4_x_pairs_split); jobs with the same x, width,
+  // order and at least as many tokens share it. Per-thread buffers: steady-state decode never allocates.
   // Each block starts on a 64-byte boundary (so do its token rows when cols % 8 == 0): a vector
   // load that crosses a cache line costs the AVX-512 kernels a second load slot.
   thread_local std::vector<double> wide;
@@ -154,6 +156,9 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
   first_row.clear();
   int64_t wide_total = 0, total_rows = 0, total_macs = 0, max_tokens = 0;
   int64_t panel_rows = 4, scratch_doubles = 0;  // the widest task's panel and scratch
+  const auto pairs_split = [&](int j) {
+    return kt.mxfp4_x_pairs_split && jobs[j].w.type == WeightType::kMxfp4;
+  };
   for (int j = 0; j < n_jobs; ++j) {
     const LinearJob& job = jobs[j];
     check_weight(op, job.w);
@@ -163,7 +168,7 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
                       "null x or y in job %d", j);
     for (int p = 0; p < j && wide_offset[j] < 0; ++p)
       if (wide_offset[p] >= 0 && jobs[p].x == job.x && jobs[p].w.cols == job.w.cols &&
-          jobs[p].n_tokens >= job.n_tokens)
+          jobs[p].n_tokens >= job.n_tokens && pairs_split(p) == pairs_split(j))
         wide_offset[j] = wide_offset[p];
     if (wide_offset[j] < 0) {
       owns_wide[j] = 1;
@@ -189,8 +194,17 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
     double* xw = wide_base + wide_offset[j];
     tasks[t++].x_wide = xw;
     if (!owns_wide[j]) continue;
+    const float* x = jobs[j].x;
     const int64_t nx = jobs[j].n_tokens * jobs[j].w.cols;
-    for (int64_t i = 0; i < nx; ++i) xw[i] = num::D(jobs[j].x[i]);
+    if (!pairs_split(j)) {
+      for (int64_t i = 0; i < nx; ++i) xw[i] = num::D(x[i]);
+      continue;
+    }
+    for (int64_t i = 0; i < nx; i += 8)  // MXFP4 rows are a whole number of 32-column blocks
+      for (int64_t p = 0; p < 4; ++p) {
+        xw[i + p] = num::D(x[i + 2 * p]);
+        xw[i + 4 + p] = num::D(x[i + 2 * p + 1]);
+      }
   }
   // Whole tiles of 4 rows per chunk where possible (the vector kernels' decode tile height);
   // with several tokens, whole panels (kLinearPanelBytes) as long as every thread gets two.

@@ -18,7 +18,9 @@ namespace ktier::cpu {
 // One linear job with its activations widened to double (exact) by the entry point.
 struct LinearTask {
   WeightMatrix w;
-  const double* x_wide = nullptr;  // [n_tokens, w.cols]
+  // [n_tokens, w.cols]; for MXFP4 weights in the order the table asks for
+  // (KernelTable::mxfp4_x_pairs_split)
+  const double* x_wide = nullptr;
   int64_t n_tokens = 0;
   float* y = nullptr;  // [n_tokens, w.rows]
 };
@@ -204,6 +206,12 @@ struct KernelTable {
   // tokens [t0, t1); scratch: 2 * n_experts doubles
   void (*router_tokens)(const RouterArgs& a, int64_t t0, int64_t t1, double* scratch);
   int64_t (*argmax)(const float* x, int64_t n);
+  // How the entry point lays out x_wide for MXFP4 weights: false, in column order; true, each
+  // group of 8 columns as its 4 even columns, then its 4 odd ones (8m, 8m+2, 8m+4, 8m+6, 8m+1,
+  // ...), the order in which the AVX2 kernel decodes a packed byte's two nibbles (low = even
+  // column) into separate vectors without interleaving them. Which lane sums which product, and
+  // in what order, is the same either way (NUMERICS.md §4): no byte changes.
+  bool mxfp4_x_pairs_split;
 };
 
 extern const KernelTable kRefKernels;

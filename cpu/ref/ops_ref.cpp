@@ -312,7 +312,7 @@ const KernelTable kRefKernels = {
     sigmoid_range_ref,       sigmoid_gate_range_ref, add_range_ref,        weighted_sum_range_ref,
     short_conv_channels_ref, decay_gate_range_ref,   recurrence_heads_ref, mla_query_ref,
     mla_scores_ref,          mla_mix_ref,            mla_out_ref,          attnres_tokens_ref,
-    router_tokens_ref,       argmax_ref,
+    router_tokens_ref,       argmax_ref,             /*mxfp4_x_pairs_split=*/false,
 };
 
 }  // namespace ktier::cpu

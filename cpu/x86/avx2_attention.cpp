@@ -234,6 +234,7 @@ const KernelTable kAvx2Kernels = {
     avx2::decay_gate_range_avx2, avx2::recurrence_heads_avx2,   avx2::mla_query_avx2,
     avx2::mla_scores_avx2,       avx2::mla_mix_avx2,            avx2::mla_out_avx2,
     avx2::attnres_tokens_avx2,   avx2::router_tokens_avx2,      avx2::argmax_avx2,
+    /*mxfp4_x_pairs_split=*/true,
 };
 
 }  // namespace ktier::cpu

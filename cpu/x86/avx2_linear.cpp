@@ -160,31 +160,50 @@ void dense_rows(const LinearTask& task, int64_t r0, int64_t r1, double* scratch)
 }
 
 // 16 packed bytes (32 nibbles, low nibble = even element) -> 32 doubles holding 2*E2M1, in
-// element order: d[q] = elements 4q..4q+3.
+// the pairs-split order of x (KernelTable::mxfp4_x_pairs_split): d[2m] = elements 8m, 8m+2,
+// 8m+4, 8m+6 (the low nibbles of bytes 4m..4m+3), d[2m+1] = elements 8m+1, 8m+3, ... (their
+// high nibbles). No conversion instruction: every value 2*E2M1 has at most two significant bits,
+// so its double is fully given by its top 16 bits (sign, exponent, two mantissa bits), which two
+// byte tables give and a byte shuffle moves to the top of each 64-bit lane (the rest zero).
 inline void mxfp4_decode_block(const uint8_t* p, __m256d* d) {
-  const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m128i nib = _mm_set1_epi8(0x0f);
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(bytes, nib));
-  const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), nib));
-  const __m128i e0 = _mm_unpacklo_epi8(lo, hi);  // elements 0..15
-  const __m128i e1 = _mm_unpackhi_epi8(lo, hi);  // elements 16..31
-  const __m256i i0 = _mm256_cvtepi8_epi32(e0);
-  const __m256i i1 = _mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8));
-  const __m256i i2 = _mm256_cvtepi8_epi32(e1);
-  const __m256i i3 = _mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8));
-  d[0] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(i0));
-  d[1] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(i0, 1));
-  d[2] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(i1));
-  d[3] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(i1, 1));
-  d[4] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(i2));
-  d[5] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(i2, 1));
-  d[6] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(i3));
-  d[7] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(i3, 1));
+  // Top and second byte of the double for codes 0..15: 0, 1, 2, 3, 4, 6, 8, 12, then the same
+  // negated (code 8, "-0", gives +0).
+  const __m256i top = _mm256_setr_epi8(
+      0, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0, -0x41, -0x40, -0x40, -0x40, -0x40, -0x40,
+      -0x40, 0, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0, -0x41, -0x40, -0x40, -0x40, -0x40,
+      -0x40, -0x40);
+  const __m256i second = _mm256_setr_epi8(
+      0, -0x10, 0, 0x08, 0x10, 0x18, 0x20, 0x28, 0, -0x10, 0, 0x08, 0x10, 0x18, 0x20, 0x28,
+      0, -0x10, 0, 0x08, 0x10, 0x18, 0x20, 0x28, 0, -0x10, 0, 0x08, 0x10, 0x18, 0x20, 0x28);
+  // 16-bit words 0..3 (first) or 4..7 (second) of each 128-bit half -> the top of four qwords
+  // (lane 0 takes two words of the half, lane 1 the next two; both halves hold the same words).
+  const __m256i first = _mm256_setr_epi8(-1, -1, -1, -1, -1, -1, 0, 1, -1, -1, -1, -1, -1, -1, 2,
+                                         3, -1, -1, -1, -1, -1, -1, 4, 5, -1, -1, -1, -1, -1, -1,
+                                         6, 7);
+  const __m256i next = _mm256_setr_epi8(-1, -1, -1, -1, -1, -1, 8, 9, -1, -1, -1, -1, -1, -1, 10,
+                                        11, -1, -1, -1, -1, -1, -1, 12, 13, -1, -1, -1, -1, -1,
+                                        -1, 14, 15);
+  const __m256i nib = _mm256_set1_epi8(0x0f);
+  const __m256i bytes =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i lo = _mm256_and_si256(bytes, nib);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib);
+  const __m256i lo_top = _mm256_shuffle_epi8(top, lo), lo_second = _mm256_shuffle_epi8(second, lo);
+  const __m256i hi_top = _mm256_shuffle_epi8(top, hi), hi_second = _mm256_shuffle_epi8(second, hi);
+  const __m256i lo_words[2] = {_mm256_unpacklo_epi8(lo_second, lo_top),   // bytes 0..7
+                               _mm256_unpackhi_epi8(lo_second, lo_top)};  // bytes 8..15
+  const __m256i hi_words[2] = {_mm256_unpacklo_epi8(hi_second, hi_top),
+                               _mm256_unpackhi_epi8(hi_second, hi_top)};
+  for (int m = 0; m < 4; ++m) {
+    const __m256i pick = (m & 1) ? next : first;
+    d[2 * m] = _mm256_castsi256_pd(_mm256_shuffle_epi8(lo_words[m >> 1], pick));
+    d[2 * m + 1] = _mm256_castsi256_pd(_mm256_shuffle_epi8(hi_words[m >> 1], pick));
+  }
 }
 
-// One decoded block against one token's x: block lanes b0 = lanes 0-3 (elements l, l+8, l+16,
-// l+24), b1 = lanes 4-7, each from +0.0; then row lanes += block lanes * 2^(s-128) (exact).
+// One decoded block against one token's x (pairs split, as d): block lanes b0 = lanes 0, 2, 4, 6
+// (elements l, l+8, l+16, l+24), b1 = lanes 1, 3, 5, 7, each from +0.0; then row lanes += block
+// lanes * 2^(s-128) (exact).
 inline void mxfp4_block_accumulate(const __m256d* d, const double* xp, __m256d scale, __m256d& Ra,
                                    __m256d& Rb) {
   const __m256d zero = _mm256_setzero_pd();
@@ -200,15 +219,17 @@ inline void mxfp4_block_accumulate(const __m256d* d, const double* xp, __m256d s
   Rb = _mm256_fmadd_pd(b1, scale, Rb);
 }
 
+// Row lanes Ra = lanes 0, 2, 4, 6 and Rb = lanes 1, 3, 5, 7 -> y (NUMERICS.md §4 steps 4-5).
 inline float mxfp4_finish(__m256d Ra, __m256d Rb) {
-  double lane[8];
-  _mm256_storeu_pd(lane, Ra);
-  _mm256_storeu_pd(lane + 4, Rb);
+  double even[4], odd[4];
+  _mm256_storeu_pd(even, Ra);
+  _mm256_storeu_pd(odd, Rb);
+  const double lane[8] = {even[0], odd[0], even[1], odd[1], even[2], odd[2], even[3], odd[3]};
   return num::F(num::tree8(lane));
 }
 
-// One MXFP4 row against NT tokens. Block lanes: b0 = lanes 0-3 (elements l, l+8, l+16, l+24),
-// b1 = lanes 4-7; row lanes likewise in R[t][0..1].
+// One MXFP4 row against NT tokens. Block and row lanes as in mxfp4_block_accumulate, row lanes
+// in R[t][0..1].
 template <int NT>
 void mxfp4_tile(const LinearTask& task, int64_t r, int64_t tok) {
   const int64_t n = task.w.cols, rows = task.w.rows, G = n / 32;
