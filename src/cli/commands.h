@@ -14,6 +14,7 @@ int finish(const Status& status);
 
 void register_run_command(CLI::App& app, int& exit_code);
 void register_eval_command(CLI::App& app, int& exit_code);
+void register_perplexity_command(CLI::App& app, int& exit_code);
 void register_synth_command(CLI::App& app, int& exit_code);
 void register_inspect_command(CLI::App& app, int& exit_code);
 void register_tokenize_command(CLI::App& app, int& exit_code);

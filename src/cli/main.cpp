@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   cli::register_run_command(app, exit_code);
   cli::register_eval_command(app, exit_code);
+  cli::register_perplexity_command(app, exit_code);
   cli::register_synth_command(app, exit_code);
   cli::register_inspect_command(app, exit_code);
   cli::register_tokenize_command(app, exit_code);

@@ -92,6 +92,78 @@ TEST_F(RunEvalCli, EvalLogitsFileIsPositionMajorF32AndIndependentOfChunkAndThrea
       ASSERT_NEAR(la[t * V + i], tf[t].at("logits")[i].get<double>(), 1e-4 * ref_max) << t << "," << i;
 }
 
+// -log softmax(row)[target], summed independently of runtime/perplexity.cpp (long double).
+double nll_of(const float* row, size_t V, size_t target) {
+  long double z = 0;
+  for (size_t i = 0; i < V; ++i) z += std::exp(static_cast<long double>(row[i]));
+  return static_cast<double>(std::log(z) - row[target]);
+}
+
+// `perplexity` scores each window's second half from the logits of that window alone (as eval
+// computes them), agrees with the float64 reference's logits, never depends on --chunk or
+// --threads, and refuses input it cannot score.
+TEST_F(RunEvalCli, PerplexityScoresTheSecondHalfOfEachWindow) {
+  std::vector<int> all;
+  for (int i = 0; i < 21; ++i) all.push_back((i * 37 + 5) % 300);
+  const fs::path json = dir_.string() + "-ppl.json", logits = dir_.string() + "-ppl.f32";
+  // Windows of 8: two, the last 5 tokens left out; positions 4..6 of each scored (3 tokens).
+  auto r = run_process(ktier() + " perplexity" + model() + " --ids " + join(all) +
+                       " -c 8 --json " + json.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  double sum = 0;
+  for (int w = 0; w < 2; ++w) {
+    const std::vector<int> window(all.begin() + 8 * w, all.begin() + 8 * w + 8);
+    ASSERT_EQ(run_process(ktier() + " eval" + model() + " --ids " + join(window) +
+                          " --logits-out " + logits.string()).exit_code, 0);
+    const size_t V = fs::file_size(logits) / (8 * sizeof(float));
+    std::vector<float> l(8 * V);
+    std::ifstream in(logits, std::ios::binary);
+    in.read(reinterpret_cast<char*>(l.data()), static_cast<std::streamsize>(l.size() * 4));
+    for (size_t i = 4; i < 7; ++i)
+      sum += nll_of(l.data() + i * V, V, static_cast<size_t>(window[i + 1]));
+  }
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(j.at("tokens_scored"), 6);
+  EXPECT_EQ(j.at("windows"), 2);
+  EXPECT_EQ(j.at("window_tokens"), 8);
+  EXPECT_EQ(j.at("text_tokens"), 21);
+  EXPECT_NEAR(j.at("mean_nll").get<double>(), sum / 6, 1e-9);
+  EXPECT_NEAR(j.at("perplexity").get<double>(), std::exp(sum / 6), 1e-9 * std::exp(sum / 6));
+  EXPECT_NE(r.out.find("over 6 tokens (2 windows of 8)"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("the last 5 left out"), std::string::npos) << r.err;
+  // Same bytes whatever the chunking and threads.
+  const auto other = run_process(ktier() + " perplexity" + model() + " --ids " + join(all) +
+                                 " -c 8 --chunk 3 --threads 1");
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  EXPECT_EQ(other.out, r.out);
+  // The golden prompt as one window against the float64 reference's logits.
+  const auto& tf = golden_.at("teacher_forced");
+  const std::vector<int> prompt = golden_.at("prompt_ids").get<std::vector<int>>();
+  const size_t T = prompt.size();
+  ASSERT_EQ(tf.size(), T);
+  double ref = 0;
+  for (size_t i = T / 2; i + 1 < T; ++i) {
+    const std::vector<float> row = tf[i].at("logits").get<std::vector<float>>();
+    ref += nll_of(row.data(), row.size(), static_cast<size_t>(prompt[i + 1]));
+  }
+  const double ref_mean = ref / static_cast<double>(T - 1 - T / 2);
+  r = run_process(ktier() + " perplexity" + model() + " --ids " + prompt_ids() + " --json " +
+                  json.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json g = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(g.at("window_tokens"), static_cast<int>(T));  // shorter than -c: one window
+  EXPECT_NEAR(g.at("mean_nll").get<double>(), ref_mean, 1e-4);
+  // Input it cannot score: usage errors before the load.
+  for (const std::string& bad : {std::string(" --ids 5"), std::string(" --ids 1,2 -c 1"),
+                                 std::string(" --ids 1,999999"), std::string(""),
+                                 std::string(" --ids 1,2 -p x")}) {
+    r = run_process(ktier() + " perplexity" + model() + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.err;
+  }
+  fs::remove(json);
+  fs::remove(logits);
+}
+
 TEST_F(RunEvalCli, GreedyRunPrintsReferenceIdsAfterTheText) {
   const auto r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() +
                              " -n 20 --temp 0 --print-ids");

@@ -1,0 +1,189 @@
+// ktier perplexity: how well the model predicts a text, as llama.cpp's llama-perplexity measures
+// it, so that runs of the same checkpoint on other engines (or on ktier's GPU path, or another
+// memory budget) can be compared by one number.
+//
+//   ktier perplexity -m DIR (-f FILE | -p TEXT | --ids 1,2,3) [-c N] [--chunk N] [--json FILE]
+//                    [--threads N] [memory-dial, device and strata options as for run]
+//
+// The tokens are cut into windows of -c tokens (default 512; a text shorter than one window is
+// one window of all its tokens; the tokens after the last whole window are left out), each
+// decoded from an empty sequence; in each window the second half is scored: the logits at
+// position i (c/2 <= i < c - 1) against token i + 1, the first half being context only.
+// stdout: one line, "perplexity P +/- E over N tokens (W windows of C)"; the estimate so far is
+// logged after each window. Ctrl-C stops after the current window with the estimate so far
+// (exit 130). The figure depends only on the logits' bytes, so never on --threads, --chunk,
+// --isa or the memory budget.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cli/cli_input.h"
+#include "cli/commands.h"
+#include "cli/strata_options.h"
+#include "common/interrupt.h"
+#include "io/output_file.h"
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+#include "runtime/perplexity.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ktier::cli {
+namespace {
+
+struct PerplexityArgs {
+  std::string model, prompt, file, ids, json, isa = "auto";
+  MemoryArgs memory;
+  StrataArgs strata;
+  bool has_prompt = false, has_ids = false;
+  int64_t ctx = 512, chunk = 0;
+  int threads = 0;
+};
+
+constexpr const char* kStopWindow = "ktier: stopping after this window (Ctrl-C again to quit now)";
+
+// The ids to score, read and tokenized before the (long) load so that bad input fails at once.
+Result<std::vector<uint32_t>> input_ids(const PerplexityArgs& a) {
+  const int given = int(a.has_prompt) + int(!a.file.empty()) + int(a.has_ids);
+  if (given != 1) return Status::usage("give exactly one of -p TEXT, -f FILE or --ids 1,2,3");
+  if (a.has_ids) {
+    KTIER_RETURN_IF_ERROR(check_ids_given(a.ids));
+    return parse_ids(a.ids);
+  }
+  KTIER_ASSIGN_OR_RETURN(const bool has_tokenizer,
+                         io::path_exists(std::filesystem::path(a.model) / "tiktoken.model"));
+  if (!has_tokenizer)
+    return Status::usage(a.model + "/tiktoken.model: not found; text needs the tokenizer "
+                         "(score token ids with --ids instead)");
+  KTIER_ASSIGN_OR_RETURN(const tok::Tokenizer tokenizer, tok::Tokenizer::load(a.model));
+  std::string text = a.prompt;
+  if (!a.file.empty()) {
+    KTIER_ASSIGN_OR_RETURN(text, read_input(a.file));
+  }
+  return tokenizer.encode(text, /*special=*/false);
+}
+
+Status write_stdout(const std::string& s) {
+  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
+    return Status::runtime("error writing standard output: " + io::errno_text(errno));
+  return Status::ok();
+}
+
+Status perplexity(const PerplexityArgs& a) {
+  if (a.ctx < 2 || a.ctx > INT32_MAX)
+    return Status::usage("-c/--ctx-size must be in 2.." + std::to_string(INT32_MAX) +
+                         " (a window scores its second half)");
+  if (a.chunk < 0) return Status::usage("--chunk must be >= 0 (0 = a whole window in one pass)");
+  KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
+  KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
+  KTIER_RETURN_IF_ERROR(check_output_is_not_input(
+      "--json", a.json,
+      {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile},
+       {"-f", a.file == "-" ? std::string() : a.file},
+       {"standard input", a.file == "-" ? "/dev/stdin" : std::string()}}));
+  KTIER_RETURN_IF_ERROR(io::check_can_write("--json", a.json));
+  KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> raw, input_ids(a));
+  if (raw.size() < 2)
+    return Status::usage("the text is " + std::to_string(raw.size()) +
+                         " token(s): scoring needs at least 2");
+  const int64_t total = static_cast<int64_t>(raw.size());
+  const int64_t window = std::min(a.ctx, total), windows = total / window;
+  const int64_t first = window / 2;  // the first scored position of a window
+  const int64_t chunk = a.chunk > 0 ? std::min(a.chunk, window) : window;
+
+  runtime::EngineOptions eo;
+  eo.model_dir = a.model;
+  eo.threads = a.threads;
+  eo.isa = isa;
+  KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
+  KTIER_RETURN_IF_ERROR(apply_strata_options(a.strata, eo));
+  eo.workload.positions = window;
+  eo.workload.chunk = chunk;
+  eo.workload.rows = model::LogitRows::kAll;
+  spdlog::info("loading {}", a.model);
+  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
+  const int64_t V = engine->checkpoint().config().vocab_size;
+  KTIER_ASSIGN_OR_RETURN(
+      const std::vector<int32_t> ids,
+      ids_in_vocab(raw, V, a.has_ids ? IdSource::kCommandLine : IdSource::kTokenizer));
+  spdlog::info("{} tokens: {} window(s) of {}, scoring positions {}..{} of each{}", total,
+               windows, window, first, window - 2,
+               total > windows * window
+                   ? " (the last " + std::to_string(total - windows * window) + " left out)"
+                   : std::string());
+
+  InterruptRequest interrupt(kStopWindow);
+  runtime::PerplexityMeter meter;
+  std::vector<float> logits(static_cast<size_t>(window * V));
+  int64_t done = 0;
+  for (; done < windows && !InterruptRequest::requested(); ++done) {
+    const std::span<const int32_t> w(ids.data() + done * window, static_cast<size_t>(window));
+    KTIER_RETURN_IF_ERROR(runtime::evaluate(engine->model(), w, chunk, logits.data()));
+    for (int64_t i = first; i + 1 < window; ++i)
+      KTIER_RETURN_IF_ERROR(meter.add(logits.data() + i * V, V, w[static_cast<size_t>(i + 1)],
+                                      i + 1));
+    spdlog::info("[{}/{}] perplexity {:.4f} +/- {:.4f}", done + 1, windows, meter.perplexity(),
+                 meter.perplexity_error());
+  }
+  if (done == 0) return Status::interrupted("stopped by Ctrl-C before the first window ended");
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "perplexity %.6f +/- %.6f over %lld tokens (%lld window%s of %lld)\n",
+                meter.perplexity(), meter.perplexity_error(), static_cast<long long>(meter.count()),
+                static_cast<long long>(done), done == 1 ? "" : "s", static_cast<long long>(window));
+  KTIER_RETURN_IF_ERROR(write_stdout(line));
+  if (!a.json.empty()) {
+    const nlohmann::json j{{"perplexity", meter.perplexity()},
+                           {"perplexity_error", meter.perplexity_error()},
+                           {"mean_nll", meter.mean_nll()},
+                           {"tokens_scored", meter.count()},
+                           {"windows", done},
+                           {"window_tokens", window},
+                           {"text_tokens", total}};
+    KTIER_RETURN_IF_ERROR(io::write_output_file(a.json, j.dump(2) + "\n"));
+  }
+  if (done < windows)
+    return Status::interrupted("stopped by Ctrl-C after " + std::to_string(done) + " of " +
+                               std::to_string(windows) + " windows");
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_perplexity_command(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<PerplexityArgs>();
+  auto* sub = app.add_subcommand(
+      "perplexity", "Perplexity of a text (as llama-perplexity): windows of -c tokens, the "
+                    "second half of each scored");
+  sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
+  auto* p = sub->add_option("-p,--prompt", a->prompt, "Text to score");
+  sub->add_option("-f,--file", a->file, "Read the text from a file ('-' = standard input)");
+  auto* ids = sub->add_option("--ids", a->ids,
+                              "Token ids to score, comma-separated (no tokenizer needed)");
+  sub->add_option("-c,--ctx-size", a->ctx,
+                  "Tokens per window, each decoded from an empty sequence; its second half is "
+                  "scored")
+      ->capture_default_str();
+  sub->add_option("--chunk", a->chunk, "Tokens per prefill pass; 0 = a whole window")
+      ->capture_default_str();
+  sub->add_option("--json", a->json,
+                  "Also write perplexity, perplexity_error, mean_nll (nats), tokens_scored, "
+                  "windows, window_tokens, text_tokens to FILE");
+  add_threads_option(sub, a->threads, "Worker threads");
+  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
+      ->capture_default_str();
+  add_memory_options(sub, a->memory);
+  add_strata_options(sub, a->strata);
+  sub->callback([a, p, ids, &exit_code] {
+    a->has_prompt = p->count() > 0;
+    a->has_ids = ids->count() > 0;
+    exit_code = finish(perplexity(*a));
+  });
+}
+
+}  // namespace ktier::cli
