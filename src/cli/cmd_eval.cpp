@@ -64,13 +64,14 @@ Status eval(const EvalArgs& a) {
   std::vector<float> logits(static_cast<size_t>(T * V));
   KTIER_RETURN_IF_ERROR(runtime::evaluate(engine->model(), ids, a.chunk > 0 ? a.chunk : T,
                                           logits.data()));
+  // Logits from non-finite weights or activations are not an answer: nothing is written.
+  for (int64_t t = 0; t < T; ++t)
+    KTIER_RETURN_IF_ERROR(runtime::check_logits(logits.data() + t * V, V, t + 1));
   if (!a.logits_out.empty()) KTIER_RETURN_IF_ERROR(write_logits(a.logits_out, logits));
   if (a.argmax) {
     std::vector<int32_t> best;
-    for (int64_t t = 0; t < T; ++t) {
-      KTIER_RETURN_IF_ERROR(runtime::check_logits(logits.data() + t * V, V, t + 1));
+    for (int64_t t = 0; t < T; ++t)
       best.push_back(static_cast<int32_t>(cpu::argmax(logits.data() + t * V, V, engine->exec())));
-    }
     const std::string line = join_ids(best) + "\n";
     if (std::fwrite(line.data(), 1, line.size(), stdout) != line.size() || std::fflush(stdout) != 0)
       return Status::runtime("error writing standard output");

@@ -17,8 +17,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 Status check_logits(const float* logits, int64_t n, int64_t positions) {
+  bool any_possible = false;  // a logit above -Inf: a token with probability > 0
   for (int64_t i = 0; i < n; ++i) {
     const float l = logits[i];
+    any_possible = any_possible || l > -std::numeric_limits<float>::infinity();
     if (!std::isnan(l) && l != std::numeric_limits<float>::infinity()) continue;
     return Status::corrupt("the logits after " + std::to_string(positions) + " positions hold " +
                            (std::isnan(l) ? "NaN" : "+Inf") + " (first at id " +
@@ -27,6 +29,11 @@ Status check_logits(const float* logits, int64_t n, int64_t positions) {
                            "config.json scale too large for 32-bit floats?); no token is "
                            "drawn from them");
   }
+  if (n > 0 && !any_possible)
+    return Status::corrupt("the logits after " + std::to_string(positions) +
+                           " positions are all -Inf: weights or activations are not finite "
+                           "(a shard or pack damaged or rewritten during the run?); no token is "
+                           "drawn from them");
   return Status::ok();
 }
 

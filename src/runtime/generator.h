@@ -97,7 +97,8 @@ class GenerationSession {
 Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits);
 
 // Status::corrupt (exit 3) when a row of `n` logits holds a NaN or +Inf (naming `positions`, the
-// sequence length they follow, and the first such id): no token is drawn or reported from it.
+// sequence length they follow, and the first such id), or is all -Inf (no token possible): no
+// token is drawn or reported from it.
 // Weights or activations that are not finite never come from a sound checkpoint (bytes damaged
 // or rewritten under the run, or an overflow); greedy argmax would say token 0 and carry on.
 Status check_logits(const float* logits, int64_t n, int64_t positions);

@@ -571,6 +571,12 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     const auto r = run_process(ktier() + " run -m " + nan_dir.string() + " --ids 1,2 -n 3 " +
                                "--trace " + trace.string());
     const auto ev = run_process(ktier() + " eval -m " + nan_dir.string() + " --ids 1,2 --argmax");
+    // Nor are the logits written as if they were an answer.
+    const fs::path logits = dir_.string() + "-nan.f32";
+    const auto lo = run_process(ktier() + " eval -m " + nan_dir.string() + " --ids 1,2 " +
+                                "--logits-out " + logits.string());
+    EXPECT_EQ(lo.exit_code, 3) << lo.err;
+    EXPECT_FALSE(fs::exists(logits));
     fs::remove_all(nan_dir);
     EXPECT_NE(r.err.find("trace: " + trace.string() + " left unfinished"), std::string::npos)
         << r.err;

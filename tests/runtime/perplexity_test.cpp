@@ -48,6 +48,13 @@ TEST(Perplexity, ImpossibleTargetsAreInfiniteAndBadLogitsAreRefused) {
   EXPECT_EQ(negative_log_likelihood(some, 3, 1), std::numeric_limits<double>::infinity());
   const float none[] = {-inf, -inf};
   EXPECT_EQ(negative_log_likelihood(none, 2, 0), std::numeric_limits<double>::infinity());
+  {  // but a row where no token is possible is not an answer (check_logits)
+    PerplexityMeter m;
+    const Status s = m.add(none, 2, 0, 3);
+    EXPECT_EQ(s.code(), ExitCode::kCorrupt);
+    EXPECT_NE(s.message().find("after 3 positions are all -Inf"), std::string::npos)
+        << s.message();
+  }
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), inf}) {
     const float logits[] = {0.5f, bad, 0.25f};
     PerplexityMeter m;
