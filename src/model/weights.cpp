@@ -2,6 +2,7 @@
 
 #include "backend/backend.h"
 
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -37,11 +38,19 @@ class Binder {
   }
 
   // The first n elements of a float tensor, widened to f32 (zeros for a shape-only view).
+  // Status::corrupt naming the tensor when one is NaN or infinite: no sound checkpoint holds
+  // such a norm gain, bias or gate parameter, and some (the router's bias under top-k, dt_bias
+  // under the decay gate) would change tokens without ever reaching the logits check.
   Result<std::vector<float>> vec(const std::string& name, int64_t n) {
     KTIER_ASSIGN_OR_RETURN(const TensorView t, find_(name));
     KTIER_CHECK_MSG(t.numel >= n, name.c_str());
     std::vector<float> out(static_cast<size_t>(n));
     if (t.data) cpu::widen_to_f32(weight_type_of(t.dtype), t.data, n, out.data());
+    for (size_t i = 0; i < out.size(); ++i)
+      if (!std::isfinite(out[i]))
+        return Status::corrupt(name + ": element " + std::to_string(i) + " is " +
+                               (std::isnan(out[i]) ? "NaN" : "infinite") +
+                               " (the checkpoint's bytes are damaged)");
     return out;
   }
 

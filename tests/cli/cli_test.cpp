@@ -33,7 +33,7 @@ TEST(Cli, UsageErrorsExitTwo) {
   const auto unknown = run_process(ktier() + " no-such-subcommand");
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_EQ(unknown.err.rfind("ktier: error: unknown command 'no-such-subcommand' (choose from "
-                              "run, eval, synth,", 0), 0u)
+                              "run, eval, perplexity, synth,", 0), 0u)
       << unknown.err;
   // Nested commands too, and a missing one is asked for with the choices.
   for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{

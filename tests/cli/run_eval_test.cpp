@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -590,6 +592,42 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     EXPECT_EQ(ev.exit_code, 3) << ev.err;  // eval --argmax reports no id from them either
     EXPECT_NE(ev.err.find("the logits after 1 positions hold NaN"), std::string::npos) << ev.err;
     EXPECT_EQ(ev.out, "");
+  }
+  // A NaN or infinite norm gain, bias or gate parameter: exit 3 naming the tensor, even where
+  // the value would never reach the logits (the router's bias under top-k, dt_bias).
+  for (const auto& [tensor, bad] :
+       {std::pair<std::string, float>{"block_sparse_moe.gate.e_score_correction_bias", NAN},
+        {"self_attn.dt_bias", INFINITY}, {"self_attn.dt_bias", -INFINITY}}) {
+    const fs::path bad_dir = dir_.string() + "-badvec";
+    fs::remove_all(bad_dir);
+    fs::copy(dir_, bad_dir);
+    const std::string name = "language_model.model.layers.1." + tensor;
+    const fs::path shard = bad_dir / "model-00002-of-000014.safetensors";  // layer 1
+    uint64_t offset = 0;
+    std::string dtype;
+    {
+      auto st = format::SafetensorsFile::open(shard);
+      ASSERT_TRUE(st.is_ok()) << st.status().message();
+      const format::TensorInfo* t = st->find(name);
+      ASSERT_NE(t, nullptr) << name;
+      offset = t->file_offset + 3 * dtype_size(t->dtype);  // element 3
+      dtype = std::string(dtype_name(t->dtype));
+    }
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset));
+    if (dtype == "F32") {
+      f.write(reinterpret_cast<const char*>(&bad), 4);
+    } else {  // BF16: the top half of the f32
+      uint32_t u;
+      std::memcpy(&u, &bad, 4);
+      const uint16_t h = static_cast<uint16_t>(u >> 16);
+      f.write(reinterpret_cast<const char*>(&h), 2);
+    }
+    f.close();
+    const auto r = run_process(ktier() + " run -m " + bad_dir.string() + " --ids 1,2 -n 2");
+    fs::remove_all(bad_dir);
+    EXPECT_EQ(r.exit_code, 3) << tensor << "\n" << r.err;
+    EXPECT_NE(r.err.find(name + ": element 3 is "), std::string::npos) << r.err;
   }
   // A shard cut short: corrupt input (3), named, and no token is printed.
   const fs::path cut = dir_.string() + "-cut";
