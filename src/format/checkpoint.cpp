@@ -674,7 +674,8 @@ void CheckpointBuilder::check_leftovers() {
         int64_t layer = -1;
         auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), layer);
         ignore = ec == std::errc() && end != rest.data() && *end == '.' &&
-                 layer >= cfg_.num_hidden_layers;  // MTP head layers
+                 layer >= cfg_.num_hidden_layers &&  // the MTP head's layers, and no others
+                 layer - cfg_.num_hidden_layers < cfg_.num_nextn_predict_layers;
       }
       if (ignore) {
         ck_.census_.ignored.tensors += 1;

@@ -383,6 +383,31 @@ void check_values(ConfigReader& r, const ModelConfig& c, const PathOf& path_of,
                                                   std::to_string(c.num_hidden_layers) + ")");
   if (ok("intermediate_size") && c.first_k_dense_replace > 0 && c.intermediate_size < 1)
     r.error(path_of("intermediate_size"), "is " + std::to_string(c.intermediate_size) + ", must be >= 1");
+  auto at_most = [&](const char* key, int64_t v, int64_t limit) {
+    if (ok(key) && v > limit)
+      r.error(path_of(key), "is " + std::to_string(v) + ", more than ktier's limit of " +
+                                std::to_string(limit));
+  };
+  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"hidden_size", c.hidden_size},
+                              {"vocab_size", c.vocab_size},
+                              {"kda_head_dim", c.kda_head_dim},
+                              {"q_lora_rank", c.q_lora_rank},
+                              {"kv_lora_rank", c.kv_lora_rank},
+                              {"qk_nope_head_dim", c.qk_nope_head_dim},
+                              {"qk_rope_head_dim", c.qk_rope_head_dim},
+                              {"v_head_dim", c.v_head_dim},
+                              {"routed_expert_hidden_size", c.routed_expert_hidden_size},
+                              {"moe_intermediate_size", c.moe_intermediate_size},
+                              {"intermediate_size", c.intermediate_size}})
+    at_most(key, v, kMaxWidth);
+  for (const auto& [key, v] :
+       {std::pair<const char*, int64_t>{"kda_num_heads", c.kda_num_heads},
+        {"short_conv_kernel_size", c.short_conv_kernel_size},
+        {"num_attention_heads", c.num_attention_heads},
+        {"num_experts", c.num_experts},
+        {"num_shared_experts", c.num_shared_experts},
+        {"attn_res_block_size", c.attn_res_block_size}})
+    at_most(key, v, kMaxCount);
 
   // Rule 4. JSON text cannot spell inf/NaN, but a config built in memory can hold them. The
   // kernels take these as 32-bit floats: 1e300 would become inf there, and 1e-50 zero.

@@ -34,6 +34,11 @@ inline constexpr int64_t kMaxTopK = 64;
 // Most decoder layers ktier accepts (K3 has 93): per-layer tables are sized by the config before
 // the shards are read, so a corrupt count must not allocate by it.
 inline constexpr int64_t kMaxLayers = 4096;
+// Bounds on the other shape fields, far past any real model (K3: widths up to 163,840 (vocab),
+// 896 experts, 96 heads) and small enough that the products the shape checks and budgets form
+// (two widths, or a width, a count and a position count) stay inside int64.
+inline constexpr int64_t kMaxWidth = int64_t{1} << 24;  // sizes, ranks, head dims, vocabulary
+inline constexpr int64_t kMaxCount = int64_t{1} << 16;  // heads, experts, conv taps, block size
 
 // Which of the two accepted config.json layouts a config came from (§2.1).
 enum class ConfigShape { kNested, kFlat };

@@ -229,6 +229,13 @@ TEST(Checkpoint, MtpLayersAreIgnoredOnlyWhenConfigured) {
   auto r = write_and_open(s, dir);
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_EQ(r->census().ignored.tensors, 3u);
+  // Only the head's own layers (L .. L + n - 1): a tensor past them is still unknown.
+  s.shards[12].tensors.push_back(ktier::test::filled(kP + "14.eh_proj.weight", "BF16", {4, 4}, 7));
+  EXPECT_HAS(open_error(s, 3), "unknown tensor '" + kP + "14.eh_proj.weight' in shard " + s.shards[12].file);
+  s.config["text_config"]["num_nextn_predict_layers"] = 2;
+  TempDir dir2("ckpt_mtp2");
+  r = write_and_open(s, dir2);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
 }
 
 // ---- model-level errors (exit 3 naming the tensor) ------------------------------------------------

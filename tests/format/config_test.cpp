@@ -220,6 +220,26 @@ TEST(Config, HugeLayerCountsAreRefusedCheaply) {
              "does not cover 1..4096 (missing 94, 95, 96, 97, 98, 99, 100, 101, ...)");
 }
 
+// Widths and counts far past any model are refused by name: their products in the shape checks
+// wrapped around int64, so 4 + 2^61 heads passed as 4 (fuzz round 18).
+TEST(Config, ShapeFieldsPastTheLimitsAreRefusedByName) {
+  const std::pair<const char*, int64_t> cases[] = {
+      {"num_attention_heads", (int64_t{1} << 61) + 4}, {"num_attention_heads", 65537},
+      {"qk_nope_head_dim", (int64_t{1} << 62) + 24},   {"v_head_dim", (int64_t{1} << 62) + 16},
+      {"num_shared_experts", (int64_t{1} << 62) + 2},  {"kv_lora_rank", INT64_MAX},
+      {"hidden_size", (int64_t{1} << 24) + 1},         {"vocab_size", int64_t{1} << 40}};
+  for (const auto& [key, v] : cases) {
+    json j = k3_config();
+    j["text_config"][key] = v;
+    EXPECT_HAS(parse_err(j), std::string("text_config.") + key + ": is " + std::to_string(v) +
+                                 ", more than ktier's limit of ");
+  }
+  json j = k3_config();
+  j["text_config"]["num_attention_heads"] = 65536;  // at the limit
+  j["text_config"]["vocab_size"] = int64_t{1} << 24;
+  EXPECT_EQ(parse_ok(j).num_attention_heads, 65536);
+}
+
 TEST(Config, MaxPositionEmbeddingsIsPositiveWhenGiven) {
   for (const int64_t v : {0, -1}) {
     json j = k3_config();
