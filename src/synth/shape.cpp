@@ -4,6 +4,7 @@
 #include <set>
 
 #include "format/config.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ktier::synth {
 namespace {
@@ -96,10 +97,10 @@ SynthShape k3_slice_shape() {
   return s;
 }
 
-Status check_range(const char* flag, int64_t v, int64_t lo) {
-  if (v < lo || v > kMaxDim)
+Status check_range(const char* flag, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi)
     return Status::usage(std::string(flag) + " must be between " + std::to_string(lo) + " and " +
-                         std::to_string(kMaxDim) + " (got " + std::to_string(v) + ")");
+                         std::to_string(hi) + " (got " + std::to_string(v) + ")");
   return Status::ok();
 }
 
@@ -172,7 +173,7 @@ Result<SynthShape> apply_overrides(SynthShape s, const ShapeOverrides& o, Expert
   if (o.mla_layers) {
     s.mla_layers = *o.mla_layers;
     std::sort(s.mla_layers.begin(), s.mla_layers.end());
-  } else if (o.layers) {
+  } else if (o.layers && s.layers <= format::kMaxLayers) {  // else validate_shape refuses it
     s.mla_layers = default_mla_layers(s.layers);
   }
   KTIER_RETURN_IF_ERROR(validate_shape(s, format));
@@ -183,20 +184,24 @@ Status validate_shape(const SynthShape& s, ExpertFormat format) {
   struct Dim {
     const char* flag;
     int64_t value;
-    int64_t min;
+    int64_t min, max;
   };
+  // Counts within the engine's bound on them (format::kMaxCount), sizes within kMaxDim.
+  constexpr int64_t kCount = format::kMaxCount;
   const Dim dims[] = {
-      {"--hidden", s.hidden, 1},          {"--layers", s.layers, 2},
-      {"--kda-heads", s.kda_heads, 1},    {"--kda-head-dim", s.kda_head_dim, 1},
-      {"--mla-heads", s.mla_heads, 1},    {"--q-lora", s.q_lora, 1},
-      {"--kv-lora", s.kv_lora, 1},        {"--qk-nope", s.qk_nope, 1},
-      {"--qk-rope", s.qk_rope, 1},        {"--v-head", s.v_head, 1},
-      {"--experts", s.experts, 1},        {"--top-k", s.top_k, 1},
-      {"--latent", s.latent, 1},          {"--expert-inter", s.expert_inter, 1},
-      {"--dense-inter", s.dense_inter, 1}, {"--shared-experts", s.shared_experts, 0},
-      {"--block-size", s.block_size, 1},
+      {"--hidden", s.hidden, 1, kMaxDim},          {"--layers", s.layers, 2, kMaxDim},
+      {"--kda-heads", s.kda_heads, 1, kCount},     {"--kda-head-dim", s.kda_head_dim, 1, kMaxDim},
+      {"--mla-heads", s.mla_heads, 1, kCount},     {"--q-lora", s.q_lora, 1, kMaxDim},
+      {"--kv-lora", s.kv_lora, 1, kMaxDim},        {"--qk-nope", s.qk_nope, 1, kMaxDim},
+      {"--qk-rope", s.qk_rope, 1, kMaxDim},        {"--v-head", s.v_head, 1, kMaxDim},
+      {"--experts", s.experts, 1, kCount},         {"--top-k", s.top_k, 1, kCount},
+      {"--latent", s.latent, 1, kMaxDim},          {"--expert-inter", s.expert_inter, 1, kMaxDim},
+      {"--dense-inter", s.dense_inter, 1, kMaxDim},
+      {"--shared-experts", s.shared_experts, 0, kCount},
+      {"--block-size", s.block_size, 1, kCount},
   };
-  for (const Dim& d : dims) KTIER_RETURN_IF_ERROR(check_range(d.flag, d.value, d.min));
+  static_assert(kMaxDim <= format::kMaxWidth, "synth writes only widths the engine reads");
+  for (const Dim& d : dims) KTIER_RETURN_IF_ERROR(check_range(d.flag, d.value, d.min, d.max));
   // The engine's limits (config.h): a checkpoint it would refuse is not worth writing.
   if (s.layers > format::kMaxLayers)
     return Status::usage("--layers must be at most " + std::to_string(format::kMaxLayers) +
@@ -216,11 +221,15 @@ Status validate_shape(const SynthShape& s, ExpertFormat format) {
                          std::to_string(moe_layers * s.experts * per_expert) +
                          " expert tensors; synth writes at most " +
                          std::to_string(kMaxExpertTensors) + " (K3 has 494592)");
-  const int64_t min_vocab = 256 + s.added_tokens;
-  if (s.vocab < min_vocab || s.vocab > (int64_t{1} << 24))
+  // The added ids take the top of V, the ranks (256 bytes + merges) the bottom: the tokenizer
+  // reads added ids up to 2^20 past the ranks, so V up to 256 + 2^20 loads whatever the merges.
+  const int64_t min_vocab = 256 + s.added_tokens, max_vocab = 256 + tok::kMaxAddedIdsPastRanks;
+  if (s.vocab < min_vocab || s.vocab > max_vocab)
     return Status::usage("--vocab must be at least " + std::to_string(min_vocab) +
                          " (256 byte tokens + " + std::to_string(s.added_tokens) +
-                         " added ids) and at most 16777216 (got " + std::to_string(s.vocab) + ")");
+                         " added ids) and at most " + std::to_string(max_vocab) +
+                         " (256 + the 2^20 added ids the tokenizer reads past its ranks; got " +
+                         std::to_string(s.vocab) + ")");
   std::set<int64_t> seen;
   for (int64_t l : s.mla_layers) {
     if (l < 0 || l >= s.layers)

@@ -104,9 +104,10 @@ std::vector<int64_t> default_mla_layers(int64_t layers);
 Result<SynthShape> apply_overrides(SynthShape shape, const ShapeOverrides& o, ExpertFormat format);
 
 // Usage error (exit 2) naming the flag when a shape cannot be written as a loadable checkpoint:
-// sizes ≥ 1 (shared experts ≥ 0) and at most kMaxDim, 2 ≤ L ≤ format::kMaxLayers, MLA layers in
+// sizes ≥ 1 (shared experts ≥ 0) and at most kMaxDim (counts — heads, experts, top-k, shared
+// experts, block size — at most format::kMaxCount), 2 ≤ L ≤ format::kMaxLayers, MLA layers in
 // range, unique and leaving at least one KDA layer, top-k ≤ experts and ≤ format::kMaxTopK,
-// V ≥ 256 + added tokens, for MXFP4 the expert input widths (latent, expert-inter) multiples of
+// 256 + added tokens ≤ V ≤ 256 + tok::kMaxAddedIdsPastRanks, for MXFP4 the expert input widths (latent, expert-inter) multiples of
 // 32, and at most kMaxExpertTensors routed-expert tensors in all.
 Status validate_shape(const SynthShape& s, ExpertFormat format);
 

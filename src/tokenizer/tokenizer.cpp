@@ -162,7 +162,8 @@ Status parse_config(const std::string& text, const std::string& name, uint32_t n
     if (id < n_ranks) {
       return Status::corrupt(where + "id is inside the rank range 0.." + std::to_string(n_ranks - 1));
     }
-    if (id - n_ranks >= (1u << 20)) return Status::corrupt(where + "id is implausibly large");
+    if (id - n_ranks >= kMaxAddedIdsPastRanks)
+      return Status::corrupt(where + "id is implausibly large");
     added.push_back({id, value["content"].get<std::string>(), special});
     max_id = std::max(max_id, id);
   }

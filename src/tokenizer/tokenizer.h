@@ -35,6 +35,10 @@
 
 namespace ktier::tok {
 
+// An added token's id is below ranks + this (K3: 163,840 - 163,584 = 256 past them); a larger
+// one is corrupt ("implausibly large"): the added-token table is sized by the largest id.
+inline constexpr uint32_t kMaxAddedIdsPastRanks = 1u << 20;
+
 struct AddedToken {
   uint32_t id;
   std::string content;

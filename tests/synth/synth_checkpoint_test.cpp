@@ -415,13 +415,24 @@ TEST(SynthCli, RejectsBadFlagsWithUsageErrors) {
   EXPECT_EQ(test::run_process(base + " --preset tiny --top-k 9").exit_code, 2);
   EXPECT_EQ(test::run_process(base + " --preset tiny --mla-layers 0,1,2,3,4,5,6,7,8,9,10,11,12").exit_code, 2);
   // Shapes the engine would refuse, or no memory could plan: refused at once by name.
-  auto r = test::run_process(base + " --preset tiny --experts 4194304 --top-k 4194304");
+  auto r = test::run_process(base + " --preset tiny --experts 65536 --top-k 65536");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--top-k"), std::string::npos) << r.err;
-  r = test::run_process(base + " --preset tiny --experts 4194304");
+  r = test::run_process(base + " --preset tiny --experts 65536");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("expert tensors"), std::string::npos) << r.err;
   EXPECT_EQ(test::run_process(base + " --preset tiny --layers 5000").exit_code, 2);
+  // Past the engine's bounds on counts and on the tokenizer's added ids; a layer count that
+  // would size the default MLA list by itself (it took gigabytes before the range check).
+  for (const auto& [flags, named] :
+       {std::pair<std::string, std::string>{" --experts 65537", "--experts"},
+        {" --mla-heads 65537", "--mla-heads"},
+        {" --vocab 1048833", "--vocab"},
+        {" --layers 9223372036854775807", "--layers"}}) {
+    r = test::run_process(base + " --preset tiny" + flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.err;
+    EXPECT_NE(r.err.find(named), std::string::npos) << r.err;
+  }
   EXPECT_FALSE(fs::exists(dir.path() / "x"));
 }
 
@@ -430,9 +441,9 @@ TEST(SynthCli, RejectsBadFlagsWithUsageErrors) {
 TEST(SynthCli, RefusesAShapeLargerThanTheFreeSpace) {
   test::TempDir dir("space");
   const fs::path out = dir.path() / "x" / "y";
-  // 2 x 2^24 x 2^22 BF16 values (embedding + lm_head) alone: 2.8e14 bytes.
+  // 2 x (256 + 2^20) x 2^22 BF16 values (embedding + lm_head) alone: 1.8e13 bytes.
   const auto r = test::run_process(test::ktier_bin().string() + " synth -q --preset tiny -o " +
-                                   out.string() + " --vocab 16777216 --hidden 4194304");
+                                   out.string() + " --vocab 1048832 --hidden 4194304");
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("GB free"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(out.string()), std::string::npos) << r.err;
@@ -440,7 +451,7 @@ TEST(SynthCli, RefusesAShapeLargerThanTheFreeSpace) {
   // A non-empty folder without --force is the usage error it always was, checked first.
   { std::ofstream(dir.path() / "keep.txt") << "mine"; }
   const auto busy = test::run_process(test::ktier_bin().string() + " synth -q --preset tiny -o " +
-                                      dir.path().string() + " --vocab 16777216 --hidden 4194304");
+                                      dir.path().string() + " --vocab 1048832 --hidden 4194304");
   EXPECT_EQ(busy.exit_code, 2) << busy.err;
 }
 
