@@ -37,11 +37,16 @@ Status check_can_write(const std::string& flag, const std::string& path) {
   const auto refuse = [&](const std::string& why) {
     return Status::runtime(flag + ": cannot write " + path + ": " + why);
   };
+  // A path that can never name an output file is the command line's mistake, as an input
+  // folder given for a file is.
+  const auto misnamed = [&](const std::string& why) {
+    return Status::usage(flag + ": cannot write " + path + ": " + why);
+  };
   const fs::file_status st = fs::status(path, ec);  // follows symlinks
   // Anything but "no such file" (a symlink loop, a name too long, a file used as a folder)
   // will not get better by the end of the work.
   if (ec && ec != std::errc::no_such_file_or_directory) return refuse(ec.message());
-  if (fs::is_directory(st)) return refuse("it is a directory");
+  if (fs::is_directory(st)) return misnamed("it is a directory");
   // /proc and /sys files open for writing and then refuse the bytes (or, as root, change the
   // kernel's settings): no output goes there.
   {
@@ -50,7 +55,7 @@ Status check_can_write(const std::string& flag, const std::string& path) {
     struct statfs fs_info {};
     if (::statfs(existing.empty() ? "." : existing.c_str(), &fs_info) == 0 &&
         (fs_info.f_type == PROC_SUPER_MAGIC || fs_info.f_type == SYSFS_MAGIC))
-      return refuse("/proc and /sys are not for output files");
+      return misnamed("/proc and /sys are not for output files");
   }
   if (fs::exists(st)) {
     // A FIFO or a device is not opened here: closing a FIFO's write end would end its reader's

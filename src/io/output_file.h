@@ -18,7 +18,7 @@ namespace ktier::io {
 std::filesystem::path follow_dangling_symlinks(const std::filesystem::path& path);
 
 // Status::runtime (exit 1) "FLAG: cannot write PATH: <errno>" unless `path` (empty: no output)
-// can be written: an existing regular file is opened for writing without truncating it (a run
+// can be written (Status::usage, exit 2, for a folder or a /proc or /sys path, which never can): an existing regular file is opened for writing without truncating it (a run
 // that fails later leaves it as it was), a FIFO or device is checked with access(W_OK) only,
 // and for a new file a probe of another name is created and removed in its folder. Called
 // before the work, so that an output which cannot be written (a read-only file system, /proc) is

@@ -44,7 +44,7 @@ TEST_F(OutputFileTest, EmptyPathMeansNoOutput) { EXPECT_TRUE(check_can_write("--
 
 TEST_F(OutputFileTest, FolderAndMissingFolderAreRefusedNamingFlagAndPath) {
   Status s = check_can_write("--json", dir_.string());
-  EXPECT_EQ(s.code(), ExitCode::kRuntime);
+  EXPECT_EQ(s.code(), ExitCode::kUsage);
   EXPECT_EQ(s.message(), "--json: cannot write " + dir_.string() + ": it is a directory");
   const std::string missing = (dir_ / "no-such-folder" / "r.json").string();
   s = check_can_write("--csv", missing);
@@ -141,11 +141,11 @@ TEST_F(OutputFileTest, BinaryOutputToOwnStdoutIsRefused) {
 
 TEST_F(OutputFileTest, ProcIsRefusedBeforeTheWork) {
   const Status s = check_can_write("--json", "/proc/ktier-output-file-test.json");
-  EXPECT_EQ(s.code(), ExitCode::kRuntime);
+  EXPECT_EQ(s.code(), ExitCode::kUsage);
   // Existing /proc and /sys files open for writing (and, as root, change kernel settings).
   for (const char* file : {"/proc/self/status", "/proc/sys/kernel/hostname"}) {
     const Status e = check_can_write("--json", file);
-    EXPECT_EQ(e.code(), ExitCode::kRuntime) << file;
+    EXPECT_EQ(e.code(), ExitCode::kUsage) << file;
     EXPECT_NE(e.message().find("/proc and /sys are not for output files"), std::string::npos)
         << e.message();
   }

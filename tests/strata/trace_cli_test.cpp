@@ -262,9 +262,9 @@ TEST_F(TraceCli, UsageErrorsExit2) {
   const auto piped = run_process("cat " + q(conformance_) + " | " +
                                  ktier("trace convert /dev/stdin " + q(dir_ / "p.ktrace")));
   EXPECT_EQ(piped.exit_code, 0) << piped.err;
-  // An output that cannot be written is refused before the replay (exit 1, as any I/O error).
+  // An output that can never be written is refused before the replay (exit 2, a misnamed path).
   const auto r = run_process(ktier("trace replay " + conf + " --slots 16 --csv /proc/ktier.csv"));
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--csv: cannot write /proc/ktier.csv"), std::string::npos) << r.err;
   EXPECT_EQ(r.out, "");
 }
