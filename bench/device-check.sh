@@ -8,7 +8,8 @@
 # Steps: machine, module probe, the CUDA tests (every op against the CPU; GPU mode end to end),
 # device limits and GEMV ratios (bench device), then on a demo checkpoint decode with
 # everything resident, with VRAM budgets holding 50%, 25% and 10% of the experts, and with half
-# the trunk (the other layers streamed per token), and a closing table. Each step is
+# the trunk (the other layers streamed per token), perplexity on the device against the CPU,
+# and a closing table. Each step is
 # independent: failures are reported, not fatal. Every step has a timeout, and steps that would
 # start after DEADLINE_S (default 330) seconds are skipped, so the table is always reached. The
 # demo checkpoint is generated in the background while the tests run (it needs no GPU).
@@ -99,6 +100,17 @@ done
 # demo: 3 of 16 layers resident, the head being large; emulated run).
 vram=$(python3 -c "import json; j=json.load(open('$W/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes']//2 + d['working_set_bytes'] + 2*(v['slots'] - v['policy_slots']) * v['slot_bytes']))" 2>/dev/null)
 [ -n "$vram" ] && run trunk50 $DEVICE --vram "$vram"
+# Perplexity of a fixed id sequence (2 windows of 64): the device against the CPU. Robust where
+# greedy ids are not (one near-tied expert choice changes every later id); the figures should
+# agree to a few parts in 10^4 (cuBLAS accumulation, NUMERICS.md §13).
+PPL_IDS=$(python3 -c "print(','.join(str((i * 37 + 5) % 250) for i in range(128)))")
+for dev in cpu $DEVICE; do
+  in_time || break
+  T 60 "$B/ktier" perplexity -m $M --ids $PPL_IDS -c 64 --device $dev \
+    $([ "$dev" = emulated ] && echo --vram 4G) --json "$W/ppl-$dev.json" \
+    >"$W/ppl-$dev.out" 2>"$W/ppl-$dev.err"
+  echo "perplexity $dev rc=$?: $(cat "$W/ppl-$dev.out")"
+done
 step "table"
 python3 - "$W" <<'PY'
 import json, os, sys
@@ -138,4 +150,9 @@ for n in ["resident", "experts50", "experts25", "experts10", "trunk50", "cpu-ref
           f"{100*j['tiers']['ram']['hit_rate_bytes']:7.1f}% "
           f"{j['links']['ram_to_vram_bytes_per_token']/1e6:17.1f} {j['device']['trunk_layers_resident']:7}"
           f" {(format(j['device']['memory_peak_bytes']/j['device']['vram_budget_bytes'], '.3f') if j['device']['gpu_mode'] else '-'):>9}  {same}")
+pc, pd = load("ppl-cpu.json"), next((load(f"ppl-{x}.json") for x in ("cuda", "emulated")
+                                     if load(f"ppl-{x}.json")), None)
+if pc and pd:
+    print(f"perplexity: cpu {pc['perplexity']:.6f}, device {pd['perplexity']:.6f}, "
+          f"relative difference {abs(pd['perplexity'] / pc['perplexity'] - 1):.2e}")
 PY
