@@ -14,6 +14,7 @@
 // (exit 130). The figure depends only on the logits' bytes, so never on --threads, --chunk,
 // --isa or the memory budget.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "cli/commands.h"
 #include "cli/strata_options.h"
 #include "common/interrupt.h"
+#include "common/progress.h"
 #include "io/output_file.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
@@ -123,7 +125,20 @@ Status perplexity(const PerplexityArgs& a) {
   int64_t done = 0;
   for (; done < windows && !InterruptRequest::requested(); ++done) {
     const std::span<const int32_t> w(ids.data() + done * window, static_cast<size_t>(window));
-    KTIER_RETURN_IF_ERROR(runtime::evaluate(engine->model(), w, chunk, logits.data()));
+    // A window of a large model can take minutes on a CPU: a progress line once it has run
+    // 200 ms on a terminal (10 s in a log), ended before the window's estimate is logged.
+    ProgressMeter meter_line("window " + std::to_string(done + 1) + "/" + std::to_string(windows),
+                             static_cast<uint64_t>(window),
+                             spdlog::should_log(spdlog::level::info), std::chrono::seconds(10),
+                             ProgressMeter::Unit::kTokens);
+    const Status evaluated = runtime::evaluate(
+        engine->model(), w, chunk, logits.data(),
+        [&](int64_t tokens) { meter_line.update(static_cast<uint64_t>(tokens)); });
+    if (!evaluated.is_ok()) {
+      meter_line.abandon();
+      return evaluated;
+    }
+    meter_line.finish_if_shown(static_cast<uint64_t>(window));
     for (int64_t i = first; i + 1 < window; ++i)
       KTIER_RETURN_IF_ERROR(meter.add(logits.data() + i * V, V, w[static_cast<size_t>(i + 1)],
                                       i + 1));

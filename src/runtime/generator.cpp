@@ -126,7 +126,8 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   return st;
 }
 
-Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits) {
+Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits,
+                const std::function<void(int64_t done)>& progress) {
   if (chunk < 1) return Status::usage("--chunk must be >= 1");
   const int64_t V = model.config().vocab_size;
   KTIER_ASSIGN_OR_RETURN(model::SequenceState seq,
@@ -136,6 +137,7 @@ Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk
     KTIER_RETURN_IF_ERROR(model.forward(ids.subspan(pos, n), seq, model::LogitRows::kAll,
                                         logits + static_cast<int64_t>(pos) * V));
     pos += n;
+    if (progress) progress(static_cast<int64_t>(pos));
   }
   return Status::ok();
 }

@@ -94,7 +94,9 @@ class GenerationSession {
 };
 
 // Teacher-forced forward over ids in chunks; logits [ids.size(), V] of every position.
-Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits);
+// `progress` (optional) is called after each chunk with the ids done so far.
+Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits,
+                const std::function<void(int64_t done)>& progress = {});
 
 // Status::corrupt (exit 3) when a row of `n` logits holds a NaN or +Inf (naming `positions`, the
 // sequence length they follow, and the first such id), or is all -Inf (no token possible): no
