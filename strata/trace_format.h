@@ -54,6 +54,9 @@ inline constexpr uint32_t kTraceFlagWeights = 1u << 0;    // routing weights wer
 inline constexpr uint32_t kTraceFlagConverted = 1u << 1;  // converted from conformance int32 pairs
 inline constexpr uint32_t kTraceFlagRefresh = 1u << 2;    // every step carries its refresh list
 
+// The deepest lookahead a trace records (its header and steps hold depths in a byte).
+inline constexpr int kMaxTraceLookahead = 255;
+
 struct TraceHeader {
   uint32_t version = kTraceVersion;
   uint32_t num_layers = 0;         // decoder layers; every step's layer is < num_layers

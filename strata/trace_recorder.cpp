@@ -24,9 +24,9 @@ Result<std::unique_ptr<TraceRecorder>> TraceRecorder::create(const std::filesyst
   h.first_moe_layer = static_cast<uint32_t>(c.first_k_dense_replace);
   h.experts_per_layer = static_cast<uint32_t>(c.num_experts);
   h.top_k = static_cast<uint32_t>(c.num_experts_per_token);
-  if (lookahead_depth < 0 || lookahead_depth > 255)
+  if (lookahead_depth < 0 || lookahead_depth > kMaxTraceLookahead)
     return Status::usage("--lookahead " + std::to_string(lookahead_depth) +
-                         ": a trace records depths 0..255");
+                         ": a trace records depths 0.." + std::to_string(kMaxTraceLookahead));
   h.lookahead_depth = static_cast<uint32_t>(lookahead_depth);
   h.expert_bytes = ckpt.expert_summary().bytes_per_expert;
   h.flags = kTraceFlagWeights | (refresh ? kTraceFlagRefresh : 0u);

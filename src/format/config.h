@@ -38,7 +38,8 @@ inline constexpr int64_t kMaxLayers = 4096;
 // 896 experts, 96 heads) and small enough that the products the shape checks and budgets form
 // (two widths, or a width, a count and a position count) stay inside int64.
 inline constexpr int64_t kMaxWidth = int64_t{1} << 24;  // sizes, ranks, head dims, vocabulary
-inline constexpr int64_t kMaxCount = int64_t{1} << 16;  // heads, experts, conv taps, block size
+// heads, experts, conv taps, block size (a trace holds an expert id in 16 bits)
+inline constexpr int64_t kMaxCount = (int64_t{1} << 16) - 1;
 
 // Which of the two accepted config.json layouts a config came from (§2.1).
 enum class ConfigShape { kNested, kFlat };

@@ -11,6 +11,7 @@
 #include "backend/cuda_backend.h"
 #include "common/check.h"
 #include "cpu/kernels.h"
+#include "strata/trace_format.h"
 
 namespace ktier::runtime {
 
@@ -85,9 +86,11 @@ Result<uint64_t> preset_budget_bytes(const std::string& name) {
 
 namespace {
 // No lookahead runs deeper than the layers after the first: a deeper one predicts nothing more,
-// but would size the minimum budget by it (and a trace records depths up to 255 only).
+// but would size the minimum budget by it; nor deeper than a trace records (255: far past what
+// predicts anything, K3-MODEL's 93 layers included).
 int clamped_lookahead(const EngineOptions& opts, const format::ModelConfig& c) {
-  return static_cast<int>(std::min<int64_t>(opts.lookahead, c.num_hidden_layers - 1));
+  return static_cast<int>(std::min<int64_t>(
+      {opts.lookahead, c.num_hidden_layers - 1, int64_t{strata::kMaxTraceLookahead}}));
 }
 
 // The lookahead the memory dial runs: `static` never prefetches, so it gets none (and its

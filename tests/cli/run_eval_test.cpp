@@ -955,6 +955,17 @@ TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = run_process(ktier() + " trace info " + plain.string());
   EXPECT_NE(r.out.find("lookahead depth:  12 + refresh"), std::string::npos) << r.out;
+  {  // and never deeper than a trace records (255), however many layers
+    const fs::path deep = dir_.string() + "-deep";
+    ASSERT_EQ(run_process(ktier() + " synth --preset tiny --layers 300 -q --force -o " +
+                          deep.string()).exit_code, 0);
+    r = run_process(ktier() + " run -m " + deep.string() + " --ids 1,2 -n 2 --lookahead 300 " +
+                    "--trace " + plain.string());
+    fs::remove_all(deep);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    r = run_process(ktier() + " trace info " + plain.string());
+    EXPECT_NE(r.out.find("lookahead depth:  255 + refresh"), std::string::npos) << r.out;
+  }
   const std::string dial = " --pack " + pack.string() + " --ram 1450K --print-ids";
   for (const std::string& flags : std::vector<std::string>{" --policy lru --lookahead 2", " --policy lfu --lookahead 0",
                                   " --lookahead 1 --no-lookahead-refresh",

@@ -253,12 +253,12 @@ TEST(Checkpoint, MissingTensors) {
 
 // A num_experts the shards cannot hold (an expert is at least 3 tensors) is refused before
 // anything is sized by it: 10^7 experts took gigabytes and minutes to list as missing (now the
-// config's own bound, 2^16, refuses those; within it the shards are the judge).
+// config's own bound, 2^16 - 1, refuses those; within it the shards are the judge).
 TEST(Checkpoint, MoreExpertsThanTheShardsHoldAreRefusedAtOnce) {
   SynthCheckpoint s = make_tiny_checkpoint(true);
-  s.config["text_config"]["num_experts"] = 65536;
+  s.config["text_config"]["num_experts"] = 65535;
   const std::string m = open_error(s, 3);
-  EXPECT_HAS(m, "config.json says 65536 routed experts in each of 12 MoE layers, but the "
+  EXPECT_HAS(m, "config.json says 65535 routed experts in each of 12 MoE layers, but the "
                 "shards hold only ");
   EXPECT_HAS(m, "... and ");  // the rest counted, not listed
 }

@@ -224,7 +224,7 @@ TEST(Config, HugeLayerCountsAreRefusedCheaply) {
 // wrapped around int64, so 4 + 2^61 heads passed as 4 (fuzz round 18).
 TEST(Config, ShapeFieldsPastTheLimitsAreRefusedByName) {
   const std::pair<const char*, int64_t> cases[] = {
-      {"num_attention_heads", (int64_t{1} << 61) + 4}, {"num_attention_heads", 65537},
+      {"num_attention_heads", (int64_t{1} << 61) + 4}, {"num_attention_heads", 65536},
       {"qk_nope_head_dim", (int64_t{1} << 62) + 24},   {"v_head_dim", (int64_t{1} << 62) + 16},
       {"num_shared_experts", (int64_t{1} << 62) + 2},  {"kv_lora_rank", INT64_MAX},
       {"hidden_size", (int64_t{1} << 24) + 1},         {"vocab_size", int64_t{1} << 40}};
@@ -235,9 +235,9 @@ TEST(Config, ShapeFieldsPastTheLimitsAreRefusedByName) {
                                  ", more than ktier's limit of ");
   }
   json j = k3_config();
-  j["text_config"]["num_attention_heads"] = 65536;  // at the limit
+  j["text_config"]["num_attention_heads"] = 65535;  // at the limit
   j["text_config"]["vocab_size"] = int64_t{1} << 24;
-  EXPECT_EQ(parse_ok(j).num_attention_heads, 65536);
+  EXPECT_EQ(parse_ok(j).num_attention_heads, 65535);
 }
 
 TEST(Config, MaxPositionEmbeddingsIsPositiveWhenGiven) {

@@ -415,18 +415,18 @@ TEST(SynthCli, RejectsBadFlagsWithUsageErrors) {
   EXPECT_EQ(test::run_process(base + " --preset tiny --top-k 9").exit_code, 2);
   EXPECT_EQ(test::run_process(base + " --preset tiny --mla-layers 0,1,2,3,4,5,6,7,8,9,10,11,12").exit_code, 2);
   // Shapes the engine would refuse, or no memory could plan: refused at once by name.
-  auto r = test::run_process(base + " --preset tiny --experts 65536 --top-k 65536");
+  auto r = test::run_process(base + " --preset tiny --experts 65535 --top-k 65535");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--top-k"), std::string::npos) << r.err;
-  r = test::run_process(base + " --preset tiny --experts 65536");
+  r = test::run_process(base + " --preset tiny --experts 65535");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("expert tensors"), std::string::npos) << r.err;
   EXPECT_EQ(test::run_process(base + " --preset tiny --layers 5000").exit_code, 2);
   // Past the engine's bounds on counts and on the tokenizer's added ids; a layer count that
   // would size the default MLA list by itself (it took gigabytes before the range check).
   for (const auto& [flags, named] :
-       {std::pair<std::string, std::string>{" --experts 65537", "--experts"},
-        {" --mla-heads 65537", "--mla-heads"},
+       {std::pair<std::string, std::string>{" --experts 65536", "--experts"},
+        {" --mla-heads 65536", "--mla-heads"},
         {" --vocab 1048833", "--vocab"},
         {" --layers 9223372036854775807", "--layers"}}) {
     r = test::run_process(base + " --preset tiny" + flags);
