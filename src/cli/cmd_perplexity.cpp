@@ -9,6 +9,8 @@
 // one window of all its tokens; the tokens after the last whole window are left out), each
 // decoded from an empty sequence; in each window the second half is scored: the logits at
 // position i (c/2 <= i < c - 1) against token i + 1, the first half being context only.
+// No BOS is put before a window (K3-MODEL D10, as for `run`; llama-perplexity adds one where the
+// tokenizer does, which matters when comparing figures).
 // stdout: one line, "perplexity P +/- E over N tokens (W windows of C)"; the estimate so far is
 // logged after each window. Ctrl-C stops after the current window with the estimate so far
 // (exit 130). The figure depends only on the logits' bytes, so never on --threads, --chunk,
@@ -43,7 +45,7 @@ struct PerplexityArgs {
   MemoryArgs memory;
   StrataArgs strata;
   bool has_prompt = false, has_ids = false;
-  int64_t ctx = 512, chunk = 0;
+  int64_t ctx = 512, chunk = 256;
   int threads = 0;
 };
 
@@ -77,10 +79,11 @@ Status write_stdout(const std::string& s) {
 }
 
 Status perplexity(const PerplexityArgs& a) {
-  if (a.ctx < 2 || a.ctx > INT32_MAX)
-    return Status::usage("-c/--ctx-size must be in 2.." + std::to_string(INT32_MAX) +
-                         " (a window scores its second half)");
-  if (a.chunk < 0) return Status::usage("--chunk must be >= 0 (0 = a whole window in one pass)");
+  // A window of c tokens scores positions c/2 .. c-2: at least 3 for one prediction.
+  if (a.ctx < 3 || a.ctx > INT32_MAX)
+    return Status::usage("-c/--ctx-size must be in 3.." + std::to_string(INT32_MAX) +
+                         " (a window scores its second half, after the first)");
+  if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
   KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
   KTIER_RETURN_IF_ERROR(check_output_is_not_input(
@@ -90,13 +93,13 @@ Status perplexity(const PerplexityArgs& a) {
        {"standard input", a.file == "-" ? "/dev/stdin" : std::string()}}));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--json", a.json));
   KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> raw, input_ids(a));
-  if (raw.size() < 2)
+  if (raw.size() < 3)
     return Status::usage("the text is " + std::to_string(raw.size()) +
-                         " token(s): scoring needs at least 2");
+                         " token(s): scoring needs at least 3 (half of them context)");
   const int64_t total = static_cast<int64_t>(raw.size());
   const int64_t window = std::min(a.ctx, total), windows = total / window;
   const int64_t first = window / 2;  // the first scored position of a window
-  const int64_t chunk = a.chunk > 0 ? std::min(a.chunk, window) : window;
+  const int64_t chunk = std::min(a.chunk, window);
 
   runtime::EngineOptions eo;
   eo.model_dir = a.model;
@@ -121,7 +124,6 @@ Status perplexity(const PerplexityArgs& a) {
 
   InterruptRequest interrupt(kStopWindow);
   runtime::PerplexityMeter meter;
-  std::vector<float> logits(static_cast<size_t>(window * V));
   int64_t done = 0;
   for (; done < windows && !InterruptRequest::requested(); ++done) {
     const std::span<const int32_t> w(ids.data() + done * window, static_cast<size_t>(window));
@@ -131,26 +133,31 @@ Status perplexity(const PerplexityArgs& a) {
                              static_cast<uint64_t>(window),
                              spdlog::should_log(spdlog::level::info), std::chrono::seconds(10),
                              ProgressMeter::Unit::kTokens);
-    const Status evaluated = runtime::evaluate(
-        engine->model(), w, chunk, logits.data(),
-        [&](int64_t tokens) { meter_line.update(static_cast<uint64_t>(tokens)); });
-    if (!evaluated.is_ok()) {
+    // Scored chunk by chunk: one chunk's logits are held, and the first half's chunks run
+    // without lm_head.
+    const auto score = [&](int64_t pos, int64_t n, const float* logits) -> Status {
+      for (int64_t i = std::max(pos, first); i < pos + n && i + 1 < window; ++i)
+        KTIER_RETURN_IF_ERROR(meter.add(logits + (i - pos) * V, V,
+                                        w[static_cast<size_t>(i + 1)], i + 1));
+      meter_line.update(static_cast<uint64_t>(pos + n));
+      return Status::ok();
+    };
+    if (Status s = runtime::evaluate_chunks(engine->model(), w, chunk, first, score);
+        !s.is_ok()) {
       meter_line.abandon();
-      return evaluated;
+      return s;
     }
     meter_line.finish_if_shown(static_cast<uint64_t>(window));
-    for (int64_t i = first; i + 1 < window; ++i)
-      KTIER_RETURN_IF_ERROR(meter.add(logits.data() + i * V, V, w[static_cast<size_t>(i + 1)],
-                                      i + 1));
     spdlog::info("[{}/{}] perplexity {:.4f} +/- {:.4f}", done + 1, windows, meter.perplexity(),
                  meter.perplexity_error());
   }
   if (done == 0) return Status::interrupted("stopped by Ctrl-C before the first window ended");
   char line[160];
   std::snprintf(line, sizeof line,
-                "perplexity %.6f +/- %.6f over %lld tokens (%lld window%s of %lld)\n",
+                "perplexity %.6f +/- %.6f over %lld token%s (%lld window%s of %lld)\n",
                 meter.perplexity(), meter.perplexity_error(), static_cast<long long>(meter.count()),
-                static_cast<long long>(done), done == 1 ? "" : "s", static_cast<long long>(window));
+                meter.count() == 1 ? "" : "s", static_cast<long long>(done), done == 1 ? "" : "s",
+                static_cast<long long>(window));
   KTIER_RETURN_IF_ERROR(write_stdout(line));
   if (!a.json.empty()) {
     const nlohmann::json j{{"perplexity", meter.perplexity()},
@@ -184,7 +191,9 @@ void register_perplexity_command(CLI::App& app, int& exit_code) {
                   "Tokens per window, each decoded from an empty sequence; its second half is "
                   "scored")
       ->capture_default_str();
-  sub->add_option("--chunk", a->chunk, "Tokens per prefill pass; 0 = a whole window")
+  sub->add_option("--chunk", a->chunk,
+                  "Tokens per forward pass (the logits of one pass are held: chunk x vocabulary "
+                  "floats)")
       ->capture_default_str();
   sub->add_option("--json", a->json,
                   "Also write perplexity, perplexity_error, mean_nll (nats), tokens_scored, "

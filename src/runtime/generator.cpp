@@ -126,8 +126,7 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   return st;
 }
 
-Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits,
-                const std::function<void(int64_t done)>& progress) {
+Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits) {
   if (chunk < 1) return Status::usage("--chunk must be >= 1");
   const int64_t V = model.config().vocab_size;
   KTIER_ASSIGN_OR_RETURN(model::SequenceState seq,
@@ -137,7 +136,25 @@ Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk
     KTIER_RETURN_IF_ERROR(model.forward(ids.subspan(pos, n), seq, model::LogitRows::kAll,
                                         logits + static_cast<int64_t>(pos) * V));
     pos += n;
-    if (progress) progress(static_cast<int64_t>(pos));
+  }
+  return Status::ok();
+}
+
+Status evaluate_chunks(model::Model& model, std::span<const int32_t> ids, int64_t chunk,
+                       int64_t first_logits, const ChunkLogitsSink& sink) {
+  if (chunk < 1) return Status::usage("--chunk must be >= 1");
+  const int64_t V = model.config().vocab_size, total = static_cast<int64_t>(ids.size());
+  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq, model.new_sequence(total));
+  std::vector<float> logits(static_cast<size_t>(std::min(chunk, total) * V));
+  for (int64_t pos = 0; pos < total;) {
+    const int64_t n = std::min(total - pos, chunk);
+    const bool wanted = pos + n > first_logits;
+    const auto part = ids.subspan(static_cast<size_t>(pos), static_cast<size_t>(n));
+    KTIER_RETURN_IF_ERROR(model.forward(part, seq,
+                                        wanted ? model::LogitRows::kAll : model::LogitRows::kNone,
+                                        wanted ? logits.data() : nullptr));
+    KTIER_RETURN_IF_ERROR(sink(pos, n, wanted ? logits.data() : nullptr));
+    pos += n;
   }
   return Status::ok();
 }

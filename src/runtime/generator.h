@@ -94,9 +94,15 @@ class GenerationSession {
 };
 
 // Teacher-forced forward over ids in chunks; logits [ids.size(), V] of every position.
-// `progress` (optional) is called after each chunk with the ids done so far.
-Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits,
-                const std::function<void(int64_t done)>& progress = {});
+Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits);
+
+// The same, streamed: after each chunk of at most `chunk` ids, `sink` gets the chunk's first
+// position, its length and its logits [n, V] (valid until the sink returns), so only one chunk's
+// logits are held. Chunks that end before `first_logits` run without lm_head (their logits are
+// null). A sink error stops the pass and is returned.
+using ChunkLogitsSink = std::function<Status(int64_t first, int64_t n, const float* logits)>;
+Status evaluate_chunks(model::Model& model, std::span<const int32_t> ids, int64_t chunk,
+                       int64_t first_logits, const ChunkLogitsSink& sink);
 
 // Status::corrupt (exit 3) when a row of `n` logits holds a NaN or +Inf (naming `positions`, the
 // sequence length they follow, and the first such id), or is all -Inf (no token possible): no

@@ -156,12 +156,16 @@ TEST_F(RunEvalCli, PerplexityScoresTheSecondHalfOfEachWindow) {
   EXPECT_EQ(g.at("window_tokens"), static_cast<int>(T));  // shorter than -c: one window
   EXPECT_NEAR(g.at("mean_nll").get<double>(), ref_mean, 1e-4);
   // Input it cannot score: usage errors before the load.
-  for (const std::string& bad : {std::string(" --ids 5"), std::string(" --ids 1,2 -c 1"),
-                                 std::string(" --ids 1,999999"), std::string(""),
-                                 std::string(" --ids 1,2 -p x")}) {
+  for (const std::string& bad :
+       {std::string(" --ids 5"), std::string(" --ids 1,2"), std::string(" --ids 1,2,3 -c 2"),
+        std::string(" --ids 1,2,3 --chunk 0"), std::string(" --ids 1,999999"), std::string(""),
+        std::string(" --ids 1,2,3 -p x")}) {
     r = run_process(ktier() + " perplexity" + model() + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.err;
   }
+  r = run_process(ktier() + " perplexity" + model() + " --ids 1,2,3");  // the fewest: one scored
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("over 1 token (1 window of 3)"), std::string::npos) << r.out;
   fs::remove(json);
   fs::remove(logits);
 }
