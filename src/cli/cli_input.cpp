@@ -314,4 +314,17 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
   return Status::ok();
 }
 
+Result<runtime::EngineOptions> model_engine_options(const std::string& model, int threads,
+                                                    std::optional<cpu::Isa> isa,
+                                                    const MemoryArgs& memory,
+                                                    const StrataArgs& strata) {
+  runtime::EngineOptions eo;
+  eo.model_dir = model;
+  eo.threads = threads;
+  eo.isa = isa;
+  KTIER_RETURN_IF_ERROR(apply_memory_options(memory, eo));
+  KTIER_RETURN_IF_ERROR(apply_strata_options(strata, eo));
+  return eo;
+}
+
 }  // namespace ktier::cli

@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/strata_options.h"
 #include "common/status.h"
 #include "runtime/engine.h"
 
@@ -122,5 +123,13 @@ CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& h
 // --device cpu; the reason for the choice is logged once). Status::usage for a bad size, --io or
 // --device value, or --device cuda where CUDA cannot be used.
 Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo);
+
+// The engine options run, eval and perplexity build alike: the model folder, threads, the
+// kernels' ISA (nullopt: auto), then apply_memory_options and apply_strata_options (their
+// errors). The workload is the caller's to set.
+Result<runtime::EngineOptions> model_engine_options(const std::string& model, int threads,
+                                                    std::optional<cpu::Isa> isa,
+                                                    const MemoryArgs& memory,
+                                                    const StrataArgs& strata);
 
 }  // namespace ktier::cli

@@ -48,12 +48,8 @@ Status eval(const EvalArgs& a) {
       {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile}}));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--logits-out", a.logits_out));
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
-  runtime::EngineOptions eo;
-  eo.model_dir = a.model;
-  eo.threads = a.threads;
-  eo.isa = isa;
-  KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
-  KTIER_RETURN_IF_ERROR(apply_strata_options(a.strata, eo));
+  KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
+                         model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
   eo.workload.positions = static_cast<int64_t>(raw.size());
   eo.workload.chunk = a.chunk > 0 ? a.chunk : eo.workload.positions;
   eo.workload.rows = model::LogitRows::kAll;

@@ -101,12 +101,8 @@ Status perplexity(const PerplexityArgs& a) {
   const int64_t first = window / 2;  // the first scored position of a window
   const int64_t chunk = std::min(a.chunk, window);
 
-  runtime::EngineOptions eo;
-  eo.model_dir = a.model;
-  eo.threads = a.threads;
-  eo.isa = isa;
-  KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
-  KTIER_RETURN_IF_ERROR(apply_strata_options(a.strata, eo));
+  KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
+                         model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
   eo.workload.positions = window;
   eo.workload.chunk = chunk;
   eo.workload.rows = model::LogitRows::kAll;

@@ -154,12 +154,8 @@ Status run(const RunArgs& a) {
     raw = tokenizer->encode(text, a.special);
   }
 
-  runtime::EngineOptions eo;
-  eo.model_dir = a.model;
-  eo.threads = a.threads;
-  eo.isa = isa;
-  KTIER_RETURN_IF_ERROR(apply_memory_options(a.memory, eo));
-  KTIER_RETURN_IF_ERROR(apply_strata_options(a.strata, eo));
+  KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
+                         model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
   // The last generated token is never fed back: a run uses P + n - 1 positions.
   const int64_t first_turn =
       std::max<int64_t>(1, static_cast<int64_t>(raw.size()) + std::max<int64_t>(a.max_new_tokens - 1, 0));
