@@ -314,6 +314,13 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
   return Status::ok();
 }
 
+Status write_stdout(const std::string& s) {
+  if (s.empty()) return Status::ok();
+  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
+    return Status::runtime("error writing standard output: " + io::errno_text(errno));
+  return Status::ok();
+}
+
 Result<runtime::EngineOptions> model_engine_options(const std::string& model, int threads,
                                                     std::optional<cpu::Isa> isa,
                                                     const MemoryArgs& memory,

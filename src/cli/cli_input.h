@@ -74,6 +74,10 @@ struct InputPath {
 Status check_output_is_not_input(const std::string& flag, const std::string& output,
                                  std::initializer_list<InputPath> inputs);
 
+// Writes `s` to standard output and flushes it; Status::runtime naming the errno when the
+// reader has gone (EPIPE: SIGPIPE is ignored by the commands that stream) or the write fails.
+Status write_stdout(const std::string& s);
+
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);
 

@@ -68,9 +68,7 @@ Status eval(const EvalArgs& a) {
     std::vector<int32_t> best;
     for (int64_t t = 0; t < T; ++t)
       best.push_back(static_cast<int32_t>(cpu::argmax(logits.data() + t * V, V, engine->exec())));
-    const std::string line = join_ids(best) + "\n";
-    if (std::fwrite(line.data(), 1, line.size(), stdout) != line.size() || std::fflush(stdout) != 0)
-      return Status::runtime("error writing standard output");
+    KTIER_RETURN_IF_ERROR(write_stdout(join_ids(best) + "\n"));
   }
   return Status::ok();
 }

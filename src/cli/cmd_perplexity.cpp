@@ -72,12 +72,6 @@ Result<std::vector<uint32_t>> input_ids(const PerplexityArgs& a) {
   return tokenizer.encode(text, /*special=*/false);
 }
 
-Status write_stdout(const std::string& s) {
-  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
-    return Status::runtime("error writing standard output: " + io::errno_text(errno));
-  return Status::ok();
-}
-
 Status perplexity(const PerplexityArgs& a) {
   // A window of c tokens scores positions c/2 .. c-2: at least 3 for one prediction.
   if (a.ctx < 3 || a.ctx > INT32_MAX)

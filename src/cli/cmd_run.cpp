@@ -66,13 +66,6 @@ struct RunArgs {
   int threads = 0;
 };
 
-Status write_stdout(const std::string& s) {
-  if (s.empty()) return Status::ok();
-  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
-    return Status::runtime("error writing standard output: " + io::errno_text(errno));
-  return Status::ok();
-}
-
 Status run(const RunArgs& a) {
   // A reader that goes away (`ktier run ... | head`) is a write error (exit 1, the trace closed
   // at a whole token), not a silent death by SIGPIPE (exit 141, the trace cut).

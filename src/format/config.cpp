@@ -388,26 +388,28 @@ void check_values(ConfigReader& r, const ModelConfig& c, const PathOf& path_of,
       r.error(path_of(key), "is " + std::to_string(v) + ", more than ktier's limit of " +
                                 std::to_string(limit));
   };
-  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"hidden_size", c.hidden_size},
-                              {"vocab_size", c.vocab_size},
-                              {"kda_head_dim", c.kda_head_dim},
-                              {"q_lora_rank", c.q_lora_rank},
-                              {"kv_lora_rank", c.kv_lora_rank},
-                              {"qk_nope_head_dim", c.qk_nope_head_dim},
-                              {"qk_rope_head_dim", c.qk_rope_head_dim},
-                              {"v_head_dim", c.v_head_dim},
-                              {"routed_expert_hidden_size", c.routed_expert_hidden_size},
-                              {"moe_intermediate_size", c.moe_intermediate_size},
-                              {"intermediate_size", c.intermediate_size}})
-    at_most(key, v, kMaxWidth);
-  for (const auto& [key, v] :
-       {std::pair<const char*, int64_t>{"kda_num_heads", c.kda_num_heads},
-        {"short_conv_kernel_size", c.short_conv_kernel_size},
-        {"num_attention_heads", c.num_attention_heads},
-        {"num_experts", c.num_experts},
-        {"num_shared_experts", c.num_shared_experts},
-        {"attn_res_block_size", c.attn_res_block_size}})
-    at_most(key, v, kMaxCount);
+  struct Bound {
+    const char* key;
+    int64_t value, limit;
+  };
+  for (const Bound& b : {Bound{"hidden_size", c.hidden_size, kMaxWidth},
+                         {"vocab_size", c.vocab_size, kMaxWidth},
+                         {"kda_head_dim", c.kda_head_dim, kMaxWidth},
+                         {"q_lora_rank", c.q_lora_rank, kMaxWidth},
+                         {"kv_lora_rank", c.kv_lora_rank, kMaxWidth},
+                         {"qk_nope_head_dim", c.qk_nope_head_dim, kMaxWidth},
+                         {"qk_rope_head_dim", c.qk_rope_head_dim, kMaxWidth},
+                         {"v_head_dim", c.v_head_dim, kMaxWidth},
+                         {"routed_expert_hidden_size", c.routed_expert_hidden_size, kMaxWidth},
+                         {"moe_intermediate_size", c.moe_intermediate_size, kMaxWidth},
+                         {"intermediate_size", c.intermediate_size, kMaxWidth},
+                         {"kda_num_heads", c.kda_num_heads, kMaxCount},
+                         {"short_conv_kernel_size", c.short_conv_kernel_size, kMaxCount},
+                         {"num_attention_heads", c.num_attention_heads, kMaxCount},
+                         {"num_experts", c.num_experts, kMaxCount},
+                         {"num_shared_experts", c.num_shared_experts, kMaxCount},
+                         {"attn_res_block_size", c.attn_res_block_size, kMaxCount}})
+    at_most(b.key, b.value, b.limit);
 
   // Rule 4. JSON text cannot spell inf/NaN, but a config built in memory can hold them. The
   // kernels take these as 32-bit floats: 1e300 would become inf there, and 1e-50 zero.

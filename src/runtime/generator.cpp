@@ -127,17 +127,11 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
 }
 
 Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits) {
-  if (chunk < 1) return Status::usage("--chunk must be >= 1");
   const int64_t V = model.config().vocab_size;
-  KTIER_ASSIGN_OR_RETURN(model::SequenceState seq,
-                         model.new_sequence(static_cast<int64_t>(ids.size())));
-  for (size_t pos = 0; pos < ids.size();) {
-    const size_t n = std::min(ids.size() - pos, static_cast<size_t>(chunk));
-    KTIER_RETURN_IF_ERROR(model.forward(ids.subspan(pos, n), seq, model::LogitRows::kAll,
-                                        logits + static_cast<int64_t>(pos) * V));
-    pos += n;
-  }
-  return Status::ok();
+  return evaluate_chunks(model, ids, chunk, 0, [&](int64_t first, int64_t n, const float* l) {
+    std::copy(l, l + n * V, logits + first * V);
+    return Status::ok();
+  });
 }
 
 Status evaluate_chunks(model::Model& model, std::span<const int32_t> ids, int64_t chunk,
