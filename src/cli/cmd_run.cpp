@@ -5,6 +5,7 @@
 //             [--pack PACKDIR] [--ram SIZE | --preset NAME] [--io auto] [--report-json FILE]
 //             [--trace FILE] [--lookahead D] [--policy NAME] [--profile TRACE]
 //             [--chat [-i|--interactive] [-c|--ctx-size N]]
+//             [--prompt-cache FILE [--prompt-cache-all] [--prompt-cache-ro]]
 //
 // --chat wraps the prompt text as one user message in K3's chat format (tokenizer/chat.h,
 // thinking off) and stops where the model closes its response (<|close|>) or the message.
@@ -17,14 +18,19 @@
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
 // Ctrl-C stops at the next whole token with all of that (exit 130); see docs/ARCHITECTURE.md.
 // A model folder without tiktoken.model runs from --ids and prints the generated ids only.
+// --prompt-cache (runtime/prompt_cache.h) starts from a saved state when the prompt begins with
+// its ids, and saves the prompt's state (all of its ids but the last; with --prompt-cache-all
+// the sequence as the run leaves it) unless --prompt-cache-ro.
 
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,6 +47,7 @@
 #include "io/read_file.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "runtime/prompt_cache.h"
 #include "runtime/run_report.h"
 #include "strata/trace_recorder.h"
 #include "tokenizer/chat.h"
@@ -55,16 +62,58 @@ constexpr int64_t kConversationPositions = 4096;
 constexpr int64_t kNextMessagePositions = 1024;
 
 struct RunArgs {
-  std::string model, prompt, file, ids, isa = "auto", report_json, trace;
+  std::string model, prompt, file, ids, isa = "auto", report_json, trace, prompt_cache;
   MemoryArgs memory;
   StrataArgs strata;
   bool has_prompt = false, has_ids = false, print_ids = false, special = false, chat = false,
-       interactive = false;
+       interactive = false, prompt_cache_all = false, prompt_cache_ro = false;
   int64_t max_new_tokens = 128, chunk = 256, top_k = 0, ctx_size = 0;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
   int threads = 0;
 };
+
+// --prompt-cache FILE at the start of a run: the saved state when it serves `prompt` (its ids
+// are the start of the prompt's ids but the last), restored into a sequence reserved for
+// `reserve` positions; nullopt when there is no file or it does not serve this prompt (logged).
+// Errors: the file's (damaged or not a prompt cache: exit 3; I/O: exit 1), and Status::usage
+// (exit 2) for a file saved from another checkpoint (both inputs intact, the wrong pair).
+Result<std::optional<model::SequenceState>> restore_prompt_cache(
+    const std::string& path, const runtime::Engine& engine, uint64_t identity,
+    std::span<const int32_t> prompt, int64_t reserve) {
+  KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(path));
+  if (!exists) {
+    spdlog::info("prompt cache: {} does not exist yet", path);
+    return std::optional<model::SequenceState>();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  KTIER_ASSIGN_OR_RETURN(const runtime::SavedSequence saved,
+                         runtime::SavedSequence::open(path, engine.checkpoint().config()));
+  if (saved.checkpoint() != identity)
+    return Status::usage(path + ": --prompt-cache was saved from another checkpoint than -m " +
+                         engine.checkpoint().dir().string() + " (another config, shards or "
+                         "weights): give another file, or delete this one");
+  const std::string backend = runtime::backend_label(engine.backend());
+  const std::span<const int32_t> ids = saved.ids();
+  if (saved.backend() != backend) {
+    spdlog::info("prompt cache: {} holds a {} run's state and this run is on the {}: not used "
+                 "(each backend starts only from its own bytes)", path, saved.backend(), backend);
+    return std::optional<model::SequenceState>();
+  }
+  if (ids.size() >= prompt.size() || !std::equal(ids.begin(), ids.end(), prompt.begin())) {
+    const size_t same = static_cast<size_t>(
+        std::mismatch(ids.begin(), ids.end(), prompt.begin(), prompt.end()).first - ids.begin());
+    spdlog::info("prompt cache: {} holds {} ids and the prompt has {} (the first {} the same): "
+                 "not used, a state cannot be cut back to fewer ids", path, ids.size(),
+                 prompt.size(), same);
+    return std::optional<model::SequenceState>();
+  }
+  KTIER_ASSIGN_OR_RETURN(model::SequenceState state, saved.restore(engine.model(), reserve));
+  spdlog::info("prompt cache: {} of the prompt's {} tokens restored from {} ({:.1f} MB, {:.2f} s)",
+               ids.size(), prompt.size(), path, saved.file_bytes() / 1e6,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return std::optional<model::SequenceState>(std::move(state));
+}
 
 Status run(const RunArgs& a) {
   // A reader that goes away (`ktier run ... | head`) is a write error (exit 1, the trace closed
@@ -104,7 +153,9 @@ Status run(const RunArgs& a) {
   // What can be checked before the (long) load: the folder, and the report file's folder.
   KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
   using Output = std::pair<std::string, std::string>;  // flag, path
-  for (const auto& [flag, out] : {Output{"--report-json", a.report_json}, {"--trace", a.trace}})
+  const bool write_cache = !a.prompt_cache.empty() && !a.prompt_cache_ro;
+  for (const auto& [flag, out] : {Output{"--report-json", a.report_json}, {"--trace", a.trace},
+                                  {"--prompt-cache", write_cache ? a.prompt_cache : ""}})
     KTIER_RETURN_IF_ERROR(check_output_is_not_input(
         flag, out,
         {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile},
@@ -112,7 +163,14 @@ Status run(const RunArgs& a) {
          // The file standard input reads, when it is read (-f -, or a conversation).
          {"standard input", a.file == "-" || a.interactive ? "/dev/stdin" : std::string()}}));
   KTIER_RETURN_IF_ERROR(check_output_is_not_input("--report-json", a.report_json,
-                                                  {{"--trace", a.trace}}));
+                                                  {{"--trace", a.trace},
+                                                   {"--prompt-cache", a.prompt_cache}}));
+  KTIER_RETURN_IF_ERROR(check_output_is_not_input("--trace", a.trace,
+                                                  {{"--prompt-cache", a.prompt_cache}}));
+  if (write_cache) {
+    KTIER_RETURN_IF_ERROR(io::check_not_own_stdout("--prompt-cache", a.prompt_cache));
+    KTIER_RETURN_IF_ERROR(io::check_can_write("--prompt-cache", a.prompt_cache));
+  }
   KTIER_RETURN_IF_ERROR(io::check_can_write("--report-json", a.report_json));
   KTIER_RETURN_IF_ERROR(io::check_not_own_stdout("--trace", a.trace));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--trace", a.trace));
@@ -201,6 +259,31 @@ Status run(const RunArgs& a) {
                  prompt.size(), a.max_new_tokens,
                  static_cast<int64_t>(prompt.size()) + a.max_new_tokens - 2, *limit, *limit);
 
+  // The prompt cache: where the sequence starts, and what is saved (the prompt's state at its
+  // last id unless --prompt-cache-all; see the end for that and for a run stopped in its prompt).
+  uint64_t cache_identity = 0;
+  std::optional<model::SequenceState> restored;
+  if (!a.prompt_cache.empty()) {
+    KTIER_ASSIGN_OR_RETURN(cache_identity, runtime::checkpoint_identity(engine->checkpoint()));
+    KTIER_ASSIGN_OR_RETURN(restored, restore_prompt_cache(a.prompt_cache, *engine, cache_identity,
+                                                          prompt, gen.reserve_positions));
+  }
+  const int64_t cached = restored ? restored->n_tokens : 0;
+  const auto save_cache = [&](const model::SequenceState& state,
+                              std::span<const int32_t> ids) -> Status {
+    if (state.n_tokens <= cached) return Status::ok();  // what the file holds already
+    KTIER_RETURN_IF_ERROR(runtime::save_sequence(a.prompt_cache, engine->model(), state,
+                                                 ids.first(static_cast<size_t>(state.n_tokens)),
+                                                 cache_identity));
+    spdlog::info("prompt cache: the state after {} tokens saved to {}", state.n_tokens,
+                 a.prompt_cache);
+    return Status::ok();
+  };
+  if (write_cache && !a.prompt_cache_all)
+    gen.before_last_prompt_id = [&](const model::SequenceState& state) {
+      return save_cache(state, prompt);
+    };
+
   std::optional<tok::StreamingDecoder> stream;
   if (tokenizer) stream.emplace(*tokenizer);
   std::vector<int32_t> generated;  // this turn's
@@ -249,8 +332,12 @@ Status run(const RunArgs& a) {
   // One answer's report: its counters from the start of its decode (after its prompt) on.
   runtime::RunReport report;
   gen.before_decode = [&] { report.decode_start = runtime::EngineCounters::of(*engine); };
-  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::GenerationSession> session,
-                         runtime::GenerationSession::open(engine->model(), engine->experts(), gen));
+  report.cached_prompt_tokens = cached;
+  KTIER_ASSIGN_OR_RETURN(
+      std::unique_ptr<runtime::GenerationSession> session,
+      restored ? runtime::GenerationSession::open(engine->model(), engine->experts(), gen,
+                                                  std::move(*restored))
+               : runtime::GenerationSession::open(engine->model(), engine->experts(), gen));
   std::unique_ptr<strata::TraceRecorder> recorder;
   if (!a.trace.empty()) {
     // What the model runs (`--policy static` under the memory dial runs without lookahead).
@@ -307,7 +394,9 @@ Status run(const RunArgs& a) {
     return ids_in_vocab(ids, cfg.vocab_size, id_source);
   };
   // A conversation's first message may come from standard input; an empty prompt is refused.
-  Status status = a.interactive && given == 0 ? Status::ok() : answer(prompt);
+  Status status = a.interactive && given == 0
+                      ? Status::ok()
+                      : answer(std::span<const int32_t>(prompt).subspan(static_cast<size_t>(cached)));
   StdinLines input;
   while (status.is_ok() && a.interactive) {
     // A Ctrl-C during the answer ended it, or came after the answer's last stop check (its last
@@ -334,10 +423,20 @@ Status run(const RunArgs& a) {
     Result<std::vector<int32_t>> ids = next_turn(**line);
     status = ids.is_ok() ? answer(*ids) : ids.status();
   }
+  // --prompt-cache-all saves the sequence as the run left it; without it, a run stopped in its
+  // prompt before the last id saves the part it ran (a later run goes on from there).
+  const int64_t ran = session->positions();
+  if (status.is_ok() && write_cache &&
+      (a.prompt_cache_all || ran < static_cast<int64_t>(prompt.size()) - 1)) {
+    std::vector<int32_t> sequence = prompt;
+    sequence.insert(sequence.end(), generated.begin(), generated.end());
+    status = save_cache(session->state(), sequence);
+  }
   // A single run that saw Ctrl-C, even after its last stop check, ends as interrupted (a script
   // running it stops).
   if (status.is_ok() && !a.interactive && InterruptRequest::requested()) {
-    const int64_t run = report.gen.prompt_tokens, generated_n = report.gen.generated_tokens;
+    const int64_t run = cached + report.gen.prompt_tokens;
+    const int64_t generated_n = report.gen.generated_tokens;
     status = Status::interrupted(
         run < static_cast<int64_t>(prompt.size())
             ? "stopped by Ctrl-C in the prompt, after " + std::to_string(run) + " of its " +
@@ -413,6 +512,22 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_option("--trace", a->trace,
                   "Record every token's routing and lookahead predictions (strata trace, see "
                   "`ktier trace info/replay`)");
+  auto* cache =
+      sub->add_option("--prompt-cache", a->prompt_cache,
+                      "As llama.cpp's: start from the state saved in FILE when the prompt begins "
+                      "with its ids (the same output, without their prefill), and save the "
+                      "prompt's state there (all its ids but the last). A state is never cut "
+                      "back: a prompt that does not begin with the saved ids runs whole. A file "
+                      "of another checkpoint: exit 2; damaged: exit 3")
+          ->excludes("--interactive");
+  sub->add_flag("--prompt-cache-all", a->prompt_cache_all,
+                "With --prompt-cache: save the generated tokens' state too, so that a prompt "
+                "that goes on from this run's output reuses all of it")
+      ->needs(cache);
+  sub->add_flag("--prompt-cache-ro", a->prompt_cache_ro,
+                "With --prompt-cache: start from the file, never write it")
+      ->needs(cache)
+      ->excludes("--prompt-cache-all");
   sub->callback([a, p, ids, &exit_code] {
     a->has_prompt = p->count() > 0;
     a->has_ids = ids->count() > 0;

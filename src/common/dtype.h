@@ -10,7 +10,7 @@
 
 namespace ktier {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kU8 };
+enum class DType : uint8_t { kF32, kBF16, kF16, kU8, kI32 };  // kI32: prompt cache ids
 
 struct DTypeTraits {
   DType dtype;
@@ -23,6 +23,7 @@ inline constexpr DTypeTraits kDTypeTraits[] = {
     {DType::kBF16, "BF16", 2},
     {DType::kF16, "F16", 2},
     {DType::kU8, "U8", 1},
+    {DType::kI32, "I32", 4},
 };
 
 inline constexpr const DTypeTraits& dtype_traits(DType t) {

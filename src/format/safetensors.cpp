@@ -200,7 +200,7 @@ class HeaderSax final : public nlohmann::json_sax<json> {
     if (!r.offsets) return fail(where() + ": entry has no \"data_offsets\"");
     const auto dt = parse_dtype(*r.dtype);
     if (!dt)
-      return fail(where() + ": unknown dtype '" + *r.dtype + "' (ktier reads F32, BF16, F16 and U8)");
+      return fail(where() + ": unknown dtype '" + *r.dtype + "' (ktier reads F32, BF16, F16, U8 and I32)");
     if (r.shape->size() > kMaxTensorRank)
       return fail(where() + ": rank " + std::to_string(r.shape->size()) + " shape " +
                   shape_string(*r.shape) + " (ktier accepts rank <= " + std::to_string(kMaxTensorRank) + ")");

@@ -16,9 +16,10 @@ cpu::WeightType weight_type_of(DType dtype) {
     case DType::kF32: return cpu::WeightType::kF32;
     case DType::kBF16: return cpu::WeightType::kBF16;
     case DType::kF16: return cpu::WeightType::kF16;
-    case DType::kU8: break;
+    case DType::kU8:
+    case DType::kI32: break;
   }
-  KTIER_CHECK_MSG(false, "U8 is not a float weight dtype");
+  KTIER_CHECK_MSG(false, "U8 and I32 are not float weight dtypes");
   return cpu::WeightType::kF32;
 }
 

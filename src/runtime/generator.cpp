@@ -8,6 +8,8 @@
 #include <limits>
 #include <string>
 
+#include "common/check.h"
+
 namespace ktier::runtime {
 
 namespace {
@@ -48,16 +50,23 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
 
 Result<std::unique_ptr<GenerationSession>> GenerationSession::open(
     model::Model& model, const model::ExpertSource* experts, const GenerationOptions& opts) {
-  if (opts.prefill_chunk < 1) return Status::usage("--chunk must be >= 1");
-  if (opts.max_new_tokens < 0) return Status::usage("-n must be >= 0");
   if (opts.reserve_positions < 0) return Status::usage("reserve_positions must be >= 0");
-  KTIER_RETURN_IF_ERROR(validate(opts.sampling));
   Result<model::SequenceState> seq = model.new_sequence(opts.reserve_positions);
   if (!seq.is_ok())
     return seq.status().with_context("the caches for " + std::to_string(opts.reserve_positions) +
                                      " positions (the prompt + -n, or -c/--ctx-size)");
+  return open(model, experts, opts, std::move(*seq));
+}
+
+Result<std::unique_ptr<GenerationSession>> GenerationSession::open(
+    model::Model& model, const model::ExpertSource* experts, const GenerationOptions& opts,
+    model::SequenceState state) {
+  if (opts.prefill_chunk < 1) return Status::usage("--chunk must be >= 1");
+  if (opts.max_new_tokens < 0) return Status::usage("-n must be >= 0");
+  KTIER_RETURN_IF_ERROR(validate(opts.sampling));
+  KTIER_CHECK(state.layers.size() == static_cast<size_t>(model.config().num_hidden_layers));
   return std::unique_ptr<GenerationSession>(
-      new GenerationSession(model, experts, opts, std::move(*seq)));
+      new GenerationSession(model, experts, opts, std::move(state)));
 }
 
 Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
@@ -84,9 +93,17 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
     st.interrupted = opts_.stop_requested && opts_.stop_requested();
     return st.interrupted;
   };
+  // With before_last_prompt_id the last id is a chunk of its own, after the callback.
+  const bool snapshot = opts_.before_last_prompt_id && ids.size() >= 2;
+  const size_t snapshot_at = ids.size() - 1;
   Status prefilled;
   for (size_t pos = 0; pos < ids.size() && prefilled.is_ok();) {
-    const size_t n = std::min(ids.size() - pos, static_cast<size_t>(opts_.prefill_chunk));
+    if (snapshot && pos == snapshot_at) {
+      prefilled = opts_.before_last_prompt_id(seq_);
+      if (!prefilled.is_ok()) break;
+    }
+    const size_t end = snapshot && pos < snapshot_at ? snapshot_at : ids.size();
+    const size_t n = std::min(end - pos, static_cast<size_t>(opts_.prefill_chunk));
     const bool last = pos + n == ids.size();
     chunk_start = static_cast<int64_t>(pos);
     chunk_tokens = static_cast<int64_t>(n);

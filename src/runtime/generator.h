@@ -42,6 +42,10 @@ struct GenerationOptions {
   // GenerationStats::interrupted (Ctrl-C in `ktier run`). A turn stopped inside its prompt has
   // run GenerationStats::prompt_tokens of its ids and sampled nothing. Null: never.
   std::function<bool()> stop_requested;
+  // Called once in a turn of two or more ids, when all of them but the last have run (the last
+  // then runs as a forward pass of its own): the prompt cache saves the state here. Its error
+  // ends the turn. Null: none (and the last id runs with the chunk before it).
+  std::function<Status(const model::SequenceState&)> before_last_prompt_id;
 };
 
 struct GenerationStats {
@@ -76,9 +80,16 @@ class GenerationSession {
   static Result<std::unique_ptr<GenerationSession>> open(model::Model& model,
                                                          const model::ExpertSource* experts,
                                                          const GenerationOptions& opts);
+  // The same, going on from `state` (a restored prompt cache: a sequence of `model`).
+  static Result<std::unique_ptr<GenerationSession>> open(model::Model& model,
+                                                         const model::ExpertSource* experts,
+                                                         const GenerationOptions& opts,
+                                                         model::SequenceState state);
   // Errors: generate()'s; `ids` must not be empty.
   Result<GenerationStats> turn(std::span<const int32_t> ids, const TokenSink& sink);
   int64_t positions() const { return seq_.n_tokens; }  // tokens run so far
+  // The sequence's state after the tokens run so far (valid until the next turn).
+  const model::SequenceState& state() const { return seq_; }
 
  private:
   GenerationSession(model::Model& model, const model::ExpertSource* experts,

@@ -59,6 +59,7 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
   const DeviceTrunk* dt = e.device_trunk();
   nlohmann::json j = {
       {"prompt_tokens", gen.prompt_tokens},
+      {"prompt_cache_tokens", cached_prompt_tokens},
       {"generated_tokens", gen.generated_tokens},
       {"stop", stop_name(gen)},
       {"prefill_s", gen.prefill_seconds},
@@ -142,9 +143,15 @@ std::string RunReport::to_table(const Engine& e) const {
   char buf[1024];
   std::string out;
   const double mb = 1e6;
-  std::snprintf(buf, sizeof buf, "\nktier: prompt %lld tokens, generated %lld (%s)\n",
-                static_cast<long long>(gen.prompt_tokens), static_cast<long long>(gen.generated_tokens),
-                stop_name(gen));
+  std::snprintf(buf, sizeof buf, "\nktier: prompt %lld tokens", static_cast<long long>(gen.prompt_tokens));
+  out += buf;
+  if (cached_prompt_tokens > 0) {
+    std::snprintf(buf, sizeof buf, " (+%lld from the prompt cache)",
+                  static_cast<long long>(cached_prompt_tokens));
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, ", generated %lld (%s)\n",
+                static_cast<long long>(gen.generated_tokens), stop_name(gen));
   out += buf;
   std::snprintf(buf, sizeof buf, "ktier: prefill %.3f s (%.2f tok/s)", gen.prefill_seconds,
                 j["prefill_tok_per_s"].get<double>());

@@ -31,6 +31,7 @@ struct EngineCounters {
 
 struct RunReport {
   GenerationStats gen;
+  int64_t cached_prompt_tokens = 0;  // prompt tokens restored from --prompt-cache, not run
   EngineCounters decode_start, decode_end;
   uint64_t peak_rss_bytes = 0;
 

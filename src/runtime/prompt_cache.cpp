@@ -1,0 +1,260 @@
+#include "runtime/prompt_cache.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <charconv>
+#include <functional>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "format/safetensors_writer.h"
+#include "common/check.h"
+#include "pack/trunk_pack.h"
+
+namespace ktier::runtime {
+
+namespace {
+
+// Host bytes moved at a time between the backend and the file.
+constexpr size_t kPieceBytes = size_t{16} << 20;
+
+// One tensor of the file: its declaration and, for the state's arrays, which array holds it.
+struct Part {
+  format::TensorDecl decl;
+  int64_t layer = -1;  // -1: "ids"
+  enum Array { kS, kConvQ, kConvK, kConvV, kC, kR } array = kS;
+};
+
+// The file's tensors for a sequence of n positions, in file order.
+std::vector<Part> parts_for(const format::ModelConfig& c, int64_t n) {
+  std::vector<Part> parts;
+  parts.push_back({{"ids", DType::kI32, {n}}, -1});
+  const int64_t hist = c.short_conv_kernel_size - 1, C = c.kda_width();
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    if (c.is_mla(l)) {
+      parts.push_back({{p + "mla.c", DType::kF32, {n, c.kv_lora_rank}}, l, Part::kC});
+      parts.push_back({{p + "mla.r", DType::kF32, {n, c.qk_rope_head_dim}}, l, Part::kR});
+      continue;
+    }
+    const int64_t H = c.kda_num_heads, D = c.kda_head_dim;
+    parts.push_back({{p + "kda.S", DType::kF32, {H, D, D}}, l, Part::kS});
+    parts.push_back({{p + "kda.conv_q", DType::kF32, {hist, C}}, l, Part::kConvQ});
+    parts.push_back({{p + "kda.conv_k", DType::kF32, {hist, C}}, l, Part::kConvK});
+    parts.push_back({{p + "kda.conv_v", DType::kF32, {hist, C}}, l, Part::kConvV});
+  }
+  return parts;
+}
+
+template <class State>
+auto& array_of(State& s, const Part& p) {
+  auto& layer = s.layers[static_cast<size_t>(p.layer)];
+  switch (p.array) {
+    case Part::kS: return layer.kda.S;
+    case Part::kConvQ: return layer.kda.conv_q;
+    case Part::kConvK: return layer.kda.conv_k;
+    case Part::kConvV: return layer.kda.conv_v;
+    case Part::kC: return layer.mla.c;
+    case Part::kR: break;
+  }
+  return layer.mla.r;
+}
+
+std::string hex(uint64_t v) { return pack::hex64(v); }
+
+std::optional<uint64_t> parse_unsigned(const std::string& s, int base) {
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, base);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) return std::nullopt;
+  return v;
+}
+
+// Every saved tensor's bytes in file order, `piece` at a time from the backend.
+Status for_each_piece(const model::Model& model, const model::SequenceState& state,
+                      std::span<const int32_t> ids,
+                      const std::function<Status(const void*, size_t)>& take) {
+  KTIER_RETURN_IF_ERROR(take(ids.data(), ids.size_bytes()));
+  std::vector<uint8_t> buf;
+  for (const Part& p : parts_for(model.config(), state.n_tokens)) {
+    if (p.layer < 0) continue;
+    const backend::BackendArray& a = array_of(state, p);
+    const size_t bytes = p.decl.nbytes();
+    KTIER_CHECK(a.size() * sizeof(float) == bytes);
+    buf.resize(std::min(bytes, kPieceBytes));
+    const auto* src = reinterpret_cast<const uint8_t*>(a.data());
+    for (size_t at = 0; at < bytes; at += kPieceBytes) {
+      const size_t n = std::min(bytes - at, kPieceBytes);
+      KTIER_RETURN_IF_ERROR(model.backend().download(buf.data(), src + at, n));
+      KTIER_RETURN_IF_ERROR(take(buf.data(), n));
+    }
+  }
+  return Status::ok();
+}
+
+using HashState = std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)>;
+HashState new_hash() {
+  HashState h(XXH3_createState(), &XXH3_freeState);
+  KTIER_CHECK(h != nullptr);
+  XXH3_64bits_reset(h.get());
+  return h;
+}
+
+}  // namespace
+
+Result<uint64_t> checkpoint_identity(const format::Checkpoint& ckpt) {
+  KTIER_ASSIGN_OR_RETURN(const pack::SourceFingerprint fp, pack::fingerprint_checkpoint(ckpt));
+  std::string text = hex(fp.config_xxh3);
+  for (const auto& s : fp.shards)
+    text += "|" + s.file + ":" + std::to_string(s.size) + ":" + hex(s.header_xxh3) + ":" +
+            hex(s.sample_xxh3);
+  return XXH3_64bits(text.data(), text.size());
+}
+
+const char* backend_label(const backend::Backend& backend) {
+  return backend.kind() == backend::DeviceKind::kCuda ? "cuda" : "cpu";
+}
+
+Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
+                                          const format::ModelConfig& config) {
+  Result<format::SafetensorsFile> file = format::SafetensorsFile::open(path, format::OpenMode::kPread);
+  if (!file.is_ok())  // its message names the file
+    return file.status().with_context("--prompt-cache (not a ktier prompt cache, or damaged?)");
+  SavedSequence s(std::move(*file));
+  const std::string name = path.string();
+  auto bad = [&](const std::string& why) {
+    return Status::corrupt(name + ": " + why + " (a --prompt-cache file of another ktier, or "
+                           "damaged: delete it and the next run writes it again)");
+  };
+
+  // The metadata: the safetensors reader skips it, so the header is read again here (it is
+  // small: two tensors per layer).
+  std::string header(s.file_.data_offset() - 8, '\0');
+  KTIER_RETURN_IF_ERROR(s.file_.read_bytes(8, header.size(), header.data()));
+  std::map<std::string, std::string> meta;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(header);
+    const auto m = j.find("__metadata__");
+    if (m == j.end() || !m->is_object()) return bad("no __metadata__: not a ktier prompt cache");
+    for (const auto& [k, v] : m->items())
+      if (v.is_string()) meta[k] = v.get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    return bad(std::string("header: ") + e.what());
+  }
+  auto field = [&](const char* key) -> Result<std::string> {
+    const auto it = meta.find(key);
+    if (it == meta.end()) return bad(std::string("__metadata__ has no \"") + key + "\"");
+    return it->second;
+  };
+  KTIER_ASSIGN_OR_RETURN(const std::string format, field("format"));
+  if (format != kPromptCacheFormat)
+    return bad("__metadata__ \"format\" is \"" + format + "\", not \"" + kPromptCacheFormat + "\"");
+  KTIER_ASSIGN_OR_RETURN(const std::string version, field("version"));
+  if (version != std::to_string(kPromptCacheVersion))
+    return bad("version " + version + ", this ktier reads version " +
+               std::to_string(kPromptCacheVersion));
+  auto hex_field = [&](const char* key) -> Result<uint64_t> {
+    KTIER_ASSIGN_OR_RETURN(const std::string text, field(key));
+    const auto v = text.size() == 16 ? parse_unsigned(text, 16) : std::nullopt;
+    if (!v) return bad(std::string("\"") + key + "\" is not 16 hex digits");
+    return *v;
+  };
+  KTIER_ASSIGN_OR_RETURN(s.checkpoint_, hex_field("checkpoint"));
+  KTIER_ASSIGN_OR_RETURN(s.data_xxh3_, hex_field("data_xxh3"));
+  KTIER_ASSIGN_OR_RETURN(s.backend_, field("backend"));
+  if (s.backend_ != "cpu" && s.backend_ != "cuda")
+    return bad("\"backend\" is \"" + s.backend_ + "\", not cpu or cuda");
+  KTIER_ASSIGN_OR_RETURN(const std::string positions, field("positions"));
+  const auto n = parse_unsigned(positions, 10);
+  if (!n || *n > INT32_MAX) return bad("\"positions\" is \"" + positions + "\"");
+
+  // The tensors: exactly those of a state of n positions, back to back.
+  const std::vector<Part> parts = parts_for(config, static_cast<int64_t>(*n));
+  const std::vector<format::TensorInfo>& tensors = s.file_.tensors();
+  if (tensors.size() != parts.size())
+    return bad(std::to_string(tensors.size()) + " tensors, a state of this model has " +
+               std::to_string(parts.size()) + " (another model?)");
+  uint64_t at = s.file_.data_offset();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const format::TensorDecl& want = parts[i].decl;
+    const format::TensorInfo& t = tensors[i];
+    if (t.name != want.name || t.dtype != want.dtype || t.shape != want.shape)
+      return bad("tensor " + std::to_string(i) + " is '" + t.name + "' " +
+                 std::string(dtype_name(t.dtype)) + format::shape_string(t.shape) +
+                 ", this model's state has '" + want.name + "' " +
+                 std::string(dtype_name(want.dtype)) + format::shape_string(want.shape) +
+                 " there (another model?)");
+    if (t.file_offset != at) return bad("tensor '" + t.name + "' is not where the previous ends");
+    at += t.nbytes;
+  }
+  if (at != s.file_.file_size()) return bad("bytes after the last tensor");
+
+  s.ids_.resize(static_cast<size_t>(*n));
+  KTIER_RETURN_IF_ERROR(s.file_.read(tensors[0], s.ids_.data()));
+  return s;
+}
+
+Result<model::SequenceState> SavedSequence::restore(const model::Model& model,
+                                                    int64_t reserve_positions) const {
+  const int64_t n = static_cast<int64_t>(ids_.size());
+  KTIER_ASSIGN_OR_RETURN(model::SequenceState state,
+                         model.new_sequence(std::max(reserve_positions, n)));
+  backend::Backend& be = model.backend();
+  HashState hash = new_hash();
+  XXH3_64bits_update(hash.get(), ids_.data(), ids_.size() * sizeof(int32_t));
+  std::vector<uint8_t> buf;
+  const std::vector<format::TensorInfo>& tensors = file_.tensors();
+  const std::vector<Part> parts = parts_for(model.config(), n);
+  for (size_t i = 1; i < parts.size(); ++i) {
+    backend::BackendArray& a = array_of(state, parts[i]);
+    const format::TensorInfo& t = tensors[i];
+    KTIER_RETURN_IF_ERROR(a.resize(be, t.numel()));
+    buf.resize(std::min<size_t>(t.nbytes, kPieceBytes));
+    auto* dst = reinterpret_cast<uint8_t*>(a.data());
+    for (uint64_t at = 0; at < t.nbytes; at += kPieceBytes) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(t.nbytes - at, kPieceBytes));
+      KTIER_RETURN_IF_ERROR(file_.read_bytes(t.file_offset + at, len, buf.data()));
+      XXH3_64bits_update(hash.get(), buf.data(), len);
+      KTIER_RETURN_IF_ERROR(be.upload(dst + at, buf.data(), len));
+    }
+  }
+  if (XXH3_64bits_digest(hash.get()) != data_xxh3_)
+    return Status::corrupt(path().string() + ": the state's bytes do not match its \"data_xxh3\" "
+                           "(damaged: delete it and the next run writes it again)");
+  for (model::LayerState& l : state.layers) l.mla.n = n;
+  state.n_tokens = n;
+  return state;
+}
+
+Status save_sequence(const std::filesystem::path& path, const model::Model& model,
+                     const model::SequenceState& state, std::span<const int32_t> ids,
+                     uint64_t checkpoint) {
+  KTIER_CHECK(static_cast<int64_t>(ids.size()) == state.n_tokens);
+  // The checksum goes into the header, which is written first: one pass to hash, one to write
+  // (the state is not held twice in host memory).
+  HashState hash = new_hash();
+  KTIER_RETURN_IF_ERROR(for_each_piece(model, state, ids, [&](const void* p, size_t n) {
+    XXH3_64bits_update(hash.get(), p, n);
+    return Status::ok();
+  }));
+  std::vector<format::TensorDecl> decls;
+  for (Part& p : parts_for(model.config(), state.n_tokens)) decls.push_back(std::move(p.decl));
+  const std::map<std::string, std::string> meta = {
+      {"format", kPromptCacheFormat},
+      {"version", std::to_string(kPromptCacheVersion)},
+      {"checkpoint", hex(checkpoint)},
+      {"backend", backend_label(model.backend())},
+      {"positions", std::to_string(state.n_tokens)},
+      {"data_xxh3", hex(XXH3_64bits_digest(hash.get()))},
+  };
+  KTIER_ASSIGN_OR_RETURN(format::SafetensorsWriter w,
+                         format::SafetensorsWriter::create(path, std::move(decls), meta));
+  KTIER_RETURN_IF_ERROR(for_each_piece(model, state, ids, [&](const void* p, size_t n) {
+    return w.append(p, n);
+  }));
+  return w.finish();
+}
+
+}  // namespace ktier::runtime

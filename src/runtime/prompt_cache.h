@@ -1,0 +1,85 @@
+#pragma once
+// The prompt cache (`ktier run --prompt-cache FILE`, as llama.cpp's): a sequence's state saved by
+// one run, so that a later run whose prompt starts with the same ids skips their prefill.
+//
+// The file is safetensors (format/safetensors.h). `__metadata__`: "format" "ktier.sequence",
+// "version" "1", "checkpoint" (checkpoint_identity, 16 hex digits), "backend" ("cpu" or "cuda":
+// which backend's bytes these are), "positions" (n, decimal), "data_xxh3" (XXH3_64bits of the
+// tensors' bytes in file order, 16 hex digits). Tensors, in this order: "ids" I32 [n] (the ids
+// the state has run); per KDA layer l "layers.l.kda.S" F32 [H, D, D] and "layers.l.kda.conv_q",
+// "…conv_k", "…conv_v" F32 [K-1, C]; per MLA layer l "layers.l.mla.c" F32 [n, kv_lora_rank] and
+// "layers.l.mla.r" F32 [n, qk_rope_head_dim] (model/state.h).
+//
+// Whole prefixes only: a KDA state is recurrent and cannot be cut back to fewer positions, so a
+// saved state serves a prompt only when its ids are a prefix of the prompt with at least one id
+// left over (the run needs that id's logits).
+//
+// Exactness: a restored state holds the bytes its ids' prefill gave on the backend that saved it.
+// On the CPU prefill gives the same bytes in any chunking (docs/NUMERICS.md), so a run from a
+// restored state prints exactly what the same run without the cache prints. A GPU's state differs
+// from the CPU's within its tolerances, so the CPU uses only states a CPU backend saved.
+//
+// Threads: none kept; one call at a time per file.
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "format/checkpoint.h"
+#include "format/safetensors.h"
+#include "model/model.h"
+
+namespace ktier::runtime {
+
+inline constexpr const char* kPromptCacheFormat = "ktier.sequence";
+inline constexpr int kPromptCacheVersion = 1;
+
+// What tells checkpoints apart for the cache: XXH3 over pack::fingerprint_checkpoint (config.json
+// as stored, every shard's size and header, samples of their data), so a copy of the checkpoint
+// elsewhere is the same checkpoint and a synthetic one of another seed is not. Status::runtime
+// (exit 1) when a file cannot be read.
+Result<uint64_t> checkpoint_identity(const format::Checkpoint& ckpt);
+
+// "cpu" or "cuda": whose bytes a sequence's state holds.
+const char* backend_label(const backend::Backend& backend);
+
+// A saved state, opened and validated: its metadata, its ids, every tensor present with the
+// dtype and shape `config` gives it, nothing else, the tensors back to back. Status::corrupt
+// (exit 3) naming the file (and the field or tensor) otherwise, Status::runtime (exit 1) when it
+// cannot be read. The state's bytes are read by restore().
+class SavedSequence {
+ public:
+  static Result<SavedSequence> open(const std::filesystem::path& path,
+                                    const format::ModelConfig& config);
+
+  const std::filesystem::path& path() const { return file_.path(); }
+  uint64_t checkpoint() const { return checkpoint_; }
+  const std::string& backend() const { return backend_; }
+  std::span<const int32_t> ids() const { return ids_; }
+  uint64_t file_bytes() const { return file_.file_size(); }
+
+  // A sequence of `model` (on its backend) holding the saved state, its MLA caches reserved for
+  // `reserve_positions` (at least ids().size()). Status::corrupt naming the file when the bytes
+  // do not match "data_xxh3" (then nothing was computed from them), Status::runtime for I/O,
+  // the backend's errors.
+  Result<model::SequenceState> restore(const model::Model& model, int64_t reserve_positions) const;
+
+ private:
+  SavedSequence(format::SafetensorsFile file) : file_(std::move(file)) {}
+  format::SafetensorsFile file_;
+  uint64_t checkpoint_ = 0, data_xxh3_ = 0;
+  std::string backend_;
+  std::vector<int32_t> ids_;
+};
+
+// Writes `state` with the `ids` it ran (ids.size() == state.n_tokens) as `path`: to
+// "<path>.partial", then renamed, so `path` is either the old file or the whole new one.
+// Status::runtime (exit 1) naming the file on failure, the backend's errors.
+Status save_sequence(const std::filesystem::path& path, const model::Model& model,
+                     const model::SequenceState& state, std::span<const int32_t> ids,
+                     uint64_t checkpoint);
+
+}  // namespace ktier::runtime

@@ -1,0 +1,215 @@
+// `ktier run --prompt-cache FILE [--prompt-cache-all | --prompt-cache-ro]`: a run that starts from
+// a saved state prints exactly what the run without it prints (text, ids), at any chunking,
+// thread count, memory budget and on the emulated device, and the report says how many prompt
+// tokens it did not run; files that are not this checkpoint's state are refused with the
+// documented exit codes and never overwritten.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/run_process.h"
+#include "common/test_paths.h"
+
+namespace ktier::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ktier() { return ktier_bin().string(); }
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+std::string restored(int64_t n) { return "(+" + std::to_string(n) + " from the prompt cache)"; }
+
+// Prompts of the tiny tokenizer; kLonger begins with kPrompt's ids (a space then more words).
+constexpr const char* kPrompt = "The lighthouse keeper checked the lamp and the lens";
+constexpr const char* kLonger =
+    "The lighthouse keeper checked the lamp and the lens \"and then the stairs\" twice";
+
+class PromptCacheCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("ktier-prompt-cache-cli-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    for (const char* seed : {"0", "1"}) {
+      const auto r = run_process(ktier() + " synth --preset tiny -q --force --seed " + seed +
+                                 " -o " + (dir_ / ("m" + std::string(seed))).string());
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+    }
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  // `ktier run` on the seed-0 model: 8 greedy tokens and their ids after the text.
+  static ProcessResult run(const std::string& prompt, const std::string& flags) {
+    return run_process(ktier() + " run -m " + (dir_ / "m0").string() + " -p '" + prompt +
+                       "' -n 8 --print-ids " + flags);
+  }
+  static int64_t prompt_tokens(const std::string& text) {
+    const auto r = run_process(ktier() + " tokenize --tokenizer " + (dir_ / "m0").string() +
+                               " -p '" + text + "'");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return static_cast<int64_t>(std::count(r.out.begin(), r.out.end(), ',')) + 1;
+  }
+  static inline fs::path dir_;
+};
+
+TEST_F(PromptCacheCli, RunsFromTheSavedStatePrintWhatRunsWithoutItPrint) {
+  const int64_t p = prompt_tokens(kPrompt);
+  const auto plain = run(kPrompt, ""), longer = run(kLonger, "");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(longer.exit_code, 0) << longer.err;
+  ASSERT_NE(plain.out, longer.out);
+  // Each setting from a fresh file: the first run saves the prompt's state (all but its last
+  // id), the same prompt then runs only that id, and a prompt that goes on runs only the rest.
+  const std::string settings[] = {"", "--chunk 3 --threads 1", "--ram 2M", "--device emulated --vram 64M"};
+  int i = 0;
+  for (const std::string& s : settings) {
+    SCOPED_TRACE(s);
+    const fs::path cache = dir_ / ("c" + std::to_string(i++) + ".st");
+    const std::string flags = s + " --prompt-cache " + cache.string();
+    auto r = run(kPrompt, flags);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, plain.out);
+    EXPECT_NE(r.err.find("does not exist yet"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("the state after " + std::to_string(p - 1) + " tokens saved"),
+              std::string::npos) << r.err;
+    r = run(kPrompt, flags);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, plain.out);
+    EXPECT_NE(r.err.find("prompt 1 tokens " + restored(p - 1)), std::string::npos) << r.err;
+    const fs::path report = dir_ / "report.json";
+    r = run(kLonger, flags + " --report-json " + report.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, longer.out);
+    EXPECT_NE(r.err.find(restored(p - 1)), std::string::npos) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(read_text(report));
+    EXPECT_EQ(j.at("prompt_cache_tokens").get<int64_t>(), p - 1);
+    EXPECT_EQ(j.at("prompt_tokens").get<int64_t>(), prompt_tokens(kLonger) - (p - 1));
+  }
+  // Seeded sampling draws the same tokens from a restored state.
+  const fs::path cache = dir_ / "sampled.st";
+  const std::string sampling = "--temp 0.9 --top-p 0.95 --seed 7 ";
+  const auto sampled = run(kPrompt, sampling);
+  ASSERT_EQ(run(kPrompt, sampling + "--prompt-cache " + cache.string()).exit_code, 0);
+  const auto again = run(kPrompt, sampling + "--prompt-cache " + cache.string());
+  EXPECT_EQ(again.out, sampled.out);
+  EXPECT_NE(again.err.find(restored(p - 1)), std::string::npos) << again.err;
+}
+
+TEST_F(PromptCacheCli, AllSavesTheGeneratedTextAndReadOnlyNeverWrites) {
+  const std::string ids = "17,42,1,99,128,7,200,63";
+  const std::string m = " -m " + (dir_ / "m0").string();
+  const fs::path cache = dir_ / "all.st";
+  auto r = run_process(ktier() + " run" + m + " --ids " + ids + " -n 6 --print-ids --prompt-cache " +
+                       cache.string() + " --prompt-cache-all");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string generated = r.out;  // the text, then the ids on a line of their own
+  while (!generated.empty() && generated.back() == '\n') generated.pop_back();
+  generated = generated.substr(generated.rfind('\n') + 1);
+  // The prompt, 5 of the 6 generated ids (the last is never run), and more: all but the last
+  // of the 6 generated come from the file.
+  const std::string next = ids + "," + generated + ",5,6";
+  const auto plain = run_process(ktier() + " run" + m + " --ids " + next + " -n 6");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const std::string saved = read_text(cache);
+  r = run_process(ktier() + " run" + m + " --ids " + next + " -n 6 --prompt-cache " +
+                  cache.string() + " --prompt-cache-ro");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, plain.out);
+  EXPECT_NE(r.err.find(restored(8 + 5)), std::string::npos) << r.err;
+  EXPECT_EQ(read_text(cache), saved);  // read-only
+  // Read-only without a file: a plain run, no file made.
+  const fs::path none = dir_ / "none.st";
+  r = run_process(ktier() + " run" + m + " --ids " + next + " -n 6 --prompt-cache " +
+                  none.string() + " --prompt-cache-ro");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, plain.out);
+  EXPECT_FALSE(fs::exists(none));
+}
+
+TEST_F(PromptCacheCli, AnotherBackendsStateIsNotUsedAndIsReplaced) {
+  const fs::path cache = dir_ / "backend.st";
+  const auto plain = run(kPrompt, "");
+  ASSERT_EQ(run(kPrompt, "--prompt-cache " + cache.string()).exit_code, 0);
+  // The same state said to be a GPU's: the header rewritten (padded to 8 as safetensors is).
+  std::string bytes = read_text(cache);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
+  ASSERT_EQ(h["__metadata__"]["backend"], "cpu");
+  h["__metadata__"]["backend"] = "cuda";
+  std::string text = h.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const uint64_t m = text.size();
+  std::ofstream(cache, std::ios::binary | std::ios::trunc)
+      << std::string(reinterpret_cast<const char*>(&m), 8) << text << bytes.substr(8 + n);
+  const auto r = run(kPrompt, "--prompt-cache " + cache.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, plain.out);
+  EXPECT_NE(r.err.find("holds a cuda run's state and this run is on the cpu: not used"),
+            std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("from the prompt cache"), std::string::npos) << r.err;
+  bytes = read_text(cache);
+  std::memcpy(&n, bytes.data(), 8);
+  EXPECT_EQ(nlohmann::json::parse(bytes.substr(8, n))["__metadata__"]["backend"], "cpu");
+}
+
+TEST_F(PromptCacheCli, FilesThatAreNotThisCheckpointsStateAreRefused) {
+  const fs::path cache = dir_ / "refused.st";
+  ASSERT_EQ(run(kPrompt, "--prompt-cache " + cache.string()).exit_code, 0);
+  const std::string saved = read_text(cache);
+  // Another checkpoint (same shapes, other weights): exit 2, the file kept.
+  auto r = run_process(ktier() + " run -m " + (dir_ / "m1").string() + " -p '" + kPrompt +
+                       "' -n 4 --prompt-cache " + cache.string());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("saved from another checkpoint"), std::string::npos) << r.err;
+  EXPECT_EQ(read_text(cache), saved);
+  // A damaged byte of the state: exit 3 before any token.
+  std::string damaged = saved;
+  damaged[damaged.size() - 3] = static_cast<char>(damaged[damaged.size() - 3] ^ 0x10);
+  std::ofstream(cache, std::ios::binary | std::ios::trunc) << damaged;
+  r = run(kPrompt, "--prompt-cache " + cache.string());
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find(cache.string() + ": the state's bytes do not match"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(read_text(cache), damaged);
+  // Something else: exit 3, not overwritten. A shard of the model itself is an input (exit 2).
+  const fs::path text = dir_ / "notes.txt";
+  std::ofstream(text) << "not a prompt cache\n";
+  r = run(kPrompt, "--prompt-cache " + text.string());
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("not a ktier prompt cache"), std::string::npos) << r.err;
+  EXPECT_EQ(read_text(text), "not a prompt cache\n");
+  std::string shard;
+  for (const auto& e : fs::directory_iterator(dir_ / "m0"))
+    if (e.path().extension() == ".safetensors") shard = e.path().string();
+  r = run(kPrompt, "--prompt-cache " + shard);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  fs::copy_file(shard, dir_ / "shard-copy.safetensors", fs::copy_options::overwrite_existing);
+  r = run(kPrompt, "--prompt-cache " + (dir_ / "shard-copy.safetensors").string());
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("no __metadata__"), std::string::npos) << r.err;
+  // Usage.
+  const fs::path report = dir_ / "r.json";
+  for (const std::string& flags :
+       {std::string("--prompt-cache-all"), std::string("--prompt-cache-ro"),
+        "--prompt-cache " + cache.string() + " --prompt-cache-all --prompt-cache-ro",
+        "--prompt-cache " + cache.string() + " --chat -i",
+        "--prompt-cache " + dir_.string(),
+        "--prompt-cache " + report.string() + " --report-json " + report.string()}) {
+    r = run(kPrompt, flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace ktier::test

@@ -1,0 +1,197 @@
+// The prompt cache's file (runtime/prompt_cache.h): a saved state restored on the CPU and on the
+// emulated device (its memory wall aborts on a host pointer, so every byte goes through the
+// backend's upload/download) continues with the bytes of the run that never stopped; damaged or
+// foreign files are refused before anything is computed from them.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <span>
+#include <string>
+
+#include "engine_outputs.h"
+#include "runtime/prompt_cache.h"
+
+namespace ktier::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+void write_bytes(const fs::path& p, const std::string& b) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << b;
+}
+
+class PromptCacheTest : public ::testing::TestWithParam<bool> {  // param: emulated device
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("ktier-prompt-cache-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    ASSERT_NO_FATAL_FAILURE(synth_tiny(dir_ / "m"));
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::unique_ptr<Engine> open_engine(bool emulated) {
+    EngineOptions eo;
+    eo.model_dir = dir_ / "m";
+    eo.threads = 2;
+    if (emulated) {
+      eo.emulate_device = true;
+      eo.vram_budget = uint64_t{1} << 30;
+      eo.workload = {kPositions, static_cast<int64_t>(kDialTestPrompt.size()),
+                     model::LogitRows::kAll};
+    }
+    auto e = Engine::open(eo);
+    EXPECT_TRUE(e.is_ok()) << e.status().message();
+    return e.is_ok() ? std::move(*e) : nullptr;
+  }
+  // The state after prompt[0, k) of a fresh sequence of `m`.
+  static model::SequenceState state_after(model::Model& m, size_t k) {
+    auto s = m.new_sequence(kPositions);
+    EXPECT_TRUE(s.is_ok());
+    const std::span<const int32_t> p(kDialTestPrompt);
+    EXPECT_TRUE(m.forward(p.first(k), *s, model::LogitRows::kNone, nullptr).is_ok());
+    return std::move(*s);
+  }
+  static constexpr int64_t kPositions = 20;
+  static inline fs::path dir_;
+};
+
+TEST_P(PromptCacheTest, RestoredStateContinuesWithTheBytesOfTheWholeRun) {
+  std::unique_ptr<Engine> e = open_engine(GetParam());
+  ASSERT_NE(e, nullptr);
+  model::Model& m = e->model();
+  const int64_t V = m.config().vocab_size, P = static_cast<int64_t>(kDialTestPrompt.size());
+  const std::span<const int32_t> prompt(kDialTestPrompt);
+  // What a run without the cache gives: every position's logits, in chunks of 5.
+  std::vector<float> whole(static_cast<size_t>(P * V));
+  ASSERT_TRUE(evaluate(m, prompt, 5, whole.data()).is_ok());
+  for (size_t k : {size_t{1}, size_t{5}, size_t{11}}) {
+    SCOPED_TRACE("saved after " + std::to_string(k) + " ids");
+    const fs::path file = dir_ / ("k" + std::to_string(k) + (GetParam() ? "-dev" : "") + ".st");
+    {
+      model::SequenceState s = state_after(m, k);
+      ASSERT_TRUE(save_sequence(file, m, s, prompt.first(k), 0x1234abcd).is_ok());
+    }
+    auto saved = SavedSequence::open(file, m.config());
+    ASSERT_TRUE(saved.is_ok()) << saved.status().message();
+    EXPECT_EQ(saved->checkpoint(), 0x1234abcdu);
+    EXPECT_EQ(saved->backend(), "cpu");  // the emulated device gives the CPU's bytes
+    ASSERT_EQ(saved->ids().size(), k);
+    EXPECT_TRUE(std::equal(saved->ids().begin(), saved->ids().end(), prompt.begin()));
+    auto restored = saved->restore(m, kPositions);
+    ASSERT_TRUE(restored.is_ok()) << restored.status().message();
+    EXPECT_EQ(restored->n_tokens, static_cast<int64_t>(k));
+    // Saved again, the restored state is the same file.
+    const fs::path again = dir_ / "again.st";
+    ASSERT_TRUE(save_sequence(again, m, *restored, prompt.first(k), 0x1234abcd).is_ok());
+    EXPECT_EQ(read_bytes(again), read_bytes(file));
+    // The rest of the prompt from the restored state: the whole run's logits, bit for bit.
+    std::vector<float> rest(static_cast<size_t>((P - k) * V), -7.f);
+    ASSERT_TRUE(m.forward(prompt.subspan(k), *restored, model::LogitRows::kAll, rest.data()).is_ok());
+    EXPECT_EQ(std::memcmp(rest.data(), whole.data() + k * V, rest.size() * sizeof(float)), 0);
+  }
+}
+
+TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
+  std::unique_ptr<Engine> e = open_engine(GetParam());
+  ASSERT_NE(e, nullptr);
+  model::Model& m = e->model();
+  const fs::path good = dir_ / (GetParam() ? "good-dev.st" : "good.st");
+  {
+    model::SequenceState s = state_after(m, 7);
+    ASSERT_TRUE(save_sequence(good, m, s, std::span(kDialTestPrompt).first(7), 1).is_ok());
+  }
+  const std::string bytes = read_bytes(good);
+  const fs::path bad = dir_ / "bad.st";
+  auto expect_corrupt = [&](const std::string& b, const std::string& what, bool at_open,
+                            const format::ModelConfig& c) {
+    SCOPED_TRACE(what);
+    write_bytes(bad, b);
+    auto saved = SavedSequence::open(bad, c);
+    Status s = saved.is_ok() ? saved->restore(m, kPositions).status() : saved.status();
+    EXPECT_EQ(saved.is_ok(), !at_open) << s.message();
+    EXPECT_EQ(s.code(), ExitCode::kCorrupt) << s.message();
+    EXPECT_NE(s.message().find(bad.string()), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+  };
+  const format::ModelConfig& c = m.config();
+  // One flipped bit in the ids (just after the header), in the middle, in the last byte.
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  for (size_t at : {size_t(8 + header), bytes.size() / 2 + 8 + header / 2, bytes.size() - 1}) {
+    std::string b = bytes;
+    b[at] = static_cast<char>(b[at] ^ 1);
+    expect_corrupt(b, "data_xxh3", false, c);
+  }
+  expect_corrupt(bytes.substr(0, bytes.size() - 4), "truncated", true, c);
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string b = bytes;
+    const size_t at = b.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return at == std::string::npos ? b : b.replace(at, from.size(), to);
+  };
+  expect_corrupt(edited("\"version\":\"1\"", "\"version\":\"2\""), "version 2", true, c);
+  expect_corrupt(edited("\"ktier.sequence\"", "\"ktier.sequencf\""), "\"format\"", true, c);
+  expect_corrupt(edited("\"positions\":\"7\"", "\"positions\":\"8\""), "tensor 0", true, c);
+  expect_corrupt(edited("\"backend\":\"cpu\"", "\"backend\":\"gpu\""), "\"backend\"", true, c);
+  format::ModelConfig other = c;
+  other.kv_lora_rank += 1;  // another model: its MLA caches are wider
+  expect_corrupt(bytes, "mla.c", true, other);
+  // A checkpoint shard is safetensors, not a saved state.
+  auto shard = SavedSequence::open(e->checkpoint().shard(0).path(), c);
+  ASSERT_FALSE(shard.is_ok());
+  EXPECT_EQ(shard.status().code(), ExitCode::kCorrupt);
+  EXPECT_NE(shard.status().message().find("no __metadata__"), std::string::npos)
+      << shard.status().message();
+}
+
+TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
+  std::unique_ptr<Engine> e = open_engine(GetParam());
+  ASSERT_NE(e, nullptr);
+  GenerationOptions g;
+  g.max_new_tokens = 6;
+  g.prefill_chunk = 5;
+  g.reserve_positions = kPositions;
+  std::vector<int32_t> plain, snapped;
+  auto into = [](std::vector<int32_t>& v) {
+    return [&v](int32_t id) {
+      v.push_back(id);
+      return Status::ok();
+    };
+  };
+  ASSERT_TRUE(generate(e->model(), e->experts(), kDialTestPrompt, g, into(plain)).is_ok());
+  std::vector<int64_t> seen;
+  g.before_last_prompt_id = [&](const model::SequenceState& s) {
+    seen.push_back(s.n_tokens);
+    return Status::ok();
+  };
+  ASSERT_TRUE(generate(e->model(), e->experts(), kDialTestPrompt, g, into(snapped)).is_ok());
+  EXPECT_EQ(snapped, plain);  // the last id run on its own changes no byte
+  EXPECT_EQ(seen, std::vector<int64_t>{static_cast<int64_t>(kDialTestPrompt.size()) - 1});
+  seen.clear();
+  std::vector<int32_t> one;
+  ASSERT_TRUE(generate(e->model(), e->experts(), std::span(kDialTestPrompt).first(1), g,
+                       into(one)).is_ok());
+  EXPECT_TRUE(seen.empty());  // a one-id prompt has nothing before its last id
+  g.before_last_prompt_id = [](const model::SequenceState&) { return Status::runtime("disk full"); };
+  std::vector<int32_t> none;
+  auto failed = generate(e->model(), e->experts(), kDialTestPrompt, g, into(none));
+  ASSERT_FALSE(failed.is_ok());
+  EXPECT_EQ(failed.status().message(), "disk full");
+  EXPECT_TRUE(none.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, PromptCacheTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? std::string("emulated") : std::string("cpu");
+                         });
+
+}  // namespace
+}  // namespace ktier::runtime
