@@ -99,8 +99,10 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   Status prefilled;
   for (size_t pos = 0; pos < ids.size() && prefilled.is_ok();) {
     if (snapshot && pos == snapshot_at) {
+      const auto saving = std::chrono::steady_clock::now();
       prefilled = opts_.before_last_prompt_id(seq_);
       if (!prefilled.is_ok()) break;
+      t0 += std::chrono::steady_clock::now() - saving;  // prefill_seconds is the model's time
     }
     const size_t end = snapshot && pos < snapshot_at ? snapshot_at : ids.size();
     const size_t n = std::min(end - pos, static_cast<size_t>(opts_.prefill_chunk));

@@ -44,7 +44,8 @@ struct GenerationOptions {
   std::function<bool()> stop_requested;
   // Called once in a turn of two or more ids, when all of them but the last have run (the last
   // then runs as a forward pass of its own): the prompt cache saves the state here. Its error
-  // ends the turn. Null: none (and the last id runs with the chunk before it).
+  // ends the turn; its time is not counted in prefill_seconds. Null: none (and the last id runs
+  // with the chunk before it).
   std::function<Status(const model::SequenceState&)> before_last_prompt_id;
 };
 
