@@ -18,9 +18,10 @@
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
 // Ctrl-C stops at the next whole token with all of that (exit 130); see docs/ARCHITECTURE.md.
 // A model folder without tiktoken.model runs from --ids and prints the generated ids only.
-// --prompt-cache (runtime/prompt_cache.h) starts from a saved state when the prompt begins with
+// --prompt-cache (cli/run_prompt_cache.h) starts from a saved state when the prompt begins with
 // its ids, and saves the prompt's state (all of its ids but the last; with --prompt-cache-all
-// the sequence as the run leaves it) unless --prompt-cache-ro.
+// the sequence as the run leaves it) unless --prompt-cache-ro; a conversation resumes the one
+// the file holds and is saved after every answer.
 
 #include <signal.h>
 
@@ -38,6 +39,7 @@
 
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "cli/run_prompt_cache.h"
 #include "cli/strata_options.h"
 #include "common/interrupt.h"
 #include "common/progress.h"
@@ -47,7 +49,6 @@
 #include "io/read_file.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
-#include "runtime/prompt_cache.h"
 #include "runtime/run_report.h"
 #include "strata/trace_recorder.h"
 #include "tokenizer/chat.h"
@@ -72,48 +73,6 @@ struct RunArgs {
   uint64_t seed = 0;
   int threads = 0;
 };
-
-// --prompt-cache FILE at the start of a run: the saved state when it serves `prompt` (its ids
-// are the start of the prompt's ids but the last), restored into a sequence reserved for
-// `reserve` positions; nullopt when there is no file or it does not serve this prompt (logged).
-// Errors: the file's (damaged or not a prompt cache: exit 3; I/O: exit 1), and Status::usage
-// (exit 2) for a file saved from another checkpoint (both inputs intact, the wrong pair).
-Result<std::optional<model::SequenceState>> restore_prompt_cache(
-    const std::string& path, const runtime::Engine& engine, uint64_t identity,
-    std::span<const int32_t> prompt, int64_t reserve) {
-  KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(path));
-  if (!exists) {
-    spdlog::info("prompt cache: {} does not exist yet", path);
-    return std::optional<model::SequenceState>();
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  KTIER_ASSIGN_OR_RETURN(const runtime::SavedSequence saved,
-                         runtime::SavedSequence::open(path, engine.checkpoint().config()));
-  if (saved.checkpoint() != identity)
-    return Status::usage(path + ": --prompt-cache was saved from another checkpoint than -m " +
-                         engine.checkpoint().dir().string() + " (another config, shards or "
-                         "weights): give another file, or delete this one");
-  const std::string backend = runtime::backend_label(engine.backend());
-  const std::span<const int32_t> ids = saved.ids();
-  if (saved.backend() != backend) {
-    spdlog::info("prompt cache: {} holds a {} run's state and this run is on the {}: not used "
-                 "(each backend starts only from its own bytes)", path, saved.backend(), backend);
-    return std::optional<model::SequenceState>();
-  }
-  if (ids.size() >= prompt.size() || !std::equal(ids.begin(), ids.end(), prompt.begin())) {
-    const size_t same = static_cast<size_t>(
-        std::mismatch(ids.begin(), ids.end(), prompt.begin(), prompt.end()).first - ids.begin());
-    spdlog::info("prompt cache: {} holds {} ids and the prompt has {} (the first {} the same): "
-                 "not used, a state cannot be cut back to fewer ids", path, ids.size(),
-                 prompt.size(), same);
-    return std::optional<model::SequenceState>();
-  }
-  KTIER_ASSIGN_OR_RETURN(model::SequenceState state, saved.restore(engine.model(), reserve));
-  spdlog::info("prompt cache: {} of the prompt's {} tokens restored from {} ({:.1f} MB, {:.2f} s)",
-               ids.size(), prompt.size(), path, saved.file_bytes() / 1e6,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  return std::optional<model::SequenceState>(std::move(state));
-}
 
 Status run(const RunArgs& a) {
   // A reader that goes away (`ktier run ... | head`) is a write error (exit 1, the trace closed
@@ -205,11 +164,26 @@ Status run(const RunArgs& a) {
     raw = tokenizer->encode(text, a.special);
   }
 
+  // The prompt cache before the load too: a damaged file fails at once, and a conversation it
+  // holds is part of the positions planned. Resumed, the first message follows its last answer.
+  std::optional<RunPromptCache> cache;
+  if (!a.prompt_cache.empty()) {
+    KTIER_ASSIGN_OR_RETURN(cache, RunPromptCache::open(a.prompt_cache, a.model, a.prompt_cache_ro));
+  }
+  const std::optional<int32_t> pending =
+      a.interactive && cache ? cache->conversation_pending() : std::nullopt;
+  std::vector<uint32_t> resumed_turn;  // what ends the saved last answer
+  if (pending) resumed_turn = tok::end_assistant_turn(*tokenizer, *markers, static_cast<uint32_t>(*pending));
+
   KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
                          model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
   // The last generated token is never fed back: a run uses P + n - 1 positions.
+  const int64_t history = pending ? cache->conversation_positions() +
+                                        static_cast<int64_t>(resumed_turn.size())
+                                  : 0;
   const int64_t first_turn =
-      std::max<int64_t>(1, static_cast<int64_t>(raw.size()) + std::max<int64_t>(a.max_new_tokens - 1, 0));
+      std::max<int64_t>(1, history + static_cast<int64_t>(raw.size()) +
+                               std::max<int64_t>(a.max_new_tokens - 1, 0));
   // A conversation's auto size holds its first turn and one more message (up to
   // kNextMessagePositions tokens with its markup) with an answer of -n, at least.
   const int64_t ctx =
@@ -219,8 +193,11 @@ Status run(const RunArgs& a) {
                               kConversationPositions)
           : first_turn;
   if (ctx < first_turn)
-    return Status::usage("-c/--ctx-size " + std::to_string(ctx) + " cannot hold the prompt (" +
-                         std::to_string(raw.size()) + " tokens) and -n " +
+    return Status::usage("-c/--ctx-size " + std::to_string(ctx) + " cannot hold " +
+                         (history > 0 ? "the conversation in --prompt-cache (" +
+                                            std::to_string(history) + " positions), "
+                                      : std::string()) +
+                         "the prompt (" + std::to_string(raw.size()) + " tokens) and -n " +
                          std::to_string(a.max_new_tokens) + ": it needs " +
                          std::to_string(first_turn) + " positions");
   eo.workload.positions = ctx;
@@ -259,29 +236,19 @@ Status run(const RunArgs& a) {
                  prompt.size(), a.max_new_tokens,
                  static_cast<int64_t>(prompt.size()) + a.max_new_tokens - 2, *limit, *limit);
 
-  // The prompt cache: where the sequence starts, and what is saved (the prompt's state at its
-  // last id unless --prompt-cache-all; see the end for that and for a run stopped in its prompt).
-  uint64_t cache_identity = 0;
+  // The prompt cache: where the sequence starts; a single run saves the prompt's state at its
+  // last id unless --prompt-cache-all (see the end for that and for a run stopped in its
+  // prompt), a conversation after every answer.
   std::optional<model::SequenceState> restored;
-  if (!a.prompt_cache.empty()) {
-    KTIER_ASSIGN_OR_RETURN(cache_identity, runtime::checkpoint_identity(engine->checkpoint()));
-    KTIER_ASSIGN_OR_RETURN(restored, restore_prompt_cache(a.prompt_cache, *engine, cache_identity,
-                                                          prompt, gen.reserve_positions));
+  if (cache) {
+    KTIER_ASSIGN_OR_RETURN(restored, cache->restore(*engine, prompt, a.interactive,
+                                                     gen.reserve_positions));
   }
-  const int64_t cached = restored ? restored->n_tokens : 0;
-  const auto save_cache = [&](const model::SequenceState& state,
-                              std::span<const int32_t> ids) -> Status {
-    if (state.n_tokens <= cached) return Status::ok();  // what the file holds already
-    KTIER_RETURN_IF_ERROR(runtime::save_sequence(a.prompt_cache, engine->model(), state,
-                                                 ids.first(static_cast<size_t>(state.n_tokens)),
-                                                 cache_identity));
-    spdlog::info("prompt cache: the state after {} tokens saved to {}", state.n_tokens,
-                 a.prompt_cache);
-    return Status::ok();
-  };
-  if (write_cache && !a.prompt_cache_all)
+  const int64_t cached = cache ? cache->restored() : 0;
+  const bool write_whole_prompt = cache && !a.interactive && !a.prompt_cache_all;
+  if (write_whole_prompt)
     gen.before_last_prompt_id = [&](const model::SequenceState& state) {
-      return save_cache(state, prompt);
+      return cache->save(*engine, state, prompt);
     };
 
   std::optional<tok::StreamingDecoder> stream;
@@ -355,6 +322,9 @@ Status run(const RunArgs& a) {
   // A turn failed inside its forward passes (the trace ends mid-token); not when the sink failed
   // (that is between tokens).
   bool turn_cut = false;
+  // A conversation's ids run so far (what the prompt cache saves after each answer).
+  std::vector<int32_t> conversation;
+  if (cache) conversation.assign(cache->restored_ids().begin(), cache->restored_ids().end());
   const auto answer = [&](std::span<const int32_t> ids) -> Status {
     generated.clear();
     Result<runtime::GenerationStats> turn = session->turn(ids, sink);
@@ -372,7 +342,12 @@ Status run(const RunArgs& a) {
     if (!a.report_json.empty())
       KTIER_RETURN_IF_ERROR(io::write_output_file(a.report_json,
                                               report.to_json(*engine).dump(2) + "\n"));
-    return Status::ok();
+    report.cached_prompt_tokens = 0;  // only the first turn starts from the file
+    if (!a.interactive || !cache) return Status::ok();
+    // The answer's last token is not run: it is the pending one, which the next turn begins with.
+    conversation.insert(conversation.end(), ids.begin(), ids.end());
+    conversation.insert(conversation.end(), generated.begin(), generated.end() - 1);
+    return cache->save(*engine, session->state(), conversation, generated.back());
   };
   // The next turn of a conversation: the assistant's message closed, the user's next one.
   const auto next_turn = [&](const std::string& line) -> Result<std::vector<int32_t>> {
@@ -394,9 +369,16 @@ Status run(const RunArgs& a) {
     return ids_in_vocab(ids, cfg.vocab_size, id_source);
   };
   // A conversation's first message may come from standard input; an empty prompt is refused.
-  Status status = a.interactive && given == 0
-                      ? Status::ok()
-                      : answer(std::span<const int32_t>(prompt).subspan(static_cast<size_t>(cached)));
+  Status status;
+  if (const std::optional<int32_t> last = a.interactive && cached > 0 ? pending : std::nullopt) {
+    generated.assign(1, *last);  // a resumed conversation: its last answer closes first
+    if (given > 0) {
+      Result<std::vector<int32_t>> ids = next_turn(text);
+      status = ids.is_ok() ? answer(*ids) : ids.status();
+    }
+  } else if (!a.interactive || given > 0) {
+    status = answer(std::span<const int32_t>(prompt).subspan(static_cast<size_t>(cached)));
+  }
   StdinLines input;
   while (status.is_ok() && a.interactive) {
     // A Ctrl-C during the answer ended it, or came after the answer's last stop check (its last
@@ -426,11 +408,11 @@ Status run(const RunArgs& a) {
   // --prompt-cache-all saves the sequence as the run left it; without it, a run stopped in its
   // prompt before the last id saves the part it ran (a later run goes on from there).
   const int64_t ran = session->positions();
-  if (status.is_ok() && write_cache &&
+  if (status.is_ok() && cache && !a.interactive &&
       (a.prompt_cache_all || ran < static_cast<int64_t>(prompt.size()) - 1)) {
     std::vector<int32_t> sequence = prompt;
     sequence.insert(sequence.end(), generated.begin(), generated.end());
-    status = save_cache(session->state(), sequence);
+    status = cache->save(*engine, session->state(), sequence);
   }
   // A single run that saw Ctrl-C, even after its last stop check, ends as interrupted (a script
   // running it stops).
@@ -517,9 +499,9 @@ void register_run_command(CLI::App& app, int& exit_code) {
                       "As llama.cpp's: start from the state saved in FILE when the prompt begins "
                       "with its ids (the same output, without their prefill), and save the "
                       "prompt's state there (all its ids but the last). A state is never cut "
-                      "back: a prompt that does not begin with the saved ids runs whole. A file "
-                      "of another checkpoint: exit 2; damaged: exit 3")
-          ->excludes("--interactive");
+                      "back: a prompt that does not begin with the saved ids runs whole. With "
+                      "-i: the conversation FILE holds goes on, and is saved after every answer. "
+                      "A file of another checkpoint: exit 2; damaged: exit 3");
   sub->add_flag("--prompt-cache-all", a->prompt_cache_all,
                 "With --prompt-cache: save the generated tokens' state too, so that a prompt "
                 "that goes on from this run's output reuses all of it")

@@ -169,6 +169,11 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
   KTIER_ASSIGN_OR_RETURN(const std::string positions, field("positions"));
   const auto n = parse_unsigned(positions, 10);
   if (!n || *n > INT32_MAX) return bad("\"positions\" is \"" + positions + "\"");
+  if (const auto it = meta.find("pending"); it != meta.end()) {
+    const auto id = parse_unsigned(it->second, 10);
+    if (!id || *id > INT32_MAX) return bad("\"pending\" is \"" + it->second + "\"");
+    s.pending_ = static_cast<int32_t>(*id);
+  }
 
   // The tensors: exactly those of a state of n positions, back to back.
   const std::vector<Part> parts = parts_for(config, static_cast<int64_t>(*n));
@@ -199,6 +204,10 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
 Result<model::SequenceState> SavedSequence::restore(const model::Model& model,
                                                     int64_t reserve_positions) const {
   const int64_t n = static_cast<int64_t>(ids_.size());
+  if (pending_ && *pending_ >= model.config().vocab_size)
+    return Status::corrupt(path().string() + ": \"pending\" " + std::to_string(*pending_) +
+                           " is not an id of this model (vocabulary 0.." +
+                           std::to_string(model.config().vocab_size - 1) + ")");
   KTIER_ASSIGN_OR_RETURN(model::SequenceState state,
                          model.new_sequence(std::max(reserve_positions, n)));
   backend::Backend& be = model.backend();
@@ -230,7 +239,7 @@ Result<model::SequenceState> SavedSequence::restore(const model::Model& model,
 
 Status save_sequence(const std::filesystem::path& path, const model::Model& model,
                      const model::SequenceState& state, std::span<const int32_t> ids,
-                     uint64_t checkpoint) {
+                     uint64_t checkpoint, std::optional<int32_t> pending) {
   KTIER_CHECK(static_cast<int64_t>(ids.size()) == state.n_tokens);
   // The checksum goes into the header, which is written first: one pass to hash, one to write
   // (the state is not held twice in host memory).
@@ -241,7 +250,7 @@ Status save_sequence(const std::filesystem::path& path, const model::Model& mode
   }));
   std::vector<format::TensorDecl> decls;
   for (Part& p : parts_for(model.config(), state.n_tokens)) decls.push_back(std::move(p.decl));
-  const std::map<std::string, std::string> meta = {
+  std::map<std::string, std::string> meta = {
       {"format", kPromptCacheFormat},
       {"version", std::to_string(kPromptCacheVersion)},
       {"checkpoint", hex(checkpoint)},
@@ -249,6 +258,7 @@ Status save_sequence(const std::filesystem::path& path, const model::Model& mode
       {"positions", std::to_string(state.n_tokens)},
       {"data_xxh3", hex(XXH3_64bits_digest(hash.get()))},
   };
+  if (pending) meta["pending"] = std::to_string(*pending);
   KTIER_ASSIGN_OR_RETURN(format::SafetensorsWriter w,
                          format::SafetensorsWriter::create(path, std::move(decls), meta));
   KTIER_RETURN_IF_ERROR(for_each_piece(model, state, ids, [&](const void* p, size_t n) {

@@ -5,7 +5,9 @@
 // The file is safetensors (format/safetensors.h). `__metadata__`: "format" "ktier.sequence",
 // "version" "1", "checkpoint" (checkpoint_identity, 16 hex digits), "backend" ("cpu" or "cuda":
 // which backend's bytes these are), "positions" (n, decimal), "data_xxh3" (XXH3_64bits of the
-// tensors' bytes in file order, 16 hex digits). Tensors, in this order: "ids" I32 [n] (the ids
+// tensors' bytes in file order, 16 hex digits), and for a conversation's state "pending" (decimal:
+// the last token its last answer sampled, which is never run and begins the next turn). Tensors,
+// in this order: "ids" I32 [n] (the ids
 // the state has run); per KDA layer l "layers.l.kda.S" F32 [H, D, D] and "layers.l.kda.conv_q",
 // "…conv_k", "…conv_v" F32 [K-1, C]; per MLA layer l "layers.l.mla.c" F32 [n, kv_lora_rank] and
 // "layers.l.mla.r" F32 [n, qk_rope_head_dim] (model/state.h).
@@ -23,6 +25,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -59,12 +62,14 @@ class SavedSequence {
   uint64_t checkpoint() const { return checkpoint_; }
   const std::string& backend() const { return backend_; }
   std::span<const int32_t> ids() const { return ids_; }
+  // A conversation's state: its last answer's last token (not in ids(), never run).
+  std::optional<int32_t> pending() const { return pending_; }
   uint64_t file_bytes() const { return file_.file_size(); }
 
   // A sequence of `model` (on its backend) holding the saved state, its MLA caches reserved for
   // `reserve_positions` (at least ids().size()). Status::corrupt naming the file when the bytes
-  // do not match "data_xxh3" (then nothing was computed from them), Status::runtime for I/O,
-  // the backend's errors.
+  // do not match "data_xxh3" (then nothing was computed from them) or pending() is not an id of
+  // the model's vocabulary, Status::runtime for I/O, the backend's errors.
   Result<model::SequenceState> restore(const model::Model& model, int64_t reserve_positions) const;
 
  private:
@@ -73,13 +78,15 @@ class SavedSequence {
   uint64_t checkpoint_ = 0, data_xxh3_ = 0;
   std::string backend_;
   std::vector<int32_t> ids_;
+  std::optional<int32_t> pending_;
 };
 
-// Writes `state` with the `ids` it ran (ids.size() == state.n_tokens) as `path`: to
-// "<path>.partial", then renamed, so `path` is either the old file or the whole new one.
-// Status::runtime (exit 1) naming the file on failure, the backend's errors.
+// Writes `state` with the `ids` it ran (ids.size() == state.n_tokens) and, for a conversation,
+// its `pending` token as `path`: to "<path>.partial", then renamed, so `path` is either the old
+// file or the whole new one. Status::runtime (exit 1) naming the file on failure, the backend's
+// errors.
 Status save_sequence(const std::filesystem::path& path, const model::Model& model,
                      const model::SequenceState& state, std::span<const int32_t> ids,
-                     uint64_t checkpoint);
+                     uint64_t checkpoint, std::optional<int32_t> pending = std::nullopt);
 
 }  // namespace ktier::runtime

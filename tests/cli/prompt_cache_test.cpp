@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
+#include <vector>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -135,6 +137,48 @@ TEST_F(PromptCacheCli, AllSavesTheGeneratedTextAndReadOnlyNeverWrites) {
   EXPECT_FALSE(fs::exists(none));
 }
 
+// A conversation saved after every answer goes on in the next `--chat -i` run: its answers are
+// those of the conversation that never stopped.
+TEST_F(PromptCacheCli, ConversationGoesOnFromTheSavedOne) {
+  const std::string chat = ktier() + " run -m " + (dir_ / "m0").string() + " --chat -i -n 6 --print-ids";
+  auto answers = [](const std::string& out) {  // the id lines
+    std::vector<std::string> lines;
+    std::istringstream in(out);
+    for (std::string l; std::getline(in, l);)
+      if (!l.empty() && l.find_first_not_of("0123456789,") == std::string::npos) lines.push_back(l);
+    return lines;
+  };
+  const auto whole = run_process("printf 'hello there\\nhow is the lamp\\nand the lens\\n' | " + chat);
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const auto all = answers(whole.out);
+  ASSERT_EQ(all.size(), 3u) << whole.out;
+  for (const bool from_p : {false, true}) {
+    SCOPED_TRACE(from_p ? "next message from -p" : "next message from stdin");
+    const fs::path cache = dir_ / (from_p ? "conv-p.st" : "conv.st");
+    auto r = run_process("printf 'hello there\\nhow is the lamp\\n' | " + chat + " --prompt-cache " +
+                         cache.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(answers(r.out), std::vector<std::string>(all.begin(), all.begin() + 2));
+    r = run_process(from_p ? chat + " -p 'and the lens' --prompt-cache " + cache.string() + " < /dev/null"
+                           : "printf 'and the lens\\n' | " + chat + " --prompt-cache " + cache.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(answers(r.out), std::vector<std::string>{all[2]});
+    EXPECT_NE(r.err.find("the conversation of "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(" from the prompt cache)"), std::string::npos) << r.err;
+  }
+  // Too small a -c for the saved conversation: exit 2 before the load.
+  auto r = run_process(chat + " -p 'more' -c 20 --prompt-cache " + (dir_ / "conv.st").string());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("cannot hold the conversation in --prompt-cache"), std::string::npos) << r.err;
+  // A single run's file starts no conversation: a new one, as without the file.
+  const fs::path single = dir_ / "single.st";
+  ASSERT_EQ(run("hello there", "--prompt-cache " + single.string()).exit_code, 0);
+  r = run_process("printf 'hello there\\n' | " + chat + " --prompt-cache " + single.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(answers(r.out), std::vector<std::string>{all[0]});
+  EXPECT_NE(r.err.find("a single run's state, not a conversation"), std::string::npos) << r.err;
+}
+
 TEST_F(PromptCacheCli, AnotherBackendsStateIsNotUsedAndIsReplaced) {
   const fs::path cache = dir_ / "backend.st";
   const auto plain = run(kPrompt, "");
@@ -203,7 +247,6 @@ TEST_F(PromptCacheCli, FilesThatAreNotThisCheckpointsStateAreRefused) {
   for (const std::string& flags :
        {std::string("--prompt-cache-all"), std::string("--prompt-cache-ro"),
         "--prompt-cache " + cache.string() + " --prompt-cache-all --prompt-cache-ro",
-        "--prompt-cache " + cache.string() + " --chat -i",
         "--prompt-cache " + dir_.string(),
         "--prompt-cache " + report.string() + " --report-json " + report.string()}) {
     r = run(kPrompt, flags);

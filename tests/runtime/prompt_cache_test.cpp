@@ -144,6 +144,18 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
   format::ModelConfig other = c;
   other.kv_lora_rank += 1;  // another model: its MLA caches are wider
   expect_corrupt(bytes, "mla.c", true, other);
+  // A conversation's pending token outside the vocabulary.
+  {
+    model::SequenceState st = state_after(m, 3);
+    ASSERT_TRUE(save_sequence(bad, m, st, std::span(kDialTestPrompt).first(3), 1,
+                              static_cast<int32_t>(c.vocab_size)).is_ok());
+    auto saved = SavedSequence::open(bad, c);
+    ASSERT_TRUE(saved.is_ok()) << saved.status().message();
+    EXPECT_EQ(saved->pending(), static_cast<int32_t>(c.vocab_size));
+    const Status s = saved->restore(m, kPositions).status();
+    EXPECT_EQ(s.code(), ExitCode::kCorrupt);
+    EXPECT_NE(s.message().find("\"pending\""), std::string::npos) << s.message();
+  }
   // A checkpoint shard is safetensors, not a saved state.
   auto shard = SavedSequence::open(e->checkpoint().shard(0).path(), c);
   ASSERT_FALSE(shard.is_ok());

@@ -1,0 +1,103 @@
+#include "cli/run_prompt_cache.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "format/config.h"
+#include "io/read_file.h"
+
+namespace ktier::cli {
+
+Result<RunPromptCache> RunPromptCache::open(const std::string& path, const std::string& model_dir,
+                                            bool read_only) {
+  RunPromptCache c(path, read_only);
+  KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(path));
+  if (!exists) {
+    spdlog::info("prompt cache: {} does not exist yet", path);
+    return c;
+  }
+  KTIER_ASSIGN_OR_RETURN(const format::ModelConfig config,
+                         format::load_model_config(std::filesystem::path(model_dir) /
+                                                   "config.json"));
+  KTIER_ASSIGN_OR_RETURN(c.saved_, runtime::SavedSequence::open(path, config));
+  return c;
+}
+
+int64_t RunPromptCache::conversation_positions() const {
+  return conversation_pending() ? static_cast<int64_t>(saved_->ids().size()) : 0;
+}
+
+std::optional<int32_t> RunPromptCache::conversation_pending() const {
+  return saved_ ? saved_->pending() : std::nullopt;
+}
+
+std::span<const int32_t> RunPromptCache::restored_ids() const {
+  return restored_ > 0 ? saved_->ids() : std::span<const int32_t>();
+}
+
+Result<std::optional<model::SequenceState>> RunPromptCache::restore(
+    const runtime::Engine& engine, std::span<const int32_t> prompt, bool conversation,
+    int64_t reserve) {
+  using Restored = std::optional<model::SequenceState>;
+  if (!saved_) return Restored();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!identity_) {
+    KTIER_ASSIGN_OR_RETURN(identity_, runtime::checkpoint_identity(engine.checkpoint()));
+  }
+  if (saved_->checkpoint() != *identity_)
+    return Status::usage(path_ + ": --prompt-cache was saved from another checkpoint than -m " +
+                         engine.checkpoint().dir().string() + " (another config, shards or "
+                         "weights): give another file, or delete this one");
+  const std::string backend = runtime::backend_label(engine.backend());
+  const std::span<const int32_t> ids = saved_->ids();
+  if (saved_->backend() != backend) {
+    spdlog::info("prompt cache: {} holds a {} run's state and this run is on the {}: not used "
+                 "(each backend starts only from its own bytes)", path_, saved_->backend(),
+                 backend);
+    return Restored();
+  }
+  if (conversation && !saved_->pending()) {
+    spdlog::info("prompt cache: {} holds a single run's state, not a conversation: a new "
+                 "conversation starts", path_);
+    return Restored();
+  }
+  if (!conversation &&
+      (ids.size() >= prompt.size() || !std::equal(ids.begin(), ids.end(), prompt.begin()))) {
+    const size_t same = static_cast<size_t>(
+        std::mismatch(ids.begin(), ids.end(), prompt.begin(), prompt.end()).first - ids.begin());
+    spdlog::info("prompt cache: {} holds {} ids and the prompt has {} (the first {} the same): "
+                 "not used, a state cannot be cut back to fewer ids", path_, ids.size(),
+                 prompt.size(), same);
+    return Restored();
+  }
+  KTIER_ASSIGN_OR_RETURN(model::SequenceState state, saved_->restore(engine.model(), reserve));
+  restored_ = state.n_tokens;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (conversation)
+    spdlog::info("prompt cache: the conversation of {} positions in {} goes on ({:.1f} MB, "
+                 "{:.2f} s)", ids.size(), path_, saved_->file_bytes() / 1e6, seconds);
+  else
+    spdlog::info("prompt cache: {} of the prompt's {} tokens restored from {} ({:.1f} MB, "
+                 "{:.2f} s)", ids.size(), prompt.size(), path_, saved_->file_bytes() / 1e6,
+                 seconds);
+  return Restored(std::move(state));
+}
+
+Status RunPromptCache::save(const runtime::Engine& engine, const model::SequenceState& state,
+                            std::span<const int32_t> ids, std::optional<int32_t> pending) {
+  if (ro_ || state.n_tokens <= restored_) return Status::ok();  // the file holds that already
+  if (!identity_) {
+    KTIER_ASSIGN_OR_RETURN(identity_, runtime::checkpoint_identity(engine.checkpoint()));
+  }
+  KTIER_RETURN_IF_ERROR(runtime::save_sequence(path_, engine.model(), state,
+                                               ids.first(static_cast<size_t>(state.n_tokens)),
+                                               *identity_, pending));
+  spdlog::info("prompt cache: the state after {} tokens saved to {}", state.n_tokens, path_);
+  return Status::ok();
+}
+
+}  // namespace ktier::cli
