@@ -343,7 +343,7 @@ Status run(const RunArgs& a) {
       KTIER_RETURN_IF_ERROR(io::write_output_file(a.report_json,
                                               report.to_json(*engine).dump(2) + "\n"));
     report.cached_prompt_tokens = 0;  // only the first turn starts from the file
-    if (!a.interactive || !cache) return Status::ok();
+    if (!a.interactive || !cache || generated.empty()) return Status::ok();
     // The answer's last token is not run: it is the pending one, which the next turn begins with.
     conversation.insert(conversation.end(), ids.begin(), ids.end());
     conversation.insert(conversation.end(), generated.begin(), generated.end() - 1);

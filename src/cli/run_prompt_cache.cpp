@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/check.h"
 #include "format/config.h"
 #include "io/read_file.h"
 
@@ -16,7 +17,8 @@ Result<RunPromptCache> RunPromptCache::open(const std::string& path, const std::
   RunPromptCache c(path, read_only);
   KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(path));
   if (!exists) {
-    spdlog::info("prompt cache: {} does not exist yet", path);
+    spdlog::info("prompt cache: {} does not exist{}", path,
+                 read_only ? " (--prompt-cache-ro: it is not written)" : " yet");
     return c;
   }
   KTIER_ASSIGN_OR_RETURN(const format::ModelConfig config,
@@ -89,6 +91,7 @@ Result<std::optional<model::SequenceState>> RunPromptCache::restore(
 
 Status RunPromptCache::save(const runtime::Engine& engine, const model::SequenceState& state,
                             std::span<const int32_t> ids, std::optional<int32_t> pending) {
+  KTIER_CHECK(ids.size() >= static_cast<size_t>(state.n_tokens));
   if (ro_ || state.n_tokens <= restored_) return Status::ok();  // the file holds that already
   if (!identity_) {
     KTIER_ASSIGN_OR_RETURN(identity_, runtime::checkpoint_identity(engine.checkpoint()));
