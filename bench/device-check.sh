@@ -69,8 +69,8 @@ step "ktier --version / doctor (module probe through dlopen)"
 KTIER_CUDA_MODULE=/nonexistent/libktier_cuda.so "$B/ktier" doctor | tail -1
 step "CUDA op tests: every op against the CPU reference (backend_test)"
 in_time && gtest backend_test 100 "$B/backend_test"
-step "GPU mode end to end on tiny (runtime_test DeviceMode*)"
-in_time && gtest runtime_test 120 "$B/runtime_test" --gtest_filter='DeviceMode*'
+step "GPU mode end to end on tiny, prompt cache save/restore (runtime_test)"
+in_time && gtest runtime_test 120 "$B/runtime_test" --gtest_filter='DeviceMode*:*PromptCache*'
 step "device limits and GEMV (bench device)"
 in_time && { T 60 "$B/ktier" bench device --device $DEVICE --bytes 2G --json "$W/bench-device.json"; echo "bench device rc=$?"; }
 step "$PRESET checkpoint"

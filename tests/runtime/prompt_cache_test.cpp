@@ -1,7 +1,8 @@
-// The prompt cache's file (runtime/prompt_cache.h): a saved state restored on the CPU and on the
+// The prompt cache's file (runtime/prompt_cache.h): a saved state restored on the CPU, on the
 // emulated device (its memory wall aborts on a host pointer, so every byte goes through the
-// backend's upload/download) continues with the bytes of the run that never stopped; damaged or
-// foreign files are refused before anything is computed from them.
+// backend's upload/download) and on a GPU where there is one continues with the bytes of the run
+// that never stopped; damaged or foreign files are refused before anything is computed from
+// them.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <span>
 #include <string>
 
+#include "backend/cuda_backend.h"
 #include "engine_outputs.h"
 #include "runtime/prompt_cache.h"
 
@@ -28,7 +30,9 @@ void write_bytes(const fs::path& p, const std::string& b) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << b;
 }
 
-class PromptCacheTest : public ::testing::TestWithParam<bool> {  // param: emulated device
+enum class Where { kCpu, kEmulated, kCuda };
+
+class PromptCacheTest : public ::testing::TestWithParam<Where> {
  protected:
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("ktier-prompt-cache-" + std::to_string(::getpid()));
@@ -37,12 +41,18 @@ class PromptCacheTest : public ::testing::TestWithParam<bool> {  // param: emula
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
-  static std::unique_ptr<Engine> open_engine(bool emulated) {
+  // Why the GPU cannot be used here ("" where it can).
+  static std::string no_cuda() {
+    auto be = backend::make_cuda_backend(backend::probe_cuda_module());
+    return be.is_ok() ? "" : be.status().message();
+  }
+  static std::unique_ptr<Engine> open_engine(Where where) {
     EngineOptions eo;
     eo.model_dir = dir_ / "m";
     eo.threads = 2;
-    if (emulated) {
-      eo.emulate_device = true;
+    if (where != Where::kCpu) {
+      eo.emulate_device = where == Where::kEmulated;
+      if (where == Where::kCuda) eo.device = backend::DeviceKind::kCuda;
       eo.vram_budget = uint64_t{1} << 30;
       eo.workload = {kPositions, static_cast<int64_t>(kDialTestPrompt.size()),
                      model::LogitRows::kAll};
@@ -60,10 +70,16 @@ class PromptCacheTest : public ::testing::TestWithParam<bool> {  // param: emula
     return std::move(*s);
   }
   static constexpr int64_t kPositions = 20;
+  static std::string label() {
+    return GetParam() == Where::kCpu ? "cpu" : GetParam() == Where::kEmulated ? "dev" : "cuda";
+  }
   static inline fs::path dir_;
 };
 
+// On the CPU backends the continuation is also the whole prompt's evaluation in any chunking;
+// on a GPU (cuBLAS for chunks of 8+) it is the continuation of the state before it was saved.
 TEST_P(PromptCacheTest, RestoredStateContinuesWithTheBytesOfTheWholeRun) {
+  if (GetParam() == Where::kCuda && !no_cuda().empty()) GTEST_SKIP() << "no GPU: " << no_cuda();
   std::unique_ptr<Engine> e = open_engine(GetParam());
   ASSERT_NE(e, nullptr);
   model::Model& m = e->model();
@@ -74,15 +90,18 @@ TEST_P(PromptCacheTest, RestoredStateContinuesWithTheBytesOfTheWholeRun) {
   ASSERT_TRUE(evaluate(m, prompt, 5, whole.data()).is_ok());
   for (size_t k : {size_t{1}, size_t{5}, size_t{11}}) {
     SCOPED_TRACE("saved after " + std::to_string(k) + " ids");
-    const fs::path file = dir_ / ("k" + std::to_string(k) + (GetParam() ? "-dev" : "") + ".st");
+    const fs::path file = dir_ / ("k" + std::to_string(k) + "-" + label() + ".st");
+    std::vector<float> unsaved(static_cast<size_t>((P - k) * V), -7.f);
     {
       model::SequenceState s = state_after(m, k);
       ASSERT_TRUE(save_sequence(file, m, s, prompt.first(k), 0x1234abcd).is_ok());
+      ASSERT_TRUE(m.forward(prompt.subspan(k), s, model::LogitRows::kAll, unsaved.data()).is_ok());
     }
     auto saved = SavedSequence::open(file, m.config());
     ASSERT_TRUE(saved.is_ok()) << saved.status().message();
     EXPECT_EQ(saved->checkpoint(), 0x1234abcdu);
-    EXPECT_EQ(saved->backend(), "cpu");  // the emulated device gives the CPU's bytes
+    // The emulated device gives the CPU's bytes.
+    EXPECT_EQ(saved->backend(), GetParam() == Where::kCuda ? "cuda" : "cpu");
     ASSERT_EQ(saved->ids().size(), k);
     EXPECT_TRUE(std::equal(saved->ids().begin(), saved->ids().end(), prompt.begin()));
     auto restored = saved->restore(m, kPositions);
@@ -95,15 +114,19 @@ TEST_P(PromptCacheTest, RestoredStateContinuesWithTheBytesOfTheWholeRun) {
     // The rest of the prompt from the restored state: the whole run's logits, bit for bit.
     std::vector<float> rest(static_cast<size_t>((P - k) * V), -7.f);
     ASSERT_TRUE(m.forward(prompt.subspan(k), *restored, model::LogitRows::kAll, rest.data()).is_ok());
-    EXPECT_EQ(std::memcmp(rest.data(), whole.data() + k * V, rest.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(rest.data(), unsaved.data(), rest.size() * sizeof(float)), 0);
+    if (GetParam() != Where::kCuda) {
+      EXPECT_EQ(std::memcmp(rest.data(), whole.data() + k * V, rest.size() * sizeof(float)), 0);
+    }
   }
 }
 
 TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
+  if (GetParam() == Where::kCuda && !no_cuda().empty()) GTEST_SKIP() << "no GPU: " << no_cuda();
   std::unique_ptr<Engine> e = open_engine(GetParam());
   ASSERT_NE(e, nullptr);
   model::Model& m = e->model();
-  const fs::path good = dir_ / (GetParam() ? "good-dev.st" : "good.st");
+  const fs::path good = dir_ / ("good-" + label() + ".st");
   {
     model::SequenceState s = state_after(m, 7);
     ASSERT_TRUE(save_sequence(good, m, s, std::span(kDialTestPrompt).first(7), 1).is_ok());
@@ -140,7 +163,9 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
   expect_corrupt(edited("\"version\":\"1\"", "\"version\":\"2\""), "version 2", true, c);
   expect_corrupt(edited("\"ktier.sequence\"", "\"ktier.sequencf\""), "\"format\"", true, c);
   expect_corrupt(edited("\"positions\":\"7\"", "\"positions\":\"8\""), "tensor 0", true, c);
-  expect_corrupt(edited("\"backend\":\"cpu\"", "\"backend\":\"gpu\""), "\"backend\"", true, c);
+  const std::string backend = GetParam() == Where::kCuda ? "cuda" : "cpu";
+  expect_corrupt(edited("\"backend\":\"" + backend + "\"", "\"backend\":\"gpu\""), "\"backend\"",
+                 true, c);
   format::ModelConfig other = c;
   other.kv_lora_rank += 1;  // another model: its MLA caches are wider
   expect_corrupt(bytes, "mla.c", true, other);
@@ -164,7 +189,10 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
       << shard.status().message();
 }
 
+// The last id run on its own: on a GPU its bytes may differ (cuBLAS for the chunk before it),
+// so there only the snapshot is checked.
 TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
+  if (GetParam() == Where::kCuda && !no_cuda().empty()) GTEST_SKIP() << "no GPU: " << no_cuda();
   std::unique_ptr<Engine> e = open_engine(GetParam());
   ASSERT_NE(e, nullptr);
   GenerationOptions g;
@@ -185,7 +213,9 @@ TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
     return Status::ok();
   };
   ASSERT_TRUE(generate(e->model(), e->experts(), kDialTestPrompt, g, into(snapped)).is_ok());
-  EXPECT_EQ(snapped, plain);  // the last id run on its own changes no byte
+  if (GetParam() != Where::kCuda) {
+    EXPECT_EQ(snapped, plain);  // the last id run on its own: the same bytes
+  }
   EXPECT_EQ(seen, std::vector<int64_t>{static_cast<int64_t>(kDialTestPrompt.size()) - 1});
   seen.clear();
   std::vector<int32_t> one;
@@ -200,9 +230,12 @@ TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
   EXPECT_TRUE(none.empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, PromptCacheTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& i) {
-                           return i.param ? std::string("emulated") : std::string("cpu");
+INSTANTIATE_TEST_SUITE_P(Backends, PromptCacheTest,
+                         ::testing::Values(Where::kCpu, Where::kEmulated, Where::kCuda),
+                         [](const ::testing::TestParamInfo<Where>& i) {
+                           return std::string(i.param == Where::kCpu        ? "cpu"
+                                              : i.param == Where::kEmulated ? "emulated"
+                                                                            : "cuda");
                          });
 
 }  // namespace
