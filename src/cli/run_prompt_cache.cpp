@@ -15,6 +15,7 @@ namespace ktier::cli {
 Result<RunPromptCache> RunPromptCache::open(const std::string& path, const std::string& model_dir,
                                             bool read_only) {
   RunPromptCache c(path, read_only);
+  KTIER_ASSIGN_OR_RETURN(c.config_xxh3_, runtime::config_identity(model_dir));
   KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(path));
   if (!exists) {
     spdlog::info("prompt cache: {} does not exist{}", path,
@@ -24,7 +25,7 @@ Result<RunPromptCache> RunPromptCache::open(const std::string& path, const std::
   KTIER_ASSIGN_OR_RETURN(const format::ModelConfig config,
                          format::load_model_config(std::filesystem::path(model_dir) /
                                                    "config.json"));
-  KTIER_ASSIGN_OR_RETURN(c.saved_, runtime::SavedSequence::open(path, config));
+  KTIER_ASSIGN_OR_RETURN(c.saved_, runtime::SavedSequence::open(path, config, c.config_xxh3_));
   return c;
 }
 
@@ -96,10 +97,14 @@ Status RunPromptCache::save(const runtime::Engine& engine, const model::Sequence
   if (!identity_) {
     KTIER_ASSIGN_OR_RETURN(identity_, runtime::checkpoint_identity(engine.checkpoint()));
   }
-  KTIER_RETURN_IF_ERROR(runtime::save_sequence(path_, engine.model(), state,
-                                               ids.first(static_cast<size_t>(state.n_tokens)),
-                                               *identity_, pending));
-  spdlog::info("prompt cache: the state after {} tokens saved to {}", state.n_tokens, path_);
+  const Status saved = runtime::save_sequence(path_, engine.model(), state,
+                                             ids.first(static_cast<size_t>(state.n_tokens)),
+                                             *identity_, config_xxh3_, pending);
+  // The cache only saves time: a run whose state cannot be written (a full disk) goes on.
+  if (!saved.is_ok())
+    spdlog::warn("prompt cache: not saved: {}", saved.message());
+  else
+    spdlog::info("prompt cache: the state after {} tokens saved to {}", state.n_tokens, path_);
   return Status::ok();
 }
 

@@ -25,8 +25,9 @@ namespace ktier::cli {
 
 class RunPromptCache {
  public:
-  // Before the (long) load: FILE opened and validated against `model_dir`'s config.json when it
-  // exists, so a damaged one is exit 3 at once. Errors: SavedSequence::open's, config.json's.
+  // Before the (long) load: FILE opened and checked whole against `model_dir`'s config.json when
+  // it exists, so a damaged one is exit 3 and another model's exit 2 at once, and neither is
+  // replaced. Errors: SavedSequence::open's, config.json's.
   static Result<RunPromptCache> open(const std::string& path, const std::string& model_dir,
                                      bool read_only);
 
@@ -48,7 +49,8 @@ class RunPromptCache {
 
   // Saves `state` (it ran `ids`, their first state.n_tokens are saved) with a conversation's
   // `pending` token; nothing with --prompt-cache-ro or when the state holds no more than what
-  // was restored. Errors: save_sequence's.
+  // was restored. A save that fails (save_sequence's errors: a full disk) is a warning and the
+  // run goes on; errors: computing the checkpoint's identity.
   Status save(const runtime::Engine& engine, const model::SequenceState& state,
               std::span<const int32_t> ids, std::optional<int32_t> pending = std::nullopt);
 
@@ -58,6 +60,7 @@ class RunPromptCache {
   bool ro_ = false;
   std::optional<runtime::SavedSequence> saved_;  // the file as it was at the start
   std::optional<uint64_t> identity_;             // of the checkpoint, computed once
+  uint64_t config_xxh3_ = 0;                     // of -m's config.json
   int64_t restored_ = 0;
 };
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -70,12 +71,10 @@ std::string SafetensorsWriter::header_json(const std::vector<TensorDecl>& tensor
 
 Result<SafetensorsWriter> SafetensorsWriter::create(
     const std::filesystem::path& path, std::vector<TensorDecl> tensors,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata, Partial partial) {
   KTIER_RETURN_IF_ERROR(validate_decls(path, tensors));
   SafetensorsWriter w;
   w.path_ = path;
-  w.partial_path_ = path;
-  w.partial_path_ += ".partial";
   uint64_t end = 0;
   for (const auto& t : tensors) {
     end += t.nbytes();
@@ -91,9 +90,21 @@ Result<SafetensorsWriter> SafetensorsWriter::create(
   w.header_bytes_ = header.size();
   w.tensors_ = std::move(tensors);
 
-  w.fd_ = ::open(w.partial_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (w.fd_ < 0)
-    return Status::runtime("cannot create " + w.partial_path_.string() + ": " + errno_text(errno));
+  // O_EXCL: never through a symlink, never into a file another writer has open.
+  static std::atomic<uint64_t> next_unique{0};
+  for (int attempt = 0; w.fd_ < 0; ++attempt) {
+    w.partial_path_ = path;
+    w.partial_path_ += ".partial";
+    if (partial == Partial::kUnique)
+      w.partial_path_ += "." + std::to_string(::getpid()) + "-" + std::to_string(next_unique++);
+    else if (::unlink(w.partial_path_.c_str()) != 0 && errno != ENOENT)
+      return Status::runtime("cannot remove the stale " + w.partial_path_.string() + ": " +
+                             errno_text(errno));
+    w.fd_ = ::open(w.partial_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (w.fd_ < 0 && (errno != EEXIST || attempt == 100))
+      return Status::runtime("cannot create " + w.partial_path_.string() + ": " +
+                             errno_text(errno));
+  }
   w.buffer_.reserve(kBufferBytes);
   uint8_t len_le[8];
   for (int i = 0; i < 8; ++i) len_le[i] = static_cast<uint8_t>(w.header_bytes_ >> (8 * i));

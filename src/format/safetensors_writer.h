@@ -15,7 +15,8 @@
 //    the spelling of the released shards), tensors in declared order, data ranges back to back
 //    from 0, space-padded so that N is a multiple of 8 like the release. `__metadata__` is
 //    written only when metadata is given (the release has none).
-//  * Bytes go to "<path>.partial"; finish() checks that exactly the declared number of bytes
+//  * Bytes go to "<path>.partial" (or a name of this process's own, Partial::kUnique); finish()
+//    checks that exactly the declared number of bytes
 //    arrived and renames the file to <path>. A writer destroyed before finish() (an error, an
 //    early return) closes and deletes the partial file, so a complete-looking file at <path> is
 //    always complete. There is no fsync: this protects against interrupted runs, not power loss.
@@ -47,11 +48,17 @@ struct TensorDecl {
 
 class SafetensorsWriter {
  public:
-  // Validates the declarations, creates "<path>.partial" (truncating a stale one) and writes the
-  // 8-byte length and the header. The parent directory must exist.
+  // Where the bytes go until finish(): kShared is "<path>.partial" (a stale one, or a symlink
+  // there, is removed first: never written through), for one writer of `path` at a time;
+  // kUnique is "<path>.partial.<pid>-<n>", created exclusively, for files that several
+  // processes may write at once (a prompt cache): each renames a whole file, the last one wins.
+  enum class Partial { kShared, kUnique };
+  // Validates the declarations, creates the partial file and writes the 8-byte length and the
+  // header. The parent directory must exist.
   static Result<SafetensorsWriter> create(const std::filesystem::path& path,
                                           std::vector<TensorDecl> tensors,
-                                          const std::map<std::string, std::string>& metadata = {});
+                                          const std::map<std::string, std::string>& metadata = {},
+                                          Partial partial = Partial::kShared);
 
   // The padded header text exactly as create() would write it (N = its size). Lets a caller
   // compute file sizes before writing anything. Requires valid declarations (see create()).

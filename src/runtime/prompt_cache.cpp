@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/safetensors_writer.h"
+#include "io/read_file.h"
 #include "common/check.h"
 #include "pack/trunk_pack.h"
 
@@ -113,12 +115,18 @@ Result<uint64_t> checkpoint_identity(const format::Checkpoint& ckpt) {
   return XXH3_64bits(text.data(), text.size());
 }
 
+Result<uint64_t> config_identity(const std::filesystem::path& model_dir) {
+  KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(model_dir / "config.json"));
+  return XXH3_64bits(text.data(), text.size());
+}
+
 const char* backend_label(const backend::Backend& backend) {
   return backend.kind() == backend::DeviceKind::kCuda ? "cuda" : "cpu";
 }
 
 Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
-                                          const format::ModelConfig& config) {
+                                          const format::ModelConfig& config,
+                                          uint64_t config_xxh3) {
   Result<format::SafetensorsFile> file = format::SafetensorsFile::open(path, format::OpenMode::kPread);
   if (!file.is_ok())  // its message names the file
     return file.status().with_context("--prompt-cache (not a ktier prompt cache, or damaged?)");
@@ -161,6 +169,10 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
     if (!v) return bad(std::string("\"") + key + "\" is not 16 hex digits");
     return *v;
   };
+  KTIER_ASSIGN_OR_RETURN(const uint64_t saved_config, hex_field("config_xxh3"));
+  if (saved_config != config_xxh3)
+    return Status::usage(name + ": --prompt-cache was saved from another model (its config.json "
+                         "differs from -m's): give another file, or delete this one");
   KTIER_ASSIGN_OR_RETURN(s.checkpoint_, hex_field("checkpoint"));
   KTIER_ASSIGN_OR_RETURN(s.data_xxh3_, hex_field("data_xxh3"));
   KTIER_ASSIGN_OR_RETURN(s.backend_, field("backend"));
@@ -168,7 +180,7 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
     return bad("\"backend\" is \"" + s.backend_ + "\", not cpu or cuda");
   KTIER_ASSIGN_OR_RETURN(const std::string positions, field("positions"));
   const auto n = parse_unsigned(positions, 10);
-  if (!n || *n > INT32_MAX) return bad("\"positions\" is \"" + positions + "\"");
+  if (!n || *n == 0 || *n > INT32_MAX) return bad("\"positions\" is \"" + positions + "\"");
   if (const auto it = meta.find("pending"); it != meta.end()) {
     const auto id = parse_unsigned(it->second, 10);
     if (!id || *id > INT32_MAX) return bad("\"pending\" is \"" + it->second + "\"");
@@ -198,7 +210,40 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
 
   s.ids_.resize(static_cast<size_t>(*n));
   KTIER_RETURN_IF_ERROR(s.file_.read(tensors[0], s.ids_.data()));
+  for (size_t i = 0; i < s.ids_.size(); ++i)
+    if (s.ids_[i] < 0 || s.ids_[i] >= config.vocab_size)
+      return bad("id " + std::to_string(i) + " is " + std::to_string(s.ids_[i]) +
+                 ", outside the vocabulary 0.." + std::to_string(config.vocab_size - 1));
+  // Every byte checked now, so that a damaged file is refused (and kept) whether or not this run
+  // would use it.
+  HashState hash = new_hash();
+  XXH3_64bits_update(hash.get(), s.ids_.data(), s.ids_.size() * sizeof(int32_t));
+  KTIER_RETURN_IF_ERROR(s.for_each_state_piece([&](size_t t, uint64_t, const uint8_t* p,
+                                                   size_t len) -> Status {
+    XXH3_64bits_update(hash.get(), p, len);
+    const float* f = reinterpret_cast<const float*>(p);
+    for (size_t i = 0; i < len / sizeof(float); ++i)
+      if (!std::isfinite(f[i])) return bad("tensor '" + tensors[t].name + "' holds a NaN or Inf");
+    return Status::ok();
+  }));
+  if (XXH3_64bits_digest(hash.get()) != s.data_xxh3_)
+    return bad("the state's bytes do not match its \"data_xxh3\"");
   return s;
+}
+
+Status SavedSequence::for_each_state_piece(const PieceFn& take) const {
+  std::vector<uint8_t> buf;
+  const std::vector<format::TensorInfo>& tensors = file_.tensors();
+  for (size_t i = 1; i < tensors.size(); ++i) {  // tensor 0 is "ids"
+    const format::TensorInfo& t = tensors[i];
+    buf.resize(std::min<size_t>(t.nbytes, kPieceBytes));
+    for (uint64_t at = 0; at < t.nbytes; at += kPieceBytes) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(t.nbytes - at, kPieceBytes));
+      KTIER_RETURN_IF_ERROR(file_.read_bytes(t.file_offset + at, len, buf.data()));
+      KTIER_RETURN_IF_ERROR(take(i, at, buf.data(), len));
+    }
+  }
+  return Status::ok();
 }
 
 Result<model::SequenceState> SavedSequence::restore(const model::Model& model,
@@ -213,22 +258,15 @@ Result<model::SequenceState> SavedSequence::restore(const model::Model& model,
   backend::Backend& be = model.backend();
   HashState hash = new_hash();
   XXH3_64bits_update(hash.get(), ids_.data(), ids_.size() * sizeof(int32_t));
-  std::vector<uint8_t> buf;
   const std::vector<format::TensorInfo>& tensors = file_.tensors();
   const std::vector<Part> parts = parts_for(model.config(), n);
-  for (size_t i = 1; i < parts.size(); ++i) {
-    backend::BackendArray& a = array_of(state, parts[i]);
-    const format::TensorInfo& t = tensors[i];
-    KTIER_RETURN_IF_ERROR(a.resize(be, t.numel()));
-    buf.resize(std::min<size_t>(t.nbytes, kPieceBytes));
-    auto* dst = reinterpret_cast<uint8_t*>(a.data());
-    for (uint64_t at = 0; at < t.nbytes; at += kPieceBytes) {
-      const size_t len = static_cast<size_t>(std::min<uint64_t>(t.nbytes - at, kPieceBytes));
-      KTIER_RETURN_IF_ERROR(file_.read_bytes(t.file_offset + at, len, buf.data()));
-      XXH3_64bits_update(hash.get(), buf.data(), len);
-      KTIER_RETURN_IF_ERROR(be.upload(dst + at, buf.data(), len));
-    }
-  }
+  for (size_t i = 1; i < parts.size(); ++i)
+    KTIER_RETURN_IF_ERROR(array_of(state, parts[i]).resize(be, tensors[i].numel()));
+  KTIER_RETURN_IF_ERROR(for_each_state_piece([&](size_t t, uint64_t at, const uint8_t* p,
+                                                 size_t len) -> Status {
+    XXH3_64bits_update(hash.get(), p, len);
+    return be.upload(reinterpret_cast<uint8_t*>(array_of(state, parts[t]).data()) + at, p, len);
+  }));
   if (XXH3_64bits_digest(hash.get()) != data_xxh3_)
     return Status::corrupt(path().string() + ": the state's bytes do not match its \"data_xxh3\" "
                            "(damaged: delete it and the next run writes it again)");
@@ -239,7 +277,7 @@ Result<model::SequenceState> SavedSequence::restore(const model::Model& model,
 
 Status save_sequence(const std::filesystem::path& path, const model::Model& model,
                      const model::SequenceState& state, std::span<const int32_t> ids,
-                     uint64_t checkpoint, std::optional<int32_t> pending) {
+                     uint64_t checkpoint, uint64_t config_xxh3, std::optional<int32_t> pending) {
   KTIER_CHECK(static_cast<int64_t>(ids.size()) == state.n_tokens);
   // The checksum goes into the header, which is written first: one pass to hash, one to write
   // (the state is not held twice in host memory).
@@ -254,13 +292,15 @@ Status save_sequence(const std::filesystem::path& path, const model::Model& mode
       {"format", kPromptCacheFormat},
       {"version", std::to_string(kPromptCacheVersion)},
       {"checkpoint", hex(checkpoint)},
+      {"config_xxh3", hex(config_xxh3)},
       {"backend", backend_label(model.backend())},
       {"positions", std::to_string(state.n_tokens)},
       {"data_xxh3", hex(XXH3_64bits_digest(hash.get()))},
   };
   if (pending) meta["pending"] = std::to_string(*pending);
   KTIER_ASSIGN_OR_RETURN(format::SafetensorsWriter w,
-                         format::SafetensorsWriter::create(path, std::move(decls), meta));
+                         format::SafetensorsWriter::create(path, std::move(decls), meta,
+                                                           format::SafetensorsWriter::Partial::kUnique));
   KTIER_RETURN_IF_ERROR(for_each_piece(model, state, ids, [&](const void* p, size_t n) {
     return w.append(p, n);
   }));

@@ -3,7 +3,8 @@
 // one run, so that a later run whose prompt starts with the same ids skips their prefill.
 //
 // The file is safetensors (format/safetensors.h). `__metadata__`: "format" "ktier.sequence",
-// "version" "1", "checkpoint" (checkpoint_identity, 16 hex digits), "backend" ("cpu" or "cuda":
+// "version" "1", "checkpoint" (checkpoint_identity, 16 hex digits), "config_xxh3" (XXH3 of
+// config.json as stored: another model is told apart before its load), "backend" ("cpu" or "cuda":
 // which backend's bytes these are), "positions" (n, decimal), "data_xxh3" (XXH3_64bits of the
 // tensors' bytes in file order, 16 hex digits), and for a conversation's state "pending" (decimal:
 // the last token its last answer sampled, which is never run and begins the next turn). Tensors,
@@ -25,6 +26,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -46,17 +48,22 @@ inline constexpr int kPromptCacheVersion = 1;
 // (exit 1) when a file cannot be read.
 Result<uint64_t> checkpoint_identity(const format::Checkpoint& ckpt);
 
+// XXH3_64bits of `model_dir`/config.json as stored. Status::runtime when it cannot be read.
+Result<uint64_t> config_identity(const std::filesystem::path& model_dir);
+
 // "cpu" or "cuda": whose bytes a sequence's state holds.
 const char* backend_label(const backend::Backend& backend);
 
-// A saved state, opened and validated: its metadata, its ids, every tensor present with the
-// dtype and shape `config` gives it, nothing else, the tensors back to back. Status::corrupt
-// (exit 3) naming the file (and the field or tensor) otherwise, Status::runtime (exit 1) when it
-// cannot be read. The state's bytes are read by restore().
+// A saved state, opened and checked whole: its metadata, at least one id, every id in the
+// vocabulary, every tensor present with the dtype and shape `config` gives it, nothing else, the
+// tensors back to back, their bytes matching "data_xxh3" and every float finite. Status::usage
+// (exit 2) when "config_xxh3" is not `config_xxh3` (config_identity: another model's file, both
+// intact), Status::corrupt (exit 3) naming the file (and the field or tensor) for anything
+// else, Status::runtime (exit 1) when it cannot be read. So a file is never replaced unread.
 class SavedSequence {
  public:
   static Result<SavedSequence> open(const std::filesystem::path& path,
-                                    const format::ModelConfig& config);
+                                    const format::ModelConfig& config, uint64_t config_xxh3);
 
   const std::filesystem::path& path() const { return file_.path(); }
   uint64_t checkpoint() const { return checkpoint_; }
@@ -67,13 +74,18 @@ class SavedSequence {
   uint64_t file_bytes() const { return file_.file_size(); }
 
   // A sequence of `model` (on its backend) holding the saved state, its MLA caches reserved for
-  // `reserve_positions` (at least ids().size()). Status::corrupt naming the file when the bytes
-  // do not match "data_xxh3" (then nothing was computed from them) or pending() is not an id of
-  // the model's vocabulary, Status::runtime for I/O, the backend's errors.
+  // `reserve_positions` (at least ids().size()). The bytes are read and hashed again (the file
+  // may have changed since open): Status::corrupt naming the file when they do not match
+  // "data_xxh3" (then nothing was computed from them) or pending() is not an id of the model's
+  // vocabulary, Status::runtime for I/O, the backend's errors.
   Result<model::SequenceState> restore(const model::Model& model, int64_t reserve_positions) const;
 
  private:
   SavedSequence(format::SafetensorsFile file) : file_(std::move(file)) {}
+  // The state's tensors' bytes (all but "ids"), in file order, a piece at a time: `take` gets
+  // the tensor's index in the file, the piece's offset in it, the bytes and their length.
+  using PieceFn = std::function<Status(size_t tensor, uint64_t offset, const uint8_t*, size_t)>;
+  Status for_each_state_piece(const PieceFn& take) const;
   format::SafetensorsFile file_;
   uint64_t checkpoint_ = 0, data_xxh3_ = 0;
   std::string backend_;
@@ -82,11 +94,13 @@ class SavedSequence {
 };
 
 // Writes `state` with the `ids` it ran (ids.size() == state.n_tokens) and, for a conversation,
-// its `pending` token as `path`: to "<path>.partial", then renamed, so `path` is either the old
-// file or the whole new one. Status::runtime (exit 1) naming the file on failure, the backend's
-// errors.
+// its `pending` token as `path`: to a partial file of this writer's own, then renamed, so `path`
+// is the old file or a whole new one (of the writer that renamed last) even with several runs
+// saving at once. `config_xxh3`: config_identity of the model. Status::runtime (exit 1) naming
+// the file on failure, the backend's errors.
 Status save_sequence(const std::filesystem::path& path, const model::Model& model,
                      const model::SequenceState& state, std::span<const int32_t> ids,
-                     uint64_t checkpoint, std::optional<int32_t> pending = std::nullopt);
+                     uint64_t checkpoint, uint64_t config_xxh3,
+                     std::optional<int32_t> pending = std::nullopt);
 
 }  // namespace ktier::runtime

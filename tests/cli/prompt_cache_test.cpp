@@ -179,6 +179,42 @@ TEST_F(PromptCacheCli, ConversationGoesOnFromTheSavedOne) {
   EXPECT_NE(r.err.find("a single run's state, not a conversation"), std::string::npos) << r.err;
 }
 
+// A state that cannot be written (here a file size limit, as a full disk) is a warning: the
+// run's answer is what it would be, and no file or partial file is left.
+TEST_F(PromptCacheCli, ASaveThatFailsIsAWarningAndTheRunGoesOn) {
+  const fs::path cache = dir_ / "full.st";
+  const auto plain = run(kPrompt, "");
+  const auto r = run_process("trap '' XFSZ; ulimit -f 40; " + ktier() + " run -m " +
+                             (dir_ / "m0").string() + " -p '" + kPrompt +
+                             "' -n 8 --print-ids --prompt-cache " + cache.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, plain.out);
+  EXPECT_NE(r.err.find("prompt cache: not saved: cannot write " + cache.string() + ".partial"),
+            std::string::npos) << r.err;
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_NE(e.path().filename().string().rfind("full.st", 0), 0u) << e.path();
+}
+
+// Several runs saving one file at once: each writes a file of its own and renames it whole, so
+// the file is always one run's state (the last renamed), readable by the next run.
+TEST_F(PromptCacheCli, RunsSavingAtOnceLeaveAWholeFile) {
+  const fs::path cache = dir_ / "concurrent.st";
+  std::string runs, waits = "true";
+  for (int i = 0; i < 4; ++i) {
+    runs += ktier() + " run -m " + (dir_ / "m0").string() + " --ids 5,6,7,8," +
+            std::to_string(10 + i) + " -n 2 -t 1 --prompt-cache " + cache.string() +
+            " --prompt-cache-all >/dev/null 2>&1 & p" + std::to_string(i) + "=$!; ";
+    waits += " && wait $p" + std::to_string(i);
+  }
+  ASSERT_EQ(run_process(runs + waits).exit_code, 0);  // every run exits 0
+  const auto r = run_process(ktier() + " run -m " + (dir_ / "m0").string() +
+                             " --ids 1,2,3 -n 2 --prompt-cache " + cache.string());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("holds "), std::string::npos) << r.err;  // read, and not used
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find("concurrent.st.partial"), std::string::npos);
+}
+
 TEST_F(PromptCacheCli, AnotherBackendsStateIsNotUsedAndIsReplaced) {
   const fs::path cache = dir_ / "backend.st";
   const auto plain = run(kPrompt, "");

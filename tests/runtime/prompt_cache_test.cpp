@@ -94,10 +94,10 @@ TEST_P(PromptCacheTest, RestoredStateContinuesWithTheBytesOfTheWholeRun) {
     std::vector<float> unsaved(static_cast<size_t>((P - k) * V), -7.f);
     {
       model::SequenceState s = state_after(m, k);
-      ASSERT_TRUE(save_sequence(file, m, s, prompt.first(k), 0x1234abcd).is_ok());
+      ASSERT_TRUE(save_sequence(file, m, s, prompt.first(k), 0x1234abcd, 77).is_ok());
       ASSERT_TRUE(m.forward(prompt.subspan(k), s, model::LogitRows::kAll, unsaved.data()).is_ok());
     }
-    auto saved = SavedSequence::open(file, m.config());
+    auto saved = SavedSequence::open(file, m.config(), 77);
     ASSERT_TRUE(saved.is_ok()) << saved.status().message();
     EXPECT_EQ(saved->checkpoint(), 0x1234abcdu);
     // The emulated device gives the CPU's bytes.
@@ -109,7 +109,7 @@ TEST_P(PromptCacheTest, RestoredStateContinuesWithTheBytesOfTheWholeRun) {
     EXPECT_EQ(restored->n_tokens, static_cast<int64_t>(k));
     // Saved again, the restored state is the same file.
     const fs::path again = dir_ / "again.st";
-    ASSERT_TRUE(save_sequence(again, m, *restored, prompt.first(k), 0x1234abcd).is_ok());
+    ASSERT_TRUE(save_sequence(again, m, *restored, prompt.first(k), 0x1234abcd, 77).is_ok());
     EXPECT_EQ(read_bytes(again), read_bytes(file));
     // The rest of the prompt from the restored state: the whole run's logits, bit for bit.
     std::vector<float> rest(static_cast<size_t>((P - k) * V), -7.f);
@@ -127,54 +127,80 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
   ASSERT_NE(e, nullptr);
   model::Model& m = e->model();
   const fs::path good = dir_ / ("good-" + label() + ".st");
+  auto config_hash = config_identity(dir_ / "m");
+  ASSERT_TRUE(config_hash.is_ok()) << config_hash.status().message();
+  const uint64_t h = *config_hash;
   {
     model::SequenceState s = state_after(m, 7);
-    ASSERT_TRUE(save_sequence(good, m, s, std::span(kDialTestPrompt).first(7), 1).is_ok());
+    ASSERT_TRUE(save_sequence(good, m, s, std::span(kDialTestPrompt).first(7), 1, h).is_ok());
   }
   const std::string bytes = read_bytes(good);
   const fs::path bad = dir_ / "bad.st";
-  auto expect_corrupt = [&](const std::string& b, const std::string& what, bool at_open,
-                            const format::ModelConfig& c) {
+  const format::ModelConfig& c = m.config();
+  // Every check is made when the file is opened, before anything else reads it.
+  auto expect_corrupt = [&](const std::string& b, const std::string& what,
+                            const format::ModelConfig& config) {
     SCOPED_TRACE(what);
     write_bytes(bad, b);
-    auto saved = SavedSequence::open(bad, c);
-    Status s = saved.is_ok() ? saved->restore(m, kPositions).status() : saved.status();
-    EXPECT_EQ(saved.is_ok(), !at_open) << s.message();
+    const Status s = SavedSequence::open(bad, config, h).status();
     EXPECT_EQ(s.code(), ExitCode::kCorrupt) << s.message();
     EXPECT_NE(s.message().find(bad.string()), std::string::npos) << s.message();
     EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
   };
-  const format::ModelConfig& c = m.config();
   // One flipped bit in the ids (just after the header), in the middle, in the last byte.
   uint64_t header = 0;
   std::memcpy(&header, bytes.data(), 8);
-  for (size_t at : {size_t(8 + header), bytes.size() / 2 + 8 + header / 2, bytes.size() - 1}) {
+  const size_t first_id = 8 + header;
+  for (size_t at : {first_id, bytes.size() / 2 + first_id / 2, bytes.size() - 1}) {
     std::string b = bytes;
     b[at] = static_cast<char>(b[at] ^ 1);
-    expect_corrupt(b, "data_xxh3", false, c);
+    expect_corrupt(b, "data_xxh3", c);
   }
-  expect_corrupt(bytes.substr(0, bytes.size() - 4), "truncated", true, c);
+  std::string b = bytes;
+  b[first_id + 3] = 0x40;  // ids[0] + 2^30
+  expect_corrupt(b, "id 0 is 10737", c);
+  b = bytes;
+  b.replace(b.size() - 4, 4, std::string("\x00\x00\xc0\x7f", 4));  // the last float a NaN
+  expect_corrupt(b, "holds a NaN or Inf", c);
+  expect_corrupt(bytes.substr(0, bytes.size() - 4), "truncated", c);
   auto edited = [&](const std::string& from, const std::string& to) {
-    std::string b = bytes;
-    const size_t at = b.find(from);
+    std::string e = bytes;
+    const size_t at = e.find(from);
     EXPECT_NE(at, std::string::npos) << from;
-    return at == std::string::npos ? b : b.replace(at, from.size(), to);
+    return at == std::string::npos ? e : e.replace(at, from.size(), to);
   };
-  expect_corrupt(edited("\"version\":\"1\"", "\"version\":\"2\""), "version 2", true, c);
-  expect_corrupt(edited("\"ktier.sequence\"", "\"ktier.sequencf\""), "\"format\"", true, c);
-  expect_corrupt(edited("\"positions\":\"7\"", "\"positions\":\"8\""), "tensor 0", true, c);
+  expect_corrupt(edited("\"version\":\"1\"", "\"version\":\"2\""), "version 2", c);
+  expect_corrupt(edited("\"ktier.sequence\"", "\"ktier.sequencf\""), "\"format\"", c);
+  expect_corrupt(edited("\"positions\":\"7\"", "\"positions\":\"8\""), "tensor 0", c);
+  expect_corrupt(edited("\"positions\":\"7\"", "\"positions\":\"0\""), "\"positions\"", c);
   const std::string backend = GetParam() == Where::kCuda ? "cuda" : "cpu";
   expect_corrupt(edited("\"backend\":\"" + backend + "\"", "\"backend\":\"gpu\""), "\"backend\"",
-                 true, c);
+                 c);
   format::ModelConfig other = c;
-  other.kv_lora_rank += 1;  // another model: its MLA caches are wider
-  expect_corrupt(bytes, "mla.c", true, other);
+  other.kv_lora_rank += 1;  // a forged file: this config's hash, another shape
+  expect_corrupt(bytes, "mla.c", other);
+  // Another model's config.json: exit 2, both files intact.
+  write_bytes(bad, bytes);
+  const Status foreign = SavedSequence::open(bad, c, h + 1).status();
+  EXPECT_EQ(foreign.code(), ExitCode::kUsage) << foreign.message();
+  EXPECT_NE(foreign.message().find("another model"), std::string::npos) << foreign.message();
+  // Changed between open and restore: restore hashes what it reads again.
+  {
+    auto saved = SavedSequence::open(bad, c, h);
+    ASSERT_TRUE(saved.is_ok()) << saved.status().message();
+    std::string changed = bytes;
+    changed[bytes.size() - 1] = static_cast<char>(changed[bytes.size() - 1] ^ 1);
+    write_bytes(bad, changed);
+    const Status s = saved->restore(m, kPositions).status();
+    EXPECT_EQ(s.code(), ExitCode::kCorrupt) << s.message();
+    EXPECT_NE(s.message().find("data_xxh3"), std::string::npos) << s.message();
+  }
   // A conversation's pending token outside the vocabulary.
   {
     model::SequenceState st = state_after(m, 3);
-    ASSERT_TRUE(save_sequence(bad, m, st, std::span(kDialTestPrompt).first(3), 1,
+    ASSERT_TRUE(save_sequence(bad, m, st, std::span(kDialTestPrompt).first(3), 1, h,
                               static_cast<int32_t>(c.vocab_size)).is_ok());
-    auto saved = SavedSequence::open(bad, c);
+    auto saved = SavedSequence::open(bad, c, h);
     ASSERT_TRUE(saved.is_ok()) << saved.status().message();
     EXPECT_EQ(saved->pending(), static_cast<int32_t>(c.vocab_size));
     const Status s = saved->restore(m, kPositions).status();
@@ -182,7 +208,7 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
     EXPECT_NE(s.message().find("\"pending\""), std::string::npos) << s.message();
   }
   // A checkpoint shard is safetensors, not a saved state.
-  auto shard = SavedSequence::open(e->checkpoint().shard(0).path(), c);
+  auto shard = SavedSequence::open(e->checkpoint().shard(0).path(), c, h);
   ASSERT_FALSE(shard.is_ok());
   EXPECT_EQ(shard.status().code(), ExitCode::kCorrupt);
   EXPECT_NE(shard.status().message().find("no __metadata__"), std::string::npos)

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <numeric>
 
 #include "format/safetensors.h"
@@ -116,6 +117,43 @@ TEST(SafetensorsWriter, UnfinishedWriterRemovesItsPartialFile) {
     EXPECT_EQ(test::list_dir(dir.path()).size(), 1u);
   }
   EXPECT_TRUE(test::list_dir(dir.path()).empty());
+}
+
+// A stale "<path>.partial" is never written through: a symlink there (to a file the writer must
+// not touch, e.g. a model shard) is removed, and the bytes go to a new file.
+TEST(SafetensorsWriter, StalePartialSymlinkIsRemovedNotFollowed) {
+  test::TempDir dir("writer_symlink");
+  const fs::path path = dir.path() / "s.safetensors", victim = dir.path() / "victim.bin";
+  std::ofstream(victim) << "keep me";
+  fs::create_symlink(victim, path.string() + ".partial");
+  auto w = SafetensorsWriter::create(path, {{"t", DType::kU8, {3}}});
+  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  const uint8_t b[3] = {1, 2, 3};
+  ASSERT_TRUE(w->append(b, 3).is_ok());
+  ASSERT_TRUE(w->finish().is_ok());
+  EXPECT_EQ(test::read_file(victim), "keep me");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(path)));
+  EXPECT_EQ(test::list_dir(dir.path()), (std::vector<std::string>{"s.safetensors", "victim.bin"}));
+}
+
+// Partial::kUnique: writers of one path at once each write a file of their own and rename it
+// whole; the path holds the file of the one that finished last, and nothing else is left.
+TEST(SafetensorsWriter, UniquePartialsLetWritersOfOnePathOverlap) {
+  test::TempDir dir("writer_unique");
+  const fs::path path = dir.path() / "u.safetensors";
+  using P = SafetensorsWriter::Partial;
+  auto w1 = SafetensorsWriter::create(path, {{"t", DType::kU8, {2}}}, {}, P::kUnique);
+  auto w2 = SafetensorsWriter::create(path, {{"t", DType::kU8, {2}}}, {}, P::kUnique);
+  ASSERT_TRUE(w1.is_ok() && w2.is_ok());
+  EXPECT_EQ(test::list_dir(dir.path()).size(), 2u);
+  const uint8_t one[2] = {1, 1}, two[2] = {2, 2};
+  ASSERT_TRUE(w1->append(one, 2).is_ok());
+  ASSERT_TRUE(w2->append(two, 2).is_ok());
+  ASSERT_TRUE(w2->finish().is_ok());
+  ASSERT_TRUE(w1->finish().is_ok());
+  const std::string bytes = test::read_file(path);
+  EXPECT_EQ(bytes.substr(bytes.size() - 2), std::string("\x01\x01", 2));
+  EXPECT_EQ(test::list_dir(dir.path()), std::vector<std::string>{"u.safetensors"});
 }
 
 TEST(SafetensorsWriter, IoFailureIsARuntimeErrorNamingTheFile) {
