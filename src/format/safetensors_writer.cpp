@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/safetensors.h"
+#include "io/output_file.h"
 
 namespace ktier::format {
 namespace {
@@ -90,18 +91,15 @@ Result<SafetensorsWriter> SafetensorsWriter::create(
   w.header_bytes_ = header.size();
   w.tensors_ = std::move(tensors);
 
-  // O_EXCL: never through a symlink, never into a file another writer has open.
-  static std::atomic<uint64_t> next_unique{0};
-  for (int attempt = 0; w.fd_ < 0; ++attempt) {
-    w.partial_path_ = path;
-    w.partial_path_ += ".partial";
-    if (partial == Partial::kUnique)
-      w.partial_path_ += "." + std::to_string(::getpid()) + "-" + std::to_string(next_unique++);
-    else if (::unlink(w.partial_path_.c_str()) != 0 && errno != ENOENT)
-      return Status::runtime("cannot remove the stale " + w.partial_path_.string() + ": " +
-                             errno_text(errno));
+  w.partial_path_ = path;
+  w.partial_path_ += ".partial";
+  if (partial == Partial::kShared) {
+    KTIER_ASSIGN_OR_RETURN(w.fd_, io::create_partial_file(w.partial_path_));
+  } else {  // a name no other writer uses (pid and counter), created exclusively
+    static std::atomic<uint64_t> next_unique{0};
+    w.partial_path_ += "." + std::to_string(::getpid()) + "-" + std::to_string(next_unique++);
     w.fd_ = ::open(w.partial_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (w.fd_ < 0 && (errno != EEXIST || attempt == 100))
+    if (w.fd_ < 0)
       return Status::runtime("cannot create " + w.partial_path_.string() + ": " +
                              errno_text(errno));
   }

@@ -133,4 +133,12 @@ Status create_output_dir(const std::filesystem::path& dir) {
   return Status::ok();
 }
 
+Result<int> create_partial_file(const std::filesystem::path& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+    return Status::runtime("cannot remove the stale " + path.string() + ": " + errno_text(errno));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::runtime("cannot create " + path.string() + ": " + errno_text(errno));
+  return fd;
+}
+
 }  // namespace ktier::io

@@ -37,6 +37,12 @@ Status write_output_file(const std::string& path, std::string_view bytes);
 // text printed there, and truncating the file would erase it. A device (/dev/null) is fine.
 Status check_not_own_stdout(const std::string& flag, const std::string& path);
 
+// A writer's partial file (renamed over its real name when whole): `path` removed if it is there
+// (a stale partial file, or a symlink, which is never written through), then created
+// exclusively for writing (mode 0644 less the umask). Returns the descriptor (O_CLOEXEC), owned
+// by the caller. Status::runtime (exit 1) naming the path and the errno text.
+Result<int> create_partial_file(const std::filesystem::path& path);
+
 // Creates the output folder `dir` and its parents (`ktier synth -o`, `ktier pack -o`); an
 // existing folder is fine. A dangling symlink creates the folder it names, as writing a file
 // through one creates the file. Status::runtime (exit 1) "cannot create DIR: <why>".

@@ -43,8 +43,7 @@ class PartialFile {
   }
 
   Status open() {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) return Status::runtime("cannot create " + path_.string() + ": " + errno_text(errno));
+    KTIER_ASSIGN_OR_RETURN(fd_, io::create_partial_file(path_));
     return Status::ok();
   }
 
@@ -183,8 +182,7 @@ class Prefetcher {
 };
 
 Status write_small_file(const fs::path& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::runtime("cannot create " + path.string() + ": " + errno_text(errno));
+  KTIER_ASSIGN_OR_RETURN(const int fd, io::create_partial_file(path));
   const char* p = text.data();
   size_t n = text.size();
   while (n > 0) {

@@ -372,6 +372,14 @@ TEST_F(PackTest, InterruptedWriteIsNotAPack) {
   ASSERT_TRUE(pack(ckpt, out).is_ok());
   EXPECT_EQ(test::list_dir(out), (std::vector<std::string>{"manifest.json", "trunk.pack"}));
   EXPECT_TRUE(TrunkPack::open(out, ckpt).is_ok());
+  // A partial name that is a symlink is removed, never written through (it could name a shard).
+  const fs::path victim = scratch("victim.bin");
+  write_text(victim, "keep me");
+  for (const char* name : {".trunk.pack.partial", ".manifest.json.partial"})
+    fs::create_symlink(victim, out / name);
+  ASSERT_TRUE(pack(ckpt, out, true).is_ok());
+  EXPECT_EQ(test::read_file(victim), "keep me");
+  EXPECT_EQ(test::list_dir(out), (std::vector<std::string>{"manifest.json", "trunk.pack"}));
 }
 
 TEST_F(PackTest, MissingFolderIsUsage) {
