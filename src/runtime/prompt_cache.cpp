@@ -67,10 +67,12 @@ auto& array_of(State& s, const Part& p) {
 
 std::string hex(uint64_t v) { return pack::hex64(v); }
 
+// Numbers as the writer spells them (decimal, or 16 lower-case hex digits) and nothing else.
 std::optional<uint64_t> parse_unsigned(const std::string& s, int base) {
   uint64_t v = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, base);
-  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) return std::nullopt;
+  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  if (s != (base == 16 ? hex(v) : std::to_string(v))) return std::nullopt;
   return v;
 }
 
@@ -165,7 +167,7 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
                std::to_string(kPromptCacheVersion));
   auto hex_field = [&](const char* key) -> Result<uint64_t> {
     KTIER_ASSIGN_OR_RETURN(const std::string text, field(key));
-    const auto v = text.size() == 16 ? parse_unsigned(text, 16) : std::nullopt;
+    const auto v = parse_unsigned(text, 16);
     if (!v) return bad(std::string("\"") + key + "\" is not 16 hex digits");
     return *v;
   };

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -173,6 +174,13 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
   expect_corrupt(edited("\"ktier.sequence\"", "\"ktier.sequencf\""), "\"format\"", c);
   expect_corrupt(edited("\"positions\":\"7\"", "\"positions\":\"8\""), "tensor 0", c);
   expect_corrupt(edited("\"positions\":\"7\"", "\"positions\":\"0\""), "\"positions\"", c);
+  {  // the checksum in upper case: not as the writer spells it
+    const std::string key = "\"data_xxh3\":\"";
+    const std::string digits = bytes.substr(bytes.find(key) + key.size(), 16);
+    std::string upper = digits;
+    for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    if (upper != digits) expect_corrupt(edited(key + digits, key + upper), "16 hex digits", c);
+  }
   const std::string backend = GetParam() == Where::kCuda ? "cuda" : "cpu";
   expect_corrupt(edited("\"backend\":\"" + backend + "\"", "\"backend\":\"gpu\""), "\"backend\"",
                  c);
