@@ -26,10 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string ktier() { return ktier_bin().string(); }
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 std::string restored(int64_t n) { return "(+" + std::to_string(n) + " from the prompt cache)"; }
 
 // Prompts of the tiny tokenizer; kLonger begins with kPrompt's ids (a space then more words).

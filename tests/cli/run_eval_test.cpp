@@ -25,10 +25,6 @@ namespace fs = std::filesystem;
 
 std::string ktier() { return ktier_bin().string(); }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 std::string join(const std::vector<int>& v) {
   std::string s;

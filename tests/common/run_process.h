@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -17,6 +18,12 @@ struct ProcessResult {
   std::string out;
   std::string err;
 };
+
+// The whole of a file a command wrote (empty when it cannot be read).
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 // `command` is passed to /bin/sh. stderr is captured through a temporary file.
 inline ProcessResult run_process(const std::string& command) {
