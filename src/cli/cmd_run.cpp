@@ -113,8 +113,10 @@ Status run(const RunArgs& a) {
   KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
   using Output = std::pair<std::string, std::string>;  // flag, path
   const bool write_cache = !a.prompt_cache.empty() && !a.prompt_cache_ro;
+  // The prompt cache is checked as an output even when read only: a model or prompt file given
+  // there is a mistake, not a damaged cache.
   for (const auto& [flag, out] : {Output{"--report-json", a.report_json}, {"--trace", a.trace},
-                                  {"--prompt-cache", write_cache ? a.prompt_cache : ""}})
+                                  {"--prompt-cache", a.prompt_cache}})
     KTIER_RETURN_IF_ERROR(check_output_is_not_input(
         flag, out,
         {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile},
@@ -173,31 +175,32 @@ Status run(const RunArgs& a) {
   const std::optional<int32_t> pending =
       a.interactive && cache ? cache->conversation_pending() : std::nullopt;
   std::vector<uint32_t> resumed_turn;  // what ends the saved last answer
-  if (pending) resumed_turn = tok::end_assistant_turn(*tokenizer, *markers, static_cast<uint32_t>(*pending));
+  if (pending)
+    resumed_turn = tok::end_assistant_turn(*tokenizer, *markers, static_cast<uint32_t>(*pending));
 
   KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
                          model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
-  // The last generated token is never fed back: a run uses P + n - 1 positions.
+  // The last generated token is never fed back: a run uses P + n - 1 positions. A conversation
+  // the cache may resume adds its positions and the markup closing its last answer (-c auto).
   const int64_t history = pending ? cache->conversation_positions() +
                                         static_cast<int64_t>(resumed_turn.size())
                                   : 0;
   const int64_t first_turn =
-      std::max<int64_t>(1, history + static_cast<int64_t>(raw.size()) +
+      std::max<int64_t>(1, static_cast<int64_t>(raw.size()) +
                                std::max<int64_t>(a.max_new_tokens - 1, 0));
   // A conversation's auto size holds its first turn and one more message (up to
   // kNextMessagePositions tokens with its markup) with an answer of -n, at least.
   const int64_t ctx =
       a.ctx_size > 0 ? a.ctx_size
       : a.interactive
-          ? std::max<int64_t>(first_turn + kNextMessagePositions + a.max_new_tokens,
+          ? std::max<int64_t>(history + first_turn + kNextMessagePositions + a.max_new_tokens,
                               kConversationPositions)
           : first_turn;
+  // A resumed conversation past an explicit -c is refused where it is known to be used (after
+  // the load: RunPromptCache::restore, and the first message's own check, exit 4).
   if (ctx < first_turn)
-    return Status::usage("-c/--ctx-size " + std::to_string(ctx) + " cannot hold " +
-                         (history > 0 ? "the conversation in --prompt-cache (" +
-                                            std::to_string(history) + " positions), "
-                                      : std::string()) +
-                         "the prompt (" + std::to_string(raw.size()) + " tokens) and -n " +
+    return Status::usage("-c/--ctx-size " + std::to_string(ctx) + " cannot hold the prompt (" +
+                         std::to_string(raw.size()) + " tokens) and -n " +
                          std::to_string(a.max_new_tokens) + ": it needs " +
                          std::to_string(first_turn) + " positions");
   eo.workload.positions = ctx;
@@ -245,7 +248,7 @@ Status run(const RunArgs& a) {
                                                      gen.reserve_positions));
   }
   const int64_t cached = cache ? cache->restored() : 0;
-  const bool write_whole_prompt = cache && !a.interactive && !a.prompt_cache_all;
+  const bool write_whole_prompt = write_cache && !a.interactive && !a.prompt_cache_all;
   if (write_whole_prompt)
     gen.before_last_prompt_id = [&](const model::SequenceState& state) {
       return cache->save(*engine, state, prompt);
@@ -406,10 +409,11 @@ Status run(const RunArgs& a) {
     status = ids.is_ok() ? answer(*ids) : ids.status();
   }
   // --prompt-cache-all saves the sequence as the run left it; without it, a run stopped in its
-  // prompt before the last id saves the part it ran (a later run goes on from there).
+  // prompt saves the part it ran (a later run goes on from there; the state before the last id
+  // was saved already unless the run stopped just there).
   const int64_t ran = session->positions();
   if (status.is_ok() && cache && !a.interactive &&
-      (a.prompt_cache_all || ran < static_cast<int64_t>(prompt.size()) - 1)) {
+      (a.prompt_cache_all || ran < static_cast<int64_t>(prompt.size()))) {
     std::vector<int32_t> sequence = prompt;
     sequence.insert(sequence.end(), generated.begin(), generated.end());
     status = cache->save(*engine, session->state(), sequence);
@@ -482,8 +486,9 @@ void register_run_command(CLI::App& app, int& exit_code) {
                 "sequence; the first message may come from there too");
   sub->add_option("-c,--ctx-size", a->ctx_size,
                   "Positions a run may use (0 = auto: the prompt + -n - 1; for --interactive "
-                  "4096, or the first turn + 1024 + -n if more; GPU mode sets the state for "
-                  "this many aside). Too small for "
+                  "4096, or the first turn + 1024 + -n if more, a conversation resumed from "
+                  "--prompt-cache counted in; GPU mode sets the state for this many aside). Too "
+                  "small for "
                   "the prompt + -n - 1: exit 2; a conversation's message past it: exit 4")
       ->capture_default_str();
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
@@ -500,11 +505,13 @@ void register_run_command(CLI::App& app, int& exit_code) {
                       "with its ids (the same output, without their prefill), and save the "
                       "prompt's state there (all its ids but the last). A state is never cut "
                       "back: a prompt that does not begin with the saved ids runs whole. With "
-                      "-i: the conversation FILE holds goes on, and is saved after every answer. "
+                      "-i: the conversation FILE holds goes on, and is saved after every answer "
+                      "(greedy answers as if it never stopped; sampling draws from --seed afresh). "
                       "A file of another checkpoint: exit 2; damaged: exit 3");
   sub->add_flag("--prompt-cache-all", a->prompt_cache_all,
                 "With --prompt-cache: save the generated tokens' state too, so that a prompt "
-                "that goes on from this run's output reuses all of it")
+                "that goes on from this run's output reuses all of it (a conversation always "
+                "saves all of it)")
       ->needs(cache);
   sub->add_flag("--prompt-cache-ro", a->prompt_cache_ro,
                 "With --prompt-cache: start from the file, never write it")

@@ -67,6 +67,11 @@ Result<std::optional<model::SequenceState>> RunPromptCache::restore(
                  "conversation starts", path_);
     return Restored();
   }
+  if (conversation && static_cast<int64_t>(ids.size()) >= reserve)
+    return Status::budget("the conversation in " + path_ + " holds " +
+                          std::to_string(ids.size()) + " positions, -c/--ctx-size " +
+                          std::to_string(reserve) + " cannot go on with it: start it again with "
+                          "a larger -c");
   if (!conversation &&
       (ids.size() >= prompt.size() || !std::equal(ids.begin(), ids.end(), prompt.begin()))) {
     const size_t same = static_cast<size_t>(

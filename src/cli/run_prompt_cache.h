@@ -38,7 +38,8 @@ class RunPromptCache {
 
   // After the load: the saved state when it serves this run (a single run's `prompt`, or with
   // `conversation` the conversation it holds), in a sequence reserved for `reserve` positions;
-  // nullopt otherwise (logged). Status::usage (exit 2) for a file of another checkpoint.
+  // nullopt otherwise (logged). Status::usage (exit 2) for a file of another checkpoint,
+  // Status::budget (exit 4) for a conversation that `reserve` (-c) cannot hold with a message.
   Result<std::optional<model::SequenceState>> restore(const runtime::Engine& engine,
                                                       std::span<const int32_t> prompt,
                                                       bool conversation, int64_t reserve);

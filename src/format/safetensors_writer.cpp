@@ -95,13 +95,18 @@ Result<SafetensorsWriter> SafetensorsWriter::create(
   w.partial_path_ += ".partial";
   if (partial == Partial::kShared) {
     KTIER_ASSIGN_OR_RETURN(w.fd_, io::create_partial_file(w.partial_path_));
-  } else {  // a name no other writer uses (pid and counter), created exclusively
+  } else {  // a name no other writer uses (pid and counter), created exclusively; a name left
+            // by a killed writer of the same pid (a container's pid 1) is passed over
     static std::atomic<uint64_t> next_unique{0};
-    w.partial_path_ += "." + std::to_string(::getpid()) + "-" + std::to_string(next_unique++);
-    w.fd_ = ::open(w.partial_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (w.fd_ < 0)
-      return Status::runtime("cannot create " + w.partial_path_.string() + ": " +
-                             errno_text(errno));
+    const std::filesystem::path stem = w.partial_path_;
+    for (int attempt = 0; w.fd_ < 0; ++attempt) {
+      w.partial_path_ = stem;
+      w.partial_path_ += "." + std::to_string(::getpid()) + "-" + std::to_string(next_unique++);
+      w.fd_ = ::open(w.partial_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (w.fd_ < 0 && (errno != EEXIST || attempt == 1000))
+        return Status::runtime("cannot create " + w.partial_path_.string() + ": " +
+                               errno_text(errno));
+    }
   }
   w.buffer_.reserve(kBufferBytes);
   uint8_t len_le[8];

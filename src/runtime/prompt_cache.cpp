@@ -77,7 +77,7 @@ std::optional<uint64_t> parse_unsigned(const std::string& s, int base) {
 }
 
 // Every saved tensor's bytes in file order, `piece` at a time from the backend.
-Status for_each_piece(const model::Model& model, const model::SequenceState& state,
+Status for_each_state_piece(const model::Model& model, const model::SequenceState& state,
                       std::span<const int32_t> ids,
                       const std::function<Status(const void*, size_t)>& take) {
   KTIER_RETURN_IF_ERROR(take(ids.data(), ids.size_bytes()));
@@ -96,6 +96,15 @@ Status for_each_piece(const model::Model& model, const model::SequenceState& sta
     }
   }
   return Status::ok();
+}
+
+// What "xxh3" covers before the tensors: every other metadata entry, sorted by key, one
+// "key=value" line each.
+std::string metadata_text(const std::map<std::string, std::string>& meta) {
+  std::string text;
+  for (const auto& [k, v] : meta)
+    if (k != "xxh3") text += k + "=" + v + "\n";
+  return text;
 }
 
 using HashState = std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)>;
@@ -129,15 +138,20 @@ const char* backend_label(const backend::Backend& backend) {
 Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
                                           const format::ModelConfig& config,
                                           uint64_t config_xxh3) {
-  Result<format::SafetensorsFile> file = format::SafetensorsFile::open(path, format::OpenMode::kPread);
-  if (!file.is_ok())  // its message names the file
-    return file.status().with_context("--prompt-cache (not a ktier prompt cache, or damaged?)");
-  SavedSequence s(std::move(*file));
   const std::string name = path.string();
-  auto bad = [&](const std::string& why) {
-    return Status::corrupt(name + ": " + why + " (a --prompt-cache file of another ktier, or "
-                           "damaged: delete it and the next run writes it again)");
+  auto not_cache = [&](const std::string& why) {
+    return Status::corrupt(name + ": not a ktier prompt cache (" + why +
+                           "): give --prompt-cache another path");
   };
+  auto damaged = [&](const std::string& why) {
+    return Status::corrupt(name + ": " + why + " (a damaged prompt cache, or one of another "
+                           "ktier: delete it and the next run writes it again)");
+  };
+  Result<format::SafetensorsFile> file =
+      format::SafetensorsFile::open(path, format::OpenMode::kPread);
+  if (!file.is_ok())  // its message names the file
+    return file.status().with_context("--prompt-cache (not a prompt cache, or a damaged one)");
+  SavedSequence s(std::move(*file));
 
   // The metadata: the safetensors reader skips it, so the header is read again here (it is
   // small: two tensors per layer).
@@ -147,96 +161,98 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
   try {
     const nlohmann::json j = nlohmann::json::parse(header);
     const auto m = j.find("__metadata__");
-    if (m == j.end() || !m->is_object()) return bad("no __metadata__: not a ktier prompt cache");
+    if (m == j.end() || !m->is_object()) return not_cache("no __metadata__");
     for (const auto& [k, v] : m->items())
       if (v.is_string()) meta[k] = v.get<std::string>();
   } catch (const nlohmann::json::exception& e) {
-    return bad(std::string("header: ") + e.what());
+    return not_cache(std::string("header: ") + e.what());
   }
-  auto field = [&](const char* key) -> Result<std::string> {
+  if (meta["format"] != kPromptCacheFormat)
+    return not_cache("its __metadata__ \"format\" is \"" + meta["format"] + "\"");
+  if (meta["version"] != std::to_string(kPromptCacheVersion))
+    return damaged("version \"" + meta["version"] + "\", this ktier reads version " +
+                   std::to_string(kPromptCacheVersion));
+  auto number = [&](const char* key, int base) -> Result<uint64_t> {
     const auto it = meta.find(key);
-    if (it == meta.end()) return bad(std::string("__metadata__ has no \"") + key + "\"");
-    return it->second;
-  };
-  KTIER_ASSIGN_OR_RETURN(const std::string format, field("format"));
-  if (format != kPromptCacheFormat)
-    return bad("__metadata__ \"format\" is \"" + format + "\", not \"" + kPromptCacheFormat + "\"");
-  KTIER_ASSIGN_OR_RETURN(const std::string version, field("version"));
-  if (version != std::to_string(kPromptCacheVersion))
-    return bad("version " + version + ", this ktier reads version " +
-               std::to_string(kPromptCacheVersion));
-  auto hex_field = [&](const char* key) -> Result<uint64_t> {
-    KTIER_ASSIGN_OR_RETURN(const std::string text, field(key));
-    const auto v = parse_unsigned(text, 16);
-    if (!v) return bad(std::string("\"") + key + "\" is not 16 hex digits");
+    if (it == meta.end()) return damaged(std::string("__metadata__ has no \"") + key + "\"");
+    const auto v = parse_unsigned(it->second, base);
+    if (!v) return damaged("\"" + std::string(key) + "\" is \"" + it->second + "\"");
     return *v;
   };
-  KTIER_ASSIGN_OR_RETURN(const uint64_t saved_config, hex_field("config_xxh3"));
+  KTIER_ASSIGN_OR_RETURN(const uint64_t xxh3, number("xxh3", 16));
+  KTIER_ASSIGN_OR_RETURN(const uint64_t saved_config, number("config_xxh3", 16));
+  KTIER_ASSIGN_OR_RETURN(s.checkpoint_, number("checkpoint", 16));
+  s.backend_ = meta["backend"];
+  if (s.backend_ != "cpu" && s.backend_ != "cuda")
+    return damaged("\"backend\" is \"" + s.backend_ + "\", not cpu or cuda");
+  KTIER_ASSIGN_OR_RETURN(const uint64_t n, number("positions", 10));
+  if (n == 0 || n > INT32_MAX) return damaged("\"positions\" is " + std::to_string(n));
+  if (meta.count("pending")) {
+    KTIER_ASSIGN_OR_RETURN(const uint64_t id, number("pending", 10));
+    if (id >= static_cast<uint64_t>(config.vocab_size))
+      return damaged("\"pending\" " + std::to_string(id) + " is outside the vocabulary 0.." +
+                     std::to_string(config.vocab_size - 1));
+    s.pending_ = static_cast<int32_t>(id);
+  }
+
+  // Every byte checked now, metadata included, so that a damaged file is refused (and kept)
+  // whether or not this run would use it.
+  const std::vector<format::TensorInfo>& tensors = s.file_.tensors();
+  uint64_t at = s.file_.data_offset();
+  for (const format::TensorInfo& t : tensors) {
+    if (t.file_offset != at)
+      return damaged("tensor '" + t.name + "' is not where the previous ends");
+    at += t.nbytes;
+  }
+  if (at != s.file_.file_size()) return damaged("bytes after the last tensor");
+  s.meta_text_ = metadata_text(meta);
+  HashState hash = new_hash();
+  XXH3_64bits_update(hash.get(), s.meta_text_.data(), s.meta_text_.size());
+  KTIER_RETURN_IF_ERROR(s.for_each_piece([&](size_t t, uint64_t, const uint8_t* p,
+                                             size_t len) -> Status {
+    XXH3_64bits_update(hash.get(), p, len);
+    if (tensors[t].dtype != DType::kF32) return Status::ok();
+    const float* f = reinterpret_cast<const float*>(p);
+    for (size_t i = 0; i < len / sizeof(float); ++i)
+      if (!std::isfinite(f[i]))
+        return damaged("tensor '" + tensors[t].name + "' holds a NaN or Inf");
+    return Status::ok();
+  }));
+  if (XXH3_64bits_digest(hash.get()) != xxh3)
+    return damaged("its metadata and tensors do not match its \"xxh3\"");
+  s.xxh3_ = xxh3;
+
+  // Intact: whose is it?
   if (saved_config != config_xxh3)
     return Status::usage(name + ": --prompt-cache was saved from another model (its config.json "
                          "differs from -m's): give another file, or delete this one");
-  KTIER_ASSIGN_OR_RETURN(s.checkpoint_, hex_field("checkpoint"));
-  KTIER_ASSIGN_OR_RETURN(s.data_xxh3_, hex_field("data_xxh3"));
-  KTIER_ASSIGN_OR_RETURN(s.backend_, field("backend"));
-  if (s.backend_ != "cpu" && s.backend_ != "cuda")
-    return bad("\"backend\" is \"" + s.backend_ + "\", not cpu or cuda");
-  KTIER_ASSIGN_OR_RETURN(const std::string positions, field("positions"));
-  const auto n = parse_unsigned(positions, 10);
-  if (!n || *n == 0 || *n > INT32_MAX) return bad("\"positions\" is \"" + positions + "\"");
-  if (const auto it = meta.find("pending"); it != meta.end()) {
-    const auto id = parse_unsigned(it->second, 10);
-    if (!id || *id > INT32_MAX) return bad("\"pending\" is \"" + it->second + "\"");
-    s.pending_ = static_cast<int32_t>(*id);
-  }
-
-  // The tensors: exactly those of a state of n positions, back to back.
-  const std::vector<Part> parts = parts_for(config, static_cast<int64_t>(*n));
-  const std::vector<format::TensorInfo>& tensors = s.file_.tensors();
+  const std::vector<Part> parts = parts_for(config, static_cast<int64_t>(n));
   if (tensors.size() != parts.size())
-    return bad(std::to_string(tensors.size()) + " tensors, a state of this model has " +
-               std::to_string(parts.size()) + " (another model?)");
-  uint64_t at = s.file_.data_offset();
+    return damaged(std::to_string(tensors.size()) + " tensors, a state of this model has " +
+                   std::to_string(parts.size()));
   for (size_t i = 0; i < parts.size(); ++i) {
     const format::TensorDecl& want = parts[i].decl;
     const format::TensorInfo& t = tensors[i];
     if (t.name != want.name || t.dtype != want.dtype || t.shape != want.shape)
-      return bad("tensor " + std::to_string(i) + " is '" + t.name + "' " +
-                 std::string(dtype_name(t.dtype)) + format::shape_string(t.shape) +
-                 ", this model's state has '" + want.name + "' " +
-                 std::string(dtype_name(want.dtype)) + format::shape_string(want.shape) +
-                 " there (another model?)");
-    if (t.file_offset != at) return bad("tensor '" + t.name + "' is not where the previous ends");
-    at += t.nbytes;
+      return damaged("tensor " + std::to_string(i) + " is '" + t.name + "' " +
+                     std::string(dtype_name(t.dtype)) + format::shape_string(t.shape) +
+                     ", this model's state has '" + want.name + "' " +
+                     std::string(dtype_name(want.dtype)) + format::shape_string(want.shape) +
+                     " there");
   }
-  if (at != s.file_.file_size()) return bad("bytes after the last tensor");
-
-  s.ids_.resize(static_cast<size_t>(*n));
+  s.ids_.resize(static_cast<size_t>(n));
   KTIER_RETURN_IF_ERROR(s.file_.read(tensors[0], s.ids_.data()));
   for (size_t i = 0; i < s.ids_.size(); ++i)
     if (s.ids_[i] < 0 || s.ids_[i] >= config.vocab_size)
-      return bad("id " + std::to_string(i) + " is " + std::to_string(s.ids_[i]) +
-                 ", outside the vocabulary 0.." + std::to_string(config.vocab_size - 1));
-  // Every byte checked now, so that a damaged file is refused (and kept) whether or not this run
-  // would use it.
-  HashState hash = new_hash();
-  XXH3_64bits_update(hash.get(), s.ids_.data(), s.ids_.size() * sizeof(int32_t));
-  KTIER_RETURN_IF_ERROR(s.for_each_state_piece([&](size_t t, uint64_t, const uint8_t* p,
-                                                   size_t len) -> Status {
-    XXH3_64bits_update(hash.get(), p, len);
-    const float* f = reinterpret_cast<const float*>(p);
-    for (size_t i = 0; i < len / sizeof(float); ++i)
-      if (!std::isfinite(f[i])) return bad("tensor '" + tensors[t].name + "' holds a NaN or Inf");
-    return Status::ok();
-  }));
-  if (XXH3_64bits_digest(hash.get()) != s.data_xxh3_)
-    return bad("the state's bytes do not match its \"data_xxh3\"");
+      return damaged("id " + std::to_string(i) + " is " + std::to_string(s.ids_[i]) +
+                     ", outside the vocabulary 0.." + std::to_string(config.vocab_size - 1));
   return s;
 }
 
-Status SavedSequence::for_each_state_piece(const PieceFn& take) const {
+Status SavedSequence::for_each_piece(const PieceFn& take) const {
   std::vector<uint8_t> buf;
   const std::vector<format::TensorInfo>& tensors = file_.tensors();
-  for (size_t i = 1; i < tensors.size(); ++i) {  // tensor 0 is "ids"
+  for (size_t i = 0; i < tensors.size(); ++i) {
     const format::TensorInfo& t = tensors[i];
     buf.resize(std::min<size_t>(t.nbytes, kPieceBytes));
     for (uint64_t at = 0; at < t.nbytes; at += kPieceBytes) {
@@ -251,27 +267,24 @@ Status SavedSequence::for_each_state_piece(const PieceFn& take) const {
 Result<model::SequenceState> SavedSequence::restore(const model::Model& model,
                                                     int64_t reserve_positions) const {
   const int64_t n = static_cast<int64_t>(ids_.size());
-  if (pending_ && *pending_ >= model.config().vocab_size)
-    return Status::corrupt(path().string() + ": \"pending\" " + std::to_string(*pending_) +
-                           " is not an id of this model (vocabulary 0.." +
-                           std::to_string(model.config().vocab_size - 1) + ")");
   KTIER_ASSIGN_OR_RETURN(model::SequenceState state,
                          model.new_sequence(std::max(reserve_positions, n)));
   backend::Backend& be = model.backend();
-  HashState hash = new_hash();
-  XXH3_64bits_update(hash.get(), ids_.data(), ids_.size() * sizeof(int32_t));
   const std::vector<format::TensorInfo>& tensors = file_.tensors();
   const std::vector<Part> parts = parts_for(model.config(), n);
   for (size_t i = 1; i < parts.size(); ++i)
     KTIER_RETURN_IF_ERROR(array_of(state, parts[i]).resize(be, tensors[i].numel()));
-  KTIER_RETURN_IF_ERROR(for_each_state_piece([&](size_t t, uint64_t at, const uint8_t* p,
-                                                 size_t len) -> Status {
+  HashState hash = new_hash();
+  XXH3_64bits_update(hash.get(), meta_text_.data(), meta_text_.size());
+  KTIER_RETURN_IF_ERROR(for_each_piece([&](size_t t, uint64_t at, const uint8_t* p,
+                                           size_t len) -> Status {
     XXH3_64bits_update(hash.get(), p, len);
+    if (t == 0) return Status::ok();  // the ids, read by open()
     return be.upload(reinterpret_cast<uint8_t*>(array_of(state, parts[t]).data()) + at, p, len);
   }));
-  if (XXH3_64bits_digest(hash.get()) != data_xxh3_)
-    return Status::corrupt(path().string() + ": the state's bytes do not match its \"data_xxh3\" "
-                           "(damaged: delete it and the next run writes it again)");
+  if (XXH3_64bits_digest(hash.get()) != xxh3_)
+    return Status::corrupt(path().string() + ": changed since it was opened: its bytes no longer "
+                           "match its \"xxh3\" (nothing was computed from them)");
   for (model::LayerState& l : state.layers) l.mla.n = n;
   state.n_tokens = n;
   return state;
@@ -281,15 +294,6 @@ Status save_sequence(const std::filesystem::path& path, const model::Model& mode
                      const model::SequenceState& state, std::span<const int32_t> ids,
                      uint64_t checkpoint, uint64_t config_xxh3, std::optional<int32_t> pending) {
   KTIER_CHECK(static_cast<int64_t>(ids.size()) == state.n_tokens);
-  // The checksum goes into the header, which is written first: one pass to hash, one to write
-  // (the state is not held twice in host memory).
-  HashState hash = new_hash();
-  KTIER_RETURN_IF_ERROR(for_each_piece(model, state, ids, [&](const void* p, size_t n) {
-    XXH3_64bits_update(hash.get(), p, n);
-    return Status::ok();
-  }));
-  std::vector<format::TensorDecl> decls;
-  for (Part& p : parts_for(model.config(), state.n_tokens)) decls.push_back(std::move(p.decl));
   std::map<std::string, std::string> meta = {
       {"format", kPromptCacheFormat},
       {"version", std::to_string(kPromptCacheVersion)},
@@ -297,13 +301,25 @@ Status save_sequence(const std::filesystem::path& path, const model::Model& mode
       {"config_xxh3", hex(config_xxh3)},
       {"backend", backend_label(model.backend())},
       {"positions", std::to_string(state.n_tokens)},
-      {"data_xxh3", hex(XXH3_64bits_digest(hash.get()))},
   };
   if (pending) meta["pending"] = std::to_string(*pending);
-  KTIER_ASSIGN_OR_RETURN(format::SafetensorsWriter w,
-                         format::SafetensorsWriter::create(path, std::move(decls), meta,
-                                                           format::SafetensorsWriter::Partial::kUnique));
-  KTIER_RETURN_IF_ERROR(for_each_piece(model, state, ids, [&](const void* p, size_t n) {
+  // The checksum goes into the header, which is written first: one pass to hash, one to write
+  // (the state is not held twice in host memory).
+  HashState hash = new_hash();
+  const std::string text = metadata_text(meta);
+  XXH3_64bits_update(hash.get(), text.data(), text.size());
+  KTIER_RETURN_IF_ERROR(for_each_state_piece(model, state, ids, [&](const void* p, size_t n) {
+    XXH3_64bits_update(hash.get(), p, n);
+    return Status::ok();
+  }));
+  meta["xxh3"] = hex(XXH3_64bits_digest(hash.get()));
+  std::vector<format::TensorDecl> decls;
+  for (Part& p : parts_for(model.config(), state.n_tokens)) decls.push_back(std::move(p.decl));
+  KTIER_ASSIGN_OR_RETURN(
+      format::SafetensorsWriter w,
+      format::SafetensorsWriter::create(path, std::move(decls), meta,
+                                        format::SafetensorsWriter::Partial::kUnique));
+  KTIER_RETURN_IF_ERROR(for_each_state_piece(model, state, ids, [&](const void* p, size_t n) {
     return w.append(p, n);
   }));
   return w.finish();

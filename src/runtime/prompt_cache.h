@@ -5,11 +5,11 @@
 // The file is safetensors (format/safetensors.h). `__metadata__`: "format" "ktier.sequence",
 // "version" "1", "checkpoint" (checkpoint_identity, 16 hex digits), "config_xxh3" (XXH3 of
 // config.json as stored: another model is told apart before its load), "backend" ("cpu" or "cuda":
-// which backend's bytes these are), "positions" (n, decimal), "data_xxh3" (XXH3_64bits of the
-// tensors' bytes in file order, 16 hex digits), and for a conversation's state "pending" (decimal:
-// the last token its last answer sampled, which is never run and begins the next turn). Tensors,
-// in this order: "ids" I32 [n] (the ids
-// the state has run); per KDA layer l "layers.l.kda.S" F32 [H, D, D] and "layers.l.kda.conv_q",
+// which backend's bytes these are), "positions" (n, decimal), for a conversation's state
+// "pending" (decimal: the last token its last answer sampled, which is never run and begins the
+// next turn), and "xxh3" (16 hex digits: XXH3_64bits of every other entry as "key=value\n" lines
+// sorted by key, then the tensors' bytes in file order). Tensors, in this order: "ids" I32 [n] (the
+// ids the state has run); per KDA layer l "layers.l.kda.S" F32 [H, D, D] and "layers.l.kda.conv_q",
 // "…conv_k", "…conv_v" F32 [K-1, C]; per MLA layer l "layers.l.mla.c" F32 [n, kv_lora_rank] and
 // "layers.l.mla.r" F32 [n, qk_rope_head_dim] (model/state.h).
 //
@@ -19,7 +19,8 @@
 //
 // Exactness: a restored state holds the bytes its ids' prefill gave on the backend that saved it.
 // On the CPU prefill gives the same bytes in any chunking (docs/NUMERICS.md), so a run from a
-// restored state prints exactly what the same run without the cache prints. A GPU's state differs
+// restored state prints exactly what the same run without the cache prints (a resumed
+// conversation's sampler starts from its seed again: cli/run_prompt_cache.h). A GPU's state differs
 // from the CPU's within its tolerances, so the CPU uses only states a CPU backend saved.
 //
 // Threads: none kept; one call at a time per file.
@@ -54,12 +55,13 @@ Result<uint64_t> config_identity(const std::filesystem::path& model_dir);
 // "cpu" or "cuda": whose bytes a sequence's state holds.
 const char* backend_label(const backend::Backend& backend);
 
-// A saved state, opened and checked whole: its metadata, at least one id, every id in the
-// vocabulary, every tensor present with the dtype and shape `config` gives it, nothing else, the
-// tensors back to back, their bytes matching "data_xxh3" and every float finite. Status::usage
-// (exit 2) when "config_xxh3" is not `config_xxh3` (config_identity: another model's file, both
-// intact), Status::corrupt (exit 3) naming the file (and the field or tensor) for anything
-// else, Status::runtime (exit 1) when it cannot be read. So a file is never replaced unread.
+// A saved state, opened and checked whole: its metadata and tensors matching "xxh3", the
+// tensors back to back, every float finite; then, intact, Status::usage (exit 2) when
+// "config_xxh3" is not `config_xxh3` (config_identity: another model's file); then at least one
+// id, every id and "pending" in the vocabulary, every tensor present with the dtype and shape
+// `config` gives it and nothing else. Status::corrupt (exit 3) naming the file (and the field or
+// tensor) for anything wrong, Status::runtime (exit 1) when it cannot be read. So a file is
+// never replaced unread.
 class SavedSequence {
  public:
   static Result<SavedSequence> open(const std::filesystem::path& path,
@@ -76,18 +78,18 @@ class SavedSequence {
   // A sequence of `model` (on its backend) holding the saved state, its MLA caches reserved for
   // `reserve_positions` (at least ids().size()). The bytes are read and hashed again (the file
   // may have changed since open): Status::corrupt naming the file when they do not match
-  // "data_xxh3" (then nothing was computed from them) or pending() is not an id of the model's
-  // vocabulary, Status::runtime for I/O, the backend's errors.
+  // "xxh3" (then nothing was computed from them), Status::runtime for I/O, the backend's errors.
   Result<model::SequenceState> restore(const model::Model& model, int64_t reserve_positions) const;
 
  private:
   SavedSequence(format::SafetensorsFile file) : file_(std::move(file)) {}
-  // The state's tensors' bytes (all but "ids"), in file order, a piece at a time: `take` gets
-  // the tensor's index in the file, the piece's offset in it, the bytes and their length.
+  // Every tensor's bytes ("ids" first), in file order, a piece at a time: `take` gets the
+  // tensor's index in the file, the piece's offset in it, the bytes and their length.
   using PieceFn = std::function<Status(size_t tensor, uint64_t offset, const uint8_t*, size_t)>;
-  Status for_each_state_piece(const PieceFn& take) const;
+  Status for_each_piece(const PieceFn& take) const;
   format::SafetensorsFile file_;
-  uint64_t checkpoint_ = 0, data_xxh3_ = 0;
+  uint64_t checkpoint_ = 0, xxh3_ = 0;
+  std::string meta_text_;  // what "xxh3" covers before the tensors
   std::string backend_;
   std::vector<int32_t> ids_;
   std::optional<int32_t> pending_;

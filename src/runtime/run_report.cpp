@@ -143,7 +143,8 @@ std::string RunReport::to_table(const Engine& e) const {
   char buf[1024];
   std::string out;
   const double mb = 1e6;
-  std::snprintf(buf, sizeof buf, "\nktier: prompt %lld tokens", static_cast<long long>(gen.prompt_tokens));
+  std::snprintf(buf, sizeof buf, "\nktier: prompt %lld tokens",
+                static_cast<long long>(gen.prompt_tokens));
   out += buf;
   if (cached_prompt_tokens > 0) {
     std::snprintf(buf, sizeof buf, " (+%lld from the prompt cache)",

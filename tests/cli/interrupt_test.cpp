@@ -124,31 +124,42 @@ TEST_F(InterruptCli, RunStopsAtAWholeTokenWithItsTextReportAndTrace) {
 }
 
 // A run stopped inside its prompt saves the part it ran to --prompt-cache: the next run goes on
-// from there and prints what a run without the cache prints.
+// from there and prints what a run without the cache prints. With --chunk 1 it stops somewhere
+// inside; with one chunk of all ids but the last it stops exactly before the last id (where the
+// state is otherwise saved just before that id runs).
 TEST_F(InterruptCli, RunStoppedInItsPromptSavesThePartItRan) {
-  std::string ids;  // one id per prefill pass (--chunk 1): seconds of prompt on any machine
+  std::string ids;  // seconds of prompt on any machine
   for (int i = 0; i < 1500; ++i) ids += (i ? "," : "") + std::to_string(1 + i * 7 % 300);
-  const fs::path cache = dir_ / "stopped.st";
-  ChildProcess c(run_args({"--ids", ids, "--chunk", "1", "--prompt-cache", cache.string()}, "3"));
-  ASSERT_TRUE(c.started());
-  ASSERT_TRUE(c.wait_for(Stream::kErr, "does not exist yet")) << c.err();
-  ::usleep(300 * 1000);
-  c.signal(SIGINT);
-  ASSERT_EQ(c.wait(), 130) << c.err();
-  const std::string said = "stopped by Ctrl-C in the prompt, after ";
-  const size_t at = c.err().find(said);
-  ASSERT_NE(at, std::string::npos) << c.err();
-  const std::string ran = c.err().substr(at + said.size(), c.err().find(' ', at + said.size()) - at - said.size());
-  EXPECT_NE(c.err().find("the state after " + ran + " tokens saved"), std::string::npos) << c.err();
   const std::string run = ktier_bin().string() + " run -m " + (dir_ / "model").string() +
                           " --print-ids -n 3 --ids " + ids;
   const auto plain = run_process(run);
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
-  const auto resumed = run_process(run + " --prompt-cache " + cache.string());
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
-  EXPECT_EQ(resumed.out, plain.out);
-  EXPECT_NE(resumed.err.find("(+" + ran + " from the prompt cache)"), std::string::npos)
-      << resumed.err;
+  for (const std::string& chunk : {std::string("1"), std::string("1499")}) {
+    SCOPED_TRACE("--chunk " + chunk);
+    const fs::path cache = dir_ / ("stopped-" + chunk + ".st");
+    ChildProcess c(
+        run_args({"--ids", ids, "--chunk", chunk, "--prompt-cache", cache.string()}, "3"));
+    ASSERT_TRUE(c.started());
+    ASSERT_TRUE(c.wait_for(Stream::kErr, "does not exist yet")) << c.err();
+    ::usleep(300 * 1000);
+    c.signal(SIGINT);
+    ASSERT_EQ(c.wait(), 130) << c.err();
+    const std::string said = "stopped by Ctrl-C in the prompt, after ";
+    const size_t at = c.err().find(said);
+    ASSERT_NE(at, std::string::npos) << c.err();
+    const std::string ran =
+        c.err().substr(at + said.size(), c.err().find(' ', at + said.size()) - at - said.size());
+    if (chunk == "1499") {
+      EXPECT_EQ(ran, "1499");
+    }
+    EXPECT_NE(c.err().find("the state after " + ran + " tokens saved"), std::string::npos)
+        << c.err();
+    const auto resumed = run_process(run + " --prompt-cache " + cache.string());
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    EXPECT_EQ(resumed.out, plain.out);
+    EXPECT_NE(resumed.err.find("(+" + ran + " from the prompt cache)"), std::string::npos)
+        << resumed.err;
+  }
 }
 
 TEST_F(InterruptCli, ConversationAnswerEndsAndTheConversationGoesOn) {

@@ -3,6 +3,7 @@
 #include "format/safetensors_writer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <numeric>
@@ -154,6 +155,26 @@ TEST(SafetensorsWriter, UniquePartialsLetWritersOfOnePathOverlap) {
   const std::string bytes = test::read_file(path);
   EXPECT_EQ(bytes.substr(bytes.size() - 2), std::string("\x01\x01", 2));
   EXPECT_EQ(test::list_dir(dir.path()), std::vector<std::string>{"u.safetensors"});
+}
+
+// Partial names left by killed writers of this pid (a container's pid 1 is every run's) are
+// passed over, and left as they are.
+TEST(SafetensorsWriter, UniquePartialPassesOverNamesLeftBehind) {
+  test::TempDir dir("writer_left");
+  const fs::path path = dir.path() / "l.safetensors";
+  for (int k = 0; k < 300; ++k)
+    std::ofstream(path.string() + ".partial." + std::to_string(::getpid()) + "-" +
+                  std::to_string(k))
+        << "left";
+  auto w = SafetensorsWriter::create(path, {{"t", DType::kU8, {1}}}, {},
+                                     SafetensorsWriter::Partial::kUnique);
+  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  const uint8_t b = 7;
+  ASSERT_TRUE(w->append(&b, 1).is_ok());
+  ASSERT_TRUE(w->finish().is_ok());
+  EXPECT_EQ(test::list_dir(dir.path()).size(), 301u);
+  EXPECT_EQ(test::read_file(path.string() + ".partial." + std::to_string(::getpid()) + "-0"),
+            "left");
 }
 
 TEST(SafetensorsWriter, IoFailureIsARuntimeErrorNamingTheFile) {
