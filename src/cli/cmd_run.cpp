@@ -128,10 +128,10 @@ Status run(const RunArgs& a) {
                                                    {"--prompt-cache", a.prompt_cache}}));
   KTIER_RETURN_IF_ERROR(check_output_is_not_input("--trace", a.trace,
                                                   {{"--prompt-cache", a.prompt_cache}}));
-  if (write_cache) {
+  // Not check_can_write: the cache is written as a new file renamed over FILE, and a save that
+  // fails is only a warning.
+  if (write_cache)
     KTIER_RETURN_IF_ERROR(io::check_not_own_stdout("--prompt-cache", a.prompt_cache));
-    KTIER_RETURN_IF_ERROR(io::check_can_write("--prompt-cache", a.prompt_cache));
-  }
   KTIER_RETURN_IF_ERROR(io::check_can_write("--report-json", a.report_json));
   KTIER_RETURN_IF_ERROR(io::check_not_own_stdout("--trace", a.trace));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--trace", a.trace));

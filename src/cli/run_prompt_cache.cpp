@@ -41,16 +41,21 @@ std::span<const int32_t> RunPromptCache::restored_ids() const {
   return restored_ > 0 ? saved_->ids() : std::span<const int32_t>();
 }
 
+Result<uint64_t> RunPromptCache::checkpoint_identity(const runtime::Engine& engine) {
+  if (!identity_) {
+    KTIER_ASSIGN_OR_RETURN(identity_, runtime::checkpoint_identity(engine.checkpoint()));
+  }
+  return *identity_;
+}
+
 Result<std::optional<model::SequenceState>> RunPromptCache::restore(
     const runtime::Engine& engine, std::span<const int32_t> prompt, bool conversation,
     int64_t reserve) {
   using Restored = std::optional<model::SequenceState>;
   if (!saved_) return Restored();
   const auto t0 = std::chrono::steady_clock::now();
-  if (!identity_) {
-    KTIER_ASSIGN_OR_RETURN(identity_, runtime::checkpoint_identity(engine.checkpoint()));
-  }
-  if (saved_->checkpoint() != *identity_)
+  KTIER_ASSIGN_OR_RETURN(const uint64_t identity, checkpoint_identity(engine));
+  if (saved_->checkpoint() != identity)
     return Status::usage(path_ + ": --prompt-cache was saved from another checkpoint than -m " +
                          engine.checkpoint().dir().string() + " (another config, shards or "
                          "weights): give another file, or delete this one");
@@ -72,14 +77,21 @@ Result<std::optional<model::SequenceState>> RunPromptCache::restore(
                           std::to_string(ids.size()) + " positions, -c/--ctx-size " +
                           std::to_string(reserve) + " cannot go on with it: start it again with "
                           "a larger -c");
-  if (!conversation &&
-      (ids.size() >= prompt.size() || !std::equal(ids.begin(), ids.end(), prompt.begin()))) {
+  if (!conversation) {
     const size_t same = static_cast<size_t>(
         std::mismatch(ids.begin(), ids.end(), prompt.begin(), prompt.end()).first - ids.begin());
-    spdlog::info("prompt cache: {} holds {} ids and the prompt has {} (the first {} the same): "
-                 "not used, a state cannot be cut back to fewer ids", path_, ids.size(),
-                 prompt.size(), same);
-    return Restored();
+    if (same == prompt.size()) {  // the prompt is all among the saved ids
+      spdlog::info("prompt cache: {} holds {} ids and the prompt's {} are their start: not used, "
+                   "the run needs its last id's logits and a state cannot be cut back (a prompt "
+                   "that goes on past the saved ids uses it)", path_, ids.size(), prompt.size());
+      return Restored();
+    }
+    if (same < ids.size()) {
+      spdlog::info("prompt cache: {} holds {} ids and the prompt has {} (the first {} the "
+                   "same): not used, a state cannot be cut back to fewer ids", path_, ids.size(),
+                   prompt.size(), same);
+      return Restored();
+    }
   }
   KTIER_ASSIGN_OR_RETURN(model::SequenceState state, saved_->restore(engine.model(), reserve));
   restored_ = state.n_tokens;
@@ -99,12 +111,10 @@ Status RunPromptCache::save(const runtime::Engine& engine, const model::Sequence
                             std::span<const int32_t> ids, std::optional<int32_t> pending) {
   KTIER_CHECK(ids.size() >= static_cast<size_t>(state.n_tokens));
   if (ro_ || state.n_tokens <= restored_) return Status::ok();  // the file holds that already
-  if (!identity_) {
-    KTIER_ASSIGN_OR_RETURN(identity_, runtime::checkpoint_identity(engine.checkpoint()));
-  }
+  KTIER_ASSIGN_OR_RETURN(const uint64_t identity, checkpoint_identity(engine));
   const Status saved = runtime::save_sequence(path_, engine.model(), state,
                                              ids.first(static_cast<size_t>(state.n_tokens)),
-                                             *identity_, config_xxh3_, pending);
+                                             identity, config_xxh3_, pending);
   // The cache only saves time: a run whose state cannot be written (a full disk) goes on.
   if (!saved.is_ok())
     spdlog::warn("prompt cache: not saved: {}", saved.message());

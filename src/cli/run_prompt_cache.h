@@ -57,6 +57,8 @@ class RunPromptCache {
 
  private:
   RunPromptCache(std::string path, bool read_only) : path_(std::move(path)), ro_(read_only) {}
+  // runtime::checkpoint_identity of the engine's checkpoint, computed once.
+  Result<uint64_t> checkpoint_identity(const runtime::Engine& engine);
   std::string path_;
   bool ro_ = false;
   std::optional<runtime::SavedSequence> saved_;  // the file as it was at the start

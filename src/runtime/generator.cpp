@@ -48,9 +48,18 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
   return session->turn(prompt, sink);
 }
 
+namespace {
+Status check_options(const GenerationOptions& opts) {
+  if (opts.prefill_chunk < 1) return Status::usage("--chunk must be >= 1");
+  if (opts.max_new_tokens < 0) return Status::usage("-n must be >= 0");
+  if (opts.reserve_positions < 0) return Status::usage("reserve_positions must be >= 0");
+  return validate(opts.sampling);
+}
+}  // namespace
+
 Result<std::unique_ptr<GenerationSession>> GenerationSession::open(
     model::Model& model, const model::ExpertSource* experts, const GenerationOptions& opts) {
-  if (opts.reserve_positions < 0) return Status::usage("reserve_positions must be >= 0");
+  KTIER_RETURN_IF_ERROR(check_options(opts));  // before the caches are allocated
   Result<model::SequenceState> seq = model.new_sequence(opts.reserve_positions);
   if (!seq.is_ok())
     return seq.status().with_context("the caches for " + std::to_string(opts.reserve_positions) +
@@ -61,9 +70,7 @@ Result<std::unique_ptr<GenerationSession>> GenerationSession::open(
 Result<std::unique_ptr<GenerationSession>> GenerationSession::open(
     model::Model& model, const model::ExpertSource* experts, const GenerationOptions& opts,
     model::SequenceState state) {
-  if (opts.prefill_chunk < 1) return Status::usage("--chunk must be >= 1");
-  if (opts.max_new_tokens < 0) return Status::usage("-n must be >= 0");
-  KTIER_RETURN_IF_ERROR(validate(opts.sampling));
+  KTIER_RETURN_IF_ERROR(check_options(opts));
   KTIER_CHECK(state.layers.size() == static_cast<size_t>(model.config().num_hidden_layers));
   return std::unique_ptr<GenerationSession>(
       new GenerationSession(model, experts, opts, std::move(state)));

@@ -42,10 +42,10 @@ struct GenerationOptions {
   // GenerationStats::interrupted (Ctrl-C in `ktier run`). A turn stopped inside its prompt has
   // run GenerationStats::prompt_tokens of its ids and sampled nothing. Null: never.
   std::function<bool()> stop_requested;
-  // Called once in a turn of two or more ids, when all of them but the last have run (the last
-  // then runs as a forward pass of its own): the prompt cache saves the state here. Its error
-  // ends the turn; its time is not counted in prefill_seconds. Null: none (and the last id runs
-  // with the chunk before it).
+  // Called at most once in a turn of two or more ids, when all of them but the last have run
+  // (not when stop_requested ends the turn before); the last then runs as a forward pass of its
+  // own. The prompt cache saves the state here. Its error ends the turn; its time is not counted
+  // in prefill_seconds. Null: none (and the last id runs with the chunk before it).
   std::function<Status(const model::SequenceState&)> before_last_prompt_id;
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -108,10 +109,12 @@ std::string metadata_text(const std::map<std::string, std::string>& meta) {
 }
 
 using HashState = std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)>;
-HashState new_hash() {
+// A hash of "xxh3", started with the metadata text it covers first.
+HashState new_hash(const std::string& meta_text) {
   HashState h(XXH3_createState(), &XXH3_freeState);
   KTIER_CHECK(h != nullptr);
   XXH3_64bits_reset(h.get());
+  XXH3_64bits_update(h.get(), meta_text.data(), meta_text.size());
   return h;
 }
 
@@ -162,8 +165,10 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
     const nlohmann::json j = nlohmann::json::parse(header);
     const auto m = j.find("__metadata__");
     if (m == j.end() || !m->is_object()) return not_cache("no __metadata__");
-    for (const auto& [k, v] : m->items())
-      if (v.is_string()) meta[k] = v.get<std::string>();
+    for (const auto& [k, v] : m->items()) {
+      if (!v.is_string()) return damaged("__metadata__ \"" + k + "\" is not a string");
+      meta[k] = v.get<std::string>();
+    }
   } catch (const nlohmann::json::exception& e) {
     return not_cache(std::string("header: ") + e.what());
   }
@@ -189,28 +194,21 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
   if (n == 0 || n > INT32_MAX) return damaged("\"positions\" is " + std::to_string(n));
   if (meta.count("pending")) {
     KTIER_ASSIGN_OR_RETURN(const uint64_t id, number("pending", 10));
-    if (id >= static_cast<uint64_t>(config.vocab_size))
-      return damaged("\"pending\" " + std::to_string(id) + " is outside the vocabulary 0.." +
-                     std::to_string(config.vocab_size - 1));
+    if (id > INT32_MAX) return damaged("\"pending\" is " + std::to_string(id));
     s.pending_ = static_cast<int32_t>(id);
   }
 
   // Every byte checked now, metadata included, so that a damaged file is refused (and kept)
   // whether or not this run would use it.
+  // (SafetensorsFile::open has checked that the tensors tile the data section.)
   const std::vector<format::TensorInfo>& tensors = s.file_.tensors();
-  uint64_t at = s.file_.data_offset();
-  for (const format::TensorInfo& t : tensors) {
-    if (t.file_offset != at)
-      return damaged("tensor '" + t.name + "' is not where the previous ends");
-    at += t.nbytes;
-  }
-  if (at != s.file_.file_size()) return damaged("bytes after the last tensor");
   s.meta_text_ = metadata_text(meta);
-  HashState hash = new_hash();
-  XXH3_64bits_update(hash.get(), s.meta_text_.data(), s.meta_text_.size());
+  HashState hash = new_hash(s.meta_text_);
+  std::string first;  // tensor 0's bytes as hashed: the ids, once the layout is checked below
   KTIER_RETURN_IF_ERROR(s.for_each_piece([&](size_t t, uint64_t, const uint8_t* p,
                                              size_t len) -> Status {
     XXH3_64bits_update(hash.get(), p, len);
+    if (t == 0) first.append(reinterpret_cast<const char*>(p), len);
     if (tensors[t].dtype != DType::kF32) return Status::ok();
     const float* f = reinterpret_cast<const float*>(p);
     for (size_t i = 0; i < len / sizeof(float); ++i)
@@ -241,11 +239,13 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
                      " there");
   }
   s.ids_.resize(static_cast<size_t>(n));
-  KTIER_RETURN_IF_ERROR(s.file_.read(tensors[0], s.ids_.data()));
+  std::memcpy(s.ids_.data(), first.data(), first.size());  // "ids" is I32 [n]: checked above
+  const std::string vocab = ", outside the vocabulary 0.." + std::to_string(config.vocab_size - 1);
   for (size_t i = 0; i < s.ids_.size(); ++i)
     if (s.ids_[i] < 0 || s.ids_[i] >= config.vocab_size)
-      return damaged("id " + std::to_string(i) + " is " + std::to_string(s.ids_[i]) +
-                     ", outside the vocabulary 0.." + std::to_string(config.vocab_size - 1));
+      return damaged("id " + std::to_string(i) + " is " + std::to_string(s.ids_[i]) + vocab);
+  if (s.pending_ && *s.pending_ >= config.vocab_size)
+    return damaged("\"pending\" " + std::to_string(*s.pending_) + vocab);
   return s;
 }
 
@@ -274,8 +274,7 @@ Result<model::SequenceState> SavedSequence::restore(const model::Model& model,
   const std::vector<Part> parts = parts_for(model.config(), n);
   for (size_t i = 1; i < parts.size(); ++i)
     KTIER_RETURN_IF_ERROR(array_of(state, parts[i]).resize(be, tensors[i].numel()));
-  HashState hash = new_hash();
-  XXH3_64bits_update(hash.get(), meta_text_.data(), meta_text_.size());
+  HashState hash = new_hash(meta_text_);
   KTIER_RETURN_IF_ERROR(for_each_piece([&](size_t t, uint64_t at, const uint8_t* p,
                                            size_t len) -> Status {
     XXH3_64bits_update(hash.get(), p, len);
@@ -305,9 +304,7 @@ Status save_sequence(const std::filesystem::path& path, const model::Model& mode
   if (pending) meta["pending"] = std::to_string(*pending);
   // The checksum goes into the header, which is written first: one pass to hash, one to write
   // (the state is not held twice in host memory).
-  HashState hash = new_hash();
-  const std::string text = metadata_text(meta);
-  XXH3_64bits_update(hash.get(), text.data(), text.size());
+  HashState hash = new_hash(metadata_text(meta));
   KTIER_RETURN_IF_ERROR(for_each_state_piece(model, state, ids, [&](const void* p, size_t n) {
     XXH3_64bits_update(hash.get(), p, n);
     return Status::ok();

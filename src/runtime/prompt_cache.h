@@ -20,7 +20,7 @@
 // Exactness: a restored state holds the bytes its ids' prefill gave on the backend that saved it.
 // On the CPU prefill gives the same bytes in any chunking (docs/NUMERICS.md), so a run from a
 // restored state prints exactly what the same run without the cache prints (a resumed
-// conversation's sampler starts from its seed again: cli/run_prompt_cache.h). A GPU's state differs
+// conversation's sampler starts from its seed again: docs/TUNING.md). A GPU's state differs
 // from the CPU's within its tolerances, so the CPU uses only states a CPU backend saved.
 //
 // Threads: none kept; one call at a time per file.
@@ -55,7 +55,7 @@ Result<uint64_t> config_identity(const std::filesystem::path& model_dir);
 // "cpu" or "cuda": whose bytes a sequence's state holds.
 const char* backend_label(const backend::Backend& backend);
 
-// A saved state, opened and checked whole: its metadata and tensors matching "xxh3", the
+// A saved state, opened and checked whole: its metadata (strings) and tensors matching "xxh3", the
 // tensors back to back, every float finite; then, intact, Status::usage (exit 2) when
 // "config_xxh3" is not `config_xxh3` (config_identity: another model's file); then at least one
 // id, every id and "pending" in the vocabulary, every tensor present with the dtype and shape

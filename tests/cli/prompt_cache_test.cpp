@@ -122,6 +122,11 @@ TEST_F(PromptCacheCli, AllSavesTheGeneratedTextAndReadOnlyNeverWrites) {
   const auto plain = run_process(ktier() + " run" + m + " --ids " + next + " -n 6");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   const std::string saved = read_text(cache);
+  // The same prompt again: all of it among the saved ids, none left to run: a plain run.
+  r = run_process(ktier() + " run" + m + " --ids " + ids + " -n 6 --prompt-cache " +
+                  cache.string() + " --prompt-cache-ro");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("the prompt's 8 are their start: not used"), std::string::npos) << r.err;
   r = run_process(ktier() + " run" + m + " --ids " + next + " -n 6 --prompt-cache " +
                   cache.string() + " --prompt-cache-ro");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -196,6 +201,11 @@ TEST_F(PromptCacheCli, ASaveThatFailsIsAWarningAndTheRunGoesOn) {
             std::string::npos) << r.err;
   for (const auto& e : fs::directory_iterator(dir_))
     EXPECT_NE(e.path().filename().string().rfind("full.st", 0), 0u) << e.path();
+  // A folder that does not exist: the same.
+  const auto nowhere = run(kPrompt, "--prompt-cache " + (dir_ / "no-such-dir" / "x.st").string());
+  ASSERT_EQ(nowhere.exit_code, 0) << nowhere.err;
+  EXPECT_EQ(nowhere.out, plain.out);
+  EXPECT_NE(nowhere.err.find("prompt cache: not saved"), std::string::npos) << nowhere.err;
 }
 
 // Several runs saving one file at once: each writes a file of its own and renames it whole, so

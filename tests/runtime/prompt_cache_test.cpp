@@ -186,6 +186,9 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
   const std::string backend = GetParam() == Where::kCuda ? "cuda" : "cpu";
   expect_corrupt(edited("\"backend\":\"" + backend + "\"", "\"backend\":\"gpu\""), "\"backend\"",
                  c);
+  const std::string number(backend.size() + 2, '7');  // the same length, not a string
+  expect_corrupt(edited("\"backend\":\"" + backend + "\"", "\"backend\":" + number),
+                 "is not a string", c);
   format::ModelConfig other = c;
   other.kv_lora_rank += 1;  // a forged file: this config's hash, another shape
   expect_corrupt(bytes, "mla.c", other);

@@ -162,10 +162,17 @@ TEST(SafetensorsWriter, UniquePartialsLetWritersOfOnePathOverlap) {
 TEST(SafetensorsWriter, UniquePartialPassesOverNamesLeftBehind) {
   test::TempDir dir("writer_left");
   const fs::path path = dir.path() / "l.safetensors";
-  for (int k = 0; k < 300; ++k)
-    std::ofstream(path.string() + ".partial." + std::to_string(::getpid()) + "-" +
-                  std::to_string(k))
-        << "left";
+  const std::string stem = path.string() + ".partial." + std::to_string(::getpid()) + "-";
+  uint64_t next = 0;  // the name the next writer would take, learnt from one
+  {
+    auto probe = SafetensorsWriter::create(path, {{"t", DType::kU8, {1}}}, {},
+                                           SafetensorsWriter::Partial::kUnique);
+    ASSERT_TRUE(probe.is_ok()) << probe.status().message();
+    const std::vector<std::string> names = test::list_dir(dir.path());
+    ASSERT_EQ(names.size(), 1u);
+    next = std::stoull(names[0].substr(names[0].rfind('-') + 1)) + 1;
+  }  // abandoned: its partial file goes away
+  for (uint64_t k = next; k < next + 300; ++k) std::ofstream(stem + std::to_string(k)) << "left";
   auto w = SafetensorsWriter::create(path, {{"t", DType::kU8, {1}}}, {},
                                      SafetensorsWriter::Partial::kUnique);
   ASSERT_TRUE(w.is_ok()) << w.status().message();
@@ -173,8 +180,7 @@ TEST(SafetensorsWriter, UniquePartialPassesOverNamesLeftBehind) {
   ASSERT_TRUE(w->append(&b, 1).is_ok());
   ASSERT_TRUE(w->finish().is_ok());
   EXPECT_EQ(test::list_dir(dir.path()).size(), 301u);
-  EXPECT_EQ(test::read_file(path.string() + ".partial." + std::to_string(::getpid()) + "-0"),
-            "left");
+  EXPECT_EQ(test::read_file(stem + std::to_string(next)), "left");
 }
 
 TEST(SafetensorsWriter, IoFailureIsARuntimeErrorNamingTheFile) {
