@@ -10,7 +10,7 @@ BUILD_DIR=${KTIER_BUILD_DIR:-build}
 # Debian packages: build tools, libraries, and the Python/Node tooling used by the tests.
 PACKAGES=(build-essential cmake pkg-config git
   liburing-dev libzstd-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev nlohmann-json3-dev
-  libcli11-dev libxxhash-dev libbenchmark-dev unicode-data
+  libcli11-dev libxxhash-dev libbenchmark-dev libcpp-httplib-dev unicode-data
   python3-torch python3-numpy python3-pytest python3-matplotlib
   python3-zstandard)  # tools/trunk_blocks.py: the cross-language test of compressed packs
 missing=()

@@ -28,5 +28,9 @@ void register_bench_inflate_command(CLI::App& bench, int& exit_code);
 // `ktier bench device` (cmd_bench_device.cpp).
 void register_bench_device_command(CLI::App& bench, int& exit_code);
 void register_pack_command(CLI::App& app, int& exit_code);
+#if KTIER_HAS_SERVER
+// `ktier serve` (cmd_serve.cpp), built when the build found cpp-httplib (KTIER_SERVER).
+void register_serve_command(CLI::App& app, int& exit_code);
+#endif
 
 }  // namespace ktier::cli

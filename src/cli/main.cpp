@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
   cli::register_trace_command(app, exit_code);
   cli::register_bench_command(app, exit_code);
   cli::register_pack_command(app, exit_code);
+#if KTIER_HAS_SERVER
+  cli::register_serve_command(app, exit_code);
+#endif
 
   // CLI11 reads an empty value as the type's zero ("-n ''" as -n 0, "--pack=" as no pack). Only
   // text and id lists mean something by an empty value (an empty prompt to tokenize); for every

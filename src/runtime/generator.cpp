@@ -76,6 +76,19 @@ Result<std::unique_ptr<GenerationSession>> GenerationSession::open(
       new GenerationSession(model, experts, opts, std::move(state)));
 }
 
+void GenerationSession::configure_turns(int64_t max_new_tokens, const SamplingParams& sampling) {
+  KTIER_CHECK(max_new_tokens >= 0 && validate(sampling).is_ok());
+  opts_.max_new_tokens = max_new_tokens;
+  opts_.sampling = sampling;
+  sampler_ = Sampler(sampling);
+}
+
+void GenerationSession::set_callbacks(std::function<bool()> stop_requested,
+                                      std::function<void()> before_decode) {
+  opts_.stop_requested = std::move(stop_requested);
+  opts_.before_decode = std::move(before_decode);
+}
+
 Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
                                                 const TokenSink& sink) {
   if (ids.empty()) return Status::usage("a turn needs at least one token");

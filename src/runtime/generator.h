@@ -88,6 +88,13 @@ class GenerationSession {
                                                          model::SequenceState state);
   // Errors: generate()'s; `ids` must not be empty.
   Result<GenerationStats> turn(std::span<const int32_t> ids, const TokenSink& sink);
+  // The turns from now on generate at most `max_new_tokens` each and sample with a fresh
+  // Sampler(sampling) (`ktier serve`: each request its own). REQUIRES max_new_tokens >= 0 and
+  // validate(sampling).is_ok().
+  void configure_turns(int64_t max_new_tokens, const SamplingParams& sampling);
+  // The turns from now on call these (GenerationOptions' callbacks of the same names; null:
+  // none), in place of those the session was opened with.
+  void set_callbacks(std::function<bool()> stop_requested, std::function<void()> before_decode);
   int64_t positions() const { return seq_.n_tokens; }  // tokens run so far
   // The sequence's state after the tokens run so far (valid until the next turn).
   const model::SequenceState& state() const { return seq_; }

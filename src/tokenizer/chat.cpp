@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "common/check.h"
+
 namespace ktier::tok {
 namespace {
 void append_text(const Tokenizer& tok, std::string_view s, std::vector<uint32_t>& ids) {
@@ -34,16 +36,28 @@ Result<ChatMarkers> chat_markers(const Tokenizer& tok) {
 
 std::vector<uint32_t> render_user_turn(const Tokenizer& tok, const ChatMarkers& m,
                                        std::string_view text) {
+  const ChatMessage message{ChatMessage::Role::kUser, std::string(text)};
+  return render_conversation(tok, m, std::span<const ChatMessage>(&message, 1));
+}
+
+std::vector<uint32_t> render_conversation(const Tokenizer& tok, const ChatMarkers& m,
+                                          std::span<const ChatMessage> messages) {
+  KTIER_CHECK(!messages.empty());
   std::vector<uint32_t> ids;
   const auto open = [&](std::string_view tag_and_attrs) {
     ids.push_back(m.open);
     append_text(tok, tag_and_attrs, ids);
     ids.push_back(m.sep);
   };
-  open("message role=\"user\"");
-  append_text(tok, text, ids);
-  close_element(tok, m, "message", ids);
-  ids.push_back(m.end_of_msg);
+  for (const ChatMessage& message : messages) {
+    const bool user = message.role == ChatMessage::Role::kUser;
+    open(user ? "message role=\"user\"" : "message role=\"assistant\"");
+    if (!user) open("response");
+    append_text(tok, message.text, ids);
+    if (!user) close_element(tok, m, "response", ids);
+    close_element(tok, m, "message", ids);
+    ids.push_back(m.end_of_msg);
+  }
   open("message role=\"assistant\"");
   open("response");
   return ids;

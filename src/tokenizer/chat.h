@@ -13,6 +13,8 @@
 // not here.
 
 #include <cstdint>
+#include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -33,6 +35,23 @@ Result<ChatMarkers> chat_markers(const Tokenizer& tok);
 // chat_markers(tok).
 std::vector<uint32_t> render_user_turn(const Tokenizer& tok, const ChatMarkers& markers,
                                        std::string_view text);
+
+// One message of a conversation (render_conversation).
+struct ChatMessage {
+  enum class Role { kUser, kAssistant };
+  Role role = Role::kUser;
+  std::string text;
+};
+// A conversation ending with the assistant's generation prompt, every text encoded as
+// render_user_turn does: each user message as there (without the prompt after it), each
+// assistant message as a closed response,
+//   <|open|>message role="assistant"<|sep|><|open|>response<|sep|>TEXT<|close|>response<|sep|>
+//   <|close|>message<|sep|><|end_of_msg|>
+// so that [user, assistant, user] is render_user_turn, the answer's text, end_assistant_turn's
+// ids after <|close|>, then render_user_turn of the next message. The ids depend on the texts
+// only. REQUIRES messages not empty.
+std::vector<uint32_t> render_conversation(const Tokenizer& tok, const ChatMarkers& markers,
+                                          std::span<const ChatMessage> messages);
 
 // What ends the assistant's message in the history after a turn whose last sampled token
 // (never run: GenerationSession) was `last`: `last` itself, then

@@ -1,0 +1,319 @@
+// ktier serve: an OpenAI-compatible HTTP server, as llama-server (docs/TUNING.md "Serving").
+//
+//   ktier serve -m DIR [--host 127.0.0.1] [--port 8080] [-c 4096] [-n 512] [--temp 1]
+//               [--top-k 0] [--top-p 1] [--seed 0] [--alias NAME] [run's memory, strata,
+//               --threads, --chunk and --isa options]
+//
+//   POST /v1/chat/completions, POST /v1/completions (stream: server-sent events),
+//   GET /v1/models, GET /health.
+//
+// One sequence serves every request, one at a time (server/service.h): a request that begins
+// with what the previous one ran (a conversation's next message) runs only its new tokens.
+// Ctrl-C stops the server after the request in progress (exit 0). HTTP from Debian's
+// cpp-httplib, linked only when the build found it (KTIER_SERVER).
+
+#include <poll.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cli/cli_input.h"
+#include "cli/commands.h"
+#include "cli/strata_options.h"
+#include "common/interrupt.h"
+#include "format/checkpoint.h"
+#include "io/read_file.h"
+#include "runtime/engine.h"
+#include "server/openai_api.h"
+#include "server/service.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ktier::cli {
+namespace {
+
+// A request body past this is refused (413): 256 bytes per position of K3's context, as -f.
+constexpr size_t kMaxBodyBytes = kMaxInputBytes;
+
+struct ServeArgs {
+  std::string model, host = "127.0.0.1", alias, isa = "auto";
+  MemoryArgs memory;
+  StrataArgs strata;
+  int port = 8080, threads = 0;
+  int64_t ctx = 4096, chunk = 256, max_tokens = 512, top_k = 0;
+  double temperature = 1.0, top_p = 1.0;
+  uint64_t seed = 0;
+};
+
+using nlohmann::json;
+
+// HTTP status and OpenAI error type for a Status.
+std::pair<int, std::string> http_error(const Status& s) {
+  switch (s.code()) {
+    case ExitCode::kUsage:
+      return {400, "invalid_request_error"};
+    case ExitCode::kBudget:
+      return {400, "invalid_request_error"};  // OpenAI: context_length_exceeded
+    default:
+      return {500, "server_error"};
+  }
+}
+
+void send_error(httplib::Response& res, const Status& s) {
+  const auto [status, type] = http_error(s);
+  res.status = status;
+  const std::optional<std::string> code =
+      s.code() == ExitCode::kBudget ? std::optional<std::string>("context_length_exceeded")
+                                    : std::nullopt;
+  res.set_content(server::error_body(s.message(), type, code).dump(), "application/json");
+}
+
+// ktier's fields beside OpenAI's: llama-server's "timings" and the run report.
+json extra_fields(const server::Completion& c, const runtime::Engine& engine) {
+  const runtime::GenerationStats& g = c.report.gen;
+  const auto per_second = [](int64_t n, double s) { return s > 0 ? double(n) / s : 0.0; };
+  return {{"timings",
+           {{"cache_n", c.usage.cached_tokens},
+            {"prompt_n", g.prompt_tokens},
+            {"prompt_ms", g.prefill_seconds * 1e3},
+            {"prompt_per_second", per_second(g.prompt_tokens, g.prefill_seconds)},
+            {"predicted_n", g.generated_tokens},
+            {"predicted_ms", g.decode_seconds * 1e3},
+            {"predicted_per_second", per_second(g.decode_steps, g.decode_seconds)}}},
+          {"ktier", c.report.to_json(engine)}};
+}
+
+class Server {
+ public:
+  Server(runtime::Engine& engine, server::Service& service, std::string model_name)
+      : engine_(engine), service_(service), model_(std::move(model_name)) {}
+
+  void route(httplib::Server& http) {
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      const json model = {{"id", model_}, {"object", "model"}, {"created", now()},
+                          {"owned_by", "ktier"}};
+      res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(),
+                      "application/json");
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle(server::Endpoint::kCompletions, req, res);
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle(server::Endpoint::kChatCompletions, req, res);
+    });
+  }
+
+ private:
+  static int64_t now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
+  void handle(server::Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+    Result<server::CompletionRequest> parsed =
+        server::parse_request(endpoint, req.body, service_.options().defaults);
+    if (!parsed.is_ok()) return send_error(res, parsed.status());
+    Result<server::PreparedRequest> prepared = service_.prepare(std::move(*parsed));
+    if (!prepared.is_ok()) return send_error(res, prepared.status());
+    const bool chat = endpoint == server::Endpoint::kChatCompletions;
+    server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
+                              now(), model_};
+    auto request = std::make_shared<server::PreparedRequest>(std::move(*prepared));
+    if (!request->request.stream) {
+      Result<server::Completion> done = run(*request, [](std::string_view) { return true; });
+      if (!done.is_ok()) return send_error(res, done.status());
+      res.set_content(server::completion_response(endpoint, head, done->text, done->finish,
+                                                  done->usage, extra_fields(*done, engine_))
+                          .dump(-1, ' ', false, json::error_handler_t::replace),
+                      "application/json");
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, request, head, endpoint](size_t, httplib::DataSink& sink) {
+          const auto send = [&](const json& j) {
+            const std::string event = server::sse_event(j);
+            return sink.write(event.data(), event.size());
+          };
+          bool open = endpoint != server::Endpoint::kChatCompletions ||
+                      send(server::stream_role_chunk(head));
+          Result<server::Completion> done = run(*request, [&](std::string_view text) {
+            open = open && send(server::stream_chunk(endpoint, head, std::string(text),
+                                                     std::nullopt));
+            return open;
+          });
+          if (!done.is_ok()) {
+            // The status line is sent: the error goes as an event, as llama-server does.
+            send(server::error_body(done.status().message(), http_error(done.status()).second));
+          } else if (open) {
+            send(server::stream_chunk(endpoint, head, "", done->finish));
+            if (request->request.include_usage)
+              send(server::stream_usage_chunk(endpoint, head, done->usage,
+                                              extra_fields(*done, engine_)));
+            const std::string end = "data: [DONE]\n\n";
+            sink.write(end.data(), end.size());
+          }
+          sink.done();
+          return true;
+        });
+  }
+
+  // One generation, logged as a line on stderr.
+  Result<server::Completion> run(const server::PreparedRequest& request,
+                                 const server::Service::TextSink& on_text) {
+    Result<server::Completion> done =
+        service_.complete(request, on_text, [] { return InterruptRequest::requested(); });
+    if (!done.is_ok()) {
+      spdlog::error("request failed: {}", done.status().message());
+      return done;
+    }
+    const runtime::GenerationStats& g = done->report.gen;
+    spdlog::info("{}: prompt {} tokens ({} reused), generated {} ({}){}; prefill {:.2f} s, "
+                 "decode {:.2f} tok/s",
+                 request.request.endpoint == server::Endpoint::kCompletions
+                     ? "/v1/completions"
+                     : "/v1/chat/completions",
+                 done->usage.prompt_tokens, done->usage.cached_tokens, g.generated_tokens,
+                 server::finish_reason_name(done->finish),
+                 done->cancelled ? ", cut short (client gone or server stopping)" : "",
+                 g.prefill_seconds,
+                 g.decode_seconds > 0 ? double(g.decode_steps) / g.decode_seconds : 0.0);
+    return done;
+  }
+
+  runtime::Engine& engine_;
+  server::Service& service_;
+  const std::string model_;
+  std::atomic<uint64_t> requests_{0};
+};
+
+Status serve(const ServeArgs& a) {
+  // A client that goes away mid-answer is a failed write, not SIGPIPE's death.
+  struct sigaction ignore_pipe {};
+  ignore_pipe.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignore_pipe, nullptr);
+  server::ServiceOptions so;
+  so.ctx = a.ctx;
+  so.prefill_chunk = a.chunk;
+  so.defaults.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
+  so.defaults.max_tokens = a.max_tokens;
+  KTIER_RETURN_IF_ERROR(runtime::validate(so.defaults.sampling));
+  if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
+  KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
+  KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
+  KTIER_ASSIGN_OR_RETURN(const bool has_tokenizer,
+                         io::path_exists(std::filesystem::path(a.model) / "tiktoken.model"));
+  if (!has_tokenizer)
+    return Status::usage("ktier serve needs the model's tokenizer: " + a.model +
+                         " has no tiktoken.model");
+  KTIER_ASSIGN_OR_RETURN(const tok::Tokenizer tokenizer, tok::Tokenizer::load(a.model));
+  KTIER_ASSIGN_OR_RETURN(const tok::ChatMarkers markers, tok::chat_markers(tokenizer));
+
+  KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
+                         model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
+  eo.workload.positions = a.ctx;
+  eo.workload.chunk = a.chunk;
+  spdlog::info("loading {}", a.model);
+  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
+  if (static_cast<int64_t>(tokenizer.vocab_size()) != engine->checkpoint().config().vocab_size)
+    spdlog::warn("the tokenizer has {} ids and config.json's vocab_size is {}",
+                 tokenizer.vocab_size(), engine->checkpoint().config().vocab_size);
+  if (const auto limit = engine->checkpoint().config().max_position_embeddings;
+      limit && a.ctx > *limit)
+    spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json", a.ctx,
+                 *limit);
+  server::Service service(*engine, tokenizer, markers, so);
+  const std::string name =
+      a.alias.empty() ? std::filesystem::path(a.model).lexically_normal().filename().string()
+                      : a.alias;
+  Server api(*engine, service, name.empty() ? a.model : name);
+
+  httplib::Server http;
+  http.set_payload_max_length(kMaxBodyBytes);
+  api.route(http);
+  const int port = a.port == 0 ? http.bind_to_any_port(a.host) : a.port;
+  if (port < 0 || (a.port != 0 && !http.bind_to_port(a.host, a.port)))
+    return Status::runtime("cannot listen on " + a.host + ":" + std::to_string(a.port) +
+                           " (the port in use, or not an address of this machine?)");
+  // Ctrl-C: stop accepting, let the request in progress end at its next token, exit 0.
+  InterruptRequest interrupt(
+      "\nktier: Ctrl-C: stopping the server (Ctrl-C again quits at once)\n");
+  std::atomic<bool> listening_ended{false};
+  std::thread watcher([&] {
+    pollfd fd{interrupt.wake_fd(), POLLIN, 0};
+    while (!listening_ended.load()) {
+      if (::poll(&fd, 1, 100) > 0 || InterruptRequest::requested()) {
+        http.stop();
+        return;
+      }
+    }
+  });
+  std::fprintf(stderr, "ktier: serving %s on http://%s:%d (POST /v1/chat/completions, "
+               "/v1/completions; GET /v1/models, /health); Ctrl-C stops\n",
+               a.model.c_str(), a.host.c_str(), port);
+  std::fflush(stderr);
+  const bool listened = http.listen_after_bind();
+  listening_ended = true;
+  watcher.join();
+  if (!listened && !InterruptRequest::requested())
+    return Status::runtime("the HTTP server on " + a.host + ":" + std::to_string(port) +
+                           " stopped accepting connections");
+  spdlog::info("server stopped");
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_serve_command(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<ServeArgs>();
+  auto* sub = app.add_subcommand(
+      "serve", "OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions)");
+  sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
+  sub->add_option("--host", a->host, "Address to listen on")->capture_default_str();
+  sub->add_option("--port", a->port, "Port to listen on (0: any free one, printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  sub->add_option("--alias", a->alias, "Model name in responses (default: the folder's name)");
+  sub->add_option("-c,--ctx-size", a->ctx,
+                  "Positions the sequence may use (reserved up front; GPU mode sets the state "
+                  "for this many aside): a request's prompt + max_tokens - 1 must fit")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+  sub->add_option("-n,--n-predict", a->max_tokens,
+                  "Tokens to generate when a request gives no max_tokens (capped to the context "
+                  "left)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+  sub->add_option("--temp", a->temperature,
+                  "Temperature when a request gives none (OpenAI's default 1; 0 = greedy)")
+      ->capture_default_str();
+  sub->add_option("--top-k", a->top_k, "top_k when a request gives none; 0 = off")
+      ->capture_default_str();
+  sub->add_option("--top-p", a->top_p, "top_p when a request gives none; 1 = off")
+      ->capture_default_str();
+  add_seed_option(sub, a->seed,
+                  "Seed when a request gives none (the same request, the same answer)");
+  add_threads_option(sub, a->threads, "Worker threads");
+  sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
+  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
+      ->capture_default_str();
+  add_memory_options(sub, a->memory);
+  add_strata_options(sub, a->strata);
+  sub->callback([a, &exit_code] { exit_code = finish(serve(*a)); });
+}
+
+}  // namespace ktier::cli

@@ -1,0 +1,292 @@
+#include "server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+namespace ktier::server {
+namespace {
+
+using nlohmann::json;
+
+// OpenAI allows up to 4 stop texts.
+constexpr size_t kMaxStops = 4;
+
+Status field_error(const std::string& field, const std::string& what) {
+  return Status::usage("request field \"" + field + "\": " + what);
+}
+
+// A number field: absent or null -> nullopt.
+Result<std::optional<double>> number_field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::optional<double>();
+  if (!it->is_number()) return field_error(name, "must be a number");
+  const double v = it->get<double>();
+  if (!std::isfinite(v)) return field_error(name, "must be finite");
+  return std::optional<double>(v);
+}
+
+Result<std::optional<int64_t>> integer_field(const json& body, const char* name, int64_t min,
+                                             int64_t max) {
+  const auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::optional<int64_t>();
+  const bool whole = it->is_number_integer() ||
+                     (it->is_number_float() && std::trunc(it->get<double>()) == it->get<double>());
+  if (!whole) return field_error(name, "must be a whole number");
+  // Unsigned values past INT64_MAX are refused by the range check (compared as doubles).
+  const double as_double = it->get<double>();
+  if (as_double < static_cast<double>(min) || as_double > static_cast<double>(max))
+    return field_error(name, "must be in " + std::to_string(min) + ".." + std::to_string(max));
+  if (it->is_number_unsigned()) return std::optional<int64_t>(
+      static_cast<int64_t>(it->get<uint64_t>()));
+  return std::optional<int64_t>(it->is_number_integer() ? it->get<int64_t>()
+                                                        : static_cast<int64_t>(as_double));
+}
+
+Result<bool> bool_field(const json& body, const char* name, bool fallback) {
+  const auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) return field_error(name, "must be true or false");
+  return it->get<bool>();
+}
+
+// Fields whose effect is not built: refused unless absent, null or their neutral value.
+Status refuse_unsupported(const json& body) {
+  for (const char* name : {"presence_penalty", "frequency_penalty", "repetition_penalty"}) {
+    KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(body, name));
+    if (v && *v != 0) return field_error(name, "penalties are not built (0 only)");
+  }
+  for (const char* name : {"logprobs", "top_logprobs", "suffix", "logit_bias", "tools",
+                           "functions", "tool_choice", "function_call", "best_of"}) {
+    const auto it = body.find(name);
+    if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
+        (it->is_array() && it->empty()) || (it->is_object() && it->empty()))
+      continue;
+    if (std::string_view(name) == "best_of" && it->is_number_integer() && it->get<int64_t>() == 1)
+      continue;
+    if (std::string_view(name) == "tool_choice" && it->is_string() && it->get<std::string>() ==
+                                                                          "none")
+      continue;
+    return field_error(name, "not built in ktier serve");
+  }
+  if (const auto it = body.find("echo"); it != body.end() && it->is_boolean() && it->get<bool>())
+    return field_error("echo", "not built in ktier serve");
+  if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    const auto type = it->is_object() ? it->find("type") : it->end();
+    if (!it->is_object() || type == it->end() || *type != "text")
+      return field_error("response_format", "only {\"type\": \"text\"} is built");
+  }
+  KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> n,
+                         integer_field(body, "n", 1, std::numeric_limits<int32_t>::max()));
+  if (n && *n != 1) return field_error("n", "one choice per request only (1)");
+  return Status::ok();
+}
+
+Result<std::string> message_text(const json& content, const std::string& field) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return field_error(field, "must be a string or an array of parts");
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string at = field + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || part.value("type", json()) != "text")
+      return field_error(at, "only {\"type\": \"text\", \"text\": ...} parts are built");
+    const auto t = part.find("text");
+    if (t == part.end() || !t->is_string()) return field_error(at + ".text", "must be a string");
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+Result<std::vector<tok::ChatMessage>> parse_messages(const json& body) {
+  const auto it = body.find("messages");
+  if (it == body.end() || !it->is_array() || it->empty())
+    return field_error("messages", "a non-empty array of messages is required");
+  std::vector<tok::ChatMessage> messages;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return field_error(at, "must be an object");
+    const auto role = m.find("role");
+    if (role == m.end() || !role->is_string())
+      return field_error(at + ".role", "must be a string");
+    tok::ChatMessage message;
+    if (*role == "user") {
+      message.role = tok::ChatMessage::Role::kUser;
+    } else if (*role == "assistant") {
+      message.role = tok::ChatMessage::Role::kAssistant;
+      if (const auto calls = m.find("tool_calls");
+          calls != m.end() && !calls->is_null() && !calls->empty())
+        return field_error(at + ".tool_calls", "tools are not built in ktier serve");
+    } else if (*role == "system" || *role == "developer") {
+      return field_error(at + ".role",
+                         "system messages are not built: K3's format for them is in the "
+                         "release's encoding_k3.py, which K3-MODEL.md does not reproduce");
+    } else {
+      return field_error(at + ".role", "must be \"user\" or \"assistant\"");
+    }
+    const auto content = m.find("content");
+    if (content == m.end() || content->is_null())
+      return field_error(at + ".content", "is required");
+    KTIER_ASSIGN_OR_RETURN(message.text, message_text(*content, at + ".content"));
+    messages.push_back(std::move(message));
+  }
+  if (messages.back().role != tok::ChatMessage::Role::kUser)
+    return field_error("messages", "the last message must be the user's (the answer follows it)");
+  return messages;
+}
+
+Result<std::vector<std::string>> parse_stop(const json& body) {
+  const auto it = body.find("stop");
+  std::vector<std::string> stop;
+  if (it == body.end() || it->is_null()) return stop;
+  if (it->is_string()) {
+    stop.push_back(it->get<std::string>());
+  } else if (it->is_array() && it->size() <= kMaxStops) {
+    for (const json& s : *it) {
+      if (!s.is_string()) return field_error("stop", "must be a string or an array of strings");
+      stop.push_back(s.get<std::string>());
+    }
+  } else {
+    return field_error("stop", "must be a string or an array of at most 4 strings");
+  }
+  for (const std::string& s : stop)
+    if (s.empty()) return field_error("stop", "an empty text would stop before any token");
+  return stop;
+}
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json head_json(Endpoint endpoint, const ResponseHead& head, bool chunk) {
+  const char* object = endpoint == Endpoint::kCompletions ? "text_completion"
+                       : chunk                            ? "chat.completion.chunk"
+                                                          : "chat.completion";
+  return {{"id", head.id}, {"object", object}, {"created", head.created}, {"model", head.model}};
+}
+
+}  // namespace
+
+Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body,
+                                        const RequestDefaults& defaults) {
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::usage("the request body is not valid JSON");
+  if (!j.is_object()) return Status::usage("the request body must be a JSON object");
+  KTIER_RETURN_IF_ERROR(refuse_unsupported(j));
+  CompletionRequest r;
+  r.endpoint = endpoint;
+  if (endpoint == Endpoint::kCompletions) {
+    const auto p = j.find("prompt");
+    const bool one_of_array = p != j.end() && p->is_array() && p->size() == 1 &&
+                              (*p)[0].is_string();
+    if (p == j.end() || !(p->is_string() || one_of_array))
+      return field_error("prompt", "must be a string (or an array of one string)");
+    r.prompt = one_of_array ? (*p)[0].get<std::string>() : p->get<std::string>();
+  } else {
+    KTIER_ASSIGN_OR_RETURN(r.messages, parse_messages(j));
+  }
+  const char* max_name =
+      j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  KTIER_ASSIGN_OR_RETURN(r.max_tokens,
+                         integer_field(j, max_name, 1, std::numeric_limits<int32_t>::max()));
+  r.sampling = defaults.sampling;
+  KTIER_ASSIGN_OR_RETURN(const std::optional<double> temperature,
+                         number_field(j, "temperature"));
+  if (temperature) r.sampling.temperature = *temperature;
+  if (r.sampling.temperature < 0 || r.sampling.temperature > 2)
+    return field_error("temperature", "must be in 0..2");
+  KTIER_ASSIGN_OR_RETURN(const std::optional<double> top_p, number_field(j, "top_p"));
+  if (top_p) r.sampling.top_p = *top_p;
+  if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1))
+    return field_error("top_p", "must be in (0, 1]");
+  KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> top_k,
+                         integer_field(j, "top_k", 0, std::numeric_limits<int32_t>::max()));
+  if (top_k) r.sampling.top_k = *top_k;
+  // OpenAI's seed is a signed 64-bit integer; its bits seed the generator as --seed does.
+  KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> seed,
+                         integer_field(j, "seed", std::numeric_limits<int64_t>::min(),
+                                       std::numeric_limits<int64_t>::max()));
+  if (seed) r.sampling.seed = static_cast<uint64_t>(*seed);
+  KTIER_ASSIGN_OR_RETURN(r.stop, parse_stop(j));
+  KTIER_ASSIGN_OR_RETURN(r.stream, bool_field(j, "stream", false));
+  if (const auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
+    if (!so->is_object()) return field_error("stream_options", "must be an object");
+    KTIER_ASSIGN_OR_RETURN(r.include_usage, bool_field(*so, "include_usage", false));
+  }
+  if (const auto m = j.find("model"); m != j.end() && !m->is_null() && !m->is_string())
+    return field_error("model", "must be a string");
+  return r;
+}
+
+const char* finish_reason_name(FinishReason r) {
+  return r == FinishReason::kStop ? "stop" : "length";
+}
+
+nlohmann::json completion_response(Endpoint endpoint, const ResponseHead& head,
+                                   const std::string& text, FinishReason finish,
+                                   const Usage& usage, const nlohmann::json& extra) {
+  json j = head_json(endpoint, head, false);
+  json choice = {{"index", 0}, {"finish_reason", finish_reason_name(finish)}};
+  if (endpoint == Endpoint::kCompletions) {
+    choice["text"] = text;
+    choice["logprobs"] = nullptr;
+  } else {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  }
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(usage);
+  for (const auto& [key, value] : extra.items()) j[key] = value;
+  return j;
+}
+
+nlohmann::json stream_chunk(Endpoint endpoint, const ResponseHead& head, const std::string& text,
+                            std::optional<FinishReason> finish) {
+  json j = head_json(endpoint, head, true);
+  json choice = {{"index", 0},
+                 {"finish_reason", finish ? json(finish_reason_name(*finish)) : json(nullptr)}};
+  if (endpoint == Endpoint::kCompletions) {
+    choice["text"] = text;
+    choice["logprobs"] = nullptr;
+  } else {
+    choice["delta"] = finish ? json::object() : json{{"content", text}};
+  }
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+nlohmann::json stream_role_chunk(const ResponseHead& head) {
+  json j = head_json(Endpoint::kChatCompletions, head, true);
+  j["choices"] = json::array({{{"index", 0},
+                               {"delta", {{"role", "assistant"}, {"content", ""}}},
+                               {"finish_reason", nullptr}}});
+  return j;
+}
+
+nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, const Usage& usage,
+                                  const nlohmann::json& extra) {
+  json j = head_json(endpoint, head, true);
+  j["choices"] = json::array();
+  j["usage"] = usage_json(usage);
+  for (const auto& [key, value] : extra.items()) j[key] = value;
+  return j;
+}
+
+nlohmann::json error_body(const std::string& message, const std::string& type,
+                          const std::optional<std::string>& code) {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", nullptr},
+            {"code", code ? json(*code) : json(nullptr)}}}};
+}
+
+std::string sse_event(const nlohmann::json& j) {
+  // Invalid UTF-8 cannot come from the decoder (it holds back incomplete sequences), but a
+  // replacement beats an exception in a server thread.
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace ktier::server

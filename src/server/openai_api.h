@@ -1,0 +1,89 @@
+#pragma once
+// The OpenAI-compatible HTTP API of `ktier serve` (POST /v1/completions, /v1/chat/completions):
+// request bodies parsed into a typed request, and the response bodies and stream events built.
+// No HTTP here (cli/cmd_serve.cpp has it), so that every rule is unit-tested.
+//
+// What a request may say (docs/TUNING.md "Serving"): model (any; the one loaded answers),
+// prompt (completions: a string, or an array of one string), messages (chat: roles user and
+// assistant, content a string or an array of {"type": "text"} parts), max_tokens
+// (max_completion_tokens), temperature, top_p, top_k, seed, stop (a string or up to 4),
+// stream, stream_options.include_usage, n (1 only). Fields that would change the output in ways
+// not built (penalties, logprobs, echo, suffix, tools, logit_bias, system messages whose format
+// is not in K3-MODEL.md) are refused with the field named, never silently ignored; other fields
+// are ignored.
+//
+// Thread-safety: pure functions.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "runtime/sampler.h"
+#include "tokenizer/chat.h"
+
+namespace ktier::server {
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// What a request leaves unsaid, from `ktier serve`'s flags.
+struct RequestDefaults {
+  runtime::SamplingParams sampling{1.0, 0, 1.0, 0};  // OpenAI's temperature 1; --seed
+  int64_t max_tokens = 512;  // -n; a request's is capped to the context left
+};
+
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string prompt;                      // completions
+  std::vector<tok::ChatMessage> messages;  // chat: at least one, the last the user's
+  std::optional<int64_t> max_tokens;       // unset: RequestDefaults::max_tokens, capped
+  runtime::SamplingParams sampling;
+  std::vector<std::string> stop;  // texts that end the answer (not part of it); none empty
+  bool stream = false, include_usage = false;
+};
+
+// Parses and checks a request body. Status::usage naming the field (e.g. "messages[2].role")
+// for malformed JSON, a wrong type or value, or something not built.
+Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body,
+                                        const RequestDefaults& defaults);
+
+// How an answer ended, as OpenAI's finish_reason says it.
+enum class FinishReason { kStop, kLength };
+const char* finish_reason_name(FinishReason r);
+
+struct Usage {
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t cached_tokens = 0;  // of the prompt: the previous request's state went on
+};
+
+// Identity of one response: its id ("cmpl-N" / "chatcmpl-N"), creation time, model name.
+struct ResponseHead {
+  std::string id;
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+// The whole response of a request that did not stream. `extra` fields (ktier's "timings" and
+// run report) are merged in at the top level.
+nlohmann::json completion_response(Endpoint endpoint, const ResponseHead& head,
+                                   const std::string& text, FinishReason finish,
+                                   const Usage& usage, const nlohmann::json& extra);
+// One streamed event's JSON: a piece of text (`finish` unset), or the last one with its finish
+// reason and empty text. Chat's first event (role only) is stream_role_chunk.
+nlohmann::json stream_chunk(Endpoint endpoint, const ResponseHead& head, const std::string& text,
+                            std::optional<FinishReason> finish);
+nlohmann::json stream_role_chunk(const ResponseHead& head);
+// The event after the last chunk when the request asked for stream_options.include_usage.
+nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, const Usage& usage,
+                                  const nlohmann::json& extra);
+// OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
+nlohmann::json error_body(const std::string& message, const std::string& type,
+                          const std::optional<std::string>& code = std::nullopt);
+// "data: JSON\n\n", a server-sent event.
+std::string sse_event(const nlohmann::json& j);
+
+}  // namespace ktier::server

@@ -1,0 +1,171 @@
+#include "server/service.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+#include "tokenizer/unicode.h"
+
+namespace ktier::server {
+
+std::string valid_utf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  for (size_t i = 0; i < bytes.size();) {
+    const tok::DecodedCp d = tok::decode_utf8(p + i, bytes.size() - i);
+    if (d.cp == tok::kInvalidCp)
+      out += "\xEF\xBF\xBD";
+    else
+      out.append(bytes.substr(i, d.len));
+    i += d.len;
+  }
+  return out;
+}
+
+size_t stop_prefix_suffix(std::string_view text, const std::vector<std::string>& stops) {
+  size_t longest = 0;
+  for (const std::string& stop : stops) {
+    const size_t most = std::min(text.size(), stop.size() - 1);
+    for (size_t n = most; n > longest; --n)
+      if (text.substr(text.size() - n) == std::string_view(stop).substr(0, n)) {
+        longest = n;
+        break;
+      }
+  }
+  return longest;
+}
+
+Service::Service(runtime::Engine& engine, const tok::Tokenizer& tokenizer,
+                 tok::ChatMarkers markers, ServiceOptions options)
+    : engine_(engine), tokenizer_(tokenizer), markers_(markers), options_(std::move(options)) {
+  const format::ModelConfig& cfg = engine_.checkpoint().config();
+  gen_.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+  // The response element closes: what follows is markup, not the answer (as `run --chat`).
+  gen_.stop_ids.push_back(static_cast<int32_t>(markers_.close));
+  gen_.prefill_chunk = options_.prefill_chunk;
+  gen_.reserve_positions = options_.ctx;
+  gen_.sampling = options_.defaults.sampling;
+}
+
+Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
+  const std::vector<uint32_t> raw =
+      request.endpoint == Endpoint::kCompletions
+          ? tokenizer_.encode(request.prompt, /*allow_special=*/false)
+          : tok::render_conversation(tokenizer_, markers_, request.messages);
+  if (raw.empty()) return Status::usage("request field \"prompt\": empty (no token to run)");
+  const int64_t vocab = engine_.checkpoint().config().vocab_size;
+  std::vector<int32_t> ids;
+  ids.reserve(raw.size());
+  for (const uint32_t id : raw) {
+    if (static_cast<int64_t>(id) >= vocab)
+      return Status::corrupt("the tokenizer encodes the request to id " + std::to_string(id) +
+                             ", past config.json's vocab_size " + std::to_string(vocab) +
+                             ": the model folder disagrees with itself");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  const int64_t prompt = static_cast<int64_t>(ids.size());
+  // A run of P prompt ids and n generated ones uses P + n - 1 positions (the last is not run).
+  const int64_t room = options_.ctx - prompt + 1;
+  if (room < 1 || (request.max_tokens && *request.max_tokens > room))
+    return Status::budget("the prompt's " + std::to_string(prompt) + " tokens" +
+                          (request.max_tokens
+                               ? " and max_tokens " + std::to_string(*request.max_tokens)
+                               : std::string()) +
+                          " need more positions than the context holds (-c/--ctx-size " +
+                          std::to_string(options_.ctx) + ")");
+  const int64_t max_tokens =
+      request.max_tokens.value_or(std::min(options_.defaults.max_tokens, room));
+  return PreparedRequest{std::move(request), std::move(ids), max_tokens};
+}
+
+Result<Completion> Service::complete(const PreparedRequest& prepared, const TextSink& on_text,
+                                     const std::function<bool()>& stop_requested) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const CompletionRequest& request = prepared.request;
+  const std::vector<int32_t>& ids = prepared.ids;
+  const int64_t prompt = static_cast<int64_t>(ids.size());
+  const int64_t max_tokens = prepared.max_tokens;
+
+  Completion out;
+  std::vector<int32_t> generated;
+  size_t sent = 0;  // bytes of out.text handed to on_text
+  bool stop_hit = false, client_gone = false;
+  const auto deliver = [&](size_t upto) {
+    if (upto <= sent) return;
+    if (!client_gone && !on_text(std::string_view(out.text).substr(sent, upto - sent)))
+      client_gone = true;
+    sent = upto;
+  };
+  // A stop text cannot begin before `sent`: what could still begin one is held back.
+  const auto scan = [&] {
+    if (stop_hit) return;
+    size_t first = std::string::npos;
+    for (const std::string& stop : request.stop) first = std::min(first, out.text.find(stop, sent));
+    if (first != std::string::npos) {
+      out.text.resize(first);
+      deliver(first);
+      stop_hit = true;
+      return;
+    }
+    deliver(out.text.size() -
+            stop_prefix_suffix(std::string_view(out.text).substr(sent), request.stop));
+  };
+  tok::StreamingDecoder decoder(tokenizer_);
+  Status text_error;
+  const runtime::TokenSink sink = [&](int32_t id) -> Status {
+    generated.push_back(id);
+    const auto u = static_cast<uint32_t>(id);
+    if (std::find(gen_.stop_ids.begin(), gen_.stop_ids.end(), id) != gen_.stop_ids.end() ||
+        u >= tokenizer_.vocab_size() || tokenizer_.is_special(u))
+      return Status::ok();
+    KTIER_ASSIGN_OR_RETURN(const std::string piece, decoder.push(u));
+    out.text += valid_utf8(piece);
+    scan();
+    return Status::ok();
+  };
+
+  const bool reuse = session_ && ran_.size() < ids.size() &&
+                     std::equal(ran_.begin(), ran_.end(), ids.begin());
+  runtime::GenerationOptions gen = gen_;
+  gen.stop_requested = [&] {
+    return stop_hit || client_gone || (stop_requested && stop_requested());
+  };
+  gen.before_decode = [&] { out.report.decode_start = runtime::EngineCounters::of(engine_); };
+  // The session keeps the options it was opened with; a reused one is told this request's.
+  if (!reuse) {
+    session_.reset();
+    ran_.clear();
+    KTIER_ASSIGN_OR_RETURN(session_, runtime::GenerationSession::open(
+                                         engine_.model(), engine_.experts(), gen));
+  }
+  session_->configure_turns(max_tokens, request.sampling);
+  session_->set_callbacks(gen.stop_requested, gen.before_decode);
+  const int64_t cached = static_cast<int64_t>(ran_.size());
+  Result<runtime::GenerationStats> turn =
+      session_->turn(std::span<const int32_t>(ids).subspan(ran_.size()), sink);
+  session_->set_callbacks(nullptr, nullptr);  // they refer to this call's locals
+  if (!turn.is_ok()) {  // the sequence is unusable: the next request starts afresh
+    session_.reset();
+    ran_.clear();
+    return turn.status();
+  }
+  out.text += valid_utf8(decoder.flush());
+  scan();
+  if (!stop_hit) deliver(out.text.size());
+
+  const runtime::GenerationStats& st = *turn;
+  ran_.insert(ran_.end(), ids.begin() + cached, ids.begin() + cached + st.prompt_tokens);
+  if (!generated.empty()) ran_.insert(ran_.end(), generated.begin(), generated.end() - 1);
+  KTIER_CHECK(static_cast<int64_t>(ran_.size()) == session_->positions());
+
+  out.finish = st.stopped_at_stop_id || stop_hit ? FinishReason::kStop : FinishReason::kLength;
+  out.cancelled = client_gone || (st.interrupted && !stop_hit);
+  out.usage = {prompt, st.generated_tokens, cached};
+  out.report.gen = st;
+  out.report.cached_prompt_tokens = cached;
+  out.report.decode_end = runtime::EngineCounters::of(engine_);
+  out.report.peak_rss_bytes = runtime::peak_rss_bytes();
+  return out;
+}
+
+}  // namespace ktier::server

@@ -1,0 +1,98 @@
+#pragma once
+// The generation behind `ktier serve`: one sequence, one request at a time, the previous
+// request's state kept so that a request whose ids begin with everything it ran (a
+// conversation's next message, an agent's next step) runs only the rest.
+//
+// A K3 sequence cannot be cut back (a KDA state is recurrent), so a request that does not begin
+// with the ids run so far starts a fresh sequence; what a request generates never depends on
+// which it was (the CPU path is exact: the continuation is byte-identical to a fresh run).
+// A request's ids depend on its text only (tok::render_conversation for chat), so a conversation
+// reuses the previous answer's state when the answer's text encodes to the ids sampled for it
+// (as a trained model's text mostly does); otherwise it reuses nothing.
+//
+// Thread-safety: complete() may be called from any thread; calls are serialized (a second waits
+// for the first: one sequence, one model).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+#include "runtime/run_report.h"
+#include "server/openai_api.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ktier::server {
+
+struct ServiceOptions {
+  int64_t ctx = 4096;           // positions a sequence may use (-c); reserved up front
+  int64_t prefill_chunk = 256;  // --chunk
+  RequestDefaults defaults;
+};
+
+struct Completion {
+  std::string text;  // as streamed: special tokens hidden, cut before a stop text
+  FinishReason finish = FinishReason::kLength;
+  Usage usage;
+  runtime::RunReport report;
+  bool cancelled = false;  // the client went away (or the server stops): ended early
+};
+
+// A request tokenized and checked against the context, ready to run.
+struct PreparedRequest {
+  CompletionRequest request;
+  std::vector<int32_t> ids;  // the prompt's
+  int64_t max_tokens = 0;    // the request's, or the default capped to the context left
+};
+
+class Service {
+ public:
+  // `engine` and `tokenizer` outlive the service; `markers` from tok::chat_markers.
+  Service(runtime::Engine& engine, const tok::Tokenizer& tokenizer, tok::ChatMarkers markers,
+          ServiceOptions options);
+
+  // Text as it becomes final (never cut inside a UTF-8 sequence, a stop text held back until it
+  // is told apart); false when the client is gone, which ends the answer at the next token.
+  using TextSink = std::function<bool(std::string_view text)>;
+  // The request's ids (chat: the conversation rendered) and its
+  // generation limit. Errors: Status::usage for a request that cannot run (an empty prompt),
+  // Status::budget for one past the context (-c), Status::corrupt for ids past the vocabulary.
+  Result<PreparedRequest> prepare(CompletionRequest request) const;
+  // Generates the answer. `stop_requested` (may be null) is asked between tokens and prompt
+  // chunks, as GenerationOptions::stop_requested. Errors: the model's (I/O, corrupt bytes), after
+  // which the next request starts a fresh sequence.
+  Result<Completion> complete(const PreparedRequest& prepared, const TextSink& on_text,
+                              const std::function<bool()>& stop_requested);
+
+  const ServiceOptions& options() const { return options_; }
+
+ private:
+  runtime::Engine& engine_;
+  const tok::Tokenizer& tokenizer_;
+  const tok::ChatMarkers markers_;
+  const ServiceOptions options_;
+  runtime::GenerationOptions gen_;  // stop ids, chunk, reserve; per request: sampling, limit
+
+  std::mutex mutex_;  // guards everything below
+  std::unique_ptr<runtime::GenerationSession> session_;
+  std::vector<int32_t> ran_;  // the ids session_ has run, in order
+};
+
+// `bytes` as valid UTF-8: each byte that begins no well-formed sequence (tok::decode_utf8)
+// becomes U+FFFD. A model may sample bytes that are not text; JSON cannot carry them, and the
+// text a client quotes back must be the text held here.
+std::string valid_utf8(std::string_view bytes);
+
+// Where a stop text could still begin: the length of the longest suffix of `text` that is a
+// proper prefix of one of `stops` (text held back while streaming).
+size_t stop_prefix_suffix(std::string_view text, const std::vector<std::string>& stops);
+
+}  // namespace ktier::server
