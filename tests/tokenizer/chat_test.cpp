@@ -74,6 +74,32 @@ TEST(ChatFormat, EndAssistantTurnClosesTheMessageFromWhereTheAnswerStopped) {
   EXPECT_EQ(*text, "hello<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>");
 }
 
+// A conversation rendered whole is what a conversation run turn by turn feeds the model: the
+// first turn, the answer's text, its closing after <|close|>, the next turn.
+TEST(ChatFormat, ConversationIsTheTurnsAndClosedAnswersInOrder) {
+  const Tokenizer tok = k3_like();
+  auto m = chat_markers(tok);
+  ASSERT_TRUE(m.is_ok());
+  const auto enc = [&](std::string_view s) { return tok.encode(s, false); };
+  using Role = ChatMessage::Role;
+  const std::vector<ChatMessage> messages = {
+      {Role::kUser, "first question"}, {Role::kAssistant, "an answer <|close|>"},
+      {Role::kUser, "second"}};
+  const std::vector<uint32_t> turns =
+      cat({render_user_turn(tok, *m, "first question"), enc("an answer <|close|>"),
+           end_assistant_turn(tok, *m, m->close), render_user_turn(tok, *m, "second")});
+  EXPECT_EQ(render_conversation(tok, *m, messages), turns);
+  EXPECT_EQ(render_conversation(tok, *m, std::span(messages).first(1)),
+            render_user_turn(tok, *m, "first question"));
+  // Two user messages in a row: the first closed, no assistant prompt between them.
+  const std::vector<ChatMessage> two = {{Role::kUser, "a"}, {Role::kUser, "b"}};
+  auto text = tok.decode(render_conversation(tok, *m, two));
+  ASSERT_TRUE(text.is_ok());
+  EXPECT_EQ(*text, "<|open|>message role=\"user\"<|sep|>a<|close|>message<|sep|><|end_of_msg|>"
+                   "<|open|>message role=\"user\"<|sep|>b<|close|>message<|sep|><|end_of_msg|>"
+                   "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>");
+}
+
 TEST(ChatFormat, MissingMarkerIsAUsageErrorNamingIt) {
   const Tokenizer tok = k3_like(/*with_close=*/false);
   auto m = chat_markers(tok);

@@ -1,0 +1,201 @@
+// `ktier serve` over HTTP (cli/cmd_serve.cpp): a client of the OpenAI API gets the text
+// `ktier run --chat` prints for the same message, streamed or whole; bad requests are answered
+// with OpenAI's error body naming the field; Ctrl-C stops the server (exit 0); what cannot start
+// says why with its exit code.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <regex>
+#include <string>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "common/child_process.h"
+#include "common/run_process.h"
+#include "common/test_paths.h"
+#include "server/service.h"
+
+namespace ktier::test {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Stream = ChildProcess::Stream;
+
+class ServeCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("ktier-serve-" + std::to_string(::getpid()));
+    const auto r = run_process(ktier_bin().string() + " synth --preset tiny --seed 0 -q --force -o " +
+                               (dir_ / "model").string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // Starts `ktier serve` on a free port; the port it printed (0 when it did not start).
+  static int start(ChildProcess& server) {
+    if (!server.wait_for(Stream::kErr, "Ctrl-C stops")) return 0;
+    std::smatch m;
+    const std::string err = server.err();
+    if (!std::regex_search(err, m, std::regex("http://127\\.0\\.0\\.1:([0-9]+)"))) return 0;
+    return std::stoi(m[1].str());
+  }
+  static std::vector<std::string> serve_argv(const fs::path& model) {
+    return {ktier_bin().string(), "serve", "-m", model.string(), "--port", "0", "--threads", "2",
+            "--alias", "tiny-test"};
+  }
+  static inline fs::path dir_;
+};
+
+// The text `ktier run --chat` prints for one message, as JSON carries it.
+std::string run_chat_text(const fs::path& model, const std::string& message, int n) {
+  const auto r = run_process(ktier_bin().string() + " run -m " + model.string() +
+                             " --chat -n " + std::to_string(n) + " -p '" + message + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  return server::valid_utf8(r.out.substr(0, r.out.size() - 1));  // without run's last "\n"
+}
+
+TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
+  ChildProcess server(serve_argv(dir_ / "model"));
+  ASSERT_TRUE(server.started());
+  const int port = start(server);
+  ASSERT_GT(port, 0) << server.err();
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(120, 0);
+
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(json::parse(health->body)["status"], "ok");
+  auto models = client.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny-test");
+
+  const std::string want = run_chat_text(dir_ / "model", "hello there", 8);
+  const json request = {{"messages", {{{"role", "user"}, {"content", "hello there"}}}},
+                        {"max_tokens", 8},
+                        {"temperature", 0}};
+  auto whole = client.Post("/v1/chat/completions", request.dump(), "application/json");
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const json body = json::parse(whole->body);
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["model"], "tiny-test");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], want);
+  EXPECT_GE(body["usage"]["completion_tokens"].get<int>(), 1);
+  EXPECT_TRUE(body["timings"].contains("predicted_per_second"));
+  EXPECT_TRUE(body["ktier"].contains("tiers"));
+
+  json streaming = request;
+  streaming["stream"] = true;
+  streaming["stream_options"] = {{"include_usage", true}};
+  auto events = client.Post("/v1/chat/completions", streaming.dump(), "application/json");
+  ASSERT_TRUE(events);
+  ASSERT_EQ(events->status, 200);
+  EXPECT_EQ(events->get_header_value("Content-Type"), "text/event-stream");
+  std::string text, finish;
+  bool role = false, usage = false, done = false;
+  size_t at = 0;
+  for (size_t end; (end = events->body.find("\n\n", at)) != std::string::npos; at = end + 2) {
+    const std::string event = events->body.substr(at, end - at);
+    ASSERT_EQ(event.rfind("data: ", 0), 0u) << event;
+    ASSERT_FALSE(done) << "an event after [DONE]";
+    if (event == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    const json j = json::parse(event.substr(6));
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    if (j.contains("usage")) {
+      usage = true;
+      EXPECT_EQ(j["usage"], body["usage"]);
+      continue;
+    }
+    const json& choice = j["choices"][0];
+    if (choice["delta"].contains("role")) role = true;
+    if (choice["delta"].contains("content")) text += choice["delta"]["content"].get<std::string>();
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+  }
+  EXPECT_EQ(at, events->body.size());
+  EXPECT_TRUE(role && usage && done);
+  EXPECT_EQ(text, want);
+  EXPECT_EQ(finish, body["choices"][0]["finish_reason"]);
+
+  // Text completion: the prompt as it is.
+  auto completion = client.Post(
+      "/v1/completions", json{{"prompt", "The lamp"}, {"max_tokens", 3}, {"seed", 5}}.dump(),
+      "application/json");
+  ASSERT_TRUE(completion);
+  ASSERT_EQ(completion->status, 200) << completion->body;
+  EXPECT_EQ(json::parse(completion->body)["object"], "text_completion");
+
+  // Errors: OpenAI's body, the field named.
+  const auto post_error = [&](const std::string& path, const std::string& payload, int status,
+                              const std::string& needle) {
+    auto res = client.Post(path, payload, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, status) << res->body;
+    const json e = json::parse(res->body, nullptr, false);
+    ASSERT_FALSE(e.is_discarded()) << res->body;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(needle), std::string::npos)
+        << res->body;
+  };
+  post_error("/v1/chat/completions", "{not json", 400, "not valid JSON");
+  post_error("/v1/chat/completions",
+             json{{"messages", {{{"role", "system"}, {"content", "x"}}}}}.dump(), 400,
+             "messages[0].role");
+  post_error("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 5000}}.dump(), 400,
+             "-c/--ctx-size 4096");
+  auto missing = client.Get("/v1/nothing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+
+  server.signal(SIGINT);
+  EXPECT_EQ(server.wait(), 0) << server.err();
+  EXPECT_NE(server.err().find("server stopped"), std::string::npos) << server.err();
+  EXPECT_NE(server.err().find("/v1/chat/completions: prompt"), std::string::npos);
+}
+
+TEST_F(ServeCli, WhatCannotStartSaysWhy) {
+  // Without the tokenizer: exit 2, naming the file.
+  const fs::path bare = dir_ / "no-tokenizer";
+  fs::create_directories(bare);
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_ / "model"))
+    if (e.path().filename() != "tiktoken.model")
+      fs::create_symlink(e.path(), bare / e.path().filename());
+  auto r = run_process(ktier_bin().string() + " serve -m " + bare.string() + " --port 0");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("tiktoken.model"), std::string::npos) << r.err;
+
+  // A port that is taken: exit 1.
+  const int taken = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(taken, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(taken, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(taken, 1), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(taken, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  r = run_process(ktier_bin().string() + " serve -m " + (dir_ / "model").string() +
+                  " --port " + std::to_string(port));
+  ::close(taken);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot listen on 127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << r.err;
+
+  r = run_process(ktier_bin().string() + " serve -m " + (dir_ / "model").string() +
+                  " --port 70000");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+}
+
+}  // namespace
+}  // namespace ktier::test

@@ -1,0 +1,223 @@
+// `ktier serve`'s request parsing and response bodies (server/openai_api.h): what a request may
+// say, the defaults it takes from the flags, every refusal naming its field, and the shapes of
+// the bodies and events OpenAI's clients read.
+#include "server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+#include "server/service.h"
+
+namespace ktier::server {
+namespace {
+
+using nlohmann::json;
+
+RequestDefaults defaults() {
+  RequestDefaults d;
+  d.sampling = {0.7, 5, 0.9, 42};
+  d.max_tokens = 33;
+  return d;
+}
+
+Result<CompletionRequest> chat(const json& body) {
+  return parse_request(Endpoint::kChatCompletions, body.dump(), defaults());
+}
+Result<CompletionRequest> completion(const json& body) {
+  return parse_request(Endpoint::kCompletions, body.dump(), defaults());
+}
+const json kUser = json::array({{{"role", "user"}, {"content", "hi"}}});
+
+TEST(OpenAiRequest, ChatMessagesAndFieldsAreRead) {
+  const json body = {
+      {"model", "anything"},
+      {"messages",
+       {{{"role", "user"}, {"content", "one"}},
+        {{"role", "assistant"}, {"content", "two"}},
+        {{"role", "user"},
+         {"content", {{{"type", "text"}, {"text", "thr"}}, {{"type", "text"}, {"text", "ee"}}}}}}},
+      {"max_tokens", 7},
+      {"temperature", 0},
+      {"top_p", 0.5},
+      {"top_k", 3},
+      {"seed", -1},
+      {"stop", {"\n\n", "END"}},
+      {"stream", true},
+      {"stream_options", {{"include_usage", true}}},
+      {"n", 1},
+      {"presence_penalty", 0},
+      {"logprobs", false},
+      {"unknown_field", {1, 2}}};
+  auto r = chat(body);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  ASSERT_EQ(r->messages.size(), 3u);
+  EXPECT_EQ(r->messages[0].role, tok::ChatMessage::Role::kUser);
+  EXPECT_EQ(r->messages[1].role, tok::ChatMessage::Role::kAssistant);
+  EXPECT_EQ(r->messages[1].text, "two");
+  EXPECT_EQ(r->messages[2].text, "three");
+  EXPECT_EQ(r->max_tokens, 7);
+  EXPECT_EQ(r->sampling.temperature, 0.0);
+  EXPECT_EQ(r->sampling.top_p, 0.5);
+  EXPECT_EQ(r->sampling.top_k, 3);
+  EXPECT_EQ(r->sampling.seed, std::numeric_limits<uint64_t>::max());  // -1's bits
+  EXPECT_EQ(r->stop, (std::vector<std::string>{"\n\n", "END"}));
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+}
+
+TEST(OpenAiRequest, WhatARequestLeavesUnsaidComesFromTheFlags) {
+  auto r = completion({{"prompt", "abc"}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->prompt, "abc");
+  EXPECT_FALSE(r->max_tokens.has_value());
+  EXPECT_EQ(r->sampling.temperature, 0.7);
+  EXPECT_EQ(r->sampling.top_k, 5);
+  EXPECT_EQ(r->sampling.top_p, 0.9);
+  EXPECT_EQ(r->sampling.seed, 42u);
+  EXPECT_FALSE(r->stream);
+  EXPECT_TRUE(r->stop.empty());
+  // An array of one prompt, max_completion_tokens, a stop string, nulls as absent.
+  r = completion({{"prompt", {"xyz"}}, {"max_completion_tokens", 4}, {"stop", "Q"},
+                  {"temperature", nullptr}, {"seed", nullptr}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->prompt, "xyz");
+  EXPECT_EQ(r->max_tokens, 4);
+  EXPECT_EQ(r->stop, std::vector<std::string>{"Q"});
+  EXPECT_EQ(r->sampling.temperature, 0.7);
+}
+
+// Each refusal is a usage error (HTTP 400) that names the field.
+TEST(OpenAiRequest, RefusalsNameTheField) {
+  struct Case {
+    json body;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {{{"messages", json::array()}}, "messages"},
+      {{{"messages", {{{"role", "system"}, {"content", "be nice"}}, kUser[0]}}},
+       "messages[0].role"},
+      {{{"messages", {{{"role", "tool"}, {"content", "x"}}}}}, "messages[0].role"},
+      {{{"messages", {{{"role", "user"}}}}}, "messages[0].content"},
+      {{{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}},
+       "messages[0].content[0]"},
+      {{{"messages", {kUser[0], {{"role", "assistant"}, {"content", "a"}}}}}, "messages"},
+      {{{"messages", {{{"role", "assistant"}, {"content", "a"}, {"tool_calls", {1}}}, kUser[0]}}},
+       "messages[0].tool_calls"},
+      {{{"messages", kUser}, {"max_tokens", 0}}, "max_tokens"},
+      {{{"messages", kUser}, {"max_tokens", 2.5}}, "max_tokens"},
+      {{{"messages", kUser}, {"max_tokens", "7"}}, "max_tokens"},
+      {{{"messages", kUser}, {"temperature", -0.1}}, "temperature"},
+      {{{"messages", kUser}, {"temperature", 2.5}}, "temperature"},
+      {{{"messages", kUser}, {"top_p", 0}}, "top_p"},
+      {{{"messages", kUser}, {"top_k", -1}}, "top_k"},
+      {{{"messages", kUser}, {"seed", 1e30}}, "seed"},
+      {{{"messages", kUser}, {"stop", ""}}, "stop"},
+      {{{"messages", kUser}, {"stop", {"a", "b", "c", "d", "e"}}}, "stop"},
+      {{{"messages", kUser}, {"stop", {1}}}, "stop"},
+      {{{"messages", kUser}, {"stream", "yes"}}, "stream"},
+      {{{"messages", kUser}, {"n", 2}}, "n"},
+      {{{"messages", kUser}, {"presence_penalty", 0.5}}, "presence_penalty"},
+      {{{"messages", kUser}, {"frequency_penalty", 1}}, "frequency_penalty"},
+      {{{"messages", kUser}, {"logprobs", true}}, "logprobs"},
+      {{{"messages", kUser}, {"tools", {{{"type", "function"}}}}}, "tools"},
+      {{{"messages", kUser}, {"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"messages", kUser}, {"model", 3}}, "model"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body.dump());
+    auto r = chat(c.body);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().code(), ExitCode::kUsage);
+    EXPECT_NE(r.status().message().find("\"" + c.field + "\""), std::string::npos)
+        << r.status().message();
+  }
+  for (const json& body : {json{{"prompt", 3}}, json{{"prompt", {"a", "b"}}}, json::object()}) {
+    auto r = completion(body);
+    ASSERT_FALSE(r.is_ok()) << body.dump();
+    EXPECT_NE(r.status().message().find("\"prompt\""), std::string::npos);
+  }
+  auto r = completion({{"prompt", "a"}, {"echo", true}});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("\"echo\""), std::string::npos);
+  for (const std::string body : {"{", "[1]", "\"text\"", "{\"prompt\": \"\xff\"}"}) {
+    auto bad = parse_request(Endpoint::kCompletions, body, defaults());
+    ASSERT_FALSE(bad.is_ok()) << body;
+    EXPECT_EQ(bad.status().code(), ExitCode::kUsage);
+  }
+}
+
+TEST(OpenAiResponse, BodiesHaveOpenAisShape) {
+  const ResponseHead head{"chatcmpl-7", 1700000000, "k3"};
+  const Usage usage{11, 3, 5};
+  const json extra = {{"timings", {{"prompt_n", 6}}}};
+  json j = completion_response(Endpoint::kChatCompletions, head, "hello", FinishReason::kStop,
+                               usage, extra);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"], "chatcmpl-7");
+  EXPECT_EQ(j["created"], 1700000000);
+  EXPECT_EQ(j["model"], "k3");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "hello");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["total_tokens"], 14);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 5);
+  EXPECT_EQ(j["timings"]["prompt_n"], 6);
+  j = completion_response(Endpoint::kCompletions, head, "abc", FinishReason::kLength, usage, {});
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "abc");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+
+  j = stream_role_chunk(head);
+  EXPECT_EQ(j["object"], "chat.completion.chunk");
+  EXPECT_EQ(j["choices"][0]["delta"]["role"], "assistant");
+  j = stream_chunk(Endpoint::kChatCompletions, head, "pi", std::nullopt);
+  EXPECT_EQ(j["choices"][0]["delta"]["content"], "pi");
+  EXPECT_TRUE(j["choices"][0]["finish_reason"].is_null());
+  j = stream_chunk(Endpoint::kChatCompletions, head, "", FinishReason::kLength);
+  EXPECT_TRUE(j["choices"][0]["delta"].empty());
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  j = stream_chunk(Endpoint::kCompletions, head, "pi", std::nullopt);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "pi");
+  j = stream_usage_chunk(Endpoint::kChatCompletions, head, usage, extra);
+  EXPECT_TRUE(j["choices"].empty());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+
+  EXPECT_EQ(sse_event(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  j = error_body("too long", "invalid_request_error", "context_length_exceeded");
+  EXPECT_EQ(j["error"]["message"], "too long");
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  EXPECT_TRUE(error_body("x", "server_error")["error"]["code"].is_null());
+}
+
+TEST(ServiceText, InvalidBytesBecomeReplacementCharacters) {
+  EXPECT_EQ(valid_utf8("plain \xc3\xa9 \xf0\x9f\x98\x80"), "plain \xc3\xa9 \xf0\x9f\x98\x80");
+  EXPECT_EQ(valid_utf8("a\xff" "b"), "a\xef\xbf\xbd" "b");
+  // A truncated sequence, an overlong form and a surrogate: one U+FFFD per byte not decoded.
+  EXPECT_EQ(valid_utf8("\xe2\x82"), "\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(valid_utf8("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(valid_utf8("\xed\xa0\x80").size(), 9u);
+  // The result is valid: encoding again changes nothing, and JSON carries it unchanged.
+  const std::string once = valid_utf8("x\x80\xf5y");
+  EXPECT_EQ(valid_utf8(once), once);
+  EXPECT_EQ(json::parse(json(once).dump()).get<std::string>(), once);
+}
+
+TEST(ServiceText, HeldBackIsTheLongestSuffixThatMayBeginAStop) {
+  const std::vector<std::string> stops = {"END", "\n\n"};
+  EXPECT_EQ(stop_prefix_suffix("hello", stops), 0u);
+  EXPECT_EQ(stop_prefix_suffix("hello E", stops), 1u);
+  EXPECT_EQ(stop_prefix_suffix("hello EN", stops), 2u);
+  EXPECT_EQ(stop_prefix_suffix("hello\n", stops), 1u);
+  EXPECT_EQ(stop_prefix_suffix("EN", stops), 2u);
+  EXPECT_EQ(stop_prefix_suffix("", stops), 0u);
+  EXPECT_EQ(stop_prefix_suffix("abc", {}), 0u);
+  // Only proper prefixes: a whole stop is found, not held.
+  EXPECT_EQ(stop_prefix_suffix("xEND", {"END"}), 0u);
+  EXPECT_EQ(stop_prefix_suffix("aaa", {"aab"}), 2u);
+}
+
+}  // namespace
+}  // namespace ktier::server

@@ -1,0 +1,274 @@
+// `ktier serve`'s generation (server/service.h) on the tiny checkpoint: an answer is the
+// generation of the rendered request whatever came before it (a request that goes on from the
+// previous one's sequence reuses it, and still answers byte for byte as a fresh one), stop texts
+// end it before them and are never streamed, the context bounds a request, and a client that
+// goes away ends its answer without spoiling the sequence for the next.
+#include "server/service.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+#include "synth/synth.h"
+
+namespace ktier::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("ktier-service-" + std::to_string(::getpid()));
+    synth::SynthOptions o;
+    o.out_dir = dir_;
+    o.threads = 1;
+    ASSERT_TRUE(synth::run_synth(o).is_ok());
+    runtime::EngineOptions eo;
+    eo.model_dir = dir_;
+    eo.threads = 2;
+    auto e = runtime::Engine::open(eo);
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    engine_ = std::move(*e).release();
+    auto t = tok::Tokenizer::load(dir_.string());
+    ASSERT_TRUE(t.is_ok()) << t.status().message();
+    tokenizer_ = new tok::Tokenizer(std::move(*t));
+    auto m = tok::chat_markers(*tokenizer_);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    markers_ = *m;
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete engine_;
+    fs::remove_all(dir_);
+  }
+
+  static std::unique_ptr<Service> service(int64_t ctx = 256) {
+    ServiceOptions o;
+    o.ctx = ctx;
+    o.prefill_chunk = 7;
+    o.defaults.max_tokens = 9;
+    return std::make_unique<Service>(*engine_, *tokenizer_, markers_, o);
+  }
+  static CompletionRequest text_request(const std::string& prompt, int64_t max_tokens,
+                                        runtime::SamplingParams sampling = {}) {
+    CompletionRequest r;
+    r.prompt = prompt;
+    r.max_tokens = max_tokens;
+    r.sampling = sampling;
+    return r;
+  }
+  static CompletionRequest chat_request(std::vector<tok::ChatMessage> messages,
+                                        int64_t max_tokens) {
+    CompletionRequest r;
+    r.endpoint = Endpoint::kChatCompletions;
+    r.messages = std::move(messages);
+    r.max_tokens = max_tokens;
+    return r;
+  }
+  // The answer and what was streamed of it (must be the same text).
+  static Completion answer(Service& s, const CompletionRequest& request,
+                           std::string* streamed = nullptr) {
+    auto prepared = s.prepare(request);
+    EXPECT_TRUE(prepared.is_ok()) << prepared.status().message();
+    if (!prepared.is_ok()) return {};
+    std::string pieces;
+    auto done = s.complete(
+        *prepared,
+        [&](std::string_view text) {
+          pieces += text;
+          return true;
+        },
+        nullptr);
+    EXPECT_TRUE(done.is_ok()) << done.status().message();
+    if (!done.is_ok()) return {};
+    EXPECT_EQ(pieces, done->text);
+    if (streamed) *streamed = pieces;
+    return std::move(*done);
+  }
+  // generate() over `ids`, its text as the service shows it (special and stop ids hidden).
+  static std::string generated_text(const std::vector<uint32_t>& ids, int64_t n) {
+    runtime::GenerationOptions g;
+    g.max_new_tokens = n;
+    g.stop_ids.assign(engine_->checkpoint().config().eos_token_ids.begin(),
+                      engine_->checkpoint().config().eos_token_ids.end());
+    g.stop_ids.push_back(static_cast<int32_t>(markers_.close));
+    const std::vector<int32_t> prompt(ids.begin(), ids.end());
+    tok::StreamingDecoder decoder(*tokenizer_);
+    std::string text;
+    auto st = runtime::generate(engine_->model(), engine_->experts(), prompt, g, [&](int32_t id) {
+      const auto u = static_cast<uint32_t>(id);
+      if (std::find(g.stop_ids.begin(), g.stop_ids.end(), id) != g.stop_ids.end() ||
+          tokenizer_->is_special(u))
+        return Status::ok();
+      auto piece = decoder.push(u);
+      if (!piece.is_ok()) return piece.status();
+      text += *piece;
+      return Status::ok();
+    });
+    EXPECT_TRUE(st.is_ok()) << st.status().message();
+    return valid_utf8(text + decoder.flush());
+  }
+
+  static inline fs::path dir_;
+  static inline runtime::Engine* engine_ = nullptr;
+  static inline tok::Tokenizer* tokenizer_ = nullptr;
+  static inline tok::ChatMarkers markers_;
+};
+
+TEST_F(ServiceTest, AnAnswerIsTheGenerationOfTheRenderedRequest) {
+  auto s = service();
+  const std::vector<tok::ChatMessage> messages = {{tok::ChatMessage::Role::kUser, "hello there"}};
+  const Completion c = answer(*s, chat_request(messages, 6));
+  const std::vector<uint32_t> ids = tok::render_user_turn(*tokenizer_, markers_, "hello there");
+  EXPECT_EQ(c.text, generated_text(ids, 6));
+  EXPECT_FALSE(c.text.empty());
+  EXPECT_EQ(c.usage.prompt_tokens, static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(c.usage.cached_tokens, 0);
+  EXPECT_GE(c.usage.completion_tokens, 1);
+  EXPECT_EQ(c.finish, c.usage.completion_tokens == 6 ? FinishReason::kLength : FinishReason::kStop);
+  const Completion t = answer(*s, text_request("The lighthouse keeper", 5));
+  EXPECT_EQ(t.text, generated_text(tokenizer_->encode("The lighthouse keeper", false), 5));
+}
+
+// The second request begins with everything the first ran: only the rest runs, and the answer
+// is a fresh service's, greedy and sampled (each request seeds its own sampler).
+TEST_F(ServiceTest, ARequestThatGoesOnFromTheLastRunsOnlyTheRestWithTheSameAnswer) {
+  const std::string first = "The lighthouse keeper", second = first + " checked the lamp";
+  const std::vector<uint32_t> first_ids = tokenizer_->encode(first, false);
+  const std::vector<uint32_t> second_ids = tokenizer_->encode(second, false);
+  ASSERT_TRUE(std::equal(first_ids.begin(), first_ids.end(), second_ids.begin()));
+  for (const runtime::SamplingParams sampling :
+       {runtime::SamplingParams{}, runtime::SamplingParams{0.9, 0, 1.0, 7}}) {
+    SCOPED_TRACE("temperature " + std::to_string(sampling.temperature));
+    auto reused = service();
+    // One token: the first request's sequence is its prompt (the token sampled is not run).
+    const Completion a = answer(*reused, text_request(first, 1, sampling));
+    EXPECT_EQ(a.usage.completion_tokens, 1);
+    const Completion b = answer(*reused, text_request(second, 8, sampling));
+    EXPECT_EQ(b.usage.cached_tokens, static_cast<int64_t>(first_ids.size()));
+    EXPECT_EQ(b.report.cached_prompt_tokens, static_cast<int64_t>(first_ids.size()));
+    EXPECT_EQ(b.report.gen.prompt_tokens, static_cast<int64_t>(second_ids.size() - first_ids.size()));
+    EXPECT_EQ(b.usage.prompt_tokens, static_cast<int64_t>(second_ids.size()));
+    auto fresh = service();
+    const Completion c = answer(*fresh, text_request(second, 8, sampling));
+    EXPECT_EQ(c.usage.cached_tokens, 0);
+    EXPECT_EQ(b.text, c.text);
+    EXPECT_EQ(b.usage.completion_tokens, c.usage.completion_tokens);
+    // The same request again does not begin with the sequence (which ran its answer): fresh.
+    const Completion d = answer(*reused, text_request(second, 8, sampling));
+    EXPECT_EQ(d.usage.cached_tokens, 0);
+    EXPECT_EQ(d.text, c.text);
+  }
+}
+
+// A conversation's next message goes on from the previous request's sequence.
+TEST_F(ServiceTest, AConversationsNextMessageReusesTheSequence) {
+  using Role = tok::ChatMessage::Role;
+  auto s = service();
+  std::vector<tok::ChatMessage> messages = {{Role::kUser, "hello there"}};
+  const Completion a = answer(*s, chat_request(messages, 1));
+  messages.push_back({Role::kAssistant, a.text});
+  messages.push_back({Role::kUser, "and then?"});
+  const Completion b = answer(*s, chat_request(messages, 6));
+  EXPECT_EQ(b.usage.cached_tokens, a.usage.prompt_tokens);
+  const std::vector<uint32_t> ids = tok::render_conversation(*tokenizer_, markers_, messages);
+  EXPECT_EQ(b.usage.prompt_tokens, static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(b.text, generated_text(ids, 6));
+}
+
+// The stop text straddles two tokens' pieces, so its first part must be held back.
+TEST_F(ServiceTest, AStopTextEndsTheAnswerBeforeItAndIsNeverStreamed) {
+  auto s = service();
+  const std::string prompt = "The lighthouse keeper";
+  auto prepared = s->prepare(text_request(prompt, 16));
+  ASSERT_TRUE(prepared.is_ok());
+  std::vector<std::string> pieces;
+  auto whole = s->complete(
+      *prepared,
+      [&](std::string_view text) {
+        pieces.emplace_back(text);
+        return true;
+      },
+      nullptr);
+  ASSERT_TRUE(whole.is_ok()) << whole.status().message();
+  ASSERT_GE(pieces.size(), 4u) << "the tiny model's greedy answer is too short to cut";
+  // The last character of a middle piece and the first of the next.
+  const auto char_start = [](const std::string& t, size_t at) {
+    while (at > 0 && (static_cast<unsigned char>(t[at]) & 0xC0) == 0x80) --at;
+    return at;
+  };
+  const std::string& left = pieces[pieces.size() / 2 - 1];
+  const std::string& right = pieces[pieces.size() / 2];
+  size_t right_end = 1;
+  while (right_end < right.size() && (static_cast<unsigned char>(right[right_end]) & 0xC0) == 0x80)
+    ++right_end;
+  const std::string stop = left.substr(char_start(left, left.size() - 1)) +
+                           right.substr(0, right_end);
+  CompletionRequest r = text_request(prompt, 16);
+  r.stop = {"never in this text \x01", stop};
+  std::string streamed;
+  const Completion cut = answer(*s, r, &streamed);  // checks streamed == text
+  EXPECT_EQ(cut.text, whole->text.substr(0, whole->text.find(stop)));
+  EXPECT_EQ(streamed.find(stop), std::string::npos);
+  EXPECT_EQ(cut.finish, FinishReason::kStop);
+  EXPECT_LT(cut.usage.completion_tokens, whole->usage.completion_tokens);
+  EXPECT_FALSE(cut.cancelled);
+}
+
+TEST_F(ServiceTest, TheContextBoundsARequest) {
+  auto s = service(/*ctx=*/12);
+  const std::string long_prompt = "The lighthouse keeper checked the lamp, the lens and the";
+  ASSERT_GT(tokenizer_->encode(long_prompt, false).size(), 12u);
+  auto p = s->prepare(text_request(long_prompt, 1));
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_EQ(p.status().code(), ExitCode::kBudget);
+  EXPECT_NE(p.status().message().find("-c/--ctx-size 12"), std::string::npos);
+  const std::string prompt = "The lamp";
+  const int64_t n = static_cast<int64_t>(tokenizer_->encode(prompt, false).size());
+  ASSERT_LT(n, 12);
+  p = s->prepare(text_request(prompt, 12 - n + 2));
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().message().find("max_tokens"), std::string::npos);
+  // Without max_tokens: the default (9), capped to what is left.
+  CompletionRequest r = text_request(prompt, 1);
+  r.max_tokens.reset();
+  p = s->prepare(r);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(p->max_tokens, std::min<int64_t>(9, 12 - n + 1));
+  auto empty = s->prepare(text_request("", 3));
+  ASSERT_FALSE(empty.is_ok());
+  EXPECT_EQ(empty.status().code(), ExitCode::kUsage);
+}
+
+TEST_F(ServiceTest, AClientThatGoesAwayEndsTheAnswerAndTheNextRequestIsSound) {
+  auto s = service();
+  const std::string prompt = "The lighthouse keeper";
+  auto prepared = s->prepare(text_request(prompt, 16));
+  ASSERT_TRUE(prepared.is_ok());
+  int pieces = 0;
+  auto gone = s->complete(*prepared, [&](std::string_view) { return ++pieces < 1; }, nullptr);
+  ASSERT_TRUE(gone.is_ok()) << gone.status().message();
+  EXPECT_TRUE(gone->cancelled);
+  EXPECT_EQ(pieces, 1);
+  EXPECT_LT(gone->usage.completion_tokens, 16);
+  // A stop requested (the server stopping) ends it the same way.
+  bool stop = false;
+  auto stopped = s->complete(*prepared, [&](std::string_view) { return stop = true; },
+                             [&] { return stop; });
+  ASSERT_TRUE(stopped.is_ok());
+  EXPECT_TRUE(stopped->cancelled);
+  EXPECT_LT(stopped->usage.completion_tokens, 16);
+  auto fresh = service();
+  EXPECT_EQ(answer(*s, text_request(prompt + " checked", 6)).text,
+            answer(*fresh, text_request(prompt + " checked", 6)).text);
+}
+
+}  // namespace
+}  // namespace ktier::server
