@@ -93,9 +93,9 @@ json extra_fields(const server::Completion& c, const runtime::Engine& engine) {
           {"ktier", c.report.to_json(engine)}};
 }
 
-class Server {
+class ApiHandlers {
  public:
-  Server(runtime::Engine& engine, server::Service& service, std::string model_name)
+  ApiHandlers(runtime::Engine& engine, server::Service& service, std::string model_name)
       : engine_(engine), service_(service), model_(std::move(model_name)) {}
 
   void route(httplib::Server& http) {
@@ -237,10 +237,13 @@ Status serve(const ServeArgs& a) {
     spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json", a.ctx,
                  *limit);
   server::Service service(*engine, tokenizer, markers, so);
-  const std::string name =
-      a.alias.empty() ? std::filesystem::path(a.model).lexically_normal().filename().string()
-                      : a.alias;
-  Server api(*engine, service, name.empty() ? a.model : name);
+  // The model's name in responses: --alias, or the folder's own name ("k3" for /models/k3/).
+  std::filesystem::path folder = std::filesystem::path(a.model).lexically_normal();
+  if (folder.filename().empty()) folder = folder.parent_path();
+  const std::string name = !a.alias.empty()             ? a.alias
+                           : folder.filename().empty() ? a.model
+                                                       : folder.filename().string();
+  ApiHandlers api(*engine, service, name);
 
   httplib::Server http;
   http.set_payload_max_length(kMaxBodyBytes);

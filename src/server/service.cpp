@@ -141,6 +141,8 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
   session_->configure_turns(max_tokens, request.sampling);
   session_->set_callbacks(gen.stop_requested, gen.before_decode);
   const int64_t cached = static_cast<int64_t>(ran_.size());
+  // Replaced when the decode starts; a turn stopped in its prompt reports from here.
+  out.report.decode_start = runtime::EngineCounters::of(engine_);
   Result<runtime::GenerationStats> turn =
       session_->turn(std::span<const int32_t>(ids).subspan(ran_.size()), sink);
   session_->set_callbacks(nullptr, nullptr);  // they refer to this call's locals

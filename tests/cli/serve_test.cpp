@@ -163,6 +163,16 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   EXPECT_NE(server.err().find("/v1/chat/completions: prompt"), std::string::npos);
 }
 
+TEST_F(ServeCli, HelpListsServe) {
+  auto r = run_process(ktier_bin().string() + " --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("serve"), std::string::npos) << r.out;
+  r = run_process(ktier_bin().string() + " serve --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* flag : {"--port", "--host", "--ctx-size", "--temp", "--seed", "--ram"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+}
+
 TEST_F(ServeCli, WhatCannotStartSaysWhy) {
   // Without the tokenizer: exit 2, naming the file.
   const fs::path bare = dir_ / "no-tokenizer";
