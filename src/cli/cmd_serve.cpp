@@ -14,6 +14,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -44,6 +45,7 @@ namespace {
 
 // A request body past this is refused (413): 256 bytes per position of K3's context, as -f.
 constexpr size_t kMaxBodyBytes = kMaxInputBytes;
+constexpr size_t kHttpThreads = 32;
 
 struct ServeArgs {
   std::string model, host = "127.0.0.1", alias, isa = "auto";
@@ -61,21 +63,25 @@ using nlohmann::json;
 std::pair<int, std::string> http_error(const Status& s) {
   switch (s.code()) {
     case ExitCode::kUsage:
+    case ExitCode::kBudget:  // code "context_length_exceeded"
       return {400, "invalid_request_error"};
-    case ExitCode::kBudget:
-      return {400, "invalid_request_error"};  // OpenAI: context_length_exceeded
+    case ExitCode::kInterrupted:  // the server is stopping
+      return {503, "server_error"};
     default:
       return {500, "server_error"};
   }
 }
 
-void send_error(httplib::Response& res, const Status& s) {
-  const auto [status, type] = http_error(s);
-  res.status = status;
+json error_json(const Status& s) {
   const std::optional<std::string> code =
       s.code() == ExitCode::kBudget ? std::optional<std::string>("context_length_exceeded")
                                     : std::nullopt;
-  res.set_content(server::error_body(s.message(), type, code).dump(), "application/json");
+  return server::error_body(s.message(), http_error(s).second, code, server::error_param(s));
+}
+
+void send_error(httplib::Response& res, const Status& s) {
+  res.status = http_error(s).first;
+  res.set_content(server::dump(error_json(s)), "application/json");
 }
 
 // ktier's fields beside OpenAI's: llama-server's "timings" and the run report.
@@ -105,7 +111,7 @@ class ApiHandlers {
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       const json model = {{"id", model_}, {"object", "model"}, {"created", now()},
                           {"owned_by", "ktier"}};
-      res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(),
+      res.set_content(server::dump(json{{"object", "list"}, {"data", json::array({model})}}),
                       "application/json");
     });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
@@ -136,9 +142,9 @@ class ApiHandlers {
     if (!request->request.stream) {
       Result<server::Completion> done = run(*request, [](std::string_view) { return true; });
       if (!done.is_ok()) return send_error(res, done.status());
-      res.set_content(server::completion_response(endpoint, head, done->text, done->finish,
-                                                  done->usage, extra_fields(*done, engine_))
-                          .dump(-1, ' ', false, json::error_handler_t::replace),
+      res.set_content(server::dump(server::completion_response(endpoint, head, done->text,
+                                                               done->finish, done->usage,
+                                                               extra_fields(*done, engine_))),
                       "application/json");
       return;
     }
@@ -158,7 +164,7 @@ class ApiHandlers {
           });
           if (!done.is_ok()) {
             // The status line is sent: the error goes as an event, as llama-server does.
-            send(server::error_body(done.status().message(), http_error(done.status()).second));
+            send(error_json(done.status()));
           } else if (open) {
             send(server::stream_chunk(endpoint, head, "", done->finish));
             if (request->request.include_usage)
@@ -172,11 +178,15 @@ class ApiHandlers {
         });
   }
 
-  // One generation, logged as a line on stderr.
+  // One generation, logged as a line on stderr. An answer the server's stop (Ctrl-C) cut is an
+  // error (503), so that no client takes it for one that reached its end.
   Result<server::Completion> run(const server::PreparedRequest& request,
                                  const server::Service::TextSink& on_text) {
     Result<server::Completion> done =
         service_.complete(request, on_text, [] { return InterruptRequest::requested(); });
+    if (done.is_ok() && done->cancelled && InterruptRequest::requested())
+      done = Status::interrupted("the server is stopping (Ctrl-C): the answer was cut after " +
+                                 std::to_string(done->usage.completion_tokens) + " tokens");
     if (!done.is_ok()) {
       spdlog::error("request failed: {}", done.status().message());
       return done;
@@ -189,7 +199,7 @@ class ApiHandlers {
                      : "/v1/chat/completions",
                  done->usage.prompt_tokens, done->usage.cached_tokens, g.generated_tokens,
                  server::finish_reason_name(done->finish),
-                 done->cancelled ? ", cut short (client gone or server stopping)" : "",
+                 done->cancelled ? ", cut short (the client went away)" : "",
                  g.prefill_seconds,
                  g.decode_seconds > 0 ? double(g.decode_steps) / g.decode_seconds : 0.0);
     return done;
@@ -212,6 +222,8 @@ Status serve(const ServeArgs& a) {
   so.defaults.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
   so.defaults.max_tokens = a.max_tokens;
   KTIER_RETURN_IF_ERROR(runtime::validate(so.defaults.sampling));
+  // A request's own temperature is refused past OpenAI's 2; so is a default past it.
+  if (a.temperature > 2) return Status::usage("--temp must be in 0..2 (OpenAI's range)");
   if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
   KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
@@ -247,6 +259,25 @@ Status serve(const ServeArgs& a) {
 
   httplib::Server http;
   http.set_payload_max_length(kMaxBodyBytes);
+  // cpp-httplib's default also sets SO_REUSEPORT, with which a second server on a port in use
+  // starts and shares it; SO_REUSEADDR alone lets a restart take a port in TIME_WAIT.
+  http.set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  // Connections wait on one sequence; more threads than the default 8 keep /health and
+  // /v1/models answering behind slow or idle clients.
+  http.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
+  // What cpp-httplib answers itself (no such path or method, a body too large) in OpenAI's body.
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const std::string what = res.status == 404   ? "no such endpoint: " + req.method + " " +
+                                                      req.path
+                             : res.status == 413 ? "the request body is too large"
+                                                 : "the request could not be read";
+    res.set_content(server::dump(server::error_body(what, "invalid_request_error")),
+                    "application/json");
+  });
   api.route(http);
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : a.port;
   if (port < 0 || (a.port != 0 && !http.bind_to_port(a.host, a.port)))

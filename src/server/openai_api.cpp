@@ -11,8 +11,11 @@ using nlohmann::json;
 // OpenAI allows up to 4 stop texts.
 constexpr size_t kMaxStops = 4;
 
+// error_param() reads the field back from this prefix.
+constexpr std::string_view kFieldPrefix = "request field \"";
+
 Status field_error(const std::string& field, const std::string& what) {
-  return Status::usage("request field \"" + field + "\": " + what);
+  return Status::usage(std::string(kFieldPrefix) + field + "\": " + what);
 }
 
 // A number field: absent or null -> nullopt.
@@ -25,21 +28,33 @@ Result<std::optional<double>> number_field(const json& body, const char* name) {
   return std::optional<double>(v);
 }
 
+// A whole number in min..max: an integer, or a float with no fraction (2.0) up to 2^53. Compared
+// exactly: 2^63 as an unsigned integer is past INT64_MAX, not cast to INT64_MIN.
 Result<std::optional<int64_t>> integer_field(const json& body, const char* name, int64_t min,
                                              int64_t max) {
   const auto it = body.find(name);
   if (it == body.end() || it->is_null()) return std::optional<int64_t>();
-  const bool whole = it->is_number_integer() ||
-                     (it->is_number_float() && std::trunc(it->get<double>()) == it->get<double>());
-  if (!whole) return field_error(name, "must be a whole number");
-  // Unsigned values past INT64_MAX are refused by the range check (compared as doubles).
-  const double as_double = it->get<double>();
-  if (as_double < static_cast<double>(min) || as_double > static_cast<double>(max))
-    return field_error(name, "must be in " + std::to_string(min) + ".." + std::to_string(max));
-  if (it->is_number_unsigned()) return std::optional<int64_t>(
-      static_cast<int64_t>(it->get<uint64_t>()));
-  return std::optional<int64_t>(it->is_number_integer() ? it->get<int64_t>()
-                                                        : static_cast<int64_t>(as_double));
+  const Status out_of_range =
+      field_error(name, "must be in " + std::to_string(min) + ".." + std::to_string(max));
+  int64_t v = 0;
+  if (it->is_number_unsigned()) {
+    const uint64_t u = it->get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return out_of_range;
+    v = static_cast<int64_t>(u);
+  } else if (it->is_number_integer()) {
+    v = it->get<int64_t>();
+  } else if (it->is_number_float()) {
+    const double d = it->get<double>();
+    if (std::trunc(d) != d) return field_error(name, "must be a whole number");
+    // Past 2^53 a double is not the integer written (2^63 + 1 reads as 2^63): refused.
+    if (!(d >= -0x1p53 && d <= 0x1p53))
+      return field_error(name, "a whole number this large must be written as an integer");
+    v = static_cast<int64_t>(d);
+  } else {
+    return field_error(name, "must be a whole number");
+  }
+  if (v < min || v > max) return out_of_range;
+  return std::optional<int64_t>(v);
 }
 
 Result<bool> bool_field(const json& body, const char* name, bool fallback) {
@@ -188,20 +203,21 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body
   } else {
     KTIER_ASSIGN_OR_RETURN(r.messages, parse_messages(j));
   }
-  const char* max_name =
-      j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  // max_completion_tokens (OpenAI's newer name) wins where both are given.
+  const auto newer = j.find("max_completion_tokens");
+  const char* max_name = newer != j.end() && !newer->is_null() ? "max_completion_tokens"
+                                                               : "max_tokens";
   KTIER_ASSIGN_OR_RETURN(r.max_tokens,
                          integer_field(j, max_name, 1, std::numeric_limits<int32_t>::max()));
   r.sampling = defaults.sampling;
   KTIER_ASSIGN_OR_RETURN(const std::optional<double> temperature,
                          number_field(j, "temperature"));
-  if (temperature) r.sampling.temperature = *temperature;
-  if (r.sampling.temperature < 0 || r.sampling.temperature > 2)
+  if (temperature && (*temperature < 0 || *temperature > 2))
     return field_error("temperature", "must be in 0..2");
+  if (temperature) r.sampling.temperature = *temperature;
   KTIER_ASSIGN_OR_RETURN(const std::optional<double> top_p, number_field(j, "top_p"));
+  if (top_p && !(*top_p > 0 && *top_p <= 1)) return field_error("top_p", "must be in (0, 1]");
   if (top_p) r.sampling.top_p = *top_p;
-  if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1))
-    return field_error("top_p", "must be in (0, 1]");
   KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> top_k,
                          integer_field(j, "top_k", 0, std::numeric_limits<int32_t>::max()));
   if (top_k) r.sampling.top_k = *top_k;
@@ -274,19 +290,30 @@ nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, c
   return j;
 }
 
+std::optional<std::string> error_param(const Status& s) {
+  const std::string& m = s.message();
+  if (s.code() != ExitCode::kUsage || m.rfind(kFieldPrefix, 0) != 0) return std::nullopt;
+  const size_t end = m.find('"', kFieldPrefix.size());
+  if (end == std::string::npos) return std::nullopt;
+  return m.substr(kFieldPrefix.size(), end - kFieldPrefix.size());
+}
+
 nlohmann::json error_body(const std::string& message, const std::string& type,
-                          const std::optional<std::string>& code) {
+                          const std::optional<std::string>& code,
+                          const std::optional<std::string>& param) {
   return {{"error",
            {{"message", message},
             {"type", type},
-            {"param", nullptr},
+            {"param", param ? json(*param) : json(nullptr)},
             {"code", code ? json(*code) : json(nullptr)}}}};
 }
 
+std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string sse_event(const nlohmann::json& j) {
-  // Invalid UTF-8 cannot come from the decoder (it holds back incomplete sequences), but a
-  // replacement beats an exception in a server thread.
-  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+  return "data: " + dump(j) + "\n\n";
 }
 
 }  // namespace ktier::server

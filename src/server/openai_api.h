@@ -80,10 +80,15 @@ nlohmann::json stream_role_chunk(const ResponseHead& head);
 // The event after the last chunk when the request asked for stream_options.include_usage.
 nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, const Usage& usage,
                                   const nlohmann::json& extra);
+// The request field a parse_request error names (its "param"), if it names one.
+std::optional<std::string> error_param(const Status& s);
 // OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
 nlohmann::json error_body(const std::string& message, const std::string& type,
-                          const std::optional<std::string>& code = std::nullopt);
-// "data: JSON\n\n", a server-sent event.
+                          const std::optional<std::string>& code = std::nullopt,
+                          const std::optional<std::string>& param = std::nullopt);
+// JSON text that never throws: bytes that are not UTF-8 (a path, an --alias) become U+FFFD.
+std::string dump(const nlohmann::json& j);
+// "data: JSON\n\n", a server-sent event (dump()).
 std::string sse_event(const nlohmann::json& j);
 
 }  // namespace ktier::server

@@ -81,6 +81,9 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
 Result<Completion> Service::complete(const PreparedRequest& prepared, const TextSink& on_text,
                                      const std::function<bool()>& stop_requested) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A request that waited while the server was told to stop does not start.
+  if (stop_requested && stop_requested())
+    return Status::interrupted("the server is stopping: this request was not started");
   const CompletionRequest& request = prepared.request;
   const std::vector<int32_t>& ids = prepared.ids;
   const int64_t prompt = static_cast<int64_t>(ids.size());
@@ -151,8 +154,11 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
     ran_.clear();
     return turn.status();
   }
-  out.text += valid_utf8(decoder.flush());
-  scan();
+  // Bytes the decoder still holds (an unfinished character) belong after a stop text's cut.
+  if (!stop_hit) {
+    out.text += valid_utf8(decoder.flush());
+    scan();
+  }
   if (!stop_hit) deliver(out.text.size());
 
   const runtime::GenerationStats& st = *turn;

@@ -67,8 +67,9 @@ class Service {
   // Status::budget for one past the context (-c), Status::corrupt for ids past the vocabulary.
   Result<PreparedRequest> prepare(CompletionRequest request) const;
   // Generates the answer. `stop_requested` (may be null) is asked between tokens and prompt
-  // chunks, as GenerationOptions::stop_requested. Errors: the model's (I/O, corrupt bytes), after
-  // which the next request starts a fresh sequence.
+  // chunks, as GenerationOptions::stop_requested, and before the request starts: true there is
+  // Status::interrupted (it waited while the server was told to stop). Other errors: the
+  // model's (I/O, corrupt bytes), after which the next request starts a fresh sequence.
   Result<Completion> complete(const PreparedRequest& prepared, const TextSink& on_text,
                               const std::function<bool()>& stop_requested);
 

@@ -8,7 +8,8 @@
 //   <|open|>message role="assistant"<|sep|><|open|>response<|sep|>
 // (no separator between the two lines, no BOS: decision D10). The model then writes the
 // response's content and closes it with <|close|>; a conversation goes on with the assistant's
-// message closed (end_assistant_turn) and the next user turn. Thinking mode, system messages
+// message closed (end_assistant_turn) and the next user turn; render_conversation writes such
+// a history whole (`ktier serve`). Thinking mode, system messages
 // and tools need texts from the release's encoding_k3.py that K3-MODEL.md does not reproduce:
 // not here.
 

@@ -156,6 +156,20 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   auto missing = client.Get("/v1/nothing");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(json::parse(missing->body)["error"]["message"], "no such endpoint: GET /v1/nothing");
+  auto bad_field = client.Post("/v1/completions", R"({"prompt": "a", "top_p": 2})",
+                               "application/json");
+  ASSERT_TRUE(bad_field);
+  EXPECT_EQ(json::parse(bad_field->body)["error"]["param"], "top_p");
+
+  // A second server on the port taken by this one does not start (and share it).
+  std::vector<std::string> second = serve_argv(dir_ / "model");
+  second[5] = std::to_string(port);
+  ASSERT_EQ(second[4], "--port");
+  ChildProcess other(second);
+  EXPECT_EQ(other.wait(), 1) << other.err();
+  EXPECT_NE(other.err().find("cannot listen on 127.0.0.1:" + std::to_string(port)),
+            std::string::npos) << other.err();
 
   server.signal(SIGINT);
   EXPECT_EQ(server.wait(), 0) << server.err();
@@ -202,9 +216,10 @@ TEST_F(ServeCli, WhatCannotStartSaysWhy) {
   EXPECT_NE(r.err.find("cannot listen on 127.0.0.1:" + std::to_string(port)), std::string::npos)
       << r.err;
 
-  r = run_process(ktier_bin().string() + " serve -m " + (dir_ / "model").string() +
-                  " --port 70000");
-  EXPECT_EQ(r.exit_code, 2) << r.err;
+  for (const char* flag : {" --port 70000", " --temp 3", " -c 0"}) {
+    r = run_process(ktier_bin().string() + " serve -m " + (dir_ / "model").string() + flag);
+    EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
+  }
 }
 
 }  // namespace

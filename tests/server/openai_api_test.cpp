@@ -132,7 +132,10 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
     EXPECT_EQ(r.status().code(), ExitCode::kUsage);
     EXPECT_NE(r.status().message().find("\"" + c.field + "\""), std::string::npos)
         << r.status().message();
+    EXPECT_EQ(error_param(r.status()), c.field);  // the error body's "param"
   }
+  EXPECT_EQ(error_param(Status::usage("the request body is not valid JSON")), std::nullopt);
+  EXPECT_EQ(error_param(Status::budget("request field \"x\": not a field error")), std::nullopt);
   for (const json& body : {json{{"prompt", 3}}, json{{"prompt", {"a", "b"}}}, json::object()}) {
     auto r = completion(body);
     ASSERT_FALSE(r.is_ok()) << body.dump();
@@ -146,6 +149,38 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
     ASSERT_FALSE(bad.is_ok()) << body;
     EXPECT_EQ(bad.status().code(), ExitCode::kUsage);
   }
+}
+
+// Seeds are 64-bit: every integer in range is taken exactly, nothing past it is wrapped.
+TEST(OpenAiRequest, WholeNumbersAreExactOrRefused) {
+  const auto seed_of = [](const std::string& literal) -> std::optional<uint64_t> {
+    auto r = parse_request(Endpoint::kCompletions, "{\"prompt\": \"a\", \"seed\": " + literal + "}",
+                           defaults());
+    if (!r.is_ok()) return std::nullopt;
+    return r->sampling.seed;
+  };
+  EXPECT_EQ(seed_of("9223372036854775807"), uint64_t{0x7fffffffffffffff});
+  EXPECT_EQ(seed_of("-9223372036854775808"), uint64_t{0x8000000000000000});
+  EXPECT_EQ(seed_of("-1"), ~uint64_t{0});
+  EXPECT_EQ(seed_of("3.0"), 3u);
+  EXPECT_EQ(seed_of("1e15"), uint64_t{1000000000000000});
+  for (const char* bad : {"9223372036854775808", "18446744073709551615", "-9223372036854775809",
+                          "9.2233720368547758e18", "1e30", "2.5", "true"})
+    EXPECT_EQ(seed_of(bad), std::nullopt) << bad;
+  // max_completion_tokens wins where both are given; null is absent.
+  auto r = completion({{"prompt", "a"}, {"max_completion_tokens", nullptr}, {"max_tokens", 3}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->max_tokens, 3);
+  r = completion({{"prompt", "a"}, {"max_completion_tokens", 2}, {"max_tokens", 3}});
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->max_tokens, 2);
+  // A request's temperature past OpenAI's range is refused, the server's default is not checked
+  // again (serve refuses a --temp past it at start).
+  RequestDefaults hot = defaults();
+  hot.sampling.temperature = 1.5;
+  r = parse_request(Endpoint::kCompletions, R"({"prompt": "a"})", hot);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->sampling.temperature, 1.5);
 }
 
 TEST(OpenAiResponse, BodiesHaveOpenAisShape) {
@@ -190,6 +225,10 @@ TEST(OpenAiResponse, BodiesHaveOpenAisShape) {
   EXPECT_EQ(j["error"]["message"], "too long");
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
   EXPECT_TRUE(error_body("x", "server_error")["error"]["code"].is_null());
+  EXPECT_EQ(error_body("x", "invalid_request_error", std::nullopt, "top_p")["error"]["param"],
+            "top_p");
+  // Bytes that are not UTF-8 (an --alias) do not throw.
+  EXPECT_EQ(dump(json{{"id", "k\xff"}}), "{\"id\":\"k\xef\xbf\xbd\"}");
 }
 
 TEST(ServiceText, InvalidBytesBecomeReplacementCharacters) {

@@ -222,6 +222,36 @@ TEST_F(ServiceTest, AStopTextEndsTheAnswerBeforeItAndIsNeverStreamed) {
   EXPECT_FALSE(cut.cancelled);
 }
 
+// Sampled answers cut at U+FFFD (what bytes that are not text become): the decoder's unfinished
+// bytes after the cut must not come back as another U+FFFD in the whole answer. answer() checks
+// the whole answer against what was streamed.
+TEST_F(ServiceTest, TheWholeAnswerIsWhatWasStreamedWhenAStopCutsIt) {
+  auto s = service();
+  int cut = 0;
+  for (uint64_t seed = 0; seed < 60; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    CompletionRequest r = text_request("stop test", 40, {1.0, 0, 1.0, seed});
+    r.stop = {"\xef\xbf\xbd"};
+    std::string streamed;
+    const Completion c = answer(*s, r, &streamed);
+    EXPECT_EQ(c.text.find("\xef\xbf\xbd"), std::string::npos);
+    cut += c.finish == FinishReason::kStop && c.usage.completion_tokens < 40;
+  }
+  EXPECT_GT(cut, 10) << "the tiny model's sampled text should hold U+FFFD often";
+}
+
+TEST_F(ServiceTest, ARequestThatWaitedWhileTheServerStopsDoesNotStart) {
+  auto s = service();
+  auto prepared = s->prepare(text_request("The lamp", 4));
+  ASSERT_TRUE(prepared.is_ok());
+  bool called = false;
+  auto r = s->complete(*prepared, [&](std::string_view) { return called = true; },
+                       [] { return true; });
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), ExitCode::kInterrupted);
+  EXPECT_FALSE(called);
+}
+
 TEST_F(ServiceTest, TheContextBoundsARequest) {
   auto s = service(/*ctx=*/12);
   const std::string long_prompt = "The lighthouse keeper checked the lamp, the lens and the";
