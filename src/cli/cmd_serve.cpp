@@ -9,13 +9,15 @@
 //
 // One sequence serves every request, one at a time (server/service.h): a request that begins
 // with what the previous one ran (a conversation's next message) runs only its new tokens.
-// Ctrl-C stops the server after the request in progress (exit 0). HTTP from Debian's
-// cpp-httplib, linked only when the build found it (KTIER_SERVER).
+// Ctrl-C stops the server (exit 0): the answer in progress ends at its next token as an error
+// (503), waiting requests do not start. HTTP from Debian's cpp-httplib, linked only when the
+// build found it (KTIER_SERVER).
 
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -43,8 +45,6 @@
 namespace ktier::cli {
 namespace {
 
-// A request body past this is refused (413): 256 bytes per position of K3's context, as -f.
-constexpr size_t kMaxBodyBytes = kMaxInputBytes;
 constexpr size_t kHttpThreads = 32;
 
 struct ServeArgs {
@@ -85,7 +85,7 @@ void send_error(httplib::Response& res, const Status& s) {
 }
 
 // ktier's fields beside OpenAI's: llama-server's "timings" and the run report.
-json extra_fields(const server::Completion& c, const runtime::Engine& engine) {
+json extra_fields(const server::Completion& c) {
   const runtime::GenerationStats& g = c.report.gen;
   const auto per_second = [](int64_t n, double s) { return s > 0 ? double(n) / s : 0.0; };
   return {{"timings",
@@ -96,13 +96,13 @@ json extra_fields(const server::Completion& c, const runtime::Engine& engine) {
             {"predicted_n", g.generated_tokens},
             {"predicted_ms", g.decode_seconds * 1e3},
             {"predicted_per_second", per_second(g.decode_steps, g.decode_seconds)}}},
-          {"ktier", c.report.to_json(engine)}};
+          {"ktier", c.report_json}};
 }
 
 class ApiHandlers {
  public:
-  ApiHandlers(runtime::Engine& engine, server::Service& service, std::string model_name)
-      : engine_(engine), service_(service), model_(std::move(model_name)) {}
+  ApiHandlers(server::Service& service, std::string model_name)
+      : service_(service), model_(std::move(model_name)) {}
 
   void route(httplib::Server& http) {
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
@@ -144,7 +144,7 @@ class ApiHandlers {
       if (!done.is_ok()) return send_error(res, done.status());
       res.set_content(server::dump(server::completion_response(endpoint, head, done->text,
                                                                done->finish, done->usage,
-                                                               extra_fields(*done, engine_))),
+                                                               extra_fields(*done))),
                       "application/json");
       return;
     }
@@ -169,7 +169,7 @@ class ApiHandlers {
             send(server::stream_chunk(endpoint, head, "", done->finish));
             if (request->request.include_usage)
               send(server::stream_usage_chunk(endpoint, head, done->usage,
-                                              extra_fields(*done, engine_)));
+                                              extra_fields(*done)));
             const std::string end = "data: [DONE]\n\n";
             sink.write(end.data(), end.size());
           }
@@ -205,7 +205,6 @@ class ApiHandlers {
     return done;
   }
 
-  runtime::Engine& engine_;
   server::Service& service_;
   const std::string model_;
   std::atomic<uint64_t> requests_{0};
@@ -239,26 +238,12 @@ Status serve(const ServeArgs& a) {
                          model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
   eo.workload.positions = a.ctx;
   eo.workload.chunk = a.chunk;
-  spdlog::info("loading {}", a.model);
-  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
-  if (static_cast<int64_t>(tokenizer.vocab_size()) != engine->checkpoint().config().vocab_size)
-    spdlog::warn("the tokenizer has {} ids and config.json's vocab_size is {}",
-                 tokenizer.vocab_size(), engine->checkpoint().config().vocab_size);
-  if (const auto limit = engine->checkpoint().config().max_position_embeddings;
-      limit && a.ctx > *limit)
-    spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json", a.ctx,
-                 *limit);
-  server::Service service(*engine, tokenizer, markers, so);
-  // The model's name in responses: --alias, or the folder's own name ("k3" for /models/k3/).
-  std::filesystem::path folder = std::filesystem::path(a.model).lexically_normal();
-  if (folder.filename().empty()) folder = folder.parent_path();
-  const std::string name = !a.alias.empty()             ? a.alias
-                           : folder.filename().empty() ? a.model
-                                                       : folder.filename().string();
-  ApiHandlers api(*engine, service, name);
 
   httplib::Server http;
-  http.set_payload_max_length(kMaxBodyBytes);
+  // A request's text is at most 256 bytes per position of -c (as -f's bound for K3's context),
+  // plus room for its JSON: a larger body is refused (413) before anything tokenizes it.
+  http.set_payload_max_length(std::min<size_t>(
+      kMaxInputBytes, static_cast<size_t>(a.ctx) * 256 + (size_t{1} << 20)));
   // cpp-httplib's default also sets SO_REUSEPORT, with which a second server on a port in use
   // starts and shares it; SO_REUSEADDR alone lets a restart take a port in TIME_WAIT.
   http.set_socket_options([](socket_t sock) {
@@ -278,12 +263,32 @@ Status serve(const ServeArgs& a) {
     res.set_content(server::dump(server::error_body(what, "invalid_request_error")),
                     "application/json");
   });
-  api.route(http);
+  // The port before the (long) load: one in use is said at once. Connections made during the
+  // load wait in the listen queue.
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : a.port;
   if (port < 0 || (a.port != 0 && !http.bind_to_port(a.host, a.port)))
     return Status::runtime("cannot listen on " + a.host + ":" + std::to_string(a.port) +
                            " (the port in use, or not an address of this machine?)");
-  // Ctrl-C: stop accepting, let the request in progress end at its next token, exit 0.
+
+  spdlog::info("loading {}", a.model);
+  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
+  if (static_cast<int64_t>(tokenizer.vocab_size()) != engine->checkpoint().config().vocab_size)
+    spdlog::warn("the tokenizer has {} ids and config.json's vocab_size is {}",
+                 tokenizer.vocab_size(), engine->checkpoint().config().vocab_size);
+  if (const auto limit = engine->checkpoint().config().max_position_embeddings;
+      limit && a.ctx > *limit)
+    spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json", a.ctx,
+                 *limit);
+  server::Service service(*engine, tokenizer, markers, so);
+  // The model's name in responses: --alias, or the folder's own name ("k3" for /models/k3/).
+  std::filesystem::path folder = std::filesystem::path(a.model).lexically_normal();
+  if (folder.filename().empty()) folder = folder.parent_path();
+  const std::string name = !a.alias.empty()             ? a.alias
+                           : folder.filename().empty() ? a.model
+                                                       : folder.filename().string();
+  ApiHandlers api(service, name);
+  api.route(http);
+  // Ctrl-C: stop accepting, end the request in progress at its next token (503), exit 0.
   InterruptRequest interrupt(
       "\nktier: Ctrl-C: stopping the server (Ctrl-C again quits at once)\n");
   std::atomic<bool> listening_ended{false};
@@ -291,6 +296,10 @@ Status serve(const ServeArgs& a) {
     pollfd fd{interrupt.wake_fd(), POLLIN, 0};
     while (!listening_ended.load()) {
       if (::poll(&fd, 1, 100) > 0 || InterruptRequest::requested()) {
+        // stop() does nothing before listen_after_bind() has begun: a Ctrl-C just after the
+        // "serving" line waits for it.
+        while (!http.is_running() && !listening_ended.load())
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
         http.stop();
         return;
       }

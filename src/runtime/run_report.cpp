@@ -30,9 +30,13 @@ double ratio(uint64_t num, uint64_t den) {
   return den ? static_cast<double>(num) / static_cast<double>(den) : 0.0;
 }
 
-// Why the generation ended: "interrupted" (Ctrl-C), "stop token" or "length limit" (-n).
-const char* stop_name(const GenerationStats& gen) {
-  return gen.interrupted ? "interrupted" : gen.stopped_at_stop_id ? "stop token" : "length limit";
+// Why the generation ended: "stop text" (`serve`), "interrupted" (Ctrl-C, a client gone),
+// "stop token" or "length limit" (-n).
+const char* stop_name(const RunReport& r) {
+  return r.stopped_at_stop_text ? "stop text"
+         : r.gen.interrupted    ? "interrupted"
+         : r.gen.stopped_at_stop_id ? "stop token"
+                                    : "length limit";
 }
 }  // namespace
 
@@ -61,7 +65,7 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
       {"prompt_tokens", gen.prompt_tokens},
       {"prompt_cache_tokens", cached_prompt_tokens},
       {"generated_tokens", gen.generated_tokens},
-      {"stop", stop_name(gen)},
+      {"stop", stop_name(*this)},
       {"prefill_s", gen.prefill_seconds},
       {"prefill_tok_per_s", gen.prefill_seconds > 0 ? gen.prompt_tokens / gen.prefill_seconds : 0.0},
       {"decode_steps", gen.decode_steps},
@@ -152,7 +156,7 @@ std::string RunReport::to_table(const Engine& e) const {
     out += buf;
   }
   std::snprintf(buf, sizeof buf, ", generated %lld (%s)\n",
-                static_cast<long long>(gen.generated_tokens), stop_name(gen));
+                static_cast<long long>(gen.generated_tokens), stop_name(*this));
   out += buf;
   std::snprintf(buf, sizeof buf, "ktier: prefill %.3f s (%.2f tok/s)", gen.prefill_seconds,
                 j["prefill_tok_per_s"].get<double>());

@@ -32,6 +32,7 @@ struct EngineCounters {
 struct RunReport {
   GenerationStats gen;
   int64_t cached_prompt_tokens = 0;  // prompt tokens restored from --prompt-cache, not run
+  bool stopped_at_stop_text = false;  // `serve`: a request's stop text ended it (not Ctrl-C)
   EngineCounters decode_start, decode_end;
   uint64_t peak_rss_bytes = 0;
 

@@ -66,12 +66,23 @@ Result<bool> bool_field(const json& body, const char* name, bool fallback) {
 
 // Fields whose effect is not built: refused unless absent, null or their neutral value.
 Status refuse_unsupported(const json& body) {
-  for (const char* name : {"presence_penalty", "frequency_penalty", "repetition_penalty"}) {
-    KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(body, name));
-    if (v && *v != 0) return field_error(name, "penalties are not built (0 only)");
+  // Samplers of OpenAI's and llama-server's that are not built: their neutral value only.
+  struct Neutral {
+    const char* name;
+    double value;
+  };
+  for (const Neutral n : {Neutral{"presence_penalty", 0}, {"frequency_penalty", 0},
+                          {"repetition_penalty", 1}, {"repeat_penalty", 1}, {"min_p", 0},
+                          {"typical_p", 1}, {"tfs_z", 1}, {"mirostat", 0},
+                          {"dry_multiplier", 0}, {"xtc_probability", 0}}) {
+    KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(body, n.name));
+    if (v && *v != n.value)
+      return field_error(n.name, "not built in ktier serve (" + json(n.value).dump() +
+                                     " only)");
   }
   for (const char* name : {"logprobs", "top_logprobs", "suffix", "logit_bias", "tools",
-                           "functions", "tool_choice", "function_call", "best_of"}) {
+                           "functions", "tool_choice", "function_call", "best_of", "grammar",
+                           "json_schema", "ignore_eos", "n_probs", "n_predict"}) {
     const auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
         (it->is_array() && it->empty()) || (it->is_object() && it->empty()))
@@ -81,10 +92,12 @@ Status refuse_unsupported(const json& body) {
     if (std::string_view(name) == "tool_choice" && it->is_string() && it->get<std::string>() ==
                                                                           "none")
       continue;
+    if (std::string_view(name) == "n_predict")
+      return field_error(name, "give max_tokens (the OpenAI field) instead");
     return field_error(name, "not built in ktier serve");
   }
-  if (const auto it = body.find("echo"); it != body.end() && it->is_boolean() && it->get<bool>())
-    return field_error("echo", "not built in ktier serve");
+  KTIER_ASSIGN_OR_RETURN(const bool echo, bool_field(body, "echo", false));
+  if (echo) return field_error("echo", "not built in ktier serve");
   if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     const auto type = it->is_object() ? it->find("type") : it->end();
     if (!it->is_object() || type == it->end() || *type != "text")

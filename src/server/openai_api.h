@@ -8,9 +8,10 @@
 // assistant, content a string or an array of {"type": "text"} parts), max_tokens
 // (max_completion_tokens), temperature, top_p, top_k, seed, stop (a string or up to 4),
 // stream, stream_options.include_usage, n (1 only). Fields that would change the output in ways
-// not built (penalties, logprobs, echo, suffix, tools, logit_bias, system messages whose format
-// is not in K3-MODEL.md) are refused with the field named, never silently ignored; other fields
-// are ignored.
+// not built (penalties, llama-server's other samplers and grammars, logprobs, echo, suffix,
+// tools, logit_bias, system messages whose format is not in K3-MODEL.md) are refused with the
+// field named unless they hold their neutral value, never silently ignored; other fields are
+// ignored.
 //
 // Thread-safety: pure functions.
 

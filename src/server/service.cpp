@@ -171,8 +171,11 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
   out.usage = {prompt, st.generated_tokens, cached};
   out.report.gen = st;
   out.report.cached_prompt_tokens = cached;
+  out.report.stopped_at_stop_text = stop_hit;
   out.report.decode_end = runtime::EngineCounters::of(engine_);
   out.report.peak_rss_bytes = runtime::peak_rss_bytes();
+  // Under the lock: the next request changes the engine's counters and memory.
+  out.report_json = out.report.to_json(engine_);
   return out;
 }
 

@@ -4,8 +4,9 @@
 // conversation's next message, an agent's next step) runs only the rest.
 //
 // A K3 sequence cannot be cut back (a KDA state is recurrent), so a request that does not begin
-// with the ids run so far starts a fresh sequence; what a request generates never depends on
-// which it was (the CPU path is exact: the continuation is byte-identical to a fresh run).
+// with the ids run so far starts a fresh sequence; on the CPU what a request generates never
+// depends on which it was (exact across chunking: the continuation is byte-identical to a fresh
+// run). GPU mode promises no such identity across chunking (NUMERICS.md).
 // A request's ids depend on its text only (tok::render_conversation for chat), so a conversation
 // reuses the previous answer's state when the answer's text encodes to the ids sampled for it
 // (as a trained model's text mostly does); otherwise it reuses nothing.
@@ -21,6 +22,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 #include "runtime/engine.h"
@@ -43,6 +46,7 @@ struct Completion {
   FinishReason finish = FinishReason::kLength;
   Usage usage;
   runtime::RunReport report;
+  nlohmann::json report_json;  // report.to_json, made while the engine was this request's
   bool cancelled = false;  // the client went away (or the server stops): ended early
 };
 

@@ -48,6 +48,9 @@ TEST(OpenAiRequest, ChatMessagesAndFieldsAreRead) {
       {"stream_options", {{"include_usage", true}}},
       {"n", 1},
       {"presence_penalty", 0},
+      {"repeat_penalty", 1.0},
+      {"min_p", 0},
+      {"ignore_eos", false},
       {"logprobs", false},
       {"unknown_field", {1, 2}}};
   auto r = chat(body);
@@ -124,6 +127,13 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {{{"messages", kUser}, {"tools", {{{"type", "function"}}}}}, "tools"},
       {{{"messages", kUser}, {"response_format", {{"type", "json_object"}}}}, "response_format"},
       {{{"messages", kUser}, {"model", 3}}, "model"},
+      {{{"messages", kUser}, {"repeat_penalty", 1.1}}, "repeat_penalty"},
+      {{{"messages", kUser}, {"min_p", 0.05}}, "min_p"},
+      {{{"messages", kUser}, {"mirostat", 2}}, "mirostat"},
+      {{{"messages", kUser}, {"grammar", "root ::= \"a\""}}, "grammar"},
+      {{{"messages", kUser}, {"ignore_eos", true}}, "ignore_eos"},
+      {{{"messages", kUser}, {"n_predict", 5}}, "n_predict"},
+      {{{"messages", kUser}, {"echo", "yes"}}, "echo"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.body.dump());

@@ -92,27 +92,39 @@ class ServiceTest : public ::testing::Test {
     if (streamed) *streamed = pieces;
     return std::move(*done);
   }
-  // generate() over `ids`, its text as the service shows it (special and stop ids hidden).
-  static std::string generated_text(const std::vector<uint32_t>& ids, int64_t n) {
+  static std::vector<int32_t> stop_ids() {
+    const auto& eos = engine_->checkpoint().config().eos_token_ids;
+    std::vector<int32_t> ids(eos.begin(), eos.end());
+    ids.push_back(static_cast<int32_t>(markers_.close));
+    return ids;
+  }
+  // The ids generate() samples greedily after `ids` (the service's stop ids).
+  static std::vector<int32_t> generated_ids(const std::vector<uint32_t>& ids, int64_t n) {
     runtime::GenerationOptions g;
     g.max_new_tokens = n;
-    g.stop_ids.assign(engine_->checkpoint().config().eos_token_ids.begin(),
-                      engine_->checkpoint().config().eos_token_ids.end());
-    g.stop_ids.push_back(static_cast<int32_t>(markers_.close));
+    g.stop_ids = stop_ids();
     const std::vector<int32_t> prompt(ids.begin(), ids.end());
-    tok::StreamingDecoder decoder(*tokenizer_);
-    std::string text;
+    std::vector<int32_t> out;
     auto st = runtime::generate(engine_->model(), engine_->experts(), prompt, g, [&](int32_t id) {
-      const auto u = static_cast<uint32_t>(id);
-      if (std::find(g.stop_ids.begin(), g.stop_ids.end(), id) != g.stop_ids.end() ||
-          tokenizer_->is_special(u))
-        return Status::ok();
-      auto piece = decoder.push(u);
-      if (!piece.is_ok()) return piece.status();
-      text += *piece;
+      out.push_back(id);
       return Status::ok();
     });
     EXPECT_TRUE(st.is_ok()) << st.status().message();
+    return out;
+  }
+  // Their text as the service shows it (special and stop ids hidden).
+  static std::string generated_text(const std::vector<uint32_t>& ids, int64_t n) {
+    const std::vector<int32_t> stops = stop_ids();
+    tok::StreamingDecoder decoder(*tokenizer_);
+    std::string text;
+    for (const int32_t id : generated_ids(ids, n)) {
+      const auto u = static_cast<uint32_t>(id);
+      if (std::find(stops.begin(), stops.end(), id) != stops.end() || tokenizer_->is_special(u))
+        continue;
+      auto piece = decoder.push(u);
+      EXPECT_TRUE(piece.is_ok());
+      if (piece.is_ok()) text += *piece;
+    }
     return valid_utf8(text + decoder.flush());
   }
 
@@ -184,6 +196,35 @@ TEST_F(ServiceTest, AConversationsNextMessageReusesTheSequence) {
 }
 
 // The stop text straddles two tokens' pieces, so its first part must be held back.
+// The previous answer's own tokens are reused too (all but the last, never run) when the next
+// prompt goes on from the answer's text and encodes to them; where it does not, nothing is.
+TEST_F(ServiceTest, AnAnswersTokensAreReusedWhenItsTextEncodesBackToThem) {
+  int through_the_answer = 0;
+  for (int i = 0; i < 24; ++i) {
+    const std::string prompt = "The keeper " + std::to_string(i) + " said";
+    const int64_t n = 2 + i % 3;
+    SCOPED_TRACE(prompt);
+    auto s = service();
+    const Completion a = answer(*s, text_request(prompt, n));
+    const std::vector<uint32_t> first = tokenizer_->encode(prompt, false);
+    const std::vector<int32_t> sampled = generated_ids(first, n);
+    ASSERT_EQ(a.usage.completion_tokens, static_cast<int64_t>(sampled.size()));
+    const std::string next_prompt = prompt + a.text + " and went on";
+    const std::vector<uint32_t> next = tokenizer_->encode(next_prompt, false);
+    // What the sequence ran: the first prompt and the answer but its last token.
+    std::vector<uint32_t> ran = first;
+    ran.insert(ran.end(), sampled.begin(), sampled.end() - 1);
+    const bool goes_on =
+        next.size() > ran.size() && std::equal(ran.begin(), ran.end(), next.begin());
+    const Completion b = answer(*s, text_request(next_prompt, 4));
+    EXPECT_EQ(b.usage.cached_tokens, goes_on ? static_cast<int64_t>(ran.size()) : 0);
+    through_the_answer += goes_on && sampled.size() > 1;
+    auto fresh = service();
+    EXPECT_EQ(b.text, answer(*fresh, text_request(next_prompt, 4)).text);
+  }
+  EXPECT_GT(through_the_answer, 0) << "no answer of the tiny model encoded back to its tokens";
+}
+
 TEST_F(ServiceTest, AStopTextEndsTheAnswerBeforeItAndIsNeverStreamed) {
   auto s = service();
   const std::string prompt = "The lighthouse keeper";
