@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -312,6 +313,12 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
   if (eo.device == backend::DeviceKind::kCpu && !eo.emulate_device && eo.vram_budget)
     spdlog::warn("--vram {} ignored: decoding on the CPU", a.vram);
   return Status::ok();
+}
+
+void ignore_sigpipe() {
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignore, nullptr);
 }
 
 Status write_stdout(const std::string& s) {

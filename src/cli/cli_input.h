@@ -77,6 +77,9 @@ Status check_output_is_not_input(const std::string& flag, const std::string& out
 // Writes `s` to standard output and flushes it; Status::runtime naming the errno when the
 // reader has gone (EPIPE: SIGPIPE is ignored by the commands that stream) or the write fails.
 Status write_stdout(const std::string& s);
+// Ignores SIGPIPE for the rest of the process: a reader or client that goes away (`ktier run |
+// head`, a closed HTTP connection) is a failed write (EPIPE), not death by signal (exit 141).
+void ignore_sigpipe();
 
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);

@@ -23,7 +23,6 @@
 // the sequence as the run leaves it) unless --prompt-cache-ro; a conversation resumes the one
 // the file holds and is saved after every answer.
 
-#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -77,9 +76,7 @@ struct RunArgs {
 Status run(const RunArgs& a) {
   // A reader that goes away (`ktier run ... | head`) is a write error (exit 1, the trace closed
   // at a whole token), not a silent death by SIGPIPE (exit 141, the trace cut).
-  struct sigaction ignore_pipe {};
-  ignore_pipe.sa_handler = SIG_IGN;
-  ::sigaction(SIGPIPE, &ignore_pipe, nullptr);
+  ignore_sigpipe();
   if (a.has_ids) KTIER_RETURN_IF_ERROR(check_ids_given(a.ids));
   const int given = int(a.has_prompt) + int(!a.file.empty()) + int(!a.ids.empty());
   // A conversation may take its first message from standard input too.

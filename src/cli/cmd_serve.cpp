@@ -14,7 +14,6 @@
 // build found it (KTIER_SERVER).
 
 #include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -212,9 +211,7 @@ class ApiHandlers {
 
 Status serve(const ServeArgs& a) {
   // A client that goes away mid-answer is a failed write, not SIGPIPE's death.
-  struct sigaction ignore_pipe {};
-  ignore_pipe.sa_handler = SIG_IGN;
-  ::sigaction(SIGPIPE, &ignore_pipe, nullptr);
+  ignore_sigpipe();
   server::ServiceOptions so;
   so.ctx = a.ctx;
   so.prefill_chunk = a.chunk;
