@@ -9,6 +9,8 @@
 //
 // One sequence serves every request, one at a time (server/service.h): a request that begins
 // with what the previous one ran (a conversation's next message) runs only its new tokens.
+// Listening starts before the (long) load; until the model is ready every request is answered
+// 503 "the model is loading", as llama-server does, so that health checks see it.
 // Ctrl-C stops the server (exit 0): the answer in progress ends at its next token as an error
 // (503), waiting requests do not start. HTTP from Debian's cpp-httplib, linked only when the
 // build found it (KTIER_SERVER).
@@ -20,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -98,12 +101,25 @@ json extra_fields(const server::Completion& c) {
           {"ktier", c.report_json}};
 }
 
+// The routes. Until ready() (set_service), every request is answered 503 before routing.
 class ApiHandlers {
  public:
-  ApiHandlers(server::Service& service, std::string model_name)
-      : service_(service), model_(std::move(model_name)) {}
+  explicit ApiHandlers(std::string model_name) : model_(std::move(model_name)) {}
+
+  // `service` must outlive listening. Before this call no handler below runs.
+  void set_service(server::Service& service) { service_.store(&service); }
+  bool ready() const { return service_.load() != nullptr; }
 
   void route(httplib::Server& http) {
+    http.set_pre_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+      if (ready()) return httplib::Server::HandlerResponse::Unhandled;
+      res.status = 503;
+      res.set_content(server::dump(server::error_body(
+                          "the model is loading; try again when GET /health answers 200",
+                          "unavailable_error")),
+                      "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    });
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"status":"ok"})", "application/json");
     });
@@ -130,9 +146,9 @@ class ApiHandlers {
 
   void handle(server::Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
     Result<server::CompletionRequest> parsed =
-        server::parse_request(endpoint, req.body, service_.options().defaults);
+        server::parse_request(endpoint, req.body, service().options().defaults);
     if (!parsed.is_ok()) return send_error(res, parsed.status());
-    Result<server::PreparedRequest> prepared = service_.prepare(std::move(*parsed));
+    Result<server::PreparedRequest> prepared = service().prepare(std::move(*parsed));
     if (!prepared.is_ok()) return send_error(res, prepared.status());
     const bool chat = endpoint == server::Endpoint::kChatCompletions;
     server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
@@ -182,7 +198,7 @@ class ApiHandlers {
   Result<server::Completion> run(const server::PreparedRequest& request,
                                  const server::Service::TextSink& on_text) {
     Result<server::Completion> done =
-        service_.complete(request, on_text, [] { return InterruptRequest::requested(); });
+        service().complete(request, on_text, [] { return InterruptRequest::requested(); });
     if (done.is_ok() && done->cancelled && InterruptRequest::requested())
       done = Status::interrupted("the server is stopping (Ctrl-C): the answer was cut after " +
                                  std::to_string(done->usage.completion_tokens) + " tokens");
@@ -204,10 +220,53 @@ class ApiHandlers {
     return done;
   }
 
-  server::Service& service_;
+  server::Service& service() const { return *service_.load(); }
+
+  std::atomic<server::Service*> service_{nullptr};
   const std::string model_;
   std::atomic<uint64_t> requests_{0};
 };
+
+// Runs listen_after_bind() on its own thread from construction to stop() (or destruction),
+// which waits for every connection to end.
+class Listener {
+ public:
+  explicit Listener(httplib::Server& http)
+      : http_(http), thread_([this] {
+          listened_ = http_.listen_after_bind();
+          ended_ = true;
+        }) {}
+  ~Listener() { stop(); }
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  bool ended() const { return ended_.load(); }
+  // False when listening ended by itself (the socket failed), not by stop().
+  bool stop() {
+    if (thread_.joinable()) {
+      // httplib's stop() does nothing before listen_after_bind() has begun: wait for it.
+      while (!http_.is_running() && !ended_.load())
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      http_.stop();
+      thread_.join();
+    }
+    return listened_;
+  }
+
+ private:
+  httplib::Server& http_;
+  std::atomic<bool> ended_{false};
+  bool listened_ = false;
+  std::thread thread_;  // last: it starts in the constructor and uses the members above
+};
+
+// The model's name in responses: --alias, or the folder's own name ("k3" for /models/k3/).
+std::string model_name(const ServeArgs& a) {
+  if (!a.alias.empty()) return a.alias;
+  std::filesystem::path folder = std::filesystem::path(a.model).lexically_normal();
+  if (folder.filename().empty()) folder = folder.parent_path();
+  return folder.filename().empty() ? a.model : folder.filename().string();
+}
 
 Status serve(const ServeArgs& a) {
   // A client that goes away mid-answer is a failed write, not SIGPIPE's death.
@@ -260,14 +319,21 @@ Status serve(const ServeArgs& a) {
     res.set_content(server::dump(server::error_body(what, "invalid_request_error")),
                     "application/json");
   });
-  // The port before the (long) load: one in use is said at once. Connections made during the
-  // load wait in the listen queue.
+  ApiHandlers api(model_name(a));
+  api.route(http);
+  // The port before the (long) load: one in use is said at once, and requests made during the
+  // load are answered (503) rather than left waiting.
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : a.port;
   if (port < 0 || (a.port != 0 && !http.bind_to_port(a.host, a.port)))
     return Status::runtime("cannot listen on " + a.host + ":" + std::to_string(a.port) +
                            " (the port in use, or not an address of this machine?)");
-
-  spdlog::info("loading {}", a.model);
+  Listener listener(http);
+  std::fprintf(stderr, "ktier: listening on http://%s:%d; loading %s (requests are answered 503 "
+               "until it is loaded)\n", a.host.c_str(), port, a.model.c_str());
+  std::fflush(stderr);
+  // Debugging only (docs/TUNING.md): a longer load, to try clients against the 503 answers.
+  if (const char* delay = std::getenv("KTIER_DEBUG_SERVE_LOAD_DELAY_MS"); delay && *delay)
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::strtol(delay, nullptr, 10)));
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   if (static_cast<int64_t>(tokenizer.vocab_size()) != engine->checkpoint().config().vocab_size)
     spdlog::warn("the tokenizer has {} ids and config.json's vocab_size is {}",
@@ -277,38 +343,18 @@ Status serve(const ServeArgs& a) {
     spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json", a.ctx,
                  *limit);
   server::Service service(*engine, tokenizer, markers, so);
-  // The model's name in responses: --alias, or the folder's own name ("k3" for /models/k3/).
-  std::filesystem::path folder = std::filesystem::path(a.model).lexically_normal();
-  if (folder.filename().empty()) folder = folder.parent_path();
-  const std::string name = !a.alias.empty()             ? a.alias
-                           : folder.filename().empty() ? a.model
-                                                       : folder.filename().string();
-  ApiHandlers api(service, name);
-  api.route(http);
   // Ctrl-C: stop accepting, end the request in progress at its next token (503), exit 0.
+  // (During the load Ctrl-C ends the process at once.)
   InterruptRequest interrupt(
       "\nktier: Ctrl-C: stopping the server (Ctrl-C again quits at once)\n");
-  std::atomic<bool> listening_ended{false};
-  std::thread watcher([&] {
-    pollfd fd{interrupt.wake_fd(), POLLIN, 0};
-    while (!listening_ended.load()) {
-      if (::poll(&fd, 1, 100) > 0 || InterruptRequest::requested()) {
-        // stop() does nothing before listen_after_bind() has begun: a Ctrl-C just after the
-        // "serving" line waits for it.
-        while (!http.is_running() && !listening_ended.load())
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        http.stop();
-        return;
-      }
-    }
-  });
+  api.set_service(service);
   std::fprintf(stderr, "ktier: serving %s on http://%s:%d (POST /v1/chat/completions, "
                "/v1/completions; GET /v1/models, /health); Ctrl-C stops\n",
                a.model.c_str(), a.host.c_str(), port);
   std::fflush(stderr);
-  const bool listened = http.listen_after_bind();
-  listening_ended = true;
-  watcher.join();
+  pollfd fd{interrupt.wake_fd(), POLLIN, 0};
+  while (!listener.ended() && !InterruptRequest::requested()) ::poll(&fd, 1, 100);
+  const bool listened = listener.stop();
   if (!listened && !InterruptRequest::requested())
     return Status::runtime("the HTTP server on " + a.host + ":" + std::to_string(port) +
                            " stopped accepting connections");

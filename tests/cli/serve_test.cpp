@@ -32,7 +32,8 @@ class ServeCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("ktier-serve-" + std::to_string(::getpid()));
-    const auto r = run_process(ktier_bin().string() + " synth --preset tiny --seed 0 -q --force -o " +
+    const auto r = run_process(ktier_bin().string() +
+                               " synth --preset tiny --seed 0 -q --force -o " +
                                (dir_ / "model").string());
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
@@ -177,6 +178,45 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   EXPECT_NE(server.err().find("/v1/chat/completions: prompt"), std::string::npos);
 }
 
+// The port listens before the load: meanwhile every request is answered 503 (as llama-server
+// does), not left waiting, and the same server answers once the model is loaded.
+TEST_F(ServeCli, AnswersLoadingUntilTheModelIsLoaded) {
+  std::vector<std::string> argv = serve_argv(dir_ / "model");
+  argv.insert(argv.begin(), {"/usr/bin/env", "KTIER_DEBUG_SERVE_LOAD_DELAY_MS=4000"});
+  ChildProcess server(argv);
+  ASSERT_TRUE(server.started());
+  ASSERT_TRUE(server.wait_for(Stream::kErr, "until it is loaded")) << server.err();
+  std::smatch m;
+  const std::string err = server.err();
+  ASSERT_TRUE(
+      std::regex_search(err, m, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+)")))
+      << err;
+  const int port = std::stoi(m[1].str());
+  EXPECT_EQ(err.find("Ctrl-C stops"), std::string::npos) << "loaded before the delay: " << err;
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(120, 0);
+  for (const bool post : {false, true}) {
+    auto res = post ? client.Post("/v1/completions", R"({"prompt": "a", "max_tokens": 1})",
+                                  "application/json")
+                    : client.Get("/health");
+    ASSERT_TRUE(res) << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 503) << res->body;
+    const json e = json::parse(res->body);
+    EXPECT_EQ(e["error"]["type"], "unavailable_error");
+    EXPECT_NE(e["error"]["message"].get<std::string>().find("loading"), std::string::npos);
+  }
+  ASSERT_EQ(start(server), port) << server.err();
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200) << health->body;
+  auto answer = client.Post("/v1/completions", R"({"prompt": "a", "max_tokens": 1})",
+                            "application/json");
+  ASSERT_TRUE(answer);
+  EXPECT_EQ(answer->status, 200) << answer->body;
+  server.signal(SIGINT);
+  EXPECT_EQ(server.wait(), 0) << server.err();
+}
+
 TEST_F(ServeCli, HelpListsServe) {
   auto r = run_process(ktier_bin().string() + " --help");
   EXPECT_EQ(r.exit_code, 0);
@@ -215,6 +255,27 @@ TEST_F(ServeCli, WhatCannotStartSaysWhy) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("cannot listen on 127.0.0.1:" + std::to_string(port)), std::string::npos)
       << r.err;
+
+  // A load that fails while the port listens: the load's exit code, the listening ended.
+  const fs::path broken = dir_ / "broken-shard";
+  fs::create_directories(broken);
+  std::string shard;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_ / "model")) {
+    const std::string name = e.path().filename().string();
+    if (shard.empty() && name.rfind("model-", 0) == 0 && name.find(".safetensors") != name.npos) {
+      shard = name;
+      fs::copy_file(e.path(), broken / name);
+      fs::resize_file(broken / name, 1000);
+    } else {
+      fs::create_symlink(e.path(), broken / name);
+    }
+  }
+  ASSERT_FALSE(shard.empty());
+  ChildProcess failing(serve_argv(broken));
+  ASSERT_TRUE(failing.started());
+  EXPECT_EQ(failing.wait(), 3) << failing.err();
+  EXPECT_NE(failing.err().find("listening on"), std::string::npos) << failing.err();
+  EXPECT_NE(failing.err().find(shard), std::string::npos) << failing.err();
 
   for (const char* flag : {" --port 70000", " --temp 3", " -c 0"}) {
     r = run_process(ktier_bin().string() + " serve -m " + (dir_ / "model").string() + flag);
