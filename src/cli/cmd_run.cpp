@@ -269,10 +269,8 @@ Status run(const RunArgs& a) {
   };
   const auto emit = [&](int32_t id) -> Status {
     generated.push_back(id);
-    const bool stop =
-        std::find(gen.stop_ids.begin(), gen.stop_ids.end(), id) != gen.stop_ids.end();
-    if (!stream || stop || static_cast<uint32_t>(id) >= tokenizer->vocab_size()) return Status::ok();
-    if (!a.special && tokenizer->is_special(static_cast<uint32_t>(id))) return Status::ok();
+    if (!stream || !tok::shown_as_text(*tokenizer, gen.stop_ids, id, a.special))
+      return Status::ok();
     KTIER_ASSIGN_OR_RETURN(const std::string piece, stream->push(static_cast<uint32_t>(id)));
     return write_stdout(piece);
   };

@@ -117,11 +117,8 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
   Status text_error;
   const runtime::TokenSink sink = [&](int32_t id) -> Status {
     generated.push_back(id);
-    const auto u = static_cast<uint32_t>(id);
-    if (std::find(gen_.stop_ids.begin(), gen_.stop_ids.end(), id) != gen_.stop_ids.end() ||
-        u >= tokenizer_.vocab_size() || tokenizer_.is_special(u))
-      return Status::ok();
-    KTIER_ASSIGN_OR_RETURN(const std::string piece, decoder.push(u));
+    if (!tok::shown_as_text(tokenizer_, gen_.stop_ids, id)) return Status::ok();
+    KTIER_ASSIGN_OR_RETURN(const std::string piece, decoder.push(static_cast<uint32_t>(id)));
     out.text += valid_utf8(piece);
     scan();
     return Status::ok();

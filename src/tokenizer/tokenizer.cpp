@@ -365,6 +365,13 @@ Result<std::string> StreamingDecoder::push(uint32_t id) {
   return ready;
 }
 
+bool shown_as_text(const Tokenizer& tok, std::span<const int32_t> stop_ids, int32_t id,
+                   bool show_special) {
+  if (id < 0 || static_cast<uint32_t>(id) >= tok.vocab_size()) return false;
+  if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) return false;
+  return show_special || !tok.is_special(static_cast<uint32_t>(id));
+}
+
 std::string StreamingDecoder::flush() {
   std::string rest;
   rest.swap(pending_);

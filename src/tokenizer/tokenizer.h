@@ -115,6 +115,12 @@ class StreamingDecoder {
   std::string pending_;
 };
 
+// Whether a generated id is shown as the answer's text: not one of `stop_ids` (what ends the
+// answer is not part of it), an id of `tok` (a model may have more), and, unless
+// `show_special`, not a special one (markup). The filter of `run`'s stream and `serve`'s text.
+bool shown_as_text(const Tokenizer& tok, std::span<const int32_t> stop_ids, int32_t id,
+                   bool show_special = false);
+
 // Length of the longest suffix of `bytes` (at most 3) that is an incomplete but valid prefix
 // of a UTF-8 sequence; 0 if the bytes end on a boundary or in bytes that can never complete.
 size_t incomplete_utf8_suffix(std::string_view bytes);

@@ -118,10 +118,8 @@ class ServiceTest : public ::testing::Test {
     tok::StreamingDecoder decoder(*tokenizer_);
     std::string text;
     for (const int32_t id : generated_ids(ids, n)) {
-      const auto u = static_cast<uint32_t>(id);
-      if (std::find(stops.begin(), stops.end(), id) != stops.end() || tokenizer_->is_special(u))
-        continue;
-      auto piece = decoder.push(u);
+      if (!tok::shown_as_text(*tokenizer_, stops, id)) continue;
+      auto piece = decoder.push(static_cast<uint32_t>(id));
       EXPECT_TRUE(piece.is_ok());
       if (piece.is_ok()) text += *piece;
     }

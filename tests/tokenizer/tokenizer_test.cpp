@@ -197,6 +197,23 @@ TEST(TokenizerDecode, BytesContentsAndErrors) {
   EXPECT_NE(bad.status().message().find(std::to_string(n + 6)), std::string::npos);
 }
 
+TEST(TokenizerDecode, ShownAsTextHidesStopsMarkupAndUnknownIds) {
+  const uint32_t n = static_cast<uint32_t>(byte_vocab(test::demo_merges()).size());
+  const Tokenizer t = make(markers(n), 6);  // ids n .. n+5; <|a|> special, <|open|> not
+  const std::vector<int32_t> stops = {int32_t('z'), int32_t(n + 2)};
+  const auto shown = [&](uint32_t id, bool special = false) {
+    return shown_as_text(t, stops, static_cast<int32_t>(id), special);
+  };
+  EXPECT_TRUE(shown('h'));
+  EXPECT_FALSE(shown('z'));                  // a stop id ends the answer
+  EXPECT_FALSE(shown(n + 2, true));          // even with special ones shown
+  EXPECT_FALSE(shown(n));                    // special: markup
+  EXPECT_TRUE(shown(n, true));
+  EXPECT_TRUE(shown(n + 3));                 // an added token that is not special
+  EXPECT_FALSE(shown(n + 6, true));          // past the tokenizer (the model's own)
+  EXPECT_FALSE(shown_as_text(t, stops, -1, true));
+}
+
 TEST(StreamingDecoder, HoldsBackPartialUtf8) {
   const Tokenizer t = make({}, 0, SplitPattern::kK3, {});  // byte-level: one id per byte
   StreamingDecoder s(t);
