@@ -1,15 +1,19 @@
 #include "format/safetensors_writer.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cstring>
 #include <set>
 #include <utility>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "format/safetensors.h"
 #include "io/output_file.h"
@@ -22,6 +26,40 @@ constexpr size_t kDirectWriteBytes = 256u << 10;
 constexpr size_t kBufferBytes = 1u << 20;
 
 std::string errno_text(int err) { return std::strerror(err); }
+
+// A partial file of a killed writer (Partial::kUnique) is left behind, as large as the file it
+// was writing; the next writer of the same path removes those whose process is gone. A file
+// unchanged for this long, too: a pid of another pid namespace sharing the folder looks gone
+// from here, and this keeps its live writer's file.
+constexpr auto kDeadPartialAge = std::chrono::minutes(10);
+
+// Removes "<stem>.<pid>-<n>" files whose pid is no process here and that are older than
+// kDeadPartialAge. Best effort: what cannot be read or removed is left.
+void remove_dead_partials(const std::filesystem::path& stem) {
+  namespace fs = std::filesystem;
+  const std::string prefix = stem.filename().string() + ".";
+  std::error_code ec;
+  fs::directory_iterator it(stem.has_parent_path() ? stem.parent_path() : fs::path("."), ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const char* const end = name.data() + name.size();
+    pid_t pid = 0;
+    uint64_t n = 0;
+    std::from_chars_result r = std::from_chars(name.data() + prefix.size(), end, pid);
+    if (r.ec != std::errc() || pid <= 0 || r.ptr == end || *r.ptr != '-') continue;
+    r = std::from_chars(r.ptr + 1, end, n);
+    if (r.ec != std::errc() || r.ptr != end || pid == ::getpid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to signal)
+    std::error_code file_ec;
+    if (!it->is_regular_file(file_ec) || file_ec) continue;
+    const auto changed = fs::last_write_time(it->path(), file_ec);
+    if (file_ec || fs::file_time_type::clock::now() - changed < kDeadPartialAge) continue;
+    if (fs::remove(it->path(), file_ec))
+      spdlog::info("removed {}: a partial file of process {}, which ended before finishing it",
+                   it->path().string(), pid);
+  }
+}
 
 Status validate_decls(const std::filesystem::path& path, const std::vector<TensorDecl>& tensors) {
   std::set<std::string> seen;
@@ -99,6 +137,7 @@ Result<SafetensorsWriter> SafetensorsWriter::create(
             // by a killed writer of the same pid (a container's pid 1) is passed over
     static std::atomic<uint64_t> next_unique{0};
     const std::filesystem::path stem = w.partial_path_;
+    remove_dead_partials(stem);
     for (int attempt = 0; w.fd_ < 0; ++attempt) {
       w.partial_path_ = stem;
       w.partial_path_ += "." + std::to_string(::getpid()) + "-" + std::to_string(next_unique++);

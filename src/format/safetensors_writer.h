@@ -51,7 +51,9 @@ class SafetensorsWriter {
   // Where the bytes go until finish(): kShared is "<path>.partial" (a stale one, or a symlink
   // there, is removed first: never written through), for one writer of `path` at a time;
   // kUnique is "<path>.partial.<pid>-<n>", created exclusively, for files that several
-  // processes may write at once (a prompt cache): each renames a whole file, the last one wins.
+  // processes may write at once (a prompt cache): each renames a whole file, the last one wins;
+  // one left by a writer that was killed (its process gone, the file unchanged for 10 minutes)
+  // is removed by the next kUnique writer of `path`.
   enum class Partial { kShared, kUnique };
   // Validates the declarations, creates the partial file and writes the 8-byte length and the
   // header. The parent directory must exist.

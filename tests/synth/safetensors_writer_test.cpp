@@ -3,8 +3,11 @@
 #include "format/safetensors_writer.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <numeric>
 
@@ -181,6 +184,40 @@ TEST(SafetensorsWriter, UniquePartialPassesOverNamesLeftBehind) {
   ASSERT_TRUE(w->finish().is_ok());
   EXPECT_EQ(test::list_dir(dir.path()).size(), 301u);
   EXPECT_EQ(test::read_file(stem + std::to_string(next)), "left");
+}
+
+// Partial files of killed writers (their process gone, the file unchanged for 10 minutes) are
+// removed by the next unique writer of the same path; everything else is left.
+TEST(SafetensorsWriter, UniqueWriterRemovesPartialsOfDeadWriters) {
+  test::TempDir dir("writer_dead");
+  const fs::path path = dir.path() / "d.safetensors";
+  const pid_t dead = ::fork();  // a pid that has just ended
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  const std::string of_dead = path.string() + ".partial." + std::to_string(dead) + "-";
+  const auto write = [](const std::string& name, bool old) {
+    std::ofstream(name) << "left";
+    if (old) fs::last_write_time(name, fs::file_time_type::clock::now() - std::chrono::hours(1));
+  };
+  write(of_dead + "0", true);    // removed
+  write(of_dead + "1", false);   // recent: kept (its writer may be of another pid namespace)
+  write(of_dead + "2x", true);   // not a partial name: kept
+  write(path.string() + ".partial." + std::to_string(::getppid()) + "-0", true);  // alive: kept
+  write((dir.path() / "e.safetensors.partial.").string() + std::to_string(dead) + "-0", true);
+  auto w = SafetensorsWriter::create(path, {{"t", DType::kU8, {1}}}, {},
+                                     SafetensorsWriter::Partial::kUnique);
+  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  const uint8_t b = 7;
+  ASSERT_TRUE(w->append(&b, 1).is_ok());
+  ASSERT_TRUE(w->finish().is_ok());
+  const std::string dead_id = std::to_string(dead), parent_id = std::to_string(::getppid());
+  std::vector<std::string> kept = {"d.safetensors", "d.safetensors.partial." + dead_id + "-1",
+                                   "d.safetensors.partial." + dead_id + "-2x",
+                                   "d.safetensors.partial." + parent_id + "-0",
+                                   "e.safetensors.partial." + dead_id + "-0"};
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(test::list_dir(dir.path()), kept);
 }
 
 TEST(SafetensorsWriter, IoFailureIsARuntimeErrorNamingTheFile) {
