@@ -1,11 +1,11 @@
 // ktier serve: an OpenAI-compatible HTTP server, as llama-server (docs/TUNING.md "Serving").
 //
 //   ktier serve -m DIR [--host 127.0.0.1] [--port 8080] [-c 4096] [-n 512] [--temp 1]
-//               [--top-k 0] [--top-p 1] [--seed 0] [--alias NAME] [run's memory, strata,
-//               --threads, --chunk and --isa options]
+//               [--top-k 0] [--top-p 1] [--seed 0] [--alias NAME] [--metrics] [run's memory,
+//               strata, --threads, --chunk and --isa options]
 //
 //   POST /v1/chat/completions, POST /v1/completions (stream: server-sent events),
-//   GET /v1/models, GET /health.
+//   GET /v1/models, GET /health, GET /metrics (Prometheus, with --metrics).
 //
 // One sequence serves every request, one at a time (server/service.h): a request that begins
 // with what the previous one ran (a conversation's next message) runs only its new tokens.
@@ -39,6 +39,7 @@
 #include "format/checkpoint.h"
 #include "io/read_file.h"
 #include "runtime/engine.h"
+#include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/service.h"
 #include "tokenizer/chat.h"
@@ -54,6 +55,7 @@ struct ServeArgs {
   MemoryArgs memory;
   StrataArgs strata;
   int port = 8080, threads = 0;
+  bool metrics = false;
   int64_t ctx = 4096, chunk = 256, max_tokens = 512, top_k = 0;
   double temperature = 1.0, top_p = 1.0;
   uint64_t seed = 0;
@@ -104,7 +106,8 @@ json extra_fields(const server::Completion& c) {
 // The routes. Until ready() (set_service), every request is answered 503 before routing.
 class ApiHandlers {
  public:
-  explicit ApiHandlers(std::string model_name) : model_(std::move(model_name)) {}
+  ApiHandlers(std::string model_name, bool metrics)
+      : model_(std::move(model_name)), metrics_(metrics) {}
 
   // `service` must outlive listening. Before this call no handler below runs.
   void set_service(server::Service& service) { service_.store(&service); }
@@ -122,6 +125,18 @@ class ApiHandlers {
     });
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"status":"ok"})", "application/json");
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      if (!metrics_) {  // as llama-server: off unless asked for
+        res.status = 501;
+        res.set_content(server::dump(server::error_body(
+                            "this server does not serve metrics: start it with --metrics",
+                            "not_supported_error")),
+                        "application/json");
+        return;
+      }
+      res.set_content(server::prometheus_metrics(service().totals()),
+                      "text/plain; version=0.0.4");
     });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       const json model = {{"id", model_}, {"object", "model"}, {"created", now()},
@@ -224,6 +239,7 @@ class ApiHandlers {
 
   std::atomic<server::Service*> service_{nullptr};
   const std::string model_;
+  const bool metrics_;
   std::atomic<uint64_t> requests_{0};
 };
 
@@ -319,7 +335,7 @@ Status serve(const ServeArgs& a) {
     res.set_content(server::dump(server::error_body(what, "invalid_request_error")),
                     "application/json");
   });
-  ApiHandlers api(model_name(a));
+  ApiHandlers api(model_name(a), a.metrics);
   api.route(http);
   // The port before the (long) load: one in use is said at once, and requests made during the
   // load are answered (503) rather than left waiting.
@@ -374,6 +390,9 @@ void register_serve_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
   sub->add_option("--alias", a->alias, "Model name in responses (default: the folder's name)");
+  sub->add_flag("--metrics", a->metrics,
+                "Serve GET /metrics (Prometheus text: requests, tokens, times, and per-tier "
+                "expert bytes, link bytes and prefetch outcomes since the load)");
   sub->add_option("-c,--ctx-size", a->ctx,
                   "Positions the sequence may use (reserved up front; GPU mode sets the state "
                   "for this many aside): a request's prompt + max_tokens - 1 must fit")

@@ -78,9 +78,46 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   return PreparedRequest{std::move(request), std::move(ids), max_tokens};
 }
 
+ServiceTotals Service::totals() const {
+  std::lock_guard<std::mutex> lock(totals_mutex_);
+  return totals_;
+}
+
 Result<Completion> Service::complete(const PreparedRequest& prepared, const TextSink& on_text,
                                      const std::function<bool()>& stop_requested) {
+  {
+    std::lock_guard<std::mutex> totals(totals_mutex_);
+    ++totals_.waiting;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
+  {
+    std::lock_guard<std::mutex> totals(totals_mutex_);
+    --totals_.waiting;
+    ++totals_.processing;
+  }
+  Result<Completion> done = complete_locked(prepared, on_text, stop_requested);
+  const runtime::EngineCounters counters = runtime::EngineCounters::of(engine_);
+  std::lock_guard<std::mutex> totals(totals_mutex_);
+  --totals_.processing;
+  totals_.engine = counters;
+  if (!done.is_ok()) {
+    ++totals_.requests_failed;
+    return done;
+  }
+  const runtime::GenerationStats& g = done->report.gen;
+  ++totals_.requests;
+  totals_.prompt_tokens += g.prompt_tokens;
+  totals_.reused_tokens += done->usage.cached_tokens;
+  totals_.generated_tokens += g.generated_tokens;
+  totals_.decode_steps += g.decode_steps;
+  totals_.prefill_seconds += g.prefill_seconds;
+  totals_.decode_seconds += g.decode_seconds;
+  return done;
+}
+
+Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
+                                            const TextSink& on_text,
+                                            const std::function<bool()>& stop_requested) {
   // A request that waited while the server was told to stop does not start.
   if (stop_requested && stop_requested())
     return Status::interrupted("the server is stopping: this request was not started");

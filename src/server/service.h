@@ -50,6 +50,18 @@ struct Completion {
   bool cancelled = false;  // the client went away (or the server stops): ended early
 };
 
+// What a service has done since it was made (`ktier serve --metrics`).
+struct ServiceTotals {
+  uint64_t requests = 0;         // answered (an answer its client cut short included)
+  uint64_t requests_failed = 0;  // accepted, then ended by an error (or the server's stop)
+  int64_t prompt_tokens = 0;     // prompt tokens run
+  int64_t reused_tokens = 0;     // prompt tokens the previous request's sequence held
+  int64_t generated_tokens = 0, decode_steps = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  int64_t processing = 0, waiting = 0;  // requests generating now / waiting for the sequence
+  runtime::EngineCounters engine;       // the engine's counters after the last request
+};
+
 // A request tokenized and checked against the context, ready to run.
 struct PreparedRequest {
   CompletionRequest request;
@@ -78,6 +90,8 @@ class Service {
                               const std::function<bool()>& stop_requested);
 
   const ServiceOptions& options() const { return options_; }
+  // A copy, without waiting for the request in progress.
+  ServiceTotals totals() const;
 
  private:
   runtime::Engine& engine_;
@@ -86,6 +100,11 @@ class Service {
   const ServiceOptions options_;
   runtime::GenerationOptions gen_;  // stop ids, chunk, reserve; per request: sampling, limit
 
+  Result<Completion> complete_locked(const PreparedRequest& prepared, const TextSink& on_text,
+                                     const std::function<bool()>& stop_requested);
+
+  mutable std::mutex totals_mutex_;  // guards totals_ (never held while generating)
+  ServiceTotals totals_;
   std::mutex mutex_;  // guards everything below
   std::unique_ptr<runtime::GenerationSession> session_;
   std::vector<int32_t> ran_;  // the ids session_ has run, in order

@@ -78,6 +78,10 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   auto models = client.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny-test");
+  auto no_metrics = client.Get("/metrics");  // without --metrics, as llama-server
+  ASSERT_TRUE(no_metrics);
+  EXPECT_EQ(no_metrics->status, 501);
+  EXPECT_NE(no_metrics->body.find("--metrics"), std::string::npos) << no_metrics->body;
 
   const std::string want = run_chat_text(dir_ / "model", "hello there", 8);
   const json request = {{"messages", {{{"role", "user"}, {"content", "hello there"}}}},
@@ -183,6 +187,7 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
 TEST_F(ServeCli, AnswersLoadingUntilTheModelIsLoaded) {
   std::vector<std::string> argv = serve_argv(dir_ / "model");
   argv.insert(argv.begin(), {"/usr/bin/env", "KTIER_DEBUG_SERVE_LOAD_DELAY_MS=4000"});
+  argv.push_back("--metrics");
   ChildProcess server(argv);
   ASSERT_TRUE(server.started());
   ASSERT_TRUE(server.wait_for(Stream::kErr, "until it is loaded")) << server.err();
@@ -213,6 +218,14 @@ TEST_F(ServeCli, AnswersLoadingUntilTheModelIsLoaded) {
                             "application/json");
   ASSERT_TRUE(answer);
   EXPECT_EQ(answer->status, 200) << answer->body;
+  // --metrics: Prometheus's text, counting the request.
+  auto metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_EQ(metrics->get_header_value("Content-Type"), "text/plain; version=0.0.4");
+  EXPECT_NE(metrics->body.find("\nktier:requests_total 1\n"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("\nktier:tokens_predicted_total 1\n"), std::string::npos)
+      << metrics->body;
   server.signal(SIGINT);
   EXPECT_EQ(server.wait(), 0) << server.err();
 }

@@ -291,6 +291,30 @@ TEST_F(ServiceTest, ARequestThatWaitedWhileTheServerStopsDoesNotStart) {
   EXPECT_FALSE(called);
 }
 
+// The totals behind GET /metrics add up the requests' own figures, reuse and failures included.
+TEST_F(ServiceTest, TotalsAddUpTheRequests) {
+  auto s = service();
+  EXPECT_EQ(s->totals().requests, 0u);
+  const std::string first = "The lighthouse keeper", second = first + " checked the lamp";
+  const Completion a = answer(*s, text_request(first, 1));
+  const Completion b = answer(*s, text_request(second, 5));
+  ASSERT_GT(b.usage.cached_tokens, 0);
+  auto prepared = s->prepare(text_request("The lamp", 4));
+  ASSERT_TRUE(prepared.is_ok());
+  ASSERT_FALSE(s->complete(*prepared, nullptr, [] { return true; }).is_ok());
+  const ServiceTotals t = s->totals();
+  EXPECT_EQ(t.requests, 2u);
+  EXPECT_EQ(t.requests_failed, 1u);
+  EXPECT_EQ(t.prompt_tokens, a.report.gen.prompt_tokens + b.report.gen.prompt_tokens);
+  EXPECT_EQ(t.prompt_tokens + t.reused_tokens, a.usage.prompt_tokens + b.usage.prompt_tokens);
+  EXPECT_EQ(t.reused_tokens, b.usage.cached_tokens);
+  EXPECT_EQ(t.generated_tokens, a.usage.completion_tokens + b.usage.completion_tokens);
+  EXPECT_EQ(t.decode_steps, a.report.gen.decode_steps + b.report.gen.decode_steps);
+  EXPECT_DOUBLE_EQ(t.prefill_seconds, a.report.gen.prefill_seconds + b.report.gen.prefill_seconds);
+  EXPECT_EQ(t.processing, 0);
+  EXPECT_EQ(t.waiting, 0);
+}
+
 TEST_F(ServiceTest, TheContextBoundsARequest) {
   auto s = service(/*ctx=*/12);
   const std::string long_prompt = "The lighthouse keeper checked the lamp, the lens and the";
