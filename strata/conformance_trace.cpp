@@ -12,8 +12,10 @@
 namespace ktier::strata {
 namespace {
 
-// The conformance trace is a few MB; 4 GiB of int32 pairs would be 500 million records.
-constexpr size_t kMaxConformanceTraceBytes = size_t{4} << 30;
+// The shared conformance trace is 0.8 MB. Each record read becomes a step's worth of memory
+// (up to ~150 bytes at top_k 1), so the input is bounded well below the RAM that would take:
+// 64 MiB is 8 million records.
+constexpr size_t kMaxConformanceTraceBytes = size_t{64} << 20;
 
 constexpr size_t kRecordBytes = 8;  // int32 layer, int32 expert
 constexpr int32_t kMaxLayer = 65534;
@@ -52,8 +54,8 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
     bytes.insert(bytes.end(), buf, buf + n);
     if (bytes.size() > kMaxConformanceTraceBytes) {
       std::fclose(f);
-      return Status::usage(name + ": over " + std::to_string(kMaxConformanceTraceBytes >> 30) +
-                           " GiB, more than a conformance trace holds");
+      return Status::usage(name + ": over " + std::to_string(kMaxConformanceTraceBytes >> 20) +
+                           " MiB, more than a conformance trace holds (the shared one is 0.8 MB)");
     }
   }
   const int read_errno = std::ferror(f) != 0 ? errno : 0;

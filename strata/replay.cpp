@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -19,11 +20,17 @@ namespace {
 uint64_t token_id(uint32_t pass, uint32_t position) {
   return (static_cast<uint64_t>(pass) << 32) | position;
 }
-uint64_t step_id(uint32_t pass, uint32_t position, uint32_t layer) {
-  // 24 bits of pass, 24 of position, 16 of layer: traces are far below 16M passes/positions.
-  return (static_cast<uint64_t>(pass & 0xFFFFFF) << 40) |
-         (static_cast<uint64_t>(position & 0xFFFFFF) << 16) | layer;
-}
+// A step's place: its token (token_id) and layer, every bit of each kept.
+struct StepPlace {
+  uint64_t token = 0;
+  uint32_t layer = 0;
+  bool operator==(const StepPlace&) const = default;
+};
+struct StepPlaceHash {
+  size_t operator()(const StepPlace& p) const {
+    return std::hash<uint64_t>()((p.token * 0x9E3779B97F4A7C15ull) ^ p.layer);
+  }
+};
 
 }  // namespace
 
@@ -86,11 +93,11 @@ Result<RequestStream> build_request_stream(const Trace& trace) {
 
   // Predictions: resolve (token, layer + d) to the step that requests it.
   st.prediction_begin.reserve(n_steps + 1);
-  std::unordered_map<uint64_t, uint32_t> step_of;
+  std::unordered_map<StepPlace, uint32_t, StepPlaceHash> step_of;
   if (h.lookahead_depth > 0) {
     for (uint32_t i = 0; i < n_steps; ++i) {
       const TraceStep& s = trace.steps[i];
-      step_of.emplace(step_id(s.pass, s.position, s.layer), i);
+      step_of.emplace(StepPlace{token_id(s.pass, s.position), s.layer}, i);
     }
   }
   for (uint32_t i = 0; i < n_steps; ++i) {
@@ -98,7 +105,7 @@ Result<RequestStream> build_request_stream(const Trace& trace) {
     const TraceStep& s = trace.steps[i];
     for (size_t d = 0; d < s.predicted.size(); ++d) {
       const uint32_t layer = s.layer + static_cast<uint32_t>(d) + 1;
-      const auto it = step_of.find(step_id(s.pass, s.position, layer));
+      const auto it = step_of.find(StepPlace{token_id(s.pass, s.position), layer});
       if (layer >= h.num_layers || it == step_of.end() || it->second <= i) {
         st.predictions_without_target += s.predicted[d].size();
         continue;

@@ -194,6 +194,11 @@ Status validate_trace_header(const TraceHeader& h, const std::string& what) {
   if (h.experts_per_layer == 0 || h.experts_per_layer > 65535) {
     return bad("experts_per_layer must be 1..65535");
   }
+  if (uint64_t{h.num_layers} * h.experts_per_layer > kMaxTraceKeys) {
+    return bad("num_layers " + std::to_string(h.num_layers) + " x experts_per_layer " +
+               std::to_string(h.experts_per_layer) + " is over the " +
+               std::to_string(kMaxTraceKeys) + " (layer, expert) keys a trace may name");
+  }
   if (h.top_k == 0 || h.top_k > 255 || h.top_k > h.experts_per_layer) {
     return bad("top_k must be 1..min(255, experts_per_layer)");
   }

@@ -57,6 +57,11 @@ inline constexpr uint32_t kTraceFlagRefresh = 1u << 2;    // every step carries 
 // The deepest lookahead a trace records (its header and steps hold depths in a byte).
 inline constexpr int kMaxTraceLookahead = 255;
 
+// The most (layer, expert) keys a trace may name, num_layers × experts_per_layer: replay and
+// `trace info` keep arrays per key, so a header of 65,535 × 65,535 would ask for tens of GB
+// before a step is read. K3 has 93 × 896 = 83,328; this allows 50 times that.
+inline constexpr uint64_t kMaxTraceKeys = uint64_t{1} << 22;
+
 struct TraceHeader {
   uint32_t version = kTraceVersion;
   uint32_t num_layers = 0;         // decoder layers; every step's layer is < num_layers

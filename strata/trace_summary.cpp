@@ -74,7 +74,8 @@ std::string format_summary(const TraceSummary& s, const TraceHeader& h, const st
   if (s.prediction_only_steps == 0)
     line("steps:            %s ((token, layer) request sets)", format_count(s.steps).c_str());
   else
-    line("steps:            %s ((token, layer) request sets) + %s with predictions only (dense layers)",
+    line("steps:            %s ((token, layer) request sets) + %s with predictions only (no "
+         "expert chosen: dense layers)",
          format_count(s.steps).c_str(), format_count(s.prediction_only_steps).c_str());
   line("requests:         %s", format_count(s.requests).c_str());
   if (s.moe_layers == 0)

@@ -210,6 +210,15 @@ Status check_output_is_not_input(const std::string& flag, const std::string& out
   return Status::ok();
 }
 
+void warn_past_trained_positions(const format::ModelConfig& config, int64_t last_position,
+                                 const std::string& what) {
+  const auto limit = config.max_position_embeddings;
+  if (!limit || last_position < *limit) return;
+  spdlog::warn("{} runs positions up to {}, past max_position_embeddings = {} of config.json: "
+               "positions from {} on were not trained",
+               what, last_position, *limit, *limit);
+}
+
 std::string join_ids(const std::vector<int32_t>& ids) {
   std::string line;
   for (size_t i = 0; i < ids.size(); ++i) {

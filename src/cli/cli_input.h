@@ -14,6 +14,7 @@
 
 #include "cli/strata_options.h"
 #include "common/status.h"
+#include "format/config.h"
 #include "runtime/engine.h"
 
 namespace ktier::cli {
@@ -80,6 +81,12 @@ Status write_stdout(const std::string& s);
 // Ignores SIGPIPE for the rest of the process: a reader or client that goes away (`ktier run |
 // head`, a closed HTTP connection) is a failed write (EPIPE), not death by signal (exit 141).
 void ignore_sigpipe();
+
+// One warning line when positions up to `last_position` (0-based) go past config.json's
+// max_position_embeddings (untrained positions: the output is not what the model was trained
+// for). `what` names what runs them ("prompt (9 tokens) + -n 4", "a window of -c 8192").
+void warn_past_trained_positions(const format::ModelConfig& config, int64_t last_position,
+                                 const std::string& what);
 
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);

@@ -57,6 +57,8 @@ Status eval(const EvalArgs& a) {
   const int64_t V = engine->checkpoint().config().vocab_size;
   KTIER_ASSIGN_OR_RETURN(const std::vector<int32_t> ids, ids_in_vocab(raw, V));
   const int64_t T = static_cast<int64_t>(ids.size());
+  warn_past_trained_positions(engine->checkpoint().config(), T - 1,
+                              "the input (" + std::to_string(T) + " tokens)");
   std::vector<float> logits(static_cast<size_t>(T * V));
   KTIER_RETURN_IF_ERROR(runtime::evaluate(engine->model(), ids, a.chunk > 0 ? a.chunk : T,
                                           logits.data()));

@@ -88,7 +88,8 @@ Status perplexity(const PerplexityArgs& a) {
   KTIER_RETURN_IF_ERROR(io::check_can_write("--json", a.json));
   KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> raw, input_ids(a));
   if (raw.size() < 3)
-    return Status::usage("the text is " + std::to_string(raw.size()) +
+    return Status::usage(std::string(a.has_ids ? "--ids gives " : "the text is ") +
+                         std::to_string(raw.size()) +
                          " token(s): scoring needs at least 3 (half of them context)");
   const int64_t total = static_cast<int64_t>(raw.size());
   const int64_t window = std::min(a.ctx, total), windows = total / window;
@@ -106,6 +107,8 @@ Status perplexity(const PerplexityArgs& a) {
   KTIER_ASSIGN_OR_RETURN(
       const std::vector<int32_t> ids,
       ids_in_vocab(raw, V, a.has_ids ? IdSource::kCommandLine : IdSource::kTokenizer));
+  warn_past_trained_positions(engine->checkpoint().config(), window - 1,
+                              "a window of " + std::to_string(window) + " tokens (-c)");
   spdlog::info("{} tokens: {} window(s) of {}, scoring positions {}..{} of each{}", total,
                windows, window, first, window - 2,
                total > windows * window

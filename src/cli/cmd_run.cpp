@@ -230,11 +230,10 @@ Status run(const RunArgs& a) {
   if (const auto limit = cfg.max_position_embeddings; limit && a.interactive && ctx > *limit)
     spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json: positions "
                  "from {} on were not trained", ctx, *limit, *limit);
-  else if (limit && static_cast<int64_t>(prompt.size()) + a.max_new_tokens - 1 > *limit)
-    spdlog::warn("prompt ({} tokens) + -n {} runs positions up to {}, past max_position_embeddings "
-                 "= {} of config.json: positions from {} on were not trained",
-                 prompt.size(), a.max_new_tokens,
-                 static_cast<int64_t>(prompt.size()) + a.max_new_tokens - 2, *limit, *limit);
+  else if (!a.interactive)
+    warn_past_trained_positions(cfg, static_cast<int64_t>(prompt.size()) + a.max_new_tokens - 2,
+                                "prompt (" + std::to_string(prompt.size()) + " tokens) + -n " +
+                                    std::to_string(a.max_new_tokens));
 
   // The prompt cache: where the sequence starts; a single run saves the prompt's state at its
   // last id unless --prompt-cache-all (see the end for that and for a run stopped in its

@@ -54,7 +54,8 @@ void add_load_options(CLI::App* sub, LoadOptions& o, bool conversion_flag) {
                   "TRACE is the conformance expert_trace.bin (int32 pairs); convert on the fly");
   }
   sub->add_option("--expert-bytes", o.expert_bytes,
-                  "bytes per routed expert (default: from the trace; K3: 17547264)")
+                  "bytes per routed expert (0 or unset: the trace's own; a conformance trace: K3's "
+                  "17547264)")
       ->transform(whole_number<decltype(o.expert_bytes)>(strata::kMaxExpertBytes));
   sub->add_option("--top-k", o.top_k, "conformance input: records per (token, layer) group")
       ->transform(whole_number<decltype(o.top_k)>())

@@ -135,8 +135,9 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     // Memory outside the budgets (which size what they govern before allocating it) that the
     // system refused: say so in words, not as "std::bad_alloc".
-    std::fprintf(stderr, "ktier: error: out of memory (the system refused an allocation outside "
-                         "the --ram budget; see docs/TUNING.md)\n");
+    std::fprintf(stderr, "ktier: error: out of memory: the system refused an allocation (one "
+                         "outside the --ram budget of commands that have one; see "
+                         "docs/TUNING.md)\n");
     return static_cast<int>(ExitCode::kRuntime);
   } catch (const std::exception& e) {
     // What else the environment refused below a Status (a thread the system would not start):

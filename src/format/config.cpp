@@ -222,6 +222,8 @@ void read_guards(ConfigReader& r, ModelConfig& c, const Scope& model, const Scop
   guard_string(r, model, "hidden_act", "situ", "a SwiGLU/SiLU model such as Kimi-Linear");
   guard_bool(r, model, "mla_use_nope", true, "rotary embeddings would be needed");
   guard_string(r, model, "moe_router_activation_func", "sigmoid", "softmax routing");
+  guard_string(r, model, "topk_method", "noaux_tc",
+               "experts chosen without e_score_correction_bias");
   guard_one(r, model, "num_expert_group", true, "grouped top-k");
   guard_one(r, model, "topk_group", true, "grouped top-k");
   guard_one(r, model, "moe_layer_freq", false, "MoE only on some layers");

@@ -61,7 +61,7 @@ Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::Tr
       (min.routers ? "; lookahead routers " + gib(min.routers) + ", 0 with --lookahead 0" : "") +
       (min.sequence ? "; the sequence " + gib(min.sequence) + ": state and activations for " +
                           std::to_string(workload.positions) +
-                          " positions: the prompt and the tokens to generate, or -c"
+                          " positions (run: the prompt and -n, or -c; perplexity: a window)"
                     : "") +
       ")");
 }

@@ -429,7 +429,24 @@ TEST_F(RunEvalCli, RunPastMaxPositionEmbeddingsWarns) {
   // Positions run: the prompt's, then one per generated token but the last (never fed back).
   const auto r = run_process(ktier() + " run -m " + short_ctx.string() + " --ids 1,2,3,4 -n 2");
   const auto fits = run_process(ktier() + " run -m " + short_ctx.string() + " --ids 1,2,3 -n 2");
+  // eval and perplexity say so too: positions 0..4 of five ids.
+  const auto eval = run_process(ktier() + " eval -m " + short_ctx.string() +
+                                " --ids 1,2,3,4,5 --argmax");
+  const auto ppl = run_process(ktier() + " perplexity -m " + short_ctx.string() +
+                               " --ids 1,2,3,4,5");
+  const auto eval_fits = run_process(ktier() + " eval -m " + short_ctx.string() +
+                                     " --ids 1,2,3,4 --argmax");
   fs::remove_all(short_ctx);
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  EXPECT_NE(eval.err.find("the input (5 tokens) runs positions up to 4, past "
+                          "max_position_embeddings = 4"),
+            std::string::npos) << eval.err;
+  ASSERT_EQ(ppl.exit_code, 0) << ppl.err;
+  EXPECT_NE(ppl.err.find("a window of 5 tokens (-c) runs positions up to 4, past "
+                         "max_position_embeddings = 4"),
+            std::string::npos) << ppl.err;
+  ASSERT_EQ(eval_fits.exit_code, 0) << eval_fits.err;
+  EXPECT_EQ(eval_fits.err.find("max_position_embeddings"), std::string::npos) << eval_fits.err;
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("prompt (4 tokens) + -n 2 runs positions up to 4, past "
                        "max_position_embeddings = 4"),

@@ -536,6 +536,7 @@ TEST(Config, GuardFieldViolations) {
   t["hidden_act"] = "silu";
   t["mla_use_nope"] = false;
   t["moe_router_activation_func"] = "softmax";
+  t["topk_method"] = "greedy";
   t["num_expert_group"] = 8;
   t["topk_group"] = 4;
   t["moe_layer_freq"] = 2;
@@ -543,10 +544,11 @@ TEST(Config, GuardFieldViolations) {
   t["tie_word_embeddings"] = true;
   j["tie_word_embeddings"] = true;
   const std::string m = parse_err(j);
-  EXPECT_EQ(problem_lines(m), 9u);
+  EXPECT_EQ(problem_lines(m), 10u);
   EXPECT_HAS(m, "text_config.hidden_act: is \"silu\" but ktier implements only \"situ\"");
   EXPECT_HAS(m, "text_config.mla_use_nope: is false");
   EXPECT_HAS(m, "text_config.moe_router_activation_func: is \"softmax\"");
+  EXPECT_HAS(m, "text_config.topk_method: is \"greedy\" but ktier implements only \"noaux_tc\"");
   EXPECT_HAS(m, "text_config.num_expert_group: is 8");
   EXPECT_HAS(m, "text_config.topk_group: is 4");
   EXPECT_HAS(m, "text_config.moe_layer_freq: is 2");

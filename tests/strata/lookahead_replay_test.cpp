@@ -151,6 +151,31 @@ TEST(LookaheadReplay, PredictorQualityPerDepth) {
   EXPECT_DOUBLE_EQ(qw[0].precision, 0.0);
 }
 
+// A prediction's target step is found by every bit of its pass and position: tokens whose
+// passes (or positions) differ only above bit 24 are not the same token.
+TEST(LookaheadReplay, FarApartPassesAndPositionsAreDistinctTokens) {
+  const Trace base = make_decode_trace(Predictor::kPerfect);
+  const std::vector<PredictionQuality> want =
+      prediction_quality(build_request_stream(base).value());
+  for (const bool by_pass : {true, false}) {
+    SCOPED_TRACE(by_pass ? "passes 2^24 apart" : "positions 2^24 apart");
+    Trace t = base;
+    for (TraceStep& s : t.steps) {
+      const uint32_t tok = s.pass;  // < 256
+      s.pass = by_pass ? tok << 24 : 0;
+      s.position = by_pass ? 0 : tok << 24;
+    }
+    const RequestStream stream = build_request_stream(t).value();
+    EXPECT_EQ(stream.tokens, kTokens);
+    const std::vector<PredictionQuality> q = prediction_quality(stream);
+    ASSERT_EQ(q.size(), want.size());
+    for (size_t d = 0; d < q.size(); ++d) {
+      EXPECT_DOUBLE_EQ(q[d].recall, want[d].recall);
+      EXPECT_DOUBLE_EQ(q[d].precision, want[d].precision);
+    }
+  }
+}
+
 TEST(LookaheadReplay, PerfectPredictionsTurnMissesIntoHits) {
   const RequestStream s = build_request_stream(make_decode_trace(Predictor::kPerfect)).value();
   // 4 slots = two steps: without lookahead almost nothing is reused across tokens.

@@ -268,6 +268,15 @@ TEST(TraceFormat, FlippedBytesAreCorrupt) {
   reseal(unweighted, 0, 56);
   write_bytes(p, unweighted);
   expect_corrupt(p, "but the header says no weights were recorded");
+  // 65,535 layers x 65,535 experts: valid fields each, a key space no replay could hold.
+  std::vector<uint8_t> huge = bytes;
+  for (const size_t at : {size_t{16}, size_t{24}}) {
+    huge[at] = huge[at + 1] = 0xFF;
+    huge[at + 2] = huge[at + 3] = 0;
+  }
+  reseal(huge, 0, 56);
+  write_bytes(p, huge);
+  expect_corrupt(p, "(layer, expert) keys a trace may name");
 }
 
 // A path that does not exist is a usage error (exit 2), as for -m, --pack or -f.
@@ -345,6 +354,17 @@ TEST(TraceFormat, WriterRejectsStepsThatDoNotFitTheHeader) {
   TraceHeader bad = t.header;
   bad.top_k = 13;  // > experts_per_layer
   EXPECT_EQ(TraceWriter::create(p, bad).status().exit_code(), 2);
+  // A key space replay could not hold (kMaxTraceKeys): refused by name when written, corrupt
+  // when read.
+  bad = t.header;
+  bad.num_layers = 4096;
+  bad.experts_per_layer = 1025;
+  const Status big = TraceWriter::create(p, bad).status();
+  EXPECT_EQ(big.exit_code(), 2);
+  EXPECT_NE(big.message().find("num_layers 4096 x experts_per_layer 1025"), std::string::npos)
+      << big.message();
+  bad.experts_per_layer = 1024;  // exactly the limit
+  EXPECT_TRUE(TraceWriter::create(p, bad).is_ok());
 }
 
 // --------------------------------------------------------------------- conformance format
