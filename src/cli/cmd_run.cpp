@@ -344,7 +344,8 @@ Status run(const RunArgs& a) {
     // The answer's last token is not run: it is the pending one, which the next turn begins with.
     conversation.insert(conversation.end(), ids.begin(), ids.end());
     conversation.insert(conversation.end(), generated.begin(), generated.end() - 1);
-    return cache->save(*engine, session->state(), conversation, generated.back());
+    return cache->save(*engine, session->state(), conversation, generated.back(),
+                       session->sampler_draws());
   };
   // The next turn of a conversation: the assistant's message closed, the user's next one.
   const auto next_turn = [&](const std::string& line) -> Result<std::vector<int32_t>> {
@@ -369,6 +370,9 @@ Status run(const RunArgs& a) {
   Status status;
   if (const std::optional<int32_t> last = a.interactive && cached > 0 ? pending : std::nullopt) {
     generated.assign(1, *last);  // a resumed conversation: its last answer closes first
+    // Its sampler goes on where the saved one stopped: a seeded conversation samples what it
+    // would have without the interruption.
+    session->skip_sampler_draws(cache->conversation_sampler_draws());
     if (given > 0) {
       Result<std::vector<int32_t>> ids = next_turn(text);
       status = ids.is_ok() ? answer(*ids) : ids.status();
@@ -500,7 +504,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
                       "prompt's state there (all its ids but the last). A state is never cut "
                       "back: a prompt that does not begin with the saved ids runs whole. With "
                       "-i: the conversation FILE holds goes on, and is saved after every answer "
-                      "(greedy answers as if it never stopped; sampling draws from --seed afresh). "
+                      "(answers as if it never stopped: a sampler with the same flags goes on where the "
+                      "saved one was). "
                       "A file of another checkpoint: exit 2; damaged: exit 3");
   sub->add_flag("--prompt-cache-all", a->prompt_cache_all,
                 "With --prompt-cache: save the generated tokens' state too, so that a prompt "

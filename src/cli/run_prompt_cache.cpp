@@ -37,6 +37,10 @@ std::optional<int32_t> RunPromptCache::conversation_pending() const {
   return saved_ ? saved_->pending() : std::nullopt;
 }
 
+uint64_t RunPromptCache::conversation_sampler_draws() const {
+  return conversation_pending() ? saved_->sampler_draws() : 0;
+}
+
 std::span<const int32_t> RunPromptCache::restored_ids() const {
   return restored_ > 0 ? saved_->ids() : std::span<const int32_t>();
 }
@@ -108,13 +112,14 @@ Result<std::optional<model::SequenceState>> RunPromptCache::restore(
 }
 
 Status RunPromptCache::save(const runtime::Engine& engine, const model::SequenceState& state,
-                            std::span<const int32_t> ids, std::optional<int32_t> pending) {
+                            std::span<const int32_t> ids, std::optional<int32_t> pending,
+                            uint64_t sampler_draws) {
   KTIER_CHECK(ids.size() >= static_cast<size_t>(state.n_tokens));
   if (ro_ || state.n_tokens <= restored_) return Status::ok();  // the file holds that already
   KTIER_ASSIGN_OR_RETURN(const uint64_t identity, checkpoint_identity(engine));
   const Status saved = runtime::save_sequence(path_, engine.model(), state,
                                              ids.first(static_cast<size_t>(state.n_tokens)),
-                                             identity, config_xxh3_, pending);
+                                             identity, config_xxh3_, pending, sampler_draws);
   // The cache only saves time: a run whose state cannot be written (a full disk) goes on.
   if (!saved.is_ok())
     spdlog::warn("prompt cache: not saved: {}", saved.message());

@@ -35,6 +35,8 @@ class RunPromptCache {
   // against the checkpoint or the backend: restore() does that).
   int64_t conversation_positions() const;
   std::optional<int32_t> conversation_pending() const;
+  // The draws its sampler had made (0 when none): the resumed session skips them.
+  uint64_t conversation_sampler_draws() const;
 
   // After the load: the saved state when it serves this run (a single run's `prompt`, or with
   // `conversation` the conversation it holds), in a sequence reserved for `reserve` positions;
@@ -49,11 +51,12 @@ class RunPromptCache {
   std::span<const int32_t> restored_ids() const;
 
   // Saves `state` (it ran `ids`, their first state.n_tokens are saved) with a conversation's
-  // `pending` token; nothing with --prompt-cache-ro or when the state holds no more than what
+  // `pending` token and `sampler_draws`; nothing with --prompt-cache-ro or when the state holds no more than what
   // was restored. A save that fails (save_sequence's errors: a full disk) is a warning and the
   // run goes on; errors: computing the checkpoint's identity.
   Status save(const runtime::Engine& engine, const model::SequenceState& state,
-              std::span<const int32_t> ids, std::optional<int32_t> pending = std::nullopt);
+              std::span<const int32_t> ids, std::optional<int32_t> pending = std::nullopt,
+              uint64_t sampler_draws = 0);
 
  private:
   RunPromptCache(std::string path, bool read_only) : path_(std::move(path)), ro_(read_only) {}

@@ -96,6 +96,9 @@ class GenerationSession {
   // none), in place of those the session was opened with.
   void set_callbacks(std::function<bool()> stop_requested, std::function<void()> before_decode);
   int64_t positions() const { return seq_.n_tokens; }  // tokens run so far
+  // The sampler's draws so far, and a skip past those of a saved conversation (Sampler).
+  uint64_t sampler_draws() const { return sampler_.draws(); }
+  void skip_sampler_draws(uint64_t n) { sampler_.skip_draws(n); }
   // The sequence's state after the tokens run so far (valid until the next turn).
   const model::SequenceState& state() const { return seq_; }
 

@@ -196,6 +196,9 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
     KTIER_ASSIGN_OR_RETURN(const uint64_t id, number("pending", 10));
     if (id > INT32_MAX) return damaged("\"pending\" is " + std::to_string(id));
     s.pending_ = static_cast<int32_t>(id);
+    if (meta.count("sampler_draws")) {
+      KTIER_ASSIGN_OR_RETURN(s.sampler_draws_, number("sampler_draws", 10));
+    }
   }
 
   // Every byte checked now, metadata included, so that a damaged file is refused (and kept)
@@ -291,7 +294,8 @@ Result<model::SequenceState> SavedSequence::restore(const model::Model& model,
 
 Status save_sequence(const std::filesystem::path& path, const model::Model& model,
                      const model::SequenceState& state, std::span<const int32_t> ids,
-                     uint64_t checkpoint, uint64_t config_xxh3, std::optional<int32_t> pending) {
+                     uint64_t checkpoint, uint64_t config_xxh3, std::optional<int32_t> pending,
+                     uint64_t sampler_draws) {
   KTIER_CHECK(static_cast<int64_t>(ids.size()) == state.n_tokens);
   std::map<std::string, std::string> meta = {
       {"format", kPromptCacheFormat},
@@ -301,7 +305,10 @@ Status save_sequence(const std::filesystem::path& path, const model::Model& mode
       {"backend", backend_label(model.backend())},
       {"positions", std::to_string(state.n_tokens)},
   };
-  if (pending) meta["pending"] = std::to_string(*pending);
+  if (pending) {
+    meta["pending"] = std::to_string(*pending);
+    meta["sampler_draws"] = std::to_string(sampler_draws);
+  }
   // The checksum goes into the header, which is written first: one pass to hash, one to write
   // (the state is not held twice in host memory).
   HashState hash = new_hash(metadata_text(meta));

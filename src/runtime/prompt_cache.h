@@ -7,7 +7,8 @@
 // config.json as stored: another model is told apart before its load), "backend" ("cpu" or "cuda":
 // which backend's bytes these are), "positions" (n, decimal), for a conversation's state
 // "pending" (decimal: the last token its last answer sampled, which is never run and begins the
-// next turn), and "xxh3" (16 hex digits: XXH3_64bits of every other entry as "key=value\n" lines
+// next turn) and "sampler_draws" (decimal: the draws its sampler had made, Sampler::draws; absent
+// in files of older ktier: 0), and "xxh3" (16 hex digits: XXH3_64bits of every other entry as "key=value\n" lines
 // sorted by key, then the tensors' bytes in file order). Tensors, in this order: "ids" I32 [n] (the
 // ids the state has run); per KDA layer l "layers.l.kda.S" F32 [H, D, D] and "layers.l.kda.conv_q",
 // "…conv_k", "…conv_v" F32 [K-1, C]; per MLA layer l "layers.l.mla.c" F32 [n, kv_lora_rank] and
@@ -20,7 +21,8 @@
 // Exactness: a restored state holds the bytes its ids' prefill gave on the backend that saved it.
 // On the CPU prefill gives the same bytes in any chunking (docs/NUMERICS.md), so a run from a
 // restored state prints exactly what the same run without the cache prints (a resumed
-// conversation's sampler starts from its seed again: docs/TUNING.md). A GPU's state differs
+// conversation's sampler goes on past the draws the saved one made, so a resumed seeded
+// conversation samples what the uninterrupted one would). A GPU's state differs
 // from the CPU's within its tolerances, so the CPU uses only states a CPU backend saved.
 //
 // Threads: none kept; one call at a time per file.
@@ -71,8 +73,10 @@ class SavedSequence {
   uint64_t checkpoint() const { return checkpoint_; }
   const std::string& backend() const { return backend_; }
   std::span<const int32_t> ids() const { return ids_; }
-  // A conversation's state: its last answer's last token (not in ids(), never run).
+  // A conversation's state: its last answer's last token (not in ids(), never run), and the
+  // draws its sampler had made (0 for a single run's state).
   std::optional<int32_t> pending() const { return pending_; }
+  uint64_t sampler_draws() const { return sampler_draws_; }
   uint64_t file_bytes() const { return file_.file_size(); }
 
   // A sequence of `model` (on its backend) holding the saved state, its MLA caches reserved for
@@ -93,16 +97,17 @@ class SavedSequence {
   std::string backend_;
   std::vector<int32_t> ids_;
   std::optional<int32_t> pending_;
+  uint64_t sampler_draws_ = 0;
 };
 
 // Writes `state` with the `ids` it ran (ids.size() == state.n_tokens) and, for a conversation,
-// its `pending` token as `path`: to a partial file of this writer's own, then renamed, so `path`
+// its `pending` token and its sampler's `sampler_draws`, as `path`: to a partial file of this writer's own, then renamed, so `path`
 // is the old file or a whole new one (of the writer that renamed last) even with several runs
 // saving at once. `config_xxh3`: config_identity of the model. Status::runtime (exit 1) naming
 // the file on failure, the backend's errors.
 Status save_sequence(const std::filesystem::path& path, const model::Model& model,
                      const model::SequenceState& state, std::span<const int32_t> ids,
                      uint64_t checkpoint, uint64_t config_xxh3,
-                     std::optional<int32_t> pending = std::nullopt);
+                     std::optional<int32_t> pending = std::nullopt, uint64_t sampler_draws = 0);
 
 }  // namespace ktier::runtime

@@ -62,6 +62,7 @@ int32_t Sampler::next(const float* logits, int64_t n) {
     sum = 0;
     for (size_t i = 0; i < keep; ++i) sum += prob_[i];
   }
+  ++draws_;
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;
   double cum = 0;
   for (size_t i = 0; i < keep; ++i) {

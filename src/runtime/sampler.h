@@ -36,10 +36,19 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);  // REQUIRES validate(params).is_ok()
   // logits [n]; returns a token id in [0, n). All-NaN/-inf rows give 0 (greedy's rule).
   int32_t next(const float* logits, int64_t n);
+  // Draws made from the seed so far (one per token sampled with temperature > 0).
+  uint64_t draws() const { return draws_; }
+  // Goes on as a sampler that has made `n` draws more (a resumed conversation's, which made
+  // them before it was saved): the next token samples what that one's would.
+  void skip_draws(uint64_t n) {
+    rng_.discard(n);
+    draws_ += n;
+  }
 
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
+  uint64_t draws_ = 0;
   std::vector<int32_t> order_;
   std::vector<double> prob_;
 };

@@ -144,8 +144,10 @@ TEST_F(PromptCacheCli, AllSavesTheGeneratedTextAndReadOnlyNeverWrites) {
 
 // A conversation saved after every answer goes on in the next `--chat -i` run: its answers are
 // those of the conversation that never stopped.
+// Greedy or sampled: a sampled conversation's resumed sampler goes on past the draws the saved
+// one made ("sampler_draws"), so its answers are the uninterrupted conversation's too.
 TEST_F(PromptCacheCli, ConversationGoesOnFromTheSavedOne) {
-  const std::string chat =
+  const std::string greedy =
       ktier() + " run -m " + (dir_ / "m0").string() + " --chat -i -n 6 --print-ids";
   auto answers = [](const std::string& out) {  // the id lines
     std::vector<std::string> lines;
@@ -154,26 +156,35 @@ TEST_F(PromptCacheCli, ConversationGoesOnFromTheSavedOne) {
       if (!l.empty() && l.find_first_not_of("0123456789,") == std::string::npos) lines.push_back(l);
     return lines;
   };
-  const auto whole =
-      run_process("printf 'hello there\\nhow is the lamp\\nand the lens\\n' | " + chat);
-  ASSERT_EQ(whole.exit_code, 0) << whole.err;
-  const auto all = answers(whole.out);
-  ASSERT_EQ(all.size(), 3u) << whole.out;
-  for (const bool from_p : {false, true}) {
-    SCOPED_TRACE(from_p ? "next message from -p" : "next message from stdin");
-    const fs::path cache = dir_ / (from_p ? "conv-p.st" : "conv.st");
-    auto r = run_process("printf 'hello there\\nhow is the lamp\\n' | " + chat +
-                         " --prompt-cache " + cache.string());
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_EQ(answers(r.out), std::vector<std::string>(all.begin(), all.begin() + 2));
-    r = run_process(
-        from_p ? chat + " -p 'and the lens' --prompt-cache " + cache.string() + " < /dev/null"
-               : "printf 'and the lens\\n' | " + chat + " --prompt-cache " + cache.string());
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_EQ(answers(r.out), std::vector<std::string>{all[2]});
-    EXPECT_NE(r.err.find("the conversation of "), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find(" from the prompt cache)"), std::string::npos) << r.err;
+  std::vector<std::string> greedy_answers;
+  for (const std::string sampling : {"", " --temp 0.9 --top-k 50 --seed 5"}) {
+    const std::string chat = greedy + sampling;
+    const auto whole =
+        run_process("printf 'hello there\\nhow is the lamp\\nand the lens\\n' | " + chat);
+    ASSERT_EQ(whole.exit_code, 0) << whole.err;
+    const std::vector<std::string> all = answers(whole.out);
+    ASSERT_EQ(all.size(), 3u) << whole.out;
+    for (const bool from_p : {false, true}) {
+      SCOPED_TRACE((from_p ? "next message from -p" : "next message from stdin") + sampling);
+      const std::string name = std::string(from_p ? "conv-p" : "conv") +
+                               (sampling.empty() ? "" : "-sampled") + ".st";
+      const fs::path cache = dir_ / name;
+      auto r = run_process("printf 'hello there\\nhow is the lamp\\n' | " + chat +
+                           " --prompt-cache " + cache.string());
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_EQ(answers(r.out), std::vector<std::string>(all.begin(), all.begin() + 2));
+      r = run_process(
+          from_p ? chat + " -p 'and the lens' --prompt-cache " + cache.string() + " < /dev/null"
+                 : "printf 'and the lens\\n' | " + chat + " --prompt-cache " + cache.string());
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_EQ(answers(r.out), std::vector<std::string>{all[2]});
+      EXPECT_NE(r.err.find("the conversation of "), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find(" from the prompt cache)"), std::string::npos) << r.err;
+    }
+    if (sampling.empty()) greedy_answers = all;
   }
+  const std::string& chat = greedy;
+  ASSERT_EQ(greedy_answers.size(), 3u);
   // Too small a -c for the saved conversation: exit 4, as a message past -c.
   auto r = run_process(chat + " -p 'more' -c 70 --prompt-cache " + (dir_ / "conv.st").string());
   EXPECT_EQ(r.exit_code, 4) << r.err;
@@ -183,7 +194,7 @@ TEST_F(PromptCacheCli, ConversationGoesOnFromTheSavedOne) {
   ASSERT_EQ(run("hello there", "--prompt-cache " + single.string()).exit_code, 0);
   r = run_process("printf 'hello there\\n' | " + chat + " --prompt-cache " + single.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(answers(r.out), std::vector<std::string>{all[0]});
+  EXPECT_EQ(answers(r.out), std::vector<std::string>{greedy_answers[0]});
   EXPECT_NE(r.err.find("a single run's state, not a conversation"), std::string::npos) << r.err;
 }
 

@@ -30,6 +30,26 @@ TEST(Sampler, SameSeedSameTokensOtherSeedOtherTokens) {
   EXPECT_NE(draw(7), draw(8));
 }
 
+// A sampler that skips the draws another made goes on as that one (a resumed conversation);
+// greedy and all-NaN rows draw nothing.
+TEST(Sampler, SkippingTheDrawsMadeGoesOnAsTheSameSampler) {
+  std::vector<float> l(50);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = std::sin(0.7f * i);
+  Sampler first({0.8, 10, 0.95, 3});
+  for (int i = 0; i < 17; ++i) first.next(l.data(), 50);
+  EXPECT_EQ(first.draws(), 17u);
+  Sampler resumed({0.8, 10, 0.95, 3});
+  resumed.skip_draws(first.draws());
+  EXPECT_EQ(resumed.draws(), 17u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(resumed.next(l.data(), 50), first.next(l.data(), 50));
+  Sampler greedy({});
+  greedy.next(l.data(), 50);
+  const std::vector<float> nan(5, NAN);
+  first.next(nan.data(), 5);
+  EXPECT_EQ(greedy.draws(), 0u);
+  EXPECT_EQ(first.draws(), 37u);
+}
+
 TEST(Sampler, TopKOneAndTinyTopPAreGreedy) {
   const std::vector<float> l = {0.1f, 0.3f, 0.9f, 0.9f, -2.0f};
   for (const SamplingParams p : {SamplingParams{1.5, 1, 1.0, 3}, SamplingParams{1.5, 0, 1e-9, 3}}) {
