@@ -5,7 +5,8 @@
 //               strata, --threads, --chunk and --isa options]
 //
 //   POST /v1/chat/completions, POST /v1/completions (stream: server-sent events),
-//   GET /v1/models, GET /health, GET /metrics (Prometheus, with --metrics).
+//   GET /v1/models, GET /health, GET /metrics (Prometheus, with --metrics), and llama-server's
+//   POST /tokenize, /detokenize.
 //
 // One sequence serves every request, one at a time (server/service.h): a request that begins
 // with what the previous one ran (a conversation's next message) runs only its new tokens.
@@ -42,6 +43,7 @@
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/service.h"
+#include "server/tokenize_api.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -144,6 +146,12 @@ class ApiHandlers {
       res.set_content(server::dump(json{{"object", "list"}, {"data", json::array({model})}}),
                       "application/json");
     });
+    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      reply(res, server::tokenize_response(service().tokenizer(), req.body));
+    });
+    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      reply(res, server::detokenize_response(service().tokenizer(), req.body));
+    });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       handle(server::Endpoint::kCompletions, req, res);
     });
@@ -157,6 +165,11 @@ class ApiHandlers {
     return std::chrono::duration_cast<std::chrono::seconds>(
                std::chrono::system_clock::now().time_since_epoch())
         .count();
+  }
+
+  static void reply(httplib::Response& res, const Result<json>& body) {
+    if (!body.is_ok()) return send_error(res, body.status());
+    res.set_content(server::dump(*body), "application/json");
   }
 
   void handle(server::Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
@@ -365,8 +378,9 @@ Status serve(const ServeArgs& a) {
       "\nktier: Ctrl-C: stopping the server (Ctrl-C again quits at once)\n");
   api.set_service(service);
   std::fprintf(stderr, "ktier: serving %s on http://%s:%d (POST /v1/chat/completions, "
-               "/v1/completions; GET /v1/models, /health); Ctrl-C stops\n",
-               a.model.c_str(), a.host.c_str(), port);
+               "/v1/completions, /tokenize, /detokenize; GET /v1/models, /health%s); Ctrl-C "
+               "stops\n",
+               a.model.c_str(), a.host.c_str(), port, a.metrics ? ", /metrics" : "");
   std::fflush(stderr);
   pollfd fd{interrupt.wake_fd(), POLLIN, 0};
   while (!listener.ended() && !InterruptRequest::requested()) ::poll(&fd, 1, 100);

@@ -14,10 +14,6 @@ constexpr size_t kMaxStops = 4;
 // error_param() reads the field back from this prefix.
 constexpr std::string_view kFieldPrefix = "request field \"";
 
-Status field_error(const std::string& field, const std::string& what) {
-  return Status::usage(std::string(kFieldPrefix) + field + "\": " + what);
-}
-
 // A number field: absent or null -> nullopt.
 Result<std::optional<double>> number_field(const json& body, const char* name) {
   const auto it = body.find(name);
@@ -301,6 +297,10 @@ nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, c
   j["usage"] = usage_json(usage);
   for (const auto& [key, value] : extra.items()) j[key] = value;
   return j;
+}
+
+Status field_error(const std::string& field, const std::string& what) {
+  return Status::usage(std::string(kFieldPrefix) + field + "\": " + what);
 }
 
 std::optional<std::string> error_param(const Status& s) {

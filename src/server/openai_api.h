@@ -81,7 +81,9 @@ nlohmann::json stream_role_chunk(const ResponseHead& head);
 // The event after the last chunk when the request asked for stream_options.include_usage.
 nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, const Usage& usage,
                                   const nlohmann::json& extra);
-// The request field a parse_request error names (its "param"), if it names one.
+// Status::usage "request field \"FIELD\": WHAT", the form error_param reads back.
+Status field_error(const std::string& field, const std::string& what);
+// The request field a parse_request (or field_error) error names (its "param"), if it names one.
 std::optional<std::string> error_param(const Status& s);
 // OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
 nlohmann::json error_body(const std::string& message, const std::string& type,

@@ -90,6 +90,7 @@ class Service {
                               const std::function<bool()>& stop_requested);
 
   const ServiceOptions& options() const { return options_; }
+  const tok::Tokenizer& tokenizer() const { return tokenizer_; }
   // A copy, without waiting for the request in progress.
   ServiceTotals totals() const;
 

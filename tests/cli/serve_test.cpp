@@ -78,6 +78,15 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   auto models = client.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny-test");
+  // llama-server's /tokenize and /detokenize.
+  auto ids = client.Post("/tokenize", R"({"content": "hello there"})", "application/json");
+  ASSERT_TRUE(ids);
+  ASSERT_EQ(ids->status, 200) << ids->body;
+  const json tokens = json::parse(ids->body)["tokens"];
+  EXPECT_FALSE(tokens.empty());
+  auto detok = client.Post("/detokenize", json{{"tokens", tokens}}.dump(), "application/json");
+  ASSERT_TRUE(detok);
+  EXPECT_EQ(json::parse(detok->body)["content"], "hello there") << detok->body;
   auto no_metrics = client.Get("/metrics");  // without --metrics, as llama-server
   ASSERT_TRUE(no_metrics);
   EXPECT_EQ(no_metrics->status, 501);

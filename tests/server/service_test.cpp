@@ -15,6 +15,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "server/tokenize_api.h"
 #include "synth/synth.h"
 
 namespace ktier::server {
@@ -164,7 +165,8 @@ TEST_F(ServiceTest, ARequestThatGoesOnFromTheLastRunsOnlyTheRestWithTheSameAnswe
     const Completion b = answer(*reused, text_request(second, 8, sampling));
     EXPECT_EQ(b.usage.cached_tokens, static_cast<int64_t>(first_ids.size()));
     EXPECT_EQ(b.report.cached_prompt_tokens, static_cast<int64_t>(first_ids.size()));
-    EXPECT_EQ(b.report.gen.prompt_tokens, static_cast<int64_t>(second_ids.size() - first_ids.size()));
+    EXPECT_EQ(b.report.gen.prompt_tokens,
+              static_cast<int64_t>(second_ids.size() - first_ids.size()));
     EXPECT_EQ(b.usage.prompt_tokens, static_cast<int64_t>(second_ids.size()));
     auto fresh = service();
     const Completion c = answer(*fresh, text_request(second, 8, sampling));
@@ -313,6 +315,53 @@ TEST_F(ServiceTest, TotalsAddUpTheRequests) {
   EXPECT_DOUBLE_EQ(t.prefill_seconds, a.report.gen.prefill_seconds + b.report.gen.prefill_seconds);
   EXPECT_EQ(t.processing, 0);
   EXPECT_EQ(t.waiting, 0);
+}
+
+// llama-server's /tokenize and /detokenize (server/tokenize_api.h) with the model's tokenizer:
+// the ids a completion's prompt runs, pieces that concatenate to the text, ids read back.
+TEST_F(ServiceTest, TokenizeAndDetokenizeAsLlamaServer) {
+  const std::string text = "The lamp <|open|> caf\u00e9";
+  const nlohmann::json body = {{"content", text}};
+  auto r = tokenize_response(*tokenizer_, body.dump());
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  const std::vector<uint32_t> want = tokenizer_->encode(text, false);
+  EXPECT_EQ((*r)["tokens"].get<std::vector<uint32_t>>(), want);
+  auto special = tokenize_response(
+      *tokenizer_, nlohmann::json{{"content", text}, {"parse_special", true}}.dump());
+  ASSERT_TRUE(special.is_ok());
+  EXPECT_EQ((*special)["tokens"].get<std::vector<uint32_t>>(), tokenizer_->encode(text, true));
+  EXPECT_NE((*special)["tokens"].size(), want.size());  // <|open|> is one id there
+  auto pieces = tokenize_response(
+      *tokenizer_, nlohmann::json{{"content", text}, {"with_pieces", true}}.dump());
+  ASSERT_TRUE(pieces.is_ok());
+  std::string joined;
+  for (const nlohmann::json& p : (*pieces)["tokens"]) {
+    if (p["piece"].is_string()) {
+      joined += p["piece"].get<std::string>();
+    } else {  // a piece that is not UTF-8 by itself: its bytes
+      for (const nlohmann::json& b : p["piece"]) joined += static_cast<char>(b.get<int>());
+    }
+  }
+  EXPECT_EQ(joined, text);
+  auto back = detokenize_response(*tokenizer_, nlohmann::json{{"tokens", want}}.dump());
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  EXPECT_EQ((*back)["content"], text);
+
+  const auto refused = [&](const Result<nlohmann::json>& res, const std::string& param) {
+    ASSERT_FALSE(res.is_ok());
+    EXPECT_EQ(res.status().code(), ExitCode::kUsage);
+    EXPECT_EQ(error_param(res.status()).value_or(""), param) << res.status().message();
+  };
+  refused(tokenize_response(*tokenizer_, R"({"content": 5})"), "content");
+  refused(tokenize_response(*tokenizer_, R"({"content": "a", "add_special": true})"),
+          "add_special");
+  refused(tokenize_response(*tokenizer_, R"({"content": "a", "with_pieces": 1})"), "with_pieces");
+  refused(detokenize_response(*tokenizer_, R"({"tokens": [1, -2]})"), "tokens[1]");
+  refused(detokenize_response(*tokenizer_, nlohmann::json{{"tokens", {tokenizer_->vocab_size()}}}
+                                               .dump()),
+          "tokens[0]");
+  refused(detokenize_response(*tokenizer_, R"({"tokens": "1,2"})"), "tokens");
+  EXPECT_FALSE(detokenize_response(*tokenizer_, "[1]").is_ok());
 }
 
 TEST_F(ServiceTest, TheContextBoundsARequest) {
