@@ -1,7 +1,7 @@
 // ktier run: decode a prompt and stream the generated text (issue 3 interface).
 //
 //   ktier run -m DIR (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--temp T] [--top-k K]
-//             [--top-p P] [--seed S] [--threads N] [--chunk N] [--print-ids] [--isa auto]
+//             [--top-p P] [--min-p P] [--seed S] [--threads N] [--chunk N] [--print-ids] [--isa auto]
 //             [--pack PACKDIR] [--ram SIZE | --preset NAME] [--io auto] [--report-json FILE]
 //             [--trace FILE] [--lookahead D] [--policy NAME] [--profile TRACE]
 //             [--chat [-i|--interactive] [-c|--ctx-size N]]
@@ -68,7 +68,7 @@ struct RunArgs {
   bool has_prompt = false, has_ids = false, print_ids = false, special = false, chat = false,
        interactive = false, prompt_cache_all = false, prompt_cache_ro = false;
   int64_t max_new_tokens = 128, chunk = 256, top_k = 0, ctx_size = 0;
-  double temperature = 0.0, top_p = 1.0;
+  double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   uint64_t seed = 0;
   int threads = 0;
 };
@@ -99,7 +99,7 @@ Status run(const RunArgs& a) {
   runtime::GenerationOptions gen;
   gen.max_new_tokens = a.max_new_tokens;
   gen.prefill_chunk = a.chunk;
-  gen.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
+  gen.sampling = {a.temperature, a.top_k, a.top_p, a.seed, a.min_p};
   KTIER_RETURN_IF_ERROR(runtime::validate(gen.sampling));
   if (a.max_new_tokens < 0 || a.max_new_tokens > INT32_MAX)
     return Status::usage("-n must be in 0.." + std::to_string(INT32_MAX));
@@ -463,6 +463,10 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_option("--top-k", a->top_k, "Keep the K most likely tokens; 0 = off")
       ->capture_default_str();
   sub->add_option("--top-p", a->top_p, "Nucleus sampling threshold; 1 = off")
+      ->capture_default_str();
+  sub->add_option("--min-p", a->min_p,
+                  "Keep tokens at least this fraction as likely as the likeliest (after "
+                  "--top-p); 0 = off")
       ->capture_default_str();
   add_seed_option(sub, a->seed, "Sampling seed (same seed, same tokens)");
   add_threads_option(sub, a->threads, "Worker threads");

@@ -1,7 +1,7 @@
 // ktier serve: an OpenAI-compatible HTTP server, as llama-server (docs/TUNING.md "Serving").
 //
 //   ktier serve -m DIR [--host 127.0.0.1] [--port 8080] [-c 4096] [-n 512] [--temp 1]
-//               [--top-k 0] [--top-p 1] [--seed 0] [--alias NAME] [--metrics] [run's memory,
+//               [--top-k 0] [--top-p 1] [--min-p 0] [--seed 0] [--alias NAME] [--metrics] [run's memory,
 //               strata, --threads, --chunk and --isa options]
 //
 //   POST /v1/chat/completions, POST /v1/completions (stream: server-sent events),
@@ -59,7 +59,7 @@ struct ServeArgs {
   int port = 8080, threads = 0;
   bool metrics = false;
   int64_t ctx = 4096, chunk = 256, max_tokens = 512, top_k = 0;
-  double temperature = 1.0, top_p = 1.0;
+  double temperature = 1.0, top_p = 1.0, min_p = 0.0;
   uint64_t seed = 0;
 };
 
@@ -303,7 +303,7 @@ Status serve(const ServeArgs& a) {
   server::ServiceOptions so;
   so.ctx = a.ctx;
   so.prefill_chunk = a.chunk;
-  so.defaults.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
+  so.defaults.sampling = {a.temperature, a.top_k, a.top_p, a.seed, a.min_p};
   so.defaults.max_tokens = a.max_tokens;
   KTIER_RETURN_IF_ERROR(runtime::validate(so.defaults.sampling));
   // A request's own temperature is refused past OpenAI's 2; so is a default past it.
@@ -423,6 +423,8 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   sub->add_option("--top-k", a->top_k, "top_k when a request gives none; 0 = off")
       ->capture_default_str();
   sub->add_option("--top-p", a->top_p, "top_p when a request gives none; 1 = off")
+      ->capture_default_str();
+  sub->add_option("--min-p", a->min_p, "min_p when a request gives none; 0 = off")
       ->capture_default_str();
   add_seed_option(sub, a->seed,
                   "Seed when a request gives none (the same request, the same answer)");

@@ -16,6 +16,8 @@ Status validate(const SamplingParams& p) {
   if (p.top_k < 0) return Status::usage("--top-k must be >= 0 (0 = off)");
   if (!(p.top_p > 0 && p.top_p <= 1))
     return Status::usage("--top-p must be in (0, 1] (1 = off), got " + std::to_string(p.top_p));
+  if (!(p.min_p >= 0 && p.min_p <= 1))
+    return Status::usage("--min-p must be in [0, 1] (0 = off), got " + std::to_string(p.min_p));
   return Status::ok();
 }
 
@@ -61,6 +63,16 @@ int32_t Sampler::next(const float* logits, int64_t n) {
     keep = cut;
     sum = 0;
     for (size_t i = 0; i < keep; ++i) sum += prob_[i];
+  }
+  if (params_.min_p > 0) {
+    // prob_[0] is exp(0) = 1, the largest: the cut is p_i >= min_p (never the first).
+    size_t cut = 1;
+    while (cut < keep && prob_[cut] >= params_.min_p) ++cut;
+    if (cut < keep) {
+      keep = cut;
+      sum = 0;
+      for (size_t i = 0; i < keep; ++i) sum += prob_[i];
+    }
   }
   ++draws_;
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;

@@ -7,6 +7,7 @@
 //   2. keep the first top_k (0 = all);
 //   3. p_i = exp((l_i - l_max) / temperature) / sum, in double;
 //   4. keep the shortest prefix whose cumulative p reaches top_p (at least one token);
+//   4b. keep those whose p is at least min_p times the largest p (min-p: 0 = off);
 //   5. draw u in [0, 1) from std::mt19937_64(seed) (53 bits of one draw) and take the first
 //      candidate whose cumulative p (renormalised over the kept prefix) exceeds u.
 // Every step is deterministic, so one seed gives the same tokens on every machine and for every
@@ -25,10 +26,11 @@ struct SamplingParams {
   int64_t top_k = 0;         // 0: no top-k cut
   double top_p = 1.0;        // 1: no nucleus cut
   uint64_t seed = 0;
+  double min_p = 0.0;        // 0: no min-p cut
 };
 
 // Status::usage naming the flag when a parameter is out of range (temperature < 0 or not
-// finite, top_k < 0, top_p outside (0, 1]).
+// finite, top_k < 0, top_p outside (0, 1], min_p outside [0, 1]).
 Status validate(const SamplingParams& p);
 
 class Sampler {

@@ -68,7 +68,7 @@ Status refuse_unsupported(const json& body) {
     double value;
   };
   for (const Neutral n : {Neutral{"presence_penalty", 0}, {"frequency_penalty", 0},
-                          {"repetition_penalty", 1}, {"repeat_penalty", 1}, {"min_p", 0},
+                          {"repetition_penalty", 1}, {"repeat_penalty", 1},
                           {"typical_p", 1}, {"tfs_z", 1}, {"mirostat", 0},
                           {"dry_multiplier", 0}, {"xtc_probability", 0}}) {
     KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(body, n.name));
@@ -227,6 +227,9 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body
   KTIER_ASSIGN_OR_RETURN(const std::optional<double> top_p, number_field(j, "top_p"));
   if (top_p && !(*top_p > 0 && *top_p <= 1)) return field_error("top_p", "must be in (0, 1]");
   if (top_p) r.sampling.top_p = *top_p;
+  KTIER_ASSIGN_OR_RETURN(const std::optional<double> min_p, number_field(j, "min_p"));
+  if (min_p && !(*min_p >= 0 && *min_p <= 1)) return field_error("min_p", "must be in [0, 1]");
+  if (min_p) r.sampling.min_p = *min_p;
   KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> top_k,
                          integer_field(j, "top_k", 0, std::numeric_limits<int32_t>::max()));
   if (top_k) r.sampling.top_k = *top_k;

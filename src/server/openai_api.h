@@ -6,7 +6,7 @@
 // What a request may say (docs/TUNING.md "Serving"): model (any; the one loaded answers),
 // prompt (completions: a string, or an array of one string), messages (chat: roles user and
 // assistant, content a string or an array of {"type": "text"} parts), max_tokens
-// (max_completion_tokens), temperature, top_p, top_k, seed, stop (a string or up to 4),
+// (max_completion_tokens), temperature, top_p, top_k, min_p, seed, stop (a string or up to 4),
 // stream, stream_options.include_usage, n (1 only). Fields that would change the output in ways
 // not built (penalties, llama-server's other samplers and grammars, logprobs, echo, suffix,
 // tools, logit_bias, system messages whose format is not in K3-MODEL.md) are refused with the

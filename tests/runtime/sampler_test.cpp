@@ -74,12 +74,42 @@ TEST(Sampler, FrequenciesFollowTheKeptRenormalisedSoftmax) {
   EXPECT_NEAR(count[0], n * (1 - p), 5 * sd);
 }
 
+TEST(Sampler, MinPKeepsTokensAtLeastThatFractionOfTheLikeliest) {
+  // logits ln(8), ln(4), ln(2), ln(1) at T = 1: relative p 1, .5, .25, .125. min_p 0.2 keeps
+  // the first three: 8/14, 4/14, 2/14; at T = 2 the relative p are 1, .71, .5, .35: all kept
+  // at min_p 0.3, the last cut at 0.4 (the cut follows the temperature, as HF's).
+  const std::vector<float> l = {std::log(2.f), std::log(8.f), std::log(1.f), std::log(4.f)};
+  const int n = 40000;
+  std::map<int32_t, int> count;
+  Sampler s({1.0, 0, 1.0, 9, 0.2});
+  for (int i = 0; i < n; ++i) ++count[s.next(l.data(), 4)];
+  ASSERT_EQ(count.size(), 3u);
+  EXPECT_EQ(count.count(2), 0u);
+  for (const auto& [id, want] : std::map<int32_t, double>{{1, 8.0 / 14}, {3, 4.0 / 14},
+                                                          {0, 2.0 / 14}}) {
+    const double sd = std::sqrt(n * want * (1 - want));
+    EXPECT_NEAR(count[id], n * want, 5 * sd) << id;
+  }
+  const auto kept = [&](double temperature, double min_p) {
+    std::map<int32_t, int> seen;
+    Sampler t({temperature, 0, 1.0, 4, min_p});
+    for (int i = 0; i < 4000; ++i) ++seen[t.next(l.data(), 4)];
+    return seen.size();
+  };
+  EXPECT_EQ(kept(2.0, 0.3), 4u);
+  EXPECT_EQ(kept(2.0, 0.4), 3u);
+  EXPECT_EQ(kept(1.0, 1.0), 1u);  // only the likeliest (no tie)
+}
+
 TEST(Sampler, RejectsOutOfRangeParameters) {
   EXPECT_EQ(validate({-0.1, 0, 1.0, 0}).exit_code(), 2);
   EXPECT_EQ(validate({NAN, 0, 1.0, 0}).exit_code(), 2);
   EXPECT_EQ(validate({1.0, -1, 1.0, 0}).exit_code(), 2);
   EXPECT_EQ(validate({1.0, 0, 0.0, 0}).exit_code(), 2);
   EXPECT_EQ(validate({1.0, 0, 1.5, 0}).exit_code(), 2);
+  EXPECT_EQ(validate({1.0, 0, 1.0, 0, -0.1}).exit_code(), 2);
+  EXPECT_EQ(validate({1.0, 0, 1.0, 0, 1.1}).exit_code(), 2);
+  EXPECT_EQ(validate({1.0, 0, 1.0, 0, NAN}).exit_code(), 2);
   EXPECT_TRUE(validate({0.8, 40, 0.95, 1}).is_ok());
 }
 

@@ -49,7 +49,7 @@ TEST(OpenAiRequest, ChatMessagesAndFieldsAreRead) {
       {"n", 1},
       {"presence_penalty", 0},
       {"repeat_penalty", 1.0},
-      {"min_p", 0},
+      {"min_p", 0.05},
       {"ignore_eos", false},
       {"logprobs", false},
       {"unknown_field", {1, 2}}};
@@ -64,6 +64,7 @@ TEST(OpenAiRequest, ChatMessagesAndFieldsAreRead) {
   EXPECT_EQ(r->sampling.temperature, 0.0);
   EXPECT_EQ(r->sampling.top_p, 0.5);
   EXPECT_EQ(r->sampling.top_k, 3);
+  EXPECT_EQ(r->sampling.min_p, 0.05);
   EXPECT_EQ(r->sampling.seed, std::numeric_limits<uint64_t>::max());  // -1's bits
   EXPECT_EQ(r->stop, (std::vector<std::string>{"\n\n", "END"}));
   EXPECT_TRUE(r->stream);
@@ -128,7 +129,8 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {{{"messages", kUser}, {"response_format", {{"type", "json_object"}}}}, "response_format"},
       {{{"messages", kUser}, {"model", 3}}, "model"},
       {{{"messages", kUser}, {"repeat_penalty", 1.1}}, "repeat_penalty"},
-      {{{"messages", kUser}, {"min_p", 0.05}}, "min_p"},
+      {{{"messages", kUser}, {"min_p", 1.5}}, "min_p"},
+      {{{"messages", kUser}, {"min_p", "0.1"}}, "min_p"},
       {{{"messages", kUser}, {"mirostat", 2}}, "mirostat"},
       {{{"messages", kUser}, {"grammar", "root ::= \"a\""}}, "grammar"},
       {{{"messages", kUser}, {"ignore_eos", true}}, "ignore_eos"},
