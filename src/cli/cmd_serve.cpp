@@ -1,8 +1,8 @@
 // ktier serve: an OpenAI-compatible HTTP server, as llama-server (docs/TUNING.md "Serving").
 //
 //   ktier serve -m DIR [--host 127.0.0.1] [--port 8080] [-c 4096] [-n 512] [--temp 1]
-//               [--top-k 0] [--top-p 1] [--min-p 0] [--seed 0] [--alias NAME] [--metrics] [run's memory,
-//               strata, --threads, --chunk and --isa options]
+//               [--top-k 0] [--top-p 1] [--min-p 0] [--seed 0] [--alias NAME] [--metrics]
+//               [run's memory, strata, --threads, --chunk and --isa options]
 //
 //   POST /v1/chat/completions, POST /v1/completions (stream: server-sent events),
 //   GET /v1/models, GET /health, GET /metrics (Prometheus, with --metrics), and llama-server's
@@ -17,14 +17,18 @@
 // build found it (KTIER_SERVER).
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -256,8 +260,12 @@ class ApiHandlers {
   std::atomic<uint64_t> requests_{0};
 };
 
-// Runs listen_after_bind() on its own thread from construction to stop() (or destruction),
-// which waits for every connection to end.
+// How long connections may take to end once the server stops and no answer is generating: a
+// client still sending its request (a slow upload) would otherwise hold the process for as long
+// as it likes (cpp-httplib's stop() waits for every connection's thread).
+constexpr auto kDrainTime = std::chrono::seconds(3);
+
+// Runs listen_after_bind() on its own thread from construction to stop() (or destruction).
 class Listener {
  public:
   explicit Listener(httplib::Server& http)
@@ -265,20 +273,38 @@ class Listener {
           listened_ = http_.listen_after_bind();
           ended_ = true;
         }) {}
-  ~Listener() { stop(); }
+  ~Listener() { stop(Status::runtime("the server stopped")); }
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
 
   bool ended() const { return ended_.load(); }
-  // False when listening ended by itself (the socket failed), not by stop().
-  bool stop() {
-    if (thread_.joinable()) {
-      // httplib's stop() does nothing before listen_after_bind() has begun: wait for it.
-      while (!http_.is_running() && !ended_.load())
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      http_.stop();
-      thread_.join();
+  // Stops accepting and waits for the connections to end: while `generating()` (may be null)
+  // says an answer is being made, then at most kDrainTime. Past that the process ends here, as
+  // main would with `outcome` (its message printed, its exit code), the connections left as
+  // they are. Returns false when listening ended by itself (the socket failed), not by stop().
+  bool stop(const Status& outcome, const std::function<bool()>& generating = nullptr) {
+    if (!thread_.joinable()) return listened_;
+    // httplib's stop() does nothing before listen_after_bind() has begun: wait for it.
+    while (!http_.is_running() && !ended_.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    http_.stop();
+    auto deadline = std::chrono::steady_clock::now() + kDrainTime;
+    while (!ended_.load()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (generating && generating()) {
+        deadline = now + kDrainTime;
+      } else if (now > deadline) {
+        spdlog::warn("connections still open {} s after the server stopped (a client still "
+                     "sending its request): leaving them",
+                     std::chrono::duration_cast<std::chrono::seconds>(kDrainTime).count());
+        spdlog::default_logger()->flush();
+        const int code = finish(outcome);
+        std::fflush(nullptr);
+        std::_Exit(code);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    thread_.join();
     return listened_;
   }
 
@@ -287,6 +313,67 @@ class Listener {
   std::atomic<bool> ended_{false};
   bool listened_ = false;
   std::thread thread_;  // last: it starts in the constructor and uses the members above
+};
+
+// SIGTERM (docker stop, systemd) does what Ctrl-C does. While the model loads, SIGINT and
+// SIGTERM end the process at once (exit 128 + the signal, as a shell reports it) by a handler:
+// a container's PID 1 gets no default action, the kernel delivers it only handled signals.
+// Once serving, SIGINT is InterruptRequest's and SIGTERM is passed on to it as a SIGINT. A
+// signal the caller set to be ignored (a background job) stays ignored.
+// Owner thread only; one per process.
+class TerminationSignals {
+ public:
+  TerminationSignals() {
+    loading_int_ = install(SIGINT, quit_now, &previous_int_);
+    term_ = install(SIGTERM, quit_now, &previous_term_);
+  }
+  ~TerminationSignals() {
+    if (loading_int_) ::sigaction(SIGINT, &previous_int_, nullptr);
+    if (term_) ::sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+  TerminationSignals(const TerminationSignals&) = delete;
+  TerminationSignals& operator=(const TerminationSignals&) = delete;
+
+  // The load is over: SIGINT as it was, for InterruptRequest to take.
+  void loaded() {
+    if (loading_int_) ::sigaction(SIGINT, &previous_int_, nullptr);
+    loading_int_ = false;
+  }
+  // After InterruptRequest took SIGINT: SIGTERM becomes a SIGINT (where SIGINT is handled;
+  // otherwise SIGTERM goes back to what it was).
+  void forward_sigterm() {
+    if (!term_) return;
+    struct sigaction current;
+    const bool handled = ::sigaction(SIGINT, nullptr, &current) == 0 &&
+                         current.sa_handler != SIG_IGN && current.sa_handler != SIG_DFL;
+    struct sigaction unused;
+    if (handled)
+      install(SIGTERM, as_sigint, &unused);
+    else
+      ::sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+
+ private:
+  // False (nothing changed) when `sig` is ignored.
+  static bool install(int sig, void (*handler)(int), struct sigaction* previous) {
+    if (::sigaction(sig, nullptr, previous) != 0 || previous->sa_handler == SIG_IGN) return false;
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    return ::sigaction(sig, &sa, nullptr) == 0;
+  }
+  static void quit_now(int sig) {
+    constexpr char kNotice[] = "\nktier: stopped while loading the model\n";
+    ssize_t ignored = ::write(STDERR_FILENO, kNotice, sizeof kNotice - 1);
+    (void)ignored;
+    ::_exit(128 + sig);
+  }
+  static void as_sigint(int) { ::kill(::getpid(), SIGINT); }
+
+  struct sigaction previous_int_ {}, previous_term_ {};
+  bool loading_int_ = false, term_ = false;
 };
 
 // The model's name in responses: --alias, or the folder's own name ("k3" for /models/k3/).
@@ -356,14 +443,24 @@ Status serve(const ServeArgs& a) {
   if (port < 0 || (a.port != 0 && !http.bind_to_port(a.host, a.port)))
     return Status::runtime("cannot listen on " + a.host + ":" + std::to_string(a.port) +
                            " (the port in use, or not an address of this machine?)");
+  TerminationSignals signals;
   Listener listener(http);
-  std::fprintf(stderr, "ktier: listening on http://%s:%d; loading %s (requests are answered 503 "
-               "until it is loaded)\n", a.host.c_str(), port, a.model.c_str());
+  // An IPv6 address goes in brackets in a URL (http://[::1]:8080).
+  const std::string url = "http://" +
+                          (a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host) +
+                          ":" + std::to_string(port);
+  std::fprintf(stderr, "ktier: listening on %s; loading %s (requests are answered 503 until it "
+               "is loaded)\n", url.c_str(), a.model.c_str());
   std::fflush(stderr);
   // Debugging only (docs/TUNING.md): a longer load, to try clients against the 503 answers.
   if (const char* delay = std::getenv("KTIER_DEBUG_SERVE_LOAD_DELAY_MS"); delay && *delay)
     std::this_thread::sleep_for(std::chrono::milliseconds(std::strtol(delay, nullptr, 10)));
-  KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
+  Result<std::unique_ptr<runtime::Engine>> opened = runtime::Engine::open(eo);
+  if (!opened.is_ok()) {
+    listener.stop(opened.status());
+    return opened.status();
+  }
+  const std::unique_ptr<runtime::Engine> engine = std::move(*opened);
   if (static_cast<int64_t>(tokenizer.vocab_size()) != engine->checkpoint().config().vocab_size)
     spdlog::warn("the tokenizer has {} ids and config.json's vocab_size is {}",
                  tokenizer.vocab_size(), engine->checkpoint().config().vocab_size);
@@ -372,19 +469,23 @@ Status serve(const ServeArgs& a) {
     spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json", a.ctx,
                  *limit);
   server::Service service(*engine, tokenizer, markers, so);
-  // Ctrl-C: stop accepting, end the request in progress at its next token (503), exit 0.
-  // (During the load Ctrl-C ends the process at once.)
+  // Ctrl-C (or SIGTERM): stop accepting, end the request in progress at its next token (503),
+  // exit 0. (During the load either ends the process at once.)
+  signals.loaded();
   InterruptRequest interrupt(
       "\nktier: Ctrl-C: stopping the server (Ctrl-C again quits at once)\n");
+  signals.forward_sigterm();
   api.set_service(service);
-  std::fprintf(stderr, "ktier: serving %s on http://%s:%d (POST /v1/chat/completions, "
-               "/v1/completions, /tokenize, /detokenize; GET /v1/models, /health%s); Ctrl-C "
-               "stops\n",
-               a.model.c_str(), a.host.c_str(), port, a.metrics ? ", /metrics" : "");
+  std::fprintf(stderr, "ktier: serving %s on %s (POST /v1/chat/completions, /v1/completions, "
+               "/tokenize, /detokenize; GET /v1/models, /health%s); Ctrl-C stops\n",
+               a.model.c_str(), url.c_str(), a.metrics ? ", /metrics" : "");
   std::fflush(stderr);
   pollfd fd{interrupt.wake_fd(), POLLIN, 0};
   while (!listener.ended() && !InterruptRequest::requested()) ::poll(&fd, 1, 100);
-  const bool listened = listener.stop();
+  // The answer in progress ends at its next token (or prompt chunk: minutes on a big model),
+  // then the connections get kDrainTime.
+  const bool listened =
+      listener.stop(Status::ok(), [&service] { return service.totals().processing > 0; });
   if (!listened && !InterruptRequest::requested())
     return Status::runtime("the HTTP server on " + a.host + ":" + std::to_string(port) +
                            " stopped accepting connections");

@@ -9,9 +9,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -237,6 +240,86 @@ TEST_F(ServeCli, AnswersLoadingUntilTheModelIsLoaded) {
       << metrics->body;
   server.signal(SIGINT);
   EXPECT_EQ(server.wait(), 0) << server.err();
+}
+
+// The port a "listening on" line names (0 when there is none yet).
+int listening_port(const std::string& err) {
+  std::smatch m;
+  if (!std::regex_search(err, m, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+)")))
+    return 0;
+  return std::stoi(m[1].str());
+}
+
+// SIGINT or SIGTERM while the model loads end the process at once; SIGTERM once it serves
+// stops it as Ctrl-C does (exit 0).
+TEST_F(ServeCli, SignalsDuringAndAfterTheLoad) {
+  for (const int sig : {SIGINT, SIGTERM}) {
+    std::vector<std::string> argv = serve_argv(dir_ / "model");
+    argv.insert(argv.begin(), {"/usr/bin/env", "KTIER_DEBUG_SERVE_LOAD_DELAY_MS=20000"});
+    ChildProcess loading(argv);
+    ASSERT_TRUE(loading.wait_for(Stream::kErr, "until it is loaded")) << loading.err();
+    loading.signal(sig);
+    EXPECT_EQ(loading.wait(std::chrono::seconds(10)), 128 + sig) << loading.err();
+    EXPECT_NE(loading.err().find("stopped while loading"), std::string::npos) << loading.err();
+  }
+  ChildProcess server(serve_argv(dir_ / "model"));
+  ASSERT_GT(start(server), 0) << server.err();
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait(std::chrono::seconds(30)), 0) << server.err();
+  EXPECT_NE(server.err().find("server stopped"), std::string::npos) << server.err();
+}
+
+// A client still sending its request does not hold a server that stops: after a load that
+// failed, the load's error and exit code within seconds (cpp-httplib would wait for it).
+TEST_F(ServeCli, ASlowClientDoesNotHoldAServerThatStops) {
+  const fs::path broken = dir_ / "broken-for-slow";
+  fs::create_directories(broken);
+  bool cut = false;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_ / "model")) {
+    const std::string name = e.path().filename().string();
+    if (!cut && name.rfind("model-", 0) == 0) {
+      cut = true;
+      fs::copy_file(e.path(), broken / name);
+      fs::resize_file(broken / name, 1000);
+    } else {
+      fs::create_symlink(e.path(), broken / name);
+    }
+  }
+  std::vector<std::string> argv = serve_argv(broken);
+  argv.insert(argv.begin(), {"/usr/bin/env", "KTIER_DEBUG_SERVE_LOAD_DELAY_MS=1000"});
+  ChildProcess server(argv);
+  ASSERT_TRUE(server.wait_for(Stream::kErr, "until it is loaded")) << server.err();
+  const int port = listening_port(server.err());
+  ASSERT_GT(port, 0) << server.err();
+  const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n";
+  ASSERT_EQ(::send(sock, head.data(), head.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(head.size()));
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {  // one byte every 200 ms: never idle long enough to time out
+    for (int i = 0; i < 150 && !done.load(); ++i) {
+      ::send(sock, "x", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = server.wait(std::chrono::seconds(25));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  done = true;
+  trickle.join();
+  ::close(sock);
+  EXPECT_EQ(code, 3) << server.err();
+  EXPECT_LT(seconds, 15.0);
+  EXPECT_NE(server.err().find("header length"), std::string::npos) << server.err();
+  EXPECT_NE(server.err().find("connections still open"), std::string::npos) << server.err();
 }
 
 TEST_F(ServeCli, HelpListsServe) {

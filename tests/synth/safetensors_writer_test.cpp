@@ -205,6 +205,9 @@ TEST(SafetensorsWriter, UniqueWriterRemovesPartialsOfDeadWriters) {
   write(of_dead + "2x", true);   // not a partial name: kept
   write(path.string() + ".partial." + std::to_string(::getppid()) + "-0", true);  // alive: kept
   write((dir.path() / "e.safetensors.partial.").string() + std::to_string(dead) + "-0", true);
+  write(path.string() + ".partial.0" + std::to_string(dead) + "-0", true);  // not as written
+  write((dir.path() / "target").string(), true);  // an old file behind a symlink: kept, both
+  fs::create_symlink(dir.path() / "target", of_dead + "3");
   auto w = SafetensorsWriter::create(path, {{"t", DType::kU8, {1}}}, {},
                                      SafetensorsWriter::Partial::kUnique);
   ASSERT_TRUE(w.is_ok()) << w.status().message();
@@ -215,7 +218,9 @@ TEST(SafetensorsWriter, UniqueWriterRemovesPartialsOfDeadWriters) {
   std::vector<std::string> kept = {"d.safetensors", "d.safetensors.partial." + dead_id + "-1",
                                    "d.safetensors.partial." + dead_id + "-2x",
                                    "d.safetensors.partial." + parent_id + "-0",
-                                   "e.safetensors.partial." + dead_id + "-0"};
+                                   "e.safetensors.partial." + dead_id + "-0",
+                                   "d.safetensors.partial.0" + dead_id + "-0",
+                                   "d.safetensors.partial." + dead_id + "-3", "target"};
   std::sort(kept.begin(), kept.end());
   EXPECT_EQ(test::list_dir(dir.path()), kept);
 }
