@@ -169,14 +169,17 @@ Status run(const RunArgs& a) {
   if (!a.prompt_cache.empty()) {
     KTIER_ASSIGN_OR_RETURN(cache, RunPromptCache::open(a.prompt_cache, a.model, a.prompt_cache_ro));
   }
+  KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
+                         model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
+  // Another backend's conversation is not used (RunPromptCache::restore), nor planned for.
+  const bool resumable =
+      a.interactive && cache &&
+      cache->saved_backend() == (eo.device == backend::DeviceKind::kCuda ? "cuda" : "cpu");
   const std::optional<int32_t> pending =
-      a.interactive && cache ? cache->conversation_pending() : std::nullopt;
+      resumable ? cache->conversation_pending() : std::nullopt;
   std::vector<uint32_t> resumed_turn;  // what ends the saved last answer
   if (pending)
     resumed_turn = tok::end_assistant_turn(*tokenizer, *markers, static_cast<uint32_t>(*pending));
-
-  KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
-                         model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
   // The last generated token is never fed back: a run uses P + n - 1 positions. A conversation
   // the cache may resume adds its positions and the markup closing its last answer (-c auto).
   const int64_t history = pending ? cache->conversation_positions() +
