@@ -140,6 +140,16 @@ TEST(SafetensorsWriter, StalePartialSymlinkIsRemovedNotFollowed) {
   EXPECT_EQ(test::list_dir(dir.path()), (std::vector<std::string>{"s.safetensors", "victim.bin"}));
 }
 
+// One Partial::kUnique writer of `path`, to the end: a 1-byte tensor.
+Status write_unique(const fs::path& path) {
+  auto w = SafetensorsWriter::create(path, {{"t", DType::kU8, {1}}}, {},
+                                     SafetensorsWriter::Partial::kUnique);
+  if (!w.is_ok()) return w.status();
+  const uint8_t b = 7;
+  KTIER_RETURN_IF_ERROR(w->append(&b, 1));
+  return w->finish();
+}
+
 // Partial::kUnique: writers of one path at once each write a file of their own and rename it
 // whole; the path holds the file of the one that finished last, and nothing else is left.
 TEST(SafetensorsWriter, UniquePartialsLetWritersOfOnePathOverlap) {
@@ -176,12 +186,8 @@ TEST(SafetensorsWriter, UniquePartialPassesOverNamesLeftBehind) {
     next = std::stoull(names[0].substr(names[0].rfind('-') + 1)) + 1;
   }  // abandoned: its partial file goes away
   for (uint64_t k = next; k < next + 300; ++k) std::ofstream(stem + std::to_string(k)) << "left";
-  auto w = SafetensorsWriter::create(path, {{"t", DType::kU8, {1}}}, {},
-                                     SafetensorsWriter::Partial::kUnique);
-  ASSERT_TRUE(w.is_ok()) << w.status().message();
-  const uint8_t b = 7;
-  ASSERT_TRUE(w->append(&b, 1).is_ok());
-  ASSERT_TRUE(w->finish().is_ok());
+  const Status written = write_unique(path);
+  ASSERT_TRUE(written.is_ok()) << written.message();
   EXPECT_EQ(test::list_dir(dir.path()).size(), 301u);
   EXPECT_EQ(test::read_file(stem + std::to_string(next)), "left");
 }
@@ -208,12 +214,8 @@ TEST(SafetensorsWriter, UniqueWriterRemovesPartialsOfDeadWriters) {
   write(path.string() + ".partial.0" + std::to_string(dead) + "-0", true);  // not as written
   write((dir.path() / "target").string(), true);  // an old file behind a symlink: kept, both
   fs::create_symlink(dir.path() / "target", of_dead + "3");
-  auto w = SafetensorsWriter::create(path, {{"t", DType::kU8, {1}}}, {},
-                                     SafetensorsWriter::Partial::kUnique);
-  ASSERT_TRUE(w.is_ok()) << w.status().message();
-  const uint8_t b = 7;
-  ASSERT_TRUE(w->append(&b, 1).is_ok());
-  ASSERT_TRUE(w->finish().is_ok());
+  const Status written = write_unique(path);
+  ASSERT_TRUE(written.is_ok()) << written.message();
   const std::string dead_id = std::to_string(dead), parent_id = std::to_string(::getppid());
   std::vector<std::string> kept = {"d.safetensors", "d.safetensors.partial." + dead_id + "-1",
                                    "d.safetensors.partial." + dead_id + "-2x",
