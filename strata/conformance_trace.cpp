@@ -13,8 +13,8 @@ namespace ktier::strata {
 namespace {
 
 // The shared conformance trace is 0.8 MB. Each record read becomes a step's worth of memory
-// (up to ~150 bytes at top_k 1), so the input is bounded well below the RAM that would take:
-// 64 MiB is 8 million records.
+// (up to ~150 bytes at top_k 1), so the input is bounded: 64 MiB is 8 million records, at
+// most ~1.2 GB decoded.
 constexpr size_t kMaxConformanceTraceBytes = size_t{64} << 20;
 
 constexpr size_t kRecordBytes = 8;  // int32 layer, int32 expert

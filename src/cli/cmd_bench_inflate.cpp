@@ -206,7 +206,8 @@ void register_bench_inflate_command(CLI::App& bench, int& exit_code) {
   sub->add_option("--pack", o->pack, "trunk pack made by `ktier pack --compress`")->required();
   add_threads_option(sub, o->threads, "Inflating threads", 1);
   sub->add_option("--passes", o->passes, "timed passes, best kept")->capture_default_str();
-  sub->add_option("--max-mib", o->max_mib, "inflated MiB of layer records in the timed passes (at least one record)")
+  sub->add_option("--max-mib", o->max_mib,
+                  "inflated MiB of layer records in the timed passes (at least one record)")
       ->capture_default_str()
       ->transform(whole_number<uint64_t>(kMaxBenchMib));
   sub->add_option("--json", o->json, "also write the figures to FILE as JSON");

@@ -155,7 +155,8 @@ void register_bench_io_command(CLI::App& bench, int& exit_code) {
                   "Slots of the streaming ring, 2..64 (TrunkStore's ring: 2); all but one have a "
                   "read in flight")
       ->capture_default_str();
-  sub->add_option("--raw-block-mib", o->raw_block_mib, "Block size of the raw sequential reads (at least 1)")
+  sub->add_option("--raw-block-mib", o->raw_block_mib,
+                  "Block size of the raw sequential reads (at least 1)")
       ->capture_default_str()
       ->transform(whole_number<uint64_t>(kMaxBenchMib));
   sub->add_option("--json", o->json, "Also write the figures to FILE as JSON");

@@ -1,7 +1,8 @@
 // ktier run: decode a prompt and stream the generated text (issue 3 interface).
 //
 //   ktier run -m DIR (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--temp T] [--top-k K]
-//             [--top-p P] [--min-p P] [--seed S] [--threads N] [--chunk N] [--print-ids] [--isa auto]
+//             [--top-p P] [--min-p P] [--seed S] [--threads N] [--chunk N] [--print-ids]
+//             [--isa auto]
 //             [--pack PACKDIR] [--ram SIZE | --preset NAME] [--io auto] [--report-json FILE]
 //             [--trace FILE] [--lookahead D] [--policy NAME] [--profile TRACE]
 //             [--chat [-i|--interactive] [-c|--ctx-size N]]
@@ -511,8 +512,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
                       "prompt's state there (all its ids but the last). A state is never cut "
                       "back: a prompt that does not begin with the saved ids runs whole. With "
                       "-i: the conversation FILE holds goes on, and is saved after every answer "
-                      "(answers as if it never stopped: a sampler with the same flags goes on where the "
-                      "saved one was). "
+                      "(answers as if it never stopped: a sampler with the same flags goes on "
+                      "where the saved one was). "
                       "A file of another checkpoint: exit 2; damaged: exit 3");
   sub->add_flag("--prompt-cache-all", a->prompt_cache_all,
                 "With --prompt-cache: save the generated tokens' state too, so that a prompt "

@@ -225,14 +225,15 @@ class ApiHandlers {
         });
   }
 
-  // One generation, logged as a line on stderr. An answer the server's stop (Ctrl-C) cut is an
-  // error (503), so that no client takes it for one that reached its end.
+  // One generation, logged as a line on stderr. An answer the server's stop (Ctrl-C, SIGTERM) cut
+  // is an error (503), so that no client takes it for one that reached its end.
   Result<server::Completion> run(const server::PreparedRequest& request,
                                  const server::Service::TextSink& on_text) {
     Result<server::Completion> done =
         service().complete(request, on_text, [] { return InterruptRequest::requested(); });
     if (done.is_ok() && done->cancelled && InterruptRequest::requested())
-      done = Status::interrupted("the server is stopping (Ctrl-C): the answer was cut after " +
+      done = Status::interrupted("the server is stopping (Ctrl-C or SIGTERM): the answer was "
+                                 "cut after " +
                                  std::to_string(done->usage.completion_tokens) + " tokens");
     if (!done.is_ok()) {
       spdlog::error("request failed: {}", done.status().message());
@@ -264,6 +265,7 @@ class ApiHandlers {
 // client still sending its request (a slow upload) would otherwise hold the process for as long
 // as it likes (cpp-httplib's stop() waits for every connection's thread).
 constexpr auto kDrainTime = std::chrono::seconds(3);
+constexpr time_t kKeepAliveSeconds = 2;
 
 // Runs listen_after_bind() on its own thread from construction to stop() (or destruction).
 class Listener {
@@ -295,7 +297,7 @@ class Listener {
         deadline = now + kDrainTime;
       } else if (now > deadline) {
         spdlog::warn("connections still open {} s after the server stopped (a client still "
-                     "sending its request): leaving them",
+                     "connected, or sending its request): leaving them",
                      std::chrono::duration_cast<std::chrono::seconds>(kDrainTime).count());
         spdlog::default_logger()->flush();
         const int code = finish(outcome);
@@ -316,10 +318,10 @@ class Listener {
 };
 
 // SIGTERM (docker stop, systemd) does what Ctrl-C does. While the model loads, SIGINT and
-// SIGTERM end the process at once (exit 128 + the signal, as a shell reports it) by a handler:
-// a container's PID 1 gets no default action, the kernel delivers it only handled signals.
-// Once serving, SIGINT is InterruptRequest's and SIGTERM is passed on to it as a SIGINT. A
-// signal the caller set to be ignored (a background job) stays ignored.
+// SIGTERM end the process at once, by the signal, from a handler: a container's PID 1 gets no
+// default action (the kernel delivers it only handled signals), so there it exits 128 + the
+// signal. Once serving, SIGINT is InterruptRequest's and SIGTERM asks what it asks, even where
+// SIGINT is ignored (a background job). A signal the caller set to be ignored stays ignored.
 // Owner thread only; one per process.
 class TerminationSignals {
  public:
@@ -328,8 +330,8 @@ class TerminationSignals {
     term_ = install(SIGTERM, quit_now, &previous_term_);
   }
   ~TerminationSignals() {
-    if (loading_int_) ::sigaction(SIGINT, &previous_int_, nullptr);
-    if (term_) ::sigaction(SIGTERM, &previous_term_, nullptr);
+    loaded();
+    end_serving();
   }
   TerminationSignals(const TerminationSignals&) = delete;
   TerminationSignals& operator=(const TerminationSignals&) = delete;
@@ -339,18 +341,15 @@ class TerminationSignals {
     if (loading_int_) ::sigaction(SIGINT, &previous_int_, nullptr);
     loading_int_ = false;
   }
-  // After InterruptRequest took SIGINT: SIGTERM becomes a SIGINT (where SIGINT is handled;
-  // otherwise SIGTERM goes back to what it was).
-  void forward_sigterm() {
-    if (!term_) return;
-    struct sigaction current;
-    const bool handled = ::sigaction(SIGINT, nullptr, &current) == 0 &&
-                         current.sa_handler != SIG_IGN && current.sa_handler != SIG_DFL;
+  // While an InterruptRequest lives: SIGTERM is a request to stop. end_serving() (or the
+  // destructor) before that InterruptRequest ends.
+  void serving() {
     struct sigaction unused;
-    if (handled)
-      install(SIGTERM, as_sigint, &unused);
-    else
-      ::sigaction(SIGTERM, &previous_term_, nullptr);
+    if (term_) install(SIGTERM, request_stop, &unused);
+  }
+  void end_serving() {
+    if (term_) ::sigaction(SIGTERM, &previous_term_, nullptr);
+    term_ = false;
   }
 
  private:
@@ -368,9 +367,19 @@ class TerminationSignals {
     constexpr char kNotice[] = "\nktier: stopped while loading the model\n";
     ssize_t ignored = ::write(STDERR_FILENO, kNotice, sizeof kNotice - 1);
     (void)ignored;
-    ::_exit(128 + sig);
+    // By the signal, as a shell expects of a process stopped so (a loop stops too).
+    struct sigaction dfl;
+    std::memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(sig, &dfl, nullptr);
+    sigset_t only;
+    sigemptyset(&only);
+    sigaddset(&only, sig);
+    ::sigprocmask(SIG_UNBLOCK, &only, nullptr);
+    ::kill(::getpid(), sig);
+    ::_exit(128 + sig);  // PID 1: the default action is not taken
   }
-  static void as_sigint(int) { ::kill(::getpid(), SIGINT); }
+  static void request_stop(int) { InterruptRequest::request_from_signal_handler(); }
 
   struct sigaction previous_int_ {}, previous_term_ {};
   bool loading_int_ = false, term_ = false;
@@ -425,6 +434,9 @@ Status serve(const ServeArgs& a) {
   // Connections wait on one sequence; more threads than the default 8 keep /health and
   // /v1/models answering behind slow or idle clients.
   http.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
+  // An idle keep-alive connection (a scraper, an SDK client) ends within this when the server
+  // stops, inside kDrainTime (cpp-httplib's default is 5 s).
+  http.set_keep_alive_timeout(kKeepAliveSeconds);
   // What cpp-httplib answers itself (no such path or method, a body too large) in OpenAI's body.
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
@@ -439,16 +451,15 @@ Status serve(const ServeArgs& a) {
   api.route(http);
   // The port before the (long) load: one in use is said at once, and requests made during the
   // load are answered (503) rather than left waiting.
+  // An IPv6 address goes in brackets before a port (http://[::1]:8080).
+  const std::string host = a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host;
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : a.port;
   if (port < 0 || (a.port != 0 && !http.bind_to_port(a.host, a.port)))
-    return Status::runtime("cannot listen on " + a.host + ":" + std::to_string(a.port) +
+    return Status::runtime("cannot listen on " + host + ":" + std::to_string(a.port) +
                            " (the port in use, or not an address of this machine?)");
   TerminationSignals signals;
   Listener listener(http);
-  // An IPv6 address goes in brackets in a URL (http://[::1]:8080).
-  const std::string url = "http://" +
-                          (a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host) +
-                          ":" + std::to_string(port);
+  const std::string url = "http://" + host + ":" + std::to_string(port);
   std::fprintf(stderr, "ktier: listening on %s; loading %s (requests are answered 503 until it "
                "is loaded)\n", url.c_str(), a.model.c_str());
   std::fflush(stderr);
@@ -469,12 +480,17 @@ Status serve(const ServeArgs& a) {
     spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json", a.ctx,
                  *limit);
   server::Service service(*engine, tokenizer, markers, so);
+  // Whatever leaves this scope, no connection still uses `service` or `engine` after it.
+  struct StopListening {
+    Listener& listener;
+    ~StopListening() { listener.stop(Status::runtime("the server stopped")); }
+  } stop_listening{listener};
   // Ctrl-C (or SIGTERM): stop accepting, end the request in progress at its next token (503),
   // exit 0. (During the load either ends the process at once.)
   signals.loaded();
   InterruptRequest interrupt(
-      "\nktier: Ctrl-C: stopping the server (Ctrl-C again quits at once)\n");
-  signals.forward_sigterm();
+      "\nktier: stopping the server (Ctrl-C again quits at once)\n");
+  signals.serving();
   api.set_service(service);
   std::fprintf(stderr, "ktier: serving %s on %s (POST /v1/chat/completions, /v1/completions, "
                "/tokenize, /detokenize; GET /v1/models, /health%s); Ctrl-C stops\n",
@@ -486,9 +502,9 @@ Status serve(const ServeArgs& a) {
   // then the connections get kDrainTime.
   const bool listened =
       listener.stop(Status::ok(), [&service] { return service.totals().processing > 0; });
+  signals.end_serving();  // before `interrupt` ends
   if (!listened && !InterruptRequest::requested())
-    return Status::runtime("the HTTP server on " + a.host + ":" + std::to_string(port) +
-                           " stopped accepting connections");
+    return Status::runtime("the HTTP server on " + url + " stopped accepting connections");
   spdlog::info("server stopped");
   return Status::ok();
 }

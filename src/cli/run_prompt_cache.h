@@ -53,9 +53,9 @@ class RunPromptCache {
   std::span<const int32_t> restored_ids() const;
 
   // Saves `state` (it ran `ids`, their first state.n_tokens are saved) with a conversation's
-  // `pending` token and `sampler_draws`; nothing with --prompt-cache-ro or when the state holds no more than what
-  // was restored. A save that fails (save_sequence's errors: a full disk) is a warning and the
-  // run goes on; errors: computing the checkpoint's identity.
+  // `pending` token and `sampler_draws`; nothing with --prompt-cache-ro or when the state holds no
+  // more than what was restored. A save that fails (save_sequence's errors: a full disk) is a
+  // warning and the run goes on; errors: computing the checkpoint's identity.
   Status save(const runtime::Engine& engine, const model::SequenceState& state,
               std::span<const int32_t> ids, std::optional<int32_t> pending = std::nullopt,
               uint64_t sampler_draws = 0);

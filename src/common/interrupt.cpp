@@ -25,10 +25,19 @@ static_assert(std::atomic<bool>::is_always_lock_free);
 static_assert(std::atomic<const char*>::is_always_lock_free);
 
 void on_sigint(int) {
-  const int saved_errno = errno;
   // The previous disposition first: a second Ctrl-C, even one during this handler, acts as if
   // ktier had installed nothing.
+  const int saved_errno = errno;
   ::sigaction(SIGINT, &g_previous, nullptr);
+  errno = saved_errno;
+  InterruptRequest::request_from_signal_handler();
+}
+
+}  // namespace
+
+void InterruptRequest::request_from_signal_handler() {
+  if (!g_active.load()) return;
+  const int saved_errno = errno;
   g_requested.store(true);
   if (const char* notice = g_notice.load()) {
     ssize_t ignored = ::write(STDERR_FILENO, notice, std::strlen(notice));
@@ -41,8 +50,6 @@ void on_sigint(int) {
   }
   errno = saved_errno;
 }
-
-}  // namespace
 
 InterruptRequest::InterruptRequest(const char* notice) {
   KTIER_CHECK(!g_active.exchange(true));

@@ -22,6 +22,10 @@ class InterruptRequest {
   InterruptRequest& operator=(const InterruptRequest&) = delete;
 
   static bool requested();
+  // What SIGINT does (the flag, the notice, wake_fd()), for another signal's handler (serve's
+  // SIGTERM); async-signal-safe. Leaves SIGINT's disposition as it is. Nothing without a live
+  // request.
+  static void request_from_signal_handler();
   // Readable once Ctrl-C has arrived (a pipe's read end; -1 if the pipe could not be made, and
   // then only requested() tells).
   int wake_fd() const;

@@ -34,7 +34,7 @@ std::string errno_text(int err) { return std::strerror(err); }
 constexpr auto kDeadPartialAge = std::chrono::minutes(10);
 
 // Removes "<stem>.<pid>-<n>" files (the names a writer makes, spelled exactly so; regular
-// files, never a symlink) whose pid is no process here and that are older than
+// files, never a symlink) whose pid is no other process here and that are older than
 // kDeadPartialAge. Best effort: what cannot be read or removed is left.
 void remove_dead_partials(const std::filesystem::path& stem) {
   namespace fs = std::filesystem;
@@ -50,10 +50,12 @@ void remove_dead_partials(const std::filesystem::path& stem) {
     std::from_chars_result r = std::from_chars(name.data() + prefix.size(), end, pid);
     if (r.ec != std::errc() || pid <= 0 || r.ptr == end || *r.ptr != '-') continue;
     r = std::from_chars(r.ptr + 1, end, n);
-    if (r.ec != std::errc() || r.ptr != end || pid == ::getpid() ||
+    if (r.ec != std::errc() || r.ptr != end ||
         name != prefix + std::to_string(pid) + "-" + std::to_string(n))
       continue;
-    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to signal)
+    // Alive (or not ours to signal): kept. This process's own pid is an earlier process's
+    // (a container's PID 1 restarted); its own partial being written is never 10 minutes old.
+    if (pid != ::getpid() && (::kill(pid, 0) == 0 || errno != ESRCH)) continue;
     std::error_code file_ec;
     if (!fs::is_regular_file(it->symlink_status(file_ec)) || file_ec) continue;
     const auto changed = fs::last_write_time(it->path(), file_ec);

@@ -198,7 +198,14 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
     s.pending_ = static_cast<int32_t>(id);
     if (meta.count("sampler_draws")) {
       KTIER_ASSIGN_OR_RETURN(s.sampler_draws_, number("sampler_draws", 10));
+      // A draw per token sampled: at most every saved position and the pending token (a
+      // larger count would make the resumed sampler skip for as long as it says).
+      if (s.sampler_draws_ > n + 1)
+        return damaged("\"sampler_draws\" " + std::to_string(s.sampler_draws_) + " is more than " +
+                       "its " + std::to_string(n) + " positions and pending token could draw");
     }
+  } else if (meta.count("sampler_draws")) {
+    return damaged("\"sampler_draws\" without \"pending\" (only a conversation has them)");
   }
 
   // Every byte checked now, metadata included, so that a damaged file is refused (and kept)

@@ -5,14 +5,14 @@
 // The file is safetensors (format/safetensors.h). `__metadata__`: "format" "ktier.sequence",
 // "version" "1", "checkpoint" (checkpoint_identity, 16 hex digits), "config_xxh3" (XXH3 of
 // config.json as stored: another model is told apart before its load), "backend" ("cpu" or "cuda":
-// which backend's bytes these are), "positions" (n, decimal), for a conversation's state
-// "pending" (decimal: the last token its last answer sampled, which is never run and begins the
-// next turn) and "sampler_draws" (decimal: the draws its sampler had made, Sampler::draws; absent
-// in files of older ktier: 0), and "xxh3" (16 hex digits: XXH3_64bits of every other entry as "key=value\n" lines
-// sorted by key, then the tensors' bytes in file order). Tensors, in this order: "ids" I32 [n] (the
-// ids the state has run); per KDA layer l "layers.l.kda.S" F32 [H, D, D] and "layers.l.kda.conv_q",
-// "…conv_k", "…conv_v" F32 [K-1, C]; per MLA layer l "layers.l.mla.c" F32 [n, kv_lora_rank] and
-// "layers.l.mla.r" F32 [n, qk_rope_head_dim] (model/state.h).
+// which backend's bytes these are), "positions" (n, decimal), for a conversation's state "pending"
+// (decimal: the last token its last answer sampled, which is never run and begins the next turn)
+// and "sampler_draws" (decimal: the draws its sampler had made, Sampler::draws; absent in files of
+// older ktier: 0), and "xxh3" (16 hex digits: XXH3_64bits of every other entry as "key=value\n"
+// lines sorted by key, then the tensors' bytes in file order). Tensors, in this order: "ids" I32
+// [n] (the ids the state has run); per KDA layer l "layers.l.kda.S" F32 [H, D, D] and
+// "layers.l.kda.conv_q", "…conv_k", "…conv_v" F32 [K-1, C]; per MLA layer l "layers.l.mla.c" F32
+// [n, kv_lora_rank] and "layers.l.mla.r" F32 [n, qk_rope_head_dim] (model/state.h).
 //
 // Whole prefixes only: a KDA state is recurrent and cannot be cut back to fewer positions, so a
 // saved state serves a prompt only when its ids are a prefix of the prompt with at least one id
@@ -100,11 +100,11 @@ class SavedSequence {
   uint64_t sampler_draws_ = 0;
 };
 
-// Writes `state` with the `ids` it ran (ids.size() == state.n_tokens) and, for a conversation,
-// its `pending` token and its sampler's `sampler_draws`, as `path`: to a partial file of this writer's own, then renamed, so `path`
-// is the old file or a whole new one (of the writer that renamed last) even with several runs
-// saving at once. `config_xxh3`: config_identity of the model. Status::runtime (exit 1) naming
-// the file on failure, the backend's errors.
+// Writes `state` with the `ids` it ran (ids.size() == state.n_tokens) and, for a conversation, its
+// `pending` token and its sampler's `sampler_draws`, as `path`: to a partial file of this writer's
+// own, then renamed, so `path` is the old file or a whole new one (of the writer that renamed last)
+// even with several runs saving at once. `config_xxh3`: config_identity of the model.
+// Status::runtime (exit 1) naming the file on failure, the backend's errors.
 Status save_sequence(const std::filesystem::path& path, const model::Model& model,
                      const model::SequenceState& state, std::span<const int32_t> ids,
                      uint64_t checkpoint, uint64_t config_xxh3,

@@ -9,9 +9,11 @@
 namespace ktier::server {
 namespace {
 
+// The exposition text, written metric by metric: HELP and TYPE go before a metric's first
+// sample, so the samples of one metric (its label sets) must be added one after the other.
 class Exposition {
  public:
-  // One metric with one sample; `labels` as Prometheus spells them ("" or `tier="ram"`).
+  // One sample; `labels` as Prometheus spells them ("" or `tier="ram"`).
   void add(std::string_view name, std::string_view type, std::string_view help, double value,
            std::string_view labels = {}) {
     if (name != last_) {

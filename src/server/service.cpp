@@ -95,15 +95,24 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
     --totals_.waiting;
     ++totals_.processing;
   }
+  // Whatever way the request ends (an exception too: cpp-httplib answers 500 and goes on), it
+  // is no longer processing: the server's stop waits while anything is.
+  bool counted = false;
+  struct Done {
+    Service& s;
+    bool& counted;
+    ~Done() {
+      std::lock_guard<std::mutex> totals(s.totals_mutex_);
+      --s.totals_.processing;
+      if (!counted) ++s.totals_.requests_failed;
+    }
+  } end_processing{*this, counted};
   Result<Completion> done = complete_locked(prepared, on_text, stop_requested);
   const runtime::EngineCounters counters = runtime::EngineCounters::of(engine_);
   std::lock_guard<std::mutex> totals(totals_mutex_);
-  --totals_.processing;
   totals_.engine = counters;
-  if (!done.is_ok()) {
-    ++totals_.requests_failed;
-    return done;
-  }
+  if (!done.is_ok()) return done;
+  counted = true;
   const runtime::GenerationStats& g = done->report.gen;
   ++totals_.requests;
   totals_.prompt_tokens += g.prompt_tokens;

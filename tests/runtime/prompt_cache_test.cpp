@@ -224,6 +224,18 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
     EXPECT_EQ(s.code(), ExitCode::kCorrupt);
     EXPECT_NE(s.message().find("id 1 is " + std::to_string(c.vocab_size + 5)), std::string::npos)
         << s.message();
+    // A conversation's sampler draws: at most its positions and pending token (one per token
+    // sampled); more would have the resumed sampler skip for as long as the file says.
+    ids[1] = 2;
+    ASSERT_TRUE(save_sequence(bad, m, st, ids, 1, h, 2, 4).is_ok());
+    auto fine = SavedSequence::open(bad, c, h);
+    ASSERT_TRUE(fine.is_ok()) << fine.status().message();
+    EXPECT_EQ(fine->sampler_draws(), 4u);
+    ASSERT_TRUE(save_sequence(bad, m, st, ids, 1, h, 2, 5).is_ok());
+    s = SavedSequence::open(bad, c, h).status();
+    EXPECT_EQ(s.code(), ExitCode::kCorrupt);
+    EXPECT_NE(s.message().find("\"sampler_draws\" 5 is more than its 3 positions"),
+              std::string::npos) << s.message();
   }
   // A checkpoint shard is safetensors, not a saved state.
   auto shard = SavedSequence::open(e->checkpoint().shard(0).path(), c, h);

@@ -171,7 +171,7 @@ TEST(SafetensorsWriter, UniquePartialsLetWritersOfOnePathOverlap) {
 }
 
 // Partial names left by killed writers of this pid (a container's pid 1 is every run's) are
-// passed over, and left as they are.
+// passed over, and left as they are while recent.
 TEST(SafetensorsWriter, UniquePartialPassesOverNamesLeftBehind) {
   test::TempDir dir("writer_left");
   const fs::path path = dir.path() / "l.safetensors";
@@ -207,6 +207,8 @@ TEST(SafetensorsWriter, UniqueWriterRemovesPartialsOfDeadWriters) {
     if (old) fs::last_write_time(name, fs::file_time_type::clock::now() - std::chrono::hours(1));
   };
   write(of_dead + "0", true);    // removed
+  write(path.string() + ".partial." + std::to_string(::getpid()) + "-900", true);  // removed:
+  // this pid's, from an earlier process of it (a container's PID 1), 10 minutes old
   write(of_dead + "1", false);   // recent: kept (its writer may be of another pid namespace)
   write(of_dead + "2x", true);   // not a partial name: kept
   write(path.string() + ".partial." + std::to_string(::getppid()) + "-0", true);  // alive: kept
