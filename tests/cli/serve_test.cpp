@@ -77,6 +77,18 @@ class ServeCli : public ::testing::Test {
     EXPECT_TRUE(cut);
     return broken;
   }
+  // A TCP connection to 127.0.0.1:`port` (a raw client); -1 when it cannot be made.
+  static int connect_to(int port) {
+    const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (sock < 0) return -1;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    if (::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return sock;
+    ::close(sock);
+    return -1;
+  }
   static std::vector<std::string> serve_argv(const fs::path& model) {
     return {ktier_bin().string(), "serve", "-m", model.string(), "--port", "0", "--threads", "2",
             "--alias", "tiny-test"};
@@ -292,13 +304,8 @@ TEST_F(ServeCli, SignalsDuringAndAfterTheLoad) {
     ChildProcess server(argv);
     const int port = start(server);
     ASSERT_GT(port, 0) << server.err();
-    const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+    const int sock = connect_to(port);
     ASSERT_GE(sock, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    ASSERT_EQ(::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
     const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
     ASSERT_EQ(::send(sock, get.data(), get.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(get.size()));
@@ -322,13 +329,8 @@ TEST_F(ServeCli, ASlowClientDoesNotHoldAServerThatStops) {
   ASSERT_TRUE(server.wait_for(Stream::kErr, "until it is loaded")) << server.err();
   const int port = listening_port(server.err());
   ASSERT_GT(port, 0) << server.err();
-  const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int sock = connect_to(port);
   ASSERT_GE(sock, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  ASSERT_EQ(::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   const std::string head =
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n";
   ASSERT_EQ(::send(sock, head.data(), head.size(), MSG_NOSIGNAL),
