@@ -53,13 +53,6 @@ Result<std::optional<int64_t>> integer_field(const json& body, const char* name,
   return std::optional<int64_t>(v);
 }
 
-Result<bool> bool_field(const json& body, const char* name, bool fallback) {
-  const auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) return field_error(name, "must be true or false");
-  return it->get<bool>();
-}
-
 // Fields whose effect is not built: refused unless absent, null or their neutral value.
 Status refuse_unsupported(const json& body) {
   // Samplers of OpenAI's and llama-server's that are not built: their neutral value only.
@@ -194,11 +187,23 @@ json head_json(Endpoint endpoint, const ResponseHead& head, bool chunk) {
 
 }  // namespace
 
-Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body,
-                                        const RequestDefaults& defaults) {
-  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+Result<json> parse_body_object(std::string_view body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::usage("the request body is not valid JSON");
   if (!j.is_object()) return Status::usage("the request body must be a JSON object");
+  return j;
+}
+
+Result<bool> bool_field(const json& body, const char* name, bool fallback) {
+  const auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) return field_error(name, "must be true or false");
+  return it->get<bool>();
+}
+
+Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body,
+                                        const RequestDefaults& defaults) {
+  KTIER_ASSIGN_OR_RETURN(const json j, parse_body_object(body));
   KTIER_RETURN_IF_ERROR(refuse_unsupported(j));
   CompletionRequest r;
   r.endpoint = endpoint;

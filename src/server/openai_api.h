@@ -83,6 +83,10 @@ nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, c
                                   const nlohmann::json& extra);
 // Status::usage "request field \"FIELD\": WHAT", the form error_param reads back.
 Status field_error(const std::string& field, const std::string& what);
+// A request body as a JSON object; Status::usage when it is not valid JSON or not an object.
+Result<nlohmann::json> parse_body_object(std::string_view body);
+// `body[name]` as a bool: `fallback` when absent or null; field_error when not a bool.
+Result<bool> bool_field(const nlohmann::json& body, const char* name, bool fallback);
 // The request field a parse_request (or field_error) error names (its "param"), if it names one.
 std::optional<std::string> error_param(const Status& s);
 // OpenAI's error body: {"error": {"message", "type", "param", "code"}}.

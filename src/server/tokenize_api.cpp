@@ -8,34 +8,17 @@
 #include "server/service.h"
 
 namespace ktier::server {
-namespace {
 
 using nlohmann::json;
 
-Result<json> object_body(std::string_view body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::usage("the request body is not valid JSON");
-  if (!j.is_object()) return Status::usage("the request body must be a JSON object");
-  return j;
-}
-
-Result<bool> flag(const json& body, const char* name) {
-  const auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return false;
-  if (!it->is_boolean()) return field_error(name, "must be true or false");
-  return it->get<bool>();
-}
-
-}  // namespace
-
 Result<json> tokenize_response(const tok::Tokenizer& tokenizer, std::string_view body) {
-  KTIER_ASSIGN_OR_RETURN(const json j, object_body(body));
+  KTIER_ASSIGN_OR_RETURN(const json j, parse_body_object(body));
   const auto content = j.find("content");
   if (content == j.end() || !content->is_string())
     return field_error("content", "must be a string (the text to tokenize)");
-  KTIER_ASSIGN_OR_RETURN(const bool parse_special, flag(j, "parse_special"));
-  KTIER_ASSIGN_OR_RETURN(const bool with_pieces, flag(j, "with_pieces"));
-  KTIER_ASSIGN_OR_RETURN(const bool add_special, flag(j, "add_special"));
+  KTIER_ASSIGN_OR_RETURN(const bool parse_special, bool_field(j, "parse_special", false));
+  KTIER_ASSIGN_OR_RETURN(const bool with_pieces, bool_field(j, "with_pieces", false));
+  KTIER_ASSIGN_OR_RETURN(const bool add_special, bool_field(j, "add_special", false));
   if (add_special)
     return field_error("add_special", "ktier puts no BOS before a prompt (K3-MODEL.md D10)");
   const std::vector<uint32_t> ids =
@@ -60,7 +43,7 @@ Result<json> tokenize_response(const tok::Tokenizer& tokenizer, std::string_view
 }
 
 Result<json> detokenize_response(const tok::Tokenizer& tokenizer, std::string_view body) {
-  KTIER_ASSIGN_OR_RETURN(const json j, object_body(body));
+  KTIER_ASSIGN_OR_RETURN(const json j, parse_body_object(body));
   const auto tokens = j.find("tokens");
   if (tokens == j.end() || !tokens->is_array())
     return field_error("tokens", "must be an array of token ids");
