@@ -175,7 +175,7 @@ Status run(const RunArgs& a) {
   // Another backend's conversation is not used (RunPromptCache::restore), nor planned for.
   const bool resumable =
       a.interactive && cache &&
-      cache->saved_backend() == (eo.device == backend::DeviceKind::kCuda ? "cuda" : "cpu");
+      cache->saved_backend() == runtime::backend_label(eo.device);
   const std::optional<int32_t> pending =
       resumable ? cache->conversation_pending() : std::nullopt;
   std::vector<uint32_t> resumed_turn;  // what ends the saved last answer

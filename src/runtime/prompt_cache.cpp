@@ -134,9 +134,11 @@ Result<uint64_t> config_identity(const std::filesystem::path& model_dir) {
   return XXH3_64bits(text.data(), text.size());
 }
 
-const char* backend_label(const backend::Backend& backend) {
-  return backend.kind() == backend::DeviceKind::kCuda ? "cuda" : "cpu";
+const char* backend_label(backend::DeviceKind kind) {
+  return kind == backend::DeviceKind::kCuda ? "cuda" : "cpu";
 }
+
+const char* backend_label(const backend::Backend& backend) { return backend_label(backend.kind()); }
 
 Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
                                           const format::ModelConfig& config,

@@ -56,6 +56,8 @@ Result<uint64_t> config_identity(const std::filesystem::path& model_dir);
 
 // "cpu" or "cuda": whose bytes a sequence's state holds.
 const char* backend_label(const backend::Backend& backend);
+// The same for a backend about to be opened (EngineOptions::device; emulated is "cpu").
+const char* backend_label(backend::DeviceKind kind);
 
 // A saved state, opened and checked whole: its metadata (strings) and tensors matching "xxh3", the
 // tensors back to back, every float finite; then, intact, Status::usage (exit 2) when
