@@ -269,6 +269,50 @@ CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& h
       ->capture_default_str();
 }
 
+void add_sampling_options(CLI::App* sub, runtime::SamplingParams& sampling, bool for_requests) {
+  // A request's field of the same meaning, named where the flag is its default.
+  const auto help = [&](const std::string& text, const char* field) {
+    return for_requests ? text + " (a request's " + field + " when it gives none)" : text;
+  };
+  sub->add_option("--temp", sampling.temperature,
+                  help(for_requests ? "Temperature, OpenAI's default 1; 0 = greedy"
+                                    : "Sampling temperature; 0 = greedy",
+                       "temperature"))
+      ->capture_default_str();
+  sub->add_option("--top-k", sampling.top_k,
+                  help("Keep the K most likely tokens; 0 = off", "top_k"))
+      ->capture_default_str();
+  sub->add_option("--top-p", sampling.top_p,
+                  help("Nucleus sampling threshold; 1 = off", "top_p"))
+      ->capture_default_str();
+  sub->add_option("--min-p", sampling.min_p,
+                  help("Keep tokens at least this fraction as likely as the likeliest (after "
+                       "--top-p); 0 = off",
+                       "min_p"))
+      ->capture_default_str();
+  add_seed_option(sub, sampling.seed,
+                  help("Sampling seed (same seed, same tokens)", "seed"));
+  sub->add_option("--repeat-penalty", sampling.repeat_penalty,
+                  help("Divide the logit of each id among the last --repeat-last-n by this "
+                       "(multiply a negative one); 1 = off",
+                       "repeat_penalty"))
+      ->capture_default_str();
+  sub->add_option("--repeat-last-n", sampling.repeat_last_n,
+                  help("Ids of the sequence (prompt and answer) the penalties look back at; "
+                       "0 = none, -1 = all",
+                       "repeat_last_n"))
+      ->capture_default_str();
+  sub->add_option("--presence-penalty", sampling.presence_penalty,
+                  help("Subtract this from the logit of each id among the last --repeat-last-n; "
+                       "0 = off",
+                       "presence_penalty"))
+      ->capture_default_str();
+  sub->add_option("--frequency-penalty", sampling.frequency_penalty,
+                  help("Subtract this times the id's count among them; 0 = off",
+                       "frequency_penalty"))
+      ->capture_default_str();
+}
+
 void add_rate_limit_option(CLI::App* sub, double& mb_s) {
   sub->add_option("--io-rate-limit", mb_s,
                   "Cap the read rate of the streamed trunk and experts at this many MB/s (1 MB = 1e6 "

@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "format/config.h"
 #include "runtime/engine.h"
+#include "runtime/sampler.h"
 
 namespace ktier::cli {
 
@@ -133,6 +134,11 @@ inline constexpr uint64_t kMaxBenchMib = uint64_t{1} << 20;
 
 // Adds "--seed S" to `sub` (checked with whole_number<uint64_t>).
 CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help);
+// Adds llama.cpp's sampling flags bound to `sampling` (whose values are the defaults shown):
+// --temp, --top-k, --top-p, --min-p, --seed, --repeat-penalty, --repeat-last-n,
+// --presence-penalty, --frequency-penalty. `for_requests`: each is what a `ktier serve` request
+// that gives none uses (said in its help). Ranges are checked by runtime::validate.
+void add_sampling_options(CLI::App* sub, runtime::SamplingParams& sampling, bool for_requests);
 // Fills the engine options from them and decides the device (loading the CUDA module unless
 // --device cpu; the reason for the choice is logged once). Status::usage for a bad size, --io or
 // --device value, or --device cuda where CUDA cannot be used.

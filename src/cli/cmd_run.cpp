@@ -68,9 +68,8 @@ struct RunArgs {
   StrataArgs strata;
   bool has_prompt = false, has_ids = false, print_ids = false, special = false, chat = false,
        interactive = false, prompt_cache_all = false, prompt_cache_ro = false;
-  int64_t max_new_tokens = 128, chunk = 256, top_k = 0, ctx_size = 0;
-  double temperature = 0.0, top_p = 1.0, min_p = 0.0;
-  uint64_t seed = 0;
+  int64_t max_new_tokens = 128, chunk = 256, ctx_size = 0;
+  runtime::SamplingParams sampling;  // greedy unless --temp
   int threads = 0;
 };
 
@@ -100,7 +99,7 @@ Status run(const RunArgs& a) {
   runtime::GenerationOptions gen;
   gen.max_new_tokens = a.max_new_tokens;
   gen.prefill_chunk = a.chunk;
-  gen.sampling = {a.temperature, a.top_k, a.top_p, a.seed, a.min_p};
+  gen.sampling = a.sampling;
   KTIER_RETURN_IF_ERROR(runtime::validate(gen.sampling));
   if (a.max_new_tokens < 0 || a.max_new_tokens > INT32_MAX)
     return Status::usage("-n must be in 0.." + std::to_string(INT32_MAX));
@@ -303,8 +302,9 @@ Status run(const RunArgs& a) {
   report.cached_prompt_tokens = cached;
   KTIER_ASSIGN_OR_RETURN(
       std::unique_ptr<runtime::GenerationSession> session,
-      restored ? runtime::GenerationSession::open(engine->model(), engine->experts(), gen,
-                                                  std::move(*restored))
+      restored ? runtime::GenerationSession::open(
+                     engine->model(), engine->experts(), gen, std::move(*restored),
+                     {cache->restored_ids().begin(), cache->restored_ids().end()})
                : runtime::GenerationSession::open(engine->model(), engine->experts(), gen));
   std::unique_ptr<strata::TraceRecorder> recorder;
   if (!a.trace.empty()) {
@@ -323,9 +323,6 @@ Status run(const RunArgs& a) {
   // A turn failed inside its forward passes (the trace ends mid-token); not when the sink failed
   // (that is between tokens).
   bool turn_cut = false;
-  // A conversation's ids run so far (what the prompt cache saves after each answer).
-  std::vector<int32_t> conversation;
-  if (cache) conversation.assign(cache->restored_ids().begin(), cache->restored_ids().end());
   const auto answer = [&](std::span<const int32_t> ids) -> Status {
     generated.clear();
     Result<runtime::GenerationStats> turn = session->turn(ids, sink);
@@ -346,9 +343,7 @@ Status run(const RunArgs& a) {
     report.cached_prompt_tokens = 0;  // only the first turn starts from the file
     if (!a.interactive || !cache || generated.empty()) return Status::ok();
     // The answer's last token is not run: it is the pending one, which the next turn begins with.
-    conversation.insert(conversation.end(), ids.begin(), ids.end());
-    conversation.insert(conversation.end(), generated.begin(), generated.end() - 1);
-    return cache->save(*engine, session->state(), conversation, generated.back(),
+    return cache->save(*engine, session->state(), session->ids(), generated.back(),
                        session->sampler_draws());
   };
   // The next turn of a conversation: the assistant's message closed, the user's next one.
@@ -416,9 +411,7 @@ Status run(const RunArgs& a) {
   const int64_t ran = session->positions();
   if (status.is_ok() && cache && !a.interactive &&
       (a.prompt_cache_all || ran < static_cast<int64_t>(prompt.size()))) {
-    std::vector<int32_t> sequence = prompt;
-    sequence.insert(sequence.end(), generated.begin(), generated.end());
-    status = cache->save(*engine, session->state(), sequence);
+    status = cache->save(*engine, session->state(), session->ids());
   }
   // A single run that saw Ctrl-C, even after its last stop check, ends as interrupted (a script
   // running it stops).
@@ -462,17 +455,7 @@ void register_run_command(CLI::App& app, int& exit_code) {
                               "Prompt as comma-separated token ids (no tokenizer needed)");
   sub->add_option("-n,--n-predict", a->max_new_tokens, "Tokens to generate at most")
       ->capture_default_str();
-  sub->add_option("--temp", a->temperature, "Sampling temperature; 0 = greedy")
-      ->capture_default_str();
-  sub->add_option("--top-k", a->top_k, "Keep the K most likely tokens; 0 = off")
-      ->capture_default_str();
-  sub->add_option("--top-p", a->top_p, "Nucleus sampling threshold; 1 = off")
-      ->capture_default_str();
-  sub->add_option("--min-p", a->min_p,
-                  "Keep tokens at least this fraction as likely as the likeliest (after "
-                  "--top-p); 0 = off")
-      ->capture_default_str();
-  add_seed_option(sub, a->seed, "Sampling seed (same seed, same tokens)");
+  add_sampling_options(sub, a->sampling, /*for_requests=*/false);
   add_threads_option(sub, a->threads, "Worker threads");
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
   sub->add_flag("--print-ids", a->print_ids, "After the text, print the generated ids on one line");

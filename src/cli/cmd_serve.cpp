@@ -62,9 +62,8 @@ struct ServeArgs {
   StrataArgs strata;
   int port = 8080, threads = 0;
   bool metrics = false;
-  int64_t ctx = 4096, chunk = 256, max_tokens = 512, top_k = 0;
-  double temperature = 1.0, top_p = 1.0, min_p = 0.0;
-  uint64_t seed = 0;
+  int64_t ctx = 4096, chunk = 256, max_tokens = 512;
+  runtime::SamplingParams sampling{.temperature = 1.0};  // OpenAI's default temperature
 };
 
 using nlohmann::json;
@@ -399,11 +398,16 @@ Status serve(const ServeArgs& a) {
   server::ServiceOptions so;
   so.ctx = a.ctx;
   so.prefill_chunk = a.chunk;
-  so.defaults.sampling = {a.temperature, a.top_k, a.top_p, a.seed, a.min_p};
+  so.defaults.sampling = a.sampling;
   so.defaults.max_tokens = a.max_tokens;
   KTIER_RETURN_IF_ERROR(runtime::validate(so.defaults.sampling));
   // A request's own temperature is refused past OpenAI's 2; so is a default past it.
-  if (a.temperature > 2) return Status::usage("--temp must be in 0..2 (OpenAI's range)");
+  if (a.sampling.temperature > 2) return Status::usage("--temp must be in 0..2 (OpenAI's range)");
+  for (const auto& [flag, penalty] :
+       {std::pair{"--presence-penalty", a.sampling.presence_penalty},
+        std::pair{"--frequency-penalty", a.sampling.frequency_penalty}})
+    if (!(penalty >= -2 && penalty <= 2))
+      return Status::usage(std::string(flag) + " must be in -2..2 (OpenAI's range)");
   if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
   KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
@@ -534,17 +538,7 @@ void register_serve_command(CLI::App& app, int& exit_code) {
                   "left)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
-  sub->add_option("--temp", a->temperature,
-                  "Temperature when a request gives none (OpenAI's default 1; 0 = greedy)")
-      ->capture_default_str();
-  sub->add_option("--top-k", a->top_k, "top_k when a request gives none; 0 = off")
-      ->capture_default_str();
-  sub->add_option("--top-p", a->top_p, "top_p when a request gives none; 1 = off")
-      ->capture_default_str();
-  sub->add_option("--min-p", a->min_p, "min_p when a request gives none; 0 = off")
-      ->capture_default_str();
-  add_seed_option(sub, a->seed,
-                  "Seed when a request gives none (the same request, the same answer)");
+  add_sampling_options(sub, a->sampling, /*for_requests=*/true);
   add_threads_option(sub, a->threads, "Worker threads");
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")

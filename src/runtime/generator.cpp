@@ -64,16 +64,24 @@ Result<std::unique_ptr<GenerationSession>> GenerationSession::open(
   if (!seq.is_ok())
     return seq.status().with_context("the caches for " + std::to_string(opts.reserve_positions) +
                                      " positions (the prompt + -n, or -c/--ctx-size)");
-  return open(model, experts, opts, std::move(*seq));
+  return open(model, experts, opts, std::move(*seq), {});
 }
 
 Result<std::unique_ptr<GenerationSession>> GenerationSession::open(
     model::Model& model, const model::ExpertSource* experts, const GenerationOptions& opts,
-    model::SequenceState state) {
+    model::SequenceState state, std::vector<int32_t> ids) {
   KTIER_RETURN_IF_ERROR(check_options(opts));
   KTIER_CHECK(state.layers.size() == static_cast<size_t>(model.config().num_hidden_layers));
+  KTIER_CHECK(static_cast<int64_t>(ids.size()) == state.n_tokens);
   return std::unique_ptr<GenerationSession>(
-      new GenerationSession(model, experts, opts, std::move(state)));
+      new GenerationSession(model, experts, opts, std::move(state), std::move(ids)));
+}
+
+Status GenerationSession::forward(std::span<const int32_t> ids, model::LogitRows rows,
+                                  float* logits) {
+  KTIER_RETURN_IF_ERROR(model_.forward(ids, seq_, rows, logits));
+  ids_.insert(ids_.end(), ids.begin(), ids.end());
+  return Status::ok();
 }
 
 void GenerationSession::configure_turns(int64_t max_new_tokens, const SamplingParams& sampling) {
@@ -129,9 +137,9 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
     const bool last = pos + n == ids.size();
     chunk_start = static_cast<int64_t>(pos);
     chunk_tokens = static_cast<int64_t>(n);
-    prefilled = model_.forward(ids.subspan(pos, n), seq_,
-                               last ? model::LogitRows::kLast : model::LogitRows::kNone,
-                               last ? logits_.data() : nullptr);
+    prefilled = forward(ids.subspan(pos, n),
+                        last ? model::LogitRows::kLast : model::LogitRows::kNone,
+                        last ? logits_.data() : nullptr);
     pos += n;
     if (prefilled.is_ok() && !last && stop_requested()) {
       st.prompt_tokens = static_cast<int64_t>(pos);
@@ -148,7 +156,7 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   t0 = std::chrono::steady_clock::now();
   while (!st.interrupted && st.generated_tokens < opts_.max_new_tokens) {
     KTIER_RETURN_IF_ERROR(check_logits(logits_.data(), V, seq_.n_tokens));
-    const int32_t id = sampler_.next(logits_.data(), V);
+    const int32_t id = sampler_.next(logits_.data(), V, ids_);
     ++st.generated_tokens;
     KTIER_RETURN_IF_ERROR(sink(id));
     if (std::find(opts_.stop_ids.begin(), opts_.stop_ids.end(), id) != opts_.stop_ids.end()) {
@@ -157,7 +165,7 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
     }
     if (st.generated_tokens == opts_.max_new_tokens || stop_requested()) break;
     const int32_t one[1] = {id};
-    KTIER_RETURN_IF_ERROR(model_.forward(one, seq_, model::LogitRows::kLast, logits_.data()));
+    KTIER_RETURN_IF_ERROR(forward(one, model::LogitRows::kLast, logits_.data()));
     ++st.decode_steps;
   }
   st.decode_seconds = seconds_since(t0);

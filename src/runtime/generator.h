@@ -81,11 +81,14 @@ class GenerationSession {
   static Result<std::unique_ptr<GenerationSession>> open(model::Model& model,
                                                          const model::ExpertSource* experts,
                                                          const GenerationOptions& opts);
-  // The same, going on from `state` (a restored prompt cache: a sequence of `model`).
+  // The same, going on from `state` (a restored prompt cache: a sequence of `model`) after
+  // `ids`, the ids it ran (the penalties look back at them). REQUIRES ids.size() ==
+  // state.n_tokens.
   static Result<std::unique_ptr<GenerationSession>> open(model::Model& model,
                                                          const model::ExpertSource* experts,
                                                          const GenerationOptions& opts,
-                                                         model::SequenceState state);
+                                                         model::SequenceState state,
+                                                         std::vector<int32_t> ids);
   // Errors: generate()'s; `ids` must not be empty.
   Result<GenerationStats> turn(std::span<const int32_t> ids, const TokenSink& sink);
   // The turns from now on generate at most `max_new_tokens` each and sample with a fresh
@@ -96,6 +99,8 @@ class GenerationSession {
   // none), in place of those the session was opened with.
   void set_callbacks(std::function<bool()> stop_requested, std::function<void()> before_decode);
   int64_t positions() const { return seq_.n_tokens; }  // tokens run so far
+  // The ids run so far, in order (positions() of them).
+  std::span<const int32_t> ids() const { return ids_; }
   // The sampler's draws so far, and a skip past those of a saved conversation (Sampler).
   uint64_t sampler_draws() const { return sampler_.draws(); }
   void skip_sampler_draws(uint64_t n) { sampler_.skip_draws(n); }
@@ -104,13 +109,17 @@ class GenerationSession {
 
  private:
   GenerationSession(model::Model& model, const model::ExpertSource* experts,
-                    const GenerationOptions& opts, model::SequenceState seq)
+                    const GenerationOptions& opts, model::SequenceState seq,
+                    std::vector<int32_t> ids)
       : model_(model), experts_(experts), opts_(opts), seq_(std::move(seq)),
-        sampler_(opts.sampling) {}
+        ids_(std::move(ids)), sampler_(opts.sampling) {}
+  // Runs `ids` after those run so far (Model::forward), then adds them to ids_.
+  Status forward(std::span<const int32_t> ids, model::LogitRows rows, float* logits);
   model::Model& model_;
   const model::ExpertSource* experts_;
   GenerationOptions opts_;
   model::SequenceState seq_;
+  std::vector<int32_t> ids_;  // the ids seq_ has run
   Sampler sampler_;
   std::vector<float> logits_;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "common/check.h"
@@ -18,14 +19,57 @@ Status validate(const SamplingParams& p) {
     return Status::usage("--top-p must be in (0, 1] (1 = off), got " + std::to_string(p.top_p));
   if (!(p.min_p >= 0 && p.min_p <= 1))
     return Status::usage("--min-p must be in [0, 1] (0 = off), got " + std::to_string(p.min_p));
+  if (!(p.repeat_penalty > 0) || !std::isfinite(p.repeat_penalty))
+    return Status::usage("--repeat-penalty must be a finite number > 0 (1 = off), got " +
+                         std::to_string(p.repeat_penalty));
+  if (p.repeat_last_n < -1)
+    return Status::usage("--repeat-last-n must be >= -1 (0 = off, -1 = the whole sequence)");
+  if (!std::isfinite(p.presence_penalty))
+    return Status::usage("--presence-penalty must be a finite number (0 = off)");
+  if (!std::isfinite(p.frequency_penalty))
+    return Status::usage("--frequency-penalty must be a finite number (0 = off)");
   return Status::ok();
+}
+
+bool penalizes(const SamplingParams& p) {
+  return p.repeat_last_n != 0 &&
+         (p.repeat_penalty != 1 || p.presence_penalty != 0 || p.frequency_penalty != 0);
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
   KTIER_CHECK(validate(params).is_ok());
 }
 
-int32_t Sampler::next(const float* logits, int64_t n) {
+const float* Sampler::apply_penalties(const float* logits, int64_t n,
+                                      std::span<const int32_t> sequence) {
+  if (!penalizes(params_) || sequence.empty()) return logits;
+  const size_t last = params_.repeat_last_n < 0
+                          ? sequence.size()
+                          : std::min(sequence.size(), static_cast<size_t>(params_.repeat_last_n));
+  window_.assign(sequence.end() - static_cast<std::ptrdiff_t>(last), sequence.end());
+  std::sort(window_.begin(), window_.end());
+  penalized_.assign(logits, logits + n);
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  for (size_t i = 0; i < window_.size();) {
+    const int32_t id = window_[i];
+    KTIER_CHECK(id >= 0 && id < n);
+    size_t end = i;
+    while (end < window_.size() && window_[end] == id) ++end;
+    const double count = static_cast<double>(end - i);
+    const float logit = penalized_[static_cast<size_t>(id)];
+    double l = logit;
+    l = l <= 0 ? l * params_.repeat_penalty : l / params_.repeat_penalty;
+    l -= count * params_.frequency_penalty + params_.presence_penalty;
+    // -Inf (a token that cannot be) stays so; a finite logit stays finite.
+    if (std::isfinite(logit)) l = std::clamp(l, -kFloatMax, kFloatMax);
+    penalized_[static_cast<size_t>(id)] = static_cast<float>(l);
+    i = end;
+  }
+  return penalized_.data();
+}
+
+int32_t Sampler::next(const float* raw_logits, int64_t n, std::span<const int32_t> sequence) {
+  const float* logits = apply_penalties(raw_logits, n, sequence);
   if (params_.temperature == 0) return static_cast<int32_t>(cpu::argmax(logits, n, cpu::Exec{}));
   order_.clear();
   for (int64_t i = 0; i < n; ++i)

@@ -1,6 +1,11 @@
 #pragma once
 // Choosing the next token from one row of logits (K3-MODEL §6.7 for greedy).
 //
+// First, when a penalty is on (llama.cpp's rule and order): the logit l of each token that
+// occurs c > 0 times among the last repeat_last_n ids of the sequence (prompt and answer so far;
+// -1: all of them) becomes (l <= 0 ? l * repeat_penalty : l / repeat_penalty)
+// - c * frequency_penalty - presence_penalty, in double, rounded to float (a finite logit stays
+// finite: clamped to the float range). Then, on those logits:
 // temperature == 0: greedy, the largest logit, lowest index on ties (NaN never wins).
 // temperature > 0: seeded sampling in this fixed order (the Hugging Face order):
 //   1. candidates = tokens with a finite logit, ordered by (logit desc, id asc);
@@ -15,6 +20,7 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "common/status.h"
@@ -27,17 +33,27 @@ struct SamplingParams {
   double top_p = 1.0;        // 1: no nucleus cut
   uint64_t seed = 0;
   double min_p = 0.0;        // 0: no min-p cut
+  // Penalties on ids already in the sequence (llama.cpp's defaults: all off).
+  double repeat_penalty = 1.0;     // 1: off
+  int64_t repeat_last_n = 64;      // ids looked back at; 0: none, -1: the whole sequence
+  double presence_penalty = 0.0;   // 0: off
+  double frequency_penalty = 0.0;  // 0: off
 };
 
 // Status::usage naming the flag when a parameter is out of range (temperature < 0 or not
-// finite, top_k < 0, top_p outside (0, 1], min_p outside [0, 1]).
+// finite, top_k < 0, top_p outside (0, 1], min_p outside [0, 1], repeat_penalty not finite and
+// > 0, repeat_last_n < -1, presence or frequency penalty not finite).
 Status validate(const SamplingParams& p);
+
+// Whether `p` changes any logit by the ids before it (a penalty on, over at least one id).
+bool penalizes(const SamplingParams& p);
 
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);  // REQUIRES validate(params).is_ok()
-  // logits [n]; returns a token id in [0, n). All-NaN/-inf rows give 0 (greedy's rule).
-  int32_t next(const float* logits, int64_t n);
+  // logits [n]; `sequence` the ids before the one chosen (each in [0, n); read only when
+  // penalizes()). Returns a token id in [0, n). All-NaN/-inf rows give 0 (greedy's rule).
+  int32_t next(const float* logits, int64_t n, std::span<const int32_t> sequence);
   // Draws made from the seed so far (one per token sampled with temperature > 0).
   uint64_t draws() const { return draws_; }
   // Goes on as a sampler that has made `n` draws more (a resumed conversation's, which made
@@ -53,6 +69,12 @@ class Sampler {
   uint64_t draws_ = 0;
   std::vector<int32_t> order_;
   std::vector<double> prob_;
+  std::vector<int32_t> window_;    // the ids penalized, sorted
+  std::vector<float> penalized_;   // the logits after the penalties
+
+  // `logits`, or penalized_ holding them after the penalties.
+  const float* apply_penalties(const float* logits, int64_t n,
+                               std::span<const int32_t> sequence);
 };
 
 }  // namespace ktier::runtime

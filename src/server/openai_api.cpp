@@ -60,14 +60,15 @@ Status refuse_unsupported(const json& body) {
     const char* name;
     double value;
   };
-  for (const Neutral n : {Neutral{"presence_penalty", 0}, {"frequency_penalty", 0},
-                          {"repetition_penalty", 1}, {"repeat_penalty", 1},
-                          {"typical_p", 1}, {"tfs_z", 1}, {"mirostat", 0},
-                          {"dry_multiplier", 0}, {"xtc_probability", 0}}) {
+  for (const Neutral n : {Neutral{"repetition_penalty", 1}, {"typical_p", 1}, {"tfs_z", 1},
+                          {"mirostat", 0}, {"dry_multiplier", 0}, {"xtc_probability", 0}}) {
     KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(body, n.name));
     if (v && *v != n.value)
-      return field_error(n.name, "not built in ktier serve (" + json(n.value).dump() +
-                                     " only)");
+      return field_error(n.name, std::string("not built in ktier serve (") +
+                                     json(n.value).dump() + " only)" +
+                                     (std::string_view(n.name) == "repetition_penalty"
+                                          ? "; llama-server's repeat_penalty is"
+                                          : ""));
   }
   for (const char* name : {"logprobs", "top_logprobs", "suffix", "logit_bias", "tools",
                            "functions", "tool_choice", "function_call", "best_of", "grammar",
@@ -235,6 +236,23 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body
   KTIER_ASSIGN_OR_RETURN(const std::optional<double> min_p, number_field(j, "min_p"));
   if (min_p && !(*min_p >= 0 && *min_p <= 1)) return field_error("min_p", "must be in [0, 1]");
   if (min_p) r.sampling.min_p = *min_p;
+  // Penalties: OpenAI's two (its range), llama-server's repeat_penalty and repeat_last_n.
+  for (const auto& [name, penalty] :
+       {std::pair{"presence_penalty", &r.sampling.presence_penalty},
+        std::pair{"frequency_penalty", &r.sampling.frequency_penalty}}) {
+    KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(j, name));
+    if (v && !(*v >= -2 && *v <= 2)) return field_error(name, "must be in -2..2");
+    if (v) *penalty = *v;
+  }
+  KTIER_ASSIGN_OR_RETURN(const std::optional<double> repeat_penalty,
+                         number_field(j, "repeat_penalty"));
+  if (repeat_penalty && !(*repeat_penalty > 0))
+    return field_error("repeat_penalty", "must be a number > 0 (1 = off)");
+  if (repeat_penalty) r.sampling.repeat_penalty = *repeat_penalty;
+  KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> repeat_last_n,
+                         integer_field(j, "repeat_last_n", -1,
+                                       std::numeric_limits<int32_t>::max()));
+  if (repeat_last_n) r.sampling.repeat_last_n = *repeat_last_n;
   KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> top_k,
                          integer_field(j, "top_k", 0, std::numeric_limits<int32_t>::max()));
   if (top_k) r.sampling.top_k = *top_k;

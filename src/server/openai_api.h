@@ -6,12 +6,13 @@
 // What a request may say (docs/TUNING.md "Serving"): model (any; the one loaded answers),
 // prompt (completions: a string, or an array of one string), messages (chat: roles user and
 // assistant, content a string or an array of {"type": "text"} parts), max_tokens
-// (max_completion_tokens), temperature, top_p, top_k, min_p, seed, stop (a string or up to 4),
+// (max_completion_tokens), temperature, top_p, top_k, min_p, seed, presence_penalty,
+// frequency_penalty, repeat_penalty, repeat_last_n (llama-server's), stop (a string or up to 4),
 // stream, stream_options.include_usage, n (1 only). Fields that would change the output in ways
-// not built (penalties, llama-server's other samplers and grammars, logprobs, echo, suffix,
-// tools, logit_bias, system messages whose format is not in K3-MODEL.md) are refused with the
-// field named unless they hold their neutral value, never silently ignored; other fields are
-// ignored.
+// not built (repetition_penalty, llama-server's other samplers and grammars, logprobs, echo,
+// suffix, tools, logit_bias, system messages whose format is not in K3-MODEL.md) are refused
+// with the field named unless they hold their neutral value, never silently ignored; other
+// fields are ignored.
 //
 // Thread-safety: pure functions.
 
@@ -33,7 +34,7 @@ enum class Endpoint { kCompletions, kChatCompletions };
 
 // What a request leaves unsaid, from `ktier serve`'s flags.
 struct RequestDefaults {
-  runtime::SamplingParams sampling{1.0, 0, 1.0, 0};  // OpenAI's temperature 1; --seed
+  runtime::SamplingParams sampling{.temperature = 1.0};  // OpenAI's temperature 1; --seed
   int64_t max_tokens = 512;  // -n; a request's is capped to the context left
 };
 

@@ -136,7 +136,6 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   const int64_t max_tokens = prepared.max_tokens;
 
   Completion out;
-  std::vector<int32_t> generated;
   size_t sent = 0;  // bytes of out.text handed to on_text
   bool stop_hit = false, client_gone = false;
   const auto deliver = [&](size_t upto) {
@@ -160,9 +159,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
             stop_prefix_suffix(std::string_view(out.text).substr(sent), request.stop));
   };
   tok::StreamingDecoder decoder(tokenizer_);
-  Status text_error;
   const runtime::TokenSink sink = [&](int32_t id) -> Status {
-    generated.push_back(id);
     if (!tok::shown_as_text(tokenizer_, gen_.stop_ids, id)) return Status::ok();
     KTIER_ASSIGN_OR_RETURN(const std::string piece, decoder.push(static_cast<uint32_t>(id)));
     out.text += valid_utf8(piece);
@@ -170,8 +167,10 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     return Status::ok();
   };
 
-  const bool reuse = session_ && ran_.size() < ids.size() &&
-                     std::equal(ran_.begin(), ran_.end(), ids.begin());
+  const std::span<const int32_t> ran =
+      session_ ? session_->ids() : std::span<const int32_t>();
+  const bool reuse = session_ && ran.size() < ids.size() &&
+                     std::equal(ran.begin(), ran.end(), ids.begin());
   runtime::GenerationOptions gen = gen_;
   gen.stop_requested = [&] {
     return stop_hit || client_gone || (stop_requested && stop_requested());
@@ -180,21 +179,19 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   // The session keeps the options it was opened with; a reused one is told this request's.
   if (!reuse) {
     session_.reset();
-    ran_.clear();
     KTIER_ASSIGN_OR_RETURN(session_, runtime::GenerationSession::open(
                                          engine_.model(), engine_.experts(), gen));
   }
   session_->configure_turns(max_tokens, request.sampling);
   session_->set_callbacks(gen.stop_requested, gen.before_decode);
-  const int64_t cached = static_cast<int64_t>(ran_.size());
+  const int64_t cached = session_->positions();
   // Replaced when the decode starts; a turn stopped in its prompt reports from here.
   out.report.decode_start = runtime::EngineCounters::of(engine_);
   Result<runtime::GenerationStats> turn =
-      session_->turn(std::span<const int32_t>(ids).subspan(ran_.size()), sink);
+      session_->turn(std::span<const int32_t>(ids).subspan(static_cast<size_t>(cached)), sink);
   session_->set_callbacks(nullptr, nullptr);  // they refer to this call's locals
   if (!turn.is_ok()) {  // the sequence is unusable: the next request starts afresh
     session_.reset();
-    ran_.clear();
     return turn.status();
   }
   // Bytes the decoder still holds (an unfinished character) belong after a stop text's cut.
@@ -205,9 +202,6 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   if (!stop_hit) deliver(out.text.size());
 
   const runtime::GenerationStats& st = *turn;
-  ran_.insert(ran_.end(), ids.begin() + cached, ids.begin() + cached + st.prompt_tokens);
-  if (!generated.empty()) ran_.insert(ran_.end(), generated.begin(), generated.end() - 1);
-  KTIER_CHECK(static_cast<int64_t>(ran_.size()) == session_->positions());
 
   out.finish = st.stopped_at_stop_id || stop_hit ? FinishReason::kStop : FinishReason::kLength;
   out.cancelled = client_gone || (st.interrupted && !stop_hit);

@@ -108,7 +108,6 @@ class Service {
   ServiceTotals totals_;
   std::mutex mutex_;  // guards everything below
   std::unique_ptr<runtime::GenerationSession> session_;
-  std::vector<int32_t> ran_;  // the ids session_ has run, in order
 };
 
 // `bytes` as valid UTF-8: each byte that begins no well-formed sequence (tok::decode_utf8)

@@ -157,7 +157,13 @@ TEST_F(PromptCacheCli, ConversationGoesOnFromTheSavedOne) {
     return lines;
   };
   std::vector<std::string> greedy_answers;
-  for (const std::string sampling : {"", " --temp 0.9 --top-k 50 --seed 5"}) {
+  int variant = 0;
+  // Greedy, sampled, and greedy with penalties that look back over the whole conversation
+  // (the resumed one must see the saved ids).
+  for (const std::string sampling :
+       {"", " --temp 0.9 --top-k 50 --seed 5",
+        " --repeat-penalty 1.5 --repeat-last-n -1 --frequency-penalty 0.3"}) {
+    ++variant;
     const std::string chat = greedy + sampling;
     const auto whole =
         run_process("printf 'hello there\\nhow is the lamp\\nand the lens\\n' | " + chat);
@@ -167,7 +173,7 @@ TEST_F(PromptCacheCli, ConversationGoesOnFromTheSavedOne) {
     for (const bool from_p : {false, true}) {
       SCOPED_TRACE((from_p ? "next message from -p" : "next message from stdin") + sampling);
       const std::string name = std::string(from_p ? "conv-p" : "conv") +
-                               (sampling.empty() ? "" : "-sampled") + ".st";
+                               (sampling.empty() ? "" : std::to_string(variant)) + ".st";
       const fs::path cache = dir_ / name;
       auto r = run_process("printf 'hello there\\nhow is the lamp\\n' | " + chat +
                            " --prompt-cache " + cache.string());

@@ -4,11 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <tuple>
 #include <nlohmann/json.hpp>
 
@@ -203,6 +205,45 @@ TEST_F(RunEvalCli, TextPromptStreamsTextAndSeededSamplingRepeats) {
   const auto c = run_process(ktier() + " run" + model() +
                              " -p 'The lighthouse keeper' -n 12 --temp 0.9 --seed 12 --print-ids");
   EXPECT_NE(last_line(a.out), last_line(c.out));
+}
+
+// A presence penalty past any logit keeps every id already in the sequence out (llama.cpp's
+// rule, greedy included) where plain greedy repeats; the same for any thread count. Values out
+// of range exit 2 naming the flag.
+TEST_F(RunEvalCli, PenaltiesKeepIdsAlreadyInTheSequenceOut) {
+  const auto ids_of = [](const std::string& line) {
+    std::vector<std::string> ids;
+    std::istringstream in(line);
+    for (std::string id; std::getline(in, id, ',');) ids.push_back(id);
+    return ids;
+  };
+  const std::string cmd = ktier() + " run" + model() + " --ids " + prompt_ids() +
+                          " -n 40 --print-ids --threads ";
+  const auto plain = run_process(cmd + "1");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const auto repeats = [&](const std::string& out) {
+    std::vector<std::string> seen = ids_of(prompt_ids());
+    for (const std::string& id : ids_of(last_line(out))) {
+      if (std::find(seen.begin(), seen.end(), id) != seen.end()) return true;
+      seen.push_back(id);
+    }
+    return false;
+  };
+  ASSERT_TRUE(repeats(plain.out)) << "the fixture's greedy answer repeats no id: " << plain.out;
+  const std::string penalized = " --presence-penalty 1e6 --repeat-last-n -1";
+  const auto a = run_process(cmd + "1" + penalized), b = run_process(cmd + "3" + penalized);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_FALSE(repeats(a.out)) << a.out;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_GE(ids_of(last_line(a.out)).size(), 8u) << a.out;
+  // The default window (64) holds this whole sequence: the same answer.
+  EXPECT_EQ(run_process(cmd + "1 --presence-penalty 1e6").out, a.out);
+  for (const std::string bad : {"--repeat-penalty 0", "--repeat-last-n -2",
+                                "--presence-penalty nan", "--frequency-penalty inf"}) {
+    const auto r = run_process(cmd + "1 " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_NE(r.err.find(bad.substr(0, bad.find(' '))), std::string::npos) << r.err;
+  }
 }
 
 // Special tokens are generated like any other but not printed as text unless --special (as

@@ -14,7 +14,7 @@ namespace {
 TEST(Sampler, GreedyTakesTheLowestIndexOfTiedMaxima) {
   const std::vector<float> l = {0.5f, 2.0f, NAN, 2.0f, -1.0f};
   Sampler s({});
-  EXPECT_EQ(s.next(l.data(), 5), 1);
+  EXPECT_EQ(s.next(l.data(), 5, {}), 1);
 }
 
 TEST(Sampler, SameSeedSameTokensOtherSeedOtherTokens) {
@@ -23,7 +23,7 @@ TEST(Sampler, SameSeedSameTokensOtherSeedOtherTokens) {
   auto draw = [&](uint64_t seed) {
     Sampler s({1.0, 0, 1.0, seed});
     std::vector<int32_t> out;
-    for (int i = 0; i < 64; ++i) out.push_back(s.next(l.data(), 50));
+    for (int i = 0; i < 64; ++i) out.push_back(s.next(l.data(), 50, {}));
     return out;
   };
   EXPECT_EQ(draw(7), draw(7));
@@ -36,25 +36,27 @@ TEST(Sampler, SkippingTheDrawsMadeGoesOnAsTheSameSampler) {
   std::vector<float> l(50);
   for (size_t i = 0; i < l.size(); ++i) l[i] = std::sin(0.7f * i);
   Sampler first({0.8, 10, 0.95, 3});
-  for (int i = 0; i < 17; ++i) first.next(l.data(), 50);
+  for (int i = 0; i < 17; ++i) first.next(l.data(), 50, {});
   EXPECT_EQ(first.draws(), 17u);
   Sampler resumed({0.8, 10, 0.95, 3});
   resumed.skip_draws(first.draws());
   EXPECT_EQ(resumed.draws(), 17u);
-  for (int i = 0; i < 20; ++i) EXPECT_EQ(resumed.next(l.data(), 50), first.next(l.data(), 50));
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(resumed.next(l.data(), 50, {}), first.next(l.data(), 50, {}));
   Sampler greedy({});
-  greedy.next(l.data(), 50);
+  greedy.next(l.data(), 50, {});
   const std::vector<float> nan(5, NAN);
-  first.next(nan.data(), 5);
+  first.next(nan.data(), 5, {});
   EXPECT_EQ(greedy.draws(), 0u);
   EXPECT_EQ(first.draws(), 37u);
 }
 
 TEST(Sampler, TopKOneAndTinyTopPAreGreedy) {
   const std::vector<float> l = {0.1f, 0.3f, 0.9f, 0.9f, -2.0f};
-  for (const SamplingParams p : {SamplingParams{1.5, 1, 1.0, 3}, SamplingParams{1.5, 0, 1e-9, 3}}) {
+  for (const SamplingParams& p :
+       {SamplingParams{1.5, 1, 1.0, 3}, SamplingParams{1.5, 0, 1e-9, 3}}) {
     Sampler s(p);
-    for (int i = 0; i < 20; ++i) EXPECT_EQ(s.next(l.data(), 5), 2);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(s.next(l.data(), 5, {}), 2);
   }
 }
 
@@ -66,7 +68,7 @@ TEST(Sampler, FrequenciesFollowTheKeptRenormalisedSoftmax) {
   const int n = 40000;
   std::map<int32_t, int> count;
   Sampler s({1.0, 3, 0.7, 42});
-  for (int i = 0; i < n; ++i) ++count[s.next(l.data(), 5)];
+  for (int i = 0; i < n; ++i) ++count[s.next(l.data(), 5, {})];
   ASSERT_EQ(count.size(), 2u);
   // 5 standard deviations of a binomial with p = 4/7 over n draws.
   const double p = 4.0 / 7.0, sd = std::sqrt(n * p * (1 - p));
@@ -82,7 +84,7 @@ TEST(Sampler, MinPKeepsTokensAtLeastThatFractionOfTheLikeliest) {
   const int n = 40000;
   std::map<int32_t, int> count;
   Sampler s({1.0, 0, 1.0, 9, 0.2});
-  for (int i = 0; i < n; ++i) ++count[s.next(l.data(), 4)];
+  for (int i = 0; i < n; ++i) ++count[s.next(l.data(), 4, {})];
   ASSERT_EQ(count.size(), 3u);
   EXPECT_EQ(count.count(2), 0u);
   for (const auto& [id, want] : std::map<int32_t, double>{{1, 8.0 / 14}, {3, 4.0 / 14},
@@ -93,12 +95,65 @@ TEST(Sampler, MinPKeepsTokensAtLeastThatFractionOfTheLikeliest) {
   const auto kept = [&](double temperature, double min_p) {
     std::map<int32_t, int> seen;
     Sampler t({temperature, 0, 1.0, 4, min_p});
-    for (int i = 0; i < 4000; ++i) ++seen[t.next(l.data(), 4)];
+    for (int i = 0; i < 4000; ++i) ++seen[t.next(l.data(), 4, {})];
     return seen.size();
   };
   EXPECT_EQ(kept(2.0, 0.3), 4u);
   EXPECT_EQ(kept(2.0, 0.4), 3u);
   EXPECT_EQ(kept(1.0, 1.0), 1u);  // only the likeliest (no tie)
+}
+
+// Penalties (llama.cpp's rule): a positive logit divided by repeat_penalty, a negative one
+// multiplied, then less count * frequency_penalty + presence_penalty; only ids among the last
+// repeat_last_n; greedy included.
+TEST(Sampler, PenaltiesLowerTheLogitsOfIdsAlreadyInTheSequence) {
+  const auto greedy = [](SamplingParams p, const std::vector<float>& l,
+                         const std::vector<int32_t>& sequence) {
+    Sampler s(p);
+    return s.next(l.data(), static_cast<int64_t>(l.size()), sequence);
+  };
+  const std::vector<float> positive = {2.0f, 1.9f, -1.0f};
+  EXPECT_EQ(greedy({}, positive, {0, 0}), 0);  // no penalty by default
+  EXPECT_EQ(greedy({.repeat_penalty = 1.1}, positive, {0}), 1);   // 2.0 / 1.1 < 1.9
+  EXPECT_EQ(greedy({.repeat_penalty = 1.05}, positive, {0}), 0);  // 2.0 / 1.05 > 1.9
+  EXPECT_EQ(greedy({.repeat_penalty = 1.1, .repeat_last_n = 0}, positive, {0}), 0);
+  EXPECT_EQ(greedy({.repeat_penalty = 1.1, .repeat_last_n = 1}, positive, {0, 2}), 0);
+  EXPECT_EQ(greedy({.repeat_penalty = 1.1, .repeat_last_n = 2}, positive, {0, 2}), 1);
+  std::vector<int32_t> long_ago(70, 2);  // 0, then 69 others: past the default 64
+  long_ago[0] = 0;
+  EXPECT_EQ(greedy({.repeat_penalty = 1.1}, positive, long_ago), 0);
+  EXPECT_EQ(greedy({.repeat_penalty = 1.1, .repeat_last_n = -1}, positive, long_ago), 1);
+  // A negative logit is multiplied: -1.0 * 2 = -2.0 < -1.5.
+  EXPECT_EQ(greedy({.repeat_penalty = 2.0}, {-1.0f, -1.5f}, {0}), 1);
+  EXPECT_EQ(greedy({.repeat_penalty = 1.2}, {-1.0f, -1.5f}, {0}), 0);  // -1.2 > -1.5
+  // Frequency: 3.0 less 0.4 per occurrence; presence: once, whatever the count.
+  const std::vector<float> three = {3.0f, 1.9f, 2.1f};
+  EXPECT_EQ(greedy({.frequency_penalty = 0.4}, three, {0, 0, 1, 0}), 2);  // 1.8 < 2.1
+  EXPECT_EQ(greedy({.frequency_penalty = 0.4}, three, {0, 0, 1}), 0);         // 2.2 > 2.1
+  EXPECT_EQ(greedy({.presence_penalty = 0.95}, three, {0, 0, 0, 0, 0}), 2);   // 2.05 < 2.1
+  EXPECT_EQ(greedy({.presence_penalty = 0.85}, three, {0, 0, 0, 0, 0}), 0);   // 2.15 > 2.1
+  // Penalties add up: 3.0 / 1.25 = 2.4, less 0.1 * 2 + 0.15 = 2.05 < 2.1.
+  EXPECT_EQ(greedy({.repeat_penalty = 1.25, .presence_penalty = 0.15, .frequency_penalty = 0.1},
+                   three, {0, 0}),
+            2);
+  // A finite logit stays finite (clamped to the float range); -Inf stays -Inf.
+  const float big = 3e38f, inf = INFINITY;
+  EXPECT_EQ(greedy({.repeat_penalty = 1e-3}, {big, big, -inf}, {0, 2}), 0);
+  Sampler sampled({.temperature = 1.0, .repeat_penalty = 1e-3});
+  const std::vector<float> l = {big, -big, -inf};
+  const std::vector<int32_t> sequence = {0, 2};
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(sampled.next(l.data(), 3, sequence), 0);
+}
+
+TEST(Sampler, PresencePenaltyOfLn2HalvesTheOddsOfASeenToken) {
+  const std::vector<float> l = {0.5f, 0.5f};
+  const std::vector<int32_t> sequence = {1};
+  const int n = 30000;
+  int seen = 0;
+  Sampler s({.temperature = 1.0, .seed = 5, .presence_penalty = std::log(2.0)});
+  for (int i = 0; i < n; ++i) seen += s.next(l.data(), 2, sequence) == 1;
+  const double p = 1.0 / 3, sd = std::sqrt(n * p * (1 - p));
+  EXPECT_NEAR(seen, n * p, 5 * sd);
 }
 
 TEST(Sampler, RejectsOutOfRangeParameters) {
@@ -110,7 +165,19 @@ TEST(Sampler, RejectsOutOfRangeParameters) {
   EXPECT_EQ(validate({1.0, 0, 1.0, 0, -0.1}).exit_code(), 2);
   EXPECT_EQ(validate({1.0, 0, 1.0, 0, 1.1}).exit_code(), 2);
   EXPECT_EQ(validate({1.0, 0, 1.0, 0, NAN}).exit_code(), 2);
+  EXPECT_EQ(validate({.repeat_penalty = 0}).exit_code(), 2);
+  EXPECT_EQ(validate({.repeat_penalty = -1}).exit_code(), 2);
+  EXPECT_EQ(validate({.repeat_penalty = INFINITY}).exit_code(), 2);
+  EXPECT_EQ(validate({.repeat_last_n = -2}).exit_code(), 2);
+  EXPECT_EQ(validate({.presence_penalty = NAN}).exit_code(), 2);
+  EXPECT_EQ(validate({.frequency_penalty = -INFINITY}).exit_code(), 2);
   EXPECT_TRUE(validate({0.8, 40, 0.95, 1}).is_ok());
+  EXPECT_TRUE(validate({.repeat_penalty = 0.5, .repeat_last_n = -1, .presence_penalty = -2,
+                        .frequency_penalty = 2})
+                  .is_ok());
+  EXPECT_FALSE(penalizes({}));
+  EXPECT_FALSE(penalizes({.repeat_penalty = 1.3, .repeat_last_n = 0}));
+  EXPECT_TRUE(penalizes({.frequency_penalty = -0.5}));
 }
 
 }  // namespace

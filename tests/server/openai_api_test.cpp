@@ -17,7 +17,8 @@ using nlohmann::json;
 
 RequestDefaults defaults() {
   RequestDefaults d;
-  d.sampling = {0.7, 5, 0.9, 42};
+  d.sampling = {.temperature = 0.7, .top_k = 5, .top_p = 0.9, .seed = 42,
+                .repeat_penalty = 1.2, .presence_penalty = 0.25};
   d.max_tokens = 33;
   return d;
 }
@@ -47,8 +48,11 @@ TEST(OpenAiRequest, ChatMessagesAndFieldsAreRead) {
       {"stream", true},
       {"stream_options", {{"include_usage", true}}},
       {"n", 1},
-      {"presence_penalty", 0},
-      {"repeat_penalty", 1.0},
+      {"presence_penalty", -0.5},
+      {"frequency_penalty", 2},
+      {"repeat_penalty", 1.3},
+      {"repeat_last_n", -1},
+      {"repetition_penalty", 1},
       {"min_p", 0.05},
       {"ignore_eos", false},
       {"logprobs", false},
@@ -65,6 +69,10 @@ TEST(OpenAiRequest, ChatMessagesAndFieldsAreRead) {
   EXPECT_EQ(r->sampling.top_p, 0.5);
   EXPECT_EQ(r->sampling.top_k, 3);
   EXPECT_EQ(r->sampling.min_p, 0.05);
+  EXPECT_EQ(r->sampling.presence_penalty, -0.5);
+  EXPECT_EQ(r->sampling.frequency_penalty, 2.0);
+  EXPECT_EQ(r->sampling.repeat_penalty, 1.3);
+  EXPECT_EQ(r->sampling.repeat_last_n, -1);
   EXPECT_EQ(r->sampling.seed, std::numeric_limits<uint64_t>::max());  // -1's bits
   EXPECT_EQ(r->stop, (std::vector<std::string>{"\n\n", "END"}));
   EXPECT_TRUE(r->stream);
@@ -80,6 +88,10 @@ TEST(OpenAiRequest, WhatARequestLeavesUnsaidComesFromTheFlags) {
   EXPECT_EQ(r->sampling.top_k, 5);
   EXPECT_EQ(r->sampling.top_p, 0.9);
   EXPECT_EQ(r->sampling.seed, 42u);
+  EXPECT_EQ(r->sampling.repeat_penalty, 1.2);
+  EXPECT_EQ(r->sampling.repeat_last_n, 64);  // llama.cpp's default
+  EXPECT_EQ(r->sampling.presence_penalty, 0.25);
+  EXPECT_EQ(r->sampling.frequency_penalty, 0.0);
   EXPECT_FALSE(r->stream);
   EXPECT_TRUE(r->stop.empty());
   // An array of one prompt, max_completion_tokens, a stop string, nulls as absent.
@@ -122,13 +134,17 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {{{"messages", kUser}, {"stop", {1}}}, "stop"},
       {{{"messages", kUser}, {"stream", "yes"}}, "stream"},
       {{{"messages", kUser}, {"n", 2}}, "n"},
-      {{{"messages", kUser}, {"presence_penalty", 0.5}}, "presence_penalty"},
-      {{{"messages", kUser}, {"frequency_penalty", 1}}, "frequency_penalty"},
+      {{{"messages", kUser}, {"presence_penalty", 2.5}}, "presence_penalty"},
+      {{{"messages", kUser}, {"frequency_penalty", -2.01}}, "frequency_penalty"},
+      {{{"messages", kUser}, {"frequency_penalty", "1"}}, "frequency_penalty"},
+      {{{"messages", kUser}, {"repeat_penalty", 0}}, "repeat_penalty"},
+      {{{"messages", kUser}, {"repeat_last_n", -2}}, "repeat_last_n"},
+      {{{"messages", kUser}, {"repeat_last_n", 1.5}}, "repeat_last_n"},
+      {{{"messages", kUser}, {"repetition_penalty", 1.1}}, "repetition_penalty"},
       {{{"messages", kUser}, {"logprobs", true}}, "logprobs"},
       {{{"messages", kUser}, {"tools", {{{"type", "function"}}}}}, "tools"},
       {{{"messages", kUser}, {"response_format", {{"type", "json_object"}}}}, "response_format"},
       {{{"messages", kUser}, {"model", 3}}, "model"},
-      {{{"messages", kUser}, {"repeat_penalty", 1.1}}, "repeat_penalty"},
       {{{"messages", kUser}, {"min_p", 1.5}}, "min_p"},
       {{{"messages", kUser}, {"min_p", "0.1"}}, "min_p"},
       {{{"messages", kUser}, {"mirostat", 2}}, "mirostat"},

@@ -155,9 +155,13 @@ TEST_F(ServiceTest, ARequestThatGoesOnFromTheLastRunsOnlyTheRestWithTheSameAnswe
   const std::vector<uint32_t> first_ids = tokenizer_->encode(first, false);
   const std::vector<uint32_t> second_ids = tokenizer_->encode(second, false);
   ASSERT_TRUE(std::equal(first_ids.begin(), first_ids.end(), second_ids.begin()));
-  for (const runtime::SamplingParams sampling :
-       {runtime::SamplingParams{}, runtime::SamplingParams{0.9, 0, 1.0, 7}}) {
-    SCOPED_TRACE("temperature " + std::to_string(sampling.temperature));
+  for (const runtime::SamplingParams& sampling :
+       {runtime::SamplingParams{}, runtime::SamplingParams{0.9, 0, 1.0, 7},
+        // The penalties look back at the whole prompt, reused or not.
+        runtime::SamplingParams{.temperature = 0.9, .seed = 7, .repeat_penalty = 1.5,
+                                .repeat_last_n = -1, .frequency_penalty = 0.3}}) {
+    SCOPED_TRACE("temperature " + std::to_string(sampling.temperature) + ", repeat penalty " +
+                 std::to_string(sampling.repeat_penalty));
     auto reused = service();
     // One token: the first request's sequence is its prompt (the token sampled is not run).
     const Completion a = answer(*reused, text_request(first, 1, sampling));
