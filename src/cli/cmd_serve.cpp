@@ -44,6 +44,7 @@
 #include "format/checkpoint.h"
 #include "io/read_file.h"
 #include "runtime/engine.h"
+#include "server/llama_api.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/service.h"
@@ -155,12 +156,17 @@ class ApiHandlers {
     http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
       reply(res, server::detokenize_response(service().tokenizer(), req.body));
     });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle(server::Endpoint::kCompletions, req, res);
-    });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle(server::Endpoint::kChatCompletions, req, res);
-    });
+    // The paths llama-server answers: its own /completion (and /completions), OpenAI's.
+    const std::pair<const char*, server::Endpoint> completions[] = {
+        {"/completion", server::Endpoint::kLlamaCompletion},
+        {"/completions", server::Endpoint::kLlamaCompletion},
+        {"/v1/completions", server::Endpoint::kCompletions},
+        {"/v1/chat/completions", server::Endpoint::kChatCompletions},
+        {"/chat/completions", server::Endpoint::kChatCompletions}};
+    for (const auto& [path, endpoint] : completions)
+      http.Post(path, [this, endpoint](const httplib::Request& req, httplib::Response& res) {
+        handle(endpoint, req, res);
+      });
   }
 
  private:
@@ -182,21 +188,29 @@ class ApiHandlers {
     Result<server::PreparedRequest> prepared = service().prepare(std::move(*parsed));
     if (!prepared.is_ok()) return send_error(res, prepared.status());
     const bool chat = endpoint == server::Endpoint::kChatCompletions;
+    const bool llama = endpoint == server::Endpoint::kLlamaCompletion;
     server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
                               now(), model_};
+    // The whole answer, or with text "" a stream's last event (llama-server's only).
+    const auto result = [this, endpoint, head](const server::Completion& done,
+                                               const std::string& text) {
+      return endpoint == server::Endpoint::kLlamaCompletion
+                 ? server::llama_completion_result(model_, text, done.finish, done.stopping_word,
+                                                   done.usage, extra_fields(done))
+                 : server::completion_response(endpoint, head, text, done.finish, done.usage,
+                                               extra_fields(done));
+    };
     auto request = std::make_shared<server::PreparedRequest>(std::move(*prepared));
     if (!request->request.stream) {
       Result<server::Completion> done = run(*request, [](std::string_view) { return true; });
       if (!done.is_ok()) return send_error(res, done.status());
-      res.set_content(server::dump(server::completion_response(endpoint, head, done->text,
-                                                               done->finish, done->usage,
-                                                               extra_fields(*done))),
-                      "application/json");
+      res.set_content(server::dump(result(*done, done->text)), "application/json");
       return;
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [this, request, head, endpoint](size_t, httplib::DataSink& sink) {
+        "text/event-stream",
+        [this, request, head, endpoint, llama, result](size_t, httplib::DataSink& sink) {
           const auto send = [&](const json& j) {
             const std::string event = server::sse_event(j);
             return sink.write(event.data(), event.size());
@@ -204,13 +218,16 @@ class ApiHandlers {
           bool open = endpoint != server::Endpoint::kChatCompletions ||
                       send(server::stream_role_chunk(head));
           Result<server::Completion> done = run(*request, [&](std::string_view text) {
-            open = open && send(server::stream_chunk(endpoint, head, std::string(text),
-                                                     std::nullopt));
+            open = open && send(llama ? server::llama_stream_piece(std::string(text))
+                                      : server::stream_chunk(endpoint, head, std::string(text),
+                                                             std::nullopt));
             return open;
           });
           if (!done.is_ok()) {
             // The status line is sent: the error goes as an event, as llama-server does.
             send(error_json(done.status()));
+          } else if (open && llama) {
+            send(result(*done, ""));
           } else if (open) {
             send(server::stream_chunk(endpoint, head, "", done->finish));
             if (request->request.include_usage)
@@ -241,9 +258,7 @@ class ApiHandlers {
     const runtime::GenerationStats& g = done->report.gen;
     spdlog::info("{}: prompt {} tokens ({} reused), generated {} ({}){}; prefill {:.2f} s, "
                  "decode {:.2f} tok/s",
-                 request.request.endpoint == server::Endpoint::kCompletions
-                     ? "/v1/completions"
-                     : "/v1/chat/completions",
+                 server::endpoint_name(request.request.endpoint),
                  done->usage.prompt_tokens, done->usage.cached_tokens, g.generated_tokens,
                  server::finish_reason_name(done->finish),
                  done->cancelled ? ", cut short (the client went away)" : "",

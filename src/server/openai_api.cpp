@@ -54,7 +54,7 @@ Result<std::optional<int64_t>> integer_field(const json& body, const char* name,
 }
 
 // Fields whose effect is not built: refused unless absent, null or their neutral value.
-Status refuse_unsupported(const json& body) {
+Status refuse_unsupported(Endpoint endpoint, const json& body) {
   // Samplers of OpenAI's and llama-server's that are not built: their neutral value only.
   struct Neutral {
     const char* name;
@@ -72,7 +72,7 @@ Status refuse_unsupported(const json& body) {
   }
   for (const char* name : {"logprobs", "top_logprobs", "suffix", "logit_bias", "tools",
                            "functions", "tool_choice", "function_call", "best_of", "grammar",
-                           "json_schema", "ignore_eos", "n_probs", "n_predict"}) {
+                           "json_schema", "ignore_eos", "n_probs", "n_predict", "samplers"}) {
     const auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
         (it->is_array() && it->empty()) || (it->is_object() && it->empty()))
@@ -82,8 +82,10 @@ Status refuse_unsupported(const json& body) {
     if (std::string_view(name) == "tool_choice" && it->is_string() && it->get<std::string>() ==
                                                                           "none")
       continue;
-    if (std::string_view(name) == "n_predict")
-      return field_error(name, "give max_tokens (the OpenAI field) instead");
+    if (std::string_view(name) == "n_predict") {
+      if (endpoint == Endpoint::kLlamaCompletion) continue;  // its own field
+      return field_error(name, "give max_tokens (the OpenAI field) instead, or POST /completion");
+    }
     return field_error(name, "not built in ktier serve");
   }
   KTIER_ASSIGN_OR_RETURN(const bool echo, bool_field(body, "echo", false));
@@ -153,6 +155,31 @@ Result<std::vector<tok::ChatMessage>> parse_messages(const json& body) {
   return messages;
 }
 
+// A completion's prompt: text (a string, or an array of one string) or token ids (an array of
+// integers, as OpenAI's and llama-server's; checked against the vocabulary by Service::prepare).
+Status parse_prompt(const json& body, CompletionRequest& r) {
+  const auto p = body.find("prompt");
+  const char* what = "must be a string, an array of one string, or an array of token ids";
+  if (p == body.end() || !(p->is_string() || p->is_array())) return field_error("prompt", what);
+  if (p->is_string()) {
+    r.prompt = p->get<std::string>();
+    return Status::ok();
+  }
+  if (p->size() == 1 && (*p)[0].is_string()) {
+    r.prompt = (*p)[0].get<std::string>();
+    return Status::ok();
+  }
+  if (p->empty()) return field_error("prompt", "empty (no token to run)");
+  r.prompt_ids.reserve(p->size());
+  for (const json& id : *p) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max())
+      return field_error("prompt", what);
+    r.prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return Status::ok();
+}
+
 Result<std::vector<std::string>> parse_stop(const json& body) {
   const auto it = body.find("stop");
   std::vector<std::string> stop;
@@ -205,25 +232,28 @@ Result<bool> bool_field(const json& body, const char* name, bool fallback) {
 Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body,
                                         const RequestDefaults& defaults) {
   KTIER_ASSIGN_OR_RETURN(const json j, parse_body_object(body));
-  KTIER_RETURN_IF_ERROR(refuse_unsupported(j));
+  KTIER_RETURN_IF_ERROR(refuse_unsupported(endpoint, j));
   CompletionRequest r;
   r.endpoint = endpoint;
-  if (endpoint == Endpoint::kCompletions) {
-    const auto p = j.find("prompt");
-    const bool one_of_array = p != j.end() && p->is_array() && p->size() == 1 &&
-                              (*p)[0].is_string();
-    if (p == j.end() || !(p->is_string() || one_of_array))
-      return field_error("prompt", "must be a string (or an array of one string)");
-    r.prompt = one_of_array ? (*p)[0].get<std::string>() : p->get<std::string>();
-  } else {
+  if (endpoint == Endpoint::kChatCompletions) {
     KTIER_ASSIGN_OR_RETURN(r.messages, parse_messages(j));
+  } else {
+    KTIER_RETURN_IF_ERROR(parse_prompt(j, r));
   }
-  // max_completion_tokens (OpenAI's newer name) wins where both are given.
+  // max_completion_tokens (OpenAI's newer name) wins where both are given; llama-server's
+  // n_predict where it is given.
   const auto newer = j.find("max_completion_tokens");
   const char* max_name = newer != j.end() && !newer->is_null() ? "max_completion_tokens"
                                                                : "max_tokens";
   KTIER_ASSIGN_OR_RETURN(r.max_tokens,
                          integer_field(j, max_name, 1, std::numeric_limits<int32_t>::max()));
+  if (endpoint == Endpoint::kLlamaCompletion) {
+    KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> n_predict,
+                           integer_field(j, "n_predict", -1, std::numeric_limits<int32_t>::max()));
+    if (n_predict == 0) return field_error("n_predict", "must be -1 (the context left) or >= 1");
+    r.to_context_end = n_predict == -1;
+    if (n_predict) r.max_tokens = r.to_context_end ? std::nullopt : n_predict;
+  }
   r.sampling = defaults.sampling;
   KTIER_ASSIGN_OR_RETURN(const std::optional<double> temperature,
                          number_field(j, "temperature"));
@@ -270,6 +300,18 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body
   if (const auto m = j.find("model"); m != j.end() && !m->is_null() && !m->is_string())
     return field_error("model", "must be a string");
   return r;
+}
+
+const char* endpoint_name(Endpoint endpoint) {
+  switch (endpoint) {
+    case Endpoint::kCompletions:
+      return "/v1/completions";
+    case Endpoint::kChatCompletions:
+      return "/v1/chat/completions";
+    case Endpoint::kLlamaCompletion:
+      return "/completion";
+  }
+  return "?";
 }
 
 const char* finish_reason_name(FinishReason r) {

@@ -4,8 +4,9 @@
 // No HTTP here (cli/cmd_serve.cpp has it), so that every rule is unit-tested.
 //
 // What a request may say (docs/TUNING.md "Serving"): model (any; the one loaded answers),
-// prompt (completions: a string, or an array of one string), messages (chat: roles user and
-// assistant, content a string or an array of {"type": "text"} parts), max_tokens
+// prompt (completions: a string, an array of one string, or an array of token ids), n_predict
+// (llama-server's /completion only: its max_tokens, -1 = the context left), messages (chat:
+// roles user and assistant, content a string or an array of {"type": "text"} parts), max_tokens
 // (max_completion_tokens), temperature, top_p, top_k, min_p, seed, presence_penalty,
 // frequency_penalty, repeat_penalty, repeat_last_n (llama-server's), stop (a string or up to 4),
 // stream, stream_options.include_usage, n (1 only). Fields that would change the output in ways
@@ -30,7 +31,10 @@
 
 namespace ktier::server {
 
-enum class Endpoint { kCompletions, kChatCompletions };
+// kLlamaCompletion: llama-server's own POST /completion (its fields, its response: llama_api.h).
+enum class Endpoint { kCompletions, kChatCompletions, kLlamaCompletion };
+// Its path, for logs: "/v1/completions", "/v1/chat/completions", "/completion".
+const char* endpoint_name(Endpoint endpoint);
 
 // What a request leaves unsaid, from `ktier serve`'s flags.
 struct RequestDefaults {
@@ -41,8 +45,10 @@ struct RequestDefaults {
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string prompt;                      // completions
+  std::vector<int32_t> prompt_ids;         // completions given token ids (then prompt is empty)
   std::vector<tok::ChatMessage> messages;  // chat: at least one, the last the user's
   std::optional<int64_t> max_tokens;       // unset: RequestDefaults::max_tokens, capped
+  bool to_context_end = false;             // n_predict -1: as many as the context holds
   runtime::SamplingParams sampling;
   std::vector<std::string> stop;  // texts that end the answer (not part of it); none empty
   bool stream = false, include_usage = false;

@@ -48,12 +48,18 @@ Service::Service(runtime::Engine& engine, const tok::Tokenizer& tokenizer,
 }
 
 Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
-  const std::vector<uint32_t> raw =
-      request.endpoint == Endpoint::kCompletions
-          ? tokenizer_.encode(request.prompt, /*allow_special=*/false)
-          : tok::render_conversation(tokenizer_, markers_, request.messages);
-  if (raw.empty()) return Status::usage("request field \"prompt\": empty (no token to run)");
   const int64_t vocab = engine_.checkpoint().config().vocab_size;
+  for (const int32_t id : request.prompt_ids)
+    if (id >= vocab)
+      return field_error("prompt", "id " + std::to_string(id) + " is past the vocabulary (" +
+                                       std::to_string(vocab) + " ids)");
+  const std::vector<uint32_t> raw =
+      request.endpoint == Endpoint::kChatCompletions
+          ? tok::render_conversation(tokenizer_, markers_, request.messages)
+      : request.prompt_ids.empty()
+          ? tokenizer_.encode(request.prompt, /*allow_special=*/false)
+          : std::vector<uint32_t>(request.prompt_ids.begin(), request.prompt_ids.end());
+  if (raw.empty()) return Status::usage("request field \"prompt\": empty (no token to run)");
   std::vector<int32_t> ids;
   ids.reserve(raw.size());
   for (const uint32_t id : raw) {
@@ -74,7 +80,9 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
                           " need more positions than the context holds (-c/--ctx-size " +
                           std::to_string(options_.ctx) + ")");
   const int64_t max_tokens =
-      request.max_tokens.value_or(std::min(options_.defaults.max_tokens, room));
+      request.to_context_end ? room
+                             : request.max_tokens.value_or(std::min(options_.defaults.max_tokens,
+                                                                    room));
   return PreparedRequest{std::move(request), std::move(ids), max_tokens};
 }
 
@@ -148,7 +156,11 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   const auto scan = [&] {
     if (stop_hit) return;
     size_t first = std::string::npos;
-    for (const std::string& stop : request.stop) first = std::min(first, out.text.find(stop, sent));
+    for (const std::string& stop : request.stop) {
+      // The stop text that begins first (the first given of those that begin there).
+      const size_t at = out.text.find(stop, sent);
+      if (at < first) first = at, out.stopping_word = stop;
+    }
     if (first != std::string::npos) {
       out.text.resize(first);
       deliver(first);

@@ -44,6 +44,7 @@ struct ServiceOptions {
 struct Completion {
   std::string text;  // as streamed: special tokens hidden, cut before a stop text
   FinishReason finish = FinishReason::kLength;
+  std::string stopping_word;  // the request's stop text that ended the answer; "" for none
   Usage usage;
   runtime::RunReport report;
   nlohmann::json report_json;  // report.to_json, made while the engine was this request's

@@ -190,7 +190,48 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
       "application/json");
   ASSERT_TRUE(completion);
   ASSERT_EQ(completion->status, 200) << completion->body;
-  EXPECT_EQ(json::parse(completion->body)["object"], "text_completion");
+  const json v1 = json::parse(completion->body);
+  EXPECT_EQ(v1["object"], "text_completion");
+
+  // llama-server's own /completion: the same answer, whole or streamed (pieces, then the result
+  // with "stop" true and content ""; no [DONE]), the prompt as text or as its token ids.
+  auto lamp_ids = client.Post("/tokenize", R"({"content": "The lamp"})", "application/json");
+  ASSERT_TRUE(lamp_ids);
+  for (const json& prompt : {json("The lamp"), json::parse(lamp_ids->body)["tokens"]}) {
+    SCOPED_TRACE(prompt.dump());
+    const json native_request = {{"prompt", prompt}, {"n_predict", 3}, {"seed", 5}};
+    auto native = client.Post("/completion", native_request.dump(), "application/json");
+    ASSERT_TRUE(native);
+    ASSERT_EQ(native->status, 200) << native->body;
+    const json n = json::parse(native->body);
+    EXPECT_EQ(n["content"], v1["choices"][0]["text"]);
+    EXPECT_EQ(n["stop"], true);
+    EXPECT_EQ(n["tokens_predicted"], v1["usage"]["completion_tokens"]);
+    EXPECT_EQ(n["tokens_evaluated"], v1["usage"]["prompt_tokens"]);
+    EXPECT_EQ(n["stop_type"], v1["choices"][0]["finish_reason"] == "length" ? "limit" : "eos");
+    EXPECT_TRUE(n["timings"].contains("predicted_per_second"));
+    json stream_request = native_request;
+    stream_request["stream"] = true;
+    auto pieces = client.Post("/completions", stream_request.dump(), "application/json");
+    ASSERT_TRUE(pieces);
+    ASSERT_EQ(pieces->status, 200) << pieces->body;
+    std::string streamed;
+    json last;
+    at = 0;
+    for (size_t end; (end = pieces->body.find("\n\n", at)) != std::string::npos; at = end + 2) {
+      const std::string event = pieces->body.substr(at, end - at);
+      ASSERT_EQ(event.rfind("data: ", 0), 0u) << event;
+      ASSERT_FALSE(last.is_object()) << "an event after the result: " << event;
+      const json j = json::parse(event.substr(6));
+      if (j["stop"] == true) last = j;
+      else streamed += j["content"].get<std::string>();
+    }
+    EXPECT_EQ(at, pieces->body.size());
+    EXPECT_EQ(streamed, n["content"]);
+    ASSERT_TRUE(last.is_object()) << pieces->body;
+    EXPECT_EQ(last["content"], "");
+    EXPECT_EQ(last["stop_type"], n["stop_type"]);
+  }
 
   // Errors: OpenAI's body, the field named.
   const auto post_error = [&](const std::string& path, const std::string& payload, int status,
@@ -209,6 +250,11 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
              "messages[0].role");
   post_error("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 5000}}.dump(), 400,
              "-c/--ctx-size 4096");
+  post_error("/v1/completions", json{{"prompt", "x"}, {"n_predict", 5}}.dump(), 400,
+             "POST /completion");
+  post_error("/completion", json{{"prompt", {1, 2, 100000}}}.dump(), 400,
+             "id 100000 is past the vocabulary");
+  post_error("/completion", json{{"prompt", "x"}, {"n_predict", 0}}.dump(), 400, "n_predict");
   auto missing = client.Get("/v1/nothing");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 404);
@@ -231,6 +277,7 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   EXPECT_EQ(server.wait(), 0) << server.err();
   EXPECT_NE(server.err().find("server stopped"), std::string::npos) << server.err();
   EXPECT_NE(server.err().find("/v1/chat/completions: prompt"), std::string::npos);
+  EXPECT_NE(server.err().find("/completion: prompt"), std::string::npos);
 }
 
 // The port listens before the load: meanwhile every request is answered 503 (as llama-server

@@ -263,8 +263,17 @@ TEST_F(ServiceTest, AStopTextEndsTheAnswerBeforeItAndIsNeverStreamed) {
   EXPECT_EQ(cut.text, whole->text.substr(0, whole->text.find(stop)));
   EXPECT_EQ(streamed.find(stop), std::string::npos);
   EXPECT_EQ(cut.finish, FinishReason::kStop);
+  EXPECT_EQ(cut.stopping_word, stop);  // llama-server's /completion names it
+  EXPECT_EQ(whole->stopping_word, "");
   EXPECT_LT(cut.usage.completion_tokens, whole->usage.completion_tokens);
   EXPECT_FALSE(cut.cancelled);
+  // Two stop texts that begin at the same place: the first given is the one named.
+  const std::string longer = stop + right.substr(right_end);
+  ASSERT_EQ(whole->text.find(longer), whole->text.find(stop));
+  r.stop = {longer, stop};
+  const Completion both = answer(*s, r);
+  EXPECT_EQ(both.text, cut.text);
+  EXPECT_EQ(both.stopping_word, longer);
 }
 
 // Sampled answers cut at U+FFFD (what bytes that are not text become): the decoder's unfinished
@@ -388,6 +397,24 @@ TEST_F(ServiceTest, TheContextBoundsARequest) {
   p = s->prepare(r);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   EXPECT_EQ(p->max_tokens, std::min<int64_t>(9, 12 - n + 1));
+  r.to_context_end = true;  // llama-server's n_predict -1: all that is left
+  p = s->prepare(r);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(p->max_tokens, 12 - n + 1);
+  // The prompt as token ids (OpenAI's and llama-server's array): those ids, checked against
+  // the vocabulary (a client's error, naming the field).
+  const std::vector<uint32_t> encoded = tokenizer_->encode(prompt, false);
+  CompletionRequest by_ids = text_request("", 2);
+  by_ids.prompt_ids.assign(encoded.begin(), encoded.end());
+  p = s->prepare(by_ids);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(p->ids, std::vector<int32_t>(encoded.begin(), encoded.end()));
+  const int32_t vocab = static_cast<int32_t>(engine_->checkpoint().config().vocab_size);
+  by_ids.prompt_ids = {1, vocab};
+  p = s->prepare(by_ids);
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_EQ(p.status().code(), ExitCode::kUsage);
+  EXPECT_EQ(error_param(p.status()), "prompt") << p.status().message();
   auto empty = s->prepare(text_request("", 3));
   ASSERT_FALSE(empty.is_ok());
   EXPECT_EQ(empty.status().code(), ExitCode::kUsage);

@@ -1,0 +1,34 @@
+#pragma once
+// llama-server's own completion API (POST /completion, and /completions as llama-server routes
+// it): the response bodies and stream events `ktier serve` answers it with. Requests are parsed
+// by parse_request (Endpoint::kLlamaCompletion: OpenAI's sampling fields, n_predict, a prompt
+// of text or token ids). No HTTP here (cli/cmd_serve.cpp has it).
+//
+// A stream is events of llama_stream_piece, then one llama_completion_result with content ""
+// (llama-server's last event; no "[DONE]" after it).
+//
+// Thread-safety: pure functions.
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server/openai_api.h"
+
+namespace ktier::server {
+
+// How an answer ended, as llama-server's "stop_type" says it: "eos" (a stop token), "word" (a
+// stop text, `stopping_word`), "limit" (n_predict, or the context).
+const char* llama_stop_type(FinishReason finish, const std::string& stopping_word);
+
+// The result: the whole answer (`text`) when not streamed, a stream's last event (`text` "")
+// otherwise. `extra` ("timings", whose cache_n is the prompt tokens reused, and ktier's run
+// report) is merged in at the top level.
+nlohmann::json llama_completion_result(const std::string& model, const std::string& text,
+                                       FinishReason finish, const std::string& stopping_word,
+                                       const Usage& usage, const nlohmann::json& extra);
+
+// A streamed piece of the answer's text.
+nlohmann::json llama_stream_piece(const std::string& text);
+
+}  // namespace ktier::server

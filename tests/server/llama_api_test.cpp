@@ -1,0 +1,128 @@
+// llama-server's own POST /completion (server/llama_api.h, Endpoint::kLlamaCompletion of
+// parse_request): its fields (n_predict, a prompt of token ids), and the shapes of its result
+// and stream events that llama.cpp's clients read.
+#include "server/llama_api.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace ktier::server {
+namespace {
+
+using nlohmann::json;
+
+Result<CompletionRequest> parse(Endpoint endpoint, const json& body) {
+  RequestDefaults d;
+  d.max_tokens = 33;
+  return parse_request(endpoint, body.dump(), d);
+}
+Result<CompletionRequest> llama(const json& body) {
+  return parse(Endpoint::kLlamaCompletion, body);
+}
+
+TEST(LlamaRequest, NPredictAndTokenIdPromptsAreRead) {
+  auto r = llama({{"prompt", "abc"}, {"n_predict", 7}, {"temperature", 0}, {"cache_prompt", true},
+                  {"repeat_penalty", 1.1}, {"repeat_last_n", 32}, {"id_slot", -1}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->endpoint, Endpoint::kLlamaCompletion);
+  EXPECT_EQ(r->prompt, "abc");
+  EXPECT_TRUE(r->prompt_ids.empty());
+  EXPECT_EQ(r->max_tokens, 7);
+  EXPECT_FALSE(r->to_context_end);
+  EXPECT_EQ(r->sampling.temperature, 0.0);
+  EXPECT_EQ(r->sampling.repeat_penalty, 1.1);
+  EXPECT_EQ(r->sampling.repeat_last_n, 32);
+  // -1: as many as the context holds (llama-server's "until the context is full").
+  r = llama({{"prompt", {5, 0, 7}}, {"n_predict", -1}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->prompt, "");
+  EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{5, 0, 7}));
+  EXPECT_FALSE(r->max_tokens.has_value());
+  EXPECT_TRUE(r->to_context_end);
+  // Unset: the server's -n (Service::prepare), as the OpenAI endpoints.
+  r = llama({{"prompt", {"one string"}}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->prompt, "one string");
+  EXPECT_FALSE(r->max_tokens.has_value());
+  EXPECT_FALSE(r->to_context_end);
+  // n_predict wins over max_tokens where both are given.
+  r = llama({{"prompt", "a"}, {"max_tokens", 3}, {"n_predict", 4}});
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->max_tokens, 4);
+  // OpenAI's completions take token ids too.
+  r = parse(Endpoint::kCompletions, {{"prompt", {9, 8}}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{9, 8}));
+}
+
+TEST(LlamaRequest, RefusalsNameTheField) {
+  struct Case {
+    Endpoint endpoint;
+    json body;
+    std::string field;
+  };
+  const json big = int64_t{std::numeric_limits<int32_t>::max()} + 1;
+  const std::vector<Case> cases = {
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_predict", 0}}, "n_predict"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_predict", -2}}, "n_predict"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_predict", "5"}}, "n_predict"},
+      {Endpoint::kLlamaCompletion, {{"prompt", json::array()}}, "prompt"},
+      {Endpoint::kLlamaCompletion, {{"prompt", {1, -1}}}, "prompt"},
+      {Endpoint::kLlamaCompletion, {{"prompt", {1, 2.5}}}, "prompt"},
+      {Endpoint::kLlamaCompletion, {{"prompt", {1, "a"}}}, "prompt"},
+      {Endpoint::kLlamaCompletion, {{"prompt", {1, big}}}, "prompt"},
+      {Endpoint::kLlamaCompletion, {{"prompt", {{1, 2}}}}, "prompt"},
+      {Endpoint::kLlamaCompletion, {{"n_predict", 3}}, "prompt"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"samplers", {"top_k"}}}, "samplers"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_probs", 3}}, "n_probs"},
+      {Endpoint::kCompletions, {{"prompt", "a"}, {"n_predict", 3}}, "n_predict"},
+      {Endpoint::kChatCompletions,
+       {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n_predict", 3}},
+       "n_predict"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body.dump());
+    auto r = parse(c.endpoint, c.body);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().code(), ExitCode::kUsage);
+    EXPECT_EQ(error_param(r.status()), c.field) << r.status().message();
+  }
+  // The OpenAI endpoints say where n_predict is taken.
+  auto r = parse(Endpoint::kCompletions, {{"prompt", "a"}, {"n_predict", 3}});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("POST /completion"), std::string::npos);
+}
+
+TEST(LlamaResponse, ResultAndPiecesHaveLlamaServersShape) {
+  const Usage usage{11, 3, 5};
+  const json extra = {{"timings", {{"cache_n", 5}}}};
+  json j = llama_completion_result("k3", "hello", FinishReason::kStop, "", usage, extra);
+  EXPECT_EQ(j["content"], "hello");
+  EXPECT_EQ(j["stop"], true);
+  EXPECT_EQ(j["model"], "k3");
+  EXPECT_EQ(j["tokens_predicted"], 3);
+  EXPECT_EQ(j["tokens_evaluated"], 11);
+  EXPECT_EQ(j["stop_type"], "eos");
+  EXPECT_EQ(j["stopping_word"], "");
+  EXPECT_EQ(j["truncated"], false);
+  EXPECT_EQ(j["id_slot"], 0);
+  EXPECT_TRUE(j["tokens"].empty());
+  EXPECT_EQ(j["timings"]["cache_n"], 5);
+  j = llama_completion_result("k3", "", FinishReason::kStop, "\n\n", usage, {});
+  EXPECT_EQ(j["stop_type"], "word");
+  EXPECT_EQ(j["stopping_word"], "\n\n");
+  EXPECT_FALSE(j.contains("timings"));
+  EXPECT_STREQ(llama_stop_type(FinishReason::kLength, ""), "limit");
+  j = llama_stream_piece("pi");
+  EXPECT_EQ(j["content"], "pi");
+  EXPECT_EQ(j["stop"], false);
+  EXPECT_EQ(sse_event(j).rfind("data: {", 0), 0u);
+  EXPECT_STREQ(endpoint_name(Endpoint::kLlamaCompletion), "/completion");
+  EXPECT_STREQ(endpoint_name(Endpoint::kCompletions), "/v1/completions");
+}
+
+}  // namespace
+}  // namespace ktier::server
