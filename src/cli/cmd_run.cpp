@@ -57,8 +57,9 @@
 namespace ktier::cli {
 namespace {
 
-// Positions a conversation may use unless -c says otherwise; past a long first turn, room for
-// one more message of this many positions and its answer.
+// Positions a conversation, or a run with -n -1, may use unless -c says otherwise (llama.cpp's
+// long-standing default context); past a long first turn of a conversation, room for one more
+// message of kNextMessagePositions positions and its answer.
 constexpr int64_t kConversationPositions = 4096;
 constexpr int64_t kNextMessagePositions = 1024;
 
@@ -87,8 +88,8 @@ Status run(const RunArgs& a) {
   if (a.interactive && a.file == "-")
     return Status::usage("--interactive reads the conversation from standard input: give the "
                          "first message with -p or -f FILE");
-  if (a.interactive && a.max_new_tokens < 1)
-    return Status::usage("--interactive needs -n >= 1 (each answer is at least one token)");
+  if (a.interactive && a.max_new_tokens == 0)
+    return Status::usage("--interactive needs -n >= 1 or -1 (each answer is at least one token)");
   // Up to INT32_MAX positions, like -n: 2^31 of K3's ~70 KB of cache per position is far past any
   // machine, and the working-set products (positions x widths x bytes) stay inside int64.
   if (a.ctx_size < 0 || a.ctx_size > INT32_MAX)
@@ -96,13 +97,16 @@ Status run(const RunArgs& a) {
                          " (0 = auto)");
   if (a.chat && !a.ids.empty())
     return Status::usage("--chat wraps prompt text in the chat format: give -p TEXT or -f FILE");
+  // -n -1 (llama.cpp's): until a stop id, or until the positions of -c are used (set per answer).
+  const bool to_context_end = a.max_new_tokens == -1;
   runtime::GenerationOptions gen;
-  gen.max_new_tokens = a.max_new_tokens;
+  gen.max_new_tokens = std::max<int64_t>(a.max_new_tokens, 0);
   gen.prefill_chunk = a.chunk;
   gen.sampling = a.sampling;
   KTIER_RETURN_IF_ERROR(runtime::validate(gen.sampling));
-  if (a.max_new_tokens < 0 || a.max_new_tokens > INT32_MAX)
-    return Status::usage("-n must be in 0.." + std::to_string(INT32_MAX));
+  if (a.max_new_tokens < -1 || a.max_new_tokens > INT32_MAX)
+    return Status::usage("-n must be in 0.." + std::to_string(INT32_MAX) +
+                         ", or -1 (until a stop id or the context is full)");
   if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
 
@@ -193,9 +197,11 @@ Status run(const RunArgs& a) {
   const int64_t ctx =
       a.ctx_size > 0 ? a.ctx_size
       : a.interactive
-          ? std::max<int64_t>(history + first_turn + kNextMessagePositions + a.max_new_tokens,
+          ? std::max<int64_t>(history + first_turn + kNextMessagePositions +
+                                  std::max<int64_t>(a.max_new_tokens, 0),
                               kConversationPositions)
-          : first_turn;
+      : to_context_end ? std::max<int64_t>(first_turn, kConversationPositions)
+                       : first_turn;
   // A resumed conversation past an explicit -c is refused where it is known to be used (after
   // the load: RunPromptCache::restore, and the first message's own check, exit 4).
   if (ctx < first_turn)
@@ -233,6 +239,8 @@ Status run(const RunArgs& a) {
   if (const auto limit = cfg.max_position_embeddings; limit && a.interactive && ctx > *limit)
     spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json: positions "
                  "from {} on were not trained", ctx, *limit, *limit);
+  else if (!a.interactive && to_context_end)
+    warn_past_trained_positions(cfg, ctx - 1, "-n -1 with -c/--ctx-size " + std::to_string(ctx));
   else if (!a.interactive)
     warn_past_trained_positions(cfg, static_cast<int64_t>(prompt.size()) + a.max_new_tokens - 2,
                                 "prompt (" + std::to_string(prompt.size()) + " tokens) + -n " +
@@ -325,6 +333,13 @@ Status run(const RunArgs& a) {
   bool turn_cut = false;
   const auto answer = [&](std::span<const int32_t> ids) -> Status {
     generated.clear();
+    if (to_context_end) {  // the positions left after `ids` hold the answer (its last not run)
+      const int64_t left = ctx - session->positions() - static_cast<int64_t>(ids.size()) + 1;
+      if (left < 1)
+        return Status::budget("no position of -c/--ctx-size " + std::to_string(ctx) +
+                              " is left for an answer");
+      session->set_max_new_tokens(left);
+    }
     Result<runtime::GenerationStats> turn = session->turn(ids, sink);
     turn_cut = !turn.is_ok() && !sink_failed;
     if (prefill_meter) {  // the prefill failed: end its progress line before the error
@@ -352,8 +367,8 @@ Status run(const RunArgs& a) {
     if (!generated.empty()) ids = tok::end_assistant_turn(*tokenizer, *markers, generated.back());
     const std::vector<uint32_t> user = tok::render_user_turn(*tokenizer, *markers, line);
     ids.insert(ids.end(), user.begin(), user.end());
-    const int64_t needs =
-        session->positions() + static_cast<int64_t>(ids.size()) + a.max_new_tokens - 1;
+    const int64_t needs = session->positions() + static_cast<int64_t>(ids.size()) +
+                          std::max<int64_t>(a.max_new_tokens, 1) - 1;
     if (needs > ctx)
       return Status::budget("the conversation would need " + std::to_string(needs) +
                             " positions with this message and -n " +
@@ -453,7 +468,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_option("-f,--file", a->file, "Read the prompt from a file ('-' = standard input)");
   auto* ids = sub->add_option("--ids", a->ids,
                               "Prompt as comma-separated token ids (no tokenizer needed)");
-  sub->add_option("-n,--n-predict", a->max_new_tokens, "Tokens to generate at most")
+  sub->add_option("-n,--n-predict", a->max_new_tokens,
+                  "Tokens to generate at most; -1 = until a stop id or the context (-c) is full")
       ->capture_default_str();
   add_sampling_options(sub, a->sampling, /*for_requests=*/false);
   add_threads_option(sub, a->threads, "Worker threads");
@@ -474,11 +490,11 @@ void register_run_command(CLI::App& app, int& exit_code) {
                 "Ctrl-C during an answer ends the answer) and run only its tokens in the same "
                 "sequence; the first message may come from there too");
   sub->add_option("-c,--ctx-size", a->ctx_size,
-                  "Positions a run may use (0 = auto: the prompt + -n - 1; for --interactive "
-                  "4096, or the first turn + 1024 + -n if more, a conversation resumed from "
-                  "--prompt-cache counted in; GPU mode sets the state for this many aside). Too "
-                  "small for "
-                  "the prompt + -n - 1: exit 2; a conversation's message past it: exit 4")
+                  "Positions a run may use (0 = auto: the prompt + -n - 1, with -n -1 4096 or "
+                  "the prompt if longer; for --interactive 4096, or the first turn + 1024 + -n if "
+                  "more, a conversation resumed from --prompt-cache counted in; GPU mode sets the "
+                  "state for this many aside). Too small for the prompt + -n - 1: exit 2; a "
+                  "conversation's message past it: exit 4")
       ->capture_default_str();
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();

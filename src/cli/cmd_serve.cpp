@@ -415,6 +415,7 @@ Status serve(const ServeArgs& a) {
   so.prefill_chunk = a.chunk;
   so.defaults.sampling = a.sampling;
   so.defaults.max_tokens = a.max_tokens;
+  if (a.max_tokens == 0) return Status::usage("-n 0 would answer nothing: give -1 or more");
   KTIER_RETURN_IF_ERROR(runtime::validate(so.defaults.sampling));
   // A request's own temperature is refused past OpenAI's 2; so is a default past it.
   if (a.sampling.temperature > 2) return Status::usage("--temp must be in 0..2 (OpenAI's range)");
@@ -550,9 +551,9 @@ void register_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
   sub->add_option("-n,--n-predict", a->max_tokens,
                   "Tokens to generate when a request gives no max_tokens (capped to the context "
-                  "left)")
+                  "left); -1 = until a stop id or the context is full")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+      ->check(CLI::Range(int64_t{-1}, int64_t{INT32_MAX}));
   add_sampling_options(sub, a->sampling, /*for_requests=*/true);
   add_threads_option(sub, a->threads, "Worker threads");
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();

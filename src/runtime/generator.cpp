@@ -91,6 +91,11 @@ void GenerationSession::configure_turns(int64_t max_new_tokens, const SamplingPa
   sampler_ = Sampler(sampling);
 }
 
+void GenerationSession::set_max_new_tokens(int64_t max_new_tokens) {
+  KTIER_CHECK(max_new_tokens >= 0);
+  opts_.max_new_tokens = max_new_tokens;
+}
+
 void GenerationSession::set_callbacks(std::function<bool()> stop_requested,
                                       std::function<void()> before_decode) {
   opts_.stop_requested = std::move(stop_requested);

@@ -95,6 +95,9 @@ class GenerationSession {
   // Sampler(sampling) (`ktier serve`: each request its own). REQUIRES max_new_tokens >= 0 and
   // validate(sampling).is_ok().
   void configure_turns(int64_t max_new_tokens, const SamplingParams& sampling);
+  // The turns from now on generate at most `max_new_tokens` each, the same sampler going on.
+  // REQUIRES max_new_tokens >= 0.
+  void set_max_new_tokens(int64_t max_new_tokens);
   // The turns from now on call these (GenerationOptions' callbacks of the same names; null:
   // none), in place of those the session was opened with.
   void set_callbacks(std::function<bool()> stop_requested, std::function<void()> before_decode);

@@ -39,7 +39,7 @@ const char* endpoint_name(Endpoint endpoint);
 // What a request leaves unsaid, from `ktier serve`'s flags.
 struct RequestDefaults {
   runtime::SamplingParams sampling{.temperature = 1.0};  // OpenAI's temperature 1; --seed
-  int64_t max_tokens = 512;  // -n; a request's is capped to the context left
+  int64_t max_tokens = 512;  // -n (-1: the context left); a request's is capped to that
 };
 
 struct CompletionRequest {

@@ -79,10 +79,12 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
                                : std::string()) +
                           " need more positions than the context holds (-c/--ctx-size " +
                           std::to_string(options_.ctx) + ")");
+  // n_predict -1, or no limit given where the server's -n is -1: all that is left.
+  const bool to_context_end =
+      request.to_context_end || (!request.max_tokens && options_.defaults.max_tokens < 0);
   const int64_t max_tokens =
-      request.to_context_end ? room
-                             : request.max_tokens.value_or(std::min(options_.defaults.max_tokens,
-                                                                    room));
+      to_context_end ? room
+                     : request.max_tokens.value_or(std::min(options_.defaults.max_tokens, room));
   return PreparedRequest{std::move(request), std::move(ids), max_tokens};
 }
 

@@ -246,6 +246,24 @@ TEST_F(RunEvalCli, PenaltiesKeepIdsAlreadyInTheSequenceOut) {
   }
 }
 
+// -n -1 (llama.cpp's): until a stop id or the context is full. The fixture's greedy answer
+// has no stop id in its first 40 tokens, so -c 30 with a 12-token prompt gives its first 19.
+TEST_F(RunEvalCli, NPredictMinusOneFillsTheContext) {
+  const std::string cmd = ktier() + " run" + model() + " --ids " + prompt_ids() + " --print-ids";
+  const auto plain = run_process(cmd + " -n 40");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_NE(plain.err.find("generated 40 (length limit)"), std::string::npos) << plain.err;
+  const auto filled = run_process(cmd + " -n -1 -c 30");
+  ASSERT_EQ(filled.exit_code, 0) << filled.err;
+  const std::string ids = last_line(filled.out);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), ',') + 1, 30 - 12 + 1) << ids;
+  EXPECT_EQ(last_line(plain.out).rfind(ids + ",", 0), 0u) << ids;
+  for (const std::string bad : {" -n -2", " -n -1 -c 11"}) {
+    const auto r = run_process(cmd + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+  }
+}
+
 // Special tokens are generated like any other but not printed as text unless --special (as
 // llama.cpp); --print-ids lists them either way.
 TEST_F(RunEvalCli, SpecialTokensAreHiddenFromTheTextUnlessAsked) {

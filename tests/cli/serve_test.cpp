@@ -450,7 +450,7 @@ TEST_F(ServeCli, WhatCannotStartSaysWhy) {
   EXPECT_NE(failing.err().find(shard), std::string::npos) << failing.err();
 
   for (const char* flag : {" --port 70000", " --temp 3", " -c 0", " --presence-penalty 2.5",
-                           " --frequency-penalty -3", " --repeat-penalty 0"}) {
+                           " --frequency-penalty -3", " --repeat-penalty 0", " -n 0"}) {
     r = run_process(ktier_bin().string() + " serve -m " + (dir_ / "model").string() + flag);
     EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
     EXPECT_NE(r.err.find(std::string(flag).substr(1, std::string(flag).find(' ', 1) - 1)),

@@ -50,11 +50,11 @@ class ServiceTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  static std::unique_ptr<Service> service(int64_t ctx = 256) {
+  static std::unique_ptr<Service> service(int64_t ctx = 256, int64_t default_max_tokens = 9) {
     ServiceOptions o;
     o.ctx = ctx;
     o.prefill_chunk = 7;
-    o.defaults.max_tokens = 9;
+    o.defaults.max_tokens = default_max_tokens;
     return std::make_unique<Service>(*engine_, *tokenizer_, markers_, o);
   }
   static CompletionRequest text_request(const std::string& prompt, int64_t max_tokens,
@@ -401,6 +401,15 @@ TEST_F(ServiceTest, TheContextBoundsARequest) {
   p = s->prepare(r);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   EXPECT_EQ(p->max_tokens, 12 - n + 1);
+  // The same where the server's -n is -1 and the request gives no limit.
+  auto unbounded = service(/*ctx=*/12, /*default_max_tokens=*/-1);
+  r.to_context_end = false;
+  p = unbounded->prepare(r);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(p->max_tokens, 12 - n + 1);
+  p = unbounded->prepare(text_request(prompt, 2));
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(p->max_tokens, 2);
   // The prompt as token ids (OpenAI's and llama-server's array): those ids, checked against
   // the vocabulary (a client's error, naming the field).
   const std::vector<uint32_t> encoded = tokenizer_->encode(prompt, false);
