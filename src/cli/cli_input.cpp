@@ -264,7 +264,7 @@ CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& 
 }
 
 CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help) {
-  return sub->add_option("--seed", seed, help)
+  return sub->add_option("-s,--seed", seed, help)
       ->transform(whole_number<uint64_t>())
       ->capture_default_str();
 }
@@ -272,7 +272,8 @@ CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& h
 void add_sampling_options(CLI::App* sub, runtime::SamplingParams& sampling, bool for_requests) {
   // A request's field of the same meaning, named where the flag is its default.
   const auto help = [&](const std::string& text, const char* field) {
-    return for_requests ? text + " (a request's " + field + " when it gives none)" : text;
+    return for_requests ? "For a request that gives no " + std::string(field) + ": " + text
+                        : text;
   };
   sub->add_option("--temp", sampling.temperature,
                   help(for_requests ? "Temperature, OpenAI's default 1; 0 = greedy"

@@ -132,7 +132,7 @@ CLI::Validator whole_number(T max = std::numeric_limits<T>::max()) {
 // Largest value of the MiB-sized bench options (1 TiB): past it, `<< 20` would wrap.
 inline constexpr uint64_t kMaxBenchMib = uint64_t{1} << 20;
 
-// Adds "--seed S" to `sub` (checked with whole_number<uint64_t>).
+// Adds "-s,--seed S" to `sub` (llama.cpp's names; checked with whole_number<uint64_t>).
 CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help);
 // Adds llama.cpp's sampling flags bound to `sampling` (whose values are the defaults shown):
 // --temp, --top-k, --top-p, --min-p, --seed, --repeat-penalty, --repeat-last-n,

@@ -120,7 +120,17 @@ class ApiHandlers {
   bool ready() const { return service_.load() != nullptr; }
 
   void route(httplib::Server& http) {
-    http.set_pre_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // `curl -d BODY` says application/x-www-form-urlencoded, whose bodies cpp-httplib refuses
+      // past 8 KiB (413) whatever the payload limit: every body here is JSON (read as such
+      // whatever the type), so it is read as JSON, up to the payload limit.
+      if (req.method == "POST" &&
+          req.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) ==
+              0) {
+        auto& headers = const_cast<httplib::Request&>(req).headers;
+        headers.erase("Content-Type");
+        headers.emplace("Content-Type", "application/json");
+      }
       if (ready()) return httplib::Server::HandlerResponse::Unhandled;
       res.status = 503;
       res.set_content(server::dump(server::error_body(
@@ -192,9 +202,9 @@ class ApiHandlers {
     server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
                               now(), model_};
     // The whole answer, or with text "" a stream's last event (llama-server's only).
-    const auto result = [this, endpoint, head](const server::Completion& done,
-                                               const std::string& text) {
-      return endpoint == server::Endpoint::kLlamaCompletion
+    const auto result = [this, endpoint, llama, head](const server::Completion& done,
+                                                      const std::string& text) {
+      return llama
                  ? server::llama_completion_result(model_, text, done.finish, done.stopping_word,
                                                    done.usage, extra_fields(done))
                  : server::completion_response(endpoint, head, text, done.finish, done.usage,
@@ -513,7 +523,7 @@ Status serve(const ServeArgs& a) {
   signals.serving();
   api.set_service(service);
   std::fprintf(stderr, "ktier: serving %s on %s (POST /v1/chat/completions, /v1/completions, "
-               "/tokenize, /detokenize; GET /v1/models, /health%s); Ctrl-C stops\n",
+               "/completion, /tokenize, /detokenize; GET /v1/models, /health%s); Ctrl-C stops\n",
                a.model.c_str(), url.c_str(), a.metrics ? ", /metrics" : "");
   std::fflush(stderr);
   pollfd fd{interrupt.wake_fd(), POLLIN, 0};
@@ -534,7 +544,8 @@ Status serve(const ServeArgs& a) {
 void register_serve_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<ServeArgs>();
   auto* sub = app.add_subcommand(
-      "serve", "OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions)");
+      "serve", "OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions; "
+               "llama-server's /completion)");
   sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
   sub->add_option("--host", a->host, "Address to listen on")->capture_default_str();
   sub->add_option("--port", a->port, "Port to listen on (0: any free one, printed)")

@@ -22,8 +22,10 @@ Status validate(const SamplingParams& p) {
   if (!(p.repeat_penalty > 0) || !std::isfinite(p.repeat_penalty))
     return Status::usage("--repeat-penalty must be a finite number > 0 (1 = off), got " +
                          std::to_string(p.repeat_penalty));
-  if (p.repeat_last_n < -1)
-    return Status::usage("--repeat-last-n must be >= -1 (0 = off, -1 = the whole sequence)");
+  if (p.repeat_last_n < -1 || p.repeat_last_n > std::numeric_limits<int32_t>::max())
+    return Status::usage("--repeat-last-n must be in -1.." +
+                         std::to_string(std::numeric_limits<int32_t>::max()) +
+                         " (0 = off, -1 = the whole sequence)");
   if (!std::isfinite(p.presence_penalty))
     return Status::usage("--presence-penalty must be a finite number (0 = off)");
   if (!std::isfinite(p.frequency_penalty))

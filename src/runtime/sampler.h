@@ -41,8 +41,8 @@ struct SamplingParams {
 };
 
 // Status::usage naming the flag when a parameter is out of range (temperature < 0 or not
-// finite, top_k < 0, top_p outside (0, 1], min_p outside [0, 1], repeat_penalty not finite and
-// > 0, repeat_last_n < -1, presence or frequency penalty not finite).
+// finite, top_k < 0, top_p outside (0, 1], min_p outside [0, 1], repeat_penalty not a finite
+// number > 0, repeat_last_n outside -1..INT32_MAX, presence or frequency penalty not finite).
 Status validate(const SamplingParams& p);
 
 // Whether `p` changes any logit by the ids before it (a penalty on, over at least one id).

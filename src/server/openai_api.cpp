@@ -60,19 +60,23 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
     const char* name;
     double value;
   };
-  for (const Neutral n : {Neutral{"repetition_penalty", 1}, {"typical_p", 1}, {"tfs_z", 1},
-                          {"mirostat", 0}, {"dry_multiplier", 0}, {"xtc_probability", 0}}) {
+  // (and llama-server's n_probs, top_n_sigma, t_max_predict_ms, n_indent: none asked for).
+  for (const Neutral n :
+       {Neutral{"repetition_penalty", 1}, {"typical_p", 1}, {"tfs_z", 1}, {"mirostat", 0},
+        {"dry_multiplier", 0}, {"xtc_probability", 0}, {"dynatemp_range", 0},
+        {"top_n_sigma", -1}, {"n_probs", 0}, {"t_max_predict_ms", 0}, {"n_indent", 0}}) {
     KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(body, n.name));
     if (v && *v != n.value)
       return field_error(n.name, std::string("not built in ktier serve (") +
                                      json(n.value).dump() + " only)" +
                                      (std::string_view(n.name) == "repetition_penalty"
-                                          ? "; llama-server's repeat_penalty is"
+                                          ? "; give repeat_penalty (llama-server's) instead"
                                           : ""));
   }
-  for (const char* name : {"logprobs", "top_logprobs", "suffix", "logit_bias", "tools",
-                           "functions", "tool_choice", "function_call", "best_of", "grammar",
-                           "json_schema", "ignore_eos", "n_probs", "n_predict", "samplers"}) {
+  for (const char* name :
+       {"logprobs", "top_logprobs", "suffix", "logit_bias", "tools", "functions", "tool_choice",
+        "function_call", "best_of", "grammar", "json_schema", "ignore_eos", "n_predict",
+        "samplers", "return_tokens", "post_sampling_probs"}) {
     const auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
         (it->is_array() && it->empty()) || (it->is_object() && it->empty()))
@@ -248,9 +252,9 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body
   KTIER_ASSIGN_OR_RETURN(r.max_tokens,
                          integer_field(j, max_name, 1, std::numeric_limits<int32_t>::max()));
   if (endpoint == Endpoint::kLlamaCompletion) {
+    // 0: the prompt runs (its state kept for the next request), nothing is generated.
     KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> n_predict,
                            integer_field(j, "n_predict", -1, std::numeric_limits<int32_t>::max()));
-    if (n_predict == 0) return field_error("n_predict", "must be -1 (the context left) or >= 1");
     r.to_context_end = n_predict == -1;
     if (n_predict) r.max_tokens = r.to_context_end ? std::nullopt : n_predict;
   }

@@ -5,15 +5,16 @@
 //
 // What a request may say (docs/TUNING.md "Serving"): model (any; the one loaded answers),
 // prompt (completions: a string, an array of one string, or an array of token ids), n_predict
-// (llama-server's /completion only: its max_tokens, -1 = the context left), messages (chat:
-// roles user and assistant, content a string or an array of {"type": "text"} parts), max_tokens
-// (max_completion_tokens), temperature, top_p, top_k, min_p, seed, presence_penalty,
-// frequency_penalty, repeat_penalty, repeat_last_n (llama-server's), stop (a string or up to 4),
-// stream, stream_options.include_usage, n (1 only). Fields that would change the output in ways
-// not built (repetition_penalty, llama-server's other samplers and grammars, logprobs, echo,
-// suffix, tools, logit_bias, system messages whose format is not in K3-MODEL.md) are refused
-// with the field named unless they hold their neutral value, never silently ignored; other
-// fields are ignored.
+// (llama-server's /completion only: its max_tokens, -1 = the context left, 0 = the prompt
+// only), messages (chat: roles user and assistant, content a string or an array of
+// {"type": "text"} parts), max_tokens (max_completion_tokens), temperature, top_p, top_k, min_p,
+// seed, presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n (llama-server's),
+// stop (a string or up to 4), stream, stream_options.include_usage, n (1 only). Fields that
+// would change the output in ways not built (repetition_penalty, the other samplers of
+// llama-server's that ktier knows of, grammars, logprobs, n_probs, return_tokens, echo, suffix,
+// tools, logit_bias, system messages whose format is not in K3-MODEL.md) are refused with the
+// field named unless they hold their neutral value, never silently ignored; other fields are
+// ignored.
 //
 // Thread-safety: pure functions.
 
@@ -47,7 +48,8 @@ struct CompletionRequest {
   std::string prompt;                      // completions
   std::vector<int32_t> prompt_ids;         // completions given token ids (then prompt is empty)
   std::vector<tok::ChatMessage> messages;  // chat: at least one, the last the user's
-  std::optional<int64_t> max_tokens;       // unset: RequestDefaults::max_tokens, capped
+  std::optional<int64_t> max_tokens;       // unset: RequestDefaults::max_tokens, capped; 0
+                                           // (n_predict only): the prompt runs, nothing more
   bool to_context_end = false;             // n_predict -1: as many as the context holds
   runtime::SamplingParams sampling;
   std::vector<std::string> stop;  // texts that end the answer (not part of it); none empty

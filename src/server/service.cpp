@@ -72,10 +72,14 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   const int64_t prompt = static_cast<int64_t>(ids.size());
   // A run of P prompt ids and n generated ones uses P + n - 1 positions (the last is not run).
   const int64_t room = options_.ctx - prompt + 1;
+  // (n_predict 0 runs the prompt only: P positions, the same bound.)
   if (room < 1 || (request.max_tokens && *request.max_tokens > room))
     return Status::budget("the prompt's " + std::to_string(prompt) + " tokens" +
                           (request.max_tokens
-                               ? " and max_tokens " + std::to_string(*request.max_tokens)
+                               ? std::string(request.endpoint == Endpoint::kLlamaCompletion
+                                                 ? " and n_predict "
+                                                 : " and max_tokens ") +
+                                     std::to_string(*request.max_tokens)
                                : std::string()) +
                           " need more positions than the context holds (-c/--ctx-size " +
                           std::to_string(options_.ctx) + ")");
@@ -159,7 +163,8 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     if (stop_hit) return;
     size_t first = std::string::npos;
     for (const std::string& stop : request.stop) {
-      // The stop text that begins first (the first given of those that begin there).
+      // Of the stop texts found once this token's text is in, the one that begins first (the
+      // first given of those that begin there; one found already would have ended the answer).
       const size_t at = out.text.find(stop, sent);
       if (at < first) first = at, out.stopping_word = stop;
     }

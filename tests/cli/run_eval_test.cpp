@@ -202,6 +202,9 @@ TEST_F(RunEvalCli, TextPromptStreamsTextAndSeededSamplingRepeats) {
   const auto a = run_process(cmd + " --threads 1"), b = run_process(cmd + " --threads 3");
   ASSERT_EQ(a.exit_code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
+  std::string short_seed = cmd;  // llama.cpp's -s
+  short_seed.replace(short_seed.find("--seed 11"), 9, "-s 11");
+  EXPECT_EQ(run_process(short_seed + " --threads 1").out, a.out);
   const auto c = run_process(ktier() + " run" + model() +
                              " -p 'The lighthouse keeper' -n 12 --temp 0.9 --seed 12 --print-ids");
   EXPECT_NE(last_line(a.out), last_line(c.out));

@@ -254,7 +254,16 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
              "POST /completion");
   post_error("/completion", json{{"prompt", {1, 2, 100000}}}.dump(), 400,
              "id 100000 is past the vocabulary");
-  post_error("/completion", json{{"prompt", "x"}, {"n_predict", 0}}.dump(), 400, "n_predict");
+  post_error("/completion", json{{"prompt", "x"}, {"n_predict", 5000}}.dump(), 400,
+             "n_predict 5000");
+  // `curl -d` sends JSON as a form: read as JSON, past cpp-httplib's 8 KiB form limit too.
+  const json long_ids = {{"prompt", std::vector<int>(3000, 300)}, {"n_predict", 0}};
+  ASSERT_GT(long_ids.dump().size(), 8192u);
+  auto form = client.Post("/completion", long_ids.dump(), "application/x-www-form-urlencoded");
+  ASSERT_TRUE(form);
+  ASSERT_EQ(form->status, 200) << form->body;
+  EXPECT_EQ(json::parse(form->body)["tokens_evaluated"], 3000);
+  EXPECT_EQ(json::parse(form->body)["content"], "");
   auto missing = client.Get("/v1/nothing");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 404);

@@ -48,6 +48,12 @@ TEST(LlamaRequest, NPredictAndTokenIdPromptsAreRead) {
   EXPECT_EQ(r->prompt, "one string");
   EXPECT_FALSE(r->max_tokens.has_value());
   EXPECT_FALSE(r->to_context_end);
+  // 0: the prompt only (llama-server's way to keep a prompt's state); neutral values of what is
+  // not built are taken.
+  r = llama({{"prompt", "a"}, {"n_predict", 0}, {"n_probs", 0}, {"return_tokens", false},
+             {"top_n_sigma", -1}, {"dynatemp_range", 0}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->max_tokens, 0);
   // n_predict wins over max_tokens where both are given.
   r = llama({{"prompt", "a"}, {"max_tokens", 3}, {"n_predict", 4}});
   ASSERT_TRUE(r.is_ok());
@@ -66,7 +72,6 @@ TEST(LlamaRequest, RefusalsNameTheField) {
   };
   const json big = int64_t{std::numeric_limits<int32_t>::max()} + 1;
   const std::vector<Case> cases = {
-      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_predict", 0}}, "n_predict"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_predict", -2}}, "n_predict"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_predict", "5"}}, "n_predict"},
       {Endpoint::kLlamaCompletion, {{"prompt", json::array()}}, "prompt"},
@@ -78,6 +83,9 @@ TEST(LlamaRequest, RefusalsNameTheField) {
       {Endpoint::kLlamaCompletion, {{"n_predict", 3}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"samplers", {"top_k"}}}, "samplers"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_probs", 3}}, "n_probs"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"return_tokens", true}}, "return_tokens"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"dynatemp_range", 1.5}}, "dynatemp_range"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"top_n_sigma", 1}}, "top_n_sigma"},
       {Endpoint::kCompletions, {{"prompt", "a"}, {"n_predict", 3}}, "n_predict"},
       {Endpoint::kChatCompletions,
        {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n_predict", 3}},

@@ -267,7 +267,8 @@ TEST_F(ServiceTest, AStopTextEndsTheAnswerBeforeItAndIsNeverStreamed) {
   EXPECT_EQ(whole->stopping_word, "");
   EXPECT_LT(cut.usage.completion_tokens, whole->usage.completion_tokens);
   EXPECT_FALSE(cut.cancelled);
-  // Two stop texts that begin at the same place: the first given is the one named.
+  // Two stop texts that begin at the same place and are complete with the same token's text:
+  // the first given is the one named.
   const std::string longer = stop + right.substr(right_end);
   ASSERT_EQ(whole->text.find(longer), whole->text.find(stop));
   r.stop = {longer, stop};
@@ -424,6 +425,26 @@ TEST_F(ServiceTest, TheContextBoundsARequest) {
   ASSERT_FALSE(p.is_ok());
   EXPECT_EQ(p.status().code(), ExitCode::kUsage);
   EXPECT_EQ(error_param(p.status()), "prompt") << p.status().message();
+  // n_predict 0 (llama-server's): the prompt runs and is kept, nothing is generated; a prompt
+  // of all 12 positions fits.
+  CompletionRequest full = by_ids;
+  full.prompt_ids.assign(12, 1);
+  full.max_tokens = 0;
+  EXPECT_TRUE(s->prepare(full).is_ok());
+  full.prompt_ids.push_back(1);
+  p = s->prepare(full);
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_EQ(p.status().code(), ExitCode::kBudget);
+  auto roomy = service();
+  CompletionRequest warm = text_request(prompt, 1);
+  warm.endpoint = Endpoint::kLlamaCompletion;
+  warm.max_tokens = 0;
+  const Completion warmed = answer(*roomy, warm);
+  EXPECT_EQ(warmed.text, "");
+  EXPECT_EQ(warmed.usage.completion_tokens, 0);
+  EXPECT_EQ(warmed.finish, FinishReason::kLength);
+  const Completion next = answer(*roomy, text_request(prompt + " and the lens", 2));
+  EXPECT_EQ(next.usage.cached_tokens, n);
   auto empty = s->prepare(text_request("", 3));
   ASSERT_FALSE(empty.is_ok());
   EXPECT_EQ(empty.status().code(), ExitCode::kUsage);
