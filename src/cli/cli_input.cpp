@@ -309,7 +309,8 @@ void add_sampling_options(CLI::App* sub, runtime::SamplingParams& sampling, bool
                        "presence_penalty"))
       ->capture_default_str();
   sub->add_option("--frequency-penalty", sampling.frequency_penalty,
-                  help("Subtract this times the id's count among them; 0 = off",
+                  help("Subtract this times the id's count among the last --repeat-last-n; "
+                       "0 = off",
                        "frequency_penalty"))
       ->capture_default_str();
 }

@@ -60,7 +60,7 @@ namespace {
 // Positions a conversation, or a run with -n -1, may use unless -c says otherwise (llama.cpp's
 // long-standing default context); past a long first turn of a conversation, room for one more
 // message of kNextMessagePositions positions and its answer.
-constexpr int64_t kConversationPositions = 4096;
+constexpr int64_t kAutoContextPositions = 4096;
 constexpr int64_t kNextMessagePositions = 1024;
 
 struct RunArgs {
@@ -97,16 +97,20 @@ Status run(const RunArgs& a) {
                          " (0 = auto)");
   if (a.chat && !a.ids.empty())
     return Status::usage("--chat wraps prompt text in the chat format: give -p TEXT or -f FILE");
-  // -n -1 (llama.cpp's): until a stop id, or until the positions of -c are used (set per answer).
-  const bool to_context_end = a.max_new_tokens == -1;
+  // -n -1 or -2 (llama.cpp's "infinity" and "until the context is filled"; without a context
+  // shift they are one): until a stop id, or until the positions of -c are used (set per answer).
+  const bool to_context_end = a.max_new_tokens < 0;
+  // The tokens an answer may take as the positions are planned: with -n -1 at least one.
+  const int64_t planned_answer = to_context_end ? 1 : a.max_new_tokens;
+  const std::string n_flag = "-n " + std::to_string(a.max_new_tokens);
   runtime::GenerationOptions gen;
-  gen.max_new_tokens = std::max<int64_t>(a.max_new_tokens, 0);
+  gen.max_new_tokens = to_context_end ? 0 : a.max_new_tokens;
   gen.prefill_chunk = a.chunk;
   gen.sampling = a.sampling;
   KTIER_RETURN_IF_ERROR(runtime::validate(gen.sampling));
-  if (a.max_new_tokens < -1 || a.max_new_tokens > INT32_MAX)
+  if (a.max_new_tokens < -2 || a.max_new_tokens > INT32_MAX)
     return Status::usage("-n must be in 0.." + std::to_string(INT32_MAX) +
-                         ", or -1 (until a stop id or the context is full)");
+                         ", or -1 or -2 (until a stop id or the context is full)");
   if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
 
@@ -191,23 +195,21 @@ Status run(const RunArgs& a) {
                                   : 0;
   const int64_t first_turn =
       std::max<int64_t>(1, static_cast<int64_t>(raw.size()) +
-                               std::max<int64_t>(a.max_new_tokens - 1, 0));
+                               std::max<int64_t>(planned_answer - 1, 0));
   // A conversation's auto size holds its first turn and one more message (up to
   // kNextMessagePositions tokens with its markup) with an answer of -n, at least.
   const int64_t ctx =
       a.ctx_size > 0 ? a.ctx_size
       : a.interactive
-          ? std::max<int64_t>(history + first_turn + kNextMessagePositions +
-                                  std::max<int64_t>(a.max_new_tokens, 0),
-                              kConversationPositions)
-      : to_context_end ? std::max<int64_t>(first_turn, kConversationPositions)
+          ? std::max<int64_t>(history + first_turn + kNextMessagePositions + planned_answer,
+                              kAutoContextPositions)
+      : to_context_end ? std::max<int64_t>(first_turn, kAutoContextPositions)
                        : first_turn;
   // A resumed conversation past an explicit -c is refused where it is known to be used (after
   // the load: RunPromptCache::restore, and the first message's own check, exit 4).
   if (ctx < first_turn)
     return Status::usage("-c/--ctx-size " + std::to_string(ctx) + " cannot hold the prompt (" +
-                         std::to_string(raw.size()) + " tokens) and -n " +
-                         std::to_string(a.max_new_tokens) + ": it needs " +
+                         std::to_string(raw.size()) + " tokens) and " + n_flag + ": it needs " +
                          std::to_string(first_turn) + " positions");
   eo.workload.positions = ctx;
   eo.workload.chunk = a.chunk;
@@ -367,12 +369,13 @@ Status run(const RunArgs& a) {
     if (!generated.empty()) ids = tok::end_assistant_turn(*tokenizer, *markers, generated.back());
     const std::vector<uint32_t> user = tok::render_user_turn(*tokenizer, *markers, line);
     ids.insert(ids.end(), user.begin(), user.end());
-    const int64_t needs = session->positions() + static_cast<int64_t>(ids.size()) +
-                          std::max<int64_t>(a.max_new_tokens, 1) - 1;
+    const int64_t needs =
+        session->positions() + static_cast<int64_t>(ids.size()) + planned_answer - 1;
     if (needs > ctx)
       return Status::budget("the conversation would need " + std::to_string(needs) +
-                            " positions with this message and -n " +
-                            std::to_string(a.max_new_tokens) + ", past " +
+                            " positions with this message and " +
+                            (to_context_end ? "an answer of one token (" + n_flag + ")" : n_flag) +
+                            ", past " +
                             (a.ctx_size > 0 ? "-c/--ctx-size " + std::to_string(ctx)
                                             : "the " + std::to_string(ctx) +
                                                   " positions set aside for it (-c/--ctx-size "
@@ -469,7 +472,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
   auto* ids = sub->add_option("--ids", a->ids,
                               "Prompt as comma-separated token ids (no tokenizer needed)");
   sub->add_option("-n,--n-predict", a->max_new_tokens,
-                  "Tokens to generate at most; -1 = until a stop id or the context (-c) is full")
+                  "Tokens to generate at most; -1 (or -2) = until a stop id or the context (-c) "
+                  "is full")
       ->capture_default_str();
   add_sampling_options(sub, a->sampling, /*for_requests=*/false);
   add_threads_option(sub, a->threads, "Worker threads");
@@ -493,8 +497,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
                   "Positions a run may use (0 = auto: the prompt + -n - 1, with -n -1 4096 or "
                   "the prompt if longer; for --interactive 4096, or the first turn + 1024 + -n if "
                   "more, a conversation resumed from --prompt-cache counted in; GPU mode sets the "
-                  "state for this many aside). Too small for the prompt + -n - 1: exit 2; a "
-                  "conversation's message past it: exit 4")
+                  "state for this many aside). Too small for the prompt + -n - 1 (with -n -1 the "
+                  "prompt): exit 2; a conversation's message past it: exit 4")
       ->capture_default_str();
   sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
       ->capture_default_str();

@@ -1,12 +1,12 @@
 // ktier serve: an OpenAI-compatible HTTP server, as llama-server (docs/TUNING.md "Serving").
 //
 //   ktier serve -m DIR [--host 127.0.0.1] [--port 8080] [-c 4096] [-n 512] [--temp 1]
-//               [--top-k 0] [--top-p 1] [--min-p 0] [--seed 0] [--alias NAME] [--metrics]
-//               [run's memory, strata, --threads, --chunk and --isa options]
+//               [--top-k 0] [--top-p 1] [--min-p 0] [--seed 0] [penalties] [--alias NAME]
+//               [--metrics] [run's memory, strata, --threads, --chunk and --isa options]
 //
 //   POST /v1/chat/completions, POST /v1/completions (stream: server-sent events),
 //   GET /v1/models, GET /health, GET /metrics (Prometheus, with --metrics), and llama-server's
-//   POST /tokenize, /detokenize.
+//   POST /completion, /tokenize, /detokenize.
 //
 // One sequence serves every request, one at a time (server/service.h): a request that begins
 // with what the previous one ran (a conversation's next message) runs only its new tokens.
@@ -120,17 +120,7 @@ class ApiHandlers {
   bool ready() const { return service_.load() != nullptr; }
 
   void route(httplib::Server& http) {
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      // `curl -d BODY` says application/x-www-form-urlencoded, whose bodies cpp-httplib refuses
-      // past 8 KiB (413) whatever the payload limit: every body here is JSON (read as such
-      // whatever the type), so it is read as JSON, up to the payload limit.
-      if (req.method == "POST" &&
-          req.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) ==
-              0) {
-        auto& headers = const_cast<httplib::Request&>(req).headers;
-        headers.erase("Content-Type");
-        headers.emplace("Content-Type", "application/json");
-      }
+    http.set_pre_routing_handler([this](const httplib::Request&, httplib::Response& res) {
       if (ready()) return httplib::Server::HandlerResponse::Unhandled;
       res.status = 503;
       res.set_content(server::dump(server::error_body(
@@ -160,11 +150,17 @@ class ApiHandlers {
       res.set_content(server::dump(json{{"object", "list"}, {"data", json::array({model})}}),
                       "application/json");
     });
-    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-      reply(res, server::tokenize_response(service().tokenizer(), req.body));
+    // Every POST body is JSON, read through a ContentReader (read_body).
+    using httplib::ContentReader;
+    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res,
+                                  const ContentReader& reader) {
+      if (const std::optional<std::string> body = read_body(req, res, reader))
+        reply(res, server::tokenize_response(service().tokenizer(), *body));
     });
-    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-      reply(res, server::detokenize_response(service().tokenizer(), req.body));
+    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res,
+                                    const ContentReader& reader) {
+      if (const std::optional<std::string> body = read_body(req, res, reader))
+        reply(res, server::detokenize_response(service().tokenizer(), *body));
     });
     // The paths llama-server answers: its own /completion (and /completions), OpenAI's.
     const std::pair<const char*, server::Endpoint> completions[] = {
@@ -174,8 +170,10 @@ class ApiHandlers {
         {"/v1/chat/completions", server::Endpoint::kChatCompletions},
         {"/chat/completions", server::Endpoint::kChatCompletions}};
     for (const auto& [path, endpoint] : completions)
-      http.Post(path, [this, endpoint](const httplib::Request& req, httplib::Response& res) {
-        handle(endpoint, req, res);
+      http.Post(path, [this, endpoint](const httplib::Request& req, httplib::Response& res,
+                                       const ContentReader& reader) {
+        if (const std::optional<std::string> body = read_body(req, res, reader))
+          handle(endpoint, *body, res);
       });
   }
 
@@ -186,25 +184,48 @@ class ApiHandlers {
         .count();
   }
 
+  // A request's body whatever its Content-Type says: `curl -d` sends JSON as a form, which
+  // cpp-httplib's own reading (for handlers without a ContentReader) refuses past 8 KiB; read
+  // here, only the payload limit applies (past it cpp-httplib has set 413). nullopt: `res` is
+  // the answer (a multipart body is no JSON: 400).
+  static std::optional<std::string> read_body(const httplib::Request& req,
+                                              httplib::Response& res,
+                                              const httplib::ContentReader& reader) {
+    if (req.is_multipart_form_data()) {
+      send_error(res, Status::usage("the request body must be JSON, not multipart form data"));
+      return std::nullopt;
+    }
+    std::string body;
+    const bool read = reader([&](const char* data, size_t size) {
+      body.append(data, size);
+      return true;
+    });
+    if (!read) {
+      if (res.status < 400) res.status = 400;
+      return std::nullopt;
+    }
+    return body;
+  }
+
   static void reply(httplib::Response& res, const Result<json>& body) {
     if (!body.is_ok()) return send_error(res, body.status());
     res.set_content(server::dump(*body), "application/json");
   }
 
-  void handle(server::Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+  void handle(server::Endpoint endpoint, const std::string& body, httplib::Response& res) {
     Result<server::CompletionRequest> parsed =
-        server::parse_request(endpoint, req.body, service().options().defaults);
+        server::parse_request(endpoint, body, service().options().defaults);
     if (!parsed.is_ok()) return send_error(res, parsed.status());
     Result<server::PreparedRequest> prepared = service().prepare(std::move(*parsed));
     if (!prepared.is_ok()) return send_error(res, prepared.status());
     const bool chat = endpoint == server::Endpoint::kChatCompletions;
-    const bool llama = endpoint == server::Endpoint::kLlamaCompletion;
+    const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
     server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
                               now(), model_};
     // The whole answer, or with text "" a stream's last event (llama-server's only).
-    const auto result = [this, endpoint, llama, head](const server::Completion& done,
-                                                      const std::string& text) {
-      return llama
+    const auto final_body = [this, endpoint, native_api, head](
+                                const server::Completion& done, const std::string& text) {
+      return native_api
                  ? server::llama_completion_result(model_, text, done.finish, done.stopping_word,
                                                    done.usage, extra_fields(done))
                  : server::completion_response(endpoint, head, text, done.finish, done.usage,
@@ -214,13 +235,13 @@ class ApiHandlers {
     if (!request->request.stream) {
       Result<server::Completion> done = run(*request, [](std::string_view) { return true; });
       if (!done.is_ok()) return send_error(res, done.status());
-      res.set_content(server::dump(result(*done, done->text)), "application/json");
+      res.set_content(server::dump(final_body(*done, done->text)), "application/json");
       return;
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, request, head, endpoint, llama, result](size_t, httplib::DataSink& sink) {
+        [this, request, head, endpoint, native_api, final_body](size_t, httplib::DataSink& sink) {
           const auto send = [&](const json& j) {
             const std::string event = server::sse_event(j);
             return sink.write(event.data(), event.size());
@@ -228,7 +249,7 @@ class ApiHandlers {
           bool open = endpoint != server::Endpoint::kChatCompletions ||
                       send(server::stream_role_chunk(head));
           Result<server::Completion> done = run(*request, [&](std::string_view text) {
-            open = open && send(llama ? server::llama_stream_piece(std::string(text))
+            open = open && send(native_api ? server::llama_stream_piece(std::string(text))
                                       : server::stream_chunk(endpoint, head, std::string(text),
                                                              std::nullopt));
             return open;
@@ -236,8 +257,8 @@ class ApiHandlers {
           if (!done.is_ok()) {
             // The status line is sent: the error goes as an event, as llama-server does.
             send(error_json(done.status()));
-          } else if (open && llama) {
-            send(result(*done, ""));
+          } else if (open && native_api) {
+            send(final_body(*done, ""));
           } else if (open) {
             send(server::stream_chunk(endpoint, head, "", done->finish));
             if (request->request.include_usage)
@@ -425,7 +446,7 @@ Status serve(const ServeArgs& a) {
   so.prefill_chunk = a.chunk;
   so.defaults.sampling = a.sampling;
   so.defaults.max_tokens = a.max_tokens;
-  if (a.max_tokens == 0) return Status::usage("-n 0 would answer nothing: give -1 or more");
+  if (a.max_tokens == 0) return Status::usage("-n 0 would answer nothing: give 1 or more, or -1");
   KTIER_RETURN_IF_ERROR(runtime::validate(so.defaults.sampling));
   // A request's own temperature is refused past OpenAI's 2; so is a default past it.
   if (a.sampling.temperature > 2) return Status::usage("--temp must be in 0..2 (OpenAI's range)");
@@ -562,9 +583,9 @@ void register_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
   sub->add_option("-n,--n-predict", a->max_tokens,
                   "Tokens to generate when a request gives no max_tokens (capped to the context "
-                  "left); -1 = until a stop id or the context is full")
+                  "left); -1 (or -2) = until a stop id or the context is full")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{-1}, int64_t{INT32_MAX}));
+      ->check(CLI::Range(int64_t{-2}, int64_t{INT32_MAX}));
   add_sampling_options(sub, a->sampling, /*for_requests=*/true);
   add_threads_option(sub, a->threads, "Worker threads");
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();

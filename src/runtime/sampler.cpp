@@ -48,24 +48,27 @@ const float* Sampler::apply_penalties(const float* logits, int64_t n,
   const size_t last = params_.repeat_last_n < 0
                           ? sequence.size()
                           : std::min(sequence.size(), static_cast<size_t>(params_.repeat_last_n));
-  window_.assign(sequence.end() - static_cast<std::ptrdiff_t>(last), sequence.end());
-  std::sort(window_.begin(), window_.end());
+  const std::span<const int32_t> window = sequence.last(last);
+  // O(window) a token (K3's whole context is 2^20 ids): counted, then each id penalized once.
+  if (counts_.size() != static_cast<size_t>(n)) counts_.assign(static_cast<size_t>(n), 0);
+  for (const int32_t id : window) {
+    KTIER_CHECK(id >= 0 && id < n);
+    ++counts_[static_cast<size_t>(id)];
+  }
   penalized_.assign(logits, logits + n);
   constexpr double kFloatMax = std::numeric_limits<float>::max();
-  for (size_t i = 0; i < window_.size();) {
-    const int32_t id = window_[i];
-    KTIER_CHECK(id >= 0 && id < n);
-    size_t end = i;
-    while (end < window_.size() && window_[end] == id) ++end;
-    const double count = static_cast<double>(end - i);
-    const float logit = penalized_[static_cast<size_t>(id)];
+  for (const int32_t id : window) {
+    const size_t i = static_cast<size_t>(id);
+    if (counts_[i] == 0) continue;  // penalized already
+    const double count = counts_[i];
+    counts_[i] = 0;  // all zero again once every id is done
+    const float logit = penalized_[i];
     double l = logit;
     l = l <= 0 ? l * params_.repeat_penalty : l / params_.repeat_penalty;
     l -= count * params_.frequency_penalty + params_.presence_penalty;
     // -Inf (a token that cannot be) stays so; a finite logit stays finite.
     if (std::isfinite(logit)) l = std::clamp(l, -kFloatMax, kFloatMax);
-    penalized_[static_cast<size_t>(id)] = static_cast<float>(l);
-    i = end;
+    penalized_[i] = static_cast<float>(l);
   }
   return penalized_.data();
 }

@@ -69,7 +69,7 @@ class Sampler {
   uint64_t draws_ = 0;
   std::vector<int32_t> order_;
   std::vector<double> prob_;
-  std::vector<int32_t> window_;    // the ids penalized, sorted
+  std::vector<uint32_t> counts_;   // [n] per id; all zero between calls
   std::vector<float> penalized_;   // the logits after the penalties
 
   // `logits`, or penalized_ holding them after the penalties.

@@ -60,11 +60,12 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
     const char* name;
     double value;
   };
-  // (and llama-server's n_probs, top_n_sigma, t_max_predict_ms, n_indent: none asked for).
+  // And llama-server's fields of that kind: n_probs, t_max_predict_ms, n_indent (none asked).
   for (const Neutral n :
        {Neutral{"repetition_penalty", 1}, {"typical_p", 1}, {"tfs_z", 1}, {"mirostat", 0},
         {"dry_multiplier", 0}, {"xtc_probability", 0}, {"dynatemp_range", 0},
-        {"top_n_sigma", -1}, {"n_probs", 0}, {"t_max_predict_ms", 0}, {"n_indent", 0}}) {
+        {"top_n_sigma", -1}, {"min_keep", 0}, {"n_probs", 0}, {"t_max_predict_ms", 0},
+        {"n_indent", 0}}) {
     KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(body, n.name));
     if (v && *v != n.value)
       return field_error(n.name, std::string("not built in ktier serve (") +
@@ -184,13 +185,14 @@ Status parse_prompt(const json& body, CompletionRequest& r) {
   return Status::ok();
 }
 
-Result<std::vector<std::string>> parse_stop(const json& body) {
+// At most kMaxStops texts (OpenAI's bound) unless `any_number` (llama-server's /completion).
+Result<std::vector<std::string>> parse_stop(const json& body, bool any_number) {
   const auto it = body.find("stop");
   std::vector<std::string> stop;
   if (it == body.end() || it->is_null()) return stop;
   if (it->is_string()) {
     stop.push_back(it->get<std::string>());
-  } else if (it->is_array() && it->size() <= kMaxStops) {
+  } else if (it->is_array() && (any_number || it->size() <= kMaxStops)) {
     for (const json& s : *it) {
       if (!s.is_string()) return field_error("stop", "must be a string or an array of strings");
       stop.push_back(s.get<std::string>());
@@ -254,8 +256,8 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body
   if (endpoint == Endpoint::kLlamaCompletion) {
     // 0: the prompt runs (its state kept for the next request), nothing is generated.
     KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> n_predict,
-                           integer_field(j, "n_predict", -1, std::numeric_limits<int32_t>::max()));
-    r.to_context_end = n_predict == -1;
+                           integer_field(j, "n_predict", -2, std::numeric_limits<int32_t>::max()));
+    r.to_context_end = n_predict && *n_predict < 0;
     if (n_predict) r.max_tokens = r.to_context_end ? std::nullopt : n_predict;
   }
   r.sampling = defaults.sampling;
@@ -295,7 +297,7 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body
                          integer_field(j, "seed", std::numeric_limits<int64_t>::min(),
                                        std::numeric_limits<int64_t>::max()));
   if (seed) r.sampling.seed = static_cast<uint64_t>(*seed);
-  KTIER_ASSIGN_OR_RETURN(r.stop, parse_stop(j));
+  KTIER_ASSIGN_OR_RETURN(r.stop, parse_stop(j, endpoint == Endpoint::kLlamaCompletion));
   KTIER_ASSIGN_OR_RETURN(r.stream, bool_field(j, "stream", false));
   if (const auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
     if (!so->is_object()) return field_error("stream_options", "must be an object");

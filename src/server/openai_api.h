@@ -5,8 +5,8 @@
 //
 // What a request may say (docs/TUNING.md "Serving"): model (any; the one loaded answers),
 // prompt (completions: a string, an array of one string, or an array of token ids), n_predict
-// (llama-server's /completion only: its max_tokens, -1 = the context left, 0 = the prompt
-// only), messages (chat: roles user and assistant, content a string or an array of
+// (llama-server's /completion only: its max_tokens, capped to the context left, -1 or -2 = all
+// of it, 0 = the prompt only), messages (chat: roles user and assistant, content a string or an array of
 // {"type": "text"} parts), max_tokens (max_completion_tokens), temperature, top_p, top_k, min_p,
 // seed, presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n (llama-server's),
 // stop (a string or up to 4), stream, stream_options.include_usage, n (1 only). Fields that
@@ -40,7 +40,7 @@ const char* endpoint_name(Endpoint endpoint);
 // What a request leaves unsaid, from `ktier serve`'s flags.
 struct RequestDefaults {
   runtime::SamplingParams sampling{.temperature = 1.0};  // OpenAI's temperature 1; --seed
-  int64_t max_tokens = 512;  // -n (-1: the context left); a request's is capped to that
+  int64_t max_tokens = 512;  // -n, capped to the context left (< 0: all of it)
 };
 
 struct CompletionRequest {
@@ -50,7 +50,7 @@ struct CompletionRequest {
   std::vector<tok::ChatMessage> messages;  // chat: at least one, the last the user's
   std::optional<int64_t> max_tokens;       // unset: RequestDefaults::max_tokens, capped; 0
                                            // (n_predict only): the prompt runs, nothing more
-  bool to_context_end = false;             // n_predict -1: as many as the context holds
+  bool to_context_end = false;             // n_predict < 0: as many as the context holds
   runtime::SamplingParams sampling;
   std::vector<std::string> stop;  // texts that end the answer (not part of it); none empty
   bool stream = false, include_usage = false;

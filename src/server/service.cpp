@@ -72,14 +72,13 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   const int64_t prompt = static_cast<int64_t>(ids.size());
   // A run of P prompt ids and n generated ones uses P + n - 1 positions (the last is not run).
   const int64_t room = options_.ctx - prompt + 1;
-  // (n_predict 0 runs the prompt only: P positions, the same bound.)
-  if (room < 1 || (request.max_tokens && *request.max_tokens > room))
+  // (n_predict 0 runs the prompt only: P positions, the same bound.) llama-server's /completion
+  // stops where the context ends; OpenAI's endpoints refuse a max_tokens past it.
+  const bool capped = request.endpoint == Endpoint::kLlamaCompletion;
+  if (room < 1 || (!capped && request.max_tokens && *request.max_tokens > room))
     return Status::budget("the prompt's " + std::to_string(prompt) + " tokens" +
-                          (request.max_tokens
-                               ? std::string(request.endpoint == Endpoint::kLlamaCompletion
-                                                 ? " and n_predict "
-                                                 : " and max_tokens ") +
-                                     std::to_string(*request.max_tokens)
+                          (request.max_tokens && !capped
+                               ? " and max_tokens " + std::to_string(*request.max_tokens)
                                : std::string()) +
                           " need more positions than the context holds (-c/--ctx-size " +
                           std::to_string(options_.ctx) + ")");
@@ -88,7 +87,7 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
       request.to_context_end || (!request.max_tokens && options_.defaults.max_tokens < 0);
   const int64_t max_tokens =
       to_context_end ? room
-                     : request.max_tokens.value_or(std::min(options_.defaults.max_tokens, room));
+                     : std::min(request.max_tokens.value_or(options_.defaults.max_tokens), room);
   return PreparedRequest{std::move(request), std::move(ids), max_tokens};
 }
 

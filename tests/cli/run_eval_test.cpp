@@ -239,8 +239,14 @@ TEST_F(RunEvalCli, PenaltiesKeepIdsAlreadyInTheSequenceOut) {
   EXPECT_FALSE(repeats(a.out)) << a.out;
   EXPECT_EQ(a.out, b.out);
   EXPECT_GE(ids_of(last_line(a.out)).size(), 8u) << a.out;
-  // The default window (64) holds this whole sequence: the same answer.
-  EXPECT_EQ(run_process(cmd + "1 --presence-penalty 1e6").out, a.out);
+  // The default window is llama.cpp's 64 ids.
+  const std::string longer = ktier() + " run" + model() + " --ids " + prompt_ids() +
+                             " -n 60 --print-ids --presence-penalty 1e6";
+  const auto by_default = run_process(longer);
+  ASSERT_EQ(by_default.exit_code, 0) << by_default.err;
+  EXPECT_EQ(run_process(longer + " --repeat-last-n 64").out, by_default.out);
+  EXPECT_NE(run_process(ktier() + " run --help").out.find("--repeat-last-n INT=64"),
+            std::string::npos);
   for (const std::string bad : {"--repeat-penalty 0", "--repeat-last-n -2",
                                 "--presence-penalty nan", "--frequency-penalty inf"}) {
     const auto r = run_process(cmd + "1 " + bad);
@@ -249,8 +255,9 @@ TEST_F(RunEvalCli, PenaltiesKeepIdsAlreadyInTheSequenceOut) {
   }
 }
 
-// -n -1 (llama.cpp's): until a stop id or the context is full. The fixture's greedy answer
-// has no stop id in its first 40 tokens, so -c 30 with a 12-token prompt gives its first 19.
+// -n -1 (llama.cpp's; -2 too): until a stop id or the context is full. The fixture's greedy
+// answer has no stop id in its first 40 tokens, so -c 30 with a 12-token prompt gives its first
+// 19.
 TEST_F(RunEvalCli, NPredictMinusOneFillsTheContext) {
   const std::string cmd = ktier() + " run" + model() + " --ids " + prompt_ids() + " --print-ids";
   const auto plain = run_process(cmd + " -n 40");
@@ -261,7 +268,12 @@ TEST_F(RunEvalCli, NPredictMinusOneFillsTheContext) {
   const std::string ids = last_line(filled.out);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), ',') + 1, 30 - 12 + 1) << ids;
   EXPECT_EQ(last_line(plain.out).rfind(ids + ",", 0), 0u) << ids;
-  for (const std::string bad : {" -n -2", " -n -1 -c 11"}) {
+  EXPECT_EQ(run_process(cmd + " -n -2 -c 30").out, filled.out);  // llama.cpp's other spelling
+  // Without -c: 4096 positions, far past where the fixture's answer reaches a stop id.
+  const auto unbounded = run_process(cmd + " -n -1");
+  ASSERT_EQ(unbounded.exit_code, 0) << unbounded.err;
+  EXPECT_NE(unbounded.err.find(" (stop token)"), std::string::npos) << unbounded.err;
+  for (const std::string bad : {" -n -3", " -n -1 -c 11"}) {
     const auto r = run_process(cmd + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
   }

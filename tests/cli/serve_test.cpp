@@ -232,6 +232,22 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
     EXPECT_EQ(last["content"], "");
     EXPECT_EQ(last["stop_type"], n["stop_type"]);
   }
+  // A stop text: "word", named; the answer ends before it.
+  const std::string lamp_text = v1["choices"][0]["text"];
+  ASSERT_FALSE(lamp_text.empty());
+  auto worded = client.Post(
+      "/completion",
+      json{{"prompt", "The lamp"}, {"n_predict", 3}, {"seed", 5}, {"stop", {lamp_text}}}.dump(),
+      "application/json");
+  ASSERT_TRUE(worded);
+  const json w = json::parse(worded->body);
+  EXPECT_EQ(w["content"], "");
+  EXPECT_EQ(w["stop_type"], "word");
+  EXPECT_EQ(w["stopping_word"], lamp_text);
+  // OpenAI's chat path without /v1, as llama-server answers it.
+  auto alias = client.Post("/chat/completions", request.dump(), "application/json");
+  ASSERT_TRUE(alias);
+  EXPECT_EQ(json::parse(alias->body)["choices"][0]["message"]["content"], want);
 
   // Errors: OpenAI's body, the field named.
   const auto post_error = [&](const std::string& path, const std::string& payload, int status,
@@ -254,8 +270,8 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
              "POST /completion");
   post_error("/completion", json{{"prompt", {1, 2, 100000}}}.dump(), 400,
              "id 100000 is past the vocabulary");
-  post_error("/completion", json{{"prompt", "x"}, {"n_predict", 5000}}.dump(), 400,
-             "n_predict 5000");
+  post_error("/completion", json{{"prompt", std::vector<int>(4097, 1)}}.dump(), 400,
+             "the prompt's 4097 tokens need more positions");
   // `curl -d` sends JSON as a form: read as JSON, past cpp-httplib's 8 KiB form limit too.
   const json long_ids = {{"prompt", std::vector<int>(3000, 300)}, {"n_predict", 0}};
   ASSERT_GT(long_ids.dump().size(), 8192u);
@@ -465,6 +481,7 @@ TEST_F(ServeCli, WhatCannotStartSaysWhy) {
     EXPECT_NE(r.err.find(std::string(flag).substr(1, std::string(flag).find(' ', 1) - 1)),
               std::string::npos) << r.err;
   }
+  EXPECT_NE(r.err.find("-n 0 would answer nothing"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -54,6 +54,11 @@ TEST(LlamaRequest, NPredictAndTokenIdPromptsAreRead) {
              {"top_n_sigma", -1}, {"dynatemp_range", 0}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_EQ(r->max_tokens, 0);
+  // -2 (llama.cpp's "until the context is filled") is -1 here; any number of stop texts.
+  r = llama({{"prompt", "a"}, {"n_predict", -2}, {"stop", {"a", "b", "c", "d", "e"}}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_TRUE(r->to_context_end);
+  EXPECT_EQ(r->stop.size(), 5u);
   // n_predict wins over max_tokens where both are given.
   r = llama({{"prompt", "a"}, {"max_tokens", 3}, {"n_predict", 4}});
   ASSERT_TRUE(r.is_ok());
@@ -72,7 +77,9 @@ TEST(LlamaRequest, RefusalsNameTheField) {
   };
   const json big = int64_t{std::numeric_limits<int32_t>::max()} + 1;
   const std::vector<Case> cases = {
-      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_predict", -2}}, "n_predict"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_predict", -3}}, "n_predict"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"min_keep", 2}}, "min_keep"},
+      {Endpoint::kCompletions, {{"prompt", "a"}, {"stop", {"a", "b", "c", "d", "e"}}}, "stop"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_predict", "5"}}, "n_predict"},
       {Endpoint::kLlamaCompletion, {{"prompt", json::array()}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"prompt", {1, -1}}}, "prompt"},

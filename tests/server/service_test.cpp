@@ -402,6 +402,12 @@ TEST_F(ServiceTest, TheContextBoundsARequest) {
   p = s->prepare(r);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   EXPECT_EQ(p->max_tokens, 12 - n + 1);
+  // llama-server's /completion stops where the context ends, past it too.
+  CompletionRequest native = text_request(prompt, 100);
+  native.endpoint = Endpoint::kLlamaCompletion;
+  p = s->prepare(native);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(p->max_tokens, 12 - n + 1);
   // The same where the server's -n is -1 and the request gives no limit.
   auto unbounded = service(/*ctx=*/12, /*default_max_tokens=*/-1);
   r.to_context_end = false;
