@@ -6,10 +6,10 @@
 // What a request may say (docs/TUNING.md "Serving"): model (any; the one loaded answers),
 // prompt (completions: a string, an array of one string, or an array of token ids), n_predict
 // (llama-server's /completion only: its max_tokens, capped to the context left, -1 or -2 = all
-// of it, 0 = the prompt only), messages (chat: roles user and assistant, content a string or an array of
-// {"type": "text"} parts), max_tokens (max_completion_tokens), temperature, top_p, top_k, min_p,
-// seed, presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n (llama-server's),
-// stop (a string or up to 4), stream, stream_options.include_usage, n (1 only). Fields that
+// of it, 0 = the prompt only), messages (chat: roles user and assistant, content a string or an
+// array of {"type": "text"} parts), max_tokens (max_completion_tokens), temperature, top_p,
+// top_k, min_p, seed, presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n
+// (llama-server's), stop (a string or up to 4; any number on /completion), stream, stream_options.include_usage, n (1 only). Fields that
 // would change the output in ways not built (repetition_penalty, the other samplers of
 // llama-server's that ktier knows of, grammars, logprobs, n_probs, return_tokens, echo, suffix,
 // tools, logit_bias, system messages whose format is not in K3-MODEL.md) are refused with the
