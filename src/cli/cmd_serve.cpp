@@ -6,7 +6,7 @@
 //
 //   POST /v1/chat/completions, POST /v1/completions (stream: server-sent events),
 //   GET /v1/models, GET /health, GET /metrics (Prometheus, with --metrics), and llama-server's
-//   POST /completion, /tokenize, /detokenize.
+//   POST /completion, /tokenize, /detokenize, GET /props.
 //
 // One sequence serves every request, one at a time (server/service.h): a request that begins
 // with what the previous one ran (a conversation's next message) runs only its new tokens.
@@ -43,6 +43,7 @@
 #include "common/interrupt.h"
 #include "format/checkpoint.h"
 #include "io/read_file.h"
+#include "ktier/version.h"
 #include "runtime/engine.h"
 #include "server/llama_api.h"
 #include "server/metrics.h"
@@ -144,10 +145,17 @@ class ApiHandlers {
       res.set_content(server::prometheus_metrics(service().totals()),
                       "text/plain; version=0.0.4");
     });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      const json model = {{"id", model_}, {"object", "model"}, {"created", now()},
-                          {"owned_by", "ktier"}};
-      res.set_content(server::dump(json{{"object", "list"}, {"data", json::array({model})}}),
+    for (const char* path : {"/v1/models", "/models"})
+      http.Get(path, [this](const httplib::Request&, httplib::Response& res) {
+        const json model = {{"id", model_}, {"object", "model"}, {"created", now()},
+                            {"owned_by", "ktier"}};
+        res.set_content(server::dump(json{{"object", "list"}, {"data", json::array({model})}}),
+                        "application/json");
+      });
+    http.Get("/props", [this](const httplib::Request&, httplib::Response& res) {
+      const server::ServiceOptions& o = service().options();
+      res.set_content(server::dump(server::llama_props(o.defaults, o.ctx, model_,
+                                                       std::string("ktier ") + kVersion)),
                       "application/json");
     });
     // Every POST body is JSON, read through a ContentReader (read_body).

@@ -27,6 +27,25 @@ json llama_completion_result(const std::string& model, const std::string& text,
   return j;
 }
 
+json llama_props(const RequestDefaults& defaults, int64_t ctx, const std::string& model,
+                 const std::string& build_info) {
+  const runtime::SamplingParams& s = defaults.sampling;
+  const json params = {{"n_predict", defaults.max_tokens},
+                       {"temperature", s.temperature},
+                       {"top_k", s.top_k},
+                       {"top_p", s.top_p},
+                       {"min_p", s.min_p},
+                       {"seed", s.seed},
+                       {"repeat_penalty", s.repeat_penalty},
+                       {"repeat_last_n", s.repeat_last_n},
+                       {"presence_penalty", s.presence_penalty},
+                       {"frequency_penalty", s.frequency_penalty}};
+  return {{"default_generation_settings", {{"n_ctx", ctx}, {"params", params}}},
+          {"total_slots", 1},
+          {"model_alias", model},
+          {"build_info", build_info}};
+}
+
 json llama_stream_piece(const std::string& text) {
   return {{"index", 0}, {"content", text}, {"tokens", json::array()}, {"id_slot", 0},
           {"stop", false}};

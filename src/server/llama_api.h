@@ -9,6 +9,7 @@
 //
 // Thread-safety: pure functions.
 
+#include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -30,5 +31,11 @@ nlohmann::json llama_completion_result(const std::string& model, const std::stri
 
 // A streamed piece of the answer's text.
 nlohmann::json llama_stream_piece(const std::string& text);
+
+// GET /props: what a request that gives none takes (`defaults`), the context (`ctx` positions),
+// one slot (one request at a time), the model's name and ktier's version as `build_info`. No
+// "chat_template": K3 has none (its renderer is ktier's, K3-MODEL §8.6).
+nlohmann::json llama_props(const RequestDefaults& defaults, int64_t ctx,
+                           const std::string& model, const std::string& build_info);
 
 }  // namespace ktier::server

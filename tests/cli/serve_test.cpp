@@ -120,6 +120,13 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   auto models = client.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny-test");
+  auto models_alias = client.Get("/models");
+  ASSERT_TRUE(models_alias);
+  EXPECT_EQ(json::parse(models_alias->body)["data"][0]["id"], "tiny-test");
+  auto props = client.Get("/props");  // llama-server's: the defaults and the context
+  ASSERT_TRUE(props);
+  ASSERT_EQ(props->status, 200) << props->body;
+  EXPECT_EQ(json::parse(props->body)["default_generation_settings"]["n_ctx"], 4096);
   // llama-server's /tokenize and /detokenize.
   auto ids = client.Post("/tokenize", R"({"content": "hello there"})", "application/json");
   ASSERT_TRUE(ids);

@@ -111,7 +111,7 @@ TEST(LlamaRequest, RefusalsNameTheField) {
   EXPECT_NE(r.status().message().find("POST /completion"), std::string::npos);
 }
 
-TEST(LlamaResponse, ResultAndPiecesHaveLlamaServersShape) {
+TEST(LlamaResponse, ResultPiecesAndPropsHaveLlamaServersShape) {
   const Usage usage{11, 3, 5};
   const json extra = {{"timings", {{"cache_n", 5}}}};
   json j = llama_completion_result("k3", "hello", FinishReason::kStop, "", usage, extra);
@@ -136,6 +136,21 @@ TEST(LlamaResponse, ResultAndPiecesHaveLlamaServersShape) {
   EXPECT_EQ(j["stop"], false);
   EXPECT_EQ(sse_event(j).rfind("data: {", 0), 0u);
   EXPECT_STREQ(endpoint_name(Endpoint::kLlamaCompletion), "/completion");
+  RequestDefaults d;
+  d.max_tokens = -1;
+  d.sampling = {.temperature = 0.5, .top_k = 7, .seed = 9, .repeat_penalty = 1.1};
+  j = llama_props(d, 4096, "k3", "ktier 1.2");
+  EXPECT_EQ(j["default_generation_settings"]["n_ctx"], 4096);
+  const json& params = j["default_generation_settings"]["params"];
+  EXPECT_EQ(params["n_predict"], -1);
+  EXPECT_EQ(params["temperature"], 0.5);
+  EXPECT_EQ(params["top_k"], 7);
+  EXPECT_EQ(params["seed"], 9);
+  EXPECT_EQ(params["repeat_penalty"], 1.1);
+  EXPECT_EQ(params["repeat_last_n"], 64);
+  EXPECT_EQ(j["total_slots"], 1);
+  EXPECT_EQ(j["model_alias"], "k3");
+  EXPECT_FALSE(j.contains("chat_template"));
   EXPECT_STREQ(endpoint_name(Endpoint::kCompletions), "/v1/completions");
 }
 
