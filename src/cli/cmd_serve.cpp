@@ -552,7 +552,8 @@ Status serve(const ServeArgs& a) {
   signals.serving();
   api.set_service(service);
   std::fprintf(stderr, "ktier: serving %s on %s (POST /v1/chat/completions, /v1/completions, "
-               "/completion, /tokenize, /detokenize; GET /v1/models, /health%s); Ctrl-C stops\n",
+               "/completion, /tokenize, /detokenize; GET /v1/models, /props, /health%s); Ctrl-C "
+               "stops\n",
                a.model.c_str(), url.c_str(), a.metrics ? ", /metrics" : "");
   std::fflush(stderr);
   pollfd fd{interrupt.wake_fd(), POLLIN, 0};
