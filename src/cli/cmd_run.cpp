@@ -89,7 +89,8 @@ Status run(const RunArgs& a) {
     return Status::usage("--interactive reads the conversation from standard input: give the "
                          "first message with -p or -f FILE");
   if (a.interactive && a.max_new_tokens == 0)
-    return Status::usage("--interactive needs -n >= 1 or -1 (each answer is at least one token)");
+    return Status::usage("--interactive needs -n >= 1, -1 or -2 (each answer is at least one "
+                         "token)");
   // Up to INT32_MAX positions, like -n: 2^31 of K3's ~70 KB of cache per position is far past any
   // machine, and the working-set products (positions x widths x bytes) stay inside int64.
   if (a.ctx_size < 0 || a.ctx_size > INT32_MAX)

@@ -113,8 +113,10 @@ json extra_fields(const server::Completion& c) {
 // The routes. Until ready() (set_service), every request is answered 503 before routing.
 class ApiHandlers {
  public:
-  ApiHandlers(std::string model_name, bool metrics)
-      : model_(std::move(model_name)), metrics_(metrics) {}
+  // `max_body_bytes`: the payload limit cpp-httplib was given (it checks only Content-Length
+  // for handlers that read the body themselves; read_body checks what arrives).
+  ApiHandlers(std::string model_name, bool metrics, size_t max_body_bytes)
+      : model_(std::move(model_name)), metrics_(metrics), max_body_bytes_(max_body_bytes) {}
 
   // `service` must outlive listening. Before this call no handler below runs.
   void set_service(server::Service& service) { service_.store(&service); }
@@ -193,22 +195,25 @@ class ApiHandlers {
   }
 
   // A request's body whatever its Content-Type says: `curl -d` sends JSON as a form, which
-  // cpp-httplib's own reading (for handlers without a ContentReader) refuses past 8 KiB; read
-  // here, only the payload limit applies (past it cpp-httplib has set 413). nullopt: `res` is
-  // the answer (a multipart body is no JSON: 400).
-  static std::optional<std::string> read_body(const httplib::Request& req,
-                                              httplib::Response& res,
-                                              const httplib::ContentReader& reader) {
+  // cpp-httplib's own reading (for handlers without a ContentReader) refuses past 8 KiB. Read
+  // here, up to max_body_bytes_ as it arrives (chunked or compressed bodies have no
+  // Content-Length to check): past it 413. nullopt: `res` is the answer (a multipart body is
+  // no JSON: 400).
+  std::optional<std::string> read_body(const httplib::Request& req, httplib::Response& res,
+                                       const httplib::ContentReader& reader) const {
     if (req.is_multipart_form_data()) {
       send_error(res, Status::usage("the request body must be JSON, not multipart form data"));
       return std::nullopt;
     }
     std::string body;
+    bool too_large = false;
     const bool read = reader([&](const char* data, size_t size) {
-      body.append(data, size);
-      return true;
+      too_large = size > max_body_bytes_ - body.size();
+      if (!too_large) body.append(data, size);
+      return !too_large;
     });
-    if (!read) {
+    if (too_large) res.status = 413;  // cpp-httplib's error handler writes the body
+    if (!read || too_large) {
       if (res.status < 400) res.status = 400;
       return std::nullopt;
     }
@@ -311,6 +316,7 @@ class ApiHandlers {
   std::atomic<server::Service*> service_{nullptr};
   const std::string model_;
   const bool metrics_;
+  const size_t max_body_bytes_;
   std::atomic<uint64_t> requests_{0};
 };
 
@@ -482,8 +488,9 @@ Status serve(const ServeArgs& a) {
   httplib::Server http;
   // A request's text is at most 256 bytes per position of -c (as -f's bound for K3's context),
   // plus room for its JSON: a larger body is refused (413) before anything tokenizes it.
-  http.set_payload_max_length(std::min<size_t>(
-      kMaxInputBytes, static_cast<size_t>(a.ctx) * 256 + (size_t{1} << 20)));
+  const size_t max_body_bytes =
+      std::min<size_t>(kMaxInputBytes, static_cast<size_t>(a.ctx) * 256 + (size_t{1} << 20));
+  http.set_payload_max_length(max_body_bytes);
   // cpp-httplib's default also sets SO_REUSEPORT, with which a second server on a port in use
   // starts and shares it; SO_REUSEADDR alone lets a restart take a port in TIME_WAIT.
   http.set_socket_options([](socket_t sock) {
@@ -506,7 +513,7 @@ Status serve(const ServeArgs& a) {
     res.set_content(server::dump(server::error_body(what, "invalid_request_error")),
                     "application/json");
   });
-  ApiHandlers api(model_name(a), a.metrics);
+  ApiHandlers api(model_name(a), a.metrics, max_body_bytes);
   api.route(http);
   // The port before the (long) load: one in use is said at once, and requests made during the
   // load are answered (503) rather than left waiting.

@@ -64,8 +64,7 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
   for (const Neutral n :
        {Neutral{"repetition_penalty", 1}, {"typical_p", 1}, {"tfs_z", 1}, {"mirostat", 0},
         {"dry_multiplier", 0}, {"xtc_probability", 0}, {"dynatemp_range", 0},
-        {"top_n_sigma", -1}, {"min_keep", 0}, {"n_probs", 0}, {"t_max_predict_ms", 0},
-        {"n_indent", 0}}) {
+        {"top_n_sigma", -1}, {"n_probs", 0}, {"t_max_predict_ms", 0}, {"n_indent", 0}}) {
     KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(body, n.name));
     if (v && *v != n.value)
       return field_error(n.name, std::string("not built in ktier serve (") +
@@ -74,6 +73,9 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
                                           ? "; give repeat_penalty (llama-server's) instead"
                                           : ""));
   }
+  // min_keep: ktier's cuts keep at least one token, never more.
+  KTIER_ASSIGN_OR_RETURN(const std::optional<double> min_keep, number_field(body, "min_keep"));
+  if (min_keep && *min_keep > 1) return field_error("min_keep", "not built in ktier serve (0 or 1)");
   for (const char* name :
        {"logprobs", "top_logprobs", "suffix", "logit_bias", "tools", "functions", "tool_choice",
         "function_call", "best_of", "grammar", "json_schema", "ignore_eos", "n_predict",

@@ -287,6 +287,29 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   ASSERT_EQ(form->status, 200) << form->body;
   EXPECT_EQ(json::parse(form->body)["tokens_evaluated"], 3000);
   EXPECT_EQ(json::parse(form->body)["content"], "");
+  // A chunked body (no Content-Length) is held to the payload limit as it arrives: 256 bytes a
+  // position of -c 4096 plus 1 MiB.
+  const size_t limit = 4096 * 256 + (size_t{1} << 20);
+  for (const size_t size : {limit, limit + 1}) {
+    std::string big = R"({"content": "a")";
+    big.append(size - big.size() - 1, ' ');
+    big += "}";
+    size_t at = 0;
+    auto res = client.Post(
+        "/tokenize",
+        [&](size_t, httplib::DataSink& sink) {
+          const size_t n = std::min<size_t>(64 << 10, big.size() - at);
+          if (n == 0) {
+            sink.done();
+            return true;
+          }
+          at += n;
+          return sink.write(big.data() + at - n, n);
+        },
+        "application/json");
+    ASSERT_TRUE(res) << size << ": " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, size == limit ? 200 : 413) << size << ": " << res->body;
+  }
   auto missing = client.Get("/v1/nothing");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 404);

@@ -51,7 +51,7 @@ TEST(LlamaRequest, NPredictAndTokenIdPromptsAreRead) {
   // 0: the prompt only (llama-server's way to keep a prompt's state); neutral values of what is
   // not built are taken.
   r = llama({{"prompt", "a"}, {"n_predict", 0}, {"n_probs", 0}, {"return_tokens", false},
-             {"top_n_sigma", -1}, {"dynatemp_range", 0}});
+             {"top_n_sigma", -1}, {"dynatemp_range", 0}, {"min_keep", 1}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_EQ(r->max_tokens, 0);
   // -2 (llama.cpp's "until the context is filled") is -1 here; any number of stop texts.
