@@ -104,7 +104,8 @@ void GenerationSession::set_callbacks(std::function<bool()> stop_requested,
 
 Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
                                                 const TokenSink& sink) {
-  if (ids.empty()) return Status::usage("a turn needs at least one token");
+  if (ids.empty() && !holds_logits_)
+    return Status::usage("a turn needs at least one token (no logits are held)");
   const int64_t V = model_.config().vocab_size;
   auto expert_bytes = [&] { return experts_ ? experts_->bytes_fetched() : 0; };
 
@@ -142,9 +143,11 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
     const bool last = pos + n == ids.size();
     chunk_start = static_cast<int64_t>(pos);
     chunk_tokens = static_cast<int64_t>(n);
+    holds_logits_ = false;
     prefilled = forward(ids.subspan(pos, n),
                         last ? model::LogitRows::kLast : model::LogitRows::kNone,
                         last ? logits_.data() : nullptr);
+    holds_logits_ = last && prefilled.is_ok();
     pos += n;
     if (prefilled.is_ok() && !last && stop_requested()) {
       st.prompt_tokens = static_cast<int64_t>(pos);
@@ -170,7 +173,9 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
     }
     if (st.generated_tokens == opts_.max_new_tokens || stop_requested()) break;
     const int32_t one[1] = {id};
+    holds_logits_ = false;
     KTIER_RETURN_IF_ERROR(forward(one, model::LogitRows::kLast, logits_.data()));
+    holds_logits_ = true;
     ++st.decode_steps;
   }
   st.decode_seconds = seconds_since(t0);

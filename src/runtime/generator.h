@@ -89,8 +89,12 @@ class GenerationSession {
                                                          const GenerationOptions& opts,
                                                          model::SequenceState state,
                                                          std::vector<int32_t> ids);
-  // Errors: generate()'s; `ids` must not be empty.
+  // Errors: generate()'s; `ids` empty only where holds_logits() (then nothing runs before the
+  // first token is sampled from them).
   Result<GenerationStats> turn(std::span<const int32_t> ids, const TokenSink& sink);
+  // Whether the logits after the last id run are held (a turn ran to its sampling; not after a
+  // turn stopped in its prompt, nor for a restored state).
+  bool holds_logits() const { return holds_logits_; }
   // The turns from now on generate at most `max_new_tokens` each and sample with a fresh
   // Sampler(sampling) (`ktier serve`: each request its own). REQUIRES max_new_tokens >= 0 and
   // validate(sampling).is_ok().
@@ -123,6 +127,7 @@ class GenerationSession {
   GenerationOptions opts_;
   model::SequenceState seq_;
   std::vector<int32_t> ids_;  // the ids seq_ has run
+  bool holds_logits_ = false;  // logits_ are those after ids_.back()
   Sampler sampler_;
   std::vector<float> logits_;
 };

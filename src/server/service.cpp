@@ -187,7 +187,11 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
 
   const std::span<const int32_t> ran =
       session_ ? session_->ids() : std::span<const int32_t>();
-  const bool reuse = session_ && ran.size() < ids.size() &&
+  // The same ids as the sequence ran (a prompt run with n_predict 0, sent again) sample from the
+  // logits it holds.
+  const bool reuse = session_ &&
+                     (ran.size() < ids.size() ||
+                      (ran.size() == ids.size() && session_->holds_logits())) &&
                      std::equal(ran.begin(), ran.end(), ids.begin());
   runtime::GenerationOptions gen = gen_;
   gen.stop_requested = [&] {

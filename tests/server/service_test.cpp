@@ -449,6 +449,12 @@ TEST_F(ServiceTest, TheContextBoundsARequest) {
   EXPECT_EQ(warmed.text, "");
   EXPECT_EQ(warmed.usage.completion_tokens, 0);
   EXPECT_EQ(warmed.finish, FinishReason::kLength);
+  // The same prompt again samples from the logits the sequence holds: nothing runs before it.
+  const Completion same = answer(*roomy, text_request(prompt, 4));
+  EXPECT_EQ(same.usage.cached_tokens, n);
+  EXPECT_EQ(same.report.gen.prompt_tokens, 0);
+  EXPECT_EQ(same.text, answer(*service(), text_request(prompt, 4)).text);
+  EXPECT_EQ(answer(*roomy, warm).usage.cached_tokens, 0);  // not a prefix of what ran now
   const Completion next = answer(*roomy, text_request(prompt + " and the lens", 2));
   EXPECT_EQ(next.usage.cached_tokens, n);
   auto empty = s->prepare(text_request("", 3));
