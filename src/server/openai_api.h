@@ -9,12 +9,12 @@
 // of it, 0 = the prompt only), messages (chat: roles user and assistant, content a string or an
 // array of {"type": "text"} parts), max_tokens (max_completion_tokens), temperature, top_p,
 // top_k, min_p, seed, presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n
-// (llama-server's), stop (a string or up to 4; any number on /completion), stream, stream_options.include_usage, n (1 only). Fields that
-// would change the output in ways not built (repetition_penalty, the other samplers of
-// llama-server's that ktier knows of, grammars, logprobs, n_probs, return_tokens, echo, suffix,
-// tools, logit_bias, system messages whose format is not in K3-MODEL.md) are refused with the
-// field named unless they hold their neutral value, never silently ignored; other fields are
-// ignored.
+// (llama-server's), stop (a string or up to 4; any number on /completion), stream,
+// stream_options.include_usage, n (1 only). Fields that would change the output in ways not
+// built (repetition_penalty, the other samplers of llama-server's that ktier knows of,
+// grammars, logprobs, n_probs, return_tokens, echo, suffix, tools, logit_bias, system messages
+// whose format is not in K3-MODEL.md) are refused with the field named unless they hold their
+// neutral value, never silently ignored; other fields are ignored.
 //
 // Thread-safety: pure functions.
 
