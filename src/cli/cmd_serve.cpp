@@ -198,11 +198,13 @@ class ApiHandlers {
   // cpp-httplib's own reading (for handlers without a ContentReader) refuses past 8 KiB. Read
   // here, up to max_body_bytes_ as it arrives (chunked or compressed bodies have no
   // Content-Length to check): past it 413. nullopt: `res` is the answer (a multipart body is
-  // no JSON: 400).
+  // no JSON: 400), with "Connection: close": the rest of the body is left unread on the
+  // socket, where a kept-alive connection would read it as requests.
   std::optional<std::string> read_body(const httplib::Request& req, httplib::Response& res,
                                        const httplib::ContentReader& reader) const {
     if (req.is_multipart_form_data()) {
       send_error(res, Status::usage("the request body must be JSON, not multipart form data"));
+      res.set_header("Connection", "close");
       return std::nullopt;
     }
     std::string body;
@@ -215,6 +217,7 @@ class ApiHandlers {
     if (too_large) res.status = 413;  // cpp-httplib's error handler writes the body
     if (!read || too_large) {
       if (res.status < 400) res.status = 400;
+      res.set_header("Connection", "close");
       return std::nullopt;
     }
     return body;

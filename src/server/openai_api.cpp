@@ -75,7 +75,7 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
   }
   // min_keep: ktier's cuts keep at least one token, never more.
   KTIER_ASSIGN_OR_RETURN(const std::optional<double> min_keep, number_field(body, "min_keep"));
-  if (min_keep && *min_keep > 1)
+  if (min_keep && *min_keep != 0 && *min_keep != 1)
     return field_error("min_keep", "not built in ktier serve (0 or 1)");
   for (const char* name :
        {"logprobs", "top_logprobs", "suffix", "logit_bias", "tools", "functions", "tool_choice",

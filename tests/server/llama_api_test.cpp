@@ -79,6 +79,7 @@ TEST(LlamaRequest, RefusalsNameTheField) {
   const std::vector<Case> cases = {
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_predict", -3}}, "n_predict"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"min_keep", 2}}, "min_keep"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"min_keep", 0.5}}, "min_keep"},
       {Endpoint::kCompletions, {{"prompt", "a"}, {"stop", {"a", "b", "c", "d", "e"}}}, "stop"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_predict", "5"}}, "n_predict"},
       {Endpoint::kLlamaCompletion, {{"prompt", json::array()}}, "prompt"},
