@@ -290,12 +290,15 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   // A chunked body (no Content-Length) is held to the payload limit as it arrives: 256 bytes a
   // position of -c 4096 plus 1 MiB.
   const size_t limit = 4096 * 256 + (size_t{1} << 20);
+  httplib::Client kept("127.0.0.1", port);  // a keep-alive client (httplib's default closes)
+  kept.set_keep_alive(true);
+  kept.set_read_timeout(120, 0);
   for (const size_t size : {limit, limit + 1}) {
     std::string big = R"({"content": "a")";
     big.append(size - big.size() - 1, ' ');
     big += "}";
     size_t at = 0;
-    auto res = client.Post(
+    auto res = kept.Post(
         "/tokenize",
         [&](size_t, httplib::DataSink& sink) {
           const size_t n = std::min<size_t>(64 << 10, big.size() - at);
