@@ -238,43 +238,60 @@ class ApiHandlers {
     const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
     server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
                               now(), model_};
-    // The whole answer, or with text "" a stream's last event (llama-server's only).
-    const auto final_body = [this, endpoint, native_api, head](
-                                const server::Completion& done, const std::string& text) {
+    const bool logprobs = parsed->logprobs.has_value();
+    // The request's logprobs of `tokens` in its endpoint's form; null when it asked none.
+    const auto logprobs_of = [endpoint, logprobs](std::span<const server::AnswerToken> tokens) {
+      return logprobs ? server::logprobs_json(endpoint, tokens) : json(nullptr);
+    };
+    // The whole answer, or a stream's last event (llama-server's only: text "", and no
+    // logprobs, which went with the pieces).
+    const auto final_body = [this, endpoint, native_api, head, logprobs_of](
+                                const server::Completion& done, bool stream_end) {
+      const std::string& text = stream_end ? std::string() : done.text;
+      const json probs = stream_end ? json(nullptr) : logprobs_of(done.logprobs);
       return native_api
                  ? server::llama_completion_result(model_, text, done.finish, done.stopping_word,
-                                                   done.usage, extra_fields(done))
+                                                   done.usage, extra_fields(done), probs)
                  : server::completion_response(endpoint, head, text, done.finish, done.usage,
-                                               extra_fields(done));
+                                               extra_fields(done), probs);
     };
     auto request = std::make_shared<server::PreparedRequest>(std::move(*prepared));
     if (!request->request.stream) {
-      Result<server::Completion> done = run(*request, [](std::string_view) { return true; });
+      Result<server::Completion> done =
+          run(*request, [](std::string_view, std::span<const server::AnswerToken>) {
+            return true;
+          });
       if (!done.is_ok()) return send_error(res, done.status());
-      res.set_content(server::dump(final_body(*done, done->text)), "application/json");
+      res.set_content(server::dump(final_body(*done, false)), "application/json");
       return;
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, request, head, endpoint, native_api, final_body](size_t, httplib::DataSink& sink) {
+        [this, request, head, endpoint, native_api, final_body, logprobs_of](
+            size_t, httplib::DataSink& sink) {
           const auto send = [&](const json& j) {
             const std::string event = server::sse_event(j);
             return sink.write(event.data(), event.size());
           };
           bool open = endpoint != server::Endpoint::kChatCompletions ||
                       send(server::stream_role_chunk(head));
-          Result<server::Completion> done = run(*request, [&](std::string_view text) {
-            open = open && send(native_api ? server::llama_stream_piece(std::string(text))
-                                      : server::stream_chunk(endpoint, head, std::string(text),
-                                                             std::nullopt));
-            return open;
-          });
+          Result<server::Completion> done =
+              run(*request, [&](std::string_view text,
+                                std::span<const server::AnswerToken> tokens) {
+                const json probs = logprobs_of(tokens);
+                open = open && send(native_api ? server::llama_stream_piece(std::string(text),
+                                                                            probs)
+                                               : server::stream_chunk(endpoint, head,
+                                                                      std::string(text),
+                                                                      std::nullopt, probs));
+                return open;
+              });
           if (!done.is_ok()) {
             // The status line is sent: the error goes as an event, as llama-server does.
             send(error_json(done.status()));
           } else if (open && native_api) {
-            send(final_body(*done, ""));
+            send(final_body(*done, true));
           } else if (open) {
             send(server::stream_chunk(endpoint, head, "", done->finish));
             if (request->request.include_usage)

@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "common/check.h"
 #include "common/status.h"
 #include "cpu/exec.h"
 #include "model/model.h"
@@ -95,6 +96,13 @@ class GenerationSession {
   // Whether the logits after the last id run are held (a turn ran to its sampling; not after a
   // turn stopped in its prompt, nor for a restored state).
   bool holds_logits() const { return holds_logits_; }
+  // The logits held [vocab_size] (REQUIRES holds_logits()): inside a TokenSink call, those the
+  // token it was given was sampled from (before the sampler's penalties). Valid until the sink
+  // returns or the next turn.
+  std::span<const float> logits() const {
+    KTIER_CHECK(holds_logits_);
+    return logits_;
+  }
   // The turns from now on generate at most `max_new_tokens` each and sample with a fresh
   // Sampler(sampling) (`ktier serve`: each request its own). REQUIRES max_new_tokens >= 0 and
   // validate(sampling).is_ok().

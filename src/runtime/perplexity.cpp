@@ -3,17 +3,12 @@
 #include <cmath>
 
 #include "runtime/generator.h"
+#include "runtime/logprobs.h"
 
 namespace ktier::runtime {
 
 double negative_log_likelihood(const float* logits, int64_t V, int32_t target) {
-  double max = -INFINITY;
-  for (int64_t i = 0; i < V; ++i) max = std::fmax(max, static_cast<double>(logits[i]));
-  if (max == -INFINITY) return INFINITY;  // every token impossible
-  double sum = 0.0;
-  for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
-  // The difference first: with large logits, max + log(sum) would round log(sum) away.
-  return (max - static_cast<double>(logits[target])) + std::log(sum);
+  return -log_softmax(logits, V).at(logits[target]);
 }
 
 Status PerplexityMeter::add(const float* logits, int64_t V, int32_t target, int64_t positions) {

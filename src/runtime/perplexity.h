@@ -30,7 +30,7 @@ class PerplexityMeter {
   double sum_ = 0.0, sum_sq_ = 0.0;
 };
 
-// -log softmax(logits)[target] in double: (max - l[target]) + log(sum exp(l - max)).
+// -log softmax(logits)[target] in double (runtime::log_softmax): +Inf for an impossible target.
 double negative_log_likelihood(const float* logits, int64_t V, int32_t target);
 
 }  // namespace ktier::runtime

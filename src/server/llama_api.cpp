@@ -11,7 +11,7 @@ const char* llama_stop_type(FinishReason finish, const std::string& stopping_wor
 
 json llama_completion_result(const std::string& model, const std::string& text,
                              FinishReason finish, const std::string& stopping_word,
-                             const Usage& usage, const json& extra) {
+                             const Usage& usage, const json& extra, const json& probs) {
   json j = {{"index", 0},
             {"content", text},
             {"tokens", json::array()},
@@ -23,6 +23,7 @@ json llama_completion_result(const std::string& model, const std::string& text,
             {"truncated", false},
             {"stop_type", llama_stop_type(finish, stopping_word)},
             {"stopping_word", stopping_word}};
+  if (!probs.is_null()) j["completion_probabilities"] = probs;
   for (const auto& [key, value] : extra.items()) j[key] = value;
   return j;
 }
@@ -46,9 +47,11 @@ json llama_props(const RequestDefaults& defaults, int64_t ctx, const std::string
           {"build_info", build_info}};
 }
 
-json llama_stream_piece(const std::string& text) {
-  return {{"index", 0}, {"content", text}, {"tokens", json::array()}, {"id_slot", 0},
-          {"stop", false}};
+json llama_stream_piece(const std::string& text, const json& probs) {
+  json j = {{"index", 0}, {"content", text}, {"tokens", json::array()}, {"id_slot", 0},
+            {"stop", false}};
+  if (!probs.is_null()) j["completion_probabilities"] = probs;
+  return j;
 }
 
 }  // namespace ktier::server

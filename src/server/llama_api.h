@@ -24,13 +24,16 @@ const char* llama_stop_type(FinishReason finish, const std::string& stopping_wor
 
 // The result: the whole answer (`text`) when not streamed, a stream's last event (`text` "")
 // otherwise. `extra` ("timings", whose cache_n is the prompt tokens reused, and ktier's run
-// report) is merged in at the top level.
+// report) is merged in at the top level. `probs` (logprobs_json; null: n_probs asked none) is
+// its "completion_probabilities" (a stream's last event has none: its pieces had them).
 nlohmann::json llama_completion_result(const std::string& model, const std::string& text,
                                        FinishReason finish, const std::string& stopping_word,
-                                       const Usage& usage, const nlohmann::json& extra);
+                                       const Usage& usage, const nlohmann::json& extra,
+                                       const nlohmann::json& probs = nullptr);
 
-// A streamed piece of the answer's text.
-nlohmann::json llama_stream_piece(const std::string& text);
+// A streamed piece of the answer's text, with its tokens' "completion_probabilities" (`probs`)
+// where the request asked n_probs.
+nlohmann::json llama_stream_piece(const std::string& text, const nlohmann::json& probs = nullptr);
 
 // GET /props: what a request that gives none takes (`defaults`), the context (`ctx` positions),
 // one slot (one request at a time), the model's name and ktier's version as `build_info`. No

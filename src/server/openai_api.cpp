@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "tokenizer/unicode.h"
+
 namespace ktier::server {
 namespace {
 
@@ -60,11 +62,11 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
     const char* name;
     double value;
   };
-  // And llama-server's fields of that kind: n_probs, t_max_predict_ms, n_indent (none asked).
+  // And llama-server's fields of that kind: t_max_predict_ms, n_indent (none asked).
   for (const Neutral n :
        {Neutral{"repetition_penalty", 1}, {"typical_p", 1}, {"tfs_z", 1}, {"mirostat", 0},
         {"dry_multiplier", 0}, {"xtc_probability", 0}, {"dynatemp_range", 0},
-        {"top_n_sigma", -1}, {"n_probs", 0}, {"t_max_predict_ms", 0}, {"n_indent", 0}}) {
+        {"top_n_sigma", -1}, {"t_max_predict_ms", 0}, {"n_indent", 0}}) {
     KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(body, n.name));
     if (v && *v != n.value)
       return field_error(n.name, std::string("not built in ktier serve (") +
@@ -78,7 +80,7 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
   if (min_keep && *min_keep != 0 && *min_keep != 1)
     return field_error("min_keep", "not built in ktier serve (0 or 1)");
   for (const char* name :
-       {"logprobs", "top_logprobs", "suffix", "logit_bias", "tools", "functions", "tool_choice",
+       {"suffix", "logit_bias", "tools", "functions", "tool_choice",
         "function_call", "best_of", "grammar", "json_schema", "ignore_eos", "n_predict",
         "samplers", "return_tokens", "post_sampling_probs"}) {
     const auto it = body.find(name);
@@ -107,6 +109,32 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
                          integer_field(body, "n", 1, std::numeric_limits<int32_t>::max()));
   if (n && *n != 1) return field_error("n", "one choice per request only (1)");
   return Status::ok();
+}
+
+// Log-probabilities as each endpoint asks: chat `logprobs` true with `top_logprobs` N,
+// completions `logprobs` N, /completion `n_probs` N (0: none); the others' fields refused.
+Result<std::optional<int64_t>> parse_logprobs(Endpoint endpoint, const json& body) {
+  const auto given = [&](const char* name) {
+    const auto it = body.find(name);
+    return it != body.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()) &&
+           !(it->is_number() && it->get<double>() == 0);
+  };
+  const char* field = endpoint == Endpoint::kChatCompletions ? "top_logprobs"
+                      : endpoint == Endpoint::kCompletions   ? "logprobs"
+                                                             : "n_probs";
+  for (const char* other : {"logprobs", "top_logprobs", "n_probs"})
+    if (given(other) && std::string_view(other) != field &&
+        !(endpoint == Endpoint::kChatCompletions && std::string_view(other) == "logprobs"))
+      return field_error(other, std::string("not a field of ") + endpoint_name(endpoint) +
+                                    ": give \"" + field + "\"");
+  KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> n,
+                         integer_field(body, field, 0, kMaxTopLogprobs));
+  if (endpoint == Endpoint::kLlamaCompletion)
+    return n && *n > 0 ? n : std::optional<int64_t>();
+  if (endpoint == Endpoint::kCompletions) return n;
+  KTIER_ASSIGN_OR_RETURN(const bool logprobs, bool_field(body, "logprobs", false));
+  if (n && !logprobs) return field_error("top_logprobs", "needs \"logprobs\": true");
+  return logprobs ? std::optional<int64_t>(n.value_or(0)) : std::optional<int64_t>();
 }
 
 Result<std::string> message_text(const json& content, const std::string& field) {
@@ -301,6 +329,7 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body
                                        std::numeric_limits<int64_t>::max()));
   if (seed) r.sampling.seed = static_cast<uint64_t>(*seed);
   KTIER_ASSIGN_OR_RETURN(r.stop, parse_stop(j, endpoint == Endpoint::kLlamaCompletion));
+  KTIER_ASSIGN_OR_RETURN(r.logprobs, parse_logprobs(endpoint, j));
   KTIER_ASSIGN_OR_RETURN(r.stream, bool_field(j, "stream", false));
   if (const auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
     if (!so->is_object()) return field_error("stream_options", "must be an object");
@@ -329,15 +358,15 @@ const char* finish_reason_name(FinishReason r) {
 
 nlohmann::json completion_response(Endpoint endpoint, const ResponseHead& head,
                                    const std::string& text, FinishReason finish,
-                                   const Usage& usage, const nlohmann::json& extra) {
+                                   const Usage& usage, const nlohmann::json& extra,
+                                   const nlohmann::json& logprobs) {
   json j = head_json(endpoint, head, false);
   json choice = {{"index", 0}, {"finish_reason", finish_reason_name(finish)}};
-  if (endpoint == Endpoint::kCompletions) {
+  if (endpoint == Endpoint::kCompletions)
     choice["text"] = text;
-    choice["logprobs"] = nullptr;
-  } else {
+  else
     choice["message"] = {{"role", "assistant"}, {"content", text}};
-  }
+  choice["logprobs"] = logprobs;
   j["choices"] = json::array({choice});
   j["usage"] = usage_json(usage);
   for (const auto& [key, value] : extra.items()) j[key] = value;
@@ -345,16 +374,15 @@ nlohmann::json completion_response(Endpoint endpoint, const ResponseHead& head,
 }
 
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseHead& head, const std::string& text,
-                            std::optional<FinishReason> finish) {
+                            std::optional<FinishReason> finish, const nlohmann::json& logprobs) {
   json j = head_json(endpoint, head, true);
   json choice = {{"index", 0},
                  {"finish_reason", finish ? json(finish_reason_name(*finish)) : json(nullptr)}};
-  if (endpoint == Endpoint::kCompletions) {
+  if (endpoint == Endpoint::kCompletions)
     choice["text"] = text;
-    choice["logprobs"] = nullptr;
-  } else {
+  else
     choice["delta"] = finish ? json::object() : json{{"content", text}};
-  }
+  choice["logprobs"] = logprobs;
   j["choices"] = json::array({choice});
   return j;
 }
@@ -363,6 +391,7 @@ nlohmann::json stream_role_chunk(const ResponseHead& head) {
   json j = head_json(Endpoint::kChatCompletions, head, true);
   j["choices"] = json::array({{{"index", 0},
                                {"delta", {{"role", "assistant"}, {"content", ""}}},
+                               {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
   return j;
 }
@@ -374,6 +403,46 @@ nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, c
   j["usage"] = usage_json(usage);
   for (const auto& [key, value] : extra.items()) j[key] = value;
   return j;
+}
+
+nlohmann::json logprobs_json(Endpoint endpoint, std::span<const AnswerToken> tokens) {
+  // JSON has no -Inf: vLLM's stand-in for an impossible token.
+  const auto number = [](double logprob) { return std::fmax(logprob, -9999.0); };
+  const auto bytes = [](const std::string& b) {
+    json out = json::array();
+    for (const char c : b) out.push_back(static_cast<unsigned char>(c));
+    return out;
+  };
+  const auto entry = [&](const TokenLogprob& t) {
+    json e = {{"token", valid_utf8(t.bytes)}, {"logprob", number(t.logprob)},
+              {"bytes", bytes(t.bytes)}};
+    if (endpoint == Endpoint::kLlamaCompletion) e["id"] = t.id;
+    return e;
+  };
+  if (endpoint == Endpoint::kCompletions) {
+    // OpenAI's legacy form: top_logprobs maps text to logprob, the sampled token always in it.
+    json out = {{"tokens", json::array()}, {"token_logprobs", json::array()},
+                {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+    for (const AnswerToken& a : tokens) {
+      out["tokens"].push_back(valid_utf8(a.token.bytes));
+      out["token_logprobs"].push_back(number(a.token.logprob));
+      json top = json::object();
+      for (const TokenLogprob& t : a.top) top.emplace(valid_utf8(t.bytes), number(t.logprob));
+      top.emplace(valid_utf8(a.token.bytes), number(a.token.logprob));
+      out["top_logprobs"].push_back(std::move(top));
+      out["text_offset"].push_back(a.text_offset);
+    }
+    return out;
+  }
+  json content = json::array();
+  for (const AnswerToken& a : tokens) {
+    json e = entry(a.token);
+    e["top_logprobs"] = json::array();
+    for (const TokenLogprob& t : a.top) e["top_logprobs"].push_back(entry(t));
+    content.push_back(std::move(e));
+  }
+  if (endpoint == Endpoint::kLlamaCompletion) return content;
+  return {{"content", std::move(content)}};
 }
 
 Status field_error(const std::string& field, const std::string& what) {
@@ -396,6 +465,21 @@ nlohmann::json error_body(const std::string& message, const std::string& type,
             {"type", type},
             {"param", param ? json(*param) : json(nullptr)},
             {"code", code ? json(*code) : json(nullptr)}}}};
+}
+
+std::string valid_utf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  for (size_t i = 0; i < bytes.size();) {
+    const tok::DecodedCp d = tok::decode_utf8(p + i, bytes.size() - i);
+    if (d.cp == tok::kInvalidCp)
+      out += "\xEF\xBF\xBD";
+    else
+      out.append(bytes.substr(i, d.len));
+    i += d.len;
+  }
+  return out;
 }
 
 std::string dump(const nlohmann::json& j) {

@@ -10,16 +10,18 @@
 // array of {"type": "text"} parts), max_tokens (max_completion_tokens), temperature, top_p,
 // top_k, min_p, seed, presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n
 // (llama-server's), stop (a string or up to 4; any number on /completion), stream,
-// stream_options.include_usage, n (1 only). Fields that would change the output in ways not
-// built (repetition_penalty, the other samplers of llama-server's that ktier knows of,
-// grammars, logprobs, n_probs, return_tokens, echo, suffix, tools, logit_bias, system messages
-// whose format is not in K3-MODEL.md) are refused with the field named unless they hold their
-// neutral value, never silently ignored; other fields are ignored.
+// stream_options.include_usage, n (1 only), log-probabilities (chat: logprobs true and
+// top_logprobs; completions: logprobs N; /completion: n_probs N; N <= 20). Fields that would
+// change the output in ways not built (repetition_penalty, the other samplers of
+// llama-server's that ktier knows of, grammars, return_tokens, echo, suffix, tools, logit_bias,
+// system messages whose format is not in K3-MODEL.md) are refused with the field named unless
+// they hold their neutral value, never silently ignored; other fields are ignored.
 //
 // Thread-safety: pure functions.
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +45,9 @@ struct RequestDefaults {
   int64_t max_tokens = 512;  // -n, capped to the context left (< 0: all of it)
 };
 
+// Most alternatives a request may ask log-probabilities of, per token (vLLM's default bound).
+constexpr int64_t kMaxTopLogprobs = 20;
+
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string prompt;                      // completions
@@ -54,6 +59,9 @@ struct CompletionRequest {
   runtime::SamplingParams sampling;
   std::vector<std::string> stop;  // texts that end the answer (not part of it); none empty
   bool stream = false, include_usage = false;
+  // Set: each answer token's log-probability and those of the `*logprobs` most likely tokens
+  // (0..kMaxTopLogprobs) at its place. Unset: none.
+  std::optional<int64_t> logprobs;
 };
 
 // Parses and checks a request body. Status::usage naming the field (e.g. "messages[2].role")
@@ -70,6 +78,28 @@ struct Usage {
   int64_t cached_tokens = 0;  // of the prompt: the previous request's state went on
 };
 
+// A token and its log-probability under the model's logits at its place (log softmax of the
+// logits as they are: before penalties, temperature or cuts). `bytes` are the token's (a token
+// may hold part of a character).
+struct TokenLogprob {
+  int32_t id = 0;
+  double logprob = 0;
+  std::string bytes;
+};
+// A token of the answer's text, with the alternatives the request asked for.
+struct AnswerToken {
+  TokenLogprob token;
+  std::vector<TokenLogprob> top;  // the most likely first (lower id first among equals)
+  int64_t text_offset = 0;        // characters (code points) of the answer before its text
+};
+// A request's "logprobs" in its endpoint's form, for the answer's tokens `tokens` (a streamed
+// chunk's, or all): completions {"tokens", "token_logprobs", "top_logprobs", "text_offset"},
+// chat {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}, /completion's
+// "completion_probabilities" array [{"id", "token", "logprob", "bytes", "top_logprobs"}]. A
+// token's text is its bytes as valid_utf8; a log-probability of -Inf is written -9999 (as vLLM:
+// JSON has no infinity).
+nlohmann::json logprobs_json(Endpoint endpoint, std::span<const AnswerToken> tokens);
+
 // Identity of one response: its id ("cmpl-N" / "chatcmpl-N"), creation time, model name.
 struct ResponseHead {
   std::string id;
@@ -78,14 +108,18 @@ struct ResponseHead {
 };
 
 // The whole response of a request that did not stream. `extra` fields (ktier's "timings" and
-// run report) are merged in at the top level.
+// run report) are merged in at the top level. `logprobs`: the choice's (logprobs_json), null
+// when the request asked none.
 nlohmann::json completion_response(Endpoint endpoint, const ResponseHead& head,
                                    const std::string& text, FinishReason finish,
-                                   const Usage& usage, const nlohmann::json& extra);
-// One streamed event's JSON: a piece of text (`finish` unset), or the last one with its finish
-// reason and empty text. Chat's first event (role only) is stream_role_chunk.
+                                   const Usage& usage, const nlohmann::json& extra,
+                                   const nlohmann::json& logprobs = nullptr);
+// One streamed event's JSON: a piece of text (`finish` unset) with its tokens' `logprobs` (null
+// when the request asked none), or the last one with its finish reason and empty text. Chat's
+// first event (role only) is stream_role_chunk.
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseHead& head, const std::string& text,
-                            std::optional<FinishReason> finish);
+                            std::optional<FinishReason> finish,
+                            const nlohmann::json& logprobs = nullptr);
 nlohmann::json stream_role_chunk(const ResponseHead& head);
 // The event after the last chunk when the request asked for stream_options.include_usage.
 nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, const Usage& usage,
@@ -102,6 +136,10 @@ std::optional<std::string> error_param(const Status& s);
 nlohmann::json error_body(const std::string& message, const std::string& type,
                           const std::optional<std::string>& code = std::nullopt,
                           const std::optional<std::string>& param = std::nullopt);
+// `bytes` as valid UTF-8: each byte that begins no well-formed sequence (tok::decode_utf8)
+// becomes U+FFFD. A model may sample bytes that are not text; JSON cannot carry them, and the
+// text a client quotes back must be the text held here.
+std::string valid_utf8(std::string_view bytes);
 // JSON text that never throws: bytes that are not UTF-8 (a path, an --alias) become U+FFFD.
 std::string dump(const nlohmann::json& j);
 // "data: JSON\n\n", a server-sent event (dump()).

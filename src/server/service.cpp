@@ -3,24 +3,10 @@
 #include <algorithm>
 
 #include "common/check.h"
+#include "runtime/logprobs.h"
 #include "tokenizer/unicode.h"
 
 namespace ktier::server {
-
-std::string valid_utf8(std::string_view bytes) {
-  std::string out;
-  out.reserve(bytes.size());
-  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
-  for (size_t i = 0; i < bytes.size();) {
-    const tok::DecodedCp d = tok::decode_utf8(p + i, bytes.size() - i);
-    if (d.cp == tok::kInvalidCp)
-      out += "\xEF\xBF\xBD";
-    else
-      out.append(bytes.substr(i, d.len));
-    i += d.len;
-  }
-  return out;
-}
 
 size_t stop_prefix_suffix(std::string_view text, const std::vector<std::string>& stops) {
   size_t longest = 0;
@@ -151,11 +137,20 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   Completion out;
   size_t sent = 0;  // bytes of out.text handed to on_text
   bool stop_hit = false, client_gone = false;
+  // Per out.logprobs entry: where its token's text begins and ends in out.text (bytes; a token
+  // that completes no character ends where it begins); entries before tokens_sent are sent.
+  std::vector<size_t> token_begin, token_end;
+  size_t tokens_sent = 0;
   const auto deliver = [&](size_t upto) {
     if (upto <= sent) return;
-    if (!client_gone && !on_text(std::string_view(out.text).substr(sent, upto - sent)))
+    size_t ready = tokens_sent;
+    while (ready < token_end.size() && token_end[ready] <= upto) ++ready;
+    const std::span<const AnswerToken> tokens =
+        std::span<const AnswerToken>(out.logprobs).subspan(tokens_sent, ready - tokens_sent);
+    if (!client_gone && !on_text(std::string_view(out.text).substr(sent, upto - sent), tokens))
       client_gone = true;
     sent = upto;
+    tokens_sent = ready;
   };
   // A stop text cannot begin before `sent`: what could still begin one is held back.
   const auto scan = [&] {
@@ -169,6 +164,14 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     }
     if (first != std::string::npos) {
       out.text.resize(first);
+      // The tokens of the stop text and after it are not the answer's.
+      const size_t kept = static_cast<size_t>(
+          std::lower_bound(token_begin.begin(), token_begin.end(), first) - token_begin.begin());
+      KTIER_CHECK(kept >= tokens_sent);  // a sent token's text begins before `sent`
+      token_begin.resize(kept);
+      token_end.resize(kept);
+      out.logprobs.resize(kept);
+      for (size_t& end : token_end) end = std::min(end, first);
       deliver(first);
       stop_hit = true;
       return;
@@ -177,10 +180,30 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
             stop_prefix_suffix(std::string_view(out.text).substr(sent), request.stop));
   };
   tok::StreamingDecoder decoder(tokenizer_);
+  int64_t characters = 0;  // code points in out.text (valid UTF-8)
+  const int64_t vocab = engine_.checkpoint().config().vocab_size;
+  const auto token_logprob = [&](const runtime::IdLogprob& t) {
+    const std::optional<std::string_view> bytes =
+        tokenizer_.token_bytes(static_cast<uint32_t>(t.id));
+    return TokenLogprob{t.id, t.logprob, std::string(bytes.value_or(""))};
+  };
   const runtime::TokenSink sink = [&](int32_t id) -> Status {
     if (!tok::shown_as_text(tokenizer_, gen_.stop_ids, id)) return Status::ok();
     KTIER_ASSIGN_OR_RETURN(const std::string piece, decoder.push(static_cast<uint32_t>(id)));
-    out.text += valid_utf8(piece);
+    const std::string text = valid_utf8(piece);
+    if (request.logprobs) {
+      const runtime::TokenLogprobs lp = runtime::token_logprobs(
+          session_->logits().data(), vocab, id, *request.logprobs);
+      AnswerToken& a = out.logprobs.emplace_back();
+      a.token = token_logprob(lp.chosen);
+      for (const runtime::IdLogprob& t : lp.top) a.top.push_back(token_logprob(t));
+      a.text_offset = characters;
+      token_begin.push_back(out.text.size());
+      token_end.push_back(out.text.size() + text.size());
+    }
+    out.text += text;
+    characters += static_cast<int64_t>(
+        std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
     scan();
     return Status::ok();
   };
@@ -222,6 +245,10 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     scan();
   }
   if (!stop_hit) deliver(out.text.size());
+  // Tokens whose text was all sent before them (a token that completed no character).
+  if (tokens_sent < out.logprobs.size() && !client_gone &&
+      !on_text({}, std::span<const AnswerToken>(out.logprobs).subspan(tokens_sent)))
+    client_gone = true;
 
   const runtime::GenerationStats& st = *turn;
 

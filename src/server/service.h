@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,9 @@ struct Completion {
   runtime::RunReport report;
   nlohmann::json report_json;  // report.to_json, made while the engine was this request's
   bool cancelled = false;  // the client went away (or the server stops): ended early
+  // The request asked for logprobs: one for each token whose text begins in `text`, in order
+  // (none for a stop or special token, which shows no text).
+  std::vector<AnswerToken> logprobs;
 };
 
 // What a service has done since it was made (`ktier serve --metrics`).
@@ -77,8 +81,11 @@ class Service {
           ServiceOptions options);
 
   // Text as it becomes final (never cut inside a UTF-8 sequence, a stop text held back until it
-  // is told apart); false when the client is gone, which ends the answer at the next token.
-  using TextSink = std::function<bool(std::string_view text)>;
+  // is told apart), with the Completion::logprobs entries of the tokens whose text it completes
+  // (`tokens`; all of them over all calls; a last call may bring tokens with no text); false
+  // when the client is gone, which ends the answer at the next token.
+  using TextSink =
+      std::function<bool(std::string_view text, std::span<const AnswerToken> tokens)>;
   // The request's ids (chat: the conversation rendered) and its
   // generation limit. Errors: Status::usage for a request that cannot run (an empty prompt),
   // Status::budget for one past the context (-c), Status::corrupt for ids past the vocabulary.
@@ -110,11 +117,6 @@ class Service {
   std::mutex mutex_;  // guards everything below
   std::unique_ptr<runtime::GenerationSession> session_;
 };
-
-// `bytes` as valid UTF-8: each byte that begins no well-formed sequence (tok::decode_utf8)
-// becomes U+FFFD. A model may sample bytes that are not text; JSON cannot carry them, and the
-// text a client quotes back must be the text held here.
-std::string valid_utf8(std::string_view bytes);
 
 // Where a stop text could still begin: the length of the longest suffix of `text` that is a
 // proper prefix of one of `stops` (text held back while streaming).

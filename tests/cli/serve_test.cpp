@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -340,6 +341,136 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   EXPECT_NE(server.err().find("server stopped"), std::string::npos) << server.err();
   EXPECT_NE(server.err().find("/v1/chat/completions: prompt"), std::string::npos);
   EXPECT_NE(server.err().find("/completion: prompt"), std::string::npos);
+}
+
+// The events of a stream, as JSON ([DONE] left out).
+std::vector<json> stream_events(const std::string& body) {
+  std::vector<json> events;
+  size_t at = 0;
+  for (size_t end; (end = body.find("\n\n", at)) != std::string::npos; at = end + 2) {
+    const std::string event = body.substr(at, end - at);
+    EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+    if (event != "data: [DONE]") events.push_back(json::parse(event.substr(6)));
+  }
+  EXPECT_EQ(at, body.size());
+  return events;
+}
+
+// Log-probabilities in each endpoint's form, whole or streamed with the text they belong to:
+// the same tokens either way, one for each token of the answer's text, their bytes the text.
+TEST_F(ServeCli, LogprobsComeWithTheAnswerWholeOrStreamed) {
+  ChildProcess server(serve_argv(dir_ / "model"));
+  ASSERT_TRUE(server.started());
+  const int port = start(server);
+  ASSERT_GT(port, 0) << server.err();
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(120, 0);
+  struct Case {
+    const char* path;
+    json request;
+    // The text and the logprobs entries (one JSON per token, legacy completions' put together)
+    // of a whole body or of a stream's event.
+    std::function<std::pair<std::string, std::vector<json>>(const json&)> read;
+  };
+  const auto chat_read = [](const json& j) {
+    std::pair<std::string, std::vector<json>> out;
+    if (!j.contains("choices") || j["choices"].empty()) return out;  // the usage event
+    const json& c = j["choices"][0];
+    const json& m = c.contains("message") ? c["message"] : c["delta"];
+    if (m.contains("content")) out.first = m["content"];
+    EXPECT_TRUE(c.contains("logprobs")) << j.dump();  // null where there are none
+    if (!c.value("logprobs", json()).is_null())
+      for (const json& e : c["logprobs"]["content"]) out.second.push_back(e);
+    return out;
+  };
+  const auto legacy_read = [](const json& j) {
+    std::pair<std::string, std::vector<json>> out;
+    const json& c = j["choices"][0];
+    out.first = c["text"];
+    if (c["logprobs"].is_null()) return out;
+    const json& lp = c["logprobs"];
+    for (size_t i = 0; i < lp["tokens"].size(); ++i)
+      out.second.push_back({{"token", lp["tokens"][i]},
+                            {"logprob", lp["token_logprobs"][i]},
+                            {"top", lp["top_logprobs"][i]},
+                            {"text_offset", lp["text_offset"][i]}});
+    return out;
+  };
+  const auto native_read = [](const json& j) {
+    std::pair<std::string, std::vector<json>> out;
+    out.first = j["content"];
+    if (j.contains("completion_probabilities"))
+      for (const json& e : j["completion_probabilities"]) out.second.push_back(e);
+    return out;
+  };
+  const json user = json::array({{{"role", "user"}, {"content", "hello there"}}});
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions",
+       {{"messages", user}, {"max_tokens", 9}, {"seed", 3}, {"logprobs", true},
+        {"top_logprobs", 2}},
+       chat_read},
+      {"/v1/completions", {{"prompt", "The lamp"}, {"max_tokens", 9}, {"seed", 3}, {"logprobs", 2}},
+       legacy_read},
+      {"/completion", {{"prompt", "The lamp"}, {"n_predict", 9}, {"seed", 3}, {"n_probs", 2}},
+       native_read},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path);
+    auto whole = client.Post(c.path, c.request.dump(), "application/json");
+    ASSERT_TRUE(whole);
+    ASSERT_EQ(whole->status, 200) << whole->body;
+    const auto [text, tokens] = c.read(json::parse(whole->body));
+    ASSERT_FALSE(tokens.empty()) << whole->body;
+    std::string bytes;  // the tokens' bytes (legacy completions: their offsets, no bytes)
+    int64_t offset = 0;
+    for (const json& t : tokens) {
+      for (const json& b : t.value("bytes", json::array()))
+        bytes += static_cast<char>(b.get<int>());
+      EXPECT_LE(offset, t.value("text_offset", offset));
+      offset = t.value("text_offset", offset);
+      if (t.contains("top")) {  // legacy: text -> logprob, the sampled token's text in it
+        EXPECT_TRUE(t["top"].contains(t["token"].get<std::string>())) << t.dump();
+        EXPECT_LE(t["top"].size(), 3u);
+      } else {
+        EXPECT_EQ(t["top_logprobs"].size(), 2u);
+      }
+      EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    }
+    if (std::string_view(c.path) != "/v1/completions") {
+      EXPECT_EQ(server::valid_utf8(bytes), text);
+    } else {
+      EXPECT_LT(offset, static_cast<int64_t>(text.size()));
+    }
+    json streaming = c.request;
+    streaming["stream"] = true;
+    auto events = client.Post(c.path, streaming.dump(), "application/json");
+    ASSERT_TRUE(events);
+    ASSERT_EQ(events->status, 200) << events->body;
+    std::string streamed;
+    std::vector<json> streamed_tokens;
+    for (const json& e : stream_events(events->body)) {
+      auto [piece, with] = c.read(e);
+      if (e.value("stop", false)) {
+        EXPECT_TRUE(with.empty()) << "the last event repeats them";
+      }
+      streamed += piece;
+      streamed_tokens.insert(streamed_tokens.end(), with.begin(), with.end());
+    }
+    EXPECT_EQ(streamed, text);
+    EXPECT_EQ(streamed_tokens, tokens);
+    // Not asked: null (OpenAI's) or absent (llama-server's).
+    json plain = c.request;
+    for (const char* field : {"logprobs", "top_logprobs", "n_probs"}) plain.erase(field);
+    auto none = client.Post(c.path, plain.dump(), "application/json");
+    ASSERT_TRUE(none);
+    const json n = json::parse(none->body);
+    EXPECT_EQ(c.read(n).first, text);
+    EXPECT_TRUE(c.read(n).second.empty());
+    EXPECT_TRUE(n.contains("choices") ? n["choices"][0]["logprobs"].is_null()
+                                      : !n.contains("completion_probabilities"));
+  }
+  server.signal(SIGINT);
+  EXPECT_EQ(server.wait(), 0) << server.err();
 }
 
 // The port listens before the load: meanwhile every request is answered 503 (as llama-server

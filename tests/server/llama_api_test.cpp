@@ -90,7 +90,10 @@ TEST(LlamaRequest, RefusalsNameTheField) {
       {Endpoint::kLlamaCompletion, {{"prompt", {{1, 2}}}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"n_predict", 3}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"samplers", {"top_k"}}}, "samplers"},
-      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_probs", 3}}, "n_probs"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_probs", 21}}, "n_probs"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_probs", -1}}, "n_probs"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"logprobs", 2}}, "logprobs"},
+      {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"top_logprobs", 2}}, "top_logprobs"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"return_tokens", true}}, "return_tokens"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"dynatemp_range", 1.5}}, "dynatemp_range"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"top_n_sigma", 1}}, "top_n_sigma"},
@@ -132,9 +135,14 @@ TEST(LlamaResponse, ResultPiecesAndPropsHaveLlamaServersShape) {
   EXPECT_EQ(j["stopping_word"], "\n\n");
   EXPECT_FALSE(j.contains("timings"));
   EXPECT_STREQ(llama_stop_type(FinishReason::kLength, ""), "limit");
+  EXPECT_FALSE(j.contains("completion_probabilities"));  // n_probs asked none
+  j = llama_completion_result("k3", "", FinishReason::kStop, "", usage, {}, json::array());
+  EXPECT_TRUE(j["completion_probabilities"].is_array());
   j = llama_stream_piece("pi");
   EXPECT_EQ(j["content"], "pi");
   EXPECT_EQ(j["stop"], false);
+  EXPECT_FALSE(j.contains("completion_probabilities"));
+  EXPECT_EQ(llama_stream_piece("pi", json::array({1}))["completion_probabilities"][0], 1);
   EXPECT_EQ(sse_event(j).rfind("data: {", 0), 0u);
   EXPECT_STREQ(endpoint_name(Endpoint::kLlamaCompletion), "/completion");
   RequestDefaults d;

@@ -141,7 +141,10 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {{{"messages", kUser}, {"repeat_last_n", -2}}, "repeat_last_n"},
       {{{"messages", kUser}, {"repeat_last_n", 1.5}}, "repeat_last_n"},
       {{{"messages", kUser}, {"repetition_penalty", 1.1}}, "repetition_penalty"},
-      {{{"messages", kUser}, {"logprobs", true}}, "logprobs"},
+      {{{"messages", kUser}, {"logprobs", 3}}, "logprobs"},
+      {{{"messages", kUser}, {"top_logprobs", 2}}, "top_logprobs"},
+      {{{"messages", kUser}, {"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
+      {{{"messages", kUser}, {"logprobs", true}, {"n_probs", 2}}, "n_probs"},
       {{{"messages", kUser}, {"tools", {{{"type", "function"}}}}}, "tools"},
       {{{"messages", kUser}, {"response_format", {{"type", "json_object"}}}}, "response_format"},
       {{{"messages", kUser}, {"model", 3}}, "model"},
@@ -257,6 +260,97 @@ TEST(OpenAiResponse, BodiesHaveOpenAisShape) {
             "top_p");
   // Bytes that are not UTF-8 (an --alias) do not throw.
   EXPECT_EQ(dump(json{{"id", "k\xff"}}), "{\"id\":\"k\xef\xbf\xbd\"}");
+}
+
+// Each endpoint's own field: chat logprobs true (+ top_logprobs), completions logprobs N,
+// /completion n_probs N (0: none); the other endpoints' refused unless neutral.
+TEST(OpenAiRequest, LogprobsAreAskedInEachEndpointsField) {
+  const auto asked = [](Endpoint endpoint, json body) -> std::optional<int64_t> {
+    if (endpoint == Endpoint::kChatCompletions) body["messages"] = kUser;
+    else body["prompt"] = "a";
+    auto r = parse_request(endpoint, body.dump(), defaults());
+    EXPECT_TRUE(r.is_ok()) << body.dump() << ": " << r.status().message();
+    return r.is_ok() ? r->logprobs : std::nullopt;
+  };
+  EXPECT_EQ(asked(Endpoint::kChatCompletions, json::object()), std::nullopt);
+  EXPECT_EQ(asked(Endpoint::kChatCompletions, {{"logprobs", false}}), std::nullopt);
+  EXPECT_EQ(asked(Endpoint::kChatCompletions, {{"logprobs", true}}), 0);
+  EXPECT_EQ(asked(Endpoint::kChatCompletions, {{"logprobs", true}, {"top_logprobs", 20}}), 20);
+  EXPECT_EQ(asked(Endpoint::kChatCompletions, {{"top_logprobs", nullptr}, {"n_probs", 0}}),
+            std::nullopt);
+  EXPECT_EQ(asked(Endpoint::kCompletions, {{"logprobs", nullptr}}), std::nullopt);
+  EXPECT_EQ(asked(Endpoint::kCompletions, {{"logprobs", 0}}), 0);
+  EXPECT_EQ(asked(Endpoint::kCompletions, {{"logprobs", 5}, {"top_logprobs", 0}}), 5);
+  EXPECT_EQ(asked(Endpoint::kLlamaCompletion, {{"n_probs", 0}}), std::nullopt);
+  EXPECT_EQ(asked(Endpoint::kLlamaCompletion, {{"n_probs", 3}, {"logprobs", false}}), 3);
+  for (const json& bad : {json{{"prompt", "a"}, {"logprobs", true}},
+                          json{{"prompt", "a"}, {"logprobs", 21}},
+                          json{{"prompt", "a"}, {"logprobs", -1}}}) {
+    auto r = completion(bad);
+    ASSERT_FALSE(r.is_ok()) << bad.dump();
+    EXPECT_EQ(error_param(r.status()), "logprobs");
+  }
+  auto r = completion({{"prompt", "a"}, {"top_logprobs", 2}});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(error_param(r.status()), "top_logprobs");
+  EXPECT_NE(r.status().message().find("give \"logprobs\""), std::string::npos);
+}
+
+// A sampled token, an alternative whose bytes are part of a character, an impossible one.
+std::vector<AnswerToken> some_tokens() {
+  AnswerToken a;
+  a.token = {17, -0.25, "Hi"};
+  a.top = {{17, -0.25, "Hi"}, {4, -2.5, "\xe2\x82"}};
+  AnswerToken b;
+  b.token = {9, -std::numeric_limits<double>::infinity(), " \xc3\xa9"};
+  b.text_offset = 2;
+  return {a, b};
+}
+
+TEST(OpenAiResponse, LogprobsHaveEachEndpointsShape) {
+  const std::vector<AnswerToken> tokens = some_tokens();
+  json j = logprobs_json(Endpoint::kChatCompletions, tokens);
+  ASSERT_EQ(j["content"].size(), 2u);
+  const json& first = j["content"][0];
+  EXPECT_EQ(first["token"], "Hi");
+  EXPECT_EQ(first["logprob"], -0.25);
+  EXPECT_EQ(first["bytes"], json::array({72, 105}));
+  ASSERT_EQ(first["top_logprobs"].size(), 2u);
+  EXPECT_EQ(first["top_logprobs"][1]["token"], "\xef\xbf\xbd\xef\xbf\xbd");  // U+FFFD twice
+  EXPECT_EQ(first["top_logprobs"][1]["bytes"], json::array({0xe2, 0x82}));
+  EXPECT_FALSE(first.contains("id"));
+  EXPECT_EQ(j["content"][1]["logprob"], -9999.0);  // JSON has no -Inf
+  EXPECT_EQ(j["content"][1]["token"], " \xc3\xa9");
+  EXPECT_TRUE(j["content"][1]["top_logprobs"].empty());
+
+  j = logprobs_json(Endpoint::kCompletions, tokens);
+  EXPECT_EQ(j["tokens"], json::array({"Hi", " \xc3\xa9"}));
+  EXPECT_EQ(j["token_logprobs"], json::array({-0.25, -9999.0}));
+  EXPECT_EQ(j["text_offset"], json::array({0, 2}));
+  // The sampled token is always among the alternatives (OpenAI's legacy form).
+  EXPECT_EQ(j["top_logprobs"][0],
+            json({{"Hi", -0.25}, {"\xef\xbf\xbd\xef\xbf\xbd", -2.5}}));
+  EXPECT_EQ(j["top_logprobs"][1], json({{" \xc3\xa9", -9999.0}}));
+
+  j = logprobs_json(Endpoint::kLlamaCompletion, tokens);
+  ASSERT_TRUE(j.is_array());
+  EXPECT_EQ(j[0]["id"], 17);
+  EXPECT_EQ(j[0]["top_logprobs"][1]["id"], 4);
+  EXPECT_EQ(j[1]["token"], " \xc3\xa9");
+
+  // In the bodies: the choice's "logprobs", null when none were asked.
+  const ResponseHead head{"cmpl-1", 1, "k3"};
+  for (const Endpoint e : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const json probs = logprobs_json(e, tokens);
+    EXPECT_TRUE(completion_response(e, head, "Hi", FinishReason::kStop, {}, {})["choices"][0]
+                    .at("logprobs")
+                    .is_null());
+    EXPECT_EQ(completion_response(e, head, "Hi", FinishReason::kStop, {}, {}, probs)["choices"][0]
+                  ["logprobs"],
+              probs);
+    EXPECT_TRUE(stream_chunk(e, head, "Hi", std::nullopt)["choices"][0].at("logprobs").is_null());
+    EXPECT_EQ(stream_chunk(e, head, "Hi", std::nullopt, probs)["choices"][0]["logprobs"], probs);
+  }
 }
 
 TEST(ServiceText, InvalidBytesBecomeReplacementCharacters) {

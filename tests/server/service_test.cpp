@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "runtime/logprobs.h"
 #include "server/tokenize_api.h"
 #include "synth/synth.h"
 
@@ -22,6 +24,10 @@ namespace ktier::server {
 namespace {
 
 namespace fs = std::filesystem;
+
+int64_t code_points(std::string_view utf8) {
+  return std::count_if(utf8.begin(), utf8.end(), [](char c) { return (c & 0xC0) != 0x80; });
+}
 
 class ServiceTest : public ::testing::Test {
  protected:
@@ -73,23 +79,44 @@ class ServiceTest : public ::testing::Test {
     r.max_tokens = max_tokens;
     return r;
   }
-  // The answer and what was streamed of it (must be the same text).
+  // The answer and what was streamed of it (must be the same text, and the same logprobs
+  // entries, each streamed with the text that completes its token's or after it).
   static Completion answer(Service& s, const CompletionRequest& request,
                            std::string* streamed = nullptr) {
     auto prepared = s.prepare(request);
     EXPECT_TRUE(prepared.is_ok()) << prepared.status().message();
     if (!prepared.is_ok()) return {};
     std::string pieces;
+    std::vector<AnswerToken> tokens;
+    std::vector<int64_t> streamed_before;  // per token: characters streamed once it came
     auto done = s.complete(
         *prepared,
-        [&](std::string_view text) {
+        [&](std::string_view text, std::span<const AnswerToken> with) {
           pieces += text;
+          tokens.insert(tokens.end(), with.begin(), with.end());
+          streamed_before.resize(tokens.size(), code_points(pieces));
           return true;
         },
         nullptr);
     EXPECT_TRUE(done.is_ok()) << done.status().message();
     if (!done.is_ok()) return {};
     EXPECT_EQ(pieces, done->text);
+    EXPECT_EQ(tokens.size(), done->logprobs.size());
+    std::string bytes;  // of the tokens before
+    for (size_t i = 0; i < std::min(tokens.size(), done->logprobs.size()); ++i) {
+      EXPECT_EQ(tokens[i].token.id, done->logprobs[i].token.id);
+      EXPECT_EQ(tokens[i].text_offset, done->logprobs[i].text_offset);
+      // Not before its text: where a token's bytes are whole characters after whole ones, all
+      // of them (up to a stop text's cut) were streamed when it came.
+      const std::string& own = tokens[i].token.bytes;
+      if (tok::incomplete_utf8_suffix(bytes) == 0 && tok::incomplete_utf8_suffix(own) == 0 &&
+          valid_utf8(own) == own) {
+        EXPECT_GE(streamed_before[i], std::min(tokens[i].text_offset + code_points(own),
+                                               code_points(done->text)))
+            << i;
+      }
+      bytes += own;
+    }
     if (streamed) *streamed = pieces;
     return std::move(*done);
   }
@@ -99,10 +126,12 @@ class ServiceTest : public ::testing::Test {
     ids.push_back(static_cast<int32_t>(markers_.close));
     return ids;
   }
-  // The ids generate() samples greedily after `ids` (the service's stop ids).
-  static std::vector<int32_t> generated_ids(const std::vector<uint32_t>& ids, int64_t n) {
+  // The ids generate() samples after `ids` (the service's stop ids; greedy by default).
+  static std::vector<int32_t> generated_ids(const std::vector<uint32_t>& ids, int64_t n,
+                                            const runtime::SamplingParams& sampling = {}) {
     runtime::GenerationOptions g;
     g.max_new_tokens = n;
+    g.sampling = sampling;
     g.stop_ids = stop_ids();
     const std::vector<int32_t> prompt(ids.begin(), ids.end());
     std::vector<int32_t> out;
@@ -237,7 +266,7 @@ TEST_F(ServiceTest, AStopTextEndsTheAnswerBeforeItAndIsNeverStreamed) {
   std::vector<std::string> pieces;
   auto whole = s->complete(
       *prepared,
-      [&](std::string_view text) {
+      [&](std::string_view text, std::span<const AnswerToken>) {
         pieces.emplace_back(text);
         return true;
       },
@@ -295,12 +324,111 @@ TEST_F(ServiceTest, TheWholeAnswerIsWhatWasStreamedWhenAStopCutsIt) {
   EXPECT_GT(cut, 10) << "the tiny model's sampled text should hold U+FFFD often";
 }
 
+// Each answer token's logprobs are the model's own at its place: those of the logits of a
+// teacher-forced pass over the prompt and the answer (the CPU path's logits do not depend on
+// chunking), for each sampled token whose text shows, with the most likely alternatives in
+// order; the tokens' bytes make up the answer. A stop text drops the tokens from it on.
+TEST_F(ServiceTest, LogprobsAreTheModelsAtEachAnswerToken) {
+  auto s = service();
+  const int64_t V = engine_->checkpoint().config().vocab_size;
+  const std::string prompt = "The lighthouse keeper";
+  const std::vector<uint32_t> prompt_ids = tokenizer_->encode(prompt);
+  int checked = 0, held_back = 0;
+  for (uint64_t seed = 0; seed < 5; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const runtime::SamplingParams sampling{.temperature = seed == 0 ? 0.0 : 1.0, .seed = seed};
+    CompletionRequest r = text_request(prompt, 12, sampling);
+    r.logprobs = 3;
+    const Completion c = answer(*s, r);
+    const std::vector<int32_t> generated = generated_ids(prompt_ids, 12, sampling);
+    ASSERT_EQ(static_cast<int64_t>(generated.size()), c.usage.completion_tokens);
+    // The ids the request ran: the prompt's, then those sampled but the last.
+    std::vector<int32_t> ids(prompt_ids.begin(), prompt_ids.end());
+    ids.insert(ids.end(), generated.begin(), generated.end() - 1);
+    std::vector<float> logits(ids.size() * static_cast<size_t>(V));
+    ASSERT_TRUE(runtime::evaluate(engine_->model(), ids, 5, logits.data()).is_ok());
+    size_t entry = 0;
+    std::string bytes;  // the answer's tokens' bytes so far
+    for (size_t i = 0; i < generated.size(); ++i) {
+      if (!tok::shown_as_text(*tokenizer_, stop_ids(), generated[i])) continue;
+      ASSERT_LT(entry, c.logprobs.size());
+      const AnswerToken& a = c.logprobs[entry++];
+      const runtime::TokenLogprobs want = runtime::token_logprobs(
+          logits.data() + (prompt_ids.size() - 1 + i) * static_cast<size_t>(V), V,
+          generated[i], 3);
+      EXPECT_EQ(a.token.id, generated[i]);
+      EXPECT_EQ(a.token.logprob, want.chosen.logprob);
+      EXPECT_EQ(a.token.bytes, *tokenizer_->token_bytes(static_cast<uint32_t>(generated[i])));
+      ASSERT_EQ(a.top.size(), 3u);
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(a.top[k].id, want.top[k].id);
+        EXPECT_EQ(a.top[k].logprob, want.top[k].logprob);
+        EXPECT_EQ(a.top[k].bytes,
+                  tokenizer_->token_bytes(static_cast<uint32_t>(want.top[k].id)).value_or(""));
+      }
+      // A token's text begins after the characters the bytes before it complete.
+      const std::string_view whole(bytes);
+      EXPECT_EQ(a.text_offset,
+                code_points(valid_utf8(whole.substr(
+                    0, whole.size() - tok::incomplete_utf8_suffix(whole)))));
+      bytes += a.token.bytes;
+      ++checked;
+    }
+    EXPECT_EQ(entry, c.logprobs.size());
+    EXPECT_EQ(valid_utf8(bytes), c.text);
+    EXPECT_TRUE(answer(*s, text_request(prompt, 12, sampling)).logprobs.empty());  // none asked
+
+    // A stop text at the middle token's first character: the tokens whose text begins before
+    // the text's first place are kept, streamed as before.
+    ASSERT_GE(c.logprobs.size(), 4u);
+    const int64_t middle = c.logprobs[c.logprobs.size() / 2].text_offset;
+    size_t at = 0;  // the byte where the middle token's text begins
+    for (int64_t cp = -1; at < c.text.size(); ++at)
+      if ((c.text[at] & 0xC0) != 0x80 && ++cp == middle) break;
+    ASSERT_LT(at, c.text.size());
+    size_t len = 1;
+    while (at + len < c.text.size() && (c.text[at + len] & 0xC0) == 0x80) ++len;
+    r.stop = {c.text.substr(at, len)};
+    const Completion cut = answer(*s, r);
+    const int64_t cut_at = code_points(std::string_view(c.text).substr(0, c.text.find(r.stop[0])));
+    size_t kept = 0;
+    while (kept < c.logprobs.size() && c.logprobs[kept].text_offset < cut_at) ++kept;
+    EXPECT_LT(kept, c.logprobs.size());
+    ASSERT_EQ(cut.logprobs.size(), kept);
+    for (size_t i = 0; i < kept; ++i) {
+      EXPECT_EQ(cut.logprobs[i].token.id, c.logprobs[i].token.id);
+      EXPECT_EQ(cut.logprobs[i].token.logprob, c.logprobs[i].token.logprob);
+    }
+    // A stop text that begins with the last character of a token of two or more (held back
+    // until the next token tells it apart) and never comes: the same tokens, each streamed
+    // with its whole text (answer() checks).
+    std::string before;
+    for (size_t i = 0; i + 1 < c.logprobs.size(); ++i) {
+      const std::string& own = c.logprobs[i].token.bytes;
+      if (tok::incomplete_utf8_suffix(before) == 0 && tok::incomplete_utf8_suffix(own) == 0 &&
+          valid_utf8(own) == own && code_points(own) >= 2) {
+        size_t last = own.size() - 1;
+        while ((own[last] & 0xC0) == 0x80) --last;
+        r.stop = {own.substr(last) + "\x01\x02\x03"};
+        const Completion held = answer(*s, r);
+        EXPECT_EQ(held.text, c.text);
+        ASSERT_EQ(held.logprobs.size(), c.logprobs.size());
+        ++held_back;
+        break;
+      }
+      before += own;
+    }
+  }
+  EXPECT_GT(checked, 20);
+  EXPECT_GE(held_back, 2);
+}
+
 TEST_F(ServiceTest, ARequestThatWaitedWhileTheServerStopsDoesNotStart) {
   auto s = service();
   auto prepared = s->prepare(text_request("The lamp", 4));
   ASSERT_TRUE(prepared.is_ok());
   bool called = false;
-  auto r = s->complete(*prepared, [&](std::string_view) { return called = true; },
+  auto r = s->complete(*prepared, [&](std::string_view, auto) { return called = true; },
                        [] { return true; });
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), ExitCode::kInterrupted);
@@ -468,14 +596,14 @@ TEST_F(ServiceTest, AClientThatGoesAwayEndsTheAnswerAndTheNextRequestIsSound) {
   auto prepared = s->prepare(text_request(prompt, 16));
   ASSERT_TRUE(prepared.is_ok());
   int pieces = 0;
-  auto gone = s->complete(*prepared, [&](std::string_view) { return ++pieces < 1; }, nullptr);
+  auto gone = s->complete(*prepared, [&](std::string_view, auto) { return ++pieces < 1; }, nullptr);
   ASSERT_TRUE(gone.is_ok()) << gone.status().message();
   EXPECT_TRUE(gone->cancelled);
   EXPECT_EQ(pieces, 1);
   EXPECT_LT(gone->usage.completion_tokens, 16);
   // A stop requested (the server stopping) ends it the same way.
   bool stop = false;
-  auto stopped = s->complete(*prepared, [&](std::string_view) { return stop = true; },
+  auto stopped = s->complete(*prepared, [&](std::string_view, auto) { return stop = true; },
                              [&] { return stop; });
   ASSERT_TRUE(stopped.is_ok());
   EXPECT_TRUE(stopped->cancelled);
