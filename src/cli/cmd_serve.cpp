@@ -482,13 +482,8 @@ Status serve(const ServeArgs& a) {
   so.defaults.max_tokens = a.max_tokens;
   if (a.max_tokens == 0) return Status::usage("-n 0 would answer nothing: give 1 or more, or -1");
   KTIER_RETURN_IF_ERROR(runtime::validate(so.defaults.sampling));
-  // A request's own temperature is refused past OpenAI's 2; so is a default past it.
-  if (a.sampling.temperature > 2) return Status::usage("--temp must be in 0..2 (OpenAI's range)");
-  for (const auto& [flag, penalty] :
-       {std::pair{"--presence-penalty", a.sampling.presence_penalty},
-        std::pair{"--frequency-penalty", a.sampling.frequency_penalty}})
-    if (!(penalty >= -2 && penalty <= 2))
-      return Status::usage(std::string(flag) + " must be in -2..2 (OpenAI's range)");
+  // A request's own temperature or penalty is refused past OpenAI's range; so is a default.
+  KTIER_RETURN_IF_ERROR(server::check_openai_bounds(a.sampling));
   if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
   KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));

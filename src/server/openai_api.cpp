@@ -26,23 +26,21 @@ Result<std::optional<double>> number_field(const json& body, const char* name) {
   return std::optional<double>(v);
 }
 
-// A whole number in min..max: an integer, or a float with no fraction (2.0) up to 2^53. Compared
-// exactly: 2^63 as an unsigned integer is past INT64_MAX, not cast to INT64_MIN.
-Result<std::optional<int64_t>> integer_field(const json& body, const char* name, int64_t min,
-                                             int64_t max) {
-  const auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return std::optional<int64_t>();
+// `value` (of the request field `name`) as a whole number in min..max: an integer, or a float
+// with no fraction (2.0) up to 2^53. Compared exactly: 2^63 as an unsigned integer is past
+// INT64_MAX, not cast to INT64_MIN.
+Result<int64_t> integer_value(const json& value, const char* name, int64_t min, int64_t max) {
   const Status out_of_range =
       field_error(name, "must be in " + std::to_string(min) + ".." + std::to_string(max));
   int64_t v = 0;
-  if (it->is_number_unsigned()) {
-    const uint64_t u = it->get<uint64_t>();
+  if (value.is_number_unsigned()) {
+    const uint64_t u = value.get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return out_of_range;
     v = static_cast<int64_t>(u);
-  } else if (it->is_number_integer()) {
-    v = it->get<int64_t>();
-  } else if (it->is_number_float()) {
-    const double d = it->get<double>();
+  } else if (value.is_number_integer()) {
+    v = value.get<int64_t>();
+  } else if (value.is_number_float()) {
+    const double d = value.get<double>();
     if (std::trunc(d) != d) return field_error(name, "must be a whole number");
     // Past 2^53 a double is not the integer written (2^63 + 1 reads as 2^63): refused.
     if (!(d >= -0x1p53 && d <= 0x1p53))
@@ -52,6 +50,15 @@ Result<std::optional<int64_t>> integer_field(const json& body, const char* name,
     return field_error(name, "must be a whole number");
   }
   if (v < min || v > max) return out_of_range;
+  return v;
+}
+
+// The field `name` as integer_value: absent or null -> nullopt.
+Result<std::optional<int64_t>> integer_field(const json& body, const char* name, int64_t min,
+                                             int64_t max) {
+  const auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::optional<int64_t>();
+  KTIER_ASSIGN_OR_RETURN(const int64_t v, integer_value(*it, name, min, max));
   return std::optional<int64_t>(v);
 }
 
@@ -208,10 +215,10 @@ Status parse_prompt(const json& body, CompletionRequest& r) {
   if (p->empty()) return field_error("prompt", "empty (no token to run)");
   r.prompt_ids.reserve(p->size());
   for (const json& id : *p) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() > std::numeric_limits<int32_t>::max())
-      return field_error("prompt", what);
-    r.prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    if (!id.is_number()) return field_error("prompt", what);
+    KTIER_ASSIGN_OR_RETURN(const int64_t v,
+                           integer_value(id, "prompt", 0, std::numeric_limits<int32_t>::max()));
+    r.prompt_ids.push_back(static_cast<int32_t>(v));
   }
   return Status::ok();
 }
@@ -292,25 +299,20 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body
     if (n_predict) r.max_tokens = r.to_context_end ? std::nullopt : n_predict;
   }
   r.sampling = defaults.sampling;
-  KTIER_ASSIGN_OR_RETURN(const std::optional<double> temperature,
-                         number_field(j, "temperature"));
-  if (temperature && (*temperature < 0 || *temperature > 2))
-    return field_error("temperature", "must be in 0..2");
-  if (temperature) r.sampling.temperature = *temperature;
+  for (const OpenAiBound& b : kOpenAiBounds) {
+    KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(j, b.field));
+    if (v && !(*v >= b.min && *v <= b.max))
+      return field_error(b.field,
+                         "must be in " + std::to_string(b.min) + ".." + std::to_string(b.max));
+    if (v) r.sampling.*b.value = *v;
+  }
   KTIER_ASSIGN_OR_RETURN(const std::optional<double> top_p, number_field(j, "top_p"));
   if (top_p && !(*top_p > 0 && *top_p <= 1)) return field_error("top_p", "must be in (0, 1]");
   if (top_p) r.sampling.top_p = *top_p;
   KTIER_ASSIGN_OR_RETURN(const std::optional<double> min_p, number_field(j, "min_p"));
   if (min_p && !(*min_p >= 0 && *min_p <= 1)) return field_error("min_p", "must be in [0, 1]");
   if (min_p) r.sampling.min_p = *min_p;
-  // Penalties: OpenAI's two (its range), llama-server's repeat_penalty and repeat_last_n.
-  for (const auto& [name, penalty] :
-       {std::pair{"presence_penalty", &r.sampling.presence_penalty},
-        std::pair{"frequency_penalty", &r.sampling.frequency_penalty}}) {
-    KTIER_ASSIGN_OR_RETURN(const std::optional<double> v, number_field(j, name));
-    if (v && !(*v >= -2 && *v <= 2)) return field_error(name, "must be in -2..2");
-    if (v) *penalty = *v;
-  }
+  // llama-server's penalties (OpenAI's two are in kOpenAiBounds).
   KTIER_ASSIGN_OR_RETURN(const std::optional<double> repeat_penalty,
                          number_field(j, "repeat_penalty"));
   if (repeat_penalty && !(*repeat_penalty > 0))
@@ -443,6 +445,14 @@ nlohmann::json logprobs_json(Endpoint endpoint, std::span<const AnswerToken> tok
   }
   if (endpoint == Endpoint::kLlamaCompletion) return content;
   return {{"content", std::move(content)}};
+}
+
+Status check_openai_bounds(const runtime::SamplingParams& p) {
+  for (const OpenAiBound& b : kOpenAiBounds)
+    if (!(p.*b.value >= b.min && p.*b.value <= b.max))
+      return Status::usage(std::string(b.flag) + " must be in " + std::to_string(b.min) + ".." +
+                           std::to_string(b.max) + " (OpenAI's range)");
+  return Status::ok();
 }
 
 Status field_error(const std::string& field, const std::string& what) {

@@ -64,6 +64,22 @@ struct CompletionRequest {
   std::optional<int64_t> logprobs;
 };
 
+// Sampling values OpenAI's API bounds tighter than `run` does: a request's field past them is
+// refused, and so is `serve`'s flag for what a request leaves unsaid.
+struct OpenAiBound {
+  const char* field;  // the request's
+  const char* flag;   // serve's
+  int min, max;
+  double runtime::SamplingParams::*value;
+};
+inline constexpr OpenAiBound kOpenAiBounds[] = {
+    {"temperature", "--temp", 0, 2, &runtime::SamplingParams::temperature},
+    {"presence_penalty", "--presence-penalty", -2, 2, &runtime::SamplingParams::presence_penalty},
+    {"frequency_penalty", "--frequency-penalty", -2, 2,
+     &runtime::SamplingParams::frequency_penalty}};
+// Status::usage naming the flag of the first value of `p` outside kOpenAiBounds.
+Status check_openai_bounds(const runtime::SamplingParams& p);
+
 // Parses and checks a request body. Status::usage naming the field (e.g. "messages[2].role")
 // for malformed JSON, a wrong type or value, or something not built.
 Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body,

@@ -35,26 +35,28 @@ Service::Service(runtime::Engine& engine, const tok::Tokenizer& tokenizer,
 
 Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   const int64_t vocab = engine_.checkpoint().config().vocab_size;
-  for (const int32_t id : request.prompt_ids)
-    if (id >= vocab)
-      return field_error("prompt", "id " + std::to_string(id) + " is past the vocabulary (" +
-                                       std::to_string(vocab) + " ids)");
-  const std::vector<uint32_t> raw =
-      request.endpoint == Endpoint::kChatCompletions
-          ? tok::render_conversation(tokenizer_, markers_, request.messages)
-      : request.prompt_ids.empty()
-          ? tokenizer_.encode(request.prompt, /*allow_special=*/false)
-          : std::vector<uint32_t>(request.prompt_ids.begin(), request.prompt_ids.end());
-  if (raw.empty()) return Status::usage("request field \"prompt\": empty (no token to run)");
   std::vector<int32_t> ids;
-  ids.reserve(raw.size());
-  for (const uint32_t id : raw) {
-    if (static_cast<int64_t>(id) >= vocab)
-      return Status::corrupt("the tokenizer encodes the request to id " + std::to_string(id) +
-                             ", past config.json's vocab_size " + std::to_string(vocab) +
-                             ": the model folder disagrees with itself");
-    ids.push_back(static_cast<int32_t>(id));
+  if (!request.prompt_ids.empty()) {  // the client's ids (parse_request: each >= 0)
+    for (const int32_t id : request.prompt_ids)
+      if (id >= vocab)
+        return field_error("prompt", "id " + std::to_string(id) + " is past the vocabulary (" +
+                                         std::to_string(vocab) + " ids)");
+    ids = request.prompt_ids;
+  } else {
+    const std::vector<uint32_t> encoded =
+        request.endpoint == Endpoint::kChatCompletions
+            ? tok::render_conversation(tokenizer_, markers_, request.messages)
+            : tokenizer_.encode(request.prompt, /*allow_special=*/false);
+    ids.reserve(encoded.size());
+    for (const uint32_t id : encoded) {
+      if (static_cast<int64_t>(id) >= vocab)
+        return Status::corrupt("the tokenizer encodes the request to id " + std::to_string(id) +
+                               ", past config.json's vocab_size " + std::to_string(vocab) +
+                               ": the model folder disagrees with itself");
+      ids.push_back(static_cast<int32_t>(id));
+    }
   }
+  if (ids.empty()) return Status::usage("request field \"prompt\": empty (no token to run)");
   const int64_t prompt = static_cast<int64_t>(ids.size());
   // A run of P prompt ids and n generated ones uses P + n - 1 positions (the last is not run).
   const int64_t room = options_.ctx - prompt + 1;

@@ -67,6 +67,10 @@ TEST(LlamaRequest, NPredictAndTokenIdPromptsAreRead) {
   r = parse(Endpoint::kCompletions, {{"prompt", {9, 8}}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{9, 8}));
+  // Whole numbers as every integer field takes them.
+  r = llama({{"prompt", {3.0, 2147483647}}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{3, 2147483647}));
 }
 
 TEST(LlamaRequest, RefusalsNameTheField) {
