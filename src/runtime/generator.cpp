@@ -97,9 +97,11 @@ void GenerationSession::set_max_new_tokens(int64_t max_new_tokens) {
 }
 
 void GenerationSession::set_callbacks(std::function<bool()> stop_requested,
-                                      std::function<void()> before_decode) {
+                                      std::function<void()> before_decode,
+                                      ChunkLogitsSink prompt_logits) {
   opts_.stop_requested = std::move(stop_requested);
   opts_.before_decode = std::move(before_decode);
+  opts_.prompt_logits = std::move(prompt_logits);
 }
 
 Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
@@ -130,6 +132,10 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   // With before_last_prompt_id the last id is a chunk of its own, after the callback.
   const bool snapshot = opts_.before_last_prompt_id && ids.size() >= 2;
   const size_t snapshot_at = ids.size() - 1;
+  const bool all_rows = static_cast<bool>(opts_.prompt_logits);
+  std::vector<float> rows;  // all_rows: a chunk's logits
+  if (all_rows)
+    rows.resize(static_cast<size_t>(std::min<int64_t>(opts_.prefill_chunk, total) * V));
   Status prefilled;
   for (size_t pos = 0; pos < ids.size() && prefilled.is_ok();) {
     if (snapshot && pos == snapshot_at) {
@@ -144,9 +150,20 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
     chunk_start = static_cast<int64_t>(pos);
     chunk_tokens = static_cast<int64_t>(n);
     holds_logits_ = false;
-    prefilled = forward(ids.subspan(pos, n),
-                        last ? model::LogitRows::kLast : model::LogitRows::kNone,
-                        last ? logits_.data() : nullptr);
+    if (all_rows) {
+      prefilled = forward(ids.subspan(pos, n), model::LogitRows::kAll, rows.data());
+      const size_t row = static_cast<size_t>(V);
+      if (prefilled.is_ok())
+        prefilled = opts_.prompt_logits(seq_.n_tokens - static_cast<int64_t>(n),
+                                        static_cast<int64_t>(n), rows.data());
+      if (prefilled.is_ok() && last)
+        std::copy(rows.begin() + static_cast<std::ptrdiff_t>((n - 1) * row),
+                  rows.begin() + static_cast<std::ptrdiff_t>(n * row), logits_.begin());
+    } else {
+      prefilled = forward(ids.subspan(pos, n),
+                          last ? model::LogitRows::kLast : model::LogitRows::kNone,
+                          last ? logits_.data() : nullptr);
+    }
     holds_logits_ = last && prefilled.is_ok();
     pos += n;
     if (prefilled.is_ok() && !last && stop_requested()) {

@@ -21,6 +21,10 @@
 
 namespace ktier::runtime {
 
+// After a chunk of at most `chunk` ids has run: its first position, its length and its logits
+// [n, V] (valid until the sink returns). A sink error stops the pass and is returned.
+using ChunkLogitsSink = std::function<Status(int64_t first, int64_t n, const float* logits)>;
+
 struct GenerationOptions {
   int64_t max_new_tokens = 128;
   int64_t prefill_chunk = 256;  // tokens per prefill forward; >= 1
@@ -48,6 +52,11 @@ struct GenerationOptions {
   // own. The prompt cache saves the state here. Its error ends the turn; its time is not counted
   // in prefill_seconds. Null: none (and the last id runs with the chunk before it).
   std::function<Status(const model::SequenceState&)> before_last_prompt_id;
+  // Where set, every prompt chunk of a turn computes the logits of all its rows (lm_head over
+  // the chunk: [chunk, V] floats held) and hands them here before the next chunk runs: `first`
+  // the chunk's first position in the sequence, `n` rows, `logits` [n, V] valid during the call
+  // (`serve`'s echoed prompt logprobs). Its error ends the turn. Null: only the last row.
+  ChunkLogitsSink prompt_logits;
 };
 
 struct GenerationStats {
@@ -112,7 +121,8 @@ class GenerationSession {
   void set_max_new_tokens(int64_t max_new_tokens);
   // The turns from now on call these (GenerationOptions' callbacks of the same names; null:
   // none), in place of those the session was opened with.
-  void set_callbacks(std::function<bool()> stop_requested, std::function<void()> before_decode);
+  void set_callbacks(std::function<bool()> stop_requested, std::function<void()> before_decode,
+                     ChunkLogitsSink prompt_logits = nullptr);
   int64_t positions() const { return seq_.n_tokens; }  // tokens run so far
   // The ids run so far, in order (positions() of them).
   std::span<const int32_t> ids() const { return ids_; }
@@ -143,11 +153,8 @@ class GenerationSession {
 // Teacher-forced forward over ids in chunks; logits [ids.size(), V] of every position.
 Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits);
 
-// The same, streamed: after each chunk of at most `chunk` ids, `sink` gets the chunk's first
-// position, its length and its logits [n, V] (valid until the sink returns), so only one chunk's
-// logits are held. Chunks that end before `first_logits` run without lm_head (their logits are
-// null). A sink error stops the pass and is returned.
-using ChunkLogitsSink = std::function<Status(int64_t first, int64_t n, const float* logits)>;
+// The same, streamed: `sink` gets each chunk's logits, so only one chunk's are held. Chunks
+// that end before `first_logits` run without lm_head (their logits are null).
 Status evaluate_chunks(model::Model& model, std::span<const int32_t> ids, int64_t chunk,
                        int64_t first_logits, const ChunkLogitsSink& sink);
 

@@ -106,7 +106,9 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
     return field_error(name, "not built in ktier serve");
   }
   KTIER_ASSIGN_OR_RETURN(const bool echo, bool_field(body, "echo", false));
-  if (echo) return field_error("echo", "not built in ktier serve");
+  if (echo && endpoint != Endpoint::kCompletions)
+    return field_error("echo", std::string("not a field of ") + endpoint_name(endpoint) +
+                                   " (POST /v1/completions takes it)");
   if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     const auto type = it->is_object() ? it->find("type") : it->end();
     if (!it->is_object() || type == it->end() || *type != "text")
@@ -284,13 +286,14 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body
   } else {
     KTIER_RETURN_IF_ERROR(parse_prompt(j, r));
   }
+  KTIER_ASSIGN_OR_RETURN(r.echo, bool_field(j, "echo", false));  // refuse_unsupported checked
   // max_completion_tokens (OpenAI's newer name) wins where both are given; llama-server's
-  // n_predict where it is given.
+  // n_predict where it is given. 0 with echo: the prompt's logprobs only (lm-eval-harness).
   const auto newer = j.find("max_completion_tokens");
   const char* max_name = newer != j.end() && !newer->is_null() ? "max_completion_tokens"
                                                                : "max_tokens";
-  KTIER_ASSIGN_OR_RETURN(r.max_tokens,
-                         integer_field(j, max_name, 1, std::numeric_limits<int32_t>::max()));
+  KTIER_ASSIGN_OR_RETURN(r.max_tokens, integer_field(j, max_name, r.echo ? 0 : 1,
+                                                     std::numeric_limits<int32_t>::max()));
   if (endpoint == Endpoint::kLlamaCompletion) {
     // 0: the prompt runs (its state kept for the next request), nothing is generated.
     KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> n_predict,
@@ -410,13 +413,17 @@ nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, c
 nlohmann::json logprobs_json(Endpoint endpoint, std::span<const AnswerToken> tokens) {
   // JSON has no -Inf: vLLM's stand-in for an impossible token.
   const auto number = [](double logprob) { return std::fmax(logprob, -9999.0); };
+  const auto logprob = [&](const AnswerToken& a) {
+    return a.scored ? json(number(a.token.logprob)) : json(nullptr);
+  };
   const auto bytes = [](const std::string& b) {
     json out = json::array();
     for (const char c : b) out.push_back(static_cast<unsigned char>(c));
     return out;
   };
-  const auto entry = [&](const TokenLogprob& t) {
-    json e = {{"token", valid_utf8(t.bytes)}, {"logprob", number(t.logprob)},
+  const auto entry = [&](const TokenLogprob& t, bool scored) {
+    json e = {{"token", valid_utf8(t.bytes)},
+              {"logprob", scored ? json(number(t.logprob)) : json(nullptr)},
               {"bytes", bytes(t.bytes)}};
     if (endpoint == Endpoint::kLlamaCompletion) e["id"] = t.id;
     return e;
@@ -427,20 +434,20 @@ nlohmann::json logprobs_json(Endpoint endpoint, std::span<const AnswerToken> tok
                 {"top_logprobs", json::array()}, {"text_offset", json::array()}};
     for (const AnswerToken& a : tokens) {
       out["tokens"].push_back(valid_utf8(a.token.bytes));
-      out["token_logprobs"].push_back(number(a.token.logprob));
+      out["token_logprobs"].push_back(logprob(a));
       json top = json::object();
       for (const TokenLogprob& t : a.top) top.emplace(valid_utf8(t.bytes), number(t.logprob));
       top.emplace(valid_utf8(a.token.bytes), number(a.token.logprob));
-      out["top_logprobs"].push_back(std::move(top));
+      out["top_logprobs"].push_back(a.scored ? std::move(top) : json(nullptr));
       out["text_offset"].push_back(a.text_offset);
     }
     return out;
   }
   json content = json::array();
   for (const AnswerToken& a : tokens) {
-    json e = entry(a.token);
-    e["top_logprobs"] = json::array();
-    for (const TokenLogprob& t : a.top) e["top_logprobs"].push_back(entry(t));
+    json e = entry(a.token, a.scored);
+    e["top_logprobs"] = a.scored ? json::array() : json(nullptr);
+    for (const TokenLogprob& t : a.top) e["top_logprobs"].push_back(entry(t, true));
     content.push_back(std::move(e));
   }
   if (endpoint == Endpoint::kLlamaCompletion) return content;

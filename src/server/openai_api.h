@@ -11,11 +11,11 @@
 // top_k, min_p, seed, presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n
 // (llama-server's), stop (a string or up to 4; any number on /completion), stream,
 // stream_options.include_usage, n (1 only), log-probabilities (chat: logprobs true and
-// top_logprobs; completions: logprobs N; /completion: n_probs N; N <= 20). Fields that would
-// change the output in ways not built (repetition_penalty, the other samplers of
-// llama-server's that ktier knows of, grammars, return_tokens, echo, suffix, tools, logit_bias,
-// system messages whose format is not in K3-MODEL.md) are refused with the field named unless
-// they hold their neutral value, never silently ignored; other fields are ignored.
+// top_logprobs; completions: logprobs N; /completion: n_probs N; N <= 20), echo (completions).
+// Fields that would change the output in ways not built (repetition_penalty, the other
+// samplers of llama-server's that ktier knows of, grammars, return_tokens, suffix, tools,
+// logit_bias, system messages whose format is not in K3-MODEL.md) are refused with the field
+// named unless they hold their neutral value, never silently ignored; other fields are ignored.
 //
 // Thread-safety: pure functions.
 
@@ -62,6 +62,9 @@ struct CompletionRequest {
   // Set: each answer token's log-probability and those of the `*logprobs` most likely tokens
   // (0..kMaxTopLogprobs) at its place. Unset: none.
   std::optional<int64_t> logprobs;
+  // Completions' echo: the text (and the logprobs, the first token's unscored) begin with the
+  // prompt's; max_tokens may then be 0.
+  bool echo = false;
 };
 
 // Sampling values OpenAI's API bounds tighter than `run` does: a request's field past them is
@@ -102,18 +105,19 @@ struct TokenLogprob {
   double logprob = 0;
   std::string bytes;
 };
-// A token of the answer's text, with the alternatives the request asked for.
+// A token of the answer's text (or of an echoed prompt), with the alternatives asked for.
 struct AnswerToken {
   TokenLogprob token;
   std::vector<TokenLogprob> top;  // the most likely first (lower id first among equals)
-  int64_t text_offset = 0;        // characters (code points) of the answer before its text
+  int64_t text_offset = 0;        // characters (code points) of the text before its own
+  bool scored = true;  // false: an echoed prompt's first token (no logits before it)
 };
 // A request's "logprobs" in its endpoint's form, for the answer's tokens `tokens` (a streamed
 // chunk's, or all): completions {"tokens", "token_logprobs", "top_logprobs", "text_offset"},
 // chat {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}, /completion's
 // "completion_probabilities" array [{"id", "token", "logprob", "bytes", "top_logprobs"}]. A
 // token's text is its bytes as valid_utf8; a log-probability of -Inf is written -9999 (as vLLM:
-// JSON has no infinity).
+// JSON has no infinity); an unscored token's logprob and top_logprobs are null.
 nlohmann::json logprobs_json(Endpoint endpoint, std::span<const AnswerToken> tokens);
 
 // Identity of one response: its id ("cmpl-N" / "chatcmpl-N"), creation time, model name.

@@ -181,7 +181,6 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     deliver(out.text.size() -
             stop_prefix_suffix(std::string_view(out.text).substr(sent), request.stop));
   };
-  tok::StreamingDecoder decoder(tokenizer_);
   int64_t characters = 0;  // code points in out.text (valid UTF-8)
   const int64_t vocab = engine_.checkpoint().config().vocab_size;
   const auto token_logprob = [&](const runtime::IdLogprob& t) {
@@ -189,16 +188,17 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
         tokenizer_.token_bytes(static_cast<uint32_t>(t.id));
     return TokenLogprob{t.id, t.logprob, std::string(bytes.value_or(""))};
   };
-  const runtime::TokenSink sink = [&](int32_t id) -> Status {
-    if (!tok::shown_as_text(tokenizer_, gen_.stop_ids, id)) return Status::ok();
+  // Adds a token's text to out.text, with its entry (logprobs `lp`, where asked) to
+  // out.logprobs.
+  const auto add_token = [&](tok::StreamingDecoder& decoder, int32_t id,
+                             const runtime::TokenLogprobs* lp) -> Status {
     KTIER_ASSIGN_OR_RETURN(const std::string piece, decoder.push(static_cast<uint32_t>(id)));
     const std::string text = valid_utf8(piece);
     if (request.logprobs) {
-      const runtime::TokenLogprobs lp = runtime::token_logprobs(
-          session_->logits().data(), vocab, id, *request.logprobs);
       AnswerToken& a = out.logprobs.emplace_back();
-      a.token = token_logprob(lp.chosen);
-      for (const runtime::IdLogprob& t : lp.top) a.top.push_back(token_logprob(t));
+      a.token = token_logprob(lp ? lp->chosen : runtime::IdLogprob{id, 0});
+      if (lp)
+        for (const runtime::IdLogprob& t : lp->top) a.top.push_back(token_logprob(t));
       a.text_offset = characters;
       token_begin.push_back(out.text.size());
       token_end.push_back(out.text.size() + text.size());
@@ -206,6 +206,40 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     out.text += text;
     characters += static_cast<int64_t>(
         std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+    return Status::ok();
+  };
+  // Completions' echo: the prompt's text and tokens come first, sent once the prompt has run
+  // (before_decode); with logprobs each token but the first is scored by the row before it
+  // (score_prompt), so the whole prompt runs afresh. Stop texts are looked for after it.
+  const bool score_echo = request.echo && request.logprobs;
+  if (request.echo) {
+    tok::StreamingDecoder prompt_decoder(tokenizer_);
+    for (const int32_t id : ids) KTIER_RETURN_IF_ERROR(add_token(prompt_decoder, id, nullptr));
+    out.text += valid_utf8(prompt_decoder.flush());
+    if (score_echo) out.logprobs.front().scored = false;
+  }
+  const runtime::ChunkLogitsSink score_prompt = [&](int64_t first, int64_t n,
+                                                    const float* logits) -> Status {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t next = first + r + 1;  // the prompt position row r predicts
+      if (next >= prompt) break;           // the last row: the answer's first token's
+      const float* row = logits + r * vocab;
+      KTIER_RETURN_IF_ERROR(runtime::check_logits(row, vocab, next));
+      const runtime::TokenLogprobs lp =
+          runtime::token_logprobs(row, vocab, ids[static_cast<size_t>(next)], *request.logprobs);
+      AnswerToken& a = out.logprobs[static_cast<size_t>(next)];
+      a.token.logprob = lp.chosen.logprob;
+      for (const runtime::IdLogprob& t : lp.top) a.top.push_back(token_logprob(t));
+    }
+    return Status::ok();
+  };
+  tok::StreamingDecoder decoder(tokenizer_);
+  const runtime::TokenSink sink = [&](int32_t id) -> Status {
+    if (!tok::shown_as_text(tokenizer_, gen_.stop_ids, id)) return Status::ok();
+    std::optional<runtime::TokenLogprobs> lp;
+    if (request.logprobs)
+      lp = runtime::token_logprobs(session_->logits().data(), vocab, id, *request.logprobs);
+    KTIER_RETURN_IF_ERROR(add_token(decoder, id, lp ? &*lp : nullptr));
     scan();
     return Status::ok();
   };
@@ -214,7 +248,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
       session_ ? session_->ids() : std::span<const int32_t>();
   // The same ids as the sequence ran (a prompt run with n_predict 0, sent again) sample from the
   // logits it holds.
-  const bool reuse = session_ &&
+  const bool reuse = session_ && !score_echo &&
                      (ran.size() < ids.size() ||
                       (ran.size() == ids.size() && session_->holds_logits())) &&
                      std::equal(ran.begin(), ran.end(), ids.begin());
@@ -222,7 +256,10 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   gen.stop_requested = [&] {
     return stop_hit || client_gone || (stop_requested && stop_requested());
   };
-  gen.before_decode = [&] { out.report.decode_start = runtime::EngineCounters::of(engine_); };
+  gen.before_decode = [&] {
+    out.report.decode_start = runtime::EngineCounters::of(engine_);
+    deliver(out.text.size());  // the echoed prompt, if any
+  };
   // The session keeps the options it was opened with; a reused one is told this request's.
   if (!reuse) {
     session_.reset();
@@ -230,7 +267,8 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
                                          engine_.model(), engine_.experts(), gen));
   }
   session_->configure_turns(max_tokens, request.sampling);
-  session_->set_callbacks(gen.stop_requested, gen.before_decode);
+  session_->set_callbacks(gen.stop_requested, gen.before_decode,
+                          score_echo ? score_prompt : nullptr);
   const int64_t cached = session_->positions();
   // Replaced when the decode starts; a turn stopped in its prompt reports from here.
   out.report.decode_start = runtime::EngineCounters::of(engine_);

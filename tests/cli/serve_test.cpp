@@ -469,6 +469,29 @@ TEST_F(ServeCli, LogprobsComeWithTheAnswerWholeOrStreamed) {
     EXPECT_TRUE(n.contains("choices") ? n["choices"][0]["logprobs"].is_null()
                                       : !n.contains("completion_probabilities"));
   }
+  // lm-eval-harness's loglikelihood request: the prompt's ids, echo, max_tokens 1, logprobs 1:
+  // the prompt's tokens first, the first unscored (null).
+  auto lit = client.Post("/tokenize", R"({"content": "The lamp is lit"})", "application/json");
+  ASSERT_TRUE(lit);
+  const json prompt_ids = json::parse(lit->body)["tokens"];
+  auto scored = client.Post("/v1/completions",
+                            json{{"prompt", prompt_ids}, {"max_tokens", 1}, {"logprobs", 1},
+                                 {"echo", true}, {"temperature", 0}}
+                                .dump(),
+                            "application/json");
+  ASSERT_TRUE(scored);
+  ASSERT_EQ(scored->status, 200) << scored->body;
+  const json choice = json::parse(scored->body)["choices"][0];
+  EXPECT_EQ(choice["text"].get<std::string>().rfind("The lamp is lit", 0), 0u);
+  const json& lp = choice["logprobs"];
+  ASSERT_GE(lp["tokens"].size(), prompt_ids.size());
+  EXPECT_LE(lp["tokens"].size(), prompt_ids.size() + 1);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < lp["tokens"].size(); ++i) {
+    EXPECT_LT(lp["token_logprobs"][i].get<double>(), 0.0) << i;
+    EXPECT_TRUE(lp["top_logprobs"][i].contains(lp["tokens"][i].get<std::string>())) << i;
+  }
   server.signal(SIGINT);
   EXPECT_EQ(server.wait(), 0) << server.err();
 }

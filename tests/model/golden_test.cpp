@@ -178,6 +178,58 @@ TEST_P(GoldenTest, StopRequestEndsTheTurnAtAWholeToken) {
   EXPECT_EQ(got, want);
 }
 
+// prompt_logits: every prompt row's logits, each chunk's as it runs, are those of a
+// teacher-forced pass to the bit, in two turns of one session; the tokens generated do not
+// change; an error from it ends the turn.
+TEST_P(GoldenTest, PromptLogitsAreEveryRowsOfTheTeacherForcedPass) {
+  const Variant& v = GetParam();
+  auto engine = open_engine(v);
+  ASSERT_TRUE(engine);
+  const auto want = golden(v).at("greedy").get<std::vector<int32_t>>();
+  const auto prompt = golden_prompt(v);
+  const int64_t V = engine->checkpoint().config().vocab_size;
+  const size_t half = prompt.size() / 2;
+  std::vector<int32_t> second(prompt.begin() + static_cast<std::ptrdiff_t>(half), prompt.end());
+  second.push_back(want[0]);  // the second turn goes on through the first token sampled
+  std::vector<int32_t> all(prompt.begin(), prompt.end());
+  all.push_back(want[0]);
+  const std::vector<float> reference = eval_logits(*engine, all, 3);
+  runtime::GenerationOptions o;
+  o.max_new_tokens = 1;
+  o.prefill_chunk = 4;
+  std::vector<int64_t> rows;  // the positions handed over, in order
+  o.prompt_logits = [&](int64_t first, int64_t n, const float* logits) {
+    for (int64_t r = 0; r < n; ++r) {
+      rows.push_back(first + r);
+      EXPECT_TRUE(std::equal(logits + r * V, logits + (r + 1) * V,
+                             reference.begin() + (first + r) * V))
+          << "position " << first + r;
+    }
+    return Status::ok();
+  };
+  auto session = runtime::GenerationSession::open(engine->model(), engine->experts(), o);
+  ASSERT_TRUE(session.is_ok());
+  std::vector<int32_t> got;
+  const auto sink = [&](int32_t id) {
+    got.push_back(id);
+    return Status::ok();
+  };
+  ASSERT_TRUE((*session)->turn(std::span<const int32_t>(prompt).first(half), sink).is_ok());
+  ASSERT_TRUE((*session)->turn(second, sink).is_ok());
+  std::vector<int64_t> every(all.size());
+  for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<int64_t>(i);
+  EXPECT_EQ(rows, every);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1], want[1]);  // the first turn's token is the greedy one after half a prompt
+
+  o.prompt_logits = [](int64_t, int64_t, const float*) { return Status::runtime("sink failed"); };
+  auto failing = runtime::GenerationSession::open(engine->model(), engine->experts(), o);
+  ASSERT_TRUE(failing.is_ok());
+  auto r = (*failing)->turn(prompt, sink);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().message(), "sink failed");
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiny, GoldenTest, ::testing::ValuesIn(variants()),
                          [](const auto& info) { return info.param.name; });
 

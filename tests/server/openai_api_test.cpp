@@ -172,9 +172,21 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
     ASSERT_FALSE(r.is_ok()) << body.dump();
     EXPECT_NE(r.status().message().find("\"prompt\""), std::string::npos);
   }
-  auto r = completion({{"prompt", "a"}, {"echo", true}});
+  // echo: completions' only (with max_tokens 0 allowed there).
+  auto r = chat({{"messages", kUser}, {"echo", true}});
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("\"echo\""), std::string::npos);
+  EXPECT_EQ(error_param(r.status()), "echo");
+  r = parse_request(Endpoint::kLlamaCompletion, R"({"prompt": "a", "echo": true})", defaults());
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(error_param(r.status()), "echo");
+  r = completion({{"prompt", "a"}, {"max_tokens", 0}});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(error_param(r.status()), "max_tokens");
+  r = completion({{"prompt", "a"}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 1}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_TRUE(r->echo);
+  EXPECT_EQ(r->max_tokens, 0);
+  EXPECT_FALSE(completion({{"prompt", "a"}, {"echo", false}})->echo);
   for (const std::string body : {"{", "[1]", "\"text\"", "{\"prompt\": \"\xff\"}"}) {
     auto bad = parse_request(Endpoint::kCompletions, body, defaults());
     ASSERT_FALSE(bad.is_ok()) << body;
@@ -305,6 +317,21 @@ std::vector<AnswerToken> some_tokens() {
   b.token = {9, -std::numeric_limits<double>::infinity(), " \xc3\xa9"};
   b.text_offset = 2;
   return {a, b};
+}
+
+// An echoed prompt's first token has no logprob: null, as OpenAI's.
+TEST(OpenAiResponse, AnUnscoredTokensLogprobIsNull) {
+  std::vector<AnswerToken> tokens = some_tokens();
+  tokens[0].scored = false;
+  tokens[0].top.clear();
+  json j = logprobs_json(Endpoint::kCompletions, tokens);
+  EXPECT_TRUE(j["token_logprobs"][0].is_null());
+  EXPECT_TRUE(j["top_logprobs"][0].is_null());
+  EXPECT_EQ(j["tokens"][0], "Hi");
+  EXPECT_EQ(j["token_logprobs"][1], -9999.0);
+  j = logprobs_json(Endpoint::kChatCompletions, tokens);
+  EXPECT_TRUE(j["content"][0]["logprob"].is_null());
+  EXPECT_TRUE(j["content"][0]["top_logprobs"].is_null());
 }
 
 TEST(OpenAiResponse, LogprobsHaveEachEndpointsShape) {

@@ -423,6 +423,67 @@ TEST_F(ServiceTest, LogprobsAreTheModelsAtEachAnswerToken) {
   EXPECT_GE(held_back, 2);
 }
 
+// Completions' echo: the text and the logprobs begin with the prompt's, each prompt token (but
+// the first, unscored) scored by the teacher-forced row before it; the answer after it is the
+// one without echo. lm-eval-harness's loglikelihood asks it with max_tokens 0 or 1.
+TEST_F(ServiceTest, AnEchoedPromptComesFirstWithItsTokensLogprobs) {
+  auto s = service();
+  const int64_t V = engine_->checkpoint().config().vocab_size;
+  const std::string prompt = "The lighthouse keeper's lamp";
+  std::vector<int32_t> ids;
+  for (const uint32_t id : tokenizer_->encode(prompt)) ids.push_back(static_cast<int32_t>(id));
+  std::vector<float> logits(ids.size() * static_cast<size_t>(V));
+  ASSERT_TRUE(runtime::evaluate(engine_->model(), ids, 4, logits.data()).is_ok());
+  for (const int64_t max_tokens : {0, 1, 6}) {
+    SCOPED_TRACE("max_tokens " + std::to_string(max_tokens));
+    CompletionRequest plain = text_request(prompt, max_tokens);
+    plain.logprobs = 2;
+    const Completion answer_only = max_tokens > 0 ? answer(*s, plain) : Completion{};
+    CompletionRequest r = plain;
+    r.echo = true;
+    // The previous request's sequence holds this prompt: the echo with logprobs runs it afresh.
+    const Completion c = answer(*s, r);
+    EXPECT_EQ(c.usage.cached_tokens, 0);
+    EXPECT_EQ(c.text, prompt + answer_only.text);
+    ASSERT_EQ(c.logprobs.size(), ids.size() + answer_only.logprobs.size());
+    EXPECT_FALSE(c.logprobs[0].scored);
+    EXPECT_TRUE(c.logprobs[0].top.empty());
+    int64_t offset = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const AnswerToken& a = c.logprobs[i];
+      EXPECT_EQ(a.token.id, ids[i]);
+      EXPECT_EQ(a.text_offset, offset);
+      offset += code_points(valid_utf8(a.token.bytes));  // the prompt is plain ASCII
+      if (i == 0) continue;
+      EXPECT_TRUE(a.scored);
+      const runtime::TokenLogprobs want =
+          runtime::token_logprobs(logits.data() + (i - 1) * static_cast<size_t>(V), V, ids[i], 2);
+      EXPECT_EQ(a.token.logprob, want.chosen.logprob) << i;
+      ASSERT_EQ(a.top.size(), 2u);
+      EXPECT_EQ(a.top[0].id, want.top[0].id);
+      EXPECT_EQ(a.top[1].logprob, want.top[1].logprob);
+    }
+    for (size_t i = 0; i < answer_only.logprobs.size(); ++i) {
+      const AnswerToken& a = c.logprobs[ids.size() + i];
+      EXPECT_EQ(a.token.id, answer_only.logprobs[i].token.id);
+      EXPECT_EQ(a.token.logprob, answer_only.logprobs[i].token.logprob);
+      EXPECT_EQ(a.text_offset, code_points(prompt) + answer_only.logprobs[i].text_offset);
+    }
+    // Without logprobs: the text only, and the sequence may be reused.
+    r.logprobs.reset();
+    const Completion text_only = answer(*s, r);
+    EXPECT_EQ(text_only.text, c.text);
+    EXPECT_TRUE(text_only.logprobs.empty());
+  }
+  // A stop text is looked for in the answer only, never in the echoed prompt.
+  CompletionRequest r = text_request(prompt, 6);
+  r.echo = true;
+  r.stop = {"lighthouse"};
+  const Completion c = answer(*s, r);
+  EXPECT_EQ(c.text.rfind(prompt, 0), 0u);
+  EXPECT_EQ(c.stopping_word, "");
+}
+
 TEST_F(ServiceTest, ARequestThatWaitedWhileTheServerStopsDoesNotStart) {
   auto s = service();
   auto prepared = s->prepare(text_request("The lamp", 4));
