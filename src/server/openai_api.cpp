@@ -136,6 +136,9 @@ Result<std::optional<int64_t>> parse_logprobs(Endpoint endpoint, const json& bod
         !(endpoint == Endpoint::kChatCompletions && std::string_view(other) == "logprobs"))
       return field_error(other, std::string("not a field of ") + endpoint_name(endpoint) +
                                     ": give \"" + field + "\"");
+  // Completions' logprobs is a number; false (as chat's) is none too.
+  if (const auto it = body.find(field); it != body.end() && *it == false)
+    return std::optional<int64_t>();
   KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> n,
                          integer_field(body, field, 0, kMaxTopLogprobs));
   if (endpoint == Endpoint::kLlamaCompletion)
@@ -435,9 +438,9 @@ nlohmann::json logprobs_json(Endpoint endpoint, std::span<const AnswerToken> tok
     for (const AnswerToken& a : tokens) {
       out["tokens"].push_back(valid_utf8(a.token.bytes));
       out["token_logprobs"].push_back(logprob(a));
-      json top = json::object();
+      // The sampled token first: an alternative whose text is the same does not replace it.
+      json top = {{valid_utf8(a.token.bytes), number(a.token.logprob)}};
       for (const TokenLogprob& t : a.top) top.emplace(valid_utf8(t.bytes), number(t.logprob));
-      top.emplace(valid_utf8(a.token.bytes), number(a.token.logprob));
       out["top_logprobs"].push_back(a.scored ? std::move(top) : json(nullptr));
       out["text_offset"].push_back(a.text_offset);
     }

@@ -140,13 +140,17 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   size_t sent = 0;  // bytes of out.text handed to on_text
   bool stop_hit = false, client_gone = false;
   // Per out.logprobs entry: where its token's text begins and ends in out.text (bytes; a token
-  // that completes no character ends where it begins); entries before tokens_sent are sent.
+  // that completes no character ends where it begins); entries before tokens_sent are sent,
+  // each with the text that holds the end of its own and a byte past its beginning (a token
+  // that completes no character goes with the next character: a stop text found there drops
+  // it).
   std::vector<size_t> token_begin, token_end;
   size_t tokens_sent = 0;
   const auto deliver = [&](size_t upto) {
     if (upto <= sent) return;
     size_t ready = tokens_sent;
-    while (ready < token_end.size() && token_end[ready] <= upto) ++ready;
+    while (ready < token_end.size() && token_end[ready] <= upto && token_begin[ready] < upto)
+      ++ready;
     const std::span<const AnswerToken> tokens =
         std::span<const AnswerToken>(out.logprobs).subspan(tokens_sent, ready - tokens_sent);
     if (!client_gone && !on_text(std::string_view(out.text).substr(sent, upto - sent), tokens))

@@ -292,6 +292,7 @@ TEST(OpenAiRequest, LogprobsAreAskedInEachEndpointsField) {
             std::nullopt);
   EXPECT_EQ(asked(Endpoint::kCompletions, {{"logprobs", nullptr}}), std::nullopt);
   EXPECT_EQ(asked(Endpoint::kCompletions, {{"logprobs", 0}}), 0);
+  EXPECT_EQ(asked(Endpoint::kCompletions, {{"logprobs", false}}), std::nullopt);
   EXPECT_EQ(asked(Endpoint::kCompletions, {{"logprobs", 5}, {"top_logprobs", 0}}), 5);
   EXPECT_EQ(asked(Endpoint::kLlamaCompletion, {{"n_probs", 0}}), std::nullopt);
   EXPECT_EQ(asked(Endpoint::kLlamaCompletion, {{"n_probs", 3}, {"logprobs", false}}), 3);
@@ -358,6 +359,12 @@ TEST(OpenAiResponse, LogprobsHaveEachEndpointsShape) {
   EXPECT_EQ(j["top_logprobs"][0],
             json({{"Hi", -0.25}, {"\xef\xbf\xbd\xef\xbf\xbd", -2.5}}));
   EXPECT_EQ(j["top_logprobs"][1], json({{" \xc3\xa9", -9999.0}}));
+  // An alternative with the sampled token's text does not replace its logprob.
+  std::vector<AnswerToken> same_text = some_tokens();
+  same_text[0].top = {{5, -0.125, "\xff"}, {6, -3.0, "\xfe"}};
+  same_text[0].token.bytes = "\xfd";
+  j = logprobs_json(Endpoint::kCompletions, same_text);
+  EXPECT_EQ(j["top_logprobs"][0], json({{"\xef\xbf\xbd", -0.25}}));
 
   j = logprobs_json(Endpoint::kLlamaCompletion, tokens);
   ASSERT_TRUE(j.is_array());
