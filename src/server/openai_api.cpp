@@ -204,11 +204,15 @@ Result<std::vector<tok::ChatMessage>> parse_messages(const json& body) {
 }
 
 // A completion's prompt: text (a string, or an array of one string) or token ids (an array of
-// integers, as OpenAI's and llama-server's; checked against the vocabulary by Service::prepare).
+// integers, or an array of one such array: a batch of one, as lm-eval-harness sends it, as
+// OpenAI's and llama-server's; checked against the vocabulary by Service::prepare).
 Status parse_prompt(const json& body, CompletionRequest& r) {
-  const auto p = body.find("prompt");
+  const auto found = body.find("prompt");
   const char* what = "must be a string, an array of one string, or an array of token ids";
-  if (p == body.end() || !(p->is_string() || p->is_array())) return field_error("prompt", what);
+  if (found == body.end()) return field_error("prompt", what);
+  const json* p = &*found;
+  if (p->is_array() && p->size() == 1 && (*p)[0].is_array()) p = &(*p)[0];
+  if (!(p->is_string() || p->is_array())) return field_error("prompt", what);
   if (p->is_string()) {
     r.prompt = p->get<std::string>();
     return Status::ok();

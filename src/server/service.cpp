@@ -192,6 +192,11 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
         tokenizer_.token_bytes(static_cast<uint32_t>(t.id));
     return TokenLogprob{t.id, t.logprob, std::string(bytes.value_or(""))};
   };
+  const auto add_text = [&](const std::string& text) {
+    out.text += text;
+    characters += static_cast<int64_t>(
+        std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+  };
   // Adds a token's text to out.text, with its entry (logprobs `lp`, where asked) to
   // out.logprobs.
   const auto add_token = [&](tok::StreamingDecoder& decoder, int32_t id,
@@ -207,9 +212,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
       token_begin.push_back(out.text.size());
       token_end.push_back(out.text.size() + text.size());
     }
-    out.text += text;
-    characters += static_cast<int64_t>(
-        std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+    add_text(text);
     return Status::ok();
   };
   // Completions' echo: the prompt's text and tokens come first, sent once the prompt has run
@@ -219,9 +222,13 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   if (request.echo) {
     tok::StreamingDecoder prompt_decoder(tokenizer_);
     for (const int32_t id : ids) KTIER_RETURN_IF_ERROR(add_token(prompt_decoder, id, nullptr));
-    out.text += valid_utf8(prompt_decoder.flush());
+    add_text(valid_utf8(prompt_decoder.flush()));
     if (score_echo) out.logprobs.front().scored = false;
   }
+  int64_t prompt_scored = 1;  // score_echo: prompt tokens scored so far (the first needs none)
+  // A prompt stopped before all of it ran (the server stopping) sends no echo: its entries
+  // would hold logprobs never computed.
+  const auto echo_unscored = [&] { return score_echo && prompt_scored < prompt; };
   const runtime::ChunkLogitsSink score_prompt = [&](int64_t first, int64_t n,
                                                     const float* logits) -> Status {
     for (int64_t r = 0; r < n; ++r) {
@@ -232,6 +239,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
       const runtime::TokenLogprobs lp =
           runtime::token_logprobs(row, vocab, ids[static_cast<size_t>(next)], *request.logprobs);
       AnswerToken& a = out.logprobs[static_cast<size_t>(next)];
+      ++prompt_scored;
       a.token.logprob = lp.chosen.logprob;
       for (const runtime::IdLogprob& t : lp.top) a.top.push_back(token_logprob(t));
     }
@@ -262,7 +270,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   };
   gen.before_decode = [&] {
     out.report.decode_start = runtime::EngineCounters::of(engine_);
-    deliver(out.text.size());  // the echoed prompt, if any
+    if (!echo_unscored()) deliver(out.text.size());  // the echoed prompt, if any
   };
   // The session keeps the options it was opened with; a reused one is told this request's.
   if (!reuse) {
@@ -283,12 +291,17 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     session_.reset();
     return turn.status();
   }
-  // Bytes the decoder still holds (an unfinished character) belong after a stop text's cut.
-  if (!stop_hit) {
-    out.text += valid_utf8(decoder.flush());
-    scan();
+  const bool withheld = echo_unscored();  // (then nothing was sampled)
+  if (withheld) {
+    out.text.clear();
+    out.logprobs.clear();
   }
-  if (!stop_hit) deliver(out.text.size());
+  // Bytes the decoder still holds (an unfinished character) belong after a stop text's cut.
+  if (!stop_hit && !withheld) {
+    add_text(valid_utf8(decoder.flush()));
+    scan();
+    if (!stop_hit) deliver(out.text.size());
+  }
   // Tokens whose text was all sent before them (a token that completed no character).
   if (tokens_sent < out.logprobs.size() && !client_gone &&
       !on_text({}, std::span<const AnswerToken>(out.logprobs).subspan(tokens_sent)))

@@ -67,6 +67,10 @@ TEST(LlamaRequest, NPredictAndTokenIdPromptsAreRead) {
   r = parse(Endpoint::kCompletions, {{"prompt", {9, 8}}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{9, 8}));
+  // A batch of one (lm-eval-harness's form).
+  r = parse(Endpoint::kCompletions, {{"prompt", {{9, 8}}}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{9, 8}));
   // Whole numbers as every integer field takes them.
   r = llama({{"prompt", {3.0, 2147483647}}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
@@ -91,7 +95,7 @@ TEST(LlamaRequest, RefusalsNameTheField) {
       {Endpoint::kLlamaCompletion, {{"prompt", {1, 2.5}}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"prompt", {1, "a"}}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"prompt", {1, big}}}, "prompt"},
-      {Endpoint::kLlamaCompletion, {{"prompt", {{1, 2}}}}, "prompt"},
+      {Endpoint::kLlamaCompletion, {{"prompt", {{1, 2}, {3}}}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"n_predict", 3}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"samplers", {"top_k"}}}, "samplers"},
       {Endpoint::kLlamaCompletion, {{"prompt", "a"}, {"n_probs", 21}}, "n_probs"},

@@ -475,6 +475,21 @@ TEST_F(ServiceTest, AnEchoedPromptComesFirstWithItsTokensLogprobs) {
     EXPECT_EQ(text_only.text, c.text);
     EXPECT_TRUE(text_only.logprobs.empty());
   }
+  // A prompt that ends inside a character: its bytes left over are U+FFFD, counted before the
+  // answer's offsets (a fuzzing find).
+  int32_t lead = -1;
+  for (int32_t id = 0; id < 300 && lead < 0; ++id)
+    if (tokenizer_->token_bytes(static_cast<uint32_t>(id)) == std::string_view("\xe2")) lead = id;
+  ASSERT_GE(lead, 0);
+  CompletionRequest cut_char;
+  cut_char.prompt_ids = {lead};
+  cut_char.max_tokens = 2;
+  cut_char.echo = true;
+  cut_char.logprobs = 0;
+  const Completion partial = answer(*s, cut_char);
+  ASSERT_GE(partial.logprobs.size(), 2u);
+  EXPECT_EQ(partial.text.rfind("\xef\xbf\xbd", 0), 0u);
+  EXPECT_EQ(partial.logprobs[1].text_offset, 1);
   // A stop text is looked for in the answer only, never in the echoed prompt.
   CompletionRequest r = text_request(prompt, 6);
   r.echo = true;
