@@ -140,10 +140,10 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   size_t sent = 0;  // bytes of out.text handed to on_text
   bool stop_hit = false, client_gone = false;
   // Per out.logprobs entry: where its token's text begins and ends in out.text (bytes; a token
-  // that completes no character ends where it begins); entries before tokens_sent are sent,
-  // each with the text that holds the end of its own and a byte past its beginning (a token
-  // that completes no character goes with the next character: a stop text found there drops
-  // it).
+  // that completes no character or shows none ends where it begins); entries before
+  // tokens_sent are sent, each with the text that holds the end of its own and a byte past its
+  // beginning (a token that completes no character or shows none goes with the next
+  // character, or last: a stop text found there drops it).
   std::vector<size_t> token_begin, token_end;
   size_t tokens_sent = 0;
   const auto deliver = [&](size_t upto) {
@@ -197,21 +197,24 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     characters += static_cast<int64_t>(
         std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
   };
-  // Adds a token's text to out.text, with its entry (logprobs `lp`, where asked) to
-  // out.logprobs.
+  // Where logprobs are asked, adds token `id`'s entry (logprobs `lp`; null: an echoed prompt
+  // token, scored later if at all) for `text_bytes` of text about to be added at the end.
+  const auto add_entry = [&](int32_t id, const runtime::TokenLogprobs* lp, size_t text_bytes) {
+    if (!request.logprobs) return;
+    AnswerToken& a = out.logprobs.emplace_back();
+    a.token = token_logprob(lp ? lp->chosen : runtime::IdLogprob{id, 0});
+    if (lp)
+      for (const runtime::IdLogprob& t : lp->top) a.top.push_back(token_logprob(t));
+    a.text_offset = characters;
+    token_begin.push_back(out.text.size());
+    token_end.push_back(out.text.size() + text_bytes);
+  };
+  // Adds a token's text to out.text, with its entry.
   const auto add_token = [&](tok::StreamingDecoder& decoder, int32_t id,
                              const runtime::TokenLogprobs* lp) -> Status {
     KTIER_ASSIGN_OR_RETURN(const std::string piece, decoder.push(static_cast<uint32_t>(id)));
     const std::string text = valid_utf8(piece);
-    if (request.logprobs) {
-      AnswerToken& a = out.logprobs.emplace_back();
-      a.token = token_logprob(lp ? lp->chosen : runtime::IdLogprob{id, 0});
-      if (lp)
-        for (const runtime::IdLogprob& t : lp->top) a.top.push_back(token_logprob(t));
-      a.text_offset = characters;
-      token_begin.push_back(out.text.size());
-      token_end.push_back(out.text.size() + text.size());
-    }
+    add_entry(id, lp, text.size());
     add_text(text);
     return Status::ok();
   };
@@ -246,12 +249,24 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     return Status::ok();
   };
   tok::StreamingDecoder decoder(tokenizer_);
+  // Every sampled token has its entry (lm-eval-harness counts on one per token); a stop or
+  // special one, which shows no text, goes with the text that follows it, or last.
   const runtime::TokenSink sink = [&](int32_t id) -> Status {
-    if (!tok::shown_as_text(tokenizer_, gen_.stop_ids, id)) return Status::ok();
     std::optional<runtime::TokenLogprobs> lp;
     if (request.logprobs)
       lp = runtime::token_logprobs(session_->logits().data(), vocab, id, *request.logprobs);
-    KTIER_RETURN_IF_ERROR(add_token(decoder, id, lp ? &*lp : nullptr));
+    const runtime::TokenLogprobs* scored = lp ? &*lp : nullptr;
+    if (!tok::shown_as_text(tokenizer_, gen_.stop_ids, id)) {
+      // A stop id ends the text: bytes held for an unfinished character come before it.
+      if (std::find(gen_.stop_ids.begin(), gen_.stop_ids.end(), id) != gen_.stop_ids.end()) {
+        add_text(valid_utf8(decoder.flush()));
+        scan();
+        if (stop_hit) return Status::ok();  // the answer ended before the stop id
+      }
+      add_entry(id, scored, 0);
+      return Status::ok();
+    }
+    KTIER_RETURN_IF_ERROR(add_token(decoder, id, scored));
     scan();
     return Status::ok();
   };

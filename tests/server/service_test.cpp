@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,6 +107,7 @@ class ServiceTest : public ::testing::Test {
     for (size_t i = 0; i < std::min(tokens.size(), done->logprobs.size()); ++i) {
       EXPECT_EQ(tokens[i].token.id, done->logprobs[i].token.id);
       EXPECT_EQ(tokens[i].text_offset, done->logprobs[i].text_offset);
+      if (!shown(tokens[i].token.id)) continue;  // its text is not the answer's
       // Not before its text: where a token's bytes are whole characters after whole ones, all
       // of them (up to a stop text's cut) were streamed when it came.
       const std::string& own = tokens[i].token.bytes;
@@ -126,6 +128,8 @@ class ServiceTest : public ::testing::Test {
     ids.push_back(static_cast<int32_t>(markers_.close));
     return ids;
   }
+  // Whether a sampled id's text is the answer's (not a stop or special id).
+  static bool shown(int32_t id) { return tok::shown_as_text(*tokenizer_, stop_ids(), id); }
   // The ids generate() samples after `ids` (the service's stop ids; greedy by default).
   static std::vector<int32_t> generated_ids(const std::vector<uint32_t>& ids, int64_t n,
                                             const runtime::SamplingParams& sampling = {}) {
@@ -326,14 +330,16 @@ TEST_F(ServiceTest, TheWholeAnswerIsWhatWasStreamedWhenAStopCutsIt) {
 
 // Each answer token's logprobs are the model's own at its place: those of the logits of a
 // teacher-forced pass over the prompt and the answer (the CPU path's logits do not depend on
-// chunking), for each sampled token whose text shows, with the most likely alternatives in
-// order; the tokens' bytes make up the answer. A stop text drops the tokens from it on.
+// chunking), for each sampled token (a stop or special one too), with the most likely
+// alternatives in order; the shown tokens' bytes make up the answer. A stop text drops the
+// tokens from it on.
 TEST_F(ServiceTest, LogprobsAreTheModelsAtEachAnswerToken) {
   auto s = service();
   const int64_t V = engine_->checkpoint().config().vocab_size;
   const std::string prompt = "The lighthouse keeper";
   const std::vector<uint32_t> prompt_ids = tokenizer_->encode(prompt);
-  int checked = 0, held_back = 0;
+  int checked = 0, held_back = 0, stop_tokens = 0;
+  const std::vector<int32_t> stops = stop_ids();
   for (uint64_t seed = 0; seed < 5; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const runtime::SamplingParams sampling{.temperature = seed == 0 ? 0.0 : 1.0, .seed = seed};
@@ -350,7 +356,6 @@ TEST_F(ServiceTest, LogprobsAreTheModelsAtEachAnswerToken) {
     size_t entry = 0;
     std::string bytes;  // the answer's tokens' bytes so far
     for (size_t i = 0; i < generated.size(); ++i) {
-      if (!tok::shown_as_text(*tokenizer_, stop_ids(), generated[i])) continue;
       ASSERT_LT(entry, c.logprobs.size());
       const AnswerToken& a = c.logprobs[entry++];
       const runtime::TokenLogprobs want = runtime::token_logprobs(
@@ -366,12 +371,15 @@ TEST_F(ServiceTest, LogprobsAreTheModelsAtEachAnswerToken) {
         EXPECT_EQ(a.top[k].bytes,
                   tokenizer_->token_bytes(static_cast<uint32_t>(want.top[k].id)).value_or(""));
       }
-      // A token's text begins after the characters the bytes before it complete.
+      // A token's text begins after the characters the bytes before it complete (a stop
+      // id's after all of them: an unfinished character's bytes end the text before it).
       const std::string_view whole(bytes);
+      const bool stop = std::count(stops.begin(), stops.end(), generated[i]) > 0;
+      stop_tokens += stop;
       EXPECT_EQ(a.text_offset,
                 code_points(valid_utf8(whole.substr(
-                    0, whole.size() - tok::incomplete_utf8_suffix(whole)))));
-      bytes += a.token.bytes;
+                    0, whole.size() - (stop ? 0 : tok::incomplete_utf8_suffix(whole))))));
+      if (shown(a.token.id)) bytes += a.token.bytes;
       ++checked;
     }
     EXPECT_EQ(entry, c.logprobs.size());
@@ -404,6 +412,7 @@ TEST_F(ServiceTest, LogprobsAreTheModelsAtEachAnswerToken) {
     // with its whole text (answer() checks).
     std::string before;
     for (size_t i = 0; i + 1 < c.logprobs.size(); ++i) {
+      if (!shown(c.logprobs[i].token.id)) continue;
       const std::string& own = c.logprobs[i].token.bytes;
       if (tok::incomplete_utf8_suffix(before) == 0 && tok::incomplete_utf8_suffix(own) == 0 &&
           valid_utf8(own) == own && code_points(own) >= 2) {
@@ -421,6 +430,7 @@ TEST_F(ServiceTest, LogprobsAreTheModelsAtEachAnswerToken) {
   }
   EXPECT_GT(checked, 20);
   EXPECT_GE(held_back, 2);
+  EXPECT_GE(stop_tokens, 1) << "the tiny model's samples here should end at a stop id";
 }
 
 // Completions' echo: the text and the logprobs begin with the prompt's, each prompt token (but
@@ -519,8 +529,68 @@ TEST_F(ServiceTest, AStopTextAtACharacterSplitOverTokensKeepsTheSentEntries) {
   EXPECT_EQ(c.text, plain.text);
   EXPECT_EQ(c.stopping_word, plain.stopping_word);
   std::string bytes;
-  for (const AnswerToken& a : c.logprobs) bytes += a.token.bytes;
+  for (const AnswerToken& a : c.logprobs)
+    if (shown(a.token.id)) bytes += a.token.bytes;
   EXPECT_EQ(valid_utf8(bytes), c.text);
+}
+
+// A stop token has its entry (its own text, which the answer does not show), the last:
+// lm-eval-harness takes one per generated token (echo, max_tokens 1: the prompt's entries are
+// those before the last). The tiny checkpoint's stop ids are hardly ever sampled, so a copy of
+// it names the greedy answer's third token its eos_token_id.
+TEST_F(ServiceTest, AStopTokenHasTheLastEntry) {
+  const std::vector<uint32_t> prompt_ids = tokenizer_->encode("The lighthouse keeper");
+  const std::vector<int32_t> greedy = generated_ids(prompt_ids, 3);
+  ASSERT_EQ(greedy.size(), 3u);
+  ASSERT_TRUE(greedy[2] != greedy[0] && greedy[2] != greedy[1]) << "choose another prompt";
+  const fs::path copy = dir_.string() + "-eos";
+  fs::remove_all(copy);
+  fs::copy(dir_, copy, fs::copy_options::recursive);
+  {
+    std::ifstream in(copy / "config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    config["eos_token_id"] = greedy[2];
+    std::ofstream(copy / "config.json") << config.dump();
+  }
+  runtime::EngineOptions eo;
+  eo.model_dir = copy;
+  eo.threads = 2;
+  auto engine = runtime::Engine::open(eo);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().message();
+  ServiceOptions o;
+  o.prefill_chunk = 7;
+  Service eos_service(**engine, *tokenizer_, markers_, o);
+  auto s = service();
+  CompletionRequest r;
+  r.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());
+  r.max_tokens = 3;
+  r.logprobs = 2;
+  const Completion plain = answer(*s, r);  // greedy[2] is text there
+  ASSERT_EQ(plain.logprobs.size(), 3u);
+  r.max_tokens = 8;
+  const Completion c = answer(eos_service, r);
+  EXPECT_EQ(c.finish, FinishReason::kStop);
+  EXPECT_EQ(c.usage.completion_tokens, 3);
+  ASSERT_EQ(c.logprobs.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(c.logprobs[i].token.id, greedy[i]);
+    EXPECT_EQ(c.logprobs[i].token.logprob, plain.logprobs[i].token.logprob);
+    EXPECT_EQ(c.logprobs[i].top.size(), 2u);
+  }
+  EXPECT_EQ(c.logprobs[2].token.bytes, plain.logprobs[2].token.bytes);  // its own text
+  EXPECT_EQ(c.logprobs[2].text_offset, code_points(c.text));            // none after it
+  r.max_tokens = 2;
+  EXPECT_EQ(c.text, answer(*s, r).text);
+  // lm-eval-harness's request: the prompt goes on to the stop token, which comes next.
+  r.prompt_ids.insert(r.prompt_ids.end(), greedy.begin(), greedy.begin() + 2);
+  r.max_tokens = 1;
+  r.echo = true;
+  r.logprobs = 1;
+  const Completion echoed = answer(eos_service, r);
+  ASSERT_EQ(echoed.logprobs.size(), r.prompt_ids.size() + 1);
+  EXPECT_EQ(echoed.logprobs.back().token.id, greedy[2]);
+  EXPECT_EQ(echoed.logprobs.back().token.logprob, plain.logprobs[2].token.logprob);
+  fs::remove_all(copy);  // (a shard still mapped stays readable)
 }
 
 TEST_F(ServiceTest, ARequestThatWaitedWhileTheServerStopsDoesNotStart) {
