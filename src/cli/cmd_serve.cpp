@@ -499,6 +499,10 @@ Status serve(const ServeArgs& a) {
                          model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
   eo.workload.positions = a.ctx;
   eo.workload.chunk = a.chunk;
+  // An echo with logprobs scores every prompt row (lm_head over a whole chunk: K3 at --chunk
+  // 256 holds 168 MB of logits); the plan sets that aside, so such a request fits GPU mode's
+  // --vram as any other.
+  eo.workload.rows = model::LogitRows::kAll;
 
   httplib::Server http;
   // A request's text is at most 256 bytes per position of -c (as -f's bound for K3's context),
