@@ -343,6 +343,7 @@ Status run(const RunArgs& a) {
                               " is left for an answer");
       session->set_max_new_tokens(left);
     }
+    report.limit_is_context_end = to_context_end;
     Result<runtime::GenerationStats> turn = session->turn(ids, sink);
     turn_cut = !turn.is_ok() && !sink_failed;
     if (prefill_meter) {  // the prefill failed: end its progress line before the error

@@ -31,11 +31,12 @@ double ratio(uint64_t num, uint64_t den) {
 }
 
 // Why the generation ended: "stop text" (`serve`), "interrupted" (Ctrl-C, a client gone),
-// "stop token" or "length limit" (-n).
+// "stop token", "context end" (-c) or "length limit" (-n).
 const char* stop_name(const RunReport& r) {
-  return r.stopped_at_stop_text ? "stop text"
-         : r.gen.interrupted    ? "interrupted"
+  return r.stopped_at_stop_text     ? "stop text"
+         : r.gen.interrupted        ? "interrupted"
          : r.gen.stopped_at_stop_id ? "stop token"
+         : r.limit_is_context_end   ? "context end"
                                     : "length limit";
 }
 }  // namespace

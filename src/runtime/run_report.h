@@ -33,6 +33,9 @@ struct RunReport {
   GenerationStats gen;
   int64_t cached_prompt_tokens = 0;  // prompt tokens restored from --prompt-cache, not run
   bool stopped_at_stop_text = false;  // `serve`: a request's stop text ended it (not Ctrl-C)
+  // The generation's limit was the context's end (-n -1, or a `serve` request's limit cut to
+  // the positions -c leaves), not a token count asked for.
+  bool limit_is_context_end = false;
   EngineCounters decode_start, decode_end;
   uint64_t peak_rss_bytes = 0;
 

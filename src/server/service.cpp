@@ -73,10 +73,10 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   // n_predict -1, or no limit given where the server's -n is -1: all that is left.
   const bool to_context_end =
       request.to_context_end || (!request.max_tokens && options_.defaults.max_tokens < 0);
-  const int64_t max_tokens =
-      to_context_end ? room
-                     : std::min(request.max_tokens.value_or(options_.defaults.max_tokens), room);
-  return PreparedRequest{std::move(request), std::move(ids), max_tokens};
+  const int64_t asked = request.max_tokens.value_or(options_.defaults.max_tokens);
+  const bool context_end = to_context_end || asked >= room;
+  return PreparedRequest{std::move(request), std::move(ids), context_end ? room : asked,
+                         context_end};
 }
 
 ServiceTotals Service::totals() const {
@@ -330,6 +330,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   out.report.gen = st;
   out.report.cached_prompt_tokens = cached;
   out.report.stopped_at_stop_text = stop_hit;
+  out.report.limit_is_context_end = prepared.max_tokens_is_context_end;
   out.report.decode_end = runtime::EngineCounters::of(engine_);
   out.report.peak_rss_bytes = runtime::peak_rss_bytes();
   // Under the lock: the next request changes the engine's counters and memory.

@@ -73,6 +73,7 @@ struct PreparedRequest {
   CompletionRequest request;
   std::vector<int32_t> ids;  // the prompt's
   int64_t max_tokens = 0;    // the request's, or the default capped to the context left
+  bool max_tokens_is_context_end = false;  // the context left is the limit (not one asked for)
 };
 
 class Service {

@@ -267,6 +267,7 @@ TEST_F(RunEvalCli, NPredictMinusOneFillsTheContext) {
   ASSERT_EQ(filled.exit_code, 0) << filled.err;
   const std::string ids = last_line(filled.out);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), ',') + 1, 30 - 12 + 1) << ids;
+  EXPECT_NE(filled.err.find("generated 19 (context end)"), std::string::npos) << filled.err;
   EXPECT_EQ(last_line(plain.out).rfind(ids + ",", 0), 0u) << ids;
   EXPECT_EQ(run_process(cmd + " -n -2 -c 30").out, filled.out);  // llama.cpp's other spelling
   // Without -c: 4096 positions, far past where the fixture's answer reaches a stop id.

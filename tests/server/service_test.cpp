@@ -696,6 +696,7 @@ TEST_F(ServiceTest, TheContextBoundsARequest) {
   p = s->prepare(r);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   EXPECT_EQ(p->max_tokens, std::min<int64_t>(9, 12 - n + 1));
+  EXPECT_EQ(p->max_tokens_is_context_end, 9 >= 12 - n + 1);
   r.to_context_end = true;  // llama-server's n_predict -1: all that is left
   p = s->prepare(r);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
@@ -706,6 +707,10 @@ TEST_F(ServiceTest, TheContextBoundsARequest) {
   p = s->prepare(native);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   EXPECT_EQ(p->max_tokens, 12 - n + 1);
+  EXPECT_TRUE(p->max_tokens_is_context_end);
+  const Completion filled = answer(*s, native);
+  ASSERT_EQ(filled.finish, FinishReason::kLength) << "the tiny model's answer changed";
+  EXPECT_EQ(filled.report_json.at("stop"), "context end");
   // The same where the server's -n is -1 and the request gives no limit.
   auto unbounded = service(/*ctx=*/12, /*default_max_tokens=*/-1);
   r.to_context_end = false;
@@ -715,6 +720,8 @@ TEST_F(ServiceTest, TheContextBoundsARequest) {
   p = unbounded->prepare(text_request(prompt, 2));
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   EXPECT_EQ(p->max_tokens, 2);
+  EXPECT_FALSE(p->max_tokens_is_context_end);
+  EXPECT_EQ(answer(*unbounded, text_request(prompt, 2)).report_json.at("stop"), "length limit");
   // The prompt as token ids (OpenAI's and llama-server's array): those ids, checked against
   // the vocabulary (a client's error, naming the field).
   const std::vector<uint32_t> encoded = tokenizer_->encode(prompt, false);
