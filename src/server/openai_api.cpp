@@ -105,10 +105,6 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
     }
     return field_error(name, "not built in ktier serve");
   }
-  KTIER_ASSIGN_OR_RETURN(const bool echo, bool_field(body, "echo", false));
-  if (echo && endpoint != Endpoint::kCompletions)
-    return field_error("echo", std::string("not a field of ") + endpoint_name(endpoint) +
-                                   " (POST /v1/completions takes it)");
   if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     const auto type = it->is_object() ? it->find("type") : it->end();
     if (!it->is_object() || type == it->end() || *type != "text")
@@ -293,7 +289,10 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body
   } else {
     KTIER_RETURN_IF_ERROR(parse_prompt(j, r));
   }
-  KTIER_ASSIGN_OR_RETURN(r.echo, bool_field(j, "echo", false));  // refuse_unsupported checked
+  KTIER_ASSIGN_OR_RETURN(r.echo, bool_field(j, "echo", false));
+  if (r.echo && endpoint != Endpoint::kCompletions)
+    return field_error("echo", std::string("not a field of ") + endpoint_name(endpoint) +
+                                   " (POST /v1/completions takes it)");
   // max_completion_tokens (OpenAI's newer name) wins where both are given; llama-server's
   // n_predict where it is given. 0 with echo: the prompt's logprobs only (lm-eval-harness).
   const auto newer = j.find("max_completion_tokens");
@@ -420,8 +419,8 @@ nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, c
 nlohmann::json logprobs_json(Endpoint endpoint, std::span<const AnswerToken> tokens) {
   // JSON has no -Inf: vLLM's stand-in for an impossible token.
   const auto number = [](double logprob) { return std::fmax(logprob, -9999.0); };
-  const auto logprob = [&](const AnswerToken& a) {
-    return a.scored ? json(number(a.token.logprob)) : json(nullptr);
+  const auto logprob = [&](const TokenLogprob& t, bool scored) {
+    return scored ? json(number(t.logprob)) : json(nullptr);
   };
   const auto bytes = [](const std::string& b) {
     json out = json::array();
@@ -430,7 +429,7 @@ nlohmann::json logprobs_json(Endpoint endpoint, std::span<const AnswerToken> tok
   };
   const auto entry = [&](const TokenLogprob& t, bool scored) {
     json e = {{"token", valid_utf8(t.bytes)},
-              {"logprob", scored ? json(number(t.logprob)) : json(nullptr)},
+              {"logprob", logprob(t, scored)},
               {"bytes", bytes(t.bytes)}};
     if (endpoint == Endpoint::kLlamaCompletion) e["id"] = t.id;
     return e;
@@ -441,7 +440,7 @@ nlohmann::json logprobs_json(Endpoint endpoint, std::span<const AnswerToken> tok
                 {"top_logprobs", json::array()}, {"text_offset", json::array()}};
     for (const AnswerToken& a : tokens) {
       out["tokens"].push_back(valid_utf8(a.token.bytes));
-      out["token_logprobs"].push_back(logprob(a));
+      out["token_logprobs"].push_back(logprob(a.token, a.scored));
       // The sampled token first: an alternative whose text is the same does not replace it.
       json top = {{valid_utf8(a.token.bytes), number(a.token.logprob)}};
       for (const TokenLogprob& t : a.top) top.emplace(valid_utf8(t.bytes), number(t.logprob));

@@ -45,7 +45,7 @@ class ServeCli : public ::testing::Test {
 
   // Starts `ktier serve` on a free port; the port it printed (0 when it did not start).
   static int start(ChildProcess& server) {
-    if (!server.wait_for(Stream::kErr, "Ctrl-C stops")) return 0;
+    if (!server.started() || !server.wait_for(Stream::kErr, "Ctrl-C stops")) return 0;
     std::smatch m;
     const std::string err = server.err();
     if (!std::regex_search(err, m, std::regex("http://127\\.0\\.0\\.1:([0-9]+)"))) return 0;
@@ -94,6 +94,13 @@ class ServeCli : public ::testing::Test {
     return {ktier_bin().string(), "serve", "-m", model.string(), "--port", "0", "--threads", "2",
             "--alias", "tiny-test"};
   }
+  // A client of the server on `port`, waiting up to 120 s for an answer (the tiny model's are
+  // quick; a loaded CI machine is not).
+  static httplib::Client client_at(int port) {
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(120, 0);
+    return client;
+  }
   static inline fs::path dir_;
 };
 
@@ -106,13 +113,29 @@ std::string run_chat_text(const fs::path& model, const std::string& message, int
   return server::valid_utf8(r.out.substr(0, r.out.size() - 1));  // without run's last "\n"
 }
 
+// The events of a stream, as JSON ([DONE] left out; `done` says whether it came: nothing may
+// follow it).
+std::vector<json> stream_events(const std::string& body, bool* done = nullptr) {
+  std::vector<json> events;
+  bool ended = false;
+  size_t at = 0;
+  for (size_t end; (end = body.find("\n\n", at)) != std::string::npos; at = end + 2) {
+    const std::string event = body.substr(at, end - at);
+    EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+    EXPECT_FALSE(ended) << "an event after [DONE]: " << event;
+    if (event == "data: [DONE]") ended = true;
+    else events.push_back(json::parse(event.substr(6)));
+  }
+  EXPECT_EQ(at, body.size());
+  if (done) *done = ended;
+  return events;
+}
+
 TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   ChildProcess server(serve_argv(dir_ / "model"));
-  ASSERT_TRUE(server.started());
   const int port = start(server);
   ASSERT_GT(port, 0) << server.err();
-  httplib::Client client("127.0.0.1", port);
-  client.set_read_timeout(120, 0);
+  httplib::Client client = client_at(port);
 
   auto health = client.Get("/health");
   ASSERT_TRUE(health) << httplib::to_string(health.error());
@@ -166,16 +189,7 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   EXPECT_EQ(events->get_header_value("Content-Type"), "text/event-stream");
   std::string text, finish;
   bool role = false, usage = false, done = false;
-  size_t at = 0;
-  for (size_t end; (end = events->body.find("\n\n", at)) != std::string::npos; at = end + 2) {
-    const std::string event = events->body.substr(at, end - at);
-    ASSERT_EQ(event.rfind("data: ", 0), 0u) << event;
-    ASSERT_FALSE(done) << "an event after [DONE]";
-    if (event == "data: [DONE]") {
-      done = true;
-      continue;
-    }
-    const json j = json::parse(event.substr(6));
+  for (const json& j : stream_events(events->body, &done)) {
     EXPECT_EQ(j["object"], "chat.completion.chunk");
     if (j.contains("usage")) {
       usage = true;
@@ -187,7 +201,6 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
     if (choice["delta"].contains("content")) text += choice["delta"]["content"].get<std::string>();
     if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
   }
-  EXPECT_EQ(at, events->body.size());
   EXPECT_TRUE(role && usage && done);
   EXPECT_EQ(text, want);
   EXPECT_EQ(finish, body["choices"][0]["finish_reason"]);
@@ -225,16 +238,13 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
     ASSERT_EQ(pieces->status, 200) << pieces->body;
     std::string streamed;
     json last;
-    at = 0;
-    for (size_t end; (end = pieces->body.find("\n\n", at)) != std::string::npos; at = end + 2) {
-      const std::string event = pieces->body.substr(at, end - at);
-      ASSERT_EQ(event.rfind("data: ", 0), 0u) << event;
-      ASSERT_FALSE(last.is_object()) << "an event after the result: " << event;
-      const json j = json::parse(event.substr(6));
+    bool done_sent = false;
+    for (const json& j : stream_events(pieces->body, &done_sent)) {
+      ASSERT_FALSE(last.is_object()) << "an event after the result: " << j.dump();
       if (j["stop"] == true) last = j;
       else streamed += j["content"].get<std::string>();
     }
-    EXPECT_EQ(at, pieces->body.size());
+    EXPECT_FALSE(done_sent);  // llama-server's stream has no [DONE]
     EXPECT_EQ(streamed, n["content"]);
     ASSERT_TRUE(last.is_object()) << pieces->body;
     EXPECT_EQ(last["content"], "");
@@ -291,9 +301,8 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   // A chunked body (no Content-Length) is held to the payload limit as it arrives: 256 bytes a
   // position of -c 4096 plus 1 MiB.
   const size_t limit = 4096 * 256 + (size_t{1} << 20);
-  httplib::Client kept("127.0.0.1", port);  // a keep-alive client (httplib's default closes)
+  httplib::Client kept = client_at(port);  // a keep-alive client (httplib's default closes)
   kept.set_keep_alive(true);
-  kept.set_read_timeout(120, 0);
   for (const size_t size : {limit, limit + 1}) {
     std::string big = R"({"content": "a")";
     big.append(size - big.size() - 1, ' ');
@@ -343,28 +352,13 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   EXPECT_NE(server.err().find("/completion: prompt"), std::string::npos);
 }
 
-// The events of a stream, as JSON ([DONE] left out).
-std::vector<json> stream_events(const std::string& body) {
-  std::vector<json> events;
-  size_t at = 0;
-  for (size_t end; (end = body.find("\n\n", at)) != std::string::npos; at = end + 2) {
-    const std::string event = body.substr(at, end - at);
-    EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
-    if (event != "data: [DONE]") events.push_back(json::parse(event.substr(6)));
-  }
-  EXPECT_EQ(at, body.size());
-  return events;
-}
-
 // Log-probabilities in each endpoint's form, whole or streamed with the text they belong to:
 // the same tokens either way, one for each token of the answer's text, their bytes the text.
 TEST_F(ServeCli, LogprobsComeWithTheAnswerWholeOrStreamed) {
   ChildProcess server(serve_argv(dir_ / "model"));
-  ASSERT_TRUE(server.started());
   const int port = start(server);
   ASSERT_GT(port, 0) << server.err();
-  httplib::Client client("127.0.0.1", port);
-  client.set_read_timeout(120, 0);
+  httplib::Client client = client_at(port);
   struct Case {
     const char* path;
     json request;
@@ -509,8 +503,7 @@ TEST_F(ServeCli, AnswersLoadingUntilTheModelIsLoaded) {
   const int port = listening_port(err);
   ASSERT_GT(port, 0) << err;
   EXPECT_EQ(err.find("Ctrl-C stops"), std::string::npos) << "loaded before the delay: " << err;
-  httplib::Client client("127.0.0.1", port);
-  client.set_read_timeout(120, 0);
+  httplib::Client client = client_at(port);
   for (const bool post : {false, true}) {
     auto res = post ? client.Post("/v1/completions", R"({"prompt": "a", "max_tokens": 1})",
                                   "application/json")
