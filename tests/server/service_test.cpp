@@ -593,6 +593,43 @@ TEST_F(ServiceTest, AStopTokenHasTheLastEntry) {
   fs::remove_all(copy);  // (a shard still mapped stays readable)
 }
 
+// The server told to stop while an echo with logprobs runs its prompt: the prompt's entries
+// would hold logprobs never computed, so neither they nor its text are sent (a fuzzing find:
+// 0.0 entries were streamed); without logprobs the echo is only text, and is sent.
+TEST_F(ServiceTest, AnEchoStoppedInItsPromptSendsNoUnscoredEntries) {
+  auto s = service();  // chunks of 7
+  const std::string prompt = "The lighthouse keeper checked the lamp, the lens and the";
+  ASSERT_GT(tokenizer_->encode(prompt).size(), 7u);
+  CompletionRequest r = text_request(prompt, 4);
+  r.echo = true;
+  for (const bool logprobs : {true, false}) {
+    SCOPED_TRACE(logprobs ? "logprobs" : "text only");
+    if (logprobs) r.logprobs = 1;
+    else r.logprobs.reset();
+    auto prepared = s->prepare(r);
+    ASSERT_TRUE(prepared.is_ok()) << prepared.status().message();
+    int asked = 0;
+    std::string sent;
+    size_t entries = 0;
+    auto done = s->complete(
+        *prepared,
+        [&](std::string_view text, std::span<const AnswerToken> tokens) {
+          sent += text;
+          entries += tokens.size();
+          return true;
+        },
+        [&] { return ++asked > 1; });  // asked before the start, then after the first chunk
+    ASSERT_TRUE(done.is_ok()) << done.status().message();
+    EXPECT_TRUE(done->cancelled);
+    EXPECT_EQ(done->report.gen.prompt_tokens, 7);
+    EXPECT_EQ(done->usage.completion_tokens, 0);
+    EXPECT_EQ(done->text, logprobs ? "" : prompt);
+    EXPECT_EQ(sent, done->text);
+    EXPECT_TRUE(done->logprobs.empty());
+    EXPECT_EQ(entries, 0u);
+  }
+}
+
 TEST_F(ServiceTest, ARequestThatWaitedWhileTheServerStopsDoesNotStart) {
   auto s = service();
   auto prepared = s->prepare(text_request("The lamp", 4));
