@@ -15,7 +15,11 @@ namespace ktier::cli {
 Result<RunPromptCache> RunPromptCache::open(const std::string& path, const std::string& model_dir,
                                             bool read_only) {
   RunPromptCache c(path, read_only);
-  KTIER_ASSIGN_OR_RETURN(c.config_xxh3_, runtime::config_identity(model_dir));
+  // One read: the identity a saved state is checked against and the config it is read with come
+  // from the same bytes.
+  const std::filesystem::path config_json = std::filesystem::path(model_dir) / "config.json";
+  KTIER_ASSIGN_OR_RETURN(const std::string config_text, io::read_regular_file(config_json));
+  c.config_xxh3_ = runtime::config_text_identity(config_text);
   KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(path));
   if (!exists) {
     spdlog::info("prompt cache: {} does not exist{}", path,
@@ -23,8 +27,7 @@ Result<RunPromptCache> RunPromptCache::open(const std::string& path, const std::
     return c;
   }
   KTIER_ASSIGN_OR_RETURN(const format::ModelConfig config,
-                         format::load_model_config(std::filesystem::path(model_dir) /
-                                                   "config.json"));
+                         format::parse_model_config_text(config_text, config_json.string()));
   KTIER_ASSIGN_OR_RETURN(c.saved_, runtime::SavedSequence::open(path, config, c.config_xxh3_));
   return c;
 }

@@ -686,14 +686,17 @@ Result<ModelConfig> load_model_config(const std::filesystem::path& config_json) 
   KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(config_json));
   if (!exists) return Status::usage(name + ": not found (a model directory needs a config.json)");
   KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(config_json));
+  return parse_model_config_text(text, name);
+}
 
+Result<ModelConfig> parse_model_config_text(std::string_view text, const std::string& source_name) {
   json root;
   try {
     root = json::parse(text);
   } catch (const json::exception& e) {
-    return Status::usage(name + ": not valid JSON: " + e.what());
+    return Status::usage(source_name + ": not valid JSON: " + e.what());
   }
-  return parse_model_config(root, name);
+  return parse_model_config(root, source_name);
 }
 
 }  // namespace ktier::format

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -137,6 +138,10 @@ struct ModelConfig {
 // Parses and validates a config held in memory. `source_name` prefixes every message (use the
 // file name). Never throws. Errors: Status::usage listing every problem found.
 Result<ModelConfig> parse_model_config(const nlohmann::json& root, const std::string& source_name);
+
+// Parses and validates the text of a config.json: invalid JSON is Status::usage naming
+// `source_name`, the rest as parse_model_config. Never throws.
+Result<ModelConfig> parse_model_config_text(std::string_view text, const std::string& source_name);
 
 // Reads and validates config.json. A missing file or invalid JSON is Status::usage naming the
 // file; an unreadable file (I/O error) is Status::runtime. Never throws.

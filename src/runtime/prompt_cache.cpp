@@ -131,7 +131,11 @@ Result<uint64_t> checkpoint_identity(const format::Checkpoint& ckpt) {
 
 Result<uint64_t> config_identity(const std::filesystem::path& model_dir) {
   KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(model_dir / "config.json"));
-  return XXH3_64bits(text.data(), text.size());
+  return config_text_identity(text);
+}
+
+uint64_t config_text_identity(std::string_view config_text) {
+  return XXH3_64bits(config_text.data(), config_text.size());
 }
 
 const char* backend_label(backend::DeviceKind kind) {

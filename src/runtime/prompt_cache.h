@@ -33,6 +33,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -53,6 +54,8 @@ Result<uint64_t> checkpoint_identity(const format::Checkpoint& ckpt);
 
 // XXH3_64bits of `model_dir`/config.json as stored. Status::runtime when it cannot be read.
 Result<uint64_t> config_identity(const std::filesystem::path& model_dir);
+// The same of the file's text, read already.
+uint64_t config_text_identity(std::string_view config_text);
 
 // "cpu" or "cuda": whose bytes a sequence's state holds.
 const char* backend_label(const backend::Backend& backend);
