@@ -105,7 +105,8 @@ struct TokenLogprob {
   double logprob = 0;
   std::string bytes;
 };
-// A token of the answer's text (or of an echoed prompt), with the alternatives asked for.
+// A token of the answer (a stop or special one too, whose text is not shown; chat: of its
+// content only) or of an echoed prompt, with the alternatives asked for.
 struct AnswerToken {
   TokenLogprob token;
   std::vector<TokenLogprob> top;  // the most likely first (lower id first among equals)

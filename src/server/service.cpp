@@ -74,7 +74,7 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   const bool to_context_end =
       request.to_context_end || (!request.max_tokens && options_.defaults.max_tokens < 0);
   const int64_t asked = request.max_tokens.value_or(options_.defaults.max_tokens);
-  const bool context_end = to_context_end || asked >= room;
+  const bool context_end = to_context_end || asked > room;
   return PreparedRequest{std::move(request), std::move(ids), context_end ? room : asked,
                          context_end};
 }
@@ -209,11 +209,36 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     token_begin.push_back(out.text.size());
     token_end.push_back(out.text.size() + text_bytes);
   };
-  // Adds a token's text to out.text, with its entry.
+  // The entries of tokens that show no text, come while a decoder holds an unfinished
+  // character's bytes: they stay where the character begins if a later token completes it, and
+  // follow its U+FFFD if none does.
+  std::vector<size_t> hidden_while_held;
+  // Adds held bytes that no token completed (`text`: their U+FFFD) after which those entries
+  // come.
+  const auto add_held_text = [&](const std::string& text) {
+    add_text(text);
+    for (const size_t i : hidden_while_held) {
+      token_begin[i] = token_end[i] = out.text.size();
+      out.logprobs[i].text_offset = characters;
+    }
+    hidden_while_held.clear();
+  };
+  // Adds a token's text to out.text, with its entry. Bytes the decoder held before it come out
+  // first: the character this token completes begins its text; held bytes it does not complete
+  // are the earlier tokens' text, and its own begins after them.
   const auto add_token = [&](tok::StreamingDecoder& decoder, int32_t id,
                              const runtime::TokenLogprobs* lp) -> Status {
+    const size_t held = decoder.pending_bytes();
     KTIER_ASSIGN_OR_RETURN(const std::string piece, decoder.push(static_cast<uint32_t>(id)));
-    const std::string text = valid_utf8(piece);
+    std::string text = valid_utf8(piece);
+    if (held > 0 && !piece.empty()) {  // (then the piece begins with the held bytes)
+      const std::string held_text = valid_utf8(std::string_view(piece).substr(0, held));
+      if (text == held_text + valid_utf8(std::string_view(piece).substr(held))) {
+        add_held_text(held_text);
+        text.erase(0, held_text.size());
+      }
+      hidden_while_held.clear();
+    }
     add_entry(id, lp, text.size());
     add_text(text);
     return Status::ok();
@@ -225,7 +250,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   if (request.echo) {
     tok::StreamingDecoder prompt_decoder(tokenizer_);
     for (const int32_t id : ids) KTIER_RETURN_IF_ERROR(add_token(prompt_decoder, id, nullptr));
-    add_text(valid_utf8(prompt_decoder.flush()));
+    add_held_text(valid_utf8(prompt_decoder.flush()));
     if (score_echo) out.logprobs.front().scored = false;
   }
   int64_t prompt_scored = 1;  // score_echo: prompt tokens scored so far (the first needs none)
@@ -250,20 +275,25 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   };
   tok::StreamingDecoder decoder(tokenizer_);
   // Every sampled token has its entry (lm-eval-harness counts on one per token); a stop or
-  // special one, which shows no text, goes with the text that follows it, or last.
+  // special one, which shows no text, goes with the text that follows it, or last. Chat lists
+  // the tokens of its content only (as OpenAI's, which never shows the end of a message).
+  const bool hidden_entries = request.endpoint != Endpoint::kChatCompletions;
   const runtime::TokenSink sink = [&](int32_t id) -> Status {
+    const bool shown = tok::shown_as_text(tokenizer_, gen_.stop_ids, id);
     std::optional<runtime::TokenLogprobs> lp;
-    if (request.logprobs)
+    if (request.logprobs && (shown || hidden_entries))
       lp = runtime::token_logprobs(session_->logits().data(), vocab, id, *request.logprobs);
     const runtime::TokenLogprobs* scored = lp ? &*lp : nullptr;
-    if (!tok::shown_as_text(tokenizer_, gen_.stop_ids, id)) {
+    if (!shown) {
       // A stop id ends the text: bytes held for an unfinished character come before it.
       if (std::find(gen_.stop_ids.begin(), gen_.stop_ids.end(), id) != gen_.stop_ids.end()) {
-        add_text(valid_utf8(decoder.flush()));
+        add_held_text(valid_utf8(decoder.flush()));
         scan();
         if (stop_hit) return Status::ok();  // the answer ended before the stop id
+      } else if (lp && decoder.pending_bytes() > 0) {
+        hidden_while_held.push_back(out.logprobs.size());
       }
-      add_entry(id, scored, 0);
+      if (lp) add_entry(id, scored, 0);
       return Status::ok();
     }
     KTIER_RETURN_IF_ERROR(add_token(decoder, id, scored));
@@ -313,7 +343,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   }
   // Bytes the decoder still holds (an unfinished character) belong after a stop text's cut.
   if (!stop_hit && !withheld) {
-    add_text(valid_utf8(decoder.flush()));
+    add_held_text(valid_utf8(decoder.flush()));
     scan();
     if (!stop_hit) deliver(out.text.size());
   }

@@ -51,8 +51,8 @@ struct Completion {
   nlohmann::json report_json;  // report.to_json, made while the engine was this request's
   bool cancelled = false;  // the client went away (or the server stops): ended early
   // The request asked for logprobs: one for each token of the answer, in order (a stop or
-  // special token too: its `token` is its own text, which `text` does not show); a stop text
-  // drops the tokens whose text begins at it or after.
+  // special token too, but in chat: its `token` is its own text, which `text` does not show); a
+  // stop text drops the tokens whose text begins at it or after.
   std::vector<AnswerToken> logprobs;
 };
 

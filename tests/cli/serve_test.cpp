@@ -24,6 +24,7 @@
 #include "common/run_process.h"
 #include "common/test_paths.h"
 #include "server/service.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ktier::test {
 namespace {
@@ -353,12 +354,15 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
 }
 
 // Log-probabilities in each endpoint's form, whole or streamed with the text they belong to:
-// the same tokens either way, one for each token of the answer's text, their bytes the text.
+// the same tokens either way, one for each token of the answer (chat: of its content), the
+// bytes of those the text shows making it up.
 TEST_F(ServeCli, LogprobsComeWithTheAnswerWholeOrStreamed) {
   ChildProcess server(serve_argv(dir_ / "model"));
   const int port = start(server);
   ASSERT_GT(port, 0) << server.err();
   httplib::Client client = client_at(port);
+  auto tokenizer = tok::Tokenizer::load((dir_ / "model").string());
+  ASSERT_TRUE(tokenizer.is_ok()) << tokenizer.status().message();
   struct Case {
     const char* path;
     json request;
@@ -418,8 +422,10 @@ TEST_F(ServeCli, LogprobsComeWithTheAnswerWholeOrStreamed) {
     std::string bytes;  // the tokens' bytes (legacy completions: their offsets, no bytes)
     int64_t offset = 0;
     for (const json& t : tokens) {
-      for (const json& b : t.value("bytes", json::array()))
-        bytes += static_cast<char>(b.get<int>());
+      // (/completion lists a stop or special token too, which the text does not show.)
+      if (!t.contains("id") || tok::shown_as_text(*tokenizer, {}, t["id"].get<int32_t>()))
+        for (const json& b : t.value("bytes", json::array()))
+          bytes += static_cast<char>(b.get<int>());
       EXPECT_LE(offset, t.value("text_offset", offset));
       offset = t.value("text_offset", offset);
       if (t.contains("top")) {  // legacy: text -> logprob, the sampled token's text in it
