@@ -181,29 +181,34 @@ Result<Tokenizer> Tokenizer::from_parts(std::vector<std::string> tokens_by_rank,
   t.ranks_ = RankTable(tokens_by_rank);
   const uint32_t n = t.ranks_.size();
   for (uint32_t r = 0; r < n; ++r) {
-    if (tokens_by_rank[r].empty()) return Status::corrupt("rank " + std::to_string(r) + " has an empty token");
+    if (tokens_by_rank[r].empty())
+      return Status::corrupt("tiktoken.model: rank " + std::to_string(r) + " has an empty token");
   }
   if (const auto dup = t.ranks_.first_duplicate()) {
-    return Status::corrupt("ranks " + std::to_string(dup->first) + " and " + std::to_string(dup->second) +
-                           " have the same bytes");
+    return Status::corrupt("tiktoken.model: ranks " + std::to_string(dup->first) + " and " +
+                           std::to_string(dup->second) + " have the same bytes");
   }
   for (int b = 0; b < 256; ++b) {
     if (t.ranks_.find(std::string(1, static_cast<char>(b))) == kNoRank) {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02X", b);
-      return Status::corrupt(std::string("the single byte ") + hex +
+      return Status::corrupt(std::string("tiktoken.model: the single byte ") + hex +
                              " has no rank (byte-level BPE needs all 256)");
     }
   }
   t.added_.resize(n_added);
   std::vector<bool> named(n_added, false);
+  const std::string added_file = "tokenizer_config.json: added token ";
   for (auto& a : added) {
     if (a.id < n || a.id - n >= n_added) {
-      return Status::corrupt("added token id " + std::to_string(a.id) + " is outside the added block " +
-                             std::to_string(n) + ".." + std::to_string(n + n_added - 1));
+      return Status::corrupt(added_file + "id " + std::to_string(a.id) +
+                             " is outside the added block " + std::to_string(n) + ".." +
+                             std::to_string(n + n_added - 1));
     }
-    if (named[a.id - n]) return Status::corrupt("added token id " + std::to_string(a.id) + " is listed twice");
-    if (a.content.empty()) return Status::corrupt("added token id " + std::to_string(a.id) + " has empty content");
+    if (named[a.id - n])
+      return Status::corrupt(added_file + "id " + std::to_string(a.id) + " is listed twice");
+    if (a.content.empty())
+      return Status::corrupt(added_file + "id " + std::to_string(a.id) + " has empty content");
     named[a.id - n] = true;
     t.added_[a.id - n] = std::move(a);
   }
@@ -218,8 +223,13 @@ Result<Tokenizer> Tokenizer::from_parts(std::vector<std::string> tokens_by_rank,
   });
   for (size_t i = 1; i < order.size(); ++i) {
     if (t.added_[order[i]].content == t.added_[order[i - 1]].content) {
-      return Status::corrupt("added tokens " + std::to_string(t.added_[order[i - 1]].id) + " and " +
-                             std::to_string(t.added_[order[i]].id) + " have the same content '" +
+      // An id the file does not list is named <|reserved_token_ID|>: say so, or the message
+      // names an id the file does not hold.
+      const auto id_of = [&](uint32_t k) {
+        return std::to_string(t.added_[k].id) + (named[k] ? "" : " (not listed: its default name)");
+      };
+      return Status::corrupt("tokenizer_config.json: added tokens " + id_of(order[i - 1]) +
+                             " and " + id_of(order[i]) + " have the same content '" +
                              t.added_[order[i]].content + "'");
     }
   }

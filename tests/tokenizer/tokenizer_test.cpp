@@ -108,18 +108,18 @@ TEST(TokenizerLoad, RejectsBadFilesWithFileAndLine) {
       {"unpadded", nonpadded, "{}", 3, "tiktoken.model:258:"},
       {"no_rank", no_rank, "{}", 3, "tiktoken.model:258: expected '<base64> <rank>'"},
       {"neg_rank", neg_rank, "{}", 3, "rank '-1' is not a decimal number"},
-      {"dup_bytes", dup_bytes, "{}", 3, "have the same bytes"},
+      {"dup_bytes", dup_bytes, "{}", 3, "tiktoken.model: ranks 256 and 257 have the same bytes"},
       {"past_lines", past_lines, "{}", 3,
        "rank 258 is out of range (the file has 258 lines, so ranks must lie below that)"},
-      {"missing_byte", missing_byte, "{}", 3, "0x41 has no rank"},
+      {"missing_byte", missing_byte, "{}", 3, "tiktoken.model: the single byte 0x41 has no rank"},
       {"bad_json", good, "{\"added_tokens_decoder\": ", 3, "tokenizer_config.json: not a JSON object"},
       {"id_in_ranks", good, R"({"added_tokens_decoder": {"5": {"content": "x"}}})", 3, "inside the rank range"},
       {"bad_key", good, R"({"added_tokens_decoder": {"x": {"content": "x"}}})", 3, "not a decimal id"},
       {"no_content", good, R"({"added_tokens_decoder": {"300": {"special": true}}})", 3, "string \"content\""},
       {"dup_content", good, R"({"added_tokens_decoder": {"257": {"content": "<|x|>"}, "258": {"content": "<|x|>"}}})",
-       3, "have the same content"},
+       3, "tokenizer_config.json: added tokens 257 and 258 have the same content '<|x|>'"},
       {"reserved_clash", good, R"({"added_tokens_decoder": {"257": {"content": "<|reserved_token_258|>"}, "259": {"content": "y"}}})",
-       3, "have the same content"},
+       3, "added tokens 257 and 258 (not listed: its default name) have the same content"},
   };
   for (const auto& c : cases) {
     const auto d = write_tokenizer(std::string("bad_") + c.name, c.model, c.config);
