@@ -64,7 +64,8 @@ Status eval(const EvalArgs& a) {
                                           logits.data()));
   // Logits from non-finite weights or activations are not an answer: nothing is written.
   for (int64_t t = 0; t < T; ++t)
-    KTIER_RETURN_IF_ERROR(runtime::check_logits(logits.data() + t * V, V, t + 1));
+    KTIER_RETURN_IF_ERROR(
+        engine->explain_nonfinite(runtime::check_logits(logits.data() + t * V, V, t + 1)));
   if (!a.logits_out.empty()) KTIER_RETURN_IF_ERROR(write_logits(a.logits_out, logits));
   if (a.argmax) {
     std::vector<int32_t> best;

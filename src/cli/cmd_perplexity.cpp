@@ -138,7 +138,7 @@ Status perplexity(const PerplexityArgs& a) {
     if (Status s = runtime::evaluate_chunks(engine->model(), w, chunk, first, score);
         !s.is_ok()) {
       meter_line.abandon();
-      return s;
+      return engine->explain_nonfinite(s);
     }
     meter_line.finish_if_shown(static_cast<uint64_t>(window));
     spdlog::info("[{}/{}] perplexity {:.4f} +/- {:.4f}", done + 1, windows, meter.perplexity(),

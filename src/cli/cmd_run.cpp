@@ -350,7 +350,8 @@ Status run(const RunArgs& a) {
       prefill_meter->abandon();
       prefill_meter.reset();
     }
-    KTIER_ASSIGN_OR_RETURN(report.gen, std::move(turn));
+    if (!turn.is_ok()) return engine->explain_nonfinite(turn.status());
+    report.gen = *turn;
     report.decode_end = runtime::EngineCounters::of(*engine);
     report.peak_rss_bytes = runtime::peak_rss_bytes();
     if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));

@@ -46,6 +46,11 @@ class [[nodiscard]] Status {
     if (is_ok()) return *this;
     return Status(code_, context + ": " + message_);
   }
+  // Appends a sentence ("MESSAGE. NOTE") without changing the code.
+  Status with_note(const std::string& note) const {
+    if (is_ok()) return *this;
+    return Status(code_, message_ + ". " + note);
+  }
 
  private:
   Status(ExitCode code, std::string msg) : code_(code), message_(std::move(msg)) {}

@@ -148,6 +148,8 @@ Status bind_ffn_input(Binder& b, const format::ModelConfig& c, const std::string
 
 }  // namespace
 
+std::string embedding_tensor_name() { return kModelPrefix + "embed_tokens.weight"; }
+
 std::string router_tensor_name(int64_t l) {
   return format::layer_prefix(l) + "block_sparse_moe.gate.weight";
 }
@@ -226,7 +228,7 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::load(const format::Checkpoin
     self.owned_.push_back(std::move(buf));
     return TensorView{info.dtype, info.numel(), data};
   };
-  KTIER_ASSIGN_OR_RETURN(const TensorView embed, find(kModelPrefix + "embed_tokens.weight"));
+  KTIER_ASSIGN_OR_RETURN(const TensorView embed, find(embedding_tensor_name()));
   w->embed_ = {weight_type_of(embed.dtype), embed.data, nullptr, c.vocab_size, c.hidden_size};
   KTIER_ASSIGN_OR_RETURN(w->head_, bind_head(c, find));
   w->layers_.reserve(static_cast<size_t>(c.num_hidden_layers));

@@ -134,6 +134,8 @@ Result<HeadWeights> bind_head(const format::ModelConfig& c, const TensorLookup& 
 Result<LayerWeights> bind_routing(const format::ModelConfig& c, int64_t l, const TensorLookup& find);
 // The stored name of MoE layer l's router matrix.
 std::string router_tensor_name(int64_t l);
+// The token embedding's name (K3-MODEL §4).
+std::string embedding_tensor_name();
 
 // What the forward pass reads the non-expert weights through. Model::forward acquires layers in
 // order 0..L-1 and releases each when its FFN is done; a streaming source uses the order to read

@@ -11,6 +11,7 @@
 #include "backend/cuda_backend.h"
 #include "common/check.h"
 #include "cpu/kernels.h"
+#include "runtime/weight_scan.h"
 #include "strata/trace_format.h"
 
 namespace ktier::runtime {
@@ -476,6 +477,20 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
     if (e->vram_tier_) e->model_->add_lookahead_observer(e->vram_tier_.get());
   }
   return e;
+}
+
+Status Engine::explain_nonfinite(const Status& s) const {
+  if (!is_nonfinite_logits(s)) return s;
+  std::lock_guard<std::mutex> lock(nonfinite_mutex_);
+  if (!nonfinite_note_) {
+    spdlog::info("looking for a weight that is not finite in {} ...", ckpt_.dir().string());
+    Result<std::optional<std::string>> found = find_nonfinite_weight(ckpt_);
+    if (!found.is_ok()) return s.with_note(found.status().message());
+    nonfinite_note_ = *found ? "The checkpoint's bytes are damaged: " + **found
+                             : "Every weight of the checkpoint the trunk reads is finite: "
+                               "activations overflowed, or a pack or expert bytes differ";
+  }
+  return s.with_note(*nonfinite_note_);
 }
 
 }  // namespace ktier::runtime

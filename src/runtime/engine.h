@@ -7,7 +7,9 @@
 
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
 
 #include "backend/backend.h"
 #include "common/status.h"
@@ -135,6 +137,11 @@ class Engine {
   const cpu::Exec& exec() const { return exec_; }
   int threads() const { return pool_->size(); }
 
+  // `s`, and where it is check_logits' error (logits not finite), the first weight of the
+  // checkpoint that is not finite (find_nonfinite_weight: read on the first such error only),
+  // or that none is. Thread-safe.
+  Status explain_nonfinite(const Status& s) const;
+
  private:
   explicit Engine(format::Checkpoint ckpt) : ckpt_(std::move(ckpt)) {}
   // The memory dial in two steps, GPU mode's device trunk between them: pack, I/O engine,
@@ -167,6 +174,8 @@ class Engine {
   uint64_t vram_bytes_ = 0;     // GPU mode: the budget applied
   uint64_t working_bytes_ = 0;  // GPU mode: set aside for the sequence (EngineOptions::Workload)
   DeviceTrunk::Plan device_plan_;  // GPU mode: where the trunk goes (plan_device)
+  mutable std::mutex nonfinite_mutex_;                 // guards nonfinite_note_
+  mutable std::optional<std::string> nonfinite_note_;  // explain_nonfinite's, once read
   DialMinimum dial_min_;            // the memory dial's minimum, part by part (open_trunk_dial)
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "common/check.h"
@@ -164,6 +165,8 @@ Status evaluate_chunks(model::Model& model, std::span<const int32_t> ids, int64_
 // Weights or activations that are not finite never come from a sound checkpoint (bytes damaged
 // or rewritten under the run, or an overflow); greedy argmax would say token 0 and carry on.
 Status check_logits(const float* logits, int64_t n, int64_t positions);
+// How check_logits' messages begin (weight_scan.h: is_nonfinite_logits).
+inline constexpr std::string_view kNonFiniteLogits = "the logits after ";
 
 // Peak resident set size of this process in bytes (getrusage), 0 if unknown.
 uint64_t peak_rss_bytes();

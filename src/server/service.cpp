@@ -334,7 +334,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   session_->set_callbacks(nullptr, nullptr);  // they refer to this call's locals
   if (!turn.is_ok()) {  // the sequence is unusable: the next request starts afresh
     session_.reset();
-    return turn.status();
+    return engine_.explain_nonfinite(turn.status());
   }
   const bool withheld = echo_unscored();  // (then nothing was sampled)
   if (withheld) {

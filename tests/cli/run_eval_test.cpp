@@ -667,6 +667,8 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     const auto r = run_process(ktier() + " run -m " + nan_dir.string() + " --ids 1,2 -n 3 " +
                                "--trace " + trace.string());
     const auto ev = run_process(ktier() + " eval -m " + nan_dir.string() + " --ids 1,2 --argmax");
+    const auto ppl = run_process(ktier() + " perplexity -m " + nan_dir.string() +
+                                 " --ids 1,2,3,4,5,6,7,8 -c 8");
     // Nor are the logits written as if they were an answer.
     const fs::path logits = dir_.string() + "-nan.f32";
     const auto lo = run_process(ktier() + " eval -m " + nan_dir.string() + " --ids 1,2 " +
@@ -682,6 +684,14 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     EXPECT_EQ(r.exit_code, 3) << r.err;
     EXPECT_NE(r.err.find("the logits after 2 positions hold NaN (first at id 7)"),
               std::string::npos) << r.err;
+    // The error names where: the first weight that is not finite, found once it is seen.
+    const std::string where = "The checkpoint's bytes are damaged: language_model.lm_head.weight "
+                              "in model-00014-of-000014.safetensors: element " +
+                              std::to_string(7 * hidden) + " is NaN";
+    EXPECT_NE(r.err.find(where), std::string::npos) << r.err;
+    EXPECT_NE(ev.err.find(where), std::string::npos) << ev.err;
+    EXPECT_EQ(ppl.exit_code, 3) << ppl.err;
+    EXPECT_NE(ppl.err.find(where), std::string::npos) << ppl.err;
     EXPECT_EQ(r.out, "");
     EXPECT_EQ(ev.exit_code, 3) << ev.err;  // eval --argmax reports no id from them either
     EXPECT_NE(ev.err.find("the logits after 1 positions hold NaN"), std::string::npos) << ev.err;
