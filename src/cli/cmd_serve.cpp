@@ -229,46 +229,43 @@ class ApiHandlers {
   }
 
   void handle(server::Endpoint endpoint, const std::string& body, httplib::Response& res) {
+    const bool chat = endpoint == server::Endpoint::kChatCompletions;
+    server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
+                              now(), model_};
+    // Completions' batch of prompts: each answered in turn, whole, as a choice of one answer.
+    if (endpoint == server::Endpoint::kCompletions) {
+      Result<std::vector<std::string>> batch = server::split_prompt_batch(body);
+      if (!batch.is_ok()) return send_error(res, batch.status());
+      if (!batch->empty()) {
+        std::vector<json> answers;
+        for (const std::string& one : *batch) {
+          Result<server::CompletionRequest> parsed =
+              server::parse_request(endpoint, one, service().options().defaults);
+          Result<json> answer =
+              parsed.is_ok() ? handle_whole(std::move(*parsed), head) : parsed.status();
+          if (!answer.is_ok()) return send_error(res, answer.status());
+          answers.push_back(std::move(*answer));
+        }
+        return reply(res, server::batch_response(std::move(answers)));
+      }
+    }
     Result<server::CompletionRequest> parsed =
         server::parse_request(endpoint, body, service().options().defaults);
     if (!parsed.is_ok()) return send_error(res, parsed.status());
+    if (!parsed->stream) return reply(res, handle_whole(std::move(*parsed), head));
     Result<server::PreparedRequest> prepared = service().prepare(std::move(*parsed));
     if (!prepared.is_ok()) return send_error(res, prepared.status());
-    const bool chat = endpoint == server::Endpoint::kChatCompletions;
     const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
-    server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
-                              now(), model_};
-    const bool logprobs = parsed->logprobs.has_value();
+    const bool logprobs = prepared->request.logprobs.has_value();
     // The request's logprobs of `tokens` in its endpoint's form; null when it asked none.
     const auto logprobs_of = [endpoint, logprobs](std::span<const server::AnswerToken> tokens) {
       return logprobs ? server::logprobs_json(endpoint, tokens) : json(nullptr);
     };
-    // The whole answer, or a stream's last event (llama-server's only: text "", and no
-    // logprobs, which went with the pieces).
-    const auto final_body = [this, endpoint, native_api, head, logprobs_of](
-                                const server::Completion& done, bool stream_end) {
-      const std::string& text = stream_end ? std::string() : done.text;
-      const json probs = stream_end ? json(nullptr) : logprobs_of(done.logprobs);
-      return native_api
-                 ? server::llama_completion_result(model_, text, done.finish, done.stopping_word,
-                                                   done.usage, extra_fields(done), probs)
-                 : server::completion_response(endpoint, head, text, done.finish, done.usage,
-                                               extra_fields(done), probs);
-    };
     auto request = std::make_shared<server::PreparedRequest>(std::move(*prepared));
-    if (!request->request.stream) {
-      Result<server::Completion> done =
-          run(*request, [](std::string_view, std::span<const server::AnswerToken>) {
-            return true;
-          });
-      if (!done.is_ok()) return send_error(res, done.status());
-      res.set_content(server::dump(final_body(*done, false)), "application/json");
-      return;
-    }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, request, head, endpoint, native_api, final_body, logprobs_of](
+        [this, request, head, endpoint, native_api, logprobs_of](
             size_t, httplib::DataSink& sink) {
           const auto send = [&](const json& j) {
             const std::string event = server::sse_event(j);
@@ -291,7 +288,9 @@ class ApiHandlers {
             // The status line is sent: the error goes as an event, as llama-server does.
             send(error_json(done.status()));
           } else if (open && native_api) {
-            send(final_body(*done, true));
+            // llama-server's last event: text "", no logprobs (they went with the pieces).
+            send(server::llama_completion_result(model_, "", done->finish, done->stopping_word,
+                                                 done->usage, extra_fields(*done), nullptr));
           } else if (open) {
             send(server::stream_chunk(endpoint, head, "", done->finish));
             if (request->request.include_usage)
@@ -303,6 +302,26 @@ class ApiHandlers {
           sink.done();
           return true;
         });
+  }
+
+  // A request answered whole (not streamed): its response body.
+  Result<json> handle_whole(server::CompletionRequest parsed, const server::ResponseHead& head) {
+    const server::Endpoint endpoint = parsed.endpoint;
+    KTIER_ASSIGN_OR_RETURN(const server::PreparedRequest prepared,
+                           service().prepare(std::move(parsed)));
+    KTIER_ASSIGN_OR_RETURN(
+        const server::Completion done,
+        run(prepared, [](std::string_view, std::span<const server::AnswerToken>) {
+          return true;
+        }));
+    const json probs = prepared.request.logprobs
+                           ? server::logprobs_json(endpoint, done.logprobs)
+                           : json(nullptr);
+    if (endpoint == server::Endpoint::kLlamaCompletion)
+      return server::llama_completion_result(model_, done.text, done.finish, done.stopping_word,
+                                             done.usage, extra_fields(done), probs);
+    return server::completion_response(endpoint, head, done.text, done.finish, done.usage,
+                                       extra_fields(done), probs);
   }
 
   // One generation, logged as a line on stderr. An answer the server's stop (Ctrl-C, SIGTERM) cut

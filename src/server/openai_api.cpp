@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/check.h"
 #include "tokenizer/unicode.h"
 
 namespace ktier::server {
@@ -276,6 +277,42 @@ Result<bool> bool_field(const json& body, const char* name, bool fallback) {
   if (it == body.end() || it->is_null()) return fallback;
   if (!it->is_boolean()) return field_error(name, "must be true or false");
   return it->get<bool>();
+}
+
+Result<std::vector<std::string>> split_prompt_batch(std::string_view body) {
+  KTIER_ASSIGN_OR_RETURN(const json j, parse_body_object(body));
+  std::vector<std::string> bodies;
+  const auto prompt = j.find("prompt");
+  if (prompt == j.end() || !prompt->is_array() || prompt->size() < 2) return bodies;
+  for (const json& p : *prompt)
+    if (!p.is_string() && !p.is_array()) return bodies;  // an array of ids: one prompt
+  if (j.value("stream", false) == true)
+    return field_error("prompt", "a batch of prompts is answered whole only (not streamed)");
+  for (const json& p : *prompt) {
+    json one = j;
+    one["prompt"] = p;
+    bodies.push_back(one.dump());
+  }
+  return bodies;
+}
+
+nlohmann::json batch_response(std::vector<nlohmann::json> answers) {
+  KTIER_CHECK(!answers.empty());
+  json choices = json::array();
+  Usage usage;
+  for (json& a : answers) {
+    json choice = std::move(a["choices"][0]);
+    choice["index"] = choices.size();
+    choices.push_back(std::move(choice));
+    const json& u = a["usage"];
+    usage.prompt_tokens += u["prompt_tokens"].get<int64_t>();
+    usage.completion_tokens += u["completion_tokens"].get<int64_t>();
+    usage.cached_tokens += u["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  }
+  json out = std::move(answers.back());
+  out["choices"] = std::move(choices);
+  out["usage"] = usage_json(usage);
+  return out;
 }
 
 Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body,

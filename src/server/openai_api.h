@@ -4,7 +4,8 @@
 // No HTTP here (cli/cmd_serve.cpp has it), so that every rule is unit-tested.
 //
 // What a request may say (docs/TUNING.md "Serving"): model (any; the one loaded answers),
-// prompt (completions: a string, an array of one string, or an array of token ids), n_predict
+// prompt (completions: a string, an array of one string, or an array of token ids; or a batch
+// of two or more of them, answered in turn as one choice each, not streamed), n_predict
 // (llama-server's /completion only: its max_tokens, capped to the context left, -1 or -2 = all
 // of it, 0 = the prompt only), messages (chat: roles user and assistant, content a string or an
 // array of {"type": "text"} parts), max_tokens (max_completion_tokens), temperature, top_p,
@@ -82,6 +83,16 @@ inline constexpr OpenAiBound kOpenAiBounds[] = {
      &runtime::SamplingParams::frequency_penalty}};
 // Status::usage naming the flag of the first value of `p` outside kOpenAiBounds.
 Status check_openai_bounds(const runtime::SamplingParams& p);
+
+// Completions' batch of prompts (`prompt` an array of two or more prompts, each a string or an
+// array of token ids: OpenAI's, lm-eval-harness's batches): the body once per prompt, with that
+// prompt alone; empty where `body` holds no batch (parse_request reads it). Errors:
+// Status::usage for a body that is not a JSON object, or a batch with "stream" true (not
+// built).
+Result<std::vector<std::string>> split_prompt_batch(std::string_view body);
+// The response to a batch: the answers' choices in order, each with its index, their usage
+// summed, the other fields (id, timings, run report) the last answer's.
+nlohmann::json batch_response(std::vector<nlohmann::json> answers);
 
 // Parses and checks a request body. Status::usage naming the field (e.g. "messages[2].role")
 // for malformed JSON, a wrong type or value, or something not built.

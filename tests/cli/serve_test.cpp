@@ -214,6 +214,28 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   ASSERT_EQ(completion->status, 200) << completion->body;
   const json v1 = json::parse(completion->body);
   EXPECT_EQ(v1["object"], "text_completion");
+  // A batch of prompts (OpenAI's, lm-eval-harness's): one choice each, answered as alone.
+  const json ids_request = {{"prompt", {1, 2, 3}}, {"max_tokens", 3}, {"seed", 5}};
+  auto alone = client.Post("/v1/completions", ids_request.dump(), "application/json");
+  ASSERT_TRUE(alone);
+  ASSERT_EQ(alone->status, 200) << alone->body;
+  const json batch_request = {{"prompt", {"The lamp", {1, 2, 3}}}, {"max_tokens", 3}, {"seed", 5}};
+  auto batch = client.Post("/v1/completions", batch_request.dump(), "application/json");
+  ASSERT_TRUE(batch);
+  ASSERT_EQ(batch->status, 200) << batch->body;
+  const json b = json::parse(batch->body);
+  ASSERT_EQ(b["choices"].size(), 2u) << b.dump();
+  EXPECT_EQ(b["choices"][0]["text"], v1["choices"][0]["text"]);
+  EXPECT_EQ(b["choices"][1]["text"], json::parse(alone->body)["choices"][0]["text"]);
+  EXPECT_EQ(b["choices"][1]["index"], 1);
+  EXPECT_EQ(b["usage"]["completion_tokens"],
+            v1["usage"]["completion_tokens"].get<int>() +
+                json::parse(alone->body)["usage"]["completion_tokens"].get<int>());
+  json streamed_batch = batch_request;
+  streamed_batch["stream"] = true;
+  auto refused = client.Post("/v1/completions", streamed_batch.dump(), "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
 
   // llama-server's own /completion: the same answer, whole or streamed (pieces, then the result
   // with "stop" true and content ""; no [DONE]), the prompt as text or as its token ids.

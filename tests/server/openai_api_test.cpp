@@ -274,6 +274,52 @@ TEST(OpenAiResponse, BodiesHaveOpenAisShape) {
   EXPECT_EQ(dump(json{{"id", "k\xff"}}), "{\"id\":\"k\xef\xbf\xbd\"}");
 }
 
+// Completions' batch of prompts: the request once per prompt (strings and id arrays alike, the
+// other fields kept); not a batch where the prompt is one (a string, an id array, a batch of
+// one); a streamed batch refused. Its response: the choices in order, usage summed.
+TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
+  const json body = {{"prompt", {"a", {1, 2}, "c"}}, {"max_tokens", 2}, {"echo", true}};
+  auto batch = split_prompt_batch(body.dump());
+  ASSERT_TRUE(batch.is_ok()) << batch.status().message();
+  ASSERT_EQ(batch->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    json want = body;
+    want["prompt"] = body["prompt"][i];
+    EXPECT_EQ(json::parse((*batch)[i]), want);
+    EXPECT_TRUE(completion(json::parse((*batch)[i])).is_ok());
+  }
+  for (const json& one : {json("a"), json::array({1, 2}), json::array({json::array({1, 2})}),
+                          json::array({"a"}), json::array({"a", 1})}) {
+    auto none = split_prompt_batch(json{{"prompt", one}}.dump());
+    ASSERT_TRUE(none.is_ok()) << one.dump();
+    EXPECT_TRUE(none->empty()) << one.dump();
+  }
+  auto streamed = split_prompt_batch(json{{"prompt", {"a", "b"}}, {"stream", true}}.dump());
+  ASSERT_FALSE(streamed.is_ok());
+  EXPECT_EQ(streamed.status().exit_code(), 2);
+  EXPECT_FALSE(split_prompt_batch("[1]").is_ok());
+
+  const ResponseHead head{"cmpl-3", 1700000000, "k3"};
+  std::vector<json> answers;
+  answers.push_back(completion_response(Endpoint::kCompletions, head, "x",
+                                        FinishReason::kLength, Usage{4, 2, 1}, {}));
+  answers.push_back(completion_response(Endpoint::kCompletions, head, "yz", FinishReason::kStop,
+                                        Usage{5, 1, 0}, {{"timings", {{"prompt_n", 5}}}}));
+  const json j = batch_response(std::move(answers));
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["text"], "x");
+  EXPECT_EQ(j["choices"][1]["index"], 1);
+  EXPECT_EQ(j["choices"][1]["text"], "yz");
+  EXPECT_EQ(j["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 9);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(j["usage"]["total_tokens"], 12);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+  EXPECT_EQ(j["timings"]["prompt_n"], 5);  // the last answer's
+  EXPECT_EQ(j["id"], "cmpl-3");
+}
+
 // Each endpoint's own field: chat logprobs true (+ top_logprobs), completions logprobs N,
 // /completion n_probs N (0: none); the other endpoints' refused unless neutral.
 TEST(OpenAiRequest, LogprobsAreAskedInEachEndpointsField) {
