@@ -243,7 +243,10 @@ class ApiHandlers {
               server::parse_request(endpoint, one, service().options().defaults);
           Result<json> answer =
               parsed.is_ok() ? handle_whole(std::move(*parsed), head) : parsed.status();
-          if (!answer.is_ok()) return send_error(res, answer.status());
+          if (!answer.is_ok())
+            return send_error(res, answer.status().with_note(
+                                       "In the batch: prompt " + std::to_string(answers.size()) +
+                                       " (from 0)"));
           answers.push_back(std::move(*answer));
         }
         return reply(res, server::batch_response(std::move(answers)));

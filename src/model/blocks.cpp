@@ -124,6 +124,24 @@ Status select_experts(const MoeWeights& w, const format::ModelConfig& c, const f
   return be.download(weights.data(), weights_dev, weights.size() * sizeof(float));
 }
 
+Status check_router_scores(const float* logits, int64_t T, int64_t n_experts, int64_t layer,
+                           int64_t first_position, backend::Backend& be) {
+  std::vector<float> scores(static_cast<size_t>(T * n_experts));
+  KTIER_RETURN_IF_ERROR(be.download(scores.data(), logits, scores.size() * sizeof(float)));
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (std::isfinite(scores[i])) continue;
+    const int64_t token = static_cast<int64_t>(i) / n_experts;
+    return Status::corrupt(std::string(kNonFiniteRouterScores) + std::to_string(layer) + " (" +
+                           router_tensor_name(layer) + ") at position " +
+                           std::to_string(first_position + token) + " hold " +
+                           (std::isnan(scores[i]) ? "NaN" : "an infinity") + " (expert " +
+                           std::to_string(static_cast<int64_t>(i) % n_experts) +
+                           "): its weights or the hidden state are not finite; top-k would "
+                           "pass over it and change the tokens silently");
+  }
+  return Status::ok();
+}
+
 Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t layer,
                  int64_t first_position, ExpertSource& experts, RoutingObserver* observer,
                  const float* x, const float* shared_out, int64_t T, float* out,
@@ -143,6 +161,7 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
   std::vector<int32_t> ids;
   std::vector<float> weights;
   KTIER_RETURN_IF_ERROR(select_experts(w, c, logits, T, ids_dev, weights_dev, ids, weights, be));
+  KTIER_RETURN_IF_ERROR(check_router_scores(logits, T, Ne, layer, first_position, be));
   if (observer) observer->on_routing(layer, first_position, ids.data(), weights.data(), T, k);
   experts.begin_layer(layer, first_position, ids.data(), T, k);
 

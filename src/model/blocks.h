@@ -7,6 +7,7 @@
 // failures; never on the CPU) and, for moe_block, the ExpertSource's.
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -73,6 +74,14 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
 Status select_experts(const MoeWeights& w, const format::ModelConfig& c, const float* logits,
                       int64_t T, float* ids_dev, float* weights_dev, std::vector<int32_t>& ids,
                       std::vector<float>& weights, backend::Backend& be);
+
+// Status::corrupt when one of a MoE router's logits [T, N_e] (backend memory) for layer `layer`
+// at positions from `first_position` is NaN or infinite: top-k ranks NaN below every score, so
+// a damaged router weight would change the experts chosen without reaching the logits check.
+// The message begins with kNonFiniteRouterScores.
+Status check_router_scores(const float* logits, int64_t T, int64_t n_experts, int64_t layer,
+                           int64_t first_position, backend::Backend& be);
+inline constexpr std::string_view kNonFiniteRouterScores = "the router scores of layer ";
 
 // Scratch floats in backend memory for one call: allocations are checked together (status())
 // before any op uses them; everything is released with the Scratch.

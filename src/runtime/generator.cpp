@@ -25,7 +25,7 @@ Status check_logits(const float* logits, int64_t n, int64_t positions) {
     any_possible = any_possible || l > -std::numeric_limits<float>::infinity();
     if (!std::isnan(l) && l != std::numeric_limits<float>::infinity()) continue;
     return Status::corrupt(std::string(kNonFiniteLogits) + std::to_string(positions) +
-                           " positions hold " +
+                           (positions == 1 ? " position" : " positions") + " hold " +
                            (std::isnan(l) ? "NaN" : "+Inf") + " (first at id " +
                            std::to_string(i) + "): weights or activations are not finite "
                            "(a shard or pack damaged or rewritten during the run, or a "
@@ -34,7 +34,7 @@ Status check_logits(const float* logits, int64_t n, int64_t positions) {
   }
   if (n > 0 && !any_possible)
     return Status::corrupt(std::string(kNonFiniteLogits) + std::to_string(positions) +
-                           " positions are all -Inf: weights or activations are not finite "
+                           (positions == 1 ? " position" : " positions") + " are all -Inf: weights or activations are not finite "
                            "(a shard or pack damaged or rewritten during the run?); no token is "
                            "drawn from them");
   return Status::ok();

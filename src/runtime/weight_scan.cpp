@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "model/blocks.h"
 #include "model/weights.h"
 #include "runtime/generator.h"
 
@@ -80,7 +81,8 @@ Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoin
 
 bool is_nonfinite_logits(const Status& s) {
   return s.code() == ExitCode::kCorrupt &&
-         s.message().find(kNonFiniteLogits) != std::string::npos;
+         (s.message().find(kNonFiniteLogits) != std::string::npos ||
+          s.message().find(model::kNonFiniteRouterScores) != std::string::npos);
 }
 
 }  // namespace ktier::runtime

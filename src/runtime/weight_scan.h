@@ -20,7 +20,8 @@ namespace ktier::runtime {
 // Errors: the shard's read errors (Status::runtime).
 Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoint& ckpt);
 
-// Whether `s` is check_logits' error (runtime/generator.h): logits that are not finite.
+// Whether `s` is check_logits' error (runtime/generator.h): logits that are not finite; or
+// model::check_router_scores' (a router's scores).
 bool is_nonfinite_logits(const Status& s);
 
 }  // namespace ktier::runtime

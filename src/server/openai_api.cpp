@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -284,8 +285,14 @@ Result<std::vector<std::string>> split_prompt_batch(std::string_view body) {
   std::vector<std::string> bodies;
   const auto prompt = j.find("prompt");
   if (prompt == j.end() || !prompt->is_array() || prompt->size() < 2) return bodies;
+  // Each a string or an array of ids (an array of numbers is one prompt; anything else is
+  // refused as one, by parse_request).
   for (const json& p : *prompt)
-    if (!p.is_string() && !p.is_array()) return bodies;  // an array of ids: one prompt
+    if (!p.is_string() &&
+        !(p.is_array() && std::all_of(p.begin(), p.end(), [](const json& id) {
+          return id.is_number();
+        })))
+      return bodies;
   if (j.value("stream", false) == true)
     return field_error("prompt", "a batch of prompts is answered whole only (not streamed)");
   for (const json& p : *prompt) {

@@ -694,8 +694,42 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     EXPECT_NE(ppl.err.find(where), std::string::npos) << ppl.err;
     EXPECT_EQ(r.out, "");
     EXPECT_EQ(ev.exit_code, 3) << ev.err;  // eval --argmax reports no id from them either
-    EXPECT_NE(ev.err.find("the logits after 1 positions hold NaN"), std::string::npos) << ev.err;
+    EXPECT_NE(ev.err.find("the logits after 1 position hold NaN"), std::string::npos) << ev.err;
     EXPECT_EQ(ev.out, "");
+  }
+  // A NaN in one router row (a fuzzing find): top-k passed over that expert's NaN score and
+  // the tokens changed with exit 0; now exit 3 at the layer's scores, naming the weight.
+  {
+    const fs::path gate_dir = dir_.string() + "-gate";
+    fs::remove_all(gate_dir);
+    fs::copy(dir_, gate_dir);
+    const std::string gate = "language_model.model.layers.2.block_sparse_moe.gate.weight";
+    const fs::path shard = gate_dir / "model-00003-of-000014.safetensors";
+    uint64_t offset = 0, hidden = 0;
+    {
+      auto st = format::SafetensorsFile::open(shard);
+      ASSERT_TRUE(st.is_ok()) << st.status().message();
+      const format::TensorInfo* t = st->find(gate);
+      ASSERT_NE(t, nullptr);
+      offset = t->file_offset;
+      hidden = static_cast<uint64_t>(t->shape.at(1));
+    }
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset + 2 * (hidden + 2)));  // expert 1's row
+    const char nan_bf16[2] = {'\xc0', '\x7f'};
+    f.write(nan_bf16, 2);
+    f.close();
+    const auto r = run_process(ktier() + " run -m " + gate_dir.string() + " --ids 1,2 -n 3");
+    fs::remove_all(gate_dir);
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("the router scores of layer 2 (" + gate + ") at position 0 hold NaN "
+                         "(expert 1)"),
+              std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("The checkpoint's bytes are damaged: " + gate +
+                         " in model-00003-of-000014.safetensors: element " +
+                         std::to_string(hidden + 2) + " is NaN"),
+              std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
   }
   // A NaN or infinite norm gain, bias or gate parameter: exit 3 naming the tensor, even where
   // the value would never reach the logits (the router's bias under top-k, dt_bias).

@@ -236,6 +236,13 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   auto refused = client.Post("/v1/completions", streamed_batch.dump(), "application/json");
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->status, 400) << refused->body;
+  // A prompt of the batch that cannot run: 400 saying which.
+  auto bad_item = client.Post("/v1/completions", R"({"prompt": ["a", [1, 99999]]})",
+                              "application/json");
+  ASSERT_TRUE(bad_item);
+  EXPECT_EQ(bad_item->status, 400) << bad_item->body;
+  EXPECT_NE(bad_item->body.find("In the batch: prompt 1 (from 0)"), std::string::npos)
+      << bad_item->body;
 
   // llama-server's own /completion: the same answer, whole or streamed (pieces, then the result
   // with "stop" true and content ""; no [DONE]), the prompt as text or as its token ids.

@@ -288,8 +288,10 @@ TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
     EXPECT_EQ(json::parse((*batch)[i]), want);
     EXPECT_TRUE(completion(json::parse((*batch)[i])).is_ok());
   }
-  for (const json& one : {json("a"), json::array({1, 2}), json::array({json::array({1, 2})}),
-                          json::array({"a"}), json::array({"a", 1})}) {
+  for (const json& one :
+       {json("a"), json::array({1, 2}), json::array({json::array({1, 2})}), json::array({"a"}),
+        json::array({"a", 1}), json::array({"a", json::array({json::array({"b"})})}),
+        json::array({json::array({1}), json::array({json::array({2})})})}) {
     auto none = split_prompt_batch(json{{"prompt", one}}.dump());
     ASSERT_TRUE(none.is_ok()) << one.dump();
     EXPECT_TRUE(none->empty()) << one.dump();
