@@ -34,9 +34,10 @@ Status check_logits(const float* logits, int64_t n, int64_t positions) {
   }
   if (n > 0 && !any_possible)
     return Status::corrupt(std::string(kNonFiniteLogits) + std::to_string(positions) +
-                           (positions == 1 ? " position" : " positions") + " are all -Inf: weights or activations are not finite "
-                           "(a shard or pack damaged or rewritten during the run?); no token is "
-                           "drawn from them");
+                           (positions == 1 ? " position" : " positions") +
+                           " are all -Inf: weights or activations are not finite (a shard or "
+                           "pack damaged or rewritten during the run?); no token is drawn from "
+                           "them");
   return Status::ok();
 }
 
