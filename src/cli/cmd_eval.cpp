@@ -60,8 +60,8 @@ Status eval(const EvalArgs& a) {
   warn_past_trained_positions(engine->checkpoint().config(), T - 1,
                               "the input (" + std::to_string(T) + " tokens)");
   std::vector<float> logits(static_cast<size_t>(T * V));
-  KTIER_RETURN_IF_ERROR(runtime::evaluate(engine->model(), ids, a.chunk > 0 ? a.chunk : T,
-                                          logits.data()));
+  KTIER_RETURN_IF_ERROR(engine->explain_nonfinite(
+      runtime::evaluate(engine->model(), ids, a.chunk > 0 ? a.chunk : T, logits.data())));
   // Logits from non-finite weights or activations are not an answer: nothing is written.
   for (int64_t t = 0; t < T; ++t)
     KTIER_RETURN_IF_ERROR(

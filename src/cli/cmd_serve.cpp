@@ -232,21 +232,28 @@ class ApiHandlers {
     const bool chat = endpoint == server::Endpoint::kChatCompletions;
     server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
                               now(), model_};
-    // Completions' batch of prompts: each answered in turn, whole, as a choice of one answer.
+    // Completions' batch of prompts: every one checked first, then each answered in turn,
+    // whole, as a choice of one answer.
     if (endpoint == server::Endpoint::kCompletions) {
       Result<std::vector<std::string>> batch = server::split_prompt_batch(body);
       if (!batch.is_ok()) return send_error(res, batch.status());
       if (!batch->empty()) {
-        std::vector<json> answers;
+        std::vector<server::PreparedRequest> prompts;
         for (const std::string& one : *batch) {
           Result<server::CompletionRequest> parsed =
               server::parse_request(endpoint, one, service().options().defaults);
-          Result<json> answer =
-              parsed.is_ok() ? handle_whole(std::move(*parsed), head) : parsed.status();
-          if (!answer.is_ok())
-            return send_error(res, answer.status().with_note(
-                                       "In the batch: prompt " + std::to_string(answers.size()) +
+          Result<server::PreparedRequest> prepared =
+              parsed.is_ok() ? service().prepare(std::move(*parsed)) : parsed.status();
+          if (!prepared.is_ok())
+            return send_error(res, prepared.status().with_note(
+                                       "In the batch: prompt " + std::to_string(prompts.size()) +
                                        " (from 0)"));
+          prompts.push_back(std::move(*prepared));
+        }
+        std::vector<json> answers;
+        for (const server::PreparedRequest& prompt : prompts) {
+          Result<json> answer = handle_whole(prompt, head);
+          if (!answer.is_ok()) return send_error(res, answer.status());
           answers.push_back(std::move(*answer));
         }
         return reply(res, server::batch_response(std::move(answers)));
@@ -255,9 +262,9 @@ class ApiHandlers {
     Result<server::CompletionRequest> parsed =
         server::parse_request(endpoint, body, service().options().defaults);
     if (!parsed.is_ok()) return send_error(res, parsed.status());
-    if (!parsed->stream) return reply(res, handle_whole(std::move(*parsed), head));
     Result<server::PreparedRequest> prepared = service().prepare(std::move(*parsed));
     if (!prepared.is_ok()) return send_error(res, prepared.status());
+    if (!prepared->request.stream) return reply(res, handle_whole(*prepared, head));
     const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
     const bool logprobs = prepared->request.logprobs.has_value();
     // The request's logprobs of `tokens` in its endpoint's form; null when it asked none.
@@ -308,10 +315,9 @@ class ApiHandlers {
   }
 
   // A request answered whole (not streamed): its response body.
-  Result<json> handle_whole(server::CompletionRequest parsed, const server::ResponseHead& head) {
-    const server::Endpoint endpoint = parsed.endpoint;
-    KTIER_ASSIGN_OR_RETURN(const server::PreparedRequest prepared,
-                           service().prepare(std::move(parsed)));
+  Result<json> handle_whole(const server::PreparedRequest& prepared,
+                            const server::ResponseHead& head) {
+    const server::Endpoint endpoint = prepared.request.endpoint;
     KTIER_ASSIGN_OR_RETURN(
         const server::Completion done,
         run(prepared, [](std::string_view, std::span<const server::AnswerToken>) {

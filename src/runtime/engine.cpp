@@ -485,7 +485,9 @@ Status Engine::explain_nonfinite(const Status& s) const {
   if (!nonfinite_note_) {
     spdlog::info("looking for a weight that is not finite in {} ...", ckpt_.dir().string());
     Result<std::optional<std::string>> found = find_nonfinite_weight(ckpt_);
-    if (!found.is_ok()) return s.with_note(found.status().message());
+    if (!found.is_ok())
+      return s.with_note("Looking for the weight that is not finite failed: " +
+                         found.status().message());
     nonfinite_note_ = *found ? "The checkpoint's bytes are damaged: " + **found
                              : "Every weight of the checkpoint the trunk reads is finite: "
                                "activations overflowed, or a pack or expert bytes differ";

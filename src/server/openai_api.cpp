@@ -293,7 +293,8 @@ Result<std::vector<std::string>> split_prompt_batch(std::string_view body) {
           return id.is_number();
         })))
       return bodies;
-  if (j.value("stream", false) == true)
+  KTIER_ASSIGN_OR_RETURN(const bool stream, bool_field(j, "stream", false));
+  if (stream)
     return field_error("prompt", "a batch of prompts is answered whole only (not streamed)");
   for (const json& p : *prompt) {
     json one = j;

@@ -720,7 +720,11 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     f.write(nan_bf16, 2);
     f.close();
     const auto r = run_process(ktier() + " run -m " + gate_dir.string() + " --ids 1,2 -n 3");
+    const auto ev = run_process(ktier() + " eval -m " + gate_dir.string() + " --ids 1,2 --argmax");
     fs::remove_all(gate_dir);
+    EXPECT_EQ(ev.exit_code, 3) << ev.err;
+    EXPECT_NE(ev.err.find("The checkpoint's bytes are damaged: " + gate), std::string::npos)
+        << ev.err;
     EXPECT_EQ(r.exit_code, 3) << r.err;
     EXPECT_NE(r.err.find("the router scores of layer 2 (" + gate + ") at position 0 hold NaN "
                          "(expert 1)"),

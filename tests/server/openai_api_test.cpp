@@ -300,6 +300,9 @@ TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
   ASSERT_FALSE(streamed.is_ok());
   EXPECT_EQ(streamed.status().exit_code(), 2);
   EXPECT_FALSE(split_prompt_batch("[1]").is_ok());
+  EXPECT_TRUE(split_prompt_batch(R"({"prompt": ["a", "b"], "stream": null})").is_ok());
+  EXPECT_EQ(error_param(split_prompt_batch(R"({"prompt": ["a", "b"], "stream": 1})").status()),
+            "stream");
 
   const ResponseHead head{"cmpl-3", 1700000000, "k3"};
   std::vector<json> answers;
