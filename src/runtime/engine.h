@@ -137,9 +137,9 @@ class Engine {
   const cpu::Exec& exec() const { return exec_; }
   int threads() const { return pool_->size(); }
 
-  // `s`, and where it is check_logits' error (logits not finite), the first weight of the
-  // checkpoint that is not finite (find_nonfinite_weight: read on the first such error only),
-  // or that none is. Thread-safe.
+  // `s`, and where it is an error of values not finite (is_nonfinite_logits: the logits, a
+  // router's scores), the first weight of the checkpoint that is not finite
+  // (find_nonfinite_weight: read on the first such error only), or that none is. Thread-safe.
   Status explain_nonfinite(const Status& s) const;
 
  private:
