@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common/check.h"
@@ -110,24 +111,32 @@ Status glu_mlp(const GluWeights& w, const format::ModelConfig& c, const float* x
   return be.linear(&dj, 1);
 }
 
-Status select_experts(const MoeWeights& w, const format::ModelConfig& c, const float* logits,
-                      int64_t T, float* ids_dev, float* weights_dev, std::vector<int32_t>& ids,
-                      std::vector<float>& weights, backend::Backend& be) {
-  const int k = static_cast<int>(c.num_experts_per_token);
-  KTIER_RETURN_IF_ERROR(be.router_topk(logits, w.router_bias.data(), T,
-                                       static_cast<int>(c.num_experts), k, c.moe_renormalize,
-                                       c.routed_scaling_factor,
-                                       reinterpret_cast<int32_t*>(ids_dev), weights_dev));
-  ids.resize(static_cast<size_t>(T * k));
-  weights.resize(ids.size());
-  KTIER_RETURN_IF_ERROR(be.download(ids.data(), ids_dev, ids.size() * sizeof(int32_t)));
-  return be.download(weights.data(), weights_dev, weights.size() * sizeof(float));
+RoutingBuffers routing_buffers(Scratch& s, const format::ModelConfig& c, int64_t T) {
+  const int64_t k = c.num_experts_per_token, Ne = c.num_experts;
+  return RoutingBuffers{s.floats(RoutingBuffers::floats(T, k, Ne)), T, k, Ne};
 }
 
-Status check_router_scores(const float* logits, int64_t T, int64_t n_experts, int64_t layer,
-                           int64_t first_position, backend::Backend& be) {
-  std::vector<float> scores(static_cast<size_t>(T * n_experts));
-  KTIER_RETURN_IF_ERROR(be.download(scores.data(), logits, scores.size() * sizeof(float)));
+Status select_experts(const MoeWeights& w, const format::ModelConfig& c, const RoutingBuffers& buf,
+                      Routing& host, backend::Backend& be) {
+  KTIER_CHECK(buf.k == c.num_experts_per_token && buf.n_experts == c.num_experts);
+  KTIER_RETURN_IF_ERROR(be.router_topk(buf.logits(), w.router_bias.data(), buf.T,
+                                       static_cast<int>(buf.n_experts), static_cast<int>(buf.k),
+                                       c.moe_renormalize, c.routed_scaling_factor,
+                                       reinterpret_cast<int32_t*>(buf.ids()), buf.weights()));
+  std::vector<float> all(static_cast<size_t>(RoutingBuffers::floats(buf.T, buf.k, buf.n_experts)));
+  KTIER_RETURN_IF_ERROR(be.download(all.data(), buf.base, all.size() * sizeof(float)));
+  const size_t picks = static_cast<size_t>(buf.T * buf.k);
+  host.ids.resize(picks);
+  std::memcpy(host.ids.data(), all.data(), picks * sizeof(int32_t));
+  host.weights.assign(all.begin() + static_cast<std::ptrdiff_t>(picks),
+                      all.begin() + static_cast<std::ptrdiff_t>(2 * picks));
+  host.scores.assign(all.begin() + static_cast<std::ptrdiff_t>(2 * picks), all.end());
+  return Status::ok();
+}
+
+Status check_router_scores(const Routing& host, int64_t n_experts, int64_t layer,
+                           int64_t first_position) {
+  const std::vector<float>& scores = host.scores;
   for (size_t i = 0; i < scores.size(); ++i) {
     if (std::isfinite(scores[i])) continue;
     const int64_t token = static_cast<int64_t>(i) / n_experts;
@@ -151,18 +160,19 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
   const int64_t I = c.moe_intermediate_size, Ne = c.num_experts;
   const int k = static_cast<int>(c.num_experts_per_token);
   Scratch s(be);
-  float *logits = s.floats(T * Ne), *u_in = s.floats(T * lat), *weights_dev = s.floats(T * k);
-  float* ids_dev = s.floats(T * k);  // holds int32 ids (4 bytes each, like a float)
+  const RoutingBuffers routing = routing_buffers(s, c, T);
+  float* u_in = s.floats(T * lat);
   float *xin = s.floats(T * k * lat), *a1 = s.floats(T * k * I), *a3 = s.floats(T * k * I);
   float *y2 = s.floats(T * k * lat), *u = s.floats(T * lat);
   KTIER_RETURN_IF_ERROR(s.status());
-  const cpu::LinearJob first[] = {{w.router, x, T, logits}, {w.down, x, T, u_in}};
+  const cpu::LinearJob first[] = {{w.router, x, T, routing.logits()}, {w.down, x, T, u_in}};
   KTIER_RETURN_IF_ERROR(be.linear(first, 2));
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-  KTIER_RETURN_IF_ERROR(select_experts(w, c, logits, T, ids_dev, weights_dev, ids, weights, be));
-  KTIER_RETURN_IF_ERROR(check_router_scores(logits, T, Ne, layer, first_position, be));
-  if (observer) observer->on_routing(layer, first_position, ids.data(), weights.data(), T, k);
+  Routing chosen;
+  KTIER_RETURN_IF_ERROR(select_experts(w, c, routing, chosen, be));
+  KTIER_RETURN_IF_ERROR(check_router_scores(chosen, Ne, layer, first_position));
+  const std::vector<int32_t>& ids = chosen.ids;
+  if (observer)
+    observer->on_routing(layer, first_position, ids.data(), chosen.weights.data(), T, k);
   experts.begin_layer(layer, first_position, ids.data(), T, k);
 
   // Group the (token, slot) pairs by expert, experts in ascending id order: each selected
@@ -228,7 +238,7 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
   }
 
   // Combine per token in its own selection order, whatever order the experts ran in.
-  KTIER_RETURN_IF_ERROR(be.weighted_sum(y2, row_of_slot.data(), weights_dev, T, k, lat, u));
+  KTIER_RETURN_IF_ERROR(be.weighted_sum(y2, row_of_slot.data(), routing.weights(), T, k, lat, u));
   if (!w.latent_norm.empty())
     KTIER_RETURN_IF_ERROR(be.rmsnorm(u, w.latent_norm.data(), T, lat, c.rms_norm_eps, u));
   const cpu::LinearJob up{w.up, u, T, out};

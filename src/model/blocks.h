@@ -68,21 +68,6 @@ Status moe_block(const MoeWeights& w, const format::ModelConfig& c, int64_t laye
                  const float* x, const float* shared_out, int64_t T, float* out,
                  backend::Backend& be);
 
-// Top-k of a MoE router's logits [T, N_e] (backend memory): ids and weights [T, k] into
-// ids_dev/weights_dev (backend memory; ids_dev holds int32 in float-sized cells), then copied to
-// the host vectors (resized to T * k), which the tiers, observers and grouping read.
-Status select_experts(const MoeWeights& w, const format::ModelConfig& c, const float* logits,
-                      int64_t T, float* ids_dev, float* weights_dev, std::vector<int32_t>& ids,
-                      std::vector<float>& weights, backend::Backend& be);
-
-// Status::corrupt when one of a MoE router's logits [T, N_e] (backend memory) for layer `layer`
-// at positions from `first_position` is NaN or infinite: top-k ranks NaN below every score, so
-// a damaged router weight would change the experts chosen without reaching the logits check.
-// The message begins with kNonFiniteRouterScores.
-Status check_router_scores(const float* logits, int64_t T, int64_t n_experts, int64_t layer,
-                           int64_t first_position, backend::Backend& be);
-inline constexpr std::string_view kNonFiniteRouterScores = "the router scores of layer ";
-
 // Scratch floats in backend memory for one call: allocations are checked together (status())
 // before any op uses them; everything is released with the Scratch.
 class Scratch {
@@ -96,5 +81,40 @@ class Scratch {
   std::vector<backend::BackendBuffer> buffers_;
   Status status_ = Status::ok();
 };
+
+// One router call's buffers in backend memory, one allocation laid out [ids T x k | weights
+// T x k | logits T x N_e] (ids: int32 in float-sized cells), so that select_experts brings all
+// three to the host in one download: on a GPU one synchronization per router, not three.
+struct RoutingBuffers {
+  float* base = nullptr;  // T * (2k + N_e) floats; null after a failed Scratch allocation
+  int64_t T = 0, k = 0, n_experts = 0;
+
+  static int64_t floats(int64_t T, int64_t k, int64_t n_experts) { return T * (2 * k + n_experts); }
+  float* ids() const { return base; }
+  float* weights() const { return base + T * k; }
+  float* logits() const { return base + 2 * T * k; }
+};
+RoutingBuffers routing_buffers(Scratch& s, const format::ModelConfig& c, int64_t T);
+
+// Host copies of one router call, as select_experts leaves them.
+struct Routing {
+  std::vector<int32_t> ids;    // [T, k]
+  std::vector<float> weights;  // [T, k]
+  std::vector<float> scores;   // [T, N_e]: the router's logits
+};
+
+// Top-k of the router's logits (buf.logits(), written by the caller): ids and weights into
+// buf.ids()/buf.weights() (the expert kernels read them there), then all of `buf` copied to
+// `host` in one download; the tiers, observers and grouping read the host copies.
+Status select_experts(const MoeWeights& w, const format::ModelConfig& c, const RoutingBuffers& buf,
+                      Routing& host, backend::Backend& be);
+
+// Status::corrupt when one of a MoE router's logits (host.scores, [T, N_e]) for layer `layer`
+// at positions from `first_position` is NaN or infinite: top-k ranks NaN below every score, so
+// a damaged router weight would change the experts chosen without reaching the logits check.
+// The message begins with kNonFiniteRouterScores.
+Status check_router_scores(const Routing& host, int64_t n_experts, int64_t layer,
+                           int64_t first_position);
+inline constexpr std::string_view kNonFiniteRouterScores = "the router scores of layer ";
 
 }  // namespace ktier::model

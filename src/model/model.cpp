@@ -235,17 +235,16 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
 Status Model::predict(int64_t l, int first_depth, int last_depth, int64_t first_position,
                       const std::vector<const float*>& sources, int64_t T) {
   const format::ModelConfig& c = config();
-  const int64_t E = c.hidden_size, Ne = c.num_experts;
+  const int64_t E = c.hidden_size;
   const int k = static_cast<int>(c.num_experts_per_token);
   Scratch s(be_);
-  float *mixed = s.floats(T * E), *x = s.floats(T * E), *logits = s.floats(T * Ne);
-  float *ids_dev = s.floats(T * k), *weights_dev = s.floats(T * k);  // ids_dev holds int32
+  float *mixed = s.floats(T * E), *x = s.floats(T * E);
+  const RoutingBuffers routing = routing_buffers(s, c, T);
   KTIER_RETURN_IF_ERROR(s.status());
-  std::vector<int32_t> ids(static_cast<size_t>(T * k));
-  std::vector<float> weights(ids.size());
+  Routing chosen;
   std::vector<int> order(static_cast<size_t>(k));
-  std::vector<int32_t> sorted_ids(ids.size());
-  std::vector<float> sorted_weights(ids.size());
+  std::vector<int32_t> sorted_ids(static_cast<size_t>(T * k));
+  std::vector<float> sorted_weights(sorted_ids.size());
   for (int d = first_depth; d <= last_depth; ++d) {
     const int64_t t = l + d;
     if (t >= c.num_hidden_layers) break;
@@ -256,13 +255,12 @@ Status Model::predict(int64_t l, int first_depth, int last_depth, int64_t first_
                                       w->f_mlp.data(), c.rms_norm_eps, mixed));
     KTIER_RETURN_IF_ERROR(
         be_.rmsnorm(mixed, w->post_attention_norm.data(), T, E, c.rms_norm_eps, x));
-    const cpu::LinearJob router{w->moe.router, x, T, logits};
+    const cpu::LinearJob router{w->moe.router, x, T, routing.logits()};
     KTIER_RETURN_IF_ERROR(be_.linear(&router, 1));
-    KTIER_RETURN_IF_ERROR(
-        select_experts(w->moe, c, logits, T, ids_dev, weights_dev, ids, weights, be_));
+    KTIER_RETURN_IF_ERROR(select_experts(w->moe, c, routing, chosen, be_));
     for (int64_t tok = 0; tok < T; ++tok) {  // highest weight first, ties to the lower id
-      const int32_t* id = ids.data() + tok * k;
-      const float* wt = weights.data() + tok * k;
+      const int32_t* id = chosen.ids.data() + tok * k;
+      const float* wt = chosen.weights.data() + tok * k;
       for (int i = 0; i < k; ++i) order[static_cast<size_t>(i)] = i;
       std::sort(order.begin(), order.end(), [&](int a, int b) {
         return wt[a] != wt[b] ? wt[a] > wt[b] : id[a] < id[b];

@@ -49,7 +49,8 @@ class Binder {
     if (t.data) cpu::widen_to_f32(weight_type_of(t.dtype), t.data, n, out.data());
     for (size_t i = 0; i < out.size(); ++i)
       if (!std::isfinite(out[i]))
-        return Status::corrupt(name + ": element " + std::to_string(i) + " is " +
+        return Status::corrupt(name + (t.file.empty() ? "" : " in " + std::string(t.file)) +
+                               ": element " + std::to_string(i) + " is " +
                                (std::isnan(out[i]) ? "NaN" : "infinite") +
                                " (the checkpoint's bytes are damaged)");
     return out;
@@ -216,7 +217,7 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::load(const format::Checkpoin
     if (shard.mode() == format::OpenMode::kMap) {
       const uint8_t* p = shard.bytes(info).data();
       if (reinterpret_cast<uintptr_t>(p) % dtype_traits(info.dtype).size == 0)
-        return TensorView{info.dtype, info.numel(), p};
+        return TensorView{info.dtype, info.numel(), p, shard.path().native()};
     }
     auto buf = std::make_unique<uint8_t[]>(info.nbytes ? info.nbytes : 1);
     if (shard.mode() == format::OpenMode::kMap)
@@ -226,7 +227,7 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::load(const format::Checkpoin
     self.owned_bytes_ += info.nbytes;
     const void* data = buf.get();
     self.owned_.push_back(std::move(buf));
-    return TensorView{info.dtype, info.numel(), data};
+    return TensorView{info.dtype, info.numel(), data, shard.path().native()};
   };
   KTIER_ASSIGN_OR_RETURN(const TensorView embed, find(embedding_tensor_name()));
   w->embed_ = {weight_type_of(embed.dtype), embed.data, nullptr, c.vocab_size, c.hidden_size};
@@ -275,7 +276,7 @@ TensorLookup shapes_in(const format::Checkpoint& ckpt) {
   return [&ckpt](const std::string& name) -> Result<TensorView> {
     const std::optional<format::TensorRef> ref = ckpt.find(name);
     KTIER_CHECK_MSG(ref.has_value(), name.c_str());  // Checkpoint::open validated the names
-    return TensorView{ref->info->dtype, ref->info->numel(), nullptr};
+    return TensorView{ref->info->dtype, ref->info->numel(), nullptr, {}};
   };
 }
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -118,6 +119,9 @@ struct TensorView {
   DType dtype = DType::kF32;
   int64_t numel = 0;
   const void* data = nullptr;
+  // The file the bytes came from (a shard or trunk.pack), for messages; empty where unknown.
+  // Must outlive the bind (a path the checkpoint or pack holds).
+  std::string_view file;
 };
 using TensorLookup = std::function<Result<TensorView>(const std::string& name)>;
 // Shapes only, from the checkpoint's index (reads nothing): for sizing weights before they are

@@ -66,7 +66,8 @@ Result<std::unique_ptr<RouterBank>> RouterBank::load(const format::Checkpoint& c
       const io::ReadRequest req{&shards[ref->shard], t.file_offset, t.nbytes, buf.data(), 0};
       KTIER_RETURN_IF_ERROR(io::read_all(engine, std::span<const io::ReadRequest>(&req, 1)));
       read.push_back(std::move(buf));
-      return model::TensorView{t.dtype, t.numel(), read.back().data()};
+      return model::TensorView{t.dtype, t.numel(), read.back().data(),
+                               ckpt.shard(ref->shard).path().native()};
     };
     KTIER_ASSIGN_OR_RETURN(model::LayerWeights w, model::bind_routing(c, l, find));
     for (io::AlignedBuffer& b : read) {

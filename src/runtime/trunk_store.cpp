@@ -526,7 +526,10 @@ model::TensorLookup TrunkStore::lookup_in(const pack::Record& r, const uint8_t* 
     const pack::TensorEntry& t = r.tensors[it->second.second];
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
-    return model::TensorView{t.dtype, numel, base + t.offset};
+    const std::filesystem::path& file =
+        pack_ ? pack_->pack_path()
+              : ckpt_.shard(tensor_sources_[it->second.first][it->second.second].shard).path();
+    return model::TensorView{t.dtype, numel, base + t.offset, file.native()};
   };
 }
 

@@ -735,8 +735,8 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
               std::string::npos) << r.err;
     EXPECT_EQ(r.out, "");
   }
-  // A NaN or infinite norm gain, bias or gate parameter: exit 3 naming the tensor, even where
-  // the value would never reach the logits (the router's bias under top-k, dt_bias).
+  // A NaN or infinite norm gain, bias or gate parameter: exit 3 naming the tensor and its shard,
+  // even where the value would never reach the logits (the router's bias under top-k, dt_bias).
   for (const auto& [tensor, bad] :
        {std::pair<std::string, float>{"block_sparse_moe.gate.e_score_correction_bias", NAN},
         {"self_attn.dt_bias", INFINITY}, {"self_attn.dt_bias", -INFINITY}}) {
@@ -769,7 +769,10 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     const auto r = run_process(ktier() + " run -m " + bad_dir.string() + " --ids 1,2 -n 2");
     fs::remove_all(bad_dir);
     EXPECT_EQ(r.exit_code, 3) << tensor << "\n" << r.err;
-    EXPECT_NE(r.err.find(name + ": element 3 is "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(name + " in " + (bad_dir / shard.filename()).string() +
+                         ": element 3 is "),
+              std::string::npos)
+        << r.err;
   }
   // A shard cut short: corrupt input (3), named, and no token is printed.
   const fs::path cut = dir_.string() + "-cut";

@@ -46,19 +46,19 @@ std::vector<int32_t> expected_prediction(runtime::Engine& engine, model::ModelWe
   const model::LayerWeights& lw = w.layer(target);
   auto be = backend::make_cpu_backend(engine.exec());
   std::vector<float> emb(static_cast<size_t>(T * E)), mixed(emb.size()), x(emb.size());
-  std::vector<float> logits(static_cast<size_t>(T * Ne));
-  std::vector<float> ids_dev(static_cast<size_t>(T * k)), weights_dev(ids_dev.size());
+  std::vector<float> routing_block(static_cast<size_t>(model::RoutingBuffers::floats(T, k, Ne)));
+  const model::RoutingBuffers routing{routing_block.data(), T, k, Ne};
   EXPECT_TRUE(w.embed(prompt, emb.data()).is_ok());
   const float* sources[] = {emb.data(), P.data()};
   EXPECT_TRUE(be->attnres(sources, 2, E, T, E, lw.f_mlp.data(), c.rms_norm_eps, mixed.data()).is_ok());
   EXPECT_TRUE(be->rmsnorm(mixed.data(), lw.post_attention_norm.data(), T, E, c.rms_norm_eps, x.data()).is_ok());
-  const cpu::LinearJob router{lw.moe.router, x.data(), T, logits.data()};
+  const cpu::LinearJob router{lw.moe.router, x.data(), T, routing.logits()};
   EXPECT_TRUE(be->linear(&router, 1).is_ok());
-  std::vector<int32_t> ids, out(static_cast<size_t>(T * k));
-  std::vector<float> weights;
-  EXPECT_TRUE(model::select_experts(lw.moe, c, logits.data(), T, ids_dev.data(), weights_dev.data(),
-                                    ids, weights, *be)
-                  .is_ok());
+  std::vector<int32_t> out(static_cast<size_t>(T * k));
+  model::Routing chosen;
+  EXPECT_TRUE(model::select_experts(lw.moe, c, routing, chosen, *be).is_ok());
+  const std::vector<int32_t>& ids = chosen.ids;
+  const std::vector<float>& weights = chosen.weights;
   for (int64_t t = 0; t < T; ++t) {
     std::vector<int> order(static_cast<size_t>(k));
     std::iota(order.begin(), order.end(), 0);
