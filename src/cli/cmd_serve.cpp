@@ -232,14 +232,16 @@ class ApiHandlers {
     const bool chat = endpoint == server::Endpoint::kChatCompletions;
     server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
                               now(), model_};
+    const Result<json> object = server::parse_body_object(body);
+    if (!object.is_ok()) return send_error(res, object.status());
     // Completions' batch of prompts: every one checked first, then each answered in turn,
     // whole, as a choice of one answer.
     if (endpoint == server::Endpoint::kCompletions) {
-      Result<std::vector<std::string>> batch = server::split_prompt_batch(body);
+      Result<std::vector<json>> batch = server::split_prompt_batch(*object);
       if (!batch.is_ok()) return send_error(res, batch.status());
       if (!batch->empty()) {
         std::vector<server::PreparedRequest> prompts;
-        for (const std::string& one : *batch) {
+        for (const json& one : *batch) {
           Result<server::CompletionRequest> parsed =
               server::parse_request(endpoint, one, service().options().defaults);
           Result<server::PreparedRequest> prepared =
@@ -260,23 +262,17 @@ class ApiHandlers {
       }
     }
     Result<server::CompletionRequest> parsed =
-        server::parse_request(endpoint, body, service().options().defaults);
+        server::parse_request(endpoint, *object, service().options().defaults);
     if (!parsed.is_ok()) return send_error(res, parsed.status());
     Result<server::PreparedRequest> prepared = service().prepare(std::move(*parsed));
     if (!prepared.is_ok()) return send_error(res, prepared.status());
     if (!prepared->request.stream) return reply(res, handle_whole(*prepared, head));
     const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
-    const bool logprobs = prepared->request.logprobs.has_value();
-    // The request's logprobs of `tokens` in its endpoint's form; null when it asked none.
-    const auto logprobs_of = [endpoint, logprobs](std::span<const server::AnswerToken> tokens) {
-      return logprobs ? server::logprobs_json(endpoint, tokens) : json(nullptr);
-    };
     auto request = std::make_shared<server::PreparedRequest>(std::move(*prepared));
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, request, head, endpoint, native_api, logprobs_of](
-            size_t, httplib::DataSink& sink) {
+        [this, request, head, endpoint, native_api](size_t, httplib::DataSink& sink) {
           const auto send = [&](const json& j) {
             const std::string event = server::sse_event(j);
             return sink.write(event.data(), event.size());
@@ -286,7 +282,7 @@ class ApiHandlers {
           Result<server::Completion> done =
               run(*request, [&](std::string_view text,
                                 std::span<const server::AnswerToken> tokens) {
-                const json probs = logprobs_of(tokens);
+                const json probs = logprobs_of(request->request, tokens);
                 open = open && send(native_api ? server::llama_stream_piece(std::string(text),
                                                                             probs)
                                                : server::stream_chunk(endpoint, head,
@@ -314,6 +310,12 @@ class ApiHandlers {
         });
   }
 
+  // The logprobs of `tokens` in the request's endpoint's form; null when it asked none.
+  static json logprobs_of(const server::CompletionRequest& request,
+                          std::span<const server::AnswerToken> tokens) {
+    return request.logprobs ? server::logprobs_json(request.endpoint, tokens) : json(nullptr);
+  }
+
   // A request answered whole (not streamed): its response body.
   Result<json> handle_whole(const server::PreparedRequest& prepared,
                             const server::ResponseHead& head) {
@@ -323,9 +325,7 @@ class ApiHandlers {
         run(prepared, [](std::string_view, std::span<const server::AnswerToken>) {
           return true;
         }));
-    const json probs = prepared.request.logprobs
-                           ? server::logprobs_json(endpoint, done.logprobs)
-                           : json(nullptr);
+    const json probs = logprobs_of(prepared.request, done.logprobs);
     if (endpoint == server::Endpoint::kLlamaCompletion)
       return server::llama_completion_result(model_, done.text, done.finish, done.stopping_word,
                                              done.usage, extra_fields(done), probs);

@@ -329,6 +329,14 @@ Result<SafetensorsFile> SafetensorsFile::open_unguarded(const std::filesystem::p
     return Status::runtime(file + ": cannot read the header: " +
                            (err < 0 ? std::string("unexpected end of file") : errno_text(err)));
 
+  // As the format's reference reader: the JSON object begins the header (no byte-order mark)
+  // and nothing but whitespace follows it. nlohmann alone skips a BOM and ends its input at a
+  // NUL byte, so a header padded with NULs, or with bytes after one, would be read.
+  if (header.empty() || header[0] != '{')
+    return Status::corrupt(file + ": header does not begin with '{' (the format's JSON object)");
+  if (const size_t nul = header.find('\0'); nul != std::string::npos)
+    return Status::corrupt(file + ": header holds a NUL byte at byte " + std::to_string(8 + nul) +
+                           " (padding must be spaces)");
   HeaderSax sax(file);
   const bool parsed = json::sax_parse(header, &sax);
   if (!sax.error.is_ok()) return sax.error;

@@ -280,9 +280,9 @@ Result<bool> bool_field(const json& body, const char* name, bool fallback) {
   return it->get<bool>();
 }
 
-Result<std::vector<std::string>> split_prompt_batch(std::string_view body) {
-  KTIER_ASSIGN_OR_RETURN(const json j, parse_body_object(body));
-  std::vector<std::string> bodies;
+Result<std::vector<json>> split_prompt_batch(const json& j) {
+  KTIER_CHECK(j.is_object());
+  std::vector<json> bodies;
   const auto prompt = j.find("prompt");
   if (prompt == j.end() || !prompt->is_array() || prompt->size() < 2) return bodies;
   // Each a string or an array of ids (an array of numbers is one prompt; anything else is
@@ -297,9 +297,8 @@ Result<std::vector<std::string>> split_prompt_batch(std::string_view body) {
   if (stream)
     return field_error("prompt", "a batch of prompts is answered whole only (not streamed)");
   for (const json& p : *prompt) {
-    json one = j;
+    json& one = bodies.emplace_back(j);
     one["prompt"] = p;
-    bodies.push_back(one.dump());
   }
   return bodies;
 }
@@ -323,9 +322,9 @@ nlohmann::json batch_response(std::vector<nlohmann::json> answers) {
   return out;
 }
 
-Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body,
+Result<CompletionRequest> parse_request(Endpoint endpoint, const json& j,
                                         const RequestDefaults& defaults) {
-  KTIER_ASSIGN_OR_RETURN(const json j, parse_body_object(body));
+  KTIER_CHECK(j.is_object());
   KTIER_RETURN_IF_ERROR(refuse_unsupported(endpoint, j));
   CompletionRequest r;
   r.endpoint = endpoint;

@@ -85,18 +85,17 @@ inline constexpr OpenAiBound kOpenAiBounds[] = {
 Status check_openai_bounds(const runtime::SamplingParams& p);
 
 // Completions' batch of prompts (`prompt` an array of two or more prompts, each a string or an
-// array of token ids: OpenAI's, lm-eval-harness's batches): the body once per prompt, with that
-// prompt alone; empty where `body` holds no batch (parse_request reads it). Errors:
-// Status::usage for a body that is not a JSON object, or a batch with "stream" true (not
-// built).
-Result<std::vector<std::string>> split_prompt_batch(std::string_view body);
+// array of token ids: OpenAI's, lm-eval-harness's batches): the body (parse_body_object's) once
+// per prompt, with that prompt alone; empty where `body` holds no batch (parse_request reads
+// it). Status::usage for a batch with "stream" set (not built) or not a bool.
+Result<std::vector<nlohmann::json>> split_prompt_batch(const nlohmann::json& body);
 // The response to a batch: the answers' choices in order, each with its index, their usage
 // summed, the other fields (id, timings, run report) the last answer's.
 nlohmann::json batch_response(std::vector<nlohmann::json> answers);
 
-// Parses and checks a request body. Status::usage naming the field (e.g. "messages[2].role")
-// for malformed JSON, a wrong type or value, or something not built.
-Result<CompletionRequest> parse_request(Endpoint endpoint, std::string_view body,
+// Checks a request body (a JSON object, as parse_body_object returns it). Status::usage naming
+// the field (e.g. "messages[2].role") for a wrong type or value, or something not built.
+Result<CompletionRequest> parse_request(Endpoint endpoint, const nlohmann::json& body,
                                         const RequestDefaults& defaults);
 
 // How an answer ended, as OpenAI's finish_reason says it.

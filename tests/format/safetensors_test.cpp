@@ -311,9 +311,31 @@ TEST(SafetensorsCorrupt, BadJson) {
   TempDir dir("st_json");
   EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw("{\"x\": {\"dtype\": ", {})),
              "header is not valid UTF-8 JSON");
-  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw("[1, 2]", {})), "header is an array, expected a JSON object");
+  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw("[1, 2]", {})),
+             "header does not begin with '{'");
   // Invalid UTF-8 in a name.
   EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw("{\"a\xff\": {}}", {})), "not valid UTF-8 JSON");
+}
+
+// The format's padding is spaces; a byte-order mark, NUL padding or bytes after a NUL are
+// refused as the reference reader refuses them (nlohmann would skip the BOM and stop at the NUL).
+TEST(SafetensorsCorrupt, HeaderIsTheObjectThenSpaces) {
+  TempDir dir("st_pad");
+  const std::string header = ktier::test::st_header({f32("x", {2})});
+  const std::vector<uint8_t> data(8);
+  ktier::test::write_bytes(dir.path() / "ok.safetensors",
+                           ktier::test::st_raw(header + "  \n\t ", data));
+  EXPECT_TRUE(SafetensorsFile::open(dir.path() / "ok.safetensors", OpenMode::kPread).is_ok());
+  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw("\xef\xbb\xbf" + header, data)),
+             "header does not begin with '{'");
+  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(" " + header, data)),
+             "header does not begin with '{'");
+  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(header + std::string(3, '\0'), data)),
+             "header holds a NUL byte at byte " + std::to_string(8 + header.size()));
+  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(header + std::string(1, '\0') + "xyz", data)),
+             "header holds a NUL byte");
+  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(header + " xyz", data)),
+             "header is not valid UTF-8 JSON");
 }
 
 TEST(SafetensorsCorrupt, UnknownDtype) {
@@ -358,7 +380,7 @@ TEST(SafetensorsCorrupt, EntryShapeAndTypes) {
              "tensor 's': \"shape\" must hold non-negative integers, got an array");
   EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(R"({"s": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}})", data)),
              "tensor 's': negative value -8 in \"data_offsets\"");
-  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(R"(7)", data)), "header is 7, expected a JSON object");
+  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(R"(7)", data)), "header does not begin with '{'");
   EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(R"({"s": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}} x)", data)),
              "header is not valid UTF-8 JSON");
   EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(R"({"s": [1, 2]})", data)),

@@ -17,7 +17,7 @@ using nlohmann::json;
 Result<CompletionRequest> parse(Endpoint endpoint, const json& body) {
   RequestDefaults d;
   d.max_tokens = 33;
-  return parse_request(endpoint, body.dump(), d);
+  return parse_request(endpoint, body, d);
 }
 Result<CompletionRequest> llama(const json& body) {
   return parse(Endpoint::kLlamaCompletion, body);

@@ -23,11 +23,17 @@ RequestDefaults defaults() {
   return d;
 }
 
+// A body as the server reads it: the JSON text, then the request.
+Result<CompletionRequest> parse_text(Endpoint endpoint, const std::string& body,
+                                     const RequestDefaults& d) {
+  KTIER_ASSIGN_OR_RETURN(const json j, parse_body_object(body));
+  return parse_request(endpoint, j, d);
+}
 Result<CompletionRequest> chat(const json& body) {
-  return parse_request(Endpoint::kChatCompletions, body.dump(), defaults());
+  return parse_request(Endpoint::kChatCompletions, body, defaults());
 }
 Result<CompletionRequest> completion(const json& body) {
-  return parse_request(Endpoint::kCompletions, body.dump(), defaults());
+  return parse_request(Endpoint::kCompletions, body, defaults());
 }
 const json kUser = json::array({{{"role", "user"}, {"content", "hi"}}});
 
@@ -176,7 +182,7 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
   auto r = chat({{"messages", kUser}, {"echo", true}});
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(error_param(r.status()), "echo");
-  r = parse_request(Endpoint::kLlamaCompletion, R"({"prompt": "a", "echo": true})", defaults());
+  r = parse_text(Endpoint::kLlamaCompletion, R"({"prompt": "a", "echo": true})", defaults());
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(error_param(r.status()), "echo");
   r = completion({{"prompt", "a"}, {"max_tokens", 0}});
@@ -188,7 +194,7 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
   EXPECT_EQ(r->max_tokens, 0);
   EXPECT_FALSE(completion({{"prompt", "a"}, {"echo", false}})->echo);
   for (const std::string body : {"{", "[1]", "\"text\"", "{\"prompt\": \"\xff\"}"}) {
-    auto bad = parse_request(Endpoint::kCompletions, body, defaults());
+    auto bad = parse_text(Endpoint::kCompletions, body, defaults());
     ASSERT_FALSE(bad.is_ok()) << body;
     EXPECT_EQ(bad.status().code(), ExitCode::kUsage);
   }
@@ -197,8 +203,8 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
 // Seeds are 64-bit: every integer in range is taken exactly, nothing past it is wrapped.
 TEST(OpenAiRequest, WholeNumbersAreExactOrRefused) {
   const auto seed_of = [](const std::string& literal) -> std::optional<uint64_t> {
-    auto r = parse_request(Endpoint::kCompletions, "{\"prompt\": \"a\", \"seed\": " + literal + "}",
-                           defaults());
+    auto r = parse_text(Endpoint::kCompletions, "{\"prompt\": \"a\", \"seed\": " + literal + "}",
+                        defaults());
     if (!r.is_ok()) return std::nullopt;
     return r->sampling.seed;
   };
@@ -221,7 +227,7 @@ TEST(OpenAiRequest, WholeNumbersAreExactOrRefused) {
   // again (serve refuses a --temp past it at start).
   RequestDefaults hot = defaults();
   hot.sampling.temperature = 1.5;
-  r = parse_request(Endpoint::kCompletions, R"({"prompt": "a"})", hot);
+  r = parse_text(Endpoint::kCompletions, R"({"prompt": "a"})", hot);
   ASSERT_TRUE(r.is_ok());
   EXPECT_EQ(r->sampling.temperature, 1.5);
 }
@@ -279,29 +285,28 @@ TEST(OpenAiResponse, BodiesHaveOpenAisShape) {
 // one); a streamed batch refused. Its response: the choices in order, usage summed.
 TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
   const json body = {{"prompt", {"a", {1, 2}, "c"}}, {"max_tokens", 2}, {"echo", true}};
-  auto batch = split_prompt_batch(body.dump());
+  auto batch = split_prompt_batch(body);
   ASSERT_TRUE(batch.is_ok()) << batch.status().message();
   ASSERT_EQ(batch->size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     json want = body;
     want["prompt"] = body["prompt"][i];
-    EXPECT_EQ(json::parse((*batch)[i]), want);
-    EXPECT_TRUE(completion(json::parse((*batch)[i])).is_ok());
+    EXPECT_EQ((*batch)[i], want);
+    EXPECT_TRUE(completion((*batch)[i]).is_ok());
   }
   for (const json& one :
        {json("a"), json::array({1, 2}), json::array({json::array({1, 2})}), json::array({"a"}),
         json::array({"a", 1}), json::array({"a", json::array({json::array({"b"})})}),
         json::array({json::array({1}), json::array({json::array({2})})})}) {
-    auto none = split_prompt_batch(json{{"prompt", one}}.dump());
+    auto none = split_prompt_batch(json{{"prompt", one}});
     ASSERT_TRUE(none.is_ok()) << one.dump();
     EXPECT_TRUE(none->empty()) << one.dump();
   }
-  auto streamed = split_prompt_batch(json{{"prompt", {"a", "b"}}, {"stream", true}}.dump());
+  auto streamed = split_prompt_batch(json{{"prompt", {"a", "b"}}, {"stream", true}});
   ASSERT_FALSE(streamed.is_ok());
   EXPECT_EQ(streamed.status().exit_code(), 2);
-  EXPECT_FALSE(split_prompt_batch("[1]").is_ok());
-  EXPECT_TRUE(split_prompt_batch(R"({"prompt": ["a", "b"], "stream": null})").is_ok());
-  EXPECT_EQ(error_param(split_prompt_batch(R"({"prompt": ["a", "b"], "stream": 1})").status()),
+  EXPECT_TRUE(split_prompt_batch(json::parse(R"({"prompt": ["a", "b"], "stream": null})")).is_ok());
+  EXPECT_EQ(error_param(split_prompt_batch(json::parse(R"({"prompt": ["a", "b"], "stream": 1})")).status()),
             "stream");
 
   const ResponseHead head{"cmpl-3", 1700000000, "k3"};
@@ -331,7 +336,7 @@ TEST(OpenAiRequest, LogprobsAreAskedInEachEndpointsField) {
   const auto asked = [](Endpoint endpoint, json body) -> std::optional<int64_t> {
     if (endpoint == Endpoint::kChatCompletions) body["messages"] = kUser;
     else body["prompt"] = "a";
-    auto r = parse_request(endpoint, body.dump(), defaults());
+    auto r = parse_request(endpoint, body, defaults());
     EXPECT_TRUE(r.is_ok()) << body.dump() << ": " << r.status().message();
     return r.is_ok() ? r->logprobs : std::nullopt;
   };
