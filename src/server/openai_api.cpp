@@ -310,6 +310,11 @@ nlohmann::json batch_response(std::vector<nlohmann::json> answers) {
   for (json& a : answers) {
     json choice = std::move(a["choices"][0]);
     choice["index"] = choices.size();
+    for (const char* per_prompt : {"timings", "ktier"}) {
+      if (!a.contains(per_prompt)) continue;
+      choice[per_prompt] = std::move(a[per_prompt]);
+      a.erase(per_prompt);  // the top level (the last answer's) keeps no one prompt's figures
+    }
     choices.push_back(std::move(choice));
     const json& u = a["usage"];
     usage.prompt_tokens += u["prompt_tokens"].get<int64_t>();

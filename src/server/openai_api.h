@@ -89,8 +89,10 @@ Status check_openai_bounds(const runtime::SamplingParams& p);
 // per prompt, with that prompt alone; empty where `body` holds no batch (parse_request reads
 // it). Status::usage for a batch with "stream" set (not built) or not a bool.
 Result<std::vector<nlohmann::json>> split_prompt_batch(const nlohmann::json& body);
-// The response to a batch: the answers' choices in order, each with its index, their usage
-// summed, the other fields (id, timings, run report) the last answer's.
+// The response to a batch: the answers' choices in order, each with its index and, where the
+// answer had them, its own `timings` and `ktier` run report (each prompt runs alone: one
+// answer's figures are not the batch's); their usage summed; id, created and model the last
+// answer's.
 nlohmann::json batch_response(std::vector<nlohmann::json> answers);
 
 // Checks a request body (a JSON object, as parse_body_object returns it). Status::usage naming

@@ -228,6 +228,9 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   EXPECT_EQ(b["choices"][0]["text"], v1["choices"][0]["text"]);
   EXPECT_EQ(b["choices"][1]["text"], json::parse(alone->body)["choices"][0]["text"]);
   EXPECT_EQ(b["choices"][1]["index"], 1);
+  EXPECT_EQ(b["choices"][1]["timings"]["predicted_n"],
+            json::parse(alone->body)["timings"]["predicted_n"]);
+  EXPECT_TRUE(b["choices"][0]["ktier"].is_object()) << b.dump();
   EXPECT_EQ(b["usage"]["completion_tokens"],
             v1["usage"]["completion_tokens"].get<int>() +
                 json::parse(alone->body)["usage"]["completion_tokens"].get<int>());

@@ -312,9 +312,11 @@ TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
   const ResponseHead head{"cmpl-3", 1700000000, "k3"};
   std::vector<json> answers;
   answers.push_back(completion_response(Endpoint::kCompletions, head, "x",
-                                        FinishReason::kLength, Usage{4, 2, 1}, {}));
+                                        FinishReason::kLength, Usage{4, 2, 1},
+                                        {{"timings", {{"prompt_n", 4}}}, {"ktier", {{"a", 1}}}}));
   answers.push_back(completion_response(Endpoint::kCompletions, head, "yz", FinishReason::kStop,
-                                        Usage{5, 1, 0}, {{"timings", {{"prompt_n", 5}}}}));
+                                        Usage{5, 1, 0},
+                                        {{"timings", {{"prompt_n", 5}}}, {"ktier", {{"a", 2}}}}));
   const json j = batch_response(std::move(answers));
   ASSERT_EQ(j["choices"].size(), 2u);
   EXPECT_EQ(j["choices"][0]["index"], 0);
@@ -326,7 +328,13 @@ TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 3);
   EXPECT_EQ(j["usage"]["total_tokens"], 12);
   EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
-  EXPECT_EQ(j["timings"]["prompt_n"], 5);  // the last answer's
+  // Each prompt's figures with its choice; none at the top, where they would read as the batch's.
+  EXPECT_EQ(j["choices"][0]["timings"]["prompt_n"], 4);
+  EXPECT_EQ(j["choices"][1]["timings"]["prompt_n"], 5);
+  EXPECT_EQ(j["choices"][0]["ktier"]["a"], 1);
+  EXPECT_EQ(j["choices"][1]["ktier"]["a"], 2);
+  EXPECT_FALSE(j.contains("timings")) << j.dump();
+  EXPECT_FALSE(j.contains("ktier")) << j.dump();
   EXPECT_EQ(j["id"], "cmpl-3");
 }
 
