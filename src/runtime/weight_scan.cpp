@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/interrupt.h"
 #include "model/blocks.h"
 #include "model/weights.h"
 #include "runtime/generator.h"
@@ -64,6 +65,8 @@ Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoin
     if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) continue;
     buffer.resize(static_cast<size_t>(std::min(kPiece, t.nbytes)));
     for (uint64_t at = 0; at < t.nbytes; at += kPiece) {
+      if (InterruptRequest::requested())
+        return Status::interrupted("stopped (Ctrl-C or SIGTERM) at " + name);
       const uint64_t n = std::min(kPiece, t.nbytes - at);
       KTIER_RETURN_IF_ERROR(shard.read_bytes(t.file_offset + at, n, buffer.data()));
       bool is_nan = false;

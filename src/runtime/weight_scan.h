@@ -17,7 +17,9 @@ namespace ktier::runtime {
 // "infinite"); nullopt when all are finite (then activations overflowed, or a pack's bytes
 // differ from the shards'). Routed experts are not scanned: MXFP4 codes hold no NaN (a scale
 // byte 0xFF is a zero block, NUMERICS.md). Reads each tensor in pieces from its shard.
-// Errors: the shard's read errors (Status::runtime).
+// Errors: the shard's read errors (Status::runtime); Status::interrupted when Ctrl-C (or
+// serve's SIGTERM) arrives while a live InterruptRequest catches it (K3's trunk takes up to a
+// minute to read).
 Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoint& ckpt);
 
 // Whether `s` is check_logits' error (runtime/generator.h): logits that are not finite; or

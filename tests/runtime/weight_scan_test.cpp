@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <csignal>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "common/interrupt.h"
 #include "format/checkpoint.h"
 #include "model/weights.h"
 #include "synth/synth.h"
@@ -66,6 +69,20 @@ TEST(WeightScan, NamesTheFirstElementThatIsNotFinite) {
   const std::string e_shard = poison(dir, model::embedding_tensor_name(), 321, 0xFFC1);
   EXPECT_EQ(scan(dir),
             model::embedding_tensor_name() + " in " + e_shard + ": element 321 is NaN");
+  // Ctrl-C stops the scan (it reads the whole trunk: up to a minute on K3).
+  {
+    InterruptRequest interrupt("(test: Ctrl-C)\n");
+    ::raise(SIGINT);
+    auto ckpt = format::Checkpoint::open(dir);
+    ASSERT_TRUE(ckpt.is_ok());
+    auto stopped = find_nonfinite_weight(*ckpt);
+    ASSERT_FALSE(stopped.is_ok());
+    EXPECT_EQ(stopped.status().code(), ExitCode::kInterrupted) << stopped.status().message();
+    EXPECT_NE(stopped.status().message().find("stopped (Ctrl-C or SIGTERM) at " +
+                                              model::embedding_tensor_name()),
+              std::string::npos)
+        << stopped.status().message();
+  }
   // A failed status carries the note only where it is check_logits' own.
   EXPECT_TRUE(is_nonfinite_logits(Status::corrupt("the logits after 3 positions hold NaN")));
   EXPECT_FALSE(is_nonfinite_logits(Status::corrupt("x.safetensors: tensor y is truncated")));
