@@ -55,6 +55,10 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
   const uint64_t hit = d(xb.hit_bytes, xa.hit_bytes), miss = d(xb.miss_bytes, xa.miss_bytes);
   const uint64_t issued = d(xb.prefetch_issued, xa.prefetch_issued);
   const uint64_t useful = d(xb.prefetch_useful, xa.prefetch_useful);
+  // Precision over the prefetches settled (used or wasted) in the decode window: the window's
+  // `issued` leaves out those issued during the prefill and used in it, and counts those its
+  // end leaves pending, so useful / issued could pass 1.
+  const uint64_t wasted = d(xb.prefetch_wasted, xa.prefetch_wasted);
   const uint64_t busy = b.io_busy_ns - a.io_busy_ns;
   const TrunkStore* t = e.trunk_store();
   const ExpertCache* x = e.expert_cache();
@@ -98,8 +102,10 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
           {"prefetch_issued", d(vb.prefetch_issued, va.prefetch_issued)},
           {"prefetch_useful", d(vb.prefetch_useful, va.prefetch_useful)},
           {"prefetch_wasted", d(vb.prefetch_wasted, va.prefetch_wasted)},
-          {"prefetch_precision", ratio(d(vb.prefetch_useful, va.prefetch_useful),
-                                       d(vb.prefetch_issued, va.prefetch_issued))}}}}},
+          {"prefetch_precision",
+           ratio(d(vb.prefetch_useful, va.prefetch_useful),
+                 d(vb.prefetch_useful, va.prefetch_useful) +
+                     d(vb.prefetch_wasted, va.prefetch_wasted))}}}}},
       {"links",
        {{"nvme_to_ram_bytes_per_token", per_step(d(xb.read_bytes, xa.read_bytes))},
         {"ram_to_vram_bytes_per_token",
@@ -118,10 +124,10 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
         {"useful", useful},
         {"timely", d(xb.prefetch_timely, xa.prefetch_timely)},
         {"cancelled", d(xb.prefetch_cancelled, xa.prefetch_cancelled)},
-        {"precision", ratio(useful, issued)},
+        {"precision", ratio(useful, useful + wasted)},
         {"recall", ratio(useful, useful + d(xb.demand_reads, xa.demand_reads))},
         {"timeliness", ratio(d(xb.prefetch_timely, xa.prefetch_timely), useful)},
-        {"wasted", d(xb.prefetch_wasted, xa.prefetch_wasted)},
+        {"wasted", wasted},
         {"wasted_bytes", d(xb.prefetch_wasted_bytes, xa.prefetch_wasted_bytes)}}},
       {"policy", x ? std::string(strata::policy_name(x->policy())) : std::string("none")},
       {"lookahead", e.model().lookahead_depth()},

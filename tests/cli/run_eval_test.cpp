@@ -877,6 +877,16 @@ TEST_F(RunEvalCli, TokenizerSmallerThanTheModelVocabularyIsWarned) {
   EXPECT_EQ(same.err.find("vocab_size is"), std::string::npos) << same.err;
 }
 
+// A run report's prefetch precision: useful over the prefetches settled (useful + wasted) in
+// the decode window, at most 1.
+void expect_settled_precision(const nlohmann::json& tier, const char* useful, const char* wasted,
+                              const char* precision) {
+  const double u = tier.at(useful).get<double>(), w = tier.at(wasted).get<double>();
+  EXPECT_DOUBLE_EQ(tier.at(precision).get<double>(), u + w > 0 ? u / (u + w) : 0.0)
+      << tier.dump();
+  EXPECT_LE(tier.at(precision).get<double>(), 1.0) << tier.dump();
+}
+
 // The memory dial from the command line (issue 4 interface): a pack, a budget small enough to
 // stream most layers and evict experts, the same ids as the reference, every report key.
 TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
@@ -898,6 +908,7 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   EXPECT_TRUE(j.at("tiers").at("ram").contains("hit_rate_bytes"));
   for (const char* key : {"precision", "recall", "timeliness", "wasted_bytes", "issued"})
     EXPECT_TRUE(j.at("prefetch").contains(key)) << key;
+  expect_settled_precision(j.at("prefetch"), "useful", "wasted", "precision");
   EXPECT_TRUE(j.at("links").contains("nvme_to_ram_bytes_per_token"));
   EXPECT_TRUE(j.contains("expert_wait_share"));
   EXPECT_EQ(j.at("policy"), "temperature");
@@ -959,6 +970,11 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
                        std::to_string(layers) + ")"),
             std::string::npos)
       << r.err;
+  // Lookahead copies issued during the prefill are used in the decode (a fuzzing find: VRAM
+  // precision 1.28 when it was useful / issued in the decode window).
+  const nlohmann::json& vram = j.at("tiers").at("vram");
+  EXPECT_GT(vram.at("prefetch_useful").get<uint64_t>(), 0u) << vram.dump();
+  expect_settled_precision(vram, "prefetch_useful", "prefetch_wasted", "prefetch_precision");
   fs::remove(report);
 }
 
