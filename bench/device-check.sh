@@ -49,7 +49,9 @@ gtest() {
   T "$secs" "$@" --gtest_brief=1 >"$W/$name.log" 2>&1
   local rc=$?
   grep -a -v -E '^\[[-0-9 :.]+\] \[' "$W/$name.log" | head -100
-  echo "$name rc=$rc"
+  local skipped
+  skipped=$(grep -a -o -E '^\[  SKIPPED \] [0-9]+ tests?' "$W/$name.log" | grep -o -E '[0-9]+')
+  echo "$name rc=$rc, skipped ${skipped:-0}"
 }
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv || true
@@ -65,8 +67,16 @@ if [ ! -f $M/model.safetensors.index.json ]; then
 fi
 step "ktier --version / doctor (module probe through dlopen)"
 "$B/ktier" --version
-"$B/ktier" doctor; echo "doctor rc=$?"
+"$B/ktier" doctor >"$W/doctor.log" 2>&1; echo "doctor rc=$?"
+cat "$W/doctor.log"
 KTIER_CUDA_MODULE=/nonexistent/libktier_cuda.so "$B/ktier" doctor | tail -1
+# Without a usable GPU every CUDA test skips and every run falls back to the CPU: a table that
+# would read as a pass. Stop here, loudly, with doctor's reason (a driver older than the
+# runtime the module links: cudaErrorInsufficientDriver).
+if [ "$DEVICE" = cuda ] && ! grep -q -E '^cuda: [1-9][0-9]* device' "$W/doctor.log"; then
+  echo "DEVICE CHECK STOPPED: no usable GPU: $(grep -a -m1 '^cuda:' "$W/doctor.log")"
+  exit 3
+fi
 step "CUDA op tests: every op against the CPU reference (backend_test)"
 in_time && gtest backend_test 100 "$B/backend_test"
 step "GPU mode end to end on tiny, prompt cache save/restore (runtime_test)"

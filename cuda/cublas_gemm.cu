@@ -1,11 +1,12 @@
 // cuBLAS for the F32 and BF16 linears with n_tokens >= 8 (cuda/README.md): the library (linked
-// statically, or loaded from libcublas.so.<major> by init), the per-(thread, device) handles,
+// statically, or loaded from libcublas.so.<major> by init), the per-device handles,
 // the per-(device, stream) scratch buffers holding x split into three bf16 parts, and the GEMM
 // calls.
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -88,11 +89,15 @@ const CublasApi& cublas_api() {
   return api;
 }
 
-// The calling thread's handle per device (made by init; leaked at thread exit, as destroying
-// one after the context is gone is unsafe).
+// One handle per device for the process, made by the first init on it (leaked at exit, as
+// destroying one after the context is gone is unsafe). cuBLAS allows a handle on several host
+// threads; g_call_mu keeps each call's set-stream and products together. Not one per thread:
+// serve calls from its connection threads, and each handle holds a workspace in VRAM.
 constexpr int kMaxDevices = 64;
-thread_local cublasHandle_t t_handle[kMaxDevices] = {};
-thread_local bool t_handle_refused[kMaxDevices] = {};  // made but unusable: not made again
+std::mutex g_handle_mu;                                  // guards making the handles
+std::atomic<cublasHandle_t> g_handle[kMaxDevices] = {};  // null until made
+bool g_handle_refused[kMaxDevices] = {};  // made but unusable: not made again (g_handle_mu)
+std::mutex g_call_mu;                     // one cublas_linear at a time
 
 // Scratch per (device, stream) for the split copies of x; grown stream-ordered.
 struct Scratch {
@@ -144,7 +149,9 @@ const char* cublas_status_name(cublasStatus_t st) {
 
 
 void cublas_init(int device) {
-  if (device < 0 || device >= kMaxDevices || t_handle[device] || t_handle_refused[device]) return;
+  if (device < 0 || device >= kMaxDevices) return;
+  std::lock_guard<std::mutex> lock(g_handle_mu);
+  if (g_handle[device].load() || g_handle_refused[device]) return;
   const CublasApi& api = cublas_api();
   if (!api.ok) return;
   cublasHandle_t h = nullptr;
@@ -153,13 +160,13 @@ void cublas_init(int device) {
     return;
   }
   // No TF32, f32 reductions (the tolerances assume them): without that, no cuBLAS (the fused
-  // kernels serve prefill). The handle is leaked, as at thread exit, once.
+  // kernels serve prefill). The handle is leaked, as at exit, once.
   if (api.set_math_mode(h, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
     (void)cudaGetLastError();
-    t_handle_refused[device] = true;
+    g_handle_refused[device] = true;
     return;
   }
-  t_handle[device] = h;
+  g_handle[device].store(h);
 }
 
 void scratch_release(cudaStream_t s) {
@@ -177,14 +184,15 @@ void scratch_release(cudaStream_t s) {
 }
 
 bool cublas_ready(int device) {
-  return device >= 0 && device < kMaxDevices && t_handle[device] != nullptr;
+  return device >= 0 && device < kMaxDevices && g_handle[device].load() != nullptr;
 }
 
 int cublas_linear(const KtierCudaLinearJob* jobs, const int* idx, int n_idx, int device,
                   cudaStream_t stream) {
   constexpr const char* op = "linear";
-  const cublasHandle_t handle = t_handle[device];
+  const cublasHandle_t handle = g_handle[device].load();
   const CublasApi& api = cublas_api();
+  std::lock_guard<std::mutex> lock(g_call_mu);
   // cuBLAS: y^T [rows, T] (column-major, ldc = rows) = op_T(W as column-major [cols, rows],
   // lda = cols) * x^T (column-major [cols, T], ldb = cols); alpha = 1, beta = 0.
   if (api.set_stream(handle, stream) != CUBLAS_STATUS_SUCCESS)

@@ -7,8 +7,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -27,35 +28,35 @@ KtierCudaWeight to_abi(const cpu::WeightMatrix& w) {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const KtierCudaOps* ops, int device, std::string name)
-      : ops_(ops), device_(device), name_(std::move(name)) {}
+      : module_(ops), device_(device), name_(std::move(name)) {}
   ~CudaBackend() override {
     for (KtierCudaStream c : copy_streams_)
-      if (c) ops_->stream_synchronize(c);
-    if (stream_) ops_->stream_synchronize(stream_);
+      if (c) ops()->stream_synchronize(c);
+    if (stream_) ops()->stream_synchronize(stream_);
     for (auto& [bytes, list] : pool_)
-      for (void* p : list) ops_->free_device(p);
-    for (auto& [p, bytes] : live_) ops_->free_device(p);
-    if (ops_done_) ops_->event_destroy(ops_done_);
+      for (void* p : list) ops()->free_device(p);
+    for (auto& [p, bytes] : live_) ops()->free_device(p);
+    if (ops_done_) ops()->event_destroy(ops_done_);
     for (KtierCudaEvent e : copies_done_)
-      if (e) ops_->event_destroy(e);
+      if (e) ops()->event_destroy(e);
     for (KtierCudaEvent e : fences_)
-      if (e) ops_->event_destroy(e);
+      if (e) ops()->event_destroy(e);
     for (KtierCudaStream c : copy_streams_)
-      if (c) ops_->stream_destroy(c);
-    if (stream_) ops_->stream_destroy(stream_);
+      if (c) ops()->stream_destroy(c);
+    if (stream_) ops()->stream_destroy(stream_);
   }
 
   Status open() {
-    owner_ = std::this_thread::get_id();
-    KTIER_RETURN_IF_ERROR(check(ops_->init(device_), "init"));
-    uses_blas_ = ops_->uses_cublas() != 0;
+    KTIER_RETURN_IF_ERROR(check(module_->init(device_), "init"));
+    bound_on_this_thread() = id_;
+    uses_blas_ = ops()->uses_cublas() != 0;
     name_.insert(name_.size() - 1, uses_blas_ ? ", cuBLAS" : ", no cuBLAS: fused kernels for prefill");
-    KTIER_RETURN_IF_ERROR(check(ops_->stream_create(&stream_), "stream_create"));
+    KTIER_RETURN_IF_ERROR(check(ops()->stream_create(&stream_), "stream_create"));
     for (int q = 0; q < kNumCopyQueues; ++q) {
-      KTIER_RETURN_IF_ERROR(check(ops_->stream_create(&copy_streams_[q]), "stream_create (copies)"));
-      KTIER_RETURN_IF_ERROR(check(ops_->event_create(&copies_done_[q]), "event_create"));
+      KTIER_RETURN_IF_ERROR(check(ops()->stream_create(&copy_streams_[q]), "stream_create (copies)"));
+      KTIER_RETURN_IF_ERROR(check(ops()->event_create(&copies_done_[q]), "event_create"));
     }
-    return check(ops_->event_create(&ops_done_), "event_create");
+    return check(ops()->event_create(&ops_done_), "event_create");
   }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
@@ -81,11 +82,11 @@ class CudaBackend final : public Backend {
     // each leave blocks of their own sizes): give the kept ones back first.
     if (pooled_ > 0 && use_.live + pooled_ + bytes > limit_) KTIER_RETURN_IF_ERROR(trim_pool());
     void* p = nullptr;
-    if (ops_->malloc_device(&p, bytes) != 0) {
+    if (ops()->malloc_device(&p, bytes) != 0) {
       // Out of memory, perhaps only because released blocks of other sizes are kept: give them
       // back and try once more.
       KTIER_RETURN_IF_ERROR(trim_pool());
-      KTIER_RETURN_IF_ERROR(check(ops_->malloc_device(&p, bytes),
+      KTIER_RETURN_IF_ERROR(check(ops()->malloc_device(&p, bytes),
                                   "allocating " + std::to_string(bytes) + " bytes of VRAM"));
     }
     hand_out(p, bytes);
@@ -103,128 +104,125 @@ class CudaBackend final : public Backend {
   MemoryUse memory_use() const override { return use_; }
   void limit_memory(uint64_t bytes) override { limit_ = bytes; }
   Status upload(void* dst, const void* src, size_t bytes) override {
-    KTIER_RETURN_IF_ERROR(check(ops_->memcpy_async(dst, src, bytes, stream_), "upload"));
+    KTIER_RETURN_IF_ERROR(check(ops()->memcpy_async(dst, src, bytes, stream_), "upload"));
     // The host source may be reused as soon as upload returns.
     return synchronize();
   }
   Status download(void* dst, const void* src, size_t bytes) override {
-    KTIER_RETURN_IF_ERROR(check(ops_->memcpy_async(dst, src, bytes, stream_), "download"));
+    KTIER_RETURN_IF_ERROR(check(ops()->memcpy_async(dst, src, bytes, stream_), "download"));
     return synchronize();
   }
   Status fill(void* dst, uint8_t byte, size_t bytes) override {
-    return check(ops_->memset_async(dst, byte, bytes, stream_), "fill");
+    return check(ops()->memset_async(dst, byte, bytes, stream_), "fill");
   }
   Status copy(void* dst, const void* src, size_t bytes) override {
-    return check(ops_->memcpy_async(dst, src, bytes, stream_), "copy");
+    return check(ops()->memcpy_async(dst, src, bytes, stream_), "copy");
   }
   Status copy_async(CopyQueue q, void* dst, const void* src, size_t bytes) override {
-    return check(ops_->memcpy_async(dst, src, bytes, copies(q)), "copy_async");
+    return check(ops()->memcpy_async(dst, src, bytes, copies(q)), "copy_async");
   }
   Status copies_after_ops(CopyQueue q) override {
-    KTIER_RETURN_IF_ERROR(check(ops_->event_record(ops_done_, stream_), "event_record"));
-    return check(ops_->stream_wait_event(copies(q), ops_done_), "stream_wait_event");
+    KTIER_RETURN_IF_ERROR(check(ops()->event_record(ops_done_, stream_), "event_record"));
+    return check(ops()->stream_wait_event(copies(q), ops_done_), "stream_wait_event");
   }
   Status ops_after_copies(CopyQueue q) override {
     KtierCudaEvent done = copies_done_[static_cast<int>(q)];
-    KTIER_RETURN_IF_ERROR(check(ops_->event_record(done, copies(q)), "event_record"));
-    return check(ops_->stream_wait_event(stream_, done), "stream_wait_event");
+    KTIER_RETURN_IF_ERROR(check(ops()->event_record(done, copies(q)), "event_record"));
+    return check(ops()->stream_wait_event(stream_, done), "stream_wait_event");
   }
   Result<Fence> create_fence() override {
     KtierCudaEvent e = nullptr;
-    KTIER_RETURN_IF_ERROR(check(ops_->event_create(&e), "event_create"));
+    KTIER_RETURN_IF_ERROR(check(ops()->event_create(&e), "event_create"));
     fences_.push_back(e);
     return static_cast<Fence>(fences_.size() - 1);
   }
   void destroy_fence(Fence f) override {
     if (KtierCudaEvent& e = fence(f)) {
-      ops_->event_destroy(e);
+      ops()->event_destroy(e);
       e = nullptr;
     }
   }
   Status mark_ops(Fence f) override {
-    return check(ops_->event_record(fence(f), stream_), "event_record (fence)");
+    return check(ops()->event_record(fence(f), stream_), "event_record (fence)");
   }
   Status mark_copies(Fence f, CopyQueue q) override {
-    return check(ops_->event_record(fence(f), copies(q)), "event_record (fence)");
+    return check(ops()->event_record(fence(f), copies(q)), "event_record (fence)");
   }
   Status copies_wait(Fence f, CopyQueue q) override {
-    return check(ops_->stream_wait_event(copies(q), fence(f)), "stream_wait_event (fence)");
+    return check(ops()->stream_wait_event(copies(q), fence(f)), "stream_wait_event (fence)");
   }
   Status ops_wait(Fence f) override {
-    return check(ops_->stream_wait_event(stream_, fence(f)), "stream_wait_event (fence)");
+    return check(ops()->stream_wait_event(stream_, fence(f)), "stream_wait_event (fence)");
   }
   Status host_wait(Fence f) override {
-    return check(ops_->event_synchronize(fence(f)), "event_synchronize (fence)");
+    return check(ops()->event_synchronize(fence(f)), "event_synchronize (fence)");
   }
   Status sync_copies(CopyQueue q) override {
-    return check(ops_->stream_synchronize(copies(q)), "stream_synchronize (copies)");
+    return check(ops()->stream_synchronize(copies(q)), "stream_synchronize (copies)");
   }
   Result<uint64_t> free_memory() override {
     size_t free_b = 0, total_b = 0;
-    KTIER_RETURN_IF_ERROR(check(ops_->mem_info(&free_b, &total_b), "mem_info"));
+    KTIER_RETURN_IF_ERROR(check(ops()->mem_info(&free_b, &total_b), "mem_info"));
     return static_cast<uint64_t>(free_b);
   }
   Status pin_host(void* host, size_t bytes) override {
-    return check(ops_->host_register(host, bytes), "pinning " + std::to_string(bytes) + " host bytes");
+    return check(ops()->host_register(host, bytes), "pinning " + std::to_string(bytes) + " host bytes");
   }
-  void unpin_host(void* host) override { ops_->host_unregister(host); }
+  void unpin_host(void* host) override { ops()->host_unregister(host); }
   Status synchronize() override {
-    return check(ops_->stream_synchronize(stream_), "stream_synchronize");
+    return check(ops()->stream_synchronize(stream_), "stream_synchronize");
   }
 
   Status linear(const cpu::LinearJob* jobs, int n_jobs) override {
-    // cuBLAS handles are per thread (made by init): from another thread prefill would quietly
-    // run the fused kernels while uses_blas() and the backend's name say cuBLAS.
-    KTIER_CHECK_MSG(std::this_thread::get_id() == owner_, "CUDA backend used off its thread");
     std::vector<KtierCudaLinearJob> abi(static_cast<size_t>(n_jobs));
     for (int i = 0; i < n_jobs; ++i)
       abi[i] = {to_abi(jobs[i].w), jobs[i].x, jobs[i].n_tokens, jobs[i].y};
-    return check(ops_->linear(abi.data(), n_jobs, stream_), "linear");
+    return check(ops()->linear(abi.data(), n_jobs, stream_), "linear");
   }
   Status rmsnorm(const float* x, const float* gain, int64_t rows, int64_t n, double eps,
                  float* out) override {
-    return check(ops_->rmsnorm(x, gain, rows, n, eps, out, stream_), "rmsnorm");
+    return check(ops()->rmsnorm(x, gain, rows, n, eps, out, stream_), "rmsnorm");
   }
   Status l2norm(const float* x, int64_t rows, int64_t n, double eps, float* out) override {
-    return check(ops_->l2norm(x, rows, n, eps, out, stream_), "l2norm");
+    return check(ops()->l2norm(x, rows, n, eps, out, stream_), "l2norm");
   }
   Status situ_glu(const float* a, const float* b, int64_t n, double beta1,
                   std::optional<double> beta2, float* out) override {
-    return check(ops_->situ_glu(a, b, n, beta1, beta2.has_value() ? 1 : 0, beta2.value_or(0.0),
+    return check(ops()->situ_glu(a, b, n, beta1, beta2.has_value() ? 1 : 0, beta2.value_or(0.0),
                                 out, stream_),
                  "situ_glu");
   }
   Status sigmoid(const float* x, int64_t n, float* out) override {
-    return check(ops_->sigmoid(x, n, out, stream_), "sigmoid");
+    return check(ops()->sigmoid(x, n, out, stream_), "sigmoid");
   }
   Status sigmoid_gate(const float* x, const float* gate, int64_t n, float* out) override {
-    return check(ops_->sigmoid_gate(x, gate, n, out, stream_), "sigmoid_gate");
+    return check(ops()->sigmoid_gate(x, gate, n, out, stream_), "sigmoid_gate");
   }
   Status add(const float* a, const float* b, int64_t n, float* out) override {
-    return check(ops_->add(a, b, n, out, stream_), "add");
+    return check(ops()->add(a, b, n, out, stream_), "add");
   }
   Status weighted_sum(const float* rows, const int32_t* row_of, const float* weight, int64_t T,
                       int k, int64_t n, float* out) override {
-    return check(ops_->weighted_sum(rows, row_of, weight, T, k, n, out, stream_), "weighted_sum");
+    return check(ops()->weighted_sum(rows, row_of, weight, T, k, n, out, stream_), "weighted_sum");
   }
   Status gather_rows(const float* src, const int32_t* row_of, int64_t rows, int64_t n,
                      float* dst) override {
-    return check(ops_->gather_rows(src, row_of, rows, n, dst, stream_), "gather_rows");
+    return check(ops()->gather_rows(src, row_of, rows, n, dst, stream_), "gather_rows");
   }
   Status kda_short_conv(const float* u, int64_t T, int64_t C, const float* w, int K,
                         float* history, float* out) override {
-    return check(ops_->kda_short_conv(u, T, C, w, K, history, out, stream_), "kda_short_conv");
+    return check(ops()->kda_short_conv(u, T, C, w, K, history, out, stream_), "kda_short_conv");
   }
   Status kda_decay_gate(const float* z, int64_t T, int H, int D, const float* A_log,
                         const float* dt_bias, double g_min, float* g, float* alpha) override {
-    return check(ops_->kda_decay_gate(z, T, H, D, A_log, dt_bias, g_min, g, alpha, stream_),
+    return check(ops()->kda_decay_gate(z, T, H, D, A_log, dt_bias, g_min, g, alpha, stream_),
                  "kda_decay_gate");
   }
   Status kda_recurrence(const float* q, const float* k, const float* v, const float* alpha,
                         const float* beta, int64_t T, int H, int Dk, int Dv, double q_scale,
                         float* state, float* out) override {
     return check(
-        ops_->kda_recurrence(q, k, v, alpha, beta, T, H, Dk, Dv, q_scale, state, out, stream_),
+        ops()->kda_recurrence(q, k, v, alpha, beta, T, H, Dk, Dv, q_scale, state, out, stream_),
         "kda_recurrence");
   }
   Status mla_attention(const cpu::MlaDims& dims, const float* q, int64_t T,
@@ -234,16 +232,16 @@ class CudaBackend final : public Backend {
                              dims.kv_lora};
     const KtierCudaWeight w = to_abi(kv_b);
     return check(
-        ops_->mla_attention(&d, q, T, &w, cache_c, cache_r, n_past, scale, out, stream_),
+        ops()->mla_attention(&d, q, T, &w, cache_c, cache_r, n_past, scale, out, stream_),
         "mla_attention");
   }
   Status attnres(const float* const* src, int m, int64_t src_stride, int64_t T, int64_t n,
                  const float* f, double eps, float* out) override {
-    return check(ops_->attnres(src, m, src_stride, T, n, f, eps, out, stream_), "attnres");
+    return check(ops()->attnres(src, m, src_stride, T, n, f, eps, out, stream_), "attnres");
   }
   Status router_topk(const float* logits, const float* bias, int64_t T, int n_experts, int top_k,
                      bool renormalize, double scaling, int32_t* ids, float* weights) override {
-    return check(ops_->router_topk(logits, bias, T, n_experts, top_k, renormalize ? 1 : 0,
+    return check(ops()->router_topk(logits, bias, T, n_experts, top_k, renormalize ? 1 : 0,
                                    scaling, ids, weights, stream_),
                  "router_topk");
   }
@@ -252,7 +250,7 @@ class CudaBackend final : public Backend {
       KTIER_ASSIGN_OR_RETURN(argmax_out_, allocate(sizeof(int64_t)));
     }
     KTIER_RETURN_IF_ERROR(
-        check(ops_->argmax(x, n, static_cast<int64_t*>(argmax_out_), stream_), "argmax"));
+        check(ops()->argmax(x, n, static_cast<int64_t*>(argmax_out_), stream_), "argmax"));
     int64_t index = 0;
     KTIER_RETURN_IF_ERROR(download(&index, argmax_out_, sizeof index));
     return index;
@@ -263,7 +261,7 @@ class CudaBackend final : public Backend {
   Status trim_pool() {
     KTIER_RETURN_IF_ERROR(synchronize());
     for (auto& [size, list] : pool_)
-      for (void* q : list) ops_->free_device(q);
+      for (void* q : list) ops()->free_device(q);
     pool_.clear();
     pooled_ = 0;
     return Status::ok();
@@ -287,14 +285,40 @@ class CudaBackend final : public Backend {
   }
   Status check(int rc, const std::string& what) const {
     if (rc == 0) return Status::ok();
-    return Status::runtime(name_ + ": " + what + " failed: " + ops_->last_error());
+    return Status::runtime(name_ + ": " + what + " failed: " + module_->last_error());
   }
 
-  const KtierCudaOps* ops_;
+  // Every module call goes through here. The CUDA runtime's current device is per host thread,
+  // and a backend is called from more than one (serve's connection threads, one at a time, the
+  // engine's lock between them): a thread's first call, or its first after it used another
+  // backend, makes this device current (init; the cuBLAS handle is the device's, made once). A
+  // failed init is logged and leaves the call to fail with the runtime's own error.
+  const KtierCudaOps* ops() const {
+    uint64_t& bound = bound_on_this_thread();
+    if (bound != id_) {
+      if (module_->init(device_) == 0)
+        bound = id_;
+      else
+        spdlog::error("{}: selecting the device on a new thread failed: {}", name_,
+                      module_->last_error());
+    }
+    return module_;
+  }
+  // The id_ of the backend the calling thread last made current (0: none).
+  static uint64_t& bound_on_this_thread() {
+    thread_local uint64_t bound = 0;
+    return bound;
+  }
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+  }
+
+  const KtierCudaOps* module_;
+  const uint64_t id_ = next_id();
   int device_;
   std::string name_;
   bool uses_blas_ = false;
-  std::thread::id owner_;  // the thread that called init (current device, cuBLAS handle)
   KtierCudaStream stream_ = nullptr;       // the ops
   KtierCudaStream copy_streams_[kNumCopyQueues] = {};  // copy_async, per CopyQueue
   KtierCudaEvent ops_done_ = nullptr, copies_done_[kNumCopyQueues] = {};

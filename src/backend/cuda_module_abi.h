@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-#define KTIER_CUDA_ABI_VERSION 6
+#define KTIER_CUDA_ABI_VERSION 7
 
 typedef struct KtierCudaDeviceInfo {
   char name[256];
@@ -88,8 +88,9 @@ typedef struct KtierCudaOps {
   size_t struct_size; /* sizeof(KtierCudaOps) as the module was built */
   const char* (*last_error)(void);
 
-  /* Selects the device for the calling thread and creates the module's per-device state
-   * (cuBLAS handle). Call once per host thread before anything else. */
+  /* Selects the device for the calling thread and, once per device for the process, creates
+   * the module's per-device state (cuBLAS handle). Call on each host thread before it issues
+   * anything else (the CUDA runtime's current device is per thread). */
   int (*init)(int device);
 
   /* ---- memory, streams, events ---- */
@@ -163,7 +164,8 @@ typedef struct KtierCudaOps {
   int (*argmax)(const float* x, int64_t n, int64_t* out, KtierCudaStream stream);
 
   /* 1 when linear sends F32/BF16 jobs of n_tokens >= 8 to cuBLAS on the calling thread's
-   * current device (init found cuBLAS and made a handle), 0 when the fused kernels run them. */
+   * current device (an init found cuBLAS and made its handle), 0 when the fused kernels run
+   * them. */
   int (*uses_cublas)(void);
 } KtierCudaOps;
 

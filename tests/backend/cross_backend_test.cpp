@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <memory>
 #include <numeric>
+#include <thread>
 
 #include "backend/cuda_backend.h"
 #include "backend/cuda_module.h"
@@ -128,6 +129,25 @@ TEST_P(CrossBackend, Linear) {
       SCOPED_TRACE(std::string("job ") + cpu::weight_type_name(weights[j].type));
       const auto tol = linear_bound(weights[j], ref_xs[j], T);
       expect_close("linear", want[j], dev_y[j].host(), tol);
+    }
+    // serve calls the backend from its connection threads (one at a time): the same jobs from
+    // another thread give the same bytes (CUDA: that thread makes the device current on its
+    // first call, and T = 9 stays on the device's one cuBLAS handle).
+    std::vector<Array<float>> again;
+    std::vector<cpu::LinearJob> again_jobs = dev_jobs;
+    for (size_t j = 0; j < weights.size(); ++j) {
+      again.push_back(Array<float>::poisoned(*under_test_, T * weights[j].rows));
+      again_jobs[j].y = again.back().data();
+    }
+    Status from_thread = Status::ok();
+    std::thread([&] {
+      from_thread = under_test_->linear(again_jobs.data(), static_cast<int>(again_jobs.size()));
+      if (from_thread.is_ok()) from_thread = under_test_->synchronize();
+    }).join();
+    ASSERT_TRUE(from_thread.is_ok()) << from_thread.message();
+    for (size_t j = 0; j < weights.size(); ++j) {
+      SCOPED_TRACE(std::string("job ") + cpu::weight_type_name(weights[j].type));
+      expect_close("linear from another thread", dev_y[j].host(), again[j].host(), 0.0, true);
     }
   }
 }
@@ -414,6 +434,9 @@ TEST_P(CrossBackend, FencesOrderCopiesAndOps) {
   auto da = Array<float>::poisoned(*under_test_, n), db = Array<float>::poisoned(*under_test_, n);
   auto dc = Array<float>::poisoned(*under_test_, n), sum = Array<float>::poisoned(*under_test_, n);
   Backend& be = *under_test_;
+  // The poison is written by ops (CUDA: the ops stream); the copies below are ordered after
+  // nothing, so they must not overtake it.
+  ASSERT_TRUE(be.synchronize().is_ok());
   using Q = Backend::CopyQueue;
   auto fa = be.create_fence(), fb = be.create_fence(), fo = be.create_fence();
   ASSERT_TRUE(fa.is_ok() && fb.is_ok() && fo.is_ok());
