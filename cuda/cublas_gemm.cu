@@ -89,15 +89,18 @@ const CublasApi& cublas_api() {
   return api;
 }
 
-// One handle per device for the process, made by the first init on it (leaked at exit, as
-// destroying one after the context is gone is unsafe). cuBLAS allows a handle on several host
-// threads; g_call_mu keeps each call's set-stream and products together. Not one per thread:
-// serve calls from its connection threads, and each handle holds a workspace in VRAM.
+// One handle per device for the process, made by the first init on it (one try: leaked at
+// exit, as destroying one after the context is gone is unsafe). Not one per thread: serve
+// calls from its connection threads, and each handle holds a workspace in VRAM. cuBLAS allows
+// a handle on several host threads; g_call_mu[device] keeps a call's set-stream and products
+// together. The workspace is the handle's, so products go to one stream at a time: a call on
+// another stream than g_handle_stream's first waits for that stream (the engine has one).
 constexpr int kMaxDevices = 64;
 std::mutex g_handle_mu;                                  // guards making the handles
 std::atomic<cublasHandle_t> g_handle[kMaxDevices] = {};  // null until made
-bool g_handle_refused[kMaxDevices] = {};  // made but unusable: not made again (g_handle_mu)
-std::mutex g_call_mu;                     // one cublas_linear at a time
+bool g_handle_tried[kMaxDevices] = {};  // one attempt per device (g_handle_mu)
+std::mutex g_call_mu[kMaxDevices];
+cudaStream_t g_handle_stream[kMaxDevices] = {};  // the last call's stream (g_call_mu[device])
 
 // Scratch per (device, stream) for the split copies of x; grown stream-ordered.
 struct Scratch {
@@ -151,7 +154,10 @@ const char* cublas_status_name(cublasStatus_t st) {
 void cublas_init(int device) {
   if (device < 0 || device >= kMaxDevices) return;
   std::lock_guard<std::mutex> lock(g_handle_mu);
-  if (g_handle[device].load() || g_handle_refused[device]) return;
+  // One attempt: the backend reads uses_cublas() once, at open, and budgets VRAM by it, so a
+  // handle made later (another thread's init) must not turn cuBLAS on under it.
+  if (g_handle_tried[device]) return;
+  g_handle_tried[device] = true;
   const CublasApi& api = cublas_api();
   if (!api.ok) return;
   cublasHandle_t h = nullptr;
@@ -163,13 +169,16 @@ void cublas_init(int device) {
   // kernels serve prefill). The handle is leaked, as at exit, once.
   if (api.set_math_mode(h, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
     (void)cudaGetLastError();
-    g_handle_refused[device] = true;
     return;
   }
   g_handle[device].store(h);
 }
 
 void scratch_release(cudaStream_t s) {
+  for (int d = 0; d < kMaxDevices; ++d) {  // a destroyed stream is never waited for
+    std::lock_guard<std::mutex> lock(g_call_mu[d]);
+    if (g_handle_stream[d] == s) g_handle_stream[d] = nullptr;
+  }
   std::lock_guard<std::mutex> lock(g_scratch_mu);
   for (auto it = g_scratch.begin(); it != g_scratch.end();) {
     if (it->first.second == s) {
@@ -192,7 +201,12 @@ int cublas_linear(const KtierCudaLinearJob* jobs, const int* idx, int n_idx, int
   constexpr const char* op = "linear";
   const cublasHandle_t handle = g_handle[device].load();
   const CublasApi& api = cublas_api();
-  std::lock_guard<std::mutex> lock(g_call_mu);
+  std::lock_guard<std::mutex> lock(g_call_mu[device]);
+  if (g_handle_stream[device] != stream) {
+    if (g_handle_stream[device])
+      if (const int rc = cuda_check(op, cudaStreamSynchronize(g_handle_stream[device]))) return rc;
+    g_handle_stream[device] = stream;
+  }
   // cuBLAS: y^T [rows, T] (column-major, ldc = rows) = op_T(W as column-major [cols, rows],
   // lda = cols) * x^T (column-major [cols, T], ldb = cols); alpha = 1, beta = 0.
   if (api.set_stream(handle, stream) != CUBLAS_STATUS_SUCCESS)

@@ -13,9 +13,10 @@
 //    tests/backend/cross_backend_test.cpp (arithmetic in cuda/README.md).
 //  * Errors the device can cause (launch failure, out of memory) are a Status (kRuntime);
 //    a violated REQUIRES of the CPU op still aborts (a caller bug).
-//  * Thread-safety: one Backend object is used from one thread at a time; the CUDA backend
-//    from the thread that made it (the module keeps the current device and the cuBLAS handle
-//    per thread; linear() checks it).
+//  * Thread-safety: one Backend object is used from one thread at a time, from any thread
+//    (serve's connection threads take turns); the CUDA backend makes its device current on
+//    each thread's first call (the runtime keeps it per thread; cuBLAS's handle is the
+//    device's).
 
 #include <cstddef>
 #include <cstdint>

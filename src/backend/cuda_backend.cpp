@@ -47,13 +47,17 @@ class CudaBackend final : public Backend {
   }
 
   Status open() {
+    bound_on_this_thread() = 0;  // init may change the current device and then fail
+    bind_failure().clear();      // (another backend's, on this thread)
     KTIER_RETURN_IF_ERROR(check(module_->init(device_), "init"));
     bound_on_this_thread() = id_;
     uses_blas_ = ops()->uses_cublas() != 0;
-    name_.insert(name_.size() - 1, uses_blas_ ? ", cuBLAS" : ", no cuBLAS: fused kernels for prefill");
+    name_.insert(name_.size() - 1,
+                 uses_blas_ ? ", cuBLAS" : ", no cuBLAS: fused kernels for prefill");
     KTIER_RETURN_IF_ERROR(check(ops()->stream_create(&stream_), "stream_create"));
     for (int q = 0; q < kNumCopyQueues; ++q) {
-      KTIER_RETURN_IF_ERROR(check(ops()->stream_create(&copy_streams_[q]), "stream_create (copies)"));
+      KTIER_RETURN_IF_ERROR(
+          check(ops()->stream_create(&copy_streams_[q]), "stream_create (copies)"));
       KTIER_RETURN_IF_ERROR(check(ops()->event_create(&copies_done_[q]), "event_create"));
     }
     return check(ops()->event_create(&ops_done_), "event_create");
@@ -166,7 +170,8 @@ class CudaBackend final : public Backend {
     return static_cast<uint64_t>(free_b);
   }
   Status pin_host(void* host, size_t bytes) override {
-    return check(ops()->host_register(host, bytes), "pinning " + std::to_string(bytes) + " host bytes");
+    return check(ops()->host_register(host, bytes),
+                 "pinning " + std::to_string(bytes) + " host bytes");
   }
   void unpin_host(void* host) override { ops()->host_unregister(host); }
   Status synchronize() override {
@@ -284,6 +289,9 @@ class CudaBackend final : public Backend {
     }
   }
   Status check(int rc, const std::string& what) const {
+    // The call's ops() could not make the device current: whatever it did, it was not here.
+    if (!bind_failure().empty())
+      return Status::runtime(name_ + ": " + what + ": " + bind_failure());
     if (rc == 0) return Status::ok();
     return Status::runtime(name_ + ": " + what + " failed: " + module_->last_error());
   }
@@ -292,15 +300,19 @@ class CudaBackend final : public Backend {
   // and a backend is called from more than one (serve's connection threads, one at a time, the
   // engine's lock between them): a thread's first call, or its first after it used another
   // backend, makes this device current (init; the cuBLAS handle is the device's, made once). A
-  // failed init is logged and leaves the call to fail with the runtime's own error.
+  // failed init is kept as the thread's bind_failure(), which check() returns for the call
+  // (the next call tries again).
   const KtierCudaOps* ops() const {
     uint64_t& bound = bound_on_this_thread();
     if (bound != id_) {
-      if (module_->init(device_) == 0)
+      bound = 0;  // init may change the current device and then fail
+      if (module_->init(device_) == 0) {
         bound = id_;
-      else
-        spdlog::error("{}: selecting the device on a new thread failed: {}", name_,
-                      module_->last_error());
+        bind_failure().clear();
+      } else {
+        bind_failure() = std::string("making the device current on this thread failed: ") +
+                         module_->last_error();
+      }
     }
     return module_;
   }
@@ -308,6 +320,12 @@ class CudaBackend final : public Backend {
   static uint64_t& bound_on_this_thread() {
     thread_local uint64_t bound = 0;
     return bound;
+  }
+  // Why the calling thread's last ops() could not make its device current; empty after one
+  // that did.
+  static std::string& bind_failure() {
+    thread_local std::string failure;
+    return failure;
   }
   static uint64_t next_id() {
     static std::atomic<uint64_t> next{1};

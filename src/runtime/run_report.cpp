@@ -65,6 +65,8 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
   const VramTierStats& va = a.vram;
   const VramTierStats& vb = b.vram;
   const VramExpertTier* v = e.vram_tier();
+  const uint64_t vram_useful = d(vb.prefetch_useful, va.prefetch_useful);
+  const uint64_t vram_wasted = d(vb.prefetch_wasted, va.prefetch_wasted);
   const DeviceTrunk* dt = e.device_trunk();
   nlohmann::json j = {
       {"prompt_tokens", gen.prompt_tokens},
@@ -100,12 +102,9 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
           {"policy_slots", v ? v->stats().policy_slots : 0},
           {"slot_bytes", v ? v->stats().slot_bytes : 0},
           {"prefetch_issued", d(vb.prefetch_issued, va.prefetch_issued)},
-          {"prefetch_useful", d(vb.prefetch_useful, va.prefetch_useful)},
-          {"prefetch_wasted", d(vb.prefetch_wasted, va.prefetch_wasted)},
-          {"prefetch_precision",
-           ratio(d(vb.prefetch_useful, va.prefetch_useful),
-                 d(vb.prefetch_useful, va.prefetch_useful) +
-                     d(vb.prefetch_wasted, va.prefetch_wasted))}}}}},
+          {"prefetch_useful", vram_useful},
+          {"prefetch_wasted", vram_wasted},
+          {"prefetch_precision", ratio(vram_useful, vram_useful + vram_wasted)}}}}},
       {"links",
        {{"nvme_to_ram_bytes_per_token", per_step(d(xb.read_bytes, xa.read_bytes))},
         {"ram_to_vram_bytes_per_token",

@@ -131,8 +131,9 @@ TEST_P(CrossBackend, Linear) {
       expect_close("linear", want[j], dev_y[j].host(), tol);
     }
     // serve calls the backend from its connection threads (one at a time): the same jobs from
-    // another thread give the same bytes (CUDA: that thread makes the device current on its
-    // first call, and T = 9 stays on the device's one cuBLAS handle).
+    // another thread give the same bytes (CUDA: no abort, no error, and T = 9 stays on cuBLAS,
+    // whose handle is the device's; on one GPU a new thread's current device is already 0, so
+    // this does not tell whether ops() made it current).
     std::vector<Array<float>> again;
     std::vector<cpu::LinearJob> again_jobs = dev_jobs;
     for (size_t j = 0; j < weights.size(); ++j) {

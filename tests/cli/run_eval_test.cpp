@@ -767,12 +767,25 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     }
     f.close();
     const auto r = run_process(ktier() + " run -m " + bad_dir.string() + " --ids 1,2 -n 2");
-    fs::remove_all(bad_dir);
     EXPECT_EQ(r.exit_code, 3) << tensor << "\n" << r.err;
     EXPECT_NE(r.err.find(name + " in " + (bad_dir / shard.filename()).string() +
                          ": element 3 is "),
               std::string::npos)
         << r.err;
+    // From a trunk pack (the same bytes, packed): the pack is named.
+    const fs::path bad_pack = bad_dir.string() + "-pack";
+    const auto packed = run_process(ktier() + " pack -q -m " + bad_dir.string() + " -o " +
+                                    bad_pack.string() + " --force");
+    EXPECT_EQ(packed.exit_code, 0) << packed.err;
+    const auto from_pack = run_process(ktier() + " run -m " + bad_dir.string() + " --pack " +
+                                       bad_pack.string() + " --ids 1,2 -n 2");
+    fs::remove_all(bad_dir);
+    fs::remove_all(bad_pack);
+    EXPECT_EQ(from_pack.exit_code, 3) << from_pack.err;
+    EXPECT_NE(from_pack.err.find(name + " in " + (bad_pack / "trunk.pack").string() +
+                                 ": element 3 is "),
+              std::string::npos)
+        << from_pack.err;
   }
   // A shard cut short: corrupt input (3), named, and no token is printed.
   const fs::path cut = dir_.string() + "-cut";

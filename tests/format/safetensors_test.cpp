@@ -380,7 +380,8 @@ TEST(SafetensorsCorrupt, EntryShapeAndTypes) {
              "tensor 's': \"shape\" must hold non-negative integers, got an array");
   EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(R"({"s": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}})", data)),
              "tensor 's': negative value -8 in \"data_offsets\"");
-  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(R"(7)", data)), "header does not begin with '{'");
+  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(R"(7)", data)),
+             "header does not begin with '{'");
   EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(R"({"s": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}} x)", data)),
              "header is not valid UTF-8 JSON");
   EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(R"({"s": [1, 2]})", data)),

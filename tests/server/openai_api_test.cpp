@@ -306,7 +306,8 @@ TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
   ASSERT_FALSE(streamed.is_ok());
   EXPECT_EQ(streamed.status().exit_code(), 2);
   EXPECT_TRUE(split_prompt_batch(json::parse(R"({"prompt": ["a", "b"], "stream": null})")).is_ok());
-  EXPECT_EQ(error_param(split_prompt_batch(json::parse(R"({"prompt": ["a", "b"], "stream": 1})")).status()),
+  EXPECT_EQ(error_param(
+                split_prompt_batch(json::parse(R"({"prompt": ["a", "b"], "stream": 1})")).status()),
             "stream");
 
   const ResponseHead head{"cmpl-3", 1700000000, "k3"};
