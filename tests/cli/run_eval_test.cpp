@@ -928,6 +928,11 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   EXPECT_EQ(j.at("lookahead"), 1);
   EXPECT_GT(j.at("trunk_layers_streamed").get<int>(), 0);
   EXPECT_EQ(j.at("budget_bytes").get<uint64_t>(), 1250u * 1024);
+  // What the budget holds stays inside it (the RAM tier's arena was rounded up to 2 MiB).
+  EXPECT_LE(j.at("tiers").at("ram").at("bytes").get<uint64_t>() +
+                j.at("trunk_bytes").get<uint64_t>() + j.at("router_bank_bytes").get<uint64_t>(),
+            1250u * 1024)
+      << j.dump();
   // Per-token figures are the decode's alone: every decode step reads the streamed layers once,
   // so a 2-token run (one step, after a prefill that read them too) reports the same trunk bytes
   // per token as the 20-token one. (The same -c: the budget sets the sequence's state aside
