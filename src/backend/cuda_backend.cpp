@@ -47,10 +47,8 @@ class CudaBackend final : public Backend {
   }
 
   Status open() {
-    bound_on_this_thread() = 0;  // init may change the current device and then fail
-    bind_failure().clear();      // (another backend's, on this thread)
-    KTIER_RETURN_IF_ERROR(check(module_->init(device_), "init"));
-    bound_on_this_thread() = id_;
+    ops();  // this backend's first call on any thread: init (the device, the cuBLAS handle)
+    KTIER_RETURN_IF_ERROR(check(0, "init"));
     uses_blas_ = ops()->uses_cublas() != 0;
     name_.insert(name_.size() - 1,
                  uses_blas_ ? ", cuBLAS" : ", no cuBLAS: fused kernels for prefill");

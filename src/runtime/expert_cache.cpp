@@ -95,21 +95,19 @@ Result<std::unique_ptr<ExpertCache>> ExpertCache::open(const format::Checkpoint&
   // The slots' bytes, and no more, are touched, registered and reported: huge pages round the
   // allocation up to 2 MiB, which only a large tier (K3's: GBs) may take as a hint; a small
   // one near the budget's minimum would pass the budget by up to that much.
-  const size_t used = static_cast<size_t>(slots) * x->stats_.slot_bytes;
+  const size_t size = static_cast<size_t>(slots) * x->stats_.slot_bytes;
   const io::HugePages huge =
-      used >= 64 * io::kHugePageBytes ? io::HugePages::kYes : io::HugePages::kNo;
+      size >= 64 * io::kHugePageBytes ? io::HugePages::kYes : io::HugePages::kNo;
   KTIER_ASSIGN_OR_RETURN(x->arena_,
-                         io::AlignedBuffer::allocate(used, io::kDefaultAlignment, huge));
-  x->arena_used_ = used;
-  x->stats_.bytes_allocated = used;
+                         io::AlignedBuffer::allocate(size, io::kDefaultAlignment, huge));
+  x->stats_.bytes_allocated = size;
   // Fault the arena in now: otherwise every first read into a slot pays for page allocation and
   // zeroing inside decode (measured: a tier larger than the working set ran 3x slower per token
   // on the development VM until every slot had been used once).
   // A K3 tier of a few hundred GB takes a while: in steps of 256 MiB, one per pool thread at a
   // time (page faults and zeroing scale with cores), with progress on stderr at the info level.
-  ProgressMeter meter("expert RAM tier", used, spdlog::should_log(spdlog::level::info));
+  ProgressMeter meter("expert RAM tier", size, spdlog::should_log(spdlog::level::info));
   constexpr size_t kFaultStep = size_t{256} << 20;
-  const size_t size = used;
   const int64_t steps = static_cast<int64_t>((size + kFaultStep - 1) / kFaultStep);
   const int64_t threads = opts.pool ? opts.pool->size() : 1;
   const auto fault = [&](int64_t b, int64_t e) {

@@ -125,7 +125,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   }
   // The slots' memory (GPU mode pins it so RAM -> VRAM copies run at link speed).
   uint8_t* arena() { return arena_.data(); }
-  size_t arena_bytes() const { return arena_used_; }  // the slots' bytes
+  size_t arena_bytes() const { return stats_.bytes_allocated; }  // the slots' bytes
   uint64_t bytes_fetched() const override { return stats_.hit_bytes + stats_.miss_bytes; }
   int64_t max_batch() const override { return stats_.batch_slots; }
   int64_t max_each() const override { return INT64_MAX; }
@@ -183,8 +183,9 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   io::IoEngine& engine_;
   const std::vector<io::ReadFile>& files_;
   std::unique_ptr<io::CompletionQueue> demand_cq_, prefetch_cq_;
-  io::AlignedBuffer arena_;  // all slots, one allocation (huge pages when large)
-  size_t arena_used_ = 0;    // the slots' bytes (the allocation may be rounded up past them)
+  // All slots, one allocation (huge pages when large: then rounded up past the slots' bytes,
+  // stats_.bytes_allocated, which is all that is touched).
+  io::AlignedBuffer arena_;
   ReuseFence reuse_fence_;  // called with a slot's memory before it is handed out for a new read
   std::function<bool(int64_t, int32_t)> held_above_;  // experts a faster tier keeps for use
   std::vector<uint8_t*> registered_;  // arena pieces registered with the I/O engine
