@@ -96,7 +96,7 @@ Result<runtime::GenerationStats> timed_decode(runtime::Engine& e, const std::vec
   gen.max_new_tokens = 4;
   KTIER_RETURN_IF_ERROR(runtime::generate(e.model(), e.experts(), prompt, gen, sink).status());
   gen.max_new_tokens = tokens;
-  gen.before_decode = [&] { *start = runtime::EngineCounters::of(e); };
+  gen.before_decode = [&] { *start = runtime::EngineCounters::start_window(e); };
   KTIER_ASSIGN_OR_RETURN(runtime::GenerationStats st,
                          runtime::generate(e.model(), e.experts(), prompt, gen, sink));
   *end = runtime::EngineCounters::of(e);

@@ -309,7 +309,7 @@ Status run(const RunArgs& a) {
   };
   // One answer's report: its counters from the start of its decode (after its prompt) on.
   runtime::RunReport report;
-  gen.before_decode = [&] { report.decode_start = runtime::EngineCounters::of(*engine); };
+  gen.before_decode = [&] { report.decode_start = runtime::EngineCounters::start_window(*engine); };
   report.cached_prompt_tokens = cached;
   KTIER_ASSIGN_OR_RETURN(
       std::unique_ptr<runtime::GenerationSession> session,

@@ -279,6 +279,11 @@ Status Engine::open_expert_tier(const EngineOptions& opts) {
   return Status::ok();
 }
 
+void Engine::begin_report_window() {
+  if (cache_) cache_->begin_window();
+  if (vram_tier_) vram_tier_->begin_window();
+}
+
 Engine::~Engine() {
   if (!pinned_host_.empty()) {
     // After an error return copies from these may still run: wait for them (their errors

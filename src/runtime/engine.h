@@ -115,6 +115,8 @@ class Engine {
   // GPU mode only (null otherwise): the trunk mirror and the VRAM expert tier.
   const DeviceTrunk* device_trunk() const { return device_trunk_.get(); }
   const VramExpertTier* vram_tier() const { return vram_tier_.get(); }
+  // Starts a report window in the expert tiers (ExpertCache/VramExpertTier::begin_window).
+  void begin_report_window();
   // GPU mode (0 otherwise): --vram as applied, and the part of it set aside for the sequence's
   // working set.
   uint64_t device_vram_bytes() const { return vram_bytes_; }

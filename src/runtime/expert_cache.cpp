@@ -236,6 +236,10 @@ void ExpertCache::on_evicted(uint32_t key) {
     s.prefetched_unused = false;
     ++stats_.prefetch_wasted;
     stats_.prefetch_wasted_bytes += expert_bytes(key);
+    if (s.prefetch_carried) {
+      ++stats_.carried_wasted;
+      stats_.carried_wasted_bytes += expert_bytes(key);
+    }
   }
   if (s.state == SlotState::kReady) s.state = SlotState::kFree;  // kLoading: freed on completion
   free_.push_back(static_cast<size_t>(si));
@@ -275,10 +279,22 @@ void ExpertCache::settle_prefetch(Slot& s, int64_t layer, bool arrived_in_time) 
   if (s.prefetch_layer == layer && s.prefetch_pass == pass_ && !s.read_failed) {
     ++stats_.prefetch_useful;
     stats_.prefetch_timely += arrived_in_time;
+    if (s.prefetch_carried) {
+      ++stats_.carried_useful;
+      stats_.carried_timely += arrived_in_time;
+    }
   } else {
     ++stats_.prefetch_wasted;
     stats_.prefetch_wasted_bytes += bytes;
+    if (s.prefetch_carried) {
+      ++stats_.carried_wasted;
+      stats_.carried_wasted_bytes += bytes;
+    }
   }
+}
+
+void ExpertCache::begin_window() {
+  for (Slot& s : slots_) s.prefetch_carried = s.prefetched_unused;
 }
 
 void ExpertCache::track_pass(int64_t layer, bool from_begin_layer) {
@@ -389,6 +405,7 @@ void ExpertCache::pump_prefetches() {
     Slot& s = slots_[si];
     s.key = p.key;
     s.prefetched_unused = true;
+    s.prefetch_carried = false;
     s.prefetch_layer = p.target_layer;
     s.prefetch_pass = pass_;
     slot_of_key_[p.key] = static_cast<int32_t>(si);

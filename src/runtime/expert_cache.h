@@ -84,6 +84,9 @@ struct ExpertCacheStats {
   uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_timely = 0, prefetch_wasted = 0;
   uint64_t prefetch_cancelled = 0;
   uint64_t prefetch_bytes = 0, prefetch_wasted_bytes = 0;
+  // Of useful, timely, wasted and wasted_bytes: the prefetches issued before the last
+  // begin_window() (a report over the window leaves them out of its precision).
+  uint64_t carried_useful = 0, carried_timely = 0, carried_wasted = 0, carried_wasted_bytes = 0;
   uint64_t io_wait_ns = 0;  // time blocked on expert reads (demand, late prefetch, a busy slot)
   // The policy's own decisions, one per (token, layer, expert): what replay of the same trace
   // at policy_slots reports.
@@ -134,6 +137,9 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
 
   const ExpertCacheStats& stats() const { return stats_; }
   strata::PolicyKind policy() const { return policy_kind_; }
+  // Starts a report window: the prefetches issued so far and not yet used or lost count as
+  // carried when they settle (ExpertCacheStats::carried_*).
+  void begin_window();
 
  private:
   enum class SlotState { kFree, kLoading, kReady };
@@ -145,6 +151,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
     uint32_t prefetch_chunks = 0;    // their chunk reads, released when the last one lands
     bool read_failed = false;        // a prefetch read failed: re-read on demand
     bool prefetched_unused = false;  // prefetched and not yet fetched
+    bool prefetch_carried = false;   // ... and issued before the current report window
     int64_t prefetch_layer = -1;     // the layer it was predicted for ...
     uint64_t prefetch_pass = 0;      // ... in this forward pass
     std::array<uint64_t, 6> part_offset{};

@@ -25,6 +25,11 @@ EngineCounters EngineCounters::of(const Engine& e) {
   return c;
 }
 
+EngineCounters EngineCounters::start_window(Engine& e) {
+  e.begin_report_window();
+  return of(e);
+}
+
 namespace {
 double ratio(uint64_t num, uint64_t den) {
   return den ? static_cast<double>(num) / static_cast<double>(den) : 0.0;
@@ -54,19 +59,27 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
   const auto d = [](uint64_t end, uint64_t start) { return end - start; };
   const uint64_t hit = d(xb.hit_bytes, xa.hit_bytes), miss = d(xb.miss_bytes, xa.miss_bytes);
   const uint64_t issued = d(xb.prefetch_issued, xa.prefetch_issued);
-  const uint64_t useful = d(xb.prefetch_useful, xa.prefetch_useful);
-  // Precision over the prefetches settled (used or wasted) in the decode window: the window's
-  // `issued` leaves out those issued during the prefill and used in it, and counts those its
-  // end leaves pending, so useful / issued could pass 1.
-  const uint64_t wasted = d(xb.prefetch_wasted, xa.prefetch_wasted);
+  // The prefetch figures are those of the prefetches issued in the window and settled (used
+  // or lost) in it: not those issued before it (the prefill's, settled in the window: carried),
+  // nor those the window's end leaves pending. Recall counts every use in the window: the share
+  // of its would-be misses that prefetch covered.
+  const uint64_t carried_useful = d(xb.carried_useful, xa.carried_useful);
+  const uint64_t carried_wasted = d(xb.carried_wasted, xa.carried_wasted);
+  const uint64_t all_useful = d(xb.prefetch_useful, xa.prefetch_useful);
+  const uint64_t useful = all_useful - carried_useful;
+  const uint64_t timely =
+      d(xb.prefetch_timely, xa.prefetch_timely) - d(xb.carried_timely, xa.carried_timely);
+  const uint64_t wasted = d(xb.prefetch_wasted, xa.prefetch_wasted) - carried_wasted;
   const uint64_t busy = b.io_busy_ns - a.io_busy_ns;
   const TrunkStore* t = e.trunk_store();
   const ExpertCache* x = e.expert_cache();
   const VramTierStats& va = a.vram;
   const VramTierStats& vb = b.vram;
   const VramExpertTier* v = e.vram_tier();
-  const uint64_t vram_useful = d(vb.prefetch_useful, va.prefetch_useful);
-  const uint64_t vram_wasted = d(vb.prefetch_wasted, va.prefetch_wasted);
+  const uint64_t vram_useful =
+      d(vb.prefetch_useful, va.prefetch_useful) - d(vb.carried_useful, va.carried_useful);
+  const uint64_t vram_wasted =
+      d(vb.prefetch_wasted, va.prefetch_wasted) - d(vb.carried_wasted, va.carried_wasted);
   const DeviceTrunk* dt = e.device_trunk();
   nlohmann::json j = {
       {"prompt_tokens", gen.prompt_tokens},
@@ -121,13 +134,16 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
       {"prefetch",
        {{"issued", issued},
         {"useful", useful},
-        {"timely", d(xb.prefetch_timely, xa.prefetch_timely)},
+        {"timely", timely},
         {"cancelled", d(xb.prefetch_cancelled, xa.prefetch_cancelled)},
+        {"carried_useful", carried_useful},
+        {"carried_wasted", carried_wasted},
         {"precision", ratio(useful, useful + wasted)},
-        {"recall", ratio(useful, useful + d(xb.demand_reads, xa.demand_reads))},
-        {"timeliness", ratio(d(xb.prefetch_timely, xa.prefetch_timely), useful)},
+        {"recall", ratio(all_useful, all_useful + d(xb.demand_reads, xa.demand_reads))},
+        {"timeliness", ratio(timely, useful)},
         {"wasted", wasted},
-        {"wasted_bytes", d(xb.prefetch_wasted_bytes, xa.prefetch_wasted_bytes)}}},
+        {"wasted_bytes", d(xb.prefetch_wasted_bytes, xa.prefetch_wasted_bytes) -
+                             d(xb.carried_wasted_bytes, xa.carried_wasted_bytes)}}},
       {"policy", x ? std::string(strata::policy_name(x->policy())) : std::string("none")},
       {"lookahead", e.model().lookahead_depth()},
       {"lookahead_refresh", e.model().lookahead_refresh()},

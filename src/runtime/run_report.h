@@ -27,6 +27,9 @@ struct EngineCounters {
   uint64_t io_reads = 0, io_fixed_reads = 0;  // reads issued; of them into registered buffers
   uint64_t trunk_inflate_ns = 0;  // compressed packs: time spent inflating streamed blocks
   static EngineCounters of(const Engine& e);
+  // A report window's start: begins the window in `e` (Engine::begin_report_window: prefetch
+  // precision then counts only the prefetches issued inside it) and returns its counters.
+  static EngineCounters start_window(Engine& e);
 };
 
 struct RunReport {

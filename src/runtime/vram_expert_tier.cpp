@@ -123,13 +123,18 @@ void VramExpertTier::forget_reads(Pred done) {
   host_reads_.resize(kept);
 }
 
+void VramExpertTier::begin_window() {
+  for (uint8_t& p : prefetched_) p = p ? kCarried : 0;
+}
+
 void VramExpertTier::on_evicted(uint32_t key) {
   const int64_t slot = slot_of_key_[key];
   if (slot < 0) return;  // admitted but never copied in
   slot_of_key_[key] = -1;
-  if (prefetched_[static_cast<size_t>(slot)]) {
+  if (const uint8_t was = prefetched_[static_cast<size_t>(slot)]) {
     prefetched_[static_cast<size_t>(slot)] = 0;
     ++stats_.prefetch_wasted;
+    stats_.carried_wasted += was == kCarried;
   }
   free_.push_back(slot);
 }
@@ -177,7 +182,7 @@ bool VramExpertTier::prefetch_one(const Prediction& p) {
   }
   slot_of_key_[p.key] = slot;
   slot_views_[static_cast<size_t>(slot)] = *dev;
-  prefetched_[static_cast<size_t>(slot)] = 1;
+  prefetched_[static_cast<size_t>(slot)] = kFresh;
   prefetched_for_.issued(p.key, p.target);
   ++stats_.prefetch_issued;
   stats_.prefetch_bytes += model::expert_bytes(*dev);
@@ -292,9 +297,10 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
     const int64_t slot = slot_of_key_[key];
     if (slot >= 0) {
       ++stats_.hits;
-      if (prefetched_[static_cast<size_t>(slot)]) {
+      if (const uint8_t was = prefetched_[static_cast<size_t>(slot)]) {
         prefetched_[static_cast<size_t>(slot)] = 0;
         ++stats_.prefetch_useful;
+        stats_.carried_useful += was == kCarried;
       }
       out[i] = slot_views_[static_cast<size_t>(slot)];
       stats_.hit_bytes += model::expert_bytes(out[i]);

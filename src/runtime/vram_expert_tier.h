@@ -48,6 +48,8 @@ struct VramTierStats {
   uint64_t copied_bytes = 0;                        // RAM -> VRAM, demand and prefetch
   uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_wasted = 0;
   uint64_t prefetch_bytes = 0;
+  // Of useful and wasted: the prefetches issued before the last begin_window().
+  uint64_t carried_useful = 0, carried_wasted = 0;
   double hit_rate_bytes() const {
     const uint64_t total = hit_bytes + miss_bytes;
     return total ? static_cast<double>(hit_bytes) / static_cast<double>(total) : 0.0;
@@ -80,6 +82,9 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   void on_prediction(int64_t layer, int depth, int64_t first_position, const int32_t* ids,
                      const float* weights, int64_t T, int k) override;
   const VramTierStats& stats() const { return stats_; }
+  // Starts a report window: the prefetches not yet used or lost count as carried when they
+  // settle (VramTierStats::carried_*).
+  void begin_window();
 
  private:
   VramExpertTier(model::ExpertSource& host, backend::Backend& be) : host_(host), be_(be) {}
@@ -126,7 +131,10 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   std::vector<int64_t> slot_of_key_;             // -1: not in a slot
   std::vector<model::ExpertWeights> slot_views_;  // device views of each slot's expert
   std::vector<int64_t> free_;                     // free policy slots
-  std::vector<uint8_t> prefetched_;               // per slot: filled by lookahead, not used yet
+  // Per slot, filled by lookahead and not used yet: kFresh, or kCarried when issued before the
+  // current report window; 0 otherwise.
+  enum : uint8_t { kFresh = 1, kCarried = 2 };
+  std::vector<uint8_t> prefetched_;
   // Per slot: a fence marked after its latest copy, and that copy's link and number on it.
   struct SlotCopy {
     int8_t link = -1;     // -1: never copied into

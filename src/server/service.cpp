@@ -314,7 +314,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     return stop_hit || client_gone || (stop_requested && stop_requested());
   };
   gen.before_decode = [&] {
-    out.report.decode_start = runtime::EngineCounters::of(engine_);
+    out.report.decode_start = runtime::EngineCounters::start_window(engine_);
     if (!echo_unscored()) deliver(out.text.size());  // the echoed prompt, if any
   };
   // The session keeps the options it was opened with; a reused one is told this request's.
@@ -328,7 +328,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
                           score_echo ? score_prompt : nullptr);
   const int64_t cached = session_->positions();
   // Replaced when the decode starts; a turn stopped in its prompt reports from here.
-  out.report.decode_start = runtime::EngineCounters::of(engine_);
+  out.report.decode_start = runtime::EngineCounters::start_window(engine_);
   Result<runtime::GenerationStats> turn =
       session_->turn(std::span<const int32_t>(ids).subspan(static_cast<size_t>(cached)), sink);
   session_->set_callbacks(nullptr, nullptr);  // they refer to this call's locals

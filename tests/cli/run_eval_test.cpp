@@ -892,12 +892,13 @@ TEST_F(RunEvalCli, TokenizerSmallerThanTheModelVocabularyIsWarned) {
 
 // A run report's prefetch precision: useful over the prefetches settled (useful + wasted) in
 // the decode window, at most 1.
-void expect_settled_precision(const nlohmann::json& tier, const char* useful, const char* wasted,
-                              const char* precision) {
+// Precision is over the window's own prefetches settled in it, which it issued.
+void expect_settled_precision(const nlohmann::json& tier, const char* issued, const char* useful,
+                              const char* wasted, const char* precision) {
   const double u = tier.at(useful).get<double>(), w = tier.at(wasted).get<double>();
   EXPECT_DOUBLE_EQ(tier.at(precision).get<double>(), u + w > 0 ? u / (u + w) : 0.0)
       << tier.dump();
-  EXPECT_LE(tier.at(precision).get<double>(), 1.0) << tier.dump();
+  EXPECT_LE(u + w, tier.at(issued).get<double>()) << tier.dump();
 }
 
 // The memory dial from the command line (issue 4 interface): a pack, a budget small enough to
@@ -921,7 +922,8 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   EXPECT_TRUE(j.at("tiers").at("ram").contains("hit_rate_bytes"));
   for (const char* key : {"precision", "recall", "timeliness", "wasted_bytes", "issued"})
     EXPECT_TRUE(j.at("prefetch").contains(key)) << key;
-  expect_settled_precision(j.at("prefetch"), "useful", "wasted", "precision");
+  expect_settled_precision(j.at("prefetch"), "issued", "useful", "wasted", "precision");
+  EXPECT_LE(j.at("prefetch").at("timely"), j.at("prefetch").at("useful"));
   EXPECT_TRUE(j.at("links").contains("nvme_to_ram_bytes_per_token"));
   EXPECT_TRUE(j.contains("expert_wait_share"));
   EXPECT_EQ(j.at("policy"), "temperature");
@@ -992,7 +994,8 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
   // precision 1.28 when it was useful / issued in the decode window).
   const nlohmann::json& vram = j.at("tiers").at("vram");
   EXPECT_GT(vram.at("prefetch_useful").get<uint64_t>(), 0u) << vram.dump();
-  expect_settled_precision(vram, "prefetch_useful", "prefetch_wasted", "prefetch_precision");
+  expect_settled_precision(vram, "prefetch_issued", "prefetch_useful", "prefetch_wasted",
+                           "prefetch_precision");
   fs::remove(report);
 }
 

@@ -371,6 +371,52 @@ TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWh
   x.set_held_above(nullptr);
 }
 
+// A report window (the decode after a prefill) counts the prefetches issued before it apart:
+// those settle in it as carried, so the window's own figures only hold its own prefetches.
+TEST_F(ExpertCacheTest, PrefetchesIssuedBeforeAWindowSettleAsCarried) {
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+  ASSERT_TRUE(ckpt.is_ok());
+  ShardFiles shards;
+  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
+  ExpertCacheOptions xo;
+  xo.policy = PolicyKind::kLru;
+  xo.policy_slots = 8;
+  xo.batch_slots = 2;
+  auto cache = ExpertCache::open(*ckpt, *shards.engine, shards.files, std::move(xo));
+  ASSERT_TRUE(cache.is_ok()) << cache.status().message();
+  ExpertCache& x = **cache;
+  const format::ModelConfig& c = ckpt->config();
+  const int64_t layer = c.first_k_dense_replace + 1;
+  ASSERT_LT(layer, c.num_hidden_layers);
+  ASSERT_GE(c.num_experts, 6);
+  const float weights[] = {0.5f, 0.5f};
+  // Before the window: 0 and 2 predicted for `layer`, both landed.
+  const int32_t before[] = {0, 2};
+  x.on_prediction(layer - 1, 1, 0, before, weights, 1, 2);
+  ASSERT_TRUE(pump_until_landed(x, layer, 0));
+  ASSERT_TRUE(pump_until_landed(x, layer, 2));
+  x.begin_window();
+  // In it: `layer` routes 0 (useful, carried); the next pass predicts 4 and 5, routes 2 (the
+  // earlier pass's prediction: wasted, carried) and 4 (useful, the window's own).
+  const int32_t routed1[] = {0, 3};
+  x.begin_layer(layer, 0, routed1, 1, 2);
+  const int32_t in_window[] = {4, 5};
+  x.on_prediction(layer - 1, 1, 1, in_window, weights, 1, 2);
+  ASSERT_TRUE(pump_until_landed(x, layer, 4));
+  const int32_t routed2[] = {2, 4};
+  x.begin_layer(layer, 1, routed2, 1, 2);
+  const ExpertCacheStats& s = x.stats();
+  EXPECT_EQ(s.prefetch_issued, 4u);
+  EXPECT_EQ(s.prefetch_useful, 2u);
+  EXPECT_EQ(s.carried_useful, 1u);
+  EXPECT_EQ(s.prefetch_timely, 2u);
+  EXPECT_EQ(s.carried_timely, 1u);
+  EXPECT_EQ(s.prefetch_wasted, 1u);
+  EXPECT_EQ(s.carried_wasted, 1u);
+  EXPECT_EQ(s.carried_wasted_bytes, s.prefetch_wasted_bytes);
+  EXPECT_GT(s.carried_wasted_bytes, 0u);
+}
+
 // The prefetch budget counts the engine's chunk reads, not requests, and admits an expert only
 // when all its chunks fit: with 4 KiB chunks a tiny expert (one contiguous read of 2 chunks)
 // leaves a budget of 3 too small for the next one, so the second prediction waits until the

@@ -211,6 +211,30 @@ TEST(VramExpertTier, OpsWaitOnlyForTheCopiesOfTheirOwnExperts) {
   expect_views_hold(*x.be, x.host, 3, for3, out);
 }
 
+// A report window counts the lookahead copies made before it apart (carried) when they are used
+// in it: the window's own figures hold only its own copies.
+TEST(VramExpertTier, CopiesMadeBeforeAWindowCountAsCarried) {
+  TierUnderTest x(6 * kTopK);
+  ASSERT_TRUE(x.tier);
+  for (int32_t id : {3, 5}) x.host.ready.insert(2 * kExperts + id);
+  for (int32_t id : {0, 6, 7}) x.host.ready.insert(3 * kExperts + id);
+  const float w[] = {0.5f, 0.5f};
+  const int32_t for2[] = {3, 5}, for3[] = {6, 7};
+  x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);
+  x.tier->on_prediction(1, 2, 0, for3, w, 1, kTopK);
+  x.tier->begin_window();
+  std::vector<model::ExpertWeights> out;
+  const int32_t routed2[] = {3, 4}, again3[] = {6, 0};
+  x.layer(2, routed2, out);  // 3: a copy from before the window
+  x.tier->on_prediction(2, 1, 0, again3, w, 1, kTopK);  // 0: the window's own copy
+  x.layer(3, again3, out);
+  const VramTierStats& s = x.tier->stats();
+  EXPECT_EQ(s.prefetch_issued, 5u);
+  EXPECT_EQ(s.prefetch_useful, 3u);
+  EXPECT_EQ(s.carried_useful, 2u);
+  EXPECT_EQ(s.carried_wasted, 0u);
+}
+
 // A host whose fetch reuses its buffer: a fetch's misses come in batches of one, and each batch's
 // copy must have read the buffer before the next batch's host fetch rewrites it (otherwise the
 // first expert's slot receives the second's bytes, or the emulated device sees the host bytes
