@@ -104,7 +104,11 @@ class HeaderSax final : public nlohmann::json_sax<json> {
     if (level_ == kInRoot) {
       entry_ = RawEntry{};
       entry_.name = k;
-    } else {
+    } else if (level_ == kInEntry) {
+      // A field given twice is ambiguous (JSON parsers differ: first or last wins).
+      if ((k == "dtype" && entry_.dtype) || (k == "shape" && entry_.shape) ||
+          (k == "data_offsets" && entry_.offsets))
+        return fail(where() + ": \"" + k + "\" given twice");
       field_ = k;
     }
     return true;

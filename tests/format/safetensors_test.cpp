@@ -338,6 +338,33 @@ TEST(SafetensorsCorrupt, HeaderIsTheObjectThenSpaces) {
              "header is not valid UTF-8 JSON");
 }
 
+// A field given twice reads differently in different parsers (nlohmann and Python keep the last,
+// others the first): refused, naming the tensor and the field. Unknown fields may repeat.
+TEST(SafetensorsCorrupt, EntryFieldGivenTwice) {
+  TempDir dir("st_twice");
+  const std::vector<uint8_t> data(8);
+  const std::string ok = R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  ktier::test::write_bytes(dir.path() / "ok.safetensors", ktier::test::st_raw(ok, data));
+  EXPECT_EQ(SafetensorsFile::open(dir.path() / "ok.safetensors", OpenMode::kPread)
+                .status()
+                .message(),
+            "");
+  const std::string extra =
+      R"({"x": {"dtype": "F32", "note": 1, "note": 2, "shape": [2], "data_offsets": [0, 8]}})";
+  ktier::test::write_bytes(dir.path() / "extra.safetensors", ktier::test::st_raw(extra, data));
+  EXPECT_EQ(SafetensorsFile::open(dir.path() / "extra.safetensors", OpenMode::kPread)
+                .status()
+                .message(),
+            "");
+  const std::pair<const char*, const char*> cases[] = {
+      {"dtype", R"("dtype": "F32", "dtype": "BF16", "shape": [2], "data_offsets": [0, 8])"},
+      {"shape", R"("dtype": "F32", "shape": [4], "shape": [2], "data_offsets": [0, 8])"},
+      {"data_offsets", R"("dtype": "F32", "shape": [2], "data_offsets": [0, 4], "data_offsets": [0, 8])"}};
+  for (const auto& [field, fields] : cases)
+    EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(std::string(R"({"x": {)") + fields + "}}", data)),
+               std::string("tensor 'x': \"") + field + "\" given twice");
+}
+
 TEST(SafetensorsCorrupt, UnknownDtype) {
   TempDir dir("st_dtype");
   auto t = f32("odd.tensor", {2});
