@@ -335,7 +335,17 @@ void read_quantization(ConfigReader& r, ModelConfig& c, const Scope& root, const
         if (!*sym) r.error(ws.key_path("symmetric"), "is false but ktier accepts only true");
         out.symmetric = *sym;
       }
+      // Optional (older compressed-tensors configs leave them out), but when given they must
+      // describe the stored scales: one per group, fixed at save time.
+      if (ws.find("strategy") != nullptr) want_string(ws, "strategy", "group", out.strategy);
+      if (const json* dyn = ws.find("dynamic"); dyn != nullptr && *dyn != json(false))
+        r.error(ws.key_path("dynamic"),
+                "is " + dyn->dump() + " but ktier accepts only false (scales stored with the weights)");
     }
+    // Activations stay bf16/f32 in ktier: a quantization scheme for them cannot be honoured.
+    if (const json* a = gs.find("input_activations"); a != nullptr && !a->is_null())
+      r.error(gs.key_path("input_activations"),
+              "is " + describe(*a) + " but ktier quantizes weights only (expected null)");
   }
   c.quantization = std::move(out);
 }

@@ -46,8 +46,8 @@ inline constexpr int64_t kMaxCount = (int64_t{1} << 16) - 1;
 enum class ConfigShape { kNested, kFlat };
 
 // `quantization_config` (compressed-tensors). Only MXFP4 with 4-bit float weights in groups of
-// 32, symmetric, is accepted (rule 7), so the fields below are what was read and verified, kept
-// for reporting. Packing is decided per tensor by name (§5.8), never from targets/ignore.
+// 32, symmetric, weight-only with stored per-group scales, is accepted (rule 7), so the fields
+// below are what was read and verified, kept for reporting. Packing is decided per tensor by name (§5.8), never from targets/ignore.
 struct QuantizationConfig {
   std::string quant_method;  // "compressed-tensors"
   std::string format;        // "mxfp4-pack-quantized"
@@ -55,6 +55,7 @@ struct QuantizationConfig {
   std::string type;          // "float"
   int64_t group_size = 0;    // 32 (inputs per E8M0 scale byte)
   bool symmetric = false;    // true
+  std::string strategy;      // "group" ("" when the config leaves it out)
   std::string found_in;      // "text_config.quantization_config" or "quantization_config"
 };
 

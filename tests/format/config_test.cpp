@@ -515,6 +515,30 @@ TEST(Config, QuantizationConfigMustBeMxfp4) {
   EXPECT_HAS(parse_err(j), "config_groups: expected an object with exactly one weight group");
 }
 
+// strategy, dynamic and input_activations may be left out (older compressed-tensors configs),
+// but when given they must describe weight-only, per-group, stored scales.
+TEST(Config, QuantizationSchemeDetailsWhenGiven) {
+  json j = k3_config();
+  auto& w = j["text_config"]["quantization_config"]["config_groups"]["group_0"];
+  w["weights"].erase("strategy");
+  w["weights"].erase("dynamic");
+  w.erase("input_activations");
+  EXPECT_EQ(parse_ok(j).quantization->strategy, "");
+  EXPECT_EQ(parse_ok(k3_config()).quantization->strategy, "group");
+  const std::string g = "text_config.quantization_config.config_groups.group_0.";
+  j = k3_config();
+  auto& q = j["text_config"]["quantization_config"]["config_groups"]["group_0"];
+  q["weights"]["strategy"] = "tensor";
+  q["weights"]["dynamic"] = true;
+  q["input_activations"] = {{"num_bits", 8}, {"type", "float"}};
+  const std::string m = parse_err(j);
+  EXPECT_HAS(m, g + "weights.strategy: is \"tensor\" but ktier accepts only \"group\"");
+  EXPECT_HAS(m, g + "weights.dynamic: is true but ktier accepts only false");
+  EXPECT_HAS(m, g + "input_activations: is object {");
+  EXPECT_HAS(m, "ktier quantizes weights only");
+  EXPECT_EQ(problem_lines(m), 3u);
+}
+
 TEST(Config, QuantizationConfigAtTheRootOfAResavedConfig) {
   json j = k3_config();
   j["quantization_config"] = j["text_config"]["quantization_config"];
