@@ -18,7 +18,8 @@
 // Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
 // Ctrl-C stops at the next whole token with all of that (exit 130); see docs/ARCHITECTURE.md.
-// A model folder without tiktoken.model runs from --ids and prints the generated ids only.
+// A model folder without tiktoken.model (or with it but without tokenizer_config.json: a warning)
+// runs from --ids and prints the generated ids only.
 // --prompt-cache (cli/run_prompt_cache.h) starts from a saved state when the prompt begins with
 // its ids, and saves the prompt's state (all of its ids but the last; with --prompt-cache-all
 // the sequence as the run leaves it) unless --prompt-cache-ro; a conversation resumes the one
@@ -147,7 +148,16 @@ Status run(const RunArgs& a) {
   KTIER_ASSIGN_OR_RETURN(const bool has_tokenizer,
                          io::path_exists(std::filesystem::path(a.model) / "tiktoken.model"));
   if (has_tokenizer) {
-    KTIER_ASSIGN_OR_RETURN(tokenizer, tok::Tokenizer::load(a.model));
+    Result<tok::Tokenizer> loaded = tok::Tokenizer::load(a.model);
+    // An --ids run prints ids without one; a half-present tokenizer (a missing file) only
+    // costs the text. A damaged one is still refused.
+    if (loaded.is_ok())
+      tokenizer = std::move(loaded).value();
+    else if (a.ids.empty() || loaded.status().code() != ExitCode::kUsage)
+      return loaded.status();
+    else
+      spdlog::warn("{}; running from --ids without the tokenizer (ids are printed, not text)",
+                   loaded.status().message());
   } else if (a.ids.empty()) {
     return Status::usage(a.model + "/tiktoken.model: not found; text prompts need the tokenizer "
                          "(run from token ids with --ids instead)");

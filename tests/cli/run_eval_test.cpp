@@ -182,9 +182,14 @@ TEST_F(RunEvalCli, RunsFromIdsWithoutTokenizerFiles) {
   const fs::path bare = dir_.string() + "-bare";
   fs::remove_all(bare);
   fs::copy(dir_, bare);
-  fs::remove(bare / "tiktoken.model");
+  // Half a tokenizer (tokenizer_config.json missing): --ids runs print ids and say why; text
+  // prompts are refused naming the missing file.
   fs::remove(bare / "tokenizer_config.json");
-  const auto r = run_process(ktier() + " run -m " + bare.string() + " --ids " + prompt_ids() + " -n 5");
+  const std::string ids_run = ktier() + " run -m " + bare.string() + " --ids " + prompt_ids() + " -n 5";
+  const auto half = run_process(ids_run);
+  const auto half_text = run_process(ktier() + " run -m " + bare.string() + " -p hello -n 2");
+  fs::remove(bare / "tiktoken.model");
+  const auto r = run_process(ids_run);
   const auto text = run_process(ktier() + " run -m " + bare.string() + " -p hello -n 2");
   fs::remove_all(bare);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -192,6 +197,15 @@ TEST_F(RunEvalCli, RunsFromIdsWithoutTokenizerFiles) {
   EXPECT_EQ(r.out, join({greedy.begin(), greedy.begin() + 5}) + "\n");
   EXPECT_EQ(text.exit_code, 2);
   EXPECT_NE(text.err.find("tiktoken.model"), std::string::npos) << text.err;
+  ASSERT_EQ(half.exit_code, 0) << half.err;
+  EXPECT_EQ(half.out, r.out);
+  EXPECT_NE(half.err.find("tokenizer_config.json: file not found; running from --ids without the "
+                          "tokenizer"),
+            std::string::npos)
+      << half.err;
+  EXPECT_EQ(half_text.exit_code, 2);
+  EXPECT_NE(half_text.err.find("tokenizer_config.json: file not found"), std::string::npos)
+      << half_text.err;
 }
 
 TEST_F(RunEvalCli, TextPromptStreamsTextAndSeededSamplingRepeats) {
