@@ -84,12 +84,15 @@ class CudaBackend final : public Backend {
     // each leave blocks of their own sizes): give the kept ones back first.
     if (pooled_ > 0 && use_.live + pooled_ + bytes > limit_) KTIER_RETURN_IF_ERROR(trim_pool());
     void* p = nullptr;
-    if (ops()->malloc_device(&p, bytes) != 0) {
+    const std::string what = "allocating " + std::to_string(bytes) + " bytes of VRAM";
+    const KtierCudaOps* m = ops();
+    // Not on another device: a block made there would be used here, and never freed right.
+    KTIER_RETURN_IF_ERROR(check(0, what));
+    if (m->malloc_device(&p, bytes) != 0) {
       // Out of memory, perhaps only because released blocks of other sizes are kept: give them
       // back and try once more.
       KTIER_RETURN_IF_ERROR(trim_pool());
-      KTIER_RETURN_IF_ERROR(check(ops()->malloc_device(&p, bytes),
-                                  "allocating " + std::to_string(bytes) + " bytes of VRAM"));
+      KTIER_RETURN_IF_ERROR(check(ops()->malloc_device(&p, bytes), what));
     }
     hand_out(p, bytes);
     return p;
