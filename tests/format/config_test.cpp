@@ -515,6 +515,18 @@ TEST(Config, QuantizationConfigMustBeMxfp4) {
   EXPECT_HAS(parse_err(j), "config_groups: expected an object with exactly one weight group");
 }
 
+// A key given twice counts with its last value, as Python's json module (transformers) reads it.
+TEST(Config, AKeyGivenTwiceCountsWithItsLastValue) {
+  std::string text = k3_config().dump();
+  const std::string key = "\"hidden_size\":7168";
+  const size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos) << text.substr(0, 200);
+  text.insert(at, "\"hidden_size\":12345,");
+  auto c = parse_model_config_text(text, "config.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->hidden_size, 7168);
+}
+
 // strategy, dynamic and input_activations may be left out (older compressed-tensors configs),
 // but when given they must describe weight-only, per-group, stored scales.
 TEST(Config, QuantizationSchemeDetailsWhenGiven) {
