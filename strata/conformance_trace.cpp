@@ -2,12 +2,16 @@
 #include "strata/conformance_trace.h"
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "io/read_file.h"
 
 namespace ktier::strata {
 namespace {
@@ -39,12 +43,18 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
       std::filesystem::is_block_file(st))
     return Status::usage(name + ": not a file or a pipe (the conformance trace is a file of int32 "
                                 "(layer, expert) pairs)");
-  std::FILE* f = std::fopen(name.c_str(), "rb");
+  // Not waiting for a FIFO's writer: one without reads as empty.
+  int open_errno = 0;
+  Result<int> fd = io::open_file_or_pipe(path, &open_errno);
+  std::FILE* f = fd.is_ok() ? ::fdopen(*fd, "rb") : nullptr;
   if (!f) {
-    if (errno == ENOENT)
+    const int err = fd.is_ok() ? errno : open_errno;
+    if (fd.is_ok()) ::close(*fd);
+    if (err == ENOENT)
       return Status::usage(name + ": no such file (the conformance trace lives in "
                                   "../shared/conformance/expert_trace.bin)");
-    return Status::runtime(name + ": cannot open the conformance trace: " + std::strerror(errno) +
+    if (!fd.is_ok() && err == 0) return fd.status();
+    return Status::runtime(name + ": cannot open the conformance trace: " + std::strerror(err) +
                            " (it lives in ../shared/conformance/expert_trace.bin)");
   }
   std::vector<uint8_t> bytes;

@@ -3,11 +3,15 @@
 
 #include <xxhash.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <system_error>
 #include <utility>
+
+#include "io/read_file.h"
 
 namespace ktier::strata {
 namespace {
@@ -296,16 +300,25 @@ Status TraceWriter::close() {
 Result<TraceReader> TraceReader::open(const std::filesystem::path& path) {
   TraceReader r;
   r.path_ = path.string();
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    return Status::usage(r.path_ + ": is a directory, not a trace file");
-  r.file_ = std::fopen(r.path_.c_str(), "rb");
-  if (!r.file_) {  // a path the command line named that does not exist is a usage error
-    if (errno == ENOENT) return Status::usage(r.path_ + ": no such trace file");
+  // A file or a pipe (`<(zcat t.ktrace.gz)`); a FIFO is not waited for: one without a writer
+  // reads as empty at once. A directory or a device is refused by name.
+  int open_errno = 0;
+  Result<int> fd = io::open_file_or_pipe(path, &open_errno);
+  if (!fd.is_ok()) {  // a path the command line named that does not exist is a usage error
+    if (open_errno == ENOENT) return Status::usage(r.path_ + ": no such trace file");
+    return fd.status();
+  }
+  r.file_ = ::fdopen(*fd, "rb");
+  if (!r.file_) {
+    const int err = errno;
+    ::close(*fd);
+    errno = err;
     return io_error(r.path_, "cannot open the trace");
   }
   uint8_t h[kTraceHeaderBytes];
   const size_t got = std::fread(h, 1, sizeof(h), r.file_);
+  if (got == 0 && !std::ferror(r.file_) && !std::filesystem::is_regular_file(path))
+    return Status::usage(r.path_ + ": a pipe with nothing in it (no writer when it was opened)");
   if (got >= 8 && std::memcmp(h, kTraceMagic, 8) != 0) {
     return Status::corrupt(r.path_ +
                            ": not a ktier trace (bad magic in the header). If it is the "

@@ -153,8 +153,12 @@ Status run(const RunArgs& a) {
     // costs the text. A damaged one is still refused.
     if (loaded.is_ok())
       tokenizer = std::move(loaded).value();
-    else if (a.ids.empty() || loaded.status().code() != ExitCode::kUsage)
+    else if (loaded.status().code() != ExitCode::kUsage)
       return loaded.status();
+    else if (a.ids.empty())
+      return Status::usage(loaded.status().message() +
+                           "; text prompts need the tokenizer (run from token ids with --ids "
+                           "instead)");
     else
       spdlog::warn("{}; running from --ids without the tokenizer (ids are printed, not text)",
                    loaded.status().message());

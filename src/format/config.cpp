@@ -343,9 +343,10 @@ void read_quantization(ConfigReader& r, ModelConfig& c, const Scope& root, const
                 "is " + dyn->dump() + " but ktier accepts only false (scales stored with the weights)");
     }
     // Activations stay bf16/f32 in ktier: a quantization scheme for them cannot be honoured.
-    if (const json* a = gs.find("input_activations"); a != nullptr && !a->is_null())
-      r.error(gs.key_path("input_activations"),
-              "is " + describe(*a) + " but ktier quantizes weights only (expected null)");
+    for (const char* key : {"input_activations", "output_activations"})
+      if (const json* a = gs.find(key); a != nullptr && !a->is_null())
+        r.error(gs.key_path(key),
+                "is " + describe(*a) + " but ktier quantizes weights only (expected null)");
   }
   c.quantization = std::move(out);
 }

@@ -47,7 +47,8 @@ enum class ConfigShape { kNested, kFlat };
 
 // `quantization_config` (compressed-tensors). Only MXFP4 with 4-bit float weights in groups of
 // 32, symmetric, weight-only with stored per-group scales, is accepted (rule 7), so the fields
-// below are what was read and verified, kept for reporting. Packing is decided per tensor by name (§5.8), never from targets/ignore.
+// below are what was read and verified, kept for reporting. Packing is decided per tensor by
+// name (§5.8), never from targets/ignore.
 struct QuantizationConfig {
   std::string quant_method;  // "compressed-tensors"
   std::string format;        // "mxfp4-pack-quantized"

@@ -71,10 +71,10 @@ const char* kind_of(mode_t mode) {
   if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
   return "not a regular file";
 }
-}  // namespace
 
-Result<int> open_regular_file(const std::filesystem::path& path, int extra_flags,
-                              int* open_errno) {
+// open_regular_file, or with `pipes` also a pipe (open_file_or_pipe).
+Result<int> open_checked(const std::filesystem::path& path, int extra_flags, bool pipes,
+                         int* open_errno) {
   const std::string name = path.string();
   const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags);
   if (fd < 0) {
@@ -88,11 +88,11 @@ Result<int> open_regular_file(const std::filesystem::path& path, int extra_flags
     ::close(fd);
     return Status::runtime(name + ": cannot stat: " + errno_text(err));
   }
-  if (!S_ISREG(st.st_mode)) {
+  if (!S_ISREG(st.st_mode) && !(pipes && S_ISFIFO(st.st_mode))) {
     ::close(fd);
     const char* kind = kind_of(st.st_mode);
     return Status::usage(name + ": is " + (kind[0] == 'n' ? "" : std::string(kind) + ", ") +
-                         "not a regular file");
+                         (pipes ? "not a file or a pipe" : "not a regular file"));
   }
   // Blocking again: O_NONBLOCK would make io_uring fail reads with EAGAIN instead of waiting.
   const int flags = ::fcntl(fd, F_GETFL);
@@ -102,6 +102,16 @@ Result<int> open_regular_file(const std::filesystem::path& path, int extra_flags
     return Status::runtime(name + ": cannot clear O_NONBLOCK: " + errno_text(err));
   }
   return fd;
+}
+}  // namespace
+
+Result<int> open_regular_file(const std::filesystem::path& path, int extra_flags,
+                              int* open_errno) {
+  return open_checked(path, extra_flags, /*pipes=*/false, open_errno);
+}
+
+Result<int> open_file_or_pipe(const std::filesystem::path& path, int* open_errno) {
+  return open_checked(path, 0, /*pipes=*/true, open_errno);
 }
 
 Result<std::string> read_whole(int fd, const std::string& what) {

@@ -85,6 +85,10 @@ std::string errno_text(int err);
 // open is in `*open_errno` when given (ReadFile retries without O_DIRECT on EINVAL).
 Result<int> open_regular_file(const std::filesystem::path& path, int extra_flags = 0,
                               int* open_errno = nullptr);
+// The same for inputs that may also come through a pipe (`<(zcat trace.gz)`): a FIFO is opened
+// without waiting for a writer, so one that has none reads as empty at once ("is ..., not a file
+// or a pipe" for the rest).
+Result<int> open_file_or_pipe(const std::filesystem::path& path, int* open_errno = nullptr);
 
 // Whether `path` names something (symbolic links followed): false when it or a folder on the
 // way does not exist (ENOENT, ENOTDIR); Status::runtime (exit 1) naming the path and the errno

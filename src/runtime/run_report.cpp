@@ -117,6 +117,8 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
           {"prefetch_issued", d(vb.prefetch_issued, va.prefetch_issued)},
           {"prefetch_useful", vram_useful},
           {"prefetch_wasted", vram_wasted},
+          {"prefetch_carried_useful", d(vb.carried_useful, va.carried_useful)},
+          {"prefetch_carried_wasted", d(vb.carried_wasted, va.carried_wasted)},
           {"prefetch_precision", ratio(vram_useful, vram_useful + vram_wasted)}}}}},
       {"links",
        {{"nvme_to_ram_bytes_per_token", per_step(d(xb.read_bytes, xa.read_bytes))},

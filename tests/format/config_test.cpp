@@ -527,8 +527,8 @@ TEST(Config, AKeyGivenTwiceCountsWithItsLastValue) {
   EXPECT_EQ(c->hidden_size, 7168);
 }
 
-// strategy, dynamic and input_activations may be left out (older compressed-tensors configs),
-// but when given they must describe weight-only, per-group, stored scales.
+// strategy, dynamic and input/output_activations may be left out (older compressed-tensors
+// configs), but when given they must describe weight-only, per-group, stored scales.
 TEST(Config, QuantizationSchemeDetailsWhenGiven) {
   json j = k3_config();
   auto& w = j["text_config"]["quantization_config"]["config_groups"]["group_0"];
@@ -543,12 +543,14 @@ TEST(Config, QuantizationSchemeDetailsWhenGiven) {
   q["weights"]["strategy"] = "tensor";
   q["weights"]["dynamic"] = true;
   q["input_activations"] = {{"num_bits", 8}, {"type", "float"}};
+  q["output_activations"] = {{"num_bits", 8}};
   const std::string m = parse_err(j);
   EXPECT_HAS(m, g + "weights.strategy: is \"tensor\" but ktier accepts only \"group\"");
   EXPECT_HAS(m, g + "weights.dynamic: is true but ktier accepts only false");
   EXPECT_HAS(m, g + "input_activations: is object {");
+  EXPECT_HAS(m, g + "output_activations: is object {");
   EXPECT_HAS(m, "ktier quantizes weights only");
-  EXPECT_EQ(problem_lines(m), 3u);
+  EXPECT_EQ(problem_lines(m), 4u);
 }
 
 TEST(Config, QuantizationConfigAtTheRootOfAResavedConfig) {

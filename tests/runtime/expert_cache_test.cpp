@@ -417,6 +417,52 @@ TEST_F(ExpertCacheTest, PrefetchesIssuedBeforeAWindowSettleAsCarried) {
   EXPECT_GT(s.carried_wasted_bytes, 0u);
 }
 
+// A carried prefetch evicted unused is carried waste, and the slot it leaves, taken by a
+// prefetch issued in the window, holds the window's own prefetch.
+TEST_F(ExpertCacheTest, CarriedPrefetchesEvictedInTheWindowFreeSlotsForItsOwn) {
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+  ASSERT_TRUE(ckpt.is_ok());
+  ShardFiles shards;
+  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
+  ExpertCacheOptions xo;
+  xo.policy = PolicyKind::kLru;
+  xo.policy_slots = 4;
+  xo.batch_slots = 2;
+  auto cache = ExpertCache::open(*ckpt, *shards.engine, shards.files, std::move(xo));
+  ASSERT_TRUE(cache.is_ok()) << cache.status().message();
+  ExpertCache& x = **cache;
+  const format::ModelConfig& c = ckpt->config();
+  const int64_t layer = c.first_k_dense_replace + 1;  // layer - 1 is a MoE layer too
+  ASSERT_LT(layer, c.num_hidden_layers);
+  ASSERT_GE(c.num_experts, 6);
+  const float weights[] = {0.5f, 0.5f};
+  // One token's passes, the LRU policy holding 4 experts, each layer predicted before its
+  // routing as in the model. Pass 0: layer - 1 predicts 0 and 2 for `layer` (read before the
+  // window) and routes two of its own; `layer` routes 1 and 3.
+  const int32_t before[] = {0, 2}, routed[] = {1, 3}, earlier[] = {0, 1}, own[] = {4, 5};
+  x.on_prediction(layer - 1, 1, 0, before, weights, 1, 2);
+  ASSERT_TRUE(pump_until_landed(x, layer, 0));
+  ASSERT_TRUE(pump_until_landed(x, layer, 2));
+  x.begin_layer(layer - 1, 0, earlier, 1, 2);
+  x.begin_window();
+  x.begin_layer(layer, 0, routed, 1, 2);
+  EXPECT_EQ(x.stats().carried_wasted, 0u);
+  // Pass 1: layer - 1's routing displaces the least recent, 0 and 2 (unused); its predictions
+  // 4 and 5 take the slots they left, and `layer` uses both.
+  x.begin_layer(layer - 1, 1, earlier, 1, 2);
+  EXPECT_EQ(x.stats().carried_wasted, 2u);
+  x.on_prediction(layer - 1, 1, 1, own, weights, 1, 2);
+  ASSERT_TRUE(pump_until_landed(x, layer, 4));
+  ASSERT_TRUE(pump_until_landed(x, layer, 5));
+  x.begin_layer(layer, 1, own, 1, 2);
+  const ExpertCacheStats& s = x.stats();
+  EXPECT_EQ(s.prefetch_issued, 4u);
+  EXPECT_EQ(s.prefetch_wasted, 2u);
+  EXPECT_EQ(s.carried_wasted, 2u);
+  EXPECT_EQ(s.prefetch_useful, 2u);
+  EXPECT_EQ(s.carried_useful, 0u) << "4 and 5 were issued in the window";
+}
+
 // The prefetch budget counts the engine's chunk reads, not requests, and admits an expert only
 // when all its chunks fit: with 4 KiB chunks a tiny expert (one contiguous read of 2 chunks)
 // leaves a budget of 3 too small for the next one, so the second prediction waits until the

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -286,6 +288,30 @@ TEST(TraceFormat, MissingFileIsUsageErrorNamingIt) {
   EXPECT_EQ(r.status().exit_code(), 2);
   EXPECT_NE(r.status().message().find("does_not_exist.ktrace: no such trace file"),
             std::string::npos) << r.status().message();
+}
+
+// A FIFO is not waited for (a fuzzing find: `trace info`, `--profile` hung on one without a
+// writer): it reads as empty at once, a usage error naming it; a directory is refused by name.
+TEST(TraceFormat, AFifoWithoutAWriterAndADirectoryAreRefusedAtOnce) {
+  const std::string fifo = temp_path("no_writer.ktrace");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  Result<Trace> r = read_trace(fifo);
+  std::filesystem::remove(fifo);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().exit_code(), 2);
+  EXPECT_NE(r.status().message().find("no_writer.ktrace: a pipe with nothing in it"),
+            std::string::npos)
+      << r.status().message();
+  const std::string dir = temp_path("a_dir.ktrace");
+  std::filesystem::create_directories(dir);
+  r = read_trace(dir);
+  std::filesystem::remove(dir);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().exit_code(), 2);
+  EXPECT_NE(r.status().message().find("a_dir.ktrace: is a directory, not a file or a pipe"),
+            std::string::npos)
+      << r.status().message();
 }
 
 // A header without the weights flag (converted traces) holds only zero weights: another weight
