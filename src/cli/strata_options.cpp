@@ -41,15 +41,22 @@ Status apply_strata_options(const StrataArgs& a, runtime::EngineOptions& eo) {
   KTIER_ASSIGN_OR_RETURN(const format::ModelConfig cfg,
                          format::load_model_config(eo.model_dir / "config.json"));
   if (trace.header.num_layers != static_cast<uint32_t>(cfg.num_hidden_layers) ||
-      trace.header.experts_per_layer != static_cast<uint32_t>(cfg.num_experts))
+      trace.header.experts_per_layer != static_cast<uint32_t>(cfg.num_experts) ||
+      trace.header.first_moe_layer != static_cast<uint32_t>(cfg.first_k_dense_replace))
     return Status::usage("--profile " + a.profile + ": recorded from a model with " +
                          std::to_string(trace.header.num_layers) + " layers of " +
-                         std::to_string(trace.header.experts_per_layer) + " experts, not " +
+                         std::to_string(trace.header.experts_per_layer) + " experts (MoE from " +
+                         std::to_string(trace.header.first_moe_layer) + "), not " +
                          std::to_string(cfg.num_hidden_layers) + " of " +
-                         std::to_string(cfg.num_experts));
+                         std::to_string(cfg.num_experts) + " (MoE from " +
+                         std::to_string(cfg.first_k_dense_replace) + ")");
   KTIER_ASSIGN_OR_RETURN(const strata::RequestStream stream, strata::build_request_stream(trace));
   eo.temperature_seed = strata::profile_temperatures(stream, strata::kDefaultHalfLifeTokens);
   eo.static_ranking = strata::rank_keys_by_use(strata::key_use_counts(stream));
+  if (eo.policy == strata::PolicyKind::kStatic && eo.static_ranking.empty())
+    return Status::usage("--profile " + a.profile +
+                         ": the trace holds no routed requests, nothing to rank for --policy "
+                         "static");
   return Status::ok();
 }
 

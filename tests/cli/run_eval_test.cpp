@@ -17,6 +17,7 @@
 #include "common/run_process.h"
 #include "common/test_paths.h"
 #include "format/safetensors.h"
+#include "strata/trace_format.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -1191,6 +1192,25 @@ TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
   r = run_process(ktier() + " run" + model() + ids + " --profile " + other.string());
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--profile"), std::string::npos) << r.err;
+  // This model's shape but its dense layer counted as MoE, or no routed step at all (a valid
+  // trace, nothing to rank): refused naming the file (a fuzzing find: the second read "--policy
+  // static needs a routing profile: give --profile TRACE").
+  auto recorded = strata::read_trace(trace);
+  ASSERT_TRUE(recorded.is_ok()) << recorded.status().message();
+  strata::Trace empty{recorded->header, {}};
+  ASSERT_TRUE(strata::write_trace(other, empty).is_ok());
+  r = run_process(ktier() + " run" + model() + ids + " --policy static --profile " +
+                  other.string());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--profile " + other.string() + ": the trace holds no routed requests"),
+            std::string::npos)
+      << r.err;
+  ASSERT_GT(empty.header.first_moe_layer, 0u);
+  empty.header.first_moe_layer = 0;
+  ASSERT_TRUE(strata::write_trace(other, empty).is_ok());
+  r = run_process(ktier() + " run" + model() + ids + " --profile " + other.string());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("experts (MoE from 0), not "), std::string::npos) << r.err;
   for (const fs::path& p : {pack, trace, report, other, plain}) fs::remove_all(p);
 }
 
