@@ -52,8 +52,11 @@ uint64_t get_hex64(const json& obj, const char* key, const std::string& where) {
   const std::string s = get_string(obj, key, where);
   uint64_t v = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
-  if (s.size() != 16 || ec != std::errc() || end != s.data() + s.size())
-    throw ManifestError{where + "." + key + " is \"" + s + "\", expected 16 hex digits"};
+  // The writer's spelling only (FORMAT.md): a manifest edited by hand is not this writer's.
+  const bool lower = std::all_of(s.begin(), s.end(), [](char c) { return c < 'A' || c > 'F'; });
+  if (s.size() != 16 || ec != std::errc() || end != s.data() + s.size() || !lower)
+    throw ManifestError{where + "." + key + " is \"" + s +
+                        "\", expected 16 lower-case hex digits"};
   return v;
 }
 

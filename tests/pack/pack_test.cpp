@@ -1,6 +1,7 @@
 // The trunk pack (src/pack): `ktier pack` of synthetic tiny checkpoints, read back both with
 // TrunkPack and independently (raw shard headers, the manifest as plain JSON, xxh3 recomputed),
 // then damaged in every way the reader must catch.
+#include <cctype>
 #include <sys/stat.h>
 
 #include <gtest/gtest.h>
@@ -470,7 +471,13 @@ TEST_F(PackTest, DamagedManifestsAreCorrupt) {
   expect_corrupt(seal(j), "nbytes vs shape", "nbytes");
   j = good;
   j["records"][0]["xxh3"] = "xyz";
-  expect_corrupt(seal(j), "bad checksum text", "16 hex digits");
+  expect_corrupt(seal(j), "bad checksum text", "16 lower-case hex digits");
+  j = good;
+  std::string upper = j["records"][0]["xxh3"].get<std::string>();
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  ASSERT_NE(upper, j["records"][0]["xxh3"].get<std::string>()) << "no hex letter to raise";
+  j["records"][0]["xxh3"] = upper;
+  expect_corrupt(seal(j), "upper-case checksum", "16 lower-case hex digits");
   j = good;
   j["records"][0]["tensors"].erase(j["records"][0]["tensors"].size() - 1);
   j["records"][0]["bytes"] = j["records"][0]["tensors"].back()["offset"].get<uint64_t>() +
