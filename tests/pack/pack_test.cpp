@@ -1,11 +1,11 @@
 // The trunk pack (src/pack): `ktier pack` of synthetic tiny checkpoints, read back both with
 // TrunkPack and independently (raw shard headers, the manifest as plain JSON, xxh3 recomputed),
 // then damaged in every way the reader must catch.
-#include <cctype>
 #include <sys/stat.h>
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <set>
