@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <thread>
@@ -123,6 +124,25 @@ class ExpertCacheTest : public ::testing::Test {
       x.on_prediction(layer - 1, 1, 0, nullptr, nullptr, 0, 2);
     }
     return x.peek(layer, id, &view);
+  }
+  // The tiny checkpoint's expert tier on its own, LRU, for tests that drive it by hand.
+  struct TierAlone {
+    std::optional<format::Checkpoint> ckpt;
+    ShardFiles shards;
+    std::unique_ptr<ExpertCache> cache;
+  };
+  static void open_tier_alone(int64_t policy_slots, int64_t batch_slots, TierAlone& out) {
+    auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+    ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+    out.ckpt.emplace(std::move(*ckpt));
+    ASSERT_NO_FATAL_FAILURE(open_shard_files(*out.ckpt, out.shards));
+    ExpertCacheOptions xo;
+    xo.policy = PolicyKind::kLru;
+    xo.policy_slots = policy_slots;
+    xo.batch_slots = batch_slots;
+    auto cache = ExpertCache::open(*out.ckpt, *out.shards.engine, out.shards.files, std::move(xo));
+    ASSERT_TRUE(cache.is_ok()) << cache.status().message();
+    out.cache = std::move(*cache);
   }
   static inline fs::path root_;
   static inline std::vector<int32_t> prompt_;
@@ -341,18 +361,10 @@ TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {
 // here, and a prefetch that has landed counts as useful once its layer is routed to it, even
 // though nothing fetches it from this tier (the VRAM tier serves the copy it made).
 TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWhenRouted) {
-  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
-  ASSERT_TRUE(ckpt.is_ok());
-  ShardFiles shards;
-  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
-  ExpertCacheOptions xo;
-  xo.policy = PolicyKind::kLru;
-  xo.policy_slots = 8;
-  xo.batch_slots = static_cast<int64_t>(top_k_);
-  auto cache = ExpertCache::open(*ckpt, *shards.engine, shards.files, std::move(xo));
-  ASSERT_TRUE(cache.is_ok()) << cache.status().message();
-  ExpertCache& x = **cache;
-  const format::ModelConfig& c = ckpt->config();
+  TierAlone t;
+  ASSERT_NO_FATAL_FAILURE(open_tier_alone(8, static_cast<int64_t>(top_k_), t));
+  ExpertCache& x = *t.cache;
+  const format::ModelConfig& c = t.ckpt->config();
   const int64_t layer = c.first_k_dense_replace + 1;  // a MoE layer predicted from a MoE layer
   ASSERT_LT(layer, c.num_hidden_layers);
   ASSERT_GE(c.num_experts, static_cast<int64_t>(top_k_) + 2);
@@ -374,18 +386,10 @@ TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWh
 // A report window (the decode after a prefill) counts the prefetches issued before it apart:
 // those settle in it as carried, so the window's own figures only hold its own prefetches.
 TEST_F(ExpertCacheTest, PrefetchesIssuedBeforeAWindowSettleAsCarried) {
-  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
-  ASSERT_TRUE(ckpt.is_ok());
-  ShardFiles shards;
-  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
-  ExpertCacheOptions xo;
-  xo.policy = PolicyKind::kLru;
-  xo.policy_slots = 8;
-  xo.batch_slots = 2;
-  auto cache = ExpertCache::open(*ckpt, *shards.engine, shards.files, std::move(xo));
-  ASSERT_TRUE(cache.is_ok()) << cache.status().message();
-  ExpertCache& x = **cache;
-  const format::ModelConfig& c = ckpt->config();
+  TierAlone t;
+  ASSERT_NO_FATAL_FAILURE(open_tier_alone(8, 2, t));
+  ExpertCache& x = *t.cache;
+  const format::ModelConfig& c = t.ckpt->config();
   const int64_t layer = c.first_k_dense_replace + 1;
   ASSERT_LT(layer, c.num_hidden_layers);
   ASSERT_GE(c.num_experts, 6);
@@ -420,18 +424,10 @@ TEST_F(ExpertCacheTest, PrefetchesIssuedBeforeAWindowSettleAsCarried) {
 // A carried prefetch evicted unused is carried waste, and the slot it leaves, taken by a
 // prefetch issued in the window, holds the window's own prefetch.
 TEST_F(ExpertCacheTest, CarriedPrefetchesEvictedInTheWindowFreeSlotsForItsOwn) {
-  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
-  ASSERT_TRUE(ckpt.is_ok());
-  ShardFiles shards;
-  ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt, shards));
-  ExpertCacheOptions xo;
-  xo.policy = PolicyKind::kLru;
-  xo.policy_slots = 4;
-  xo.batch_slots = 2;
-  auto cache = ExpertCache::open(*ckpt, *shards.engine, shards.files, std::move(xo));
-  ASSERT_TRUE(cache.is_ok()) << cache.status().message();
-  ExpertCache& x = **cache;
-  const format::ModelConfig& c = ckpt->config();
+  TierAlone t;
+  ASSERT_NO_FATAL_FAILURE(open_tier_alone(4, 2, t));
+  ExpertCache& x = *t.cache;
+  const format::ModelConfig& c = t.ckpt->config();
   const int64_t layer = c.first_k_dense_replace + 1;  // layer - 1 is a MoE layer too
   ASSERT_LT(layer, c.num_hidden_layers);
   ASSERT_GE(c.num_experts, 6);
