@@ -339,8 +339,9 @@ void read_quantization(ConfigReader& r, ModelConfig& c, const Scope& root, const
       // describe the stored scales: one per group, fixed at save time.
       if (ws.find("strategy") != nullptr) want_string(ws, "strategy", "group", out.strategy);
       if (const json* dyn = ws.find("dynamic"); dyn != nullptr && *dyn != json(false))
-        r.error(ws.key_path("dynamic"),
-                "is " + dyn->dump() + " but ktier accepts only false (scales stored with the weights)");
+        r.error(ws.key_path("dynamic"), "is " + dyn->dump() +
+                                            " but ktier accepts only false (scales stored with "
+                                            "the weights)");
     }
     // Activations stay bf16/f32 in ktier: a quantization scheme for them cannot be honoured.
     for (const char* key : {"input_activations", "output_activations"})

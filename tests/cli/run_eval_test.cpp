@@ -186,7 +186,8 @@ TEST_F(RunEvalCli, RunsFromIdsWithoutTokenizerFiles) {
   // Half a tokenizer (tokenizer_config.json missing): --ids runs print ids and say why; text
   // prompts are refused naming the missing file.
   fs::remove(bare / "tokenizer_config.json");
-  const std::string ids_run = ktier() + " run -m " + bare.string() + " --ids " + prompt_ids() + " -n 5";
+  const std::string ids_run =
+      ktier() + " run -m " + bare.string() + " --ids " + prompt_ids() + " -n 5";
   const auto half = run_process(ids_run);
   const auto half_text = run_process(ktier() + " run -m " + bare.string() + " -p hello -n 2");
   fs::remove(bare / "tiktoken.model");
@@ -612,7 +613,8 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
             "--policy: unknown policy 'lfru' (choose from temperature, lru, lfu or static)"},
            {" --policy all", "--policy all is for `ktier trace replay` only"},
            {" --policy belady", "--policy belady is for `ktier trace replay` only"},
-           {" --profile " + dir_.string(), dir_.string() + ": is a directory, not a file or a pipe"}}) {
+           {" --profile " + dir_.string(),
+            dir_.string() + ": is a directory, not a file or a pipe"}}) {
     const auto bad = run_process(ktier() + " run" + model() + " --ids 1 -n 1" + flag);
     EXPECT_EQ(bad.exit_code, 2) << flag << ": " << bad.err;
     EXPECT_NE(bad.err.find(what), std::string::npos) << flag << ": " << bad.err;

@@ -359,10 +359,13 @@ TEST(SafetensorsCorrupt, EntryFieldGivenTwice) {
   const std::pair<const char*, const char*> cases[] = {
       {"dtype", R"("dtype": "F32", "dtype": "BF16", "shape": [2], "data_offsets": [0, 8])"},
       {"shape", R"("dtype": "F32", "shape": [4], "shape": [2], "data_offsets": [0, 8])"},
-      {"data_offsets", R"("dtype": "F32", "shape": [2], "data_offsets": [0, 4], "data_offsets": [0, 8])"}};
-  for (const auto& [field, fields] : cases)
-    EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(std::string(R"({"x": {)") + fields + "}}", data)),
+      {"data_offsets",
+       R"("dtype": "F32", "shape": [2], "data_offsets": [0, 4], "data_offsets": [0, 8])"}};
+  for (const auto& [field, fields] : cases) {
+    const std::string header = std::string(R"({"x": {)") + fields + "}}";
+    EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(header, data)),
                std::string("tensor 'x': \"") + field + "\" given twice");
+  }
 }
 
 TEST(SafetensorsCorrupt, UnknownDtype) {
