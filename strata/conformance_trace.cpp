@@ -1,9 +1,9 @@
 // Conversion of the conformance int32-pair routing trace. Structure rules: conformance_trace.h.
 #include "strata/conformance_trace.h"
 
-#include <algorithm>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
