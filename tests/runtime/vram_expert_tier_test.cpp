@@ -319,5 +319,24 @@ TEST(VramExpertTier, ASlotReusedBeforeItsPrefetchLandedKeepsTheNewExpert) {
   expect_views_hold(*x.be, x.host, 3, routed3, out);
 }
 
+// The same copies made before a report window and evicted unused in it are its carried waste.
+TEST(VramExpertTier, CopiesMadeBeforeAWindowAndEvictedInItAreCarriedWaste) {
+  TierUnderTest x(VramExpertTier::minimum_slots(tiny_config()));
+  ASSERT_TRUE(x.tier);
+  for (int32_t id : {3, 5}) x.host.ready.insert(2 * kExperts + id);
+  const float w[] = {0.5f, 0.5f};
+  const int32_t for2[] = {3, 5};
+  x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);
+  x.tier->begin_window();
+  std::vector<model::ExpertWeights> out;
+  const int32_t routed1[] = {0, 1}, routed2[] = {6, 7}, routed3[] = {0, 1};
+  x.layer(1, routed1, out);
+  x.layer(2, routed2, out);
+  x.layer(3, routed3, out);
+  EXPECT_EQ(x.tier->stats().prefetch_wasted, 2u);
+  EXPECT_EQ(x.tier->stats().carried_wasted, 2u);
+  EXPECT_EQ(x.tier->stats().carried_useful, 0u);
+}
+
 }  // namespace
 }  // namespace ktier::runtime
