@@ -234,12 +234,7 @@ void ExpertCache::on_evicted(uint32_t key) {
   s.key = -1;
   if (s.prefetched_unused) {
     s.prefetched_unused = false;
-    ++stats_.prefetch_wasted;
-    stats_.prefetch_wasted_bytes += expert_bytes(key);
-    if (s.prefetch_carried) {
-      ++stats_.carried_wasted;
-      stats_.carried_wasted_bytes += expert_bytes(key);
-    }
+    count_wasted(s, expert_bytes(key));
   }
   if (s.state == SlotState::kReady) s.state = SlotState::kFree;  // kLoading: freed on completion
   free_.push_back(static_cast<size_t>(si));
@@ -275,7 +270,6 @@ void ExpertCache::reap_prefetches(bool block) {
 
 void ExpertCache::settle_prefetch(Slot& s, int64_t layer, bool arrived_in_time) {
   s.prefetched_unused = false;
-  const uint64_t bytes = expert_bytes(static_cast<uint32_t>(s.key));
   if (s.prefetch_layer == layer && s.prefetch_pass == pass_ && !s.read_failed) {
     ++stats_.prefetch_useful;
     stats_.prefetch_timely += arrived_in_time;
@@ -284,12 +278,16 @@ void ExpertCache::settle_prefetch(Slot& s, int64_t layer, bool arrived_in_time) 
       stats_.carried_timely += arrived_in_time;
     }
   } else {
-    ++stats_.prefetch_wasted;
-    stats_.prefetch_wasted_bytes += bytes;
-    if (s.prefetch_carried) {
-      ++stats_.carried_wasted;
-      stats_.carried_wasted_bytes += bytes;
-    }
+    count_wasted(s, expert_bytes(static_cast<uint32_t>(s.key)));
+  }
+}
+
+void ExpertCache::count_wasted(const Slot& s, uint64_t bytes) {
+  ++stats_.prefetch_wasted;
+  stats_.prefetch_wasted_bytes += bytes;
+  if (s.prefetch_carried) {
+    ++stats_.carried_wasted;
+    stats_.carried_wasted_bytes += bytes;
   }
 }
 

@@ -176,6 +176,9 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   // Counts a prefetched slot's first use (or loss): useful when `layer` is its target in this
   // pass and its bytes are good, wasted otherwise.
   void settle_prefetch(Slot& s, int64_t layer, bool arrived_in_time);
+  // A prefetch of `bytes` lost before use: counted wasted (and carried-wasted when it was in
+  // flight when the report window began).
+  void count_wasted(const Slot& s, uint64_t bytes);
   // A call for `layer` from begin_layer (or on_prediction) starts a new forward pass when the
   // layers stop increasing.
   void track_pass(int64_t layer, bool from_begin_layer);
