@@ -94,8 +94,9 @@ Result<BlockHeader> parse_block_header(std::span<const uint8_t> stored) {
                            " bytes do not fill its " + std::to_string(body) + " stored bytes");
   if (h.mode == BlockMode::kBf16Split && h.inflated % 2 != 0)
     return Status::corrupt("split block has an odd inflated length " + std::to_string(h.inflated));
-  if (h.mode == BlockMode::kWhole && h.length_b != 0)
-    return Status::corrupt("whole block has a second plane");
+  if (h.mode == BlockMode::kWhole && (h.length_b != 0 || h.codec_b != PlaneCodec::kRaw))
+    return Status::corrupt("whole block has a second plane (" + std::to_string(h.length_b) +
+                           " bytes, codec " + std::to_string(p[6]) + ")");
   return h;
 }
 

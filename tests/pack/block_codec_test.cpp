@@ -150,6 +150,11 @@ TEST(BlockCodec, DamagedHeadersAreCorrupt) {
   expect_corrupt(b, out, "do not fill");
   std::vector<uint8_t> shorter(src.size() - 2);
   expect_corrupt(good, shorter, "inflated bytes, the manifest");
+  const auto whole = deflate_block(src, false, kZstdLevel).value();
+  ASSERT_TRUE(inflate_block(whole, out, s).is_ok());
+  b = whole;
+  b[6] = 1;  // a plane-B codec in whole mode, where there is no plane B
+  expect_corrupt(b, out, "whole block has a second plane (0 bytes, codec 1)");
   b = good;
   b[kBlockHeaderBytes + 1] ^= 0xFF;  // inside the first zstd frame's header
   const Status st = inflate_block(b, out, s);
