@@ -48,6 +48,7 @@
 #include "server/llama_api.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/peer_watch.h"
 #include "server/service.h"
 #include "server/tokenize_api.h"
 #include "tokenizer/chat.h"
@@ -183,7 +184,7 @@ class ApiHandlers {
       http.Post(path, [this, endpoint](const httplib::Request& req, httplib::Response& res,
                                        const ContentReader& reader) {
         if (const std::optional<std::string> body = read_body(req, res, reader))
-          handle(endpoint, *body, res);
+          handle(endpoint, *body, req, res);
       });
   }
 
@@ -228,7 +229,12 @@ class ApiHandlers {
     res.set_content(server::dump(*body), "application/json");
   }
 
-  void handle(server::Endpoint endpoint, const std::string& body, httplib::Response& res) {
+  // `req`'s connection is watched: a client that closes it ends its answer at the next token or
+  // prompt chunk (the answer's text goes nowhere), and its batch's next prompt does not start.
+  void handle(server::Endpoint endpoint, const std::string& body, const httplib::Request& req,
+              httplib::Response& res) {
+    const server::PeerWatch peer = server::PeerWatch::find(req.local_addr, req.local_port,
+                                                           req.remote_addr, req.remote_port);
     const bool chat = endpoint == server::Endpoint::kChatCompletions;
     server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
                               now(), model_};
@@ -254,7 +260,7 @@ class ApiHandlers {
         }
         std::vector<json> answers;
         for (const server::PreparedRequest& prompt : prompts) {
-          Result<json> answer = handle_whole(prompt, head);
+          Result<json> answer = handle_whole(prompt, head, peer);
           if (!answer.is_ok()) return send_error(res, answer.status());
           answers.push_back(std::move(*answer));
         }
@@ -266,22 +272,22 @@ class ApiHandlers {
     if (!parsed.is_ok()) return send_error(res, parsed.status());
     Result<server::PreparedRequest> prepared = service().prepare(std::move(*parsed));
     if (!prepared.is_ok()) return send_error(res, prepared.status());
-    if (!prepared->request.stream) return reply(res, handle_whole(*prepared, head));
+    if (!prepared->request.stream) return reply(res, handle_whole(*prepared, head, peer));
     const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
     auto request = std::make_shared<server::PreparedRequest>(std::move(*prepared));
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, request, head, endpoint, native_api](size_t, httplib::DataSink& sink) {
+        [this, request, head, endpoint, native_api, peer](size_t, httplib::DataSink& sink) {
           const auto send = [&](const json& j) {
             const std::string event = server::sse_event(j);
             return sink.write(event.data(), event.size());
           };
           bool open = endpoint != server::Endpoint::kChatCompletions ||
                       send(server::stream_role_chunk(head));
-          Result<server::Completion> done =
-              run(*request, [&](std::string_view text,
-                                std::span<const server::AnswerToken> tokens) {
+          Result<server::Completion> done = run(
+              *request,
+              [&](std::string_view text, std::span<const server::AnswerToken> tokens) {
                 const json probs = logprobs_of(request->request, tokens);
                 open = open && send(native_api ? server::llama_stream_piece(std::string(text),
                                                                             probs)
@@ -289,7 +295,8 @@ class ApiHandlers {
                                                                       std::string(text),
                                                                       std::nullopt, probs));
                 return open;
-              });
+              },
+              peer);
           if (!done.is_ok()) {
             // The status line is sent: the error goes as an event, as llama-server does.
             send(error_json(done.status()));
@@ -318,13 +325,14 @@ class ApiHandlers {
 
   // A request answered whole (not streamed): its response body.
   Result<json> handle_whole(const server::PreparedRequest& prepared,
-                            const server::ResponseHead& head) {
+                            const server::ResponseHead& head, const server::PeerWatch& peer) {
     const server::Endpoint endpoint = prepared.request.endpoint;
     KTIER_ASSIGN_OR_RETURN(
         const server::Completion done,
-        run(prepared, [](std::string_view, std::span<const server::AnswerToken>) {
-          return true;
-        }));
+        run(
+            prepared,
+            [](std::string_view, std::span<const server::AnswerToken>) { return true; },
+            peer));
     const json probs = logprobs_of(prepared.request, done.logprobs);
     if (endpoint == server::Endpoint::kLlamaCompletion)
       return server::llama_completion_result(model_, done.text, done.finish, done.stopping_word,
@@ -334,11 +342,17 @@ class ApiHandlers {
   }
 
   // One generation, logged as a line on stderr. An answer the server's stop (Ctrl-C, SIGTERM) cut
-  // is an error (503), so that no client takes it for one that reached its end.
+  // is an error (503), so that no client takes it for one that reached its end. The answer of a
+  // client that `peer` finds gone ends early (Completion::cancelled), between tokens or prompt
+  // chunks; one whose client left while it waited for the model is not started.
   Result<server::Completion> run(const server::PreparedRequest& request,
-                                 const server::Service::TextSink& on_text) {
-    Result<server::Completion> done =
-        service().complete(request, on_text, [] { return InterruptRequest::requested(); });
+                                 const server::Service::TextSink& on_text,
+                                 const server::PeerWatch& peer) {
+    Result<server::Completion> done = service().complete(
+        request, on_text, [&peer] { return InterruptRequest::requested() || peer.gone(); });
+    if (!done.is_ok() && done.status().code() == ExitCode::kInterrupted &&
+        !InterruptRequest::requested())
+      done = Status::interrupted("the client went away before its request started");
     if (done.is_ok() && done->cancelled && InterruptRequest::requested())
       done = Status::interrupted("the server is stopping (Ctrl-C or SIGTERM): the answer was "
                                  "cut after " +

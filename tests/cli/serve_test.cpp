@@ -649,6 +649,53 @@ TEST_F(ServeCli, ASlowClientDoesNotHoldAServerThatStops) {
   EXPECT_NE(server.err().find("connections still open"), std::string::npos) << server.err();
 }
 
+// A client that leaves ends its answer, streamed or not: the server watches the connection, so a
+// client that timed out does not hold the one generating request. Reads capped at 1 MB/s stream
+// the trunk at about 2 s per token, so the 40 tokens asked for would take over a minute; a
+// second request, left waiting while the first generates, is not started once its client left.
+TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
+  std::vector<std::string> argv = serve_argv(dir_ / "model");
+  argv.insert(argv.end(), {"-c", "256", "--ram", "4M", "--io-rate-limit", "1"});
+  ChildProcess server(argv);
+  const int port = start(server);
+  ASSERT_GT(port, 0) << server.err();
+  const std::string body = R"({"prompt": "Hello", "max_tokens": 40})";
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  const int first = connect_to(port);
+  ASSERT_GE(first, 0);
+  ASSERT_EQ(::send(first, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int second = connect_to(port);
+  ASSERT_GE(second, 0);
+  ASSERT_EQ(::send(second, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::close(second);
+  ::close(first);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string cut = "cut short (the client went away)";
+  ASSERT_TRUE(server.wait_until([&] { return server.err().find(cut) != std::string::npos; },
+                                std::chrono::seconds(40)))
+      << server.err();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  std::smatch m;
+  const std::string err = server.err();
+  ASSERT_TRUE(std::regex_search(err, m, std::regex("generated ([0-9]+) \\(length\\), cut short")))
+      << err;
+  EXPECT_LT(std::stoi(m[1].str()), 40);
+  EXPECT_TRUE(server.wait_for(Stream::kErr, "the client went away before its request started"))
+      << server.err();
+  httplib::Client client = client_at(port);  // the server goes on answering
+  const auto res = client.Post("/v1/completions", R"({"prompt": "Hi", "max_tokens": 1})",
+                               "application/json");
+  ASSERT_TRUE(res) << server.err();
+  EXPECT_EQ(res->status, 200) << res->body;
+  server.signal(SIGINT);
+  EXPECT_EQ(server.wait(), 0) << server.err();
+}
+
 TEST_F(ServeCli, HelpListsServe) {
   auto r = run_process(ktier_bin().string() + " --help");
   EXPECT_EQ(r.exit_code, 0);

@@ -1,0 +1,36 @@
+#pragma once
+// Whether the client of a request being answered has gone away (`ktier serve`). cpp-httplib 0.11
+// (Debian 12's) tells a handler neither its socket nor whether the peer closed it; a streamed
+// answer notices at its next failed write, a whole one not at all, and a client that timed out
+// would hold the one generating request for the rest of its answer. The request does carry both
+// ends' addresses, and a TCP connection is named by them: PeerWatch finds that socket among the
+// process's descriptors and asks it, without reading, whether the peer has closed its side.
+
+#include <string>
+
+namespace ktier::server {
+
+class PeerWatch {
+ public:
+  // Watches nothing: gone() is always false.
+  PeerWatch() = default;
+  // Finds this process's TCP socket from local_addr:local_port to remote_addr:remote_port
+  // (addresses as numeric strings, as getnameinfo(NI_NUMERICHOST) writes them: cpp-httplib's
+  // Request::local_addr/remote_addr). None found (another kind of socket, a closed one): a
+  // watch of nothing. The socket must stay open while the watch is used (the handler's
+  // connection does until the handler returns).
+  static PeerWatch find(const std::string& local_addr, int local_port,
+                        const std::string& remote_addr, int remote_port);
+
+  bool watching() const { return fd_ >= 0; }
+  // True once the peer closed its side of the connection or reset it (a pending byte, such as
+  // a pipelined request, reads as still there). Does not block or consume anything.
+  // Thread-safe (one non-blocking recv with MSG_PEEK).
+  bool gone() const;
+
+ private:
+  explicit PeerWatch(int fd) : fd_(fd) {}
+  int fd_ = -1;  // not owned
+};
+
+}  // namespace ktier::server
