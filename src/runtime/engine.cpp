@@ -248,21 +248,23 @@ Status Engine::open_expert_tier(const EngineOptions& opts) {
       static_cast<uint64_t>(c.num_moe_layers()) * static_cast<uint64_t>(c.num_experts);
   const uint64_t held = store_->stats().bytes_allocated + (bank_ ? bank_->bytes_allocated() : 0) +
                         min.sequence;
+  // One fetch's worth of slots is lent to experts the policy does not keep; the rest is the
+  // policy's capacity. More slots than every expert and one fetch are never needed.
+  const uint64_t batch = static_cast<uint64_t>(c.num_experts_per_token);
   uint64_t left = budget_ == UINT64_MAX ? UINT64_MAX : (budget_ > held ? budget_ - held : 0);
+  left = std::min(left, (total_experts + batch) * slot);
   // The tier is faulted in at start: never ask for more than the machine has free (a budget
   // above physical memory, or `max`, would otherwise end in the OOM killer).
   if (const uint64_t avail = meminfo().second; avail > 0) {
     // The sequence's state is allocated after the tier (new_sequence): still free now.
     const uint64_t usable = avail / 10 * 9 > min.sequence ? avail / 10 * 9 - min.sequence : 0;
     if (left > usable) {
-      spdlog::warn("expert tier capped at {} (90% of MemAvailable), below what the budget leaves",
-                   gib(usable));
+      spdlog::warn("expert tier capped at {} (90% of MemAvailable), below what the budget leaves "
+                   "for it ({})",
+                   gib(usable), gib(left));
       left = usable;
     }
   }
-  // One fetch's worth of slots is lent to experts the policy does not keep; the rest is the
-  // policy's capacity.
-  const uint64_t batch = static_cast<uint64_t>(c.num_experts_per_token);
   const uint64_t slots = std::clamp<uint64_t>(left / slot, min.expert_slots, total_experts + batch);
   ExpertCacheOptions xo;
   xo.policy = opts.policy;
