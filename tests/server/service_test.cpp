@@ -909,5 +909,29 @@ TEST_F(ServiceTest, AClientThatGoesAwayEndsTheAnswerAndTheNextRequestIsSound) {
             answer(*fresh, text_request(prompt + " checked", 6)).text);
 }
 
+// A client that leaves while its prompt runs (`serve` asks between prompt chunks) stops it
+// there; the prompt's chunks that ran are reused by the next request, which answers as a fresh
+// sequence would.
+TEST_F(ServiceTest, AnAnswerStoppedInItsPromptLeavesASoundPrefix) {
+  auto s = service();  // chunks of 7
+  const std::string prompt =
+      "The lighthouse keeper checked the lamp, the lens and the log before the storm came in";
+  auto prepared = s->prepare(text_request(prompt, 4));
+  ASSERT_TRUE(prepared.is_ok());
+  const int64_t n = static_cast<int64_t>(prepared->ids.size());
+  ASSERT_GT(n, 21);
+  int asked = 0;  // the first ask is before the request starts
+  auto stopped = s->complete(*prepared, [](std::string_view, auto) { return true; },
+                             [&] { return ++asked > 2; });
+  ASSERT_TRUE(stopped.is_ok()) << stopped.status().message();
+  EXPECT_TRUE(stopped->cancelled);
+  EXPECT_EQ(stopped->usage.completion_tokens, 0);
+  EXPECT_EQ(stopped->text, "");
+  const Completion next = answer(*s, text_request(prompt, 4));
+  EXPECT_GT(next.usage.cached_tokens, 0);
+  EXPECT_LT(next.usage.cached_tokens, n);
+  EXPECT_EQ(next.text, answer(*service(), text_request(prompt, 4)).text);
+}
+
 }  // namespace
 }  // namespace ktier::server
