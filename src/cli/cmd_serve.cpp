@@ -351,8 +351,11 @@ class ApiHandlers {
     Result<server::Completion> done = service().complete(
         request, on_text, [&peer] { return InterruptRequest::requested() || peer.gone(); });
     if (!done.is_ok() && done.status().code() == ExitCode::kInterrupted &&
-        !InterruptRequest::requested())
-      done = Status::interrupted("the client went away before its request started");
+        !InterruptRequest::requested()) {
+      spdlog::info("{}: the client went away before its request started",
+                   server::endpoint_name(request.request.endpoint));
+      return Status::interrupted("the client went away before its request started");
+    }
     if (done.is_ok() && done->cancelled && InterruptRequest::requested())
       done = Status::interrupted("the server is stopping (Ctrl-C or SIGTERM): the answer was "
                                  "cut after " +
