@@ -260,6 +260,12 @@ class ApiHandlers {
         }
         std::vector<json> answers;
         for (const server::PreparedRequest& prompt : prompts) {
+          if (!answers.empty() && peer.gone()) {  // the one before was cut short: no more
+            spdlog::info("/v1/completions: the client went away after {} of the {} prompts of "
+                         "its batch",
+                         answers.size(), prompts.size());
+            return send_error(res, Status::interrupted("the client went away"));
+          }
           Result<json> answer = handle_whole(prompt, head, peer);
           if (!answer.is_ok()) return send_error(res, answer.status());
           answers.push_back(std::move(*answer));

@@ -2,6 +2,7 @@
 
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -29,26 +30,38 @@ bool numeric_end(const sockaddr_storage& addr, socklen_t len, std::string& host,
   return true;
 }
 
-// Whether descriptor `fd` is a socket whose ends are the given ones.
-bool connects(int fd, const std::string& local_addr, int local_port,
-              const std::string& remote_addr, int remote_port) {
+enum class Match { kNo, kConnection, kResetOnLocalEnd };
+
+// Whether descriptor `fd` is the connection with the given ends, or an accepted (not listening)
+// socket on the local end whose peer is no longer known: a connection the peer reset.
+Match match(int fd, const std::string& local_addr, int local_port,
+            const std::string& remote_addr, int remote_port) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
   std::string host;
   int port = -1;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
       !numeric_end(addr, len, host, port) || port != local_port || host != local_addr)
-    return false;
+    return Match::kNo;
   len = sizeof addr;
-  return ::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 &&
-         numeric_end(addr, len, host, port) && port == remote_port && host == remote_addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    return numeric_end(addr, len, host, port) && port == remote_port && host == remote_addr
+               ? Match::kConnection
+               : Match::kNo;
+  if (errno != ENOTCONN) return Match::kNo;
+  int listening = 1;
+  socklen_t size = sizeof listening;
+  return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) == 0 && listening == 0
+             ? Match::kResetOnLocalEnd
+             : Match::kNo;
 }
 
 }  // namespace
 
 PeerWatch PeerWatch::find(const std::string& local_addr, int local_port,
                           const std::string& remote_addr, int remote_port) {
-  if (local_port < 0 || remote_port < 0) return PeerWatch();
+  if (local_port < 0) return PeerWatch();
+  bool reset_seen = false;
   std::error_code ec;
   for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end;
        it.increment(ec)) {
@@ -56,20 +69,26 @@ PeerWatch PeerWatch::find(const std::string& local_addr, int local_port,
     int fd = -1;
     const auto [ptr, err] = std::from_chars(name.data(), name.data() + name.size(), fd);
     if (err != std::errc() || ptr != name.data() + name.size()) continue;
-    if (connects(fd, local_addr, local_port, remote_addr, remote_port)) return PeerWatch(fd);
+    switch (match(fd, local_addr, local_port, remote_addr, remote_port)) {
+      case Match::kConnection: return PeerWatch(fd, false);
+      case Match::kResetOnLocalEnd: reset_seen = true; break;
+      case Match::kNo: break;
+    }
   }
-  return PeerWatch();
+  // Not connected, yet a connection on this end was reset: the request's own (a live one
+  // would have matched), reset before it was looked for.
+  return reset_seen ? PeerWatch(-1, true) : PeerWatch();
 }
 
 bool PeerWatch::gone() const {
+  if (gone_at_find_) return true;
   if (fd_ < 0) return false;
-  char byte = 0;
-  const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n > 0) return false;
-  // The peer's FIN. A client that half-closes and still waits for its answer is taken as gone
-  // (HTTP clients do not; llama-server's newer cpp-httplib asks the same question).
-  if (n == 0) return true;
-  return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;  // a reset: ECONNRESET
+  // POLLRDHUP: the peer's FIN, even behind bytes not read yet (a next request it sent before
+  // leaving); POLLHUP/POLLERR: a reset. A client that half-closes and still waits for its answer
+  // is taken as gone (HTTP clients do not; llama-server's newer cpp-httplib asks the same).
+  pollfd p{fd_, static_cast<short>(POLLIN | POLLRDHUP), 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 }  // namespace ktier::server

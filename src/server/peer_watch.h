@@ -16,21 +16,23 @@ class PeerWatch {
   PeerWatch() = default;
   // Finds this process's TCP socket from local_addr:local_port to remote_addr:remote_port
   // (addresses as numeric strings, as getnameinfo(NI_NUMERICHOST) writes them: cpp-httplib's
-  // Request::local_addr/remote_addr). None found (another kind of socket, a closed one): a
-  // watch of nothing. The socket must stay open while the watch is used (the handler's
-  // connection does until the handler returns).
+  // Request::local_addr/remote_addr). A reset connection no longer knows its peer: when none
+  // matches but an accepted socket on the local end has no peer, the request's client reset
+  // its connection, and the watch is gone() from the start. None found otherwise (another kind
+  // of socket): a watch of nothing. The socket must stay open while the watch is used (the
+  // handler's connection does until the handler returns).
   static PeerWatch find(const std::string& local_addr, int local_port,
                         const std::string& remote_addr, int remote_port);
 
-  bool watching() const { return fd_ >= 0; }
-  // True once the peer closed its side of the connection or reset it (a pending byte, such as
-  // a pipelined request, reads as still there). Does not block or consume anything.
-  // Thread-safe (one non-blocking recv with MSG_PEEK).
+  bool watching() const { return fd_ >= 0 || gone_at_find_; }
+  // True once the peer closed its side of the connection (even with bytes it sent before not
+  // read yet) or reset it. Does not block or consume anything. Thread-safe (one poll).
   bool gone() const;
 
  private:
-  explicit PeerWatch(int fd) : fd_(fd) {}
+  PeerWatch(int fd, bool gone_at_find) : fd_(fd), gone_at_find_(gone_at_find) {}
   int fd_ = -1;  // not owned
+  bool gone_at_find_ = false;
 };
 
 }  // namespace ktier::server

@@ -652,7 +652,8 @@ TEST_F(ServeCli, ASlowClientDoesNotHoldAServerThatStops) {
 // A client that leaves ends its answer, streamed or not: the server watches the connection, so a
 // client that timed out does not hold the one generating request. Reads capped at 1 MB/s stream
 // the trunk at about 2 s per token, so the 40 tokens asked for would take over a minute; a
-// second request, left waiting while the first generates, is not started once its client left.
+// second request, left waiting while the first generates, is not started once its client left;
+// a batch of prompts stops after the answer its client left.
 TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
   std::vector<std::string> argv = serve_argv(dir_ / "model");
   argv.insert(argv.end(), {"-c", "256", "--ram", "4M", "--io-rate-limit", "1"});
@@ -673,7 +674,9 @@ TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
             static_cast<ssize_t>(request.size()));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   ::close(second);
-  ::close(first);
+  const linger reset{1, 0};
+  ASSERT_EQ(::setsockopt(first, SOL_SOCKET, SO_LINGER, &reset, sizeof reset), 0);
+  ::close(first);  // an RST, as a client that leaves with the answer unread
   const auto t0 = std::chrono::steady_clock::now();
   const std::string cut = "cut short (the client went away)";
   ASSERT_TRUE(server.wait_until([&] { return server.err().find(cut) != std::string::npos; },
@@ -686,6 +689,18 @@ TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
       << err;
   EXPECT_LT(std::stoi(m[1].str()), 40);
   EXPECT_TRUE(server.wait_for(Stream::kErr, "the client went away before its request started"))
+      << server.err();
+  const std::string batch = R"({"prompt": ["Hello", "Hi"], "max_tokens": 40})";
+  const std::string batch_request =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+      std::to_string(batch.size()) + "\r\n\r\n" + batch;
+  const int third = connect_to(port);
+  ASSERT_GE(third, 0);
+  ASSERT_EQ(::send(third, batch_request.data(), batch_request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(batch_request.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::close(third);
+  EXPECT_TRUE(server.wait_for(Stream::kErr, "went away after 1 of the 2 prompts of its batch"))
       << server.err();
   httplib::Client client = client_at(port);  // the server goes on answering
   const auto res = client.Post("/v1/completions", R"({"prompt": "Hi", "max_tokens": 1})",

@@ -66,18 +66,48 @@ TEST(PeerWatch, SeesAClosedPeerAndNotAnOpenOne) {
   EXPECT_TRUE(watch.gone());  // nothing was consumed
 }
 
-TEST(PeerWatch, APendingByteIsNotAGonePeerAndStaysUnread) {
+// A byte the peer sent (a next request) is no sign of leaving; its close behind that byte is,
+// and the byte stays unread.
+TEST(PeerWatch, SeesACloseBehindAPendingByteAndLeavesTheByte) {
   Connection c;
   ASSERT_NO_FATAL_FAILURE(connect_pair(c));
   const PeerWatch watch = watch_of(c);
   ASSERT_TRUE(watch.watching());
   ASSERT_EQ(::send(c.client, "G", 1, 0), 1);
   EXPECT_FALSE(watch.gone());
+  ::shutdown(c.client, SHUT_WR);
+  EXPECT_TRUE(watch.gone());
   char byte = 0;
   ASSERT_EQ(::recv(c.accepted, &byte, 1, 0), 1);
   EXPECT_EQ(byte, 'G');
-  ::shutdown(c.client, SHUT_WR);
+}
+
+// A connection reset before the watch looks for it has no peer address any more: the request's
+// client is gone. The listening socket on the same end is no such connection.
+TEST(PeerWatch, AConnectionResetBeforeItIsFoundIsGone) {
+  Connection c;
+  ASSERT_NO_FATAL_FAILURE(connect_pair(c));
+  const linger reset{1, 0};
+  ASSERT_EQ(::setsockopt(c.client, SOL_SOCKET, SO_LINGER, &reset, sizeof reset), 0);
+  ::close(c.client);  // an RST
+  c.client = -1;
+  const PeerWatch watch = watch_of(c);
+  EXPECT_TRUE(watch.watching());
   EXPECT_TRUE(watch.gone());
+  ::close(c.accepted);
+  c.accepted = -1;
+  // A listener on an end, with no connection to it: nothing to watch.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  const PeerWatch none = PeerWatch::find(c.addr, port_of(listener), c.addr, c.client_port);
+  ::close(listener);
+  EXPECT_FALSE(none.watching());
+  EXPECT_FALSE(none.gone());
 }
 
 TEST(PeerWatch, OtherEndsFindNothing) {
