@@ -77,7 +77,7 @@ std::pair<int, std::string> http_error(const Status& s) {
     case ExitCode::kUsage:
     case ExitCode::kBudget:  // code "context_length_exceeded"
       return {400, "invalid_request_error"};
-    case ExitCode::kInterrupted:  // the server is stopping
+    case ExitCode::kInterrupted:  // the server is stopping (or the client left: nobody reads it)
       return {503, "server_error"};
     default:
       return {500, "server_error"};

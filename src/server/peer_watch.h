@@ -19,8 +19,9 @@ class PeerWatch {
   // Request::local_addr/remote_addr). A reset connection no longer knows its peer: when none
   // matches but an accepted socket on the local end has no peer, the request's client reset
   // its connection, and the watch is gone() from the start. None found otherwise (another kind
-  // of socket): a watch of nothing. The socket must stay open while the watch is used (the
-  // handler's connection does until the handler returns).
+  // of socket): a watch of nothing. The socket must stay open while the watch is used: a
+  // connection does until its response, streamed content included, is written (cpp-httplib
+  // 0.11 closes it afterwards, on the thread that ran the handler and the content provider).
   static PeerWatch find(const std::string& local_addr, int local_port,
                         const std::string& remote_addr, int remote_port);
 

@@ -656,10 +656,22 @@ TEST_F(ServeCli, ASlowClientDoesNotHoldAServerThatStops) {
 // a batch of prompts stops after the answer its client left.
 TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
   std::vector<std::string> argv = serve_argv(dir_ / "model");
-  argv.insert(argv.end(), {"-c", "256", "--ram", "4M", "--io-rate-limit", "1"});
+  argv.insert(argv.end(), {"-c", "256", "--ram", "4M", "--io-rate-limit", "1", "--metrics"});
   ChildProcess server(argv);
   const int port = start(server);
   ASSERT_GT(port, 0) << server.err();
+  // Waits until /metrics shows `line` (a request generating, one waiting): a loaded machine
+  // may take long to start a request, and leaving before it started is another case.
+  httplib::Client metrics = client_at(port);
+  const auto until_metric = [&](const std::string& line) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      const auto res = metrics.Get("/metrics");
+      if (res && res->body.find(line + "\n") != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
   const std::string body = R"({"prompt": "Hello", "max_tokens": 40})";
   const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
                               std::to_string(body.size()) + "\r\n\r\n" + body;
@@ -667,12 +679,12 @@ TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
   ASSERT_GE(first, 0);
   ASSERT_EQ(::send(first, request.data(), request.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(request.size()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(until_metric("ktier:requests_processing 1"));
   const int second = connect_to(port);
   ASSERT_GE(second, 0);
   ASSERT_EQ(::send(second, request.data(), request.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(request.size()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(until_metric("ktier:requests_deferred 1"));
   ::close(second);
   const linger reset{1, 0};
   ASSERT_EQ(::setsockopt(first, SOL_SOCKET, SO_LINGER, &reset, sizeof reset), 0);
@@ -698,7 +710,7 @@ TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
   ASSERT_GE(third, 0);
   ASSERT_EQ(::send(third, batch_request.data(), batch_request.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(batch_request.size()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(until_metric("ktier:requests_processing 1"));
   ::close(third);
   EXPECT_TRUE(server.wait_for(Stream::kErr, "went away after 1 of the 2 prompts of its batch"))
       << server.err();
