@@ -672,18 +672,25 @@ TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
     }
     return false;
   };
+  // A raw client's connection that has sent POST /v1/completions with `body` (-1: it could
+  // not be made or sent).
+  const auto post = [port](const std::string& body) {
+    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                                std::to_string(body.size()) + "\r\n\r\n" + body;
+    const int sock = connect_to(port);
+    if (sock >= 0 && ::send(sock, request.data(), request.size(), MSG_NOSIGNAL) !=
+                         static_cast<ssize_t>(request.size())) {
+      ::close(sock);
+      return -1;
+    }
+    return sock;
+  };
   const std::string body = R"({"prompt": "Hello", "max_tokens": 40})";
-  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                              std::to_string(body.size()) + "\r\n\r\n" + body;
-  const int first = connect_to(port);
+  const int first = post(body);
   ASSERT_GE(first, 0);
-  ASSERT_EQ(::send(first, request.data(), request.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(request.size()));
   ASSERT_TRUE(until_metric("ktier:requests_processing 1"));
-  const int second = connect_to(port);
+  const int second = post(body);
   ASSERT_GE(second, 0);
-  ASSERT_EQ(::send(second, request.data(), request.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(request.size()));
   ASSERT_TRUE(until_metric("ktier:requests_deferred 1"));
   ::close(second);
   const linger reset{1, 0};
@@ -702,14 +709,8 @@ TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
   EXPECT_LT(std::stoi(m[1].str()), 40);
   EXPECT_TRUE(server.wait_for(Stream::kErr, "the client went away before its request started"))
       << server.err();
-  const std::string batch = R"({"prompt": ["Hello", "Hi"], "max_tokens": 40})";
-  const std::string batch_request =
-      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-      std::to_string(batch.size()) + "\r\n\r\n" + batch;
-  const int third = connect_to(port);
+  const int third = post(R"({"prompt": ["Hello", "Hi"], "max_tokens": 40})");
   ASSERT_GE(third, 0);
-  ASSERT_EQ(::send(third, batch_request.data(), batch_request.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(batch_request.size()));
   ASSERT_TRUE(until_metric("ktier:requests_processing 1"));
   ::close(third);
   EXPECT_TRUE(server.wait_for(Stream::kErr, "went away after 1 of the 2 prompts of its batch"))

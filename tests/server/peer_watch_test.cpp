@@ -34,14 +34,23 @@ int port_of(int sock) {
                                                                         : -1;
 }
 
-void connect_pair(Connection& c) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+// A socket listening on 127.0.0.1 at a port the system picks (port_of gives it).
+void listen_loopback(int& listener) {
+  listener = ::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(listener, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   ASSERT_EQ(::listen(listener, 1), 0);
+}
+
+void connect_pair(Connection& c) {
+  int listener = -1;
+  ASSERT_NO_FATAL_FAILURE(listen_loopback(listener));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(static_cast<uint16_t>(port_of(listener)));
   c.client = ::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_EQ(::connect(c.client, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
@@ -118,13 +127,8 @@ TEST(PeerWatch, AConnectionResetBeforeItIsFoundIsGone) {
   ::close(c.accepted);
   c.accepted = -1;
   // A listener on an end, with no connection to it: nothing to watch.
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(listener, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(listener, 1), 0);
+  int listener = -1;
+  ASSERT_NO_FATAL_FAILURE(listen_loopback(listener));
   const PeerWatch none = PeerWatch::find(c.addr, port_of(listener), c.addr, c.client_port);
   ::close(listener);
   EXPECT_FALSE(none.watching());
