@@ -13,7 +13,7 @@ namespace ktier::backend {
 
 struct CudaModuleProbe {
   std::string module_path;         // the file that was loaded
-  KtierCudaProbe probe;            // what the module found (device_count may be 0)
+  KtierCudaProbe probe{};          // what the module found (device_count may be 0)
   const KtierCudaOps* ops = nullptr;  // the module's op table (static storage, never null)
 };
 

@@ -1017,7 +1017,12 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
   // Lookahead copies issued during the prefill are used in the decode (a fuzzing find: VRAM
   // precision 1.28 when it was useful / issued in the decode window).
   const nlohmann::json& vram = j.at("tiers").at("vram");
-  EXPECT_GT(vram.at("prefetch_useful").get<uint64_t>(), 0u) << vram.dump();
+  // A copy issued in the prefill and first used in the decode counts as carried, so the sum is
+  // what is sure to be positive (which of the two gets it depends on the copy stream's timing).
+  EXPECT_GT(vram.at("prefetch_useful").get<uint64_t>() +
+                vram.at("prefetch_carried_useful").get<uint64_t>(),
+            0u)
+      << vram.dump();
   expect_settled_precision(vram, "prefetch_issued", "prefetch_useful", "prefetch_wasted",
                            "prefetch_precision");
   // The RAM tier's prefill prefetches are lost in the decode here (carried), not its own.
@@ -1068,12 +1073,15 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
       << huge_rate.err;
   // Caches too large for memory (an address-space limit makes that so on any machine): the
   // error says which flags sized them.
+  // (Not under AddressSanitizer: its shadow memory cannot be mapped under `ulimit -v`.)
+#ifndef __SANITIZE_ADDRESS__
   const ProcessResult huge_ctx = run_process("(ulimit -v 4000000; exec " + ktier() + " run" +
                                              model() + " --ids 1 -n 1 -c 2147483647)");
   EXPECT_EQ(huge_ctx.exit_code, 1);
   EXPECT_NE(huge_ctx.err.find(
                 "the caches for 2147483647 positions (the prompt + -n, or -c/--ctx-size)"),
             std::string::npos) << huge_ctx.err;
+#endif
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --block-size 8K").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --compress --block-size 5000")
                 .exit_code, 2);
