@@ -45,9 +45,13 @@ __device__ __forceinline__ int find_job(const LinBatch& b, int block) {
 // 16 weight bytes, not kept in L1 (read once; x is what L1 should hold).
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
   uint4 r;
+#ifdef KTIER_CUDA_EMULATION  // the host emulation (cuda/emulation): a plain 16-byte load
+  memcpy(&r, p, sizeof(r));
+#else
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
       : "l"(p));
+#endif
   return r;
 }
 // Weight traits for the dense kernel: E elements per 16-byte chunk, unpacked exactly to f32.

@@ -11,6 +11,7 @@ BUILD_DIR=${KTIER_BUILD_DIR:-build}
 PACKAGES=(build-essential cmake pkg-config git
   liburing-dev libzstd-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   libcli11-dev libxxhash-dev libbenchmark-dev libcpp-httplib-dev unicode-data
+  libboost-context-dev  # cuda/emulation: the tests run the CUDA module's kernels on the CPU
   python3-torch python3-numpy python3-pytest python3-matplotlib
   python3-zstandard)  # tools/trunk_blocks.py: the cross-language test of compressed packs
 missing=()

@@ -1,0 +1,545 @@
+// Host emulation of the CUDA runtime and cuBLAS subset declared in cuda_runtime.h and
+// cublas_v2.h: the block scheduler (fibers, barriers, warp exchange), memory, streams, events and
+// the GEMMs. Test-only (cuda/emulation/README.md).
+#include <boost/context/fiber.hpp>
+#include <boost/context/stack_context.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cublas_v2.h"
+#include "cuda_runtime.h"
+
+namespace ktier_emu {
+
+thread_local const ThreadState* g_thread = nullptr;
+
+namespace {
+
+namespace bctx = boost::context;
+
+thread_local cudaError_t g_last_error = cudaSuccess;
+
+cudaError_t fail(cudaError_t e) {
+  g_last_error = e;
+  return e;
+}
+
+[[noreturn]] void die(const char* kernel, const std::string& what) {
+  std::fprintf(stderr, "ktier CUDA emulation: kernel %s: %s\n", kernel, what.c_str());
+  std::abort();
+}
+
+// ---- fiber stacks: reused across blocks on one host thread ----
+
+constexpr size_t kStackBytes = 128 * 1024;
+
+struct StackPool {
+  std::vector<std::unique_ptr<char[]>> all;
+  std::vector<char*> free;
+};
+thread_local StackPool g_stacks;
+
+// Boost.Context StackAllocator over g_stacks (a handle: copied into each fiber).
+struct PooledStack {
+  bctx::stack_context allocate() {
+    if (g_stacks.free.empty()) {
+      g_stacks.all.emplace_back(new char[kStackBytes]);
+      g_stacks.free.push_back(g_stacks.all.back().get());
+    }
+    char* base = g_stacks.free.back();
+    g_stacks.free.pop_back();
+    bctx::stack_context sc;
+    sc.size = kStackBytes;
+    sc.sp = base + kStackBytes;  // stacks grow down
+    return sc;
+  }
+  void deallocate(bctx::stack_context& sc) noexcept {
+    g_stacks.free.push_back(static_cast<char*>(sc.sp) - kStackBytes);
+  }
+};
+
+// ---- one block's threads ----
+
+struct KernelThread {
+  ThreadState state;
+  bctx::fiber fiber;   // the thread, while suspended
+  bctx::fiber caller;  // the scheduler, while the thread runs
+  bool done = false;
+  enum Wait { kRunning, kBlockBarrier, kWarpBarrier } wait = kRunning;
+};
+
+struct Warp {
+  int lanes = 0;     // threads of the block in this warp
+  int exited = 0;
+  int arrived = 0;
+  uint64_t gen = 0;
+  unsigned char slot[32][8];
+};
+
+struct BlockRun {
+  const char* kernel = "";
+  std::vector<KernelThread> threads;
+  std::vector<Warp> warps;
+  int live = 0;
+  int block_arrived = 0;
+  uint64_t block_gen = 0;
+  uint64_t progress = 0;  // arrivals, releases and exits: a round without any is a deadlock
+};
+
+thread_local BlockRun* g_block = nullptr;
+thread_local KernelThread* g_self = nullptr;
+thread_local std::vector<double> g_dynamic_shared;  // doubles: 8-byte alignment at least
+
+void yield(KernelThread* me) { me->caller = std::move(me->caller).resume(); }
+
+int linear_tid(const ThreadState& s) {
+  return static_cast<int>(s.thread_idx.x + s.block_dim.x * (s.thread_idx.y +
+                                                            s.block_dim.y * s.thread_idx.z));
+}
+
+void release_block_barrier_if_complete(BlockRun& b) {
+  if (b.block_arrived > 0 && b.block_arrived == b.live) {
+    b.block_arrived = 0;
+    ++b.block_gen;
+    ++b.progress;
+  }
+}
+
+std::string describe_waits(const BlockRun& b) {
+  int at_block = 0, at_warp = 0, done = 0;
+  for (const KernelThread& t : b.threads) {
+    done += t.done;
+    at_block += !t.done && t.wait == KernelThread::kBlockBarrier;
+    at_warp += !t.done && t.wait == KernelThread::kWarpBarrier;
+  }
+  const ThreadState& s = b.threads.front().state;
+  return "block (" + std::to_string(s.block_idx.x) + "," + std::to_string(s.block_idx.y) + "," +
+         std::to_string(s.block_idx.z) + ") cannot go on: " + std::to_string(at_block) +
+         " threads wait at __syncthreads, " + std::to_string(at_warp) +
+         " at a warp shuffle, " + std::to_string(done) + " exited (a barrier or a full-mask " +
+         "shuffle that some threads never reach)";
+}
+
+void run_block(BlockRun& b, const ThreadState& proto, void (*body)(void*), void* arg) {
+  const int n = static_cast<int>(proto.block_dim.x * proto.block_dim.y * proto.block_dim.z);
+  b.threads.clear();
+  b.threads.resize(static_cast<size_t>(n));
+  b.warps.assign(static_cast<size_t>((n + 31) / 32), Warp{});
+  b.live = n;
+  b.block_arrived = 0;
+  for (int i = 0; i < n; ++i) {
+    KernelThread& t = b.threads[static_cast<size_t>(i)];
+    t.state = proto;
+    t.state.thread_idx = {static_cast<unsigned>(i) % proto.block_dim.x,
+                          static_cast<unsigned>(i) / proto.block_dim.x % proto.block_dim.y,
+                          static_cast<unsigned>(i) / (proto.block_dim.x * proto.block_dim.y)};
+    ++b.warps[static_cast<size_t>(i / 32)].lanes;
+    t.fiber = bctx::fiber(std::allocator_arg, PooledStack{},
+                          [&t, body, arg](bctx::fiber&& scheduler) {
+                            t.caller = std::move(scheduler);
+                            body(arg);
+                            t.done = true;
+                            return std::move(t.caller);
+                          });
+  }
+  if (!g_dynamic_shared.empty())
+    std::memset(g_dynamic_shared.data(), 0xff, g_dynamic_shared.size() * sizeof(double));
+  // Threads run in increasing order in one block and decreasing in the next, so that a read of
+  // another thread's write with no barrier between sees the stale (or poisoned) value in one of
+  // the two, whichever thread comes first.
+  static thread_local bool g_reverse = false;
+  g_reverse = !g_reverse;
+  while (b.live > 0) {
+    const uint64_t before = b.progress;
+    for (int k = 0; k < n; ++k) {
+      const int i = g_reverse ? n - 1 - k : k;
+      KernelThread& t = b.threads[static_cast<size_t>(i)];
+      if (t.done) continue;
+      g_self = &t;
+      g_thread = &t.state;
+      t.fiber = std::move(t.fiber).resume();
+      if (t.done) {
+        --b.live;
+        ++b.progress;
+        ++b.warps[static_cast<size_t>(i / 32)].exited;
+        release_block_barrier_if_complete(b);
+      }
+    }
+    if (b.live > 0 && b.progress == before) die(b.kernel, describe_waits(b));
+  }
+  g_self = nullptr;
+  g_thread = nullptr;
+}
+
+std::mutex g_kernel_mu;
+std::map<const void*, int> g_max_dynamic_shared;  // opted in by cudaFuncSetAttribute
+
+constexpr int kDefaultDynamicShared = 48 * 1024, kMaxOptInShared = 227 * 1024;
+constexpr size_t kMaxParamBytes = 4096;  // the classic limit the module keeps under
+
+}  // namespace
+
+void syncthreads() {
+  KernelThread* me = g_self;
+  BlockRun& b = *g_block;
+  const uint64_t gen = b.block_gen;
+  me->wait = KernelThread::kBlockBarrier;
+  ++b.block_arrived;
+  ++b.progress;
+  release_block_barrier_if_complete(b);
+  while (b.block_gen == gen) yield(me);
+  me->wait = KernelThread::kRunning;
+}
+
+void warp_exchange(unsigned mask, const void* in, size_t bytes, int src_lane, void* out) {
+  KernelThread* me = g_self;
+  BlockRun& b = *g_block;
+  const int tid = linear_tid(me->state), lane = tid % 32;
+  Warp& w = b.warps[static_cast<size_t>(tid / 32)];
+  const unsigned full = w.lanes == 32 ? 0xffffffffu : (1u << w.lanes) - 1u;
+  if (mask != full)
+    die(b.kernel, "shuffle mask " + std::to_string(mask) + " is not the warp's " +
+                      std::to_string(w.lanes) + " lanes (partial masks are not emulated)");
+  if (src_lane >= w.lanes) die(b.kernel, "shuffle reads lane " + std::to_string(src_lane));
+  std::memcpy(w.slot[lane], in, bytes);
+  // Two phases: every lane has written before any reads, and has read before any writes again.
+  for (int phase = 0; phase < 2; ++phase) {
+    const uint64_t gen = w.gen;
+    me->wait = KernelThread::kWarpBarrier;
+    ++b.progress;
+    if (++w.arrived == w.lanes) {
+      w.arrived = 0;
+      ++w.gen;
+    }
+    while (w.gen == gen) yield(me);
+    me->wait = KernelThread::kRunning;
+    if (phase == 0) std::memcpy(out, w.slot[src_lane], bytes);
+  }
+}
+
+void* dynamic_shared() { return g_dynamic_shared.data(); }
+
+cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
+  if (bytes < 0 || bytes > kMaxOptInShared) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(g_kernel_mu);
+  g_max_dynamic_shared[kernel] = bytes;
+  return cudaSuccess;
+}
+
+int max_dynamic_shared(const void* kernel) {
+  std::lock_guard<std::mutex> lock(g_kernel_mu);
+  const auto it = g_max_dynamic_shared.find(kernel);
+  return it == g_max_dynamic_shared.end() ? kDefaultDynamicShared : it->second;
+}
+
+cudaError_t run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim3 block,
+                     size_t dynamic_shared_bytes, size_t param_bytes, void (*body)(void*),
+                     void* arg) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 ||
+      grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    std::fprintf(stderr, "ktier CUDA emulation: kernel %s: launch grid (%u,%u,%u) block "
+                 "(%u,%u,%u) is invalid\n", kernel_name, grid.x, grid.y, grid.z, block.x,
+                 block.y, block.z);
+    return fail(cudaErrorInvalidConfiguration);
+  }
+  if (dynamic_shared_bytes > static_cast<size_t>(max_dynamic_shared(kernel))) {
+    std::fprintf(stderr, "ktier CUDA emulation: kernel %s: %zu bytes of dynamic shared memory "
+                 "without opting in\n", kernel_name, dynamic_shared_bytes);
+    return fail(cudaErrorInvalidValue);
+  }
+  if (param_bytes > kMaxParamBytes)
+    die(kernel_name, std::to_string(param_bytes) + " bytes of kernel parameters");
+  if (g_block) die(kernel_name, "launched from inside a kernel");
+  g_dynamic_shared.assign((dynamic_shared_bytes + 7) / 8, 0.0);
+  BlockRun b;
+  b.kernel = kernel_name;
+  g_block = &b;
+  ThreadState proto{};
+  proto.block_dim = block;
+  proto.grid_dim = grid;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        proto.block_idx = {x, y, z};
+        run_block(b, proto, body, arg);
+      }
+  g_block = nullptr;
+  return cudaSuccess;
+}
+
+}  // namespace ktier_emu
+
+// ---- runtime API ---------------------------------------------------------------------------
+
+using ktier_emu::fail;
+
+namespace {
+
+constexpr uint64_t kDefaultDeviceBytes = uint64_t{16} << 30;
+
+struct Device {
+  std::mutex mu;
+  uint64_t total = kDefaultDeviceBytes;
+  uint64_t used = 0;
+  std::map<void*, size_t> device_blocks;
+  std::set<void*> host_blocks, registered, streams, events;
+};
+Device& dev() {
+  static Device* d = [] {
+    auto* p = new Device;  // never destroyed: frees may come from static destructors
+    // Debugging only (docs/TUNING.md): the emulated device's memory, in MiB.
+    if (const char* s = std::getenv("KTIER_CUDA_EMULATION_MIB"); s && *s)
+      p->total = std::strtoull(s, nullptr, 10) << 20;
+    return p;
+  }();
+  return *d;
+}
+thread_local int g_device = 0;
+
+}  // namespace
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = ktier_emu::g_last_error;
+  ktier_emu::g_last_error = cudaSuccess;
+  return e;
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaSuccess ? "no error" : "emulated CUDA error";
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  std::memset(p, 0, sizeof(*p));
+  std::snprintf(p->name, sizeof(p->name), "ktier host emulation");
+  p->totalGlobalMem = dev().total;
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  g_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = g_device;
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *free_bytes = d.total - d.used;
+  *total_bytes = d.total;
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *p = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  if (bytes > d.total - d.used) return fail(cudaErrorMemoryAllocation);
+  void* block = nullptr;
+  if (posix_memalign(&block, 256, bytes) != 0) return fail(cudaErrorMemoryAllocation);
+  d.device_blocks[block] = bytes;
+  d.used += bytes;
+  *p = block;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  const auto it = d.device_blocks.find(p);
+  if (it == d.device_blocks.end()) return fail(cudaErrorInvalidValue);
+  d.used -= it->second;
+  d.device_blocks.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
+  void* block = nullptr;
+  if (posix_memalign(&block, 4096, bytes ? bytes : 1) != 0) return fail(cudaErrorMemoryAllocation);
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.host_blocks.insert(block);
+  *p = block;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.host_blocks.erase(p) == 0) return fail(cudaErrorInvalidValue);
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaHostRegister(void* p, size_t, unsigned) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (!d.registered.insert(p).second) return fail(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* p) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.registered.erase(p) == 0) return fail(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                            cudaStream_t) {
+  if (bytes > 0 && (!dst || !src)) return fail(cudaErrorInvalidValue);
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+  if (bytes > 0 && !dst) return fail(cudaErrorInvalidValue);
+  if (bytes > 0) std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+
+namespace {
+// Streams and events are tokens: every call is synchronous, so every ordering already holds.
+template <class T>
+cudaError_t make_token(T* out, std::set<void*>& into) {
+  void* t = std::malloc(1);
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  into.insert(t);
+  *out = static_cast<T>(t);
+  return cudaSuccess;
+}
+cudaError_t drop_token(void* t, std::set<void*>& from) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (from.erase(t) == 0) return fail(cudaErrorInvalidResourceHandle);
+  std::free(t);
+  return cudaSuccess;
+}
+cudaError_t check_token(void* t, std::set<void*>& in) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return in.count(t) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+}  // namespace
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+  return make_token(s, dev().streams);
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) { return drop_token(s, dev().streams); }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  return s ? check_token(s, dev().streams) : cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  return make_token(e, dev().events);
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) { return drop_token(e, dev().events); }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (s && check_token(s, dev().streams) != cudaSuccess) return cudaErrorInvalidResourceHandle;
+  return check_token(e, dev().events);
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return check_token(e, dev().events); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  if (s && check_token(s, dev().streams) != cudaSuccess) return cudaErrorInvalidResourceHandle;
+  return check_token(e, dev().events);
+}
+
+// ---- cuBLAS ----------------------------------------------------------------------------------
+
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+};
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
+  *h = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->stream = s;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t) {
+  return h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+namespace {
+
+float element(const void* base, cudaDataType type, int64_t i) {
+  if (type == CUDA_R_32F) return static_cast<const float*>(base)[i];
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+}
+
+// C[m, n] (column-major, ldc) = alpha * op(A)[m, k] op(B)[k, n] + beta * C; C is not read when
+// beta == 0 (as cuBLAS). f32 sums in k order.
+cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                    const void* A, cudaDataType at, int lda, const void* B, cudaDataType bt,
+                    int ldb, float beta, float* C, int ldc) {
+  if (m < 0 || n < 0 || k < 0 || ldc < (m > 1 ? m : 1) ||
+      lda < ((ta == CUBLAS_OP_N ? m : k) > 1 ? (ta == CUBLAS_OP_N ? m : k) : 1) ||
+      ldb < ((tb == CUBLAS_OP_N ? k : n) > 1 ? (tb == CUBLAS_OP_N ? k : n) : 1))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      float acc = 0.0f;
+      for (int l = 0; l < k; ++l) {
+        const int64_t ai = ta == CUBLAS_OP_N ? i + int64_t{l} * lda : l + int64_t{i} * lda;
+        const int64_t bi = tb == CUBLAS_OP_N ? l + int64_t{j} * ldb : j + int64_t{l} * ldb;
+        acc = std::fma(element(A, at, ai), element(B, bt, bi), acc);
+      }
+      float& c = C[i + int64_t{j} * ldc];
+      c = beta == 0.0f ? alpha * acc : alpha * acc + beta * c;
+    }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                              int n, int k, const float* alpha, const float* A, int lda,
+                              const float* B, int ldb, const float* beta, float* C, int ldc) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  return gemm(ta, tb, m, n, k, *alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, *beta, C, ldc);
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const void* alpha, const void* A, cudaDataType a_type,
+                            int lda, const void* B, cudaDataType b_type, int ldb,
+                            const void* beta, void* C, cudaDataType c_type, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), A, a_type, lda, B, b_type, ldb,
+              *static_cast<const float*>(beta), static_cast<float*>(C), ldc);
+}

@@ -1,0 +1,144 @@
+// `--device cuda` through the command line on the tiny checkpoint: where a CUDA device is usable
+// (a GPU, or the host emulation's module that CTest's cuda_emulation.cli loads through
+// KTIER_CUDA_MODULE); skips, saying why, elsewhere. The end-to-end criteria at the
+// command line: teacher-forced argmax equal to the CPU's wherever its top-2 margin exceeds 1e-3,
+// greedy ids equal up to the first near tie, the same ids at three VRAM budgets; and `bench
+// device` measuring on the device.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/run_process.h"
+#include "common/test_paths.h"
+
+namespace ktier::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ktier() { return ktier_bin().string(); }
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::vector<int> split_ids(const std::string& line) {
+  std::vector<int> ids;
+  std::stringstream in(line);
+  for (std::string item; std::getline(in, item, ',');) ids.push_back(std::stoi(item));
+  return ids;
+}
+
+std::string last_line(std::string s) {
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  const size_t nl = s.rfind('\n');
+  return nl == std::string::npos ? s : s.substr(nl + 1);
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+class DeviceCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const ProcessResult doctor = run_process(ktier() + " doctor");
+    if (doctor.out.find("using the CPU path") != std::string::npos)
+      GTEST_SKIP() << "no CUDA device here: " << doctor.out;
+    dir_ = fs::temp_directory_path() / ("ktier-device-cli-" + std::to_string(::getpid()));
+    const ProcessResult r =
+        run_process(ktier() + " synth --preset tiny --seed 0 -q --force -o " + dir_.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream in(source_dir() / "tests/fixtures/golden/tiny-mxfp4.json");
+    golden_ = nlohmann::json::parse(in);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  std::string model() const { return " -m " + dir_.string(); }
+  std::string prompt_ids() const {
+    return join(golden_.at("prompt_ids").get<std::vector<int>>());
+  }
+
+  fs::path dir_;
+  nlohmann::json golden_;
+};
+
+TEST_F(DeviceCli, CudaAgreesWithTheCpuAndIsTheSameAtEveryVramBudget) {
+  // Teacher-forced argmax against the CPU's (the golden file) where the CPU's margin is clear.
+  const ProcessResult eval =
+      run_process(ktier() + " eval" + model() + " --ids " + prompt_ids() + " --argmax" +
+                  " --device cuda");
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  const std::vector<int> argmax = split_ids(last_line(eval.out));
+  const nlohmann::json& forced = golden_.at("teacher_forced");
+  ASSERT_EQ(argmax.size(), forced.size()) << eval.out;
+  int compared = 0;
+  for (size_t i = 0; i < forced.size(); ++i) {
+    if (forced[i].at("top2_margin").get<double>() <= 1e-3) continue;
+    EXPECT_EQ(argmax[i], forced[i].at("argmax").get<int>()) << "position " << i;
+    ++compared;
+  }
+  EXPECT_GT(compared, 0);
+
+  // Greedy: everything resident first; its report sizes the smaller budgets as
+  // bench/device-check.sh does (10 % of the experts; half the trunk, the rest streamed).
+  const int n = static_cast<int>(golden_.at("greedy").size());
+  auto greedy = [&](const std::string& vram, const fs::path& report) {
+    const ProcessResult r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() +
+                                        " -n " + std::to_string(n) + " --device cuda --vram " +
+                                        vram + " --print-ids --report-json " + report.string());
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return last_line(r.out);
+  };
+  const fs::path resident_report = dir_ / "resident.json";
+  const std::string resident = greedy("64M", resident_report);
+  const nlohmann::json j = read_json(resident_report);
+  const nlohmann::json& d = j.at("device");
+  const nlohmann::json& v = j.at("tiers").at("vram");
+  const uint64_t trunk = d.at("trunk_bytes"), working = d.at("working_set_bytes");
+  const uint64_t keys = d.at("expert_keys"), slot = v.at("slot_bytes");
+  const uint64_t bypass = v.at("slots").get<uint64_t>() - v.at("policy_slots").get<uint64_t>();
+  EXPECT_EQ(d.at("trunk_layers_resident").get<int>(),
+            golden_.at("config_summary").at("num_hidden_layers").get<int>());
+  const std::string few_experts = std::to_string(trunk + working + (keys / 10 + bypass) * slot);
+  const std::string half_trunk = std::to_string(trunk / 2 + working + 2 * bypass * slot);
+  const fs::path small_report = dir_ / "small.json", half_report = dir_ / "half.json";
+  EXPECT_EQ(greedy(few_experts, small_report), resident) << "10% of the experts in VRAM";
+  EXPECT_EQ(greedy(half_trunk, half_report), resident) << "half the trunk in VRAM";
+  EXPECT_LT(read_json(half_report).at("device").at("trunk_layers_resident").get<int>(),
+            d.at("trunk_layers_resident").get<int>());
+
+  // Equal to the CPU's greedy ids up to the first step whose CPU margin is a near tie (there
+  // the device may take the other id, and everything after differs).
+  const std::vector<int> ids = split_ids(resident);
+  const nlohmann::json& detail = golden_.at("greedy_detail");
+  ASSERT_EQ(ids.size(), detail.size()) << resident;
+  for (size_t i = 0; i < detail.size(); ++i) {
+    if (detail[i].at("top2_margin").get<double>() <= 1e-3) break;
+    EXPECT_EQ(ids[i], detail[i].at("argmax").get<int>()) << "greedy step " << i;
+  }
+}
+
+TEST_F(DeviceCli, BenchDeviceMeasuresTheDevice) {
+  const fs::path json = dir_ / "bench-device.json";
+  const ProcessResult r = run_process(ktier() + " bench device --device cuda --bytes 4M " +
+                                      "--passes 1 --json " + json.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("cuda:0"), std::string::npos) << r.out;
+  const nlohmann::json j = read_json(json);
+  for (const char* key : {"copy_gbps", "h2d_gbps", "bf16_gemv_gbps", "mxfp4_gemv_gbps"})
+    EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
+}
+
+}  // namespace
+}  // namespace ktier::test
