@@ -8,7 +8,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,25 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string ktier() { return ktier_bin().string(); }
-
-std::string join(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
-
-std::vector<int> split_ids(const std::string& line) {
-  std::vector<int> ids;
-  std::stringstream in(line);
-  for (std::string item; std::getline(in, item, ',');) ids.push_back(std::stoi(item));
-  return ids;
-}
-
-std::string last_line(std::string s) {
-  while (!s.empty() && s.back() == '\n') s.pop_back();
-  const size_t nl = s.rfind('\n');
-  return nl == std::string::npos ? s : s.substr(nl + 1);
-}
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);
@@ -66,7 +46,7 @@ class DeviceCli : public ::testing::Test {
   }
   std::string model() const { return " -m " + dir_.string(); }
   std::string prompt_ids() const {
-    return join(golden_.at("prompt_ids").get<std::vector<int>>());
+    return join_ids(golden_.at("prompt_ids").get<std::vector<int>>());
   }
 
   fs::path dir_;

@@ -74,17 +74,6 @@ class InterruptCli : public ::testing::Test {
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
-  static std::vector<int> ids_of(const std::string& line) {
-    std::vector<int> ids;
-    std::stringstream ss(line);
-    for (std::string item; std::getline(ss, item, ',');) ids.push_back(std::stoi(item));
-    return ids;
-  }
-  static std::string last_line(std::string s) {
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    const size_t nl = s.rfind('\n');
-    return nl == std::string::npos ? s : s.substr(nl + 1);
-  }
   static inline fs::path dir_;
 };
 
@@ -105,7 +94,7 @@ TEST_F(InterruptCli, RunStopsAtAWholeTokenWithItsTextReportAndTrace) {
   EXPECT_EQ(c.err().find("ktier: error:"), std::string::npos) << c.err();
 
   // The ids printed are the greedy continuation's first n: the same as a run with -n n.
-  const std::vector<int> got = ids_of(last_line(c.out()));
+  const std::vector<int> got = split_ids(last_line(c.out()));
   ASSERT_GE(got.size(), 1u);
   ASSERT_LT(got.size(), 100000u);
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(report));
@@ -115,7 +104,7 @@ TEST_F(InterruptCli, RunStopsAtAWholeTokenWithItsTextReportAndTrace) {
       run_process(ktier_bin().string() + " run -m " + (dir_ / "model").string() +
                   " --ids 2 --print-ids -n " + std::to_string(got.size()));
   ASSERT_EQ(again.exit_code, 0) << again.err;
-  EXPECT_EQ(ids_of(last_line(again.out)), got);
+  EXPECT_EQ(split_ids(last_line(again.out)), got);
   EXPECT_NE(again.err.find("(length limit)"), std::string::npos) << again.err;
 
   // The trace was closed: whole tokens, readable.

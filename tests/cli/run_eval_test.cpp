@@ -29,11 +29,6 @@ namespace fs = std::filesystem;
 std::string ktier() { return ktier_bin().string(); }
 
 
-std::string join(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
 
 class RunEvalCli : public ::testing::Test {
  protected:
@@ -55,12 +50,7 @@ class RunEvalCli : public ::testing::Test {
     for (const fs::path& p : ours) fs::remove_all(p);
   }
   static std::string model() { return " -m " + dir_.string(); }
-  static std::string prompt_ids() { return join(golden_.at("prompt_ids").get<std::vector<int>>()); }
-  static std::string last_line(const std::string& s) {
-    std::string t = s;
-    while (!t.empty() && t.back() == '\n') t.pop_back();
-    return t.substr(t.rfind('\n') == std::string::npos ? 0 : t.rfind('\n') + 1);
-  }
+  static std::string prompt_ids() { return join_ids(golden_.at("prompt_ids").get<std::vector<int>>()); }
   static inline fs::path dir_;
   static inline nlohmann::json golden_;
 };
@@ -70,7 +60,7 @@ TEST_F(RunEvalCli, EvalArgmaxMatchesReference) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::vector<int> want;
   for (const auto& p : golden_.at("teacher_forced")) want.push_back(p.at("argmax").get<int>());
-  EXPECT_EQ(r.out, join(want) + "\n");
+  EXPECT_EQ(r.out, join_ids(want) + "\n");
 }
 
 TEST_F(RunEvalCli, EvalLogitsFileIsPositionMajorF32AndIndependentOfChunkAndThreads) {
@@ -108,13 +98,13 @@ TEST_F(RunEvalCli, PerplexityScoresTheSecondHalfOfEachWindow) {
   for (int i = 0; i < 21; ++i) all.push_back((i * 37 + 5) % 300);
   const fs::path json = dir_.string() + "-ppl.json", logits = dir_.string() + "-ppl.f32";
   // Windows of 8: two, the last 5 tokens left out; positions 4..6 of each scored (3 tokens).
-  auto r = run_process(ktier() + " perplexity" + model() + " --ids " + join(all) +
+  auto r = run_process(ktier() + " perplexity" + model() + " --ids " + join_ids(all) +
                        " -c 8 --json " + json.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   double sum = 0;
   for (int w = 0; w < 2; ++w) {
     const std::vector<int> window(all.begin() + 8 * w, all.begin() + 8 * w + 8);
-    ASSERT_EQ(run_process(ktier() + " eval" + model() + " --ids " + join(window) +
+    ASSERT_EQ(run_process(ktier() + " eval" + model() + " --ids " + join_ids(window) +
                           " --logits-out " + logits.string()).exit_code, 0);
     const size_t V = fs::file_size(logits) / (8 * sizeof(float));
     std::vector<float> l(8 * V);
@@ -133,7 +123,7 @@ TEST_F(RunEvalCli, PerplexityScoresTheSecondHalfOfEachWindow) {
   EXPECT_NE(r.out.find("over 6 tokens (2 windows of 8)"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("the last 5 left out"), std::string::npos) << r.err;
   // Same bytes whatever the chunking and threads.
-  const auto other = run_process(ktier() + " perplexity" + model() + " --ids " + join(all) +
+  const auto other = run_process(ktier() + " perplexity" + model() + " --ids " + join_ids(all) +
                                  " -c 8 --chunk 3 --threads 1");
   ASSERT_EQ(other.exit_code, 0) << other.err;
   EXPECT_EQ(other.out, r.out);
@@ -173,7 +163,7 @@ TEST_F(RunEvalCli, GreedyRunPrintsReferenceIdsAfterTheText) {
   const auto r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() +
                              " -n 20 --temp 0 --print-ids");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(last_line(r.out), join(golden_.at("greedy").get<std::vector<int>>()));
+  EXPECT_EQ(last_line(r.out), join_ids(golden_.at("greedy").get<std::vector<int>>()));
   EXPECT_NE(r.err.find("prompt 12 tokens, generated 20"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tok/s"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("peak RSS"), std::string::npos) << r.err;
@@ -196,7 +186,7 @@ TEST_F(RunEvalCli, RunsFromIdsWithoutTokenizerFiles) {
   fs::remove_all(bare);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto greedy = golden_.at("greedy").get<std::vector<int>>();
-  EXPECT_EQ(r.out, join({greedy.begin(), greedy.begin() + 5}) + "\n");
+  EXPECT_EQ(r.out, join_ids({greedy.begin(), greedy.begin() + 5}) + "\n");
   EXPECT_EQ(text.exit_code, 2);
   EXPECT_NE(text.err.find("tiktoken.model"), std::string::npos) << text.err;
   ASSERT_EQ(half.exit_code, 0) << half.err;
@@ -343,7 +333,7 @@ TEST_F(RunEvalCli, ChatRunsTheRenderedPromptAndStopsAtTheResponseClose) {
   for (const uint64_t seed : {1, 5, 7}) {
     const std::string sampling = " -n 48 --temp 1.5 --seed " + std::to_string(seed) + " --print-ids";
     const auto chat = run_process(ktier() + " run" + model() + " --chat -p '" + text + "'" + sampling);
-    const auto raw = run_process(ktier() + " run" + model() + " --ids " + join(ids) + sampling);
+    const auto raw = run_process(ktier() + " run" + model() + " --ids " + join_ids(ids) + sampling);
     ASSERT_EQ(chat.exit_code, 0) << chat.err;
     ASSERT_EQ(raw.exit_code, 0) << raw.err;
     EXPECT_NE(chat.err.find("prompt " + std::to_string(ids.size()) + " tokens"), std::string::npos)
@@ -398,7 +388,7 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   history.insert(history.end(), closing.begin(), closing.end());
   history.insert(history.end(), second_ids.begin(), second_ids.end());
   const auto fresh = run_process(ktier() + " run" + model() + " --ids " +
-                                 join(std::vector<int>(history.begin(), history.end())) + n);
+                                 join_ids(std::vector<int>(history.begin(), history.end())) + n);
   ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
   const std::string ids2 = last_line(fresh.out);
   const std::string chat = ktier() + " run" + model() + " --chat -i -p '" + first + "'" + n;
@@ -929,7 +919,7 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 20 -c 40 --pack " +
                   pack.string() + " --ram 1250K --report-json " + report.string() + " --print-ids");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(last_line(r.out), join(golden_.at("greedy").get<std::vector<int>>()));
+  EXPECT_EQ(last_line(r.out), join_ids(golden_.at("greedy").get<std::vector<int>>()));
   std::ifstream in(report);
   const nlohmann::json j = nlohmann::json::parse(in);
   for (const char* key : {"decode_s_per_token", "decode_tok_per_s", "read_gbps", "io_wait_share",
@@ -1003,7 +993,7 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
                              " -n 20 --device emulated --vram 64M --report-json " +
                              report.string() + " --print-ids");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(last_line(r.out), join(golden_.at("greedy").get<std::vector<int>>()));
+  EXPECT_EQ(last_line(r.out), join_ids(golden_.at("greedy").get<std::vector<int>>()));
   std::ifstream in(report);
   const nlohmann::json j = nlohmann::json::parse(in);
   const int layers = j.at("device").at("trunk_layers_resident").get<int>();
@@ -1044,7 +1034,7 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
   const std::string args = " --ids " + prompt_ids() + " -n 20 --temp 0 --print-ids";
   const auto none = run_process(ktier() + " run" + model() + args);
   ASSERT_EQ(none.exit_code, 0) << none.err;
-  EXPECT_EQ(last_line(none.out), join(golden_.at("greedy").get<std::vector<int>>()));
+  EXPECT_EQ(last_line(none.out), join_ids(golden_.at("greedy").get<std::vector<int>>()));
   const auto packed = run_process(ktier() + " run" + model() + args + " --pack " + plain.string() + " --ram 1250K");
   ASSERT_EQ(packed.exit_code, 0) << packed.err;
   EXPECT_EQ(packed.out, none.out);
@@ -1145,7 +1135,7 @@ TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
                  report = dir_.string() + "-sreport.json";
   auto r = run_process(ktier() + " pack -q" + model() + " -o " + pack.string() + " --force");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const std::string greedy = join(golden_.at("greedy").get<std::vector<int>>());
+  const std::string greedy = join_ids(golden_.at("greedy").get<std::vector<int>>());
   r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 20 --lookahead 3 " +
                   "--trace " + trace.string() + " --print-ids");
   ASSERT_EQ(r.exit_code, 0) << r.err;

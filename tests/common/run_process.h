@@ -10,6 +10,7 @@
 #include <iterator>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace ktier::test {
 
@@ -23,6 +24,26 @@ struct ProcessResult {
 inline std::string read_text(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Token ids as the CLI reads and prints them (--ids, --print-ids): "1,2,3".
+inline std::string join_ids(const std::vector<int>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+inline std::vector<int> split_ids(const std::string& line) {
+  std::vector<int> ids;
+  std::stringstream in(line);
+  for (std::string item; std::getline(in, item, ',');) ids.push_back(std::stoi(item));
+  return ids;
+}
+
+// The last line of a command's output, without its newline.
+inline std::string last_line(std::string s) {
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  const size_t nl = s.rfind('\n');
+  return nl == std::string::npos ? s : s.substr(nl + 1);
 }
 
 // `command` is passed to /bin/sh. stderr is captured through a temporary file.
