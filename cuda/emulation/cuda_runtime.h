@@ -6,10 +6,13 @@
 // Model: one device (compute 9.0); device memory is host memory; every call is synchronous
 // (a kernel runs to completion at its launch, streams and events are orderings already met).
 // A block's threads are fibers on the launching host thread, switched at __syncthreads() and at
-// warp shuffles, so barriers and shuffles have CUDA's meaning; a barrier some threads can never
-// reach, a shuffle over a lane that has exited, an oversized launch or shared-memory request
-// abort with the kernel's launch site named. __shared__ arrays are per host thread (one block at
-// a time per thread); dynamic shared memory is poisoned (all bits set: NaN) before each block.
+// warp shuffles, so barriers and shuffles have CUDA's meaning. Aborted with the kernel named: a
+// barrier some threads never reach, a full-mask shuffle in a warp with a lane that has exited
+// (stricter than CUDA, which only leaves the value read from such a lane undefined), a
+// misaligned vector load, shared memory past the launch's limit. Device memory is unreadable
+// by the host outside the emulated device's own work (kernels, copies, GEMMs): a host access is
+// a SIGSEGV. __shared__ arrays are per host thread (one block at a time per thread); all shared
+// memory is poisoned (every bit set: NaN) at the start of each block.
 // Arithmetic: IEEE f32/f64 with no contraction (built with -ffp-contract=off), so an intrinsic
 // like __fmaf_rn is the one fused operation, as on the device; transcendental functions are
 // glibc's (within the device's documented ulp bounds, not bit-equal to them).
@@ -135,10 +138,19 @@ struct ThreadState {
 extern thread_local const ThreadState* g_thread;
 
 // Block-wide barrier and warp exchange (runtime.cpp); abort on misuse with the kernel named.
+// warp_exchange: every lane of the calling warp gives `in` and gets lane (its own ^ lane_mask)'s.
 void syncthreads();
-void warp_exchange(unsigned mask, const void* in, size_t bytes, int src_lane, void* out);
+void warp_exchange(unsigned mask, const void* in, size_t bytes, int lane_mask, void* out);
 // The dynamic shared memory of the running block (launch's size, poisoned before each block).
 void* dynamic_shared();
+// A static __shared__ array of the running kernel (translate.py adds the call after its
+// declaration): the first thread of a block to reach it poisons it; its size counts against the
+// launch's shared-memory limit with the dynamic part.
+void shared_array(void* p, size_t bytes);
+// Aborts, naming the running kernel, unless p is a multiple of `alignment` (a vector load the
+// device would fault on).
+void check_aligned(const void* p, size_t alignment, const char* what);
+[[noreturn]] void abort_in_kernel(const char* what);
 
 // Opted-in dynamic shared memory per kernel (cudaFuncSetAttribute), read at launch.
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes);
@@ -170,7 +182,7 @@ class Launch {
         name, reinterpret_cast<const void*>(kernel), grid_, block_, shared_, sizeof(Params),
         [](void* p) {
           Call& c = *static_cast<Call*>(p);
-          std::apply(c.kernel, Params(c.params));
+          std::apply(c.kernel, c.params);  // each thread's parameters are copies
         },
         &call);
   }
@@ -211,13 +223,13 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, Kernel* kernel) {
 
 inline void __syncthreads() { ktier_emu::syncthreads(); }
 
+// Whole warps only (width 32, the only use in cuda/): a narrower width aborts.
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8);
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  const int src = (lane & ~(width - 1)) | ((lane ^ lane_mask) & (width - 1));
+  if (width != 32) ktier_emu::abort_in_kernel("__shfl_xor_sync with a width below 32");
   T out;
-  ktier_emu::warp_exchange(mask, &v, sizeof(T), src, &out);
+  ktier_emu::warp_exchange(mask, &v, sizeof(T), lane_mask, &out);
   return out;
 }
 
@@ -233,6 +245,7 @@ inline float __uint_as_float(unsigned u) { return ktier_emu::bit_cast_to<float>(
 inline double __longlong_as_double(long long v) { return ktier_emu::bit_cast_to<double>(&v); }
 template <class T>
 T __ldg(const T* p) {
+  ktier_emu::check_aligned(p, alignof(T), "__ldg");
   return *p;
 }
 
@@ -267,6 +280,14 @@ inline float __bfloat162float(__nv_bfloat16 b) {
   return ktier_emu::bit_cast_to<float>(&bits);
 }
 
-// Device code calls the C math functions unqualified (exp, tanh, sqrt, fmax, isnan, isfinite).
+// Device code calls the C math functions unqualified: float arguments must pick the float
+// overloads, as in CUDA (the C library's exp(double) would hide a float kernel's precision).
+using std::exp;
+using std::fabs;
+using std::fmax;
+using std::fmin;
 using std::isfinite;
 using std::isnan;
+using std::log;
+using std::sqrt;
+using std::tanh;

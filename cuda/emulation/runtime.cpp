@@ -1,6 +1,9 @@
 // Host emulation of the CUDA runtime and cuBLAS subset declared in cuda_runtime.h and
 // cublas_v2.h: the block scheduler (fibers, barriers, warp exchange), memory, streams, events and
 // the GEMMs. Test-only (cuda/emulation/README.md).
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <boost/context/fiber.hpp>
 #include <boost/context/stack_context.hpp>
 
@@ -36,13 +39,20 @@ cudaError_t fail(cudaError_t e) {
   std::abort();
 }
 
-// ---- fiber stacks: reused across blocks on one host thread ----
+size_t page_bytes() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// ---- fiber stacks: reused across blocks on one host thread, each above a guard page ----
 
 constexpr size_t kStackBytes = 128 * 1024;
 
 struct StackPool {
-  std::vector<std::unique_ptr<char[]>> all;
-  std::vector<char*> free;
+  std::vector<char*> free;  // usable bottoms; the mappings live as long as the thread
+  ~StackPool() {
+    for (char* base : free) munmap(base - page_bytes(), kStackBytes + page_bytes());
+  }
 };
 thread_local StackPool g_stacks;
 
@@ -50,8 +60,13 @@ thread_local StackPool g_stacks;
 struct PooledStack {
   bctx::stack_context allocate() {
     if (g_stacks.free.empty()) {
-      g_stacks.all.emplace_back(new char[kStackBytes]);
-      g_stacks.free.push_back(g_stacks.all.back().get());
+      void* m = mmap(nullptr, kStackBytes + page_bytes(), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED || mprotect(m, page_bytes(), PROT_NONE) != 0) {
+        std::fprintf(stderr, "ktier CUDA emulation: cannot map a fiber stack\n");
+        std::abort();
+      }
+      g_stacks.free.push_back(static_cast<char*>(m) + page_bytes());
     }
     char* base = g_stacks.free.back();
     g_stacks.free.pop_back();
@@ -63,6 +78,47 @@ struct PooledStack {
   void deallocate(bctx::stack_context& sc) noexcept {
     g_stacks.free.push_back(static_cast<char*>(sc.sp) - kStackBytes);
   }
+};
+
+constexpr uint64_t kDefaultDeviceBytes = uint64_t{16} << 30;
+
+struct Device {
+  std::mutex mu;
+  uint64_t total = kDefaultDeviceBytes;
+  uint64_t used = 0;
+  std::map<void*, size_t> device_blocks;  // mappings of whole pages: address -> length
+  int work_in_flight = 0;  // kernels, copies, memsets and GEMMs running: device memory is open
+  std::set<void*> host_blocks, registered, streams, events;
+};
+Device& dev() {
+  static Device* d = [] {
+    auto* p = new Device;  // never destroyed: frees may come from static destructors
+    // Debugging only (docs/TUNING.md): the emulated device's memory, in MiB.
+    if (const char* s = std::getenv("KTIER_CUDA_EMULATION_MIB"); s && *s)
+      p->total = std::strtoull(s, nullptr, 10) << 20;
+    return p;
+  }();
+  return *d;
+}
+// Device memory is open to the host only while the emulated device works on it (any thread):
+// a host read or write of it elsewhere faults, as it would on a GPU.
+void set_device_access(Device& d, int prot) {
+  for (const auto& [p, n] : d.device_blocks) mprotect(p, n, prot);
+}
+class DeviceWork {
+ public:
+  DeviceWork() {
+    Device& d = dev();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.work_in_flight++ == 0) set_device_access(d, PROT_READ | PROT_WRITE);
+  }
+  ~DeviceWork() {
+    Device& d = dev();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (--d.work_in_flight == 0) set_device_access(d, PROT_NONE);
+  }
+  DeviceWork(const DeviceWork&) = delete;
+  DeviceWork& operator=(const DeviceWork&) = delete;
 };
 
 // ---- one block's threads ----
@@ -85,6 +141,9 @@ struct Warp {
 
 struct BlockRun {
   const char* kernel = "";
+  size_t dynamic_shared = 0, shared_limit = 0;  // bytes: the launch's, static + dynamic
+  std::vector<const void*> static_shared;       // arrays poisoned in this block
+  size_t static_shared_bytes = 0;
   std::vector<KernelThread> threads;
   std::vector<Warp> warps;
   int live = 0;
@@ -134,6 +193,8 @@ void run_block(BlockRun& b, const ThreadState& proto, void (*body)(void*), void*
   b.warps.assign(static_cast<size_t>((n + 31) / 32), Warp{});
   b.live = n;
   b.block_arrived = 0;
+  b.static_shared.clear();
+  b.static_shared_bytes = 0;
   for (int i = 0; i < n; ++i) {
     KernelThread& t = b.threads[static_cast<size_t>(i)];
     t.state = proto;
@@ -198,16 +259,19 @@ void syncthreads() {
   me->wait = KernelThread::kRunning;
 }
 
-void warp_exchange(unsigned mask, const void* in, size_t bytes, int src_lane, void* out) {
+void warp_exchange(unsigned mask, const void* in, size_t bytes, int lane_mask, void* out) {
   KernelThread* me = g_self;
   BlockRun& b = *g_block;
   const int tid = linear_tid(me->state), lane = tid % 32;
+  const int src_lane = lane ^ lane_mask;
   Warp& w = b.warps[static_cast<size_t>(tid / 32)];
   const unsigned full = w.lanes == 32 ? 0xffffffffu : (1u << w.lanes) - 1u;
   if (mask != full)
     die(b.kernel, "shuffle mask " + std::to_string(mask) + " is not the warp's " +
                       std::to_string(w.lanes) + " lanes (partial masks are not emulated)");
-  if (src_lane >= w.lanes) die(b.kernel, "shuffle reads lane " + std::to_string(src_lane));
+  if (lane_mask < 0 || src_lane >= w.lanes)
+    die(b.kernel, "shuffle reads lane " + std::to_string(src_lane) + " of a warp of " +
+                      std::to_string(w.lanes));
   std::memcpy(w.slot[lane], in, bytes);
   // Two phases: every lane has written before any reads, and has read before any writes again.
   for (int phase = 0; phase < 2; ++phase) {
@@ -226,6 +290,27 @@ void warp_exchange(unsigned mask, const void* in, size_t bytes, int src_lane, vo
 
 void* dynamic_shared() { return g_dynamic_shared.data(); }
 
+void shared_array(void* p, size_t bytes) {
+  BlockRun& b = *g_block;
+  for (const void* seen : b.static_shared)
+    if (seen == p) return;
+  b.static_shared.push_back(p);
+  b.static_shared_bytes += bytes;
+  if (b.static_shared_bytes + b.dynamic_shared > b.shared_limit)
+    die(b.kernel, std::to_string(b.static_shared_bytes) + " bytes of static and " +
+                      std::to_string(b.dynamic_shared) + " of dynamic shared memory: over " +
+                      std::to_string(b.shared_limit));
+  std::memset(p, 0xff, bytes);
+}
+
+void check_aligned(const void* p, size_t alignment, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0)
+    die(g_block ? g_block->kernel : "?",
+        std::string(what) + ": address not a multiple of " + std::to_string(alignment));
+}
+
+void abort_in_kernel(const char* what) { die(g_block ? g_block->kernel : "?", what); }
+
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
   if (bytes < 0 || bytes > kMaxOptInShared) return fail(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> lock(g_kernel_mu);
@@ -238,6 +323,13 @@ int max_dynamic_shared(const void* kernel) {
   const auto it = g_max_dynamic_shared.find(kernel);
   return it == g_max_dynamic_shared.end() ? kDefaultDynamicShared : it->second;
 }
+
+namespace {
+bool opted_in(const void* kernel) {
+  std::lock_guard<std::mutex> lock(g_kernel_mu);
+  return g_max_dynamic_shared.count(kernel) != 0;
+}
+}  // namespace
 
 cudaError_t run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim3 block,
                      size_t dynamic_shared_bytes, size_t param_bytes, void (*body)(void*),
@@ -259,8 +351,12 @@ cudaError_t run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim
     die(kernel_name, std::to_string(param_bytes) + " bytes of kernel parameters");
   if (g_block) die(kernel_name, "launched from inside a kernel");
   g_dynamic_shared.assign((dynamic_shared_bytes + 7) / 8, 0.0);
+  const DeviceWork work;
   BlockRun b;
   b.kernel = kernel_name;
+  // Static and dynamic together: 48 KiB, or the opt-in maximum once the kernel has opted in.
+  b.dynamic_shared = dynamic_shared_bytes;
+  b.shared_limit = opted_in(kernel) ? kMaxOptInShared : kDefaultDynamicShared;
   g_block = &b;
   ThreadState proto{};
   proto.block_dim = block;
@@ -279,29 +375,13 @@ cudaError_t run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim
 
 // ---- runtime API ---------------------------------------------------------------------------
 
+using ktier_emu::dev;
+using ktier_emu::Device;
+using ktier_emu::DeviceWork;
 using ktier_emu::fail;
 
 namespace {
 
-constexpr uint64_t kDefaultDeviceBytes = uint64_t{16} << 30;
-
-struct Device {
-  std::mutex mu;
-  uint64_t total = kDefaultDeviceBytes;
-  uint64_t used = 0;
-  std::map<void*, size_t> device_blocks;
-  std::set<void*> host_blocks, registered, streams, events;
-};
-Device& dev() {
-  static Device* d = [] {
-    auto* p = new Device;  // never destroyed: frees may come from static destructors
-    // Debugging only (docs/TUNING.md): the emulated device's memory, in MiB.
-    if (const char* s = std::getenv("KTIER_CUDA_EMULATION_MIB"); s && *s)
-      p->total = std::strtoull(s, nullptr, 10) << 20;
-    return p;
-  }();
-  return *d;
-}
 thread_local int g_device = 0;
 
 }  // namespace
@@ -369,10 +449,13 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
   if (bytes > d.total - d.used) return fail(cudaErrorMemoryAllocation);
-  void* block = nullptr;
-  if (posix_memalign(&block, 256, bytes) != 0) return fail(cudaErrorMemoryAllocation);
-  d.device_blocks[block] = bytes;
-  d.used += bytes;
+  const size_t length = (bytes + ktier_emu::page_bytes() - 1) / ktier_emu::page_bytes() *
+                        ktier_emu::page_bytes();
+  const int prot = d.work_in_flight > 0 ? PROT_READ | PROT_WRITE : PROT_NONE;
+  void* block = mmap(nullptr, length, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (block == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
+  d.device_blocks[block] = length;
+  d.used += length;
   *p = block;
   return cudaSuccess;
 }
@@ -383,8 +466,8 @@ cudaError_t cudaFree(void* p) {
   const auto it = d.device_blocks.find(p);
   if (it == d.device_blocks.end()) return fail(cudaErrorInvalidValue);
   d.used -= it->second;
+  munmap(p, it->second);
   d.device_blocks.erase(it);
-  std::free(p);
   return cudaSuccess;
 }
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
@@ -420,11 +503,13 @@ cudaError_t cudaHostUnregister(void* p) {
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
                             cudaStream_t) {
   if (bytes > 0 && (!dst || !src)) return fail(cudaErrorInvalidValue);
+  const DeviceWork work;
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
   if (bytes > 0 && !dst) return fail(cudaErrorInvalidValue);
+  const DeviceWork work;
   if (bytes > 0) std::memset(dst, value, bytes);
   return cudaSuccess;
 }
@@ -510,6 +595,7 @@ cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, in
       lda < ((ta == CUBLAS_OP_N ? m : k) > 1 ? (ta == CUBLAS_OP_N ? m : k) : 1) ||
       ldb < ((tb == CUBLAS_OP_N ? k : n) > 1 ? (tb == CUBLAS_OP_N ? k : n) : 1))
     return CUBLAS_STATUS_INVALID_VALUE;
+  const DeviceWork work;
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
       float acc = 0.0f;
@@ -539,7 +625,10 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             const void* beta, void* C, cudaDataType c_type, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // The two combinations cuBLAS documents for these types: bf16 x bf16 -> f32, f32 x f32 -> f32.
+  if (c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F || a_type != b_type ||
+      (a_type != CUDA_R_16BF && a_type != CUDA_R_32F))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   return gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), A, a_type, lda, B, b_type, ldb,
               *static_cast<const float*>(beta), static_cast<float*>(C), ldc);
 }

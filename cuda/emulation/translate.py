@@ -6,7 +6,9 @@ Three rewrites, nothing else (the kernels' code is compiled as written):
                                                      stream).run("kernel", kernel, args)
   extern __shared__ T name[];                    ->  T* const name = static_cast<T*>(
                                                      ::ktier_emu::dynamic_shared());
-  __shared__                                     ->  static thread_local
+  __shared__ T a[N], b[M];                       ->  static thread_local T a[N], b[M];
+                                                     ::ktier_emu::shared_array(a, sizeof(a)); ...
+                                                     (poisoned per block, counted in the limit)
 Usage: translate.py IN.cu OUT.cpp
 """
 import re
@@ -14,6 +16,7 @@ import sys
 
 LAUNCH = re.compile(r'([A-Za-z_]\w*(?:<[^<>;(){}]*>)?)\s*<<<(.*?)>>>\s*\(', re.S)
 DYNAMIC_SHARED = re.compile(r'extern\s+__shared__\s+([\w:]+)\s+(\w+)\s*\[\s*\]\s*;')
+STATIC_SHARED = re.compile(r'^(\s*)__shared__\s+([^;\n]*);', re.M)  # declarations, not comments
 
 
 def translate(text):
@@ -24,7 +27,19 @@ def translate(text):
     out, n = LAUNCH.subn(launch, text)
     out = DYNAMIC_SHARED.sub(
         r'\1* const \2 = static_cast<\1*>(::ktier_emu::dynamic_shared());', out)
-    out = re.sub(r'\b__shared__\b', 'static thread_local', out)
+
+    def static_shared(m):
+        names = re.findall(r'(\w+)\s*\[', m.group(2))
+        if not names:
+            raise SystemExit('translate.py: a __shared__ variable that is not an array: '
+                             + m.group(0))
+        register = ' '.join('::ktier_emu::shared_array(%s, sizeof(%s));' % (n, n)
+                            for n in names)
+        return '%sstatic thread_local %s; %s' % (m.group(1), m.group(2), register)
+
+    out = STATIC_SHARED.sub(static_shared, out)
+    if re.search(r'^\s*[^/\s].*\b__shared__\b', out, re.M):
+        raise SystemExit('translate.py: a __shared__ declaration was not recognised')
     if '<<<' in out:
         raise SystemExit('translate.py: a kernel launch was not recognised')
     return out, n

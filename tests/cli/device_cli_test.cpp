@@ -32,8 +32,9 @@ class DeviceCli : public ::testing::Test {
  protected:
   void SetUp() override {
     const ProcessResult doctor = run_process(ktier() + " doctor");
-    if (doctor.out.find("using the CPU path") != std::string::npos)
-      GTEST_SKIP() << "no CUDA device here: " << doctor.out;
+    if (doctor.out.find("using the CPU path") != std::string::npos ||
+        doctor.out.find("(unusable") != std::string::npos)
+      GTEST_SKIP() << "no usable CUDA device here: " << doctor.out;
     dir_ = fs::temp_directory_path() / ("ktier-device-cli-" + std::to_string(::getpid()));
     const ProcessResult r =
         run_process(ktier() + " synth --preset tiny --seed 0 -q --force -o " + dir_.string());
@@ -94,6 +95,8 @@ TEST_F(DeviceCli, CudaAgreesWithTheCpuAndIsTheSameAtEveryVramBudget) {
   const std::string half_trunk = std::to_string(trunk / 2 + working + 2 * bypass * slot);
   const fs::path small_report = dir_ / "small.json", half_report = dir_ / "half.json";
   EXPECT_EQ(greedy(few_experts, small_report), resident) << "10% of the experts in VRAM";
+  EXPECT_LT(read_json(small_report).at("tiers").at("vram").at("slots").get<uint64_t>(),
+            v.at("slots").get<uint64_t>());
   EXPECT_EQ(greedy(half_trunk, half_report), resident) << "half the trunk in VRAM";
   EXPECT_LT(read_json(half_report).at("device").at("trunk_layers_resident").get<int>(),
             d.at("trunk_layers_resident").get<int>());
