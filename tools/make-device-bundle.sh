@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${KTIER_BUNDLE_DIR:-build-bundle}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKTIER_CUDA=ON -DKTIER_SERVER=OFF \
+  -DKTIER_CUDA_EMULATION=OFF \
   -DCMAKE_CUDA_ARCHITECTURES="${KTIER_BUNDLE_ARCHS:-90}" -DKTIER_BUILD_BENCH=OFF \
   -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" \
   -DCMAKE_SHARED_LINKER_FLAGS="-static-libstdc++ -static-libgcc" \
