@@ -46,6 +46,7 @@ __device__ __forceinline__ int find_job(const LinBatch& b, int block) {
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
   uint4 r;
 #ifdef KTIER_CUDA_EMULATION  // the host emulation (cuda/emulation): a plain 16-byte load
+  ktier_emu::check_aligned(p, 16, "ld.global.nc.v4.u32");
   memcpy(&r, p, sizeof(r));
 #else
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"

@@ -9,8 +9,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <condition_variable>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -88,6 +88,7 @@ struct Device {
   uint64_t used = 0;
   std::map<void*, size_t> device_blocks;  // mappings of whole pages: address -> length
   int work_in_flight = 0;  // kernels, copies, memsets and GEMMs running: device memory is open
+  std::condition_variable idle;  // work_in_flight fell to 0
   std::set<void*> host_blocks, registered, streams, events;
 };
 Device& dev() {
@@ -103,7 +104,12 @@ Device& dev() {
 // Device memory is open to the host only while the emulated device works on it (any thread):
 // a host read or write of it elsewhere faults, as it would on a GPU.
 void set_device_access(Device& d, int prot) {
-  for (const auto& [p, n] : d.device_blocks) mprotect(p, n, prot);
+  for (const auto& [p, n] : d.device_blocks) {
+    if (mprotect(p, n, prot) != 0) {
+      std::perror("ktier CUDA emulation: mprotect of device memory");
+      std::abort();
+    }
+  }
 }
 class DeviceWork {
  public:
@@ -115,7 +121,10 @@ class DeviceWork {
   ~DeviceWork() {
     Device& d = dev();
     std::lock_guard<std::mutex> lock(d.mu);
-    if (--d.work_in_flight == 0) set_device_access(d, PROT_NONE);
+    if (--d.work_in_flight == 0) {
+      set_device_access(d, PROT_NONE);
+      d.idle.notify_all();
+    }
   }
   DeviceWork(const DeviceWork&) = delete;
   DeviceWork& operator=(const DeviceWork&) = delete;
@@ -133,7 +142,6 @@ struct KernelThread {
 
 struct Warp {
   int lanes = 0;     // threads of the block in this warp
-  int exited = 0;
   int arrived = 0;
   uint64_t gen = 0;
   unsigned char slot[32][8];
@@ -229,7 +237,6 @@ void run_block(BlockRun& b, const ThreadState& proto, void (*body)(void*), void*
       if (t.done) {
         --b.live;
         ++b.progress;
-        ++b.warps[static_cast<size_t>(i / 32)].exited;
         release_block_barrier_if_complete(b);
       }
     }
@@ -451,9 +458,16 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (bytes > d.total - d.used) return fail(cudaErrorMemoryAllocation);
   const size_t length = (bytes + ktier_emu::page_bytes() - 1) / ktier_emu::page_bytes() *
                         ktier_emu::page_bytes();
-  const int prot = d.work_in_flight > 0 ? PROT_READ | PROT_WRITE : PROT_NONE;
-  void* block = mmap(nullptr, length, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* block = mmap(nullptr, length, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (block == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
+  // A GPU's new memory holds whatever was there: all bits set (NaN), so that a read before the
+  // first write shows, where fresh pages would read as zeros.
+  std::memset(block, 0xff, bytes);
+  if (d.work_in_flight == 0 && mprotect(block, length, PROT_NONE) != 0) {
+    munmap(block, length);
+    return fail(cudaErrorMemoryAllocation);
+  }
   d.device_blocks[block] = length;
   d.used += length;
   *p = block;
@@ -462,11 +476,16 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
   Device& d = dev();
-  std::lock_guard<std::mutex> lock(d.mu);
+  std::unique_lock<std::mutex> lock(d.mu);
+  // cudaFree waits for the device: another host thread's kernel may still read this block.
+  d.idle.wait(lock, [&d] { return d.work_in_flight == 0; });
   const auto it = d.device_blocks.find(p);
   if (it == d.device_blocks.end()) return fail(cudaErrorInvalidValue);
   d.used -= it->second;
-  munmap(p, it->second);
+  if (munmap(p, it->second) != 0) {
+    std::perror("ktier CUDA emulation: munmap of device memory");
+    std::abort();
+  }
   d.device_blocks.erase(it);
   return cudaSuccess;
 }

@@ -1,6 +1,6 @@
-// The host emulation's module itself (cuda/emulation): what makes its passes mean something on
-// a GPU. Runs where KTIER_CUDA_MODULE names that module (CTest cuda_emulation.cross_backend);
-// skips elsewhere.
+// Checks of the host emulation's module itself (cuda/emulation), for the faults it must raise
+// where a GPU would. Runs where KTIER_CUDA_MODULE names that module (CTest
+// cuda_emulation.cross_backend); skips elsewhere.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -34,7 +34,8 @@ TEST(CudaEmulation, DeviceMemoryIsClosedToTheHostOutsideDeviceWork) {
   ASSERT_EQ(ops->memcpy_async(back.data(), device, 64, nullptr), 0) << ops->last_error();
   ASSERT_EQ(ops->stream_synchronize(nullptr), 0) << ops->last_error();
   EXPECT_EQ(back, host);
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string style = GTEST_FLAG_GET(death_test_style);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the test process has threads
   EXPECT_DEATH(
       {
         float v;
@@ -42,6 +43,7 @@ TEST(CudaEmulation, DeviceMemoryIsClosedToTheHostOutsideDeviceWork) {
         std::printf("%g\n", v);
       },
       "");
+  GTEST_FLAG_SET(death_test_style, style);
   EXPECT_EQ(ops->free_device(device), 0) << ops->last_error();
 }
 

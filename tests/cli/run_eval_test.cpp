@@ -28,8 +28,6 @@ namespace fs = std::filesystem;
 
 std::string ktier() { return ktier_bin().string(); }
 
-
-
 class RunEvalCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -50,7 +48,9 @@ class RunEvalCli : public ::testing::Test {
     for (const fs::path& p : ours) fs::remove_all(p);
   }
   static std::string model() { return " -m " + dir_.string(); }
-  static std::string prompt_ids() { return join_ids(golden_.at("prompt_ids").get<std::vector<int>>()); }
+  static std::string prompt_ids() {
+    return join_ids(golden_.at("prompt_ids").get<std::vector<int>>());
+  }
   static inline fs::path dir_;
   static inline nlohmann::json golden_;
 };
