@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -156,11 +157,13 @@ void check_aligned(const void* p, size_t alignment, const char* what);
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes);
 int max_dynamic_shared(const void* kernel);
 
-// Runs `body` for every thread of every block of the grid (blocks in order, on this thread);
-// records and returns the launch error (bad configuration, too much shared memory).
-cudaError_t run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim3 block,
-                     size_t dynamic_shared_bytes, size_t param_bytes, void (*body)(void*),
-                     void* arg);
+// Checks a launch and queues it on `stream` (streams.h): when the stream gets to it, `body`
+// runs for every thread of every block of the grid (blocks in order, on one host thread) with
+// arg, which the queued launch keeps alive. Records and returns the launch error (bad
+// configuration, too much shared memory).
+cudaError_t launch_grid(const char* kernel_name, const void* kernel, dim3 grid, dim3 block,
+                        size_t dynamic_shared_bytes, size_t param_bytes, cudaStream_t stream,
+                        void (*body)(void*), std::shared_ptr<void> arg);
 
 // The translated form of `kernel<<<grid, block, shared, stream>>>(args...)`
 // (cuda/emulation/translate.py): Launch(grid, block, shared, stream).run("kernel", kernel,
@@ -168,8 +171,8 @@ cudaError_t run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim
 // copies them into the parameter block; each thread calls the kernel with copies of them.
 class Launch {
  public:
-  Launch(dim3 grid, dim3 block, size_t shared = 0, cudaStream_t = nullptr)
-      : grid_(grid), block_(block), shared_(shared) {}
+  Launch(dim3 grid, dim3 block, size_t shared = 0, cudaStream_t stream = nullptr)
+      : grid_(grid), block_(block), shared_(shared), stream_(stream) {}
 
   template <class... P, class... A>
   void run(const char* name, void (*kernel)(P...), A&&... args) {
@@ -177,19 +180,21 @@ class Launch {
     struct Call {
       void (*kernel)(P...);
       Params params;
-    } call{kernel, Params(std::forward<A>(args)...)};
-    run_grid(
+    };
+    launch_grid(
         name, reinterpret_cast<const void*>(kernel), grid_, block_, shared_, sizeof(Params),
+        stream_,
         [](void* p) {
           Call& c = *static_cast<Call*>(p);
           std::apply(c.kernel, c.params);  // each thread's parameters are copies
         },
-        &call);
+        std::make_shared<Call>(Call{kernel, Params(std::forward<A>(args)...)}));
   }
 
  private:
   dim3 grid_, block_;
   size_t shared_;
+  cudaStream_t stream_;
 };
 
 template <class T>

@@ -1,6 +1,6 @@
 // Host emulation of the CUDA runtime and cuBLAS subset declared in cuda_runtime.h and
-// cublas_v2.h: the block scheduler (fibers, barriers, warp exchange), memory, streams, events and
-// the GEMMs. Test-only (cuda/emulation/README.md).
+// cublas_v2.h: the block scheduler (fibers, barriers, warp exchange), memory, copies and the
+// GEMMs, queued on streams.cpp's streams. Test-only (cuda/emulation/README.md).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -18,21 +18,24 @@
 
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
+#include "streams.h"
 
 namespace ktier_emu {
 
 thread_local const ThreadState* g_thread = nullptr;
 
 namespace {
-
-namespace bctx = boost::context;
-
 thread_local cudaError_t g_last_error = cudaSuccess;
+}  // namespace
 
 cudaError_t fail(cudaError_t e) {
   g_last_error = e;
   return e;
 }
+
+namespace {
+
+namespace bctx = boost::context;
 
 [[noreturn]] void die(const char* kernel, const std::string& what) {
   std::fprintf(stderr, "ktier CUDA emulation: kernel %s: %s\n", kernel, what.c_str());
@@ -89,7 +92,7 @@ struct Device {
   std::map<void*, size_t> device_blocks;  // mappings of whole pages: address -> length
   int work_in_flight = 0;  // kernels, copies, memsets and GEMMs running: device memory is open
   std::condition_variable idle;  // work_in_flight fell to 0
-  std::set<void*> host_blocks, registered, streams, events;
+  std::map<void*, size_t> host_blocks, registered;  // pinned host memory: start -> bytes
 };
 Device& dev() {
   static Device* d = [] {
@@ -336,27 +339,10 @@ bool opted_in(const void* kernel) {
   std::lock_guard<std::mutex> lock(g_kernel_mu);
   return g_max_dynamic_shared.count(kernel) != 0;
 }
-}  // namespace
 
-cudaError_t run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim3 block,
-                     size_t dynamic_shared_bytes, size_t param_bytes, void (*body)(void*),
-                     void* arg) {
-  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
-  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 ||
-      grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
-    std::fprintf(stderr, "ktier CUDA emulation: kernel %s: launch grid (%u,%u,%u) block "
-                 "(%u,%u,%u) is invalid\n", kernel_name, grid.x, grid.y, grid.z, block.x,
-                 block.y, block.z);
-    return fail(cudaErrorInvalidConfiguration);
-  }
-  if (dynamic_shared_bytes > static_cast<size_t>(max_dynamic_shared(kernel))) {
-    std::fprintf(stderr, "ktier CUDA emulation: kernel %s: %zu bytes of dynamic shared memory "
-                 "without opting in\n", kernel_name, dynamic_shared_bytes);
-    return fail(cudaErrorInvalidValue);
-  }
-  if (param_bytes > kMaxParamBytes)
-    die(kernel_name, std::to_string(param_bytes) + " bytes of kernel parameters");
-  if (g_block) die(kernel_name, "launched from inside a kernel");
+// Runs every block of a launch checked by launch_grid, in order, on the calling thread.
+void run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim3 block,
+              size_t dynamic_shared_bytes, void (*body)(void*), void* arg) {
   g_dynamic_shared.assign((dynamic_shared_bytes + 7) / 8, 0.0);
   const DeviceWork work;
   BlockRun b;
@@ -375,7 +361,33 @@ cudaError_t run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim
         run_block(b, proto, body, arg);
       }
   g_block = nullptr;
-  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t launch_grid(const char* kernel_name, const void* kernel, dim3 grid, dim3 block,
+                        size_t dynamic_shared_bytes, size_t param_bytes, cudaStream_t stream,
+                        void (*body)(void*), std::shared_ptr<void> arg) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 ||
+      grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    std::fprintf(stderr, "ktier CUDA emulation: kernel %s: launch grid (%u,%u,%u) block "
+                 "(%u,%u,%u) is invalid\n", kernel_name, grid.x, grid.y, grid.z, block.x,
+                 block.y, block.z);
+    return fail(cudaErrorInvalidConfiguration);
+  }
+  if (dynamic_shared_bytes > static_cast<size_t>(max_dynamic_shared(kernel))) {
+    std::fprintf(stderr, "ktier CUDA emulation: kernel %s: %zu bytes of dynamic shared memory "
+                 "without opting in\n", kernel_name, dynamic_shared_bytes);
+    return fail(cudaErrorInvalidValue);
+  }
+  if (param_bytes > kMaxParamBytes)
+    die(kernel_name, std::to_string(param_bytes) + " bytes of kernel parameters");
+  if (g_block) die(kernel_name, "launched from inside a kernel");
+  // The parameters (arg) live as long as the queued launch.
+  return enqueue(stream, [=] {
+    run_grid(kernel_name, kernel, grid, block, dynamic_shared_bytes, body, arg.get());
+  });
 }
 
 }  // namespace ktier_emu
@@ -473,11 +485,12 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = block;
   return cudaSuccess;
 }
-cudaError_t cudaFree(void* p) {
-  if (!p) return cudaSuccess;
+namespace {
+
+// Unmaps a device block once no device work runs on any thread (Device::mu not held).
+cudaError_t free_block(void* p) {
   Device& d = dev();
   std::unique_lock<std::mutex> lock(d.mu);
-  // cudaFree waits for the device: another host thread's kernel may still read this block.
   d.idle.wait(lock, [&d] { return d.work_in_flight == 0; });
   const auto it = d.device_blocks.find(p);
   if (it == d.device_blocks.end()) return fail(cudaErrorInvalidValue);
@@ -489,94 +502,87 @@ cudaError_t cudaFree(void* p) {
   d.device_blocks.erase(it);
   return cudaSuccess;
 }
+
+bool inside(const std::map<void*, size_t>& blocks, const void* p) {
+  auto it = blocks.upper_bound(const_cast<void*>(p));
+  if (it == blocks.begin()) return false;
+  --it;
+  return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second;
+}
+
+// Device memory or pinned host memory: a copy reads or writes it when the stream gets to it.
+// Pageable host memory is read at the call and written before the call returns, as the
+// runtime stages it.
+bool pinned_or_device(const void* p) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return inside(d.device_blocks, p) || inside(d.host_blocks, p) || inside(d.registered, p);
+}
+
+}  // namespace
+
+cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  ktier_emu::synchronize_all();  // cudaFree synchronises the device
+  return free_block(p);
+}
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
-cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  if (!p) return cudaSuccess;
+  return ktier_emu::enqueue(s, [p] { free_block(p); });
+}
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
   void* block = nullptr;
   if (posix_memalign(&block, 4096, bytes ? bytes : 1) != 0) return fail(cudaErrorMemoryAllocation);
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
-  d.host_blocks.insert(block);
+  d.host_blocks[block] = bytes;
   *p = block;
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
+  ktier_emu::synchronize_all();  // as the runtime: queued copies may read it
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
   if (d.host_blocks.erase(p) == 0) return fail(cudaErrorInvalidValue);
   std::free(p);
   return cudaSuccess;
 }
-cudaError_t cudaHostRegister(void* p, size_t, unsigned) {
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned) {
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
-  if (!d.registered.insert(p).second) return fail(cudaErrorInvalidValue);
+  if (!d.registered.emplace(p, bytes).second)
+    return fail(cudaErrorInvalidValue);
   return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void* p) {
+  ktier_emu::synchronize_all();  // queued copies may read it
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
   if (d.registered.erase(p) == 0) return fail(cudaErrorInvalidValue);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
-                            cudaStream_t) {
+                            cudaStream_t s) {
   if (bytes > 0 && (!dst || !src)) return fail(cudaErrorInvalidValue);
-  const DeviceWork work;
-  if (bytes > 0) std::memmove(dst, src, bytes);
-  return cudaSuccess;
+  if (bytes == 0) return ktier_emu::enqueue(s, [] {});
+  std::shared_ptr<std::vector<char>> staged;
+  if (!pinned_or_device(src))
+    staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                 static_cast<const char*>(src) + bytes);
+  auto copy = [dst, src, bytes, staged] {
+    const DeviceWork work;
+    std::memmove(dst, staged ? staged->data() : src, bytes);
+  };
+  return pinned_or_device(dst) ? ktier_emu::enqueue(s, copy)
+                               : ktier_emu::enqueue_and_wait(s, copy);
 }
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {
   if (bytes > 0 && !dst) return fail(cudaErrorInvalidValue);
-  const DeviceWork work;
-  if (bytes > 0) std::memset(dst, value, bytes);
-  return cudaSuccess;
-}
-
-namespace {
-// Streams and events are tokens: every call is synchronous, so every ordering already holds.
-template <class T>
-cudaError_t make_token(T* out, std::set<void*>& into) {
-  void* t = std::malloc(1);
-  Device& d = dev();
-  std::lock_guard<std::mutex> lock(d.mu);
-  into.insert(t);
-  *out = static_cast<T>(t);
-  return cudaSuccess;
-}
-cudaError_t drop_token(void* t, std::set<void*>& from) {
-  Device& d = dev();
-  std::lock_guard<std::mutex> lock(d.mu);
-  if (from.erase(t) == 0) return fail(cudaErrorInvalidResourceHandle);
-  std::free(t);
-  return cudaSuccess;
-}
-cudaError_t check_token(void* t, std::set<void*>& in) {
-  Device& d = dev();
-  std::lock_guard<std::mutex> lock(d.mu);
-  return in.count(t) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
-}  // namespace
-
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
-  return make_token(s, dev().streams);
-}
-cudaError_t cudaStreamDestroy(cudaStream_t s) { return drop_token(s, dev().streams); }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  return s ? check_token(s, dev().streams) : cudaSuccess;
-}
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
-  return make_token(e, dev().events);
-}
-cudaError_t cudaEventDestroy(cudaEvent_t e) { return drop_token(e, dev().events); }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  if (s && check_token(s, dev().streams) != cudaSuccess) return cudaErrorInvalidResourceHandle;
-  return check_token(e, dev().events);
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return check_token(e, dev().events); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
-  if (s && check_token(s, dev().streams) != cudaSuccess) return cudaErrorInvalidResourceHandle;
-  return check_token(e, dev().events);
+  return ktier_emu::enqueue(s, [dst, value, bytes] {
+    const DeviceWork work;
+    if (bytes > 0) std::memset(dst, value, bytes);
+  });
 }
 
 // ---- cuBLAS ----------------------------------------------------------------------------------
@@ -606,27 +612,30 @@ float element(const void* base, cudaDataType type, int64_t i) {
 }
 
 // C[m, n] (column-major, ldc) = alpha * op(A)[m, k] op(B)[k, n] + beta * C; C is not read when
-// beta == 0 (as cuBLAS). f32 sums in k order.
-cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                    const void* A, cudaDataType at, int lda, const void* B, cudaDataType bt,
-                    int ldb, float beta, float* C, int ldc) {
+// beta == 0 (as cuBLAS). f32 sums in k order. Queued on the handle's stream; alpha and beta are
+// read at the call (host pointer mode).
+cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                    int k, float alpha, const void* A, cudaDataType at, int lda, const void* B,
+                    cudaDataType bt, int ldb, float beta, float* C, int ldc) {
   if (m < 0 || n < 0 || k < 0 || ldc < (m > 1 ? m : 1) ||
       lda < ((ta == CUBLAS_OP_N ? m : k) > 1 ? (ta == CUBLAS_OP_N ? m : k) : 1) ||
       ldb < ((tb == CUBLAS_OP_N ? k : n) > 1 ? (tb == CUBLAS_OP_N ? k : n) : 1))
     return CUBLAS_STATUS_INVALID_VALUE;
-  const DeviceWork work;
-  for (int j = 0; j < n; ++j)
-    for (int i = 0; i < m; ++i) {
-      float acc = 0.0f;
-      for (int l = 0; l < k; ++l) {
-        const int64_t ai = ta == CUBLAS_OP_N ? i + int64_t{l} * lda : l + int64_t{i} * lda;
-        const int64_t bi = tb == CUBLAS_OP_N ? l + int64_t{j} * ldb : j + int64_t{l} * ldb;
-        acc = std::fma(element(A, at, ai), element(B, bt, bi), acc);
+  const cudaError_t queued = ktier_emu::enqueue(h->stream, [=] {
+    const DeviceWork work;
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        float acc = 0.0f;
+        for (int l = 0; l < k; ++l) {
+          const int64_t ai = ta == CUBLAS_OP_N ? i + int64_t{l} * lda : l + int64_t{i} * lda;
+          const int64_t bi = tb == CUBLAS_OP_N ? l + int64_t{j} * ldb : j + int64_t{l} * ldb;
+          acc = std::fma(element(A, at, ai), element(B, bt, bi), acc);
+        }
+        float& c = C[i + int64_t{j} * ldc];
+        c = beta == 0.0f ? alpha * acc : alpha * acc + beta * c;
       }
-      float& c = C[i + int64_t{j} * ldc];
-      c = beta == 0.0f ? alpha * acc : alpha * acc + beta * c;
-    }
-  return CUBLAS_STATUS_SUCCESS;
+  });
+  return queued == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
 }  // namespace
@@ -635,7 +644,7 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOper
                               int n, int k, const float* alpha, const float* A, int lda,
                               const float* B, int ldb, const float* beta, float* C, int ldc) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-  return gemm(ta, tb, m, n, k, *alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, *beta, C, ldc);
+  return gemm(h, ta, tb, m, n, k, *alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, *beta, C, ldc);
 }
 
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
@@ -648,6 +657,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
   if (c_type != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F || a_type != b_type ||
       (a_type != CUDA_R_16BF && a_type != CUDA_R_32F))
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  return gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), A, a_type, lda, B, b_type, ldb,
-              *static_cast<const float*>(beta), static_cast<float*>(C), ldc);
+  return gemm(h, ta, tb, m, n, k, *static_cast<const float*>(alpha), A, a_type, lda, B, b_type,
+              ldb, *static_cast<const float*>(beta), static_cast<float*>(C), ldc);
 }

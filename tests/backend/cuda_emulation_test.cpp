@@ -1,8 +1,9 @@
-// Checks of the host emulation's module itself (cuda/emulation), for the faults it must raise
-// where a GPU would. Runs where KTIER_CUDA_MODULE names that module (CTest
-// cuda_emulation.cross_backend); skips elsewhere.
+// Checks of the host emulation's module itself (cuda/emulation): the faults it must raise where
+// a GPU would, and the orders its streams run queued work in. Runs where KTIER_CUDA_MODULE
+// names that module (CTest cuda_emulation.cross_backend); skips elsewhere.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -45,6 +46,102 @@ TEST(CudaEmulation, DeviceMemoryIsClosedToTheHostOutsideDeviceWork) {
       "");
   GTEST_FLAG_SET(death_test_style, style);
   EXPECT_EQ(ops->free_device(device), 0) << ops->last_error();
+}
+
+// The emulation's stream order (cuda/emulation/streams.h) for the length of a test.
+class ScopedOrder {
+ public:
+  explicit ScopedOrder(const char* order) {
+    if (const char* v = std::getenv(kVar)) saved_ = v;
+    setenv(kVar, order, 1);
+  }
+  ~ScopedOrder() {
+    if (saved_.empty())
+      unsetenv(kVar);
+    else
+      setenv(kVar, saved_.c_str(), 1);
+  }
+
+ private:
+  static constexpr const char* kVar = "KTIER_CUDA_EMULATION_ORDER";
+  std::string saved_;
+};
+
+struct Streams {
+  const KtierCudaOps* ops;
+  KtierCudaStream a = nullptr, b = nullptr;
+  KtierCudaEvent e = nullptr;
+  int32_t* device = nullptr;  // [2]: x, y
+  int32_t* pinned = nullptr;  // [1]
+
+  explicit Streams(const KtierCudaOps* o) : ops(o) {
+    EXPECT_EQ(ops->init(0), 0) << ops->last_error();
+    EXPECT_EQ(ops->stream_create(&a), 0) << ops->last_error();
+    EXPECT_EQ(ops->stream_create(&b), 0) << ops->last_error();
+    EXPECT_EQ(ops->event_create(&e), 0) << ops->last_error();
+    EXPECT_EQ(ops->malloc_device(reinterpret_cast<void**>(&device), 8), 0);
+    EXPECT_EQ(ops->malloc_host(reinterpret_cast<void**>(&pinned), 4), 0);
+  }
+  ~Streams() {
+    ops->free_host(pinned);
+    ops->free_device(device);
+    ops->event_destroy(e);
+    ops->stream_destroy(b);
+    ops->stream_destroy(a);
+  }
+  void set(int32_t* at, int32_t v, KtierCudaStream s) {
+    ASSERT_EQ(ops->memcpy_async(at, &v, 4, s), 0) << ops->last_error();  // pageable: staged
+  }
+  int32_t get(const int32_t* at) {
+    int32_t v = -1;
+    EXPECT_EQ(ops->memcpy_async(&v, at, 4, a), 0) << ops->last_error();  // pageable: waits
+    return v;
+  }
+};
+
+// Work queued on a stream runs when the host waits for it: a pinned source overwritten before
+// the wait is what the copy reads (the host may not reuse it before), under both orders that
+// defer; under "sync" the copy ran at once.
+TEST(CudaEmulation, QueuedCopiesReadPinnedHostMemoryWhenTheHostWaits) {
+  const KtierCudaOps* ops = emulated_module_ops();
+  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+  for (const char* order : {"late", "others-first", "sync"}) {
+    SCOPED_TRACE(order);
+    const ScopedOrder scoped(order);
+    Streams st(ops);
+    *st.pinned = 1;
+    ASSERT_EQ(ops->memcpy_async(st.device, st.pinned, 4, st.a), 0) << ops->last_error();
+    *st.pinned = 2;
+    ASSERT_EQ(ops->stream_synchronize(st.a), 0) << ops->last_error();
+    EXPECT_EQ(st.get(st.device), std::string(order) == "sync" ? 1 : 2);
+  }
+}
+
+// Two streams without an event between them: "late" never runs the other stream's work for a
+// wait on this one, "others-first" runs it first; an event wait orders them under every order.
+TEST(CudaEmulation, StreamsAreOrderedOnlyByEvents) {
+  const KtierCudaOps* ops = emulated_module_ops();
+  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+  for (const char* order : {"late", "others-first", "sync"}) {
+    SCOPED_TRACE(order);
+    const ScopedOrder scoped(order);
+    Streams st(ops);
+    int32_t* x = st.device;
+    int32_t* y = st.device + 1;
+    st.set(x, 1, st.a);
+    ASSERT_EQ(ops->stream_synchronize(st.a), 0) << ops->last_error();
+    st.set(x, 2, st.b);                                     // b: x = 2
+    ASSERT_EQ(ops->memcpy_async(y, x, 4, st.a), 0);         // a: y = x, unordered with b
+    EXPECT_EQ(st.get(y), std::string(order) == "late" ? 1 : 2);
+    st.set(x, 3, st.b);
+    ASSERT_EQ(ops->event_record(st.e, st.b), 0) << ops->last_error();
+    st.set(x, 4, st.b);                                     // after the record: not waited for
+    ASSERT_EQ(ops->stream_wait_event(st.a, st.e), 0) << ops->last_error();
+    ASSERT_EQ(ops->memcpy_async(y, x, 4, st.a), 0);         // a: y = x, after b's x = 3
+    EXPECT_EQ(st.get(y), std::string(order) == "late" ? 3 : 4);
+    ASSERT_EQ(ops->stream_synchronize(st.b), 0) << ops->last_error();
+    EXPECT_EQ(st.get(x), 4);
+  }
 }
 
 }  // namespace
