@@ -165,6 +165,10 @@ cudaError_t launch_grid(const char* kernel_name, const void* kernel, dim3 grid, 
                         size_t dynamic_shared_bytes, size_t param_bytes, cudaStream_t stream,
                         void (*body)(void*), std::shared_ptr<void> arg);
 
+// Aborts, naming the kernel and the parameter, unless p is null, device memory or pinned host
+// memory: a kernel given a pageable host pointer faults on a GPU.
+void check_device_pointer(const char* kernel, int index, const void* p);
+
 // The translated form of `kernel<<<grid, block, shared, stream>>>(args...)`
 // (cuda/emulation/translate.py): Launch(grid, block, shared, stream).run("kernel", kernel,
 // args...). Arguments are converted to the kernel's parameter types once, as the runtime
@@ -181,6 +185,13 @@ class Launch {
       void (*kernel)(P...);
       Params params;
     };
+    auto call = std::make_shared<Call>(Call{kernel, Params(std::forward<A>(args)...)});
+    std::apply(
+        [name](const auto&... param) {
+          int index = 0;
+          (check_param(name, index++, param), ...);
+        },
+        call->params);
     launch_grid(
         name, reinterpret_cast<const void*>(kernel), grid_, block_, shared_, sizeof(Params),
         stream_,
@@ -188,10 +199,15 @@ class Launch {
           Call& c = *static_cast<Call*>(p);
           std::apply(c.kernel, c.params);  // each thread's parameters are copies
         },
-        std::make_shared<Call>(Call{kernel, Params(std::forward<A>(args)...)}));
+        std::move(call));
   }
 
  private:
+  template <class T>
+  static void check_param(const char* kernel, int index, const T& value) {
+    if constexpr (std::is_pointer_v<T>) check_device_pointer(kernel, index, value);
+  }
+
   dim3 grid_, block_;
   size_t shared_;
   cudaStream_t stream_;

@@ -354,12 +354,19 @@ void run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim3 block
   ThreadState proto{};
   proto.block_dim = block;
   proto.grid_dim = grid;
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        proto.block_idx = {x, y, z};
-        run_block(b, proto, body, arg);
-      }
+  // Blocks run in increasing order in one launch and decreasing in the next: a block that reads
+  // what another block of the same launch writes (a race on a GPU, where blocks run in any
+  // order and at once) sees the value from before the launch in one of the two.
+  static thread_local bool reverse = false;
+  reverse = !reverse;
+  const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+  for (uint64_t k = 0; k < blocks; ++k) {
+    const uint64_t i = reverse ? blocks - 1 - k : k;
+    proto.block_idx = {static_cast<unsigned>(i % grid.x),
+                       static_cast<unsigned>(i / grid.x % grid.y),
+                       static_cast<unsigned>(i / (uint64_t{grid.x} * grid.y))};
+    run_block(b, proto, body, arg);
+  }
   g_block = nullptr;
 }
 
@@ -520,6 +527,12 @@ bool pinned_or_device(const void* p) {
 }
 
 }  // namespace
+
+void ktier_emu::check_device_pointer(const char* kernel, int index, const void* p) {
+  if (p && !pinned_or_device(p))
+    die(kernel, "parameter " + std::to_string(index) + " (" + std::to_string(
+        reinterpret_cast<uintptr_t>(p)) + ") is neither device nor pinned host memory");
+}
 
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;

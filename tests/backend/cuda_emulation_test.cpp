@@ -48,6 +48,25 @@ TEST(CudaEmulation, DeviceMemoryIsClosedToTheHostOutsideDeviceWork) {
   EXPECT_EQ(ops->free_device(device), 0) << ops->last_error();
 }
 
+// A kernel given a pageable host pointer faults on a GPU; the emulation checks every pointer
+// parameter at the launch and aborts, naming the kernel.
+TEST(CudaEmulation, AKernelGivenAPageableHostPointerAborts) {
+  const KtierCudaOps* ops = emulated_module_ops();
+  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+  ASSERT_EQ(ops->init(0), 0) << ops->last_error();
+  float* device = nullptr;
+  ASSERT_EQ(ops->malloc_device(reinterpret_cast<void**>(&device), 3 * 16 * sizeof(float)), 0);
+  ASSERT_EQ(ops->add(device, device + 16, 16, device + 32, nullptr), 0) << ops->last_error();
+  ASSERT_EQ(ops->stream_synchronize(nullptr), 0) << ops->last_error();
+  std::vector<float> host(16, 0.0f);
+  const std::string style = GTEST_FLAG_GET(death_test_style);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(ops->add(device, host.data(), 16, device + 32, nullptr),
+               "add_kernel: parameter 1 .* is neither device nor pinned host memory");
+  GTEST_FLAG_SET(death_test_style, style);
+  EXPECT_EQ(ops->free_device(device), 0) << ops->last_error();
+}
+
 // The emulation's stream order (cuda/emulation/streams.h) for the length of a test.
 class ScopedOrder {
  public:
