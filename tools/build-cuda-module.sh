@@ -7,8 +7,9 @@
 # toolkit has no libcublas_static.a.
 # Usage: tools/build-cuda-module.sh OUT.so [SM, default 90]
 set -euo pipefail
+OUT=$(realpath -m "$1")
+mkdir -p "$(dirname "$OUT")"
 cd "$(dirname "$0")/.."
-OUT=$1
 SM=${2:-90}
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 OBJ=$(mktemp -d /tmp/ktier-cuda-module.XXXXXX)
