@@ -3,9 +3,10 @@
 // libktier_cuda.so uses, so that the module's own kernel source runs on a machine without a GPU
 // (cuda/emulation/README.md). Test-only: the emulated module is never installed or shipped.
 //
-// Model: one device (compute 9.0); device memory is host memory; every call is synchronous
-// (a kernel runs to completion at its launch, streams and events are orderings already met).
-// A block's threads are fibers on the launching host thread, switched at __syncthreads() and at
+// Model: one device (compute 9.0); device memory is host memory; launches, copies and GEMMs are
+// checked at the call and queued on their stream, run when a host wait needs them (streams.h).
+// A block's threads are fibers on the host thread that runs the launch, switched at
+// __syncthreads() and at
 // warp shuffles, so barriers and shuffles have CUDA's meaning. Aborted with the kernel named: a
 // barrier some threads never reach, a full-mask shuffle in a warp with a lane that has exited
 // (stricter than CUDA, which only leaves the value read from such a lane undefined), a

@@ -93,6 +93,7 @@ struct Device {
   int work_in_flight = 0;  // kernels, copies, memsets and GEMMs running: device memory is open
   std::condition_variable idle;  // work_in_flight fell to 0
   std::map<void*, size_t> host_blocks, registered;  // pinned host memory: start -> bytes
+  std::set<void*> freeing;  // device blocks whose free is queued (cudaFreeAsync) or running
 };
 Device& dev() {
   static Device* d = [] {
@@ -341,15 +342,14 @@ bool opted_in(const void* kernel) {
 }
 
 // Runs every block of a launch checked by launch_grid, in order, on the calling thread.
-void run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim3 block,
-              size_t dynamic_shared_bytes, void (*body)(void*), void* arg) {
+void run_grid(const char* kernel_name, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+              size_t shared_limit, void (*body)(void*), void* arg) {
   g_dynamic_shared.assign((dynamic_shared_bytes + 7) / 8, 0.0);
   const DeviceWork work;
   BlockRun b;
   b.kernel = kernel_name;
-  // Static and dynamic together: 48 KiB, or the opt-in maximum once the kernel has opted in.
   b.dynamic_shared = dynamic_shared_bytes;
-  b.shared_limit = opted_in(kernel) ? kMaxOptInShared : kDefaultDynamicShared;
+  b.shared_limit = shared_limit;
   g_block = &b;
   ThreadState proto{};
   proto.block_dim = block;
@@ -391,9 +391,12 @@ cudaError_t launch_grid(const char* kernel_name, const void* kernel, dim3 grid, 
   if (param_bytes > kMaxParamBytes)
     die(kernel_name, std::to_string(param_bytes) + " bytes of kernel parameters");
   if (g_block) die(kernel_name, "launched from inside a kernel");
+  // Static and dynamic together: 48 KiB, or the opt-in maximum if the kernel had opted in by
+  // the launch.
+  const size_t shared_limit = opted_in(kernel) ? kMaxOptInShared : kDefaultDynamicShared;
   // The parameters (arg) live as long as the queued launch.
   return enqueue(stream, [=] {
-    run_grid(kernel_name, kernel, grid, block, dynamic_shared_bytes, body, arg.get());
+    run_grid(kernel_name, grid, block, dynamic_shared_bytes, shared_limit, body, arg.get());
   });
 }
 
@@ -494,20 +497,29 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 namespace {
 
-// Unmaps a device block once no device work runs on any thread (Device::mu not held).
-cudaError_t free_block(void* p) {
+// Marks the device block p as being freed, if it is one and not already (Device::mu not held):
+// a free is checked at the call, though it may run later.
+cudaError_t claim_for_free(void* p) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (!d.device_blocks.count(p) || !d.freeing.insert(p).second)
+    return fail(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
+
+// Unmaps a claimed device block once no device work runs on any thread (Device::mu not held).
+void free_block(void* p) {
   Device& d = dev();
   std::unique_lock<std::mutex> lock(d.mu);
   d.idle.wait(lock, [&d] { return d.work_in_flight == 0; });
   const auto it = d.device_blocks.find(p);
-  if (it == d.device_blocks.end()) return fail(cudaErrorInvalidValue);
+  d.freeing.erase(p);
   d.used -= it->second;
   if (munmap(p, it->second) != 0) {
     std::perror("ktier CUDA emulation: munmap of device memory");
     std::abort();
   }
   d.device_blocks.erase(it);
-  return cudaSuccess;
 }
 
 bool inside(const std::map<void*, size_t>& blocks, const void* p) {
@@ -517,31 +529,38 @@ bool inside(const std::map<void*, size_t>& blocks, const void* p) {
   return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second;
 }
 
-// Device memory or pinned host memory: a copy reads or writes it when the stream gets to it.
-// Pageable host memory is read at the call and written before the call returns, as the
-// runtime stages it.
-bool pinned_or_device(const void* p) {
+bool is_device(const void* p) {
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
-  return inside(d.device_blocks, p) || inside(d.host_blocks, p) || inside(d.registered, p);
+  return inside(d.device_blocks, p);
+}
+bool is_pinned(const void* p) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return inside(d.host_blocks, p) || inside(d.registered, p);
 }
 
 }  // namespace
 
 void ktier_emu::check_device_pointer(const char* kernel, int index, const void* p) {
-  if (p && !pinned_or_device(p))
+  if (p && !is_device(p) && !is_pinned(p))
     die(kernel, "parameter " + std::to_string(index) + " (" + std::to_string(
         reinterpret_cast<uintptr_t>(p)) + ") is neither device nor pinned host memory");
 }
 
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
+  if (const cudaError_t e = claim_for_free(p); e != cudaSuccess) return e;
   ktier_emu::synchronize_all();  // cudaFree synchronises the device
-  return free_block(p);
+  free_block(p);
+  return cudaSuccess;
 }
+// Stream-ordered allocation is not modelled: a block is new memory at once, and a pool's reuse
+// of freed blocks across streams is never shown.
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
   if (!p) return cudaSuccess;
+  if (const cudaError_t e = claim_for_free(p); e != cudaSuccess) return e;
   return ktier_emu::enqueue(s, [p] { free_block(p); });
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
@@ -579,16 +598,20 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
                             cudaStream_t s) {
   if (bytes > 0 && (!dst || !src)) return fail(cudaErrorInvalidValue);
   if (bytes == 0) return ktier_emu::enqueue(s, [] {});
+  // Device memory and pinned host memory are read and written when the stream gets to the copy.
+  // Pageable host memory is read at the call and written before the call returns, as the
+  // runtime stages it; a copy between host buffers returns once done.
+  const bool src_device = is_device(src), dst_device = is_device(dst);
   std::shared_ptr<std::vector<char>> staged;
-  if (!pinned_or_device(src))
+  if (!src_device && !is_pinned(src))
     staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                  static_cast<const char*>(src) + bytes);
   auto copy = [dst, src, bytes, staged] {
     const DeviceWork work;
     std::memmove(dst, staged ? staged->data() : src, bytes);
   };
-  return pinned_or_device(dst) ? ktier_emu::enqueue(s, copy)
-                               : ktier_emu::enqueue_and_wait(s, copy);
+  const bool waits = !dst_device && (!is_pinned(dst) || !src_device);
+  return waits ? ktier_emu::enqueue_and_wait(s, copy) : ktier_emu::enqueue(s, copy);
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {
   if (bytes > 0 && !dst) return fail(cudaErrorInvalidValue);

@@ -10,6 +10,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
+#include <string>
 #include <vector>
 
 namespace ktier_emu {
@@ -36,6 +38,8 @@ struct Scheduler {
   std::map<cudaStream_t, std::shared_ptr<Queue>> streams;
   std::map<cudaEvent_t, Event> events;
   uint64_t next_number = 1;
+  std::mt19937_64 random;  // Order::kRandom's choices, seeded by order_seed() when it changes
+  std::string seeded_with;
 };
 Scheduler& sched() {
   static Scheduler* s = new Scheduler;  // never destroyed: streams may outlive static objects
@@ -50,7 +54,9 @@ std::shared_ptr<Queue> find_queue(Scheduler& s, cudaStream_t stream) {
 
 // Runs q's work until `point` items of it ran (mu held). An item that waits for an event runs
 // the event's stream up to the event's point first (a past point: no cycle can form).
-void run_through(Queue& q, uint64_t point) {
+// noexcept: work that throws (std::bad_alloc) ends the process rather than leaving a queue half
+// run.
+void run_through(Queue& q, uint64_t point) noexcept {
   if (q.done >= point) return;
   if (q.running) {
     std::fprintf(stderr, "ktier CUDA emulation: a stream's work waits for itself\n");
@@ -66,23 +72,46 @@ void run_through(Queue& q, uint64_t point) {
   q.running = false;
 }
 
+// The queues other than `except` (none: all), in creation order (the default stream first).
+std::vector<std::shared_ptr<Queue>> queues(Scheduler& s, const Queue* except) {
+  std::vector<std::shared_ptr<Queue>> all;
+  if (s.default_stream.get() != except) all.push_back(s.default_stream);
+  for (const auto& [handle, q] : s.streams)
+    if (q.get() != except) all.push_back(q);
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a->number < b->number; });
+  return all;
+}
+
 void run_all(Scheduler& s) {
-  std::vector<std::shared_ptr<Queue>> all{s.default_stream};
-  for (const auto& [handle, q] : s.streams) all.push_back(q);
-  for (const auto& q : all) run_through(*q, q->queued);
+  for (const auto& q : queues(s, nullptr)) run_through(*q, q->queued);
+}
+
+// kRandom: a point of q from `point` to the end of its queue, drawn (mu held; at a host wait,
+// when no queue is running, so any point can be reached).
+uint64_t random_point_from(Scheduler& s, const Queue& q, uint64_t point) {
+  const std::string seed = std::getenv("KTIER_CUDA_EMULATION_ORDER");
+  if (seed != s.seeded_with) {
+    s.random.seed(std::stoull(seed.substr(seed.find(':') + 1)));
+    s.seeded_with = seed;
+  }
+  point = std::max(point, q.done);
+  return point + s.random() % (q.queued - point + 1);
 }
 
 // The host waits until q has run `point` items (mu held).
 void host_waits(Scheduler& s, Queue& q, uint64_t point) {
   if (q.done >= point) return;
-  if (order() == Order::kOthersFirst) {
-    std::vector<std::shared_ptr<Queue>> others;
-    if (&q != s.default_stream.get()) others.push_back(s.default_stream);
-    for (const auto& [handle, o] : s.streams)
-      if (o.get() != &q) others.push_back(o);
-    std::sort(others.begin(), others.end(),
-              [](const auto& a, const auto& b) { return a->number < b->number; });
-    for (const auto& o : others) run_through(*o, o->queued);
+  switch (order()) {
+    case Order::kOthersFirst:
+      for (const auto& o : queues(s, &q)) run_through(*o, o->queued);
+      break;
+    case Order::kRandom:
+      for (const auto& o : queues(s, &q)) run_through(*o, random_point_from(s, *o, o->done));
+      point = random_point_from(s, q, point);
+      break;
+    default:
+      break;
   }
   run_through(q, point);
 }
@@ -109,8 +138,11 @@ Order order() {
   if (!v || !*v || std::strcmp(v, "late") == 0) return Order::kLate;
   if (std::strcmp(v, "sync") == 0) return Order::kSync;
   if (std::strcmp(v, "others-first") == 0) return Order::kOthersFirst;
+  if (std::strncmp(v, "random:", 7) == 0 && v[7] >= '0' && v[7] <= '9' &&
+      std::strspn(v + 7, "0123456789") == std::strlen(v + 7) && std::strlen(v + 7) <= 19)
+    return Order::kRandom;
   std::fprintf(stderr, "ktier CUDA emulation: KTIER_CUDA_EMULATION_ORDER=%s: not one of "
-               "sync, late, others-first\n", v);
+               "sync, late, others-first, random:SEED\n", v);
   std::abort();
 }
 
@@ -210,6 +242,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   const auto it = sc.events.find(e);
   if (it == sc.events.end()) return fail(cudaErrorInvalidResourceHandle);
   // The wait is for the event's last record before this call, not for a later one.
+  // Exactly to the point, in every order: running the event's stream further could need the
+  // work of a stream that is running now (a later wait of its own), and that must wait.
   return ktier_emu::queue_work(sc, s, [ev = it->second] {
     if (ev.queue) ktier_emu::run_through(*ev.queue, ev.point);
   }, false);

@@ -12,14 +12,18 @@ namespace ktier_emu {
 // every call, so a test may change it between calls):
 //  kSync ("sync"): work runs in the call that queues it; every ordering holds, none is tested.
 //  kLate ("late", the default): work runs only when the host waits for it (stream or event
-//   synchronisation, a copy into pageable host memory, cudaFree), and then only what that wait
-//   needs: its stream's work up to the point waited for and, through cudaStreamWaitEvent, other
-//   streams' work up to their recorded points. Work no wait needs stays queued.
+//   synchronisation, a copy into pageable host memory, cudaStreamDestroy: its stream), and then
+//   only what that wait needs: its stream's work up to the point waited for and, through
+//   cudaStreamWaitEvent, other streams' work up to their recorded points. Work no wait needs
+//   stays queued. cudaFree, cudaFreeHost and cudaHostUnregister run every stream's work.
 //  kOthersFirst ("others-first"): as late, but a host wait first runs all other streams' queued
 //   work (as far as their own event waits allow), then the work waited for.
+//  kRandom ("random:SEED", SEED a decimal number): as late, but a host wait first runs a drawn
+//   part of each other stream's queued work, and may run its own stream past the point waited
+//   for: orders between the other two, the same ones for the same seed and calls.
 // Each is an order a GPU may choose; a program that orders its work by streams and events gets
 // the same bytes from all three.
-enum class Order { kSync, kLate, kOthersFirst };
+enum class Order { kSync, kLate, kOthersFirst, kRandom };
 Order order();
 
 // Records e as the calling thread's last error (cudaGetLastError) and returns it.

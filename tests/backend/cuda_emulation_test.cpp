@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,18 @@ TEST(CudaEmulation, QueuedCopiesReadPinnedHostMemoryWhenTheHostWaits) {
     *st.pinned = 2;
     ASSERT_EQ(ops->stream_synchronize(st.a), 0) << ops->last_error();
     EXPECT_EQ(st.get(st.device), std::string(order) == "sync" ? 1 : 2);
+    // A pageable source is staged at the call: what it holds after does not land.
+    int32_t pageable = 3;
+    ASSERT_EQ(ops->memcpy_async(st.device, &pageable, 4, st.a), 0) << ops->last_error();
+    pageable = 4;
+    ASSERT_EQ(ops->stream_synchronize(st.a), 0) << ops->last_error();
+    EXPECT_EQ(st.get(st.device), 3);
+    // A copy into pinned memory lands when the host waits, not before.
+    *st.pinned = 5;
+    ASSERT_EQ(ops->memcpy_async(st.pinned, st.device, 4, st.a), 0) << ops->last_error();
+    EXPECT_EQ(*st.pinned, std::string(order) == "sync" ? 3 : 5);
+    ASSERT_EQ(ops->stream_synchronize(st.a), 0) << ops->last_error();
+    EXPECT_EQ(*st.pinned, 3);
   }
 }
 
@@ -160,7 +173,67 @@ TEST(CudaEmulation, StreamsAreOrderedOnlyByEvents) {
     EXPECT_EQ(st.get(y), std::string(order) == "late" ? 3 : 4);
     ASSERT_EQ(ops->stream_synchronize(st.b), 0) << ops->last_error();
     EXPECT_EQ(st.get(x), 4);
+    // A wait is for the record before it: recording the event again after does not move it.
+    ASSERT_EQ(ops->event_record(st.e, st.b), 0) << ops->last_error();  // b: nothing queued
+    ASSERT_EQ(ops->stream_wait_event(st.a, st.e), 0) << ops->last_error();
+    st.set(x, 5, st.b);
+    ASSERT_EQ(ops->event_record(st.e, st.b), 0) << ops->last_error();  // after x = 5
+    ASSERT_EQ(ops->memcpy_async(y, x, 4, st.a), 0);
+    EXPECT_EQ(st.get(y), std::string(order) == "late" ? 4 : 5);
+    // An event never recorded is complete: a wait for it waits for nothing.
+    KtierCudaEvent fresh = nullptr;
+    ASSERT_EQ(ops->event_create(&fresh), 0) << ops->last_error();
+    ASSERT_EQ(ops->stream_wait_event(st.a, fresh), 0) << ops->last_error();
+    EXPECT_EQ(ops->event_synchronize(fresh), 0) << ops->last_error();
+    EXPECT_EQ(st.get(y), std::string(order) == "late" ? 4 : 5);
+    EXPECT_EQ(ops->event_destroy(fresh), 0) << ops->last_error();
   }
+}
+
+// "random:SEED" draws how much of the other streams' queued work runs before a host wait's:
+// over seeds, an unordered pair of streams is seen both ways, and never any other way.
+TEST(CudaEmulation, RandomOrdersLieBetweenLateAndOthersFirst) {
+  const KtierCudaOps* ops = emulated_module_ops();
+  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+  std::set<int32_t> seen;
+  for (int seed = 1; seed <= 16; ++seed) {
+    const std::string order = "random:" + std::to_string(seed);
+    SCOPED_TRACE(order);
+    const ScopedOrder scoped(order.c_str());
+    Streams st(ops);
+    int32_t* x = st.device;
+    int32_t* y = st.device + 1;
+    st.set(x, 1, st.a);
+    ASSERT_EQ(ops->stream_synchronize(st.a), 0) << ops->last_error();
+    st.set(x, 2, st.b);
+    st.set(x, 3, st.b);
+    ASSERT_EQ(ops->memcpy_async(y, x, 4, st.a), 0);  // unordered with b
+    const int32_t got = st.get(y);
+    EXPECT_TRUE(got == 1 || got == 2 || got == 3) << got;
+    seen.insert(got);
+    ASSERT_EQ(ops->stream_synchronize(st.b), 0) << ops->last_error();
+    EXPECT_EQ(st.get(x), 3);  // b's own order holds
+  }
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 2, 3}));
+}
+
+// A device free is checked at the call (a stream-ordered one too, though it runs later): a
+// second free of the same block, or a free of host memory, fails there and frees nothing.
+TEST(CudaEmulation, FreesAreCheckedAtTheCall) {
+  const KtierCudaOps* ops = emulated_module_ops();
+  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+  const ScopedOrder scoped("late");
+  ASSERT_EQ(ops->init(0), 0) << ops->last_error();
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(ops->mem_info(&free_before, &total), 0) << ops->last_error();
+  void* block = nullptr;
+  ASSERT_EQ(ops->malloc_device(&block, 1 << 20), 0) << ops->last_error();
+  ASSERT_EQ(ops->free_device(block), 0) << ops->last_error();
+  EXPECT_NE(ops->free_device(block), 0);  // not a live block any more
+  int32_t local = 0;
+  EXPECT_NE(ops->free_device(&local), 0);  // never one
+  ASSERT_EQ(ops->mem_info(&free_after, &total), 0) << ops->last_error();
+  EXPECT_EQ(free_after, free_before);
 }
 
 }  // namespace
