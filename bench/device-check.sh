@@ -71,16 +71,24 @@ step "ktier --version / doctor (module probe through dlopen)"
 cat "$W/doctor.log"
 KTIER_CUDA_MODULE=/nonexistent/libktier_cuda.so "$B/ktier" doctor | tail -1
 usable_gpu() { grep -q -E '^cuda: [1-9][0-9]* device' "$W/doctor.log"; }
-# A driver older than the runtime the carried module links (cudaErrorInsufficientDriver): build
-# the module again with this machine's own toolkit (seconds; tools/build-cuda-module.sh), then
-# ask doctor again. The test binaries load it through KTIER_CUDA_MODULE too.
+# A driver older than the runtime the carried module links (cudaErrorInsufficientDriver with a
+# driver version: with none, there is no driver to build for): build the module again from this
+# tree with this machine's own toolkit (seconds; tools/build-cuda-module.sh; once more with
+# -allow-unsupported-compiler should that nvcc refuse the host compiler), for the GPU's own
+# architecture, then ask doctor again. The test binaries and every later run load it through
+# KTIER_CUDA_MODULE.
 NVCC=$(command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
-if [ "$DEVICE" = cuda ] && ! usable_gpu && grep -q InsufficientDriver "$W/doctor.log" &&
-   [ -n "$NVCC" ]; then
+if [ "$DEVICE" = cuda ] && ! usable_gpu && [ -n "$NVCC" ] &&
+   grep -q -E 'driver [1-9][0-9]*\).*InsufficientDriver' "$W/doctor.log"; then
   step "module again with this machine's nvcc (its driver is older than the bundle's runtime)"
   REBUILT=/tmp/ktier-module-rebuilt/libktier_cuda.so
-  mkdir -p "$(dirname $REBUILT)"
-  if NVCC=$NVCC T 240 tools/build-cuda-module.sh $REBUILT 90 >"$W/module-rebuild.log" 2>&1; then
+  SM=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
+  [[ "$SM" =~ ^[0-9]+$ ]] || SM=90
+  if NVCC=$NVCC T 240 bash tools/build-cuda-module.sh "$REBUILT" "$SM" \
+       >"$W/module-rebuild.log" 2>&1 ||
+     NVCC=$NVCC NVCC_EXTRA=-allow-unsupported-compiler T 240 bash tools/build-cuda-module.sh \
+       "$REBUILT" "$SM" >>"$W/module-rebuild.log" 2>&1; then
+    tail -1 "$W/module-rebuild.log"
     export KTIER_CUDA_MODULE=$REBUILT
     "$B/ktier" doctor >"$W/doctor.log" 2>&1; echo "doctor rc=$?"
     grep -a '^cuda:' "$W/doctor.log"

@@ -342,8 +342,18 @@ bool opted_in(const void* kernel) {
 }
 
 // Runs every block of a launch checked by launch_grid, in order, on the calling thread.
-void run_grid(const char* kernel_name, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
-              size_t shared_limit, void (*body)(void*), void* arg) {
+// Alternates per kernel (not per launch: a fixed sequence of launches would run some kernel the
+// same way every time): true on a kernel's 1st, 3rd... run.
+bool next_blocks_reversed(const void* kernel) {
+  std::lock_guard<std::mutex> lock(g_kernel_mu);
+  static std::map<const void*, bool> reversed;
+  bool& r = reversed[kernel];
+  r = !r;
+  return r;
+}
+
+void run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim3 block,
+              size_t dynamic_shared_bytes, size_t shared_limit, void (*body)(void*), void* arg) {
   g_dynamic_shared.assign((dynamic_shared_bytes + 7) / 8, 0.0);
   const DeviceWork work;
   BlockRun b;
@@ -354,11 +364,10 @@ void run_grid(const char* kernel_name, dim3 grid, dim3 block, size_t dynamic_sha
   ThreadState proto{};
   proto.block_dim = block;
   proto.grid_dim = grid;
-  // Blocks run in increasing order in one launch and decreasing in the next: a block that reads
-  // what another block of the same launch writes (a race on a GPU, where blocks run in any
-  // order and at once) sees the value from before the launch in one of the two.
-  static thread_local bool reverse = false;
-  reverse = !reverse;
+  // A kernel's blocks run in increasing order in one launch and decreasing in its next: a block
+  // that reads what another block of the same launch writes (a race on a GPU, where blocks run
+  // in any order and at once) sees the value from before the launch in one of the two.
+  const bool reverse = next_blocks_reversed(kernel);
   const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
   for (uint64_t k = 0; k < blocks; ++k) {
     const uint64_t i = reverse ? blocks - 1 - k : k;
@@ -396,7 +405,8 @@ cudaError_t launch_grid(const char* kernel_name, const void* kernel, dim3 grid, 
   const size_t shared_limit = opted_in(kernel) ? kMaxOptInShared : kDefaultDynamicShared;
   // The parameters (arg) live as long as the queued launch.
   return enqueue(stream, [=] {
-    run_grid(kernel_name, grid, block, dynamic_shared_bytes, shared_limit, body, arg.get());
+    run_grid(kernel_name, kernel, grid, block, dynamic_shared_bytes, shared_limit, body,
+             arg.get());
   });
 }
 
@@ -534,6 +544,15 @@ bool is_device(const void* p) {
   std::lock_guard<std::mutex> lock(d.mu);
   return inside(d.device_blocks, p);
 }
+// Inside a device block whose free was called (queued or run): a kernel given it reads freed
+// memory.
+bool is_being_freed(const void* p) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.device_blocks.upper_bound(const_cast<void*>(p));
+  return it != d.device_blocks.begin() && inside(d.device_blocks, p) &&
+         d.freeing.count((--it)->first) != 0;
+}
 bool is_pinned(const void* p) {
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
@@ -543,9 +562,12 @@ bool is_pinned(const void* p) {
 }  // namespace
 
 void ktier_emu::check_device_pointer(const char* kernel, int index, const void* p) {
-  if (p && !is_device(p) && !is_pinned(p))
-    die(kernel, "parameter " + std::to_string(index) + " (" + std::to_string(
-        reinterpret_cast<uintptr_t>(p)) + ") is neither device nor pinned host memory");
+  if (!p) return;
+  const std::string what = "parameter " + std::to_string(index) + " (" +
+                           std::to_string(reinterpret_cast<uintptr_t>(p)) + ")";
+  if (!is_device(p) && !is_pinned(p))
+    die(kernel, what + " is neither device nor pinned host memory");
+  if (is_being_freed(p)) die(kernel, what + " is in device memory already freed");
 }
 
 cudaError_t cudaFree(void* p) {
@@ -561,7 +583,13 @@ cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaM
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
   if (!p) return cudaSuccess;
   if (const cudaError_t e = claim_for_free(p); e != cudaSuccess) return e;
-  return ktier_emu::enqueue(s, [p] { free_block(p); });
+  const cudaError_t queued = ktier_emu::enqueue(s, [p] { free_block(p); });
+  if (queued != cudaSuccess) {  // an invalid stream: the block stays live
+    Device& d = dev();
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.freeing.erase(p);
+  }
+  return queued;
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
   void* block = nullptr;
@@ -573,6 +601,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
+  if (!p) return cudaSuccess;
   ktier_emu::synchronize_all();  // as the runtime: queued copies may read it
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);

@@ -38,8 +38,8 @@ struct Scheduler {
   std::map<cudaStream_t, std::shared_ptr<Queue>> streams;
   std::map<cudaEvent_t, Event> events;
   uint64_t next_number = 1;
-  std::mt19937_64 random;  // Order::kRandom's choices, seeded by order_seed() when it changes
-  std::string seeded_with;
+  std::mt19937_64 random;  // Order::kRandom's draws, seeded when the order becomes random:SEED
+  std::string seeded_with;  // that order's text; empty while another order is in force
 };
 Scheduler& sched() {
   static Scheduler* s = new Scheduler;  // never destroyed: streams may outlive static objects
@@ -90,7 +90,8 @@ void run_all(Scheduler& s) {
 // kRandom: a point of q from `point` to the end of its queue, drawn (mu held; at a host wait,
 // when no queue is running, so any point can be reached).
 uint64_t random_point_from(Scheduler& s, const Queue& q, uint64_t point) {
-  const std::string seed = std::getenv("KTIER_CUDA_EMULATION_ORDER");
+  const char* v = std::getenv("KTIER_CUDA_EMULATION_ORDER");
+  const std::string seed = v ? v : "random:0";
   if (seed != s.seeded_with) {
     s.random.seed(std::stoull(seed.substr(seed.find(':') + 1)));
     s.seeded_with = seed;
@@ -101,8 +102,10 @@ uint64_t random_point_from(Scheduler& s, const Queue& q, uint64_t point) {
 
 // The host waits until q has run `point` items (mu held).
 void host_waits(Scheduler& s, Queue& q, uint64_t point) {
+  const Order o = order();
+  if (o != Order::kRandom) s.seeded_with.clear();  // random:SEED set again draws from the start
   if (q.done >= point) return;
-  switch (order()) {
+  switch (o) {
     case Order::kOthersFirst:
       for (const auto& o : queues(s, &q)) run_through(*o, o->queued);
       break;

@@ -17,10 +17,11 @@ namespace ktier_emu {
 //   cudaStreamWaitEvent, other streams' work up to their recorded points. Work no wait needs
 //   stays queued. cudaFree, cudaFreeHost and cudaHostUnregister run every stream's work.
 //  kOthersFirst ("others-first"): as late, but a host wait first runs all other streams' queued
-//   work (as far as their own event waits allow), then the work waited for.
+//   work (and what their event waits need), then the work waited for.
 //  kRandom ("random:SEED", SEED a decimal number): as late, but a host wait first runs a drawn
 //   part of each other stream's queued work, and may run its own stream past the point waited
-//   for: orders between the other two, the same ones for the same seed and calls.
+//   for: orders between the other two; the same ones for the same seed and the same calls since
+//   the order was set (a host wait under another order starts the draws again).
 // Each is an order a GPU may choose; a program that orders its work by streams and events gets
 // the same bytes from all three.
 enum class Order { kSync, kLate, kOthersFirst, kRandom };

@@ -217,7 +217,7 @@ TEST(CudaEmulation, RandomOrdersLieBetweenLateAndOthersFirst) {
   EXPECT_EQ(seen, (std::set<int32_t>{1, 2, 3}));
 }
 
-// A device free is checked at the call (a stream-ordered one too, though it runs later): a
+// A device free (cudaFree: the op table has no stream-ordered one) is checked at the call: a
 // second free of the same block, or a free of host memory, fails there and frees nothing.
 TEST(CudaEmulation, FreesAreCheckedAtTheCall) {
   const KtierCudaOps* ops = emulated_module_ops();
