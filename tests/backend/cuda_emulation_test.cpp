@@ -120,7 +120,7 @@ struct Streams {
 };
 
 // Work queued on a stream runs when the host waits for it: a pinned source overwritten before
-// the wait is what the copy reads (the host may not reuse it before), under both orders that
+// the wait is what the copy reads (the host may not reuse it before), under the orders that
 // defer; under "sync" the copy ran at once.
 TEST(CudaEmulation, QueuedCopiesReadPinnedHostMemoryWhenTheHostWaits) {
   const KtierCudaOps* ops = emulated_module_ops();
