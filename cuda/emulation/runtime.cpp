@@ -94,6 +94,9 @@ struct Device {
   std::condition_variable idle;  // work_in_flight fell to 0
   std::map<void*, size_t> host_blocks, registered;  // pinned host memory: start -> bytes
   std::set<void*> freeing;  // device blocks whose free is queued (cudaFreeAsync) or running
+  // Pinned host bytes that queued copies will read or write: number -> (start, bytes).
+  std::map<uint64_t, std::pair<const char*, size_t>> queued_host_bytes;
+  uint64_t next_copy = 0;
 };
 Device& dev() {
   static Device* d = [] {
@@ -616,11 +619,23 @@ cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned) {
     return fail(cudaErrorInvalidValue);
   return cudaSuccess;
 }
+// Not a synchronisation point (the runtime does not document one): a copy still queued on the
+// memory would move unpinned pages on a GPU, so the host must have waited for it; here that
+// aborts.
 cudaError_t cudaHostUnregister(void* p) {
-  ktier_emu::synchronize_all();  // queued copies may read it
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
-  if (d.registered.erase(p) == 0) return fail(cudaErrorInvalidValue);
+  const auto it = d.registered.find(p);
+  if (it == d.registered.end()) return fail(cudaErrorInvalidValue);
+  const char* begin = static_cast<const char*>(p);
+  for (const auto& [number, range] : d.queued_host_bytes)
+    if (range.first < begin + it->second && begin < range.first + range.second) {
+      std::fprintf(stderr, "ktier CUDA emulation: cudaHostUnregister of %zu bytes at %p that a "
+                   "queued copy (%zu bytes at %p) still uses: the host did not wait for it\n",
+                   it->second, p, range.second, static_cast<const void*>(range.first));
+      std::abort();
+    }
+  d.registered.erase(it);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
@@ -635,12 +650,34 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (!src_device && !is_pinned(src))
     staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                  static_cast<const char*>(src) + bytes);
-  auto copy = [dst, src, bytes, staged] {
+  // The pinned host side of a queued copy, which cudaHostUnregister must not take away.
+  uint64_t number = 0;
+  const char* host_side = !staged && !src_device ? static_cast<const char*>(src)
+                          : !dst_device          ? static_cast<const char*>(dst)
+                                                 : nullptr;
+  if (host_side) {
+    Device& d = dev();
+    std::lock_guard<std::mutex> lock(d.mu);
+    number = ++d.next_copy;
+    d.queued_host_bytes[number] = {host_side, bytes};
+  }
+  auto copy = [dst, src, bytes, staged, number] {
     const DeviceWork work;
     std::memmove(dst, staged ? staged->data() : src, bytes);
+    if (number) {
+      Device& d = dev();
+      std::lock_guard<std::mutex> lock(d.mu);
+      d.queued_host_bytes.erase(number);
+    }
   };
   const bool waits = !dst_device && (!is_pinned(dst) || !src_device);
-  return waits ? ktier_emu::enqueue_and_wait(s, copy) : ktier_emu::enqueue(s, copy);
+  const cudaError_t e = waits ? ktier_emu::enqueue_and_wait(s, copy) : ktier_emu::enqueue(s, copy);
+  if (e != cudaSuccess && number) {  // not queued (an invalid stream)
+    Device& d = dev();
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.queued_host_bytes.erase(number);
+  }
+  return e;
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {
   if (bytes > 0 && !dst) return fail(cudaErrorInvalidValue);

@@ -15,7 +15,7 @@ namespace ktier_emu {
 //   synchronisation, a copy into pageable host memory, cudaStreamDestroy: its stream), and then
 //   only what that wait needs: its stream's work up to the point waited for and, through
 //   cudaStreamWaitEvent, other streams' work up to their recorded points. Work no wait needs
-//   stays queued. cudaFree, cudaFreeHost and cudaHostUnregister run every stream's work.
+//   stays queued. cudaFree and cudaFreeHost run every stream's work.
 //  kOthersFirst ("others-first"): as late, but a host wait first runs all other streams' queued
 //   work (and what their event waits need), then the work waited for.
 //  kRandom ("random:SEED", SEED a decimal number): as late, but a host wait first runs a drawn
@@ -37,7 +37,7 @@ cudaError_t fail(cudaError_t e);
 cudaError_t enqueue(cudaStream_t s, std::function<void()> work);
 // As enqueue, then waits until `work` ran (a copy into pageable host memory returns only then).
 cudaError_t enqueue_and_wait(cudaStream_t s, std::function<void()> work);
-// Runs all queued work: cudaFree, cudaFreeHost and cudaHostUnregister synchronise the device.
+// Runs all queued work: cudaFree and cudaFreeHost synchronise the device.
 void synchronize_all();
 
 }  // namespace ktier_emu

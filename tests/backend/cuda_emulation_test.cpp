@@ -217,6 +217,25 @@ TEST(CudaEmulation, RandomOrdersLieBetweenLateAndOthersFirst) {
   EXPECT_EQ(seen, (std::set<int32_t>{1, 2, 3}));
 }
 
+// Unpinning memory a queued copy still reads moves unpinned pages on a GPU: the host must wait
+// for the copy first. The emulation aborts; after the wait, unpinning is fine.
+TEST(CudaEmulation, UnpinningMemoryAQueuedCopyReadsAborts) {
+  const KtierCudaOps* ops = emulated_module_ops();
+  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+  const ScopedOrder scoped("late");
+  Streams st(ops);
+  std::vector<int32_t> host(1024, 7);
+  ASSERT_EQ(ops->host_register(host.data(), host.size() * 4), 0) << ops->last_error();
+  ASSERT_EQ(ops->memcpy_async(st.device, host.data() + 100, 4, st.a), 0) << ops->last_error();
+  const std::string style = GTEST_FLAG_GET(death_test_style);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(ops->host_unregister(host.data()), "cudaHostUnregister .* still uses");
+  GTEST_FLAG_SET(death_test_style, style);
+  ASSERT_EQ(ops->stream_synchronize(st.a), 0) << ops->last_error();
+  EXPECT_EQ(ops->host_unregister(host.data()), 0) << ops->last_error();
+  EXPECT_EQ(st.get(st.device), 7);
+}
+
 // A device free (cudaFree: the op table has no stream-ordered one) is checked at the call: a
 // second free of the same block, or a free of host memory, fails there and frees nothing.
 TEST(CudaEmulation, FreesAreCheckedAtTheCall) {
