@@ -107,10 +107,11 @@ void host_waits(Scheduler& s, Queue& q, uint64_t point) {
   if (q.done >= point) return;
   switch (o) {
     case Order::kOthersFirst:
-      for (const auto& o : queues(s, &q)) run_through(*o, o->queued);
+      for (const auto& other : queues(s, &q)) run_through(*other, other->queued);
       break;
     case Order::kRandom:
-      for (const auto& o : queues(s, &q)) run_through(*o, random_point_from(s, *o, o->done));
+      for (const auto& other : queues(s, &q))
+        run_through(*other, random_point_from(s, *other, other->done));
       point = random_point_from(s, q, point);
       break;
     default:
