@@ -32,6 +32,17 @@ struct LinBatch {
   LinJob job[kMaxJobs];
 };
 
+#ifdef KTIER_CUDA_EMULATION  // the host emulation checks the pointers a launch carries
+void emulation_check_pointers(const char* kernel, int index, const LinBatch& b) {
+  for (int j = 0; j < b.n_jobs; ++j) {
+    const LinJob& jb = b.job[j];
+    for (const void* p : {jb.w, static_cast<const void*>(jb.scales),
+                          static_cast<const void*>(jb.x), static_cast<const void*>(jb.y)})
+      ktier_emu::check_device_pointer(kernel, index, p);
+  }
+}
+#endif
+
 // Which job block b belongs to (binary search over block0).
 __device__ __forceinline__ int find_job(const LinBatch& b, int block) {
   int lo = 0, hi = b.n_jobs - 1;

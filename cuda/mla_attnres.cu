@@ -109,6 +109,12 @@ struct SrcList {
   const float* v[KTIER_CUDA_MAX_SOURCES];
 };
 
+#ifdef KTIER_CUDA_EMULATION  // the host emulation checks the pointers a launch carries
+void emulation_check_pointers(const char* kernel, int index, const SrcList& list) {
+  for (const float* p : list.v) ktier_emu::check_device_pointer(kernel, index, p);
+}
+#endif
+
 // Block per token. m == 1: exact copy. Else per source i: ss = sum v^2, vf = sum v*f (each
 // thread in order over d = tid, tid + 256, ..., f32 FMA, then block_sum);
 // score_i = D(vf) / sqrt(D(ss) / n + eps) (double); softmax over the m scores exactly as

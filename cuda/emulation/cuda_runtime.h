@@ -206,7 +206,10 @@ class Launch {
  private:
   template <class T>
   static void check_param(const char* kernel, int index, const T& value) {
-    if constexpr (std::is_pointer_v<T>) check_device_pointer(kernel, index, value);
+    if constexpr (std::is_pointer_v<T>)
+      check_device_pointer(kernel, index, value);
+    else if constexpr (requires { emulation_check_pointers(kernel, index, value); })
+      emulation_check_pointers(kernel, index, value);  // a struct's pointers (found by ADL)
   }
 
   dim3 grid_, block_;
