@@ -64,6 +64,11 @@ TEST(CudaEmulation, AKernelGivenAPageableHostPointerAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(ops->add(device, host.data(), 16, device + 32, nullptr),
                "add_kernel: parameter 1 .* is neither device nor pinned host memory");
+  // The same for a pointer inside a struct parameter: a linear job's input vector.
+  const KtierCudaLinearJob job{{KTIER_CUDA_F32, device, nullptr, 4, 4}, host.data(), 1,
+                              device + 32};
+  EXPECT_DEATH(ops->linear(&job, 1, nullptr),
+               "dense_kernel.*: parameter 0 .* is neither device nor pinned host memory");
   GTEST_FLAG_SET(death_test_style, style);
   EXPECT_EQ(ops->free_device(device), 0) << ops->last_error();
 }
