@@ -6,11 +6,11 @@
 // Model: one device (compute 9.0); device memory is host memory; launches, copies and GEMMs are
 // checked at the call and queued on their stream, run when a host wait needs them (streams.h).
 // A block's threads are fibers on the host thread that runs the launch, switched at
-// __syncthreads() and at
-// warp shuffles, so barriers and shuffles have CUDA's meaning. Aborted with the kernel named: a
-// barrier some threads never reach, a full-mask shuffle in a warp with a lane that has exited
-// (stricter than CUDA, which only leaves the value read from such a lane undefined), a
-// misaligned vector load, shared memory past the launch's limit. Device memory is unreadable
+// __syncthreads() and at warp shuffles, so barriers and shuffles have CUDA's meaning. Aborted
+// with the kernel named: a barrier some threads never reach, a full-mask shuffle in a warp with
+// a lane that has exited (stricter than CUDA, which only leaves the value read from such a lane
+// undefined), a misaligned vector load, shared memory past the launch's limit, a pointer
+// parameter that is neither device nor pinned host memory. Device memory is unreadable
 // by the host outside the emulated device's own work (kernels, copies, GEMMs): a host access is
 // a SIGSEGV. __shared__ arrays are per host thread (one block at a time per thread); all shared
 // memory is poisoned (every bit set: NaN) at the start of each block.

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -344,7 +345,6 @@ bool opted_in(const void* kernel) {
   return g_max_dynamic_shared.count(kernel) != 0;
 }
 
-// Runs every block of a launch checked by launch_grid, in order, on the calling thread.
 // Alternates per kernel (not per launch: a fixed sequence of launches would run some kernel the
 // same way every time): true on a kernel's 1st, 3rd... run.
 bool next_blocks_reversed(const void* kernel) {
@@ -355,6 +355,7 @@ bool next_blocks_reversed(const void* kernel) {
   return r;
 }
 
+// Runs every block of a launch checked by launch_grid on the calling thread.
 void run_grid(const char* kernel_name, const void* kernel, dim3 grid, dim3 block,
               size_t dynamic_shared_bytes, size_t shared_limit, void (*body)(void*), void* arg) {
   g_dynamic_shared.assign((dynamic_shared_bytes + 7) / 8, 0.0);
@@ -535,11 +536,17 @@ void free_block(void* p) {
   d.device_blocks.erase(it);
 }
 
-bool inside(const std::map<void*, size_t>& blocks, const void* p) {
+// The start of the block of `blocks` (start -> bytes) that holds p, or nullptr.
+void* block_of(const std::map<void*, size_t>& blocks, const void* p) {
   auto it = blocks.upper_bound(const_cast<void*>(p));
-  if (it == blocks.begin()) return false;
+  if (it == blocks.begin()) return nullptr;
   --it;
-  return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second;
+  return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second
+             ? it->first
+             : nullptr;
+}
+bool inside(const std::map<void*, size_t>& blocks, const void* p) {
+  return block_of(blocks, p) != nullptr;
 }
 
 bool is_device(const void* p) {
@@ -552,9 +559,14 @@ bool is_device(const void* p) {
 bool is_being_freed(const void* p) {
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
-  auto it = d.device_blocks.upper_bound(const_cast<void*>(p));
-  return it != d.device_blocks.begin() && inside(d.device_blocks, p) &&
-         d.freeing.count((--it)->first) != 0;
+  void* block = block_of(d.device_blocks, p);
+  return block && d.freeing.count(block) != 0;
+}
+// A queued copy no longer uses its pinned host bytes (it ran, or was never queued).
+void forget_queued_host_bytes(uint64_t number) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.queued_host_bytes.erase(number);
 }
 bool is_pinned(const void* p) {
   Device& d = dev();
@@ -664,19 +676,11 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   auto copy = [dst, src, bytes, staged, number] {
     const DeviceWork work;
     std::memmove(dst, staged ? staged->data() : src, bytes);
-    if (number) {
-      Device& d = dev();
-      std::lock_guard<std::mutex> lock(d.mu);
-      d.queued_host_bytes.erase(number);
-    }
+    if (number) forget_queued_host_bytes(number);
   };
   const bool waits = !dst_device && (!is_pinned(dst) || !src_device);
   const cudaError_t e = waits ? ktier_emu::enqueue_and_wait(s, copy) : ktier_emu::enqueue(s, copy);
-  if (e != cudaSuccess && number) {  // not queued (an invalid stream)
-    Device& d = dev();
-    std::lock_guard<std::mutex> lock(d.mu);
-    d.queued_host_bytes.erase(number);
-  }
+  if (e != cudaSuccess && number) forget_queued_host_bytes(number);  // not queued: bad stream
   return e;
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {

@@ -22,11 +22,21 @@ const KtierCudaOps* emulated_module_ops() {
   return m->ops;
 }
 
+// Every case needs the emulated module; the test process has threads (the module's), so death
+// tests re-run the binary rather than fork it as it stands.
+class CudaEmulation : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ops = emulated_module_ops();
+    if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+  }
+  const KtierCudaOps* ops = nullptr;
+};
+
 // Host code that reads device memory without a copy works on a CPU and faults on a GPU: the
 // emulation closes device memory to the host outside its own work, so it faults here too.
-TEST(CudaEmulation, DeviceMemoryIsClosedToTheHostOutsideDeviceWork) {
-  const KtierCudaOps* ops = emulated_module_ops();
-  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+TEST_F(CudaEmulation, DeviceMemoryIsClosedToTheHostOutsideDeviceWork) {
   ASSERT_EQ(ops->init(0), 0) << ops->last_error();
   void* device = nullptr;
   ASSERT_EQ(ops->malloc_device(&device, 64), 0) << ops->last_error();
@@ -36,8 +46,6 @@ TEST(CudaEmulation, DeviceMemoryIsClosedToTheHostOutsideDeviceWork) {
   ASSERT_EQ(ops->memcpy_async(back.data(), device, 64, nullptr), 0) << ops->last_error();
   ASSERT_EQ(ops->stream_synchronize(nullptr), 0) << ops->last_error();
   EXPECT_EQ(back, host);
-  const std::string style = GTEST_FLAG_GET(death_test_style);
-  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the test process has threads
   EXPECT_DEATH(
       {
         float v;
@@ -45,23 +53,18 @@ TEST(CudaEmulation, DeviceMemoryIsClosedToTheHostOutsideDeviceWork) {
         std::printf("%g\n", v);
       },
       "");
-  GTEST_FLAG_SET(death_test_style, style);
   EXPECT_EQ(ops->free_device(device), 0) << ops->last_error();
 }
 
 // A kernel given a pageable host pointer faults on a GPU; the emulation checks every pointer
 // parameter at the launch and aborts, naming the kernel.
-TEST(CudaEmulation, AKernelGivenAPageableHostPointerAborts) {
-  const KtierCudaOps* ops = emulated_module_ops();
-  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+TEST_F(CudaEmulation, AKernelGivenAPageableHostPointerAborts) {
   ASSERT_EQ(ops->init(0), 0) << ops->last_error();
   float* device = nullptr;
   ASSERT_EQ(ops->malloc_device(reinterpret_cast<void**>(&device), 3 * 16 * sizeof(float)), 0);
   ASSERT_EQ(ops->add(device, device + 16, 16, device + 32, nullptr), 0) << ops->last_error();
   ASSERT_EQ(ops->stream_synchronize(nullptr), 0) << ops->last_error();
   std::vector<float> host(16, 0.0f);
-  const std::string style = GTEST_FLAG_GET(death_test_style);
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(ops->add(device, host.data(), 16, device + 32, nullptr),
                "add_kernel: parameter 1 .* is neither device nor pinned host memory");
   // The same for a pointer inside a struct parameter: a linear job's input vector.
@@ -69,9 +72,12 @@ TEST(CudaEmulation, AKernelGivenAPageableHostPointerAborts) {
                               device + 32};
   EXPECT_DEATH(ops->linear(&job, 1, nullptr),
                "dense_kernel.*: parameter 0 .* is neither device nor pinned host memory");
-  GTEST_FLAG_SET(death_test_style, style);
   EXPECT_EQ(ops->free_device(device), 0) << ops->last_error();
 }
+
+// The orders whose outcomes the cases below spell out ("random:SEED" lies between the first
+// two: RandomOrdersLieBetweenLateAndOthersFirst).
+constexpr const char* kOrders[] = {"late", "others-first", "sync"};
 
 // The emulation's stream order (cuda/emulation/streams.h) for the length of a test.
 class ScopedOrder {
@@ -127,10 +133,8 @@ struct Streams {
 // Work queued on a stream runs when the host waits for it: a pinned source overwritten before
 // the wait is what the copy reads (the host may not reuse it before), under the orders that
 // defer; under "sync" the copy ran at once.
-TEST(CudaEmulation, QueuedCopiesReadPinnedHostMemoryWhenTheHostWaits) {
-  const KtierCudaOps* ops = emulated_module_ops();
-  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
-  for (const char* order : {"late", "others-first", "sync"}) {
+TEST_F(CudaEmulation, QueuedCopiesReadPinnedHostMemoryWhenTheHostWaits) {
+  for (const char* order : kOrders) {
     SCOPED_TRACE(order);
     const ScopedOrder scoped(order);
     Streams st(ops);
@@ -156,10 +160,8 @@ TEST(CudaEmulation, QueuedCopiesReadPinnedHostMemoryWhenTheHostWaits) {
 
 // Two streams without an event between them: "late" never runs the other stream's work for a
 // wait on this one, "others-first" runs it first; an event wait orders them under every order.
-TEST(CudaEmulation, StreamsAreOrderedOnlyByEvents) {
-  const KtierCudaOps* ops = emulated_module_ops();
-  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
-  for (const char* order : {"late", "others-first", "sync"}) {
+TEST_F(CudaEmulation, StreamsAreOrderedOnlyByEvents) {
+  for (const char* order : kOrders) {
     SCOPED_TRACE(order);
     const ScopedOrder scoped(order);
     Streams st(ops);
@@ -197,9 +199,7 @@ TEST(CudaEmulation, StreamsAreOrderedOnlyByEvents) {
 
 // "random:SEED" draws how much of the other streams' queued work runs before a host wait's:
 // over seeds, an unordered pair of streams is seen both ways, and never any other way.
-TEST(CudaEmulation, RandomOrdersLieBetweenLateAndOthersFirst) {
-  const KtierCudaOps* ops = emulated_module_ops();
-  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+TEST_F(CudaEmulation, RandomOrdersLieBetweenLateAndOthersFirst) {
   std::set<int32_t> seen;
   for (int seed = 1; seed <= 16; ++seed) {
     const std::string order = "random:" + std::to_string(seed);
@@ -224,18 +224,13 @@ TEST(CudaEmulation, RandomOrdersLieBetweenLateAndOthersFirst) {
 
 // Unpinning memory a queued copy still reads moves unpinned pages on a GPU: the host must wait
 // for the copy first. The emulation aborts; after the wait, unpinning is fine.
-TEST(CudaEmulation, UnpinningMemoryAQueuedCopyReadsAborts) {
-  const KtierCudaOps* ops = emulated_module_ops();
-  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+TEST_F(CudaEmulation, UnpinningMemoryAQueuedCopyReadsAborts) {
   const ScopedOrder scoped("late");
   Streams st(ops);
   std::vector<int32_t> host(1024, 7);
   ASSERT_EQ(ops->host_register(host.data(), host.size() * 4), 0) << ops->last_error();
   ASSERT_EQ(ops->memcpy_async(st.device, host.data() + 100, 4, st.a), 0) << ops->last_error();
-  const std::string style = GTEST_FLAG_GET(death_test_style);
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(ops->host_unregister(host.data()), "cudaHostUnregister .* still uses");
-  GTEST_FLAG_SET(death_test_style, style);
   ASSERT_EQ(ops->stream_synchronize(st.a), 0) << ops->last_error();
   EXPECT_EQ(ops->host_unregister(host.data()), 0) << ops->last_error();
   EXPECT_EQ(st.get(st.device), 7);
@@ -243,9 +238,7 @@ TEST(CudaEmulation, UnpinningMemoryAQueuedCopyReadsAborts) {
 
 // A device free (cudaFree: the op table has no stream-ordered one) is checked at the call: a
 // second free of the same block, or a free of host memory, fails there and frees nothing.
-TEST(CudaEmulation, FreesAreCheckedAtTheCall) {
-  const KtierCudaOps* ops = emulated_module_ops();
-  if (!ops) GTEST_SKIP() << "KTIER_CUDA_MODULE is not the host emulation's module";
+TEST_F(CudaEmulation, FreesAreCheckedAtTheCall) {
   const ScopedOrder scoped("late");
   ASSERT_EQ(ops->init(0), 0) << ops->last_error();
   size_t free_before = 0, free_after = 0, total = 0;
