@@ -27,12 +27,27 @@ mkdir -p "$OUTDIR"
 W=$(mktemp -d /tmp/ktier-device-check.XXXXXX)  # every log and report; packed into OUTDIR
 pack() { tar czf "$OUTDIR/device-check.tgz" -C "$W" . 2>/dev/null; }
 trap pack EXIT
-export KTIER_CUDA_MODULE="$PWD/$B/libktier_cuda.so"
+# A bundle not carried, or carried without its modes, would otherwise read as "no usable GPU".
+chmod +x "$B"/ktier "$B"/*_test "$B"/glibc/ld-linux-x86-64.so.2 2>/dev/null
+[ -x "$B/ktier" ] || { echo "DEVICE CHECK STOPPED: no $B/ktier (carry build-device)"; exit 2; }
+export KTIER_CUDA_MODULE="$(cd "$B" && pwd)/libktier_cuda.so"
 # The module dlopen()s libcublas.so.<major> when it has no static cuBLAS: make the toolkit's
-# copy findable (without it prefill runs the fused kernels and the backend name says so).
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+# copy findable, or else the one PyTorch's wheels carry (without one prefill runs the fused
+# kernels and the backend name says so); the driver's folder too, should the shell lack it.
+for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/cublas/lib \
+         /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib \
+         /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib64 /usr/local/nvidia/lib64; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
+# X: what every bundled binary is started through. Empty, unless the binaries were linked
+# against a newer glibc than this machine's: then the loader and glibc carried in $B/glibc
+# (tools/make-device-bundle.sh), the library path above included for the driver and cuBLAS.
+X=()
+if ! "$B/ktier" --version >"$W/version.log" 2>&1 && grep -q GLIBC "$W/version.log" &&
+   [ -x "$B/glibc/ld-linux-x86-64.so.2" ]; then
+  X=("$B/glibc/ld-linux-x86-64.so.2" --library-path "$B/glibc:${LD_LIBRARY_PATH:-}")
+  echo "this machine's glibc is older than the bundle's: running it under $B/glibc"
+fi
 START=$SECONDS
 # Each step packs what the earlier ones left, so a call killed outright (SIGKILL: no EXIT trap)
 # still brings back all but the step it was in.
@@ -46,35 +61,42 @@ T() { local s=$1; shift; timeout -k 5 "$s" "$@"; }  # a step's command, killed a
 # says (brief: failures with their lines, skips, the summary), not the engines' log lines.
 gtest() {
   local name=$1 secs=$2; shift 2
-  T "$secs" "$@" --gtest_brief=1 >"$W/$name.log" 2>&1
+  T "$secs" "${X[@]}" "$@" --gtest_brief=1 >"$W/$name.log" 2>&1
   local rc=$?
-  grep -a -v -E '^\[[-0-9 :.]+\] \[' "$W/$name.log" | head -100
+  # Without the engines' log lines and the tests' [bounds] notes; the list of failures even
+  # when what comes before it is long.
+  grep -a -v -E '^\[[-0-9 :.]+\] \[|^\[bounds\]' "$W/$name.log" | head -80
+  grep -a -E '^\[  FAILED  \]' "$W/$name.log" | tail -20
   local skipped
   skipped=$(grep -a -o -E '^\[  SKIPPED \] [0-9]+ tests?' "$W/$name.log" | grep -o -E '[0-9]+')
   echo "$name rc=$rc, skipped ${skipped:-0}"
 }
 step "machine"
-nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv || true
-nproc; grep MemTotal /proc/meminfo; uname -r
-ldconfig -p 2>/dev/null | grep -m2 'libcublas\.so' || ls /usr/local/cuda/lib64/libcublas.so* 2>/dev/null || echo "libcublas: not found"
+T 20 nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv || true
+nproc; grep MemTotal /proc/meminfo; uname -r; getconf GNU_LIBC_VERSION
+cublas=$(for d in ${LD_LIBRARY_PATH//:/ }; do ls "$d"/libcublas.so.* 2>/dev/null; done | head -2)
+echo "libcublas: ${cublas:-$(ldconfig -p 2>/dev/null | grep -m1 'libcublas\.so' || echo 'not found')}"
 M=/tmp/ktier-$PRESET
 # A folder left by an interrupted synth has no index: start it again (--force).
 SYNTH_PID=
 if [ ! -f $M/model.safetensors.index.json ]; then
-  (T 240 "$B/ktier" synth --preset $PRESET -o $M --seed 1 -q --force >"$W/synth.log" 2>&1
-   echo "synth rc=$?" >>"$W/synth.log") &
+  # Its output to the log only: a background job holding stdout would keep `| tee` open after
+  # an early exit of this script.
+  (T 240 "${X[@]}" "$B/ktier" synth --preset $PRESET -o $M --seed 1 -q --force \
+     >"$W/synth.log" 2>&1
+   echo "synth rc=$?" >>"$W/synth.log") >/dev/null 2>&1 &
   SYNTH_PID=$!
 fi
 step "ktier --version / doctor (module probe through dlopen)"
-"$B/ktier" --version
-"$B/ktier" doctor >"$W/doctor.log" 2>&1; echo "doctor rc=$?"
+T 20 "${X[@]}" "$B/ktier" --version || cat "$W/version.log"
+T 60 "${X[@]}" "$B/ktier" doctor >"$W/doctor.log" 2>&1; echo "doctor rc=$?"
 cat "$W/doctor.log"
-KTIER_CUDA_MODULE=/nonexistent/libktier_cuda.so "$B/ktier" doctor | tail -1
+KTIER_CUDA_MODULE=/nonexistent/libktier_cuda.so T 60 "${X[@]}" "$B/ktier" doctor | tail -1
 usable_gpu() { grep -q -E '^cuda: [1-9][0-9]* device' "$W/doctor.log"; }
 # A driver older than the runtime the carried module links (cudaErrorInsufficientDriver with a
 # driver version: with none, there is no driver to build for): build the module again from this
-# tree with this machine's own toolkit (seconds; tools/build-cuda-module.sh; once more with
-# -allow-unsupported-compiler should that nvcc refuse the host compiler), for the GPU's own
+# tree with this machine's own toolkit (about a minute; tools/build-cuda-module.sh; once more
+# with -allow-unsupported-compiler should that nvcc refuse the host compiler), for the GPU's own
 # architecture, then ask doctor again. The test binaries and every later run load it through
 # KTIER_CUDA_MODULE.
 NVCC=$(command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
@@ -82,15 +104,19 @@ if [ "$DEVICE" = cuda ] && ! usable_gpu && [ -n "$NVCC" ] &&
    grep -q -E 'driver [1-9][0-9]*\).*InsufficientDriver' "$W/doctor.log"; then
   step "module again with this machine's nvcc (its driver is older than the bundle's runtime)"
   REBUILT=/tmp/ktier-module-rebuilt/libktier_cuda.so
-  SM=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
+  SM=$(T 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 |
+       tr -d .)
   [[ "$SM" =~ ^[0-9]+$ ]] || SM=90
-  if NVCC=$NVCC T 240 bash tools/build-cuda-module.sh "$REBUILT" "$SM" \
+  # One try, and a second only if nvcc refused the host compiler: two full builds would leave
+  # no time for the rest.
+  if NVCC=$NVCC T 150 bash tools/build-cuda-module.sh "$REBUILT" "$SM" \
        >"$W/module-rebuild.log" 2>&1 ||
-     NVCC=$NVCC NVCC_EXTRA=-allow-unsupported-compiler T 240 bash tools/build-cuda-module.sh \
-       "$REBUILT" "$SM" >>"$W/module-rebuild.log" 2>&1; then
+     { grep -q 'unsupported GNU version' "$W/module-rebuild.log" &&
+       NVCC=$NVCC NVCC_EXTRA=-allow-unsupported-compiler T 150 bash tools/build-cuda-module.sh \
+         "$REBUILT" "$SM" >>"$W/module-rebuild.log" 2>&1; }; then
     tail -1 "$W/module-rebuild.log"
     export KTIER_CUDA_MODULE=$REBUILT
-    "$B/ktier" doctor >"$W/doctor.log" 2>&1; echo "doctor rc=$?"
+    T 60 "${X[@]}" "$B/ktier" doctor >"$W/doctor.log" 2>&1; echo "doctor rc=$?"
     grep -a '^cuda:' "$W/doctor.log"
   else
     tail -20 "$W/module-rebuild.log"
@@ -99,15 +125,19 @@ fi
 # Without a usable GPU every CUDA test skips and every run falls back to the CPU: a table that
 # would read as a pass. Stop here, loudly, with doctor's reason.
 if [ "$DEVICE" = cuda ] && ! usable_gpu; then
-  echo "DEVICE CHECK STOPPED: no usable GPU: $(grep -a -m1 '^cuda:' "$W/doctor.log")"
+  echo "DEVICE CHECK STOPPED: no usable GPU: $(grep -a -m1 '^cuda:' "$W/doctor.log" ||
+                                                 tail -3 "$W/doctor.log")"
+  [ -n "$SYNTH_PID" ] && kill "$SYNTH_PID" 2>/dev/null
   exit 3
 fi
 step "CUDA op tests: every op against the CPU reference (backend_test)"
-in_time && gtest backend_test 100 "$B/backend_test"
+# Death tests in the threadsafe style: the default one forks a process in which CUDA has started.
+in_time && gtest backend_test 100 "$B/backend_test" --gtest_death_test_style=threadsafe
 step "GPU mode end to end on tiny, prompt cache save/restore (runtime_test)"
 in_time && gtest runtime_test 120 "$B/runtime_test" --gtest_filter='DeviceMode*:*PromptCache*'
 step "device limits and GEMV (bench device)"
-in_time && { T 60 "$B/ktier" bench device --device $DEVICE --bytes 2G --json "$W/bench-device.json"; echo "bench device rc=$?"; }
+in_time && { T 60 "${X[@]}" "$B/ktier" bench device --device $DEVICE --bytes 2G \
+                --json "$W/bench-device.json"; echo "bench device rc=$?"; }
 step "$PRESET checkpoint"
 [ -n "$SYNTH_PID" ] && wait $SYNTH_PID
 cat "$W/synth.log" 2>/dev/null
@@ -115,7 +145,7 @@ PROMPT=1,17,42,99,7,200,63,150,31,222,88,5
 run() {  # run NAME DEVICE [flags...]: greedy decode of 32 tokens with a JSON report
   local name=$1 dev=$2; shift 2
   in_time || return 0
-  T 45 "$B/ktier" run -m $M --ids $PROMPT -n 32 --print-ids --device $dev \
+  T 45 "${X[@]}" "$B/ktier" run -m $M --ids $PROMPT -n 32 --print-ids --device $dev \
     --report-json "$W/run-$name.json" "$@" >"$W/run-$name.out" 2>"$W/run-$name.err"
   echo "run $name rc=$?  ids: $(grep -a -E '^[0-9]+(,[0-9]+)+$' "$W/run-$name.out" | tail -1)"
   grep -a -E "^ktier:|\] \[(warning|error)\]" "$W/run-$name.err"
@@ -127,21 +157,23 @@ run cpu-reference cpu
 # policy_slots).
 for share in 50 25 10; do
   vram=$(python3 -c "import json; j=json.load(open('$W/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes'] + d['working_set_bytes'] + (d['expert_keys']*$share//100 + v['slots'] - v['policy_slots']) * v['slot_bytes']))" 2>/dev/null)
-  [ -n "$vram" ] && run "experts$share" $DEVICE --vram "$vram"
+  if [ -n "$vram" ]; then run "experts$share" $DEVICE --vram "$vram"
+  else echo "run experts$share: skipped (the resident run left no report)"; fi
 done
 # Half the trunk: the rest of the layers streamed per token (copied ahead on the copy stream).
 # The trunk takes whatever the working set and the VRAM tier's minimum (2 x top_k slots =
 # 2 x the bypass slots) leave, so this budget gives it half and the experts their minimum (on
 # demo: 3 of 16 layers resident, the head being large; emulated run).
 vram=$(python3 -c "import json; j=json.load(open('$W/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes']//2 + d['working_set_bytes'] + 2*(v['slots'] - v['policy_slots']) * v['slot_bytes']))" 2>/dev/null)
-[ -n "$vram" ] && run trunk50 $DEVICE --vram "$vram"
+if [ -n "$vram" ]; then run trunk50 $DEVICE --vram "$vram"
+else echo "run trunk50: skipped (the resident run left no report)"; fi
 # Perplexity of a fixed id sequence (2 windows of 64): the device against the CPU. Robust where
 # greedy ids are not (one near-tied expert choice changes every later id); the figures should
 # agree to a few parts in 10^4 (cuBLAS accumulation, NUMERICS.md §13).
 PPL_IDS=$(python3 -c "print(','.join(str((i * 37 + 5) % 250) for i in range(128)))")
 for dev in cpu $DEVICE; do
   in_time || break
-  T 60 "$B/ktier" perplexity -m $M --ids $PPL_IDS -c 64 --device $dev \
+  T 60 "${X[@]}" "$B/ktier" perplexity -m $M --ids $PPL_IDS -c 64 --device $dev \
     $([ "$dev" = emulated ] && echo --vram 4G) --json "$W/ppl-$dev.json" \
     >"$W/ppl-$dev.out" 2>"$W/ppl-$dev.err"
   echo "perplexity $dev rc=$?: $(cat "$W/ppl-$dev.out")"
@@ -157,7 +189,8 @@ def load(n):  # None when the step that writes it failed or timed out (an empty 
         return None
 b = load("bench-device.json")
 if b:
-    print(f"copy {b['copy_gbps']:.0f} GB/s  h2d {b['h2d_gbps']:.1f} GB/s  "
+    print(f"{b['device']}: copy {b['copy_gbps']:.0f} GB/s  h2d {b['h2d_gbps']:.1f} GB/s "
+          f"(pinned {b.get('h2d_pinned_gbps', 0):.1f})  "
           f"bf16 gemv {b['bf16_gemv_gbps']:.0f} GB/s ({b['bf16_ratio']:.2f})  "
           f"mxfp4 gemv {b['mxfp4_gemv_gbps']:.0f} GB/s ({b['mxfp4_ratio']:.2f})")
 def ids(n):  # the generated ids a run printed (its last line of ids), or None
@@ -175,15 +208,19 @@ def same_as_cpu(n):  # "yes", or where the first generated id differs (f32 route
     if got is None: return "NO (no ids)"
     a, b = ref.split(","), got.split(",")
     return f"NO from id {next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))}"
-print(f"{'run':14} {'tok/s':>7} {'vram hit':>9} {'ram hit':>8} {'RAM->VRAM MB/tok':>17} {'layers':>7}"
-      f" {'peak/vram':>9}  ids = cpu")
+# RAM->VRAM GB/s: the link's bytes per token times tokens per second, an average over the decode
+# (the copies' own rate is at least that; bench device's pinned figure is the link's limit).
+print(f"{'run':14} {'tok/s':>7} {'vram hit':>9} {'ram hit':>8} {'RAM->VRAM MB/tok':>17} {'GB/s':>6}"
+      f" {'layers':>7} {'peak/vram':>9}  ids = cpu")
 for n in ["resident", "experts50", "experts25", "experts10", "trunk50", "cpu-reference"]:
     j = load(f"run-{n}.json")
     if not j: print(f"{n:14} (no report)"); continue
     same = same_as_cpu(n)
     print(f"{n:14} {j['decode_tok_per_s']:7.2f} {100*j['tiers']['vram']['hit_rate_bytes']:8.1f}% "
           f"{100*j['tiers']['ram']['hit_rate_bytes']:7.1f}% "
-          f"{j['links']['ram_to_vram_bytes_per_token']/1e6:17.1f} {j['device']['trunk_layers_resident']:7}"
+          f"{j['links']['ram_to_vram_bytes_per_token']/1e6:17.1f} "
+          f"{j['links']['ram_to_vram_bytes_per_token']*j['decode_tok_per_s']/1e9:6.2f} "
+          f"{j['device']['trunk_layers_resident']:7}"
           f" {(format(j['device']['memory_peak_bytes']/j['device']['vram_budget_bytes'], '.3f') if j['device']['gpu_mode'] else '-'):>9}  {same}")
 pc, pd = load("ppl-cpu.json"), next((load(f"ppl-{x}.json") for x in ("cuda", "emulated")
                                      if load(f"ppl-{x}.json")), None)

@@ -102,13 +102,23 @@ bool g_handle_tried[kMaxDevices] = {};  // one attempt per device (g_handle_mu)
 std::mutex g_call_mu[kMaxDevices];
 cudaStream_t g_handle_stream[kMaxDevices] = {};  // the last call's stream (g_call_mu[device])
 
-// Scratch per (device, stream) for the split copies of x; grown stream-ordered.
+// Scratch per (device, stream) for the split copies of x; grown stream-ordered where the
+// device has memory pools (cudaDevAttrMemoryPoolsSupported, read by cublas_init), otherwise
+// with cudaMalloc/cudaFree, which wait for the device themselves.
 struct Scratch {
   void* ptr = nullptr;
   size_t cap = 0;
 };
 std::mutex g_scratch_mu;
 std::map<std::pair<int, cudaStream_t>, Scratch> g_scratch;
+std::atomic<bool> g_memory_pools[kMaxDevices] = {};
+
+cudaError_t scratch_alloc(int device, void** p, size_t bytes, cudaStream_t s) {
+  return g_memory_pools[device].load() ? cudaMallocAsync(p, bytes, s) : cudaMalloc(p, bytes);
+}
+cudaError_t scratch_free(int device, void* p, cudaStream_t s) {
+  return g_memory_pools[device].load() ? cudaFreeAsync(p, s) : cudaFree(p);
+}
 
 cudaError_t scratch_get(int device, cudaStream_t s, size_t bytes, void** out) {
   std::lock_guard<std::mutex> lock(g_scratch_mu);
@@ -118,14 +128,14 @@ cudaError_t scratch_get(int device, cudaStream_t s, size_t bytes, void** out) {
       // The pool cannot hand the smaller block to the larger request, and keeps it until a
       // synchronisation: wait here (growth happens a few times a run) so that the old and new
       // blocks are never held together, past the cuBLAS allowance budgeted for the largest call.
-      cudaError_t err = cudaFreeAsync(sc.ptr, s);
+      cudaError_t err = scratch_free(device, sc.ptr, s);
       if (err == cudaSuccess) err = cudaStreamSynchronize(s);
       sc.ptr = nullptr;
       sc.cap = 0;
       if (err != cudaSuccess) return err;
     }
     const size_t cap = bytes + bytes / 4;
-    const cudaError_t err = cudaMallocAsync(&sc.ptr, cap, s);
+    const cudaError_t err = scratch_alloc(device, &sc.ptr, cap, s);
     if (err != cudaSuccess) {
       sc.ptr = nullptr;
       return err;
@@ -160,6 +170,14 @@ void cublas_init(int device) {
   g_handle_tried[device] = true;
   const CublasApi& api = cublas_api();
   if (!api.ok) return;
+  // Stream-ordered allocation is optional (some virtualised or older setups lack it): where
+  // it is absent, the scratch takes plain cudaMalloc rather than failing every prefill product.
+  int pools = 0;
+  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    pools = 0;
+  }
+  g_memory_pools[device].store(pools != 0);
   cublasHandle_t h = nullptr;
   if (api.create(&h) != CUBLAS_STATUS_SUCCESS) {
     (void)cudaGetLastError();  // static cuBLAS shares our runtime: its failure is not an op's
@@ -184,7 +202,8 @@ void scratch_release(cudaStream_t s) {
     if (it->first.second == s) {
       // A failed free (the stream already broken) is not this op's error: drop it (see
       // cuda_check on the runtime's last error).
-      if (it->second.ptr && cudaFreeAsync(it->second.ptr, s) != cudaSuccess) (void)cudaGetLastError();
+      if (it->second.ptr && scratch_free(it->first.first, it->second.ptr, s) != cudaSuccess)
+        (void)cudaGetLastError();
       it = g_scratch.erase(it);
     } else {
       ++it;

@@ -99,7 +99,8 @@ __device__ __forceinline__ void argmax_merge(float& bv, int64_t& bi, float ov, i
     bi = oi;
   }
 }
-__global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int64_t* out) {
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_kernel(const float* __restrict__ x, int64_t n, int64_t* out) {
   __shared__ float rv[kArgmaxThreads / 32];
   __shared__ int64_t ri[kArgmaxThreads / 32];
   float bv = 0.0f;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Collects what a GPU machine needs into build-device/ (git-ignored): the ktier executable,
 # libktier_cuda.so and the test executables that exercise CUDA (backend_test: every op against
-# the CPU; runtime_test: GPU mode end to end). Built in build-bundle/ with the CUDA module for
+# the CPU; runtime_test: GPU mode end to end) and a copy of this machine's glibc (used there
+# only if the binaries do not start otherwise). Built in build-bundle/ with the CUDA module for
 # sm_90 (the lent H200; KTIER_BUNDLE_ARCHS to change) and with libstdc++/libgcc linked
 # statically, so the bundle needs only the NVIDIA driver and a C library there (third-party
 # libraries are static already: KTIER_STATIC_DEPS). A first build takes ~15 minutes on 2 cores.
@@ -21,6 +22,18 @@ cp "$BUILD_DIR/ktier" "$BUILD_DIR/libktier_cuda.so" build-device/
 cp "$BUILD_DIR/tests/backend/backend_test" "$BUILD_DIR/tests/runtime/runtime_test" build-device/
 # Debug info would exceed the 64 MiB a device call carries.
 strip build-device/ktier build-device/backend_test build-device/runtime_test
+# Insurance against an older C library there (the GPU machine's OS is not recorded): this
+# machine's loader and the glibc libraries that the binaries, the driver and cuBLAS link.
+# bench/device-check.sh runs the binaries through that loader only if they do not start as
+# they are. (glibc's libpthread, libdl and librt must come along: mixing two glibcs fails.)
+need=$(objdump -T build-device/ktier build-device/libktier_cuda.so build-device/*_test |
+       grep -o -E 'GLIBC_[0-9.]+' | sort -u -V | tail -1)
+echo "the bundle needs $need; this machine has $(getconf GNU_LIBC_VERSION)"
+mkdir -p build-device/glibc
+for lib in ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 \
+           libgcc_s.so.1; do
+  cp -L "/lib/x86_64-linux-gnu/$lib" build-device/glibc/
+done
 ls -la build-device
 du -sh build-device
 # Pre-flight here, without a GPU, so the lent minutes are not spent finding it out: the bundle's
@@ -32,4 +45,12 @@ echo "$doctor" | grep -q '^cuda: module .* loaded' ||
   { echo "$doctor"; echo "the bundle's module did not load"; exit 1; }
 build-device/backend_test --gtest_brief=1 >/tmp/ktier-bundle-backend.log 2>&1 ||
   { tail -20 /tmp/ktier-bundle-backend.log; echo "backend_test fails without a GPU"; exit 1; }
-echo "pre-flight: module loads, backend_test passes (CUDA cases skipped); carry build-device"
+build-device/runtime_test --gtest_brief=1 --gtest_filter='DeviceMode*:*PromptCache*' \
+  >/tmp/ktier-bundle-runtime.log 2>&1 ||
+  { tail -20 /tmp/ktier-bundle-runtime.log; echo "runtime_test fails without a GPU"; exit 1; }
+# The fallback itself: the module loads in a process started by the carried loader.
+KTIER_CUDA_MODULE="$PWD/build-device/libktier_cuda.so" build-device/glibc/ld-linux-x86-64.so.2 \
+  --library-path build-device/glibc build-device/ktier doctor 2>&1 |
+  grep -q '^cuda: module .* loaded' || { echo "the carried loader does not start ktier"; exit 1; }
+echo "pre-flight: module loads (also under the carried glibc), backend_test and runtime_test's"
+echo "device cases pass (CUDA cases skipped); carry build-device ($(git describe --always --dirty))"

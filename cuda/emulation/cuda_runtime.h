@@ -72,6 +72,7 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotSupported = 801,
   cudaErrorUnknown = 999,
 };
 using cudaError = cudaError_t;
@@ -81,6 +82,7 @@ using cudaStream_t = CUstream_st*;
 using cudaEvent_t = CUevent_st*;
 enum cudaMemcpyKind { cudaMemcpyDefault = 4 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaDeviceAttr { cudaDevAttrMemoryPoolsSupported = 115 };
 enum cudaDataType { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
 constexpr unsigned cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2;
 constexpr unsigned cudaHostAllocPortable = 1, cudaHostRegisterPortable = 1;
@@ -106,6 +108,10 @@ cudaError_t cudaRuntimeGetVersion(int* v);
 cudaError_t cudaDriverGetVersion(int* v);
 cudaError_t cudaGetDeviceCount(int* n);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device);
+// cudaDevAttrMemoryPoolsSupported: 1, or 0 with KTIER_CUDA_EMULATION_MEMORY_POOLS=0 (tests of
+// the module's fallback), where cudaMallocAsync and cudaFreeAsync then fail with
+// cudaErrorNotSupported, as on a device without memory pools.
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);

@@ -427,6 +427,20 @@ namespace {
 
 thread_local int g_device = 0;
 
+// Whether the emulated device has memory pools (KTIER_CUDA_EMULATION_MEMORY_POOLS: 1, the
+// default, or 0; any other value aborts).
+bool memory_pools() {
+  static const bool pools = [] {
+    const char* v = std::getenv("KTIER_CUDA_EMULATION_MEMORY_POOLS");
+    if (!v || !*v || std::strcmp(v, "1") == 0) return true;
+    if (std::strcmp(v, "0") == 0) return false;
+    std::fprintf(stderr,
+                 "ktier CUDA emulation: KTIER_CUDA_EMULATION_MEMORY_POOLS=%s: not 0 or 1\n", v);
+    std::abort();
+  }();
+  return pools;
+}
+
 }  // namespace
 
 cudaError_t cudaGetLastError() {
@@ -442,6 +456,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
     default: return "cudaErrorUnknown";
   }
 }
@@ -468,6 +483,12 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   p->major = 9;
   p->minor = 0;
   p->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (attr != cudaDevAttrMemoryPoolsSupported) return fail(cudaErrorInvalidValue);
+  *value = memory_pools() ? 1 : 0;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
@@ -594,8 +615,12 @@ cudaError_t cudaFree(void* p) {
 }
 // Stream-ordered allocation is not modelled: a block is new memory at once, and a pool's reuse
 // of freed blocks across streams is never shown.
-cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
+  if (!memory_pools()) return fail(cudaErrorNotSupported);
+  return cudaMalloc(p, bytes);
+}
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  if (!memory_pools()) return fail(cudaErrorNotSupported);
   if (!p) return cudaSuccess;
   if (const cudaError_t e = claim_for_free(p); e != cudaSuccess) return e;
   const cudaError_t queued = ktier_emu::enqueue(s, [p] { free_block(p); });

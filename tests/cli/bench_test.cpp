@@ -68,8 +68,8 @@ TEST(CliBench, DeviceOnEmulatedWritesFiguresAndCudaWithoutGpuExitsTwo) {
   ASSERT_TRUE(in) << "no JSON written";
   const nlohmann::json j = nlohmann::json::parse(in);
   std::filesystem::remove(json_path);
-  for (const char* key : {"copy_gbps", "h2d_gbps", "bf16_gemv_gbps", "bf16_ratio",
-                          "mxfp4_gemv_gbps", "mxfp4_ratio"})
+  for (const char* key : {"copy_gbps", "h2d_gbps", "h2d_pinned_gbps", "bf16_gemv_gbps",
+                          "bf16_ratio", "mxfp4_gemv_gbps", "mxfp4_ratio"})
     expect_positive(j, key);
 
   if (run_process(ktier() + " doctor").out.find("using the CPU path") == std::string::npos)

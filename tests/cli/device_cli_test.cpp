@@ -119,7 +119,8 @@ TEST_F(DeviceCli, BenchDeviceMeasuresTheDevice) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("cuda:0"), std::string::npos) << r.out;
   const nlohmann::json j = read_json(json);
-  for (const char* key : {"copy_gbps", "h2d_gbps", "bf16_gemv_gbps", "mxfp4_gemv_gbps"})
+  for (const char* key :
+       {"copy_gbps", "h2d_gbps", "h2d_pinned_gbps", "bf16_gemv_gbps", "mxfp4_gemv_gbps"})
     EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
 }
 
