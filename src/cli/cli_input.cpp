@@ -284,7 +284,8 @@ void add_sampling_options(CLI::App* sub, runtime::SamplingParams& sampling, bool
                   help("Keep the K most likely tokens; 0 = off", "top_k"))
       ->capture_default_str();
   sub->add_option("--top-p", sampling.top_p,
-                  help("Nucleus sampling threshold; 1 = off", "top_p"))
+                  help("Nucleus sampling threshold; 1 = off, 0 keeps the most likely token",
+                       "top_p"))
       ->capture_default_str();
   sub->add_option("--min-p", sampling.min_p,
                   help("Keep tokens at least this fraction as likely as the likeliest (after "

@@ -30,6 +30,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -58,6 +59,9 @@ namespace ktier::cli {
 namespace {
 
 constexpr size_t kHttpThreads = 32;
+// Generation requests that may wait for the one running (a connection thread each); the next
+// is answered 503 at once, so that some threads stay free for /health, /metrics, /v1/models.
+constexpr int64_t kMaxWaitingRequests = kHttpThreads - 8;
 
 struct ServeArgs {
   std::string model, host = "127.0.0.1", alias, isa = "auto";
@@ -117,15 +121,26 @@ class ApiHandlers {
   // `max_body_bytes`: the payload limit cpp-httplib was given (it checks only Content-Length
   // for handlers that read the body themselves; read_body checks what arrives).
   ApiHandlers(std::string model_name, bool metrics, size_t max_body_bytes)
-      : model_(std::move(model_name)), metrics_(metrics), max_body_bytes_(max_body_bytes) {}
+      : model_(std::move(model_name)), metrics_(metrics), max_body_bytes_(max_body_bytes),
+        id_prefix_(random_id_prefix()) {}
 
   // `service` must outlive listening. Before this call no handler below runs.
   void set_service(server::Service& service) { service_.store(&service); }
   bool ready() const { return service_.load() != nullptr; }
 
   void route(httplib::Server& http) {
-    http.set_pre_routing_handler([this](const httplib::Request&, httplib::Response& res) {
-      if (ready()) return httplib::Server::HandlerResponse::Unhandled;
+    // Cross-origin requests (a web front-end served elsewhere), allowed as llama-server allows
+    // them: every answer says any origin may read it, and a browser's preflight is answered.
+    http.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+    http.Options(R"(.*)", [](const httplib::Request& req, httplib::Response& res) {
+      const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers",
+                     asked.empty() ? std::string("Content-Type, Authorization") : asked);
+      res.status = 204;
+    });
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (ready() || req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
       res.status = 503;
       res.set_content(server::dump(server::error_body(
                           "the model is loading; try again when GET /health answers 200",
@@ -236,7 +251,8 @@ class ApiHandlers {
     const server::PeerWatch peer = server::PeerWatch::find(req.local_addr, req.local_port,
                                                            req.remote_addr, req.remote_port);
     const bool chat = endpoint == server::Endpoint::kChatCompletions;
-    server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++requests_),
+    server::ResponseHead head{(chat ? "chatcmpl-" : "cmpl-") + id_prefix_ +
+                                  std::to_string(++requests_),
                               now(), model_};
     const Result<json> object = server::parse_body_object(body);
     if (!object.is_ok()) return send_error(res, object.status());
@@ -278,6 +294,11 @@ class ApiHandlers {
     if (!parsed.is_ok()) return send_error(res, parsed.status());
     Result<server::PreparedRequest> prepared = service().prepare(std::move(*parsed));
     if (!prepared.is_ok()) return send_error(res, prepared.status());
+    // Busy: 503 before a stream's status line (200) is sent; complete() refuses a whole answer.
+    if (const Status busy = service().admission(); !busy.is_ok()) {
+      res.set_header("Retry-After", "1");
+      return send_error(res, busy);
+    }
     if (!prepared->request.stream) return reply(res, handle_whole(*prepared, head, peer));
     const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
     auto request = std::make_shared<server::PreparedRequest>(std::move(*prepared));
@@ -354,8 +375,15 @@ class ApiHandlers {
   Result<server::Completion> run(const server::PreparedRequest& request,
                                  const server::Service::TextSink& on_text,
                                  const server::PeerWatch& peer) {
+    bool busy = false;
     Result<server::Completion> done = service().complete(
-        request, on_text, [&peer] { return InterruptRequest::requested() || peer.gone(); });
+        request, on_text, [&peer] { return InterruptRequest::requested() || peer.gone(); },
+        &busy);
+    if (busy) {
+      spdlog::warn("{}: refused: {}", server::endpoint_name(request.request.endpoint),
+                   done.status().message());
+      return done;
+    }
     if (!done.is_ok() && done.status().code() == ExitCode::kInterrupted &&
         !InterruptRequest::requested()) {
       spdlog::info("{}: the client went away before its request started",
@@ -389,6 +417,16 @@ class ApiHandlers {
   const bool metrics_;
   const size_t max_body_bytes_;
   std::atomic<uint64_t> requests_{0};
+  // Drawn at start: response ids ("chatcmpl-<prefix><n>") differ across restarts, so logs and
+  // caches keyed by them do not mix two runs' answers.
+  const std::string id_prefix_;
+
+  static std::string random_id_prefix() {
+    std::random_device rd;
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "%08x%08x-", rd(), rd());
+    return buf;
+  }
 };
 
 // How long connections may take to end once the server stops and no answer is generating: a
@@ -531,6 +569,7 @@ Status serve(const ServeArgs& a) {
   so.prefill_chunk = a.chunk;
   so.defaults.sampling = a.sampling;
   so.defaults.max_tokens = a.max_tokens;
+  so.max_waiting = kMaxWaitingRequests;
   if (a.max_tokens == 0) return Status::usage("-n 0 would answer nothing: give 1 or more, or -1");
   KTIER_RETURN_IF_ERROR(runtime::validate(so.defaults.sampling));
   // A request's own temperature or penalty is refused past OpenAI's range; so is a default.

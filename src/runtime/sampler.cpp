@@ -15,8 +15,9 @@ Status validate(const SamplingParams& p) {
     return Status::usage("--temp must be a finite number >= 0 (0 = greedy), got " +
                          std::to_string(p.temperature));
   if (p.top_k < 0) return Status::usage("--top-k must be >= 0 (0 = off)");
-  if (!(p.top_p > 0 && p.top_p <= 1))
-    return Status::usage("--top-p must be in (0, 1] (1 = off), got " + std::to_string(p.top_p));
+  if (!(p.top_p >= 0 && p.top_p <= 1))
+    return Status::usage("--top-p must be in [0, 1] (1 = off; 0 keeps the most likely token), "
+                         "got " + std::to_string(p.top_p));
   if (!(p.min_p >= 0 && p.min_p <= 1))
     return Status::usage("--min-p must be in [0, 1] (0 = off), got " + std::to_string(p.min_p));
   if (!(p.repeat_penalty > 0) || !std::isfinite(p.repeat_penalty))

@@ -41,7 +41,7 @@ struct SamplingParams {
 };
 
 // Status::usage naming the flag when a parameter is out of range (temperature < 0 or not
-// finite, top_k < 0, top_p outside (0, 1], min_p outside [0, 1], repeat_penalty not a finite
+// finite, top_k < 0, top_p outside [0, 1], min_p outside [0, 1], repeat_penalty not a finite
 // number > 0, repeat_last_n outside -1..INT32_MAX, presence or frequency penalty not finite).
 Status validate(const SamplingParams& p);
 

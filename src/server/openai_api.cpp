@@ -143,7 +143,7 @@ Result<std::optional<int64_t>> parse_logprobs(Endpoint endpoint, const json& bod
     return n && *n > 0 ? n : std::optional<int64_t>();
   if (endpoint == Endpoint::kCompletions) return n;
   KTIER_ASSIGN_OR_RETURN(const bool logprobs, bool_field(body, "logprobs", false));
-  if (n && !logprobs) return field_error("top_logprobs", "needs \"logprobs\": true");
+  if (n && *n > 0 && !logprobs) return field_error("top_logprobs", "needs \"logprobs\": true");
   return logprobs ? std::optional<int64_t>(n.value_or(0)) : std::optional<int64_t>();
 }
 
@@ -154,7 +154,8 @@ Result<std::string> message_text(const json& content, const std::string& field) 
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
     const std::string at = field + "[" + std::to_string(i) + "]";
-    if (!part.is_object() || part.value("type", json()) != "text")
+    const auto type = part.is_object() ? part.find("type") : part.end();
+    if (!part.is_object() || type == part.end() || *type != "text")
       return field_error(at, "only {\"type\": \"text\", \"text\": ...} parts are built");
     const auto t = part.find("text");
     if (t == part.end() || !t->is_string()) return field_error(at + ".text", "must be a string");
@@ -267,8 +268,22 @@ json head_json(Endpoint endpoint, const ResponseHead& head, bool chunk) {
 }  // namespace
 
 Result<json> parse_body_object(std::string_view body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  // Values nested deeper than kMaxJsonDepth are never built (the parser itself keeps no
+  // recursion), and the body is refused: copying or comparing a deep value recurses once per
+  // level, and a few hundred KB of brackets would overflow a connection thread's stack.
+  bool too_deep = false;
+  json j = json::parse(
+      body,
+      [&too_deep](int depth, json::parse_event_t, json&) {
+        if (depth <= kMaxJsonDepth) return true;
+        too_deep = true;
+        return false;
+      },
+      /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::usage("the request body is not valid JSON");
+  if (too_deep)
+    return Status::usage("the request body nests values deeper than " +
+                         std::to_string(kMaxJsonDepth) + " levels");
   if (!j.is_object()) return Status::usage("the request body must be a JSON object");
   return j;
 }
@@ -296,8 +311,10 @@ Result<std::vector<json>> split_prompt_batch(const json& j) {
   KTIER_ASSIGN_OR_RETURN(const bool stream, bool_field(j, "stream", false));
   if (stream)
     return field_error("prompt", "a batch of prompts is answered whole only (not streamed)");
+  json rest = j;  // the fields the prompts share, copied once (not the batch with each prompt)
+  rest.erase("prompt");
   for (const json& p : *prompt) {
-    json& one = bodies.emplace_back(j);
+    json& one = bodies.emplace_back(rest);
     one["prompt"] = p;
   }
   return bodies;
@@ -365,7 +382,8 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, const json& j,
     if (v) r.sampling.*b.value = *v;
   }
   KTIER_ASSIGN_OR_RETURN(const std::optional<double> top_p, number_field(j, "top_p"));
-  if (top_p && !(*top_p > 0 && *top_p <= 1)) return field_error("top_p", "must be in (0, 1]");
+  // 0 keeps the most likely token only, as OpenAI's range and llama.cpp's sampler have it.
+  if (top_p && !(*top_p >= 0 && *top_p <= 1)) return field_error("top_p", "must be in [0, 1]");
   if (top_p) r.sampling.top_p = *top_p;
   KTIER_ASSIGN_OR_RETURN(const std::optional<double> min_p, number_field(j, "min_p"));
   if (min_p && !(*min_p >= 0 && *min_p <= 1)) return field_error("min_p", "must be in [0, 1]");

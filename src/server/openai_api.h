@@ -133,7 +133,8 @@ struct AnswerToken {
 // JSON has no infinity); an unscored token's logprob and top_logprobs are null.
 nlohmann::json logprobs_json(Endpoint endpoint, std::span<const AnswerToken> tokens);
 
-// Identity of one response: its id ("cmpl-N" / "chatcmpl-N"), creation time, model name.
+// Identity of one response: its id ("cmpl-…" / "chatcmpl-…": a prefix drawn when the server
+// starts, then the request's number), creation time, model name.
 struct ResponseHead {
   std::string id;
   int64_t created = 0;  // Unix seconds
@@ -159,7 +160,9 @@ nlohmann::json stream_usage_chunk(Endpoint endpoint, const ResponseHead& head, c
                                   const nlohmann::json& extra);
 // Status::usage "request field \"FIELD\": WHAT", the form error_param reads back.
 Status field_error(const std::string& field, const std::string& what);
-// A request body as a JSON object; Status::usage when it is not valid JSON or not an object.
+// A request body as a JSON object; Status::usage when it is not valid JSON, not an object, or
+// nests values deeper than kMaxJsonDepth (an array or object in the body's object is level 1).
+inline constexpr int kMaxJsonDepth = 64;
 Result<nlohmann::json> parse_body_object(std::string_view body);
 // `body[name]` as a bool: `fallback` when absent or null; field_error when not a bool.
 Result<bool> bool_field(const nlohmann::json& body, const char* name, bool fallback);

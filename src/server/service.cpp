@@ -84,12 +84,70 @@ ServiceTotals Service::totals() const {
   return totals_;
 }
 
+bool Service::wait_turn(const std::function<bool()>& stop_requested) {
+  std::unique_lock<std::mutex> lock(turn_mutex_);
+  const uint64_t ticket = next_ticket_++;
+  line_.push_back(ticket);
+  while (generating_ || line_.front() != ticket) {
+    turn_cv_.wait_for(lock, kTurnPoll);
+    if (!generating_ && line_.front() == ticket) break;
+    // Asked without the lock: it may poll a socket.
+    lock.unlock();
+    const bool stop = stop_requested && stop_requested();
+    lock.lock();
+    if (stop) {
+      line_.erase(std::find(line_.begin(), line_.end(), ticket));
+      turn_cv_.notify_all();  // the next one may be at the front now
+      return false;
+    }
+  }
+  line_.pop_front();
+  generating_ = true;
+  return true;
+}
+
+void Service::end_turn() {
+  {
+    std::lock_guard<std::mutex> lock(turn_mutex_);
+    generating_ = false;
+  }
+  turn_cv_.notify_all();
+}
+
+Status Service::admission_locked() const {
+  if (options_.max_waiting > 0 && totals_.waiting >= options_.max_waiting)
+    return Status::interrupted("the server is busy: " + std::to_string(totals_.waiting) +
+                               " requests wait for the model already; try again later");
+  return Status::ok();
+}
+
+Status Service::admission() const {
+  std::lock_guard<std::mutex> totals(totals_mutex_);
+  return admission_locked();
+}
+
 Result<Completion> Service::complete(const PreparedRequest& prepared, const TextSink& on_text,
-                                     const std::function<bool()>& stop_requested) {
+                                     const std::function<bool()>& stop_requested, bool* busy) {
+  if (busy) *busy = false;
   {
     std::lock_guard<std::mutex> totals(totals_mutex_);
+    if (Status refused = admission_locked(); !refused.is_ok()) {
+      if (busy) *busy = true;
+      return refused;
+    }
     ++totals_.waiting;
   }
+  if (!wait_turn(stop_requested)) {
+    std::lock_guard<std::mutex> totals(totals_mutex_);
+    --totals_.waiting;
+    ++totals_.requests_failed;
+    return Status::interrupted("the request was not started: its client left, or the server "
+                               "is stopping, while it waited");
+  }
+  struct Turn {
+    Service& s;
+    ~Turn() { s.end_turn(); }
+  } turn{*this};
   std::lock_guard<std::mutex> lock(mutex_);
   {
     std::lock_guard<std::mutex> totals(totals_mutex_);

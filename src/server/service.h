@@ -11,10 +11,13 @@
 // reuses the previous answer's state when the answer's text encodes to the ids sampled for it
 // (as a trained model's text mostly does); otherwise it reuses nothing.
 //
-// Thread-safety: complete() may be called from any thread; calls are serialized (a second waits
-// for the first: one sequence, one model).
+// Thread-safety: complete() may be called from any thread; calls are serialized (one sequence,
+// one model): the others wait in arrival order, up to ServiceOptions::max_waiting of them.
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -40,6 +43,9 @@ struct ServiceOptions {
   int64_t ctx = 4096;           // positions a sequence may use (-c); reserved up front
   int64_t prefill_chunk = 256;  // --chunk
   RequestDefaults defaults;
+  // Requests that may wait for the one generating; one more is refused at once (503, "busy"),
+  // so that waiting requests cannot take every connection thread from /health. 0: no limit.
+  int64_t max_waiting = 0;
 };
 
 struct Completion {
@@ -93,11 +99,18 @@ class Service {
   // Status::budget for one past the context (-c), Status::corrupt for ids past the vocabulary.
   Result<PreparedRequest> prepare(CompletionRequest request) const;
   // Generates the answer. `stop_requested` (may be null) is asked between tokens and prompt
-  // chunks, as GenerationOptions::stop_requested, and before the request starts: true there is
-  // Status::interrupted (it waited while the server was told to stop). Other errors: the
-  // model's (I/O, corrupt bytes), after which the next request starts a fresh sequence.
+  // chunks, as GenerationOptions::stop_requested, and while the request waits for its turn
+  // (every kTurnPoll) and before it starts: true there is Status::interrupted (its client left,
+  // or the server was told to stop, while it waited). Status::interrupted too, at once, when
+  // max_waiting requests wait already (busy: `busy` set). Other errors: the model's (I/O,
+  // corrupt bytes), after which the next request starts a fresh sequence.
   Result<Completion> complete(const PreparedRequest& prepared, const TextSink& on_text,
-                              const std::function<bool()>& stop_requested);
+                              const std::function<bool()>& stop_requested,
+                              bool* busy = nullptr);
+  static constexpr std::chrono::milliseconds kTurnPoll{100};
+  // complete()'s refusal of a request while max_waiting requests wait (Status::interrupted),
+  // or ok: asked before a streamed answer's status line is sent (complete() asks again).
+  Status admission() const;
 
   const ServiceOptions& options() const { return options_; }
   const tok::Tokenizer& tokenizer() const { return tokenizer_; }
@@ -113,9 +126,20 @@ class Service {
 
   Result<Completion> complete_locked(const PreparedRequest& prepared, const TextSink& on_text,
                                      const std::function<bool()>& stop_requested);
+  // The line of requests waiting to generate (first come, first served). wait_turn returns
+  // true when this caller's turn has come (end_turn() after it), false, having left the line,
+  // when `stop_requested` said so while it waited.
+  bool wait_turn(const std::function<bool()>& stop_requested);
+  void end_turn();
+  Status admission_locked() const;  // totals_mutex_ held
 
   mutable std::mutex totals_mutex_;  // guards totals_ (never held while generating)
   ServiceTotals totals_;
+  std::mutex turn_mutex_;  // guards line_, next_ticket_, generating_
+  std::condition_variable turn_cv_;
+  std::deque<uint64_t> line_;  // the waiting requests' tickets, in arrival order
+  uint64_t next_ticket_ = 0;
+  bool generating_ = false;
   std::mutex mutex_;  // guards everything below
   std::unique_ptr<runtime::GenerationSession> session_;
 };

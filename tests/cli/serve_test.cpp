@@ -161,6 +161,17 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   auto detok = client.Post("/detokenize", json{{"tokens", tokens}}.dump(), "application/json");
   ASSERT_TRUE(detok);
   EXPECT_EQ(json::parse(detok->body)["content"], "hello there") << detok->body;
+  // A browser's preflight for a front-end on another origin, answered as llama-server does.
+  httplib::Headers preflight = {{"Origin", "http://localhost:3000"},
+                                {"Access-Control-Request-Method", "POST"},
+                                {"Access-Control-Request-Headers", "content-type"}};
+  auto options = client.Options("/v1/chat/completions", preflight);
+  ASSERT_TRUE(options);
+  EXPECT_EQ(options->status, 204);
+  EXPECT_EQ(options->get_header_value("Access-Control-Allow-Origin"), "*");
+  EXPECT_NE(options->get_header_value("Access-Control-Allow-Methods").find("POST"),
+            std::string::npos);
+  EXPECT_EQ(options->get_header_value("Access-Control-Allow-Headers"), "content-type");
   auto no_metrics = client.Get("/metrics");  // without --metrics, as llama-server
   ASSERT_TRUE(no_metrics);
   EXPECT_EQ(no_metrics->status, 501);
@@ -176,6 +187,11 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   const json body = json::parse(whole->body);
   EXPECT_EQ(body["object"], "chat.completion");
   EXPECT_EQ(body["model"], "tiny-test");
+  // A prefix drawn at start, then the request's number: ids do not repeat across restarts.
+  EXPECT_TRUE(std::regex_match(body["id"].get<std::string>(),
+                               std::regex("chatcmpl-[0-9a-f]{16}-[0-9]+")))
+      << body["id"];
+  EXPECT_EQ(whole->get_header_value("Access-Control-Allow-Origin"), "*");
   EXPECT_EQ(body["choices"][0]["message"]["content"], want);
   EXPECT_GE(body["usage"]["completion_tokens"].get<int>(), 1);
   EXPECT_TRUE(body["timings"].contains("predicted_per_second"));

@@ -51,10 +51,11 @@ TEST(Sampler, SkippingTheDrawsMadeGoesOnAsTheSameSampler) {
   EXPECT_EQ(first.draws(), 37u);
 }
 
-TEST(Sampler, TopKOneAndTinyTopPAreGreedy) {
+TEST(Sampler, TopKOneAndTinyOrZeroTopPAreGreedy) {
   const std::vector<float> l = {0.1f, 0.3f, 0.9f, 0.9f, -2.0f};
   for (const SamplingParams& p :
-       {SamplingParams{1.5, 1, 1.0, 3}, SamplingParams{1.5, 0, 1e-9, 3}}) {
+       {SamplingParams{1.5, 1, 1.0, 3}, SamplingParams{1.5, 0, 1e-9, 3},
+        SamplingParams{1.5, 0, 0.0, 3}}) {
     Sampler s(p);
     for (int i = 0; i < 20; ++i) EXPECT_EQ(s.next(l.data(), 5, {}), 2);
   }
@@ -160,8 +161,10 @@ TEST(Sampler, RejectsOutOfRangeParameters) {
   EXPECT_EQ(validate({-0.1, 0, 1.0, 0}).exit_code(), 2);
   EXPECT_EQ(validate({NAN, 0, 1.0, 0}).exit_code(), 2);
   EXPECT_EQ(validate({1.0, -1, 1.0, 0}).exit_code(), 2);
-  EXPECT_EQ(validate({1.0, 0, 0.0, 0}).exit_code(), 2);
+  EXPECT_EQ(validate({1.0, 0, -0.01, 0}).exit_code(), 2);
+  EXPECT_EQ(validate({1.0, 0, NAN, 0}).exit_code(), 2);
   EXPECT_EQ(validate({1.0, 0, 1.5, 0}).exit_code(), 2);
+  EXPECT_TRUE(validate({1.0, 0, 0.0, 0}).is_ok());  // top_p 0: the most likely token only
   EXPECT_EQ(validate({1.0, 0, 1.0, 0, -0.1}).exit_code(), 2);
   EXPECT_EQ(validate({1.0, 0, 1.0, 0, 1.1}).exit_code(), 2);
   EXPECT_EQ(validate({1.0, 0, 1.0, 0, NAN}).exit_code(), 2);

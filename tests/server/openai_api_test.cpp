@@ -132,7 +132,9 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {{{"messages", kUser}, {"max_tokens", "7"}}, "max_tokens"},
       {{{"messages", kUser}, {"temperature", -0.1}}, "temperature"},
       {{{"messages", kUser}, {"temperature", 2.5}}, "temperature"},
-      {{{"messages", kUser}, {"top_p", 0}}, "top_p"},
+      {{{"messages", kUser}, {"top_p", -0.01}}, "top_p"},
+      {{{"messages", kUser}, {"top_p", 1.01}}, "top_p"},
+      {{{"messages", kUser}, {"top_p", "0"}}, "top_p"},
       {{{"messages", kUser}, {"top_k", -1}}, "top_k"},
       {{{"messages", kUser}, {"seed", 1e30}}, "seed"},
       {{{"messages", kUser}, {"stop", ""}}, "stop"},
@@ -200,6 +202,34 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
   }
 }
 
+// Values nested past kMaxJsonDepth are refused before any is built: a deep one copied or
+// compared later (a batch's body per prompt, a content part's type) recursed once per level and
+// 400 KB of brackets overflowed a connection thread's stack (the server died of SIGSEGV).
+TEST(OpenAiRequest, BodiesNestedTooDeepAreRefused) {
+  const auto nested = [](int depth) {
+    const auto n = static_cast<size_t>(depth);
+    return std::string(n, '[') + std::string(n, ']');
+  };
+  auto ok = parse_body_object(R"({"prompt": ["a", "b"], "x": )" + nested(kMaxJsonDepth) + "}");
+  ASSERT_TRUE(ok.is_ok()) << ok.status().message();
+  for (const int depth : {kMaxJsonDepth + 1, 1000000}) {
+    SCOPED_TRACE(depth);
+    for (const std::string& body :
+         {R"({"prompt": ["a", "b"], "x": )" + nested(depth) + "}",
+          R"({"messages": [{"role": "user", "content": [{"type": )" + nested(depth) + "}]}]}"}) {
+      auto r = parse_body_object(body);
+      ASSERT_FALSE(r.is_ok());
+      EXPECT_EQ(r.status().code(), ExitCode::kUsage);
+      EXPECT_NE(r.status().message().find("deeper than 64 levels"), std::string::npos)
+          << r.status().message();
+    }
+  }
+  // A content part's type of another kind than a string is refused by name, as any other.
+  auto part = chat({{"messages", {{{"role", "user"}, {"content", {{{"type", {1, 2}}}}}}}}});
+  ASSERT_FALSE(part.is_ok());
+  EXPECT_EQ(error_param(part.status()), "messages[0].content[0]");
+}
+
 // Seeds are 64-bit: every integer in range is taken exactly, nothing past it is wrapped.
 TEST(OpenAiRequest, WholeNumbersAreExactOrRefused) {
   const auto seed_of = [](const std::string& literal) -> std::optional<uint64_t> {
@@ -223,6 +253,10 @@ TEST(OpenAiRequest, WholeNumbersAreExactOrRefused) {
   r = completion({{"prompt", "a"}, {"max_completion_tokens", 2}, {"max_tokens", 3}});
   ASSERT_TRUE(r.is_ok());
   EXPECT_EQ(r->max_tokens, 2);
+  // top_p 0 (in OpenAI's range [0, 1]) keeps the most likely token, as llama.cpp's sampler.
+  r = completion({{"prompt", "a"}, {"top_p", 0}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->sampling.top_p, 0.0);
   // A request's temperature past OpenAI's range is refused, the server's default is not checked
   // again (serve refuses a --temp past it at start).
   RequestDefaults hot = defaults();
@@ -354,6 +388,9 @@ TEST(OpenAiRequest, LogprobsAreAskedInEachEndpointsField) {
   EXPECT_EQ(asked(Endpoint::kChatCompletions, {{"logprobs", true}}), 0);
   EXPECT_EQ(asked(Endpoint::kChatCompletions, {{"logprobs", true}, {"top_logprobs", 20}}), 20);
   EXPECT_EQ(asked(Endpoint::kChatCompletions, {{"top_logprobs", nullptr}, {"n_probs", 0}}),
+            std::nullopt);
+  // Neutral: no alternatives asked for, so no logprobs needed (OpenAI's SDKs send it so).
+  EXPECT_EQ(asked(Endpoint::kChatCompletions, {{"logprobs", false}, {"top_logprobs", 0}}),
             std::nullopt);
   EXPECT_EQ(asked(Endpoint::kCompletions, {{"logprobs", nullptr}}), std::nullopt);
   EXPECT_EQ(asked(Endpoint::kCompletions, {{"logprobs", 0}}), 0);

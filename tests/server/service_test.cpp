@@ -9,10 +9,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -739,6 +744,93 @@ TEST_F(ServiceTest, TotalsAddUpTheRequests) {
   EXPECT_DOUBLE_EQ(t.prefill_seconds, a.report.gen.prefill_seconds + b.report.gen.prefill_seconds);
   EXPECT_EQ(t.processing, 0);
   EXPECT_EQ(t.waiting, 0);
+}
+
+// One request generates; the others wait in arrival order, at most max_waiting of them (one
+// more is refused at once, "busy", so that waiting requests cannot hold every connection
+// thread); a waiting request whose client leaves gives up its place while the first still runs
+// (before: it held its thread until the model was free, and a mutex served waiters in no order).
+TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
+  ServiceOptions o;
+  o.ctx = 256;
+  o.prefill_chunk = 7;
+  o.max_waiting = 3;
+  Service s(*engine_, *tokenizer_, markers_, o);
+  auto prepared = s.prepare(text_request("The lighthouse keeper", 3));
+  ASSERT_TRUE(prepared.is_ok());
+  const auto until = [&s](const std::function<bool(const ServiceTotals&)>& ready) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!ready(s.totals()) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return ready(s.totals());
+  };
+  std::atomic<bool> release{false};
+  std::mutex mu;
+  std::vector<std::string> order;  // who got the model, in turn
+  const auto runs = [&](const std::string& name, std::function<bool()> stop) {
+    return std::thread([&, name, stop] {
+      bool first_piece = true;
+      auto r = s.complete(
+          *prepared,
+          [&](std::string_view, auto) {
+            if (first_piece) {
+              first_piece = false;
+              std::lock_guard<std::mutex> lock(mu);
+              order.push_back(name);
+            }
+            while (name == "first" && !release)
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            return true;
+          },
+          stop);
+      std::lock_guard<std::mutex> lock(mu);
+      if (!r.is_ok()) order.push_back(name + " not started: " + r.status().message());
+    });
+  };
+  std::atomic<bool> c_left{false};
+  std::thread first, b, c, d;
+  struct JoinAll {  // a failed ASSERT returns early: let every thread end first
+    std::atomic<bool>& release;
+    std::atomic<bool>& c_left;
+    std::vector<std::thread*> threads;
+    ~JoinAll() {
+      release = true;
+      c_left = true;
+      for (std::thread* t : threads)
+        if (t->joinable()) t->join();
+    }
+  } join_all{release, c_left, {&first, &b, &c, &d}};
+  first = runs("first", nullptr);
+  ASSERT_TRUE(until([](const ServiceTotals& t) { return t.processing == 1; }));
+  b = runs("b", nullptr);
+  ASSERT_TRUE(until([](const ServiceTotals& t) { return t.waiting == 1; }));
+  c = runs("c", [&] { return c_left.load(); });
+  ASSERT_TRUE(until([](const ServiceTotals& t) { return t.waiting == 2; }));
+  d = runs("d", nullptr);
+  ASSERT_TRUE(until([](const ServiceTotals& t) { return t.waiting == 3; }));
+  EXPECT_FALSE(s.admission().is_ok());
+  bool busy = false;
+  auto refused = s.complete(*prepared, nullptr, nullptr, &busy);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_TRUE(busy);
+  EXPECT_EQ(refused.status().code(), ExitCode::kInterrupted);
+  EXPECT_NE(refused.status().message().find("busy"), std::string::npos);
+  c_left = true;
+  c.join();  // while the first still holds the model
+  EXPECT_EQ(s.totals().waiting, 2);
+  EXPECT_TRUE(s.admission().is_ok());
+  release = true;
+  for (std::thread* t : {&first, &b, &d}) t->join();
+  ASSERT_EQ(order.size(), 4u);
+  EXPECT_EQ(order[0], "first");
+  EXPECT_EQ(order[1].rfind("c not started", 0), 0u) << order[1];
+  EXPECT_EQ(order[2], "b");
+  EXPECT_EQ(order[3], "d");
+  const ServiceTotals t = s.totals();
+  EXPECT_EQ(t.requests, 3u);
+  EXPECT_EQ(t.requests_failed, 1u);  // c; the refused one was never accepted
+  EXPECT_EQ(t.waiting, 0);
+  EXPECT_EQ(t.processing, 0);
 }
 
 // llama-server's /tokenize and /detokenize (server/tokenize_api.h) with the model's tokenizer:
