@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one prepared script for a lent GPU machine (an H200; docs/PERFORMANCE.md "Machine B").
 # Build here first:   tools/make-device-bundle.sh   (build-device/: ktier, libktier_cuda.so for
-#                                                    sm_90, backend_test, runtime_test)
+#                                                    sm_90, backend_test, runtime_test, and
+#                                                    glibc/, used only where they do not start)
 # Then run there, from the repository root, with build-device carried, in one device call of
 # timeout_s ~480 (the script's worst case is ~420 s; the expected one ~3 minutes):
 #   bash bench/device-check.sh build-device | tee $OUT/device-check.log
