@@ -251,8 +251,9 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
       ->capture_default_str();
   sub->add_option("--vram", a.vram,
                   "Device memory for everything on the GPU: the sequence's working set (sized for "
-                  "the prompt + -n), the trunk and the VRAM expert tier (e.g. 40G); default 90% of "
-                  "the GPU's free memory; ignored on the CPU");
+                  "the positions planned: run's prompt + -n, or -c when given; eval's ids; "
+                  "serve's -c), the trunk and the VRAM expert tier (e.g. 40G); default 90% of the "
+                  "GPU's free memory; ignored on the CPU");
 }
 
 CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& help, int min) {
@@ -319,7 +320,8 @@ void add_sampling_options(CLI::App* sub, runtime::SamplingParams& sampling, bool
 void add_rate_limit_option(CLI::App* sub, double& mb_s) {
   sub->add_option("--io-rate-limit", mb_s,
                   "Cap the read rate of the streamed trunk and experts at this many MB/s (1 MB = 1e6 "
-                  "bytes; e.g. 3000 emulates a 3 GB/s disk); 0 = no cap");
+                  "bytes; e.g. 3000 emulates a 3 GB/s disk); 0 = no cap. Only with --pack/--ram/"
+                  "--preset (a memory-mapped checkpoint ignores it, with a warning)");
 }
 
 Result<uint64_t> rate_limit_bytes_per_s(double mb_s) {

@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "ktier: decodes Kimi K3 on one machine. The CPU path is exact and the reference;\n"
       "a GPU, when present, holds hot experts. Exit codes: 0 ok, 1 runtime/I-O, 2 usage/config,\n"
-      "3 corrupt input, 4 budget cannot be met, 130 run or perplexity stopped by Ctrl-C.",
+      "3 corrupt input, 4 budget cannot be met, 130 run or perplexity stopped by Ctrl-C\n"
+      "(serve exits 0 on Ctrl-C or SIGTERM once loaded). Global: --log-level.",
       "ktier"};
   app.set_version_flag("--version", std::string("ktier ") + kVersion + " (" + kGitRevision + ")");
   std::string log_level = "info";
