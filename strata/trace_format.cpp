@@ -318,7 +318,8 @@ Result<TraceReader> TraceReader::open(const std::filesystem::path& path) {
   uint8_t h[kTraceHeaderBytes];
   const size_t got = std::fread(h, 1, sizeof(h), r.file_);
   if (got == 0 && !std::ferror(r.file_) && !std::filesystem::is_regular_file(path))
-    return Status::usage(r.path_ + ": a pipe with nothing in it (no writer when it was opened)");
+    return Status::usage(r.path_ + ": a pipe that gave no bytes (no writer when it was opened, "
+                         "or one that wrote nothing)");
   if (got >= 8 && std::memcmp(h, kTraceMagic, 8) != 0) {
     return Status::corrupt(r.path_ +
                            ": not a ktier trace (bad magic in the header). If it is the "

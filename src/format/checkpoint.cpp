@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/check.h"
+#include "common/json_text.h"
 #include "io/read_file.h"
 
 namespace ktier::format {
@@ -193,6 +194,8 @@ class IndexSax final : public nlohmann::json_sax<json> {
 
 Result<IndexFile> read_index(const std::filesystem::path& path) {
   KTIER_ASSIGN_OR_RETURN(const std::string body, io::read_regular_file(path));
+  if (const std::string nul = json_nul_problem(body); !nul.empty())
+    return Status::corrupt(path.string() + ": not valid JSON: it " + nul);
   IndexSax sax(path.string());
   const bool ok = json::sax_parse(body, &sax);
   if (!sax.error.is_ok()) return sax.error;

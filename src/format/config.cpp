@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/check.h"
+#include "common/json_text.h"
 #include "io/read_file.h"
 
 namespace ktier::format {
@@ -702,6 +703,8 @@ Result<ModelConfig> load_model_config(const std::filesystem::path& config_json) 
 }
 
 Result<ModelConfig> parse_model_config_text(std::string_view text, const std::string& source_name) {
+  if (const std::string nul = json_nul_problem(text); !nul.empty())
+    return Status::usage(source_name + ": not valid JSON: it " + nul);
   json root;
   try {
     root = json::parse(text);

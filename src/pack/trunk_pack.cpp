@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include "common/check.h"
+#include "common/json_text.h"
 #include "format/config.h"
 #include "io/read_file.h"
 
@@ -356,6 +357,9 @@ Result<TrunkPack> TrunkPack::open_impl(const std::filesystem::path& packdir,
                                                       std::to_string(kMaxManifestBytes)) +
                              ": rerun ktier pack");
     KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(manifest_path));
+    if (const std::string nul = json_nul_problem(text); !nul.empty())
+      return Status::corrupt(manifest_path.string() + ": not valid JSON: it " + nul +
+                             ": rerun ktier pack");
     // Ours nests 5 deep; copying or dumping a far deeper value (a damaged or hostile file)
     // recurses once per level and would overflow the stack.
     constexpr int kMaxManifestDepth = 32;

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "common/check.h"
+#include "common/json_text.h"
 #include "tokenizer/unicode.h"
 
 namespace ktier::server {
@@ -271,6 +272,8 @@ Result<json> parse_body_object(std::string_view body) {
   // Values nested deeper than kMaxJsonDepth are never built (the parser itself keeps no
   // recursion), and the body is refused: copying or comparing a deep value recurses once per
   // level, and a few hundred KB of brackets would overflow a connection thread's stack.
+  if (const std::string nul = json_nul_problem(body); !nul.empty())
+    return Status::usage("the request body is not valid JSON: it " + nul);
   bool too_deep = false;
   json j = json::parse(
       body,

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.h"
 #include "io/read_file.h"
 
 namespace ktier::tok {
@@ -135,6 +136,8 @@ Result<std::vector<std::string>> parse_tiktoken(const std::string& text, const s
 // Parses tokenizer_config.json's added_tokens_decoder. Sets *n_added per the rule in tokenizer.h.
 Status parse_config(const std::string& text, const std::string& name, uint32_t n_ranks,
                     std::vector<AddedToken>& added, uint32_t& n_added) {
+  if (const std::string nul = json_nul_problem(text); !nul.empty())
+    return Status::corrupt(name + ": not a JSON object: it " + nul);
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Status::corrupt(name + ": not a JSON object");
   const auto it = j.find("added_tokens_decoder");

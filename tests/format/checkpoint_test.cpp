@@ -434,6 +434,7 @@ TEST(Checkpoint, MalformedIndexFiles) {
       {R"({"weight_map": {"a": 5}})", "weight_map['a'] is 5, expected a shard file name"},
       {R"({"metadata": {"total_size": -3}, "weight_map": {}})", "metadata.total_size is -3"},
       {R"({"weight_map": {"a": "x.safetensors"},)", "not valid JSON"},
+      {s.make_index().dump() + std::string(1, '\0') + "junk", "holds a NUL byte at byte"},
       {R"({"metadata": {"total_size": 1}, "weight_map": {"language_model.model.norm.weight": ")" +
            s.shards[13].file + R"(", "language_model.model.norm.weight": ")" + s.shards[13].file + "\"}}",
        "lists tensor 'language_model.model.norm.weight' more than once"},

@@ -642,6 +642,13 @@ TEST(Config, LoadFromFileErrors) {
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().exit_code(), 2);
   EXPECT_HAS(bad.status().message(), "config.json: not valid JSON");
+  // A NUL ends nlohmann's input: what follows it (here a second object) went unread.
+  ktier::test::write_text(dir.path() / "config.json",
+                          k3_config().dump() + std::string(1, '\0') + "{\"hidden_size\": 12}");
+  auto nul = load_model_config(dir.path() / "config.json");
+  ASSERT_FALSE(nul.is_ok());
+  EXPECT_EQ(nul.status().exit_code(), 2);
+  EXPECT_HAS(nul.status().message(), "config.json: not valid JSON: it holds a NUL byte at byte");
 
   ktier::test::write_text(dir.path() / "config.json", k3_config().dump());
   auto good = load_model_config(dir.path() / "config.json");

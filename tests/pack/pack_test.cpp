@@ -406,6 +406,8 @@ TEST_F(PackTest, DamagedManifestsAreCorrupt) {
   // that the field checks behind it speak.
   const auto seal = [](const json& m) { return seal_manifest(m.dump()); };
   expect_corrupt("{\"format\": ", "cut JSON", "not valid JSON");
+  expect_corrupt(good.dump() + std::string(1, '\0') + "junk", "NUL then bytes",
+                 "holds a NUL byte at byte");
   {
     // Deep nesting in a small file: copying or dumping it recursed until the stack overflowed.
     std::string text = good.dump();

@@ -195,7 +195,9 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
   EXPECT_TRUE(r->echo);
   EXPECT_EQ(r->max_tokens, 0);
   EXPECT_FALSE(completion({{"prompt", "a"}, {"echo", false}})->echo);
-  for (const std::string body : {"{", "[1]", "\"text\"", "{\"prompt\": \"\xff\"}"}) {
+  for (const std::string& body : {std::string("{"), std::string("[1]"), std::string("\"text\""),
+                                 std::string("{\"prompt\": \"\xff\"}"),
+                                 std::string("{\"prompt\": \"a\"}") + '\0' + "junk"}) {
     auto bad = parse_text(Endpoint::kCompletions, body, defaults());
     ASSERT_FALSE(bad.is_ok()) << body;
     EXPECT_EQ(bad.status().code(), ExitCode::kUsage);

@@ -113,6 +113,7 @@ TEST(TokenizerLoad, RejectsBadFilesWithFileAndLine) {
        "rank 258 is out of range (the file has 258 lines, so ranks must lie below that)"},
       {"missing_byte", missing_byte, "{}", 3, "tiktoken.model: the single byte 0x41 has no rank"},
       {"bad_json", good, "{\"added_tokens_decoder\": ", 3, "tokenizer_config.json: not a JSON object"},
+      {"nul", good, std::string("{}") + '\0' + "junk", 3, "tokenizer_config.json: not a JSON object: it holds a NUL byte at byte 2"},
       {"id_in_ranks", good, R"({"added_tokens_decoder": {"5": {"content": "x"}}})", 3, "inside the rank range"},
       {"bad_key", good, R"({"added_tokens_decoder": {"x": {"content": "x"}}})", 3, "not a decimal id"},
       {"no_content", good, R"({"added_tokens_decoder": {"300": {"special": true}}})", 3, "string \"content\""},
