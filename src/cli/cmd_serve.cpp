@@ -256,6 +256,13 @@ class ApiHandlers {
                               now(), model_};
     const Result<json> object = server::parse_body_object(body);
     if (!object.is_ok()) return send_error(res, object.status());
+    // Busy: 503 before a stream's status line (200) is sent or a batch's first answer is made
+    // (complete() refuses a request that came too late to be refused here).
+    if (const Status busy = service().admission(); !busy.is_ok()) {
+      spdlog::warn("{}: refused: {}", server::endpoint_name(endpoint), busy.message());
+      res.set_header("Retry-After", "1");
+      return send_error(res, busy);
+    }
     // Completions' batch of prompts: every one checked first, then each answered in turn,
     // whole, as a choice of one answer.
     if (endpoint == server::Endpoint::kCompletions) {
@@ -294,11 +301,6 @@ class ApiHandlers {
     if (!parsed.is_ok()) return send_error(res, parsed.status());
     Result<server::PreparedRequest> prepared = service().prepare(std::move(*parsed));
     if (!prepared.is_ok()) return send_error(res, prepared.status());
-    // Busy: 503 before a stream's status line (200) is sent; complete() refuses a whole answer.
-    if (const Status busy = service().admission(); !busy.is_ok()) {
-      res.set_header("Retry-After", "1");
-      return send_error(res, busy);
-    }
     if (!prepared->request.stream) return reply(res, handle_whole(*prepared, head, peer));
     const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
     auto request = std::make_shared<server::PreparedRequest>(std::move(*prepared));

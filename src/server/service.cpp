@@ -84,10 +84,17 @@ ServiceTotals Service::totals() const {
   return totals_;
 }
 
-bool Service::wait_turn(const std::function<bool()>& stop_requested) {
+Result<uint64_t> Service::join_line() {
+  std::lock_guard<std::mutex> lock(turn_mutex_);
+  std::lock_guard<std::mutex> totals(totals_mutex_);
+  KTIER_RETURN_IF_ERROR(admission_locked());
+  ++totals_.waiting;
+  line_.push_back(next_ticket_);
+  return next_ticket_++;
+}
+
+bool Service::wait_turn(uint64_t ticket, const std::function<bool()>& stop_requested) {
   std::unique_lock<std::mutex> lock(turn_mutex_);
-  const uint64_t ticket = next_ticket_++;
-  line_.push_back(ticket);
   while (generating_ || line_.front() != ticket) {
     turn_cv_.wait_for(lock, kTurnPoll);
     if (!generating_ && line_.front() == ticket) break;
@@ -129,15 +136,12 @@ Status Service::admission() const {
 Result<Completion> Service::complete(const PreparedRequest& prepared, const TextSink& on_text,
                                      const std::function<bool()>& stop_requested, bool* busy) {
   if (busy) *busy = false;
-  {
-    std::lock_guard<std::mutex> totals(totals_mutex_);
-    if (Status refused = admission_locked(); !refused.is_ok()) {
-      if (busy) *busy = true;
-      return refused;
-    }
-    ++totals_.waiting;
+  const Result<uint64_t> ticket = join_line();
+  if (!ticket.is_ok()) {
+    if (busy) *busy = true;
+    return ticket.status();
   }
-  if (!wait_turn(stop_requested)) {
+  if (!wait_turn(*ticket, stop_requested)) {
     std::lock_guard<std::mutex> totals(totals_mutex_);
     --totals_.waiting;
     ++totals_.requests_failed;

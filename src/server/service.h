@@ -126,16 +126,18 @@ class Service {
 
   Result<Completion> complete_locked(const PreparedRequest& prepared, const TextSink& on_text,
                                      const std::function<bool()>& stop_requested);
-  // The line of requests waiting to generate (first come, first served). wait_turn returns
-  // true when this caller's turn has come (end_turn() after it), false, having left the line,
-  // when `stop_requested` said so while it waited.
-  bool wait_turn(const std::function<bool()>& stop_requested);
+  // The line of requests waiting to generate (first come, first served). join_line takes a
+  // place (its ticket) and counts the request as waiting, in one step (the busy refusal
+  // otherwise); wait_turn returns true when that ticket's turn has come (end_turn() after it),
+  // false, having left the line, when `stop_requested` said so while it waited.
+  Result<uint64_t> join_line();
+  bool wait_turn(uint64_t ticket, const std::function<bool()>& stop_requested);
   void end_turn();
   Status admission_locked() const;  // totals_mutex_ held
 
   mutable std::mutex totals_mutex_;  // guards totals_ (never held while generating)
   ServiceTotals totals_;
-  std::mutex turn_mutex_;  // guards line_, next_ticket_, generating_
+  std::mutex turn_mutex_;  // guards line_, next_ticket_, generating_; taken before totals_mutex_
   std::condition_variable turn_cv_;
   std::deque<uint64_t> line_;  // the waiting requests' tickets, in arrival order
   uint64_t next_ticket_ = 0;

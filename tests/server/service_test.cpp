@@ -816,7 +816,11 @@ TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
   EXPECT_EQ(refused.status().code(), ExitCode::kInterrupted);
   EXPECT_NE(refused.status().message().find("busy"), std::string::npos);
   c_left = true;
-  c.join();  // while the first still holds the model
+  // c leaves while the first still holds the model (within 0.1 s; 60 s allowed), or the test
+  // fails rather than waits for ever.
+  ASSERT_TRUE(until([](const ServiceTotals& t) { return t.waiting == 2; }))
+      << "the request whose client left did not leave the line";
+  c.join();
   EXPECT_EQ(s.totals().waiting, 2);
   EXPECT_TRUE(s.admission().is_ok());
   release = true;
