@@ -139,7 +139,7 @@ step "CUDA op tests: every op against the CPU reference (backend_test)"
 # Under the carried glibc they are left out (CTest runs them here): their child re-executes the
 # binary without the carried loader, which this machine's glibc cannot start.
 DEATH_FILTER=()
-[ ${#X[@]} -gt 0 ] && DEATH_FILTER=(--gtest_filter=-EmulatedDeviceDeathTest.*)
+[ ${#X[@]} -gt 0 ] && DEATH_FILTER=('--gtest_filter=-EmulatedDeviceDeathTest.*')
 in_time && gtest backend_test 100 "$B/backend_test" --gtest_death_test_style=threadsafe \
   "${DEATH_FILTER[@]}"
 step "GPU mode end to end on tiny, prompt cache save/restore (runtime_test)"
