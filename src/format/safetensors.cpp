@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/check.h"
+#include "common/json_text.h"
 #include "format/map_guard.h"
 #include "io/read_file.h"
 
@@ -338,8 +339,8 @@ Result<SafetensorsFile> SafetensorsFile::open_unguarded(const std::filesystem::p
   // NUL byte, so a header padded with NULs, or with bytes after one, would be read.
   if (header.empty() || header[0] != '{')
     return Status::corrupt(file + ": header does not begin with '{' (the format's JSON object)");
-  if (const size_t nul = header.find('\0'); nul != std::string::npos)
-    return Status::corrupt(file + ": header holds a NUL byte at byte " + std::to_string(8 + nul) +
+  if (const std::optional<size_t> nul = json_nul_byte(header))
+    return Status::corrupt(file + ": header holds a NUL byte at byte " + std::to_string(8 + *nul) +
                            " (padding must be spaces)");
   HeaderSax sax(file);
   const bool parsed = json::sax_parse(header, &sax);

@@ -364,13 +364,7 @@ Result<TrunkPack> TrunkPack::open_impl(const std::filesystem::path& packdir,
     // recurses once per level and would overflow the stack.
     constexpr int kMaxManifestDepth = 32;
     bool too_deep = false;
-    json root = json::parse(
-        text,
-        [&too_deep](int depth, json::parse_event_t, json&) {
-          too_deep = too_deep || depth > kMaxManifestDepth;
-          return !too_deep;
-        },
-        /*allow_exceptions=*/false);
+    json root = parse_json_depth_bounded(text, kMaxManifestDepth, &too_deep);
     if (too_deep)
       return Status::corrupt(manifest_path.string() + ": nested deeper than " +
                              std::to_string(kMaxManifestDepth) + " levels, not a ktier manifest: "

@@ -269,20 +269,12 @@ json head_json(Endpoint endpoint, const ResponseHead& head, bool chunk) {
 }  // namespace
 
 Result<json> parse_body_object(std::string_view body) {
-  // Values nested deeper than kMaxJsonDepth are never built (the parser itself keeps no
-  // recursion), and the body is refused: copying or comparing a deep value recurses once per
-  // level, and a few hundred KB of brackets would overflow a connection thread's stack.
   if (const std::string nul = json_nul_problem(body); !nul.empty())
     return Status::usage("the request body is not valid JSON: it " + nul);
+  // A few hundred KB of brackets overflowed a connection thread's stack when a deep value was
+  // copied (a batch's body per prompt): a body nested past kMaxJsonDepth is refused unbuilt.
   bool too_deep = false;
-  json j = json::parse(
-      body,
-      [&too_deep](int depth, json::parse_event_t, json&) {
-        if (depth <= kMaxJsonDepth) return true;
-        too_deep = true;
-        return false;
-      },
-      /*allow_exceptions=*/false);
+  const json j = parse_json_depth_bounded(body, kMaxJsonDepth, &too_deep);
   if (j.is_discarded()) return Status::usage("the request body is not valid JSON");
   if (too_deep)
     return Status::usage("the request body nests values deeper than " +
