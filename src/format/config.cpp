@@ -533,6 +533,27 @@ int64_t ModelConfig::num_mla_layers() const {
 
 namespace {
 
+// Why a config with problems may not be Kimi K3's at all: its model_type (root, then
+// text_config) is another family's. Empty when each model_type is absent, not a string, or K3's.
+// Read only to explain other errors: the K3 fields decide, so a re-saved config that drops or
+// renames model_type still loads.
+std::string foreign_model_note(const Scope& root, const Scope* text) {
+  for (const Scope* s : {&root, text}) {
+    if (s == nullptr) continue;
+    const json* v = s->find("model_type");
+    if (v == nullptr || !v->is_string()) continue;
+    const std::string type = v->get<std::string>();
+    if (type == "kimi_k3" || type == "kimi_linear") continue;
+    std::string note = s->key_path("model_type") + " is \"" + type + "\"";
+    const json* arch = root.find("architectures");
+    if (arch != nullptr && arch->is_array() && !arch->empty() && (*arch)[0].is_string())
+      note += " (" + (*arch)[0].get<std::string>() + ")";
+    return note + ", not Kimi K3's \"kimi_k3\" (text_config \"kimi_linear\"): ktier decodes "
+                  "Kimi K3-family checkpoints only";
+  }
+  return "";
+}
+
 Result<ModelConfig> parse_config_unguarded(const json& root, const std::string& source_name) {
   ConfigReader r(source_name);
   ModelConfig c;
@@ -669,8 +690,10 @@ Result<ModelConfig> parse_config_unguarded(const json& root, const std::string& 
 
   if (!r.errors().empty()) {
     const auto& errs = r.errors();
-    if (errs.size() == 1) return Status::usage(errs[0]);
-    std::string msg = source_name + ": " + std::to_string(errs.size()) + " problems:";
+    const std::string foreign = foreign_model_note(root_scope, nested ? &model : nullptr);
+    if (errs.size() == 1 && foreign.empty()) return Status::usage(errs[0]);
+    std::string msg = source_name + ": " + (foreign.empty() ? "" : foreign + "; ") +
+                      std::to_string(errs.size()) + (errs.size() == 1 ? " problem:" : " problems:");
     for (const auto& e : errs) msg += "\n  " + e;
     return Status::usage(msg);
   }

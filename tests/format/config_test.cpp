@@ -317,6 +317,33 @@ TEST(Config, MistypedFieldsAreAllReported) {
   EXPECT_EQ(problem_lines(m), 6u);
 }
 
+// Another family's config (here DeepSeek V3's fields) fails on K3's required fields; the
+// message says first that it is not a K3 config. model_type alone decides nothing.
+TEST(Config, AnotherModelTypeIsNamedBeforeItsProblems) {
+  const json ds = {{"architectures", {"DeepseekV3ForCausalLM"}}, {"model_type", "deepseek_v3"},
+                   {"hidden_size", 7168}, {"num_hidden_layers", 61}, {"vocab_size", 129280},
+                   {"n_routed_experts", 256}, {"rms_norm_eps", 1e-6}};
+  const std::string m = parse_err(ds);
+  EXPECT_EQ(m.rfind("config.json: model_type is \"deepseek_v3\" (DeepseekV3ForCausalLM), not "
+                    "Kimi K3's", 0), 0u) << m;
+  EXPECT_HAS(m, "num_experts: missing at the root");
+
+  json nested = k3_config();
+  nested["text_config"]["model_type"] = "qwen3_moe";
+  nested["text_config"].erase("num_experts");
+  const std::string one = parse_err(nested);
+  EXPECT_HAS(one, "config.json: text_config.model_type is \"qwen3_moe\"");
+  EXPECT_HAS(one, "1 problem:\n  config.json: text_config.num_experts: missing");
+
+  // K3's own model_type adds nothing; an unknown one on an otherwise valid config still loads.
+  json k3 = k3_config();
+  k3["text_config"].erase("num_experts");
+  EXPECT_EQ(parse_err(k3).find("model_type"), std::string::npos);
+  json renamed = k3_config();
+  renamed["model_type"] = "kimi_k3_resaved";
+  EXPECT_EQ(parse_ok(renamed).num_experts, 896);
+}
+
 TEST(Config, MissingFieldsAreAllReportedWithoutDefaults) {
   json j = manifest_config();
   for (const char* k : {"mla_use_output_gate", "moe_renormalize", "latent_moe_use_norm",
