@@ -97,6 +97,100 @@ Result<SequenceState> Model::new_sequence(int64_t positions) const {
   return s;
 }
 
+Result<ResidualStream> Model::new_stream(int64_t T) const {
+  KTIER_CHECK(T >= 1);
+  const size_t row_bytes = static_cast<size_t>(T * config().hidden_size) * sizeof(float);
+  ResidualStream s;
+  s.T = T;
+  for (backend::BackendBuffer* b : {&s.P, &s.mixed, &s.x, &s.y, &s.shared}) {
+    KTIER_ASSIGN_OR_RETURN(*b, backend::BackendBuffer::allocate(be_, row_bytes));
+  }
+  if (lookahead_depth_ > 0 && !lookahead_observers_.empty()) {
+    KTIER_ASSIGN_OR_RETURN(s.ahead, backend::BackendBuffer::allocate(be_, row_bytes));
+  }
+  return s;
+}
+
+void ResidualStream::gather_sources() {
+  sources.clear();
+  for (const auto& b : bank) sources.push_back(b.as<float>());
+  sources.push_back(P.as<float>());
+}
+
+Status Model::aggregate(ResidualStream& s, const F32Vec& f, float* out) {
+  const int64_t E = config().hidden_size;
+  s.gather_sources();
+  return be_.attnres(s.sources.data(), static_cast<int>(s.sources.size()), E, s.T, E, f.data(),
+                     config().rms_norm_eps, out);
+}
+
+Status Model::layer(int64_t l, const LayerWeights& lw, LayerState& ls, int64_t first_position,
+                    ResidualStream& s) {
+  const format::ModelConfig& c = config();
+  const int64_t T = s.T, E = c.hidden_size;
+  const double eps = c.rms_norm_eps;
+  const size_t row_bytes = static_cast<size_t>(T * E) * sizeof(float);
+  float *mixed = s.mixed.as<float>(), *x = s.x.as<float>();
+  // The attention input mixes the OLD bank with P; at a boundary P is then pushed and restarts
+  // as the attention output alone (assignment, not 0 + y).
+  if (s.bank.empty())
+    KTIER_RETURN_IF_ERROR(be_.copy(mixed, s.P.get(), row_bytes));
+  else
+    KTIER_RETURN_IF_ERROR(aggregate(s, lw.f_attn, mixed));
+  const bool boundary = c.is_boundary(l);
+  if (boundary) {
+    KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer pushed,
+                           backend::BackendBuffer::allocate(be_, row_bytes));
+    KTIER_RETURN_IF_ERROR(be_.copy(pushed.get(), s.P.get(), row_bytes));
+    s.bank.push_back(std::move(pushed));
+  }
+  KTIER_RETURN_IF_ERROR(be_.rmsnorm(mixed, lw.input_norm.data(), T, E, eps, x));
+  if (lw.is_mla)
+    KTIER_RETURN_IF_ERROR(mla_block(lw.mla, c, x, T, ls.mla, s.y.as<float>(), be_));
+  else
+    KTIER_RETURN_IF_ERROR(kda_block(lw.kda, c, x, T, ls.kda, s.y.as<float>(), be_));
+  if (boundary)
+    std::swap(s.P, s.y);
+  else
+    KTIER_RETURN_IF_ERROR(be_.add(s.P.as<float>(), s.y.as<float>(), T * E, s.P.as<float>()));
+  KTIER_RETURN_IF_ERROR(aggregate(s, lw.f_mlp, mixed));  // the bank is never empty
+  KTIER_RETURN_IF_ERROR(be_.rmsnorm(mixed, lw.post_attention_norm.data(), T, E, eps, x));
+  // The part of the FFN output that needs no routing — the dense MLP, or the MoE's shared
+  // experts — first, so that router lookahead scores the next layers on P plus it: on `demo`
+  // depth-1 recall 61.6% -> 70.7% (docs/STRATA.md §7). The sum into P is unchanged.
+  float* known = nullptr;  // [T, E]
+  if (lw.is_dense) {
+    KTIER_RETURN_IF_ERROR(glu_mlp(lw.dense, c, x, T, s.y.as<float>(), be_));
+    known = s.y.as<float>();
+  } else if (lw.moe.has_shared) {
+    KTIER_RETURN_IF_ERROR(glu_mlp(lw.moe.shared, c, x, T, s.shared.as<float>(), be_));
+    known = s.shared.as<float>();
+  }
+  const bool lookahead = s.ahead.get() != nullptr && lookahead_depth_ > 0 &&
+                         !lookahead_observers_.empty();
+  if (lookahead) {
+    s.gather_sources();
+    if (known) {
+      KTIER_RETURN_IF_ERROR(be_.add(s.P.as<float>(), known, T * E, s.ahead.as<float>()));
+      s.sources.back() = s.ahead.as<float>();
+    }
+    KTIER_RETURN_IF_ERROR(predict(l, 1, lookahead_depth_, first_position, s.sources, T));
+  }
+  if (!lw.is_dense) {
+    KTIER_RETURN_IF_ERROR(moe_block(lw.moe, c, l, first_position, *experts_, routing_observer_,
+                                    x, known, T, s.y.as<float>(), be_));
+  }
+  KTIER_RETURN_IF_ERROR(be_.add(s.P.as<float>(), s.y.as<float>(), T * E, s.P.as<float>()));
+  // The refresh: layer l+1's router on the complete stream, which now holds layer l's routed
+  // experts too (the part the prediction above misses most: on `demo`, layer 2's depth-1
+  // recall is 15%, docs/STRATA.md §7).
+  if (lookahead && lookahead_refresh_ && l + 1 < c.num_hidden_layers) {
+    s.gather_sources();
+    KTIER_RETURN_IF_ERROR(predict(l + 1, 0, 0, first_position, s.sources, T));
+  }
+  return Status::ok();
+}
+
 Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitRows rows,
                       float* logits) {
   const format::ModelConfig& c = config();
@@ -108,40 +202,15 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
       return Status::usage("token id " + std::to_string(id) + " is outside the vocabulary 0.." +
                            std::to_string(V - 1));
   if (T == 0) return Status::ok();
-  const double eps = c.rms_norm_eps;
   const size_t row_bytes = static_cast<size_t>(T * E) * sizeof(float);
 
   // P: the running block partial sum, starting as the embeddings (no scaling, §6.2).
-  auto activation = [&]() { return backend::BackendBuffer::allocate(be_, row_bytes); };
-  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer P, activation());
-  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer mixed, activation());
-  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer x, activation());
-  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer y, activation());
-  KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer shared, activation());  // shared experts' output
-  const bool lookahead = lookahead_depth_ > 0 && !lookahead_observers_.empty();
-  backend::BackendBuffer ahead;  // P as lookahead sees it after the attention (with lookahead)
-  if (lookahead) {
-    KTIER_ASSIGN_OR_RETURN(ahead, activation());
-  }
+  KTIER_ASSIGN_OR_RETURN(ResidualStream s, new_stream(T));
   {
     std::vector<float> embedded(static_cast<size_t>(T * E));
     KTIER_RETURN_IF_ERROR(trunk_.embed(ids, embedded.data()));
-    KTIER_RETURN_IF_ERROR(be_.upload(P.get(), embedded.data(), row_bytes));
+    KTIER_RETURN_IF_ERROR(be_.upload(s.P.get(), embedded.data(), row_bytes));
   }
-
-  // AttnRes over depth (§6.0): the bank holds each finished block's P, oldest first.
-  std::vector<backend::BackendBuffer> bank;
-  std::vector<const float*> sources;
-  auto gather_sources = [&] {
-    sources.clear();
-    for (const auto& b : bank) sources.push_back(b.as<float>());
-    sources.push_back(P.as<float>());
-  };
-  auto aggregate = [&](const F32Vec& f, float* out) {
-    gather_sources();
-    return be_.attnres(sources.data(), static_cast<int>(sources.size()), E, T, E, f.data(), eps,
-                       out);
-  };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     KTIER_ASSIGN_OR_RETURN(const LayerWeights* acquired, trunk_.acquire_layer(l));
     // Released when the layer is done, or on an error return: a streaming source must get its
@@ -151,67 +220,11 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
       int64_t layer;
       ~Lease() { trunk.release_layer(layer); }
     } lease{trunk_, l};
-    const LayerWeights& lw = *acquired;
-    LayerState& ls = state.layers[static_cast<size_t>(l)];
-    // The attention input mixes the OLD bank with P; at a boundary P is then pushed and restarts
-    // as the attention output alone (assignment, not 0 + y).
-    if (bank.empty())
-      KTIER_RETURN_IF_ERROR(be_.copy(mixed.get(), P.get(), row_bytes));
-    else
-      KTIER_RETURN_IF_ERROR(aggregate(lw.f_attn, mixed.as<float>()));
-    const bool boundary = c.is_boundary(l);
-    if (boundary) {
-      KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer pushed, activation());
-      KTIER_RETURN_IF_ERROR(be_.copy(pushed.get(), P.get(), row_bytes));
-      bank.push_back(std::move(pushed));
-    }
     KTIER_RETURN_IF_ERROR(
-        be_.rmsnorm(mixed.as<float>(), lw.input_norm.data(), T, E, eps, x.as<float>()));
-    if (lw.is_mla)
-      KTIER_RETURN_IF_ERROR(mla_block(lw.mla, c, x.as<float>(), T, ls.mla, y.as<float>(), be_));
-    else
-      KTIER_RETURN_IF_ERROR(kda_block(lw.kda, c, x.as<float>(), T, ls.kda, y.as<float>(), be_));
-    if (boundary)
-      std::swap(P, y);
-    else
-      KTIER_RETURN_IF_ERROR(be_.add(P.as<float>(), y.as<float>(), T * E, P.as<float>()));
-    KTIER_RETURN_IF_ERROR(aggregate(lw.f_mlp, mixed.as<float>()));  // the bank is never empty
-    KTIER_RETURN_IF_ERROR(be_.rmsnorm(mixed.as<float>(), lw.post_attention_norm.data(), T, E, eps,
-                                      x.as<float>()));
-    // The part of the FFN output that needs no routing — the dense MLP, or the MoE's shared
-    // experts — first, so that router lookahead scores the next layers on P plus it: on `demo`
-    // depth-1 recall 61.6% -> 70.7% (docs/STRATA.md §7). The sum into P is unchanged.
-    float* known = nullptr;  // [T, E]
-    if (lw.is_dense) {
-      KTIER_RETURN_IF_ERROR(glu_mlp(lw.dense, c, x.as<float>(), T, y.as<float>(), be_));
-      known = y.as<float>();
-    } else if (lw.moe.has_shared) {
-      KTIER_RETURN_IF_ERROR(glu_mlp(lw.moe.shared, c, x.as<float>(), T, shared.as<float>(), be_));
-      known = shared.as<float>();
-    }
-    if (lookahead) {
-      gather_sources();
-      if (known) {
-        KTIER_RETURN_IF_ERROR(be_.add(P.as<float>(), known, T * E, ahead.as<float>()));
-        sources.back() = ahead.as<float>();
-      }
-      KTIER_RETURN_IF_ERROR(predict(l, 1, lookahead_depth_, state.n_tokens, sources, T));
-    }
-    if (!lw.is_dense) {
-      KTIER_RETURN_IF_ERROR(moe_block(lw.moe, c, l, state.n_tokens, *experts_, routing_observer_,
-                                      x.as<float>(), known, T, y.as<float>(), be_));
-    }
-    KTIER_RETURN_IF_ERROR(be_.add(P.as<float>(), y.as<float>(), T * E, P.as<float>()));
-    // The refresh: layer l+1's router on the complete stream, which now holds layer l's routed
-    // experts too (the part the prediction above misses most: on `demo`, layer 2's depth-1
-    // recall is 15%, docs/STRATA.md §7).
-    if (lookahead && lookahead_refresh_ && l + 1 < c.num_hidden_layers) {
-      gather_sources();
-      KTIER_RETURN_IF_ERROR(predict(l + 1, 0, 0, state.n_tokens, sources, T));
-    }
+        layer(l, *acquired, state.layers[static_cast<size_t>(l)], state.n_tokens, s));
     if (layer_observer_) {
       std::vector<float> host(static_cast<size_t>(T * E));
-      KTIER_RETURN_IF_ERROR(be_.download(host.data(), P.get(), row_bytes));
+      KTIER_RETURN_IF_ERROR(be_.download(host.data(), s.P.get(), row_bytes));
       layer_observer_->after_layer(l, host.data(), T, E);
     }
     if (layer_progress_) layer_progress_(l);
@@ -221,13 +234,13 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
 
   // Output AttnRes over bank + P, final norm, lm_head (§6.7) for the rows asked for.
   const HeadWeights& head = trunk_.head();
-  KTIER_RETURN_IF_ERROR(aggregate(head.f_out, mixed.as<float>()));
+  KTIER_RETURN_IF_ERROR(aggregate(s, head.f_out, s.mixed.as<float>()));
   const int64_t first = rows == LogitRows::kLast ? T - 1 : 0, n = T - first;
-  KTIER_RETURN_IF_ERROR(be_.rmsnorm(mixed.as<float>() + first * E, head.final_norm.data(), n, E,
-                                    eps, x.as<float>()));
+  KTIER_RETURN_IF_ERROR(be_.rmsnorm(s.mixed.as<float>() + first * E, head.final_norm.data(), n,
+                                    E, c.rms_norm_eps, s.x.as<float>()));
   const size_t logit_bytes = static_cast<size_t>(n * V) * sizeof(float);
   KTIER_ASSIGN_OR_RETURN(backend::BackendBuffer out, backend::BackendBuffer::allocate(be_, logit_bytes));
-  const cpu::LinearJob lm{head.lm_head, x.as<float>(), n, out.as<float>()};
+  const cpu::LinearJob lm{head.lm_head, s.x.as<float>(), n, out.as<float>()};
   KTIER_RETURN_IF_ERROR(be_.linear(&lm, 1));
   return be_.download(logits, out.get(), logit_bytes);
 }

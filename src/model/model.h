@@ -52,6 +52,19 @@ struct WorkingSet {
 WorkingSet working_set(const format::ModelConfig& c, int64_t chunk, int64_t positions,
                        LogitRows rows, bool lookahead);
 
+// The residual stream of one forward() chunk of T tokens (K3-MODEL §6.0, §6.2), backend memory.
+// Model::forward makes one per call; a test may fill P and the bank itself and run one layer.
+struct ResidualStream {
+  int64_t T = 0;
+  backend::BackendBuffer P;                  // [T, E] the running block partial sum
+  std::vector<backend::BackendBuffer> bank;  // [T, E] each: the finished blocks' P, oldest first
+  // [T, E] scratch of Model::layer; `ahead` (P as lookahead sees it) only with lookahead.
+  backend::BackendBuffer mixed, x, y, shared, ahead;
+  std::vector<const float*> sources;         // the bank, then P: AttnRes's inputs
+
+  void gather_sources();
+};
+
 class Model {
  public:
   // `trunk`, `experts` and `backend` must outlive the Model; `experts` may be null only when no
@@ -71,6 +84,16 @@ class Model {
   // on error the state is unusable and must be discarded.
   Status forward(std::span<const int32_t> ids, SequenceState& state, LogitRows rows,
                  float* logits);
+
+  // A stream for chunks of T >= 1 tokens: P and the scratch allocated (P's contents
+  // unspecified), the bank empty. Errors: the backend's.
+  Result<ResidualStream> new_stream(int64_t T) const;
+  // Decoder layer l (§6.0, §6.3-§6.6) over the stream's T tokens at positions first_position..:
+  // the AttnRes mixes, norms, attention, FFN; P and the bank updated (a boundary layer pushes
+  // P), `ls` advanced, the routing and lookahead observers called. forward() runs this for each
+  // layer; the conformance layer vectors run it on a P and bank of their own. Errors: as forward.
+  Status layer(int64_t l, const LayerWeights& lw, LayerState& ls, int64_t first_position,
+               ResidualStream& s);
 
   void set_routing_observer(RoutingObserver* o) { routing_observer_ = o; }
   // Router lookahead (docs/STRATA.md §4): after layer l's attention, for d = 1..depth, MoE layer
@@ -109,6 +132,8 @@ class Model {
   // observers, prediction (l, d) for layer l + d.
   Status predict(int64_t l, int first_depth, int last_depth, int64_t first_position,
                  const std::vector<const float*>& sources, int64_t T);
+  // AttnRes over the stream's bank and P with scoring vector f: out [T, E].
+  Status aggregate(ResidualStream& s, const F32Vec& f, float* out);
 
   RoutingObserver* routing_observer_ = nullptr;
   int lookahead_depth_ = 0;

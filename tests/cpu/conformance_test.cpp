@@ -38,8 +38,10 @@ INSTANTIATE_TEST_SUITE_P(Isas, Conformance, ::testing::ValuesIn(kAllIsas), IsaPa
 
 // README §5: "a margin far above these means a bug even if it is still under 1". So each case
 // must pass its tolerance and also stay within kMarginSlack times the README's larger measured
-// margin (float64 / naive f32), which leaves room for a different but sound rounding order.
-constexpr double kMarginSlack = 3.0;
+// margin (float64 / naive f32), which leaves room for a different but sound rounding order (the
+// kernels land at 0.9-1.07 of it). At 3 the cap was above 1 for kda_layer8 and layer_kda, so
+// only the tolerance held them.
+constexpr double kMarginSlack = 1.5;
 
 void expect_case(const std::string& what, const ToleranceResult& r, double readme_max,
                  const std::string& readme_text) {
