@@ -254,6 +254,7 @@ class CheckpointBuilder {
   Checkpoint& ck_;
   const ModelConfig& cfg_;
   Problems problems_;
+  Status io_error_ = Status::ok();  // the first read that failed (exit 1 before any problem)
   std::vector<std::vector<uint8_t>> consumed_;  // [shard][tensor index in that shard]
   std::string first_packed_, first_plain_;      // first expert tensor of each storage seen
   uint32_t hint_ = 0;                           // shard of the last lookup() hit
@@ -429,7 +430,7 @@ void CheckpointBuilder::expect_a_log(const std::string& name) {
   if (n == hk) return;
   std::vector<uint8_t> bytes(t.nbytes);
   if (Status s = ck_.shards_[ref->shard].read(t, bytes.data()); !s.is_ok()) {
-    problems_.add(s.message());
+    if (io_error_.is_ok()) io_error_ = std::move(s);  // the disk's failure, not the file's
     return;
   }
   const uint32_t size = dtype_size(t.dtype);
@@ -655,6 +656,7 @@ Status CheckpointBuilder::validate_model() {
     problems_.add("tensor '" + first_packed_ + "' is MXFP4-packed but " + c.source +
                   " has no quantization_config");
   check_leftovers();
+  if (!io_error_.is_ok()) return io_error_;
   if (!problems_.empty()) return problems_.corrupt(ck_.dir_.string());
   summarise_experts();
   return Status::ok();

@@ -424,12 +424,13 @@ Status SafetensorsFile::read_bytes(uint64_t file_offset, uint64_t nbytes, void* 
     std::memcpy(dst, map_ + file_offset, static_cast<size_t>(nbytes));
     return Status::ok();
   }
-  const int err = pread_full(fd_, dst, nbytes, file_offset);
+  int err = pread_full(fd_, dst, nbytes, file_offset);
+  if (err > 0) err = pread_full(fd_, dst, nbytes, file_offset);  // once more, as the I/O engines
   if (err == 0) return Status::ok();
   return Status::runtime(path_.string() + ": read of " + std::to_string(nbytes) + " bytes at " +
                          std::to_string(file_offset) + " failed: " +
                          (err < 0 ? std::string("unexpected end of file (did it shrink?)")
-                                  : errno_text(err)));
+                                  : errno_text(err) + ", read twice"));
 }
 
 }  // namespace ktier::format

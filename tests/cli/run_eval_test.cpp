@@ -20,6 +20,7 @@
 #include "strata/trace_format.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
+#include "tests/common/same_bytes.h"
 
 namespace ktier::test {
 namespace {
@@ -76,7 +77,7 @@ TEST_F(RunEvalCli, EvalLogitsFileIsPositionMajorF32AndIndependentOfChunkAndThrea
   std::vector<float> la(tf.size() * V), lb(la.size());
   fa.read(reinterpret_cast<char*>(la.data()), static_cast<std::streamsize>(la.size() * 4));
   fb.read(reinterpret_cast<char*>(lb.data()), static_cast<std::streamsize>(lb.size() * 4));
-  EXPECT_EQ(la, lb);
+  EXPECT_TRUE(same_bytes(la, lb));
   const double ref_max = golden_.at("logits_max_abs").get<double>();
   for (size_t t = 0; t < tf.size(); ++t)
     for (size_t i = 0; i < V; ++i)

@@ -73,8 +73,5 @@ std::vector<float> eval_logits(runtime::Engine& e, const std::vector<int32_t>& i
   return logits;
 }
 
-bool same_bytes(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 }  // namespace ktier::test

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/engine.h"
+#include "tests/common/same_bytes.h"
 
 namespace ktier::test {
 
@@ -32,7 +33,5 @@ std::unique_ptr<runtime::Engine> open_engine(const Variant& v, int threads = 2,
 // Teacher-forced logits [ids.size(), V] in chunks of `chunk`.
 std::vector<float> eval_logits(runtime::Engine& e, const std::vector<int32_t>& ids, int64_t chunk);
 
-// Byte equality of two float buffers (NaN payloads and -0 included).
-bool same_bytes(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace ktier::test
