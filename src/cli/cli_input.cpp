@@ -264,10 +264,26 @@ CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& 
       ->capture_default_str();
 }
 
-CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help) {
-  return sub->add_option("-s,--seed", seed, help)
-      ->transform(whole_number<uint64_t>())
-      ->capture_default_str();
+CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help,
+                             bool random_allowed) {
+  CLI::Option* o = sub->add_option("-s,--seed", seed, help);
+  // llama.cpp's -1 (random) where allowed; the default shows as -1 too.
+  o->transform(CLI::Validator(
+      [random_allowed, whole = whole_number<uint64_t>()](std::string& v) -> std::string {
+        if (random_allowed && v == "-1") {
+          v = std::to_string(runtime::kRandomSeed);
+          return {};
+        }
+        std::string error = whole(v);
+        if (!error.empty() && random_allowed) error += ", or -1 (random)";
+        return error;
+      },
+      "", "whole number"));
+  if (random_allowed && seed == runtime::kRandomSeed)
+    o->default_str("-1");
+  else
+    o->capture_default_str();
+  return o;
 }
 
 void add_sampling_options(CLI::App* sub, runtime::SamplingParams& sampling, bool for_requests) {
@@ -294,7 +310,12 @@ void add_sampling_options(CLI::App* sub, runtime::SamplingParams& sampling, bool
                        "min_p"))
       ->capture_default_str();
   add_seed_option(sub, sampling.seed,
-                  help("Sampling seed (same seed, same tokens)", "seed"));
+                  help(for_requests ? "Sampling seed (same seed, same tokens); -1 = a new "
+                                      "random one for each request"
+                                    : "Sampling seed (same seed, same tokens); -1 = a random "
+                                      "one, logged",
+                       "seed"),
+                  /*random_allowed=*/true);
   sub->add_option("--repeat-penalty", sampling.repeat_penalty,
                   help("Divide the logit of each id among the last --repeat-last-n by this "
                        "(multiply a negative one); 1 = off",

@@ -133,7 +133,9 @@ CLI::Validator whole_number(T max = std::numeric_limits<T>::max()) {
 inline constexpr uint64_t kMaxBenchMib = uint64_t{1} << 20;
 
 // Adds "-s,--seed S" to `sub` (llama.cpp's names; checked with whole_number<uint64_t>).
-CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help);
+// `random_allowed`: "-1" is read as runtime::kRandomSeed (llama.cpp's random seed).
+CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help,
+                             bool random_allowed = false);
 // Adds llama.cpp's sampling flags bound to `sampling` (whose values are the defaults shown):
 // --temp, --top-k, --top-p, --min-p, --seed, --repeat-penalty, --repeat-last-n,
 // --presence-penalty, --frequency-penalty. `for_requests`: each is what a `ktier serve` request

@@ -110,6 +110,12 @@ Status run(const RunArgs& a) {
   gen.prefill_chunk = a.chunk;
   gen.sampling = a.sampling;
   KTIER_RETURN_IF_ERROR(runtime::validate(gen.sampling));
+  if (gen.sampling.seed == runtime::kRandomSeed) {
+    gen.sampling.seed = runtime::resolve_seed(gen.sampling.seed);
+    if (gen.sampling.temperature > 0)
+      spdlog::info("sampling seed {} (random; -s {} repeats this run)", gen.sampling.seed,
+                   gen.sampling.seed);
+  }
   if (a.max_new_tokens < -2 || a.max_new_tokens > INT32_MAX)
     return Status::usage("-n must be in 0.." + std::to_string(INT32_MAX) +
                          ", or -1 or -2 (until a stop id or the context is full)");

@@ -70,7 +70,9 @@ struct ServeArgs {
   int port = 8080, threads = 0;
   bool metrics = false;
   int64_t ctx = 4096, chunk = 256, max_tokens = 512;
-  runtime::SamplingParams sampling{.temperature = 1.0};  // OpenAI's default temperature
+  // OpenAI's default temperature; a random seed for each request that gives none (as
+  // llama-server and OpenAI: the same request twice gives two answers).
+  runtime::SamplingParams sampling{.temperature = 1.0, .seed = runtime::kRandomSeed};
 };
 
 using nlohmann::json;

@@ -39,6 +39,14 @@ bool penalizes(const SamplingParams& p) {
          (p.repeat_penalty != 1 || p.presence_penalty != 0 || p.frequency_penalty != 0);
 }
 
+uint64_t resolve_seed(uint64_t seed) {
+  if (seed != kRandomSeed) return seed;
+  std::random_device rd;
+  uint64_t s = kRandomSeed;
+  while (s == kRandomSeed) s = (uint64_t{rd()} << 32) ^ rd();
+  return s;
+}
+
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
   KTIER_CHECK(validate(params).is_ok());
 }

@@ -27,11 +27,17 @@
 
 namespace ktier::runtime {
 
+// The seed that asks for a random one, as llama.cpp's -1 (`-s -1`, serve's default): the caller
+// draws it with resolve_seed() before sampling, so that the seed used can be printed.
+inline constexpr uint64_t kRandomSeed = UINT64_MAX;
+// `seed`, or a fresh one from std::random_device (never kRandomSeed) when it is kRandomSeed.
+uint64_t resolve_seed(uint64_t seed);
+
 struct SamplingParams {
   double temperature = 0.0;  // 0: greedy
   int64_t top_k = 0;         // 0: no top-k cut
   double top_p = 1.0;        // 1: no nucleus cut
-  uint64_t seed = 0;
+  uint64_t seed = 0;          // kRandomSeed: resolve_seed() first
   double min_p = 0.0;        // 0: no min-p cut
   // Penalties on ids already in the sequence (llama.cpp's defaults: all off).
   double repeat_penalty = 1.0;     // 1: off

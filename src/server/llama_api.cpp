@@ -36,7 +36,7 @@ json llama_props(const RequestDefaults& defaults, int64_t ctx, const std::string
                        {"top_k", s.top_k},
                        {"top_p", s.top_p},
                        {"min_p", s.min_p},
-                       {"seed", s.seed},
+                       {"seed", s.seed == runtime::kRandomSeed ? json(-1) : json(s.seed)},
                        {"repeat_penalty", s.repeat_penalty},
                        {"repeat_last_n", s.repeat_last_n},
                        {"presence_penalty", s.presence_penalty},

@@ -400,7 +400,8 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, const json& j,
   KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> seed,
                          integer_field(j, "seed", std::numeric_limits<int64_t>::min(),
                                        std::numeric_limits<int64_t>::max()));
-  if (seed) r.sampling.seed = static_cast<uint64_t>(*seed);
+  if (seed) r.sampling.seed = static_cast<uint64_t>(*seed);  // -1: kRandomSeed, random
+  r.sampling.seed = runtime::resolve_seed(r.sampling.seed);
   KTIER_ASSIGN_OR_RETURN(r.stop, parse_stop(j, endpoint == Endpoint::kLlamaCompletion));
   KTIER_ASSIGN_OR_RETURN(r.logprobs, parse_logprobs(endpoint, j));
   KTIER_ASSIGN_OR_RETURN(r.stream, bool_field(j, "stream", false));

@@ -217,6 +217,17 @@ TEST_F(RunEvalCli, TextPromptStreamsTextAndSeededSamplingRepeats) {
   const auto c = run_process(ktier() + " run" + model() +
                              " -p 'The lighthouse keeper' -n 12 --temp 0.9 --seed 12 --print-ids");
   EXPECT_NE(last_line(a.out), last_line(c.out));
+  // -s -1 (llama.cpp's random seed): the seed drawn is logged, and giving it repeats the run.
+  const std::string random_cmd = ktier() + " run" + model() +
+                                 " -p 'The lighthouse keeper' -n 12 --temp 0.9 --print-ids -s ";
+  const auto r = run_process(random_cmd + "-1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string mark = "sampling seed ";
+  const size_t at = r.err.find(mark);
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::string drawn = r.err.substr(at + mark.size(), r.err.find(' ', at + mark.size()) -
+                                                               (at + mark.size()));
+  EXPECT_EQ(run_process(random_cmd + drawn).out, r.out) << "seed " << drawn;
 }
 
 // A presence penalty past any logit keeps every id already in the sequence out (llama.cpp's

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <set>
 #include <string>
 
 #include "server/service.h"
@@ -79,10 +80,28 @@ TEST(OpenAiRequest, ChatMessagesAndFieldsAreRead) {
   EXPECT_EQ(r->sampling.frequency_penalty, 2.0);
   EXPECT_EQ(r->sampling.repeat_penalty, 1.3);
   EXPECT_EQ(r->sampling.repeat_last_n, -1);
-  EXPECT_EQ(r->sampling.seed, std::numeric_limits<uint64_t>::max());  // -1's bits
+  EXPECT_NE(r->sampling.seed, runtime::kRandomSeed);  // -1: a random seed, drawn
   EXPECT_EQ(r->stop, (std::vector<std::string>{"\n\n", "END"}));
   EXPECT_TRUE(r->stream);
   EXPECT_TRUE(r->include_usage);
+}
+
+// serve's default seed is random: a request that gives none gets a new one each time (the
+// same chat request twice may answer differently, as with llama-server and OpenAI).
+TEST(OpenAiRequest, ARandomDefaultSeedIsDrawnForEachRequest) {
+  RequestDefaults d = defaults();
+  d.sampling.seed = runtime::kRandomSeed;
+  std::set<uint64_t> seeds;
+  for (int i = 0; i < 4; ++i) {
+    auto r = parse_text(Endpoint::kCompletions, R"({"prompt": "a"})", d);
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_NE(r->sampling.seed, runtime::kRandomSeed);
+    seeds.insert(r->sampling.seed);
+  }
+  EXPECT_EQ(seeds.size(), 4u);
+  auto fixed = parse_text(Endpoint::kCompletions, R"({"prompt": "a", "seed": 5})", d);
+  ASSERT_TRUE(fixed.is_ok());
+  EXPECT_EQ(fixed->sampling.seed, 5u);
 }
 
 TEST(OpenAiRequest, WhatARequestLeavesUnsaidComesFromTheFlags) {
@@ -242,7 +261,11 @@ TEST(OpenAiRequest, WholeNumbersAreExactOrRefused) {
   };
   EXPECT_EQ(seed_of("9223372036854775807"), uint64_t{0x7fffffffffffffff});
   EXPECT_EQ(seed_of("-9223372036854775808"), uint64_t{0x8000000000000000});
-  EXPECT_EQ(seed_of("-1"), ~uint64_t{0});
+  // -1 (llama.cpp's "random"): a fresh seed each time, never -1's bits.
+  const std::optional<uint64_t> a = seed_of("-1"), b = seed_of("-1");
+  ASSERT_TRUE(a && b);
+  EXPECT_NE(*a, runtime::kRandomSeed);
+  EXPECT_NE(*a, *b);
   EXPECT_EQ(seed_of("3.0"), 3u);
   EXPECT_EQ(seed_of("1e15"), uint64_t{1000000000000000});
   for (const char* bad : {"9223372036854775808", "18446744073709551615", "-9223372036854775809",
