@@ -181,6 +181,11 @@ Status run(const RunArgs& a) {
   if (a.ids.empty() && !a.file.empty()) {
     KTIER_ASSIGN_OR_RETURN(text, read_input(a.file));
   }
+  // Nothing to continue from (a chat turn is never empty: its markers are tokens).
+  if (a.ids.empty() && !a.chat && given > 0 && text.empty())
+    return Status::usage(std::string("the prompt is empty (") +
+                         (a.file.empty() ? "-p \"\"" : "-f " + a.file + " has no bytes") +
+                         "): give some text to continue, or --chat to ask an empty message");
 
   // The prompt before the load too: GPU mode sets its working set aside for exactly this run.
   std::vector<uint32_t> raw;

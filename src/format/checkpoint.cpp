@@ -730,8 +730,13 @@ Status Checkpoint::check_directory(const std::filesystem::path& dir) {
   std::error_code ec;
   if (std::filesystem::is_directory(dir, ec)) return Status::ok();
   KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(dir));
+  // A file of a model folder (config.json, a shard) given for the folder: name the folder.
+  std::string hint;
+  const std::filesystem::path parent = dir.parent_path().empty() ? "." : dir.parent_path();
+  if (exists && std::filesystem::is_regular_file(parent / "config.json", ec))
+    hint = "; the model is the folder that holds it: " + parent.string();
   return Status::usage(dir.string() + ": not a model directory (" +
-                       (exists ? "not a directory" : "no such directory") + ")");
+                       (exists ? "not a directory" : "no such directory") + ")" + hint);
 }
 
 Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir, OpenMode mode) {

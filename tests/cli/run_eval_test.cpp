@@ -449,7 +449,9 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
       run_process("echo hi | " + ktier() + " run" + model() + " --chat -i -n 5000");
   EXPECT_EQ(long_n.exit_code, 0) << long_n.err;
   EXPECT_EQ(run_process(ktier() + " run" + model() + " -i -p hi -n 2").exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " run" + model() + " -p '' -n 2").exit_code, 2);  // empty prompt
+  const auto empty = run_process(ktier() + " run" + model() + " -p '' -n 2");
+  EXPECT_EQ(empty.exit_code, 2);
+  EXPECT_NE(empty.err.find("the prompt is empty (-p \"\")"), std::string::npos) << empty.err;
   const auto no_ids = run_process(ktier() + " run" + model() + " --ids ' ' -n 2");
   EXPECT_EQ(no_ids.exit_code, 2);
   EXPECT_NE(no_ids.err.find("--ids is empty: give at least one token id"), std::string::npos)
@@ -626,6 +628,9 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
   // I/O error, exit 1, as for --trace and --logits-out), a prompt file that is a folder.
   for (const auto& [args, what, code] : std::vector<std::tuple<std::string, std::string, int>>{
            {" run -m /nonexistent/model -p hi", "/nonexistent/model: not a model directory", 2},
+           {" run -m " + (dir_ / "config.json").string() + " -p hi",
+            "config.json: not a model directory (not a directory); the model is the folder that "
+            "holds it: " + dir_.string(), 2},
            {" run" + model() + " -p hi -n 2 --report-json /nonexistent/r.json",
             "--report-json: cannot write /nonexistent/r.json", 1},
            {" run" + model() + " -p hi -n 2 --report-json /proc/ktier-r.json",
