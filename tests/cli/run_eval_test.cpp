@@ -553,13 +553,18 @@ TEST_F(RunEvalCli, RunPastMaxPositionEmbeddingsWarns) {
 }
 
 TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
-  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1,99999 -n 1").exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1,x -n 1").exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --temp -1").exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --seed -1").exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 -p hi").exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " run -m /nonexistent/model --ids 1").exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " eval" + model() + " --ids 1,2").exit_code, 2);  // nothing to do
+  for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
+           {" run" + model() + " --ids 1,99999 -n 1", "99999"},
+           {" run" + model() + " --ids 1,x -n 1", "--ids: 'x' is not a token id"},
+           {" run" + model() + " --ids 1 --temp -1", "--temp must be a finite number >= 0"},
+           {" run" + model() + " --ids 1 --seed -2", "--seed: '-2' is not a whole number"},
+           {" run" + model() + " --ids 1 -p hi", "give exactly one of -p TEXT, -f FILE or --ids"},
+           {" run -m /nonexistent/model --ids 1", "/nonexistent/model: not a model directory"},
+           {" eval" + model() + " --ids 1,2", "nothing to do: give --argmax"}}) {
+    const auto bad = run_process(ktier() + args);
+    EXPECT_EQ(bad.exit_code, 2) << args << ": " << bad.err;
+    EXPECT_NE(bad.err.find(what), std::string::npos) << args << ": " << bad.err;
+  }
   // A tokenizer whose ids run past config.json's vocab_size: the model folder is inconsistent.
   {
     const fs::path bad_tok = dir_.string() + "-badtok";
