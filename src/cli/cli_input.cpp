@@ -394,6 +394,44 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
   return Status::ok();
 }
 
+std::string llama_cpp_flag_problem(int argc, const char* const* argv) {
+  static const std::pair<const char*, const char*> kFlags[] = {
+      {"-ngl", "ktier places the trunk and experts by --vram (GPU mode starts by itself)"},
+      {"--n-gpu-layers", "ktier places the trunk and experts by --vram (GPU mode starts by itself)"},
+      {"-cnv", "--chat -i"},
+      {"--conversation", "--chat -i"},
+      {"-fa", "none: the attention kernels are fixed"},
+      {"--flash-attn", "none: the attention kernels are fixed"},
+      {"-sp", "--special"},
+      {"-np", "none: serve answers one request at a time"},
+      {"--parallel", "none: serve answers one request at a time"},
+      {"-ctk", "none: the cache is f32 (docs/NUMERICS.md)"},
+      {"-ctv", "none: the cache is f32 (docs/NUMERICS.md)"},
+      {"-sys", "none: --chat sends one user message"},
+      {"--system-prompt", "none: --chat sends one user message"},
+      {"-tb", "-t"},
+      {"-ub", "--chunk"},
+      {"-ot", "--vram and --ram (strata places experts by use)"},
+      {"--override-tensor", "--vram and --ram (strata places experts by use)"},
+      {"-hf", "-m DIR (a local folder)"},
+      {"-co", "none"},
+      {"--temperature", "--temp"}};
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    const std::string_view prev = i > 1 ? argv[i - 1] : "";
+    if (prev == "-p" || prev == "--prompt") continue;  // a prompt may say anything
+    for (const auto& [flag, here] : kFlags) {
+      const std::string_view f = flag;
+      const bool with_value = arg.size() > f.size() && arg.substr(0, f.size()) == f &&
+                              arg[f.size()] == '=';
+      if (arg != f && !with_value) continue;
+      return "'" + std::string(arg) + "' is llama.cpp's flag; ktier's equivalent: " + here +
+             " (ktier COMMAND --help lists the flags)";
+    }
+  }
+  return "";
+}
+
 void ignore_sigpipe() {
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;

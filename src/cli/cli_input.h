@@ -76,6 +76,12 @@ struct InputPath {
 Status check_output_is_not_input(const std::string& flag, const std::string& output,
                                  std::initializer_list<InputPath> inputs);
 
+// A flag of llama.cpp's tools that ktier does not have, given in argv (not as the value of -p or
+// --prompt): "'-ngl' is llama.cpp's ...; here: ..." for the first one, else empty. CLI11 reads
+// llama.cpp's single-dash words as bundles of one-letter flags (-fa as "-f a", -ngl as "-n gl"),
+// which would fail naming another option or, worse, run.
+std::string llama_cpp_flag_problem(int argc, const char* const* argv);
+
 // Writes `s` to standard output and flushes it; Status::runtime naming the errno when the
 // reader has gone (EPIPE: SIGPIPE is ignored by the commands that stream) or the write fails.
 Status write_stdout(const std::string& s);

@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "common/log.h"
 #include "ktier/version.h"
@@ -49,6 +50,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.require_subcommand(1);
   app.fallthrough();
+  // An option given twice takes its last value, as llama.cpp's do (scripts append overrides);
+  // subcommands inherit the default.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   int exit_code = 0;
   cli::register_run_command(app, exit_code);
@@ -91,6 +95,10 @@ int main(int argc, char** argv) {
     refuse_empty_values(&app);
   });
 
+  if (const std::string problem = cli::llama_cpp_flag_problem(argc, argv); !problem.empty()) {
+    std::fprintf(stderr, "ktier: error: %s\n", problem.c_str());
+    return static_cast<int>(ExitCode::kUsage);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -100,10 +100,14 @@ int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c) {
   return opts.policy == strata::PolicyKind::kStatic ? 0 : clamped_lookahead(opts, c);
 }
 
-// The fewest expert slots: one fetch's top-k, plus room for what lookahead prefetches ahead of
-// the layers in flight (top-k per depth), without which a prefetch has nowhere to go.
+// The fewest expert slots: one fetch's top-k and, with lookahead, room for its prefetches: the
+// last routed layer's top-k, which the policy keeps pinned until the next layer is routed (so
+// past the predictions made in between), and top-k per depth. Without the former the deepest
+// depth had no room, and at lookahead 1 no prefetch was ever issued at the minimum (tiny:
+// 0 issued, 0% hits; one more slot: 170 issued).
 uint64_t min_expert_slots(const format::ModelConfig& c, int lookahead) {
-  return static_cast<uint64_t>(c.num_experts_per_token) * (1 + static_cast<uint64_t>(lookahead));
+  const uint64_t k = static_cast<uint64_t>(c.num_experts_per_token);
+  return k * (1 + (lookahead > 0 ? 1 + static_cast<uint64_t>(lookahead) : 0));
 }
 
 bool device_mode(const EngineOptions& opts) {

@@ -81,6 +81,12 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
   const uint64_t vram_wasted =
       d(vb.prefetch_wasted, va.prefetch_wasted) - d(vb.carried_wasted, va.carried_wasted);
   const DeviceTrunk* dt = e.device_trunk();
+  // STRATA.md §4: a tier's hit rate is over every demanded byte. In GPU mode the RAM tier sees
+  // only the VRAM tier's misses, so its hits are divided by what the VRAM tier was asked for:
+  // the VRAM, RAM and NVMe shares then add up to 1.
+  const uint64_t vram_demanded =
+      d(vb.hit_bytes, va.hit_bytes) + d(vb.miss_bytes, va.miss_bytes);
+  const uint64_t demanded = v ? vram_demanded : hit + miss;
   nlohmann::json j = {
       {"prompt_tokens", gen.prompt_tokens},
       {"prompt_cache_tokens", cached_prompt_tokens},
@@ -100,15 +106,14 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
       {"expert_wait_share", share(d(xb.io_wait_ns, xa.io_wait_ns))},
       {"tiers",
        {{"ram",
-         {{"hit_rate_bytes", ratio(hit, hit + miss)},
+         {{"hit_rate_bytes", ratio(hit, demanded)},
           {"hits", d(xb.hits, xa.hits)},
           {"requests", d(xb.hits, xa.hits) + d(xb.demand_reads, xa.demand_reads) + d(xb.late, xa.late)},
           {"slots", x ? x->stats().slots : 0},
           {"policy_slots", x ? x->stats().policy_slots : 0},
           {"bytes", x ? x->stats().bytes_allocated : 0}}},
         {"vram",
-         {{"hit_rate_bytes", ratio(d(vb.hit_bytes, va.hit_bytes),
-                                   d(vb.hit_bytes, va.hit_bytes) + d(vb.miss_bytes, va.miss_bytes))},
+         {{"hit_rate_bytes", ratio(d(vb.hit_bytes, va.hit_bytes), vram_demanded)},
           {"hits", d(vb.hits, va.hits)},
           {"requests", d(vb.requests, va.requests)},
           {"slots", v ? v->stats().slots : 0},

@@ -229,8 +229,23 @@ void VramExpertTier::begin_layer(int64_t layer, int64_t first_position, const in
                                  int64_t T, int k) {
   strata::access_routing(*policy_, layer, num_experts_, ids, T, k, moe_layers_, step_, requests_);
   prefetched_for_.settle(*policy_, layer, num_experts_, ids, T * k);
+  settle_copies(layer, ids, T * k);
   host_.begin_layer(layer, first_position, ids, T, k);  // the RAM tier's policy and prefetch
   if (deferred_.is_ok()) retry_waiting(layer);  // this layer's own misses are fetch()'s
+}
+
+void VramExpertTier::settle_copies(int64_t layer, const int32_t* ids, int64_t n) {
+  asked_.assign(static_cast<size_t>(num_experts_), 0);
+  for (int64_t i = 0; i < n; ++i) asked_[static_cast<size_t>(ids[i])] = 1;
+  for (int64_t e = 0; e < num_experts_; ++e) {
+    const int64_t slot = slot_of_key_[static_cast<size_t>(layer * num_experts_ + e)];
+    if (slot < 0 || asked_[static_cast<size_t>(e)]) continue;
+    if (const uint8_t was = prefetched_[static_cast<size_t>(slot)]) {
+      prefetched_[static_cast<size_t>(slot)] = 0;
+      ++stats_.prefetch_wasted;
+      stats_.carried_wasted += was == kCarried;
+    }
+  }
 }
 
 Result<model::ExpertWeights> VramExpertTier::copy_in(const model::ExpertWeights& host,

@@ -123,6 +123,10 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   bool prefetch_one(const Prediction& p);
   // Tries the waiting predictions again; forgets those for layers up to `done_through`.
   void retry_waiting(int64_t done_through);
+  // Layer `layer` is routed (ids [n]): its lookahead copies that no token asks for were wrong
+  // predictions, counted wasted now as the RAM tier counts its own (a later hit on the slot,
+  // in another pass, is a plain hit, not a useful copy).
+  void settle_copies(int64_t layer, const int32_t* ids, int64_t n);
 
   model::ExpertSource& host_;
   backend::Backend& be_;
@@ -135,6 +139,7 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   // current report window; 0 otherwise.
   enum : uint8_t { kFresh = 1, kCarried = 2 };
   std::vector<uint8_t> prefetched_;
+  std::vector<uint8_t> asked_;  // settle_copies' scratch: [num_experts] 1 where asked
   // Per slot: a fence marked after its latest copy, and that copy's link and number on it.
   struct SlotCopy {
     int8_t link = -1;     // -1: never copied into

@@ -57,7 +57,16 @@ TEST(Cli, UsageErrorsExitTwo) {
             "--raw-block-mib: '17592186044416' is not a whole number 0..1048576"},
            {" bench io --pack x --raw-block-mib -1", "--raw-block-mib: '-1' is not"},
            {" run -m x --ids 1 -c 9223372036854775807", "-c/--ctx-size must be in 0..2147483647"},
-           {" bench device --device emulated --bytes 0", "--bytes must be at least 1M"}}) {
+           {" bench device --device emulated --bytes 0", "--bytes must be at least 1M"},
+           // llama.cpp's flags are named, not read as bundles of ktier's one-letter flags
+           // (-ngl as "-n gl", -fa as "-f a": a prompt file named 'a').
+           {" run -m x --ids 1 -ngl 99", "'-ngl' is llama.cpp's flag; ktier's equivalent: "
+                                         "ktier places the trunk and experts by --vram"},
+           {" run -m x -fa --ids 1", "'-fa' is llama.cpp's flag"},
+           {" run -m x --ids 1 --temperature=0.5",
+            "'--temperature=0.5' is llama.cpp's flag; ktier's equivalent: --temp"},
+           // ... but a prompt may say anything.
+           {" run -m x -p -ngl", "x: not a model directory"}}) {
     const auto r = run_process(ktier() + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find("ktier: error: " + what), std::string::npos) << args << ": " << r.err;

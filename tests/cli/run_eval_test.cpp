@@ -1042,6 +1042,37 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
   fs::remove(report);
 }
 
+// An option given twice takes its last value, as llama.cpp's (a script appends an override).
+TEST_F(RunEvalCli, ARepeatedOptionTakesItsLastValue) {
+  const auto r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() +
+                             " -n 9 --print-ids -n 3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string ids = last_line(r.out);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), ','), 2) << r.out;  // three ids
+}
+
+// GPU mode with a VRAM tier far smaller than the experts: the tiers' hit rates are shares of the
+// same demanded bytes (STRATA.md §4), so VRAM's and RAM's add up to at most 1 (the RAM tier's
+// was over the VRAM tier's misses alone: 90% + 54.5% on tiny).
+TEST_F(RunEvalCli, GpuModeTierHitRatesShareOneDenominator) {
+  const fs::path report = dir_.string() + "-tier-shares.json";
+  const auto r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() +
+                             " -n 20 --device emulated --vram 2M --report-json " +
+                             report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(report);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const nlohmann::json& vram = j.at("tiers").at("vram");
+  const nlohmann::json& ram = j.at("tiers").at("ram");
+  const double v = vram.at("hit_rate_bytes"), m = ram.at("hit_rate_bytes");
+  ASSERT_LT(v, 1.0) << vram.dump();  // the VRAM tier misses, so the RAM tier is asked
+  EXPECT_GT(m, 0.0) << ram.dump();
+  EXPECT_LE(v + m, 1.0 + 1e-12) << vram.dump() << ram.dump();
+  // Both in bytes of one expert: the RAM tier's hits over the VRAM tier's requests.
+  EXPECT_NEAR(m, ram.at("hits").get<double>() / vram.at("requests").get<double>(), 1e-12);
+  fs::remove(report);
+}
+
 // Issue 7 interface: a compressed pack (small blocks, several per layer) runs exactly like a plain
 // pack and like no pack at all, whatever the inflate thread count and read-rate cap; `bench
 // inflate` reports the documented keys; a damaged block is exit 3 naming the layer and block.
@@ -1061,10 +1092,10 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
   ASSERT_EQ(packed.exit_code, 0) << packed.err;
   EXPECT_EQ(packed.out, none.out);
   for (const char* extra : {" --threads 1", " --threads 3", " --threads 2 --io-rate-limit 200"}) {
-    // 1550K: above the minimum with compressed staging and scratch; every layer streams.
+    // 1600K: above the minimum with compressed staging and scratch; every layer streams.
     const fs::path report = dir_.string() + "-z-report.json";
     const auto zr = run_process(ktier() + " run" + model() + args + " --pack " + z.string() +
-                                " --ram 1550K --report-json " + report.string() + extra);
+                                " --ram 1600K --report-json " + report.string() + extra);
     ASSERT_EQ(zr.exit_code, 0) << extra << ": " << zr.err;
     EXPECT_EQ(zr.out, none.out) << extra;
     std::ifstream in(report);

@@ -66,7 +66,7 @@ class ExpertCacheTest : public ::testing::Test {
   // The budget leaving `policy_slots` for the policy: the sequence's working set (the default
   // workload; its activations include the lookahead copy when lookahead > 0), the whole trunk,
   // one fetch's top-k slots and the policy's. With lookahead the dial's minimum is
-  // top_k × (1 + lookahead) slots: below it (policy_slots < top_k × lookahead) the trunk streams
+  // top_k × (2 + lookahead) slots: below it (policy_slots < top_k × (1 + lookahead)) the trunk streams
   // a layer or more to make room, and the routers of those layers are held apart (RouterBank).
   static uint64_t budget_for(uint64_t policy_slots, int lookahead = EngineOptions{}.lookahead) {
     const auto ckpt = format::Checkpoint::open(root_ / "ckpt", format::OpenMode::kPread);

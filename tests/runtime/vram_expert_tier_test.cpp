@@ -232,7 +232,8 @@ TEST(VramExpertTier, CopiesMadeBeforeAWindowCountAsCarried) {
   EXPECT_EQ(s.prefetch_issued, 5u);
   EXPECT_EQ(s.prefetch_useful, 3u);
   EXPECT_EQ(s.carried_useful, 2u);
-  EXPECT_EQ(s.carried_wasted, 0u);
+  EXPECT_EQ(s.carried_wasted, 2u);  // 5 and 7: their layers, routed in the window, did not ask
+  EXPECT_EQ(s.prefetch_wasted, 2u);
 }
 
 // A host whose fetch reuses its buffer: a fetch's misses come in batches of one, and each batch's
@@ -317,6 +318,31 @@ TEST(VramExpertTier, ASlotReusedBeforeItsPrefetchLandedKeepsTheNewExpert) {
   EXPECT_EQ(x.tier->stats().prefetch_wasted, 2u);
   for (auto q : backend::Backend::kCopyQueues) ASSERT_TRUE(x.be->sync_copies(q).is_ok());
   expect_views_hold(*x.be, x.host, 3, routed3, out);
+}
+
+// A lookahead copy is useful only to the layer it was made for: one that layer does not ask
+// for is wasted when the layer is routed, even while the tier keeps it, and a later pass's hit
+// on it is a plain hit (the RAM tier's rule; before, it was counted useful then).
+TEST(VramExpertTier, ACopyItsLayerDidNotAskForIsWastedThenAndNeverUseful) {
+  TierUnderTest x(8 * kTopK);  // room to keep every copy
+  ASSERT_TRUE(x.tier);
+  for (int32_t id : {3, 5}) x.host.ready.insert(2 * kExperts + id);
+  const float w[] = {0.5f, 0.5f};
+  const int32_t for2[] = {3, 5};
+  x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);
+  ASSERT_EQ(x.tier->stats().prefetch_issued, 2u);
+  std::vector<model::ExpertWeights> out;
+  const int32_t routed1[] = {0, 1}, routed2[] = {3, 6}, again2[] = {5, 7};
+  x.layer(1, routed1, out);
+  x.layer(2, routed2, out);  // 3 was right, 5 wrong
+  EXPECT_EQ(x.tier->stats().prefetch_useful, 1u);
+  EXPECT_EQ(x.tier->stats().prefetch_wasted, 1u);
+  const uint64_t hits = x.tier->stats().hits;
+  x.layer(1, routed1, out);  // the next token
+  x.layer(2, again2, out);   // 5 is still in VRAM: a hit, not a useful copy
+  EXPECT_EQ(x.tier->stats().hits, hits + 2 + 1);
+  EXPECT_EQ(x.tier->stats().prefetch_useful, 1u);
+  EXPECT_EQ(x.tier->stats().prefetch_wasted, 1u);
 }
 
 // The same copies made before a report window and evicted unused in it are its carried waste.
