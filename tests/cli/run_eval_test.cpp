@@ -1042,6 +1042,27 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
   fs::remove(report);
 }
 
+// At the exact minimum budget lookahead still prefetches: the minimum once held top_k x
+// (1 + lookahead) expert slots, and with the last routed layer's experts pinned while the next
+// layers are predicted, lookahead 1 had no slot (0 prefetches issued at the minimum).
+TEST_F(RunEvalCli, LookaheadPrefetchesAtTheMinimumBudget) {
+  const std::string cmd = ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 12";
+  const auto refused = run_process(cmd + " --ram 1K");
+  ASSERT_EQ(refused.exit_code, 4) << refused.err;
+  const std::string mark = "the minimum is ";
+  const size_t at = refused.err.find(" = ", refused.err.find(mark));
+  ASSERT_NE(at, std::string::npos) << refused.err;
+  const std::string minimum = refused.err.substr(at + 3, refused.err.find(' ', at + 3) - at - 3);
+  const fs::path report = dir_.string() + "-minimum.json";
+  const auto r = run_process(cmd + " --ram " + minimum + " --report-json " + report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(report);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_GT(j.at("prefetch").at("issued").get<uint64_t>(), 0u) << j.at("prefetch").dump();
+  EXPECT_GT(j.at("prefetch").at("useful").get<uint64_t>(), 0u) << j.at("prefetch").dump();
+  fs::remove(report);
+}
+
 // An option given twice takes its last value, as llama.cpp's (a script appends an override).
 TEST_F(RunEvalCli, ARepeatedOptionTakesItsLastValue) {
   const auto r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() +
