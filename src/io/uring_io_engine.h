@@ -69,6 +69,9 @@ class UringIoEngine final : public detail::QueuedIoEngine {
 
   explicit UringIoEngine(const IoOptions& options) : QueuedIoEngine(options) {}
   Status init();
+  // Reads one byte of /dev/null through the ring: 0 (end of file) when IORING_OP_READ works,
+  // else -errno. For init() where the opcode probe is refused.
+  int read_dev_null();
   void wake() override;
   void on_bounce_allocated(uint32_t index, uint8_t* data, uint64_t bytes) override;
 
