@@ -93,6 +93,12 @@ Status perplexity(const PerplexityArgs& a) {
                          " token(s): scoring needs at least 3 (half of them context)");
   const int64_t total = static_cast<int64_t>(raw.size());
   const int64_t window = std::min(a.ctx, total), windows = total / window;
+  // llama-perplexity refuses such a text; here it is one shorter window, which is said: its
+  // figure is not comparable with those of whole -c windows.
+  if (window < a.ctx)
+    spdlog::warn("the text has {} tokens, fewer than -c {}: one window of {} instead (a "
+                 "perplexity over shorter windows is not comparable with one over -c {})",
+                 total, a.ctx, window, a.ctx);
   const int64_t first = window / 2;  // the first scored position of a window
   const int64_t chunk = std::min(a.chunk, window);
 

@@ -144,6 +144,11 @@ TEST_F(RunEvalCli, PerplexityScoresTheSecondHalfOfEachWindow) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json g = nlohmann::json::parse(std::ifstream(json));
   EXPECT_EQ(g.at("window_tokens"), static_cast<int>(T));  // shorter than -c: one window
+  EXPECT_NE(r.err.find("the text has " + std::to_string(T) + " tokens, fewer than -c 512: one "
+                       "window of " + std::to_string(T) + " instead"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(other.err.find("fewer than -c"), std::string::npos) << other.err;  // whole windows
   EXPECT_NEAR(g.at("mean_nll").get<double>(), ref_mean, 1e-4);
   // Input it cannot score: usage errors before the load.
   for (const std::string& bad :
