@@ -658,6 +658,15 @@ Status serve(const ServeArgs& a) {
       limit && a.ctx > *limit)
     spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json", a.ctx,
                  *limit);
+  // Every request reserves the state for -c positions: one that cannot be had is refused now,
+  // not as a 500 for each request (a memory limit, -c far past what the machine holds).
+  if (auto probe = engine->model().new_sequence(a.ctx); !probe.is_ok()) {
+    const Status refused = Status::budget(
+        "-c/--ctx-size " + std::to_string(a.ctx) + ": the sequence's state for that many "
+        "positions cannot be reserved (" + probe.status().message() + "); give a smaller -c");
+    listener.stop(refused);
+    return refused;
+  }
   server::Service service(*engine, tokenizer, markers, so);
   // Whatever leaves this scope, no connection still uses `service` or `engine` after it.
   struct StopListening {

@@ -787,6 +787,15 @@ TEST_F(ServeCli, WhatCannotStartSaysWhy) {
   EXPECT_NE(failing.err().find("listening on"), std::string::npos) << failing.err();
   EXPECT_NE(failing.err().find(shard), std::string::npos) << failing.err();
 
+  // A context whose state cannot be reserved: exit 4 once loaded, not a 500 for every request.
+  r = run_process("ulimit -v 4000000; " + ktier_bin().string() + " serve -m " +
+                  (dir_ / "model").string() + " --port 0 -c 2000000000");
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("-c/--ctx-size 2000000000: the sequence's state for that many positions "
+                       "cannot be reserved"),
+            std::string::npos)
+      << r.err;
+
   for (const char* flag : {" --port 70000", " --temp 3", " -c 0", " --presence-penalty 2.5",
                            " --frequency-penalty -3", " --repeat-penalty 0", " -n 0"}) {
     r = run_process(ktier_bin().string() + " serve -m " + (dir_ / "model").string() + flag);
