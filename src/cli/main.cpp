@@ -135,9 +135,26 @@ int main(int argc, char** argv) {
       path += level->get_name() + " ";
     }
     const auto subs = level->get_subcommands({});
+    // An option before any command that ktier does not know ("ktier --bogus"): named, rather
+    // than "needs a command".
+    std::string unknown_global;
+    for (int i = 1; i < argc && argv[i][0] == '-' && level == &app; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg == "--log-level") {
+        ++i;  // its value
+        continue;
+      }
+      if (arg.rfind("--log-level=", 0) == 0) continue;
+      unknown_global = std::string(arg);
+      break;
+    }
     if (!named && !subs.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
         level->get_require_subcommand_min() > 0)
-      what = (path.empty() ? std::string("ktier ") : path) + "needs a command: " + names(subs);
+      what = !unknown_global.empty()
+                 ? "unknown option '" + unknown_global + "' before the command (ktier's own: "
+                   "--log-level, --help, --version; a command's options go after it)"
+                 : (path.empty() ? std::string("ktier ") : path) + "needs a command: " +
+                       names(subs);
     std::fprintf(stderr, "ktier: error: %s\nRun 'ktier --help' or 'ktier COMMAND --help'.\n",
                  what.c_str());
     return static_cast<int>(ExitCode::kUsage);

@@ -40,6 +40,8 @@ TEST(Cli, UsageErrorsExitTwo) {
            {" trace bogus", "unknown trace command 'bogus' (choose from convert, convert-k3c, "
                             "info, replay)"},
            {" bench", "bench needs a command: kernels, decode, io, inflate, device"},
+           {" --bogus", "unknown option '--bogus' before the command"},
+           {" --log-level warn", "ktier needs a command: run, eval"},
            // CLI11 would read an empty value as zero (-n '' as -n 0, --pack= as no pack).
            {" run -m x --ids 1 -n ''", "--n-predict: empty value"},
            {" run -m x --ids 1 --pack ''", "--pack: empty value"},
