@@ -124,6 +124,14 @@ TEST_P(Conformance, KdaDecayGate) {
   EXPECT_LE(dg, 1e-5);
   EXPECT_LE(da, 1e-5);
   EXPECT_GT(*std::min_element(alpha.begin(), alpha.end()), 0.0f);
+  // The fixture's own summary: the range reached and how many decays saturate at 1.
+  EXPECT_NEAR(*std::min_element(alpha.begin(), alpha.end()), fx.number("alpha_min"), 1e-6);
+  EXPECT_NEAR(*std::max_element(alpha.begin(), alpha.end()), fx.number("alpha_max"), 1e-6);
+  // None saturates (README: "no element is exactly 1"): every g is below 0. Some alphas still
+  // round to 1.0f in f32 (exp(g) within 2^-25 of 1), which the float64 count does not see.
+  ASSERT_EQ(fx.number("n_alpha_saturated_at_1"), 0.0);
+  EXPECT_LT(*std::max_element(g.begin(), g.end()), 0.0f);
+  EXPECT_EQ(static_cast<double>(alpha.size()), fx.number("n_alpha_total"));
 }
 
 void run_recurrence_case(const char* name, double readme_max, const char* readme) {
@@ -210,6 +218,17 @@ TEST_P(Conformance, RouterSetsAndWeightsById) {
   }
   const auto r = check_tolerance(got_by_id, want_by_id);
   expect_case("router weights (by id)", r, 0.003, "0.002 / 0.003");
+  // The bias matters: without it the selected set differs in as many rows as the fixture says.
+  const std::vector<float> no_bias(static_cast<size_t>(n_exp), 0.0f);
+  std::vector<int32_t> ids_nb(T * k);
+  std::vector<float> wts_nb(T * k);
+  router_topk(logits.data(), no_bias.data(), T, n_exp, k, true, 1.0, ids_nb.data(), wts_nb.data(),
+              env().ex);
+  int changed = 0;
+  for (int64_t t = 0; t < T; ++t)
+    changed += std::set<int>(ids.begin() + t * k, ids.begin() + (t + 1) * k) !=
+               std::set<int>(ids_nb.begin() + t * k, ids_nb.begin() + (t + 1) * k);
+  EXPECT_EQ(changed, static_cast<int>(fx.number("rows_where_bias_changed_selection")));
 }
 
 TEST_P(Conformance, AttnRes) {
