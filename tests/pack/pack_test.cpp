@@ -248,7 +248,9 @@ TEST_F(PackTest, FlippedByteFailsVerifyNamingTheRecord) {
   ASSERT_LT(head.bytes, head.size);
   flip_byte(out / kPackFileName, head.offset + head.size - 1);
   buf.resize(head.size);
-  EXPECT_EQ(tp->read_record(head, buf.data()).exit_code(), 3);
+  const Status padding = tp->read_record(head, buf.data());
+  EXPECT_EQ(padding.exit_code(), 3);
+  EXPECT_NE(padding.message().find(head.name), std::string::npos) << padding.message();
 }
 
 TEST_F(PackTest, RefusesToOverwriteWithoutForce) {
@@ -344,7 +346,9 @@ TEST_F(PackTest, TruncatedPackIsRefusedAtOpen) {
   EXPECT_NE(tp.status().message().find((out / kPackFileName).string()), std::string::npos)
       << tp.status().message();
   fs::remove(out / kPackFileName);
-  EXPECT_EQ(TrunkPack::open(out, ckpt).status().exit_code(), 3);
+  const Status missing = TrunkPack::open(out, ckpt).status();
+  EXPECT_EQ(missing.exit_code(), 3);
+  EXPECT_NE(missing.message().find(kPackFileName), std::string::npos) << missing.message();
   // A FIFO or a folder in its place: said so (file_size() would only say "Operation not
   // supported"), and the FIFO is not opened (no writer would ever come).
   ASSERT_EQ(::mkfifo((out / kPackFileName).c_str(), 0644), 0);

@@ -390,7 +390,9 @@ TEST_F(TrunkStoreTest, CorruptStreamedRecordFailsTheForwardWithExitThree) {
   EXPECT_NE(s.message().find("layer.7"), std::string::npos) << s.message();
   // Pinned: the same record fails at open.
   eo.ram_budget.reset();
-  EXPECT_EQ(open(eo).status().exit_code(), 3);
+  const Status at_open = open(eo).status();
+  EXPECT_EQ(at_open.exit_code(), 3);
+  EXPECT_NE(at_open.message().find("layer.7"), std::string::npos) << at_open.message();
 }
 
 // Embedding rows are read one at a time; the embed record is verified whole at open instead.

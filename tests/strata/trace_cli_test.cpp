@@ -227,6 +227,7 @@ TEST_F(TraceCli, CorruptTraceExits3NamingTheFile) {
   EXPECT_NE(r.err.find(out.string()), std::string::npos) << r.err;
   r = run_process(ktier("trace info " + q(out)));
   EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find(out.string()), std::string::npos) << r.err;
 
   // The raw conformance file without --convert-conformance: corrupt, with the hint.
   r = run_process(ktier("trace info " + q(conformance_)));
