@@ -83,6 +83,10 @@ class CompressedTrunkTest : public ::testing::Test {
     f.write(reinterpret_cast<const char*>(stored.data()), static_cast<std::streamsize>(k.length));
     return bad;
   }
+  // evaluate()'s logits per token.
+  static size_t vocab_of(const Engine& e) {
+    return static_cast<size_t>(e.checkpoint().config().vocab_size);
+  }
   static Status run_streamed(const fs::path& pack_dir) {
     EngineOptions eo;
     eo.model_dir = root_ / "ckpt";
@@ -91,7 +95,7 @@ class CompressedTrunkTest : public ::testing::Test {
     eo.ram_budget = minimum(pack_dir, 2);
     auto e = Engine::open(eo);
     if (!e.is_ok()) return e.status();
-    std::vector<float> out(prompt_.size() * 320);
+    std::vector<float> out(prompt_.size() * vocab_of(*e.value()));
     return evaluate(e.value()->model(), prompt_, 12, out.data());
   }
 
@@ -140,7 +144,7 @@ TEST_F(CompressedTrunkTest, StreamedBytesAreTheStoredBytes) {
   eo.ram_budget = minimum(root_ / "z", 2);
   auto e = Engine::open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
-  std::vector<float> out(prompt_.size() * 320);
+  std::vector<float> out(prompt_.size() * vocab_of(*e.value()));
   ASSERT_TRUE(evaluate(e.value()->model(), prompt_, 12, out.data()).is_ok());
   const TrunkStoreStats& st = e.value()->trunk_store()->stats();
   EXPECT_GT(st.streamed_bytes_read, 0u);
@@ -269,7 +273,7 @@ TEST_F(CompressedTrunkTest, FailingBlockReadFailsWithExitOneAndRecovers) {
   eo.io.fault_plan = std::make_shared<io::FaultPlan>();
   auto e = Engine::open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
-  std::vector<float> want(prompt_.size() * 320), out(want.size());
+  std::vector<float> want(prompt_.size() * vocab_of(*e.value())), out(want.size());
   ASSERT_TRUE(evaluate(e.value()->model(), prompt_, 12, want.data()).is_ok());
   eo.io.fault_plan->add(io::FaultRule::eio().in_path("trunk.pack").times(-1));
   const Status s = evaluate(e.value()->model(), prompt_, 12, out.data());
