@@ -269,7 +269,10 @@ CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& h
   CLI::Option* o = sub->add_option("-s,--seed", seed, help);
   // llama.cpp's -1 (random) where allowed; the default shows as -1 too.
   o->transform(CLI::Validator(
-      [random_allowed, whole = whole_number<uint64_t>()](std::string& v) -> std::string {
+      // Where -1 is the random seed, its bits (UINT64_MAX) are no seed of their own.
+      [random_allowed, whole = whole_number<uint64_t>(random_allowed ? runtime::kRandomSeed - 1
+                                                                      : runtime::kRandomSeed)](
+          std::string& v) -> std::string {
         if (random_allowed && v == "-1") {
           v = std::to_string(runtime::kRandomSeed);
           return {};
@@ -394,7 +397,8 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
   return Status::ok();
 }
 
-std::string llama_cpp_flag_problem(int argc, const char* const* argv) {
+std::string llama_cpp_flag_problem(int argc, const char* const* argv,
+                                   const std::function<bool(std::string_view)>& takes_value) {
   static const std::pair<const char*, const char*> kFlags[] = {
       {"-ngl", "ktier places the trunk and experts by --vram (GPU mode starts by itself)"},
       {"--n-gpu-layers", "ktier places the trunk and experts by --vram (GPU mode starts by itself)"},
@@ -418,8 +422,9 @@ std::string llama_cpp_flag_problem(int argc, const char* const* argv) {
       {"--temperature", "--temp"}};
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
+    if (arg == "--") break;  // what follows is not options
     const std::string_view prev = i > 1 ? argv[i - 1] : "";
-    if (prev == "-p" || prev == "--prompt") continue;  // a prompt may say anything
+    if (prev.size() > 1 && prev[0] == '-' && takes_value(prev)) continue;  // e.g. -f -co
     for (const auto& [flag, here] : kFlags) {
       const std::string_view f = flag;
       const bool with_value = arg.size() > f.size() && arg.substr(0, f.size()) == f &&

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -80,7 +81,10 @@ Status check_output_is_not_input(const std::string& flag, const std::string& out
 // --prompt): "'-ngl' is llama.cpp's ...; here: ..." for the first one, else empty. CLI11 reads
 // llama.cpp's single-dash words as bundles of one-letter flags (-fa as "-f a", -ngl as "-n gl"),
 // which would fail naming another option or, worse, run.
-std::string llama_cpp_flag_problem(int argc, const char* const* argv);
+// `takes_value(name)`: whether ktier's option `name` ("-f", "--trace") reads the next argument
+// as its value, which is then never taken for a flag (a file named "-co"); the scan ends at "--".
+std::string llama_cpp_flag_problem(int argc, const char* const* argv,
+                                   const std::function<bool(std::string_view)>& takes_value);
 
 // Writes `s` to standard output and flushes it; Status::runtime naming the errno when the
 // reader has gone (EPIPE: SIGPIPE is ignored by the commands that stream) or the write fails.

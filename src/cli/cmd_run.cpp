@@ -382,9 +382,11 @@ Status run(const RunArgs& a) {
     if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
     if (a.print_ids || !stream) KTIER_RETURN_IF_ERROR(write_stdout(join_ids(generated) + "\n"));
     std::fputs(report.to_table(*engine).c_str(), stderr);
-    if (!a.report_json.empty())
-      KTIER_RETURN_IF_ERROR(io::write_output_file(a.report_json,
-                                              report.to_json(*engine).dump(2) + "\n"));
+    if (!a.report_json.empty()) {
+      nlohmann::json j = report.to_json(*engine);
+      j["sampling_seed"] = gen.sampling.seed;  // a drawn one (-s -1) too: -s repeats the run
+      KTIER_RETURN_IF_ERROR(io::write_output_file(a.report_json, j.dump(2) + "\n"));
+    }
     report.cached_prompt_tokens = 0;  // only the first turn starts from the file
     if (!a.interactive || !cache || generated.empty()) return Status::ok();
     // The answer's last token is not run: it is the pending one, which the next turn begins with.

@@ -1,7 +1,7 @@
 // ktier serve: an OpenAI-compatible HTTP server, as llama-server (docs/TUNING.md "Serving").
 //
 //   ktier serve -m DIR [--host 127.0.0.1] [--port 8080] [-c 4096] [-n 512] [--temp 1]
-//               [--top-k 0] [--top-p 1] [--min-p 0] [--seed 0] [penalties] [--alias NAME]
+//               [--top-k 0] [--top-p 1] [--min-p 0] [--seed -1] [penalties] [--alias NAME]
 //               [--metrics] [run's memory, strata, --threads, --chunk and --isa options]
 //
 //   POST /v1/chat/completions, POST /v1/completions (stream: server-sent events),
@@ -660,10 +660,17 @@ Status serve(const ServeArgs& a) {
                  *limit);
   // Every request reserves the state for -c positions: one that cannot be had is refused now,
   // not as a 500 for each request (a memory limit, -c far past what the machine holds).
+  // Exit 4 where memory ran out; any other failure (a device error) keeps its own code.
   if (auto probe = engine->model().new_sequence(a.ctx); !probe.is_ok()) {
-    const Status refused = Status::budget(
-        "-c/--ctx-size " + std::to_string(a.ctx) + ": the sequence's state for that many "
-        "positions cannot be reserved (" + probe.status().message() + "); give a smaller -c");
+    const std::string& why = probe.status().message();
+    const std::string what = "-c/--ctx-size " + std::to_string(a.ctx) +
+                             ": the sequence's state for that many positions cannot be "
+                             "reserved (" + why + ")";
+    const Status refused =
+        why.find("out of memory") != std::string::npos
+            ? Status::budget(what + "; give a smaller -c")
+            : probe.status().with_context("-c/--ctx-size " + std::to_string(a.ctx) +
+                                          ": reserving the sequence's state");
     listener.stop(refused);
     return refused;
   }

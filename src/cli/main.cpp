@@ -45,14 +45,14 @@ int main(int argc, char** argv) {
       "(serve exits 0 on Ctrl-C or SIGTERM once loaded). Global: --log-level.",
       "ktier"};
   app.set_version_flag("--version", std::string("ktier ") + kVersion + " (" + kGitRevision + ")");
+  // An option given twice takes its last value, as llama.cpp's do (scripts append overrides);
+  // subcommands inherit the default.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
   app.require_subcommand(1);
   app.fallthrough();
-  // An option given twice takes its last value, as llama.cpp's do (scripts append overrides);
-  // subcommands inherit the default.
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   int exit_code = 0;
   cli::register_run_command(app, exit_code);
@@ -95,7 +95,20 @@ int main(int argc, char** argv) {
     refuse_empty_values(&app);
   });
 
-  if (const std::string problem = cli::llama_cpp_flag_problem(argc, argv); !problem.empty()) {
+  // Whether some command's option of that name reads a value (a flag does not).
+  std::function<bool(const CLI::App*, const std::string&)> takes_value_in =
+      [&](const CLI::App* cmd, const std::string& name) {
+        for (const CLI::Option* opt : cmd->get_options())
+          if (opt->check_name(name)) return opt->get_items_expected_min() > 0;
+        for (const CLI::App* sub : cmd->get_subcommands({}))
+          if (takes_value_in(sub, name)) return true;
+        return false;
+      };
+  const auto takes_value = [&](std::string_view name) {
+    return takes_value_in(&app, std::string(name));
+  };
+  if (const std::string problem = cli::llama_cpp_flag_problem(argc, argv, takes_value);
+      !problem.empty()) {
     std::fprintf(stderr, "ktier: error: %s\n", problem.c_str());
     return static_cast<int>(ExitCode::kUsage);
   }

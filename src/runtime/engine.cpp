@@ -105,9 +105,12 @@ int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c) {
 // past the predictions made in between), and top-k per depth. Without the former the deepest
 // depth had no room, and at lookahead 1 no prefetch was ever issued at the minimum (tiny:
 // 0 issued, 0% hits; one more slot: 170 issued).
+// Never more than every expert plus one fetch's top-k (a deep lookahead on a model with few
+// experts), the most the tier ever opens.
 uint64_t min_expert_slots(const format::ModelConfig& c, int lookahead) {
   const uint64_t k = static_cast<uint64_t>(c.num_experts_per_token);
-  return k * (1 + (lookahead > 0 ? 1 + static_cast<uint64_t>(lookahead) : 0));
+  const uint64_t all = static_cast<uint64_t>(c.num_moe_layers() * c.num_experts) + k;
+  return std::min(all, k * (1 + (lookahead > 0 ? 1 + static_cast<uint64_t>(lookahead) : 0)));
 }
 
 bool device_mode(const EngineOptions& opts) {

@@ -51,7 +51,11 @@ TEST(Cli, UsageErrorsExitTwo) {
            {" synth --preset tiny -o x --seed -1", "--seed: '-1' is not a whole number"},
            {" run -m x --ids 1 --seed ' -1'", "--seed: ' -1' is not a whole number"},
            {" run -m x --ids 1 --seed 18446744073709551616",
-            "--seed: '18446744073709551616' is not a whole number 0..18446744073709551615"},
+            "--seed: '18446744073709551616' is not a whole number 0..18446744073709551614, or -1 "
+            "(random)"},
+           // -1's bits are the random seed, not a seed of their own.
+           {" run -m x --ids 1 --seed 18446744073709551615",
+            "--seed: '18446744073709551615' is not a whole number 0..18446744073709551614"},
            {" trace replay x --slots 4 --expert-bytes -1", "--expert-bytes: '-1' is not"},
            {" trace replay x --slots 4 --expert-bytes 1073741825",
             "--expert-bytes: '1073741825' is not a whole number 0..1073741824"},
@@ -67,8 +71,10 @@ TEST(Cli, UsageErrorsExitTwo) {
            {" run -m x -fa --ids 1", "'-fa' is llama.cpp's flag"},
            {" run -m x --ids 1 --temperature=0.5",
             "'--temperature=0.5' is llama.cpp's flag; ktier's equivalent: --temp"},
-           // ... but a prompt may say anything.
-           {" run -m x -p -ngl", "x: not a model directory"}}) {
+           // ... but a prompt may say anything, and a file may be named so.
+           {" run -m x -p -ngl", "x: not a model directory"},
+           {" run -m x -f -co", "x: not a model directory"},
+           {" run -m x --ids 1 --trace -ngl", "x: not a model directory"}}) {
     const auto r = run_process(ktier() + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find("ktier: error: " + what), std::string::npos) << args << ": " << r.err;
@@ -81,6 +87,8 @@ TEST(Cli, UsageErrorsExitTwo) {
     EXPECT_EQ(r.exit_code, 1) << redirect << ": " << r.err;
     EXPECT_NE(r.err.find("error writing standard output"), std::string::npos) << r.err;
   }
+  // The last of a repeated option counts, --log-level too.
+  EXPECT_EQ(run_process(ktier() + " --log-level loud --log-level warn doctor").exit_code, 0);
   const auto level = run_process(ktier() + " --log-level loud doctor");
   EXPECT_EQ(level.exit_code, 2);
   EXPECT_EQ(level.err.rfind("ktier: error: --log-level: unknown level 'loud'", 0), 0u) << level.err;

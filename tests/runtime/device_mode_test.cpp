@@ -139,7 +139,7 @@ TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {
   ASSERT_GT(cpu.routers, 0u);
   EXPECT_EQ(gpu.routers, 0u);
   eo.ram_budget = gpu.total();
-  EXPECT_TRUE(logits_then_greedy_ids(eo, kDialTestPrompt) == reference_);
+  EXPECT_TRUE(same_bytes(logits_then_greedy_ids(eo, kDialTestPrompt), reference_));
   auto e = Engine::open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   EXPECT_EQ((*e)->router_bank(), nullptr);
@@ -373,7 +373,7 @@ TEST_F(DeviceModeTest, StreamedLayersAreCopiedOnceAheadOfUse) {
                   out.push_back(static_cast<float>(id));
                   return Status::ok();
                 }).is_ok());
-    EXPECT_TRUE(out == reference_) << "the CPU's bytes";
+    EXPECT_TRUE(same_bytes(out, reference_)) << "the CPU's bytes";
     // Every copy ahead — streamed layers (their vectors gathered into page-locked staging),
     // experts from the RAM tier's arena — reads page-locked memory.
     EXPECT_EQ(run.backend().pageable_copy_bytes(), 0u);
