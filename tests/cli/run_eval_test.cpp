@@ -1046,11 +1046,12 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
   const uint64_t copies = vram.at("prefetch_issued").get<uint64_t>() +
                           vram.at("prefetch_carried_useful").get<uint64_t>() +
                           vram.at("prefetch_carried_wasted").get<uint64_t>();
-  if (copies > 0)
+  if (copies > 0) {
     EXPECT_GT(vram.at("prefetch_useful").get<uint64_t>() +
                   vram.at("prefetch_carried_useful").get<uint64_t>(),
               0u)
         << vram.dump();
+  }
   expect_settled_precision(vram, "prefetch_issued", "prefetch_useful", "prefetch_wasted",
                            "prefetch_precision");
   // The RAM tier's prefill prefetches are lost in the decode here (carried), not its own.
