@@ -13,6 +13,7 @@
 //   ktier bench io --pack PACKDIR [--passes N] [--io auto|uring|pread] [--raw-block-mib N]
 //                  [--json FILE]
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -138,8 +139,23 @@ Result<double> raw_read_gbps(const io::ReadFile& f, io::AlignedBuffer& buf) {
     const uint64_t want = std::min<uint64_t>(buf.size(), f.size() - off);
     const ssize_t n = ::pread(f.fd(), buf.data(), io::align_up(want, f.alignment()),
                               static_cast<off_t>(off));
-    if (n <= 0) return Status::runtime(f.path() + ": read failed at offset " + std::to_string(off));
-    off += static_cast<uint64_t>(n);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      return Status::runtime(f.path() + ": read failed at offset " + std::to_string(off) + ": " +
+                             io::errno_text(errno));
+    if (n == 0)
+      return Status::runtime(f.path() + ": ends at offset " + std::to_string(off) + ", before " +
+                             std::to_string(f.size()) + " bytes (did it shrink?)");
+    // A short direct read mid-file goes on from the aligned offset below where it ended (a
+    // direct read must start aligned; the bytes between are read again, a negligible share).
+    const uint64_t got = static_cast<uint64_t>(n);
+    const uint64_t step = off + got >= f.size() || !f.direct()
+                              ? got
+                              : got / f.alignment() * f.alignment();
+    if (step == 0)
+      return Status::runtime(f.path() + ": direct reads at offset " + std::to_string(off) +
+                             " return less than one block (" + std::to_string(got) + " bytes)");
+    off += step;
   }
   return static_cast<double>(f.size()) / seconds(t0) / 1e9;
 }
