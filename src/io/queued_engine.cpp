@@ -1,5 +1,7 @@
 #include "io/queued_engine.h"
 
+#include <sys/stat.h>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -234,7 +236,19 @@ QueuedIoEngine::Step QueuedIoEngine::on_result(Chunk& c, const Attempt& a, int64
   const uint64_t needed = c.offset + c.length - c.io_offset;
   const uint64_t reached = (a.file_offset - c.io_offset) + static_cast<uint64_t>(res);
   const bool stalled = reached <= c.done;
-  if (res == 0 || (stalled && ++c.stalled_reads > kMaxStalledReads)) {
+  // Short reads that never get past where they started: a file cut short inside the range
+  // (direct reads restart at the aligned offset below its new end), or, where the file kept its
+  // size, a device that keeps returning less than one aligned block.
+  const bool gave_up = res > 0 && stalled && ++c.stalled_reads > kMaxStalledReads;
+  if (gave_up && !file_shrank(*c.file)) {
+    c.error = Status::runtime(c.file->path() + ": reads at offset " +
+                              std::to_string(a.file_offset) + " make no progress (" +
+                              std::to_string(res) + " bytes each, short of the next aligned "
+                              "block) while reading bytes " +
+                              range_text(c.request->read.offset, c.request->read.length));
+    return Step::kDone;
+  }
+  if (res == 0 || gave_up) {
     c.error = Status::runtime(c.file->path() + " ends at or before offset " +
                               std::to_string(a.file_offset + static_cast<uint64_t>(res)) +
                               " while reading bytes " +
@@ -250,6 +264,11 @@ QueuedIoEngine::Step QueuedIoEngine::on_result(Chunk& c, const Attempt& a, int64
   if (c.done >= needed) return Step::kDone;
   short_reads_.fetch_add(1, std::memory_order_relaxed);
   return Step::kAgain;
+}
+
+bool QueuedIoEngine::file_shrank(const ReadFile& f) {
+  struct stat st {};
+  return ::fstat(f.fd(), &st) == 0 && static_cast<uint64_t>(st.st_size) < f.size();
 }
 
 void QueuedIoEngine::finish_chunk(std::unique_ptr<Chunk> c) {

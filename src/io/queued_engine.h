@@ -107,6 +107,8 @@ class QueuedIoEngine : public IoEngine {
   // `res` is the byte count the kernel returned, or -errno.
   Step on_result(Chunk& c, const Attempt& a, int64_t res);
   void finish_chunk(std::unique_ptr<Chunk> c);
+  // Whether `f` is shorter now than when it was opened (fstat).
+  static bool file_shrank(const ReadFile& f);
 
   // Stops accepting work; requests not yet started complete with an error. Chunks already taken
   // still run to the end. Backends call it first thing in their destructor, then join.
