@@ -33,7 +33,8 @@ namespace ktier::io::detail {
 using Clock = std::chrono::steady_clock;
 
 // Retries of EINTR / EAGAIN before they count as an error. The kernel returns EAGAIN for a
-// full device queue; a few thousand tries at ~1 ms apart cover any sane stall.
+// full device queue; EAGAIN retries wait kTransientBackoff (100 us) each, so a stall of about
+// 0.4 s is given up on (EINTR retries at once).
 inline constexpr uint32_t kMaxTransientRetries = 4096;
 // Error retries per chunk before its request fails (the "retried once" rule of issue 4).
 inline constexpr uint32_t kMaxErrorRetries = 1;

@@ -57,7 +57,10 @@ Status UringIoEngine::init() {
   // Every op holds at most one SQE, plus the armed eventfd read.
   const unsigned entries = options_.queue_depth + 1;
   if (int r = io_uring_queue_init(entries, &ring_, 0); r < 0) {
-    return Status::runtime("io_uring_queue_init failed: " + errno_text(-r));
+    // ENOMEM here is most often the locked-memory limit: rings count against RLIMIT_MEMLOCK
+    // on kernels before 5.12.
+    return Status::runtime("io_uring_queue_init failed: " + errno_text(-r) +
+                           (r == -ENOMEM ? " (the locked-memory limit, ulimit -l?)" : ""));
   }
   ring_ready_ = true;
 
