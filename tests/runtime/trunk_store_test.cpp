@@ -115,6 +115,16 @@ class TrunkStoreTest : public ::testing::Test {
   static inline fs::path root_;
   static inline std::vector<int32_t> prompt_;
   static inline std::vector<float> reference_;
+  // The pack streamed at the minimum budget through the pread engine, with a fault plan to add
+  // rules to.
+  static EngineOptions faulty_streamed_pack() {
+    EngineOptions eo = options();
+    eo.pack_dir = root_ / "pack";
+    eo.ram_budget = minimum();
+    eo.io.backend = io::IoBackend::kPread;
+    eo.io.fault_plan = std::make_shared<io::FaultPlan>();
+    return eo;
+  }
   // The teacher-forced logits at the front of reference_ (evaluate()'s output).
   static std::vector<float> reference_prefix(size_t n) {
     EXPECT_LE(n, reference_.size());
@@ -439,11 +449,7 @@ TEST_F(TrunkStoreTest, EmbedRowChangedAfterOpenFailsTheForwardWithExitThree) {
 // failed attempts) is read once more when the layer is needed: the forward pass goes on with
 // the same bytes.
 TEST_F(TrunkStoreTest, OneFailedLayerReadIsReadAgain) {
-  EngineOptions eo = options();
-  eo.pack_dir = root_ / "pack";
-  eo.ram_budget = minimum();
-  eo.io.backend = io::IoBackend::kPread;
-  eo.io.fault_plan = std::make_shared<io::FaultPlan>();
+  EngineOptions eo = faulty_streamed_pack();
   auto e = open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   ASSERT_GT(e.value()->trunk_store()->stats().layers_streamed, 0);
@@ -462,11 +468,7 @@ TEST_F(TrunkStoreTest, OneFailedLayerReadIsReadAgain) {
 }
 
 TEST_F(TrunkStoreTest, FailingReadsFailWithExitOneNamingTheFile) {
-  EngineOptions eo = options();
-  eo.pack_dir = root_ / "pack";
-  eo.ram_budget = minimum();
-  eo.io.backend = io::IoBackend::kPread;
-  eo.io.fault_plan = std::make_shared<io::FaultPlan>();
+  EngineOptions eo = faulty_streamed_pack();
   auto e = open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   eo.io.fault_plan->add(io::FaultRule::eio().in_path("trunk.pack").times(-1));  // every read
