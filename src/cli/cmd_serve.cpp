@@ -539,6 +539,9 @@ class TerminationSignals {
     constexpr char kNotice[] = "\nktier: stopped while loading the model\n";
     ssize_t ignored = ::write(STDERR_FILENO, kNotice, sizeof kNotice - 1);
     (void)ignored;
+    quit_at_once(sig);
+  }
+  static void quit_at_once(int sig) {
     // By the signal, as a shell expects of a process stopped so (a loop stops too).
     struct sigaction dfl;
     std::memset(&dfl, 0, sizeof dfl);
@@ -551,7 +554,12 @@ class TerminationSignals {
     ::kill(::getpid(), sig);
     ::_exit(128 + sig);  // PID 1: the default action is not taken
   }
-  static void request_stop(int) { InterruptRequest::request_from_signal_handler(); }
+  // A second SIGTERM quits at once, as a second Ctrl-C does (the stop may wait for a prompt
+  // chunk: minutes on a big model).
+  static void request_stop(int sig) {
+    if (InterruptRequest::requested()) quit_at_once(sig);
+    InterruptRequest::request_from_signal_handler();
+  }
 
   struct sigaction previous_int_ {}, previous_term_ {};
   bool loading_int_ = false, term_ = false;
@@ -684,7 +692,7 @@ Status serve(const ServeArgs& a) {
   // exit 0. (During the load either ends the process at once.)
   signals.loaded();
   InterruptRequest interrupt(
-      "\nktier: stopping the server (Ctrl-C again quits at once)\n");
+      "\nktier: stopping the server (the same signal again, Ctrl-C or SIGTERM, quits at once)\n");
   signals.serving();
   api.set_service(service);
   std::fprintf(stderr, "ktier: serving %s on %s (POST /v1/chat/completions, /v1/completions, "
