@@ -91,9 +91,12 @@ class ServeCli : public ::testing::Test {
     ::close(sock);
     return -1;
   }
+  // A fixed default seed (serve's own is random for each request): the tests that wait for an
+  // answer to run long (a client leaving mid-answer) see it take the same course every run; a
+  // drawn seed could stop a prompt at its first token.
   static std::vector<std::string> serve_argv(const fs::path& model) {
     return {ktier_bin().string(), "serve", "-m", model.string(), "--port", "0", "--threads", "2",
-            "--alias", "tiny-test"};
+            "--alias", "tiny-test", "--seed", "0"};
   }
   // A client of the server on `port`, waiting up to 120 s for an answer (the tiny model's are
   // quick; a loaded CI machine is not).
