@@ -66,22 +66,15 @@ Status eval(const EvalArgs& a) {
   std::vector<float> logits(static_cast<size_t>(T * V));
   // A long input says how far it is, layer by layer within each chunk (one chunk of a K3 input
   // on a CPU takes minutes): a line once it has run 200 ms on a terminal (10 s in a log).
-  const int64_t chunk = a.chunk > 0 ? a.chunk : T;
-  const int64_t L = engine->checkpoint().config().num_hidden_layers;
   ProgressMeter meter("eval", static_cast<uint64_t>(T), spdlog::should_log(spdlog::level::info),
                       std::chrono::seconds(10), ProgressMeter::Unit::kTokens);
-  int64_t chunk_start = 0;
-  engine->model().set_layer_progress([&](int64_t layer) {
-    const int64_t n = std::min(chunk, T - chunk_start);
-    meter.update(static_cast<uint64_t>(chunk_start + n * (layer + 1) / L));
-  });
   const Status evaluated = runtime::evaluate_chunks(
-      engine->model(), ids, chunk, 0, [&](int64_t first, int64_t n, const float* rows) {
+      engine->model(), ids, a.chunk > 0 ? a.chunk : T, 0,
+      [&](int64_t first, int64_t n, const float* rows) {
         std::copy(rows, rows + n * V, logits.data() + first * V);
-        chunk_start = first + n;
         return Status::ok();
-      });
-  engine->model().set_layer_progress(nullptr);
+      },
+      [&](int64_t done, int64_t) { meter.update(static_cast<uint64_t>(done)); });
   if (!evaluated.is_ok()) meter.abandon();
   KTIER_RETURN_IF_ERROR(engine->explain_nonfinite(evaluated));
   meter.finish_if_shown(static_cast<uint64_t>(T));

@@ -138,10 +138,12 @@ Status perplexity(const PerplexityArgs& a) {
       for (int64_t i = std::max(pos, first); i < pos + n && i + 1 < window; ++i)
         KTIER_RETURN_IF_ERROR(meter.add(logits + (i - pos) * V, V,
                                         w[static_cast<size_t>(i + 1)], i + 1));
-      meter_line.update(static_cast<uint64_t>(pos + n));
       return Status::ok();
     };
-    if (Status s = runtime::evaluate_chunks(engine->model(), w, chunk, first, score);
+    const auto progress = [&](int64_t done, int64_t) {
+      meter_line.update(static_cast<uint64_t>(done));
+    };
+    if (Status s = runtime::evaluate_chunks(engine->model(), w, chunk, first, score, progress);
         !s.is_ok()) {
       meter_line.abandon();
       return engine->explain_nonfinite(s);

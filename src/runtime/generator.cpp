@@ -16,6 +16,37 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// Reports a pass over `total` tokens in chunks as its layers finish: layer l of the chunk
+// [start, start + n) counts start + n * (l + 1) / L tokens done (a K3 chunk on a CPU takes
+// minutes, so chunk granularity is too coarse). Calls progress(0, total) at once; removes its
+// hook from the model when it ends. A null `progress`: nothing.
+class LayerProgress {
+ public:
+  LayerProgress(model::Model& model, const ProgressFn& progress, int64_t total)
+      : model_(model), progress_(progress), total_(total) {
+    if (!progress_) return;
+    progress_(0, total_);
+    const int64_t layers = model_.config().num_hidden_layers;
+    model_.set_layer_progress([this, layers](int64_t layer) {
+      progress_(start_ + n_ * (layer + 1) / layers, total_);
+    });
+  }
+  ~LayerProgress() {
+    if (progress_) model_.set_layer_progress(nullptr);
+  }
+  LayerProgress(const LayerProgress&) = delete;
+  LayerProgress& operator=(const LayerProgress&) = delete;
+  void chunk(int64_t start, int64_t n) {
+    start_ = start;
+    n_ = n;
+  }
+
+ private:
+  model::Model& model_;
+  const ProgressFn& progress_;
+  int64_t total_, start_ = 0, n_ = 0;
+};
 }  // namespace
 
 Status check_logits(const float* logits, int64_t n, int64_t positions) {
@@ -119,14 +150,6 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   const uint64_t bytes0 = expert_bytes();
   auto t0 = std::chrono::steady_clock::now();
   const int64_t total = static_cast<int64_t>(ids.size());
-  const int64_t layers = model_.config().num_hidden_layers;
-  int64_t chunk_start = 0, chunk_tokens = 0;
-  if (opts_.prefill_progress) {
-    opts_.prefill_progress(0, total);  // the start: a meter's clock starts here
-    model_.set_layer_progress([&](int64_t layer) {
-      opts_.prefill_progress(chunk_start + chunk_tokens * (layer + 1) / layers, total);
-    });
-  }
   const auto stop_requested = [&] {
     st.interrupted = opts_.stop_requested && opts_.stop_requested();
     return st.interrupted;
@@ -139,41 +162,42 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   if (all_rows)
     rows.resize(static_cast<size_t>(std::min<int64_t>(opts_.prefill_chunk, total) * V));
   Status prefilled;
-  for (size_t pos = 0; pos < ids.size() && prefilled.is_ok();) {
-    if (snapshot && pos == snapshot_at) {
-      const auto saving = std::chrono::steady_clock::now();
-      prefilled = opts_.before_last_prompt_id(seq_);
-      if (!prefilled.is_ok()) break;
-      t0 += std::chrono::steady_clock::now() - saving;  // prefill_seconds is the model's time
-    }
-    const size_t end = snapshot && pos < snapshot_at ? snapshot_at : ids.size();
-    const size_t n = std::min(end - pos, static_cast<size_t>(opts_.prefill_chunk));
-    const bool last = pos + n == ids.size();
-    chunk_start = static_cast<int64_t>(pos);
-    chunk_tokens = static_cast<int64_t>(n);
-    holds_logits_ = false;
-    if (all_rows) {
-      prefilled = forward(ids.subspan(pos, n), model::LogitRows::kAll, rows.data());
-      const size_t row = static_cast<size_t>(V);
-      if (prefilled.is_ok())
-        prefilled = opts_.prompt_logits(seq_.n_tokens - static_cast<int64_t>(n),
-                                        static_cast<int64_t>(n), rows.data());
-      if (prefilled.is_ok() && last)
-        std::copy(rows.begin() + static_cast<std::ptrdiff_t>((n - 1) * row),
-                  rows.begin() + static_cast<std::ptrdiff_t>(n * row), logits_.begin());
-    } else {
-      prefilled = forward(ids.subspan(pos, n),
-                          last ? model::LogitRows::kLast : model::LogitRows::kNone,
-                          last ? logits_.data() : nullptr);
-    }
-    holds_logits_ = last && prefilled.is_ok();
-    pos += n;
-    if (prefilled.is_ok() && !last && stop_requested()) {
-      st.prompt_tokens = static_cast<int64_t>(pos);
-      break;
+  {  // the progress hook is the prefill's only: the decode's forward passes report none
+    LayerProgress progress(model_, opts_.prefill_progress, total);
+    for (size_t pos = 0; pos < ids.size() && prefilled.is_ok();) {
+      if (snapshot && pos == snapshot_at) {
+        const auto saving = std::chrono::steady_clock::now();
+        prefilled = opts_.before_last_prompt_id(seq_);
+        if (!prefilled.is_ok()) break;
+        t0 += std::chrono::steady_clock::now() - saving;  // prefill_seconds is the model's time
+      }
+      const size_t end = snapshot && pos < snapshot_at ? snapshot_at : ids.size();
+      const size_t n = std::min(end - pos, static_cast<size_t>(opts_.prefill_chunk));
+      const bool last = pos + n == ids.size();
+      progress.chunk(static_cast<int64_t>(pos), static_cast<int64_t>(n));
+      holds_logits_ = false;
+      if (all_rows) {
+        prefilled = forward(ids.subspan(pos, n), model::LogitRows::kAll, rows.data());
+        const size_t row = static_cast<size_t>(V);
+        if (prefilled.is_ok())
+          prefilled = opts_.prompt_logits(seq_.n_tokens - static_cast<int64_t>(n),
+                                          static_cast<int64_t>(n), rows.data());
+        if (prefilled.is_ok() && last)
+          std::copy(rows.begin() + static_cast<std::ptrdiff_t>((n - 1) * row),
+                    rows.begin() + static_cast<std::ptrdiff_t>(n * row), logits_.begin());
+      } else {
+        prefilled = forward(ids.subspan(pos, n),
+                            last ? model::LogitRows::kLast : model::LogitRows::kNone,
+                            last ? logits_.data() : nullptr);
+      }
+      holds_logits_ = last && prefilled.is_ok();
+      pos += n;
+      if (prefilled.is_ok() && !last && stop_requested()) {
+        st.prompt_tokens = static_cast<int64_t>(pos);
+        break;
+      }
     }
   }
-  if (opts_.prefill_progress) model_.set_layer_progress(nullptr);
   KTIER_RETURN_IF_ERROR(prefilled);
   st.prefill_seconds = seconds_since(t0);
   st.expert_bytes_prefill = expert_bytes() - bytes0;
@@ -211,13 +235,16 @@ Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk
 }
 
 Status evaluate_chunks(model::Model& model, std::span<const int32_t> ids, int64_t chunk,
-                       int64_t first_logits, const ChunkLogitsSink& sink) {
+                       int64_t first_logits, const ChunkLogitsSink& sink,
+                       const ProgressFn& progress) {
   if (chunk < 1) return Status::usage("--chunk must be >= 1");
   const int64_t V = model.config().vocab_size, total = static_cast<int64_t>(ids.size());
   KTIER_ASSIGN_OR_RETURN(model::SequenceState seq, model.new_sequence(total));
   std::vector<float> logits(static_cast<size_t>(std::min(chunk, total) * V));
+  LayerProgress layers(model, progress, total);
   for (int64_t pos = 0; pos < total;) {
     const int64_t n = std::min(total - pos, chunk);
+    layers.chunk(pos, n);
     const bool wanted = pos + n > first_logits;
     const auto part = ids.subspan(static_cast<size_t>(pos), static_cast<size_t>(n));
     KTIER_RETURN_IF_ERROR(model.forward(part, seq,

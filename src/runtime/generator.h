@@ -25,6 +25,8 @@ namespace ktier::runtime {
 // After a chunk of at most `chunk` ids has run: its first position, its length and its logits
 // [n, V] (valid until the sink returns). A sink error stops the pass and is returned.
 using ChunkLogitsSink = std::function<Status(int64_t first, int64_t n, const float* logits)>;
+// Tokens of a pass done so far, as its layers finish (done < total until the pass ends).
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
 
 struct GenerationOptions {
   int64_t max_new_tokens = 128;
@@ -42,7 +44,7 @@ struct GenerationOptions {
   // layer of every prompt chunk, the prompt tokens done (whole chunks, plus the layers done of
   // the current one, rounded down) and the turn's total; the last call has done == total.
   // Null: none.
-  std::function<void(int64_t done, int64_t total)> prefill_progress;
+  ProgressFn prefill_progress;
   // Asked after every prefill chunk but the last, and after every sampled token has gone to the
   // sink (before it is run): true ends the turn there, at a whole token, with
   // GenerationStats::interrupted (Ctrl-C in `ktier run`). A turn stopped inside its prompt has
@@ -155,9 +157,11 @@ class GenerationSession {
 Status evaluate(model::Model& model, std::span<const int32_t> ids, int64_t chunk, float* logits);
 
 // The same, streamed: `sink` gets each chunk's logits, so only one chunk's are held. Chunks
-// that end before `first_logits` run without lm_head (their logits are null).
+// that end before `first_logits` run without lm_head (their logits are null). `progress`
+// (optional) hears of each finished layer of each chunk.
 Status evaluate_chunks(model::Model& model, std::span<const int32_t> ids, int64_t chunk,
-                       int64_t first_logits, const ChunkLogitsSink& sink);
+                       int64_t first_logits, const ChunkLogitsSink& sink,
+                       const ProgressFn& progress = nullptr);
 
 // Status::corrupt (exit 3) when a row of `n` logits holds a NaN or +Inf (naming `positions`, the
 // sequence length they follow, and the first such id), or is all -Inf (no token possible): no

@@ -118,6 +118,38 @@ TEST_P(GoldenTest, GreedyContinuationMatchesReference) {
   EXPECT_EQ(progress[engine->model().config().num_hidden_layers].first, 5);  // chunk 1 done
 }
 
+// A teacher-forced pass reports progress the same way (eval's, perplexity's meters): a start,
+// once per layer of each chunk, ending at the length; the logits are those without it.
+TEST_P(GoldenTest, EvaluateReportsProgressLayerByLayer) {
+  const Variant& v = GetParam();
+  auto engine = open_engine(v);
+  ASSERT_TRUE(engine);
+  const auto prompt = golden_prompt(v);
+  const int64_t T = static_cast<int64_t>(prompt.size());
+  const int64_t L = engine->model().config().num_hidden_layers;
+  const int64_t V = engine->model().config().vocab_size;
+  std::vector<std::pair<int64_t, int64_t>> progress;
+  std::vector<float> logits(static_cast<size_t>(T * V));
+  ASSERT_TRUE(runtime::evaluate_chunks(
+                  engine->model(), prompt, 5, 0,
+                  [&](int64_t first, int64_t n, const float* rows) {
+                    std::copy(rows, rows + n * V, logits.begin() + first * V);
+                    return Status::ok();
+                  },
+                  [&](int64_t done, int64_t total) { progress.emplace_back(done, total); })
+                  .is_ok());
+  EXPECT_TRUE(same_bytes(logits, eval_logits(*engine, prompt, 5)));
+  ASSERT_EQ(progress.size(), static_cast<size_t>(1 + 3 * L));  // chunks of 5, 5, 2
+  EXPECT_EQ(progress.front(), std::make_pair(int64_t{0}, T));
+  EXPECT_EQ(progress[static_cast<size_t>(L)].first, 5);
+  EXPECT_EQ(progress.back(), std::make_pair(T, T));
+  for (size_t i = 1; i < progress.size(); ++i) EXPECT_GE(progress[i].first, progress[i - 1].first);
+  // The hook is gone with the pass: a later forward reports nothing.
+  const size_t calls = progress.size();
+  eval_logits(*engine, prompt, 5);
+  EXPECT_EQ(progress.size(), calls);
+}
+
 // stop_requested (Ctrl-C in `ktier run`) ends a turn at a whole token: after a sampled token
 // went to the sink, or after a prompt chunk, never inside a forward pass.
 TEST_P(GoldenTest, StopRequestEndsTheTurnAtAWholeToken) {
