@@ -152,14 +152,13 @@ int main(int argc, char** argv) {
     // than "needs a command".
     std::string unknown_global;
     for (int i = 1; i < argc && argv[i][0] == '-' && level == &app; ++i) {
-      const std::string_view arg = argv[i];
-      if (arg == "--log-level") {
-        ++i;  // its value
-        continue;
+      const std::string arg = argv[i], name = arg.substr(0, arg.find('='));
+      const CLI::Option* own = app.get_option_no_throw(name);
+      if (own == nullptr) {
+        unknown_global = arg;
+        break;
       }
-      if (arg.rfind("--log-level=", 0) == 0) continue;
-      unknown_global = std::string(arg);
-      break;
+      if (name == arg && own->get_items_expected_min() > 0) ++i;  // its value
     }
     if (!named && !subs.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
         level->get_require_subcommand_min() > 0)
