@@ -671,14 +671,12 @@ Status serve(const ServeArgs& a) {
   // Exit 4 where memory ran out; any other failure (a device error) keeps its own code.
   if (auto probe = engine->model().new_sequence(a.ctx); !probe.is_ok()) {
     const std::string& why = probe.status().message();
-    const std::string what = "-c/--ctx-size " + std::to_string(a.ctx) +
-                             ": the sequence's state for that many positions cannot be "
-                             "reserved (" + why + ")";
+    const std::string flag = "-c/--ctx-size " + std::to_string(a.ctx);
     const Status refused =
         why.find("out of memory") != std::string::npos
-            ? Status::budget(what + "; give a smaller -c")
-            : probe.status().with_context("-c/--ctx-size " + std::to_string(a.ctx) +
-                                          ": reserving the sequence's state");
+            ? Status::budget(flag + ": the sequence's state for that many positions cannot be "
+                                    "reserved (" + why + "); give a smaller -c")
+            : probe.status().with_context(flag + ": reserving the sequence's state");
     listener.stop(refused);
     return refused;
   }

@@ -60,11 +60,11 @@ class LayerTensors {
     return [this](const std::string& name) -> Result<model::TensorView> {
       const std::string key = fixture_key(name, layer_);
       if (key.empty() || !fx_.has(key)) return Status::usage("the layer vectors lack " + name);
-      std::vector<float>& v = held_[key];
-      if (v.empty()) v = fx_.f32(key);
+      const std::vector<float>& v = f32(key);
       return model::TensorView{DType::kF32, static_cast<int64_t>(v.size()), v.data(), ""};
     };
   }
+  // The tensor `key` as f32, converted once and held (views into it stay valid).
   std::vector<float>& f32(const std::string& key) {
     std::vector<float>& v = held_[key];
     if (v.empty()) v = fx_.f32(key);
