@@ -325,7 +325,9 @@ Status Engine::plan_device(const EngineOptions& opts) {
   const format::ModelConfig& c = ckpt_.config();
   const bool moe = ckpt_.expert_storage() != format::ExpertStorage::kNone && c.num_moe_layers() > 0;
   const uint64_t vram_tier_min =
-      moe ? VramExpertTier::minimum_slots(c) * VramExpertTier::slot_bytes_for(ckpt_) : 0;
+      moe ? VramExpertTier::minimum_slots(c, lookahead_depth(opts, c)) *
+                VramExpertTier::slot_bytes_for(ckpt_)
+          : 0;
   vram_bytes_ = vram;
   // The sequence's working set first: what every token needs, whatever the placement.
   const EngineOptions::Workload& wl = opts.workload;

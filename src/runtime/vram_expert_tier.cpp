@@ -18,6 +18,12 @@ uint64_t VramExpertTier::slot_bytes_for(const format::Checkpoint& ckpt) {
   return 2 * DevicePlacer::bytes(w1) + DevicePlacer::bytes(w2);
 }
 
+int64_t VramExpertTier::minimum_slots(const format::ModelConfig& c, int lookahead) {
+  const int64_t k = c.num_experts_per_token;
+  const int64_t keys = std::max<int64_t>(1, c.num_moe_layers()) * c.num_experts;
+  return std::min(keys + k, k * (2 + std::max(lookahead, 0)));
+}
+
 Result<std::unique_ptr<VramExpertTier>> VramExpertTier::open(
     model::ExpertSource& host, backend::Backend& be, const format::ModelConfig& c,
     uint64_t slot_bytes, int64_t slots, strata::PolicyKind policy,

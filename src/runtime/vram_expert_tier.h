@@ -69,7 +69,11 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
                                                       const strata::PolicyInputs& inputs);
   ~VramExpertTier() override;
   // The fewest slots the tier opens with: top_k for the policy and top_k bypass for one fetch.
-  static int64_t minimum_slots(const format::ModelConfig& c) { return 2 * c.num_experts_per_token; }
+  // With router lookahead `lookahead` > 0, also top_k per depth: the policy keeps the last
+  // routed layer's top_k pinned while the next layers are predicted, so at 2 x top_k no
+  // lookahead copy was ever made (tiny: 0 issued). Never more than every expert plus the bypass.
+  // open() refuses fewer than minimum_slots(c); the engine plans for the lookahead it runs.
+  static int64_t minimum_slots(const format::ModelConfig& c, int lookahead = 0);
   // Bytes one expert takes in a slot, from the checkpoint's expert tensors (float experts are
   // sized as F32, the widest: they occur only in test checkpoints).
   static uint64_t slot_bytes_for(const format::Checkpoint& ckpt);

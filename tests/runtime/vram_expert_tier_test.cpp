@@ -345,6 +345,27 @@ TEST(VramExpertTier, ACopyItsLayerDidNotAskForIsWastedThenAndNeverUseful) {
   EXPECT_EQ(x.tier->stats().prefetch_wasted, 1u);
 }
 
+// The minimum leaves lookahead room: after layer 1 is routed its experts stay pinned while
+// layer 2 is predicted, so 2 x top_k slots (top_k of them the policy's) copied nothing ahead.
+TEST(VramExpertTier, TheMinimumWithLookaheadHasRoomForItsCopies) {
+  const format::ModelConfig c = tiny_config();
+  EXPECT_EQ(VramExpertTier::minimum_slots(c), 2 * kTopK);
+  EXPECT_EQ(VramExpertTier::minimum_slots(c, 2), 4 * kTopK);
+  // Every expert plus the bypass:
+  EXPECT_EQ(VramExpertTier::minimum_slots(c, 40), (kLayers - 1) * kExperts + kTopK);
+  for (const int lookahead : {0, 1}) {
+    TierUnderTest x(VramExpertTier::minimum_slots(c, lookahead));
+    ASSERT_TRUE(x.tier);
+    for (int32_t id : {3, 5}) x.host.ready.insert(2 * kExperts + id);
+    std::vector<model::ExpertWeights> out;
+    const int32_t routed1[] = {0, 1}, for2[] = {3, 5};
+    const float w[] = {0.5f, 0.5f};
+    x.layer(1, routed1, out);
+    x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);
+    EXPECT_EQ(x.tier->stats().prefetch_issued, lookahead ? 2u : 0u) << "lookahead " << lookahead;
+  }
+}
+
 // The same copies made before a report window and evicted unused in it are its carried waste.
 TEST(VramExpertTier, CopiesMadeBeforeAWindowAndEvictedInItAreCarriedWaste) {
   TierUnderTest x(VramExpertTier::minimum_slots(tiny_config()));
