@@ -50,10 +50,25 @@ int64_t chunk_rows(int64_t work_per_row, int64_t target) {
   return std::max<int64_t>(1, target / std::max<int64_t>(1, work_per_row));
 }
 
+// The calling thread's grow-only buffers, kept at their largest so that steady-state decode
+// does not allocate; release_thread_buffers() gives them back.
+struct ThreadBuffers {
+  std::vector<double> panel;    // linear_panel_scratch
+  std::vector<double> scratch;  // thread_scratch
+  // linear's widened activations and its per-call lists
+  std::vector<double> wide;
+  std::vector<int64_t> wide_offset;
+  std::vector<uint8_t> owns_wide;  // job j widens its own x (else shares one)
+  std::vector<LinearTask> tasks;
+  std::vector<int64_t> first_row;
+  std::vector<double> mla_pass;  // mla_attention's pass buffers (mla_buffer_bytes)
+};
+thread_local ThreadBuffers t_buffers;
+
 // linear's widened weight panels (kernel_table.h): grow-only, per thread, 64-byte aligned; a
 // buffer of its own, since linear may run inside an op that holds thread_scratch.
 double* linear_panel_scratch(int64_t n_doubles) {
-  thread_local std::vector<double> buf;
+  std::vector<double>& buf = t_buffers.panel;
   if (static_cast<int64_t>(buf.size()) < n_doubles + 8)
     buf.resize(static_cast<size_t>(n_doubles + 8));
   return reinterpret_cast<double*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
@@ -61,7 +76,7 @@ double* linear_panel_scratch(int64_t n_doubles) {
 
 // Grow-only per-thread scratch, so steady-state decode does not allocate.
 double* thread_scratch(int64_t n_doubles) {
-  thread_local std::vector<double> buf;
+  std::vector<double>& buf = t_buffers.scratch;
   if (static_cast<int64_t>(buf.size()) < n_doubles) buf.resize(static_cast<size_t>(n_doubles));
   return buf.data();
 }
@@ -145,11 +160,11 @@ void linear(const LinearJob* jobs, int n_jobs, const Exec& ex) {
   // order and at least as many tokens share it. Per-thread buffers: steady-state decode never allocates.
   // Each block starts on a 64-byte boundary (so do its token rows when cols % 8 == 0): a vector
   // load that crosses a cache line costs the AVX-512 kernels a second load slot.
-  thread_local std::vector<double> wide;
-  thread_local std::vector<int64_t> wide_offset;
-  thread_local std::vector<uint8_t> owns_wide;  // job j widens its own x (else shares one)
-  thread_local std::vector<LinearTask> tasks;
-  thread_local std::vector<int64_t> first_row;
+  std::vector<double>& wide = t_buffers.wide;
+  std::vector<int64_t>& wide_offset = t_buffers.wide_offset;
+  std::vector<uint8_t>& owns_wide = t_buffers.owns_wide;
+  std::vector<LinearTask>& tasks = t_buffers.tasks;
+  std::vector<int64_t>& first_row = t_buffers.first_row;
   wide_offset.assign(static_cast<size_t>(n_jobs), -1);
   owns_wide.assign(static_cast<size_t>(n_jobs), 0);
   tasks.clear();
@@ -360,6 +375,16 @@ int64_t mla_buffer_doubles(int64_t L, int64_t dr, int64_t heads, int64_t n_posit
 }
 }  // namespace
 
+void release_thread_buffers() { t_buffers = ThreadBuffers{}; }
+
+uint64_t thread_buffer_bytes() {
+  const ThreadBuffers& b = t_buffers;
+  return (b.panel.capacity() + b.scratch.capacity() + b.wide.capacity() + b.mla_pass.capacity()) *
+             sizeof(double) +
+         (b.wide_offset.capacity() + b.first_row.capacity()) * sizeof(int64_t) +
+         b.owns_wide.capacity() + b.tasks.capacity() * sizeof(LinearTask);
+}
+
 uint64_t mla_buffer_bytes(const MlaDims& d, int64_t n_positions) {
   // Largest over the calls up to n_positions: it grows with n while every head fits one pass,
   // and past that point (fewer heads per pass) it shrinks, so the peak is at n_positions or at
@@ -400,7 +425,7 @@ void mla_attention_in_passes(const MlaDims& d, const float* q, int64_t T, const 
   const int64_t L = d.kv_lora, dr = d.qk_rope, n_max = n_past + T;
   // The pass's shared buffers (q_lat, q_rope, probs, c_hat) live on the calling thread; not in
   // thread_scratch, which this thread also uses as a worker of the pool.
-  thread_local std::vector<double> pass_buf;
+  std::vector<double>& pass_buf = t_buffers.mla_pass;
   const size_t need = static_cast<size_t>(mla_buffer_doubles(L, dr, G, n_max));
   if (pass_buf.size() < need) pass_buf.resize(need);
   MlaPass p;

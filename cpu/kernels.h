@@ -145,6 +145,14 @@ int mla_heads_per_pass(int n_heads, int64_t n_positions);
 // Bytes of the calling thread's buffer mla_attention keeps (it grows to the largest call and is
 // kept for the next): for calls attending up to n_positions positions.
 uint64_t mla_buffer_bytes(const MlaDims& dims, int64_t n_positions);
+// Frees the calling thread's grow-only op buffers (linear's widened activations, up to 117 MB
+// for K3 at chunk 256; mla_attention's; the per-thread scratch), which ops otherwise keep for
+// the next call. For a thread that ran a forward pass and will not run the next one soon: a
+// server's connection thread (each would keep its own copy; the budget counts one). Not while
+// an op runs on this thread.
+void release_thread_buffers();
+// Bytes the calling thread's op buffers hold now (what release_thread_buffers() gives back).
+uint64_t thread_buffer_bytes();
 // mla_attention with an explicit heads_per_pass (>= 1; more than n_heads means all): for tests
 // that the grouping leaves every byte as it is.
 void mla_attention_in_passes(const MlaDims& dims, const float* q, int64_t T,

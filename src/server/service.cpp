@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/check.h"
+#include "cpu/kernels.h"
 #include "runtime/logprobs.h"
 #include "tokenizer/unicode.h"
 
@@ -148,9 +149,15 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
     return Status::interrupted("the request was not started: its client left, or the server "
                                "is stopping, while it waited");
   }
+  // The ops' grow-only per-thread buffers go with the turn: each request may run on another of
+  // the server's connection threads, and each kept its own (K3: 117 MB and more a thread, where
+  // the budget counts one).
   struct Turn {
     Service& s;
-    ~Turn() { s.end_turn(); }
+    ~Turn() {
+      cpu::release_thread_buffers();
+      s.end_turn();
+    }
   } turn{*this};
   std::lock_guard<std::mutex> lock(mutex_);
   {

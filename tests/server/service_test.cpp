@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu/kernels.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/logprobs.h"
@@ -744,6 +745,26 @@ TEST_F(ServiceTest, TotalsAddUpTheRequests) {
   EXPECT_DOUBLE_EQ(t.prefill_seconds, a.report.gen.prefill_seconds + b.report.gen.prefill_seconds);
   EXPECT_EQ(t.processing, 0);
   EXPECT_EQ(t.waiting, 0);
+}
+
+// A request's thread gives the ops' per-thread buffers back when its turn ends: the server's
+// connection threads take turns with the model, and each kept its own set (K3: 117 MB and more
+// each, where the budget counts one).
+TEST_F(ServiceTest, ARequestsThreadKeepsNoOpBuffersAfterItsTurn) {
+  auto s = service();
+  auto prepared = s->prepare(text_request("The lighthouse keeper", 3));
+  ASSERT_TRUE(prepared.is_ok());
+  uint64_t during = 0;
+  auto done = s->complete(
+      *prepared,
+      [&](std::string_view, auto) {
+        during = std::max(during, cpu::thread_buffer_bytes());
+        return true;
+      },
+      nullptr);
+  ASSERT_TRUE(done.is_ok()) << done.status().message();
+  EXPECT_GT(during, 0u) << "the forward pass ran on this thread and grew its buffers";
+  EXPECT_EQ(cpu::thread_buffer_bytes(), 0u);
 }
 
 // One request generates; the others wait in arrival order, at most max_waiting of them (one
