@@ -214,6 +214,20 @@ Status validate_trace_header(const TraceHeader& h, const std::string& what) {
   return Status::ok();
 }
 
+Status check_profile_shape(const TraceHeader& profile, const TraceHeader& target,
+                           const std::string& what) {
+  if (profile.num_layers == target.num_layers &&
+      profile.experts_per_layer == target.experts_per_layer &&
+      profile.first_moe_layer == target.first_moe_layer)
+    return Status::ok();
+  const auto shape = [](const TraceHeader& h) {
+    return std::to_string(h.num_layers) + " layers of " + std::to_string(h.experts_per_layer) +
+           " experts (MoE from " + std::to_string(h.first_moe_layer) + ")";
+  };
+  return Status::usage(what + ": recorded from a model with " + shape(profile) + ", not " +
+                       shape(target));
+}
+
 // ---------------------------------------------------------------------------------- writer
 
 Result<TraceWriter> TraceWriter::create(const std::filesystem::path& path,

@@ -102,6 +102,12 @@ struct Trace {
 // Checks a header's fields for consistency; usage error naming `what` (a file or "header").
 Status validate_trace_header(const TraceHeader& header, const std::string& what);
 
+// A profile (`--profile`) seeds a policy whose keys are layer x experts_per_layer + expert: it
+// must have been recorded on a model of the same layers, experts per layer and first MoE layer
+// as `target` (the run's model, or the trace replayed). Usage error naming `what` otherwise.
+Status check_profile_shape(const TraceHeader& profile, const TraceHeader& target,
+                           const std::string& what);
+
 class TraceWriter {
  public:
   // Creates (truncates) `path` and writes the header. REQUIRES: nothing; a header that fails

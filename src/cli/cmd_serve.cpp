@@ -550,15 +550,14 @@ class TerminationSignals {
     sigset_t only;
     sigemptyset(&only);
     sigaddset(&only, sig);
-    ::sigprocmask(SIG_UNBLOCK, &only, nullptr);
+    ::pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
     ::kill(::getpid(), sig);
     ::_exit(128 + sig);  // PID 1: the default action is not taken
   }
   // A second SIGTERM quits at once, as a second Ctrl-C does (the stop may wait for a prompt
   // chunk: minutes on a big model).
   static void request_stop(int sig) {
-    if (InterruptRequest::requested()) quit_at_once(sig);
-    InterruptRequest::request_from_signal_handler();
+    if (InterruptRequest::request_from_signal_handler()) quit_at_once(sig);
   }
 
   struct sigaction previous_int_ {}, previous_term_ {};

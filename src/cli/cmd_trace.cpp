@@ -178,18 +178,12 @@ Status run_replay(const ReplayOptions& o) {
   ReplayInputs inputs = ReplayInputs::from(stream);
   if (!o.profile.empty()) {
     KTIER_ASSIGN_OR_RETURN(const Trace profile_trace, read_trace(o.profile));
-    if (profile_trace.header.experts_per_layer != trace.header.experts_per_layer) {
-      return Status::usage("--profile " + o.profile + " has " +
-                           std::to_string(profile_trace.header.experts_per_layer) +
-                           " experts per layer, the trace " +
-                           std::to_string(trace.header.experts_per_layer));
-    }
+    // Its keys are the trace's: the same layers and experts (no padding or truncation).
+    KTIER_RETURN_IF_ERROR(
+        check_profile_shape(profile_trace.header, trace.header, "--profile " + o.profile));
     KTIER_ASSIGN_OR_RETURN(const RequestStream profile, build_request_stream(profile_trace));
-    std::vector<uint64_t> counts = key_use_counts(profile);
-    counts.resize(stream.num_keys, 0);
-    inputs.static_ranking = rank_keys_by_use(counts);
+    inputs.static_ranking = rank_keys_by_use(key_use_counts(profile));
     inputs.temperature_seed = profile_temperatures(profile, o.half_life);
-    inputs.temperature_seed.resize(stream.num_keys, 0.0);
     inputs.static_from_profile = true;
   }
 

@@ -40,16 +40,12 @@ Status apply_strata_options(const StrataArgs& a, runtime::EngineOptions& eo) {
   // The profile must describe this model's experts: its keys index the policy's.
   KTIER_ASSIGN_OR_RETURN(const format::ModelConfig cfg,
                          format::load_model_config(eo.model_dir / "config.json"));
-  if (trace.header.num_layers != static_cast<uint32_t>(cfg.num_hidden_layers) ||
-      trace.header.experts_per_layer != static_cast<uint32_t>(cfg.num_experts) ||
-      trace.header.first_moe_layer != static_cast<uint32_t>(cfg.first_k_dense_replace))
-    return Status::usage("--profile " + a.profile + ": recorded from a model with " +
-                         std::to_string(trace.header.num_layers) + " layers of " +
-                         std::to_string(trace.header.experts_per_layer) + " experts (MoE from " +
-                         std::to_string(trace.header.first_moe_layer) + "), not " +
-                         std::to_string(cfg.num_hidden_layers) + " of " +
-                         std::to_string(cfg.num_experts) + " (MoE from " +
-                         std::to_string(cfg.first_k_dense_replace) + ")");
+  strata::TraceHeader model;
+  model.num_layers = static_cast<uint32_t>(cfg.num_hidden_layers);
+  model.experts_per_layer = static_cast<uint32_t>(cfg.num_experts);
+  model.first_moe_layer = static_cast<uint32_t>(cfg.first_k_dense_replace);
+  KTIER_RETURN_IF_ERROR(
+      strata::check_profile_shape(trace.header, model, "--profile " + a.profile));
   KTIER_ASSIGN_OR_RETURN(const strata::RequestStream stream, strata::build_request_stream(trace));
   eo.temperature_seed = strata::profile_temperatures(stream, strata::kDefaultHalfLifeTokens);
   eo.static_ranking = strata::rank_keys_by_use(strata::key_use_counts(stream));

@@ -17,7 +17,11 @@ namespace {
 std::atomic<bool> g_requested{false};
 std::atomic<const char*> g_notice{nullptr};
 std::atomic<bool> g_active{false};
-int g_wake[2] = {-1, -1};  // set before the handler is installed, closed after it is removed
+// The wake pipe lives as long as the process (made by the first request, drained by the next):
+// a handler on another thread that passed the g_active check as a request ended may still
+// write its byte, and never into a descriptor closed and reused since.
+int g_wake_read = -1;                  // owner thread only
+std::atomic<int> g_wake_write{-1};
 struct sigaction g_previous;
 bool g_installed = false;  // owner thread only
 
@@ -35,27 +39,49 @@ void on_sigint(int) {
 
 }  // namespace
 
-void InterruptRequest::request_from_signal_handler() {
-  if (!g_active.load()) return;
+bool InterruptRequest::request_from_signal_handler() {
+  if (!g_active.load()) return false;
   const int saved_errno = errno;
-  g_requested.store(true);
+  // One exchange: of two signals handled at once on two threads, one sees the other's.
+  if (g_requested.exchange(true)) {
+    errno = saved_errno;
+    return true;
+  }
   if (const char* notice = g_notice.load()) {
     ssize_t ignored = ::write(STDERR_FILENO, notice, std::strlen(notice));
     (void)ignored;
   }
-  if (g_wake[1] >= 0) {
+  if (const int fd = g_wake_write.load(); fd >= 0) {
     const char byte = 1;
-    ssize_t ignored = ::write(g_wake[1], &byte, 1);  // full pipe: already readable
+    ssize_t ignored = ::write(fd, &byte, 1);  // full pipe: already readable
     (void)ignored;
   }
   errno = saved_errno;
+  return false;
 }
+
+namespace {
+// Empties the wake pipe: a byte a handler wrote for an earlier request, or for this one.
+void drain_wake_pipe() {
+  char drain[64];
+  if (g_wake_read >= 0)
+    while (::read(g_wake_read, drain, sizeof drain) > 0) {
+    }
+}
+}  // namespace
 
 InterruptRequest::InterruptRequest(const char* notice) {
   KTIER_CHECK(!g_active.exchange(true));
   g_notice.store(notice);
   g_requested.store(false);
-  if (::pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0) g_wake[0] = g_wake[1] = -1;
+  if (g_wake_read < 0) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0) {
+      g_wake_read = fds[0];
+      g_wake_write.store(fds[1]);
+    }
+  }
+  drain_wake_pipe();
   install();
 }
 
@@ -65,13 +91,9 @@ InterruptRequest::~InterruptRequest() {
     ::sigaction(SIGINT, &g_previous, nullptr);
     g_installed = false;
   }
-  for (int& fd : g_wake) {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
+  g_active.store(false);
   g_notice.store(nullptr);
   g_requested.store(false);
-  g_active.store(false);
 }
 
 void InterruptRequest::install() {
@@ -92,16 +114,13 @@ void InterruptRequest::install() {
 
 bool InterruptRequest::requested() { return g_requested.load(); }
 
-int InterruptRequest::wake_fd() const { return g_wake[0]; }
+int InterruptRequest::wake_fd() const { return g_wake_read; }
 
 void InterruptRequest::set_notice(const char* notice) { g_notice.store(notice); }
 
 void InterruptRequest::rearm() {
   g_requested.store(false);
-  char drain[64];
-  if (g_wake[0] >= 0)
-    while (::read(g_wake[0], drain, sizeof drain) > 0) {
-    }
+  drain_wake_pipe();
   install();
 }
 

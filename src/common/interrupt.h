@@ -24,8 +24,9 @@ class InterruptRequest {
   static bool requested();
   // What SIGINT does (the flag, the notice, wake_fd()), for another signal's handler (serve's
   // SIGTERM); async-signal-safe. Leaves SIGINT's disposition as it is. Nothing without a live
-  // request.
-  static void request_from_signal_handler();
+  // request. True when a stop had been requested already (then nothing more is done): the
+  // caller's second signal, even one handled at the same time as the first on another thread.
+  static bool request_from_signal_handler();
   // Readable once Ctrl-C has arrived (a pipe's read end; -1 if the pipe could not be made, and
   // then only requested() tells).
   int wake_fd() const;

@@ -398,8 +398,18 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   const int64_t cached = session_->positions();
   // Replaced when the decode starts; a turn stopped in its prompt reports from here.
   out.report.decode_start = runtime::EngineCounters::start_window(engine_);
+  // An exception out of the turn (std::bad_alloc in a layer) leaves the sequence part-run:
+  // some layers' states hold a chunk its ids do not. The next request starts afresh.
+  struct DropUnlessReturned {
+    std::unique_ptr<runtime::GenerationSession>& session;
+    bool returned = false;
+    ~DropUnlessReturned() {
+      if (!returned) session.reset();
+    }
+  } drop{session_};
   Result<runtime::GenerationStats> turn =
       session_->turn(std::span<const int32_t>(ids).subspan(static_cast<size_t>(cached)), sink);
+  drop.returned = true;
   session_->set_callbacks(nullptr, nullptr);  // they refer to this call's locals
   if (!turn.is_ok()) {  // the sequence is unusable: the next request starts afresh
     session_.reset();

@@ -60,6 +60,29 @@ TEST(InterruptRequest, FirstSigintAsksSecondGoesToThePreviousHandler) {
   EXPECT_EQ(g_previous_calls, 3);
 }
 
+// Another signal's handler (serve's SIGTERM) learns whether a stop was requested already, in
+// one step: of two signals handled at once on two threads, one sees the other's and quits.
+// The wake pipe outlives the request (a handler still running as it ends writes into it, not
+// into a reused descriptor); the next request starts with it drained.
+TEST(InterruptRequest, AHandlerLearnsOfAnEarlierRequestAndThePipeOutlivesTheRequest) {
+  EXPECT_FALSE(InterruptRequest::request_from_signal_handler()) << "no live request: nothing";
+  int wake = -1;
+  {
+    InterruptRequest interrupt(nullptr);
+    wake = interrupt.wake_fd();
+    ASSERT_GE(wake, 0);
+    EXPECT_FALSE(InterruptRequest::request_from_signal_handler());
+    EXPECT_TRUE(InterruptRequest::requested());
+    EXPECT_TRUE(InterruptRequest::request_from_signal_handler());
+  }
+  EXPECT_FALSE(InterruptRequest::request_from_signal_handler());
+  ASSERT_TRUE(readable(wake)) << "still open: the byte of the first request is there";
+  InterruptRequest next(nullptr);
+  EXPECT_EQ(next.wake_fd(), wake);
+  EXPECT_FALSE(readable(next.wake_fd()));
+  EXPECT_FALSE(InterruptRequest::requested());
+}
+
 TEST(InterruptRequest, IgnoredSigintStaysIgnored) {
   Disposition ignored(SIG_IGN);
   InterruptRequest interrupt(nullptr);

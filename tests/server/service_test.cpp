@@ -1026,6 +1026,32 @@ TEST_F(ServiceTest, AClientThatGoesAwayEndsTheAnswerAndTheNextRequestIsSound) {
             answer(*fresh, text_request(prompt + " checked", 6)).text);
 }
 
+// An exception out of a forward pass (std::bad_alloc in a layer; cpp-httplib answers 500 and
+// serves on) leaves the sequence part-run: some layers' states hold the chunk, the ids do not.
+// The next request that begins with the same ids must not go on from it.
+TEST_F(ServiceTest, AnExceptionInAForwardPassLeavesNoSequenceToReuse) {
+  struct ThrowInSecondChunk final : model::LayerObserver {
+    int forwards = 0;
+    void after_layer(int64_t layer, const float*, int64_t, int64_t) override {
+      if (layer == 0) ++forwards;
+      if (forwards == 2 && layer == 2) throw std::bad_alloc();
+    }
+  } thrower;
+  auto s = service();  // chunks of 7
+  const std::string prompt = "The lighthouse keeper checked the lamp, the lens and the log";
+  auto prepared = s->prepare(text_request(prompt, 4));
+  ASSERT_TRUE(prepared.is_ok());
+  ASSERT_GT(prepared->ids.size(), 14u);
+  engine_->model().set_layer_observer(&thrower);
+  EXPECT_THROW((void)s->complete(*prepared, [](std::string_view, auto) { return true; }, nullptr),
+               std::bad_alloc);
+  engine_->model().set_layer_observer(nullptr);
+  EXPECT_EQ(s->totals().processing, 0);
+  const Completion next = answer(*s, text_request(prompt, 4));
+  EXPECT_EQ(next.usage.cached_tokens, 0);
+  EXPECT_EQ(next.text, answer(*service(), text_request(prompt, 4)).text);
+}
+
 // A client that leaves while its prompt runs (`serve` asks between prompt chunks) stops it
 // there; the prompt's chunks that ran are reused by the next request, which answers as a fresh
 // sequence would.

@@ -12,6 +12,7 @@
 
 #include "common/run_process.h"
 #include "common/test_paths.h"
+#include "strata/trace_format.h"
 
 namespace ktier {
 namespace {
@@ -215,6 +216,21 @@ TEST_F(TraceCli, ConvertInfoAndReplayTheConvertedFile) {
   EXPECT_EQ(prof[0].at("policy"), "static");
   EXPECT_EQ(prof[0].at("hits"), "16012");
   EXPECT_EQ(prof[0].at("total_slots"), "455");
+
+  // A profile of another model's shape is refused, as `run --profile` refuses it: its keys
+  // would name other experts (a profile of one more layer was padded or cut to fit).
+  auto recorded = strata::read_trace(out);
+  ASSERT_TRUE(recorded.is_ok()) << recorded.status().message();
+  strata::Trace other = std::move(*recorded);
+  ++other.header.num_layers;
+  const fs::path deeper = dir_ / "deeper.ktrace";
+  ASSERT_TRUE(strata::write_trace(deeper, other).is_ok());
+  r = run_process(ktier("trace replay " + q(out) + " --policy static --budgets 8GB --profile " +
+                        q(deeper)));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--profile " + deeper.string() + ": recorded from a model with"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST_F(TraceCli, CorruptTraceExits3NamingTheFile) {
