@@ -27,6 +27,17 @@ int finish(const Status& status) {
   return status.exit_code();
 }
 
+// The options given before a command that ktier itself takes, as the app lists them.
+std::string own_options(const CLI::App& app) {
+  std::string text;
+  for (const CLI::Option* o : app.get_options()) {
+    const std::vector<std::string>& longs = o->get_lnames();
+    if (longs.empty()) continue;
+    text += (text.empty() ? "--" : ", --") + longs.front();
+  }
+  return text;
+}
+
 }  // namespace ktier::cli
 
 int main(int argc, char** argv) {
@@ -163,8 +174,8 @@ int main(int argc, char** argv) {
     if (!named && !subs.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
         level->get_require_subcommand_min() > 0)
       what = !unknown_global.empty()
-                 ? "unknown option '" + unknown_global + "' before the command (ktier's own: "
-                   "--log-level, --help, --version; a command's options go after it)"
+                 ? "unknown option '" + unknown_global + "' before the command (ktier's own: " +
+                       cli::own_options(app) + "; a command's options go after it)"
                  : (path.empty() ? std::string("ktier ") : path) + "needs a command: " +
                        names(subs);
     std::fprintf(stderr, "ktier: error: %s\nRun 'ktier --help' or 'ktier COMMAND --help'.\n",

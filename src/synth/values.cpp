@@ -9,6 +9,8 @@
 #endif
 
 #include "common/dtype.h"
+#include "cpu/kernels.h"
+#include "cpu/numerics.h"
 #include "synth/rng.h"
 
 namespace ktier::synth {
@@ -37,9 +39,6 @@ double normal_quantile(double p) {
   return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
          (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1.0);
 }
-
-constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 }  // namespace
 
@@ -87,7 +86,7 @@ void generate_values(const ValueSpec& spec, uint64_t first, size_t count, float*
     out[j] = mean + stddev * table[(counter_draw(spec.key, i >> 2) >> (16 * (i & 3))) & 0xffff];
 }
 
-float e2m1_value(uint8_t code) { return kE2M1[code & 15]; }
+float e2m1_value(uint8_t code) { return cpu::num::kE2M1[code & 15]; }
 
 namespace {
 
@@ -183,15 +182,7 @@ uint8_t mxfp4_quantize_group(const float* x, uint8_t* packed) { return mxfp4_qua
 #endif
 
 void mxfp4_dequantize_group(const uint8_t* packed, uint8_t scale, float* out) {
-  if (scale == 255) {
-    for (size_t i = 0; i < kMxfp4Group; ++i) out[i] = 0.0f;
-    return;
-  }
-  const float mult = std::ldexp(1.0f, static_cast<int>(scale) - 127);
-  for (size_t j = 0; j < kMxfp4Group / 2; ++j) {
-    out[2 * j] = kE2M1[packed[j] & 15] * mult;
-    out[2 * j + 1] = kE2M1[packed[j] >> 4] * mult;
-  }
+  cpu::mxfp4_decode(packed, &scale, 1, static_cast<int64_t>(kMxfp4Group), out);
 }
 
 void mxfp4_round_trip(float* x, size_t count) {

@@ -58,7 +58,8 @@ float e2m1_value(uint8_t code);
 // identical bytes.
 uint8_t mxfp4_quantize_group(const float* x, uint8_t* packed);
 uint8_t mxfp4_quantize_group_scalar(const float* x, uint8_t* packed);
-// Decodes one group: 16 packed bytes + scale byte → 32 floats. Scale 255 gives zeros (D12).
+// Decodes one group: 16 packed bytes + scale byte → 32 floats (cpu::mxfp4_decode, the engine's
+// own decoder: one E2M1 table). Scale 255 gives zeros (D12).
 void mxfp4_dequantize_group(const uint8_t* packed, uint8_t scale, float* out);
 
 // Rounds groups of 32 in place through MXFP4 (quantise then dequantise). count % 32 == 0.

@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "common/dtype.h"
+#include "cpu/kernels.h"
 
 namespace ktier {
 namespace {
@@ -34,6 +36,23 @@ TEST(DType, F16WideningIsExactForAllPatterns) {
     const double want = sign ? -mag : mag;
     EXPECT_EQ(static_cast<double>(got), want) << h;
     EXPECT_EQ(std::signbit(got), sign == 1) << h;
+  }
+}
+
+// The kernels widen F16 with a copy of their own (cpu/numerics.h, compiled per ISA): every
+// pattern the same bits as the checked one above (NaNs: NaN both).
+TEST(DType, TheKernelsF16WideningIsTheSameForAllPatterns) {
+  std::vector<uint16_t> all(65536);
+  for (uint32_t h = 0; h < 65536; ++h) all[h] = static_cast<uint16_t>(h);
+  std::vector<float> wide(all.size());
+  cpu::widen_to_f32(cpu::WeightType::kF16, all.data(), static_cast<int64_t>(all.size()),
+                    wide.data());
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float want = f16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(wide[h])) << h;
+    else
+      EXPECT_EQ(f32_to_bits(wide[h]), f32_to_bits(want)) << h;
   }
 }
 
