@@ -1,5 +1,6 @@
 // The ktier executable as a user meets it: help, version, exit codes, CUDA fallback.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -136,7 +137,8 @@ TEST(Cli, DoctorReportsCudaStateWithoutFailing) {
 
 // A broken module must not take the binary down: it is reported and the CPU path is used.
 TEST(Cli, BrokenCudaModuleFallsBackToCpu) {
-  const auto fake = std::filesystem::temp_directory_path() / "ktier_fake_cuda_module.so";
+  const auto fake = std::filesystem::temp_directory_path() /
+                    ("ktier_fake_cuda_module-" + std::to_string(::getpid()) + ".so");
   std::ofstream(fake) << "not an ELF file";
   const auto r = run_process("KTIER_CUDA_MODULE=" + fake.string() + " " + ktier() + " doctor");
   std::filesystem::remove(fake);

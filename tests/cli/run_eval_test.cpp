@@ -571,7 +571,7 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     std::ifstream in(cfg);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }();
-  const std::string trace_out = (fs::temp_directory_path() / "ktier-cli-same.ktrace").string();
+  const std::string trace_out = dir_.string() + "-same.ktrace";
   // Another name of config.json, outside the folder: the same file.
   const fs::path cfg_link = fs::temp_directory_path() / ("ktier-cli-cfg-" + std::to_string(::getpid()));
   fs::remove(cfg_link);
