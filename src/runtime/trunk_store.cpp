@@ -370,7 +370,7 @@ Status TrunkStore::inflate_blocks(const pack::Record& r, std::span<const uint32_
   return Status::ok();
 }
 
-Status TrunkStore::start_read(Slot& s, int64_t layer) {
+void TrunkStore::start_read(Slot& s, int64_t layer) {
   const pack::Record& r = records_[static_cast<size_t>(layer)];
   s.layer = layer;
   s.ready = false;
@@ -391,7 +391,6 @@ Status TrunkStore::start_read(Slot& s, int64_t layer) {
     s.outstanding = 0;
     s.status = st;
   }
-  return Status::ok();
 }
 
 void TrunkStore::prefetch() {
@@ -403,7 +402,7 @@ void TrunkStore::prefetch() {
     const bool held = std::any_of(ring_.begin(), ring_.end(),
                                   [&](const Slot& o) { return o.layer == next_prefetch_; });
     if (held) return;
-    (void)start_read(s, next_prefetch_);
+    start_read(s, next_prefetch_);
     next_prefetch_ = streamed_after(next_prefetch_);
   }
 }
@@ -490,7 +489,7 @@ Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
     KTIER_CHECK(it != ring_.end());
     next_prefetch_ = l;
     it->layer = -1;
-    KTIER_RETURN_IF_ERROR(start_read(*it, l));
+    start_read(*it, l);
     next_prefetch_ = streamed_after(l);
   }
   Slot& s = *it;
@@ -499,7 +498,7 @@ Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
     if (!st.is_ok() && s.status.exit_code() == static_cast<int>(ExitCode::kRuntime)) {
       // A read ahead that failed (I/O) is speculative: read the record once more, now that it
       // is needed, before failing the forward pass. Checksum errors are not retried.
-      KTIER_RETURN_IF_ERROR(start_read(s, l));
+      start_read(s, l);
       st = finish(s);
     }
     if (!st.is_ok()) {

@@ -184,7 +184,9 @@ class TrunkStore final : public model::TrunkSource {
       : ckpt_(ckpt), pack_(pack), engine_(&engine), shard_files_(&shard_files) {}
   // Synchronous: pinned records, head. `staging`: room for a compressed record's stored bytes.
   Status read_now(const pack::Record& r, uint8_t* dst, uint8_t* staging);
-  Status start_read(Slot& s, int64_t layer);
+  // Submits slot s's reads of `layer`. A submission that fails is kept in s.status and
+  // reported by finish(s), as a failed read is: the slot is the error's one place.
+  void start_read(Slot& s, int64_t layer);
   Status finish(Slot& s);  // waits for s's reads, verifies, binds
   static void free_slot(Slot& s);  // holds nothing (its reads must have landed)
   Status drain(Slot* until);  // takes completions until `until` has none outstanding
