@@ -158,8 +158,10 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
   };
   Result<format::SafetensorsFile> file =
       format::SafetensorsFile::open(path, format::OpenMode::kPread);
-  if (!file.is_ok())  // its message names the file
-    return file.status().with_context("--prompt-cache (not a prompt cache, or a damaged one)");
+  if (!file.is_ok())  // its message names the file; a device or an I/O error is no damage
+    return file.status().with_context(file.status().code() == ExitCode::kCorrupt
+                                           ? "--prompt-cache (not a prompt cache, or a damaged one)"
+                                           : "--prompt-cache");
   SavedSequence s(std::move(*file));
 
   // The metadata: the safetensors reader skips it, so the header is read again here (it is

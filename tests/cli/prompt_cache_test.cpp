@@ -318,6 +318,11 @@ TEST_F(PromptCacheCli, FilesThatAreNotThisCheckpointsStateAreRefused) {
   r = run(kPrompt, "--prompt-cache " + (dir_ / "shard-copy.safetensors").string());
   EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_NE(r.err.find("no __metadata__"), std::string::npos) << r.err;
+  // A device is no file, not a damaged cache (exit 2, said so).
+  r = run(kPrompt, "--prompt-cache /dev/null");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--prompt-cache: /dev/null: is a device"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("damaged"), std::string::npos) << r.err;
   // Usage.
   const fs::path report = dir_ / "r.json";
   for (const std::string& flags :
