@@ -75,13 +75,15 @@ struct RunArgs {
   int threads = 0;
 };
 
-Status run(const RunArgs& a) {
-  // A reader that goes away (`ktier run ... | head`) is a write error (exit 1, the trace closed
-  // at a whole token), not a silent death by SIGPIPE (exit 141, the trace cut).
-  ignore_sigpipe();
+int prompts_given(const RunArgs& a) {
+  return int(a.has_prompt) + int(!a.file.empty()) + int(!a.ids.empty());
+}
+
+// The prompt flags: exactly one source (a conversation may read its first message from
+// standard input), and the combinations a conversation or --chat cannot take.
+Status check_prompt_flags(const RunArgs& a) {
   if (a.has_ids) KTIER_RETURN_IF_ERROR(check_ids_given(a.ids));
-  const int given = int(a.has_prompt) + int(!a.file.empty()) + int(!a.ids.empty());
-  // A conversation may take its first message from standard input too.
+  const int given = prompts_given(a);
   if (given > 1 || (given == 0 && !a.interactive))
     return Status::usage("give exactly one of -p TEXT, -f FILE or --ids 1,2,3");
   if (a.interactive && !a.chat)
@@ -99,31 +101,13 @@ Status run(const RunArgs& a) {
                          " (0 = auto)");
   if (a.chat && !a.ids.empty())
     return Status::usage("--chat wraps prompt text in the chat format: give -p TEXT or -f FILE");
-  // -n -1 or -2 (llama.cpp's "infinity" and "until the context is filled"; without a context
-  // shift they are one): until a stop id, or until the positions of -c are used (set per answer).
-  const bool to_context_end = a.max_new_tokens < 0;
-  // The tokens an answer may take as the positions are planned: with -n -1 at least one.
-  const int64_t planned_answer = to_context_end ? 1 : a.max_new_tokens;
-  const std::string n_flag = "-n " + std::to_string(a.max_new_tokens);
-  runtime::GenerationOptions gen;
-  gen.max_new_tokens = to_context_end ? 0 : a.max_new_tokens;
-  gen.prefill_chunk = a.chunk;
-  gen.sampling = a.sampling;
-  KTIER_RETURN_IF_ERROR(runtime::validate(gen.sampling));
-  if (gen.sampling.seed == runtime::kRandomSeed) {
-    gen.sampling.seed = runtime::resolve_seed(gen.sampling.seed);
-    if (gen.sampling.temperature > 0)
-      spdlog::info("sampling seed {} (random; -s {} repeats this run)", gen.sampling.seed,
-                   gen.sampling.seed);
-  }
-  if (a.max_new_tokens < -2 || a.max_new_tokens > INT32_MAX)
-    return Status::usage("-n must be in 0.." + std::to_string(INT32_MAX) +
-                         ", or -1 or -2 (until a stop id or the context is full)");
-  if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
-  KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
+  return Status::ok();
+}
 
-  // What can be checked before the (long) load: the folder, and the report file's folder.
-  KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
+// The run's output files (--report-json, --trace, --prompt-cache): none of them an input of the
+// run or another output, each writable (the report's and the trace's folders), checked before
+// the (long) load.
+Status check_run_outputs(const RunArgs& a) {
   using Output = std::pair<std::string, std::string>;  // flag, path
   const bool write_cache = !a.prompt_cache.empty() && !a.prompt_cache_ro;
   // The prompt cache is checked as an output even when read only: a model or prompt file given
@@ -147,55 +131,165 @@ Status run(const RunArgs& a) {
     KTIER_RETURN_IF_ERROR(io::check_not_own_stdout("--prompt-cache", a.prompt_cache));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--report-json", a.report_json));
   KTIER_RETURN_IF_ERROR(io::check_not_own_stdout("--trace", a.trace));
-  KTIER_RETURN_IF_ERROR(io::check_can_write("--trace", a.trace));
-  std::error_code ec;
-  // The tokenizer is optional for --ids runs (ids are printed instead of text).
-  std::optional<tok::Tokenizer> tokenizer;
+  return io::check_can_write("--trace", a.trace);
+}
+
+// The model folder's tokenizer, optional for --ids runs (ids are printed instead of text): an
+// --ids run goes on without one, or with a half-present one (a missing file: a warning); a
+// text prompt needs it; a damaged one is refused either way.
+Result<std::optional<tok::Tokenizer>> load_run_tokenizer(const RunArgs& a) {
   KTIER_ASSIGN_OR_RETURN(const bool has_tokenizer,
                          io::path_exists(std::filesystem::path(a.model) / "tiktoken.model"));
-  if (has_tokenizer) {
-    Result<tok::Tokenizer> loaded = tok::Tokenizer::load(a.model);
-    // An --ids run prints ids without one; a half-present tokenizer (a missing file) only
-    // costs the text. A damaged one is still refused.
-    if (loaded.is_ok())
-      tokenizer = std::move(loaded).value();
-    else if (loaded.status().code() != ExitCode::kUsage)
-      return loaded.status();
-    else if (a.ids.empty())
-      return Status::usage(loaded.status().message() +
-                           "; text prompts need the tokenizer (run from token ids with --ids "
-                           "instead)");
-    else
-      spdlog::warn("{}; running from --ids without the tokenizer (ids are printed, not text)",
-                   loaded.status().message());
-  } else if (a.ids.empty()) {
-    return Status::usage(a.model + "/tiktoken.model: not found; text prompts need the tokenizer "
-                         "(run from token ids with --ids instead)");
+  if (!has_tokenizer) {
+    if (a.ids.empty())
+      return Status::usage(a.model + "/tiktoken.model: not found; text prompts need the "
+                           "tokenizer (run from token ids with --ids instead)");
+    return std::optional<tok::Tokenizer>();
   }
+  Result<tok::Tokenizer> loaded = tok::Tokenizer::load(a.model);
+  if (loaded.is_ok()) return std::optional<tok::Tokenizer>(std::move(loaded).value());
+  if (loaded.status().code() != ExitCode::kUsage) return loaded.status();
+  if (a.ids.empty())
+    return Status::usage(loaded.status().message() +
+                         "; text prompts need the tokenizer (run from token ids with --ids "
+                         "instead)");
+  spdlog::warn("{}; running from --ids without the tokenizer (ids are printed, not text)",
+               loaded.status().message());
+  return std::optional<tok::Tokenizer>();
+}
+
+// The prompt as given: its text (-p, -f; a conversation's first message) and its ids (--ids,
+// or the text encoded: in the chat format with --chat). None given (a conversation reading its
+// first message from standard input): both empty.
+struct RunPrompt {
+  std::string text;
+  std::vector<uint32_t> ids;
+};
+
+Result<RunPrompt> read_prompt(const RunArgs& a, const std::optional<tok::Tokenizer>& tokenizer,
+                              const std::optional<tok::ChatMarkers>& markers) {
+  RunPrompt p;
+  if (!a.ids.empty()) {
+    KTIER_ASSIGN_OR_RETURN(p.ids, parse_ids(a.ids));
+    return p;
+  }
+  const bool given = prompts_given(a) > 0;
+  p.text = a.prompt;
+  if (!a.file.empty()) {
+    KTIER_ASSIGN_OR_RETURN(p.text, read_input(a.file));
+  }
+  // Nothing to continue from (a chat turn is never empty: its markers are tokens).
+  if (!a.chat && given && p.text.empty())
+    return Status::usage(std::string("the prompt is empty (") +
+                         (a.file.empty() ? "-p \"\"" : "-f " + a.file + " has no bytes") +
+                         "): give some text to continue, or --chat to ask an empty message");
+  if (a.chat && given)
+    p.ids = tok::render_user_turn(*tokenizer, *markers, p.text);
+  else
+    p.ids = tokenizer->encode(p.text, a.special);
+  return p;
+}
+
+// --trace FILE: every token's routing (and lookahead predictions) while the run lives, as the
+// model runs it (`--policy static` under the memory dial runs without lookahead).
+class RunTrace {
+ public:
+  static Result<std::unique_ptr<RunTrace>> open(runtime::Engine& engine, const std::string& path) {
+    const model::Model& m = engine.model();
+    KTIER_ASSIGN_OR_RETURN(std::unique_ptr<strata::TraceRecorder> recorder,
+                           strata::TraceRecorder::create(path, engine.checkpoint(),
+                                                         m.lookahead_depth(),
+                                                         m.lookahead_refresh()));
+    std::unique_ptr<RunTrace> t(new RunTrace(engine, path, std::move(recorder)));
+    engine.model().set_routing_observer(t->recorder_.get());
+    engine.model().add_lookahead_observer(t->recorder_.get());
+    // A mapped shard lost mid-run ends the process from its SIGBUS handler, inside a token.
+    format::set_exit_note("ktier: warning: trace: " + path + " left unfinished (the run "
+                          "stopped inside a token); trace readers refuse it\n");
+    return t;
+  }
+  ~RunTrace() { detach(); }
+
+  // Ends the recording and returns the run's status, or the trace's error after a run that
+  // ended well (or by Ctrl-C). A run stopped inside its forward passes (`turn_cut`) leaves the
+  // trace without its footer, so that readers refuse it (exit 3): closed, it would read as whole
+  // though its last token's routing is not. A failure between turns (a message refused, stdin)
+  // leaves whole tokens: the trace is closed.
+  Status finish(const Status& status, bool turn_cut) {
+    detach();
+    if (turn_cut) {
+      spdlog::warn("trace: {} left unfinished (the run stopped inside a token); trace readers "
+                   "refuse it", path_);
+      return status;
+    }
+    const Status closed = recorder_->close();
+    if (status.is_ok() || status.code() == ExitCode::kInterrupted) KTIER_RETURN_IF_ERROR(closed);
+    spdlog::info("trace: {} routing steps -> {}", recorder_->steps(), path_);
+    return status;
+  }
+
+ private:
+  RunTrace(runtime::Engine& engine, std::string path,
+           std::unique_ptr<strata::TraceRecorder> recorder)
+      : engine_(engine), path_(std::move(path)), recorder_(std::move(recorder)) {}
+  void detach() {
+    if (detached_) return;
+    detached_ = true;
+    format::set_exit_note("");
+    engine_.model().set_routing_observer(nullptr);
+    engine_.model().remove_lookahead_observer(recorder_.get());
+  }
+
+  runtime::Engine& engine_;
+  std::string path_;
+  std::unique_ptr<strata::TraceRecorder> recorder_;
+  bool detached_ = false;
+};
+
+Status run(const RunArgs& a) {
+  // A reader that goes away (`ktier run ... | head`) is a write error (exit 1, the trace closed
+  // at a whole token), not a silent death by SIGPIPE (exit 141, the trace cut).
+  ignore_sigpipe();
+  KTIER_RETURN_IF_ERROR(check_prompt_flags(a));
+  const int given = prompts_given(a);
+  // -n -1 or -2 (llama.cpp's "infinity" and "until the context is filled"; without a context
+  // shift they are one): until a stop id, or until the positions of -c are used (set per answer).
+  const bool to_context_end = a.max_new_tokens < 0;
+  // The tokens an answer may take as the positions are planned: with -n -1 at least one.
+  const int64_t planned_answer = to_context_end ? 1 : a.max_new_tokens;
+  const std::string n_flag = "-n " + std::to_string(a.max_new_tokens);
+  runtime::GenerationOptions gen;
+  gen.max_new_tokens = to_context_end ? 0 : a.max_new_tokens;
+  gen.prefill_chunk = a.chunk;
+  gen.sampling = a.sampling;
+  KTIER_RETURN_IF_ERROR(runtime::validate(gen.sampling));
+  if (gen.sampling.seed == runtime::kRandomSeed) {
+    gen.sampling.seed = runtime::resolve_seed(gen.sampling.seed);
+    if (gen.sampling.temperature > 0)
+      spdlog::info("sampling seed {} (random; -s {} repeats this run)", gen.sampling.seed,
+                   gen.sampling.seed);
+  }
+  if (a.max_new_tokens < -2 || a.max_new_tokens > INT32_MAX)
+    return Status::usage("-n must be in 0.." + std::to_string(INT32_MAX) +
+                         ", or -1 or -2 (until a stop id or the context is full)");
+  if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
+  KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
+
+  // What can be checked before the (long) load: the folder, and the output files' folders.
+  KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
+  KTIER_RETURN_IF_ERROR(check_run_outputs(a));
+  const bool write_cache = !a.prompt_cache.empty() && !a.prompt_cache_ro;
+  KTIER_ASSIGN_OR_RETURN(std::optional<tok::Tokenizer> tokenizer, load_run_tokenizer(a));
 
   std::optional<tok::ChatMarkers> markers;
   if (a.chat) {
     KTIER_ASSIGN_OR_RETURN(markers, tok::chat_markers(*tokenizer));
   }
-  std::string text = a.prompt;  // read before the load: a bad -f fails at once
-  if (a.ids.empty() && !a.file.empty()) {
-    KTIER_ASSIGN_OR_RETURN(text, read_input(a.file));
-  }
-  // Nothing to continue from (a chat turn is never empty: its markers are tokens).
-  if (a.ids.empty() && !a.chat && given > 0 && text.empty())
-    return Status::usage(std::string("the prompt is empty (") +
-                         (a.file.empty() ? "-p \"\"" : "-f " + a.file + " has no bytes") +
-                         "): give some text to continue, or --chat to ask an empty message");
-
-  // The prompt before the load too: GPU mode sets its working set aside for exactly this run.
-  std::vector<uint32_t> raw;
-  if (!a.ids.empty()) {
-    KTIER_ASSIGN_OR_RETURN(raw, parse_ids(a.ids));
-  } else if (a.chat && given > 0) {
-    raw = tok::render_user_turn(*tokenizer, *markers, text);
-  } else {
-    raw = tokenizer->encode(text, a.special);
-  }
+  // Read and encoded before the load: a bad -f fails at once, and GPU mode sets its working
+  // set aside for exactly this run.
+  KTIER_ASSIGN_OR_RETURN(const RunPrompt given_prompt, read_prompt(a, tokenizer, markers));
+  const std::string& text = given_prompt.text;
+  const std::vector<uint32_t>& raw = given_prompt.ids;
 
   // The prompt cache before the load too: a damaged file fails at once, and a conversation it
   // holds is part of the positions planned. Resumed, the first message follows its last answer.
@@ -342,18 +436,9 @@ Status run(const RunArgs& a) {
                      engine->model(), engine->experts(), gen, std::move(*restored),
                      {cache->restored_ids().begin(), cache->restored_ids().end()})
                : runtime::GenerationSession::open(engine->model(), engine->experts(), gen));
-  std::unique_ptr<strata::TraceRecorder> recorder;
+  std::unique_ptr<RunTrace> trace;
   if (!a.trace.empty()) {
-    // What the model runs (`--policy static` under the memory dial runs without lookahead).
-    const model::Model& m = engine->model();
-    KTIER_ASSIGN_OR_RETURN(recorder,
-                           strata::TraceRecorder::create(a.trace, engine->checkpoint(),
-                                                         m.lookahead_depth(), m.lookahead_refresh()));
-    engine->model().set_routing_observer(recorder.get());
-    engine->model().add_lookahead_observer(recorder.get());
-    // A mapped shard lost mid-run ends the process from its SIGBUS handler, inside a token.
-    format::set_exit_note("ktier: warning: trace: " + a.trace + " left unfinished (the run "
-                          "stopped inside a token); trace readers refuse it\n");
+    KTIER_ASSIGN_OR_RETURN(trace, RunTrace::open(*engine, a.trace));
   }
   // One answer: its text (and ids), then its report (the JSON file holds the last answer's).
   // A turn failed inside its forward passes (the trace ends mid-token); not when the sink failed
@@ -472,23 +557,7 @@ Status run(const RunArgs& a) {
                   std::to_string(prompt.size()) + " tokens"
             : "stopped by Ctrl-C after " + std::to_string(generated_n) + " generated tokens");
   }
-  if (recorder) {
-    format::set_exit_note("");
-    engine->model().set_routing_observer(nullptr);
-    engine->model().remove_lookahead_observer(recorder.get());
-    // A turn stopped inside its forward passes: closed, the trace would read as whole though its
-    // last token's routing is not. Left without its footer, readers refuse it (exit 3). A
-    // failure between turns (a message refused, stdin) leaves whole tokens: the trace is closed.
-    if (turn_cut) {
-      spdlog::warn("trace: {} left unfinished (the run stopped inside a token); trace readers "
-                   "refuse it", a.trace);
-      return status;
-    }
-    const Status closed = recorder->close();
-    if (status.is_ok() || status.code() == ExitCode::kInterrupted) KTIER_RETURN_IF_ERROR(closed);
-    spdlog::info("trace: {} routing steps -> {}", recorder->steps(), a.trace);
-  }
-  return status;
+  return trace ? trace->finish(status, turn_cut) : status;
 }
 
 }  // namespace
