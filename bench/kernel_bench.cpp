@@ -365,17 +365,18 @@ KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const Progre
   out.isa = cpu::isa_name(isa);
   out.cols = cols;
   out.buffer_bytes = config.buffer_bytes / 4096 * 4096;
-  out.bf16_rows = static_cast<int64_t>(out.buffer_bytes / static_cast<uint64_t>(2 * cols));
-  out.mxfp4_rows =
-      static_cast<int64_t>(out.buffer_bytes / static_cast<uint64_t>(cols / 2 + cols / 32));
-  out.bf16_bytes = static_cast<uint64_t>(out.bf16_rows * cols * 2);
-  const uint64_t packed_bytes = static_cast<uint64_t>(out.mxfp4_rows * (cols / 2));
-  out.mxfp4_bytes = packed_bytes + static_cast<uint64_t>(out.mxfp4_rows * (cols / 32));
+  const int64_t bf16_row = cpu::weight_row_data_bytes(cpu::WeightType::kBF16, cols);
+  const int64_t packed_row = cpu::weight_row_data_bytes(cpu::WeightType::kMxfp4, cols);
+  const int64_t mxfp4_row = packed_row + cpu::weight_row_scale_bytes(cpu::WeightType::kMxfp4, cols);
+  out.bf16_rows = static_cast<int64_t>(out.buffer_bytes / static_cast<uint64_t>(bf16_row));
+  out.mxfp4_rows = static_cast<int64_t>(out.buffer_bytes / static_cast<uint64_t>(mxfp4_row));
+  out.bf16_bytes = static_cast<uint64_t>(out.bf16_rows * bf16_row);
+  const uint64_t packed_bytes = static_cast<uint64_t>(out.mxfp4_rows * packed_row);
+  out.mxfp4_bytes = static_cast<uint64_t>(out.mxfp4_rows * mxfp4_row);
   out.bf16_prefill_rows = std::max<int64_t>(
-      1, std::min<int64_t>(out.bf16_rows, static_cast<int64_t>(config.prefill_bytes) / (2 * cols)));
+      1, std::min<int64_t>(out.bf16_rows, static_cast<int64_t>(config.prefill_bytes) / bf16_row));
   out.mxfp4_prefill_rows = std::max<int64_t>(
-      1, std::min<int64_t>(out.mxfp4_rows, static_cast<int64_t>(config.prefill_bytes) /
-                                               (cols / 2 + cols / 32)));
+      1, std::min<int64_t>(out.mxfp4_rows, static_cast<int64_t>(config.prefill_bytes) / mxfp4_row));
   out.bf16_prefill_tokens = std::max<int64_t>(2, config.prefill_tokens_bf16);
   out.mxfp4_prefill_tokens = std::max<int64_t>(2, config.prefill_tokens_mxfp4);
   if (out.bf16_rows < 1 || out.mxfp4_rows < 1) {

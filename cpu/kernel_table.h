@@ -49,13 +49,7 @@ namespace {
 
 // Bytes of one stored row of `w` (MXFP4: packed nibbles and scales).
 inline int64_t weight_row_bytes(const WeightMatrix& w) {
-  switch (w.type) {
-    case WeightType::kF32: return 4 * w.cols;
-    case WeightType::kBF16:
-    case WeightType::kF16: return 2 * w.cols;
-    case WeightType::kMxfp4: return w.cols / 2 + w.cols / 32;
-  }
-  return 4 * w.cols;
+  return weight_row_data_bytes(w.type, w.cols) + weight_row_scale_bytes(w.type, w.cols);
 }
 
 // True when linear_rows blocks `task` as above (and needs scratch). A zero-width matrix is not

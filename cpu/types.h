@@ -17,6 +17,24 @@ enum class WeightType : uint8_t {
            // even column; scales U8 [rows, cols/32], E8M0 bias 127; scale 255 = zero block
 };
 
+// MXFP4's layout: kMxfp4Group columns share one E8M0 scale byte; two columns per packed byte.
+inline constexpr int64_t kMxfp4Group = 32;
+
+// Bytes of `cols` stored elements of one row (MXFP4: the packed nibbles; REQUIRES cols even),
+// and of the row's MXFP4 scales (0 for the float types). The one place the layout is sized.
+constexpr int64_t weight_row_data_bytes(WeightType type, int64_t cols) {
+  switch (type) {
+    case WeightType::kF32: return 4 * cols;
+    case WeightType::kBF16:
+    case WeightType::kF16: return 2 * cols;
+    case WeightType::kMxfp4: return cols / 2;
+  }
+  return 4 * cols;
+}
+constexpr int64_t weight_row_scale_bytes(WeightType type, int64_t cols) {
+  return type == WeightType::kMxfp4 ? cols / kMxfp4Group : 0;
+}
+
 // A borrowed view of one weight matrix. Nothing is copied or widened ahead of time: the kernels
 // widen BF16/F16 and decode MXFP4 straight from these bytes, inside the dot products.
 struct WeightMatrix {

@@ -139,20 +139,13 @@ std::unique_ptr<Backend> make_cpu_backend(const cpu::Exec& ex) {
 }
 
 uint64_t weight_data_bytes(const cpu::WeightMatrix& w) {
-  const uint64_t n = static_cast<uint64_t>(w.rows) * static_cast<uint64_t>(w.cols);
-  switch (w.type) {
-    case cpu::WeightType::kF32: return 4 * n;
-    case cpu::WeightType::kBF16:
-    case cpu::WeightType::kF16: return 2 * n;
-    case cpu::WeightType::kMxfp4: return n / 2;
-  }
-  return 0;
+  return static_cast<uint64_t>(w.rows) *
+         static_cast<uint64_t>(cpu::weight_row_data_bytes(w.type, w.cols));
 }
 
 uint64_t weight_scale_bytes(const cpu::WeightMatrix& w) {
-  return w.type == cpu::WeightType::kMxfp4
-             ? static_cast<uint64_t>(w.rows) * static_cast<uint64_t>(w.cols) / 32
-             : 0;
+  return static_cast<uint64_t>(w.rows) *
+         static_cast<uint64_t>(cpu::weight_row_scale_bytes(w.type, w.cols));
 }
 
 Result<BackendBuffer> BackendBuffer::allocate(Backend& backend, size_t bytes) {

@@ -66,10 +66,11 @@ struct DeviceMatrix {
 Result<DeviceMatrix> random_matrix(backend::Backend& be, cpu::WeightType type, uint64_t bytes) {
   const int64_t cols = 7168;
   const bool mx = type == cpu::WeightType::kMxfp4;
-  const double per_row = mx ? cols / 2.0 + cols / 32.0 : cols * 2.0;
-  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(bytes) / per_row));
+  const int64_t data_row = cpu::weight_row_data_bytes(type, cols);
+  const int64_t scale_row = cpu::weight_row_scale_bytes(type, cols);
+  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(bytes) / (data_row + scale_row));
   std::mt19937_64 rng(7);
-  std::vector<uint8_t> host(static_cast<size_t>(mx ? rows * cols / 2 : rows * cols * 2));
+  std::vector<uint8_t> host(static_cast<size_t>(rows * data_row));
   // All 8 bytes of each draw: ~0.5 s instead of ~15 s per GB on one core (device time is short).
   for (size_t i = 0; i < host.size(); i += 8) {
     const uint64_t r = rng();
@@ -82,7 +83,7 @@ Result<DeviceMatrix> random_matrix(backend::Backend& be, cpu::WeightType type, u
   KTIER_RETURN_IF_ERROR(be.upload(m.data.get(), host.data(), host.size()));
   m.w = {type, m.data.get(), nullptr, rows, cols};
   if (mx) {
-    std::vector<uint8_t> s(static_cast<size_t>(rows * cols / 32));
+    std::vector<uint8_t> s(static_cast<size_t>(rows * scale_row));
     for (auto& b : s) b = static_cast<uint8_t>(120 + rng() % 10);
     KTIER_ASSIGN_OR_RETURN(m.scales, backend::BackendBuffer::allocate(be, s.size()));
     KTIER_RETURN_IF_ERROR(be.upload(m.scales.get(), s.data(), s.size()));
@@ -155,9 +156,8 @@ Status run_device_bench(const DeviceBenchOptions& o) {
     KTIER_RETURN_IF_ERROR(be->upload(dx.get(), x.data(), x.size() * 4));
     const cpu::LinearJob job{m.w, dx.as<float>(), 1, dy.as<float>()};
     KTIER_ASSIGN_OR_RETURN(const double s, best_seconds(*be, o.passes, [&] { return be->linear(&job, 1); }));
-    const double wbytes = type == cpu::WeightType::kMxfp4
-                              ? m.w.rows * m.w.cols / 2.0 + m.w.rows * m.w.cols / 32.0
-                              : m.w.rows * m.w.cols * 2.0;
+    const double wbytes = static_cast<double>(backend::weight_data_bytes(m.w) +
+                                              backend::weight_scale_bytes(m.w));
     return wbytes / s / 1e9;
   };
   KTIER_ASSIGN_OR_RETURN(const double bf16, gemv(cpu::WeightType::kBF16));
