@@ -5,6 +5,7 @@
 #include "common/check.h"
 #include "cpu/kernels.h"
 #include "runtime/logprobs.h"
+#include "server/answer_text.h"
 #include "tokenizer/unicode.h"
 
 namespace ktier::server {
@@ -206,120 +207,17 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   const int64_t max_tokens = prepared.max_tokens;
 
   Completion out;
-  size_t sent = 0;  // bytes of out.text handed to on_text
-  bool stop_hit = false, client_gone = false;
-  // Per out.logprobs entry: where its token's text begins and ends in out.text (bytes; a token
-  // that completes no character or shows none ends where it begins); entries before
-  // tokens_sent are sent, each with the text that holds the end of its own and a byte past its
-  // beginning (a token that completes no character or shows none goes with the next
-  // character, or last: a stop text found there drops it).
-  std::vector<size_t> token_begin, token_end;
-  size_t tokens_sent = 0;
-  const auto deliver = [&](size_t upto) {
-    if (upto <= sent) return;
-    size_t ready = tokens_sent;
-    while (ready < token_end.size() && token_end[ready] <= upto && token_begin[ready] < upto)
-      ++ready;
-    const std::span<const AnswerToken> tokens =
-        std::span<const AnswerToken>(out.logprobs).subspan(tokens_sent, ready - tokens_sent);
-    if (!client_gone && !on_text(std::string_view(out.text).substr(sent, upto - sent), tokens))
-      client_gone = true;
-    sent = upto;
-    tokens_sent = ready;
-  };
-  // A stop text cannot begin before `sent`: what could still begin one is held back.
-  const auto scan = [&] {
-    if (stop_hit) return;
-    size_t first = std::string::npos;
-    for (const std::string& stop : request.stop) {
-      // Of the stop texts found once this token's text is in, the one that begins first (the
-      // first given of those that begin there; one found already would have ended the answer).
-      const size_t at = out.text.find(stop, sent);
-      if (at < first) first = at, out.stopping_word = stop;
-    }
-    if (first != std::string::npos) {
-      out.text.resize(first);
-      // The tokens of the stop text and after it are not the answer's.
-      const size_t kept = static_cast<size_t>(
-          std::lower_bound(token_begin.begin(), token_begin.end(), first) - token_begin.begin());
-      KTIER_CHECK(kept >= tokens_sent);  // a sent token's text begins before `sent`
-      token_begin.resize(kept);
-      token_end.resize(kept);
-      out.logprobs.resize(kept);
-      for (size_t& end : token_end) end = std::min(end, first);
-      deliver(first);
-      stop_hit = true;
-      return;
-    }
-    deliver(out.text.size() -
-            stop_prefix_suffix(std::string_view(out.text).substr(sent), request.stop));
-  };
-  int64_t characters = 0;  // code points in out.text (valid UTF-8)
+  AnswerText answer(tokenizer_, request.stop, request.logprobs.has_value(), on_text, out);
   const int64_t vocab = engine_.checkpoint().config().vocab_size;
-  const auto token_logprob = [&](const runtime::IdLogprob& t) {
-    const std::optional<std::string_view> bytes =
-        tokenizer_.token_bytes(static_cast<uint32_t>(t.id));
-    return TokenLogprob{t.id, t.logprob, std::string(bytes.value_or(""))};
-  };
-  const auto add_text = [&](const std::string& text) {
-    out.text += text;
-    characters += static_cast<int64_t>(
-        std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
-  };
-  // Where logprobs are asked, adds token `id`'s entry (logprobs `lp`; null: an echoed prompt
-  // token, scored later if at all) for `text_bytes` of text about to be added at the end.
-  const auto add_entry = [&](int32_t id, const runtime::TokenLogprobs* lp, size_t text_bytes) {
-    if (!request.logprobs) return;
-    AnswerToken& a = out.logprobs.emplace_back();
-    a.token = token_logprob(lp ? lp->chosen : runtime::IdLogprob{id, 0});
-    if (lp)
-      for (const runtime::IdLogprob& t : lp->top) a.top.push_back(token_logprob(t));
-    a.text_offset = characters;
-    token_begin.push_back(out.text.size());
-    token_end.push_back(out.text.size() + text_bytes);
-  };
-  // The entries of tokens that show no text, come while a decoder holds an unfinished
-  // character's bytes: they stay where the character begins if a later token completes it, and
-  // follow its U+FFFD if none does.
-  std::vector<size_t> hidden_while_held;
-  // Adds held bytes that no token completed (`text`: their U+FFFD) after which those entries
-  // come.
-  const auto add_held_text = [&](const std::string& text) {
-    add_text(text);
-    for (const size_t i : hidden_while_held) {
-      token_begin[i] = token_end[i] = out.text.size();
-      out.logprobs[i].text_offset = characters;
-    }
-    hidden_while_held.clear();
-  };
-  // Adds a token's text to out.text, with its entry. Bytes the decoder held before it come out
-  // first: the character this token completes begins its text; held bytes it does not complete
-  // are the earlier tokens' text, and its own begins after them.
-  const auto add_token = [&](tok::StreamingDecoder& decoder, int32_t id,
-                             const runtime::TokenLogprobs* lp) -> Status {
-    const size_t held = decoder.pending_bytes();
-    KTIER_ASSIGN_OR_RETURN(const std::string piece, decoder.push(static_cast<uint32_t>(id)));
-    std::string text = valid_utf8(piece);
-    if (held > 0 && !piece.empty()) {  // (then the piece begins with the held bytes)
-      const std::string held_text = valid_utf8(std::string_view(piece).substr(0, held));
-      if (text == held_text + valid_utf8(std::string_view(piece).substr(held))) {
-        add_held_text(held_text);
-        text.erase(0, held_text.size());
-      }
-      hidden_while_held.clear();
-    }
-    add_entry(id, lp, text.size());
-    add_text(text);
-    return Status::ok();
-  };
   // Completions' echo: the prompt's text and tokens come first, sent once the prompt has run
   // (before_decode); with logprobs each token but the first is scored by the row before it
   // (score_prompt), so the whole prompt runs afresh. Stop texts are looked for after it.
   const bool score_echo = request.echo && request.logprobs;
   if (request.echo) {
     tok::StreamingDecoder prompt_decoder(tokenizer_);
-    for (const int32_t id : ids) KTIER_RETURN_IF_ERROR(add_token(prompt_decoder, id, nullptr));
-    add_held_text(valid_utf8(prompt_decoder.flush()));
+    for (const int32_t id : ids)
+      KTIER_RETURN_IF_ERROR(answer.add_token(prompt_decoder, id, nullptr));
+    answer.add_held_text(valid_utf8(prompt_decoder.flush()));
     if (score_echo) out.logprobs.front().scored = false;
   }
   int64_t prompt_scored = 1;  // score_echo: prompt tokens scored so far (the first needs none)
@@ -338,7 +236,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
       AnswerToken& a = out.logprobs[static_cast<size_t>(next)];
       ++prompt_scored;
       a.token.logprob = lp.chosen.logprob;
-      for (const runtime::IdLogprob& t : lp.top) a.top.push_back(token_logprob(t));
+      for (const runtime::IdLogprob& t : lp.top) a.top.push_back(answer.entry_of(t));
     }
     return Status::ok();
   };
@@ -355,18 +253,18 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     const runtime::TokenLogprobs* scored = lp ? &*lp : nullptr;
     if (!shown) {
       // A stop id ends the text: bytes held for an unfinished character come before it.
-      if (std::find(gen_.stop_ids.begin(), gen_.stop_ids.end(), id) != gen_.stop_ids.end()) {
-        add_held_text(valid_utf8(decoder.flush()));
-        scan();
-        if (stop_hit) return Status::ok();  // the answer ended before the stop id
-      } else if (lp && decoder.pending_bytes() > 0) {
-        hidden_while_held.push_back(out.logprobs.size());
+      const bool stop_id =
+          std::find(gen_.stop_ids.begin(), gen_.stop_ids.end(), id) != gen_.stop_ids.end();
+      if (stop_id) {
+        answer.add_held_text(valid_utf8(decoder.flush()));
+        answer.scan();
+        if (answer.stop_hit()) return Status::ok();  // the answer ended before the stop id
       }
-      if (lp) add_entry(id, scored, 0);
+      if (lp) answer.add_hidden_entry(id, *lp, !stop_id && decoder.pending_bytes() > 0);
       return Status::ok();
     }
-    KTIER_RETURN_IF_ERROR(add_token(decoder, id, scored));
-    scan();
+    KTIER_RETURN_IF_ERROR(answer.add_token(decoder, id, scored));
+    answer.scan();
     return Status::ok();
   };
 
@@ -380,11 +278,11 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
                      std::equal(ran.begin(), ran.end(), ids.begin());
   runtime::GenerationOptions gen = gen_;
   gen.stop_requested = [&] {
-    return stop_hit || client_gone || (stop_requested && stop_requested());
+    return answer.stop_hit() || answer.client_gone() || (stop_requested && stop_requested());
   };
   gen.before_decode = [&] {
     out.report.decode_start = runtime::EngineCounters::start_window(engine_);
-    if (!echo_unscored()) deliver(out.text.size());  // the echoed prompt, if any
+    if (!echo_unscored()) answer.send_upto(out.text.size());  // the echoed prompt, if any
   };
   // The session keeps the options it was opened with; a reused one is told this request's.
   if (!reuse) {
@@ -421,24 +319,23 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     out.logprobs.clear();
   }
   // Bytes the decoder still holds (an unfinished character) belong after a stop text's cut.
-  if (!stop_hit && !withheld) {
-    add_held_text(valid_utf8(decoder.flush()));
-    scan();
-    if (!stop_hit) deliver(out.text.size());
+  if (!answer.stop_hit() && !withheld) {
+    answer.add_held_text(valid_utf8(decoder.flush()));
+    answer.scan();
+    if (!answer.stop_hit()) answer.send_upto(out.text.size());
   }
   // Tokens whose text was all sent before them (a token that completed no character).
-  if (tokens_sent < out.logprobs.size() && !client_gone &&
-      !on_text({}, std::span<const AnswerToken>(out.logprobs).subspan(tokens_sent)))
-    client_gone = true;
+  answer.send_remaining_entries();
 
   const runtime::GenerationStats& st = *turn;
 
-  out.finish = st.stopped_at_stop_id || stop_hit ? FinishReason::kStop : FinishReason::kLength;
-  out.cancelled = client_gone || (st.interrupted && !stop_hit);
+  out.finish = st.stopped_at_stop_id || answer.stop_hit() ? FinishReason::kStop
+                                                          : FinishReason::kLength;
+  out.cancelled = answer.client_gone() || (st.interrupted && !answer.stop_hit());
   out.usage = {prompt, st.generated_tokens, cached};
   out.report.gen = st;
   out.report.cached_prompt_tokens = cached;
-  out.report.stopped_at_stop_text = stop_hit;
+  out.report.stopped_at_stop_text = answer.stop_hit();
   out.report.limit_is_context_end = prepared.max_tokens_is_context_end;
   out.report.decode_end = runtime::EngineCounters::of(engine_);
   out.report.peak_rss_bytes = runtime::peak_rss_bytes();
