@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <system_error>
 
 #include "common/check.h"
@@ -347,7 +348,8 @@ void UringIoEngine::reaper_loop() {
       const int r = io_uring_submit(&ring_);
       if (r >= 0) break;
       // EINTR: retry. EAGAIN/EBUSY: the kernel is short of resources; completions free them.
-      KTIER_CHECK_MSG(r == -EINTR || r == -EAGAIN || r == -EBUSY, "io_uring_submit failed");
+      // Other errors mean a broken ring (a bug here or a kernel fault): the message names it.
+      KTIER_CHECK_MSG(r == -EINTR || r == -EAGAIN || r == -EBUSY, std::strerror(-r));
       if (r != -EINTR) break;
     }
     if (ops_active_ == 0 && shutting_down()) break;  // queue drained (take_chunk cancels the rest)
@@ -363,7 +365,7 @@ void UringIoEngine::reaper_loop() {
     }
     if (r < 0) {
       KTIER_CHECK_MSG(r == -EINTR || r == -ETIME || r == -EAGAIN || r == -EBUSY,
-                      "io_uring_wait_cqe failed");
+                      std::strerror(-r));
       continue;
     }
     // Take every completion that is ready before going back to issue more.
