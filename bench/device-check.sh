@@ -170,10 +170,10 @@ for share in 50 25 10; do
   else echo "run experts$share: skipped (the resident run left no report)"; fi
 done
 # Half the trunk: the rest of the layers streamed per token (copied ahead on the copy stream).
-# The trunk takes whatever the working set and the VRAM tier's minimum (2 x top_k slots =
-# 2 x the bypass slots) leave, so this budget gives it half and the experts their minimum (on
-# demo: 3 of 16 layers resident, the head being large; emulated run).
-vram=$(python3 -c "import json; j=json.load(open('$W/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes']//2 + d['working_set_bytes'] + 2*(v['slots'] - v['policy_slots']) * v['slot_bytes']))" 2>/dev/null)
+# The trunk takes whatever the working set and the VRAM tier's minimum ((2 + lookahead) x top_k
+# slots, top_k = the bypass slots) leave, so this budget gives it half and the experts their
+# minimum (on demo: 3 of 16 layers resident, the head being large; emulated run).
+vram=$(python3 -c "import json; j=json.load(open('$W/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes']//2 + d['working_set_bytes'] + (2 + j['lookahead'])*(v['slots'] - v['policy_slots']) * v['slot_bytes']))" 2>/dev/null)
 if [ -n "$vram" ]; then run trunk50 $DEVICE --vram "$vram"
 else echo "run trunk50: skipped (the resident run left no report)"; fi
 # Perplexity of a fixed id sequence (2 windows of 64): the device against the CPU. Robust where
