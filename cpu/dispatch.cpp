@@ -247,12 +247,14 @@ void mxfp4_decode(const uint8_t* packed, const uint8_t* scales, int64_t rows, in
                   float* out) {
   KTIER_CPU_REQUIRE("mxfp4_decode", cols % 32 == 0 && rows >= 0, "bad shape");
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < cols; ++i) {
-      const uint8_t s = scales[r * (cols / 32) + i / 32];
-      const uint8_t byte = packed[r * (cols / 2) + i / 2];
-      const int code = (i & 1) ? (byte >> 4) : (byte & 0x0f);
-      out[r * cols + i] =
-          s == num::kE8M0ZeroBlock ? 0.0f : num::kE2M1[code] * std::ldexp(1.0f, s - 127);
+    for (int64_t g = 0; g < cols / 32; ++g) {  // one multiplier per group of 32
+      const uint8_t s = scales[r * (cols / 32) + g];
+      const float mult = s == num::kE8M0ZeroBlock ? 0.0f : std::ldexp(1.0f, s - 127);
+      for (int64_t i = 32 * g; i < 32 * g + 32; ++i) {
+        const uint8_t byte = packed[r * (cols / 2) + i / 2];
+        const int code = (i & 1) ? (byte >> 4) : (byte & 0x0f);
+        out[r * cols + i] = s == num::kE8M0ZeroBlock ? 0.0f : num::kE2M1[code] * mult;
+      }
     }
   }
 }

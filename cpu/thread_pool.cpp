@@ -10,6 +10,7 @@
 #include <exception>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "cpu/worker_thread.h"
 
@@ -73,15 +74,26 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::work_on(const Job& job) {
-  const bool was_inside = tls_inside_range;
-  tls_inside_range = true;
+  struct Inside {  // restored however the ranges end
+    bool was = tls_inside_range;
+    Inside() { tls_inside_range = true; }
+    ~Inside() { tls_inside_range = was; }
+  } inside;
   for (;;) {
     const int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
     if (c >= job.n_chunks) break;
     const int64_t b = c * job.grain;
-    job.fn(job.ctx, b, std::min(job.n, b + job.grain));
+    try {
+      job.fn(job.ctx, b, std::min(job.n, b + job.grain));
+    } catch (...) {
+      // The call has failed: the ranges not started are skipped, and run() rethrows the first
+      // exception on its caller once no thread is inside the job (whose ranges may use the
+      // caller's stack and buffers).
+      std::lock_guard<std::mutex> lk(error_mu_);
+      if (!error_) error_ = std::current_exception();
+      next_chunk_.store(job.n_chunks, std::memory_order_relaxed);
+    }
   }
-  tls_inside_range = was_inside;
 }
 
 void ThreadPool::run(int64_t n, int64_t grain, RangeFn fn, void* ctx) {
@@ -104,11 +116,18 @@ void ThreadPool::run(int64_t n, int64_t grain, RangeFn fn, void* ctx) {
   }
   work_cv_.notify_all();
   work_on(job);
-  // Acquire: the workers' writes (their ranges' outputs) happen before their decrement.
+  // Acquire: the workers' writes (their ranges' outputs, error_) happen before their decrement.
   const auto all_done = [this] { return pending_.load(std::memory_order_acquire) == 0; };
-  if (spin_until(all_done)) return;
-  std::unique_lock<std::mutex> lk(mu_);
-  done_cv_.wait(lk, all_done);
+  if (!spin_until(all_done)) {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, all_done);
+  }
+  std::exception_ptr failed;
+  {
+    std::lock_guard<std::mutex> lk(error_mu_);
+    failed = std::exchange(error_, nullptr);
+  }
+  if (failed) std::rethrow_exception(failed);
 }
 
 void ThreadPool::worker_loop() {

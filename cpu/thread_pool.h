@@ -10,13 +10,16 @@
 //
 // Thread-safety: parallel_for may be called from several threads; calls are serialised. A call
 // made from inside a range (of any pool) runs inline on that thread, so nesting cannot deadlock.
-// fn must not throw. Between calls, workers spin for tens of microseconds (kSpinRounds pauses)
+// fn may throw: the first exception skips the ranges not started yet and is rethrown by
+// parallel_for on its caller once no thread is inside the call any more (the ranges may use the
+// caller's stack); the pool goes on working. Between calls, workers spin for tens of microseconds (kSpinRounds pauses)
 // before they sleep on a condition variable, and so does the caller waiting for them: a decode
 // step makes hundreds of short calls, and a sleep/wake-up pair costs more than many of them.
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -76,6 +79,8 @@ class ThreadPool {
   std::atomic<bool> stopping_{false};
   std::atomic<int> pending_{0};         // workers still inside the current generation
   std::atomic<int64_t> next_chunk_{0};
+  std::mutex error_mu_;
+  std::exception_ptr error_;  // the current call's first exception (guarded by error_mu_)
 };
 
 // parallel_for on `pool`, or inline on the calling thread when pool is null.

@@ -27,6 +27,7 @@ bool g_installed = false;  // owner thread only
 
 static_assert(std::atomic<bool>::is_always_lock_free);
 static_assert(std::atomic<const char*>::is_always_lock_free);
+static_assert(std::atomic<int>::is_always_lock_free);
 
 void on_sigint(int) {
   // The previous disposition first: a second Ctrl-C, even one during this handler, acts as if

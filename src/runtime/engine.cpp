@@ -324,17 +324,17 @@ Status Engine::plan_device(const EngineOptions& opts) {
   }
   const format::ModelConfig& c = ckpt_.config();
   const bool moe = ckpt_.expert_storage() != format::ExpertStorage::kNone && c.num_moe_layers() > 0;
+  const int lookahead = lookahead_depth(opts, c);
+  const int64_t tier_min_slots = moe ? VramExpertTier::minimum_slots(c, lookahead) : 0;
   const uint64_t vram_tier_min =
-      moe ? VramExpertTier::minimum_slots(c, lookahead_depth(opts, c)) *
-                VramExpertTier::slot_bytes_for(ckpt_)
-          : 0;
+      static_cast<uint64_t>(tier_min_slots) * (moe ? VramExpertTier::slot_bytes_for(ckpt_) : 0);
   vram_bytes_ = vram;
   // The sequence's working set first: what every token needs, whatever the placement.
   const EngineOptions::Workload& wl = opts.workload;
   if (wl.positions < 1 || wl.chunk < 1)
     return Status::usage("the planned sequence needs at least one position and one token a chunk");
-  const model::WorkingSet ws = model::working_set(c, wl.chunk, wl.positions, wl.rows,
-                                                  moe && lookahead_depth(opts, c) > 0);
+  const model::WorkingSet ws =
+      model::working_set(c, wl.chunk, wl.positions, wl.rows, moe && lookahead > 0);
   const uint64_t blas = backend_->uses_blas() ? blas_bytes(ckpt_, std::min(wl.chunk, wl.positions)) : 0;
   working_bytes_ = ws.total() + blas;
   // What this backend allocates and keeps; cuBLAS's workspace and copies come on top of it.
@@ -346,10 +346,21 @@ Status Engine::plan_device(const EngineOptions& opts) {
   // here, before anything is read; DeviceTrunk::open places the trunk as planned.
   const model::TensorLookup shapes = model::shapes_in(ckpt_);
   KTIER_ASSIGN_OR_RETURN(model::HeadWeights head, model::bind_head(c, shapes));
-  KTIER_ASSIGN_OR_RETURN(
-      device_plan_,
+  Result<DeviceTrunk::Plan> plan =
       DeviceTrunk::plan(c, [&](int64_t l) { return model::bind_layer(c, l, shapes); },
-                        std::move(head), vram, vram_tier_min + working_bytes_));
+                        std::move(head), vram, vram_tier_min + working_bytes_);
+  if (!plan.is_ok() && plan.status().code() == ExitCode::kBudget && moe) {
+    // What the expert tier's share is made of, and what lowers it.
+    const std::string k = std::to_string(c.num_experts_per_token);
+    return plan.status().with_note(
+        "The VRAM expert tier's minimum: " + std::to_string(tier_min_slots) + " expert slots (" +
+        gib(vram_tier_min) + "): top_k " + k + " for the policy and " + k + " for one fetch" +
+        (lookahead > 0 ? ", and " + k + " per lookahead depth (--lookahead " +
+                             std::to_string(lookahead) + "; --lookahead 0 needs fewer)"
+                       : std::string()));
+  }
+  KTIER_RETURN_IF_ERROR(plan.status());
+  device_plan_ = std::move(*plan);
   return Status::ok();
 }
 

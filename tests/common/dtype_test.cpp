@@ -39,8 +39,10 @@ TEST(DType, F16WideningIsExactForAllPatterns) {
   }
 }
 
-// The kernels widen F16 with a copy of their own (cpu/numerics.h, compiled per ISA): every
-// pattern the same bits as the checked one above (NaNs: NaN both).
+// The kernels' scalar F16 widening is a copy of its own (cpu/numerics.h, used by
+// cpu::widen_to_f32 and the scalar kernels): every pattern the same bits as the checked one
+// above (NaNs: NaN both). The vector kernels' conversions (vcvtph2ps) are held to the scalar
+// ones by the cross-ISA invariance tests (tests/cpu).
 TEST(DType, TheKernelsF16WideningIsTheSameForAllPatterns) {
   std::vector<uint16_t> all(65536);
   for (uint32_t h = 0; h < 65536; ++h) all[h] = static_cast<uint16_t>(h);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
@@ -175,6 +176,39 @@ TEST(ThreadPool, CoversEachIndexOnce) {
       }
     }
   }
+}
+
+// A range that throws (std::bad_alloc growing a scratch buffer, say) fails the call on its
+// caller, whichever thread ran it, once no thread is inside the call; the pool goes on working
+// on all its threads (before: a worker's exception ended the process, and one on the caller
+// left it marked inside a range, so every later call ran on one thread).
+TEST(ThreadPool, AThrowingRangeFailsTheCallOnItsCallerAndThePoolGoesOn) {
+  ThreadPool pool(3);
+  for (int throwing = 0; throwing < 40; throwing += 7) {
+    std::atomic<int> inside{0};
+    EXPECT_THROW(pool.parallel_for(40, 1,
+                                   [&](int64_t b, int64_t) {
+                                     inside.fetch_add(1);
+                                     std::this_thread::sleep_for(std::chrono::microseconds(200));
+                                     inside.fetch_sub(1);
+                                     if (b == throwing) {
+                                       throw std::runtime_error("range " + std::to_string(b));
+                                     }
+                                   }),
+                 std::runtime_error);
+    EXPECT_EQ(inside.load(), 0) << "a range was still running when the call failed";
+  }
+  // Later calls still spread over the threads (each range waits until two ranges run at once).
+  std::atomic<int> running{0}, most{0};
+  pool.parallel_for(6, 1, [&](int64_t, int64_t) {
+    const int now = running.fetch_add(1) + 1;
+    for (int m = most.load(); now > m && !most.compare_exchange_weak(m, now);) {
+    }
+    for (int spin = 0; spin < 2000 && most.load() < 2; ++spin)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    running.fetch_sub(1);
+  });
+  EXPECT_GE(most.load(), 2) << "the calls after the throw ran on one thread";
 }
 
 // The default stack of a new thread, bytes (0 if unknown).

@@ -46,6 +46,8 @@ class DeviceModeTest : public ::testing::Test {
     vocab_ = (*e)->checkpoint().config().vocab_size;
     experts_ = static_cast<uint64_t>((*e)->checkpoint().config().num_moe_layers() *
                                      (*e)->checkpoint().config().num_experts);
+    tier_min_slots_ = static_cast<uint64_t>(
+        VramExpertTier::minimum_slots((*e)->checkpoint().config(), cpu().lookahead));
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
 
@@ -80,10 +82,10 @@ class DeviceModeTest : public ::testing::Test {
     return {e.device_trunk()->bytes(), e.device_working_bytes(), e.vram_tier()->stats().slot_bytes};
   }
   // Everything resident, every expert too; about half the trunk; the smallest budget that
-  // opens (no layer resident, the VRAM tier at its minimum of 2 * top_k slots).
+  // opens (no layer resident, the VRAM tier at its minimum: (2 + lookahead) * top_k slots).
   static std::vector<uint64_t> budgets(const DeviceSizes& z = emulated_sizes_,
                                        MakeOptions make = emulated) {
-    const uint64_t tier_min = 2 * top_k_ * z.slot;
+    const uint64_t tier_min = tier_min_slots_ * z.slot;
     return {z.working + z.trunk_all + (experts_ + top_k_) * z.slot,
             z.working + z.trunk_all / 2 + tier_min, minimum(z, make)};
   }
@@ -108,7 +110,7 @@ class DeviceModeTest : public ::testing::Test {
   static inline std::filesystem::path dir_;
   static inline std::vector<float> reference_;
   static inline DeviceSizes emulated_sizes_;
-  static inline uint64_t top_k_ = 0, experts_ = 0;
+  static inline uint64_t top_k_ = 0, experts_ = 0, tier_min_slots_ = 0;
   static inline int64_t layers_ = 0, vocab_ = 0;
 };
 
