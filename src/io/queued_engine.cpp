@@ -360,9 +360,9 @@ void QueuedIoEngine::shutdown() {
   wake();
 }
 
-bool QueuedIoEngine::shutting_down() const {
+bool QueuedIoEngine::shut_down_and_drained() {
   std::lock_guard lock(mu_);
-  return stopping_;
+  return stopping_ && next_queue_locked() == nullptr;
 }
 
 IoCounters QueuedIoEngine::counters() const {

@@ -114,7 +114,9 @@ class QueuedIoEngine : public IoEngine {
   // Stops accepting work; requests not yet started complete with an error. Chunks already taken
   // still run to the end. Backends call it first thing in their destructor, then join.
   void shutdown();
-  bool shutting_down() const;
+  // Shut down, and no request left in a queue (a backend's loop may end once its own
+  // operations are done too).
+  bool shut_down_and_drained();
   // Bounce buffers, for backends that register them: index -> memory (null until allocated).
   uint32_t bounce_count() const { return static_cast<uint32_t>(bounce_.size()); }
   uint64_t bounce_bytes() const { return bounce_bytes_; }

@@ -352,7 +352,9 @@ void UringIoEngine::reaper_loop() {
       KTIER_CHECK_MSG(r == -EINTR || r == -EAGAIN || r == -EBUSY, std::strerror(-r));
       if (r != -EINTR) break;
     }
-    if (ops_active_ == 0 && shutting_down()) break;  // queue drained (take_chunk cancels the rest)
+    // Nothing in flight and nothing queued (take_chunk fails what is queued once shut down): a
+    // request queued after the take above and before the shutdown is failed, not left behind.
+    if (ops_active_ == 0 && shut_down_and_drained()) break;
 
     io_uring_cqe* cqe = nullptr;
     int r;
