@@ -173,7 +173,7 @@ done
 # The trunk takes whatever the working set and the VRAM tier's minimum ((2 + lookahead) x top_k
 # slots, top_k = the bypass slots) leave, so this budget gives it half and the experts their
 # minimum (on demo: 3 of 16 layers resident, the head being large; emulated run).
-vram=$(python3 -c "import json; j=json.load(open('$W/run-resident.json')); d=j['device']; v=j['tiers']['vram']; print(int(d['trunk_bytes']//2 + d['working_set_bytes'] + (2 + j['lookahead'])*(v['slots'] - v['policy_slots']) * v['slot_bytes']))" 2>/dev/null)
+vram=$(python3 -c "import json; j=json.load(open('$W/run-resident.json')); d=j['device']; v=j['tiers']['vram']; k = v['slots'] - v['policy_slots']; print(int(d['trunk_bytes']//2 + d['working_set_bytes'] + min(d['expert_keys'] + k, (2 + j['lookahead'])*k) * v['slot_bytes']))" 2>/dev/null)
 if [ -n "$vram" ]; then run trunk50 $DEVICE --vram "$vram"
 else echo "run trunk50: skipped (the resident run left no report)"; fi
 # Perplexity of a fixed id sequence (2 windows of 64): the device against the CPU. Robust where

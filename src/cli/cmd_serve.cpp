@@ -27,9 +27,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
@@ -141,6 +143,21 @@ class ApiHandlers {
                      asked.empty() ? std::string("Content-Type, Authorization") : asked);
       res.status = 204;
     });
+    // Any other exception out of a handler: OpenAI's error body (cpp-httplib's own 500 has none).
+    http.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr thrown) {
+          std::string what = "an unknown exception";
+          try {
+            std::rethrow_exception(thrown);
+          } catch (const std::bad_alloc&) {
+            what = "out of memory: the system refused an allocation outside the budgets";
+          } catch (const std::exception& e) {
+            what = e.what();
+          } catch (...) {
+          }
+          spdlog::error("request failed: {}", what);
+          send_error(res, Status::runtime("the request failed: " + what));
+        });
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (ready() || req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
       res.status = 503;
@@ -380,9 +397,23 @@ class ApiHandlers {
                                  const server::Service::TextSink& on_text,
                                  const server::PeerWatch& peer) {
     bool busy = false;
-    Result<server::Completion> done = service().complete(
-        request, on_text, [&peer] { return InterruptRequest::requested() || peer.gone(); },
-        &busy);
+    // An exception out of the generation (std::bad_alloc: memory outside the budgets) is this
+    // request's error, answered as the others are: in a streamed answer cpp-httplib would not
+    // catch it (the process would end), elsewhere it answers 500 with no body. The service has
+    // dropped its sequence; the next request starts a fresh one.
+    const auto complete = [&]() -> Result<server::Completion> {
+      try {
+        return service().complete(
+            request, on_text, [&peer] { return InterruptRequest::requested() || peer.gone(); },
+            &busy);
+      } catch (const std::bad_alloc&) {
+        return Status::runtime("out of memory: the system refused an allocation outside the "
+                               "budgets while this request ran");
+      } catch (const std::exception& e) {
+        return Status::runtime(std::string("the request failed: ") + e.what());
+      }
+    };
+    Result<server::Completion> done = complete();
     if (busy) {
       spdlog::warn("{}: refused: {}", server::endpoint_name(request.request.endpoint),
                    done.status().message());

@@ -347,10 +347,15 @@ void UringIoEngine::reaper_loop() {
     for (;;) {
       const int r = io_uring_submit(&ring_);
       if (r >= 0) break;
-      // EINTR: retry. EAGAIN/EBUSY: the kernel is short of resources; completions free them.
+      // EINTR: retry. EAGAIN/EBUSY: the kernel is short of resources; completions free them,
+      // and the wait below is bounded so that the entries left unsent (the wake read among
+      // them) are submitted again even when nothing is in flight to complete.
       // Other errors mean a broken ring (a bug here or a kernel fault): the message names it.
       KTIER_CHECK_MSG(r == -EINTR || r == -EAGAIN || r == -EBUSY, std::strerror(-r));
-      if (r != -EINTR) break;
+      if (r != -EINTR) {
+        earliest = std::min(earliest, now + std::chrono::milliseconds(1));
+        break;
+      }
     }
     // Nothing in flight and nothing queued (take_chunk fails what is queued once shut down): a
     // request queued after the take above and before the shutdown is failed, not left behind.

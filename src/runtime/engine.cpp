@@ -351,13 +351,18 @@ Status Engine::plan_device(const EngineOptions& opts) {
                         std::move(head), vram, vram_tier_min + working_bytes_);
   if (!plan.is_ok() && plan.status().code() == ExitCode::kBudget && moe) {
     // What the expert tier's share is made of, and what lowers it.
-    const std::string k = std::to_string(c.num_experts_per_token);
+    const int64_t top_k = c.num_experts_per_token;
+    const std::string k = std::to_string(top_k);
+    const bool capped = tier_min_slots < top_k * (2 + lookahead);  // every expert + one fetch
     return plan.status().with_note(
         "The VRAM expert tier's minimum: " + std::to_string(tier_min_slots) + " expert slots (" +
-        gib(vram_tier_min) + "): top_k " + k + " for the policy and " + k + " for one fetch" +
-        (lookahead > 0 ? ", and " + k + " per lookahead depth (--lookahead " +
-                             std::to_string(lookahead) + "; --lookahead 0 needs fewer)"
-                       : std::string()));
+        gib(vram_tier_min) + "): " +
+        (capped ? "every expert and " + k + " for one fetch"
+                : "top_k " + k + " for the policy and " + k + " for one fetch" +
+                      (lookahead > 0 ? ", and " + k + " per lookahead depth (--lookahead " +
+                                           std::to_string(lookahead) +
+                                           "; --lookahead 0 needs fewer)"
+                                     : std::string())));
   }
   KTIER_RETURN_IF_ERROR(plan.status());
   device_plan_ = std::move(*plan);

@@ -166,8 +166,8 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
     --totals_.waiting;
     ++totals_.processing;
   }
-  // Whatever way the request ends (an exception too: cpp-httplib answers 500 and goes on), it
-  // is no longer processing: the server's stop waits while anything is.
+  // Whatever way the request ends (an exception too: `serve` answers it as an error and goes
+  // on), it is no longer processing: the server's stop waits while anything is.
   bool counted = false;
   struct Done {
     Service& s;
