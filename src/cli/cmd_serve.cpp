@@ -401,11 +401,22 @@ class ApiHandlers {
     // request's error, answered as the others are: in a streamed answer cpp-httplib would not
     // catch it (the process would end), elsewhere it answers 500 with no body. The service has
     // dropped its sequence; the next request starts a fresh one.
+    // Debugging only (docs/TUNING.md): every answer's first text throws std::bad_alloc, to try
+    // this path (tests/cli/serve_test.cpp).
+    static const bool throw_in_answers = [] {
+      const char* v = std::getenv("KTIER_DEBUG_SERVE_THROW");
+      return v != nullptr && std::string(v) == "1";
+    }();
+    const server::Service::TextSink throwing =
+        [&on_text](std::string_view text, std::span<const server::AnswerToken> tokens) -> bool {
+      if (throw_in_answers) throw std::bad_alloc();
+      return on_text(text, tokens);
+    };
     const auto complete = [&]() -> Result<server::Completion> {
       try {
         return service().complete(
-            request, on_text, [&peer] { return InterruptRequest::requested() || peer.gone(); },
-            &busy);
+            request, throw_in_answers ? throwing : on_text,
+            [&peer] { return InterruptRequest::requested() || peer.gone(); }, &busy);
       } catch (const std::bad_alloc&) {
         return Status::runtime("out of memory: the system refused an allocation outside the "
                                "budgets while this request ran");

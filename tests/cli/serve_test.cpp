@@ -591,6 +591,41 @@ TEST_F(ServeCli, AnswersLoadingUntilTheModelIsLoaded) {
   EXPECT_EQ(server.wait(), 0) << server.err();
 }
 
+// A request whose generation throws (std::bad_alloc: memory outside the budgets; here made to
+// by KTIER_DEBUG_SERVE_THROW) is answered as an error, whole (500, OpenAI's body) or streamed
+// (an error event after the status line: it escaped cpp-httplib there and ended the process),
+// and the server goes on serving.
+TEST_F(ServeCli, ARequestWhoseGenerationThrowsIsAnsweredAsAnError) {
+  std::vector<std::string> argv = serve_argv(dir_ / "model");
+  argv.insert(argv.begin(), {"/usr/bin/env", "KTIER_DEBUG_SERVE_THROW=1"});
+  ChildProcess server(argv);
+  const int port = start(server);
+  ASSERT_GT(port, 0) << server.err();
+  httplib::Client client = client_at(port);
+  const json request = {{"prompt", "The lighthouse keeper"}, {"max_tokens", 4}};
+  auto whole = client.Post("/v1/completions", request.dump(), "application/json");
+  ASSERT_TRUE(whole) << httplib::to_string(whole.error());
+  EXPECT_EQ(whole->status, 500) << whole->body;
+  EXPECT_NE(json::parse(whole->body)["error"]["message"].get<std::string>().find("out of memory"),
+            std::string::npos)
+      << whole->body;
+  json streaming = request;
+  streaming["stream"] = true;
+  auto events = client.Post("/v1/completions", streaming.dump(), "application/json");
+  ASSERT_TRUE(events) << httplib::to_string(events.error()) << "\n" << server.err();
+  EXPECT_EQ(events->status, 200);
+  const std::vector<json> got = stream_events(events->body);
+  ASSERT_FALSE(got.empty()) << events->body;
+  EXPECT_NE(got.back()["error"]["message"].get<std::string>().find("out of memory"),
+            std::string::npos)
+      << events->body;
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health) << server.err();
+  EXPECT_EQ(health->status, 200);
+  server.signal(SIGINT);
+  EXPECT_EQ(server.wait(), 0) << server.err();
+}
+
 // SIGINT or SIGTERM while the model loads end the process at once; SIGTERM once it serves
 // stops it as Ctrl-C does (exit 0).
 TEST_F(ServeCli, SignalsDuringAndAfterTheLoad) {
