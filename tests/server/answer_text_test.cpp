@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tests/tokenizer/test_vocab.h"
@@ -54,14 +56,22 @@ void stream(AnswerText& answer, tok::StreamingDecoder& decoder, const std::strin
   }
 }
 
-TEST(AnswerText, AStopTextSplitOverTokensIsNeverSentAndCutsTheEntries) {
+// One answer under test: its text and entries (out), what its client got, its decoder.
+struct AnswerUnderTest {
+  explicit AnswerUnderTest(std::vector<std::string> stop_texts = {})
+      : stops(std::move(stop_texts)) {}
   const tok::Tokenizer tokenizer = byte_tokenizer();
   Client client;
   const Service::TextSink sink = client.sink();
   Completion out;
-  const std::vector<std::string> stops = {"xyz", "cd"};
-  AnswerText answer(tokenizer, stops, true, sink, out);
-  tok::StreamingDecoder decoder(tokenizer);
+  const std::vector<std::string> stops;
+  AnswerText answer{tokenizer, stops, true, sink, out};
+  tok::StreamingDecoder decoder{tokenizer};
+};
+
+TEST(AnswerText, AStopTextSplitOverTokensIsNeverSentAndCutsTheEntries) {
+  AnswerUnderTest x({"xyz", "cd"});
+  auto [answer, decoder, out, client] = std::tie(x.answer, x.decoder, x.out, x.client);
   stream(answer, decoder, "abcdef");
   EXPECT_TRUE(answer.stop_hit());
   EXPECT_EQ(out.text, "ab");
@@ -79,13 +89,8 @@ TEST(AnswerText, AStopTextSplitOverTokensIsNeverSentAndCutsTheEntries) {
 // "é" is two bytes; a special token comes between them. The character goes out whole with the
 // token that completes it; the hidden token's entry stays where the character begins.
 TEST(AnswerText, ACharacterSplitOverTokensGoesOutWholeWithItsEntries) {
-  const tok::Tokenizer tokenizer = byte_tokenizer();
-  Client client;
-  const Service::TextSink sink = client.sink();
-  Completion out;
-  const std::vector<std::string> stops;
-  AnswerText answer(tokenizer, stops, true, sink, out);
-  tok::StreamingDecoder decoder(tokenizer);
+  AnswerUnderTest x;
+  auto [answer, decoder, out, client] = std::tie(x.answer, x.decoder, x.out, x.client);
   stream(answer, decoder, "a\xC3");
   EXPECT_EQ(client.text(), "a");
   answer.add_hidden_entry(kSpecial, scored(kSpecial), decoder.pending_bytes() > 0);
@@ -105,13 +110,8 @@ TEST(AnswerText, ACharacterSplitOverTokensGoesOutWholeWithItsEntries) {
 // Held bytes no token completes come out as U+FFFD, and the entry of a token hidden while they
 // were held follows it.
 TEST(AnswerText, HeldBytesNoTokenCompletesComeOutAsAReplacementBeforeTheHiddenEntry) {
-  const tok::Tokenizer tokenizer = byte_tokenizer();
-  Client client;
-  const Service::TextSink sink = client.sink();
-  Completion out;
-  const std::vector<std::string> stops;
-  AnswerText answer(tokenizer, stops, true, sink, out);
-  tok::StreamingDecoder decoder(tokenizer);
+  AnswerUnderTest x;
+  auto [answer, decoder, out, client] = std::tie(x.answer, x.decoder, x.out, x.client);
   stream(answer, decoder, "a\xC3");
   answer.add_hidden_entry(kSpecial, scored(kSpecial), decoder.pending_bytes() > 0);
   answer.add_held_text(valid_utf8(decoder.flush()));
