@@ -12,9 +12,10 @@
 // made from inside a range (of any pool) runs inline on that thread, so nesting cannot deadlock.
 // fn may throw: the first exception skips the ranges not started yet and is rethrown by
 // parallel_for on its caller once no thread is inside the call any more (the ranges may use the
-// caller's stack); the pool goes on working. Between calls, workers spin for tens of microseconds (kSpinRounds pauses)
-// before they sleep on a condition variable, and so does the caller waiting for them: a decode
-// step makes hundreds of short calls, and a sleep/wake-up pair costs more than many of them.
+// caller's stack); the pool goes on working. Between calls, workers spin for tens of
+// microseconds (kSpinRounds pauses) before they sleep on a condition variable, and so does the
+// caller waiting for them: a decode step makes hundreds of short calls, and a sleep/wake-up pair
+// costs more than many of them.
 
 #include <atomic>
 #include <condition_variable>
