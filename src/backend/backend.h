@@ -39,7 +39,8 @@ class Backend {
   // "cpu (avx2, 8 threads)", "cuda:0 NVIDIA H200 (sm_90, cuBLAS)".
   virtual std::string name() const = 0;
   // True where F32/BF16 linears of 8 or more tokens run a BLAS library (CUDA with cuBLAS
-  // loaded; cuda/README.md), which takes device memory of its own (engine.cpp blas_bytes).
+  // loaded; cuda/README.md), which takes device memory of its own (runtime/engine_plan.cpp
+  // blas_bytes).
   virtual bool uses_blas() const { return false; }
 
   // ---- memory (bytes of this backend) ----

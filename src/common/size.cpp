@@ -3,6 +3,8 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <iterator>
 #include <string>
 
 namespace ktier {
@@ -41,6 +43,18 @@ Result<uint64_t> parse_size(std::string_view text, std::string_view flag) {
     return static_cast<uint64_t>(std::floor(bytes));
   }
   return bad("has an unknown unit");
+}
+
+std::string format_size(uint64_t bytes) {
+  static constexpr const char* kNames[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes) / 1024;
+  size_t u = 0;
+  // 1023.996 KiB would print as "1024.00 KiB": it is 1.00 MiB.
+  while (v >= 1023.995 && u + 1 < std::size(kNames)) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %s", v, kNames[u]);
+  return buf;
 }
 
 }  // namespace ktier

@@ -10,6 +10,7 @@
 // Units are case-insensitive; spaces are not allowed. The result is floor(number * unit).
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "common/status.h"
@@ -23,5 +24,10 @@ inline constexpr uint64_t kMaxSizeBytes = uint64_t{1} << 60;
 // Status::usage "FLAG: 'TEXT' is not a size (e.g. ...)" for anything else, negative, NaN or
 // above kMaxSizeBytes (without "FLAG: " when `flag` is empty).
 Result<uint64_t> parse_size(std::string_view text, std::string_view flag = {});
+
+// `bytes` for people, in the units parse_size reads as powers of 1024, with two decimals in the
+// largest unit that keeps the number at 1.00 or more: "812 B", "3.50 KiB", "117.19 MiB",
+// "1.50 GiB".
+std::string format_size(uint64_t bytes);
 
 }  // namespace ktier

@@ -96,6 +96,13 @@ Result<DeviceTrunk::Plan> DeviceTrunk::plan(
   return p;
 }
 
+uint64_t DeviceTrunk::Plan::device_bytes() const {
+  uint64_t n = head_bytes + (slot_bytes > 0 ? 2 * slot_bytes : 0);
+  for (size_t l = 0; l < layer_bytes.size(); ++l)
+    n += static_cast<int64_t>(l) < resident_layers ? layer_bytes[l] : routing_bytes[l];
+  return n;
+}
+
 Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
                                                        backend::Backend& be, const Plan& p,
                                                        const std::function<void(int64_t)>& placed) {
@@ -157,6 +164,7 @@ Result<std::unique_ptr<DeviceTrunk>> DeviceTrunk::open(model::TrunkSource& host,
     KTIER_RETURN_IF_ERROR(be.mark_ops(slot.read));
     t->bytes_ += t->slot_bytes_;
   }
+  KTIER_CHECK(t->bytes_ == p.device_bytes());
   return t;
 }
 

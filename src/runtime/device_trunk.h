@@ -43,6 +43,9 @@ class DeviceTrunk final : public model::TrunkSource {
     uint64_t head_bytes = 0;
     std::vector<uint64_t> layer_bytes, routing_bytes;  // [L]; routing: 0 for dense layers
     uint64_t largest_vectors = 0;  // f32 vector bytes of the layer with the most (unaligned)
+    // Device bytes the trunk holds once open (DeviceTrunk::bytes()): the head, the resident
+    // layers, the streamed MoE layers' routing weights and the two slots.
+    uint64_t device_bytes() const;
   };
   // From shapes alone: `layer_shapes(l)` gives layer l's (model::bind_layer over
   // model::shapes_in: the checkpoint's shapes, which every TrunkSource of it binds), `head` the

@@ -21,6 +21,7 @@
 #include "model/weights.h"
 #include "pack/trunk_pack.h"
 #include "runtime/device_trunk.h"
+#include "runtime/engine_plan.h"
 #include "runtime/expert_cache.h"
 #include "runtime/router_bank.h"
 #include "runtime/trunk_store.h"
@@ -28,71 +29,6 @@
 #include "strata/cache_policy.h"
 
 namespace ktier::runtime {
-
-struct EngineOptions {
-  std::filesystem::path model_dir;
-  int threads = 0;                        // 0: one per hardware thread
-  std::optional<cpu::Isa> isa;            // nullopt: the fastest supported
-  format::OpenMode mode = format::OpenMode::kMap;
-  // The memory dial. When either is set the trunk goes through a TrunkStore (pinned prefix +
-  // streamed ring, read with the I/O layer) and the checkpoint is opened without a mapping.
-  std::optional<std::filesystem::path> pack_dir;  // trunk pack made by `ktier pack`
-  // Bytes for the weights: trunk (TrunkStore) first, the rest is the expert RAM tier
-  // (ExpertCache). nullopt with a pack: automatic (see auto_budget_bytes).
-  std::optional<uint64_t> ram_budget;
-  io::IoOptions io;
-  // Strata (docs/STRATA.md): the expert tier's placement policy, router lookahead depth (0: off;
-  // without the memory dial lookahead only feeds observers such as a trace) and its refresh
-  // (layer l+1 rescored after layer l's FFN, §4), and what a recorded
-  // profile gives the policy (temperatures at clock 0, per key; a ranking for kStatic).
-  strata::PolicyKind policy = strata::PolicyKind::kTemperature;
-  int lookahead = 1;
-  bool lookahead_refresh = true;
-  std::vector<double> temperature_seed;
-  std::vector<uint32_t> static_ranking;
-  // GPU mode (issue 6): decode on a device, with the trunk mirrored into its memory
-  // (DeviceTrunk) and a VRAM expert tier (VramExpertTier) in front of the host tier. kCuda opens
-  // the CUDA module's first GPU; emulate_device runs the same placement on the emulated device
-  // (the CPU kernels behind a memory wall: tests, --device emulated). vram_budget: device bytes
-  // for everything — the working set (below), the trunk mirror and the VRAM tier; nullopt: 90%
-  // of the GPU's free memory (required when emulating, and the emulated device's capacity).
-  backend::DeviceKind device = backend::DeviceKind::kCpu;
-  bool emulate_device = false;
-  std::optional<uint64_t> vram_budget;
-  // What one sequence will run: its working set (model::working_set; in GPU mode plus cuBLAS's
-  // workspace and copies, on the CPU plus the MLA kernel's buffer and cpu::linear's widened
-  // inputs) is set aside from
-  // vram_budget (GPU mode) or ram_budget (the memory dial) before the trunk and the experts are
-  // placed, so that the whole run fits in it; the sequence must reserve its caches for
-  // `positions` (GenerationOptions::reserve_positions; evaluate() does). A longer sequence
-  // grows its caches outside the budget: on a GPU that may fail out of memory (exit 1), on the
-  // emulated device it does. `run` gives prompt + -n - 1 (or -c), `eval` its tokens. (The
-  // emulated device runs the CPU MLA kernel, whose buffer is counted in neither budget.)
-  struct Workload {
-    int64_t positions = 4096;  // tokens the sequence holds at most
-    int64_t chunk = 256;       // tokens per forward() at most
-    model::LogitRows rows = model::LogitRows::kLast;
-  };
-  Workload workload;
-};
-
-// The smallest budget the memory dial accepts for `ckpt` (with `pack`, or null), part by part:
-// the trunk's minimum (TrunkStore::minimum_bytes; a compressed pack's scratch grows with
-// `threads`), expert slots for one fetch and top-k more per lookahead depth, the lookahead
-// routers (RouterBank::bytes_needed) when lookahead > 0 and the host scores them
-// (`host_routers`; GPU mode scores the device trunk's copy instead), and the planned sequence's
-// working set in host memory (`sequence`: model::working_set for the workload plus the CPU MLA
-// kernel's buffer; null in GPU mode, where it is set aside from the VRAM budget). Bytes. The
-// sequence's part is not a minimum of the dial but a fixed cost: the trunk and the experts get
-// what the budget leaves after it.
-struct DialMinimum {
-  uint64_t trunk = 0;
-  uint64_t expert_slots = 0, slot_bytes = 0;
-  uint64_t routers = 0;
-  uint64_t sequence = 0;
-  uint64_t experts() const { return expert_slots * slot_bytes; }
-  uint64_t total() const { return trunk + experts() + routers + sequence; }
-};
 
 class Engine {
  public:
@@ -119,8 +55,8 @@ class Engine {
   void begin_report_window();
   // GPU mode (0 otherwise): --vram as applied, and the part of it set aside for the sequence's
   // working set.
-  uint64_t device_vram_bytes() const { return vram_bytes_; }
-  uint64_t device_working_bytes() const { return working_bytes_; }
+  uint64_t device_vram_bytes() const { return device_plan_ ? device_plan_->vram : 0; }
+  uint64_t device_working_bytes() const { return device_plan_ ? device_plan_->working() : 0; }
   const backend::Backend& backend() const { return *backend_; }
   const io::IoEngine* io_engine() const { return io_.get(); }
   uint64_t budget_bytes() const { return budget_; }  // 0 without the dial
@@ -152,7 +88,7 @@ class Engine {
   Status open_expert_tier(const EngineOptions& opts);
   // GPU mode, before the dial: the backend, --vram, the sequence's working set and where the
   // trunk will go (device_plan_), so that the host pins only the layers the device streams.
-  Status plan_device(const EngineOptions& opts);
+  Status open_backend(const EngineOptions& opts);
   // GPU mode: DeviceTrunk over `trunk` (frees the TrunkStore's ring when it is done with it);
   // then VramExpertTier over `experts` (may be null) and the host memory page-locked.
   Status open_device_trunk(model::TrunkSource& trunk);
@@ -173,34 +109,14 @@ class Engine {
   // GPU mode: host memory page-locked by backend_ (the RAM tier's arena, the TrunkStore buffers
   // of the layers the device streams); unpinned before they are freed.
   std::vector<void*> pinned_host_;
-  uint64_t vram_bytes_ = 0;     // GPU mode: the budget applied
-  uint64_t working_bytes_ = 0;  // GPU mode: set aside for the sequence (EngineOptions::Workload)
-  DeviceTrunk::Plan device_plan_;  // GPU mode: where the trunk goes (plan_device)
+  std::optional<DevicePlan> device_plan_;  // GPU mode: VRAM's plan (plan_device)
+  std::optional<DialPlan> dial_plan_;      // the memory dial's plan (open_trunk_dial)
   mutable std::mutex nonfinite_mutex_;                 // guards nonfinite_note_
   mutable std::optional<std::string> nonfinite_note_;  // explain_nonfinite's, once read
-  DialMinimum dial_min_;            // the memory dial's minimum, part by part (open_trunk_dial)
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;
 };
-
-DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                         int lookahead, int threads, bool host_routers,
-                         const EngineOptions::Workload* sequence);
-// dial_minimum(...).total() for the CPU engine (host routers, the sequence in host memory).
-uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                              int lookahead, int threads = 1,
-                              const EngineOptions::Workload& sequence = {});
-
-// Status::budget (exit 4) naming every part of `min` when `budget` is below its total (the
-// memory dial's refusal, also asked before a run that would open the engine late); ok otherwise.
-Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::TrunkPack* pack,
-                         const EngineOptions::Workload& workload);
-
-// Budget of a named preset (K3 scale; DESIGN.md §4, docs/TUNING.md): laptop 8G, desktop 32G,
-// workstation 96G, server 128G, max (everything), auto (55 % of MemTotal, at most MemAvailable
-// less 2 GiB). Status::usage for another name or when /proc/meminfo cannot be read for auto.
-Result<uint64_t> preset_budget_bytes(const std::string& name);
 
 // The engine's thread count for EngineOptions::threads (0: one per hardware thread).
 int resolve_threads(int requested);

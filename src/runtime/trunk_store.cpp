@@ -47,6 +47,10 @@ uint64_t payload_bytes(const pack::Record& r) {
   for (const pack::TensorEntry& t : r.tensors) n += t.nbytes;
   return n;
 }
+// What streaming record `r` reads: a pack's record as stored, from the shards its tensors.
+uint64_t read_bytes(const pack::Record& r, bool from_pack) {
+  return from_pack ? r.stored_size : payload_bytes(r);
+}
 // Head, embedding-row buffer and ring sizes of a record table (L layers, head, embed); for a
 // compressed pack the staging buffer (largest stored layer record) and the inflate scratch; with
 // a pack, the embedding rows' checksums (8 bytes a row).
@@ -102,6 +106,64 @@ pack::PackLayout TrunkStore::shard_layout(const format::Checkpoint& ckpt) {
   return layout;
 }
 
+Result<TrunkPlan> TrunkStore::plan_records(const std::vector<pack::Record>& records,
+                                           const format::ModelConfig& c,
+                                           const pack::TrunkPack* pack,
+                                           const TrunkStoreOptions& opts, int inflate_threads) {
+  // Head + row buffer + ring are the minimum; layers are pinned in order while the rest of the
+  // budget holds them; if every layer fits, there is no ring.
+  const int64_t L = c.num_hidden_layers;
+  const pack::Record& head = records[static_cast<size_t>(L)];
+  const TrunkSizes z = sizes_of(records, c, pack, inflate_threads);
+  const int slots = std::max(2, opts.ring_slots);
+  TrunkPlan p;
+  p.minimum_bytes = z.minimum(slots);
+  if (opts.budget_bytes < p.minimum_bytes)
+    return Status::budget("a trunk budget of " + mib(opts.budget_bytes) + " cannot be met: the "
+                          "minimum is " + mib(p.minimum_bytes) + " = " +
+                          std::to_string(p.minimum_bytes) + " bytes (head " + mib(head.size) +
+                          " + " + std::to_string(slots) + " ring slots of " + mib(z.largest) +
+                          (z.staging ? " + " + mib(z.staging) + " compressed staging each + " +
+                                           mib(z.scratch) + " inflate scratch"
+                                     : std::string()) +
+                          " + embedding rows)");
+  const auto extra = [&](int64_t first_streamed) -> uint64_t {
+    return opts.streamed_extra ? opts.streamed_extra(first_streamed) : 0;
+  };
+  KTIER_CHECK(!(opts.pin_last && opts.streamed_extra));
+  const int64_t most = opts.max_pinned >= 0 ? std::min<int64_t>(opts.max_pinned, L) : L;
+  auto layer = [&](int64_t i) { return opts.pin_last ? L - 1 - i : i; };
+  int64_t pinned = 0;
+  if (most == L && z.all_pinned() + extra(L) <= opts.budget_bytes) {
+    pinned = L;  // no ring
+  } else {
+    // Layer by layer, from the first (or the last) one, while the next fits beside the ring.
+    uint64_t used = z.fixed() + z.ring(slots);
+    while (pinned < most &&
+           used + records[static_cast<size_t>(layer(pinned))].size + extra(pinned + 1) <=
+               opts.budget_bytes)
+      used += records[static_cast<size_t>(layer(pinned++))].size;
+  }
+  p.layers_pinned = pinned;
+  p.first_pinned = opts.pin_last ? L - pinned : 0;
+  for (int64_t i = 0; i < pinned; ++i)
+    p.pinned_layer_bytes += records[static_cast<size_t>(layer(i))].size;
+  if (pinned < L) {
+    p.ring_slots = slots;
+    p.ring_slot_bytes = z.largest + z.staging;
+  }
+  p.bytes_held = z.fixed() + p.pinned_layer_bytes + p.ring_bytes();
+  for (int64_t l = 0; l < L; ++l)
+    p.layer_read_bytes.push_back(read_bytes(records[static_cast<size_t>(l)], pack != nullptr));
+  return p;
+}
+
+Result<TrunkPlan> TrunkStore::plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                                   const TrunkStoreOptions& opts, int inflate_threads) {
+  return plan_records(pack ? pack->records() : shard_layout(ckpt).records, ckpt.config(), pack,
+                      opts, inflate_threads);
+}
+
 uint64_t TrunkStore::minimum_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                                    int ring_slots, int inflate_threads) {
   const auto& records = pack ? pack->records() : shard_layout(ckpt).records;
@@ -114,9 +176,20 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
                                                      io::IoEngine& engine,
                                                      const std::vector<io::ReadFile>& shard_files,
                                                      const TrunkStoreOptions& opts) {
+  KTIER_ASSIGN_OR_RETURN(const TrunkPlan placement,
+                         plan(ckpt, pack, opts, opts.pool ? opts.pool->size() : 1));
+  return open(ckpt, pack, engine, shard_files, placement, opts.pool);
+}
+
+Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& ckpt,
+                                                     const pack::TrunkPack* pack,
+                                                     io::IoEngine& engine,
+                                                     const std::vector<io::ReadFile>& shard_files,
+                                                     const TrunkPlan& placement,
+                                                     cpu::ThreadPool* pool) {
   std::unique_ptr<TrunkStore> s(new TrunkStore(ckpt, pack, engine, shard_files));
-  s->pool_ = opts.pool;
-  s->inflate_threads_ = opts.pool ? opts.pool->size() : 1;
+  s->pool_ = pool;
+  s->inflate_threads_ = pool ? pool->size() : 1;
   const format::ModelConfig& c = ckpt.config();
   const int64_t L = c.num_hidden_layers;
   if (pack) {
@@ -136,42 +209,16 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
     KTIER_ASSIGN_OR_RETURN(s->pack_file_, engine.open(pack->pack_path()));
   }
 
-  // The plan: head + row buffer + ring are the minimum; layers are pinned in order while the
-  // rest of the budget holds them; if every layer fits, there is no ring.
   const pack::Record& head = s->records_[static_cast<size_t>(L)];
+  const int64_t pinned = placement.layers_pinned;
+  KTIER_CHECK(pinned >= 0 && pinned <= L && (pinned == L) == (placement.ring_slots == 0));
   const TrunkSizes z = sizes_of(s->records_, c, pack, s->inflate_threads_);
   const uint64_t largest = z.largest;
-  const int slots = std::max(2, opts.ring_slots);
-  const uint64_t base = z.fixed();
+  const int slots = placement.ring_slots;
   const uint64_t row_buf = z.row_buf;
-  s->stats_.minimum_bytes = z.minimum(slots);
-  if (opts.budget_bytes < s->stats_.minimum_bytes)
-    return Status::budget("a trunk budget of " + mib(opts.budget_bytes) + " cannot be met: the "
-                          "minimum is " + mib(s->stats_.minimum_bytes) + " = " +
-                          std::to_string(s->stats_.minimum_bytes) + " bytes (head " +
-                          mib(head.size) + " + " + std::to_string(slots) + " ring slots of " +
-                          mib(largest) + (z.staging ? " + " + mib(z.staging) + " compressed staging each + " +
-                                                          mib(z.scratch) + " inflate scratch" : std::string()) +
-                          " + embedding rows)");
-  const auto extra = [&](int64_t first_streamed) -> uint64_t {
-    return opts.streamed_extra ? opts.streamed_extra(first_streamed) : 0;
-  };
-  KTIER_CHECK(!(opts.pin_last && opts.streamed_extra));
-  const int64_t most = opts.max_pinned >= 0 ? std::min<int64_t>(opts.max_pinned, L) : L;
-  int64_t pinned = 0;
-  if (most == L && z.all_pinned() + extra(L) <= opts.budget_bytes) {
-    pinned = L;  // no ring
-  } else {
-    // Layer by layer, from the first (or the last) one, while the next fits beside the ring.
-    auto layer = [&](int64_t i) { return opts.pin_last ? L - 1 - i : i; };
-    uint64_t used = base + z.ring(slots);
-    while (pinned < most &&
-           used + s->records_[static_cast<size_t>(layer(pinned))].size + extra(pinned + 1) <=
-               opts.budget_bytes)
-      used += s->records_[static_cast<size_t>(layer(pinned++))].size;
-  }
+  s->stats_.minimum_bytes = placement.minimum_bytes;
   s->stats_.layers_pinned = pinned;
-  s->pin_first_ = opts.pin_last ? L - pinned : 0;
+  s->pin_first_ = placement.first_pinned;
   s->stats_.layers_streamed = L - pinned;
 
   // Compressed packs: inflate scratch, one per pool thread, allocated now (counted).
@@ -243,9 +290,10 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   if (pack) KTIER_RETURN_IF_ERROR(s->verify_embed_record());
   s->stats_.bytes_allocated =
       allocated + s->row_buf_.size() + s->row_sums_.size() * sizeof(uint64_t);
+  KTIER_CHECK(s->stats_.bytes_allocated == placement.bytes_held);  // as `ktier plan` says
   spdlog::info("trunk: {} of {} layers pinned{}, {} streamed through {} slots of {}; {} "
                "allocated ({}, {})", pinned, L,
-               opts.pin_last && pinned > 0 && pinned < L ? " (the last ones)" : "", L - pinned,
+               pinned > 0 && s->pin_first_ > 0 && pinned < L ? " (the last ones)" : "", L - pinned,
                pinned < L ? slots : 0, mib(largest),
                mib(s->stats_.bytes_allocated), s->engine_->name(),
                pack ? (pack->compressed() ? "compressed pack" : "pack") : "shards");
@@ -384,7 +432,7 @@ void TrunkStore::start_read(Slot& s, int64_t layer) {
   for (const Source& src : sources_of(r))
     batch.push_back({src.file, src.offset, src.length, into + src.dst_offset, tag | (batch.size() << 16)});
   s.outstanding = batch.size();
-  stats_.streamed_bytes_read += pack_ ? r.stored_size : payload_bytes(r);
+  stats_.streamed_bytes_read += read_bytes(r, pack_ != nullptr);
   stats_.streamed_bytes_inflated += pack_ ? r.size : payload_bytes(r);
   const Status st = cq_->submit(batch);
   if (!st.is_ok()) {

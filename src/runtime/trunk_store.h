@@ -92,8 +92,29 @@ struct TrunkStoreStats {
   uint64_t scratch_bytes = 0;       // inflate scratch held (0 for plain packs)
 };
 
+// Where TrunkStore::open puts the trunk for its options, decided from the record sizes alone
+// (nothing read or allocated). Bytes.
+struct TrunkPlan {
+  int64_t layers_pinned = 0;
+  int64_t first_pinned = 0;    // the pinned layers are first_pinned .. + layers_pinned - 1
+  int ring_slots = 0;          // 0: every layer pinned, no ring
+  uint64_t ring_slot_bytes = 0;  // each slot: the largest layer record (+ compressed staging)
+  uint64_t minimum_bytes = 0;  // TrunkStoreStats::minimum_bytes
+  uint64_t pinned_layer_bytes = 0;
+  uint64_t bytes_held = 0;     // what the store holds after open (TrunkStoreStats::bytes_allocated)
+  // [l]: the bytes one acquire of layer l reads when it streams (TrunkStoreStats's
+  // streamed_bytes_read: a pack's record as stored, from the shards its tensors' bytes).
+  std::vector<uint64_t> layer_read_bytes;
+  uint64_t ring_bytes() const { return static_cast<uint64_t>(ring_slots) * ring_slot_bytes; }
+};
+
 class TrunkStore final : public model::TrunkSource {
  public:
+  // What open(ckpt, pack, ..., opts) will pin and hold, with `inflate_threads` inflating a
+  // compressed pack's blocks (open: its pool's size, 1 without one). Status::budget (exit 4)
+  // when opts.budget_bytes is below the minimum, stating both (open's refusal).
+  static Result<TrunkPlan> plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                                const TrunkStoreOptions& opts, int inflate_threads);
   // `pack` may be null (read from the shards, `shard_files` in Checkpoint order). `ckpt`, `pack`,
   // `engine` and `shard_files` must outlive the store.
   // Errors: Status::budget (exit 4) when the budget is below the minimum, stating both; I/O
@@ -103,6 +124,14 @@ class TrunkStore final : public model::TrunkSource {
                                                   io::IoEngine& engine,
                                                   const std::vector<io::ReadFile>& shard_files,
                                                   const TrunkStoreOptions& opts);
+  // The same, placed as `placement` says (plan() of this checkpoint and pack, with `pool`'s size
+  // as its inflate_threads, 1 without a pool): the engine plans first (runtime::plan_dial).
+  static Result<std::unique_ptr<TrunkStore>> open(const format::Checkpoint& ckpt,
+                                                  const pack::TrunkPack* pack,
+                                                  io::IoEngine& engine,
+                                                  const std::vector<io::ReadFile>& shard_files,
+                                                  const TrunkPlan& placement,
+                                                  cpu::ThreadPool* pool);
   // The records the store reads from the shards (no pack): plan_trunk_pack's, except that each
   // tensor sits congruent to its file offset modulo 4096 (when that offset suits its element
   // type), so that O_DIRECT reads it straight into the record instead of bouncing every byte
@@ -182,6 +211,9 @@ class TrunkStore final : public model::TrunkSource {
   TrunkStore(const format::Checkpoint& ckpt, const pack::TrunkPack* pack, io::IoEngine& engine,
              const std::vector<io::ReadFile>& shard_files)
       : ckpt_(ckpt), pack_(pack), engine_(&engine), shard_files_(&shard_files) {}
+  static Result<TrunkPlan> plan_records(const std::vector<pack::Record>& records,
+                                        const format::ModelConfig& c, const pack::TrunkPack* pack,
+                                        const TrunkStoreOptions& opts, int inflate_threads);
   // Synchronous: pinned records, head. `staging`: room for a compressed record's stored bytes.
   Status read_now(const pack::Record& r, uint8_t* dst, uint8_t* staging);
   // Submits slot s's reads of `layer`. A submission that fails is kept in s.status and

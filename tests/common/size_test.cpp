@@ -36,5 +36,24 @@ TEST(ParseSize, RefusesJunkNamingIt) {
             0u) << "the flag named first";
 }
 
+// format_size prints what parse_size reads back (to the two decimals shown).
+TEST(FormatSize, PrintsTheLargestUnitAtOneOrMore) {
+  EXPECT_EQ(format_size(0), "0 B");
+  EXPECT_EQ(format_size(1023), "1023 B");
+  EXPECT_EQ(format_size(1024), "1.00 KiB");
+  EXPECT_EQ(format_size(3584), "3.50 KiB");
+  EXPECT_EQ(format_size((1ull << 20) - 1), "1.00 MiB") << "not 1024.00 KiB";
+  EXPECT_EQ(format_size(1536ull << 20), "1.50 GiB");
+  EXPECT_EQ(format_size(UINT64_MAX), "16.00 EiB");
+  for (const uint64_t b : {1024ull, 5'000'000ull, 17'547'264ull, 3ull << 40}) {
+    const std::string text = format_size(b);
+    std::string compact = text;
+    compact.erase(compact.find(' '), 1);  // "3.00 TiB" -> "3.00TiB": parse_size takes no space
+    const Result<uint64_t> read = parse_size(compact);
+    ASSERT_TRUE(read.is_ok()) << text;
+    EXPECT_NEAR(static_cast<double>(read.value()), static_cast<double>(b), b * 0.005) << text;
+  }
+}
+
 }  // namespace
 }  // namespace ktier

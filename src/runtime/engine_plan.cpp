@@ -1,0 +1,317 @@
+#include "runtime/engine_plan.h"
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <utility>
+
+#include "common/check.h"
+#include "common/size.h"
+#include "cpu/kernels.h"
+#include "runtime/expert_cache.h"
+#include "runtime/router_bank.h"
+#include "runtime/vram_expert_tier.h"
+#include "strata/trace_format.h"
+
+namespace ktier::runtime {
+
+namespace {
+// MemTotal and MemAvailable from /proc/meminfo, bytes (0 when absent).
+std::pair<uint64_t, uint64_t> meminfo() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0, total = 0, avail = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemTotal:") total = kb * 1024;
+    if (key == "MemAvailable:") avail = kb * 1024;
+  }
+  return {total, avail};
+}
+}  // namespace
+
+uint64_t mem_available_bytes() { return meminfo().second; }
+
+Status check_engine_options(const EngineOptions& opts) {
+  if (opts.threads < 0 || opts.threads > cpu::kMaxThreads)
+    return Status::usage("--threads " + std::to_string(opts.threads) + " is outside 0.." +
+                         std::to_string(cpu::kMaxThreads) + " (0 = one per hardware thread)");
+  if (opts.lookahead < 0) return Status::usage("--lookahead must be >= 0 (0 = off)");
+  if (opts.policy == strata::PolicyKind::kBelady)
+    return Status::usage("--policy belady needs the future: it is for `ktier trace replay` only");
+  if (opts.policy == strata::PolicyKind::kStatic && opts.static_ranking.empty())
+    return Status::usage("--policy static needs a routing profile: give --profile TRACE");
+  const cpu::Isa isa = opts.isa.value_or(cpu::best_isa());
+  if (!cpu::isa_supported(isa))
+    return Status::usage(std::string("--isa ") + cpu::isa_name(isa) +
+                         ": this CPU or build does not support it");
+  return Status::ok();
+}
+
+Result<uint64_t> dial_budget_bytes(const EngineOptions& opts) {
+  if (opts.ram_budget) return *opts.ram_budget;
+  return preset_budget_bytes("auto");
+}
+
+Result<uint64_t> gpu_vram_bytes(const EngineOptions& opts, std::optional<uint64_t> free_bytes) {
+  if (!free_bytes) {
+    if (!opts.vram_budget)
+      return Status::usage("--device emulated needs --vram SIZE (there is no GPU to ask)");
+    return *opts.vram_budget;
+  }
+  const uint64_t vram = opts.vram_budget.value_or(*free_bytes / 10 * 9);
+  if (vram > *free_bytes)
+    return Status::budget("--vram " + std::to_string(vram) + " bytes: the GPU has only " +
+                          std::to_string(*free_bytes) + " bytes free");
+  return vram;
+}
+
+int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c, bool dial) {
+  // No lookahead runs deeper than the layers after the first: a deeper one predicts nothing
+  // more, but would size the minimum budget by it; nor deeper than a trace records (255: far
+  // past what predicts anything, K3-MODEL's 93 layers included). With the dial `static` never
+  // prefetches, so it gets none (and its routers are not loaded).
+  if (dial && opts.policy == strata::PolicyKind::kStatic) return 0;
+  return static_cast<int>(std::min<int64_t>(
+      {opts.lookahead, c.num_hidden_layers - 1, int64_t{strata::kMaxTraceLookahead}}));
+}
+
+Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::TrunkPack* pack,
+                         const EngineOptions::Workload& workload) {
+  if (budget >= min.total()) return Status::ok();
+  return Status::budget(
+      "a budget of " + format_size(budget) + " (" + std::to_string(budget) +
+      " bytes) cannot be met: the minimum is " + format_size(min.total()) + " = " +
+      std::to_string(min.total()) + " bytes (trunk " + format_size(min.trunk) +
+      ": head, two ring slots, embedding rows" +
+      (pack && pack->compressed() ? ", compressed staging per slot, inflate scratch per thread"
+                                  : "") +
+      "; experts " + format_size(min.experts()) + ": " + std::to_string(min.expert_slots) +
+      " slots of " + format_size(min.slot_bytes) +
+      (min.routers
+           ? "; lookahead routers " + format_size(min.routers) + ", 0 with --lookahead 0"
+           : "") +
+      (min.sequence ? "; the sequence " + format_size(min.sequence) +
+                          ": state and activations for " + std::to_string(workload.positions) +
+                          " positions (run: the prompt and -n, or -c; perplexity: a window)"
+                    : "") +
+      ")");
+}
+
+Result<uint64_t> preset_budget_bytes(const std::string& name) {
+  constexpr uint64_t G = 1ull << 30;
+  if (name == "laptop") return 8 * G;
+  if (name == "desktop") return 32 * G;
+  if (name == "workstation") return 96 * G;
+  if (name == "server") return 128 * G;
+  if (name == "max") return UINT64_MAX;
+  if (name == "auto") {
+    const auto [total, avail] = meminfo();
+    if (total == 0 || avail == 0)
+      return Status::usage("--preset auto: cannot read MemTotal/MemAvailable from /proc/meminfo");
+    const uint64_t cap = avail > 2 * G ? avail - 2 * G : avail / 2;
+    return std::min<uint64_t>(total / 100 * 55, cap);
+  }
+  return Status::usage("--preset: '" + name +
+                       "' is not one of laptop, desktop, workstation, server, max, auto");
+}
+
+namespace {
+// The fewest expert slots: one fetch's top-k and, with lookahead, room for its prefetches: the
+// last routed layer's top-k, which the policy keeps pinned until the next layer is routed (so
+// past the predictions made in between), and top-k per depth. Without the former the deepest
+// depth had no room, and at lookahead 1 no prefetch was ever issued at the minimum (tiny:
+// 0 issued, 0% hits; one more slot: 170 issued).
+// Never more than every expert plus one fetch's top-k (a deep lookahead on a model with few
+// experts), the most the tier ever opens.
+uint64_t min_expert_slots(const format::ModelConfig& c, int lookahead) {
+  const uint64_t k = static_cast<uint64_t>(c.num_experts_per_token);
+  const uint64_t all = static_cast<uint64_t>(c.num_moe_layers() * c.num_experts) + k;
+  return std::min(all, k * (1 + (lookahead > 0 ? 1 + static_cast<uint64_t>(lookahead) : 0)));
+}
+
+// Elements of the distinct inputs x of the widest linear call in a forward() chunk of T
+// tokens: T rows of the widest trunk input or, with `expert_calls`, a MoE call's T * top_k rows
+// of an expert's input (its jobs differ in x: each expert's tokens are gathered apart).
+int64_t widest_linear_inputs(const format::ModelConfig& c, int64_t T, bool expert_calls) {
+  const int64_t cols = std::max({c.hidden_size, c.kda_width(), c.q_lora_rank,
+                                 c.num_attention_heads * c.v_head_dim, c.intermediate_size,
+                                 c.shared_expert_width(), c.routed_expert_hidden_size});
+  int64_t elements = T * cols;
+  if (expert_calls && c.num_moe_layers() > 0)
+    elements = std::max(elements,
+                        T * c.num_experts_per_token *
+                            std::max(c.moe_intermediate_size, c.routed_expert_hidden_size));
+  return elements;
+}
+
+// Device memory cuBLAS takes beside the Backend's allocations, for forward() chunks of up to T
+// tokens: its workspace (32 MiB, NVIDIA's recommendation for Hopper; 4 MiB before) and the
+// module's copies of x split into three bf16 parts (6 bytes per element), one per distinct x
+// of a linear call, kept grown to 1.25x the largest call (cuda/cublas_gemm.cu). cuBLAS runs the
+// float weights only: expert calls count with float experts.
+uint64_t blas_bytes(const format::Checkpoint& ckpt, int64_t T) {
+  const int64_t elements = widest_linear_inputs(
+      ckpt.config(), T, ckpt.expert_storage() == format::ExpertStorage::kPlainFloat);
+  constexpr uint64_t kWorkspace = 32ull << 20;
+  return kWorkspace + backend::device_aligned(static_cast<uint64_t>(elements) * 6) / 4 * 5 +
+         (1ull << 20);  // + the copies' 256-byte padding, many calls' worth
+}
+
+uint64_t host_sequence_bytes(const format::ModelConfig& c, const EngineOptions::Workload& wl,
+                             bool lookahead) {
+  const int64_t positions = std::max<int64_t>(wl.positions, 1);
+  uint64_t bytes = model::working_set(c, std::max<int64_t>(wl.chunk, 1), positions, wl.rows,
+                                      lookahead)
+                       .total();
+  if (c.num_mla_layers() > 0) bytes += cpu::mla_buffer_bytes(model::mla_dims(c), positions);
+  // cpu::linear widens each distinct x of a call to double once, in a buffer of the forward
+  // thread kept at its largest (K3, chunk 256: a MoE call's 117 MB), plus each block's padding
+  // to 64 bytes (one block per expert at most).
+  const int64_t T = std::min(std::max<int64_t>(wl.chunk, 1), positions);
+  bytes += static_cast<uint64_t>(widest_linear_inputs(c, T, true) + 8 * (c.num_experts + 1)) *
+           sizeof(double);
+  return bytes;
+}
+}  // namespace
+
+DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                         int lookahead, int threads, bool host_routers,
+                         const EngineOptions::Workload* sequence) {
+  DialMinimum m;
+  m.trunk = TrunkStore::minimum_bytes(ckpt, pack, 2, threads);
+  const bool moe = ckpt.expert_storage() != format::ExpertStorage::kNone &&
+                   ckpt.config().num_moe_layers() > 0;
+  if (sequence) m.sequence = host_sequence_bytes(ckpt.config(), *sequence, moe && lookahead > 0);
+  if (ckpt.expert_storage() == format::ExpertStorage::kNone) return m;
+  m.expert_slots = min_expert_slots(ckpt.config(), lookahead);
+  m.slot_bytes = ExpertCache::slot_bytes(ckpt);
+  if (lookahead > 0 && host_routers) m.routers = RouterBank::bytes_needed(ckpt);
+  return m;
+}
+
+uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                              int lookahead, int threads,
+                              const EngineOptions::Workload& sequence) {
+  return dial_minimum(ckpt, pack, lookahead, threads, /*host_routers=*/true, &sequence).total();
+}
+
+int64_t capped_expert_slots(const DialPlan& plan, uint64_t mem_available) {
+  // The sequence's state is allocated after the tier (new_sequence): still free when it opens.
+  const uint64_t seq = plan.minimum.sequence;
+  const uint64_t usable = mem_available / 10 * 9 > seq ? mem_available / 10 * 9 - seq : 0;
+  const uint64_t fit = std::max(plan.minimum.expert_slots, usable / plan.expert_slot_bytes);
+  return static_cast<int64_t>(std::min(static_cast<uint64_t>(plan.expert_slots), fit));
+}
+
+Result<DevicePlan> plan_device(const format::Checkpoint& ckpt, const EngineOptions& opts,
+                               uint64_t vram_bytes, bool uses_blas) {
+  const format::ModelConfig& c = ckpt.config();
+  const bool moe = ckpt.expert_storage() != format::ExpertStorage::kNone && c.num_moe_layers() > 0;
+  const int lookahead = lookahead_depth(opts, c, /*dial=*/true);
+  DevicePlan d;
+  d.vram = vram_bytes;
+  d.tier_min_slots = moe ? VramExpertTier::minimum_slots(c, lookahead) : 0;
+  d.tier_slot_bytes = moe ? VramExpertTier::slot_bytes_for(ckpt) : 0;
+  const uint64_t tier_min = static_cast<uint64_t>(d.tier_min_slots) * d.tier_slot_bytes;
+  // The sequence's working set first: what every token needs, whatever the placement.
+  const EngineOptions::Workload& wl = opts.workload;
+  if (wl.positions < 1 || wl.chunk < 1)
+    return Status::usage("the planned sequence needs at least one position and one token a chunk");
+  d.working_set = model::working_set(c, wl.chunk, wl.positions, wl.rows, moe && lookahead > 0);
+  d.blas = uses_blas ? blas_bytes(ckpt, std::min(wl.chunk, wl.positions)) : 0;
+  // The trunk's placement, from the checkpoint's shapes: a budget too small for it is refused
+  // here, before anything is read; DeviceTrunk::open places the trunk as planned.
+  const model::TensorLookup shapes = model::shapes_in(ckpt);
+  KTIER_ASSIGN_OR_RETURN(model::HeadWeights head, model::bind_head(c, shapes));
+  Result<DeviceTrunk::Plan> trunk =
+      DeviceTrunk::plan(c, [&](int64_t l) { return model::bind_layer(c, l, shapes); },
+                        std::move(head), vram_bytes, tier_min + d.working());
+  if (!trunk.is_ok() && trunk.status().code() == ExitCode::kBudget && moe) {
+    // What the expert tier's share is made of, and what lowers it.
+    const std::string k = std::to_string(c.num_experts_per_token);
+    const bool capped = d.tier_min_slots < c.num_experts_per_token * (2 + lookahead);
+    return trunk.status().with_note(
+        "The VRAM expert tier's minimum: " + std::to_string(d.tier_min_slots) +
+        " expert slots (" + format_size(tier_min) + "): " +
+        (capped ? "every expert and " + k + " for one fetch"
+                : "top_k " + k + " for the policy and " + k + " for one fetch" +
+                      (lookahead > 0 ? ", and " + k + " per lookahead depth (--lookahead " +
+                                           std::to_string(lookahead) +
+                                           "; --lookahead 0 needs fewer)"
+                                     : std::string())));
+  }
+  KTIER_RETURN_IF_ERROR(trunk.status());
+  d.trunk = std::move(*trunk);
+  d.trunk_bytes = d.trunk.device_bytes();
+  if (moe) {
+    // What the trunk leaves (the plan kept the tier's minimum free), never more slots than
+    // every expert plus one fetch's bypass.
+    const int64_t keys = c.num_moe_layers() * c.num_experts;
+    d.tier_slots = std::min<int64_t>(
+        static_cast<int64_t>((vram_bytes - d.working() - d.trunk_bytes) / d.tier_slot_bytes),
+        keys + c.num_experts_per_token);
+    KTIER_CHECK(d.tier_slots >= d.tier_min_slots);
+  }
+  return d;
+}
+
+Result<DialPlan> plan_dial(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                           const EngineOptions& opts, uint64_t budget, int threads,
+                           const DevicePlan* device) {
+  const format::ModelConfig& c = ckpt.config();
+  const int64_t L = c.num_hidden_layers;
+  DialPlan p;
+  p.budget = budget;
+  // Trunk first; the expert tier needs one token's experts of one layer and the prefetch room.
+  // In GPU mode lookahead scores the device trunk's copy of the routers, not a host RouterBank,
+  // and the sequence's working set is set aside from the VRAM budget (plan_device).
+  const EngineOptions::Workload* host_sequence = device ? nullptr : &opts.workload;
+  p.minimum = dial_minimum(ckpt, pack, lookahead_depth(opts, c, /*dial=*/true), threads,
+                           /*host_routers=*/device == nullptr, host_sequence);
+  KTIER_RETURN_IF_ERROR(check_dial_budget(budget, p.minimum, pack, opts.workload));
+  // The trunk pins what fits beside the routers of the layers it streams, which the bank then
+  // holds (a pinned layer's router is read from the store); the rest goes to the expert tier.
+  // GPU mode: the device holds the first layers, so the host pins the last ones, and only those
+  // the device streams (RAM beyond them goes to the expert tier, not to layers the device holds).
+  TrunkStoreOptions so;
+  so.budget_bytes =
+      budget == UINT64_MAX ? UINT64_MAX : budget - p.minimum.experts() - p.minimum.sequence;
+  so.pin_last = device != nullptr;
+  if (device) so.max_pinned = L - device->trunk.resident_layers;
+  std::vector<uint64_t> router_suffix;  // [l]: routers of layers l.. (the bank's bytes from l)
+  if (p.minimum.routers) {
+    const std::vector<uint64_t> per_layer = RouterBank::layer_bytes(ckpt);
+    router_suffix.assign(per_layer.size() + 1, 0);
+    for (size_t l = per_layer.size(); l-- > 0;)
+      router_suffix[l] = router_suffix[l + 1] + per_layer[l];
+    KTIER_CHECK(router_suffix[0] == p.minimum.routers);
+    so.streamed_extra = [&router_suffix](int64_t first) {
+      return router_suffix[static_cast<size_t>(first)];
+    };
+  }
+  KTIER_ASSIGN_OR_RETURN(p.trunk, TrunkStore::plan(ckpt, pack, so, threads));
+  if (!router_suffix.empty()) {
+    p.routers_from = p.trunk.layers_pinned;
+    p.router_bytes = router_suffix[static_cast<size_t>(p.routers_from)];
+  }
+  // GPU mode: once the device's mirror pass is done, a host that pins every layer the device
+  // streams never reads into its ring again.
+  if (device && p.trunk.ring_slots > 0 &&
+      p.trunk.layers_pinned >= L - device->trunk.resident_layers)
+    p.ring_released = p.trunk.ring_bytes();
+  if (ckpt.expert_storage() == format::ExpertStorage::kNone) return p;
+  // One fetch's worth of slots is lent to experts the policy does not keep; the rest is the
+  // policy's capacity. More slots than every expert and one fetch are never needed.
+  p.expert_slot_bytes = p.minimum.slot_bytes;
+  p.expert_keys = c.num_moe_layers() * c.num_experts;
+  p.expert_batch = c.num_experts_per_token;
+  const uint64_t held = p.held();  // no expert slots yet
+  const uint64_t most = static_cast<uint64_t>(p.expert_keys + p.expert_batch);
+  const uint64_t left = budget == UINT64_MAX ? UINT64_MAX : (budget > held ? budget - held : 0);
+  p.expert_slots = static_cast<int64_t>(
+      std::clamp<uint64_t>(left / p.expert_slot_bytes, p.minimum.expert_slots, most));
+  return p;
+}
+
+}  // namespace ktier::runtime
