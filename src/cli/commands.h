@@ -28,6 +28,8 @@ void register_bench_inflate_command(CLI::App& bench, int& exit_code);
 // `ktier bench device` (cmd_bench_device.cpp).
 void register_bench_device_command(CLI::App& bench, int& exit_code);
 void register_pack_command(CLI::App& app, int& exit_code);
+// `ktier plan` (cmd_plan.cpp): the placement of run's memory flags, without loading.
+void register_plan_command(CLI::App& app, int& exit_code);
 #if KTIER_HAS_SERVER
 // `ktier serve` (cmd_serve.cpp), built when the build found cpp-httplib (KTIER_SERVER).
 void register_serve_command(CLI::App& app, int& exit_code);

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   cli::register_trace_command(app, exit_code);
   cli::register_bench_command(app, exit_code);
   cli::register_pack_command(app, exit_code);
+  cli::register_plan_command(app, exit_code);
 #if KTIER_HAS_SERVER
   cli::register_serve_command(app, exit_code);
 #endif

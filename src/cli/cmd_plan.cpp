@@ -1,0 +1,324 @@
+// ktier plan: where a run would put the model for a memory budget, without loading it.
+//
+//   ktier plan -m DIR [--pack DIR] [--ram SIZE | --preset NAME] [--device cpu|cuda|emulated]
+//              [--vram SIZE] [--policy P] [--lookahead D] [-c N] [--chunk N] [-t N]
+//              [--json FILE]
+//
+// It takes run's memory, device and strata flags and plans with the functions Engine::open
+// places by (runtime/engine_plan.h; the engine CHECKs that it did as planned): the sequence's
+// working set, the trunk layers pinned and streamed, the lookahead routers, the expert RAM
+// tier's slots and, in GPU mode, the device's working set, its resident trunk layers and VRAM
+// expert slots. Only the checkpoint's headers (and a pack's manifest) are read. A budget below
+// the minimum exits 4 with the message `run` gives.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda_backend.h"
+#include "cli/cli_input.h"
+#include "cli/commands.h"
+#include "cli/strata_options.h"
+#include "common/size.h"
+#include "format/checkpoint.h"
+#include "io/output_file.h"
+#include "pack/trunk_pack.h"
+#include "runtime/engine.h"
+#include "strata/cache_policy.h"
+
+namespace ktier::cli {
+namespace {
+
+struct PlanArgs {
+  std::string model, json;
+  MemoryArgs memory;
+  StrataArgs strata;
+  int64_t ctx = runtime::EngineOptions::Workload{}.positions;
+  int64_t chunk = runtime::EngineOptions::Workload{}.chunk;
+  int threads = 0;
+};
+
+// What one plan holds: the CPU's dial, GPU mode's device and dial, or a mapped checkpoint.
+struct Plan {
+  std::optional<runtime::DevicePlan> device;
+  std::optional<runtime::DialPlan> dial;
+  // Without the dial: the trunk layers' bytes in the shards (what the kernel pages in for
+  // them), and the sequence's working set.
+  uint64_t mapped_layers = 0, mapped_sequence = 0;
+  uint64_t ram_slots_here = 0;  // the RAM tier's slots on this machine now (MemAvailable cap)
+  // The layers the host serves (all, or in GPU mode those the device streams) and of those the
+  // ones read from disk every token (not pinned).
+  int64_t host_layers = 0, from_disk = 0;
+};
+
+std::string percent(uint64_t part, uint64_t whole) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", whole ? 100.0 * static_cast<double>(part) / whole : 0.0);
+  return buf;
+}
+
+std::string layer_range(int64_t first, int64_t count) {
+  if (count <= 0) return "none";
+  if (count == 1) return "layer " + std::to_string(first);
+  return "layers " + std::to_string(first) + ".." + std::to_string(first + count - 1);
+}
+
+// Trunk bytes read from disk for each token: the layers neither pinned by the host nor (GPU
+// mode) resident on the device, once each.
+uint64_t trunk_read_per_token(const runtime::DialPlan& d, const runtime::DevicePlan* device) {
+  const runtime::TrunkPlan& t = d.trunk;
+  uint64_t n = 0;
+  for (int64_t l = device ? device->trunk.resident_layers : 0;
+       l < static_cast<int64_t>(t.layer_read_bytes.size()); ++l)
+    if (l < t.first_pinned || l >= t.first_pinned + t.layers_pinned)
+      n += t.layer_read_bytes[static_cast<size_t>(l)];
+  return n;
+}
+
+Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk,
+                       const runtime::EngineOptions& eo, int threads) {
+  Plan out;
+  if (runtime::device_mode(eo)) {
+    std::optional<uint64_t> free_bytes;
+    bool uses_blas = false;
+    if (!eo.emulate_device) {
+      KTIER_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> gpu,
+                             backend::make_cuda_backend(backend::probe_cuda_module()));
+      KTIER_ASSIGN_OR_RETURN(free_bytes, gpu->free_memory());
+      uses_blas = gpu->uses_blas();
+    }
+    KTIER_ASSIGN_OR_RETURN(const uint64_t vram, runtime::gpu_vram_bytes(eo, free_bytes));
+    KTIER_ASSIGN_OR_RETURN(out.device, runtime::plan_device(ckpt, eo, vram, uses_blas));
+  }
+  const int64_t L = ckpt.config().num_hidden_layers;
+  out.host_layers = L - (out.device ? out.device->trunk.resident_layers : 0);
+  if (!runtime::dial_mode(eo)) {
+    const runtime::DialMinimum m = runtime::dial_minimum(
+        ckpt, nullptr, runtime::lookahead_depth(eo, ckpt.config(), false), threads, false,
+        &eo.workload);
+    out.mapped_sequence = m.sequence;
+    KTIER_ASSIGN_OR_RETURN(const runtime::TrunkPlan all,
+                           runtime::TrunkStore::plan(ckpt, nullptr, {}, threads));
+    for (const uint64_t b : all.layer_read_bytes) out.mapped_layers += b;
+    return out;
+  }
+  KTIER_ASSIGN_OR_RETURN(const uint64_t budget, runtime::dial_budget_bytes(eo));
+  KTIER_ASSIGN_OR_RETURN(out.dial, runtime::plan_dial(ckpt, pk, eo, budget, threads,
+                                                      out.device ? &*out.device : nullptr));
+  out.from_disk = out.host_layers - out.dial->trunk.layers_pinned;
+  out.ram_slots_here = static_cast<uint64_t>(out.dial->expert_slots);
+  if (const uint64_t avail = runtime::mem_available_bytes(); avail > 0 && out.dial->expert_slots)
+    out.ram_slots_here = runtime::capped_expert_slots(*out.dial, avail);
+  return out;
+}
+
+nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOptions& eo,
+                         const Plan& p) {
+  const format::ModelConfig& c = ckpt.config();
+  nlohmann::json j{{"model", ckpt.dir().string()},
+                   {"layers", c.num_hidden_layers},
+                   {"moe_layers", c.num_moe_layers()},
+                   {"experts_per_layer", c.num_experts},
+                   {"top_k", c.num_experts_per_token},
+                   {"positions", eo.workload.positions},
+                   {"chunk", eo.workload.chunk},
+                   {"mem_available_bytes", runtime::mem_available_bytes()},
+                   {"dial", nullptr},
+                   {"device", nullptr}};
+  if (!p.dial) {
+    j["mapped"] = {{"trunk_layer_bytes", p.mapped_layers}, {"sequence_bytes", p.mapped_sequence}};
+  } else {
+    const runtime::DialPlan& d = *p.dial;
+    j["dial"] = {
+        {"budget_bytes", d.budget},
+        {"minimum_bytes", d.minimum.total()},
+        {"minimum",
+         {{"trunk", d.minimum.trunk},
+          {"experts", d.minimum.experts()},
+          {"routers", d.minimum.routers},
+          {"sequence", d.minimum.sequence}}},
+        {"sequence_bytes", d.minimum.sequence},
+        {"trunk_layers_pinned", d.trunk.layers_pinned},
+        {"trunk_first_pinned", d.trunk.first_pinned},
+        {"trunk_layers_streamed", p.from_disk},  // read from disk every token
+        {"trunk_ring_slots", d.ring_released ? 0 : d.trunk.ring_slots},
+        {"trunk_ring_slot_bytes", d.trunk.ring_slot_bytes},
+        {"trunk_bytes", d.trunk.bytes_held - d.ring_released},
+        {"trunk_read_bytes_per_token", trunk_read_per_token(d, p.device ? &*p.device : nullptr)},
+        {"router_bank_bytes", d.router_bytes},
+        {"router_bank_from_layer", d.router_bytes ? d.routers_from : c.num_hidden_layers},
+        {"ram_expert_slots", d.expert_slots},
+        {"ram_expert_policy_slots", d.expert_slots - d.expert_batch},
+        {"ram_expert_slot_bytes", d.expert_slot_bytes},
+        {"ram_expert_slots_here", p.ram_slots_here},
+        {"expert_keys", d.expert_keys},
+        {"held_bytes", d.held()}};
+  }
+  if (p.device) {
+    const runtime::DevicePlan& v = *p.device;
+    j["device"] = {{"vram_budget_bytes", v.vram},
+                   {"working_set_bytes", v.working()},
+                   {"state_bytes", v.working_set.state_bytes},
+                   {"activation_bytes", v.working_set.activation_bytes},
+                   {"blas_bytes", v.blas},
+                   {"trunk_layers_resident", v.trunk.resident_layers},
+                   {"trunk_bytes", v.trunk_bytes},
+                   {"vram_expert_slots", v.tier_slots},
+                   {"vram_expert_min_slots", v.tier_min_slots},
+                   {"vram_expert_slot_bytes", v.tier_slot_bytes}};
+  }
+  return j;
+}
+
+// One line of the table: "  trunk        1.18 MiB: 3 of 13 layers pinned ...".
+std::string row(const char* label, uint64_t bytes, const std::string& detail) {
+  char head[32];
+  std::snprintf(head, sizeof head, "  %-12s ", label);
+  return head + format_size(bytes) + (detail.empty() ? "" : ": " + detail) + "\n";
+}
+
+std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptions& eo,
+                      const Plan& p) {
+  const format::ModelConfig& c = ckpt.config();
+  const int64_t L = c.num_hidden_layers;
+  const int64_t keys = c.num_moe_layers() * c.num_experts;
+  const auto of_experts = [&](int64_t slots) {
+    return percent(static_cast<uint64_t>(std::min(slots, keys)), static_cast<uint64_t>(keys)) +
+           " of " + std::to_string(keys) + " experts";
+  };
+  std::string out = "model: " + ckpt.dir().string() + ": " + std::to_string(L) + " layers (" +
+                    std::to_string(c.num_moe_layers()) + " MoE of " +
+                    std::to_string(c.num_experts) + " experts, top-" +
+                    std::to_string(c.num_experts_per_token) + ")\n";
+  out += "sequence: " + std::to_string(eo.workload.positions) + " positions in chunks of " +
+         std::to_string(eo.workload.chunk) + "\n";
+  if (p.device) {
+    const runtime::DevicePlan& v = *p.device;
+    const int64_t res = v.trunk.resident_layers;
+    out += "device: --vram " + format_size(v.vram) + "\n";
+    out += row("working set", v.working(),
+               "state " + format_size(v.working_set.state_bytes) + ", activations " +
+                   format_size(v.working_set.activation_bytes) +
+                   (v.blas ? ", cuBLAS " + format_size(v.blas) : std::string()));
+    out += row("trunk", v.trunk_bytes,
+               std::to_string(res) + " of " + std::to_string(L) + " layers resident (" +
+                   layer_range(0, res) + ")" +
+                   (res < L ? "; " + std::to_string(L - res) + " streamed through 2 slots of " +
+                                  format_size(v.trunk.slot_bytes)
+                            : std::string()));
+    if (v.tier_slots > 0)
+      out += row("experts", static_cast<uint64_t>(v.tier_slots) * v.tier_slot_bytes,
+                 std::to_string(v.tier_slots) + " VRAM slots of " +
+                     format_size(v.tier_slot_bytes) + " (" + of_experts(v.tier_slots) +
+                     "; at least " + std::to_string(v.tier_min_slots) + ")");
+  }
+  if (!p.dial) {
+    out += "host: no memory dial (give --ram, --preset or --pack): the checkpoint is "
+           "memory-mapped and the kernel pages the trunk's layers (" +
+           format_size(p.mapped_layers) + ") and the experts in and out as they are read; the "
+           "sequence needs " + format_size(p.mapped_sequence) + "\n";
+    return out;
+  }
+  const runtime::DialPlan& d = *p.dial;
+  out += "host: budget " +
+         (d.budget == UINT64_MAX ? std::string("unlimited (max)") : format_size(d.budget)) +
+         " (minimum " + format_size(d.minimum.total()) + ")\n";
+  if (d.minimum.sequence) out += row("sequence", d.minimum.sequence, "");
+  const int64_t pinned = d.trunk.layers_pinned;
+  std::string trunk = std::to_string(pinned) + " of " + std::to_string(L) + " layers pinned (" +
+                      layer_range(d.trunk.first_pinned, pinned) + ")";
+  if (p.from_disk == 0 && p.device && p.host_layers > 0)
+    trunk += ", every layer the device streams";
+  if (p.from_disk > 0) {
+    trunk += "; " + std::to_string(p.from_disk) +
+             (p.device ? " of the " + std::to_string(p.host_layers) + " the device streams"
+                       : std::string()) +
+             " read from disk";
+    if (d.trunk.ring_slots > 0 && !d.ring_released)
+      trunk += " through " + std::to_string(d.trunk.ring_slots) + " ring slots of " +
+               format_size(d.trunk.ring_slot_bytes);
+    trunk += ", " +
+             format_size(trunk_read_per_token(d, p.device ? &*p.device : nullptr)) +
+             " a token";
+  }
+  out += row("trunk", d.trunk.bytes_held - d.ring_released, trunk);
+  if (d.router_bytes)
+    out += row("routers", d.router_bytes,
+               "lookahead, " + layer_range(d.routers_from, L - d.routers_from));
+  if (d.expert_slots > 0) {
+    const int64_t kept = d.expert_slots - d.expert_batch;
+    out += row("experts", static_cast<uint64_t>(d.expert_slots) * d.expert_slot_bytes,
+               std::to_string(d.expert_slots) + " RAM slots of " +
+                   format_size(d.expert_slot_bytes) + " (" + std::to_string(kept) +
+                   " kept: " + of_experts(kept) + "; " + std::to_string(d.expert_batch) +
+                   " for one fetch); policy " + std::string(strata::policy_name(eo.policy)) +
+                   ", lookahead " + std::to_string(runtime::lookahead_depth(eo, c, true)));
+    if (p.ram_slots_here < static_cast<uint64_t>(d.expert_slots))
+      out += "  note: this machine has " + format_size(runtime::mem_available_bytes()) +
+             " available now: a run here would cap the RAM tier at " +
+             std::to_string(p.ram_slots_here) + " slots (90% of MemAvailable)\n";
+  }
+  out += "  held         " + format_size(d.held()) +
+         (d.budget == UINT64_MAX ? std::string() : " of " + format_size(d.budget)) + "\n";
+  return out;
+}
+
+Status plan(const PlanArgs& a) {
+  if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
+  KTIER_RETURN_IF_ERROR(check_output_is_not_input(
+      "--json", a.json,
+      {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile}}));
+  KTIER_RETURN_IF_ERROR(io::check_can_write("--json", a.json));
+  KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
+                         model_engine_options(a.model, a.threads, std::nullopt, a.memory,
+                                              a.strata));
+  eo.workload.positions = a.ctx;
+  eo.workload.chunk = a.chunk;
+  KTIER_RETURN_IF_ERROR(runtime::check_engine_options(eo));
+  KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ckpt,
+                         format::Checkpoint::open(eo.model_dir, format::OpenMode::kPread));
+  std::optional<pack::TrunkPack> pk;
+  if (eo.pack_dir) {
+    KTIER_ASSIGN_OR_RETURN(pk, pack::TrunkPack::open(*eo.pack_dir, ckpt));
+  }
+  KTIER_ASSIGN_OR_RETURN(const Plan p, make_plan(ckpt, pk ? &*pk : nullptr, eo,
+                                                 runtime::resolve_threads(eo.threads)));
+  KTIER_RETURN_IF_ERROR(write_stdout(plan_text(ckpt, eo, p)));
+  if (!a.json.empty())
+    KTIER_RETURN_IF_ERROR(io::write_output_file(a.json, plan_json(ckpt, eo, p).dump(2) + "\n"));
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_plan_command(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<PlanArgs>();
+  auto* sub = app.add_subcommand(
+      "plan",
+      "Where a run would put the model (trunk layers pinned or streamed, expert slots in RAM and "
+      "VRAM) for run's memory, device and strata flags, without loading it");
+  sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
+  sub->add_option("-c,--ctx-size", a->ctx,
+                  "Positions the sequence holds (a run's -c, else its prompt + -n - 1; serve's "
+                  "-c)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+  sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
+  add_threads_option(sub, a->threads,
+                     "Threads of the run planned for (a compressed pack's inflate scratch)");
+  sub->add_option("--json", a->json, "Also write the plan to FILE as JSON");
+  add_memory_options(sub, a->memory);
+  add_strata_options(sub, a->strata);
+  sub->footer(
+      "Plans for `run` and `serve` (the last position's logits; eval and perplexity hold every "
+      "position's). --io, --io-rate-limit, --no-lookahead-refresh and --profile are accepted "
+      "so that run's memory, device and strata flags can be given as they are; they do not "
+      "change where anything goes.");
+  sub->callback([a, &exit_code] { exit_code = finish(plan(*a)); });
+}
+
+}  // namespace ktier::cli

@@ -1,0 +1,168 @@
+// `ktier plan` on the tiny seed-0 checkpoint: what it says a run would hold is what the run
+// then holds (its report), from the shards and from packs, on the CPU and on the emulated
+// device, and a budget below the minimum is refused as `run` refuses it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/run_process.h"
+#include "tests/cli/run_cli_fixture.h"
+
+namespace ktier::test {
+namespace {
+
+nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(std::ifstream(p)); }
+
+// `ktier plan` and `ktier run -n 2` (one decode step) with the same flags `flags`: the plan's
+// JSON and the run's report.
+struct PlanAndRun {
+  nlohmann::json plan, report;
+};
+PlanAndRun plan_and_run(const std::string& model, const std::string& ids, const fs::path& base,
+                        const std::string& flags) {
+  PlanAndRun out;
+  const fs::path plan = base.string() + "-plan.json", report = base.string() + "-report.json";
+  ProcessResult r = run_process(ktier() + " plan" + model + flags + " --json " + plan.string());
+  EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.err;
+  if (r.exit_code != 0) return out;
+  out.plan = read_json(plan);
+  r = run_process(ktier() + " run" + model + " --ids " + ids + " -n 2" + flags +
+                  " --report-json " + report.string());
+  EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.err;
+  if (r.exit_code == 0) out.report = read_json(report);
+  return out;
+}
+
+void expect_dial_matches(const PlanAndRun& pr, const std::string& flags) {
+  SCOPED_TRACE(flags);
+  ASSERT_FALSE(pr.plan.is_null());
+  ASSERT_FALSE(pr.report.is_null());
+  const nlohmann::json& d = pr.plan.at("dial");
+  const nlohmann::json& j = pr.report;
+  EXPECT_EQ(d.at("budget_bytes"), j.at("budget_bytes"));
+  EXPECT_EQ(d.at("trunk_layers_pinned"), j.at("trunk_layers_pinned"));
+  EXPECT_EQ(d.at("trunk_layers_streamed"), j.at("trunk_layers_streamed"));
+  EXPECT_EQ(d.at("trunk_bytes"), j.at("trunk_bytes"));
+  EXPECT_EQ(d.at("router_bank_bytes"), j.at("router_bank_bytes"));
+  EXPECT_EQ(d.at("ram_expert_slots_here"), j.at("tiers").at("ram").at("slots"));
+  EXPECT_EQ(d.at("ram_expert_policy_slots"), j.at("tiers").at("ram").at("policy_slots"));
+  // The one decode step reads each layer neither pinned nor resident once.
+  EXPECT_EQ(d.at("trunk_read_bytes_per_token").get<double>(),
+            j.at("bytes_read_per_token").at("trunk").get<double>());
+  EXPECT_LE(d.at("held_bytes").get<uint64_t>(), d.at("budget_bytes").get<uint64_t>());
+}
+
+// From the minimum (the plan's own figure) to every layer pinned, from the shards, a pack and a
+// compressed pack.
+TEST_F(RunEvalCli, PlanHoldsWhatTheRunHoldsAtEveryBudget) {
+  const fs::path pack = dir_.string() + "-plan-pack", packz = dir_.string() + "-plan-packz";
+  for (const auto& [out, extra] : {std::pair{pack, ""}, std::pair{packz, " --compress"}}) {
+    const ProcessResult r = run_process(ktier() + " pack -q --force" + model() + " -o " +
+                                        out.string() + extra);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  int checked = 0;
+  bool streamed = false, all_pinned = false;
+  for (const std::string& source : {std::string(), " --pack " + pack.string(),
+                                   " --pack " + packz.string() + " -t 2"}) {
+    const std::string common = source + " -c 40";
+    const fs::path min_json = dir_.string() + "-plan-min.json";
+    const ProcessResult big = run_process(ktier() + " plan" + model() + common +
+                                          " --ram 64M --json " + min_json.string());
+    ASSERT_EQ(big.exit_code, 0) << big.err;
+    const uint64_t minimum = read_json(min_json).at("dial").at("minimum_bytes");
+    for (const uint64_t budget : {minimum, minimum + 300'000, minimum + 900'000,
+                                  uint64_t{64} << 20}) {
+      const std::string flags = common + " --ram " + std::to_string(budget);
+      const PlanAndRun pr = plan_and_run(model(), prompt_ids(), dir_.string() + "-plan", flags);
+      expect_dial_matches(pr, flags);
+      if (pr.plan.is_null()) continue;
+      const int pinned = pr.plan.at("dial").at("trunk_layers_pinned");
+      streamed |= pinned < pr.plan.at("layers").get<int>();
+      all_pinned |= pinned == pr.plan.at("layers").get<int>();
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 12);
+  EXPECT_TRUE(streamed && all_pinned) << "the budgets should span streamed and pinned trunks";
+}
+
+// GPU mode's placement on the emulated device: the device's working set, resident layers and
+// VRAM slots, and the host's pinned suffix and what it reads from disk (with the ring freed
+// when it pins every layer the device streams).
+TEST_F(RunEvalCli, PlanPlacesTheDeviceAsTheEmulatedRunDoes) {
+  const PlanAndRun all = plan_and_run(model(), prompt_ids(), dir_.string() + "-plan-dev",
+                                      " -c 40 --device emulated --vram 64M --ram 64M");
+  ASSERT_FALSE(all.plan.is_null());
+  ASSERT_FALSE(all.report.is_null());
+  const nlohmann::json& d = all.plan.at("device");
+  const uint64_t trunk = d.at("trunk_bytes"), working = d.at("working_set_bytes");
+  const uint64_t slot = d.at("vram_expert_slot_bytes"), min_slots = d.at("vram_expert_min_slots");
+  int checked = 0;
+  bool ring_freed = false, from_disk = false;
+  for (const uint64_t vram : {uint64_t{64} << 20, trunk / 2 + working + min_slots * slot,
+                              trunk + working + (min_slots + 5) * slot}) {
+    for (const char* ram : {"64M", "1500K"}) {
+      const std::string flags = " -c 40 --device emulated --vram " + std::to_string(vram) +
+                                " --ram " + ram;
+      SCOPED_TRACE(flags);
+      const PlanAndRun pr = plan_and_run(model(), prompt_ids(), dir_.string() + "-plan-dev", flags);
+      if (pr.plan.is_null() || pr.report.is_null()) continue;
+      const nlohmann::json& p = pr.plan.at("device");
+      const nlohmann::json& j = pr.report.at("device");
+      EXPECT_EQ(p.at("vram_budget_bytes"), j.at("vram_budget_bytes"));
+      EXPECT_EQ(p.at("working_set_bytes"), j.at("working_set_bytes"));
+      EXPECT_EQ(p.at("trunk_layers_resident"), j.at("trunk_layers_resident"));
+      EXPECT_EQ(p.at("trunk_bytes"), j.at("trunk_bytes"));
+      EXPECT_EQ(p.at("vram_expert_slots"), pr.report.at("tiers").at("vram").at("slots"));
+      expect_dial_matches(pr, flags);
+      const nlohmann::json& h = pr.plan.at("dial");
+      ring_freed |= h.at("trunk_ring_slots") == 0 &&
+                    h.at("trunk_layers_pinned") < pr.plan.at("layers");
+      from_disk |= h.at("trunk_layers_streamed") > 0;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 6);
+  EXPECT_TRUE(ring_freed && from_disk) << "the budgets should free the ring and stream layers";
+}
+
+TEST_F(RunEvalCli, PlanRefusesABudgetAsTheRunDoes) {
+  const std::string flags = " -c 40 --ram 100K";
+  const ProcessResult plan = run_process(ktier() + " plan" + model() + flags);
+  const ProcessResult run =
+      run_process(ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 2" + flags);
+  EXPECT_EQ(plan.exit_code, 4) << plan.err;
+  EXPECT_EQ(run.exit_code, 4) << run.err;
+  EXPECT_EQ(last_line(plan.err), last_line(run.err));
+  EXPECT_NE(plan.err.find("cannot be met: the minimum is"), std::string::npos) << plan.err;
+  const ProcessResult vram = run_process(ktier() + " plan" + model() +
+                                         " --device emulated --vram 100K");
+  EXPECT_EQ(vram.exit_code, 4) << vram.err;
+  EXPECT_NE(vram.err.find("--vram 102400 bytes cannot hold"), std::string::npos) << vram.err;
+  const ProcessResult no_vram = run_process(ktier() + " plan" + model() + " --device emulated");
+  EXPECT_EQ(no_vram.exit_code, 2) << no_vram.err;
+  EXPECT_NE(no_vram.err.find("needs --vram"), std::string::npos) << no_vram.err;
+}
+
+// Without --ram, --preset or --pack the checkpoint is mapped: the plan says so, with the
+// trunk's size, and holds no dial.
+TEST_F(RunEvalCli, PlanOfAMappedCheckpointSaysSo) {
+  const fs::path json = dir_.string() + "-plan-mapped.json";
+  const ProcessResult r =
+      run_process(ktier() + " plan" + model() + " --device cpu --json " + json.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("memory-mapped"), std::string::npos) << r.out;
+  const nlohmann::json j = read_json(json);
+  EXPECT_TRUE(j.at("dial").is_null());
+  EXPECT_TRUE(j.at("device").is_null());
+  EXPECT_GT(j.at("mapped").at("trunk_layer_bytes").get<uint64_t>(), 0u);
+  EXPECT_EQ(j.at("positions"), 4096);
+}
+
+}  // namespace
+}  // namespace ktier::test
