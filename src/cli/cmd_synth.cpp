@@ -75,6 +75,11 @@ void register_synth_command(CLI::App& app, int& exit_code) {
   sub->add_option("-o,--output", args->out_dir, "output directory (created; must be empty unless --force)")
       ->required();
   add_seed_option(sub, args->options.seed, "random seed; same seed, same bytes");
+  sub->add_flag("--shapes-only", args->options.shapes_only,
+                "write the headers and metadata files only: every shard has its real size but its "
+                "data are a hole (zeros, sparse: no disk space), for `ktier plan` and `inspect` at "
+                "full scale (e.g. --preset k3-slice --layers 93 --experts 896 is K3's layout); "
+                "what it decodes means nothing");
   sub->add_flag("--float-experts", args->float_experts,
                 "store routed experts as plain float `.weight` tensors (the MXFP4 round trip of the "
                 "same values) instead of MXFP4");

@@ -175,6 +175,7 @@ SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& other) noexc
     written_ = other.written_;
     buffer_ = std::move(other.buffer_);
     finished_ = std::exchange(other.finished_, true);
+    skipped_ = other.skipped_;
   }
   return *this;
 }
@@ -237,6 +238,22 @@ Status SafetensorsWriter::append(const void* data, size_t n) {
   return Status::ok();
 }
 
+Status SafetensorsWriter::skip(uint64_t n) {
+  if (fd_ < 0 || finished_)
+    return Status::runtime(path_.string() + ": skip after the writer was finished or failed");
+  if (n > data_bytes_ - written_)
+    return Status::runtime(path_.string() + ": " + std::to_string(n) +
+                           " bytes skipped at data offset " + std::to_string(written_) +
+                           ", but only " + std::to_string(data_bytes_ - written_) +
+                           " bytes remain of the declared " + std::to_string(data_bytes_));
+  KTIER_RETURN_IF_ERROR(flush_buffer());
+  if (::lseek(fd_, static_cast<off_t>(n), SEEK_CUR) < 0)
+    return Status::runtime("cannot seek in " + partial_path_.string() + ": " + errno_text(errno));
+  written_ += n;
+  skipped_ = true;
+  return Status::ok();
+}
+
 Status SafetensorsWriter::finish() {
   if (fd_ < 0 || finished_)
     return Status::runtime(path_.string() + ": finish after the writer was finished or failed");
@@ -248,6 +265,10 @@ Status SafetensorsWriter::finish() {
     return s;
   }
   Status s = flush_buffer();
+  // Bytes skipped at the end were never written: the length comes from here.
+  if (s.is_ok() && skipped_ && ::ftruncate(fd_, static_cast<off_t>(file_bytes())) != 0)
+    s = Status::runtime("cannot set the length of " + partial_path_.string() + ": " +
+                        errno_text(errno));
   if (!s.is_ok()) {
     abandon();
     return s;

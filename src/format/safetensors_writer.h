@@ -75,6 +75,10 @@ class SafetensorsWriter {
 
   // Appends the next `n` bytes of the data section (they may span tensor boundaries).
   Status append(const void* data, size_t n);
+  // Passes over the next `n` bytes of the data section without writing them: they read as
+  // zeros, and take no disk space where the file system keeps holes (a sparse file). The same
+  // bound as append().
+  Status skip(uint64_t n);
   // Completes the file: all declared bytes must have arrived. After success the writer is
   // closed; calling append() or finish() again is an error.
   Status finish();
@@ -104,6 +108,7 @@ class SafetensorsWriter {
   // Small appends are gathered here so that many tiny tensors cost few system calls.
   std::vector<uint8_t> buffer_;
   bool finished_ = false;
+  bool skipped_ = false;  // skip() left bytes unwritten: finish() sets the file's length
 };
 
 }  // namespace ktier::format

@@ -375,6 +375,18 @@ std::vector<format::TensorDecl> decls_of(const PlannedShard& shard) {
   return decls;
 }
 
+// SynthOptions::shapes_only: each shard's header, then its data section left as a hole.
+Status write_shard_headers(const Plan& plan, const fs::path& dir, SynthReport& report) {
+  for (const PlannedShard& shard : plan.shards) {
+    KTIER_ASSIGN_OR_RETURN(auto w, format::SafetensorsWriter::create(dir / shard.file_name,
+                                                                     decls_of(shard)));
+    KTIER_RETURN_IF_ERROR(w.skip(w.data_bytes()));
+    report.disk_bytes += 8 + w.header_bytes();
+    KTIER_RETURN_IF_ERROR(w.finish());
+  }
+  return Status::ok();
+}
+
 Status write_shards(const Plan& plan, const fs::path& dir, int threads, bool progress,
                     SynthReport& report) {
   const std::vector<WorkUnit> units = make_units(plan);
@@ -429,7 +441,8 @@ Result<SynthReport> run_synth_impl(const SynthOptions& o) {
   KTIER_ASSIGN_OR_RETURN(SynthShape shape, apply_overrides(std::move(preset), o.overrides, o.experts));
   if (o.out_dir.empty()) return Status::usage("no output directory given (-o DIR)");
   KTIER_ASSIGN_OR_RETURN(SynthVocab vocab, build_vocab(shape.bpe_merges, shape.added_tokens, shape.vocab));
-  KTIER_RETURN_IF_ERROR(prepare_output_dir(o.out_dir, o.force, min_data_bytes(shape, o.experts)));
+  KTIER_RETURN_IF_ERROR(prepare_output_dir(o.out_dir, o.force,
+                                           o.shapes_only ? 0 : min_data_bytes(shape, o.experts)));
   const Plan plan = build_plan(shape, o.experts, o.seed);
 
   SynthReport r;
@@ -437,6 +450,7 @@ Result<SynthReport> run_synth_impl(const SynthOptions& o) {
   r.experts = o.experts;
   r.seed = o.seed;
   r.out_dir = o.out_dir;
+  r.shapes_only = o.shapes_only;
   r.shards = static_cast<int64_t>(plan.shards.size());
   r.ranks = static_cast<int64_t>(vocab.ranks.size());
   r.merges_learned = vocab.merges_learned;
@@ -457,11 +471,16 @@ Result<SynthReport> run_synth_impl(const SynthOptions& o) {
   KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, "generation_config.json", generation_config_json(vocab), &r.disk_bytes));
   int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   threads = std::clamp(threads, 1, 64);
-  KTIER_RETURN_IF_ERROR(write_shards(plan, o.out_dir, threads, o.progress, r));
+  if (o.shapes_only) {
+    KTIER_RETURN_IF_ERROR(write_shard_headers(plan, o.out_dir, r));
+  } else {
+    KTIER_RETURN_IF_ERROR(write_shards(plan, o.out_dir, threads, o.progress, r));
+  }
   // Last: config, then the index. Until the index exists the directory is not a checkpoint.
   KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, kConfigName, config_json(shape, o.experts, vocab), &r.disk_bytes));
   KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, kIndexName, index_json(plan), &r.disk_bytes));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.shapes_only) return r;
   // Expert-use entropy through the real forward pass; a 64-token prompt keeps this to seconds
   // even at K3 widths (k3-slice).
   KTIER_ASSIGN_OR_RETURN(r.routing, measure_routing(o.out_dir, vocab, 64, threads));
@@ -507,14 +526,17 @@ std::string format_report(const SynthReport& r) {
       "tokenizer_config.json\n", (long long)r.shards);
   add("  tensors    %lld (trunk %lld, model-level %lld, routed experts %lld)\n", (long long)r.tensors,
       (long long)r.trunk_tensors, (long long)r.model_tensors, (long long)r.expert_tensors);
-  add("  bytes      trunk %.1f MB, embedding/head %.1f MB, experts %.1f MB; %.3f GB on disk\n",
-      r.trunk_bytes / 1e6, r.model_bytes / 1e6, r.expert_bytes / 1e6, r.disk_bytes / 1e9);
+  add("  bytes      trunk %.1f MB, embedding/head %.1f MB, experts %.1f MB; %.3f GB %s\n",
+      r.trunk_bytes / 1e6, r.model_bytes / 1e6, r.expert_bytes / 1e6, r.disk_bytes / 1e9,
+      r.shapes_only ? "written (--shapes-only: the data are holes that read as zeros)"
+                    : "on disk");
   add("  time       %.2f s, %.0f MB/s\n", r.seconds, r.seconds > 0 ? r.disk_bytes / 1e6 / r.seconds : 0.0);
   add("  tokenizer  %lld ranks (256 bytes + %lld merges), added ids %lld..%lld",
       (long long)r.ranks, (long long)(r.ranks - 256), (long long)r.added_begin, (long long)(s.vocab - 1));
   if (r.added_begin > r.ranks)
     add(", ids %lld..%lld unused", (long long)r.ranks, (long long)(r.added_begin - 1));
   out += "\n";
+  if (r.shapes_only) return out;  // no values: no entropies, scales or routing
   add("  bf16 high-byte entropy: trunk %.2f bits, embedding/head %.2f bits (trained weights: ~2.7-3.4)\n",
       r.trunk_high_byte_entropy, r.model_high_byte_entropy);
   uint64_t scale_total = 0;

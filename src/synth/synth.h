@@ -42,6 +42,11 @@ struct SynthOptions {
   ShapeOverrides overrides;
   int threads = 0;        // generator threads; 0 = hardware concurrency
   bool progress = false;  // progress meter on stderr
+  // Headers and metadata files only: each shard's data section is left as a hole (zeros, no
+  // disk space where the file system keeps holes) and no routing is measured. The layout and
+  // sizes are the real ones, for `ktier plan`, `inspect` and the readers; what it decodes to
+  // means nothing (every weight is 0).
+  bool shapes_only = false;
 };
 
 struct SynthReport {
@@ -59,6 +64,7 @@ struct SynthReport {
   double model_high_byte_entropy = 0.0;  // ... over embedding, lm_head and the model-level norms
   std::array<uint64_t, 256> scale_bytes{};  // MXFP4 E8M0 scale histogram
   RoutingStats routing;  // measured with the forward pass after the files are written
+  bool shapes_only = false;  // SynthOptions::shapes_only: no data, no routing measured
 };
 
 Result<SynthReport> run_synth(const SynthOptions& options);

@@ -111,6 +111,28 @@ TEST(SafetensorsWriter, FinishRefusesMissingBytesAndNamesTheTensor) {
   EXPECT_FALSE(w->append(bytes, 1).is_ok());  // the writer is dead after a failed finish
 }
 
+// skip() leaves bytes that read as zeros, between written ones and at the end (where finish()
+// sets the length), and is bounded by the declaration like append().
+TEST(SafetensorsWriter, SkippedBytesReadAsZeros) {
+  test::TempDir dir("writer_skip");
+  const fs::path path = dir.path() / "holes.safetensors";
+  auto w = SafetensorsWriter::create(path, {{"a", DType::kU8, {4}}, {"b", DType::kU8, {6}},
+                                            {"c", DType::kU8, {5}}});
+  ASSERT_TRUE(w.is_ok());
+  const uint8_t ones[4] = {1, 1, 1, 1}, twos[2] = {2, 2};
+  ASSERT_TRUE(w->append(ones, 4).is_ok());
+  ASSERT_TRUE(w->skip(4).is_ok());
+  ASSERT_TRUE(w->append(twos, 2).is_ok());
+  EXPECT_FALSE(w->skip(6).is_ok()) << "past the declared bytes";
+  ASSERT_TRUE(w->skip(5).is_ok());
+  ASSERT_TRUE(w->finish().is_ok());
+  const std::string file = test::read_file(path);
+  ASSERT_EQ(file.size(), w->file_bytes());
+  const std::string data = file.substr(file.size() - 15);
+  EXPECT_EQ(data, std::string("\x01\x01\x01\x01", 4) + std::string(4, '\0') + "\x02\x02" +
+                      std::string(5, '\0'));
+}
+
 TEST(SafetensorsWriter, UnfinishedWriterRemovesItsPartialFile) {
   test::TempDir dir("writer_abandon");
   {

@@ -328,6 +328,36 @@ TEST_F(SynthTiny, SameSeedSameBytesOtherSeedOtherBytes) {
   }
 }
 
+// --shapes-only writes what the full run writes, headers and sizes alike, with every data byte
+// zero; the engine's loader takes it.
+TEST_F(SynthTiny, ShapesOnlyHasTheLayoutWithZeroData) {
+  test::TempDir shapes("shapes");
+  SynthOptions o = tiny_options(shapes.path() / "ck", 7);
+  o.shapes_only = true;
+  const Result<SynthReport> r = run_synth(o);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_TRUE(r->routing.layers.empty()) << "no routing is measured over zeros";
+  const std::vector<std::string> names = test::list_dir(dir("mxfp4"));
+  EXPECT_EQ(test::list_dir(shapes.path() / "ck"), names);
+  int shards = 0;
+  for (const auto& name : names) {
+    const std::string ref = test::read_file(dir("mxfp4") / name);
+    const std::string got = test::read_file(shapes.path() / "ck" / name);
+    if (!name.ends_with(".safetensors")) {
+      EXPECT_EQ(got, ref) << name;
+      continue;
+    }
+    ++shards;
+    ASSERT_EQ(got.size(), ref.size()) << name;
+    uint64_t n = 0;
+    std::memcpy(&n, ref.data(), 8);
+    EXPECT_EQ(got.substr(0, 8 + n), ref.substr(0, 8 + n)) << name;
+    EXPECT_EQ(got.find_first_not_of('\0', 8 + n), std::string::npos) << name << ": data not zero";
+  }
+  EXPECT_GT(shards, 1);
+  EXPECT_TRUE(format::Checkpoint::open(shapes.path() / "ck").is_ok());
+}
+
 TEST_F(SynthTiny, EngineLoaderAcceptsEveryVariant) {
   for (const char* v : {"mxfp4", "f32", "bf16"}) {
     auto ck = format::Checkpoint::open(dir(v));
