@@ -56,8 +56,9 @@ struct Plan {
 };
 
 std::string percent(uint64_t part, uint64_t whole) {
+  const double p = whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f%%", whole ? 100.0 * static_cast<double>(part) / whole : 0.0);
+  std::snprintf(buf, sizeof buf, p >= 1 || p == 0 ? "%.1f%%" : "%.2g%%", p);  // K3: 0.021%
   return buf;
 }
 
@@ -248,7 +249,8 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
   out += row("trunk", d.trunk.bytes_held - d.ring_released, trunk);
   if (d.router_bytes)
     out += row("routers", d.router_bytes,
-               "lookahead, " + layer_range(d.routers_from, L - d.routers_from));
+               "for lookahead, of the MoE layers streamed (" +
+                   layer_range(d.routers_from, L - d.routers_from) + ")");
   if (d.expert_slots > 0) {
     const int64_t kept = d.expert_slots - d.expert_batch;
     out += row("experts", static_cast<uint64_t>(d.expert_slots) * d.expert_slot_bytes,

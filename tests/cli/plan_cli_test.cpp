@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/run_process.h"
+#include "common/size.h"
 #include "tests/cli/run_cli_fixture.h"
 
 namespace ktier::test {
@@ -162,6 +163,62 @@ TEST_F(RunEvalCli, PlanOfAMappedCheckpointSaysSo) {
   EXPECT_TRUE(j.at("device").is_null());
   EXPECT_GT(j.at("mapped").at("trunk_layer_bytes").get<uint64_t>(), 0u);
   EXPECT_EQ(j.at("positions"), 4096);
+}
+
+// K3's own layout (`synth --shapes-only`: every shard at its real size, the data holes, ~130 MB
+// of headers on disk): the figures K3-MODEL.md states, the minimum as the refusal states it,
+// and more budget pinning more layers.
+TEST(PlanK3, PlansTheReleasedShapes) {
+  const fs::path dir = fs::temp_directory_path() / ("ktier-plan-k3-" + std::to_string(::getpid()));
+  struct Remove {
+    fs::path p;
+    ~Remove() { fs::remove_all(p); }
+  } remove{dir};
+  ProcessResult r = run_process(ktier() + " synth --preset k3-slice --layers 93 --experts 896 " +
+                                "--shapes-only -q -o " + dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string model = " -m " + dir.string() + " --device cpu -c 4096";
+  const auto plan = [&](const std::string& flags) {
+    const fs::path json = dir.string() + "-plan.json";
+    const ProcessResult p = run_process(ktier() + " plan" + model + flags + " --json " +
+                                        json.string());
+    EXPECT_EQ(p.exit_code, 0) << flags << "\n" << p.err;
+    nlohmann::json j = p.exit_code == 0 ? read_json(json) : nlohmann::json();
+    fs::remove(json);
+    return j;
+  };
+  const nlohmann::json desktop = plan(" --preset desktop");
+  const nlohmann::json workstation = plan(" --preset workstation");
+  ASSERT_FALSE(desktop.is_null() || workstation.is_null());
+  const nlohmann::json& d = desktop.at("dial");
+  // One expert (K3-MODEL.md: 17,547,264 bytes) and the slack that places its six parts
+  // congruent to their file offsets, for O_DIRECT (under a page each).
+  const uint64_t slot = d.at("ram_expert_slot_bytes");
+  EXPECT_GE(slot, 17'547'264u);
+  EXPECT_LT(slot, 17'547'264u + 6 * 4096);
+  EXPECT_EQ(d.at("expert_keys"), 92 * 896);
+  EXPECT_EQ(desktop.at("layers"), 93);
+  const int pinned32 = d.at("trunk_layers_pinned"), pinned96 = workstation.at("dial").at(
+                                                         "trunk_layers_pinned");
+  EXPECT_GT(pinned32, 0);
+  EXPECT_GT(pinned96, pinned32);
+  EXPECT_LT(workstation.at("dial").at("trunk_read_bytes_per_token").get<uint64_t>(),
+            d.at("trunk_read_bytes_per_token").get<uint64_t>());
+  // The minimum: met exactly, refused one byte below it in the words `run` uses.
+  const uint64_t minimum = d.at("minimum_bytes");
+  EXPECT_FALSE(plan(" --ram " + std::to_string(minimum)).is_null());
+  r = run_process(ktier() + " plan" + model + " --ram " + std::to_string(minimum - 1));
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("the minimum is " + format_size(minimum) + " = " +
+                       std::to_string(minimum) + " bytes"),
+            std::string::npos)
+      << r.err;
+  // GPU mode on an H200's 141 GB: the whole trunk (K3-MODEL.md: ~115 GB) is resident.
+  const nlohmann::json h200 = plan(" --device emulated --vram 141G --ram 96G");
+  ASSERT_FALSE(h200.is_null());
+  EXPECT_EQ(h200.at("device").at("trunk_layers_resident"), 93);
+  EXPECT_GT(h200.at("device").at("vram_expert_slots").get<int>(),
+            h200.at("device").at("vram_expert_min_slots").get<int>());
 }
 
 }  // namespace
