@@ -58,7 +58,7 @@ struct Plan {
 std::string percent(uint64_t part, uint64_t whole) {
   const double p = whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
   char buf[32];
-  std::snprintf(buf, sizeof buf, p >= 1 || p == 0 ? "%.1f%%" : "%.2g%%", p);  // K3: 0.021%
+  std::snprintf(buf, sizeof buf, p >= 0.995 || p == 0 ? "%.1f%%" : "%.2g%%", p);  // K3: 0.021%
   return buf;
 }
 

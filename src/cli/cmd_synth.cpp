@@ -1,13 +1,14 @@
 // `ktier synth`: writes a synthetic checkpoint in the released K3 layout (src/synth/synth.h).
 //
 //   ktier synth --preset tiny|demo|k3-slice -o DIR [--seed N] [--float-experts
-//               [--expert-dtype f32|bf16]] [--force] [shape flags...]
+//               [--expert-dtype f32|bf16]] [--shapes-only] [--force] [shape flags...]
 //
 // Shape flags override the preset (see src/synth/shape.h); --mla-layers takes 0-based layer
 // indices and becomes the 1-based full_attn_layers of config.json. Shapes are bounded so that
 // ktier loads what synth writes and memory holds the plan (shape.h: L <= 4096, top-k <= 64, at
 // most 2^21 expert tensors), and refused before anything is written when their tensors alone
-// exceed the output file system's free space. The summary goes to stdout, progress to stderr.
+// exceed the output file system's free space (with --shapes-only: refused after the first shard
+// when the file system does not keep its hole). The summary goes to stdout, progress to stderr.
 // Exit codes: 0 ok, 1 I/O failure or too little disk space, 2 bad flags or a non-empty DIR
 // without --force.
 
@@ -77,9 +78,10 @@ void register_synth_command(CLI::App& app, int& exit_code) {
   add_seed_option(sub, args->options.seed, "random seed; same seed, same bytes");
   sub->add_flag("--shapes-only", args->options.shapes_only,
                 "write the headers and metadata files only: every shard has its real size but its "
-                "data are a hole (zeros, sparse: no disk space), for `ktier plan` and `inspect` at "
-                "full scale (e.g. --preset k3-slice --layers 93 --experts 896 is K3's layout); "
-                "what it decodes means nothing");
+                "data are a hole (zeros taking no disk space; refused on a file system without "
+                "sparse files), for `ktier plan` and `inspect` at full scale (e.g. --preset "
+                "k3-slice --layers 93 --experts 896 is K3's layout); the index says so, and "
+                "every command that opens it warns that what it decodes means nothing");
   sub->add_flag("--float-experts", args->float_experts,
                 "store routed experts as plain float `.weight` tensors (the MXFP4 round trip of the "
                 "same values) instead of MXFP4");

@@ -92,6 +92,7 @@ bool is_plain_file_name(const std::string& s) {
 struct IndexFile {
   std::vector<std::pair<std::string, std::string>> weight_map;  // tensor name -> shard file, in file order
   std::optional<uint64_t> total_size;                            // metadata.total_size
+  std::string ktier_synth;  // metadata.ktier_synth: "shapes-only" from `synth --shapes-only`
 };
 
 // Streams the index (nlohmann SAX): the release's has 497,220 entries in 57 MB, and a DOM of it
@@ -120,6 +121,10 @@ class IndexSax final : public nlohmann::json_sax<json> {
   bool string(string_t& v) override {
     if (skip_ == 0 && level_ == 2 && section_ == kWeightMap) {
       out.weight_map.emplace_back(std::move(key2_), v);
+      return true;
+    }
+    if (skip_ == 0 && level_ == 2 && section_ == kMetadata && key2_ == "ktier_synth") {
+      out.ktier_synth = v;
       return true;
     }
     return scalar("\"" + v + "\"");
@@ -285,6 +290,11 @@ Status CheckpointBuilder::discover_and_open(OpenMode mode) {
       files.push_back(file);
     }
     ck_.has_index_ = true;
+    if (index->ktier_synth == "shapes-only")
+      spdlog::warn("{} was written by `ktier synth --shapes-only`: every weight is 0 (the shards' "
+                   "data are holes), so what it decodes and how fast mean nothing; its layout "
+                   "and sizes are real",
+                   dir_name);
   } else if (Result<std::string> single = single_file_name(dir); !single.is_ok()) {
     return single.status();
   } else if (!single->empty()) {

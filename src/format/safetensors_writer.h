@@ -3,7 +3,8 @@
 //
 // A file is described up front (tensor names, dtypes and shapes, in file order); the header is
 // written at once, then the tensors' bytes are streamed in that order in chunks of any size, so a
-// multi-GB tensor never has to sit in memory whole:
+// multi-GB tensor never has to sit in memory whole (or passed over with skip(), left as a hole
+// that reads as zeros):
 //
 //   std::vector<TensorDecl> decls = {{"a", DType::kBF16, {4096, 4096}}, {"b", DType::kF32, {8}}};
 //   KTIER_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::create(dir / "x.safetensors", decls));
@@ -79,8 +80,8 @@ class SafetensorsWriter {
   // zeros, and take no disk space where the file system keeps holes (a sparse file). The same
   // bound as append().
   Status skip(uint64_t n);
-  // Completes the file: all declared bytes must have arrived. After success the writer is
-  // closed; calling append() or finish() again is an error.
+  // Completes the file: all declared bytes must have arrived (appended or skipped). After
+  // success the writer is closed; calling append(), skip() or finish() again is an error.
   Status finish();
 
   const std::filesystem::path& path() const { return path_; }

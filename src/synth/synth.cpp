@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include "common/progress.h"
@@ -79,9 +81,10 @@ Status check_free_space(const fs::path& dir, long double need, bool force) {
   long double have = static_cast<long double>(space.available);
   if (force && fs::is_directory(dir, ec))
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-      std::error_code size_ec;
-      const uintmax_t size = it->file_size(size_ec);
-      if (!size_ec && is_our_file(it->path().filename().string())) have += size;
+      // What the file holds on disk, not its length: a --shapes-only shard is mostly a hole.
+      struct stat st {};
+      if (::stat(it->path().c_str(), &st) == 0 && is_our_file(it->path().filename().string()))
+        have += static_cast<long double>(st.st_blocks) * 512;
     }
   if (need <= have) return Status::ok();
   char text[160];
@@ -359,11 +362,15 @@ class Pipeline {
 
 // ---- run ----------------------------------------------------------------------------------------
 
-std::string index_json(const Plan& plan) {
+// The index; with `shapes_only` its metadata says so (metadata.ktier_synth: every reader of the
+// checkpoint warns that its weights are holes).
+std::string index_json(const Plan& plan, bool shapes_only) {
   nlohmann::json weight_map = nlohmann::json::object();
   for (const auto& shard : plan.shards)
     for (const auto& t : shard.tensors) weight_map[t.decl.name] = shard.file_name;
-  const nlohmann::json index = {{"metadata", {{"total_size", plan.data_bytes()}}},
+  nlohmann::json metadata = {{"total_size", plan.data_bytes()}};
+  if (shapes_only) metadata["ktier_synth"] = "shapes-only";
+  const nlohmann::json index = {{"metadata", std::move(metadata)},
                                 {"weight_map", std::move(weight_map)}};
   return index.dump(2) + "\n";
 }
@@ -376,13 +383,28 @@ std::vector<format::TensorDecl> decls_of(const PlannedShard& shard) {
 }
 
 // SynthOptions::shapes_only: each shard's header, then its data section left as a hole.
+// Status::runtime, with the shard removed, on a file system that fills the hole instead (no
+// sparse files): the run would take the whole checkpoint's size after all.
 Status write_shard_headers(const Plan& plan, const fs::path& dir, SynthReport& report) {
   for (const PlannedShard& shard : plan.shards) {
-    KTIER_ASSIGN_OR_RETURN(auto w, format::SafetensorsWriter::create(dir / shard.file_name,
-                                                                     decls_of(shard)));
+    const fs::path path = dir / shard.file_name;
+    KTIER_ASSIGN_OR_RETURN(auto w, format::SafetensorsWriter::create(path, decls_of(shard)));
     KTIER_RETURN_IF_ERROR(w.skip(w.data_bytes()));
-    report.disk_bytes += 8 + w.header_bytes();
+    const uint64_t header = 8 + w.header_bytes(), data = w.data_bytes();
+    report.disk_bytes += header;
     KTIER_RETURN_IF_ERROR(w.finish());
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+      return Status::runtime("cannot stat " + path.string() + ": " + std::strerror(errno));
+    const uint64_t on_disk = static_cast<uint64_t>(st.st_blocks) * 512;
+    if (data >= (1u << 20) && on_disk > header + data / 2) {
+      (void)remove_file(path);
+      return Status::runtime(
+          path.string() + " takes " + std::to_string(on_disk) + " bytes on disk for a " +
+          std::to_string(header) + "-byte header: the file system of " + dir.string() +
+          " does not keep holes (sparse files), so --shapes-only would write the whole " +
+          "checkpoint; use another folder (e.g. on ext4, xfs, btrfs or tmpfs)");
+    }
   }
   return Status::ok();
 }
@@ -478,7 +500,8 @@ Result<SynthReport> run_synth_impl(const SynthOptions& o) {
   }
   // Last: config, then the index. Until the index exists the directory is not a checkpoint.
   KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, kConfigName, config_json(shape, o.experts, vocab), &r.disk_bytes));
-  KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, kIndexName, index_json(plan), &r.disk_bytes));
+  KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, kIndexName, index_json(plan, o.shapes_only),
+                                            &r.disk_bytes));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (o.shapes_only) return r;
   // Expert-use entropy through the real forward pass; a 64-token prompt keeps this to seconds
@@ -530,7 +553,11 @@ std::string format_report(const SynthReport& r) {
       r.trunk_bytes / 1e6, r.model_bytes / 1e6, r.expert_bytes / 1e6, r.disk_bytes / 1e9,
       r.shapes_only ? "written (--shapes-only: the data are holes that read as zeros)"
                     : "on disk");
-  add("  time       %.2f s, %.0f MB/s\n", r.seconds, r.seconds > 0 ? r.disk_bytes / 1e6 / r.seconds : 0.0);
+  if (r.shapes_only)
+    add("  time       %.2f s\n", r.seconds);
+  else
+    add("  time       %.2f s, %.0f MB/s\n", r.seconds,
+        r.seconds > 0 ? r.disk_bytes / 1e6 / r.seconds : 0.0);
   add("  tokenizer  %lld ranks (256 bytes + %lld merges), added ids %lld..%lld",
       (long long)r.ranks, (long long)(r.ranks - 256), (long long)r.added_begin, (long long)(s.vocab - 1));
   if (r.added_begin > r.ranks)

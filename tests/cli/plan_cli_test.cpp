@@ -172,14 +172,19 @@ TEST(PlanK3, PlansTheReleasedShapes) {
   const fs::path dir = fs::temp_directory_path() / ("ktier-plan-k3-" + std::to_string(::getpid()));
   struct Remove {
     fs::path p;
-    ~Remove() { fs::remove_all(p); }
+    ~Remove() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
   } remove{dir};
   ProcessResult r = run_process(ktier() + " synth --preset k3-slice --layers 93 --experts 896 " +
                                 "--shapes-only -q -o " + dir.string());
+  if (r.exit_code == 1 && r.err.find("does not keep holes") != std::string::npos)
+    GTEST_SKIP() << "the temporary folder's file system has no sparse files: " << r.err;
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string model = " -m " + dir.string() + " --device cpu -c 4096";
   const auto plan = [&](const std::string& flags) {
-    const fs::path json = dir.string() + "-plan.json";
+    const fs::path json = dir / "plan.json";  // removed with the folder
     const ProcessResult p = run_process(ktier() + " plan" + model + flags + " --json " +
                                         json.string());
     EXPECT_EQ(p.exit_code, 0) << flags << "\n" << p.err;
@@ -213,8 +218,9 @@ TEST(PlanK3, PlansTheReleasedShapes) {
                        std::to_string(minimum) + " bytes"),
             std::string::npos)
       << r.err;
-  // GPU mode on an H200's 141 GB: the whole trunk (K3-MODEL.md: ~115 GB) is resident.
-  const nlohmann::json h200 = plan(" --device emulated --vram 141G --ram 96G");
+  // GPU mode on an H200 (140 GiB; 90% of it free is the default --vram): the whole trunk, its
+  // layers and lm_head (103.5 GiB), is resident.
+  const nlohmann::json h200 = plan(" --device emulated --vram 125G --ram 96G");
   ASSERT_FALSE(h200.is_null());
   EXPECT_EQ(h200.at("device").at("trunk_layers_resident"), 93);
   EXPECT_GT(h200.at("device").at("vram_expert_slots").get<int>(),

@@ -329,7 +329,7 @@ TEST_F(SynthTiny, SameSeedSameBytesOtherSeedOtherBytes) {
 }
 
 // --shapes-only writes what the full run writes, headers and sizes alike, with every data byte
-// zero; the engine's loader takes it.
+// zero and the index saying so; Checkpoint::open takes it, and a command that opens it warns.
 TEST_F(SynthTiny, ShapesOnlyHasTheLayoutWithZeroData) {
   test::TempDir shapes("shapes");
   SynthOptions o = tiny_options(shapes.path() / "ck", 7);
@@ -343,6 +343,13 @@ TEST_F(SynthTiny, ShapesOnlyHasTheLayoutWithZeroData) {
   for (const auto& name : names) {
     const std::string ref = test::read_file(dir("mxfp4") / name);
     const std::string got = test::read_file(shapes.path() / "ck" / name);
+    if (name == "model.safetensors.index.json") {
+      json marked = json::parse(got);
+      EXPECT_EQ(marked["metadata"]["ktier_synth"], "shapes-only");
+      marked["metadata"].erase("ktier_synth");
+      EXPECT_EQ(marked, json::parse(ref)) << "the same index but for the mark";
+      continue;
+    }
     if (!name.ends_with(".safetensors")) {
       EXPECT_EQ(got, ref) << name;
       continue;
@@ -356,6 +363,14 @@ TEST_F(SynthTiny, ShapesOnlyHasTheLayoutWithZeroData) {
   }
   EXPECT_GT(shards, 1);
   EXPECT_TRUE(format::Checkpoint::open(shapes.path() / "ck").is_ok());
+  const auto inspect = test::run_process(test::ktier_bin().string() + " inspect -m " +
+                                         (shapes.path() / "ck").string());
+  EXPECT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_NE(inspect.err.find("--shapes-only`: every weight is 0"), std::string::npos)
+      << inspect.err;
+  const auto full = test::run_process(test::ktier_bin().string() + " inspect -m " +
+                                      dir("mxfp4").string());
+  EXPECT_EQ(full.err.find("--shapes-only"), std::string::npos) << full.err;
 }
 
 TEST_F(SynthTiny, EngineLoaderAcceptsEveryVariant) {
