@@ -256,6 +256,15 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
                   "GPU's free memory; ignored on the CPU");
 }
 
+void add_model_option(CLI::App* sub, std::string& model) {
+  sub->add_option("-m,--model", model, "Model folder (config.json + safetensors)")->required();
+}
+
+void add_isa_option(CLI::App* sub, std::string& isa) {
+  sub->add_option("--isa", isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
+      ->capture_default_str();
+}
+
 CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& help, int min) {
   const std::string range = ", " + std::to_string(min) + ".." + std::to_string(cpu::kMaxThreads) +
                             (min == 0 ? " (0 = one per hardware thread)" : "");

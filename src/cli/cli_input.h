@@ -3,11 +3,11 @@
 
 #include <charconv>
 #include <cstdint>
-#include <limits>
+#include <functional>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
-#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -114,6 +114,12 @@ void add_rate_limit_option(CLI::App* sub, double& mb_s);
 // or not finite.
 Result<uint64_t> rate_limit_bytes_per_s(double mb_s);
 void add_memory_options(CLI::App* sub, MemoryArgs& a);
+
+// Adds "-m,--model DIR" (required) to `sub`: the model folder of run, eval, perplexity, serve
+// and plan.
+void add_model_option(CLI::App* sub, std::string& model);
+// Adds "--isa NAME" (auto, scalar, avx2, avx512; checked by runtime::parse_isa) to `sub`.
+void add_isa_option(CLI::App* sub, std::string& isa);
 
 // Adds "-t,--threads N" to `sub` with help `help` (e.g. "Worker threads"), taking
 // min..cpu::kMaxThreads (CLI11 refuses other values: exit 2); with min 0, 0 means one per

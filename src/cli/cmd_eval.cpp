@@ -97,7 +97,7 @@ Status eval(const EvalArgs& a) {
 void register_eval_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<EvalArgs>();
   auto* sub = app.add_subcommand("eval", "Teacher-forced forward over token ids: argmax, logits");
-  sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
+  add_model_option(sub, a->model);
   sub->add_option("--ids", a->ids, "Comma-separated token ids")->required();
   sub->add_flag("--argmax", a->argmax, "Print the argmax of every position on one line");
   sub->add_option("--logits-out", a->logits_out,
@@ -105,8 +105,7 @@ void register_eval_command(CLI::App& app, int& exit_code) {
   sub->add_option("--chunk", a->chunk, "Ids per forward pass; 0 = all at once")
       ->capture_default_str();
   add_threads_option(sub, a->threads, "Worker threads");
-  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
-      ->capture_default_str();
+  add_isa_option(sub, a->isa);
   add_memory_options(sub, a->memory);
   add_strata_options(sub, a->strata);
   sub->callback([a, &exit_code] { exit_code = finish(eval(*a)); });

@@ -183,7 +183,7 @@ void register_perplexity_command(CLI::App& app, int& exit_code) {
   auto* sub = app.add_subcommand(
       "perplexity", "Perplexity of a text (as llama-perplexity): windows of -c tokens, the "
                     "second half of each scored");
-  sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
+  add_model_option(sub, a->model);
   auto* p = sub->add_option("-p,--prompt", a->prompt, "Text to score");
   sub->add_option("-f,--file", a->file, "Read the text from a file ('-' = standard input)");
   auto* ids = sub->add_option("--ids", a->ids,
@@ -200,8 +200,7 @@ void register_perplexity_command(CLI::App& app, int& exit_code) {
                   "Also write perplexity, perplexity_error, mean_nll (nats), tokens_scored, "
                   "windows, window_tokens, text_tokens to FILE");
   add_threads_option(sub, a->threads, "Worker threads");
-  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
-      ->capture_default_str();
+  add_isa_option(sub, a->isa);
   add_memory_options(sub, a->memory);
   add_strata_options(sub, a->strata);
   sub->callback([a, p, ids, &exit_code] {

@@ -303,7 +303,7 @@ void register_plan_command(CLI::App& app, int& exit_code) {
       "plan",
       "Where a run would put the model (trunk layers pinned or streamed, expert slots in RAM and "
       "VRAM) for run's memory, device and strata flags, without loading it");
-  sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
+  add_model_option(sub, a->model);
   sub->add_option("-c,--ctx-size", a->ctx,
                   "Positions the sequence holds (a run's -c, else its prompt + -n - 1; serve's "
                   "-c)")

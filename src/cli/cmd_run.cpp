@@ -565,7 +565,7 @@ Status run(const RunArgs& a) {
 void register_run_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<RunArgs>();
   auto* sub = app.add_subcommand("run", "Generate text from a prompt (streams to stdout)");
-  sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
+  add_model_option(sub, a->model);
   auto* p = sub->add_option("-p,--prompt", a->prompt, "Prompt text");
   sub->add_option("-f,--file", a->file, "Read the prompt from a file ('-' = standard input)");
   auto* ids = sub->add_option("--ids", a->ids,
@@ -599,8 +599,7 @@ void register_run_command(CLI::App& app, int& exit_code) {
                   "state for this many aside). Too small for the prompt + -n - 1 (with -n -1 the "
                   "prompt): exit 2; a conversation's message past it: exit 4")
       ->capture_default_str();
-  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
-      ->capture_default_str();
+  add_isa_option(sub, a->isa);
   add_memory_options(sub, a->memory);
   add_strata_options(sub, a->strata);
   sub->add_option("--report-json", a->report_json, "Also write the run report to FILE as JSON");

@@ -759,7 +759,7 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   auto* sub = app.add_subcommand(
       "serve", "OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions; "
                "llama-server's /completion)");
-  sub->add_option("-m,--model", a->model, "Model folder (config.json + safetensors)")->required();
+  add_model_option(sub, a->model);
   sub->add_option("--host", a->host, "Address to listen on")->capture_default_str();
   sub->add_option("--port", a->port, "Port to listen on (0: any free one, printed)")
       ->capture_default_str()
@@ -781,8 +781,7 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   add_sampling_options(sub, a->sampling, /*for_requests=*/true);
   add_threads_option(sub, a->threads, "Worker threads");
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
-  sub->add_option("--isa", a->isa, "CPU kernels: auto, scalar, avx2 or avx512 (same output bytes)")
-      ->capture_default_str();
+  add_isa_option(sub, a->isa);
   add_memory_options(sub, a->memory);
   add_strata_options(sub, a->strata);
   sub->callback([a, &exit_code] { exit_code = finish(serve(*a)); });
