@@ -331,15 +331,6 @@ uint64_t default_buffer_bytes(uint64_t llc_bytes) {
   return (want + kMiB - 1) / kMiB * kMiB;
 }
 
-uint64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  unsigned long long kib = 0;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return static_cast<uint64_t>(kib) << 10;
-  return 0;
-}
-
 KernelBenchResult run_kernel_bench(const KernelBenchConfig& config, const ProgressFn& progress) {
   KernelBenchResult out;
   auto say = [&](const std::string& s) {

@@ -54,9 +54,6 @@ uint64_t last_level_cache_bytes(std::string* source = nullptr);
 // Default buffer size for a given LLC: max(4 * llc, 256 MiB), rounded up to 1 MiB.
 uint64_t default_buffer_bytes(uint64_t llc_bytes);
 
-// MemAvailable from /proc/meminfo in bytes; 0 if unknown.
-uint64_t available_memory_bytes();
-
 struct KernelBenchConfig {
   std::vector<int> thread_counts = {1};  // each >= 1, measured in this order
   uint64_t buffer_bytes = 256ull << 20;  // >= 1 MiB; matrices are sized to fill it

@@ -130,7 +130,7 @@ Status run_kernels(const KernelsOptions& o) {
   // The default size follows the LLC, which some machines report as the whole host's; it is
   // capped at half of MemAvailable (the figures then say so) rather than risk the OOM killer.
   bool capped = false;
-  const uint64_t avail = bench::available_memory_bytes();
+  const uint64_t avail = runtime::mem_available_bytes();
   if (!o.quick && !o.size_mib && avail > 0 && cfg.buffer_bytes > avail / 2) {
     cfg.buffer_bytes = std::max<uint64_t>(avail / 2 >> 20 << 20, 1 << 20);
     capped = true;

@@ -211,7 +211,7 @@ Status run_decode_bench(const DecodeOptions& o) {
   std::fprintf(stderr, "[bench] memory read bandwidth at %d threads\n", engine->threads());
   uint64_t buffer = o.buffer_mib ? o.buffer_mib << 20
                                  : bench::default_buffer_bytes(bench::last_level_cache_bytes());
-  if (const uint64_t avail = bench::available_memory_bytes(); avail > 0 && !o.buffer_mib)
+  if (const uint64_t avail = runtime::mem_available_bytes(); avail > 0 && !o.buffer_mib)
     buffer = std::min(buffer, avail / 4);
   cpu::ThreadPool pool(engine->threads());
   const double gbps = bench::measure_read_gbps(pool, buffer, 5);
