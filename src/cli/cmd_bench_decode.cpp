@@ -114,6 +114,7 @@ Result<runtime::EngineOptions> streamed_options(const DecodeOptions& o) {
   eo.model_dir = o.model;
   eo.threads = o.threads;
   eo.pack_dir = o.pack;
+  eo.lookahead = runtime::kDefaultLookahead;  // measured as given, never lowered by the budget
   KTIER_ASSIGN_OR_RETURN(eo.io.rate_limit_bytes_per_s, rate_limit_bytes_per_s(o.io_rate_limit_mb_s));
   KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ck,
                          format::Checkpoint::open(o.model, format::OpenMode::kPread));
@@ -121,7 +122,7 @@ Result<runtime::EngineOptions> streamed_options(const DecodeOptions& o) {
   eo.workload.positions = o.prompt_tokens + o.tokens;  // timed_decode's longest sequence
   const int threads = runtime::resolve_threads(o.threads);
   const runtime::DialMinimum min =
-      runtime::dial_minimum(ck, &pk, eo.lookahead, threads, /*host_routers=*/true, &eo.workload);
+      runtime::dial_minimum(ck, &pk, *eo.lookahead, threads, /*host_routers=*/true, &eo.workload);
   if (!o.ram.empty()) {
     KTIER_ASSIGN_OR_RETURN(eo.ram_budget, parse_size(o.ram, "--ram"));
     KTIER_RETURN_IF_ERROR(runtime::check_dial_budget(*eo.ram_budget, min, &pk, eo.workload));

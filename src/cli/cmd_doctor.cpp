@@ -2,27 +2,18 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "backend/cuda_module.h"
 #include "cli/commands.h"
+#include "common/size.h"
 #include "cpu/cpu_features.h"
 #include "cpu/exec.h"
 #include "ktier/version.h"
+#include "runtime/engine_plan.h"
 
 namespace ktier::cli {
 namespace {
-
-long long meminfo_kib(const std::string& key) {
-  std::ifstream in("/proc/meminfo");
-  std::string k;
-  long long v = 0;
-  std::string unit;
-  while (in >> k >> v >> unit)
-    if (k == key + ":") return v;
-  return -1;
-}
 
 Status run_doctor() {
   const auto& f = cpu::cpu_features();
@@ -34,8 +25,12 @@ Status run_doctor() {
               f.f16c ? "yes" : "no", avx512 ? "yes" : "no",
               avx512 && !f.os_avx512 ? " (zmm state not saved by the OS)" : "",
               cpu::isa_name(cpu::best_isa()));
-  std::printf("memory: MemTotal %.1f GiB, MemAvailable %.1f GiB\n",
-              meminfo_kib("MemTotal") / 1048576.0, meminfo_kib("MemAvailable") / 1048576.0);
+  const runtime::MemInfo mem = runtime::read_meminfo();
+  const Result<uint64_t> preset = runtime::preset_budget_bytes("auto");
+  std::printf("memory: MemTotal %s, MemAvailable %s; --preset auto (GPU mode's default) "
+              "budgets %s\n",
+              format_size(mem.total).c_str(), format_size(mem.available).c_str(),
+              preset.is_ok() ? format_size(*preset).c_str() : preset.status().message().c_str());
   std::printf("%s\n", backend::describe_cuda(backend::probe_cuda_module()).c_str());
   return Status::ok();
 }

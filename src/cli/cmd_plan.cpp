@@ -53,6 +53,8 @@ struct Plan {
   // The layers the host serves (all, or in GPU mode those the device streams) and of those the
   // ones read from disk every token (not pinned).
   int64_t host_layers = 0, from_disk = 0;
+  int lookahead = 0;              // the depth a run gets (runtime::choose_lookahead's)
+  std::string lookahead_lowered;  // why automatic lookahead is off; empty otherwise
 };
 
 std::string percent(uint64_t part, uint64_t whole) {
@@ -80,9 +82,18 @@ uint64_t trunk_read_per_token(const runtime::DialPlan& d, const runtime::DeviceP
   return n;
 }
 
+// The same steps as Engine::open, in its order.
 Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk,
-                       const runtime::EngineOptions& eo, int threads) {
+                       runtime::EngineOptions eo, int threads) {
   Plan out;
+  uint64_t budget = 0;
+  if (runtime::dial_mode(eo)) {
+    KTIER_ASSIGN_OR_RETURN(budget, runtime::dial_budget_bytes(eo));
+    runtime::LookaheadChoice choice = runtime::choose_lookahead(ckpt, pk, eo, budget, threads);
+    eo.lookahead = choice.depth;
+    out.lookahead_lowered = std::move(choice.lowered);
+  }
+  out.lookahead = runtime::lookahead_depth(eo, ckpt.config(), runtime::dial_mode(eo));
   if (runtime::device_mode(eo)) {
     std::optional<uint64_t> free_bytes;
     bool uses_blas = false;
@@ -99,15 +110,13 @@ Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk
   out.host_layers = L - (out.device ? out.device->trunk.resident_layers : 0);
   if (!runtime::dial_mode(eo)) {
     const runtime::DialMinimum m = runtime::dial_minimum(
-        ckpt, nullptr, runtime::lookahead_depth(eo, ckpt.config(), false), threads, false,
-        &eo.workload);
+        ckpt, nullptr, out.lookahead, threads, false, &eo.workload);
     out.mapped_sequence = m.sequence;
     KTIER_ASSIGN_OR_RETURN(const runtime::TrunkPlan all,
                            runtime::TrunkStore::plan(ckpt, nullptr, {}, threads));
     for (const uint64_t b : all.layer_read_bytes) out.mapped_layers += b;
     return out;
   }
-  KTIER_ASSIGN_OR_RETURN(const uint64_t budget, runtime::dial_budget_bytes(eo));
   KTIER_ASSIGN_OR_RETURN(out.dial, runtime::plan_dial(ckpt, pk, eo, budget, threads,
                                                       out.device ? &*out.device : nullptr));
   out.from_disk = out.host_layers - out.dial->trunk.layers_pinned;
@@ -127,6 +136,7 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
                    {"top_k", c.num_experts_per_token},
                    {"positions", eo.workload.positions},
                    {"chunk", eo.workload.chunk},
+                   {"lookahead", p.lookahead},
                    {"mem_available_bytes", runtime::mem_available_bytes()},
                    {"dial", nullptr},
                    {"device", nullptr}};
@@ -148,7 +158,8 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
         {"trunk_layers_streamed", p.from_disk},  // read from disk every token
         {"trunk_ring_slots", d.ring_released ? 0 : d.trunk.ring_slots},
         {"trunk_ring_slot_bytes", d.trunk.ring_slot_bytes},
-        {"trunk_bytes", d.trunk.bytes_held - d.ring_released},
+        {"trunk_bytes", d.trunk_held()},
+        {"trunk_head_released_bytes", d.head_released},
         {"trunk_read_bytes_per_token", trunk_read_per_token(d, p.device ? &*p.device : nullptr)},
         {"router_bank_bytes", d.router_bytes},
         {"router_bank_from_layer", d.router_bytes ? d.routers_from : c.num_hidden_layers},
@@ -228,6 +239,7 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
   out += "host: budget " +
          (d.budget == UINT64_MAX ? std::string("unlimited (max)") : format_size(d.budget)) +
          " (minimum " + format_size(d.minimum.total()) + ")\n";
+  if (!p.lookahead_lowered.empty()) out += "  note: " + p.lookahead_lowered + "\n";
   if (d.minimum.sequence) out += row("sequence", d.minimum.sequence, "");
   const int64_t pinned = d.trunk.layers_pinned;
   std::string trunk = std::to_string(pinned) + " of " + std::to_string(L) + " layers pinned (" +
@@ -246,7 +258,10 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
              format_size(trunk_read_per_token(d, p.device ? &*p.device : nullptr)) +
              " a token";
   }
-  out += row("trunk", d.trunk.bytes_held - d.ring_released, trunk);
+  if (d.head_released)
+    trunk += "; its head record (" + format_size(d.head_released) +
+             ") freed once the device mirrors it";
+  out += row("trunk", d.trunk_held(), trunk);
   if (d.router_bytes)
     out += row("routers", d.router_bytes,
                "for lookahead, of the MoE layers streamed (" +
@@ -258,7 +273,7 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
                    format_size(d.expert_slot_bytes) + " (" + std::to_string(kept) +
                    " kept: " + of_experts(kept) + "; " + std::to_string(d.expert_batch) +
                    " for one fetch); policy " + std::string(strata::policy_name(eo.policy)) +
-                   ", lookahead " + std::to_string(runtime::lookahead_depth(eo, c, true)));
+                   ", lookahead " + std::to_string(p.lookahead));
     if (p.ram_slots_here < static_cast<uint64_t>(d.expert_slots))
       out += "  note: this machine has " + format_size(runtime::mem_available_bytes()) +
              " available now: a run here would cap the RAM tier at " +

@@ -1,11 +1,13 @@
 #pragma once
 // The strata flags that `run` and `eval` share (docs/STRATA.md §6, docs/TUNING.md):
 //   --policy temperature|lru|lfu|static   placement of the expert RAM tier (memory dial)
-//   --lookahead D                         router lookahead depth, 0 = off (default 1)
+//   --lookahead D                         router lookahead depth, 0 = off (default: 1, or 0
+//                                         where the memory dial's budget has no room for it)
 //   --no-lookahead-refresh                no second prediction of layer l+1 after layer l's FFN
 //   --profile TRACE                       a recorded trace seeding the policy (temperatures;
 //                                         the ranking of `static`)
 
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -17,7 +19,7 @@ namespace ktier::cli {
 
 struct StrataArgs {
   std::string policy = "temperature", profile;
-  int lookahead = 1;
+  std::optional<int> lookahead;  // nullopt: automatic (runtime::choose_lookahead)
   bool no_refresh = false;
 };
 void add_strata_options(CLI::App* sub, StrataArgs& a);

@@ -28,17 +28,25 @@ int resolve_threads(int requested) {
   return requested > 0 ? requested : std::clamp(hw, 1, cpu::kMaxThreads);
 }
 
-Status Engine::open_trunk_dial(const EngineOptions& opts) {
+Status Engine::open_dial_budget(EngineOptions& opts) {
   if (opts.pack_dir) {
     KTIER_ASSIGN_OR_RETURN(pack_, pack::TrunkPack::open(*opts.pack_dir, ckpt_));
   }
+  KTIER_ASSIGN_OR_RETURN(budget_, dial_budget_bytes(opts));
+  const LookaheadChoice lookahead =
+      choose_lookahead(ckpt_, pack_ ? &*pack_ : nullptr, opts, budget_, pool_->size());
+  if (!lookahead.lowered.empty()) spdlog::warn("{}", lookahead.lowered);
+  opts.lookahead = lookahead.depth;
+  return Status::ok();
+}
+
+Status Engine::open_trunk_dial(const EngineOptions& opts) {
   const pack::TrunkPack* pk = pack_ ? &*pack_ : nullptr;
   KTIER_ASSIGN_OR_RETURN(io_, io::make_io_engine(opts.io));
   for (size_t i = 0; i < ckpt_.num_shards(); ++i) {
     KTIER_ASSIGN_OR_RETURN(io::ReadFile f, io_->open(ckpt_.shard(i).path()));
     shard_files_.push_back(std::move(f));
   }
-  KTIER_ASSIGN_OR_RETURN(budget_, dial_budget_bytes(opts));
   KTIER_ASSIGN_OR_RETURN(dial_plan_, plan_dial(ckpt_, pk, opts, budget_, pool_->size(),
                                                device_plan_ ? &*device_plan_ : nullptr));
   const DialPlan& plan = *dial_plan_;
@@ -147,6 +155,9 @@ Status Engine::open_device_trunk(model::TrunkSource& trunk) {
   if (freed)
     spdlog::info("trunk: ring of {} freed (the device holds or the host pins every layer)",
                  format_size(freed));
+  // The device serves the head from its mirror (DeviceTrunk::open copied it synchronously).
+  const uint64_t head = store_ ? store_->release_head() : 0;
+  KTIER_CHECK(!dial_plan_ || head == dial_plan_->head_released);
   return Status::ok();
 }
 
@@ -183,8 +194,9 @@ Status Engine::open_device(const EngineOptions& opts, model::ExpertSource* exper
   return Status::ok();
 }
 
-Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
-  KTIER_RETURN_IF_ERROR(check_engine_options(opts));
+Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& requested) {
+  KTIER_RETURN_IF_ERROR(check_engine_options(requested));
+  EngineOptions opts = requested;  // with the dial's automatic choices made (open_dial_budget)
   const cpu::Isa isa = opts.isa.value_or(cpu::best_isa());
   // GPU mode always runs the memory dial (default budget: --preset auto): its page-locked RAM
   // tier is the warm tier and the staging buffer NVMe -> RAM -> VRAM, filled by io_uring reads;
@@ -207,6 +219,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) {
     spdlog::warn("threads: {}; running with {} (same output)", e->pool_->start_error(),
                  e->pool_->size());
   e->exec_ = cpu::Exec{e->pool_.get(), isa};
+  if (dial) KTIER_RETURN_IF_ERROR(e->open_dial_budget(opts));
   if (device_mode(opts)) KTIER_RETURN_IF_ERROR(e->open_backend(opts));
   model::TrunkSource* trunk = nullptr;
   if (dial) {

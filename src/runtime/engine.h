@@ -36,8 +36,9 @@ class Engine {
   // 0..cpu::kMaxThreads, lookahead < 0, the belady policy (replay only), static without a
   // ranking, or an ISA this CPU or build lacks; with the memory dial also those of
   // TrunkPack::open (exit 2/3), I/O errors (exit 1), Status::corrupt for a pack record failing
-  // its checksum, and Status::budget (exit 4) for a budget below the stated minimum.
-  static Result<std::unique_ptr<Engine>> open(const EngineOptions& opts);
+  // its checksum, and Status::budget (exit 4) for a budget below the stated minimum. Automatic
+  // lookahead (choose_lookahead) is decided here; model().lookahead_depth() says what it was.
+  static Result<std::unique_ptr<Engine>> open(const EngineOptions& requested);
   ~Engine();
 
   const format::Checkpoint& checkpoint() const { return ckpt_; }
@@ -84,6 +85,9 @@ class Engine {
   explicit Engine(format::Checkpoint ckpt) : ckpt_(std::move(ckpt)) {}
   // The memory dial in two steps, GPU mode's device trunk between them: pack, I/O engine,
   // TrunkStore, RouterBank; then the ExpertCache from the budget the others left.
+  // The memory dial's pack, budget and automatic lookahead (choose_lookahead, into `opts`):
+  // before anything is planned.
+  Status open_dial_budget(EngineOptions& opts);
   Status open_trunk_dial(const EngineOptions& opts);
   Status open_expert_tier(const EngineOptions& opts);
   // GPU mode, before the dial: the backend, --vram, the sequence's working set and where the

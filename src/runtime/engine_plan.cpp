@@ -15,28 +15,26 @@
 
 namespace ktier::runtime {
 
-namespace {
-// MemTotal and MemAvailable from /proc/meminfo, bytes (0 when absent).
-std::pair<uint64_t, uint64_t> meminfo() {
+MemInfo read_meminfo() {
   std::ifstream in("/proc/meminfo");
   std::string key;
-  uint64_t kb = 0, total = 0, avail = 0;
+  uint64_t kb = 0;
   std::string unit;
+  MemInfo m;
   while (in >> key >> kb >> unit) {
-    if (key == "MemTotal:") total = kb * 1024;
-    if (key == "MemAvailable:") avail = kb * 1024;
+    if (key == "MemTotal:") m.total = kb * 1024;
+    if (key == "MemAvailable:") m.available = kb * 1024;
   }
-  return {total, avail};
+  return m;
 }
-}  // namespace
 
-uint64_t mem_available_bytes() { return meminfo().second; }
+uint64_t mem_available_bytes() { return read_meminfo().available; }
 
 Status check_engine_options(const EngineOptions& opts) {
   if (opts.threads < 0 || opts.threads > cpu::kMaxThreads)
     return Status::usage("--threads " + std::to_string(opts.threads) + " is outside 0.." +
                          std::to_string(cpu::kMaxThreads) + " (0 = one per hardware thread)");
-  if (opts.lookahead < 0) return Status::usage("--lookahead must be >= 0 (0 = off)");
+  if (opts.lookahead.value_or(0) < 0) return Status::usage("--lookahead must be >= 0 (0 = off)");
   if (opts.policy == strata::PolicyKind::kBelady)
     return Status::usage("--policy belady needs the future: it is for `ktier trace replay` only");
   if (opts.policy == strata::PolicyKind::kStatic && opts.static_ranking.empty())
@@ -73,7 +71,8 @@ int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c, boo
   // prefetches, so it gets none (and its routers are not loaded).
   if (dial && opts.policy == strata::PolicyKind::kStatic) return 0;
   return static_cast<int>(std::min<int64_t>(
-      {opts.lookahead, c.num_hidden_layers - 1, int64_t{strata::kMaxTraceLookahead}}));
+      {opts.lookahead.value_or(kDefaultLookahead), c.num_hidden_layers - 1,
+       int64_t{strata::kMaxTraceLookahead}}));
 }
 
 Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::TrunkPack* pack,
@@ -106,7 +105,7 @@ Result<uint64_t> preset_budget_bytes(const std::string& name) {
   if (name == "server") return 128 * G;
   if (name == "max") return UINT64_MAX;
   if (name == "auto") {
-    const auto [total, avail] = meminfo();
+    const auto [total, avail] = read_meminfo();
     if (total == 0 || avail == 0)
       return Status::usage("--preset auto: cannot read MemTotal/MemAvailable from /proc/meminfo");
     const uint64_t cap = avail > 2 * G ? avail - 2 * G : avail / 2;
@@ -202,6 +201,26 @@ int64_t capped_expert_slots(const DialPlan& plan, uint64_t mem_available) {
   const uint64_t usable = mem_available / 10 * 9 > seq ? mem_available / 10 * 9 - seq : 0;
   const uint64_t fit = std::max(plan.minimum.expert_slots, usable / plan.expert_slot_bytes);
   return static_cast<int64_t>(std::min(static_cast<uint64_t>(plan.expert_slots), fit));
+}
+
+LookaheadChoice choose_lookahead(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                                 const EngineOptions& opts, uint64_t budget, int threads) {
+  const int depth = lookahead_depth(opts, ckpt.config(), /*dial=*/true);
+  if (opts.lookahead || depth == 0) return {depth, {}};
+  const bool device = device_mode(opts);
+  const auto minimum = [&](int d) {
+    return dial_minimum(ckpt, pack, d, threads, /*host_routers=*/!device,
+                        device ? nullptr : &opts.workload);
+  };
+  const DialMinimum with = minimum(depth);
+  if (budget >= with.total() || budget < minimum(0).total()) return {depth, {}};
+  return {0, "lookahead off: the budget of " + format_size(budget) +
+                 " is below the minimum with lookahead " + std::to_string(depth) + ", " +
+                 format_size(with.total()) + " (" +
+                 (with.routers ? "routers " + format_size(with.routers) + ", " : "") +
+                 std::to_string(with.expert_slots) +
+                 " expert slots): the output is the same, experts are not prefetched; a budget "
+                 "of " + format_size(with.total()) + " or more turns it on"};
 }
 
 Result<DevicePlan> plan_device(const format::Checkpoint& ckpt, const EngineOptions& opts,
@@ -300,6 +319,8 @@ Result<DialPlan> plan_dial(const format::Checkpoint& ckpt, const pack::TrunkPack
   if (device && p.trunk.ring_slots > 0 &&
       p.trunk.layers_pinned >= L - device->trunk.resident_layers)
     p.ring_released = p.trunk.ring_bytes();
+  // The device serves the head from its mirror: the host's copy goes to the expert tier.
+  if (device) p.head_released = p.trunk.head_bytes;
   if (ckpt.expert_storage() == format::ExpertStorage::kNone) return p;
   // One fetch's worth of slots is lent to experts the policy does not keep; the rest is the
   // policy's capacity. More slots than every expert and one fetch are never needed.

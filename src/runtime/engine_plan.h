@@ -23,6 +23,9 @@
 
 namespace ktier::runtime {
 
+// The router lookahead depth a run gets when --lookahead is not given and memory allows.
+inline constexpr int kDefaultLookahead = 1;
+
 struct EngineOptions {
   std::filesystem::path model_dir;
   int threads = 0;                        // 0: one per hardware thread
@@ -39,8 +42,10 @@ struct EngineOptions {
   // without the memory dial lookahead only feeds observers such as a trace) and its refresh
   // (layer l+1 rescored after layer l's FFN, §4), and what a recorded
   // profile gives the policy (temperatures at clock 0, per key; a ranking for kStatic).
+  // lookahead nullopt: automatic (choose_lookahead): kDefaultLookahead, or 0 where the dial's
+  // budget holds everything else but not lookahead's share.
   strata::PolicyKind policy = strata::PolicyKind::kTemperature;
-  int lookahead = 1;
+  std::optional<int> lookahead;
   bool lookahead_refresh = true;
   std::vector<double> temperature_seed;
   std::vector<uint32_t> static_ranking;
@@ -106,7 +111,12 @@ Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::Tr
 // less 2 GiB). Status::usage for another name or when /proc/meminfo cannot be read for auto.
 Result<uint64_t> preset_budget_bytes(const std::string& name);
 
-// MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read.
+// MemTotal and MemAvailable from /proc/meminfo in bytes; 0 for what cannot be read.
+struct MemInfo {
+  uint64_t total = 0, available = 0;
+};
+MemInfo read_meminfo();
+// read_meminfo().available.
 uint64_t mem_available_bytes();
 
 // Status::usage for options no engine opens with: threads outside 0..cpu::kMaxThreads,
@@ -130,9 +140,24 @@ inline bool device_mode(const EngineOptions& opts) {
 inline bool dial_mode(const EngineOptions& opts) {
   return opts.pack_dir.has_value() || opts.ram_budget.has_value() || device_mode(opts);
 }
-// The router lookahead depth `opts` runs on `c`: at most the layers after the first and a
-// trace's limit; with the dial, 0 for the static policy (it never prefetches).
+// The router lookahead depth `opts` runs on `c` (kDefaultLookahead when automatic): at most the
+// layers after the first and a trace's limit; with the dial, 0 for the static policy (it never
+// prefetches).
 int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c, bool dial);
+
+// Automatic lookahead on the memory dial (EngineOptions::lookahead nullopt), decided before
+// anything is placed: kDefaultLookahead, or 0 when `budget` is below the dial's minimum with it
+// but not without it. On the dial lookahead needs the streamed layers' routers and prefetch
+// slots (K3: 1.11 GiB of routers, beyond a laptop's 8 GiB with the rest); it changes the speed,
+// never the output. A --lookahead given is kept (and refused below its minimum by plan_dial).
+// `threads` as for plan_dial; in GPU mode (device_mode) the minimum is plan_dial's with a device:
+// its routers and sequence are in VRAM.
+struct LookaheadChoice {
+  int depth = 0;
+  std::string lowered;  // why automatic lookahead is off (for a log line); empty otherwise
+};
+LookaheadChoice choose_lookahead(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                                 const EngineOptions& opts, uint64_t budget, int threads);
 
 // GPU mode's device memory, from --vram (`vram_bytes`): the sequence's working set first, then
 // the trunk's mirror (DeviceTrunk::plan), then the VRAM expert tier in what is left. Bytes.
@@ -161,6 +186,8 @@ struct DialPlan {
   TrunkPlan trunk;
   uint64_t ring_released = 0;  // GPU mode: the ring freed once the host pins every layer the
                                // device streams (TrunkStore::release_ring)
+  uint64_t head_released = 0;  // GPU mode: the head record, freed once the device mirrors it
+                               // (TrunkStore::release_head)
   int64_t routers_from = 0;    // the RouterBank holds layers routers_from.. (their routers)
   uint64_t router_bytes = 0;   // 0: no bank
   int64_t expert_slots = 0;    // the RAM tier's slots, one fetch's top-k (expert_batch) of them
@@ -170,9 +197,11 @@ struct DialPlan {
   // What stays held once the engine is open, the expert tier's slots included (its arena may
   // round them up to whole huge pages).
   uint64_t held() const {
-    return trunk.bytes_held - ring_released + router_bytes + minimum.sequence +
+    return trunk_held() + router_bytes + minimum.sequence +
            static_cast<uint64_t>(expert_slots) * expert_slot_bytes;
   }
+  // The TrunkStore's bytes once the engine is open (TrunkStoreStats::bytes_allocated).
+  uint64_t trunk_held() const { return trunk.bytes_held - ring_released - head_released; }
 };
 // The RAM tier's slots a run opens on a machine with `mem_available` bytes free: the plan's,
 // capped at 90% of it less the sequence (the tier is faulted in at start: a budget above

@@ -153,6 +153,7 @@ Result<TrunkPlan> TrunkStore::plan_records(const std::vector<pack::Record>& reco
     p.ring_slot_bytes = z.largest + z.staging;
   }
   p.bytes_held = z.fixed() + p.pinned_layer_bytes + p.ring_bytes();
+  p.head_bytes = head.size;
   for (int64_t l = 0; l < L; ++l)
     p.layer_read_bytes.push_back(read_bytes(records[static_cast<size_t>(l)], pack != nullptr));
   return p;
@@ -338,6 +339,16 @@ uint64_t TrunkStore::release_ring(int64_t first_layer) {
   }
   ring_.clear();
   next_prefetch_ = -1;
+  stats_.bytes_allocated -= freed;
+  return freed;
+}
+
+uint64_t TrunkStore::release_head() {
+  if (head_released_) return 0;
+  const uint64_t freed = pinned_.front().size();
+  pinned_.front() = io::AlignedBuffer();  // [0] stays the head's place
+  head_ = model::HeadWeights();
+  head_released_ = true;
   stats_.bytes_allocated -= freed;
   return freed;
 }

@@ -45,6 +45,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/check.h"
 #include "common/status.h"
 #include "cpu/thread_pool.h"
 #include "format/checkpoint.h"
@@ -102,6 +103,7 @@ struct TrunkPlan {
   uint64_t minimum_bytes = 0;  // TrunkStoreStats::minimum_bytes
   uint64_t pinned_layer_bytes = 0;
   uint64_t bytes_held = 0;     // what the store holds after open (TrunkStoreStats::bytes_allocated)
+  uint64_t head_bytes = 0;     // the head record's, part of bytes_held (release_head frees it)
   // [l]: the bytes one acquire of layer l reads when it streams (TrunkStoreStats's
   // streamed_bytes_read: a pack's record as stored, from the shards its tensors' bytes).
   std::vector<uint64_t> layer_read_bytes;
@@ -149,7 +151,10 @@ class TrunkStore final : public model::TrunkSource {
   const format::ModelConfig& config() const override { return ckpt_.config(); }
   Result<const model::LayerWeights*> acquire_layer(int64_t l) override;
   void release_layer(int64_t l) override;
-  const model::HeadWeights& head() const override { return head_; }
+  const model::HeadWeights& head() const override {
+    KTIER_CHECK(!head_released_);  // release_head's contract: another source serves it
+    return head_;
+  }
   Status embed(std::span<const int32_t> ids, float* out) override;
 
   const TrunkStoreStats& stats() const { return stats_; }
@@ -179,6 +184,11 @@ class TrunkStore final : public model::TrunkSource {
   // shrinks by it. Acquiring a layer the store does not pin afterwards is a bug (CHECK).
   // REQUIRES: no layer acquired. Returns the bytes freed (0 when some of those layers stream).
   uint64_t release_ring(int64_t first_layer);
+  // Frees the head record (lm_head, final norm, output AttnRes pair), which nobody asks this
+  // store for any more (GPU mode: the device mirrors it and serves head()); bytes_allocated
+  // shrinks by it. head() afterwards is a bug (CHECK). Returns the bytes freed
+  // (TrunkPlan::head_bytes), 0 when released before.
+  uint64_t release_head();
   // The layer each ring slot holds or is reading (-1: free), for tests and reports.
   std::vector<int64_t> ring_layers() const {
     std::vector<int64_t> out;
@@ -249,6 +259,7 @@ class TrunkStore final : public model::TrunkSource {
   std::vector<io::AlignedBuffer> pinned_;  // head first, then layers 0..n_pinned-1
   std::vector<model::LayerWeights> pinned_weights_;
   model::HeadWeights head_;
+  bool head_released_ = false;  // release_head
   std::vector<Slot> ring_;
   int64_t next_prefetch_ = -1;  // next streamed layer to read
   int64_t cycle_start_ = 0;     // read-ahead wraps to the first streamed layer from here

@@ -45,6 +45,7 @@ void expect_dial_matches(const PlanAndRun& pr, const std::string& flags) {
   const nlohmann::json& d = pr.plan.at("dial");
   const nlohmann::json& j = pr.report;
   EXPECT_EQ(d.at("budget_bytes"), j.at("budget_bytes"));
+  EXPECT_EQ(pr.plan.at("lookahead"), j.at("lookahead"));
   EXPECT_EQ(d.at("trunk_layers_pinned"), j.at("trunk_layers_pinned"));
   EXPECT_EQ(d.at("trunk_layers_streamed"), j.at("trunk_layers_streamed"));
   EXPECT_EQ(d.at("trunk_bytes"), j.at("trunk_bytes"));
@@ -58,7 +59,7 @@ void expect_dial_matches(const PlanAndRun& pr, const std::string& flags) {
 }
 
 // From the minimum (the plan's own figure) to every layer pinned, from the shards, a pack and a
-// compressed pack.
+// compressed pack; one byte below the minimum automatic lookahead is off, in both.
 TEST_F(RunEvalCli, PlanHoldsWhatTheRunHoldsAtEveryBudget) {
   const fs::path pack = dir_.string() + "-plan-pack", packz = dir_.string() + "-plan-packz";
   for (const auto& [out, extra] : {std::pair{pack, ""}, std::pair{packz, " --compress"}}) {
@@ -66,7 +67,7 @@ TEST_F(RunEvalCli, PlanHoldsWhatTheRunHoldsAtEveryBudget) {
                                         out.string() + extra);
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
-  int checked = 0;
+  int checked = 0, without_lookahead = 0;
   bool streamed = false, all_pinned = false;
   for (const std::string& source : {std::string(), " --pack " + pack.string(),
                                    " --pack " + packz.string() + " -t 2"}) {
@@ -76,7 +77,7 @@ TEST_F(RunEvalCli, PlanHoldsWhatTheRunHoldsAtEveryBudget) {
                                           " --ram 64M --json " + min_json.string());
     ASSERT_EQ(big.exit_code, 0) << big.err;
     const uint64_t minimum = read_json(min_json).at("dial").at("minimum_bytes");
-    for (const uint64_t budget : {minimum, minimum + 300'000, minimum + 900'000,
+    for (const uint64_t budget : {minimum - 1, minimum, minimum + 300'000, minimum + 900'000,
                                   uint64_t{64} << 20}) {
       const std::string flags = common + " --ram " + std::to_string(budget);
       const PlanAndRun pr = plan_and_run(model(), prompt_ids(), dir_.string() + "-plan", flags);
@@ -85,10 +86,12 @@ TEST_F(RunEvalCli, PlanHoldsWhatTheRunHoldsAtEveryBudget) {
       const int pinned = pr.plan.at("dial").at("trunk_layers_pinned");
       streamed |= pinned < pr.plan.at("layers").get<int>();
       all_pinned |= pinned == pr.plan.at("layers").get<int>();
+      without_lookahead += pr.plan.at("lookahead") == 0;
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 12);
+  EXPECT_EQ(checked, 15);
+  EXPECT_EQ(without_lookahead, 3) << "one byte below the minimum with lookahead, and only there";
   EXPECT_TRUE(streamed && all_pinned) << "the budgets should span streamed and pinned trunks";
 }
 
@@ -125,6 +128,9 @@ TEST_F(RunEvalCli, PlanPlacesTheDeviceAsTheEmulatedRunDoes) {
       ring_freed |= h.at("trunk_ring_slots") == 0 &&
                     h.at("trunk_layers_pinned") < pr.plan.at("layers");
       from_disk |= h.at("trunk_layers_streamed") > 0;
+      // The device mirrors the head: the host's copy is freed (trunk_bytes, compared above,
+      // is what the run's store holds after it).
+      EXPECT_GT(h.at("trunk_head_released_bytes").get<uint64_t>(), 0u);
       ++checked;
     }
   }
@@ -209,15 +215,30 @@ TEST(PlanK3, PlansTheReleasedShapes) {
   EXPECT_GT(pinned96, pinned32);
   EXPECT_LT(workstation.at("dial").at("trunk_read_bytes_per_token").get<uint64_t>(),
             d.at("trunk_read_bytes_per_token").get<uint64_t>());
-  // The minimum: met exactly, refused one byte below it in the words `run` uses.
+  // The minimum: met exactly, refused one byte below it in the words `run` uses (lookahead 1
+  // as given; automatic, it would turn itself off).
   const uint64_t minimum = d.at("minimum_bytes");
+  EXPECT_EQ(desktop.at("lookahead"), 1);
   EXPECT_FALSE(plan(" --ram " + std::to_string(minimum)).is_null());
-  r = run_process(ktier() + " plan" + model + " --ram " + std::to_string(minimum - 1));
+  r = run_process(ktier() + " plan" + model + " --lookahead 1 --ram " +
+                  std::to_string(minimum - 1));
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("the minimum is " + format_size(minimum) + " = " +
                        std::to_string(minimum) + " bytes"),
             std::string::npos)
       << r.err;
+  // A laptop's 8 GiB (--preset laptop) holds K3 without lookahead's 1.11 GiB of routers, not
+  // with them: automatic lookahead is off there, and the plan says so.
+  ASSERT_GT(minimum, 8ull << 30);
+  const nlohmann::json laptop = plan(" --preset laptop");
+  ASSERT_FALSE(laptop.is_null());
+  EXPECT_EQ(laptop.at("lookahead"), 0);
+  EXPECT_EQ(laptop.at("dial").at("router_bank_bytes"), 0);
+  EXPECT_LE(laptop.at("dial").at("minimum_bytes").get<uint64_t>(), 8ull << 30);
+  r = run_process(ktier() + " plan" + model + " --preset laptop");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("note: lookahead off: the budget of 8.00 GiB"), std::string::npos)
+      << r.out;
   // GPU mode on an H200 (140 GiB; 90% of it free is the default --vram): the whole trunk, its
   // layers and lm_head (103.5 GiB), is resident.
   const nlohmann::json h200 = plan(" --device emulated --vram 125G --ram 96G");

@@ -47,7 +47,7 @@ class DeviceModeTest : public ::testing::Test {
     experts_ = static_cast<uint64_t>((*e)->checkpoint().config().num_moe_layers() *
                                      (*e)->checkpoint().config().num_experts);
     tier_min_slots_ = static_cast<uint64_t>(
-        VramExpertTier::minimum_slots((*e)->checkpoint().config(), cpu().lookahead));
+        VramExpertTier::minimum_slots((*e)->checkpoint().config(), kDefaultLookahead));
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
 
@@ -132,12 +132,13 @@ TEST_F(DeviceModeTest, EmulatedDeviceGivesTheCpuBytesAtEveryVramBudget) {
 
 TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {
   EngineOptions eo = emulated(budgets()[1]);
-  ASSERT_GT(eo.lookahead, 0);
+  const int depth = eo.lookahead.value_or(kDefaultLookahead);
+  ASSERT_GT(depth, 0);
   // GPU mode scores lookahead on the device trunk's routers: no host RouterBank, and the
   // dial's minimum is the CPU engine's less the routers.
   const auto ck = format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread);
-  const DialMinimum cpu = dial_minimum(*ck, nullptr, eo.lookahead, eo.threads, true, nullptr);
-  const DialMinimum gpu = dial_minimum(*ck, nullptr, eo.lookahead, eo.threads, false, nullptr);
+  const DialMinimum cpu = dial_minimum(*ck, nullptr, depth, eo.threads, true, nullptr);
+  const DialMinimum gpu = dial_minimum(*ck, nullptr, depth, eo.threads, false, nullptr);
   ASSERT_GT(cpu.routers, 0u);
   EXPECT_EQ(gpu.routers, 0u);
   eo.ram_budget = gpu.total();
@@ -145,7 +146,10 @@ TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {
   auto e = Engine::open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   EXPECT_EQ((*e)->router_bank(), nullptr);
+  // One byte below: automatic lookahead is off (fewer expert slots), a depth given is refused.
   eo.ram_budget = gpu.total() - 1;
+  EXPECT_EQ(choose_lookahead(*ck, nullptr, eo, *eo.ram_budget, eo.threads).depth, 0);
+  eo.lookahead = depth;
   EXPECT_EQ(Engine::open(eo).status().exit_code(), 4);
 }
 

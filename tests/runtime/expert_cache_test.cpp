@@ -16,6 +16,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/size.h"
 #include "io/fault_plan.h"
 #include "runtime/engine.h"
 #include "runtime/engine_outputs.h"
@@ -68,7 +69,7 @@ class ExpertCacheTest : public ::testing::Test {
   // one fetch's top-k slots and the policy's. With lookahead the dial's minimum is
   // top_k × (2 + lookahead) slots: below it (policy_slots < top_k × (1 + lookahead)) the trunk streams
   // a layer or more to make room, and the routers of those layers are held apart (RouterBank).
-  static uint64_t budget_for(uint64_t policy_slots, int lookahead = EngineOptions{}.lookahead) {
+  static uint64_t budget_for(uint64_t policy_slots, int lookahead = kDefaultLookahead) {
     const auto ckpt = format::Checkpoint::open(root_ / "ckpt", format::OpenMode::kPread);
     const EngineOptions::Workload sequence;
     const uint64_t seq =
@@ -90,8 +91,9 @@ class ExpertCacheTest : public ::testing::Test {
     Engine& engine = *e.value();
     std::unique_ptr<strata::TraceRecorder> rec;
     if (!trace.empty()) {
-      auto r = strata::TraceRecorder::create(trace, engine.checkpoint(), eo.lookahead,
-                                             eo.lookahead > 0 && eo.lookahead_refresh);
+      const int depth = eo.lookahead.value_or(kDefaultLookahead);
+      auto r = strata::TraceRecorder::create(trace, engine.checkpoint(), depth,
+                                             depth > 0 && eo.lookahead_refresh);
       EXPECT_TRUE(r.is_ok()) << r.status().message();
       rec = std::move(r.value());
       engine.model().set_routing_observer(rec.get());
@@ -720,6 +722,60 @@ TEST_F(ExpertCacheTest, LookaheadDeeperThanTheModelIsSizedAsItsLayers) {
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   eo.ram_budget = *eo.ram_budget - 1;
   EXPECT_EQ(Engine::open(eo).status().exit_code(), 4);
+}
+
+// Automatic lookahead (no --lookahead) turns itself off where the budget holds everything but
+// lookahead's routers and prefetch slots, and only there: the same bytes come out, the log says
+// why, and a depth given is kept and refused. Below the minimum without lookahead too, the
+// refusal states the default depth's minimum (nothing would fit either way).
+TEST_F(ExpertCacheTest, AutomaticLookaheadIsOffOnlyWhereTheBudgetHasNoRoomForIt) {
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt", format::OpenMode::kPread);
+  ASSERT_TRUE(ckpt.is_ok());
+  EngineOptions eo;
+  eo.model_dir = root_ / "ckpt";
+  eo.threads = 2;
+  const uint64_t with = dial_minimum(*ckpt, nullptr, kDefaultLookahead, 2, true, &eo.workload)
+                            .total();
+  const uint64_t without = dial_minimum(*ckpt, nullptr, 0, 2, true, &eo.workload).total();
+  ASSERT_LT(without, with);
+  const auto choose = [&](uint64_t budget) {
+    return choose_lookahead(*ckpt, nullptr, eo, budget, 2);
+  };
+  EXPECT_EQ(choose(with).depth, kDefaultLookahead);
+  EXPECT_TRUE(choose(with).lowered.empty());
+  EXPECT_EQ(choose(with - 1).depth, 0);
+  EXPECT_NE(choose(with - 1).lowered.find("a budget of " + format_size(with)), std::string::npos)
+      << choose(with - 1).lowered;
+  EXPECT_EQ(choose(without).depth, 0);
+  EXPECT_EQ(choose(without - 1).depth, kDefaultLookahead);
+  EXPECT_TRUE(choose(without - 1).lowered.empty());
+
+  eo.ram_budget = without;
+  std::unique_ptr<Engine> e;
+  EXPECT_EQ(run(eo, &e), reference_);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->model().lookahead_depth(), 0);
+  EXPECT_EQ(e->router_bank(), nullptr);
+  eo.ram_budget = with;
+  EXPECT_EQ(run(eo, &e), reference_);
+  EXPECT_EQ(e->model().lookahead_depth(), kDefaultLookahead);
+  EXPECT_NE(e->router_bank(), nullptr) << "at its minimum every layer streams: the bank scores";
+  eo.ram_budget = without - 1;
+  const auto refused = Engine::open(eo);
+  ASSERT_EQ(refused.status().exit_code(), 4);
+  EXPECT_NE(refused.status().message().find("the minimum is " + format_size(with)),
+            std::string::npos)
+      << refused.status().message();
+  // Given, a depth is kept: refused below its minimum, and never lowered by the budget.
+  eo.lookahead = kDefaultLookahead;
+  EXPECT_EQ(choose(with - 1).depth, kDefaultLookahead);
+  eo.ram_budget = with - 1;
+  EXPECT_EQ(Engine::open(eo).status().exit_code(), 4);
+  // The static policy never prefetches: no lookahead to lower.
+  eo.lookahead.reset();
+  eo.policy = PolicyKind::kStatic;
+  EXPECT_EQ(choose(with - 1).depth, 0);
+  EXPECT_TRUE(choose(with - 1).lowered.empty());
 }
 
 }  // namespace

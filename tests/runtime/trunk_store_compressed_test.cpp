@@ -61,7 +61,7 @@ class CompressedTrunkTest : public ::testing::Test {
     EXPECT_TRUE(ckpt.is_ok());
     auto tp = pack::TrunkPack::open(dir, ckpt.value());
     EXPECT_TRUE(tp.is_ok());
-    return minimum_budget_bytes(ckpt.value(), &tp.value(), EngineOptions{}.lookahead, threads);
+    return minimum_budget_bytes(ckpt.value(), &tp.value(), kDefaultLookahead, threads);
   }
   // A copy of the compressed pack with block `b` of layer `layer` changed by `mutate` (given the
   // block's stored bytes, in place).
@@ -201,6 +201,7 @@ TEST_F(CompressedTrunkTest, BudgetCountsStagingAndScratch) {
   eo.model_dir = root_ / "ckpt";
   eo.threads = 4;
   eo.pack_dir = root_ / "z";
+  eo.lookahead = kDefaultLookahead;  // as given: automatic lookahead would turn itself off
   eo.ram_budget = minimum(root_ / "z", 4) - 1;
   const auto e = Engine::open(eo);
   ASSERT_EQ(e.status().exit_code(), 4) << e.status().message();

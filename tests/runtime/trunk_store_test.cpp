@@ -72,8 +72,8 @@ class TrunkStoreTest : public ::testing::Test {
     auto tp = pack::TrunkPack::open(root_ / "pack", ckpt.value());
     EXPECT_TRUE(tp.is_ok());
     const uint64_t with_pack =
-        minimum_budget_bytes(ckpt.value(), &tp.value(), EngineOptions{}.lookahead);
-    EXPECT_GE(with_pack, minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead));
+        minimum_budget_bytes(ckpt.value(), &tp.value(), kDefaultLookahead);
+    EXPECT_GE(with_pack, minimum_budget_bytes(ckpt.value(), nullptr, kDefaultLookahead));
     return with_pack;
   }
 
@@ -259,7 +259,7 @@ TEST_F(TrunkStoreTest, MaxPinnedKeepsTheRingWithinTheBudget) {
 // release_ring (GPU mode, after the device's mirror): the ring is freed only when the store pins
 // every layer from the given one on, after its read-ahead lands; bytes_allocated shrinks by
 // exactly the ring (and a compressed pack's staging), and the pinned layers still bind the same
-// bytes without a read.
+// bytes without a read. release_head frees the head record, as planned, once.
 TEST_F(TrunkStoreTest, ReleaseRingFreesItOnlyWhenNothingStreamsFromThere) {
   ASSERT_NO_FATAL_FAILURE(open_inputs());
   const format::Checkpoint& ckpt = *ckpt_;
@@ -300,6 +300,13 @@ TEST_F(TrunkStoreTest, ReleaseRingFreesItOnlyWhenNothingStreamsFromThere) {
     EXPECT_EQ(st.stats().bytes_allocated, before.bytes_allocated - ring);
     EXPECT_EQ(st.stats().staging_bytes, 0u);
     EXPECT_EQ(st.release_ring(first), 0u) << "nothing left to free";
+    auto planned = TrunkStore::plan(ckpt, source, so, 1);
+    ASSERT_TRUE(planned.is_ok());
+    ASSERT_GT(planned->head_bytes, 0u);
+    const uint64_t held = st.stats().bytes_allocated;
+    EXPECT_EQ(st.release_head(), planned->head_bytes);
+    EXPECT_EQ(st.stats().bytes_allocated, held - planned->head_bytes);
+    EXPECT_EQ(st.release_head(), 0u) << "released before";
     const uint64_t read = st.stats().streamed_bytes_read;
     for (int64_t l = first; l < L; ++l) {
       auto w = st.acquire_layer(l);
@@ -412,6 +419,7 @@ TEST_F(TrunkStoreTest, CheckpointShapesDescribeWhatEveryHostSourceBinds) {
 TEST_F(TrunkStoreTest, BudgetBelowTheMinimumIsRefusedWithExitFour) {
   EngineOptions eo = options();
   eo.pack_dir = root_ / "pack";
+  eo.lookahead = kDefaultLookahead;  // as given: automatic lookahead would turn itself off
   eo.ram_budget = minimum() - 1;
   auto e = open(eo);
   ASSERT_EQ(e.status().exit_code(), 4);
@@ -580,7 +588,7 @@ TEST(TrunkStoreFloat, FloatExpertsThroughASmallTierMatchTheResidentRun) {
   const auto run = [&](std::optional<uint64_t> budget, int64_t* streamed, int64_t* tier_slots) {
     return float_expert_logits(dir, ids, budget, streamed, tier_slots);
   };
-  const uint64_t min = minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead);
+  const uint64_t min = minimum_budget_bytes(ckpt.value(), nullptr, kDefaultLookahead);
   int64_t streamed = 0, tier_slots = 0, unused = 0;
   const std::vector<float> small = run(min, &streamed, &tier_slots);
   EXPECT_GT(streamed, 0) << "the minimum budget streams trunk layers";
@@ -645,7 +653,7 @@ TEST(TrunkStoreFloat, MixedDtypeExpertsThroughASmallTierMatchTheResidentRun) {
   const std::vector<int32_t> ids = {5, 9, 300, 2, 77, 18, 64};
   int64_t tier_slots = 0, unused = 0;
   const std::vector<float> small = float_expert_logits(
-      dir, ids, minimum_budget_bytes(ckpt.value(), nullptr, EngineOptions{}.lookahead), &unused,
+      dir, ids, minimum_budget_bytes(ckpt.value(), nullptr, kDefaultLookahead), &unused,
       &tier_slots);
   EXPECT_GT(tier_slots, 0) << "the experts go through the tier";
   const std::vector<float> resident = float_expert_logits(dir, ids, std::nullopt, &unused, &unused);
