@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "common/size.h"
 #include "format/checkpoint.h"
 
 namespace ktier::cli {
@@ -27,16 +28,9 @@ std::string with_commas(uint64_t v) {
   return s;
 }
 
-// "16.73 MiB (17,547,264 bytes)"
+// "16.73 MiB (17,547,264 bytes)", "812 B".
 std::string human_bytes(uint64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) v /= 1024.0, ++u;
-  char buf[64];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 " B", bytes);
-  else std::snprintf(buf, sizeof buf, "%.2f %s (%s bytes)", v, kUnits[u], with_commas(bytes).c_str());
-  return buf;
+  return format_size(bytes) + (bytes >= 1024 ? " (" + with_commas(bytes) + " bytes)" : "");
 }
 
 std::string number(double v) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cmath>
 
 #include <spdlog/spdlog.h>
@@ -10,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/progress.h"
+#include "common/size.h"
 #include "cpu/kernels.h"
 
 namespace ktier::runtime {
@@ -19,14 +19,6 @@ uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
                                    .count());
-}
-std::string mib(uint64_t b) {
-  char buf[32];
-  if (b >= (100ull << 20))
-    std::snprintf(buf, sizeof buf, "%.0f MiB", b / 1048576.0);
-  else
-    std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
-  return buf;
 }
 }  // namespace
 
@@ -119,12 +111,12 @@ Result<TrunkPlan> TrunkStore::plan_records(const std::vector<pack::Record>& reco
   TrunkPlan p;
   p.minimum_bytes = z.minimum(slots);
   if (opts.budget_bytes < p.minimum_bytes)
-    return Status::budget("a trunk budget of " + mib(opts.budget_bytes) + " cannot be met: the "
-                          "minimum is " + mib(p.minimum_bytes) + " = " +
-                          std::to_string(p.minimum_bytes) + " bytes (head " + mib(head.size) +
-                          " + " + std::to_string(slots) + " ring slots of " + mib(z.largest) +
-                          (z.staging ? " + " + mib(z.staging) + " compressed staging each + " +
-                                           mib(z.scratch) + " inflate scratch"
+    return Status::budget("a trunk budget of " + format_size(opts.budget_bytes) + " cannot be met: the "
+                          "minimum is " + format_size(p.minimum_bytes) + " = " +
+                          std::to_string(p.minimum_bytes) + " bytes (head " + format_size(head.size) +
+                          " + " + std::to_string(slots) + " ring slots of " + format_size(z.largest) +
+                          (z.staging ? " + " + format_size(z.staging) + " compressed staging each + " +
+                                           format_size(z.scratch) + " inflate scratch"
                                      : std::string()) +
                           " + embedding rows)");
   const auto extra = [&](int64_t first_streamed) -> uint64_t {
@@ -295,8 +287,8 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   spdlog::info("trunk: {} of {} layers pinned{}, {} streamed through {} slots of {}; {} "
                "allocated ({}, {})", pinned, L,
                pinned > 0 && s->pin_first_ > 0 && pinned < L ? " (the last ones)" : "", L - pinned,
-               pinned < L ? slots : 0, mib(largest),
-               mib(s->stats_.bytes_allocated), s->engine_->name(),
+               pinned < L ? slots : 0, format_size(largest),
+               format_size(s->stats_.bytes_allocated), s->engine_->name(),
                pack ? (pack->compressed() ? "compressed pack" : "pack") : "shards");
   return s;
 }
