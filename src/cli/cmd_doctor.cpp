@@ -27,8 +27,8 @@ Status run_doctor() {
               cpu::isa_name(cpu::best_isa()));
   const runtime::MemInfo mem = runtime::read_meminfo();
   const Result<uint64_t> preset = runtime::preset_budget_bytes("auto");
-  std::printf("memory: MemTotal %s, MemAvailable %s; --preset auto (GPU mode's default) "
-              "budgets %s\n",
+  std::printf("memory: MemTotal %s, MemAvailable %s; --preset auto (the default with "
+              "--pack or in GPU mode) budgets %s\n",
               format_size(mem.total).c_str(), format_size(mem.available).c_str(),
               preset.is_ok() ? format_size(*preset).c_str() : preset.status().message().c_str());
   std::printf("%s\n", backend::describe_cuda(backend::probe_cuda_module()).c_str());

@@ -93,7 +93,10 @@ Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk
     eo.lookahead = choice.depth;
     out.lookahead_lowered = std::move(choice.lowered);
   }
-  out.lookahead = runtime::lookahead_depth(eo, ckpt.config(), runtime::dial_mode(eo));
+  // As the run reports it: a model without MoE layers predicts nothing.
+  out.lookahead = ckpt.config().num_moe_layers() > 0
+                      ? runtime::lookahead_depth(eo, ckpt.config(), runtime::dial_mode(eo))
+                      : 0;
   if (runtime::device_mode(eo)) {
     std::optional<uint64_t> free_bytes;
     bool uses_blas = false;

@@ -83,11 +83,11 @@ class Engine {
 
  private:
   explicit Engine(format::Checkpoint ckpt) : ckpt_(std::move(ckpt)) {}
-  // The memory dial in two steps, GPU mode's device trunk between them: pack, I/O engine,
-  // TrunkStore, RouterBank; then the ExpertCache from the budget the others left.
   // The memory dial's pack, budget and automatic lookahead (choose_lookahead, into `opts`):
   // before anything is planned.
   Status open_dial_budget(EngineOptions& opts);
+  // The memory dial in two steps, GPU mode's device trunk between them: I/O engine,
+  // TrunkStore, RouterBank; then the ExpertCache from the budget the others left.
   Status open_trunk_dial(const EngineOptions& opts);
   Status open_expert_tier(const EngineOptions& opts);
   // GPU mode, before the dial: the backend, --vram, the sequence's working set and where the

@@ -108,8 +108,10 @@ Result<TrunkPlan> TrunkStore::plan_records(const std::vector<pack::Record>& reco
   const pack::Record& head = records[static_cast<size_t>(L)];
   const TrunkSizes z = sizes_of(records, c, pack, inflate_threads);
   const int slots = std::max(2, opts.ring_slots);
+  const int64_t most = opts.max_pinned >= 0 ? std::min<int64_t>(opts.max_pinned, L) : L;
   TrunkPlan p;
-  p.minimum_bytes = z.minimum(slots);
+  // Fewer than every layer pinned: the ring, even where the layers together are smaller.
+  p.minimum_bytes = most == L ? z.minimum(slots) : z.fixed() + z.ring(slots);
   if (opts.budget_bytes < p.minimum_bytes)
     return Status::budget("a trunk budget of " + format_size(opts.budget_bytes) + " cannot be met: the "
                           "minimum is " + format_size(p.minimum_bytes) + " = " +
@@ -123,7 +125,6 @@ Result<TrunkPlan> TrunkStore::plan_records(const std::vector<pack::Record>& reco
     return opts.streamed_extra ? opts.streamed_extra(first_streamed) : 0;
   };
   KTIER_CHECK(!(opts.pin_last && opts.streamed_extra));
-  const int64_t most = opts.max_pinned >= 0 ? std::min<int64_t>(opts.max_pinned, L) : L;
   auto layer = [&](int64_t i) { return opts.pin_last ? L - 1 - i : i; };
   int64_t pinned = 0;
   if (most == L && z.all_pinned() + extra(L) <= opts.budget_bytes) {

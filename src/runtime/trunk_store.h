@@ -1,6 +1,7 @@
 #pragma once
 // The memory dial for the trunk (issue 4; DESIGN.md §4, §6): the non-expert weights held within
-// a byte budget. The head record (lm_head, final norm, output AttnRes pair) is always resident;
+// a byte budget. The head record (lm_head, final norm, output AttnRes pair) is resident (until
+// release_head: GPU mode, once the device mirrors it);
 // a prefix of layers (GPU mode: a suffix, TrunkStoreOptions::pin_last) is pinned as far as the
 // budget allows; the remaining layers stream through a ring of slots, layer l+1.. read while
 // layer l computes, in the cyclic order the forward pass acquires them (from set_cycle_start's
@@ -82,7 +83,7 @@ struct TrunkStoreStats {
                                     // and inflate scratch): held after open() (which, with
                                     // every layer of a compressed pack pinned, also held one
                                     // staging buffer while it read them), until release_ring
-                                    // frees the ring
+                                    // frees the ring and release_head the head
   uint64_t minimum_bytes = 0;       // the smallest budget that works (head + ring + row buffer)
   uint64_t streamed_bytes_read = 0; // ring reads since open (pinned reads excluded): a pack's
                                     // records as stored, from the shards the tensors' bytes

@@ -112,6 +112,10 @@ TEST(Cli, DoctorReportsCudaStateWithoutFailing) {
   const bool cpu_path = r.out.find("using the CPU path") != std::string::npos;
   const bool gpu = r.out.find("device(s)") != std::string::npos;
   EXPECT_TRUE(cpu_path != gpu) << r.out;
+  // The budget --preset auto gives here (from /proc/meminfo).
+  EXPECT_NE(r.out.find("--preset auto (the default with --pack or in GPU mode) budgets "),
+            std::string::npos)
+      << r.out;
   // The kernel set named is the one `--isa auto` runs: AVX-512 wherever the CPU and OS have it.
   // Decided here from the kernel's own list (/proc/cpuinfo, which leaves out AVX-512 when the OS
   // does not save zmm state), not from doctor's words, so a wrong detection is seen.

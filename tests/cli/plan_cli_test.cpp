@@ -22,6 +22,7 @@ nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(std::
 // JSON and the run's report.
 struct PlanAndRun {
   nlohmann::json plan, report;
+  std::string run_log;  // the run's stderr
 };
 PlanAndRun plan_and_run(const std::string& model, const std::string& ids, const fs::path& base,
                         const std::string& flags) {
@@ -34,6 +35,7 @@ PlanAndRun plan_and_run(const std::string& model, const std::string& ids, const 
   r = run_process(ktier() + " run" + model + " --ids " + ids + " -n 2" + flags +
                   " --report-json " + report.string());
   EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.err;
+  out.run_log = r.err;
   if (r.exit_code == 0) out.report = read_json(report);
   return out;
 }
@@ -86,7 +88,11 @@ TEST_F(RunEvalCli, PlanHoldsWhatTheRunHoldsAtEveryBudget) {
       const int pinned = pr.plan.at("dial").at("trunk_layers_pinned");
       streamed |= pinned < pr.plan.at("layers").get<int>();
       all_pinned |= pinned == pr.plan.at("layers").get<int>();
-      without_lookahead += pr.plan.at("lookahead") == 0;
+      if (pr.plan.at("lookahead") == 0) {
+        ++without_lookahead;
+        EXPECT_NE(pr.run_log.find("lookahead off: the budget of "), std::string::npos)
+            << pr.run_log;
+      }
       ++checked;
     }
   }

@@ -541,6 +541,55 @@ TEST_F(TrunkStoreTest, FailingExpertReadFailsTheForwardWithExitOne) {
   EXPECT_NE(s.message().find("model-00006-of"), std::string::npos) << s.message();
 }
 
+// Whatever the budget and however many layers the store may pin (GPU mode: those the device
+// streams), a plan that opens holds at most its budget. On two layers, which together are
+// smaller than two ring slots of the larger: a store that may not pin both still needs the ring,
+// and its minimum says so (it once said the two layers' size, and then held the ring beyond it).
+TEST(TrunkPlan, HoldsAtMostItsBudgetWhateverMaxPinned) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("ktier-trunk-two-layers-" + std::to_string(::getpid()));
+  synth::SynthOptions o;
+  o.out_dir = dir;
+  o.threads = 1;
+  o.force = true;
+  o.overrides.layers = 2;
+  ASSERT_TRUE(synth::run_synth(o).is_ok());
+  auto ckpt = format::Checkpoint::open(dir, format::OpenMode::kPread);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+  const uint64_t least = TrunkStore::minimum_bytes(*ckpt, nullptr);
+  auto all = TrunkStore::plan(*ckpt, nullptr, {}, 1);
+  ASSERT_TRUE(all.is_ok());
+  const std::vector<uint64_t>& layers = all->layer_read_bytes;
+  ASSERT_EQ(layers.size(), 2u);
+  int opened = 0, refused = 0;
+  for (const int64_t max_pinned : {-1, 0, 1, 2}) {
+    for (uint64_t budget = least - 4096; budget < all->bytes_held + (256u << 10);
+         budget += 4096) {
+      TrunkStoreOptions so;
+      so.budget_bytes = budget;
+      so.max_pinned = max_pinned;
+      so.pin_last = max_pinned >= 0;
+      const auto p = TrunkStore::plan(*ckpt, nullptr, so, 1);
+      SCOPED_TRACE("max_pinned " + std::to_string(max_pinned) + ", budget " +
+                   std::to_string(budget));
+      if (!p.is_ok()) {
+        EXPECT_EQ(p.status().exit_code(), 4) << p.status().message();
+        ++refused;
+        continue;
+      }
+      ++opened;
+      EXPECT_LE(p->bytes_held, budget);
+      EXPECT_LE(p->minimum_bytes, budget);
+      if (max_pinned >= 0 && max_pinned < 2) {
+        EXPECT_EQ(p->ring_slots, 2);
+      }
+    }
+  }
+  EXPECT_GT(opened, 0);
+  EXPECT_GT(refused, 0);
+  fs::remove_all(dir);
+}
+
 // A tiny synth checkpoint with F32 experts in a fresh temporary folder named after `what`.
 fs::path synth_float_experts(const std::string& what) {
   const fs::path dir =
