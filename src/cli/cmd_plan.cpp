@@ -86,6 +86,7 @@ uint64_t trunk_read_per_token(const runtime::DialPlan& d, const runtime::DeviceP
 Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk,
                        runtime::EngineOptions eo, int threads) {
   Plan out;
+  const bool automatic = !eo.lookahead;
   uint64_t budget = 0;
   if (runtime::dial_mode(eo)) {
     KTIER_ASSIGN_OR_RETURN(budget, runtime::dial_budget_bytes(eo));
@@ -93,10 +94,6 @@ Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk
     eo.lookahead = choice.depth;
     out.lookahead_lowered = std::move(choice.lowered);
   }
-  // As the run reports it: a model without MoE layers predicts nothing.
-  out.lookahead = ckpt.config().num_moe_layers() > 0
-                      ? runtime::lookahead_depth(eo, ckpt.config(), runtime::dial_mode(eo))
-                      : 0;
   if (runtime::device_mode(eo)) {
     std::optional<uint64_t> free_bytes;
     bool uses_blas = false;
@@ -107,8 +104,15 @@ Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk
       uses_blas = gpu->uses_blas();
     }
     KTIER_ASSIGN_OR_RETURN(const uint64_t vram, runtime::gpu_vram_bytes(eo, free_bytes));
-    KTIER_ASSIGN_OR_RETURN(out.device, runtime::plan_device(ckpt, eo, vram, uses_blas));
+    KTIER_ASSIGN_OR_RETURN(out.device,
+                           runtime::plan_device_choosing_lookahead(ckpt, eo, automatic, vram,
+                                                                   uses_blas,
+                                                                   out.lookahead_lowered));
   }
+  // As the run reports it: a model without MoE layers predicts nothing.
+  out.lookahead = ckpt.config().num_moe_layers() > 0
+                      ? runtime::lookahead_depth(eo, ckpt.config(), runtime::dial_mode(eo))
+                      : 0;
   const int64_t L = ckpt.config().num_hidden_layers;
   out.host_layers = L - (out.device ? out.device->trunk.resident_layers : 0);
   if (!runtime::dial_mode(eo)) {
@@ -211,6 +215,7 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
                     std::to_string(c.num_experts_per_token) + ")\n";
   out += "sequence: " + std::to_string(eo.workload.positions) + " positions in chunks of " +
          std::to_string(eo.workload.chunk) + "\n";
+  if (!p.lookahead_lowered.empty()) out += "note: " + p.lookahead_lowered + "\n";
   if (p.device) {
     const runtime::DevicePlan& v = *p.device;
     const int64_t res = v.trunk.resident_layers;
@@ -242,7 +247,6 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
   out += "host: budget " +
          (d.budget == UINT64_MAX ? std::string("unlimited (max)") : format_size(d.budget)) +
          " (minimum " + format_size(d.minimum.total()) + ")\n";
-  if (!p.lookahead_lowered.empty()) out += "  note: " + p.lookahead_lowered + "\n";
   if (d.minimum.sequence) out += row("sequence", d.minimum.sequence, "");
   const int64_t pinned = d.trunk.layers_pinned;
   std::string trunk = std::to_string(pinned) + " of " + std::to_string(L) + " layers pinned (" +

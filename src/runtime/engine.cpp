@@ -119,7 +119,7 @@ Engine::~Engine() {
   }
 }
 
-Status Engine::open_backend(const EngineOptions& opts) {
+Status Engine::open_backend(EngineOptions& opts, bool lookahead_automatic) {
   uint64_t vram = 0;
   if (opts.emulate_device) {
     KTIER_ASSIGN_OR_RETURN(vram, gpu_vram_bytes(opts, std::nullopt));
@@ -129,7 +129,11 @@ Status Engine::open_backend(const EngineOptions& opts) {
     KTIER_ASSIGN_OR_RETURN(const uint64_t free_bytes, backend_->free_memory());
     KTIER_ASSIGN_OR_RETURN(vram, gpu_vram_bytes(opts, free_bytes));
   }
-  KTIER_ASSIGN_OR_RETURN(device_plan_, plan_device(ckpt_, opts, vram, backend_->uses_blas()));
+  std::string lowered;
+  KTIER_ASSIGN_OR_RETURN(device_plan_,
+                         plan_device_choosing_lookahead(ckpt_, opts, lookahead_automatic, vram,
+                                                        backend_->uses_blas(), lowered));
+  if (!lowered.empty()) spdlog::warn("{}", lowered);
   const DevicePlan& d = *device_plan_;
   // What this backend allocates and keeps; cuBLAS's workspace and copies come on top of it.
   backend_->limit_memory(vram > d.blas ? vram - d.blas : 0);
@@ -220,7 +224,8 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& requested) {
                  e->pool_->size());
   e->exec_ = cpu::Exec{e->pool_.get(), isa};
   if (dial) KTIER_RETURN_IF_ERROR(e->open_dial_budget(opts));
-  if (device_mode(opts)) KTIER_RETURN_IF_ERROR(e->open_backend(opts));
+  if (device_mode(opts))
+    KTIER_RETURN_IF_ERROR(e->open_backend(opts, /*lookahead_automatic=*/!requested.lookahead));
   model::TrunkSource* trunk = nullptr;
   if (dial) {
     KTIER_RETURN_IF_ERROR(e->open_trunk_dial(opts));

@@ -92,7 +92,8 @@ class Engine {
   Status open_expert_tier(const EngineOptions& opts);
   // GPU mode, before the dial: the backend, --vram, the sequence's working set and where the
   // trunk will go (device_plan_), so that the host pins only the layers the device streams.
-  Status open_backend(const EngineOptions& opts);
+  // Automatic lookahead (`lookahead_automatic`) may be turned off here for --vram (into `opts`).
+  Status open_backend(EngineOptions& opts, bool lookahead_automatic);
   // GPU mode: DeviceTrunk over `trunk` (frees the TrunkStore's ring when it is done with it);
   // then VramExpertTier over `experts` (may be null) and the host memory page-locked.
   Status open_device_trunk(model::TrunkSource& trunk);

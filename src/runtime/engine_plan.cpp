@@ -275,6 +275,27 @@ Result<DevicePlan> plan_device(const format::Checkpoint& ckpt, const EngineOptio
   return d;
 }
 
+Result<DevicePlan> plan_device_choosing_lookahead(const format::Checkpoint& ckpt,
+                                                  EngineOptions& opts, bool automatic,
+                                                  uint64_t vram_bytes, bool uses_blas,
+                                                  std::string& lowered) {
+  Result<DevicePlan> asked = plan_device(ckpt, opts, vram_bytes, uses_blas);
+  const int depth = lookahead_depth(opts, ckpt.config(), /*dial=*/true);
+  if (asked.is_ok() || !automatic || depth == 0 || asked.status().code() != ExitCode::kBudget)
+    return asked;
+  EngineOptions without = opts;
+  without.lookahead = 0;
+  Result<DevicePlan> fits = plan_device(ckpt, without, vram_bytes, uses_blas);
+  if (!fits.is_ok()) return asked;
+  opts.lookahead = 0;
+  lowered = "lookahead off: --vram " + format_size(vram_bytes) +
+            " holds the device's minimum without lookahead, not with lookahead " +
+            std::to_string(depth) + " (" + std::to_string(ckpt.config().num_experts_per_token) +
+            " more VRAM expert slots per depth): the output is the same, experts are not "
+            "prefetched; --lookahead " + std::to_string(depth) + " refuses instead";
+  return fits;
+}
+
 Result<DialPlan> plan_dial(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                            const EngineOptions& opts, uint64_t budget, int threads,
                            const DevicePlan* device) {

@@ -177,6 +177,15 @@ struct DevicePlan {
 // the parts. `uses_blas`: the backend runs cuBLAS (CUDA; not the emulated device).
 Result<DevicePlan> plan_device(const format::Checkpoint& ckpt, const EngineOptions& opts,
                                uint64_t vram_bytes, bool uses_blas);
+// plan_device, with automatic lookahead (`automatic`: --lookahead was not given; opts.lookahead
+// is choose_lookahead's) turned off where --vram holds the device's minimum without it but not
+// with it (the VRAM tier's top_k slots per depth, the lookahead copy of the activations):
+// opts.lookahead becomes 0 and `lowered` says why (for a log line). Otherwise plan_device's
+// result, its refusal at the depth asked.
+Result<DevicePlan> plan_device_choosing_lookahead(const format::Checkpoint& ckpt,
+                                                  EngineOptions& opts, bool automatic,
+                                                  uint64_t vram_bytes, bool uses_blas,
+                                                  std::string& lowered);
 
 // The memory dial's host memory: the budget less the sequence, the trunk (TrunkStore), the
 // lookahead routers of the layers it streams (RouterBank) and the expert RAM tier. Bytes.

@@ -190,6 +190,20 @@ TEST_F(RunEvalCli, VramLookaheadCopiesAtTheMinimumVram) {
       << vram.dump();
   EXPECT_GT(vram.at("prefetch_issued").get<uint64_t>(), 0u) << vram.dump();
   EXPECT_GT(vram.at("prefetch_useful").get<uint64_t>(), 0u) << vram.dump();
+  // One byte below it automatic lookahead is off (the same bytes come out, and the log says
+  // why); a depth given is refused there.
+  const std::string below = std::to_string(std::stoull(minimum) - 1);
+  const auto off = run_process(cmd + below + " --report-json " + report.string());
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_NE(off.err.find("lookahead off: --vram "), std::string::npos) << off.err;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(report)).at("lookahead"), 0);
+  EXPECT_EQ(off.out, r.out);
+  EXPECT_EQ(run_process(cmd + below + " --lookahead 1").exit_code, 4);
+  const auto plan = run_process(ktier() + " plan" + model() + " -c " +
+                                std::to_string(golden_.at("prompt_ids").size() + 11) +
+                                " --device emulated --vram " + below);
+  EXPECT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("note: lookahead off: --vram "), std::string::npos) << plan.out;
   fs::remove(report);
 }
 
