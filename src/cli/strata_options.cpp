@@ -14,8 +14,8 @@ void add_strata_options(CLI::App* sub, StrataArgs& a) {
   sub->add_option("--lookahead", a.lookahead,
                   "Router lookahead depth: predict and prefetch the experts of the next D layers; "
                   "0 = off. Default: 1, or 0 (with a warning) where the budget of --ram/--preset "
-                  "holds the rest but not lookahead's routers and slots; a depth given is kept, "
-                  "or refused below its minimum");
+                  "(or --vram) holds the rest but not lookahead's routers and slots; a depth "
+                  "given is kept, or refused below its minimum");
   sub->add_flag("--no-lookahead-refresh", a.no_refresh,
                "Do not predict layer L+1's experts again after layer L's FFN (the refresh: on by "
                "default with --lookahead >= 1; it sees layer L's routed experts, which the "

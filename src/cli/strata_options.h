@@ -2,7 +2,7 @@
 // The strata flags that `run` and `eval` share (docs/STRATA.md §6, docs/TUNING.md):
 //   --policy temperature|lru|lfu|static   placement of the expert RAM tier (memory dial)
 //   --lookahead D                         router lookahead depth, 0 = off (default: 1, or 0
-//                                         where the memory dial's budget has no room for it)
+//                                         where the memory budget or --vram has no room for it)
 //   --no-lookahead-refresh                no second prediction of layer l+1 after layer l's FFN
 //   --profile TRACE                       a recorded trace seeding the policy (temperatures;
 //                                         the ranking of `static`)

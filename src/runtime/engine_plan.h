@@ -42,8 +42,9 @@ struct EngineOptions {
   // without the memory dial lookahead only feeds observers such as a trace) and its refresh
   // (layer l+1 rescored after layer l's FFN, §4), and what a recorded
   // profile gives the policy (temperatures at clock 0, per key; a ranking for kStatic).
-  // lookahead nullopt: automatic (choose_lookahead): kDefaultLookahead, or 0 where the dial's
-  // budget holds everything else but not lookahead's share.
+  // lookahead nullopt: automatic (choose_lookahead, plan_device_choosing_lookahead):
+  // kDefaultLookahead, or 0 where the dial's budget or --vram holds everything else but not
+  // lookahead's share.
   strata::PolicyKind policy = strata::PolicyKind::kTemperature;
   std::optional<int> lookahead;
   bool lookahead_refresh = true;
