@@ -53,7 +53,7 @@ struct Plan {
   // The layers the host serves (all, or in GPU mode those the device streams) and of those the
   // ones read from disk every token (not pinned).
   int64_t host_layers = 0, from_disk = 0;
-  int lookahead = 0;              // the depth a run gets (runtime::choose_lookahead's)
+  int lookahead = 0;  // the depth a run gets (choose_lookahead's, plan_device_choosing_lookahead's)
   std::string lookahead_lowered;  // why automatic lookahead is off; empty otherwise
 };
 

@@ -213,7 +213,9 @@ LookaheadChoice choose_lookahead(const format::Checkpoint& ckpt, const pack::Tru
                         device ? nullptr : &opts.workload);
   };
   const DialMinimum with = minimum(depth);
-  if (budget >= with.total() || budget < minimum(0).total()) return {depth, {}};
+  if (budget >= with.total()) return {depth, {}};
+  // Below both: plan_dial refuses, stating the least an automatic run needs.
+  if (budget < minimum(0).total()) return {0, {}};
   return {0, "lookahead off: the budget of " + format_size(budget) +
                  " is below the minimum with lookahead " + std::to_string(depth) + ", " +
                  format_size(with.total()) + " (" +
@@ -286,13 +288,13 @@ Result<DevicePlan> plan_device_choosing_lookahead(const format::Checkpoint& ckpt
   EngineOptions without = opts;
   without.lookahead = 0;
   Result<DevicePlan> fits = plan_device(ckpt, without, vram_bytes, uses_blas);
-  if (!fits.is_ok()) return asked;
   opts.lookahead = 0;
+  if (!fits.is_ok()) return fits;  // the least an automatic run needs, stated
   lowered = "lookahead off: --vram " + format_size(vram_bytes) +
             " holds the device's minimum without lookahead, not with lookahead " +
-            std::to_string(depth) + " (" + std::to_string(ckpt.config().num_experts_per_token) +
-            " more VRAM expert slots per depth): the output is the same, experts are not "
-            "prefetched; --lookahead " + std::to_string(depth) + " refuses instead";
+            std::to_string(depth) + " (its VRAM expert slots and the activations' copy): the " +
+            "output is the same, experts are not prefetched; --lookahead " +
+            std::to_string(depth) + " refuses instead, stating its minimum";
   return fits;
 }
 

@@ -148,9 +148,10 @@ int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c, boo
 
 // Automatic lookahead on the memory dial (EngineOptions::lookahead nullopt), decided before
 // anything is placed: kDefaultLookahead, or 0 when `budget` is below the dial's minimum with it
-// but not without it. On the dial lookahead needs the streamed layers' routers and prefetch
-// slots (K3: 1.11 GiB of routers, beyond a laptop's 8 GiB with the rest); it changes the speed,
-// never the output. A --lookahead given is kept (and refused below its minimum by plan_dial).
+// (`lowered` says why where the minimum without it is met; below that too plan_dial's refusal
+// states the minimum without lookahead: the least an automatic run needs). On the dial
+// lookahead needs the streamed layers' routers and prefetch slots (K3: 1.11 GiB of routers,
+// beyond a laptop's 8 GiB with the rest); it changes the speed, never the output. A --lookahead given is kept (and refused below its minimum by plan_dial).
 // `threads` as for plan_dial; in GPU mode (device_mode) the minimum is plan_dial's with a device:
 // its routers and sequence are in VRAM.
 struct LookaheadChoice {
@@ -181,8 +182,8 @@ Result<DevicePlan> plan_device(const format::Checkpoint& ckpt, const EngineOptio
 // plan_device, with automatic lookahead (`automatic`: --lookahead was not given; opts.lookahead
 // is choose_lookahead's) turned off where --vram holds the device's minimum without it but not
 // with it (the VRAM tier's top_k slots per depth, the lookahead copy of the activations):
-// opts.lookahead becomes 0 and `lowered` says why (for a log line). Otherwise plan_device's
-// result, its refusal at the depth asked.
+// opts.lookahead becomes 0 and `lowered` says why (for a log line). Below both, the refusal at
+// 0 (the least an automatic run needs); a depth given: plan_device's result at it.
 Result<DevicePlan> plan_device_choosing_lookahead(const format::Checkpoint& ckpt,
                                                   EngineOptions& opts, bool automatic,
                                                   uint64_t vram_bytes, bool uses_blas,

@@ -151,7 +151,8 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
 // (1 + lookahead) expert slots, and with the last routed layer's experts pinned while the next
 // layers are predicted, lookahead 1 had no slot (0 prefetches issued at the minimum).
 TEST_F(RunEvalCli, LookaheadPrefetchesAtTheMinimumBudget) {
-  const std::string cmd = ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 12";
+  const std::string cmd =
+      ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 12 --lookahead 1";
   const auto refused = run_process(cmd + " --ram 1K");
   ASSERT_EQ(refused.exit_code, 4) << refused.err;
   const std::string mark = "the minimum is ";
@@ -172,16 +173,20 @@ TEST_F(RunEvalCli, LookaheadPrefetchesAtTheMinimumBudget) {
 // routed layer's experts were pinned while the next layer was predicted, so no lookahead copy
 // was ever made (0 issued, 0% VRAM hits on tiny); the minimum now has top_k per depth more.
 TEST_F(RunEvalCli, VramLookaheadCopiesAtTheMinimumVram) {
-  const std::string cmd = ktier() + " run" + model() + " --ids " + prompt_ids() +
-                          " -n 12 --device emulated --vram ";
+  const std::string run = ktier() + " run" + model() + " --ids " + prompt_ids() +
+                          " -n 12 --device emulated";
+  const std::string cmd = run + " --lookahead 1 --vram ";
+  const auto stated_minimum = [](const std::string& refusal) {
+    const std::string mark = "the minimum is ";
+    const size_t at = refusal.find(mark);
+    EXPECT_NE(at, std::string::npos) << refusal;
+    if (at == std::string::npos) return std::string("0");
+    return refusal.substr(at + mark.size(), refusal.find(' ', at + mark.size()) - at -
+                                                mark.size());
+  };
   const auto refused = run_process(cmd + "1K");
   ASSERT_EQ(refused.exit_code, 4) << refused.err;
-  const std::string mark = "the minimum is ";
-  const size_t at = refused.err.find(mark);
-  ASSERT_NE(at, std::string::npos) << refused.err;
-  const std::string minimum =
-      refused.err.substr(at + mark.size(), refused.err.find(' ', at + mark.size()) - at -
-                                               mark.size());
+  const std::string minimum = stated_minimum(refused.err);
   const fs::path report = dir_.string() + "-vram-minimum.json";
   const auto r = run_process(cmd + minimum + " --report-json " + report.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -193,7 +198,7 @@ TEST_F(RunEvalCli, VramLookaheadCopiesAtTheMinimumVram) {
   // One byte below it automatic lookahead is off (the same bytes come out, and the log says
   // why); a depth given is refused there.
   const std::string below = std::to_string(std::stoull(minimum) - 1);
-  const auto off = run_process(cmd + below + " --report-json " + report.string());
+  const auto off = run_process(run + " --vram " + below + " --report-json " + report.string());
   ASSERT_EQ(off.exit_code, 0) << off.err;
   EXPECT_NE(off.err.find("lookahead off: --vram "), std::string::npos) << off.err;
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(report)).at("lookahead"), 0);
@@ -204,6 +209,12 @@ TEST_F(RunEvalCli, VramLookaheadCopiesAtTheMinimumVram) {
                                 " --device emulated --vram " + below);
   EXPECT_EQ(plan.exit_code, 0) << plan.err;
   EXPECT_NE(plan.out.find("note: lookahead off: --vram "), std::string::npos) << plan.out;
+  // Automatic, a refusal states the minimum without lookahead: the least such a run needs.
+  const auto least = run_process(run + " --vram 1K");
+  ASSERT_EQ(least.exit_code, 4) << least.err;
+  const std::string without = stated_minimum(least.err);
+  EXPECT_LT(std::stoull(without), std::stoull(minimum));
+  EXPECT_EQ(run_process(run + " --vram " + without).exit_code, 0);
   fs::remove(report);
 }
 

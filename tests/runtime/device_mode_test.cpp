@@ -82,7 +82,8 @@ class DeviceModeTest : public ::testing::Test {
     return {e.device_trunk()->bytes(), e.device_working_bytes(), e.vram_tier()->stats().slot_bytes};
   }
   // Everything resident, every expert too; about half the trunk; the smallest budget that
-  // opens (no layer resident, the VRAM tier at its minimum: (2 + lookahead) * top_k slots).
+  // opens (no layer resident, the VRAM tier at its minimum; automatic lookahead is off there:
+  // 2 * top_k slots).
   static std::vector<uint64_t> budgets(const DeviceSizes& z = emulated_sizes_,
                                        MakeOptions make = emulated) {
     const uint64_t tier_min = tier_min_slots_ * z.slot;
