@@ -151,7 +151,8 @@ int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c, boo
 // (`lowered` says why where the minimum without it is met; below that too plan_dial's refusal
 // states the minimum without lookahead: the least an automatic run needs). On the dial
 // lookahead needs the streamed layers' routers and prefetch slots (K3: 1.11 GiB of routers,
-// beyond a laptop's 8 GiB with the rest); it changes the speed, never the output. A --lookahead given is kept (and refused below its minimum by plan_dial).
+// beyond a laptop's 8 GiB with the rest); it changes the speed, never the output. A
+// --lookahead given is kept (and refused below its minimum by plan_dial).
 // `threads` as for plan_dial; in GPU mode (device_mode) the minimum is plan_dial's with a device:
 // its routers and sequence are in VRAM.
 struct LookaheadChoice {

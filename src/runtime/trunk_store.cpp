@@ -113,14 +113,15 @@ Result<TrunkPlan> TrunkStore::plan_records(const std::vector<pack::Record>& reco
   // Fewer than every layer pinned: the ring, even where the layers together are smaller.
   p.minimum_bytes = most == L ? z.minimum(slots) : z.fixed() + z.ring(slots);
   if (opts.budget_bytes < p.minimum_bytes)
-    return Status::budget("a trunk budget of " + format_size(opts.budget_bytes) + " cannot be met: the "
-                          "minimum is " + format_size(p.minimum_bytes) + " = " +
-                          std::to_string(p.minimum_bytes) + " bytes (head " + format_size(head.size) +
-                          " + " + std::to_string(slots) + " ring slots of " + format_size(z.largest) +
-                          (z.staging ? " + " + format_size(z.staging) + " compressed staging each + " +
-                                           format_size(z.scratch) + " inflate scratch"
-                                     : std::string()) +
-                          " + embedding rows)");
+    return Status::budget(
+        "a trunk budget of " + format_size(opts.budget_bytes) + " cannot be met: the minimum is " +
+        format_size(p.minimum_bytes) + " = " + std::to_string(p.minimum_bytes) + " bytes (head " +
+        format_size(head.size) + " + " + std::to_string(slots) + " ring slots of " +
+        format_size(z.largest) +
+        (z.staging ? " + " + format_size(z.staging) + " compressed staging each + " +
+                         format_size(z.scratch) + " inflate scratch"
+                   : std::string()) +
+        " + embedding rows)");
   const auto extra = [&](int64_t first_streamed) -> uint64_t {
     return opts.streamed_extra ? opts.streamed_extra(first_streamed) : 0;
   };
