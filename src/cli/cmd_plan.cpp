@@ -44,8 +44,7 @@ struct PlanArgs {
 
 // What one plan holds: the CPU's dial, GPU mode's device and dial, or a mapped checkpoint.
 struct Plan {
-  std::optional<runtime::DevicePlan> device;
-  std::optional<runtime::DialPlan> dial;
+  runtime::EnginePlan engine;
   // Without the dial: the trunk layers' bytes in the shards (what the kernel pages in for
   // them), and the sequence's working set.
   uint64_t mapped_layers = 0, mapped_sequence = 0;
@@ -53,8 +52,6 @@ struct Plan {
   // The layers the host serves (all, or in GPU mode those the device streams) and of those the
   // ones read from disk every token (not pinned).
   int64_t host_layers = 0, from_disk = 0;
-  int lookahead = 0;  // the depth a run gets (choose_lookahead's, plan_device_choosing_lookahead's)
-  std::string lookahead_lowered;  // why automatic lookahead is off; empty otherwise
 };
 
 std::string percent(uint64_t part, uint64_t whole) {
@@ -82,60 +79,38 @@ uint64_t trunk_read_per_token(const runtime::DialPlan& d, const runtime::DeviceP
   return n;
 }
 
-// The same steps as Engine::open, in its order.
+// Engine::open's plan, and what a mapped checkpoint or this machine make of it.
 Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk,
-                       runtime::EngineOptions eo, int threads) {
+                       const runtime::EngineOptions& eo, int threads) {
   Plan out;
-  const bool automatic = !eo.lookahead;
-  uint64_t budget = 0;
-  if (runtime::dial_mode(eo)) {
-    KTIER_ASSIGN_OR_RETURN(budget, runtime::dial_budget_bytes(eo));
-    runtime::LookaheadChoice choice = runtime::choose_lookahead(ckpt, pk, eo, budget, threads);
-    eo.lookahead = choice.depth;
-    out.lookahead_lowered = std::move(choice.lowered);
+  std::unique_ptr<backend::Backend> gpu;  // asked for its free memory
+  if (runtime::device_mode(eo) && !eo.emulate_device) {
+    KTIER_ASSIGN_OR_RETURN(gpu, backend::make_cuda_backend(backend::probe_cuda_module()));
   }
-  if (runtime::device_mode(eo)) {
-    std::optional<uint64_t> free_bytes;
-    bool uses_blas = false;
-    if (!eo.emulate_device) {
-      KTIER_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> gpu,
-                             backend::make_cuda_backend(backend::probe_cuda_module()));
-      KTIER_ASSIGN_OR_RETURN(free_bytes, gpu->free_memory());
-      uses_blas = gpu->uses_blas();
-    }
-    KTIER_ASSIGN_OR_RETURN(const uint64_t vram, runtime::gpu_vram_bytes(eo, free_bytes));
-    KTIER_ASSIGN_OR_RETURN(out.device,
-                           runtime::plan_device_choosing_lookahead(ckpt, eo, automatic, vram,
-                                                                   uses_blas,
-                                                                   out.lookahead_lowered));
-  }
-  // As the run reports it: a model without MoE layers predicts nothing.
-  out.lookahead = ckpt.config().num_moe_layers() > 0
-                      ? runtime::lookahead_depth(eo, ckpt.config(), runtime::dial_mode(eo))
-                      : 0;
+  KTIER_ASSIGN_OR_RETURN(out.engine, runtime::plan_engine(ckpt, pk, eo, threads, gpu.get()));
+  const runtime::EnginePlan& p = out.engine;
   const int64_t L = ckpt.config().num_hidden_layers;
-  out.host_layers = L - (out.device ? out.device->trunk.resident_layers : 0);
-  if (!runtime::dial_mode(eo)) {
+  out.host_layers = L - (p.device ? p.device->trunk.resident_layers : 0);
+  if (!p.dial) {
     const runtime::DialMinimum m = runtime::dial_minimum(
-        ckpt, nullptr, out.lookahead, threads, false, &eo.workload);
+        ckpt, nullptr, p.lookahead, threads, false, &eo.workload);
     out.mapped_sequence = m.sequence;
     KTIER_ASSIGN_OR_RETURN(const runtime::TrunkPlan all,
                            runtime::TrunkStore::plan(ckpt, nullptr, {}, threads));
     for (const uint64_t b : all.layer_read_bytes) out.mapped_layers += b;
     return out;
   }
-  KTIER_ASSIGN_OR_RETURN(out.dial, runtime::plan_dial(ckpt, pk, eo, budget, threads,
-                                                      out.device ? &*out.device : nullptr));
-  out.from_disk = out.host_layers - out.dial->trunk.layers_pinned;
-  out.ram_slots_here = static_cast<uint64_t>(out.dial->expert_slots);
-  if (const uint64_t avail = runtime::mem_available_bytes(); avail > 0 && out.dial->expert_slots)
-    out.ram_slots_here = runtime::capped_expert_slots(*out.dial, avail);
+  out.from_disk = out.host_layers - p.dial->trunk.layers_pinned;
+  out.ram_slots_here = static_cast<uint64_t>(p.dial->expert_slots);
+  if (const uint64_t avail = runtime::mem_available_bytes(); avail > 0 && p.dial->expert_slots)
+    out.ram_slots_here = runtime::capped_expert_slots(*p.dial, avail);
   return out;
 }
 
 nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOptions& eo,
                          const Plan& p) {
   const format::ModelConfig& c = ckpt.config();
+  const runtime::DevicePlan* device = p.engine.device ? &*p.engine.device : nullptr;
   nlohmann::json j{{"model", ckpt.dir().string()},
                    {"layers", c.num_hidden_layers},
                    {"moe_layers", c.num_moe_layers()},
@@ -143,14 +118,14 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
                    {"top_k", c.num_experts_per_token},
                    {"positions", eo.workload.positions},
                    {"chunk", eo.workload.chunk},
-                   {"lookahead", p.lookahead},
+                   {"lookahead", p.engine.lookahead},
                    {"mem_available_bytes", runtime::mem_available_bytes()},
                    {"dial", nullptr},
                    {"device", nullptr}};
-  if (!p.dial) {
+  if (!p.engine.dial) {
     j["mapped"] = {{"trunk_layer_bytes", p.mapped_layers}, {"sequence_bytes", p.mapped_sequence}};
   } else {
-    const runtime::DialPlan& d = *p.dial;
+    const runtime::DialPlan& d = *p.engine.dial;
     j["dial"] = {
         {"budget_bytes", d.budget},
         {"minimum_bytes", d.minimum.total()},
@@ -167,7 +142,7 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
         {"trunk_ring_slot_bytes", d.trunk.ring_slot_bytes},
         {"trunk_bytes", d.trunk_held()},
         {"trunk_head_released_bytes", d.head_released},
-        {"trunk_read_bytes_per_token", trunk_read_per_token(d, p.device ? &*p.device : nullptr)},
+        {"trunk_read_bytes_per_token", trunk_read_per_token(d, device)},
         {"router_bank_bytes", d.router_bytes},
         {"router_bank_from_layer", d.router_bytes ? d.routers_from : c.num_hidden_layers},
         {"ram_expert_slots", d.expert_slots},
@@ -177,8 +152,8 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
         {"expert_keys", d.expert_keys},
         {"held_bytes", d.held()}};
   }
-  if (p.device) {
-    const runtime::DevicePlan& v = *p.device;
+  if (device) {
+    const runtime::DevicePlan& v = *device;
     j["device"] = {{"vram_budget_bytes", v.vram},
                    {"working_set_bytes", v.working()},
                    {"state_bytes", v.working_set.state_bytes},
@@ -203,6 +178,7 @@ std::string row(const char* label, uint64_t bytes, const std::string& detail) {
 std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptions& eo,
                       const Plan& p) {
   const format::ModelConfig& c = ckpt.config();
+  const runtime::DevicePlan* device = p.engine.device ? &*p.engine.device : nullptr;
   const int64_t L = c.num_hidden_layers;
   const int64_t keys = c.num_moe_layers() * c.num_experts;
   const auto of_experts = [&](int64_t slots) {
@@ -215,9 +191,9 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
                     std::to_string(c.num_experts_per_token) + ")\n";
   out += "sequence: " + std::to_string(eo.workload.positions) + " positions in chunks of " +
          std::to_string(eo.workload.chunk) + "\n";
-  if (!p.lookahead_lowered.empty()) out += "note: " + p.lookahead_lowered + "\n";
-  if (p.device) {
-    const runtime::DevicePlan& v = *p.device;
+  if (!p.engine.lookahead_lowered.empty()) out += "note: " + p.engine.lookahead_lowered + "\n";
+  if (device) {
+    const runtime::DevicePlan& v = *device;
     const int64_t res = v.trunk.resident_layers;
     out += "device: --vram " + format_size(v.vram) + "\n";
     out += row("working set", v.working(),
@@ -236,14 +212,14 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
                      format_size(v.tier_slot_bytes) + " (" + of_experts(v.tier_slots) +
                      "; at least " + std::to_string(v.tier_min_slots) + ")");
   }
-  if (!p.dial) {
+  if (!p.engine.dial) {
     out += "host: no memory dial (give --ram, --preset or --pack): the checkpoint is "
            "memory-mapped and the kernel pages the trunk's layers (" +
            format_size(p.mapped_layers) + ") and the experts in and out as they are read; the "
            "sequence needs " + format_size(p.mapped_sequence) + "\n";
     return out;
   }
-  const runtime::DialPlan& d = *p.dial;
+  const runtime::DialPlan& d = *p.engine.dial;
   out += "host: budget " +
          (d.budget == UINT64_MAX ? std::string("unlimited (max)") : format_size(d.budget)) +
          " (minimum " + format_size(d.minimum.total()) + ")\n";
@@ -251,18 +227,18 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
   const int64_t pinned = d.trunk.layers_pinned;
   std::string trunk = std::to_string(pinned) + " of " + std::to_string(L) + " layers pinned (" +
                       layer_range(d.trunk.first_pinned, pinned) + ")";
-  if (p.from_disk == 0 && p.device && p.host_layers > 0)
+  if (p.from_disk == 0 && device && p.host_layers > 0)
     trunk += ", every layer the device streams";
   if (p.from_disk > 0) {
     trunk += "; " + std::to_string(p.from_disk) +
-             (p.device ? " of the " + std::to_string(p.host_layers) + " the device streams"
+             (device ? " of the " + std::to_string(p.host_layers) + " the device streams"
                        : std::string()) +
              " read from disk";
     if (d.trunk.ring_slots > 0 && !d.ring_released)
       trunk += " through " + std::to_string(d.trunk.ring_slots) + " ring slots of " +
                format_size(d.trunk.ring_slot_bytes);
     trunk += ", " +
-             format_size(trunk_read_per_token(d, p.device ? &*p.device : nullptr)) +
+             format_size(trunk_read_per_token(d, device)) +
              " a token";
   }
   if (d.head_released)
@@ -280,7 +256,7 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
                    format_size(d.expert_slot_bytes) + " (" + std::to_string(kept) +
                    " kept: " + of_experts(kept) + "; " + std::to_string(d.expert_batch) +
                    " for one fetch); policy " + std::string(strata::policy_name(eo.policy)) +
-                   ", lookahead " + std::to_string(p.lookahead));
+                   ", lookahead " + std::to_string(p.engine.lookahead));
     if (p.ram_slots_here < static_cast<uint64_t>(d.expert_slots))
       out += "  note: this machine has " + format_size(runtime::mem_available_bytes()) +
              " available now: a run here would cap the RAM tier at " +

@@ -28,15 +28,27 @@ int resolve_threads(int requested) {
   return requested > 0 ? requested : std::clamp(hw, 1, cpu::kMaxThreads);
 }
 
-Status Engine::open_dial_budget(EngineOptions& opts) {
-  if (opts.pack_dir) {
-    KTIER_ASSIGN_OR_RETURN(pack_, pack::TrunkPack::open(*opts.pack_dir, ckpt_));
+Status Engine::open_plan(const EngineOptions& requested) {
+  if (requested.pack_dir) {
+    KTIER_ASSIGN_OR_RETURN(pack_, pack::TrunkPack::open(*requested.pack_dir, ckpt_));
   }
-  KTIER_ASSIGN_OR_RETURN(budget_, dial_budget_bytes(opts));
-  const LookaheadChoice lookahead =
-      choose_lookahead(ckpt_, pack_ ? &*pack_ : nullptr, opts, budget_, pool_->size());
-  if (!lookahead.lowered.empty()) spdlog::warn("{}", lookahead.lowered);
-  opts.lookahead = lookahead.depth;
+  // The CUDA backend first: the plan asks it for its free memory.
+  if (device_mode(requested) && !requested.emulate_device) {
+    KTIER_ASSIGN_OR_RETURN(backend_, backend::make_cuda_backend(backend::probe_cuda_module()));
+  }
+  KTIER_ASSIGN_OR_RETURN(plan_, plan_engine(ckpt_, pack_ ? &*pack_ : nullptr, requested,
+                                            pool_->size(), backend_.get()));
+  if (!plan_.lookahead_lowered.empty()) spdlog::warn("{}", plan_.lookahead_lowered);
+  if (!plan_.device) return Status::ok();
+  const DevicePlan& d = *plan_.device;
+  if (requested.emulate_device) backend_ = backend::make_emulated_device_backend(exec_, d.vram);
+  // What this backend allocates and keeps; cuBLAS's workspace and copies come on top of it.
+  backend_->limit_memory(d.vram > d.blas ? d.vram - d.blas : 0);
+  const EngineOptions::Workload& wl = requested.workload;
+  spdlog::info("device working set {} for {} positions in chunks of {}: state {}, activations {}{}",
+               format_size(d.working()), wl.positions, wl.chunk,
+               format_size(d.working_set.state_bytes), format_size(d.working_set.activation_bytes),
+               d.blas ? ", cuBLAS " + format_size(d.blas) : std::string());
   return Status::ok();
 }
 
@@ -47,9 +59,7 @@ Status Engine::open_trunk_dial(const EngineOptions& opts) {
     KTIER_ASSIGN_OR_RETURN(io::ReadFile f, io_->open(ckpt_.shard(i).path()));
     shard_files_.push_back(std::move(f));
   }
-  KTIER_ASSIGN_OR_RETURN(dial_plan_, plan_dial(ckpt_, pk, opts, budget_, pool_->size(),
-                                               device_plan_ ? &*device_plan_ : nullptr));
-  const DialPlan& plan = *dial_plan_;
+  const DialPlan& plan = *plan_.dial;
   if (plan.minimum.sequence)
     spdlog::info("budget: {} set aside for the sequence ({} positions in chunks of {})",
                  format_size(plan.minimum.sequence), opts.workload.positions,
@@ -69,7 +79,7 @@ Status Engine::open_trunk_dial(const EngineOptions& opts) {
 
 Status Engine::open_expert_tier(const EngineOptions& opts) {
   if (ckpt_.expert_storage() == format::ExpertStorage::kNone) return Status::ok();
-  const DialPlan& plan = *dial_plan_;
+  const DialPlan& plan = *plan_.dial;
   KTIER_CHECK(store_->stats().bytes_allocated + (bank_ ? bank_->bytes_allocated() : 0) +
                   plan.minimum.sequence ==
               plan.held() - static_cast<uint64_t>(plan.expert_slots) * plan.expert_slot_bytes);
@@ -96,7 +106,7 @@ Status Engine::open_expert_tier(const EngineOptions& opts) {
   KTIER_ASSIGN_OR_RETURN(cache_, ExpertCache::open(ckpt_, *io_, shard_files_, std::move(xo)));
   spdlog::info("experts: {} policy, {} slots of {} ({} kept, {} for one fetch), lookahead {}",
                strata::policy_name(opts.policy), slots, format_size(slot), slots - batch, batch,
-               lookahead_depth(opts, ckpt_.config(), /*dial=*/true));
+               plan_.lookahead);
   return Status::ok();
 }
 
@@ -119,55 +129,30 @@ Engine::~Engine() {
   }
 }
 
-Status Engine::open_backend(EngineOptions& opts, bool lookahead_automatic) {
-  uint64_t vram = 0;
-  if (opts.emulate_device) {
-    KTIER_ASSIGN_OR_RETURN(vram, gpu_vram_bytes(opts, std::nullopt));
-    backend_ = backend::make_emulated_device_backend(exec_, vram);
-  } else {
-    KTIER_ASSIGN_OR_RETURN(backend_, backend::make_cuda_backend(backend::probe_cuda_module()));
-    KTIER_ASSIGN_OR_RETURN(const uint64_t free_bytes, backend_->free_memory());
-    KTIER_ASSIGN_OR_RETURN(vram, gpu_vram_bytes(opts, free_bytes));
-  }
-  std::string lowered;
-  KTIER_ASSIGN_OR_RETURN(device_plan_,
-                         plan_device_choosing_lookahead(ckpt_, opts, lookahead_automatic, vram,
-                                                        backend_->uses_blas(), lowered));
-  if (!lowered.empty()) spdlog::warn("{}", lowered);
-  const DevicePlan& d = *device_plan_;
-  // What this backend allocates and keeps; cuBLAS's workspace and copies come on top of it.
-  backend_->limit_memory(vram > d.blas ? vram - d.blas : 0);
-  spdlog::info("device working set {} for {} positions in chunks of {}: state {}, activations {}{}",
-               format_size(d.working()), opts.workload.positions, opts.workload.chunk,
-               format_size(d.working_set.state_bytes), format_size(d.working_set.activation_bytes),
-               d.blas ? ", cuBLAS " + format_size(d.blas) : std::string());
-  return Status::ok();
-}
-
 Status Engine::open_device_trunk(model::TrunkSource& trunk) {
   // From the mirror's pass on, the host reads ahead only the layers the device streams.
   const auto start_host_cycle = [this](int64_t resident) {
     if (store_) store_->set_cycle_start(resident);
   };
   KTIER_ASSIGN_OR_RETURN(device_trunk_,
-                         DeviceTrunk::open(trunk, *backend_, device_plan_->trunk,
+                         DeviceTrunk::open(trunk, *backend_, plan_.device->trunk,
                                            start_host_cycle));
   // When the host pins every layer the device streams, its ring has served its one pass: the
   // expert RAM tier, opened next, gets its RAM.
   const uint64_t freed = store_ ? store_->release_ring(device_trunk_->resident_layers()) : 0;
-  KTIER_CHECK(!dial_plan_ || freed == dial_plan_->ring_released);
+  KTIER_CHECK(!plan_.dial || freed == plan_.dial->ring_released);
   if (freed)
     spdlog::info("trunk: ring of {} freed (the device holds or the host pins every layer)",
                  format_size(freed));
   // The device serves the head from its mirror (DeviceTrunk::open copied it synchronously).
   const uint64_t head = store_ ? store_->release_head() : 0;
-  KTIER_CHECK(!dial_plan_ || head == dial_plan_->head_released);
+  KTIER_CHECK(!plan_.dial || head == plan_.dial->head_released);
   return Status::ok();
 }
 
 Status Engine::open_device(const EngineOptions& opts, model::ExpertSource* experts) {
   const format::ModelConfig& c = ckpt_.config();
-  const DevicePlan& d = *device_plan_;
+  const DevicePlan& d = *plan_.device;
   KTIER_CHECK(device_trunk_->bytes() == d.trunk_bytes);
   if (experts != nullptr && d.tier_slots > 0) {
     strata::PolicyInputs in;
@@ -200,32 +185,31 @@ Status Engine::open_device(const EngineOptions& opts, model::ExpertSource* exper
 
 Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& requested) {
   KTIER_RETURN_IF_ERROR(check_engine_options(requested));
-  EngineOptions opts = requested;  // with the dial's automatic choices made (open_dial_budget)
-  const cpu::Isa isa = opts.isa.value_or(cpu::best_isa());
+  const cpu::Isa isa = requested.isa.value_or(cpu::best_isa());
   // GPU mode always runs the memory dial (default budget: --preset auto): its page-locked RAM
   // tier is the warm tier and the staging buffer NVMe -> RAM -> VRAM, filled by io_uring reads;
   // a mapped checkpoint's pageable pages would be copied to the device at page-fault speed.
-  const bool dial = dial_mode(opts);
+  const bool dial = dial_mode(requested);
   if (!dial) {  // a mapped checkpoint has no expert tier and reads nothing itself
     const char* why = "ignored: the checkpoint is memory-mapped (give --pack, --ram or --preset)";
-    if (opts.policy != strata::PolicyKind::kTemperature || !opts.temperature_seed.empty())
+    if (requested.policy != strata::PolicyKind::kTemperature || !requested.temperature_seed.empty())
       spdlog::warn("--policy/--profile {}", why);
-    if (opts.io.backend != io::IoBackend::kAuto || opts.io.rate_limit_bytes_per_s != 0)
+    if (requested.io.backend != io::IoBackend::kAuto || requested.io.rate_limit_bytes_per_s != 0)
       spdlog::warn("--io/--io-rate-limit {}", why);
   }
-  KTIER_ASSIGN_OR_RETURN(format::Checkpoint ckpt,
-                         format::Checkpoint::open(opts.model_dir,
-                                                  dial ? format::OpenMode::kPread : opts.mode));
+  KTIER_ASSIGN_OR_RETURN(
+      format::Checkpoint ckpt,
+      format::Checkpoint::open(requested.model_dir,
+                               dial ? format::OpenMode::kPread : requested.mode));
   std::unique_ptr<Engine> e(new Engine(std::move(ckpt)));
   // First: a compressed pack's blocks are inflated on this pool.
-  e->pool_ = std::make_unique<cpu::ThreadPool>(resolve_threads(opts.threads));
+  e->pool_ = std::make_unique<cpu::ThreadPool>(resolve_threads(requested.threads));
   if (!e->pool_->start_error().empty())
     spdlog::warn("threads: {}; running with {} (same output)", e->pool_->start_error(),
                  e->pool_->size());
   e->exec_ = cpu::Exec{e->pool_.get(), isa};
-  if (dial) KTIER_RETURN_IF_ERROR(e->open_dial_budget(opts));
-  if (device_mode(opts))
-    KTIER_RETURN_IF_ERROR(e->open_backend(opts, /*lookahead_automatic=*/!requested.lookahead));
+  KTIER_RETURN_IF_ERROR(e->open_plan(requested));
+  const EngineOptions& opts = e->plan_.opts;  // lookahead decided
   model::TrunkSource* trunk = nullptr;
   if (dial) {
     KTIER_RETURN_IF_ERROR(e->open_trunk_dial(opts));
@@ -253,8 +237,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& requested) {
   }
   e->model_ = std::make_unique<model::Model>(*trunk, experts, *e->backend_);
   // Without the dial, lookahead only feeds observers such as a trace.
-  if (const int depth = lookahead_depth(opts, e->ckpt_.config(), dial);
-      depth > 0 && e->ckpt_.config().num_moe_layers() > 0) {
+  if (const int depth = e->plan_.lookahead; depth > 0) {
     model::Model::RoutingWeightsFn routing;
     if (e->device_trunk_) {  // resident layers, or the device's copy of a streamed one's router
       routing = [t = e->device_trunk_.get()](int64_t l) { return t->routing_layer(l); };

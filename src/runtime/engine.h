@@ -37,7 +37,7 @@ class Engine {
   // ranking, or an ISA this CPU or build lacks; with the memory dial also those of
   // TrunkPack::open (exit 2/3), I/O errors (exit 1), Status::corrupt for a pack record failing
   // its checksum, and Status::budget (exit 4) for a budget below the stated minimum. Automatic
-  // lookahead (choose_lookahead) is decided here; model().lookahead_depth() says what it was.
+  // lookahead (plan_engine) is decided here; model().lookahead_depth() says what it was.
   static Result<std::unique_ptr<Engine>> open(const EngineOptions& requested);
   ~Engine();
 
@@ -56,11 +56,11 @@ class Engine {
   void begin_report_window();
   // GPU mode (0 otherwise): --vram as applied, and the part of it set aside for the sequence's
   // working set.
-  uint64_t device_vram_bytes() const { return device_plan_ ? device_plan_->vram : 0; }
-  uint64_t device_working_bytes() const { return device_plan_ ? device_plan_->working() : 0; }
+  uint64_t device_vram_bytes() const { return plan_.device ? plan_.device->vram : 0; }
+  uint64_t device_working_bytes() const { return plan_.device ? plan_.device->working() : 0; }
   const backend::Backend& backend() const { return *backend_; }
   const io::IoEngine* io_engine() const { return io_.get(); }
-  uint64_t budget_bytes() const { return budget_; }  // 0 without the dial
+  uint64_t budget_bytes() const { return plan_.budget; }  // 0 without the dial
   model::Model& model() { return *model_; }
   const model::Model& model() const { return *model_; }
   // The ExpertSource the Model reads: the VRAM tier (GPU mode), the RAM tier (the memory dial)
@@ -83,17 +83,14 @@ class Engine {
 
  private:
   explicit Engine(format::Checkpoint ckpt) : ckpt_(std::move(ckpt)) {}
-  // The memory dial's pack, budget and automatic lookahead (choose_lookahead, into `opts`):
-  // before anything is planned.
-  Status open_dial_budget(EngineOptions& opts);
+  // Before anything is read or allocated: the memory dial's pack, GPU mode's backend and
+  // plan_engine's plan (plan_), automatic lookahead decided; then the device's memory limited
+  // to the plan.
+  Status open_plan(const EngineOptions& requested);
   // The memory dial in two steps, GPU mode's device trunk between them: I/O engine,
   // TrunkStore, RouterBank; then the ExpertCache from the budget the others left.
   Status open_trunk_dial(const EngineOptions& opts);
   Status open_expert_tier(const EngineOptions& opts);
-  // GPU mode, before the dial: the backend, --vram, the sequence's working set and where the
-  // trunk will go (device_plan_), so that the host pins only the layers the device streams.
-  // Automatic lookahead (`lookahead_automatic`) may be turned off here for --vram (into `opts`).
-  Status open_backend(EngineOptions& opts, bool lookahead_automatic);
   // GPU mode: DeviceTrunk over `trunk` (frees the TrunkStore's ring when it is done with it);
   // then VramExpertTier over `experts` (may be null) and the host memory page-locked.
   Status open_device_trunk(model::TrunkSource& trunk);
@@ -106,7 +103,6 @@ class Engine {
   std::unique_ptr<TrunkStore> store_;
   std::unique_ptr<RouterBank> bank_;
   std::unique_ptr<ExpertCache> cache_;
-  uint64_t budget_ = 0;
   std::unique_ptr<model::ExpertSource> experts_;
   std::unique_ptr<backend::Backend> backend_;  // what the Model runs on
   std::unique_ptr<DeviceTrunk> device_trunk_;
@@ -114,8 +110,7 @@ class Engine {
   // GPU mode: host memory page-locked by backend_ (the RAM tier's arena, the TrunkStore buffers
   // of the layers the device streams); unpinned before they are freed.
   std::vector<void*> pinned_host_;
-  std::optional<DevicePlan> device_plan_;  // GPU mode: VRAM's plan (plan_device)
-  std::optional<DialPlan> dial_plan_;      // the memory dial's plan (open_trunk_dial)
+  EnginePlan plan_;  // open_plan's: the options with lookahead decided, where everything goes
   mutable std::mutex nonfinite_mutex_;                 // guards nonfinite_note_
   mutable std::optional<std::string> nonfinite_note_;  // explain_nonfinite's, once read
   std::unique_ptr<model::Model> model_;

@@ -277,27 +277,6 @@ Result<DevicePlan> plan_device(const format::Checkpoint& ckpt, const EngineOptio
   return d;
 }
 
-Result<DevicePlan> plan_device_choosing_lookahead(const format::Checkpoint& ckpt,
-                                                  EngineOptions& opts, bool automatic,
-                                                  uint64_t vram_bytes, bool uses_blas,
-                                                  std::string& lowered) {
-  Result<DevicePlan> asked = plan_device(ckpt, opts, vram_bytes, uses_blas);
-  const int depth = lookahead_depth(opts, ckpt.config(), /*dial=*/true);
-  if (asked.is_ok() || !automatic || depth == 0 || asked.status().code() != ExitCode::kBudget)
-    return asked;
-  EngineOptions without = opts;
-  without.lookahead = 0;
-  Result<DevicePlan> fits = plan_device(ckpt, without, vram_bytes, uses_blas);
-  opts.lookahead = 0;
-  if (!fits.is_ok()) return fits;  // the least an automatic run needs, stated
-  lowered = "lookahead off: --vram " + format_size(vram_bytes) +
-            " holds the device's minimum without lookahead, not with lookahead " +
-            std::to_string(depth) + " (its VRAM expert slots and the activations' copy): the " +
-            "output is the same, experts are not prefetched; --lookahead " +
-            std::to_string(depth) + " refuses instead, stating its minimum";
-  return fits;
-}
-
 Result<DialPlan> plan_dial(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                            const EngineOptions& opts, uint64_t budget, int threads,
                            const DevicePlan* device) {
@@ -355,6 +334,67 @@ Result<DialPlan> plan_dial(const format::Checkpoint& ckpt, const pack::TrunkPack
   const uint64_t left = budget == UINT64_MAX ? UINT64_MAX : (budget > held ? budget - held : 0);
   p.expert_slots = static_cast<int64_t>(
       std::clamp<uint64_t>(left / p.expert_slot_bytes, p.minimum.expert_slots, most));
+  return p;
+}
+
+namespace {
+
+// plan_device, with automatic lookahead (`automatic`: --lookahead was not given; opts.lookahead
+// is choose_lookahead's) turned off where --vram holds the device's minimum without it but not
+// with it (the VRAM tier's top_k slots per depth, the lookahead copy of the activations):
+// opts.lookahead becomes 0 and `lowered` says why. Below both, the refusal at 0 (the least an
+// automatic run needs); a depth given: plan_device's result at it.
+Result<DevicePlan> plan_device_choosing_lookahead(const format::Checkpoint& ckpt,
+                                                  EngineOptions& opts, bool automatic,
+                                                  uint64_t vram_bytes, bool uses_blas,
+                                                  std::string& lowered) {
+  Result<DevicePlan> asked = plan_device(ckpt, opts, vram_bytes, uses_blas);
+  const int depth = lookahead_depth(opts, ckpt.config(), /*dial=*/true);
+  if (asked.is_ok() || !automatic || depth == 0 || asked.status().code() != ExitCode::kBudget)
+    return asked;
+  EngineOptions without = opts;
+  without.lookahead = 0;
+  Result<DevicePlan> fits = plan_device(ckpt, without, vram_bytes, uses_blas);
+  opts.lookahead = 0;
+  if (!fits.is_ok()) return fits;  // the least an automatic run needs, stated
+  lowered = "lookahead off: --vram " + format_size(vram_bytes) +
+            " holds the device's minimum without lookahead, not with lookahead " +
+            std::to_string(depth) + " (its VRAM expert slots and the activations' copy): the " +
+            "output is the same, experts are not prefetched; --lookahead " +
+            std::to_string(depth) + " refuses instead, stating its minimum";
+  return fits;
+}
+
+}  // namespace
+
+Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                               const EngineOptions& requested, int threads,
+                               backend::Backend* gpu) {
+  EnginePlan p;
+  p.opts = requested;
+  const bool dial = dial_mode(requested);
+  if (dial) {
+    KTIER_ASSIGN_OR_RETURN(p.budget, dial_budget_bytes(requested));
+    LookaheadChoice choice = choose_lookahead(ckpt, pack, requested, p.budget, threads);
+    p.opts.lookahead = choice.depth;
+    p.lookahead_lowered = std::move(choice.lowered);
+  }
+  if (device_mode(requested)) {
+    std::optional<uint64_t> free_bytes;
+    if (gpu) {
+      KTIER_ASSIGN_OR_RETURN(free_bytes, gpu->free_memory());
+    }
+    KTIER_ASSIGN_OR_RETURN(const uint64_t vram, gpu_vram_bytes(requested, free_bytes));
+    KTIER_ASSIGN_OR_RETURN(p.device, plan_device_choosing_lookahead(
+                                         ckpt, p.opts, /*automatic=*/!requested.lookahead, vram,
+                                         gpu && gpu->uses_blas(), p.lookahead_lowered));
+  }
+  const format::ModelConfig& c = ckpt.config();
+  p.lookahead = c.num_moe_layers() > 0 ? lookahead_depth(p.opts, c, dial) : 0;
+  if (dial) {
+    KTIER_ASSIGN_OR_RETURN(p.dial, plan_dial(ckpt, pack, p.opts, p.budget, threads,
+                                             p.device ? &*p.device : nullptr));
+  }
   return p;
 }
 

@@ -42,7 +42,7 @@ struct EngineOptions {
   // without the memory dial lookahead only feeds observers such as a trace) and its refresh
   // (layer l+1 rescored after layer l's FFN, §4), and what a recorded
   // profile gives the policy (temperatures at clock 0, per key; a ranking for kStatic).
-  // lookahead nullopt: automatic (choose_lookahead, plan_device_choosing_lookahead):
+  // lookahead nullopt: automatic (choose_lookahead; in GPU mode plan_engine weighs --vram too):
   // kDefaultLookahead, or 0 where the dial's budget or --vram holds everything else but not
   // lookahead's share.
   strata::PolicyKind policy = strata::PolicyKind::kTemperature;
@@ -180,16 +180,6 @@ struct DevicePlan {
 // the parts. `uses_blas`: the backend runs cuBLAS (CUDA; not the emulated device).
 Result<DevicePlan> plan_device(const format::Checkpoint& ckpt, const EngineOptions& opts,
                                uint64_t vram_bytes, bool uses_blas);
-// plan_device, with automatic lookahead (`automatic`: --lookahead was not given; opts.lookahead
-// is choose_lookahead's) turned off where --vram holds the device's minimum without it but not
-// with it (the VRAM tier's top_k slots per depth, the lookahead copy of the activations):
-// opts.lookahead becomes 0 and `lowered` says why (for a log line). Below both, the refusal at
-// 0 (the least an automatic run needs); a depth given: plan_device's result at it.
-Result<DevicePlan> plan_device_choosing_lookahead(const format::Checkpoint& ckpt,
-                                                  EngineOptions& opts, bool automatic,
-                                                  uint64_t vram_bytes, bool uses_blas,
-                                                  std::string& lowered);
-
 // The memory dial's host memory: the budget less the sequence, the trunk (TrunkStore), the
 // lookahead routers of the layers it streams (RouterBank) and the expert RAM tier. Bytes.
 struct DialPlan {
@@ -228,5 +218,26 @@ int64_t capped_expert_slots(const DialPlan& plan, uint64_t mem_available);
 Result<DialPlan> plan_dial(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                            const EngineOptions& opts, uint64_t budget, int threads,
                            const DevicePlan* device);
+
+// Everything Engine::open decides before it reads or allocates, in its order: the memory dial's
+// budget (dial_budget_bytes), automatic lookahead (choose_lookahead), GPU mode's device plan
+// (plan_device at --vram; automatic lookahead turned off where --vram holds the device's minimum
+// without it but not with it) and the dial's plan (plan_dial). `ktier plan` prints this plan;
+// the engine places everything as it says and CHECKs that it did.
+struct EnginePlan {
+  EngineOptions opts;   // as requested, with lookahead decided where the dial runs
+  uint64_t budget = 0;  // the dial's bytes; 0 without the dial
+  std::optional<DevicePlan> device;  // GPU mode
+  std::optional<DialPlan> dial;      // the memory dial (always in GPU mode)
+  int lookahead = 0;  // the depth a run gets (lookahead_depth; 0 for a model without MoE layers)
+  std::string lookahead_lowered;  // why automatic lookahead is off (a log line); empty otherwise
+};
+// `threads`: the engine's (plan_dial); `gpu`: the CUDA backend in GPU mode, asked for its free
+// memory (gpu_vram_bytes) and whether it runs cuBLAS; null on the CPU and the emulated device
+// (sized by --vram alone). Errors: those of dial_budget_bytes, gpu_vram_bytes, plan_device and
+// plan_dial.
+Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                               const EngineOptions& requested, int threads,
+                               backend::Backend* gpu);
 
 }  // namespace ktier::runtime
