@@ -176,9 +176,9 @@ uint64_t host_sequence_bytes(const format::ModelConfig& c, const EngineOptions::
 
 DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                          int lookahead, int threads, bool host_routers,
-                         const EngineOptions::Workload* sequence) {
+                         const EngineOptions::Workload* sequence, int64_t host_max_pinned) {
   DialMinimum m;
-  m.trunk = TrunkStore::minimum_bytes(ckpt, pack, 2, threads);
+  m.trunk = TrunkStore::minimum_bytes(ckpt, pack, 2, threads, host_max_pinned);
   const bool moe = ckpt.expert_storage() != format::ExpertStorage::kNone &&
                    ckpt.config().num_moe_layers() > 0;
   if (sequence) m.sequence = host_sequence_bytes(ckpt.config(), *sequence, moe && lookahead > 0);
@@ -288,8 +288,10 @@ Result<DialPlan> plan_dial(const format::Checkpoint& ckpt, const pack::TrunkPack
   // In GPU mode lookahead scores the device trunk's copy of the routers, not a host RouterBank,
   // and the sequence's working set is set aside from the VRAM budget (plan_device).
   const EngineOptions::Workload* host_sequence = device ? nullptr : &opts.workload;
+  // GPU mode: the host pins at most the layers the device streams.
   p.minimum = dial_minimum(ckpt, pack, lookahead_depth(opts, c, /*dial=*/true), threads,
-                           /*host_routers=*/device == nullptr, host_sequence);
+                           /*host_routers=*/device == nullptr, host_sequence,
+                           device ? L - device->trunk.resident_layers : -1);
   KTIER_RETURN_IF_ERROR(check_dial_budget(budget, p.minimum, pack, opts.workload));
   // The trunk pins what fits beside the routers of the layers it streams, which the bank then
   // holds (a pinned layer's router is read from the store); the rest goes to the expert tier.

@@ -78,7 +78,8 @@ struct EngineOptions {
 
 // The smallest budget the memory dial accepts for `ckpt` (with `pack`, or null), part by part:
 // the trunk's minimum (TrunkStore::minimum_bytes; a compressed pack's scratch grows with
-// `threads`), expert slots for one fetch and top-k more per lookahead depth, the lookahead
+// `threads`; `host_max_pinned` as TrunkStoreOptions::max_pinned: in GPU mode the layers the
+// device streams, -1 otherwise), expert slots for one fetch and top-k more per lookahead depth, the lookahead
 // routers (RouterBank::bytes_needed) when lookahead > 0 and the host scores them
 // (`host_routers`; GPU mode scores the device trunk's copy instead), and the planned sequence's
 // working set in host memory (`sequence`: model::working_set for the workload plus the CPU MLA
@@ -96,7 +97,7 @@ struct DialMinimum {
 
 DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                          int lookahead, int threads, bool host_routers,
-                         const EngineOptions::Workload* sequence);
+                         const EngineOptions::Workload* sequence, int64_t host_max_pinned = -1);
 // dial_minimum(...).total() for the CPU engine (host routers, the sequence in host memory).
 uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                               int lookahead, int threads = 1,

@@ -53,8 +53,11 @@ struct TrunkSizes {
   // Everything pinned: one staging buffer while the layers are read at open.
   uint64_t all_pinned() const { return fixed() + all_layers + staging; }
   uint64_t ring(int slots) const { return static_cast<uint64_t>(slots) * (largest + staging); }
-  uint64_t minimum(int slots) const {
-    return fixed() + std::min<uint64_t>(all_layers + staging, ring(slots));
+  // `every_layer`: all the layers may be pinned (TrunkStoreOptions::max_pinned allows it);
+  // fewer than all need the ring, even where the layers together are smaller.
+  uint64_t minimum(int slots, bool every_layer) const {
+    return fixed() + (every_layer ? std::min<uint64_t>(all_layers + staging, ring(slots))
+                                  : ring(slots));
   }
 };
 TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::ModelConfig& c,
@@ -110,8 +113,7 @@ Result<TrunkPlan> TrunkStore::plan_records(const std::vector<pack::Record>& reco
   const int slots = std::max(2, opts.ring_slots);
   const int64_t most = opts.max_pinned >= 0 ? std::min<int64_t>(opts.max_pinned, L) : L;
   TrunkPlan p;
-  // Fewer than every layer pinned: the ring, even where the layers together are smaller.
-  p.minimum_bytes = most == L ? z.minimum(slots) : z.fixed() + z.ring(slots);
+  p.minimum_bytes = z.minimum(slots, most == L);
   if (opts.budget_bytes < p.minimum_bytes)
     return Status::budget(
         "a trunk budget of " + format_size(opts.budget_bytes) + " cannot be met: the minimum is " +
@@ -160,10 +162,11 @@ Result<TrunkPlan> TrunkStore::plan(const format::Checkpoint& ckpt, const pack::T
 }
 
 uint64_t TrunkStore::minimum_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                                   int ring_slots, int inflate_threads) {
+                                   int ring_slots, int inflate_threads, int64_t max_pinned) {
   const auto& records = pack ? pack->records() : shard_layout(ckpt).records;
   return sizes_of(records, ckpt.config(), pack, inflate_threads)
-      .minimum(std::max(2, ring_slots));
+      .minimum(std::max(2, ring_slots),
+               max_pinned < 0 || max_pinned >= ckpt.config().num_hidden_layers);
 }
 
 Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& ckpt,

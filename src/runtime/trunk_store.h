@@ -128,7 +128,7 @@ class TrunkStore final : public model::TrunkSource {
                                                   const std::vector<io::ReadFile>& shard_files,
                                                   const TrunkStoreOptions& opts);
   // The same, placed as `placement` says (plan() of this checkpoint and pack, with `pool`'s size
-  // as its inflate_threads, 1 without a pool): the engine plans first (runtime::plan_dial).
+  // as its inflate_threads, 1 without a pool): the engine plans first (runtime::plan_engine).
   static Result<std::unique_ptr<TrunkStore>> open(const format::Checkpoint& ckpt,
                                                   const pack::TrunkPack* pack,
                                                   io::IoEngine& engine,
@@ -143,10 +143,12 @@ class TrunkStore final : public model::TrunkSource {
   // tensor. Record file offsets are meaningless here.
   static pack::PackLayout shard_layout(const format::Checkpoint& ckpt);
   // The smallest trunk budget open() accepts (head + ring + embedding-row buffer; all layers if
-  // they are smaller than the ring). For a compressed pack also one staging buffer per ring slot
-  // (the largest stored layer record) and `inflate_threads` scratch buffers of the block size.
+  // they are smaller than the ring and `max_pinned`, TrunkStoreOptions', lets them all be
+  // pinned). For a compressed pack also one staging buffer per ring slot (the largest stored
+  // layer record) and `inflate_threads` scratch buffers of the block size.
   static uint64_t minimum_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                                int ring_slots = 2, int inflate_threads = 1);
+                                int ring_slots = 2, int inflate_threads = 1,
+                                int64_t max_pinned = -1);
   ~TrunkStore() override;
 
   const format::ModelConfig& config() const override { return ckpt_.config(); }

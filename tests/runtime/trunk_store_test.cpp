@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -545,15 +546,27 @@ TEST_F(TrunkStoreTest, FailingExpertReadFailsTheForwardWithExitOne) {
 // streams), a plan that opens holds at most its budget. On two layers, which together are
 // smaller than two ring slots of the larger: a store that may not pin both still needs the ring,
 // and its minimum says so (it once said the two layers' size, and then held the ring beyond it).
-TEST(TrunkPlan, HoldsAtMostItsBudgetWhateverMaxPinned) {
+// A tiny synth checkpoint changed by `adjust`, in a fresh temporary folder named after `what`.
+fs::path synth_tiny_variant(const std::string& what,
+                            const std::function<void(synth::SynthOptions&)>& adjust) {
   const fs::path dir =
-      fs::temp_directory_path() / ("ktier-trunk-two-layers-" + std::to_string(::getpid()));
+      fs::temp_directory_path() / ("ktier-trunk-" + what + "-" + std::to_string(::getpid()));
   synth::SynthOptions o;
   o.out_dir = dir;
   o.threads = 1;
   o.force = true;
-  o.overrides.layers = 2;
-  ASSERT_TRUE(synth::run_synth(o).is_ok());
+  adjust(o);
+  EXPECT_TRUE(synth::run_synth(o).is_ok());
+  return dir;
+}
+
+// Two layers: the ring (two slots of the larger) outweighs both layers pinned.
+fs::path synth_two_layers() {
+  return synth_tiny_variant("two-layers", [](synth::SynthOptions& o) { o.overrides.layers = 2; });
+}
+
+TEST(TrunkPlan, HoldsAtMostItsBudgetWhateverMaxPinned) {
+  const fs::path dir = synth_two_layers();
   auto ckpt = format::Checkpoint::open(dir, format::OpenMode::kPread);
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
   const uint64_t least = TrunkStore::minimum_bytes(*ckpt, nullptr);
@@ -590,17 +603,47 @@ TEST(TrunkPlan, HoldsAtMostItsBudgetWhateverMaxPinned) {
   fs::remove_all(dir);
 }
 
+// GPU mode's host pins at most the layers the device streams, and with fewer than all of them it
+// needs the ring: the dial's stated minimum is the trunk store's with that limit, so the minimum
+// plans and one byte less is refused by the dial (naming its parts), not by the store.
+TEST(TrunkPlan, DialMinimumIsExactWhenTheDeviceHoldsALayer) {
+  const fs::path dir = synth_two_layers();
+  auto ckpt = format::Checkpoint::open(dir, format::OpenMode::kPread);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+  EngineOptions eo;
+  eo.model_dir = dir;
+  eo.emulate_device = true;
+  eo.lookahead = 0;
+  DevicePlan device;  // plan_dial reads the layers it holds
+  device.trunk.resident_layers = 1;
+  const auto at = [&](uint64_t budget) {
+    return plan_dial(*ckpt, nullptr, eo, budget, 1, &device);
+  };
+  auto all = at(UINT64_MAX);
+  ASSERT_TRUE(all.is_ok()) << all.status().message();
+  const uint64_t min = all->minimum.total();
+  // The case studied: every layer pinned would take less than the ring.
+  ASSERT_GT(min, dial_minimum(*ckpt, nullptr, 0, 1, false, nullptr).total());
+  auto least = at(min);
+  ASSERT_TRUE(least.is_ok()) << least.status().message();
+  EXPECT_LE(least->held(), min);
+  EXPECT_EQ(least->trunk.ring_slots, 2);
+  auto below = at(min - 1);
+  ASSERT_FALSE(below.is_ok());
+  EXPECT_EQ(below.status().exit_code(), 4);
+  EXPECT_NE(below.status().message().find(std::to_string(min) + " bytes (trunk "),
+            std::string::npos)
+      << below.status().message();
+  EXPECT_EQ(below.status().message().find("trunk budget"), std::string::npos)
+      << below.status().message();
+  fs::remove_all(dir);
+}
+
 // A tiny synth checkpoint with F32 experts in a fresh temporary folder named after `what`.
 fs::path synth_float_experts(const std::string& what) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("ktier-trunk-" + what + "-" + std::to_string(::getpid()));
-  synth::SynthOptions o;
-  o.out_dir = dir;
-  o.threads = 1;
-  o.force = true;
-  o.experts = synth::ExpertFormat::kF32;
-  EXPECT_TRUE(synth::run_synth(o).is_ok());
-  return dir;
+  return synth_tiny_variant(what, [](synth::SynthOptions& o) {
+    o.experts = synth::ExpertFormat::kF32;
+  });
 }
 
 // Logits of every position of `ids` on the checkpoint in `dir` under `budget` (none: resident);
