@@ -246,6 +246,49 @@ class RunTrace {
   bool detached_ = false;
 };
 
+// The positions a run plans for (EngineOptions::Workload::positions): -c, or what the prompt of
+// `prompt_ids` and -n take (the last generated token is never fed back: P + n - 1), with
+// `history`, the positions of a conversation the prompt cache resumes. -n -1 and a conversation
+// (which adds one more message of up to kNextMessagePositions and its answer) take at least
+// kAutoContextPositions. Status::usage where -c cannot hold the prompt and -n; a resumed
+// conversation past an explicit -c is refused where it is known to be used (after the load:
+// RunPromptCache::restore, and the first message's own check, exit 4).
+Result<int64_t> run_positions(const RunArgs& a, int64_t prompt_ids, int64_t history) {
+  const bool to_context_end = a.max_new_tokens < 0;
+  const int64_t planned_answer = to_context_end ? 1 : a.max_new_tokens;  // -n -1: at least one
+  const int64_t first_turn =
+      std::max<int64_t>(1, prompt_ids + std::max<int64_t>(planned_answer - 1, 0));
+  const int64_t ctx =
+      a.ctx_size > 0 ? a.ctx_size
+      : a.interactive
+          ? std::max<int64_t>(history + first_turn + kNextMessagePositions + planned_answer,
+                              kAutoContextPositions)
+      : to_context_end ? std::max<int64_t>(first_turn, kAutoContextPositions)
+                       : first_turn;
+  if (ctx < first_turn)
+    return Status::usage("-c/--ctx-size " + std::to_string(ctx) + " cannot hold the prompt (" +
+                         std::to_string(prompt_ids) + " tokens) and -n " +
+                         std::to_string(a.max_new_tokens) + ": it needs " +
+                         std::to_string(first_turn) + " positions");
+  return ctx;
+}
+
+// Warns where the run may reach positions past config.json's max_position_embeddings: a
+// conversation its -c (`ctx`), a single run P + n - 2 (the last generated token is never fed
+// back), or with -n -1 the last of `ctx`.
+void warn_untrained_positions(const RunArgs& a, const format::ModelConfig& cfg, int64_t ctx,
+                              int64_t prompt_ids) {
+  if (const auto limit = cfg.max_position_embeddings; limit && a.interactive && ctx > *limit)
+    spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json: positions "
+                 "from {} on were not trained", ctx, *limit, *limit);
+  else if (!a.interactive && a.max_new_tokens < 0)
+    warn_past_trained_positions(cfg, ctx - 1, "-n -1 with -c/--ctx-size " + std::to_string(ctx));
+  else if (!a.interactive)
+    warn_past_trained_positions(cfg, prompt_ids + a.max_new_tokens - 2,
+                                "prompt (" + std::to_string(prompt_ids) + " tokens) + -n " +
+                                    std::to_string(a.max_new_tokens));
+}
+
 Status run(const RunArgs& a) {
   // A reader that goes away (`ktier run ... | head`) is a write error (exit 1, the trace closed
   // at a whole token), not a silent death by SIGPIPE (exit 141, the trace cut).
@@ -308,29 +351,13 @@ Status run(const RunArgs& a) {
   std::vector<uint32_t> resumed_turn;  // what ends the saved last answer
   if (pending)
     resumed_turn = tok::end_assistant_turn(*tokenizer, *markers, static_cast<uint32_t>(*pending));
-  // The last generated token is never fed back: a run uses P + n - 1 positions. A conversation
-  // the cache may resume adds its positions and the markup closing its last answer (-c auto).
+  // A conversation the cache may resume adds its positions and the markup closing its last
+  // answer (-c auto).
   const int64_t history = pending ? cache->conversation_positions() +
                                         static_cast<int64_t>(resumed_turn.size())
                                   : 0;
-  const int64_t first_turn =
-      std::max<int64_t>(1, static_cast<int64_t>(raw.size()) +
-                               std::max<int64_t>(planned_answer - 1, 0));
-  // A conversation's auto size holds its first turn and one more message (up to
-  // kNextMessagePositions tokens with its markup) with an answer of -n, at least.
-  const int64_t ctx =
-      a.ctx_size > 0 ? a.ctx_size
-      : a.interactive
-          ? std::max<int64_t>(history + first_turn + kNextMessagePositions + planned_answer,
-                              kAutoContextPositions)
-      : to_context_end ? std::max<int64_t>(first_turn, kAutoContextPositions)
-                       : first_turn;
-  // A resumed conversation past an explicit -c is refused where it is known to be used (after
-  // the load: RunPromptCache::restore, and the first message's own check, exit 4).
-  if (ctx < first_turn)
-    return Status::usage("-c/--ctx-size " + std::to_string(ctx) + " cannot hold the prompt (" +
-                         std::to_string(raw.size()) + " tokens) and " + n_flag + ": it needs " +
-                         std::to_string(first_turn) + " positions");
+  KTIER_ASSIGN_OR_RETURN(const int64_t ctx,
+                         run_positions(a, static_cast<int64_t>(raw.size()), history));
   eo.workload.positions = ctx;
   eo.workload.chunk = a.chunk;
   spdlog::info("loading {}", a.model);
@@ -356,17 +383,7 @@ Status run(const RunArgs& a) {
   KTIER_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt,
                          ids_in_vocab(raw, cfg.vocab_size, id_source));
 
-  // A conversation may reach its -c; a single run's highest position is P + n - 2 (the last
-  // generated token is never fed back).
-  if (const auto limit = cfg.max_position_embeddings; limit && a.interactive && ctx > *limit)
-    spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json: positions "
-                 "from {} on were not trained", ctx, *limit, *limit);
-  else if (!a.interactive && to_context_end)
-    warn_past_trained_positions(cfg, ctx - 1, "-n -1 with -c/--ctx-size " + std::to_string(ctx));
-  else if (!a.interactive)
-    warn_past_trained_positions(cfg, static_cast<int64_t>(prompt.size()) + a.max_new_tokens - 2,
-                                "prompt (" + std::to_string(prompt.size()) + " tokens) + -n " +
-                                    std::to_string(a.max_new_tokens));
+  warn_untrained_positions(a, cfg, ctx, static_cast<int64_t>(prompt.size()));
 
   // The prompt cache: where the sequence starts; a single run saves the prompt's state at its
   // last id unless --prompt-cache-all (see the end for that and for a run stopped in its

@@ -204,13 +204,14 @@ int64_t capped_expert_slots(const DialPlan& plan, uint64_t mem_available) {
 }
 
 LookaheadChoice choose_lookahead(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                                 const EngineOptions& opts, uint64_t budget, int threads) {
+                                 const EngineOptions& opts, uint64_t budget, int threads,
+                                 int64_t host_max_pinned) {
   const int depth = lookahead_depth(opts, ckpt.config(), /*dial=*/true);
   if (opts.lookahead || depth == 0) return {depth, {}};
   const bool device = device_mode(opts);
   const auto minimum = [&](int d) {
     return dial_minimum(ckpt, pack, d, threads, /*host_routers=*/!device,
-                        device ? nullptr : &opts.workload);
+                        device ? nullptr : &opts.workload, host_max_pinned);
   };
   const DialMinimum with = minimum(depth);
   if (budget >= with.total()) return {depth, {}};
@@ -377,25 +378,45 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
   const bool dial = dial_mode(requested);
   if (dial) {
     KTIER_ASSIGN_OR_RETURN(p.budget, dial_budget_bytes(requested));
-    LookaheadChoice choice = choose_lookahead(ckpt, pack, requested, p.budget, threads);
-    p.opts.lookahead = choice.depth;
-    p.lookahead_lowered = std::move(choice.lowered);
   }
+  // GPU mode plans the device first: the layers it holds are those the host never pins, which
+  // the host's minimum depends on. Automatic lookahead is weighed against --vram there, then
+  // against the dial's budget; turned off by the budget, the device is planned again without it
+  // (its VRAM tier then needs fewer slots).
+  uint64_t vram = 0;
+  const bool uses_blas = gpu && gpu->uses_blas();
   if (device_mode(requested)) {
     std::optional<uint64_t> free_bytes;
     if (gpu) {
       KTIER_ASSIGN_OR_RETURN(free_bytes, gpu->free_memory());
     }
-    KTIER_ASSIGN_OR_RETURN(const uint64_t vram, gpu_vram_bytes(requested, free_bytes));
+    KTIER_ASSIGN_OR_RETURN(vram, gpu_vram_bytes(requested, free_bytes));
     KTIER_ASSIGN_OR_RETURN(p.device, plan_device_choosing_lookahead(
                                          ckpt, p.opts, /*automatic=*/!requested.lookahead, vram,
-                                         gpu && gpu->uses_blas(), p.lookahead_lowered));
+                                         uses_blas, p.lookahead_lowered));
+  }
+  if (dial) {
+    const int64_t host_max_pinned =
+        p.device ? ckpt.config().num_hidden_layers - p.device->trunk.resident_layers : -1;
+    LookaheadChoice choice =
+        choose_lookahead(ckpt, pack, p.opts, p.budget, threads, host_max_pinned);
+    const bool lowered = !p.opts.lookahead && choice.depth == 0 &&
+                         lookahead_depth(p.opts, ckpt.config(), /*dial=*/true) > 0;
+    p.opts.lookahead = choice.depth;
+    if (!choice.lowered.empty()) p.lookahead_lowered = std::move(choice.lowered);
+    if (lowered && p.device) {
+      KTIER_ASSIGN_OR_RETURN(p.device, plan_device(ckpt, p.opts, vram, uses_blas));
+    }
   }
   const format::ModelConfig& c = ckpt.config();
   p.lookahead = c.num_moe_layers() > 0 ? lookahead_depth(p.opts, c, dial) : 0;
   if (dial) {
-    KTIER_ASSIGN_OR_RETURN(p.dial, plan_dial(ckpt, pack, p.opts, p.budget, threads,
-                                             p.device ? &*p.device : nullptr));
+    Result<DialPlan> planned = plan_dial(ckpt, pack, p.opts, p.budget, threads,
+                                         p.device ? &*p.device : nullptr);
+    // A refusal at lookahead 0 says why it is 0 (the --vram note is not logged then).
+    if (!planned.is_ok() && !p.lookahead_lowered.empty())
+      return planned.status().with_note(p.lookahead_lowered);
+    KTIER_ASSIGN_OR_RETURN(p.dial, std::move(planned));
   }
   return p;
 }

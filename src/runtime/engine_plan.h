@@ -79,8 +79,8 @@ struct EngineOptions {
 // The smallest budget the memory dial accepts for `ckpt` (with `pack`, or null), part by part:
 // the trunk's minimum (TrunkStore::minimum_bytes; a compressed pack's scratch grows with
 // `threads`; `host_max_pinned` as TrunkStoreOptions::max_pinned: in GPU mode the layers the
-// device streams, -1 otherwise), expert slots for one fetch and top-k more per lookahead depth, the lookahead
-// routers (RouterBank::bytes_needed) when lookahead > 0 and the host scores them
+// device streams, -1 otherwise), expert slots for one fetch and top-k more per lookahead depth,
+// the lookahead routers (RouterBank::bytes_needed) when lookahead > 0 and the host scores them
 // (`host_routers`; GPU mode scores the device trunk's copy instead), and the planned sequence's
 // working set in host memory (`sequence`: model::working_set for the workload plus the CPU MLA
 // kernel's buffer; null in GPU mode, where it is set aside from the VRAM budget). Bytes. The
@@ -155,13 +155,15 @@ int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c, boo
 // beyond a laptop's 8 GiB with the rest); it changes the speed, never the output. A
 // --lookahead given is kept (and refused below its minimum by plan_dial).
 // `threads` as for plan_dial; in GPU mode (device_mode) the minimum is plan_dial's with a device:
-// its routers and sequence are in VRAM.
+// its routers and sequence are in VRAM, and the host pins at most `host_max_pinned` layers (those
+// the device streams; dial_minimum).
 struct LookaheadChoice {
   int depth = 0;
   std::string lowered;  // why automatic lookahead is off (for a log line); empty otherwise
 };
 LookaheadChoice choose_lookahead(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                                 const EngineOptions& opts, uint64_t budget, int threads);
+                                 const EngineOptions& opts, uint64_t budget, int threads,
+                                 int64_t host_max_pinned = -1);
 
 // GPU mode's device memory, from --vram (`vram_bytes`): the sequence's working set first, then
 // the trunk's mirror (DeviceTrunk::plan), then the VRAM expert tier in what is left. Bytes.
@@ -221,10 +223,11 @@ Result<DialPlan> plan_dial(const format::Checkpoint& ckpt, const pack::TrunkPack
                            const DevicePlan* device);
 
 // Everything Engine::open decides before it reads or allocates, in its order: the memory dial's
-// budget (dial_budget_bytes), automatic lookahead (choose_lookahead), GPU mode's device plan
-// (plan_device at --vram; automatic lookahead turned off where --vram holds the device's minimum
-// without it but not with it) and the dial's plan (plan_dial). `ktier plan` prints this plan;
-// the engine places everything as it says and CHECKs that it did.
+// budget (dial_budget_bytes), GPU mode's device plan (plan_device at --vram; automatic lookahead
+// turned off where --vram holds the device's minimum without it but not with it), automatic
+// lookahead on the dial's budget (choose_lookahead; turned off there, the device is planned
+// again without it) and the dial's plan (plan_dial). `ktier plan` prints this plan; the engine
+// places everything as it says and CHECKs that it did.
 struct EnginePlan {
   EngineOptions opts;   // as requested, with lookahead decided where the dial runs
   uint64_t budget = 0;  // the dial's bytes; 0 without the dial
@@ -235,8 +238,8 @@ struct EnginePlan {
 };
 // `threads`: the engine's (plan_dial); `gpu`: the CUDA backend in GPU mode, asked for its free
 // memory (gpu_vram_bytes) and whether it runs cuBLAS; null on the CPU and the emulated device
-// (sized by --vram alone). Errors: those of dial_budget_bytes, gpu_vram_bytes, plan_device and
-// plan_dial.
+// (sized by --vram alone). Errors: those of dial_budget_bytes, Backend::free_memory,
+// gpu_vram_bytes, plan_device and plan_dial (with lookahead_lowered as a note).
 Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                                const EngineOptions& requested, int threads,
                                backend::Backend* gpu);

@@ -542,10 +542,6 @@ TEST_F(TrunkStoreTest, FailingExpertReadFailsTheForwardWithExitOne) {
   EXPECT_NE(s.message().find("model-00006-of"), std::string::npos) << s.message();
 }
 
-// Whatever the budget and however many layers the store may pin (GPU mode: those the device
-// streams), a plan that opens holds at most its budget. On two layers, which together are
-// smaller than two ring slots of the larger: a store that may not pin both still needs the ring,
-// and its minimum says so (it once said the two layers' size, and then held the ring beyond it).
 // A tiny synth checkpoint changed by `adjust`, in a fresh temporary folder named after `what`.
 fs::path synth_tiny_variant(const std::string& what,
                             const std::function<void(synth::SynthOptions&)>& adjust) {
@@ -565,6 +561,10 @@ fs::path synth_two_layers() {
   return synth_tiny_variant("two-layers", [](synth::SynthOptions& o) { o.overrides.layers = 2; });
 }
 
+// Whatever the budget and however many layers the store may pin (GPU mode: those the device
+// streams), a plan that opens holds at most its budget. On two layers, which together are
+// smaller than two ring slots of the larger: a store that may not pin both still needs the ring,
+// and its minimum says so (it once said the two layers' size, and then held the ring beyond it).
 TEST(TrunkPlan, HoldsAtMostItsBudgetWhateverMaxPinned) {
   const fs::path dir = synth_two_layers();
   auto ckpt = format::Checkpoint::open(dir, format::OpenMode::kPread);
@@ -636,6 +636,43 @@ TEST(TrunkPlan, DialMinimumIsExactWhenTheDeviceHoldsALayer) {
       << below.status().message();
   EXPECT_EQ(below.status().message().find("trunk budget"), std::string::npos)
       << below.status().message();
+  fs::remove_all(dir);
+}
+
+// The same edge through plan_engine with automatic lookahead: the budget is weighed against the
+// host's minimum with the layers the device leaves it (here none: the device holds both), so one
+// byte below the minimum with lookahead it is turned off (and the device planned again without
+// it), not refused.
+TEST(TrunkPlan, AutomaticLookaheadWeighsTheLayersTheDeviceLeavesTheHost) {
+  const fs::path dir = synth_two_layers();
+  auto ckpt = format::Checkpoint::open(dir, format::OpenMode::kPread);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+  const int64_t L = ckpt->config().num_hidden_layers;
+  EngineOptions eo;
+  eo.model_dir = dir;
+  eo.emulate_device = true;
+  eo.vram_budget = uint64_t{64} << 20;
+  auto all = plan_engine(*ckpt, nullptr, eo, 1, nullptr);
+  ASSERT_TRUE(all.is_ok()) << all.status().message();
+  ASSERT_EQ(all->device->trunk.resident_layers, L);
+  const auto minimum = [&](int depth, int64_t max_pinned) {
+    return dial_minimum(*ckpt, nullptr, depth, 1, false, nullptr, max_pinned).total();
+  };
+  const uint64_t with = minimum(kDefaultLookahead, 0);
+  ASSERT_GT(with, minimum(kDefaultLookahead, -1)) << "the ring outweighs both layers";
+  ASSERT_LT(minimum(0, 0), with);
+  for (const uint64_t budget : {with - 1, with}) {
+    eo.ram_budget = budget;
+    auto p = plan_engine(*ckpt, nullptr, eo, 1, nullptr);
+    ASSERT_TRUE(p.is_ok()) << budget << ": " << p.status().message();
+    const bool on = budget >= with;
+    EXPECT_EQ(p->lookahead, on ? kDefaultLookahead : 0) << budget;
+    EXPECT_EQ(p->lookahead_lowered.empty(), on) << p->lookahead_lowered;
+    ASSERT_TRUE(p->device && p->dial);
+    EXPECT_EQ(p->device->tier_min_slots,
+              VramExpertTier::minimum_slots(ckpt->config(), p->lookahead));
+    EXPECT_LE(p->dial->held(), budget);
+  }
   fs::remove_all(dir);
 }
 
