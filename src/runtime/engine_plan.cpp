@@ -342,8 +342,8 @@ Result<DialPlan> plan_dial(const format::Checkpoint& ckpt, const pack::TrunkPack
 
 namespace {
 
-// plan_device, with automatic lookahead (`automatic`: --lookahead was not given; opts.lookahead
-// is choose_lookahead's) turned off where --vram holds the device's minimum without it but not
+// plan_device, with automatic lookahead (`automatic`: --lookahead was not given, opts.lookahead
+// is unset) turned off where --vram holds the device's minimum without it but not
 // with it (the VRAM tier's top_k slots per depth, the lookahead copy of the activations):
 // opts.lookahead becomes 0 and `lowered` says why. Below both, the refusal at 0 (the least an
 // automatic run needs); a depth given: plan_device's result at it.
@@ -398,12 +398,17 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
   if (dial) {
     const int64_t host_max_pinned =
         p.device ? ckpt.config().num_hidden_layers - p.device->trunk.resident_layers : -1;
+    // Weighed even where --vram turned it off: the note then names both (more VRAM alone
+    // would not turn it on).
+    EngineOptions automatic = p.opts;
+    if (!requested.lookahead) automatic.lookahead.reset();
     LookaheadChoice choice =
-        choose_lookahead(ckpt, pack, p.opts, p.budget, threads, host_max_pinned);
+        choose_lookahead(ckpt, pack, automatic, p.budget, threads, host_max_pinned);
+    if (!choice.lowered.empty())
+      p.lookahead_lowered += (p.lookahead_lowered.empty() ? "" : "; ") + choice.lowered;
     const bool lowered = !p.opts.lookahead && choice.depth == 0 &&
                          lookahead_depth(p.opts, ckpt.config(), /*dial=*/true) > 0;
-    p.opts.lookahead = choice.depth;
-    if (!choice.lowered.empty()) p.lookahead_lowered = std::move(choice.lowered);
+    if (!p.opts.lookahead) p.opts.lookahead = choice.depth;  // else given, or 0 for --vram
     if (lowered && p.device) {
       KTIER_ASSIGN_OR_RETURN(p.device, plan_device(ckpt, p.opts, vram, uses_blas));
     }

@@ -154,9 +154,9 @@ int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c, boo
 // lookahead needs the streamed layers' routers and prefetch slots (K3: 1.11 GiB of routers,
 // beyond a laptop's 8 GiB with the rest); it changes the speed, never the output. A
 // --lookahead given is kept (and refused below its minimum by plan_dial).
-// `threads` as for plan_dial; in GPU mode (device_mode) the minimum is plan_dial's with a device:
-// its routers and sequence are in VRAM, and the host pins at most `host_max_pinned` layers (those
-// the device streams; dial_minimum).
+// `threads` as for plan_dial; in GPU mode (device_mode) the minimum is plan_dial's with a device
+// when `host_max_pinned` is the layers the device streams (dial_minimum; -1, every layer, gives
+// the CPU's trunk minimum): its routers and sequence are in VRAM.
 struct LookaheadChoice {
   int depth = 0;
   std::string lowered;  // why automatic lookahead is off (for a log line); empty otherwise
@@ -234,7 +234,8 @@ struct EnginePlan {
   std::optional<DevicePlan> device;  // GPU mode
   std::optional<DialPlan> dial;      // the memory dial (always in GPU mode)
   int lookahead = 0;  // the depth a run gets (lookahead_depth; 0 for a model without MoE layers)
-  std::string lookahead_lowered;  // why automatic lookahead is off (a log line); empty otherwise
+  // Why automatic lookahead is off (a log line; a refusal's note); empty otherwise.
+  std::string lookahead_lowered;
 };
 // `threads`: the engine's (plan_dial); `gpu`: the CUDA backend in GPU mode, asked for its free
 // memory (gpu_vram_bytes) and whether it runs cuBLAS; null on the CPU and the emulated device

@@ -154,6 +154,27 @@ TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {
   EXPECT_EQ(Engine::open(eo).status().exit_code(), 4);
 }
 
+// Where --vram and the RAM budget are both short of lookahead's share, the note names both: more
+// VRAM alone would not turn it on.
+TEST_F(DeviceModeTest, LookaheadOffForBothBudgetsSaysSo) {
+  EngineOptions eo = emulated(minimum());  // holds the device's minimum without lookahead only
+  const auto ck = format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread);
+  ASSERT_TRUE(ck.is_ok());
+  const uint64_t with = dial_minimum(*ck, nullptr, kDefaultLookahead, eo.threads, false, nullptr,
+                                     layers_).total();
+  for (const uint64_t ram : {with - 1, with}) {
+    eo.ram_budget = ram;
+    auto p = plan_engine(*ck, nullptr, eo, eo.threads, nullptr);
+    ASSERT_TRUE(p.is_ok()) << p.status().message();
+    EXPECT_EQ(p->lookahead, 0);
+    EXPECT_NE(p->lookahead_lowered.find("lookahead off: --vram "), std::string::npos)
+        << p->lookahead_lowered;
+    EXPECT_EQ(p->lookahead_lowered.find("lookahead off: the budget of ") != std::string::npos,
+              ram < with)
+        << p->lookahead_lowered;
+  }
+}
+
 // The host trunk (the memory dial's TrunkStore) complements the device's: it pins the last
 // layers (the device holds the first ones), and its ring reads ahead only the layers the device
 // streams and the host does not pin — after the last layer it wraps to the device's first
