@@ -217,13 +217,15 @@ LookaheadChoice choose_lookahead(const format::Checkpoint& ckpt, const pack::Tru
   if (budget >= with.total()) return {depth, {}};
   // Below both: plan_dial refuses, stating the least an automatic run needs.
   if (budget < minimum(0).total()) return {0, {}};
-  return {0, "lookahead off: the budget of " + format_size(budget) +
-                 " is below the minimum with lookahead " + std::to_string(depth) + ", " +
-                 format_size(with.total()) + " (" +
-                 (with.routers ? "routers " + format_size(with.routers) + ", " : "") +
-                 std::to_string(with.expert_slots) +
-                 " expert slots): the output is the same, experts are not prefetched; a budget "
-                 "of " + format_size(with.total()) + " or more turns it on"};
+  return {0,
+          "lookahead off: the budget of " + format_size(budget) +
+              " is below the minimum with lookahead " + std::to_string(depth) + ", " +
+              format_size(with.total()) + " (" +
+              (with.routers ? "routers " + format_size(with.routers) + ", " : "") +
+              std::to_string(with.expert_slots) +
+              " expert slots): the output is the same, experts are not prefetched; a budget "
+              "of " + format_size(with.total()) + " or more turns it on",
+          with.total()};
 }
 
 Result<DevicePlan> plan_device(const format::Checkpoint& ckpt, const EngineOptions& opts,
@@ -404,8 +406,14 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
     if (!requested.lookahead) automatic.lookahead.reset();
     LookaheadChoice choice =
         choose_lookahead(ckpt, pack, automatic, p.budget, threads, host_max_pinned);
-    if (!choice.lowered.empty())
-      p.lookahead_lowered += (p.lookahead_lowered.empty() ? "" : "; ") + choice.lowered;
+    if (!choice.lowered.empty() && p.lookahead_lowered.empty()) {
+      p.lookahead_lowered = std::move(choice.lowered);
+    } else if (!choice.lowered.empty()) {
+      const std::string need = format_size(choice.minimum_with);
+      p.lookahead_lowered += "; the budget of " + format_size(p.budget) +
+                             " is below its minimum with lookahead too, " + need +
+                             ": more --vram and a budget of " + need + " or more turn it on";
+    }
     const bool lowered = !p.opts.lookahead && choice.depth == 0 &&
                          lookahead_depth(p.opts, ckpt.config(), /*dial=*/true) > 0;
     if (!p.opts.lookahead) p.opts.lookahead = choice.depth;  // else given, or 0 for --vram

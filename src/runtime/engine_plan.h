@@ -160,6 +160,7 @@ int lookahead_depth(const EngineOptions& opts, const format::ModelConfig& c, boo
 struct LookaheadChoice {
   int depth = 0;
   std::string lowered;  // why automatic lookahead is off (for a log line); empty otherwise
+  uint64_t minimum_with = 0;  // where `lowered`: the budget lookahead needs, bytes
 };
 LookaheadChoice choose_lookahead(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                                  const EngineOptions& opts, uint64_t budget, int threads,

@@ -13,6 +13,7 @@
 #include <functional>
 
 #include "backend/cuda_backend.h"
+#include "common/size.h"
 #include "engine_outputs.h"
 #include "tests/common/same_bytes.h"
 
@@ -162,6 +163,11 @@ TEST_F(DeviceModeTest, LookaheadOffForBothBudgetsSaysSo) {
   ASSERT_TRUE(ck.is_ok());
   const uint64_t with = dial_minimum(*ck, nullptr, kDefaultLookahead, eo.threads, false, nullptr,
                                      layers_).total();
+  eo.ram_budget = uint64_t{1} << 30;
+  auto vram_only = plan_engine(*ck, nullptr, eo, eo.threads, nullptr);
+  ASSERT_TRUE(vram_only.is_ok()) << vram_only.status().message();
+  ASSERT_NE(vram_only->lookahead_lowered.find("lookahead off: --vram "), std::string::npos)
+      << "the fixture's minimum --vram holds the device's minimum without lookahead only";
   for (const uint64_t ram : {with - 1, with}) {
     eo.ram_budget = ram;
     auto p = plan_engine(*ck, nullptr, eo, eo.threads, nullptr);
@@ -169,7 +175,8 @@ TEST_F(DeviceModeTest, LookaheadOffForBothBudgetsSaysSo) {
     EXPECT_EQ(p->lookahead, 0);
     EXPECT_NE(p->lookahead_lowered.find("lookahead off: --vram "), std::string::npos)
         << p->lookahead_lowered;
-    EXPECT_EQ(p->lookahead_lowered.find("lookahead off: the budget of ") != std::string::npos,
+    EXPECT_EQ(p->lookahead_lowered.find("is below its minimum with lookahead too, " +
+                                        format_size(with)) != std::string::npos,
               ram < with)
         << p->lookahead_lowered;
   }
