@@ -232,7 +232,7 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
   if (p.from_disk > 0) {
     trunk += "; " + std::to_string(p.from_disk) +
              (device ? " of the " + std::to_string(p.host_layers) + " the device streams"
-                       : std::string()) +
+                     : std::string()) +
              " read from disk";
     if (d.trunk.ring_slots > 0 && !d.ring_released)
       trunk += " through " + std::to_string(d.trunk.ring_slots) + " ring slots of " +

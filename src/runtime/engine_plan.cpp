@@ -174,6 +174,14 @@ uint64_t host_sequence_bytes(const format::ModelConfig& c, const EngineOptions::
 }
 }  // namespace
 
+namespace {
+// The layers the host may pin (TrunkStoreOptions::max_pinned): in GPU mode those the device
+// streams, else every one (-1).
+int64_t host_max_pinned(const format::ModelConfig& c, const DevicePlan* device) {
+  return device ? c.num_hidden_layers - device->trunk.resident_layers : -1;
+}
+}  // namespace
+
 DialMinimum dial_minimum(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                          int lookahead, int threads, bool host_routers,
                          const EngineOptions::Workload* sequence, int64_t host_max_pinned) {
@@ -294,7 +302,7 @@ Result<DialPlan> plan_dial(const format::Checkpoint& ckpt, const pack::TrunkPack
   // GPU mode: the host pins at most the layers the device streams.
   p.minimum = dial_minimum(ckpt, pack, lookahead_depth(opts, c, /*dial=*/true), threads,
                            /*host_routers=*/device == nullptr, host_sequence,
-                           device ? L - device->trunk.resident_layers : -1);
+                           host_max_pinned(c, device));
   KTIER_RETURN_IF_ERROR(check_dial_budget(budget, p.minimum, pack, opts.workload));
   // The trunk pins what fits beside the routers of the layers it streams, which the bank then
   // holds (a pinned layer's router is read from the store); the rest goes to the expert tier.
@@ -304,7 +312,7 @@ Result<DialPlan> plan_dial(const format::Checkpoint& ckpt, const pack::TrunkPack
   so.budget_bytes =
       budget == UINT64_MAX ? UINT64_MAX : budget - p.minimum.experts() - p.minimum.sequence;
   so.pin_last = device != nullptr;
-  if (device) so.max_pinned = L - device->trunk.resident_layers;
+  so.max_pinned = host_max_pinned(c, device);
   std::vector<uint64_t> router_suffix;  // [l]: routers of layers l.. (the bank's bytes from l)
   if (p.minimum.routers) {
     const std::vector<uint64_t> per_layer = RouterBank::layer_bytes(ckpt);
@@ -398,14 +406,13 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
                                          uses_blas, p.lookahead_lowered));
   }
   if (dial) {
-    const int64_t host_max_pinned =
-        p.device ? ckpt.config().num_hidden_layers - p.device->trunk.resident_layers : -1;
     // Weighed even where --vram turned it off: the note then names both (more VRAM alone
     // would not turn it on).
     EngineOptions automatic = p.opts;
     if (!requested.lookahead) automatic.lookahead.reset();
     LookaheadChoice choice =
-        choose_lookahead(ckpt, pack, automatic, p.budget, threads, host_max_pinned);
+        choose_lookahead(ckpt, pack, automatic, p.budget, threads,
+                         host_max_pinned(ckpt.config(), p.device ? &*p.device : nullptr));
     if (!choice.lowered.empty() && p.lookahead_lowered.empty()) {
       p.lookahead_lowered = std::move(choice.lowered);
     } else if (!choice.lowered.empty()) {

@@ -60,6 +60,10 @@ struct TrunkSizes {
                                   : ring(slots));
   }
 };
+// The layers a store may pin of `L` with TrunkStoreOptions::max_pinned (-1: every one).
+int64_t pinnable_layers(int64_t max_pinned, int64_t L) {
+  return max_pinned >= 0 ? std::min<int64_t>(max_pinned, L) : L;
+}
 TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::ModelConfig& c,
                     const pack::TrunkPack* pack, int threads = 1) {
   const uint64_t block_size = pack ? pack->block_size() : 0;
@@ -111,7 +115,7 @@ Result<TrunkPlan> TrunkStore::plan_records(const std::vector<pack::Record>& reco
   const pack::Record& head = records[static_cast<size_t>(L)];
   const TrunkSizes z = sizes_of(records, c, pack, inflate_threads);
   const int slots = std::max(2, opts.ring_slots);
-  const int64_t most = opts.max_pinned >= 0 ? std::min<int64_t>(opts.max_pinned, L) : L;
+  const int64_t most = pinnable_layers(opts.max_pinned, L);
   TrunkPlan p;
   p.minimum_bytes = z.minimum(slots, most == L);
   if (opts.budget_bytes < p.minimum_bytes)
@@ -163,10 +167,10 @@ Result<TrunkPlan> TrunkStore::plan(const format::Checkpoint& ckpt, const pack::T
 
 uint64_t TrunkStore::minimum_bytes(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                                    int ring_slots, int inflate_threads, int64_t max_pinned) {
+  const int64_t L = ckpt.config().num_hidden_layers;
   const auto& records = pack ? pack->records() : shard_layout(ckpt).records;
   return sizes_of(records, ckpt.config(), pack, inflate_threads)
-      .minimum(std::max(2, ring_slots),
-               max_pinned < 0 || max_pinned >= ckpt.config().num_hidden_layers);
+      .minimum(std::max(2, ring_slots), pinnable_layers(max_pinned, L) == L);
 }
 
 Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& ckpt,

@@ -155,10 +155,7 @@ TEST_F(RunEvalCli, LookaheadPrefetchesAtTheMinimumBudget) {
       ktier() + " run" + model() + " --ids " + prompt_ids() + " -n 12 --lookahead 1";
   const auto refused = run_process(cmd + " --ram 1K");
   ASSERT_EQ(refused.exit_code, 4) << refused.err;
-  const std::string mark = "the minimum is ";
-  const size_t at = refused.err.find(" = ", refused.err.find(mark));
-  ASSERT_NE(at, std::string::npos) << refused.err;
-  const std::string minimum = refused.err.substr(at + 3, refused.err.find(' ', at + 3) - at - 3);
+  const std::string minimum = stated_minimum(refused.err);
   const fs::path report = dir_.string() + "-minimum.json";
   const auto r = run_process(cmd + " --ram " + minimum + " --report-json " + report.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -176,14 +173,6 @@ TEST_F(RunEvalCli, VramLookaheadCopiesAtTheMinimumVram) {
   const std::string run = ktier() + " run" + model() + " --ids " + prompt_ids() +
                           " -n 12 --device emulated";
   const std::string cmd = run + " --lookahead 1 --vram ";
-  const auto stated_minimum = [](const std::string& refusal) {
-    const std::string mark = "the minimum is ";
-    const size_t at = refusal.find(mark);
-    EXPECT_NE(at, std::string::npos) << refusal;
-    if (at == std::string::npos) return std::string("0");
-    return refusal.substr(at + mark.size(), refusal.find(' ', at + mark.size()) - at -
-                                                mark.size());
-  };
   const auto refused = run_process(cmd + "1K");
   ASSERT_EQ(refused.exit_code, 4) << refused.err;
   const std::string minimum = stated_minimum(refused.err);

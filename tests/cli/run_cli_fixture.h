@@ -21,6 +21,18 @@ namespace fs = std::filesystem;
 
 inline std::string ktier() { return ktier_bin().string(); }
 
+// The bytes a budget refusal (exit 4) states as its minimum, as the digits a flag takes: the
+// number before " bytes" after "the minimum is " (the dial's "the minimum is 1.2 MiB = N bytes",
+// --vram's "the minimum is N bytes"); "0" with a test failure where there is none.
+inline std::string stated_minimum(const std::string& refusal) {
+  const size_t at = refusal.find("the minimum is ");
+  const size_t end = at == std::string::npos ? at : refusal.find(" bytes", at);
+  EXPECT_NE(end, std::string::npos) << refusal;
+  if (end == std::string::npos) return "0";
+  const size_t start = refusal.rfind(' ', end - 1) + 1;
+  return refusal.substr(start, end - start);
+}
+
 class RunEvalCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -556,19 +556,29 @@ fs::path synth_tiny_variant(const std::string& what,
   return dir;
 }
 
-// Two layers: the ring (two slots of the larger) outweighs both layers pinned.
-fs::path synth_two_layers() {
-  return synth_tiny_variant("two-layers", [](synth::SynthOptions& o) { o.overrides.layers = 2; });
-}
+// A two-layer model, synthesized once for the suite: the ring (two slots of the larger layer)
+// outweighs both layers pinned.
+class TrunkPlan : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = synth_tiny_variant("two-layers",
+                              [](synth::SynthOptions& o) { o.overrides.layers = 2; });
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  void SetUp() override {
+    auto opened = format::Checkpoint::open(dir_, format::OpenMode::kPread);
+    ASSERT_TRUE(opened.is_ok()) << opened.status().message();
+    ckpt.emplace(std::move(*opened));
+  }
+  static inline fs::path dir_;
+  std::optional<format::Checkpoint> ckpt;
+};
 
 // Whatever the budget and however many layers the store may pin (GPU mode: those the device
 // streams), a plan that opens holds at most its budget. On two layers, which together are
 // smaller than two ring slots of the larger: a store that may not pin both still needs the ring,
 // and its minimum says so (it once said the two layers' size, and then held the ring beyond it).
-TEST(TrunkPlan, HoldsAtMostItsBudgetWhateverMaxPinned) {
-  const fs::path dir = synth_two_layers();
-  auto ckpt = format::Checkpoint::open(dir, format::OpenMode::kPread);
-  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+TEST_F(TrunkPlan, HoldsAtMostItsBudgetWhateverMaxPinned) {
   const uint64_t least = TrunkStore::minimum_bytes(*ckpt, nullptr);
   auto all = TrunkStore::plan(*ckpt, nullptr, {}, 1);
   ASSERT_TRUE(all.is_ok());
@@ -600,18 +610,14 @@ TEST(TrunkPlan, HoldsAtMostItsBudgetWhateverMaxPinned) {
   }
   EXPECT_GT(opened, 0);
   EXPECT_GT(refused, 0);
-  fs::remove_all(dir);
 }
 
 // GPU mode's host pins at most the layers the device streams, and with fewer than all of them it
 // needs the ring: the dial's stated minimum is the trunk store's with that limit, so the minimum
 // plans and one byte less is refused by the dial (naming its parts), not by the store.
-TEST(TrunkPlan, DialMinimumIsExactWhenTheDeviceHoldsALayer) {
-  const fs::path dir = synth_two_layers();
-  auto ckpt = format::Checkpoint::open(dir, format::OpenMode::kPread);
-  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+TEST_F(TrunkPlan, DialMinimumIsExactWhenTheDeviceHoldsALayer) {
   EngineOptions eo;
-  eo.model_dir = dir;
+  eo.model_dir = dir_;
   eo.emulate_device = true;
   eo.lookahead = 0;
   DevicePlan device;  // plan_dial reads the layers it holds
@@ -636,20 +642,16 @@ TEST(TrunkPlan, DialMinimumIsExactWhenTheDeviceHoldsALayer) {
       << below.status().message();
   EXPECT_EQ(below.status().message().find("trunk budget"), std::string::npos)
       << below.status().message();
-  fs::remove_all(dir);
 }
 
 // The same edge through plan_engine with automatic lookahead: the budget is weighed against the
 // host's minimum with the layers the device leaves it (here none: the device holds both), so one
 // byte below the minimum with lookahead it is turned off (and the device planned again without
 // it), not refused.
-TEST(TrunkPlan, AutomaticLookaheadWeighsTheLayersTheDeviceLeavesTheHost) {
-  const fs::path dir = synth_two_layers();
-  auto ckpt = format::Checkpoint::open(dir, format::OpenMode::kPread);
-  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+TEST_F(TrunkPlan, AutomaticLookaheadWeighsTheLayersTheDeviceLeavesTheHost) {
   const int64_t L = ckpt->config().num_hidden_layers;
   EngineOptions eo;
-  eo.model_dir = dir;
+  eo.model_dir = dir_;
   eo.emulate_device = true;
   eo.vram_budget = uint64_t{64} << 20;
   auto all = plan_engine(*ckpt, nullptr, eo, 1, nullptr);
@@ -673,7 +675,6 @@ TEST(TrunkPlan, AutomaticLookaheadWeighsTheLayersTheDeviceLeavesTheHost) {
               VramExpertTier::minimum_slots(ckpt->config(), p->lookahead));
     EXPECT_LE(p->dial->held(), budget);
   }
-  fs::remove_all(dir);
 }
 
 // A tiny synth checkpoint with F32 experts in a fresh temporary folder named after `what`.
