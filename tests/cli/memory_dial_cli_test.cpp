@@ -124,22 +124,13 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
                        std::to_string(layers) + ")"),
             std::string::npos)
       << r.err;
-  // Lookahead copies issued during the prefill are used in the decode (a fuzzing find: VRAM
-  // precision 1.28 when it was useful / issued in the decode window).
+  // A report window's precision is over its own copies (a fuzzing find: VRAM precision 1.28
+  // when copies issued in the prefill were counted useful in the decode). Whether any copy is
+  // useful is not asserted here: with every expert fitting, the decode makes one or two, and
+  // which depends on the copy stream's timing (under load, one wasted copy in 9% of runs).
+  // VramLookaheadCopiesAtTheMinimumVram asserts useful copies where there are hundreds; the
+  // carried figures are vram_expert_tier_test's.
   const nlohmann::json& vram = j.at("tiers").at("vram");
-  // A copy issued in the prefill and first used in the decode counts as carried, so the sum is
-  // what is positive (which of the two gets it depends on the copy stream's timing). A copy is
-  // made only of an expert the RAM tier holds by then: on a loaded machine its reads may all
-  // land after their layers (seen under ctest -j2: no copy at all), and then there is none.
-  const uint64_t copies = vram.at("prefetch_issued").get<uint64_t>() +
-                          vram.at("prefetch_carried_useful").get<uint64_t>() +
-                          vram.at("prefetch_carried_wasted").get<uint64_t>();
-  if (copies > 0) {
-    EXPECT_GT(vram.at("prefetch_useful").get<uint64_t>() +
-                  vram.at("prefetch_carried_useful").get<uint64_t>(),
-              0u)
-        << vram.dump();
-  }
   expect_settled_precision(vram, "prefetch_issued", "prefetch_useful", "prefetch_wasted",
                            "prefetch_precision");
   // The RAM tier's prefill prefetches are lost in the decode here (carried), not its own.
