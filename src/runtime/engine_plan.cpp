@@ -425,6 +425,12 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
                          lookahead_depth(p.opts, ckpt.config(), /*dial=*/true) > 0;
     if (!p.opts.lookahead) p.opts.lookahead = choice.depth;  // else given, or 0 for --vram
     if (lowered && p.device) {
+      // Without lookahead the device may hold more layers and the host pin fewer. That raises
+      // the host's minimum weighed above only where the device held none (the host could pin
+      // all) and all layers together weigh less than the host's ring, two of the largest. Such
+      // layers fit in the device's own minimum, two streaming slots of the largest
+      // (DeviceTrunk::plan), so the device held them all — unless a compressed pack's staging,
+      // which only the host's ring has, tips the balance (3+ layers of very unequal sizes).
       KTIER_ASSIGN_OR_RETURN(p.device, plan_device(ckpt, p.opts, vram, uses_blas));
     }
   }
