@@ -677,6 +677,47 @@ TEST_F(TrunkPlan, AutomaticLookaheadWeighsTheLayersTheDeviceLeavesTheHost) {
   }
 }
 
+// Automatic lookahead in GPU mode against the depths a user could give, over --vram from below
+// the device's minimum to every layer resident and the RAM budgets at (and one byte below) each
+// host minimum: where --lookahead 1 plans, the automatic run gets depth 1; else where
+// --lookahead 0 plans, depth 0; else it is refused too (planning the device again without
+// lookahead never raises the host's minimum that was weighed: plan_engine's comment).
+TEST_F(TrunkPlan, AutomaticLookaheadPlansWhereverAGivenDepthDoes) {
+  ASSERT_EQ(kDefaultLookahead, 1);
+  std::vector<uint64_t> budgets;
+  for (const int depth : {0, 1})
+    for (const int64_t max_pinned : {-1, 0, 1, 2}) {
+      const uint64_t m = dial_minimum(*ckpt, nullptr, depth, 1, false, nullptr, max_pinned).total();
+      budgets.insert(budgets.end(), {m - 1, m});
+    }
+  EngineOptions eo;
+  eo.model_dir = dir_;
+  eo.emulate_device = true;
+  int planned[3] = {0, 0, 0};  // refused, depth 0, depth 1
+  for (uint64_t vram = 5u << 19; vram < (3u << 20); vram += 8u << 10) {  // 2.5 to 3 MiB
+    eo.vram_budget = vram;
+    for (const uint64_t budget : budgets) {
+      eo.ram_budget = budget;
+      SCOPED_TRACE("--vram " + std::to_string(vram) + " --ram " + std::to_string(budget));
+      const auto at = [&](std::optional<int> depth) {
+        EngineOptions o = eo;
+        o.lookahead = depth;
+        return plan_engine(*ckpt, nullptr, o, 1, nullptr);
+      };
+      const auto one = at(1), zero = at(0), automatic = at(std::nullopt);
+      const int expected = one.is_ok() ? 1 : zero.is_ok() ? 0 : -1;
+      ++planned[expected + 1];
+      ASSERT_EQ(automatic.is_ok(), expected >= 0) << automatic.status().message();
+      if (expected < 0) continue;
+      EXPECT_EQ(automatic->lookahead, expected);
+      EXPECT_LE(automatic->dial->held(), budget);
+    }
+  }
+  EXPECT_GT(planned[0], 0);
+  EXPECT_GT(planned[1], 0);
+  EXPECT_GT(planned[2], 0);
+}
+
 // A tiny synth checkpoint with F32 experts in a fresh temporary folder named after `what`.
 fs::path synth_float_experts(const std::string& what) {
   return synth_tiny_variant(what, [](synth::SynthOptions& o) {
