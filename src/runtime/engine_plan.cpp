@@ -427,10 +427,12 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
     if (lowered && p.device) {
       // Without lookahead the device may hold more layers and the host pin fewer. That raises
       // the host's minimum weighed above only where the device held none (the host could pin
-      // all) and all layers together weigh less than the host's ring, two of the largest. Such
-      // layers fit in the device's own minimum, two streaming slots of the largest
-      // (DeviceTrunk::plan), so the device held them all — unless a compressed pack's staging,
-      // which only the host's ring has, tips the balance (3+ layers of very unequal sizes).
+      // all) and all layers together weigh less than the host's ring, two of the largest. With
+      // two layers a device that fits its own minimum, two streaming slots of the largest
+      // (DeviceTrunk::plan), holds them all, never none. With more, the host's records (4 KiB
+      // rounding, a compressed pack's staging in its ring) and the device's layers differ in
+      // size, so it could happen: the run is then refused, as --lookahead 0 is (its device
+      // holds layers too), where a device holding none would have fit.
       KTIER_ASSIGN_OR_RETURN(p.device, plan_device(ckpt, p.opts, vram, uses_blas));
     }
   }

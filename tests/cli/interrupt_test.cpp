@@ -117,8 +117,9 @@ TEST_F(InterruptCli, RunStopsAtAWholeTokenWithItsTextReportAndTrace) {
 // inside; with one chunk of all ids but the last it stops exactly before the last id (where the
 // state is otherwise saved just before that id runs).
 TEST_F(InterruptCli, RunStoppedInItsPromptSavesThePartItRan) {
-  // A prompt of 0.9 s here on one thread (one: more cores would not shorten it; threads never
-  // change the output): the signal, 300 ms after the run starts, must come inside it.
+  // A prompt of 0.9 s here, run on one thread so that more cores cannot finish it before the
+  // signal, sent 300 ms after the run says the cache does not exist yet (threads never change
+  // the output).
   std::string ids;
   for (int i = 0; i < 1500; ++i) ids += (i ? "," : "") + std::to_string(1 + i * 7 % 300);
   const std::string run = ktier_bin().string() + " run -m " + (dir_ / "model").string() +

@@ -126,8 +126,9 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
       << r.err;
   // A report window's precision is over its own copies (a fuzzing find: VRAM precision 1.28
   // when copies issued in the prefill were counted useful in the decode). Whether any copy is
-  // useful is not asserted here: with every expert fitting, the decode makes one or two, and
-  // which depends on the copy stream's timing (under load, one wasted copy in 9% of runs).
+  // useful is not asserted here: with every expert fitting, the decode makes at most two, and
+  // which depends on the RAM tier's reads in the prefill (under load: none, or one wasted copy
+  // in 9% of runs).
   // VramLookaheadCopiesAtTheMinimumVram asserts useful copies where there are hundreds; the
   // carried figures are vram_expert_tier_test's.
   const nlohmann::json& vram = j.at("tiers").at("vram");

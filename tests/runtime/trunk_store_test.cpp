@@ -678,10 +678,10 @@ TEST_F(TrunkPlan, AutomaticLookaheadWeighsTheLayersTheDeviceLeavesTheHost) {
 }
 
 // Automatic lookahead in GPU mode against the depths a user could give, over --vram from below
-// the device's minimum to every layer resident and the RAM budgets at (and one byte below) each
-// host minimum: where --lookahead 1 plans, the automatic run gets depth 1; else where
-// --lookahead 0 plans, depth 0; else it is refused too (planning the device again without
-// lookahead never raises the host's minimum that was weighed: plan_engine's comment).
+// the device's minimum (which holds both layers here) to well above it and the RAM budgets at
+// (and one byte below) each host minimum: where --lookahead 1 plans, the automatic run gets
+// depth 1; else where --lookahead 0 plans, depth 0; else it is refused too. So the budget
+// automatic lookahead weighs is the one plan_dial applies with the device's layers.
 TEST_F(TrunkPlan, AutomaticLookaheadPlansWhereverAGivenDepthDoes) {
   ASSERT_EQ(kDefaultLookahead, 1);
   std::vector<uint64_t> budgets;
@@ -690,10 +690,13 @@ TEST_F(TrunkPlan, AutomaticLookaheadPlansWhereverAGivenDepthDoes) {
       const uint64_t m = dial_minimum(*ckpt, nullptr, depth, 1, false, nullptr, max_pinned).total();
       budgets.insert(budgets.end(), {m - 1, m});
     }
+  std::sort(budgets.begin(), budgets.end());
+  budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
   EngineOptions eo;
   eo.model_dir = dir_;
   eo.emulate_device = true;
   int planned[3] = {0, 0, 0};  // refused, depth 0, depth 1
+  int off_for_vram = 0;        // depth 0: --vram holds the device only without lookahead
   for (uint64_t vram = 5u << 19; vram < (3u << 20); vram += 8u << 10) {  // 2.5 to 3 MiB
     eo.vram_budget = vram;
     for (const uint64_t budget : budgets) {
@@ -711,8 +714,10 @@ TEST_F(TrunkPlan, AutomaticLookaheadPlansWhereverAGivenDepthDoes) {
       if (expected < 0) continue;
       EXPECT_EQ(automatic->lookahead, expected);
       EXPECT_LE(automatic->dial->held(), budget);
+      off_for_vram += automatic->lookahead_lowered.rfind("lookahead off: --vram", 0) == 0;
     }
   }
+  EXPECT_GT(off_for_vram, 0);
   EXPECT_GT(planned[0], 0);
   EXPECT_GT(planned[1], 0);
   EXPECT_GT(planned[2], 0);
