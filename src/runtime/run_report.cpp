@@ -231,13 +231,28 @@ std::string RunReport::to_table(const Engine& e) const {
   }
   if (e.expert_cache()) {
     const nlohmann::json& p = j["prefetch"];
+    const nlohmann::json& ram = j["tiers"]["ram"];
+    // Rates over nothing are not shown as 0%: without lookahead nothing is prefetched, and a
+    // decode whose experts were all in RAM had nothing to prefetch.
+    char prefetch[160];
+    if (j["lookahead"].get<int>() == 0) {
+      std::snprintf(prefetch, sizeof prefetch, "no prefetch");
+    } else if (p["issued"].get<uint64_t>() + p["useful"].get<uint64_t>() +
+                       p["wasted"].get<uint64_t>() == 0 &&
+               ram["hits"].get<uint64_t>() == ram["requests"].get<uint64_t>()) {
+      std::snprintf(prefetch, sizeof prefetch,
+                    "every expert the decode asked for was in RAM: nothing to prefetch");
+    } else {
+      std::snprintf(prefetch, sizeof prefetch,
+                    "prefetch precision %.1f%%, recall %.1f%%, timely %.1f%%, wasted %.1f MB",
+                    100 * p["precision"].get<double>(), 100 * p["recall"].get<double>(),
+                    100 * p["timeliness"].get<double>(), p["wasted_bytes"].get<double>() / mb);
+    }
     std::snprintf(buf, sizeof buf,
-                  "ktier: experts: %s policy, lookahead %d%s; prefetch precision %.1f%%, recall "
-                  "%.1f%%, timely %.1f%%, wasted %.1f MB; waiting on experts %.0f%% of decode\n",
+                  "ktier: experts: %s policy, lookahead %d%s; %s; waiting on experts %.0f%% of "
+                  "decode\n",
                   j["policy"].get<std::string>().c_str(), j["lookahead"].get<int>(),
-                  j["lookahead_refresh"].get<bool>() ? " + refresh" : "",
-                  100 * p["precision"].get<double>(), 100 * p["recall"].get<double>(),
-                  100 * p["timeliness"].get<double>(), p["wasted_bytes"].get<double>() / mb,
+                  j["lookahead_refresh"].get<bool>() ? " + refresh" : "", prefetch,
                   100 * j["expert_wait_share"].get<double>());
     out += buf;
   }

@@ -59,6 +59,7 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   EXPECT_EQ(j.at("lookahead"), 1);
   EXPECT_GT(j.at("trunk_layers_streamed").get<int>(), 0);
   EXPECT_EQ(j.at("budget_bytes").get<uint64_t>(), 1250u * 1024);
+  EXPECT_NE(r.err.find("; prefetch precision "), std::string::npos) << r.err;
   // What the budget holds stays inside it (the RAM tier's arena was rounded up to 2 MiB).
   EXPECT_LE(j.at("tiers").at("ram").at("bytes").get<uint64_t>() +
                 j.at("trunk_bytes").get<uint64_t>() + j.at("router_bank_bytes").get<uint64_t>(),
@@ -97,10 +98,22 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --ram 12Q").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --preset huge").exit_code, 2);
   // `max` holds every expert; it is capped by free memory only where that is less (never here:
-  // tiny's experts are 0.6 MB), so no warning says it was.
-  r = run_process(ktier() + " run" + model() + " --ids 1,2 -n 2 --preset max");
-  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // tiny's experts are 0.6 MB), so no warning says it was. These 24 ids route to all 96 experts
+  // in the prefill (`ktier trace info`: 96 distinct keys), so the decode reads none from disk,
+  // and its text does not show rates over nothing as 0%.
+  std::string all_experts;
+  for (int i = 0; i < 24; ++i) all_experts += (i ? "," : "") + std::to_string(1 + i * 7 % 300);
+  r = run_process(ktier() + " run" + model() + " --ids " + all_experts +
+                  " -n 4 --preset max --report-json " + report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err.find("capped"), std::string::npos) << r.err;
+  const nlohmann::json max = nlohmann::json::parse(std::ifstream(report));
+  EXPECT_EQ(max.at("tiers").at("ram").at("hits"), max.at("tiers").at("ram").at("requests"));
+  EXPECT_EQ(max.at("prefetch").at("issued"), 0);
+  EXPECT_NE(r.err.find("lookahead 1 + refresh; every expert the decode asked for was in RAM: "
+                       "nothing to prefetch;"),
+            std::string::npos)
+      << r.err;
   fs::remove_all(pack);
   fs::remove(report);
 }
@@ -182,6 +195,7 @@ TEST_F(RunEvalCli, VramLookaheadCopiesAtTheMinimumVram) {
   const auto off = run_process(run + " --vram " + below + " --report-json " + report.string());
   ASSERT_EQ(off.exit_code, 0) << off.err;
   EXPECT_NE(off.err.find("lookahead off: --vram "), std::string::npos) << off.err;
+  EXPECT_NE(off.err.find(" policy, lookahead 0; no prefetch; "), std::string::npos) << off.err;
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(report)).at("lookahead"), 0);
   EXPECT_EQ(off.out, r.out);
   EXPECT_EQ(run_process(cmd + below + " --lookahead 1").exit_code, 4);
