@@ -141,9 +141,8 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
   // when copies issued in the prefill were counted useful in the decode). Whether any copy is
   // useful is not asserted here: with every expert fitting, the decode makes at most two, and
   // which depends on the RAM tier's reads in the prefill (under load: none, or one wasted copy
-  // in 9% of runs).
-  // VramLookaheadCopiesAtTheMinimumVram asserts useful copies where there are hundreds; the
-  // carried figures are vram_expert_tier_test's.
+  // in 9% of runs). VramLookaheadCopiesAtTheMinimumVram asserts useful copies where there are
+  // hundreds; the carried figures are vram_expert_tier_test's.
   const nlohmann::json& vram = j.at("tiers").at("vram");
   expect_settled_precision(vram, "prefetch_issued", "prefetch_useful", "prefetch_wasted",
                            "prefetch_precision");
