@@ -232,16 +232,25 @@ std::string RunReport::to_table(const Engine& e) const {
   if (e.expert_cache()) {
     const nlohmann::json& p = j["prefetch"];
     const nlohmann::json& ram = j["tiers"]["ram"];
-    // Rates over nothing are not shown as 0%: without lookahead nothing is prefetched, and a
-    // decode whose experts were all in RAM had nothing to prefetch.
+    // Rates over nothing are not shown as 0%: without lookahead or a decode step nothing was
+    // prefetched, and a decode whose experts the RAM tier already held (or never saw: in GPU
+    // mode it is asked only for the VRAM tier's misses) issued none (the prefill's, settling
+    // in the decode, are only in the JSON's carried_*). These are the RAM tier's reads ahead
+    // from disk; the device line counts the VRAM tier's copies.
     char prefetch[160];
+    const uint64_t prefetches = p["issued"].get<uint64_t>() + p["useful"].get<uint64_t>() +
+                                p["wasted"].get<uint64_t>();
+    const uint64_t requests = ram["requests"].get<uint64_t>();
     if (j["lookahead"].get<int>() == 0) {
       std::snprintf(prefetch, sizeof prefetch, "no prefetch");
-    } else if (p["issued"].get<uint64_t>() + p["useful"].get<uint64_t>() +
-                       p["wasted"].get<uint64_t>() == 0 &&
-               ram["hits"].get<uint64_t>() == ram["requests"].get<uint64_t>()) {
+    } else if (gen.decode_steps == 0) {
+      std::snprintf(prefetch, sizeof prefetch, "no decode step");
+    } else if (prefetches == 0 && requests == 0) {
       std::snprintf(prefetch, sizeof prefetch,
-                    "every expert the decode asked for was in RAM: nothing to prefetch");
+                    "no read-ahead in the decode: the RAM tier was asked for nothing");
+    } else if (prefetches == 0 && ram["hits"].get<uint64_t>() == requests) {
+      std::snprintf(prefetch, sizeof prefetch,
+                    "no read-ahead in the decode: the RAM tier held every expert asked of it");
     } else {
       std::snprintf(prefetch, sizeof prefetch,
                     "prefetch precision %.1f%%, recall %.1f%%, timely %.1f%%, wasted %.1f MB",

@@ -98,11 +98,11 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --ram 12Q").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --preset huge").exit_code, 2);
   // `max` holds every expert; it is capped by free memory only where that is less (never here:
-  // tiny's experts are 0.6 MB), so no warning says it was. These 24 ids route to all 96 experts
-  // in the prefill (`ktier trace info`: 96 distinct keys), so the decode reads none from disk,
-  // and its text does not show rates over nothing as 0%.
+  // tiny's experts are 0.6 MB), so no warning says it was. These 64 ids route to all 96 experts
+  // in the prefill (`ktier trace info`: 96 distinct keys from the first 24 on), so the decode
+  // reads none from disk, and its text does not show rates over nothing as 0%.
   std::string all_experts;
-  for (int i = 0; i < 24; ++i) all_experts += (i ? "," : "") + std::to_string(1 + i * 7 % 300);
+  for (int i = 0; i < 64; ++i) all_experts += (i ? "," : "") + std::to_string(1 + i * 7 % 300);
   r = run_process(ktier() + " run" + model() + " --ids " + all_experts +
                   " -n 4 --preset max --report-json " + report.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -110,10 +110,13 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   const nlohmann::json max = nlohmann::json::parse(std::ifstream(report));
   EXPECT_EQ(max.at("tiers").at("ram").at("hits"), max.at("tiers").at("ram").at("requests"));
   EXPECT_EQ(max.at("prefetch").at("issued"), 0);
-  EXPECT_NE(r.err.find("lookahead 1 + refresh; every expert the decode asked for was in RAM: "
-                       "nothing to prefetch;"),
+  EXPECT_NE(r.err.find("lookahead 1 + refresh; no read-ahead in the decode: the RAM tier held "
+                       "every expert asked of it;"),
             std::string::npos)
       << r.err;
+  r = run_process(ktier() + " run" + model() + " --ids " + all_experts + " -n 1 --preset max");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("lookahead 1 + refresh; no decode step;"), std::string::npos) << r.err;
   fs::remove_all(pack);
   fs::remove(report);
 }
