@@ -120,8 +120,7 @@ TEST_F(InterruptCli, RunStoppedInItsPromptSavesThePartItRan) {
   // A prompt of 0.9 s here, run on one thread so that more cores cannot finish it before the
   // signal, sent 300 ms after the run says the cache does not exist yet (threads never change
   // the output).
-  std::string ids;
-  for (int i = 0; i < 1500; ++i) ids += (i ? "," : "") + std::to_string(1 + i * 7 % 300);
+  const std::string ids = spread_ids(1500);
   const std::string run = ktier_bin().string() + " run -m " + (dir_ / "model").string() +
                           " --print-ids -n 3 --ids " + ids;
   const auto plain = run_process(run);

@@ -101,8 +101,7 @@ TEST_F(RunEvalCli, PackedStreamedRunGivesReferenceIdsAndFullReport) {
   // tiny's experts are 0.6 MB), so no warning says it was. These 64 ids route to all 96 experts
   // in the prefill (`ktier trace info`: 96 distinct keys from the first 24 on), so the decode
   // reads none from disk, and its text does not show rates over nothing as 0%.
-  std::string all_experts;
-  for (int i = 0; i < 64; ++i) all_experts += (i ? "," : "") + std::to_string(1 + i * 7 % 300);
+  const std::string all_experts = spread_ids(64);
   r = run_process(ktier() + " run" + model() + " --ids " + all_experts +
                   " -n 4 --preset max --report-json " + report.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;

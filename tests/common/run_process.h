@@ -32,6 +32,13 @@ inline std::string join_ids(const std::vector<int>& ids) {
   for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
   return s;
 }
+// `n` ids 1 + 7i mod 300, i = 0..n-1: a prompt that wanders over tiny's vocabulary (its first
+// 24 already route to every one of tiny's experts), as --ids text.
+inline std::string spread_ids(int n) {
+  std::vector<int> ids(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = 1 + i * 7 % 300;
+  return join_ids(ids);
+}
 inline std::vector<int> split_ids(const std::string& line) {
   std::vector<int> ids;
   std::stringstream in(line);
