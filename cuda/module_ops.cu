@@ -54,6 +54,8 @@ int init(int device) {
 
 // ---- memory, streams, events ----
 
+static_assert(KTIER_CUDA_ERROR_OUT_OF_MEMORY == cudaErrorMemoryAllocation,
+              "the ABI's out-of-memory code is the CUDA runtime's");
 int malloc_device(void** ptr, size_t bytes) {
   KC_REQUIRE("malloc_device", ptr != nullptr, "null ptr");
   return cuda_check("malloc_device", cudaMalloc(ptr, bytes));

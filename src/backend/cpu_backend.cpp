@@ -26,8 +26,8 @@ class CpuBackend final : public Backend {
     // 64-byte alignment: what the vector kernels prefer; aligned_alloc wants a multiple.
     const size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-    if (!p) return Status::runtime("cpu backend: out of memory allocating " +
-                                   std::to_string(bytes) + " bytes");
+    if (!p) return Status::out_of_memory("cpu backend: out of memory allocating " +
+                                         std::to_string(bytes) + " bytes");
     return p;
   }
   void release(void* ptr) override { std::free(ptr); }

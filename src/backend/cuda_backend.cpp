@@ -92,7 +92,10 @@ class CudaBackend final : public Backend {
       // Out of memory, perhaps only because released blocks of other sizes are kept: give them
       // back and try once more.
       KTIER_RETURN_IF_ERROR(trim_pool());
-      KTIER_RETURN_IF_ERROR(check(ops()->malloc_device(&p, bytes), what));
+      const int rc = ops()->malloc_device(&p, bytes);
+      if (rc == KTIER_CUDA_ERROR_OUT_OF_MEMORY && bind_failure().empty())
+        return Status::out_of_memory(name_ + ": " + what + " failed: " + module_->last_error());
+      KTIER_RETURN_IF_ERROR(check(rc, what));
     }
     hand_out(p, bytes);
     return p;

@@ -56,6 +56,11 @@ typedef void (*KtierCudaProbeFn)(KtierCudaProbe* out);
  *  - Thread-safety: ops on different streams may be issued from different host threads.
  * ------------------------------------------------------------------------------------------ */
 
+/* What malloc_device returns where the device has no room for the block: the value of
+ * cudaErrorMemoryAllocation, which modules of this ABI version always returned, so that ktier
+ * can tell a full device from other failures without reading last_error()'s text. */
+#define KTIER_CUDA_ERROR_OUT_OF_MEMORY 2
+
 typedef void* KtierCudaStream;
 typedef void* KtierCudaEvent;
 

@@ -36,9 +36,9 @@ class EmulatedDevice final : public Backend {
 
   Result<void*> allocate(size_t bytes) override {
     if (bytes > capacity_ - use_.live)
-      return Status::runtime(name() + ": out of memory: " + std::to_string(bytes) +
-                             " bytes asked, " + std::to_string(use_.live) + " of " +
-                             std::to_string(capacity_) + " in use");
+      return Status::out_of_memory(name() + ": out of memory: " + std::to_string(bytes) +
+                                   " bytes asked, " + std::to_string(use_.live) + " of " +
+                                   std::to_string(capacity_) + " in use");
     KTIER_ASSIGN_OR_RETURN(void* p, cpu_->allocate(bytes));
     blocks_[reinterpret_cast<uintptr_t>(p)] = bytes;
     use_.allocated(bytes);

@@ -34,28 +34,42 @@ class [[nodiscard]] Status {
   static Status interrupted(std::string msg) {
     return Status(ExitCode::kInterrupted, std::move(msg));
   }
+  // A runtime failure because an allocation was refused (a backend's allocate(): the host, the
+  // GPU). Mid-run it is exit 1 like any other; a caller reserving memory up front may read
+  // out_of_memory() and say what to give less of (exit 4), as serve does for its -c state.
+  static Status out_of_memory(std::string msg) {
+    Status s(ExitCode::kRuntime, std::move(msg));
+    s.out_of_memory_ = true;
+    return s;
+  }
 
   bool is_ok() const { return code_ == ExitCode::kOk; }
   explicit operator bool() const { return is_ok(); }
   ExitCode code() const { return code_; }
   int exit_code() const { return static_cast<int>(code_); }
   const std::string& message() const { return message_; }
+  bool out_of_memory() const { return out_of_memory_; }
 
-  // Prefixes context ("while reading X: ") without changing the code.
+  // Prefixes context ("while reading X: ") without changing the code (nor out_of_memory()).
   Status with_context(const std::string& context) const {
     if (is_ok()) return *this;
-    return Status(code_, context + ": " + message_);
+    Status s = *this;
+    s.message_ = context + ": " + message_;
+    return s;
   }
-  // Appends a sentence ("MESSAGE. NOTE") without changing the code.
+  // Appends a sentence ("MESSAGE. NOTE") without changing the code (nor out_of_memory()).
   Status with_note(const std::string& note) const {
     if (is_ok()) return *this;
-    return Status(code_, message_ + ". " + note);
+    Status s = *this;
+    s.message_ += ". " + note;
+    return s;
   }
 
  private:
   Status(ExitCode code, std::string msg) : code_(code), message_(std::move(msg)) {}
   ExitCode code_ = ExitCode::kOk;
   std::string message_;
+  bool out_of_memory_ = false;
 };
 
 // Result<T>: a value or a non-ok Status. Accessing value() of an error is a bug (aborts).

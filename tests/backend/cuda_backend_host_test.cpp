@@ -24,7 +24,7 @@ struct FakeDevice {
   std::map<void*, size_t> blocks;  // device allocations -> bytes
   size_t used = 0, capacity = 1 << 20;
   int mallocs = 0, inits = 0, streams = 0, events = 0;
-  std::atomic<bool> refuse_init{false}, refuse_streams{false};
+  std::atomic<bool> refuse_init{false}, refuse_streams{false}, lost{false};
 };
 FakeDevice* g_fake = nullptr;
 thread_local std::string t_error;
@@ -44,7 +44,11 @@ int init(int device) {
 }
 int malloc_device(void** p, size_t bytes) {
   std::lock_guard<std::mutex> lock(g_fake->mu);
-  if (g_fake->used + bytes > g_fake->capacity) return fail("fake: out of memory");
+  if (g_fake->lost) return fail("fake: device lost");
+  if (g_fake->used + bytes > g_fake->capacity) {
+    fail("fake: out of memory");
+    return KTIER_CUDA_ERROR_OUT_OF_MEMORY;
+  }
   *p = std::malloc(bytes);
   g_fake->blocks[*p] = bytes;
   g_fake->used += bytes;
@@ -211,8 +215,14 @@ TEST_F(CudaBackendHost, PoolReusesBlocksAndTrimsWhenTheDeviceIsFull) {
                                          "memory"),
             std::string::npos)
       << more.status().message();
+  EXPECT_TRUE(more.status().out_of_memory()) << "the module's code says so, not the text";
   EXPECT_EQ(d.memory_use().live, 700u);
   EXPECT_EQ(d.memory_use().peak, 700u);
+  fake_.lost = true;
+  auto lost = d.allocate(100);
+  ASSERT_FALSE(lost.is_ok());
+  EXPECT_EQ(lost.status().code(), ExitCode::kRuntime);
+  EXPECT_FALSE(lost.status().out_of_memory()) << lost.status().message();
 }
 
 // limit_memory counts the kept blocks too: they are given back before the limit is passed.
@@ -280,6 +290,7 @@ TEST_F(CudaBackendHost, AnotherThreadBindsTheDeviceFirstAndAFailedBindAllocatesN
                 "fake: init refused"),
             std::string::npos)
       << refused.status().message();
+  EXPECT_FALSE(refused.status().out_of_memory());
   EXPECT_EQ(fake_.blocks.size(), blocks);
   EXPECT_FALSE(sync.is_ok()) << "every call on that thread tries again and fails";
   fake_.refuse_init = false;

@@ -29,6 +29,20 @@ TEST(Status, ContextIsPrefixedAndCodeKept) {
   EXPECT_EQ(s.message(), "shard a.safetensors: bad header");
 }
 
+// serve reads the mark to turn a -c it cannot reserve into exit 4; context and notes must keep it.
+TEST(Status, OutOfMemoryIsARuntimeFailureThatContextAndNotesKeepMarked) {
+  const Status s = Status::out_of_memory("cpu backend: out of memory allocating 8 bytes")
+                       .with_context("reserving the sequence's state")
+                       .with_note("give less");
+  EXPECT_EQ(s.code(), ExitCode::kRuntime);
+  EXPECT_TRUE(s.out_of_memory());
+  EXPECT_EQ(s.message(),
+            "reserving the sequence's state: cpu backend: out of memory allocating 8 bytes. give "
+            "less");
+  EXPECT_FALSE(Status::runtime("out of memory").out_of_memory()) << "the mark, not the text";
+  EXPECT_FALSE(Status::ok().out_of_memory());
+}
+
 TEST(Result, AssignOrReturnPropagates) {
   int out = 0;
   EXPECT_TRUE(use_parse(5, &out).is_ok());
