@@ -438,31 +438,40 @@ void CheckpointBuilder::expect_a_log(const std::string& name) {
     return;
   }
   if (n == hk) return;
-  std::vector<uint8_t> bytes(t.nbytes);
-  if (Status s = ck_.shards_[ref->shard].read(t, bytes.data()); !s.is_ok()) {
-    if (io_error_.is_ok()) io_error_ = std::move(s);  // the disk's failure, not the file's
-    return;
-  }
+  // The tail past the heads is read a chunk at a time: its size is the file's to say (a sparse
+  // shard can declare terabytes), and a check must not hold it all.
+  constexpr int64_t kChunkElements = int64_t{1} << 18;
   const uint32_t size = dtype_size(t.dtype);
-  for (int64_t i = hk; i < n; ++i) {
-    const uint8_t* p = bytes.data() + static_cast<size_t>(i) * size;
-    float v = 0;
-    if (t.dtype == DType::kF32) {
-      std::memcpy(&v, p, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      v = t.dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
-    }
-    if (v != 0.0f) {  // NaN fails too
-      std::ostringstream os;
-      os.precision(9);
-      os << v;
-      problems_.add("tensor '" + name + "' (" + where(*ref) + "): element " + std::to_string(i) +
-                    " is " + os.str() + "; elements " + std::to_string(hk) + ".." +
-                    std::to_string(n - 1) + " past the " + std::to_string(hk) +
-                    " heads must be exactly 0");
+  std::vector<uint8_t> chunk(static_cast<size_t>(std::min(n - hk, kChunkElements)) * size);
+  for (int64_t first = hk; first < n; first += kChunkElements) {
+    const int64_t count = std::min(n - first, kChunkElements);
+    const Status read = ck_.shards_[ref->shard].read_bytes(
+        t.file_offset + static_cast<uint64_t>(first) * size, static_cast<uint64_t>(count) * size,
+        chunk.data());
+    if (!read.is_ok()) {
+      if (io_error_.is_ok()) io_error_ = read;  // the disk's failure, not the file's
       return;
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const uint8_t* p = chunk.data() + static_cast<size_t>(i) * size;
+      float v = 0;
+      if (t.dtype == DType::kF32) {
+        std::memcpy(&v, p, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        v = t.dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+      if (v != 0.0f) {  // NaN fails too
+        std::ostringstream os;
+        os.precision(9);
+        os << v;
+        problems_.add("tensor '" + name + "' (" + where(*ref) + "): element " +
+                      std::to_string(first + i) + " is " + os.str() + "; elements " +
+                      std::to_string(hk) + ".." + std::to_string(n - 1) + " past the " +
+                      std::to_string(hk) + " heads must be exactly 0");
+        return;
+      }
     }
   }
 }

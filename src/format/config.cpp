@@ -386,8 +386,8 @@ void check_values(ConfigReader& r, const ModelConfig& c, const PathOf& path_of,
     r.error(path_of("qk_nope_head_dim"), "is " + std::to_string(c.qk_nope_head_dim) + ", must be >= 0");
   if (ok("qk_rope_head_dim") && c.qk_rope_head_dim < 0)
     r.error(path_of("qk_rope_head_dim"), "is " + std::to_string(c.qk_rope_head_dim) + ", must be >= 0");
-  if (ok("qk_nope_head_dim") && ok("qk_rope_head_dim") && c.qk_nope_head_dim >= 0 &&
-      c.qk_rope_head_dim >= 0 && c.mla_qk_head_dim() < 1)
+  if (ok("qk_nope_head_dim") && ok("qk_rope_head_dim") && c.qk_nope_head_dim == 0 &&
+      c.qk_rope_head_dim == 0)  // not the sum: two fields near INT64_MAX would overflow it
     r.error(path_of("qk_nope_head_dim"), "qk_nope_head_dim + qk_rope_head_dim must be >= 1");
   if (ok("num_shared_experts") && c.num_shared_experts < 0)
     r.error(path_of("num_shared_experts"), "is " + std::to_string(c.num_shared_experts) + ", must be >= 0");
@@ -728,11 +728,21 @@ Result<ModelConfig> load_model_config(const std::filesystem::path& config_json) 
 Result<ModelConfig> parse_model_config_text(std::string_view text, const std::string& source_name) {
   if (const std::string nul = json_nul_problem(text); !nul.empty())
     return Status::usage(source_name + ": not valid JSON: it " + nul);
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception& e) {
-    return Status::usage(source_name + ": not valid JSON: " + e.what());
+  // A released config nests 4 deep; the checks dump a value they refuse, which recurses once
+  // per level, so a file of brackets would overflow the stack.
+  constexpr int kMaxConfigDepth = 64;
+  bool too_deep = false;
+  const json root = parse_json_depth_bounded(text, kMaxConfigDepth, &too_deep);
+  if (too_deep)
+    return Status::usage(source_name + ": nested deeper than " + std::to_string(kMaxConfigDepth) +
+                         " levels, not a model config");
+  if (root.is_discarded()) {
+    try {  // again, for the parser's account of where the text goes wrong
+      [[maybe_unused]] const json reparsed = json::parse(text);
+    } catch (const json::exception& e) {
+      return Status::usage(source_name + ": not valid JSON: " + e.what());
+    }
+    return Status::usage(source_name + ": not valid JSON");
   }
   return parse_model_config(root, source_name);
 }

@@ -209,10 +209,16 @@ class HeaderSax final : public nlohmann::json_sax<json> {
     if (r.shape->size() > kMaxTensorRank)
       return fail(where() + ": rank " + std::to_string(r.shape->size()) + " shape " +
                   shape_string(*r.shape) + " (ktier accepts rank <= " + std::to_string(kMaxTensorRank) + ")");
-    unsigned __int128 numel = 1;
+    // 2^48 elements (256 Ti) is thousands of times K3's largest tensor, and leaves the int64
+    // products readers form from dimensions (an MXFP4 scale's columns times 32, times a byte
+    // size) far from overflow. The product of the non-zero dimensions is what is bounded: a
+    // zero would let any dimension after it through.
+    constexpr unsigned __int128 kMaxElements = static_cast<unsigned __int128>(1) << 48;
+    unsigned __int128 numel = 1, nonzero = 1;
     for (int64_t d : *r.shape) {
       numel *= static_cast<uint64_t>(d);
-      if (numel > (static_cast<unsigned __int128>(1) << 62))
+      if (d != 0) nonzero *= static_cast<uint64_t>(d);
+      if (nonzero > kMaxElements)
         return fail(where() + ": shape " + shape_string(*r.shape) + " is impossibly large");
     }
     if (r.offsets->size() != 2)

@@ -278,6 +278,20 @@ TEST(Checkpoint, ALogTailMustBeZero) {
   std::memcpy(t->data.data() + 10 * 4, &v, 4);
   EXPECT_HAS(open_error(s, 3), "tensor '" + kP + "0.self_attn.A_log' (shard " + s.shards[0].file +
                                    "): element 10 is 1.5; elements 4..15 past the 4 heads must be exactly 0");
+  // A tail longer than the chunk it is read in (2^18 elements): the last element is checked.
+  const int64_t n = 4 + 3 * (int64_t{1} << 18) + 5;
+  t->dtype = "BF16";
+  t->shape = {n};
+  t->data.assign(static_cast<size_t>(n) * 2, 0);
+  {
+    TempDir dir("ckpt_alog");
+    auto zero_tail = write_and_open(s, dir);
+    EXPECT_TRUE(zero_tail.is_ok()) << zero_tail.status().message();
+  }
+  t->data[static_cast<size_t>(n - 1) * 2 + 1] = 0xBF;  // bf16 0xBF00: -0.5
+  EXPECT_HAS(open_error(s, 3), "): element " + std::to_string(n - 1) + " is -0.5; elements 4.." +
+                                   std::to_string(n - 1) + " past the 4 heads must be exactly 0");
+  t->dtype = "F32";
   t->shape = {3};
   t->data.resize(12);
   EXPECT_HAS(open_error(s, 3), "3 elements, fewer than the 4 KDA heads");

@@ -240,6 +240,21 @@ TEST(Config, ShapeFieldsPastTheLimitsAreRefusedByName) {
   EXPECT_EQ(parse_ok(j).num_attention_heads, 65535);
 }
 
+// The two MLA head widths may not both be 0; two near INT64_MAX are refused by name without
+// their sum (which overflowed) being formed.
+TEST(Config, MlaQueryKeyWidthIsCheckedWithoutASum) {
+  json j = k3_config();
+  j["text_config"]["qk_nope_head_dim"] = 0;
+  j["text_config"]["qk_rope_head_dim"] = 0;
+  EXPECT_HAS(parse_err(j), "qk_nope_head_dim + qk_rope_head_dim must be >= 1");
+  j["text_config"]["qk_nope_head_dim"] = INT64_MAX;
+  j["text_config"]["qk_rope_head_dim"] = INT64_MAX;
+  const std::string m = parse_err(j);
+  EXPECT_HAS(m, "text_config.qk_nope_head_dim: is 9223372036854775807, more than ktier's limit");
+  EXPECT_HAS(m, "text_config.qk_rope_head_dim: is 9223372036854775807, more than ktier's limit");
+  EXPECT_EQ(m.find("must be >= 1"), std::string::npos) << m;
+}
+
 TEST(Config, MaxPositionEmbeddingsIsPositiveWhenGiven) {
   for (const int64_t v : {0, -1}) {
     json j = k3_config();
@@ -668,7 +683,20 @@ TEST(Config, LoadFromFileErrors) {
   auto bad = load_model_config(dir.path() / "config.json");
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().exit_code(), 2);
-  EXPECT_HAS(bad.status().message(), "config.json: not valid JSON");
+  EXPECT_HAS(bad.status().message(), "config.json: not valid JSON: ");
+  EXPECT_HAS(bad.status().message(), "parse error") << "the parser's account of where";
+  // Nested far past any config: dumping the refused value recursed until the stack overflowed.
+  for (const std::string& deep :
+       {std::string(100000, '[') + std::string(100000, ']'),
+        "{\"text_config\": {\"hidden_size\": " + std::string(100000, '[') +
+            std::string(100000, ']') + "}}"}) {
+    ktier::test::write_text(dir.path() / "config.json", deep);
+    auto refused = load_model_config(dir.path() / "config.json");
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_EQ(refused.status().exit_code(), 2);
+    EXPECT_HAS(refused.status().message(),
+               "config.json: nested deeper than 64 levels, not a model config");
+  }
   // A NUL ends nlohmann's input: what follows it (here a second object) went unread.
   ktier::test::write_text(dir.path() / "config.json",
                           k3_config().dump() + std::string(1, '\0') + "{\"hidden_size\": 12}");

@@ -419,6 +419,18 @@ TEST(SafetensorsCorrupt, EntryShapeAndTypes) {
   EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(
                                    R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", data)),
              "header names tensor 'a' more than once");
+  // Past 2^48 elements, and a zero does not let a huge dimension after it through: readers
+  // multiply dimensions (an MXFP4 scale's columns by 32) in int64.
+  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(
+                                   R"({"s": {"dtype": "U8", "shape": [16777217, 16777216], "data_offsets": [0, 8]}})", data)),
+             "tensor 's': shape [16777217, 16777216] is impossibly large");
+  EXPECT_HAS(open_corrupt(dir, ktier::test::st_raw(
+                                   R"({"s": {"dtype": "U8", "shape": [0, 4611686018427387905], "data_offsets": [0, 0]}})", data)),
+             "tensor 's': shape [0, 4611686018427387905] is impossibly large");
+  ktier::test::write_bytes(dir.path() / "edge.safetensors",
+                           ktier::test::st_raw(R"({"s": {"dtype": "U8", "shape": [0, 281474976710656], "data_offsets": [0, 0]}})", {}));
+  const auto edge = SafetensorsFile::open(dir.path() / "edge.safetensors", OpenMode::kPread);
+  EXPECT_TRUE(edge.is_ok()) << "2^48 itself is allowed: " << edge.status().message();
 }
 
 // ---- valid edge cases -----------------------------------------------------------------------------
