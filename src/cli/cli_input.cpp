@@ -243,7 +243,9 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
   preset->excludes(sub->get_option("--ram"));
   sub->add_option("--io", a.io, "Read engine with --pack/--ram/--preset: auto, uring or pread")
       ->capture_default_str();
-  add_rate_limit_option(sub, a.io_rate_limit_mb_s);
+  add_rate_limit_option(sub, a.io_rate_limit_mb_s,
+                        "Only with --pack/--ram/--preset (a memory-mapped checkpoint ignores it, "
+                        "with a warning)");
   sub->add_option("--device", a.device,
                   "auto (the GPU when the CUDA module finds one, else the CPU, saying why), cpu, "
                   "cuda (exit 2 when it cannot be used), or emulated (GPU mode's placement on the "
@@ -350,11 +352,10 @@ void add_sampling_options(CLI::App* sub, runtime::SamplingParams& sampling, bool
       ->capture_default_str();
 }
 
-void add_rate_limit_option(CLI::App* sub, double& mb_s) {
+void add_rate_limit_option(CLI::App* sub, double& mb_s, const std::string& scope) {
   sub->add_option("--io-rate-limit", mb_s,
                   "Cap the read rate of the streamed trunk and experts at this many MB/s (1 MB = 1e6 "
-                  "bytes; e.g. 3000 emulates a 3 GB/s disk); 0 = no cap. Only with --pack/--ram/"
-                  "--preset (a memory-mapped checkpoint ignores it, with a warning)");
+                  "bytes; e.g. 3000 emulates a 3 GB/s disk); 0 = no cap. " + scope);
 }
 
 Result<uint64_t> rate_limit_bytes_per_s(double mb_s) {

@@ -108,8 +108,9 @@ struct MemoryArgs {
   std::string pack, ram, preset, io = "auto", device = "auto", vram;
   double io_rate_limit_mb_s = 0;  // MB/s (1e6 bytes); 0 = unlimited
 };
-// Adds --io-rate-limit MB/s to `sub` (also used by `bench decode`).
-void add_rate_limit_option(CLI::App* sub, double& mb_s);
+// Adds --io-rate-limit MB/s to `sub` (also used by `bench decode`); `scope` ends its help,
+// saying when the command honours it.
+void add_rate_limit_option(CLI::App* sub, double& mb_s, const std::string& scope);
 // The cap in bytes per second for IoOptions::rate_limit_bytes_per_s; Status::usage when negative
 // or not finite.
 Result<uint64_t> rate_limit_bytes_per_s(double mb_s);

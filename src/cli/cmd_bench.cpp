@@ -212,7 +212,8 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   sub->add_option("--reps", o->reps, "timed passes per figure, best kept (after one warm-up)")
       ->capture_default_str();
   sub->add_option("--size-mib", o->size_mib,
-                  "buffer and matrix size in MiB (default: max(4 x LLC, 256 MiB))")
+                  "buffer and matrix size in MiB (default: max(4 x LLC, 256 MiB), capped at "
+                  "half of MemAvailable; more than MemAvailable is refused, exit 1)")
       ->transform(whole_number<uint64_t>(kMaxBenchMib));
   sub->add_option("--isa", o->isa, "Kernel set to measure: auto, scalar, avx2 or avx512")
       ->capture_default_str();

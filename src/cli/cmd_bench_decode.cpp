@@ -314,7 +314,8 @@ void register_bench_decode_command(CLI::App& bench, int& exit_code) {
                   "Also decode with the trunk streamed from this pack and compare with "
                   "max(I/O time, compute time)");
   sub->add_option("--ram", o->ram, "Budget of the streamed run (default: the minimum)");
-  add_rate_limit_option(sub, o->io_rate_limit_mb_s);
+  add_rate_limit_option(sub, o->io_rate_limit_mb_s,
+                        "Shapes the streamed run: only with --pack (exit 2 without it)");
   sub->add_option("--json", o->json, "Also write the figures to FILE as JSON");
   sub->callback([o, &exit_code] { exit_code = finish(run_decode_bench(*o)); });
 }

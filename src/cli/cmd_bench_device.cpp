@@ -15,7 +15,8 @@
 //
 //   ktier bench device [--device cuda|emulated] [--bytes SIZE] [--passes N] [--json FILE]
 //
-// Exit codes: 0 measured, 1 no usable device or a device failure, 2 bad options.
+// Exit codes: 0 measured, 1 a device failure, 2 bad options or no usable device (as
+// `run --device cuda`).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
