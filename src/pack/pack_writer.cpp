@@ -196,8 +196,11 @@ Status write_small_file(const fs::path& path, const std::string& text) {
     p += r;
     n -= static_cast<size_t>(r);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
-    return Status::runtime("cannot write " + path.string() + ": " + errno_text(errno));
+  const int synced = ::fsync(fd) == 0 ? 0 : errno;
+  const int closed = ::close(fd) == 0 ? 0 : errno;  // closed whether or not fsync failed
+  if (synced || closed)
+    return Status::runtime("cannot write " + path.string() + ": " +
+                           errno_text(synced ? synced : closed));
   return Status::ok();
 }
 
@@ -359,13 +362,30 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
     {
       KTIER_ASSIGN_OR_RETURN(source, fingerprint_checkpoint(ckpt));
     }
-    const fs::space_info space = fs::space(o.out_dir, ec);
-    if (!ec && space.available < layout.file_size)
-      return Status::runtime(o.out_dir.string() + ": trunk.pack needs " + std::to_string(layout.file_size) +
-                             " bytes, only " + std::to_string(space.available) + " are free");
-
     const fs::path pack_partial = o.out_dir / (std::string(".") + kPackFileName + ".partial");
     const fs::path manifest_partial = o.out_dir / (std::string(".") + kManifestFileName + ".partial");
+    // A run killed mid-write (Ctrl-C, kill -9) leaves its hidden partials, as large as the pack;
+    // they go before the free space is weighed, or a rerun on a disk that holds one pack is
+    // refused for space the user cannot see.
+    for (const fs::path& stale : {pack_partial, manifest_partial})
+      if (::unlink(stale.c_str()) != 0 && errno != ENOENT)
+        return Status::runtime("cannot remove " + stale.string() + " (a stopped pack's): " +
+                               errno_text(errno));
+    // A compressed pack's size is known once written (its layer records shrink; K3 ~0.69): the
+    // records stored plain (head, embedding) are what it needs at least, and a disk that fills
+    // is the write's error (exit 1, naming the file).
+    uint64_t need = layout.file_size;
+    if (o.block_size > 0) {
+      need = 0;
+      for (const Record& r : layout.records)
+        if (r.kind != RecordKind::kLayer) need += r.size;
+    }
+    const fs::space_info space = fs::space(o.out_dir, ec);
+    if (!ec && space.available < need)
+      return Status::runtime(o.out_dir.string() + ": trunk.pack needs " +
+                             (o.block_size > 0 ? "at least " : "") + std::to_string(need) +
+                             " bytes, only " + std::to_string(space.available) + " are free");
+
     PackReport rep;
     rep.pack_path = o.out_dir / kPackFileName;
     rep.manifest_path = o.out_dir / kManifestFileName;

@@ -215,6 +215,22 @@ TEST_F(PackTest, PackIsDeterministic) {
   ASSERT_TRUE(write_trunk_pack(ckpt, big).is_ok());
   EXPECT_EQ(test::read_file(o1 / kPackFileName), test::read_file(o2 / kPackFileName));
   EXPECT_EQ(test::read_file(o1 / kManifestFileName), test::read_file(o2 / kManifestFileName));
+  // Compressed: blocks are cut by the record, not by the threads compressing them.
+  std::vector<std::string> packs, manifests;
+  for (const int threads : {1, 3}) {
+    PackOptions o;
+    o.out_dir = scratch("det_z" + std::to_string(threads));
+    o.block_size = kMinBlockSize;  // many blocks a record, more than the threads
+    o.threads = threads;
+    o.buffer_bytes = threads == 1 ? 4096 : uint64_t{1} << 20;
+    const auto rep = write_trunk_pack(ckpt, o);
+    ASSERT_TRUE(rep.is_ok()) << rep.status().message();
+    EXPECT_GT(rep->blocks, 3 * rep->layers);
+    packs.push_back(test::read_file(o.out_dir / kPackFileName));
+    manifests.push_back(test::read_file(o.out_dir / kManifestFileName));
+  }
+  EXPECT_EQ(packs[0], packs[1]);
+  EXPECT_EQ(manifests[0], manifests[1]);
 }
 
 TEST_F(PackTest, FlippedByteFailsVerifyNamingTheRecord) {
