@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 
@@ -273,6 +275,68 @@ CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& 
   return sub->add_option("-t,--threads", threads, help + range)
       ->check(CLI::Range(min, cpu::kMaxThreads))
       ->capture_default_str();
+}
+
+namespace {
+
+// The transform read_numbers_as_written gives an option of CLI11 type `type` (INT, UINT, FLOAT).
+CLI::Validator number_as_written(const std::string& type) {
+  return CLI::Validator(
+      [type](std::string& v) -> std::string {
+        if (v.empty()) return {};  // refused by name in main, as for every option
+        if (type == "FLOAT") {
+          const char* begin = v.c_str();
+          char* end = nullptr;
+          errno = 0;
+          const double x = std::strtod(begin, &end);
+          if (end == begin || *end != '\0') return {};  // CLI11 says it is not a number
+          if (errno == ERANGE)
+            return "'" + v + "' is " + (std::fabs(x) < 1 ? "too small" : "too large") +
+                   " for a double" + (std::fabs(x) < 1 ? " (give 0 where 0 is meant)" : "");
+          return {};
+        }
+        const bool is_signed = type == "INT";
+        const size_t digits = is_signed && !v.empty() && v[0] == '-' ? 1 : 0;
+        if (v.size() == digits || v.find_first_not_of("0123456789", digits) != std::string::npos)
+          return "'" + v + "' is not a whole number in decimal" +
+                 std::string(is_signed ? "" : " (0 or more)");
+        std::string canonical;
+        if (is_signed) {
+          int64_t x = 0;
+          const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+          if (ec != std::errc() || end != v.data() + v.size())
+            return "'" + v + "' is out of range (" + std::to_string(INT64_MIN) + ".." +
+                   std::to_string(INT64_MAX) + ")";
+          canonical = std::to_string(x);
+        } else {
+          uint64_t x = 0;
+          const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+          if (ec != std::errc() || end != v.data() + v.size())
+            return "'" + v + "' is out of range (0.." + std::to_string(UINT64_MAX) + ")";
+          canonical = std::to_string(x);
+        }
+        v = canonical;  // "010" is ten, as written, not CLI11's octal eight
+        return {};
+      },
+      "", "number as written");
+}
+
+}  // namespace
+
+void read_numbers_as_written(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_items_expected_min() == 0) continue;  // a flag
+    std::string type = opt->get_type_name();
+    type = type.substr(0, type.find(':'));  // past ':' are its validators' descriptions
+    if (type != "INT" && type != "UINT" && type != "FLOAT") continue;
+    try {
+      opt->get_validator("whole number");
+      continue;  // checked by whole_number already (and -s/--seed's -1)
+    } catch (const CLI::OptionNotFound&) {
+    }
+    opt->transform(number_as_written(type));
+  }
+  for (CLI::App* sub : app.get_subcommands({})) read_numbers_as_written(*sub);
 }
 
 CLI::Option* add_seed_option(CLI::App* sub, uint64_t& seed, const std::string& help,

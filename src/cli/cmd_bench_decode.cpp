@@ -17,6 +17,7 @@
 //   ktier bench decode -m DIR [-n N] [--threads N] [--prompt-tokens N] [--prefill-tokens N]
 //                     [--buffer-mib N] [--pack PACKDIR [--ram SIZE]] [--json FILE]
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -169,9 +170,14 @@ Result<nlohmann::json> streamed_check(const DecodeOptions& o, const runtime::Eng
 }
 
 Status run_decode_bench(const DecodeOptions& o) {
-  if (o.tokens < 2) return Status::usage("-n must be >= 2 (decode steps = n - 1)");
-  if (o.prompt_tokens < 1) return Status::usage("--prompt-tokens must be >= 1");
-  if (o.prefill_tokens < 0) return Status::usage("--prefill-tokens must be >= 0 (0 = skip)");
+  // At most INT32_MAX each, as run's -n and -c: their sum is a position count.
+  const std::string most = std::to_string(INT32_MAX);
+  if (o.tokens < 2 || o.tokens > INT32_MAX)
+    return Status::usage("-n must be in 2.." + most + " (decode steps = n - 1)");
+  if (o.prompt_tokens < 1 || o.prompt_tokens > INT32_MAX)
+    return Status::usage("--prompt-tokens must be in 1.." + most);
+  if (o.prefill_tokens < 0 || o.prefill_tokens > INT32_MAX)
+    return Status::usage("--prefill-tokens must be in 0.." + most + " (0 = skip)");
   KTIER_RETURN_IF_ERROR(check_output_is_not_input(
       "--json", o.json, {{"-m", o.model, true}, {"--pack", o.pack, true}}));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));

@@ -192,6 +192,7 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
   out += "sequence: " + std::to_string(eo.workload.positions) + " positions in chunks of " +
          std::to_string(eo.workload.chunk) + "\n";
   if (!p.engine.lookahead_lowered.empty()) out += "note: " + p.engine.lookahead_lowered + "\n";
+  if (!p.engine.lookahead_capped.empty()) out += "note: " + p.engine.lookahead_capped + "\n";
   if (device) {
     const runtime::DevicePlan& v = *device;
     const int64_t res = v.trunk.resident_layers;

@@ -49,21 +49,28 @@ Result<Trace> load_trace(const std::string& path, const LoadOptions& o) {
 }
 
 void add_load_options(CLI::App* sub, LoadOptions& o, bool conversion_flag) {
+  CLI::Option* conversion = nullptr;
   if (conversion_flag) {
-    sub->add_flag("--convert-conformance", o.convert_conformance,
-                  "TRACE is the conformance expert_trace.bin (int32 pairs); convert on the fly");
+    conversion = sub->add_flag("--convert-conformance", o.convert_conformance,
+                               "TRACE is the conformance expert_trace.bin (int32 pairs); convert "
+                               "on the fly");
   }
   sub->add_option("--expert-bytes", o.expert_bytes,
                   "bytes per routed expert (0 or unset: the trace's own; a conformance trace: K3's "
                   "17547264)")
       ->transform(whole_number<decltype(o.expert_bytes)>(strata::kMaxExpertBytes));
-  sub->add_option("--top-k", o.top_k, "conformance input: records per (token, layer) group")
-      ->transform(whole_number<decltype(o.top_k)>())
-      ->capture_default_str();
-  sub->add_option("--experts-per-layer", o.experts_per_layer,
-                  "conformance input: routed experts per MoE layer")
-      ->transform(whole_number<decltype(o.experts_per_layer)>())
-      ->capture_default_str();
+  CLI::Option* top_k =
+      sub->add_option("--top-k", o.top_k, "conformance input: records per (token, layer) group")
+          ->transform(whole_number<decltype(o.top_k)>())
+          ->capture_default_str();
+  CLI::Option* experts = sub->add_option("--experts-per-layer", o.experts_per_layer,
+                                         "conformance input: routed experts per MoE layer")
+                             ->transform(whole_number<decltype(o.experts_per_layer)>())
+                             ->capture_default_str();
+  if (conversion) {  // a ktier trace states both itself: given without it they were ignored
+    top_k->needs(conversion);
+    experts->needs(conversion);
+  }
 }
 
 Status run_convert(const std::string& in, const std::string& out, LoadOptions o) {

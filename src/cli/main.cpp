@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
   cli::register_serve_command(app, exit_code);
 #endif
 
+  cli::read_numbers_as_written(app);
+
   // CLI11 reads an empty value as the type's zero ("-n ''" as -n 0, "--pack=" as no pack). Only
   // text and id lists mean something by an empty value (an empty prompt to tokenize); for every
   // other option it is refused by name, before any command runs.

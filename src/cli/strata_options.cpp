@@ -15,7 +15,9 @@ void add_strata_options(CLI::App* sub, StrataArgs& a) {
                   "Router lookahead depth: predict and prefetch the experts of the next D layers; "
                   "0 = off. Default: 1, or 0 (with a warning) where the budget of --ram/--preset "
                   "(or --vram) holds the rest but not lookahead's routers and slots; a depth "
-                  "given is kept, or refused below its minimum");
+                  "given is kept (at most the layers after the first; none with --policy "
+                  "static, which never prefetches: said in a warning), or refused below its "
+                  "minimum");
   sub->add_flag("--no-lookahead-refresh", a.no_refresh,
                "Do not predict layer L+1's experts again after layer L's FFN (the refresh: on by "
                "default with --lookahead >= 1; it sees layer L's routed experts, which the "

@@ -39,6 +39,7 @@ Status Engine::open_plan(const EngineOptions& requested) {
   KTIER_ASSIGN_OR_RETURN(plan_, plan_engine(ckpt_, pack_ ? &*pack_ : nullptr, requested,
                                             pool_->size(), backend_.get()));
   if (!plan_.lookahead_lowered.empty()) spdlog::warn("{}", plan_.lookahead_lowered);
+  if (!plan_.lookahead_capped.empty()) spdlog::warn("{}", plan_.lookahead_capped);
   if (!plan_.device) return Status::ok();
   const DevicePlan& d = *plan_.device;
   if (requested.emulate_device) backend_ = backend::make_emulated_device_backend(exec_, d.vram);

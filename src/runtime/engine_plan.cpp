@@ -438,6 +438,19 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
   }
   const format::ModelConfig& c = ckpt.config();
   p.lookahead = c.num_moe_layers() > 0 ? lookahead_depth(p.opts, c, dial) : 0;
+  if (const std::optional<int> asked = requested.lookahead; asked && *asked > p.lookahead) {
+    const std::string given = "--lookahead " + std::to_string(*asked);
+    if (c.num_moe_layers() == 0)
+      p.lookahead_capped = given + " is not used: the model has no MoE layer to predict";
+    else if (dial && requested.policy == strata::PolicyKind::kStatic)
+      p.lookahead_capped = given + " is not used: --policy static never prefetches";
+    else
+      p.lookahead_capped = given + " runs " + std::to_string(p.lookahead) +
+                           " deep: no deeper than the layers after the first (" +
+                           std::to_string(c.num_hidden_layers - 1) + " here) nor than a " +
+                           "trace records (" + std::to_string(strata::kMaxTraceLookahead) +
+                           "); a deeper one predicts nothing more";
+  }
   if (dial) {
     Result<DialPlan> planned = plan_dial(ckpt, pack, p.opts, p.budget, threads,
                                          p.device ? &*p.device : nullptr);

@@ -237,6 +237,9 @@ struct EnginePlan {
   int lookahead = 0;  // the depth a run gets (lookahead_depth; 0 for a model without MoE layers)
   // Why automatic lookahead is off (a log line; a refusal's note); empty otherwise.
   std::string lookahead_lowered;
+  // Why a --lookahead given runs shallower than asked (deeper than the layers after the first,
+  // or --policy static, which never prefetches): a log line; empty otherwise.
+  std::string lookahead_capped;
 };
 // `threads`: the engine's (plan_dial); `gpu`: the CUDA backend in GPU mode, asked for its free
 // memory (gpu_vram_bytes) and whether it runs cuBLAS; null on the CPU and the emulated device

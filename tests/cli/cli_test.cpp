@@ -65,6 +65,24 @@ TEST(Cli, UsageErrorsExitTwo) {
            {" bench io --pack x --raw-block-mib -1", "--raw-block-mib: '-1' is not"},
            {" run -m x --ids 1 -c 9223372036854775807", "-c/--ctx-size must be in 0..2147483647"},
            {" bench device --device emulated --bytes 0", "--bytes must be at least 1M"},
+           // CLI11 alone reads integers in base 0 (0x3, and 010 as octal 8), saturates past
+           // int64, and lets a float underflow to 0 (for --io-rate-limit "no cap").
+           {" run -m x --ids 1 -n 0x3", "--n-predict: '0x3' is not a whole number in decimal"},
+           {" run -m x --ids 1 -t 1e3", "--threads: '1e3' is not a whole number in decimal"},
+           {" run -m x --ids 1 -c 99999999999999999999",
+            "--ctx-size: '99999999999999999999' is out of range (-9223372036854775808.."},
+           {" synth --preset tiny -o x --layers 2.5", "--layers: '2.5' is not a whole number"},
+           {" run -m x --ids 1 --temp 1e-400",
+            "--temp: '1e-400' is too small for a double (give 0 where 0 is meant)"},
+           {" run -m x --ids 1 --ram 1G --io-rate-limit 1e-5000", "--io-rate-limit: '1e-5000'"},
+           {" run -m x --ids 1 --top-p 1e999", "--top-p: '1e999' is too large for a double"},
+           {" bench decode -m x -n 99999999999", "-n must be in 2..2147483647"},
+           {" bench decode -m x --prompt-tokens 9223372036854775807",
+            "--prompt-tokens must be in 1..2147483647"},
+           // Conformance-only flags given without the conversion were ignored.
+           {" trace info x --top-k 7", "--top-k requires --convert-conformance"},
+           {" trace replay x --slots 4 --experts-per-layer 3",
+            "--experts-per-layer requires --convert-conformance"},
            // llama.cpp's flags are named, not read as bundles of ktier's one-letter flags
            // (-ngl as "-n gl", -fa as "-f a": a prompt file named 'a').
            {" run -m x --ids 1 -ngl 99", "'-ngl' is llama.cpp's flag; ktier's equivalent: "

@@ -373,6 +373,10 @@ TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
   r = run_process(ktier() + " run" + model() + " --ids 1,2 -n 2 --lookahead 300 --trace " +
                   plain.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--lookahead 300 runs 12 deep: no deeper than the layers after the first "
+                       "(12 here)"),
+            std::string::npos)
+      << "a depth given is lowered in words\n" << r.err;
   r = run_process(ktier() + " trace info " + plain.string());
   EXPECT_NE(r.out.find("lookahead depth:  12 + refresh"), std::string::npos) << r.out;
   {  // and never deeper than a trace records (255), however many layers
@@ -383,6 +387,7 @@ TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
                     "--trace " + plain.string());
     fs::remove_all(deep);
     ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("--lookahead 300 runs 255 deep"), std::string::npos) << r.err;
     r = run_process(ktier() + " trace info " + plain.string());
     EXPECT_NE(r.out.find("lookahead depth:  255 + refresh"), std::string::npos) << r.out;
   }
@@ -395,7 +400,14 @@ TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
                     " --report-json " + report.string());
     ASSERT_EQ(r.exit_code, 0) << flags << "\n" << r.err;
     EXPECT_EQ(last_line(r.out), greedy) << flags;
+    EXPECT_EQ(r.err.find("--lookahead"), std::string::npos) << "kept as given\n" << r.err;
   }
+  r = run_process(ktier() + " run" + model() + " --ids 1,2 -n 2" + dial +
+                  " --policy static --lookahead 2 --profile " + trace.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--lookahead 2 is not used: --policy static never prefetches"),
+            std::string::npos)
+      << r.err;
   std::ifstream in(report);
   const nlohmann::json j = nlohmann::json::parse(in);
   EXPECT_EQ(j.at("policy"), "temperature");
