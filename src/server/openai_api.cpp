@@ -45,6 +45,8 @@ Result<int64_t> integer_value(const json& value, const char* name, int64_t min, 
   } else if (value.is_number_float()) {
     const double d = value.get<double>();
     if (std::trunc(d) != d) return field_error(name, "must be a whole number");
+    // The parser reads an integer past 64 bits as a double: out of range like any other.
+    if (!(d >= static_cast<double>(min) && d <= static_cast<double>(max))) return out_of_range;
     // Past 2^53 a double is not the integer written (2^63 + 1 reads as 2^63): refused.
     if (!(d >= -0x1p53 && d <= 0x1p53))
       return field_error(name, "a whole number this large must be written as an integer");
@@ -283,10 +285,10 @@ Result<json> parse_body_object(std::string_view body) {
   return j;
 }
 
-Result<bool> bool_field(const json& body, const char* name, bool fallback) {
+Result<bool> bool_field(const json& body, const char* name, bool fallback, const char* shown) {
   const auto it = body.find(name);
   if (it == body.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) return field_error(name, "must be true or false");
+  if (!it->is_boolean()) return field_error(shown ? shown : name, "must be true or false");
   return it->get<bool>();
 }
 
@@ -354,13 +356,16 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, const json& j,
   if (r.echo && endpoint != Endpoint::kCompletions)
     return field_error("echo", std::string("not a field of ") + endpoint_name(endpoint) +
                                    " (POST /v1/completions takes it)");
-  // max_completion_tokens (OpenAI's newer name) wins where both are given; llama-server's
-  // n_predict where it is given. 0 with echo: the prompt's logprobs only (lm-eval-harness).
-  const auto newer = j.find("max_completion_tokens");
-  const char* max_name = newer != j.end() && !newer->is_null() ? "max_completion_tokens"
-                                                               : "max_tokens";
-  KTIER_ASSIGN_OR_RETURN(r.max_tokens, integer_field(j, max_name, r.echo ? 0 : 1,
-                                                     std::numeric_limits<int32_t>::max()));
+  // max_completion_tokens (OpenAI's newer name) wins where both are given, as in llama-server
+  // (clients send both); each is checked. llama-server's n_predict wins where it is given. 0
+  // with echo: the prompt's logprobs only (lm-eval-harness).
+  KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> max_tokens,
+                         integer_field(j, "max_tokens", r.echo ? 0 : 1,
+                                       std::numeric_limits<int32_t>::max()));
+  KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> max_completion_tokens,
+                         integer_field(j, "max_completion_tokens", r.echo ? 0 : 1,
+                                       std::numeric_limits<int32_t>::max()));
+  r.max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
   if (endpoint == Endpoint::kLlamaCompletion) {
     // 0: the prompt runs (its state kept for the next request), nothing is generated.
     KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> n_predict,
@@ -407,7 +412,10 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, const json& j,
   KTIER_ASSIGN_OR_RETURN(r.stream, bool_field(j, "stream", false));
   if (const auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
     if (!so->is_object()) return field_error("stream_options", "must be an object");
-    KTIER_ASSIGN_OR_RETURN(r.include_usage, bool_field(*so, "include_usage", false));
+    if (!r.stream)  // as OpenAI: options of a stream on an answer sent whole
+      return field_error("stream_options", "only allowed when stream is true");
+    KTIER_ASSIGN_OR_RETURN(r.include_usage, bool_field(*so, "include_usage", false,
+                                                       "stream_options.include_usage"));
   }
   if (const auto m = j.find("model"); m != j.end() && !m->is_null() && !m->is_string())
     return field_error("model", "must be a string");

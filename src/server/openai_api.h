@@ -165,7 +165,9 @@ Status field_error(const std::string& field, const std::string& what);
 inline constexpr int kMaxJsonDepth = 64;
 Result<nlohmann::json> parse_body_object(std::string_view body);
 // `body[name]` as a bool: `fallback` when absent or null; field_error when not a bool.
-Result<bool> bool_field(const nlohmann::json& body, const char* name, bool fallback);
+// `shown`: the field's name in the error where it is nested ("stream_options.include_usage").
+Result<bool> bool_field(const nlohmann::json& body, const char* name, bool fallback,
+                        const char* shown = nullptr);
 // The request field a parse_request (or field_error) error names (its "param"), if it names one.
 std::optional<std::string> error_param(const Status& s);
 // OpenAI's error body: {"error": {"message", "type", "param", "code"}}.

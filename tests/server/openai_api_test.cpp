@@ -278,6 +278,24 @@ TEST(OpenAiRequest, WholeNumbersAreExactOrRefused) {
   r = completion({{"prompt", "a"}, {"max_completion_tokens", 2}, {"max_tokens", 3}});
   ASSERT_TRUE(r.is_ok());
   EXPECT_EQ(r->max_tokens, 2);
+  // ... but the one that loses is checked too.
+  r = completion({{"prompt", "a"}, {"max_completion_tokens", 2}, {"max_tokens", "abc"}});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(error_param(r.status()), "max_tokens");
+  // An integer past 64 bits (which the parser reads as a double) is out of range, in words.
+  r = parse_text(Endpoint::kCompletions, R"({"prompt": "a", "max_tokens": 99999999999999999999})",
+                 defaults());
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("\"max_tokens\": must be in 1..2147483647"),
+            std::string::npos)
+      << r.status().message();
+  // stream_options belong to a stream, and are named whole.
+  r = completion({{"prompt", "a"}, {"stream_options", {{"include_usage", true}}}});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(error_param(r.status()), "stream_options");
+  r = completion({{"prompt", "a"}, {"stream", true}, {"stream_options", {{"include_usage", "yes"}}}});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(error_param(r.status()), "stream_options.include_usage");
   // top_p 0 (in OpenAI's range [0, 1]) keeps the most likely token, as llama.cpp's sampler.
   r = completion({{"prompt", "a"}, {"top_p", 0}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
