@@ -398,9 +398,12 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, const json& j,
                          integer_field(j, "repeat_last_n", -1,
                                        std::numeric_limits<int32_t>::max()));
   if (repeat_last_n) r.sampling.repeat_last_n = *repeat_last_n;
+  // A negative top_k is off, as 0: vLLM's default is -1 and llama-server reads <= 0 as off, so
+  // clients written for either send it.
   KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> top_k,
-                         integer_field(j, "top_k", 0, std::numeric_limits<int32_t>::max()));
-  if (top_k) r.sampling.top_k = *top_k;
+                         integer_field(j, "top_k", std::numeric_limits<int32_t>::min(),
+                                       std::numeric_limits<int32_t>::max()));
+  if (top_k) r.sampling.top_k = std::max<int64_t>(*top_k, 0);
   // OpenAI's seed is a signed 64-bit integer; its bits seed the generator as --seed does.
   KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> seed,
                          integer_field(j, "seed", std::numeric_limits<int64_t>::min(),

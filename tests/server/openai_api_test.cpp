@@ -154,7 +154,7 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {{{"messages", kUser}, {"top_p", -0.01}}, "top_p"},
       {{{"messages", kUser}, {"top_p", 1.01}}, "top_p"},
       {{{"messages", kUser}, {"top_p", "0"}}, "top_p"},
-      {{{"messages", kUser}, {"top_k", -1}}, "top_k"},
+      {{{"messages", kUser}, {"top_k", 2147483648}}, "top_k"},
       {{{"messages", kUser}, {"seed", 1e30}}, "seed"},
       {{{"messages", kUser}, {"stop", ""}}, "stop"},
       {{{"messages", kUser}, {"stop", {"a", "b", "c", "d", "e"}}}, "stop"},
@@ -296,6 +296,10 @@ TEST(OpenAiRequest, WholeNumbersAreExactOrRefused) {
   r = completion({{"prompt", "a"}, {"stream", true}, {"stream_options", {{"include_usage", "yes"}}}});
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(error_param(r.status()), "stream_options.include_usage");
+  // A negative top_k is off, as 0 (vLLM's default -1, llama-server's <= 0).
+  r = completion({{"prompt", "a"}, {"top_k", -1}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->sampling.top_k, 0);
   // top_p 0 (in OpenAI's range [0, 1]) keeps the most likely token, as llama.cpp's sampler.
   r = completion({{"prompt", "a"}, {"top_p", 0}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
