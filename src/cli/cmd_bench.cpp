@@ -19,6 +19,7 @@
 #include "bench/kernel_bench.h"
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "common/json_text.h"
 #include "cpu/exec.h"
 #include "io/output_file.h"
 #include "runtime/engine.h"
@@ -189,7 +190,7 @@ Status run_kernels(const KernelsOptions& o) {
 
   if (!o.json.empty()) {
     KTIER_RETURN_IF_ERROR(
-        io::write_output_file(o.json, to_json(r, llc, llc_src, capped, o).dump(2) + "\n"));
+        io::write_output_file(o.json, json_output_text(to_json(r, llc, llc_src, capped, o))));
     std::fprintf(stderr, "[bench] wrote %s\n", o.json.c_str());
   }
   return Status::ok();

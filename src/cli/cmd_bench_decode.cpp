@@ -30,6 +30,7 @@
 #include "cli/bench_util.h"
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "common/json_text.h"
 #include "common/size.h"
 #include "io/output_file.h"
 #include "runtime/engine.h"
@@ -288,7 +289,7 @@ Status run_decode_bench(const DecodeOptions& o) {
         {"ratio_to_floor", floor_s / s_per_token}};
     if (!streamed.is_null()) j["streamed"] = streamed;
     if (!prefill.is_null()) j["prefill"] = prefill;
-    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, j.dump(2) + "\n"));
+    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, json_output_text(j)));
   }
   return Status::ok();
 }

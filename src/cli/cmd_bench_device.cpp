@@ -31,9 +31,10 @@
 #include "backend/cuda_backend.h"
 #include "backend/device_choice.h"
 #include "cli/commands.h"
+#include "common/json_text.h"
 #include "common/size.h"
-#include "io/output_file.h"
 #include "cpu/thread_pool.h"
+#include "io/output_file.h"
 #include "runtime/engine.h"
 
 namespace ktier::cli {
@@ -179,7 +180,7 @@ Status run_device_bench(const DeviceBenchOptions& o) {
                            {"bf16_gemv_gbps", bf16},
                            {"bf16_ratio", bf16 / copy_gbps}, {"mxfp4_gemv_gbps", mxfp4},
                            {"mxfp4_ratio", mxfp4 / copy_gbps}};
-    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, j.dump(2) + "\n"));
+    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, json_output_text(j)));
   }
   return Status::ok();
 }

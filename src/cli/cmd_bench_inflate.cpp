@@ -29,6 +29,7 @@
 
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "common/json_text.h"
 #include "cpu/thread_pool.h"
 #include "io/output_file.h"
 #include "pack/block_codec.h"
@@ -190,7 +191,7 @@ Status run_inflate_bench(const InflateOptions& o) {
                            {"passes", o.passes},
                            {"inflate_gbps", best},
                            {"inflate_gbps_per_core", per_core}};
-    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, j.dump(2) + "\n"));
+    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, json_output_text(j)));
   }
   return Status::ok();
 }

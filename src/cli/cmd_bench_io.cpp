@@ -25,6 +25,7 @@
 #include "cli/bench_util.h"
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "common/json_text.h"
 #include "io/aligned_buffer.h"
 #include "io/io_engine.h"
 #include "io/output_file.h"
@@ -125,7 +126,7 @@ Status run_io_bench(const IoBenchOptions& o) {
     const nlohmann::json j{{"engine_gbps", eng}, {"raw_gbps", raw}, {"ratio", eng / raw},
                            {"direct", f.direct()}, {"io_engine", engine->name()},
                            {"bytes", bytes}, {"passes", o.passes}, {"ring_slots", o.ring_slots}};
-    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, j.dump(2) + "\n"));
+    KTIER_RETURN_IF_ERROR(io::write_output_file(o.json, json_output_text(j)));
   }
   return Status::ok();
 }

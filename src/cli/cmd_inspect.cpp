@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "common/json_text.h"
 #include "common/size.h"
 #include "format/checkpoint.h"
 
@@ -196,7 +197,7 @@ struct InspectOptions {
 
 Status run_inspect(const InspectOptions& opt) {
   KTIER_ASSIGN_OR_RETURN(Checkpoint ck, Checkpoint::open(opt.model_dir));
-  if (opt.json) std::printf("%s\n", to_json(ck).dump(2).c_str());
+  if (opt.json) std::fputs(json_output_text(to_json(ck)).c_str(), stdout);
   else print_text(ck);
   return Status::ok();
 }

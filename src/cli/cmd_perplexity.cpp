@@ -30,6 +30,7 @@
 #include "cli/commands.h"
 #include "cli/strata_options.h"
 #include "common/interrupt.h"
+#include "common/json_text.h"
 #include "common/progress.h"
 #include "io/output_file.h"
 #include "runtime/engine.h"
@@ -49,7 +50,9 @@ struct PerplexityArgs {
   int threads = 0;
 };
 
-constexpr const char* kStopWindow = "ktier: stopping after this window (Ctrl-C again to quit now)";
+// A line of its own, as run's: the progress line it interrupts is ended first.
+constexpr const char* kStopWindow =
+    "\nktier: Ctrl-C: stopping after this window (Ctrl-C again quits at once)\n";
 
 // The ids to score, read and tokenized before the (long) load so that bad input fails at once.
 Result<std::vector<uint32_t>> input_ids(const PerplexityArgs& a) {
@@ -168,7 +171,7 @@ Status perplexity(const PerplexityArgs& a) {
                            {"windows", done},
                            {"window_tokens", window},
                            {"text_tokens", total}};
-    KTIER_RETURN_IF_ERROR(io::write_output_file(a.json, j.dump(2) + "\n"));
+    KTIER_RETURN_IF_ERROR(io::write_output_file(a.json, json_output_text(j)));
   }
   if (done < windows)
     return Status::interrupted("stopped by Ctrl-C after " + std::to_string(done) + " of " +

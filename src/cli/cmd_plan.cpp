@@ -23,6 +23,7 @@
 #include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "cli/strata_options.h"
+#include "common/json_text.h"
 #include "common/size.h"
 #include "format/checkpoint.h"
 #include "io/output_file.h"
@@ -290,7 +291,7 @@ Status plan(const PlanArgs& a) {
                                                  runtime::resolve_threads(eo.threads)));
   KTIER_RETURN_IF_ERROR(write_stdout(plan_text(ckpt, eo, p)));
   if (!a.json.empty())
-    KTIER_RETURN_IF_ERROR(io::write_output_file(a.json, plan_json(ckpt, eo, p).dump(2) + "\n"));
+    KTIER_RETURN_IF_ERROR(io::write_output_file(a.json, json_output_text(plan_json(ckpt, eo, p))));
   return Status::ok();
 }
 

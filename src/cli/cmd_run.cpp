@@ -25,6 +25,8 @@
 // the sequence as the run leaves it) unless --prompt-cache-ro; a conversation resumes the one
 // the file holds and is saved after every answer.
 
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +45,7 @@
 #include "cli/run_prompt_cache.h"
 #include "cli/strata_options.h"
 #include "common/interrupt.h"
+#include "common/json_text.h"
 #include "common/progress.h"
 #include "format/checkpoint.h"
 #include "format/map_guard.h"
@@ -81,6 +84,14 @@ int prompts_given(const RunArgs& a) {
 
 // The prompt flags: exactly one source (a conversation may read its first message from
 // standard input), and the combinations a conversation or --chat cannot take.
+// Whether `path` names what standard input reads (/dev/stdin, /dev/fd/0, or the file it is
+// redirected from): the same device and inode.
+bool is_standard_input(const std::string& path) {
+  struct stat in {}, target {};
+  return !path.empty() && ::fstat(STDIN_FILENO, &in) == 0 && ::stat(path.c_str(), &target) == 0 &&
+         in.st_dev == target.st_dev && in.st_ino == target.st_ino;
+}
+
 Status check_prompt_flags(const RunArgs& a) {
   if (a.has_ids) KTIER_RETURN_IF_ERROR(check_ids_given(a.ids));
   const int given = prompts_given(a);
@@ -88,7 +99,7 @@ Status check_prompt_flags(const RunArgs& a) {
     return Status::usage("give exactly one of -p TEXT, -f FILE or --ids 1,2,3");
   if (a.interactive && !a.chat)
     return Status::usage("--interactive is a conversation in the chat format: add --chat");
-  if (a.interactive && a.file == "-")
+  if (a.interactive && (a.file == "-" || is_standard_input(a.file)))
     return Status::usage("--interactive reads the conversation from standard input: give the "
                          "first message with -p or -f FILE");
   if (a.interactive && a.max_new_tokens == 0)
@@ -487,7 +498,7 @@ Status run(const RunArgs& a) {
     if (!a.report_json.empty()) {
       nlohmann::json j = report.to_json(*engine);
       j["sampling_seed"] = gen.sampling.seed;  // a drawn one (-s -1) too: -s repeats the run
-      KTIER_RETURN_IF_ERROR(io::write_output_file(a.report_json, j.dump(2) + "\n"));
+      KTIER_RETURN_IF_ERROR(io::write_output_file(a.report_json, json_output_text(j)));
     }
     report.cached_prompt_tokens = 0;  // only the first turn starts from the file
     if (!a.interactive || !cache || generated.empty()) return Status::ok();

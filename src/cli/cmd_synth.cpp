@@ -113,9 +113,12 @@ void register_synth_command(CLI::App& app, int& exit_code) {
       {"--block-size", "AttnRes block size S", &O::block_size},
   };
   for (auto& f : args->int_flags) f.option = sub->add_option(f.name, f.value, f.help);
+  // Given twice, the last list counts, as every option's last value does: each one replaces
+  // the one before (CLI11 would join a list option's values).
   args->mla_option = sub->add_option("--mla-layers", args->mla_layers,
                                      "0-based MLA layers, comma separated (written 1-based)")
-                         ->delimiter(',');
+                         ->delimiter(',')
+                         ->trigger_on_parse();
 
   sub->callback([args, &exit_code] { exit_code = finish(run_synth_command(*args)); });
 }

@@ -86,14 +86,16 @@ void register_tokenize_command(CLI::App& app, int& exit_code) {
   auto* special = sub->add_flag(
       "--special", args->special,
       "Encode added-token strings in the input as their ids (trusted text only)");
-  sub->add_option("--pattern", args->pattern,
-                  "Split pattern: k3 (default) or o200k (OpenAI's, for cross-checks)")
-      ->capture_default_str();
+  auto* pattern = sub->add_option("--pattern", args->pattern,
+                                  "Split pattern: k3 (default) or o200k (OpenAI's, for "
+                                  "cross-checks); encoding only")
+                      ->capture_default_str();
   // Flags of the other direction are refused rather than ignored.
   auto* decode = sub->add_flag("--decode", args->decode, "Decode --ids instead of encoding");
   auto* ids = sub->add_option("--ids", args->ids, "Comma-separated token ids to decode");
   decode->needs(ids);
   special->excludes(decode);
+  pattern->excludes(decode);  // decoding splits nothing
   sub->add_flag("--skip-special", args->skip_special,
                 "When decoding, drop added tokens flagged special")
       ->needs(decode);

@@ -46,4 +46,12 @@ inline nlohmann::json parse_json_depth_bounded(std::string_view text, int max_de
       /*allow_exceptions=*/false);
 }
 
+// A JSON document ktier writes (a --json file, a report, inspect's output): indented, newline
+// ended, and a string that is not UTF-8 — a path: Linux names are bytes — written with U+FFFD
+// where the library's default would throw and lose the whole document.
+template <typename BasicJson>
+std::string json_output_text(const BasicJson& j) {
+  return j.dump(2, ' ', false, BasicJson::error_handler_t::replace) + "\n";
+}
+
 }  // namespace ktier

@@ -277,7 +277,22 @@ Result<json> parse_body_object(std::string_view body) {
   // copied (a batch's body per prompt): a body nested past kMaxJsonDepth is refused unbuilt.
   bool too_deep = false;
   const json j = parse_json_depth_bounded(body, kMaxJsonDepth, &too_deep);
-  if (j.is_discarded()) return Status::usage("the request body is not valid JSON");
+  if (j.is_discarded()) {
+    // Again, building nothing, for the parser's account of where and why (ill-formed UTF-8 in
+    // a string, a missing comma): "parse error at line 1, column 9: ...".
+    std::string why;
+    try {
+      [[maybe_unused]] const json none =
+          json::parse(body, [](int, json::parse_event_t, json&) { return false; });
+    } catch (const json::parse_error& e) {
+      why = e.what();
+      if (const size_t tag = why.find("] "); why.rfind("[json.exception", 0) == 0 &&
+                                             tag != std::string::npos)
+        why.erase(0, tag + 2);
+    } catch (const json::exception&) {
+    }
+    return Status::usage("the request body is not valid JSON" + (why.empty() ? "" : ": " + why));
+  }
   if (too_deep)
     return Status::usage("the request body nests values deeper than " +
                          std::to_string(kMaxJsonDepth) + " levels");

@@ -112,6 +112,25 @@ TEST_F(InterruptCli, RunStopsAtAWholeTokenWithItsTextReportAndTrace) {
   EXPECT_EQ(info.exit_code, 0) << info.err;
 }
 
+// perplexity stops after the window in progress with the estimate so far (exit 130); its notice
+// is a line of its own (it ran into the next log line, and a terminal's progress line wiped it).
+TEST_F(InterruptCli, PerplexityStopsAfterAWindowWithTheEstimateSoFar) {
+  // 300 windows of 64 tokens on one thread: seconds here, so that the signal lands inside.
+  ChildProcess c({ktier_bin().string(), "perplexity", "-m", (dir_ / "model").string(), "-c",
+                  "64", "--threads", "1", "--ids", spread_ids(64 * 300)});
+  ASSERT_TRUE(c.started());
+  ASSERT_TRUE(c.wait_until([&] { return c.err().find("] perplexity ") != std::string::npos; }))
+      << c.err();
+  c.signal(SIGINT);
+  ASSERT_EQ(c.wait(), 130) << c.err();
+  EXPECT_NE(c.err().find("\nktier: Ctrl-C: stopping after this window (Ctrl-C again quits at "
+                         "once)\n"),
+            std::string::npos)
+      << c.err();
+  EXPECT_NE(c.err().find("ktier: stopped by Ctrl-C after "), std::string::npos) << c.err();
+  EXPECT_NE(c.out().find("perplexity"), std::string::npos) << "the estimate so far\n" << c.out();
+}
+
 // A run stopped inside its prompt saves the part it ran to --prompt-cache: the next run goes on
 // from there and prints what a run without the cache prints. With --chunk 1 it stops somewhere
 // inside; with one chunk of all ids but the last it stops exactly before the last id (where the

@@ -447,6 +447,15 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   EXPECT_NE(eval_no_ids.err.find("--ids is empty: give at least one token id"), std::string::npos)
       << eval_no_ids.err;
   EXPECT_EQ(run_process("echo hi | " + ktier() + " run" + model() + " --chat -i -f - -n 2").exit_code, 2);
+  // Standard input by another name: the whole conversation became the first message.
+  for (const char* name : {"/dev/stdin", "/dev/fd/0"}) {
+    const auto same = run_process("printf 'hi\\nthere\\n' | " + ktier() + " run" + model() +
+                                  " --chat -i -f " + name + " -n 2");
+    EXPECT_EQ(same.exit_code, 2) << name << ": " << same.err;
+    EXPECT_NE(same.err.find("--interactive reads the conversation from standard input"),
+              std::string::npos)
+        << name << ": " << same.err;
+  }
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat -p hi -n 2 -c 3").exit_code, 2);
   // Standard input a folder: named. Closed: read as empty (before, the descriptor went to the
   // next file ktier opened and a shard's bytes became the conversation).
@@ -879,6 +888,7 @@ TEST_F(RunEvalCli, TokenizeRefusesFlagsOfTheOtherDirection) {
   for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
            {" --decode", "--decode requires --ids"},
            {" --decode --ids 1 --special", "--special excludes --decode"},
+           {" --decode --ids 1 --pattern o200k", "--pattern excludes --decode"},
            {" -p hi --skip-special", "--skip-special requires --decode"},
            {" -p hi --ids 1", "--ids needs --decode"},
            {" --decode --ids ''", "--ids is empty"}}) {

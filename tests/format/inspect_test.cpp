@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@ namespace {
 
 using ktier::test::make_tiny_checkpoint;
 using ktier::test::TempDir;
+namespace fs = std::filesystem;
 
 #define EXPECT_HAS(msg, text) EXPECT_NE((msg).find(text), std::string::npos) << "output: " << (msg)
 
@@ -92,6 +94,16 @@ TEST(Inspect, Json) {
   EXPECT_EQ(j["experts"]["storage"], "MXFP4");
   EXPECT_EQ(j["experts"]["contiguous"], 96);
   EXPECT_EQ(j["shards"], 15);
+  // A folder whose name is not UTF-8 (Linux names are bytes): still JSON, the byte as U+FFFD
+  // (the library's default dump threw, and nothing was printed).
+  const fs::path latin1 = dir.path().string() + "-caf\xe9";
+  fs::create_directory_symlink(dir.path(), latin1);
+  const ProcessResult odd = run_ktier("inspect --json -m '" + latin1.string() + "'", false);
+  fs::remove(latin1);
+  ASSERT_EQ(odd.exit_code, 0) << odd.out;
+  const auto named = nlohmann::json::parse(odd.out);
+  EXPECT_EQ(named["model"], dir.path().string() + "-caf\xEF\xBF\xBD");
+  EXPECT_EQ(named["shards"], 15);
 }
 
 TEST(Inspect, ExitCodesOnBadInput) {

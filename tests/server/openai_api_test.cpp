@@ -245,6 +245,17 @@ TEST(OpenAiRequest, BodiesNestedTooDeepAreRefused) {
           << r.status().message();
     }
   }
+  // Unclosed as well: the second parse that finds the reason builds nothing either.
+  auto unclosed = parse_body_object(R"({"x": )" + std::string(1000000, '['));
+  ASSERT_FALSE(unclosed.is_ok());
+  EXPECT_NE(unclosed.status().message().find("not valid JSON: parse error at line 1"),
+            std::string::npos)
+      << unclosed.status().message();
+  // A body that is not UTF-8 says so (the CLI's -p takes any bytes; a JSON string cannot).
+  auto bytes = parse_body_object("{\"prompt\": \"a\xff\"}");
+  ASSERT_FALSE(bytes.is_ok());
+  EXPECT_NE(bytes.status().message().find("ill-formed UTF-8"), std::string::npos)
+      << bytes.status().message();
   // A content part's type of another kind than a string is refused by name, as any other.
   auto part = chat({{"messages", {{{"role", "user"}, {"content", {{{"type", {1, 2}}}}}}}}});
   ASSERT_FALSE(part.is_ok());

@@ -435,7 +435,8 @@ TEST(SynthCli, ShapeFlagsOverrideThePreset) {
   test::TempDir dir("flags");
   const auto r = test::run_process(test::ktier_bin().string() +
                                    " synth --preset tiny -q --seed 3 --layers 5 --hidden 64 --experts 4 "
-                                   "--top-k 1 --mla-layers 1,4 --latent 32 --expert-inter 32 -o " +
+                                   "--top-k 1 --mla-layers 2 --mla-layers 1,4 --latent 32 "
+                                   "--expert-inter 32 -o " +
                                    dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json c = json::parse(test::read_file(dir.path() / "config.json"));
@@ -444,6 +445,7 @@ TEST(SynthCli, ShapeFlagsOverrideThePreset) {
   EXPECT_EQ(tc.at("hidden_size"), 64);
   EXPECT_EQ(tc.at("num_experts"), 4);
   EXPECT_EQ(tc.at("num_experts_per_token"), 1);
+  // The last --mla-layers counts, as every option's last value (CLI11 joined the lists).
   EXPECT_EQ(tc.at("linear_attn_config").at("full_attn_layers"), json({2, 5}));
   EXPECT_EQ(tc.at("linear_attn_config").at("kda_layers"), json({1, 3, 4}));
   EXPECT_TRUE(fs::exists(dir.path() / "model-00006-of-000006.safetensors"));
