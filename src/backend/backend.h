@@ -178,7 +178,7 @@ std::unique_ptr<Backend> make_cpu_backend(const cpu::Exec& ex);
 // The CPU backend behind a memory wall (backend/emulated_device.cpp): every op aborts on a
 // pointer outside this backend's allocations, as a GPU would fault on host memory. Runs the GPU
 // mode's placement code without a GPU, with the CPU's bytes (tests, --device emulated). Holding
-// more than `capacity_bytes` at once fails like a GPU out of memory (Status::runtime), and
+// more than `capacity_bytes` at once fails like a GPU out of memory (Status::out_of_memory), and
 // free_memory() is what is left of it.
 std::unique_ptr<Backend> make_emulated_device_backend(const cpu::Exec& ex,
                                                       uint64_t capacity_bytes = UINT64_MAX);

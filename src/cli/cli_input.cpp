@@ -290,28 +290,36 @@ CLI::Validator number_as_written(const std::string& type) {
           errno = 0;
           const double x = std::strtod(begin, &end);
           if (end == begin || *end != '\0') return {};  // CLI11 says it is not a number
-          if (errno == ERANGE)
-            return "'" + v + "' is " + (std::fabs(x) < 1 ? "too small" : "too large") +
-                   " for a double" + (std::fabs(x) < 1 ? " (give 0 where 0 is meant)" : "");
+          // ERANGE with a subnormal result is a value a double holds: only 0 and inf are not.
+          if (errno == ERANGE && (x == 0 || std::isinf(x)))
+            return "'" + v + "' is " + (x == 0 ? "too small" : "too large") + " for a double" +
+                   (x == 0 ? " (give 0 where 0 is meant)" : "");
           return {};
         }
+        // As strtoll took them: spaces around the number, a '+'.
+        const size_t first = v.find_first_not_of(" \t"), last = v.find_last_not_of(" \t");
+        std::string number = first == std::string::npos ? "" : v.substr(first, last - first + 1);
+        if (!number.empty() && number[0] == '+') number.erase(0, 1);
         const bool is_signed = type == "INT";
-        const size_t digits = is_signed && !v.empty() && v[0] == '-' ? 1 : 0;
-        if (v.size() == digits || v.find_first_not_of("0123456789", digits) != std::string::npos)
+        const size_t sign = is_signed && !number.empty() && number[0] == '-' ? 1 : 0;
+        if (number.size() == sign ||
+            number.find_first_not_of("0123456789", sign) != std::string::npos)
           return "'" + v + "' is not a whole number in decimal" +
                  std::string(is_signed ? "" : " (0 or more)");
+        const char* const begin = number.data();
+        const char* const end = begin + number.size();
         std::string canonical;
         if (is_signed) {
           int64_t x = 0;
-          const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-          if (ec != std::errc() || end != v.data() + v.size())
+          const auto [stop, ec] = std::from_chars(begin, end, x);
+          if (ec != std::errc() || stop != end)
             return "'" + v + "' is out of range (" + std::to_string(INT64_MIN) + ".." +
                    std::to_string(INT64_MAX) + ")";
           canonical = std::to_string(x);
         } else {
           uint64_t x = 0;
-          const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-          if (ec != std::errc() || end != v.data() + v.size())
+          const auto [stop, ec] = std::from_chars(begin, end, x);
+          if (ec != std::errc() || stop != end)
             return "'" + v + "' is out of range (0.." + std::to_string(UINT64_MAX) + ")";
           canonical = std::to_string(x);
         }

@@ -151,9 +151,10 @@ CLI::Validator whole_number(T max = std::numeric_limits<T>::max()) {
 // number as written. CLI11 alone converts integers with strto(u)ll in base 0 ("010" as octal
 // 8, "0x10" as 16), saturates past int64 without a word and wraps "-1" to an unsigned type's
 // largest; floats with strtold, which reads 1e-5000 as 0 (for --io-rate-limit "no cap", for
-// --temp greedy). After it: integers are decimal digits (leading zeros kept out of octal),
-// within the 64-bit type (narrower targets and the commands check the rest); a float that
-// overflows or underflows a double is refused. Call once every command is registered.
+// --temp greedy). After it: integers are decimal digits (spaces around and a '+' allowed, as
+// strtoll took them; leading zeros kept out of octal), within the 64-bit type (narrower
+// targets and the commands check the rest); a float that a double reads as 0 or infinity is
+// refused. Call once every command is registered.
 void read_numbers_as_written(CLI::App& app);
 
 // Largest value of the MiB-sized bench options (1 TiB): past it, `<< 20` would wrap.

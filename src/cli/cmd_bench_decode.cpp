@@ -171,7 +171,7 @@ Result<nlohmann::json> streamed_check(const DecodeOptions& o, const runtime::Eng
 }
 
 Status run_decode_bench(const DecodeOptions& o) {
-  // At most INT32_MAX each, as run's -n and -c: their sum is a position count.
+  // At most INT32_MAX each and together (a position count), as run's -n and -c.
   const std::string most = std::to_string(INT32_MAX);
   if (o.tokens < 2 || o.tokens > INT32_MAX)
     return Status::usage("-n must be in 2.." + most + " (decode steps = n - 1)");
@@ -179,6 +179,8 @@ Status run_decode_bench(const DecodeOptions& o) {
     return Status::usage("--prompt-tokens must be in 1.." + most);
   if (o.prefill_tokens < 0 || o.prefill_tokens > INT32_MAX)
     return Status::usage("--prefill-tokens must be in 0.." + most + " (0 = skip)");
+  if (o.prompt_tokens + o.tokens > INT32_MAX)
+    return Status::usage("--prompt-tokens + -n must be at most " + most + " positions");
   KTIER_RETURN_IF_ERROR(check_output_is_not_input(
       "--json", o.json, {{"-m", o.model, true}, {"--pack", o.pack, true}}));
   KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));

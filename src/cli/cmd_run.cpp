@@ -82,8 +82,6 @@ int prompts_given(const RunArgs& a) {
   return int(a.has_prompt) + int(!a.file.empty()) + int(!a.ids.empty());
 }
 
-// The prompt flags: exactly one source (a conversation may read its first message from
-// standard input), and the combinations a conversation or --chat cannot take.
 // Whether `path` names what standard input reads (/dev/stdin, /dev/fd/0, or the file it is
 // redirected from): the same device and inode.
 bool is_standard_input(const std::string& path) {
@@ -92,6 +90,8 @@ bool is_standard_input(const std::string& path) {
          in.st_dev == target.st_dev && in.st_ino == target.st_ino;
 }
 
+// The prompt flags: exactly one source (a conversation may read its first message from
+// standard input), and the combinations a conversation or --chat cannot take.
 Status check_prompt_flags(const RunArgs& a) {
   if (a.has_ids) KTIER_RETURN_IF_ERROR(check_ids_given(a.ids));
   const int given = prompts_given(a);

@@ -714,7 +714,7 @@ Status serve(const ServeArgs& a) {
     const std::string& why = probe.status().message();
     const std::string flag = "-c/--ctx-size " + std::to_string(a.ctx);
     const Status refused =
-        probe.status().out_of_memory()
+        probe.status().is_out_of_memory()
             ? Status::budget(flag + ": the sequence's state for that many positions cannot be "
                                     "reserved (" + why + "); give a smaller -c")
             : probe.status().with_context(flag + ": reserving the sequence's state");

@@ -36,7 +36,7 @@ class [[nodiscard]] Status {
   }
   // A runtime failure because an allocation was refused (a backend's allocate(): the host, the
   // GPU). Mid-run it is exit 1 like any other; a caller reserving memory up front may read
-  // out_of_memory() and say what to give less of (exit 4), as serve does for its -c state.
+  // is_out_of_memory() and say what to give less of (exit 4), as serve does for its -c state.
   static Status out_of_memory(std::string msg) {
     Status s(ExitCode::kRuntime, std::move(msg));
     s.out_of_memory_ = true;
@@ -48,16 +48,16 @@ class [[nodiscard]] Status {
   ExitCode code() const { return code_; }
   int exit_code() const { return static_cast<int>(code_); }
   const std::string& message() const { return message_; }
-  bool out_of_memory() const { return out_of_memory_; }
+  bool is_out_of_memory() const { return out_of_memory_; }
 
-  // Prefixes context ("while reading X: ") without changing the code (nor out_of_memory()).
+  // Prefixes context ("while reading X: ") without changing the code (nor is_out_of_memory()).
   Status with_context(const std::string& context) const {
     if (is_ok()) return *this;
     Status s = *this;
     s.message_ = context + ": " + message_;
     return s;
   }
-  // Appends a sentence ("MESSAGE. NOTE") without changing the code (nor out_of_memory()).
+  // Appends a sentence ("MESSAGE. NOTE") without changing the code (nor is_out_of_memory()).
   Status with_note(const std::string& note) const {
     if (is_ok()) return *this;
     Status s = *this;

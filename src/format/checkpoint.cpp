@@ -448,8 +448,8 @@ void CheckpointBuilder::expect_a_log(const std::string& name) {
     const Status read = ck_.shards_[ref->shard].read_bytes(
         t.file_offset + static_cast<uint64_t>(first) * size, static_cast<uint64_t>(count) * size,
         chunk.data());
-    if (!read.is_ok()) {
-      if (io_error_.is_ok()) io_error_ = read;  // the disk's failure, not the file's
+    if (!read.is_ok()) {  // the disk's failure, not the file's
+      if (io_error_.is_ok()) io_error_ = read.with_context("tensor '" + name + "'");
       return;
     }
     for (int64_t i = 0; i < count; ++i) {

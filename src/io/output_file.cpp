@@ -133,11 +133,19 @@ Status create_output_dir(const std::filesystem::path& dir) {
   return Status::ok();
 }
 
+Status remove_if_present(const std::filesystem::path& path) {
+  if (::unlink(path.c_str()) == 0 || errno == ENOENT) return Status::ok();
+  const int err = errno;  // before the message's allocations
+  return Status::runtime("cannot remove " + path.string() + ": " + errno_text(err));
+}
+
 Result<int> create_partial_file(const std::filesystem::path& path) {
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-    return Status::runtime("cannot remove the stale " + path.string() + ": " + errno_text(errno));
+  KTIER_RETURN_IF_ERROR(remove_if_present(path));
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::runtime("cannot create " + path.string() + ": " + errno_text(errno));
+  if (fd < 0) {
+    const int err = errno;
+    return Status::runtime("cannot create " + path.string() + ": " + errno_text(err));
+  }
   return fd;
 }
 

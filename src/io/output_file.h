@@ -37,6 +37,10 @@ Status write_output_file(const std::string& path, std::string_view bytes);
 // text printed there, and truncating the file would erase it. A device (/dev/null) is fine.
 Status check_not_own_stdout(const std::string& flag, const std::string& path);
 
+// Removes `path` (a file or a symlink) if it is there: ok when it was or is gone;
+// Status::runtime (exit 1) "cannot remove PATH: <errno text>" otherwise.
+Status remove_if_present(const std::filesystem::path& path);
+
 // A writer's partial file (renamed over its real name when whole): `path` removed if it is there
 // (a stale partial file, or a symlink, which is never written through), then created
 // exclusively for writing (mode 0644 less the umask). Returns the descriptor (O_CLOEXEC), owned

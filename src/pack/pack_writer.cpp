@@ -363,14 +363,13 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
       KTIER_ASSIGN_OR_RETURN(source, fingerprint_checkpoint(ckpt));
     }
     const fs::path pack_partial = o.out_dir / (std::string(".") + kPackFileName + ".partial");
-    const fs::path manifest_partial = o.out_dir / (std::string(".") + kManifestFileName + ".partial");
+    const fs::path manifest_partial =
+        o.out_dir / (std::string(".") + kManifestFileName + ".partial");
     // A run killed mid-write (Ctrl-C, kill -9) leaves its hidden partials, as large as the pack;
     // they go before the free space is weighed, or a rerun on a disk that holds one pack is
     // refused for space the user cannot see.
     for (const fs::path& stale : {pack_partial, manifest_partial})
-      if (::unlink(stale.c_str()) != 0 && errno != ENOENT)
-        return Status::runtime("cannot remove " + stale.string() + " (a stopped pack's): " +
-                               errno_text(errno));
+      KTIER_RETURN_IF_ERROR(io::remove_if_present(stale));
     // A compressed pack's size is known once written (its layer records shrink; K3 ~0.69): the
     // records stored plain (head, embedding) are what it needs at least, and a disk that fills
     // is the write's error (exit 1, naming the file).
@@ -403,8 +402,7 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
     KTIER_RETURN_IF_ERROR(out.finish());
 
     Status s = write_small_file(manifest_partial, manifest_json(layout.records, layout.file_size, source, o.block_size));
-    if (s.is_ok() && ::unlink(rep.manifest_path.c_str()) != 0 && errno != ENOENT)
-      s = Status::runtime("cannot remove " + rep.manifest_path.string() + ": " + errno_text(errno));
+    if (s.is_ok()) s = io::remove_if_present(rep.manifest_path);
     if (s.is_ok()) s = rename_file(pack_partial, rep.pack_path);
     if (s.is_ok()) {
       out.keep();

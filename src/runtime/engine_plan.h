@@ -237,8 +237,9 @@ struct EnginePlan {
   int lookahead = 0;  // the depth a run gets (lookahead_depth; 0 for a model without MoE layers)
   // Why automatic lookahead is off (a log line; a refusal's note); empty otherwise.
   std::string lookahead_lowered;
-  // Why a --lookahead given runs shallower than asked (deeper than the layers after the first,
-  // or --policy static, which never prefetches): a log line; empty otherwise.
+  // Why a --lookahead given runs shallower than asked (deeper than the layers after the first
+  // or than a trace records, 255; --policy static, which never prefetches; a model without MoE
+  // layers): a log line and a plan note; empty otherwise.
   std::string lookahead_capped;
 };
 // `threads`: the engine's (plan_dial); `gpu`: the CUDA backend in GPU mode, asked for its free

@@ -289,6 +289,11 @@ Result<json> parse_body_object(std::string_view body) {
       if (const size_t tag = why.find("] "); why.rfind("[json.exception", 0) == 0 &&
                                              tag != std::string::npos)
         why.erase(0, tag + 2);
+      // Its "last read" quotes the token so far: a whole unterminated string, megabytes.
+      if (const size_t read = why.find("; last read:"); read != std::string::npos)
+        why.erase(read);
+      constexpr size_t kMaxWhy = 200;
+      if (why.size() > kMaxWhy) why = why.substr(0, kMaxWhy) + "...";
     } catch (const json::exception&) {
     }
     return Status::usage("the request body is not valid JSON" + (why.empty() ? "" : ": " + why));

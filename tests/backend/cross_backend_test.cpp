@@ -597,7 +597,7 @@ TEST(EmulatedDevice, CopiesLandAtTheirFenceAndCapacityIsEnforced) {
   ASSERT_FALSE(d.is_ok());
   EXPECT_EQ(d.status().exit_code(), 1);
   EXPECT_NE(d.status().message().find("out of memory"), std::string::npos);
-  EXPECT_TRUE(d.status().out_of_memory());
+  EXPECT_TRUE(d.status().is_out_of_memory());
   ASSERT_TRUE(dev->free_memory().is_ok());
   EXPECT_EQ(*dev->free_memory(), 0u);
   c->reset();

@@ -215,14 +215,14 @@ TEST_F(CudaBackendHost, PoolReusesBlocksAndTrimsWhenTheDeviceIsFull) {
                                          "memory"),
             std::string::npos)
       << more.status().message();
-  EXPECT_TRUE(more.status().out_of_memory()) << "the module's code says so, not the text";
+  EXPECT_TRUE(more.status().is_out_of_memory()) << "the module's code says so, not the text";
   EXPECT_EQ(d.memory_use().live, 700u);
   EXPECT_EQ(d.memory_use().peak, 700u);
   fake_.lost = true;
   auto lost = d.allocate(100);
   ASSERT_FALSE(lost.is_ok());
   EXPECT_EQ(lost.status().code(), ExitCode::kRuntime);
-  EXPECT_FALSE(lost.status().out_of_memory()) << lost.status().message();
+  EXPECT_FALSE(lost.status().is_out_of_memory()) << lost.status().message();
 }
 
 // limit_memory counts the kept blocks too: they are given back before the limit is passed.
@@ -290,7 +290,7 @@ TEST_F(CudaBackendHost, AnotherThreadBindsTheDeviceFirstAndAFailedBindAllocatesN
                 "fake: init refused"),
             std::string::npos)
       << refused.status().message();
-  EXPECT_FALSE(refused.status().out_of_memory());
+  EXPECT_FALSE(refused.status().is_out_of_memory());
   EXPECT_EQ(fake_.blocks.size(), blocks);
   EXPECT_FALSE(sync.is_ok()) << "every call on that thread tries again and fails";
   fake_.refuse_init = false;

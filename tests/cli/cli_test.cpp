@@ -79,6 +79,8 @@ TEST(Cli, UsageErrorsExitTwo) {
            {" bench decode -m x -n 99999999999", "-n must be in 2..2147483647"},
            {" bench decode -m x --prompt-tokens 9223372036854775807",
             "--prompt-tokens must be in 1..2147483647"},
+           {" bench decode -m x -n 2000000000 --prompt-tokens 2000000000",
+            "--prompt-tokens + -n must be at most 2147483647 positions"},
            // Conformance-only flags given without the conversion were ignored.
            {" trace info x --top-k 7", "--top-k requires --convert-conformance"},
            {" trace replay x --slots 4 --experts-per-layer 3",

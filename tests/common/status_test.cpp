@@ -35,12 +35,12 @@ TEST(Status, OutOfMemoryIsARuntimeFailureThatContextAndNotesKeepMarked) {
                        .with_context("reserving the sequence's state")
                        .with_note("give less");
   EXPECT_EQ(s.code(), ExitCode::kRuntime);
-  EXPECT_TRUE(s.out_of_memory());
+  EXPECT_TRUE(s.is_out_of_memory());
   EXPECT_EQ(s.message(),
             "reserving the sequence's state: cpu backend: out of memory allocating 8 bytes. give "
             "less");
-  EXPECT_FALSE(Status::runtime("out of memory").out_of_memory()) << "the mark, not the text";
-  EXPECT_FALSE(Status::ok().out_of_memory());
+  EXPECT_FALSE(Status::runtime("out of memory").is_out_of_memory()) << "the mark, not the text";
+  EXPECT_FALSE(Status::ok().is_out_of_memory());
 }
 
 TEST(Result, AssignOrReturnPropagates) {

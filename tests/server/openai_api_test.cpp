@@ -256,6 +256,10 @@ TEST(OpenAiRequest, BodiesNestedTooDeepAreRefused) {
   ASSERT_FALSE(bytes.is_ok());
   EXPECT_NE(bytes.status().message().find("ill-formed UTF-8"), std::string::npos)
       << bytes.status().message();
+  // ... without quoting the body back: an unterminated string of a megabyte.
+  auto open_string = parse_body_object("{\"prompt\": \"" + std::string(1 << 20, 'a'));
+  ASSERT_FALSE(open_string.is_ok());
+  EXPECT_LT(open_string.status().message().size(), 300u) << open_string.status().message();
   // A content part's type of another kind than a string is refused by name, as any other.
   auto part = chat({{"messages", {{{"role", "user"}, {"content", {{{"type", {1, 2}}}}}}}}});
   ASSERT_FALSE(part.is_ok());
@@ -304,7 +308,8 @@ TEST(OpenAiRequest, WholeNumbersAreExactOrRefused) {
   r = completion({{"prompt", "a"}, {"stream_options", {{"include_usage", true}}}});
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(error_param(r.status()), "stream_options");
-  r = completion({{"prompt", "a"}, {"stream", true}, {"stream_options", {{"include_usage", "yes"}}}});
+  r = completion(
+      {{"prompt", "a"}, {"stream", true}, {"stream_options", {{"include_usage", "yes"}}}});
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(error_param(r.status()), "stream_options.include_usage");
   // A negative top_k is off, as 0 (vLLM's default -1, llama-server's <= 0).
