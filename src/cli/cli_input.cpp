@@ -308,23 +308,17 @@ CLI::Validator number_as_written(const std::string& type) {
                  std::string(is_signed ? "" : " (0 or more)");
         const char* const begin = number.data();
         const char* const end = begin + number.size();
-        std::string canonical;
-        if (is_signed) {
-          int64_t x = 0;
+        // Rewritten in canonical decimal: "010" is ten, as written, not CLI11's octal eight.
+        const auto canonical = [&](auto x, const std::string& range) -> std::string {
           const auto [stop, ec] = std::from_chars(begin, end, x);
           if (ec != std::errc() || stop != end)
-            return "'" + v + "' is out of range (" + std::to_string(INT64_MIN) + ".." +
-                   std::to_string(INT64_MAX) + ")";
-          canonical = std::to_string(x);
-        } else {
-          uint64_t x = 0;
-          const auto [stop, ec] = std::from_chars(begin, end, x);
-          if (ec != std::errc() || stop != end)
-            return "'" + v + "' is out of range (0.." + std::to_string(UINT64_MAX) + ")";
-          canonical = std::to_string(x);
-        }
-        v = canonical;  // "010" is ten, as written, not CLI11's octal eight
-        return {};
+            return "'" + v + "' is out of range (" + range + ")";
+          v = std::to_string(x);
+          return {};
+        };
+        return is_signed ? canonical(int64_t{0}, std::to_string(INT64_MIN) + ".." +
+                                                     std::to_string(INT64_MAX))
+                         : canonical(uint64_t{0}, "0.." + std::to_string(UINT64_MAX));
       },
       "", "number as written");
 }

@@ -46,6 +46,30 @@ inline nlohmann::json parse_json_depth_bounded(std::string_view text, int max_de
       /*allow_exceptions=*/false);
 }
 
+// Why `text` is not JSON, in the parser's words ("parse error at line 1, column 9: syntax error
+// while parsing value - invalid string: ill-formed UTF-8 byte"), for a reader's message once
+// parse_json_depth_bounded has discarded it: parsed again building nothing, without the
+// library's "[json.exception...]" tag and its "last read" quote (which holds the token so far:
+// a whole unterminated string), at most 200 bytes. "" where the parser has no account.
+inline std::string json_syntax_error(std::string_view text) {
+  std::string why;
+  try {
+    [[maybe_unused]] const nlohmann::json none = nlohmann::json::parse(
+        text, [](int, nlohmann::json::parse_event_t, nlohmann::json&) { return false; });
+  } catch (const nlohmann::json::parse_error& e) {
+    why = e.what();
+    if (const size_t tag = why.find("] "); why.rfind("[json.exception", 0) == 0 &&
+                                           tag != std::string::npos)
+      why.erase(0, tag + 2);
+    if (const size_t read = why.find("; last read:"); read != std::string::npos)
+      why.erase(read);
+    constexpr size_t kMaxWhy = 200;
+    if (why.size() > kMaxWhy) why = why.substr(0, kMaxWhy) + "...";
+  } catch (const nlohmann::json::exception&) {
+  }
+  return why;
+}
+
 // A JSON document ktier writes (a --json file, a report, inspect's output): indented, newline
 // ended, and a string that is not UTF-8 — a path: Linux names are bytes — written with U+FFFD
 // where the library's default would throw and lose the whole document.

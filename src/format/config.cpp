@@ -737,12 +737,8 @@ Result<ModelConfig> parse_model_config_text(std::string_view text, const std::st
     return Status::usage(source_name + ": nested deeper than " + std::to_string(kMaxConfigDepth) +
                          " levels, not a model config");
   if (root.is_discarded()) {
-    try {  // again, for the parser's account of where the text goes wrong
-      [[maybe_unused]] const json reparsed = json::parse(text);
-    } catch (const json::exception& e) {
-      return Status::usage(source_name + ": not valid JSON: " + e.what());
-    }
-    return Status::usage(source_name + ": not valid JSON");
+    const std::string why = json_syntax_error(text);
+    return Status::usage(source_name + ": not valid JSON" + (why.empty() ? "" : ": " + why));
   }
   return parse_model_config(root, source_name);
 }

@@ -278,24 +278,7 @@ Result<json> parse_body_object(std::string_view body) {
   bool too_deep = false;
   const json j = parse_json_depth_bounded(body, kMaxJsonDepth, &too_deep);
   if (j.is_discarded()) {
-    // Again, building nothing, for the parser's account of where and why (ill-formed UTF-8 in
-    // a string, a missing comma): "parse error at line 1, column 9: ...".
-    std::string why;
-    try {
-      [[maybe_unused]] const json none =
-          json::parse(body, [](int, json::parse_event_t, json&) { return false; });
-    } catch (const json::parse_error& e) {
-      why = e.what();
-      if (const size_t tag = why.find("] "); why.rfind("[json.exception", 0) == 0 &&
-                                             tag != std::string::npos)
-        why.erase(0, tag + 2);
-      // Its "last read" quotes the token so far: a whole unterminated string, megabytes.
-      if (const size_t read = why.find("; last read:"); read != std::string::npos)
-        why.erase(read);
-      constexpr size_t kMaxWhy = 200;
-      if (why.size() > kMaxWhy) why = why.substr(0, kMaxWhy) + "...";
-    } catch (const json::exception&) {
-    }
+    const std::string why = json_syntax_error(body);
     return Status::usage("the request body is not valid JSON" + (why.empty() ? "" : ": " + why));
   }
   if (too_deep)
