@@ -214,6 +214,37 @@ Status fsync_dir(const fs::path& dir) {
   return Status::ok();
 }
 
+// The folders from `dir`'s parent up to `existing` (the deepest ancestor that was there before
+// the pack created the rest), fsynced so that a power loss right after a pack keeps the new
+// folders' entries, not only the files inside them. A parent the user may not open for reading
+// (write and search only) is skipped: the pack itself is whole either way.
+Status fsync_new_dir_entries(const fs::path& dir, const fs::path& existing) {
+  if (dir == existing) return Status::ok();
+  for (fs::path p = dir.parent_path(); !p.empty(); p = p.parent_path()) {
+    const int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 && errno != EACCES) {
+      const int err = errno;
+      return Status::runtime("cannot open " + p.string() + ": " + errno_text(err));
+    }
+    if (fd >= 0) {
+      const int rc = ::fsync(fd);
+      const int err = errno;
+      ::close(fd);
+      if (rc != 0) return Status::runtime("cannot fsync " + p.string() + ": " + errno_text(err));
+    }
+    if (p == existing || p == p.parent_path()) break;
+  }
+  return Status::ok();
+}
+
+// The deepest ancestor of `dir` (itself included) that exists now.
+fs::path deepest_existing(const fs::path& dir) {
+  std::error_code ec;
+  fs::path p = dir;
+  while (!p.empty() && !fs::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
+  return p;
+}
+
 Status rename_file(const fs::path& from, const fs::path& to) {
   if (::rename(from.c_str(), to.c_str()) != 0)
     return Status::runtime("cannot rename " + from.string() + " to " + to.string() + ": " + errno_text(errno));
@@ -354,6 +385,9 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
       return Status::usage("--block-size " + std::to_string(o.block_size) + " must be a multiple of " +
                            std::to_string(kRecordAlignment) + " between " + std::to_string(kMinBlockSize) +
                            " and " + std::to_string(kMaxBlockSize) + " bytes");
+    fs::path out_abs = fs::absolute(o.out_dir).lexically_normal();
+    if (!out_abs.has_filename()) out_abs = out_abs.parent_path();  // "out/" names "out"
+    const fs::path existed = deepest_existing(out_abs);
     KTIER_RETURN_IF_ERROR(io::create_output_dir(o.out_dir));
     std::error_code ec;
 
@@ -413,6 +447,7 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
       return s;
     }
     KTIER_RETURN_IF_ERROR(fsync_dir(o.out_dir));
+    KTIER_RETURN_IF_ERROR(fsync_new_dir_entries(out_abs, existed));
     meter.finish(layout.file_size);
 
     rep.records = layout.records.size();
