@@ -32,10 +32,12 @@ class AnonymousFile {
     const std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
     std::string name = ((ec ? std::filesystem::path("/tmp") : dir) / "ktier-plot-XXXXXX").string();
     const int fd = ::mkstemp(name.data());
-    if (fd < 0)
+    if (fd < 0) {
+      const int err = errno;  // before the message's allocations
       return Status::runtime("--plot: cannot create a temporary file in " +
                              (ec ? std::string("/tmp") : dir.string()) + ": " +
-                             std::strerror(errno));
+                             std::strerror(err));
+    }
     ::unlink(name.c_str());
     AnonymousFile f;
     f.fd_ = fd;

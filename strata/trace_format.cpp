@@ -181,8 +181,9 @@ bool decode_list(const uint8_t*& p, const uint8_t* end, size_t count,
   return true;
 }
 
-Status io_error(const std::string& path, const std::string& what) {
-  return Status::runtime(path + ": " + what + ": " + std::strerror(errno));
+// `err` is errno read before anything that allocates (a successful malloc may still change it).
+Status io_error(int err, const std::string& path, std::string_view what) {
+  return Status::runtime(path + ": " + std::string(what) + ": " + std::strerror(err));
 }
 
 }  // namespace
@@ -237,10 +238,10 @@ Result<TraceWriter> TraceWriter::create(const std::filesystem::path& path,
   w.path_ = path.string();
   w.header_ = header;
   w.file_ = std::fopen(w.path_.c_str(), "wb");
-  if (!w.file_) return io_error(w.path_, "cannot create the trace file");
+  if (!w.file_) return io_error(errno, w.path_, "cannot create the trace file");
   const std::vector<uint8_t> bytes = encode_header(header);
   if (std::fwrite(bytes.data(), 1, bytes.size(), w.file_) != bytes.size()) {
-    return io_error(w.path_, "cannot write the trace header");
+    return io_error(errno, w.path_, "cannot write the trace header");
   }
   return w;
 }
@@ -285,7 +286,8 @@ Status TraceWriter::flush_block() {
   put_u64(head, XXH64(payload_.data(), payload_.size(), 0));
   if (std::fwrite(head.data(), 1, head.size(), file_) != head.size() ||
       std::fwrite(payload_.data(), 1, payload_.size(), file_) != payload_.size()) {
-    return io_error(path_, "cannot write trace block " + std::to_string(blocks_written_));
+    const int err = errno;
+    return io_error(err, path_, "cannot write trace block " + std::to_string(blocks_written_));
   }
   payload_.clear();
   block_steps_ = 0;
@@ -305,7 +307,7 @@ Status TraceWriter::close() {
   const bool ok = std::fwrite(foot.data(), 1, foot.size(), file_) == foot.size();
   const bool closed = std::fclose(file_) == 0;
   file_ = nullptr;
-  if (!ok || !closed) return io_error(path_, "cannot finish the trace file");
+  if (!ok || !closed) return io_error(errno, path_, "cannot finish the trace file");
   return Status::ok();
 }
 
@@ -326,8 +328,7 @@ Result<TraceReader> TraceReader::open(const std::filesystem::path& path) {
   if (!r.file_) {
     const int err = errno;
     ::close(*fd);
-    errno = err;
-    return io_error(r.path_, "cannot open the trace");
+    return io_error(err, r.path_, "cannot open the trace");
   }
   uint8_t h[kTraceHeaderBytes];
   const size_t got = std::fread(h, 1, sizeof(h), r.file_);

@@ -68,7 +68,10 @@ Result<std::string> read_input(const std::string& file) {
   if (std::filesystem::is_directory(file, ec))
     return Status::usage(file + ": is a directory, not an input file");
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::usage(file + ": cannot open input file: " + io::errno_text(errno));
+  if (fd < 0) {
+    const int err = errno;  // before the message's allocations
+    return Status::usage(file + ": cannot open input file: " + io::errno_text(err));
+  }
   Result<std::string> text = read_all(fd, file);
   ::close(fd);
   return text;

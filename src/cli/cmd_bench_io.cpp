@@ -141,9 +141,11 @@ Result<double> raw_read_gbps(const io::ReadFile& f, io::AlignedBuffer& buf) {
     const ssize_t n = ::pread(f.fd(), buf.data(), io::align_up(want, f.alignment()),
                               static_cast<off_t>(off));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
+    if (n < 0) {
+      const int err = errno;  // before the message's allocations
       return Status::runtime(f.path() + ": read failed at offset " + std::to_string(off) + ": " +
-                             io::errno_text(errno));
+                             io::errno_text(err));
+    }
     if (n == 0)
       return Status::runtime(f.path() + ": ends at offset " + std::to_string(off) + ", before " +
                              std::to_string(f.size()) + " bytes (did it shrink?)");

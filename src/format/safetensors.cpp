@@ -313,7 +313,10 @@ Result<SafetensorsFile> SafetensorsFile::open_unguarded(const std::filesystem::p
   f.mode_ = mode;
   KTIER_ASSIGN_OR_RETURN(f.fd_, io::open_regular_file(path));
   struct stat st {};
-  if (::fstat(f.fd_, &st) != 0) return Status::runtime(file + ": cannot stat: " + errno_text(errno));
+  if (::fstat(f.fd_, &st) != 0) {
+    const int err = errno;  // before the message's allocations
+    return Status::runtime(file + ": cannot stat: " + errno_text(err));
+  }
   f.file_size_ = static_cast<uint64_t>(st.st_size);
 
   if (f.file_size_ < 8)
@@ -403,7 +406,10 @@ Result<SafetensorsFile> SafetensorsFile::open_unguarded(const std::filesystem::p
 
   if (mode == OpenMode::kMap) {
     void* p = ::mmap(nullptr, f.file_size_, PROT_READ, MAP_SHARED, f.fd_, 0);
-    if (p == MAP_FAILED) return Status::runtime(file + ": mmap failed: " + errno_text(errno));
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      return Status::runtime(file + ": mmap failed: " + errno_text(err));
+    }
     f.map_ = static_cast<const uint8_t*>(p);
     f.map_slot_ = register_mapping(p, f.file_size_, file);
   }

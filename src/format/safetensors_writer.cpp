@@ -147,9 +147,11 @@ Result<SafetensorsWriter> SafetensorsWriter::create(
       w.partial_path_ = stem;
       w.partial_path_ += "." + std::to_string(::getpid()) + "-" + std::to_string(next_unique++);
       w.fd_ = ::open(w.partial_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      if (w.fd_ < 0 && (errno != EEXIST || attempt == 1000))
+      if (w.fd_ < 0 && (errno != EEXIST || attempt == 1000)) {
+        const int err = errno;  // before the message's allocations
         return Status::runtime("cannot create " + w.partial_path_.string() + ": " +
-                               errno_text(errno));
+                               errno_text(err));
+      }
     }
   }
   w.buffer_.reserve(kBufferBytes);
@@ -195,8 +197,9 @@ Status SafetensorsWriter::write_fd(const void* data, size_t n) {
   while (n > 0) {
     const ssize_t r = ::write(fd_, p, n);
     if (r < 0) {
-      if (errno == EINTR) continue;
-      return Status::runtime("cannot write " + partial_path_.string() + ": " + errno_text(errno));
+      const int err = errno;
+      if (err == EINTR) continue;
+      return Status::runtime("cannot write " + partial_path_.string() + ": " + errno_text(err));
     }
     p += r;
     n -= static_cast<size_t>(r);
@@ -247,8 +250,10 @@ Status SafetensorsWriter::skip(uint64_t n) {
                            ", but only " + std::to_string(data_bytes_ - written_) +
                            " bytes remain of the declared " + std::to_string(data_bytes_));
   KTIER_RETURN_IF_ERROR(flush_buffer());
-  if (::lseek(fd_, static_cast<off_t>(n), SEEK_CUR) < 0)
-    return Status::runtime("cannot seek in " + partial_path_.string() + ": " + errno_text(errno));
+  if (::lseek(fd_, static_cast<off_t>(n), SEEK_CUR) < 0) {
+    const int err = errno;
+    return Status::runtime("cannot seek in " + partial_path_.string() + ": " + errno_text(err));
+  }
   written_ += n;
   skipped_ = true;
   return Status::ok();
@@ -266,9 +271,11 @@ Status SafetensorsWriter::finish() {
   }
   Status s = flush_buffer();
   // Bytes skipped at the end were never written: the length comes from here.
-  if (s.is_ok() && skipped_ && ::ftruncate(fd_, static_cast<off_t>(file_bytes())) != 0)
+  if (s.is_ok() && skipped_ && ::ftruncate(fd_, static_cast<off_t>(file_bytes())) != 0) {
+    const int err = errno;
     s = Status::runtime("cannot set the length of " + partial_path_.string() + ": " +
-                        errno_text(errno));
+                        errno_text(err));
+  }
   if (!s.is_ok()) {
     abandon();
     return s;

@@ -22,6 +22,9 @@ namespace ktier::io {
 
 // Alignment that satisfies O_DIRECT on every filesystem ktier expects (4 KiB pages / sectors).
 inline constexpr size_t kDefaultAlignment = 4096;
+// The largest direct-I/O alignment a file is read directly at (a power of two that statx reports
+// up to this; larger ones are read buffered): bounce buffers are aligned to it and hold two.
+inline constexpr size_t kMaxDirectAlignment = size_t{32} << 10;
 // Transparent huge page size on x86-64; huge-page buffers are aligned to and sized in it.
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 

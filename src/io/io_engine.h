@@ -31,7 +31,8 @@
 //   otherwise its aligned middle still is, if destination and offset agree modulo the alignment.
 //   Callers that want zero-copy reads of unaligned tensors read aligned_cover() into an
 //   AlignedBuffer (aligned_buffer.h).
-// - Short reads are continued; EINTR and EAGAIN are retried; any other error is retried once,
+// - Short reads are continued; EINTR and EAGAIN are retried (up to kMaxTransientRetries in a
+//   row, queued_engine.h, then they count as an error); any other error is retried once,
 //   then the request completes with Status::runtime naming the file, the offset and the errno
 //   text. Reading past the end of the file is Status::corrupt (the file is shorter than the
 //   headers say) when detected at submit, Status::runtime when the file shrank while running.

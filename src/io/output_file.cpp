@@ -85,18 +85,24 @@ Status write_output_file(const std::string& path, std::string_view bytes) {
     if (const int fd = own_output_fd(target); fd >= 0) {
       std::FILE* stream = fd == STDOUT_FILENO ? stdout : stderr;
       if (std::fwrite(bytes.data(), 1, bytes.size(), stream) != bytes.size() ||
-          std::fflush(stream) != 0)
-        return Status::runtime(path + ": write error: " + errno_text(errno));
+          std::fflush(stream) != 0) {
+        const int err = errno;  // before the message's allocations
+        return Status::runtime(path + ": write error: " + errno_text(err));
+      }
       return Status::ok();
     }
   }
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return Status::runtime(path + ": cannot open for writing: " + errno_text(errno));
+  if (!f) {
+    const int err = errno;
+    return Status::runtime(path + ": cannot open for writing: " + errno_text(err));
+  }
   const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() &&
                   std::fflush(f) == 0;
-  const int err = errno;
-  if (std::fclose(f) != 0 || !ok)
-    return Status::runtime(path + ": write error: " + errno_text(ok ? errno : err));
+  const int write_err = errno;
+  const bool closed = std::fclose(f) == 0;
+  const int err = ok ? errno : write_err;  // before the message's allocations
+  if (!closed || !ok) return Status::runtime(path + ": write error: " + errno_text(err));
   return Status::ok();
 }
 

@@ -141,9 +141,10 @@ std::unique_ptr<Chunk> QueuedIoEngine::take_chunk_locked() {
       c->length = std::min(end, limit) - c->offset;
       const uint32_t index = free_bounce_.back();
       if (bounce_[index].empty()) {
-        auto buf = AlignedBuffer::allocate(bounce_bytes_, kDefaultAlignment);
-        if (!buf.is_ok()) {
-          r.error = buf.status().with_context("bounce buffer for " + file.path());
+        auto buf = AlignedBuffer::allocate(bounce_bytes_, kMaxDirectAlignment);
+        if (!buf.is_ok()) {  // an earlier chunk's read error stays the one reported
+          if (r.error.is_ok())
+            r.error = buf.status().with_context("bounce buffer for " + file.path());
           r.next_offset = end;
           continue;
         }

@@ -121,8 +121,9 @@ Result<std::string> read_whole(int fd, const std::string& what) {
   char buf[1 << 16];
   for (off_t at = 0;;) {
     const ssize_t n = ::pread(fd, buf, sizeof buf, at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::runtime(what + ": read error: " + errno_text(errno));
+    const int err = n < 0 ? errno : 0;  // before the message's allocations
+    if (err == EINTR) continue;
+    if (n < 0) return Status::runtime(what + ": read error: " + errno_text(err));
     if (n == 0) return out;
     out.append(buf, static_cast<size_t>(n));
     at += n;
@@ -168,7 +169,8 @@ Result<ReadFile> ReadFile::open(const std::filesystem::path& path, DirectMode mo
 
   struct stat st {};
   if (fstat(f.fd_, &st) != 0) {
-    return Status::runtime("cannot stat " + f.path_ + ": " + errno_text(errno));
+    const int err = errno;  // before the message's allocations
+    return Status::runtime("cannot stat " + f.path_ + ": " + errno_text(err));
   }
   f.size_ = static_cast<uint64_t>(st.st_size);
 
@@ -176,6 +178,9 @@ Result<ReadFile> ReadFile::open(const std::filesystem::path& path, DirectMode mo
     const int64_t align = query_dio_alignment(f.fd_);
     if (align == 0) {
       refused = "statx reports no direct-I/O support for this file";
+    } else if (align > int64_t{kMaxDirectAlignment} || (align > 0 && (align & (align - 1)) != 0)) {
+      refused = "statx reports a direct-I/O alignment of " + std::to_string(align) +
+                " bytes (ktier reads directly at powers of two up to 32 KiB)";
     } else if (align < 0 && !probe_direct_read(f.fd_, f.size_)) {
       refused = "a direct read failed with " + errno_text(EINVAL);
     } else {
@@ -190,6 +195,11 @@ Result<ReadFile> ReadFile::open(const std::filesystem::path& path, DirectMode mo
       f.alignment_ = 1;
       if (mode == DirectMode::kAuto) {
         KTIER_ASSIGN_OR_RETURN(f.fd_, open_regular_file(path));
+        if (fstat(f.fd_, &st) != 0) {  // the path may name another file by now (a rename)
+          const int err = errno;
+          return Status::runtime("cannot stat " + f.path_ + ": " + errno_text(err));
+        }
+        f.size_ = static_cast<uint64_t>(st.st_size);
       }
     }
   }

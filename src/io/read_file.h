@@ -28,7 +28,7 @@ namespace ktier::io {
 
 enum class DirectMode {
   kAuto,      // O_DIRECT if the filesystem allows it, else buffered (logged once)
-  kDirect,    // O_DIRECT or fail with Status::runtime (tests, `--io direct`)
+  kDirect,    // O_DIRECT or fail with Status::runtime (tests and benches; no flag selects it)
   kBuffered,  // never O_DIRECT
 };
 

@@ -93,10 +93,14 @@ class PartialFile {
   // Writes what is buffered, fsyncs and closes. The file keeps its partial name.
   Status finish() {
     KTIER_RETURN_IF_ERROR(flush());
-    if (::fsync(fd_) != 0) return Status::runtime("cannot fsync " + path_.string() + ": " + errno_text(errno));
+    if (::fsync(fd_) != 0) {
+      const int err = errno;  // before the message's allocations
+      return Status::runtime("cannot fsync " + path_.string() + ": " + errno_text(err));
+    }
     const int rc = ::close(fd_);
+    const int err = errno;
     fd_ = -1;
-    if (rc != 0) return Status::runtime("cannot close " + path_.string() + ": " + errno_text(errno));
+    if (rc != 0) return Status::runtime("cannot close " + path_.string() + ": " + errno_text(err));
     return Status::ok();
   }
   // After a successful rename: the destructor must not remove anything.
@@ -108,8 +112,9 @@ class PartialFile {
     uint64_t n = fill_;
     while (n > 0) {
       const ssize_t r = ::write(fd_, p, n);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) return Status::runtime("cannot write " + path_.string() + ": " + errno_text(errno));
+      const int err = r < 0 ? errno : 0;  // before the message's allocations
+      if (err == EINTR) continue;
+      if (r < 0) return Status::runtime("cannot write " + path_.string() + ": " + errno_text(err));
       p += r;
       n -= static_cast<uint64_t>(r);
     }
@@ -206,7 +211,10 @@ Status write_small_file(const fs::path& path, const std::string& text) {
 
 Status fsync_dir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::runtime("cannot open " + dir.string() + ": " + errno_text(errno));
+  if (fd < 0) {
+    const int err = errno;  // before the message's allocations
+    return Status::runtime("cannot open " + dir.string() + ": " + errno_text(err));
+  }
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
@@ -246,8 +254,11 @@ fs::path deepest_existing(const fs::path& dir) {
 }
 
 Status rename_file(const fs::path& from, const fs::path& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0)
-    return Status::runtime("cannot rename " + from.string() + " to " + to.string() + ": " + errno_text(errno));
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    const int err = errno;  // before the message's allocations
+    return Status::runtime("cannot rename " + from.string() + " to " + to.string() + ": " +
+                           errno_text(err));
+  }
   return Status::ok();
 }
 
@@ -438,6 +449,9 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
     Status s = write_small_file(manifest_partial, manifest_json(layout.records, layout.file_size, source, o.block_size));
     if (s.is_ok()) s = io::remove_if_present(rep.manifest_path);
     if (s.is_ok()) s = rename_file(pack_partial, rep.pack_path);
+    // Renames not yet fsynced are not ordered: without this a power loss could bring back the
+    // new manifest beside the old pack (refused at open, exit 3, but the old pack is lost too).
+    if (s.is_ok()) s = fsync_dir(o.out_dir);
     if (s.is_ok()) {
       out.keep();
       s = rename_file(manifest_partial, rep.manifest_path);

@@ -478,14 +478,18 @@ Status TrunkPack::read_record(const Record& record, void* dst) const {
 
 Status TrunkPack::read_stored(const Record& record, void* dst) const {
   const int fd = ::open(pack_path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::runtime("cannot open " + pack_path_.string() + ": " + std::strerror(errno));
+  if (fd < 0) {
+    const int err = errno;  // before the message's allocations
+    return Status::runtime("cannot open " + pack_path_.string() + ": " + std::strerror(err));
+  }
   auto* p = static_cast<uint8_t*>(dst);
   uint64_t done = 0;
   while (done < record.stored_size) {
     const ssize_t r = ::pread(fd, p + done, record.stored_size - done, static_cast<off_t>(record.offset + done));
-    if (r < 0 && errno == EINTR) continue;
+    const int err = r < 0 ? errno : 0;
+    if (err == EINTR) continue;
     if (r <= 0) {
-      const std::string why = r < 0 ? std::strerror(errno) : "the file shrank since it was opened";
+      const std::string why = r < 0 ? std::strerror(err) : "the file shrank since it was opened";
       ::close(fd);
       return Status::runtime("read of " + pack_path_.string() + " record '" + record.name + "' failed at offset " +
                              std::to_string(record.offset + done) + ": " + why);

@@ -394,8 +394,10 @@ Status write_shard_headers(const Plan& plan, const fs::path& dir, SynthReport& r
     report.disk_bytes += header;
     KTIER_RETURN_IF_ERROR(w.finish());
     struct stat st {};
-    if (::stat(path.c_str(), &st) != 0)
-      return Status::runtime("cannot stat " + path.string() + ": " + std::strerror(errno));
+    if (::stat(path.c_str(), &st) != 0) {
+      const int err = errno;  // before the message's allocations
+      return Status::runtime("cannot stat " + path.string() + ": " + std::strerror(err));
+    }
     const uint64_t on_disk = static_cast<uint64_t>(st.st_blocks) * 512;
     if (data >= (1u << 20) && on_disk > header + data / 2) {
       (void)remove_file(path);
