@@ -121,6 +121,7 @@ struct IoCounters {
   uint64_t wait_ns = 0;             // time callers spent blocked in CompletionQueue::wait
   uint64_t busy_ns = 0;             // wall time with at least one request outstanding
   uint64_t buffer_bytes = 0;        // engine-owned aligned memory (bounce buffers), bytes
+  uint64_t peak_chunks_running = 0; // most chunk reads running at once (<= queue_depth)
 
   // bytes_delivered / busy time, in GB/s (1e9 bytes per second); 0 when nothing was read.
   double achieved_gbps() const {

@@ -88,6 +88,7 @@ std::unique_ptr<Chunk> QueuedIoEngine::take_chunk(Take mode) {
   std::unique_lock lock(mu_);
   for (;;) {
     if (auto c = take_chunk_locked()) {
+      peak_chunks_running_ = std::max(peak_chunks_running_, ++chunks_running_);
       // Pass the baton: if more work is ready, wake one more waiter, which does the same.
       if (mode == Take::kBlocking && next_queue_locked() != nullptr) work_cv_.notify_one();
       return c;
@@ -294,6 +295,7 @@ void QueuedIoEngine::finish_chunk(std::unique_ptr<Chunk> c) {
     Request& r = *c->request;
     if (!c->error.is_ok() && r.error.is_ok()) r.error = std::move(c->error);
     --r.chunks_running;
+    --chunks_running_;
     maybe_deliver_locked(r);
   }
   if (freed_bounce) {
@@ -384,6 +386,7 @@ IoCounters QueuedIoEngine::counters() const {
   c.buffer_bytes = load(buffer_bytes_);
   std::lock_guard lock(mu_);
   c.busy_ns = busy_ns_;
+  c.peak_chunks_running = peak_chunks_running_;
   if (requests_outstanding_ > 0) {
     c.busy_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - busy_since_).count());

@@ -156,6 +156,8 @@ class QueuedIoEngine : public IoEngine {
   uint64_t requests_outstanding_ = 0;               // guarded by mu_
   Clock::time_point busy_since_{};                  // guarded by mu_
   uint64_t busy_ns_ = 0;                            // guarded by mu_; closed busy intervals
+  uint64_t chunks_running_ = 0;                     // guarded by mu_; taken, not yet finished
+  uint64_t peak_chunks_running_ = 0;                // guarded by mu_
 
   std::atomic<uint64_t> requests_completed_{0}, requests_failed_{0}, bytes_delivered_{0},
       bytes_read_{0}, reads_issued_{0}, retries_{0}, short_reads_{0}, bounced_chunks_{0},

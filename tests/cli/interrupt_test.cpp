@@ -115,9 +115,11 @@ TEST_F(InterruptCli, RunStopsAtAWholeTokenWithItsTextReportAndTrace) {
 // perplexity stops after the window in progress with the estimate so far (exit 130); its notice
 // is a line of its own (it ran into the next log line, and a terminal's progress line wiped it).
 TEST_F(InterruptCli, PerplexityStopsAfterAWindowWithTheEstimateSoFar) {
-  // 300 windows of 64 tokens on one thread: seconds here, so that the signal lands inside.
+  // 300 windows of 64 tokens, paced by the disk (layers streamed, reads capped at 5 MB/s:
+  // ~0.7 s a window here, minutes in all on any machine), so that the signal lands inside.
   ChildProcess c({ktier_bin().string(), "perplexity", "-m", (dir_ / "model").string(), "-c",
-                  "64", "--threads", "1", "--ids", spread_ids(64 * 300)});
+                  "64", "--threads", "1", "--ram", "1900K", "--io-rate-limit", "5", "--ids",
+                  spread_ids(64 * 300)});
   ASSERT_TRUE(c.started());
   ASSERT_TRUE(c.wait_until([&] { return c.err().find("] perplexity ") != std::string::npos; }))
       << c.err();
@@ -136,9 +138,10 @@ TEST_F(InterruptCli, PerplexityStopsAfterAWindowWithTheEstimateSoFar) {
 // inside; with one chunk of all ids but the last it stops exactly before the last id (where the
 // state is otherwise saved just before that id runs).
 TEST_F(InterruptCli, RunStoppedInItsPromptSavesThePartItRan) {
-  // A prompt of 0.9 s here, run on one thread so that more cores cannot finish it before the
-  // signal, sent 300 ms after the run says the cache does not exist yet (threads never change
-  // the output).
+  // The signal is sent 300 ms after the run has loaded (its "experts:" line); the prompt is
+  // paced by the disk, not the cores (reads capped at 1 MB/s: ~3 s of expert reads with
+  // --chunk 1, ~3 s a pass of the streamed layers with --chunk 1499, on any machine), so it
+  // lands inside (budget and threads never change the output).
   const std::string ids = spread_ids(1500);
   const std::string run = ktier_bin().string() + " run -m " + (dir_ / "model").string() +
                           " --print-ids -n 3 --ids " + ids;
@@ -148,11 +151,12 @@ TEST_F(InterruptCli, RunStoppedInItsPromptSavesThePartItRan) {
     SCOPED_TRACE("--chunk " + chunk);
     const fs::path cache = dir_ / ("stopped-" + chunk + ".st");
     ChildProcess c(
-        run_args({"--ids", ids, "--chunk", chunk, "--threads", "1", "--prompt-cache",
-                  cache.string()},
+        run_args({"--ids", ids, "--chunk", chunk, "--threads", "1", "--ram", "15M",
+                  "--io-rate-limit", "1", "--prompt-cache", cache.string()},
                  "3"));
     ASSERT_TRUE(c.started());
     ASSERT_TRUE(c.wait_for(Stream::kErr, "does not exist yet")) << c.err();
+    ASSERT_TRUE(c.wait_for(Stream::kErr, "] experts: ")) << c.err();
     ::usleep(300 * 1000);
     c.signal(SIGINT);
     ASSERT_EQ(c.wait(), 130) << c.err();

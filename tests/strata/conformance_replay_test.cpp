@@ -113,7 +113,7 @@ TEST_F(ConformanceTrace, BeladyBoundsEveryPolicyAndCeilingBoundsBelady) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("[ timing ] %zu replays of %llu requests: %.2f s\n", results.size(),
               static_cast<unsigned long long>(kRequests), seconds);
-  EXPECT_LT(seconds, 120.0);  // seconds, not minutes (typically well under 10 s)
+  // Printed, not asserted: speed is bench's to measure (bench/), a unit test's is correctness.
   const size_t sizes = kLruOracle.size();
   const size_t belady = 4;  // kAllPolicies order: lru, lfu, temperature, static, belady
   for (size_t i = 0; i < sizes; ++i) {
