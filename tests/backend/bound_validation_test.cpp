@@ -401,12 +401,16 @@ TEST(BoundValidation, CompareNanInfRules) {
   EXPECT_NE(compare(want, with(2, 3e38f), huge, false), "");  // finite where want is Inf
   EXPECT_NE(compare(want, with(2, nan), huge, false), "");
   EXPECT_NE(compare(want, with(4, 1.0f), huge, false), "");  // a number where want is NaN
-  // A poisoned output (0xFF bytes, as Array::poisoned fills it) fails everywhere want is not NaN.
+  // A poisoned output (0xFF bytes, as Array::poisoned fills it) fails everywhere, where want
+  // is NaN too (a kernel that skips a NaN row), and a poisoned reference fails as well.
   auto cpu = make_cpu_backend(kRef);
   const auto poisoned = Array<float>::poisoned(*cpu, want.size()).host();
   ASSERT_TRUE(std::isnan(poisoned[0]));
-  EXPECT_EQ(compare(want, poisoned, huge, false).rfind("6 of 7 differ", 0), 0u);
-  EXPECT_EQ(compare(want, poisoned, huge, true).rfind("6 of 7 differ", 0), 0u);
+  EXPECT_EQ(compare(want, poisoned, huge, false).rfind("7 of 7 differ", 0), 0u);
+  EXPECT_EQ(compare(want, poisoned, huge, true).rfind("7 of 7 differ", 0), 0u);
+  EXPECT_EQ(compare(poisoned, want, huge, false).rfind("7 of 7 differ", 0), 0u);
+  EXPECT_NE(compare(want, poisoned, huge, false).find("got never written"), std::string::npos);
+  EXPECT_EQ(compare(want, with(4, -nan), huge, true), "");  // any other NaN is a NaN
   // Within tol + one ulp passes, beyond fails (the boundary compare() documents).
   const std::vector<float> one = {1.0f};
   const std::vector<double> tol = {1e-3};

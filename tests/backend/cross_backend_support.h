@@ -66,9 +66,19 @@ class Array {
   BackendBuffer buf_;
 };
 
-// got agrees with want where: NaN exactly where want is NaN, the same infinity where want is
-// infinite, and |got - want| <= tol[i] (+ one ulp of want) elsewhere. `exact` demands equal
-// bits (both-NaN counts as equal). Returns "" or a description of the first few mismatches.
+// True for the poison's bit pattern (all ones): a NaN whose payload no arithmetic produces (a
+// NaN a kernel makes is the default 0x7fc00000 / 0xffc00000, or an input's, and no test input
+// holds this one), so an output that keeps it was never written.
+inline bool is_poison(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits == 0xffffffffu;
+}
+
+// got agrees with want where: got was written (not the poison; nor want, the reference's), NaN
+// exactly where want is NaN, the same infinity where want is infinite, and |got - want| <=
+// tol[i] (+ one ulp of want) elsewhere. `exact` demands equal bits (both-NaN counts as equal).
+// Returns "" or a description of the first few mismatches.
 inline std::string compare(const std::vector<float>& want, const std::vector<float>& got,
                            const std::vector<double>& tol, bool exact) {
   std::string out;
@@ -76,7 +86,9 @@ inline std::string compare(const std::vector<float>& want, const std::vector<flo
   for (size_t i = 0; i < want.size(); ++i) {
     const float w = want[i], g = got[i];
     bool ok;
-    if (std::isnan(w) || std::isnan(g)) {
+    if (is_poison(w) || is_poison(g)) {
+      ok = false;
+    } else if (std::isnan(w) || std::isnan(g)) {
       ok = std::isnan(w) && std::isnan(g);
     } else if (exact) {
       ok = std::memcmp(&w, &g, sizeof w) == 0;
@@ -88,9 +100,10 @@ inline std::string compare(const std::vector<float>& want, const std::vector<flo
     if (!ok) {
       ++bad;
       if (shown++ < 5)
-        out += "  [" + std::to_string(i) + "] want " + std::to_string(w) + " got " +
-               std::to_string(g) + " tol " + std::to_string(exact ? 0.0 : tol[i] + ulp(w)) +
-               "\n";
+        out += "  [" + std::to_string(i) + "] want " +
+               (is_poison(w) ? std::string("never written") : std::to_string(w)) + " got " +
+               (is_poison(g) ? std::string("never written") : std::to_string(g)) + " tol " +
+               std::to_string(exact ? 0.0 : tol[i] + ulp(w)) + "\n";
     }
   }
   if (bad) out = std::to_string(bad) + " of " + std::to_string(want.size()) + " differ:\n" + out;

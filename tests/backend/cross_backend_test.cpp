@@ -284,6 +284,11 @@ TEST_P(CrossBackend, KdaShortConvAndDecayGate) {
     const int64_t C = odd_between(rng_, 33, 99);
     auto u = random_floats(rng_, T * C, -2.0f, 2.0f), w = random_floats(rng_, C * K, -1.0f, 1.0f);
     auto hist = random_floats(rng_, (K - 1) * C, -2.0f, 2.0f);
+    if (T == 7) {  // NaN and infinities, in the input and in the history, reach the same outputs
+      u[2 * C + 3] = std::numeric_limits<float>::quiet_NaN();
+      u[4 * C + 5] = std::numeric_limits<float>::infinity();
+      hist[C + 7] = -std::numeric_limits<float>::infinity();
+    }
     Array<float> du(*under_test_, u), dw(*under_test_, w), dh(*under_test_, hist);
     std::vector<float> want(T * C), want_hist = hist;
     auto got = Array<float>::poisoned(*under_test_, T * C);
@@ -298,6 +303,9 @@ TEST_P(CrossBackend, KdaShortConvAndDecayGate) {
   const int64_t T = 3, n = T * H * D;
   auto z = random_floats(rng_, n, -6.0f, 6.0f), A_log = random_floats(rng_, H, -1.0f, 1.0f);
   auto dt = random_floats(rng_, H * D, -1.0f, 1.0f);
+  z[1] = std::numeric_limits<float>::quiet_NaN();
+  z[2] = std::numeric_limits<float>::infinity();
+  z[3] = -std::numeric_limits<float>::infinity();
   Array<float> dz(*under_test_, z), dA(*under_test_, A_log), ddt(*under_test_, dt);
   std::vector<float> g(n), alpha(n);
   auto dg = Array<float>::poisoned(*under_test_, n), dal = Array<float>::poisoned(*under_test_, n);
@@ -313,6 +321,10 @@ TEST_P(CrossBackend, KdaRecurrence) {
   const int H = odd_between(rng_, 1, 5), Dk = odd_between(rng_, 17, 41), Dv = odd_between(rng_, 17, 41);
   const int64_t T = odd_between(rng_, 1, 5);
   RecurrenceInputs in = RecurrenceInputs::random(rng_, T, H, Dk, Dv);
+  // A NaN query (one token's head: its output only) and an infinite value (the state of its
+  // head from then on, and the outputs read from it).
+  in.q[3] = std::numeric_limits<float>::quiet_NaN();
+  in.v[(T - 1) * H * Dv + 2] = std::numeric_limits<float>::infinity();
   Array<float> dq(*under_test_, in.q), dk(*under_test_, in.k), dv(*under_test_, in.v);
   Array<float> dal(*under_test_, in.alpha), db(*under_test_, in.beta), ds(*under_test_, in.state);
   std::vector<float> want(T * H * Dv), want_state = in.state;
@@ -338,6 +350,7 @@ TEST_P(CrossBackend, MlaAttention) {
   auto q = random_floats(rng_, T * d.n_heads * qd, -1.0f, 1.0f);
   auto cache_c = random_floats(rng_, N * d.kv_lora, -1.0f, 1.0f);
   auto cache_r = random_floats(rng_, N * d.qk_rope, -1.0f, 1.0f);
+  q[qd + 1] = std::numeric_limits<float>::quiet_NaN();  // the second (token, head): its output
   HostWeight kv_b = HostWeight::random(rng_, cpu::WeightType::kBF16,
                                        d.n_heads * (d.qk_nope + d.v_head), d.kv_lora);
   const double scale = 1.0 / std::sqrt(double(qd));
@@ -364,6 +377,8 @@ TEST_P(CrossBackend, AttnRes) {
     std::vector<const float*> ref_ptrs, dev_ptrs;
     for (int i = 0; i < m; ++i) {
       src.push_back(random_floats(rng_, T * stride, -3.0f, 3.0f));
+      if (i == 0) src.back()[5] = std::numeric_limits<float>::quiet_NaN();
+      if (i == m - 1) src.back()[(T - 1) * stride + 9] = std::numeric_limits<float>::infinity();
       dsrc.emplace_back(*under_test_, src.back());
       ref_ptrs.push_back(src.back().data());
       dev_ptrs.push_back(dsrc.back().data());
