@@ -108,16 +108,32 @@ cudaStream_t g_handle_stream[kMaxDevices] = {};  // the last call's stream (g_ca
 struct Scratch {
   void* ptr = nullptr;
   size_t cap = 0;
+  bool pooled = false;  // made by cudaMallocAsync (freed with cudaFreeAsync)
 };
 std::mutex g_scratch_mu;
 std::map<std::pair<int, cudaStream_t>, Scratch> g_scratch;
 std::atomic<bool> g_memory_pools[kMaxDevices] = {};
 
-cudaError_t scratch_alloc(int device, void** p, size_t bytes, cudaStream_t s) {
-  return g_memory_pools[device].load() ? cudaMallocAsync(p, bytes, s) : cudaMalloc(p, bytes);
+// A device that says it has memory pools and then refuses cudaMallocAsync for any reason but
+// memory (a virtualised driver passing the attribute through without the feature) is taken at
+// its deed: plain cudaMalloc from then on, rather than failing every prefill product.
+cudaError_t scratch_alloc(int device, Scratch& sc, size_t bytes, cudaStream_t s) {
+  if (g_memory_pools[device].load()) {
+    const cudaError_t err = cudaMallocAsync(&sc.ptr, bytes, s);
+    if (err == cudaSuccess) {
+      sc.pooled = true;
+      return err;
+    }
+    sc.ptr = nullptr;
+    if (err == cudaErrorMemoryAllocation) return err;
+    (void)cudaGetLastError();
+    g_memory_pools[device].store(false);
+  }
+  sc.pooled = false;
+  return cudaMalloc(&sc.ptr, bytes);
 }
-cudaError_t scratch_free(int device, void* p, cudaStream_t s) {
-  return g_memory_pools[device].load() ? cudaFreeAsync(p, s) : cudaFree(p);
+cudaError_t scratch_free(const Scratch& sc, cudaStream_t s) {
+  return sc.pooled ? cudaFreeAsync(sc.ptr, s) : cudaFree(sc.ptr);
 }
 
 cudaError_t scratch_get(int device, cudaStream_t s, size_t bytes, void** out) {
@@ -128,14 +144,14 @@ cudaError_t scratch_get(int device, cudaStream_t s, size_t bytes, void** out) {
       // The pool cannot hand the smaller block to the larger request, and keeps it until a
       // synchronisation: wait here (growth happens a few times a run) so that the old and new
       // blocks are never held together, past the cuBLAS allowance budgeted for the largest call.
-      cudaError_t err = scratch_free(device, sc.ptr, s);
+      cudaError_t err = scratch_free(sc, s);
       if (err == cudaSuccess) err = cudaStreamSynchronize(s);
       sc.ptr = nullptr;
       sc.cap = 0;
       if (err != cudaSuccess) return err;
     }
     const size_t cap = bytes + bytes / 4;
-    const cudaError_t err = scratch_alloc(device, &sc.ptr, cap, s);
+    const cudaError_t err = scratch_alloc(device, sc, cap, s);
     if (err != cudaSuccess) {
       sc.ptr = nullptr;
       return err;
@@ -195,14 +211,19 @@ void cublas_init(int device) {
 void scratch_release(cudaStream_t s) {
   for (int d = 0; d < kMaxDevices; ++d) {  // a destroyed stream is never waited for
     std::lock_guard<std::mutex> lock(g_call_mu[d]);
-    if (g_handle_stream[d] == s) g_handle_stream[d] = nullptr;
+    if (g_handle_stream[d] != s) continue;
+    g_handle_stream[d] = nullptr;
+    // Nor kept by the handle (whose next set-stream would otherwise be from a dead stream).
+    if (const cublasHandle_t h = g_handle[d].load(); h != nullptr && s != nullptr) {
+      if (cublas_api().set_stream(h, nullptr) != CUBLAS_STATUS_SUCCESS) (void)cudaGetLastError();
+    }
   }
   std::lock_guard<std::mutex> lock(g_scratch_mu);
   for (auto it = g_scratch.begin(); it != g_scratch.end();) {
     if (it->first.second == s) {
       // A failed free (the stream already broken) is not this op's error: drop it (see
       // cuda_check on the runtime's last error).
-      if (it->second.ptr && scratch_free(it->first.first, it->second.ptr, s) != cudaSuccess)
+      if (it->second.ptr && scratch_free(it->second, s) != cudaSuccess)
         (void)cudaGetLastError();
       it = g_scratch.erase(it);
     } else {

@@ -357,7 +357,8 @@ std::vector<ReplayResult> replay_sweep(const RequestStream& stream,
       break;  // a thread the system will not start: fewer threads, the same results
     }
   }
-  worker();
+  // As the pool's: a bad_alloc unwinding here past joinable threads would be std::terminate.
+  run_worker("replay", worker);
   for (auto& t : pool) t.join();
   return results;
 }

@@ -270,7 +270,17 @@ Status TraceWriter::append(const TraceStep& step) {
   Status s = check_step(step, header_, "step " + std::to_string(steps_written_));
   if (s.is_ok()) s = check_weights(step, header_, "step " + std::to_string(steps_written_));
   if (!s.is_ok()) return Status::usage(path_ + ": cannot record " + s.message());
+  const size_t before = payload_.size();
   encode_step(payload_, step, header_);
+  if (payload_.size() > kTraceMaxBlockPayload && block_steps_ > 0) {
+    // Wide steps (top_k and depth near their limits): the block closes early, so that no block
+    // is larger than readers take. One step is far below the limit (check_step bounds it).
+    std::vector<uint8_t> last(payload_.begin() + static_cast<std::ptrdiff_t>(before),
+                              payload_.end());
+    payload_.resize(before);
+    KTIER_RETURN_IF_ERROR(flush_block());
+    payload_ = std::move(last);
+  }
   ++block_steps_;
   ++steps_written_;
   if (block_steps_ == kTraceStepsPerBlock) return flush_block();

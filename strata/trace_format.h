@@ -43,8 +43,9 @@ inline constexpr uint32_t kTraceVersion = 1;
 inline constexpr uint32_t kTraceHeaderBytes = 64;
 inline constexpr uint32_t kTraceBlockHeaderBytes = 24;
 inline constexpr uint32_t kTraceFooterBytes = 32;
-// The writer closes a block every this many steps: a block is the unit of checksum and of loss
-// when a run dies (the file is then rejected for its missing footer, see docs/STRATA.md).
+// The writer closes a block every this many steps (or earlier, where the next step would take
+// it past kTraceMaxBlockPayload): a block is the unit of checksum and of loss when a run dies
+// (the file is then rejected for its missing footer, see docs/STRATA.md).
 inline constexpr uint32_t kTraceStepsPerBlock = 1024;
 // Readers refuse blocks larger than this (a corrupt size field must not allocate gigabytes).
 inline constexpr uint32_t kTraceMaxBlockPayload = 64u << 20;

@@ -110,7 +110,8 @@ cudaError_t cudaGetDeviceCount(int* n);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device);
 // cudaDevAttrMemoryPoolsSupported: 1, or 0 with KTIER_CUDA_EMULATION_MEMORY_POOLS=0 (tests of
 // the module's fallback), where cudaMallocAsync and cudaFreeAsync then fail with
-// cudaErrorNotSupported, as on a device without memory pools.
+// cudaErrorNotSupported, as on a device without memory pools; with =claimed it is 1 and they
+// fail all the same (a virtualised driver's attribute without the feature).
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);

@@ -428,18 +428,23 @@ namespace {
 thread_local int g_device = 0;
 
 // Whether the emulated device has memory pools (KTIER_CUDA_EMULATION_MEMORY_POOLS: 1, the
-// default, or 0; any other value aborts).
-bool memory_pools() {
-  static const bool pools = [] {
+// default; 0; or "claimed": the attribute says 1 and stream-ordered allocation still fails, as
+// a virtualised driver may; any other value aborts).
+enum class Pools { kNone, kYes, kClaimed };
+Pools memory_pools_mode() {
+  static const Pools pools = [] {
     const char* v = std::getenv("KTIER_CUDA_EMULATION_MEMORY_POOLS");
-    if (!v || !*v || std::strcmp(v, "1") == 0) return true;
-    if (std::strcmp(v, "0") == 0) return false;
+    if (!v || !*v || std::strcmp(v, "1") == 0) return Pools::kYes;
+    if (std::strcmp(v, "0") == 0) return Pools::kNone;
+    if (std::strcmp(v, "claimed") == 0) return Pools::kClaimed;
     std::fprintf(stderr,
-                 "ktier CUDA emulation: KTIER_CUDA_EMULATION_MEMORY_POOLS=%s: not 0 or 1\n", v);
+                 "ktier CUDA emulation: KTIER_CUDA_EMULATION_MEMORY_POOLS=%s: not 0, 1 or "
+                 "claimed\n", v);
     std::abort();
   }();
   return pools;
 }
+bool memory_pools() { return memory_pools_mode() == Pools::kYes; }
 
 }  // namespace
 
@@ -488,7 +493,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device != 0) return fail(cudaErrorInvalidDevice);
   if (attr != cudaDevAttrMemoryPoolsSupported) return fail(cudaErrorInvalidValue);
-  *value = memory_pools() ? 1 : 0;
+  *value = memory_pools_mode() != Pools::kNone ? 1 : 0;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {

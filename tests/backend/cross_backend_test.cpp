@@ -350,7 +350,7 @@ TEST_P(CrossBackend, MlaAttention) {
   auto q = random_floats(rng_, T * d.n_heads * qd, -1.0f, 1.0f);
   auto cache_c = random_floats(rng_, N * d.kv_lora, -1.0f, 1.0f);
   auto cache_r = random_floats(rng_, N * d.qk_rope, -1.0f, 1.0f);
-  q[qd + 1] = std::numeric_limits<float>::quiet_NaN();  // the second (token, head): its output
+  q.back() = std::numeric_limits<float>::quiet_NaN();  // the last (token, head): its output
   HostWeight kv_b = HostWeight::random(rng_, cpu::WeightType::kBF16,
                                        d.n_heads * (d.qk_nope + d.v_head), d.kv_lora);
   const double scale = 1.0 / std::sqrt(double(qd));

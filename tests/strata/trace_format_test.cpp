@@ -144,6 +144,44 @@ TEST(TraceFormat, RoundTripAcrossBlocks) {
   EXPECT_EQ(sizes, (std::vector<size_t>{1024, 1024, 752}));
 }
 
+// Steps as wide as the header allows (255 depths of 255 weighted predictions, ~390 KB each):
+// the writer closes a block before it passes the 64 MiB readers take, not at 1024 steps.
+TEST(TraceFormat, WideStepsCloseBlocksEarly) {
+  Trace t;
+  t.header.num_layers = 2;
+  t.header.first_moe_layer = 0;
+  t.header.experts_per_layer = 256;
+  t.header.top_k = 255;
+  t.header.lookahead_depth = 255;
+  t.header.expert_bytes = 1000;
+  t.header.flags = kTraceFlagWeights;
+  for (uint32_t tok = 0; tok < 200; ++tok) {
+    TraceStep s;
+    s.pass = tok;
+    s.position = tok;
+    s.layer = 0;
+    for (uint16_t e = 0; e < 255; ++e) s.chosen.push_back({e, 1.0f});
+    s.predicted.assign(255, s.chosen);
+    t.steps.push_back(std::move(s));
+  }
+  const fs::path p = temp_path("wide.ktrace");
+  ASSERT_TRUE(write_trace(p, t).is_ok());
+  ASSERT_GT(fs::file_size(p), uint64_t{kTraceMaxBlockPayload});
+  Result<TraceReader> reader = TraceReader::open(p);
+  ASSERT_TRUE(reader.is_ok()) << reader.status().message();
+  std::vector<TraceStep> block;
+  std::vector<size_t> sizes;
+  for (;;) {
+    Result<bool> more = reader->next_block(block);
+    ASSERT_TRUE(more.is_ok()) << more.status().message();
+    if (!*more) break;
+    sizes.push_back(block.size());
+  }
+  ASSERT_EQ(sizes.size(), 2u);
+  EXPECT_EQ(sizes[0] + sizes[1], 200u);
+  fs::remove(p);
+}
+
 TEST(TraceFormat, RefreshListsRoundTripAndAreChecked) {
   const Trace t = make_refresh_trace(300);  // 1,200 steps: two blocks
   const fs::path p = temp_path("refresh.ktrace");
