@@ -4,6 +4,8 @@
 // greedy tokens, all in one vector. Equal vectors = byte-identical output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -52,8 +54,15 @@ inline std::vector<float> logits_then_greedy_ids(const EngineOptions& eo,
   if (!e.is_ok()) return {};
   Engine& engine = *e.value();
   const int64_t V = engine.checkpoint().config().vocab_size;
-  std::vector<float> out(prompt.size() * static_cast<size_t>(V));
+  // Poisoned (all-ones bits, a NaN no arithmetic makes) so that a logit evaluate() never
+  // writes is caught here, not compared equal to a reference that missed it the same way.
+  constexpr uint32_t kPoison = 0xffffffffu;
+  std::vector<float> out(prompt.size() * static_cast<size_t>(V), std::bit_cast<float>(kPoison));
   EXPECT_TRUE(evaluate(engine.model(), prompt, 5, out.data()).is_ok());
+  const auto unwritten = std::count_if(out.begin(), out.end(), [](float x) {
+    return std::bit_cast<uint32_t>(x) == kPoison;
+  });
+  EXPECT_EQ(unwritten, 0) << "logits evaluate() did not write";
   GenerationOptions g;
   g.max_new_tokens = 6;
   g.reserve_positions = static_cast<int64_t>(prompt.size()) + g.max_new_tokens - 1;  // GPU mode's plan
