@@ -266,6 +266,23 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
     EXPECT_EQ(j.at("trunk_layers_pinned").get<int>(), 0) << extra;
     EXPECT_GT(j.at("trunk_layers_streamed").get<int>(), 0) << extra;
   }
+  // The ids above are argmaxes; the prompt's logits themselves, byte for byte (eval).
+  const auto eval_logits = [&](const std::string& extra) {
+    const fs::path f = dir_.string() + "-z-logits.f32";
+    const auto e = run_process(ktier() + " eval" + model() + " --ids " + prompt_ids() +
+                               " --logits-out " + f.string() + extra);
+    EXPECT_EQ(e.exit_code, 0) << extra << ": " << e.err;
+    std::ifstream in(f, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    fs::remove(f);
+    return bytes;
+  };
+  const std::string want_logits = eval_logits("");
+  ASSERT_FALSE(want_logits.empty());
+  EXPECT_TRUE(eval_logits(" --pack " + plain.string() + " --ram 1250K") == want_logits);
+  for (const char* extra : {" --threads 1", " --threads 3", " --threads 2 --io-rate-limit 200"})
+    EXPECT_TRUE(eval_logits(" --pack " + z.string() + " --ram 1600K" + extra) == want_logits)
+        << extra;
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit -5").exit_code, 2);
   const ProcessResult tiny_rate =
       run_process(ktier() + " run" + model() + " --ids 1 --io-rate-limit 1e-9");

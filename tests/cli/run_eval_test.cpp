@@ -94,11 +94,17 @@ TEST_F(RunEvalCli, PerplexityScoresTheSecondHalfOfEachWindow) {
   EXPECT_NEAR(j.at("perplexity").get<double>(), std::exp(sum / 6), 1e-9 * std::exp(sum / 6));
   EXPECT_NE(r.out.find("over 6 tokens (2 windows of 8)"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("the last 5 left out"), std::string::npos) << r.err;
-  // Same bytes whatever the chunking and threads.
+  // Same bytes whatever the chunking and threads: the printed text, and the mean NLL's double
+  // (the JSON holds it to the last bit; the text rounds it).
+  const fs::path json2 = dir_.string() + "-ppl2.json";
   const auto other = run_process(ktier() + " perplexity" + model() + " --ids " + join_ids(all) +
-                                 " -c 8 --chunk 3 --threads 1");
+                                 " -c 8 --chunk 3 --threads 1 --json " + json2.string());
   ASSERT_EQ(other.exit_code, 0) << other.err;
   EXPECT_EQ(other.out, r.out);
+  const nlohmann::json j2 = nlohmann::json::parse(std::ifstream(json2));
+  EXPECT_EQ(j2.at("mean_nll").get<double>(), j.at("mean_nll").get<double>());
+  EXPECT_EQ(j2.at("perplexity_error").get<double>(), j.at("perplexity_error").get<double>());
+  fs::remove(json2);
   // The golden prompt as one window against the float64 reference's logits.
   const auto& tf = golden_.at("teacher_forced");
   const std::vector<int> prompt = golden_.at("prompt_ids").get<std::vector<int>>();
