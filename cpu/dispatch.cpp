@@ -489,7 +489,7 @@ void router_topk(const float* logits, const float* bias, int64_t T, int n_expert
                     "top_k %d outside 1..%d", top_k, n_experts);
   const RouterArgs args{logits, bias, n_experts, top_k, renormalize, scaling, ids, weights};
   parallel_for(ex.pool, T, 1, [&](int64_t t0, int64_t t1) {
-    kt.router_tokens(args, t0, t1, thread_scratch(2 * static_cast<int64_t>(n_experts)));
+    kt.router_tokens(args, t0, t1, thread_scratch(3 * static_cast<int64_t>(n_experts)));
   });
 }
 

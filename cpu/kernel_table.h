@@ -197,7 +197,7 @@ struct KernelTable {
   void (*mla_out)(const MlaArgs& a, const MlaPass& p, int64_t i0, int64_t i1, double* scratch);
   // tokens [t0, t1); scratch: m doubles
   void (*attnres_tokens)(const AttnResArgs& a, int64_t t0, int64_t t1, double* scratch);
-  // tokens [t0, t1); scratch: 2 * n_experts doubles
+  // tokens [t0, t1); scratch: 3 * n_experts doubles (the third n: router_select_topk's flags)
   void (*router_tokens)(const RouterArgs& a, int64_t t0, int64_t t1, double* scratch);
   int64_t (*argmax)(const float* x, int64_t n);
   // How the entry point lays out x_wide for MXFP4 weights: false, in column order; true, each
@@ -221,7 +221,7 @@ const KernelTable& kernel_table(Isa isa);
 
 // Shared by both tables (compiled once, in a scalar TU): the router's selection step.
 // c [n] selection scores; writes the top_k indices by decreasing c, ties to the lower index,
-// NaN last.
-void router_select_topk(const double* c, int n, int top_k, int32_t* ids);
+// NaN last. taken: n bytes of scratch (overwritten).
+void router_select_topk(const double* c, int n, int top_k, int32_t* ids, uint8_t* taken);
 
 }  // namespace ktier::cpu

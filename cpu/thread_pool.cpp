@@ -19,6 +19,24 @@ namespace {
 // Set while this thread runs a range of some pool: a nested parallel_for then runs inline.
 thread_local bool tls_inside_range = false;
 
+uint32_t fp_control_now() {
+#if defined(__x86_64__) || defined(__i386__)
+  return _mm_getcsr();
+#else
+  return 0;
+#endif
+}
+// The caller's MXCSR with its sticky exception flags (bits 0-5) taken as this thread's own.
+void take_fp_control(uint32_t caller) {
+#if defined(__x86_64__) || defined(__i386__)
+  constexpr uint32_t kFlags = 0x3f;
+  const uint32_t mine = _mm_getcsr();
+  if ((mine & ~kFlags) != (caller & ~kFlags)) _mm_setcsr((caller & ~kFlags) | (mine & kFlags));
+#else
+  (void)caller;
+#endif
+}
+
 // Pauses spent waiting for the next call (a worker) or for the workers (the caller) before
 // sleeping: ~10-100 us depending on the CPU's pause latency.
 constexpr int kSpinRounds = 2000;
@@ -105,7 +123,7 @@ void ThreadPool::run(int64_t n, int64_t grain, RangeFn fn, void* ctx) {
     return;
   }
   std::lock_guard<std::mutex> serial(submit_mu_);
-  Job job{fn, ctx, n, grain, n_chunks};
+  Job job{fn, ctx, n, grain, n_chunks, fp_control_now()};
   {
     std::lock_guard<std::mutex> lk(mu_);
     job_ = job;
@@ -147,6 +165,7 @@ void ThreadPool::worker_loop() {
       seen = generation_;
       job = job_;
     }
+    take_fp_control(job.fp_control);
     work_on(job);
     // The last worker out wakes a caller that went to sleep; taking mu_ first means the caller
     // is either still before its predicate check or already waiting, never in between.

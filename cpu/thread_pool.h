@@ -61,6 +61,11 @@ class ThreadPool {
     RangeFn fn = nullptr;
     void* ctx = nullptr;
     int64_t n = 0, grain = 1, n_chunks = 0;
+    // The caller's floating-point control (x86 MXCSR: rounding, FTZ/DAZ), which the workers
+    // take on for the job: a thread inherits its creator's at creation only, so a setting made
+    // after the pool started (a library loaded later, an embedding program) would otherwise
+    // make denormal results depend on which thread ran a range.
+    uint32_t fp_control = 0;
   };
 
   void run(int64_t n, int64_t grain, RangeFn fn, void* ctx);

@@ -262,10 +262,10 @@ void attnres_tokens_ref(const AttnResArgs& a, int64_t t0, int64_t t1, double* sc
 
 // ---- router and argmax (§10) -----------------------------------------------------------------
 
-void router_select_topk(const double* c, int n, int top_k, int32_t* ids) {
+void router_select_topk(const double* c, int n, int top_k, int32_t* ids, uint8_t* taken) {
   // Strictly-better scan in increasing index: ties keep the lower index; NaN loses to numbers.
   auto better = [](double x, double y) { return !std::isnan(x) && (std::isnan(y) || x > y); };
-  std::vector<uint8_t> taken(static_cast<size_t>(n), 0);
+  std::fill(taken, taken + n, uint8_t{0});
   for (int j = 0; j < top_k; ++j) {
     int best = -1;
     for (int e = 0; e < n; ++e) {
@@ -288,7 +288,7 @@ void router_tokens_ref(const RouterArgs& a, int64_t t0, int64_t t1, double* scra
       c[e] = a.bias ? s[e] + D(a.bias[e]) : s[e];
     }
     int32_t* ids = a.ids + t * a.top_k;
-    router_select_topk(c, n, a.top_k, ids);
+    router_select_topk(c, n, a.top_k, ids, reinterpret_cast<uint8_t*>(scratch + 2 * n));
     num::router_weights(s, ids, a.top_k, a.renormalize, a.scaling, a.weights + t * a.top_k);
   }
 }

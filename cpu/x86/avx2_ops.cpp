@@ -184,7 +184,8 @@ void router_tokens_avx2(const RouterArgs& a, int64_t t0, int64_t t1, double* scr
       c[e] = a.bias ? s[e] + D(a.bias[e]) : s[e];
     }
     int32_t* ids = a.ids + t * a.top_k;
-    router_select_topk(c, n, a.top_k, ids);  // shared scalar selection (kernel_table.h)
+    // Shared scalar selection (kernel_table.h); its flags in the scratch's third n.
+    router_select_topk(c, n, a.top_k, ids, reinterpret_cast<uint8_t*>(scratch + 2 * n));
     num::router_weights(s, ids, a.top_k, a.renormalize, a.scaling, a.weights + t * a.top_k);
   }
 }

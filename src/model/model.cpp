@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -271,12 +272,17 @@ Status Model::predict(int64_t l, int first_depth, int last_depth, int64_t first_
     const cpu::LinearJob router{w->moe.router, x, T, routing.logits()};
     KTIER_RETURN_IF_ERROR(be_.linear(&router, 1));
     KTIER_RETURN_IF_ERROR(select_experts(w->moe, c, routing, chosen, be_));
-    for (int64_t tok = 0; tok < T; ++tok) {  // highest weight first, ties to the lower id
+    // Highest weight first, ties to the lower id, NaN weights (lookahead scores are not
+    // checked for finiteness, §10) after every number: a strict weak order, as std::sort needs.
+    for (int64_t tok = 0; tok < T; ++tok) {
       const int32_t* id = chosen.ids.data() + tok * k;
       const float* wt = chosen.weights.data() + tok * k;
       for (int i = 0; i < k; ++i) order[static_cast<size_t>(i)] = i;
       std::sort(order.begin(), order.end(), [&](int a, int b) {
-        return wt[a] != wt[b] ? wt[a] > wt[b] : id[a] < id[b];
+        const bool nan_a = std::isnan(wt[a]), nan_b = std::isnan(wt[b]);
+        if (nan_a != nan_b) return nan_b;
+        if (!nan_a && wt[a] != wt[b]) return wt[a] > wt[b];
+        return id[a] < id[b];
       });
       for (int i = 0; i < k; ++i) {
         sorted_ids[static_cast<size_t>(tok * k + i)] = id[order[static_cast<size_t>(i)]];

@@ -7,6 +7,9 @@
 #include <pthread.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -177,6 +180,34 @@ TEST(ThreadPool, CoversEachIndexOnce) {
     }
   }
 }
+
+#if defined(__x86_64__)
+// The workers run each call under the caller's MXCSR, set after the pool started or not (a
+// thread inherits its creator's only when made): otherwise a denormal result would depend on
+// which thread ran its range. Each range sleeps 1 ms, so that the workers take some.
+TEST(ThreadPool, RangesRunUnderTheCallersFloatingPointControl) {
+  ThreadPool pool(3);
+  const uint32_t saved = _mm_getcsr();
+  for (const uint32_t ftz_daz : {0x8040u, 0u}) {
+    _mm_setcsr((saved & ~0x8040u) | ftz_daz);
+    std::vector<uint32_t> seen(24, 0xffffffffu);
+    std::vector<float> products(24, -1.0f);
+    pool.parallel_for(24, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        seen[i] = _mm_getcsr() & 0x8040u;
+        volatile float subnormal = 0x1p-140f, one = 1.0f;  // volatile: multiplied here
+        products[i] = subnormal * one;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+    _mm_setcsr(saved);
+    for (size_t i = 0; i < seen.size(); ++i) {
+      EXPECT_EQ(seen[i], ftz_daz) << i;
+      EXPECT_EQ(products[i], ftz_daz ? 0.0f : 0x1p-140f) << i;
+    }
+  }
+}
+#endif
 
 // A range that throws (std::bad_alloc growing a scratch buffer, say) fails the call on its
 // caller, whichever thread ran it, once no thread is inside the call; the pool goes on working
