@@ -1,7 +1,7 @@
 #pragma once
 // Internal: the per-ISA kernel table behind the entry points of cpu/kernels.h.
 //
-// Each op's entry point (cpu/dispatch_*.cpp) validates its arguments, prepares scratch, splits
+// Each op's entry point (cpu/dispatch.cpp) validates its arguments, prepares scratch, splits
 // the work over the thread pool and calls one of these range kernels per range. The scalar table
 // (cpu/ref/*, the `_ref` kernels), the AVX2 table (cpu/x86/avx2_*) and the AVX-512 table (the AVX2
 // one with its own linear and MLA cache kernels, cpu/x86/avx512_*.cpp) have identical signatures

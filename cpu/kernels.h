@@ -4,7 +4,7 @@
 // Every op takes raw pointers and sizes (no engine types) plus an Exec (instruction set and
 // thread pool). Each op has exactly one entry point here; it validates its arguments once
 // (a violated REQUIRES aborts with a message: it is a bug in the caller, not an input error),
-// then runs the scalar *_ref kernel or the AVX2 kernel chosen by Exec::isa. The two produce
+// then runs the scalar *_ref kernel or the AVX2 / AVX-512 kernel chosen by Exec::isa. They produce
 // identical output bytes, for any thread count, under the numerics contract in
 // docs/NUMERICS.md; each function below names the contract section it follows.
 //
@@ -52,8 +52,10 @@ inline void linear(const WeightMatrix& w, const float* x, int64_t n_tokens, floa
   linear(&job, 1, ex);
 }
 
-// Decodes MXFP4 rows to f32, exactly (E2M1(nibble) * 2^(scale-127); -0 stays -0; a scale-255
-// block decodes to +0). For tests and inspection only: the linear kernels never store a decoded
+// Decodes MXFP4 rows to f32, exactly where the value fits f32 (E2M1(nibble) * 2^(scale-127);
+// -0 stays -0; a scale-255 block decodes to +0; scales 253-254 with large codes pass 2^128 and
+// give +-Inf, where the linear kernels, which scale in double, stay finite). For tests and
+// inspection only: the linear kernels never store a decoded
 // copy. out [rows, cols]. REQUIRES cols % 32 == 0.
 void mxfp4_decode(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols,
                   float* out);
