@@ -28,7 +28,8 @@ SUDO=""
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+  # Through env: sudo's env_reset would drop a DEBIAN_FRONTEND set before it.
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 else
   echo "setup: all Debian packages present"
 fi

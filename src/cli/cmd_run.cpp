@@ -294,8 +294,8 @@ void warn_untrained_positions(const RunArgs& a, const format::ModelConfig& cfg, 
                  "from {} on were not trained", ctx, *limit, *limit);
   else if (!a.interactive && a.max_new_tokens < 0)
     warn_past_trained_positions(cfg, ctx - 1, "-n -1 with -c/--ctx-size " + std::to_string(ctx));
-  else if (!a.interactive)
-    warn_past_trained_positions(cfg, prompt_ids + a.max_new_tokens - 2,
+  else if (!a.interactive)  // -n 0 still runs the prompt, to P - 1
+    warn_past_trained_positions(cfg, prompt_ids + std::max<int64_t>(a.max_new_tokens, 1) - 2,
                                 "prompt (" + std::to_string(prompt_ids) + " tokens) + -n " +
                                     std::to_string(a.max_new_tokens));
 }
@@ -370,7 +370,10 @@ Status run(const RunArgs& a) {
   KTIER_ASSIGN_OR_RETURN(const int64_t ctx,
                          run_positions(a, static_cast<int64_t>(raw.size()), history));
   eo.workload.positions = ctx;
-  eo.workload.chunk = a.chunk;
+  // A single run's widest forward is its prompt (or a chunk of it; the answer runs one token at
+  // a time): a short prompt's budget is not set aside for a whole --chunk of activations.
+  eo.workload.chunk =
+      a.interactive ? a.chunk : std::min<int64_t>(a.chunk, std::max<int64_t>(1, raw.size()));
   spdlog::info("loading {}", a.model);
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const format::ModelConfig& cfg = engine->checkpoint().config();

@@ -112,6 +112,9 @@ class Model {
   }
   int lookahead_depth() const { return lookahead_depth_; }
   bool lookahead_refresh() const { return lookahead_refresh_; }
+  // Whether predictions are made: a depth and someone to use them (a memory-mapped run has no
+  // tier to prefetch into, and its forward skips them).
+  bool lookahead_in_use() const { return lookahead_depth_ > 0 && !lookahead_observers_.empty(); }
   // Observers are called in the order added; they must outlive the Model (or be removed).
   void add_lookahead_observer(LookaheadObserver* o) { lookahead_observers_.push_back(o); }
   void remove_lookahead_observer(LookaheadObserver* o) {

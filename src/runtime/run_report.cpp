@@ -152,8 +152,8 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
         {"wasted_bytes", d(xb.prefetch_wasted_bytes, xa.prefetch_wasted_bytes) -
                              d(xb.carried_wasted_bytes, xa.carried_wasted_bytes)}}},
       {"policy", x ? std::string(strata::policy_name(x->policy())) : std::string("none")},
-      {"lookahead", e.model().lookahead_depth()},
-      {"lookahead_refresh", e.model().lookahead_refresh()},
+      {"lookahead", e.model().lookahead_in_use() ? e.model().lookahead_depth() : 0},
+      {"lookahead_refresh", e.model().lookahead_in_use() && e.model().lookahead_refresh()},
       {"trunk_layers_pinned", t ? t->stats().layers_pinned : e.checkpoint().config().num_hidden_layers},
       // Read from disk every token: in GPU mode not the layers the device holds (the host
       // streams those through its ring once, at open, to copy them).
