@@ -370,10 +370,10 @@ Status run(const RunArgs& a) {
   KTIER_ASSIGN_OR_RETURN(const int64_t ctx,
                          run_positions(a, static_cast<int64_t>(raw.size()), history));
   eo.workload.positions = ctx;
-  // A single run's widest forward is its prompt (or a chunk of it; the answer runs one token at
-  // a time): a short prompt's budget is not set aside for a whole --chunk of activations.
-  eo.workload.chunk =
-      a.interactive ? a.chunk : std::min<int64_t>(a.chunk, std::max<int64_t>(1, raw.size()));
+  // The whole --chunk, even for a shorter prompt (whose widest forward is the prompt): `plan`,
+  // which knows no prompt, places exactly what the run places. A short prompt with a long -n
+  // can pass --chunk near its length to budget less.
+  eo.workload.chunk = a.chunk;
   spdlog::info("loading {}", a.model);
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   const format::ModelConfig& cfg = engine->checkpoint().config();

@@ -361,9 +361,16 @@ void ExpertCache::on_prediction(int64_t layer, int depth, int64_t first_position
                                                           ckpt_.config().first_k_dense_replace);
   std::vector<PendingPrefetch> add;
   for (int64_t t = 0; t < T; ++t)
-    for (int i = 0; i < k; ++i)
-      add.push_back({target, weights[t * k + i], static_cast<uint32_t>(target * Ne + ids[t * k + i]),
-                     pin_until});
+    for (int i = 0; i < k; ++i) {
+      const auto key = static_cast<uint32_t>(target * Ne + ids[t * k + i]);
+      // A predicted expert the tier holds (or is reading) is protected now, not when the queue
+      // reaches it behind the in-flight cap: until then a prefetch or a miss could evict it.
+      if (slot_of_key_[key] >= 0) {
+        policy_->protect(key, pin_until);
+        continue;
+      }
+      add.push_back({target, weights[t * k + i], key, pin_until});
+    }
   // Nearest layer first, then highest weight (a key predicted twice is issued once).
   pending_.insert(pending_.end(), add.begin(), add.end());
   std::stable_sort(pending_.begin(), pending_.end(),
@@ -396,7 +403,14 @@ void ExpertCache::pump_prefetches() {
       break;
     pending_.pop_front();
     const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
-    if (!policy_->prefetch(p.key, p.pin_until_step, clock)) continue;
+    // A resident without a slot (GPU mode: the policy saw the routing of an expert the VRAM
+    // tier served, so only its name was admitted) is read into a slot as well: the policy
+    // already counts it, so the slot invariant holds, and its prediction is not lost.
+    if (policy_->contains(p.key)) {
+      policy_->protect(p.key, p.pin_until_step);
+    } else if (!policy_->prefetch(p.key, p.pin_until_step, clock)) {
+      continue;
+    }
     KTIER_CHECK(policy_->contains(p.key));  // the slot invariant counts it as a resident
     prefetched_for_.issued(p.key, p.target_layer);
     const size_t si = take_free_slot();

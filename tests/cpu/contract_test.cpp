@@ -9,6 +9,7 @@
 
 #include "cpu/kernels.h"
 #include "test_support.h"
+#include "tests/common/fresh_seed.h"
 
 #if defined(__x86_64__)
 #include <xmmintrin.h>
@@ -123,23 +124,40 @@ TEST_P(Contract, Mxfp4LinearIsTheDocumentedBlockSum) {
   }
 }
 
-// §5: sum of squares by dot16, inv = 1 / sqrt(ss / n + eps) in double, out = F((x * inv) * gain).
-TEST_P(Contract, RmsNormIsTheDocumentedFormula) {
-  std::mt19937_64 rng(8);
-  const int64_t n = 54;
-  const std::vector<float> x = random_floats(rng, n), gain = random_floats(rng, n);
-  const std::vector<double> xd(x.begin(), x.end());
+// §3's dot16 of x with itself, written out: 16 lanes by index mod 16, then the halving tree.
+double dot16_of_squares(const std::vector<double>& xd) {
   double lane[16] = {};
-  for (int64_t i = 0; i < n; ++i) lane[i % 16] += xd[i] * xd[i];
+  for (size_t i = 0; i < xd.size(); ++i) lane[i % 16] += xd[i] * xd[i];
   for (int s = 8; s >= 1; s /= 2)
     for (int l = 0; l < s; ++l) lane[l] = lane[l] + lane[l + s];
-  const double inv = 1.0 / std::sqrt(lane[0] / static_cast<double>(n) + 1e-5);
+  return lane[0];
+}
+
+// §5: sum of squares by dot16, inv = 1 / sqrt(ss / n + eps) in double, out = F((x * inv) * gain),
+// or F(x * inv) without a gain; L2Norm: inv = 1 / sqrt(ss + eps). Odd widths, fresh inputs.
+TEST_P(Contract, NormsAreTheDocumentedFormulas) {
+  std::mt19937_64 rng(ktier::test::fresh_seed("Contract.NormsAreTheDocumentedFormulas"));
   const Isa isa = GetParam();
-  std::vector<float> y(n);
-  rmsnorm(x.data(), gain.data(), 1, n, 1e-5, y.data(), Exec{nullptr, isa});
-  for (int64_t i = 0; i < n; ++i) {
-    const float want = static_cast<float>((xd[i] * inv) * static_cast<double>(gain[i]));
-    EXPECT_EQ(compare_bits(&y[i], &want, 1), "") << isa_name(isa) << " element " << i;
+  for (const int64_t n : {1, 17, 54, 97}) {
+    const std::vector<float> x = random_floats(rng, n), gain = random_floats(rng, n);
+    const std::vector<double> xd(x.begin(), x.end());
+    const double ss = dot16_of_squares(xd);
+    const double eps = 1e-5;
+    const double rms_inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+    const double l2_inv = 1.0 / std::sqrt(ss + eps);
+    std::vector<float> with_gain(n), plain(n), l2(n);
+    rmsnorm(x.data(), gain.data(), 1, n, eps, with_gain.data(), Exec{nullptr, isa});
+    rmsnorm(x.data(), nullptr, 1, n, eps, plain.data(), Exec{nullptr, isa});
+    l2norm(x.data(), 1, n, eps, l2.data(), Exec{nullptr, isa});
+    for (int64_t i = 0; i < n; ++i) {
+      const float want_gain = static_cast<float>((xd[i] * rms_inv) * static_cast<double>(gain[i]));
+      const float want_plain = static_cast<float>(xd[i] * rms_inv);
+      const float want_l2 = static_cast<float>(xd[i] * l2_inv);
+      EXPECT_EQ(compare_bits(&with_gain[i], &want_gain, 1), "") << "rmsnorm n " << n << " " << i;
+      EXPECT_EQ(compare_bits(&plain[i], &want_plain, 1), "") << "rmsnorm, no gain, n " << n
+                                                              << " " << i;
+      EXPECT_EQ(compare_bits(&l2[i], &want_l2, 1), "") << "l2norm n " << n << " " << i;
+    }
   }
 }
 
