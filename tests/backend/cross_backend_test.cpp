@@ -18,6 +18,7 @@
 #include "cpu/thread_pool.h"
 #include "cross_backend_support.h"
 #include "op_bounds.h"
+#include "tests/common/fresh_seed.h"
 
 namespace ktier::backend {
 // gtest prints the parameter with this ("cuda" rather than "1-byte object <01>").
@@ -26,11 +27,6 @@ inline void PrintTo(DeviceKind k, std::ostream* os) { *os << (k == DeviceKind::k
 
 namespace ktier::backend::test {
 namespace {
-
-uint64_t fresh_seed() {
-  if (const char* s = std::getenv("KTIER_TEST_SEED"); s && *s) return std::strtoull(s, nullptr, 10);
-  return std::random_device{}() * 0x9e3779b97f4a7c15ull + std::random_device{}();
-}
 
 class CrossBackend : public ::testing::TestWithParam<DeviceKind> {
  protected:
@@ -44,10 +40,8 @@ class CrossBackend : public ::testing::TestWithParam<DeviceKind> {
       if (!cuda.is_ok()) GTEST_SKIP() << "no CUDA backend here: " << cuda.status().message();
       under_test_ = std::move(*cuda);
     }
-    seed_ = fresh_seed();
+    seed_ = ktier::test::fresh_seed(under_test_->name().c_str());
     rng_.seed(seed_);
-    std::printf("[cross-backend] %s, seed %llu\n", under_test_->name().c_str(),
-                static_cast<unsigned long long>(seed_));
   }
   bool exact() const { return under_test_->kind() == DeviceKind::kCpu; }
   std::string where() const {
