@@ -199,18 +199,23 @@ Status run_kernels(const KernelsOptions& o) {
 }  // namespace
 
 void register_bench_command(CLI::App& app, int& exit_code) {
-  auto* bench = app.add_subcommand("bench", "Measure this machine: kernel throughput vs memory");
+  auto* bench = app.add_subcommand(
+      "bench", "Measure this machine: kernels, decode, I/O, inflate and the device, each against "
+               "the limit it measures (memory read bandwidth, raw disk read, device copy)");
   bench->require_subcommand(1);
   auto* sub = bench->add_subcommand(
       "kernels",
-      "Memory read bandwidth, then BF16 and MXFP4 matrix-vector weight GB/s on matrices of at\n"
-      "least 4x the last-level cache, at 1 thread and all threads, each as a ratio of the read\n"
+      "Memory read bandwidth, then BF16 and MXFP4 matrix-vector weight GB/s on matrices of 4x\n"
+      "the last-level cache by default (at most half of MemAvailable; --size-mib, --quick set\n"
+      "it), at 1 thread and all threads, each as a ratio of the read\n"
       "bandwidth at the same thread count (goals: bf16 >= 0.85, mxfp4 >= 0.75); then the\n"
       "prefill products (several tokens at once) as a ratio of the measured double FMA rate");
   auto o = std::make_shared<KernelsOptions>();
   sub->add_option("--json", o->json, "also write the figures to FILE as JSON");
   add_threads_option(sub, o->threads, "Threads of the 'all threads' figures");
-  sub->add_option("--reps", o->reps, "timed passes per figure, best kept (after one warm-up)")
+  sub->add_option("--reps", o->reps,
+                  "timed passes per figure, best kept (after one warm-up; fewer where a figure "
+                  "has taken 4 s)")
       ->capture_default_str();
   sub->add_option("--size-mib", o->size_mib,
                   "buffer and matrix size in MiB (default: max(4 x LLC, 256 MiB), capped at "

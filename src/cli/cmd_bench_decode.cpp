@@ -221,8 +221,13 @@ Status run_decode_bench(const DecodeOptions& o) {
   std::fprintf(stderr, "[bench] memory read bandwidth at %d threads\n", engine->threads());
   uint64_t buffer = o.buffer_mib ? o.buffer_mib << 20
                                  : bench::default_buffer_bytes(bench::last_level_cache_bytes());
-  if (const uint64_t avail = runtime::mem_available_bytes(); avail > 0 && !o.buffer_mib)
-    buffer = std::min(buffer, avail / 4);
+  // A quarter of MemAvailable at most by default (the model is loaded beside it; bench kernels
+  // takes half); a size given that exceeds it is refused, as bench kernels refuses one.
+  const uint64_t avail = runtime::mem_available_bytes();
+  if (avail > 0 && !o.buffer_mib) buffer = std::min(buffer, avail / 4);
+  if (avail > 0 && buffer > avail)
+    return Status::runtime("the bandwidth buffer (" + std::to_string(buffer >> 20) +
+                           " MiB) exceeds MemAvailable; pass a smaller --buffer-mib");
   cpu::ThreadPool pool(engine->threads());
   const double gbps = bench::measure_read_gbps(pool, buffer, 5);
   if (gbps <= 0) return Status::runtime("cannot map the bandwidth buffer");
@@ -316,8 +321,8 @@ void register_bench_decode_command(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   add_threads_option(sub, o->threads, "Worker threads");
   sub->add_option("--buffer-mib", o->buffer_mib,
-                  "Bandwidth buffer in MiB (default: as bench kernels; small = in-cache, "
-                  "figures meaningless)")
+                  "Bandwidth buffer in MiB (default: 4x the last-level cache, at most a quarter "
+                  "of MemAvailable; small = in-cache, figures meaningless)")
       ->transform(whole_number<uint64_t>(kMaxBenchMib));
   sub->add_option("--pack", o->pack,
                   "Also decode with the trunk streamed from this pack and compare with "
