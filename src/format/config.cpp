@@ -389,6 +389,11 @@ void check_values(ConfigReader& r, const ModelConfig& c, const PathOf& path_of,
   if (ok("qk_nope_head_dim") && ok("qk_rope_head_dim") && c.qk_nope_head_dim == 0 &&
       c.qk_rope_head_dim == 0)  // not the sum: two fields near INT64_MAX would overflow it
     r.error(path_of("qk_nope_head_dim"), "qk_nope_head_dim + qk_rope_head_dim must be >= 1");
+  else if (ok("qk_nope_head_dim") && c.qk_nope_head_dim == 0)
+    // K3-MODEL.md §2.5 allows it beside a rope part; the absorbed MLA kernels need a no-rope
+    // part to absorb (K3 has 128): refused here, not aborted in the first forward.
+    r.error(path_of("qk_nope_head_dim"),
+            "is 0: ktier's MLA needs a no-rope query part (>= 1; K3's is 128)");
   if (ok("num_shared_experts") && c.num_shared_experts < 0)
     r.error(path_of("num_shared_experts"), "is " + std::to_string(c.num_shared_experts) + ", must be >= 0");
   if (ok("first_k_dense_replace") && ok("num_hidden_layers") &&
@@ -717,12 +722,56 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& root, const std::st
   }
 }
 
+namespace {
+
+// D3: the stop ids are config.json's eos_token_id and generation_config.json's (an integer, a
+// list of integers, or null), when that file is there. Its other keys (sampling defaults) are
+// not read.
+Status add_generation_config_stop_ids(const std::filesystem::path& file, ModelConfig& c) {
+  const std::string name = file.string();
+  KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(file));
+  if (!exists) return Status::ok();
+  KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(file));
+  bool too_deep = false;
+  const json root = parse_json_depth_bounded(text, 64, &too_deep);
+  if (too_deep || root.is_discarded() || !root.is_object()) {
+    const std::string why = too_deep ? "nested deeper than 64 levels" : json_syntax_error(text);
+    return Status::usage(name + ": not a JSON object" + (why.empty() ? "" : ": " + why));
+  }
+  const auto it = root.find("eos_token_id");
+  if (it == root.end() || it->is_null()) return Status::ok();
+  std::vector<int64_t> ids;
+  const auto take = [&](const json& v) {
+    if (!v.is_number_integer()) return false;
+    ids.push_back(v.get<int64_t>());
+    return true;
+  };
+  bool ok = it->is_array() ? std::all_of(it->begin(), it->end(), take) : take(*it);
+  if (!ok)
+    return Status::usage(name + ": eos_token_id: expected an integer or a list of integers, got " +
+                         std::string(it->type_name()));
+  for (const int64_t id : ids) {
+    if (c.vocab_size >= 1 && (id < 0 || id >= c.vocab_size))
+      return Status::usage(name + ": eos_token_id: id " + std::to_string(id) +
+                           " is outside the vocabulary (0.." + std::to_string(c.vocab_size - 1) +
+                           ")");
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+      c.eos_token_ids.push_back(id);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<ModelConfig> load_model_config(const std::filesystem::path& config_json) {
   const std::string name = config_json.string();
   KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(config_json));
   if (!exists) return Status::usage(name + ": not found (a model directory needs a config.json)");
   KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(config_json));
-  return parse_model_config_text(text, name);
+  KTIER_ASSIGN_OR_RETURN(ModelConfig c, parse_model_config_text(text, name));
+  KTIER_RETURN_IF_ERROR(
+      add_generation_config_stop_ids(config_json.parent_path() / "generation_config.json", c));
+  return c;
 }
 
 Result<ModelConfig> parse_model_config_text(std::string_view text, const std::string& source_name) {

@@ -106,7 +106,9 @@ struct ModelConfig {
   std::optional<double> situ_linear_beta;
 
   // --- tokens and limits (informational; root first, then text_config) --------------------------
-  std::vector<int64_t> eos_token_ids;  // empty: none given (generation must get one elsewhere)
+  // config.json's eos_token_id, then generation_config.json's not among them (D3; the latter
+  // added by load_model_config only). Empty: none given (generation must get one elsewhere).
+  std::vector<int64_t> eos_token_ids;
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> pad_token_id;
   std::optional<int64_t> max_position_embeddings;
@@ -145,8 +147,10 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& root, const std::st
 // `source_name`, the rest as parse_model_config. Never throws.
 Result<ModelConfig> parse_model_config_text(std::string_view text, const std::string& source_name);
 
-// Reads and validates config.json. A missing file or invalid JSON is Status::usage naming the
-// file; an unreadable file (I/O error) is Status::runtime. Never throws.
+// Reads and validates config.json, and adds the eos_token_id of a generation_config.json beside
+// it (D3). A missing config.json, invalid JSON in either, or a bad eos id there is
+// Status::usage naming the file; an unreadable file (I/O error) is Status::runtime. Never
+// throws.
 Result<ModelConfig> load_model_config(const std::filesystem::path& config_json);
 
 const char* config_shape_name(ConfigShape shape);  // "nested" / "flat"

@@ -40,6 +40,11 @@ class InterruptCli : public ::testing::Test {
     if (c.contains("text_config") && c["text_config"].contains("eos_token_id"))
       c["text_config"]["eos_token_id"] = nullptr;
     std::ofstream(config) << c.dump(1);
+    // generation_config.json's stop id counts too (D3).
+    const fs::path gen = dir_ / "model" / "generation_config.json";
+    nlohmann::json g = nlohmann::json::parse(std::ifstream(gen));
+    g["eos_token_id"] = nullptr;
+    std::ofstream(gen) << g.dump(1);
 
     auto tokenizer = tok::Tokenizer::load((dir_ / "model").string());
     ASSERT_TRUE(tokenizer.is_ok()) << tokenizer.status().message();

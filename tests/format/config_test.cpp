@@ -16,6 +16,7 @@ namespace {
 
 using json = nlohmann::json;
 using ktier::test::conformance_dir;
+namespace fs = std::filesystem;
 
 json read_json(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -247,6 +248,10 @@ TEST(Config, MlaQueryKeyWidthIsCheckedWithoutASum) {
   j["text_config"]["qk_nope_head_dim"] = 0;
   j["text_config"]["qk_rope_head_dim"] = 0;
   EXPECT_HAS(parse_err(j), "qk_nope_head_dim + qk_rope_head_dim must be >= 1");
+  // A rope part alone passes K3-MODEL.md's rule; the kernels need a no-rope part (an abort in
+  // the first forward, before): refused by name.
+  j["text_config"]["qk_rope_head_dim"] = 64;
+  EXPECT_HAS(parse_err(j), "text_config.qk_nope_head_dim: is 0: ktier's MLA needs a no-rope");
   j["text_config"]["qk_nope_head_dim"] = INT64_MAX;
   j["text_config"]["qk_rope_head_dim"] = INT64_MAX;
   const std::string m = parse_err(j);
@@ -670,6 +675,40 @@ TEST(Config, EosIds) {
   EXPECT_HAS(parse_err(j), "id -1 is outside the vocabulary");
   j["eos_token_id"] = V - 1;
   EXPECT_EQ(parse_ok(j).eos_token_ids, (std::vector<int64_t>{V - 1}));
+}
+
+// D3: the stop ids are config.json's and generation_config.json's together (each id once, the
+// config's first); that file is optional, and a bad one is refused naming it.
+TEST(Config, GenerationConfigStopIdsAreAdded) {
+  ktier::test::TempDir dir("genconfig");
+  json j = k3_config();
+  j["eos_token_id"] = 163586;
+  ktier::test::write_text(dir.path() / "config.json", j.dump());
+  const fs::path cfg = dir.path() / "config.json", gen = dir.path() / "generation_config.json";
+  auto alone = load_model_config(cfg);
+  ASSERT_TRUE(alone.is_ok()) << alone.status().message();
+  EXPECT_EQ(alone->eos_token_ids, (std::vector<int64_t>{163586}));
+  ktier::test::write_text(gen, R"({"eos_token_id": [163585, 163586], "temperature": 1.0})");
+  auto both = load_model_config(cfg);
+  ASSERT_TRUE(both.is_ok()) << both.status().message();
+  EXPECT_EQ(both->eos_token_ids, (std::vector<int64_t>{163586, 163585}));
+  ktier::test::write_text(gen, R"({"eos_token_id": null})");
+  EXPECT_EQ(load_model_config(cfg)->eos_token_ids, (std::vector<int64_t>{163586}));
+  const std::pair<std::string, std::string> bad[] = {
+      {R"({"eos_token_id": "163585"})", "generation_config.json: eos_token_id: expected an "
+                                        "integer or a list of integers, got string"},
+      {R"({"eos_token_id": [1, 2.5]})", "expected an integer or a list of integers"},
+      {R"({"eos_token_id": 999999999})", "generation_config.json: eos_token_id: id 999999999 "
+                                         "is outside the vocabulary"},
+      {R"({"eos_token_id": 1,)", "generation_config.json: not a JSON object"},
+      {"[1]", "generation_config.json: not a JSON object"}};
+  for (const auto& [text, said] : bad) {
+    ktier::test::write_text(gen, text);
+    const auto r = load_model_config(cfg);
+    ASSERT_FALSE(r.is_ok()) << text;
+    EXPECT_EQ(r.status().exit_code(), 2) << text;
+    EXPECT_HAS(r.status().message(), said);
+  }
 }
 
 TEST(Config, LoadFromFileErrors) {
