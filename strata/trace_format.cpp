@@ -258,6 +258,7 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& o) noexcept {
   block_steps_ = o.block_steps_;
   blocks_written_ = o.blocks_written_;
   steps_written_ = o.steps_written_;
+  failed_ = std::move(o.failed_);
   return *this;
 }
 
@@ -266,6 +267,7 @@ TraceWriter::~TraceWriter() {
 }
 
 Status TraceWriter::append(const TraceStep& step) {
+  if (!failed_.is_ok()) return failed_;
   if (!file_) return Status::usage(path_ + ": append after close");
   Status s = check_step(step, header_, "step " + std::to_string(steps_written_));
   if (s.is_ok()) s = check_weights(step, header_, "step " + std::to_string(steps_written_));
@@ -297,7 +299,8 @@ Status TraceWriter::flush_block() {
   if (std::fwrite(head.data(), 1, head.size(), file_) != head.size() ||
       std::fwrite(payload_.data(), 1, payload_.size(), file_) != payload_.size()) {
     const int err = errno;
-    return io_error(err, path_, "cannot write trace block " + std::to_string(blocks_written_));
+    failed_ = io_error(err, path_, "cannot write trace block " + std::to_string(blocks_written_));
+    return failed_;
   }
   payload_.clear();
   block_steps_ = 0;
@@ -306,6 +309,7 @@ Status TraceWriter::flush_block() {
 }
 
 Status TraceWriter::close() {
+  if (!failed_.is_ok()) return failed_;
   if (!file_) return Status::usage(path_ + ": close called twice");
   KTIER_RETURN_IF_ERROR(flush_block());
   std::vector<uint8_t> foot;

@@ -140,6 +140,9 @@ class TraceWriter {
   uint32_t block_steps_ = 0;
   uint64_t blocks_written_ = 0;
   uint64_t steps_written_ = 0;
+  // A block write that failed: every later append() and close() returns it (the file holds a
+  // part of a block; a footer counting the rest would not match it).
+  Status failed_;
 };
 
 class TraceReader {

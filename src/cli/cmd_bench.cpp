@@ -205,9 +205,9 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   bench->require_subcommand(1);
   auto* sub = bench->add_subcommand(
       "kernels",
-      "Memory read bandwidth, then BF16 and MXFP4 matrix-vector weight GB/s on matrices of 4x\n"
-      "the last-level cache by default (at most half of MemAvailable; --size-mib, --quick set\n"
-      "it), at 1 thread and all threads, each as a ratio of the read\n"
+      "Memory read bandwidth, then BF16 and MXFP4 matrix-vector weight GB/s on matrices of\n"
+      "max(4x the last-level cache, 256 MiB) by default (at most half of MemAvailable;\n"
+      "--size-mib, --quick set it), at 1 thread and all threads, each as a ratio of the read\n"
       "bandwidth at the same thread count (goals: bf16 >= 0.85, mxfp4 >= 0.75); then the\n"
       "prefill products (several tokens at once) as a ratio of the measured double FMA rate");
   auto o = std::make_shared<KernelsOptions>();

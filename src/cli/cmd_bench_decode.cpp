@@ -321,8 +321,8 @@ void register_bench_decode_command(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   add_threads_option(sub, o->threads, "Worker threads");
   sub->add_option("--buffer-mib", o->buffer_mib,
-                  "Bandwidth buffer in MiB (default: 4x the last-level cache, at most a quarter "
-                  "of MemAvailable; small = in-cache, figures meaningless)")
+                  "Bandwidth buffer in MiB (default: max(4x the last-level cache, 256 MiB), at "
+                  "most a quarter of MemAvailable; small = in-cache, figures meaningless)")
       ->transform(whole_number<uint64_t>(kMaxBenchMib));
   sub->add_option("--pack", o->pack,
                   "Also decode with the trunk streamed from this pack and compare with "

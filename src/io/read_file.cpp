@@ -206,8 +206,10 @@ Result<ReadFile> ReadFile::open(const std::filesystem::path& path, DirectMode mo
   if (!refused.empty()) {
     if (mode == DirectMode::kDirect) {
       return Status::runtime("O_DIRECT was requested for " + f.path_ + " but " + refused +
-                             " (use buffered I/O, or put the file on a filesystem such as "
-                             "ext4 or xfs)");
+                             (refused.starts_with("statx reports a direct-I/O alignment")
+                                  ? " (use buffered I/O)"
+                                  : " (use buffered I/O, or put the file on a filesystem such "
+                                    "as ext4 or xfs)"));
     }
     log_direct_fallback_once(f.path_, refused);
   }

@@ -184,7 +184,8 @@ TEST(ThreadPool, CoversEachIndexOnce) {
 #if defined(__x86_64__)
 // The workers run each call under the caller's MXCSR, set after the pool started or not (a
 // thread inherits its creator's only when made): otherwise a denormal result would depend on
-// which thread ran its range. Each range sleeps 1 ms, so that the workers take some.
+// which thread ran its range. Range 0 waits until another thread has started a range, so
+// that two threads run ranges, one of them a worker, whatever the scheduling.
 TEST(ThreadPool, RangesRunUnderTheCallersFloatingPointControl) {
   ThreadPool pool(3);
   const uint32_t saved = _mm_getcsr();
@@ -192,12 +193,21 @@ TEST(ThreadPool, RangesRunUnderTheCallersFloatingPointControl) {
     _mm_setcsr((saved & ~0x8040u) | ftz_daz);
     std::vector<uint32_t> seen(24, 0xffffffffu);
     std::vector<float> products(24, -1.0f);
+    std::atomic<bool> holder_known{false}, another_thread{false};
+    std::thread::id holder;
     pool.parallel_for(24, 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
+        if (i == 0) {
+          holder = std::this_thread::get_id();
+          holder_known.store(true);
+          while (!another_thread.load()) std::this_thread::yield();
+        } else {
+          while (!holder_known.load()) std::this_thread::yield();
+          if (std::this_thread::get_id() != holder) another_thread.store(true);
+        }
         seen[i] = _mm_getcsr() & 0x8040u;
         volatile float subnormal = 0x1p-140f, one = 1.0f;  // volatile: multiplied here
         products[i] = subnormal * one;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     });
     _mm_setcsr(saved);
