@@ -55,8 +55,8 @@ inline void linear(const WeightMatrix& w, const float* x, int64_t n_tokens, floa
 // Decodes MXFP4 rows to f32, exactly where the value fits f32 (E2M1(nibble) * 2^(scale-127);
 // -0 stays -0; a scale-255 block decodes to +0; scales 253-254 with large codes pass 2^128 and
 // give +-Inf, where the linear kernels, which scale in double, stay finite). For tests and
-// inspection only: the linear kernels never store a decoded
-// copy. out [rows, cols]. REQUIRES cols % 32 == 0.
+// inspection only: the linear kernels never store a decoded copy. out [rows, cols].
+// REQUIRES cols % 32 == 0.
 void mxfp4_decode(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols,
                   float* out);
 

@@ -481,7 +481,8 @@ TEST_F(DeviceModeTest, CudaMatchesTheCpuAndIsBudgetInvariant) {
     ASSERT_EQ(outs.back().size(), reference_.size());
   }
   for (size_t i = 1; i < outs.size(); ++i)
-    EXPECT_TRUE(test::same_bytes(outs[i], outs[0])) << "GPU output changed with the VRAM budget (" << i << ")";
+    EXPECT_TRUE(test::same_bytes(outs[i], outs[0]))
+        << "GPU output changed with the VRAM budget (" << i << ")";
   // The whole prompt in one pass: its matrix products go through cuBLAS (8 tokens or more),
   // the chunks of 5 above through the fused kernels. Compared by argmax below.
   std::vector<float> one_pass(kDialTestPrompt.size() * static_cast<size_t>(V));

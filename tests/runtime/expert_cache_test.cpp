@@ -561,9 +561,10 @@ TEST_F(ExpertCacheTest, FailedReadsFailThePassAndTheTierRecovers) {
 
 // fetch_each hands the experts already in memory over at once, while the misses' reads run,
 // and each miss when its reads land: with every read delayed 1 s the first group is the hits
-// (handed over while no read has landed: the engine's count), the misses come after, every index exactly once, and the views
-// are the ones a later fetch() hands out. A failing callback stops the hand-over; its error is
-// returned once the reads issued have landed, and those experts are then in memory.
+// (handed over while no read has landed: the engine's count), the misses come after, every
+// index exactly once, and the views are the ones a later fetch() hands out. A failing callback
+// stops the hand-over; its error is returned once the reads issued have landed, and those
+// experts are then in memory.
 TEST_F(ExpertCacheTest, FetchEachHandsOverExpertsInMemoryWhileMissesLoad) {
   EngineOptions eo;
   eo.model_dir = root_ / "ckpt";
