@@ -5,7 +5,7 @@
 //             [--isa auto]
 //             [--pack PACKDIR] [--ram SIZE | --preset NAME] [--io auto] [--report-json FILE]
 //             [--trace FILE] [--lookahead D] [--policy NAME] [--profile TRACE]
-//             [--chat [-i|--interactive] [-c|--ctx-size N]]
+//             [--stop-id ID ...] [--chat [-i|--interactive] [-c|--ctx-size N]]
 //             [--prompt-cache FILE [--prompt-cache-all] [--prompt-cache-ro]]
 //
 // --chat wraps the prompt text as one user message in K3's chat format (tokenizer/chat.h,
@@ -18,6 +18,9 @@
 // Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
 // Ctrl-C stops at the next whole token with all of that (exit 130); see docs/ARCHITECTURE.md.
+// A run stops at the eos_token_id of config.json and generation_config.json, at each --stop-id,
+// and with --chat at <|close|>; it is refused (exit 2) where none is named (K3-MODEL D3), unless
+// it generates nothing (-n 0).
 // A model folder without tiktoken.model (or with it but without tokenizer_config.json: a warning)
 // runs from --ids and prints the generated ids only.
 // --prompt-cache (cli/run_prompt_cache.h) starts from a saved state when the prompt begins with
@@ -74,6 +77,7 @@ struct RunArgs {
   bool has_prompt = false, has_ids = false, print_ids = false, special = false, chat = false,
        interactive = false, prompt_cache_all = false, prompt_cache_ro = false;
   int64_t max_new_tokens = 128, chunk = 256, ctx_size = 0;
+  std::vector<int64_t> stop_ids;  // --stop-id, beside the config's eos_token_id
   runtime::SamplingParams sampling;  // greedy unless --temp
   int threads = 0;
 };
@@ -300,6 +304,34 @@ void warn_untrained_positions(const RunArgs& a, const format::ModelConfig& cfg, 
                                     std::to_string(a.max_new_tokens));
 }
 
+// The ids a generation stops at (K3-MODEL D3): config.json's and generation_config.json's
+// eos_token_id, each --stop-id (the opt-in extra stops, e.g. K3's [EOS] 163585), and with --chat
+// the response's <|close|>; in that order, once each. Read before the load, so that a run with
+// none (it would never end its text) or a --stop-id outside the vocabulary fails at once.
+Result<std::vector<int32_t>> run_stop_ids(const RunArgs& a,
+                                          const std::optional<tok::ChatMarkers>& markers) {
+  KTIER_ASSIGN_OR_RETURN(const format::ModelConfig cfg,
+                         format::load_model_config(std::filesystem::path(a.model) /
+                                                   "config.json"));
+  std::vector<int32_t> ids;
+  const auto add = [&](int64_t id) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(static_cast<int32_t>(id));
+  };
+  for (const int64_t id : cfg.eos_token_ids) add(id);
+  for (const int64_t id : a.stop_ids) {
+    if (id < 0 || id >= cfg.vocab_size)
+      return Status::usage("--stop-id " + std::to_string(id) + " is outside the vocabulary (0.." +
+                           std::to_string(cfg.vocab_size - 1) + ", config.json's vocab_size)");
+    add(id);
+  }
+  if (markers) add(markers->close);
+  if (ids.empty() && a.max_new_tokens != 0)
+    return Status::usage(a.model + ": config.json and generation_config.json name no "
+                         "eos_token_id, so the generation would not stop where the text ends: "
+                         "pass --stop-id ID (the id that ends a message; repeatable)");
+  return ids;
+}
+
 Status run(const RunArgs& a) {
   // A reader that goes away (`ktier run ... | head`) is a write error (exit 1, the trace closed
   // at a whole token), not a silent death by SIGPIPE (exit 141, the trace cut).
@@ -339,6 +371,7 @@ Status run(const RunArgs& a) {
   if (a.chat) {
     KTIER_ASSIGN_OR_RETURN(markers, tok::chat_markers(*tokenizer));
   }
+  KTIER_ASSIGN_OR_RETURN(gen.stop_ids, run_stop_ids(a, markers));
   // Read and encoded before the load: a bad -f fails at once, and GPU mode sets its working
   // set aside for exactly this run.
   KTIER_ASSIGN_OR_RETURN(const RunPrompt given_prompt, read_prompt(a, tokenizer, markers));
@@ -385,14 +418,11 @@ Status run(const RunArgs& a) {
                  static_cast<int64_t>(tokenizer->vocab_size()) < cfg.vocab_size
                      ? "generated ids past the tokenizer print no text (--print-ids lists them)"
                      : "prompt text that encodes to ids past the model is refused");
-  gen.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
   // The MLA caches are reserved for the positions planned (GPU mode: its working set holds
   // them), rather than grown by doubling: up to twice the memory, and a copy of every cache in
   // one token (K3 at 128k positions: 7 GB of caches).
   gen.reserve_positions = eo.workload.positions;
 
-  // The response element closes: what follows is markup, not the answer.
-  if (markers) gen.stop_ids.push_back(static_cast<int32_t>(markers->close));
   const IdSource id_source = a.ids.empty() ? IdSource::kTokenizer : IdSource::kCommandLine;
   KTIER_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt,
                          ids_in_vocab(raw, cfg.vocab_size, id_source));
@@ -609,6 +639,12 @@ void register_run_command(CLI::App& app, int& exit_code) {
   add_threads_option(sub, a->threads, "Worker threads");
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
   sub->add_flag("--print-ids", a->print_ids, "After the text, print the generated ids on one line");
+  sub->add_option("--stop-id", a->stop_ids,
+                  "Also stop after this token id (repeatable); config.json's and "
+                  "generation_config.json's eos_token_id always stop, and a run needs at least "
+                  "one stop id")
+      ->type_name("ID")
+      ->allow_extra_args(false);
   sub->add_flag("--special", a->special,
                 "Encode added-token strings in the prompt text as their ids, and print special "
                 "tokens in the output (hidden by default; --print-ids lists every id)");

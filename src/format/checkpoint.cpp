@@ -373,9 +373,8 @@ Status CheckpointBuilder::check_index(const IndexFile& index,
               ck_.shards_[s].path().filename().string());
     }
   }
-  if (!index.total_size)
-    p.add("metadata.total_size is missing");
-  else if (*index.total_size != total)
+  // total_size is informative (K3-MODEL §3.3): an index without it is read; a wrong one is not.
+  if (index.total_size && *index.total_size != total)
     p.add("metadata.total_size is " + std::to_string(*index.total_size) +
           " but the shards' tensors hold " + std::to_string(total) + " bytes");
   return p.empty() ? Status::ok() : p.corrupt(name);

@@ -566,9 +566,11 @@ Result<ModelConfig> parse_config_unguarded(const json& root, const std::string& 
   if (!root.is_object())
     return Status::usage(source_name + ": expected a JSON object at the root, got " + describe(root));
 
-  // Rule 1: the shape.
+  // Rule 1: the shape. A null text_config is an absent one (flat); another non-object is
+  // refused by name rather than read as flat (every model field would be "missing").
   const Scope root_scope{&root, ""};
   const json* text = root_scope.find("text_config");
+  if (text != nullptr && text->is_null()) text = nullptr;
   if (text != nullptr && !text->is_object())
     return Status::usage(source_name + ": text_config: expected an object (nested shape), got " +
                          describe(*text));
@@ -724,6 +726,27 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& root, const std::st
 
 namespace {
 
+// A released config nests 4 deep; the checks dump a value they refuse, which recurses once per
+// level, so a file of brackets would overflow the stack.
+constexpr int kMaxConfigDepth = 64;
+
+// `text` parsed as JSON (any value), or a usage error naming `source_name` and the problem: a
+// NUL byte, nesting past kMaxConfigDepth, or the syntax error and where it is.
+Result<json> parse_json_text(std::string_view text, const std::string& source_name) {
+  if (const std::string nul = json_nul_problem(text); !nul.empty())
+    return Status::usage(source_name + ": not valid JSON: it " + nul);
+  bool too_deep = false;
+  json root = parse_json_depth_bounded(text, kMaxConfigDepth, &too_deep);
+  if (too_deep)
+    return Status::usage(source_name + ": nested deeper than " + std::to_string(kMaxConfigDepth) +
+                         " levels (a released config nests 4)");
+  if (root.is_discarded()) {
+    const std::string why = json_syntax_error(text);
+    return Status::usage(source_name + ": not valid JSON" + (why.empty() ? "" : ": " + why));
+  }
+  return root;
+}
+
 // D3: the stop ids are config.json's eos_token_id and generation_config.json's (an integer, a
 // list of integers, or null), when that file is there. Its other keys (sampling defaults) are
 // not read.
@@ -732,12 +755,10 @@ Status add_generation_config_stop_ids(const std::filesystem::path& file, ModelCo
   KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(file));
   if (!exists) return Status::ok();
   KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(file));
-  bool too_deep = false;
-  const json root = parse_json_depth_bounded(text, 64, &too_deep);
-  if (too_deep || root.is_discarded() || !root.is_object()) {
-    const std::string why = too_deep ? "nested deeper than 64 levels" : json_syntax_error(text);
-    return Status::usage(name + ": not a JSON object" + (why.empty() ? "" : ": " + why));
-  }
+  KTIER_ASSIGN_OR_RETURN(const json root, parse_json_text(text, name));
+  if (!root.is_object())
+    return Status::usage(name + ": not a JSON object (its top level is " +
+                         std::string(root.type_name()) + ")");
   const auto it = root.find("eos_token_id");
   if (it == root.end() || it->is_null()) return Status::ok();
   std::vector<int64_t> ids;
@@ -775,20 +796,7 @@ Result<ModelConfig> load_model_config(const std::filesystem::path& config_json) 
 }
 
 Result<ModelConfig> parse_model_config_text(std::string_view text, const std::string& source_name) {
-  if (const std::string nul = json_nul_problem(text); !nul.empty())
-    return Status::usage(source_name + ": not valid JSON: it " + nul);
-  // A released config nests 4 deep; the checks dump a value they refuse, which recurses once
-  // per level, so a file of brackets would overflow the stack.
-  constexpr int kMaxConfigDepth = 64;
-  bool too_deep = false;
-  const json root = parse_json_depth_bounded(text, kMaxConfigDepth, &too_deep);
-  if (too_deep)
-    return Status::usage(source_name + ": nested deeper than " + std::to_string(kMaxConfigDepth) +
-                         " levels, not a model config");
-  if (root.is_discarded()) {
-    const std::string why = json_syntax_error(text);
-    return Status::usage(source_name + ": not valid JSON" + (why.empty() ? "" : ": " + why));
-  }
+  KTIER_ASSIGN_OR_RETURN(const json root, parse_json_text(text, source_name));
   return parse_model_config(root, source_name);
 }
 

@@ -209,10 +209,13 @@ Status write_small_file(const fs::path& path, const std::string& text) {
   return Status::ok();
 }
 
-Status fsync_dir(const fs::path& dir) {
+// `dir`'s entries made durable. With `skip_unreadable`, a folder the user may not open for
+// reading (write and search only) is left as it is.
+Status fsync_dir(const fs::path& dir, bool skip_unreadable = false) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;  // before the message's allocations
+    if (skip_unreadable && err == EACCES) return Status::ok();
     return Status::runtime("cannot open " + dir.string() + ": " + errno_text(err));
   }
   const int rc = ::fsync(fd);
@@ -229,17 +232,7 @@ Status fsync_dir(const fs::path& dir) {
 Status fsync_new_dir_entries(const fs::path& dir, const fs::path& existing) {
   if (dir == existing) return Status::ok();
   for (fs::path p = dir.parent_path(); !p.empty(); p = p.parent_path()) {
-    const int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0 && errno != EACCES) {
-      const int err = errno;
-      return Status::runtime("cannot open " + p.string() + ": " + errno_text(err));
-    }
-    if (fd >= 0) {
-      const int rc = ::fsync(fd);
-      const int err = errno;
-      ::close(fd);
-      if (rc != 0) return Status::runtime("cannot fsync " + p.string() + ": " + errno_text(err));
-    }
+    KTIER_RETURN_IF_ERROR(fsync_dir(p, /*skip_unreadable=*/true));
     if (p == existing || p == p.parent_path()) break;
   }
   return Status::ok();

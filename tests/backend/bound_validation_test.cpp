@@ -9,15 +9,15 @@
 //    median magnitude. The median of (tol + ulp) / |value| is printed per op.
 // 3. compare()'s NaN / Inf / poison rules.
 //
-// Seeds: 1, 2, 3 and two fresh ones (printed); KTIER_TEST_SEED=N replaces the fresh ones.
+// Seeds: 1, 2, 3 and a fresh one per op (printed; KTIER_TEST_SEED=N replays it).
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <map>
 
 #include "cross_backend_support.h"
 #include "op_bounds.h"
+#include "tests/common/fresh_seed.h"
 
 namespace ktier::backend::test {
 namespace {
@@ -25,14 +25,8 @@ namespace {
 const cpu::Exec kRef{nullptr, cpu::Isa::kScalar};
 
 std::vector<uint64_t> seeds() {
-  std::vector<uint64_t> s = {1, 2, 3};
-  if (const char* e = std::getenv("KTIER_TEST_SEED"); e && *e) {
-    s.push_back(std::strtoull(e, nullptr, 10));
-  } else {
-    for (int i = 0; i < 2; ++i)
-      s.push_back(std::random_device{}() * 0x9e3779b97f4a7c15ull + std::random_device{}());
-  }
-  return s;
+  return {1, 2, 3, ktier::test::fresh_seed(
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name())};
 }
 
 // ---- f32 building blocks -------------------------------------------------------------------

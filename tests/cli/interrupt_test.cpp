@@ -5,6 +5,7 @@
 // The runs use a tiny checkpoint whose config has no eos token and whose lm_head row for the
 // chat's <|close|> is zero (its logit exactly 0, below the argmax of the other 319), so that a
 // greedy run or answer goes on until -n (minutes away) and only the signal can end it early.
+// A run needs a stop id (K3-MODEL D3): the runs name <|close|>, never generated.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -50,6 +51,7 @@ class InterruptCli : public ::testing::Test {
     ASSERT_TRUE(tokenizer.is_ok()) << tokenizer.status().message();
     auto markers = tok::chat_markers(*tokenizer);
     ASSERT_TRUE(markers.is_ok()) << markers.status().message();
+    close_id_ = std::to_string(markers->close);
     bool zeroed = false;
     for (const fs::directory_entry& e : fs::directory_iterator(dir_ / "model")) {
       if (e.path().extension() != ".safetensors") continue;
@@ -75,11 +77,12 @@ class InterruptCli : public ::testing::Test {
   static std::vector<std::string> run_args(std::vector<std::string> extra,
                                           const std::string& n = "100000") {
     std::vector<std::string> args = {ktier_bin().string(), "run", "-m", (dir_ / "model").string(),
-                                     "-n", n};
+                                     "-n", n, "--stop-id", close_id_};
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
   static inline fs::path dir_;
+  static inline std::string close_id_;  // <|close|>'s id, whose logit is 0
 };
 
 TEST_F(InterruptCli, RunStopsAtAWholeTokenWithItsTextReportAndTrace) {
@@ -107,7 +110,8 @@ TEST_F(InterruptCli, RunStopsAtAWholeTokenWithItsTextReportAndTrace) {
   EXPECT_EQ(j.at("generated_tokens").get<size_t>(), got.size());
   const auto again =
       run_process(ktier_bin().string() + " run -m " + (dir_ / "model").string() +
-                  " --ids 2 --print-ids -n " + std::to_string(got.size()));
+                  " --ids 2 --print-ids --stop-id " + close_id_ + " -n " +
+                  std::to_string(got.size()));
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_EQ(split_ids(last_line(again.out)), got);
   EXPECT_NE(again.err.find("(length limit)"), std::string::npos) << again.err;
@@ -149,7 +153,7 @@ TEST_F(InterruptCli, RunStoppedInItsPromptSavesThePartItRan) {
   // lands inside (budget and threads never change the output).
   const std::string ids = spread_ids(1500);
   const std::string run = ktier_bin().string() + " run -m " + (dir_ / "model").string() +
-                          " --print-ids -n 3 --ids " + ids;
+                          " --print-ids -n 3 --stop-id " + close_id_ + " --ids " + ids;
   const auto plain = run_process(run);
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   for (const std::string& chunk : {std::string("1"), std::string("1499")}) {

@@ -160,6 +160,56 @@ TEST_F(RunEvalCli, GreedyRunPrintsReferenceIdsAfterTheText) {
   }
 }
 
+// The stop ids (K3-MODEL D3): each --stop-id ends the run right after it is generated, beside
+// the config's eos_token_id; a checkpoint whose config.json and generation_config.json name no
+// eos_token_id runs only with one (exit 2 naming the files otherwise: it would never end its
+// text), or with -n 0; a --stop-id outside the vocabulary is refused by value.
+TEST_F(RunEvalCli, RunStopsAtEachStopIdAndNeedsOne) {
+  const auto greedy = golden_.at("greedy").get<std::vector<int>>();
+  // The first greedy id past the first that the run has not generated before.
+  size_t k = 1;
+  while (k < greedy.size() && std::count(greedy.begin(), greedy.begin() + k, greedy[k]) > 0) ++k;
+  ASSERT_LT(k, greedy.size());
+  const std::string run_ids = " --ids " + prompt_ids() + " -n 20 --print-ids";
+  const auto stopped = run_process(ktier() + " run" + model() + run_ids + " --stop-id " +
+                                   std::to_string(greedy[k]));
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.err;
+  EXPECT_EQ(last_line(stopped.out), join_ids({greedy.begin(), greedy.begin() + k + 1}));
+  EXPECT_NE(stopped.err.find("generated " + std::to_string(k + 1) + " (stop token)"),
+            std::string::npos)
+      << stopped.err;
+
+  const fs::path bare = dir_.string() + "-no-eos";
+  fs::remove_all(bare);
+  fs::copy(dir_, bare);
+  for (const char* name : {"config.json", "generation_config.json"}) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(bare / name));
+    j["eos_token_id"] = nullptr;
+    if (j.contains("text_config")) j["text_config"]["eos_token_id"] = nullptr;
+    std::ofstream(bare / name) << j.dump();
+  }
+  const std::string bare_run = ktier() + " run -m " + bare.string() + run_ids;
+  const auto refused = run_process(bare_run);
+  const auto one = run_process(bare_run + " --stop-id " + std::to_string(greedy[k]));
+  const auto none_generated = run_process(ktier() + " run -m " + bare.string() + " --ids " +
+                                          prompt_ids() + " -n 0");
+  const auto outside = run_process(bare_run + " --stop-id 0 --stop-id 320");
+  fs::remove_all(bare);
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_EQ(refused.out, "");
+  EXPECT_NE(refused.err.find(bare.string() + ": config.json and generation_config.json name no "
+                             "eos_token_id"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_NE(refused.err.find("pass --stop-id ID"), std::string::npos) << refused.err;
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_EQ(one.out, stopped.out);
+  EXPECT_EQ(none_generated.exit_code, 0) << none_generated.err;
+  EXPECT_EQ(outside.exit_code, 2);
+  EXPECT_NE(outside.err.find("--stop-id 320 is outside the vocabulary (0..319"), std::string::npos)
+      << outside.err;
+}
+
 TEST_F(RunEvalCli, RunsFromIdsWithoutTokenizerFiles) {
   const fs::path bare = dir_.string() + "-bare";
   fs::remove_all(bare);

@@ -312,6 +312,15 @@ TEST(Config, NestedNeedsLinearAttnConfigObject) {
   j = k3_config();
   j["text_config"] = 5;
   EXPECT_HAS(parse_err(j), "text_config: expected an object");
+  // Only an object member makes the shape nested (§2.1): a null one is absent.
+  json flat = manifest_config();
+  ASSERT_FALSE(flat.contains("text_config"));
+  const ModelConfig without = parse_ok(flat);
+  flat["text_config"] = nullptr;
+  const ModelConfig with_null = parse_ok(flat);
+  EXPECT_EQ(with_null.shape, ConfigShape::kFlat);
+  EXPECT_EQ(with_null.hidden_size, without.hidden_size);
+  EXPECT_EQ(with_null.kda_layers, without.kda_layers);
   EXPECT_HAS(parse_err(json::array()), "expected a JSON object at the root");
 }
 
@@ -523,6 +532,11 @@ TEST(Config, KdaLayersCrossCheck) {
   j = k3_config();
   j["text_config"]["linear_attn_config"]["kda_layers"].push_back(94);
   EXPECT_HAS(parse_err(j), "entry [69] = 94 is outside 1..93");
+
+  j = k3_config();
+  auto& kda = j["text_config"]["linear_attn_config"]["kda_layers"];
+  kda.push_back(kda[2]);
+  EXPECT_HAS(parse_err(j), "kda_layers: entry [69] = " + kda[2].dump() + " is a duplicate");
 }
 
 TEST(Config, TopKBounds) {
@@ -547,12 +561,14 @@ TEST(Config, QuantizationConfigMustBeMxfp4) {
   q["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
   q["config_groups"]["group_0"]["weights"]["group_size"] = 16;
   q["config_groups"]["group_0"]["weights"]["symmetric"] = false;
+  q["config_groups"]["group_0"]["weights"]["type"] = "int";
   const std::string m = parse_err(j);
   EXPECT_HAS(m, "text_config.quantization_config.format: is \"nvfp4-pack-quantized\" but ktier accepts only \"mxfp4-pack-quantized\"");
   EXPECT_HAS(m, "text_config.quantization_config.config_groups.group_0.weights.num_bits: is 8 but ktier accepts only 4");
   EXPECT_HAS(m, "weights.group_size: is 16 but ktier accepts only 32");
   EXPECT_HAS(m, "weights.symmetric: is false");
-  EXPECT_EQ(problem_lines(m), 4u);
+  EXPECT_HAS(m, "weights.type: is \"int\" but ktier accepts only \"float\"");
+  EXPECT_EQ(problem_lines(m), 5u);
 
   j = k3_config();
   j["text_config"]["quantization_config"]["quant_method"] = "awq";
@@ -700,8 +716,9 @@ TEST(Config, GenerationConfigStopIdsAreAdded) {
       {R"({"eos_token_id": [1, 2.5]})", "expected an integer or a list of integers"},
       {R"({"eos_token_id": 999999999})", "generation_config.json: eos_token_id: id 999999999 "
                                          "is outside the vocabulary"},
-      {R"({"eos_token_id": 1,)", "generation_config.json: not a JSON object"},
-      {"[1]", "generation_config.json: not a JSON object"}};
+      {R"({"eos_token_id": 1,)", "generation_config.json: not valid JSON: "},
+      {"[1]", "generation_config.json: not a JSON object (its top level is array)"},
+      {std::string(70, '['), "generation_config.json: nested deeper than 64 levels"}};
   for (const auto& [text, said] : bad) {
     ktier::test::write_text(gen, text);
     const auto r = load_model_config(cfg);
@@ -734,7 +751,7 @@ TEST(Config, LoadFromFileErrors) {
     ASSERT_FALSE(refused.is_ok());
     EXPECT_EQ(refused.status().exit_code(), 2);
     EXPECT_HAS(refused.status().message(),
-               "config.json: nested deeper than 64 levels, not a model config");
+               "config.json: nested deeper than 64 levels (a released config nests 4)");
   }
   // A NUL ends nlohmann's input: what follows it (here a second object) went unread.
   ktier::test::write_text(dir.path() / "config.json",
