@@ -12,30 +12,13 @@
 #include <thread>
 #include <utility>
 
+#include "cpu/fp_control.h"
 #include "cpu/worker_thread.h"
 
 namespace ktier::cpu {
 namespace {
 // Set while this thread runs a range of some pool: a nested parallel_for then runs inline.
 thread_local bool tls_inside_range = false;
-
-uint32_t fp_control_now() {
-#if defined(__x86_64__) || defined(__i386__)
-  return _mm_getcsr();
-#else
-  return 0;
-#endif
-}
-// The caller's MXCSR with its sticky exception flags (bits 0-5) taken as this thread's own.
-void take_fp_control(uint32_t caller) {
-#if defined(__x86_64__) || defined(__i386__)
-  constexpr uint32_t kFlags = 0x3f;
-  const uint32_t mine = _mm_getcsr();
-  if ((mine & ~kFlags) != (caller & ~kFlags)) _mm_setcsr((caller & ~kFlags) | (mine & kFlags));
-#else
-  (void)caller;
-#endif
-}
 
 // Pauses spent waiting for the next call (a worker) or for the workers (the caller) before
 // sleeping: ~10-100 us depending on the CPU's pause latency.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "cpu/fp_control.h"
 
 namespace ktier::model {
 
@@ -194,6 +195,7 @@ Status Model::layer(int64_t l, const LayerWeights& lw, LayerState& ls, int64_t f
 
 Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitRows rows,
                       float* logits) {
+  const cpu::ExactFpScope exact_fp;  // whatever the embedding program's MXCSR
   const format::ModelConfig& c = config();
   const int64_t T = static_cast<int64_t>(ids.size()), E = c.hidden_size, V = c.vocab_size;
   KTIER_CHECK(rows == LogitRows::kNone || logits != nullptr);

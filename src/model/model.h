@@ -81,7 +81,8 @@ class Model {
   // Runs ids (each in [0, V): Status::usage naming the id otherwise) and writes logits (host
   // memory) as `rows` says (null allowed for kNone). Errors: the TrunkSource's, the
   // ExpertSource's (Status::runtime for I/O, Status::corrupt for a checksum) and the backend's;
-  // on error the state is unusable and must be discarded.
+  // on error the state is unusable and must be discarded. Runs under cpu::ExactFpScope: the
+  // calling thread's rounding mode, FTZ/DAZ and exception masks do not reach the arithmetic.
   Status forward(std::span<const int32_t> ids, SequenceState& state, LogitRows rows,
                  float* logits);
 

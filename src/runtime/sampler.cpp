@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "cpu/fp_control.h"
 #include "cpu/kernels.h"
 
 namespace ktier::runtime {
@@ -83,6 +84,7 @@ const float* Sampler::apply_penalties(const float* logits, int64_t n,
 }
 
 int32_t Sampler::next(const float* raw_logits, int64_t n, std::span<const int32_t> sequence) {
+  const cpu::ExactFpScope exact_fp;  // the probabilities' rounding is part of the draw
   const float* logits = apply_penalties(raw_logits, n, sequence);
   if (params_.temperature == 0) return static_cast<int32_t>(cpu::argmax(logits, n, cpu::Exec{}));
   order_.clear();
