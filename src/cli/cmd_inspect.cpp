@@ -1,18 +1,23 @@
-// `ktier inspect -m DIR [--json]`: opens and fully validates a model directory (config, index,
-// shard headers, tensor inventory) and prints what ktier sees: the config, the layer map, bytes
-// by kind and how the routed experts are stored. Exit 0 when the model would load; otherwise the
-// loader's exit code (2 config, 3 corrupt checkpoint, 1 I/O) with its message.
+// `ktier inspect -m DIR [--json] [--check-tensors]`: opens and fully validates a model directory
+// (config, index, shard headers, tensor inventory) and prints what ktier sees: the config, the
+// layer map, bytes by kind and how the routed experts are stored. Exit 0 when the model would
+// load; otherwise the loader's exit code (2 config, 3 corrupt checkpoint, 1 I/O) with its
+// message. --check-tensors also reads the values (format/value_check.h): NaN/Inf in a weight is
+// exit 3 naming each tensor; MXFP4 scale-255 blocks (zero blocks, K3-MODEL D12) are counted.
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
 #include "common/json_text.h"
+#include "common/progress.h"
 #include "common/size.h"
 #include "format/checkpoint.h"
+#include "format/value_check.h"
 
 namespace ktier::cli {
 namespace {
@@ -190,16 +195,102 @@ nlohmann::ordered_json to_json(const Checkpoint& ck) {
   return j;
 }
 
+// Tensors listed one per line at most; the counts cover them all.
+constexpr size_t kMaxListedTensors = 20;
+
+std::string count_of(uint64_t n, const char* thing) {
+  return with_commas(n) + " " + thing + (n == 1 ? "" : "s");
+}
+
+std::string counts_text(const format::TensorValueCounts& c) {
+  std::string s = c.name + " (" + c.shard + "): ";
+  if (c.nan + c.inf > 0)
+    s += with_commas(c.nan) + " NaN, " + with_commas(c.inf) + " Inf";
+  else
+    s += count_of(c.scale_255, "block");
+  return s + ", the first at element " + with_commas(c.first_element);
+}
+
+void print_tensor_list(const std::vector<format::TensorValueCounts>& list) {
+  for (size_t i = 0; i < list.size() && i < kMaxListedTensors; ++i)
+    std::printf("  %s\n", counts_text(list[i]).c_str());
+  if (list.size() > kMaxListedTensors)
+    std::printf("  ... and %zu more\n", list.size() - kMaxListedTensors);
+}
+
+void print_value_check(const format::ValueCheckReport& r) {
+  std::printf("check-tensors: %s read (%s; %s of MXFP4 nibbles need no check)\n",
+              count_of(r.tensors_read, "tensor").c_str(), human_bytes(r.bytes_read).c_str(),
+              count_of(r.tensors_skipped, "tensor").c_str());
+  if (r.nonfinite.empty()) {
+    std::printf("NaN/Inf: none\n");
+  } else {
+    std::printf("NaN/Inf: %s NaN and %s Inf in %s\n", with_commas(r.nan).c_str(),
+                with_commas(r.inf).c_str(), count_of(r.nonfinite.size(), "tensor").c_str());
+    print_tensor_list(r.nonfinite);
+  }
+  std::printf("MXFP4 scale 255 (NaN in OCP MX; a zero block in ktier, K3-MODEL D12): %s\n",
+              r.scale_255 == 0 ? "none"
+                               : (count_of(r.scale_255, "block") + " in " +
+                                  count_of(r.scale_255_tensors.size(), "tensor"))
+                                     .c_str());
+  print_tensor_list(r.scale_255_tensors);
+}
+
+nlohmann::ordered_json value_check_json(const format::ValueCheckReport& r) {
+  const auto list = [](const std::vector<format::TensorValueCounts>& v) {
+    auto a = nlohmann::ordered_json::array();
+    for (const auto& c : v)
+      a.push_back({{"tensor", c.name}, {"shard", c.shard}, {"nan", c.nan}, {"inf", c.inf},
+                   {"scale_255", c.scale_255}, {"first_element", c.first_element}});
+    return a;
+  };
+  return {{"tensors_read", r.tensors_read}, {"bytes_read", r.bytes_read},
+          {"tensors_skipped", r.tensors_skipped}, {"nan", r.nan}, {"inf", r.inf},
+          {"scale_255", r.scale_255}, {"nonfinite_tensors", list(r.nonfinite)},
+          {"scale_255_tensors", list(r.scale_255_tensors)}};
+}
+
 struct InspectOptions {
   std::string model_dir;
   bool json = false;
+  bool check_tensors = false;
 };
 
 Status run_inspect(const InspectOptions& opt) {
-  KTIER_ASSIGN_OR_RETURN(Checkpoint ck, Checkpoint::open(opt.model_dir));
-  if (opt.json) std::fputs(json_output_text(to_json(ck)).c_str(), stdout);
-  else print_text(ck);
-  return Status::ok();
+  // Positioned reads for the value check: a shard that shrank is an error naming it.
+  KTIER_ASSIGN_OR_RETURN(
+      Checkpoint ck, Checkpoint::open(opt.model_dir, opt.check_tensors ? format::OpenMode::kPread
+                                                                       : format::OpenMode::kMap));
+  if (!opt.check_tensors) {
+    if (opt.json) std::fputs(json_output_text(to_json(ck)).c_str(), stdout);
+    else print_text(ck);
+    return Status::ok();
+  }
+  ProgressMeter meter("check-tensors", format::value_check_bytes(ck),
+                      spdlog::should_log(spdlog::level::info));
+  Result<format::ValueCheckReport> checked =
+      format::check_tensor_values(ck, [&](uint64_t done) { meter.update(done); });
+  if (!checked.is_ok()) {
+    meter.abandon();
+    return checked.status();
+  }
+  const format::ValueCheckReport& r = *checked;
+  meter.finish_if_shown(r.bytes_read);
+  if (opt.json) {
+    nlohmann::ordered_json j = to_json(ck);
+    j["check_tensors"] = value_check_json(r);
+    std::fputs(json_output_text(j).c_str(), stdout);
+  } else {
+    print_text(ck);
+    print_value_check(r);
+  }
+  if (r.nonfinite.empty()) return Status::ok();
+  const format::TensorValueCounts& first = r.nonfinite.front();
+  return Status::corrupt(opt.model_dir + ": " + std::to_string(r.nonfinite.size()) +
+                         " tensor(s) hold NaN or Inf values, e.g. '" + first.name + "' in " +
+                         first.shard + " (" + with_commas(first.nan) + " NaN, " +
+                         with_commas(first.inf) + " Inf); a forward through it is not finite");
 }
 
 }  // namespace
@@ -211,6 +302,10 @@ void register_inspect_command(CLI::App& app, int& exit_code) {
   sub->add_option("-m,--model", opt->model_dir, "Model directory (config.json + safetensors)")
       ->required();
   sub->add_flag("--json", opt->json, "Print the summary as JSON");
+  sub->add_flag("--check-tensors", opt->check_tensors,
+                "Also read every used tensor's values: NaN/Inf in a weight is exit 3 naming it; "
+                "MXFP4 scale-255 blocks (zero blocks) are counted (the float tensors and the "
+                "scales are read: about 199 GB of K3's 1.56 TB)");
   sub->callback([opt, &exit_code] { exit_code = finish(run_inspect(*opt)); });
 }
 

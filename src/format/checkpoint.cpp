@@ -677,6 +677,7 @@ Status CheckpointBuilder::validate_model() {
   if (!io_error_.is_ok()) return io_error_;
   if (!problems_.empty()) return problems_.corrupt(ck_.dir_.string());
   summarise_experts();
+  ck_.used_ = std::move(consumed_);
   return Status::ok();
 }
 

@@ -129,6 +129,10 @@ class Checkpoint {
 
   const ByteCensus& census() const { return census_; }
 
+  // Whether tensor `index` of shard `shard` is one the model reads (census trunk, experts,
+  // embeddings/head), not an ignored one (vision, MTP).
+  bool used(size_t shard, size_t index) const { return used_.at(shard).at(index) != 0; }
+
  private:
   Checkpoint() = default;
   friend class CheckpointBuilder;
@@ -143,6 +147,7 @@ class Checkpoint {
   std::vector<ExpertLocation> experts_;  // [(layer - first_k_dense_replace) * num_experts + e]
   ExpertSummary expert_summary_;
   ByteCensus census_;
+  std::vector<std::vector<uint8_t>> used_;  // [shard][tensor index in that shard]
 };
 
 // Tensor name helpers (K3-MODEL §4).

@@ -15,6 +15,9 @@ namespace ktier::format {
 namespace {
 
 using ktier::test::make_tiny_checkpoint;
+using ktier::test::SynthCheckpoint;
+using ktier::test::SynthShard;
+using ktier::test::StTensor;
 using ktier::test::TempDir;
 namespace fs = std::filesystem;
 
@@ -104,6 +107,83 @@ TEST(Inspect, Json) {
   const auto named = nlohmann::json::parse(odd.out);
   EXPECT_EQ(named["model"], dir.path().string() + "-caf\xEF\xBF\xBD");
   EXPECT_EQ(named["shards"], 15);
+}
+
+// --check-tensors reads the values: NaN/Inf in a used float tensor (BF16, F32, F16) is exit 3
+// naming it; an MXFP4 scale byte 255 is counted (exit 0); neither is looked for in an ignored
+// (vision) tensor, nor in the packed nibbles (every code is a value).
+TEST(Inspect, CheckTensorsCountsNonFiniteWeightsAndScale255) {
+  SynthCheckpoint ck = make_tiny_checkpoint(true);
+  uint64_t floats = 0, scales = 0, packed = 0, bytes = 0;
+  const auto set = [&](const std::string& name, size_t element, std::vector<uint8_t> value) {
+    StTensor* t = ck.find(name);
+    ASSERT_NE(t, nullptr) << name;
+    std::copy(value.begin(), value.end(), t->data.begin() + element * value.size());
+  };
+  // Finite floats and scales of 2^0 everywhere (the builder's filler bytes are random), the
+  // final norm stored as F16, every nibble byte 0xff.
+  StTensor* norm = ck.find("language_model.model.norm.weight");
+  ASSERT_NE(norm, nullptr);
+  norm->dtype = "F16";
+  norm->data.resize(norm->data.size() / 2);
+  for (SynthShard& sh : ck.shards)
+    for (StTensor& t : sh.tensors) {
+      const bool scale = t.name.ends_with(".weight_scale");
+      const bool nibbles = t.name.ends_with(".weight_packed");
+      std::fill(t.data.begin(), t.data.end(), scale ? 127 : nibbles ? 0xff : 0);
+      if (!t.name.starts_with("language_model.")) continue;
+      (scale ? scales : nibbles ? packed : floats) += 1;
+      if (!nibbles) bytes += t.data.size();
+    }
+  const std::string w1_scale = "language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_scale";
+  set(w1_scale, 3, {255});
+  set(w1_scale, 7, {255});
+  set("vision_tower.patch_embed.proj.weight", 0, {0xc1, 0x7f});  // NaN, ignored
+  TempDir dir("inspect_values");
+  ck.write(dir.path());
+  const std::string cmd = "inspect --check-tensors -m '" + dir.path().string() + "'";
+  const ProcessResult clean = run_ktier(cmd);
+  ASSERT_EQ(clean.exit_code, 0) << clean.out;
+  EXPECT_HAS(clean.out, "check-tensors: " + std::to_string(floats + scales) + " tensors read (");
+  EXPECT_HAS(clean.out, "; " + std::to_string(packed) + " tensors of MXFP4 nibbles need no check)");
+  EXPECT_HAS(clean.out, "NaN/Inf: none\n");
+  EXPECT_HAS(clean.out, "MXFP4 scale 255 (NaN in OCP MX; a zero block in ktier, K3-MODEL D12): "
+                        "2 blocks in 1 tensor\n  " + w1_scale +
+                            " (model-00002-of-000015.safetensors): 2 blocks, the first at "
+                            "element 3\n");
+
+  const std::string bias = "language_model.model.layers.1.block_sparse_moe.gate.e_score_correction_bias";
+  const std::string o_proj = "language_model.model.layers.2.self_attn.o_proj.weight";
+  set(bias, 3, {0x00, 0x00, 0x80, 0x7f});  // F32 +Inf
+  set(o_proj, 5, {0xc1, 0x7f});             // BF16 NaN
+  set(o_proj, 9, {0x80, 0xff});             // BF16 -Inf
+  set("language_model.model.norm.weight", 2, {0x00, 0x7e});  // F16 NaN
+  ck.write(dir.path());
+  const ProcessResult bad = run_ktier(cmd);
+  EXPECT_EQ(bad.exit_code, 3) << bad.out;
+  EXPECT_HAS(bad.out, "NaN/Inf: 2 NaN and 2 Inf in 3 tensors\n  " + bias +
+                          " (model-00002-of-000015.safetensors): 0 NaN, 1 Inf, the first at "
+                          "element 3\n  " + o_proj +
+                          " (model-00003-of-000015.safetensors): 1 NaN, 1 Inf, the first at "
+                          "element 5\n  language_model.model.norm.weight");
+  EXPECT_HAS(bad.out, "ktier: error: " + dir.path().string() + ": 3 tensor(s) hold NaN or Inf "
+                      "values, e.g. '" + bias + "' in model-00002-of-000015.safetensors");
+  const ProcessResult json = run_ktier("inspect --json --check-tensors -m '" +
+                                       dir.path().string() + "'", false);
+  EXPECT_EQ(json.exit_code, 3);
+  const auto j = nlohmann::json::parse(json.out);
+  const auto& v = j.at("check_tensors");
+  EXPECT_EQ(v.at("tensors_read"), floats + scales);
+  EXPECT_EQ(v.at("bytes_read"), bytes);
+  EXPECT_EQ(v.at("tensors_skipped"), packed);
+  EXPECT_EQ(v.at("nan"), 2);
+  EXPECT_EQ(v.at("inf"), 2);
+  EXPECT_EQ(v.at("scale_255"), 2);
+  ASSERT_EQ(v.at("nonfinite_tensors").size(), 3u);
+  EXPECT_EQ(v.at("nonfinite_tensors")[2].at("tensor"), "language_model.model.norm.weight");
+  EXPECT_EQ(v.at("nonfinite_tensors")[2].at("nan"), 1);
+  EXPECT_EQ(v.at("nonfinite_tensors")[2].at("first_element"), 2);
+  EXPECT_EQ(v.at("scale_255_tensors")[0].at("tensor"), w1_scale);
 }
 
 TEST(Inspect, ExitCodesOnBadInput) {

@@ -1,0 +1,124 @@
+#include "format/value_check.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string_view>
+
+namespace ktier::format {
+namespace {
+
+// A float format's bit fields: all-ones exponent is Inf (mantissa 0) or NaN (any other).
+template <class Bits, Bits kExponent, Bits kMantissa>
+struct FloatBits {
+  using Word = Bits;
+  static constexpr Bits exponent = kExponent, mantissa = kMantissa;
+};
+using F32Bits = FloatBits<uint32_t, 0x7f800000u, 0x007fffffu>;
+using BF16Bits = FloatBits<uint16_t, 0x7f80u, 0x007fu>;
+using F16Bits = FloatBits<uint16_t, 0x7c00u, 0x03ffu>;
+
+// Reads whole elements: a multiple of every element size.
+constexpr uint64_t kReadBytes = 8u << 20;
+
+void note_first(TensorValueCounts& c, uint64_t element) {
+  if (c.nan + c.inf + c.scale_255 == 0) c.first_element = element;
+}
+
+template <class F>
+void count_nonfinite(const uint8_t* p, uint64_t n, uint64_t first, TensorValueCounts& c) {
+  using Word = typename F::Word;
+  for (uint64_t i = 0; i < n; ++i) {
+    Word w;
+    std::memcpy(&w, p + i * sizeof(Word), sizeof(Word));
+    if ((w & F::exponent) != F::exponent) continue;
+    note_first(c, first + i);
+    ((w & F::mantissa) != 0 ? c.nan : c.inf) += 1;
+  }
+}
+
+void count_scale_255(const uint8_t* p, uint64_t n, uint64_t first, TensorValueCounts& c) {
+  for (uint64_t i = 0; i < n; ++i) {
+    if (p[i] != 255) continue;
+    note_first(c, first + i);
+    c.scale_255 += 1;
+  }
+}
+
+enum class Scan { kSkip, kFloat, kScale };
+
+Scan scan_of(const TensorInfo& t) {
+  switch (t.dtype) {
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+      return Scan::kFloat;
+    case DType::kU8:
+      return std::string_view(t.name).ends_with(".weight_scale") ? Scan::kScale : Scan::kSkip;
+    case DType::kI32:
+      return Scan::kSkip;
+  }
+  return Scan::kSkip;
+}
+
+// Counts over [from, from + n) elements of `t` held in `p`.
+void count(const TensorInfo& t, const uint8_t* p, uint64_t n, uint64_t from,
+           TensorValueCounts& c) {
+  switch (t.dtype) {
+    case DType::kF32: return count_nonfinite<F32Bits>(p, n, from, c);
+    case DType::kBF16: return count_nonfinite<BF16Bits>(p, n, from, c);
+    case DType::kF16: return count_nonfinite<F16Bits>(p, n, from, c);
+    case DType::kU8: return count_scale_255(p, n, from, c);
+    case DType::kI32: return;
+  }
+}
+
+}  // namespace
+
+uint64_t value_check_bytes(const Checkpoint& ck) {
+  uint64_t total = 0;
+  for (size_t s = 0; s < ck.num_shards(); ++s) {
+    const auto& ts = ck.shard(s).tensors();
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (ck.used(s, i) && scan_of(ts[i]) != Scan::kSkip) total += ts[i].nbytes;
+  }
+  return total;
+}
+
+Result<ValueCheckReport> check_tensor_values(const Checkpoint& ck,
+                                             const std::function<void(uint64_t)>& progress) {
+  ValueCheckReport r;
+  std::vector<uint8_t> buffer;
+  for (size_t s = 0; s < ck.num_shards(); ++s) {
+    const SafetensorsFile& shard = ck.shard(s);
+    const auto& ts = shard.tensors();
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const TensorInfo& t = ts[i];
+      if (!ck.used(s, i)) continue;
+      const Scan scan = scan_of(t);
+      if (scan == Scan::kSkip) {
+        r.tensors_skipped += 1;
+        continue;
+      }
+      TensorValueCounts c{t.name, shard.path().filename().string()};
+      const uint64_t element = dtype_size(t.dtype);
+      for (uint64_t at = 0; at < t.nbytes;) {
+        const uint64_t n = std::min<uint64_t>(kReadBytes, t.nbytes - at);
+        if (buffer.size() < n) buffer.resize(kReadBytes);
+        KTIER_RETURN_IF_ERROR(shard.read_bytes(t.file_offset + at, n, buffer.data()));
+        count(t, buffer.data(), n / element, at / element, c);
+        at += n;
+        r.bytes_read += n;
+        if (progress) progress(r.bytes_read);
+      }
+      r.tensors_read += 1;
+      r.nan += c.nan;
+      r.inf += c.inf;
+      r.scale_255 += c.scale_255;
+      if (c.nan + c.inf > 0) r.nonfinite.push_back(std::move(c));
+      else if (c.scale_255 > 0) r.scale_255_tensors.push_back(std::move(c));
+    }
+  }
+  return r;
+}
+
+}  // namespace ktier::format
