@@ -10,7 +10,9 @@
 
 namespace ktier {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kU8, kI32 };  // kI32: prompt cache ids
+// kI32: prompt cache ids. kE8M0: an MXFP4 scale stored as safetensors' F8_E8M0 (one byte, the
+// same meaning as the release's U8 scale bytes, K3-MODEL §5.8).
+enum class DType : uint8_t { kF32, kBF16, kF16, kU8, kI32, kE8M0 };
 
 struct DTypeTraits {
   DType dtype;
@@ -24,6 +26,7 @@ inline constexpr DTypeTraits kDTypeTraits[] = {
     {DType::kF16, "F16", 2},
     {DType::kU8, "U8", 1},
     {DType::kI32, "I32", 4},
+    {DType::kE8M0, "F8_E8M0", 1},
 };
 
 inline constexpr const DTypeTraits& dtype_traits(DType t) {

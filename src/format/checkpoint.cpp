@@ -533,12 +533,17 @@ void CheckpointBuilder::expect_expert(int64_t layer, int64_t e) {
     const TensorInfo& s = *scale->info;
     const std::string pw = "tensor '" + p.name + "' (" + where(*packed) + ")";
     bool ok = true;
-    for (const auto* t : {&p, &s})
-      if (t->dtype != DType::kU8) {
-        problems_.add("tensor '" + t->name + "' is " + std::string(dtype_name(t->dtype)) +
-                      ", MXFP4 tensors must be U8");
-        ok = false;
-      }
+    if (p.dtype != DType::kU8) {
+      problems_.add("tensor '" + p.name + "' is " + std::string(dtype_name(p.dtype)) +
+                    ", MXFP4 nibbles must be U8");
+      ok = false;
+    }
+    // The release stores scales as U8; F8_E8M0 is the same byte (§5.8).
+    if (s.dtype != DType::kU8 && s.dtype != DType::kE8M0) {
+      problems_.add("tensor '" + s.name + "' is " + std::string(dtype_name(s.dtype)) +
+                    ", MXFP4 scales must be U8 or F8_E8M0");
+      ok = false;
+    }
     if (p.shape.size() != 2 || s.shape.size() != 2) {
       problems_.add(pw + " and its weight_scale must be 2-D, got " + shape_string(p.shape) +
                     " and " + shape_string(s.shape));

@@ -54,6 +54,8 @@ Scan scan_of(const TensorInfo& t) {
       return Scan::kFloat;
     case DType::kU8:
       return std::string_view(t.name).ends_with(".weight_scale") ? Scan::kScale : Scan::kSkip;
+    case DType::kE8M0:
+      return Scan::kScale;
     case DType::kI32:
       return Scan::kSkip;
   }
@@ -67,7 +69,8 @@ void count(const TensorInfo& t, const uint8_t* p, uint64_t n, uint64_t from,
     case DType::kF32: return count_nonfinite<F32Bits>(p, n, from, c);
     case DType::kBF16: return count_nonfinite<BF16Bits>(p, n, from, c);
     case DType::kF16: return count_nonfinite<F16Bits>(p, n, from, c);
-    case DType::kU8: return count_scale_255(p, n, from, c);
+    case DType::kU8:
+    case DType::kE8M0: return count_scale_255(p, n, from, c);
     case DType::kI32: return;
   }
 }

@@ -17,9 +17,10 @@ cpu::WeightType weight_type_of(DType dtype) {
     case DType::kBF16: return cpu::WeightType::kBF16;
     case DType::kF16: return cpu::WeightType::kF16;
     case DType::kU8:
-    case DType::kI32: break;
+    case DType::kI32:
+    case DType::kE8M0: break;
   }
-  KTIER_CHECK_MSG(false, "U8 and I32 are not float weight dtypes");
+  KTIER_CHECK_MSG(false, "U8, I32 and F8_E8M0 are not float weight dtypes");
   return cpu::WeightType::kF32;
 }
 

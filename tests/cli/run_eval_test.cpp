@@ -55,6 +55,44 @@ TEST_F(RunEvalCli, EvalLogitsFileIsPositionMajorF32AndIndependentOfChunkAndThrea
       ASSERT_NEAR(la[t * V + i], tf[t].at("logits")[i].get<double>(), 1e-4 * ref_max) << t << "," << i;
 }
 
+// The checkpoint with its MXFP4 scales declared F8_E8M0 instead of U8 (the same bytes; K3-MODEL
+// §5.8) gives the same logits, bit for bit.
+TEST_F(RunEvalCli, F8E8M0ScalesGiveTheSameLogits) {
+  const fs::path e8m0 = dir_.string() + "-e8m0";
+  fs::remove_all(e8m0);
+  fs::copy(dir_, e8m0);
+  int rewritten = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(e8m0)) {
+    if (e.path().extension() != ".safetensors") continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+    for (auto& [name, entry] : header.items())
+      if (name.ends_with(".weight_scale")) entry["dtype"] = "F8_E8M0", ++rewritten;
+    std::string text = header.dump();
+    text.resize((text.size() + 7) / 8 * 8, ' ');
+    const uint64_t n2 = text.size();
+    std::ofstream out(e.path(), std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(&n2), 8);
+    out << text << bytes.substr(8 + n);
+  }
+  ASSERT_GT(rewritten, 0);
+  const fs::path a = dir_ / "u8.f32", b = dir_ / "e8m0.f32";
+  const std::string eval = ktier() + " eval --ids " + prompt_ids() + " --logits-out ";
+  const auto u8 = run_process(eval + a.string() + model());
+  const auto e8 = run_process(eval + b.string() + " -m " + e8m0.string());
+  fs::remove_all(e8m0);
+  ASSERT_EQ(u8.exit_code, 0) << u8.err;
+  ASSERT_EQ(e8.exit_code, 0) << e8.err;
+  std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
+  const std::string la((std::istreambuf_iterator<char>(fa)), std::istreambuf_iterator<char>());
+  const std::string lb((std::istreambuf_iterator<char>(fb)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(la.empty());
+  EXPECT_TRUE(la == lb) << "the logits differ";
+}
+
 // -log softmax(row)[target], summed independently of runtime/perplexity.cpp (long double).
 double nll_of(const float* row, size_t V, size_t target) {
   long double z = 0;

@@ -19,6 +19,7 @@ namespace {
 using ktier::test::make_tiny_checkpoint;
 using ktier::test::StTensor;
 using ktier::test::SynthCheckpoint;
+using ktier::test::SynthShard;
 using ktier::test::TempDir;
 
 #define EXPECT_HAS(msg, text) EXPECT_NE((msg).find(text), std::string::npos) << "message: " << (msg)
@@ -346,6 +347,28 @@ TEST(Checkpoint, PackedGeometry) {
   EXPECT_HAS(m, expert_name(4, 6, "w1.weight_packed") +
                     "' (shard " + s.shards[4].file + ") has shape [96, 16], i.e. logical [96, 32], "
                     "but the config implies [96, 64]");
+}
+
+// A scale stored as F8_E8M0 is the same byte as the release's U8 (K3-MODEL §5.8); the nibbles
+// are U8 only (refused by name otherwise).
+TEST(Checkpoint, Mxfp4ScalesMayBeF8E8M0) {
+  SynthCheckpoint s = make_tiny_checkpoint(true);
+  for (SynthShard& sh : s.shards)
+    for (StTensor& t : sh.tensors)
+      if (t.name.ends_with(".weight_scale")) t.dtype = "F8_E8M0";
+  {
+    TempDir dir("ckpt_e8m0");
+    auto r = write_and_open(s, dir);
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_EQ(r->expert_storage(), ExpertStorage::kMxfp4);
+    EXPECT_EQ(r->expert_summary().contiguous, r->expert_summary().count);
+    const auto scale = r->find(expert_name(1, 0, "w1.weight_scale"));
+    ASSERT_TRUE(scale.has_value());
+    EXPECT_EQ(scale->info->dtype, DType::kE8M0);
+  }
+  s.find(expert_name(2, 3, "w2.weight_packed"))->dtype = "F8_E8M0";
+  EXPECT_HAS(open_error(s, 3), "tensor '" + expert_name(2, 3, "w2.weight_packed") +
+                                   "' is F8_E8M0, MXFP4 nibbles must be U8");
 }
 
 TEST(Checkpoint, PackedExpertsNeedQuantizationConfig) {

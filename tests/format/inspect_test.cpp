@@ -110,7 +110,7 @@ TEST(Inspect, Json) {
 }
 
 // --check-tensors reads the values: NaN/Inf in a used float tensor (BF16, F32, F16) is exit 3
-// naming it; an MXFP4 scale byte 255 is counted (exit 0); neither is looked for in an ignored
+// naming it; an MXFP4 scale byte 255 (U8 or F8_E8M0) is counted (exit 0); neither is looked for in an ignored
 // (vision) tensor, nor in the packed nibbles (every code is a value).
 TEST(Inspect, CheckTensorsCountsNonFiniteWeightsAndScale255) {
   SynthCheckpoint ck = make_tiny_checkpoint(true);
@@ -136,6 +136,7 @@ TEST(Inspect, CheckTensorsCountsNonFiniteWeightsAndScale255) {
       if (!nibbles) bytes += t.data.size();
     }
   const std::string w1_scale = "language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_scale";
+  ck.find(w1_scale)->dtype = "F8_E8M0";  // counted as the U8 scales are
   set(w1_scale, 3, {255});
   set(w1_scale, 7, {255});
   set("vision_tower.patch_embed.proj.weight", 0, {0xc1, 0x7f});  // NaN, ignored
