@@ -36,8 +36,9 @@ struct ShardFiles {
   std::unique_ptr<io::IoEngine> engine;
   std::vector<io::ReadFile> files;
 };
-inline void open_shard_files(const format::Checkpoint& ckpt, ShardFiles& out) {
-  auto io = io::make_io_engine(io::IoOptions{});
+inline void open_shard_files(const format::Checkpoint& ckpt, ShardFiles& out,
+                             const io::IoOptions& options = {}) {
+  auto io = io::make_io_engine(options);
   ASSERT_TRUE(io.is_ok()) << io.status().message();
   out.engine = std::move(*io);
   for (size_t i = 0; i < ckpt.num_shards(); ++i) {

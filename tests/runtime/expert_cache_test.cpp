@@ -136,15 +136,18 @@ class ExpertCacheTest : public ::testing::Test {
     ShardFiles shards;
     std::unique_ptr<ExpertCache> cache;
   };
-  static void open_tier_alone(int64_t policy_slots, int64_t batch_slots, TierAlone& out) {
+  // `io` as the engine reads; at most `prefetch_in_flight` prefetch chunk reads outstanding.
+  static void open_tier_alone(int64_t policy_slots, int64_t batch_slots, TierAlone& out,
+                              const io::IoOptions& io = {}, uint32_t prefetch_in_flight = 16) {
     auto ckpt = format::Checkpoint::open(root_ / "ckpt");
     ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
     out.ckpt.emplace(std::move(*ckpt));
-    ASSERT_NO_FATAL_FAILURE(open_shard_files(*out.ckpt, out.shards));
+    ASSERT_NO_FATAL_FAILURE(open_shard_files(*out.ckpt, out.shards, io));
     ExpertCacheOptions xo;
     xo.policy = PolicyKind::kLru;
     xo.policy_slots = policy_slots;
     xo.batch_slots = batch_slots;
+    xo.prefetch_in_flight = prefetch_in_flight;
     auto cache = ExpertCache::open(*out.ckpt, *out.shards.engine, out.shards.files, std::move(xo));
     ASSERT_TRUE(cache.is_ok()) << cache.status().message();
     out.cache = std::move(*cache);
@@ -386,6 +389,67 @@ TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWh
   EXPECT_EQ(x.stats().prefetch_timely, 1u);
   EXPECT_EQ(x.stats().prefetch_wasted, 0u);
   x.set_held_above(nullptr);
+}
+
+// A predicted expert the tier holds is protected when it is predicted, not when the prefetch
+// queue reaches it: here that queue waits behind a prefetch that fills the in-flight budget
+// (2 chunk reads of 4 KiB, its reads held 1 s), while the layer before routes an expert of its
+// own on demand. The LRU policy, full (3 experts: 0 and 1 used, 2 being prefetched), drops
+// expert 1 for it; the predicted expert 0, used as long ago, stays (it used to be dropped).
+TEST_F(ExpertCacheTest, APredictedResidentIsProtectedBeforeThePrefetchQueueReachesIt) {
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+  ASSERT_TRUE(ckpt.is_ok());
+  const format::ModelConfig& c = ckpt->config();
+  const int64_t layer = c.first_k_dense_replace + 1;  // a MoE layer predicted from a MoE layer
+  ASSERT_LT(layer, c.num_hidden_layers);
+  ASSERT_GE(c.num_experts, 5);
+  const format::ExpertLocation& slow = ckpt->expert(layer, 2);
+  ASSERT_TRUE(slow.contiguous);
+  io::IoOptions io;
+  io.max_chunk_bytes = 4096;
+  ASSERT_EQ(io::chunk_reads(io, slow.nbytes), 2u);
+  io.fault_plan = std::make_shared<io::FaultPlan>();
+  io.fault_plan->add(io::FaultRule::delay_by(std::chrono::seconds(1), slow.file_offset,
+                                             slow.file_offset + slow.nbytes)
+                         .in_path(ckpt->shard(slow.shard).path().filename().string()));
+  TierAlone t;
+  ASSERT_NO_FATAL_FAILURE(open_tier_alone(3, 2, t, io, 2));
+  ExpertCache& x = *t.cache;
+  model::ExpertWeights views[2], view;
+  const int32_t first[] = {0, 1}, predicted[] = {2, 0}, before[] = {3};
+  const float weights[] = {0.6f, 0.4f};
+  x.begin_layer(layer, 0, first, 1, 2);
+  ASSERT_TRUE(x.fetch(layer, first, views).is_ok());
+  x.on_prediction(layer - 1, 1, 1, predicted, weights, 1, 2);
+  EXPECT_EQ(x.stats().prefetch_issued, 1u) << "expert 2 fills the budget";
+  x.begin_layer(layer - 1, 1, before, 1, 1);
+  ASSERT_TRUE(x.fetch(layer - 1, before, views).is_ok());
+  EXPECT_TRUE(x.peek(layer, 0, &view)) << "the predicted expert 0 was dropped";
+  EXPECT_FALSE(x.peek(layer, 1, &view)) << "expert 1, used as long ago, should have gone";
+  EXPECT_FALSE(x.peek(layer, 2, &view)) << "expert 2's read is held 1 s";
+}
+
+// In GPU mode the policy admits the name of an expert the VRAM tier served (no slot, no read);
+// predicted once the VRAM tier no longer holds it, it is read into a slot like any prefetch
+// (its prediction was dropped: the policy already held the name).
+TEST_F(ExpertCacheTest, AResidentWithoutASlotIsReadWhenPredicted) {
+  TierAlone t;
+  ASSERT_NO_FATAL_FAILURE(open_tier_alone(8, 2, t));
+  ExpertCache& x = *t.cache;
+  const format::ModelConfig& c = t.ckpt->config();
+  const int64_t layer = c.first_k_dense_replace + 1;
+  ASSERT_LT(layer, c.num_hidden_layers);
+  model::ExpertWeights views[1], view;
+  const int32_t routed[] = {0, 1}, from_ram[] = {1}, predicted[] = {0, 1};
+  const float weights[] = {0.6f, 0.4f};
+  x.set_held_above([](int64_t, int32_t id) { return id == 0; });
+  x.begin_layer(layer, 0, routed, 1, 2);
+  ASSERT_TRUE(x.fetch(layer, from_ram, views).is_ok());
+  EXPECT_FALSE(x.peek(layer, 0, &view)) << "served by the tier above: never read";
+  x.set_held_above(nullptr);
+  x.on_prediction(layer - 1, 1, 1, predicted, weights, 1, 2);
+  EXPECT_EQ(x.stats().prefetch_issued, 1u) << "expert 0 only: 1 is in RAM";
+  EXPECT_TRUE(pump_until_landed(x, layer, 0));
 }
 
 // A report window (the decode after a prefill) counts the prefetches issued before it apart:
