@@ -687,7 +687,9 @@ Status CheckpointBuilder::validate_model() {
 }
 
 // Every tensor the model walk did not claim: vision and MTP are ignored, anything else under
-// language_model.model.layers. is an error (§2.5 rule 9).
+// language_model.model.layers. is an error (§2.5 rule 9), and so is a packed tensor elsewhere in
+// the text model (only routed experts are packed: an lm_head.weight_packed is a conversion that
+// was only warned about, beside the float lm_head the loader reads).
 void CheckpointBuilder::check_leftovers() {
   size_t other = 0;
   std::string other_example;
@@ -697,8 +699,10 @@ void CheckpointBuilder::check_leftovers() {
       if (consumed_[s][i]) continue;
       const TensorInfo& t = ts[i];
       const std::string_view name = t.name;
-      bool ignore = !name.starts_with(kLayersPrefix);
-      if (!ignore && cfg_.num_nextn_predict_layers > 0) {
+      const bool packed = name.ends_with(".weight_packed") || name.ends_with(".weight_scale");
+      bool ignore = !name.starts_with(kLayersPrefix) &&
+                    !(packed && name.starts_with("language_model."));
+      if (name.starts_with(kLayersPrefix) && cfg_.num_nextn_predict_layers > 0) {
         const std::string_view rest = name.substr(kLayersPrefix.size());
         int64_t layer = -1;
         auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), layer);
@@ -713,7 +717,6 @@ void CheckpointBuilder::check_leftovers() {
         if (!vision && !name.starts_with(kLayersPrefix) && other++ == 0) other_example = t.name;
         continue;
       }
-      const bool packed = name.ends_with(".weight_packed") || name.ends_with(".weight_scale");
       problems_.add("unknown tensor '" + t.name + "' in shard " +
                     ck_.shards_[s].path().filename().string() +
                     (packed ? " (a packed tensor outside the routed experts the config implies)"

@@ -388,6 +388,16 @@ TEST(Checkpoint, UnknownTensorsUnderLayers) {
                     " (not implied by the config)");
   EXPECT_HAS(m, "unknown tensor '" + expert_name(4, 8, "w1.weight_packed") + "' in shard " +
                     s.shards[4].file + " (a packed tensor outside the routed experts");
+  // Outside the layers too, in the text model (§2.5 rule 9); the vision tensors stay ignored.
+  SynthCheckpoint outside = make_tiny_checkpoint(true);
+  outside.shards[13].tensors.push_back(
+      ktier::test::filled("language_model.lm_head.weight_scale", "U8", {256, 4}, 7));
+  outside.shards.back().tensors.push_back(
+      ktier::test::filled("vision_tower.blocks.0.weight_packed", "U8", {4, 4}, 8));
+  const std::string o = open_error(outside, 3);
+  EXPECT_HAS(o, "unknown tensor 'language_model.lm_head.weight_scale' in shard " +
+                    outside.shards[13].file + " (a packed tensor outside the routed experts");
+  EXPECT_EQ(o.find("vision_tower"), std::string::npos) << o;
 }
 
 TEST(Checkpoint, NonContiguousExpertFallsBackToPartReads) {
