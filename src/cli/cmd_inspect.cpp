@@ -219,7 +219,7 @@ void print_tensor_list(const std::vector<format::TensorValueCounts>& list) {
 }
 
 void print_value_check(const format::ValueCheckReport& r) {
-  std::printf("check-tensors: %s read (%s; %s of MXFP4 nibbles need no check)\n",
+  std::printf("check-tensors: %s read, %s; %s of MXFP4 nibbles need no check\n",
               count_of(r.tensors_read, "tensor").c_str(), human_bytes(r.bytes_read).c_str(),
               count_of(r.tensors_skipped, "tensor").c_str());
   if (r.nonfinite.empty()) {

@@ -325,10 +325,15 @@ Result<std::vector<int32_t>> run_stop_ids(const RunArgs& a,
     add(id);
   }
   if (markers) add(markers->close);
-  if (ids.empty() && a.max_new_tokens != 0)
-    return Status::usage(a.model + ": config.json and generation_config.json name no "
-                         "eos_token_id, so the generation would not stop where the text ends: "
-                         "pass --stop-id ID (the id that ends a message; repeatable)");
+  if (ids.empty() && a.max_new_tokens != 0) {
+    const std::filesystem::path gen = std::filesystem::path(a.model) / "generation_config.json";
+    KTIER_ASSIGN_OR_RETURN(const bool has_gen, io::path_exists(gen));
+    return Status::usage(a.model + (has_gen ? ": config.json and generation_config.json name"
+                                            : ": config.json (and no generation_config.json) "
+                                              "names") +
+                         " no eos_token_id, so the generation would not stop where the text "
+                         "ends: pass --stop-id ID (the id that ends a message; repeatable)");
+  }
   return ids;
 }
 
@@ -641,8 +646,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_flag("--print-ids", a->print_ids, "After the text, print the generated ids on one line");
   sub->add_option("--stop-id", a->stop_ids,
                   "Also stop after this token id (repeatable); config.json's and "
-                  "generation_config.json's eos_token_id always stop, and a run needs at least "
-                  "one stop id")
+                  "generation_config.json's eos_token_id always stop, and --chat's <|close|>. "
+                  "A run with none of them is refused unless -n 0")
       ->type_name("ID")
       ->allow_extra_args(false);
   sub->add_flag("--special", a->special,

@@ -104,7 +104,11 @@ class IndexSax final : public nlohmann::json_sax<json> {
   bool saw_weight_map = false;
   Status error;
 
-  bool null() override { return scalar("null"); }
+  bool null() override {
+    // A null total_size is an absent one (informative: an index without it is read).
+    if (skip_ == 0 && level_ == 2 && section_ == kMetadata && key2_ == "total_size") return true;
+    return scalar("null");
+  }
   bool boolean(bool v) override { return scalar(v ? "true" : "false"); }
   bool number_integer(number_integer_t v) override {
     if (v >= 0) return number_unsigned(static_cast<number_unsigned_t>(v));
@@ -373,7 +377,8 @@ Status CheckpointBuilder::check_index(const IndexFile& index,
               ck_.shards_[s].path().filename().string());
     }
   }
-  // total_size is informative (K3-MODEL §3.3): an index without it is read; a wrong one is not.
+  // total_size is only a cross-check (K3-MODEL §3.3 asks the shard headers to be read and
+  // trusted): an index without it (or with null) is read; a wrong one is a disagreement.
   if (index.total_size && *index.total_size != total)
     p.add("metadata.total_size is " + std::to_string(*index.total_size) +
           " but the shards' tensors hold " + std::to_string(total) + " bytes");

@@ -7,7 +7,7 @@
 //   * every shard header (safetensors.h; Status::corrupt, exit 3, naming shard and tensor);
 //   * the index against the shard headers: every mapped shard exists, every indexed tensor is in
 //     the header of the shard the index names, no shard holds an unindexed tensor, and
-//     metadata.total_size equals the sum of tensor bytes (Status::corrupt);
+//     metadata.total_size, where given, equals the sum of tensor bytes (Status::corrupt);
 //   * the model against the config (§2.5 rule 9, §5): every expected tensor present with exactly
 //     the implied shape (only the §5.10 variants), non-expert tensors F32/BF16/F16, routed experts
 //     either all MXFP4-packed or all plain float (§5.8), A_log's padding exactly 0, no unknown
@@ -53,7 +53,8 @@ struct ExpertPart {
   uint32_t shard = 0;
   uint64_t file_offset = 0;  // absolute, in that shard
   uint64_t nbytes = 0;
-  DType dtype = DType::kU8;  // MXFP4 parts: U8; plain-float parts: each its own float dtype
+  // MXFP4 parts: U8 (scales U8 or F8_E8M0); plain-float parts: each its own float dtype.
+  DType dtype = DType::kU8;
 };
 
 // Where one routed expert's bytes are. The in-memory layout of a fetched expert is the parts

@@ -739,7 +739,7 @@ Result<json> parse_json_text(std::string_view text, const std::string& source_na
   json root = parse_json_depth_bounded(text, kMaxConfigDepth, &too_deep);
   if (too_deep)
     return Status::usage(source_name + ": nested deeper than " + std::to_string(kMaxConfigDepth) +
-                         " levels (a released config nests 4)");
+                         " levels");
   if (root.is_discarded()) {
     const std::string why = json_syntax_error(text);
     return Status::usage(source_name + ": not valid JSON" + (why.empty() ? "" : ": " + why));

@@ -276,6 +276,12 @@ Status SafetensorsWriter::finish() {
     s = Status::runtime("cannot set the length of " + partial_path_.string() + ": " +
                         errno_text(err));
   }
+  // The bytes on disk before the name points at them: a power loss after the rename must not
+  // leave FILE empty or partly written (a prompt cache read so is refused, not redone).
+  if (s.is_ok() && ::fsync(fd_) != 0) {
+    const int err = errno;
+    s = Status::runtime("cannot fsync " + partial_path_.string() + ": " + errno_text(err));
+  }
   if (!s.is_ok()) {
     abandon();
     return s;

@@ -20,9 +20,7 @@ using F16Bits = FloatBits<uint16_t, 0x7c00u, 0x03ffu>;
 // Reads whole elements: a multiple of every element size.
 constexpr uint64_t kReadBytes = 8u << 20;
 
-void note_first(TensorValueCounts& c, uint64_t element) {
-  if (c.nan + c.inf + c.scale_255 == 0) c.first_element = element;
-}
+bool nothing_counted(const TensorValueCounts& c) { return c.nan + c.inf + c.scale_255 == 0; }
 
 template <class F>
 void count_nonfinite(const uint8_t* p, uint64_t n, uint64_t first, TensorValueCounts& c) {
@@ -31,35 +29,18 @@ void count_nonfinite(const uint8_t* p, uint64_t n, uint64_t first, TensorValueCo
     Word w;
     std::memcpy(&w, p + i * sizeof(Word), sizeof(Word));
     if ((w & F::exponent) != F::exponent) continue;
-    note_first(c, first + i);
-    ((w & F::mantissa) != 0 ? c.nan : c.inf) += 1;
+    const bool nan = (w & F::mantissa) != 0;
+    if (nothing_counted(c)) c.first_element = first + i, c.first_is_nan = nan;
+    (nan ? c.nan : c.inf) += 1;
   }
 }
 
 void count_scale_255(const uint8_t* p, uint64_t n, uint64_t first, TensorValueCounts& c) {
   for (uint64_t i = 0; i < n; ++i) {
     if (p[i] != 255) continue;
-    note_first(c, first + i);
+    if (nothing_counted(c)) c.first_element = first + i;
     c.scale_255 += 1;
   }
-}
-
-enum class Scan { kSkip, kFloat, kScale };
-
-Scan scan_of(const TensorInfo& t) {
-  switch (t.dtype) {
-    case DType::kF32:
-    case DType::kBF16:
-    case DType::kF16:
-      return Scan::kFloat;
-    case DType::kU8:
-      return std::string_view(t.name).ends_with(".weight_scale") ? Scan::kScale : Scan::kSkip;
-    case DType::kE8M0:
-      return Scan::kScale;
-    case DType::kI32:
-      return Scan::kSkip;
-  }
-  return Scan::kSkip;
 }
 
 // Counts over [from, from + n) elements of `t` held in `p`.
@@ -77,12 +58,41 @@ void count(const TensorInfo& t, const uint8_t* p, uint64_t n, uint64_t from,
 
 }  // namespace
 
+bool has_checked_values(const TensorInfo& t) {
+  switch (t.dtype) {
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kE8M0:  // only scales have it
+      return true;
+    case DType::kU8:
+      return std::string_view(t.name).ends_with(".weight_scale");
+    case DType::kI32:
+      return false;
+  }
+  return false;
+}
+
+Status count_tensor_values(const SafetensorsFile& shard, const TensorInfo& t,
+                           TensorValueCounts& c, const std::function<Status()>& before_piece) {
+  if (!has_checked_values(t)) return Status::ok();
+  const uint64_t element = dtype_size(t.dtype);
+  std::vector<uint8_t> buffer(static_cast<size_t>(std::min(kReadBytes, t.nbytes)));
+  for (uint64_t at = 0; at < t.nbytes; at += kReadBytes) {
+    if (before_piece) KTIER_RETURN_IF_ERROR(before_piece());
+    const uint64_t n = std::min(kReadBytes, t.nbytes - at);
+    KTIER_RETURN_IF_ERROR(shard.read_bytes(t.file_offset + at, n, buffer.data()));
+    count(t, buffer.data(), n / element, at / element, c);
+  }
+  return Status::ok();
+}
+
 uint64_t value_check_bytes(const Checkpoint& ck) {
   uint64_t total = 0;
   for (size_t s = 0; s < ck.num_shards(); ++s) {
     const auto& ts = ck.shard(s).tensors();
     for (size_t i = 0; i < ts.size(); ++i)
-      if (ck.used(s, i) && scan_of(ts[i]) != Scan::kSkip) total += ts[i].nbytes;
+      if (ck.used(s, i) && has_checked_values(ts[i])) total += ts[i].nbytes;
   }
   return total;
 }
@@ -90,29 +100,25 @@ uint64_t value_check_bytes(const Checkpoint& ck) {
 Result<ValueCheckReport> check_tensor_values(const Checkpoint& ck,
                                              const std::function<void(uint64_t)>& progress) {
   ValueCheckReport r;
-  std::vector<uint8_t> buffer;
   for (size_t s = 0; s < ck.num_shards(); ++s) {
     const SafetensorsFile& shard = ck.shard(s);
     const auto& ts = shard.tensors();
     for (size_t i = 0; i < ts.size(); ++i) {
       const TensorInfo& t = ts[i];
       if (!ck.used(s, i)) continue;
-      const Scan scan = scan_of(t);
-      if (scan == Scan::kSkip) {
+      if (!has_checked_values(t)) {
         r.tensors_skipped += 1;
         continue;
       }
       TensorValueCounts c{t.name, shard.path().filename().string()};
-      const uint64_t element = dtype_size(t.dtype);
-      for (uint64_t at = 0; at < t.nbytes;) {
-        const uint64_t n = std::min<uint64_t>(kReadBytes, t.nbytes - at);
-        if (buffer.size() < n) buffer.resize(kReadBytes);
-        KTIER_RETURN_IF_ERROR(shard.read_bytes(t.file_offset + at, n, buffer.data()));
-        count(t, buffer.data(), n / element, at / element, c);
-        at += n;
-        r.bytes_read += n;
-        if (progress) progress(r.bytes_read);
-      }
+      uint64_t done = 0;  // of this tensor: the piece before the one about to be read
+      KTIER_RETURN_IF_ERROR(count_tensor_values(shard, t, c, [&] {
+        if (progress && done > 0) progress(r.bytes_read + done);
+        done += std::min(kReadBytes, t.nbytes - done);
+        return Status::ok();
+      }));
+      r.bytes_read += t.nbytes;
+      if (progress) progress(r.bytes_read);
       r.tensors_read += 1;
       r.nan += c.nan;
       r.inf += c.inf;

@@ -1,14 +1,16 @@
 #pragma once
-// `ktier inspect --check-tensors` (llama.cpp's --check-tensors): reads the values of every
-// tensor the model uses and counts what the loader's header checks cannot see.
+// Reading tensor values for what the loader's header checks cannot see — `ktier inspect
+// --check-tensors` (llama.cpp's --check-tensors) and the scan that names the weight behind
+// non-finite logits (runtime/weight_scan.h):
 //  * F32 / BF16 / F16 tensors: NaN and ±Inf elements. No released weight has one; a forward
-//    through one computes non-finite logits, so the command exits 3 naming each such tensor.
-//  * MXFP4 scales (`…weight_scale`, U8): E8M0 byte 255, NaN in the OCP MX spec, which ktier
-//    defines as a zero block (K3-MODEL §7.3, D12). Counted and reported; not an error.
+//    through one computes non-finite logits, so `inspect` exits 3 naming each such tensor.
+//  * MXFP4 scales (`…weight_scale`, U8 or F8_E8M0): E8M0 byte 255, NaN in the OCP MX spec,
+//    which ktier defines as a zero block (K3-MODEL §7.3, D12). Counted and reported; not an
+//    error.
 //  * MXFP4 nibbles (`…weight_packed`) are not read: every 4-bit code is a valid E2M1 value.
-// Tensors are read in pieces of 8 MiB through SafetensorsFile::read_bytes; `ktier inspect` opens
-// the checkpoint with positioned reads (OpenMode::kPread) for this, so that a shard that shrank
-// is an I/O error naming it.
+// Tensors are read in pieces of 8 MiB through SafetensorsFile::read_bytes; `ktier inspect`
+// opens the checkpoint with positioned reads (OpenMode::kPread) for this, so that a shard that
+// shrank is an I/O error naming it.
 
 #include <cstdint>
 #include <functional>
@@ -26,7 +28,18 @@ struct TensorValueCounts {
   uint64_t nan = 0, inf = 0;     // float tensors
   uint64_t scale_255 = 0;        // MXFP4 scale tensors: blocks whose scale byte is 255
   uint64_t first_element = 0;    // the first element counted above (row-major index)
+  bool first_is_nan = false;     // ... and whether it is a NaN (float tensors)
 };
+
+// Whether count_tensor_values reads `t`: a float tensor, or an MXFP4 scale tensor.
+bool has_checked_values(const TensorInfo& t);
+
+// Counts `t`'s values (of `shard`) into `c` (its name and shard are left to the caller), reading
+// 8 MiB at a time; `before_piece`, when set, is called before each read and may stop the scan by
+// returning an error, which is returned. Errors: the shard's read errors (Status::runtime).
+Status count_tensor_values(const SafetensorsFile& shard, const TensorInfo& t,
+                           TensorValueCounts& c,
+                           const std::function<Status()>& before_piece = nullptr);
 
 struct ValueCheckReport {
   uint64_t tensors_read = 0;     // float tensors and MXFP4 scale tensors
@@ -41,7 +54,7 @@ struct ValueCheckReport {
 uint64_t value_check_bytes(const Checkpoint& ck);
 
 // Scans `ck`'s used tensors (Checkpoint::used). `progress(bytes_done)` is called after each read
-// of at most a few MiB. Errors: Status::runtime for a read that fails (naming the shard).
+// of at most 8 MiB. Errors: Status::runtime for a read that fails (naming the shard).
 Result<ValueCheckReport> check_tensor_values(const Checkpoint& ck,
                                              const std::function<void(uint64_t)>& progress);
 

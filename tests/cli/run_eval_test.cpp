@@ -232,6 +232,8 @@ TEST_F(RunEvalCli, RunStopsAtEachStopIdAndNeedsOne) {
   const auto none_generated = run_process(ktier() + " run -m " + bare.string() + " --ids " +
                                           prompt_ids() + " -n 0");
   const auto outside = run_process(bare_run + " --stop-id 0 --stop-id 320");
+  fs::remove(bare / "generation_config.json");
+  const auto config_only = run_process(bare_run);
   fs::remove_all(bare);
   EXPECT_EQ(refused.exit_code, 2) << refused.err;
   EXPECT_EQ(refused.out, "");
@@ -240,6 +242,11 @@ TEST_F(RunEvalCli, RunStopsAtEachStopIdAndNeedsOne) {
             std::string::npos)
       << refused.err;
   EXPECT_NE(refused.err.find("pass --stop-id ID"), std::string::npos) << refused.err;
+  EXPECT_EQ(config_only.exit_code, 2);
+  EXPECT_NE(config_only.err.find(": config.json (and no generation_config.json) names no "
+                                 "eos_token_id"),
+            std::string::npos)
+      << config_only.err;
   ASSERT_EQ(one.exit_code, 0) << one.err;
   EXPECT_EQ(one.out, stopped.out);
   EXPECT_EQ(none_generated.exit_code, 0) << none_generated.err;

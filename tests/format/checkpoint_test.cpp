@@ -453,13 +453,16 @@ TEST(Checkpoint, IndexProblems) {
   index["metadata"]["total_size"] = index["metadata"]["total_size"].get<uint64_t>() + 1;
   s.index_override = index;
   EXPECT_HAS(open_error(s, 3), "metadata.total_size is");
-  // Without total_size (informative, §3.3) the index is read.
-  index["metadata"].erase("total_size");
-  s.index_override = index;
-  {
+  // Without total_size, or with null (a cross-check only, §3.3), the index is read.
+  for (const bool null : {false, true}) {
+    if (null)
+      index["metadata"]["total_size"] = nullptr;
+    else
+      index["metadata"].erase("total_size");
+    s.index_override = index;
     TempDir dir("ckpt_no_total");
     auto r = write_and_open(s, dir);
-    EXPECT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_TRUE(r.is_ok()) << null << ": " << r.status().message();
   }
 
   index = s.make_index();

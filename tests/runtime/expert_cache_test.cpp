@@ -393,9 +393,10 @@ TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWh
 
 // A predicted expert the tier holds is protected when it is predicted, not when the prefetch
 // queue reaches it: here that queue waits behind a prefetch that fills the in-flight budget
-// (2 chunk reads of 4 KiB, its reads held 1 s), while the layer before routes an expert of its
+// (2 chunk reads of 4 KiB, its reads held 2 s), while the layer before routes an expert of its
 // own on demand. The LRU policy, full (3 experts: 0 and 1 used, 2 being prefetched), drops
-// expert 1 for it; the predicted expert 0, used as long ago, stays (it used to be dropped).
+// expert 1 for it; the predicted expert 0, used as long ago, stays (it used to be dropped; were
+// the machine 2 s slow here, the queue would reach it before and this could not tell).
 TEST_F(ExpertCacheTest, APredictedResidentIsProtectedBeforeThePrefetchQueueReachesIt) {
   auto ckpt = format::Checkpoint::open(root_ / "ckpt");
   ASSERT_TRUE(ckpt.is_ok());
@@ -409,7 +410,7 @@ TEST_F(ExpertCacheTest, APredictedResidentIsProtectedBeforeThePrefetchQueueReach
   io.max_chunk_bytes = 4096;
   ASSERT_EQ(io::chunk_reads(io, slow.nbytes), 2u);
   io.fault_plan = std::make_shared<io::FaultPlan>();
-  io.fault_plan->add(io::FaultRule::delay_by(std::chrono::seconds(1), slow.file_offset,
+  io.fault_plan->add(io::FaultRule::delay_by(std::chrono::seconds(2), slow.file_offset,
                                              slow.file_offset + slow.nbytes)
                          .in_path(ckpt->shard(slow.shard).path().filename().string()));
   TierAlone t;
@@ -426,7 +427,6 @@ TEST_F(ExpertCacheTest, APredictedResidentIsProtectedBeforeThePrefetchQueueReach
   ASSERT_TRUE(x.fetch(layer - 1, before, views).is_ok());
   EXPECT_TRUE(x.peek(layer, 0, &view)) << "the predicted expert 0 was dropped";
   EXPECT_FALSE(x.peek(layer, 1, &view)) << "expert 1, used as long ago, should have gone";
-  EXPECT_FALSE(x.peek(layer, 2, &view)) << "expert 2's read is held 1 s";
 }
 
 // In GPU mode the policy admits the name of an expert the VRAM tier served (no slot, no read);
