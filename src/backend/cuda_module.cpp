@@ -24,15 +24,22 @@ Result<CudaModuleProbe> load_cuda_module() {
   std::vector<std::filesystem::path> candidates;
   // KTIER_CUDA_MODULE, when set, is the only place looked at (debugging a specific build).
   // Made absolute: dlopen() would search the library path for a name without a slash.
-  if (const char* env = std::getenv("KTIER_CUDA_MODULE"); env && *env)
-    candidates.push_back(std::filesystem::absolute(env));
-  else
+  // The error_code forms: a path the system cannot look at (too long, a folder not searchable)
+  // is a module that cannot be loaded, said why, not an exception out of main.
+  std::error_code ec;
+  if (const char* env = std::getenv("KTIER_CUDA_MODULE"); env && *env) {
+    std::filesystem::path absolute = std::filesystem::absolute(env, ec);
+    candidates.push_back(ec ? std::filesystem::path(env) : absolute);
+  } else {
     candidates.push_back(executable_dir() / "libktier_cuda.so");
+  }
 
   std::string tried;
   for (const auto& path : candidates) {
-    if (!std::filesystem::exists(path)) {
-      tried += (tried.empty() ? "" : ", ") + path.string() + " (absent)";
+    const bool exists = std::filesystem::exists(path, ec);
+    if (ec || !exists) {
+      tried += (tried.empty() ? "" : ", ") + path.string() +
+               (ec ? " (" + ec.message() + ")" : std::string(" (absent)"));
       continue;
     }
     // The module stays loaded for the life of the process (the CUDA runtime inside it

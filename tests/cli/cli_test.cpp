@@ -170,6 +170,13 @@ TEST(Cli, BrokenCudaModuleFallsBackToCpu) {
   EXPECT_NE(r.out.find("cuda: unavailable, using the CPU path: CUDA module not loaded"),
             std::string::npos) << r.out;
   EXPECT_NE(r.out.find(fake.string()), std::string::npos) << "the reason names the file";
+
+  // A path the system cannot look at (a name past NAME_MAX): said why, not an exception (which
+  // ended the program with exit 1).
+  const std::string unreachable = "/tmp/" + std::string(300, 'x') + "/libktier_cuda.so";
+  const auto odd = run_process("KTIER_CUDA_MODULE=" + unreachable + " " + ktier() + " doctor");
+  ASSERT_EQ(odd.exit_code, 0) << odd.err;
+  EXPECT_NE(odd.out.find("File name too long"), std::string::npos) << odd.out;
 }
 
 // The executable itself must never need libcudart or libcublas (they live in the module).
