@@ -208,11 +208,16 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
                    (res < L ? "; " + std::to_string(L - res) + " streamed through 2 slots of " +
                                   format_size(v.trunk.slot_bytes)
                             : std::string()));
-    if (v.tier_slots > 0)
+    if (v.tier_slots > 0) {
+      // As the RAM line: top_k of the slots are one fetch's bypass, the policy keeps the rest.
+      const int64_t batch = std::min<int64_t>(c.num_experts_per_token, v.tier_slots);
+      const int64_t kept = v.tier_slots - batch;
       out += row("experts", static_cast<uint64_t>(v.tier_slots) * v.tier_slot_bytes,
                  std::to_string(v.tier_slots) + " VRAM slots of " +
-                     format_size(v.tier_slot_bytes) + " (" + of_experts(v.tier_slots) +
-                     "; at least " + std::to_string(v.tier_min_slots) + ")");
+                     format_size(v.tier_slot_bytes) + " (" + std::to_string(kept) +
+                     " kept: " + of_experts(kept) + "; " + std::to_string(batch) +
+                     " for one fetch; at least " + std::to_string(v.tier_min_slots) + ")");
+    }
   }
   if (!p.engine.dial) {
     out += "host: no memory dial (give --ram, --preset or --pack): the checkpoint is "
