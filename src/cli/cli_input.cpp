@@ -470,6 +470,7 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
                          backend::choose_device(request, module));
   eo.device = choice.kind;
   eo.emulate_device = choice.emulated;
+  eo.device_auto = request == backend::DeviceRequest::kAuto;
   if (request != backend::DeviceRequest::kCpu) spdlog::info("device: {}", choice.reason);
   if (eo.device == backend::DeviceKind::kCpu && !eo.emulate_device && eo.vram_budget)
     spdlog::warn("--vram {} ignored: decoding on the CPU", a.vram);

@@ -122,7 +122,10 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
                    {"lookahead", p.engine.lookahead},
                    {"mem_available_bytes", runtime::mem_available_bytes()},
                    {"dial", nullptr},
-                   {"device", nullptr}};
+                   {"device", nullptr},
+                   {"device_fallback", p.engine.device_fallback.empty()
+                                           ? nlohmann::ordered_json(nullptr)
+                                           : nlohmann::ordered_json(p.engine.device_fallback)}};
   if (!p.engine.dial) {
     j["mapped"] = {{"trunk_layer_bytes", p.mapped_layers}, {"sequence_bytes", p.mapped_sequence}};
   } else {
@@ -192,6 +195,8 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
                     std::to_string(c.num_experts_per_token) + ")\n";
   out += "sequence: " + std::to_string(eo.workload.positions) + " positions in chunks of " +
          std::to_string(eo.workload.chunk) + "\n";
+  if (!p.engine.device_fallback.empty())
+    out += "note: device: " + p.engine.device_fallback + "\n";
   if (!p.engine.lookahead_lowered.empty()) out += "note: " + p.engine.lookahead_lowered + "\n";
   if (!p.engine.lookahead_capped.empty()) out += "note: " + p.engine.lookahead_capped + "\n";
   if (device) {

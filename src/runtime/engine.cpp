@@ -38,6 +38,10 @@ Status Engine::open_plan(const EngineOptions& requested) {
   }
   KTIER_ASSIGN_OR_RETURN(plan_, plan_engine(ckpt_, pack_ ? &*pack_ : nullptr, requested,
                                             pool_->size(), backend_.get()));
+  if (!plan_.device_fallback.empty()) {
+    spdlog::warn("device: {}", plan_.device_fallback);
+    backend_.reset();  // the CPU backend is made with the model
+  }
   if (!plan_.lookahead_lowered.empty()) spdlog::warn("{}", plan_.lookahead_lowered);
   if (!plan_.lookahead_capped.empty()) spdlog::warn("{}", plan_.lookahead_capped);
   if (!plan_.device) return Status::ok();

@@ -401,9 +401,23 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
       KTIER_ASSIGN_OR_RETURN(free_bytes, gpu->free_memory());
     }
     KTIER_ASSIGN_OR_RETURN(vram, gpu_vram_bytes(requested, free_bytes));
-    KTIER_ASSIGN_OR_RETURN(p.device, plan_device_choosing_lookahead(
-                                         ckpt, p.opts, /*automatic=*/!requested.lookahead, vram,
-                                         uses_blas, p.lookahead_lowered));
+    Result<DevicePlan> device = plan_device_choosing_lookahead(
+        ckpt, p.opts, /*automatic=*/!requested.lookahead, vram, uses_blas, p.lookahead_lowered);
+    if (!device.is_ok() && device.status().code() == ExitCode::kBudget && free_bytes &&
+        !requested.vram_budget)
+      device = device.status().with_note("--vram was not given: it is 90% of the " +
+                                         std::to_string(*free_bytes) + " bytes the GPU has free");
+    if (!device.is_ok() && device.status().code() == ExitCode::kBudget &&
+        requested.device_auto && !requested.vram_budget) {
+      p.device_fallback = "the GPU is too small for this run, decoding on the CPU (same "
+                          "output; --device cuda --vram SIZE refuses instead): " +
+                          device.status().message();
+      p.opts.device = backend::DeviceKind::kCpu;
+      p.opts.lookahead = requested.lookahead;
+      p.lookahead_lowered.clear();
+    } else {
+      KTIER_ASSIGN_OR_RETURN(p.device, std::move(device));
+    }
   }
   if (dial) {
     // Weighed even where --vram turned it off: the note then names both (more VRAM alone

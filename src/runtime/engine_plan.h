@@ -59,6 +59,10 @@ struct EngineOptions {
   backend::DeviceKind device = backend::DeviceKind::kCpu;
   bool emulate_device = false;
   std::optional<uint64_t> vram_budget;
+  // kCuda chosen by `--device auto`: where the GPU's default share (vram_budget unset) cannot
+  // hold the run, the plan falls back to the CPU (EnginePlan::device_fallback) instead of
+  // refusing; `--device cuda` or a --vram given refuses (exit 4).
+  bool device_auto = false;
   // What one sequence will run: its working set (model::working_set; in GPU mode plus cuBLAS's
   // workspace and copies, on the CPU plus the MLA kernel's buffer and cpu::linear's widened
   // inputs) is set aside from
@@ -241,6 +245,10 @@ struct EnginePlan {
   // or than a trace records, 255; --policy static, which never prefetches; a model without MoE
   // layers): a log line and a plan note; empty otherwise.
   std::string lookahead_capped;
+  // Why GPU mode fell back to the CPU (EngineOptions::device_auto): opts.device is then kCpu and
+  // the memory dial runs as GPU mode would have (its budget, --ram or --preset auto); a log
+  // line and a plan note. Empty otherwise.
+  std::string device_fallback;
 };
 // `threads`: the engine's (plan_dial); `gpu`: the CUDA backend in GPU mode, asked for its free
 // memory (gpu_vram_bytes) and whether it runs cuBLAS; null on the CPU and the emulated device

@@ -54,6 +54,32 @@ class DeviceCli : public ::testing::Test {
   nlohmann::json golden_;
 };
 
+// --device auto on a GPU too small for the run at its default --vram (90% of the free memory):
+// the CPU decodes instead, saying why, and prints the CPU's ids; --device cuda, or a --vram
+// given, refuses (exit 4), the former naming the default it used.
+TEST_F(DeviceCli, AutoFallsBackToTheCpuWhereTheGpuIsTooSmall) {
+  const ProcessResult doctor = run_process(ktier() + " doctor");
+  if (doctor.out.find("ktier host emulation") == std::string::npos)
+    GTEST_SKIP() << "needs the emulated device (its memory is KTIER_CUDA_EMULATION_MIB)";
+  const std::string small = "KTIER_CUDA_EMULATION_MIB=1 ";
+  const std::string args = " run" + model() + " --ids " + prompt_ids() + " -n 6 --print-ids";
+  const ProcessResult cpu = run_process(ktier() + args + " --device cpu");
+  const ProcessResult fallback = run_process(small + ktier() + args);
+  const ProcessResult cuda = run_process(small + ktier() + args + " --device cuda");
+  const ProcessResult given = run_process(small + ktier() + args + " --vram 900K");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  ASSERT_EQ(fallback.exit_code, 0) << fallback.err;
+  EXPECT_EQ(fallback.out, cpu.out);
+  EXPECT_NE(fallback.err.find("the GPU is too small for this run, decoding on the CPU"),
+            std::string::npos)
+      << fallback.err;
+  EXPECT_EQ(cuda.exit_code, 4) << cuda.err;
+  EXPECT_NE(cuda.err.find("--vram was not given: it is 90% of the"), std::string::npos)
+      << cuda.err;
+  EXPECT_EQ(given.exit_code, 4) << given.err;
+  EXPECT_EQ(given.err.find("decoding on the CPU"), std::string::npos) << given.err;
+}
+
 TEST_F(DeviceCli, CudaAgreesWithTheCpuAndIsTheSameAtEveryVramBudget) {
   // Teacher-forced argmax against the CPU's (the golden file) where the CPU's margin is clear.
   const ProcessResult eval =
