@@ -205,7 +205,8 @@ class HeaderSax final : public nlohmann::json_sax<json> {
     if (!r.offsets) return fail(where() + ": entry has no \"data_offsets\"");
     const auto dt = parse_dtype(*r.dtype);
     if (!dt)
-      return fail(where() + ": unknown dtype '" + *r.dtype + "' (ktier reads F32, BF16, F16, U8, I32 and F8_E8M0)");
+      return fail(where() + ": unknown dtype '" + *r.dtype +
+                  "' (ktier reads F32, BF16, F16, U8, I32 and F8_E8M0)");
     if (r.shape->size() > kMaxTensorRank)
       return fail(where() + ": rank " + std::to_string(r.shape->size()) + " shape " +
                   shape_string(*r.shape) + " (ktier accepts rank <= " + std::to_string(kMaxTensorRank) + ")");

@@ -110,8 +110,8 @@ TEST(Inspect, Json) {
 }
 
 // --check-tensors reads the values: NaN/Inf in a used float tensor (BF16, F32, F16) is exit 3
-// naming it; an MXFP4 scale byte 255 (U8 or F8_E8M0) is counted (exit 0); neither is looked for in an ignored
-// (vision) tensor, nor in the packed nibbles (every code is a value).
+// naming it; an MXFP4 scale byte 255 (U8 or F8_E8M0) is counted (exit 0); neither is looked
+// for in an ignored (vision) tensor, nor in the packed nibbles (every code is a value).
 TEST(Inspect, CheckTensorsCountsNonFiniteWeightsAndScale255) {
   SynthCheckpoint ck = make_tiny_checkpoint(true);
   uint64_t floats = 0, scales = 0, packed = 0, bytes = 0;
@@ -135,7 +135,8 @@ TEST(Inspect, CheckTensorsCountsNonFiniteWeightsAndScale255) {
       (scale ? scales : nibbles ? packed : floats) += 1;
       if (!nibbles) bytes += t.data.size();
     }
-  const std::string w1_scale = "language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_scale";
+  const std::string w1_scale =
+      "language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_scale";
   ck.find(w1_scale)->dtype = "F8_E8M0";  // counted as the U8 scales are
   set(w1_scale, 3, {255});
   set(w1_scale, 7, {255});
@@ -146,14 +147,16 @@ TEST(Inspect, CheckTensorsCountsNonFiniteWeightsAndScale255) {
   const ProcessResult clean = run_ktier(cmd);
   ASSERT_EQ(clean.exit_code, 0) << clean.out;
   EXPECT_HAS(clean.out, "check-tensors: " + std::to_string(floats + scales) + " tensors read, ");
-  EXPECT_HAS(clean.out, "; " + std::to_string(packed) + " tensors of MXFP4 nibbles need no check\n");
+  EXPECT_HAS(clean.out,
+             "; " + std::to_string(packed) + " tensors of MXFP4 nibbles need no check\n");
   EXPECT_HAS(clean.out, "NaN/Inf: none\n");
   EXPECT_HAS(clean.out, "MXFP4 scale 255 (NaN in OCP MX; a zero block in ktier, K3-MODEL D12): "
                         "2 blocks in 1 tensor\n  " + w1_scale +
                             " (model-00002-of-000015.safetensors): 2 blocks, the first at "
                             "element 3\n");
 
-  const std::string bias = "language_model.model.layers.1.block_sparse_moe.gate.e_score_correction_bias";
+  const std::string bias =
+      "language_model.model.layers.1.block_sparse_moe.gate.e_score_correction_bias";
   const std::string o_proj = "language_model.model.layers.2.self_attn.o_proj.weight";
   set(bias, 3, {0x00, 0x00, 0x80, 0x7f});  // F32 +Inf
   set(o_proj, 5, {0xc1, 0x7f});             // BF16 NaN
