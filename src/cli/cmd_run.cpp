@@ -391,20 +391,23 @@ Status run(const RunArgs& a) {
   }
   KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
                          model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
-  // Another backend's conversation is not used (RunPromptCache::restore), nor planned for.
-  const bool resumable =
-      a.interactive && cache &&
-      cache->saved_backend() == runtime::backend_label(eo.device);
-  const std::optional<int32_t> pending =
-      resumable ? cache->conversation_pending() : std::nullopt;
+  // Another backend's conversation is not used (RunPromptCache::restore), nor planned for; with
+  // --device auto a CPU one is planned for too (the run may fall back to the CPU at the load).
+  const char* cpu_label = runtime::backend_label(backend::DeviceKind::kCpu);
+  const bool may_resume = a.interactive && cache &&
+                          (cache->saved_backend() == runtime::backend_label(eo.device) ||
+                           (eo.device_auto && cache->saved_backend() == cpu_label));
+  const std::optional<int32_t> saved_pending =
+      may_resume ? cache->conversation_pending() : std::nullopt;
   std::vector<uint32_t> resumed_turn;  // what ends the saved last answer
-  if (pending)
-    resumed_turn = tok::end_assistant_turn(*tokenizer, *markers, static_cast<uint32_t>(*pending));
+  if (saved_pending)
+    resumed_turn =
+        tok::end_assistant_turn(*tokenizer, *markers, static_cast<uint32_t>(*saved_pending));
   // A conversation the cache may resume adds its positions and the markup closing its last
   // answer (-c auto).
-  const int64_t history = pending ? cache->conversation_positions() +
-                                        static_cast<int64_t>(resumed_turn.size())
-                                  : 0;
+  const int64_t history = saved_pending ? cache->conversation_positions() +
+                                              static_cast<int64_t>(resumed_turn.size())
+                                        : 0;
   KTIER_ASSIGN_OR_RETURN(const int64_t ctx,
                          run_positions(a, static_cast<int64_t>(raw.size()), history));
   eo.workload.positions = ctx;
@@ -414,6 +417,12 @@ Status run(const RunArgs& a) {
   eo.workload.chunk = a.chunk;
   spdlog::info("loading {}", a.model);
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
+  // The backend the engine runs on decides, as RunPromptCache::restore does.
+  const std::optional<int32_t> pending =
+      a.interactive && cache &&
+              cache->saved_backend() == runtime::backend_label(engine->backend())
+          ? saved_pending
+          : std::nullopt;
   const format::ModelConfig& cfg = engine->checkpoint().config();
   // A tokenizer and a model that disagree on the vocabulary: ids past the tokenizer have no text
   // (the stream skips them), ids past the model cannot be run (refused where they occur).

@@ -468,7 +468,10 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
   if (dial) {
     Result<DialPlan> planned = plan_dial(ckpt, pack, p.opts, p.budget, threads,
                                          p.device ? &*p.device : nullptr);
-    // A refusal at lookahead 0 says why it is 0 (the --vram note is not logged then).
+    // A refusal at lookahead 0 says why it is 0 (the --vram note is not logged then); one after
+    // a fallback to the CPU, that the host now holds what the device would have.
+    if (!planned.is_ok() && !p.device_fallback.empty())
+      return planned.status().with_note("device: " + p.device_fallback);
     if (!planned.is_ok() && !p.lookahead_lowered.empty())
       return planned.status().with_note(p.lookahead_lowered);
     KTIER_ASSIGN_OR_RETURN(p.dial, std::move(planned));

@@ -78,6 +78,23 @@ TEST_F(DeviceCli, AutoFallsBackToTheCpuWhereTheGpuIsTooSmall) {
       << cuda.err;
   EXPECT_EQ(given.exit_code, 4) << given.err;
   EXPECT_EQ(given.err.find("decoding on the CPU"), std::string::npos) << given.err;
+
+  // A conversation a CPU run saved goes on after the fallback as it does on the CPU (the run
+  // planned its positions by the device asked for, and skipped closing its last answer).
+  const fs::path saved = dir_ / "conversation.st", copy = dir_ / "conversation-copy.st";
+  const std::string chat = " run" + model() + " --chat -i -n 4 --print-ids --prompt-cache ";
+  ASSERT_EQ(run_process(ktier() + chat + saved.string() + " -p hi --device cpu </dev/null")
+                .exit_code,
+            0);
+  fs::copy_file(saved, copy);
+  const ProcessResult on_cpu =
+      run_process("echo there | " + ktier() + chat + saved.string() + " --device cpu");
+  const ProcessResult resumed =
+      run_process("echo there | " + small + ktier() + chat + copy.string());
+  ASSERT_EQ(on_cpu.exit_code, 0) << on_cpu.err;
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(resumed.out, on_cpu.out);
+  EXPECT_NE(resumed.err.find("decoding on the CPU"), std::string::npos) << resumed.err;
 }
 
 TEST_F(DeviceCli, CudaAgreesWithTheCpuAndIsTheSameAtEveryVramBudget) {
