@@ -74,15 +74,17 @@ bool has_checked_values(const TensorInfo& t) {
 }
 
 Status count_tensor_values(const SafetensorsFile& shard, const TensorInfo& t,
-                           TensorValueCounts& c, const std::function<Status()>& before_piece) {
+                           TensorValueCounts& c, std::vector<uint8_t>& scratch,
+                           const std::function<Status(uint64_t)>& before_piece) {
   if (!has_checked_values(t)) return Status::ok();
   const uint64_t element = dtype_size(t.dtype);
-  std::vector<uint8_t> buffer(static_cast<size_t>(std::min(kReadBytes, t.nbytes)));
+  const size_t piece = static_cast<size_t>(std::min(kReadBytes, t.nbytes));
+  if (scratch.size() < piece) scratch.resize(piece);
   for (uint64_t at = 0; at < t.nbytes; at += kReadBytes) {
-    if (before_piece) KTIER_RETURN_IF_ERROR(before_piece());
+    if (before_piece) KTIER_RETURN_IF_ERROR(before_piece(at));
     const uint64_t n = std::min(kReadBytes, t.nbytes - at);
-    KTIER_RETURN_IF_ERROR(shard.read_bytes(t.file_offset + at, n, buffer.data()));
-    count(t, buffer.data(), n / element, at / element, c);
+    KTIER_RETURN_IF_ERROR(shard.read_bytes(t.file_offset + at, n, scratch.data()));
+    count(t, scratch.data(), n / element, at / element, c);
   }
   return Status::ok();
 }
@@ -100,6 +102,7 @@ uint64_t value_check_bytes(const Checkpoint& ck) {
 Result<ValueCheckReport> check_tensor_values(const Checkpoint& ck,
                                              const std::function<void(uint64_t)>& progress) {
   ValueCheckReport r;
+  std::vector<uint8_t> scratch;
   for (size_t s = 0; s < ck.num_shards(); ++s) {
     const SafetensorsFile& shard = ck.shard(s);
     const auto& ts = shard.tensors();
@@ -111,10 +114,8 @@ Result<ValueCheckReport> check_tensor_values(const Checkpoint& ck,
         continue;
       }
       TensorValueCounts c{t.name, shard.path().filename().string()};
-      uint64_t done = 0;  // of this tensor: the piece before the one about to be read
-      KTIER_RETURN_IF_ERROR(count_tensor_values(shard, t, c, [&] {
+      KTIER_RETURN_IF_ERROR(count_tensor_values(shard, t, c, scratch, [&](uint64_t done) {
         if (progress && done > 0) progress(r.bytes_read + done);
-        done += std::min(kReadBytes, t.nbytes - done);
         return Status::ok();
       }));
       r.bytes_read += t.nbytes;

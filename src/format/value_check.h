@@ -35,11 +35,13 @@ struct TensorValueCounts {
 bool has_checked_values(const TensorInfo& t);
 
 // Counts `t`'s values (of `shard`) into `c` (its name and shard are left to the caller), reading
-// 8 MiB at a time; `before_piece`, when set, is called before each read and may stop the scan by
-// returning an error, which is returned. Errors: the shard's read errors (Status::runtime).
+// 8 MiB at a time into `scratch` (grown as needed, never shrunk or zero-filled again: a caller
+// scanning many tensors keeps one). `before_piece(bytes_done)`, when set, is called before each
+// read with the bytes of `t` read so far, and may stop the scan by returning an error, which is
+// returned. Errors: the shard's read errors (Status::runtime).
 Status count_tensor_values(const SafetensorsFile& shard, const TensorInfo& t,
-                           TensorValueCounts& c,
-                           const std::function<Status()>& before_piece = nullptr);
+                           TensorValueCounts& c, std::vector<uint8_t>& scratch,
+                           const std::function<Status(uint64_t)>& before_piece = nullptr);
 
 struct ValueCheckReport {
   uint64_t tensors_read = 0;     // float tensors and MXFP4 scale tensors

@@ -23,6 +23,7 @@ Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoin
     KTIER_RETURN_IF_ERROR(model::bind_layer(c, l, record).status());
   KTIER_RETURN_IF_ERROR(model::bind_head(c, record).status());
 
+  std::vector<uint8_t> scratch;
   for (const std::string& name : names) {
     const std::optional<format::TensorRef> ref = ckpt.find(name);
     if (!ref) continue;  // (bound from another name, or optional)
@@ -30,7 +31,7 @@ Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoin
     const format::SafetensorsFile& shard = ckpt.shard(ref->shard);
     if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) continue;
     format::TensorValueCounts c;
-    KTIER_RETURN_IF_ERROR(format::count_tensor_values(shard, t, c, [&] {
+    KTIER_RETURN_IF_ERROR(format::count_tensor_values(shard, t, c, scratch, [&](uint64_t) {
       return InterruptRequest::requested()
                  ? Status::interrupted("stopped (Ctrl-C or SIGTERM) at " + name)
                  : Status::ok();

@@ -133,15 +133,29 @@ class ExpertCacheTest : public ::testing::Test {
   // The tiny checkpoint's expert tier on its own, LRU, for tests that drive it by hand.
   struct TierAlone {
     std::optional<format::Checkpoint> ckpt;
+    int64_t layer = 0;  // a MoE layer predicted from a MoE layer (layer - 1 is MoE too)
+    int64_t experts = 0;
     ShardFiles shards;
     std::unique_ptr<ExpertCache> cache;
   };
-  // `io` as the engine reads; at most `prefetch_in_flight` prefetch chunk reads outstanding.
-  static void open_tier_alone(int64_t policy_slots, int64_t batch_slots, TierAlone& out,
-                              const io::IoOptions& io = {}, uint32_t prefetch_in_flight = 16) {
+  // Opens the checkpoint and picks `layer` (a test that needs the checkpoint to set up its I/O
+  // calls this before open_tier_alone, which calls it otherwise).
+  static void open_checkpoint_alone(TierAlone& out) {
     auto ckpt = format::Checkpoint::open(root_ / "ckpt");
     ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
     out.ckpt.emplace(std::move(*ckpt));
+    const format::ModelConfig& c = out.ckpt->config();
+    out.layer = c.first_k_dense_replace + 1;
+    out.experts = c.num_experts;
+    ASSERT_LT(out.layer, c.num_hidden_layers);
+    ASSERT_GE(out.experts, 6);
+  }
+  // `io` as the engine reads; at most `prefetch_in_flight` prefetch chunk reads outstanding.
+  static void open_tier_alone(int64_t policy_slots, int64_t batch_slots, TierAlone& out,
+                              const io::IoOptions& io = {}, uint32_t prefetch_in_flight = 16) {
+    if (!out.ckpt) {
+      ASSERT_NO_FATAL_FAILURE(open_checkpoint_alone(out));
+    }
     ASSERT_NO_FATAL_FAILURE(open_shard_files(*out.ckpt, out.shards, io));
     ExpertCacheOptions xo;
     xo.policy = PolicyKind::kLru;
@@ -372,10 +386,8 @@ TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWh
   TierAlone t;
   ASSERT_NO_FATAL_FAILURE(open_tier_alone(8, static_cast<int64_t>(top_k_), t));
   ExpertCache& x = *t.cache;
-  const format::ModelConfig& c = t.ckpt->config();
-  const int64_t layer = c.first_k_dense_replace + 1;  // a MoE layer predicted from a MoE layer
-  ASSERT_LT(layer, c.num_hidden_layers);
-  ASSERT_GE(c.num_experts, static_cast<int64_t>(top_k_) + 2);
+  const int64_t layer = t.layer;
+  ASSERT_GE(t.experts, static_cast<int64_t>(top_k_) + 2);
   x.set_held_above([](int64_t, int32_t id) { return id == 1; });
   const int32_t predicted[] = {0, 1};
   const float weights[] = {0.6f, 0.4f};
@@ -398,13 +410,10 @@ TEST_F(ExpertCacheTest, HeldAbovePredictionsAreNotReadAndLandedPrefetchesCountWh
 // expert 1 for it; the predicted expert 0, used as long ago, stays (it used to be dropped; were
 // the machine 2 s slow here, the queue would reach it before and this could not tell).
 TEST_F(ExpertCacheTest, APredictedResidentIsProtectedBeforeThePrefetchQueueReachesIt) {
-  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
-  ASSERT_TRUE(ckpt.is_ok());
-  const format::ModelConfig& c = ckpt->config();
-  const int64_t layer = c.first_k_dense_replace + 1;  // a MoE layer predicted from a MoE layer
-  ASSERT_LT(layer, c.num_hidden_layers);
-  ASSERT_GE(c.num_experts, 5);
-  const format::ExpertLocation& slow = ckpt->expert(layer, 2);
+  TierAlone t;
+  ASSERT_NO_FATAL_FAILURE(open_checkpoint_alone(t));
+  const int64_t layer = t.layer;
+  const format::ExpertLocation& slow = t.ckpt->expert(layer, 2);
   ASSERT_TRUE(slow.contiguous);
   io::IoOptions io;
   io.max_chunk_bytes = 4096;
@@ -412,8 +421,7 @@ TEST_F(ExpertCacheTest, APredictedResidentIsProtectedBeforeThePrefetchQueueReach
   io.fault_plan = std::make_shared<io::FaultPlan>();
   io.fault_plan->add(io::FaultRule::delay_by(std::chrono::seconds(2), slow.file_offset,
                                              slow.file_offset + slow.nbytes)
-                         .in_path(ckpt->shard(slow.shard).path().filename().string()));
-  TierAlone t;
+                         .in_path(t.ckpt->shard(slow.shard).path().filename().string()));
   ASSERT_NO_FATAL_FAILURE(open_tier_alone(3, 2, t, io, 2));
   ExpertCache& x = *t.cache;
   model::ExpertWeights views[2], view;
@@ -436,9 +444,7 @@ TEST_F(ExpertCacheTest, AResidentWithoutASlotIsReadWhenPredicted) {
   TierAlone t;
   ASSERT_NO_FATAL_FAILURE(open_tier_alone(8, 2, t));
   ExpertCache& x = *t.cache;
-  const format::ModelConfig& c = t.ckpt->config();
-  const int64_t layer = c.first_k_dense_replace + 1;
-  ASSERT_LT(layer, c.num_hidden_layers);
+  const int64_t layer = t.layer;
   model::ExpertWeights views[1], view;
   const int32_t routed[] = {0, 1}, from_ram[] = {1}, predicted[] = {0, 1};
   const float weights[] = {0.6f, 0.4f};
@@ -458,10 +464,7 @@ TEST_F(ExpertCacheTest, PrefetchesIssuedBeforeAWindowSettleAsCarried) {
   TierAlone t;
   ASSERT_NO_FATAL_FAILURE(open_tier_alone(8, 2, t));
   ExpertCache& x = *t.cache;
-  const format::ModelConfig& c = t.ckpt->config();
-  const int64_t layer = c.first_k_dense_replace + 1;
-  ASSERT_LT(layer, c.num_hidden_layers);
-  ASSERT_GE(c.num_experts, 6);
+  const int64_t layer = t.layer;
   const float weights[] = {0.5f, 0.5f};
   // Before the window: 0 and 2 predicted for `layer`, both landed.
   const int32_t before[] = {0, 2};
@@ -496,10 +499,7 @@ TEST_F(ExpertCacheTest, CarriedPrefetchesEvictedInTheWindowFreeSlotsForItsOwn) {
   TierAlone t;
   ASSERT_NO_FATAL_FAILURE(open_tier_alone(4, 2, t));
   ExpertCache& x = *t.cache;
-  const format::ModelConfig& c = t.ckpt->config();
-  const int64_t layer = c.first_k_dense_replace + 1;  // layer - 1 is a MoE layer too
-  ASSERT_LT(layer, c.num_hidden_layers);
-  ASSERT_GE(c.num_experts, 6);
+  const int64_t layer = t.layer;
   const float weights[] = {0.5f, 0.5f};
   // One token's passes, the LRU policy holding 4 experts, each layer predicted before its
   // routing as in the model. Pass 0: layer - 1 predicts 0 and 2 for `layer` (read before the
@@ -533,35 +533,19 @@ TEST_F(ExpertCacheTest, CarriedPrefetchesEvictedInTheWindowFreeSlotsForItsOwn) {
 // leaves a budget of 3 too small for the next one, so the second prediction waits until the
 // first has landed (reads delayed 100 ms, so both would otherwise be in flight together).
 TEST_F(ExpertCacheTest, PrefetchBudgetCountsChunkReadsNotRequests) {
-  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
-  ASSERT_TRUE(ckpt.is_ok());
-  const format::ModelConfig& c = ckpt->config();
-  const int64_t layer = c.first_k_dense_replace + 1;  // a MoE layer predicted from a MoE layer
-  ASSERT_LT(layer, c.num_hidden_layers);
-  const format::ExpertLocation& loc = ckpt->expert(layer, 0);
+  TierAlone t;
+  ASSERT_NO_FATAL_FAILURE(open_checkpoint_alone(t));
+  const int64_t layer = t.layer;
+  const format::ExpertLocation& loc = t.ckpt->expert(layer, 0);
   ASSERT_TRUE(loc.contiguous) << "one request per expert, or requests alone would fill the budget";
   io::IoOptions opt;
   opt.max_chunk_bytes = 4096;
   ASSERT_EQ(io::chunk_reads(opt, loc.nbytes), 2u);
-  ASSERT_EQ(io::chunk_reads(opt, ckpt->expert(layer, 1).nbytes), 2u);
+  ASSERT_EQ(io::chunk_reads(opt, t.ckpt->expert(layer, 1).nbytes), 2u);
   opt.fault_plan = std::make_shared<io::FaultPlan>();
   opt.fault_plan->add(io::FaultRule::delay_by(std::chrono::microseconds(100'000)).in_path("model-"));
-  auto engine = io::make_io_engine(opt);
-  ASSERT_TRUE(engine.is_ok()) << engine.status().message();
-  std::vector<io::ReadFile> files;
-  for (size_t i = 0; i < ckpt->num_shards(); ++i) {
-    auto f = (*engine)->open(ckpt->shard(i).path());
-    ASSERT_TRUE(f.is_ok()) << f.status().message();
-    files.push_back(std::move(*f));
-  }
-  ExpertCacheOptions xo;
-  xo.policy = PolicyKind::kLru;
-  xo.policy_slots = 8;
-  xo.batch_slots = static_cast<int64_t>(top_k_);
-  xo.prefetch_in_flight = 3;
-  auto cache = ExpertCache::open(*ckpt, **engine, files, std::move(xo));
-  ASSERT_TRUE(cache.is_ok()) << cache.status().message();
-  ExpertCache& x = **cache;
+  ASSERT_NO_FATAL_FAILURE(open_tier_alone(8, static_cast<int64_t>(top_k_), t, opt, 3));
+  ExpertCache& x = *t.cache;
   const int32_t predicted[] = {0, 1};
   const float weights[] = {0.6f, 0.4f};
   x.on_prediction(layer - 1, 1, 0, predicted, weights, 1, 2);
