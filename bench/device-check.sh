@@ -12,7 +12,8 @@
 # device limits and GEMV ratios (bench device), then on a demo checkpoint decode with
 # everything resident, with VRAM budgets holding 50%, 25% and 10% of the experts, and with half
 # the trunk (the other layers streamed per token), perplexity on the device against the CPU,
-# and a closing table. Each step is
+# eval's logits at three prefill chunkings (fused, then --gpu-prefill cublas), and a closing
+# table. Each step is
 # independent: failures are reported, not fatal. Every step has a timeout, and steps that would
 # start after DEADLINE_S (default 330) seconds are skipped, so the table is always reached. The
 # demo checkpoint is generated in the background while the tests run (it needs no GPU).
@@ -182,7 +183,7 @@ if [ -n "$vram" ]; then run trunk50 $DEVICE --vram "$vram"
 else echo "run trunk50: skipped (the resident run left no report)"; fi
 # Perplexity of a fixed id sequence (2 windows of 64): the device against the CPU. Robust where
 # greedy ids are not (one near-tied expert choice changes every later id); the figures should
-# agree to a few parts in 10^4 (cuBLAS accumulation, NUMERICS.md §13).
+# agree to a few parts in 10^4 (f32 accumulation, NUMERICS.md §13).
 PPL_IDS=$(python3 -c "print(','.join(str((i * 37 + 5) % 250) for i in range(128)))")
 for dev in cpu $DEVICE; do
   in_time || break
@@ -191,6 +192,31 @@ for dev in cpu $DEVICE; do
     >"$W/ppl-$dev.out" 2>"$W/ppl-$dev.err"
   echo "perplexity $dev rc=$?: $(cat "$W/ppl-$dev.out")"
 done
+# The device's output does not depend on prefill chunking (K3-MODEL §9.2; the default fused
+# kernels): eval's logits of the prompt whole, 5 and 1 ids at a time, byte for byte. Then the
+# same with --gpu-prefill cublas (bytes that may change with the chunk). Wall seconds, the load
+# included.
+if [ "$DEVICE" = cuda ]; then
+  for prefill in fused cublas; do
+    for c in 0 5 1; do
+      in_time || break 2
+      t0=$SECONDS
+      T 45 "${X[@]}" "$B/ktier" eval -m $M --ids $PPL_IDS --device cuda --gpu-prefill $prefill \
+        --chunk $c --logits-out "$W/logits-$prefill-$c.f32" >/dev/null 2>"$W/eval-$prefill-$c.err"
+      echo "eval $prefill --chunk $c rc=$? in $((SECONDS - t0)) s"
+      grep -a -E "^ktier:|\] \[(warning|error)\]" "$W/eval-$prefill-$c.err"
+    done
+    for c in 5 1; do
+      if [ ! -s "$W/logits-$prefill-0.f32" ] || [ ! -s "$W/logits-$prefill-$c.f32" ]; then
+        echo "$prefill: --chunk $c not compared (an eval wrote no logits)"
+      elif cmp -s "$W/logits-$prefill-0.f32" "$W/logits-$prefill-$c.f32"; then
+        echo "$prefill: --chunk $c logits = whole prompt's"
+      else
+        echo "$prefill: --chunk $c logits DIFFER from the whole prompt's"
+      fi
+    done
+  done
+fi
 step "table"
 python3 - "$W" <<'PY'
 import json, os, sys

@@ -1,7 +1,7 @@
-// cuBLAS for the F32 and BF16 linears with n_tokens >= 8 (cuda/README.md): the library (linked
-// statically, or loaded from libcublas.so.<major> by init), the per-device handles,
-// the per-(device, stream) scratch buffers holding x split into three bf16 parts, and the GEMM
-// calls.
+// cuBLAS for the F32 and BF16 linears with n_tokens >= 8 under --gpu-prefill cublas (linear.cu,
+// cuda/README.md): the library (linked statically, or loaded from libcublas.so.<major> by init),
+// the per-device handles, the per-(device, stream) scratch buffers holding x split into three
+// bf16 parts, and the GEMM calls.
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
 #include <dlfcn.h>
@@ -180,8 +180,8 @@ const char* cublas_status_name(cublasStatus_t st) {
 void cublas_init(int device) {
   if (device < 0 || device >= kMaxDevices) return;
   std::lock_guard<std::mutex> lock(g_handle_mu);
-  // One attempt: the backend reads uses_cublas() once, at open, and budgets VRAM by it, so a
-  // handle made later (another thread's init) must not turn cuBLAS on under it.
+  // One attempt: a backend asks enable_cublas() once, at open, and budgets VRAM by its answer;
+  // a later call (another backend's) answers the same.
   if (g_handle_tried[device]) return;
   g_handle_tried[device] = true;
   const CublasApi& api = cublas_api();

@@ -77,14 +77,16 @@ struct F16W {
 };
 
 // ---- launchers -------------------------------------------------------------------------------
-// linear.cu: the whole linear op (argument checks, grouping, fused kernels, then cublas_linear
-// for the jobs it routes there); returns 0 or an error code with set_error done.
-int linear_run(const KtierCudaLinearJob* jobs, int n_jobs, cudaStream_t stream);
-// cublas_gemm.cu. cublas_init: loads cuBLAS (if needed) and creates the process's handle for
-// `device` (one attempt, from any thread); failure is not an error (the fused kernels take
-// over). cublas_ready: that handle exists. cublas_linear: runs jobs[idx[0..n_idx)] (checked
-// float-weight jobs, rows, cols and n_tokens < 2^31) through cuBLAS on `stream`; returns 0 or
-// an error code with set_error done.
+// linear.cu: the whole linear op (argument checks, grouping, fused kernels, then, with
+// `allow_cublas`, cublas_linear for the jobs it routes there); returns 0 or an error code with
+// set_error done.
+int linear_run(const KtierCudaLinearJob* jobs, int n_jobs, bool allow_cublas,
+               cudaStream_t stream);
+// cublas_gemm.cu. cublas_init (enable_cublas): loads cuBLAS (if needed) and creates the
+// process's handle for `device` (one attempt, from any thread); failure is not an error (the
+// fused kernels take over). cublas_ready: that handle exists. cublas_linear: runs
+// jobs[idx[0..n_idx)] (checked float-weight jobs, rows, cols and n_tokens < 2^31) through cuBLAS
+// on `stream`; returns 0 or an error code with set_error done.
 void cublas_init(int device);
 bool cublas_ready(int device);
 int cublas_linear(const KtierCudaLinearJob* jobs, const int* idx, int n_idx, int device,

@@ -3,7 +3,9 @@
 //    jobs: a warp per row (dense) or per 1-4 rows (MXFP4), weight bytes decoded in registers,
 //    f32 accumulation (MXFP4: f32 within a word, double across words), up to kMaxNt tokens per
 //    pass with one accumulator per (row, token);
-//  * F32 and BF16 weights with n_tokens >= 8: cuBLAS (cublas_gemm.cu; F16 stays fused).
+//  * with allow_cublas (`--gpu-prefill cublas`), F32 and BF16 weights with n_tokens >= 8:
+//    cuBLAS (cublas_gemm.cu; F16 stays fused). Without it every token count takes the fused
+//    kernels, whose sum for a (row, token) is the same for any n_tokens (chunk invariance).
 #include <cuda_fp16.h>
 #include <vector>
 
@@ -348,7 +350,8 @@ constexpr int64_t kIntMax = 0x7fffffff;
 
 }  // namespace
 
-int linear_run(const KtierCudaLinearJob* jobs, int n_jobs, cudaStream_t stream) {
+int linear_run(const KtierCudaLinearJob* jobs, int n_jobs, bool allow_cublas,
+               cudaStream_t stream) {
   constexpr const char* op = "linear";
   if (n_jobs < 0 || (n_jobs > 0 && !jobs)) return set_error(kArgError, op, "bad job list");
   // Checks first (cpu/dispatch.cpp's), so that a bad job launches nothing.
@@ -379,7 +382,7 @@ int linear_run(const KtierCudaLinearJob* jobs, int n_jobs, cudaStream_t stream) 
   }
   int device = 0;
   if (const int rc = cuda_check(op, cudaGetDevice(&device))) return rc;
-  const bool have_cublas = cublas_ready(device);
+  const bool have_cublas = allow_cublas && cublas_ready(device);
 
   // Fused launches: one per (type, alignment) group and kMaxJobs jobs.
   std::vector<int> cublas_jobs, group;

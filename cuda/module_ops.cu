@@ -48,7 +48,6 @@ const char* last_error() { return g_last_error; }
 int init(int device) {
   if (const int rc = cuda_check("init", cudaSetDevice(device))) return rc;
   if (const int rc = cuda_check("init", cudaFree(nullptr))) return rc;  // create the context
-  cublas_init(device);
   return 0;
 }
 
@@ -118,8 +117,9 @@ int event_synchronize(KtierCudaEvent event) {
 
 // ---- ops ----
 
-int linear(const KtierCudaLinearJob* jobs, int n_jobs, KtierCudaStream stream) {
-  return linear_run(jobs, n_jobs, S(stream));
+int linear(const KtierCudaLinearJob* jobs, int n_jobs, int allow_cublas,
+           KtierCudaStream stream) {
+  return linear_run(jobs, n_jobs, allow_cublas != 0, S(stream));
 }
 
 int rmsnorm(const float* x, const float* gain, int64_t rows, int64_t n, double eps, float* out,
@@ -275,12 +275,13 @@ int argmax(const float* x, int64_t n, int64_t* out, KtierCudaStream stream) {
   return cuda_check("argmax", launch_argmax(x, n < 0 ? 0 : n, out, S(stream)));
 }
 
-int uses_cublas() {
+int enable_cublas() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
+  cublas_init(device);
   return cublas_ready(device) ? 1 : 0;
 }
 
@@ -321,7 +322,7 @@ const KtierCudaOps kOps = {
     attnres,
     router_topk,
     argmax,
-    uses_cublas,
+    enable_cublas,
 };
 
 }  // namespace

@@ -36,11 +36,11 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual DeviceKind kind() const = 0;
-  // "cpu (avx2, 8 threads)", "cuda:0 NVIDIA H200 (sm_90, cuBLAS)".
+  // "cpu (avx2, 8 threads)", "cuda:0 NVIDIA H200 (sm_90)", "... (sm_90, cuBLAS prefill)".
   virtual std::string name() const = 0;
-  // True where F32/BF16 linears of 8 or more tokens run a BLAS library (CUDA with cuBLAS
-  // loaded; cuda/README.md), which takes device memory of its own (runtime/engine_plan.cpp
-  // blas_bytes).
+  // True where F32/BF16 linears of 8 or more tokens run a BLAS library (CUDA asked for cuBLAS
+  // prefill and the module found it; cuda/README.md): device memory of its own
+  // (runtime/engine_plan.cpp blas_bytes), and output bytes that depend on prefill chunking.
   virtual bool uses_blas() const { return false; }
 
   // ---- memory (bytes of this backend) ----

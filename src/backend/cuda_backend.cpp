@@ -27,8 +27,8 @@ KtierCudaWeight to_abi(const cpu::WeightMatrix& w) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const KtierCudaOps* ops, int device, std::string name)
-      : module_(ops), device_(device), name_(std::move(name)) {}
+  CudaBackend(const KtierCudaOps* ops, int device, std::string name, bool cublas_prefill)
+      : module_(ops), device_(device), name_(std::move(name)), cublas_prefill_(cublas_prefill) {}
   ~CudaBackend() override {
     for (KtierCudaStream c : copy_streams_)
       if (c) ops()->stream_synchronize(c);
@@ -47,11 +47,17 @@ class CudaBackend final : public Backend {
   }
 
   Status open() {
-    ops();  // this backend's first call on any thread: init (the device, the cuBLAS handle)
+    ops();  // this backend's first call on any thread: init (the device)
     KTIER_RETURN_IF_ERROR(check(0, "init"));
-    uses_blas_ = ops()->uses_cublas() != 0;
-    name_.insert(name_.size() - 1,
-                 uses_blas_ ? ", cuBLAS" : ", no cuBLAS: fused kernels for prefill");
+    // Only when asked: the handle's library and workspace stay off the device otherwise.
+    uses_blas_ = cublas_prefill_ && ops()->enable_cublas() != 0;
+    if (cublas_prefill_) {
+      name_.insert(name_.size() - 1,
+                   uses_blas_ ? ", cuBLAS prefill" : ", no cuBLAS: fused kernels for prefill");
+      if (!uses_blas_)
+        spdlog::warn("cuBLAS prefill was asked for, but the CUDA module found no cuBLAS: the "
+                     "fused kernels run the prefill (chunk-invariant, slower on long prompts)");
+    }
     KTIER_RETURN_IF_ERROR(check(ops()->stream_create(&stream_), "stream_create"));
     for (int q = 0; q < kNumCopyQueues; ++q) {
       KTIER_RETURN_IF_ERROR(
@@ -186,7 +192,7 @@ class CudaBackend final : public Backend {
     std::vector<KtierCudaLinearJob> abi(static_cast<size_t>(n_jobs));
     for (int i = 0; i < n_jobs; ++i)
       abi[i] = {to_abi(jobs[i].w), jobs[i].x, jobs[i].n_tokens, jobs[i].y};
-    return check(ops()->linear(abi.data(), n_jobs, stream_), "linear");
+    return check(ops()->linear(abi.data(), n_jobs, uses_blas_ ? 1 : 0, stream_), "linear");
   }
   Status rmsnorm(const float* x, const float* gain, int64_t rows, int64_t n, double eps,
                  float* out) override {
@@ -303,7 +309,7 @@ class CudaBackend final : public Backend {
   // Every module call goes through here. The CUDA runtime's current device is per host thread,
   // and a backend is called from more than one (serve's connection threads, one at a time, the
   // engine's lock between them): a thread's first call, or its first after it used another
-  // backend, makes this device current (init; the cuBLAS handle is the device's, made once). A
+  // backend, makes this device current (init; a cuBLAS handle is the device's, made once). A
   // failed init is kept as the thread's bind_failure(), which check() returns for the call
   // (the next call tries again).
   const KtierCudaOps* ops() const {
@@ -340,6 +346,7 @@ class CudaBackend final : public Backend {
   const uint64_t id_ = next_id();
   int device_;
   std::string name_;
+  const bool cublas_prefill_;  // asked for; uses_blas_: asked for and cuBLAS found
   bool uses_blas_ = false;
   KtierCudaStream stream_ = nullptr;       // the ops
   KtierCudaStream copy_streams_[kNumCopyQueues] = {};  // copy_async, per CopyQueue
@@ -357,7 +364,7 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(const Result<CudaModuleProbe>& module,
-                                                   int device) {
+                                                   bool cublas_prefill, int device) {
   if (!module.is_ok()) return module.status();
   const KtierCudaProbe& p = module->probe;
   if (p.device_count == 0) return Status::runtime(std::string("no usable CUDA device: ") + p.error);
@@ -370,7 +377,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const Result<CudaModuleProbe>
   char name[320];
   std::snprintf(name, sizeof name, "cuda:%d %s (sm_%d%d)", device, info.name, info.compute_major,
                 info.compute_minor);
-  auto backend = std::make_unique<CudaBackend>(module->ops, device, name);
+  auto backend = std::make_unique<CudaBackend>(module->ops, device, name, cublas_prefill);
   KTIER_RETURN_IF_ERROR(backend->open());
   return std::unique_ptr<Backend>(std::move(backend));
 }

@@ -10,9 +10,12 @@
 namespace ktier::backend {
 
 // Opens device `device` of a loaded module: a stream for the ops and one per copy queue.
+// `cublas_prefill` (`--gpu-prefill cublas`): F32 and BF16 linears of 8 tokens or more go to
+// cuBLAS where the module found it (uses_blas(); a warning where not); otherwise every linear
+// runs the fused kernels and the output does not depend on how a prefill is chunked.
 // Errors (kRuntime): the module is not loaded, has no such device, the device is older than the
 // module's kernels, or it cannot be initialised; the message says which.
 Result<std::unique_ptr<Backend>> make_cuda_backend(const Result<CudaModuleProbe>& module,
-                                                   int device = 0);
+                                                   bool cublas_prefill = false, int device = 0);
 
 }  // namespace ktier::backend

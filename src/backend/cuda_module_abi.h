@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-#define KTIER_CUDA_ABI_VERSION 7
+#define KTIER_CUDA_ABI_VERSION 8
 
 typedef struct KtierCudaDeviceInfo {
   char name[256];
@@ -93,9 +93,8 @@ typedef struct KtierCudaOps {
   size_t struct_size; /* sizeof(KtierCudaOps) as the module was built */
   const char* (*last_error)(void);
 
-  /* Selects the device for the calling thread and, once per device for the process, creates
-   * the module's per-device state (cuBLAS handle). Call on each host thread before it issues
-   * anything else (the CUDA runtime's current device is per thread). */
+  /* Selects the device for the calling thread (and creates its context). Call on each host
+   * thread before it issues anything else (the CUDA runtime's current device is per thread). */
   int (*init)(int device);
 
   /* ---- memory, streams, events ---- */
@@ -121,10 +120,14 @@ typedef struct KtierCudaOps {
   int (*event_synchronize)(KtierCudaEvent event);
 
   /* ---- ops (cpu/kernels.h names) ---- */
-  /* jobs: host array. MXFP4 and n_tokens < 8 run the fused matrix-vector kernels (packed bytes
-   * decoded in registers); float weights with n_tokens >= 8 run cuBLAS (x rounded to the
-   * weight's 16-bit type, f32 accumulation), F32 weights cuBLAS SGEMM. */
-  int (*linear)(const KtierCudaLinearJob* jobs, int n_jobs, KtierCudaStream stream);
+  /* jobs: host array. Every job runs the fused matrix-vector kernels (weights decoded in
+   * registers), whose sum for a (row, token) does not depend on n_tokens, so a prefill gives
+   * the same bytes however it is chunked (K3-MODEL §9.2). With allow_cublas non-zero and cuBLAS
+   * enabled (enable_cublas), F32 and BF16 jobs of n_tokens >= 8 run cuBLAS instead (BF16: x split
+   * exactly into three bf16 parts; F32: SGEMM; f32 sums in cuBLAS's order, which may change
+   * with the shape): a faster prefill whose bytes depend on the chunking (ABI v8). */
+  int (*linear)(const KtierCudaLinearJob* jobs, int n_jobs, int allow_cublas,
+                KtierCudaStream stream);
   int (*rmsnorm)(const float* x, const float* gain, int64_t rows, int64_t n, double eps,
                  float* out, KtierCudaStream stream);
   int (*l2norm)(const float* x, int64_t rows, int64_t n, double eps, float* out,
@@ -168,10 +171,13 @@ typedef struct KtierCudaOps {
   /* out: device int64 [1]; the CPU rule (lowest index on ties, NaN never wins, 0 if none). */
   int (*argmax)(const float* x, int64_t n, int64_t* out, KtierCudaStream stream);
 
-  /* 1 when linear sends F32/BF16 jobs of n_tokens >= 8 to cuBLAS on the calling thread's
-   * current device (an init found cuBLAS and made its handle), 0 when the fused kernels run
-   * them. */
-  int (*uses_cublas)(void);
+  /* Loads cuBLAS (unless linked statically) and makes its handle, with the handle's workspace
+   * in device memory, for the calling thread's current device: once per device for the
+   * process, later calls answering as the first. 1 where linear's allow_cublas then takes
+   * effect on that device, 0 where cuBLAS cannot be used (the fused kernels run). A process
+   * that never calls it keeps cuBLAS off the device (ABI v8; v5-v7's init made the handle and
+   * uses_cublas answered). */
+  int (*enable_cublas)(void);
 } KtierCudaOps;
 
 /* Symbol "ktier_cuda_ops". */

@@ -261,6 +261,13 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
                   "the positions planned: run's prompt + -n, or -c when given; eval's ids; "
                   "serve's -c), the trunk and the VRAM expert tier (e.g. 40G); default 90% of the "
                   "GPU's free memory; ignored on the CPU");
+  sub->add_option("--gpu-prefill", a.gpu_prefill,
+                  "GPU matrix products of 8 or more tokens: fused (ktier's kernels: the output "
+                  "does not depend on how the prompt is chunked) or cublas (F32/BF16 weights "
+                  "through cuBLAS: faster on long prompts, output bytes that change with "
+                  "--chunk, within NUMERICS.md's bounds); ignored on the CPU")
+      ->check(CLI::IsMember({"fused", "cublas"}))
+      ->capture_default_str();
 }
 
 void add_model_option(CLI::App* sub, std::string& model) {
@@ -474,6 +481,10 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
   if (request != backend::DeviceRequest::kCpu) spdlog::info("device: {}", choice.reason);
   if (eo.device == backend::DeviceKind::kCpu && !eo.emulate_device && eo.vram_budget)
     spdlog::warn("--vram {} ignored: decoding on the CPU", a.vram);
+  eo.cublas_prefill = a.gpu_prefill == "cublas";
+  if (eo.cublas_prefill && eo.device != backend::DeviceKind::kCuda)
+    spdlog::warn("--gpu-prefill cublas ignored: decoding on the {}",
+                 eo.emulate_device ? "emulated device (the CPU kernels)" : "CPU");
   return Status::ok();
 }
 

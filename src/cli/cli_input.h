@@ -102,10 +102,10 @@ void warn_past_trained_positions(const format::ModelConfig& config, int64_t last
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);
 
-// The memory-dial and device options shared by `run` and `eval`: --pack, --ram, --preset, --io,
-// --io-rate-limit, --device, --vram.
+// The memory-dial and device options of run, eval, perplexity, serve and plan: --pack, --ram,
+// --preset, --io, --io-rate-limit, --device, --vram, --gpu-prefill.
 struct MemoryArgs {
-  std::string pack, ram, preset, io = "auto", device = "auto", vram;
+  std::string pack, ram, preset, io = "auto", device = "auto", vram, gpu_prefill = "fused";
   double io_rate_limit_mb_s = 0;  // MB/s (1e6 bytes); 0 = unlimited
 };
 // Adds --io-rate-limit MB/s to `sub` (also used by `bench decode`); `scope` ends its help,

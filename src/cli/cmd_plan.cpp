@@ -86,7 +86,8 @@ Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk
   Plan out;
   std::unique_ptr<backend::Backend> gpu;  // asked for its free memory
   if (runtime::device_mode(eo) && !eo.emulate_device) {
-    KTIER_ASSIGN_OR_RETURN(gpu, backend::make_cuda_backend(backend::probe_cuda_module()));
+    KTIER_ASSIGN_OR_RETURN(gpu, backend::make_cuda_backend(backend::probe_cuda_module(),
+                                                           eo.cublas_prefill));
   }
   KTIER_ASSIGN_OR_RETURN(out.engine, runtime::plan_engine(ckpt, pk, eo, threads, gpu.get()));
   const runtime::EnginePlan& p = out.engine;

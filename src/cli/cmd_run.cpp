@@ -377,6 +377,9 @@ Status run(const RunArgs& a) {
     KTIER_ASSIGN_OR_RETURN(markers, tok::chat_markers(*tokenizer));
   }
   KTIER_ASSIGN_OR_RETURN(gen.stop_ids, run_stop_ids(a, markers));
+  const auto is_stop = [&](int32_t id) {
+    return std::find(gen.stop_ids.begin(), gen.stop_ids.end(), id) != gen.stop_ids.end();
+  };
   // Read and encoded before the load: a bad -f fails at once, and GPU mode sets its working
   // set aside for exactly this run.
   KTIER_ASSIGN_OR_RETURN(const RunPrompt given_prompt, read_prompt(a, tokenizer, markers));
@@ -393,16 +396,20 @@ Status run(const RunArgs& a) {
                          model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
   // Another backend's conversation is not used (RunPromptCache::restore), nor planned for; with
   // --device auto a CPU one is planned for too (the run may fall back to the CPU at the load).
-  const char* cpu_label = runtime::backend_label(backend::DeviceKind::kCpu);
-  const bool may_resume = a.interactive && cache &&
-                          (cache->saved_backend() == runtime::backend_label(eo.device) ||
-                           (eo.device_auto && cache->saved_backend() == cpu_label));
+  // (cuBLAS prefill asked for may find no cuBLAS: a fused run's conversation too.)
+  const std::string saved_backend = cache ? cache->saved_backend() : std::string();
+  const bool may_resume =
+      a.interactive && cache &&
+      (saved_backend == runtime::backend_label(eo.device, eo.cublas_prefill) ||
+       saved_backend == runtime::backend_label(eo.device) ||
+       (eo.device_auto && saved_backend == runtime::backend_label(backend::DeviceKind::kCpu)));
   const std::optional<int32_t> saved_pending =
       may_resume ? cache->conversation_pending() : std::nullopt;
   std::vector<uint32_t> resumed_turn;  // what ends the saved last answer
   if (saved_pending)
     resumed_turn =
-        tok::end_assistant_turn(*tokenizer, *markers, static_cast<uint32_t>(*saved_pending));
+        tok::end_assistant_turn(*tokenizer, *markers, static_cast<uint32_t>(*saved_pending),
+                                is_stop(*saved_pending));
   // A conversation the cache may resume adds its positions and the markup closing its last
   // answer (-c auto).
   const int64_t history = saved_pending ? cache->conversation_positions() +
@@ -556,7 +563,9 @@ Status run(const RunArgs& a) {
   // The next turn of a conversation: the assistant's message closed, the user's next one.
   const auto next_turn = [&](const std::string& line) -> Result<std::vector<int32_t>> {
     std::vector<uint32_t> ids;
-    if (!generated.empty()) ids = tok::end_assistant_turn(*tokenizer, *markers, generated.back());
+    if (!generated.empty())
+      ids = tok::end_assistant_turn(*tokenizer, *markers, generated.back(),
+                                    is_stop(generated.back()));
     const std::vector<uint32_t> user = tok::render_user_turn(*tokenizer, *markers, line);
     ids.insert(ids.end(), user.begin(), user.end());
     const int64_t needs =

@@ -35,7 +35,8 @@ class RunPromptCache {
   // against the checkpoint or the backend: restore() does that).
   int64_t conversation_positions() const;
   std::optional<int32_t> conversation_pending() const;
-  // "cpu" or "cuda": whose bytes the file holds (runtime::backend_label); "" when no file.
+  // "cpu", "cuda" or "cuda+cublas": whose bytes the file holds (runtime::backend_label); ""
+  // when no file.
   std::string saved_backend() const { return saved_ ? saved_->backend() : std::string(); }
   // The draws its sampler had made (0 when none): the resumed session skips them.
   uint64_t conversation_sampler_draws() const;

@@ -6,8 +6,8 @@
 // Model::forward consumes T tokens at positions state.n_tokens .. +T-1, layer-major (every
 // layer runs over the whole chunk before the next), updates the sequence state and writes the
 // logits. A decode step is forward() with T = 1: prefill in any chunking and decode run the same
-// code, and on the CPU backends (the numerics contract, docs/NUMERICS.md) give identical bytes;
-// CUDA switches to cuBLAS for chunks of 8+ tokens, so there they agree within its bounds (§13).
+// code, and give identical bytes on the CPU backends (the numerics contract, docs/NUMERICS.md)
+// and on CUDA's fused kernels; CUDA with cuBLAS prefill (8+ tokens) agrees within §13's bounds.
 //
 // Threads: a Model is not thread-safe (its ExpertSource and Backend are not).
 

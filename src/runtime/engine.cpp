@@ -34,7 +34,8 @@ Status Engine::open_plan(const EngineOptions& requested) {
   }
   // The CUDA backend first: the plan asks it for its free memory.
   if (device_mode(requested) && !requested.emulate_device) {
-    KTIER_ASSIGN_OR_RETURN(backend_, backend::make_cuda_backend(backend::probe_cuda_module()));
+    KTIER_ASSIGN_OR_RETURN(backend_, backend::make_cuda_backend(backend::probe_cuda_module(),
+                                                                requested.cublas_prefill));
   }
   KTIER_ASSIGN_OR_RETURN(plan_, plan_engine(ckpt_, pack_ ? &*pack_ : nullptr, requested,
                                             pool_->size(), backend_.get()));

@@ -63,10 +63,13 @@ struct EngineOptions {
   // hold the run, the plan falls back to the CPU (EnginePlan::device_fallback) instead of
   // refusing; `--device cuda` or a --vram given refuses (exit 4).
   bool device_auto = false;
-  // What one sequence will run: its working set (model::working_set; in GPU mode plus cuBLAS's
-  // workspace and copies, on the CPU plus the MLA kernel's buffer and cpu::linear's widened
-  // inputs) is set aside from
-  // vram_budget (GPU mode) or ram_budget (the memory dial) before the trunk and the experts are
+  // kCuda: F32 and BF16 linears of 8 tokens or more through cuBLAS (`--gpu-prefill cublas`;
+  // backend::make_cuda_backend). Off, the GPU's output does not depend on prefill chunking.
+  bool cublas_prefill = false;
+  // What one sequence will run: its working set (model::working_set; in GPU mode with cuBLAS
+  // prefill plus cuBLAS's workspace and copies, on the CPU plus the MLA kernel's buffer and
+  // cpu::linear's widened inputs) is set aside from vram_budget (GPU mode) or ram_budget (the
+  // memory dial) before the trunk and the experts are
   // placed, so that the whole run fits in it; the sequence must reserve its caches for
   // `positions` (GenerationOptions::reserve_positions; evaluate() does). A longer sequence
   // grows its caches outside the budget: on a GPU that may fail out of memory (exit 1), on the

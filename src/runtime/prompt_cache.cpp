@@ -138,11 +138,14 @@ uint64_t config_text_identity(std::string_view config_text) {
   return XXH3_64bits(config_text.data(), config_text.size());
 }
 
-const char* backend_label(backend::DeviceKind kind) {
-  return kind == backend::DeviceKind::kCuda ? "cuda" : "cpu";
+const char* backend_label(backend::DeviceKind kind, bool blas) {
+  if (kind != backend::DeviceKind::kCuda) return "cpu";
+  return blas ? "cuda+cublas" : "cuda";
 }
 
-const char* backend_label(const backend::Backend& backend) { return backend_label(backend.kind()); }
+const char* backend_label(const backend::Backend& backend) {
+  return backend_label(backend.kind(), backend.uses_blas());
+}
 
 Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
                                           const format::ModelConfig& config,
@@ -196,8 +199,8 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
   KTIER_ASSIGN_OR_RETURN(const uint64_t saved_config, number("config_xxh3", 16));
   KTIER_ASSIGN_OR_RETURN(s.checkpoint_, number("checkpoint", 16));
   s.backend_ = meta["backend"];
-  if (s.backend_ != "cpu" && s.backend_ != "cuda")
-    return damaged("\"backend\" is \"" + s.backend_ + "\", not cpu or cuda");
+  if (s.backend_ != "cpu" && s.backend_ != "cuda" && s.backend_ != "cuda+cublas")
+    return damaged("\"backend\" is \"" + s.backend_ + "\", not cpu, cuda or cuda+cublas");
   KTIER_ASSIGN_OR_RETURN(const uint64_t n, number("positions", 10));
   if (n == 0 || n > INT32_MAX) return damaged("\"positions\" is " + std::to_string(n));
   if (meta.count("pending")) {

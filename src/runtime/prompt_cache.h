@@ -57,10 +57,12 @@ Result<uint64_t> config_identity(const std::filesystem::path& model_dir);
 // The same of the file's text, read already.
 uint64_t config_text_identity(std::string_view config_text);
 
-// "cpu" or "cuda": whose bytes a sequence's state holds.
+// "cpu", "cuda" or "cuda+cublas" (cuBLAS prefill, whose bytes depend on the chunking): whose
+// bytes a sequence's state holds.
 const char* backend_label(const backend::Backend& backend);
-// The same for a backend about to be opened (EngineOptions::device; emulated is "cpu").
-const char* backend_label(backend::DeviceKind kind);
+// The same for a backend about to be opened (EngineOptions::device and cublas_prefill, which a
+// module without cuBLAS does not honour; emulated is "cpu").
+const char* backend_label(backend::DeviceKind kind, bool blas = false);
 
 // A saved state, opened and checked whole: its metadata (strings) and tensors matching "xxh3", the
 // tensors back to back, every float finite; then, intact, Status::usage (exit 2) when

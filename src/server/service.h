@@ -6,7 +6,8 @@
 // A K3 sequence cannot be cut back (a KDA state is recurrent), so a request that does not begin
 // with the ids run so far starts a fresh sequence; on the CPU what a request generates never
 // depends on which it was (exact across chunking: the continuation is byte-identical to a fresh
-// run). GPU mode promises no such identity across chunking (NUMERICS.md).
+// run), and so in GPU mode by default; with --gpu-prefill cublas there is no such identity
+// across chunking (NUMERICS.md §13).
 // A request's ids depend on its text only (tok::render_conversation for chat), so a conversation
 // reuses the previous answer's state when the answer's text encodes to the ids sampled for it
 // (as a trained model's text mostly does); otherwise it reuses nothing.

@@ -64,8 +64,10 @@ std::vector<uint32_t> render_conversation(const Tokenizer& tok, const ChatMarker
 }
 
 std::vector<uint32_t> end_assistant_turn(const Tokenizer& tok, const ChatMarkers& m,
-                                         uint32_t last) {
-  std::vector<uint32_t> ids = {last};
+                                         uint32_t last, bool last_is_stop) {
+  const bool markup = last == m.end_of_msg || last == m.close;
+  std::vector<uint32_t> ids;
+  if (markup || !last_is_stop) ids.push_back(last);
   if (last == m.end_of_msg) return ids;
   if (last == m.close) {  // the model's own <|close|>: the tag follows
     append_text(tok, "response", ids);

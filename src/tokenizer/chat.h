@@ -60,8 +60,10 @@ std::vector<uint32_t> render_conversation(const Tokenizer& tok, const ChatMarker
 //   after <|end_of_msg|>:                   nothing (the message is complete)
 //   after anything else (a length limit):   <|close|>response<|sep|><|close|>message<|sep|>
 //                                           <|end_of_msg|>
-// so that render_user_turn's ids can follow. `markers` from chat_markers(tok).
+// except that another stop id (`last_is_stop`: e.g. --stop-id's [EOS]) is not part of the
+// answer: it is left out and the response closed as after a length limit. So that
+// render_user_turn's ids can follow. `markers` from chat_markers(tok).
 std::vector<uint32_t> end_assistant_turn(const Tokenizer& tok, const ChatMarkers& markers,
-                                         uint32_t last);
+                                         uint32_t last, bool last_is_stop);
 
 }  // namespace ktier::tok

@@ -97,8 +97,8 @@ TEST_P(CrossBackend, Linear) {
     weights[3].zero_block_column(2);
     xs[3][2 * 32 + 5] = std::numeric_limits<float>::quiet_NaN();
 
-    // CUDA's prefill path (T = 9: cuBLAS, F32 and BF16) and its fused kernels take x as it is
-    // (cuBLAS gets BF16 jobs' x as three exact bf16 parts): one bound for both.
+    // CUDA's fused kernels and its cuBLAS prefill path (below; T = 9, F32 and BF16) take x as it
+    // is (cuBLAS gets BF16 jobs' x as three exact bf16 parts): one bound for both.
     const std::vector<std::vector<float>>& ref_xs = xs;
     std::vector<cpu::LinearJob> ref_jobs, dev_jobs;
     std::vector<std::vector<float>> want(weights.size());
@@ -125,9 +125,8 @@ TEST_P(CrossBackend, Linear) {
       expect_close("linear", want[j], dev_y[j].host(), tol);
     }
     // serve calls the backend from its connection threads (one at a time): the same jobs from
-    // another thread give the same bytes (CUDA: no abort, no error, and T = 9 stays on cuBLAS,
-    // whose handle is the device's; on one GPU a new thread's current device is already 0, so
-    // this does not tell whether ops() made it current).
+    // another thread give the same bytes (CUDA: no abort, no error; on one GPU a new thread's
+    // current device is already 0, so this does not tell whether ops() made it current).
     std::vector<Array<float>> again;
     std::vector<cpu::LinearJob> again_jobs = dev_jobs;
     for (size_t j = 0; j < weights.size(); ++j) {
@@ -143,6 +142,52 @@ TEST_P(CrossBackend, Linear) {
     for (size_t j = 0; j < weights.size(); ++j) {
       SCOPED_TRACE(std::string("job ") + cpu::weight_type_name(weights[j].type));
       expect_close("linear from another thread", dev_y[j].host(), again[j].host(), 0.0, true);
+    }
+    // Chunk invariance (NUMERICS.md §13, K3-MODEL §9.2): each token on its own gives the bytes
+    // it got among T (the CPU's and the fused kernels' promise; not cuBLAS prefill's).
+    std::vector<Array<float>> alone;
+    std::vector<cpu::LinearJob> alone_jobs;
+    for (size_t j = 0; j < weights.size(); ++j) {
+      alone.push_back(Array<float>::poisoned(*under_test_, T * weights[j].rows));
+      for (int64_t t = 0; t < T; ++t) {
+        cpu::LinearJob one = dev_jobs[j];
+        one.x += t * weights[j].cols;
+        one.n_tokens = 1;
+        one.y = alone.back().data() + t * weights[j].rows;
+        alone_jobs.push_back(one);
+      }
+    }
+    ASSERT_TRUE(
+        under_test_->linear(alone_jobs.data(), static_cast<int>(alone_jobs.size())).is_ok());
+    for (size_t j = 0; j < weights.size(); ++j) {
+      SCOPED_TRACE(std::string("job ") + cpu::weight_type_name(weights[j].type));
+      expect_close("linear token by token", dev_y[j].host(), alone[j].host(), 0.0, true);
+    }
+    // --gpu-prefill cublas (where the module has cuBLAS): T = 9's F32 and BF16 jobs through
+    // cuBLAS, within the same bound; from another thread (the cuBLAS handle is the device's).
+    if (exact()) continue;
+    auto blas = make_cuda_backend(probe_cuda_module(), /*cublas_prefill=*/true);
+    ASSERT_TRUE(blas.is_ok()) << blas.status().message();
+    if (!(*blas)->uses_blas()) {
+      std::printf("[ note ] no cuBLAS in the CUDA module: its prefill path is not tested\n");
+      continue;
+    }
+    std::vector<Array<float>> via_blas;
+    std::vector<cpu::LinearJob> blas_jobs = dev_jobs;
+    for (size_t j = 0; j < weights.size(); ++j) {
+      via_blas.push_back(Array<float>::poisoned(*under_test_, T * weights[j].rows));
+      blas_jobs[j].y = via_blas.back().data();
+    }
+    ASSERT_TRUE(under_test_->synchronize().is_ok());  // the poison, written on its stream
+    Status blas_status = Status::ok();
+    std::thread([&] {
+      blas_status = (*blas)->linear(blas_jobs.data(), static_cast<int>(blas_jobs.size()));
+      if (blas_status.is_ok()) blas_status = (*blas)->synchronize();
+    }).join();
+    ASSERT_TRUE(blas_status.is_ok()) << blas_status.message();
+    for (size_t j = 0; j < weights.size(); ++j) {
+      SCOPED_TRACE(std::string("job ") + cpu::weight_type_name(weights[j].type) + ", cuBLAS");
+      expect_close("linear", want[j], via_blas[j].host(), linear_bound(weights[j], ref_xs[j], T));
     }
   }
 }

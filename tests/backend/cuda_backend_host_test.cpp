@@ -108,7 +108,7 @@ int event_destroy(KtierCudaEvent e) {
 int no_op_stream(KtierCudaStream) { return 0; }
 int no_op_event(KtierCudaEvent) { return 0; }
 int no_op_pair(KtierCudaEvent, KtierCudaStream) { return 0; }
-int uses_cublas() { return 0; }
+int enable_cublas() { return 0; }
 
 // Memory, streams and events only: the backend's op forwards are never called here.
 KtierCudaOps fake_ops() {
@@ -131,7 +131,7 @@ KtierCudaOps fake_ops() {
   o.event_record = no_op_pair;
   o.stream_wait_event = [](KtierCudaStream, KtierCudaEvent) { return 0; };
   o.event_synchronize = no_op_event;
-  o.uses_cublas = uses_cublas;
+  o.enable_cublas = enable_cublas;
   return o;
 }
 
@@ -151,7 +151,9 @@ class CudaBackendHost : public ::testing::Test {
     module_ = m;
   }
   void TearDown() override { g_fake = nullptr; }
-  Result<std::unique_ptr<Backend>> open() { return make_cuda_backend(module_); }
+  Result<std::unique_ptr<Backend>> open(bool cublas_prefill = false) {
+    return make_cuda_backend(module_, cublas_prefill);
+  }
 
   FakeDevice fake_;
   KtierCudaOps ops_{};
@@ -162,8 +164,9 @@ TEST_F(CudaBackendHost, OpensStreamsAndEventsAndGivesEverythingBack) {
   {
     auto be = open();
     ASSERT_TRUE(be.is_ok()) << be.status().message();
-    EXPECT_EQ((*be)->name(), "cuda:0 Fake GPU (sm_90, no cuBLAS: fused kernels for prefill)");
+    EXPECT_EQ((*be)->name(), "cuda:0 Fake GPU (sm_90)");
     EXPECT_EQ((*be)->kind(), DeviceKind::kCuda);
+    EXPECT_FALSE((*be)->uses_blas());
     EXPECT_EQ(fake_.streams, 1 + Backend::kNumCopyQueues);
     auto a = (*be)->allocate(100), b = (*be)->allocate(200);
     ASSERT_TRUE(a.is_ok() && b.is_ok());
@@ -183,9 +186,16 @@ TEST_F(CudaBackendHost, AFailedOpenSaysWhichCallFailed) {
   ASSERT_FALSE(be.is_ok());
   EXPECT_EQ(be.status().code(), ExitCode::kRuntime);
   EXPECT_EQ(be.status().message(),
-            "cuda:0 Fake GPU (sm_90, no cuBLAS: fused kernels for prefill): stream_create failed: "
-            "fake: no streams left");
+            "cuda:0 Fake GPU (sm_90): stream_create failed: fake: no streams left");
   EXPECT_EQ(fake_.events, 0);
+}
+
+// cuBLAS prefill asked of a module without cuBLAS: the fused kernels, said in the name.
+TEST_F(CudaBackendHost, CublasPrefillWithoutCublasRunsTheFusedKernels) {
+  auto be = open(/*cublas_prefill=*/true);
+  ASSERT_TRUE(be.is_ok()) << be.status().message();
+  EXPECT_EQ((*be)->name(), "cuda:0 Fake GPU (sm_90, no cuBLAS: fused kernels for prefill)");
+  EXPECT_FALSE((*be)->uses_blas());
 }
 
 // Released blocks are handed out again by size without a new cudaMalloc; when the device runs

@@ -70,7 +70,7 @@ TEST_F(CudaEmulation, AKernelGivenAPageableHostPointerAborts) {
   // The same for a pointer inside a struct parameter: a linear job's input vector.
   const KtierCudaLinearJob job{{KTIER_CUDA_F32, device, nullptr, 4, 4}, host.data(), 1,
                               device + 32};
-  EXPECT_DEATH(ops->linear(&job, 1, nullptr),
+  EXPECT_DEATH(ops->linear(&job, 1, 0, nullptr),
                "dense_kernel.*: parameter 0 .* is neither device nor pinned host memory");
   EXPECT_EQ(ops->free_device(device), 0) << ops->last_error();
 }

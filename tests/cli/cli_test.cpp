@@ -65,6 +65,7 @@ TEST(Cli, UsageErrorsExitTwo) {
            {" bench io --pack x --raw-block-mib -1", "--raw-block-mib: '-1' is not"},
            {" run -m x --ids 1 -c 9223372036854775807", "-c/--ctx-size must be in 0..2147483647"},
            {" bench device --device emulated --bytes 0", "--bytes must be at least 1M"},
+           {" eval -m x --ids 1 --gpu-prefill blas", "--gpu-prefill: blas not in {fused,cublas}"},
            // CLI11 alone reads integers in base 0 (0x3, and 010 as octal 8), saturates past
            // int64, and lets a float underflow to 0 (for --io-rate-limit "no cap").
            {" run -m x --ids 1 -n 0x3", "--n-predict: '0x3' is not a whole number in decimal"},

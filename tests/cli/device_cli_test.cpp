@@ -28,6 +28,11 @@ nlohmann::json read_json(const fs::path& p) {
   return nlohmann::json::parse(in);
 }
 
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 class DeviceCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -54,15 +59,17 @@ class DeviceCli : public ::testing::Test {
   nlohmann::json golden_;
 };
 
-// --device auto on a GPU too small for the run at its default --vram (90% of the free memory):
-// the CPU decodes instead, saying why, and prints the CPU's ids; --device cuda, or a --vram
-// given, refuses (exit 4), the former naming the default it used.
+// --device auto on a GPU too small for the run at its default --vram (90% of the free memory;
+// an emulated GPU of 1 MiB, and -c 1024 for a working set past it): the CPU decodes instead,
+// saying why, and prints the CPU's ids; --device cuda, or a --vram given, refuses (exit 4), the
+// former naming the default it used.
 TEST_F(DeviceCli, AutoFallsBackToTheCpuWhereTheGpuIsTooSmall) {
   const ProcessResult doctor = run_process(ktier() + " doctor");
   if (doctor.out.find("ktier host emulation") == std::string::npos)
     GTEST_SKIP() << "needs the emulated device (its memory is KTIER_CUDA_EMULATION_MIB)";
   const std::string small = "KTIER_CUDA_EMULATION_MIB=1 ";
-  const std::string args = " run" + model() + " --ids " + prompt_ids() + " -n 6 --print-ids";
+  const std::string args =
+      " run" + model() + " --ids " + prompt_ids() + " -n 6 -c 1024 --print-ids";
   const ProcessResult cpu = run_process(ktier() + args + " --device cpu");
   const ProcessResult fallback = run_process(small + ktier() + args);
   const ProcessResult cuda = run_process(small + ktier() + args + " --device cuda");
@@ -82,7 +89,8 @@ TEST_F(DeviceCli, AutoFallsBackToTheCpuWhereTheGpuIsTooSmall) {
   // A conversation a CPU run saved goes on after the fallback as it does on the CPU (the run
   // planned its positions by the device asked for, and skipped closing its last answer).
   const fs::path saved = dir_ / "conversation.st", copy = dir_ / "conversation-copy.st";
-  const std::string chat = " run" + model() + " --chat -i -n 4 --print-ids --prompt-cache ";
+  const std::string chat =
+      " run" + model() + " --chat -i -n 4 -c 1024 --print-ids --prompt-cache ";
   ASSERT_EQ(run_process(ktier() + chat + saved.string() + " -p hi --device cpu </dev/null")
                 .exit_code,
             0);
@@ -153,6 +161,53 @@ TEST_F(DeviceCli, CudaAgreesWithTheCpuAndIsTheSameAtEveryVramBudget) {
     if (detail[i].at("top2_margin").get<double>() <= 1e-3) break;
     EXPECT_EQ(ids[i], detail[i].at("argmax").get<int>()) << "greedy step " << i;
   }
+}
+
+// The GPU's logits do not depend on how eval chunks the ids (K3-MODEL §9.2): whole, 1 and 5
+// at a time give the same bytes. --gpu-prefill cublas says so in the device line (the
+// emulation's module has cuBLAS; a GPU's may not) and agrees with them by argmax wherever the
+// CPU's margin is clear; its prompt cache says `cuda+cublas`, which a fused run does not use.
+TEST_F(DeviceCli, ChunkingDoesNotChangeTheGpusLogits) {
+  const auto eval = [&](const std::string& flags, const fs::path& logits) {
+    const ProcessResult r = run_process(ktier() + " eval" + model() + " --ids " + prompt_ids() +
+                                        " --device cuda --argmax --logits-out " +
+                                        logits.string() + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r;
+  };
+  const fs::path whole = dir_ / "whole.f32";
+  const ProcessResult fused = eval("", whole);
+  EXPECT_EQ(fused.err.find("cuBLAS"), std::string::npos) << fused.err;
+  const std::string bytes = file_bytes(whole);
+  ASSERT_EQ(bytes.size(), golden_.at("teacher_forced").size() *
+                              golden_.at("config_summary").at("vocab_size").get<size_t>() * 4);
+  for (const char* chunk : {"1", "5"}) {
+    const fs::path p = dir_ / (std::string("chunk") + chunk + ".f32");
+    eval(std::string(" --chunk ") + chunk, p);
+    EXPECT_TRUE(file_bytes(p) == bytes) << "--chunk " << chunk << " changed the GPU's logits";
+  }
+  const ProcessResult blas = eval(" --gpu-prefill cublas", dir_ / "cublas.f32");
+  if (blas.err.find("no cuBLAS") != std::string::npos) return;
+  EXPECT_NE(blas.err.find("cuBLAS prefill"), std::string::npos) << blas.err;
+  const std::vector<int> a = split_ids(last_line(fused.out)), b = split_ids(last_line(blas.out));
+  const nlohmann::json& forced = golden_.at("teacher_forced");
+  ASSERT_EQ(a.size(), forced.size()) << fused.out;
+  ASSERT_EQ(b.size(), forced.size()) << blas.out;
+  for (size_t i = 0; i < forced.size(); ++i) {
+    if (forced[i].at("top2_margin").get<double>() <= 1e-3) continue;
+    EXPECT_EQ(a[i], b[i]) << "position " << i;
+  }
+  const fs::path cache = dir_ / "cublas.st";
+  const std::string run = ktier() + " run" + model() + " --ids " + prompt_ids() +
+                          " -n 1 --device cuda --prompt-cache " + cache.string();
+  const ProcessResult saved = run_process(run + " --gpu-prefill cublas");
+  ASSERT_EQ(saved.exit_code, 0) << saved.err;
+  const ProcessResult not_used = run_process(run);
+  EXPECT_EQ(not_used.exit_code, 0) << not_used.err;
+  EXPECT_NE(not_used.err.find("holds a cuda+cublas run's state and this run is on the cuda: "
+                              "not used"),
+            std::string::npos)
+      << not_used.err;
 }
 
 TEST_F(DeviceCli, BenchDeviceMeasuresTheDevice) {

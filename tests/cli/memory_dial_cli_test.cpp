@@ -126,8 +126,11 @@ TEST_F(RunEvalCli, EmulatedDeviceRunReportsTheDeviceAndTheHostTrunk) {
   const fs::path report = dir_.string() + "-device-report.json";
   const auto r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() +
                              " -n 20 --device emulated --vram 64M --report-json " +
-                             report.string() + " --print-ids");
+                             report.string() + " --print-ids --gpu-prefill cublas");
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--gpu-prefill cublas ignored: decoding on the emulated device"),
+            std::string::npos)
+      << r.err;
   EXPECT_EQ(last_line(r.out), join_ids(golden_.at("greedy").get<std::vector<int>>()));
   std::ifstream in(report);
   const nlohmann::json j = nlohmann::json::parse(in);

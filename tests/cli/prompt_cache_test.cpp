@@ -249,37 +249,40 @@ TEST_F(PromptCacheCli, AnotherBackendsStateIsNotUsedAndIsReplaced) {
   const fs::path cache = dir_ / "backend.st";
   const auto plain = run(kPrompt, "");
   ASSERT_EQ(run(kPrompt, "--prompt-cache " + cache.string()).exit_code, 0);
-  // The same state said to be a GPU's: the header rewritten (padded to 8 as safetensors is),
-  // its checksum made again as docs/FORMAT.md says ("key=value" lines sorted by key, then the
-  // tensors' bytes).
-  std::string bytes = read_text(cache);
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
-  ASSERT_EQ(h["__metadata__"]["backend"], "cpu");
-  h["__metadata__"]["backend"] = "cuda";
-  std::string covered;
-  for (const auto& [k, v] : h["__metadata__"].items())  // nlohmann's objects iterate sorted
-    if (k != "xxh3") covered += k + "=" + v.get<std::string>() + "\n";
-  covered += bytes.substr(8 + n);
-  char digits[17];
-  std::snprintf(digits, sizeof digits, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(covered.data(), covered.size())));
-  h["__metadata__"]["xxh3"] = digits;
-  std::string text = h.dump();
-  text.resize((text.size() + 7) / 8 * 8, ' ');
-  const uint64_t m = text.size();
-  std::ofstream(cache, std::ios::binary | std::ios::trunc)
-      << std::string(reinterpret_cast<const char*>(&m), 8) << text << bytes.substr(8 + n);
-  const auto r = run(kPrompt, "--prompt-cache " + cache.string());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, plain.out);
-  EXPECT_NE(r.err.find("holds a cuda run's state and this run is on the cpu: not used"),
-            std::string::npos) << r.err;
-  EXPECT_EQ(r.err.find("from the prompt cache"), std::string::npos) << r.err;
-  bytes = read_text(cache);
-  std::memcpy(&n, bytes.data(), 8);
-  EXPECT_EQ(nlohmann::json::parse(bytes.substr(8, n))["__metadata__"]["backend"], "cpu");
+  // The same state said to be a GPU's (with the fused kernels, then with cuBLAS prefill): the
+  // header rewritten (padded to 8 as safetensors is), its checksum made again as docs/FORMAT.md
+  // says ("key=value" lines sorted by key, then the tensors' bytes).
+  for (const std::string label : {"cuda", "cuda+cublas"}) {
+    SCOPED_TRACE(label);
+    std::string bytes = read_text(cache);
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
+    ASSERT_EQ(h["__metadata__"]["backend"], "cpu");
+    h["__metadata__"]["backend"] = label;
+    std::string covered;
+    for (const auto& [k, v] : h["__metadata__"].items())  // nlohmann's objects iterate sorted
+      if (k != "xxh3") covered += k + "=" + v.get<std::string>() + "\n";
+    covered += bytes.substr(8 + n);
+    char digits[17];
+    std::snprintf(digits, sizeof digits, "%016llx",
+                  static_cast<unsigned long long>(XXH3_64bits(covered.data(), covered.size())));
+    h["__metadata__"]["xxh3"] = digits;
+    std::string text = h.dump();
+    text.resize((text.size() + 7) / 8 * 8, ' ');
+    const uint64_t m = text.size();
+    std::ofstream(cache, std::ios::binary | std::ios::trunc)
+        << std::string(reinterpret_cast<const char*>(&m), 8) << text << bytes.substr(8 + n);
+    const auto r = run(kPrompt, "--prompt-cache " + cache.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, plain.out);
+    EXPECT_NE(r.err.find("holds a " + label + " run's state and this run is on the cpu: not used"),
+              std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("from the prompt cache"), std::string::npos) << r.err;
+    bytes = read_text(cache);
+    std::memcpy(&n, bytes.data(), 8);
+    EXPECT_EQ(nlohmann::json::parse(bytes.substr(8, n))["__metadata__"]["backend"], "cpu");
+  }
 }
 
 TEST_F(PromptCacheCli, FilesThatAreNotThisCheckpointsStateAreRefused) {

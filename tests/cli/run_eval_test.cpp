@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <nlohmann/json.hpp>
@@ -462,20 +463,81 @@ TEST_F(RunEvalCli, ChatRunsTheRenderedPromptAndStopsAtTheResponseClose) {
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat --special -p hi -n 1").exit_code, 2);
 }
 
+// The interactive chat tests' conversation (two messages, answers of at most 9 greedy ids), and
+// the checkpoint's tokenizer and chat markers.
+constexpr const char* kFirstMessage = "Tell me about the lighthouse";
+constexpr const char* kSecondMessage = "And the lamp?";
+constexpr const char* kNineIds = " -n 9 --print-ids";
+struct ChatStart {
+  std::optional<tok::Tokenizer> tok;
+  std::optional<tok::ChatMarkers> markers;
+  std::string first_answer;  // `run --chat -p kFirstMessage` kNineIds's ids
+};
+// `run` is "ktier run -m DIR" of the checkpoint in `dir`.
+void start_chat(const fs::path& dir, const std::string& run, ChatStart& out) {
+  auto loaded = tok::Tokenizer::load(dir);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  out.tok.emplace(std::move(*loaded));
+  auto m = tok::chat_markers(*out.tok);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  out.markers = *m;
+  const auto r = run_process(run + " --chat -p '" + kFirstMessage + "'" + kNineIds);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  out.first_answer = last_line(r.out);
+}
+
+// A --stop-id the answer stops at (not <|close|> or <|end_of_msg|>) is not part of the
+// conversation: the next turn closes the response without it, as after a length limit.
+TEST_F(RunEvalCli, AChatStopIdIsLeftOutOfTheConversation) {
+  ChatStart started;
+  ASSERT_NO_FATAL_FAILURE(start_chat(dir_, ktier() + " run" + model(), started));
+  const auto& [tok, markers, ids1] = started;
+  const std::string first = kFirstMessage, second = kSecondMessage, n = kNineIds;
+  // The stop: the first answer's first id after its first that is new and not markup.
+  const std::vector<int> answer = split_ids(ids1);
+  size_t k = 1;
+  while (k < answer.size() &&
+         (answer[k] == static_cast<int>(markers->close) ||
+          answer[k] == static_cast<int>(markers->end_of_msg) ||
+          std::find(answer.begin(), answer.begin() + k, answer[k]) != answer.begin() + k))
+    ++k;
+  ASSERT_LT(k, answer.size()) << ids1;
+  const uint32_t stop = static_cast<uint32_t>(answer[k]);
+  const std::string stop_flag = " --stop-id " + std::to_string(stop);
+  std::vector<uint32_t> history = tok::render_user_turn(*tok, *markers, first);
+  history.insert(history.end(), answer.begin(), answer.begin() + k);
+  const std::vector<uint32_t> closing =
+      tok::end_assistant_turn(*tok, *markers, stop, /*last_is_stop=*/true);
+  EXPECT_EQ(std::find(closing.begin(), closing.end(), stop), closing.end());
+  const std::vector<uint32_t> second_ids = tok::render_user_turn(*tok, *markers, second);
+  history.insert(history.end(), closing.begin(), closing.end());
+  history.insert(history.end(), second_ids.begin(), second_ids.end());
+  const auto fresh = run_process(ktier() + " run" + model() + " --ids " +
+                                 join_ids(std::vector<int>(history.begin(), history.end())) + n +
+                                 stop_flag);
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+  const auto talk = run_process("printf '" + second + "\\n' | " + ktier() + " run" + model() +
+                                " --chat -i -p '" + first + "'" + n + stop_flag);
+  ASSERT_EQ(talk.exit_code, 0) << talk.err;
+  EXPECT_NE(talk.out.find("\n" + join_ids(std::vector<int>(answer.begin(),
+                                                            answer.begin() + k + 1)) + "\n"),
+            std::string::npos)
+      << "the first answer ends at the stop: " << talk.out;
+  EXPECT_EQ(last_line(talk.out), last_line(fresh.out)) << talk.out;
+  EXPECT_NE(talk.err.find("prompt " + std::to_string(closing.size() + second_ids.size()) +
+                          " tokens, generated"),
+            std::string::npos) << talk.err;
+}
+
 // --chat --interactive goes on in the same sequence: the second answer is what a fresh greedy
 // run over the whole rendered history (first message, first answer, its close, second message)
 // gives; a conversation that outgrows -c/--ctx-size stops with exit 4 naming it; the flags'
 // misuses exit 2.
 TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
-  auto tok = tok::Tokenizer::load(dir_);
-  ASSERT_TRUE(tok.is_ok()) << tok.status().message();
-  auto markers = tok::chat_markers(*tok);
-  ASSERT_TRUE(markers.is_ok());
-  const std::string first = "Tell me about the lighthouse", second = "And the lamp?";
-  const std::string n = " -n 9 --print-ids";
-  const auto one = run_process(ktier() + " run" + model() + " --chat -p '" + first + "'" + n);
-  ASSERT_EQ(one.exit_code, 0) << one.err;
-  const std::string ids1 = last_line(one.out);
+  ChatStart started;
+  ASSERT_NO_FATAL_FAILURE(start_chat(dir_, ktier() + " run" + model(), started));
+  const auto& [tok, markers, ids1] = started;
+  const std::string first = kFirstMessage, second = kSecondMessage, n = kNineIds;
   const std::vector<uint32_t> first_ids = tok::render_user_turn(*tok, *markers, first);
   const std::vector<uint32_t> second_ids = tok::render_user_turn(*tok, *markers, second);
   std::vector<uint32_t> history = first_ids;
@@ -486,7 +548,9 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   }
   const uint32_t last = history.back();
   history.pop_back();  // never run: the second turn starts with it
-  const std::vector<uint32_t> closing = tok::end_assistant_turn(*tok, *markers, last);
+  // (Its stops are markup: <|close|> and config.json's eos, <|end_of_msg|>.)
+  const std::vector<uint32_t> closing =
+      tok::end_assistant_turn(*tok, *markers, last, /*last_is_stop=*/false);
   history.insert(history.end(), closing.begin(), closing.end());
   history.insert(history.end(), second_ids.begin(), second_ids.end());
   const auto fresh = run_process(ktier() + " run" + model() + " --ids " +

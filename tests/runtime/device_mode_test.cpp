@@ -70,8 +70,9 @@ class DeviceModeTest : public ::testing::Test {
                    static_cast<int64_t>(kDialTestPrompt.size()), model::LogitRows::kAll};
     return eo;
   }
-  // The same plan on the real GPU, whose working set is larger (cuBLAS's workspace): budgets
-  // for it are made from its own sizes (DeviceSizes), not the emulated device's.
+  // The same plan on the real GPU, whose working set may differ (with cuBLAS prefill, its
+  // workspace): budgets for it are made from its own sizes (DeviceSizes), not the emulated
+  // device's.
   static EngineOptions on_cuda(uint64_t vram) {
     EngineOptions eo = emulated(vram);
     eo.emulate_device = false;
@@ -483,17 +484,32 @@ TEST_F(DeviceModeTest, CudaMatchesTheCpuAndIsBudgetInvariant) {
   for (size_t i = 1; i < outs.size(); ++i)
     EXPECT_TRUE(test::same_bytes(outs[i], outs[0]))
         << "GPU output changed with the VRAM budget (" << i << ")";
-  // The whole prompt in one pass: its matrix products go through cuBLAS (8 tokens or more),
-  // the chunks of 5 above through the fused kernels. Compared by argmax below.
-  std::vector<float> one_pass(kDialTestPrompt.size() * static_cast<size_t>(V));
-  {
-    auto e = Engine::open(on_cuda(vrams[0]));
-    ASSERT_TRUE(e.is_ok()) << e.status().message();
-    ASSERT_TRUE(evaluate((*e)->model(), kDialTestPrompt,
-                         static_cast<int64_t>(kDialTestPrompt.size()), one_pass.data())
-                    .is_ok());
-  }
+  // The whole prompt in one pass and token by token: the same bytes as the chunks of 5 above
+  // (the fused kernels sum each (row, token) alike for any chunk; K3-MODEL §9.2). With
+  // --gpu-prefill cublas the one pass's matrix products go through cuBLAS (8 tokens or more):
+  // compared by argmax below.
   const size_t n_logits = kDialTestPrompt.size() * V;
+  const int64_t whole = static_cast<int64_t>(kDialTestPrompt.size());
+  ASSERT_GE(whole, 8) << "one pass must reach cuBLAS's 8 tokens";
+  std::vector<float> one_pass(n_logits);
+  for (const bool cublas : {false, true})
+    for (const int64_t chunk : {whole, int64_t{1}}) {
+      if (cublas && chunk == 1) continue;
+      SCOPED_TRACE(std::string(cublas ? "cuBLAS" : "fused") + ", chunk " + std::to_string(chunk));
+      // (The budgets above were sized without cuBLAS's workspace.)
+      EngineOptions eo = on_cuda(cublas ? uint64_t{1} << 32 : vrams[0]);
+      eo.cublas_prefill = cublas;
+      auto e = Engine::open(eo);
+      ASSERT_TRUE(e.is_ok()) << e.status().message();
+      ASSERT_TRUE(evaluate((*e)->model(), kDialTestPrompt, chunk, one_pass.data()).is_ok());
+      // (cuBLAS asked of a module without it: the fused kernels, so the same bytes too.)
+      if (!cublas || !(*e)->backend().uses_blas()) {
+        EXPECT_TRUE(test::same_bytes(one_pass, {outs[0].begin(), outs[0].begin() + n_logits}))
+            << "GPU logits changed with the prefill chunk";
+      }
+      if (cublas && !(*e)->backend().uses_blas())
+        std::printf("[ note ] no cuBLAS in the CUDA module: its prefill path is not tested\n");
+    }
   // The greedy ids must match the CPU's up to the first step where the CPU's own top two
   // logits are within 1e-3 (its logits along its continuation, teacher-forced): the GPU sums
   // in f32 and may take the other one there, and every id after it may then differ.

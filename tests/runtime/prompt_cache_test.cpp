@@ -77,8 +77,8 @@ class PromptCacheTest : public ::testing::TestWithParam<Where> {
   static inline fs::path dir_;
 };
 
-// On the CPU backends the continuation is also the whole prompt's evaluation in any chunking;
-// on a GPU (cuBLAS for chunks of 8+) it is the continuation of the state before it was saved.
+// The continuation is the state's before it was saved, and the whole prompt's evaluation in any
+// chunking (on a GPU too: its default fused kernels do not depend on the chunk).
 TEST_P(PromptCacheTest, RestoredStateContinuesWithTheBytesOfTheWholeRun) {
   if (GetParam() == Where::kCuda && !no_cuda().empty()) GTEST_SKIP() << "no GPU: " << no_cuda();
   std::unique_ptr<Engine> e = open_engine(GetParam());
@@ -117,9 +117,7 @@ TEST_P(PromptCacheTest, RestoredStateContinuesWithTheBytesOfTheWholeRun) {
     ASSERT_TRUE(
         m.forward(prompt.subspan(k), *restored, model::LogitRows::kAll, rest.data()).is_ok());
     EXPECT_EQ(std::memcmp(rest.data(), unsaved.data(), rest.size() * sizeof(float)), 0);
-    if (GetParam() != Where::kCuda) {
-      EXPECT_EQ(std::memcmp(rest.data(), whole.data() + k * V, rest.size() * sizeof(float)), 0);
-    }
+    EXPECT_EQ(std::memcmp(rest.data(), whole.data() + k * V, rest.size() * sizeof(float)), 0);
   }
 }
 
@@ -248,8 +246,8 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
       << shard.status().message();
 }
 
-// The last id run on its own: on a GPU its bytes may differ (cuBLAS for the chunk before it),
-// so there only the snapshot is checked.
+// The last id run on its own gives the same bytes (on a GPU too, with its default fused
+// kernels), and the state before it is handed to the snapshot.
 TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
   if (GetParam() == Where::kCuda && !no_cuda().empty()) GTEST_SKIP() << "no GPU: " << no_cuda();
   std::unique_ptr<Engine> e = open_engine(GetParam());
@@ -272,9 +270,7 @@ TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
     return Status::ok();
   };
   ASSERT_TRUE(generate(e->model(), e->experts(), kDialTestPrompt, g, into(snapped)).is_ok());
-  if (GetParam() != Where::kCuda) {
-    EXPECT_EQ(snapped, plain);  // the last id run on its own: the same bytes
-  }
+  EXPECT_EQ(snapped, plain);  // the last id run on its own: the same bytes
   EXPECT_EQ(seen, std::vector<int64_t>{static_cast<int64_t>(kDialTestPrompt.size()) - 1});
   seen.clear();
   std::vector<int32_t> one;

@@ -65,13 +65,19 @@ TEST(ChatFormat, EndAssistantTurnClosesTheMessageFromWhereTheAnswerStopped) {
   const auto enc = [&](std::string_view s) { return tok.encode(s, false); };
   const std::vector<uint32_t> tail =
       cat({enc("response"), {m->sep, m->close}, enc("message"), {m->sep, m->end_of_msg}});
-  EXPECT_EQ(end_assistant_turn(tok, *m, m->close), cat({{m->close}, tail}));
-  EXPECT_EQ(end_assistant_turn(tok, *m, m->end_of_msg), std::vector<uint32_t>{m->end_of_msg});
+  EXPECT_EQ(end_assistant_turn(tok, *m, m->close, false), cat({{m->close}, tail}));
+  EXPECT_EQ(end_assistant_turn(tok, *m, m->end_of_msg, false),
+            std::vector<uint32_t>{m->end_of_msg});
   const uint32_t word = enc("hello").at(0);
-  EXPECT_EQ(end_assistant_turn(tok, *m, word), cat({{word, m->close}, tail}));
-  auto text = tok.decode(end_assistant_turn(tok, *m, word));
+  EXPECT_EQ(end_assistant_turn(tok, *m, word, false), cat({{word, m->close}, tail}));
+  auto text = tok.decode(end_assistant_turn(tok, *m, word, false));
   ASSERT_TRUE(text.is_ok());
   EXPECT_EQ(*text, "hello<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>");
+  // Another stop id (--stop-id) is left out; the markup stops stay.
+  EXPECT_EQ(end_assistant_turn(tok, *m, word, true), cat({{m->close}, tail}));
+  EXPECT_EQ(end_assistant_turn(tok, *m, m->close, true), cat({{m->close}, tail}));
+  EXPECT_EQ(end_assistant_turn(tok, *m, m->end_of_msg, true),
+            std::vector<uint32_t>{m->end_of_msg});
 }
 
 // A conversation rendered whole is what a conversation run turn by turn feeds the model: the
@@ -87,7 +93,7 @@ TEST(ChatFormat, ConversationIsTheTurnsAndClosedAnswersInOrder) {
       {Role::kUser, "second"}};
   const std::vector<uint32_t> turns =
       cat({render_user_turn(tok, *m, "first question"), enc("an answer <|close|>"),
-           end_assistant_turn(tok, *m, m->close), render_user_turn(tok, *m, "second")});
+           end_assistant_turn(tok, *m, m->close, false), render_user_turn(tok, *m, "second")});
   EXPECT_EQ(render_conversation(tok, *m, messages), turns);
   EXPECT_EQ(render_conversation(tok, *m, std::span(messages).first(1)),
             render_user_turn(tok, *m, "first question"));
