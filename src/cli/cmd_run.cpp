@@ -665,7 +665,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_option("--stop-id", a->stop_ids,
                   "Also stop after this token id (repeatable); config.json's and "
                   "generation_config.json's eos_token_id always stop, and --chat's <|close|>. "
-                  "A run with none of them is refused unless -n 0")
+                  "A run with none of them is refused unless -n 0. In a --chat -i conversation "
+                  "the id is left out of the answer that stopped at it")
       ->type_name("ID")
       ->allow_extra_args(false);
   sub->add_flag("--special", a->special,

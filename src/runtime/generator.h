@@ -86,7 +86,8 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
 // Generation that goes on in one sequence across calls (a conversation's turns): each turn()
 // runs its ids after everything run before, then samples as generate() does (which is one
 // turn of a fresh session). The token a turn sampled last is never run: the next turn's ids
-// start with it where the text goes on through it (a stop token included). One sampler serves
+// start with it where the text goes on through it (a stop token that is chat markup included;
+// `run --chat -i` leaves another stop id out, tok::end_assistant_turn). One sampler serves
 // every turn, so a seeded conversation repeats. Model, experts and opts as for generate();
 // opts.max_new_tokens is per turn. After an error the session is unusable.
 class GenerationSession {

@@ -202,6 +202,40 @@ TEST_F(PromptCacheCli, ConversationGoesOnFromTheSavedOne) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(answers(r.out), std::vector<std::string>{greedy_answers[0]});
   EXPECT_NE(r.err.find("a single run's state, not a conversation"), std::string::npos) << r.err;
+
+  // A second answer that stopped at a --stop-id (an id of it the first answer lacks) saves that
+  // id as the pending token; the resumed conversation closes the answer without it, as the one
+  // that never stopped does: the same third answer from a third turn of the same length.
+  const std::vector<int> first = split_ids(greedy_answers[0]);
+  const std::vector<int> second = split_ids(greedy_answers[1]);
+  size_t k = 0;
+  while (k + 1 < second.size() &&
+         (std::count(first.begin(), first.end(), second[k]) > 0 ||
+          std::count(second.begin(), second.begin() + k, second[k]) > 0))
+    ++k;
+  ASSERT_LT(k + 1, second.size()) << greedy_answers[1];
+  const std::string stop_chat = greedy + " --stop-id " + std::to_string(second[k]);
+  const auto third_prompt = [](const std::string& err) {  // N of the last "prompt N tokens"
+    const size_t at = err.rfind("ktier: prompt ");
+    return at == std::string::npos ? std::string() : err.substr(at, err.find(' ', at + 14) - at);
+  };
+  const auto whole =
+      run_process("printf 'hello there\\nhow is the lamp\\nand the lens\\n' | " + stop_chat);
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const std::vector<std::string> all = answers(whole.out);
+  ASSERT_EQ(all.size(), 3u) << whole.out;
+  EXPECT_EQ(all[0], greedy_answers[0]);
+  EXPECT_EQ(all[1], join_ids(std::vector<int>(second.begin(), second.begin() + k + 1)));
+  const fs::path stopped = dir_ / "conv-stop.st";
+  r = run_process("printf 'hello there\\nhow is the lamp\\n' | " + stop_chat +
+                  " --prompt-cache " + stopped.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_process("printf 'and the lens\\n' | " + stop_chat + " --prompt-cache " +
+                  stopped.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(answers(r.out), std::vector<std::string>{all[2]});
+  EXPECT_FALSE(third_prompt(whole.err).empty()) << whole.err;
+  EXPECT_EQ(third_prompt(r.err), third_prompt(whole.err)) << r.err;
 }
 
 // A state that cannot be written (here a file size limit, as a full disk) is a warning: the

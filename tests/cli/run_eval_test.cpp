@@ -508,13 +508,16 @@ TEST_F(RunEvalCli, AChatStopIdIsLeftOutOfTheConversation) {
   history.insert(history.end(), answer.begin(), answer.begin() + k);
   const std::vector<uint32_t> closing =
       tok::end_assistant_turn(*tok, *markers, stop, /*last_is_stop=*/true);
-  EXPECT_EQ(std::find(closing.begin(), closing.end(), stop), closing.end());
+  const std::vector<uint32_t> kept = tok::end_assistant_turn(*tok, *markers, stop, false);
+  EXPECT_EQ(closing, std::vector<uint32_t>(kept.begin() + 1, kept.end()));
   const std::vector<uint32_t> second_ids = tok::render_user_turn(*tok, *markers, second);
   history.insert(history.end(), closing.begin(), closing.end());
   history.insert(history.end(), second_ids.begin(), second_ids.end());
+  // (--ids runs stop at <|close|> as --chat does only when told.)
+  const std::string close_flag = " --stop-id " + std::to_string(markers->close);
   const auto fresh = run_process(ktier() + " run" + model() + " --ids " +
                                  join_ids(std::vector<int>(history.begin(), history.end())) + n +
-                                 stop_flag);
+                                 stop_flag + close_flag);
   ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
   const auto talk = run_process("printf '" + second + "\\n' | " + ktier() + " run" + model() +
                                 " --chat -i -p '" + first + "'" + n + stop_flag);
@@ -553,8 +556,10 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
       tok::end_assistant_turn(*tok, *markers, last, /*last_is_stop=*/false);
   history.insert(history.end(), closing.begin(), closing.end());
   history.insert(history.end(), second_ids.begin(), second_ids.end());
+  // (--ids runs stop at <|close|> as --chat does only when told.)
   const auto fresh = run_process(ktier() + " run" + model() + " --ids " +
-                                 join_ids(std::vector<int>(history.begin(), history.end())) + n);
+                                 join_ids(std::vector<int>(history.begin(), history.end())) + n +
+                                 " --stop-id " + std::to_string(markers->close));
   ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
   const std::string ids2 = last_line(fresh.out);
   const std::string chat = ktier() + " run" + model() + " --chat -i -p '" + first + "'" + n;
