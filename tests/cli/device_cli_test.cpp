@@ -28,11 +28,6 @@ nlohmann::json read_json(const fs::path& p) {
   return nlohmann::json::parse(in);
 }
 
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 class DeviceCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -178,13 +173,13 @@ TEST_F(DeviceCli, ChunkingDoesNotChangeTheGpusLogits) {
   const fs::path whole = dir_ / "whole.f32";
   const ProcessResult fused = eval("", whole);
   EXPECT_EQ(fused.err.find("cuBLAS"), std::string::npos) << fused.err;
-  const std::string bytes = file_bytes(whole);
+  const std::string bytes = read_text(whole);
   ASSERT_EQ(bytes.size(), golden_.at("teacher_forced").size() *
                               golden_.at("config_summary").at("vocab_size").get<size_t>() * 4);
   for (const char* chunk : {"1", "5"}) {
     const fs::path p = dir_ / (std::string("chunk") + chunk + ".f32");
     eval(std::string(" --chunk ") + chunk, p);
-    EXPECT_TRUE(file_bytes(p) == bytes) << "--chunk " << chunk << " changed the GPU's logits";
+    EXPECT_TRUE(read_text(p) == bytes) << "--chunk " << chunk << " changed the GPU's logits";
   }
   const ProcessResult blas = eval(" --gpu-prefill cublas", dir_ / "cublas.f32");
   if (blas.err.find("no cuBLAS") != std::string::npos) return;
