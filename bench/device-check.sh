@@ -249,18 +249,23 @@ def same_as_cpu(n):  # "yes", or where the first generated id differs (f32 route
     return f"NO from id {next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))}"
 # RAM->VRAM GB/s: the link's bytes per token times tokens per second, an average over the decode
 # (the copies' own rate is at least that; bench device's pinned figure is the link's limit).
+# ahead: the decode's lookahead copies into VRAM that their layer used, and of those the ones
+# landed by its fetch (timely); the rest made the layer's ops wait.
 print(f"{'run':14} {'tok/s':>7} {'vram hit':>9} {'ram hit':>8} {'RAM->VRAM MB/tok':>17} {'GB/s':>6}"
-      f" {'layers':>7} {'peak/vram':>9}  ids = cpu")
+      f" {'layers':>7} {'peak/vram':>9} {'ahead used/timely':>17}  ids = cpu")
 for n in ["resident", "experts50", "experts25", "experts10", "trunk50", "cpu-reference"]:
     j = load(f"run-{n}.json")
     if not j: print(f"{n:14} (no report)"); continue
     same = same_as_cpu(n)
+    v = j['tiers']['vram']
+    ahead = f"{v.get('prefetch_useful', '-')}/{v.get('prefetch_timely', '-')}"
     print(f"{n:14} {j['decode_tok_per_s']:7.2f} {100*j['tiers']['vram']['hit_rate_bytes']:8.1f}% "
           f"{100*j['tiers']['ram']['hit_rate_bytes']:7.1f}% "
           f"{j['links']['ram_to_vram_bytes_per_token']/1e6:17.1f} "
           f"{j['links']['ram_to_vram_bytes_per_token']*j['decode_tok_per_s']/1e9:6.2f} "
           f"{j['device']['trunk_layers_resident']:7}"
-          f" {(format(j['device']['memory_peak_bytes']/j['device']['vram_budget_bytes'], '.3f') if j['device']['gpu_mode'] else '-'):>9}  {same}")
+          f" {(format(j['device']['memory_peak_bytes']/j['device']['vram_budget_bytes'], '.3f') if j['device']['gpu_mode'] else '-'):>9}"
+          f" {ahead:>17}  {same}")
 pc, pd = load("ppl-cpu.json"), next((load(f"ppl-{x}.json") for x in ("cuda", "emulated")
                                      if load(f"ppl-{x}.json")), None)
 if pc and pd:

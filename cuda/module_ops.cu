@@ -114,6 +114,20 @@ int stream_wait_event(KtierCudaStream stream, KtierCudaEvent event) {
 int event_synchronize(KtierCudaEvent event) {
   return cuda_check("event_synchronize", cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
 }
+int event_query(KtierCudaEvent event, int* passed) {
+  KC_REQUIRE("event_query", passed != nullptr, "null output");
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (err == cudaErrorNotReady) {
+    // Not an error, but some runtimes keep it as the thread's last error, which the next
+    // launch would then report as its own: cleared, and only when it is that.
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+    *passed = 0;
+    return 0;
+  }
+  const int rc = cuda_check("event_query", err);
+  if (rc == 0) *passed = 1;
+  return rc;
+}
 
 // ---- ops ----
 
@@ -306,6 +320,7 @@ const KtierCudaOps kOps = {
     event_record,
     stream_wait_event,
     event_synchronize,
+    event_query,
     linear,
     rmsnorm,
     l2norm,

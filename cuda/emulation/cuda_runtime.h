@@ -72,6 +72,7 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
   cudaErrorNotSupported = 801,
   cudaErrorUnknown = 999,
 };
@@ -102,6 +103,7 @@ struct cudaFuncAttributes {
 #define CUDART_VERSION 13000
 
 cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
 const char* cudaGetErrorName(cudaError_t e);
 const char* cudaGetErrorString(cudaError_t e);
 cudaError_t cudaRuntimeGetVersion(int* v);
@@ -134,6 +136,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 
 // ---- the emulator's launch machinery -----------------------------------------------------------

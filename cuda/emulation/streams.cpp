@@ -240,6 +240,16 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     ktier_emu::host_waits(sc, *ev.queue, ev.point);
   return cudaSuccess;
 }
+// Runs nothing: a point is reached once some wait (or the order `sync`) ran the work before it.
+// Not recorded as the last error (a runtime may record it: the module clears it if so).
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  Scheduler& sc = sched();
+  std::lock_guard<std::mutex> lock(sc.mu);
+  const auto it = sc.events.find(e);
+  if (it == sc.events.end()) return fail(cudaErrorInvalidResourceHandle);
+  const ktier_emu::Event& ev = it->second;
+  return !ev.queue || ev.queue->done >= ev.point ? cudaSuccess : cudaErrorNotReady;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   Scheduler& sc = sched();
   std::lock_guard<std::mutex> lock(sc.mu);

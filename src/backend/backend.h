@@ -105,7 +105,9 @@ class Backend {
   //  * mark_ops(f): f = the ops issued so far; mark_copies(f, q): f = q's copies so far.
   //  * copies_wait(f, q): q's later copies wait for f; ops_wait(f): later ops wait for f;
   //    host_wait(f): the host waits for f.
-  // The CPU backend runs everything at once: all are no-ops there.
+  //  * fence_passed(f): whether f has passed now, without waiting (a measurement: whether a
+  //    copy landed before the ops that need it were issued; never an ordering).
+  // The CPU backend runs everything at once: all are no-ops there, and every fence has passed.
   using Fence = int;
   virtual Result<Fence> create_fence() { return Fence{0}; }
   virtual void destroy_fence(Fence f) {}
@@ -114,6 +116,7 @@ class Backend {
   virtual Status copies_wait(Fence f, CopyQueue q) { return Status::ok(); }
   virtual Status ops_wait(Fence f) { return Status::ok(); }
   virtual Status host_wait(Fence f) { return Status::ok(); }
+  virtual Result<bool> fence_passed(Fence f) { return true; }
   // Page-locks host memory that uploads will read (a RAM tier's arena), so they run at full link
   // speed; unpin before the memory is freed. No-ops where host and backend memory are one.
   virtual Status pin_host(void* host, size_t bytes) { return Status::ok(); }

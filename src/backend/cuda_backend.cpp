@@ -171,6 +171,11 @@ class CudaBackend final : public Backend {
   Status host_wait(Fence f) override {
     return check(ops()->event_synchronize(fence(f)), "event_synchronize (fence)");
   }
+  Result<bool> fence_passed(Fence f) override {
+    int passed = 0;
+    KTIER_RETURN_IF_ERROR(check(ops()->event_query(fence(f), &passed), "event_query (fence)"));
+    return passed != 0;
+  }
   Status sync_copies(CopyQueue q) override {
     return check(ops()->stream_synchronize(copies(q)), "stream_synchronize (copies)");
   }

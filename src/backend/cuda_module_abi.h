@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-#define KTIER_CUDA_ABI_VERSION 8
+#define KTIER_CUDA_ABI_VERSION 9
 
 typedef struct KtierCudaDeviceInfo {
   char name[256];
@@ -118,6 +118,9 @@ typedef struct KtierCudaOps {
   int (*event_record)(KtierCudaEvent event, KtierCudaStream stream);
   int (*stream_wait_event)(KtierCudaStream stream, KtierCudaEvent event);
   int (*event_synchronize)(KtierCudaEvent event);
+  /* Without waiting (cudaEventQuery): *passed = 1 when the work recorded before the event has
+   * completed (or it was never recorded), 0 when not yet (ABI v9). */
+  int (*event_query)(KtierCudaEvent event, int* passed);
 
   /* ---- ops (cpu/kernels.h names) ---- */
   /* jobs: host array. Every job runs the fused matrix-vector kernels (weights decoded in

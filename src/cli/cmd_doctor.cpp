@@ -1,9 +1,11 @@
-// `ktier doctor`: what this machine offers ktier (CPU features, cores, memory, GPU module).
+// `ktier doctor`: what this machine offers ktier (CPU features, cores, memory, GPU module, and
+// whether cuBLAS prefill can be used).
 #include <unistd.h>
 
 #include <cstdio>
 #include <string>
 
+#include "backend/cuda_backend.h"
 #include "backend/cuda_module.h"
 #include "cli/commands.h"
 #include "common/size.h"
@@ -31,7 +33,21 @@ Status run_doctor() {
               "--pack or in GPU mode) budgets %s\n",
               format_size(mem.total).c_str(), format_size(mem.available).c_str(),
               preset.is_ok() ? format_size(*preset).c_str() : preset.status().message().c_str());
-  std::printf("%s\n", backend::describe_cuda(backend::probe_cuda_module()).c_str());
+  const Result<backend::CudaModuleProbe> cuda = backend::probe_cuda_module();
+  std::printf("%s\n", backend::describe_cuda(cuda).c_str());
+  // Whether --gpu-prefill cublas takes effect: only opening device 0 and asking the module for
+  // cuBLAS tells (it loads libcublas at run time unless linked in, and makes a handle there).
+  if (cuda.is_ok() && cuda->probe.device_count > 0 &&
+      backend::cuda_device_unsupported(cuda->probe, 0).empty()) {
+    const auto be = backend::make_cuda_backend(cuda, /*cublas_prefill=*/true);
+    if (!be.is_ok())
+      std::printf("cuda: device 0 cannot be opened: %s\n", be.status().message().c_str());
+    else if ((*be)->uses_blas())
+      std::printf("cuda: --gpu-prefill cublas: available (cuBLAS on device 0)\n");
+    else
+      std::printf("cuda: --gpu-prefill cublas: unavailable, the module found no cuBLAS (the "
+                  "fused kernels run every prefill)\n");
+  }
   return Status::ok();
 }
 

@@ -403,16 +403,19 @@ Status run(const RunArgs& a) {
       (saved_backend == runtime::backend_label(eo.device, eo.cublas_prefill) ||
        saved_backend == runtime::backend_label(eo.device) ||
        (eo.device_auto && saved_backend == runtime::backend_label(backend::DeviceKind::kCpu)));
-  const std::optional<int32_t> saved_pending =
-      may_resume ? cache->conversation_pending() : std::nullopt;
+  std::optional<runtime::PendingTurn> saved_turn =
+      may_resume ? cache->conversation() : std::nullopt;
   std::vector<uint32_t> resumed_turn;  // what ends the saved last answer
-  if (saved_pending)
-    resumed_turn =
-        tok::end_assistant_turn(*tokenizer, *markers, static_cast<uint32_t>(*saved_pending),
-                                is_stop(*saved_pending));
+  if (saved_turn) {
+    // Whether its last token stopped it is the saving run's answer (a file of older ktier did
+    // not say: this run's stop ids decide).
+    if (!saved_turn->stop) saved_turn->stop = is_stop(saved_turn->id);
+    resumed_turn = tok::end_assistant_turn(
+        *tokenizer, *markers, static_cast<uint32_t>(saved_turn->id), *saved_turn->stop);
+  }
   // A conversation the cache may resume adds its positions and the markup closing its last
   // answer (-c auto).
-  const int64_t history = saved_pending ? cache->conversation_positions() +
+  const int64_t history = saved_turn ? cache->conversation_positions() +
                                               static_cast<int64_t>(resumed_turn.size())
                                         : 0;
   KTIER_ASSIGN_OR_RETURN(const int64_t ctx,
@@ -425,11 +428,8 @@ Status run(const RunArgs& a) {
   spdlog::info("loading {}", a.model);
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));
   // The backend the engine runs on decides, as RunPromptCache::restore does.
-  const std::optional<int32_t> pending =
-      a.interactive && cache &&
-              cache->saved_backend() == runtime::backend_label(engine->backend())
-          ? saved_pending
-          : std::nullopt;
+  const std::optional<runtime::PendingTurn> pending =
+      cache && cache->saved_by(*engine) ? saved_turn : std::nullopt;
   const format::ModelConfig& cfg = engine->checkpoint().config();
   // A tokenizer and a model that disagree on the vocabulary: ids past the tokenizer have no text
   // (the stream skips them), ids past the model cannot be run (refused where they occur).
@@ -468,6 +468,7 @@ Status run(const RunArgs& a) {
   std::optional<tok::StreamingDecoder> stream;
   if (tokenizer) stream.emplace(*tokenizer);
   std::vector<int32_t> generated;  // this turn's
+  bool answer_stopped = false;     // its last token is a stop id (of the run that generated it)
   bool sink_failed = false;  // stdout failed (a reader gone: `| head`): between tokens
   // Ctrl-C stops at a whole token: a single run after its prompt chunk or token, with its text,
   // report and trace (exit 130); a conversation's answer after at least one token (its message
@@ -544,6 +545,7 @@ Status run(const RunArgs& a) {
     }
     if (!turn.is_ok()) return engine->explain_nonfinite(turn.status());
     report.gen = *turn;
+    answer_stopped = !generated.empty() && is_stop(generated.back());
     report.decode_end = runtime::EngineCounters::of(*engine);
     report.peak_rss_bytes = runtime::peak_rss_bytes();
     if (stream) KTIER_RETURN_IF_ERROR(write_stdout(stream->flush() + "\n"));
@@ -557,15 +559,15 @@ Status run(const RunArgs& a) {
     report.cached_prompt_tokens = 0;  // only the first turn starts from the file
     if (!a.interactive || !cache || generated.empty()) return Status::ok();
     // The answer's last token is not run: it is the pending one, which the next turn begins with.
-    return cache->save(*engine, session->state(), session->ids(), generated.back(),
-                       session->sampler_draws());
+    return cache->save(*engine, session->state(), session->ids(),
+                       runtime::PendingTurn{generated.back(), session->sampler_draws(),
+                                            answer_stopped});
   };
   // The next turn of a conversation: the assistant's message closed, the user's next one.
   const auto next_turn = [&](const std::string& line) -> Result<std::vector<int32_t>> {
     std::vector<uint32_t> ids;
     if (!generated.empty())
-      ids = tok::end_assistant_turn(*tokenizer, *markers, generated.back(),
-                                    is_stop(generated.back()));
+      ids = tok::end_assistant_turn(*tokenizer, *markers, generated.back(), answer_stopped);
     const std::vector<uint32_t> user = tok::render_user_turn(*tokenizer, *markers, line);
     ids.insert(ids.end(), user.begin(), user.end());
     const int64_t needs =
@@ -584,11 +586,13 @@ Status run(const RunArgs& a) {
   };
   // A conversation's first message may come from standard input; an empty prompt is refused.
   Status status;
-  if (const std::optional<int32_t> last = a.interactive && cached > 0 ? pending : std::nullopt) {
-    generated.assign(1, *last);  // a resumed conversation: its last answer closes first
+  if (const std::optional<runtime::PendingTurn> last =
+          a.interactive && cached > 0 ? pending : std::nullopt) {
+    generated.assign(1, last->id);  // a resumed conversation: its last answer closes first
+    answer_stopped = *last->stop;
     // Its sampler goes on where the saved one stopped: a seeded conversation samples what it
     // would have without the interruption.
-    session->skip_sampler_draws(cache->conversation_sampler_draws());
+    session->skip_sampler_draws(last->sampler_draws);
     if (given > 0) {
       Result<std::vector<int32_t>> ids = next_turn(text);
       status = ids.is_ok() ? answer(*ids) : ids.status();

@@ -33,15 +33,11 @@ Result<RunPromptCache> RunPromptCache::open(const std::string& path, const std::
 }
 
 int64_t RunPromptCache::conversation_positions() const {
-  return conversation_pending() ? static_cast<int64_t>(saved_->ids().size()) : 0;
+  return conversation() ? static_cast<int64_t>(saved_->ids().size()) : 0;
 }
 
-std::optional<int32_t> RunPromptCache::conversation_pending() const {
-  return saved_ ? saved_->pending() : std::nullopt;
-}
-
-uint64_t RunPromptCache::conversation_sampler_draws() const {
-  return conversation_pending() ? saved_->sampler_draws() : 0;
+std::optional<runtime::PendingTurn> RunPromptCache::conversation() const {
+  return saved_ ? saved_->conversation() : std::nullopt;
 }
 
 std::span<const int32_t> RunPromptCache::restored_ids() const {
@@ -55,6 +51,10 @@ Result<uint64_t> RunPromptCache::checkpoint_identity(const runtime::Engine& engi
   return *identity_;
 }
 
+bool RunPromptCache::saved_by(const runtime::Engine& engine) const {
+  return saved_ && saved_->backend() == runtime::backend_label(engine.backend());
+}
+
 Result<std::optional<model::SequenceState>> RunPromptCache::restore(
     const runtime::Engine& engine, std::span<const int32_t> prompt, bool conversation,
     int64_t reserve) {
@@ -66,15 +66,14 @@ Result<std::optional<model::SequenceState>> RunPromptCache::restore(
     return Status::usage(path_ + ": --prompt-cache was saved from another checkpoint than -m " +
                          engine.checkpoint().dir().string() + " (another config, shards or "
                          "weights): give another file, or delete this one");
-  const std::string backend = runtime::backend_label(engine.backend());
   const std::span<const int32_t> ids = saved_->ids();
-  if (saved_->backend() != backend) {
+  if (!saved_by(engine)) {
     spdlog::info("prompt cache: {} holds a {} run's state and this run is on the {}: not used "
                  "(each backend starts only from its own bytes)", path_, saved_->backend(),
-                 backend);
+                 runtime::backend_label(engine.backend()));
     return Restored();
   }
-  if (conversation && !saved_->pending()) {
+  if (conversation && !saved_->conversation()) {
     spdlog::info("prompt cache: {} holds a single run's state, not a conversation: a new "
                  "conversation starts", path_);
     return Restored();
@@ -115,14 +114,14 @@ Result<std::optional<model::SequenceState>> RunPromptCache::restore(
 }
 
 Status RunPromptCache::save(const runtime::Engine& engine, const model::SequenceState& state,
-                            std::span<const int32_t> ids, std::optional<int32_t> pending,
-                            uint64_t sampler_draws) {
+                            std::span<const int32_t> ids,
+                            const std::optional<runtime::PendingTurn>& conversation) {
   KTIER_CHECK(ids.size() >= static_cast<size_t>(state.n_tokens));
   if (ro_ || state.n_tokens <= restored_) return Status::ok();  // the file holds that already
   KTIER_ASSIGN_OR_RETURN(const uint64_t identity, checkpoint_identity(engine));
   const Status saved = runtime::save_sequence(path_, engine.model(), state,
                                              ids.first(static_cast<size_t>(state.n_tokens)),
-                                             identity, config_xxh3_, pending, sampler_draws);
+                                             identity, config_xxh3_, conversation);
   // The cache only saves time: a run whose state cannot be written (a full disk) goes on.
   if (!saved.is_ok())
     spdlog::warn("prompt cache: not saved: {}", saved.message());

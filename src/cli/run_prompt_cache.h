@@ -31,15 +31,17 @@ class RunPromptCache {
   static Result<RunPromptCache> open(const std::string& path, const std::string& model_dir,
                                      bool read_only);
 
-  // The conversation the file holds, if any: its positions and pending token (not yet checked
+  // The conversation the file holds, if any: its positions and pending turn (not yet checked
   // against the checkpoint or the backend: restore() does that).
   int64_t conversation_positions() const;
-  std::optional<int32_t> conversation_pending() const;
+  std::optional<runtime::PendingTurn> conversation() const;
   // "cpu", "cuda" or "cuda+cublas": whose bytes the file holds (runtime::backend_label); ""
   // when no file.
   std::string saved_backend() const { return saved_ ? saved_->backend() : std::string(); }
-  // The draws its sampler had made (0 when none): the resumed session skips them.
-  uint64_t conversation_sampler_draws() const;
+  // Whether the file holds `engine`'s backend's bytes: no state is restored from another
+  // backend's (restore() and the caller deciding a resumed conversation's pending token ask
+  // the same).
+  bool saved_by(const runtime::Engine& engine) const;
 
   // After the load: the saved state when it serves this run (a single run's `prompt`, or with
   // `conversation` the conversation it holds), in a sequence reserved for `reserve` positions;
@@ -54,12 +56,12 @@ class RunPromptCache {
   std::span<const int32_t> restored_ids() const;
 
   // Saves `state` (it ran `ids`, their first state.n_tokens are saved) with a conversation's
-  // `pending` token and `sampler_draws`; nothing with --prompt-cache-ro or when the state holds no
+  // pending turn; nothing with --prompt-cache-ro or when the state holds no
   // more than what was restored. A save that fails (save_sequence's errors: a full disk) is a
   // warning and the run goes on; errors: computing the checkpoint's identity.
   Status save(const runtime::Engine& engine, const model::SequenceState& state,
-              std::span<const int32_t> ids, std::optional<int32_t> pending = std::nullopt,
-              uint64_t sampler_draws = 0);
+              std::span<const int32_t> ids,
+              const std::optional<runtime::PendingTurn>& conversation = std::nullopt);
 
  private:
   RunPromptCache(std::string path, bool read_only) : path_(std::move(path)), ro_(read_only) {}

@@ -409,9 +409,10 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
                                          std::to_string(*free_bytes) + " bytes the GPU has free");
     if (!device.is_ok() && device.status().code() == ExitCode::kBudget &&
         requested.device_auto && !requested.vram_budget) {
-      p.device_fallback = "the GPU is too small for this run, decoding on the CPU (same "
-                          "output; --device cuda --vram SIZE refuses instead): " +
-                          device.status().message();
+      p.device_fallback = std::string("the GPU is too small for this run, decoding on the CPU "
+                                      "(same output; --device cuda --vram SIZE refuses instead") +
+                          (requested.cublas_prefill ? "; --gpu-prefill cublas ignored" : "") +
+                          "): " + device.status().message();
       p.opts.device = backend::DeviceKind::kCpu;
       p.opts.lookahead = requested.lookahead;
       p.lookahead_lowered.clear();

@@ -206,17 +206,27 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
   if (meta.count("pending")) {
     KTIER_ASSIGN_OR_RETURN(const uint64_t id, number("pending", 10));
     if (id > INT32_MAX) return damaged("\"pending\" is " + std::to_string(id));
-    s.pending_ = static_cast<int32_t>(id);
+    PendingTurn& turn = s.conversation_.emplace();
+    turn.id = static_cast<int32_t>(id);
     if (meta.count("sampler_draws")) {
-      KTIER_ASSIGN_OR_RETURN(s.sampler_draws_, number("sampler_draws", 10));
+      KTIER_ASSIGN_OR_RETURN(turn.sampler_draws, number("sampler_draws", 10));
       // A draw per token sampled: at most every saved position and the pending token (a
       // larger count would make the resumed sampler skip for as long as it says).
-      if (s.sampler_draws_ > n + 1)
-        return damaged("\"sampler_draws\" " + std::to_string(s.sampler_draws_) + " is more than " +
-                       "its " + std::to_string(n) + " positions and pending token could draw");
+      if (turn.sampler_draws > n + 1)
+        return damaged("\"sampler_draws\" " + std::to_string(turn.sampler_draws) +
+                       " is more than its " + std::to_string(n) +
+                       " positions and pending token could draw");
     }
-  } else if (meta.count("sampler_draws")) {
-    return damaged("\"sampler_draws\" without \"pending\" (only a conversation has them)");
+    if (const auto stop = meta.find("pending_stop"); stop != meta.end()) {
+      if (stop->second != "0" && stop->second != "1")
+        return damaged("\"pending_stop\" is \"" + stop->second + "\", not 0 or 1");
+      turn.stop = stop->second == "1";
+    }
+  } else {
+    for (const char* key : {"sampler_draws", "pending_stop"})
+      if (meta.count(key))
+        return damaged("\"" + std::string(key) +
+                       "\" without \"pending\" (only a conversation has it)");
   }
 
   // Every byte checked now, metadata included, so that a damaged file is refused (and kept)
@@ -265,8 +275,8 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
   for (size_t i = 0; i < s.ids_.size(); ++i)
     if (s.ids_[i] < 0 || s.ids_[i] >= config.vocab_size)
       return damaged("id " + std::to_string(i) + " is " + std::to_string(s.ids_[i]) + vocab);
-  if (s.pending_ && *s.pending_ >= config.vocab_size)
-    return damaged("\"pending\" " + std::to_string(*s.pending_) + vocab);
+  if (s.conversation_ && s.conversation_->id >= config.vocab_size)
+    return damaged("\"pending\" " + std::to_string(s.conversation_->id) + vocab);
   return s;
 }
 
@@ -312,8 +322,8 @@ Result<model::SequenceState> SavedSequence::restore(const model::Model& model,
 
 Status save_sequence(const std::filesystem::path& path, const model::Model& model,
                      const model::SequenceState& state, std::span<const int32_t> ids,
-                     uint64_t checkpoint, uint64_t config_xxh3, std::optional<int32_t> pending,
-                     uint64_t sampler_draws) {
+                     uint64_t checkpoint, uint64_t config_xxh3,
+                     const std::optional<PendingTurn>& conversation) {
   KTIER_CHECK(static_cast<int64_t>(ids.size()) == state.n_tokens);
   std::map<std::string, std::string> meta = {
       {"format", kPromptCacheFormat},
@@ -323,9 +333,10 @@ Status save_sequence(const std::filesystem::path& path, const model::Model& mode
       {"backend", backend_label(model.backend())},
       {"positions", std::to_string(state.n_tokens)},
   };
-  if (pending) {
-    meta["pending"] = std::to_string(*pending);
-    meta["sampler_draws"] = std::to_string(sampler_draws);
+  if (conversation) {
+    meta["pending"] = std::to_string(conversation->id);
+    meta["sampler_draws"] = std::to_string(conversation->sampler_draws);
+    if (conversation->stop) meta["pending_stop"] = *conversation->stop ? "1" : "0";
   }
   // The checksum goes into the header, which is written first: one pass to hash, one to write
   // (the state is not held twice in host memory).

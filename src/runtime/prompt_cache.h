@@ -4,15 +4,17 @@
 //
 // The file is safetensors (format/safetensors.h). `__metadata__`: "format" "ktier.sequence",
 // "version" "1", "checkpoint" (checkpoint_identity, 16 hex digits), "config_xxh3" (XXH3 of
-// config.json as stored: another model is told apart before its load), "backend" ("cpu" or "cuda":
-// which backend's bytes these are), "positions" (n, decimal), for a conversation's state "pending"
-// (decimal: the last token its last answer sampled, which is never run and begins the next turn)
-// and "sampler_draws" (decimal: the draws its sampler had made, Sampler::draws; absent in files of
-// older ktier: 0), and "xxh3" (16 hex digits: XXH3_64bits of every other entry as "key=value\n"
-// lines sorted by key, then the tensors' bytes in file order). Tensors, in this order: "ids" I32
-// [n] (the ids the state has run); per KDA layer l "layers.l.kda.S" F32 [H, D, D] and
-// "layers.l.kda.conv_q", "…conv_k", "…conv_v" F32 [K-1, C]; per MLA layer l "layers.l.mla.c" F32
-// [n, kv_lora_rank] and "layers.l.mla.r" F32 [n, qk_rope_head_dim] (model/state.h).
+// config.json as stored: another model is told apart before its load), "backend" ("cpu", "cuda" or
+// "cuda+cublas": which backend's bytes these are), "positions" (n, decimal), for a conversation's
+// state "pending" (decimal: the last token its last answer sampled, which is never run and begins
+// the next turn) and "sampler_draws" (decimal: the draws its sampler had made, Sampler::draws;
+// absent in files of older ktier: 0) and "pending_stop" ("1" when the pending token is one of the
+// run's stop ids, "0" when not; absent in files of older ktier: unknown), and "xxh3" (16 hex
+// digits: XXH3_64bits of every other entry as "key=value\n" lines sorted by key, then the tensors'
+// bytes in file order). Tensors, in this order: "ids" I32 [n] (the ids the state has run); per KDA
+// layer l "layers.l.kda.S" F32 [H, D, D] and "layers.l.kda.conv_q", "…conv_k", "…conv_v" F32 [K-1,
+// C]; per MLA layer l "layers.l.mla.c" F32 [n, kv_lora_rank] and "layers.l.mla.r" F32 [n,
+// qk_rope_head_dim] (model/state.h).
 //
 // Whole prefixes only: a KDA state is recurrent and cannot be cut back to fewer positions, so a
 // saved state serves a prompt only when its ids are a prefix of the prompt with at least one id
@@ -64,6 +66,15 @@ const char* backend_label(const backend::Backend& backend);
 // module without cuBLAS does not honour; emulated is "cpu").
 const char* backend_label(backend::DeviceKind kind, bool blas = false);
 
+// What a conversation's state holds besides its sequence: its last answer's last token `id`
+// (never run: it begins the next turn), the draws its sampler had made, and whether `id` was
+// one of the saving run's stop ids (nullopt: a file of older ktier, which did not say).
+struct PendingTurn {
+  int32_t id = 0;
+  uint64_t sampler_draws = 0;
+  std::optional<bool> stop;
+};
+
 // A saved state, opened and checked whole: its metadata (strings) and tensors matching "xxh3", the
 // tensors back to back, every float finite; then, intact, Status::usage (exit 2) when
 // "config_xxh3" is not `config_xxh3` (config_identity: another model's file); then at least one
@@ -80,10 +91,9 @@ class SavedSequence {
   uint64_t checkpoint() const { return checkpoint_; }
   const std::string& backend() const { return backend_; }
   std::span<const int32_t> ids() const { return ids_; }
-  // A conversation's state: its last answer's last token (not in ids(), never run), and the
-  // draws its sampler had made (0 for a single run's state).
-  std::optional<int32_t> pending() const { return pending_; }
-  uint64_t sampler_draws() const { return sampler_draws_; }
+  // A conversation's state: its pending turn (the pending id is not in ids()); nullopt for a
+  // single run's state.
+  const std::optional<PendingTurn>& conversation() const { return conversation_; }
   uint64_t file_bytes() const { return file_.file_size(); }
 
   // A sequence of `model` (on its backend) holding the saved state, its MLA caches reserved for
@@ -103,18 +113,17 @@ class SavedSequence {
   std::string meta_text_;  // what "xxh3" covers before the tensors
   std::string backend_;
   std::vector<int32_t> ids_;
-  std::optional<int32_t> pending_;
-  uint64_t sampler_draws_ = 0;
+  std::optional<PendingTurn> conversation_;
 };
 
 // Writes `state` with the `ids` it ran (ids.size() == state.n_tokens) and, for a conversation, its
-// `pending` token and its sampler's `sampler_draws`, as `path`: to a partial file of this writer's
+// pending turn, as `path`: to a partial file of this writer's
 // own, then renamed, so `path` is the old file or a whole new one (of the writer that renamed last)
 // even with several runs saving at once. `config_xxh3`: config_identity of the model.
 // Status::runtime (exit 1) naming the file on failure, the backend's errors.
 Status save_sequence(const std::filesystem::path& path, const model::Model& model,
                      const model::SequenceState& state, std::span<const int32_t> ids,
                      uint64_t checkpoint, uint64_t config_xxh3,
-                     std::optional<int32_t> pending = std::nullopt, uint64_t sampler_draws = 0);
+                     const std::optional<PendingTurn>& conversation = std::nullopt);
 
 }  // namespace ktier::runtime

@@ -80,6 +80,11 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
       d(vb.prefetch_useful, va.prefetch_useful) - d(vb.carried_useful, va.carried_useful);
   const uint64_t vram_wasted =
       d(vb.prefetch_wasted, va.prefetch_wasted) - d(vb.carried_wasted, va.carried_wasted);
+  const uint64_t vram_timely =
+      d(vb.prefetch_timely, va.prefetch_timely) - d(vb.carried_timely, va.carried_timely);
+  // As the RAM tier's recall: every use in the window against the fetches copied on demand.
+  const uint64_t vram_all_useful = d(vb.prefetch_useful, va.prefetch_useful);
+  const uint64_t vram_misses = d(vb.requests, va.requests) - d(vb.hits, va.hits);
   const DeviceTrunk* dt = e.device_trunk();
   // STRATA.md §4: a tier's hit rate is over every demanded byte. In GPU mode the RAM tier sees
   // only the VRAM tier's misses, so its hits are divided by what the VRAM tier was asked for:
@@ -121,10 +126,13 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
           {"slot_bytes", v ? v->stats().slot_bytes : 0},
           {"prefetch_issued", d(vb.prefetch_issued, va.prefetch_issued)},
           {"prefetch_useful", vram_useful},
+          {"prefetch_timely", vram_timely},
           {"prefetch_wasted", vram_wasted},
           {"prefetch_carried_useful", d(vb.carried_useful, va.carried_useful)},
           {"prefetch_carried_wasted", d(vb.carried_wasted, va.carried_wasted)},
-          {"prefetch_precision", ratio(vram_useful, vram_useful + vram_wasted)}}}}},
+          {"prefetch_precision", ratio(vram_useful, vram_useful + vram_wasted)},
+          {"prefetch_recall", ratio(vram_all_useful, vram_all_useful + vram_misses)},
+          {"prefetch_timeliness", ratio(vram_timely, vram_useful)}}}}},
       {"links",
        {{"nvme_to_ram_bytes_per_token", per_step(d(xb.read_bytes, xa.read_bytes))},
         {"ram_to_vram_bytes_per_token",
@@ -209,8 +217,8 @@ std::string RunReport::to_table(const Engine& e) const {
     const nlohmann::json& vr = j["tiers"]["vram"];
     std::snprintf(buf, sizeof buf,
                   "ktier: device %s: trunk layers resident %lld of %lld; VRAM expert hit rate "
-                  "%.1f%% (by bytes, %llu slots, lookahead copies %llu, useful %llu); RAM->VRAM "
-                  "%.1f MB/token\n",
+                  "%.1f%% (by bytes, %llu slots, lookahead copies %llu, useful %llu, landed in "
+                  "time %llu); RAM->VRAM %.1f MB/token\n",
                   e.backend().name().c_str(),
                   static_cast<long long>(j["device"]["trunk_layers_resident"].get<int64_t>()),
                   static_cast<long long>(e.checkpoint().config().num_hidden_layers),
@@ -218,6 +226,7 @@ std::string RunReport::to_table(const Engine& e) const {
                   static_cast<unsigned long long>(vr["slots"].get<uint64_t>()),
                   static_cast<unsigned long long>(vr["prefetch_issued"].get<uint64_t>()),
                   static_cast<unsigned long long>(vr["prefetch_useful"].get<uint64_t>()),
+                  static_cast<unsigned long long>(vr["prefetch_timely"].get<uint64_t>()),
                   j["links"]["ram_to_vram_bytes_per_token"].get<double>() / mb);
     out += buf;
     std::snprintf(buf, sizeof buf,

@@ -1,6 +1,7 @@
 #include "runtime/vram_expert_tier.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "common/check.h"
 #include "model/weights.h"
@@ -311,6 +312,7 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
   std::vector<int32_t> miss_ids;
   std::vector<size_t> miss_at;
   std::vector<int64_t> miss_slot, used_slots;
+  std::vector<std::pair<int64_t, uint8_t>> used_copies;  // lookahead slots used: slot, kFresh..
   int64_t next_bypass = first_bypass;
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + ids[i]);
@@ -322,6 +324,7 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
         prefetched_[static_cast<size_t>(slot)] = 0;
         ++stats_.prefetch_useful;
         stats_.carried_useful += was == kCarried;
+        used_copies.emplace_back(slot, was);
       }
       out[i] = slot_views_[static_cast<size_t>(slot)];
       stats_.hit_bytes += model::expert_bytes(out[i]);
@@ -376,6 +379,16 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
       }
       return s;
     }
+  }
+  // A lookahead copy is timely when it has landed now, before the ops that use it are issued
+  // (the host has waited for the router's ids, so the ops stream is idle up to them): one that
+  // has not makes them wait. Asked after the misses' copies, so that a failed query leaves no
+  // slot assigned without its copy.
+  for (const auto& [slot, was] : used_copies) {
+    KTIER_ASSIGN_OR_RETURN(const bool landed,
+                           be_.fence_passed(slot_fence_[static_cast<size_t>(slot)]));
+    stats_.prefetch_timely += landed;
+    stats_.carried_timely += landed && was == kCarried;
   }
   // The ops that use these experts wait for their slots' copies, not for lookahead copies
   // issued for later layers.

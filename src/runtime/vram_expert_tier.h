@@ -46,10 +46,13 @@ struct VramTierStats {
   uint64_t requests = 0, hits = 0;                  // experts asked of fetch()
   uint64_t hit_bytes = 0, miss_bytes = 0;           // stored bytes of those experts
   uint64_t copied_bytes = 0;                        // RAM -> VRAM, demand and prefetch
-  uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_wasted = 0;
+  // Lookahead copies: issued; useful = fetched by their target layer (counted as hits: their
+  // bytes crossed the link ahead); timely = useful and landed when fetched (a copy still in
+  // flight makes the layer's ops wait for it); wasted = not asked for by their layer.
+  uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_timely = 0, prefetch_wasted = 0;
   uint64_t prefetch_bytes = 0;
-  // Of useful and wasted: the prefetches issued before the last begin_window().
-  uint64_t carried_useful = 0, carried_wasted = 0;
+  // Of useful, timely and wasted: the prefetches issued before the last begin_window().
+  uint64_t carried_useful = 0, carried_timely = 0, carried_wasted = 0;
   double hit_rate_bytes() const {
     const uint64_t total = hit_bytes + miss_bytes;
     return total ? static_cast<double>(hit_bytes) / static_cast<double>(total) : 0.0;

@@ -90,6 +90,15 @@ std::string prometheus_metrics(const ServiceTotals& t) {
           "outcome=\"timely\"");
   counter("ktier:expert_prefetch_total", prefetch, static_cast<double>(x.prefetch_wasted),
           "outcome=\"wasted\"");
+  const char* copies = "Router-lookahead copies into VRAM by outcome (VRAM tier, GPU mode).";
+  counter("ktier:expert_lookahead_copies_total", copies, static_cast<double>(v.prefetch_issued),
+          "outcome=\"issued\"");
+  counter("ktier:expert_lookahead_copies_total", copies, static_cast<double>(v.prefetch_useful),
+          "outcome=\"useful\"");
+  counter("ktier:expert_lookahead_copies_total", copies, static_cast<double>(v.prefetch_timely),
+          "outcome=\"timely\"");
+  counter("ktier:expert_lookahead_copies_total", copies, static_cast<double>(v.prefetch_wasted),
+          "outcome=\"wasted\"");
   counter("ktier:trunk_read_bytes_total", "Trunk bytes read from storage (streamed layers).",
           static_cast<double>(e.trunk_bytes_read));
   counter("ktier:io_read_bytes_total", "Bytes the I/O layer read from storage.",

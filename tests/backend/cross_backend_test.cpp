@@ -127,12 +127,17 @@ TEST_P(CrossBackend, Linear) {
     // serve calls the backend from its connection threads (one at a time): the same jobs from
     // another thread give the same bytes (CUDA: no abort, no error; on one GPU a new thread's
     // current device is already 0, so this does not tell whether ops() made it current).
+    // dev_jobs again, each writing into a fresh poisoned output of `ys`.
+    auto into_poisoned = [&](std::vector<Array<float>>& ys) {
+      std::vector<cpu::LinearJob> jobs = dev_jobs;
+      for (size_t j = 0; j < weights.size(); ++j) {
+        ys.push_back(Array<float>::poisoned(*under_test_, T * weights[j].rows));
+        jobs[j].y = ys.back().data();
+      }
+      return jobs;
+    };
     std::vector<Array<float>> again;
-    std::vector<cpu::LinearJob> again_jobs = dev_jobs;
-    for (size_t j = 0; j < weights.size(); ++j) {
-      again.push_back(Array<float>::poisoned(*under_test_, T * weights[j].rows));
-      again_jobs[j].y = again.back().data();
-    }
+    const std::vector<cpu::LinearJob> again_jobs = into_poisoned(again);
     Status from_thread = Status::ok();
     std::thread([&] {
       from_thread = under_test_->linear(again_jobs.data(), static_cast<int>(again_jobs.size()));
@@ -147,13 +152,12 @@ TEST_P(CrossBackend, Linear) {
     // it got among T (the CPU's and the fused kernels' promise; not cuBLAS prefill's).
     std::vector<Array<float>> alone;
     std::vector<cpu::LinearJob> alone_jobs;
-    for (size_t j = 0; j < weights.size(); ++j) {
-      alone.push_back(Array<float>::poisoned(*under_test_, T * weights[j].rows));
+    for (const cpu::LinearJob& job : into_poisoned(alone)) {
       for (int64_t t = 0; t < T; ++t) {
-        cpu::LinearJob one = dev_jobs[j];
-        one.x += t * weights[j].cols;
+        cpu::LinearJob one = job;
+        one.x += t * job.w.cols;
         one.n_tokens = 1;
-        one.y = alone.back().data() + t * weights[j].rows;
+        one.y += t * job.w.rows;
         alone_jobs.push_back(one);
       }
     }
@@ -173,11 +177,7 @@ TEST_P(CrossBackend, Linear) {
       continue;
     }
     std::vector<Array<float>> via_blas;
-    std::vector<cpu::LinearJob> blas_jobs = dev_jobs;
-    for (size_t j = 0; j < weights.size(); ++j) {
-      via_blas.push_back(Array<float>::poisoned(*under_test_, T * weights[j].rows));
-      blas_jobs[j].y = via_blas.back().data();
-    }
+    const std::vector<cpu::LinearJob> blas_jobs = into_poisoned(via_blas);
     ASSERT_TRUE(under_test_->synchronize().is_ok());  // the poison, written on its stream
     Status blas_status = Status::ok();
     std::thread([&] {
@@ -495,6 +495,14 @@ TEST_P(CrossBackend, FencesOrderCopiesAndOps) {
   using Q = Backend::CopyQueue;
   auto fa = be.create_fence(), fb = be.create_fence(), fo = be.create_fence();
   ASSERT_TRUE(fa.is_ok() && fb.is_ok() && fo.is_ok());
+  // A fence never recorded, or one the host waited for, has passed (whether one not waited for
+  // has is the device's timing: asked only of the emulated device, EmulatedDevice.*).
+  auto passed = [&](Backend::Fence f) {
+    const Result<bool> p = be.fence_passed(f);
+    EXPECT_TRUE(p.is_ok()) << p.status().message();
+    return p.is_ok() && *p;
+  };
+  EXPECT_TRUE(passed(*fo));
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   ASSERT_TRUE(be.copy_async(Q::kLayers, da.data(), a.data(), bytes).is_ok());
   ASSERT_TRUE(be.mark_copies(*fa, Q::kLayers).is_ok());
@@ -512,6 +520,7 @@ TEST_P(CrossBackend, FencesOrderCopiesAndOps) {
   ASSERT_TRUE(be.copy_async(Q::kLayers, dc.data(), c.data(), bytes).is_ok());  // then overwritten by a copy
   ASSERT_TRUE(be.mark_copies(*fa, Q::kLayers).is_ok());  // a fence recorded again
   ASSERT_TRUE(be.host_wait(*fa).is_ok());
+  EXPECT_TRUE(passed(*fa));
   const std::vector<float> copied_c = c;
   std::fill(c.begin(), c.end(), 0.0f);  // the host may reuse its bytes after host_wait
   expect_close("b copied", b, db.host(), 0.0, true);
@@ -529,6 +538,7 @@ TEST_P(CrossBackend, FencesOrderCopiesAndOps) {
   for (size_t i = 0; i < b.size(); ++i) twice_b[i] = b[i] + b[i];
   expect_close("b + b: the later queue's copy landed last", twice_b, sum.host(), 0.0, true);
   for (Q q : Backend::kCopyQueues) ASSERT_TRUE(be.sync_copies(q).is_ok());
+  EXPECT_TRUE(passed(*fa) && passed(*fb));
   expect_close("still b after both queues finished", b, dc.host(), 0.0, true);
   for (auto f : {*fa, *fb, *fo}) be.destroy_fence(f);
 }
@@ -628,11 +638,22 @@ TEST(EmulatedDevice, CopiesLandAtTheirFenceAndCapacityIsEnforced) {
     return got;
   };
   EXPECT_TRUE(std::isnan(peek(*a)[0]) && std::isnan(peek(*b)[0])) << "poisoned until a fence";
+  // fence_passed says whether a fence's copies have landed, and lands nothing.
+  auto passed = [&](Backend::Fence f) {
+    const Result<bool> p = dev->fence_passed(f);
+    EXPECT_TRUE(p.is_ok());
+    return p.is_ok() && *p;
+  };
+  EXPECT_FALSE(passed(*fa));
+  EXPECT_TRUE(std::isnan(peek(*a)[0]));
   ASSERT_TRUE(dev->ops_wait(*fa).is_ok());
   EXPECT_EQ(peek(*a), ones);
+  EXPECT_TRUE(passed(*fa));
+  EXPECT_FALSE(passed(*fb));
   EXPECT_TRUE(std::isnan(peek(*b)[0])) << "a later copy is not applied by an earlier fence";
   ASSERT_TRUE(dev->host_wait(*fb).is_ok());
   EXPECT_EQ(peek(*b), twos);
+  EXPECT_TRUE(passed(*fb));
   // The two queues are independent: waiting for one never lands the other's copies.
   ASSERT_TRUE(dev->copy_async(Q::kLayers, a->get(), twos.data(), 256).is_ok());
   ASSERT_TRUE(dev->copy_async(Q::kExperts, b->get(), ones.data(), 256).is_ok());

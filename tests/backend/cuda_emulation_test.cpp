@@ -175,10 +175,18 @@ TEST_F(CudaEmulation, StreamsAreOrderedOnlyByEvents) {
     st.set(x, 3, st.b);
     ASSERT_EQ(ops->event_record(st.e, st.b), 0) << ops->last_error();
     st.set(x, 4, st.b);                                     // after the record: not waited for
+    // A query runs nothing: until a wait has run b's work, the record has not passed.
+    auto passed = [&](KtierCudaEvent e) {
+      int p = -1;
+      EXPECT_EQ(ops->event_query(e, &p), 0) << ops->last_error();
+      return p;
+    };
+    EXPECT_EQ(passed(st.e), std::string(order) == "sync" ? 1 : 0);
     ASSERT_EQ(ops->stream_wait_event(st.a, st.e), 0) << ops->last_error();
     ASSERT_EQ(ops->memcpy_async(y, x, 4, st.a), 0);         // a: y = x, after b's x = 3
     EXPECT_EQ(st.get(y), std::string(order) == "late" ? 3 : 4);
     ASSERT_EQ(ops->stream_synchronize(st.b), 0) << ops->last_error();
+    EXPECT_EQ(passed(st.e), 1);
     EXPECT_EQ(st.get(x), 4);
     // A wait is for the record before it: recording the event again after does not move it.
     ASSERT_EQ(ops->event_record(st.e, st.b), 0) << ops->last_error();  // b: nothing queued
@@ -190,6 +198,7 @@ TEST_F(CudaEmulation, StreamsAreOrderedOnlyByEvents) {
     // An event never recorded is complete: a wait for it waits for nothing.
     KtierCudaEvent fresh = nullptr;
     ASSERT_EQ(ops->event_create(&fresh), 0) << ops->last_error();
+    EXPECT_EQ(passed(fresh), 1);
     ASSERT_EQ(ops->stream_wait_event(st.a, fresh), 0) << ops->last_error();
     EXPECT_EQ(ops->event_synchronize(fresh), 0) << ops->last_error();
     EXPECT_EQ(st.get(y), std::string(order) == "late" ? 4 : 5);

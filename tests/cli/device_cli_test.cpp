@@ -56,8 +56,8 @@ class DeviceCli : public ::testing::Test {
 
 // --device auto on a GPU too small for the run at its default --vram (90% of the free memory;
 // an emulated GPU of 1 MiB, and -c 1024 for a working set past it): the CPU decodes instead,
-// saying why, and prints the CPU's ids; --device cuda, or a --vram given, refuses (exit 4), the
-// former naming the default it used.
+// saying why (and that --gpu-prefill cublas no longer applies), and prints the CPU's ids;
+// --device cuda, or a --vram given, refuses (exit 4), the former naming the default it used.
 TEST_F(DeviceCli, AutoFallsBackToTheCpuWhereTheGpuIsTooSmall) {
   const ProcessResult doctor = run_process(ktier() + " doctor");
   if (doctor.out.find("ktier host emulation") == std::string::npos)
@@ -66,7 +66,7 @@ TEST_F(DeviceCli, AutoFallsBackToTheCpuWhereTheGpuIsTooSmall) {
   const std::string args =
       " run" + model() + " --ids " + prompt_ids() + " -n 6 -c 1024 --print-ids";
   const ProcessResult cpu = run_process(ktier() + args + " --device cpu");
-  const ProcessResult fallback = run_process(small + ktier() + args);
+  const ProcessResult fallback = run_process(small + ktier() + args + " --gpu-prefill cublas");
   const ProcessResult cuda = run_process(small + ktier() + args + " --device cuda");
   const ProcessResult given = run_process(small + ktier() + args + " --vram 900K");
   ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
@@ -74,6 +74,8 @@ TEST_F(DeviceCli, AutoFallsBackToTheCpuWhereTheGpuIsTooSmall) {
   EXPECT_EQ(fallback.out, cpu.out);
   EXPECT_NE(fallback.err.find("the GPU is too small for this run, decoding on the CPU"),
             std::string::npos)
+      << fallback.err;
+  EXPECT_NE(fallback.err.find("; --gpu-prefill cublas ignored)"), std::string::npos)
       << fallback.err;
   EXPECT_EQ(cuda.exit_code, 4) << cuda.err;
   EXPECT_NE(cuda.err.find("--vram was not given: it is 90% of the"), std::string::npos)
@@ -182,7 +184,14 @@ TEST_F(DeviceCli, ChunkingDoesNotChangeTheGpusLogits) {
     EXPECT_TRUE(read_text(p) == bytes) << "--chunk " << chunk << " changed the GPU's logits";
   }
   const ProcessResult blas = eval(" --gpu-prefill cublas", dir_ / "cublas.f32");
-  if (blas.err.find("no cuBLAS") != std::string::npos) return;
+  // doctor says beforehand what the run found.
+  const bool found = blas.err.find("no cuBLAS") == std::string::npos;
+  const ProcessResult doctor = run_process(ktier() + " doctor");
+  EXPECT_NE(doctor.out.find(std::string("cuda: --gpu-prefill cublas: ") +
+                            (found ? "available" : "unavailable")),
+            std::string::npos)
+      << doctor.out;
+  if (!found) return;
   EXPECT_NE(blas.err.find("cuBLAS prefill"), std::string::npos) << blas.err;
   const std::vector<int> a = split_ids(last_line(fused.out)), b = split_ids(last_line(blas.out));
   const nlohmann::json& forced = golden_.at("teacher_forced");

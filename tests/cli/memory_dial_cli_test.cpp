@@ -193,6 +193,15 @@ TEST_F(RunEvalCli, VramLookaheadCopiesAtTheMinimumVram) {
       << vram.dump();
   EXPECT_GT(vram.at("prefetch_issued").get<uint64_t>(), 0u) << vram.dump();
   EXPECT_GT(vram.at("prefetch_useful").get<uint64_t>(), 0u) << vram.dump();
+  // Timely: landed by the fetch (on the emulated device only what some wait applied), so no
+  // count is asserted, only the ratios' definitions.
+  const double useful = vram.at("prefetch_useful"), timely = vram.at("prefetch_timely");
+  EXPECT_LE(timely, useful) << vram.dump();
+  EXPECT_DOUBLE_EQ(vram.at("prefetch_timeliness").get<double>(), timely / useful) << vram.dump();
+  const double misses = vram.at("requests").get<double>() - vram.at("hits").get<double>();
+  const double all_useful = useful + vram.at("prefetch_carried_useful").get<double>();
+  EXPECT_DOUBLE_EQ(vram.at("prefetch_recall").get<double>(), all_useful / (all_useful + misses))
+      << vram.dump();
   // One byte below it automatic lookahead is off (the same bytes come out, and the log says
   // why); a depth given is refused there.
   const std::string below = std::to_string(std::stoull(minimum) - 1);

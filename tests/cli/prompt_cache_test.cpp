@@ -230,11 +230,19 @@ TEST_F(PromptCacheCli, ConversationGoesOnFromTheSavedOne) {
   r = run_process("printf 'hello there\\nhow is the lamp\\n' | " + stop_chat +
                   " --prompt-cache " + stopped.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  const fs::path stopped_copy = dir_ / "conv-stop-copy.st";
+  fs::copy_file(stopped, stopped_copy);
   r = run_process("printf 'and the lens\\n' | " + stop_chat + " --prompt-cache " +
                   stopped.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(answers(r.out), std::vector<std::string>{all[2]});
   EXPECT_FALSE(third_prompt(whole.err).empty()) << whole.err;
+  EXPECT_EQ(third_prompt(r.err), third_prompt(whole.err)) << r.err;
+  // The file says that its pending token stopped the answer: resumed without that --stop-id,
+  // the answer is still closed without it (the third turn's prompt as long as before).
+  r = run_process("printf 'and the lens\\n' | " + greedy + " --prompt-cache " +
+                  stopped_copy.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(third_prompt(r.err), third_prompt(whole.err)) << r.err;
 }
 

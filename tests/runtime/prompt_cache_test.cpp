@@ -213,13 +213,14 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
   {
     model::SequenceState st = state_after(m, 3);
     std::vector<int32_t> ids(kDialTestPrompt.begin(), kDialTestPrompt.begin() + 3);
-    ASSERT_TRUE(save_sequence(bad, m, st, ids, 1, h, static_cast<int32_t>(c.vocab_size)).is_ok());
+    const PendingTurn past_vocab{static_cast<int32_t>(c.vocab_size), 0, std::nullopt};
+    ASSERT_TRUE(save_sequence(bad, m, st, ids, 1, h, past_vocab).is_ok());
     Status s = SavedSequence::open(bad, c, h).status();
     EXPECT_EQ(s.code(), ExitCode::kCorrupt);
     EXPECT_NE(s.message().find("\"pending\" " + std::to_string(c.vocab_size)), std::string::npos)
         << s.message();
     ids[1] = static_cast<int32_t>(c.vocab_size) + 5;
-    ASSERT_TRUE(save_sequence(bad, m, st, ids, 1, h, 2).is_ok());
+    ASSERT_TRUE(save_sequence(bad, m, st, ids, 1, h, PendingTurn{2, 0, std::nullopt}).is_ok());
     s = SavedSequence::open(bad, c, h).status();
     EXPECT_EQ(s.code(), ExitCode::kCorrupt);
     EXPECT_NE(s.message().find("id 1 is " + std::to_string(c.vocab_size + 5)), std::string::npos)
@@ -227,11 +228,25 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
     // A conversation's sampler draws: at most its positions and pending token (one per token
     // sampled); more would have the resumed sampler skip for as long as the file says.
     ids[1] = 2;
-    ASSERT_TRUE(save_sequence(bad, m, st, ids, 1, h, 2, 4).is_ok());
-    auto fine = SavedSequence::open(bad, c, h);
-    ASSERT_TRUE(fine.is_ok()) << fine.status().message();
-    EXPECT_EQ(fine->sampler_draws(), 4u);
-    ASSERT_TRUE(save_sequence(bad, m, st, ids, 1, h, 2, 5).is_ok());
+    // Whether the pending token was a stop id is kept as saved, and unknown where not saved.
+    for (const std::optional<bool> stop : {std::optional<bool>(), std::optional<bool>(true),
+                                           std::optional<bool>(false)}) {
+      ASSERT_TRUE(save_sequence(bad, m, st, ids, 1, h, PendingTurn{2, 4, stop}).is_ok());
+      auto fine = SavedSequence::open(bad, c, h);
+      ASSERT_TRUE(fine.is_ok()) << fine.status().message();
+      ASSERT_TRUE(fine->conversation());
+      EXPECT_EQ(fine->conversation()->id, 2);
+      EXPECT_EQ(fine->conversation()->sampler_draws, 4u);
+      EXPECT_EQ(fine->conversation()->stop, stop);
+    }
+    ASSERT_TRUE(save_sequence(bad, m, st, ids, 1, h, PendingTurn{2, 4, true}).is_ok());
+    const std::string conversation = read_bytes(bad);
+    const std::string key = "\"pending_stop\":\"1\"";
+    const size_t at = conversation.find(key);
+    ASSERT_NE(at, std::string::npos);
+    expect_corrupt(std::string(conversation).replace(at, key.size(), "\"pending_stop\":\"2\""),
+                   "\"pending_stop\" is \"2\", not 0 or 1", c);
+    ASSERT_TRUE(save_sequence(bad, m, st, ids, 1, h, PendingTurn{2, 5, std::nullopt}).is_ok());
     s = SavedSequence::open(bad, c, h).status();
     EXPECT_EQ(s.code(), ExitCode::kCorrupt);
     EXPECT_NE(s.message().find("\"sampler_draws\" 5 is more than its 3 positions"),

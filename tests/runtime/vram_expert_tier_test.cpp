@@ -320,6 +320,32 @@ TEST(VramExpertTier, ASlotReusedBeforeItsPrefetchLandedKeepsTheNewExpert) {
   expect_views_hold(*x.be, x.host, 3, routed3, out);
 }
 
+// A lookahead copy is timely when it has landed by its layer's fetch (the ops then do not wait
+// for it). The emulated device lands a copy only when something waits for it: layer 2's copies
+// are waited for at once, layer 3's not before their fetch.
+TEST(VramExpertTier, ACopyIsTimelyOnlyWhenItLandedBeforeItsLayersFetch) {
+  TierUnderTest x(8 * kTopK);
+  ASSERT_TRUE(x.tier);
+  for (int32_t id : {3, 5}) x.host.ready.insert(2 * kExperts + id);
+  for (int32_t id : {6, 7}) x.host.ready.insert(3 * kExperts + id);
+  const float w[] = {0.5f, 0.5f};
+  const int32_t for2[] = {3, 5}, for3[] = {6, 7};
+  x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);
+  ASSERT_TRUE(x.be->sync_copies(backend::Backend::CopyQueue::kExperts).is_ok());
+  x.tier->on_prediction(1, 2, 0, for3, w, 1, kTopK);
+  ASSERT_EQ(x.tier->stats().prefetch_issued, 4u);
+  std::vector<model::ExpertWeights> out;
+  const int32_t routed1[] = {0, 1}, routed2[] = {3, 4};
+  x.layer(1, routed1, out);
+  x.layer(2, routed2, out);  // 3: landed
+  EXPECT_EQ(x.tier->stats().prefetch_useful, 1u);
+  EXPECT_EQ(x.tier->stats().prefetch_timely, 1u);
+  x.layer(3, for3, out);  // 6 and 7: still in flight, the ops wait for them
+  EXPECT_EQ(x.tier->stats().prefetch_useful, 3u);
+  EXPECT_EQ(x.tier->stats().prefetch_timely, 1u);
+  expect_views_hold(*x.be, x.host, 3, for3, out);
+}
+
 // A lookahead copy is useful only to the layer it was made for: one that layer does not ask
 // for is wasted when the layer is routed, even while the tier keeps it, and a later pass's hit
 // on it is a plain hit (the RAM tier's rule; before, it was counted useful then).

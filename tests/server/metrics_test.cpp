@@ -28,6 +28,7 @@ TEST(PrometheusMetrics, EveryFigureUnderItsNameInTheTextFormat) {
   t.engine.experts.hit_bytes = 123456789012;
   t.engine.experts.miss_bytes = 5;
   t.engine.vram.hit_bytes = 7;
+  t.engine.vram.prefetch_timely = 3;
   t.engine.experts.read_bytes = 11;
   t.engine.experts.prefetch_wasted = 4;
   t.engine.io_wait_ns = 2'500'000'000;
@@ -55,7 +56,7 @@ TEST(PrometheusMetrics, EveryFigureUnderItsNameInTheTextFormat) {
     }
   }
   EXPECT_EQ(text.back(), '\n');
-  EXPECT_EQ(samples.size(), 24u) << text;
+  EXPECT_EQ(samples.size(), 28u) << text;
   EXPECT_EQ(samples["ktier:requests_total"], "3");
   EXPECT_EQ(samples["ktier:requests_failed_total"], "1");
   EXPECT_EQ(samples["ktier:prompt_tokens_total"], "700");
@@ -71,6 +72,7 @@ TEST(PrometheusMetrics, EveryFigureUnderItsNameInTheTextFormat) {
   EXPECT_EQ(samples["ktier:expert_hit_bytes_total{tier=\"vram\"}"], "7");
   EXPECT_EQ(samples["ktier:expert_link_bytes_total{link=\"storage_to_ram\"}"], "11");
   EXPECT_EQ(samples["ktier:expert_prefetch_total{outcome=\"wasted\"}"], "4");
+  EXPECT_EQ(samples["ktier:expert_lookahead_copies_total{outcome=\"timely\"}"], "3");
   EXPECT_EQ(samples["ktier:io_wait_seconds_total"], "2.5");
 }
 
