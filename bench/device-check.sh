@@ -250,7 +250,7 @@ def same_as_cpu(n):  # "yes", or where the first generated id differs (f32 route
 # RAM->VRAM GB/s: the link's bytes per token times tokens per second, an average over the decode
 # (the copies' own rate is at least that; bench device's pinned figure is the link's limit).
 # ahead: the decode's lookahead copies into VRAM that their layer used, and of those the ones
-# landed by its fetch (timely); the rest made the layer's ops wait.
+# landed as its fetch started (timely); the rest made the layer's ops wait.
 print(f"{'run':14} {'tok/s':>7} {'vram hit':>9} {'ram hit':>8} {'RAM->VRAM MB/tok':>17} {'GB/s':>6}"
       f" {'layers':>7} {'peak/vram':>9} {'ahead used/timely':>17}  ids = cpu")
 for n in ["resident", "experts50", "experts25", "experts10", "trunk50", "cpu-reference"]:

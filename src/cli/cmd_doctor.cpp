@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
 #include "backend/cuda_backend.h"
 #include "backend/cuda_module.h"
 #include "cli/commands.h"
@@ -39,7 +41,11 @@ Status run_doctor() {
   // cuBLAS tells (it loads libcublas at run time unless linked in, and makes a handle there).
   if (cuda.is_ok() && cuda->probe.device_count > 0 &&
       backend::cuda_device_unsupported(cuda->probe, 0).empty()) {
+    // The backend's own warning for a missing cuBLAS is a run's; doctor says it in its line.
+    const spdlog::level::level_enum level = spdlog::get_level();
+    if (level < spdlog::level::err) spdlog::set_level(spdlog::level::err);
     const auto be = backend::make_cuda_backend(cuda, /*cublas_prefill=*/true);
+    spdlog::set_level(level);
     if (!be.is_ok())
       std::printf("cuda: device 0 cannot be opened: %s\n", be.status().message().c_str());
     else if ((*be)->uses_blas())

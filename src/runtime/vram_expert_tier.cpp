@@ -1,7 +1,6 @@
 #include "runtime/vram_expert_tier.h"
 
 #include <algorithm>
-#include <utility>
 
 #include "common/check.h"
 #include "model/weights.h"
@@ -312,7 +311,18 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
   std::vector<int32_t> miss_ids;
   std::vector<size_t> miss_at;
   std::vector<int64_t> miss_slot, used_slots;
-  std::vector<std::pair<int64_t, uint8_t>> used_copies;  // lookahead slots used: slot, kFresh..
+  // A lookahead copy is timely when it has landed as its layer's fetch starts (the host has
+  // waited for the router's ids, so the ops stream is idle up to the experts' ops); one that
+  // has not makes them wait. Asked first: the misses below may make the host wait for copies
+  // (the RAM tier's reuse fence), and a failed query then leaves nothing half done.
+  std::vector<int64_t> landed_copies;
+  for (const int32_t id : ids) {
+    const int64_t slot = slot_of_key_[static_cast<size_t>(layer * num_experts_ + id)];
+    if (slot < 0 || !prefetched_[static_cast<size_t>(slot)]) continue;
+    KTIER_ASSIGN_OR_RETURN(const bool landed,
+                           be_.fence_passed(slot_fence_[static_cast<size_t>(slot)]));
+    if (landed) landed_copies.push_back(slot);
+  }
   int64_t next_bypass = first_bypass;
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + ids[i]);
@@ -324,7 +334,10 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
         prefetched_[static_cast<size_t>(slot)] = 0;
         ++stats_.prefetch_useful;
         stats_.carried_useful += was == kCarried;
-        used_copies.emplace_back(slot, was);
+        if (std::find(landed_copies.begin(), landed_copies.end(), slot) != landed_copies.end()) {
+          ++stats_.prefetch_timely;
+          stats_.carried_timely += was == kCarried;
+        }
       }
       out[i] = slot_views_[static_cast<size_t>(slot)];
       stats_.hit_bytes += model::expert_bytes(out[i]);
@@ -352,10 +365,11 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
   for (size_t b0 = 0; b0 < miss_ids.size(); b0 += batch) {
     const size_t b1 = std::min(miss_ids.size(), b0 + batch);
     host_waits_for(kMisses);
-    KTIER_RETURN_IF_ERROR(deferred_);
     copies_open_[kMisses] = false;
-    Status s = host_.fetch(layer, std::span<const int32_t>(miss_ids.data() + b0, b1 - b0),
-                           views.data());
+    Status s = deferred_;  // a failed wait: this fetch's slots are forgotten below, as for copies
+    if (s.is_ok())
+      s = host_.fetch(layer, std::span<const int32_t>(miss_ids.data() + b0, b1 - b0),
+                      views.data());
     if (s.is_ok()) s = begin_copies(kMisses);
     for (size_t j = b0; s.is_ok() && j < b1; ++j) {
       auto dev = copy_in(views[j - b0], miss_slot[j], kMisses);
@@ -379,16 +393,6 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
       }
       return s;
     }
-  }
-  // A lookahead copy is timely when it has landed now, before the ops that use it are issued
-  // (the host has waited for the router's ids, so the ops stream is idle up to them): one that
-  // has not makes them wait. Asked after the misses' copies, so that a failed query leaves no
-  // slot assigned without its copy.
-  for (const auto& [slot, was] : used_copies) {
-    KTIER_ASSIGN_OR_RETURN(const bool landed,
-                           be_.fence_passed(slot_fence_[static_cast<size_t>(slot)]));
-    stats_.prefetch_timely += landed;
-    stats_.carried_timely += landed && was == kCarried;
   }
   // The ops that use these experts wait for their slots' copies, not for lookahead copies
   // issued for later layers.

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <iterator>
 #include <string_view>
+#include <utility>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -65,7 +66,8 @@ std::string prometheus_metrics(const ServiceTotals& t) {
   const runtime::EngineCounters& e = t.engine;
   const runtime::ExpertCacheStats& x = e.experts;
   const runtime::VramTierStats& v = e.vram;
-  const char* hit = "Routed experts' stored bytes served from the tier without waiting.";
+  const char* hit = "Routed experts' stored bytes served from the tier (RAM: without waiting; "
+                    "VRAM: lookahead copies still landing included).";
   counter("ktier:expert_hit_bytes_total", hit, static_cast<double>(v.hit_bytes), "tier=\"vram\"");
   counter("ktier:expert_hit_bytes_total", hit, static_cast<double>(x.hit_bytes), "tier=\"ram\"");
   const char* miss = "Routed experts' stored bytes the tier did not hold (or not yet).";
@@ -81,24 +83,22 @@ std::string prometheus_metrics(const ServiceTotals& t) {
           "link=\"storage_to_ram\"");
   counter("ktier:expert_link_bytes_total", link, static_cast<double>(v.copied_bytes),
           "link=\"ram_to_vram\"");
-  const char* prefetch = "Expert prefetches by outcome (RAM tier).";
-  counter("ktier:expert_prefetch_total", prefetch, static_cast<double>(x.prefetch_issued),
-          "outcome=\"issued\"");
-  counter("ktier:expert_prefetch_total", prefetch, static_cast<double>(x.prefetch_useful),
-          "outcome=\"useful\"");
-  counter("ktier:expert_prefetch_total", prefetch, static_cast<double>(x.prefetch_timely),
-          "outcome=\"timely\"");
-  counter("ktier:expert_prefetch_total", prefetch, static_cast<double>(x.prefetch_wasted),
-          "outcome=\"wasted\"");
-  const char* copies = "Router-lookahead copies into VRAM by outcome (VRAM tier, GPU mode).";
-  counter("ktier:expert_lookahead_copies_total", copies, static_cast<double>(v.prefetch_issued),
-          "outcome=\"issued\"");
-  counter("ktier:expert_lookahead_copies_total", copies, static_cast<double>(v.prefetch_useful),
-          "outcome=\"useful\"");
-  counter("ktier:expert_lookahead_copies_total", copies, static_cast<double>(v.prefetch_timely),
-          "outcome=\"timely\"");
-  counter("ktier:expert_lookahead_copies_total", copies, static_cast<double>(v.prefetch_wasted),
-          "outcome=\"wasted\"");
+  // Prefetch outcomes: the RAM tier's reads ahead, the VRAM tier's lookahead copies.
+  const auto outcomes = [&](std::string_view name, std::string_view help, uint64_t issued,
+                            uint64_t useful, uint64_t timely, uint64_t wasted) {
+    const std::pair<const char*, uint64_t> by_outcome[] = {
+        {"outcome=\"issued\"", issued},
+        {"outcome=\"useful\"", useful},
+        {"outcome=\"timely\"", timely},
+        {"outcome=\"wasted\"", wasted}};
+    for (const auto& [label, value] : by_outcome)
+      counter(name, help, static_cast<double>(value), label);
+  };
+  outcomes("ktier:expert_prefetch_total", "Expert prefetches by outcome (RAM tier).",
+           x.prefetch_issued, x.prefetch_useful, x.prefetch_timely, x.prefetch_wasted);
+  outcomes("ktier:expert_lookahead_copies_total",
+           "Router-lookahead copies into VRAM by outcome (VRAM tier, GPU mode).",
+           v.prefetch_issued, v.prefetch_useful, v.prefetch_timely, v.prefetch_wasted);
   counter("ktier:trunk_read_bytes_total", "Trunk bytes read from storage (streamed layers).",
           static_cast<double>(e.trunk_bytes_read));
   counter("ktier:io_read_bytes_total", "Bytes the I/O layer read from storage.",

@@ -34,6 +34,7 @@ class FakeHost final : public model::ExpertSource {
     for (size_t i = 0; i < data_.size(); ++i) data_[i] = static_cast<float>(i);
   }
   Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override {
+    if (fail_fetches > 0 && --fail_fetches == 0) return Status::runtime("fake host: read failed");
     if (one_buffer_) {
       EXPECT_EQ(ids.size(), 1u);
       const float* src = data_.data() + (layer * kExperts + ids[0]) * 3 * kRows * kCols;
@@ -62,6 +63,7 @@ class FakeHost final : public model::ExpertSource {
     change(layer, id, delta);
   }
   ReuseFence reuse_fence;  // the tier's, while it lives
+  int fail_fetches = 0;     // > 0: the fetch that brings it to 0 fails (1: the next one)
   std::set<int64_t> ready;  // layer * kExperts + id
   std::function<bool(int64_t, int32_t)> held_above;  // the tier's hook, while it lives
 
@@ -322,7 +324,8 @@ TEST(VramExpertTier, ASlotReusedBeforeItsPrefetchLandedKeepsTheNewExpert) {
 
 // A lookahead copy is timely when it has landed by its layer's fetch (the ops then do not wait
 // for it). The emulated device lands a copy only when something waits for it: layer 2's copies
-// are waited for at once, layer 3's not before their fetch.
+// are waited for at once, layer 3's not before their fetch. Layer 2's are made before a report
+// window, so its timely copy counts as carried too.
 TEST(VramExpertTier, ACopyIsTimelyOnlyWhenItLandedBeforeItsLayersFetch) {
   TierUnderTest x(8 * kTopK);
   ASSERT_TRUE(x.tier);
@@ -332,6 +335,7 @@ TEST(VramExpertTier, ACopyIsTimelyOnlyWhenItLandedBeforeItsLayersFetch) {
   const int32_t for2[] = {3, 5}, for3[] = {6, 7};
   x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);
   ASSERT_TRUE(x.be->sync_copies(backend::Backend::CopyQueue::kExperts).is_ok());
+  x.tier->begin_window();
   x.tier->on_prediction(1, 2, 0, for3, w, 1, kTopK);
   ASSERT_EQ(x.tier->stats().prefetch_issued, 4u);
   std::vector<model::ExpertWeights> out;
@@ -340,10 +344,32 @@ TEST(VramExpertTier, ACopyIsTimelyOnlyWhenItLandedBeforeItsLayersFetch) {
   x.layer(2, routed2, out);  // 3: landed
   EXPECT_EQ(x.tier->stats().prefetch_useful, 1u);
   EXPECT_EQ(x.tier->stats().prefetch_timely, 1u);
+  EXPECT_EQ(x.tier->stats().carried_timely, 1u);
   x.layer(3, for3, out);  // 6 and 7: still in flight, the ops wait for them
   EXPECT_EQ(x.tier->stats().prefetch_useful, 3u);
   EXPECT_EQ(x.tier->stats().prefetch_timely, 1u);
+  EXPECT_EQ(x.tier->stats().carried_timely, 1u);
   expect_views_hold(*x.be, x.host, 3, for3, out);
+}
+
+// A fetch that fails part-way (the host's second batch) leaves no slot claiming an expert it
+// did not copy: the same fetch again copies what it lacks, and every view holds its expert.
+TEST(VramExpertTier, AFailedFetchLeavesNoSlotWithoutItsCopy) {
+  TierUnderTest x(6 * kTopK, /*one_buffer=*/true);  // the host serves one expert per fetch
+  ASSERT_TRUE(x.tier);
+  const int32_t routed[] = {2, 6};
+  std::vector<model::ExpertWeights> out(2);
+  x.tier->begin_layer(1, 0, routed, 1, kTopK);
+  x.host.fail_fetches = 2;
+  const Status failed = x.tier->fetch(1, routed, out.data());
+  EXPECT_FALSE(failed.is_ok());
+  EXPECT_NE(failed.message().find("fake host: read failed"), std::string::npos)
+      << failed.message();
+  const uint64_t hits = x.tier->stats().hits;
+  ASSERT_TRUE(x.tier->fetch(1, routed, out.data()).is_ok());
+  EXPECT_EQ(x.tier->stats().hits, hits) << "nothing of the failed fetch is served as held";
+  for (auto q : backend::Backend::kCopyQueues) ASSERT_TRUE(x.be->sync_copies(q).is_ok());
+  expect_views_hold(*x.be, x.host, 1, routed, out);
 }
 
 // A lookahead copy is useful only to the layer it was made for: one that layer does not ask
