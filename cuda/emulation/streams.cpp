@@ -241,14 +241,15 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   return cudaSuccess;
 }
 // Runs nothing: a point is reached once some wait (or the order `sync`) ran the work before it.
-// Not recorded as the last error (a runtime may record it: the module clears it if so).
+// "Not ready" is recorded as the last error, as some runtimes do: a caller that does not clear
+// it sees its next launch fail here.
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   Scheduler& sc = sched();
   std::lock_guard<std::mutex> lock(sc.mu);
   const auto it = sc.events.find(e);
   if (it == sc.events.end()) return fail(cudaErrorInvalidResourceHandle);
   const ktier_emu::Event& ev = it->second;
-  return !ev.queue || ev.queue->done >= ev.point ? cudaSuccess : cudaErrorNotReady;
+  return !ev.queue || ev.queue->done >= ev.point ? cudaSuccess : fail(cudaErrorNotReady);
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   Scheduler& sc = sched();
