@@ -179,6 +179,14 @@ struct TierUnderTest {
     EXPECT_TRUE(t.is_ok()) << t.status().message();
     if (t.is_ok()) tier = std::move(*t);
   }
+  // Router lookahead from layer `l` at `depth` for one token: the top_k experts `ids` of layer
+  // l + depth, which the host holds (ready to copy).
+  void predict(int64_t l, int depth, std::span<const int32_t> ids) {
+    ASSERT_EQ(ids.size(), static_cast<size_t>(kTopK));
+    for (int32_t id : ids) host.ready.insert((l + depth) * kExperts + id);
+    const float w[] = {0.5f, 0.5f};
+    tier->on_prediction(l, depth, 0, ids.data(), w, 1, kTopK);
+  }
   // One decode token's MoE layer: routed to `ids`, fetched into `out`.
   void layer(int64_t l, std::span<const int32_t> ids, std::vector<model::ExpertWeights>& out) {
     out.resize(ids.size());
@@ -194,12 +202,9 @@ struct TierUnderTest {
 TEST(VramExpertTier, OpsWaitOnlyForTheCopiesOfTheirOwnExperts) {
   TierUnderTest x(6 * kTopK);
   ASSERT_TRUE(x.tier);
-  for (int32_t id : {3, 5}) x.host.ready.insert(2 * kExperts + id);
-  for (int32_t id : {6, 7}) x.host.ready.insert(3 * kExperts + id);
-  const float w[] = {0.5f, 0.5f};
   const int32_t for2[] = {3, 5}, for3[] = {6, 7};
-  x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);
-  x.tier->on_prediction(1, 2, 0, for3, w, 1, kTopK);
+  x.predict(1, 1, for2);
+  x.predict(1, 2, for3);
   EXPECT_EQ(x.tier->stats().prefetch_issued, 4u);
   std::vector<model::ExpertWeights> out;
   const int32_t routed1[] = {0, 1}, routed2[] = {3, 4};
@@ -329,14 +334,11 @@ TEST(VramExpertTier, ASlotReusedBeforeItsPrefetchLandedKeepsTheNewExpert) {
 TEST(VramExpertTier, ACopyIsTimelyOnlyWhenItLandedBeforeItsLayersFetch) {
   TierUnderTest x(8 * kTopK);
   ASSERT_TRUE(x.tier);
-  for (int32_t id : {3, 5}) x.host.ready.insert(2 * kExperts + id);
-  for (int32_t id : {6, 7}) x.host.ready.insert(3 * kExperts + id);
-  const float w[] = {0.5f, 0.5f};
   const int32_t for2[] = {3, 5}, for3[] = {6, 7};
-  x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);
+  x.predict(1, 1, for2);
   ASSERT_TRUE(x.be->sync_copies(backend::Backend::CopyQueue::kExperts).is_ok());
   x.tier->begin_window();
-  x.tier->on_prediction(1, 2, 0, for3, w, 1, kTopK);
+  x.predict(1, 2, for3);
   ASSERT_EQ(x.tier->stats().prefetch_issued, 4u);
   std::vector<model::ExpertWeights> out;
   const int32_t routed1[] = {0, 1}, routed2[] = {3, 4};
