@@ -44,15 +44,19 @@ Status run_doctor() {
     // The backend's own warning for a missing cuBLAS is a run's; doctor says it in its line.
     const spdlog::level::level_enum level = spdlog::get_level();
     if (level < spdlog::level::err) spdlog::set_level(spdlog::level::err);
-    const auto be = backend::make_cuda_backend(cuda, /*cublas_prefill=*/true);
+    std::string line;
+    {  // the backend closed before the level comes back
+      const auto be = backend::make_cuda_backend(cuda, /*cublas_prefill=*/true);
+      if (!be.is_ok())
+        line = "cuda: device 0 cannot be opened: " + be.status().message();
+      else if ((*be)->uses_blas())
+        line = "cuda: --gpu-prefill cublas: available (cuBLAS on device 0)";
+      else
+        line = "cuda: --gpu-prefill cublas: unavailable, the module found no cuBLAS (the fused "
+               "kernels run every prefill)";
+    }
     spdlog::set_level(level);
-    if (!be.is_ok())
-      std::printf("cuda: device 0 cannot be opened: %s\n", be.status().message().c_str());
-    else if ((*be)->uses_blas())
-      std::printf("cuda: --gpu-prefill cublas: available (cuBLAS on device 0)\n");
-    else
-      std::printf("cuda: --gpu-prefill cublas: unavailable, the module found no cuBLAS (the "
-                  "fused kernels run every prefill)\n");
+    std::printf("%s\n", line.c_str());
   }
   return Status::ok();
 }

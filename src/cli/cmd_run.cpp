@@ -415,9 +415,9 @@ Status run(const RunArgs& a) {
   }
   // A conversation the cache may resume adds its positions and the markup closing its last
   // answer (-c auto).
-  const int64_t history = saved_turn ? cache->conversation_positions() +
-                                              static_cast<int64_t>(resumed_turn.size())
-                                        : 0;
+  const int64_t history =
+      saved_turn ? cache->conversation_positions() + static_cast<int64_t>(resumed_turn.size())
+                 : 0;
   KTIER_ASSIGN_OR_RETURN(const int64_t ctx,
                          run_positions(a, static_cast<int64_t>(raw.size()), history));
   eo.workload.positions = ctx;

@@ -315,13 +315,13 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
   // waited for the router's ids, so the ops stream is idle up to the experts' ops); one that
   // has not makes them wait. Asked first: the misses below may make the host wait for copies
   // (the RAM tier's reuse fence), and a failed query then leaves nothing half done.
-  std::vector<int64_t> landed_copies;
-  for (const int32_t id : ids) {
-    const int64_t slot = slot_of_key_[static_cast<size_t>(layer * num_experts_ + id)];
+  std::vector<uint8_t> landed(ids.size(), 0);  // per id: a lookahead copy that has landed
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t slot = slot_of_key_[static_cast<size_t>(layer * num_experts_ + ids[i])];
     if (slot < 0 || !prefetched_[static_cast<size_t>(slot)]) continue;
-    KTIER_ASSIGN_OR_RETURN(const bool landed,
+    KTIER_ASSIGN_OR_RETURN(const bool passed,
                            be_.fence_passed(slot_fence_[static_cast<size_t>(slot)]));
-    if (landed) landed_copies.push_back(slot);
+    landed[i] = passed;
   }
   int64_t next_bypass = first_bypass;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -334,7 +334,7 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
         prefetched_[static_cast<size_t>(slot)] = 0;
         ++stats_.prefetch_useful;
         stats_.carried_useful += was == kCarried;
-        if (std::find(landed_copies.begin(), landed_copies.end(), slot) != landed_copies.end()) {
+        if (landed[i]) {
           ++stats_.prefetch_timely;
           stats_.carried_timely += was == kCarried;
         }
@@ -366,7 +366,9 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
     const size_t b1 = std::min(miss_ids.size(), b0 + batch);
     host_waits_for(kMisses);
     copies_open_[kMisses] = false;
-    Status s = deferred_;  // a failed wait: this fetch's slots are forgotten below, as for copies
+    // A failed wait: this fetch's slots are forgotten below, as after a failed copy (defensive:
+    // deferred_ stays set, and every later fetch returns it before serving anything).
+    Status s = deferred_;
     if (s.is_ok())
       s = host_.fetch(layer, std::span<const int32_t>(miss_ids.data() + b0, b1 - b0),
                       views.data());

@@ -124,9 +124,6 @@ TEST_P(CrossBackend, Linear) {
       const auto tol = linear_bound(weights[j], ref_xs[j], T);
       expect_close("linear", want[j], dev_y[j].host(), tol);
     }
-    // serve calls the backend from its connection threads (one at a time): the same jobs from
-    // another thread give the same bytes (CUDA: no abort, no error; on one GPU a new thread's
-    // current device is already 0, so this does not tell whether ops() made it current).
     // dev_jobs again, each writing into a fresh poisoned output of `ys`.
     auto into_poisoned = [&](std::vector<Array<float>>& ys) {
       std::vector<cpu::LinearJob> jobs = dev_jobs;
@@ -136,6 +133,9 @@ TEST_P(CrossBackend, Linear) {
       }
       return jobs;
     };
+    // serve calls the backend from its connection threads (one at a time): the same jobs from
+    // another thread give the same bytes (CUDA: no abort, no error; on one GPU a new thread's
+    // current device is already 0, so this does not tell whether ops() made it current).
     std::vector<Array<float>> again;
     const std::vector<cpu::LinearJob> again_jobs = into_poisoned(again);
     Status from_thread = Status::ok();
@@ -538,7 +538,8 @@ TEST_P(CrossBackend, FencesOrderCopiesAndOps) {
   for (size_t i = 0; i < b.size(); ++i) twice_b[i] = b[i] + b[i];
   expect_close("b + b: the later queue's copy landed last", twice_b, sum.host(), 0.0, true);
   for (Q q : Backend::kCopyQueues) ASSERT_TRUE(be.sync_copies(q).is_ok());
-  EXPECT_TRUE(passed(*fa) && passed(*fb));
+  EXPECT_TRUE(passed(*fa));
+  EXPECT_TRUE(passed(*fb));
   expect_close("still b after both queues finished", b, dc.host(), 0.0, true);
   for (auto f : {*fa, *fb, *fo}) be.destroy_fence(f);
 }

@@ -34,6 +34,7 @@ class FakeHost final : public model::ExpertSource {
     for (size_t i = 0; i < data_.size(); ++i) data_[i] = static_cast<float>(i);
   }
   Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override {
+    if (on_fetch) on_fetch();
     if (fail_fetches > 0 && --fail_fetches == 0) return Status::runtime("fake host: read failed");
     if (one_buffer_) {
       EXPECT_EQ(ids.size(), 1u);
@@ -64,6 +65,7 @@ class FakeHost final : public model::ExpertSource {
   }
   ReuseFence reuse_fence;  // the tier's, while it lives
   int fail_fetches = 0;     // > 0: the fetch that brings it to 0 fails (1: the next one)
+  std::function<void()> on_fetch;  // called as each fetch starts
   std::set<int64_t> ready;  // layer * kExperts + id
   std::function<bool(int64_t, int32_t)> held_above;  // the tier's hook, while it lives
 
@@ -352,6 +354,21 @@ TEST(VramExpertTier, ACopyIsTimelyOnlyWhenItLandedBeforeItsLayersFetch) {
   EXPECT_EQ(x.tier->stats().prefetch_timely, 1u);
   EXPECT_EQ(x.tier->stats().carried_timely, 1u);
   expect_views_hold(*x.be, x.host, 3, for3, out);
+}
+
+// Timeliness is judged as the fetch starts: a copy that lands only because the fetch's own
+// miss made the host wait for it (the RAM tier reusing the memory it reads) was not timely.
+TEST(VramExpertTier, ACopyLandedByTheFetchsOwnMissIsNotTimely) {
+  TierUnderTest x(8 * kTopK);
+  ASSERT_TRUE(x.tier);
+  const int32_t for2[] = {3, 5}, routed1[] = {0, 1}, routed2[] = {3, 4};
+  std::vector<model::ExpertWeights> out;
+  x.layer(1, routed1, out);
+  x.predict(1, 1, for2);
+  x.host.on_fetch = [&] { x.host.reuse(2, 3, 0.0f); };  // the miss 4's read reuses 3's memory
+  x.layer(2, routed2, out);
+  EXPECT_EQ(x.tier->stats().prefetch_useful, 1u);
+  EXPECT_EQ(x.tier->stats().prefetch_timely, 0u);
 }
 
 // A fetch that fails part-way (the host's second batch) leaves no slot claiming an expert it
