@@ -485,6 +485,13 @@ void start_chat(const fs::path& dir, const std::string& run, ChatStart& out) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   out.first_answer = last_line(r.out);
 }
+// A fresh run (`run` as for start_chat) over the rendered `history` ids, kNineIds and `flags`,
+// stopping at <|close|> as --chat does (an --ids run stops there only when told).
+ProcessResult run_history(const std::string& run, const ChatStart& chat,
+                          const std::vector<uint32_t>& history, const std::string& flags = "") {
+  return run_process(run + " --ids " + join_ids(std::vector<int>(history.begin(), history.end())) +
+                     kNineIds + flags + " --stop-id " + std::to_string(chat.markers->close));
+}
 
 // A --stop-id the answer stops at (not <|close|> or <|end_of_msg|>) is not part of the
 // conversation: the next turn closes the response without it, as after a length limit.
@@ -513,11 +520,7 @@ TEST_F(RunEvalCli, AChatStopIdIsLeftOutOfTheConversation) {
   const std::vector<uint32_t> second_ids = tok::render_user_turn(*tok, *markers, second);
   history.insert(history.end(), closing.begin(), closing.end());
   history.insert(history.end(), second_ids.begin(), second_ids.end());
-  // (--ids runs stop at <|close|> as --chat does only when told.)
-  const std::string close_flag = " --stop-id " + std::to_string(markers->close);
-  const auto fresh = run_process(ktier() + " run" + model() + " --ids " +
-                                 join_ids(std::vector<int>(history.begin(), history.end())) + n +
-                                 stop_flag + close_flag);
+  const auto fresh = run_history(ktier() + " run" + model(), started, history, stop_flag);
   ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
   const auto talk = run_process("printf '" + second + "\\n' | " + ktier() + " run" + model() +
                                 " --chat -i -p '" + first + "'" + n + stop_flag);
@@ -544,11 +547,7 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
   const std::vector<uint32_t> first_ids = tok::render_user_turn(*tok, *markers, first);
   const std::vector<uint32_t> second_ids = tok::render_user_turn(*tok, *markers, second);
   std::vector<uint32_t> history = first_ids;
-  for (size_t at = 0; at < ids1.size();) {
-    const size_t comma = std::min(ids1.find(',', at), ids1.size());
-    history.push_back(static_cast<uint32_t>(std::stoul(ids1.substr(at, comma - at))));
-    at = comma + 1;
-  }
+  for (const int id : split_ids(ids1)) history.push_back(static_cast<uint32_t>(id));
   const uint32_t last = history.back();
   history.pop_back();  // never run: the second turn starts with it
   // (Its stops are markup: <|close|> and config.json's eos, <|end_of_msg|>.)
@@ -556,10 +555,7 @@ TEST_F(RunEvalCli, InteractiveChatContinuesTheSequence) {
       tok::end_assistant_turn(*tok, *markers, last, /*last_is_stop=*/false);
   history.insert(history.end(), closing.begin(), closing.end());
   history.insert(history.end(), second_ids.begin(), second_ids.end());
-  // (--ids runs stop at <|close|> as --chat does only when told.)
-  const auto fresh = run_process(ktier() + " run" + model() + " --ids " +
-                                 join_ids(std::vector<int>(history.begin(), history.end())) + n +
-                                 " --stop-id " + std::to_string(markers->close));
+  const auto fresh = run_history(ktier() + " run" + model(), started, history);
   ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
   const std::string ids2 = last_line(fresh.out);
   const std::string chat = ktier() + " run" + model() + " --chat -i -p '" + first + "'" + n;
