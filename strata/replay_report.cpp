@@ -52,7 +52,9 @@ class AnonymousFile {
   // The name this process and its children open it by.
   std::string path() const { return "/dev/fd/" + std::to_string(fd_); }
   // Everything written to it so far (by anyone), from the start.
-  Result<std::string> read_all() const { return io::read_whole(fd_, "--plot: the drawn image"); }
+  Result<std::string> read_all() const {
+    return io::read_whole(fd_, "--plot: the drawn image", {uint64_t{1} << 30, &Status::runtime});
+  }
 
  private:
   int fd_ = -1;

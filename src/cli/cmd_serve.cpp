@@ -285,7 +285,7 @@ class ApiHandlers {
     // Completions' batch of prompts: every one checked first, then each answered in turn,
     // whole, as a choice of one answer.
     if (endpoint == server::Endpoint::kCompletions) {
-      Result<std::vector<json>> batch = server::split_prompt_batch(*object);
+      Result<std::vector<json>> batch = server::split_prompt_batch(*object, max_body_bytes_);
       if (!batch.is_ok()) return send_error(res, batch.status());
       if (!batch->empty()) {
         std::vector<server::PreparedRequest> prompts;

@@ -18,7 +18,8 @@ Result<RunPromptCache> RunPromptCache::open(const std::string& path, const std::
   // One read: the identity a saved state is checked against and the config it is read with come
   // from the same bytes.
   const std::filesystem::path config_json = std::filesystem::path(model_dir) / "config.json";
-  KTIER_ASSIGN_OR_RETURN(const std::string config_text, io::read_regular_file(config_json));
+  KTIER_ASSIGN_OR_RETURN(const std::string config_text,
+                         io::read_regular_file(config_json, format::kConfigJsonLimit));
   c.config_xxh3_ = runtime::config_text_identity(config_text);
   KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(path));
   if (!exists) {

@@ -202,7 +202,9 @@ class IndexSax final : public nlohmann::json_sax<json> {
 };
 
 Result<IndexFile> read_index(const std::filesystem::path& path) {
-  KTIER_ASSIGN_OR_RETURN(const std::string body, io::read_regular_file(path));
+  // K3's index names ~500k tensors in ~50 MB; 256 MiB holds any checkpoint's.
+  KTIER_ASSIGN_OR_RETURN(const std::string body,
+                         io::read_regular_file(path, {uint64_t{256} << 20, &Status::corrupt}));
   if (const std::string nul = json_nul_problem(body); !nul.empty())
     return Status::corrupt(path.string() + ": not valid JSON: it " + nul);
   IndexSax sax(path.string());

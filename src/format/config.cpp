@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <set>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -52,15 +53,27 @@ std::string format_number(double v) {
   return ec == std::errc() ? std::string(buf, end) : std::string("?");
 }
 
+// Appends the ids of `from` not yet in `to`, in order (a hash set: a hostile list of millions
+// of ids costs a pass, not a search per id).
+void append_new_ids(std::vector<int64_t>& to, const std::vector<int64_t>& from) {
+  std::unordered_set<int64_t> seen(to.begin(), to.end());
+  for (const int64_t id : from)
+    if (seen.insert(id).second) to.push_back(id);
+}
+
 // Collects every problem with the file; nothing is reported until parsing is over (rule 2).
+// The first kShownErrors are kept (a damaged list can hold millions of wrong values), the
+// rest counted.
 class ConfigReader {
  public:
+  static constexpr size_t kShownErrors = 25;
   explicit ConfigReader(std::string source) : source_(std::move(source)) {}
 
   void error(const std::string& key_path, const std::string& what) {
-    errors_.push_back(source_ + ": " + key_path + ": " + what);
+    if (++error_count_ <= kShownErrors) errors_.push_back(source_ + ": " + key_path + ": " + what);
   }
   const std::vector<std::string>& errors() const { return errors_; }
+  size_t error_count() const { return error_count_; }
 
   void missing(const Scope& s, std::string_view key, const std::string& hint = "") {
     std::string what = s.path.empty() ? "missing at the root (required; never defaulted"
@@ -145,6 +158,7 @@ class ConfigReader {
  private:
   std::string source_;
   std::vector<std::string> errors_;
+  size_t error_count_ = 0;
 };
 
 // A SiTU beta: nested reads only the released name; flat accepts the released name or the alias
@@ -259,7 +273,7 @@ void read_token_ids(ConfigReader& r, ModelConfig& c, const Scope& root, const Sc
   if (auto [v, s] = pick("eos_token_id"); v != nullptr) {
     const std::string path = s->key_path("eos_token_id");
     if (v->is_array()) {
-      if (auto ids = r.as_int_list(*v, path)) c.eos_token_ids = *ids;
+      if (auto ids = r.as_int_list(*v, path)) append_new_ids(c.eos_token_ids, *ids);
     } else if (auto id = r.as_int(*v, path)) {
       c.eos_token_ids = {*id};
     }
@@ -697,11 +711,13 @@ Result<ModelConfig> parse_config_unguarded(const json& root, const std::string& 
 
   if (!r.errors().empty()) {
     const auto& errs = r.errors();
+    const size_t count = r.error_count();
     const std::string foreign = foreign_model_note(root_scope, nested ? &model : nullptr);
-    if (errs.size() == 1 && foreign.empty()) return Status::usage(errs[0]);
+    if (count == 1 && foreign.empty()) return Status::usage(errs[0]);
     std::string msg = source_name + ": " + (foreign.empty() ? "" : foreign + "; ") +
-                      std::to_string(errs.size()) + (errs.size() == 1 ? " problem:" : " problems:");
+                      std::to_string(count) + (count == 1 ? " problem:" : " problems:");
     for (const auto& e : errs) msg += "\n  " + e;
+    if (count > errs.size()) msg += "\n  (and " + std::to_string(count - errs.size()) + " more)";
     return Status::usage(msg);
   }
 
@@ -754,7 +770,7 @@ Status add_generation_config_stop_ids(const std::filesystem::path& file, ModelCo
   const std::string name = file.string();
   KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(file));
   if (!exists) return Status::ok();
-  KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(file));
+  KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(file, kConfigJsonLimit));
   KTIER_ASSIGN_OR_RETURN(const json root, parse_json_text(text, name));
   if (!root.is_object())
     return Status::usage(name + ": not a JSON object (its top level is " +
@@ -776,9 +792,8 @@ Status add_generation_config_stop_ids(const std::filesystem::path& file, ModelCo
       return Status::usage(name + ": eos_token_id: id " + std::to_string(id) +
                            " is outside the vocabulary (0.." + std::to_string(c.vocab_size - 1) +
                            ")");
-    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
-      c.eos_token_ids.push_back(id);
   }
+  append_new_ids(c.eos_token_ids, ids);
   return Status::ok();
 }
 
@@ -788,7 +803,8 @@ Result<ModelConfig> load_model_config(const std::filesystem::path& config_json) 
   const std::string name = config_json.string();
   KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(config_json));
   if (!exists) return Status::usage(name + ": not found (a model directory needs a config.json)");
-  KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(config_json));
+  KTIER_ASSIGN_OR_RETURN(const std::string text,
+                         io::read_regular_file(config_json, kConfigJsonLimit));
   KTIER_ASSIGN_OR_RETURN(ModelConfig c, parse_model_config_text(text, name));
   KTIER_RETURN_IF_ERROR(
       add_generation_config_stop_ids(config_json.parent_path() / "generation_config.json", c));

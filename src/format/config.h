@@ -25,6 +25,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/status.h"
+#include "io/read_file.h"
 
 namespace ktier::format {
 
@@ -147,10 +148,14 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& root, const std::st
 // `source_name`, the rest as parse_model_config. Never throws.
 Result<ModelConfig> parse_model_config_text(std::string_view text, const std::string& source_name);
 
+// How large a config.json or generation_config.json may be (K3's are a few KB): past it
+// Status::usage naming the file, unread.
+inline constexpr io::SizeLimit kConfigJsonLimit{uint64_t{16} << 20, &Status::usage};
+
 // Reads and validates config.json, and adds the eos_token_id of a generation_config.json beside
-// it (D3). A missing config.json, invalid JSON in either, or a bad eos id there is
-// Status::usage naming the file; an unreadable file (I/O error) is Status::runtime. Never
-// throws.
+// it (D3). A missing config.json, invalid JSON in either, one over kConfigJsonLimit, or a bad
+// eos id there is Status::usage naming the file; an unreadable file (I/O error) is
+// Status::runtime. Never throws.
 Result<ModelConfig> load_model_config(const std::filesystem::path& config_json);
 
 const char* config_shape_name(ConfigShape shape);  // "nested" / "flat"

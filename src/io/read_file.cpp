@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/check.h"
 #include "io/aligned_buffer.h"
 
 namespace ktier::io {
@@ -114,10 +115,17 @@ Result<int> open_file_or_pipe(const std::filesystem::path& path, int* open_errno
   return open_checked(path, 0, /*pipes=*/true, open_errno);
 }
 
-Result<std::string> read_whole(int fd, const std::string& what) {
+Result<std::string> read_whole(int fd, const std::string& what, SizeLimit limit) {
+  KTIER_CHECK(limit.refuse != nullptr);
+  const std::string most = std::to_string(limit.bytes) + " bytes a file of its kind may hold";
   std::string out;
   struct stat st {};
-  if (::fstat(fd, &st) == 0) out.reserve(static_cast<size_t>(st.st_size));
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+    if (static_cast<uint64_t>(st.st_size) > limit.bytes)
+      return limit.refuse(what + ": " + std::to_string(st.st_size) + " bytes, more than the " +
+                          most);
+    out.reserve(static_cast<size_t>(st.st_size));
+  }
   char buf[1 << 16];
   for (off_t at = 0;;) {
     const ssize_t n = ::pread(fd, buf, sizeof buf, at);
@@ -125,6 +133,8 @@ Result<std::string> read_whole(int fd, const std::string& what) {
     if (err == EINTR) continue;
     if (n < 0) return Status::runtime(what + ": read error: " + errno_text(err));
     if (n == 0) return out;
+    if (static_cast<uint64_t>(n) > limit.bytes - out.size())
+      return limit.refuse(what + ": read past the " + most);
     out.append(buf, static_cast<size_t>(n));
     at += n;
   }
@@ -138,9 +148,9 @@ Result<bool> path_exists(const std::filesystem::path& path) {
   return Status::runtime(path.string() + ": cannot access: " + errno_text(err));
 }
 
-Result<std::string> read_regular_file(const std::filesystem::path& path) {
+Result<std::string> read_regular_file(const std::filesystem::path& path, SizeLimit limit) {
   KTIER_ASSIGN_OR_RETURN(const int fd, open_regular_file(path));
-  Result<std::string> bytes = read_whole(fd, path.string());
+  Result<std::string> bytes = read_whole(fd, path.string(), limit);
   ::close(fd);
   return bytes;
 }

@@ -96,11 +96,21 @@ Result<int> open_file_or_pipe(const std::filesystem::path& path, int* open_errno
 // so a permission problem is not reported as a missing file.
 Result<bool> path_exists(const std::filesystem::path& path);
 
-// The whole of a regular file opened as above. Status::runtime on a read error.
-Result<std::string> read_regular_file(const std::filesystem::path& path);
+// How large a file read whole may be: past `bytes` it is refused unread (by its size) or as
+// soon as a read passes it (a file that grows), with `refuse` (e.g. Status::usage for a
+// config, Status::corrupt for a checkpoint file) naming it, so that a damaged or hostile file
+// never sizes an allocation.
+struct SizeLimit {
+  uint64_t bytes = 0;
+  Status (*refuse)(std::string message) = nullptr;
+};
+
+// The whole of a regular file opened as above. Status::runtime on a read error; `limit`'s.
+Result<std::string> read_regular_file(const std::filesystem::path& path, SizeLimit limit);
 
 // Everything in the regular file open as `fd`, from its start (positioned reads: the
-// descriptor's offset is not used). Status::runtime "WHAT: read error: ..." on a failed read.
-Result<std::string> read_whole(int fd, const std::string& what);
+// descriptor's offset is not used). Status::runtime "WHAT: read error: ..." on a failed read;
+// `limit`'s "WHAT: ... the N bytes a file of its kind may hold" past it.
+Result<std::string> read_whole(int fd, const std::string& what, SizeLimit limit);
 
 }  // namespace ktier::io

@@ -2,8 +2,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <optional>
 #include <string_view>
 
@@ -11,6 +9,8 @@
 #include <xxhash.h>
 
 #include "common/check.h"
+#include "format/config.h"
+#include "io/read_file.h"
 #include "pack/trunk_pack.h"
 
 namespace ktier::pack {
@@ -39,14 +39,6 @@ std::optional<size_t> record_for(std::string_view name, int64_t layers) {
   if (std::string_view(end + 1, rest.data() + rest.size() - end - 1).starts_with(kRoutedExperts))
     return std::nullopt;
   return static_cast<size_t>(layer);
-}
-
-Result<std::string> read_whole_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::runtime("cannot open " + path.string());
-  std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return Status::runtime("cannot read " + path.string());
-  return body;
 }
 
 std::string json_string(std::string_view s) { return nlohmann::json(std::string(s)).dump(); }
@@ -134,7 +126,9 @@ std::vector<BlockPlan> plan_blocks(const Record& r, uint64_t block_size) {
 Result<SourceFingerprint> fingerprint_checkpoint(const format::Checkpoint& ckpt) {
   SourceFingerprint fp;
   {
-    KTIER_ASSIGN_OR_RETURN(const std::string config, read_whole_file(ckpt.dir() / "config.json"));
+    KTIER_ASSIGN_OR_RETURN(
+        const std::string config,
+        io::read_regular_file(ckpt.dir() / "config.json", format::kConfigJsonLimit));
     fp.config_xxh3 = XXH3_64bits(config.data(), config.size());
   }
   std::vector<uint8_t> buf;

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "format/config.h"
 #include "format/safetensors_writer.h"
 #include "io/read_file.h"
 #include "common/check.h"
@@ -31,10 +32,14 @@ struct Part {
   enum Array { kS, kConvQ, kConvK, kConvV, kC, kR } array = kS;
 };
 
+// A state's tensor 0, whatever the model.
+format::TensorDecl ids_decl(int64_t n) { return {"ids", DType::kI32, {n}}; }
+
 // The file's tensors for a sequence of n positions, in file order.
+
 std::vector<Part> parts_for(const format::ModelConfig& c, int64_t n) {
   std::vector<Part> parts;
-  parts.push_back({{"ids", DType::kI32, {n}}, -1});
+  parts.push_back({ids_decl(n), -1});
   const int64_t hist = c.short_conv_kernel_size - 1, C = c.kda_width();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
@@ -130,7 +135,8 @@ Result<uint64_t> checkpoint_identity(const format::Checkpoint& ckpt) {
 }
 
 Result<uint64_t> config_identity(const std::filesystem::path& model_dir) {
-  KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(model_dir / "config.json"));
+  KTIER_ASSIGN_OR_RETURN(const std::string text, io::read_regular_file(model_dir / "config.json",
+                                                                      format::kConfigJsonLimit));
   return config_text_identity(text);
 }
 
@@ -235,7 +241,18 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
   const std::vector<format::TensorInfo>& tensors = s.file_.tensors();
   s.meta_text_ = metadata_text(meta);
   HashState hash = new_hash(s.meta_text_);
-  std::string first;  // tensor 0's bytes as hashed: the ids, once the layout is checked below
+  // Every model's state begins with its ids, I32 [positions]: checked before tensor 0's bytes
+  // are held (any size otherwise), whoever's the file is.
+  const format::TensorDecl ids = ids_decl(static_cast<int64_t>(n));
+  if (tensors.empty() || tensors[0].name != ids.name || tensors[0].dtype != ids.dtype ||
+      tensors[0].shape != ids.shape)
+    return damaged(tensors.empty() ? std::string("it holds no tensors")
+                                   : "tensor 0 is '" + tensors[0].name + "' " +
+                                         std::string(dtype_name(tensors[0].dtype)) +
+                                         format::shape_string(tensors[0].shape) +
+                                         ", a state begins with 'ids' I32" +
+                                         format::shape_string(ids.shape));
+  std::string first;  // tensor 0's bytes as hashed: the ids
   KTIER_RETURN_IF_ERROR(s.for_each_piece([&](size_t t, uint64_t, const uint8_t* p,
                                              size_t len) -> Status {
     XXH3_64bits_update(hash.get(), p, len);

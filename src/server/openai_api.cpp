@@ -295,7 +295,7 @@ Result<bool> bool_field(const json& body, const char* name, bool fallback, const
   return it->get<bool>();
 }
 
-Result<std::vector<json>> split_prompt_batch(const json& j) {
+Result<std::vector<json>> split_prompt_batch(const json& j, size_t max_copied_bytes) {
   KTIER_CHECK(j.is_object());
   std::vector<json> bodies;
   const auto prompt = j.find("prompt");
@@ -313,6 +313,15 @@ Result<std::vector<json>> split_prompt_batch(const json& j) {
     return field_error("prompt", "a batch of prompts is answered whole only (not streamed)");
   json rest = j;  // the fields the prompts share, copied once (not the batch with each prompt)
   rest.erase("prompt");
+  // Each prompt's body holds its own copy of them: a small body of many prompts and a large
+  // ignored field would otherwise take their product in memory before anything is checked.
+  const size_t shared_bytes = rest.dump().size();
+  if (shared_bytes > max_copied_bytes / prompt->size())
+    return field_error("prompt", "a batch of " + std::to_string(prompt->size()) +
+                                     " prompts would copy the request's other fields (" +
+                                     std::to_string(shared_bytes) + " bytes) once each, past " +
+                                     std::to_string(max_copied_bytes) +
+                                     " bytes: send fewer prompts or smaller fields");
   for (const json& p : *prompt) {
     json& one = bodies.emplace_back(rest);
     one["prompt"] = p;

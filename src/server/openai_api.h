@@ -87,8 +87,11 @@ Status check_openai_bounds(const runtime::SamplingParams& p);
 // Completions' batch of prompts (`prompt` an array of two or more prompts, each a string or an
 // array of token ids: OpenAI's, lm-eval-harness's batches): the body (parse_body_object's) once
 // per prompt, with that prompt alone; empty where `body` holds no batch (parse_request reads
-// it). Status::usage for a batch with "stream" set (not built) or not a bool.
-Result<std::vector<nlohmann::json>> split_prompt_batch(const nlohmann::json& body);
+// it). Status::usage for a batch with "stream" set (not built) or not a bool, and for one whose
+// copies of the other fields (their JSON text's bytes, once per prompt) would pass
+// `max_copied_bytes` (serve: its body limit).
+Result<std::vector<nlohmann::json>> split_prompt_batch(const nlohmann::json& body,
+                                                       size_t max_copied_bytes);
 // The response to a batch: the answers' choices in order, each with its index and, where the
 // answer had them, its own `timings` and `ktier` run report (each prompt runs alone: one
 // answer's figures are not the batch's); their usage summed; id, created and model the last

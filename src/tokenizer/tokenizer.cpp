@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/check.h"
 #include "common/json_text.h"
 #include "io/read_file.h"
 
@@ -17,11 +18,16 @@ namespace {
 
 constexpr uint32_t kDefaultAddedIds = 256;  // K3's num_reserved_special_tokens
 
-// Reads a whole file. Missing -> usage (exit 2), unreadable -> runtime (exit 1).
+// K3's tiktoken.model is a few MB and its tokenizer_config.json a few KB; 64 MiB holds far larger
+// vocabularies, and a file past it is not a tokenizer's (exit 3, unread).
+constexpr io::SizeLimit kTokenizerFileLimit{uint64_t{64} << 20, &Status::corrupt};
+
+// Reads a whole file. Missing -> usage (exit 2), unreadable -> runtime (exit 1), past
+// kTokenizerFileLimit -> corrupt (exit 3).
 Result<std::string> read_file(const fs::path& path) {
   KTIER_ASSIGN_OR_RETURN(const bool exists, io::path_exists(path));
   if (!exists) return Status::usage(path.string() + ": file not found");
-  return io::read_regular_file(path);
+  return io::read_regular_file(path, kTokenizerFileLimit);
 }
 
 // Base64 alphabet values; -1 for other bytes.
@@ -75,17 +81,20 @@ Result<std::vector<std::string>> parse_tiktoken(const std::string& text, const s
   std::vector<size_t> line_of;  // line of each rank, for duplicate messages
   std::string bytes;
   size_t line_no = 0;
-  // A rank can only be valid if it is below the number of lines; checking this first also
-  // keeps a corrupt huge rank from sizing the table.
-  // Lines: every "\n" ends one, and a last line may go without.
-  size_t max_lines = !text.empty() && text.back() != '\n' ? 1 : 0;
-  for (const char* q = text.data(); (q = static_cast<const char*>(
-                                         std::memchr(q, '\n', text.data() + text.size() - q)));
-       ++q) {
-    ++max_lines;
+  // Ranks are unique and cover 0..n-1 over the n lines that hold a token, so a rank can only be
+  // valid below n; checking this first keeps a corrupt huge rank (or one past a run of empty
+  // lines) from sizing the table. Lines: every "\n" ends one, and a last line may go without;
+  // empty ones (or "\r" alone) hold none.
+  size_t token_lines = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    const size_t len = eol - pos;
+    token_lines += len > 1 || (len == 1 && text[pos] != '\r');
+    pos = eol + 1;
   }
-  tokens.reserve(max_lines);
-  line_of.reserve(max_lines);
+  tokens.reserve(token_lines);
+  line_of.reserve(token_lines);
   for (size_t pos = 0; pos < text.size();) {
     size_t eol = text.find('\n', pos);
     if (eol == std::string::npos) eol = text.size();
@@ -108,9 +117,10 @@ Result<std::vector<std::string>> parse_tiktoken(const std::string& text, const s
     if (!b64_decode(b64, bytes)) {
       return Status::corrupt(where() + "token '" + std::string(b64) + "' is not valid base64");
     }
-    if (rank >= max_lines) {
+    if (rank >= token_lines) {
       return Status::corrupt(where() + "rank " + std::to_string(rank) + " is out of range (the file has " +
-                             std::to_string(max_lines) + " lines, so ranks must lie below that)");
+                             std::to_string(token_lines) +
+                             " token lines, so ranks must lie below that)");
     }
     if (rank >= tokens.size()) {
       tokens.resize(rank + 1);
@@ -123,12 +133,8 @@ Result<std::vector<std::string>> parse_tiktoken(const std::string& text, const s
     tokens[rank].assign(bytes);
     line_of[rank] = line_no;
   }
-  for (size_t r = 0; r < tokens.size(); ++r) {
-    if (line_of[r] == 0) {
-      return Status::corrupt(name + ": ranks do not cover 0.." + std::to_string(tokens.size() - 1) +
-                             ": rank " + std::to_string(r) + " is missing");
-    }
-  }
+  // n distinct ranks, each below n: they cover 0..n-1.
+  for (size_t r = 0; r < tokens.size(); ++r) KTIER_CHECK(line_of[r] != 0);
   if (tokens.empty()) return Status::corrupt(name + ": no tokens");
   return tokens;
 }

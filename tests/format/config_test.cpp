@@ -515,6 +515,13 @@ TEST(Config, LayerListRules) {
   for (int l = 1; l <= 13; ++l) all.push_back(l);
   j["full_attn_layers"] = all;
   EXPECT_HAS(parse_err(j), "at least one layer must be KDA");
+
+  // A long list of wrong entries: every one counted, the first 25 shown.
+  j["full_attn_layers"] = json(std::vector<int>(1000, 0));
+  m = parse_err(j);
+  EXPECT_EQ(problem_lines(m), 26u) << m;  // 25 and the count of the rest
+  EXPECT_HAS(m, "1999 problems:");        // each 0 is out of range, the 999 after it repeats
+  EXPECT_HAS(m, "\n  (and 1974 more)");
 }
 
 TEST(Config, KdaLayersCrossCheck) {
@@ -691,6 +698,8 @@ TEST(Config, EosIds) {
   EXPECT_HAS(parse_err(j), "id -1 is outside the vocabulary");
   j["eos_token_id"] = V - 1;
   EXPECT_EQ(parse_ok(j).eos_token_ids, (std::vector<int64_t>{V - 1}));
+  j["eos_token_id"] = {163586, 163585, 163586, 163585};  // each id once, in order
+  EXPECT_EQ(parse_ok(j).eos_token_ids, (std::vector<int64_t>{163586, 163585}));
 }
 
 // D3: the stop ids are config.json's and generation_config.json's together (each id once, the
@@ -760,6 +769,18 @@ TEST(Config, LoadFromFileErrors) {
   ASSERT_FALSE(nul.is_ok());
   EXPECT_EQ(nul.status().exit_code(), 2);
   EXPECT_HAS(nul.status().message(), "config.json: not valid JSON: it holds a NUL byte at byte");
+
+  // Past kConfigJsonLimit: refused by its size, unread (the error would say where the JSON
+  // failed if it were read).
+  ktier::test::write_text(dir.path() / "config.json",
+                          std::string(kConfigJsonLimit.bytes + 1, ' ') + "{");
+  auto huge = load_model_config(dir.path() / "config.json");
+  ASSERT_FALSE(huge.is_ok());
+  EXPECT_EQ(huge.status().exit_code(), 2);
+  EXPECT_HAS(huge.status().message(),
+             "config.json: " + std::to_string(kConfigJsonLimit.bytes + 2) +
+                 " bytes, more than the " + std::to_string(kConfigJsonLimit.bytes) +
+                 " bytes a file of its kind may hold");
 
   ktier::test::write_text(dir.path() / "config.json", k3_config().dump());
   auto good = load_model_config(dir.path() / "config.json");

@@ -19,6 +19,8 @@
 namespace ktier::io::test {
 namespace {
 
+constexpr SizeLimit kAnySize{uint64_t{1} << 30, &Status::usage};
+
 TEST(ReadFileTest, MissingFileIsRuntimeErrorNamingPath) {
   auto f = ReadFile::open("/tmp/ktier-io-test-does-not-exist.bin");
   ASSERT_FALSE(f.is_ok());
@@ -45,7 +47,7 @@ TEST(ReadFileTest, FifoAndDeviceAreRejectedWithoutBlocking) {
     ASSERT_FALSE(f.is_ok());
     EXPECT_EQ(f.status().message(), fifo + ": is a FIFO (named pipe), not a regular file");
   }
-  auto whole = read_regular_file(fifo);
+  auto whole = read_regular_file(fifo, kAnySize);
   ASSERT_FALSE(whole.is_ok());
   EXPECT_EQ(whole.status().code(), ExitCode::kUsage);
   ::unlink(fifo.c_str());
@@ -58,9 +60,34 @@ TEST(ReadFileTest, FifoAndDeviceAreRejectedWithoutBlocking) {
   ASSERT_TRUE(fd.is_ok()) << fd.status().message();
   EXPECT_EQ(::fcntl(*fd, F_GETFL) & O_NONBLOCK, 0);
   ::close(*fd);
-  auto bytes = read_regular_file(tmp.path());
+  auto bytes = read_regular_file(tmp.path(), kAnySize);
   ASSERT_TRUE(bytes.is_ok());
   EXPECT_EQ(bytes->size(), 100u);
+}
+
+// A file read whole is refused past its limit with the limit's error naming it: a file by its
+// size, unread; what has no size to tell (a pipe) as soon as a read passes the limit. At the
+// limit it is read.
+TEST(ReadFileTest, AFileReadWholeIsRefusedPastItsLimit) {
+  TempFile tmp(random_bytes(100, 4), "readfile-limit");
+  auto exact = read_regular_file(tmp.path(), {100, &Status::corrupt});
+  ASSERT_TRUE(exact.is_ok()) << exact.status().message();
+  EXPECT_EQ(exact->size(), 100u);
+  auto over = read_regular_file(tmp.path(), {99, &Status::corrupt});
+  ASSERT_FALSE(over.is_ok());
+  EXPECT_EQ(over.status().code(), ExitCode::kCorrupt);
+  EXPECT_EQ(over.status().message(),
+            tmp.path() + ": 100 bytes, more than the 99 bytes a file of its kind may hold");
+  // A regular file whose size says 0 and whose reads give more (procfs; a file that grows
+  // after its size was taken reads the same way).
+  struct stat st {};
+  ASSERT_EQ(::stat("/proc/self/maps", &st), 0);
+  ASSERT_EQ(st.st_size, 0);
+  auto unsized = read_regular_file("/proc/self/maps", {10, &Status::usage});
+  ASSERT_FALSE(unsized.is_ok());
+  EXPECT_EQ(unsized.status().code(), ExitCode::kUsage);
+  EXPECT_EQ(unsized.status().message(),
+            "/proc/self/maps: read past the 10 bytes a file of its kind may hold");
 }
 
 // Missing is false; what cannot be looked at is an error naming the path, never "missing".

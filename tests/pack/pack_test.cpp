@@ -417,7 +417,8 @@ TEST_F(PackTest, DamagedManifestsAreCorrupt) {
   ASSERT_TRUE(pack(ckpt, out).is_ok());
   const fs::path mp = out / kManifestFileName;
   const json good = json::parse(test::read_file(mp));
-  auto expect_corrupt = [&](const std::string& text, const std::string& what, const char* needle) {
+  auto expect_corrupt = [&](const std::string& text, const std::string& what,
+                            const std::string& needle) {
     write_text(mp, text);
     auto tp = TrunkPack::open(out, ckpt);
     ASSERT_FALSE(tp.is_ok()) << what;
@@ -491,6 +492,17 @@ TEST_F(PackTest, DamagedManifestsAreCorrupt) {
   j = good;
   j["records"][0]["tensors"][0]["offset"] = j["records"][0]["bytes"].get<uint64_t>();
   expect_corrupt(seal(j), "tensor outside its record", "outside the record");
+  j = good;  // a gap after a tensor: the record's bytes grown to hold it
+  {
+    json& r = j["records"][0];
+    json& last = r["tensors"].back();
+    last["offset"] = last["offset"].get<uint64_t>() + 64;
+    r["bytes"] = r["bytes"].get<uint64_t>() + 64;
+    r["size"] = (r["bytes"].get<uint64_t>() + 4095) / 4096 * 4096;
+    expect_corrupt(seal(j), "a gap between tensors",
+                   "is not at " + std::to_string(last["offset"].get<uint64_t>() - 64) +
+                       " (the first multiple of 64 after the tensor before it)");
+  }
   j = good;
   j["records"][0]["tensors"][0]["shape"] = json::array({7});
   expect_corrupt(seal(j), "nbytes vs shape", "nbytes");

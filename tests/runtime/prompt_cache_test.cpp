@@ -168,8 +168,10 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
   };
   expect_corrupt(edited("\"version\":\"1\"", "\"version\":\"2\""), "version \"2\"", c);
   expect_corrupt(edited("\"ktier.sequence\"", "\"ktier.sequencf\""), "\"format\"", c);
-  // The metadata is under the checksum too.
-  expect_corrupt(edited("\"positions\":\"7\"", "\"positions\":\"8\""), "\"xxh3\"", c);
+  // The metadata is under the checksum too (positions must also be the ids' count, checked
+  // first).
+  expect_corrupt(edited("\"positions\":\"7\"", "\"positions\":\"8\""),
+                 "tensor 0 is 'ids' I32[7], a state begins with 'ids' I32[8]", c);
   expect_corrupt(
       edited("\"checkpoint\":\"0000000000000001\"", "\"checkpoint\":\"0000000000000002\""),
       "\"xxh3\"", c);
@@ -189,6 +191,9 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
   const std::string number(backend.size() + 2, '7');  // the same length, not a string
   expect_corrupt(edited("\"backend\":\"" + backend + "\"", "\"backend\":" + number),
                  "is not a string", c);
+  // Tensor 0 is checked to be the ids before its bytes are held, whoever's the file is.
+  expect_corrupt(edited("\"ids\":{", "\"idz\":{"),
+                 "tensor 0 is 'idz' I32[7], a state begins with 'ids' I32[7]", c);
   format::ModelConfig other = c;
   other.kv_lora_rank += 1;  // a forged file: this config's hash, another shape
   expect_corrupt(bytes, "mla.c", other);

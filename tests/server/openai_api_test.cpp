@@ -377,12 +377,14 @@ TEST(OpenAiResponse, BodiesHaveOpenAisShape) {
   EXPECT_EQ(dump(json{{"id", "k\xff"}}), "{\"id\":\"k\xef\xbf\xbd\"}");
 }
 
+constexpr size_t kBodyLimit = size_t{1} << 20;
+
 // Completions' batch of prompts: the request once per prompt (strings and id arrays alike, the
 // other fields kept); not a batch where the prompt is one (a string, an id array, a batch of
 // one); a streamed batch refused. Its response: the choices in order, usage summed.
 TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
   const json body = {{"prompt", {"a", {1, 2}, "c"}}, {"max_tokens", 2}, {"echo", true}};
-  auto batch = split_prompt_batch(body);
+  auto batch = split_prompt_batch(body, kBodyLimit);
   ASSERT_TRUE(batch.is_ok()) << batch.status().message();
   ASSERT_EQ(batch->size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -395,16 +397,19 @@ TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
        {json("a"), json::array({1, 2}), json::array({json::array({1, 2})}), json::array({"a"}),
         json::array({"a", 1}), json::array({"a", json::array({json::array({"b"})})}),
         json::array({json::array({1}), json::array({json::array({2})})})}) {
-    auto none = split_prompt_batch(json{{"prompt", one}});
+    auto none = split_prompt_batch(json{{"prompt", one}}, kBodyLimit);
     ASSERT_TRUE(none.is_ok()) << one.dump();
     EXPECT_TRUE(none->empty()) << one.dump();
   }
-  auto streamed = split_prompt_batch(json{{"prompt", {"a", "b"}}, {"stream", true}});
+  auto streamed = split_prompt_batch(json{{"prompt", {"a", "b"}}, {"stream", true}}, kBodyLimit);
   ASSERT_FALSE(streamed.is_ok());
   EXPECT_EQ(streamed.status().exit_code(), 2);
-  EXPECT_TRUE(split_prompt_batch(json::parse(R"({"prompt": ["a", "b"], "stream": null})")).is_ok());
-  EXPECT_EQ(error_param(
-                split_prompt_batch(json::parse(R"({"prompt": ["a", "b"], "stream": 1})")).status()),
+  EXPECT_TRUE(
+      split_prompt_batch(json::parse(R"({"prompt": ["a", "b"], "stream": null})"), kBodyLimit)
+          .is_ok());
+  EXPECT_EQ(error_param(split_prompt_batch(json::parse(R"({"prompt": ["a", "b"], "stream": 1})"),
+                                           kBodyLimit)
+                            .status()),
             "stream");
 
   const ResponseHead head{"cmpl-3", 1700000000, "k3"};
@@ -434,6 +439,23 @@ TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
   EXPECT_FALSE(j.contains("timings")) << j.dump();
   EXPECT_FALSE(j.contains("ktier")) << j.dump();
   EXPECT_EQ(j["id"], "cmpl-3");
+}
+
+// A batch's copies of its shared fields are bounded: many prompts with a large field (an ignored
+// one too) are refused, naming `prompt`, before any copy is made; the same fields with fewer
+// prompts are split.
+TEST(OpenAiRequest, ABatchWhoseCopiesPassTheLimitIsRefused) {
+  const json body = {{"prompt", {"a", "b", "c"}}, {"pad", std::string(1000, 'x')}};
+  const size_t shared = json{{"pad", std::string(1000, 'x')}}.dump().size();
+  auto refused = split_prompt_batch(body, 3 * shared - 1);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().exit_code(), 2);
+  EXPECT_EQ(error_param(refused.status()), "prompt");
+  EXPECT_NE(refused.status().message().find("3 prompts"), std::string::npos)
+      << refused.status().message();
+  auto split = split_prompt_batch(body, 3 * shared);
+  ASSERT_TRUE(split.is_ok()) << split.status().message();
+  EXPECT_EQ(split->size(), 3u);
 }
 
 // Each endpoint's own field: chat logprobs true (+ top_logprobs), completions logprobs N,

@@ -89,7 +89,8 @@ struct BadCase {
 TEST(TokenizerLoad, RejectsBadFilesWithFileAndLine) {
   const std::string good = test::tiktoken_text(byte_vocab({"ab"}));
   std::string dup = good + test::b64("cd") + " 256\n";
-  std::string gap = good + test::b64("cd") + " 258\n\n";  // 259 lines: 258 in range
+  // Rank 257 skipped: 258 lines hold tokens (the empty ones none), so 258 is out of range.
+  std::string gap = good + test::b64("cd") + " 258\n\n\r\n\n";
   std::string bad64 = good + "Y!== 257\n";
   std::string nonpadded = good + "YWJj" "ZA 257\n";
   std::string no_rank = good + test::b64("cd") + "\n";
@@ -103,14 +104,15 @@ TEST(TokenizerLoad, RejectsBadFilesWithFileAndLine) {
   }
   const std::vector<BadCase> cases = {
       {"dup_rank", dup, "{}", 3, "tiktoken.model:258: duplicate rank 256 (also on line 257)"},
-      {"gap", gap, "{}", 3, "rank 257 is missing"},
+      {"gap", gap, "{}", 3,
+       "rank 258 is out of range (the file has 258 token lines, so ranks must lie below that)"},
       {"bad_base64", bad64, "{}", 3, "tiktoken.model:258: token 'Y!==' is not valid base64"},
       {"unpadded", nonpadded, "{}", 3, "tiktoken.model:258:"},
       {"no_rank", no_rank, "{}", 3, "tiktoken.model:258: expected '<base64> <rank>'"},
       {"neg_rank", neg_rank, "{}", 3, "rank '-1' is not a decimal number"},
       {"dup_bytes", dup_bytes, "{}", 3, "tiktoken.model: ranks 256 and 257 have the same bytes"},
       {"past_lines", past_lines, "{}", 3,
-       "rank 258 is out of range (the file has 258 lines, so ranks must lie below that)"},
+       "rank 258 is out of range (the file has 258 token lines, so ranks must lie below that)"},
       {"missing_byte", missing_byte, "{}", 3, "tiktoken.model: the single byte 0x41 has no rank"},
       {"bad_json", good, "{\"added_tokens_decoder\": ", 3, "tokenizer_config.json: not a JSON object"},
       {"nul", good, std::string("{}") + '\0' + "junk", 3, "tokenizer_config.json: not a JSON object: it holds a NUL byte at byte 2"},
