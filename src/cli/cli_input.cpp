@@ -258,7 +258,7 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
       ->capture_default_str();
   sub->add_option("--vram", a.vram,
                   "Device memory for everything on the GPU: the sequence's working set (sized for "
-                  "the positions planned: run's prompt + -n, or -c when given; eval's ids; "
+                  "the positions planned: run's -c, auto or given (see -c); eval's ids; "
                   "serve's -c), the trunk and the VRAM expert tier (e.g. 40G); default 90% of the "
                   "GPU's free memory; ignored on the CPU");
   sub->add_option("--gpu-prefill", a.gpu_prefill,

@@ -1086,13 +1086,25 @@ TEST_F(RunEvalCli, TokenizerSmallerThanTheModelVocabularyIsWarned) {
   EXPECT_EQ(same.err.find("vocab_size is"), std::string::npos) << same.err;
 }
 
-// An option given twice takes its last value, as llama.cpp's (a script appends an override).
+// An option given twice takes its last value, as llama.cpp's (a script appends an override);
+// but every --stop-id counts, first or last.
 TEST_F(RunEvalCli, ARepeatedOptionTakesItsLastValue) {
-  const auto r = run_process(ktier() + " run" + model() + " --ids " + prompt_ids() +
-                             " -n 9 --print-ids -n 3");
+  const std::string run = ktier() + " run" + model() + " --ids " + prompt_ids() + " --print-ids";
+  const auto r = run_process(run + " -n 9 -n 3");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const std::string ids = last_line(r.out);
-  EXPECT_EQ(std::count(ids.begin(), ids.end(), ','), 2) << r.out;  // three ids
+  const std::vector<int> ids = split_ids(last_line(r.out));
+  ASSERT_EQ(ids.size(), 3u) << r.out;
+  ASSERT_TRUE(ids[2] != ids[0] && ids[2] != ids[1]) << r.out;  // it ends the answer there only
+  // A stop id that is not among the answer's, and the third id: the answer ends at it.
+  int unused = 0;
+  while (std::find(ids.begin(), ids.end(), unused) != ids.end()) ++unused;
+  const std::string third = std::to_string(ids[2]), other = std::to_string(unused);
+  for (const std::string& stops : {" --stop-id " + third + " --stop-id " + other,
+                                   " --stop-id " + other + " --stop-id " + third}) {
+    const auto stopped = run_process(run + " -n 9" + stops);
+    ASSERT_EQ(stopped.exit_code, 0) << stopped.err;
+    EXPECT_EQ(split_ids(last_line(stopped.out)), ids) << stops;
+  }
 }
 
 }  // namespace
