@@ -161,6 +161,9 @@ class ApiHandlers {
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (ready() || req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
       res.status = 503;
+      // Answered before its body is read: the body left on a kept-alive connection would be
+      // read as the next request (a client's retry on it then fails 400).
+      res.set_header("Connection", "close");
       res.set_content(server::dump(server::error_body(
                           "the model is loading; try again when GET /health answers 200",
                           "unavailable_error")),
@@ -280,6 +283,9 @@ class ApiHandlers {
     if (const Status busy = service().admission(); !busy.is_ok()) {
       spdlog::warn("{}: refused: {}", server::endpoint_name(endpoint), busy.message());
       res.set_header("Retry-After", "1");
+      // A refused client's connection is not kept: its idle thread would be one fewer for
+      // /health (cpp-httplib gives a connection its thread for its whole life).
+      res.set_header("Connection", "close");
       return send_error(res, busy);
     }
     // Completions' batch of prompts: every one checked first, then each answered in turn,
@@ -308,7 +314,11 @@ class ApiHandlers {
                          answers.size(), prompts.size());
             return send_error(res, Status::interrupted("the client went away"));
           }
-          Result<json> answer = handle_whole(prompt, head, peer);
+          // Its later prompts are not refused as busy: the batch was let in whole.
+          Result<json> answer =
+              handle_whole(prompt, head, peer,
+                           answers.empty() ? server::Admission::kChecked
+                                           : server::Admission::kAdmitted);
           if (!answer.is_ok()) return send_error(res, answer.status());
           answers.push_back(std::move(*answer));
         }
@@ -321,6 +331,10 @@ class ApiHandlers {
     Result<server::PreparedRequest> prepared = service().prepare(std::move(*parsed));
     if (!prepared.is_ok()) return send_error(res, prepared.status());
     if (!prepared->request.stream) return reply(res, handle_whole(*prepared, head, peer));
+    // Once the server stops, cpp-httplib calls no content provider: the client would get an
+    // empty 200 stream, not the 503 the others get.
+    if (InterruptRequest::requested())
+      return send_error(res, Status::interrupted("the server is stopping (Ctrl-C or SIGTERM)"));
     const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
     auto request = std::make_shared<server::PreparedRequest>(std::move(*prepared));
     res.set_header("Cache-Control", "no-cache");
@@ -373,14 +387,15 @@ class ApiHandlers {
 
   // A request answered whole (not streamed): its response body.
   Result<json> handle_whole(const server::PreparedRequest& prepared,
-                            const server::ResponseHead& head, const server::PeerWatch& peer) {
+                            const server::ResponseHead& head, const server::PeerWatch& peer,
+                            server::Admission admission = server::Admission::kChecked) {
     const server::Endpoint endpoint = prepared.request.endpoint;
     KTIER_ASSIGN_OR_RETURN(
         const server::Completion done,
         run(
             prepared,
-            [](std::string_view, std::span<const server::AnswerToken>) { return true; },
-            peer));
+            [](std::string_view, std::span<const server::AnswerToken>) { return true; }, peer,
+            admission));
     const json probs = logprobs_of(prepared.request, done.logprobs);
     if (endpoint == server::Endpoint::kLlamaCompletion)
       return server::llama_completion_result(model_, done.text, done.finish, done.stopping_word,
@@ -395,7 +410,8 @@ class ApiHandlers {
   // chunks; one whose client left while it waited for the model is not started.
   Result<server::Completion> run(const server::PreparedRequest& request,
                                  const server::Service::TextSink& on_text,
-                                 const server::PeerWatch& peer) {
+                                 const server::PeerWatch& peer,
+                                 server::Admission admission = server::Admission::kChecked) {
     bool busy = false;
     // An exception out of the generation (std::bad_alloc: memory outside the budgets) is this
     // request's error, answered as the others are: in a streamed answer cpp-httplib would not
@@ -416,7 +432,7 @@ class ApiHandlers {
       try {
         return service().complete(
             request, throw_in_answers ? throwing : on_text,
-            [&peer] { return InterruptRequest::requested() || peer.gone(); }, &busy);
+            [&peer] { return InterruptRequest::requested() || peer.gone(); }, &busy, admission);
       } catch (const std::bad_alloc&) {
         return Status::runtime("out of memory: the system refused an allocation outside the "
                                "budgets while this request ran");

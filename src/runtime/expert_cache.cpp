@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <string>
 
 #include <spdlog/spdlog.h>
@@ -420,6 +421,10 @@ void ExpertCache::pump_prefetches() {
     s.prefetch_carried = false;
     s.prefetch_layer = p.target_layer;
     s.prefetch_pass = pass_;
+    // Until its reads are queued it is a failed prefetch (read on demand, which reports any
+    // error), so that an exception below (std::bad_alloc) leaves no keyed slot served as held.
+    s.state = SlotState::kReady;
+    s.read_failed = true;
     slot_of_key_[p.key] = static_cast<int32_t>(si);
     reads.clear();
     plan_reads(p.key, si, reads);
@@ -429,13 +434,11 @@ void ExpertCache::pump_prefetches() {
     // Submitted at once (in priority order), so a loading slot always has reads outstanding.
     if (prefetch_cq_->submit(reads).is_ok()) {
       s.state = SlotState::kLoading;
+      s.read_failed = false;
       s.reads_outstanding = static_cast<uint32_t>(reads.size());
       s.prefetch_chunks = need;
       prefetch_chunks_outstanding_ += need;
-    } else {
-      s.state = SlotState::kReady;  // nothing was queued: read on demand, which reports the error
-      s.read_failed = true;
-    }
+    }  // else nothing was queued: read on demand
   }
 }
 
@@ -469,6 +472,22 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
     bool windowed;  // holds one of the window's places (a slot taken for this call)
   };
   std::vector<Miss> misses;
+  // An exception out of `ready` (std::bad_alloc in a kernel's buffer: serve answers that
+  // request and goes on with this tier) must leave no read in flight into a slot a later fetch
+  // may hand out or reuse: the misses still reading are marked for re-reading, and their reads
+  // drained.
+  struct Unwind {
+    ExpertCache& cache;
+    const std::vector<Miss>& misses;
+    const int exceptions = std::uncaught_exceptions();
+    ~Unwind() {
+      if (std::uncaught_exceptions() == exceptions) return;
+      for (const Miss& m : misses)
+        if (m.reads_left > 0) cache.slots_[m.slot].read_failed = true;
+      std::vector<io::Completion> done;
+      while (cache.demand_cq_->outstanding() > 0) cache.demand_cq_->wait(1, done);
+    }
+  } unwind{*this, misses};
   // Misses given a slot by this call and not yet released: at most batch_slots, so that the
   // bypasses among them always find a free slot (take_free_slot's invariant). A miss handed over
   // is released (a bypass slot freed) only when a waiting miss needs its place, so a call of at

@@ -1,6 +1,7 @@
 #include "runtime/vram_expert_tier.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "common/check.h"
 #include "model/weights.h"
@@ -323,6 +324,28 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
                            be_.fence_passed(slot_fence_[static_cast<size_t>(slot)]));
     landed[i] = passed;
   }
+  // No half-copied slot may be served later, whether this fetch fails or an exception leaves it
+  // (std::bad_alloc: serve answers that request and goes on with this tier): every slot it
+  // assigned is forgotten.
+  miss_ids.reserve(ids.size());  // each miss recorded without an allocation that may throw
+  miss_at.reserve(ids.size());
+  miss_slot.reserve(ids.size());
+  const auto forget_assigned = [&] {
+    for (size_t j = 0; j < miss_ids.size(); ++j) {
+      const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + miss_ids[j]);
+      if (slot_of_key_[key] == miss_slot[j]) {
+        slot_of_key_[key] = -1;
+        free_.push_back(miss_slot[j]);
+      }
+    }
+  };
+  struct OnUnwind {
+    const decltype(forget_assigned)& forget;
+    const int exceptions = std::uncaught_exceptions();
+    ~OnUnwind() {
+      if (std::uncaught_exceptions() != exceptions) forget();
+    }
+  } on_unwind{forget_assigned};
   int64_t next_bypass = first_bypass;
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + ids[i]);
@@ -344,18 +367,14 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
       used_slots.push_back(slot);
       continue;
     }
-    int64_t target;
-    if (policy_->contains(key) && !free_.empty()) {
-      target = free_.back();
-      free_.pop_back();
-      slot_of_key_[key] = target;
-    } else {
-      KTIER_CHECK(next_bypass < first_bypass + bypass_);  // max_batch() bounds a fetch
-      target = next_bypass++;
-    }
-    miss_ids.push_back(ids[i]);
+    const bool kept = policy_->contains(key) && !free_.empty();
+    KTIER_CHECK(kept || next_bypass < first_bypass + bypass_);  // max_batch() bounds a fetch
+    const int64_t target = kept ? free_.back() : next_bypass++;
+    if (kept) free_.pop_back();
     miss_at.push_back(i);
+    miss_ids.push_back(ids[i]);
     miss_slot.push_back(target);
+    if (kept) slot_of_key_[key] = target;
   }
   // From the host tier in batches it can hold at once. The host's fetch views last until its
   // next fetch: the copies that read the previous ones finish first. (Lookahead copies read
@@ -385,14 +404,7 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
       stats_.miss_bytes += model::expert_bytes(*dev);
     }
     if (!s.is_ok()) {
-      // No half-copied slot may be served later: forget every slot this fetch assigned.
-      for (size_t j = 0; j < miss_ids.size(); ++j) {
-        const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + miss_ids[j]);
-        if (slot_of_key_[key] == miss_slot[j]) {
-          slot_of_key_[key] = -1;
-          free_.push_back(miss_slot[j]);
-        }
-      }
+      forget_assigned();
       return s;
     }
   }

@@ -86,10 +86,10 @@ ServiceTotals Service::totals() const {
   return totals_;
 }
 
-Result<uint64_t> Service::join_line() {
+Result<uint64_t> Service::join_line(Admission admission) {
   std::lock_guard<std::mutex> lock(turn_mutex_);
   std::lock_guard<std::mutex> totals(totals_mutex_);
-  KTIER_RETURN_IF_ERROR(admission_locked());
+  if (admission == Admission::kChecked) KTIER_RETURN_IF_ERROR(admission_locked());
   ++totals_.waiting;
   line_.push_back(next_ticket_);
   return next_ticket_++;
@@ -136,9 +136,10 @@ Status Service::admission() const {
 }
 
 Result<Completion> Service::complete(const PreparedRequest& prepared, const TextSink& on_text,
-                                     const std::function<bool()>& stop_requested, bool* busy) {
+                                     const std::function<bool()>& stop_requested, bool* busy,
+                                     Admission admission) {
   if (busy) *busy = false;
-  const Result<uint64_t> ticket = join_line();
+  const Result<uint64_t> ticket = join_line(admission);
   if (!ticket.is_ok()) {
     if (busy) *busy = true;
     return ticket.status();

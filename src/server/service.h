@@ -49,6 +49,11 @@ struct ServiceOptions {
   int64_t max_waiting = 0;
 };
 
+// How a request joins the line for the model: kChecked is refused (busy) while max_waiting
+// requests wait; kAdmitted joins past the limit (a completions batch's later prompts: the batch
+// was let in whole, and its answers so far would be thrown away with a refusal).
+enum class Admission { kChecked, kAdmitted };
+
 struct Completion {
   std::string text;  // as streamed: special tokens hidden, cut before a stop text
   FinishReason finish = FinishReason::kLength;
@@ -103,11 +108,11 @@ class Service {
   // chunks, as GenerationOptions::stop_requested, and while the request waits for its turn
   // (every kTurnPoll) and before it starts: true there is Status::interrupted (its client left,
   // or the server was told to stop, while it waited). Status::interrupted too, at once, when
-  // max_waiting requests wait already (busy: `busy` set). Other errors: the model's (I/O,
+  // max_waiting requests wait already (busy: `busy` set), unless `admission` is kAdmitted. Other errors: the model's (I/O,
   // corrupt bytes), after which the next request starts a fresh sequence.
   Result<Completion> complete(const PreparedRequest& prepared, const TextSink& on_text,
                               const std::function<bool()>& stop_requested,
-                              bool* busy = nullptr);
+                              bool* busy = nullptr, Admission admission = Admission::kChecked);
   static constexpr std::chrono::milliseconds kTurnPoll{100};
   // complete()'s refusal of a request while max_waiting requests wait (Status::interrupted),
   // or ok: asked before a streamed answer's status line is sent (complete() asks again).
@@ -131,7 +136,7 @@ class Service {
   // place (its ticket) and counts the request as waiting, in one step (the busy refusal
   // otherwise); wait_turn returns true when that ticket's turn has come (end_turn() after it),
   // false, having left the line, when `stop_requested` said so while it waited.
-  Result<uint64_t> join_line();
+  Result<uint64_t> join_line(Admission admission);
   bool wait_turn(uint64_t ticket, const std::function<bool()>& stop_requested);
   void end_turn();
   Status admission_locked() const;  // totals_mutex_ held

@@ -16,6 +16,7 @@
 #include <thread>
 #include <utility>
 
+#include "backend/backend.h"
 #include "common/size.h"
 #include "io/fault_plan.h"
 #include "runtime/engine.h"
@@ -680,6 +681,48 @@ TEST_F(ExpertCacheTest, FetchEachHandsOverExpertsInMemoryWhileMissesLoad) {
   x.begin_layer(layer, 4, more.data(), 1, 2);
   ASSERT_TRUE(x.fetch(layer, more, again.data()).is_ok());
   EXPECT_EQ((*e)->expert_cache()->stats().demand_reads, reads_before);  // 4 landed whole
+}
+
+// An exception out of fetch_each's callback (std::bad_alloc in a kernel: serve answers that
+// request and goes on with this tier) while a miss's read is in flight leaves no read behind:
+// the next fetch reads that expert again (before: it handed the slot out as in memory, bytes
+// not landed, and aborted when the stale read completed), and its bytes are a fresh engine's.
+TEST_F(ExpertCacheTest, AnExceptionFromTheCallerLeavesNoReadInFlight) {
+  EngineOptions eo;
+  eo.model_dir = root_ / "ckpt";
+  eo.threads = 2;
+  eo.ram_budget = budget_for(keys_, 0);
+  eo.lookahead = 0;
+  eo.io.backend = io::IoBackend::kPread;
+  EngineOptions faulty = eo;
+  faulty.io.fault_plan = std::make_shared<io::FaultPlan>();
+  auto e = Engine::open(faulty), fresh = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  ASSERT_TRUE(fresh.is_ok()) << fresh.status().message();
+  model::ExpertSource& x = *(*e)->experts();
+  const int64_t layer = (*e)->checkpoint().config().first_k_dense_replace;
+  std::vector<model::ExpertWeights> out(2), again(2), want(2);
+  const std::vector<int32_t> warm = {0, 1}, ids = {5, 0};  // then a miss and a hit
+  x.begin_layer(layer, 0, warm.data(), 1, 2);
+  ASSERT_TRUE(x.fetch(layer, warm, out.data()).is_ok());
+  faulty.io.fault_plan->add(io::FaultRule::delay_by(std::chrono::milliseconds(300)).times(-1));
+  x.begin_layer(layer, 1, ids.data(), 1, 2);
+  EXPECT_THROW(x.fetch_each(layer, ids, out.data(),
+                            [](std::span<const size_t>) -> Status { throw std::bad_alloc(); }),
+               std::bad_alloc);
+  faulty.io.fault_plan->clear();
+  const uint64_t reads = (*e)->expert_cache()->stats().demand_reads;
+  x.begin_layer(layer, 2, ids.data(), 1, 2);
+  ASSERT_TRUE(x.fetch(layer, ids, again.data()).is_ok());
+  EXPECT_EQ((*e)->expert_cache()->stats().demand_reads, reads + 1);  // expert 5 read again
+  model::ExpertSource& y = *(*fresh)->experts();
+  y.begin_layer(layer, 0, ids.data(), 1, 2);
+  ASSERT_TRUE(y.fetch(layer, ids, want.data()).is_ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint64_t bytes = backend::weight_data_bytes(want[i].w1);
+    ASSERT_EQ(backend::weight_data_bytes(again[i].w1), bytes);
+    EXPECT_EQ(std::memcmp(again[i].w1.data, want[i].w1.data, bytes), 0) << "expert " << ids[i];
+  }
 }
 
 // fetch_each takes more experts than the tier lends slots for (a prefill chunk's layer): with no

@@ -391,6 +391,27 @@ TEST(VramExpertTier, AFailedFetchLeavesNoSlotWithoutItsCopy) {
   expect_views_hold(*x.be, x.host, 1, routed, out);
 }
 
+// So does an exception out of the host's fetch (std::bad_alloc: serve answers that request and
+// goes on with this tier): the slots it assigned are forgotten, none is served as held.
+TEST(VramExpertTier, AnExceptionInAFetchLeavesNoSlotWithoutItsCopy) {
+  TierUnderTest x(6 * kTopK, /*one_buffer=*/true);  // the host serves one expert per fetch
+  ASSERT_TRUE(x.tier);
+  const int32_t routed[] = {2, 6};
+  std::vector<model::ExpertWeights> out(2);
+  x.tier->begin_layer(1, 0, routed, 1, kTopK);
+  int fetches = 0;
+  x.host.on_fetch = [&] {
+    if (++fetches == 2) throw std::bad_alloc();  // after the first expert's copy
+  };
+  EXPECT_THROW((void)x.tier->fetch(1, routed, out.data()), std::bad_alloc);
+  x.host.on_fetch = nullptr;
+  const uint64_t hits = x.tier->stats().hits;
+  ASSERT_TRUE(x.tier->fetch(1, routed, out.data()).is_ok());
+  EXPECT_EQ(x.tier->stats().hits, hits) << "nothing of the fetch left by the exception is held";
+  for (auto q : backend::Backend::kCopyQueues) ASSERT_TRUE(x.be->sync_copies(q).is_ok());
+  expect_views_hold(*x.be, x.host, 1, routed, out);
+}
+
 // A lookahead copy is useful only to the layer it was made for: one that layer does not ask
 // for is wasted when the layer is routed, even while the tier keeps it, and a later pass's hit
 // on it is a plain hit (the RAM tier's rule; before, it was counted useful then).

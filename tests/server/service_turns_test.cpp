@@ -70,6 +70,7 @@ TEST_F(ServiceTest, ARequestsThreadKeepsNoOpBuffersAfterItsTurn) {
 // more is refused at once, "busy", so that waiting requests cannot hold every connection
 // thread); a waiting request whose client leaves gives up its place while the first still runs
 // (before: it held its thread until the model was free, and a mutex served waiters in no order).
+// A batch's later prompt (Admission::kAdmitted) joins past the limit, at the back.
 TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
   ServiceOptions o;
   o.ctx = 256;
@@ -87,8 +88,9 @@ TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
   std::atomic<bool> release{false};
   std::mutex mu;
   std::vector<std::string> order;  // who got the model, in turn
-  const auto runs = [&](const std::string& name, std::function<bool()> stop) {
-    return std::thread([&, name, stop] {
+  const auto runs = [&](const std::string& name, std::function<bool()> stop,
+                        Admission admission = Admission::kChecked) {
+    return std::thread([&, name, stop, admission] {
       bool first_piece = true;
       auto r = s.complete(
           *prepared,
@@ -102,13 +104,13 @@ TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
               std::this_thread::sleep_for(std::chrono::milliseconds(1));
             return true;
           },
-          stop);
+          stop, nullptr, admission);
       std::lock_guard<std::mutex> lock(mu);
       if (!r.is_ok()) order.push_back(name + " not started: " + r.status().message());
     });
   };
   std::atomic<bool> c_left{false};
-  std::thread first, b, c, d;
+  std::thread first, b, c, d, e, f;
   struct JoinAll {  // a failed ASSERT returns early: let every thread end first
     std::atomic<bool>& release;
     std::atomic<bool>& c_left;
@@ -119,7 +121,7 @@ TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
       for (std::thread* t : threads)
         if (t->joinable()) t->join();
     }
-  } join_all{release, c_left, {&first, &b, &c, &d}};
+  } join_all{release, c_left, {&first, &b, &c, &d, &e, &f}};
   first = runs("first", nullptr);
   // Until its first piece (its prompt run): a slow machine (a sanitizer, a loaded CI) could
   // otherwise see c leave before the first request streamed anything.
@@ -148,15 +150,23 @@ TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
   c.join();
   EXPECT_EQ(s.totals().waiting, 2);
   EXPECT_TRUE(s.admission().is_ok());
+  e = runs("e", nullptr);
+  ASSERT_TRUE(until([](const ServiceTotals& t) { return t.waiting == 3; }));
+  EXPECT_FALSE(s.admission().is_ok());
+  f = runs("f", nullptr, Admission::kAdmitted);
+  ASSERT_TRUE(until([](const ServiceTotals& t) { return t.waiting == 4; }))
+      << "an admitted request was refused";
   release = true;
-  for (std::thread* t : {&first, &b, &d}) t->join();
-  ASSERT_EQ(order.size(), 4u);
+  for (std::thread* t : {&first, &b, &d, &e, &f}) t->join();
+  ASSERT_EQ(order.size(), 6u);
   EXPECT_EQ(order[0], "first");
   EXPECT_EQ(order[1].rfind("c not started", 0), 0u) << order[1];
   EXPECT_EQ(order[2], "b");
   EXPECT_EQ(order[3], "d");
+  EXPECT_EQ(order[4], "e");
+  EXPECT_EQ(order[5], "f");
   const ServiceTotals t = s.totals();
-  EXPECT_EQ(t.requests, 3u);
+  EXPECT_EQ(t.requests, 5u);
   EXPECT_EQ(t.requests_failed, 1u);  // c; the refused one was never accepted
   EXPECT_EQ(t.waiting, 0);
   EXPECT_EQ(t.processing, 0);
