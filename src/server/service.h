@@ -108,8 +108,9 @@ class Service {
   // chunks, as GenerationOptions::stop_requested, and while the request waits for its turn
   // (every kTurnPoll) and before it starts: true there is Status::interrupted (its client left,
   // or the server was told to stop, while it waited). Status::interrupted too, at once, when
-  // max_waiting requests wait already (busy: `busy` set), unless `admission` is kAdmitted. Other errors: the model's (I/O,
-  // corrupt bytes), after which the next request starts a fresh sequence.
+  // max_waiting requests wait already (busy: `busy` set), unless `admission` is kAdmitted.
+  // Other errors: the model's (I/O, corrupt bytes), after which the next request starts a fresh
+  // sequence.
   Result<Completion> complete(const PreparedRequest& prepared, const TextSink& on_text,
                               const std::function<bool()>& stop_requested,
                               bool* busy = nullptr, Admission admission = Admission::kChecked);
