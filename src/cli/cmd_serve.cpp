@@ -104,6 +104,15 @@ void send_error(httplib::Response& res, const Status& s) {
   res.set_content(server::dump(error_json(s)), "application/json");
 }
 
+// A request refused because too many wait (503 "busy"). Its connection is not kept: its idle
+// thread would be one fewer for /health (cpp-httplib gives a connection its thread for its
+// whole life).
+void send_busy(httplib::Response& res, const Status& s) {
+  res.set_header("Retry-After", "1");
+  res.set_header("Connection", "close");
+  send_error(res, s);
+}
+
 // ktier's fields beside OpenAI's: llama-server's "timings" and the run report.
 json extra_fields(const server::Completion& c) {
   const runtime::GenerationStats& g = c.report.gen;
@@ -282,11 +291,7 @@ class ApiHandlers {
     // (complete() refuses a request that came too late to be refused here).
     if (const Status busy = service().admission(); !busy.is_ok()) {
       spdlog::warn("{}: refused: {}", server::endpoint_name(endpoint), busy.message());
-      res.set_header("Retry-After", "1");
-      // A refused client's connection is not kept: its idle thread would be one fewer for
-      // /health (cpp-httplib gives a connection its thread for its whole life).
-      res.set_header("Connection", "close");
-      return send_error(res, busy);
+      return send_busy(res, busy);
     }
     // Completions' batch of prompts: every one checked first, then each answered in turn,
     // whole, as a choice of one answer.
@@ -315,10 +320,13 @@ class ApiHandlers {
             return send_error(res, Status::interrupted("the client went away"));
           }
           // Its later prompts are not refused as busy: the batch was let in whole.
+          bool busy = false;
           Result<json> answer =
               handle_whole(prompt, head, peer,
                            answers.empty() ? server::Admission::kChecked
-                                           : server::Admission::kAdmitted);
+                                           : server::Admission::kAdmitted,
+                           &busy);
+          if (busy) return send_busy(res, answer.status());
           if (!answer.is_ok()) return send_error(res, answer.status());
           answers.push_back(std::move(*answer));
         }
@@ -330,9 +338,15 @@ class ApiHandlers {
     if (!parsed.is_ok()) return send_error(res, parsed.status());
     Result<server::PreparedRequest> prepared = service().prepare(std::move(*parsed));
     if (!prepared.is_ok()) return send_error(res, prepared.status());
-    if (!prepared->request.stream) return reply(res, handle_whole(*prepared, head, peer));
+    if (!prepared->request.stream) {
+      bool busy = false;
+      const Result<json> answer =
+          handle_whole(*prepared, head, peer, server::Admission::kChecked, &busy);
+      return busy ? send_busy(res, answer.status()) : reply(res, answer);
+    }
     // Once the server stops, cpp-httplib calls no content provider: the client would get an
-    // empty 200 stream, not the 503 the others get.
+    // empty 200 stream, not the 503 the others get (a stop between here and the provider's
+    // call still gives one: this narrows the window).
     if (InterruptRequest::requested())
       return send_error(res, Status::interrupted("the server is stopping (Ctrl-C or SIGTERM)"));
     const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
@@ -388,14 +402,15 @@ class ApiHandlers {
   // A request answered whole (not streamed): its response body.
   Result<json> handle_whole(const server::PreparedRequest& prepared,
                             const server::ResponseHead& head, const server::PeerWatch& peer,
-                            server::Admission admission = server::Admission::kChecked) {
+                            server::Admission admission = server::Admission::kChecked,
+                            bool* busy = nullptr) {
     const server::Endpoint endpoint = prepared.request.endpoint;
     KTIER_ASSIGN_OR_RETURN(
         const server::Completion done,
         run(
             prepared,
             [](std::string_view, std::span<const server::AnswerToken>) { return true; }, peer,
-            admission));
+            admission, busy));
     const json probs = logprobs_of(prepared.request, done.logprobs);
     if (endpoint == server::Endpoint::kLlamaCompletion)
       return server::llama_completion_result(model_, done.text, done.finish, done.stopping_word,
@@ -407,11 +422,13 @@ class ApiHandlers {
   // One generation, logged as a line on stderr. An answer the server's stop (Ctrl-C, SIGTERM) cut
   // is an error (503), so that no client takes it for one that reached its end. The answer of a
   // client that `peer` finds gone ends early (Completion::cancelled), between tokens or prompt
-  // chunks; one whose client left while it waited for the model is not started.
+  // chunks; one whose client left while it waited for the model is not started. `refused_busy`
+  // (may be null): set to whether too many waited (the error is then the busy refusal).
   Result<server::Completion> run(const server::PreparedRequest& request,
                                  const server::Service::TextSink& on_text,
                                  const server::PeerWatch& peer,
-                                 server::Admission admission = server::Admission::kChecked) {
+                                 server::Admission admission = server::Admission::kChecked,
+                                 bool* refused_busy = nullptr) {
     bool busy = false;
     // An exception out of the generation (std::bad_alloc: memory outside the budgets) is this
     // request's error, answered as the others are: in a streamed answer cpp-httplib would not
@@ -441,6 +458,7 @@ class ApiHandlers {
       }
     };
     Result<server::Completion> done = complete();
+    if (refused_busy) *refused_busy = busy;
     if (busy) {
       spdlog::warn("{}: refused: {}", server::endpoint_name(request.request.endpoint),
                    done.status().message());

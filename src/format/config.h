@@ -9,8 +9,8 @@
 // are never read in the nested shape. Nothing that feeds arithmetic has a default (D7).
 //
 // Validation (§2.5 rules 1-8) happens in parse_model_config(): every problem is collected and
-// reported together in one Status::usage (exit 2), one line per problem, each naming the source
-// file, the key and the object it was expected in. Rule 9 (config vs tensors) is the
+// reported together in one Status::usage (exit 2), one line per problem (the first 25; the
+// rest counted), each naming the source file, the key and the object it was expected in. Rule 9 (config vs tensors) is the
 // checkpoint's job (checkpoint.h).
 //
 // A ModelConfig is an immutable value after parsing; it is safe to share between threads.
@@ -141,7 +141,8 @@ struct ModelConfig {
 };
 
 // Parses and validates a config held in memory. `source_name` prefixes every message (use the
-// file name). Never throws. Errors: Status::usage listing every problem found.
+// file name). Never throws. Errors: Status::usage counting every problem found and listing the
+// first 25.
 Result<ModelConfig> parse_model_config(const nlohmann::json& root, const std::string& source_name);
 
 // Parses and validates the text of a config.json: invalid JSON is Status::usage naming

@@ -69,6 +69,13 @@ Status CompletionQueue::wait_all() {
   return first;
 }
 
+void CompletionQueue::discard_all() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return ready_.size() >= outstanding_; });
+  ready_.clear();
+  outstanding_ = 0;
+}
+
 size_t CompletionQueue::outstanding() const {
   std::lock_guard lock(mu_);
   return outstanding_;

@@ -210,6 +210,9 @@ class CompletionQueue {
   // Waits for every outstanding request; returns the first error among them (in completion
   // order), or ok. Completions are consumed.
   Status wait_all();
+  // Waits for every outstanding request and drops its completion, allocating nothing: for
+  // clean-up while an exception unwinds (an allocation there would end the process).
+  void discard_all();
   // Requests submitted here whose completion has not been taken yet (ready ones included).
   size_t outstanding() const;
   // Time this queue's callers spent blocked in wait(), ns.

@@ -92,6 +92,9 @@ Result<std::unique_ptr<ExpertCache>> ExpertCache::open(const format::Checkpoint&
   x->stats_.slots = slots;
   x->stats_.policy_slots = opts.policy_slots;
   x->stats_.batch_slots = opts.batch_slots;
+  // A fetch's bypasses (at most batch_slots) are recorded without an allocation, which could
+  // throw with a slot keyed but not yet listed for release.
+  x->bypass_.reserve(static_cast<size_t>(opts.batch_slots));
   x->stats_.slot_bytes = slot_bytes(ckpt);
   // The slots' bytes, and no more, are touched, registered and reported: huge pages round the
   // allocation up to 2 MiB, which only a large tier (K3's: GBs) may take as a hint; a small
@@ -484,10 +487,10 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
       if (std::uncaught_exceptions() == exceptions) return;
       for (const Miss& m : misses)
         if (m.reads_left > 0) cache.slots_[m.slot].read_failed = true;
-      std::vector<io::Completion> done;
-      while (cache.demand_cq_->outstanding() > 0) cache.demand_cq_->wait(1, done);
+      cache.demand_cq_->discard_all();
     }
   } unwind{*this, misses};
+  misses.reserve(ids.size());  // each id is planned at most once
   // Misses given a slot by this call and not yet released: at most batch_slots, so that the
   // bypasses among them always find a free slot (take_free_slot's invariant). A miss handed over
   // is released (a bypass slot freed) only when a waiting miss needs its place, so a call of at
@@ -498,10 +501,12 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
   // A demand read of ids[i] into slot si (a new one, or a prefetch's that failed).
   const auto plan_miss = [&](size_t i, size_t si, bool windowed) {
     slots_[si].state = SlotState::kReady;
+    slots_[si].read_failed = true;  // until its reads are planned (plan_reads may throw)
     slot_of[i] = si;
     const size_t before = reads.size();
     plan_reads(static_cast<uint32_t>(layer * Ne + ids[i]), si, reads);
     misses.push_back({si, i, static_cast<uint32_t>(reads.size() - before), windowed});
+    slots_[si].read_failed = false;
     const uint64_t bytes = expert_bytes(static_cast<uint32_t>(layer * Ne + ids[i]));
     ++stats_.demand_reads;
     stats_.miss_bytes += bytes;
@@ -574,8 +579,10 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
       const size_t si = take_free_slot();
       Slot& s = slots_[si];
       s.key = key;
+      s.state = SlotState::kReady;  // read again by the next fetch, should anything below throw
+      s.read_failed = true;
       slot_of_key_[key] = static_cast<int32_t>(si);
-      if (!policy_->contains(key)) bypass_.push_back(si);
+      if (!policy_->contains(key)) bypass_.push_back(si);  // capacity reserved: no throw
       ++window;
       plan_miss(i, si, /*windowed=*/true);
     }

@@ -36,7 +36,6 @@ struct Part {
 format::TensorDecl ids_decl(int64_t n) { return {"ids", DType::kI32, {n}}; }
 
 // The file's tensors for a sequence of n positions, in file order.
-
 std::vector<Part> parts_for(const format::ModelConfig& c, int64_t n) {
   std::vector<Part> parts;
   parts.push_back({ids_decl(n), -1});

@@ -93,8 +93,10 @@ Result<std::vector<std::string>> parse_tiktoken(const std::string& text, const s
     token_lines += len > 1 || (len == 1 && text[pos] != '\r');
     pos = eol + 1;
   }
-  tokens.reserve(token_lines);
-  line_of.reserve(token_lines);
+  // The shortest valid line is 7 bytes ("AA== 0\n"): a file of short bad lines reserves no more
+  // than a valid one of its size would hold.
+  tokens.reserve(std::min(token_lines, text.size() / 7 + 1));
+  line_of.reserve(std::min(token_lines, text.size() / 7 + 1));
   for (size_t pos = 0; pos < text.size();) {
     size_t eol = text.find('\n', pos);
     if (eol == std::string::npos) eol = text.size();

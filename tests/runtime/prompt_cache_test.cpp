@@ -191,9 +191,15 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
   const std::string number(backend.size() + 2, '7');  // the same length, not a string
   expect_corrupt(edited("\"backend\":\"" + backend + "\"", "\"backend\":" + number),
                  "is not a string", c);
-  // Tensor 0 is checked to be the ids before its bytes are held, whoever's the file is.
+  // Tensor 0 is checked to be the ids before its bytes are held, whoever's the file is (for
+  // another model's config too: damaged, not foreign).
   expect_corrupt(edited("\"ids\":{", "\"idz\":{"),
                  "tensor 0 is 'idz' I32[7], a state begins with 'ids' I32[7]", c);
+  {
+    write_bytes(bad, edited("\"ids\":{", "\"idz\":{"));
+    const Status s = SavedSequence::open(bad, c, h + 1).status();
+    EXPECT_EQ(s.code(), ExitCode::kCorrupt) << s.message();
+  }
   format::ModelConfig other = c;
   other.kv_lora_rank += 1;  // a forged file: this config's hash, another shape
   expect_corrupt(bytes, "mla.c", other);
