@@ -10,8 +10,8 @@
 //
 // Validation (§2.5 rules 1-8) happens in parse_model_config(): every problem is collected and
 // reported together in one Status::usage (exit 2), one line per problem (the first 25; the
-// rest counted), each naming the source file, the key and the object it was expected in. Rule 9 (config vs tensors) is the
-// checkpoint's job (checkpoint.h).
+// rest counted), each naming the source file, the key and the object it was expected in. Rule 9
+// (config vs tensors) is the checkpoint's job (checkpoint.h).
 //
 // A ModelConfig is an immutable value after parsing; it is safe to share between threads.
 
