@@ -78,6 +78,17 @@ class ExpertCacheTest : public ::testing::Test {
     return seq + trunk_ + (top_k_ + policy_slots) * slot_;
   }
 
+  // Every expert kept (no lookahead), read with pread: the fetch_each tests' engine.
+  static EngineOptions all_kept_options() {
+    EngineOptions eo;
+    eo.model_dir = root_ / "ckpt";
+    eo.threads = 2;
+    eo.ram_budget = budget_for(keys_, 0);
+    eo.lookahead = 0;
+    eo.io.backend = io::IoBackend::kPread;
+    return eo;
+  }
+
   // Prefill in chunks of `chunk` then 20 greedy tokens; returns the ids. `eo` without a budget
   // runs resident. Records a trace when `trace` is set.
   static std::vector<int32_t> run(const EngineOptions& eo_in, std::unique_ptr<Engine>* keep,
@@ -615,12 +626,7 @@ TEST_F(ExpertCacheTest, FailedReadsFailThePassAndTheTierRecovers) {
 // stops the hand-over; its error is returned once the reads issued have landed, and those
 // experts are then in memory.
 TEST_F(ExpertCacheTest, FetchEachHandsOverExpertsInMemoryWhileMissesLoad) {
-  EngineOptions eo;
-  eo.model_dir = root_ / "ckpt";
-  eo.threads = 2;
-  eo.ram_budget = budget_for(keys_, 0);
-  eo.lookahead = 0;
-  eo.io.backend = io::IoBackend::kPread;
+  EngineOptions eo = all_kept_options();
   eo.io.fault_plan = std::make_shared<io::FaultPlan>();
   auto e = Engine::open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
@@ -688,12 +694,7 @@ TEST_F(ExpertCacheTest, FetchEachHandsOverExpertsInMemoryWhileMissesLoad) {
 // the next fetch reads that expert again (before: it handed the slot out as in memory, bytes
 // not landed, and aborted when the stale read completed), and its bytes are a fresh engine's.
 TEST_F(ExpertCacheTest, AnExceptionFromTheCallerLeavesNoReadInFlight) {
-  EngineOptions eo;
-  eo.model_dir = root_ / "ckpt";
-  eo.threads = 2;
-  eo.ram_budget = budget_for(keys_, 0);
-  eo.lookahead = 0;
-  eo.io.backend = io::IoBackend::kPread;
+  const EngineOptions eo = all_kept_options();
   EngineOptions faulty = eo;
   faulty.io.fault_plan = std::make_shared<io::FaultPlan>();
   auto e = Engine::open(faulty), fresh = Engine::open(eo);

@@ -371,9 +371,10 @@ TEST(VramExpertTier, ACopyLandedByTheFetchsOwnMissIsNotTimely) {
   EXPECT_EQ(x.tier->stats().prefetch_timely, 0u);
 }
 
-// A fetch that fails part-way (the host's second batch) leaves no slot claiming an expert it
-// did not copy: the same fetch again copies what it lacks, and every view holds its expert.
-TEST(VramExpertTier, AFailedFetchLeavesNoSlotWithoutItsCopy) {
+// A fetch that fails part-way (the host's second batch) or throws leaves no slot claiming an
+// expert it did not copy: the same fetch again copies what it lacks, and every view holds its
+// expert.
+TEST(VramExpertTier, AFailedOrThrowingFetchLeavesNoSlotWithoutItsCopy) {
   TierUnderTest x(6 * kTopK, /*one_buffer=*/true);  // the host serves one expert per fetch
   ASSERT_TRUE(x.tier);
   const int32_t routed[] = {2, 6};
@@ -389,27 +390,21 @@ TEST(VramExpertTier, AFailedFetchLeavesNoSlotWithoutItsCopy) {
   EXPECT_EQ(x.tier->stats().hits, hits) << "nothing of the failed fetch is served as held";
   for (auto q : backend::Backend::kCopyQueues) ASSERT_TRUE(x.be->sync_copies(q).is_ok());
   expect_views_hold(*x.be, x.host, 1, routed, out);
-}
-
-// So does an exception out of the host's fetch (std::bad_alloc: serve answers that request and
-// goes on with this tier): the slots it assigned are forgotten, none is served as held.
-TEST(VramExpertTier, AnExceptionInAFetchLeavesNoSlotWithoutItsCopy) {
-  TierUnderTest x(6 * kTopK, /*one_buffer=*/true);  // the host serves one expert per fetch
-  ASSERT_TRUE(x.tier);
-  const int32_t routed[] = {2, 6};
-  std::vector<model::ExpertWeights> out(2);
-  x.tier->begin_layer(1, 0, routed, 1, kTopK);
+  // So does an exception out of the host's fetch (std::bad_alloc: serve answers that request
+  // and goes on with this tier): after the first expert's copy, the second's slot is assigned.
+  const int32_t next[] = {3, 7};
+  x.tier->begin_layer(1, 1, next, 1, kTopK);
   int fetches = 0;
   x.host.on_fetch = [&] {
-    if (++fetches == 2) throw std::bad_alloc();  // after the first expert's copy
+    if (++fetches == 2) throw std::bad_alloc();
   };
-  EXPECT_THROW((void)x.tier->fetch(1, routed, out.data()), std::bad_alloc);
+  EXPECT_THROW((void)x.tier->fetch(1, next, out.data()), std::bad_alloc);
   x.host.on_fetch = nullptr;
-  const uint64_t hits = x.tier->stats().hits;
-  ASSERT_TRUE(x.tier->fetch(1, routed, out.data()).is_ok());
-  EXPECT_EQ(x.tier->stats().hits, hits) << "nothing of the fetch left by the exception is held";
+  const uint64_t hits_after = x.tier->stats().hits;
+  ASSERT_TRUE(x.tier->fetch(1, next, out.data()).is_ok());
+  EXPECT_EQ(x.tier->stats().hits, hits_after) << "nothing of the thrown fetch is held";
   for (auto q : backend::Backend::kCopyQueues) ASSERT_TRUE(x.be->sync_copies(q).is_ok());
-  expect_views_hold(*x.be, x.host, 1, routed, out);
+  expect_views_hold(*x.be, x.host, 1, next, out);
 }
 
 // A lookahead copy is useful only to the layer it was made for: one that layer does not ask
