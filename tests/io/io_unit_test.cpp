@@ -66,8 +66,8 @@ TEST(ReadFileTest, FifoAndDeviceAreRejectedWithoutBlocking) {
 }
 
 // A file read whole is refused past its limit with the limit's error naming it: a file by its
-// size, unread; what has no size to tell (a pipe) as soon as a read passes the limit. At the
-// limit it is read.
+// size, unread; one whose size says 0 (procfs) as soon as a read passes the limit. At the limit
+// it is read.
 TEST(ReadFileTest, AFileReadWholeIsRefusedPastItsLimit) {
   TempFile tmp(random_bytes(100, 4), "readfile-limit");
   auto exact = read_regular_file(tmp.path(), {100, &Status::corrupt});

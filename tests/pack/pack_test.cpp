@@ -497,7 +497,7 @@ TEST_F(PackTest, DamagedManifestsAreCorrupt) {
     r["bytes"] = bytes;
     expect_corrupt(seal(j), "tensor outside its record", "outside the record");
   }
-  j = good;  // a gap after a tensor: the record's bytes grown to hold it
+  j = good;  // 64 bytes of gap before the last tensor: the record's bytes grown to hold it
   {
     json& r = j["records"][0];
     json& last = r["tensors"].back();

@@ -441,9 +441,9 @@ TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
   EXPECT_EQ(j["id"], "cmpl-3");
 }
 
-// A batch's copies of its shared fields are bounded: many prompts with a large field (an ignored
-// one too) are refused, naming `prompt`, before any copy is made; the same fields with fewer
-// prompts are split.
+// A batch's copies of its shared fields are bounded: prompts whose copies of a large field (an
+// ignored one too) would pass the limit are refused, naming `prompt`, before any copy is made;
+// at the limit they are split.
 TEST(OpenAiRequest, ABatchWhoseCopiesPassTheLimitIsRefused) {
   const json body = {{"prompt", {"a", "b", "c"}}, {"pad", std::string(1000, 'x')}};
   const size_t shared = json{{"pad", std::string(1000, 'x')}}.dump().size();
