@@ -4,12 +4,12 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <exception>
 #include <string>
 
 #include <spdlog/spdlog.h>
 
 #include "common/check.h"
+#include "common/on_exception.h"
 #include "common/progress.h"
 #include "model/weights.h"
 
@@ -479,17 +479,11 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
   // request and goes on with this tier) must leave no read in flight into a slot a later fetch
   // may hand out or reuse: the misses still reading are marked for re-reading, and their reads
   // drained.
-  struct Unwind {
-    ExpertCache& cache;
-    const std::vector<Miss>& misses;
-    const int exceptions = std::uncaught_exceptions();
-    ~Unwind() {
-      if (std::uncaught_exceptions() == exceptions) return;
-      for (const Miss& m : misses)
-        if (m.reads_left > 0) cache.slots_[m.slot].read_failed = true;
-      cache.demand_cq_->discard_all();
-    }
-  } unwind{*this, misses};
+  const OnException unwind([&] {
+    for (const Miss& m : misses)
+      if (m.reads_left > 0) slots_[m.slot].read_failed = true;
+    demand_cq_->discard_all();
+  });
   misses.reserve(ids.size());  // each id is planned at most once
   // Misses given a slot by this call and not yet released: at most batch_slots, so that the
   // bypasses among them always find a free slot (take_free_slot's invariant). A miss handed over

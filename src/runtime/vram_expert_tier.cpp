@@ -1,9 +1,9 @@
 #include "runtime/vram_expert_tier.h"
 
 #include <algorithm>
-#include <exception>
 
 #include "common/check.h"
+#include "common/on_exception.h"
 #include "model/weights.h"
 #include "runtime/device_placement.h"
 
@@ -339,13 +339,7 @@ Status VramExpertTier::fetch(int64_t layer, std::span<const int32_t> ids,
       }
     }
   };
-  struct OnUnwind {
-    const decltype(forget_assigned)& forget;
-    const int exceptions = std::uncaught_exceptions();
-    ~OnUnwind() {
-      if (std::uncaught_exceptions() != exceptions) forget();
-    }
-  } on_unwind{forget_assigned};
+  const OnException on_unwind(forget_assigned);
   int64_t next_bypass = first_bypass;
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t key = static_cast<uint32_t>(layer * num_experts_ + ids[i]);
