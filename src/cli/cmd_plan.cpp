@@ -49,7 +49,11 @@ struct Plan {
   // Without the dial: the trunk layers' bytes in the shards (what the kernel pages in for
   // them), and the sequence's working set.
   uint64_t mapped_layers = 0, mapped_sequence = 0;
-  uint64_t ram_slots_here = 0;  // the RAM tier's slots on this machine now (MemAvailable cap)
+  // The dial a run on this machine would open now (fit_dial_to_memory: where the plan's does
+  // not fit in 90% of MemAvailable), and its RAM tier's slots (capped_expert_slots).
+  std::optional<runtime::DialPlan> here;
+  uint64_t ram_slots_here = 0;
+  uint64_t mem_available = 0;  // MemAvailable when the plan was made (0: unknown)
   // The layers the host serves (all, or in GPU mode those the device streams) and of those the
   // ones read from disk every token (not pinned).
   int64_t host_layers = 0, from_disk = 0;
@@ -90,6 +94,7 @@ Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk
                                                            eo.cublas_prefill));
   }
   KTIER_ASSIGN_OR_RETURN(out.engine, runtime::plan_engine(ckpt, pk, eo, threads, gpu.get()));
+  out.mem_available = runtime::mem_available_bytes();
   const runtime::EnginePlan& p = out.engine;
   const int64_t L = ckpt.config().num_hidden_layers;
   out.host_layers = L - (p.device ? p.device->trunk.resident_layers : 0);
@@ -103,9 +108,12 @@ Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk
     return out;
   }
   out.from_disk = out.host_layers - p.dial->trunk.layers_pinned;
-  out.ram_slots_here = static_cast<uint64_t>(p.dial->expert_slots);
-  if (const uint64_t avail = runtime::mem_available_bytes(); avail > 0 && p.dial->expert_slots)
-    out.ram_slots_here = runtime::capped_expert_slots(*p.dial, avail);
+  const uint64_t avail = out.mem_available;
+  KTIER_ASSIGN_OR_RETURN(out.here, runtime::fit_dial_to_memory(ckpt, pk, p, threads, avail));
+  const runtime::DialPlan& here = out.here ? *out.here : *p.dial;
+  out.ram_slots_here = static_cast<uint64_t>(here.expert_slots);
+  if (avail > 0 && here.expert_slots)
+    out.ram_slots_here = runtime::capped_expert_slots(here, avail);
   return out;
 }
 
@@ -121,7 +129,7 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
                    {"positions", eo.workload.positions},
                    {"chunk", eo.workload.chunk},
                    {"lookahead", p.engine.lookahead},
-                   {"mem_available_bytes", runtime::mem_available_bytes()},
+                   {"mem_available_bytes", p.mem_available},
                    {"dial", nullptr},
                    {"device", nullptr},
                    {"device_fallback", p.engine.device_fallback.empty()
@@ -154,6 +162,9 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
         {"ram_expert_policy_slots", d.expert_slots - d.expert_batch},
         {"ram_expert_slot_bytes", d.expert_slot_bytes},
         {"ram_expert_slots_here", p.ram_slots_here},
+        {"budget_bytes_here", p.here ? p.here->budget : d.budget},
+        {"trunk_layers_pinned_here",
+         p.here ? p.here->trunk.layers_pinned : d.trunk.layers_pinned},
         {"expert_keys", d.expert_keys},
         {"held_bytes", d.held()}};
   }
@@ -270,13 +281,20 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
                    " kept: " + of_experts(kept) + "; " + std::to_string(d.expert_batch) +
                    " for one fetch); policy " + std::string(strata::policy_name(eo.policy)) +
                    ", lookahead " + std::to_string(p.engine.lookahead));
-    if (p.ram_slots_here < static_cast<uint64_t>(d.expert_slots))
-      out += "  note: this machine has " + format_size(runtime::mem_available_bytes()) +
+    if (!p.here && p.ram_slots_here < static_cast<uint64_t>(d.expert_slots))
+      out += "  note: this machine has " + format_size(p.mem_available) +
              " available now: a run here would cap the RAM tier at " +
              std::to_string(p.ram_slots_here) + " slots (90% of MemAvailable)\n";
   }
   out += "  held         " + format_size(d.held()) +
          (d.budget == UINT64_MAX ? std::string() : " of " + format_size(d.budget)) + "\n";
+  if (p.here)
+    out += "  note: this machine has " + format_size(p.mem_available) +
+           " available now: a run here would lower the budget to " +
+           format_size(p.here->budget) +
+           (p.here->budget == d.minimum.total() ? " (the minimum)" : " (90% of MemAvailable)") +
+           ", pinning " + std::to_string(p.here->trunk.layers_pinned) + " trunk layers with " +
+           std::to_string(p.ram_slots_here) + " expert RAM slots; the output is the same\n";
   return out;
 }
 

@@ -45,6 +45,24 @@ Status Engine::open_plan(const EngineOptions& requested) {
   }
   if (!plan_.lookahead_lowered.empty()) spdlog::warn("{}", plan_.lookahead_lowered);
   if (!plan_.lookahead_capped.empty()) spdlog::warn("{}", plan_.lookahead_capped);
+  if (plan_.dial) {
+    const uint64_t avail = mem_available_bytes();
+    KTIER_ASSIGN_OR_RETURN(std::optional<DialPlan> here,
+                           fit_dial_to_memory(ckpt_, pack_ ? &*pack_ : nullptr, plan_,
+                                              pool_->size(), avail));
+    if (here) {
+      const DialPlan& asked = *plan_.dial;
+      spdlog::warn("budget lowered from {} to {}{} ({} available): {} trunk layers pinned "
+                   "instead of {}, {} expert slots instead of {}; the output is the same",
+                   asked.budget == UINT64_MAX ? std::string("max") : format_size(asked.budget),
+                   format_size(here->budget),
+                   here->budget > avail / 10 * 9 ? ", the minimum" : ", 90% of MemAvailable",
+                   format_size(avail), here->trunk.layers_pinned, asked.trunk.layers_pinned,
+                   here->expert_slots, asked.expert_slots);
+      plan_.budget = here->budget;
+      plan_.dial = std::move(here);
+    }
+  }
   if (!plan_.device) return Status::ok();
   const DevicePlan& d = *plan_.device;
   if (requested.emulate_device) backend_ = backend::make_emulated_device_backend(exec_, d.vram);

@@ -1,6 +1,7 @@
 #include "runtime/engine_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -24,6 +25,14 @@ MemInfo read_meminfo() {
   while (in >> key >> kb >> unit) {
     if (key == "MemTotal:") m.total = kb * 1024;
     if (key == "MemAvailable:") m.available = kb * 1024;
+  }
+  // A smaller machine, for tests and for trying the caps that MemAvailable sets.
+  if (const char* mib = std::getenv("KTIER_DEBUG_MEM_AVAILABLE_MIB"); mib && *mib) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(mib, &end, 10);
+    KTIER_CHECK_MSG(*end == '\0' && v > 0 && v < (1ull << 40),
+                    "KTIER_DEBUG_MEM_AVAILABLE_MIB must be a positive number of MiB");
+    m.available = static_cast<uint64_t>(v) << 20;
   }
   return m;
 }
@@ -201,6 +210,23 @@ uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkP
                               int lookahead, int threads,
                               const EngineOptions::Workload& sequence) {
   return dial_minimum(ckpt, pack, lookahead, threads, /*host_routers=*/true, &sequence).total();
+}
+
+Result<std::optional<DialPlan>> fit_dial_to_memory(const format::Checkpoint& ckpt,
+                                                   const pack::TrunkPack* pack,
+                                                   const EnginePlan& plan, int threads,
+                                                   uint64_t mem_available) {
+  if (!plan.dial || mem_available == 0) return std::optional<DialPlan>();
+  const DialPlan& d = *plan.dial;
+  const uint64_t room = mem_available / 10 * 9;
+  if (d.held() <= room) return std::optional<DialPlan>();
+  // The minimum is the plan's (its lookahead kept): plan_dial never refuses it.
+  const uint64_t budget = std::max(room, d.minimum.total());
+  if (budget >= d.budget) return std::optional<DialPlan>();
+  KTIER_ASSIGN_OR_RETURN(DialPlan here,
+                         plan_dial(ckpt, pack, plan.opts, budget, threads,
+                                   plan.device ? &*plan.device : nullptr));
+  return std::optional<DialPlan>(std::move(here));
 }
 
 int64_t capped_expert_slots(const DialPlan& plan, uint64_t mem_available) {

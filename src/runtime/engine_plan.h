@@ -121,6 +121,7 @@ Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::Tr
 Result<uint64_t> preset_budget_bytes(const std::string& name);
 
 // MemTotal and MemAvailable from /proc/meminfo in bytes; 0 for what cannot be read.
+// KTIER_DEBUG_MEM_AVAILABLE_MIB (debugging and tests) replaces MemAvailable.
 struct MemInfo {
   uint64_t total = 0, available = 0;
 };
@@ -253,6 +254,18 @@ struct EnginePlan {
   // line and a plan note. Empty otherwise.
   std::string device_fallback;
 };
+// The dial's plan on a machine with `mem_available` bytes free (MemAvailable; 0: unknown) when
+// `plan`'s does not fit there: plan_dial again at a budget of 90% of it (the plan's minimum
+// where that is less), so the trunk pins fewer layers and the expert tier gets fewer slots. The
+// pinned layers are read and the expert tier faulted in when the engine opens: a budget past
+// the machine's memory (`max`, a preset or --ram for a bigger one) would end in the OOM killer.
+// Only the speed changes, never the output. nullopt where what the plan holds fits in 90% of
+// `mem_available` (or without the dial). Errors: plan_dial's (none expected: its minimum is met).
+Result<std::optional<DialPlan>> fit_dial_to_memory(const format::Checkpoint& ckpt,
+                                                   const pack::TrunkPack* pack,
+                                                   const EnginePlan& plan, int threads,
+                                                   uint64_t mem_available);
+
 // `threads`: the engine's (plan_dial); `gpu`: the CUDA backend in GPU mode, asked for its free
 // memory (gpu_vram_bytes) and whether it runs cuBLAS; null on the CPU and the emulated device
 // (sized by --vram alone). Errors: those of dial_budget_bytes, Backend::free_memory,

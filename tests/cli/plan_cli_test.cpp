@@ -101,6 +101,64 @@ TEST_F(RunEvalCli, PlanHoldsWhatTheRunHoldsAtEveryBudget) {
   EXPECT_TRUE(streamed && all_pinned) << "the budgets should span streamed and pinned trunks";
 }
 
+// A budget past what the machine has free (here `max`, with KTIER_DEBUG_MEM_AVAILABLE_MIB
+// standing in for a smaller machine) is lowered to 90% of MemAvailable before anything is read:
+// the run pins fewer layers, as `plan` said it would and as `plan --ram` at that budget places
+// them, and its ids are those of the run that pinned everything. Where 90% is below the
+// minimum, the minimum.
+TEST_F(RunEvalCli, ABudgetPastTheMachinesMemoryIsLoweredToFitIt) {
+  const std::string common = " -c 40";
+  const fs::path json = dir_.string() + "-fit.json";
+  ASSERT_EQ(run_process(ktier() + " plan" + model() + common + " --preset max --json " +
+                        json.string()).exit_code, 0);
+  const nlohmann::json all = read_json(json).at("dial");
+  const uint64_t minimum = all.at("minimum_bytes"), trunk = all.at("trunk_bytes");
+  // A whole number of MiB whose 90% is the minimum and about half the trunk's layers.
+  const uint64_t mib = ((minimum + trunk / 2) * 10 / 9 >> 20) + 1;
+  const uint64_t room = (mib << 20) / 10 * 9;
+  ASSERT_TRUE(minimum < room && room < minimum + trunk) << minimum << " " << room;
+  const std::string small = "KTIER_DEBUG_MEM_AVAILABLE_MIB=" + std::to_string(mib) + " ";
+  const ProcessResult plan = run_process(small + ktier() + " plan" + model() + common +
+                                         " --preset max --json " + json.string());
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("a run here would lower the budget to"), std::string::npos) << plan.out;
+  const nlohmann::json here = read_json(json).at("dial");
+  EXPECT_EQ(here.at("budget_bytes_here").get<uint64_t>(), room);
+  EXPECT_EQ(here.at("trunk_layers_pinned"), all.at("trunk_layers_pinned"));  // as asked
+  const int pinned_here = here.at("trunk_layers_pinned_here");
+  EXPECT_LT(pinned_here, all.at("trunk_layers_pinned").get<int>());
+  ASSERT_EQ(run_process(ktier() + " plan" + model() + common + " --ram " + std::to_string(room) +
+                        " --json " + json.string()).exit_code, 0);
+  const nlohmann::json at_room = read_json(json).at("dial");
+  EXPECT_EQ(at_room.at("trunk_layers_pinned"), pinned_here);
+  EXPECT_EQ(at_room.at("ram_expert_slots"), here.at("ram_expert_slots_here"));
+  EXPECT_LE(at_room.at("held_bytes").get<uint64_t>(), room);
+
+  const std::string args = " --ids " + prompt_ids() + " -n 8 --temp 0 --print-ids" + common;
+  const ProcessResult want = run_process(ktier() + " run" + model() + args + " --preset max");
+  ASSERT_EQ(want.exit_code, 0) << want.err;
+  const fs::path report = dir_.string() + "-fit-report.json";
+  const ProcessResult lowered = run_process(small + ktier() + " run" + model() + args +
+                                            " --preset max --report-json " + report.string());
+  ASSERT_EQ(lowered.exit_code, 0) << lowered.err;
+  EXPECT_EQ(lowered.out, want.out);
+  EXPECT_NE(lowered.err.find("budget lowered from max to"), std::string::npos) << lowered.err;
+  const nlohmann::json j = read_json(report);
+  EXPECT_EQ(j.at("budget_bytes").get<uint64_t>(), room);
+  EXPECT_EQ(j.at("trunk_layers_pinned"), pinned_here);
+  EXPECT_EQ(j.at("tiers").at("ram").at("slots"), here.at("ram_expert_slots_here"));
+
+  // 1 MiB: 90% of it is below the minimum, which the run then holds.
+  const ProcessResult least = run_process("KTIER_DEBUG_MEM_AVAILABLE_MIB=1 " + ktier() + " run" +
+                                          model() + args + " --ram 64M --report-json " +
+                                          report.string());
+  ASSERT_EQ(least.exit_code, 0) << least.err;
+  EXPECT_EQ(least.out, want.out);
+  EXPECT_NE(least.err.find("budget lowered from 64.00 MiB to"), std::string::npos) << least.err;
+  EXPECT_NE(least.err.find(", the minimum"), std::string::npos) << least.err;
+  EXPECT_EQ(read_json(report).at("budget_bytes").get<uint64_t>(), minimum);
+}
+
 // GPU mode's placement on the emulated device: the device's working set, resident layers and
 // VRAM slots, and the host's pinned suffix and what it reads from disk (with the ring freed
 // when it pins every layer the device streams).
