@@ -239,14 +239,15 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
   sub->add_option("--ram", a.ram,
                   "Memory budget (e.g. 8G = 8 GiB, 512M, 8GB = 8e9 bytes) for the trunk and the "
                   "expert RAM tier: a prefix of layers is pinned, the rest streams; below the "
-                  "minimum the run is refused (exit 4), past 90% of MemAvailable lowered to it "
-                  "(a warning). Without --pack streamed layers are read from the shards; GPU "
-                  "mode always has one (default there: --preset auto)");
+                  "minimum the run is refused (exit 4); a plan holding more than 90% of "
+                  "MemAvailable is made again to fit (a warning). Without --pack streamed layers "
+                  "are read from the shards; GPU mode always has one (default there: --preset "
+                  "auto)");
   auto* preset = sub->add_option(
       "--preset", a.preset,
       "Memory budget by name: laptop (8G), desktop (32G), workstation (96G), server (128G), max "
-      "(everything), auto (55% of MemTotal, at most MemAvailable - 2 GiB); as with --ram, a plan "
-      "holding more than 90% of MemAvailable is lowered to it (a warning)");
+      "(everything), auto (55% of MemTotal, at most MemAvailable - 2 GiB and 90% of it); as with "
+      "--ram, a plan holding more than 90% of MemAvailable is made again to fit (a warning)");
   preset->excludes(sub->get_option("--ram"));
   sub->add_option("--io", a.io, "Read engine with --pack/--ram/--preset: auto, uring or pread")
       ->capture_default_str();

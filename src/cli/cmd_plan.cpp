@@ -49,10 +49,9 @@ struct Plan {
   // Without the dial: the trunk layers' bytes in the shards (what the kernel pages in for
   // them), and the sequence's working set.
   uint64_t mapped_layers = 0, mapped_sequence = 0;
-  // The dial a run on this machine would open now (fit_dial_to_memory: where the plan's does
-  // not fit in 90% of MemAvailable), and its RAM tier's slots (capped_expert_slots).
-  std::optional<runtime::DialPlan> here;
-  uint64_t ram_slots_here = 0;
+  // The plan a run on this machine would open now, where `engine` does not fit in 90% of
+  // MemAvailable (fit_plan_to_memory).
+  std::optional<runtime::EnginePlan> here;
   uint64_t mem_available = 0;  // MemAvailable when the plan was made (0: unknown)
   // The layers the host serves (all, or in GPU mode those the device streams) and of those the
   // ones read from disk every token (not pinned).
@@ -108,12 +107,8 @@ Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk
     return out;
   }
   out.from_disk = out.host_layers - p.dial->trunk.layers_pinned;
-  const uint64_t avail = out.mem_available;
-  KTIER_ASSIGN_OR_RETURN(out.here, runtime::fit_dial_to_memory(ckpt, pk, p, threads, avail));
-  const runtime::DialPlan& here = out.here ? *out.here : *p.dial;
-  out.ram_slots_here = static_cast<uint64_t>(here.expert_slots);
-  if (avail > 0 && here.expert_slots)
-    out.ram_slots_here = runtime::capped_expert_slots(here, avail);
+  KTIER_ASSIGN_OR_RETURN(out.here, runtime::fit_plan_to_memory(ckpt, pk, eo, p, threads,
+                                                               gpu.get(), out.mem_available));
   return out;
 }
 
@@ -139,6 +134,7 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
     j["mapped"] = {{"trunk_layer_bytes", p.mapped_layers}, {"sequence_bytes", p.mapped_sequence}};
   } else {
     const runtime::DialPlan& d = *p.engine.dial;
+    const runtime::DialPlan& here = p.here ? *p.here->dial : d;  // what a run here opens
     j["dial"] = {
         {"budget_bytes", d.budget},
         {"minimum_bytes", d.minimum.total()},
@@ -161,10 +157,10 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
         {"ram_expert_slots", d.expert_slots},
         {"ram_expert_policy_slots", d.expert_slots - d.expert_batch},
         {"ram_expert_slot_bytes", d.expert_slot_bytes},
-        {"ram_expert_slots_here", p.ram_slots_here},
-        {"budget_bytes_here", p.here ? p.here->budget : d.budget},
-        {"trunk_layers_pinned_here",
-         p.here ? p.here->trunk.layers_pinned : d.trunk.layers_pinned},
+        {"ram_expert_slots_here", here.expert_slots},
+        {"budget_bytes_here", here.budget},
+        {"trunk_layers_pinned_here", here.trunk.layers_pinned},
+        {"lookahead_here", p.here ? p.here->lookahead : p.engine.lookahead},
         {"expert_keys", d.expert_keys},
         {"held_bytes", d.held()}};
   }
@@ -281,20 +277,12 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
                    " kept: " + of_experts(kept) + "; " + std::to_string(d.expert_batch) +
                    " for one fetch); policy " + std::string(strata::policy_name(eo.policy)) +
                    ", lookahead " + std::to_string(p.engine.lookahead));
-    if (!p.here && p.ram_slots_here < static_cast<uint64_t>(d.expert_slots))
-      out += "  note: this machine has " + format_size(p.mem_available) +
-             " available now: a run here would cap the RAM tier at " +
-             std::to_string(p.ram_slots_here) + " slots (90% of MemAvailable)\n";
   }
   out += "  held         " + format_size(d.held()) +
          (d.budget == UINT64_MAX ? std::string() : " of " + format_size(d.budget)) + "\n";
   if (p.here)
-    out += "  note: this machine has " + format_size(p.mem_available) +
-           " available now: a run here would lower the budget to " +
-           format_size(p.here->budget) +
-           (p.here->budget == d.minimum.total() ? " (the minimum)" : " (90% of MemAvailable)") +
-           ", pinning " + std::to_string(p.here->trunk.layers_pinned) + " trunk layers with " +
-           std::to_string(p.ram_slots_here) + " expert RAM slots; the output is the same\n";
+    out += "  note: a run on this machine now: " +
+           runtime::lowered_budget_note(p.engine, *p.here, p.mem_available) + "\n";
   return out;
 }
 

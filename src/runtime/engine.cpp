@@ -39,30 +39,22 @@ Status Engine::open_plan(const EngineOptions& requested) {
   }
   KTIER_ASSIGN_OR_RETURN(plan_, plan_engine(ckpt_, pack_ ? &*pack_ : nullptr, requested,
                                             pool_->size(), backend_.get()));
+  // On a machine with less memory than the plan holds, a plan that fits (a warning).
+  if (const uint64_t avail = mem_available_bytes(); plan_.dial) {
+    KTIER_ASSIGN_OR_RETURN(std::optional<EnginePlan> here,
+                           fit_plan_to_memory(ckpt_, pack_ ? &*pack_ : nullptr, requested, plan_,
+                                              pool_->size(), backend_.get(), avail));
+    if (here) {
+      spdlog::warn("{}", lowered_budget_note(plan_, *here, avail));
+      plan_ = std::move(*here);
+    }
+  }
   if (!plan_.device_fallback.empty()) {
     spdlog::warn("device: {}", plan_.device_fallback);
     backend_.reset();  // the CPU backend is made with the model
   }
   if (!plan_.lookahead_lowered.empty()) spdlog::warn("{}", plan_.lookahead_lowered);
   if (!plan_.lookahead_capped.empty()) spdlog::warn("{}", plan_.lookahead_capped);
-  if (plan_.dial) {
-    const uint64_t avail = mem_available_bytes();
-    KTIER_ASSIGN_OR_RETURN(std::optional<DialPlan> here,
-                           fit_dial_to_memory(ckpt_, pack_ ? &*pack_ : nullptr, plan_,
-                                              pool_->size(), avail));
-    if (here) {
-      const DialPlan& asked = *plan_.dial;
-      spdlog::warn("budget lowered from {} to {}{} ({} available): {} trunk layers pinned "
-                   "instead of {}, {} expert slots instead of {}; the output is the same",
-                   asked.budget == UINT64_MAX ? std::string("max") : format_size(asked.budget),
-                   format_size(here->budget),
-                   here->budget > avail / 10 * 9 ? ", the minimum" : ", 90% of MemAvailable",
-                   format_size(avail), here->trunk.layers_pinned, asked.trunk.layers_pinned,
-                   here->expert_slots, asked.expert_slots);
-      plan_.budget = here->budget;
-      plan_.dial = std::move(here);
-    }
-  }
   if (!plan_.device) return Status::ok();
   const DevicePlan& d = *plan_.device;
   if (requested.emulate_device) backend_ = backend::make_emulated_device_backend(exec_, d.vram);

@@ -117,7 +117,8 @@ Result<uint64_t> preset_budget_bytes(const std::string& name) {
     const auto [total, avail] = read_meminfo();
     if (total == 0 || avail == 0)
       return Status::usage("--preset auto: cannot read MemTotal/MemAvailable from /proc/meminfo");
-    const uint64_t cap = avail > 2 * G ? avail - 2 * G : avail / 2;
+    // Within what a run keeps (90% of MemAvailable: fit_plan_to_memory) on large machines too.
+    const uint64_t cap = std::min(avail > 2 * G ? avail - 2 * G : avail / 2, avail / 10 * 9);
     return std::min<uint64_t>(total / 100 * 55, cap);
   }
   return Status::usage("--preset: '" + name +
@@ -210,23 +211,6 @@ uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkP
                               int lookahead, int threads,
                               const EngineOptions::Workload& sequence) {
   return dial_minimum(ckpt, pack, lookahead, threads, /*host_routers=*/true, &sequence).total();
-}
-
-Result<std::optional<DialPlan>> fit_dial_to_memory(const format::Checkpoint& ckpt,
-                                                   const pack::TrunkPack* pack,
-                                                   const EnginePlan& plan, int threads,
-                                                   uint64_t mem_available) {
-  if (!plan.dial || mem_available == 0) return std::optional<DialPlan>();
-  const DialPlan& d = *plan.dial;
-  const uint64_t room = mem_available / 10 * 9;
-  if (d.held() <= room) return std::optional<DialPlan>();
-  // The minimum is the plan's (its lookahead kept): plan_dial never refuses it.
-  const uint64_t budget = std::max(room, d.minimum.total());
-  if (budget >= d.budget) return std::optional<DialPlan>();
-  KTIER_ASSIGN_OR_RETURN(DialPlan here,
-                         plan_dial(ckpt, pack, plan.opts, budget, threads,
-                                   plan.device ? &*plan.device : nullptr));
-  return std::optional<DialPlan>(std::move(here));
 }
 
 int64_t capped_expert_slots(const DialPlan& plan, uint64_t mem_available) {
@@ -504,6 +488,62 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
     KTIER_ASSIGN_OR_RETURN(p.dial, std::move(planned));
   }
   return p;
+}
+
+uint64_t DialPlan::held_at_open() const {
+  // The store holds its ring and the head record until the device's mirror is made (GPU mode),
+  // beside the routers; the expert tier opens after they are freed.
+  return std::max(held(), trunk.bytes_held + router_bytes + minimum.sequence);
+}
+
+Result<std::optional<EnginePlan>> fit_plan_to_memory(const format::Checkpoint& ckpt,
+                                                     const pack::TrunkPack* pack,
+                                                     const EngineOptions& requested,
+                                                     const EnginePlan& plan, int threads,
+                                                     backend::Backend* gpu,
+                                                     uint64_t mem_available) {
+  if (!plan.dial || mem_available == 0) return std::optional<EnginePlan>();
+  const uint64_t room = mem_available / 10 * 9;
+  if (plan.dial->held_at_open() <= room) return std::optional<EnginePlan>();
+  // The whole plan again at `room`: automatic lookahead goes off where it no longer fits.
+  EngineOptions at = requested;
+  at.ram_budget = room;
+  Result<EnginePlan> fits = plan_engine(ckpt, pack, at, threads, gpu);
+  if (!fits.is_ok() && fits.status().code() != ExitCode::kBudget) return fits.status();
+  if (!fits.is_ok()) {
+    // Below every minimum: the least a run needs (without lookahead, unless it was given).
+    if (!requested.lookahead) at.lookahead = 0;
+    at.ram_budget = UINT64_MAX;
+    KTIER_ASSIGN_OR_RETURN(const EnginePlan everything, plan_engine(ckpt, pack, at, threads, gpu));
+    at.ram_budget = everything.dial->minimum.total();
+    fits = plan_engine(ckpt, pack, at, threads, gpu);
+  }
+  KTIER_RETURN_IF_ERROR(fits.status());
+  if (fits->budget >= plan.budget) return std::optional<EnginePlan>();
+  return std::optional<EnginePlan>(std::move(*fits));
+}
+
+std::string lowered_budget_note(const EnginePlan& asked, const EnginePlan& here,
+                                uint64_t mem_available) {
+  KTIER_CHECK(asked.dial && here.dial);
+  const DialPlan &a = *asked.dial, &h = *here.dial;
+  const uint64_t room = mem_available / 10 * 9;
+  std::string note = "budget lowered from " +
+                     (a.budget == UINT64_MAX ? std::string("max") : format_size(a.budget)) +
+                     " to " + format_size(h.budget);
+  if (h.budget <= room)
+    note += ", 90% of MemAvailable (" + format_size(mem_available) + ")";
+  else
+    note += ", the least a run needs: 90% of MemAvailable (" + format_size(mem_available) +
+            ") is below it" +
+            (h.held_at_open() > mem_available ? ", and so is MemAvailable itself" : "");
+  note += ": " + std::to_string(h.trunk.layers_pinned) + " trunk layers pinned instead of " +
+          std::to_string(a.trunk.layers_pinned) + ", " + std::to_string(h.expert_slots) +
+          " expert slots instead of " + std::to_string(a.expert_slots);
+  if (here.lookahead != asked.lookahead)
+    note += ", lookahead " + std::to_string(here.lookahead) + " instead of " +
+            std::to_string(asked.lookahead);
+  return note + "; the output is the same";
 }
 
 }  // namespace ktier::runtime

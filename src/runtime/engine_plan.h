@@ -117,7 +117,8 @@ Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::Tr
 
 // Budget of a named preset (K3 scale; DESIGN.md §4, docs/TUNING.md): laptop 8G, desktop 32G,
 // workstation 96G, server 128G, max (everything), auto (55 % of MemTotal, at most MemAvailable
-// less 2 GiB). Status::usage for another name or when /proc/meminfo cannot be read for auto.
+// less 2 GiB and 90 % of it). Status::usage for another name or when /proc/meminfo cannot be
+// read for auto.
 Result<uint64_t> preset_budget_bytes(const std::string& name);
 
 // MemTotal and MemAvailable from /proc/meminfo in bytes; 0 for what cannot be read.
@@ -216,6 +217,9 @@ struct DialPlan {
   }
   // The TrunkStore's bytes once the engine is open (TrunkStoreStats::bytes_allocated).
   uint64_t trunk_held() const { return trunk.bytes_held - ring_released - head_released; }
+  // The most held at once while the engine opens: held(), or before GPU mode frees the ring
+  // and the head record, the whole store with the routers and the sequence.
+  uint64_t held_at_open() const;
 };
 // The RAM tier's slots a run opens on a machine with `mem_available` bytes free: the plan's,
 // capped at 90% of it less the sequence (the tier is faulted in at start: a budget above
@@ -254,18 +258,6 @@ struct EnginePlan {
   // line and a plan note. Empty otherwise.
   std::string device_fallback;
 };
-// The dial's plan on a machine with `mem_available` bytes free (MemAvailable; 0: unknown) when
-// `plan`'s does not fit there: plan_dial again at a budget of 90% of it (the plan's minimum
-// where that is less), so the trunk pins fewer layers and the expert tier gets fewer slots. The
-// pinned layers are read and the expert tier faulted in when the engine opens: a budget past
-// the machine's memory (`max`, a preset or --ram for a bigger one) would end in the OOM killer.
-// Only the speed changes, never the output. nullopt where what the plan holds fits in 90% of
-// `mem_available` (or without the dial). Errors: plan_dial's (none expected: its minimum is met).
-Result<std::optional<DialPlan>> fit_dial_to_memory(const format::Checkpoint& ckpt,
-                                                   const pack::TrunkPack* pack,
-                                                   const EnginePlan& plan, int threads,
-                                                   uint64_t mem_available);
-
 // `threads`: the engine's (plan_dial); `gpu`: the CUDA backend in GPU mode, asked for its free
 // memory (gpu_vram_bytes) and whether it runs cuBLAS; null on the CPU and the emulated device
 // (sized by --vram alone). Errors: those of dial_budget_bytes, Backend::free_memory,
@@ -273,5 +265,24 @@ Result<std::optional<DialPlan>> fit_dial_to_memory(const format::Checkpoint& ckp
 Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                                const EngineOptions& requested, int threads,
                                backend::Backend* gpu);
+
+// What a run on a machine with `mem_available` bytes free (MemAvailable; 0: unknown) opens
+// instead of `plan` (plan_engine's for `requested`, same `threads` and `gpu`) when what `plan`
+// holds at open (DialPlan::held_at_open) is more than 90% of it: plan_engine at a --ram of 90%
+// of it (automatic lookahead off where it no longer fits), or where that is below every minimum
+// at the least a run needs (lookahead 0 unless given). The pinned layers are read and the
+// expert tier faulted in when the engine opens: a budget past the machine's memory (`max`, a
+// preset or --ram for a bigger one) would end in the OOM killer. Only the speed changes, never
+// the output. nullopt where `plan` fits (or has no dial). Errors: plan_engine's.
+Result<std::optional<EnginePlan>> fit_plan_to_memory(const format::Checkpoint& ckpt,
+                                                     const pack::TrunkPack* pack,
+                                                     const EngineOptions& requested,
+                                                     const EnginePlan& plan, int threads,
+                                                     backend::Backend* gpu,
+                                                     uint64_t mem_available);
+// The warning (run) and note (plan) for `here` replacing `asked` on a machine with
+// `mem_available` bytes free: the budgets, why, and the layers, slots and lookahead changed.
+std::string lowered_budget_note(const EnginePlan& asked, const EnginePlan& here,
+                                uint64_t mem_available);
 
 }  // namespace ktier::runtime

@@ -101,62 +101,105 @@ TEST_F(RunEvalCli, PlanHoldsWhatTheRunHoldsAtEveryBudget) {
   EXPECT_TRUE(streamed && all_pinned) << "the budgets should span streamed and pinned trunks";
 }
 
-// A budget past what the machine has free (here `max`, with KTIER_DEBUG_MEM_AVAILABLE_MIB
-// standing in for a smaller machine) is lowered to 90% of MemAvailable before anything is read:
-// the run pins fewer layers, as `plan` said it would and as `plan --ram` at that budget places
-// them, and its ids are those of the run that pinned everything. Where 90% is below the
-// minimum, the minimum.
+// A plan holding more than the machine has free (here `max`, with KTIER_DEBUG_MEM_AVAILABLE_MIB
+// standing in for a smaller machine) is made again at 90% of MemAvailable before anything is
+// read: the run pins fewer layers, as `plan` said it would and as `plan --ram` at that budget
+// places them, and its ids are those of the run that pinned everything; on the emulated device
+// too (the host pins the layers it streams). A budget above 90% whose plan fits is kept. Below
+// every minimum, the least a run needs (automatic lookahead off).
 TEST_F(RunEvalCli, ABudgetPastTheMachinesMemoryIsLoweredToFitIt) {
-  const std::string common = " -c 40";
-  const fs::path json = dir_.string() + "-fit.json";
-  ASSERT_EQ(run_process(ktier() + " plan" + model() + common + " --preset max --json " +
-                        json.string()).exit_code, 0);
-  const nlohmann::json all = read_json(json).at("dial");
-  const uint64_t minimum = all.at("minimum_bytes"), trunk = all.at("trunk_bytes");
-  // A whole number of MiB whose 90% is the minimum and about half the trunk's layers.
-  const uint64_t mib = ((minimum + trunk / 2) * 10 / 9 >> 20) + 1;
-  const uint64_t room = (mib << 20) / 10 * 9;
-  ASSERT_TRUE(minimum < room && room < minimum + trunk) << minimum << " " << room;
-  const std::string small = "KTIER_DEBUG_MEM_AVAILABLE_MIB=" + std::to_string(mib) + " ";
-  const ProcessResult plan = run_process(small + ktier() + " plan" + model() + common +
-                                         " --preset max --json " + json.string());
-  ASSERT_EQ(plan.exit_code, 0) << plan.err;
-  EXPECT_NE(plan.out.find("a run here would lower the budget to"), std::string::npos) << plan.out;
-  const nlohmann::json here = read_json(json).at("dial");
-  EXPECT_EQ(here.at("budget_bytes_here").get<uint64_t>(), room);
-  EXPECT_EQ(here.at("trunk_layers_pinned"), all.at("trunk_layers_pinned"));  // as asked
-  const int pinned_here = here.at("trunk_layers_pinned_here");
-  EXPECT_LT(pinned_here, all.at("trunk_layers_pinned").get<int>());
-  ASSERT_EQ(run_process(ktier() + " plan" + model() + common + " --ram " + std::to_string(room) +
-                        " --json " + json.string()).exit_code, 0);
-  const nlohmann::json at_room = read_json(json).at("dial");
-  EXPECT_EQ(at_room.at("trunk_layers_pinned"), pinned_here);
-  EXPECT_EQ(at_room.at("ram_expert_slots"), here.at("ram_expert_slots_here"));
-  EXPECT_LE(at_room.at("held_bytes").get<uint64_t>(), room);
-
-  const std::string args = " --ids " + prompt_ids() + " -n 8 --temp 0 --print-ids" + common;
-  const ProcessResult want = run_process(ktier() + " run" + model() + args + " --preset max");
+  const fs::path json = dir_.string() + "-fit.json", report = dir_.string() + "-fit-report.json";
+  const auto plan_dial = [&](const std::string& env, const std::string& flags) {
+    const ProcessResult r =
+        run_process(env + ktier() + " plan" + model() + flags + " --json " + json.string());
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.err;
+    return r.exit_code == 0 ? read_json(json).at("dial") : nlohmann::json();
+  };
+  const auto mem = [](uint64_t mib) {
+    return "KTIER_DEBUG_MEM_AVAILABLE_MIB=" + std::to_string(mib) + " ";
+  };
+  const std::string ids = " --ids " + prompt_ids() + " -n 8 --temp 0 --print-ids -c 40";
+  const ProcessResult want = run_process(ktier() + " run" + model() + ids + " --preset max");
   ASSERT_EQ(want.exit_code, 0) << want.err;
-  const fs::path report = dir_.string() + "-fit-report.json";
-  const ProcessResult lowered = run_process(small + ktier() + " run" + model() + args +
-                                            " --preset max --report-json " + report.string());
-  ASSERT_EQ(lowered.exit_code, 0) << lowered.err;
-  EXPECT_EQ(lowered.out, want.out);
-  EXPECT_NE(lowered.err.find("budget lowered from max to"), std::string::npos) << lowered.err;
-  const nlohmann::json j = read_json(report);
-  EXPECT_EQ(j.at("budget_bytes").get<uint64_t>(), room);
-  EXPECT_EQ(j.at("trunk_layers_pinned"), pinned_here);
-  EXPECT_EQ(j.at("tiers").at("ram").at("slots"), here.at("ram_expert_slots_here"));
+  int lowered_runs = 0;
+  for (const std::string& device : {std::string(), std::string(" --device emulated --vram ")}) {
+    std::string common = " -c 40";
+    if (!device.empty()) {  // the device holds about half the trunk
+      const ProcessResult r = run_process(ktier() + " plan" + model() + common + device +
+                                          "64M --preset max --json " + json.string());
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const nlohmann::json d = read_json(json).at("device");
+      const uint64_t vram = d.at("trunk_bytes").get<uint64_t>() / 2 +
+                            d.at("working_set_bytes").get<uint64_t>() +
+                            d.at("vram_expert_min_slots").get<uint64_t>() *
+                                d.at("vram_expert_slot_bytes").get<uint64_t>();
+      common += device + std::to_string(vram);
+    }
+    SCOPED_TRACE(common);
+    const nlohmann::json all = plan_dial("", common + " --preset max");
+    ASSERT_FALSE(all.is_null());
+    const uint64_t minimum = all.at("minimum_bytes"), held = all.at("held_bytes");
+    // A whole number of MiB whose 90% lies halfway between the minimum and what is held.
+    const uint64_t mib = ((minimum + held) / 2 * 10 / 9 >> 20) + 1;
+    const uint64_t room = (mib << 20) / 10 * 9;
+    ASSERT_TRUE(minimum < room && room < held) << minimum << " " << room << " " << held;
+    const nlohmann::json here = plan_dial(mem(mib), common + " --preset max");
+    ASSERT_FALSE(here.is_null());
+    EXPECT_EQ(here.at("budget_bytes"), all.at("budget_bytes"));  // the plan as asked, and
+    EXPECT_EQ(here.at("budget_bytes_here").get<uint64_t>(), room);  // what a run here opens
+    const nlohmann::json at_room = plan_dial("", common + " --ram " + std::to_string(room));
+    ASSERT_FALSE(at_room.is_null());
+    EXPECT_EQ(here.at("trunk_layers_pinned_here"), at_room.at("trunk_layers_pinned"));
+    EXPECT_EQ(here.at("ram_expert_slots_here"), at_room.at("ram_expert_slots"));
+    EXPECT_LE(at_room.at("held_bytes").get<uint64_t>(), room);
+    const auto placed = [](const nlohmann::json& d) {  // fewer of either at the lower budget
+      return d.at("ram_expert_slots").get<int>() + d.at("trunk_layers_pinned").get<int>();
+    };
+    EXPECT_LT(placed(at_room), placed(all));
 
-  // 1 MiB: 90% of it is below the minimum, which the run then holds.
-  const ProcessResult least = run_process("KTIER_DEBUG_MEM_AVAILABLE_MIB=1 " + ktier() + " run" +
-                                          model() + args + " --ram 64M --report-json " +
-                                          report.string());
-  ASSERT_EQ(least.exit_code, 0) << least.err;
-  EXPECT_EQ(least.out, want.out);
-  EXPECT_NE(least.err.find("budget lowered from 64.00 MiB to"), std::string::npos) << least.err;
-  EXPECT_NE(least.err.find(", the minimum"), std::string::npos) << least.err;
-  EXPECT_EQ(read_json(report).at("budget_bytes").get<uint64_t>(), minimum);
+    const ProcessResult lowered = run_process(mem(mib) + ktier() + " run" + model() + ids +
+                                              common + " --preset max --report-json " +
+                                              report.string());
+    ASSERT_EQ(lowered.exit_code, 0) << lowered.err;
+    EXPECT_EQ(lowered.out, want.out);
+    EXPECT_NE(lowered.err.find("budget lowered from max to " + format_size(room) +
+                               ", 90% of MemAvailable"),
+              std::string::npos)
+        << lowered.err;
+    const nlohmann::json j = read_json(report);
+    EXPECT_EQ(j.at("budget_bytes").get<uint64_t>(), room);
+    EXPECT_EQ(j.at("trunk_layers_pinned"), at_room.at("trunk_layers_pinned"));
+    EXPECT_EQ(j.at("tiers").at("ram").at("slots"), at_room.at("ram_expert_slots"));
+    ++lowered_runs;
+
+    // Everything held fits in 90% of a little more: --ram 64M is kept.
+    const uint64_t roomy = (held * 10 / 9 >> 20) + 1;
+    const ProcessResult kept = run_process(mem(roomy) + ktier() + " run" + model() + ids +
+                                           common + " --ram 64M --report-json " +
+                                           report.string());
+    ASSERT_EQ(kept.exit_code, 0) << kept.err;
+    EXPECT_EQ(kept.err.find("budget lowered"), std::string::npos) << kept.err;
+    EXPECT_EQ(read_json(report).at("budget_bytes").get<uint64_t>(), uint64_t{64} << 20);
+  }
+  EXPECT_EQ(lowered_runs, 2);
+
+  // 1 MiB: 90% of it is below every minimum; the run holds the least it needs, without
+  // lookahead (automatic), and says so.
+  const nlohmann::json least = plan_dial("", " -c 40 --lookahead 0 --preset max");
+  ASSERT_FALSE(least.is_null());
+  const ProcessResult tight = run_process(mem(1) + ktier() + " run" + model() + ids +
+                                          " --ram 64M --report-json " + report.string());
+  ASSERT_EQ(tight.exit_code, 0) << tight.err;
+  EXPECT_EQ(tight.out, want.out);
+  EXPECT_NE(tight.err.find("budget lowered from 64.00 MiB to " +
+                           format_size(least.at("minimum_bytes").get<uint64_t>()) +
+                           ", the least a run needs"),
+            std::string::npos)
+      << tight.err;
+  EXPECT_NE(tight.err.find("lookahead 0 instead of 1"), std::string::npos) << tight.err;
+  const nlohmann::json j = read_json(report);
+  EXPECT_EQ(j.at("budget_bytes"), least.at("minimum_bytes"));
+  EXPECT_EQ(j.at("lookahead"), 0);
 }
 
 // GPU mode's placement on the emulated device: the device's working set, resident layers and
