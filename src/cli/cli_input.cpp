@@ -77,6 +77,12 @@ Result<std::string> read_input(const std::string& file) {
   return text;
 }
 
+Result<std::string> read_prompt_file(const std::string& file) {
+  KTIER_ASSIGN_OR_RETURN(std::string text, read_input(file));
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
 Result<std::optional<std::string>> StdinLines::next(int wake_fd) {
   size_t scanned = 0;  // bytes of buffer_ already known to hold no newline
   while (true) {

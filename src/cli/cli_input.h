@@ -29,6 +29,9 @@ inline constexpr size_t kMaxInputBytes = size_t{256} << 20;
 // The whole content of `file` ("-" = standard input). Status::usage when it cannot be opened, is
 // a directory, or holds more than kMaxInputBytes; Status::runtime on a read error (errno named).
 Result<std::string> read_input(const std::string& file);
+// A prompt file (`run -f`, `perplexity -f`): read_input's text less one final '\n', as
+// llama.cpp's -f reads one (an editor's last newline is not part of the prompt).
+Result<std::string> read_prompt_file(const std::string& file);
 
 // Lines of standard input for `run --chat -i`, read from descriptor 0 (nothing else in ktier
 // reads it). Not thread-safe.

@@ -70,7 +70,7 @@ Result<std::vector<uint32_t>> input_ids(const PerplexityArgs& a) {
   KTIER_ASSIGN_OR_RETURN(const tok::Tokenizer tokenizer, tok::Tokenizer::load(a.model));
   std::string text = a.prompt;
   if (!a.file.empty()) {
-    KTIER_ASSIGN_OR_RETURN(text, read_input(a.file));
+    KTIER_ASSIGN_OR_RETURN(text, read_prompt_file(a.file));
   }
   return tokenizer.encode(text, /*special=*/false);
 }
@@ -188,7 +188,8 @@ void register_perplexity_command(CLI::App& app, int& exit_code) {
                     "second half of each scored");
   add_model_option(sub, a->model);
   auto* p = sub->add_option("-p,--prompt", a->prompt, "Text to score");
-  sub->add_option("-f,--file", a->file, "Read the text from a file ('-' = standard input)");
+  sub->add_option("-f,--file", a->file, "Read the text from a file ('-' = standard input), less one final newline "
+                  "(as llama.cpp's -f)");
   auto* ids = sub->add_option("--ids", a->ids,
                               "Token ids to score, comma-separated (no tokenizer needed)");
   sub->add_option("-c,--ctx-size", a->ctx,

@@ -191,12 +191,12 @@ Result<RunPrompt> read_prompt(const RunArgs& a, const std::optional<tok::Tokeniz
   const bool given = prompts_given(a) > 0;
   p.text = a.prompt;
   if (!a.file.empty()) {
-    KTIER_ASSIGN_OR_RETURN(p.text, read_input(a.file));
+    KTIER_ASSIGN_OR_RETURN(p.text, read_prompt_file(a.file));
   }
   // Nothing to continue from (a chat turn is never empty: its markers are tokens).
   if (!a.chat && given && p.text.empty())
     return Status::usage(std::string("the prompt is empty (") +
-                         (a.file.empty() ? "-p \"\"" : "-f " + a.file + " has no bytes") +
+                         (a.file.empty() ? "-p \"\"" : "-f " + a.file + " has no text") +
                          "): give some text to continue, or --chat to ask an empty message");
   if (a.chat && given)
     p.ids = tok::render_user_turn(*tokenizer, *markers, p.text);
@@ -655,7 +655,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
   auto* sub = app.add_subcommand("run", "Generate text from a prompt (streams to stdout)");
   add_model_option(sub, a->model);
   auto* p = sub->add_option("-p,--prompt", a->prompt, "Prompt text");
-  sub->add_option("-f,--file", a->file, "Read the prompt from a file ('-' = standard input)");
+  sub->add_option("-f,--file", a->file, "Read the prompt from a file ('-' = standard input), less one final newline "
+                  "(as llama.cpp's -f)");
   auto* ids = sub->add_option("--ids", a->ids,
                               "Prompt as comma-separated token ids (no tokenizer needed)");
   sub->add_option("-n,--n-predict", a->max_new_tokens,

@@ -321,6 +321,37 @@ TEST_F(RunEvalCli, TextPromptStreamsTextAndSeededSamplingRepeats) {
   fs::remove(seed_report);
 }
 
+// -f reads the prompt as llama.cpp's -f does: the file less one final newline (an editor's), so
+// a file saved from `-p`'s text runs what -p runs, in run and perplexity alike; a second
+// newline is text. A file holding only a newline is an empty prompt.
+TEST_F(RunEvalCli, APromptFileLosesOneFinalNewline) {
+  const fs::path file = dir_.string() + "-prompt.txt";
+  const auto write = [&](const std::string& text) { std::ofstream(file) << text; };
+  const std::string text = "The lighthouse keeper";
+  const std::string run = ktier() + " run" + model() + " -n 6 --temp 0 --print-ids ";
+  const ProcessResult given = run_process(run + "-p '" + text + "'");
+  ASSERT_EQ(given.exit_code, 0) << given.err;
+  const std::string count = "prompt 17 tokens";
+  ASSERT_NE(given.err.find(count), std::string::npos) << given.err;
+  write(text + "\n");
+  const ProcessResult from_file = run_process(run + "-f " + file.string());
+  EXPECT_EQ(from_file.out, given.out);
+  EXPECT_NE(from_file.err.find(count), std::string::npos) << from_file.err;
+  EXPECT_EQ(run_process("printf '" + text + "\\n' | " + run + "-f -").out, given.out);
+  const std::string ppl = ktier() + " perplexity" + model() + " -c 8 ";
+  const ProcessResult ppl_given = run_process(ppl + "-p '" + text + "'");
+  ASSERT_EQ(ppl_given.exit_code, 0) << ppl_given.err;
+  EXPECT_EQ(run_process(ppl + "-f " + file.string()).out, ppl_given.out);
+  write(text + "\n\n");
+  const ProcessResult two = run_process(run + "-f " + file.string());
+  EXPECT_NE(two.err.find("prompt 18 tokens"), std::string::npos) << two.err;
+  write("\n");
+  const ProcessResult empty = run_process(run + "-f " + file.string());
+  EXPECT_EQ(empty.exit_code, 2);
+  EXPECT_NE(empty.err.find("has no text"), std::string::npos) << empty.err;
+  fs::remove(file);
+}
+
 // A presence penalty past any logit keeps every id already in the sequence out (llama.cpp's
 // rule, greedy included) where plain greedy repeats; the same for any thread count. Values out
 // of range exit 2 naming the flag.
