@@ -233,9 +233,12 @@ ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const R
   std::vector<uint64_t> link_bytes(n, 0);
   PrefetchResult pf;
   std::vector<int64_t> pending_target;
+  std::vector<uint8_t> pending_tier;  // the fastest tier a pending prefetch was read into
+  uint64_t useful_below_tier0 = 0;    // useful prefetches read into a slower tier than 0
   std::vector<std::vector<uint32_t>> pending_by_step;
   if (lookahead) {
     pending_target.assign(stream.num_keys, -1);
+    pending_tier.assign(stream.num_keys, 0);
     pending_by_step.resize(stream.steps());
   }
 
@@ -253,7 +256,10 @@ ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const R
         }
       }
       if (lookahead && pending_target[key] == s) {
-        if (served == 0) ++pf.useful;
+        if (served <= pending_tier[key]) {
+          ++pf.useful;
+          if (served > 0) ++useful_below_tier0;
+        }
         pending_target[key] = -1;
       }
       const Request req{r, clock, stream.next_use[r]};
@@ -284,14 +290,21 @@ ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const R
           break;
         }
       }
-      if (!caches[0]->prefetch(pred.key, pred.target_step, clock)) continue;
-      for (size_t i = 1; i < n; ++i) {  // a slower tier that holds it keeps it until its step
-        if (!caches[i]->prefetch(pred.key, pred.target_step, clock))
+      // Each tier takes it if its policy admits it, as the live tiers prefetch each on its own
+      // link (a VRAM tier whose slots are all pinned leaves it to the RAM tier, which still
+      // reads it); a tier that holds it keeps it until its step.
+      size_t top = n;
+      for (size_t i = 0; i < n; ++i) {
+        if (caches[i]->prefetch(pred.key, pred.target_step, clock))
+          top = std::min(top, i);
+        else
           caches[i]->protect(pred.key, pred.target_step);
       }
+      if (top >= from) continue;  // no tier faster than the one holding it took it
       ++pf.issued;
-      for (size_t i = 0; i < from; ++i) link_bytes[i] += eb;
+      for (size_t i = top; i < from; ++i) link_bytes[i] += eb;
       pending_target[pred.key] = pred.target_step;
+      pending_tier[pred.key] = static_cast<uint8_t>(top);
       pending_by_step[pred.target_step].push_back(pred.key);
     }
   }
@@ -328,9 +341,12 @@ ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const R
   pf.bytes_issued = pf.issued * eb;
   pf.bytes_wasted = pf.wasted * eb;
   pf.precision = pf.issued ? static_cast<double>(pf.useful) / pf.issued : 0;
-  const uint64_t tier0_misses = res.requests - served_count[0];
+  // Would-be misses that no prefetch covered: tier 0's misses less the useful prefetches served
+  // from the slower tier they were read into.
+  const uint64_t uncovered = res.requests - served_count[0] - useful_below_tier0;
   pf.recall =
-      pf.useful + tier0_misses ? static_cast<double>(pf.useful) / (pf.useful + tier0_misses) : 0;
+      pf.useful + uncovered ? static_cast<double>(pf.useful) / (pf.useful + uncovered) : 0;
+  pf.timeliness = pf.useful > 0 ? 1.0 : 0.0;  // 0 over nothing, as the run report's ratios
   res.prefetch = pf;
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;

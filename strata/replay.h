@@ -122,13 +122,19 @@ struct TierResult {
 };
 
 struct PrefetchResult {
-  uint64_t issued = 0;  // reads started for predicted keys not in tier 0
-  uint64_t useful = 0;  // of those, requested at their target step and still resident
+  // Reads started for predicted keys not in tier 0, into each tier whose policy takes them
+  // (the fastest of those: where the read lands).
+  uint64_t issued = 0;
+  // Of those, requested at their target step and served from the fastest tier they were read
+  // into or a faster one.
+  uint64_t useful = 0;
   uint64_t wasted = 0;  // issued - useful
   uint64_t bytes_issued = 0, bytes_wasted = 0;
-  double precision = 0;   // useful / issued
-  double recall = 0;      // useful / (useful + tier-0 demand misses)
-  double timeliness = 1;  // useful that arrived before need / useful: 1 by construction
+  double precision = 0;  // useful / issued
+  // useful / (useful + tier-0 demand misses that no useful prefetch served)
+  double recall = 0;
+  // useful that arrived before need / useful: 1 by construction (0 when none was useful)
+  double timeliness = 0;
 };
 
 struct ReplayResult {

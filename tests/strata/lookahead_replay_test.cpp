@@ -248,6 +248,40 @@ TEST(LookaheadReplay, RefreshPredictionsAreDepthZeroAndServeTheirOwnStep) {
   }
 }
 
+// Each tier takes the prefetches its policy admits, as the live tiers do on their own links: a
+// VRAM tier of no slots leaves every one to the RAM tier, so VRAM 0 + RAM 8 replays as RAM 8
+// alone, prefetches and their metrics included (before, a prefetch tier 0 declined was read
+// into no tier at all).
+TEST(LookaheadReplay, ASlowerTierPrefetchesWhatTheFasterOneDeclines) {
+  const RequestStream s = build_request_stream(make_decode_trace(Predictor::kPerfect)).value();
+  for (PolicyKind p : {PolicyKind::kLru, PolicyKind::kLfu, PolicyKind::kTemperature}) {
+    SCOPED_TRACE(std::string(policy_name(p)));
+    const ReplayResult one = replay_policy(p, s, 8, 1);
+    ReplaySpec spec;
+    spec.policy = p;
+    spec.tiers.push_back({"vram", 0, 0});
+    spec.tiers.push_back({"ram", 8 * s.expert_bytes, 8});
+    ReplayParams params;
+    params.lookahead_depth = 1;
+    const ReplayResult two = replay(s, spec, params, ReplayInputs::from(s));
+    ASSERT_EQ(two.tiers.size(), 3u);
+    EXPECT_EQ(two.tiers[0].hits, 0u);
+    EXPECT_EQ(two.tiers[1].hits, one.tiers[0].hits);
+    EXPECT_EQ(two.hits, one.hits);
+    EXPECT_GT(two.prefetch.issued, 0u);
+    EXPECT_EQ(two.prefetch.issued, one.prefetch.issued);
+    EXPECT_EQ(two.prefetch.useful, one.prefetch.useful);
+    // Recall is tier 0's: every request missed it, and the useful prefetches (all in RAM)
+    // covered their share.
+    EXPECT_DOUBLE_EQ(two.prefetch.recall,
+                     static_cast<double>(two.prefetch.useful) / static_cast<double>(s.requests()));
+    EXPECT_DOUBLE_EQ(two.prefetch.timeliness, one.prefetch.timeliness);
+    EXPECT_EQ(two.bytes_read, one.bytes_read);
+  }
+  // Nothing useful: timeliness is 0, as the run report's ratios over nothing.
+  EXPECT_DOUBLE_EQ(replay_lru(s, 8, 0).prefetch.timeliness, 0.0);
+}
+
 TEST(LookaheadReplay, WrongPredictionsAreWasted) {
   const RequestStream s = build_request_stream(make_decode_trace(Predictor::kWrong)).value();
   const ReplayResult ahead = replay_lru(s, 64, 2);
