@@ -91,7 +91,10 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
                            std::to_string(records - records % k) + ", is incomplete)");
   }
 
-  // Decode every group of k records into (layer, experts), checking ids and distinctness.
+  // Decode every group of k records into (layer, experts), checking ids and distinctness. A
+  // layer is at most kMaxLayer and leaves its keys within the trace's (layers x experts).
+  const int32_t last_layer = static_cast<int32_t>(std::min<uint64_t>(
+      kMaxLayer, kMaxTraceKeys / options.experts_per_layer - 1));
   const size_t groups = records / k;
   std::vector<uint16_t> group_layer(groups);
   Trace trace;
@@ -106,8 +109,11 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
       const int32_t expert = get_i32(&bytes[r * kRecordBytes + 4]);
       const std::string at = name + ": record " + std::to_string(r) + " (byte " +
                              std::to_string(r * kRecordBytes) + ")";
-      if (layer < 0 || layer > kMaxLayer) {
-        return Status::corrupt(at + ": layer " + std::to_string(layer) + " is out of range");
+      if (layer < 0 || layer > last_layer) {
+        return Status::corrupt(at + ": layer " + std::to_string(layer) + " is out of range 0.." +
+                               std::to_string(last_layer) + " (a trace names at most " +
+                               std::to_string(kMaxTraceKeys) + " (layer, expert) keys, " +
+                               std::to_string(options.experts_per_layer) + " experts a layer)");
       }
       if (expert < 0 || expert >= static_cast<int32_t>(options.experts_per_layer)) {
         return Status::corrupt(at + ": expert " + std::to_string(expert) + " is out of range 0.." +

@@ -353,7 +353,7 @@ Result<TraceReader> TraceReader::open(const std::filesystem::path& path) {
     return Status::corrupt(r.path_ +
                            ": not a ktier trace (bad magic in the header). If it is the "
                            "conformance expert_trace.bin (int32 pairs), convert it first with "
-                           "`ktier trace convert` or pass --convert-conformance");
+                           "`ktier trace convert IN OUT`");
   }
   if (got < sizeof(h)) {
     return Status::corrupt(r.path_ + ": truncated in the header (" + std::to_string(got) + " of " +

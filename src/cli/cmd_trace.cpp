@@ -33,6 +33,13 @@ struct LoadOptions {
   uint32_t experts_per_layer = kK3ExpertsPerLayer;
 };
 
+// Whether `path` is a regular file: looks_like_ktier_trace opens it again, which for a FIFO would
+// wait for a second writer.
+bool regular_file(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
+}
+
 Result<Trace> load_trace(const std::string& path, const LoadOptions& o) {
   Trace trace;
   if (o.convert_conformance) {
@@ -40,9 +47,17 @@ Result<Trace> load_trace(const std::string& path, const LoadOptions& o) {
     c.top_k = o.top_k;
     c.experts_per_layer = o.experts_per_layer;
     if (o.expert_bytes) c.expert_bytes = o.expert_bytes;
-    KTIER_ASSIGN_OR_RETURN(trace, read_conformance_trace(path, c));
+    Result<Trace> converted = read_conformance_trace(path, c);
+    if (!converted.is_ok() && regular_file(path) && looks_like_ktier_trace(path))
+      return converted.status().with_note("It is a ktier trace: read it without "
+                                          "--convert-conformance");
+    KTIER_ASSIGN_OR_RETURN(trace, std::move(converted));
   } else {
-    KTIER_ASSIGN_OR_RETURN(trace, read_trace(path));
+    Result<Trace> read = read_trace(path);
+    if (!read.is_ok() && read.status().code() == ExitCode::kCorrupt && regular_file(path) &&
+        !looks_like_ktier_trace(path))
+      return read.status().with_note("Or read it as one with --convert-conformance");
+    KTIER_ASSIGN_OR_RETURN(trace, std::move(read));
   }
   if (o.expert_bytes) trace.header.expert_bytes = o.expert_bytes;
   return trace;
@@ -184,7 +199,9 @@ Status run_replay(const ReplayOptions& o) {
   params.refresh = !o.no_refresh;
   ReplayInputs inputs = ReplayInputs::from(stream);
   if (!o.profile.empty()) {
-    KTIER_ASSIGN_OR_RETURN(const Trace profile_trace, read_trace(o.profile));
+    Result<Trace> read_profile = read_trace(o.profile);
+    if (!read_profile.is_ok()) return read_profile.status().with_context("--profile");
+    const Trace profile_trace = std::move(*read_profile);
     // Its keys are the trace's: the same layers and experts (no padding or truncation).
     KTIER_RETURN_IF_ERROR(
         check_profile_shape(profile_trace.header, trace.header, "--profile " + o.profile));

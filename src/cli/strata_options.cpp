@@ -39,7 +39,9 @@ Status apply_strata_options(const StrataArgs& a, runtime::EngineOptions& eo) {
   eo.lookahead = a.lookahead;
   eo.lookahead_refresh = !a.no_refresh;
   if (a.profile.empty()) return Status::ok();
-  KTIER_ASSIGN_OR_RETURN(const strata::Trace trace, strata::read_trace(a.profile));
+  Result<strata::Trace> read = strata::read_trace(a.profile);
+  if (!read.is_ok()) return read.status().with_context("--profile");
+  const strata::Trace trace = std::move(*read);
   // The profile must describe this model's experts: its keys index the policy's.
   KTIER_ASSIGN_OR_RETURN(const format::ModelConfig cfg,
                          format::load_model_config(eo.model_dir / "config.json"));

@@ -249,6 +249,34 @@ TEST_F(TraceCli, CorruptTraceExits3NamingTheFile) {
   r = run_process(ktier("trace info " + q(conformance_)));
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_NE(r.err.find("--convert-conformance"), std::string::npos) << r.err;
+  // As a profile, the hint is the one that applies there, and the flag is named.
+  const fs::path ktrace = dir_ / "conf2.ktrace";
+  ASSERT_EQ(run_process(ktier("trace convert " + q(conformance_) + " " + q(ktrace))).exit_code, 0);
+  r = run_process(ktier("trace replay " + q(ktrace) + " --slots 16 --profile " + q(conformance_)));
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.err.find("--profile: " + conformance_.string()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("`ktier trace convert IN OUT`"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--convert-conformance"), std::string::npos) << r.err;
+  // A ktier trace read as a conformance one: said so.
+  r = run_process(ktier("trace info " + q(ktrace) + " --convert-conformance"));
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.err.find("It is a ktier trace: read it without --convert-conformance"),
+            std::string::npos)
+      << r.err;
+  // A conformance record whose layer puts its keys past a trace's: exit 3, naming the record.
+  const fs::path far = dir_ / "far.bin";
+  {
+    std::ofstream out(far, std::ios::binary);
+    for (int32_t e = 0; e < 16; ++e) {
+      const int32_t rec[2] = {5000, e};
+      out.write(reinterpret_cast<const char*>(rec), sizeof rec);
+    }
+  }
+  r = run_process(ktier("trace info " + q(far) + " --convert-conformance"));
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find(far.string() + ": record 0 (byte 0): layer 5000 is out of range"),
+            std::string::npos)
+      << r.err;
 
   // A conformance file cut mid-record.
   const fs::path cut = dir_ / "cut.bin";
