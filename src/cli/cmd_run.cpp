@@ -676,7 +676,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
       ->allow_extra_args(false);
   sub->add_flag("--special", a->special,
                 "Encode added-token strings in the prompt text as their ids, and print special "
-                "tokens in the output (hidden by default; --print-ids lists every id)");
+                "tokens in the output (hidden by default), except the stop id that ends it "
+                "(--print-ids lists every id)");
   sub->add_flag("--chat", a->chat,
                 "Wrap the prompt text as one user message in Kimi K3's chat format (thinking "
                 "off; typed marker strings stay text) and stop where the model closes its "

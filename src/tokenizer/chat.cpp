@@ -65,10 +65,11 @@ std::vector<uint32_t> render_conversation(const Tokenizer& tok, const ChatMarker
 
 std::vector<uint32_t> end_assistant_turn(const Tokenizer& tok, const ChatMarkers& m,
                                          uint32_t last, bool last_is_stop) {
-  const bool markup = last == m.end_of_msg || last == m.close;
   std::vector<uint32_t> ids;
-  if (markup || !last_is_stop) ids.push_back(last);
-  if (last == m.end_of_msg) return ids;
+  // A chat stops at <|close|> first, so an <|end_of_msg|> came straight after the response's
+  // text, its elements unclosed: left out and closed as after a length limit, as `serve` renders
+  // the same answer (the text only, closed).
+  if (last == m.close || (!last_is_stop && last != m.end_of_msg)) ids.push_back(last);
   if (last == m.close) {  // the model's own <|close|>: the tag follows
     append_text(tok, "response", ids);
     ids.push_back(m.sep);

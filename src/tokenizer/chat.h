@@ -57,11 +57,12 @@ std::vector<uint32_t> render_conversation(const Tokenizer& tok, const ChatMarker
 // What ends the assistant's message in the history after a turn whose last sampled token
 // (never run: GenerationSession) was `last`: `last` itself, then
 //   after <|close|> (the response closed):  response<|sep|><|close|>message<|sep|><|end_of_msg|>
-//   after <|end_of_msg|>:                   nothing (the message is complete)
 //   after anything else (a length limit):   <|close|>response<|sep|><|close|>message<|sep|>
 //                                           <|end_of_msg|>
-// except that another stop id (`last_is_stop`: e.g. --stop-id's [EOS]) is not part of the
-// answer: it is left out and the response closed as after a length limit. So that
+// except that <|end_of_msg|> (which a chat, stopping at <|close|> first, only meets straight
+// after the response's text) and another stop id (`last_is_stop`: e.g. --stop-id's [EOS]) are
+// not part of the answer: they are left out and the response closed as after a length limit,
+// as render_conversation closes the same answer. So that
 // render_user_turn's ids can follow. `markers` from chat_markers(tok).
 std::vector<uint32_t> end_assistant_turn(const Tokenizer& tok, const ChatMarkers& markers,
                                          uint32_t last, bool last_is_stop);

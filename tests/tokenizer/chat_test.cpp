@@ -56,8 +56,9 @@ TEST(ChatFormat, UserTurnAndGenerationPromptAsDocumented) {
 }
 
 // The assistant's message is closed as the format writes it, whatever ended the answer: the
-// model's <|close|> (the tag follows), its <|end_of_msg|> (nothing follows), or a length limit
-// (the whole closing markup follows the cut answer's last token).
+// model's <|close|> (the tag follows), or a length limit (the whole closing markup follows the
+// cut answer's last token). Its <|end_of_msg|> (met straight after the text: a chat stops at
+// <|close|> first) is left out and the whole closing follows, as render_conversation has it.
 TEST(ChatFormat, EndAssistantTurnClosesTheMessageFromWhereTheAnswerStopped) {
   const Tokenizer tok = k3_like();
   auto m = chat_markers(tok);
@@ -66,18 +67,23 @@ TEST(ChatFormat, EndAssistantTurnClosesTheMessageFromWhereTheAnswerStopped) {
   const std::vector<uint32_t> tail =
       cat({enc("response"), {m->sep, m->close}, enc("message"), {m->sep, m->end_of_msg}});
   EXPECT_EQ(end_assistant_turn(tok, *m, m->close, false), cat({{m->close}, tail}));
-  EXPECT_EQ(end_assistant_turn(tok, *m, m->end_of_msg, false),
-            std::vector<uint32_t>{m->end_of_msg});
+  EXPECT_EQ(end_assistant_turn(tok, *m, m->end_of_msg, false), cat({{m->close}, tail}));
   const uint32_t word = enc("hello").at(0);
   EXPECT_EQ(end_assistant_turn(tok, *m, word, false), cat({{word, m->close}, tail}));
   auto text = tok.decode(end_assistant_turn(tok, *m, word, false));
   ASSERT_TRUE(text.is_ok());
   EXPECT_EQ(*text, "hello<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>");
-  // Another stop id (--stop-id) is left out; the markup stops stay.
+  // Another stop id (--stop-id) is left out; <|close|> stays.
   EXPECT_EQ(end_assistant_turn(tok, *m, word, true), cat({{m->close}, tail}));
   EXPECT_EQ(end_assistant_turn(tok, *m, m->close, true), cat({{m->close}, tail}));
-  EXPECT_EQ(end_assistant_turn(tok, *m, m->end_of_msg, true),
-            std::vector<uint32_t>{m->end_of_msg});
+  EXPECT_EQ(end_assistant_turn(tok, *m, m->end_of_msg, true), cat({{m->close}, tail}));
+  // The same ids as the conversation rendered whole with the answer's text.
+  using Role = ChatMessage::Role;
+  const std::vector<ChatMessage> messages = {
+      {Role::kUser, "q"}, {Role::kAssistant, "hello"}, {Role::kUser, "r"}};
+  EXPECT_EQ(render_conversation(tok, *m, messages),
+            cat({render_user_turn(tok, *m, "q"), enc("hello"),
+                 end_assistant_turn(tok, *m, m->end_of_msg, true), render_user_turn(tok, *m, "r")}));
 }
 
 // A conversation rendered whole is what a conversation run turn by turn feeds the model: the
