@@ -41,6 +41,7 @@ Status run_pack_command(const PackArgs& a) {
       KTIER_ASSIGN_OR_RETURN(o.block_size, parse_size(a.block_size, "--block-size"));
       // 0 would mean "no compression" to the writer: with --compress it is a mistake.
       if (o.block_size == 0) return Status::usage("--block-size 0: a compressed pack needs blocks");
+      KTIER_RETURN_IF_ERROR(pack::check_block_size(o.block_size));
     }
   }
   o.threads = runtime::resolve_threads(a.threads);

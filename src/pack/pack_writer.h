@@ -63,6 +63,10 @@ struct PackReport {
 // Status::usage when `out_dir` is a file, or already holds manifest.json or trunk.pack and
 // `force` is false. Cheap; `ktier pack` calls it before opening the checkpoint.
 Status check_pack_output(const std::filesystem::path& out_dir, bool force);
+// Status::usage naming --block-size unless `block_size` (bytes; 0 = not compressed) is 0 or a
+// multiple of kRecordAlignment in kMinBlockSize..kMaxBlockSize. Asked before the checkpoint is
+// opened (its validation takes seconds on K3) and again by write_trunk_pack.
+Status check_block_size(uint64_t block_size);
 
 Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOptions& options);
 

@@ -260,6 +260,9 @@ class ManifestParser {
       throw ManifestError{rw + ": layer is " + layer.dump() + ", expected an integer 0.." +
                           std::to_string(format::kMaxLayers - 1) + " or null"};
     r.layer = layer.is_null() ? -1 : layer.get<int64_t>();
+    // match_layout checks it against the checkpoint; an unchecked open (bench) has only this.
+    r.kind = r.layer >= 0 ? RecordKind::kLayer
+                          : r.name == "head" ? RecordKind::kHead : RecordKind::kEmbed;
     r.offset = get_u64(j, "offset", w);
     r.size = get_u64(j, "size", w);
     r.bytes = get_u64(j, "bytes", w);

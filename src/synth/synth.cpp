@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/check.h"
 #include "common/progress.h"
 #include "format/safetensors_writer.h"
 #include "io/output_file.h"
@@ -531,10 +532,14 @@ Result<SynthReport> run_synth(const SynthOptions& options) {
 std::string format_report(const SynthReport& r) {
   const SynthShape& s = r.shape;
   std::string out;
-  char buf[512];
   auto add = [&](const char* fmt, auto... args) {
-    std::snprintf(buf, sizeof buf, fmt, args...);
-    out += buf;
+    // Sized by the text (a long -o path), never cut.
+    const int n = std::snprintf(nullptr, 0, fmt, args...);
+    KTIER_CHECK(n >= 0);
+    std::string line(static_cast<size_t>(n) + 1, '\0');
+    std::snprintf(line.data(), line.size(), fmt, args...);
+    line.pop_back();
+    out += line;
   };
   const auto mla = s.full_attn_layers_1based();
   add("ktier synth: preset %s, seed %llu, experts %s -> %s\n", s.preset.c_str(),

@@ -84,6 +84,9 @@ TEST(Cli, UsageErrorsExitTwo) {
             "--prompt-tokens + -n must be at most 2147483647 positions"},
            // Conformance-only flags given without the conversion were ignored.
            {" trace info x --top-k 7", "--top-k requires --convert-conformance"},
+           // A block size no pack takes, before the checkpoint (seconds of validation on K3).
+           {" pack -m x -o y --compress --block-size 5000",
+            "--block-size 5000 must be a multiple of 4096"},
            {" trace replay x --slots 4 --experts-per-layer 3",
             "--experts-per-layer requires --convert-conformance"},
            // llama.cpp's flags are named, not read as bundles of ktier's one-letter flags

@@ -192,6 +192,17 @@ TEST_F(PackTest, PackHoldsEveryNonExpertTensorExactly) {
   expect_exact_pack(ckpt_dir("a"), out, *tp, ckpt.config().num_hidden_layers);
   std::vector<uint8_t> buf(tp->layer_record(0).size);
   EXPECT_TRUE(tp->read_record(tp->layer_record(0), buf.data()).is_ok());
+  // Opened without the checkpoint (`bench io`), the records have the same kinds: the bench
+  // streams the layer records only, as the engine's ring does.
+  auto unchecked = TrunkPack::open_unchecked(out);
+  ASSERT_TRUE(unchecked.is_ok()) << unchecked.status().message();
+  ASSERT_EQ(unchecked->records().size(), tp->records().size());
+  for (size_t i = 0; i < tp->records().size(); ++i) {
+    EXPECT_EQ(unchecked->records()[i].kind, tp->records()[i].kind) << i;
+    EXPECT_EQ(unchecked->records()[i].layer, tp->records()[i].layer) << i;
+  }
+  EXPECT_EQ(tp->records().back().kind, RecordKind::kEmbed);
+  EXPECT_EQ(tp->records()[tp->records().size() - 2].kind, RecordKind::kHead);
 }
 
 TEST_F(PackTest, FloatExpertCheckpointPacksWithoutExperts) {
