@@ -84,7 +84,8 @@ std::string format_summary(const TraceSummary& s, const TraceHeader& h, const st
     line("MoE layers:       %u (layers %u..%u)", s.moe_layers, s.first_layer, s.last_layer);
   line("distinct keys:    %s (working set %s)", format_count(s.distinct_keys).c_str(),
        format_bytes(s.working_set_bytes).c_str());
-  line("hit ceiling:      %s hits = %.2f%% (requests - distinct keys: compulsory misses)",
+  line("hit ceiling:      %s hits = %.2f%% (requests - distinct keys: compulsory misses, "
+       "without prefetch)",
        format_count(s.hit_ceiling).c_str(), 100.0 * s.hit_ceiling_rate);
   line("determinism:      %s repeated (position, layer) groups, %s mismatches",
        format_count(s.repeated_groups).c_str(), format_count(s.mismatched_groups).c_str());

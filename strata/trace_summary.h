@@ -1,8 +1,8 @@
 #pragma once
 // `ktier trace info`: what a trace holds, and the two facts every replay is measured against —
-// the distinct keys (the compulsory-miss ceiling: no policy of any size can hit more than
-// requests - distinct keys) and the determinism oracle (a (position, layer) recomputed by a
-// later pass must choose the same experts; docs/STRATA.md §2.3).
+// the distinct keys (the compulsory-miss ceiling: without prefetch no policy of any size can hit
+// more than requests - distinct keys) and the determinism oracle (a (position, layer)
+// recomputed by a later pass must choose the same experts; docs/STRATA.md §2.3).
 
 #include <cstdint>
 #include <string>

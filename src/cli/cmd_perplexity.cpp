@@ -188,7 +188,8 @@ void register_perplexity_command(CLI::App& app, int& exit_code) {
                     "second half of each scored");
   add_model_option(sub, a->model);
   auto* p = sub->add_option("-p,--prompt", a->prompt, "Text to score");
-  sub->add_option("-f,--file", a->file, "Read the text from a file ('-' = standard input), less one final newline "
+  sub->add_option("-f,--file", a->file,
+                  "Read the text from a file ('-' = standard input), less one final newline "
                   "(as llama.cpp's -f)");
   auto* ids = sub->add_option("--ids", a->ids,
                               "Token ids to score, comma-separated (no tokenizer needed)");

@@ -93,7 +93,8 @@ Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk
                                                            eo.cublas_prefill));
   }
   KTIER_ASSIGN_OR_RETURN(out.engine, runtime::plan_engine(ckpt, pk, eo, threads, gpu.get()));
-  out.mem_available = runtime::mem_available_bytes();
+  out.mem_available = out.engine.mem_available ? out.engine.mem_available
+                                               : runtime::mem_available_bytes();
   const runtime::EnginePlan& p = out.engine;
   const int64_t L = ckpt.config().num_hidden_layers;
   out.host_layers = L - (p.device ? p.device->trunk.resident_layers : 0);

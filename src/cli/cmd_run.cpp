@@ -655,7 +655,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
   auto* sub = app.add_subcommand("run", "Generate text from a prompt (streams to stdout)");
   add_model_option(sub, a->model);
   auto* p = sub->add_option("-p,--prompt", a->prompt, "Prompt text");
-  sub->add_option("-f,--file", a->file, "Read the prompt from a file ('-' = standard input), less one final newline "
+  sub->add_option("-f,--file", a->file,
+                  "Read the prompt from a file ('-' = standard input), less one final newline "
                   "(as llama.cpp's -f)");
   auto* ids = sub->add_option("--ids", a->ids,
                               "Prompt as comma-separated token ids (no tokenizer needed)");

@@ -28,6 +28,7 @@ using namespace ktier::strata;
 
 struct LoadOptions {
   bool convert_conformance = false;
+  bool convert_flag = true;  // --convert-conformance is how convert_conformance was asked
   uint64_t expert_bytes = 0;  // 0: from the trace header (conformance: K3's size)
   uint32_t top_k = kK3TopK;   // conformance conversion only
   uint32_t experts_per_layer = kK3ExpertsPerLayer;
@@ -49,8 +50,9 @@ Result<Trace> load_trace(const std::string& path, const LoadOptions& o) {
     if (o.expert_bytes) c.expert_bytes = o.expert_bytes;
     Result<Trace> converted = read_conformance_trace(path, c);
     if (!converted.is_ok() && regular_file(path) && looks_like_ktier_trace(path))
-      return converted.status().with_note("It is a ktier trace: read it without "
-                                          "--convert-conformance");
+      return converted.status().with_note(
+          o.convert_flag ? "It is a ktier trace: read it without --convert-conformance"
+                         : "It is a ktier trace already: nothing to convert");
     KTIER_ASSIGN_OR_RETURN(trace, std::move(converted));
   } else {
     Result<Trace> read = read_trace(path);
@@ -94,6 +96,7 @@ Status run_convert(const std::string& in, const std::string& out, LoadOptions o)
   KTIER_RETURN_IF_ERROR(io::check_not_own_stdout("trace convert: the output", out));
   KTIER_RETURN_IF_ERROR(io::check_can_write("trace convert: the output", out));
   o.convert_conformance = true;
+  o.convert_flag = false;  // converting is what the command does
   KTIER_ASSIGN_OR_RETURN(const Trace trace, load_trace(in, o));
   KTIER_RETURN_IF_ERROR(write_trace(out, trace));
   KTIER_ASSIGN_OR_RETURN(const RequestStream stream, build_request_stream(trace));

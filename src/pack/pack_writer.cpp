@@ -58,13 +58,13 @@ class PartialFile {
   void commit(uint64_t n, XXH3_state_t* record_hash) {
     if (record_hash) XXH3_64bits_update(record_hash, buffer_.data() + fill_, n);
     fill_ += n;
-    meter_.update(written_ + fill_ + credited_);
+    update_meter();
   }
-  // Progress of bytes that were packed without being written: a compressed record's saving, so
-  // that the meter counts the plain pack's bytes (its total) whatever compression leaves.
-  void credit(uint64_t n) {
-    credited_ += n;
-    meter_.update(written_ + fill_ + credited_);
+  // A compressed record written: the meter counts its plain size (`size`, of the meter's total)
+  // instead of the `stored` bytes written for it, so that it ends at its total.
+  void count_as_plain(uint64_t size, uint64_t stored) {
+    plain_less_stored_ += static_cast<int64_t>(size) - static_cast<int64_t>(stored);
+    update_meter();
   }
   Status zeros(uint64_t n, XXH3_state_t* record_hash) {
     while (n > 0) {
@@ -132,7 +132,12 @@ class PartialFile {
   fs::path path_;
   std::vector<uint8_t> buffer_;
   ProgressMeter& meter_;
-  uint64_t credited_ = 0;
+  int64_t plain_less_stored_ = 0;  // over the compressed records written (count_as_plain)
+
+  void update_meter() {
+    meter_.update(static_cast<uint64_t>(static_cast<int64_t>(written_ + fill_) +
+                                        plain_less_stored_));
+  }
   int fd_ = -1;
   uint64_t fill_ = 0;
   uint64_t written_ = 0;
@@ -348,7 +353,7 @@ Status copy_records(const format::Checkpoint& ckpt, PackLayout& layout, const Pa
       KTIER_RETURN_IF_ERROR(
           write_compressed_record(ckpt, layout, ri, o, *pool, out, hash.get(), &copied, prefetch));
       r.xxh3 = XXH3_64bits_digest(hash.get());
-      if (r.size > r.stored_size) out.credit(r.size - r.stored_size);
+      out.count_as_plain(r.size, r.stored_size);
       prefetch.advance(copied);
       continue;
     }

@@ -40,13 +40,19 @@ Status Engine::open_plan(const EngineOptions& requested) {
   KTIER_ASSIGN_OR_RETURN(plan_, plan_engine(ckpt_, pack_ ? &*pack_ : nullptr, requested,
                                             pool_->size(), backend_.get()));
   // On a machine with less memory than the plan holds, a plan that fits (a warning).
-  if (const uint64_t avail = mem_available_bytes(); plan_.dial) {
+  // (MemAvailable as --preset auto read it, if it did: one reading decides both.)
+  if (const uint64_t avail = plan_.mem_available ? plan_.mem_available : mem_available_bytes();
+      plan_.dial) {
     KTIER_ASSIGN_OR_RETURN(std::optional<EnginePlan> here,
                            fit_plan_to_memory(ckpt_, pack_ ? &*pack_ : nullptr, requested, plan_,
                                               pool_->size(), backend_.get(), avail));
     if (here) {
       spdlog::warn("{}", lowered_budget_note(plan_, *here, avail));
       plan_ = std::move(*here);
+    } else if (avail > 0 && plan_.dial->held_at_open() > avail) {  // already the least
+      spdlog::warn("the plan holds {} while the engine opens, more than the {} MemAvailable, and "
+                   "is the least this run needs: the system may end it for memory",
+                   format_size(plan_.dial->held_at_open()), format_size(avail));
     }
   }
   if (!plan_.device_fallback.empty()) {

@@ -55,9 +55,9 @@ Status check_engine_options(const EngineOptions& opts) {
   return Status::ok();
 }
 
-Result<uint64_t> dial_budget_bytes(const EngineOptions& opts) {
+Result<uint64_t> dial_budget_bytes(const EngineOptions& opts, uint64_t* mem_available) {
   if (opts.ram_budget) return *opts.ram_budget;
-  return preset_budget_bytes("auto");
+  return preset_budget_bytes("auto", mem_available);
 }
 
 Result<uint64_t> gpu_vram_bytes(const EngineOptions& opts, std::optional<uint64_t> free_bytes) {
@@ -106,7 +106,7 @@ Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::Tr
       ")");
 }
 
-Result<uint64_t> preset_budget_bytes(const std::string& name) {
+Result<uint64_t> preset_budget_bytes(const std::string& name, uint64_t* mem_available) {
   constexpr uint64_t G = 1ull << 30;
   if (name == "laptop") return 8 * G;
   if (name == "desktop") return 32 * G;
@@ -117,8 +117,9 @@ Result<uint64_t> preset_budget_bytes(const std::string& name) {
     const auto [total, avail] = read_meminfo();
     if (total == 0 || avail == 0)
       return Status::usage("--preset auto: cannot read MemTotal/MemAvailable from /proc/meminfo");
-    // Within what a run keeps (90% of MemAvailable: fit_plan_to_memory) on large machines too.
-    const uint64_t cap = std::min(avail > 2 * G ? avail - 2 * G : avail / 2, avail / 10 * 9);
+    if (mem_available) *mem_available = avail;
+    // Within what a run keeps (fit_plan_to_memory) on large machines too.
+    const uint64_t cap = std::min(avail > 2 * G ? avail - 2 * G : avail / 2, usable_memory(avail));
     return std::min<uint64_t>(total / 100 * 55, cap);
   }
   return Status::usage("--preset: '" + name +
@@ -216,7 +217,8 @@ uint64_t minimum_budget_bytes(const format::Checkpoint& ckpt, const pack::TrunkP
 int64_t capped_expert_slots(const DialPlan& plan, uint64_t mem_available) {
   // The sequence's state is allocated after the tier (new_sequence): still free when it opens.
   const uint64_t seq = plan.minimum.sequence;
-  const uint64_t usable = mem_available / 10 * 9 > seq ? mem_available / 10 * 9 - seq : 0;
+  const uint64_t room = usable_memory(mem_available);
+  const uint64_t usable = room > seq ? room - seq : 0;
   const uint64_t fit = std::max(plan.minimum.expert_slots, usable / plan.expert_slot_bytes);
   return static_cast<int64_t>(std::min(static_cast<uint64_t>(plan.expert_slots), fit));
 }
@@ -397,7 +399,7 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
   p.opts = requested;
   const bool dial = dial_mode(requested);
   if (dial) {
-    KTIER_ASSIGN_OR_RETURN(p.budget, dial_budget_bytes(requested));
+    KTIER_ASSIGN_OR_RETURN(p.budget, dial_budget_bytes(requested, &p.mem_available));
   }
   // GPU mode plans the device first: the layers it holds are those the host never pins, which
   // the host's minimum depends on. Automatic lookahead is weighed against --vram there, then
@@ -503,7 +505,7 @@ Result<std::optional<EnginePlan>> fit_plan_to_memory(const format::Checkpoint& c
                                                      backend::Backend* gpu,
                                                      uint64_t mem_available) {
   if (!plan.dial || mem_available == 0) return std::optional<EnginePlan>();
-  const uint64_t room = mem_available / 10 * 9;
+  const uint64_t room = usable_memory(mem_available);
   if (plan.dial->held_at_open() <= room) return std::optional<EnginePlan>();
   // The whole plan again at `room`: automatic lookahead goes off where it no longer fits.
   EngineOptions at = requested;
@@ -527,7 +529,7 @@ std::string lowered_budget_note(const EnginePlan& asked, const EnginePlan& here,
                                 uint64_t mem_available) {
   KTIER_CHECK(asked.dial && here.dial);
   const DialPlan &a = *asked.dial, &h = *here.dial;
-  const uint64_t room = mem_available / 10 * 9;
+  const uint64_t room = usable_memory(mem_available);
   std::string note = "budget lowered from " +
                      (a.budget == UINT64_MAX ? std::string("max") : format_size(a.budget)) +
                      " to " + format_size(h.budget);

@@ -119,7 +119,13 @@ Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::Tr
 // workstation 96G, server 128G, max (everything), auto (55 % of MemTotal, at most MemAvailable
 // less 2 GiB and 90 % of it). Status::usage for another name or when /proc/meminfo cannot be
 // read for auto.
-Result<uint64_t> preset_budget_bytes(const std::string& name);
+// `mem_available`, when given, receives the MemAvailable auto read (untouched otherwise).
+Result<uint64_t> preset_budget_bytes(const std::string& name, uint64_t* mem_available = nullptr);
+
+// What a run may hold on a machine with `mem_available` bytes free (MemAvailable): 90 % of it,
+// the rest left to the page cache and what no budget covers (fit_plan_to_memory, the RAM tier's
+// cap, --preset auto).
+inline uint64_t usable_memory(uint64_t mem_available) { return mem_available / 10 * 9; }
 
 // MemTotal and MemAvailable from /proc/meminfo in bytes; 0 for what cannot be read.
 // KTIER_DEBUG_MEM_AVAILABLE_MIB (debugging and tests) replaces MemAvailable.
@@ -135,8 +141,9 @@ uint64_t mem_available_bytes();
 // or build lacks. Engine::open and `ktier plan` ask it first.
 Status check_engine_options(const EngineOptions& opts);
 
-// The memory dial's budget: EngineOptions::ram_budget, else preset "auto"'s (its errors).
-Result<uint64_t> dial_budget_bytes(const EngineOptions& opts);
+// The memory dial's budget: EngineOptions::ram_budget, else preset "auto"'s (its errors; its
+// MemAvailable into `mem_available` when given).
+Result<uint64_t> dial_budget_bytes(const EngineOptions& opts, uint64_t* mem_available = nullptr);
 // GPU mode's --vram on a GPU with `free_bytes` free: EngineOptions::vram_budget, else 90% of
 // what is free; Status::budget (exit 4) for a --vram above what is free. The emulated device
 // (`free_bytes` nullopt) has no free memory to ask: Status::usage without --vram.
@@ -257,6 +264,9 @@ struct EnginePlan {
   // the memory dial runs as GPU mode would have (its budget, --ram or --preset auto); a log
   // line and a plan note. Empty otherwise.
   std::string device_fallback;
+  // The MemAvailable --preset auto read for `budget` (0: a budget given): what the fit to
+  // memory then weighs too, so that auto's budget is never lowered by a second, later read.
+  uint64_t mem_available = 0;
 };
 // `threads`: the engine's (plan_dial); `gpu`: the CUDA backend in GPU mode, asked for its free
 // memory (gpu_vram_bytes) and whether it runs cuBLAS; null on the CPU and the emulated device

@@ -263,6 +263,10 @@ TEST_F(TraceCli, CorruptTraceExits3NamingTheFile) {
   EXPECT_NE(r.err.find("It is a ktier trace: read it without --convert-conformance"),
             std::string::npos)
       << r.err;
+  r = run_process(ktier("trace convert " + q(ktrace) + " " + q(dir_ / "again.ktrace")));
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.err.find("It is a ktier trace already: nothing to convert"), std::string::npos)
+      << r.err;
   // A conformance record whose layer puts its keys past a trace's: exit 3, naming the record.
   const fs::path far = dir_ / "far.bin";
   {

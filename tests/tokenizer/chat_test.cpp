@@ -83,7 +83,8 @@ TEST(ChatFormat, EndAssistantTurnClosesTheMessageFromWhereTheAnswerStopped) {
       {Role::kUser, "q"}, {Role::kAssistant, "hello"}, {Role::kUser, "r"}};
   EXPECT_EQ(render_conversation(tok, *m, messages),
             cat({render_user_turn(tok, *m, "q"), enc("hello"),
-                 end_assistant_turn(tok, *m, m->end_of_msg, true), render_user_turn(tok, *m, "r")}));
+                 end_assistant_turn(tok, *m, m->end_of_msg, true),
+                 render_user_turn(tok, *m, "r")}));
 }
 
 // A conversation rendered whole is what a conversation run turn by turn feeds the model: the
