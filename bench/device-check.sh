@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one prepared script for a lent GPU machine (an H200; docs/PERFORMANCE.md "Machine B").
+# The one prepared script for a lent GPU machine (an H200 or H100, both sm_90; docs/PERFORMANCE.md
+# "Machine B"; the first lines say which card it ran on).
 # Build here first:   tools/make-device-bundle.sh   (build-device/: ktier, libktier_cuda.so for
 #                                                    sm_90, backend_test, runtime_test, and
 #                                                    glibc/, used only where they do not start)
@@ -8,15 +9,17 @@
 # and runs at most its timeout, 100 s for the longest; a module rebuild at most ~230 s before
 # it; the expected whole ~3 minutes):
 #   bash bench/device-check.sh build-device | tee $OUT/device-check.log
-# Steps: machine, module probe, the CUDA tests (every op against the CPU; GPU mode end to end),
-# device limits and GEMV ratios (bench device), then on a demo checkpoint decode with
-# everything resident, with VRAM budgets holding 50%, 25% and 10% of the experts, and with half
-# the trunk (the other layers streamed per token), perplexity on the device against the CPU,
-# eval's logits at three prefill chunkings (fused, then --gpu-prefill cublas), and a closing
-# table. Each step is
-# independent: failures are reported, not fatal. Every step has a timeout, and steps that would
-# start after DEADLINE_S (default 330) seconds are skipped, so the table is always reached. The
-# demo checkpoint is generated in the background while the tests run (it needs no GPU).
+# Steps: the bundle's stamp against this tree (stops where it is stale), machine, module probe,
+# the CUDA tests (every op against the CPU; GPU mode end to end), device limits and GEMV ratios
+# (bench device), then on a demo checkpoint decode with everything resident, with VRAM budgets
+# holding 50%, 25% and 10% of the experts, and with half the trunk (the other layers streamed
+# per token), perplexity on the device against the CPU, eval's logits at three prefill
+# chunkings (fused: byte for byte; --gpu-prefill cublas: its largest difference from fused), and
+# a closing table (ids against the CPU's and against each other across the VRAM budgets). Each
+# step is independent: failures are reported, not fatal. Every step has a timeout, and steps
+# that would start after DEADLINE_S (default 330) seconds are skipped, so the table is always
+# reached. The demo checkpoint is generated in the background while the tests run (it needs no
+# GPU).
 # Output: stdout carries the summaries (test logs are filtered to gtest's verdicts: the device
 # call keeps only its last 12,000 characters); the full logs, run reports and ids go to
 # $OUT/device-check.tgz (the call brings back few files: two are left in $OUT).
@@ -34,6 +37,26 @@ trap pack EXIT
 # A bundle not carried, or carried without its modes, would otherwise read as "no usable GPU".
 chmod +x "$B"/ktier "$B"/*_test "$B"/glibc/ld-linux-x86-64.so.2 2>/dev/null
 [ -x "$B/ktier" ] || { echo "DEVICE CHECK STOPPED: no $B/ktier (carry build-device)"; exit 2; }
+# The bundle must be this tree's, its pre-flight passed (its stamp, tools/make-device-bundle.sh):
+# figures of other sources would be recorded as this commit's. The emulated dry run may use
+# build/, which has no stamp. KTIER_CHECK_ANY_BUNDLE=1 goes on regardless (debugging only).
+here=$(bash "$(dirname "$0")/../tools/source-digest.sh" 2>/dev/null)
+built=$(sed -n 's/^source_digest //p' "$B/BUNDLE" 2>/dev/null)
+echo "bundle: $([ -f "$B/BUNDLE" ] && paste -sd ';' "$B/BUNDLE" || echo 'no stamp');" \
+     "this tree: source_digest $here"
+if [ "$DEVICE" = cuda ] && [ "${KTIER_CHECK_ANY_BUNDLE:-0}" != 1 ]; then
+  if [ -z "$built" ]; then
+    echo "DEVICE CHECK STOPPED: $B has no stamp (its pre-flight did not pass, or it is older):" \
+         "run tools/make-device-bundle.sh here"
+    exit 2
+  elif [ -z "$here" ]; then
+    echo "warning: this tree's source digest could not be computed: the bundle is not compared"
+  elif [ "$built" != "$here" ]; then
+    echo "DEVICE CHECK STOPPED: $B was built from other sources ($built, this tree $here):" \
+         "run tools/make-device-bundle.sh again"
+    exit 2
+  fi
+fi
 export KTIER_CUDA_MODULE="$(cd "$B" && pwd)/libktier_cuda.so"
 # The module dlopen()s libcublas.so.<major> when it has no static cuBLAS: make the toolkit's
 # copy findable, or else the one PyTorch's wheels carry (without one prefill runs the fused
@@ -98,7 +121,12 @@ T 20 "${X[@]}" "$B/ktier" --version || cat "$W/version.log"
 T 60 "${X[@]}" "$B/ktier" doctor >"$W/doctor.log" 2>&1; echo "doctor rc=$?"
 cat "$W/doctor.log"
 KTIER_CUDA_MODULE=/nonexistent/libktier_cuda.so T 60 "${X[@]}" "$B/ktier" doctor | tail -1
-usable_gpu() { grep -q -E '^cuda: [1-9][0-9]* device' "$W/doctor.log"; }
+# Devices found, device 0 among them, of an architecture the module runs and opened by it.
+unusable_gpu_line='^cuda: device 0 cannot be opened|^  \[0\] .*\(unusable'
+usable_gpu() {
+  grep -q -E '^cuda: [1-9][0-9]* device' "$W/doctor.log" &&
+    ! grep -q -E "$unusable_gpu_line" "$W/doctor.log"
+}
 # A driver older than the runtime the carried module links (cudaErrorInsufficientDriver with a
 # driver version: with none, there is no driver to build for): build the module again from this
 # tree with this machine's own toolkit (about a minute; tools/build-cuda-module.sh; once more
@@ -133,8 +161,9 @@ fi
 # Without a usable GPU every CUDA test skips and every run falls back to the CPU: a table that
 # would read as a pass. Stop here, loudly, with doctor's reason.
 if [ "$DEVICE" = cuda ] && ! usable_gpu; then
-  echo "DEVICE CHECK STOPPED: no usable GPU: $(grep -a -m1 '^cuda:' "$W/doctor.log" ||
-                                                 tail -3 "$W/doctor.log")"
+  why=$(grep -a -m1 -E "$unusable_gpu_line" "$W/doctor.log" ||
+        grep -a -m1 '^cuda:' "$W/doctor.log" || tail -3 "$W/doctor.log")
+  echo "DEVICE CHECK STOPPED: no usable GPU: $why"
   # The subshell's child (timeout) passes the signal on to synth.
   [ -n "$SYNTH_PID" ] && { pkill -TERM -P "$SYNTH_PID"; kill "$SYNTH_PID"; } 2>/dev/null
   exit 3
@@ -193,29 +222,54 @@ for dev in cpu $DEVICE; do
   echo "perplexity $dev rc=$?: $(cat "$W/ppl-$dev.out")"
 done
 # The device's output does not depend on prefill chunking (K3-MODEL §9.2; the default fused
-# kernels): eval's logits of the prompt whole, 5 and 1 ids at a time, byte for byte. Then the
-# same with --gpu-prefill cublas (bytes that may change with the chunk). Wall seconds, the load
-# included.
+# kernels): eval's logits of the prompt whole, 5 and 1 ids at a time, byte for byte. Then
+# --gpu-prefill cublas, whose products of 8 tokens or more run cuBLAS (smaller ones the fused
+# kernels): whole, 64 and 16 at a time, each one's largest |difference| from the fused logits.
+# Wall seconds, the load included. The logits (~1.3 MB a run) stay out of the archive.
 if [ "$DEVICE" = cuda ]; then
+  L=$(mktemp -d /tmp/ktier-device-logits.XXXXXX)
   for prefill in fused cublas; do
-    for c in 0 5 1; do
+    chunks="0 5 1"; [ $prefill = cublas ] && chunks="0 64 16"
+    for c in $chunks; do
       in_time || break 2
       t0=$SECONDS
       T 45 "${X[@]}" "$B/ktier" eval -m $M --ids $PPL_IDS --device cuda --gpu-prefill $prefill \
-        --chunk $c --logits-out "$W/logits-$prefill-$c.f32" >/dev/null 2>"$W/eval-$prefill-$c.err"
+        --chunk $c --logits-out "$L/$prefill-$c.f32" >/dev/null 2>"$W/eval-$prefill-$c.err"
       echo "eval $prefill --chunk $c rc=$? in $((SECONDS - t0)) s"
       grep -a -E "^ktier:|\] \[(warning|error)\]" "$W/eval-$prefill-$c.err"
     done
-    for c in 5 1; do
-      if [ ! -s "$W/logits-$prefill-0.f32" ] || [ ! -s "$W/logits-$prefill-$c.f32" ]; then
-        echo "$prefill: --chunk $c not compared (an eval wrote no logits)"
-      elif cmp -s "$W/logits-$prefill-0.f32" "$W/logits-$prefill-$c.f32"; then
-        echo "$prefill: --chunk $c logits = whole prompt's"
-      else
-        echo "$prefill: --chunk $c logits DIFFER from the whole prompt's"
-      fi
-    done
   done
+  for c in 5 1; do
+    if [ ! -s "$L/fused-0.f32" ] || [ ! -s "$L/fused-$c.f32" ]; then
+      echo "fused: --chunk $c not compared (an eval wrote no logits)"
+    elif cmp -s "$L/fused-0.f32" "$L/fused-$c.f32"; then
+      echo "fused: --chunk $c logits = whole prompt's"
+    else
+      echo "fused: --chunk $c logits DIFFER from the whole prompt's"
+    fi
+  done
+  for c in 0 64 16; do
+    python3 - "$L/fused-0.f32" "$L/cublas-$c.f32" "$c" <<'PY'
+import array, math, sys
+def floats(path):
+    a = array.array("f")
+    try:
+        with open(path, "rb") as f:
+            a.frombytes(f.read())
+    except (OSError, ValueError):
+        return None
+    return a if len(a) else None
+fused, cublas, c = floats(sys.argv[1]), floats(sys.argv[2]), sys.argv[3]
+if fused is None or cublas is None or len(fused) != len(cublas):
+    print(f"cublas: --chunk {c} not compared (an eval wrote no logits, or other sizes)")
+else:
+    d = max((abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
+             for a, b in zip(fused, cublas) if a != b), default=0.0)
+    scale = max(abs(a) for a in fused)
+    print(f"cublas: --chunk {c} max |logit - fused| = {d:.3g} (largest |logit| {scale:.3g})")
+PY
+  done
+  rm -rf "$L"
 fi
 step "table"
 python3 - "$W" <<'PY'
@@ -247,13 +301,18 @@ def same_as_cpu(n):  # "yes", or where the first generated id differs (f32 route
     if got is None: return "NO (no ids)"
     a, b = ref.split(","), got.split(",")
     return f"NO from id {next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))}"
+def same_as_resident(n):  # the budget must not change the device's ids
+    got, res = ids(n), ids("resident")
+    if n in ("resident", "cpu-reference") or res is None: return "-"
+    return "yes" if got == res else "NO (no ids)" if got is None else "NO"
 # RAM->VRAM GB/s: the link's bytes per token times tokens per second, an average over the decode
 # (the copies' own rate is at least that; bench device's pinned figure is the link's limit).
 # ahead: the decode's lookahead copies into VRAM that their layer used, and of those the ones
 # landed as its fetch started (timely); the rest made the layer's ops wait.
 print(f"{'run':14} {'tok/s':>7} {'vram hit':>9} {'ram hit':>8} {'RAM->VRAM MB/tok':>17} {'GB/s':>6}"
-      f" {'layers':>7} {'peak/vram':>9} {'ahead used/timely':>17}  ids = cpu")
-for n in ["resident", "experts50", "experts25", "experts10", "trunk50", "cpu-reference"]:
+      f" {'layers':>7} {'peak/vram':>9} {'ahead used/timely':>17}  ids = cpu  = resident")
+device_runs = ["resident", "experts50", "experts25", "experts10", "trunk50"]
+for n in device_runs + ["cpu-reference"]:
     j = load(f"run-{n}.json")
     if not j: print(f"{n:14} (no report)"); continue
     same = same_as_cpu(n)
@@ -265,7 +324,16 @@ for n in ["resident", "experts50", "experts25", "experts10", "trunk50", "cpu-ref
           f"{j['links']['ram_to_vram_bytes_per_token']*j['decode_tok_per_s']/1e9:6.2f} "
           f"{j['device']['trunk_layers_resident']:7}"
           f" {(format(j['device']['memory_peak_bytes']/j['device']['vram_budget_bytes'], '.3f') if j['device']['gpu_mode'] else '-'):>9}"
-          f" {ahead:>17}  {same}")
+          f" {ahead:>17}  {same:9}  {same_as_resident(n)}")
+# The device's ids must not depend on its VRAM budget (issue 6: byte-identical across budgets),
+# whether or not they equal the CPU's.
+got = {n: ids(n) for n in device_runs if ids(n) is not None}
+if len(set(got.values())) > 1:
+    print(f"VRAM budgets: ids DIFFER: {', '.join(n for n in got if got[n] != got['resident'])}"
+          f" against resident" if "resident" in got else "VRAM budgets: ids DIFFER")
+elif got:
+    print(f"VRAM budgets: ids the same in all {len(got)} device runs "
+          f"({', '.join(got)})")
 pc, pd = load("ppl-cpu.json"), next((load(f"ppl-{x}.json") for x in ("cuda", "emulated")
                                      if load(f"ppl-{x}.json")), None)
 if pc and pd:

@@ -3,13 +3,14 @@
 # libktier_cuda.so and the test executables that exercise CUDA (backend_test: every op against
 # the CPU; runtime_test: GPU mode end to end) and a copy of this machine's glibc (used there
 # only if the binaries do not start otherwise). Built in build-bundle/ with the CUDA module for
-# sm_90 (the lent H200; KTIER_BUNDLE_ARCHS to change) and with libstdc++/libgcc linked
+# sm_90 (the lent H200 or H100; KTIER_BUNDLE_ARCHS to change) and with libstdc++/libgcc linked
 # statically, so the bundle needs only the NVIDIA driver and a C library there (third-party
 # libraries are static already: KTIER_STATIC_DEPS). A first build takes ~15 minutes on 2 cores.
 # Carry build-device to run bench/device-check.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${KTIER_BUNDLE_DIR:-build-bundle}
+digest=$(bash tools/source-digest.sh)  # of what the build below compiles
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKTIER_CUDA=ON -DKTIER_SERVER=OFF \
   -DKTIER_CUDA_EMULATION=OFF \
   -DCMAKE_CUDA_ARCHITECTURES="${KTIER_BUNDLE_ARCHS:-90}" -DKTIER_BUILD_BENCH=OFF \
@@ -17,6 +18,9 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKTIER_CUDA=ON -DK
   -DCMAKE_SHARED_LINKER_FLAGS="-static-libstdc++ -static-libgcc" \
   -DCMAKE_MODULE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target ktier ktier_cuda backend_test runtime_test
+# A source edited while it built: the stamp below could name sources the bundle was not made of.
+[ "$(bash tools/source-digest.sh)" = "$digest" ] ||
+  { echo "the sources changed during the build: run this again"; exit 1; }
 rm -rf build-device && mkdir -p build-device
 cp "$BUILD_DIR/ktier" "$BUILD_DIR/libktier_cuda.so" build-device/
 cp "$BUILD_DIR/tests/backend/backend_test" "$BUILD_DIR/tests/runtime/runtime_test" build-device/
@@ -52,5 +56,10 @@ build-device/runtime_test --gtest_brief=1 --gtest_filter='DeviceMode*:*PromptCac
 KTIER_CUDA_MODULE="$PWD/build-device/libktier_cuda.so" build-device/glibc/ld-linux-x86-64.so.2 \
   --library-path build-device/glibc build-device/ktier doctor 2>&1 |
   grep -q '^cuda: module .* loaded' || { echo "the carried loader does not start ktier"; exit 1; }
+# The stamp bench/device-check.sh requires: written only once the pre-flight has passed, with the
+# digest of the sources built (compared there with the carried tree's).
+{ echo "source_digest $digest"
+  echo "git $(git describe --always --dirty 2>/dev/null || echo unknown)"
+  echo "preflight passed $(date -u +%FT%TZ)"; } >build-device/BUNDLE
 echo "pre-flight: module loads (also under the carried glibc), backend_test and runtime_test's"
-echo "device cases pass (CUDA cases skipped); carry build-device ($(git describe --always --dirty))"
+echo "device cases pass (CUDA cases skipped); carry build-device ($(sed -n 2p build-device/BUNDLE))"

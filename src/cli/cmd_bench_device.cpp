@@ -114,6 +114,15 @@ Status run_device_bench(const DeviceBenchOptions& o) {
     return Status::usage("--device: '" + o.device + "' is not cuda or emulated");
   }
 
+  // Each figure is printed as it is measured: a later step failing (a kernel fault, the caller's
+  // timeout) leaves the earlier ones on the screen.
+  std::printf("ktier bench device: %s, %.0f MB buffers, best of %d\n", be->name().c_str(),
+              static_cast<double>(bytes) / 1e6, o.passes);
+  std::fflush(stdout);
+  auto figure = [](const char* name, double gbps, const char* what) {
+    std::printf("%-16s %8.1f  %s\n", name, gbps, what);
+    std::fflush(stdout);
+  };
   // Copy: two buffers of `bytes`.
   double copy_gbps = 0, h2d_gbps = 0, h2d_pinned_gbps = 0;
   {
@@ -124,11 +133,13 @@ Status run_device_bench(const DeviceBenchOptions& o) {
                              return be->copy(b.get(), a.get(), bytes);
                            }));
     copy_gbps = 2.0 * static_cast<double>(bytes) / s / 1e9;
+    figure("copy_gbps", copy_gbps, "(device to device, read + write)");
     std::vector<uint8_t> host(bytes / 4, 3);
     KTIER_ASSIGN_OR_RETURN(const double u, best_seconds(*be, o.passes, [&] {
                              return be->upload(a.get(), host.data(), host.size());
                            }));
     h2d_gbps = static_cast<double>(host.size()) / u / 1e9;
+    figure("h2d_gbps", h2d_gbps, "(host to device, pageable host memory)");
     // Refused (RLIMIT_MEMLOCK, a sandbox), GPU mode runs on from pageable memory: so does this,
     // the figure 0 and the reason said, the others still measured.
     if (const Status pinned = be->pin_host(host.data(), host.size()); !pinned.is_ok()) {
@@ -144,6 +155,7 @@ Status run_device_bench(const DeviceBenchOptions& o) {
       if (!p.is_ok()) return p.status();
       h2d_pinned_gbps = static_cast<double>(host.size()) / *p / 1e9;
     }
+    figure("h2d_pinned_gbps", h2d_pinned_gbps, "(host to device, page-locked memory, copy queue)");
   }
   // GEMV, one token, on a matrix of about `bytes`.
   auto gemv = [&](cpu::WeightType type) -> Result<double> {
@@ -162,17 +174,15 @@ Status run_device_bench(const DeviceBenchOptions& o) {
                                               backend::weight_scale_bytes(m.w));
     return wbytes / s / 1e9;
   };
+  auto gemv_figure = [&](const char* name, double gbps) {
+    char what[64];
+    std::snprintf(what, sizeof(what), "ratio %.3f  (goal >= 0.7)", gbps / copy_gbps);
+    figure(name, gbps, what);
+  };
   KTIER_ASSIGN_OR_RETURN(const double bf16, gemv(cpu::WeightType::kBF16));
+  gemv_figure("bf16_gemv_gbps", bf16);
   KTIER_ASSIGN_OR_RETURN(const double mxfp4, gemv(cpu::WeightType::kMxfp4));
-
-  std::printf("ktier bench device: %s, %.0f MB buffers, best of %d\n", be->name().c_str(),
-              static_cast<double>(bytes) / 1e6, o.passes);
-  std::printf("copy_gbps        %8.1f  (device to device, read + write)\n", copy_gbps);
-  std::printf("h2d_gbps         %8.1f  (host to device, pageable host memory)\n", h2d_gbps);
-  std::printf("h2d_pinned_gbps  %8.1f  (host to device, page-locked memory, copy queue)\n",
-              h2d_pinned_gbps);
-  std::printf("bf16_gemv_gbps   %8.1f  ratio %.3f  (goal >= 0.7)\n", bf16, bf16 / copy_gbps);
-  std::printf("mxfp4_gemv_gbps  %8.1f  ratio %.3f  (goal >= 0.7)\n", mxfp4, mxfp4 / copy_gbps);
+  gemv_figure("mxfp4_gemv_gbps", mxfp4);
   if (!o.json.empty()) {
     const nlohmann::json j{{"device", be->name()},      {"bytes", bytes},
                            {"passes", o.passes},        {"copy_gbps", copy_gbps},

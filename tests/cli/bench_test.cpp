@@ -71,6 +71,13 @@ TEST(CliBench, DeviceOnEmulatedWritesFiguresAndCudaWithoutGpuExitsTwo) {
   for (const char* key : {"copy_gbps", "h2d_gbps", "h2d_pinned_gbps", "bf16_gemv_gbps",
                           "bf16_ratio", "mxfp4_gemv_gbps", "mxfp4_ratio"})
     expect_positive(j, key);
+  // Stdout: a line per figure, in the order measured (each printed as it is).
+  size_t at = 0;
+  for (const char* key : {"copy_gbps", "h2d_gbps", "h2d_pinned_gbps", "bf16_gemv_gbps",
+                          "mxfp4_gemv_gbps"}) {
+    at = r.out.find(std::string("\n") + key + " ", at);
+    ASSERT_NE(at, std::string::npos) << key << " not printed in order:\n" << r.out;
+  }
 
   if (run_process(ktier() + " doctor").out.find("using the CPU path") == std::string::npos)
     GTEST_SKIP() << "a GPU is usable here: the no-GPU half does not apply";
