@@ -202,6 +202,20 @@ ReplayInputs ReplayInputs::from(const RequestStream& stream) {
   return in;
 }
 
+Result<ReplayInputs> ReplayInputs::from_profile(const std::filesystem::path& path,
+                                                const TraceHeader& target,
+                                                double half_life_tokens, const std::string& flag) {
+  Result<Trace> read = read_trace(path);
+  if (!read.is_ok()) return read.status().with_context(flag);
+  KTIER_RETURN_IF_ERROR(check_profile_shape(read->header, target, flag + " " + path.string()));
+  KTIER_ASSIGN_OR_RETURN(const RequestStream profile, build_request_stream(*read));
+  ReplayInputs in;
+  in.static_ranking = rank_keys_by_use(key_use_counts(profile));
+  in.temperature_seed = profile_temperatures(profile, half_life_tokens);
+  in.static_from_profile = true;
+  return in;
+}
+
 ReplayResult replay(const RequestStream& stream, const ReplaySpec& spec, const ReplayParams& params,
                     const ReplayInputs& inputs) {
   const auto t0 = std::chrono::steady_clock::now();

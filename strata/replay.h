@@ -110,6 +110,12 @@ struct ReplayInputs {
   bool static_from_profile = false;
   // Static ranked by the replayed stream's own counts (the oracle-ish baseline); no seed.
   static ReplayInputs from(const RequestStream& stream);
+  // Static ranked by the profile trace at `path` and the temperatures at its end as the seed
+  // (`half_life_tokens`). The profile must be of `target`'s shape (check_profile_shape). Errors
+  // name `flag` (e.g. "--profile"): the trace's own (exit 1/3), usage for another shape.
+  static Result<ReplayInputs> from_profile(const std::filesystem::path& path,
+                                           const TraceHeader& target, double half_life_tokens,
+                                           const std::string& flag);
 };
 
 struct TierResult {

@@ -201,17 +201,10 @@ Status run_replay(const ReplayOptions& o) {
   params.lookahead_depth = o.lookahead;
   params.refresh = !o.no_refresh;
   ReplayInputs inputs = ReplayInputs::from(stream);
+  // A profile's keys are the trace's: the same layers and experts (no padding or truncation).
   if (!o.profile.empty()) {
-    Result<Trace> read_profile = read_trace(o.profile);
-    if (!read_profile.is_ok()) return read_profile.status().with_context("--profile");
-    const Trace profile_trace = std::move(*read_profile);
-    // Its keys are the trace's: the same layers and experts (no padding or truncation).
-    KTIER_RETURN_IF_ERROR(
-        check_profile_shape(profile_trace.header, trace.header, "--profile " + o.profile));
-    KTIER_ASSIGN_OR_RETURN(const RequestStream profile, build_request_stream(profile_trace));
-    inputs.static_ranking = rank_keys_by_use(key_use_counts(profile));
-    inputs.temperature_seed = profile_temperatures(profile, o.half_life);
-    inputs.static_from_profile = true;
+    KTIER_ASSIGN_OR_RETURN(inputs, ReplayInputs::from_profile(o.profile, trace.header,
+                                                              o.half_life, "--profile"));
   }
 
   const TraceSummary summary = summarize_trace(trace, stream);

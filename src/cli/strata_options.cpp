@@ -39,9 +39,6 @@ Status apply_strata_options(const StrataArgs& a, runtime::EngineOptions& eo) {
   eo.lookahead = a.lookahead;
   eo.lookahead_refresh = !a.no_refresh;
   if (a.profile.empty()) return Status::ok();
-  Result<strata::Trace> read = strata::read_trace(a.profile);
-  if (!read.is_ok()) return read.status().with_context("--profile");
-  const strata::Trace trace = std::move(*read);
   // The profile must describe this model's experts: its keys index the policy's.
   KTIER_ASSIGN_OR_RETURN(const format::ModelConfig cfg,
                          format::load_model_config(eo.model_dir / "config.json"));
@@ -49,11 +46,12 @@ Status apply_strata_options(const StrataArgs& a, runtime::EngineOptions& eo) {
   model.num_layers = static_cast<uint32_t>(cfg.num_hidden_layers);
   model.experts_per_layer = static_cast<uint32_t>(cfg.num_experts);
   model.first_moe_layer = static_cast<uint32_t>(cfg.first_k_dense_replace);
-  KTIER_RETURN_IF_ERROR(
-      strata::check_profile_shape(trace.header, model, "--profile " + a.profile));
-  KTIER_ASSIGN_OR_RETURN(const strata::RequestStream stream, strata::build_request_stream(trace));
-  eo.temperature_seed = strata::profile_temperatures(stream, strata::kDefaultHalfLifeTokens);
-  eo.static_ranking = strata::rank_keys_by_use(strata::key_use_counts(stream));
+  KTIER_ASSIGN_OR_RETURN(strata::ReplayInputs seeds,
+                         strata::ReplayInputs::from_profile(a.profile, model,
+                                                            strata::kDefaultHalfLifeTokens,
+                                                            "--profile"));
+  eo.temperature_seed = std::move(seeds.temperature_seed);
+  eo.static_ranking = std::move(seeds.static_ranking);
   if (eo.policy == strata::PolicyKind::kStatic && eo.static_ranking.empty())
     return Status::usage("--profile " + a.profile +
                          ": the trace holds no routed requests, nothing to rank for --policy "
