@@ -525,6 +525,8 @@ Status write_trace(const std::filesystem::path& path, const Trace& trace) {
 }
 
 bool looks_like_ktier_trace(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
   std::FILE* f = std::fopen(path.string().c_str(), "rb");
   if (!f) return false;
   char magic[8];

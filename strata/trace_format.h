@@ -179,7 +179,9 @@ Result<Trace> read_trace(const std::filesystem::path& path);
 // Writes a whole trace (TraceWriter::create, append each step, close).
 Status write_trace(const std::filesystem::path& path, const Trace& trace);
 
-// True if the file starts with kTraceMagic (used to give a helpful hint for other formats).
+// True if `path` is a regular file that starts with kTraceMagic (used to give a helpful hint for
+// other formats). Anything else is not opened (a FIFO read once already would wait for a second
+// writer) and is false.
 bool looks_like_ktier_trace(const std::filesystem::path& path);
 
 }  // namespace ktier::strata

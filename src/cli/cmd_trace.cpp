@@ -34,13 +34,6 @@ struct LoadOptions {
   uint32_t experts_per_layer = kK3ExpertsPerLayer;
 };
 
-// Whether `path` is a regular file: looks_like_ktier_trace opens it again, which for a FIFO would
-// wait for a second writer.
-bool regular_file(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::is_regular_file(path, ec);
-}
-
 Result<Trace> load_trace(const std::string& path, const LoadOptions& o) {
   Trace trace;
   if (o.convert_conformance) {
@@ -49,15 +42,16 @@ Result<Trace> load_trace(const std::string& path, const LoadOptions& o) {
     c.experts_per_layer = o.experts_per_layer;
     if (o.expert_bytes) c.expert_bytes = o.expert_bytes;
     Result<Trace> converted = read_conformance_trace(path, c);
-    if (!converted.is_ok() && regular_file(path) && looks_like_ktier_trace(path))
+    if (!converted.is_ok() && looks_like_ktier_trace(path))
       return converted.status().with_note(
           o.convert_flag ? "It is a ktier trace: read it without --convert-conformance"
                          : "It is a ktier trace already: nothing to convert");
     KTIER_ASSIGN_OR_RETURN(trace, std::move(converted));
   } else {
     Result<Trace> read = read_trace(path);
-    if (!read.is_ok() && read.status().code() == ExitCode::kCorrupt && regular_file(path) &&
-        !looks_like_ktier_trace(path))
+    std::error_code ec;  // a FIFO or a folder is not said to be some other format
+    if (!read.is_ok() && read.status().code() == ExitCode::kCorrupt &&
+        std::filesystem::is_regular_file(path, ec) && !looks_like_ktier_trace(path))
       return read.status().with_note("Or read it as one with --convert-conformance");
     KTIER_ASSIGN_OR_RETURN(trace, std::move(read));
   }
