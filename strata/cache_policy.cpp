@@ -457,6 +457,11 @@ void PrefetchLedger::settle(CacheModel& policy, int64_t layer, int64_t num_exper
     if (in_layer(ids[i])) requested_[static_cast<size_t>(ids[i])] = 0;
 }
 
+void PrefetchLedger::abandon(CacheModel& policy) {
+  for (const auto& entry : pending_) policy.prefetch_unused(entry.second);
+  pending_.clear();
+}
+
 std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,
                                        const PolicyInputs& inputs) {
   switch (kind) {

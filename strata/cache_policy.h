@@ -385,6 +385,8 @@ class PrefetchLedger {
   // ids [n]: layer `layer`'s requested experts (key = layer * num_experts + id).
   void settle(CacheModel& policy, int64_t layer, int64_t num_experts, const int32_t* ids,
               int64_t n);
+  // A pass ended before their layers: every pending prefetch is unused.
+  void abandon(CacheModel& policy);
 
  private:
   std::vector<std::pair<int64_t, uint32_t>> pending_;  // (target layer, key), in issue order

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -302,7 +303,14 @@ void ExpertCache::begin_window() {
 void ExpertCache::track_pass(int64_t layer, bool from_begin_layer) {
   // In a pass, on_prediction(l) may precede begin_layer(l); layers never decrease and
   // begin_layer is called once per layer.
-  if (layer < last_layer_ || (layer == last_layer_ && last_was_begin_ && from_begin_layer)) ++pass_;
+  if (layer < last_layer_ || (layer == last_layer_ && last_was_begin_ && from_begin_layer)) {
+    ++pass_;
+    // Left by a pass that ended early (a failed read, under serve): its queued predictions
+    // would be read for this pass's layers, with their pins expired. A complete pass leaves
+    // neither (its last layer settles them).
+    cancel_pending(INT64_MAX);
+    prefetched_for_.abandon(*policy_);
+  }
   last_layer_ = layer;
   last_was_begin_ = from_begin_layer;
 }
@@ -327,15 +335,24 @@ size_t ExpertCache::take_free_slot() {
   }
 }
 
+void ExpertCache::cancel_pending(int64_t through_layer) {
+  // pending_ is sorted by target layer; a key predicted twice (at two depths, or by the
+  // refresh) is one cancelled expert.
+  std::vector<uint32_t> keys;
+  while (!pending_.empty() && pending_.front().target_layer <= through_layer) {
+    keys.push_back(pending_.front().key);
+    pending_.pop_front();
+  }
+  std::sort(keys.begin(), keys.end());
+  stats_.prefetch_cancelled +=
+      static_cast<uint64_t>(std::unique(keys.begin(), keys.end()) - keys.begin());
+}
+
 void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32_t* ids,
                               int64_t T, int k) {
   track_pass(layer, /*from_begin_layer=*/true);
   release_bypass();
-  // Predictions for this layer or an earlier one that were never issued are stale now.
-  while (!pending_.empty() && pending_.front().target_layer <= layer) {
-    pending_.pop_front();
-    ++stats_.prefetch_cancelled;
-  }
+  cancel_pending(layer);  // predictions for it or an earlier layer, never issued: stale now
   stats_.policy_hits += strata::access_routing(*policy_, layer, ckpt_.config().num_experts, ids,
                                                T, k, moe_layers_, step_, requests_);
   prefetched_for_.settle(*policy_, layer, ckpt_.config().num_experts, ids, T * k);
@@ -344,12 +361,28 @@ void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32
   // it from here or a faster tier serves the copy it made from here (GPU mode; that tier never
   // asks this one). A prefetch still loading is left to fetch(), which waits for it (late).
   const int64_t Ne = ckpt_.config().num_experts;
+  asked_.resize(static_cast<size_t>(Ne));
   for (int64_t i = 0; i < T * k; ++i) {
+    asked_[static_cast<size_t>(ids[i])] = 1;
     const int32_t si = slot_of_key_[static_cast<size_t>(layer * Ne + ids[i])];
     if (si < 0) continue;
     Slot& s = slots_[static_cast<size_t>(si)];
     if (s.prefetched_unused && s.state == SlotState::kReady) settle_prefetch(s, layer, true);
   }
+  // A prefetch of this layer's that its routing did not ask for is wasted now, as the VRAM tier
+  // counts its copies: left to an eviction or a later use, a wrong prediction in a tier that
+  // seldom evicts would never be counted and the report's precision would read high. Its read
+  // goes on if still loading (the policy keeps it as a resident).
+  for (int64_t e = 0; e < Ne; ++e) {
+    if (asked_[static_cast<size_t>(e)]) continue;
+    const int32_t si = slot_of_key_[static_cast<size_t>(layer * Ne + e)];
+    if (si < 0) continue;
+    Slot& s = slots_[static_cast<size_t>(si)];
+    if (!s.prefetched_unused) continue;
+    s.prefetched_unused = false;
+    count_wasted(s, expert_bytes(static_cast<uint32_t>(s.key)));
+  }
+  for (int64_t i = 0; i < T * k; ++i) asked_[static_cast<size_t>(ids[i])] = 0;
   (void)first_position;
   pump_prefetches();  // predictions queued behind the in-flight cap
 }
@@ -431,9 +464,6 @@ void ExpertCache::pump_prefetches() {
     slot_of_key_[p.key] = static_cast<int32_t>(si);
     reads.clear();
     plan_reads(p.key, si, reads);
-    ++stats_.prefetch_issued;
-    stats_.prefetch_bytes += expert_bytes(p.key);
-    stats_.read_bytes += expert_bytes(p.key);
     // Submitted at once (in priority order), so a loading slot always has reads outstanding.
     if (prefetch_cq_->submit(reads).is_ok()) {
       s.state = SlotState::kLoading;
@@ -441,7 +471,12 @@ void ExpertCache::pump_prefetches() {
       s.reads_outstanding = static_cast<uint32_t>(reads.size());
       s.prefetch_chunks = need;
       prefetch_chunks_outstanding_ += need;
-    }  // else nothing was queued: read on demand
+      ++stats_.prefetch_issued;
+      stats_.prefetch_bytes += expert_bytes(p.key);
+      stats_.read_bytes += expert_bytes(p.key);
+    } else {
+      s.prefetched_unused = false;  // nothing was queued, nothing read: read on demand
+    }
   }
 }
 

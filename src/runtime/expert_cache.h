@@ -78,9 +78,9 @@ struct ExpertCacheStats {
   uint64_t hit_bytes = 0, miss_bytes = 0, late_bytes = 0;
   uint64_t read_bytes = 0;  // shards -> RAM, demand and prefetch (the NVMe -> RAM link)
   // Prefetch (experts): issued = reads started for predicted experts; useful = fetched by their
-  // target layer in the same pass; timely = useful and complete by then; wasted = evicted,
-  // failed, or first fetched elsewhere (issued - useful - wasted are still pending);
-  // cancelled = predictions dropped before issue.
+  // target layer in the same pass; timely = useful and complete by then; wasted = not asked
+  // for by that layer's routing, evicted, or failed (issued - useful - wasted are still
+  // pending); cancelled = predicted experts dropped before issue (each once per target layer).
   uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_timely = 0, prefetch_wasted = 0;
   uint64_t prefetch_cancelled = 0;
   uint64_t prefetch_bytes = 0, prefetch_wasted_bytes = 0;
@@ -182,6 +182,8 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   // A call for `layer` from begin_layer (or on_prediction) starts a new forward pass when the
   // layers stop increasing.
   void track_pass(int64_t layer, bool from_begin_layer);
+  // Drops the queued predictions for layers up to `through_layer`, counted as cancelled.
+  void cancel_pending(int64_t through_layer);
   void release_bypass();
   // A free slot whose reads are complete, waiting for an evicted prefetch's reads if need be.
   size_t take_free_slot();
@@ -207,6 +209,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   strata::PrefetchLedger prefetched_for_;  // issued prefetches awaiting their layer
   strata::PolicyKind policy_kind_ = strata::PolicyKind::kTemperature;
   std::deque<PendingPrefetch> pending_;
+  std::vector<uint8_t> asked_;  // begin_layer's scratch: the layer's routed experts (all 0 after)
   uint32_t prefetch_chunks_outstanding_ = 0, prefetch_in_flight_ = 32;
   uint64_t step_ = 0;  // policy steps begun (the next is step_)
   // Policy requests made. Request::index is 32-bit and wraps after 2^32 requests (K3: ~2.9M

@@ -211,7 +211,10 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
   (void)first_position, (void)weights;  // ids arrive highest weight first per token
   if (!deferred_.is_ok()) return;
   if (depth == 1) {
-    if (layer < last_predicting_layer_) waiting_.clear();  // a new pass: the old one's are stale
+    if (layer < last_predicting_layer_) {  // a new pass: what the old one left is stale
+      waiting_.clear();
+      prefetched_for_.abandon(*policy_);  // (only a pass that ended early leaves any)
+    }
     last_predicting_layer_ = layer;
     retry_waiting(layer - 1);  // earlier predictions whose RAM reads have landed since
   }

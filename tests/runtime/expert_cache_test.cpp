@@ -297,9 +297,38 @@ TEST_F(ExpertCacheTest, PrefetchCountersAddUpAndPrefetchReplacesDemandReads) {
     } else {
       EXPECT_GT(x.prefetch_useful, 0u);
       EXPECT_GT(x.prefetch_issued, x.prefetch_useful) << "some predictions must miss";
+      // Every pass ran to its last layer: each prefetch was settled by its layer's routing.
+      EXPECT_EQ(x.prefetch_useful + x.prefetch_wasted, x.prefetch_issued);
     }
   }
   EXPECT_LT(demand[1], demand[0]) << "lookahead must turn some demand reads into prefetches";
+}
+
+// A wrong prediction is wasted when its layer is routed elsewhere, not when (or if) it is
+// evicted: in a tier with room to spare it never would be, the report's precision would read
+// high and its bytes, read for nothing, would go uncounted (as the VRAM tier counts its copies).
+TEST_F(ExpertCacheTest, AWrongPredictionIsWastedWhenItsLayerIsRoutedElsewhere) {
+  TierAlone t;
+  ASSERT_NO_FATAL_FAILURE(open_tier_alone(16, 2, t));
+  ExpertCache& x = *t.cache;
+  const int64_t layer = t.layer;
+  const float weights[] = {0.5f, 0.5f};
+  const int32_t predicted[] = {0, 2}, routed[] = {0, 3};
+  x.on_prediction(layer - 1, 1, 0, predicted, weights, 1, 2);
+  ASSERT_TRUE(pump_until_landed(x, layer, 0));
+  ASSERT_TRUE(pump_until_landed(x, layer, 2));
+  x.begin_layer(layer, 0, routed, 1, 2);
+  const ExpertCacheStats& s = x.stats();
+  EXPECT_EQ(s.prefetch_issued, 2u);
+  EXPECT_EQ(s.prefetch_useful, 1u);
+  EXPECT_EQ(s.prefetch_wasted, 1u) << "2 was not routed: wasted now, though still held";
+  EXPECT_EQ(2 * s.prefetch_wasted_bytes, s.prefetch_bytes);  // experts of equal size
+  model::ExpertWeights view;
+  EXPECT_TRUE(x.peek(layer, 2, &view)) << "the tier keeps it: room to spare";
+  // Routed in a later pass, it is a hit, not counted again.
+  x.begin_layer(layer, 1, predicted, 1, 2);
+  EXPECT_EQ(s.prefetch_useful, 1u);
+  EXPECT_EQ(s.prefetch_wasted, 1u);
 }
 
 // Every layer a lookahead can predict (each MoE layer with a layer before it — the first MoE
@@ -484,8 +513,9 @@ TEST_F(ExpertCacheTest, PrefetchesIssuedBeforeAWindowSettleAsCarried) {
   ASSERT_TRUE(pump_until_landed(x, layer, 0));
   ASSERT_TRUE(pump_until_landed(x, layer, 2));
   x.begin_window();
-  // In it: `layer` routes 0 (useful, carried); the next pass predicts 4 and 5, routes 2 (the
-  // earlier pass's prediction: wasted, carried) and 4 (useful, the window's own).
+  // In it: `layer` routes 0 (useful, carried) and not 2 (wasted, carried); the next pass
+  // predicts 4 and 5 and routes 2 (a hit, no longer a prefetch) and 4 (useful, the window's
+  // own), not 5 (wasted, the window's own).
   const int32_t routed1[] = {0, 3};
   x.begin_layer(layer, 0, routed1, 1, 2);
   const int32_t in_window[] = {4, 5};
@@ -499,14 +529,14 @@ TEST_F(ExpertCacheTest, PrefetchesIssuedBeforeAWindowSettleAsCarried) {
   EXPECT_EQ(s.carried_useful, 1u);
   EXPECT_EQ(s.prefetch_timely, 2u);
   EXPECT_EQ(s.carried_timely, 1u);
-  EXPECT_EQ(s.prefetch_wasted, 1u);
+  EXPECT_EQ(s.prefetch_wasted, 2u);
   EXPECT_EQ(s.carried_wasted, 1u);
-  EXPECT_EQ(s.carried_wasted_bytes, s.prefetch_wasted_bytes);
+  EXPECT_EQ(2 * s.carried_wasted_bytes, s.prefetch_wasted_bytes);  // experts of equal size
   EXPECT_GT(s.carried_wasted_bytes, 0u);
 }
 
-// A carried prefetch evicted unused is carried waste, and the slot it leaves, taken by a
-// prefetch issued in the window, holds the window's own prefetch.
+// A carried prefetch its layer did not use is carried waste, once (not again when evicted), and
+// the slot it leaves, taken by a prefetch issued in the window, holds the window's own prefetch.
 TEST_F(ExpertCacheTest, CarriedPrefetchesEvictedInTheWindowFreeSlotsForItsOwn) {
   TierAlone t;
   ASSERT_NO_FATAL_FAILURE(open_tier_alone(4, 2, t));
@@ -515,7 +545,7 @@ TEST_F(ExpertCacheTest, CarriedPrefetchesEvictedInTheWindowFreeSlotsForItsOwn) {
   const float weights[] = {0.5f, 0.5f};
   // One token's passes, the LRU policy holding 4 experts, each layer predicted before its
   // routing as in the model. Pass 0: layer - 1 predicts 0 and 2 for `layer` (read before the
-  // window) and routes two of its own; `layer` routes 1 and 3.
+  // window) and routes two of its own; `layer` routes 1 and 3: 0 and 2 are carried waste.
   const int32_t before[] = {0, 2}, routed[] = {1, 3}, earlier[] = {0, 1}, own[] = {4, 5};
   x.on_prediction(layer - 1, 1, 0, before, weights, 1, 2);
   ASSERT_TRUE(pump_until_landed(x, layer, 0));
@@ -523,9 +553,9 @@ TEST_F(ExpertCacheTest, CarriedPrefetchesEvictedInTheWindowFreeSlotsForItsOwn) {
   x.begin_layer(layer - 1, 0, earlier, 1, 2);
   x.begin_window();
   x.begin_layer(layer, 0, routed, 1, 2);
-  EXPECT_EQ(x.stats().carried_wasted, 0u);
-  // Pass 1: layer - 1's routing displaces the least recent, 0 and 2 (unused); its predictions
-  // 4 and 5 take the slots they left, and `layer` uses both.
+  EXPECT_EQ(x.stats().carried_wasted, 2u);
+  // Pass 1: layer - 1's routing displaces the least recent, 0 and 2 (counted already); its
+  // predictions 4 and 5 take the slots they left, and `layer` uses both.
   x.begin_layer(layer - 1, 1, earlier, 1, 2);
   EXPECT_EQ(x.stats().carried_wasted, 2u);
   x.on_prediction(layer - 1, 1, 1, own, weights, 1, 2);
