@@ -778,15 +778,23 @@ Status add_generation_config_stop_ids(const std::filesystem::path& file, ModelCo
   const auto it = root.find("eos_token_id");
   if (it == root.end() || it->is_null()) return Status::ok();
   std::vector<int64_t> ids;
+  const json* bad = nullptr;  // the first value that is not an id
   const auto take = [&](const json& v) {
-    if (!v.is_number_integer()) return false;
+    // An unsigned past int64's range would wrap to a negative id in get<int64_t>().
+    constexpr auto kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > kMax)) {
+      bad = &v;
+      return false;
+    }
     ids.push_back(v.get<int64_t>());
     return true;
   };
-  bool ok = it->is_array() ? std::all_of(it->begin(), it->end(), take) : take(*it);
+  const bool ok = it->is_array() ? std::all_of(it->begin(), it->end(), take) : take(*it);
   if (!ok)
     return Status::usage(name + ": eos_token_id: expected an integer or a list of integers, got " +
-                         std::string(it->type_name()));
+                         (bad->is_number_integer() ? "integer " + bad->dump() + ", out of range"
+                                                   : std::string(bad->type_name())) +
+                         (bad != &*it ? " in the list" : ""));
   for (const int64_t id : ids) {
     if (c.vocab_size >= 1 && (id < 0 || id >= c.vocab_size))
       return Status::usage(name + ": eos_token_id: id " + std::to_string(id) +

@@ -277,6 +277,8 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   map_ = std::exchange(o.map_, nullptr);
   map_slot_ = std::exchange(o.map_slot_, -1);
   file_size_ = o.file_size_;
+  device_ = o.device_;
+  inode_ = o.inode_;
   data_offset_ = o.data_offset_;
   tensors_ = std::move(o.tensors_);
   by_name_ = std::move(o.by_name_);
@@ -284,6 +286,12 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
 }
 
 SafetensorsFile::~SafetensorsFile() { release(); }
+
+bool SafetensorsFile::same_file_as(int fd) const {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_dev) == device_ &&
+         static_cast<uint64_t>(st.st_ino) == inode_;
+}
 
 void SafetensorsFile::release() {
   unregister_mapping(std::exchange(map_slot_, -1));
@@ -319,6 +327,8 @@ Result<SafetensorsFile> SafetensorsFile::open_unguarded(const std::filesystem::p
     return Status::runtime(file + ": cannot stat: " + errno_text(err));
   }
   f.file_size_ = static_cast<uint64_t>(st.st_size);
+  f.device_ = static_cast<uint64_t>(st.st_dev);
+  f.inode_ = static_cast<uint64_t>(st.st_ino);
 
   if (f.file_size_ < 8)
     return Status::corrupt(file + ": file is " + std::to_string(f.file_size_) +

@@ -68,6 +68,9 @@ class SafetensorsFile {
 
   const std::filesystem::path& path() const { return path_; }
   uint64_t file_size() const { return file_size_; }
+  // Whether descriptor `fd` is this file (its device and inode): a path opened again may name
+  // another file by now (replaced by a rename since open() checked this one).
+  bool same_file_as(int fd) const;
   uint64_t data_offset() const { return data_offset_; }  // 8 + N
   OpenMode mode() const { return mode_; }
 
@@ -94,6 +97,7 @@ class SafetensorsFile {
   const uint8_t* map_ = nullptr;  // whole file, PROT_READ; null in kPread mode
   int map_slot_ = -1;             // map_guard.h: a SIGBUS in map_ names this file
   uint64_t file_size_ = 0;
+  uint64_t device_ = 0, inode_ = 0;  // of the file checked
   uint64_t data_offset_ = 0;
   std::vector<TensorInfo> tensors_;
   std::unordered_map<std::string, size_t> by_name_;

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstring>
 #include <map>
+#include <new>
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -417,7 +418,9 @@ Result<TrunkPack> TrunkPack::open_impl(const std::filesystem::path& packdir,
       return Status::corrupt(manifest_path.string() + ": " + e.msg + " (the pack does not match " +
                              ckpt->dir().string() + "): rerun ktier pack");
     }
-  } catch (const std::exception& e) {  // bad_alloc, json type errors missed above; never escape
+  } catch (const std::bad_alloc&) {  // the machine's memory, not the pack (exit 1, as main's)
+    return Status::runtime(manifest_path.string() + ": out of memory while opening the pack");
+  } catch (const std::exception& e) {  // json type errors missed above; never escape
     return Status::corrupt(manifest_path.string() + ": " + e.what());
   }
   return pack;

@@ -79,6 +79,12 @@ Status Engine::open_trunk_dial(const EngineOptions& opts) {
   KTIER_ASSIGN_OR_RETURN(io_, io::make_io_engine(opts.io));
   for (size_t i = 0; i < ckpt_.num_shards(); ++i) {
     KTIER_ASSIGN_OR_RETURN(io::ReadFile f, io_->open(ckpt_.shard(i).path()));
+    // The bytes read through `f` are those the checkpoint checked only if it is the same file:
+    // one replaced since (a rename: a download or a conversion finishing) would be read at the
+    // old header's offsets, and its experts carry no checksum.
+    if (!ckpt_.shard(i).same_file_as(f.fd()))
+      return Status::runtime(f.path() + ": replaced while the model was opened (another file "
+                             "has this name now): run again once it stays as it is");
     shard_files_.push_back(std::move(f));
   }
   const DialPlan& plan = *plan_.dial;

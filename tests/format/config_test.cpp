@@ -722,7 +722,11 @@ TEST(Config, GenerationConfigStopIdsAreAdded) {
   const std::pair<std::string, std::string> bad[] = {
       {R"({"eos_token_id": "163585"})", "generation_config.json: eos_token_id: expected an "
                                         "integer or a list of integers, got string"},
-      {R"({"eos_token_id": [1, 2.5]})", "expected an integer or a list of integers"},
+      {R"({"eos_token_id": [1, 2.5]})",
+       "expected an integer or a list of integers, got number in the list"},
+      {R"({"eos_token_id": [1, "x"]})", "list of integers, got string in the list"},
+      {R"({"eos_token_id": 18446744073709551615})",
+       "list of integers, got integer 18446744073709551615, out of range"},
       {R"({"eos_token_id": 999999999})", "generation_config.json: eos_token_id: id 999999999 "
                                          "is outside the vocabulary"},
       {R"({"eos_token_id": 1,)", "generation_config.json: not valid JSON: "},

@@ -3,6 +3,7 @@
 #include "format/map_guard.h"
 #include "format/safetensors.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -256,6 +257,29 @@ TEST(SafetensorsCorrupt, OverlappingRanges) {
   b.offsets = std::make_pair(uint64_t{8}, uint64_t{24});  // starts inside first.tensor [0, 16)
   const std::string m = open_corrupt(dir, ktier::test::st_file({a, b}));
   EXPECT_HAS(m, "'first.tensor' [0, 16) and 'second.tensor' [8, 24) overlap");
+}
+
+// A path opened again may name another file by now: the engine asks whether its descriptor is
+// the file that was checked (a shard replaced by a rename would be read at the old offsets).
+TEST(Safetensors, SameFileAsTellsTheCheckedFileFromOneRenamedOverIt) {
+  TempDir dir("st_same");
+  const auto bytes = ktier::test::st_file({f32("x", {3})});
+  const std::filesystem::path path = dir.path() / "a.safetensors",
+                              other = dir.path() / "b.safetensors";
+  ktier::test::write_bytes(path, bytes);
+  ktier::test::write_bytes(other, bytes);
+  auto f = SafetensorsFile::open(path, OpenMode::kPread);
+  ASSERT_TRUE(f.is_ok()) << f.status().message();
+  const int before = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(before, 0);
+  EXPECT_TRUE(f->same_file_as(before));
+  std::filesystem::rename(other, path);  // the same bytes, another file
+  const int after = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(after, 0);
+  EXPECT_FALSE(f->same_file_as(after));
+  EXPECT_TRUE(f->same_file_as(before));
+  ::close(before);
+  ::close(after);
 }
 
 // The tensors index the whole data section, without holes (the format's rule): a header length
