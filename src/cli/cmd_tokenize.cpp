@@ -81,7 +81,9 @@ void register_tokenize_command(CLI::App& app, int& exit_code) {
                   "Folder with tiktoken.model and tokenizer_config.json (or a tiktoken.model file)")
       ->required();
   auto* p = sub->add_option("-p,--prompt", args->text, "Text to encode");
-  auto* f = sub->add_option("-f,--file", args->file, "File to encode ('-' for standard input)");
+  auto* f = sub->add_option("-f,--file", args->file,
+                            "File to encode byte for byte ('-' for standard input); `run -f` "
+                            "drops one final newline first, as llama.cpp's -f");
   p->excludes(f);
   auto* special = sub->add_flag(
       "--special", args->special,

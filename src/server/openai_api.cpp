@@ -582,11 +582,13 @@ std::string valid_utf8(std::string_view bytes) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   for (size_t i = 0; i < bytes.size();) {
     const tok::DecodedCp d = tok::decode_utf8(p + i, bytes.size() - i);
-    if (d.cp == tok::kInvalidCp)
+    if (d.cp == tok::kInvalidCp) {
       out += "\xEF\xBF\xBD";
-    else
+      i += tok::utf8_maximal_subpart(p + i, bytes.size() - i);
+    } else {
       out.append(bytes.substr(i, d.len));
-    i += d.len;
+      i += d.len;
+    }
   }
   return out;
 }

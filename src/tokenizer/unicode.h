@@ -50,6 +50,26 @@ inline DecodedCp decode_utf8(const unsigned char* p, size_t n) {
   return {kInvalidCp, 1};
 }
 
+// Bytes of p[0..n) (n >= 1) that begin a well-formed sequence (Table 3-7): a complete one's
+// length, a truncated one's bytes so far, or 1 for a byte that begins none. Where decode_utf8
+// reports kInvalidCp, this is the "maximal subpart" that the Unicode Standard's U+FFFD
+// substitution practice (§3.9), and Python's errors="replace", turn into one U+FFFD.
+inline size_t utf8_maximal_subpart(const unsigned char* p, size_t n) {
+  const unsigned b0 = p[0];
+  const size_t need = b0 >= 0xC2 && b0 <= 0xDF   ? 2
+                      : b0 >= 0xE0 && b0 <= 0xEF ? 3
+                      : b0 >= 0xF0 && b0 <= 0xF4 ? 4
+                                                 : 1;
+  size_t len = 1;
+  for (; len < need && len < n; ++len) {
+    // The second byte's range depends on the lead (no overlongs, surrogates or past U+10FFFF).
+    const unsigned lo = len > 1 ? 0x80 : b0 == 0xE0 ? 0xA0 : b0 == 0xF0 ? 0x90 : 0x80;
+    const unsigned hi = len > 1 ? 0xBF : b0 == 0xED ? 0x9F : b0 == 0xF4 ? 0x8F : 0xBF;
+    if (p[len] < lo || p[len] > hi) break;
+  }
+  return len;
+}
+
 // Appends the UTF-8 encoding of a valid scalar value (no surrogates, <= U+10FFFF).
 void append_utf8(uint32_t cp, char* out, size_t* len);
 

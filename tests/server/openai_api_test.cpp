@@ -577,10 +577,22 @@ TEST(OpenAiResponse, LogprobsHaveEachEndpointsShape) {
 TEST(ServiceText, InvalidBytesBecomeReplacementCharacters) {
   EXPECT_EQ(valid_utf8("plain \xc3\xa9 \xf0\x9f\x98\x80"), "plain \xc3\xa9 \xf0\x9f\x98\x80");
   EXPECT_EQ(valid_utf8("a\xff" "b"), "a\xef\xbf\xbd" "b");
-  // A truncated sequence, an overlong form and a surrogate: one U+FFFD per byte not decoded.
-  EXPECT_EQ(valid_utf8("\xe2\x82"), "\xef\xbf\xbd\xef\xbf\xbd");
-  EXPECT_EQ(valid_utf8("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");
-  EXPECT_EQ(valid_utf8("\xed\xa0\x80").size(), 9u);
+  // One U+FFFD per maximal subpart, as Python's bytes.decode("utf-8", "replace") (tiktoken's
+  // decode) gives (each case below checked against it): a sequence cut short is one, however
+  // many of its bytes came (a completion cut by max_tokens inside a character); a byte that
+  // can begin no sequence, or continue none here (overlong, surrogate, past U+10FFFF), is one.
+  const std::string fffd = "\xef\xbf\xbd";
+  for (const auto& [in, out] : std::vector<std::pair<std::string, std::string>>{
+           {"\xe2\x82", fffd},
+           {"\xe4\xb8x", fffd + "x"},
+           {"\xf0\x9f\x98\xe4\xb8", fffd + fffd},
+           {"\xf0\x9f\x98\x80\x80", "\xf0\x9f\x98\x80" + fffd},
+           {"\xc0\xaf", fffd + fffd},
+           {"\xe0\x80\xaf", fffd + fffd + fffd},
+           {"\xed\xa0\x80", fffd + fffd + fffd},
+           {"\xf4\x90\x80\x80", fffd + fffd + fffd + fffd},
+           {"x\x80\xf5y", "x" + fffd + fffd + "y"}})
+    EXPECT_EQ(valid_utf8(in), out) << testing::PrintToString(in);
   // The result is valid: encoding again changes nothing, and JSON carries it unchanged.
   const std::string once = valid_utf8("x\x80\xf5y");
   EXPECT_EQ(valid_utf8(once), once);
