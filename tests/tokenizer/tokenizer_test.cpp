@@ -7,6 +7,7 @@
 #include "common/test_paths.h"
 #include "test_vocab.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace ktier::tok {
 namespace {
@@ -252,18 +253,48 @@ TEST(StreamingDecoder, IncompleteSuffixRules) {
   EXPECT_EQ(incomplete_utf8_suffix("\x80\x80\x80"), 0u);
 }
 
+// After every push, what came out is the whole text so far less exactly the bytes that may still
+// complete a character: a final well-formed sequence cut short (utf8_maximal_subpart, not the
+// decoder's own rule), nothing more and nothing less; all of it once flushed.
 TEST(StreamingDecoder, ConcatenationEqualsDecode) {
-  const Tokenizer t = make();
+  const auto may_complete = [](const std::string& text) -> size_t {
+    const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+    for (size_t k = 1; k <= 3 && k <= text.size(); ++k) {
+      const unsigned char* at = p + text.size() - k;
+      if ((*at & 0xC0) == 0x80) continue;  // a continuation byte: its lead is further back
+      // A lead (C2..F4) whose bytes so far are all well-formed, and not yet a character.
+      const bool lead = *at >= 0xC2 && *at <= 0xF4;
+      return lead && utf8_maximal_subpart(at, k) == k && decode_utf8(at, k).cp == kInvalidCp ? k
+                                                                                             : 0;
+    }
+    return 0;
+  };
+  const Tokenizer bytes = make({}, 0, SplitPattern::kK3, {});  // one id per byte: more cuts
+  const Tokenizer merged = make();
   std::mt19937 rng(99);
-  for (int round = 0; round < 200; ++round) {
+  size_t held_rounds = 0;
+  for (int round = 0; round < 400; ++round) {
+    const Tokenizer& t = round % 2 ? bytes : merged;
     Ids ids(rng() % 40);
-    for (auto& id : ids) id = rng() % t.vocab_size();
+    for (auto& id : ids) {
+      // Byte ids biased to UTF-8 leads and continuations, so that characters are cut often.
+      id = rng() % t.vocab_size();
+      if (&t == &bytes && rng() % 2) id = 0x80 + rng() % 0x78;
+    }
     StreamingDecoder s(t);
     std::string streamed;
-    for (const auto id : ids) streamed += s.push(id).value();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      streamed += s.push(ids[i]).value();
+      const std::string so_far = t.decode(Ids(ids.begin(), ids.begin() + i + 1)).value();
+      const size_t hold = may_complete(so_far);
+      held_rounds += hold > 0;
+      ASSERT_EQ(streamed, so_far.substr(0, so_far.size() - hold)) << "round " << round;
+      ASSERT_EQ(s.pending_bytes(), hold);
+    }
     streamed += s.flush();
     ASSERT_EQ(streamed, t.decode(ids).value());
   }
+  EXPECT_GT(held_rounds, 100u) << "too few cut characters to test holding back";
 }
 
 // ---- round trips ---------------------------------------------------------------------------
