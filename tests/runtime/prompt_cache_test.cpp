@@ -263,6 +263,18 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
     EXPECT_NE(s.message().find("\"sampler_draws\" 5 is more than its 3 positions"),
               std::string::npos) << s.message();
   }
+  // A header past a prompt cache's size (here __metadata__ padded past 1 MiB; up to the reader's
+  // 100 MiB it would be parsed whole first) is refused unread.
+  {
+    std::string json = "{\"__metadata__\":{\"format\":\"x\",\"pad\":\"" +
+                       std::string(size_t{1} << 20, 'a') + "\"}}";
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i)
+      file[static_cast<size_t>(i)] = static_cast<char>(json.size() >> (8 * i));
+    expect_corrupt(file + json,
+                   "not a ktier prompt cache (a header of " + std::to_string(json.size()) +
+                       " bytes", c);
+  }
   // A checkpoint shard is safetensors, not a saved state.
   auto shard = SavedSequence::open(e->checkpoint().shard(0).path(), c, h);
   ASSERT_FALSE(shard.is_ok());
