@@ -30,10 +30,12 @@
 #include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "common/json_text.h"
+#include "common/size.h"
 #include "cpu/thread_pool.h"
 #include "io/output_file.h"
 #include "pack/block_codec.h"
 #include "pack/trunk_pack.h"
+#include "runtime/engine_plan.h"
 
 namespace ktier::cli {
 namespace {
@@ -112,8 +114,16 @@ Status run_inflate_bench(const InflateOptions& o) {
   std::vector<std::vector<uint8_t>> stored, inflated;
   std::vector<Inflater::Item> timed;
   uint64_t timed_bytes = 0;
+  // The pack is opened unchecked (no checkpoint): a record's inflated size is only its blocks'
+  // claims, which a damaged or crafted manifest can make past the machine's memory, zero-filled
+  // below before any block is read. One record at a time must fit what is free.
+  const uint64_t available = runtime::mem_available_bytes();
   for (const pack::Record& r : p.records()) {
     if (!r.compressed) continue;
+    if (available > 0 && r.stored_size + r.size > runtime::usable_memory(available))
+      return Status::budget(o.pack + ": record '" + r.name + "' inflates to " +
+                            format_size(r.size) + ", past 90% of MemAvailable (" +
+                            format_size(available) + "): bench inflate holds one whole record");
     std::vector<uint8_t> st(r.stored_size), out(r.size);
     KTIER_RETURN_IF_ERROR(p.read_stored(r, st.data()));
     std::vector<Inflater::Item> items;
