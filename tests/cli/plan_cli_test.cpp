@@ -200,6 +200,22 @@ TEST_F(RunEvalCli, ABudgetPastTheMachinesMemoryIsLoweredToFitIt) {
   const nlohmann::json j = read_json(report);
   EXPECT_EQ(j.at("budget_bytes"), least.at("minimum_bytes"));
   EXPECT_EQ(j.at("lookahead"), 0);
+  // Asked for the least itself, past MemAvailable (a longer context sets more aside for the
+  // sequence): nothing to lower, but the machine is said to be short.
+  const std::string longer = " --ids " + prompt_ids() + " -n 8 --temp 0 --print-ids -c 1000";
+  const nlohmann::json least_longer = plan_dial("", " -c 1000 --lookahead 0 --preset max");
+  ASSERT_FALSE(least_longer.is_null());
+  ASSERT_GT(least_longer.at("minimum_bytes").get<uint64_t>(), uint64_t{1} << 20);
+  const ProcessResult at_least =
+      run_process(mem(1) + ktier() + " run" + model() + longer + " --lookahead 0 --ram " +
+                  std::to_string(least_longer.at("minimum_bytes").get<uint64_t>()));
+  ASSERT_EQ(at_least.exit_code, 0) << at_least.err;
+  EXPECT_EQ(at_least.out, want.out);
+  EXPECT_EQ(at_least.err.find("budget lowered"), std::string::npos) << at_least.err;
+  EXPECT_NE(at_least.err.find("more than the 1.00 MiB MemAvailable, and is the least this run "
+                              "needs: the system may end it for memory"),
+            std::string::npos)
+      << at_least.err;
 }
 
 // GPU mode's placement on the emulated device: the device's working set, resident layers and
