@@ -258,8 +258,8 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
   sub->add_option("--io", a.io, "Read engine with --pack/--ram/--preset: auto, uring or pread")
       ->capture_default_str();
   add_rate_limit_option(sub, a.io_rate_limit_mb_s,
-                        "Only with --pack/--ram/--preset (a memory-mapped checkpoint ignores it, "
-                        "with a warning)");
+                        "Only with --pack/--ram/--preset or in GPU mode (a memory-mapped "
+                        "checkpoint ignores it, with a warning)");
   sub->add_option("--device", a.device,
                   "auto (the GPU when the CUDA module finds one, else the CPU, saying why), cpu, "
                   "cuda (exit 2 when it cannot be used), or emulated (GPU mode's placement on the "
@@ -274,7 +274,8 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
                   "GPU matrix products of 8 or more tokens: fused (ktier's kernels: the output "
                   "does not depend on how the prompt is chunked) or cublas (F32/BF16 weights "
                   "through cuBLAS: faster on long prompts, output bytes that change with "
-                  "--chunk, within NUMERICS.md's bounds); ignored on the CPU")
+                  "--chunk, within NUMERICS.md's bounds); ignored (with a warning) on the CPU "
+                  "and the emulated device")
       ->check(CLI::IsMember({"fused", "cublas"}))
       ->capture_default_str();
 }
@@ -412,7 +413,8 @@ void add_sampling_options(CLI::App* sub, runtime::SamplingParams& sampling, bool
                   help(for_requests ? "Sampling seed (same seed, same tokens); -1 = a new "
                                       "random one for each request"
                                     : "Sampling seed (same seed, same tokens); -1 = a random "
-                                      "one, logged",
+                                      "one, logged when sampling (--temp > 0) and in "
+                                      "--report-json",
                        "seed"),
                   /*random_allowed=*/true);
   sub->add_option("--repeat-penalty", sampling.repeat_penalty,

@@ -3,7 +3,7 @@
 // (prefill) throughput as a ratio of its measured double FMA rate. What is measured and how is
 // stated in bench/kernel_bench.h; this file is the command line, the table and the JSON.
 //
-//   ktier bench kernels [--json FILE] [--threads N] [--reps N] [--size-mib N] [--quick]
+//   ktier bench kernels [--json FILE] [--threads N] [--reps/--passes N] [--size-mib N] [--quick]
 //
 // Exit codes: 0 measured (whether or not a goal is met), 1 no memory or JSON not writable,
 // 2 bad options.
@@ -213,18 +213,20 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<KernelsOptions>();
   sub->add_option("--json", o->json, "also write the figures to FILE as JSON");
   add_threads_option(sub, o->threads, "Threads of the 'all threads' figures");
-  sub->add_option("--reps", o->reps,
+  auto* reps = sub->add_option("--reps,--passes", o->reps,
                   "timed passes per figure, best kept (after one warm-up; fewer where a figure "
                   "has taken 4 s)")
       ->capture_default_str();
-  sub->add_option("--size-mib", o->size_mib,
+  auto* size = sub->add_option("--size-mib", o->size_mib,
                   "buffer and matrix size in MiB (default: max(4 x LLC, 256 MiB), capped at "
                   "half of MemAvailable; more than MemAvailable is refused, exit 1)")
       ->transform(whole_number<uint64_t>(kMaxBenchMib));
   sub->add_option("--isa", o->isa, "Kernel set to measure: auto, scalar, avx2 or avx512")
       ->capture_default_str();
   sub->add_flag("--quick", o->quick,
-                "8 MiB in-cache matrices, one pass: checks the command runs; figures meaningless");
+                "8 MiB in-cache matrices, one pass: checks the command runs; figures meaningless")
+      ->excludes(reps)
+      ->excludes(size);  // it sets both: refused rather than overridden unsaid
   sub->callback([o, &exit_code] { exit_code = finish(run_kernels(*o)); });
   register_bench_decode_command(*bench, exit_code);
   register_bench_io_command(*bench, exit_code);

@@ -41,6 +41,9 @@ struct PlanArgs {
   int64_t ctx = runtime::EngineOptions::Workload{}.positions;
   int64_t chunk = runtime::EngineOptions::Workload{}.chunk;
   int threads = 0;
+  // The command planned for: run keeps the last position's logits; serve, eval and perplexity
+  // every position's of a chunk (chunk x vocabulary floats set aside for the sequence).
+  std::string planned_for = "run";
 };
 
 // What one plan holds: the CPU's dial, GPU mode's device and dial, or a mapped checkpoint.
@@ -124,6 +127,8 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
                    {"top_k", c.num_experts_per_token},
                    {"positions", eo.workload.positions},
                    {"chunk", eo.workload.chunk},
+                   // "last" (run) or "all" (serve, eval, perplexity: --for)
+                   {"logit_rows", eo.workload.rows == model::LogitRows::kAll ? "all" : "last"},
                    {"lookahead", p.engine.lookahead},
                    {"mem_available_bytes", p.mem_available},
                    {"dial", nullptr},
@@ -203,7 +208,9 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
                     std::to_string(c.num_experts) + " experts, top-" +
                     std::to_string(c.num_experts_per_token) + ")\n";
   out += "sequence: " + std::to_string(eo.workload.positions) + " positions in chunks of " +
-         std::to_string(eo.workload.chunk) + "\n";
+         std::to_string(eo.workload.chunk) +
+         (eo.workload.rows == model::LogitRows::kAll ? ", every position's logits\n"
+                                                     : ", the last position's logits\n");
   if (!p.engine.device_fallback.empty())
     out += "note: device: " + p.engine.device_fallback + "\n";
   if (!p.engine.lookahead_lowered.empty()) out += "note: " + p.engine.lookahead_lowered + "\n";
@@ -298,6 +305,7 @@ Status plan(const PlanArgs& a) {
                                               a.strata));
   eo.workload.positions = a.ctx;
   eo.workload.chunk = a.chunk;
+  if (a.planned_for != "run") eo.workload.rows = model::LogitRows::kAll;
   KTIER_RETURN_IF_ERROR(runtime::check_engine_options(eo));
   KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ckpt,
                          format::Checkpoint::open(eo.model_dir, format::OpenMode::kPread));
@@ -328,16 +336,21 @@ void register_plan_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
+  sub->add_option("--for", a->planned_for,
+                  "The command planned for: run (the last position's logits), or serve, eval or "
+                  "perplexity (every position's logits of a chunk: --chunk x the vocabulary's "
+                  "floats more for the sequence)")
+      ->check(CLI::IsMember({"run", "serve", "eval", "perplexity"}))
+      ->capture_default_str();
   add_threads_option(sub, a->threads,
                      "Threads of the run planned for (a compressed pack's inflate scratch)");
   sub->add_option("--json", a->json, "Also write the plan to FILE as JSON");
   add_memory_options(sub, a->memory);
   add_strata_options(sub, a->strata);
   sub->footer(
-      "Plans for `run` and `serve` (the last position's logits; eval and perplexity hold every "
-      "position's). --io, --io-rate-limit, --no-lookahead-refresh and --profile are accepted "
-      "so that run's memory, device and strata flags can be given as they are; they do not "
-      "change where anything goes.");
+      "Plans for `run` unless --for says another command. --io, --io-rate-limit, "
+      "--no-lookahead-refresh and --profile are accepted so that run's memory, device and "
+      "strata flags can be given as they are; they do not change where anything goes.");
   sub->callback([a, &exit_code] { exit_code = finish(plan(*a)); });
 }
 

@@ -311,7 +311,7 @@ void register_trace_command(CLI::App& app, int& exit_code) {
                     "prefetch recorded predictions up to this depth (0: demand only)")
         ->transform(whole_number<decltype(o->lookahead)>())
         ->capture_default_str();
-    sub->add_flag("--no-refresh", o->no_refresh,
+    sub->add_flag("--no-refresh,--no-lookahead-refresh", o->no_refresh,
                   "with --lookahead, leave out the recorded refresh predictions (depth 0: each "
                   "layer re-predicted after the previous layer's FFN)");
     sub->add_option("--profile", o->profile,

@@ -8,12 +8,15 @@ namespace ktier::cli {
 
 void add_strata_options(CLI::App* sub, StrataArgs& a) {
   sub->add_option("--policy", a.policy,
-                  "Expert RAM tier placement with --pack/--ram: temperature, lru, lfu or static "
+                  "Expert RAM tier placement with --pack/--ram/--preset or in GPU mode: "
+                  "temperature, lru, lfu or static "
                   "(static needs --profile); never changes the output")
       ->capture_default_str();
   sub->add_option("--lookahead", a.lookahead,
-                  "Router lookahead depth: predict and prefetch the experts of the next D layers; "
-                  "0 = off. Default: 1, or 0 (with a warning) where the budget of --ram/--preset "
+                  "Router lookahead depth: predict and prefetch the experts of the next D layers "
+                  "(with --pack/--ram/--preset or in GPU mode: a memory-mapped checkpoint reads "
+                  "nothing ahead, and only run --trace records the predictions); 0 = off. "
+                  "Default: 1, or 0 (with a warning) where the budget of --ram/--preset "
                   "(or --vram) holds the rest but not lookahead's routers and slots; a depth "
                   "given is kept (at most the layers after the first; none with --policy "
                   "static, which never prefetches: said in a warning), or refused below its "

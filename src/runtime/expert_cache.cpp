@@ -338,9 +338,10 @@ size_t ExpertCache::take_free_slot() {
 void ExpertCache::cancel_pending(int64_t through_layer) {
   // pending_ is sorted by target layer; a key predicted twice (at two depths, or by the
   // refresh) is one cancelled expert.
+  // A key issued from an earlier entry (one per token of a chunk) was not dropped.
   std::vector<uint32_t> keys;
   while (!pending_.empty() && pending_.front().target_layer <= through_layer) {
-    keys.push_back(pending_.front().key);
+    if (slot_of_key_[pending_.front().key] < 0) keys.push_back(pending_.front().key);
     pending_.pop_front();
   }
   std::sort(keys.begin(), keys.end());
@@ -453,7 +454,7 @@ void ExpertCache::pump_prefetches() {
     const size_t si = take_free_slot();
     Slot& s = slots_[si];
     s.key = p.key;
-    s.prefetched_unused = true;
+    s.prefetched_unused = false;  // a prefetch once its reads are queued (below)
     s.prefetch_carried = false;
     s.prefetch_layer = p.target_layer;
     s.prefetch_pass = pass_;
@@ -471,12 +472,11 @@ void ExpertCache::pump_prefetches() {
       s.reads_outstanding = static_cast<uint32_t>(reads.size());
       s.prefetch_chunks = need;
       prefetch_chunks_outstanding_ += need;
+      s.prefetched_unused = true;
       ++stats_.prefetch_issued;
       stats_.prefetch_bytes += expert_bytes(p.key);
       stats_.read_bytes += expert_bytes(p.key);
-    } else {
-      s.prefetched_unused = false;  // nothing was queued, nothing read: read on demand
-    }
+    }  // else nothing was queued, nothing read: no prefetch, read on demand
   }
 }
 

@@ -212,8 +212,16 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
   if (!deferred_.is_ok()) return;
   if (depth == 1) {
     if (layer < last_predicting_layer_) {  // a new pass: what the old one left is stale
+      // Only a pass that ended early leaves any: its copies' layers never came, so they are
+      // wasted (a later pass's use of one is a plain hit), as the RAM tier counts its own.
       waiting_.clear();
-      prefetched_for_.abandon(*policy_);  // (only a pass that ended early leaves any)
+      prefetched_for_.abandon(*policy_);
+      for (uint8_t& was : prefetched_) {
+        if (!was) continue;
+        ++stats_.prefetch_wasted;
+        stats_.carried_wasted += was == kCarried;
+        was = 0;
+      }
     }
     last_predicting_layer_ = layer;
     retry_waiting(layer - 1);  // earlier predictions whose RAM reads have landed since

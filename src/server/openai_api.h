@@ -179,8 +179,8 @@ nlohmann::json error_body(const std::string& message, const std::string& type,
                           const std::optional<std::string>& param = std::nullopt);
 // `bytes` as valid UTF-8: each maximal subpart of an ill-formed sequence (a byte that begins
 // none, or a sequence cut short: tok::utf8_maximal_subpart) becomes one U+FFFD, as tiktoken's
-// decode (Python's errors="replace") gives. A model may sample bytes that are not text; JSON cannot carry them, and the
-// text a client quotes back must be the text held here.
+// decode (Python's errors="replace") gives. A model may sample bytes that are not text; JSON
+// cannot carry them, and the text a client quotes back must be the text held here.
 std::string valid_utf8(std::string_view bytes);
 // JSON text that never throws: bytes that are not UTF-8 (a path, an --alias) become U+FFFD.
 std::string dump(const nlohmann::json& j);

@@ -334,6 +334,19 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
   EXPECT_LT(j.at("ratio").get<double>(), 1.0);
   EXPECT_LT(j.at("high_plane_bits").get<double>(), j.at("low_plane_bits").get<double>());
   EXPECT_EQ(run_process(ktier() + " bench inflate --pack " + plain.string()).exit_code, 2);
+  // On a machine of 1 MiB free (the debug stand-in), the records kept for the timed passes
+  // soon pass 90% of it: exit 4 before allocating, naming the record; keeping one fits.
+  r = run_process("KTIER_DEBUG_MEM_AVAILABLE_MIB=1 " + ktier() + " bench inflate --pack " +
+                  z.string() + " --passes 1");
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("kept for the timed passes are past 90% of MemAvailable (1.00 MiB): a "
+                       "smaller --max-mib keeps fewer"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find(": record 'layer."), std::string::npos) << r.err;
+  r = run_process("KTIER_DEBUG_MEM_AVAILABLE_MIB=1 " + ktier() + " bench inflate --pack " +
+                  z.string() + " --passes 1 --max-mib 0");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(run_process(ktier() + " bench io --pack " + z.string()).exit_code, 2);  // plain packs only
 
   // A flipped byte in the middle of the compressed pack's first layer record's second block.

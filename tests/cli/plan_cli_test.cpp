@@ -294,6 +294,43 @@ TEST_F(RunEvalCli, PlanOfAMappedCheckpointSaysSo) {
   EXPECT_EQ(j.at("positions"), 4096);
 }
 
+// Planned for serve, eval or perplexity (--for), the sequence sets aside every position's logits
+// of a chunk where run keeps the last one's: on a model whose vocabulary is wide enough that
+// they are the largest scratch (on K3 a block's own scratch is larger still), 256 x 65,536
+// floats (67 MB) more.
+TEST(PlanFor, ServeEvalAndPerplexityHoldEveryPositionsLogits) {
+  const fs::path dir = fs::temp_directory_path() / ("ktier-plan-for-" + std::to_string(::getpid()));
+  struct Remove {
+    fs::path p;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } remove{dir};
+  ProcessResult r = run_process(ktier() + " synth --preset tiny --vocab 65536 --shapes-only " +
+                                "-q -o " + dir.string());
+  if (r.exit_code == 1 && r.err.find("does not keep holes") != std::string::npos)
+    GTEST_SKIP() << "the temporary folder's file system has no sparse files: " << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto sequence = [&](const std::string& flags, const std::string& rows) -> uint64_t {
+    const fs::path json = dir / "plan.json";
+    const ProcessResult p = run_process(ktier() + " plan -m " + dir.string() +
+                                        " --device cpu --ram 1G" + flags + " --json " +
+                                        json.string());
+    EXPECT_EQ(p.exit_code, 0) << flags << "\n" << p.err;
+    if (p.exit_code != 0) return 0;
+    const nlohmann::json j = read_json(json);
+    EXPECT_EQ(j.at("logit_rows"), rows) << flags;
+    return j.at("dial").at("sequence_bytes").get<uint64_t>();
+  };
+  const uint64_t run = sequence("", "last"), serve = sequence(" --for serve", "all");
+  EXPECT_GT(serve, run + 256ull * 65536 * 4 * 9 / 10) << run << " " << serve;
+  EXPECT_EQ(sequence(" --for eval", "all"), serve);
+  EXPECT_EQ(sequence(" --for perplexity", "all"), serve);
+  EXPECT_EQ(sequence(" --for run", "last"), run);
+  EXPECT_EQ(run_process(ktier() + " plan -m " + dir.string() + " --for bench").exit_code, 2);
+}
+
 // K3's own layout (`synth --shapes-only`: every shard at its real size, the data holes, ~130 MB
 // of headers on disk): the figures K3-MODEL.md states, the minimum as the refusal states it,
 // and more budget pinning more layers.
