@@ -8,5 +8,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 find CMakeLists.txt cmake cpu cuda src strata tests bench -type f \
-     ! -path '*/__pycache__/*' ! -name '*.pyc' ! -name '*.sh' ! -name '*.py' -print0 |
+     ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path 'bench/*.sh' ! -path 'bench/*.py' -print0 |
   LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16

@@ -255,7 +255,8 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
       "(everything), auto (55% of MemTotal, at most MemAvailable - 2 GiB and 90% of it); as with "
       "--ram, a plan holding more than 90% of MemAvailable is made again to fit (a warning)");
   preset->excludes(sub->get_option("--ram"));
-  sub->add_option("--io", a.io, "Read engine with --pack/--ram/--preset: auto, uring or pread")
+  sub->add_option("--io", a.io,
+                  "Read engine with --pack/--ram/--preset or in GPU mode: auto, uring or pread")
       ->capture_default_str();
   add_rate_limit_option(sub, a.io_rate_limit_mb_s,
                         "Only with --pack/--ram/--preset or in GPU mode (a memory-mapped "
@@ -274,8 +275,8 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
                   "GPU matrix products of 8 or more tokens: fused (ktier's kernels: the output "
                   "does not depend on how the prompt is chunked) or cublas (F32/BF16 weights "
                   "through cuBLAS: faster on long prompts, output bytes that change with "
-                  "--chunk, within NUMERICS.md's bounds); ignored (with a warning) on the CPU "
-                  "and the emulated device")
+                  "--chunk, within NUMERICS.md's bounds); cublas is ignored (with a warning) on "
+                  "the CPU and the emulated device")
       ->check(CLI::IsMember({"fused", "cublas"}))
       ->capture_default_str();
 }

@@ -111,7 +111,8 @@ nlohmann::json to_json(const bench::KernelBenchResult& r, uint64_t llc, const st
 
 Status run_kernels(const KernelsOptions& o) {
   if (o.reps < 1 || o.reps > 1000)
-    return Status::usage("--reps must be between 1 and 1000, got " + std::to_string(o.reps));
+    return Status::usage("--reps/--passes must be between 1 and 1000, got " +
+                         std::to_string(o.reps));
   if (o.size_mib > (uint64_t{1} << 24)) return Status::usage("--size-mib is too large");
   // Checked before the long measurement, so a bad path fails at once.
   KTIER_RETURN_IF_ERROR(io::check_can_write("--json", o.json));

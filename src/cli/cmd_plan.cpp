@@ -44,6 +44,7 @@ struct PlanArgs {
   // The command planned for: run keeps the last position's logits; serve, eval and perplexity
   // every position's of a chunk (chunk x vocabulary floats set aside for the sequence).
   std::string planned_for = "run";
+  bool ctx_given = false, chunk_given = false;  // else --for's command's own defaults
 };
 
 // What one plan holds: the CPU's dial, GPU mode's device and dial, or a mapped checkpoint.
@@ -306,6 +307,13 @@ Status plan(const PlanArgs& a) {
   eo.workload.positions = a.ctx;
   eo.workload.chunk = a.chunk;
   if (a.planned_for != "run") eo.workload.rows = model::LogitRows::kAll;
+  // The defaults of the command planned for: eval runs every id in one pass (its --chunk 0),
+  // perplexity windows of 512 (its -c) in passes of at most 256.
+  if (a.planned_for == "eval" && !a.chunk_given) eo.workload.chunk = eo.workload.positions;
+  if (a.planned_for == "perplexity" && !a.ctx_given) {
+    eo.workload.positions = 512;
+    eo.workload.chunk = std::min<int64_t>(eo.workload.chunk, 512);
+  }
   KTIER_RETURN_IF_ERROR(runtime::check_engine_options(eo));
   KTIER_ASSIGN_OR_RETURN(const format::Checkpoint ckpt,
                          format::Checkpoint::open(eo.model_dir, format::OpenMode::kPread));
@@ -330,16 +338,20 @@ void register_plan_command(CLI::App& app, int& exit_code) {
       "Where a run would put the model (trunk layers pinned or streamed, expert slots in RAM and "
       "VRAM) for run's memory, device and strata flags, without loading it");
   add_model_option(sub, a->model);
-  sub->add_option("-c,--ctx-size", a->ctx,
-                  "Positions the sequence holds (a run's -c, else its prompt + -n - 1; serve's "
-                  "-c)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
-  sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
+  auto* ctx = sub->add_option("-c,--ctx-size", a->ctx,
+                              "Positions the sequence holds (a run's -c, else its prompt + -n - "
+                              "1; serve's -c; eval's ids; default with --for perplexity: its "
+                              "512)")
+                   ->capture_default_str()
+                   ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+  auto* chunk = sub->add_option("--chunk", a->chunk,
+                                "Prompt tokens per prefill pass (default with --for eval: -c, "
+                                "eval's one pass)")
+                     ->capture_default_str();
   sub->add_option("--for", a->planned_for,
                   "The command planned for: run (the last position's logits), or serve, eval or "
-                  "perplexity (every position's logits of a chunk: --chunk x the vocabulary's "
-                  "floats more for the sequence)")
+                  "perplexity (every position's logits of a chunk: up to --chunk x the "
+                  "vocabulary's floats more for the sequence)")
       ->check(CLI::IsMember({"run", "serve", "eval", "perplexity"}))
       ->capture_default_str();
   add_threads_option(sub, a->threads,
@@ -351,7 +363,11 @@ void register_plan_command(CLI::App& app, int& exit_code) {
       "Plans for `run` unless --for says another command. --io, --io-rate-limit, "
       "--no-lookahead-refresh and --profile are accepted so that run's memory, device and "
       "strata flags can be given as they are; they do not change where anything goes.");
-  sub->callback([a, &exit_code] { exit_code = finish(plan(*a)); });
+  sub->callback([a, ctx, chunk, &exit_code] {
+    a->ctx_given = ctx->count() > 0;
+    a->chunk_given = chunk->count() > 0;
+    exit_code = finish(plan(*a));
+  });
 }
 
 }  // namespace ktier::cli

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <string>
+#include <unordered_map>
 
 #include <spdlog/spdlog.h>
 
@@ -158,6 +159,7 @@ Result<std::unique_ptr<ExpertCache>> ExpertCache::open(const format::Checkpoint&
   }
   const uint32_t num_keys = static_cast<uint32_t>(c.num_hidden_layers * c.num_experts);
   x->slot_of_key_.assign(num_keys, -1);
+  x->queued_.assign(num_keys, 0);
   strata::PolicyInputs in;
   in.num_keys = num_keys;
   in.temperature = opts.temperature;
@@ -336,17 +338,18 @@ size_t ExpertCache::take_free_slot() {
 }
 
 void ExpertCache::cancel_pending(int64_t through_layer) {
-  // pending_ is sorted by target layer; a key predicted twice (at two depths, or by the
-  // refresh) is one cancelled expert.
-  // A key issued from an earlier entry (one per token of a chunk) was not dropped.
-  std::vector<uint32_t> keys;
+  // pending_ is sorted by target layer and holds a key once (on_prediction).
   while (!pending_.empty() && pending_.front().target_layer <= through_layer) {
-    if (slot_of_key_[pending_.front().key] < 0) keys.push_back(pending_.front().key);
-    pending_.pop_front();
+    pop_pending();
+    ++stats_.prefetch_cancelled;
   }
-  std::sort(keys.begin(), keys.end());
-  stats_.prefetch_cancelled +=
-      static_cast<uint64_t>(std::unique(keys.begin(), keys.end()) - keys.begin());
+}
+
+ExpertCache::PendingPrefetch ExpertCache::pop_pending() {
+  const PendingPrefetch p = pending_.front();
+  pending_.pop_front();
+  queued_[p.key] = 0;
+  return p;
 }
 
 void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32_t* ids,
@@ -398,6 +401,7 @@ void ExpertCache::on_prediction(int64_t layer, int depth, int64_t first_position
   const uint64_t pin_until = strata::prediction_pin_until(step_, T, layer, target,
                                                           ckpt_.config().first_k_dense_replace);
   std::vector<PendingPrefetch> add;
+  std::unordered_map<uint32_t, size_t> added;  // key -> its entry in `add`
   for (int64_t t = 0; t < T; ++t)
     for (int i = 0; i < k; ++i) {
       const auto key = static_cast<uint32_t>(target * Ne + ids[t * k + i]);
@@ -407,10 +411,19 @@ void ExpertCache::on_prediction(int64_t layer, int depth, int64_t first_position
         policy_->protect(key, pin_until);
         continue;
       }
-      add.push_back({target, weights[t * k + i], key, pin_until});
+      // A key is queued once (predicted by several tokens of a chunk, or at two depths or by
+      // the refresh): at its highest weight in this call, at its first call's across calls.
+      if (queued_[key]) continue;
+      const float weight = weights[t * k + i];
+      const auto [at, fresh] = added.try_emplace(key, add.size());
+      if (fresh)
+        add.push_back({target, weight, key, pin_until});
+      else
+        add[at->second].weight = std::max(add[at->second].weight, weight);
     }
-  // Nearest layer first, then highest weight (a key predicted twice is issued once).
+  // Nearest layer first, then highest weight.
   pending_.insert(pending_.end(), add.begin(), add.end());
+  for (const PendingPrefetch& p : add) queued_[p.key] = 1;
   std::stable_sort(pending_.begin(), pending_.end(),
                    [](const PendingPrefetch& a, const PendingPrefetch& b) {
                      return a.target_layer != b.target_layer ? a.target_layer < b.target_layer
@@ -425,13 +438,13 @@ void ExpertCache::pump_prefetches() {
   while (!pending_.empty() && prefetch_chunks_outstanding_ < prefetch_in_flight_) {
     const PendingPrefetch p = pending_.front();
     if (slot_of_key_[p.key] >= 0) {  // held or being read already: kept until its layer
-      pending_.pop_front();
+      pop_pending();
       policy_->protect(p.key, p.pin_until_step);
       continue;
     }
     const int64_t Ne = ckpt_.config().num_experts;
     if (held_above_ && held_above_(p.key / Ne, static_cast<int32_t>(p.key % Ne))) {
-      pending_.pop_front();
+      pop_pending();
       continue;  // the faster tier serves it: reading it here too would be wasted
     }
     // Within the budget, or alone: an expert larger than the budget still goes, by itself.
@@ -439,7 +452,7 @@ void ExpertCache::pump_prefetches() {
     if (prefetch_chunks_outstanding_ > 0 &&
         prefetch_chunks_outstanding_ + need > prefetch_in_flight_)
       break;
-    pending_.pop_front();
+    pop_pending();
     const double clock = static_cast<double>(step_) / static_cast<double>(moe_layers_);
     // A resident without a slot (GPU mode: the policy saw the routing of an expert the VRAM
     // tier served, so only its name was admitted) is read into a slot as well: the policy

@@ -184,6 +184,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   void track_pass(int64_t layer, bool from_begin_layer);
   // Drops the queued predictions for layers up to `through_layer`, counted as cancelled.
   void cancel_pending(int64_t through_layer);
+  PendingPrefetch pop_pending();  // pending_'s front, removed
   void release_bypass();
   // A free slot whose reads are complete, waiting for an evicted prefetch's reads if need be.
   size_t take_free_slot();
@@ -208,7 +209,8 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   std::unique_ptr<strata::CacheModel> policy_;
   strata::PrefetchLedger prefetched_for_;  // issued prefetches awaiting their layer
   strata::PolicyKind policy_kind_ = strata::PolicyKind::kTemperature;
-  std::deque<PendingPrefetch> pending_;
+  std::deque<PendingPrefetch> pending_;  // predictions not yet issued, a key at most once
+  std::vector<uint8_t> queued_;          // per key, 1 while it is in pending_
   std::vector<uint8_t> asked_;  // begin_layer's scratch: the layer's routed experts (all 0 after)
   uint32_t prefetch_chunks_outstanding_ = 0, prefetch_in_flight_ = 32;
   uint64_t step_ = 0;  // policy steps begun (the next is step_)

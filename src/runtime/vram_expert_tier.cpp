@@ -211,7 +211,9 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
   (void)first_position, (void)weights;  // ids arrive highest weight first per token
   if (!deferred_.is_ok()) return;
   if (depth == 1) {
-    if (layer < last_predicting_layer_) {  // a new pass: what the old one left is stale
+    // A layer predicts at depth 1 once a pass: the same layer again is a new pass too (one
+    // that ended before its second prediction).
+    if (layer <= last_predicting_layer_) {  // a new pass: what the old one left is stale
       // Only a pass that ended early leaves any: its copies' layers never came, so they are
       // wasted (a later pass's use of one is a plain hit), as the RAM tier counts its own.
       waiting_.clear();

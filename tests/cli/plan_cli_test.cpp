@@ -325,8 +325,14 @@ TEST(PlanFor, ServeEvalAndPerplexityHoldEveryPositionsLogits) {
   };
   const uint64_t run = sequence("", "last"), serve = sequence(" --for serve", "all");
   EXPECT_GT(serve, run + 256ull * 65536 * 4 * 9 / 10) << run << " " << serve;
-  EXPECT_EQ(sequence(" --for eval", "all"), serve);
-  EXPECT_EQ(sequence(" --for perplexity", "all"), serve);
+  // Each command's own defaults: eval's one pass over every id (-c of them), perplexity's
+  // windows of 512 in passes of 256.
+  EXPECT_EQ(sequence(" --for eval --chunk 256", "all"), serve);
+  EXPECT_GT(sequence(" --for eval -c 1024", "all"), serve);
+  EXPECT_EQ(sequence(" --for eval -c 1024", "all"),
+            sequence(" --for serve -c 1024 --chunk 1024", "all"));
+  EXPECT_EQ(sequence(" --for perplexity", "all"), sequence(" --for serve -c 512", "all"));
+  EXPECT_LT(sequence(" --for perplexity", "all"), serve);
   EXPECT_EQ(sequence(" --for run", "last"), run);
   EXPECT_EQ(run_process(ktier() + " plan -m " + dir.string() + " --for bench").exit_code, 2);
 }

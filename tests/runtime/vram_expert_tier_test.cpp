@@ -432,6 +432,30 @@ TEST(VramExpertTier, ACopyItsLayerDidNotAskForIsWastedThenAndNeverUseful) {
   EXPECT_EQ(x.tier->stats().prefetch_wasted, 1u);
 }
 
+// A pass that ends before the layer its copies were made for (a failed read, under serve) leaves
+// them to no later pass: they are wasted when the next pass begins predicting, its first
+// prediction at the same layer as the old pass's last, and a later hit on one is a plain hit.
+TEST(VramExpertTier, CopiesOfAPassThatEndedEarlyAreWastedWhenTheNextBegins) {
+  TierUnderTest x(8 * kTopK);  // room to keep every copy
+  ASSERT_TRUE(x.tier);
+  for (int32_t id : {3, 5}) x.host.ready.insert(2 * kExperts + id);
+  const float w[] = {0.5f, 0.5f};
+  const int32_t for2[] = {3, 5}, other[] = {0, 1};
+  std::vector<model::ExpertWeights> out;
+  x.layer(1, other, out);
+  x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);  // the pass ends here, layer 2 never runs
+  ASSERT_EQ(x.tier->stats().prefetch_issued, 2u);
+  x.tier->on_prediction(1, 1, 1, other, w, 1, kTopK);  // the next pass, at layer 1 again
+  EXPECT_EQ(x.tier->stats().prefetch_wasted, 2u);
+  const uint64_t hits = x.tier->stats().hits;
+  x.layer(1, other, out);
+  x.layer(2, for2, out);  // both still in VRAM: hits, not useful copies
+  EXPECT_EQ(x.tier->stats().hits, hits + 2 + 2);
+  EXPECT_EQ(x.tier->stats().prefetch_useful, 0u);
+  EXPECT_EQ(x.tier->stats().prefetch_useful + x.tier->stats().prefetch_wasted,
+            x.tier->stats().prefetch_issued);
+}
+
 // The minimum leaves lookahead room: after layer 1 is routed its experts stay pinned while
 // layer 2 is predicted, so 2 x top_k slots (top_k of them the policy's) copied nothing ahead.
 TEST(VramExpertTier, TheMinimumWithLookaheadHasRoomForItsCopies) {
