@@ -173,13 +173,13 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
   SavedSequence s(std::move(*file));
 
   // The metadata: the safetensors reader skips it, so the header is read again here. It is
-  // small (a few tensors per layer, a dozen short strings: K3's is ~20 KB); a larger one, up to
+  // small (a few tensors per layer, a dozen short strings: tens of KB on K3); a larger one, up to
   // the reader's 100 MiB of anything in __metadata__, would be parsed whole into a tree of many
   // times its size before any check.
   constexpr uint64_t kMaxHeaderBytes = uint64_t{1} << 20;
   if (s.file_.data_offset() - 8 > kMaxHeaderBytes)
     return not_cache("a header of " + std::to_string(s.file_.data_offset() - 8) +
-                     " bytes, where a prompt cache's has a few KB");
+                     " bytes, where a prompt cache's has tens of KB");
   std::string header(s.file_.data_offset() - 8, '\0');
   KTIER_RETURN_IF_ERROR(s.file_.read_bytes(8, header.size(), header.data()));
   std::map<std::string, std::string> meta;

@@ -294,24 +294,36 @@ TEST_F(RunEvalCli, PlanOfAMappedCheckpointSaysSo) {
   EXPECT_EQ(j.at("positions"), 4096);
 }
 
+// A `synth --shapes-only` checkpoint (every shard at its real size, the data holes) in a
+// temporary folder, removed with the object. Where the file system keeps no holes synth refuses
+// (exit 1) and a test skips; any other failure is the test's.
+struct ShapesOnlyModel {
+  fs::path dir;
+  ProcessResult made;
+  ShapesOnlyModel(const std::string& name, const std::string& synth_flags)
+      : dir(fs::temp_directory_path() / ("ktier-" + name + "-" + std::to_string(::getpid()))),
+        made(run_process(ktier() + " synth " + synth_flags + " --shapes-only -q -o " +
+                         dir.string())) {}
+  ShapesOnlyModel(const ShapesOnlyModel&) = delete;
+  ShapesOnlyModel& operator=(const ShapesOnlyModel&) = delete;
+  ~ShapesOnlyModel() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  bool no_holes() const {
+    return made.exit_code == 1 && made.err.find("does not keep holes") != std::string::npos;
+  }
+};
+
 // Planned for serve, eval or perplexity (--for), the sequence sets aside every position's logits
 // of a chunk where run keeps the last one's: on a model whose vocabulary is wide enough that
 // they are the largest scratch (on K3 a block's own scratch is larger still), 256 x 65,536
 // floats (67 MB) more.
 TEST(PlanFor, ServeEvalAndPerplexityHoldEveryPositionsLogits) {
-  const fs::path dir = fs::temp_directory_path() / ("ktier-plan-for-" + std::to_string(::getpid()));
-  struct Remove {
-    fs::path p;
-    ~Remove() {
-      std::error_code ec;
-      fs::remove_all(p, ec);
-    }
-  } remove{dir};
-  ProcessResult r = run_process(ktier() + " synth --preset tiny --vocab 65536 --shapes-only " +
-                                "-q -o " + dir.string());
-  if (r.exit_code == 1 && r.err.find("does not keep holes") != std::string::npos)
-    GTEST_SKIP() << "the temporary folder's file system has no sparse files: " << r.err;
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const ShapesOnlyModel wide("plan-for", "--preset tiny --vocab 65536");
+  if (wide.no_holes()) GTEST_SKIP() << "the temporary folder's file system has no sparse files";
+  ASSERT_EQ(wide.made.exit_code, 0) << wide.made.err;
+  const fs::path& dir = wide.dir;
   const auto sequence = [&](const std::string& flags, const std::string& rows) -> uint64_t {
     const fs::path json = dir / "plan.json";
     const ProcessResult p = run_process(ktier() + " plan -m " + dir.string() +
@@ -341,19 +353,11 @@ TEST(PlanFor, ServeEvalAndPerplexityHoldEveryPositionsLogits) {
 // of headers on disk): the figures K3-MODEL.md states, the minimum as the refusal states it,
 // and more budget pinning more layers.
 TEST(PlanK3, PlansTheReleasedShapes) {
-  const fs::path dir = fs::temp_directory_path() / ("ktier-plan-k3-" + std::to_string(::getpid()));
-  struct Remove {
-    fs::path p;
-    ~Remove() {
-      std::error_code ec;
-      fs::remove_all(p, ec);
-    }
-  } remove{dir};
-  ProcessResult r = run_process(ktier() + " synth --preset k3-slice --layers 93 --experts 896 " +
-                                "--shapes-only -q -o " + dir.string());
-  if (r.exit_code == 1 && r.err.find("does not keep holes") != std::string::npos)
-    GTEST_SKIP() << "the temporary folder's file system has no sparse files: " << r.err;
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const ShapesOnlyModel k3("plan-k3", "--preset k3-slice --layers 93 --experts 896");
+  if (k3.no_holes()) GTEST_SKIP() << "the temporary folder's file system has no sparse files";
+  ASSERT_EQ(k3.made.exit_code, 0) << k3.made.err;
+  const fs::path& dir = k3.dir;
+  ProcessResult r;
   const std::string model = " -m " + dir.string() + " --device cpu -c 4096";
   const auto plan = [&](const std::string& flags) {
     const fs::path json = dir / "plan.json";  // removed with the folder
