@@ -142,6 +142,14 @@ class ExpertCacheTest : public ::testing::Test {
     }
     return x.peek(layer, id, &view);
   }
+  // `layer` - 1 predicts the two experts `ids` of `layer` (token `position`, equal weights), and
+  // both land. False if one never does.
+  static bool predict_and_land(ExpertCache& x, int64_t layer, int64_t position,
+                               const int32_t (&ids)[2]) {
+    const float weights[] = {0.5f, 0.5f};
+    x.on_prediction(layer - 1, 1, position, ids, weights, 1, 2);
+    return pump_until_landed(x, layer, ids[0]) && pump_until_landed(x, layer, ids[1]);
+  }
   // The tiny checkpoint's expert tier on its own, LRU, for tests that drive it by hand.
   struct TierAlone {
     std::optional<format::Checkpoint> ckpt;
@@ -312,11 +320,8 @@ TEST_F(ExpertCacheTest, AWrongPredictionIsWastedWhenItsLayerIsRoutedElsewhere) {
   ASSERT_NO_FATAL_FAILURE(open_tier_alone(16, 2, t));
   ExpertCache& x = *t.cache;
   const int64_t layer = t.layer;
-  const float weights[] = {0.5f, 0.5f};
   const int32_t predicted[] = {0, 2}, routed[] = {0, 3};
-  x.on_prediction(layer - 1, 1, 0, predicted, weights, 1, 2);
-  ASSERT_TRUE(pump_until_landed(x, layer, 0));
-  ASSERT_TRUE(pump_until_landed(x, layer, 2));
+  ASSERT_TRUE(predict_and_land(x, layer, 0, predicted));
   x.begin_layer(layer, 0, routed, 1, 2);
   const ExpertCacheStats& s = x.stats();
   EXPECT_EQ(s.prefetch_issued, 2u);
@@ -509,9 +514,7 @@ TEST_F(ExpertCacheTest, PrefetchesIssuedBeforeAWindowSettleAsCarried) {
   const float weights[] = {0.5f, 0.5f};
   // Before the window: 0 and 2 predicted for `layer`, both landed.
   const int32_t before[] = {0, 2};
-  x.on_prediction(layer - 1, 1, 0, before, weights, 1, 2);
-  ASSERT_TRUE(pump_until_landed(x, layer, 0));
-  ASSERT_TRUE(pump_until_landed(x, layer, 2));
+  ASSERT_TRUE(predict_and_land(x, layer, 0, before));
   x.begin_window();
   // In it: `layer` routes 0 (useful, carried) and not 2 (wasted, carried); the next pass
   // predicts 4 and 5 and routes 2 (a hit, no longer a prefetch) and 4 (useful, the window's
@@ -542,14 +545,11 @@ TEST_F(ExpertCacheTest, CarriedPrefetchesEvictedInTheWindowFreeSlotsForItsOwn) {
   ASSERT_NO_FATAL_FAILURE(open_tier_alone(4, 2, t));
   ExpertCache& x = *t.cache;
   const int64_t layer = t.layer;
-  const float weights[] = {0.5f, 0.5f};
   // One token's passes, the LRU policy holding 4 experts, each layer predicted before its
   // routing as in the model. Pass 0: layer - 1 predicts 0 and 2 for `layer` (read before the
   // window) and routes two of its own; `layer` routes 1 and 3: 0 and 2 are carried waste.
   const int32_t before[] = {0, 2}, routed[] = {1, 3}, earlier[] = {0, 1}, own[] = {4, 5};
-  x.on_prediction(layer - 1, 1, 0, before, weights, 1, 2);
-  ASSERT_TRUE(pump_until_landed(x, layer, 0));
-  ASSERT_TRUE(pump_until_landed(x, layer, 2));
+  ASSERT_TRUE(predict_and_land(x, layer, 0, before));
   x.begin_layer(layer - 1, 0, earlier, 1, 2);
   x.begin_window();
   x.begin_layer(layer, 0, routed, 1, 2);
@@ -558,9 +558,7 @@ TEST_F(ExpertCacheTest, CarriedPrefetchesEvictedInTheWindowFreeSlotsForItsOwn) {
   // predictions 4 and 5 take the slots they left, and `layer` uses both.
   x.begin_layer(layer - 1, 1, earlier, 1, 2);
   EXPECT_EQ(x.stats().carried_wasted, 2u);
-  x.on_prediction(layer - 1, 1, 1, own, weights, 1, 2);
-  ASSERT_TRUE(pump_until_landed(x, layer, 4));
-  ASSERT_TRUE(pump_until_landed(x, layer, 5));
+  ASSERT_TRUE(predict_and_land(x, layer, 1, own));
   x.begin_layer(layer, 1, own, 1, 2);
   const ExpertCacheStats& s = x.stats();
   EXPECT_EQ(s.prefetch_issued, 4u);
