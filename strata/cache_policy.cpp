@@ -437,10 +437,7 @@ uint64_t access_routing(CacheModel& policy, int64_t layer, int64_t num_experts,
 void PrefetchLedger::settle(CacheModel& policy, int64_t layer, int64_t num_experts,
                             const int32_t* ids, int64_t n) {
   if (pending_.empty()) return;
-  requested_.resize(static_cast<size_t>(num_experts));
-  const auto in_layer = [&](int32_t id) { return id >= 0 && id < num_experts; };
-  for (int64_t i = 0; i < n; ++i)
-    if (in_layer(ids[i])) requested_[static_cast<size_t>(ids[i])] = 1;
+  requested_.assign(num_experts, ids, n);
   size_t kept = 0;
   for (const auto& [target, key] : pending_) {
     if (target > layer) {
@@ -448,13 +445,15 @@ void PrefetchLedger::settle(CacheModel& policy, int64_t layer, int64_t num_exper
       continue;
     }
     const int64_t id = static_cast<int64_t>(key) - layer * num_experts;
-    const bool requested = target == layer && id >= 0 && id < num_experts &&
-                           requested_[static_cast<size_t>(id)] != 0;
-    if (!requested) policy.prefetch_unused(key);
+    if (target != layer || !requested_.contains(id)) policy.prefetch_unused(key);
   }
   pending_.resize(kept);
+}
+
+void RequestedExperts::assign(int64_t num_experts, const int32_t* ids, int64_t n) {
+  mask_.assign(static_cast<size_t>(std::max<int64_t>(num_experts, 0)), 0);
   for (int64_t i = 0; i < n; ++i)
-    if (in_layer(ids[i])) requested_[static_cast<size_t>(ids[i])] = 0;
+    if (ids[i] >= 0 && ids[i] < num_experts) mask_[static_cast<size_t>(ids[i])] = 1;
 }
 
 void PrefetchLedger::abandon(CacheModel& policy) {

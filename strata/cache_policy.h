@@ -374,6 +374,21 @@ inline uint64_t prediction_pin_until(uint64_t step, int64_t T, int64_t layer, in
   return step + static_cast<uint64_t>(T * moe_layers) - 1;
 }
 
+// The experts one layer's chunk requested, as a mask over [0, num_experts): a prefill chunk
+// requests T x k ids (K3: 4,096 at T = 256), too many to search once per expert or pending
+// prefetch. Ids outside [0, num_experts) are ignored. Not thread-safe.
+class RequestedExperts {
+ public:
+  // ids [n]; replaces the previous call's set.
+  void assign(int64_t num_experts, const int32_t* ids, int64_t n);
+  bool contains(int64_t id) const {
+    return id >= 0 && id < static_cast<int64_t>(mask_.size()) && mask_[static_cast<size_t>(id)];
+  }
+
+ private:
+  std::vector<uint8_t> mask_;
+};
+
 // A live tier's prefetches awaiting the layer they were predicted for. Replay tells the policy
 // when a prefetch's step ends unused (CacheModel::prefetch_unused); a live tier does it per
 // layer of a chunk: after the routing of layer L, every key prefetched for L (or for an earlier
@@ -390,9 +405,7 @@ class PrefetchLedger {
 
  private:
   std::vector<std::pair<int64_t, uint32_t>> pending_;  // (target layer, key), in issue order
-  // settle()'s set of the layer's requested ids, all false between calls: a prefill chunk
-  // requests T x k ids (K3: 4,096 at T = 256), too many to search once per pending prefetch.
-  std::vector<uint8_t> requested_;
+  RequestedExperts requested_;  // settle()'s scratch
 };
 
 }  // namespace ktier::strata

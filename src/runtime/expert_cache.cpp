@@ -365,9 +365,7 @@ void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32
   // it from here or a faster tier serves the copy it made from here (GPU mode; that tier never
   // asks this one). A prefetch still loading is left to fetch(), which waits for it (late).
   const int64_t Ne = ckpt_.config().num_experts;
-  asked_.resize(static_cast<size_t>(Ne));
   for (int64_t i = 0; i < T * k; ++i) {
-    asked_[static_cast<size_t>(ids[i])] = 1;
     const int32_t si = slot_of_key_[static_cast<size_t>(layer * Ne + ids[i])];
     if (si < 0) continue;
     Slot& s = slots_[static_cast<size_t>(si)];
@@ -377,8 +375,9 @@ void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32
   // counts its copies: left to an eviction or a later use, a wrong prediction in a tier that
   // seldom evicts would never be counted and the report's precision would read high. Its read
   // goes on if still loading (the policy keeps it as a resident).
+  asked_.assign(Ne, ids, T * k);
   for (int64_t e = 0; e < Ne; ++e) {
-    if (asked_[static_cast<size_t>(e)]) continue;
+    if (asked_.contains(e)) continue;
     const int32_t si = slot_of_key_[static_cast<size_t>(layer * Ne + e)];
     if (si < 0) continue;
     Slot& s = slots_[static_cast<size_t>(si)];
@@ -386,7 +385,6 @@ void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32
     s.prefetched_unused = false;
     count_wasted(s, expert_bytes(static_cast<uint32_t>(s.key)));
   }
-  for (int64_t i = 0; i < T * k; ++i) asked_[static_cast<size_t>(ids[i])] = 0;
   (void)first_position;
   pump_prefetches();  // predictions queued behind the in-flight cap
 }

@@ -211,7 +211,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   strata::PolicyKind policy_kind_ = strata::PolicyKind::kTemperature;
   std::deque<PendingPrefetch> pending_;  // predictions not yet issued, a key at most once
   std::vector<uint8_t> queued_;          // per key, 1 while it is in pending_
-  std::vector<uint8_t> asked_;  // begin_layer's scratch: the layer's routed experts (all 0 after)
+  strata::RequestedExperts asked_;  // begin_layer's scratch: the layer's routed experts
   uint32_t prefetch_chunks_outstanding_ = 0, prefetch_in_flight_ = 32;
   uint64_t step_ = 0;  // policy steps begun (the next is step_)
   // Policy requests made. Request::index is 32-bit and wraps after 2^32 requests (K3: ~2.9M

@@ -138,11 +138,7 @@ void VramExpertTier::on_evicted(uint32_t key) {
   const int64_t slot = slot_of_key_[key];
   if (slot < 0) return;  // admitted but never copied in
   slot_of_key_[key] = -1;
-  if (const uint8_t was = prefetched_[static_cast<size_t>(slot)]) {
-    prefetched_[static_cast<size_t>(slot)] = 0;
-    ++stats_.prefetch_wasted;
-    stats_.carried_wasted += was == kCarried;
-  }
+  waste_copy(static_cast<size_t>(slot));
   free_.push_back(slot);
 }
 
@@ -218,12 +214,7 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
       // wasted (a later pass's use of one is a plain hit), as the RAM tier counts its own.
       waiting_.clear();
       prefetched_for_.abandon(*policy_);
-      for (uint8_t& was : prefetched_) {
-        if (!was) continue;
-        ++stats_.prefetch_wasted;
-        stats_.carried_wasted += was == kCarried;
-        was = 0;
-      }
+      for (size_t slot = 0; slot < prefetched_.size(); ++slot) waste_copy(slot);
     }
     last_predicting_layer_ = layer;
     retry_waiting(layer - 1);  // earlier predictions whose RAM reads have landed since
@@ -255,16 +246,18 @@ void VramExpertTier::begin_layer(int64_t layer, int64_t first_position, const in
 }
 
 void VramExpertTier::settle_copies(int64_t layer, const int32_t* ids, int64_t n) {
-  asked_.assign(static_cast<size_t>(num_experts_), 0);
-  for (int64_t i = 0; i < n; ++i) asked_[static_cast<size_t>(ids[i])] = 1;
+  asked_.assign(num_experts_, ids, n);
   for (int64_t e = 0; e < num_experts_; ++e) {
     const int64_t slot = slot_of_key_[static_cast<size_t>(layer * num_experts_ + e)];
-    if (slot < 0 || asked_[static_cast<size_t>(e)]) continue;
-    if (const uint8_t was = prefetched_[static_cast<size_t>(slot)]) {
-      prefetched_[static_cast<size_t>(slot)] = 0;
-      ++stats_.prefetch_wasted;
-      stats_.carried_wasted += was == kCarried;
-    }
+    if (slot >= 0 && !asked_.contains(e)) waste_copy(static_cast<size_t>(slot));
+  }
+}
+
+void VramExpertTier::waste_copy(size_t slot) {
+  if (const uint8_t was = prefetched_[slot]) {
+    prefetched_[slot] = 0;
+    ++stats_.prefetch_wasted;
+    stats_.carried_wasted += was == kCarried;
   }
 }
 

@@ -134,6 +134,8 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   // predictions, counted wasted now as the RAM tier counts its own (a later hit on the slot,
   // in another pass, is a plain hit, not a useful copy).
   void settle_copies(int64_t layer, const int32_t* ids, int64_t n);
+  // The slot's lookahead copy, if it holds one not used yet, is counted wasted and forgotten.
+  void waste_copy(size_t slot);
 
   model::ExpertSource& host_;
   backend::Backend& be_;
@@ -146,7 +148,7 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   // current report window; 0 otherwise.
   enum : uint8_t { kFresh = 1, kCarried = 2 };
   std::vector<uint8_t> prefetched_;
-  std::vector<uint8_t> asked_;  // settle_copies' scratch: [num_experts] 1 where asked
+  strata::RequestedExperts asked_;  // settle_copies' scratch
   // Per slot: a fence marked after its latest copy, and that copy's link and number on it.
   struct SlotCopy {
     int8_t link = -1;     // -1: never copied into
