@@ -54,6 +54,10 @@ class ExpertSource {
   // ignored.
   virtual void begin_layer(int64_t layer, int64_t first_position, const int32_t* ids, int64_t T,
                            int k) {}
+  // A forward pass (Model::forward) begins, before its first layer: whatever an earlier pass
+  // left for layers it never reached (it ended early, on an error) belongs to no later pass.
+  // Default: ignored (a source without prefetch).
+  virtual void begin_pass() {}
   // Bytes of expert data handed out since construction (for the per-token reports).
   virtual uint64_t bytes_fetched() const = 0;
   // Most experts one fetch() may ask for (a RAM tier's slot count); callers split larger sets.

@@ -205,6 +205,7 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
       return Status::usage("token id " + std::to_string(id) + " is outside the vocabulary 0.." +
                            std::to_string(V - 1));
   if (T == 0) return Status::ok();
+  if (experts_ != nullptr) experts_->begin_pass();
   const size_t row_bytes = static_cast<size_t>(T * E) * sizeof(float);
 
   // P: the running block partial sum, starting as the embeddings (no scaling, §6.2).

@@ -302,19 +302,13 @@ void ExpertCache::begin_window() {
   for (Slot& s : slots_) s.prefetch_carried = s.prefetched_unused;
 }
 
-void ExpertCache::track_pass(int64_t layer, bool from_begin_layer) {
-  // In a pass, on_prediction(l) may precede begin_layer(l); layers never decrease and
-  // begin_layer is called once per layer.
-  if (layer < last_layer_ || (layer == last_layer_ && last_was_begin_ && from_begin_layer)) {
-    ++pass_;
-    // Left by a pass that ended early (a failed read, under serve): its queued predictions
-    // would be read for this pass's layers, with their pins expired. A complete pass leaves
-    // neither (its last layer settles them).
-    cancel_pending(INT64_MAX);
-    prefetched_for_.abandon(*policy_);
-  }
-  last_layer_ = layer;
-  last_was_begin_ = from_begin_layer;
+void ExpertCache::begin_pass() {
+  ++pass_;
+  // Left by a pass that ended early (a failed read, under serve): its queued predictions would
+  // be read for this pass's layers, with their pins expired. A complete pass leaves neither
+  // (its last layer settles them).
+  cancel_pending(INT64_MAX);
+  prefetched_for_.abandon(*policy_);
 }
 
 size_t ExpertCache::take_free_slot() {
@@ -354,7 +348,6 @@ ExpertCache::PendingPrefetch ExpertCache::pop_pending() {
 
 void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32_t* ids,
                               int64_t T, int k) {
-  track_pass(layer, /*from_begin_layer=*/true);
   release_bypass();
   cancel_pending(layer);  // predictions for it or an earlier layer, never issued: stale now
   stats_.policy_hits += strata::access_routing(*policy_, layer, ckpt_.config().num_experts, ids,
@@ -392,7 +385,6 @@ void ExpertCache::begin_layer(int64_t layer, int64_t first_position, const int32
 void ExpertCache::on_prediction(int64_t layer, int depth, int64_t first_position,
                                 const int32_t* ids, const float* weights, int64_t T, int k) {
   (void)first_position;
-  track_pass(layer, /*from_begin_layer=*/false);
   release_bypass();
   const int64_t Ne = ckpt_.config().num_experts;
   const int64_t target = layer + depth;

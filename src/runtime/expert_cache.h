@@ -112,6 +112,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
 
   void begin_layer(int64_t layer, int64_t first_position, const int32_t* ids, int64_t T,
                    int k) override;
+  void begin_pass() override;
   Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override;
   // Experts in memory (hits, landed prefetches) are handed over first, while the misses' reads
   // run; each miss when its reads land. Any number of ids: at most batch_slots misses hold a
@@ -179,9 +180,6 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   // A prefetch of `bytes` lost before use: counted wasted (and carried-wasted when it was in
   // flight when the report window began).
   void count_wasted(const Slot& s, uint64_t bytes);
-  // A call for `layer` from begin_layer (or on_prediction) starts a new forward pass when the
-  // layers stop increasing.
-  void track_pass(int64_t layer, bool from_begin_layer);
   // Drops the queued predictions for layers up to `through_layer`, counted as cancelled.
   void cancel_pending(int64_t through_layer);
   PendingPrefetch pop_pending();  // pending_'s front, removed
@@ -218,9 +216,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   // tokens); only the policies' tie-breaks between equally hot keys read it.
   uint32_t requests_ = 0;
   int64_t moe_layers_ = 1;
-  uint64_t pass_ = 0;  // forward passes seen
-  int64_t last_layer_ = -1;
-  bool last_was_begin_ = false;
+  uint64_t pass_ = 0;  // forward passes begun
   ExpertCacheStats stats_;
 };
 

@@ -206,19 +206,7 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
                                    const int32_t* ids, const float* weights, int64_t T, int k) {
   (void)first_position, (void)weights;  // ids arrive highest weight first per token
   if (!deferred_.is_ok()) return;
-  if (depth == 1) {
-    // A layer predicts at depth 1 once a pass: the same layer again is a new pass too (one
-    // that ended before its second prediction).
-    if (layer <= last_predicting_layer_) {  // a new pass: what the old one left is stale
-      // Only a pass that ended early leaves any: its copies' layers never came, so they are
-      // wasted (a later pass's use of one is a plain hit), as the RAM tier counts its own.
-      waiting_.clear();
-      prefetched_for_.abandon(*policy_);
-      for (size_t slot = 0; slot < prefetched_.size(); ++slot) waste_copy(slot);
-    }
-    last_predicting_layer_ = layer;
-    retry_waiting(layer - 1);  // earlier predictions whose RAM reads have landed since
-  }
+  if (depth == 1) retry_waiting(layer - 1);  // earlier predictions whose RAM reads have landed
   const int64_t target = layer + depth;
   const uint64_t pin_until =
       strata::prediction_pin_until(step_, T, layer, target, first_moe_layer_);
@@ -234,6 +222,15 @@ void VramExpertTier::on_prediction(int64_t layer, int depth, int64_t first_posit
                        pin_until};
     if (!prefetch_one(p)) waiting_.push_back(p);
   }
+}
+
+void VramExpertTier::begin_pass() {
+  // Only a pass that ended early leaves any: its copies' layers never came, so they are wasted
+  // (a later pass's use of one is a plain hit), as the RAM tier counts its own.
+  waiting_.clear();
+  prefetched_for_.abandon(*policy_);
+  for (size_t slot = 0; slot < prefetched_.size(); ++slot) waste_copy(slot);
+  host_.begin_pass();
 }
 
 void VramExpertTier::begin_layer(int64_t layer, int64_t first_position, const int32_t* ids,

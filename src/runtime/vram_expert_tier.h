@@ -84,6 +84,8 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override;
   void begin_layer(int64_t layer, int64_t first_position, const int32_t* ids, int64_t T,
                    int k) override;
+  // Also the host's begin_pass (the RAM tier below).
+  void begin_pass() override;
   uint64_t bytes_fetched() const override { return stats_.hit_bytes + stats_.miss_bytes; }
   int64_t max_batch() const override { return bypass_; }
   void on_prediction(int64_t layer, int depth, int64_t first_position, const int32_t* ids,
@@ -177,7 +179,6 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   std::unique_ptr<strata::CacheModel> policy_;
   strata::PrefetchLedger prefetched_for_;  // issued prefetches awaiting their layer
   std::vector<Prediction> waiting_;        // predicted, not yet in host memory
-  int64_t last_predicting_layer_ = -1;
   uint64_t step_ = 0;     // policy steps begun (one per token and MoE layer)
   uint32_t requests_ = 0;  // keys accessed (strata::Request::index)
   Status deferred_ = Status::ok();  // a copy failure in on_prediction, reported by fetch()

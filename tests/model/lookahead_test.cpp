@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -108,6 +110,47 @@ TEST(Lookahead, DenseLayerPredictionSeesItsMlpAndTheRefreshSeesTheRoutedExperts)
   // that it sees layer 1's routed experts.
   const std::vector<int32_t>& early = rec.predicted[{1, 1}];
   EXPECT_NE(refresh, early);
+}
+
+// The checkpoint's experts, recording the order of the calls a tier with prefetch depends on:
+// 'p' begin_pass, 'l' begin_layer.
+class CallRecorder final : public model::ExpertSource {
+ public:
+  explicit CallRecorder(const format::Checkpoint& ckpt) : inner_(ckpt) {}
+  Status fetch(int64_t layer, std::span<const int32_t> ids, model::ExpertWeights* out) override {
+    return inner_.fetch(layer, ids, out);
+  }
+  void begin_layer(int64_t, int64_t, const int32_t*, int64_t, int) override { calls += 'l'; }
+  void begin_pass() override { calls += 'p'; }
+  uint64_t bytes_fetched() const override { return inner_.bytes_fetched(); }
+  std::string calls;
+
+ private:
+  model::CheckpointExpertSource inner_;
+};
+
+// Each forward() tells its ExpertSource a pass begins before any layer of it: the tiers leave
+// what a pass that ended early (a failed read) queued or read ahead to no later pass.
+TEST(Lookahead, EachForwardBeginsAPassBeforeItsLayers) {
+  auto engine = open_engine(variants()[0]);
+  ASSERT_TRUE(engine);
+  const format::Checkpoint& ckpt = engine->checkpoint();
+  const format::ModelConfig& c = ckpt.config();
+  auto w = model::ModelWeights::load(ckpt);
+  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  CallRecorder experts(ckpt);
+  auto be = backend::make_cpu_backend(engine->exec());
+  model::Model m(**w, &experts, *be);
+  auto seq = m.new_sequence();
+  ASSERT_TRUE(seq.is_ok()) << seq.status().message();
+  const std::vector<int32_t> prompt = golden_prompt(variants()[0]);
+  ASSERT_GE(prompt.size(), 2u);
+  const std::span<const int32_t> ids(prompt);
+  ASSERT_TRUE(m.forward(ids.first(1), *seq, model::LogitRows::kNone, nullptr).is_ok());
+  ASSERT_TRUE(m.forward(ids.subspan(1), *seq, model::LogitRows::kNone, nullptr).is_ok());
+  const std::string pass = "p" + std::string(static_cast<size_t>(c.num_hidden_layers -
+                                                                 c.first_k_dense_replace), 'l');
+  EXPECT_EQ(experts.calls, pass + pass);
 }
 
 }  // namespace

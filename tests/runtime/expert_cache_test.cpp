@@ -186,6 +186,22 @@ class ExpertCacheTest : public ::testing::Test {
     ASSERT_TRUE(cache.is_ok()) << cache.status().message();
     out.cache = std::move(*cache);
   }
+  // The tier alone with 4 KiB chunk reads, each delayed 100 ms, and a prefetch budget of 3
+  // chunk reads: expert 0 or 1 of `layer` (2 chunks each) is one prefetch in flight, the other
+  // waits behind it.
+  static void open_tier_with_slow_reads(TierAlone& t) {
+    ASSERT_NO_FATAL_FAILURE(open_checkpoint_alone(t));
+    const format::ExpertLocation& loc = t.ckpt->expert(t.layer, 0);
+    ASSERT_TRUE(loc.contiguous) << "one request per expert, or requests alone fill the budget";
+    io::IoOptions opt;
+    opt.max_chunk_bytes = 4096;
+    ASSERT_EQ(io::chunk_reads(opt, loc.nbytes), 2u);
+    ASSERT_EQ(io::chunk_reads(opt, t.ckpt->expert(t.layer, 1).nbytes), 2u);
+    opt.fault_plan = std::make_shared<io::FaultPlan>();
+    opt.fault_plan->add(
+        io::FaultRule::delay_by(std::chrono::microseconds(100'000)).in_path("model-"));
+    ASSERT_NO_FATAL_FAILURE(open_tier_alone(8, static_cast<int64_t>(top_k_), t, opt, 3));
+  }
   static inline fs::path root_;
   static inline std::vector<int32_t> prompt_;
   static inline std::vector<int32_t> reference_;
@@ -331,6 +347,7 @@ TEST_F(ExpertCacheTest, AWrongPredictionIsWastedWhenItsLayerIsRoutedElsewhere) {
   model::ExpertWeights view;
   EXPECT_TRUE(x.peek(layer, 2, &view)) << "the tier keeps it: room to spare";
   // Routed in a later pass, it is a hit, not counted again.
+  x.begin_pass();
   x.begin_layer(layer, 1, predicted, 1, 2);
   EXPECT_EQ(s.prefetch_useful, 1u);
   EXPECT_EQ(s.prefetch_wasted, 1u);
@@ -521,6 +538,7 @@ TEST_F(ExpertCacheTest, PrefetchesIssuedBeforeAWindowSettleAsCarried) {
   // own), not 5 (wasted, the window's own).
   const int32_t routed1[] = {0, 3};
   x.begin_layer(layer, 0, routed1, 1, 2);
+  x.begin_pass();
   const int32_t in_window[] = {4, 5};
   x.on_prediction(layer - 1, 1, 1, in_window, weights, 1, 2);
   ASSERT_TRUE(pump_until_landed(x, layer, 4));
@@ -556,6 +574,7 @@ TEST_F(ExpertCacheTest, CarriedPrefetchesEvictedInTheWindowFreeSlotsForItsOwn) {
   EXPECT_EQ(x.stats().carried_wasted, 2u);
   // Pass 1: layer - 1's routing displaces the least recent, 0 and 2 (counted already); its
   // predictions 4 and 5 take the slots they left, and `layer` uses both.
+  x.begin_pass();
   x.begin_layer(layer - 1, 1, earlier, 1, 2);
   EXPECT_EQ(x.stats().carried_wasted, 2u);
   ASSERT_TRUE(predict_and_land(x, layer, 1, own));
@@ -574,17 +593,8 @@ TEST_F(ExpertCacheTest, CarriedPrefetchesEvictedInTheWindowFreeSlotsForItsOwn) {
 // first has landed (reads delayed 100 ms, so both would otherwise be in flight together).
 TEST_F(ExpertCacheTest, PrefetchBudgetCountsChunkReadsNotRequests) {
   TierAlone t;
-  ASSERT_NO_FATAL_FAILURE(open_checkpoint_alone(t));
+  ASSERT_NO_FATAL_FAILURE(open_tier_with_slow_reads(t));
   const int64_t layer = t.layer;
-  const format::ExpertLocation& loc = t.ckpt->expert(layer, 0);
-  ASSERT_TRUE(loc.contiguous) << "one request per expert, or requests alone would fill the budget";
-  io::IoOptions opt;
-  opt.max_chunk_bytes = 4096;
-  ASSERT_EQ(io::chunk_reads(opt, loc.nbytes), 2u);
-  ASSERT_EQ(io::chunk_reads(opt, t.ckpt->expert(layer, 1).nbytes), 2u);
-  opt.fault_plan = std::make_shared<io::FaultPlan>();
-  opt.fault_plan->add(io::FaultRule::delay_by(std::chrono::microseconds(100'000)).in_path("model-"));
-  ASSERT_NO_FATAL_FAILURE(open_tier_alone(8, static_cast<int64_t>(top_k_), t, opt, 3));
   ExpertCache& x = *t.cache;
   const int32_t predicted[] = {0, 1};
   const float weights[] = {0.6f, 0.4f};
@@ -593,6 +603,29 @@ TEST_F(ExpertCacheTest, PrefetchBudgetCountsChunkReadsNotRequests) {
   ASSERT_TRUE(pump_until_landed(x, layer, 0));
   x.on_prediction(layer - 1, 1, 0, nullptr, nullptr, 0, 2);
   EXPECT_EQ(x.stats().prefetch_issued, 2u) << "then expert 1";
+}
+
+// A pass that ends before the layer it predicted for (a failed read, under serve) leaves its
+// queue and its prefetches to no later pass: the queued prediction is cancelled when the next
+// pass begins, and the landed prefetch, routed in that pass, is wasted, not useful.
+TEST_F(ExpertCacheTest, APassThatEndedEarlyLeavesItsQueueAndPrefetchesToNoLaterPass) {
+  TierAlone t;
+  ASSERT_NO_FATAL_FAILURE(open_tier_with_slow_reads(t));
+  const int64_t layer = t.layer;
+  ExpertCache& x = *t.cache;
+  const int32_t predicted[] = {0, 1};
+  const float weights[] = {0.6f, 0.4f};
+  x.begin_pass();
+  x.on_prediction(layer - 1, 1, 0, predicted, weights, 1, 2);
+  ASSERT_EQ(x.stats().prefetch_issued, 1u) << "expert 1 waits behind expert 0";
+  x.begin_pass();  // the pass ended before `layer`
+  EXPECT_EQ(x.stats().prefetch_cancelled, 1u);
+  ASSERT_TRUE(pump_until_landed(x, layer, 0));
+  x.on_prediction(layer - 1, 1, 1, nullptr, nullptr, 0, 2);
+  EXPECT_EQ(x.stats().prefetch_issued, 1u) << "expert 1's prediction belonged to the old pass";
+  x.begin_layer(layer, 1, predicted, 1, 2);
+  EXPECT_EQ(x.stats().prefetch_useful, 0u);
+  EXPECT_EQ(x.stats().prefetch_wasted, 1u) << "read for a layer its pass never reached";
 }
 
 // Slow prefetch reads (each delayed 30 ms) arrive after their layer needs them: waited for,

@@ -57,6 +57,7 @@ class FakeHost final : public model::ExpertSource {
     held_above = std::move(held);
   }
   void set_reuse_fence(ReuseFence fence) override { reuse_fence = std::move(fence); }
+  void begin_pass() override { ++passes; }
   // Rewrites expert `id` of `layer` as a RAM tier reusing its slot would: after the fence.
   void reuse(int64_t layer, int32_t id, float delta) {
     const float* p = data_.data() + (layer * kExperts + id) * 3 * kRows * kCols;
@@ -65,6 +66,7 @@ class FakeHost final : public model::ExpertSource {
   }
   ReuseFence reuse_fence;  // the tier's, while it lives
   int fail_fetches = 0;     // > 0: the fetch that brings it to 0 fails (1: the next one)
+  int passes = 0;           // begin_pass calls
   std::function<void()> on_fetch;  // called as each fetch starts
   std::set<int64_t> ready;  // layer * kExperts + id
   std::function<bool(int64_t, int32_t)> held_above;  // the tier's hook, while it lives
@@ -433,8 +435,8 @@ TEST(VramExpertTier, ACopyItsLayerDidNotAskForIsWastedThenAndNeverUseful) {
 }
 
 // A pass that ends before the layer its copies were made for (a failed read, under serve) leaves
-// them to no later pass: they are wasted when the next pass begins predicting, its first
-// prediction at the same layer as the old pass's last, and a later hit on one is a plain hit.
+// them to no later pass: they are wasted when the next pass begins, and a later hit on one is a
+// plain hit. The host (the RAM tier) is told of each pass too.
 TEST(VramExpertTier, CopiesOfAPassThatEndedEarlyAreWastedWhenTheNextBegins) {
   TierUnderTest x(8 * kTopK);  // room to keep every copy
   ASSERT_TRUE(x.tier);
@@ -442,11 +444,15 @@ TEST(VramExpertTier, CopiesOfAPassThatEndedEarlyAreWastedWhenTheNextBegins) {
   const float w[] = {0.5f, 0.5f};
   const int32_t for2[] = {3, 5}, other[] = {0, 1};
   std::vector<model::ExpertWeights> out;
+  x.tier->begin_pass();
   x.layer(1, other, out);
   x.tier->on_prediction(1, 1, 0, for2, w, 1, kTopK);  // the pass ends here, layer 2 never runs
   ASSERT_EQ(x.tier->stats().prefetch_issued, 2u);
-  x.tier->on_prediction(1, 1, 1, other, w, 1, kTopK);  // the next pass, at layer 1 again
+  EXPECT_EQ(x.tier->stats().prefetch_wasted, 0u);
+  x.tier->begin_pass();
   EXPECT_EQ(x.tier->stats().prefetch_wasted, 2u);
+  EXPECT_EQ(x.host.passes, 2);
+  x.tier->on_prediction(1, 1, 1, other, w, 1, kTopK);
   const uint64_t hits = x.tier->stats().hits;
   x.layer(1, other, out);
   x.layer(2, for2, out);  // both still in VRAM: hits, not useful copies
