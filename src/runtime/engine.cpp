@@ -224,6 +224,9 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& requested) {
       spdlog::warn("--policy/--profile {}", why);
     if (requested.io.backend != io::IoBackend::kAuto || requested.io.rate_limit_bytes_per_s != 0)
       spdlog::warn("--io/--io-rate-limit {}", why);
+    if (requested.lookahead.value_or(0) > 0)  // the depth a trace records
+      spdlog::warn("--lookahead reads nothing ahead: the checkpoint is memory-mapped (give --pack, "
+                   "--ram or --preset); its predictions only go to a --trace");
   }
   KTIER_ASSIGN_OR_RETURN(
       format::Checkpoint ckpt,

@@ -861,11 +861,17 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(old_in), {}), "{\"old\": true}\n");
   fs::remove(old_report);
   // Options of the memory dial on a mapped checkpoint do nothing: said, not silently dropped.
-  const auto mapped = run_process(ktier() + " run" + model() + " --ids 1 -n 1 --policy lru --io pread");
+  const auto mapped = run_process(ktier() + " run" + model() +
+                                  " --ids 1 -n 1 --policy lru --io pread --lookahead 2");
   EXPECT_EQ(mapped.exit_code, 0) << mapped.err;
   EXPECT_NE(mapped.err.find("--policy/--profile ignored: the checkpoint is memory-mapped"),
             std::string::npos) << mapped.err;
   EXPECT_NE(mapped.err.find("--io/--io-rate-limit ignored"), std::string::npos) << mapped.err;
+  EXPECT_NE(mapped.err.find("--lookahead reads nothing ahead: the checkpoint is memory-mapped"),
+            std::string::npos) << mapped.err;
+  const auto defaults = run_process(ktier() + " run" + model() + " --ids 1 -n 1");
+  EXPECT_EQ(defaults.err.find("ignored"), std::string::npos) << "defaults: nothing to say";
+  EXPECT_EQ(defaults.err.find("--lookahead"), std::string::npos) << defaults.err;
   // lm_head rows of NaN (bytes damaged, or rewritten under a run): exit 3 before any token, not
   // greedy argmax's token 0 (the same check stops each decode step).
   {
