@@ -75,6 +75,13 @@ inline bool is_poison(float x) {
   return bits == 0xffffffffu;
 }
 
+// Host floats holding the poison: a reference's output starts so, as the backend's does.
+inline std::vector<float> poisoned_host(size_t n) {
+  std::vector<float> v(n);
+  std::memset(v.data(), kPoisonByte, n * sizeof(float));
+  return v;
+}
+
 // got agrees with want where: got was written (not the poison; nor want, the reference's), NaN
 // exactly where want is NaN, the same infinity where want is infinite, and |got - want| <=
 // tol[i] (+ one ulp of want) elsewhere. `exact` demands equal bits (both-NaN counts as equal).

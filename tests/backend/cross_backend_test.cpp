@@ -105,7 +105,7 @@ TEST_P(CrossBackend, Linear) {
     std::vector<Array<uint8_t>> dev_w, dev_s;
     std::vector<Array<float>> dev_x, dev_y;
     for (size_t j = 0; j < weights.size(); ++j) {
-      want[j].assign(T * weights[j].rows, 0.0f);
+      want[j] = poisoned_host(T * weights[j].rows);
       ref_jobs.push_back({weights[j].view(), ref_xs[j].data(), T, want[j].data()});
       dev_w.emplace_back(*under_test_, weights[j].bytes);
       dev_s.emplace_back(*under_test_, weights[j].scales.empty() ? std::vector<uint8_t>(1)
@@ -201,7 +201,7 @@ TEST_P(CrossBackend, RmsnormAndL2norm) {
   x[n + 3] = std::numeric_limits<float>::quiet_NaN();  // row 1 becomes NaN everywhere
   Array<float> dx(*under_test_, x), dg(*under_test_, gain);
   for (int variant = 0; variant < 3; ++variant) {
-    std::vector<float> want(x.size());
+    std::vector<float> want = poisoned_host(x.size());
     auto got = Array<float>::poisoned(*under_test_, x.size());
     if (variant < 2) {
       const float* g = variant == 0 ? gain.data() : nullptr;
@@ -226,7 +226,7 @@ TEST_P(CrossBackend, Elementwise) {
   Array<float> da(*under_test_, a), db(*under_test_, b);
   const double beta1 = 2.5 + std::uniform_real_distribution<double>(0, 1)(rng_);
   for (int op = 0; op < 5; ++op) {
-    std::vector<float> want(n);
+    std::vector<float> want = poisoned_host(n);
     auto got = Array<float>::poisoned(*under_test_, n);
     const char* name = "";
     switch (op) {
@@ -275,7 +275,7 @@ TEST_P(CrossBackend, WeightedSum) {
     if (T > 1) row_of[static_cast<size_t>(k)] = 2;
     const auto w = random_floats(rng_, T * k, 0.0f, 1.0f);
     Array<float> drows(*under_test_, rows), dw(*under_test_, w);
-    std::vector<float> want(T * n);
+    std::vector<float> want = poisoned_host(T * n);
     auto got = Array<float>::poisoned(*under_test_, T * n);
     ASSERT_TRUE(ref_->weighted_sum(rows.data(), row_of.data(), w.data(), T, k, n, want.data()).is_ok());
     ASSERT_TRUE(
@@ -305,7 +305,7 @@ TEST_P(CrossBackend, GatherRows) {
     for (auto& r : row_of) r = static_cast<int32_t>(rng_() % static_cast<uint64_t>(n_src));
     row_of[0] = 0;
     row_of.back() = static_cast<int32_t>(n_src - 1);
-    std::vector<float> want(rows * n);
+    std::vector<float> want = poisoned_host(rows * n);
     for (int64_t r = 0; r < rows; ++r)
       std::copy_n(src.data() + row_of[static_cast<size_t>(r)] * n, n, want.data() + r * n);
     Array<float> dsrc(*under_test_, src);
@@ -329,7 +329,7 @@ TEST_P(CrossBackend, KdaShortConvAndDecayGate) {
       hist[C + 7] = -std::numeric_limits<float>::infinity();
     }
     Array<float> du(*under_test_, u), dw(*under_test_, w), dh(*under_test_, hist);
-    std::vector<float> want(T * C), want_hist = hist;
+    std::vector<float> want = poisoned_host(T * C), want_hist = hist;
     auto got = Array<float>::poisoned(*under_test_, T * C);
     ASSERT_TRUE(ref_->kda_short_conv(u.data(), T, C, w.data(), K, want_hist.data(),
                                      want.data()).is_ok());
@@ -366,7 +366,7 @@ TEST_P(CrossBackend, KdaRecurrence) {
   in.v[(T - 1) * H * Dv + 2] = std::numeric_limits<float>::infinity();
   Array<float> dq(*under_test_, in.q), dk(*under_test_, in.k), dv(*under_test_, in.v);
   Array<float> dal(*under_test_, in.alpha), db(*under_test_, in.beta), ds(*under_test_, in.state);
-  std::vector<float> want(T * H * Dv), want_state = in.state;
+  std::vector<float> want = poisoned_host(T * H * Dv), want_state = in.state;
   auto got = Array<float>::poisoned(*under_test_, want.size());
   const double q_scale = 1.0 / std::sqrt(double(Dk));
   ASSERT_TRUE(ref_->kda_recurrence(in.q.data(), in.k.data(), in.v.data(), in.alpha.data(),
@@ -393,7 +393,7 @@ TEST_P(CrossBackend, MlaAttention) {
   HostWeight kv_b = HostWeight::random(rng_, cpu::WeightType::kBF16,
                                        d.n_heads * (d.qk_nope + d.v_head), d.kv_lora);
   const double scale = 1.0 / std::sqrt(double(qd));
-  std::vector<float> want(T * d.n_heads * d.v_head);
+  std::vector<float> want = poisoned_host(T * d.n_heads * d.v_head);
   ASSERT_TRUE(ref_->mla_attention(d, q.data(), T, kv_b.view(), cache_c.data(), cache_r.data(),
                                   n_past, scale, want.data()).is_ok());
   Array<float> dq(*under_test_, q), dc(*under_test_, cache_c), dr(*under_test_, cache_r);
@@ -424,7 +424,7 @@ TEST_P(CrossBackend, AttnRes) {
     }
     const auto f = random_floats(rng_, n, -0.5f, 0.5f);
     Array<float> df(*under_test_, f);
-    std::vector<float> want(T * n);
+    std::vector<float> want = poisoned_host(T * n);
     auto got = Array<float>::poisoned(*under_test_, want.size());
     ASSERT_TRUE(ref_->attnres(ref_ptrs.data(), m, stride, T, n, f.data(), 1e-6, want.data()).is_ok());
     ASSERT_TRUE(
@@ -448,7 +448,7 @@ TEST_P(CrossBackend, RouterTopk) {
     logits[9] = logits[10];                                // a tie: the lower index first
     for (int renorm = 0; renorm < 2; ++renorm) {
       std::vector<int32_t> want_ids(T * k);
-      std::vector<float> want_w(T * k);
+      std::vector<float> want_w = poisoned_host(T * k);
       ASSERT_TRUE(ref_->router_topk(logits.data(), bias.data(), T, E, k, renorm, 2.5,
                                     want_ids.data(), want_w.data()).is_ok());
       Array<float> dl(*under_test_, logits), db(*under_test_, bias);

@@ -264,6 +264,14 @@ std::vector<OpCase> make_op_cases(const CaseOptions& opt) {
                        kda_decay_gate(z->data(), T, H, static_cast<int>(D), A_log->data(),
                                       dt->data(), -5.0, o[0], o[1], ex);
                      }});
+    // The model asks for alpha alone (g null): the kernels' other path.
+    cases.push_back({"kda_decay_gate D=" + std::to_string(D) + " alpha only",
+                     true,
+                     {n},
+                     [z, A_log, dt, H, D, T](const Exec& ex, const std::vector<float*>& o) {
+                       kda_decay_gate(z->data(), T, H, static_cast<int>(D), A_log->data(),
+                                      dt->data(), -5.0, nullptr, o[0], ex);
+                     }});
   }
   for (int64_t Dk : widths) {
     if (opt.large && Dk > 1000) continue;
