@@ -20,7 +20,9 @@ for p in "${PACKAGES[@]}"; do
 done
 # Node.js and npm (tokenizer cross-check against js-tiktoken). NodeSource's nodejs already
 # bundles npm and conflicts with Debian's npm package, so only install what is absent.
-command -v node >/dev/null || missing+=(nodejs)
+# The test looks for /usr/bin/node only (CMake, tests/tokenizer): a node elsewhere on the PATH
+# (nvm, /usr/local) does not count.
+[ -x /usr/bin/node ] || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
 
 SUDO=""

@@ -220,7 +220,9 @@ void register_bench_inflate_command(CLI::App& bench, int& exit_code) {
   auto* sub = bench.add_subcommand(
       "inflate",
       "Compressed trunk pack: compression ratio, bf16 plane entropies, and inflate GB/s per core\n"
-      "(blocks inflated from RAM in parallel, checksums checked; goal >= 2.0 GB/s per core)");
+      "(blocks inflated from RAM in parallel, checksums checked; goal >= 2.0 GB/s per core);\n"
+      "exit 4 where a record and the records kept for the timed passes would pass 90% of\n"
+      "MemAvailable");
   auto o = std::make_shared<InflateOptions>();
   sub->add_option("--pack", o->pack, "trunk pack made by `ktier pack --compress`")->required();
   add_threads_option(sub, o->threads, "Inflating threads", 1);
