@@ -432,17 +432,20 @@ Status TrunkStore::inflate_blocks(const pack::Record& r, std::span<const uint32_
 
 void TrunkStore::start_read(Slot& s, int64_t layer) {
   const pack::Record& r = records_[static_cast<size_t>(layer)];
-  s.layer = layer;
-  s.ready = false;
-  s.status = Status::ok();
-  s.landed.clear();
-  s.inflated = 0;
   // Tag: slot index in the low 16 bits; for compressed records the block number above them.
   const uint64_t tag = static_cast<uint64_t>(&s - ring_.data());
   uint8_t* into = r.compressed ? s.staging.data() : s.buf.data();
+  // What may throw (std::bad_alloc) comes before the slot is marked: a slot that said it held
+  // `layer` with no read queued would later bind the bytes of the layer it held before.
   std::vector<io::ReadRequest> batch;
   for (const Source& src : sources_of(r))
     batch.push_back({src.file, src.offset, src.length, into + src.dst_offset, tag | (batch.size() << 16)});
+  s.landed.clear();
+  if (r.compressed) s.landed.reserve(r.blocks.size());  // take() appends without allocating
+  s.layer = layer;
+  s.ready = false;
+  s.status = Status::ok();
+  s.inflated = 0;
   s.outstanding = batch.size();
   stats_.streamed_bytes_read += read_bytes(r, pack_ != nullptr);
   stats_.streamed_bytes_inflated += pack_ ? r.size : payload_bytes(r);
@@ -481,7 +484,10 @@ void TrunkStore::take(size_t min_count) {
 
 Status TrunkStore::drain(Slot* until) {
   const uint64_t t0 = now_ns();
-  while (until->outstanding > 0) take(1);
+  while (until->outstanding > 0) {
+    KTIER_CHECK(cq_->outstanding() > 0);  // else the slot's count is wrong: a hang, not a wait
+    take(1);
+  }
   stats_.io_wait_ns += now_ns() - t0;
   return Status::ok();
 }
