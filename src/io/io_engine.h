@@ -145,7 +145,8 @@ class IoEngine {
   Result<ReadFile> open(const std::filesystem::path& path) const;
 
   // Queues `batch` for reading, in order; completions go to `cq`. Validates all requests first
-  // and queues none if any is invalid (Status::corrupt for a range past the end of its file).
+  // and queues none if any is invalid (Status::corrupt for a range past the end of its file), nor
+  // when it throws std::bad_alloc.
   // A null file, or a null dst with a nonzero length, is a bug (aborts). Does not block on I/O.
   virtual Status submit(std::span<const ReadRequest> batch, CompletionQueue& cq) = 0;
 

@@ -57,23 +57,34 @@ Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueu
   for (const ReadRequest& r : batch) {
     chunks += chunk_reads(options_, r.length);
   }
-  cq.on_submitted(batch.size());
+  // The requests are made, and queued with a way back, before any is counted: a std::bad_alloc
+  // leaves none queued, so neither this engine nor `cq` waits for a read that never comes.
+  std::vector<std::shared_ptr<Request>> requests;
+  requests.reserve(batch.size());
+  for (const ReadRequest& r : batch) {
+    auto req = std::make_shared<Request>();
+    req->read = r;
+    req->cq = &cq;
+    req->next_offset = r.offset;
+    requests.push_back(std::move(req));
+  }
   {
     std::lock_guard lock(mu_);
     KTIER_CHECK_MSG(!stopping_, "submit() on an IoEngine that is being destroyed");
+    auto& queue = queues_[static_cast<int>(cq.priority())];
+    const size_t queued_before = queue.size();
+    try {
+      for (const auto& req : requests)
+        if (req->read.length != 0) queue.push_back(req);
+    } catch (...) {  // no worker took one: they take under mu_
+      queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(queued_before), queue.end());
+      throw;
+    }
+    cq.on_submitted(batch.size());
     if (requests_outstanding_ == 0) busy_since_ = Clock::now();
     requests_outstanding_ += batch.size();
-    for (const ReadRequest& r : batch) {
-      auto req = std::make_shared<Request>();
-      req->read = r;
-      req->cq = &cq;
-      req->next_offset = r.offset;
-      if (r.length == 0) {
-        maybe_deliver_locked(*req);
-      } else {
-        queues_[static_cast<int>(cq.priority())].push_back(std::move(req));
-      }
-    }
+    for (const auto& req : requests)
+      if (req->read.length == 0) maybe_deliver_locked(*req);
   }
   if (chunks >= options_.queue_depth) {
     work_cv_.notify_all();
