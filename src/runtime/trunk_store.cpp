@@ -118,16 +118,22 @@ Result<TrunkPlan> TrunkStore::plan_records(const std::vector<pack::Record>& reco
   const int64_t most = pinnable_layers(opts.max_pinned, L);
   TrunkPlan p;
   p.minimum_bytes = z.minimum(slots, most == L);
-  if (opts.budget_bytes < p.minimum_bytes)
+  if (opts.budget_bytes < p.minimum_bytes) {
+    // The minimum is the ring, or (a small model) every layer pinned where that is less.
+    const bool all_pinned = p.minimum_bytes < z.fixed() + z.ring(slots);
+    const std::string staging = z.staging ? format_size(z.staging) + " compressed staging" : "";
+    const std::string layers =
+        all_pinned ? "all " + std::to_string(L) + " layers pinned, " + format_size(z.all_layers) +
+                         (z.staging ? ", + " + staging + " while they are read" : "")
+                   : std::to_string(slots) + " ring slots of " + format_size(z.largest) +
+                         (z.staging ? " + " + staging + " each" : "");
     return Status::budget(
         "a trunk budget of " + format_size(opts.budget_bytes) + " cannot be met: the minimum is " +
         format_size(p.minimum_bytes) + " = " + std::to_string(p.minimum_bytes) + " bytes (head " +
-        format_size(head.size) + " + " + std::to_string(slots) + " ring slots of " +
-        format_size(z.largest) +
-        (z.staging ? " + " + format_size(z.staging) + " compressed staging each + " +
-                         format_size(z.scratch) + " inflate scratch"
-                   : std::string()) +
-        " + embedding rows)");
+        format_size(head.size) + " + " + layers +
+        (z.scratch ? " + " + format_size(z.scratch) + " inflate scratch" : "") +
+        " + embedding rows" + (z.row_sums ? " and their checksums" : "") + ")");
+  }
   const auto extra = [&](int64_t first_streamed) -> uint64_t {
     return opts.streamed_extra ? opts.streamed_extra(first_streamed) : 0;
   };
