@@ -57,7 +57,7 @@ TEST_P(Conformance, RmsNorm) {
   const Fixture fx = Fixture::load_op("rmsnorm");
   const Tensor in = fx.tensor("in");
   const std::vector<float> x = in.f32(), w = fx.f32("weight");
-  std::vector<float> out(x.size());
+  std::vector<float> out = poisoned(static_cast<int64_t>(x.size()));
   rmsnorm(x.data(), w.data(), in.shape[0], in.shape[1], fx.number("eps"), out.data(), env().ex);
   const auto r = check_tolerance(out, fx.tensor("out").data);
   expect_case("rmsnorm", r, 0.006, "0.006 / 0.006");
@@ -67,7 +67,7 @@ TEST_P(Conformance, SituGlu) {
   const Fixture fx = Fixture::load_op("situ_glu");
   const Tensor in = fx.tensor("in");  // [6, 16]: a = cols 0..7, b = cols 8..15
   const int64_t rows = in.shape[0], half = in.shape[1] / 2;
-  std::vector<float> a(rows * half), b(rows * half), out(rows * half);
+  std::vector<float> a(rows * half), b(rows * half), out = poisoned(rows * half);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < half; ++i) {
       a[r * half + i] = static_cast<float>(in.data[r * 2 * half + i]);
@@ -89,7 +89,7 @@ TEST_P(Conformance, ShortConvWithHistoryContinuation) {
   const Tensor in = fx.tensor("in");  // [1, T, C]
   const int64_t T = in.shape[1];
   const std::vector<float> u = in.f32(), w = fx.f32("weight");
-  std::vector<float> hist((K - 1) * C, 0.0f), out(T * C);
+  std::vector<float> hist((K - 1) * C, 0.0f), out = poisoned(T * C);
   kda_short_conv(u.data(), T, C, w.data(), K, hist.data(), out.data(), env().ex);
   const auto r = check_tolerance(out, fx.tensor("out").data);
   expect_case("shortconv", r, 0.006, "0.006 / 0.006");
@@ -99,7 +99,7 @@ TEST_P(Conformance, ShortConvWithHistoryContinuation) {
     for (int q = 0; q < K - 1; ++q)
       ASSERT_EQ(hist[q * C + c], want_state[c * (K - 1) + q]) << "channel " << c << " slot " << q;
   const std::vector<float> u_next = fx.f32("in_next");
-  std::vector<float> out_next(C);
+  std::vector<float> out_next = poisoned(C);
   kda_short_conv(u_next.data(), 1, C, w.data(), K, hist.data(), out_next.data(), env().ex);
   const auto rn = check_tolerance(out_next, fx.tensor("out_next").data);
   expect_case("shortconv continuation", rn, 0.005, "0.005 / 0.004");
@@ -112,7 +112,8 @@ TEST_P(Conformance, KdaDecayGate) {
   const int H = static_cast<int>(A_log.size());
   const int64_t T = z.shape[1];
   const int D = static_cast<int>(z.shape[2] / H);
-  std::vector<float> g(zf.size()), alpha(zf.size());
+  const int64_t n = static_cast<int64_t>(zf.size());
+  std::vector<float> g = poisoned(n), alpha = poisoned(n);
   kda_decay_gate(zf.data(), T, H, D, A_log.data(), dt.data(), fx.number("lower_bound"), g.data(),
                  alpha.data(), env().ex);
   const double dg = max_abs_diff(g, fx.tensor("g").data);
@@ -146,7 +147,7 @@ void run_recurrence_case(const char* name, double readme_max, const char* readme
   const int Dv = static_cast<int>(fx.tensor("v").shape[2]);
   const std::vector<float> qf = q.f32(), k = fx.f32("k"), v = fx.f32("v"), al = fx.f32("alpha"),
                            beta = fx.f32("beta");
-  std::vector<float> S(static_cast<size_t>(H) * Dk * Dv, 0.0f), out(T * H * Dv);
+  std::vector<float> S(static_cast<size_t>(H) * Dk * Dv, 0.0f), out = poisoned(T * H * Dv);
   kda_recurrence(qf.data(), k.data(), v.data(), al.data(), beta.data(), T, H, Dk, Dv,
                  fx.number("q_scale"), S.data(), out.data(), env().ex);
   const auto r = check_tolerance(out, fx.tensor("out").data);
@@ -165,7 +166,7 @@ void run_kda_layer_case(const char* name, double readme_max, const char* readme)
   const int64_t T = in.shape[1], E = in.shape[2];
   const std::vector<float> x = in.f32();
   KdaState st = KdaState::zeros(w);
-  std::vector<float> out(T * E);
+  std::vector<float> out = poisoned(T * E);
   kda_block(w, x.data(), T, st, out.data(), env().ex);
   const auto r = check_tolerance(out, fx.tensor("out").data);
   const auto rs = check_tolerance(st.S, fx.tensor("state_out").data);
@@ -193,8 +194,8 @@ TEST_P(Conformance, RouterSetsAndWeightsById) {
   const Tensor in = fx.tensor("in");
   const int64_t T = in.shape[0];
   const std::vector<float> x = in.f32(), bias = fx.f32("bias");
-  std::vector<float> logits(T * n_exp), wts(T * k);
-  std::vector<int32_t> ids(T * k);
+  std::vector<float> logits = poisoned(T * n_exp), wts = poisoned(T * k);
+  std::vector<int32_t> ids(T * k, -1);
   linear(gate.view(), x.data(), T, logits.data(), env().ex);
   router_topk(logits.data(), bias.data(), T, n_exp, k, true, 1.0, ids.data(), wts.data(), env().ex);
   const Tensor want_ids = fx.tensor("topk_idx"), want_w = fx.tensor("topk_weight");
@@ -224,8 +225,8 @@ TEST_P(Conformance, RouterSetsAndWeightsById) {
   expect_case("router weights (by id)", r, 0.003, "0.002 / 0.003");
   // The bias matters: without it the selected set differs in as many rows as the fixture says.
   const std::vector<float> no_bias(static_cast<size_t>(n_exp), 0.0f);
-  std::vector<int32_t> ids_nb(T * k);
-  std::vector<float> wts_nb(T * k);
+  std::vector<int32_t> ids_nb(T * k, -1);
+  std::vector<float> wts_nb = poisoned(T * k);
   router_topk(logits.data(), no_bias.data(), T, n_exp, k, true, 1.0, ids_nb.data(), wts_nb.data(),
               env().ex);
   int changed = 0;
@@ -249,7 +250,7 @@ TEST_P(Conformance, AttnRes) {
   src[nb] = P;
   std::vector<const float*> ptrs;
   for (const auto& s : src) ptrs.push_back(s.data());
-  std::vector<float> out(T * E);
+  std::vector<float> out = poisoned(T * E);
   attnres(ptrs.data(), static_cast<int>(ptrs.size()), E, T, E, f.data(), fx.number("eps"),
           out.data(), env().ex);
   const auto r = check_tolerance(out, fx.tensor("out").data);
@@ -269,7 +270,7 @@ TEST_P(Conformance, MlaAbsorbedAndPrefillThenDecode) {
   const int64_t T = in.shape[1], E = in.shape[2];
   const std::vector<float> x = in.f32();
   MlaCache cache;
-  std::vector<float> out(T * E);
+  std::vector<float> out = poisoned(T * E);
   mla_block(w, x.data(), T, cache, out.data(), env().ex);
   const auto r = check_tolerance(out, fx.tensor("out").data);
   const auto rc = check_tolerance(cache.c, fx.tensor("kv_latent").data);
@@ -307,7 +308,7 @@ TEST_P(Conformance, LatentMoe) {
   const Tensor in = fx.tensor("in");
   const int64_t T = in.shape[1], E = in.shape[2];
   const std::vector<float> x = in.f32();
-  std::vector<float> out(T * E);
+  std::vector<float> out = poisoned(T * E);
   moe_block(w, x.data(), T, out.data(), env().ex);
   const std::vector<double> want = fx.tensor("out").data;
   const auto r = check_moe_scaled(out, want);

@@ -106,6 +106,12 @@ void poison(float* p, int64_t n) {
   for (int64_t i = 0; i < n; ++i) std::memcpy(&p[i], &kPoisonBits, 4);
 }
 
+std::vector<float> poisoned(int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  poison(v.data(), n);
+  return v;
+}
+
 int64_t count_poison(const float* p, int64_t n) {
   int64_t c = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -68,6 +68,9 @@ std::string compare_bits(const float* a, const float* b, int64_t n);
 inline constexpr uint32_t kPoisonBits = 0x7f8dead5u;
 void poison(float* p, int64_t n);
 int64_t count_poison(const float* p, int64_t n);
+// n floats holding the poison: an output buffer an element of which, left unwritten, fails any
+// tolerance check (a NaN where a number is wanted), however small the wanted value.
+std::vector<float> poisoned(int64_t n);
 
 // Every kernel set the library knows, scalar first. Tests that compare or exercise kernel sets
 // run over all of them and GTEST_SKIP (with skip_reason) those this CPU or build cannot run.
