@@ -114,7 +114,8 @@ INSTANTIATE_TEST_SUITE_P(Isas, ThreadInvariance, ::testing::ValuesIn(kAllIsas), 
 TEST_P(ThreadInvariance, MlaHeadGroupingWritesIdenticalBytes) {
   const Isa isa = GetParam();
   if (!isa_supported(isa)) GTEST_SKIP() << skip_reason(isa);
-  std::mt19937_64 rng(ktier::test::fresh_seed("ThreadInvariance.MlaHeadGroupingWritesIdenticalBytes"));
+  std::mt19937_64 rng(
+      ktier::test::fresh_seed("ThreadInvariance.MlaHeadGroupingWritesIdenticalBytes"));
   MlaDims d;
   d.n_heads = 7;
   d.qk_nope = 13;
