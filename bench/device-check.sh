@@ -307,7 +307,7 @@ def same_as(n, r):  # run n's ids against run r's: "yes", or where the first id 
 # ahead: the decode's lookahead copies into VRAM that their layer used, and of those the ones
 # landed as its fetch started (timely); the rest made the layer's ops wait.
 print(f"{'run':14} {'tok/s':>7} {'vram hit':>9} {'ram hit':>8} {'RAM->VRAM MB/tok':>17} {'GB/s':>6}"
-      f" {'layers':>7} {'peak/vram':>9} {'ahead used/timely':>17}  ids = cpu     = resident")
+      f" {'layers':>7} {'peak/vram':>9} {'ahead used/timely':>17}  ids = cpu         = resident")
 device_runs = ["resident", "experts50", "experts25", "experts10", "trunk50"]
 for n in device_runs + ["cpu-reference"]:
     j = load(f"run-{n}.json")
@@ -324,7 +324,7 @@ for n in device_runs + ["cpu-reference"]:
           f"{j['links']['ram_to_vram_bytes_per_token']*j['decode_tok_per_s']/1e9:6.2f} "
           f"{j['device']['trunk_layers_resident']:7}"
           f" {(format(j['device']['memory_peak_bytes']/j['device']['vram_budget_bytes'], '.3f') if j['device']['gpu_mode'] else '-'):>9}"
-          f" {ahead:>17}  {same_cpu:12}  {same_resident}")
+          f" {ahead:>17}  {same_cpu:16}  {same_resident}")
 # The device's ids must not depend on its VRAM budget (issue 6: byte-identical across budgets),
 # whether or not they equal the CPU's.
 got = {n: ids(n) for n in device_runs if ids(n) is not None}

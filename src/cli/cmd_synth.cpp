@@ -70,7 +70,8 @@ void register_synth_command(CLI::App& app, int& exit_code) {
                "index, tokenizer)");
   // Owned by the callback below, which lives as long as the app.
   auto args = std::make_shared<SynthArgs>();
-  sub->add_option("--preset", args->options.preset, "tiny (~4 MB), demo (~2.8 GB) or k3-slice (~12 GB)")
+  sub->add_option("--preset", args->options.preset,
+                  "tiny (~4 MB), demo (~2.8 GB) or k3-slice (~12 GB)")
       ->required()
       ->check(CLI::IsMember({"tiny", "demo", "k3-slice"}));
   sub->add_option("-o,--output", args->out_dir, "output directory (created; must be empty unless --force)")

@@ -26,6 +26,9 @@ CompletionQueue::~CompletionQueue() {
 
 void CompletionQueue::on_submitted(size_t n) {
   std::lock_guard lock(mu_);
+  // Room for every completion outstanding (ready_ never holds more), so that deliver() does not
+  // allocate: a throw there, on an engine's thread, would lose a completion someone waits for.
+  ready_.reserve(outstanding_ + n);
   outstanding_ += n;
 }
 

@@ -219,7 +219,8 @@ class CompletionQueue {
   // Time this queue's callers spent blocked in wait(), ns.
   uint64_t wait_ns() const;
 
-  // Engine side: count requests in, deliver completions.
+  // Engine side: count requests in, deliver completions. on_submitted may throw std::bad_alloc
+  // (counting nothing then); deliver does not allocate.
   void on_submitted(size_t n);
   void deliver(Completion c);
 

@@ -76,11 +76,11 @@ Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueu
     try {
       for (const auto& req : requests)
         if (req->read.length != 0) queue.push_back(req);
+      cq.on_submitted(batch.size());
     } catch (...) {  // no worker took one: they take under mu_
       queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(queued_before), queue.end());
       throw;
     }
-    cq.on_submitted(batch.size());
     if (requests_outstanding_ == 0) busy_since_ = Clock::now();
     requests_outstanding_ += batch.size();
     for (const auto& req : requests)

@@ -92,7 +92,9 @@ class Model {
   // Decoder layer l (§6.0, §6.3-§6.6) over the stream's T tokens at positions first_position..:
   // the AttnRes mixes, norms, attention, FFN; P and the bank updated (a boundary layer pushes
   // P), `ls` advanced, the routing and lookahead observers called. forward() runs this for each
-  // layer; the conformance layer vectors run it on a P and bank of their own. Errors: as forward.
+  // layer; the conformance layer vectors run it on a P and bank of their own. It does not call
+  // the ExpertSource's begin_pass (forward does): a caller over a prefetching source calls it
+  // before a pass's first layer. Errors: as forward.
   Status layer(int64_t l, const LayerWeights& lw, LayerState& ls, int64_t first_position,
                ResidualStream& s);
 

@@ -441,25 +441,23 @@ void TrunkStore::start_read(Slot& s, int64_t layer) {
   // Tag: slot index in the low 16 bits; for compressed records the block number above them.
   const uint64_t tag = static_cast<uint64_t>(&s - ring_.data());
   uint8_t* into = r.compressed ? s.staging.data() : s.buf.data();
-  // What may throw (std::bad_alloc) comes before the slot is marked: a slot that said it held
-  // `layer` with no read queued would later bind the bytes of the layer it held before.
+  // What may throw (std::bad_alloc; submit then queues nothing) comes before the slot is marked:
+  // a slot that said it held `layer` with no read queued would bind the bytes of the layer it
+  // held before, or wait for reads that never come. Only take(), on this thread, consumes the
+  // completions, so marking the slot after submit is in time.
   std::vector<io::ReadRequest> batch;
   for (const Source& src : sources_of(r))
     batch.push_back({src.file, src.offset, src.length, into + src.dst_offset, tag | (batch.size() << 16)});
   s.landed.clear();
   if (r.compressed) s.landed.reserve(r.blocks.size());  // take() appends without allocating
+  const Status st = cq_->submit(batch);
   s.layer = layer;
   s.ready = false;
-  s.status = Status::ok();
+  s.status = st;
   s.inflated = 0;
-  s.outstanding = batch.size();
+  s.outstanding = st.is_ok() ? batch.size() : 0;
   stats_.streamed_bytes_read += read_bytes(r, pack_ != nullptr);
   stats_.streamed_bytes_inflated += pack_ ? r.size : payload_bytes(r);
-  const Status st = cq_->submit(batch);
-  if (!st.is_ok()) {
-    s.outstanding = 0;
-    s.status = st;
-  }
 }
 
 void TrunkStore::prefetch() {
@@ -488,12 +486,16 @@ void TrunkStore::take(size_t min_count) {
   }
 }
 
+void TrunkStore::take_one_for(const Slot& s) {
+  KTIER_CHECK(s.outstanding > 0);
+  // A slot counting reads the queue does not hold would wait for ever: a bug, stopped here.
+  KTIER_CHECK(cq_->outstanding() > 0);
+  take(1);
+}
+
 Status TrunkStore::drain(Slot* until) {
   const uint64_t t0 = now_ns();
-  while (until->outstanding > 0) {
-    KTIER_CHECK(cq_->outstanding() > 0);  // else the slot's count is wrong: a hang, not a wait
-    take(1);
-  }
+  while (until->outstanding > 0) take_one_for(*until);
   stats_.io_wait_ns += now_ns() - t0;
   return Status::ok();
 }
@@ -506,11 +508,11 @@ Status TrunkStore::finish_compressed(Slot& s) {
     // while the engine reads the rest.
     const uint64_t t0 = now_ns();
     const size_t want = std::min<size_t>(static_cast<size_t>(inflate_threads_), s.outstanding + s.landed.size());
-    while (s.status.is_ok() && s.landed.size() < want && s.outstanding > 0) take(1);
+    while (s.status.is_ok() && s.landed.size() < want && s.outstanding > 0) take_one_for(s);
     take(0);
     stats_.io_wait_ns += now_ns() - t0;
     if (!s.status.is_ok() || s.landed.empty()) break;
-    batch.swap(s.landed);
+    batch.assign(s.landed.begin(), s.landed.end());  // s.landed keeps its room (take())
     s.landed.clear();
     std::sort(batch.begin(), batch.end());  // errors are reported for the first block
     const Status st = inflate_blocks(r, batch, s.staging.data(), s.buf.data());

@@ -236,6 +236,7 @@ class TrunkStore final : public model::TrunkSource {
   static void free_slot(Slot& s);  // holds nothing (its reads must have landed)
   Status drain(Slot* until);  // takes completions until `until` has none outstanding
   void take(size_t min_count);  // takes completions (blocking for min_count) into their slots
+  void take_one_for(const Slot& s);  // take(1) while s counts reads (the queue must hold them)
   Status finish_compressed(Slot& s);  // reads and inflates in parallel, as blocks land
   // Inflates `blocks` of compressed record `r` from `stored` into `dst` on the pool; the first
   // error in block order.

@@ -346,7 +346,7 @@ TEST_P(CrossBackend, KdaShortConvAndDecayGate) {
   z[2] = std::numeric_limits<float>::infinity();
   z[3] = -std::numeric_limits<float>::infinity();
   Array<float> dz(*under_test_, z), dA(*under_test_, A_log), ddt(*under_test_, dt);
-  std::vector<float> g(n), alpha(n);
+  std::vector<float> g = poisoned_host(n), alpha = poisoned_host(n);
   auto dg = Array<float>::poisoned(*under_test_, n), dal = Array<float>::poisoned(*under_test_, n);
   ASSERT_TRUE(ref_->kda_decay_gate(z.data(), T, H, D, A_log.data(), dt.data(), -5.0, g.data(),
                                    alpha.data()).is_ok());
@@ -354,6 +354,11 @@ TEST_P(CrossBackend, KdaShortConvAndDecayGate) {
                                           dg.data(), dal.data()).is_ok());
   expect_close("kda_decay_gate g", g, dg.host(), 0.0);
   expect_close("kda_decay_gate alpha", alpha, dal.host(), 0.0);
+  // The model asks for alpha alone (g null): the same alpha.
+  auto dal_only = Array<float>::poisoned(*under_test_, n);
+  ASSERT_TRUE(under_test_->kda_decay_gate(dz.data(), T, H, D, dA.data(), ddt.data(), -5.0,
+                                          nullptr, dal_only.data()).is_ok());
+  expect_close("kda_decay_gate alpha (g null)", alpha, dal_only.host(), 0.0);
 }
 
 TEST_P(CrossBackend, KdaRecurrence) {

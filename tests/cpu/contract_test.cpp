@@ -219,7 +219,8 @@ TEST_P(Contract, InPlaceOpsEqualOutOfPlace) {
     EXPECT_EQ(compare_bits(out.data(), inplace.data(), static_cast<int64_t>(out.size())), "")
         << what << " on " << isa_name(ex.isa);
   };
-  same("rmsnorm", x, [&](const float* a, float* o) { rmsnorm(a, gain.data(), rows, n, 1e-6, o, ex); });
+  same("rmsnorm", x,
+       [&](const float* a, float* o) { rmsnorm(a, gain.data(), rows, n, 1e-6, o, ex); });
   same("rmsnorm without a gain", x,
        [&](const float* a, float* o) { rmsnorm(a, nullptr, rows, n, 1e-6, o, ex); });
   same("l2norm", x, [&](const float* a, float* o) { l2norm(a, rows, n, 1e-6, o, ex); });

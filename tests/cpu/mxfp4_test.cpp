@@ -114,7 +114,8 @@ TEST_P(Mxfp4Kernels, PackedLinearMatchesDecodedDotProduct) {
 // token's result. Outputs start poisoned, so an unwritten row cannot pass as equal.
 TEST_P(Mxfp4Kernels, MultiExpertJobsEqualSeparateScalarCalls) {
   const RealRows& r = real_rows();
-  std::mt19937_64 rng(ktier::test::fresh_seed("Mxfp4Kernels.MultiExpertJobsEqualSeparateScalarCalls"));
+  std::mt19937_64 rng(
+      ktier::test::fresh_seed("Mxfp4Kernels.MultiExpertJobsEqualSeparateScalarCalls"));
   constexpr int kExperts = 4;
   const int64_t rows = r.rows / kExperts;
   std::vector<std::vector<float>> xs, together(kExperts), alone(kExperts);

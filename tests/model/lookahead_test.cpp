@@ -148,8 +148,7 @@ TEST(Lookahead, EachForwardBeginsAPassBeforeItsLayers) {
   const std::span<const int32_t> ids(prompt);
   ASSERT_TRUE(m.forward(ids.first(1), *seq, model::LogitRows::kNone, nullptr).is_ok());
   ASSERT_TRUE(m.forward(ids.subspan(1), *seq, model::LogitRows::kNone, nullptr).is_ok());
-  const std::string pass = "p" + std::string(static_cast<size_t>(c.num_hidden_layers -
-                                                                 c.first_k_dense_replace), 'l');
+  const std::string pass = "p" + std::string(static_cast<size_t>(c.num_moe_layers()), 'l');
   EXPECT_EQ(experts.calls, pass + pass);
 }
 

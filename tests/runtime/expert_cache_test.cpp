@@ -494,6 +494,7 @@ TEST_F(ExpertCacheTest, APredictedResidentIsProtectedBeforeThePrefetchQueueReach
   ASSERT_TRUE(x.fetch(layer, first, views).is_ok());
   x.on_prediction(layer - 1, 1, 1, predicted, weights, 1, 2);
   EXPECT_EQ(x.stats().prefetch_issued, 1u) << "expert 2 fills the budget";
+  x.begin_pass();  // the next token's pass, as Model::forward begins it
   x.begin_layer(layer - 1, 1, before, 1, 1);
   ASSERT_TRUE(x.fetch(layer - 1, before, views).is_ok());
   EXPECT_TRUE(x.peek(layer, 0, &view)) << "the predicted expert 0 was dropped";
