@@ -13,6 +13,7 @@
 
 #include "io/aligned_buffer.h"
 #include "io/fault_plan.h"
+#include "failing_new.h"
 #include "io/io_engine.h"
 #include "io_test_util.h"
 
@@ -389,6 +390,43 @@ TEST_P(IoFaultTest, PastEndOfFileIsRejectedAtSubmit) {
   EXPECT_EQ(s.code(), ExitCode::kCorrupt);
   EXPECT_NE(s.message().find(tmp_->path()), std::string::npos) << s.message();
   EXPECT_EQ(cq.outstanding(), 0u) << "a rejected batch queues nothing";
+}
+
+// A submit whose allocation fails, at each allocation it makes in turn, queues nothing: its
+// queue counts nothing (nor waits, when destroyed, for reads that never come) and the engine
+// reads nothing of it; once no allocation fails, the batch reads its bytes, alone.
+TEST_P(IoFaultTest, SubmitThatRunsOutOfMemoryQueuesNothing) {
+  KTIER_ENGINE_OR_SKIP(e);
+  ReadFile f = open(*e);
+  auto buf = std::move(AlignedBuffer::allocate(3 * 4096)).value();
+  const ReadRequest batch[] = {{&f, 0, 4096, buf.data(), 0},
+                               {&f, 8192, 4096, buf.data() + 4096, 1},
+                               {&f, 4096, 0, buf.data() + 8192, 2}};  // empty: delivered at once
+  long failures = 0;
+  for (long k = 0;; ++k) {
+    ASSERT_LT(k, 100) << "submit never got through";
+    CompletionQueue cq(*e);
+    Status s;
+    fail_allocation_after(k);
+    try {
+      s = cq.submit(batch);
+    } catch (const std::bad_alloc&) {
+      fail_allocation_after(-1);
+      ++failures;
+      EXPECT_EQ(cq.outstanding(), 0u) << "allocation " << k << " failed: nothing may be queued";
+      continue;
+    }
+    // The first k past submit's allocations: the failure never came.
+    EXPECT_TRUE(allocation_failure_pending());
+    fail_allocation_after(-1);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    ASSERT_TRUE(cq.wait_all().is_ok());
+    break;
+  }
+  EXPECT_GT(failures, 0);
+  EXPECT_TRUE(bytes_match(buf, 0, 4096));
+  EXPECT_EQ(std::memcmp(buf.data() + 4096, content_.data() + 8192, 4096), 0);
+  EXPECT_EQ(e->counters().requests_completed, 3u) << "only the batch that got through was read";
 }
 
 TEST_P(IoFaultTest, ConcurrentClientsOnOneEngine) {
