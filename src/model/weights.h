@@ -151,6 +151,7 @@ class TrunkSource {
   // Layer l's weights, valid until release_layer(l). Errors: Status::runtime (I/O),
   // Status::corrupt (a checksum mismatch); no byte of a failed read reaches a kernel.
   virtual Result<const LayerWeights*> acquire_layer(int64_t l) = 0;
+  // Never throws: Model::forward calls it from a destructor, also while an exception unwinds.
   virtual void release_layer(int64_t l) = 0;
   virtual const HeadWeights& head() const = 0;
   // Embedding rows of `ids` (each in [0, V)), widened to f32: out [ids.size(), E].

@@ -246,7 +246,20 @@ void DeviceTrunk::release_layer(int64_t l) {
   const int64_t next = l + 1 < config().num_hidden_layers ? l + 1 : resident_;
   Status s = be_.mark_ops(cur.read);
   if (Status released = release_host(cur); s.is_ok()) s = released;
-  if (s.is_ok() && next != cur.layer && next != other.layer) s = load(next, other);
+  if (s.is_ok() && next != cur.layer && next != other.layer) {
+    try {
+      s = load(next, other);
+    } catch (const std::bad_alloc&) {
+      // Called from a destructor (Model's lease): nothing may escape. Not copied ahead after
+      // all: acquire_layer loads the layer when needed.
+      (void)be_.sync_copies(kQueue);  // what was issued may still read the host layer
+      if (other.host_held) {
+        other.host_held = false;
+        host_.release_layer(other.layer);
+      }
+      other.layer = -1;
+    }
+  }
   if (!s.is_ok() && prefetch_status_.is_ok()) prefetch_status_ = s;
 }
 

@@ -415,21 +415,28 @@ Status TrunkStore::inflate_blocks(const pack::Record& r, std::span<const uint32_
   const uint64_t t0 = now_ns();
   std::vector<Status> status(blocks.size());
   cpu::parallel_for(pool_, static_cast<int64_t>(blocks.size()), 1, [&](int64_t b, int64_t e) {
-    pack::InflateScratch* scratch = nullptr;
-    {
-      std::lock_guard lock(scratch_mu_);
-      KTIER_CHECK(!free_scratch_.empty());  // one per pool thread
-      scratch = free_scratch_.back();
-      free_scratch_.pop_back();
-    }
+    // Taken for the range and given back however it ends (a throw too: the pool would run
+    // short). free_scratch_ never outgrows its first size, so the return does not allocate.
+    struct Borrowed {
+      TrunkStore& store;
+      pack::InflateScratch* scratch = nullptr;
+      explicit Borrowed(TrunkStore& t) : store(t) {
+        std::lock_guard lock(store.scratch_mu_);
+        KTIER_CHECK(!store.free_scratch_.empty());  // one per pool thread
+        scratch = store.free_scratch_.back();
+        store.free_scratch_.pop_back();
+      }
+      ~Borrowed() {
+        std::lock_guard lock(store.scratch_mu_);
+        store.free_scratch_.push_back(scratch);
+      }
+    } borrowed(*this);
     for (int64_t i = b; i < e; ++i) {
       const pack::Block& k = r.blocks[blocks[static_cast<size_t>(i)]];
       status[static_cast<size_t>(i)] = pack_->inflate_block(r, blocks[static_cast<size_t>(i)],
                                                             stored + (k.offset - r.offset), dst + k.raw_offset,
-                                                            *scratch);
+                                                            *borrowed.scratch);
     }
-    std::lock_guard lock(scratch_mu_);
-    free_scratch_.push_back(scratch);
   });
   stats_.inflate_ns += now_ns() - t0;
   for (Status& st : status) KTIER_RETURN_IF_ERROR(st);
@@ -515,7 +522,15 @@ Status TrunkStore::finish_compressed(Slot& s) {
     batch.assign(s.landed.begin(), s.landed.end());  // s.landed keeps its room (take())
     s.landed.clear();
     std::sort(batch.begin(), batch.end());  // errors are reported for the first block
-    const Status st = inflate_blocks(r, batch, s.staging.data(), s.buf.data());
+    Status st;
+    try {
+      st = inflate_blocks(r, batch, s.staging.data(), s.buf.data());
+    } catch (...) {
+      // Not inflated after all (std::bad_alloc): they wait in s.landed again for the next
+      // finish(), which its room, reserved for every block, takes without allocating.
+      s.landed.assign(batch.begin(), batch.end());
+      throw;
+    }
     s.inflated += batch.size();
     if (!st.is_ok() && s.status.is_ok()) s.status = st;
     if (!s.status.is_ok()) break;
@@ -589,7 +604,12 @@ void TrunkStore::release_layer(int64_t l) {
   for (Slot& s : ring_) {
     if (s.layer == l && s.in_use) free_slot(s);
   }
-  prefetch();
+  try {
+    prefetch();
+  } catch (const std::bad_alloc&) {
+    // Called from a destructor (Model's lease): nothing may escape. A read ahead that could not
+    // be queued leaves its slot free (start_read), and acquire_layer reads the layer when needed.
+  }
 }
 
 model::TensorLookup TrunkStore::lookup_in(const pack::Record& r, const uint8_t* base) const {

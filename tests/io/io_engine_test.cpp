@@ -13,7 +13,7 @@
 
 #include "io/aligned_buffer.h"
 #include "io/fault_plan.h"
-#include "failing_new.h"
+#include "tests/common/failing_new.h"
 #include "io/io_engine.h"
 #include "io_test_util.h"
 
@@ -21,6 +21,8 @@ namespace ktier::io::test {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using ktier::test::allocation_failure_pending;
+using ktier::test::fail_allocation_after;
 constexpr uint64_t kFileBytes = 4ull << 20;
 
 class IoFaultTest : public ::testing::TestWithParam<IoBackend> {

@@ -16,6 +16,7 @@
 #include "common/size.h"
 #include "engine_outputs.h"
 #include "tests/common/same_bytes.h"
+#include "tests/runtime/out_of_memory.h"
 
 namespace ktier::runtime {
 namespace {
@@ -131,6 +132,35 @@ TEST_F(DeviceModeTest, EmulatedDeviceGivesTheCpuBytesAtEveryVramBudget) {
   EXPECT_GT(resident[1], 0);
   EXPECT_LT(resident[1], layers_);
   EXPECT_EQ(resident[2], 0);
+}
+
+// GPU mode's forward pass run out of memory at one host allocation after another (serve goes on
+// with the same engine after a std::bad_alloc): the device trunk's streamed layers, the host's
+// ring they stream from (RAM at the minimum), the VRAM tier and the RAM tier below it are left
+// whole, and the next pass gives the bytes of a pass that never failed. Every 8th allocation
+// of a 3-token pass, from a fresh offset.
+TEST_F(DeviceModeTest, AForwardThatRunsOutOfMemoryLeavesTheDeviceEngineWhole) {
+  const auto ck = format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread);
+  ASSERT_TRUE(ck.is_ok());
+  EngineOptions eo = emulated(budgets()[1]);
+  eo.ram_budget = dial_minimum(*ck, nullptr, 1, 2, false, nullptr).total();
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  ASSERT_LT((*e)->device_trunk()->resident_layers(), layers_) << "some layers must stream";
+  ASSERT_GT((*e)->trunk_store()->stats().layers_streamed, 0) << "the host must stream some";
+  const std::vector<int32_t> prompt(kDialTestPrompt.begin(), kDialTestPrompt.begin() + 3);
+  std::vector<float> out(prompt.size() * static_cast<size_t>(vocab_)), want;
+  const auto pass = [&] { return evaluate((*e)->model(), prompt, 3, out.data()); };
+  ASSERT_TRUE(pass().is_ok());
+  want = out;
+  const long failures = ktier::test::fail_allocations_in_turn(
+      "DeviceModeTest.AForwardThatRunsOutOfMemoryLeavesTheDeviceEngineWhole", 8, pass,
+      [&](long k) {
+        const Status again = pass();
+        ASSERT_TRUE(again.is_ok()) << "after allocation " << k << " failed: " << again.message();
+        ASSERT_TRUE(same_bytes(out, want)) << "after allocation " << k << " failed";
+      });
+  EXPECT_GT(failures, 0);
 }
 
 TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {

@@ -25,6 +25,7 @@
 #include "runtime/engine_outputs.h"
 #include "runtime/generator.h"
 #include "synth/synth.h"
+#include "tests/runtime/out_of_memory.h"
 #include "tests/common/same_bytes.h"
 
 namespace ktier::runtime {
@@ -513,6 +514,31 @@ TEST_F(TrunkStoreTest, OneFailedLayerReadIsReadAgain) {
   ASSERT_TRUE(s.is_ok()) << s.message();
   EXPECT_EQ(eo.io.fault_plan->fires(rule), 2u);
   EXPECT_TRUE(same_bytes(out, reference_prefix(out.size())));
+}
+
+// A forward pass over the streamed pack and the expert tier that runs out of memory
+// (std::bad_alloc at one allocation on the calling thread, as `serve` catches it and goes on
+// with the same engine) leaves the engine whole: the next pass gives the reference's bytes.
+// Every 8th allocation of a 3-token pass from a fresh offset (each run tries others; all of
+// them take ~40 s): a lease released while the exception unwinds once ended the process, its
+// read ahead throwing inside a destructor.
+TEST_F(TrunkStoreTest, AForwardThatRunsOutOfMemoryLeavesTheEngineWhole) {
+  EngineOptions eo = faulty_streamed_pack();
+  auto e = open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  ASSERT_GT(e.value()->trunk_store()->stats().layers_streamed, 0);
+  ASSERT_GE(prompt_.size(), 3u);
+  const std::vector<int32_t> prompt(prompt_.begin(), prompt_.begin() + 3);
+  std::vector<float> out(prompt.size() * vocab_);
+  const auto pass = [&] { return evaluate(e.value()->model(), prompt, 3, out.data()); };
+  const long failures = ktier::test::fail_allocations_in_turn(
+      "TrunkStoreTest.AForwardThatRunsOutOfMemoryLeavesTheEngineWhole", 8, pass, [&](long k) {
+        const Status again = pass();
+        ASSERT_TRUE(again.is_ok()) << "after allocation " << k << " failed: " << again.message();
+        ASSERT_TRUE(same_bytes(out, reference_prefix(out.size())))
+            << "after allocation " << k << " failed";
+      });
+  EXPECT_GT(failures, 0);
 }
 
 TEST_F(TrunkStoreTest, FailingReadsFailWithExitOneNamingTheFile) {

@@ -1,6 +1,6 @@
-// Replaces the global operator new/delete for the io_test binary (see failing_new.h). Arrays
-// and the sized and nothrow forms go through these by the standard library's defaults.
-#include "failing_new.h"
+// Replaces the global operator new/delete for the test binaries that link it (failing_new.h).
+// Arrays and the sized and nothrow forms go through these by the standard library's defaults.
+#include "common/failing_new.h"
 
 #include <cstdlib>
 #include <new>
@@ -9,10 +9,10 @@ namespace {
 thread_local long allocations_until_failure = -1;
 }  // namespace
 
-namespace ktier::io::test {
+namespace ktier::test {
 void fail_allocation_after(long k) { allocations_until_failure = k < 0 ? -1 : k; }
 bool allocation_failure_pending() { return allocations_until_failure >= 0; }
-}  // namespace ktier::io::test
+}  // namespace ktier::test
 
 void* operator new(std::size_t bytes) {
   if (allocations_until_failure == 0) {

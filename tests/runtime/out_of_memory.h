@@ -1,0 +1,55 @@
+#pragma once
+// Running a forward pass out of memory at one allocation after another, as `serve` meets a
+// std::bad_alloc, catches it and goes on with the same engine (tests/common/failing_new.h).
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <functional>
+#include <new>
+#include <string>
+
+#include "tests/common/failing_new.h"
+#include "tests/common/fresh_seed.h"
+#include "common/status.h"
+
+namespace ktier::test {
+
+// Runs `pass` with one allocation of the calling thread failing: every `stride`-th from a fresh
+// offset (each run tries others), until a pass makes fewer allocations than that. After each
+// failure (thrown out of `pass`, or caught inside it), `recovered` runs a pass with nothing
+// failing and checks its output (gtest assertions). Returns the failures tried.
+inline long fail_allocations_in_turn(const std::string& test, long stride,
+                                     const std::function<Status()>& pass,
+                                     const std::function<void(long k)>& recovered) {
+  const long first = static_cast<long>(fresh_seed(test.c_str()) % static_cast<uint64_t>(stride));
+  long failures = 0;
+  for (long k = first;; k += stride) {
+    if (k > 10'000'000) {
+      ADD_FAILURE() << "the pass never got through";
+      break;
+    }
+    Status s;
+    bool threw = false;
+    fail_allocation_after(k);
+    try {
+      s = pass();
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    const bool failed = threw || !allocation_failure_pending();
+    fail_allocation_after(-1);
+    if (!failed) {  // the pass made fewer than k + 1 allocations
+      EXPECT_TRUE(s.is_ok()) << s.message();
+      break;
+    }
+    ++failures;
+    recovered(k);
+    if (::testing::Test::HasFatalFailure() || ::testing::Test::HasNonfatalFailure()) break;
+  }
+  std::printf("[oom] %s: %ld of a pass's allocations failed in turn (every %ld-th from %ld)\n",
+              test.c_str(), failures, stride, first);
+  return failures;
+}
+
+}  // namespace ktier::test
