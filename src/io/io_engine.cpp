@@ -53,6 +53,8 @@ size_t CompletionQueue::wait(size_t min_count, std::vector<Completion>& out) {
     engine_.add_wait_ns(ns);  // an atomic add; takes no engine lock
   }
   const size_t n = ready_.size();
+  // Room first: a std::bad_alloc then leaves every completion here, none moved out and lost.
+  out.reserve(out.size() + n);
   for (Completion& c : ready_) out.push_back(std::move(c));
   ready_.clear();
   outstanding_ -= n;

@@ -206,7 +206,8 @@ class CompletionQueue {
   void cancel() { engine_.cancel(*this); }
 
   // Blocks until at least min(min_count, outstanding()) completions are ready, then moves every
-  // ready completion to the end of `out`. Returns how many were moved. wait(0, out) polls.
+  // ready completion to the end of `out`. Returns how many were moved. wait(0, out) polls. If
+  // growing `out` throws std::bad_alloc, no completion is taken.
   size_t wait(size_t min_count, std::vector<Completion>& out);
   // Waits for every outstanding request; returns the first error among them (in completion
   // order), or ok. Completions are consumed.

@@ -188,32 +188,42 @@ Status DeviceTrunk::load(int64_t l, StreamSlot& s) {
   s.layer = -1;
   KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, host_.acquire_layer(l));
   s.weights = *w;
-  s.layer = l;
   s.host_held = true;  // from here on the copy may read the host bytes
+  s.host_layer = l;
   const uint64_t n = layer_bytes(s.weights);  // <= slot_bytes_, the largest layer's
-  // The vectors move to the slot's staging (its last copy landed in release_host above).
-  size_t staged = 0;
-  model::for_each_tensor(
-      s.weights, [](cpu::WeightMatrix&) {},
-      [&](model::F32Vec& v) {
-        KTIER_CHECK((staged + v.size()) * sizeof(float) <= s.vector_staging.size());  // Plan
-        float* at = reinterpret_cast<float*>(s.vector_staging.data()) + staged;
-        std::copy(v.data(), v.data() + v.size(), at);
-        v = model::F32Vec::view(at, v.size());
-        staged += v.size();
-      });
-  Status status = be_.copies_wait(s.read, kQueue);
-  if (status.is_ok()) status = mirror(s.weights, s.buf.as<uint8_t>(), /*ahead=*/true);
-  if (status.is_ok()) status = be_.mark_copies(s.copied, kQueue);
+  Status status;
+  try {
+    // The vectors move to the slot's staging (its last copy landed in release_host above).
+    size_t staged = 0;
+    model::for_each_tensor(
+        s.weights, [](cpu::WeightMatrix&) {},
+        [&](model::F32Vec& v) {
+          KTIER_CHECK((staged + v.size()) * sizeof(float) <= s.vector_staging.size());  // Plan
+          float* at = reinterpret_cast<float*>(s.vector_staging.data()) + staged;
+          std::copy(v.data(), v.data() + v.size(), at);
+          v = model::F32Vec::view(at, v.size());
+          staged += v.size();
+        });
+    status = be_.copies_wait(s.read, kQueue);
+    if (status.is_ok()) status = mirror(s.weights, s.buf.as<uint8_t>(), /*ahead=*/true);
+    if (status.is_ok()) status = be_.mark_copies(s.copied, kQueue);
+  } catch (...) {  // std::bad_alloc: the slot holds no layer half placed
+    abandon_copy(s);
+    throw;
+  }
   if (!status.is_ok()) {
-    (void)be_.sync_copies(kQueue);  // what was issued may still read the host layer
-    s.host_held = false;
-    s.layer = -1;
-    host_.release_layer(l);
+    abandon_copy(s);
     return status;
   }
+  s.layer = l;  // its copies issued, their fence marked
   streamed_bytes_ += n;
   return Status::ok();
+}
+
+void DeviceTrunk::abandon_copy(StreamSlot& s) {
+  (void)be_.sync_copies(kQueue);  // what was issued may still read the host layer
+  s.host_held = false;
+  host_.release_layer(s.host_layer);
 }
 
 Status DeviceTrunk::release_host(StreamSlot& s) {
@@ -221,7 +231,7 @@ Status DeviceTrunk::release_host(StreamSlot& s) {
   const Status waited = be_.host_wait(s.copied);
   if (!waited.is_ok()) (void)be_.sync_copies(kQueue);  // the host bytes must not go while read
   s.host_held = false;
-  host_.release_layer(s.layer);
+  host_.release_layer(s.host_layer);
   return waited;
 }
 
@@ -244,23 +254,15 @@ void DeviceTrunk::release_layer(int64_t l) {
   StreamSlot& other = slots_[1 - current_];
   // The next streamed layer in the forward pass's order: after the last, the next token's first.
   const int64_t next = l + 1 < config().num_hidden_layers ? l + 1 : resident_;
-  Status s = be_.mark_ops(cur.read);
-  if (Status released = release_host(cur); s.is_ok()) s = released;
-  if (s.is_ok() && next != cur.layer && next != other.layer) {
-    try {
-      s = load(next, other);
-    } catch (const std::bad_alloc&) {
-      // Called from a destructor (Model's lease): nothing may escape. Not copied ahead after
-      // all: acquire_layer loads the layer when needed.
-      (void)be_.sync_copies(kQueue);  // what was issued may still read the host layer
-      if (other.host_held) {
-        other.host_held = false;
-        host_.release_layer(other.layer);
-      }
-      other.layer = -1;
-    }
+  try {
+    Status s = be_.mark_ops(cur.read);
+    if (Status released = release_host(cur); s.is_ok()) s = released;
+    if (s.is_ok() && next != cur.layer && next != other.layer) s = load(next, other);
+    if (!s.is_ok() && prefetch_status_.is_ok()) prefetch_status_ = s;
+  } catch (...) {
+    // Called from a destructor (Model's lease): nothing may escape. A layer not copied ahead
+    // (load leaves no slot half placed) is loaded by acquire_layer when needed.
   }
-  if (!s.is_ok() && prefetch_status_.is_ok()) prefetch_status_ = s;
 }
 
 }  // namespace ktier::runtime

@@ -108,12 +108,15 @@ class DeviceTrunk final : public model::TrunkSource {
     model::LayerWeights weights;  // views into buf
     int64_t layer = -1;           // held or being copied in; -1: none
     bool host_held = false;       // the host layer stays acquired until the copy has landed
+    int64_t host_layer = -1;      // that host layer, while host_held
     backend::Backend::Fence read = -1;    // after the ops that read the slot (-1: none made)
     backend::Backend::Fence copied = -1;  // after the copy into the slot (-1: none made)
   };
   // Acquires host layer l and copies it into `s` on its copy queue, after the ops that last
-  // read `s`; on error `s` holds nothing.
+  // read `s`; on error (or a throw) `s` holds nothing.
   Status load(int64_t l, StreamSlot& s);
+  // A copy into `s` that will not be used: waits for what was issued, releases the host layer.
+  void abandon_copy(StreamSlot& s);
   // Waits for `s`'s copy, then gives its host layer back.
   Status release_host(StreamSlot& s);
 

@@ -606,7 +606,7 @@ void TrunkStore::release_layer(int64_t l) {
   }
   try {
     prefetch();
-  } catch (const std::bad_alloc&) {
+  } catch (...) {
     // Called from a destructor (Model's lease): nothing may escape. A read ahead that could not
     // be queued leaves its slot free (start_read), and acquire_layer reads the layer when needed.
   }

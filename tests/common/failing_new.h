@@ -6,8 +6,8 @@
 
 namespace ktier::test {
 
-// The (k + 1)-th operator new on the calling thread from now throws std::bad_alloc (k = 0: the
-// next one); later ones succeed again. k < 0 disarms.
+// The (k + 1)-th operator new on the calling thread from now throws std::bad_alloc (a nothrow
+// form returns null; k = 0: the next one); later ones succeed again. k < 0 disarms.
 void fail_allocation_after(long k);
 // Whether the armed failure is still to come (false once it has been thrown, or disarmed).
 bool allocation_failure_pending();

@@ -13,9 +13,9 @@
 
 #include "io/aligned_buffer.h"
 #include "io/fault_plan.h"
-#include "tests/common/failing_new.h"
 #include "io/io_engine.h"
 #include "io_test_util.h"
+#include "tests/common/failing_new.h"
 
 namespace ktier::io::test {
 namespace {
