@@ -202,6 +202,12 @@ class ExpertCacheTest : public ::testing::Test {
         io::FaultRule::delay_by(std::chrono::microseconds(100'000)).in_path("model-"));
     ASSERT_NO_FATAL_FAILURE(open_tier_alone(8, static_cast<int64_t>(top_k_), t, opt, 3));
   }
+  // `layer` - 1 predicts experts 0 and 1 of `layer` for token `position`, 0 the higher weight.
+  static void predict_0_then_1(ExpertCache& x, int64_t layer, int64_t position) {
+    const int32_t predicted[] = {0, 1};
+    const float weights[] = {0.6f, 0.4f};
+    x.on_prediction(layer - 1, 1, position, predicted, weights, 1, 2);
+  }
   static inline fs::path root_;
   static inline std::vector<int32_t> prompt_;
   static inline std::vector<int32_t> reference_;
@@ -597,9 +603,7 @@ TEST_F(ExpertCacheTest, PrefetchBudgetCountsChunkReadsNotRequests) {
   ASSERT_NO_FATAL_FAILURE(open_tier_with_slow_reads(t));
   const int64_t layer = t.layer;
   ExpertCache& x = *t.cache;
-  const int32_t predicted[] = {0, 1};
-  const float weights[] = {0.6f, 0.4f};
-  x.on_prediction(layer - 1, 1, 0, predicted, weights, 1, 2);
+  predict_0_then_1(x, layer, 0);
   EXPECT_EQ(x.stats().prefetch_issued, 1u) << "2 + 2 chunks would pass the budget of 3";
   ASSERT_TRUE(pump_until_landed(x, layer, 0));
   x.on_prediction(layer - 1, 1, 0, nullptr, nullptr, 0, 2);
@@ -614,17 +618,16 @@ TEST_F(ExpertCacheTest, APassThatEndedEarlyLeavesItsQueueAndPrefetchesToNoLaterP
   ASSERT_NO_FATAL_FAILURE(open_tier_with_slow_reads(t));
   const int64_t layer = t.layer;
   ExpertCache& x = *t.cache;
-  const int32_t predicted[] = {0, 1};
-  const float weights[] = {0.6f, 0.4f};
   x.begin_pass();
-  x.on_prediction(layer - 1, 1, 0, predicted, weights, 1, 2);
+  predict_0_then_1(x, layer, 0);
   ASSERT_EQ(x.stats().prefetch_issued, 1u) << "expert 1 waits behind expert 0";
   x.begin_pass();  // the pass ended before `layer`
   EXPECT_EQ(x.stats().prefetch_cancelled, 1u);
   ASSERT_TRUE(pump_until_landed(x, layer, 0));
   x.on_prediction(layer - 1, 1, 1, nullptr, nullptr, 0, 2);
   EXPECT_EQ(x.stats().prefetch_issued, 1u) << "expert 1's prediction belonged to the old pass";
-  x.begin_layer(layer, 1, predicted, 1, 2);
+  const int32_t routed[] = {0, 1};
+  x.begin_layer(layer, 1, routed, 1, 2);
   EXPECT_EQ(x.stats().prefetch_useful, 0u);
   EXPECT_EQ(x.stats().prefetch_wasted, 1u) << "read for a layer its pass never reached";
 }

@@ -66,6 +66,16 @@ class CompressedTrunkTest : public ::testing::Test {
     EXPECT_TRUE(tp.is_ok());
     return minimum_budget_bytes(ckpt.value(), &tp.value(), kDefaultLookahead, threads);
   }
+  // The compressed pack streamed at its minimum budget on 3 threads, read with pread.
+  static EngineOptions streamed_at_the_minimum() {
+    EngineOptions eo;
+    eo.model_dir = root_ / "ckpt";
+    eo.threads = 3;
+    eo.pack_dir = root_ / "z";
+    eo.ram_budget = minimum(root_ / "z", 3);
+    eo.io.backend = io::IoBackend::kPread;
+    return eo;
+  }
   // A copy of the compressed pack with block `b` of layer `layer` changed by `mutate` (given the
   // block's stored bytes, in place).
   template <class F>
@@ -289,12 +299,7 @@ TEST_F(CompressedTrunkTest, FlippedByteFailsWithExitThreeNamingTheBlock) {
 // naming the file; after the disk heals the same engine gives the reference bytes again (no
 // block of a failed read is ever bound, none is read twice into a slot still being written).
 TEST_F(CompressedTrunkTest, FailingBlockReadFailsWithExitOneAndRecovers) {
-  EngineOptions eo;
-  eo.model_dir = root_ / "ckpt";
-  eo.threads = 3;
-  eo.pack_dir = root_ / "z";
-  eo.ram_budget = minimum(root_ / "z", 3);
-  eo.io.backend = io::IoBackend::kPread;
+  EngineOptions eo = streamed_at_the_minimum();
   eo.io.fault_plan = std::make_shared<io::FaultPlan>();
   auto e = Engine::open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
@@ -317,13 +322,7 @@ TEST_F(CompressedTrunkTest, FailingBlockReadFailsWithExitOneAndRecovers) {
 // bytes of a pass that never failed. Every 16th allocation of a 3-token pass, from a fresh
 // offset. A block batch lost to a throw once tripped a CHECK on the next pass.
 TEST_F(CompressedTrunkTest, AForwardThatRunsOutOfMemoryLeavesTheEngineWhole) {
-  EngineOptions eo;
-  eo.model_dir = root_ / "ckpt";
-  eo.threads = 3;
-  eo.pack_dir = root_ / "z";
-  eo.ram_budget = minimum(root_ / "z", 3);
-  eo.io.backend = io::IoBackend::kPread;
-  auto e = Engine::open(eo);
+  auto e = Engine::open(streamed_at_the_minimum());
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   ASSERT_GT(e.value()->trunk_store()->stats().layers_streamed, 0);
   const std::vector<int32_t> prompt(prompt_.begin(), prompt_.begin() + 3);
