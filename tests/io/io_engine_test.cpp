@@ -9,20 +9,19 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "io/aligned_buffer.h"
 #include "io/fault_plan.h"
 #include "io/io_engine.h"
 #include "io_test_util.h"
-#include "tests/common/failing_new.h"
+#include "tests/common/out_of_memory.h"
 
 namespace ktier::io::test {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using ktier::test::allocation_failure_pending;
-using ktier::test::fail_allocation_after;
 constexpr uint64_t kFileBytes = 4ull << 20;
 
 class IoFaultTest : public ::testing::TestWithParam<IoBackend> {
@@ -404,27 +403,15 @@ TEST_P(IoFaultTest, SubmitThatRunsOutOfMemoryQueuesNothing) {
   const ReadRequest batch[] = {{&f, 0, 4096, buf.data(), 0},
                                {&f, 8192, 4096, buf.data() + 4096, 1},
                                {&f, 4096, 0, buf.data() + 8192, 2}};  // empty: delivered at once
-  long failures = 0;
-  for (long k = 0;; ++k) {
-    ASSERT_LT(k, 100) << "submit never got through";
-    CompletionQueue cq(*e);
-    Status s;
-    fail_allocation_after(k);
-    try {
-      s = cq.submit(batch);
-    } catch (const std::bad_alloc&) {
-      fail_allocation_after(-1);
-      ++failures;
-      EXPECT_EQ(cq.outstanding(), 0u) << "allocation " << k << " failed: nothing may be queued";
-      continue;
-    }
-    // The first k past submit's allocations: the failure never came.
-    EXPECT_TRUE(allocation_failure_pending());
-    fail_allocation_after(-1);
-    ASSERT_TRUE(s.is_ok()) << s.message();
-    ASSERT_TRUE(cq.wait_all().is_ok());
-    break;
-  }
+  // Every allocation in turn; a fresh queue after each failure.
+  std::optional<CompletionQueue> cq(std::in_place, *e);
+  const long failures = ktier::test::fail_allocations_in_turn(
+      "IoFaultTest.SubmitThatRunsOutOfMemoryQueuesNothing", 1, [&] { return cq->submit(batch); },
+      [&](long k) {
+        EXPECT_EQ(cq->outstanding(), 0u) << "allocation " << k << " failed: nothing may be queued";
+        cq.emplace(*e);
+      });
+  ASSERT_TRUE(cq->wait_all().is_ok());
   EXPECT_GT(failures, 0);
   EXPECT_TRUE(bytes_match(buf, 0, 4096));
   EXPECT_EQ(std::memcmp(buf.data() + 4096, content_.data() + 8192, 4096), 0);

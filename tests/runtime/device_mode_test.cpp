@@ -16,7 +16,6 @@
 #include "common/size.h"
 #include "engine_outputs.h"
 #include "tests/common/same_bytes.h"
-#include "tests/runtime/out_of_memory.h"
 
 namespace ktier::runtime {
 namespace {
@@ -148,19 +147,9 @@ TEST_F(DeviceModeTest, AForwardThatRunsOutOfMemoryLeavesTheDeviceEngineWhole) {
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   ASSERT_LT((*e)->device_trunk()->resident_layers(), layers_) << "some layers must stream";
   ASSERT_GT((*e)->trunk_store()->stats().layers_streamed, 0) << "the host must stream some";
-  const std::vector<int32_t> prompt(kDialTestPrompt.begin(), kDialTestPrompt.begin() + 3);
-  std::vector<float> out(prompt.size() * static_cast<size_t>(vocab_)), want;
-  const auto pass = [&] { return evaluate((*e)->model(), prompt, 3, out.data()); };
-  ASSERT_TRUE(pass().is_ok());
-  want = out;
-  const long failures = ktier::test::fail_allocations_in_turn(
-      "DeviceModeTest.AForwardThatRunsOutOfMemoryLeavesTheDeviceEngineWhole", 8, pass,
-      [&](long k) {
-        const Status again = pass();
-        ASSERT_TRUE(again.is_ok()) << "after allocation " << k << " failed: " << again.message();
-        ASSERT_TRUE(same_bytes(out, want)) << "after allocation " << k << " failed";
-      });
-  EXPECT_GT(failures, 0);
+  expect_forward_out_of_memory_leaves_engine_whole(
+      "DeviceModeTest.AForwardThatRunsOutOfMemoryLeavesTheDeviceEngineWhole", 8, **e,
+      kDialTestPrompt);
 }
 
 TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {

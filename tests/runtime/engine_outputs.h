@@ -9,12 +9,15 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "io/io_engine.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "synth/synth.h"
+#include "tests/common/out_of_memory.h"
+#include "tests/common/same_bytes.h"
 
 namespace ktier::runtime {
 
@@ -73,6 +76,32 @@ inline std::vector<float> logits_then_greedy_ids(const EngineOptions& eo,
   });
   EXPECT_TRUE(st.is_ok()) << st.status().message();
   return out;
+}
+
+// Runs a 3-token forward pass of `engine` out of memory at every `stride`-th allocation of the
+// calling thread in turn (test::fail_allocations_in_turn), and checks that after each failure
+// the next pass on the same engine gives the bytes of a warm pass that never failed (which must
+// equal `reference`'s first logits when one is given). `test` names the run in the log.
+inline void expect_forward_out_of_memory_leaves_engine_whole(
+    const std::string& test, long stride, Engine& engine, const std::vector<int32_t>& prompt,
+    const std::vector<float>* reference = nullptr) {
+  ASSERT_GE(prompt.size(), 3u);
+  const std::vector<int32_t> ids(prompt.begin(), prompt.begin() + 3);
+  std::vector<float> out(ids.size() * static_cast<size_t>(engine.checkpoint().config().vocab_size));
+  const auto pass = [&] { return evaluate(engine.model(), ids, 3, out.data()); };
+  ASSERT_TRUE(pass().is_ok());
+  const std::vector<float> want = out;
+  if (reference != nullptr) {
+    ASSERT_GE(reference->size(), want.size());
+    ASSERT_TRUE(test::same_bytes(want, {reference->begin(), reference->begin() + want.size()}))
+        << "the warm pass is not the reference";
+  }
+  const long failures = test::fail_allocations_in_turn(test, stride, pass, [&](long k) {
+    const Status again = pass();
+    ASSERT_TRUE(again.is_ok()) << "after allocation " << k << " failed: " << again.message();
+    ASSERT_TRUE(test::same_bytes(out, want)) << "after allocation " << k << " failed";
+  });
+  EXPECT_GT(failures, 0);
 }
 
 }  // namespace ktier::runtime

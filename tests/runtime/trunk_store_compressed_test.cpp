@@ -20,7 +20,6 @@
 #include "runtime/generator.h"
 #include "synth/synth.h"
 #include "tests/common/same_bytes.h"
-#include "tests/runtime/out_of_memory.h"
 
 namespace ktier::runtime {
 namespace {
@@ -325,19 +324,9 @@ TEST_F(CompressedTrunkTest, AForwardThatRunsOutOfMemoryLeavesTheEngineWhole) {
   auto e = Engine::open(streamed_at_the_minimum());
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   ASSERT_GT(e.value()->trunk_store()->stats().layers_streamed, 0);
-  const std::vector<int32_t> prompt(prompt_.begin(), prompt_.begin() + 3);
-  std::vector<float> out(prompt.size() * vocab_of(*e.value())), want;
-  const auto pass = [&] { return evaluate(e.value()->model(), prompt, 3, out.data()); };
-  ASSERT_TRUE(pass().is_ok());
-  want = out;
-  const long failures = test::fail_allocations_in_turn(
-      "CompressedTrunkTest.AForwardThatRunsOutOfMemoryLeavesTheEngineWhole", 16, pass,
-      [&](long k) {
-        const Status again = pass();
-        ASSERT_TRUE(again.is_ok()) << "after allocation " << k << " failed: " << again.message();
-        ASSERT_TRUE(test::same_bytes(out, want)) << "after allocation " << k << " failed";
-      });
-  EXPECT_GT(failures, 0);
+  expect_forward_out_of_memory_leaves_engine_whole(
+      "CompressedTrunkTest.AForwardThatRunsOutOfMemoryLeavesTheEngineWhole", 16, *e.value(),
+      prompt_);
 }
 
 }  // namespace

@@ -25,7 +25,6 @@
 #include "runtime/engine_outputs.h"
 #include "runtime/generator.h"
 #include "synth/synth.h"
-#include "tests/runtime/out_of_memory.h"
 #include "tests/common/same_bytes.h"
 
 namespace ktier::runtime {
@@ -527,18 +526,9 @@ TEST_F(TrunkStoreTest, AForwardThatRunsOutOfMemoryLeavesTheEngineWhole) {
   auto e = open(eo);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   ASSERT_GT(e.value()->trunk_store()->stats().layers_streamed, 0);
-  ASSERT_GE(prompt_.size(), 3u);
-  const std::vector<int32_t> prompt(prompt_.begin(), prompt_.begin() + 3);
-  std::vector<float> out(prompt.size() * vocab_);
-  const auto pass = [&] { return evaluate(e.value()->model(), prompt, 3, out.data()); };
-  const long failures = ktier::test::fail_allocations_in_turn(
-      "TrunkStoreTest.AForwardThatRunsOutOfMemoryLeavesTheEngineWhole", 8, pass, [&](long k) {
-        const Status again = pass();
-        ASSERT_TRUE(again.is_ok()) << "after allocation " << k << " failed: " << again.message();
-        ASSERT_TRUE(same_bytes(out, reference_prefix(out.size())))
-            << "after allocation " << k << " failed";
-      });
-  EXPECT_GT(failures, 0);
+  expect_forward_out_of_memory_leaves_engine_whole(
+      "TrunkStoreTest.AForwardThatRunsOutOfMemoryLeavesTheEngineWhole", 8, *e.value(), prompt_,
+      &reference_);
 }
 
 TEST_F(TrunkStoreTest, FailingReadsFailWithExitOneNamingTheFile) {
