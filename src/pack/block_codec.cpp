@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -131,7 +132,9 @@ Result<std::vector<uint8_t>> deflate_block(std::span<const uint8_t> src, bool sp
   return out;
 }
 
-InflateScratch::InflateScratch() : dctx_(ZSTD_createDCtx()) { KTIER_CHECK(dctx_ != nullptr); }
+InflateScratch::InflateScratch() : dctx_(ZSTD_createDCtx()) {
+  if (dctx_ == nullptr) throw std::bad_alloc();  // zstd's only reason to fail
+}
 InflateScratch::~InflateScratch() { ZSTD_freeDCtx(dctx_); }
 InflateScratch::InflateScratch(InflateScratch&& o) noexcept
     : dctx_(std::exchange(o.dctx_, nullptr)), planes_(std::move(o.planes_)) {}
@@ -142,6 +145,31 @@ InflateScratch& InflateScratch::operator=(InflateScratch&& o) noexcept {
 }
 void InflateScratch::reserve(uint64_t inflated) {
   if (planes_.size() < inflated) planes_.resize(inflated);
+}
+
+InflateScratchSet::InflateScratchSet(int count, uint64_t block_size) {
+  KTIER_CHECK(count > 0);
+  scratch_.resize(static_cast<size_t>(count));
+  free_.reserve(scratch_.size());
+  for (InflateScratch& s : scratch_) {
+    s.reserve(block_size);
+    free_.push_back(&s);
+  }
+}
+uint64_t InflateScratchSet::bytes() const {
+  uint64_t n = 0;
+  for (const InflateScratch& s : scratch_) n += s.bytes();
+  return n;
+}
+InflateScratchSet::Lease::Lease(InflateScratchSet& set) : set_(set) {
+  std::lock_guard lock(set_.mu_);
+  KTIER_CHECK(!set_.free_.empty());
+  scratch_ = set_.free_.back();
+  set_.free_.pop_back();
+}
+InflateScratchSet::Lease::~Lease() {
+  std::lock_guard lock(set_.mu_);
+  set_.free_.push_back(scratch_);
 }
 
 Status inflate_block(std::span<const uint8_t> stored, std::span<uint8_t> dst, InflateScratch& s) {

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -82,6 +83,42 @@ class InflateScratch {
   friend Status inflate_block(std::span<const uint8_t>, std::span<uint8_t>, InflateScratch&);
   ZSTD_DCtx_s* dctx_ = nullptr;
   std::vector<uint8_t> planes_;
+};
+
+// The inflate scratch of the threads that inflate blocks at once: `count` of them, each with room
+// for a block of `block_size` inflated bytes (allocated at construction, so nothing grows
+// later), lent one at a time. Thread-safety: borrow() and a Lease's return are safe from any
+// thread; the set outlives its leases.
+class InflateScratchSet {
+ public:
+  InflateScratchSet(int count, uint64_t block_size);
+  InflateScratchSet(const InflateScratchSet&) = delete;
+  InflateScratchSet& operator=(const InflateScratchSet&) = delete;
+
+  // Bytes held by all of them, for budget accounting.
+  uint64_t bytes() const;
+
+  // One scratch, given back when the lease ends however it ends (a throw too: the set would
+  // run short). Returning never allocates.
+  class Lease {
+   public:
+    explicit Lease(InflateScratchSet& set);
+    ~Lease();
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    InflateScratch& operator*() const { return *scratch_; }
+
+   private:
+    InflateScratchSet& set_;
+    InflateScratch* scratch_;
+  };
+  // REQUIRES (CHECK): fewer than `count` leases out (one per inflating thread).
+  Lease borrow() { return Lease(*this); }
+
+ private:
+  std::vector<InflateScratch> scratch_;
+  std::mutex mu_;
+  std::vector<InflateScratch*> free_;  // guarded by mu_; capacity `count`
 };
 
 // Inflates the stored block into `dst` (exactly the header's inflated length). Writes only

@@ -231,12 +231,8 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
 
   // Compressed packs: inflate scratch, one per pool thread, allocated now (counted).
   if (z.staging > 0) {
-    for (int i = 0; i < s->inflate_threads_; ++i) {
-      s->scratch_.emplace_back();
-      s->scratch_.back().reserve(pack->block_size());
-      s->stats_.scratch_bytes += s->scratch_.back().bytes();
-    }
-    for (pack::InflateScratch& sc : s->scratch_) s->free_scratch_.push_back(&sc);
+    s->scratch_ = std::make_unique<pack::InflateScratchSet>(s->inflate_threads_, pack->block_size());
+    s->stats_.scratch_bytes = s->scratch_->bytes();
   }
   // The ring (with its staging buffers) first: slot 0's staging serves the reads at open.
   uint64_t allocated = s->stats_.scratch_bytes;
@@ -415,27 +411,12 @@ Status TrunkStore::inflate_blocks(const pack::Record& r, std::span<const uint32_
   const uint64_t t0 = now_ns();
   std::vector<Status> status(blocks.size());
   cpu::parallel_for(pool_, static_cast<int64_t>(blocks.size()), 1, [&](int64_t b, int64_t e) {
-    // Taken for the range and given back however it ends (a throw too: the pool would run
-    // short). free_scratch_ never outgrows its first size, so the return does not allocate.
-    struct Borrowed {
-      TrunkStore& store;
-      pack::InflateScratch* scratch = nullptr;
-      explicit Borrowed(TrunkStore& t) : store(t) {
-        std::lock_guard lock(store.scratch_mu_);
-        KTIER_CHECK(!store.free_scratch_.empty());  // one per pool thread
-        scratch = store.free_scratch_.back();
-        store.free_scratch_.pop_back();
-      }
-      ~Borrowed() {
-        std::lock_guard lock(store.scratch_mu_);
-        store.free_scratch_.push_back(scratch);
-      }
-    } borrowed(*this);
+    const pack::InflateScratchSet::Lease scratch = scratch_->borrow();
     for (int64_t i = b; i < e; ++i) {
       const pack::Block& k = r.blocks[blocks[static_cast<size_t>(i)]];
       status[static_cast<size_t>(i)] = pack_->inflate_block(r, blocks[static_cast<size_t>(i)],
                                                             stored + (k.offset - r.offset), dst + k.raw_offset,
-                                                            *borrowed.scratch);
+                                                            *scratch);
     }
   });
   stats_.inflate_ns += now_ns() - t0;

@@ -40,7 +40,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -285,10 +284,8 @@ class TrunkStore final : public model::TrunkSource {
   TrunkStoreStats stats_;
   cpu::ThreadPool* pool_ = nullptr;
   int inflate_threads_ = 1;
-  // One InflateScratch per inflating thread; taken and returned under scratch_mu_.
-  std::vector<pack::InflateScratch> scratch_;
-  std::mutex scratch_mu_;
-  std::vector<pack::InflateScratch*> free_scratch_;  // guarded by scratch_mu_
+  // One InflateScratch per inflating thread (compressed packs only).
+  std::unique_ptr<pack::InflateScratchSet> scratch_;
 };
 
 }  // namespace ktier::runtime
