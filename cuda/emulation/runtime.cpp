@@ -103,8 +103,15 @@ Device& dev() {
   static Device* d = [] {
     auto* p = new Device;  // never destroyed: frees may come from static destructors
     // Debugging only (docs/TUNING.md): the emulated device's memory, in MiB.
-    if (const char* s = std::getenv("KTIER_CUDA_EMULATION_MIB"); s && *s)
-      p->total = std::strtoull(s, nullptr, 10) << 20;
+    if (const char* s = std::getenv("KTIER_CUDA_EMULATION_MIB"); s && *s) {
+      char* end = nullptr;
+      const unsigned long long mib = std::strtoull(s, &end, 10);
+      if (*end != '\0' || mib == 0 || mib >= (1ull << 30)) {
+        std::fprintf(stderr, "KTIER_CUDA_EMULATION_MIB=\"%s\": not a positive number of MiB\n", s);
+        std::abort();  // a test's set-up, like the other emulation variables
+      }
+      p->total = static_cast<uint64_t>(mib) << 20;
+    }
     return p;
   }();
   return *d;

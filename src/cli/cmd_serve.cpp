@@ -43,6 +43,7 @@
 #include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "cli/strata_options.h"
+#include "common/debug_env.h"
 #include "common/interrupt.h"
 #include "format/checkpoint.h"
 #include "io/read_file.h"
@@ -436,10 +437,7 @@ class ApiHandlers {
     // dropped its sequence; the next request starts a fresh one.
     // Debugging only (docs/TUNING.md): every answer's first text throws std::bad_alloc, to try
     // this path (tests/cli/serve_test.cpp).
-    static const bool throw_in_answers = [] {
-      const char* v = std::getenv("KTIER_DEBUG_SERVE_THROW");
-      return v != nullptr && std::string(v) == "1";
-    }();
+    static const bool throw_in_answers = debug_env().is_ok() && debug_env()->serve_throw;
     const server::Service::TextSink throwing =
         [&on_text](std::string_view text, std::span<const server::AnswerToken> tokens) -> bool {
       if (throw_in_answers) throw std::bad_alloc();
@@ -726,8 +724,8 @@ Status serve(const ServeArgs& a) {
                "is loaded)\n", url.c_str(), a.model.c_str());
   std::fflush(stderr);
   // Debugging only (docs/TUNING.md): a longer load, to try clients against the 503 answers.
-  if (const char* delay = std::getenv("KTIER_DEBUG_SERVE_LOAD_DELAY_MS"); delay && *delay)
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::strtol(delay, nullptr, 10)));
+  if (debug_env().is_ok() && debug_env()->serve_load_delay_ms)
+    std::this_thread::sleep_for(std::chrono::milliseconds(*debug_env()->serve_load_delay_ms));
   Result<std::unique_ptr<runtime::Engine>> opened = runtime::Engine::open(eo);
   if (!opened.is_ok()) {
     listener.stop(opened.status());

@@ -15,6 +15,7 @@
 
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "common/debug_env.h"
 #include "common/log.h"
 #include "ktier/version.h"
 
@@ -126,6 +127,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ktier: error: %s\n", problem.c_str());
     return static_cast<int>(ExitCode::kUsage);
   }
+  // Before any command: a bad debugging variable is a usage error naming it.
+  if (const Result<DebugEnv>& env = debug_env(); !env.is_ok()) return cli::finish(env.status());
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

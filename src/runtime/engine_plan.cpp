@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/debug_env.h"
 #include "common/size.h"
 #include "cpu/kernels.h"
 #include "runtime/expert_cache.h"
@@ -27,13 +28,10 @@ MemInfo read_meminfo() {
     if (key == "MemAvailable:") m.available = kb * 1024;
   }
   // A smaller machine, for tests and for trying the caps that MemAvailable sets.
-  if (const char* mib = std::getenv("KTIER_DEBUG_MEM_AVAILABLE_MIB"); mib && *mib) {
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(mib, &end, 10);
-    KTIER_CHECK_MSG(*end == '\0' && v > 0 && v < (1ull << 40),
-                    "KTIER_DEBUG_MEM_AVAILABLE_MIB must be a positive number of MiB");
-    m.available = static_cast<uint64_t>(v) << 20;
-  }
+  // main() has refused a bad value (exit 2) before any command runs.
+  const Result<DebugEnv>& env = debug_env();
+  KTIER_CHECK_MSG(env.is_ok(), env.status().message().c_str());
+  if (env->mem_available_mib) m.available = *env->mem_available_mib << 20;
   return m;
 }
 

@@ -117,6 +117,16 @@ TEST(Cli, UsageErrorsExitTwo) {
   const auto level = run_process(ktier() + " --log-level loud doctor");
   EXPECT_EQ(level.exit_code, 2);
   EXPECT_EQ(level.err.rfind("ktier: error: --log-level: unknown level 'loud'", 0), 0u) << level.err;
+  // A debugging variable of the wrong form is a usage error naming it, before any command
+  // (it once aborted, or was read as 0); a good one is taken.
+  for (const char* env : {"KTIER_DEBUG_MEM_AVAILABLE_MIB=lots", "KTIER_DEBUG_MEM_AVAILABLE_MIB=0",
+                          "KTIER_DEBUG_SERVE_LOAD_DELAY_MS=-5", "KTIER_DEBUG_SERVE_THROW=yes"}) {
+    const auto r = run_process(std::string(env) + " " + ktier() + " doctor");
+    EXPECT_EQ(r.exit_code, 2) << env << ": " << r.err;
+    const std::string name(env, std::string(env).find('='));
+    EXPECT_EQ(r.err.rfind("ktier: error: " + name + "=", 0), 0u) << r.err;
+  }
+  EXPECT_EQ(run_process("KTIER_DEBUG_MEM_AVAILABLE_MIB=4096 " + ktier() + " doctor").exit_code, 0);
   // Thread counts beyond what a pool takes are refused up front, by every command.
   for (const char* cmd : {"run -m x --ids 1", "eval -m x --ids 1", "synth --preset tiny -o x",
                           "pack -m x -o y", "bench decode -m x", "bench inflate --pack x",
