@@ -17,6 +17,7 @@
 #include <xxhash.h>
 
 #include "common/progress.h"
+#include "common/xxh3_state.h"
 #include "cpu/thread_pool.h"
 #include "io/output_file.h"
 #include "pack/block_codec.h"
@@ -332,8 +333,7 @@ Status write_compressed_record(const format::Checkpoint& ckpt, PackLayout& layou
 // the offsets, which then differ from the plain layout's).
 Status copy_records(const format::Checkpoint& ckpt, PackLayout& layout, const PackOptions& o,
                     PartialFile& out) {
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(), &XXH3_freeState);
-  if (!hash) return Status::runtime("out of memory");
+  const Xxh3State hash = new_xxh3_state();
   Prefetcher prefetch(ckpt, layout);
   uint64_t copied = 0;
   prefetch.advance(0);

@@ -16,6 +16,7 @@
 #include "format/safetensors_writer.h"
 #include "io/read_file.h"
 #include "common/check.h"
+#include "common/xxh3_state.h"
 #include "pack/trunk_pack.h"
 
 namespace ktier::runtime {
@@ -112,12 +113,9 @@ std::string metadata_text(const std::map<std::string, std::string>& meta) {
   return text;
 }
 
-using HashState = std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)>;
 // A hash of "xxh3", started with the metadata text it covers first.
-HashState new_hash(const std::string& meta_text) {
-  HashState h(XXH3_createState(), &XXH3_freeState);
-  KTIER_CHECK(h != nullptr);
-  XXH3_64bits_reset(h.get());
+Xxh3State new_hash(const std::string& meta_text) {
+  Xxh3State h = new_xxh3_state();
   XXH3_64bits_update(h.get(), meta_text.data(), meta_text.size());
   return h;
 }
@@ -245,7 +243,7 @@ Result<SavedSequence> SavedSequence::open(const std::filesystem::path& path,
   // (SafetensorsFile::open has checked that the tensors tile the data section.)
   const std::vector<format::TensorInfo>& tensors = s.file_.tensors();
   s.meta_text_ = metadata_text(meta);
-  HashState hash = new_hash(s.meta_text_);
+  Xxh3State hash = new_hash(s.meta_text_);
   // Every model's state begins with its ids, I32 [positions]: checked before tensor 0's bytes
   // are held (any size otherwise), whoever's the file is.
   const format::TensorDecl ids = ids_decl(static_cast<int64_t>(n));
@@ -327,7 +325,7 @@ Result<model::SequenceState> SavedSequence::restore(const model::Model& model,
   const std::vector<Part> parts = parts_for(model.config(), n);
   for (size_t i = 1; i < parts.size(); ++i)
     KTIER_RETURN_IF_ERROR(array_of(state, parts[i]).resize(be, tensors[i].numel()));
-  HashState hash = new_hash(meta_text_);
+  Xxh3State hash = new_hash(meta_text_);
   KTIER_RETURN_IF_ERROR(for_each_piece([&](size_t t, uint64_t at, const uint8_t* p,
                                            size_t len) -> Status {
     XXH3_64bits_update(hash.get(), p, len);
@@ -362,7 +360,7 @@ Status save_sequence(const std::filesystem::path& path, const model::Model& mode
   }
   // The checksum goes into the header, which is written first: one pass to hash, one to write
   // (the state is not held twice in host memory).
-  HashState hash = new_hash(metadata_text(meta));
+  Xxh3State hash = new_hash(metadata_text(meta));
   KTIER_RETURN_IF_ERROR(for_each_state_piece(model, state, ids, [&](const void* p, size_t n) {
     XXH3_64bits_update(hash.get(), p, n);
     return Status::ok();

@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/progress.h"
 #include "common/size.h"
+#include "common/xxh3_state.h"
 #include "cpu/kernels.h"
 
 namespace ktier::runtime {
@@ -653,9 +654,7 @@ Status TrunkStore::verify_embed_record() {
   const pack::TensorEntry& t = r.tensors.at(0);
   const uint64_t vocab = static_cast<uint64_t>(config().vocab_size);
   const uint64_t row_bytes = t.nbytes / vocab;
-  XXH3_state_t* state = XXH3_createState();
-  KTIER_CHECK(state != nullptr);
-  XXH3_64bits_reset(state);
+  const Xxh3State state = new_xxh3_state();
   io::CompletionQueue cq(*engine_);
   // Pieces of whole rows (the bytes before and after the rows on their own), so that each row's
   // checksum is taken from the same bytes as the record's.
@@ -675,14 +674,13 @@ Status TrunkStore::verify_embed_record() {
     st = cq.submit(std::span<const io::ReadRequest>(&req, 1));
     if (st.is_ok()) st = cq.wait_all();
     if (!st.is_ok()) break;
-    XXH3_64bits_update(state, row_buf_.data(), n);
+    XXH3_64bits_update(state.get(), row_buf_.data(), n);
     if (off >= t.offset && off < t.offset + vocab * row_bytes)
       for (uint64_t b = 0; b < n; b += row_bytes)
         sums[(off - t.offset + b) / row_bytes] = XXH3_64bits(row_buf_.data() + b, row_bytes);
     off += n;
   }
-  const uint64_t digest = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
+  const uint64_t digest = XXH3_64bits_digest(state.get());
   KTIER_RETURN_IF_ERROR(st);
   if (digest != r.xxh3)
     return Status::corrupt(pack_->pack_path().string() + ": record '" + r.name + "' at offset " +
