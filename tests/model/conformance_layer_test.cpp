@@ -4,9 +4,12 @@
 // code that decodes: the layer's tensors under their released names go through bind_layer
 // (K3-MODEL §4), the MANIFEST config through parse_model_config, and the layer through
 // Model::layer (AttnRes mixes, norms, the KDA or MLA block, shared and routed experts from an
-// ExpertSource), on every kernel set this CPU runs.
+// ExpertSource), on every kernel set this CPU runs. The MLA and MoE op vectors (ops/mla.json,
+// ops/moe.json) go through the engine's blocks the same way.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +19,7 @@
 #include "cpu/thread_pool.h"
 #include "format/config.h"
 #include "format/checkpoint.h"
+#include "model/blocks.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "tests/cpu/test_support.h"
@@ -52,28 +56,53 @@ std::string fixture_key(const std::string& name, int64_t l) {
   return rest;
 }
 
-// The layer's tensors as f32 in memory, handed out under their released names.
+// The layer's tensors as f32 in memory, handed out under their released names: from a layer
+// vector, or from op vectors of one block each (ops/mla.json, ops/moe.json, whose keys lack the
+// "self_attn_" / "mlp_" of the layer vectors), where a tensor no op vector holds (the norms and
+// AttnRes vectors, [E] each, which the blocks do not read) is E ones.
 class LayerTensors {
  public:
-  LayerTensors(const Fixture& fx, int64_t layer) : fx_(fx), layer_(layer) {}
+  LayerTensors(const Fixture& fx, int64_t layer) : fixtures_{&fx}, layer_(layer) {}
+  LayerTensors(std::vector<const Fixture*> ops, int64_t layer, int64_t E)
+      : fixtures_(std::move(ops)), layer_(layer), ones_(static_cast<size_t>(E), 1.0f) {}
   model::TensorLookup lookup() {
     return [this](const std::string& name) -> Result<model::TensorView> {
       const std::string key = fixture_key(name, layer_);
-      if (key.empty() || !fx_.has(key)) return Status::usage("the layer vectors lack " + name);
-      const std::vector<float>& v = f32(key);
+      if (key.empty() || (!held(key) && ones_.empty()))
+        return Status::usage("the layer vectors lack " + name);
+      const std::vector<float>& v = held(key) ? f32(key) : ones_;
       return model::TensorView{DType::kF32, static_cast<int64_t>(v.size()), v.data(), ""};
     };
   }
-  // The tensor `key` as f32, converted once and held (views into it stay valid).
+  // The tensor `key` (a layer vector's key) as f32, converted once and held (views into it stay
+  // valid).
   std::vector<float>& f32(const std::string& key) {
     std::vector<float>& v = held_[key];
-    if (v.empty()) v = fx_.f32(key);
+    if (v.empty()) {
+      const Fixture* fx = holder(key);
+      EXPECT_NE(fx, nullptr) << key;
+      if (fx != nullptr) v = fx->f32(op_key(key));
+    }
     return v;
   }
 
  private:
-  const Fixture& fx_;
+  bool held(const std::string& key) const { return holder(key) != nullptr; }
+  std::string op_key(const std::string& key) const {
+    if (ones_.empty()) return key;
+    for (const char* prefix : {"self_attn_", "mlp_"})
+      if (key.rfind(prefix, 0) == 0) return key.substr(std::string(prefix).size());
+    return key;
+  }
+  const Fixture* holder(const std::string& key) const {
+    for (const Fixture* fx : fixtures_)
+      if (fx->has(op_key(key))) return fx;
+    return nullptr;
+  }
+
+  std::vector<const Fixture*> fixtures_;
   int64_t layer_;
+  std::vector<float> ones_;  // empty for a layer vector
   std::map<std::string, std::vector<float>> held_;
 };
 
@@ -221,6 +250,85 @@ INSTANTIATE_TEST_SUITE_P(Isas, ConformanceLayer, ::testing::ValuesIn(cpu::test::
 
 TEST_P(ConformanceLayer, KdaLayer) { run_case("layer_kda", 0.63, "0.46 / 0.63"); }
 TEST_P(ConformanceLayer, MlaLayer) { run_case("layer_mla", 0.24, "0.24 / 0.24"); }
+
+// The engine's own MLA and MoE blocks (model::mla_block, moe_block) on the op vectors
+// ops/mla.json (README §5.9: absorbed form, prefill 3 then 3 decode steps) and ops/moe.json
+// (§5.11: outputs up to |177|, the scaled rule), bound by bind_layer as the MANIFEST config's
+// first MLA layer, whose shapes they share. tests/cpu/conformance_test.cpp runs the same vectors
+// through the test's own composition (tests/cpu/compose.cpp).
+TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
+  const Fixture mla = Fixture::load_op("mla"), moe = Fixture::load_op("moe");
+  auto parsed = format::parse_model_config(Fixture::load_op("MANIFEST").json().at("config"),
+                                           "MANIFEST.json config");
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
+  const format::ModelConfig& c = parsed.value();
+  int64_t l = 0;
+  while (l < c.num_hidden_layers && !c.is_mla(l)) ++l;
+  ASSERT_LT(l, c.num_hidden_layers);
+  ASSERT_FALSE(c.is_dense(l));
+  ASSERT_EQ(static_cast<int64_t>(mla.number("n_heads")), c.num_attention_heads);
+  ASSERT_EQ(static_cast<int64_t>(moe.number("n_experts")), c.num_experts);
+  ASSERT_EQ(static_cast<int64_t>(moe.number("top_k")), c.num_experts_per_token);
+  ASSERT_EQ(moe.number("routed_scale"), c.routed_scaling_factor);
+  ASSERT_EQ(moe.number("rms_eps"), c.rms_norm_eps);
+
+  LayerTensors tensors({&mla, &moe}, l, c.hidden_size);
+  auto bound = model::bind_layer(c, l, tensors.lookup());
+  ASSERT_TRUE(bound.is_ok()) << bound.status().message();
+  const model::LayerWeights& lw = bound.value();
+  FixtureExperts experts(tensors, c);
+  ConfigOnlyTrunk trunk(c);
+  cpu::ThreadPool pool(2);
+  const cpu::Exec ex{&pool, GetParam()};  // outlives the backend
+  auto be = backend::make_cpu_backend(ex);
+  model::Model m(trunk, &experts, *be);
+  const int64_t E = c.hidden_size;
+
+  {  // MLA: the whole prompt, then prefill 3 and decode steps through the cache
+    const std::vector<float> x = mla.tensor("in").f32();
+    const int64_t T = static_cast<int64_t>(x.size()) / E;
+    auto all = m.new_sequence(T), split = m.new_sequence(T);
+    ASSERT_TRUE(all.is_ok() && split.is_ok());
+    model::MlaCache& cache = all->layers[static_cast<size_t>(l)].mla;
+    std::vector<float> out = cpu::test::poisoned(T * E), out2 = cpu::test::poisoned(T * E);
+    ASSERT_TRUE(model::mla_block(lw.mla, c, x.data(), T, cache, out.data(), *be).is_ok());
+    const auto r = cpu::test::check_tolerance(out, mla.tensor("out").data);
+    cpu::test::report_ratio("mla through model::mla_block", r, "0.09 / 0.13 (0.12 with 1e-6)");
+    EXPECT_LE(r.worst_ratio, 1.0);
+    EXPECT_LE(r.worst_ratio, kMarginSlack * 0.13) << "far above the README's 0.13";
+    const std::vector<float> latent(cache.c.data(), cache.c.data() + cache.c.size());
+    EXPECT_LE(cpu::test::check_tolerance(latent, mla.tensor("kv_latent").data).worst_ratio, 1.0);
+    const std::vector<float> rope(cache.r.data(), cache.r.data() + cache.r.size());
+    EXPECT_LE(cpu::test::check_tolerance(rope, mla.tensor("k_rope").data).worst_ratio, 1.0);
+    model::MlaCache& cache2 = split->layers[static_cast<size_t>(l)].mla;
+    ASSERT_TRUE(model::mla_block(lw.mla, c, x.data(), 3, cache2, out2.data(), *be).is_ok());
+    for (int64_t t = 3; t < T; ++t)
+      ASSERT_TRUE(model::mla_block(lw.mla, c, x.data() + t * E, 1, cache2, out2.data() + t * E,
+                                   *be).is_ok());
+    EXPECT_EQ(cpu::test::compare_bits(out.data(), out2.data(), T * E), "");
+  }
+  {  // MoE with the shared expert: the whole prompt, then one token at a time
+    const std::vector<float> x = moe.tensor("in").f32();
+    const int64_t T = static_cast<int64_t>(x.size()) / E;
+    std::vector<float> shared = cpu::test::poisoned(T * E), out = cpu::test::poisoned(T * E);
+    std::vector<float> out1 = cpu::test::poisoned(T * E);
+    ASSERT_TRUE(lw.moe.has_shared);
+    ASSERT_TRUE(model::glu_mlp(lw.moe.shared, c, x.data(), T, shared.data(), *be).is_ok());
+    ASSERT_TRUE(model::moe_block(lw.moe, c, l, 0, experts, nullptr, x.data(), shared.data(), T,
+                                 out.data(), *be).is_ok());
+    const std::vector<double> want = moe.tensor("out").data;
+    double max_want = 0.0;
+    for (const double v : want) max_want = std::max(max_want, std::fabs(v));
+    const auto r = cpu::test::check_tolerance(out, want, 1e-5 * std::max(1.0, max_want), 1e-4);
+    cpu::test::report_ratio("moe through model::moe_block (scaled rule)", r, "0.016 / 0.018");
+    EXPECT_LE(r.worst_ratio, 1.0);
+    EXPECT_LE(r.worst_ratio, kMarginSlack * 0.018) << "far above the README's 0.018";
+    for (int64_t t = 0; t < T; ++t)
+      ASSERT_TRUE(model::moe_block(lw.moe, c, l, t, experts, nullptr, x.data() + t * E,
+                                   shared.data() + t * E, 1, out1.data() + t * E, *be).is_ok());
+    EXPECT_EQ(cpu::test::compare_bits(out.data(), out1.data(), T * E), "");
+  }
+}
 
 }  // namespace
 }  // namespace ktier::test
