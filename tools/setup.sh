@@ -10,7 +10,7 @@ BUILD_DIR=${KTIER_BUILD_DIR:-build}
 # Debian packages: build tools, libraries, and the Python/Node tooling used by the tests.
 PACKAGES=(build-essential cmake pkg-config git
   liburing-dev libzstd-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev nlohmann-json3-dev
-  libcli11-dev libxxhash-dev libbenchmark-dev libcpp-httplib-dev unicode-data
+  libcli11-dev libxxhash-dev libcpp-httplib-dev unicode-data
   libboost-context-dev  # cuda/emulation: the tests run the CUDA module's kernels on the CPU
   python3-torch python3-numpy python3-pytest python3-matplotlib
   python3-zstandard)  # tools/trunk_blocks.py: the cross-language test of compressed packs
@@ -28,6 +28,11 @@ command -v npm >/dev/null || missing+=(npm)
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 if [ ${#missing[@]} -gt 0 ]; then
+  if [ -n "$SUDO" ] && ! command -v sudo >/dev/null; then
+    echo "setup: error: ${missing[*]} must be installed, and this user is not root and has no" \
+      "sudo: install them as root (apt-get install ${missing[*]}), then run this again" >&2
+    exit 1
+  fi
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
   # Through env: sudo's env_reset would drop a DEBIAN_FRONTEND set before it.
@@ -37,13 +42,20 @@ else
 fi
 
 # js-tiktoken, pinned by package-lock.json, for the tokenizer cross-check test.
+# Installed again when the lock file is not the one the last install was made from (a stamp
+# beside the modules), so that a half-made or outdated node_modules is not kept.
 XCHECK=tools/tokenizer/xcheck
-if [ -f "$XCHECK/package-lock.json" ] && [ ! -d "$XCHECK/node_modules" ]; then
+if [ -f "$XCHECK/package-lock.json" ] &&
+  ! cmp -s "$XCHECK/package-lock.json" "$XCHECK/node_modules/.ktier-installed-lock.json"; then
   echo "setup: npm ci in $XCHECK"
   npm ci --prefix "$XCHECK" --no-audit --no-fund --loglevel=error
+  cp "$XCHECK/package-lock.json" "$XCHECK/node_modules/.ktier-installed-lock.json"
 fi
 
-# Configure and build. CUDA is used when nvcc is found (KTIER_CUDA=AUTO), never required.
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo ${KTIER_CMAKE_ARGS:-}
+# Configure and build. CUDA is used when nvcc is found (KTIER_CUDA=AUTO), never required;
+# `serve` and the emulated CUDA tests are required (their packages are installed above), so that
+# a package gone missing fails here instead of dropping their tests from the suite.
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKTIER_SERVER=ON \
+  -DKTIER_CUDA_EMULATION=ON ${KTIER_CMAKE_ARGS:-}
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 echo "setup: built $BUILD_DIR/ktier"
