@@ -168,7 +168,8 @@ TEST_P(CrossBackend, Linear) {
       expect_close("linear token by token", dev_y[j].host(), alone[j].host(), 0.0, true);
     }
     // --gpu-prefill cublas (where the module has cuBLAS): T = 9's F32 and BF16 jobs through
-    // cuBLAS, within the same bound; from another thread (the cuBLAS handle is the device's).
+    // cuBLAS, within its bound (tensor cores' truncating sums); from another thread (the cuBLAS
+    // handle is the device's).
     if (exact()) continue;
     auto blas = make_cuda_backend(probe_cuda_module(), /*cublas_prefill=*/true);
     ASSERT_TRUE(blas.is_ok()) << blas.status().message();
@@ -187,7 +188,8 @@ TEST_P(CrossBackend, Linear) {
     ASSERT_TRUE(blas_status.is_ok()) << blas_status.message();
     for (size_t j = 0; j < weights.size(); ++j) {
       SCOPED_TRACE(std::string("job ") + cpu::weight_type_name(weights[j].type) + ", cuBLAS");
-      expect_close("linear", want[j], via_blas[j].host(), linear_bound(weights[j], ref_xs[j], T));
+      expect_close("linear", want[j], via_blas[j].host(),
+                   cublas_linear_bound(weights[j], ref_xs[j], T));
     }
   }
 }

@@ -108,16 +108,28 @@ void HostWeight::zero_block_column(int64_t g) {
   for (int64_t r = 0; r < rows; ++r) scales[r * (cols / 32) + g] = 255;
 }
 
-std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& x, int64_t T) {
+namespace {
+// rel (|W| |x|) per output.
+std::vector<double> magnitude_bound(const HostWeight& w, const std::vector<float>& x, int64_t T,
+                                    double rel) {
   // |W| |x| by the CPU kernel itself: its own rounding is far below the bound.
   const HostWeight mw = w.magnitude();
   std::vector<float> mx(x.size()), mag(T * w.rows);
   for (size_t i = 0; i < x.size(); ++i) mx[i] = std::fabs(x[i]);
   cpu::linear(mw.view(), mx.data(), T, mag.data(), cpu::Exec{nullptr, cpu::Isa::kScalar});
-  const double rel = 2 * gamma(static_cast<double>(w.cols) + 2);
   std::vector<double> tol(mag.size());
   for (size_t i = 0; i < mag.size(); ++i) tol[i] = rel * mag[i];
   return tol;
+}
+}  // namespace
+
+std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& x, int64_t T) {
+  return magnitude_bound(w, x, T, 2 * gamma(static_cast<double>(w.cols) + 2));
+}
+
+std::vector<double> cublas_linear_bound(const HostWeight& w, const std::vector<float>& x,
+                                        int64_t T) {
+  return magnitude_bound(w, x, T, gamma(2 * (static_cast<double>(w.cols) + 2)) + kUnitRoundoff);
 }
 
 SplitX split_x_like_cuda(const std::vector<float>& x) {

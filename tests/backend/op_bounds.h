@@ -37,6 +37,13 @@ struct HostWeight {
 
 // Linear: 2 gamma(cols + 2) (|W| |x|) per output, for any summation order.
 std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& x, int64_t T);
+// Linear through cuBLAS's prefill (cuda/README.md): on tensor cores the f32 accumulation may
+// truncate instead of rounding and align each group of products to its largest before adding
+// (Fasi et al. 2021), which costs up to 2u a step where a rounded sum costs u: the chain of
+// cols + 2 at twice f32's unit roundoff, gamma(2 (cols + 2)), plus the CPU reference's own
+// single rounding, u (|W| |x|).
+std::vector<double> cublas_linear_bound(const HostWeight& w, const std::vector<float>& x,
+                                        int64_t T);
 
 // What CUDA's prefill path feeds cuBLAS for BF16 weights (T >= 8): x = hi + mid + lo exactly,
 // each part x's remainder truncated to bf16 (cuda/cublas_gemm.cu; Inf/NaN in hi alone). The
