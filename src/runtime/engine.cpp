@@ -195,16 +195,26 @@ Status Engine::open_device(const EngineOptions& opts, model::ExpertSource* exper
   // ops. Refused (e.g. RLIMIT_MEMLOCK) it still works, from pageable memory, slower.
   auto pin = [&](void* p, size_t bytes, const char* what) {
     const Status s = backend_->pin_host(p, bytes);
-    if (s.is_ok())
+    if (s.is_ok()) {
       pinned_host_.push_back(p);
-    else
+      pinned_host_bytes_ += bytes;
+    } else {
+      pin_refused_bytes_ += bytes;
       spdlog::warn("{} not page-locked ({}); its copies to the device run slower", what, s.message());
+    }
     return s.is_ok();
   };
   if (cache_) pin(cache_->arena(), cache_->arena_bytes(), "RAM expert tier");
-  if (store_ && device_trunk_->resident_layers() < c.num_hidden_layers)
-    for (std::span<uint8_t> b : store_->layer_buffers(device_trunk_->resident_layers()))
-      if (!b.empty() && !pin(b.data(), b.size(), "the streamed trunk layers' host memory")) break;
+  if (store_ && device_trunk_->resident_layers() < c.num_hidden_layers) {
+    bool refused = false;  // the first refusal is warned; the rest are not tried
+    for (std::span<uint8_t> b : store_->layer_buffers(device_trunk_->resident_layers())) {
+      if (b.empty()) continue;
+      if (refused)
+        pin_refused_bytes_ += b.size();
+      else
+        refused = !pin(b.data(), b.size(), "the streamed trunk layers' host memory");
+    }
+  }
   spdlog::info("device: {}; trunk layers resident {} of {} ({:.1f} MB), VRAM expert slots {}",
                backend_->name(), device_trunk_->resident_layers(), c.num_hidden_layers,
                device_trunk_->bytes() / 1e6, vram_tier_ ? vram_tier_->stats().slots : 0);

@@ -58,6 +58,11 @@ class Engine {
   // working set.
   uint64_t device_vram_bytes() const { return plan_.device ? plan_.device->vram : 0; }
   uint64_t device_working_bytes() const { return plan_.device ? plan_.device->working() : 0; }
+  // GPU mode: host memory the device copies from that is page-locked, and that which the
+  // backend refused to lock (its copies run from pageable memory: slower, and a copy ahead may
+  // wait for the ops queued before it).
+  uint64_t host_page_locked_bytes() const { return pinned_host_bytes_; }
+  uint64_t host_page_lock_refused_bytes() const { return pin_refused_bytes_; }
   const backend::Backend& backend() const { return *backend_; }
   const io::IoEngine* io_engine() const { return io_.get(); }
   uint64_t budget_bytes() const { return plan_.budget; }  // 0 without the dial
@@ -110,6 +115,7 @@ class Engine {
   // GPU mode: host memory page-locked by backend_ (the RAM tier's arena, the TrunkStore buffers
   // of the layers the device streams); unpinned before they are freed.
   std::vector<void*> pinned_host_;
+  uint64_t pinned_host_bytes_ = 0, pin_refused_bytes_ = 0;
   EnginePlan plan_;  // open_plan's: the options with lookahead decided, where everything goes
   mutable std::mutex nonfinite_mutex_;                 // guards nonfinite_note_
   mutable std::optional<std::string> nonfinite_note_;  // explain_nonfinite's, once read

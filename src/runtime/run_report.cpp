@@ -144,6 +144,8 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
         {"trunk_bytes", dt ? dt->bytes() : 0},
         {"vram_budget_bytes", e.device_vram_bytes()},
         {"working_set_bytes", e.device_working_bytes()},
+        {"host_page_locked_bytes", e.host_page_locked_bytes()},
+        {"host_page_lock_refused_bytes", e.host_page_lock_refused_bytes()},
         {"memory_peak_bytes", e.backend().memory_use().peak},
         {"expert_keys", e.checkpoint().config().num_moe_layers() * e.checkpoint().config().num_experts}}},
       {"prefetch",
@@ -237,6 +239,13 @@ std::string RunReport::to_table(const Engine& e) const {
                   j["device"]["trunk_bytes"].get<double>() / mb,
                   j["device"]["working_set_bytes"].get<double>() / mb);
     out += buf;
+    if (e.host_page_lock_refused_bytes() > 0) {
+      std::snprintf(buf, sizeof buf,
+                    "ktier: device copies: %.1f MB of host memory not page-locked (refused; "
+                    "RLIMIT_MEMLOCK?): their copies ran slower\n",
+                    static_cast<double>(e.host_page_lock_refused_bytes()) / mb);
+      out += buf;
+    }
   }
   if (e.expert_cache()) {
     const nlohmann::json& p = j["prefetch"];

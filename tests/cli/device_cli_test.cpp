@@ -136,6 +136,8 @@ TEST_F(DeviceCli, CudaAgreesWithTheCpuAndIsTheSameAtEveryVramBudget) {
   const nlohmann::json& v = j.at("tiers").at("vram");
   const uint64_t trunk = d.at("trunk_bytes"), working = d.at("working_set_bytes");
   const uint64_t keys = d.at("expert_keys"), slot = v.at("slot_bytes");
+  EXPECT_GT(d.at("host_page_locked_bytes").get<uint64_t>(), 0u) << "the RAM tier's arena";
+  EXPECT_EQ(d.at("host_page_lock_refused_bytes").get<uint64_t>(), 0u);
   const uint64_t bypass = v.at("slots").get<uint64_t>() - v.at("policy_slots").get<uint64_t>();
   EXPECT_EQ(d.at("trunk_layers_resident").get<int>(),
             golden_.at("config_summary").at("num_hidden_layers").get<int>());
