@@ -211,8 +211,8 @@ Status run_decode_bench(const DecodeOptions& o) {
                          runtime::generate(engine->model(), engine->experts(), prompt, gen, sink));
 
   const cpu::WeightMatrix& embed = engine->weights()->embed_matrix();
-  const uint64_t embed_bytes = static_cast<uint64_t>(embed.rows * embed.cols) *
-                               (embed.type == cpu::WeightType::kF32 ? 4 : 2);
+  const uint64_t embed_bytes =
+      static_cast<uint64_t>(embed.rows * cpu::weight_row_data_bytes(embed.type, embed.cols));
   const uint64_t trunk = engine->weights()->matrix_bytes() - embed_bytes + embed_bytes / embed.rows;
   const double steps = static_cast<double>(st.decode_steps);
   const double experts = static_cast<double>(st.expert_bytes_decode) / steps;

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string_view>
 
+#include "cpu/float_bits.h"
+
 namespace ktier {
 
 // kI32: prompt cache ids. kE8M0: an MXFP4 scale stored as safetensors' F8_E8M0 (one byte, the
@@ -42,18 +44,11 @@ inline std::optional<DType> parse_dtype(std::string_view s) {
   return std::nullopt;
 }
 
-inline float bits_to_f32(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-inline uint32_t f32_to_bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-
-inline float bf16_to_f32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
+// Exact widenings, one definition with the kernels' (cpu/float_bits.h).
+using cpu::float_bits::bf16_to_f32;
+using cpu::float_bits::bits_to_f32;
+using cpu::float_bits::f16_to_f32;
+using cpu::float_bits::f32_to_bits;
 
 // Round-to-nearest-even f32 -> bf16 (writers only; the engine never rounds activations).
 // NaN stays a quiet NaN.
@@ -62,30 +57,6 @@ inline uint16_t f32_to_bf16(float f) {
   if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x0040u);
   b += 0x7fffu + ((b >> 16) & 1u);
   return static_cast<uint16_t>(b >> 16);
-}
-
-inline float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal half: normalise into an f32 normal
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while ((mant & 0x400u) == 0);
-      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  return bits_to_f32(bits);
 }
 
 }  // namespace ktier

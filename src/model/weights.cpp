@@ -287,7 +287,7 @@ uint64_t matrix_bytes(const cpu::WeightMatrix& m) {
 
 Status ModelWeights::embed(std::span<const int32_t> ids, float* out) {
   const int64_t E = embed_.cols;
-  const size_t row_bytes = static_cast<size_t>(E) * (embed_.type == cpu::WeightType::kF32 ? 4 : 2);
+  const size_t row_bytes = static_cast<size_t>(cpu::weight_row_data_bytes(embed_.type, E));
   for (size_t t = 0; t < ids.size(); ++t)
     cpu::widen_to_f32(embed_.type, static_cast<const uint8_t*>(embed_.data) + ids[t] * row_bytes, E,
                       out + t * E);
