@@ -17,6 +17,7 @@
 
 #include "format/safetensors.h"
 #include "io/output_file.h"
+#include "io/read_file.h"
 
 namespace ktier::format {
 namespace {
@@ -25,7 +26,7 @@ namespace {
 constexpr size_t kDirectWriteBytes = 256u << 10;
 constexpr size_t kBufferBytes = 1u << 20;
 
-std::string errno_text(int err) { return std::strerror(err); }
+using io::errno_text;
 
 // A partial file of a killed writer (Partial::kUnique) is left behind, as large as the file it
 // was writing; the next writer of the same path removes those whose process is gone. A file
@@ -193,18 +194,7 @@ void SafetensorsWriter::abandon() {
 }
 
 Status SafetensorsWriter::write_fd(const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    const ssize_t r = ::write(fd_, p, n);
-    if (r < 0) {
-      const int err = errno;
-      if (err == EINTR) continue;
-      return Status::runtime("cannot write " + partial_path_.string() + ": " + errno_text(err));
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return Status::ok();
+  return io::write_all(fd_, data, n, partial_path_);
 }
 
 Status SafetensorsWriter::flush_buffer() {

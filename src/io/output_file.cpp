@@ -106,6 +106,19 @@ Status write_output_file(const std::string& path, std::string_view bytes) {
   return Status::ok();
 }
 
+Status write_all(int fd, const void* data, size_t n, const std::filesystem::path& path) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t r = ::write(fd, p, n);
+    const int err = r < 0 ? errno : 0;  // before the message's allocations
+    if (err == EINTR) continue;
+    if (r < 0) return Status::runtime("cannot write " + path.string() + ": " + errno_text(err));
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return Status::ok();
+}
+
 Status check_not_own_stdout(const std::string& flag, const std::string& path) {
   struct stat target {};
   if (path.empty() || ::stat(path.c_str(), &target) != 0) return Status::ok();

@@ -47,6 +47,10 @@ Status remove_if_present(const std::filesystem::path& path);
 // by the caller. Status::runtime (exit 1) naming the path and the errno text.
 Result<int> create_partial_file(const std::filesystem::path& path);
 
+// Writes all `n` bytes at `data` to `fd` (short writes continued, EINTR retried). Status::runtime
+// (exit 1) "cannot write PATH: <errno text>", `path` naming the file for the message.
+Status write_all(int fd, const void* data, size_t n, const std::filesystem::path& path);
+
 // Creates the output folder `dir` and its parents (`ktier synth -o`, `ktier pack -o`); an
 // existing folder is fine. A dangling symlink creates the folder it names, as writing a file
 // through one creates the file. Status::runtime (exit 1) "cannot create DIR: <why>".

@@ -20,6 +20,7 @@
 #include "common/xxh3_state.h"
 #include "cpu/thread_pool.h"
 #include "io/output_file.h"
+#include "io/read_file.h"
 #include "pack/block_codec.h"
 #include "pack/trunk_pack.h"
 
@@ -28,7 +29,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string errno_text(int err) { return std::strerror(err); }
+using io::errno_text;
 
 // The partial pack file: a staging buffer filled in place by shard reads and written with one
 // write() per full buffer. Removes the partial file unless finish() succeeded.
@@ -115,16 +116,7 @@ class PartialFile {
 
  private:
   Status flush() {
-    const uint8_t* p = buffer_.data();
-    uint64_t n = fill_;
-    while (n > 0) {
-      const ssize_t r = ::write(fd_, p, n);
-      const int err = r < 0 ? errno : 0;  // before the message's allocations
-      if (err == EINTR) continue;
-      if (r < 0) return Status::runtime("cannot write " + path_.string() + ": " + errno_text(err));
-      p += r;
-      n -= static_cast<uint64_t>(r);
-    }
+    KTIER_RETURN_IF_ERROR(io::write_all(fd_, buffer_.data(), fill_, path_));
     written_ += fill_;
     fill_ = 0;
     return Status::ok();
@@ -201,18 +193,9 @@ class Prefetcher {
 
 Status write_small_file(const fs::path& path, const std::string& text) {
   KTIER_ASSIGN_OR_RETURN(const int fd, io::create_partial_file(path));
-  const char* p = text.data();
-  size_t n = text.size();
-  while (n > 0) {
-    const ssize_t r = ::write(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int err = errno;
-      ::close(fd);
-      return Status::runtime("cannot write " + path.string() + ": " + errno_text(err));
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
+  if (Status written = io::write_all(fd, text.data(), text.size(), path); !written.is_ok()) {
+    ::close(fd);
+    return written;
   }
   const int synced = ::fsync(fd) == 0 ? 0 : errno;
   const int closed = ::close(fd) == 0 ? 0 : errno;  // closed whether or not fsync failed
