@@ -29,7 +29,8 @@ Result<DebugEnv> read_debug_env() {
   if (const char* t = std::getenv("KTIER_DEBUG_SERVE_THROW"); t != nullptr && *t != '\0') {
     const std::string s = t;
     if (s != "0" && s != "1")
-      return Status::usage("KTIER_DEBUG_SERVE_THROW=\"" + s + "\": must be 0 or 1 (docs/TUNING.md)");
+      return Status::usage("KTIER_DEBUG_SERVE_THROW=\"" + s +
+                           "\": must be 0 or 1 (docs/TUNING.md)");
     env.serve_throw = s == "1";
   }
   return env;

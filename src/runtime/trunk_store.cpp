@@ -232,7 +232,8 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
 
   // Compressed packs: inflate scratch, one per pool thread, allocated now (counted).
   if (z.staging > 0) {
-    s->scratch_ = std::make_unique<pack::InflateScratchSet>(s->inflate_threads_, pack->block_size());
+    s->scratch_ =
+        std::make_unique<pack::InflateScratchSet>(s->inflate_threads_, pack->block_size());
     s->stats_.scratch_bytes = s->scratch_->bytes();
   }
   // The ring (with its staging buffers) first: slot 0's staging serves the reads at open.

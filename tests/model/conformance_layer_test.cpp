@@ -148,6 +148,19 @@ class ConfigOnlyTrunk final : public model::TrunkSource {
   model::HeadWeights head_;
 };
 
+// A Model over the fixture's experts on one kernel set, for running a bound layer or its blocks.
+struct Harness {
+  Harness(LayerTensors& t, const format::ModelConfig& c, cpu::Isa isa)
+      : experts(t, c), trunk(c), pool(2), ex{&pool, isa}, be(backend::make_cpu_backend(ex)),
+        model(trunk, &experts, *be) {}
+  FixtureExperts experts;
+  ConfigOnlyTrunk trunk;
+  cpu::ThreadPool pool;
+  cpu::Exec ex;  // outlives the backend
+  std::unique_ptr<backend::Backend> be;
+  model::Model model;
+};
+
 class ConformanceLayer : public ::testing::TestWithParam<cpu::Isa> {
  protected:
   void SetUp() override {
@@ -207,12 +220,8 @@ class ConformanceLayer : public ::testing::TestWithParam<cpu::Isa> {
     auto bound = model::bind_layer(c, l, tensors.lookup());
     ASSERT_TRUE(bound.is_ok()) << bound.status().message();
     const model::LayerWeights& lw = bound.value();
-    FixtureExperts experts(tensors, c);
-    ConfigOnlyTrunk trunk(c);
-    cpu::ThreadPool pool(2);
-    const cpu::Exec ex{&pool, GetParam()};  // outlives the backend
-    auto be = backend::make_cpu_backend(ex);
-    model::Model m(trunk, &experts, *be);
+    Harness h(tensors, c, GetParam());
+    model::Model& m = h.model;
 
     const int64_t T = fx.tensor("in").shape[1], E = c.hidden_size;
     auto seq = m.new_sequence(T);
@@ -276,12 +285,8 @@ TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
   auto bound = model::bind_layer(c, l, tensors.lookup());
   ASSERT_TRUE(bound.is_ok()) << bound.status().message();
   const model::LayerWeights& lw = bound.value();
-  FixtureExperts experts(tensors, c);
-  ConfigOnlyTrunk trunk(c);
-  cpu::ThreadPool pool(2);
-  const cpu::Exec ex{&pool, GetParam()};  // outlives the backend
-  auto be = backend::make_cpu_backend(ex);
-  model::Model m(trunk, &experts, *be);
+  Harness h(tensors, c, GetParam());
+  model::Model& m = h.model;
   const int64_t E = c.hidden_size;
 
   {  // MLA: the whole prompt, then prefill 3 and decode steps through the cache
@@ -291,7 +296,7 @@ TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
     ASSERT_TRUE(all.is_ok() && split.is_ok());
     model::MlaCache& cache = all->layers[static_cast<size_t>(l)].mla;
     std::vector<float> out = cpu::test::poisoned(T * E), out2 = cpu::test::poisoned(T * E);
-    ASSERT_TRUE(model::mla_block(lw.mla, c, x.data(), T, cache, out.data(), *be).is_ok());
+    ASSERT_TRUE(model::mla_block(lw.mla, c, x.data(), T, cache, out.data(), *h.be).is_ok());
     const auto r = cpu::test::check_tolerance(out, mla.tensor("out").data);
     cpu::test::report_ratio("mla through model::mla_block", r, "0.09 / 0.13 (0.12 with 1e-6)");
     EXPECT_LE(r.worst_ratio, 1.0);
@@ -301,10 +306,10 @@ TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
     const std::vector<float> rope(cache.r.data(), cache.r.data() + cache.r.size());
     EXPECT_LE(cpu::test::check_tolerance(rope, mla.tensor("k_rope").data).worst_ratio, 1.0);
     model::MlaCache& cache2 = split->layers[static_cast<size_t>(l)].mla;
-    ASSERT_TRUE(model::mla_block(lw.mla, c, x.data(), 3, cache2, out2.data(), *be).is_ok());
+    ASSERT_TRUE(model::mla_block(lw.mla, c, x.data(), 3, cache2, out2.data(), *h.be).is_ok());
     for (int64_t t = 3; t < T; ++t)
       ASSERT_TRUE(model::mla_block(lw.mla, c, x.data() + t * E, 1, cache2, out2.data() + t * E,
-                                   *be).is_ok());
+                                   *h.be).is_ok());
     EXPECT_EQ(cpu::test::compare_bits(out.data(), out2.data(), T * E), "");
   }
   {  // MoE with the shared expert: the whole prompt, then one token at a time
@@ -313,9 +318,9 @@ TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
     std::vector<float> shared = cpu::test::poisoned(T * E), out = cpu::test::poisoned(T * E);
     std::vector<float> out1 = cpu::test::poisoned(T * E);
     ASSERT_TRUE(lw.moe.has_shared);
-    ASSERT_TRUE(model::glu_mlp(lw.moe.shared, c, x.data(), T, shared.data(), *be).is_ok());
-    ASSERT_TRUE(model::moe_block(lw.moe, c, l, 0, experts, nullptr, x.data(), shared.data(), T,
-                                 out.data(), *be).is_ok());
+    ASSERT_TRUE(model::glu_mlp(lw.moe.shared, c, x.data(), T, shared.data(), *h.be).is_ok());
+    ASSERT_TRUE(model::moe_block(lw.moe, c, l, 0, h.experts, nullptr, x.data(), shared.data(), T,
+                                 out.data(), *h.be).is_ok());
     const std::vector<double> want = moe.tensor("out").data;
     double max_want = 0.0;
     for (const double v : want) max_want = std::max(max_want, std::fabs(v));
@@ -324,8 +329,8 @@ TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
     EXPECT_LE(r.worst_ratio, 1.0);
     EXPECT_LE(r.worst_ratio, kMarginSlack * 0.018) << "far above the README's 0.018";
     for (int64_t t = 0; t < T; ++t)
-      ASSERT_TRUE(model::moe_block(lw.moe, c, l, t, experts, nullptr, x.data() + t * E,
-                                   shared.data() + t * E, 1, out1.data() + t * E, *be).is_ok());
+      ASSERT_TRUE(model::moe_block(lw.moe, c, l, t, h.experts, nullptr, x.data() + t * E,
+                                   shared.data() + t * E, 1, out1.data() + t * E, *h.be).is_ok());
     EXPECT_EQ(cpu::test::compare_bits(out.data(), out1.data(), T * E), "");
   }
 }
