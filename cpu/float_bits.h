@@ -1,7 +1,7 @@
 #pragma once
-// The exact bit-level conversions between f32, bf16 and f16 (IEEE binary16), shared by the
-// numerics contract (cpu/numerics.h: the kernels' scalar tails) and by the checkpoint and test
-// code (src/common/dtype.h). Internal linkage, for cpu/numerics.h's reason: a translation unit
+// The exact bit-level conversions between f32, bf16 and f16 (IEEE binary16), and the writers'
+// rounding of f32 to bf16, shared by the numerics contract (cpu/numerics.h: the kernels' scalar
+// tails) and by the checkpoint and test code (src/common/dtype.h). Internal linkage, for cpu/numerics.h's reason: a translation unit
 // compiled for AVX2 or AVX-512 gets its own copy, which the linker can never hand to a scalar
 // caller. No standard-library templates, for the same reason.
 
@@ -46,6 +46,15 @@ static inline float f16_to_f32(uint16_t h) {
     bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }
   return bits_to_f32(bits);
+}
+
+// Round-to-nearest-even f32 -> bf16 (writers only: the engine never rounds activations). NaN
+// stays a quiet NaN.
+static inline uint16_t f32_to_bf16(float f) {
+  uint32_t b = f32_to_bits(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x0040u);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
 }
 
 }  // namespace

@@ -43,13 +43,20 @@ fi
 
 # js-tiktoken, pinned by package-lock.json, for the tokenizer cross-check test.
 # Installed again when the lock file is not the one the last install was made from (a stamp
-# beside the modules), so that a half-made or outdated node_modules is not kept.
+# beside the modules), so that a half-made or outdated node_modules is not kept; one without
+# the stamp that `npm ls` finds whole (made before the stamp existed) is kept,
+# since npm ci deletes it before it fetches.
 XCHECK=tools/tokenizer/xcheck
-if [ -f "$XCHECK/package-lock.json" ] &&
-  ! cmp -s "$XCHECK/package-lock.json" "$XCHECK/node_modules/.ktier-installed-lock.json"; then
-  echo "setup: npm ci in $XCHECK"
-  npm ci --prefix "$XCHECK" --no-audit --no-fund --loglevel=error
-  cp "$XCHECK/package-lock.json" "$XCHECK/node_modules/.ktier-installed-lock.json"
+STAMP=$XCHECK/node_modules/.ktier-installed-lock.json
+if [ -f "$XCHECK/package-lock.json" ] && ! cmp -s "$XCHECK/package-lock.json" "$STAMP"; then
+  if [ ! -f "$STAMP" ] && [ -d "$XCHECK/node_modules" ] &&
+    npm ls --prefix "$XCHECK" --all >/dev/null 2>&1; then
+    echo "setup: $XCHECK/node_modules is whole; keeping it"
+  else
+    echo "setup: npm ci in $XCHECK"
+    npm ci --prefix "$XCHECK" --no-audit --no-fund --loglevel=error
+  fi
+  cp "$XCHECK/package-lock.json" "$STAMP"
 fi
 
 # Configure and build. CUDA is used when nvcc is found (KTIER_CUDA=AUTO), never required;

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -104,10 +105,11 @@ Device& dev() {
     auto* p = new Device;  // never destroyed: frees may come from static destructors
     // Debugging only (docs/TUNING.md): the emulated device's memory, in MiB.
     if (const char* s = std::getenv("KTIER_CUDA_EMULATION_MIB"); s && *s) {
-      char* end = nullptr;
-      const unsigned long long mib = std::strtoull(s, &end, 10);
-      if (*end != '\0' || mib == 0 || mib >= (1ull << 30)) {
-        std::fprintf(stderr, "KTIER_CUDA_EMULATION_MIB=\"%s\": not a positive number of MiB\n", s);
+      const bool digits = std::strspn(s, "0123456789") == std::strlen(s) && std::strlen(s) <= 10;
+      const unsigned long long mib = digits ? std::strtoull(s, nullptr, 10) : 0;
+      if (mib == 0 || mib >= (1ull << 30)) {
+        std::fprintf(stderr, "ktier CUDA emulation: KTIER_CUDA_EMULATION_MIB=\"%s\": not a "
+                     "whole number of MiB from 1 to 2^30 - 1\n", s);
         std::abort();  // a test's set-up, like the other emulation variables
       }
       p->total = static_cast<uint64_t>(mib) << 20;

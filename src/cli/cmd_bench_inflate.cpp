@@ -20,7 +20,6 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,15 +46,12 @@ struct InflateOptions {
   uint64_t max_mib = 2048;
 };
 
-// The blocks of the loaded records, inflated on `pool` with one scratch per thread.
+// The blocks of the loaded records, inflated on `pool` with one scratch per thread (lent as
+// TrunkStore lends them).
 class Inflater {
  public:
-  Inflater(const pack::TrunkPack& p, cpu::ThreadPool& pool) : p_(p), pool_(pool), scratch_(pool.size()) {
-    for (auto& s : scratch_) {
-      s.reserve(p.block_size());
-      free_.push_back(&s);
-    }
-  }
+  Inflater(const pack::TrunkPack& p, cpu::ThreadPool& pool)
+      : p_(p), pool_(pool), scratch_(pool.size(), p.block_size()) {}
   struct Item {
     const pack::Record* record;
     size_t block;
@@ -65,33 +61,21 @@ class Inflater {
   Status run(const std::vector<Item>& items) {
     std::vector<Status> status(items.size());
     pool_.parallel_for(static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
-      pack::InflateScratch* s = take();
+      const pack::InflateScratchSet::Lease scratch = scratch_.borrow();
       for (int64_t i = b; i < e; ++i) {
         const Item& it = items[static_cast<size_t>(i)];
-        status[static_cast<size_t>(i)] = p_.inflate_block(*it.record, it.block, it.stored, it.dst, *s);
+        status[static_cast<size_t>(i)] =
+            p_.inflate_block(*it.record, it.block, it.stored, it.dst, *scratch);
       }
-      give(s);
     });
     for (Status& st : status) KTIER_RETURN_IF_ERROR(st);
     return Status::ok();
   }
 
  private:
-  pack::InflateScratch* take() {
-    std::lock_guard lock(mu_);
-    pack::InflateScratch* s = free_.back();
-    free_.pop_back();
-    return s;
-  }
-  void give(pack::InflateScratch* s) {
-    std::lock_guard lock(mu_);
-    free_.push_back(s);
-  }
   const pack::TrunkPack& p_;
   cpu::ThreadPool& pool_;
-  std::vector<pack::InflateScratch> scratch_;
-  std::mutex mu_;
-  std::vector<pack::InflateScratch*> free_;  // guarded by mu_
+  pack::InflateScratchSet scratch_;
 };
 
 Status run_inflate_bench(const InflateOptions& o) {

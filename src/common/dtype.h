@@ -44,19 +44,12 @@ inline std::optional<DType> parse_dtype(std::string_view s) {
   return std::nullopt;
 }
 
-// Exact widenings, one definition with the kernels' (cpu/float_bits.h).
+// Exact widenings, one definition with the kernels' (cpu/float_bits.h), and the writers'
+// rounding to bf16.
 using cpu::float_bits::bf16_to_f32;
 using cpu::float_bits::bits_to_f32;
 using cpu::float_bits::f16_to_f32;
+using cpu::float_bits::f32_to_bf16;
 using cpu::float_bits::f32_to_bits;
-
-// Round-to-nearest-even f32 -> bf16 (writers only; the engine never rounds activations).
-// NaN stays a quiet NaN.
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t b = f32_to_bits(f);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x0040u);
-  b += 0x7fffu + ((b >> 16) & 1u);
-  return static_cast<uint16_t>(b >> 16);
-}
 
 }  // namespace ktier

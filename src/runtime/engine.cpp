@@ -204,10 +204,15 @@ Status Engine::open_device(const EngineOptions& opts, model::ExpertSource* exper
     }
     return s.is_ok();
   };
+  const std::vector<std::span<uint8_t>> streamed =
+      store_ && device_trunk_->resident_layers() < c.num_hidden_layers
+          ? store_->layer_buffers(device_trunk_->resident_layers())
+          : std::vector<std::span<uint8_t>>{};
+  pinned_host_.reserve(1 + streamed.size());  // a pin recorded cannot throw (unpinned at close)
   if (cache_) pin(cache_->arena(), cache_->arena_bytes(), "RAM expert tier");
-  if (store_ && device_trunk_->resident_layers() < c.num_hidden_layers) {
+  {
     bool refused = false;  // the first refusal is warned; the rest are not tried
-    for (std::span<uint8_t> b : store_->layer_buffers(device_trunk_->resident_layers())) {
+    for (std::span<uint8_t> b : streamed) {
       if (b.empty()) continue;
       if (refused)
         pin_refused_bytes_ += b.size();

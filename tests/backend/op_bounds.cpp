@@ -129,7 +129,8 @@ std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& 
 
 std::vector<double> cublas_linear_bound(const HostWeight& w, const std::vector<float>& x,
                                         int64_t T) {
-  return magnitude_bound(w, x, T, gamma(2 * (static_cast<double>(w.cols) + 2)) + kUnitRoundoff);
+  const double chain = static_cast<double>(w.cols + (w.cols + 3) / 4 + 2);
+  return magnitude_bound(w, x, T, gamma(2 * chain) + kUnitRoundoff);
 }
 
 SplitX split_x_like_cuda(const std::vector<float>& x) {

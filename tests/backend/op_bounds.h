@@ -7,7 +7,9 @@
 // op's own arithmetic (softmax: a score error e changes each weight by at most a factor
 // exp(2e)). The bounds hold for any summation order and for f32 or wider accumulation, so they
 // describe the CUDA kernels (cuda/README.md) and the CPU reference alike; the difference of the
-// two is bounded by twice the bound, which is what the test allows.
+// two is bounded by twice the bound, which is what the test allows. cuBLAS's prefill, whose
+// tensor-core sums neither round to nearest nor add one term at a time, has its own bound
+// (cublas_linear_bound).
 
 #include <cstdint>
 #include <random>
@@ -38,10 +40,11 @@ struct HostWeight {
 // Linear: 2 gamma(cols + 2) (|W| |x|) per output, for any summation order.
 std::vector<double> linear_bound(const HostWeight& w, const std::vector<float>& x, int64_t T);
 // Linear through cuBLAS's prefill (cuda/README.md): on tensor cores the f32 accumulation may
-// truncate instead of rounding and align each group of products to its largest before adding
-// (Fasi et al. 2021), which costs up to 2u a step where a rounded sum costs u: the chain of
-// cols + 2 at twice f32's unit roundoff, gamma(2 (cols + 2)), plus the CPU reference's own
-// single rounding, u (|W| |x|).
+// truncate instead of rounding (under 2u a step where a rounded sum costs u) and align each
+// group of g products to its largest before adding (each shifted product losing up to 2u of the
+// group's magnitude, and one more at the group's normalisation): a chain of cols + cols/g + 2
+// at 2u, g = 4 the smallest group reported (Fasi et al. 2021), gamma(2 (cols + ceil(cols/4) +
+// 2)), plus the CPU reference's own single rounding, u (|W| |x|).
 std::vector<double> cublas_linear_bound(const HostWeight& w, const std::vector<float>& x,
                                         int64_t T);
 

@@ -126,7 +126,10 @@ TEST(Cli, UsageErrorsExitTwo) {
     const std::string name(env, std::string(env).find('='));
     EXPECT_EQ(r.err.rfind("ktier: error: " + name + "=", 0), 0u) << r.err;
   }
-  EXPECT_EQ(run_process("KTIER_DEBUG_MEM_AVAILABLE_MIB=4096 " + ktier() + " doctor").exit_code, 0);
+  const auto taken = run_process("KTIER_DEBUG_MEM_AVAILABLE_MIB=4096 " + ktier() + " doctor");
+  EXPECT_EQ(taken.exit_code, 0) << taken.err;
+  EXPECT_NE((taken.out + taken.err).find("MemAvailable 4.00 GiB"), std::string::npos)
+      << taken.out << taken.err;
   // Thread counts beyond what a pool takes are refused up front, by every command.
   for (const char* cmd : {"run -m x --ids 1", "eval -m x --ids 1", "synth --preset tiny -o x",
                           "pack -m x -o y", "bench decode -m x", "bench inflate --pack x",

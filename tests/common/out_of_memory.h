@@ -18,11 +18,12 @@ namespace ktier::test {
 // Runs `attempt` with one allocation of the calling thread failing: every `stride`-th from a
 // fresh offset below `stride` (each run tries others), until an attempt makes fewer allocations
 // than that, which must then succeed. After each failure (thrown out of `attempt`, or caught
-// inside it), `after_failure(k)` checks what it left (gtest assertions; the first failing one
-// ends the loop). Returns the failures tried.
-inline long fail_allocations_in_turn(const std::string& test, long stride,
-                                     const std::function<Status()>& attempt,
-                                     const std::function<void(long k)>& after_failure) {
+// inside it), `after_failure(k, s)` checks what it left (gtest assertions; the first failing one
+// ends the loop): `s` is what the attempt returned, or Status::out_of_memory when the
+// std::bad_alloc came out of it. Returns the failures tried.
+inline long fail_allocations_in_turn(
+    const std::string& test, long stride, const std::function<Status()>& attempt,
+    const std::function<void(long k, const Status& s)>& after_failure) {
   const long first = static_cast<long>(fresh_seed(test.c_str()) % static_cast<uint64_t>(stride));
   long failures = 0;
   for (long k = first;; k += stride) {
@@ -42,6 +43,7 @@ inline long fail_allocations_in_turn(const std::string& test, long stride,
         s = attempt();
       } catch (const std::bad_alloc&) {
         failed = true;
+        s = Status::out_of_memory("std::bad_alloc came out of the attempt");
       }
       // Thrown out, or caught inside and turned into an error (or a fallback): it came.
       failed = failed || !allocation_failure_pending();
@@ -51,7 +53,7 @@ inline long fail_allocations_in_turn(const std::string& test, long stride,
       break;
     }
     ++failures;
-    after_failure(k);
+    after_failure(k, s);
     if (::testing::Test::HasFatalFailure() || ::testing::Test::HasNonfatalFailure()) break;
   }
   std::printf("[oom] %s: %ld allocations failed in turn (stride %ld, first %ld)\n",

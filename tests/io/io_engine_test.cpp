@@ -407,7 +407,9 @@ TEST_P(IoFaultTest, SubmitThatRunsOutOfMemoryQueuesNothing) {
   std::optional<CompletionQueue> cq(std::in_place, *e);
   const long failures = ktier::test::fail_allocations_in_turn(
       "IoFaultTest.SubmitThatRunsOutOfMemoryQueuesNothing", 1, [&] { return cq->submit(batch); },
-      [&](long k) {
+      [&](long k, const Status& s) {
+        // Thrown, or an error: never an ok that queued nothing.
+        EXPECT_FALSE(s.is_ok()) << "allocation " << k << " failed, and submit said ok";
         EXPECT_EQ(cq->outstanding(), 0u) << "allocation " << k << " failed: nothing may be queued";
         cq.emplace(*e);
       });

@@ -216,7 +216,7 @@ Record record_of(uint64_t n, uint64_t size, DType dtype = DType::kBF16) {
 }
 
 // A lease ended by a throw gives its scratch back (the set would run short: the next range to
-// borrow would find none); one lease more than the set holds is a bug, caught.
+// borrow would find none).
 TEST(BlockCodec, ScratchLentIsGivenBackHoweverTheLeaseEnds) {
   InflateScratchSet set(2, 4096);
   EXPECT_EQ(set.bytes(), 2u * 4096);
@@ -229,7 +229,14 @@ TEST(BlockCodec, ScratchLentIsGivenBackHoweverTheLeaseEnds) {
   }
   const InflateScratchSet::Lease a = set.borrow(), b = set.borrow();
   EXPECT_NE(&*a, &*b);
-  EXPECT_DEATH({ const InflateScratchSet::Lease c = set.borrow(); }, "");
+}
+
+// One lease more than the set holds (more inflating threads than scratch) is a bug, caught.
+TEST(BlockCodecDeathTest, ALeaseMoreThanTheSetHoldsAborts) {
+  InflateScratchSet set(1, 4096);
+  const InflateScratchSet::Lease a = set.borrow();
+  EXPECT_DEATH({ const InflateScratchSet::Lease b = set.borrow(); },
+               "CHECK failed: !set_.free_.empty");
 }
 
 TEST(BlockCodec, AdversarialShapesAreIdenticalAtEveryThreadCount) {
