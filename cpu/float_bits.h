@@ -1,9 +1,10 @@
 #pragma once
 // The exact bit-level conversions between f32, bf16 and f16 (IEEE binary16), and the writers'
 // rounding of f32 to bf16, shared by the numerics contract (cpu/numerics.h: the kernels' scalar
-// tails) and by the checkpoint and test code (src/common/dtype.h). Internal linkage, for cpu/numerics.h's reason: a translation unit
-// compiled for AVX2 or AVX-512 gets its own copy, which the linker can never hand to a scalar
-// caller. No standard-library templates, for the same reason.
+// tails) and by the checkpoint and test code (src/common/dtype.h). Internal linkage, for
+// cpu/numerics.h's reason: a translation unit compiled for AVX2 or AVX-512 gets its own copy,
+// which the linker can never hand to a scalar caller. No standard-library templates, for the
+// same reason.
 
 #include <cstdint>
 #include <cstring>
