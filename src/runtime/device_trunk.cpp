@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/on_exception.h"
 #include "common/progress.h"
 #include "runtime/device_placement.h"
 
@@ -192,7 +193,9 @@ Status DeviceTrunk::load(int64_t l, StreamSlot& s) {
   s.host_layer = l;
   const uint64_t n = layer_bytes(s.weights);  // <= slot_bytes_, the largest layer's
   Status status;
-  try {
+  {
+    // std::bad_alloc: the slot holds no layer half placed.
+    const OnException unwind([&] { abandon_copy(s); });
     // The vectors move to the slot's staging (its last copy landed in release_host above).
     size_t staged = 0;
     model::for_each_tensor(
@@ -207,9 +210,6 @@ Status DeviceTrunk::load(int64_t l, StreamSlot& s) {
     status = be_.copies_wait(s.read, kQueue);
     if (status.is_ok()) status = mirror(s.weights, s.buf.as<uint8_t>(), /*ahead=*/true);
     if (status.is_ok()) status = be_.mark_copies(s.copied, kQueue);
-  } catch (...) {  // std::bad_alloc: the slot holds no layer half placed
-    abandon_copy(s);
-    throw;
   }
   if (!status.is_ok()) {
     abandon_copy(s);

@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "common/check.h"
+#include "common/on_exception.h"
 #include "common/progress.h"
 #include "common/size.h"
 #include "common/xxh3_state.h"
@@ -506,13 +507,11 @@ Status TrunkStore::finish_compressed(Slot& s) {
     s.landed.clear();
     std::sort(batch.begin(), batch.end());  // errors are reported for the first block
     Status st;
-    try {
-      st = inflate_blocks(r, batch, s.staging.data(), s.buf.data());
-    } catch (...) {
+    {
       // Not inflated after all (std::bad_alloc): they wait in s.landed again for the next
       // finish(), which its room, reserved for every block, takes without allocating.
-      s.landed.assign(batch.begin(), batch.end());
-      throw;
+      const OnException unwind([&] { s.landed.assign(batch.begin(), batch.end()); });
+      st = inflate_blocks(r, batch, s.staging.data(), s.buf.data());
     }
     s.inflated += batch.size();
     if (!st.is_ok() && s.status.is_ok()) s.status = st;
