@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstring>
 #include <map>
+#include <new>
 #include <set>
 #include <sstream>
 #include <unordered_set>
@@ -785,7 +786,9 @@ Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir, OpenMode m
     spdlog::debug("{}: {} shards, {} experts ({})", dir.string(), ck.shards_.size(),
                   ck.expert_summary_.count, expert_storage_name(ck.expert_summary_.storage));
     return ck;
-  } catch (const std::exception& e) {  // e.g. std::bad_alloc, filesystem errors; never escape
+  } catch (const std::bad_alloc&) {
+    return Status::out_of_memory(dir.string() + ": out of memory while opening the checkpoint");
+  } catch (const std::exception& e) {  // e.g. filesystem errors; never escape
     return Status::runtime(dir.string() + ": " + e.what());
   }
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <set>
 #include <unordered_set>
 
@@ -735,7 +736,9 @@ Result<ModelConfig> parse_config_unguarded(const json& root, const std::string& 
 Result<ModelConfig> parse_model_config(const nlohmann::json& root, const std::string& source_name) {
   try {
     return parse_config_unguarded(root, source_name);
-  } catch (const std::exception& e) {  // a bug in the reader (or out of memory); never escape
+  } catch (const std::bad_alloc&) {
+    return Status::out_of_memory(source_name + ": out of memory while reading the config");
+  } catch (const std::exception& e) {  // a bug in the reader; never escape
     return Status::runtime(source_name + ": internal error while reading the config: " + e.what());
   }
 }

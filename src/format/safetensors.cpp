@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <utility>
 
@@ -309,7 +310,9 @@ const TensorInfo* SafetensorsFile::find(const std::string& name) const {
 Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path, OpenMode mode) {
   try {
     return open_unguarded(path, mode);
-  } catch (const std::exception& e) {  // out of memory, or a bug; never escape
+  } catch (const std::bad_alloc&) {
+    return Status::out_of_memory(path.string() + ": out of memory while reading the header");
+  } catch (const std::exception& e) {  // a bug; never escape
     return Status::runtime(path.string() + ": " + e.what());
   }
 }

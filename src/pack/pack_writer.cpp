@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <span>
 #include <vector>
 
@@ -479,7 +480,9 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
     }
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return rep;
-  } catch (const std::exception& e) {  // bad_alloc, filesystem errors; never escape
+  } catch (const std::bad_alloc&) {
+    return Status::out_of_memory(o.out_dir.string() + ": out of memory while writing the pack");
+  } catch (const std::exception& e) {  // filesystem errors; never escape
     return Status::runtime(o.out_dir.string() + ": " + e.what());
   }
 }

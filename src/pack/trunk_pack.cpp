@@ -419,7 +419,7 @@ Result<TrunkPack> TrunkPack::open_impl(const std::filesystem::path& packdir,
                              ckpt->dir().string() + "): rerun ktier pack");
     }
   } catch (const std::bad_alloc&) {  // the machine's memory, not the pack (exit 1, as main's)
-    return Status::runtime(manifest_path.string() + ": out of memory while opening the pack");
+    return Status::out_of_memory(manifest_path.string() + ": out of memory while opening the pack");
   } catch (const std::exception& e) {  // json type errors missed above; never escape
     return Status::corrupt(manifest_path.string() + ": " + e.what());
   }

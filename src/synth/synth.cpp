@@ -9,6 +9,7 @@
 #include <exception>
 #include <fstream>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -524,7 +525,9 @@ std::string join_ints(const std::vector<int64_t>& v) {
 Result<SynthReport> run_synth(const SynthOptions& options) {
   try {
     return run_synth_impl(options);
-  } catch (const std::exception& e) {  // e.g. std::bad_alloc; never let it escape the API
+  } catch (const std::bad_alloc&) {
+    return Status::out_of_memory("synth failed: out of memory");
+  } catch (const std::exception& e) {  // e.g. filesystem errors; never let it escape the API
     return Status::runtime(std::string("synth failed: ") + e.what());
   }
 }
