@@ -1,5 +1,5 @@
-"""Whole-model tests on tiny checkpoints written by tests_support/tiny_ckpt.py (the stand-in
-for ``ktier synth``): loading in the released layout, incremental decode == full forward,
+"""Whole-model tests on tiny checkpoints written by tests_support/tiny_ckpt.py (written apart
+from ``ktier synth``): loading in the released layout, incremental decode == full forward,
 MXFP4 == plain-float experts of the same values, config shapes, loader refusals, and
 make_golden end to end."""
 
@@ -94,6 +94,10 @@ def test_config_lookup_rules():
     nested = nested_config(TINY_FLAT)
     c = parse_config(nested)
     assert c.kda_head_dim == 16 and c.moe_intermediate_size == 48
+    # A null text_config is an absent one (flat); any other non-object is refused by name.
+    assert parse_config(dict(TINY_FLAT, text_config=None)).shape == "flat"
+    with pytest.raises(ConfigError, match="text_config is present but not an object"):
+        parse_config(dict(TINY_FLAT, text_config=[]))
     # A flat root with bare num_heads/head_dim is not read (ambiguous): kda_* are required.
     flat = dict(TINY_FLAT)
     flat["num_heads"] = flat.pop("kda_num_heads")

@@ -166,7 +166,9 @@ def parse_config(obj: Any) -> K3Config:
         raise ConfigError(["config root is not a JSON object"])
 
     nested = isinstance(obj.get("text_config"), dict)
-    if "text_config" in obj and not nested:
+    # A null text_config is an absent one (flat, as the engine reads it); another non-object
+    # is refused rather than read as flat.
+    if obj.get("text_config") is not None and not nested:
         problems.append("root.text_config is present but not an object")
     if nested:
         tc = obj["text_config"]
