@@ -161,6 +161,27 @@ TEST(ReadFileTest, FilesystemThatRefusesDirectIo) {
   EXPECT_EQ(autod->alignment(), 1u);
 }
 
+// procfs refuses O_DIRECT at open (EINVAL) on every kernel: kAuto reopens buffered, kDirect
+// says why, naming the file. (statx's "no direct I/O" and the failed probe read, the other two
+// refusals, need a filesystem that opens with O_DIRECT and then refuses: none is at hand here.)
+TEST(ReadFileTest, ProcfsRefusesDirectIoAtOpen) {
+  const std::string path = "/proc/version";
+  auto buffered = ReadFile::open(path, DirectMode::kBuffered);
+  KTIER_IO_SKIP_IF(!buffered.is_ok(), "no " + path + ": " + buffered.status().message());
+  auto direct = ReadFile::open(path, DirectMode::kDirect);
+  ASSERT_FALSE(direct.is_ok()) << path << " opened with O_DIRECT";
+  EXPECT_EQ(direct.status().code(), ExitCode::kRuntime);
+  EXPECT_EQ(direct.status().message(),
+            "O_DIRECT was requested for " + path + " but open with O_DIRECT failed: " +
+                "Invalid argument (EINVAL) (use buffered I/O, or put the file on a filesystem "
+                "such as ext4 or xfs)");
+  auto autod = ReadFile::open(path, DirectMode::kAuto);
+  ASSERT_TRUE(autod.is_ok()) << autod.status().message();
+  EXPECT_TRUE(autod->is_open());
+  EXPECT_FALSE(autod->direct());
+  EXPECT_EQ(autod->alignment(), 1u);
+}
+
 TEST(AlignedBufferTest, AlignmentSizeAndCounting) {
   const uint64_t before = AlignedBuffer::live_bytes();
   {

@@ -179,11 +179,17 @@ TEST(TokenizerEncode, LongInputChunkingFollowsTheReference) {
   EXPECT_EQ(k3.encode_with_limits("aaaaa", false, {0, 2}), (Ids{aa, aa, 'a'}));
   EXPECT_EQ(k3.encode_with_limits("aaaaa", false, {3, 0}), (Ids{aa, 'a', aa}));
   EXPECT_EQ(o2.encode_with_limits("aaaaa", false, {0, 2}), (Ids{aaaa, 'a'}));  // o200k: no chunking
-  // The default run limit is 25,000 code points.
+  // The default run limit is 25,000 code points: with "aaa" merged after "aa", 25,001 a's give
+  // 12,499 aa + aaa in one piece but 12,500 aa + a when cut before the last.
+  const Tokenizer k3_odd = make({}, 0, SplitPattern::kK3, {"aa", "aaa"});
+  const uint32_t aaa = 257;
   const std::string run(25001, 'a');
-  const Ids ids = k3.encode(run);
-  EXPECT_EQ(ids.size(), 25000u / 4 + 1);
-  EXPECT_EQ(ids.back(), static_cast<uint32_t>('a'));
+  Ids cut(12500, aa), whole(12499, aa);
+  cut.push_back('a');
+  whole.push_back(aaa);
+  EXPECT_EQ(k3_odd.encode_with_limits(run, false, {0, 0}), whole);
+  EXPECT_EQ(k3_odd.encode(run), cut);
+  EXPECT_EQ(k3_odd.encode_with_limits(run, false, {0, 25000}), cut);
 }
 
 // ---- decoding ------------------------------------------------------------------------------
