@@ -5,8 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <functional>
-#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -380,10 +380,11 @@ std::vector<ReplayResult> replay_sweep(const RequestStream& stream,
     }
   };
   std::vector<std::thread> pool;
+  pool.reserve(threads - 1);  // before any starts: a growth's bad_alloc past one is terminate
   for (unsigned t = 1; t < threads; ++t) {
     try {
       pool.emplace_back([&] { run_worker("replay", worker); });
-    } catch (const std::system_error&) {
+    } catch (const std::exception&) {
       break;  // a thread the system will not start: fewer threads, the same results
     }
   }

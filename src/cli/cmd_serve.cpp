@@ -356,41 +356,48 @@ class ApiHandlers {
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, request, head, endpoint, native_api, peer](size_t, httplib::DataSink& sink) {
-          const auto send = [&](const json& j) {
-            const std::string event = server::sse_event(j);
-            return sink.write(event.data(), event.size());
-          };
-          bool open = endpoint != server::Endpoint::kChatCompletions ||
-                      send(server::stream_role_chunk(head));
-          Result<server::Completion> done = run(
-              *request,
-              [&](std::string_view text, std::span<const server::AnswerToken> tokens) {
-                const json probs = logprobs_of(request->request, tokens);
-                open = open && send(native_api ? server::llama_stream_piece(std::string(text),
-                                                                            probs)
-                                               : server::stream_chunk(endpoint, head,
-                                                                      std::string(text),
-                                                                      std::nullopt, probs));
-                return open;
-              },
-              peer);
-          if (!done.is_ok()) {
-            // The status line is sent: the error goes as an event, as llama-server does.
-            send(error_json(done.status()));
-          } else if (open && native_api) {
-            // llama-server's last event: text "", no logprobs (they went with the pieces).
-            send(server::llama_completion_result(model_, "", done->finish, done->stopping_word,
-                                                 done->usage, extra_fields(*done), nullptr));
-          } else if (open) {
-            send(server::stream_chunk(endpoint, head, "", done->finish));
-            if (request->request.include_usage)
-              send(server::stream_usage_chunk(endpoint, head, done->usage,
-                                              extra_fields(*done)));
-            const std::string end = "data: [DONE]\n\n";
-            sink.write(end.data(), end.size());
+          // cpp-httplib does not catch what a content provider throws (std::bad_alloc while an
+          // event is built: the process would end); false closes the connection instead, the
+          // answer cut short. run() answers what the generation throws as an error event.
+          try {
+            const auto send = [&](const json& j) {
+              const std::string event = server::sse_event(j);
+              return sink.write(event.data(), event.size());
+            };
+            bool open = endpoint != server::Endpoint::kChatCompletions ||
+                        send(server::stream_role_chunk(head));
+            Result<server::Completion> done = run(
+                *request,
+                [&](std::string_view text, std::span<const server::AnswerToken> tokens) {
+                  const json probs = logprobs_of(request->request, tokens);
+                  open = open && send(native_api ? server::llama_stream_piece(std::string(text),
+                                                                              probs)
+                                                 : server::stream_chunk(endpoint, head,
+                                                                        std::string(text),
+                                                                        std::nullopt, probs));
+                  return open;
+                },
+                peer);
+            if (!done.is_ok()) {
+              // The status line is sent: the error goes as an event, as llama-server does.
+              send(error_json(done.status()));
+            } else if (open && native_api) {
+              // llama-server's last event: text "", no logprobs (they went with the pieces).
+              send(server::llama_completion_result(model_, "", done->finish, done->stopping_word,
+                                                   done->usage, extra_fields(*done), nullptr));
+            } else if (open) {
+              send(server::stream_chunk(endpoint, head, "", done->finish));
+              if (request->request.include_usage)
+                send(server::stream_usage_chunk(endpoint, head, done->usage,
+                                                extra_fields(*done)));
+              const std::string end = "data: [DONE]\n\n";
+              sink.write(end.data(), end.size());
+            }
+            sink.done();
+            return true;
+          } catch (...) {
+            return false;
           }
-          sink.done();
-          return true;
         });
   }
 

@@ -42,10 +42,12 @@ void CompletionQueue::deliver(Completion c) {
 
 size_t CompletionQueue::wait(size_t min_count, std::vector<Completion>& out) {
   std::unique_lock lock(mu_);
-  const size_t target = std::min(min_count, outstanding_);
-  if (ready_.size() < target) {
+  // Recomputed at each wake: another thread's wait() or discard_all() may take what this one
+  // waits for, and what is outstanding falls with it.
+  const auto enough = [&] { return ready_.size() >= std::min(min_count, outstanding_); };
+  if (!enough()) {
     const auto t0 = std::chrono::steady_clock::now();
-    cv_.wait(lock, [&] { return ready_.size() >= target; });
+    cv_.wait(lock, enough);
     const auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                               std::chrono::steady_clock::now() - t0)
                                               .count());
@@ -58,6 +60,7 @@ size_t CompletionQueue::wait(size_t min_count, std::vector<Completion>& out) {
   for (Completion& c : ready_) out.push_back(std::move(c));
   ready_.clear();
   outstanding_ -= n;
+  if (n > 0) cv_.notify_all();  // other waiters: less is outstanding now
   return n;
 }
 
@@ -79,6 +82,7 @@ void CompletionQueue::discard_all() {
   cv_.wait(lock, [&] { return ready_.size() >= outstanding_; });
   ready_.clear();
   outstanding_ = 0;
+  cv_.notify_all();  // other waiters: nothing is outstanding now
 }
 
 size_t CompletionQueue::outstanding() const {

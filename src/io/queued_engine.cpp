@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "common/check.h"
@@ -335,12 +336,18 @@ void QueuedIoEngine::maybe_deliver_locked(Request& r) {
   cq->deliver(Completion{r.read.tag, std::move(r.error)});
 }
 
-void QueuedIoEngine::stop_request_locked(Request& r, const std::string& why) {
+void QueuedIoEngine::stop_request_locked(Request& r, const char* why) noexcept {
   const uint64_t end = r.read.offset + r.read.length;
   if (r.next_offset == end) return;
   if (r.error.is_ok()) {
-    r.error = Status::runtime("read of " + r.read.file->path() + " at offset " +
-                              std::to_string(r.next_offset) + " cancelled (" + why + ")");
+    try {
+      r.error = Status::runtime("read of " + r.read.file->path() + " at offset " +
+                                std::to_string(r.next_offset) + " cancelled (" + why + ")");
+    } catch (const std::bad_alloc&) {
+      // A queue's destructor cancels (noexcept): the request fails all the same, with a
+      // message short enough for std::string's inline buffer (no allocation).
+      r.error = Status::runtime("read cancelled");
+    }
   }
   r.next_offset = end;
 }

@@ -140,8 +140,9 @@ class QueuedIoEngine : public IoEngine {
   // REQUIRES mu_. Delivers `r` if it is fully cut and no chunk of it runs.
   void maybe_deliver_locked(Request& r);
   Status attempt_error(const Chunk& c, uint64_t pos, uint64_t len, int err) const;
-  // REQUIRES mu_. Marks the unread rest of `r` as failed with `why`.
-  static void stop_request_locked(Request& r, const std::string& why);
+  // REQUIRES mu_. Marks the unread rest of `r` as failed with `why`. Never throws: a queue's
+  // destructor cancels through it, under mu_, inside an erase_if.
+  static void stop_request_locked(Request& r, const char* why) noexcept;
 
   RateLimiter limiter_;
   const uint64_t bounce_bytes_;

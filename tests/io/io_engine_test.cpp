@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -294,23 +295,34 @@ TEST_P(IoFaultTest, CancelFailsRequestsNotStarted) {
   auto buf = std::move(AlignedBuffer::allocate(16 * 4096)).value();
   std::vector<ReadRequest> batch;
   for (uint64_t i = 0; i < 16; ++i) batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
-  CompletionQueue cq(*e);
-  ASSERT_TRUE(cq.submit(batch).is_ok());
-  std::vector<Completion> done;
-  cq.wait(1, done);
-  cq.cancel();
-  while (cq.outstanding() > 0) cq.wait(1, done);
-  ASSERT_EQ(done.size(), 16u);
-  size_t cancelled = 0;
-  for (const Completion& c : done) {
-    if (c.status.is_ok()) {
-      EXPECT_EQ(std::memcmp(buf.data() + c.tag * 4096, content_.data() + c.tag * 4096, 4096), 0);
-    } else {
-      ++cancelled;
-      EXPECT_NE(c.status.message().find("cancelled"), std::string::npos) << c.status.message();
+  // Again with the cancel's first allocation refused (a queue's destructor cancels, noexcept):
+  // the request whose message it was for fails all the same, with a shorter one.
+  for (const bool short_of_memory : {false, true}) {
+    SCOPED_TRACE(short_of_memory ? "an allocation refused" : "memory enough");
+    CompletionQueue cq(*e);
+    ASSERT_TRUE(cq.submit(batch).is_ok());
+    std::vector<Completion> done;
+    cq.wait(1, done);
+    if (short_of_memory) ktier::test::fail_allocation_after(0);
+    cq.cancel();
+    EXPECT_FALSE(ktier::test::allocation_failure_pending());
+    ktier::test::fail_allocation_after(-1);
+    while (cq.outstanding() > 0) cq.wait(1, done);
+    ASSERT_EQ(done.size(), 16u);
+    size_t cancelled = 0, short_messages = 0;
+    for (const Completion& c : done) {
+      if (c.status.is_ok()) {
+        EXPECT_EQ(std::memcmp(buf.data() + c.tag * 4096, content_.data() + c.tag * 4096, 4096),
+                  0);
+      } else {
+        ++cancelled;
+        EXPECT_NE(c.status.message().find("cancelled"), std::string::npos) << c.status.message();
+        short_messages += c.status.message() == "read cancelled";
+      }
     }
+    EXPECT_GE(cancelled, 13u);
+    EXPECT_EQ(short_messages, short_of_memory ? 1u : 0u);
   }
-  EXPECT_GE(cancelled, 13u);
 }
 
 // A reader may free its queue while a read it submitted is still running (an engine torn down
@@ -321,7 +333,7 @@ TEST_P(IoFaultTest, CancelFailsRequestsNotStarted) {
 TEST_P(IoFaultTest, QueueFreedWhileItsReadIsRunning) {
   KTIER_ENGINE_OR_SKIP(e);
   ReadFile f = open(*e);
-  plan_->add(FaultRule::delay_by(std::chrono::milliseconds(4)).times(-1));
+  const size_t delayed = plan_->add(FaultRule::delay_by(std::chrono::milliseconds(4)).times(-1));
   auto buf = std::move(AlignedBuffer::allocate(4096)).value();
   for (uint64_t i = 0; i < 40; ++i) {
     auto cq = std::make_unique<CompletionQueue>(*e);
@@ -330,6 +342,7 @@ TEST_P(IoFaultTest, QueueFreedWhileItsReadIsRunning) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the read starts, then waits
     cq.reset();  // cancels the read if it has not started; waits for it if it has
   }
+  EXPECT_GT(plan_->fires(delayed), 0u) << "no read was running when its queue was freed";
   // Every read that started has ended: the engine serves a new queue, with the file's bytes.
   plan_->clear();
   AlignedBuffer check;
@@ -337,6 +350,43 @@ TEST_P(IoFaultTest, QueueFreedWhileItsReadIsRunning) {
   ASSERT_TRUE(c.status.is_ok()) << c.status.message();
   EXPECT_EQ(c.tag, 7u);
   EXPECT_TRUE(bytes_match(check, 8192, 4096));
+}
+
+// Two threads waiting on one queue for the one read outstanding (the contract lets any thread
+// wait): one takes it, the other returns with none instead of waiting for a completion that
+// will never come. The read is delayed so that both wait before it lands.
+TEST_P(IoFaultTest, TwoWaitersOnOneQueueBothReturn) {
+  KTIER_ENGINE_OR_SKIP(e);
+  ReadFile f = open(*e);
+  const size_t delayed = plan_->add(FaultRule::delay_by(std::chrono::milliseconds(100)));
+  auto buf = std::move(AlignedBuffer::allocate(2 * 4096)).value();
+  CompletionQueue cq(*e);
+  const ReadRequest r{&f, 0, 4096, buf.data(), 1};
+  ASSERT_TRUE(cq.submit({&r, 1}).is_ok());
+  std::atomic<int> returned{0};
+  std::atomic<size_t> taken{0};
+  const auto waiter = [&] {
+    std::vector<Completion> done;
+    taken += cq.wait(1, done);
+    ++returned;
+  };
+  std::thread a(waiter), b(waiter);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (returned < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const bool both = returned == 2;
+  if (!both) {  // free the stuck waiter with a second read, so that the threads can be joined
+    const ReadRequest again{&f, 4096, 4096, buf.data() + 4096, 2};
+    EXPECT_TRUE(cq.submit({&again, 1}).is_ok());
+  }
+  a.join();
+  b.join();
+  EXPECT_TRUE(both) << "a waiter still waited for a completion another took";
+  EXPECT_EQ(plan_->fires(delayed), 1u);
+  if (both) {
+    EXPECT_EQ(taken.load(), 1u);
+  }
+  EXPECT_EQ(cq.outstanding(), 0u);
 }
 
 TEST_P(IoFaultTest, FileShrunkWhileRunningIsRuntimeError) {
