@@ -320,7 +320,10 @@ TEST_F(PackTest, PackOfAnotherCheckpointIsRefused) {
       << tp.status().message();
   EXPECT_NE(tp.status().message().find("rerun ktier pack"), std::string::npos);
   const auto f = open_ckpt("f");  // other expert storage: other headers and config
-  EXPECT_EQ(TrunkPack::open(out, f).status().exit_code(), 2);
+  const Status other = TrunkPack::open(out, f).status();
+  EXPECT_EQ(other.exit_code(), 2);
+  EXPECT_NE(other.message().find("pack was made from another checkpoint"), std::string::npos)
+      << other.message();
 }
 
 // A trunk tensor rewritten in place (every value negated: a layer edited or retrained) makes the
@@ -419,7 +422,11 @@ TEST_F(PackTest, InterruptedWriteIsNotAPack) {
 
 TEST_F(PackTest, MissingFolderIsUsage) {
   const auto ckpt = open_ckpt("a");
-  EXPECT_EQ(TrunkPack::open(scratch("nowhere"), ckpt).status().exit_code(), 2);
+  const Status missing = TrunkPack::open(scratch("nowhere"), ckpt).status();
+  EXPECT_EQ(missing.exit_code(), 2);
+  EXPECT_NE(missing.message().find("nowhere: not a trunk pack (no such directory)"),
+            std::string::npos)
+      << missing.message();
 }
 
 TEST_F(PackTest, DamagedManifestsAreCorrupt) {

@@ -76,7 +76,6 @@ TEST_F(ServiceTest, AConversationsNextMessageReusesTheSequence) {
   EXPECT_EQ(b.text, generated_text(ids, 6));
 }
 
-// The stop text straddles two tokens' pieces, so its first part must be held back.
 // The previous answer's own tokens are reused too (all but the last, never run) when the next
 // prompt goes on from the answer's text and encodes to them; where it does not, nothing is.
 TEST_F(ServiceTest, AnAnswersTokensAreReusedWhenItsTextEncodesBackToThem) {
@@ -106,6 +105,7 @@ TEST_F(ServiceTest, AnAnswersTokensAreReusedWhenItsTextEncodesBackToThem) {
   EXPECT_GT(through_the_answer, 0) << "no answer of the tiny model encoded back to its tokens";
 }
 
+// The stop text straddles two tokens' pieces, so its first part must be held back.
 TEST_F(ServiceTest, AStopTextEndsTheAnswerBeforeItAndIsNeverStreamed) {
   auto s = service();
   const std::string prompt = "The lighthouse keeper";

@@ -211,7 +211,12 @@ TEST(TemperatureCache, PrefetchEntersTheWindowPinned) {
   EXPECT_TRUE(t.in_window(A));
   EXPECT_FALSE(t.prefetch(A, 2, 0));
   EXPECT_EQ(t.temperature(A, 0), 0.0);  // a prediction is not a use
-  EXPECT_TRUE(t.access(A, Request{0, 0}));
+  // 50 one-off misses before its step, more than the cache holds: the pin keeps A.
+  t.begin_step(1);
+  for (uint32_t k = 10; k < 60; ++k) EXPECT_FALSE(t.access(k, Request{1, 0.01})) << k;
+  EXPECT_TRUE(t.contains(A));
+  t.begin_step(2);
+  EXPECT_TRUE(t.access(A, Request{2, 0.02}));
 }
 
 TEST(TemperatureCache, UnusedPrefetchLeavesTheWindowFirst) {

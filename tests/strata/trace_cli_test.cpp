@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/run_process.h"
@@ -294,13 +295,21 @@ TEST_F(TraceCli, CorruptTraceExits3NamingTheFile) {
 
 TEST_F(TraceCli, UsageErrorsExit2) {
   const std::string conf = q(conformance_) + " --convert-conformance";
-  EXPECT_EQ(run_process(ktier("trace replay " + conf)).exit_code, 2);  // no budgets
-  EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8QB")).exit_code, 2);
-  EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8GB --policy arc")).exit_code, 2);
-  EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8GB --slots 4")).exit_code, 2);
-  EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8GB --lookahead 1")).exit_code, 2);
-  EXPECT_EQ(run_process(ktier("trace replay " + conf + " --ram 8GB --half-life 0")).exit_code, 2);
-  EXPECT_EQ(run_process(ktier("trace")).exit_code, 2);
+  // Each refused for its own reason, named (a renamed flag would be refused as unknown).
+  const std::pair<std::string, std::string> refused[] = {
+      {"trace replay " + conf, "trace replay needs budgets"},
+      {"trace replay " + conf + " --ram 8QB", "--ram: '8QB' has an unknown unit"},
+      {"trace replay " + conf + " --ram 8GB --policy arc", "unknown policy 'arc'"},
+      {"trace replay " + conf + " --ram 8GB --slots 4", "give the RAM tier once"},
+      {"trace replay " + conf + " --ram 8GB --lookahead 1", "records predictions to depth 0"},
+      {"trace replay " + conf + " --ram 8GB --half-life 0", "--half-life must be a finite"},
+      {"trace", "trace needs a command"},
+  };
+  for (const auto& [args, why] : refused) {
+    const auto r = run_process(ktier(args));
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_NE(r.err.find(why), std::string::npos) << args << ": " << r.err;
+  }
   // A folder or a device as the conformance file: named, not "read error" or a read without end.
   for (const std::string& in : {dir_.string(), std::string("/dev/zero")}) {
     const auto r = run_process(ktier("trace convert " + q(in) + " " + q(dir_ / "x.ktrace")));

@@ -371,10 +371,30 @@ TEST(TraceFormat, WeightsWithoutTheWeightsFlagAreRefused) {
   EXPECT_NE(st.message().find("step 3 (chosen)"), std::string::npos) << st.message();
 }
 
-// Weights are router scores: a NaN, an infinite or a negative one is refused, naming the step
-// (by the writer, so a recording run fails rather than leave a trace no reader takes; the
-// reader applies the same check to what it decodes).
+// Weights are router scores: a NaN, an infinite or a negative one is refused, naming the step,
+// by the writer (so a recording run fails rather than leave a trace no reader takes) and by
+// the reader in what it decodes (a chosen weight of block 0's first step, its checksum made
+// to match).
 TEST(TraceFormat, WeightsThatNoRouterGivesAreRefused) {
+  const fs::path good = temp_path("weights-good.ktrace");
+  ASSERT_TRUE(write_trace(good, make_trace(2)).is_ok());
+  const std::vector<uint8_t> bytes = read_bytes(good);
+  const size_t block = kTraceHeaderBytes, payload = block + kTraceBlockHeaderBytes;
+  uint64_t payload_bytes = 0;
+  std::memcpy(&payload_bytes, bytes.data() + block + 8, 8);
+  const size_t k = bytes[payload + 10];
+  ASSERT_GE(k, 1u);
+  for (const float w : {std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity(), -0.25f}) {
+    SCOPED_TRACE(w);
+    std::vector<uint8_t> b = bytes;
+    std::memcpy(b.data() + payload + 12 + 2 * k, &w, 4);  // the first chosen weight
+    const uint64_t sum = XXH64(b.data() + payload, payload_bytes, 0);
+    std::memcpy(b.data() + block + 16, &sum, 8);
+    const fs::path p = temp_path("weights-read.ktrace");
+    write_bytes(p, b);
+    expect_corrupt(p, "not a finite number >= 0");
+  }
   for (const float w : {std::numeric_limits<float>::quiet_NaN(),
                         std::numeric_limits<float>::infinity(), -0.25f}) {
     for (int where = 0; where < 2; ++where) {
@@ -395,22 +415,28 @@ TEST(TraceFormat, WriterRejectsStepsThatDoNotFitTheHeader) {
   Trace t = make_trace(1);
   Result<TraceWriter> w = TraceWriter::create(p, t.header);
   ASSERT_TRUE(w.is_ok());
+  // Each refused for its own reason (exit 2), named.
+  const auto refused = [&](const TraceStep& step, const std::string& why) {
+    const Status st = w->append(step);
+    EXPECT_EQ(st.exit_code(), 2) << why;
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.message();
+  };
   TraceStep s = t.steps[0];
-  s.chosen[1].expert = 12;  // out of range
-  EXPECT_EQ(w->append(s).exit_code(), 2);
+  s.chosen[1].expert = 12;
+  refused(s, "expert 12 is out of range");
   s = t.steps[0];
-  s.chosen[1].expert = s.chosen[0].expert;  // duplicate
-  EXPECT_EQ(w->append(s).exit_code(), 2);
+  s.chosen[1].expert = s.chosen[0].expert;
+  refused(s, "is chosen twice");
   s = t.steps[0];
   s.layer = 5;
-  EXPECT_EQ(w->append(s).exit_code(), 2);
+  refused(s, "layer 5 >= num_layers");
   s = t.steps[0];
   s.predicted.push_back({});
-  s.predicted.push_back({});  // depth 3 > 2
-  EXPECT_EQ(w->append(s).exit_code(), 2);
+  s.predicted.push_back({});
+  refused(s, "prediction depths > lookahead_depth");
   s = t.steps[0];
   s.layer = 0;  // dense (first_moe_layer 1): may predict, never route
-  EXPECT_EQ(w->append(s).exit_code(), 2);
+  refused(s, "is dense");
   s.chosen.clear();
   EXPECT_TRUE(w->append(s).is_ok());
   EXPECT_TRUE(w->append(t.steps[0]).is_ok());

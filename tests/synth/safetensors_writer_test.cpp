@@ -44,7 +44,7 @@ TEST(SafetensorsWriter, StreamsChunksAndWritesThePaddedHeader) {
   EXPECT_EQ(w->data_bytes(), total);
   std::vector<uint8_t> bytes(total);
   std::iota(bytes.begin(), bytes.end(), 0);
-  // Odd chunk sizes, one past a tensor boundary, one large enough to bypass the buffer.
+  // Odd chunk sizes, one past a tensor boundary, one across several tensors.
   size_t off = 0;
   for (size_t n : {1, 30, 3, 8, 1999}) {
     ASSERT_TRUE(w->append(bytes.data() + off, n).is_ok());
@@ -74,6 +74,40 @@ TEST(SafetensorsWriter, StreamsChunksAndWritesThePaddedHeader) {
   const std::string header = SafetensorsWriter::header_json(decls);
   EXPECT_EQ(header.rfind("{\"a.bf16\":{\"dtype\":\"BF16\",\"shape\":[3,5],\"data_offsets\":[0,30]}", 0), 0u);
   EXPECT_EQ(header.find_last_not_of(' '), header.find_last_of('}'));
+}
+
+// The writer's buffer (1 MiB) at its edges: a chunk of 256 KiB or more goes straight to the
+// file after what is buffered; small chunks that would overfill the buffer flush it first. The
+// file's bytes are in append order either way.
+TEST(SafetensorsWriter, ChunksAroundTheBufferLandInOrder) {
+  test::TempDir dir("writer_large");
+  const fs::path path = dir.path() / "x.safetensors";
+  constexpr size_t kKiB = 1024;
+  const std::vector<TensorDecl> decls = {{"head", DType::kU8, {3}},
+                                         {"body", DType::kU8, {1536 * kKiB}}};
+  auto w = SafetensorsWriter::create(path, decls);
+  ASSERT_TRUE(w.is_ok()) << w.status().message();
+  const uint64_t total = 3 + 1536 * kKiB;
+  std::vector<uint8_t> bytes(total);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 131 + i / 251);
+  // 3 buffered, 300 KiB straight after them, 9 x 100 KiB buffered, 200 KiB that would overfill
+  // the buffer (flushed first), then the rest in odd pieces.
+  std::vector<size_t> chunks = {3, 300 * kKiB};
+  for (int i = 0; i < 9; ++i) chunks.push_back(100 * kKiB);
+  chunks.push_back(200 * kKiB);
+  size_t listed = 0;
+  for (size_t n : chunks) listed += n;
+  for (size_t n = 7777; listed < total; listed += n) chunks.push_back(std::min(n, total - listed));
+  size_t off = 0;
+  for (size_t n : chunks) {
+    ASSERT_TRUE(w->append(bytes.data() + off, n).is_ok()) << "at " << off;
+    off += n;
+  }
+  ASSERT_EQ(off, total);
+  ASSERT_TRUE(w->finish().is_ok());
+  const test::RawShard s = test::read_raw_shard(path);
+  EXPECT_EQ(s.file_size, 8 + s.header_len + total);
+  EXPECT_EQ(test::read_range(path, s.data_offset(), total), bytes);
 }
 
 TEST(SafetensorsWriter, WritesMetadataOnlyWhenGiven) {
@@ -272,10 +306,16 @@ TEST(SafetensorsWriter, RefusesAHeaderOverTheReadersLimit) {
 
 TEST(SafetensorsWriter, RejectsInvalidDeclarations) {
   test::TempDir dir("writer_bad");
-  EXPECT_FALSE(SafetensorsWriter::create(dir.path() / "a", {{"t", DType::kU8, {1}}, {"t", DType::kU8, {1}}}).is_ok());
-  EXPECT_FALSE(SafetensorsWriter::create(dir.path() / "b", {{"__metadata__", DType::kU8, {1}}}).is_ok());
-  EXPECT_FALSE(SafetensorsWriter::create(dir.path() / "c", {{"", DType::kU8, {1}}}).is_ok());
-  EXPECT_FALSE(SafetensorsWriter::create(dir.path() / "d", {{"n", DType::kU8, {-1}}}).is_ok());
+  const auto refused = [&](const char* file, const std::vector<TensorDecl>& decls,
+                           const std::string& why) {
+    const auto w = SafetensorsWriter::create(dir.path() / file, decls);
+    ASSERT_FALSE(w.is_ok()) << why;
+    EXPECT_NE(w.status().message().find(why), std::string::npos) << w.status().message();
+  };
+  refused("a", {{"t", DType::kU8, {1}}, {"t", DType::kU8, {1}}}, "tensor 't' is declared twice");
+  refused("b", {{"__metadata__", DType::kU8, {1}}}, "'__metadata__' is reserved");
+  refused("c", {{"", DType::kU8, {1}}}, "a tensor has an empty name");
+  refused("d", {{"n", DType::kU8, {-1}}}, "tensor 'n' has a negative dimension");
   EXPECT_TRUE(test::list_dir(dir.path()).empty());
 }
 

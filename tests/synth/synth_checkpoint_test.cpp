@@ -10,6 +10,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -457,10 +459,18 @@ TEST(SynthCli, ShapeFlagsOverrideThePreset) {
 TEST(SynthCli, RejectsBadFlagsWithUsageErrors) {
   test::TempDir dir("bad");
   const std::string base = test::ktier_bin().string() + " synth -q -o " + (dir.path() / "x").string();
-  EXPECT_EQ(test::run_process(base + " --preset nope").exit_code, 2);
-  EXPECT_EQ(test::run_process(base + " --preset tiny --expert-dtype bf16").exit_code, 2);
-  EXPECT_EQ(test::run_process(base + " --preset tiny --top-k 9").exit_code, 2);
-  EXPECT_EQ(test::run_process(base + " --preset tiny --mla-layers 0,1,2,3,4,5,6,7,8,9,10,11,12").exit_code, 2);
+  // Each refused for its own reason, named (a renamed flag would be refused as unknown).
+  const std::pair<std::string, std::string> refused[] = {
+      {" --preset nope", "--preset: nope not in"},
+      {" --preset tiny --expert-dtype bf16", "--expert-dtype needs --float-experts"},
+      {" --preset tiny --top-k 9", "--top-k (9) must not exceed --experts (8)"},
+      {" --preset tiny --mla-layers 0,1,2,3,4,5,6,7,8,9,10,11,12", "must stay KDA"},
+  };
+  for (const auto& [args, why] : refused) {
+    const auto bad = test::run_process(base + args);
+    EXPECT_EQ(bad.exit_code, 2) << args;
+    EXPECT_NE(bad.err.find(why), std::string::npos) << args << ": " << bad.err;
+  }
   // Shapes the engine would refuse, or no memory could plan: refused at once by name.
   auto r = test::run_process(base + " --preset tiny --experts 65535 --top-k 65535");
   EXPECT_EQ(r.exit_code, 2) << r.err;
