@@ -24,17 +24,21 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -65,6 +69,79 @@ constexpr size_t kHttpThreads = 32;
 // Generation requests that may wait for the one running (a connection thread each); the next
 // is answered 503 at once, so that some threads stay free for /health, /metrics, /v1/models.
 constexpr int64_t kMaxWaitingRequests = kHttpThreads - 8;
+
+// The connections' threads. cpp-httplib's ThreadPool ends the process where the system refuses
+// a thread (a pids or thread limit: its constructor unwinds past joinable threads, which is
+// std::terminate); this one serves with the threads it could start, and with none on the
+// listening thread itself, one connection at a time.
+class HttpTaskQueue final : public httplib::TaskQueue {
+ public:
+  explicit HttpTaskQueue(size_t threads) {
+    try {
+      threads_.reserve(threads);
+      for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+    } catch (const std::exception& e) {
+      spdlog::warn("serve: {} of {} connection threads started ({}); connections beyond them "
+                   "wait their turn",
+                   threads_.size(), threads, e.what());
+    }
+  }
+  ~HttpTaskQueue() override { shutdown(); }
+  HttpTaskQueue(const HttpTaskQueue&) = delete;
+  HttpTaskQueue& operator=(const HttpTaskQueue&) = delete;
+
+  void enqueue(std::function<void()> fn) override {
+    if (threads_.empty()) return run(fn);
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+  // Runs what is queued, then joins the threads (cpp-httplib calls it once; so does the
+  // destructor).
+  void shutdown() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      run(fn);
+    }
+  }
+  // A connection's work; what escapes it (cpp-httplib catches its handlers' exceptions, not
+  // all of its own) ends that connection, not the server.
+  static void run(const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      spdlog::error("serve: a connection ended with an error: {}", e.what());
+    } catch (...) {
+      spdlog::error("serve: a connection ended with an unknown exception");
+    }
+  }
+
+  std::mutex mu_;  // guards jobs_ and stopping_
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;  // last: started once the members they use exist
+};
 
 struct ServeArgs {
   std::string model, host = "127.0.0.1", alias, isa = "auto";
@@ -525,7 +602,12 @@ class Listener {
  public:
   explicit Listener(httplib::Server& http)
       : http_(http), thread_([this] {
-          listened_ = http_.listen_after_bind();
+          try {
+            listened_ = http_.listen_after_bind();
+          } catch (const std::exception& e) {  // out of its thread it would be std::terminate
+            spdlog::error("serve: listening failed: {}", e.what());
+            listened_ = false;
+          }
           ended_ = true;
         }) {}
   ~Listener() { stop(Status::runtime("the server stopped")); }
@@ -700,7 +782,7 @@ Status serve(const ServeArgs& a) {
   });
   // Connections wait on one sequence; more threads than the default 8 keep /health and
   // /v1/models answering behind slow or idle clients.
-  http.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
+  http.new_task_queue = [] { return new HttpTaskQueue(kHttpThreads); };
   // An idle keep-alive connection (a scraper, an SDK client) ends within this when the server
   // stops, inside kDrainTime (cpp-httplib's default is 5 s).
   http.set_keep_alive_timeout(kKeepAliveSeconds);
