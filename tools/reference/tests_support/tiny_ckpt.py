@@ -1,10 +1,11 @@
 """Test-only writer of tiny K3-shaped checkpoints in the released layout.
 
 Written independently of the C++ ``ktier synth`` (which makes the goldens' checkpoints), for
-k3ref's own tests: nested config.json, one shard per decoder layer (shard k holds layer k-1) plus a final model-level shard, names with the
-released six-digit total, ``model.safetensors.index.json``, released tensor names (§4-5),
-MXFP4 or plain-float routed experts. It also exercises the accepted variants of §5.10
-(F16/F32/BF16 mixes, [E] res_proj, [C,K] conv weights, zero-padded A_log).
+k3ref's own tests: nested config.json, one shard per decoder layer (shard k holds layer k-1)
+plus a final model-level shard, names with the released six-digit total,
+``model.safetensors.index.json``, released tensor names (§4-5), MXFP4 or plain-float routed
+experts. It also exercises the accepted variants of §5.10 (F16/F32/BF16 mixes, [E] res_proj,
+[C,K] conv weights, zero-padded A_log).
 """
 
 from __future__ import annotations
