@@ -10,6 +10,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -303,12 +305,15 @@ class CudaBackend final : public Backend {
                    "allowance): the working-set bound is short", name_, use_.live, limit_);
     }
   }
-  Status check(int rc, const std::string& what) const {
+  // `what` as a view: a call that succeeds allocates nothing (sync_copies runs in clean-ups
+  // while a std::bad_alloc unwinds).
+  Status check(int rc, std::string_view what) const {
     // The call's ops() could not make the device current: whatever it did, it was not here.
     if (!bind_failure().empty())
-      return Status::runtime(name_ + ": " + what + ": " + bind_failure());
+      return Status::runtime(name_ + ": " + std::string(what) + ": " + bind_failure());
     if (rc == 0) return Status::ok();
-    return Status::runtime(name_ + ": " + what + " failed: " + module_->last_error());
+    return Status::runtime(name_ + ": " + std::string(what) + " failed: " +
+                           module_->last_error());
   }
 
   // Every module call goes through here. The CUDA runtime's current device is per host thread,

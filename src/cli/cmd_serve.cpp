@@ -82,7 +82,7 @@ class HttpTaskQueue final : public httplib::TaskQueue {
       for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
     } catch (const std::exception& e) {
       spdlog::warn("serve: {} of {} connection threads started ({}); connections beyond them "
-                   "wait their turn",
+                   "wait their turn, /health and /metrics too while requests generate",
                    threads_.size(), threads, e.what());
     }
   }
@@ -91,12 +91,20 @@ class HttpTaskQueue final : public httplib::TaskQueue {
   HttpTaskQueue& operator=(const HttpTaskQueue&) = delete;
 
   void enqueue(std::function<void()> fn) override {
-    if (threads_.empty()) return run(fn);
-    {
-      std::lock_guard lock(mu_);
-      jobs_.push_back(std::move(fn));
+    bool queued = false;
+    if (!threads_.empty()) {
+      try {
+        std::lock_guard lock(mu_);
+        jobs_.push_back(std::move(fn));  // all or nothing: fn is kept on a std::bad_alloc
+        queued = true;
+      } catch (const std::bad_alloc&) {
+      }
     }
-    cv_.notify_one();
+    if (queued) {
+      cv_.notify_one();
+    } else {  // no thread, or no room to queue: the listening thread serves it
+      run(fn);
+    }
   }
   // Runs what is queued, then joins the threads (cpp-httplib calls it once; so does the
   // destructor).
@@ -124,8 +132,9 @@ class HttpTaskQueue final : public httplib::TaskQueue {
       run(fn);
     }
   }
-  // A connection's work; what escapes it (cpp-httplib catches its handlers' exceptions, not
-  // all of its own) ends that connection, not the server.
+  // A connection's work. What escapes it (cpp-httplib catches its handlers' exceptions, not
+  // all of its own) is logged and the thread goes on; the server lives, but cpp-httplib leaves
+  // that connection's socket open (its client waits for its own timeout).
   static void run(const std::function<void()>& fn) {
     try {
       fn();
@@ -473,6 +482,7 @@ class ApiHandlers {
             sink.done();
             return true;
           } catch (...) {
+            spdlog::error("serve: a streamed answer ended early: building an event failed");
             return false;
           }
         });
@@ -606,6 +616,9 @@ class Listener {
             listened_ = http_.listen_after_bind();
           } catch (const std::exception& e) {  // out of its thread it would be std::terminate
             spdlog::error("serve: listening failed: {}", e.what());
+            listened_ = false;
+          } catch (...) {
+            spdlog::error("serve: listening failed: an unknown exception");
             listened_ = false;
           }
           ended_ = true;

@@ -1,7 +1,8 @@
 #pragma once
 // A clean-up that runs only when its scope is left by an exception (not on a return): for state
 // an error Status path already restores and an exception (std::bad_alloc) would otherwise leave
-// half-changed. The clean-up runs during unwinding, so it must not throw or allocate.
+// half-changed. The clean-up runs during unwinding, so it must not throw (what it allocates, it
+// must catch itself).
 //
 // Thread-safety: a scope's own object; not shared.
 

@@ -161,7 +161,8 @@ class IoEngine {
 
   // Fails every request of `cq` that has not started (Status::runtime "cancelled"); requests
   // with reads in flight finish those reads and then complete, with the cancel error if any of
-  // their bytes were left unread. For error paths and stale prefetches. Does not block.
+  // their bytes were left unread. For error paths and stale prefetches. Does not block, and
+  // does not throw (a queue's destructor calls it).
   virtual void cancel(CompletionQueue& cq) = 0;
 
   virtual IoCounters counters() const = 0;
@@ -207,7 +208,9 @@ class CompletionQueue {
 
   // Blocks until at least min(min_count, outstanding()) completions are ready, then moves every
   // ready completion to the end of `out`. Returns how many were moved. wait(0, out) polls. If
-  // growing `out` throws std::bad_alloc, no completion is taken.
+  // growing `out` throws std::bad_alloc, no completion is taken. outstanding() is read afresh
+  // at each wake: with several threads waiting on one queue, one may take what another waited
+  // for, and that one returns with fewer (even none) once less is outstanding.
   size_t wait(size_t min_count, std::vector<Completion>& out);
   // Waits for every outstanding request; returns the first error among them (in completion
   // order), or ok. Completions are consumed.

@@ -284,7 +284,11 @@ class Pipeline {
       Slot& slot = slots_[i % slots_.size()];
       {
         std::unique_lock lock(mu_);
-        cv_ready_.wait(lock, [&] { return slot.ready || !error_.empty(); });
+        cv_ready_.wait(lock, [&] { return slot.ready || !error_.empty() || out_of_memory_; });
+        if (out_of_memory_) {
+          status = Status::out_of_memory("out of memory while generating synthetic weights");
+          break;
+        }
         if (!error_.empty()) {
           status = Status::runtime(error_);
           break;
@@ -325,7 +329,14 @@ class Pipeline {
       try {
         slot.stats.clear();
         produce(plan_, units_[i], slot.bytes, scratch, slot.stats);
-      } catch (const std::exception& e) {  // allocation failure: report, never escape
+      } catch (const std::bad_alloc&) {  // reported by the calling thread, never escapes
+        std::lock_guard lock(mu_);
+        out_of_memory_ = true;  // no message built here: it could throw again
+        abort_ = true;
+        cv_ready_.notify_all();
+        cv_free_.notify_all();
+        return;
+      } catch (const std::exception& e) {
         std::lock_guard lock(mu_);
         error_ = std::string("generating synthetic weights failed: ") + e.what();
         abort_ = true;
@@ -359,6 +370,7 @@ class Pipeline {
   size_t next_ = 0;      // next unit to hand out (guarded by mu_)
   size_t consumed_ = 0;  // units written so far (guarded by mu_)
   bool abort_ = false;
+  bool out_of_memory_ = false;  // a generator thread's allocation failed (guarded by mu_)
   std::string error_;
 };
 
@@ -454,7 +466,7 @@ Status write_shards(const Plan& plan, const fs::path& dir, int threads, bool pro
     return Status::ok();
   });
   if (s.is_ok()) s = advance_to(static_cast<int64_t>(plan.shards.size()));
-  if (!s.is_ok()) return s;
+  if (!s.is_ok()) return s.is_out_of_memory() ? s.with_context(dir.string()) : s;
   meter.finish(done);
   report.trunk_high_byte_entropy = trunk_hist.entropy_bits();
   report.model_high_byte_entropy = model_hist.entropy_bits();
@@ -526,7 +538,8 @@ Result<SynthReport> run_synth(const SynthOptions& options) {
   try {
     return run_synth_impl(options);
   } catch (const std::bad_alloc&) {
-    return Status::out_of_memory("synth failed: out of memory");
+    return Status::out_of_memory(options.out_dir.string() +
+                                 ": out of memory while writing the synthetic checkpoint");
   } catch (const std::exception& e) {  // e.g. filesystem errors; never let it escape the API
     return Status::runtime(std::string("synth failed: ") + e.what());
   }

@@ -342,7 +342,7 @@ TEST_P(IoFaultTest, QueueFreedWhileItsReadIsRunning) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the read starts, then waits
     cq.reset();  // cancels the read if it has not started; waits for it if it has
   }
-  EXPECT_GT(plan_->fires(delayed), 0u) << "no read was running when its queue was freed";
+  EXPECT_GT(plan_->fires(delayed), 0u) << "no read started before its queue was freed";
   // Every read that started has ended: the engine serves a new queue, with the file's bytes.
   plan_->clear();
   AlignedBuffer check;
@@ -354,11 +354,12 @@ TEST_P(IoFaultTest, QueueFreedWhileItsReadIsRunning) {
 
 // Two threads waiting on one queue for the one read outstanding (the contract lets any thread
 // wait): one takes it, the other returns with none instead of waiting for a completion that
-// will never come. The read is delayed so that both wait before it lands.
+// will never come. The read is delayed (1 s) so that both wait before it lands, even on a
+// loaded machine.
 TEST_P(IoFaultTest, TwoWaitersOnOneQueueBothReturn) {
   KTIER_ENGINE_OR_SKIP(e);
   ReadFile f = open(*e);
-  const size_t delayed = plan_->add(FaultRule::delay_by(std::chrono::milliseconds(100)));
+  const size_t delayed = plan_->add(FaultRule::delay_by(std::chrono::seconds(1)));
   auto buf = std::move(AlignedBuffer::allocate(2 * 4096)).value();
   CompletionQueue cq(*e);
   const ReadRequest r{&f, 0, 4096, buf.data(), 1};

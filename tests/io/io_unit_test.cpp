@@ -169,7 +169,8 @@ TEST(ReadFileTest, ProcfsRefusesDirectIoAtOpen) {
   auto buffered = ReadFile::open(path, DirectMode::kBuffered);
   KTIER_IO_SKIP_IF(!buffered.is_ok(), "no " + path + ": " + buffered.status().message());
   auto direct = ReadFile::open(path, DirectMode::kDirect);
-  ASSERT_FALSE(direct.is_ok()) << path << " opened with O_DIRECT";
+  KTIER_IO_SKIP_IF(direct.is_ok(), path + " takes O_DIRECT on this kernel: the refusal at open is "
+                                          "not reachable here");
   EXPECT_EQ(direct.status().code(), ExitCode::kRuntime);
   EXPECT_EQ(direct.status().message(),
             "O_DIRECT was requested for " + path + " but open with O_DIRECT failed: " +

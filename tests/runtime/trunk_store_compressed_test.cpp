@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
+#include <vector>
 
 #include "io/fault_plan.h"
 #include "pack/block_codec.h"
@@ -19,6 +21,7 @@
 #include "runtime/engine_outputs.h"
 #include "runtime/generator.h"
 #include "synth/synth.h"
+#include "tests/common/out_of_memory.h"
 #include "tests/common/same_bytes.h"
 
 namespace ktier::runtime {

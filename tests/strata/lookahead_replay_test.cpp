@@ -5,9 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -17,6 +15,7 @@
 #include "strata/replay.h"
 #include "strata/trace_format.h"
 #include "strata/trace_summary.h"
+#include "tests/strata/read_csv.h"
 
 namespace ktier::strata {
 namespace {
@@ -32,28 +31,6 @@ uint16_t chosen_expert(uint32_t token, uint32_t layer, uint32_t j) {
 
 enum class Predictor { kPerfect, kWrong };
 
-// A CSV file of comma-separated fields without quoting: one map per row, keyed by the header.
-std::vector<std::map<std::string, std::string>> read_csv(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  const auto fields = [](const std::string& line) {
-    std::vector<std::string> out;
-    std::stringstream ss(line);
-    for (std::string f; std::getline(ss, f, ',');) out.push_back(f);
-    return out;
-  };
-  std::string line;
-  std::getline(in, line);
-  const std::vector<std::string> header = fields(line);
-  std::vector<std::map<std::string, std::string>> rows;
-  while (std::getline(in, line)) {
-    const std::vector<std::string> f = fields(line);
-    EXPECT_EQ(f.size(), header.size()) << line;
-    std::map<std::string, std::string>& row = rows.emplace_back();
-    for (size_t i = 0; i < std::min(f.size(), header.size()); ++i) row[header[i]] = f[i];
-  }
-  return rows;
-}
 
 // kLayers layers, MoE from 1, top-kTopK, 1000-byte experts, weights recorded.
 TraceHeader test_header(uint32_t experts_per_layer, uint32_t lookahead_depth) {
@@ -331,10 +308,10 @@ TEST(LookaheadReplay, CliReplaysRecordedPredictions) {
   const RequestStream s = build_request_stream(make_decode_trace(Predictor::kPerfect)).value();
   const ReplayResult want = replay_lru(s, 4, 1);
   ASSERT_GT(want.prefetch.issued, 0u);
-  const std::vector<std::map<std::string, std::string>> rows = read_csv(csv);
+  const std::vector<std::map<std::string, std::string>> rows = test::read_csv(csv);
   std::filesystem::remove(csv);
-  const auto row = std::find_if(rows.begin(), rows.end(), [](const auto& row) {
-    return row.at("policy") == "lru" && row.at("total_slots") == "4";
+  const auto row = std::find_if(rows.begin(), rows.end(), [](const auto& r) {
+    return r.at("policy") == "lru" && r.at("total_slots") == "4";
   });
   ASSERT_NE(row, rows.end()) << "no lru row at 4 slots";
   EXPECT_EQ(row->at("hits"), std::to_string(want.hits));

@@ -14,6 +14,7 @@
 #include "common/run_process.h"
 #include "common/test_paths.h"
 #include "strata/trace_format.h"
+#include "tests/strata/read_csv.h"
 
 namespace ktier {
 namespace {
@@ -45,28 +46,6 @@ class TraceCli : public ::testing::Test {
 };
 
 // Reads a CSV into rows of column -> value.
-std::vector<std::map<std::string, std::string>> read_csv(const fs::path& p) {
-  std::ifstream in(p);
-  std::string line;
-  std::vector<std::string> head;
-  std::vector<std::map<std::string, std::string>> rows;
-  auto split = [](const std::string& s) {
-    std::vector<std::string> out;
-    std::stringstream ss(s);
-    std::string cell;
-    while (std::getline(ss, cell, ',')) out.push_back(cell);
-    return out;
-  };
-  if (std::getline(in, line)) head = split(line);
-  while (std::getline(in, line)) {
-    const std::vector<std::string> cells = split(line);
-    std::map<std::string, std::string> row;
-    for (size_t i = 0; i < head.size() && i < cells.size(); ++i) row[head[i]] = cells[i];
-    rows.push_back(row);
-  }
-  return rows;
-}
-
 bool is_png(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   char magic[8] = {};
@@ -83,7 +62,7 @@ TEST_F(TraceCli, ReplayWritesCsvJsonAndPng) {
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_NE(r.out.find("10,010 distinct keys"), std::string::npos) << r.out;
 
-  const auto rows = read_csv(csv);
+  const auto rows = test::read_csv(csv);
   ASSERT_EQ(rows.size(), 9u);
   std::map<std::string, std::map<std::string, std::string>> by;  // "policy budget" -> row
   for (const auto& row : rows) by[row.at("policy") + " " + row.at("budget")] = row;
@@ -199,7 +178,7 @@ TEST_F(TraceCli, ConvertInfoAndReplayTheConvertedFile) {
   r = run_process(
       ktier("trace replay " + q(out) + " --policy lru --slots 1,2,4,8,16 --csv " + q(csv)));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto rows = read_csv(csv);
+  const auto rows = test::read_csv(csv);
   ASSERT_EQ(rows.size(), 5u);
   const char* expected[] = {"25", "89", "376", "1910", "17832"};
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(rows[i].at("hits"), expected[i]);
@@ -212,7 +191,7 @@ TEST_F(TraceCli, ConvertInfoAndReplayTheConvertedFile) {
                         q(out) + " --csv " + q(csv2)));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("static ranked by the profile"), std::string::npos) << r.out;
-  const auto prof = read_csv(csv2);
+  const auto prof = test::read_csv(csv2);
   ASSERT_EQ(prof.size(), 2u);
   EXPECT_EQ(prof[0].at("policy"), "static");
   EXPECT_EQ(prof[0].at("hits"), "16012");
