@@ -11,8 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <memory>
-#include <vector>
 
 #include "io/fault_plan.h"
 #include "pack/block_codec.h"
@@ -21,7 +19,6 @@
 #include "runtime/engine_outputs.h"
 #include "runtime/generator.h"
 #include "synth/synth.h"
-#include "tests/common/out_of_memory.h"
 #include "tests/common/same_bytes.h"
 
 namespace ktier::runtime {
@@ -330,48 +327,6 @@ TEST_F(CompressedTrunkTest, AForwardThatRunsOutOfMemoryLeavesTheEngineWhole) {
   expect_forward_out_of_memory_leaves_engine_whole(
       "CompressedTrunkTest.AForwardThatRunsOutOfMemoryLeavesTheEngineWhole", 16, *e.value(),
       prompt_);
-}
-
-// Opening an engine on the streamed compressed pack run out of memory at one allocation of the
-// calling thread after another (pack index, ring, staging, inflate scratch and its threads, the
-// I/O engine's): no abort; a failure the open reports (or lets out as std::bad_alloc) is one of
-// memory, exit 1, never a corrupt file; an open that says ok gives the bytes of one that never
-// failed. Every 64th allocation, from a fresh offset.
-TEST_F(CompressedTrunkTest, AnOpenThatRunsOutOfMemoryFailsCleanly) {
-  const EngineOptions eo = streamed_at_the_minimum();
-  std::vector<float> want;
-  {
-    auto e = Engine::open(eo);
-    ASSERT_TRUE(e.is_ok()) << e.status().message();
-    want.resize(prompt_.size() * vocab_of(*e.value()));
-    ASSERT_TRUE(evaluate(e.value()->model(), prompt_, 12, want.data()).is_ok());
-  }
-  std::unique_ptr<Engine> opened;
-  const auto open = [&] {
-    auto e = Engine::open(eo);
-    if (!e.is_ok()) return e.status();
-    opened = std::move(e.value());
-    return Status::ok();
-  };
-  const auto checked = [&](long k, const Status& s) {
-    if (!s.is_ok()) {
-      EXPECT_TRUE(s.is_out_of_memory()) << "allocation " << k << ": " << s.message();
-      EXPECT_EQ(s.exit_code(), 1) << "allocation " << k << ": " << s.message();
-      return;
-    }
-    // Caught inside and ended in a fallback: the engine must still be whole.
-    std::vector<float> out(want.size(), std::numeric_limits<float>::quiet_NaN());
-    ASSERT_TRUE(evaluate(opened->model(), prompt_, 12, out.data()).is_ok()) << "allocation " << k;
-    EXPECT_TRUE(same_bytes(out, want)) << "allocation " << k;
-    opened.reset();
-  };
-  EXPECT_GT(test::fail_allocations_in_turn(
-                "CompressedTrunkTest.AnOpenThatRunsOutOfMemoryFailsCleanly", 64, open, checked),
-            0);
-  ASSERT_NE(opened, nullptr);
-  std::vector<float> out(want.size(), std::numeric_limits<float>::quiet_NaN());
-  ASSERT_TRUE(evaluate(opened->model(), prompt_, 12, out.data()).is_ok());
-  EXPECT_TRUE(same_bytes(out, want)) << "the open that got through";
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // without quoting, the first line the header.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
