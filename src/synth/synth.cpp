@@ -330,18 +330,10 @@ class Pipeline {
         slot.stats.clear();
         produce(plan_, units_[i], slot.bytes, scratch, slot.stats);
       } catch (const std::bad_alloc&) {  // reported by the calling thread, never escapes
-        std::lock_guard lock(mu_);
-        out_of_memory_ = true;  // no message built here: it could throw again
-        abort_ = true;
-        cv_ready_.notify_all();
-        cv_free_.notify_all();
+        abort_run(/*out_of_memory=*/true, nullptr);
         return;
       } catch (const std::exception& e) {
-        std::lock_guard lock(mu_);
-        error_ = std::string("generating synthetic weights failed: ") + e.what();
-        abort_ = true;
-        cv_ready_.notify_all();
-        cv_free_.notify_all();
+        abort_run(/*out_of_memory=*/false, e.what());
         return;
       }
       {
@@ -359,6 +351,20 @@ class Pipeline {
     }
     cv_free_.notify_all();
     for (auto& w : workers) w.join();
+  }
+
+  // Ends the run from a generator thread; run() reports it on the calling thread. Out of memory
+  // builds no message here (that could throw again); otherwise `what` says what failed.
+  void abort_run(bool out_of_memory, const char* what) {
+    std::lock_guard lock(mu_);
+    if (out_of_memory) {
+      out_of_memory_ = true;
+    } else {
+      error_ = std::string("generating synthetic weights failed: ") + what;
+    }
+    abort_ = true;
+    cv_ready_.notify_all();
+    cv_free_.notify_all();
   }
 
   const Plan& plan_;
