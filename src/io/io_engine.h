@@ -45,6 +45,7 @@
 // io_uring reaper). Destroy every CompletionQueue before its engine; the engine's destructor
 // fails requests not yet started, waits for reads in flight, and joins its threads.
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
@@ -159,10 +160,11 @@ class IoEngine {
   virtual Status register_buffer(void* base, uint64_t bytes) { return Status::ok(); }
   virtual void unregister_buffer(void* base) {}
 
-  // Fails every request of `cq` that has not started (Status::runtime "cancelled"); requests
-  // with reads in flight finish those reads and then complete, with the cancel error if any of
-  // their bytes were left unread. For error paths and stale prefetches. Does not block, and
-  // does not throw (a queue's destructor calls it).
+  // Fails every request of `cq` that has not started (Status::runtime "cancelled"), and every
+  // read of them still waiting to start (held back by the rate limit or an injected delay);
+  // requests with reads in the kernel finish those reads and then complete, with the cancel
+  // error if any of their bytes were left unread. For error paths and stale prefetches. Does
+  // not block, and does not throw (a queue's destructor calls it).
   virtual void cancel(CompletionQueue& cq) = 0;
 
   virtual IoCounters counters() const = 0;
@@ -227,6 +229,10 @@ class CompletionQueue {
   // (counting nothing then); deliver does not allocate.
   void on_submitted(size_t n);
   void deliver(Completion c);
+  // Engine side: how many times the engine has cancelled this queue's requests. A request
+  // submitted before the latest cancel has none of its reads started after it.
+  uint64_t cancels() const { return cancels_.load(std::memory_order_acquire); }
+  void count_cancel() { cancels_.fetch_add(1, std::memory_order_acq_rel); }
 
  private:
   IoEngine& engine_;
@@ -236,6 +242,7 @@ class CompletionQueue {
   std::vector<Completion> ready_;  // guarded by mu_
   size_t outstanding_ = 0;         // guarded by mu_
   uint64_t wait_ns_ = 0;           // guarded by mu_
+  std::atomic<uint64_t> cancels_{0};
 };
 
 // Convenience for one synchronous batch: submit on a private queue and wait for all; returns the

@@ -36,8 +36,9 @@ void PreadIoEngine::worker_loop() {
   while (auto chunk = take_chunk(Take::kBlocking)) {
     for (;;) {
       const detail::Attempt a = plan_attempt(*chunk);
-      // A slow disk (rate cap) or an injected delay: this worker's read starts later.
-      std::this_thread::sleep_until(a.not_before);
+      // A slow disk (rate cap) or an injected delay: this worker's read starts later, unless
+      // its reader cancels it meanwhile.
+      if (!wait_to_start(*chunk, a)) break;
       int64_t res;
       if (a.inject_eio) {
         res = -EIO;

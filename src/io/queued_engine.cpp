@@ -67,6 +67,7 @@ Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueu
     req->read = r;
     req->cq = &cq;
     req->next_offset = r.offset;
+    req->cancels_at_submit = cq.cancels();
     requests.push_back(std::move(req));
   }
   {
@@ -212,8 +213,42 @@ Attempt QueuedIoEngine::plan_attempt(Chunk& c) {
   }
   if (!a.inject_eio && !limiter_.unlimited()) {
     a.not_before = std::max(a.not_before, limiter_.reserve(a.length, now));
+    a.rate_reserved = a.length;
   }
   return a;
+}
+
+bool QueuedIoEngine::cancelled(const Chunk& c) const {
+  // No lock: a request is not delivered while a chunk of it runs, so its queue is alive and
+  // r.cq, written under mu_ before the chunk was taken, does not change; both counts are
+  // atomics, changed under mu_ before the wake that makes a waiting chunk look.
+  const Request& r = *c.request;
+  return stopping_.load(std::memory_order_acquire) || r.cq->cancels() != r.cancels_at_submit;
+}
+
+bool QueuedIoEngine::abandon_if_cancelled(Chunk& c, const Attempt& a) {
+  if (!cancelled(c)) return false;
+  if (a.rate_reserved > 0) limiter_.give_back(a.rate_reserved);
+  const char* why = stopping_.load(std::memory_order_acquire) ? "the I/O engine was shut down"
+                                                              : "its reader cancelled it";
+  c.error = Status::runtime("read of " + c.file->path() + " at offset " +
+                            std::to_string(c.offset) + " cancelled (" + why + ")");
+  return true;
+}
+
+bool QueuedIoEngine::wait_to_start(Chunk& c, const Attempt& a) {
+  if (a.not_before > Clock::now()) {
+    std::unique_lock lock(start_mu_);
+    start_cv_.wait_until(lock, a.not_before, [&] { return cancelled(c); });
+  }
+  return !abandon_if_cancelled(c, a);
+}
+
+void QueuedIoEngine::wake_waiting_to_start() {
+  // Taken and let go first: a thread in wait_to_start that has looked and not yet slept holds
+  // start_mu_, so the notify cannot fall between its look and its sleep.
+  { std::lock_guard lock(start_mu_); }
+  start_cv_.notify_all();
 }
 
 Status QueuedIoEngine::attempt_error(const Chunk& c, uint64_t pos, uint64_t len, int err) const {
@@ -353,21 +388,24 @@ void QueuedIoEngine::stop_request_locked(Request& r, const char* why) noexcept {
 }
 
 void QueuedIoEngine::cancel(CompletionQueue& cq) {
-  bool any = false;
+  bool erased = false, running = false;
   {
     std::lock_guard lock(mu_);
+    cq.count_cancel();  // reaches its chunks already taken that have not started (cancelled())
+    running = chunks_running_ > 0;
     for (auto& queue : queues_) {
       std::erase_if(queue, [&](const std::shared_ptr<Request>& r) {
         if (r->cq != &cq) return false;
         stop_request_locked(*r, "its reader cancelled it");
         maybe_deliver_locked(*r);  // delivers now unless chunks of it are still running
-        any = true;
+        erased = true;
         return true;
       });
     }
   }
-  if (any) {
-    work_cv_.notify_all();
+  if (erased) work_cv_.notify_all();
+  if (erased || running) {
+    wake_waiting_to_start();
     wake();
   }
 }
@@ -378,6 +416,7 @@ void QueuedIoEngine::shutdown() {
     stopping_ = true;
   }
   work_cv_.notify_all();
+  wake_waiting_to_start();
   wake();
 }
 

@@ -7,7 +7,8 @@
 //
 //   auto chunk = take_chunk(...);                     // FIFO; holds an in-flight slot
 //   for (;;) {
-//     Attempt a = plan_attempt(*chunk);               // wait until a.not_before, then:
+//     Attempt a = plan_attempt(*chunk);
+//     if (!wait_to_start(*chunk, a)) break;           // until a.not_before, unless cancelled
 //     int64_t res = a.inject_eio ? -EIO : pread(file fd, a.buf, a.length, a.file_offset);
 //     if (on_result(*chunk, a, res) == Step::kDone) break;
 //   }
@@ -55,6 +56,7 @@ struct Request {
   uint64_t next_offset = 0;     // chunking cursor, absolute file offset
   uint32_t chunks_running = 0;  // chunks taken and not finished
   Status error;                 // first failure of any chunk
+  uint64_t cancels_at_submit = 0;  // cq->cancels() when submitted: a later cancel reaches it
 };
 
 struct Chunk {
@@ -83,6 +85,7 @@ struct Attempt {
   uint64_t file_offset = 0;
   uint64_t length = 0;
   Clock::time_point not_before{};  // do not start before (rate limit, injected delay)
+  uint64_t rate_reserved = 0;      // bytes reserved from the rate limit for this attempt
   bool inject_eio = false;         // do not read; the result is -EIO
   bool short_read = false;         // deliver only half of what the kernel returns
 };
@@ -104,6 +107,13 @@ class QueuedIoEngine : public IoEngine {
   // and the queue is empty.
   std::unique_ptr<Chunk> take_chunk(Take mode);
   Attempt plan_attempt(Chunk& c);
+  // Whether the chunk's request was cancelled, or the engine shut down, since it was
+  // submitted; if so the attempt `a`, not started, is never made: the chunk fails
+  // ("cancelled"), `a`'s rate reservation is given back, and the backend finishes the chunk.
+  bool abandon_if_cancelled(Chunk& c, const Attempt& a);
+  // Blocks the calling thread until a.not_before, or less if cancel or shutdown reach the
+  // chunk meanwhile. Returns false if the attempt is abandoned (as abandon_if_cancelled).
+  bool wait_to_start(Chunk& c, const Attempt& a);
   enum class Step { kAgain, kDone };
   // `res` is the byte count the kernel returned, or -errno.
   Step on_result(Chunk& c, const Attempt& a, int64_t res);
@@ -111,8 +121,9 @@ class QueuedIoEngine : public IoEngine {
   // Whether `f` is shorter now than when it was opened (fstat).
   static bool file_shrank(const ReadFile& f);
 
-  // Stops accepting work; requests not yet started complete with an error. Chunks already taken
-  // still run to the end. Backends call it first thing in their destructor, then join.
+  // Stops accepting work; requests not yet started complete with an error, and so do chunks
+  // taken but still waiting to start (abandon_if_cancelled). Reads in the kernel run to the
+  // end. Backends call it first thing in their destructor, then join.
   void shutdown();
   // Shut down, and no request left in a queue (a backend's loop may end once its own
   // operations are done too).
@@ -121,8 +132,9 @@ class QueuedIoEngine : public IoEngine {
   uint32_t bounce_count() const { return static_cast<uint32_t>(bounce_.size()); }
   uint64_t bounce_bytes() const { return bounce_bytes_; }
 
-  // Backend hook: called (without locks) after work was queued, a bounce buffer was freed, or
-  // shutdown began, so a backend that does not wait on take_chunk(kBlocking) can look again.
+  // Backend hook: called (without locks) after work was queued, a bounce buffer was freed,
+  // requests were cancelled, or shutdown began, so a backend that does not wait on
+  // take_chunk(kBlocking) or wait_to_start can look again.
   virtual void wake() {}
   // Backend hook: a bounce buffer was just allocated (the uring engine registers it).
   virtual void on_bounce_allocated(uint32_t index, uint8_t* data, uint64_t bytes) {}
@@ -144,8 +156,16 @@ class QueuedIoEngine : public IoEngine {
   // destructor cancels through it, under mu_, inside an erase_if.
   static void stop_request_locked(Request& r, const char* why) noexcept;
 
+  // Whether cancel or shutdown reached the chunk's request (reads no lock: see the .cpp).
+  bool cancelled(const Chunk& c) const;
+  // Wakes the threads in wait_to_start, after a cancel or shutdown.
+  void wake_waiting_to_start();
+
   RateLimiter limiter_;
   const uint64_t bounce_bytes_;
+
+  std::mutex start_mu_;              // pairs with start_cv_; guards nothing else
+  std::condition_variable start_cv_;  // cancel or shutdown: threads in wait_to_start look again
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;                 // queue grew, bounce freed, shutdown
@@ -153,7 +173,7 @@ class QueuedIoEngine : public IoEngine {
   std::deque<std::shared_ptr<Request>> queues_[2];
   std::vector<AlignedBuffer> bounce_;               // guarded by mu_ (the vector, not the bytes)
   std::vector<uint32_t> free_bounce_;               // guarded by mu_
-  bool stopping_ = false;                           // guarded by mu_
+  std::atomic<bool> stopping_{false};               // written under mu_; read anywhere
   uint64_t requests_outstanding_ = 0;               // guarded by mu_
   Clock::time_point busy_since_{};                  // guarded by mu_
   uint64_t busy_ns_ = 0;                            // guarded by mu_; closed busy intervals

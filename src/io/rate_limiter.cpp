@@ -2,15 +2,26 @@
 
 namespace ktier::io {
 
+std::chrono::nanoseconds RateLimiter::cost(uint64_t bytes) const {
+  // Nanoseconds for `bytes` at the cap; long double keeps 64 GiB / 1 B/s in range.
+  return std::chrono::nanoseconds(
+      static_cast<int64_t>(static_cast<long double>(bytes) * 1e9L / bytes_per_s_));
+}
+
 RateLimiter::Clock::time_point RateLimiter::reserve(uint64_t bytes, Clock::time_point now) {
   if (bytes_per_s_ == 0) return now;
-  // Nanoseconds for `bytes` at the cap; long double keeps 64 GiB / 1 B/s in range.
-  const auto cost = std::chrono::nanoseconds(
-      static_cast<int64_t>(static_cast<long double>(bytes) * 1e9L / bytes_per_s_));
+  const auto n = cost(bytes);
   std::lock_guard lock(mu_);
   const Clock::time_point start = next_free_ > now ? next_free_ : now;
-  next_free_ = start + cost;
+  next_free_ = start + n;
   return start;
+}
+
+void RateLimiter::give_back(uint64_t bytes) {
+  if (bytes_per_s_ == 0) return;
+  const auto n = cost(bytes);
+  std::lock_guard lock(mu_);
+  next_free_ -= n;
 }
 
 }  // namespace ktier::io

@@ -25,8 +25,15 @@ class RateLimiter {
 
   // Start time for a read of `bytes` issued no earlier than `now`.
   Clock::time_point reserve(uint64_t bytes, Clock::time_point now);
+  // Returns what a reserve(bytes, ...) took, for a read that will not be made (cancelled before
+  // it started): later reads move up by its share. Reads reserved after it keep their times, so
+  // for a moment two may start together; the long-run rate stays under the cap, and idle time
+  // still earns nothing (reserve never starts a read before `now`).
+  void give_back(uint64_t bytes);
 
  private:
+  std::chrono::nanoseconds cost(uint64_t bytes) const;
+
   const uint64_t bytes_per_s_;
   std::mutex mu_;
   Clock::time_point next_free_{};  // guarded by mu_

@@ -279,6 +279,10 @@ void UringIoEngine::arm_wake_read() {
 
 void UringIoEngine::start_attempt(Op* op) {
   op->attempt = plan_attempt(*op->chunk);
+  if (abandon_if_cancelled(*op->chunk, op->attempt)) {
+    finish(op);
+    return;
+  }
   if (op->attempt.inject_eio) {
     complete(op, -EIO);
     return;
@@ -318,6 +322,10 @@ void UringIoEngine::complete(Op* op, int64_t res) {
     start_attempt(op);  // recursion depth is bounded by the retry limits
     return;
   }
+  finish(op);
+}
+
+void UringIoEngine::finish(Op* op) {
   finish_chunk(std::move(op->chunk));
   delete op;
   --ops_active_;
@@ -336,7 +344,12 @@ void UringIoEngine::reaper_loop() {
     }
     const auto now = detail::Clock::now();
     auto earliest = detail::Clock::time_point::max();
+    // A cancel or shutdown wakes this loop (wake()) to fail the parked reads it reached.
     std::erase_if(parked_, [&](Op* op) {
+      if (abandon_if_cancelled(*op->chunk, op->attempt)) {
+        finish(op);
+        return true;
+      }
       if (op->attempt.not_before <= now) {
         issue(op);
         return true;

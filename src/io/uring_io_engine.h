@@ -82,6 +82,8 @@ class UringIoEngine final : public detail::QueuedIoEngine {
   void start_attempt(Op* op);  // plan, then issue now or park until not_before
   void issue(Op* op);
   void complete(Op* op, int64_t res);
+  // Hands the chunk back to the base (finish_chunk) and frees `op`.
+  void finish(Op* op);
   int file_slot_for(const ReadFile& file);
   int buffer_slot_for(const uint8_t* buf, uint64_t bytes);
 

@@ -325,6 +325,75 @@ TEST_P(IoFaultTest, CancelFailsRequestsNotStarted) {
   }
 }
 
+// A read the engine has taken but holds back (an injected delay here; the rate limit below) has
+// not started: cancel(), or the queue's destructor, fails it at once instead of waiting out the
+// hold. (Ctrl-C under --io-rate-limit waited for every read the limit had scheduled.) Were the
+// hold waited out, the read would be made and succeed, which the checks below refuse.
+TEST_P(IoFaultTest, CancelReachesAReadWaitingToStart) {
+  KTIER_ENGINE_OR_SKIP(e);
+  ReadFile f = open(*e);
+  const size_t delayed = plan_->add(FaultRule::delay_by(std::chrono::seconds(30)).times(-1));
+  auto buf = std::move(AlignedBuffer::allocate(4096)).value();
+  const ReadRequest r{&f, 0, 4096, buf.data(), 3};
+  for (const bool by_destructor : {false, true}) {
+    SCOPED_TRACE(by_destructor ? "the queue freed" : "cancel()");
+    const uint64_t fired = plan_->fires(delayed);
+    auto cq = std::make_unique<CompletionQueue>(*e);
+    ASSERT_TRUE(cq->submit({&r, 1}).is_ok());
+    // The delay is planned as the engine takes the read: from then on it waits to start.
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (plan_->fires(delayed) == fired && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(plan_->fires(delayed), fired + 1) << "the engine never took the read";
+    if (by_destructor) {
+      cq.reset();  // returns once the read has failed
+      continue;
+    }
+    cq->cancel();
+    std::vector<Completion> done;
+    cq->wait(1, done);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].tag, 3u);
+    EXPECT_FALSE(done[0].status.is_ok());
+    EXPECT_NE(done[0].status.message().find("cancelled (its reader cancelled it)"),
+              std::string::npos)
+        << done[0].status.message();
+  }
+  const IoCounters c = e->counters();
+  EXPECT_EQ(c.reads_issued, 0u);
+  EXPECT_EQ(c.requests_failed, 2u);
+}
+
+TEST_P(IoFaultTest, CancelReachesReadsTheRateLimitHolds) {
+  IoOptions opt;
+  opt.queue_depth = 4;
+  opt.rate_limit_bytes_per_s = 1024;  // 4 s a read: the first starts at once, the rest wait
+  KTIER_ENGINE_OR_SKIP(e, opt);
+  ReadFile f = open(*e);
+  auto buf = std::move(AlignedBuffer::allocate(16 * 4096)).value();
+  std::vector<ReadRequest> batch;
+  for (uint64_t i = 0; i < 16; ++i) batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
+  CompletionQueue cq(*e);
+  ASSERT_TRUE(cq.submit(batch).is_ok());
+  std::vector<Completion> done;
+  cq.wait(1, done);  // the first; the engine holds up to four more, scheduled 4 s apart
+  cq.cancel();
+  while (cq.outstanding() > 0) cq.wait(1, done);
+  ASSERT_EQ(done.size(), 16u);
+  size_t landed = 0;
+  for (const Completion& c : done) {
+    if (c.status.is_ok()) {
+      ++landed;
+      EXPECT_EQ(std::memcmp(buf.data() + c.tag * 4096, content_.data() + c.tag * 4096, 4096), 0);
+    } else {
+      EXPECT_NE(c.status.message().find("cancelled"), std::string::npos) << c.status.message();
+    }
+  }
+  // One, or two where the test thread was late by a whole 4 s; the engine held five.
+  EXPECT_GE(landed, 1u);
+  EXPECT_LE(landed, 2u);
+}
+
 // A reader may free its queue while a read it submitted is still running (an engine torn down
 // after a failed read does): the queue's destructor waits for that read, and the engine thread
 // that delivers it must be done with the queue before the destructor can return.

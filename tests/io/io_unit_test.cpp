@@ -274,6 +274,25 @@ TEST(RateLimiterTest, PacesReads) {
   EXPECT_EQ(r.reserve(1000, later), later + milliseconds(1));
 }
 
+TEST(RateLimiterTest, GiveBackMovesLaterReadsUp) {
+  using namespace std::chrono;
+  const auto t0 = RateLimiter::Clock::now();
+  RateLimiter r(1'000'000);  // 1 MB/s: 1000 bytes per ms
+  EXPECT_EQ(r.reserve(1000, t0), t0);
+  EXPECT_EQ(r.reserve(1000, t0), t0 + milliseconds(1));
+  EXPECT_EQ(r.reserve(1000, t0), t0 + milliseconds(2));
+  r.give_back(1000);  // the last two will not be read
+  r.give_back(1000);
+  EXPECT_EQ(r.reserve(1000, t0), t0 + milliseconds(1));
+  // More given back than is scheduled earns no credit: a read still starts no earlier than now.
+  r.give_back(1'000'000);
+  EXPECT_EQ(r.reserve(1000, t0 + milliseconds(5)), t0 + milliseconds(5));
+  EXPECT_EQ(r.reserve(1000, t0 + milliseconds(5)), t0 + milliseconds(6));
+  RateLimiter unlimited(0);
+  unlimited.give_back(1 << 20);
+  EXPECT_EQ(unlimited.reserve(1 << 20, t0), t0);
+}
+
 TEST(IoFactoryTest, AutoPicksAWorkingEngineAndForcedPread) {
   IoOptions opt;
   auto e = make_io_engine(opt);
