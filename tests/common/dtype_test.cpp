@@ -2,10 +2,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include "common/dtype.h"
-#include "cpu/kernels.h"
 
 namespace ktier {
 namespace {
@@ -39,24 +37,9 @@ TEST(DType, F16WideningIsExactForAllPatterns) {
   }
 }
 
-// The kernels' scalar F16 widening is a copy of its own (cpu/numerics.h, used by
-// cpu::widen_to_f32 and the scalar kernels): every pattern the same bits as the checked one
-// above (NaNs: NaN both). The vector kernels' conversions (vcvtph2ps) are held to the scalar
-// ones by the cross-ISA invariance tests (tests/cpu).
-TEST(DType, TheKernelsF16WideningIsTheSameForAllPatterns) {
-  std::vector<uint16_t> all(65536);
-  for (uint32_t h = 0; h < 65536; ++h) all[h] = static_cast<uint16_t>(h);
-  std::vector<float> wide(all.size());
-  cpu::widen_to_f32(cpu::WeightType::kF16, all.data(), static_cast<int64_t>(all.size()),
-                    wide.data());
-  for (uint32_t h = 0; h < 65536; ++h) {
-    const float want = f16_to_f32(static_cast<uint16_t>(h));
-    if (std::isnan(want))
-      EXPECT_TRUE(std::isnan(wide[h])) << h;
-    else
-      EXPECT_EQ(f32_to_bits(wide[h]), f32_to_bits(want)) << h;
-  }
-}
+// (f16_to_f32 is the kernels' own widening, cpu/float_bits.h; each kernel set's F16
+// conversion is held to it for every pattern by Contract.F16WeightsWidenExactlyForEveryPattern
+// in tests/cpu.)
 
 TEST(DType, Bf16RoundTripAndRounding) {
   for (uint32_t h = 0; h < 65536; ++h) {

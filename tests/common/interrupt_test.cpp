@@ -6,22 +6,15 @@
 #include <poll.h>
 #include <signal.h>
 
+#include "tests/common/sigint_disposition.h"
+
 namespace ktier {
 namespace {
 
 int g_previous_calls = 0;
 void count_previous(int) { ++g_previous_calls; }
 
-struct Disposition {  // sets SIGINT's disposition for a test, restores it after
-  explicit Disposition(void (*handler)(int)) {
-    struct sigaction sa {};
-    sa.sa_handler = handler;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &saved);
-  }
-  ~Disposition() { ::sigaction(SIGINT, &saved, nullptr); }
-  struct sigaction saved {};
-};
+using Disposition = test::SigintDisposition;
 
 bool readable(int fd) {
   pollfd p{fd, POLLIN, 0};

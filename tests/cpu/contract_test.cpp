@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 
+#include "cpu/float_bits.h"
 #include "cpu/kernels.h"
 #include "test_support.h"
 #include "tests/common/fresh_seed.h"
@@ -36,24 +37,29 @@ float bf16(uint16_t h) {
   return f;
 }
 
-// §3: 16 lanes (i % 16), each from +0.0 in increasing i, exact products; tree (l,l+8), (l,l+4),
-// (l,l+2), (0,1); one rounding to f32.
-float contract_dot16(const std::vector<double>& w, const float* x) {
-  double lane[16] = {};
-  for (size_t i = 0; i < w.size(); ++i) lane[i % 16] += w[i] * static_cast<double>(x[i]);
-  for (int s = 8; s >= 1; s /= 2)
+// §3 with `lanes` lanes: lanes (i % lanes), each from +0.0 in increasing i, exact products; a
+// halving tree (l, l + lanes/2) ... (0, 1); one rounding to f32. The contract is 16 lanes; other
+// counts show that a test tells them apart.
+float lane_dot(const std::vector<double>& w, const float* x, int lanes) {
+  double lane[32] = {};
+  for (size_t i = 0; i < w.size(); ++i) lane[i % lanes] += w[i] * static_cast<double>(x[i]);
+  for (int s = lanes / 2; s >= 1; s /= 2)
     for (int l = 0; l < s; ++l) lane[l] = lane[l] + lane[l + s];
   return static_cast<float>(lane[0]);
 }
+float contract_dot16(const std::vector<double>& w, const float* x) { return lane_dot(w, x, 16); }
 
 // Token counts 1, 2 and 5 and 9 rows: every tile shape of the vector kernels (decode: 4, 2 and
-// 1 rows; batches: 4, 2 and 1 tokens), and a width with a tail past the last 16.
+// 1 rows; batches: 4, 2 and 1 tokens), and a width with a tail past the last 16. Weights of
+// magnitude 2^-7 to 2^2 (exponent field 120-128, as trained weights are), so that no single
+// term outweighs the rest and the order of the sums shows in the result: 1, 8 and 32 lanes
+// must each disagree with the contract somewhere, or the test could not tell them apart.
 TEST_P(Contract, Bf16LinearIsTheDocumentedDot16) {
   std::mt19937_64 rng(5);
   const int64_t rows = 9, cols = 97;
   std::vector<uint16_t> w(rows * cols);
   for (auto& h : w)
-    h = static_cast<uint16_t>(rng() & 0x7f7f) | static_cast<uint16_t>((rng() & 1) << 15);
+    h = static_cast<uint16_t>(((rng() & 1) << 15) | ((120 + rng() % 9) << 7) | (rng() & 0x7f));
   for (int64_t r = 0; r < rows; ++r) w[r * cols + 94] = w[r * cols + 3];  // cancelling pair:
   const Isa isa = GetParam();
   for (int64_t T : {1, 2, 5}) {
@@ -64,15 +70,23 @@ TEST_P(Contract, Bf16LinearIsTheDocumentedDot16) {
     std::vector<float> y(T * rows);
     linear({WeightType::kBF16, w.data(), nullptr, rows, cols}, x.data(), T, y.data(),
            Exec{nullptr, isa});
+    constexpr int kOtherLanes[3] = {1, 8, 32};
+    int other_orders_differ[3] = {};
     for (int64_t t = 0; t < T; ++t)
       for (int64_t r = 0; r < rows; ++r) {
         std::vector<double> wr(cols);
         for (int64_t i = 0; i < cols; ++i) wr[i] = bf16(w[r * cols + i]);
-        EXPECT_EQ(compare_bits(&y[t * rows + r],
-                               std::vector<float>{contract_dot16(wr, &x[t * cols])}.data(), 1),
-                  "")
+        const float want = contract_dot16(wr, &x[t * cols]);
+        EXPECT_EQ(compare_bits(&y[t * rows + r], &want, 1), "")
             << isa_name(isa) << " T " << T << " token " << t << " row " << r;
+        for (int k = 0; k < 3; ++k) {
+          const float other = lane_dot(wr, &x[t * cols], kOtherLanes[k]);
+          other_orders_differ[k] += compare_bits(&other, &want, 1) != "";
+        }
       }
+    for (int k = 0; k < 3; ++k)
+      EXPECT_GT(other_orders_differ[k], 0) << "T " << T << ": " << kOtherLanes[k]
+                                           << " lanes agree with the contract on every output";
   }
 }
 
@@ -160,6 +174,25 @@ TEST_P(Contract, NormsAreTheDocumentedFormulas) {
                                                               << " " << i;
       EXPECT_EQ(compare_bits(&l2[i], &want_l2, 1), "") << "l2norm n " << n << " " << i;
     }
+  }
+}
+
+// §1: an F16 weight widens exactly, each kernel set by its own conversion (the vector kernels'
+// vcvtph2ps, not the scalar widening): all 65536 patterns, one a row at column r % 16 among
+// +0.0 weights, times x = 1, so each row's sum is its one pattern (a -0.0 becomes +0.0, as
+// lanes start from +0.0; NaN stays NaN). f16_to_f32 itself is checked against the definition
+// in tests/common/dtype_test.cpp.
+TEST_P(Contract, F16WeightsWidenExactlyForEveryPattern) {
+  const int64_t rows = 65536, cols = 16;
+  std::vector<uint16_t> w(rows * cols, 0);
+  for (int64_t r = 0; r < rows; ++r) w[r * cols + r % cols] = static_cast<uint16_t>(r);
+  const std::vector<float> x(cols, 1.0f);
+  std::vector<float> y = poisoned(rows);
+  linear({WeightType::kF16, w.data(), nullptr, rows, cols}, x.data(), 1, y.data(),
+         Exec{nullptr, GetParam()});
+  for (int64_t r = 0; r < rows; ++r) {
+    const float want = float_bits::f16_to_f32(static_cast<uint16_t>(r)) + 0.0f;
+    EXPECT_EQ(compare_bits(&y[r], &want, 1), "") << "F16 pattern " << r;
   }
 }
 

@@ -142,19 +142,22 @@ TEST_P(Mxfp4Kernels, MultiExpertJobsEqualSeparateScalarCalls) {
 }
 
 // Scale 255 is a zero block (D12): the block contributes nothing, even where x is NaN; scale 0
-// (a subnormal multiplier in f32) is exact.
+// (a subnormal multiplier in f32) is exact: its block adds 8 to block 2's 48, so a kernel that
+// drops it, or flushes 2^-127 to zero, gives 48.
 TEST_P(Mxfp4Kernels, EdgeScales) {
   const int64_t cols = 96;
   std::vector<uint8_t> packed(cols / 2), scales = {255, 0, 127};
   for (size_t i = 0; i < packed.size(); ++i) packed[i] = static_cast<uint8_t>(0x7f - i);
   std::vector<float> x(cols, 1.0f);
   x[3] = NAN;  // inside the zero block
-  for (int64_t i = 32; i < 64; ++i) x[i] = 0x1p100f;
+  for (int64_t i = 32; i < 64; ++i) x[i] = 0x1p124f;
   const WeightMatrix w{WeightType::kMxfp4, packed.data(), scales.data(), 1, cols};
   std::vector<float> dec(cols);
   mxfp4_decode(packed.data(), scales.data(), 1, cols, dec.data());
-  long double exact = 0.0L;
+  long double exact = 0.0L, without_scale0 = 0.0L;
   for (int64_t i = 32; i < cols; ++i) exact += static_cast<long double>(dec[i]) * x[i];
+  for (int64_t i = 64; i < cols; ++i) without_scale0 += static_cast<long double>(dec[i]) * x[i];
+  ASSERT_NE(static_cast<float>(exact), static_cast<float>(without_scale0));
   for (int64_t i = 0; i < 32; ++i) EXPECT_EQ(dec[i], 0.0f);
   const Isa isa = GetParam();
   float y = NAN;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -510,7 +511,10 @@ TEST_F(DeviceModeTest, CudaMatchesTheCpuAndIsBudgetInvariant) {
   const size_t n_logits = kDialTestPrompt.size() * V;
   const int64_t whole = static_cast<int64_t>(kDialTestPrompt.size());
   ASSERT_GE(whole, 8) << "one pass must reach cuBLAS's 8 tokens";
-  std::vector<float> one_pass(n_logits);
+  // Poisoned before each pass (as logits_then_greedy_ids does), so that a pass writing nothing
+  // cannot pass on the bytes of the one before; cuBLAS's logits are kept for the argmax below.
+  constexpr uint32_t kPoison = 0xffffffffu;
+  std::vector<float> one_pass(n_logits), cublas_pass;
   for (const bool cublas : {false, true})
     for (const int64_t chunk : {whole, int64_t{1}}) {
       if (cublas && chunk == 1) continue;
@@ -520,7 +524,13 @@ TEST_F(DeviceModeTest, CudaMatchesTheCpuAndIsBudgetInvariant) {
       eo.cublas_prefill = cublas;
       auto e = Engine::open(eo);
       ASSERT_TRUE(e.is_ok()) << e.status().message();
+      std::fill(one_pass.begin(), one_pass.end(), std::bit_cast<float>(kPoison));
       ASSERT_TRUE(evaluate((*e)->model(), kDialTestPrompt, chunk, one_pass.data()).is_ok());
+      EXPECT_EQ(std::count_if(one_pass.begin(), one_pass.end(),
+                              [](float x) { return std::bit_cast<uint32_t>(x) == kPoison; }),
+                0)
+          << "logits evaluate() did not write";
+      if (cublas) cublas_pass = one_pass;
       // (cuBLAS asked of a module without it: the fused kernels, so the same bytes too.)
       if (!cublas || !(*e)->backend().uses_blas()) {
         EXPECT_TRUE(test::same_bytes(one_pass, {outs[0].begin(), outs[0].begin() + n_logits}))
@@ -561,10 +571,10 @@ TEST_F(DeviceModeTest, CudaMatchesTheCpuAndIsBudgetInvariant) {
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
     if (sorted[0] - sorted[1] <= 1e-3f) continue;
     const int64_t cpu_argmax = std::max_element(want, want + V) - want;
-    for (const float* got : {outs[0].data() + t * V, one_pass.data() + t * V})
+    for (const float* got : {outs[0].data() + t * V, cublas_pass.data() + t * V})
       EXPECT_EQ(cpu_argmax, std::max_element(got, got + V) - got)
           << "teacher-forced argmax at position " << t
-          << (got == one_pass.data() + t * V ? " (one pass, cuBLAS)" : " (chunks of 5)");
+          << (got == cublas_pass.data() + t * V ? " (one pass, cuBLAS)" : " (chunks of 5)");
   }
 }
 

@@ -16,6 +16,7 @@
 #include "format/checkpoint.h"
 #include "model/weights.h"
 #include "synth/synth.h"
+#include "tests/common/sigint_disposition.h"
 
 namespace ktier::runtime {
 namespace {
@@ -71,6 +72,7 @@ TEST(WeightScan, NamesTheFirstElementThatIsNotFinite) {
             model::embedding_tensor_name() + " in " + e_shard + ": element 321 is NaN");
   // Ctrl-C stops the scan (it reads the whole trunk: up to a minute on K3).
   {
+    test::SigintDisposition default_action(SIG_DFL);  // not ignored, as a background job has it
     InterruptRequest interrupt("(test: Ctrl-C)\n");
     ::raise(SIGINT);
     auto ckpt = format::Checkpoint::open(dir);
