@@ -2,8 +2,10 @@
 //
 // 1. Not too tight: for each bounded op, a deliberately different honest implementation in
 //    plain f32 arithmetic (f32 products and sums in another order than the CPU's, expf, f32
-//    softmax, an f32 recurrence state; for T = 9 linear with a 16-bit weight, x rounded to the
-//    weight's type as cuBLAS is fed) agrees with the CPU reference within the op's bound.
+//    softmax, an f32 recurrence state; for T = 9 linear with BF16 weights, x split into three
+//    bf16 parts as CUDA feeds cuBLAS) agrees with the CPU reference within the op's bound; and
+//    for T = 9 with F32 and BF16 weights, sums taken as tensor cores may take them (truncating
+//    alignment and accumulation) agree within cublas_linear_bound.
 // 2. Not vacuous: the same result with one element moved by 8x its allowance (tol + ulp) is
 //    caught; for linear and rmsnorm, so is one element wrong by 1e-3 relative at an output of
 //    median magnitude. The median of (tol + ulp) / |value| is printed per op.
@@ -11,8 +13,10 @@
 //
 // Seeds: 1, 2, 3 and a fresh one per op (printed; KTIER_TEST_SEED=N replays it).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "cross_backend_support.h"
@@ -46,6 +50,35 @@ float sum_f32(int64_t n, Order order, const std::function<float(int64_t)>& term)
   float s = 0.0f;
   for (int64_t i = 0; i < n; ++i) s += term(order == Order::kReverse ? n - 1 - i : i);
   return s;
+}
+
+// f32 rounded toward zero (a truncating accumulator).
+float truncate_to_f32(double s) {
+  float f = static_cast<float>(s);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(s)) f = std::nextafter(f, 0.0f);
+  return f;
+}
+
+// sum_i term(i) as tensor cores may take it (Fasi et al. 2021; op_bounds.h): the running sum and
+// the next 4 products aligned to the largest of them, each truncated at f32's last significand
+// bit there, added exactly, and the sum truncated to f32. A model of the worst they do, for
+// cublas_linear_bound to cover.
+float sum_like_tensor_cores(int64_t n, const std::function<float(int64_t)>& term) {
+  float acc = 0.0f;
+  for (int64_t g = 0; g < n; g += 4) {
+    double t[5] = {acc};
+    int k = 1;
+    for (int64_t i = g; i < std::min(n, g + 4); ++i) t[k++] = term(i);
+    int emax = std::numeric_limits<int>::min();
+    for (int j = 0; j < k; ++j)
+      if (t[j] != 0.0) emax = std::max(emax, std::ilogb(t[j]));
+    if (emax == std::numeric_limits<int>::min()) continue;  // all zero: acc stays
+    const double quantum = std::ldexp(1.0, emax - 23);
+    double s = 0.0;  // exact: at most 5 x 2^24 quanta
+    for (int j = 0; j < k; ++j) s += std::trunc(t[j] / quantum) * quantum;
+    acc = truncate_to_f32(s);
+  }
+  return acc;
 }
 
 void softmax_f32(std::vector<float>& s) {
@@ -179,6 +212,22 @@ TEST(BoundValidation, Linear) {
         // output at the BF16 / MXFP4 sizes (cols up to ~1300), ~2e-4 at F32 / F16's 101..301.
         const bool wide = type == cpu::WeightType::kBF16 || type == cpu::WeightType::kMxfp4;
         expect_catches_relative(op, want, got, tol, wide ? 1e-2 : 1e-3);
+        // cuBLAS's prefill takes F32 and BF16 weights at T >= 8 (BF16 on the split x).
+        if (T < 8 || (type != cpu::WeightType::kF32 && type != cpu::WeightType::kBF16)) continue;
+        std::vector<float> like_blas(T * w.rows);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t r = 0; r < w.rows; ++r) {
+            const auto dot = [&](const std::vector<float>& v) {
+              return sum_like_tensor_cores(
+                  cols, [&](int64_t c) { return wf[r * cols + c] * v[t * cols + c]; });
+            };
+            like_blas[t * w.rows + r] =
+                split ? (dot(parts.lo) + dot(parts.mid)) + dot(parts.hi) : dot(x);
+          }
+        const std::vector<double> blas_tol = cublas_linear_bound(w, x, T);
+        const std::string blas_op = op + ", cuBLAS-like";
+        check(tight, blas_op, seed, want, like_blas, blas_tol);
+        expect_catches_relative(blas_op, want, like_blas, blas_tol, wide ? 1e-2 : 1e-3);
       }
     }
   }

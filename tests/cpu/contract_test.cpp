@@ -151,6 +151,9 @@ double dot16_of_squares(const std::vector<double>& xd) {
 
 // §5: sum of squares by dot16, inv = 1 / sqrt(ss / n + eps) in double, out = F((x * inv) * gain),
 // or F(x * inv) without a gain; L2Norm: inv = 1 / sqrt(ss + eps). Odd widths, fresh inputs.
+// This pins the formula (a float accumulator, or eps added elsewhere, differs), not the order
+// of the sum of squares: its terms are positive, so a sequential double sum rounds to the same
+// f32 outputs on these inputs too.
 TEST_P(Contract, NormsAreTheDocumentedFormulas) {
   std::mt19937_64 rng(ktier::test::fresh_seed("Contract.NormsAreTheDocumentedFormulas"));
   const Isa isa = GetParam();

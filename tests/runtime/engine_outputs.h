@@ -25,6 +25,14 @@ namespace ktier::runtime {
 inline const std::vector<int32_t> kDialTestPrompt = {17, 42, 1, 99, 128, 7, 200, 63, 150, 31,
                                                      222, 88};
 
+// Whether io_uring can be set up here (a container may refuse it): then IoBackend::kAuto runs
+// on it, and a test comparing kAuto with kPread compares the two engines.
+inline bool io_uring_works_here() {
+  io::IoOptions o;
+  o.backend = io::IoBackend::kUring;
+  return io::make_io_engine(o).is_ok();
+}
+
 // Writes the tiny synthetic checkpoint to `dir` (call under ASSERT_NO_FATAL_FAILURE).
 inline void synth_tiny(const std::filesystem::path& dir) {
   synth::SynthOptions o;

@@ -285,7 +285,8 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
 }
 
 // The last id run on its own gives the same bytes (on a GPU too, with its default fused
-// kernels), and the state before it is handed to the snapshot.
+// kernels): every prompt row's logits and the greedy ids; and the state before it is handed to
+// the snapshot.
 TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
   if (GetParam() == Where::kCuda && !no_cuda().empty()) GTEST_SKIP() << "no GPU: " << no_cuda();
   std::unique_ptr<Engine> e = open_engine(GetParam());
@@ -301,7 +302,17 @@ TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
       return Status::ok();
     };
   };
+  const int64_t V = e->checkpoint().config().vocab_size;
+  std::vector<float> plain_rows, snapped_rows;
+  auto rows_into = [V](std::vector<float>& v) {
+    return [&v, V](int64_t, int64_t n, const float* logits) {
+      v.insert(v.end(), logits, logits + n * V);
+      return Status::ok();
+    };
+  };
+  g.prompt_logits = rows_into(plain_rows);
   ASSERT_TRUE(generate(e->model(), e->experts(), kDialTestPrompt, g, into(plain)).is_ok());
+  g.prompt_logits = rows_into(snapped_rows);
   std::vector<int64_t> seen;
   g.before_last_prompt_id = [&](const model::SequenceState& s) {
     seen.push_back(s.n_tokens);
@@ -309,8 +320,11 @@ TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
   };
   ASSERT_TRUE(generate(e->model(), e->experts(), kDialTestPrompt, g, into(snapped)).is_ok());
   EXPECT_EQ(snapped, plain);  // the last id run on its own: the same bytes
+  EXPECT_EQ(plain_rows.size(), kDialTestPrompt.size() * static_cast<size_t>(V));
+  EXPECT_TRUE(test::same_bytes(snapped_rows, plain_rows));
   EXPECT_EQ(seen, std::vector<int64_t>{static_cast<int64_t>(kDialTestPrompt.size()) - 1});
   seen.clear();
+  g.prompt_logits = nullptr;
   std::vector<int32_t> one;
   ASSERT_TRUE(generate(e->model(), e->experts(), std::span(kDialTestPrompt).first(1), g,
                        into(one)).is_ok());
