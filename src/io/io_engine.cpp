@@ -19,6 +19,12 @@ Result<ReadFile> IoEngine::open(const std::filesystem::path& path) const {
 // ---- CompletionQueue ----------------------------------------------------------------------
 
 CompletionQueue::~CompletionQueue() {
+  {
+    // Everything delivered (the usual end): nothing of this queue is left in the engine, and a
+    // cancel would only wake its threads for nothing.
+    std::lock_guard lock(mu_);
+    if (ready_.size() >= outstanding_) return;
+  }
   engine_.cancel(*this);
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return ready_.size() >= outstanding_; });

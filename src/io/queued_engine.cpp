@@ -67,7 +67,6 @@ Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueu
     req->read = r;
     req->cq = &cq;
     req->next_offset = r.offset;
-    req->cancels_at_submit = cq.cancels();
     requests.push_back(std::move(req));
   }
   {
@@ -75,6 +74,10 @@ Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueu
     KTIER_CHECK_MSG(!stopping_, "submit() on an IoEngine that is being destroyed");
     auto& queue = queues_[static_cast<int>(cq.priority())];
     const size_t queued_before = queue.size();
+    // Read under mu_, which cancel() counts under: a cancel is wholly before this batch (and
+    // reaches none of it) or wholly after (and reaches all of it).
+    const uint64_t cancels = cq.cancels();
+    for (const auto& req : requests) req->cancels_at_submit = cancels;
     try {
       for (const auto& req : requests)
         if (req->read.length != 0) queue.push_back(req);
@@ -212,7 +215,8 @@ Attempt QueuedIoEngine::plan_attempt(Chunk& c) {
     if (n > 0) faults_injected_.fetch_add(n, std::memory_order_relaxed);
   }
   if (!a.inject_eio && !limiter_.unlimited()) {
-    a.not_before = std::max(a.not_before, limiter_.reserve(a.length, now));
+    a.rate_slot = limiter_.reserve(a.length, now);
+    a.not_before = std::max(a.not_before, a.rate_slot);
     a.rate_reserved = a.length;
   }
   return a;
@@ -228,7 +232,7 @@ bool QueuedIoEngine::cancelled(const Chunk& c) const {
 
 bool QueuedIoEngine::abandon_if_cancelled(Chunk& c, const Attempt& a) {
   if (!cancelled(c)) return false;
-  if (a.rate_reserved > 0) limiter_.give_back(a.rate_reserved);
+  if (a.rate_reserved > 0) limiter_.give_back(a.rate_reserved, a.rate_slot, Clock::now());
   const char* why = stopping_.load(std::memory_order_acquire) ? "the I/O engine was shut down"
                                                               : "its reader cancelled it";
   c.error = Status::runtime("read of " + c.file->path() + " at offset " +

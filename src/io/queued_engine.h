@@ -14,8 +14,9 @@
 //   }
 //   finish_chunk(std::move(chunk));
 //
-// Thread-safety: take_chunk / plan_attempt / on_result / finish_chunk may be called from any
-// number of backend threads, each for chunks it holds; a Chunk is used by one thread at a time.
+// Thread-safety: take_chunk / plan_attempt / wait_to_start / abandon_if_cancelled / on_result /
+// finish_chunk may be called from any number of backend threads, each for chunks it holds; a
+// Chunk is used by one thread at a time.
 
 #include <atomic>
 #include <chrono>
@@ -85,7 +86,8 @@ struct Attempt {
   uint64_t file_offset = 0;
   uint64_t length = 0;
   Clock::time_point not_before{};  // do not start before (rate limit, injected delay)
-  uint64_t rate_reserved = 0;      // bytes reserved from the rate limit for this attempt
+  uint64_t rate_reserved = 0;      // bytes reserved from the rate limit for this attempt,
+  Clock::time_point rate_slot{};   // from this moment (RateLimiter::reserve)
   bool inject_eio = false;         // do not read; the result is -EIO
   bool short_read = false;         // deliver only half of what the kernel returns
 };

@@ -1,5 +1,7 @@
 #include "io/rate_limiter.h"
 
+#include <algorithm>
+
 namespace ktier::io {
 
 std::chrono::nanoseconds RateLimiter::cost(uint64_t bytes) const {
@@ -17,11 +19,13 @@ RateLimiter::Clock::time_point RateLimiter::reserve(uint64_t bytes, Clock::time_
   return start;
 }
 
-void RateLimiter::give_back(uint64_t bytes) {
+void RateLimiter::give_back(uint64_t bytes, Clock::time_point slot_start, Clock::time_point now) {
   if (bytes_per_s_ == 0) return;
-  const auto n = cost(bytes);
+  const Clock::time_point slot_end = slot_start + cost(bytes);
+  const Clock::time_point from = std::max(now, slot_start);
+  if (from >= slot_end) return;
   std::lock_guard lock(mu_);
-  next_free_ -= n;
+  next_free_ -= slot_end - from;
 }
 
 }  // namespace ktier::io

@@ -25,11 +25,12 @@ class RateLimiter {
 
   // Start time for a read of `bytes` issued no earlier than `now`.
   Clock::time_point reserve(uint64_t bytes, Clock::time_point now);
-  // Returns what a reserve(bytes, ...) took, for a read that will not be made (cancelled before
-  // it started): later reads move up by its share. Reads reserved after it keep their times, so
-  // for a moment two may start together; the long-run rate stays under the cap, and idle time
-  // still earns nothing (reserve never starts a read before `now`).
-  void give_back(uint64_t bytes);
+  // For a read that will not be made (cancelled before it started): returns the part of the
+  // slot reserve(bytes, ...) gave it, from `slot_start`, that has not elapsed by `now`, and later
+  // reads move up by that much. Reads reserved after it keep their times, so for a moment two
+  // may start together; the long-run rate stays under the cap, and time already passed is not
+  // given back (no credit from idleness).
+  void give_back(uint64_t bytes, Clock::time_point slot_start, Clock::time_point now);
 
  private:
   std::chrono::nanoseconds cost(uint64_t bytes) const;

@@ -344,10 +344,14 @@ void UringIoEngine::reaper_loop() {
     }
     const auto now = detail::Clock::now();
     auto earliest = detail::Clock::time_point::max();
-    // A cancel or shutdown wakes this loop (wake()) to fail the parked reads it reached.
+    // A cancel or shutdown wakes this loop (wake()) to fail the parked reads it reached. Each
+    // frees a slot of the depth: back to the top, to take what waits for one (a wait below with
+    // nothing parked or in flight would not end until something else woke it).
+    bool abandoned = false;
     std::erase_if(parked_, [&](Op* op) {
       if (abandon_if_cancelled(*op->chunk, op->attempt)) {
         finish(op);
+        abandoned = true;
         return true;
       }
       if (op->attempt.not_before <= now) {
@@ -357,6 +361,7 @@ void UringIoEngine::reaper_loop() {
       earliest = std::min(earliest, op->attempt.not_before);
       return false;
     });
+    if (abandoned) continue;  // the reads issued above go out with the next pass's submit
     for (;;) {
       const int r = io_uring_submit(&ring_);
       if (r >= 0) break;

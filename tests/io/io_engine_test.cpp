@@ -288,8 +288,9 @@ TEST_P(IoFaultTest, CancelFailsRequestsNotStarted) {
   opt.queue_depth = 1;
   KTIER_ENGINE_OR_SKIP(e, opt);
   ReadFile f = open(*e);
-  // The first read lands soon; each later one is held 500 ms, the test's time to cancel: so the
-  // one running when cancel() comes lands, the 14 behind it fail.
+  // The first read lands soon; each later one is held 500 ms, the test's time to cancel: the one
+  // held when cancel() comes fails too (it has not started), and so do the 14 behind it; one
+  // more lands only where the test thread was 500 ms late.
   plan_->add(FaultRule::delay_by(std::chrono::milliseconds(50), 0, 4096).times(-1));
   plan_->add(FaultRule::delay_by(std::chrono::milliseconds(500), 4096).times(-1));
   auto buf = std::move(AlignedBuffer::allocate(16 * 4096)).value();
@@ -364,6 +365,47 @@ TEST_P(IoFaultTest, CancelReachesAReadWaitingToStart) {
   EXPECT_EQ(c.requests_failed, 2u);
 }
 
+// A held read cancelled frees its place in the queue depth: a read of another queue waiting for
+// that place is then made, not left until something else wakes the engine.
+TEST_P(IoFaultTest, ACancelledHeldReadLetsTheNextQueueIn) {
+  IoOptions opt;
+  opt.queue_depth = 1;
+  KTIER_ENGINE_OR_SKIP(e, opt);
+  ReadFile f = open(*e);
+  const size_t delayed = plan_->add(FaultRule::delay_by(std::chrono::seconds(30), 0, 4096));
+  auto buf = std::move(AlignedBuffer::allocate(2 * 4096)).value();
+  auto held = std::make_unique<CompletionQueue>(*e);
+  const ReadRequest first{&f, 0, 4096, buf.data(), 1};
+  ASSERT_TRUE(held->submit({&first, 1}).is_ok());
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (plan_->fires(delayed) == 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(plan_->fires(delayed), 1u) << "the engine never took the first read";
+  CompletionQueue next(*e);
+  const ReadRequest second{&f, 4096, 4096, buf.data() + 4096, 2};
+  ASSERT_TRUE(next.submit({&second, 1}).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the engine looks, and waits
+  held.reset();
+  std::atomic<bool> landed{false};
+  std::thread waiter([&] {
+    std::vector<Completion> done;
+    next.wait(1, done);
+    landed = done.size() == 1 && done[0].status.is_ok() && done[0].tag == 2;
+  });
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (next.outstanding() > 0 && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const bool stuck = next.outstanding() > 0;
+  if (stuck) {  // wake the engine with a third read, so that the waiter can be joined
+    AlignedBuffer b;
+    read_one(*e, f, 8192, 4096, b);
+  }
+  waiter.join();
+  EXPECT_FALSE(stuck) << "the second queue's read waited for an unrelated wake";
+  EXPECT_TRUE(landed.load());
+  EXPECT_EQ(std::memcmp(buf.data() + 4096, content_.data() + 4096, 4096), 0);
+}
+
 TEST_P(IoFaultTest, CancelReachesReadsTheRateLimitHolds) {
   IoOptions opt;
   opt.queue_depth = 4;
@@ -409,7 +451,10 @@ TEST_P(IoFaultTest, QueueFreedWhileItsReadIsRunning) {
     const ReadRequest r{&f, (i % 64) * 4096, 4096, buf.data(), i};
     ASSERT_TRUE(cq->submit({&r, 1}).is_ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the read starts, then waits
-    cq.reset();  // cancels the read if it has not started; waits for it if it has
+    // Cancels the read if it has not started (held by its delay: the engine thread wakes and
+    // delivers the failure), waits for it if it has: either way an engine thread delivers to
+    // the queue while its destructor waits.
+    cq.reset();
   }
   EXPECT_GT(plan_->fires(delayed), 0u) << "no read started before its queue was freed";
   // Every read that started has ended: the engine serves a new queue, with the file's bytes.

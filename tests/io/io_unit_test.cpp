@@ -281,15 +281,19 @@ TEST(RateLimiterTest, GiveBackMovesLaterReadsUp) {
   EXPECT_EQ(r.reserve(1000, t0), t0);
   EXPECT_EQ(r.reserve(1000, t0), t0 + milliseconds(1));
   EXPECT_EQ(r.reserve(1000, t0), t0 + milliseconds(2));
-  r.give_back(1000);  // the last two will not be read
-  r.give_back(1000);
-  EXPECT_EQ(r.reserve(1000, t0), t0 + milliseconds(1));
-  // More given back than is scheduled earns no credit: a read still starts no earlier than now.
-  r.give_back(1'000'000);
+  r.give_back(1000, t0 + milliseconds(2), t0);  // the last two will not be read
+  r.give_back(1000, t0 + milliseconds(1), t0);
+  EXPECT_EQ(r.reserve(1000, t0), t0 + milliseconds(1));  // [t0+1ms, t0+2ms)
+  // A slot half elapsed gives back its other half; one elapsed gives back nothing.
+  r.give_back(1000, t0 + milliseconds(1), t0 + microseconds(1500));
+  EXPECT_EQ(r.reserve(1000, t0), t0 + microseconds(1500));  // [t0+1.5ms, t0+2.5ms)
+  r.give_back(1000, t0, t0 + milliseconds(3));
+  EXPECT_EQ(r.reserve(1000, t0), t0 + microseconds(2500));
+  // Idle time earns no credit: a read still starts no earlier than now.
   EXPECT_EQ(r.reserve(1000, t0 + milliseconds(5)), t0 + milliseconds(5));
   EXPECT_EQ(r.reserve(1000, t0 + milliseconds(5)), t0 + milliseconds(6));
   RateLimiter unlimited(0);
-  unlimited.give_back(1 << 20);
+  unlimited.give_back(1 << 20, t0, t0);
   EXPECT_EQ(unlimited.reserve(1 << 20, t0), t0);
 }
 

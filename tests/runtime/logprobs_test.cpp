@@ -28,8 +28,8 @@ long double reference(const std::vector<float>& l, size_t i) {
 }
 
 TEST(Logprobs, EveryTokensIsLogSoftmaxOfTheLogits) {
-  std::mt19937 rng(
-      static_cast<uint32_t>(ktier::test::fresh_seed("Logprobs.EveryTokensIsLogSoftmaxOfTheLogits")));
+  const uint64_t seed = ktier::test::fresh_seed("Logprobs.EveryTokensIsLogSoftmaxOfTheLogits");
+  std::mt19937 rng(static_cast<uint32_t>(seed));
   for (const int64_t V : {1, 7, 333, 4099}) {
     SCOPED_TRACE("V " + std::to_string(V));
     std::normal_distribution<float> normal(0.f, 6.f);
