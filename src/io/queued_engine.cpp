@@ -310,9 +310,10 @@ QueuedIoEngine::Step QueuedIoEngine::on_result(Chunk& c, const Attempt& a, int64
                               " bytes when opened (was it truncated or replaced while ktier ran?)");
     return Step::kDone;
   }
-  if (!stalled) {
+  if (!stalled) {  // progress: the transient and stall limits count refusals in a row
     c.done = reached;
     c.stalled_reads = 0;
+    c.transient_retries = 0;
   }
   if (c.done >= needed) return Step::kDone;
   short_reads_.fetch_add(1, std::memory_order_relaxed);

@@ -15,6 +15,7 @@
 #include "common/run_process.h"
 #include "strata/trace_format.h"
 #include "tests/cli/run_cli_fixture.h"
+#include "tests/common/test_paths.h"
 
 namespace ktier::test {
 namespace {
@@ -461,8 +462,9 @@ TEST_F(RunEvalCli, StrataFlagsKeepTheIdsAndRejectWhatCannotRunLive) {
   EXPECT_EQ(run_process(ktier() + " run" + model() + ids + " --lookahead -1").exit_code, 2);
   // A profile recorded from another model shape (the conformance trace: 896 experts per layer).
   const fs::path other = dir_.string() + "-other.ktrace";
-  r = run_process(ktier() + " trace convert-k3c " + std::string(KTIER_CONFORMANCE_DIR) +
-                  "/expert_trace.bin -o " + other.string());
+  r = run_process(ktier() + " trace convert-k3c " +
+                  (test::conformance_dir() / "expert_trace.bin").string() + " -o " +
+                  other.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = run_process(ktier() + " run" + model() + ids + " --profile " + other.string());
   EXPECT_EQ(r.exit_code, 2) << r.err;
