@@ -230,7 +230,7 @@ class CompletionQueue {
   void on_submitted(size_t n);
   void deliver(Completion c);
   // Engine side: how many times the engine has cancelled this queue's requests. A request
-  // submitted before the latest cancel starts none of its reads once the engine has seen it.
+  // submitted before the latest cancel starts no further read once the engine has seen it.
   uint64_t cancels() const { return cancels_.load(std::memory_order_acquire); }
   void count_cancel() { cancels_.fetch_add(1, std::memory_order_acq_rel); }
 

@@ -7,7 +7,7 @@
 // so the long-run rate never exceeds the cap, and a steady stream of reads is paced evenly.
 // Granularity is the engine's chunk size (IoOptions::max_chunk_bytes).
 //
-// Thread-safety: reserve() may be called from any number of threads.
+// Thread-safety: reserve() and give_back() may be called from any number of threads.
 
 #include <chrono>
 #include <cstdint>
@@ -25,7 +25,7 @@ class RateLimiter {
 
   // Start time for a read of `bytes` issued no earlier than `now`.
   Clock::time_point reserve(uint64_t bytes, Clock::time_point now);
-  // For a read that will not be made (cancelled before it started): returns the part of the
+  // For a read that will not be made (cancelled before it started): gives back the part of the
   // slot reserve(bytes, ...) gave it, from `slot_start`, that has not elapsed by `now`, and later
   // reads move up by that much. Reads reserved after it keep their times, so for a moment two
   // may start together; the long-run rate stays under the cap, and time already passed is not

@@ -58,8 +58,10 @@ TEST_P(Contract, Bf16LinearIsTheDocumentedDot16) {
   std::mt19937_64 rng(5);
   const int64_t rows = 9, cols = 97;
   std::vector<uint16_t> w(rows * cols);
-  for (auto& h : w)
-    h = static_cast<uint16_t>(((rng() & 1) << 15) | ((120 + rng() % 9) << 7) | (rng() & 0x7f));
+  for (auto& h : w) {
+    const uint64_t sign = rng() & 1, exponent = 120 + rng() % 9, mantissa = rng() & 0x7f;
+    h = static_cast<uint16_t>((sign << 15) | (exponent << 7) | mantissa);
+  }
   for (int64_t r = 0; r < rows; ++r) w[r * cols + 94] = w[r * cols + 3];  // cancelling pair:
   const Isa isa = GetParam();
   for (int64_t T : {1, 2, 5}) {

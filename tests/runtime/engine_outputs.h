@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -25,13 +26,31 @@ namespace ktier::runtime {
 inline const std::vector<int32_t> kDialTestPrompt = {17, 42, 1, 99, 128, 7, 200, 63, 150, 31,
                                                      222, 88};
 
-// Whether io_uring can be set up here (a container may refuse it): then IoBackend::kAuto runs
-// on it, and a test comparing kAuto with kPread compares the two engines.
-inline bool io_uring_works_here() {
-  io::IoOptions o;
-  o.backend = io::IoBackend::kUring;
-  return io::make_io_engine(o).is_ok();
-}
+// Which engine the runs of a test comparing IoBackend::kAuto with kPread got: kPread must get
+// pread, and kAuto io_uring wherever io_uring can be set up with the runs' options (a container
+// may refuse it), so that the comparison is of the two engines. Call count() per opened engine,
+// then check() once.
+class IoEngineTally {
+ public:
+  void count(io::IoBackend asked, const Engine& e) {
+    const std::string name = e.io_engine()->name();
+    if (asked == io::IoBackend::kPread) {
+      EXPECT_EQ(name, "pread");
+    }
+    auto_runs_ += asked == io::IoBackend::kAuto;
+    auto_on_uring_ += asked == io::IoBackend::kAuto && name == "io_uring";
+  }
+  void check(io::IoOptions options) const {
+    std::printf("[ note ] %d of %d auto runs on io_uring\n", auto_on_uring_, auto_runs_);
+    options.backend = io::IoBackend::kUring;
+    if (io::make_io_engine(options).is_ok()) {
+      EXPECT_EQ(auto_on_uring_, auto_runs_);
+    }
+  }
+
+ private:
+  int auto_runs_ = 0, auto_on_uring_ = 0;
+};
 
 // Writes the tiny synthetic checkpoint to `dir` (call under ASSERT_NO_FATAL_FAILURE).
 inline void synth_tiny(const std::filesystem::path& dir) {

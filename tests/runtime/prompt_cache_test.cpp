@@ -285,8 +285,9 @@ TEST_P(PromptCacheTest, DamagedOrForeignFilesAreRefusedBeforeUse) {
 }
 
 // The last id run on its own gives the same bytes (on a GPU too, with its default fused
-// kernels): every prompt row's logits and the greedy ids; and the state before it is handed to
-// the snapshot.
+// kernels): the greedy ids as the prompt cache runs it (last rows only), and every prompt row's
+// logits where they are asked for (serve's echo); and the state before it is handed to the
+// snapshot.
 TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
   if (GetParam() == Where::kCuda && !no_cuda().empty()) GTEST_SKIP() << "no GPU: " << no_cuda();
   std::unique_ptr<Engine> e = open_engine(GetParam());
@@ -302,6 +303,17 @@ TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
       return Status::ok();
     };
   };
+  ASSERT_TRUE(generate(e->model(), e->experts(), kDialTestPrompt, g, into(plain)).is_ok());
+  std::vector<int64_t> seen;
+  const auto snapshot = [&](const model::SequenceState& s) {
+    seen.push_back(s.n_tokens);
+    return Status::ok();
+  };
+  g.before_last_prompt_id = snapshot;
+  ASSERT_TRUE(generate(e->model(), e->experts(), kDialTestPrompt, g, into(snapped)).is_ok());
+  EXPECT_EQ(snapped, plain);  // the last id run on its own: the same bytes
+  EXPECT_EQ(seen, std::vector<int64_t>{static_cast<int64_t>(kDialTestPrompt.size()) - 1});
+  // Every prompt row's logits asked for: the same bytes with and without the snapshot.
   const int64_t V = e->checkpoint().config().vocab_size;
   std::vector<float> plain_rows, snapped_rows;
   auto rows_into = [V](std::vector<float>& v) {
@@ -310,19 +322,19 @@ TEST_P(PromptCacheTest, GenerationSnapshotsTheStateBeforeThePromptsLastId) {
       return Status::ok();
     };
   };
+  std::vector<int32_t> plain_all_rows, snapped_all_rows;
+  g.before_last_prompt_id = nullptr;
   g.prompt_logits = rows_into(plain_rows);
-  ASSERT_TRUE(generate(e->model(), e->experts(), kDialTestPrompt, g, into(plain)).is_ok());
+  ASSERT_TRUE(
+      generate(e->model(), e->experts(), kDialTestPrompt, g, into(plain_all_rows)).is_ok());
+  g.before_last_prompt_id = snapshot;
   g.prompt_logits = rows_into(snapped_rows);
-  std::vector<int64_t> seen;
-  g.before_last_prompt_id = [&](const model::SequenceState& s) {
-    seen.push_back(s.n_tokens);
-    return Status::ok();
-  };
-  ASSERT_TRUE(generate(e->model(), e->experts(), kDialTestPrompt, g, into(snapped)).is_ok());
-  EXPECT_EQ(snapped, plain);  // the last id run on its own: the same bytes
+  ASSERT_TRUE(
+      generate(e->model(), e->experts(), kDialTestPrompt, g, into(snapped_all_rows)).is_ok());
   EXPECT_EQ(plain_rows.size(), kDialTestPrompt.size() * static_cast<size_t>(V));
   EXPECT_TRUE(test::same_bytes(snapped_rows, plain_rows));
-  EXPECT_EQ(seen, std::vector<int64_t>{static_cast<int64_t>(kDialTestPrompt.size()) - 1});
+  EXPECT_EQ(snapped_all_rows, plain);
+  EXPECT_EQ(plain_all_rows, plain);
   seen.clear();
   g.prompt_logits = nullptr;
   std::vector<int32_t> one;

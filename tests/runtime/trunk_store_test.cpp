@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -137,7 +138,8 @@ class TrunkStoreTest : public ::testing::Test {
 
 TEST_F(TrunkStoreTest, OutputIsIdenticalAcrossBudgetsSourcesEnginesAndThreads) {
   const uint64_t min = minimum();
-  int streamed_runs = 0, small_tiers = 0, auto_runs = 0, auto_on_uring = 0;
+  int streamed_runs = 0, small_tiers = 0;
+  IoEngineTally engines;
   for (const uint64_t budget : {min, min + 150'000, min + 600'000, min + 1'500'000, uint64_t{1} << 30}) {
     for (const bool use_pack : {false, true}) {
       for (const io::IoBackend backend : {io::IoBackend::kAuto, io::IoBackend::kPread}) {
@@ -149,12 +151,7 @@ TEST_F(TrunkStoreTest, OutputIsIdenticalAcrossBudgetsSourcesEnginesAndThreads) {
         ASSERT_TRUE(e.is_ok()) << e.status().message();
         streamed_runs += e.value()->trunk_store()->stats().layers_streamed > 0;
         small_tiers += e.value()->expert_cache()->stats().slots < 8;  // < one layer's experts
-        const std::string engine_name = e.value()->io_engine()->name();
-        if (backend == io::IoBackend::kPread) {
-          EXPECT_EQ(engine_name, "pread");
-        }
-        auto_runs += backend == io::IoBackend::kAuto;
-        auto_on_uring += backend == io::IoBackend::kAuto && engine_name == "io_uring";
+        engines.count(backend, **e);
         EXPECT_TRUE(same_bytes(logits(eo, budget == min ? 1 : 2), reference_))
             << "budget " << budget << (use_pack ? " pack" : " shards")
             << (backend == io::IoBackend::kPread ? " pread" : " auto");
@@ -163,10 +160,7 @@ TEST_F(TrunkStoreTest, OutputIsIdenticalAcrossBudgetsSourcesEnginesAndThreads) {
   }
   EXPECT_GE(streamed_runs, 12) << "the budgets must force streaming";
   EXPECT_GE(small_tiers, 4) << "the smallest budgets must force expert evictions";
-  std::printf("[ note ] %d of %d auto runs on io_uring\n", auto_on_uring, auto_runs);
-  if (io_uring_works_here()) {
-    EXPECT_EQ(auto_on_uring, auto_runs);
-  }
+  engines.check(options().io);
 }
 
 // How the bytes are read never changes them: O_DIRECT or buffered, one read in flight or
