@@ -17,7 +17,8 @@
 //
 // Text goes to stdout as it is generated (UTF-8 sequences are never split); the run report goes
 // to stderr. With --print-ids the generated ids follow the text on one line, comma-separated.
-// Ctrl-C stops at the next whole token with all of that (exit 130); see docs/ARCHITECTURE.md.
+// Ctrl-C stops at the next whole token with all of that (exit 130; a run saving nothing, after
+// the layer running); see docs/ARCHITECTURE.md.
 // A run stops at the eos_token_id of config.json and generation_config.json, at each --stop-id,
 // and with --chat at <|close|>; it is refused (exit 2) where none is named (K3-MODEL D3), unless
 // it generates nothing (-n 0).
@@ -472,16 +473,24 @@ Status run(const RunArgs& a) {
   bool sink_failed = false;  // stdout failed (a reader gone: `| head`): between tokens
   // Ctrl-C stops at a whole token: a single run after its prompt chunk or token, with its text,
   // report and trace (exit 130); a conversation's answer after at least one token (its message
-  // is never cut, and the answer closes as usual), the conversation going on. A second Ctrl-C
-  // quits at once (a trace then stays unfinished).
+  // is never cut, and the answer closes as usual), the conversation going on. A single run that
+  // saves no prompt cache and no trace stops sooner, after the layer running (its sequence is
+  // not used again; a K3 prompt chunk on a CPU can take minutes), with the whole tokens' text
+  // and report. A second Ctrl-C quits at once (a trace then stays unfinished).
   constexpr const char* kStopRun =
       "\nktier: Ctrl-C: stopping after this token or prompt chunk (Ctrl-C again quits at once)\n";
+  constexpr const char* kStopRunSoon =
+      "\nktier: Ctrl-C: stopping after this layer (Ctrl-C again quits at once)\n";
   constexpr const char* kStopAnswer =
       "\nktier: Ctrl-C: ending this answer (Ctrl-C again quits at once)\n";
-  InterruptRequest interrupt(a.interactive ? kStopAnswer : kStopRun);
+  const bool stop_inside_passes = !a.interactive && !write_cache && a.trace.empty();
+  InterruptRequest interrupt(a.interactive        ? kStopAnswer
+                             : stop_inside_passes ? kStopRunSoon
+                                                  : kStopRun);
   gen.stop_requested = [&] {
     return InterruptRequest::requested() && (!a.interactive || !generated.empty());
   };
+  if (stop_inside_passes) gen.abandon_requested = [] { return InterruptRequest::requested(); };
   const auto emit = [&](int32_t id) -> Status {
     generated.push_back(id);
     if (!stream || !tok::shown_as_text(*tokenizer, gen.stop_ids, id, a.special))
@@ -630,7 +639,7 @@ Status run(const RunArgs& a) {
   // prompt saves the part it ran (a later run goes on from there; the state before the last id
   // was saved already unless the run stopped just there).
   const int64_t ran = session->positions();
-  if (status.is_ok() && cache && !a.interactive &&
+  if (status.is_ok() && write_cache && !a.interactive && !session->abandoned() &&
       (a.prompt_cache_all || ran < static_cast<int64_t>(prompt.size()))) {
     status = cache->save(*engine, session->state(), session->ids());
   }

@@ -12,8 +12,8 @@
 // with what the previous one ran (a conversation's next message) runs only its new tokens.
 // Listening starts before the (long) load; until the model is ready every request is answered
 // 503 "the model is loading", as llama-server does, so that health checks see it.
-// Ctrl-C stops the server (exit 0): the answer in progress ends at its next token as an error
-// (503), waiting requests do not start. HTTP from Debian's cpp-httplib, linked only when the
+// Ctrl-C stops the server (exit 0): the answer in progress ends after the layer running as an
+// error (503), waiting requests do not start. HTTP from Debian's cpp-httplib, linked only when the
 // build found it (KTIER_SERVER).
 
 #include <poll.h>
@@ -541,7 +541,10 @@ class ApiHandlers {
       try {
         return service().complete(
             request, throw_in_answers ? throwing : on_text,
-            [&peer] { return InterruptRequest::requested() || peer.gone(); }, &busy, admission);
+            [&peer] { return InterruptRequest::requested() || peer.gone(); }, &busy, admission,
+            // The server stopping ends the answer inside its pass too (the sequence goes with
+            // it); a client gone, at a whole token or chunk (the next request may reuse it).
+            [] { return InterruptRequest::requested(); });
       } catch (const std::bad_alloc&) {
         return Status::runtime("out of memory: the system refused an allocation outside the "
                                "budgets while this request ran");
@@ -861,8 +864,8 @@ Status serve(const ServeArgs& a) {
     Listener& listener;
     ~StopListening() { listener.stop(Status::runtime("the server stopped")); }
   } stop_listening{listener};
-  // Ctrl-C (or SIGTERM): stop accepting, end the request in progress at its next token (503),
-  // exit 0. (During the load either ends the process at once.)
+  // Ctrl-C (or SIGTERM): stop accepting, end the request in progress after the layer running
+  // (503), exit 0. (During the load either ends the process at once.)
   signals.loaded();
   InterruptRequest interrupt(
       "\nktier: stopping the server (the same signal again, Ctrl-C or SIGTERM, quits at once)\n");
@@ -875,8 +878,8 @@ Status serve(const ServeArgs& a) {
   std::fflush(stderr);
   pollfd fd{interrupt.wake_fd(), POLLIN, 0};
   while (!listener.ended() && !InterruptRequest::requested()) ::poll(&fd, 1, 100);
-  // The answer in progress ends at its next token (or prompt chunk: minutes on a big model),
-  // then the connections get kDrainTime.
+  // The answer in progress ends after the layer running (a whole prompt chunk would be minutes
+  // on a big model), then the connections get kDrainTime.
   const bool listened =
       listener.stop(Status::ok(), [&service] { return service.totals().processing > 0; });
   signals.end_serving();  // before `interrupt` ends

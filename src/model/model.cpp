@@ -232,6 +232,8 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
       layer_observer_->after_layer(l, host.data(), T, E);
     }
     if (layer_progress_) layer_progress_(l);
+    if (layer_stop_ && l + 1 < c.num_hidden_layers && layer_stop_())
+      return Status::interrupted("the forward pass was stopped after layer " + std::to_string(l));
   }
   state.n_tokens += T;
   if (rows == LogitRows::kNone) return Status::ok();

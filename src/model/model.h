@@ -128,6 +128,11 @@ class Model {
   // (nothing is copied; in GPU mode the layer's work has been issued, not necessarily run).
   // Null: none.
   void set_layer_progress(std::function<void(int64_t layer)> f) { layer_progress_ = std::move(f); }
+  // Asked between two layers of every forward() (after layer_progress): true abandons the pass
+  // there with Status::interrupted, the state part-run (some layers hold the chunk, n_tokens
+  // does not): the sequence is unusable, as after any error of forward(). For a stop whose
+  // sequence is discarded anyway (Ctrl-C in a run that saves nothing). Null: never.
+  void set_layer_stop(std::function<bool()> f) { layer_stop_ = std::move(f); }
 
  private:
   TrunkSource& trunk_;
@@ -148,6 +153,7 @@ class Model {
   std::vector<LookaheadObserver*> lookahead_observers_;
   LayerObserver* layer_observer_ = nullptr;
   std::function<void(int64_t)> layer_progress_;
+  std::function<bool()> layer_stop_;
 };
 
 }  // namespace ktier::model

@@ -47,6 +47,29 @@ class LayerProgress {
   const ProgressFn& progress_;
   int64_t total_, start_ = 0, n_ = 0;
 };
+
+// Asks `abandon` between the layers of the model's passes while it lives, and sets `abandoned`
+// when it says so (the pass then ends part-run). A null `abandon`: nothing.
+class LayerStop {
+ public:
+  LayerStop(model::Model& model, const std::function<bool()>& abandon, bool& abandoned)
+      : model_(model), active_(static_cast<bool>(abandon)) {
+    if (!active_) return;
+    model_.set_layer_stop([&abandon, &abandoned] {
+      abandoned = abandoned || abandon();
+      return abandoned;
+    });
+  }
+  ~LayerStop() {
+    if (active_) model_.set_layer_stop(nullptr);
+  }
+  LayerStop(const LayerStop&) = delete;
+  LayerStop& operator=(const LayerStop&) = delete;
+
+ private:
+  model::Model& model_;
+  bool active_;
+};
 }  // namespace
 
 Status check_logits(const float* logits, int64_t n, int64_t positions) {
@@ -131,14 +154,17 @@ void GenerationSession::set_max_new_tokens(int64_t max_new_tokens) {
 
 void GenerationSession::set_callbacks(std::function<bool()> stop_requested,
                                       std::function<void()> before_decode,
-                                      ChunkLogitsSink prompt_logits) {
+                                      ChunkLogitsSink prompt_logits,
+                                      std::function<bool()> abandon_requested) {
   opts_.stop_requested = std::move(stop_requested);
+  opts_.abandon_requested = std::move(abandon_requested);
   opts_.before_decode = std::move(before_decode);
   opts_.prompt_logits = std::move(prompt_logits);
 }
 
 Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
                                                 const TokenSink& sink) {
+  KTIER_CHECK(!abandoned_);
   if (ids.empty() && !holds_logits_)
     return Status::usage("a turn needs at least one token (no logits are held)");
   const int64_t V = model_.config().vocab_size;
@@ -161,6 +187,7 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
   std::vector<float> rows;  // all_rows: a chunk's logits
   if (all_rows)
     rows.resize(static_cast<size_t>(std::min<int64_t>(opts_.prefill_chunk, total) * V));
+  const LayerStop layer_stop(model_, opts_.abandon_requested, abandoned_);
   Status prefilled;
   {  // the progress hook is the prefill's only: the decode's forward passes report none
     LayerProgress progress(model_, opts_.prefill_progress, total);
@@ -190,6 +217,12 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
                             last ? model::LogitRows::kLast : model::LogitRows::kNone,
                             last ? logits_.data() : nullptr);
       }
+      if (abandoned_) {  // the chunk was left part-run: none of it counts
+        prefilled = Status::ok();
+        st.interrupted = true;
+        st.prompt_tokens = static_cast<int64_t>(pos);
+        break;
+      }
       holds_logits_ = last && prefilled.is_ok();
       pos += n;
       if (prefilled.is_ok() && !last && stop_requested()) {
@@ -217,7 +250,12 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
     if (st.generated_tokens == opts_.max_new_tokens || stop_requested()) break;
     const int32_t one[1] = {id};
     holds_logits_ = false;
-    KTIER_RETURN_IF_ERROR(forward(one, model::LogitRows::kLast, logits_.data()));
+    const Status ran = forward(one, model::LogitRows::kLast, logits_.data());
+    if (abandoned_) {  // the token's pass was left part-run
+      st.interrupted = true;
+      break;
+    }
+    KTIER_RETURN_IF_ERROR(ran);
     holds_logits_ = true;
     ++st.decode_steps;
   }

@@ -50,6 +50,14 @@ struct GenerationOptions {
   // GenerationStats::interrupted (Ctrl-C in `ktier run`). A turn stopped inside its prompt has
   // run GenerationStats::prompt_tokens of its ids and sampled nothing. Null: never.
   std::function<bool()> stop_requested;
+  // Asked between the layers of every forward pass of a turn (prompt chunks and tokens): true
+  // abandons the pass there and ends the turn as stop_requested does (GenerationStats::
+  // interrupted; prompt_tokens and generated_tokens count what ran whole), but leaves the
+  // sequence part-run, so that the session is unusable (abandoned()). For a stop whose sequence
+  // is discarded anyway (Ctrl-C in a run that saves no prompt cache and no trace): one layer
+  // comes much sooner than the end of a chunk (a K3 chunk on a CPU can take minutes). Null:
+  // never.
+  std::function<bool()> abandon_requested;
   // Called at most once in a turn of two or more ids, when all of them but the last have run
   // (not when stop_requested ends the turn before); the last then runs as a forward pass of its
   // own. The prompt cache saves the state here. Its error ends the turn; its time is not counted
@@ -69,7 +77,7 @@ struct GenerationStats {
   double decode_seconds = 0;   // sampling + forward of every generated token but the last
   int64_t decode_steps = 0;    // forward(1) calls
   bool stopped_at_stop_id = false;
-  bool interrupted = false;  // stop_requested() ended the turn
+  bool interrupted = false;  // stop_requested() or abandon_requested() ended the turn
   uint64_t expert_bytes_prefill = 0, expert_bytes_decode = 0;  // from the ExpertSource
 };
 
@@ -89,7 +97,8 @@ Result<GenerationStats> generate(model::Model& model, const model::ExpertSource*
 // start with it where the text goes on through it (a stop token that is chat markup included;
 // `run --chat -i` leaves another stop id out, tok::end_assistant_turn). One sampler serves
 // every turn, so a seeded conversation repeats. Model, experts and opts as for generate();
-// opts.max_new_tokens is per turn. After an error the session is unusable.
+// opts.max_new_tokens is per turn. After an error, or a turn that abandoned a pass, the session
+// is unusable.
 class GenerationSession {
  public:
   static Result<std::unique_ptr<GenerationSession>> open(model::Model& model,
@@ -104,8 +113,11 @@ class GenerationSession {
                                                          model::SequenceState state,
                                                          std::vector<int32_t> ids);
   // Errors: generate()'s; `ids` empty only where holds_logits() (then nothing runs before the
-  // first token is sampled from them).
+  // first token is sampled from them). REQUIRES !abandoned().
   Result<GenerationStats> turn(std::span<const int32_t> ids, const TokenSink& sink);
+  // Whether a turn ended by abandon_requested left a forward pass part-run: the sequence holds
+  // part of a chunk or token in some layers, so nothing may run on it or save it.
+  bool abandoned() const { return abandoned_; }
   // Whether the logits after the last id run are held (a turn ran to its sampling; not after a
   // turn stopped in its prompt, nor for a restored state).
   bool holds_logits() const { return holds_logits_; }
@@ -126,15 +138,20 @@ class GenerationSession {
   // The turns from now on call these (GenerationOptions' callbacks of the same names; null:
   // none), in place of those the session was opened with.
   void set_callbacks(std::function<bool()> stop_requested, std::function<void()> before_decode,
-                     ChunkLogitsSink prompt_logits = nullptr);
+                     ChunkLogitsSink prompt_logits = nullptr,
+                     std::function<bool()> abandon_requested = nullptr);
   int64_t positions() const { return seq_.n_tokens; }  // tokens run so far
   // The ids run so far, in order (positions() of them).
   std::span<const int32_t> ids() const { return ids_; }
   // The sampler's draws so far, and a skip past those of a saved conversation (Sampler).
   uint64_t sampler_draws() const { return sampler_.draws(); }
   void skip_sampler_draws(uint64_t n) { sampler_.skip_draws(n); }
-  // The sequence's state after the tokens run so far (valid until the next turn).
-  const model::SequenceState& state() const { return seq_; }
+  // The sequence's state after the tokens run so far (valid until the next turn). REQUIRES
+  // !abandoned().
+  const model::SequenceState& state() const {
+    KTIER_CHECK(!abandoned_);
+    return seq_;
+  }
 
  private:
   GenerationSession(model::Model& model, const model::ExpertSource* experts,
@@ -150,6 +167,7 @@ class GenerationSession {
   model::SequenceState seq_;
   std::vector<int32_t> ids_;  // the ids seq_ has run
   bool holds_logits_ = false;  // logits_ are those after ids_.back()
+  bool abandoned_ = false;     // abandon_requested ended a forward pass inside
   Sampler sampler_;
   std::vector<float> logits_;
 };

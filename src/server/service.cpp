@@ -137,7 +137,8 @@ Status Service::admission() const {
 
 Result<Completion> Service::complete(const PreparedRequest& prepared, const TextSink& on_text,
                                      const std::function<bool()>& stop_requested, bool* busy,
-                                     Admission admission) {
+                                     Admission admission,
+                                     const std::function<bool()>& abandon_requested) {
   if (busy) *busy = false;
   const Result<uint64_t> ticket = join_line(admission);
   if (!ticket.is_ok()) {
@@ -179,7 +180,7 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
       if (!counted) ++s.totals_.requests_failed;
     }
   } end_processing{*this, counted};
-  Result<Completion> done = complete_locked(prepared, on_text, stop_requested);
+  Result<Completion> done = complete_locked(prepared, on_text, stop_requested, abandon_requested);
   const runtime::EngineCounters counters = runtime::EngineCounters::of(engine_);
   std::lock_guard<std::mutex> totals(totals_mutex_);
   totals_.engine = counters;
@@ -198,7 +199,8 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
 
 Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
                                             const TextSink& on_text,
-                                            const std::function<bool()>& stop_requested) {
+                                            const std::function<bool()>& stop_requested,
+                                            const std::function<bool()>& abandon_requested) {
   // A request that waited while the server was told to stop does not start.
   if (stop_requested && stop_requested())
     return Status::interrupted("the server is stopping: this request was not started");
@@ -293,7 +295,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   }
   session_->configure_turns(max_tokens, request.sampling);
   session_->set_callbacks(gen.stop_requested, gen.before_decode,
-                          score_echo ? score_prompt : nullptr);
+                          score_echo ? score_prompt : nullptr, abandon_requested);
   const int64_t cached = session_->positions();
   // Replaced when the decode starts; a turn stopped in its prompt reports from here.
   out.report.decode_start = runtime::EngineCounters::start_window(engine_);
@@ -314,6 +316,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     session_.reset();
     return engine_.explain_nonfinite(turn.status());
   }
+  if (session_->abandoned()) session_.reset();  // part-run, as after an error
   const bool withheld = echo_unscored();  // (then nothing was sampled)
   if (withheld) {
     out.text.clear();

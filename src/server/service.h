@@ -110,10 +110,14 @@ class Service {
   // or the server was told to stop, while it waited). Status::interrupted too, at once, when
   // max_waiting requests wait already (busy: `busy` set), unless `admission` is kAdmitted.
   // Other errors: the model's (I/O, corrupt bytes), after which the next request starts a fresh
+  // sequence. `abandon_requested` (may be null; the server stopping) is asked between the layers
+  // of each forward pass as well (GenerationOptions::abandon_requested): true ends the answer
+  // inside the pass, as stop_requested does at a token, and the next request starts a fresh
   // sequence.
   Result<Completion> complete(const PreparedRequest& prepared, const TextSink& on_text,
                               const std::function<bool()>& stop_requested,
-                              bool* busy = nullptr, Admission admission = Admission::kChecked);
+                              bool* busy = nullptr, Admission admission = Admission::kChecked,
+                              const std::function<bool()>& abandon_requested = nullptr);
   static constexpr std::chrono::milliseconds kTurnPoll{100};
   // complete()'s refusal of a request while max_waiting requests wait (Status::interrupted),
   // or ok: asked before a streamed answer's status line is sent (complete() asks again).
@@ -132,7 +136,8 @@ class Service {
   runtime::GenerationOptions gen_;  // stop ids, chunk, reserve; per request: sampling, limit
 
   Result<Completion> complete_locked(const PreparedRequest& prepared, const TextSink& on_text,
-                                     const std::function<bool()>& stop_requested);
+                                     const std::function<bool()>& stop_requested,
+                                     const std::function<bool()>& abandon_requested);
   // The line of requests waiting to generate (first come, first served). join_line takes a
   // place (its ticket) and counts the request as waiting, in one step (the busy refusal
   // otherwise); wait_turn returns true when that ticket's turn has come (end_turn() after it),

@@ -210,7 +210,7 @@ TEST(BoundValidation, Linear) {
             }
         };
         linear_by(
-            [&](const std::function<float(int64_t)>& term) {
+            [&](const auto& term) {
               return sum_f32(cols, T == 1 ? Order::kStrided32 : Order::kReverse, term);
             },
             got);
@@ -226,11 +226,7 @@ TEST(BoundValidation, Linear) {
         // cuBLAS's prefill takes F32 and BF16 weights at T >= 8 (BF16 on the split x).
         if (T < 8 || (type != cpu::WeightType::kF32 && type != cpu::WeightType::kBF16)) continue;
         std::vector<float> like_blas(T * w.rows);
-        linear_by(
-            [&](const std::function<float(int64_t)>& term) {
-              return sum_like_tensor_cores(cols, term);
-            },
-            like_blas);
+        linear_by([&](const auto& term) { return sum_like_tensor_cores(cols, term); }, like_blas);
         const std::vector<double> blas_tol = cublas_linear_bound(w, x, T);
         const std::string blas_op = op + ", cuBLAS-like";
         check(tight, blas_op, seed, want, like_blas, blas_tol);

@@ -187,6 +187,34 @@ TEST_F(InterruptCli, RunStoppedInItsPromptSavesThePartItRan) {
   }
 }
 
+// A run that saves nothing (no --prompt-cache, no --trace) stops inside its prompt chunk, after
+// the layer running, not at the chunk's end (a K3 chunk on a CPU can take minutes): one chunk of
+// the whole prompt, paced by the disk as above (~3 s a pass), stops with none of it run and
+// nothing sampled, where it used to run the chunk and sample a token.
+TEST_F(InterruptCli, RunSavingNothingStopsInsideItsPromptChunk) {
+  const fs::path report = dir_ / "inside-chunk.json";
+  ChildProcess c(run_args({"--ids", spread_ids(1500), "--chunk", "1500", "--threads", "1",
+                           "--ram", "15M", "--io-rate-limit", "1", "--print-ids",
+                           "--report-json", report.string()},
+                          "3"));
+  ASSERT_TRUE(c.started());
+  ASSERT_TRUE(c.wait_for(Stream::kErr, "] experts: ")) << c.err();
+  ::usleep(300 * 1000);
+  c.signal(SIGINT);
+  ASSERT_EQ(c.wait(), 130) << c.err();
+  EXPECT_NE(c.err().find("ktier: Ctrl-C: stopping after this layer"), std::string::npos)
+      << c.err();
+  EXPECT_NE(c.err().find("ktier: stopped by Ctrl-C in the prompt, after 0 of its 1500 tokens"),
+            std::string::npos)
+      << c.err();
+  EXPECT_EQ(c.err().find("ktier: error:"), std::string::npos) << c.err();
+  EXPECT_EQ(last_line(c.out()), "");  // no id generated
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(report));
+  EXPECT_EQ(j.at("stop"), "interrupted");
+  EXPECT_EQ(j.at("prompt_tokens"), 0);
+  EXPECT_EQ(j.at("generated_tokens"), 0);
+}
+
 TEST_F(InterruptCli, ConversationAnswerEndsAndTheConversationGoesOn) {
   const fs::path trace = dir_ / "chat.ktrace";
   ChildProcess c(run_args({"--chat", "-i", "-p", "hello", "-c", "50000", "--trace", trace.string()},

@@ -219,6 +219,83 @@ TEST_P(GoldenTest, StopRequestEndsTheTurnAtAWholeToken) {
   EXPECT_EQ(got, want);
 }
 
+// abandon_requested (Ctrl-C in a run that saves nothing) is asked between the layers of every
+// pass and ends the turn inside one: in the prompt, none of the chunk counts; in the decode, the
+// tokens sampled before the pass are the greedy ones. The session is then abandoned(); asked
+// and never stopping, the turn is whole.
+TEST_P(GoldenTest, AbandonRequestEndsTheTurnBetweenLayers) {
+  const Variant& v = GetParam();
+  auto engine = open_engine(v);
+  ASSERT_TRUE(engine);
+  const auto want = golden(v).at("greedy").get<std::vector<int32_t>>();
+  ASSERT_GE(want.size(), 4u);
+  const auto prompt = golden_prompt(v);
+  ASSERT_EQ(prompt.size(), 12u);
+  const int64_t L = engine->model().config().num_hidden_layers;
+  ASSERT_GE(L, 3);  // a pass has two layer boundaries or more
+  runtime::GenerationOptions o;
+  o.max_new_tokens = static_cast<int64_t>(want.size());
+  o.prefill_chunk = 5;
+  o.stop_requested = [] { return false; };
+  std::vector<int32_t> got;
+  const auto sink = [&](int32_t id) {
+    got.push_back(id);
+    return Status::ok();
+  };
+  int64_t asked = 0;
+
+  // Inside the second chunk, after its second layer (the first chunk's L - 1 boundaries, then
+  // two of the second's).
+  o.abandon_requested = [&] { return ++asked == L + 1; };
+  auto in_prompt = runtime::GenerationSession::open(engine->model(), engine->experts(), o);
+  ASSERT_TRUE(in_prompt.is_ok());
+  auto stats = (*in_prompt)->turn(prompt, sink);
+  ASSERT_TRUE(stats.is_ok()) << stats.status().message();
+  EXPECT_TRUE(stats->interrupted);
+  EXPECT_EQ(stats->prompt_tokens, 5);
+  EXPECT_EQ(stats->generated_tokens, 0);
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(asked, L + 1);
+  EXPECT_TRUE((*in_prompt)->abandoned());
+  EXPECT_EQ((*in_prompt)->positions(), 5);  // the whole chunks; some layers hold more
+  EXPECT_FALSE((*in_prompt)->holds_logits());
+
+  // Inside the pass after the second sampled token: its first boundary.
+  asked = 0;
+  o.abandon_requested = [&] {
+    ++asked;
+    return got.size() == 2;
+  };
+  auto in_decode = runtime::GenerationSession::open(engine->model(), engine->experts(), o);
+  ASSERT_TRUE(in_decode.is_ok());
+  stats = (*in_decode)->turn(prompt, sink);
+  ASSERT_TRUE(stats.is_ok()) << stats.status().message();
+  EXPECT_TRUE(stats->interrupted);
+  EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + 2));
+  EXPECT_EQ(stats->prompt_tokens, 12);
+  EXPECT_EQ(stats->generated_tokens, 2);
+  EXPECT_EQ(stats->decode_steps, 1);
+  EXPECT_EQ(asked, 4 * (L - 1) + 1);  // 3 chunks, 1 token, then the one that stopped
+  EXPECT_TRUE((*in_decode)->abandoned());
+  EXPECT_EQ((*in_decode)->positions(), 13);
+
+  // Asked, never stopping: the whole continuation; the hook is gone with the turn.
+  got.clear();
+  asked = 0;
+  o.abandon_requested = [&] {
+    ++asked;
+    return false;
+  };
+  auto whole = runtime::generate(engine->model(), engine->experts(), prompt, o, sink);
+  ASSERT_TRUE(whole.is_ok()) << whole.status().message();
+  EXPECT_FALSE(whole->interrupted);
+  EXPECT_EQ(got, want);
+  const int64_t passes = 3 + static_cast<int64_t>(want.size()) - 1;
+  EXPECT_EQ(asked, passes * (L - 1));
+  eval_logits(*engine, prompt, 5);
+  EXPECT_EQ(asked, passes * (L - 1));
+}
+
 // prompt_logits: every prompt row's logits, each chunk's as it runs, are those of a
 // teacher-forced pass to the bit, in two turns of one session; the tokens generated do not
 // change; an error from it ends the turn.

@@ -153,6 +153,21 @@ TEST_F(DeviceModeTest, AForwardThatRunsOutOfMemoryLeavesTheDeviceEngineWhole) {
       kDialTestPrompt);
 }
 
+// GPU mode's pass abandoned between two layers (Ctrl-C in a run that saves nothing), with
+// copies and reads made for layers it never reached: the device trunk's streamed layers, the
+// host's ring, the VRAM tier and the RAM tier below it serve the next pass the CPU's bytes,
+// whichever boundary it stopped at: every 4th.
+TEST_F(DeviceModeTest, APassAbandonedBetweenLayersLeavesTheDeviceEngineWhole) {
+  const auto ck = format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread);
+  ASSERT_TRUE(ck.is_ok());
+  EngineOptions eo = emulated(budgets()[1]);
+  eo.ram_budget = dial_minimum(*ck, nullptr, 1, 2, false, nullptr).total();
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  ASSERT_LT((*e)->device_trunk()->resident_layers(), layers_) << "some layers must stream";
+  expect_abandoned_passes_leave_engine_whole(**e, kDialTestPrompt, reference_, 4);
+}
+
 TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {
   EngineOptions eo = emulated(budgets()[1]);
   const int depth = eo.lookahead.value_or(kDefaultLookahead);
@@ -511,9 +526,8 @@ TEST_F(DeviceModeTest, CudaMatchesTheCpuAndIsBudgetInvariant) {
   const size_t n_logits = kDialTestPrompt.size() * V;
   const int64_t whole = static_cast<int64_t>(kDialTestPrompt.size());
   ASSERT_GE(whole, 8) << "one pass must reach cuBLAS's 8 tokens";
-  // Poisoned before each pass (as logits_then_greedy_ids does), so that a pass writing nothing
-  // cannot pass on the bytes of the one before; cuBLAS's logits are kept for the argmax below.
-  constexpr uint32_t kPoison = 0xffffffffu;
+  // Poisoned before each pass, so that a pass writing nothing cannot pass on the bytes of the
+  // one before; cuBLAS's logits are kept for the argmax below.
   std::vector<float> one_pass(n_logits), cublas_pass;
   for (const bool cublas : {false, true})
     for (const int64_t chunk : {whole, int64_t{1}}) {
@@ -524,12 +538,9 @@ TEST_F(DeviceModeTest, CudaMatchesTheCpuAndIsBudgetInvariant) {
       eo.cublas_prefill = cublas;
       auto e = Engine::open(eo);
       ASSERT_TRUE(e.is_ok()) << e.status().message();
-      std::fill(one_pass.begin(), one_pass.end(), std::bit_cast<float>(kPoison));
+      poison_logits(one_pass);
       ASSERT_TRUE(evaluate((*e)->model(), kDialTestPrompt, chunk, one_pass.data()).is_ok());
-      EXPECT_EQ(std::count_if(one_pass.begin(), one_pass.end(),
-                              [](float x) { return std::bit_cast<uint32_t>(x) == kPoison; }),
-                0)
-          << "logits evaluate() did not write";
+      EXPECT_EQ(unwritten_logits(one_pass), 0) << "logits evaluate() did not write";
       if (cublas) cublas_pass = one_pass;
       // (cuBLAS asked of a module without it: the fused kernels, so the same bytes too.)
       if (!cublas || !(*e)->backend().uses_blas()) {

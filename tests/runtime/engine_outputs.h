@@ -78,6 +78,21 @@ inline void open_shard_files(const format::Checkpoint& ckpt, ShardFiles& out,
   }
 }
 
+// Logits poisoned with all-ones bits (a NaN no arithmetic makes) before a pass, so that a logit
+// the pass never writes is caught by unwritten_logits(), not compared equal to a reference that
+// missed it the same way (or to the bytes of an earlier pass in the same buffer).
+inline constexpr uint32_t kLogitPoison = 0xffffffffu;
+
+inline void poison_logits(std::vector<float>& logits) {
+  std::fill(logits.begin(), logits.end(), std::bit_cast<float>(kLogitPoison));
+}
+
+// How many of `logits` still hold the poison poison_logits() wrote.
+inline int64_t unwritten_logits(const std::vector<float>& logits) {
+  return std::count_if(logits.begin(), logits.end(),
+                       [](float x) { return std::bit_cast<uint32_t>(x) == kLogitPoison; });
+}
+
 inline std::vector<float> logits_then_greedy_ids(const EngineOptions& eo,
                                                  const std::vector<int32_t>& prompt) {
   auto e = Engine::open(eo);
@@ -85,15 +100,10 @@ inline std::vector<float> logits_then_greedy_ids(const EngineOptions& eo,
   if (!e.is_ok()) return {};
   Engine& engine = *e.value();
   const int64_t V = engine.checkpoint().config().vocab_size;
-  // Poisoned (all-ones bits, a NaN no arithmetic makes) so that a logit evaluate() never
-  // writes is caught here, not compared equal to a reference that missed it the same way.
-  constexpr uint32_t kPoison = 0xffffffffu;
-  std::vector<float> out(prompt.size() * static_cast<size_t>(V), std::bit_cast<float>(kPoison));
+  std::vector<float> out(prompt.size() * static_cast<size_t>(V));
+  poison_logits(out);
   EXPECT_TRUE(evaluate(engine.model(), prompt, 5, out.data()).is_ok());
-  const auto unwritten = std::count_if(out.begin(), out.end(), [](float x) {
-    return std::bit_cast<uint32_t>(x) == kPoison;
-  });
-  EXPECT_EQ(unwritten, 0) << "logits evaluate() did not write";
+  EXPECT_EQ(unwritten_logits(out), 0) << "logits evaluate() did not write";
   GenerationOptions g;
   g.max_new_tokens = 6;
   g.reserve_positions = static_cast<int64_t>(prompt.size()) + g.max_new_tokens - 1;  // GPU mode's plan
@@ -115,18 +125,15 @@ inline void expect_forward_out_of_memory_leaves_engine_whole(
   ASSERT_GE(prompt.size(), 3u);
   const std::vector<int32_t> ids(prompt.begin(), prompt.begin() + 3);
   std::vector<float> out(ids.size() * static_cast<size_t>(engine.checkpoint().config().vocab_size));
-  // Poisoned before each pass (all-ones bits, a NaN no arithmetic makes): a pass that says ok
-  // but leaves logits unwritten cannot pass for the one before it.
+  // Poisoned before each pass: a pass that says ok but leaves logits unwritten cannot pass for
+  // the one before it.
   const auto pass = [&] {
-    std::fill(out.begin(), out.end(), std::bit_cast<float>(0xffffffffu));
+    poison_logits(out);
     return evaluate(engine.model(), ids, 3, out.data());
   };
   ASSERT_TRUE(pass().is_ok());
   const std::vector<float> want = out;
-  ASSERT_EQ(std::count_if(want.begin(), want.end(),
-                          [](float x) { return std::bit_cast<uint32_t>(x) == 0xffffffffu; }),
-            0)
-      << "the warm pass left logits unwritten";
+  ASSERT_EQ(unwritten_logits(want), 0) << "the warm pass left logits unwritten";
   if (reference != nullptr) {
     ASSERT_GE(reference->size(), want.size());
     ASSERT_TRUE(test::same_bytes(want, {reference->begin(), reference->begin() + want.size()}))
@@ -141,6 +148,46 @@ inline void expect_forward_out_of_memory_leaves_engine_whole(
   const long failures = test::fail_allocations_in_turn(test, stride, pass, recovered);
   EXPECT_GT(failures, 0);
   EXPECT_TRUE(test::same_bytes(out, want)) << "the pass that got through";
+}
+
+// Turns over `prompt` (12 ids: prompt chunks of 5, 5 and 2, then tokens) abandoned between two
+// layers (GenerationOptions::abandon_requested, Ctrl-C in a run that saves nothing) at every
+// `stride`-th layer boundary of the first 5 passes, each followed by a teacher-forced pass on
+// the same engine, which must end (no hang, no CHECK) with `reference`'s first logits, with
+// the read-ahead, copies and prefetches the abandoned pass made for the layers it never reached
+// still about. (Output bytes never depend on the tiers, so what begin_pass clears of their
+// counters is checked by the tiers' own tests.)
+inline void expect_abandoned_passes_leave_engine_whole(Engine& engine,
+                                                       const std::vector<int32_t>& prompt,
+                                                       const std::vector<float>& reference,
+                                                       int64_t stride) {
+  ASSERT_EQ(prompt.size(), 12u);
+  const int64_t boundaries = engine.checkpoint().config().num_hidden_layers - 1;  // per pass
+  const size_t vocab = static_cast<size_t>(engine.checkpoint().config().vocab_size);
+  ASSERT_GE(reference.size(), prompt.size() * vocab);
+  for (int64_t stop_at = 1; stop_at <= 5 * boundaries; stop_at += stride) {
+    SCOPED_TRACE("stopped at boundary " + std::to_string(stop_at));
+    GenerationOptions g;
+    g.prefill_chunk = 5;
+    g.max_new_tokens = 6;
+    g.reserve_positions = static_cast<int64_t>(prompt.size()) + g.max_new_tokens - 1;
+    int64_t asked = 0;
+    g.abandon_requested = [&] { return ++asked == stop_at; };
+    auto session = GenerationSession::open(engine.model(), engine.experts(), g);
+    ASSERT_TRUE(session.is_ok()) << session.status().message();
+    auto turn = (*session)->turn(prompt, [](int32_t) { return Status::ok(); });
+    ASSERT_TRUE(turn.is_ok()) << turn.status().message();
+    EXPECT_TRUE((*session)->abandoned());
+    const int64_t pass = (stop_at - 1) / boundaries;  // the pass it stopped inside
+    EXPECT_EQ(turn->prompt_tokens, std::min<int64_t>(5 * pass, 12));
+    EXPECT_EQ(turn->generated_tokens, std::max<int64_t>(pass - 2, 0));
+    session->reset();
+    std::vector<float> out(prompt.size() * vocab);
+    poison_logits(out);
+    const Status s = evaluate(engine.model(), prompt, 12, out.data());
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    EXPECT_TRUE(test::same_bytes(out, {reference.begin(), reference.begin() + out.size()}));
+  }
 }
 
 }  // namespace ktier::runtime

@@ -535,6 +535,16 @@ TEST_F(TrunkStoreTest, AForwardThatRunsOutOfMemoryLeavesTheEngineWhole) {
       &reference_);
 }
 
+// A pass abandoned between two layers (Ctrl-C in a run that saves nothing) over the streamed
+// pack and the expert tier leaves the engine sound, whichever layer of which chunk or token it
+// stopped after: every 5th boundary.
+TEST_F(TrunkStoreTest, APassAbandonedBetweenLayersLeavesTheEngineWhole) {
+  auto e = open(faulty_streamed_pack());
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  ASSERT_GT(e.value()->trunk_store()->stats().layers_streamed, 0);
+  expect_abandoned_passes_leave_engine_whole(*e.value(), prompt_, reference_, 5);
+}
+
 TEST_F(TrunkStoreTest, FailingReadsFailWithExitOneNamingTheFile) {
   EngineOptions eo = faulty_streamed_pack();
   auto e = open(eo);

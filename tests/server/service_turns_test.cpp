@@ -390,5 +390,31 @@ TEST_F(ServiceTest, AnAnswerStoppedInItsPromptLeavesASoundPrefix) {
   EXPECT_EQ(next.text, answer(*service(), text_request(prompt, 4)).text);
 }
 
+// The server stopping (abandon_requested) ends the answer inside a forward pass of its prompt:
+// nothing is sampled, and the part-run sequence is not reused by the next request, which
+// answers as a fresh one would.
+TEST_F(ServiceTest, AnAnswerAbandonedInsideAPassLeavesNoSequenceToReuse) {
+  auto s = service();  // chunks of 7
+  const std::string prompt =
+      "The lighthouse keeper checked the lamp, the lens and the log before the storm came in";
+  auto prepared = s->prepare(text_request(prompt, 4));
+  ASSERT_TRUE(prepared.is_ok());
+  ASSERT_GT(prepared->ids.size(), 14u);
+  const int64_t boundaries = engine_->checkpoint().config().num_hidden_layers - 1;
+  int64_t asked = 0;  // inside the second chunk, after its third layer
+  auto stopped = s->complete(
+      *prepared, [](std::string_view, auto) { return true; }, nullptr, nullptr,
+      Admission::kChecked, [&] { return ++asked == boundaries + 3; });
+  ASSERT_TRUE(stopped.is_ok()) << stopped.status().message();
+  EXPECT_EQ(asked, boundaries + 3);
+  EXPECT_TRUE(stopped->cancelled);
+  EXPECT_EQ(stopped->usage.completion_tokens, 0);
+  EXPECT_EQ(stopped->report.gen.prompt_tokens, 7);
+  EXPECT_EQ(stopped->text, "");
+  const Completion next = answer(*s, text_request(prompt, 4));
+  EXPECT_EQ(next.usage.cached_tokens, 0);
+  EXPECT_EQ(next.text, answer(*service(), text_request(prompt, 4)).text);
+}
+
 }  // namespace
 }  // namespace ktier::server
