@@ -733,8 +733,8 @@ class TerminationSignals {
     ::kill(::getpid(), sig);
     ::_exit(128 + sig);  // PID 1: the default action is not taken
   }
-  // A second SIGTERM quits at once, as a second Ctrl-C does (the stop may wait for a prompt
-  // chunk: minutes on a big model).
+  // A second SIGTERM quits at once, as a second Ctrl-C does (the stop may wait for the layer
+  // running: seconds or more on a big model).
   static void request_stop(int sig) {
     if (InterruptRequest::request_from_signal_handler()) quit_at_once(sig);
   }

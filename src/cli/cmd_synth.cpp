@@ -10,7 +10,8 @@
 // exceed the output file system's free space (with --shapes-only: refused after the first shard
 // when the file system does not keep its hole). The summary goes to stdout, progress to stderr.
 // Exit codes: 0 ok, 1 I/O failure or too little disk space, 2 bad flags or a non-empty DIR
-// without --force.
+// without --force (with it, one holding checkpoint files synth did not write: its .ktier-synth
+// marker is missing).
 
 #include <cstdio>
 #include <memory>
@@ -88,7 +89,9 @@ void register_synth_command(CLI::App& app, int& exit_code) {
                 "same values) instead of MXFP4");
   args->dtype_option = sub->add_option("--expert-dtype", args->expert_dtype, "f32 or bf16 (with --float-experts)")
                            ->check(CLI::IsMember({"f32", "bf16"}));
-  sub->add_flag("--force", args->options.force, "overwrite a checkpoint in a non-empty output directory");
+  sub->add_flag("--force", args->options.force,
+                "overwrite the checkpoint an earlier synth wrote in the output directory (one "
+                "whose checkpoint files have no .ktier-synth marker beside them is refused)");
   add_threads_option(sub, args->options.threads, "Generator threads (at most 64 are used)");
   sub->add_flag("-q,--quiet", args->quiet, "no progress meter");
 

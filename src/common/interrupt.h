@@ -1,7 +1,8 @@
 #pragma once
-// Ctrl-C for work that can stop at a clean point (`ktier run`: between tokens), as llama.cpp
-// users expect: the first SIGINT only asks, and the work ends at its next such point with its
-// output and report; a second SIGINT ends the process at once, as if nothing were installed.
+// Ctrl-C for work that can stop at a clean point (`ktier run`: between tokens, or between layers
+// where nothing is saved), as llama.cpp users expect: the first SIGINT only asks, and the work
+// ends at its next such point with its output and report; a second SIGINT ends the process at
+// once, as if nothing were installed.
 //
 // While an InterruptRequest lives, SIGINT sets a process-wide flag (requested()), writes the
 // current notice to stderr, makes wake_fd() readable, and puts the previous disposition back

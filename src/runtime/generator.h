@@ -42,8 +42,8 @@ struct GenerationOptions {
   std::function<void()> before_decode;
   // Prefill progress of a turn: once with done == 0 before the first chunk, then after every
   // layer of every prompt chunk, the prompt tokens done (whole chunks, plus the layers done of
-  // the current one, rounded down) and the turn's total; the last call has done == total.
-  // Null: none.
+  // the current one, rounded down) and the turn's total; the last call has done == total
+  // unless the turn stopped in its prompt. Null: none.
   ProgressFn prefill_progress;
   // Asked after every prefill chunk but the last, and after every sampled token has gone to the
   // sink (before it is run): true ends the turn there, at a whole token, with
@@ -73,9 +73,10 @@ struct GenerationOptions {
 struct GenerationStats {
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
+  // The time the passes took, an abandoned one's part included (not its tokens or step).
   double prefill_seconds = 0;  // prompt forward passes, up to the first token's logits
   double decode_seconds = 0;   // sampling + forward of every generated token but the last
-  int64_t decode_steps = 0;    // forward(1) calls
+  int64_t decode_steps = 0;    // forward(1) calls that ran whole
   bool stopped_at_stop_id = false;
   bool interrupted = false;  // stop_requested() or abandon_requested() ended the turn
   uint64_t expert_bytes_prefill = 0, expert_bytes_decode = 0;  // from the ExpertSource

@@ -13,7 +13,8 @@
 //             of 32 (w2 reads I) — the same choice as tools/reference (TINY_FLAT_MXFP4). I is 64
 //             for --float-experts too, so the float variant holds exactly the dequantised values
 //             of the MXFP4 variant (an exact cross-check of the packed and plain expert paths).
-//             `--float-experts --expert-inter 48` gives the conformance shape exactly. ~3 MB.
+//             `--float-experts --expert-inter 48` gives the conformance shape but for the
+//             vocabulary (synth's has the 16 added ids besides the 256 bytes). ~3 MB.
 //   demo      a model a 2-core CPU decodes well under a second per token, ~2.8 GB on disk:
 //             E 1024, L 16, KDA 8×128, MLA 8 heads (q_lora 384, kv_lora 256, nope 64, rope 32,
 //             v 128) on 1-based layers 4,8,12,15,16 (every 4th and the last two, K3's rule),

@@ -33,6 +33,9 @@ namespace {
 
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kConfigName = "config.json";
+// Written first into every folder synth writes, so that --force replaces a checkpoint only where
+// synth wrote it (a release's shards share synth's names: a mistyped -o must not delete them).
+constexpr const char* kMarkerName = ".ktier-synth";
 constexpr const char* kSmallFiles[] = {"generation_config.json", "tiktoken.model",
                                        "tokenizer_config.json"};
 // Upper bound on one work unit of float bytes; a multiple of 32 elements of any dtype.
@@ -58,7 +61,7 @@ bool is_our_file(const std::string& n) {
   if (is_shard_name(n)) return true;
   std::string base = n;
   if (base.size() > 4 && base.compare(base.size() - 4, 4, ".tmp") == 0) base.resize(base.size() - 4);
-  if (base == kIndexName || base == kConfigName) return true;
+  if (base == kIndexName || base == kConfigName || base == kMarkerName) return true;
   for (const char* s : kSmallFiles)
     if (base == s) return true;
   return false;
@@ -98,8 +101,9 @@ Status check_free_space(const fs::path& dir, long double need, bool force) {
 }
 
 // Creates `dir`, or empties the checkpoint files of a previous synth there (--force); refuses a
-// non-empty folder without --force (exit 2) and, before removing anything, a shape whose
-// tensors need more than the free space (`need`, exit 1).
+// non-empty folder without --force, and with it one holding checkpoint files but no synth marker
+// (exit 2), and, before removing anything, a shape whose tensors need more than the free space
+// (`need`, exit 1).
 Status prepare_output_dir(const fs::path& dir, bool force, long double need) {
   std::error_code ec;
   const auto st = fs::status(dir, ec);
@@ -112,6 +116,15 @@ Status prepare_output_dir(const fs::path& dir, bool force, long double need) {
     if (ec) return Status::runtime("cannot read " + dir.string() + ": " + ec.message());
     if (!empty && !force)
       return Status::usage(dir.string() + " is not empty; pass --force to overwrite a checkpoint there");
+    if (!empty && !fs::exists(dir / kMarkerName, ec)) {
+      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+        if (is_our_file(it->path().filename().string()))
+          return Status::usage(dir.string() + " holds checkpoint files ktier synth did not write (" +
+                               it->path().filename().string() + "; no " + kMarkerName +
+                               " there): --force replaces only a synth checkpoint; remove them "
+                               "yourself or choose another -o");
+      if (ec) return Status::runtime("cannot list " + dir.string() + ": " + ec.message());
+    }
   }
   KTIER_RETURN_IF_ERROR(check_free_space(dir, need, force));
   if (!exists) {
@@ -510,6 +523,10 @@ Result<SynthReport> run_synth_impl(const SynthOptions& o) {
       }
     }
 
+  KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, kMarkerName,
+                                         "written by ktier synth: `ktier synth --force` may replace "
+                                         "the checkpoint in this folder\n",
+                                         &r.disk_bytes));
   KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, "tiktoken.model", tiktoken_model_text(vocab), &r.disk_bytes));
   KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, "tokenizer_config.json", tokenizer_config_json(vocab), &r.disk_bytes));
   KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, "generation_config.json", generation_config_json(vocab), &r.disk_bytes));

@@ -177,6 +177,7 @@ inline void expect_abandoned_passes_leave_engine_whole(Engine& engine,
     ASSERT_TRUE(session.is_ok()) << session.status().message();
     auto turn = (*session)->turn(prompt, [](int32_t) { return Status::ok(); });
     ASSERT_TRUE(turn.is_ok()) << turn.status().message();
+    EXPECT_TRUE(turn->interrupted);
     EXPECT_TRUE((*session)->abandoned());
     const int64_t pass = (stop_at - 1) / boundaries;  // the pass it stopped inside
     EXPECT_EQ(turn->prompt_tokens, std::min<int64_t>(5 * pass, 12));

@@ -537,7 +537,7 @@ TEST_F(TrunkStoreTest, AForwardThatRunsOutOfMemoryLeavesTheEngineWhole) {
 
 // A pass abandoned between two layers (Ctrl-C in a run that saves nothing) over the streamed
 // pack and the expert tier leaves the engine sound, whichever layer of which chunk or token it
-// stopped after: every 5th boundary.
+// stopped after: every 5th boundary of 5 passes, each of the tiny model's 12 once.
 TEST_F(TrunkStoreTest, APassAbandonedBetweenLayersLeavesTheEngineWhole) {
   auto e = open(faulty_streamed_pack());
   ASSERT_TRUE(e.is_ok()) << e.status().message();

@@ -69,8 +69,10 @@ const SynthShape& tiny() {
 }
 
 TEST_F(SynthTiny, FileSetIsTheReleasedLayout) {
-  std::vector<std::string> want = {"config.json", "generation_config.json", "model.safetensors.index.json",
-                                   "tiktoken.model", "tokenizer_config.json"};
+  // (.ktier-synth: the marker that lets --force replace this checkpoint, not a release file.)
+  std::vector<std::string> want = {".ktier-synth", "config.json", "generation_config.json",
+                                   "model.safetensors.index.json", "tiktoken.model",
+                                   "tokenizer_config.json"};
   for (int k = 1; k <= 14; ++k) want.push_back(shard_file_name(k, 14));
   std::sort(want.begin(), want.end());
   EXPECT_EQ(test::list_dir(dir("mxfp4")), want);  // nothing else: no .partial / .tmp left
@@ -106,6 +108,7 @@ TEST_F(SynthTiny, ShardsHoldOneLayerEachInReleasedOrderAndDtypes) {
     uint64_t next = 0;
     bool in_experts = false;
     std::vector<std::string> trunk_names, expert_names;
+    std::vector<std::pair<bool, std::string>> trunk_order;  // (not F32, name)
     for (const auto& t : sh.tensors) {
       EXPECT_EQ(t.begin, next) << t.name;  // back to back, no gaps
       next = t.end;
@@ -118,6 +121,7 @@ TEST_F(SynthTiny, ShardsHoldOneLayerEachInReleasedOrderAndDtypes) {
                        t.name.ends_with("dt_bias") || t.name.ends_with("o_norm.weight") ||
                        t.name.ends_with("e_score_correction_bias");
       EXPECT_EQ(t.dtype, expert ? "U8" : (f32 ? "F32" : "BF16")) << t.name;
+      if (!expert) trunk_order.emplace_back(t.dtype != "F32", t.name);
     }
     if (k == 14) {
       EXPECT_EQ(trunk_names, (std::vector<std::string>{
@@ -130,6 +134,7 @@ TEST_F(SynthTiny, ShardsHoldOneLayerEachInReleasedOrderAndDtypes) {
     const std::string prefix = "language_model.model.layers." + std::to_string(l) + ".";
     for (const auto& n : trunk_names) EXPECT_EQ(n.rfind(prefix, 0), 0u) << n;
     // Trunk: F32 first, then BF16, each alphabetical (the release writer's order).
+    EXPECT_TRUE(std::is_sorted(trunk_order.begin(), trunk_order.end())) << "shard " << k;
     const size_t want_trunk = 6 + (s.is_mla(l) ? 8 : 14) + (s.is_dense(l) ? 3 : 8);
     EXPECT_EQ(trunk_names.size(), want_trunk) << "layer " << l;
     // Experts: lexicographic order of names, each one six contiguous tensors in release order.
@@ -431,6 +436,32 @@ TEST(SynthCli, RefusesToOverwriteWithoutForce) {
   size_t shards = 0;
   for (const auto& n : test::list_dir(dir.path())) shards += n.ends_with(".safetensors");
   EXPECT_EQ(shards, 4u);
+}
+
+// --force replaces only a checkpoint synth wrote (its .ktier-synth marker): a downloaded one,
+// whose shards have synth's names, is refused whole and left as it was (a mistyped -o).
+TEST(SynthCli, ForceLeavesACheckpointSynthDidNotWrite) {
+  test::TempDir dir("foreign");
+  { std::ofstream(dir.path() / "model-00001-of-000096.safetensors") << "downloaded"; }
+  { std::ofstream(dir.path() / "config.json") << "{}"; }
+  const std::string synth =
+      test::ktier_bin().string() + " synth --preset tiny -q --force -o " + dir.path().string();
+  auto r = test::run_process(synth);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("did not write"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(".ktier-synth"), std::string::npos) << r.err;
+  EXPECT_EQ(test::list_dir(dir.path()),
+            (std::vector<std::string>{"config.json", "model-00001-of-000096.safetensors"}));
+  EXPECT_EQ(test::read_file(dir.path() / "model-00001-of-000096.safetensors"), "downloaded");
+  // Synth's own output carries the marker, and --force replaces it.
+  test::TempDir ours("ours");
+  r = test::run_process(test::ktier_bin().string() + " synth --preset tiny -q -o " +
+                        ours.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(ours.path() / ".ktier-synth"));
+  r = test::run_process(test::ktier_bin().string() + " synth --preset tiny -q --force -o " +
+                        ours.path().string());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 TEST(SynthCli, ShapeFlagsOverrideThePreset) {
