@@ -57,6 +57,9 @@ struct Request {
 // Half-life: long against the reuse distance of decode (one token) so counts accumulate, short
 // against a conversation's topic shifts (hundreds of tokens).
 inline constexpr double kDefaultHalfLifeTokens = 64.0;
+// The shortest half-life `trace replay --half-life` takes: a token clock over far less is
+// infinite at K3's token counts (NaN scores); less than a token decays everything anyway.
+inline constexpr double kMinHalfLifeTokens = 1e-3;
 // A key leaving the window enters the main segment only if its temperature is at least this
 // multiple of the coldest unpinned main resident's (the hysteresis). 1.0 would swap two keys
 // whose temperatures differ by rounding, and keys used alternately would keep displacing each

@@ -78,6 +78,12 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
         "conformance conversion: top_k must be 1..255 and experts_per_layer "
         "1..65535");
   }
+  // (Checked before the records: a group of more than experts_per_layer distinct experts
+  // cannot exist, and each would read as an expert appearing twice, a corrupt file.)
+  if (k > options.experts_per_layer)
+    return Status::usage("conformance conversion: --top-k " + std::to_string(k) +
+                         " exceeds --experts-per-layer " +
+                         std::to_string(options.experts_per_layer));
   const size_t records = bytes.size() / kRecordBytes;
   if (bytes.size() % kRecordBytes != 0) {
     return Status::corrupt(name + ": size " + std::to_string(bytes.size()) +

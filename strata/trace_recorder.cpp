@@ -113,9 +113,12 @@ void TraceRecorder::on_prediction(int64_t layer, int depth, int64_t first_positi
 }
 
 Status TraceRecorder::close() {
-  if (error_.is_ok()) flush_predictions_without_routing();
-  const Status closed = writer_.close();
-  return error_.is_ok() ? closed : error_;
+  // A step refused (a lookahead weight not finite: activations that are not) leaves the file
+  // without its footer (the writer's destructor closes it), so that readers refuse it rather
+  // than take the steps before it for the whole run.
+  if (!error_.is_ok()) return error_;
+  flush_predictions_without_routing();
+  return error_.is_ok() ? writer_.close() : error_;
 }
 
 }  // namespace ktier::strata

@@ -38,7 +38,8 @@ class TraceRecorder final : public model::RoutingObserver, public model::Lookahe
                   int64_t T, int k) override;
   void on_prediction(int64_t layer, int depth, int64_t first_position, const int32_t* ids,
                      const float* weights, int64_t T, int k) override;
-  // Writes the footer. Returns the first error met while recording, if any.
+  // Writes the footer. Returns the first error met while recording, if any, and then writes
+  // no footer (the file is closed without one when the recorder is destroyed: readers refuse it).
   Status close();
   uint64_t steps() const { return writer_.steps_written(); }
 

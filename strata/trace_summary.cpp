@@ -53,11 +53,15 @@ TraceSummary summarize_trace(const Trace& trace, const RequestStream& stream) {
 
 std::string format_summary(const TraceSummary& s, const TraceHeader& h, const std::string& source) {
   std::string out;
-  char buf[256];
+  // Each line as long as it comes out: K3's recall-by-layer line runs past 500 characters, and a
+  // trace's path may be long.
   auto line = [&](const char* fmt, auto... args) {
-    std::snprintf(buf, sizeof(buf), fmt, args...);
-    out += buf;
-    out += '\n';
+    const int n = std::snprintf(nullptr, 0, fmt, args...);
+    if (n <= 0) return;
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(n) + 1);
+    std::snprintf(out.data() + at, static_cast<size_t>(n) + 1, fmt, args...);
+    out.back() = '\n';
   };
   line("trace:            %s", source.c_str());
   line("format:           ktier trace v%u%s", h.version,

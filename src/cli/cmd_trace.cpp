@@ -125,8 +125,9 @@ struct ReplayOptions {
 };
 
 Status run_replay(const ReplayOptions& o) {
-  if (!(o.half_life > 0) || !std::isfinite(o.half_life))
-    return Status::usage("--half-life must be a finite number > 0 of tokens");
+  // (Far smaller ones make the token clock over the half-life infinite: NaN scores.)
+  if (!(o.half_life >= kMinHalfLifeTokens) || !std::isfinite(o.half_life))
+    return Status::usage("--half-life must be a finite number of tokens, at least 0.001");
   if (!(o.admit_ratio > 0) || !std::isfinite(o.admit_ratio))
     return Status::usage("--admit-ratio must be a finite number > 0");
   for (const auto& [flag, out] : {std::pair<std::string, std::string>{"--csv", o.csv},
@@ -296,7 +297,7 @@ void register_trace_command(CLI::App& app, int& exit_code) {
                     "RAM tier sizes, comma list: 8GB (1e9), 16GiB or 16G (2^30), 8e9, or 455x (experts)");
     sub->add_option("--slots", o->slots, "RAM tier sizes in experts, comma list (= --ram Nx,...)");
     sub->add_option("--vram", o->vram, "VRAM tier sizes (the fastest tier), comma list");
-    sub->add_option("--half-life", o->half_life, "temperature half-life in tokens")
+    sub->add_option("--half-life", o->half_life, "temperature half-life in tokens (at least 0.001)")
         ->capture_default_str();
     sub->add_option("--admit-ratio", o->admit_ratio,
                     "temperature admission hysteresis: a newcomer must be this many times "

@@ -119,10 +119,10 @@ Status prepare_output_dir(const fs::path& dir, bool force, long double need) {
     if (!empty && !fs::exists(dir / kMarkerName, ec)) {
       for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
         if (is_our_file(it->path().filename().string()))
-          return Status::usage(dir.string() + " holds checkpoint files ktier synth did not write (" +
-                               it->path().filename().string() + "; no " + kMarkerName +
-                               " there): --force replaces only a synth checkpoint; remove them "
-                               "yourself or choose another -o");
+          return Status::usage(dir.string() + " holds checkpoint files ktier synth did not " +
+                               "write (" + it->path().filename().string() + "; no " +
+                               kMarkerName + " there): --force replaces only a synth " +
+                               "checkpoint; remove them yourself or choose another -o");
       if (ec) return Status::runtime("cannot list " + dir.string() + ": " + ec.message());
     }
   }
@@ -524,8 +524,8 @@ Result<SynthReport> run_synth_impl(const SynthOptions& o) {
     }
 
   KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, kMarkerName,
-                                         "written by ktier synth: `ktier synth --force` may replace "
-                                         "the checkpoint in this folder\n",
+                                         "written by ktier synth: `ktier synth --force` may "
+                                         "replace the checkpoint in this folder\n",
                                          &r.disk_bytes));
   KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, "tiktoken.model", tiktoken_model_text(vocab), &r.disk_bytes));
   KTIER_RETURN_IF_ERROR(write_small_file(o.out_dir, "tokenizer_config.json", tokenizer_config_json(vocab), &r.disk_bytes));

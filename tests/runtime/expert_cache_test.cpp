@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -400,6 +401,34 @@ TEST_F(ExpertCacheTest, RouterBankHoldsExactlyTheStreamedPredictableLayers) {
     EXPECT_TRUE(seen.targets.count({l, 1})) << "layer " << l << " not predicted at depth 1";
     EXPECT_TRUE(seen.targets.count({l, 0})) << "layer " << l << " not refreshed";
   }
+}
+
+// A step the trace cannot hold (a lookahead weight that is not finite, as activations that are
+// not give) ends the recording with an error, and the file gets no footer: readers refuse it
+// rather than take the steps recorded before it for the whole run.
+TEST_F(ExpertCacheTest, ARefusedTraceStepLeavesTheTraceWithoutItsFooter) {
+  const fs::path trace = root_ / "refused.trace";
+  auto ckpt = format::Checkpoint::open(root_ / "ckpt");
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+  const int64_t layer = ckpt->config().first_k_dense_replace;  // the first MoE layer
+  ASSERT_LT(layer + 2, ckpt->config().num_hidden_layers);
+  {
+    auto rec = strata::TraceRecorder::create(trace, *ckpt, 1, false);
+    ASSERT_TRUE(rec.is_ok()) << rec.status().message();
+    const int32_t ids[] = {0, 1};
+    const float good[] = {0.75f, 0.25f}, bad[] = {std::nanf(""), 0.25f};
+    // As the model calls them: a layer's predictions (for the next), then its routing.
+    (*rec)->on_prediction(layer, 1, 0, ids, good, 1, 2);
+    (*rec)->on_routing(layer, 0, ids, good, 1, 2);  // a whole step
+    (*rec)->on_prediction(layer + 1, 1, 0, ids, bad, 1, 2);
+    (*rec)->on_routing(layer + 1, 0, ids, good, 1, 2);  // refused
+    const Status closed = (*rec)->close();
+    EXPECT_FALSE(closed.is_ok());
+    EXPECT_NE(closed.message().find("finite"), std::string::npos) << closed.message();
+  }
+  auto read = strata::read_trace(trace);
+  ASSERT_FALSE(read.is_ok()) << "a trace cut short reads as whole";
+  EXPECT_EQ(read.status().code(), ExitCode::kCorrupt) << read.status().message();
 }
 
 TEST_F(ExpertCacheTest, TraceRecordsLookaheadPredictionsHighestWeightFirst) {

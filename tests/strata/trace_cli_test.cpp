@@ -282,6 +282,7 @@ TEST_F(TraceCli, UsageErrorsExit2) {
       {"trace replay " + conf + " --ram 8GB --slots 4", "give the RAM tier once"},
       {"trace replay " + conf + " --ram 8GB --lookahead 1", "records predictions to depth 0"},
       {"trace replay " + conf + " --ram 8GB --half-life 0", "--half-life must be a finite"},
+      {"trace replay " + conf + " --ram 8GB --half-life 1e-320", "at least 0.001"},
       {"trace", "trace needs a command"},
   };
   for (const auto& [args, why] : refused) {

@@ -225,6 +225,25 @@ TEST(TraceFormat, EmptyTraceRoundTrips) {
   EXPECT_NE(info.find("MoE layers:       0 (no routing recorded)"), std::string::npos) << info;
 }
 
+// `trace info` at K3's scale: the recall-by-layer line of 92 MoE layers (500+ characters) and a
+// long path come out whole, not cut at a fixed line buffer.
+TEST(TraceFormat, SummaryLinesAreNeverCut) {
+  TraceSummary s;
+  PredictionQuality q;
+  q.depth = 1;
+  q.by_layer.resize(93);
+  for (size_t l = 1; l < q.by_layer.size(); ++l) q.by_layer[l] = {1, 1, 1};
+  s.prediction.push_back(q);
+  const std::string path = "/" + std::string(300, 'p') + "/run.ktrace";
+  const std::string info = format_summary(s, make_trace(0).header, path);
+  EXPECT_NE(info.find("trace:            " + path + "\n"), std::string::npos) << info;
+  const size_t at = info.find("  recall by layer %:");
+  ASSERT_NE(at, std::string::npos) << info;
+  const std::string recall = info.substr(at, info.find('\n', at) - at);
+  EXPECT_GT(recall.size(), 500u);
+  EXPECT_TRUE(recall.ends_with(" 91:100 92:100")) << recall;
+}
+
 void expect_corrupt(const fs::path& p, const std::string& fragment) {
   Result<Trace> r = read_trace(p);
   ASSERT_FALSE(r.is_ok());
@@ -509,6 +528,21 @@ TEST(ConformanceConverter, InfersPassesAndPositions) {
   EXPECT_EQ(t->steps[8].position, 2u);
   EXPECT_EQ(t->steps[14].layer, 3u);
   EXPECT_EQ(t->steps[14].chosen[3].expert, (3 * 7 + 2 * 3 + 3) % 20);
+}
+
+// A top-k above the experts a layer has is a usage error (exit 2), said before any record is
+// read (each group would otherwise read as an expert appearing twice: corrupt, exit 3).
+TEST(ConformanceConverter, TopKAboveTheExpertsIsAUsageError) {
+  const fs::path p = temp_path("topk_conf.bin");
+  write_records(p, conformance_records({2, 3}, 1, 3, 4));
+  ConformanceTraceOptions o;
+  o.top_k = 4;
+  o.experts_per_layer = 3;
+  Result<Trace> t = read_conformance_trace(p, o);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_EQ(t.status().exit_code(), 2) << t.status().message();
+  EXPECT_NE(t.status().message().find("exceeds --experts-per-layer 3"), std::string::npos)
+      << t.status().message();
 }
 
 TEST(ConformanceConverter, BadInputIsCorruptNamingFileAndRecord) {
