@@ -81,8 +81,8 @@ Result<Trace> read_conformance_trace(const std::filesystem::path& path,
   // (Checked before the records: a group of more than experts_per_layer distinct experts
   // cannot exist, and each would read as an expert appearing twice, a corrupt file.)
   if (k > options.experts_per_layer)
-    return Status::usage("conformance conversion: --top-k " + std::to_string(k) +
-                         " exceeds --experts-per-layer " +
+    return Status::usage("conformance conversion: top_k " + std::to_string(k) +
+                         " exceeds experts_per_layer " +
                          std::to_string(options.experts_per_layer));
   const size_t records = bytes.size() / kRecordBytes;
   if (bytes.size() % kRecordBytes != 0) {

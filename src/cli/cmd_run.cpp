@@ -239,7 +239,12 @@ class RunTrace {
       return status;
     }
     const Status closed = recorder_->close();
-    if (status.is_ok() || status.code() == ExitCode::kInterrupted) KTIER_RETURN_IF_ERROR(closed);
+    if (!closed.is_ok()) {  // (a step refused leaves the file without its footer)
+      if (status.is_ok() || status.code() == ExitCode::kInterrupted) return closed;
+      spdlog::warn("trace: {} left unfinished ({}); trace readers refuse it", path_,
+                   closed.message());
+      return status;
+    }
     spdlog::info("trace: {} routing steps -> {}", recorder_->steps(), path_);
     return status;
   }

@@ -61,7 +61,7 @@ bool is_our_file(const std::string& n) {
   if (is_shard_name(n)) return true;
   std::string base = n;
   if (base.size() > 4 && base.compare(base.size() - 4, 4, ".tmp") == 0) base.resize(base.size() - 4);
-  if (base == kIndexName || base == kConfigName || base == kMarkerName) return true;
+  if (base == kIndexName || base == kConfigName) return true;
   for (const char* s : kSmallFiles)
     if (base == s) return true;
   return false;
@@ -116,7 +116,13 @@ Status prepare_output_dir(const fs::path& dir, bool force, long double need) {
     if (ec) return Status::runtime("cannot read " + dir.string() + ": " + ec.message());
     if (!empty && !force)
       return Status::usage(dir.string() + " is not empty; pass --force to overwrite a checkpoint there");
-    if (!empty && !fs::exists(dir / kMarkerName, ec)) {
+    // The marker is never removed (write_small_file replaces it): a synth stopped while it
+    // empties the folder leaves its own files still marked for the next --force.
+    std::error_code marker_ec;
+    const bool marked = fs::exists(dir / kMarkerName, marker_ec);
+    if (marker_ec)
+      return Status::runtime("cannot read " + dir.string() + ": " + marker_ec.message());
+    if (!empty && !marked) {
       for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
         if (is_our_file(it->path().filename().string()))
           return Status::usage(dir.string() + " holds checkpoint files ktier synth did not " +

@@ -541,7 +541,7 @@ TEST(ConformanceConverter, TopKAboveTheExpertsIsAUsageError) {
   Result<Trace> t = read_conformance_trace(p, o);
   ASSERT_FALSE(t.is_ok());
   EXPECT_EQ(t.status().exit_code(), 2) << t.status().message();
-  EXPECT_NE(t.status().message().find("exceeds --experts-per-layer 3"), std::string::npos)
+  EXPECT_NE(t.status().message().find("exceeds experts_per_layer 3"), std::string::npos)
       << t.status().message();
 }
 
