@@ -105,6 +105,20 @@ class DeviceModeTest : public ::testing::Test {
     }
     return hi;
   }
+  // GPU mode streaming on both links: the middle --vram budget (some layers on the device, the
+  // rest copied from the host) and the dial's minimum --ram (the host streams some of those
+  // from disk). Call under ASSERT_NO_FATAL_FAILURE; `out` is null on failure.
+  static void open_streaming_both_ways(std::unique_ptr<Engine>& out) {
+    const auto ck = format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread);
+    ASSERT_TRUE(ck.is_ok());
+    EngineOptions eo = emulated(budgets()[1]);
+    eo.ram_budget = dial_minimum(*ck, nullptr, 1, 2, false, nullptr).total();
+    auto e = Engine::open(eo);
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    ASSERT_LT((*e)->device_trunk()->resident_layers(), layers_) << "some layers must stream";
+    ASSERT_GT((*e)->trunk_store()->stats().layers_streamed, 0) << "the host must stream some";
+    out = std::move(*e);
+  }
   // The refusal states the minimum; found by bisection.
   static uint64_t minimum(const DeviceSizes& z = emulated_sizes_, MakeOptions make = emulated) {
     return smallest_vram(0, z.working + z.trunk_all + 4 * top_k_ * z.slot, 4096,
@@ -140,16 +154,10 @@ TEST_F(DeviceModeTest, EmulatedDeviceGivesTheCpuBytesAtEveryVramBudget) {
 // whole, and the next pass gives the bytes of a pass that never failed. Every 8th allocation
 // of a 3-token pass, from a fresh offset.
 TEST_F(DeviceModeTest, AForwardThatRunsOutOfMemoryLeavesTheDeviceEngineWhole) {
-  const auto ck = format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread);
-  ASSERT_TRUE(ck.is_ok());
-  EngineOptions eo = emulated(budgets()[1]);
-  eo.ram_budget = dial_minimum(*ck, nullptr, 1, 2, false, nullptr).total();
-  auto e = Engine::open(eo);
-  ASSERT_TRUE(e.is_ok()) << e.status().message();
-  ASSERT_LT((*e)->device_trunk()->resident_layers(), layers_) << "some layers must stream";
-  ASSERT_GT((*e)->trunk_store()->stats().layers_streamed, 0) << "the host must stream some";
+  std::unique_ptr<Engine> e;
+  ASSERT_NO_FATAL_FAILURE(open_streaming_both_ways(e));
   expect_forward_out_of_memory_leaves_engine_whole(
-      "DeviceModeTest.AForwardThatRunsOutOfMemoryLeavesTheDeviceEngineWhole", 8, **e,
+      "DeviceModeTest.AForwardThatRunsOutOfMemoryLeavesTheDeviceEngineWhole", 8, *e,
       kDialTestPrompt);
 }
 
@@ -158,14 +166,9 @@ TEST_F(DeviceModeTest, AForwardThatRunsOutOfMemoryLeavesTheDeviceEngineWhole) {
 // host's ring, the VRAM tier and the RAM tier below it serve the next pass the CPU's bytes.
 // Every 5th boundary of 5 passes: each of the tiny model's 12 once.
 TEST_F(DeviceModeTest, APassAbandonedBetweenLayersLeavesTheDeviceEngineWhole) {
-  const auto ck = format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread);
-  ASSERT_TRUE(ck.is_ok());
-  EngineOptions eo = emulated(budgets()[1]);
-  eo.ram_budget = dial_minimum(*ck, nullptr, 1, 2, false, nullptr).total();
-  auto e = Engine::open(eo);
-  ASSERT_TRUE(e.is_ok()) << e.status().message();
-  ASSERT_LT((*e)->device_trunk()->resident_layers(), layers_) << "some layers must stream";
-  expect_abandoned_passes_leave_engine_whole(**e, kDialTestPrompt, reference_, 5);
+  std::unique_ptr<Engine> e;
+  ASSERT_NO_FATAL_FAILURE(open_streaming_both_ways(e));
+  expect_abandoned_passes_leave_engine_whole(*e, kDialTestPrompt, reference_, 5);
 }
 
 TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {
