@@ -420,7 +420,7 @@ bool BeladyCache::admit(uint32_t key, uint64_t next) {
 
 uint64_t access_routing(CacheModel& policy, int64_t layer, int64_t num_experts,
                         const int32_t* ids, int64_t T, int k, int64_t moe_layers, uint64_t& step,
-                        uint32_t& request) {
+                        uint64_t& request) {
   uint64_t hits = 0;
   for (int64_t t = 0; t < T; ++t) {
     policy.begin_step(step);

@@ -48,7 +48,9 @@ inline constexpr uint32_t kNeverUsed = 0xFFFFFFFFu;  // next-use index of a key 
 
 // One demand request as the cache sees it.
 struct Request {
-  uint32_t index = 0;              // position in the whole request stream
+  // Position in the whole request stream: 64 bits, since a live tier's count passes 2^32 keys
+  // accessed within ~3 M K3 tokens of a long `serve` (replay's streams stay below 2^32).
+  uint64_t index = 0;
   double clock_tokens = 0;         // token clock (docs/STRATA.md §3.1)
   uint32_t next_use = kNeverUsed;  // index of the next request for the same key (Belady only)
 };
@@ -235,11 +237,12 @@ class LfuCache final : public CacheModel {
 //              on the next insert; main gives up only unpinned keys then (the window makes room
 //              for pinned ones), and a key leaving the window never displaces a pinned main key.
 //              On a demand miss, when every window key is pinned, the least recent pinned for
-//              this step only is offered to main (it was read for the step); keys pinned for a
-//              later step stay, the window over its share, and main gives up its coldest
-//              unpinned key. A pinned key is discarded only when no resident is unpinned (a
-//              cache smaller than the pinned set). With adapt_window false the target never
-//              moves.
+//              this step only is offered to main (it was read for the step): main takes it by
+//              its usual rule, else it is discarded after its use (a bypass, though main may
+//              hold unpinned keys); keys pinned for a later step stay, the window over its
+//              share, and main gives up its coldest unpinned key. A key pinned for a later step
+//              is discarded only when no resident is unpinned (a cache smaller than the pinned
+//              set). With adapt_window false the target never moves.
 //   Discarded: nothing about temperature: evicted and bypassed keys keep decaying and counting.
 //   Prefetch:  inserted into the window without the admission test, pinned until its step; a
 //              prefetch of a ghost adapts the split as a miss on it would. A prefetch never
@@ -365,7 +368,7 @@ std::unique_ptr<CacheModel> make_cache(PolicyKind kind, uint64_t capacity_slots,
 // ids [T, k]. Advances `step` (one per token) and `request` (one per key); returns the hits.
 uint64_t access_routing(CacheModel& policy, int64_t layer, int64_t num_experts,
                         const int32_t* ids, int64_t T, int k, int64_t moe_layers, uint64_t& step,
-                        uint32_t& request);
+                        uint64_t& request);
 
 // The last policy step a live tier's prediction pins its key through: the target layer's steps
 // of a chunk of T tokens. `step` is the next step to begin; a prediction made at layer `layer`

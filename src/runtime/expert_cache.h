@@ -214,7 +214,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   uint64_t step_ = 0;  // policy steps begun (the next is step_)
   // Policy requests made. Request::index is 32-bit and wraps after 2^32 requests (K3: ~2.9M
   // tokens); only the policies' tie-breaks between equally hot keys read it.
-  uint32_t requests_ = 0;
+  uint64_t requests_ = 0;
   int64_t moe_layers_ = 1;
   uint64_t pass_ = 0;  // forward passes begun
   ExpertCacheStats stats_;

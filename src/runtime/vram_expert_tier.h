@@ -180,7 +180,7 @@ class VramExpertTier final : public model::ExpertSource, public model::Lookahead
   strata::PrefetchLedger prefetched_for_;  // issued prefetches awaiting their layer
   std::vector<Prediction> waiting_;        // predicted, not yet in host memory
   uint64_t step_ = 0;     // policy steps begun (one per token and MoE layer)
-  uint32_t requests_ = 0;  // keys accessed (strata::Request::index)
+  uint64_t requests_ = 0;  // keys accessed (strata::Request::index)
   Status deferred_ = Status::ok();  // a copy failure in on_prediction, reported by fetch()
   VramTierStats stats_;
 };

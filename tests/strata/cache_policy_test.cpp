@@ -107,6 +107,22 @@ TEST(LfuCache, EvictsLowestCountTiesToLeastRecent) {
   EXPECT_FALSE(lfu.contains(C));
 }
 
+// A live tier counts its requests in 64 bits: past 2^32 keys accessed (~3 M K3 tokens of a long
+// serve) recency still breaks LFU's ties, the newest key kept (a 32-bit count wrapped to 0 and
+// made the newest look oldest).
+TEST(LfuCache, TiesStayRecentPastTwoToTheThirtyTwoRequests) {
+  LfuCache lfu(2, kKeys);
+  uint64_t step = 0, request = (uint64_t{1} << 32) - 1;
+  for (const uint32_t key : {A, B, C}) {  // counts A1 B1: C evicts the older, A
+    const int32_t id = static_cast<int32_t>(key);
+    (void)access_routing(lfu, 0, kKeys, &id, 1, 1, 1, step, request);
+  }
+  EXPECT_EQ(request, (uint64_t{1} << 32) + 2);
+  EXPECT_FALSE(lfu.contains(A));
+  EXPECT_TRUE(lfu.contains(B));
+  EXPECT_TRUE(lfu.contains(C));
+}
+
 TEST(LfuCache, AllCountsEqualBehavesLikeLru) {
   LfuCache lfu(2, kKeys);
   EXPECT_EQ(run(lfu, {A, B, C, A}), "mmmm");  // C evicts A (older), then A evicts B
