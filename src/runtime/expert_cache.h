@@ -212,7 +212,7 @@ class ExpertCache final : public model::ExpertSource, public model::LookaheadObs
   strata::RequestedExperts asked_;  // begin_layer's scratch: the layer's routed experts
   uint32_t prefetch_chunks_outstanding_ = 0, prefetch_in_flight_ = 32;
   uint64_t step_ = 0;  // policy steps begun (the next is step_)
-  // Policy requests made. Request::index is 32-bit and wraps after 2^32 requests (K3: ~2.9M
+  // Policy requests made (strata::Request::index: 64-bit, as 2^32 come within ~2.9 M K3
   // tokens); only the policies' tie-breaks between equally hot keys read it.
   uint64_t requests_ = 0;
   int64_t moe_layers_ = 1;
