@@ -186,6 +186,14 @@ Status io_error(int err, const std::string& path, std::string_view what) {
   return Status::runtime(path + ": " + std::string(what) + ": " + std::strerror(err));
 }
 
+// Reads up to `n` bytes: fewer only at the end of the file. A read that fails (EIO from a dying
+// disk) is a runtime error, exit 1, not the corrupt-input "truncated" a short count reads as.
+Result<size_t> read_up_to(std::FILE* file, void* dst, size_t n, const std::string& path) {
+  const size_t got = std::fread(dst, 1, n, file);
+  if (got < n && std::ferror(file)) return io_error(errno, path, "cannot read the trace");
+  return got;
+}
+
 }  // namespace
 
 Status validate_trace_header(const TraceHeader& h, const std::string& what) {
@@ -345,8 +353,8 @@ Result<TraceReader> TraceReader::open(const std::filesystem::path& path) {
     return io_error(err, r.path_, "cannot open the trace");
   }
   uint8_t h[kTraceHeaderBytes];
-  const size_t got = std::fread(h, 1, sizeof(h), r.file_);
-  if (got == 0 && !std::ferror(r.file_) && !std::filesystem::is_regular_file(path))
+  KTIER_ASSIGN_OR_RETURN(const size_t got, read_up_to(r.file_, h, sizeof(h), r.path_));
+  if (got == 0 && !std::filesystem::is_regular_file(path))
     return Status::usage(r.path_ + ": a pipe that gave no bytes (no writer when it was opened, "
                          "or one that wrote nothing)");
   if (got >= 8 && std::memcmp(h, kTraceMagic, 8) != 0) {
@@ -408,7 +416,7 @@ Result<bool> TraceReader::next_block(std::vector<TraceStep>& out) {
   const std::string where = path_ + ": block " + std::to_string(blocks_read_) + " (byte offset " +
                             std::to_string(offset_) + ")";
   uint8_t head[kTraceFooterBytes];  // the footer is the larger of the two heads
-  size_t got = std::fread(head, 1, 4, file_);
+  KTIER_ASSIGN_OR_RETURN(size_t got, read_up_to(file_, head, 4, path_));
   if (got == 0) {
     return Status::corrupt(path_ + ": ends after " + std::to_string(steps_read_) +
                            " steps without its footer (truncated, or the recording run did not "
@@ -416,7 +424,8 @@ Result<bool> TraceReader::next_block(std::vector<TraceStep>& out) {
   }
   if (got < 4) return Status::corrupt(where + ": truncated");
   if (std::memcmp(head, kFooterMagic, 4) == 0) {
-    if (std::fread(head + 4, 1, kTraceFooterBytes - 4, file_) != kTraceFooterBytes - 4) {
+    KTIER_ASSIGN_OR_RETURN(got, read_up_to(file_, head + 4, kTraceFooterBytes - 4, path_));
+    if (got != kTraceFooterBytes - 4) {
       return Status::corrupt(path_ + ": truncated in the footer");
     }
     if (XXH64(head, 24, 0) != get_u64(head + 24)) {
@@ -430,7 +439,8 @@ Result<bool> TraceReader::next_block(std::vector<TraceStep>& out) {
                              " blocks, " + std::to_string(steps_read_) + " steps)");
     }
     uint8_t extra;
-    if (std::fread(&extra, 1, 1, file_) != 0) {
+    KTIER_ASSIGN_OR_RETURN(got, read_up_to(file_, &extra, 1, path_));
+    if (got != 0) {
       return Status::corrupt(path_ + ": bytes follow the footer");
     }
     done_ = true;
@@ -439,7 +449,8 @@ Result<bool> TraceReader::next_block(std::vector<TraceStep>& out) {
   if (std::memcmp(head, kBlockMagic, 4) != 0) {
     return Status::corrupt(where + ": bad block magic (corrupt bytes)");
   }
-  if (std::fread(head + 4, 1, kTraceBlockHeaderBytes - 4, file_) != kTraceBlockHeaderBytes - 4) {
+  KTIER_ASSIGN_OR_RETURN(got, read_up_to(file_, head + 4, kTraceBlockHeaderBytes - 4, path_));
+  if (got != kTraceBlockHeaderBytes - 4) {
     return Status::corrupt(where + ": truncated in the block header");
   }
   const uint32_t step_count = get_u32(head + 4);
@@ -451,7 +462,7 @@ Result<bool> TraceReader::next_block(std::vector<TraceStep>& out) {
                            " steps in " + std::to_string(payload_bytes) + " bytes)");
   }
   std::vector<uint8_t> payload(payload_bytes);
-  got = std::fread(payload.data(), 1, payload.size(), file_);
+  KTIER_ASSIGN_OR_RETURN(got, read_up_to(file_, payload.data(), payload.size(), path_));
   if (got != payload.size()) {
     return Status::corrupt(where + ": truncated (" + std::to_string(got) + " of " +
                            std::to_string(payload_bytes) + " payload bytes)");

@@ -338,6 +338,52 @@ TEST(TraceFormat, FlippedBytesAreCorrupt) {
   expect_corrupt(p, "(layer, expert) keys a trace may name");
 }
 
+// A block's framing that disagrees with its payload, whose checksum still matches: the step
+// count of block 0 set to 0, one too few, one too many, and a footer counting one block more.
+TEST(TraceFormat, BlockFramingAtOddsWithItsStepsIsCorrupt) {
+  const fs::path good = temp_path("good3.ktrace");
+  ASSERT_TRUE(write_trace(good, make_trace(300)).is_ok());
+  const std::vector<uint8_t> bytes = read_bytes(good);
+  const fs::path p = temp_path("framing.ktrace");
+  const size_t count_at = kTraceHeaderBytes + 4;
+  uint32_t steps = 0;
+  std::memcpy(&steps, bytes.data() + count_at, 4);
+  ASSERT_GT(steps, 1u);
+  const struct {
+    uint32_t step_count;
+    const char* fragment;
+  } counts[] = {
+      {0, "block 0 (byte offset 64): implausible block size (0 steps"},
+      {steps - 1, "block 0 (byte offset 64): payload has bytes after its last step"},
+      {steps + 1, ": block payload ends inside the step"},
+  };
+  for (const auto& c : counts) {
+    SCOPED_TRACE(c.step_count);
+    std::vector<uint8_t> b = bytes;
+    std::memcpy(b.data() + count_at, &c.step_count, 4);
+    write_bytes(p, b);
+    expect_corrupt(p, c.fragment);
+  }
+  std::vector<uint8_t> b = bytes;
+  const size_t foot = b.size() - kTraceFooterBytes;
+  ++b[foot + 8];
+  const uint64_t sum = XXH64(b.data() + foot, 24, 0);
+  std::memcpy(b.data() + foot + 24, &sum, 8);
+  write_bytes(p, b);
+  expect_corrupt(p, "footer counts (3 blocks, 1200 steps) do not match the file (2 blocks");
+}
+
+// A read that fails is the disk's fault, not the file's: exit 1 naming the file and the error,
+// not "truncated" (exit 3). /proc/self/mem is a regular file whose read at offset 0 fails (EIO).
+TEST(TraceFormat, AReadErrorIsARuntimeErrorNotATruncatedFile) {
+  Result<TraceReader> r = TraceReader::open("/proc/self/mem");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().exit_code(), 1) << r.status().message();
+  EXPECT_NE(r.status().message().find("/proc/self/mem: cannot read the trace: "),
+            std::string::npos)
+      << r.status().message();
+}
+
 // A path that does not exist is a usage error (exit 2), as for -m, --pack or -f.
 TEST(TraceFormat, MissingFileIsUsageErrorNamingIt) {
   Result<Trace> r = read_trace(temp_path("does_not_exist.ktrace"));
