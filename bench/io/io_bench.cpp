@@ -5,7 +5,9 @@
 //                  [--json FILE] [--keep]
 //
 // The file (default /tmp/ktier-io-bench.bin, 2 GiB) is created with pseudo-random bytes if it
-// is missing or has another size. Before every run the file's page cache is dropped with
+// is missing, and removed at the end unless --keep. A file that exists is only read, never
+// written or removed (a model shard can be measured in place): one of another size than --size
+// is refused, exit 2. Before every run the file's page cache is dropped with
 // posix_fadvise(POSIX_FADV_DONTNEED), so buffered runs start cold too. Each run reads the whole
 // file once; the best of --runs is reported (GB = 1e9 bytes).
 //
@@ -21,6 +23,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -66,24 +69,41 @@ uint64_t size_arg(const std::string& flag, const char* s) {
   std::exit(2);
 }
 
-bool ensure_file(const Args& a) {
+enum class BenchFile { kExisting, kCreated };
+
+// The file to read: an existing one of --size bytes as it is, or a new one of pseudo-random
+// bytes (O_EXCL: never one that appeared meanwhile). Exit code and message on failure.
+Result<BenchFile> ensure_file(const Args& a) {
   struct stat st {};
-  if (stat(a.file.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == a.size) return true;
+  if (::stat(a.file.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) return Status::usage(a.file + ": exists and is not a regular file");
+    if (static_cast<uint64_t>(st.st_size) == a.size) return BenchFile::kExisting;
+    return Status::usage(a.file + ": exists with " + std::to_string(st.st_size) +
+                         " bytes, not --size " + std::to_string(a.size) +
+                         "; it is never overwritten: give --size " +
+                         std::to_string(st.st_size) + " to read it, or another --file");
+  }
   std::fprintf(stderr, "creating %s (%llu bytes)...\n", a.file.c_str(),
                static_cast<unsigned long long>(a.size));
-  const int fd = ::open(a.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
+  const int fd = ::open(a.file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::runtime(a.file + ": cannot create: " + std::strerror(errno));
   std::vector<uint64_t> block((8u << 20) / 8);
   uint64_t state = 12345;
-  for (uint64_t done = 0; done < a.size;) {
+  bool ok = true;
+  for (uint64_t done = 0; ok && done < a.size;) {
     for (uint64_t& w : block) w = (state = state * 6364136223846793005ull + 1442695040888963407ull);
     const uint64_t n = std::min<uint64_t>(a.size - done, block.size() * 8);
-    if (::write(fd, block.data(), n) != static_cast<ssize_t>(n)) return false;
+    ok = ::write(fd, block.data(), n) == static_cast<ssize_t>(n);
     done += n;
   }
-  fsync(fd);
+  const int err = errno;
+  ok = ::fsync(fd) == 0 && ok;
   ::close(fd);
-  return true;
+  if (!ok) {
+    std::remove(a.file.c_str());
+    return Status::runtime(a.file + ": cannot write: " + std::strerror(err));
+  }
+  return BenchFile::kCreated;
 }
 
 void drop_cache(const std::string& path) {
@@ -111,12 +131,17 @@ Row run_raw(const Args& a, bool direct) {
   Row row = make_row("raw-pread", direct);
   auto file = ReadFile::open(a.file, direct ? DirectMode::kDirect : DirectMode::kBuffered);
   if (!file.is_ok()) return make_row(row.mode, direct, file.status().message());
-  auto buf = AlignedBuffer::allocate(a.block);
+  // O_DIRECT lengths are whole 4 KiB pages: a file's last part (a shard's size is rarely
+  // aligned) is asked for rounded up, and the read stops at the end of the file.
+  constexpr uint64_t kPage = 4096;
+  const auto whole_pages = [&](uint64_t n) { return direct ? (n + kPage - 1) / kPage * kPage : n; };
+  auto buf = AlignedBuffer::allocate(whole_pages(a.block));
   for (int run = 0; run < a.runs; ++run) {
     drop_cache(a.file);
     const auto t0 = Clock::now();
     for (uint64_t off = 0; off < a.size;) {
-      const ssize_t n = pread(file->fd(), buf->data(), std::min(a.block, a.size - off), off);
+      const uint64_t want = whole_pages(std::min(a.block, a.size - off));
+      const ssize_t n = pread(file->fd(), buf->data(), want, off);
       if (n <= 0) return make_row(row.mode, direct, "pread failed");
       off += static_cast<uint64_t>(n);
     }
@@ -210,9 +235,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", can.message().c_str());
     return 1;
   }
-  if (!ensure_file(a)) {
-    std::fprintf(stderr, "cannot create %s\n", a.file.c_str());
-    return 1;
+  const Result<BenchFile> file = ensure_file(a);
+  if (!file.is_ok()) {
+    std::fprintf(stderr, "%s\n", file.status().message().c_str());
+    return file.status().exit_code();
   }
   const uint64_t stream_bytes = uint64_t{256} << 20;
   std::vector<Row> rows;
@@ -231,6 +257,7 @@ int main(int argc, char** argv) {
     std::printf("%-18s %-9s %8.3f %9.0f%%  %s\n", r.mode.c_str(), r.io.c_str(), r.gbps,
                 100 * r.io_wait_share, r.note.c_str());
   }
+  if (*file == BenchFile::kCreated && !a.keep) std::remove(a.file.c_str());
   if (!a.json.empty()) {
     nlohmann::json results = nlohmann::json::array();
     for (const Row& r : rows)
@@ -244,6 +271,5 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (!a.keep) std::remove(a.file.c_str());
   return 0;
 }

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -54,6 +56,41 @@ TEST(CliBench, QuickKernelsWritesTableAndJson) {
                             "mxfp4_prefill_gmacs", "mxfp4_prefill_ratio"})
       expect_positive(t, key);
 }
+
+#ifdef KTIER_IO_BENCH
+// ktier_io_bench --file names a file to read, which may be a model shard: an existing one is
+// never written or removed (one of another size is refused, exit 2); only the file it made
+// itself is removed at the end.
+TEST(IoBench, NeverWritesOrRemovesAFileItDidNotMake) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ktier_io_bench_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string shard = (dir / "model-00001-of-00096.safetensors").string();
+  const std::string bytes(3000, 'k');
+  std::ofstream(shard, std::ios::binary) << bytes;
+  const std::string bench = std::string(KTIER_IO_BENCH) + " --block 64K --runs 1 --file ";
+  const auto content = [&] {
+    std::ifstream in(shard, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+
+  auto r = run_process(bench + shard + " --size 1M");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find(shard + ": exists with 3000 bytes, not --size 1048576"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(content(), bytes);
+  r = run_process(bench + shard + " --size 3000");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("failed"), std::string::npos) << r.out;  // its unaligned end read too
+  EXPECT_EQ(content(), bytes);
+
+  const std::string made = (dir / "made.bin").string();
+  r = run_process(bench + made + " --size 1M");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(made));
+  std::filesystem::remove_all(dir);
+}
+#endif
 
 // `bench device` on the emulated device (GPU mode's code on the CPU): the figures the device
 // script's table reads are written. Where CUDA cannot be used, `--device cuda` exits 2 with the
