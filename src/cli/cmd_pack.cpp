@@ -78,7 +78,8 @@ void register_pack_command(CLI::App& app, int& exit_code) {
                 "store layer records as zstd blocks, bf16 split into high/low byte planes (lossless; "
                 "manifest version 2)");
   sub->add_option("--block-size", args->block_size,
-                  "inflated bytes per compressed block, a multiple of 4K (default 4M; K/M/G suffixes)");
+                  "inflated bytes per compressed block, a multiple of 4K (default 4M; K/M/G "
+                  "suffixes); memory about 3 x this per compressing thread");
   // A plain pack is one sequential copy: threads would be ignored, so they are refused.
   add_threads_option(sub, args->threads, "Compressing threads (with --compress)")->needs(compress);
   sub->callback([args, &exit_code] { exit_code = finish(run_pack_command(*args)); });

@@ -117,6 +117,9 @@ Result<std::vector<uint8_t>> deflate_block(std::span<const uint8_t> src, bool sp
   BlockHeader h;
   h.inflated = src.size();
   std::vector<uint8_t> out(kBlockHeaderBytes);
+  // Every plane's worst case at once: growing plane by plane could hold two copies of the block.
+  out.reserve(kBlockHeaderBytes + (split ? 2 * ZSTD_compressBound(src.size() / 2)
+                                         : ZSTD_compressBound(src.size())));
   if (split) {
     const uint64_t n = src.size() / 2;
     std::vector<uint8_t> planes(src.size());

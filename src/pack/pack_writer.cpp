@@ -2,6 +2,7 @@
 #include "pack/pack_writer.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -150,6 +151,7 @@ class Prefetcher {
   Prefetcher(const format::Checkpoint& ckpt, const PackLayout& layout) : ckpt_(ckpt), fds_(ckpt.num_shards(), -1) {
     for (const auto& rec : layout.sources)
       for (const format::TensorRef& t : rec) {
+        if (t.info->nbytes == 0) continue;  // an advice of length 0 means "to the end of the file"
         if (!runs_.empty() && runs_.back().shard == t.shard &&
             runs_.back().offset + runs_.back().length == t.info->file_offset)
           runs_.back().length += t.info->nbytes;
@@ -218,9 +220,44 @@ Status fsync_dir(const fs::path& dir, bool skip_unreadable = false) {
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  if (rc != 0) return Status::runtime("cannot fsync " + dir.string() + ": " + errno_text(err));
+  // EINVAL/EOPNOTSUPP: a filesystem that does not sync folders (some FUSE and network ones),
+  // where the renames are as durable as it makes them; failing would fail every pack there.
+  if (rc != 0 && err != EINVAL && err != EOPNOTSUPP)
+    return Status::runtime("cannot fsync " + dir.string() + ": " + errno_text(err));
   return Status::ok();
 }
+
+// One writer per folder, held from before the stale partials are removed to after the manifest
+// is renamed: a second `ktier pack` into the folder would remove the first's partial as stale,
+// and the first would then publish the second's half-written file. flock on the folder itself
+// leaves no lock file; the kernel drops the lock however the process ends.
+class FolderLock {
+ public:
+  FolderLock() = default;
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+  ~FolderLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Status take(const fs::path& dir) {
+    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ < 0) {
+      const int err = errno;
+      return Status::runtime("cannot open " + dir.string() + ": " + errno_text(err));
+    }
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return Status::ok();
+    const int err = errno;
+    if (err == EWOULDBLOCK)
+      return Status::runtime(dir.string() + ": another ktier pack is writing this folder; wait "
+                             "for it to end, or give another one");
+    // A filesystem without locks: written as before locks were taken, one writer by custom.
+    if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS) return Status::ok();
+    return Status::runtime("cannot lock " + dir.string() + ": " + errno_text(err));
+  }
+
+ private:
+  int fd_ = -1;
+};
 
 // The folders from `dir`'s parent up to `existing` (the deepest ancestor that was there before
 // the pack created the rest), fsynced so that a power loss right after a pack keeps the new
@@ -305,6 +342,7 @@ Status write_compressed_record(const format::Checkpoint& ckpt, PackLayout& layou
       k.xxh3 = XXH3_64bits(raw[i].data(), raw[i].size());
       XXH3_64bits_update(hash, raw[i].data(), raw[i].size());
       KTIER_RETURN_IF_ERROR(out.append(stored[i].data(), stored[i].size()));
+      std::vector<uint8_t>().swap(stored[i]);  // not held through the next batch's deflate
       KTIER_RETURN_IF_ERROR(out.zeros(align_up(out.bytes(), kRecordAlignment) - out.bytes(), nullptr));
       r.blocks.push_back(k);
     }
@@ -399,6 +437,10 @@ Result<PackReport> write_trunk_pack(const format::Checkpoint& ckpt, const PackOp
     if (!out_abs.has_filename()) out_abs = out_abs.parent_path();  // "out/" names "out"
     const fs::path existed = deepest_existing(out_abs);
     KTIER_RETURN_IF_ERROR(io::create_output_dir(o.out_dir));
+    FolderLock lock;
+    KTIER_RETURN_IF_ERROR(lock.take(o.out_dir));
+    // Again under the lock: a pack another run finished meanwhile needs --force as well.
+    KTIER_RETURN_IF_ERROR(check_pack_output(o.out_dir, o.force));
     std::error_code ec;
 
     PackLayout layout = plan_trunk_pack(ckpt);

@@ -12,7 +12,8 @@
 //    With PackOptions::block_size the layer records are stored as compressed blocks
 //    (block_codec.h) whose inflated bytes are exactly those of the plain record.
 //  * Bounded memory: one copy buffer of PackOptions::buffer_bytes, whatever the record sizes
-//    (plus 2 x block_size per thread when compressing).
+//    (plus about 3 x block_size per thread when compressing: the block read, its split planes
+//    and the compressed output, with zstd's own working memory).
 //    Tensors are read with Checkpoint shard reads of up to that size, in checkpoint order
 //    (sequential within each shard), and written with one write() per full buffer.
 //  * Errors: PACKDIR holding manifest.json or trunk.pack without `force`, or PACKDIR a file →
@@ -39,7 +40,8 @@ struct PackOptions {
   // > 0: `--compress`, a version-2 pack whose layer records are compressed blocks of this many
   // inflated bytes (a multiple of 4096 in [kMinBlockSize, kMaxBlockSize]); 0: version 1, plain.
   uint64_t block_size = 0;
-  // Threads compressing blocks (>= 1). Memory: 2 x block_size per thread, on top of the buffer.
+  // Threads compressing blocks (>= 1). Memory: about 3 x block_size per thread, on top of the
+  // buffer.
   int threads = 1;
 };
 

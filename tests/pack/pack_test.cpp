@@ -1,7 +1,10 @@
 // The trunk pack (src/pack): `ktier pack` of synthetic tiny checkpoints, read back both with
 // TrunkPack and independently (raw shard headers, the manifest as plain JSON, xxh3 recomputed),
 // then damaged in every way the reader must catch.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -418,6 +421,28 @@ TEST_F(PackTest, InterruptedWriteIsNotAPack) {
   ASSERT_TRUE(pack(ckpt, out, true).is_ok());
   EXPECT_EQ(test::read_file(victim), "keep me");
   EXPECT_EQ(test::list_dir(out), (std::vector<std::string>{"manifest.json", "trunk.pack"}));
+}
+
+// A second writer into a folder is refused (exit 1) before it touches anything: it used to remove
+// the first's partial as stale, and the first then published the second's half-written file.
+TEST_F(PackTest, ASecondWriterIntoTheFolderIsRefused) {
+  const auto ckpt = open_ckpt("a");
+  const fs::path out = scratch("locked");
+  fs::create_directories(out);
+  write_text(out / ".trunk.pack.partial", "the first writer's bytes");
+  const int held = ::open(out.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
+  auto second = pack(ckpt, out, /*force=*/true);
+  ASSERT_FALSE(second.is_ok());
+  EXPECT_EQ(second.status().exit_code(), 1);
+  EXPECT_NE(second.status().message().find(out.string() + ": another ktier pack is writing"),
+            std::string::npos)
+      << second.status().message();
+  EXPECT_EQ(test::read_file(out / ".trunk.pack.partial"), "the first writer's bytes");
+  ::close(held);  // the first ended: the folder is free again
+  ASSERT_TRUE(pack(ckpt, out).is_ok());
+  EXPECT_TRUE(TrunkPack::open(out, ckpt).is_ok());
 }
 
 TEST_F(PackTest, MissingFolderIsUsage) {
