@@ -5,7 +5,9 @@ K3 / o200k pre-tokenizer needs, as one sorted table of code-point ranges.
 Input: the Unicode Character Database installed by Debian's `unicode-data` package
 (/usr/share/unicode): UnicodeData.txt (general category, bidi class), Scripts.txt
 (Script=Han) and PropList.txt (White_Space). Run with /usr/bin/python3; no third-party
-modules. Re-run after a unicode-data upgrade and commit both outputs:
+modules. The committed tables are Unicode 15.0.0 (Debian 12's unicode-data), the version the
+tests pin (pretokenize_test) and the tokenizer cross-check compares with V8: a later UCD is a
+deliberate change of all three, with the cross-check rerun. Regenerate with:
 
     /usr/bin/python3 tools/gen_unicode_tables.py [--ucd /usr/share/unicode] [--out src/tokenizer]
 
@@ -23,7 +25,8 @@ entry's first code point, and the last entry runs to U+10FFFF. Bits (see the hea
   PYSPACE          Python's str.isspace(): bidi class WS, B or S, or category Zs. Used only by
                    the reference's long-input chunking (K3-MODEL §8.4 step 4), which is Python.
 
-The module can also be imported (load_classes) by the cross-check scripts.
+The cross-check (tools/tokenizer/xcheck.py) does not import this module: it checks the tables
+against V8 and str.isspace(), not against their generator.
 """
 import argparse
 import os

@@ -47,11 +47,11 @@ doctor=$(KTIER_CUDA_MODULE="$PWD/build-device/libktier_cuda.so" build-device/kti
 echo "$doctor" | grep '^cuda:' || true
 echo "$doctor" | grep -q '^cuda: module .* loaded' ||
   { echo "$doctor"; echo "the bundle's module did not load"; exit 1; }
-build-device/backend_test --gtest_brief=1 >/tmp/ktier-bundle-backend.log 2>&1 ||
-  { tail -20 /tmp/ktier-bundle-backend.log; echo "backend_test fails without a GPU"; exit 1; }
+build-device/backend_test --gtest_brief=1 >build-device/bundle-check-backend.log 2>&1 ||
+  { tail -20 build-device/bundle-check-backend.log; echo "backend_test fails without a GPU"; exit 1; }
 build-device/runtime_test --gtest_brief=1 --gtest_filter='DeviceMode*:*PromptCache*' \
-  >/tmp/ktier-bundle-runtime.log 2>&1 ||
-  { tail -20 /tmp/ktier-bundle-runtime.log; echo "runtime_test fails without a GPU"; exit 1; }
+  >build-device/bundle-check-runtime.log 2>&1 ||
+  { tail -20 build-device/bundle-check-runtime.log; echo "runtime_test fails without a GPU"; exit 1; }
 # The fallback itself: the module loads in a process started by the carried loader.
 KTIER_CUDA_MODULE="$PWD/build-device/libktier_cuda.so" build-device/glibc/ld-linux-x86-64.so.2 \
   --library-path build-device/glibc build-device/ktier doctor 2>&1 |

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws the `ktier trace replay` CSV: hit rate against memory budget, one line per policy.
 
 Usage: plot_replay.py REPLAY.csv OUT.png [--title TEXT] [--ceiling RATE]

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Independent Python implementation of the compressed block of a version-2 trunk pack
 (docs/FORMAT.md, "Compressed records"; the C++ side is src/pack/block_codec.{h,cpp}).
 

@@ -351,6 +351,12 @@ def main():
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--min-bytes", type=int, default=1_200_000)
     args = ap.parse_args()
+    # A later Unicode would draw characters ktier's tables (15.0) do not know, and V8 does:
+    # differences the cross-check would report as ktier's.
+    if tuple(int(x) for x in unicodedata.unidata_version.split(".")[:2]) > (15, 0):
+        sys.exit("make_corpus: this Python's Unicode is %s, later than ktier's tables (15.0.0); "
+                 "run it with Debian 12's /usr/bin/python3 (Unicode 14.0.0)"
+                 % unicodedata.unidata_version)
     os.makedirs(args.out_dir, exist_ok=True)
     docs = build(args.seed, args.min_bytes)
     with open(os.path.join(args.out_dir, "corpus.jsonl"), "w", encoding="utf-8", newline="\n") as f:

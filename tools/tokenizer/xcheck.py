@@ -117,14 +117,27 @@ def parse_runs(path):
     return bits
 
 
-def assigned_in_ucd(ucd):
-    """Code points with an Age in DerivedAge.txt (assigned in the installed UCD version)."""
+def unicode_version_of(classes_path):
+    """The Unicode version of ktier's tables, from the driver's "# ktier unicode X.Y.Z" line."""
+    with open(classes_path) as f:
+        for line in f:
+            if line.startswith("# ktier unicode "):
+                return tuple(int(x) for x in line.split()[3].split(".")[:2])
+    raise SystemExit(classes_path + ": no '# ktier unicode' line (an older driver?)")
+
+
+def assigned_in_ucd(ucd, up_to):
+    """Code points with an Age in DerivedAge.txt no later than `up_to` (major, minor): those
+    ktier's tables know, whatever newer version the installed UCD is."""
     cps = set()
     with open(os.path.join(ucd, "DerivedAge.txt"), encoding="utf-8") as f:
         for line in f:
             line = line.split("#", 1)[0].strip()
             if line:
-                r = line.split(";")[0].strip().split("..")
+                field, age = (x.strip() for x in line.split(";")[:2])
+                if tuple(int(x) for x in age.split(".")[:2]) > up_to:
+                    continue
+                r = field.split("..")
                 cps.update(range(int(r[0], 16), int(r[-1], 16) + 1))
     return cps
 
@@ -135,7 +148,7 @@ def check_unicode(args, work):
     run([args.driver, "--dump-classes", ours_path])
     run([args.node, os.path.join(XCHECK, "classes.mjs"), v8_path])
     ours, v8 = parse_runs(ours_path), parse_runs(v8_path)
-    assigned = assigned_in_ucd(args.ucd)
+    assigned = assigned_in_ucd(args.ucd, unicode_version_of(ours_path))
     ws, pyspace, core = 1 << 7, 1 << 9, (1 << 7) - 1 | (1 << 8)
     all_diffs = [cp for cp in sorted(assigned) if not 0xD800 <= cp <= 0xDFFF
                  and (ours[cp] & core) != (v8[cp] & core)]
