@@ -21,6 +21,8 @@ OUT=${3:-/tmp/ktier-strata-eval}
 TOKENS=${4:-160}
 KTIER="$BUILD/ktier"
 mkdir -p "$OUT"
+# Steps write to files: a failure stops the script naming the step, with the end of its log.
+die() { echo "strata-eval: $1 failed; the end of $2:" >&2; tail -n5 "$2" >&2; exit 1; }
 
 keys=$(/usr/bin/python3 - "$MODEL" <<'PY'
 import json, sys
@@ -42,10 +44,12 @@ for p in "${prompts[@]}"; do
   i=$((i + 1))
   tr="$OUT/demo-$i.trace"
   "$KTIER" run -m "$MODEL" --ids "$p" -n "$TOKENS" --temp 0.8 --seed "$i" --lookahead 3 \
-    --trace "$tr" > /dev/null 2> "$OUT/record-$i.log"
+    --trace "$tr" > /dev/null 2> "$OUT/record-$i.log" || die "recording trace $i" "$OUT/record-$i.log"
   echo
   echo "## trace $i: prompt ${p:0:30}..., $TOKENS tokens"
-  "$KTIER" trace info "$tr" | grep -E "tokens:|steps:|distinct keys|hit ceiling|lookahead (d=|refresh)|recall by layer"
+  "$KTIER" trace info "$tr" > "$OUT/info-$i.txt" 2>&1 || die "trace info $i" "$OUT/info-$i.txt"
+  grep -E "tokens:|steps:|distinct keys|hit ceiling|lookahead (d=|refresh)|recall by layer" \
+    "$OUT/info-$i.txt" || echo "(none of the expected lines: see $OUT/info-$i.txt)"
   # Lookahead 0, 1 without the recorded refresh ("1n"), 1 with it.
   for la in 0 1n 1; do
     echo "### replay, lookahead $la"
@@ -53,19 +57,23 @@ for p in "${prompts[@]}"; do
     [ "$la" = 1n ] && flags+=(--no-refresh)
     "$KTIER" trace replay "$tr" --policy all --ram "$budgets" "${flags[@]}" \
       --csv "$OUT/replay-$i-la$la.csv" --json "$OUT/replay-$i-la$la.json" \
-      --plot "$OUT/replay-$i-la$la.png" 2> /dev/null
+      --plot "$OUT/replay-$i-la$la.png" 2> "$OUT/replay-$i-la$la.log" ||
+      die "replay of trace $i, lookahead $la" "$OUT/replay-$i-la$la.log"
   done
 done
 
 echo
 echo "## live engine: all experts from the shards, tier = 20% of the experts, 64 tokens"
 pack="$OUT/pack"
-[ -f "$pack/manifest.json" ] || "$KTIER" pack -m "$MODEL" -o "$pack" --force > /dev/null 2>&1
+# A pack left in OUT is used again; one of another checkpoint is refused by the probe below.
+[ -f "$pack/manifest.json" ] ||
+  "$KTIER" pack -m "$MODEL" -o "$pack" --force > "$OUT/pack.log" 2>&1 || die "pack" "$OUT/pack.log"
 # The budget: the whole trunk pinned, one fetch's slots and 20% of the experts, sized from a
 # one-token probe run that keeps everything (every layer pinned: router_bank_bytes is 0; the
 # dial's reserve for the routers fits in the tier's share and comes back to it).
 "$KTIER" run -m "$MODEL" --pack "$pack" --preset max --ids 1 -n 1 --report-json "$OUT/probe.json" \
-  > /dev/null 2>&1
+  > "$OUT/probe.log" 2>&1 || die "the probe run (a pack of another checkpoint in $pack?)" \
+  "$OUT/probe.log"
 budget=$(/usr/bin/python3 - "$OUT/probe.json" "$keys" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1])); keys = int(sys.argv[2])
@@ -83,7 +91,8 @@ for policy in temperature lru; do
     "$KTIER" run -m "$MODEL" --pack "$pack" --ram "$budget" --ids "${prompts[0]}" -n 64 \
       --temp 0.8 --seed 1 --policy "$policy" "${flags[@]}" \
       --report-json "$OUT/live-$policy-$la.json" --print-ids > "$OUT/live-$policy-$la.out" \
-      2> "$OUT/live-$policy-$la.log"
+      2> "$OUT/live-$policy-$la.log" || die "live run $policy, lookahead $la" \
+      "$OUT/live-$policy-$la.log"
   done
 done
 /usr/bin/python3 - "$OUT" <<'PY'

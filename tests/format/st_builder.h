@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/temp_dir.h"
+
 namespace ktier::test {
 
 using ojson = nlohmann::ordered_json;
@@ -138,26 +140,6 @@ inline std::vector<uint8_t> read_all(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
-
-// A fresh, empty directory under the system temp dir, removed by the destructor.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    static int counter = 0;
-    path_ = std::filesystem::temp_directory_path() /
-            ("ktier_format_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 // ---- synthetic checkpoint -------------------------------------------------------------------------
 

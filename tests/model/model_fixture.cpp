@@ -6,8 +6,10 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 
+#include "common/temp_dir.h"
 #include "common/test_paths.h"
 #include "runtime/generator.h"
 #include "synth/synth.h"
@@ -21,11 +23,12 @@ const std::vector<Variant>& variants() {
 
 std::filesystem::path tiny_checkpoint(const Variant& v) {
   static std::mutex mu;
-  static std::map<std::string, std::filesystem::path> made;
+  // Removed at exit: CTest runs every case in a process of its own, each making its own.
+  static std::map<std::string, std::unique_ptr<TempDir>> made;
   std::lock_guard<std::mutex> lock(mu);
-  if (auto it = made.find(v.name); it != made.end()) return it->second;
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
-                                    ("ktier-model-test-" + std::to_string(::getpid()) + "-" + v.name);
+  if (auto it = made.find(v.name); it != made.end()) return it->second->path() / "ckpt";
+  auto folder = std::make_unique<TempDir>("model_" + v.name);
+  const std::filesystem::path dir = folder->path() / "ckpt";
   synth::SynthOptions o;
   o.preset = "tiny";
   o.out_dir = dir;
@@ -35,7 +38,7 @@ std::filesystem::path tiny_checkpoint(const Variant& v) {
   if (v.name == "float") o.experts = synth::ExpertFormat::kF32;  // `synth --float-experts`
   auto r = synth::run_synth(o);
   EXPECT_TRUE(r.is_ok()) << r.status().message();
-  made[v.name] = dir;
+  made[v.name] = std::move(folder);
   return dir;
 }
 

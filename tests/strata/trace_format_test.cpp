@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.h"
 #include "strata/conformance_trace.h"
 #include "strata/replay.h"
 #include "strata/trace_summary.h"
@@ -25,9 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path temp_path(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("ktier_strata_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir / name;
+  static const test::TempDir dir("strata");  // removed at exit
+  return dir.path() / name;
 }
 
 std::vector<uint8_t> read_bytes(const fs::path& p) {

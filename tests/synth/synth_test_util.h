@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/temp_dir.h"
+
 namespace ktier::test {
 
 struct RawTensor {
@@ -76,24 +78,5 @@ inline std::vector<std::string> list_dir(const std::filesystem::path& dir) {
   std::sort(names.begin(), names.end());
   return names;
 }
-
-// A fresh, empty directory under the system temp folder, removed by the destructor.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    path_ = std::filesystem::temp_directory_path() /
-            ("ktier_synth_test_" + tag + "_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 }  // namespace ktier::test
