@@ -55,6 +55,11 @@ void print_row(const char* what, int threads, double gbps, double ratio, double 
               ratio >= goal ? "met" : "below");
 }
 
+// A buffer the caches can hold a good share of: its "memory read" is not DRAM's (--size-mib).
+bool buffer_under_4x_llc(const bench::KernelBenchResult& r, uint64_t llc) {
+  return r.buffer_bytes < 4 * llc;
+}
+
 nlohmann::json to_json(const bench::KernelBenchResult& r, uint64_t llc, const std::string& llc_src,
                        bool capped, const KernelsOptions& o) {
   nlohmann::json list = nlohmann::json::array();
@@ -97,6 +102,7 @@ nlohmann::json to_json(const bench::KernelBenchResult& r, uint64_t llc, const st
           {"llc_source", llc_src},
           {"buffer_bytes", r.buffer_bytes},
           {"buffer_capped_by_memory", capped},
+          {"buffer_under_4x_llc", buffer_under_4x_llc(r, llc)},
           {"matrix_bytes", {{"bf16", r.bf16_bytes}, {"mxfp4", r.mxfp4_bytes}}},
           {"matrix_shape",
            {{"bf16", {r.bf16_rows, r.cols}}, {"mxfp4", {r.mxfp4_rows, r.cols}}}},
@@ -155,7 +161,9 @@ Status run_kernels(const KernelsOptions& o) {
               static_cast<double>(r.buffer_bytes) / static_cast<double>(llc),
               o.quick   ? ", QUICK: in-cache smoke run, figures meaningless"
               : capped  ? ", capped by memory: smaller than max(4x LLC, 256 MiB)"
-                        : "");
+              : buffer_under_4x_llc(r, llc)
+                  ? ", UNDER 4x LLC: partly read from cache, the ratios are not against DRAM"
+                  : "");
   std::printf("bf16 [%lld x %lld] %.1f MiB, mxfp4 [%lld x %lld] %.1f MiB; best of %d pass(es)\n",
               static_cast<long long>(r.bf16_rows), static_cast<long long>(r.cols),
               r.bf16_bytes / 1048576.0, static_cast<long long>(r.mxfp4_rows),

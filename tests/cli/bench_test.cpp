@@ -46,6 +46,9 @@ TEST(CliBench, QuickKernelsWritesTableAndJson) {
   EXPECT_DOUBLE_EQ(j.value("goal_bf16", 0.0), 0.85);
   EXPECT_DOUBLE_EQ(j.value("goal_mxfp4", 0.0), 0.75);
   EXPECT_TRUE(j.value("quick", false));
+  ASSERT_TRUE(j.contains("buffer_under_4x_llc"));  // 8 MiB: true wherever the LLC is over 2 MiB
+  EXPECT_EQ(j["buffer_under_4x_llc"].get<bool>(),
+            j["buffer_bytes"].get<double>() < 4 * j["llc_bytes"].get<double>());
   ASSERT_TRUE(j.contains("results") && j["results"].is_array());
   ASSERT_EQ(j["results"].size(), 2u) << "expected 1 thread and 2 threads";
   EXPECT_EQ(j["results"][0].value("threads", 0), 1);
