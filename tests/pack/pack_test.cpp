@@ -3,12 +3,14 @@
 // then damaged in every way the reader must catch.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -421,6 +423,32 @@ TEST_F(PackTest, InterruptedWriteIsNotAPack) {
   ASSERT_TRUE(pack(ckpt, out, true).is_ok());
   EXPECT_EQ(test::read_file(victim), "keep me");
   EXPECT_EQ(test::list_dir(out), (std::vector<std::string>{"manifest.json", "trunk.pack"}));
+}
+
+// A write that fails partway (the file size limit stands in for a full disk: EFBIG) exits 1
+// naming the partial file, removes it, and leaves the pack --force was replacing as it was.
+TEST_F(PackTest, AWriteFailingPartwayLeavesTheOldPack) {
+  const auto a = open_ckpt("a");
+  const auto b = open_ckpt("b");
+  const fs::path out = scratch("failing");
+  ASSERT_TRUE(pack(a, out).is_ok());
+  const std::string manifest = test::read_file(out / kManifestFileName);
+  struct rlimit was {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &was), 0);
+  const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of a signal
+  struct rlimit small = was;
+  small.rlim_cur = 1 << 20;  // the tiny pack is ~3 MB
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  auto failed = pack(b, out, /*force=*/true);
+  ::setrlimit(RLIMIT_FSIZE, &was);
+  std::signal(SIGXFSZ, previous_handler);
+  ASSERT_FALSE(failed.is_ok());
+  EXPECT_EQ(failed.status().exit_code(), 1);
+  EXPECT_NE(failed.status().message().find(".trunk.pack.partial"), std::string::npos)
+      << failed.status().message();
+  EXPECT_EQ(test::list_dir(out), (std::vector<std::string>{"manifest.json", "trunk.pack"}));
+  EXPECT_EQ(test::read_file(out / kManifestFileName), manifest);
+  EXPECT_TRUE(TrunkPack::open(out, a).is_ok());
 }
 
 // A second writer into a folder is refused (exit 1) before it touches anything: it used to remove
