@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """`ktier serve`: a conversation's second message on a server that keeps the first's sequence,
 against a fresh server (docs/PERFORMANCE.md "Serving"). Greedy, 4 tokens per answer.
 
@@ -7,18 +7,21 @@ against a fresh server (docs/PERFORMANCE.md "Serving"). Greedy, 4 tokens per ans
 Prints each request's prompt tokens, reused tokens, prefill time (the response's timings) and
 whole request time, and whether the two second answers are the same text.
 """
-import json, subprocess, sys, time, urllib.request, re
+import json, subprocess, sys, threading, time, urllib.request, re
 if len(sys.argv) != 4:
     raise SystemExit(__doc__)
 ktier, model = sys.argv[1], sys.argv[2]
 first = open(sys.argv[3]).read()
 def start():
     p = subprocess.Popen([ktier, "serve", "-m", model, "--port", "0", "-c", "2048"], stderr=subprocess.PIPE, text=True)
-    line = ""
+    line, seen = "", []
     while "Ctrl-C stops" not in line:
         line = p.stderr.readline()
-        if not line: raise SystemExit("server did not start")
+        if not line: raise SystemExit("server did not start:\n" + "".join(seen[-5:]))
+        seen.append(line)
     port = re.search(r"127\.0\.0\.1:(\d+)", line).group(1)
+    # Its log read on to the end: a full pipe would stop the server mid-request.
+    threading.Thread(target=lambda: p.stderr.read(), daemon=True).start()
     return p, "http://127.0.0.1:" + port
 def post(base, body):
     req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode())
