@@ -108,43 +108,37 @@ Status prepare_output_dir(const fs::path& dir, bool force, long double need) {
   std::error_code ec;
   const auto st = fs::status(dir, ec);
   const bool exists = fs::exists(st);
-  bool empty = true;
+  std::vector<fs::path> ours;  // the checkpoint files --force replaces, index and config first
   if (exists) {
     if (!fs::is_directory(st))
       return Status::usage(dir.string() + " exists and is not a directory");
-    empty = fs::is_empty(dir, ec);
+    const bool empty = fs::is_empty(dir, ec);
     if (ec) return Status::runtime("cannot read " + dir.string() + ": " + ec.message());
     if (!empty && !force)
       return Status::usage(dir.string() + " is not empty; pass --force to overwrite a checkpoint there");
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (is_our_file(it->path().filename().string())) ours.push_back(it->path());
+    if (ec) return Status::runtime("cannot list " + dir.string() + ": " + ec.message());
     // The marker is never removed (write_small_file replaces it): a synth stopped while it
     // empties the folder leaves its own files still marked for the next --force.
     std::error_code marker_ec;
     const bool marked = fs::exists(dir / kMarkerName, marker_ec);
     if (marker_ec)
       return Status::runtime("cannot read " + dir.string() + ": " + marker_ec.message());
-    if (!empty && !marked) {
-      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-        if (is_our_file(it->path().filename().string()))
-          return Status::usage(dir.string() + " holds checkpoint files ktier synth did not " +
-                               "write (" + it->path().filename().string() + "; no " +
-                               kMarkerName + " there): --force replaces only a synth " +
-                               "checkpoint; remove them yourself or choose another -o");
-      if (ec) return Status::runtime("cannot list " + dir.string() + ": " + ec.message());
-    }
+    if (!ours.empty() && !marked)
+      return Status::usage(dir.string() + " holds checkpoint files ktier synth did not " +
+                           "write (" + ours.front().filename().string() + "; no " + kMarkerName +
+                           " there): --force replaces only a synth checkpoint; remove them " +
+                           "yourself or choose another -o");
+    // Index and config first: from then on the old checkpoint no longer looks complete.
+    const auto first = [](const fs::path& p) {
+      return p.filename() == kIndexName || p.filename() == kConfigName;
+    };
+    std::stable_partition(ours.begin(), ours.end(), first);
   }
   KTIER_RETURN_IF_ERROR(check_free_space(dir, need, force));
-  if (!exists) {
-    KTIER_RETURN_IF_ERROR(io::create_output_dir(dir));
-  } else if (!empty) {
-    // Index and config first: from here on the old checkpoint no longer looks complete.
-    KTIER_RETURN_IF_ERROR(remove_file(dir / kIndexName));
-    KTIER_RETURN_IF_ERROR(remove_file(dir / kConfigName));
-    std::vector<fs::path> doomed;
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-      if (is_our_file(it->path().filename().string())) doomed.push_back(it->path());
-    if (ec) return Status::runtime("cannot list " + dir.string() + ": " + ec.message());
-    for (const auto& p : doomed) KTIER_RETURN_IF_ERROR(remove_file(p));
-  }
+  if (!exists) return io::create_output_dir(dir);
+  for (const auto& p : ours) KTIER_RETURN_IF_ERROR(remove_file(p));
   return Status::ok();
 }
 
