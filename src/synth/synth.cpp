@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/check.h"
+#include "common/on_exception.h"
 #include "common/progress.h"
 #include "format/safetensors_writer.h"
 #include "io/output_file.h"
@@ -292,6 +293,9 @@ class Pipeline {
       stop(workers);
       return Status::runtime(std::string("cannot start generator threads: ") + e.what());
     }
+    // `consume` may throw (std::bad_alloc opening the next shard): joinable threads would then
+    // be destroyed, which is std::terminate; joined first, the exception reaches run_synth.
+    const OnException join_on_throw([&] { stop(workers); });
     Status status;
     for (size_t i = 0; i < units_.size() && status.is_ok(); ++i) {
       Slot& slot = slots_[i % slots_.size()];
