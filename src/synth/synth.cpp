@@ -549,7 +549,12 @@ Result<SynthReport> run_synth_impl(const SynthOptions& o) {
   if (o.shapes_only) return r;
   // Expert-use entropy through the real forward pass; a 64-token prompt keeps this to seconds
   // even at K3 widths (k3-slice).
-  KTIER_ASSIGN_OR_RETURN(r.routing, measure_routing(o.out_dir, vocab, 64, threads));
+  Result<RoutingStats> routing = measure_routing(o.out_dir, vocab, 64, threads);
+  if (!routing.is_ok())  // the files are whole: say so, or a rerun would look needed
+    return routing.status().with_context(o.out_dir.string() +
+                                         ": the checkpoint is written, measuring its routing "
+                                         "failed");
+  r.routing = std::move(routing).value();
   return r;
 }
 
