@@ -4,7 +4,6 @@
 // F16  -> f32: exact IEEE half conversion, subnormals, +-inf and NaN included.
 
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <string_view>
 

@@ -33,9 +33,12 @@ EXPECTED_OPS = {"MANIFEST.json", "attnres.json", "kda_decay.json", "kda_layer1.j
 
 
 def conformance_dir() -> Path:
-    env = os.environ.get("KTIER_CONFORMANCE_DIR")
-    if env:
-        return Path(env)
+    # The user's variable first (as the GoogleTest cases read it), then the folder CTest was
+    # configured with (-DKTIER_CONFORMANCE_DIR), then the one beside the checkout.
+    for name in ("KTIER_CONFORMANCE_DIR", "KTIER_CONFIGURED_CONFORMANCE_DIR"):
+        env = os.environ.get(name)
+        if env:
+            return Path(env)
     return Path(__file__).resolve().parents[2].parent / "shared" / "conformance"
 
 
