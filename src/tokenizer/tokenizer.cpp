@@ -178,19 +178,6 @@ Status parse_config(const std::string& text, const std::string& name, uint32_t n
     added.push_back({id, value["content"].get<std::string>(), special});
     max_id = std::max(max_id, id);
   }
-  // The added block follows the ranks; ids in it that the file does not list are reserved
-  // names. More of them before the first listed id than ids listed is what a tiktoken.model cut
-  // short at a line's end reads as: its ranks parse, the block grows down to meet them and
-  // vocab_size still matches, but every id in the gap has lost its text.
-  uint32_t min_id = max_id;
-  for (const AddedToken& a : added) min_id = std::min(min_id, a.id);
-  if (!added.empty() && min_id - n_ranks > added.size())
-    return Status::corrupt(name + ": its first added token is id " + std::to_string(min_id) +
-                           ", " + std::to_string(min_id - n_ranks) +
-                           " ids past the last rank of tiktoken.model (" +
-                           std::to_string(n_ranks - 1) + "), more than the " +
-                           std::to_string(added.size()) +
-                           " it lists: is tiktoken.model cut short, or from another tokenizer?");
   n_added = added.empty() ? 0 : max_id - n_ranks + 1;
   return Status::ok();
 }
