@@ -89,15 +89,17 @@ Result<BenchFile> ensure_file(const Args& a) {
   if (fd < 0) return Status::runtime(a.file + ": cannot create: " + std::strerror(errno));
   std::vector<uint64_t> block((8u << 20) / 8);
   uint64_t state = 12345;
-  bool ok = true;
-  for (uint64_t done = 0; ok && done < a.size;) {
+  int err = 0;  // a short write without an error is a full disk
+  for (uint64_t done = 0; err == 0 && done < a.size;) {
     for (uint64_t& w : block) w = (state = state * 6364136223846793005ull + 1442695040888963407ull);
     const uint64_t n = std::min<uint64_t>(a.size - done, block.size() * 8);
-    ok = ::write(fd, block.data(), n) == static_cast<ssize_t>(n);
+    const ssize_t wrote = ::write(fd, block.data(), n);
+    if (wrote < 0) err = errno;
+    else if (static_cast<uint64_t>(wrote) != n) err = ENOSPC;
     done += n;
   }
-  const int err = errno;
-  ok = ::fsync(fd) == 0 && ok;
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  const bool ok = err == 0;
   ::close(fd);
   if (!ok) {
     std::remove(a.file.c_str());
@@ -131,11 +133,12 @@ Row run_raw(const Args& a, bool direct) {
   Row row = make_row("raw-pread", direct);
   auto file = ReadFile::open(a.file, direct ? DirectMode::kDirect : DirectMode::kBuffered);
   if (!file.is_ok()) return make_row(row.mode, direct, file.status().message());
-  // O_DIRECT lengths are whole 4 KiB pages: a file's last part (a shard's size is rarely
-  // aligned) is asked for rounded up, and the read stops at the end of the file.
-  constexpr uint64_t kPage = 4096;
-  const auto whole_pages = [&](uint64_t n) { return direct ? (n + kPage - 1) / kPage * kPage : n; };
-  auto buf = AlignedBuffer::allocate(whole_pages(a.block));
+  // O_DIRECT lengths are whole blocks of the file's alignment: a file's last part (a shard's
+  // size is rarely aligned) is asked for rounded up, and the read stops at the end of the file.
+  const uint64_t align = file->alignment();
+  const auto whole_pages = [&](uint64_t n) { return direct ? (n + align - 1) / align * align : n; };
+  auto buf = AlignedBuffer::allocate(whole_pages(a.block), std::max<uint64_t>(align, 4096));
+  if (!buf.is_ok()) return make_row(row.mode, direct, buf.status().message());
   for (int run = 0; run < a.runs; ++run) {
     drop_cache(a.file);
     const auto t0 = Clock::now();

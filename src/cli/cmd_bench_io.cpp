@@ -171,7 +171,8 @@ Result<double> raw_read_gbps(const io::ReadFile& f, io::AlignedBuffer& buf, uint
 void register_bench_io_command(CLI::App& bench, int& exit_code) {
   auto o = std::make_shared<IoBenchOptions>();
   auto* sub = bench.add_subcommand(
-      "io", "Trunk streaming through the I/O engine vs plain sequential O_DIRECT reads of the pack");
+      "io", "Trunk streaming through the I/O engine vs plain sequential O_DIRECT reads of the same "
+            "layer records");
   sub->add_option("--pack", o->pack, "Trunk pack folder (ktier pack)")->required();
   sub->add_option("--passes", o->passes, "Passes of each; the best is kept")->capture_default_str();
   sub->add_option("--io", o->io, "auto, uring or pread")->capture_default_str();

@@ -18,9 +18,11 @@
 //    (sequential within each shard), and written with one write() per full buffer.
 //  * Errors: PACKDIR holding manifest.json or trunk.pack without `force`, or PACKDIR a file →
 //    Status::usage (exit 2, the message says --force where it helps); too little free space, or
-//    any I/O failure → Status::runtime (exit 1) naming the file; partial files are removed on
-//    failure. Shard read errors pass through with their own codes. Never throws.
-// Not thread-safe with another writer on the same PACKDIR.
+//    any I/O failure, or another writer holding PACKDIR's lock → Status::runtime (exit 1)
+//    naming the file; partial files are removed on failure. Shard read errors pass through with
+//    their own codes. Never throws.
+// One writer per PACKDIR: a second one, in this process or another on this host, is refused
+// (flock on the folder; a network filesystem may not lock across hosts).
 
 #include <cstdint>
 #include <filesystem>

@@ -571,7 +571,8 @@ Result<SynthReport> run_synth(const SynthOptions& options) {
     return run_synth_impl(options);
   } catch (const std::bad_alloc&) {
     return Status::out_of_memory(options.out_dir.string() +
-                                 ": out of memory while writing the synthetic checkpoint");
+                                 ": out of memory while writing or measuring the synthetic "
+                                 "checkpoint");
   } catch (const std::exception& e) {  // e.g. filesystem errors; never let it escape the API
     return Status::runtime(std::string("synth failed: ") + e.what());
   }
