@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 
+#include "common/append_printf.h"
 #include "strata/budget.h"
 
 namespace ktier::strata {
@@ -56,12 +57,8 @@ std::string format_summary(const TraceSummary& s, const TraceHeader& h, const st
   // Each line as long as it comes out: K3's recall-by-layer line runs past 500 characters, and a
   // trace's path may be long.
   auto line = [&](const char* fmt, auto... args) {
-    const int n = std::snprintf(nullptr, 0, fmt, args...);
-    if (n <= 0) return;
-    const size_t at = out.size();
-    out.resize(at + static_cast<size_t>(n) + 1);
-    std::snprintf(out.data() + at, static_cast<size_t>(n) + 1, fmt, args...);
-    out.back() = '\n';
+    append_printf(out, fmt, args...);
+    out += '\n';
   };
   line("trace:            %s", source.c_str());
   line("format:           ktier trace v%u%s", h.version,
@@ -106,9 +103,7 @@ std::string format_summary(const TraceSummary& s, const TraceHeader& h, const st
     for (size_t l = 0; l < q.by_layer.size(); ++l) {
       const PredictionQuality::Counts& c = q.by_layer[l];
       if (c.requested == 0) continue;
-      char item[32];
-      std::snprintf(item, sizeof item, " %zu:%.0f", l, 100.0 * c.correct / c.requested);
-      per_layer += item;
+      append_printf(per_layer, " %zu:%.0f", l, 100.0 * c.correct / c.requested);
     }
     line("  recall by layer %%:%s", per_layer.c_str());
   }

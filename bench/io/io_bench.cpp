@@ -136,14 +136,13 @@ Row run_raw(const Args& a, bool direct) {
   // O_DIRECT lengths are whole blocks of the file's alignment: a file's last part (a shard's
   // size is rarely aligned) is asked for rounded up, and the read stops at the end of the file.
   const uint64_t align = file->alignment();
-  const auto whole_pages = [&](uint64_t n) { return direct ? (n + align - 1) / align * align : n; };
-  auto buf = AlignedBuffer::allocate(whole_pages(a.block), std::max<uint64_t>(align, 4096));
+  auto buf = AlignedBuffer::allocate(align_up(a.block, align), std::max<uint64_t>(align, 4096));
   if (!buf.is_ok()) return make_row(row.mode, direct, buf.status().message());
   for (int run = 0; run < a.runs; ++run) {
     drop_cache(a.file);
     const auto t0 = Clock::now();
     for (uint64_t off = 0; off < a.size;) {
-      const uint64_t want = whole_pages(std::min(a.block, a.size - off));
+      const uint64_t want = align_up(std::min(a.block, a.size - off), align);
       const ssize_t n = pread(file->fd(), buf->data(), want, off);
       if (n <= 0) return make_row(row.mode, direct, "pread failed");
       off += static_cast<uint64_t>(n);

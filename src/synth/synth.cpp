@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/append_printf.h"
 #include "common/check.h"
 #include "common/on_exception.h"
 #include "common/progress.h"
@@ -581,15 +582,7 @@ Result<SynthReport> run_synth(const SynthOptions& options) {
 std::string format_report(const SynthReport& r) {
   const SynthShape& s = r.shape;
   std::string out;
-  auto add = [&](const char* fmt, auto... args) {
-    // Sized by the text (a long -o path), never cut.
-    const int n = std::snprintf(nullptr, 0, fmt, args...);
-    KTIER_CHECK(n >= 0);
-    std::string line(static_cast<size_t>(n) + 1, '\0');
-    std::snprintf(line.data(), line.size(), fmt, args...);
-    line.pop_back();
-    out += line;
-  };
+  auto add = [&](const char* fmt, auto... args) { append_printf(out, fmt, args...); };
   const auto mla = s.full_attn_layers_1based();
   add("ktier synth: preset %s, seed %llu, experts %s -> %s\n", s.preset.c_str(),
       static_cast<unsigned long long>(r.seed), expert_format_name(r.experts), r.out_dir.string().c_str());
