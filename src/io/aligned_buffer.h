@@ -77,17 +77,22 @@ inline bool is_aligned(const void* p, uint64_t alignment) {
   return is_aligned(reinterpret_cast<uintptr_t>(p), alignment);
 }
 
-// The aligned range that covers [offset, offset + length): read `length` bytes into an aligned
-// buffer at file offset `offset`, then find the payload at buffer + `payload_offset`. This is the
-// caller-side pattern that keeps O_DIRECT reads of unaligned tensors zero-copy (no bounce buffer).
+// The aligned range that covers [offset, offset + length) of a file of `file_size` bytes: read
+// `length` bytes into an aligned buffer at file offset `offset`, then find the payload at
+// buffer + `payload_offset`. This is the caller-side pattern that keeps O_DIRECT reads of
+// unaligned tensors zero-copy (no bounce buffer). The cover stops at the end of the file (a
+// read past it is refused): there its last block is shorter, and the engine bounces only that.
+// REQUIRES offset + length <= file_size.
 struct AlignedCover {
   uint64_t offset = 0;          // align_down(offset)
-  uint64_t length = 0;          // align_up(offset + length) - this->offset
+  uint64_t length = 0;          // min(align_up(offset + length), file_size) - this->offset
   uint64_t payload_offset = 0;  // offset - this->offset
 };
-constexpr AlignedCover aligned_cover(uint64_t offset, uint64_t length, uint64_t alignment) {
+constexpr AlignedCover aligned_cover(uint64_t offset, uint64_t length, uint64_t alignment,
+                                     uint64_t file_size) {
   const uint64_t begin = align_down(offset, alignment);
-  return {begin, align_up(offset + length, alignment) - begin, offset - begin};
+  const uint64_t end = align_up(offset + length, alignment);
+  return {begin, (end < file_size ? end : file_size) - begin, offset - begin};
 }
 
 }  // namespace ktier::io

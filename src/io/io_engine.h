@@ -115,7 +115,7 @@ struct IoCounters {
   uint64_t reads_issued = 0;        // read syscalls / SQEs
   uint64_t retries = 0;             // attempts repeated after an error (not EINTR/EAGAIN)
   uint64_t short_reads = 0;         // continuations after a short read
-  uint64_t bounced_chunks = 0;      // chunks read through a bounce buffer
+  uint64_t bounced_chunks = 0;      // chunks read through a bounce buffer and copied out
   uint64_t bounced_bytes = 0;       // payload bytes of those chunks (copied out of the buffer)
   uint64_t fixed_reads = 0;         // reads issued into registered buffers (io_uring only)
   uint64_t faults_injected = 0;     // events caused by the fault plan

@@ -100,17 +100,33 @@ Status QueuedIoEngine::submit(std::span<const ReadRequest> batch, CompletionQueu
   return Status::ok();
 }
 
-std::unique_ptr<Chunk> QueuedIoEngine::take_chunk(Take mode) {
+std::unique_ptr<Chunk> QueuedIoEngine::take_chunk(Take mode, Clock::time_point* paced_until) {
   std::unique_lock lock(mu_);
   for (;;) {
-    if (auto c = take_chunk_locked()) {
+    Clock::time_point paced = Clock::time_point::max();
+    if (auto c = take_chunk_locked(paced)) {
       peak_chunks_running_ = std::max(peak_chunks_running_, ++chunks_running_);
       // Pass the baton: if more work is ready, wake one more waiter, which does the same.
       if (mode == Take::kBlocking && next_queue_locked() != nullptr) work_cv_.notify_one();
+      if (c->bounce_allocated) {
+        // Registering waits for the ring's kernel lock, which a caller registering gigabytes
+        // holds for seconds: not under mu_, which submit() and cancel() take.
+        const uint64_t bytes = bounce_[c->bounce_index].size();
+        lock.unlock();
+        on_bounce_allocated(static_cast<uint32_t>(c->bounce_index), c->io_buf, bytes);
+      }
       return c;
     }
-    if (mode == Take::kNonBlocking || (stopping_ && next_queue_locked() == nullptr)) return nullptr;
-    work_cv_.wait(lock);
+    if (mode == Take::kNonBlocking) {
+      if (paced_until != nullptr && paced != Clock::time_point::max()) *paced_until = paced;
+      return nullptr;
+    }
+    if (stopping_ && next_queue_locked() == nullptr) return nullptr;
+    if (paced != Clock::time_point::max()) {
+      work_cv_.wait_until(lock, paced);
+    } else {
+      work_cv_.wait(lock);
+    }
   }
 }
 
@@ -120,7 +136,7 @@ std::deque<std::shared_ptr<Request>>* QueuedIoEngine::next_queue_locked() {
   return nullptr;
 }
 
-std::unique_ptr<Chunk> QueuedIoEngine::take_chunk_locked() {
+std::unique_ptr<Chunk> QueuedIoEngine::take_chunk_locked(Clock::time_point& paced_until) {
   while (auto* queue = next_queue_locked()) {
     Request& r = *queue->front();
     const ReadFile& file = *r.read.file;
@@ -133,6 +149,16 @@ std::unique_ptr<Chunk> QueuedIoEngine::take_chunk_locked() {
       queue->pop_front();
       maybe_deliver_locked(*done);
       continue;
+    }
+    // Under a rate cap a chunk is cut only once a read could start now. Were chunks cut ahead
+    // and held for their slots, up to queue_depth read-ahead chunks would hold the next slots
+    // and a demand read submitted after them would wait for all of them.
+    const Clock::time_point now = Clock::now();
+    if (!limiter_.unlimited()) {
+      if (const Clock::time_point free_at = limiter_.next_free(); free_at > now) {
+        paced_until = free_at;
+        return nullptr;
+      }
     }
 
     auto c = std::make_unique<Chunk>();
@@ -154,7 +180,8 @@ std::unique_ptr<Chunk> QueuedIoEngine::take_chunk_locked() {
       const uint64_t io_offset = align_down(c->offset, align);
       const bool relative_ok = is_aligned(reinterpret_cast<uintptr_t>(c->dst) - c->offset, align);
       const uint64_t limit = relative_ok ? align_down(c->offset, align) + align
-                                         : io_offset + align_down(bounce_bytes_, align);
+                                         : std::min(io_offset + align_down(bounce_bytes_, align),
+                                                    c->offset + chunk_limit);
       c->length = std::min(end, limit) - c->offset;
       const uint32_t index = free_bounce_.back();
       if (bounce_[index].empty()) {
@@ -166,21 +193,23 @@ std::unique_ptr<Chunk> QueuedIoEngine::take_chunk_locked() {
           continue;
         }
         bounce_[index] = std::move(buf).value();
-        buffer_bytes_.fetch_add(bounce_bytes_, std::memory_order_relaxed);
-        on_bounce_allocated(index, bounce_[index].data(), bounce_bytes_);
+        buffer_bytes_.fetch_add(bounce_[index].size(), std::memory_order_relaxed);
+        c->bounce_allocated = true;
       }
       free_bounce_.pop_back();
       c->bounce_index = static_cast<int>(index);
       c->io_offset = io_offset;
       c->io_length = align_up(c->offset + c->length, align) - io_offset;
       c->io_buf = bounce_[index].data();
-      bounced_chunks_.fetch_add(1, std::memory_order_relaxed);
-      bounced_bytes_.fetch_add(c->length, std::memory_order_relaxed);
     }
     if (c->bounce_index < 0) {
       c->io_offset = c->offset;
       c->io_length = c->length;
       c->io_buf = c->dst;
+    }
+    if (!limiter_.unlimited()) {
+      c->cut_slot = limiter_.reserve(c->io_length, now);
+      c->cut_reserved = c->io_length;
     }
     r.next_offset += c->length;
     ++r.chunks_running;
@@ -214,11 +243,14 @@ Attempt QueuedIoEngine::plan_attempt(Chunk& c) {
     const uint64_t n = uint64_t{f.eio} + uint64_t{f.short_read} + uint64_t{f.delay.count() > 0};
     if (n > 0) faults_injected_.fetch_add(n, std::memory_order_relaxed);
   }
+  // The first attempt reads the chunk's whole io range, reserved as the chunk was cut.
+  if (c.cut_reserved > 0 && a.inject_eio) limiter_.give_back(c.cut_reserved, c.cut_slot, now);
   if (!a.inject_eio && !limiter_.unlimited()) {
-    a.rate_slot = limiter_.reserve(a.length, now);
-    a.not_before = std::max(a.not_before, a.rate_slot);
     a.rate_reserved = a.length;
+    a.rate_slot = c.cut_reserved > 0 ? c.cut_slot : limiter_.reserve(a.length, now);
+    a.not_before = std::max(a.not_before, a.rate_slot);
   }
+  c.cut_reserved = 0;
   return a;
 }
 
@@ -327,7 +359,11 @@ bool QueuedIoEngine::file_shrank(const ReadFile& f) {
 
 void QueuedIoEngine::finish_chunk(std::unique_ptr<Chunk> c) {
   if (c->error.is_ok()) {
-    if (c->bounce_index >= 0) std::memcpy(c->dst, c->io_buf + (c->offset - c->io_offset), c->length);
+    if (c->bounce_index >= 0) {
+      std::memcpy(c->dst, c->io_buf + (c->offset - c->io_offset), c->length);
+      bounced_chunks_.fetch_add(1, std::memory_order_relaxed);
+      bounced_bytes_.fetch_add(c->length, std::memory_order_relaxed);
+    }
     if (options_.fault_plan) {
       std::vector<CorruptSpan> spans;
       options_.fault_plan->on_chunk_done(c->file->path(), c->offset, c->length, spans);

@@ -72,11 +72,15 @@ struct Chunk {
   uint64_t io_length = 0;
   uint8_t* io_buf = nullptr;
   int bounce_index = -1;
+  bool bounce_allocated = false;  // its bounce buffer was made for it (take_chunk registers it)
   uint64_t done = 0;  // bytes of the io range known read, counted from io_offset
   uint32_t error_retries = 0;
   uint32_t transient_retries = 0;
   uint32_t stalled_reads = 0;  // consecutive attempts that read no new byte
   bool back_off = false;  // the last attempt got EAGAIN: start the next one a little later
+  // The rate-cap slot reserved as the chunk was cut (its first attempt's; plan_attempt takes it).
+  uint64_t cut_reserved = 0;
+  Clock::time_point cut_slot{};
   Status error;
   void* backend_state = nullptr;  // free for the backend (the uring engine's attempt record)
 };
@@ -104,10 +108,11 @@ class QueuedIoEngine : public IoEngine {
 
   enum class Take { kNonBlocking, kBlocking };
   // The next chunk in submission order, holding one in-flight slot until finish_chunk. Returns
-  // null when there is none: queue empty, or the head needs a bounce buffer and none is free;
-  // with kBlocking it waits for one instead and returns null only once shutdown() was called
-  // and the queue is empty.
-  std::unique_ptr<Chunk> take_chunk(Take mode);
+  // null when there is none: queue empty, the head needs a bounce buffer and none is free, or
+  // the rate cap lets no read start before `*paced_until` (set then, else left alone; a
+  // backend that does not block here wakes itself by then); with kBlocking it waits for one
+  // instead and returns null only once shutdown() was called and the queue is empty.
+  std::unique_ptr<Chunk> take_chunk(Take mode, Clock::time_point* paced_until = nullptr);
   Attempt plan_attempt(Chunk& c);
   // Whether the chunk's request was cancelled, or the engine shut down, since it was
   // submitted; if so the attempt `a`, not started, is never made: the chunk fails
@@ -138,7 +143,8 @@ class QueuedIoEngine : public IoEngine {
   // requests were cancelled, or shutdown began, so a backend that does not wait on
   // take_chunk(kBlocking) or wait_to_start can look again.
   virtual void wake() {}
-  // Backend hook: a bounce buffer was just allocated (the uring engine registers it).
+  // Backend hook: a bounce buffer was just allocated (the uring engine registers it); called
+  // without mu_ by the thread that took its first chunk, before take_chunk returns that chunk.
   virtual void on_bounce_allocated(uint32_t index, uint8_t* data, uint64_t bytes) {}
 
   void add_wait_ns(uint64_t ns) final { wait_ns_.fetch_add(ns, std::memory_order_relaxed); }
@@ -146,8 +152,9 @@ class QueuedIoEngine : public IoEngine {
   void count_fixed_read() { fixed_reads_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
-  // REQUIRES mu_. Cuts the next chunk off the head request; null as take_chunk.
-  std::unique_ptr<Chunk> take_chunk_locked();
+  // REQUIRES mu_. Cuts the next chunk off the head request; null as take_chunk, with
+  // `paced_until` set where the rate cap held it back.
+  std::unique_ptr<Chunk> take_chunk_locked(Clock::time_point& paced_until);
   // REQUIRES mu_. The FIFO chunks are cut from next (demand before read-ahead); null if both
   // are empty.
   std::deque<std::shared_ptr<Request>>* next_queue_locked();

@@ -19,6 +19,11 @@ RateLimiter::Clock::time_point RateLimiter::reserve(uint64_t bytes, Clock::time_
   return start;
 }
 
+RateLimiter::Clock::time_point RateLimiter::next_free() {
+  std::lock_guard lock(mu_);
+  return next_free_;
+}
+
 void RateLimiter::give_back(uint64_t bytes, Clock::time_point slot_start, Clock::time_point now) {
   if (bytes_per_s_ == 0) return;
   const Clock::time_point slot_end = slot_start + cost(bytes);

@@ -5,7 +5,9 @@
 // A token bucket whose depth is one read: reserve(n) returns the moment a read of n bytes may
 // start, and moves the "next free" moment n / rate later. Idle time does not accumulate credit,
 // so the long-run rate never exceeds the cap, and a steady stream of reads is paced evenly.
-// Granularity is the engine's chunk size (IoOptions::max_chunk_bytes).
+// Granularity is the engine's chunk size (IoOptions::max_chunk_bytes). The engine cuts a chunk
+// only once next_free() has come (queued_engine.cpp), so that which read goes next is the
+// queues' order (demand first), not the order slots were reserved in.
 //
 // Thread-safety: reserve() and give_back() may be called from any number of threads.
 
@@ -25,6 +27,8 @@ class RateLimiter {
 
   // Start time for a read of `bytes` issued no earlier than `now`.
   Clock::time_point reserve(uint64_t bytes, Clock::time_point now);
+  // The moment from which a read reserved now would start at once (the past when idle).
+  Clock::time_point next_free();
   // For a read that will not be made (cancelled before it started): gives back the part of the
   // slot reserve(bytes, ...) gave it, from `slot_start`, that has not elapsed by `now`, and later
   // reads move up by that much. Reads reserved after it keep their times, so for a moment two

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <future>
 #include <system_error>
 
 #include "common/check.h"
@@ -80,16 +81,7 @@ Status UringIoEngine::init() {
   }
 
   // Smoke test: seccomp profiles can allow io_uring_setup and block io_uring_enter.
-  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-  io_uring_prep_nop(sqe);
-  io_uring_cqe* cqe = nullptr;
-  if (int r = io_uring_submit_and_wait(&ring_, 1); r < 0) {
-    return Status::runtime("io_uring_enter failed: " + errno_text(-r));
-  }
-  if (int r = io_uring_wait_cqe(&ring_, &cqe); r < 0) {
-    return Status::runtime("io_uring_wait_cqe failed: " + errno_text(-r));
-  }
-  io_uring_cqe_seen(&ring_, cqe);
+  KTIER_RETURN_IF_ERROR(run_nop());
 
   // Buffered reads of cold pages cannot complete inline and go to the kernel's io-wq workers,
   // whose default bound is min(entries, 4 x CPUs): 8 on a 2-core VM, which caps a queue depth of
@@ -116,11 +108,43 @@ Status UringIoEngine::init() {
                   errno_text(-r));
   }
 
+  // The reaper's first submit makes the kernel set up that thread's io_uring context, which
+  // can fail (ENOMEM under a tight memory limit): it runs a no-op first and says how that went,
+  // so that such a failure is this Status (and make_io_engine's pread fallback), not the
+  // reaper's abort on a ring that stopped working.
+  std::promise<Status> started;
+  std::future<Status> reaper_ready = started.get_future();
   try {
-    reaper_ = std::thread([this] { run_worker("io_uring", [this] { reaper_loop(); }); });
+    reaper_ = std::thread([this, started = std::move(started)]() mutable {
+      run_worker("io_uring", [&] {
+        Status s = run_nop();
+        const bool ok = s.is_ok();
+        started.set_value(std::move(s));
+        if (ok) reaper_loop();
+      });
+    });
   } catch (const std::system_error& e) {
     return Status::runtime(std::string("cannot start the io_uring thread: ") + e.what());
   }
+  if (Status s = reaper_ready.get(); !s.is_ok()) {
+    reaper_.join();
+    return s.with_context("the io_uring thread");
+  }
+  return Status::ok();
+}
+
+Status UringIoEngine::run_nop() {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  KTIER_CHECK(sqe != nullptr);  // only at start, before any other entry
+  io_uring_prep_nop(sqe);
+  io_uring_cqe* cqe = nullptr;
+  if (int r = io_uring_submit_and_wait(&ring_, 1); r < 0) {
+    return Status::runtime("io_uring_enter failed: " + errno_text(-r));
+  }
+  if (int r = io_uring_wait_cqe(&ring_, &cqe); r < 0) {
+    return Status::runtime("io_uring_wait_cqe failed: " + errno_text(-r));
+  }
+  io_uring_cqe_seen(&ring_, cqe);
   return Status::ok();
 }
 
@@ -141,7 +165,9 @@ void UringIoEngine::wake() {
 // ---- registered buffers -------------------------------------------------------------------
 
 Status UringIoEngine::register_buffer(void* base, uint64_t bytes) {
-  if (!buffers_registered_ || bytes == 0) return Status::ok();
+  if (bytes == 0) return Status::ok();
+  if (!buffers_registered_)
+    return Status::runtime("the kernel refused io_uring's registered-buffer table");
   auto* p = static_cast<uint8_t*>(base);
   // One (un)registration at a time; the kernel pins the pages (seconds for a few GiB) outside
   // regions_mu_, which every read's slot lookup takes.
@@ -334,8 +360,10 @@ void UringIoEngine::finish(Op* op) {
 void UringIoEngine::reaper_loop() {
   arm_wake_read();
   for (;;) {
+    // The rate cap's next opening, where it held the queue's head back.
+    auto earliest = detail::Clock::time_point::max();
     while (ops_active_ < options_.queue_depth) {
-      std::unique_ptr<detail::Chunk> chunk = take_chunk(Take::kNonBlocking);
+      std::unique_ptr<detail::Chunk> chunk = take_chunk(Take::kNonBlocking, &earliest);
       if (!chunk) break;
       ++ops_active_;
       auto* op = new Op;
@@ -343,7 +371,6 @@ void UringIoEngine::reaper_loop() {
       start_attempt(op);
     }
     const auto now = detail::Clock::now();
-    auto earliest = detail::Clock::time_point::max();
     // A cancel or shutdown wakes this loop (wake()) to fail the parked reads it reached. Each
     // frees a slot of the depth: back to the top, to take what waits for one (a wait below with
     // nothing parked or in flight would not end until something else woke it).
@@ -384,7 +411,8 @@ void UringIoEngine::reaper_loop() {
     if (earliest == detail::Clock::time_point::max()) {
       r = io_uring_wait_cqe(&ring_, &cqe);
     } else {
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(earliest - now).count();
+      const auto ns = std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::nanoseconds>(earliest - now).count());
       __kernel_timespec ts{ns / 1000000000, ns % 1000000000};
       r = io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
     }

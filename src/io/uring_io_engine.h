@@ -7,8 +7,8 @@
 // whose read is always armed on the ring, so a caller's batch goes out without waiting for an
 // unrelated completion.
 //
-// Registered resources, each used when the kernel accepts the table and silently skipped
-// otherwise (a read then goes out unregistered, which is only slower):
+// Registered resources, each used when the kernel accepts the table and skipped otherwise (a
+// read then goes out unregistered, which is only slower; register_buffer says why):
 // - files: a sparse table of kFileSlots; a file is registered on its first read and its slot is
 //   reused, when the table is full, once no read of it is in flight. A registered slot holds a
 //   kernel reference to the file until it is reused or the engine is destroyed.
@@ -17,7 +17,8 @@
 //   straddles two slots goes unregistered). A read whose destination lies inside one registered
 //   slot is issued as IORING_OP_READ_FIXED, which skips per-read page pinning.
 //
-// Availability: create() sets up a ring and runs one no-op through it; in containers that block
+// Availability: create() sets up a ring and runs one no-op through it, on the creating thread and
+// on the reaper before it starts; in containers that block
 // io_uring (ENOSYS, EPERM) or with kernel.io_uring_disabled it fails with Status::runtime and
 // make_io_engine() falls back to PreadIoEngine.
 //
@@ -72,6 +73,9 @@ class UringIoEngine final : public detail::QueuedIoEngine {
   // Reads one byte of /dev/null through the ring: 0 (end of file) when IORING_OP_READ works,
   // else -errno. For init() where the opcode probe is refused.
   int read_dev_null();
+  // Runs one no-op through the ring and waits for it (the calling thread's first submit, if
+  // it is one, sets up its io_uring context). Status::runtime naming the failing call.
+  Status run_nop();
   void wake() override;
   void on_bounce_allocated(uint32_t index, uint8_t* data, uint64_t bytes) override;
 

@@ -217,13 +217,19 @@ TEST(AlignedBufferTest, HugeAllocationFailsWithStatus) {
 }
 
 TEST(AlignedBufferTest, AlignedCover) {
-  const AlignedCover c = aligned_cover(20608, 1632, 4096);
+  const AlignedCover c = aligned_cover(20608, 1632, 4096, 1 << 20);
   EXPECT_EQ(c.offset, 20480u);
   EXPECT_EQ(c.length, 4096u);
   EXPECT_EQ(c.payload_offset, 128u);
-  const AlignedCover d = aligned_cover(4000, 200, 4096);
+  const AlignedCover d = aligned_cover(4000, 200, 4096, 1 << 20);
   EXPECT_EQ(d.offset, 0u);
   EXPECT_EQ(d.length, 8192u);
+  // The last tensor of a file whose size is not a multiple of the alignment: the cover ends
+  // with the file, so that the engine accepts the read.
+  const AlignedCover e = aligned_cover(8200, 100, 4096, 8300);
+  EXPECT_EQ(e.offset, 8192u);
+  EXPECT_EQ(e.length, 108u);
+  EXPECT_EQ(e.payload_offset, 8u);
 }
 
 TEST(FaultPlanTest, MatchingNthAndLimits) {
