@@ -66,8 +66,9 @@ namespace ktier::cli {
 namespace {
 
 constexpr size_t kHttpThreads = 32;
-// Generation requests that may wait for the one running (a connection thread each); the next
-// is answered 503 at once, so that some threads stay free for /health, /metrics, /v1/models.
+// Generation requests that may wait for the one running (a connection thread each, a batch
+// between its prompts included: server::LinePlace); the next is answered 503 at once, so that
+// some threads stay free for /health, /metrics, /v1/models.
 constexpr int64_t kMaxWaitingRequests = kHttpThreads - 8;
 
 // The connections' threads. cpp-httplib's ThreadPool ends the process where the system refuses
@@ -399,6 +400,7 @@ class ApiHandlers {
           prompts.push_back(std::move(*prepared));
         }
         std::vector<json> answers;
+        server::LinePlace place(service());  // its later prompts are not refused as busy
         for (const server::PreparedRequest& prompt : prompts) {
           if (!answers.empty() && peer.gone()) {  // the one before was cut short: no more
             spdlog::info("/v1/completions: the client went away after {} of the {} prompts of "
@@ -406,13 +408,8 @@ class ApiHandlers {
                          answers.size(), prompts.size());
             return send_error(res, Status::interrupted("the client went away"));
           }
-          // Its later prompts are not refused as busy: the batch was let in whole.
           bool busy = false;
-          Result<json> answer =
-              handle_whole(prompt, head, peer,
-                           answers.empty() ? server::Admission::kChecked
-                                           : server::Admission::kAdmitted,
-                           &busy);
+          Result<json> answer = handle_whole(prompt, head, peer, &place, &busy);
           if (busy) return send_busy(res, answer.status());
           if (!answer.is_ok()) return send_error(res, answer.status());
           answers.push_back(std::move(*answer));
@@ -428,7 +425,7 @@ class ApiHandlers {
     if (!prepared->request.stream) {
       bool busy = false;
       const Result<json> answer =
-          handle_whole(*prepared, head, peer, server::Admission::kChecked, &busy);
+          handle_whole(*prepared, head, peer, nullptr, &busy);
       return busy ? send_busy(res, answer.status()) : reply(res, answer);
     }
     // Once the server stops, cpp-httplib calls no content provider: the client would get an
@@ -497,15 +494,14 @@ class ApiHandlers {
   // A request answered whole (not streamed): its response body.
   Result<json> handle_whole(const server::PreparedRequest& prepared,
                             const server::ResponseHead& head, const server::PeerWatch& peer,
-                            server::Admission admission = server::Admission::kChecked,
-                            bool* busy = nullptr) {
+                            server::LinePlace* place = nullptr, bool* busy = nullptr) {
     const server::Endpoint endpoint = prepared.request.endpoint;
     KTIER_ASSIGN_OR_RETURN(
         const server::Completion done,
         run(
             prepared,
             [](std::string_view, std::span<const server::AnswerToken>) { return true; }, peer,
-            admission, busy));
+            place, busy));
     const json probs = logprobs_of(prepared.request, done.logprobs);
     if (endpoint == server::Endpoint::kLlamaCompletion)
       return server::llama_completion_result(model_, done.text, done.finish, done.stopping_word,
@@ -522,7 +518,7 @@ class ApiHandlers {
   Result<server::Completion> run(const server::PreparedRequest& request,
                                  const server::Service::TextSink& on_text,
                                  const server::PeerWatch& peer,
-                                 server::Admission admission = server::Admission::kChecked,
+                                 server::LinePlace* place = nullptr,
                                  bool* refused_busy = nullptr) {
     bool busy = false;
     // An exception out of the generation (std::bad_alloc: memory outside the budgets) is this
@@ -541,7 +537,7 @@ class ApiHandlers {
       try {
         return service().complete(
             request, throw_in_answers ? throwing : on_text,
-            [&peer] { return InterruptRequest::requested() || peer.gone(); }, &busy, admission,
+            [&peer] { return InterruptRequest::requested() || peer.gone(); }, &busy, place,
             // The server stopping ends the answer inside its pass too (the sequence goes with
             // it); a client gone, at a whole token or chunk (the next request may reuse it).
             [] { return InterruptRequest::requested(); });

@@ -44,10 +44,13 @@ std::string prometheus_metrics(const ServiceTotals& t) {
                            std::string_view labels = {}) {
     m.add(name, "counter", help, value, labels);
   };
-  counter("ktier:requests_total", "Requests answered (one its client left included).",
+  counter("ktier:requests_total", "Requests answered (one its client left mid-answer included).",
           static_cast<double>(t.requests));
-  counter("ktier:requests_failed_total", "Requests accepted, then ended by an error.",
+  counter("ktier:requests_failed_total",
+          "Requests accepted, then ended by an error or by the server's stop.",
           static_cast<double>(t.requests_failed));
+  counter("ktier:requests_left_total", "Requests whose client left before they started.",
+          static_cast<double>(t.requests_left));
   counter("ktier:prompt_tokens_total", "Prompt tokens run.", static_cast<double>(t.prompt_tokens));
   counter("ktier:prompt_tokens_reused_total",
           "Prompt tokens the previous request's sequence held (not run again).",

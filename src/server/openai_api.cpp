@@ -101,8 +101,12 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
       continue;
     if (std::string_view(name) == "best_of" && it->is_number_integer() && it->get<int64_t>() == 1)
       continue;
-    if (std::string_view(name) == "tool_choice" && it->is_string() && it->get<std::string>() ==
-                                                                          "none")
+    // Strings that ask for nothing: no tool call, no grammar (llama.cpp's web UI sends
+    // "grammar": "" with every request), nothing after the completion.
+    const std::string_view field(name);
+    if (it->is_string() &&
+        (((field == "tool_choice" || field == "function_call") && *it == "none") ||
+         ((field == "grammar" || field == "suffix") && it->get_ref<const std::string&>().empty())))
       continue;
     if (std::string_view(name) == "n_predict") {
       if (endpoint == Endpoint::kLlamaCompletion) continue;  // its own field

@@ -86,10 +86,21 @@ ServiceTotals Service::totals() const {
   return totals_;
 }
 
-Result<uint64_t> Service::join_line(Admission admission) {
+LinePlace::~LinePlace() {
+  if (!held_) return;
+  std::lock_guard<std::mutex> totals(service_.totals_mutex_);
+  --service_.held_places_;
+}
+
+Result<uint64_t> Service::join_line(LinePlace* place) {
   std::lock_guard<std::mutex> lock(turn_mutex_);
   std::lock_guard<std::mutex> totals(totals_mutex_);
-  if (admission == Admission::kChecked) KTIER_RETURN_IF_ERROR(admission_locked());
+  if (place != nullptr && place->held_) {  // taken over by this request, in one step
+    place->held_ = false;
+    --held_places_;
+  } else {
+    KTIER_RETURN_IF_ERROR(admission_locked());
+  }
   ++totals_.waiting;
   line_.push_back(next_ticket_);
   return next_ticket_++;
@@ -124,8 +135,9 @@ void Service::end_turn() {
 }
 
 Status Service::admission_locked() const {
-  if (options_.max_waiting > 0 && totals_.waiting >= options_.max_waiting)
-    return Status::interrupted("the server is busy: " + std::to_string(totals_.waiting) +
+  const int64_t waiting = totals_.waiting + held_places_;
+  if (options_.max_waiting > 0 && waiting >= options_.max_waiting)
+    return Status::interrupted("the server is busy: " + std::to_string(waiting) +
                                " requests wait for the model already; try again later");
   return Status::ok();
 }
@@ -137,21 +149,27 @@ Status Service::admission() const {
 
 Result<Completion> Service::complete(const PreparedRequest& prepared, const TextSink& on_text,
                                      const std::function<bool()>& stop_requested, bool* busy,
-                                     Admission admission,
+                                     LinePlace* place,
                                      const std::function<bool()>& abandon_requested) {
   if (busy) *busy = false;
-  const Result<uint64_t> ticket = join_line(admission);
+  const Result<uint64_t> ticket = join_line(place);
   if (!ticket.is_ok()) {
     if (busy) *busy = true;
     return ticket.status();
   }
-  if (!wait_turn(*ticket, stop_requested)) {
+  // A request whose client left, or that waited while the server was told to stop, does not
+  // start. stop_requested is either; abandon_requested only the latter (cmd_serve.cpp).
+  const auto not_started = [&] {
+    const bool server_stops = abandon_requested && abandon_requested();
     std::lock_guard<std::mutex> totals(totals_mutex_);
     --totals_.waiting;
-    ++totals_.requests_failed;
-    return Status::interrupted("the request was not started: its client left, or the server "
-                               "is stopping, while it waited");
-  }
+    ++(server_stops ? totals_.requests_failed : totals_.requests_left);
+    return Status::interrupted(server_stops
+                                   ? "the server is stopping: this request was not started"
+                                   : "the request was not started: its client left while it "
+                                     "waited");
+  };
+  if (!wait_turn(*ticket, stop_requested)) return not_started();
   // The ops' grow-only per-thread buffers go with the turn: each request may run on another of
   // the server's connection threads, and each kept its own (K3: 117 MB and more a thread, where
   // the budget counts one).
@@ -162,6 +180,7 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
       s.end_turn();
     }
   } turn{*this};
+  if (stop_requested && stop_requested()) return not_started();
   std::lock_guard<std::mutex> lock(mutex_);
   {
     std::lock_guard<std::mutex> totals(totals_mutex_);
@@ -170,16 +189,22 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
   }
   // Whatever way the request ends (an exception too: `serve` answers it as an error and goes
   // on), it is no longer processing: the server's stop waits while anything is.
+  // A batch's place is kept in the same step, so that no other request takes it meanwhile.
   bool counted = false;
   struct Done {
     Service& s;
     bool& counted;
+    LinePlace* place;
     ~Done() {
       std::lock_guard<std::mutex> totals(s.totals_mutex_);
       --s.totals_.processing;
       if (!counted) ++s.totals_.requests_failed;
+      if (place != nullptr) {
+        place->held_ = true;
+        ++s.held_places_;
+      }
     }
-  } end_processing{*this, counted};
+  } end_processing{*this, counted, place};
   Result<Completion> done = complete_locked(prepared, on_text, stop_requested, abandon_requested);
   const runtime::EngineCounters counters = runtime::EngineCounters::of(engine_);
   std::lock_guard<std::mutex> totals(totals_mutex_);
@@ -187,7 +212,9 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
   if (!done.is_ok()) return done;
   counted = true;
   const runtime::GenerationStats& g = done->report.gen;
-  ++totals_.requests;
+  // An answer the server's stop cut short reaches its client as an error (cmd_serve.cpp).
+  ++(done->cancelled && abandon_requested && abandon_requested() ? totals_.requests_failed
+                                                                 : totals_.requests);
   totals_.prompt_tokens += g.prompt_tokens;
   totals_.reused_tokens += done->usage.cached_tokens;
   totals_.generated_tokens += g.generated_tokens;
@@ -201,9 +228,6 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
                                             const TextSink& on_text,
                                             const std::function<bool()>& stop_requested,
                                             const std::function<bool()>& abandon_requested) {
-  // A request that waited while the server was told to stop does not start.
-  if (stop_requested && stop_requested())
-    return Status::interrupted("the server is stopping: this request was not started");
   const CompletionRequest& request = prepared.request;
   const std::vector<int32_t>& ids = prepared.ids;
   const int64_t prompt = static_cast<int64_t>(ids.size());

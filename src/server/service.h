@@ -49,10 +49,26 @@ struct ServiceOptions {
   int64_t max_waiting = 0;
 };
 
-// How a request joins the line for the model: kChecked is refused (busy) while max_waiting
-// requests wait; kAdmitted joins past the limit (a completions batch's later prompts: the batch
-// was let in whole, and its answers so far would be thrown away with a refusal).
-enum class Admission { kChecked, kAdmitted };
+class Service;
+
+// A completions batch's place in the line for the model. `serve` runs a batch's prompts one
+// after another on its connection's thread; between two of them the thread is still taken, so
+// the place is kept: it counts against max_waiting as a waiting request would, and the next
+// prompt joins with it, unrefused (the batch was let in whole, and its answers so far would be
+// thrown away with a refusal). The first prompt joins as any request. Given back when
+// destroyed. Not thread-safe: one batch's thread uses it.
+class LinePlace {
+ public:
+  explicit LinePlace(Service& service) : service_(service) {}
+  ~LinePlace();
+  LinePlace(const LinePlace&) = delete;
+  LinePlace& operator=(const LinePlace&) = delete;
+
+ private:
+  friend class Service;
+  Service& service_;
+  bool held_ = false;  // counted in Service::held_places_
+};
 
 struct Completion {
   std::string text;  // as streamed: special tokens hidden, cut before a stop text
@@ -71,7 +87,8 @@ struct Completion {
 // What a service has done since it was made (`ktier serve --metrics`).
 struct ServiceTotals {
   uint64_t requests = 0;         // answered (an answer its client cut short included)
-  uint64_t requests_failed = 0;  // accepted, then ended by an error (or the server's stop)
+  uint64_t requests_failed = 0;  // accepted, then ended by an error or by the server's stop
+  uint64_t requests_left = 0;    // accepted, and their client left before they started
   int64_t prompt_tokens = 0;     // prompt tokens run
   int64_t reused_tokens = 0;     // prompt tokens the previous request's sequence held
   int64_t generated_tokens = 0, decode_steps = 0;
@@ -108,7 +125,9 @@ class Service {
   // chunks, as GenerationOptions::stop_requested, and while the request waits for its turn
   // (every kTurnPoll) and before it starts: true there is Status::interrupted (its client left,
   // or the server was told to stop, while it waited). Status::interrupted too, at once, when
-  // max_waiting requests wait already (busy: `busy` set), unless `admission` is kAdmitted.
+  // max_waiting requests wait already (busy: `busy` set), unless `place` (a batch's; may be
+  // null) holds a place from its previous prompt, which this request takes; `place` holds one
+  // again once the request has ended.
   // Other errors: the model's (I/O, corrupt bytes), after which the next request starts a fresh
   // sequence. `abandon_requested` (may be null; the server stopping) is asked between the layers
   // of each forward pass as well (GenerationOptions::abandon_requested): true ends the answer
@@ -116,7 +135,7 @@ class Service {
   // sequence.
   Result<Completion> complete(const PreparedRequest& prepared, const TextSink& on_text,
                               const std::function<bool()>& stop_requested,
-                              bool* busy = nullptr, Admission admission = Admission::kChecked,
+                              bool* busy = nullptr, LinePlace* place = nullptr,
                               const std::function<bool()>& abandon_requested = nullptr);
   static constexpr std::chrono::milliseconds kTurnPoll{100};
   // complete()'s refusal of a request while max_waiting requests wait (Status::interrupted),
@@ -142,13 +161,16 @@ class Service {
   // place (its ticket) and counts the request as waiting, in one step (the busy refusal
   // otherwise); wait_turn returns true when that ticket's turn has come (end_turn() after it),
   // false, having left the line, when `stop_requested` said so while it waited.
-  Result<uint64_t> join_line(Admission admission);
+  Result<uint64_t> join_line(LinePlace* place);
   bool wait_turn(uint64_t ticket, const std::function<bool()>& stop_requested);
   void end_turn();
   Status admission_locked() const;  // totals_mutex_ held
+  friend class LinePlace;
 
-  mutable std::mutex totals_mutex_;  // guards totals_ (never held while generating)
+  // Guards totals_ and held_places_; never held while generating.
+  mutable std::mutex totals_mutex_;
   ServiceTotals totals_;
+  int64_t held_places_ = 0;  // batches between two prompts (LinePlace)
   std::mutex turn_mutex_;  // guards line_, next_ticket_, generating_; taken before totals_mutex_
   std::condition_variable turn_cv_;
   std::deque<uint64_t> line_;  // the waiting requests' tickets, in arrival order

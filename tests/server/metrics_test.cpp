@@ -17,6 +17,7 @@ TEST(PrometheusMetrics, EveryFigureUnderItsNameInTheTextFormat) {
   ServiceTotals t;
   t.requests = 3;
   t.requests_failed = 1;
+  t.requests_left = 4;
   t.prompt_tokens = 700;
   t.reused_tokens = 694;
   t.generated_tokens = 12;
@@ -56,9 +57,10 @@ TEST(PrometheusMetrics, EveryFigureUnderItsNameInTheTextFormat) {
     }
   }
   EXPECT_EQ(text.back(), '\n');
-  EXPECT_EQ(samples.size(), 28u) << text;
+  EXPECT_EQ(samples.size(), 29u) << text;
   EXPECT_EQ(samples["ktier:requests_total"], "3");
   EXPECT_EQ(samples["ktier:requests_failed_total"], "1");
+  EXPECT_EQ(samples["ktier:requests_left_total"], "4");
   EXPECT_EQ(samples["ktier:prompt_tokens_total"], "700");
   EXPECT_EQ(samples["ktier:prompt_tokens_reused_total"], "694");
   EXPECT_EQ(samples["ktier:tokens_predicted_total"], "12");

@@ -63,6 +63,11 @@ TEST(OpenAiRequest, ChatMessagesAndFieldsAreRead) {
       {"min_p", 0.05},
       {"ignore_eos", false},
       {"logprobs", false},
+      // Fields ktier does not build, at the value that asks for nothing.
+      {"tool_choice", "none"},
+      {"function_call", "none"},
+      {"grammar", ""},
+      {"suffix", ""},
       {"unknown_field", {1, 2}}};
   auto r = chat(body);
   ASSERT_TRUE(r.is_ok()) << r.status().message();
@@ -179,6 +184,9 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {{{"messages", kUser}, {"min_p", "0.1"}}, "min_p"},
       {{{"messages", kUser}, {"mirostat", 2}}, "mirostat"},
       {{{"messages", kUser}, {"grammar", "root ::= \"a\""}}, "grammar"},
+      {{{"messages", kUser}, {"suffix", " end"}}, "suffix"},
+      {{{"messages", kUser}, {"tool_choice", "auto"}}, "tool_choice"},
+      {{{"messages", kUser}, {"function_call", "auto"}}, "function_call"},
       {{{"messages", kUser}, {"ignore_eos", true}}, "ignore_eos"},
       {{{"messages", kUser}, {"n_predict", 5}}, "n_predict"},
       {{{"messages", kUser}, {"echo", "yes"}}, "echo"},

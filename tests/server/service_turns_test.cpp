@@ -22,7 +22,8 @@ TEST_F(ServiceTest, ARequestThatWaitedWhileTheServerStopsDoesNotStart) {
   EXPECT_FALSE(called);
 }
 
-// The totals behind GET /metrics add up the requests' own figures, reuse and failures included.
+// The totals behind GET /metrics add up the requests' own figures, reuse and failures included:
+// a request whose client left while it waited is not a failure, one the server's stop ended is.
 TEST_F(ServiceTest, TotalsAddUpTheRequests) {
   auto s = service();
   EXPECT_EQ(s->totals().requests, 0u);
@@ -32,10 +33,13 @@ TEST_F(ServiceTest, TotalsAddUpTheRequests) {
   ASSERT_GT(b.usage.cached_tokens, 0);
   auto prepared = s->prepare(text_request("The lamp", 4));
   ASSERT_TRUE(prepared.is_ok());
-  ASSERT_FALSE(s->complete(*prepared, nullptr, [] { return true; }).is_ok());
+  const auto stop = [] { return true; };
+  ASSERT_FALSE(s->complete(*prepared, nullptr, stop).is_ok());  // its client left
+  ASSERT_FALSE(s->complete(*prepared, nullptr, stop, nullptr, nullptr, stop).is_ok());
   const ServiceTotals t = s->totals();
   EXPECT_EQ(t.requests, 2u);
   EXPECT_EQ(t.requests_failed, 1u);
+  EXPECT_EQ(t.requests_left, 1u);
   EXPECT_EQ(t.prompt_tokens, a.report.gen.prompt_tokens + b.report.gen.prompt_tokens);
   EXPECT_EQ(t.prompt_tokens + t.reused_tokens, a.usage.prompt_tokens + b.usage.prompt_tokens);
   EXPECT_EQ(t.reused_tokens, b.usage.cached_tokens);
@@ -70,7 +74,6 @@ TEST_F(ServiceTest, ARequestsThreadKeepsNoOpBuffersAfterItsTurn) {
 // more is refused at once, "busy", so that waiting requests cannot hold every connection
 // thread); a waiting request whose client leaves gives up its place while the first still runs
 // (before: it held its thread until the model was free, and a mutex served waiters in no order).
-// A batch's later prompt (Admission::kAdmitted) joins past the limit, at the back.
 TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
   ServiceOptions o;
   o.ctx = 256;
@@ -88,9 +91,8 @@ TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
   std::atomic<bool> release{false};
   std::mutex mu;
   std::vector<std::string> order;  // who got the model, in turn
-  const auto runs = [&](const std::string& name, std::function<bool()> stop,
-                        Admission admission = Admission::kChecked) {
-    return std::thread([&, name, stop, admission] {
+  const auto runs = [&](const std::string& name, std::function<bool()> stop) {
+    return std::thread([&, name, stop] {
       bool first_piece = true;
       auto r = s.complete(
           *prepared,
@@ -104,13 +106,13 @@ TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
               std::this_thread::sleep_for(std::chrono::milliseconds(1));
             return true;
           },
-          stop, nullptr, admission);
+          stop);
       std::lock_guard<std::mutex> lock(mu);
       if (!r.is_ok()) order.push_back(name + " not started: " + r.status().message());
     });
   };
   std::atomic<bool> c_left{false};
-  std::thread first, b, c, d, e, f;
+  std::thread first, b, c, d, e;
   struct JoinAll {  // a failed ASSERT returns early: let every thread end first
     std::atomic<bool>& release;
     std::atomic<bool>& c_left;
@@ -121,7 +123,7 @@ TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
       for (std::thread* t : threads)
         if (t->joinable()) t->join();
     }
-  } join_all{release, c_left, {&first, &b, &c, &d, &e, &f}};
+  } join_all{release, c_left, {&first, &b, &c, &d, &e}};
   first = runs("first", nullptr);
   // Until its first piece (its prompt run): a slow machine (a sanitizer, a loaded CI) could
   // otherwise see c leave before the first request streamed anything.
@@ -153,23 +155,53 @@ TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
   e = runs("e", nullptr);
   ASSERT_TRUE(until([](const ServiceTotals& t) { return t.waiting == 3; }));
   EXPECT_FALSE(s.admission().is_ok());
-  f = runs("f", nullptr, Admission::kAdmitted);
-  ASSERT_TRUE(until([](const ServiceTotals& t) { return t.waiting == 4; }))
-      << "an admitted request was refused";
   release = true;
-  for (std::thread* t : {&first, &b, &d, &e, &f}) t->join();
-  ASSERT_EQ(order.size(), 6u);
+  for (std::thread* t : {&first, &b, &d, &e}) t->join();
+  ASSERT_EQ(order.size(), 5u);
   EXPECT_EQ(order[0], "first");
   EXPECT_EQ(order[1].rfind("c not started", 0), 0u) << order[1];
   EXPECT_EQ(order[2], "b");
   EXPECT_EQ(order[3], "d");
   EXPECT_EQ(order[4], "e");
-  EXPECT_EQ(order[5], "f");
   const ServiceTotals t = s.totals();
-  EXPECT_EQ(t.requests, 5u);
-  EXPECT_EQ(t.requests_failed, 1u);  // c; the refused one was never accepted
+  EXPECT_EQ(t.requests, 4u);
+  EXPECT_EQ(t.requests_failed, 0u);
+  EXPECT_EQ(t.requests_left, 1u);  // c; the refused one was never accepted
   EXPECT_EQ(t.waiting, 0);
   EXPECT_EQ(t.processing, 0);
+}
+
+// A completions batch keeps its place in the line between its prompts (its connection's thread is
+// taken all along): the place counts against max_waiting, so another request cannot take it and
+// the batch's next prompt, which joins with it unrefused, push the line past the limit (before,
+// a batch's later prompts joined past the limit while others had filled it meanwhile: 27
+// waiting against 24 under load).
+TEST_F(ServiceTest, ABatchKeepsItsPlaceInLineBetweenItsPrompts) {
+  ServiceOptions o;
+  o.ctx = 256;
+  o.prefill_chunk = 7;
+  o.max_waiting = 1;
+  Service s(*engine_, *tokenizer_, markers_, o);
+  auto prepared = s.prepare(text_request("The lighthouse keeper", 2));
+  ASSERT_TRUE(prepared.is_ok());
+  const auto sink = [](std::string_view, auto) { return true; };
+  {
+    LinePlace place(s);
+    for (int prompt = 0; prompt < 3; ++prompt) {
+      SCOPED_TRACE(prompt);
+      bool busy = true;
+      auto r = s.complete(*prepared, sink, nullptr, &busy, &place);
+      ASSERT_TRUE(r.is_ok()) << r.status().message();
+      EXPECT_FALSE(busy);
+      EXPECT_EQ(s.totals().waiting, 0);
+      EXPECT_FALSE(s.admission().is_ok()) << "the batch's place was free for another request";
+      auto other = s.complete(*prepared, sink, nullptr, &busy);
+      EXPECT_FALSE(other.is_ok());
+      EXPECT_TRUE(busy);
+    }
+  }
+  EXPECT_TRUE(s.admission().is_ok()) << "the batch ended and kept its place";
+  EXPECT_EQ(s.totals().requests, 3u);
 }
 
 // llama-server's /tokenize and /detokenize (server/tokenize_api.h) with the model's tokenizer:
@@ -391,8 +423,8 @@ TEST_F(ServiceTest, AnAnswerStoppedInItsPromptLeavesASoundPrefix) {
 }
 
 // The server stopping (abandon_requested) ends the answer inside a forward pass of its prompt:
-// nothing is sampled, and the part-run sequence is not reused by the next request, which
-// answers as a fresh one would.
+// nothing is sampled, the part-run sequence is not reused by the next request, which answers as
+// a fresh one would, and the request counts as failed (its client gets an error).
 TEST_F(ServiceTest, AnAnswerAbandonedInsideAPassLeavesNoSequenceToReuse) {
   auto s = service();  // chunks of 7
   const std::string prompt =
@@ -401,16 +433,18 @@ TEST_F(ServiceTest, AnAnswerAbandonedInsideAPassLeavesNoSequenceToReuse) {
   ASSERT_TRUE(prepared.is_ok());
   ASSERT_GT(prepared->ids.size(), 14u);
   const int64_t boundaries = engine_->checkpoint().config().num_hidden_layers - 1;
-  int64_t asked = 0;  // inside the second chunk, after its third layer
+  int64_t asked = 0;  // inside the second chunk, after its third layer; then it stays stopping
   auto stopped = s->complete(
       *prepared, [](std::string_view, auto) { return true; }, nullptr, nullptr,
-      Admission::kChecked, [&] { return ++asked == boundaries + 3; });
+      nullptr, [&] { return asked == boundaries + 3 || ++asked == boundaries + 3; });
   ASSERT_TRUE(stopped.is_ok()) << stopped.status().message();
   EXPECT_EQ(asked, boundaries + 3);
   EXPECT_TRUE(stopped->cancelled);
   EXPECT_EQ(stopped->usage.completion_tokens, 0);
   EXPECT_EQ(stopped->report.gen.prompt_tokens, 7);
   EXPECT_EQ(stopped->text, "");
+  EXPECT_EQ(s->totals().requests_failed, 1u);
+  EXPECT_EQ(s->totals().requests, 0u);
   const Completion next = answer(*s, text_request(prompt, 4));
   EXPECT_EQ(next.usage.cached_tokens, 0);
   EXPECT_EQ(next.text, answer(*service(), text_request(prompt, 4)).text);
