@@ -47,6 +47,7 @@
 #include "cli/cli_input.h"
 #include "cli/commands.h"
 #include "cli/strata_options.h"
+#include "common/check.h"
 #include "common/debug_env.h"
 #include "common/interrupt.h"
 #include "format/checkpoint.h"
@@ -66,10 +67,10 @@ namespace ktier::cli {
 namespace {
 
 constexpr size_t kHttpThreads = 32;
-// Generation requests that may wait for the one running (a connection thread each, a batch
-// between its prompts included: server::LinePlace); the next is answered 503 at once, so that
-// some threads stay free for /health, /metrics, /v1/models.
-constexpr int64_t kMaxWaitingRequests = kHttpThreads - 8;
+// Generation requests may wait for the one running (a connection thread each, a batch between
+// its prompts included: server::LinePlace) while this many of the threads that started stay
+// free for /health, /metrics, /v1/models; the next is answered 503 at once. At least one waits.
+constexpr int64_t kFreeConnectionThreads = 8;
 
 // The connections' threads. cpp-httplib's ThreadPool ends the process where the system refuses
 // a thread (a pids or thread limit: its constructor unwinds past joinable threads, which is
@@ -88,6 +89,7 @@ class HttpTaskQueue final : public httplib::TaskQueue {
     }
   }
   ~HttpTaskQueue() override { shutdown(); }
+  size_t threads() const { return threads_.size(); }
   HttpTaskQueue(const HttpTaskQueue&) = delete;
   HttpTaskQueue& operator=(const HttpTaskQueue&) = delete;
 
@@ -755,7 +757,6 @@ Status serve(const ServeArgs& a) {
   so.prefill_chunk = a.chunk;
   so.defaults.sampling = a.sampling;
   so.defaults.max_tokens = a.max_tokens;
-  so.max_waiting = kMaxWaitingRequests;
   if (a.max_tokens == 0) return Status::usage("-n 0 would answer nothing: give 1 or more, or -1");
   KTIER_RETURN_IF_ERROR(runtime::validate(so.defaults.sampling));
   // A request's own temperature or penalty is refused past OpenAI's range; so is a default.
@@ -793,8 +794,15 @@ Status serve(const ServeArgs& a) {
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
   // Connections wait on one sequence; more threads than the default 8 keep /health and
-  // /v1/models answering behind slow or idle clients.
-  http.new_task_queue = [] { return new HttpTaskQueue(kHttpThreads); };
+  // /v1/models answering behind slow or idle clients. Started here, not when cpp-httplib starts
+  // listening, so that the limit on waiting requests counts the threads the system gave.
+  auto connection_threads = std::make_unique<HttpTaskQueue>(kHttpThreads);
+  so.max_waiting = std::max<int64_t>(
+      1, static_cast<int64_t>(connection_threads->threads()) - kFreeConnectionThreads);
+  http.new_task_queue = [&connection_threads] {  // once, by the Listener below (it owns it then)
+    KTIER_CHECK(connection_threads != nullptr);
+    return connection_threads.release();
+  };
   // An idle keep-alive connection (a scraper, an SDK client) ends within this when the server
   // stops, inside kDrainTime (cpp-httplib's default is 5 s).
   http.set_keep_alive_timeout(kKeepAliveSeconds);

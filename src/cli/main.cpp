@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <system_error>
 #include <functional>
 #include <new>
 #include <string>
@@ -194,9 +195,15 @@ int main(int argc, char** argv) {
                          "outside the --ram budget of commands that have one; see "
                          "docs/TUNING.md)\n");
     return static_cast<int>(ExitCode::kRuntime);
+  } catch (const std::system_error& e) {
+    // What else the environment refused below a Status, most often a thread the system would
+    // not start: an error, not std::terminate, and one that says where to look.
+    const bool thread_limit = e.code() == std::errc::resource_unavailable_try_again;
+    std::fprintf(stderr, "ktier: error: the system refused a resource: %s%s\n", e.what(),
+                 thread_limit ? " (a thread or process limit: ulimit -u, a container's pids.max)"
+                              : "");
+    return static_cast<int>(ExitCode::kRuntime);
   } catch (const std::exception& e) {
-    // What else the environment refused below a Status (a thread the system would not start):
-    // an error, not std::terminate.
     std::fprintf(stderr, "ktier: error: %s\n", e.what());
     return static_cast<int>(ExitCode::kRuntime);
   }
