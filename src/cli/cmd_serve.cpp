@@ -74,8 +74,8 @@ constexpr int64_t kFreeConnectionThreads = 8;
 
 // The connections' threads. cpp-httplib's ThreadPool ends the process where the system refuses
 // a thread (a pids or thread limit: its constructor unwinds past joinable threads, which is
-// std::terminate); this one serves with the threads it could start, and with none on the
-// listening thread itself, one connection at a time.
+// std::terminate); this one serves with the threads it could start (refusal() says why the
+// rest did not), and with none on the listening thread itself, one connection at a time.
 class HttpTaskQueue final : public httplib::TaskQueue {
  public:
   explicit HttpTaskQueue(size_t threads) {
@@ -83,13 +83,12 @@ class HttpTaskQueue final : public httplib::TaskQueue {
       threads_.reserve(threads);
       for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
     } catch (const std::exception& e) {
-      spdlog::warn("serve: {} of {} connection threads started ({}); connections beyond them "
-                   "wait their turn, /health and /metrics too while requests generate",
-                   threads_.size(), threads, e.what());
+      refusal_ = e.what();
     }
   }
   ~HttpTaskQueue() override { shutdown(); }
   size_t threads() const { return threads_.size(); }
+  const std::string& refusal() const { return refusal_; }
   HttpTaskQueue(const HttpTaskQueue&) = delete;
   HttpTaskQueue& operator=(const HttpTaskQueue&) = delete;
 
@@ -152,8 +151,30 @@ class HttpTaskQueue final : public httplib::TaskQueue {
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;
   bool stopping_ = false;
+  std::string refusal_;  // empty when every thread asked for started
   std::vector<std::thread> threads_;  // last: started once the members they use exist
 };
+
+// Threads a thread limit must leave to the rest of serve when the connection threads meet it:
+// the listening thread, the I/O engine's io_uring thread, the compute pool's one at least.
+constexpr size_t kThreadsLeftForTheEngine = 4;
+
+// kHttpThreads connection threads, or under a thread limit (ulimit -u, a container's
+// pids.max) as many as leave kThreadsLeftForTheEngine, said in one warning.
+std::unique_ptr<HttpTaskQueue> start_connection_threads() {
+  auto queue = std::make_unique<HttpTaskQueue>(kHttpThreads);
+  if (queue->refusal().empty()) return queue;
+  const size_t fit = queue->threads();
+  const std::string why = queue->refusal();
+  queue.reset();  // joins them
+  const size_t kept = fit > kThreadsLeftForTheEngine ? fit - kThreadsLeftForTheEngine : 0;
+  queue = std::make_unique<HttpTaskQueue>(kept);
+  spdlog::warn("serve: the system started {} of {} connection threads ({}); serving with {}, "
+               "to leave room for the engine's own: connections beyond them wait their turn, "
+               "/health and /metrics too while requests generate",
+               fit, kHttpThreads, why, queue->threads());
+  return queue;
+}
 
 struct ServeArgs {
   std::string model, host = "127.0.0.1", alias, isa = "auto";
@@ -796,7 +817,7 @@ Status serve(const ServeArgs& a) {
   // Connections wait on one sequence; more threads than the default 8 keep /health and
   // /v1/models answering behind slow or idle clients. Started here, not when cpp-httplib starts
   // listening, so that the limit on waiting requests counts the threads the system gave.
-  auto connection_threads = std::make_unique<HttpTaskQueue>(kHttpThreads);
+  std::unique_ptr<HttpTaskQueue> connection_threads = start_connection_threads();
   so.max_waiting = std::max<int64_t>(
       1, static_cast<int64_t>(connection_threads->threads()) - kFreeConnectionThreads);
   http.new_task_queue = [&connection_threads] {  // once, by the Listener below (it owns it then)
