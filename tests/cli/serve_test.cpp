@@ -784,6 +784,29 @@ TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
   EXPECT_EQ(server.wait(), 0) << server.err();
 }
 
+// Under a thread limit (ulimit -u, a container's pids.max) the connection threads leave room for
+// the rest of serve (before, they took every thread the limit left, and serve failed to start
+// its listening thread: "Resource temporarily unavailable", exit 1). Run as user nobody, whose
+// threads the limit counts (root's it does not), with room for five.
+TEST_F(ServeCli, ServesUnderAThreadLimit) {
+  if (::geteuid() != 0 || !fs::exists("/usr/bin/setpriv") || !fs::exists("/usr/bin/prlimit"))
+    GTEST_SKIP() << "needs root, setpriv and prlimit (util-linux) to run serve as nobody";
+  std::vector<std::string> argv = serve_argv(dir_ / "model");
+  argv.insert(argv.begin(), {"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534",
+                             "--clear-groups", "/usr/bin/prlimit", "--nproc=5"});
+  ChildProcess server(argv);
+  const int port = start(server);
+  ASSERT_GT(port, 0) << server.err();
+  EXPECT_NE(server.err().find("connection threads"), std::string::npos) << server.err();
+  httplib::Client client = client_at(port);
+  auto answer = client.Post("/v1/completions", R"({"prompt": "The lamp", "max_tokens": 2})",
+                            "application/json");
+  ASSERT_TRUE(answer) << httplib::to_string(answer.error());
+  EXPECT_EQ(answer->status, 200) << answer->body;
+  server.signal(SIGINT);
+  EXPECT_EQ(server.wait(std::chrono::seconds(30)), 0) << server.err();
+}
+
 TEST_F(ServeCli, HelpListsServe) {
   auto r = run_process(ktier_bin().string() + " --help");
   EXPECT_EQ(r.exit_code, 0);
