@@ -99,9 +99,19 @@ Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::Tr
            : "") +
       (min.sequence ? "; the sequence " + format_size(min.sequence) +
                           ": state and activations for " + std::to_string(workload.positions) +
-                          " positions (run: the prompt and -n, or -c; perplexity: a window)"
+                          " positions (-c; by default run's prompt and -n, a --chat -i "
+                          "conversation at least 4096, perplexity's window)"
                     : "") +
       ")");
+}
+
+uint64_t auto_preset_budget(uint64_t mem_total, uint64_t mem_available) {
+  constexpr uint64_t G = 1ull << 30;
+  // 2 GiB left to the system, or half where that is less (below 4 GiB free): the two meet at
+  // 4 GiB, so that more free memory never gives a smaller budget (it once fell from 1 GiB to
+  // 1 MiB past 2 GiB free). Within what a run keeps (fit_plan_to_memory) on large machines.
+  const uint64_t left = std::min(2 * G, mem_available / 2);
+  return std::min({mem_total / 100 * 55, mem_available - left, usable_memory(mem_available)});
 }
 
 Result<uint64_t> preset_budget_bytes(const std::string& name, uint64_t* mem_available) {
@@ -116,9 +126,7 @@ Result<uint64_t> preset_budget_bytes(const std::string& name, uint64_t* mem_avai
     if (total == 0 || avail == 0)
       return Status::usage("--preset auto: cannot read MemTotal/MemAvailable from /proc/meminfo");
     if (mem_available) *mem_available = avail;
-    // Within what a run keeps (fit_plan_to_memory) on large machines too.
-    const uint64_t cap = std::min(avail > 2 * G ? avail - 2 * G : avail / 2, usable_memory(avail));
-    return std::min<uint64_t>(total / 100 * 55, cap);
+    return auto_preset_budget(total, avail);
   }
   return Status::usage("--preset: '" + name +
                        "' is not one of laptop, desktop, workstation, server, max, auto");

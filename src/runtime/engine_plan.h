@@ -116,11 +116,14 @@ Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::Tr
                          const EngineOptions::Workload& workload);
 
 // Budget of a named preset (K3 scale; DESIGN.md §4, docs/TUNING.md): laptop 8G, desktop 32G,
-// workstation 96G, server 128G, max (everything), auto (55 % of MemTotal, at most MemAvailable
-// less 2 GiB and 90 % of it). Status::usage for another name or when /proc/meminfo cannot be
-// read for auto.
+// workstation 96G, server 128G, max (everything), auto (auto_preset_budget of /proc/meminfo).
+// Status::usage for another name or when /proc/meminfo cannot be read for auto.
 // `mem_available`, when given, receives the MemAvailable auto read (untouched otherwise).
 Result<uint64_t> preset_budget_bytes(const std::string& name, uint64_t* mem_available = nullptr);
+// --preset auto's budget on a machine with these MemTotal and MemAvailable bytes: 55 % of
+// MemTotal, at most MemAvailable less 2 GiB (less half of it below 4 GiB) and 90 % of it.
+// Never smaller for more MemAvailable.
+uint64_t auto_preset_budget(uint64_t mem_total, uint64_t mem_available);
 
 // What a run may hold on a machine with `mem_available` bytes free (MemAvailable): 90 % of it,
 // the rest left to the page cache and what no budget covers (fit_plan_to_memory, the RAM tier's
