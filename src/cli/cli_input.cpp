@@ -522,7 +522,32 @@ std::string llama_cpp_flag_problem(int argc, const char* const* argv,
       {"--override-tensor", "--vram and --ram (strata places experts by use)"},
       {"-hf", "-m DIR (a local folder)"},
       {"-co", "none"},
-      {"--temperature", "--temp"}};
+      {"--temperature", "--temp"},
+      // One dash and several letters: CLI11 would read these as bundles of one-letter flags
+      // (-no-cnv as -n "o-cnv") and blame another flag.
+      {"-no-cnv", "none: run without -i makes one generation"},
+      {"--no-conversation", "none: run without -i makes one generation"},
+      {"-st", "--chat (one message; --chat -i for a conversation)"},
+      {"--single-turn", "--chat (one message; --chat -i for a conversation)"},
+      {"-if", "--chat -i"},
+      {"--interactive-first", "--chat -i"},
+      {"-mli", "none: -i reads one message per line"},
+      {"--multiline-input", "none: -i reads one message per line"},
+      {"-cmoe", "--ram and --vram (strata places experts by use)"},
+      {"--cpu-moe", "--ram and --vram (strata places experts by use)"},
+      {"-ncmoe", "--ram and --vram (strata places experts by use)"},
+      {"--n-cpu-moe", "--ram and --vram (strata places experts by use)"},
+      {"-nkvo", "--vram (GPU mode places the cache by it)"},
+      {"--no-kv-offload", "--vram (GPU mode places the cache by it)"},
+      {"-dev", "--device auto|cpu|cuda"},
+      {"-mg", "none: GPU mode uses device 0"},
+      {"-sm", "none: GPU mode uses one device"},
+      {"-ts", "none: GPU mode uses one device"},
+      {"-md", "none: no speculative decoding"},
+      {"-ps", "none: no speculative decoding"},
+      {"-cb", "none: serve answers one request at a time"},
+      {"-nr", "none"},
+      {"-dt", "none"}};
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--") break;  // what follows is not options

@@ -173,7 +173,8 @@ Status perplexity(const PerplexityArgs& a) {
                            {"text_tokens", total}};
     KTIER_RETURN_IF_ERROR(io::write_output_file(a.json, json_output_text(j)));
   }
-  if (done < windows)
+  // Ctrl-C in the last window too ends as interrupted, as `run` does: a script running it stops.
+  if (done < windows || InterruptRequest::requested())
     return Status::interrupted("stopped by Ctrl-C after " + std::to_string(done) + " of " +
                                std::to_string(windows) + " windows");
   return Status::ok();

@@ -683,11 +683,13 @@ void register_run_command(CLI::App& app, int& exit_code) {
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
   sub->add_flag("--print-ids", a->print_ids, "After the text, print the generated ids on one line");
   sub->add_option("--stop-id", a->stop_ids,
-                  "Also stop after this token id (repeatable); config.json's and "
+                  "Also stop after this token id (repeatable, or ids separated by commas); "
+                  "config.json's and "
                   "generation_config.json's eos_token_id always stop, and --chat's <|close|>. "
                   "A run with none of them is refused unless -n 0. In a --chat -i conversation "
                   "the id is left out of the answer that stopped at it")
       ->type_name("ID")
+      ->delimiter(',')
       ->allow_extra_args(false);
   sub->add_flag("--special", a->special,
                 "Encode added-token strings in the prompt text as their ids, and print special "

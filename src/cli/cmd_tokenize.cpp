@@ -46,6 +46,10 @@ Status run_tokenize(const TokenizeArgs& a) {
     if (a.has_text == !a.file.empty()) return Status::usage("give exactly one of -p TEXT or -f FILE");
   }
   KTIER_ASSIGN_OR_RETURN(const tok::Tokenizer t, tok::Tokenizer::load(a.tokenizer, pattern));
+  if (a.special && t.vocab_size() == t.n_ranks())
+    return Status::usage("--special: " + a.tokenizer +
+                         " has no added tokens to read (a tiktoken.model on its own lists none; "
+                         "give the folder with tokenizer_config.json)");
   if (a.decode) {
     KTIER_ASSIGN_OR_RETURN(const std::vector<uint32_t> ids, parse_ids(a.ids));
     KTIER_ASSIGN_OR_RETURN(const std::string text, t.decode(ids, a.skip_special));

@@ -404,12 +404,34 @@ Status copy_records(const format::Checkpoint& ckpt, PackLayout& layout, const Pa
   return Status::ok();
 }
 
+// Whether `manifest` opens with a trunk pack's format line (the writer puts it first,
+// trunk_layout.cpp): a manifest.json of another tool's is not ours to replace.
+Result<bool> is_pack_manifest(const fs::path& manifest) {
+  Result<int> fd = io::open_regular_file(manifest);
+  if (!fd.is_ok() && fd.status().code() == ExitCode::kUsage) return false;  // a folder, a FIFO
+  if (!fd.is_ok()) return fd.status();
+  char head[256];
+  const ssize_t n = ::pread(*fd, head, sizeof head, 0);
+  const int err = errno;
+  ::close(*fd);
+  if (n < 0) return Status::runtime(manifest.string() + ": read error: " + io::errno_text(err));
+  return std::string_view(head, static_cast<size_t>(n)).find(
+             std::string("\"format\": \"") + kPackFormat + "\"") != std::string_view::npos;
+}
+
 }  // namespace
 
 Status check_pack_output(const fs::path& out_dir, bool force) {
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
     return Status::usage(out_dir.string() + ": exists and is not a directory");
+  const fs::path manifest = out_dir / kManifestFileName;
+  if (fs::symlink_status(manifest, ec).type() != fs::file_type::not_found) {
+    KTIER_ASSIGN_OR_RETURN(const bool ours, is_pack_manifest(manifest));
+    if (!ours)
+      return Status::usage(manifest.string() + " is not a trunk pack's manifest: ktier pack does "
+                           "not replace it, --force or not (write the pack to another folder)");
+  }
   if (force) return Status::ok();
   for (const char* name : {kManifestFileName, kPackFileName})
     if (fs::exists(out_dir / name, ec))

@@ -64,8 +64,9 @@ struct PackReport {
   double seconds = 0.0;         // copy, fsync and renames
 };
 
-// Status::usage when `out_dir` is a file, or already holds manifest.json or trunk.pack and
-// `force` is false. Cheap; `ktier pack` calls it before opening the checkpoint.
+// Status::usage when `out_dir` is a file, holds a manifest.json that is not a trunk pack's
+// (another tool's: never replaced), or already holds manifest.json or trunk.pack and `force` is
+// false. Cheap; `ktier pack` calls it before opening the checkpoint.
 Status check_pack_output(const std::filesystem::path& out_dir, bool force);
 // Status::usage naming --block-size unless `block_size` (bytes; 0 = not compressed) is 0 or a
 // multiple of kRecordAlignment in kMinBlockSize..kMaxBlockSize. Asked before the checkpoint is

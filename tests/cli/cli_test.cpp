@@ -94,6 +94,10 @@ TEST(Cli, UsageErrorsExitTwo) {
            {" run -m x --ids 1 -ngl 99", "'-ngl' is llama.cpp's flag; ktier's equivalent: "
                                          "ktier places the trunk and experts by --vram"},
            {" run -m x -fa --ids 1", "'-fa' is llama.cpp's flag"},
+           {" run -m x -p hi -no-cnv", "'-no-cnv' is llama.cpp's flag"},
+           {" run -m x -p hi -cmoe", "'-cmoe' is llama.cpp's flag"},
+           {" run -m x -p hi -ncmoe 3", "'-ncmoe' is llama.cpp's flag"},
+           {" run -mli -m x -p hi", "'-mli' is llama.cpp's flag"},
            {" run -m x --ids 1 --temperature=0.5",
             "'--temperature=0.5' is llama.cpp's flag; ktier's equivalent: --temp"},
            // ... but a prompt may say anything, and a file may be named so.

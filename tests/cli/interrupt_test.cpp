@@ -10,8 +10,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "common/child_process.h"
@@ -140,6 +142,25 @@ TEST_F(InterruptCli, PerplexityStopsAfterAWindowWithTheEstimateSoFar) {
       << c.err();
   EXPECT_NE(c.err().find("ktier: stopped by Ctrl-C after "), std::string::npos) << c.err();
   EXPECT_NE(c.out().find("perplexity"), std::string::npos) << "the estimate so far\n" << c.out();
+}
+
+// Ctrl-C inside the last window (here the only one) ends as interrupted too, with the whole
+// estimate (it exited 0, and a shell loop running perplexity over files went on).
+TEST_F(InterruptCli, PerplexityStoppedInItsLastWindowIsInterrupted) {
+  ChildProcess c({ktier_bin().string(), "perplexity", "-m", (dir_ / "model").string(), "-c",
+                  "64", "--threads", "1", "--ram", "1900K", "--io-rate-limit", "5", "--ids",
+                  spread_ids(64)});
+  ASSERT_TRUE(c.started());
+  ASSERT_TRUE(c.wait_until([&] { return c.err().find(" window(s) of 64") != std::string::npos; }))
+      << c.err();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // inside the window (~0.7 s)
+  c.signal(SIGINT);
+  ASSERT_EQ(c.wait(), 130) << c.err();
+  EXPECT_NE(c.err().find("ktier: Ctrl-C: stopping after this window"), std::string::npos)
+      << c.err();
+  EXPECT_NE(c.err().find("ktier: stopped by Ctrl-C after 1 of 1 windows"), std::string::npos)
+      << c.err();
+  EXPECT_NE(c.out().find("(1 window of 64)"), std::string::npos) << c.out();
 }
 
 // A run stopped inside its prompt saves the part it ran to --prompt-cache: the next run goes on

@@ -372,7 +372,9 @@ TEST_F(RunEvalCli, TokenizeRefusesFlagsOfTheOtherDirection) {
            {" --decode --ids 1 --pattern o200k", "--pattern excludes --decode"},
            {" -p hi --skip-special", "--skip-special requires --decode"},
            {" -p hi --ids 1", "--ids needs --decode"},
-           {" --decode --ids ''", "--ids is empty"}}) {
+           {" --decode --ids ''", "--ids is empty"},
+           // A tiktoken.model on its own has no added tokens: --special read nothing (exit 0).
+           {"/tiktoken.model -p 'a<|end_of_msg|>b' --special", "has no added tokens to read"}}) {
     const auto r = run_process(tokenize + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find(what), std::string::npos) << args << ": " << r.err;

@@ -311,6 +311,21 @@ TEST_F(PackTest, RefusesToOverwriteWithoutForce) {
   fs::remove(out / kManifestFileName);
   EXPECT_EQ(pack(a, out).status().exit_code(), 2);
   EXPECT_EQ(check_pack_output(out / kPackFileName, true).exit_code(), 2);  // a file, not a folder
+
+  // Another tool's manifest.json is not replaced, --force or not (it read as "already holds a
+  // trunk pack", and --force wrote over it).
+  const fs::path foreign = scratch("foreign");
+  fs::create_directories(foreign);
+  std::ofstream(foreign / kManifestFileName) << R"({"a": 1})";
+  for (const bool force : {false, true}) {
+    auto refused = pack(a, foreign, force);
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_EQ(refused.status().exit_code(), 2);
+    EXPECT_NE(refused.status().message().find("is not a trunk pack's manifest"),
+              std::string::npos)
+        << refused.status().message();
+  }
+  EXPECT_EQ(test::read_file(foreign / kManifestFileName), R"({"a": 1})");
 }
 
 TEST_F(PackTest, PackOfAnotherCheckpointIsRefused) {
