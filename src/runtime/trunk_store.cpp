@@ -451,8 +451,26 @@ void TrunkStore::start_read(Slot& s, int64_t layer) {
   stats_.streamed_bytes_inflated += pack_ ? r.size : payload_bytes(r);
 }
 
+void TrunkStore::drop_stale_slots() {
+  if (last_acquired_ < 0 || ring_.empty()) return;
+  take(0);  // reads that have landed: their slots count as done
+  // The layers the forward takes next, as far as the ring reaches.
+  std::vector<int64_t> upcoming;
+  upcoming.reserve(ring_.size());
+  for (int64_t l = last_acquired_; upcoming.size() < ring_.size();) {
+    l = streamed_after(l);
+    if (l >= config().num_hidden_layers) break;
+    upcoming.push_back(l);
+  }
+  for (Slot& s : ring_) {
+    if (s.in_use || s.layer < 0 || s.outstanding > 0 || s.layer == last_acquired_) continue;
+    if (std::find(upcoming.begin(), upcoming.end(), s.layer) == upcoming.end()) free_slot(s);
+  }
+}
+
 void TrunkStore::prefetch() {
   const int64_t L = config().num_hidden_layers;
+  drop_stale_slots();
   for (Slot& s : ring_) {
     if (next_prefetch_ < 0 || next_prefetch_ >= L) return;  // nothing (more) to read ahead
     if (s.layer >= 0) continue;
@@ -547,19 +565,17 @@ Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
   if (const model::LayerWeights* w = pinned_layer(l)) return w;
   auto it = std::find_if(ring_.begin(), ring_.end(), [&](const Slot& s) { return s.layer == l; });
   if (it == ring_.end()) {
-    // Not prefetched (a forward that stopped early, or an earlier error): read it now into the
-    // first free slot.
-    auto is_free = [](const Slot& s) { return !s.in_use && s.outstanding == 0; };
-    it = std::find_if(ring_.begin(), ring_.end(), is_free);
-    if (it == ring_.end()) {  // every slot busy with a read ahead: let those reads land first
-      for (Slot& busy : ring_)
-        if (busy.outstanding > 0) KTIER_RETURN_IF_ERROR(drain(&busy));
-      it = std::find_if(ring_.begin(), ring_.end(), is_free);
-    }
+    // Not prefetched: a forward that stopped early (an error, an abandoned pass) left the ring
+    // holding the layers that pass would have taken next. Start it again from `l`: the reads
+    // under way land, every slot not in use is emptied, and `l` is read (the rest are read
+    // ahead from it below).
+    for (Slot& busy : ring_)
+      if (busy.outstanding > 0) KTIER_RETURN_IF_ERROR(drain(&busy));
+    for (Slot& slot : ring_)
+      if (!slot.in_use) free_slot(slot);
     // At most one layer is in use at a time (Model::forward); no ring: release_ring's contract.
+    it = std::find_if(ring_.begin(), ring_.end(), [](const Slot& s) { return !s.in_use; });
     KTIER_CHECK(it != ring_.end());
-    next_prefetch_ = l;
-    it->layer = -1;
     start_read(*it, l);
     next_prefetch_ = streamed_after(l);
   }
@@ -578,6 +594,10 @@ Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
     }
   }
   s.in_use = true;
+  last_acquired_ = l;
+  // Read ahead while `l` computes: the slots the miss above emptied, or those a stopped pass
+  // left holding its layers (one holding the wrapped-to first layer is found, the others not).
+  prefetch();
   return &s.weights;
 }
 

@@ -243,6 +243,11 @@ class TrunkStore final : public model::TrunkSource {
                         uint8_t* dst);
   Status verify_embed_record();  // pack mode: xxh3 of the embed record, streamed
   void prefetch();
+  // Empties the slots not in use whose layer the forward will not take within the ring's reach
+  // from last_acquired_ (a pass that stopped partway left them): the read-ahead skips a slot
+  // that holds a layer, and would skip those until the forward came to their layers. A slot
+  // still reading is left until its read lands. Called by prefetch().
+  void drop_stale_slots();
   // Finds r's tensors at `base` (the record's bytes).
   model::TensorLookup lookup_in(const pack::Record& r, const uint8_t* base) const;
   std::vector<Source> sources_of(const pack::Record& r) const;
@@ -265,6 +270,7 @@ class TrunkStore final : public model::TrunkSource {
   bool head_released_ = false;  // release_head
   std::vector<Slot> ring_;
   int64_t next_prefetch_ = -1;  // next streamed layer to read
+  int64_t last_acquired_ = -1;  // the streamed layer the forward acquired last
   int64_t cycle_start_ = 0;     // read-ahead wraps to the first streamed layer from here
   int64_t pin_first_ = 0;       // the first pinned layer
   // The first streamed layer at or after l; L when none.

@@ -545,6 +545,61 @@ TEST_F(TrunkStoreTest, APassAbandonedBetweenLayersLeavesTheEngineWhole) {
   expect_abandoned_passes_leave_engine_whole(*e.value(), prompt_, reference_, 5);
 }
 
+// After a pass that stopped partway (abandoned, or failed), the ring reads ahead again from the
+// next pass's first layer: while each streamed layer computes, the next one is in a slot (read
+// or being read). Before, the slots left holding the stopped pass's next layers were skipped by
+// the read-ahead until the forward reached those layers, so the ring read one layer ahead, each
+// read waited for the layer before it to be released, and no read overlapped compute.
+TEST_F(TrunkStoreTest, AStoppedPassLeavesTheRingReadingAhead) {
+  auto e = open(faulty_streamed_pack());
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const TrunkStore& store = *e.value()->trunk_store();
+  const int64_t L = e.value()->checkpoint().config().num_hidden_layers;
+  ASSERT_GE(store.ring_layers().size(), 2u);
+  ASSERT_GE(store.stats().layers_streamed, 4);
+  struct RingProbe final : model::LayerObserver {
+    const TrunkStore& store;
+    int64_t layers;
+    std::vector<int64_t> without_read_ahead;  // streamed layers whose successor was in no slot
+    RingProbe(const TrunkStore& s, int64_t l) : store(s), layers(l) {}
+    void after_layer(int64_t layer, const float*, int64_t, int64_t) override {
+      if (store.is_pinned(layer)) return;
+      int64_t next = layer + 1;
+      while (next < layers && store.is_pinned(next)) ++next;
+      if (next == layers) return;  // the pass's last streamed layer
+      const std::vector<int64_t> ring = store.ring_layers();
+      if (std::find(ring.begin(), ring.end(), next) == ring.end())
+        without_read_ahead.push_back(layer);
+    }
+  } probe(store, L);
+  const int64_t boundaries = L - 1;
+  for (const int64_t stop_after : {int64_t{1}, boundaries / 2, boundaries}) {
+    SCOPED_TRACE("a pass stopped after boundary " + std::to_string(stop_after));
+    GenerationOptions g;
+    g.prefill_chunk = 12;
+    g.max_new_tokens = 1;
+    g.reserve_positions = static_cast<int64_t>(prompt_.size());
+    int64_t asked = 0;
+    g.abandon_requested = [&] { return ++asked == stop_after; };
+    auto session = GenerationSession::open(e.value()->model(), e.value()->experts(), g);
+    ASSERT_TRUE(session.is_ok()) << session.status().message();
+    auto turn = (*session)->turn(prompt_, [](int32_t) { return Status::ok(); });
+    ASSERT_TRUE(turn.is_ok()) << turn.status().message();
+    ASSERT_TRUE((*session)->abandoned());
+    session->reset();
+    probe.without_read_ahead.clear();
+    e.value()->model().set_layer_observer(&probe);
+    std::vector<float> out(prompt_.size() * vocab_);
+    const Status st = evaluate(e.value()->model(), prompt_, 12, out.data());
+    e.value()->model().set_layer_observer(nullptr);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_TRUE(same_bytes(out, reference_prefix(out.size())));
+    EXPECT_TRUE(probe.without_read_ahead.empty())
+        << probe.without_read_ahead.size() << " layers computed with no read ahead, the first "
+        << probe.without_read_ahead.front();
+  }
+}
+
 TEST_F(TrunkStoreTest, FailingReadsFailWithExitOneNamingTheFile) {
   EngineOptions eo = faulty_streamed_pack();
   auto e = open(eo);
