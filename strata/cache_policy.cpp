@@ -160,25 +160,33 @@ bool LfuCache::make_room(bool allow_pinned) {
   return true;
 }
 
+// Exception safety (a serve request survives std::bad_alloc): a resident key moves within
+// order_ as its node (no allocation), and a new key is marked resident only once its node is in:
+// a resident key missing from order_ could never be evicted, and the tier would hold one more
+// expert than its slots (a CHECK in ExpertCache later).
 bool LfuCache::access(uint32_t key, const Request& request) {
   pin_for_current_step(key);
-  const bool hit = resident_[key];
-  if (hit) order_.erase(entry(key));
+  if (resident_[key]) {
+    auto node = order_.extract(entry(key));
+    ++count_[key];
+    last_use_[key] = request.index;
+    node.value() = entry(key);
+    order_.insert(std::move(node));
+    return true;
+  }
   ++count_[key];
   last_use_[key] = request.index;
-  if (!hit) {
-    if (capacity() == 0) return false;
-    KTIER_CHECK(make_room(/*allow_pinned=*/true));
-    resident_[key] = 1;
-  }
+  if (capacity() == 0) return false;
+  KTIER_CHECK(make_room(/*allow_pinned=*/true));
   order_.insert(entry(key));
-  return hit;
+  resident_[key] = 1;
+  return false;
 }
 
 bool LfuCache::prefetch(uint32_t key, uint64_t target_step, double clock_tokens) {
   if (resident_[key] || capacity() == 0 || !make_room(/*allow_pinned=*/false)) return false;
-  resident_[key] = 1;
   order_.insert(entry(key));
+  resident_[key] = 1;
   pin_until(key, target_step);
   return true;
 }
@@ -254,8 +262,13 @@ void TemperatureCache::offer_to_main(uint32_t key, uint64_t main_share) {
     }
     evict_coldest_unpinned_from_main();
   }
+  try {
+    order_.insert(entry(key));
+  } catch (...) {  // in neither segment now: the tier frees its slot
+    evicted(key);
+    throw;
+  }
   in_main_[key] = 1;
-  order_.insert(entry(key));
 }
 
 void TemperatureCache::insert_into_window(uint32_t key, bool prefetching) {
@@ -295,13 +308,16 @@ void TemperatureCache::insert_into_window(uint32_t key, bool prefetching) {
 
 bool TemperatureCache::access(uint32_t key, const Request& request) {
   pin_for_current_step(key);
-  if (in_main_[key]) order_.erase(entry(key));
+  // A main resident moves within order_ as its node (no allocation: see LfuCache::access).
+  std::set<Entry>::node_type node;
+  if (in_main_[key]) node = order_.extract(entry(key));
   // T_new = T(now) + 1, stored as s = log2 T_new + now / H.
   const double now_over_h = request.clock_tokens / params_.half_life_tokens;
   score_[key] = std::log2(std::exp2(score_[key] - now_over_h) + 1.0) + now_over_h;
   last_use_[key] = request.index;
   if (in_main_[key]) {
-    order_.insert(entry(key));
+    node.value() = entry(key);
+    order_.insert(std::move(node));
     return true;
   }
   if (window_.linked(key)) {
@@ -386,10 +402,11 @@ BeladyCache::BeladyCache(uint64_t capacity_slots, uint32_t num_keys,
 
 bool BeladyCache::access(uint32_t key, const Request& request) {
   const uint64_t next = request.next_use;
-  if (next_use_[key] != kAbsent) {
-    order_.erase({next_use_[key], key});
+  if (next_use_[key] != kAbsent) {  // moved as its node (see LfuCache::access)
+    auto node = order_.extract({next_use_[key], key});
     next_use_[key] = next;
-    order_.insert({next, key});
+    node.value() = {next, key};
+    order_.insert(std::move(node));
     return true;
   }
   (void)admit(key, next);
@@ -411,8 +428,8 @@ bool BeladyCache::admit(uint32_t key, uint64_t next) {
     order_.erase(furthest);
     evicted(out);
   }
-  next_use_[key] = next;
   order_.insert({next, key});
+  next_use_[key] = next;
   return true;
 }
 

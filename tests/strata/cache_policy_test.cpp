@@ -6,12 +6,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "strata/budget.h"
 #include "strata/replay.h"
+#include "tests/common/failing_new.h"
 
 namespace ktier::strata {
 namespace {
@@ -48,6 +51,51 @@ TemperatureParams main_only(double half_life, double admit_ratio) {
   p.min_window_slots = 0;
   p.adapt_window = false;
   return p;
+}
+
+// A policy that runs out of memory inside a call (`serve` survives std::bad_alloc) keeps its
+// books straight: every key it holds counts in resident_count() (and so can be evicted), and
+// the eviction hook has been told of every key it dropped. An LFU hit that erased its key and
+// then failed to insert it again held that key uncounted for good; the RAM tier then kept an
+// expert more than its slots and a later fetch ended the process on a CHECK.
+TEST(CachePolicies, ARefusedAllocationLeavesTheBooksStraight) {
+  constexpr uint64_t kSlots = 8;
+  std::vector<std::unique_ptr<CacheModel>> policies;
+  policies.push_back(std::make_unique<LruCache>(kSlots, kKeys));
+  policies.push_back(std::make_unique<LfuCache>(kSlots, kKeys));
+  TemperatureParams small_window;
+  small_window.min_window_slots = 2;
+  policies.push_back(std::make_unique<TemperatureCache>(kSlots, kKeys, small_window));
+  int refused = 0;  // LRU allocates nothing; LFU and temperature do (their ordered sets)
+  for (const auto& policy : policies) {
+    std::vector<uint8_t> held(kKeys, 0);  // admitted, and not yet given to the eviction hook
+    policy->set_eviction_hook([&held](uint32_t key) { held[key] = 0; });
+    std::mt19937 rng(7);
+    for (uint32_t i = 0; i < 3000; ++i) {
+      SCOPED_TRACE("request " + std::to_string(i));
+      const uint32_t key = rng() % 24;  // some hits, some misses
+      policy->begin_step(i);
+      test::fail_allocation_after(rng() % 2 == 0 ? static_cast<long>(rng() % 3) : -1);
+      try {
+        if (rng() % 4 == 0)
+          (void)policy->prefetch(key, i + 1, i);
+        else
+          (void)policy->access(key, Request{i, static_cast<double>(i), kNeverUsed});
+      } catch (const std::bad_alloc&) {
+        ++refused;
+      }
+      test::fail_allocation_after(-1);
+      if (policy->contains(key)) held[key] = 1;
+      uint64_t contained = 0;
+      for (uint32_t k = 0; k < kKeys; ++k) {
+        contained += policy->contains(k);
+        ASSERT_EQ(held[k], policy->contains(k) ? 1 : 0) << "key " << k;
+      }
+      ASSERT_EQ(contained, policy->resident_count());
+      ASSERT_LE(contained, kSlots);
+    }
+  }
+  EXPECT_GT(refused, 200);  // the allocations refused did fall inside the calls
 }
 
 TEST(LruCache, EvictsLeastRecentlyUsed) {
