@@ -167,6 +167,9 @@ std::unique_ptr<HttpTaskQueue> start_connection_threads() {
   const size_t fit = queue->threads();
   const std::string why = queue->refusal();
   queue.reset();  // joins them
+  // A joined thread may still count against the limit for a moment (the kernel releases it
+  // just after the join returns): a pause, so that the threads below find their room.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const size_t kept = fit > kThreadsLeftForTheEngine ? fit - kThreadsLeftForTheEngine : 0;
   queue = std::make_unique<HttpTaskQueue>(kept);
   spdlog::warn("serve: the system started {} of {} connection threads ({}); serving with {}, "

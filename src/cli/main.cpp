@@ -7,10 +7,11 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
-#include <system_error>
+#include <filesystem>
 #include <functional>
 #include <new>
 #include <string>
+#include <system_error>
 
 #include <CLI/CLI.hpp>
 
@@ -194,6 +195,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ktier: error: out of memory: the system refused an allocation (one "
                          "outside the --ram budget of commands that have one; see "
                          "docs/TUNING.md)\n");
+    return static_cast<int>(ExitCode::kRuntime);
+  } catch (const std::filesystem::filesystem_error& e) {  // a std::system_error too
+    std::fprintf(stderr, "ktier: error: %s\n", e.what());
     return static_cast<int>(ExitCode::kRuntime);
   } catch (const std::system_error& e) {
     // What else the environment refused below a Status, most often a thread the system would

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <new>
 
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
@@ -597,7 +598,12 @@ Result<const model::LayerWeights*> TrunkStore::acquire_layer(int64_t l) {
   last_acquired_ = l;
   // Read ahead while `l` computes: the slots the miss above emptied, or those a stopped pass
   // left holding its layers (one holding the wrapped-to first layer is found, the others not).
-  prefetch();
+  // Nothing may throw once the slot is in use with no lease to release it: a read ahead that
+  // could not be queued (std::bad_alloc) leaves its slot free, as in release_layer.
+  try {
+    prefetch();
+  } catch (const std::bad_alloc&) {
+  }
   return &s.weights;
 }
 

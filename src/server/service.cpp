@@ -83,7 +83,9 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
 
 ServiceTotals Service::totals() const {
   std::lock_guard<std::mutex> lock(totals_mutex_);
-  return totals_;
+  ServiceTotals t = totals_;
+  t.waiting += held_places_;  // as the busy refusal counts them
+  return t;
 }
 
 LinePlace::~LinePlace() {

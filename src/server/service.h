@@ -93,7 +93,9 @@ struct ServiceTotals {
   int64_t reused_tokens = 0;     // prompt tokens the previous request's sequence held
   int64_t generated_tokens = 0, decode_steps = 0;
   double prefill_seconds = 0, decode_seconds = 0;
-  int64_t processing = 0, waiting = 0;  // requests generating now / waiting for the sequence
+  // Requests generating now / waiting for the sequence (a batch between two prompts included:
+  // LinePlace), as the busy refusal counts them.
+  int64_t processing = 0, waiting = 0;
   runtime::EngineCounters engine;       // the engine's counters after the last request
 };
 

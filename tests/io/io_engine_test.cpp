@@ -487,6 +487,32 @@ TEST_P(IoFaultTest, CancelReachesReadsTheRateLimitHolds) {
   EXPECT_LE(landed, 2u);
 }
 
+// A short read's continuation reserves a new slot of the rate cap and waits for it; a cancel
+// reaches it there (the read fails as cancelled, without waiting out the slot or reading).
+TEST_P(IoFaultTest, CancelReachesAContinuationTheRateCapHolds) {
+  IoOptions opt;
+  opt.queue_depth = 1;
+  opt.rate_limit_bytes_per_s = 1024;  // the first attempt's 4 s slot starts at once
+  opt.direct = DirectMode::kBuffered;
+  KTIER_ENGINE_OR_SKIP(e, opt);
+  ReadFile f = open(*e);
+  const size_t rule = plan_->add(FaultRule::short_read().times(1));
+  auto buf = std::move(AlignedBuffer::allocate(4096)).value();
+  CompletionQueue cq(*e);
+  const ReadRequest r{&f, 0, 4096, buf.data(), 1};
+  ASSERT_TRUE(cq.submit({&r, 1}).is_ok());
+  ASSERT_GE(wait_for_fires(rule, 0), 1u);  // the short read came: its rest waits ~4 s
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  cq.cancel();
+  std::vector<Completion> done;
+  cq.wait(1, done);
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_FALSE(done[0].status.is_ok()) << "the continuation waited out its slot and read";
+  EXPECT_NE(done[0].status.message().find("cancelled"), std::string::npos)
+      << done[0].status.message();
+  EXPECT_EQ(e->counters().short_reads, 1u);
+}
+
 // A reader may free its queue while a read it submitted is still running (an engine torn down
 // after a failed read does): the queue's destructor waits for that read's completion, and the
 // engine thread that delivers it must be done with the queue before the destructor can return.
