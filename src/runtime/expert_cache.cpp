@@ -539,10 +539,6 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
     plan_reads(static_cast<uint32_t>(layer * Ne + ids[i]), si, reads);
     misses.push_back({si, i, static_cast<uint32_t>(reads.size() - before), windowed});
     slots_[si].read_failed = false;
-    const uint64_t bytes = expert_bytes(static_cast<uint32_t>(layer * Ne + ids[i]));
-    ++stats_.demand_reads;
-    stats_.miss_bytes += bytes;
-    stats_.read_bytes += bytes;
   };
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t key = static_cast<uint32_t>(layer * Ne + ids[i]);
@@ -581,6 +577,14 @@ Status ExpertCache::fetch_each(int64_t layer, std::span<const int32_t> ids,
         misses[k].reads_left = 0;
       }
       if (first.is_ok()) first = st;
+    } else {  // counted once queued: a refused batch read nothing
+      for (size_t k = unsubmitted; k < misses.size(); ++k) {
+        const uint64_t bytes =
+            expert_bytes(static_cast<uint32_t>(layer * Ne + ids[misses[k].index]));
+        ++stats_.demand_reads;
+        stats_.miss_bytes += bytes;
+        stats_.read_bytes += bytes;
+      }
     }
     unsubmitted = misses.size();
     reads.clear();

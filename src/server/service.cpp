@@ -83,27 +83,24 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
 
 ServiceTotals Service::totals() const {
   std::lock_guard<std::mutex> lock(totals_mutex_);
-  ServiceTotals t = totals_;
-  t.waiting += held_places_;  // as the busy refusal counts them
-  return t;
+  return totals_;
 }
 
 LinePlace::~LinePlace() {
   if (!held_) return;
   std::lock_guard<std::mutex> totals(service_.totals_mutex_);
-  --service_.held_places_;
+  --service_.totals_.waiting;
 }
 
 Result<uint64_t> Service::join_line(LinePlace* place) {
   std::lock_guard<std::mutex> lock(turn_mutex_);
   std::lock_guard<std::mutex> totals(totals_mutex_);
-  if (place != nullptr && place->held_) {  // taken over by this request, in one step
-    place->held_ = false;
-    --held_places_;
+  if (place != nullptr && place->held_) {
+    place->held_ = false;  // this request takes over the place, counted as waiting already
   } else {
     KTIER_RETURN_IF_ERROR(admission_locked());
+    ++totals_.waiting;
   }
-  ++totals_.waiting;
   line_.push_back(next_ticket_);
   return next_ticket_++;
 }
@@ -137,7 +134,7 @@ void Service::end_turn() {
 }
 
 Status Service::admission_locked() const {
-  const int64_t waiting = totals_.waiting + held_places_;
+  const int64_t waiting = totals_.waiting;
   if (options_.max_waiting > 0 && waiting >= options_.max_waiting)
     return Status::interrupted("the server is busy: " + std::to_string(waiting) +
                                " requests wait for the model already; try again later");
@@ -202,8 +199,8 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
       --s.totals_.processing;
       if (!counted) ++s.totals_.requests_failed;
       if (place != nullptr) {
-        place->held_ = true;
-        ++s.held_places_;
+        place->held_ = true;  // counted as waiting until its next prompt or ~LinePlace
+        ++s.totals_.waiting;
       }
     }
   } end_processing{*this, counted, place};

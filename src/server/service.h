@@ -67,7 +67,7 @@ class LinePlace {
  private:
   friend class Service;
   Service& service_;
-  bool held_ = false;  // counted in Service::held_places_
+  bool held_ = false;  // counted in Service's totals_.waiting
 };
 
 struct Completion {
@@ -169,10 +169,9 @@ class Service {
   Status admission_locked() const;  // totals_mutex_ held
   friend class LinePlace;
 
-  // Guards totals_ and held_places_; never held while generating.
+  // Guards totals_; never held while generating.
   mutable std::mutex totals_mutex_;
   ServiceTotals totals_;
-  int64_t held_places_ = 0;  // batches between two prompts (LinePlace)
   std::mutex turn_mutex_;  // guards line_, next_ticket_, generating_; taken before totals_mutex_
   std::condition_variable turn_cv_;
   std::deque<uint64_t> line_;  // the waiting requests' tickets, in arrival order

@@ -69,6 +69,15 @@ class IoFaultTest : public ::testing::TestWithParam<IoBackend> {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return plan_->fires(rule);
   }
+  // `pages` reads of one 4096-byte page each from the start of `f`: page i into `buf` at
+  // i * 4096 (buf holds `pages` pages at least), tagged i.
+  static std::vector<ReadRequest> page_reads(const ReadFile& f, AlignedBuffer& buf,
+                                             uint64_t pages) {
+    std::vector<ReadRequest> batch;
+    for (uint64_t i = 0; i < pages; ++i)
+      batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
+    return batch;
+  }
   bool bytes_match(const AlignedBuffer& buf, uint64_t offset, uint64_t length) const {
     return std::memcmp(buf.data(), content_.data() + offset, length) == 0;
   }
@@ -242,8 +251,7 @@ TEST_P(IoFaultTest, QueueDepthReadsInParallel) {
   ReadFile f = open(*e);
   plan_->add(FaultRule::delay_by(std::chrono::milliseconds(100)).times(-1));
   auto buf = std::move(AlignedBuffer::allocate(32 * 4096)).value();
-  std::vector<ReadRequest> batch;
-  for (uint64_t i = 0; i < 32; ++i) batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
+  std::vector<ReadRequest> batch = page_reads(f, buf, 32);
   const auto t0 = Clock::now();
   ASSERT_TRUE(read_all(*e, batch).is_ok());
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -267,9 +275,7 @@ TEST_P(IoFaultTest, DemandReadsOvertakeQueuedReadAhead) {
   plan_->add(FaultRule::delay_by(std::chrono::milliseconds(800), 0, 4096).times(-1));
   plan_->add(FaultRule::delay_by(std::chrono::milliseconds(400), 4096, kAhead * 4096).times(-1));
   auto buf = std::move(AlignedBuffer::allocate((kAhead + 1) * 4096)).value();
-  std::vector<ReadRequest> batch;
-  for (uint64_t i = 0; i < kAhead; ++i)
-    batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
+  const std::vector<ReadRequest> batch = page_reads(f, buf, kAhead);
   CompletionQueue ahead(*e, ReadPriority::kReadAhead), demand(*e);
   EXPECT_EQ(ahead.priority(), ReadPriority::kReadAhead);
   EXPECT_EQ(demand.priority(), ReadPriority::kDemand);
@@ -304,9 +310,7 @@ TEST_P(IoFaultTest, DemandReadsOvertakeReadAheadUnderTheRateCap) {
   ReadFile f = open(*e);
   constexpr uint64_t kAhead = 16;
   auto buf = std::move(AlignedBuffer::allocate((kAhead + 1) * 4096)).value();
-  std::vector<ReadRequest> batch;
-  for (uint64_t i = 0; i < kAhead; ++i)
-    batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
+  const std::vector<ReadRequest> batch = page_reads(f, buf, kAhead);
   CompletionQueue ahead(*e, ReadPriority::kReadAhead), demand(*e);
   ASSERT_TRUE(ahead.submit(batch).is_ok());
   std::vector<Completion> done;
@@ -352,8 +356,7 @@ TEST_P(IoFaultTest, CancelFailsRequestsNotStarted) {
   plan_->add(FaultRule::delay_by(std::chrono::milliseconds(50), 0, 4096).times(-1));
   plan_->add(FaultRule::delay_by(std::chrono::milliseconds(500), 4096).times(-1));
   auto buf = std::move(AlignedBuffer::allocate(16 * 4096)).value();
-  std::vector<ReadRequest> batch;
-  for (uint64_t i = 0; i < 16; ++i) batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
+  std::vector<ReadRequest> batch = page_reads(f, buf, 16);
   // Again with the cancel's first allocation refused (a queue's destructor cancels, noexcept):
   // the request whose message it was for fails all the same, with a shorter one.
   for (const bool short_of_memory : {false, true}) {
@@ -464,8 +467,7 @@ TEST_P(IoFaultTest, CancelReachesReadsTheRateLimitHolds) {
   KTIER_ENGINE_OR_SKIP(e, opt);
   ReadFile f = open(*e);
   auto buf = std::move(AlignedBuffer::allocate(16 * 4096)).value();
-  std::vector<ReadRequest> batch;
-  for (uint64_t i = 0; i < 16; ++i) batch.push_back({&f, i * 4096, 4096, buf.data() + i * 4096, i});
+  std::vector<ReadRequest> batch = page_reads(f, buf, 16);
   CompletionQueue cq(*e);
   ASSERT_TRUE(cq.submit(batch).is_ok());
   std::vector<Completion> done;

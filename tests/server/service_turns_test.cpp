@@ -75,11 +75,8 @@ TEST_F(ServiceTest, ARequestsThreadKeepsNoOpBuffersAfterItsTurn) {
 // thread); a waiting request whose client leaves gives up its place while the first still runs
 // (before: it held its thread until the model was free, and a mutex served waiters in no order).
 TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
-  ServiceOptions o;
-  o.ctx = 256;
-  o.prefill_chunk = 7;
-  o.max_waiting = 3;
-  Service s(*engine_, *tokenizer_, markers_, o);
+  const std::unique_ptr<Service> service_with_line = service(256, 9, /*max_waiting=*/3);
+  Service& s = *service_with_line;
   auto prepared = s.prepare(text_request("The lighthouse keeper", 3));
   ASSERT_TRUE(prepared.is_ok());
   const auto until = [&s](const std::function<bool(const ServiceTotals&)>& ready) {
@@ -177,11 +174,8 @@ TEST_F(ServiceTest, WaitingRequestsAreServedInArrivalOrderUpToALimit) {
 // a batch's later prompts joined past the limit while others had filled it meanwhile: 27
 // waiting against 24 under load).
 TEST_F(ServiceTest, ABatchKeepsItsPlaceInLineBetweenItsPrompts) {
-  ServiceOptions o;
-  o.ctx = 256;
-  o.prefill_chunk = 7;
-  o.max_waiting = 1;
-  Service s(*engine_, *tokenizer_, markers_, o);
+  const std::unique_ptr<Service> service_with_line = service(256, 9, /*max_waiting=*/1);
+  Service& s = *service_with_line;
   auto prepared = s.prepare(text_request("The lighthouse keeper", 2));
   ASSERT_TRUE(prepared.is_ok());
   const auto sink = [](std::string_view, auto) { return true; };
