@@ -105,6 +105,19 @@ class ServeCli : public ::testing::Test {
     client.set_read_timeout(120, 0);
     return client;
   }
+  // Waits (up to 60 s) until the /metrics of a server started with --metrics on `port` shows
+  // `line` (a request generating, one waiting): a loaded machine may take long to start a
+  // request. False when it did not.
+  static bool metric_shown(int port, const std::string& line) {
+    httplib::Client metrics = client_at(port);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      const auto res = metrics.Get("/metrics");
+      if (res && res->body.find(line + "\n") != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
   static inline fs::path dir_;
 };
 
@@ -720,18 +733,7 @@ TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
   ChildProcess server(argv);
   const int port = start(server);
   ASSERT_GT(port, 0) << server.err();
-  // Waits until /metrics shows `line` (a request generating, one waiting): a loaded machine
-  // may take long to start a request, and leaving before it started is another case.
-  httplib::Client metrics = client_at(port);
-  const auto until_metric = [&](const std::string& line) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < deadline) {
-      const auto res = metrics.Get("/metrics");
-      if (res && res->body.find(line + "\n") != std::string::npos) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
-  };
+  const auto until_metric = [port](const std::string& line) { return metric_shown(port, line); };
   // A raw client's connection that has sent POST /v1/completions with `body` (-1: it could
   // not be made or sent).
   const auto post = [port](const std::string& body) {
@@ -782,6 +784,39 @@ TEST_F(ServeCli, AClientThatLeavesEndsItsWholeAnswer) {
   EXPECT_EQ(res->status, 200) << res->body;
   server.signal(SIGINT);
   EXPECT_EQ(server.wait(), 0) << server.err();
+}
+
+// Ctrl-C or SIGTERM while an answer's forward pass runs ends it after the layer running, not
+// after the pass: reads capped at 0.2 MB/s stream the trunk's 9 streamed layers at about 1.2 s
+// each, so the prompt's pass takes some 11 s, and a stop at a token would come after it, with
+// the first token sampled. The client gets 503 naming the stop, with no token; serve exits 0.
+TEST_F(ServeCli, AServerThatStopsEndsTheAnswerInsideItsPass) {
+  std::vector<std::string> argv = serve_argv(dir_ / "model");
+  argv.insert(argv.end(), {"-c", "256", "--ram", "4M", "--io-rate-limit", "0.2", "--metrics"});
+  ChildProcess server(argv);
+  const int port = start(server);
+  ASSERT_GT(port, 0) << server.err();
+  int status = 0;  // the answer's HTTP status; 0 where none came (`body` says why)
+  std::string body;
+  std::thread asks([&] {
+    httplib::Client client = client_at(port);
+    const httplib::Result r = client.Post(
+        "/v1/completions", R"({"prompt": "Hello", "max_tokens": 3})", "application/json");
+    status = r ? r->status : 0;
+    body = r ? r->body : httplib::to_string(r.error());
+  });
+  struct Join {  // a failed ASSERT returns early: the client's thread ends first
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join{asks};
+  ASSERT_TRUE(metric_shown(port, "ktier:requests_processing 1")) << server.err();
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait(std::chrono::seconds(60)), 0) << server.err();
+  asks.join();
+  EXPECT_EQ(status, 503) << body << "\n" << server.err();
+  EXPECT_NE(body.find("the answer was cut after 0 tokens"), std::string::npos) << body;
 }
 
 // Under a thread limit (ulimit -u, a container's pids.max) the connection threads leave room for
