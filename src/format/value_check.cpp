@@ -35,6 +35,30 @@ void count_nonfinite(const uint8_t* p, uint64_t n, uint64_t first, TensorValueCo
   }
 }
 
+// An all-ones exponent anywhere. Fixed-size blocks, so that the compiler vectorizes the inner
+// loop at -O2 (K3's trunk is 109 GB: this runs at memory speed, where the element loop ran at
+// half of it).
+template <class F>
+bool has_nonfinite_of(const uint8_t* p, uint64_t n) {
+  using Word = typename F::Word;
+  constexpr uint64_t kBlock = 64;
+  const auto nonfinite = [](Word w) { return static_cast<Word>((w & F::exponent) == F::exponent); };
+  uint64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    Word w[kBlock];
+    std::memcpy(w, p + i * sizeof(Word), sizeof w);
+    Word hit = 0;
+    for (uint64_t j = 0; j < kBlock; ++j) hit |= nonfinite(w[j]);
+    if (hit) return true;
+  }
+  for (; i < n; ++i) {
+    Word w;
+    std::memcpy(&w, p + i * sizeof(Word), sizeof(Word));
+    if (nonfinite(w)) return true;
+  }
+  return false;
+}
+
 void count_scale_255(const uint8_t* p, uint64_t n, uint64_t first, TensorValueCounts& c) {
   for (uint64_t i = 0; i < n; ++i) {
     if (p[i] != 255) continue;
@@ -57,6 +81,19 @@ void count(const TensorInfo& t, const uint8_t* p, uint64_t n, uint64_t from,
 }
 
 }  // namespace
+
+bool has_nonfinite(DType dtype, const void* data, uint64_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  switch (dtype) {
+    case DType::kF32: return has_nonfinite_of<F32Bits>(p, n);
+    case DType::kBF16: return has_nonfinite_of<BF16Bits>(p, n);
+    case DType::kF16: return has_nonfinite_of<F16Bits>(p, n);
+    case DType::kU8:
+    case DType::kI32:
+    case DType::kE8M0: return false;
+  }
+  return false;
+}
 
 bool has_checked_values(const TensorInfo& t) {
   switch (t.dtype) {

@@ -31,6 +31,10 @@ struct TensorValueCounts {
   bool first_is_nan = false;     // ... and whether it is a NaN (float tensors)
 };
 
+// Whether any of the `n` elements of `dtype` at `data` (bytes in memory, any alignment) is a
+// NaN or ±Inf: F32, BF16 and F16; false for every other dtype (nothing non-finite to hold).
+bool has_nonfinite(DType dtype, const void* data, uint64_t n);
+
 // Whether count_tensor_values reads `t`: a float tensor, or an MXFP4 scale tensor.
 bool has_checked_values(const TensorInfo& t);
 

@@ -266,6 +266,8 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& requested) {
     if (e->ckpt_.expert_storage() != format::ExpertStorage::kNone)
       e->experts_ = std::make_unique<model::CheckpointExpertSource>(e->ckpt_);
   }
+  KTIER_ASSIGN_OR_RETURN(e->finite_trunk_, FiniteTrunk::open(*trunk, e->ckpt_, e->pool_.get()));
+  trunk = e->finite_trunk_.get();
   // GPU mode mirrors the trunk before the expert RAM tier opens: the host's ring may be freed
   // for it then.
   if (device_mode(opts)) {

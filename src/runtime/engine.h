@@ -22,6 +22,7 @@
 #include "pack/trunk_pack.h"
 #include "runtime/device_trunk.h"
 #include "runtime/engine_plan.h"
+#include "runtime/finite_trunk.h"
 #include "runtime/expert_cache.h"
 #include "runtime/router_bank.h"
 #include "runtime/trunk_store.h"
@@ -107,6 +108,9 @@ class Engine {
   std::vector<io::ReadFile> shard_files_;
   std::unique_ptr<TrunkStore> store_;
   std::unique_ptr<RouterBank> bank_;
+  // Over weights_ or store_: what the device trunk mirrors and the model reads (after them here:
+  // it goes first).
+  std::unique_ptr<FiniteTrunk> finite_trunk_;
   std::unique_ptr<ExpertCache> cache_;
   std::unique_ptr<model::ExpertSource> experts_;
   std::unique_ptr<backend::Backend> backend_;  // what the Model runs on

@@ -10,9 +10,11 @@
 
 namespace ktier::runtime {
 
-Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoint& ckpt) {
+Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoint& ckpt,
+                                                         int64_t part) {
   // The names the model binds, in the order it binds them: those it reads.
-  std::vector<std::string> names = {model::embedding_tensor_name()};
+  std::vector<std::string> names;
+  if (part == kAllParts) names.push_back(model::embedding_tensor_name());
   const model::TensorLookup shapes = model::shapes_in(ckpt);
   const model::TensorLookup record = [&](const std::string& name) {
     names.push_back(name);
@@ -20,8 +22,10 @@ Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoin
   };
   const format::ModelConfig& c = ckpt.config();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    KTIER_RETURN_IF_ERROR(model::bind_layer(c, l, record).status());
-  KTIER_RETURN_IF_ERROR(model::bind_head(c, record).status());
+    if (part == kAllParts || part == l)
+      KTIER_RETURN_IF_ERROR(model::bind_layer(c, l, record).status());
+  if (part == kAllParts || part == kHeadPart)
+    KTIER_RETURN_IF_ERROR(model::bind_head(c, record).status());
 
   std::vector<uint8_t> scratch;
   for (const std::string& name : names) {

@@ -20,7 +20,11 @@ namespace ktier::runtime {
 // Errors: the shard's read errors (Status::runtime); Status::interrupted when Ctrl-C (or
 // serve's SIGTERM) arrives while a live InterruptRequest catches it (K3's trunk takes up to a
 // minute to read).
-Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoint& ckpt);
+// `part` limits the scan to one layer's tensors (0..L-1) or to the head's (kHeadPart: lm_head,
+// the final norm, the output AttnRes pair); kAllParts scans everything.
+inline constexpr int64_t kAllParts = -1, kHeadPart = -2;
+Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoint& ckpt,
+                                                         int64_t part = kAllParts);
 
 // Whether `s` is check_logits' error (runtime/generator.h): logits that are not finite; or
 // model::check_router_scores' (a router's scores).

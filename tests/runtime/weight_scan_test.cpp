@@ -8,14 +8,19 @@
 
 #include <csignal>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "common/interrupt.h"
 #include "format/checkpoint.h"
 #include "model/weights.h"
+#include "runtime/engine.h"
+#include "runtime/generator.h"
 #include "synth/synth.h"
+#include "engine_outputs.h"
 #include "tests/common/sigint_disposition.h"
 
 namespace ktier::runtime {
@@ -90,6 +95,84 @@ TEST(WeightScan, NamesTheFirstElementThatIsNotFinite) {
   EXPECT_FALSE(is_nonfinite_logits(Status::corrupt("x.safetensors: tensor y is truncated")));
   EXPECT_FALSE(is_nonfinite_logits(Status::runtime("the logits after 3 positions hold NaN")));
   fs::remove_all(dir);
+}
+
+// No trunk weight that is not finite reaches a kernel (runtime/finite_trunk.h), whatever holds
+// the trunk: an infinite weight behind a gate (sigmoid(+Inf) = 1) ran to exit 0 with other
+// tokens (layer 0's gate_proj, layer 1's f_a_proj: a fuzzing find); now a pass through its layer
+// is Status::corrupt naming it, and so is every later one. An embedding row is checked as it is
+// read, the head's matrix when the engine opens (a NaN there reached the logits check; an
+// infinite weight may make a logit -Inf, which the check allows: a token never drawn).
+TEST(FiniteTrunk, NoWeightThatIsNotFiniteReachesAKernel) {
+  const fs::path root =
+      fs::temp_directory_path() / ("ktier-finite-trunk-" + std::to_string(::getpid()));
+  ASSERT_NO_FATAL_FAILURE(synth_tiny(root / "clean"));
+  auto clean = format::Checkpoint::open(root / "clean", format::OpenMode::kPread);
+  ASSERT_TRUE(clean.is_ok()) << clean.status().message();
+  const int64_t E = clean->config().hidden_size;
+  struct Mode {
+    const char* name;
+    EngineOptions options;
+  };
+  std::vector<Mode> modes(4);
+  modes[0].name = "mapped";
+  modes[1].name = "streamed (the dial's minimum)";
+  modes[1].options.ram_budget = minimum_budget_bytes(*clean, nullptr, kDefaultLookahead);
+  modes[2].name = "pinned";
+  modes[2].options.ram_budget = uint64_t{1} << 30;
+  modes[3].name = "emulated device";
+  modes[3].options.emulate_device = true;
+  modes[3].options.vram_budget = uint64_t{1} << 32;
+  struct Case {
+    std::string tensor;
+    uint64_t element;
+    uint16_t bits;
+    std::string what;  // how the error begins
+  };
+  const std::string gate = "language_model.model.layers.0.mlp.gate_proj.weight";
+  const std::string f_a = "language_model.model.layers.1.self_attn.f_a_proj.weight";
+  const std::vector<Case> cases = {
+      {gate, static_cast<uint64_t>(clean->find(gate)->info->numel() - 1), 0x7F80,
+       "layer 0's weights hold a value that is not finite: "},
+      {f_a, 0, 0xFF80, "layer 1's weights hold a value that is not finite: "},
+      {model::embedding_tensor_name(), static_cast<uint64_t>(17 * E + 3), 0x7FC1,
+       "the embedding of token id 17 holds a value that is not finite: "},
+      {"language_model.lm_head.weight", static_cast<uint64_t>(2 * E + 5), 0x7F80,
+       "the head's weights (lm_head, final norm, output AttnRes) hold a value that is not "
+       "finite: "},
+  };
+  ASSERT_NE(std::find(kDialTestPrompt.begin(), kDialTestPrompt.end(), 17), kDialTestPrompt.end());
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tensor);
+    const fs::path dir = root / "damaged";
+    fs::remove_all(dir);
+    fs::copy(root / "clean", dir);
+    const std::string shard = poison(dir, c.tensor, c.element, c.bits);
+    const std::string want = c.what + c.tensor + " in " + shard + ": element " +
+                             std::to_string(c.element) + " is " +
+                             (c.bits == 0x7FC1 ? "NaN" : "infinite");
+    for (const Mode& m : modes) {
+      SCOPED_TRACE(m.name);
+      EngineOptions eo = m.options;
+      eo.model_dir = dir;
+      eo.threads = 2;
+      auto e = Engine::open(eo);
+      std::vector<Status> failed;
+      if (!e.is_ok()) {
+        failed.push_back(e.status());
+      } else {
+        std::vector<float> logits(kDialTestPrompt.size() *
+                                  static_cast<size_t>(clean->config().vocab_size));
+        for (int pass = 0; pass < 2; ++pass)
+          failed.push_back(evaluate((*e)->model(), kDialTestPrompt, 5, logits.data()));
+      }
+      for (const Status& s : failed) {
+        EXPECT_EQ(s.code(), ExitCode::kCorrupt) << s.message();
+        EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
+      }
+    }
+  }
+  fs::remove_all(root);
 }
 
 }  // namespace
