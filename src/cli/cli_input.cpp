@@ -70,7 +70,12 @@ Result<std::string> read_input(const std::string& file) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;  // before the message's allocations
-    return Status::usage(file + ": cannot open input file: " + io::errno_text(err));
+    const std::string why = file + ": cannot open input file: " + io::errno_text(err);
+    // A name that leads nowhere is the command line's fault (exit 2); a file there that cannot
+    // be read (permissions, I/O) is exit 1, as for every other file ktier reads.
+    return err == ENOENT || err == ENOTDIR || err == ENAMETOOLONG || err == ELOOP
+               ? Status::usage(why)
+               : Status::runtime(why);
   }
   Result<std::string> text = read_all(fd, file);
   ::close(fd);
@@ -252,7 +257,8 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
   auto* preset = sub->add_option(
       "--preset", a.preset,
       "Memory budget by name: laptop (8G), desktop (32G), workstation (96G), server (128G), max "
-      "(everything), auto (55% of MemTotal, at most MemAvailable - 2 GiB and 90% of it); as with "
+      "(everything), auto (55% of MemTotal, at most 90% of MemAvailable and MemAvailable less "
+      "2 GiB, or less half of it below 4 GiB: `ktier doctor` shows it); as with "
       "--ram, a plan holding more than 90% of MemAvailable is made again to fit (a warning)");
   preset->excludes(sub->get_option("--ram"));
   sub->add_option("--io", a.io,

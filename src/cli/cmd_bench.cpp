@@ -146,8 +146,8 @@ Status run_kernels(const KernelsOptions& o) {
                  static_cast<unsigned long long>(cfg.buffer_bytes >> 20));
   }
   if (avail > 0 && cfg.buffer_bytes > avail)
-    return Status::runtime("the benchmark buffer (" + std::to_string(cfg.buffer_bytes >> 20) +
-                           " MiB) exceeds MemAvailable; pass a smaller --size-mib");
+    return Status::budget("the benchmark buffer (" + std::to_string(cfg.buffer_bytes >> 20) +
+                          " MiB) exceeds MemAvailable; pass a smaller --size-mib");
   cfg.reps = o.quick ? 1 : o.reps;
   if (o.quick) cfg.max_seconds_per_figure = 0;
 
@@ -228,9 +228,10 @@ void register_bench_command(CLI::App& app, int& exit_code) {
                   "has taken 4 s)")
       ->capture_default_str();
   auto* size = sub->add_option("--size-mib", o->size_mib,
-                  "buffer and matrix size in MiB (default: max(4 x LLC, 256 MiB), capped at "
-                  "half of MemAvailable; more than MemAvailable is refused, exit 1)")
-      ->transform(whole_number<uint64_t>(kMaxBenchMib));
+                  "buffer and matrix size in MiB, at least 1 (default: max(4 x LLC, 256 MiB), "
+                  "capped at half of MemAvailable; more than MemAvailable is refused, exit 4)")
+      ->transform(whole_number<uint64_t>(kMaxBenchMib))
+      ->check(CLI::Range(uint64_t{1}, kMaxBenchMib));
   sub->add_option("--isa", o->isa, "Kernel set to measure: auto, scalar, avx2 or avx512")
       ->capture_default_str();
   sub->add_flag("--quick", o->quick,

@@ -230,8 +230,8 @@ Status run_decode_bench(const DecodeOptions& o) {
   const uint64_t avail = runtime::mem_available_bytes();
   if (avail > 0 && !o.buffer_mib) buffer = std::min(buffer, avail / 4);
   if (avail > 0 && buffer > avail)
-    return Status::runtime("the bandwidth buffer (" + std::to_string(buffer >> 20) +
-                           " MiB) exceeds MemAvailable; pass a smaller --buffer-mib");
+    return Status::budget("the bandwidth buffer (" + std::to_string(buffer >> 20) +
+                          " MiB) exceeds MemAvailable; pass a smaller --buffer-mib");
   cpu::ThreadPool pool(engine->threads());
   const double gbps = bench::measure_read_gbps(pool, buffer, 5);
   if (gbps <= 0) return Status::runtime("cannot map the bandwidth buffer");
@@ -325,9 +325,11 @@ void register_bench_decode_command(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   add_threads_option(sub, o->threads, "Worker threads");
   sub->add_option("--buffer-mib", o->buffer_mib,
-                  "Bandwidth buffer in MiB (default: max(4x the last-level cache, 256 MiB), at "
-                  "most a quarter of MemAvailable; small = in-cache, figures meaningless)")
-      ->transform(whole_number<uint64_t>(kMaxBenchMib));
+                  "Bandwidth buffer in MiB, at least 1 (default: max(4x the last-level cache, "
+                  "256 MiB), at most a quarter of MemAvailable; more than MemAvailable is "
+                  "refused, exit 4; small = in-cache, figures meaningless)")
+      ->transform(whole_number<uint64_t>(kMaxBenchMib))
+      ->check(CLI::Range(uint64_t{1}, kMaxBenchMib));
   sub->add_option("--pack", o->pack,
                   "Also decode with the trunk streamed from this pack and compare with "
                   "max(I/O time, compute time)");

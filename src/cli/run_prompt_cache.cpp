@@ -93,10 +93,10 @@ Result<std::optional<model::SequenceState>> RunPromptCache::restore(
                    "that goes on past the saved ids uses it)", path_, ids.size(), prompt.size());
       return Restored();
     }
-    if (same < ids.size()) {
-      spdlog::info("prompt cache: {} holds {} ids and the prompt has {} (the first {} the "
-                   "same): not used, a state cannot be cut back to fewer ids", path_, ids.size(),
-                   prompt.size(), same);
+    if (same < ids.size()) {  // same < prompt.size(): they part at `same`
+      spdlog::info("prompt cache: {} holds {} ids and the prompt's {} differ from them at "
+                   "position {}: not used, a state cannot be cut back to the {} ids the same",
+                   path_, ids.size(), prompt.size(), same, same);
       return Restored();
     }
   }

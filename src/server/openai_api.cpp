@@ -374,14 +374,22 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, const json& j,
                                    " (POST /v1/completions takes it)");
   // max_completion_tokens (OpenAI's newer name) wins where both are given, as in llama-server
   // (clients send both); each is checked. llama-server's n_predict wins where it is given. 0
-  // with echo: the prompt's logprobs only (lm-eval-harness).
-  KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> max_tokens,
-                         integer_field(j, "max_tokens", r.echo ? 0 : 1,
-                                       std::numeric_limits<int32_t>::max()));
+  // with echo: the prompt's logprobs only (lm-eval-harness). -1 (or -2): until a stop id or
+  // the context's end, as llama-server reads max_tokens (its n_predict).
+  const auto generation_limit = [&](const char* name) -> Result<std::optional<int64_t>> {
+    KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> v,
+                           integer_field(j, name, -2, std::numeric_limits<int32_t>::max()));
+    if (v && *v == 0 && !r.echo)
+      return field_error(name, "must be -1, -2 (until the context's end) or in 1..2147483647 "
+                               "(0 only with echo: the prompt's logprobs)");
+    return v;
+  };
+  KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> max_tokens, generation_limit("max_tokens"));
   KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> max_completion_tokens,
-                         integer_field(j, "max_completion_tokens", r.echo ? 0 : 1,
-                                       std::numeric_limits<int32_t>::max()));
-  r.max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+                         generation_limit("max_completion_tokens"));
+  const std::optional<int64_t> limit = max_completion_tokens ? max_completion_tokens : max_tokens;
+  r.to_context_end = limit && *limit < 0;
+  r.max_tokens = r.to_context_end ? std::nullopt : limit;
   if (endpoint == Endpoint::kLlamaCompletion) {
     // 0: the prompt runs (its state kept for the next request), nothing is generated.
     KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> n_predict,

@@ -138,6 +138,13 @@ TEST(CliBench, BadOptionsExitTwo) {
   EXPECT_EQ(run_process(ktier() + " bench kernels --quick --passes 3").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " bench kernels --quick --size-mib 64").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " bench kernels --quick --threads many").exit_code, 2);
+  // A size of 0 was the default, silently; refused as bench io's --raw-block-mib 0 is.
+  EXPECT_EQ(run_process(ktier() + " bench kernels --size-mib 0").exit_code, 2);
+  EXPECT_EQ(run_process(ktier() + " bench decode -m /nonexistent --buffer-mib 0").exit_code, 2);
+  // More than the machine has free: a budget that cannot be met (exit 4, as bench inflate's).
+  const auto huge = run_process(ktier() + " bench kernels --size-mib 1048576");
+  EXPECT_EQ(huge.exit_code, 4) << huge.err;
+  EXPECT_NE(huge.err.find("exceeds MemAvailable"), std::string::npos) << huge.err;
 }
 
 TEST(CliBench, UnwritableJsonExitsOneBeforeMeasuring) {

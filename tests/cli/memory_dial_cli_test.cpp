@@ -307,16 +307,17 @@ TEST_F(RunEvalCli, CompressedPackRunIsByteIdenticalToPlainPackAndNoPack) {
   EXPECT_NE(huge_rate.err.find("--io-rate-limit: 1e+300 MB/s is above 1e9 MB/s"),
             std::string::npos)
       << huge_rate.err;
-  // Caches too large for memory (an address-space limit makes that so on any machine): the
-  // error says which flags sized them.
+  // Caches too large for memory (an address-space limit makes that so on any machine): a budget
+  // that cannot be met (exit 4, as serve's -c; it was 1), saying which flags sized them.
   // (Not under AddressSanitizer: its shadow memory cannot be mapped under `ulimit -v`.)
 #ifndef __SANITIZE_ADDRESS__
   const ProcessResult huge_ctx = run_process("(ulimit -v 4000000; exec " + ktier() + " run" +
                                              model() + " --ids 1 -n 1 -c 2147483647)");
-  EXPECT_EQ(huge_ctx.exit_code, 1);
-  EXPECT_NE(huge_ctx.err.find(
-                "the caches for 2147483647 positions (the prompt + -n, or -c/--ctx-size)"),
+  EXPECT_EQ(huge_ctx.exit_code, 4);
+  EXPECT_NE(huge_ctx.err.find("the caches for 2147483647 positions (the prompt + -n, or "
+                              "-c/--ctx-size) cannot be reserved"),
             std::string::npos) << huge_ctx.err;
+  EXPECT_NE(huge_ctx.err.find("give a smaller -c or -n"), std::string::npos) << huge_ctx.err;
 #endif
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --block-size 8K").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " pack -q" + model() + " -o " + z.string() + "x --compress --block-size 5000")

@@ -117,13 +117,33 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
            {" run" + model() + " -f " + dir_.string() + " -n 2", "is a directory", 2},
            {" run" + model() + " -f - -n 2 < " + dir_.string(), "standard input: is a directory",
             2},
-           {" run" + model() + " -f /dev/zero -n 2", "/dev/zero: more than 256 MiB of text", 2}}}) {
+           {" run" + model() + " -f /dev/zero -n 2", "/dev/zero: more than 256 MiB of text", 2},
+           {" run" + model() + " -f /nonexistent/prompt.txt -n 2",
+            "/nonexistent/prompt.txt: cannot open input file: No such file or directory", 2}}) {
     const auto bad = run_process(ktier() + args);
     EXPECT_EQ(bad.exit_code, code) << args << ": " << bad.err;
     EXPECT_NE(bad.err.find("ktier: error: "), std::string::npos) << args << ": " << bad.err;
     EXPECT_NE(bad.err.find(what), std::string::npos) << args << ": " << bad.err;
     EXPECT_EQ(bad.err.find("loading"), std::string::npos) << args << ": refused after the load";
     EXPECT_EQ(bad.out, "") << args;
+  }
+  // A prompt file there but unreadable is an I/O error (exit 1), as every other file ktier reads
+  // (it was a usage error). As root, read as user nobody, whom its mode 000 refuses.
+  {
+    const fs::path locked = dir_.string() + "-locked-prompt.txt";
+    std::ofstream(locked) << "hello\n";
+    fs::permissions(locked, fs::perms::none);
+    std::string as_nobody;
+    if (::geteuid() == 0 && fs::exists("/usr/bin/setpriv"))
+      as_nobody = "/usr/bin/setpriv --reuid 65534 --regid 65534 --clear-groups ";
+    if (::geteuid() != 0 || !as_nobody.empty()) {
+      const auto bad = run_process(as_nobody + ktier() + " run" + model() + " -f " +
+                                   locked.string() + " -n 2");
+      EXPECT_EQ(bad.exit_code, 1) << bad.err;
+      EXPECT_NE(bad.err.find(locked.string() + ": cannot open input file: Permission denied"),
+                std::string::npos) << bad.err;
+    }
+    fs::remove(locked);
   }
   // A run that fails after the checks (here: a budget below the minimum) leaves an earlier
   // report as it was.

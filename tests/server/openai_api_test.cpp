@@ -217,6 +217,19 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
   r = completion({{"prompt", "a"}, {"max_tokens", 0}});
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(error_param(r.status()), "max_tokens");
+  EXPECT_NE(r.status().message().find("0 only with echo"), std::string::npos)
+      << r.status().message();
+  // -1 or -2, as llama-server reads max_tokens (its n_predict): until the context's end.
+  for (const int limit : {-1, -2}) {
+    r = completion({{"prompt", "a"}, {"max_tokens", limit}});
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_TRUE(r->to_context_end);
+    EXPECT_FALSE(r->max_tokens.has_value());
+  }
+  r = completion({{"prompt", "a"}, {"max_completion_tokens", -1}, {"max_tokens", 5}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_TRUE(r->to_context_end);
+  EXPECT_FALSE(completion({{"prompt", "a"}, {"max_tokens", -3}}).is_ok());
   r = completion({{"prompt", "a"}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 1}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_TRUE(r->echo);
@@ -309,7 +322,7 @@ TEST(OpenAiRequest, WholeNumbersAreExactOrRefused) {
   r = parse_text(Endpoint::kCompletions, R"({"prompt": "a", "max_tokens": 99999999999999999999})",
                  defaults());
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("\"max_tokens\": must be in 1..2147483647"),
+  EXPECT_NE(r.status().message().find("\"max_tokens\": must be in -2..2147483647"),
             std::string::npos)
       << r.status().message();
   // stream_options belong to a stream, and are named whole.
