@@ -365,6 +365,11 @@ void read_quantization(ConfigReader& r, ModelConfig& c, const Scope& root, const
         r.error(gs.key_path(key),
                 "is " + describe(*a) + " but ktier quantizes weights only (expected null)");
   }
+  // A quantized KV cache (its scales stored beside the attention weights) is not built: ktier's
+  // caches hold f32, so such a checkpoint would run with numbers it was not made for.
+  if (const json* kv = qs.find("kv_cache_scheme"); kv != nullptr && !kv->is_null())
+    r.error(qs.key_path("kv_cache_scheme"),
+            "is " + describe(*kv) + " but ktier keeps the caches unquantized (expected null)");
   c.quantization = std::move(out);
 }
 

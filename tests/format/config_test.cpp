@@ -621,6 +621,13 @@ TEST(Config, QuantizationSchemeDetailsWhenGiven) {
   EXPECT_HAS(m, g + "output_activations: is object {");
   EXPECT_HAS(m, "ktier quantizes weights only");
   EXPECT_EQ(problem_lines(m), 4u);
+  // A quantized KV cache likewise (null, as released, is fine).
+  j = k3_config();
+  j["text_config"]["quantization_config"]["kv_cache_scheme"] = nullptr;
+  parse_ok(j);
+  j["text_config"]["quantization_config"]["kv_cache_scheme"] = {{"num_bits", 8}};
+  EXPECT_HAS(parse_err(j), "text_config.quantization_config.kv_cache_scheme: is object {");
+  EXPECT_HAS(parse_err(j), "ktier keeps the caches unquantized (expected null)");
 }
 
 TEST(Config, QuantizationConfigAtTheRootOfAResavedConfig) {
