@@ -18,6 +18,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -282,6 +283,19 @@ class ApiHandlers {
           send_error(res, Status::runtime("the request failed: " + what));
         });
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // A POST with neither Content-Length nor a chunked body has an empty one (RFC 9112 §6.3);
+      // cpp-httplib would read on until the client closed or its 5 s read timeout. Answered at
+      // once, the connection kept.
+      if (req.method == "POST" && !req.has_header("Content-Length") &&
+          strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") != 0) {
+        res.status = 400;
+        res.set_content(server::dump(server::error_body(
+                            "the request has no body: a POST here carries JSON, with its "
+                            "Content-Length (or Transfer-Encoding: chunked)",
+                            "invalid_request_error")),
+                        "application/json");
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (ready() || req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
       res.status = 503;
       // Answered before its body is read: the body left on a kept-alive connection would be

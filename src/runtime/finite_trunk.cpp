@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "common/check.h"
 #include "common/on_exception.h"
 #include "format/value_check.h"
 #include "runtime/weight_scan.h"
@@ -88,7 +89,8 @@ Status FiniteTrunk::damaged(int64_t part, const std::string& what) const {
 
 Result<const model::LayerWeights*> FiniteTrunk::acquire_layer(int64_t l) {
   KTIER_ASSIGN_OR_RETURN(const model::LayerWeights* w, inner_.acquire_layer(l));
-  uint8_t& checked = layer_checked_.at(static_cast<size_t>(l));
+  KTIER_CHECK(l >= 0 && l < static_cast<int64_t>(layer_checked_.size()));
+  uint8_t& checked = layer_checked_[static_cast<size_t>(l)];
   if (checked) return w;
   bool nonfinite = false;
   {

@@ -842,6 +842,43 @@ TEST_F(ServeCli, ServesUnderAThreadLimit) {
   EXPECT_EQ(server.wait(std::chrono::seconds(30)), 0) << server.err();
 }
 
+// A POST with neither Content-Length nor a chunked body has an empty one (RFC 9112): answered
+// 400 at once, naming what is missing, and the connection goes on (cpp-httplib read on until
+// its 5 s read timeout, then answered "the request could not be read").
+TEST_F(ServeCli, APostWithoutABodyIsAnsweredAtOnce) {
+  ChildProcess server(serve_argv(dir_ / "model"));
+  const int port = start(server);
+  ASSERT_GT(port, 0) << server.err();
+  const int sock = connect_to(port);
+  ASSERT_GE(sock, 0);
+  const timeval wait{30, 0};  // a bound on a broken server, not a timing claim
+  ASSERT_EQ(::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait), 0);
+  // What arrives on `sock` until `needle` has (or nothing more comes).
+  const auto until = [sock](const std::string& needle) {
+    std::string got;
+    char buf[4096];
+    while (got.find(needle) == std::string::npos) {
+      const ssize_t n = ::recv(sock, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  };
+  const std::string post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(sock, post.data(), post.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(post.size()));
+  const std::string refused = until("}}");
+  EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused;
+  EXPECT_NE(refused.find("the request has no body"), std::string::npos) << refused;
+  const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(sock, get.data(), get.size(), MSG_NOSIGNAL), static_cast<ssize_t>(get.size()));
+  const std::string health = until("\"ok\"}");
+  EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
+  ::close(sock);
+  server.signal(SIGINT);
+  EXPECT_EQ(server.wait(), 0) << server.err();
+}
+
 TEST_F(ServeCli, HelpListsServe) {
   auto r = run_process(ktier_bin().string() + " --help");
   EXPECT_EQ(r.exit_code, 0);
