@@ -139,8 +139,14 @@ TEST(CliBench, BadOptionsExitTwo) {
   EXPECT_EQ(run_process(ktier() + " bench kernels --quick --size-mib 64").exit_code, 2);
   EXPECT_EQ(run_process(ktier() + " bench kernels --quick --threads many").exit_code, 2);
   // A size of 0 was the default, silently; refused as bench io's --raw-block-mib 0 is.
-  EXPECT_EQ(run_process(ktier() + " bench kernels --size-mib 0").exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " bench decode -m /nonexistent --buffer-mib 0").exit_code, 2);
+  const auto zero_size = run_process(ktier() + " bench kernels --size-mib 0");
+  EXPECT_EQ(zero_size.exit_code, 2);
+  EXPECT_NE(zero_size.err.find("--size-mib: Value 0 not in range"), std::string::npos)
+      << zero_size.err;
+  const auto zero_buffer = run_process(ktier() + " bench decode -m /nonexistent --buffer-mib 0");
+  EXPECT_EQ(zero_buffer.exit_code, 2);
+  EXPECT_NE(zero_buffer.err.find("--buffer-mib: Value 0 not in range"), std::string::npos)
+      << zero_buffer.err;
   // More than the machine has free: a budget that cannot be met (exit 4, as bench inflate's).
   const auto huge = run_process(ktier() + " bench kernels --size-mib 1048576");
   EXPECT_EQ(huge.exit_code, 4) << huge.err;

@@ -148,12 +148,13 @@ TEST_F(InterruptCli, PerplexityStopsAfterAWindowWithTheEstimateSoFar) {
 // estimate (it exited 0, and a shell loop running perplexity over files went on).
 TEST_F(InterruptCli, PerplexityStoppedInItsLastWindowIsInterrupted) {
   ChildProcess c({ktier_bin().string(), "perplexity", "-m", (dir_ / "model").string(), "-c",
-                  "64", "--threads", "1", "--ram", "1900K", "--io-rate-limit", "5", "--ids",
+                  "64", "--threads", "1", "--ram", "1900K", "--io-rate-limit", "1", "--ids",
                   spread_ids(64)});
   ASSERT_TRUE(c.started());
   ASSERT_TRUE(c.wait_until([&] { return c.err().find(" window(s) of 64") != std::string::npos; }))
       << c.err();
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // inside the window (~0.7 s)
+  // Inside the window: reads capped at 1 MB/s make it some 3.5 s on any machine.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   c.signal(SIGINT);
   ASSERT_EQ(c.wait(), 130) << c.err();
   EXPECT_NE(c.err().find("ktier: Ctrl-C: stopping after this window"), std::string::npos)

@@ -232,9 +232,14 @@ TEST_F(RunEvalCli, RunStopsAtEachStopIdAndNeedsOne) {
   const auto none_generated = run_process(ktier() + " run -m " + bare.string() + " --ids " +
                                           prompt_ids() + " -n 0");
   const auto outside = run_process(bare_run + " --stop-id 0 --stop-id 320");
-  // Several ids in one flag, as --ids takes them (it said "Could not convert").
-  const auto listed = run_process(bare_run + " --stop-id " + std::to_string(greedy[k]) + "," +
+  // Several ids in one flag, as --ids takes them (it said "Could not convert"); each counts,
+  // whichever place it has: beside an id the run does not generate before its k+1 tokens.
+  int never = 1;
+  while (std::count(greedy.begin(), greedy.begin() + k + 1, never) > 0) ++never;
+  const auto listed = run_process(bare_run + " --stop-id " + std::to_string(never) + "," +
                                   std::to_string(greedy[k]));
+  const auto listed_first = run_process(bare_run + " --stop-id " + std::to_string(greedy[k]) +
+                                        "," + std::to_string(never));
   fs::remove(bare / "generation_config.json");
   const auto config_only = run_process(bare_run);
   fs::remove_all(bare);
@@ -254,6 +259,8 @@ TEST_F(RunEvalCli, RunStopsAtEachStopIdAndNeedsOne) {
   EXPECT_EQ(one.out, stopped.out);
   ASSERT_EQ(listed.exit_code, 0) << listed.err;
   EXPECT_EQ(listed.out, stopped.out);
+  ASSERT_EQ(listed_first.exit_code, 0) << listed_first.err;
+  EXPECT_EQ(listed_first.out, stopped.out);
   EXPECT_EQ(none_generated.exit_code, 0) << none_generated.err;
   EXPECT_EQ(outside.exit_code, 2);
   EXPECT_NE(outside.err.find("--stop-id 320 is outside the vocabulary (0..319"), std::string::npos)

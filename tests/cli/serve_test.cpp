@@ -821,13 +821,14 @@ TEST_F(ServeCli, AServerThatStopsEndsTheAnswerInsideItsPass) {
 
 // Under a thread limit (ulimit -u, a container's pids.max) the connection threads leave room for
 // the rest of serve (before, they took every thread the limit left, and serve failed to start
-// its listening thread: "Resource temporarily unavailable", exit 1). Run as user nobody, whose
-// threads the limit counts (root's it does not), with room for five.
+// its listening thread: "Resource temporarily unavailable", exit 1). Run as a user id of its
+// own, whose threads the limit counts (root's it does not), with room for five: the limit counts
+// every process of that user on the machine, so not nobody's, which others may run as.
 TEST_F(ServeCli, ServesUnderAThreadLimit) {
   if (::geteuid() != 0 || !fs::exists("/usr/bin/setpriv") || !fs::exists("/usr/bin/prlimit"))
-    GTEST_SKIP() << "needs root, setpriv and prlimit (util-linux) to run serve as nobody";
+    GTEST_SKIP() << "needs root, setpriv and prlimit (util-linux) to run serve as another user";
   std::vector<std::string> argv = serve_argv(dir_ / "model");
-  argv.insert(argv.begin(), {"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534",
+  argv.insert(argv.begin(), {"/usr/bin/setpriv", "--reuid", "54329", "--regid", "54329",
                              "--clear-groups", "/usr/bin/prlimit", "--nproc=5"});
   ChildProcess server(argv);
   const int port = start(server);

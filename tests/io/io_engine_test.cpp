@@ -300,15 +300,15 @@ TEST_P(IoFaultTest, DemandReadsOvertakeQueuedReadAhead) {
 
 // The same under the rate cap (`--io-rate-limit`): the engine cuts a chunk only once a read
 // could start, so a demand read goes next, not after the read-ahead chunks it would otherwise
-// have cut ahead and held for their slots (up to queue_depth of them: all 16 here).
+// have cut ahead and held for their slots (up to queue_depth of them: all 6 here).
 TEST_P(IoFaultTest, DemandReadsOvertakeReadAheadUnderTheRateCap) {
   IoOptions opt;
   opt.queue_depth = 16;
-  opt.rate_limit_bytes_per_s = 10 * 4096;  // 100 ms a read
-  opt.direct = DirectMode::kBuffered;      // the page cache: far faster than the cap
+  opt.rate_limit_bytes_per_s = 2 * 4096;  // 500 ms a read: a loaded machine's stalls fit
+  opt.direct = DirectMode::kBuffered;     // the page cache: far faster than the cap
   KTIER_ENGINE_OR_SKIP(e, opt);
   ReadFile f = open(*e);
-  constexpr uint64_t kAhead = 16;
+  constexpr uint64_t kAhead = 6;
   auto buf = std::move(AlignedBuffer::allocate((kAhead + 1) * 4096)).value();
   const std::vector<ReadRequest> batch = page_reads(f, buf, kAhead);
   CompletionQueue ahead(*e, ReadPriority::kReadAhead), demand(*e);
@@ -322,8 +322,9 @@ TEST_P(IoFaultTest, DemandReadsOvertakeReadAheadUnderTheRateCap) {
   ASSERT_EQ(demanded.size(), 1u);
   EXPECT_TRUE(demanded[0].status.is_ok()) << demanded[0].status.message();
   ahead.wait(0, done);
-  // The first and the one cut before the demand came; three where this thread was 100 ms late.
-  EXPECT_LE(done.size(), 3u) << "read-ahead cut ahead under the cap landed before the demand";
+  // The first and the one cut before the demand came: 2, or 3 or 4 where this thread was up to
+  // 1 s late (before the demand, or after it landed); all 6 when they were cut ahead.
+  EXPECT_LE(done.size(), 4u) << "read-ahead cut ahead under the cap landed before the demand";
   while (ahead.outstanding() > 0) ahead.wait(1, done);
   ASSERT_EQ(done.size(), kAhead);
   for (const Completion& c : done) EXPECT_TRUE(c.status.is_ok()) << c.status.message();

@@ -23,7 +23,7 @@ TEST(AutoPresetBudget, NeverSmallerForMoreFreeMemory) {
       const uint64_t budget = auto_preset_budget(total, avail);
       EXPECT_GE(budget, before);
       EXPECT_LE(budget, total / 100 * 55);
-      EXPECT_LE(budget, usable_memory(avail));
+      EXPECT_LE(budget, avail / 10 * 9);
       EXPECT_LE(budget, avail > 4 * kGiB ? avail - 2 * kGiB : avail / 2);
       before = budget;
     }
@@ -31,6 +31,8 @@ TEST(AutoPresetBudget, NeverSmallerForMoreFreeMemory) {
   EXPECT_EQ(auto_preset_budget(64 * kGiB, 2048 * kMiB), 1024 * kMiB);
   EXPECT_EQ(auto_preset_budget(64 * kGiB, 2050 * kMiB), 1025 * kMiB);
   EXPECT_EQ(auto_preset_budget(64 * kGiB, 10 * kGiB), 8 * kGiB);
+  EXPECT_EQ(auto_preset_budget(64 * kGiB, 30 * kGiB), 27 * kGiB);  // 90 % of MemAvailable binds
+  EXPECT_EQ(auto_preset_budget(100 * kGiB, 80 * kGiB), 55 * kGiB);  // 55 % of MemTotal binds
 }
 
 }  // namespace
