@@ -108,8 +108,8 @@ class Engine {
   std::vector<io::ReadFile> shard_files_;
   std::unique_ptr<TrunkStore> store_;
   std::unique_ptr<RouterBank> bank_;
-  // Over weights_ or store_: what the device trunk mirrors and the model reads (after them here:
-  // it goes first).
+  // Over weights_ or store_: what the device trunk mirrors and the model reads (declared after
+  // them, so destroyed before them).
   std::unique_ptr<FiniteTrunk> finite_trunk_;
   std::unique_ptr<ExpertCache> cache_;
   std::unique_ptr<model::ExpertSource> experts_;

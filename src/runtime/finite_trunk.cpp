@@ -13,7 +13,7 @@
 namespace ktier::runtime {
 namespace {
 
-// Elements of one stored float array (a matrix's data, a widened vector).
+// Elements of one float matrix's stored data, or a piece of it.
 struct FloatSpan {
   DType dtype;
   const uint8_t* data;

@@ -105,11 +105,16 @@ int32_t Sampler::next(const float* raw_logits, int64_t n, std::span<const int32_
   }
   prob_.resize(keep);
   const double l_max = logits[order_[0]];
-  double sum = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    prob_[i] = std::exp((static_cast<double>(logits[order_[i]]) - l_max) / params_.temperature);
-    sum += prob_[i];
-  }
+  // The p the cuts below see, and (unless made again after them) the draw's.
+  const auto make_probs = [&](double temperature) {
+    double total = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      prob_[i] = std::exp((static_cast<double>(logits[order_[i]]) - l_max) / temperature);
+      total += prob_[i];
+    }
+    return total;
+  };
+  double sum = make_probs(params_.temperature_last ? 1.0 : params_.temperature);
   if (params_.top_p < 1) {
     double cum = 0;
     size_t cut = keep;
@@ -134,6 +139,7 @@ int32_t Sampler::next(const float* raw_logits, int64_t n, std::span<const int32_
       for (size_t i = 0; i < keep; ++i) sum += prob_[i];
     }
   }
+  if (params_.temperature_last && params_.temperature != 1.0) sum = make_probs(params_.temperature);
   ++draws_;
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;
   double cum = 0;

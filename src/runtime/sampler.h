@@ -15,6 +15,10 @@
 //   4b. keep those whose p is at least min_p times the largest p (min-p: 0 = off);
 //   5. draw u in [0, 1) from std::mt19937_64(seed) (53 bits of one draw) and take the first
 //      candidate whose cumulative p (renormalised over the kept prefix) exceeds u.
+// temperature_last (llama.cpp's default order, top_k → top_p → min_p → temperature): steps 4
+// and 4b cut on the p of temperature 1, and the kept prefix's p are then made again at the
+// temperature for step 5. (Both orders keep a prefix of step 1's: top-k and the order are the
+// same at every temperature.)
 // Every step is deterministic, so one seed gives the same tokens on every machine and for every
 // thread count, memory budget or tier placement.
 
@@ -44,6 +48,9 @@ struct SamplingParams {
   int64_t repeat_last_n = 64;      // ids looked back at; 0: none, -1: the whole sequence
   double presence_penalty = 0.0;   // 0: off
   double frequency_penalty = 0.0;  // 0: off
+  // top_p and min_p cut before the temperature is applied (llama.cpp's order), not after (the
+  // Hugging Face order, the default). Only serve's `samplers` field sets it.
+  bool temperature_last = false;
 };
 
 // Status::usage naming the flag when a parameter is out of range (temperature < 0 or not

@@ -6,6 +6,7 @@
 
 #include "common/check.h"
 #include "common/json_text.h"
+#include "server/sampler_order.h"
 #include "tokenizer/unicode.h"
 
 namespace ktier::server {
@@ -94,7 +95,7 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
   for (const char* name :
        {"suffix", "logit_bias", "tools", "functions", "tool_choice",
         "function_call", "best_of", "grammar", "json_schema", "ignore_eos", "n_predict",
-        "samplers", "return_tokens", "post_sampling_probs"}) {
+        "return_tokens", "post_sampling_probs"}) {
     const auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
         (it->is_array() && it->empty()) || (it->is_object() && it->empty()))
@@ -428,6 +429,9 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, const json& j,
                          integer_field(j, "top_k", std::numeric_limits<int32_t>::min(),
                                        std::numeric_limits<int32_t>::max()));
   if (top_k) r.sampling.top_k = std::max<int64_t>(*top_k, 0);
+  // llama-server's sampler order (its web UI sends one with every request).
+  if (const auto it = j.find("samplers"); it != j.end())
+    KTIER_RETURN_IF_ERROR(apply_sampler_order(*it, r.sampling));
   // OpenAI's seed is a signed 64-bit integer; its bits seed the generator as --seed does.
   KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> seed,
                          integer_field(j, "seed", std::numeric_limits<int64_t>::min(),

@@ -95,13 +95,14 @@ LinePlace::~LinePlace() {
 Result<uint64_t> Service::join_line(LinePlace* place) {
   std::lock_guard<std::mutex> lock(turn_mutex_);
   std::lock_guard<std::mutex> totals(totals_mutex_);
-  if (place != nullptr && place->held_) {
+  const bool takes_place = place != nullptr && place->held_;
+  if (!takes_place) KTIER_RETURN_IF_ERROR(admission_locked());
+  line_.push_back(next_ticket_);  // may throw std::bad_alloc: nothing is counted yet
+  if (takes_place) {
     place->held_ = false;  // this request takes over the place, counted as waiting already
   } else {
-    KTIER_RETURN_IF_ERROR(admission_locked());
     ++totals_.waiting;
   }
-  line_.push_back(next_ticket_);
   return next_ticket_++;
 }
 

@@ -104,6 +104,44 @@ TEST(Sampler, MinPKeepsTokensAtLeastThatFractionOfTheLikeliest) {
   EXPECT_EQ(kept(1.0, 1.0), 1u);  // only the likeliest (no tie)
 }
 
+// llama.cpp's order (temperature_last): min-p and top-p cut on the p of temperature 1, and the
+// draw is at the temperature over what they kept.
+TEST(Sampler, TemperatureLastCutsAtTemperatureOneAndDrawsAtTheTemperature) {
+  // logits ln(8), ln(4), ln(2), ln(1), at T = 2. min_p 0.4: relative p at T = 1 are 1, .5,
+  // .25, .125, so two are kept (three by the T = 2 cut); drawn at T = 2 they are
+  // sqrt(8) : sqrt(4), i.e. 0.586 : 0.414 (0.667 : 0.333 at T = 1).
+  const std::vector<float> l = {std::log(2.f), std::log(8.f), std::log(1.f), std::log(4.f)};
+  SamplingParams p;
+  p.temperature = 2.0;
+  p.min_p = 0.4;
+  p.seed = 11;
+  p.temperature_last = true;
+  const int n = 40000;
+  std::map<int32_t, int> count;
+  Sampler s(p);
+  for (int i = 0; i < n; ++i) ++count[s.next(l.data(), 4, {})];
+  ASSERT_EQ(count.size(), 2u);
+  const double want = std::sqrt(8.0) / (std::sqrt(8.0) + 2.0);
+  const double sd = std::sqrt(n * want * (1 - want));
+  EXPECT_NEAR(count[1], n * want, 5 * sd);
+  EXPECT_NEAR(count[3], n * (1 - want), 5 * sd);
+  // top_p 0.7 over p .4 .3 .2 .1 at T = 1 keeps two; at T = 2 (.33 .28 .23 .16) it keeps three.
+  const std::vector<float> q = {std::log(4.f), std::log(3.f), std::log(2.f), std::log(1.f)};
+  const auto kept = [&](bool temperature_last) {
+    SamplingParams t;
+    t.temperature = 2.0;
+    t.top_p = 0.7;
+    t.seed = 5;
+    t.temperature_last = temperature_last;
+    Sampler sampler(t);
+    std::map<int32_t, int> seen;
+    for (int i = 0; i < 4000; ++i) ++seen[sampler.next(q.data(), 4, {})];
+    return seen.size();
+  };
+  EXPECT_EQ(kept(true), 2u);
+  EXPECT_EQ(kept(false), 3u);
+}
+
 // Penalties (llama.cpp's rule): a positive logit divided by repeat_penalty, a negative one
 // multiplied, then less count * frequency_penalty + presence_penalty; only ids among the last
 // repeat_last_n; greedy included.

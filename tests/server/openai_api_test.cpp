@@ -635,5 +635,83 @@ TEST(ServiceText, HeldBackIsTheLongestSuffixThatMayBeginAStop) {
   EXPECT_EQ(stop_prefix_suffix("aaa", {"aab"}), 2u);
 }
 
+// llama-server's `samplers` (server/sampler_order.h): llama.cpp's web UI sends "edkypmxt" with
+// every request (it was refused: every chat from it failed 400). Its order, temperature last,
+// is run as such; a sampler left out is not applied; an order ktier cannot run is refused,
+// naming the pair.
+TEST(SamplerOrder, LlamaCppOrdersRunAsTheyAreOrRefusedByName) {
+  const json web_ui = {{"prompt", "a"},        {"samplers", "edkypmxt"}, {"temperature", 0.8},
+                       {"top_k", 40},          {"top_p", 0.95},          {"min_p", 0.05},
+                       {"typical_p", 1},       {"dry_multiplier", 0},    {"xtc_probability", 0},
+                       {"max_tokens", -1}};
+  auto r = completion(web_ui);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_TRUE(r->sampling.temperature_last);
+  EXPECT_EQ(r->sampling.top_k, 40);
+  EXPECT_EQ(r->sampling.top_p, 0.95);
+  EXPECT_EQ(r->sampling.min_p, 0.05);
+  EXPECT_EQ(r->sampling.temperature, 0.8);
+  EXPECT_EQ(r->sampling.repeat_penalty, 1.2);  // the server's default: 'e' is listed
+  // Names, as a list or joined by ';'; the temperature first is ktier's own order.
+  for (const json& names : {json{"penalties", "top_k", "temperature", "top_p", "min_p"},
+                            json("penalties;top_k;temperature;top_p;min_p")}) {
+    json body = web_ui;
+    body["samplers"] = names;
+    r = completion(body);
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_FALSE(r->sampling.temperature_last) << names;
+  }
+  // Left out, a sampler is not applied (llama-server's chain holds only those listed): no
+  // penalties, top-k or min-p here, and the temperature 1 without 't'.
+  json body = web_ui;
+  body["samplers"] = "kp";
+  r = completion(body);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->sampling.repeat_penalty, 1.0);
+  EXPECT_EQ(r->sampling.presence_penalty, 0.0);
+  EXPECT_EQ(r->sampling.top_k, 40);
+  EXPECT_EQ(r->sampling.top_p, 0.95);
+  EXPECT_EQ(r->sampling.min_p, 0.0);
+  EXPECT_EQ(r->sampling.temperature, 1.0);
+  // Empty: nothing asked, every parameter as given.
+  for (const json& empty : {json(""), json::array()}) {
+    body = web_ui;
+    body["samplers"] = empty;
+    r = completion(body);
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_EQ(r->sampling.min_p, 0.05);
+    EXPECT_FALSE(r->sampling.temperature_last);
+  }
+  // Orders ktier does not run, and names it does not know, refused naming the field.
+  for (const auto& [samplers, why] : std::vector<std::pair<json, std::string>>{
+           {json("kpmte"), "ktier runs penalties before top_k"},
+           {json("epkmt"), "ktier runs top_k before top_p"},
+           {json("ekmpt"), "ktier runs top_p before min_p"},
+           {json("ekptm"), "the temperature between top_p and min_p is not built"},
+           {json("ekpmtt"), "temperature is given twice"},
+           {json("ekpmtz"), "unknown sampler 'z'"},
+           {json{"top_k", "mirostat"}, "unknown sampler 'mirostat'"},
+           {json(7), "must be a string or an array"}}) {
+    body = web_ui;
+    body["samplers"] = samplers;
+    r = completion(body);
+    ASSERT_FALSE(r.is_ok()) << samplers;
+    EXPECT_EQ(error_param(r.status()), "samplers");
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
+  }
+  // Greedy: no place counts. A sampler that is off may stand anywhere ("t" before "p" with
+  // top_p 1 is either order).
+  body = web_ui;
+  body["samplers"] = "ekptm";
+  body["temperature"] = 0;
+  EXPECT_TRUE(completion(body).is_ok());
+  body = web_ui;
+  body["samplers"] = "ektpm";
+  body["top_p"] = 1;
+  r = completion(body);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_FALSE(r->sampling.temperature_last);  // min_p is after it
+}
+
 }  // namespace
 }  // namespace ktier::server
