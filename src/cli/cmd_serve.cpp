@@ -307,9 +307,10 @@ class ApiHandlers {
                       "application/json");
       return httplib::Server::HandlerResponse::Handled;
     });
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"status":"ok"})", "application/json");
-    });
+    for (const char* path : {"/health", "/v1/health"})  // both, as llama-server
+      http.Get(path, [](const httplib::Request&, httplib::Response& res) {
+        res.set_content(R"({"status":"ok"})", "application/json");
+      });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       if (!metrics_) {  // as llama-server: off unless asked for
         res.status = 501;
@@ -509,10 +510,14 @@ class ApiHandlers {
               send(server::llama_completion_result(model_, "", done->finish, done->stopping_word,
                                                    done->usage, extra_fields(*done), nullptr));
             } else if (open) {
-              send(server::stream_chunk(endpoint, head, "", done->finish));
+              const json extra = extra_fields(*done);
+              // llama-server's timings go on the last chunk too (its web UI reads the tokens per
+              // second there), whether or not the usage chunk follows.
+              json last = server::stream_chunk(endpoint, head, "", done->finish);
+              last["timings"] = extra["timings"];
+              send(last);
               if (request->request.include_usage)
-                send(server::stream_usage_chunk(endpoint, head, done->usage,
-                                                extra_fields(*done)));
+                send(server::stream_usage_chunk(endpoint, head, done->usage, extra));
               const std::string end = "data: [DONE]\n\n";
               sink.write(end.data(), end.size());
             }

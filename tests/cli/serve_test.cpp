@@ -158,6 +158,9 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   ASSERT_TRUE(health) << httplib::to_string(health.error());
   EXPECT_EQ(health->status, 200);
   EXPECT_EQ(json::parse(health->body)["status"], "ok");
+  auto v1_health = client.Get("/v1/health");  // a probe given the /v1 base URL
+  ASSERT_TRUE(v1_health);
+  EXPECT_EQ(v1_health->status, 200);
   auto models = client.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny-test");
@@ -232,7 +235,11 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
     const json& choice = j["choices"][0];
     if (choice["delta"].contains("role")) role = true;
     if (choice["delta"].contains("content")) text += choice["delta"]["content"].get<std::string>();
-    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+    if (!choice["finish_reason"].is_null()) {
+      finish = choice["finish_reason"];
+      // llama-server's timings on the last chunk, as in the usage chunk.
+      EXPECT_TRUE(j.contains("timings") && j["timings"].contains("predicted_per_second")) << j;
+    }
   }
   EXPECT_TRUE(role && usage && done);
   EXPECT_EQ(text, want);
