@@ -459,10 +459,19 @@ Status run(const RunArgs& a) {
   // The prompt cache: where the sequence starts; a single run saves the prompt's state at its
   // last id unless --prompt-cache-all (see the end for that and for a run stopped in its
   // prompt), a conversation after every answer.
+  // The sequence's caches are reserved up front (restored, or when the session opens): memory
+  // refused for them is a budget the run asked past (exit 4, as serve's -c), not a failure
+  // mid-run. (Not inside GenerationSession::open: serve opens one per request, where it is a
+  // server error, not the client's.)
+  const auto caches_budget = [](const Status& s) {
+    return s.is_out_of_memory() ? Status::budget(s.message() + "; give a smaller -c or -n") : s;
+  };
   std::optional<model::SequenceState> restored;
   if (cache) {
-    KTIER_ASSIGN_OR_RETURN(restored, cache->restore(*engine, prompt, a.interactive,
-                                                     gen.reserve_positions));
+    Result<std::optional<model::SequenceState>> r =
+        cache->restore(*engine, prompt, a.interactive, gen.reserve_positions);
+    if (!r.is_ok()) return caches_budget(r.status());
+    restored = std::move(*r);
   }
   const int64_t cached = cache ? cache->restored() : 0;
   const bool write_whole_prompt = write_cache && !a.interactive && !a.prompt_cache_all;
@@ -527,12 +536,13 @@ Status run(const RunArgs& a) {
   runtime::RunReport report;
   gen.before_decode = [&] { report.decode_start = runtime::EngineCounters::start_window(*engine); };
   report.cached_prompt_tokens = cached;
-  KTIER_ASSIGN_OR_RETURN(
-      std::unique_ptr<runtime::GenerationSession> session,
+  Result<std::unique_ptr<runtime::GenerationSession>> opened =
       restored ? runtime::GenerationSession::open(
                      engine->model(), engine->experts(), gen, std::move(*restored),
                      {cache->restored_ids().begin(), cache->restored_ids().end()})
-               : runtime::GenerationSession::open(engine->model(), engine->experts(), gen));
+               : runtime::GenerationSession::open(engine->model(), engine->experts(), gen);
+  if (!opened.is_ok()) return caches_budget(opened.status());
+  std::unique_ptr<runtime::GenerationSession> session = std::move(*opened);
   std::unique_ptr<RunTrace> trace;
   if (!a.trace.empty()) {
     KTIER_ASSIGN_OR_RETURN(trace, RunTrace::open(*engine, a.trace));

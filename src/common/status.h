@@ -37,7 +37,7 @@ class [[nodiscard]] Status {
   // A runtime failure because an allocation was refused (a backend's allocate(): the host, the
   // GPU). Mid-run it is exit 1 like any other; a caller reserving memory up front may read
   // is_out_of_memory() and say what to give less of (exit 4), as serve does for its -c state
-  // and GenerationSession::open for a sequence's caches.
+  // and run for its sequence's caches.
   static Status out_of_memory(std::string msg) {
     Status s(ExitCode::kRuntime, std::move(msg));
     s.out_of_memory_ = true;

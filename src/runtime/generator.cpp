@@ -117,16 +117,9 @@ Result<std::unique_ptr<GenerationSession>> GenerationSession::open(
     model::Model& model, const model::ExpertSource* experts, const GenerationOptions& opts) {
   KTIER_RETURN_IF_ERROR(check_options(opts));  // before the caches are allocated
   Result<model::SequenceState> seq = model.new_sequence(opts.reserve_positions);
-  if (!seq.is_ok()) {
-    const std::string what = "the caches for " + std::to_string(opts.reserve_positions) +
-                             " positions (the prompt + -n, or -c/--ctx-size)";
-    // Reserved up front: memory refused here is a budget the run asked past (exit 4, as
-    // serve's -c), not a failure mid-run.
-    if (seq.status().is_out_of_memory())
-      return Status::budget(what + " cannot be reserved (" + seq.status().message() +
-                            "); give a smaller -c or -n");
-    return seq.status().with_context(what);
-  }
+  if (!seq.is_ok())
+    return seq.status().with_context("the caches for " + std::to_string(opts.reserve_positions) +
+                                     " positions (the prompt + -n, or -c/--ctx-size)");
   return open(model, experts, opts, std::move(*seq), {});
 }
 

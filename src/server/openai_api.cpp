@@ -395,8 +395,10 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, const json& j,
     // 0: the prompt runs (its state kept for the next request), nothing is generated.
     KTIER_ASSIGN_OR_RETURN(const std::optional<int64_t> n_predict,
                            integer_field(j, "n_predict", -2, std::numeric_limits<int32_t>::max()));
-    r.to_context_end = n_predict && *n_predict < 0;
-    if (n_predict) r.max_tokens = r.to_context_end ? std::nullopt : n_predict;
+    if (n_predict) {  // wins over max_tokens (and its -1) where given
+      r.to_context_end = *n_predict < 0;
+      r.max_tokens = r.to_context_end ? std::nullopt : n_predict;
+    }
   }
   r.sampling = defaults.sampling;
   for (const OpenAiBound& b : kOpenAiBounds) {

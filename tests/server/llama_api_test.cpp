@@ -63,6 +63,15 @@ TEST(LlamaRequest, NPredictAndTokenIdPromptsAreRead) {
   r = llama({{"prompt", "a"}, {"max_tokens", 3}, {"n_predict", 4}});
   ASSERT_TRUE(r.is_ok());
   EXPECT_EQ(r->max_tokens, 4);
+  r = llama({{"prompt", "a"}, {"max_tokens", -1}, {"n_predict", 4}});
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_FALSE(r->to_context_end);
+  EXPECT_EQ(r->max_tokens, 4);
+  // ... and without it max_tokens counts, -1 too (llama-server's fallback).
+  r = llama({{"prompt", "a"}, {"max_tokens", -1}});
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_TRUE(r->to_context_end);
+  EXPECT_FALSE(r->max_tokens.has_value());
   // OpenAI's completions take token ids too.
   r = parse(Endpoint::kCompletions, {{"prompt", {9, 8}}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();

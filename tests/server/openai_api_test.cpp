@@ -673,15 +673,23 @@ TEST(SamplerOrder, LlamaCppOrdersRunAsTheyAreOrRefusedByName) {
   EXPECT_EQ(r->sampling.top_p, 0.95);
   EXPECT_EQ(r->sampling.min_p, 0.0);
   EXPECT_EQ(r->sampling.temperature, 1.0);
-  // Empty: nothing asked, every parameter as given.
+  // Empty: no sampler (llama-server's empty chain draws at temperature 1); null: nothing asked.
   for (const json& empty : {json(""), json::array()}) {
     body = web_ui;
     body["samplers"] = empty;
     r = completion(body);
     ASSERT_TRUE(r.is_ok()) << r.status().message();
-    EXPECT_EQ(r->sampling.min_p, 0.05);
-    EXPECT_FALSE(r->sampling.temperature_last);
+    EXPECT_EQ(r->sampling.min_p, 0.0);
+    EXPECT_EQ(r->sampling.top_k, 0);
+    EXPECT_EQ(r->sampling.repeat_penalty, 1.0);
+    EXPECT_EQ(r->sampling.temperature, 1.0);
   }
+  body = web_ui;
+  body["samplers"] = nullptr;
+  r = completion(body);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->sampling.min_p, 0.05);
+  EXPECT_FALSE(r->sampling.temperature_last);
   // Orders ktier does not run, and names it does not know, refused naming the field.
   for (const auto& [samplers, why] : std::vector<std::pair<json, std::string>>{
            {json("kpmte"), "ktier runs penalties before top_k"},
@@ -691,6 +699,9 @@ TEST(SamplerOrder, LlamaCppOrdersRunAsTheyAreOrRefusedByName) {
            {json("ekpmtt"), "temperature is given twice"},
            {json("ekpmtz"), "unknown sampler 'z'"},
            {json{"top_k", "mirostat"}, "unknown sampler 'mirostat'"},
+           // Names llama-server drops without a word, and infill (no field makes it neutral).
+           {json{"top_k", "temp"}, "unknown sampler 'temp'"},
+           {json("ekpmti"), "infill is not built"},
            {json(7), "must be a string or an array"}}) {
     body = web_ui;
     body["samplers"] = samplers;
@@ -699,18 +710,35 @@ TEST(SamplerOrder, LlamaCppOrdersRunAsTheyAreOrRefusedByName) {
     EXPECT_EQ(error_param(r.status()), "samplers");
     EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
   }
-  // Greedy: no place counts. A sampler that is off may stand anywhere ("t" before "p" with
-  // top_p 1 is either order).
+  // Greedy takes the top token where the temperature stands, so only the penalties' place
+  // counts ("te": llama-server takes the top token before the penalties).
   body = web_ui;
-  body["samplers"] = "ekptm";
+  body["samplers"] = "kptme";
   body["temperature"] = 0;
-  EXPECT_TRUE(completion(body).is_ok());
-  body = web_ui;
-  body["samplers"] = "ektpm";
-  body["top_p"] = 1;
+  r = completion(body);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("ktier runs penalties before top_k"), std::string::npos)
+      << r.status().message();
+  body["samplers"] = "ekptm";  // the temperature between the cuts: no matter for greedy
   r = completion(body);
   ASSERT_TRUE(r.is_ok()) << r.status().message();
-  EXPECT_FALSE(r->sampling.temperature_last);  // min_p is after it
+  EXPECT_EQ(r->sampling.temperature, 0.0);
+  body["samplers"] = "ekpm";  // left out: llama-server draws at temperature 1, greedy or not
+  r = completion(body);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->sampling.temperature, 1.0);
+  // A temperature of 1 is no step: its place does not count. A sampler that is off may stand
+  // anywhere ("t" before "p" with top_p 1 is either order).
+  body = web_ui;
+  body["temperature"] = 1;
+  body["samplers"] = "ektpm";  // between the cuts
+  EXPECT_TRUE(completion(body).is_ok());
+  body["temperature"] = 0.8;
+  body["top_p"] = 1;
+  body["samplers"] = "ektpm";  // top_p off: the temperature is before the only cut
+  r = completion(body);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_FALSE(r->sampling.temperature_last);
 }
 
 }  // namespace
