@@ -235,6 +235,10 @@ void warn_past_trained_positions(const format::ModelConfig& config, int64_t last
                what, last_position, *limit, *limit);
 }
 
+Status caches_refused_as_budget(const Status& s, const std::string& hint) {
+  return s.is_out_of_memory() ? Status::budget(s.message() + "; " + hint) : s;
+}
+
 std::string join_ids(const std::vector<int32_t>& ids) {
   std::string line;
   for (size_t i = 0; i < ids.size(); ++i) {

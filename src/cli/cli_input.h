@@ -102,6 +102,11 @@ void ignore_sigpipe();
 void warn_past_trained_positions(const format::ModelConfig& config, int64_t last_position,
                                  const std::string& what);
 
+// A sequence's caches are reserved up front (run's session, serve's -c probe): memory refused
+// for them (is_out_of_memory()) is a budget the command asked past, exit 4 with `hint` ("give a
+// smaller -c") appended; any other failure (a device error) keeps its code.
+Status caches_refused_as_budget(const Status& s, const std::string& hint);
+
 // "1,2,3" (no spaces) for an id list.
 std::string join_ids(const std::vector<int32_t>& ids);
 

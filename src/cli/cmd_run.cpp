@@ -464,7 +464,7 @@ Status run(const RunArgs& a) {
   // mid-run. (Not inside GenerationSession::open: serve opens one per request, where it is a
   // server error, not the client's.)
   const auto caches_budget = [](const Status& s) {
-    return s.is_out_of_memory() ? Status::budget(s.message() + "; give a smaller -c or -n") : s;
+    return caches_refused_as_budget(s, "give a smaller -c or -n");
   };
   std::optional<model::SequenceState> restored;
   if (cache) {

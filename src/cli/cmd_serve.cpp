@@ -288,12 +288,8 @@ class ApiHandlers {
       // once, the connection kept.
       if (req.method == "POST" && !req.has_header("Content-Length") &&
           strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") != 0) {
-        res.status = 400;
-        res.set_content(server::dump(server::error_body(
-                            "the request has no body: a POST here carries JSON, with its "
-                            "Content-Length (or Transfer-Encoding: chunked)",
-                            "invalid_request_error")),
-                        "application/json");
+        send_error(res, Status::usage("the request has no body: a POST here carries JSON, "
+                                      "with its Content-Length (or Transfer-Encoding: chunked)"));
         return httplib::Server::HandlerResponse::Handled;
       }
       if (ready() || req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
@@ -895,13 +891,11 @@ Status serve(const ServeArgs& a) {
   // not as a 500 for each request (a memory limit, -c far past what the machine holds).
   // Exit 4 where memory ran out; any other failure (a device error) keeps its own code.
   if (auto probe = engine->model().new_sequence(a.ctx); !probe.is_ok()) {
-    const std::string& why = probe.status().message();
-    const std::string flag = "-c/--ctx-size " + std::to_string(a.ctx);
-    const Status refused =
-        probe.status().is_out_of_memory()
-            ? Status::budget(flag + ": the sequence's state for that many positions cannot be "
-                                    "reserved (" + why + "); give a smaller -c")
-            : probe.status().with_context(flag + ": reserving the sequence's state");
+    const Status refused = caches_refused_as_budget(
+        probe.status().with_context("-c/--ctx-size " + std::to_string(a.ctx) +
+                                    ": the sequence's state for that many positions cannot be "
+                                    "reserved"),
+        "give a smaller -c");
     listener.stop(refused);
     return refused;
   }

@@ -257,8 +257,12 @@ void DeviceTrunk::release_layer(int64_t l) {
   try {
     Status s = be_.mark_ops(cur.read);
     if (Status released = release_host(cur); s.is_ok()) s = released;
-    if (s.is_ok() && next != cur.layer && next != other.layer) s = load(next, other);
     if (!s.is_ok() && prefetch_status_.is_ok()) prefetch_status_ = s;
+    // A copy ahead that fails is speculative, as the host's read ahead is: `other` holds no
+    // layer (load's contract), so acquire_layer copies it again when it is needed and what
+    // fails then fails the pass that needs it (in serve, after this pass's end, another
+    // request's), not this one nor a later one.
+    if (s.is_ok() && next != cur.layer && next != other.layer) (void)load(next, other);
   } catch (...) {
     // Called from a destructor (Model's lease): nothing may escape. A layer not copied ahead
     // (load leaves no slot half placed) is loaded by acquire_layer when needed.

@@ -122,7 +122,7 @@ class DeviceTrunk final : public model::TrunkSource {
 
   StreamSlot slots_[2];
   int current_ = -1;         // slot of the streamed layer acquired last
-  Status prefetch_status_;   // a failed copy ahead, reported by the next acquire
+  Status prefetch_status_;   // a failed fence or copy wait in release, for the next acquire
   uint64_t slot_bytes_ = 0;
   int64_t resident_ = 0;
   uint64_t bytes_ = 0, streamed_bytes_ = 0;

@@ -15,18 +15,19 @@
 //
 // Reads: a fetch reads its missing experts whole — one read for an expert whose parts are one
 // contiguous run (§3.5), one read per part otherwise — all submitted together, in disk order
-// (shard, offset), and waits for them. Prefetches are queued nearest target layer first, then
-// highest predicted weight, and submitted one expert at a time while fewer than
-// `prefetch_in_flight` prefetch chunk reads are outstanding (half the I/O queue in the engine,
-// which counts chunks of IoOptions::max_chunk_bytes: a K3 expert of 17.5 MB is 5 of 4 MiB, so
-// counting reads would let 16 prefetched experts fill the 32-deep queue 2.5 times over and a
-// layer's demand reads wait behind them; one expert larger than the budget still goes alone); a
-// queued prediction whose
-// layer has been routed is dropped (cancelled). A prefetch is useful when its expert is fetched
-// by the layer it was predicted for, in the same forward pass; one still being read then is
-// waited for and counted late (a miss for the hit rate, useful but not timely). A prefetch
-// evicted, failed, or first fetched by another pass or layer is wasted. Destinations are placed congruent to their file offsets modulo 4096, so
-// O_DIRECT reads the aligned middle of every part straight into the slot. The slots share one
+// (shard, offset), and waits for them (fetch_each instead streams its misses through the
+// batch slots, handing each over as it lands: see there). Prefetches are queued nearest target
+// layer first, then highest predicted weight, and submitted one expert at a time while fewer
+// than `prefetch_in_flight` prefetch chunk reads are outstanding (half the I/O queue in the
+// engine, which counts chunks of IoOptions::max_chunk_bytes: a K3 expert of 17.5 MB is 5 of
+// 4 MiB, so counting reads would let 16 prefetched experts fill the 32-deep queue 2.5 times over
+// and a layer's demand reads wait behind them; one expert larger than the budget still goes
+// alone); a queued prediction whose layer has been routed is dropped (cancelled). A prefetch is
+// useful when its expert is fetched by the layer it was predicted for, in the same forward
+// pass; one still being read then is waited for and counted late (a miss for the hit rate,
+// useful but not timely). A prefetch evicted, failed, or first fetched by another pass or layer
+// is wasted. Destinations are placed congruent to their file offsets modulo 4096, so O_DIRECT
+// reads the aligned middle of every part straight into the slot. The slots share one
 // io::AlignedBuffer on transparent huge pages, faulted in at open.
 //
 // Exactness: a slot holds the stored bytes; the views handed out are the same WeightMatrix the

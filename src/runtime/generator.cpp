@@ -218,6 +218,8 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
                             last ? logits_.data() : nullptr);
       }
       if (abandoned_) {  // the chunk was left part-run: none of it counts
+        // The stop ends the pass at once (Model::forward): no other failure is dropped here.
+        KTIER_CHECK(prefilled.code() == ExitCode::kInterrupted);
         prefilled = Status::ok();
         st.interrupted = true;
         st.prompt_tokens = static_cast<int64_t>(pos);
@@ -252,6 +254,7 @@ Result<GenerationStats> GenerationSession::turn(std::span<const int32_t> ids,
     holds_logits_ = false;
     const Status ran = forward(one, model::LogitRows::kLast, logits_.data());
     if (abandoned_) {  // the token's pass was left part-run
+      KTIER_CHECK(ran.code() == ExitCode::kInterrupted);
       st.interrupted = true;
       break;
     }

@@ -87,7 +87,8 @@ struct TrunkStoreStats {
   uint64_t streamed_bytes_read = 0; // ring reads since open (pinned reads excluded): a pack's
                                     // records as stored, from the shards the tensors' bytes
   uint64_t streamed_bytes_inflated = 0;  // the same records inflated (== read for plain packs)
-  uint64_t io_wait_ns = 0;          // time acquire_layer() spent waiting for reads
+  uint64_t io_wait_ns = 0;          // time spent waiting for ring reads (acquire_layer(), and
+                                    // release_ring's drain of reads ahead)
   uint64_t inflate_ns = 0;          // time acquire_layer() spent inflating blocks (wall)
   uint64_t staging_bytes = 0;       // compressed-byte staging buffers held (0 for plain packs)
   uint64_t scratch_bytes = 0;       // inflate scratch held (0 for plain packs)

@@ -878,6 +878,8 @@ TEST_F(ServeCli, APostWithoutABodyIsAnsweredAtOnce) {
   const std::string refused = until("}}");
   EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused;
   EXPECT_NE(refused.find("the request has no body"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("\"type\":\"invalid_request_error\""), std::string::npos) << refused;
+  EXPECT_EQ(refused.find("\"param\":\""), std::string::npos) << refused;
   const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
   ASSERT_EQ(::send(sock, get.data(), get.size(), MSG_NOSIGNAL), static_cast<ssize_t>(get.size()));
   const std::string health = until("\"ok\"}");

@@ -75,5 +75,30 @@ TEST(ValueCheck, CountsAcrossPiecesWithOneScratchBuffer) {
   EXPECT_EQ(c_stopped.inf, 0u);
 }
 
+TEST(ValueCheck, CountsPastTheFirstBlocksAtTheirElements) {
+  // F16, 3 blocks of the counter's 4096 and a short one: the first finds nothing, +Inf opens the
+  // second, NaN closes the last.
+  constexpr uint64_t kElements = 3 * 4096 + 5;
+  StTensor t{"t", "F16", {static_cast<int64_t>(kElements)}, std::vector<uint8_t>(kElements * 2, 0),
+             {}};
+  const auto put = [&](uint64_t at, uint16_t bits) {
+    std::memcpy(t.data.data() + at * 2, &bits, 2);
+  };
+  put(4096, 0x7c00);
+  put(kElements - 1, 0xfe01);
+  TempDir dir("value_check");
+  const auto path = dir.path() / "x.safetensors";
+  ktier::test::write_st_file(path, {t});
+  auto file = SafetensorsFile::open(path, OpenMode::kPread);
+  ASSERT_TRUE(file.is_ok()) << file.status().message();
+  std::vector<uint8_t> scratch;
+  TensorValueCounts c;
+  ASSERT_TRUE(count_tensor_values(*file, file->tensors()[0], c, scratch).is_ok());
+  EXPECT_EQ(c.inf, 1u);
+  EXPECT_EQ(c.nan, 1u);
+  EXPECT_EQ(c.first_element, 4096u);
+  EXPECT_FALSE(c.first_is_nan);
+}
+
 }  // namespace
 }  // namespace ktier::format

@@ -171,6 +171,52 @@ TEST_F(DeviceModeTest, APassAbandonedBetweenLayersLeavesTheDeviceEngineWhole) {
   expect_abandoned_passes_leave_engine_whole(*e, kDialTestPrompt, reference_, 5);
 }
 
+// The copy ahead a pass's last layer makes (the next pass's first streamed layer, read by the
+// host from the shards) is speculative, as the host's read ahead is: when that read fails for
+// good, the next pass copies the layer again and gives the CPU's bytes (in serve, the failure
+// is not charged to the next request).
+TEST_F(DeviceModeTest, AFailedCopyAheadIsMadeAgainWhenTheLayerIsNeeded) {
+  const auto ck = format::Checkpoint::open(dir_ / "m", format::OpenMode::kPread);
+  ASSERT_TRUE(ck.is_ok());
+  EngineOptions eo = emulated(budgets()[1]);
+  eo.ram_budget = dial_minimum(*ck, nullptr, 1, 2, false, nullptr).total();
+  eo.io.backend = io::IoBackend::kPread;
+  eo.io.fault_plan = std::make_shared<io::FaultPlan>();
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const int64_t first = (*e)->device_trunk()->resident_layers();
+  ASSERT_LT(first, layers_);
+  ASSERT_FALSE((*e)->trunk_store()->is_pinned(first)) << "the host must read it from the shards";
+  const std::vector<int32_t> ids(kDialTestPrompt.begin(), kDialTestPrompt.begin() + 3);
+  std::vector<float> out(ids.size() * static_cast<size_t>(vocab_));
+  const std::vector<float> want(reference_.begin(),
+                                reference_.begin() + static_cast<std::ptrdiff_t>(out.size()));
+  const auto pass = [&] {
+    poison_logits(out);
+    return evaluate((*e)->model(), ids, 3, out.data());
+  };
+  // A pass with no fault first: its end copies `first` ahead, so the next pass reads no byte
+  // of it until its own end.
+  ASSERT_TRUE(pass().is_ok());
+  const std::string name = TrunkStore::shard_layout(*ck)
+                               .records[static_cast<size_t>(first)]
+                               .tensors.front()
+                               .name;
+  const auto tensor = ck->find(name);
+  ASSERT_TRUE(tensor.has_value()) << name;
+  const size_t rule = eo.io.fault_plan->add(
+      io::FaultRule::eio(tensor->info->file_offset, tensor->info->file_offset + 1)
+          .in_path(ck->shard(tensor->shard).path().filename().string())
+          .times(-1));
+  const Status failing = pass();  // its end's copy ahead of `first` cannot read it
+  EXPECT_GT(eo.io.fault_plan->fires(rule), 0u) << "the copy ahead read nothing of " << name;
+  eo.io.fault_plan->clear();
+  ASSERT_TRUE(failing.is_ok()) << failing.message();
+  const Status next = pass();
+  ASSERT_TRUE(next.is_ok()) << next.message();
+  EXPECT_TRUE(same_bytes(out, want));
+}
+
 TEST_F(DeviceModeTest, EmulatedDeviceOverTheMemoryDialGivesTheCpuBytes) {
   EngineOptions eo = emulated(budgets()[1]);
   const int depth = eo.lookahead.value_or(kDefaultLookahead);
