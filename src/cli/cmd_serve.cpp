@@ -504,7 +504,8 @@ class ApiHandlers {
             } else if (open && native_api) {
               // llama-server's last event: text "", no logprobs (they went with the pieces).
               send(server::llama_completion_result(model_, "", done->finish, done->stopping_word,
-                                                   done->usage, extra_fields(*done), nullptr));
+                                                   done->usage, llama_extra(*request, *done),
+                                                   nullptr));
             } else if (open) {
               const json extra = extra_fields(*done);
               // llama-server's timings go on the last chunk too (its web UI reads the tokens per
@@ -532,6 +533,22 @@ class ApiHandlers {
     return request.logprobs ? server::logprobs_json(request.endpoint, tokens) : json(nullptr);
   }
 
+  // extra_fields and llama-server's fields about the request (llama_request_fields).
+  json llama_extra(const server::PreparedRequest& prepared, const server::Completion& done) const {
+    std::string prompt = prepared.request.prompt;
+    if (prompt.empty()) {  // given as ids (checked against the vocabulary: they decode)
+      const std::vector<uint32_t> ids(prepared.ids.begin(), prepared.ids.end());
+      if (Result<std::string> text = service().tokenizer().decode(ids); text.is_ok())
+        prompt = std::move(*text);
+    }
+    const int64_t n_predict = prepared.request.to_context_end ? -1 : prepared.max_tokens;
+    json extra = extra_fields(done);
+    extra.update(server::llama_request_fields(
+        prompt, server::llama_generation_settings(prepared.request.sampling, n_predict),
+        done.text, done.positions_held));
+    return extra;
+  }
+
   // A request answered whole (not streamed): its response body.
   Result<json> handle_whole(const server::PreparedRequest& prepared,
                             const server::ResponseHead& head, const server::PeerWatch& peer,
@@ -546,7 +563,7 @@ class ApiHandlers {
     const json probs = logprobs_of(prepared.request, done.logprobs);
     if (endpoint == server::Endpoint::kLlamaCompletion)
       return server::llama_completion_result(model_, done.text, done.finish, done.stopping_word,
-                                             done.usage, extra_fields(done), probs);
+                                             done.usage, llama_extra(prepared, done), probs);
     return server::completion_response(endpoint, head, done.text, done.finish, done.usage,
                                        extra_fields(done), probs);
   }

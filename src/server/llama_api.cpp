@@ -28,19 +28,30 @@ json llama_completion_result(const std::string& model, const std::string& text,
   return j;
 }
 
+json llama_generation_settings(const runtime::SamplingParams& s, int64_t n_predict) {
+  return {{"n_predict", n_predict},
+          {"temperature", s.temperature},
+          {"top_k", s.top_k},
+          {"top_p", s.top_p},
+          {"min_p", s.min_p},
+          {"seed", s.seed == runtime::kRandomSeed ? json(-1) : json(s.seed)},
+          {"repeat_penalty", s.repeat_penalty},
+          {"repeat_last_n", s.repeat_last_n},
+          {"presence_penalty", s.presence_penalty},
+          {"frequency_penalty", s.frequency_penalty}};
+}
+
+json llama_request_fields(const std::string& prompt, json settings, const std::string& answer,
+                          int64_t positions_held) {
+  return {{"prompt", prompt},
+          {"generation_settings", std::move(settings)},
+          {"has_new_line", answer.find('\n') != std::string::npos},
+          {"tokens_cached", positions_held}};
+}
+
 json llama_props(const RequestDefaults& defaults, int64_t ctx, const std::string& model,
                  const std::string& build_info) {
-  const runtime::SamplingParams& s = defaults.sampling;
-  const json params = {{"n_predict", defaults.max_tokens},
-                       {"temperature", s.temperature},
-                       {"top_k", s.top_k},
-                       {"top_p", s.top_p},
-                       {"min_p", s.min_p},
-                       {"seed", s.seed == runtime::kRandomSeed ? json(-1) : json(s.seed)},
-                       {"repeat_penalty", s.repeat_penalty},
-                       {"repeat_last_n", s.repeat_last_n},
-                       {"presence_penalty", s.presence_penalty},
-                       {"frequency_penalty", s.frequency_penalty}};
+  const json params = llama_generation_settings(defaults.sampling, defaults.max_tokens);
   return {{"default_generation_settings", {{"n_ctx", ctx}, {"params", params}}},
           {"total_slots", 1},
           {"model_alias", model},

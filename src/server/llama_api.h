@@ -35,6 +35,18 @@ nlohmann::json llama_completion_result(const std::string& model, const std::stri
 // where the request asked n_probs.
 nlohmann::json llama_stream_piece(const std::string& text, const nlohmann::json& probs = nullptr);
 
+// The values a request runs with, as llama-server names them (its result's
+// "generation_settings", /props' "params"): `n_predict` as the request gave it (-1: to the
+// context's end), the seed -1 where it is kRandomSeed (drawn per request).
+nlohmann::json llama_generation_settings(const runtime::SamplingParams& s, int64_t n_predict);
+
+// What llama-server's result says beside the answer: "prompt" (the prompt's text),
+// "generation_settings" (`settings`), "has_new_line" (the whole `answer` has one, streamed or
+// not) and "tokens_cached" (`positions_held`: the positions the sequence holds after the answer,
+// which the next request may reuse as far as its prompt agrees). Merged into `extra`.
+nlohmann::json llama_request_fields(const std::string& prompt, nlohmann::json settings,
+                                    const std::string& answer, int64_t positions_held);
+
 // GET /props: what a request that gives none takes (`defaults`), the context (`ctx` positions),
 // one slot (one request at a time), the model's name and ktier's version as `build_info`. No
 // "chat_template": K3 has none (its renderer is ktier's, K3-MODEL §8.6).

@@ -361,6 +361,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
                                                           : FinishReason::kLength;
   out.cancelled = answer.client_gone() || (st.interrupted && !answer.stop_hit());
   out.usage = {prompt, st.generated_tokens, cached};
+  out.positions_held = session_ ? session_->positions() : 0;
   out.report.gen = st;
   out.report.cached_prompt_tokens = cached;
   out.report.stopped_at_stop_text = answer.stop_hit();

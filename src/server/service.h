@@ -78,6 +78,9 @@ struct Completion {
   runtime::RunReport report;
   nlohmann::json report_json;  // report.to_json, made while the engine was this request's
   bool cancelled = false;  // the client went away (or the server stops): ended early
+  // Positions the sequence holds after the answer (0 where it was dropped: an error, a pass
+  // left part-run): what the next request may reuse.
+  int64_t positions_held = 0;
   // The request asked for logprobs: one for each token of the answer, in order (a stop or
   // special token too, but in chat: its `token` is its own text, which `text` does not show); a
   // stop text drops the tokens whose text begins at it or after.

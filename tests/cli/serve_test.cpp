@@ -303,6 +303,14 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
     EXPECT_EQ(n["tokens_evaluated"], v1["usage"]["prompt_tokens"]);
     EXPECT_EQ(n["stop_type"], v1["choices"][0]["finish_reason"] == "length" ? "limit" : "eos");
     EXPECT_TRUE(n["timings"].contains("predicted_per_second"));
+    // What llama-server says of the request: its prompt's text, the values it ran with, and the
+    // positions the sequence now holds (the last token drawn is not run).
+    EXPECT_EQ(n["prompt"], "The lamp");
+    EXPECT_EQ(n["generation_settings"]["n_predict"], 3);
+    EXPECT_EQ(n["generation_settings"]["seed"], 5);
+    EXPECT_EQ(n["tokens_cached"],
+              n["tokens_evaluated"].get<int64_t>() + n["tokens_predicted"].get<int64_t>() - 1);
+    EXPECT_EQ(n["has_new_line"], n["content"].get<std::string>().find('\n') != std::string::npos);
     json stream_request = native_request;
     stream_request["stream"] = true;
     auto pieces = client.Post("/completions", stream_request.dump(), "application/json");
@@ -321,6 +329,8 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
     ASSERT_TRUE(last.is_object()) << pieces->body;
     EXPECT_EQ(last["content"], "");
     EXPECT_EQ(last["stop_type"], n["stop_type"]);
+    for (const char* field : {"prompt", "generation_settings", "has_new_line", "tokens_cached"})
+      EXPECT_EQ(last[field], n[field]) << field;
   }
   // A stop text: "word", named; the answer ends before it.
   const std::string lamp_text = v1["choices"][0]["text"];

@@ -182,6 +182,18 @@ TEST(LlamaResponse, ResultPiecesAndPropsHaveLlamaServersShape) {
   EXPECT_EQ(j["total_slots"], 1);
   EXPECT_EQ(j["model_alias"], "k3");
   EXPECT_FALSE(j.contains("chat_template"));
+  // A request's settings as /props' (its seed drawn, never -1), with what llama-server says of
+  // its request.
+  json settings = llama_generation_settings(d.sampling, -1);
+  EXPECT_EQ(settings["seed"], -1);
+  settings["seed"] = 9;
+  EXPECT_EQ(settings, params);
+  const json f = llama_request_fields("The lamp", settings, "a\nb", 7);
+  EXPECT_EQ(f["prompt"], "The lamp");
+  EXPECT_EQ(f["generation_settings"], settings);
+  EXPECT_EQ(f["has_new_line"], true);
+  EXPECT_EQ(f["tokens_cached"], 7);
+  EXPECT_EQ(llama_request_fields("", settings, "ab", 0)["has_new_line"], false);
   EXPECT_STREQ(endpoint_name(Endpoint::kCompletions), "/v1/completions");
 }
 
