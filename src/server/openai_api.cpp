@@ -68,6 +68,40 @@ Result<std::optional<int64_t>> integer_field(const json& body, const char* name,
   return std::optional<int64_t>(v);
 }
 
+// The chat prompt is K3's own render with thinking off and the generation prompt added (K3-MODEL
+// §8.6): the fields of vLLM's, SGLang's and llama-server's that ask for another are refused,
+// those that ask for that one pass (enable_thinking and continue_final_message false: with
+// the flags above).
+Status refuse_other_prompts(const json& body) {
+  const auto given = [&](const char* name) {
+    const auto it = body.find(name);
+    return it != body.end() && !it->is_null() ? &*it : nullptr;
+  };
+  if (const json* t = given("chat_template"); t && *t != "")
+    return field_error("chat_template", "K3's chat format is ktier's own; no template is read");
+  if (const json* a = given("add_generation_prompt"); a && !(a->is_boolean() && a->get<bool>()))
+    return field_error("add_generation_prompt", "the assistant's turn is always opened (true)");
+  static constexpr const char* kThinkingOff = "thinking is off in ktier serve (K3's thinking "
+                                              "effort is not built)";
+  if (const json* r = given("reasoning_effort"); r && *r != "none")
+    return field_error("reasoning_effort", std::string(kThinkingOff) + "; \"none\" only");
+  if (const json* t = given("thinking");
+      t && !(t->is_object() && t->contains("type") && (*t)["type"] == "disabled"))
+    return field_error("thinking", std::string(kThinkingOff) + "; {\"type\": \"disabled\"} only");
+  if (const json* k = given("chat_template_kwargs")) {
+    if (!k->is_object()) return field_error("chat_template_kwargs", "must be an object");
+    for (const auto& [key, value] : k->items()) {
+      if ((key == "thinking" || key == "enable_thinking") &&
+          (value.is_null() || value == false))
+        continue;
+      return field_error("chat_template_kwargs",
+                         "\"" + key + "\" is not built (" + kThinkingOff +
+                             "; only \"thinking\" or \"enable_thinking\" false pass)");
+    }
+  }
+  return Status::ok();
+}
+
 // Fields whose effect is not built: refused unless absent, null or their neutral value.
 Status refuse_unsupported(Endpoint endpoint, const json& body) {
   // Samplers of OpenAI's and llama-server's that are not built: their neutral value only.
@@ -95,7 +129,7 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
   for (const char* name :
        {"suffix", "logit_bias", "tools", "functions", "tool_choice",
         "function_call", "best_of", "grammar", "json_schema", "ignore_eos", "n_predict",
-        "return_tokens", "post_sampling_probs"}) {
+        "return_tokens", "post_sampling_probs", "enable_thinking", "continue_final_message"}) {
     const auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
         (it->is_array() && it->empty()) || (it->is_object() && it->empty()))
@@ -115,6 +149,7 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
     }
     return field_error(name, "not built in ktier serve");
   }
+  KTIER_RETURN_IF_ERROR(refuse_other_prompts(body));
   if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     const auto type = it->is_object() ? it->find("type") : it->end();
     if (!it->is_object() || type == it->end() || *type != "text")

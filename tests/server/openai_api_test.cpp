@@ -68,6 +68,14 @@ TEST(OpenAiRequest, ChatMessagesAndFieldsAreRead) {
       {"function_call", "none"},
       {"grammar", ""},
       {"suffix", ""},
+      // Asking for the prompt ktier renders: thinking off, the assistant's turn opened.
+      {"chat_template", ""},
+      {"add_generation_prompt", true},
+      {"reasoning_effort", "none"},
+      {"thinking", {{"type", "disabled"}}},
+      {"enable_thinking", false},
+      {"continue_final_message", false},
+      {"chat_template_kwargs", {{"thinking", false}, {"enable_thinking", nullptr}}},
       {"unknown_field", {1, 2}}};
   auto r = chat(body);
   ASSERT_TRUE(r.is_ok()) << r.status().message();
@@ -190,6 +198,19 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {{{"messages", kUser}, {"ignore_eos", true}}, "ignore_eos"},
       {{{"messages", kUser}, {"n_predict", 5}}, "n_predict"},
       {{{"messages", kUser}, {"echo", "yes"}}, "echo"},
+      // Another prompt than K3's render with thinking off: never silently the same one.
+      {{{"messages", kUser}, {"chat_template", "{{ messages }}"}}, "chat_template"},
+      {{{"messages", kUser}, {"add_generation_prompt", false}}, "add_generation_prompt"},
+      {{{"messages", kUser}, {"reasoning_effort", "high"}}, "reasoning_effort"},
+      {{{"messages", kUser}, {"thinking", {{"type", "enabled"}}}}, "thinking"},
+      {{{"messages", kUser}, {"thinking", true}}, "thinking"},
+      {{{"messages", kUser}, {"enable_thinking", true}}, "enable_thinking"},
+      {{{"messages", kUser}, {"continue_final_message", true}}, "continue_final_message"},
+      {{{"messages", kUser}, {"chat_template_kwargs", {{"thinking", true}}}},
+       "chat_template_kwargs"},
+      {{{"messages", kUser}, {"chat_template_kwargs", {{"tools_in_user_message", false}}}},
+       "chat_template_kwargs"},
+      {{{"messages", kUser}, {"chat_template_kwargs", "thinking"}}, "chat_template_kwargs"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.body.dump());
