@@ -40,7 +40,8 @@ INSTANTIATE_TEST_SUITE_P(Isas, Conformance, ::testing::ValuesIn(kAllIsas), IsaPa
 // must pass its tolerance and also stay within kMarginSlack times the README's larger measured
 // margin (float64 / naive f32), which leaves room for a different but sound rounding order (the
 // kernels land at 0.9-1.07 of it). At 3 the cap was above 1 for kda_layer8 and layer_kda, so
-// only the tolerance held them.
+// only the tolerance held them. Where the README gives no margin (KDA states, the MLA cache) the
+// cap is of the float64 oracle's (tools/reference, whose other margins are the README's).
 constexpr double kMarginSlack = 1.5;
 
 void expect_case(const std::string& what, const ToleranceResult& r, double readme_max,
@@ -139,7 +140,9 @@ TEST_P(Conformance, KdaDecayGate) {
   EXPECT_EQ(static_cast<double>(alpha.size()), fx.number("n_alpha_total"));
 }
 
-void run_recurrence_case(const char* name, double readme_max, const char* readme) {
+// `state_f64`: the float64 oracle's margin for state_out (the README gives none).
+void run_recurrence_case(const char* name, double readme_max, const char* readme,
+                         double state_f64) {
   const Fixture fx = Fixture::load_op(name);
   const Tensor q = fx.tensor("q");  // [T, H, Dk]
   const int64_t T = q.shape[0];
@@ -153,12 +156,19 @@ void run_recurrence_case(const char* name, double readme_max, const char* readme
   const auto r = check_tolerance(out, fx.tensor("out").data);
   const auto rs = check_tolerance(S, fx.tensor("state_out").data);
   expect_case(std::string(name) + " out", r, readme_max, readme);
-  expect_case(std::string(name) + " state_out", rs, readme_max, readme);
+  expect_case(std::string(name) + " state_out", rs, state_f64,
+              "- (float64 oracle " + std::to_string(state_f64) + ")");
 }
-TEST_P(Conformance, KdaRecurrence1) { run_recurrence_case("kda_recur1", 0.006, "0.006 / 0.005"); }
-TEST_P(Conformance, KdaRecurrence8) { run_recurrence_case("kda_recur8", 0.061, "0.047 / 0.061"); }
+TEST_P(Conformance, KdaRecurrence1) {
+  run_recurrence_case("kda_recur1", 0.006, "0.006 / 0.005", 0.0048);
+}
+TEST_P(Conformance, KdaRecurrence8) {
+  run_recurrence_case("kda_recur8", 0.061, "0.047 / 0.061", 0.044);
+}
 
-void run_kda_layer_case(const char* name, double readme_max, const char* readme) {
+// `state_f64`: as run_recurrence_case's.
+void run_kda_layer_case(const char* name, double readme_max, const char* readme,
+                        double state_f64) {
   const Fixture fx = Fixture::load_op(name);
   const int H = static_cast<int>(fx.number("H")), D = static_cast<int>(fx.number("d_k"));
   const KdaWeights w = load_kda(fx, false, H, D, fx.number("lower_bound"), fx.number("rms_eps"));
@@ -171,7 +181,8 @@ void run_kda_layer_case(const char* name, double readme_max, const char* readme)
   const auto r = check_tolerance(out, fx.tensor("out").data);
   const auto rs = check_tolerance(st.S, fx.tensor("state_out").data);
   expect_case(std::string(name) + " out", r, readme_max, readme);
-  expect_case(std::string(name) + " state_out", rs, readme_max, readme);
+  expect_case(std::string(name) + " state_out", rs, state_f64,
+              "- (float64 oracle " + std::to_string(state_f64) + ")");
   // One token at a time, carrying S and the conv histories: bit-identical to the batched run.
   KdaState st1 = KdaState::zeros(w);
   std::vector<float> out1(T * E);
@@ -183,8 +194,10 @@ void run_kda_layer_case(const char* name, double readme_max, const char* readme)
       compare_bits(st.hist_v.data(), st1.hist_v.data(), static_cast<int64_t>(st.hist_v.size())),
       "");
 }
-TEST_P(Conformance, KdaLayer1) { run_kda_layer_case("kda_layer1", 0.034, "0.016 / 0.034"); }
-TEST_P(Conformance, KdaLayer8) { run_kda_layer_case("kda_layer8", 0.50, "0.50 / 0.36"); }
+TEST_P(Conformance, KdaLayer1) {
+  run_kda_layer_case("kda_layer1", 0.034, "0.016 / 0.034", 0.0055);
+}
+TEST_P(Conformance, KdaLayer8) { run_kda_layer_case("kda_layer8", 0.50, "0.50 / 0.36", 0.017); }
 
 TEST_P(Conformance, RouterSetsAndWeightsById) {
   const Fixture fx = Fixture::load_op("router");
@@ -276,8 +289,8 @@ TEST_P(Conformance, MlaAbsorbedAndPrefillThenDecode) {
   const auto rc = check_tolerance(cache.c, fx.tensor("kv_latent").data);
   const auto rr = check_tolerance(cache.r, fx.tensor("k_rope").data);
   expect_case("mla out (eps_lr 1e-6, absorbed)", r, 0.13, "0.09 / 0.13 (0.12 with 1e-6)");
-  expect_case("mla kv_latent", rc, 0.0, "-");
-  expect_case("mla k_rope", rr, 0.0, "-");
+  expect_case("mla kv_latent", rc, 0.019, "- (float64 oracle 0.019)");
+  expect_case("mla k_rope", rr, 0.028, "- (float64 oracle 0.028)");
   // Prefill 3, then 3 single decode steps through the cache: bit-identical to prefill 6.
   MlaCache c2;
   std::vector<float> out2(T * E);

@@ -311,9 +311,12 @@ TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
     EXPECT_LE(r.worst_ratio, 1.0);
     EXPECT_LE(r.worst_ratio, kMarginSlack * 0.13) << "far above the README's 0.13";
     const std::vector<float> latent(cache.c.data(), cache.c.data() + cache.c.size());
-    EXPECT_LE(cpu::test::check_tolerance(latent, mla.tensor("kv_latent").data).worst_ratio, 1.0);
+    // Caps of the float64 oracle's margins (the README gives none), as the kernels' test.
+    EXPECT_LE(cpu::test::check_tolerance(latent, mla.tensor("kv_latent").data).worst_ratio,
+              kMarginSlack * 0.019);
     const std::vector<float> rope(cache.r.data(), cache.r.data() + cache.r.size());
-    EXPECT_LE(cpu::test::check_tolerance(rope, mla.tensor("k_rope").data).worst_ratio, 1.0);
+    EXPECT_LE(cpu::test::check_tolerance(rope, mla.tensor("k_rope").data).worst_ratio,
+              kMarginSlack * 0.028);
     model::MlaCache& cache2 = split->layers[static_cast<size_t>(l)].mla;
     ASSERT_TRUE(model::mla_block(lw.mla, c, x.data(), 3, cache2, out2.data(), *h.be).is_ok());
     for (int64_t t = 3; t < T; ++t)
