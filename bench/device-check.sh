@@ -176,6 +176,8 @@ step "CUDA op tests: every op against the CPU reference (backend_test)"
 # binary without the carried loader, which this machine's glibc cannot start.
 DEATH_FILTER=()
 [ ${#X[@]} -gt 0 ] && DEATH_FILTER=('--gtest_filter=-EmulatedDeviceDeathTest.*')
+# The conformance vectors its BackendConformance cases read, carried in the bundle.
+[ -d "$B/conformance" ] && export KTIER_CONFORMANCE_DIR="$(cd "$B/conformance" && pwd)"
 in_time && gtest backend_test 100 "$B/backend_test" --gtest_death_test_style=threadsafe \
   "${DEATH_FILTER[@]}"
 step "GPU mode end to end on tiny, prompt cache save/restore (runtime_test)"

@@ -26,6 +26,14 @@ cp "$BUILD_DIR/ktier" "$BUILD_DIR/libktier_cuda.so" build-device/
 cp "$BUILD_DIR/tests/backend/backend_test" "$BUILD_DIR/tests/runtime/runtime_test" build-device/
 # Debug info would exceed the 64 MiB a device call carries.
 strip build-device/ktier build-device/backend_test build-device/runtime_test
+# The conformance vectors backend_test's BackendConformance cases read (3 MB; the device machine
+# has no ../shared): device-check.sh points KTIER_CONFORMANCE_DIR at them.
+conformance=$(sed -n 's/^KTIER_CONFORMANCE_DIR:PATH=//p' "$BUILD_DIR/CMakeCache.txt")
+mkdir -p build-device/conformance/ops
+cp "$conformance/mxfp4.json" build-device/conformance/
+for op in rmsnorm situ_glu shortconv kda_decay kda_recur1 kda_recur8 router attnres; do
+  cp "$conformance/ops/$op.json" build-device/conformance/ops/
+done
 # Insurance against an older C library there (the GPU machine's OS is not recorded): this
 # machine's loader and the glibc libraries that the binaries, the driver and cuBLAS link.
 # bench/device-check.sh runs the binaries through that loader only if they do not start as
@@ -47,7 +55,8 @@ doctor=$(KTIER_CUDA_MODULE="$PWD/build-device/libktier_cuda.so" build-device/kti
 echo "$doctor" | grep '^cuda:' || true
 echo "$doctor" | grep -q '^cuda: module .* loaded' ||
   { echo "$doctor"; echo "the bundle's module did not load"; exit 1; }
-build-device/backend_test --gtest_brief=1 >build-device/bundle-check-backend.log 2>&1 ||
+KTIER_CONFORMANCE_DIR="$PWD/build-device/conformance" build-device/backend_test --gtest_brief=1 \
+  >build-device/bundle-check-backend.log 2>&1 ||
   { tail -20 build-device/bundle-check-backend.log; echo "backend_test fails without a GPU"; exit 1; }
 build-device/runtime_test --gtest_brief=1 --gtest_filter='DeviceMode*:*PromptCache*' \
   >build-device/bundle-check-runtime.log 2>&1 ||
