@@ -4,8 +4,8 @@
 // code that decodes: the layer's tensors under their released names go through bind_layer
 // (K3-MODEL §4), the MANIFEST config through parse_model_config, and the layer through
 // Model::layer (AttnRes mixes, norms, the KDA or MLA block, shared and routed experts from an
-// ExpertSource), on every kernel set this CPU runs. The MLA and MoE op vectors (ops/mla.json,
-// ops/moe.json) go through the engine's blocks the same way.
+// ExpertSource), on every kernel set this CPU runs. The MLA, MoE and KDA op vectors
+// (ops/mla.json, ops/moe.json, ops/kda_layer*.json) go through the engine's blocks the same way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -81,7 +81,7 @@ class LayerTensors {
     if (v.empty()) {
       const Fixture* fx = holder(key);
       EXPECT_NE(fx, nullptr) << key;
-      if (fx != nullptr) v = fx->f32(op_key(key));
+      if (fx != nullptr) v = fx->f32(field(*fx, key));
     }
     return v;
   }
@@ -103,9 +103,24 @@ class LayerTensors {
       if (key.rfind(prefix, 0) == 0) return key.substr(std::string(prefix).size());
     return key;
   }
+  // The field of `fx` holding `key`: its op key, or the short name the KDA op vectors
+  // (ops/kda_layer*.json) give it ("q_proj" for "q_proj_weight"); "" for none.
+  std::string field(const Fixture& fx, const std::string& key) const {
+    const std::string k = op_key(key);
+    if (fx.has(k)) return k;
+    static const std::map<std::string, std::string> kda_short = {
+        {"q_proj_weight", "q_proj"},     {"k_proj_weight", "k_proj"},
+        {"v_proj_weight", "v_proj"},     {"g_proj_weight", "g_proj"},
+        {"o_proj_weight", "o_proj"},     {"b_proj_weight", "b_proj"},
+        {"f_a_proj_weight", "f_a"},      {"f_b_proj_weight", "f_b"},
+        {"q_conv1d_weight", "q_conv"},   {"k_conv1d_weight", "k_conv"},
+        {"v_conv1d_weight", "v_conv"},   {"o_norm_weight", "o_norm"}};
+    const auto it = kda_short.find(k);
+    return !ones_.empty() && it != kda_short.end() && fx.has(it->second) ? it->second : "";
+  }
   const Fixture* holder(const std::string& key) const {
     for (const Fixture* fx : fixtures_)
-      if (fx->has(op_key(key))) return fx;
+      if (!field(*fx, key).empty()) return fx;
     return nullptr;
   }
 
@@ -350,6 +365,61 @@ TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
                                    shared1.data() + t * E, 1, out1.data() + t * E, *h.be).is_ok());
     }
     EXPECT_EQ(cpu::test::compare_bits(out.data(), out1.data(), T * E), "");
+  }
+}
+
+// The engine's own KDA block (model::kda_block) on the KDA op vectors ops/kda_layer1.json and
+// ops/kda_layer8.json (README §5.6: one token; 8 tokens, the margin 0.5), bound by bind_layer as
+// the MANIFEST config's first KDA layer with a MoE (ops/moe.json's tensors, not run): the
+// output and state within the rule and near the README's margins, one token at a time the same
+// bytes. tests/cpu runs them through the test's own composition.
+TEST_P(ConformanceLayer, KdaBlockOnTheOpVectors) {
+  const Fixture moe = Fixture::load_op("moe");
+  auto parsed = format::parse_model_config(Fixture::load_op("MANIFEST").json().at("config"),
+                                           "MANIFEST.json config");
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
+  const format::ModelConfig& c = parsed.value();
+  int64_t l = 0;
+  while (l < c.num_hidden_layers && (c.is_mla(l) || c.is_dense(l))) ++l;
+  ASSERT_LT(l, c.num_hidden_layers);
+  struct Case {
+    const char* name;
+    double readme_max, state_f64;  // README's larger margin; the float64 oracle's for the state
+    const char* readme;
+  };
+  for (const Case& k : {Case{"kda_layer1", 0.034, 0.0055, "0.016 / 0.034"},
+                        Case{"kda_layer8", 0.50, 0.017, "0.50 / 0.36"}}) {
+    SCOPED_TRACE(k.name);
+    const Fixture kda = Fixture::load_op(k.name);
+    ASSERT_EQ(static_cast<int64_t>(kda.number("H")), c.kda_num_heads);
+    ASSERT_EQ(static_cast<int64_t>(kda.number("d_k")), c.kda_head_dim);
+    ASSERT_EQ(kda.number("rms_eps"), c.rms_norm_eps);
+    ASSERT_EQ(kda.number("lower_bound"), c.gate_lower_bound);
+    LayerTensors tensors({&kda, &moe}, l, c.hidden_size);
+    auto bound = model::bind_layer(c, l, tensors.lookup());
+    ASSERT_TRUE(bound.is_ok()) << bound.status().message();
+    Harness h(tensors, c, GetParam());
+    const int64_t E = c.hidden_size;
+    const std::vector<float> x = kda.tensor("in").f32();
+    const int64_t T = static_cast<int64_t>(x.size()) / E;
+    auto all = h.model.new_sequence(T), one = h.model.new_sequence(T);
+    ASSERT_TRUE(all.is_ok() && one.is_ok());
+    model::KdaState& st = all->layers[static_cast<size_t>(l)].kda;
+    std::vector<float> out = cpu::test::poisoned(T * E), out1 = cpu::test::poisoned(T * E);
+    ASSERT_TRUE(model::kda_block(bound->kda, c, x.data(), T, st, out.data(), *h.be).is_ok());
+    const auto r = cpu::test::check_tolerance(out, kda.tensor("out").data);
+    cpu::test::report_ratio(std::string(k.name) + " through model::kda_block", r, k.readme);
+    EXPECT_LE(r.worst_ratio, 1.0);
+    EXPECT_LE(r.worst_ratio, kMarginSlack * k.readme_max);
+    const std::vector<float> S(st.S.data(), st.S.data() + st.S.size());
+    EXPECT_LE(cpu::test::check_tolerance(S, kda.tensor("state_out").data).worst_ratio,
+              kMarginSlack * k.state_f64);
+    model::KdaState& st1 = one->layers[static_cast<size_t>(l)].kda;
+    for (int64_t t = 0; t < T; ++t)
+      ASSERT_TRUE(model::kda_block(bound->kda, c, x.data() + t * E, 1, st1, out1.data() + t * E,
+                                   *h.be).is_ok());
+    EXPECT_EQ(cpu::test::compare_bits(out.data(), out1.data(), T * E), "");
+    EXPECT_EQ(cpu::test::compare_bits(st.S.data(), st1.S.data(), st.S.size()), "");
   }
 }
 
