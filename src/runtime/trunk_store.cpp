@@ -399,9 +399,7 @@ Status TrunkStore::read_now(const pack::Record& r, uint8_t* dst, uint8_t* stagin
   std::vector<io::ReadRequest> batch;
   for (const Source& src : sources_of(r))
     batch.push_back({src.file, src.offset, src.length, into + src.dst_offset, 0});
-  io::CompletionQueue cq(*engine_);
-  KTIER_RETURN_IF_ERROR(cq.submit(batch));
-  KTIER_RETURN_IF_ERROR(cq.wait_all());
+  KTIER_RETURN_IF_ERROR(io::read_all(*engine_, batch));
   if (r.compressed) {
     std::vector<uint32_t> all(r.blocks.size());
     for (uint32_t b = 0; b < all.size(); ++b) all[b] = b;
@@ -652,15 +650,13 @@ Status TrunkStore::embed(std::span<const int32_t> ids, float* out) {
   // In batches that fit the fixed row buffer (its size is part of the budget's minimum).
   const size_t per_batch = std::max<size_t>(1, row_buf_.size() / row_bytes);
   const cpu::WeightType type = model::weight_type_of(t.dtype);
-  io::CompletionQueue cq(*engine_);
   for (size_t b0 = 0; b0 < ids.size(); b0 += per_batch) {
     const size_t n = std::min(per_batch, ids.size() - b0);
     std::vector<io::ReadRequest> batch;
     for (size_t i = 0; i < n; ++i)
       batch.push_back({file, base + static_cast<uint64_t>(ids[b0 + i]) * row_bytes, row_bytes,
                        row_buf_.data() + i * row_bytes, 0});
-    KTIER_RETURN_IF_ERROR(cq.submit(batch));
-    KTIER_RETURN_IF_ERROR(cq.wait_all());
+    KTIER_RETURN_IF_ERROR(io::read_all(*engine_, batch));
     for (size_t i = 0; i < n; ++i) {
       const uint8_t* row = row_buf_.data() + i * row_bytes;
       const int32_t id = ids[b0 + i];
@@ -681,7 +677,6 @@ Status TrunkStore::verify_embed_record() {
   const uint64_t vocab = static_cast<uint64_t>(config().vocab_size);
   const uint64_t row_bytes = t.nbytes / vocab;
   const Xxh3State state = new_xxh3_state();
-  io::CompletionQueue cq(*engine_);
   // Pieces of whole rows (the bytes before and after the rows on their own), so that each row's
   // checksum is taken from the same bytes as the record's.
   const uint64_t rows_per_piece = std::max<uint64_t>(1, row_buf_.size() / row_bytes);
@@ -697,8 +692,7 @@ Status TrunkStore::verify_embed_record() {
       n = std::min(r.size - off, row_buf_.size());
     }
     const io::ReadRequest req{&pack_file_, r.offset + off, n, row_buf_.data(), 0};
-    st = cq.submit(std::span<const io::ReadRequest>(&req, 1));
-    if (st.is_ok()) st = cq.wait_all();
+    st = io::read_all(*engine_, std::span<const io::ReadRequest>(&req, 1));
     if (!st.is_ok()) break;
     XXH3_64bits_update(state.get(), row_buf_.data(), n);
     if (off >= t.offset && off < t.offset + vocab * row_bytes)
