@@ -1,8 +1,8 @@
 // The conformance vectors (../shared/conformance) through the Backend interface, on every
 // backend: the CPU, and CUDA where a GPU is (its kernels run by the host emulation in every
-// build, tests/CMakeLists.txt). Conformance README §2: "the CUDA path uses the same rules" — each
-// op case must pass the README's tolerance rule (worst ratio <= 1; the router's sets exactly, the
-// decay gate within 1e-5), and the packed product of the real released MXFP4 bytes (README §6)
+// build, tests/CMakeLists.txt). Conformance README §2: "the CUDA path uses the same rules":
+// each op case must pass the README's tolerance rule (worst ratio <= 1; the router's sets
+// exactly, the decay gate within 1e-5), and the packed product of the real released MXFP4 bytes (README §6)
 // must agree with the CPU reference within its derived bound. tests/cpu/conformance_test.cpp
 // also pins the CPU kernels' margins near the README's; the blocks and layers go through
 // tests/model. Outputs start poisoned: one never written fails.
@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -106,7 +105,8 @@ TEST_P(BackendConformance, ShortConvWithHistoryContinuation) {
   const std::vector<float> got_hist = hist.host(), want_hist = fx.f32("state_after");  // [C, K-1]
   for (int64_t c = 0; c < C; ++c)
     for (int q = 0; q < K - 1; ++q)
-      ASSERT_EQ(got_hist[q * C + c], want_hist[c * (K - 1) + q]) << "channel " << c << " slot " << q;
+      ASSERT_EQ(got_hist[q * C + c], want_hist[c * (K - 1) + q])
+          << "channel " << c << " slot " << q;
   auto out_next = Array<float>::poisoned(*be_, C);
   ASSERT_TRUE(
       be_->kda_short_conv(next.data(), 1, C, w.data(), K, hist.data(), out_next.data()).is_ok());
@@ -177,25 +177,11 @@ TEST_P(BackendConformance, RouterSetsAndWeightsById) {
   ASSERT_TRUE(be_->router_topk(logits.data(), bias.data(), T, n_exp, k, true, 1.0, ids.data(),
                                weights.data())
                   .is_ok());
-  const std::vector<int32_t> got_ids = ids.host();
-  const std::vector<float> got_w = weights.host();
-  const Tensor want_ids = fx.tensor("topk_idx"), want_w = fx.tensor("topk_weight");
   std::vector<float> got_by_id;
   std::vector<double> want_by_id;
-  for (int64_t t = 0; t < T; ++t) {
-    std::set<int> got_set, want_set;
-    for (int j = 0; j < k; ++j) {
-      got_set.insert(got_ids[t * k + j]);
-      want_set.insert(static_cast<int>(want_ids.data[t * k + j]));
-    }
-    ASSERT_EQ(got_set, want_set) << "row " << t;
-    for (int j = 0; j < k; ++j) {
-      const int id = static_cast<int>(want_ids.data[t * k + j]);
-      const auto at = std::find(got_ids.begin() + t * k, got_ids.begin() + (t + 1) * k, id);
-      got_by_id.push_back(got_w[static_cast<size_t>(at - got_ids.begin())]);
-      want_by_id.push_back(want_w.data[t * k + j]);
-    }
-  }
+  ASSERT_EQ(cpu::test::router_weights_by_id(fx, ids.host(), weights.host(), k, got_by_id,
+                                            want_by_id),
+            "");
   expect_rule("router weights (by id)", got_by_id, want_by_id, "0.002 / 0.003");
 }
 

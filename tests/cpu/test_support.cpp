@@ -1,5 +1,6 @@
 #include "test_support.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -78,6 +79,27 @@ double max_abs_diff(const std::vector<float>& got, const std::vector<double>& wa
     m = std::isnan(d) ? INFINITY : std::max(m, d);
   }
   return m;
+}
+
+std::string router_weights_by_id(const Fixture& fx, const std::vector<int32_t>& ids,
+                                 const std::vector<float>& weights, int k,
+                                 std::vector<float>& got, std::vector<double>& want) {
+  const Tensor want_ids = fx.tensor("topk_idx"), want_w = fx.tensor("topk_weight");
+  const size_t rows = want_ids.data.size() / static_cast<size_t>(k);
+  if (ids.size() != want_ids.data.size() || weights.size() != ids.size())
+    return "the router gave " + std::to_string(ids.size()) + " ids for " +
+           std::to_string(want_ids.data.size());
+  for (size_t t = 0; t < rows; ++t) {
+    const auto row = ids.begin() + static_cast<std::ptrdiff_t>(t * k);
+    for (int j = 0; j < k; ++j) {
+      const int id = static_cast<int>(want_ids.data[t * k + j]);
+      const auto at = std::find(row, row + k, id);
+      if (at == row + k) return "row " + std::to_string(t) + " lacks expert " + std::to_string(id);
+      got.push_back(weights[static_cast<size_t>(at - ids.begin())]);
+      want.push_back(want_w.data[t * k + j]);
+    }
+  }
+  return "";
 }
 
 void report_ratio(const std::string& what, const ToleranceResult& r, const std::string& readme) {

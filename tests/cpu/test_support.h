@@ -55,6 +55,13 @@ ToleranceResult check_tolerance(const std::vector<float>& got, const std::vector
                                 double abs_tol = 1e-5, double rel_tol = 1e-4);
 double max_abs_diff(const std::vector<float>& got, const std::vector<double>& want);
 
+// The router vector (ops/router.json, README §5.8) against a router's `ids` and `weights` [T, k]:
+// "" where every row selected the vector's set of experts (in any order), else the first row
+// that did not. `got`, `want`: the weights paired by expert id (check_tolerance's inputs).
+std::string router_weights_by_id(const Fixture& fx, const std::vector<int32_t>& ids,
+                                 const std::vector<float>& weights, int k,
+                                 std::vector<float>& got, std::vector<double>& want);
+
 // Prints "[conformance] <what>: worst ratio R (README measured M)" so runs can be compared with
 // the margins of README §5.
 void report_ratio(const std::string& what, const ToleranceResult& r, const std::string& readme);
