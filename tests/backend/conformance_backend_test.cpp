@@ -2,10 +2,10 @@
 // backend: the CPU, and CUDA where a GPU is (its kernels run by the host emulation in every
 // build, tests/CMakeLists.txt). Conformance README §2: "the CUDA path uses the same rules":
 // each op case must pass the README's tolerance rule (worst ratio <= 1; the router's sets
-// exactly, the decay gate within 1e-5), and the packed product of the real released MXFP4 bytes (README §6)
-// must agree with the CPU reference within its derived bound. tests/cpu/conformance_test.cpp
-// also pins the CPU kernels' margins near the README's; the blocks and layers go through
-// tests/model. Outputs start poisoned: one never written fails.
+// exactly, the decay gate within 1e-5), and the packed product of the real released MXFP4
+// bytes (README §6) must agree with the CPU reference within its derived bound.
+// tests/cpu/conformance_test.cpp also pins the CPU kernels' margins near the README's; the
+// blocks and layers go through tests/model. Outputs start poisoned: one never written fails.
 #include <gtest/gtest.h>
 
 #include <algorithm>
