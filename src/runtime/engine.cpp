@@ -311,10 +311,18 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& requested) {
 
 Status Engine::explain_nonfinite(const Status& s) const {
   if (!is_nonfinite_logits(s)) return s;
-  // FiniteTrunk checked every trunk value before a kernel read it (a weight that is not
-  // finite stops the run there, named): no scan of the shards would find one now.
-  return s.with_note("Every weight the trunk reads is finite (each is checked before its first "
-                     "use): activations overflowed, or routed experts' values did");
+  std::lock_guard<std::mutex> lock(nonfinite_mutex_);
+  if (!nonfinite_note_) {
+    spdlog::info("looking for a weight that is not finite in {} ...", ckpt_.dir().string());
+    Result<std::optional<std::string>> found = find_nonfinite_weight(ckpt_);
+    if (!found.is_ok())
+      return s.with_note("Looking for the weight that is not finite failed: " +
+                         found.status().message());
+    nonfinite_note_ = *found ? "The checkpoint's bytes are damaged: " + **found
+                             : "Every weight of the checkpoint the trunk reads is finite: "
+                               "activations overflowed, or a pack or expert bytes differ";
+  }
+  return s.with_note(*nonfinite_note_);
 }
 
 }  // namespace ktier::runtime

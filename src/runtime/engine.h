@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -82,8 +83,8 @@ class Engine {
   int threads() const { return pool_->size(); }
 
   // `s`, and where it is an error of values not finite (is_nonfinite_logits: the logits, a
-  // router's scores), a note that no trunk weight is the cause (FiniteTrunk stops a run at the
-  // first that is not finite, naming it). Thread-safe.
+  // router's scores), the first weight of the checkpoint that is not finite
+  // (find_nonfinite_weight: read on the first such error only), or that none is. Thread-safe.
   Status explain_nonfinite(const Status& s) const;
 
  private:
@@ -120,6 +121,8 @@ class Engine {
   std::vector<void*> pinned_host_;
   uint64_t pinned_host_bytes_ = 0, pin_refused_bytes_ = 0;
   EnginePlan plan_;  // open_plan's: the options with lookahead decided, where everything goes
+  mutable std::mutex nonfinite_mutex_;                 // guards nonfinite_note_
+  mutable std::optional<std::string> nonfinite_note_;  // explain_nonfinite's, once read
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;

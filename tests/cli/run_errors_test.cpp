@@ -242,9 +242,9 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     EXPECT_NE(r.err.find("the logits after 2 positions hold +Inf (first at id 7)"),
               std::string::npos) << r.err;
     EXPECT_EQ(r.out, "");
-    // The error says where: no weight is not finite (each was checked before its first use).
-    const std::string why = "Every weight the trunk reads is finite (each is checked before its "
-                            "first use): activations overflowed";
+    // The error says where: no weight is not finite (looked for once the logits were seen).
+    const std::string why = "Every weight of the checkpoint the trunk reads is finite: "
+                            "activations overflowed";
     EXPECT_NE(r.err.find(why), std::string::npos) << r.err;
     EXPECT_EQ(ev.exit_code, 3) << ev.err;  // eval --argmax reports no id from them either
     EXPECT_NE(ev.err.find("the logits after 1 position hold +Inf"), std::string::npos) << ev.err;
