@@ -68,8 +68,9 @@ class DeviceTrunk final : public model::TrunkSource {
   const format::ModelConfig& config() const override { return host_.config(); }
   ~DeviceTrunk() override;
   // A streamed layer comes from its slot: copied ahead by the previous release_layer, else now.
-  // Errors: the host's and the backend's; a failure of the copy ahead (which release_layer
-  // cannot return) is returned by the next acquire of a streamed layer.
+  // Errors: the host's and the backend's; a failed fence or copy wait in release_layer (which
+  // cannot return it) by the next acquire of a streamed layer. A failed copy ahead is not an
+  // error: the slot holds no layer, and the layer is copied again when acquired.
   Result<const model::LayerWeights*> acquire_layer(int64_t l) override;
   void release_layer(int64_t l) override;
   const model::HeadWeights& head() const override { return head_; }

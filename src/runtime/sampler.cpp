@@ -43,9 +43,9 @@ bool penalizes(const SamplingParams& p) {
 uint64_t resolve_seed(uint64_t seed) {
   if (seed != kRandomSeed) return seed;
   std::random_device rd;
-  uint64_t s = kRandomSeed;
-  while (s == kRandomSeed) s = (uint64_t{rd()} << 32) ^ rd();
-  return s;
+  // Below 2^53: a drawn seed a report or a response shows goes back unchanged through any JSON
+  // reader (a double's integers) and a request's signed seed field.
+  return ((uint64_t{rd()} << 32) ^ rd()) & ((uint64_t{1} << 53) - 1);
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {

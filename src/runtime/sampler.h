@@ -34,7 +34,8 @@ namespace ktier::runtime {
 // The seed that asks for a random one, as llama.cpp's -1 (`-s -1`, serve's default): the caller
 // draws it with resolve_seed() before sampling, so that the seed used can be printed.
 inline constexpr uint64_t kRandomSeed = UINT64_MAX;
-// `seed`, or a fresh one from std::random_device (never kRandomSeed) when it is kRandomSeed.
+// `seed`, or a fresh one from std::random_device, below 2^53 (so never kRandomSeed), when it is
+// kRandomSeed.
 uint64_t resolve_seed(uint64_t seed);
 
 struct SamplingParams {

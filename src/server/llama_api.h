@@ -36,8 +36,9 @@ nlohmann::json llama_completion_result(const std::string& model, const std::stri
 nlohmann::json llama_stream_piece(const std::string& text, const nlohmann::json& probs = nullptr);
 
 // The values a request runs with, as llama-server names them (its result's
-// "generation_settings", /props' "params"): `n_predict` as the request gave it (-1: to the
-// context's end), the seed -1 where it is kRandomSeed (drawn per request).
+// "generation_settings", /props' "params"): `n_predict`, the most tokens it may generate (the
+// request's capped to the context's room, or the server's -n; -1: to the context's end), the
+// seed -1 where it is kRandomSeed (drawn per request).
 nlohmann::json llama_generation_settings(const runtime::SamplingParams& s, int64_t n_predict);
 
 // What llama-server's result says beside the answer: "prompt" (the prompt's text),

@@ -86,8 +86,9 @@ Status refuse_other_prompts(const json& body) {
   if (const json* r = given("reasoning_effort"); r && *r != "none")
     return field_error("reasoning_effort", std::string(kThinkingOff) + "; \"none\" only");
   if (const json* t = given("thinking");
-      t && !(t->is_object() && t->contains("type") && (*t)["type"] == "disabled"))
-    return field_error("thinking", std::string(kThinkingOff) + "; {\"type\": \"disabled\"} only");
+      t && *t != false && !(t->is_object() && t->contains("type") && (*t)["type"] == "disabled"))
+    return field_error("thinking",
+                       std::string(kThinkingOff) + "; false or {\"type\": \"disabled\"} only");
   if (const json* k = given("chat_template_kwargs")) {
     if (!k->is_object()) return field_error("chat_template_kwargs", "must be an object");
     for (const auto& [key, value] : k->items()) {

@@ -182,8 +182,8 @@ TEST(LlamaResponse, ResultPiecesAndPropsHaveLlamaServersShape) {
   EXPECT_EQ(j["total_slots"], 1);
   EXPECT_EQ(j["model_alias"], "k3");
   EXPECT_FALSE(j.contains("chat_template"));
-  // A request's settings as /props' (its seed drawn, never -1), with what llama-server says of
-  // its request.
+  // The settings' function is /props' params (-1 for the random seed; a request's own seed is
+  // drawn before it is shown), with what llama-server says of its request.
   json settings = llama_generation_settings(d.sampling, -1);
   EXPECT_EQ(settings["seed"], -1);
   settings["seed"] = 9;

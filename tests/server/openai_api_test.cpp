@@ -109,6 +109,12 @@ TEST(OpenAiRequest, ARandomDefaultSeedIsDrawnForEachRequest) {
     auto r = parse_text(Endpoint::kCompletions, R"({"prompt": "a"})", d);
     ASSERT_TRUE(r.is_ok()) << r.status().message();
     EXPECT_NE(r->sampling.seed, runtime::kRandomSeed);
+    // Below 2^53: shown in a response, it goes back as a request's seed unchanged.
+    EXPECT_LT(r->sampling.seed, uint64_t{1} << 53);
+    const json again = {{"prompt", "a"}, {"seed", json::parse(json(r->sampling.seed).dump())}};
+    auto reused = parse_text(Endpoint::kCompletions, again.dump(), d);
+    ASSERT_TRUE(reused.is_ok()) << reused.status().message();
+    EXPECT_EQ(reused->sampling.seed, r->sampling.seed);
     seeds.insert(r->sampling.seed);
   }
   EXPECT_EQ(seeds.size(), 4u);
@@ -228,6 +234,8 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
     ASSERT_FALSE(r.is_ok()) << body.dump();
     EXPECT_NE(r.status().message().find("\"prompt\""), std::string::npos);
   }
+  // thinking false, as {"type": "disabled"}, asks for the prompt ktier renders.
+  EXPECT_TRUE(chat({{"messages", kUser}, {"thinking", false}}).is_ok());
   // echo: completions' only (with max_tokens 0 allowed there).
   auto r = chat({{"messages", kUser}, {"echo", true}});
   ASSERT_FALSE(r.is_ok());
