@@ -77,7 +77,7 @@ TrunkSizes sizes_of(const std::vector<pack::Record>& records, const format::Mode
   const size_t L = static_cast<size_t>(c.num_hidden_layers);
   z.head = records[L].size;
   const uint64_t row_bytes = records[L + 1].tensors.at(0).nbytes / static_cast<uint64_t>(c.vocab_size);
-  z.row_buf = pack::align_up(row_bytes * 64, 4096);  // fixed: embed() reads as many rows a batch
+  z.row_buf = pack::align_up(row_bytes * 64, 4096);  // fixed: embed() batches rows to fit it
   if (pack) z.row_sums = static_cast<uint64_t>(c.vocab_size) * sizeof(uint64_t);
   for (size_t l = 0; l < L; ++l) {
     z.largest = std::max(z.largest, records[l].size);
