@@ -140,10 +140,12 @@ Status GenerationSession::forward(std::span<const int32_t> ids, model::LogitRows
   return Status::ok();
 }
 
-void GenerationSession::configure_turns(int64_t max_new_tokens, const SamplingParams& sampling) {
+void GenerationSession::configure_turns(int64_t max_new_tokens, const SamplingParams& sampling,
+                                        std::vector<int32_t> stop_ids) {
   KTIER_CHECK(max_new_tokens >= 0 && validate(sampling).is_ok());
   opts_.max_new_tokens = max_new_tokens;
   opts_.sampling = sampling;
+  opts_.stop_ids = std::move(stop_ids);
   sampler_ = Sampler(sampling);
 }
 

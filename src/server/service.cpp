@@ -27,9 +27,9 @@ Service::Service(runtime::Engine& engine, const tok::Tokenizer& tokenizer,
                  tok::ChatMarkers markers, ServiceOptions options)
     : engine_(engine), tokenizer_(tokenizer), markers_(markers), options_(std::move(options)) {
   const format::ModelConfig& cfg = engine_.checkpoint().config();
+  // Every answer ends at the config's stop ids (K3-MODEL §8.6: <|end_of_msg|>); chat's also
+  // where the response element closes (stop_ids_for).
   gen_.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
-  // The response element closes: what follows is markup, not the answer (as `run --chat`).
-  gen_.stop_ids.push_back(static_cast<int32_t>(markers_.close));
   gen_.prefill_chunk = options_.prefill_chunk;
   gen_.reserve_positions = options_.ctx;
   gen_.sampling = options_.defaults.sampling;
@@ -79,6 +79,16 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   const bool context_end = to_context_end || asked > room;
   return PreparedRequest{std::move(request), std::move(ids), context_end ? room : asked,
                          context_end};
+}
+
+std::vector<int32_t> Service::stop_ids_for(Endpoint endpoint) const {
+  std::vector<int32_t> ids = gen_.stop_ids;
+  // Chat rendered the prompt, so what follows the response's <|close|> is markup, not the answer
+  // (as `run --chat`). A completion's prompt is the client's, which may open another element
+  // (its own thinking prompt goes on past <|close|>think<|sep|>): it runs to the message's end,
+  // as `run` and llama-server do.
+  if (endpoint == Endpoint::kChatCompletions) ids.push_back(static_cast<int32_t>(markers_.close));
+  return ids;
 }
 
 ServiceTotals Service::totals() const {
@@ -272,16 +282,16 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   // special one, which shows no text, goes with the text that follows it, or last. Chat lists
   // the tokens of its content only (as OpenAI's, which never shows the end of a message).
   const bool hidden_entries = request.endpoint != Endpoint::kChatCompletions;
+  const std::vector<int32_t> stop_ids = stop_ids_for(request.endpoint);
   const runtime::TokenSink sink = [&](int32_t id) -> Status {
-    const bool shown = tok::shown_as_text(tokenizer_, gen_.stop_ids, id);
+    const bool shown = tok::shown_as_text(tokenizer_, stop_ids, id);
     std::optional<runtime::TokenLogprobs> lp;
     if (request.logprobs && (shown || hidden_entries))
       lp = runtime::token_logprobs(session_->logits().data(), vocab, id, *request.logprobs);
     const runtime::TokenLogprobs* scored = lp ? &*lp : nullptr;
     if (!shown) {
       // A stop id ends the text: bytes held for an unfinished character come before it.
-      const bool stop_id =
-          std::find(gen_.stop_ids.begin(), gen_.stop_ids.end(), id) != gen_.stop_ids.end();
+      const bool stop_id = std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
       if (stop_id) {
         answer.add_held_text(valid_utf8(decoder.flush()));
         answer.scan();
@@ -304,6 +314,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
                       (ran.size() == ids.size() && session_->holds_logits())) &&
                      std::equal(ran.begin(), ran.end(), ids.begin());
   runtime::GenerationOptions gen = gen_;
+  gen.stop_ids = stop_ids;
   gen.stop_requested = [&] {
     return answer.stop_hit() || answer.client_gone() || (stop_requested && stop_requested());
   };
@@ -317,7 +328,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     KTIER_ASSIGN_OR_RETURN(session_, runtime::GenerationSession::open(
                                          engine_.model(), engine_.experts(), gen));
   }
-  session_->configure_turns(max_tokens, request.sampling);
+  session_->configure_turns(max_tokens, request.sampling, stop_ids);
   session_->set_callbacks(gen.stop_requested, gen.before_decode,
                           score_echo ? score_prompt : nullptr, abandon_requested);
   const int64_t cached = session_->positions();

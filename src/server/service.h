@@ -157,7 +157,11 @@ class Service {
   const tok::Tokenizer& tokenizer_;
   const tok::ChatMarkers markers_;
   const ServiceOptions options_;
-  runtime::GenerationOptions gen_;  // stop ids, chunk, reserve; per request: sampling, limit
+  // The config's stop ids, chunk, reserve; per request: sampling, limit, stop_ids_for.
+  runtime::GenerationOptions gen_;
+
+  // The ids that end a request's answer: the config's, and for chat the response's <|close|>.
+  std::vector<int32_t> stop_ids_for(Endpoint endpoint) const;
 
   Result<Completion> complete_locked(const PreparedRequest& prepared, const TextSink& on_text,
                                      const std::function<bool()>& stop_requested,

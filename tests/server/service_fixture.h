@@ -114,7 +114,8 @@ class ServiceTest : public ::testing::Test {
     for (size_t i = 0; i < std::min(tokens.size(), done->logprobs.size()); ++i) {
       EXPECT_EQ(tokens[i].token.id, done->logprobs[i].token.id);
       EXPECT_EQ(tokens[i].text_offset, done->logprobs[i].text_offset);
-      if (!shown(tokens[i].token.id)) continue;  // its text is not the answer's
+      if (!shown(tokens[i].token.id, request.endpoint == Endpoint::kChatCompletions))
+        continue;  // its text is not the answer's
       // Not before its text: where a token's bytes are whole characters after whole ones, all
       // of them (up to a stop text's cut) were streamed when it came.
       const std::string& own = tokens[i].token.bytes;
@@ -129,21 +130,27 @@ class ServiceTest : public ::testing::Test {
     if (streamed) *streamed = pieces;
     return std::move(*done);
   }
-  static std::vector<int32_t> stop_ids() {
+  // The config's stop ids, and for chat the response's <|close|> (K3-MODEL §8.6).
+  static std::vector<int32_t> stop_ids(bool chat) {
     const auto& eos = engine_->checkpoint().config().eos_token_ids;
     std::vector<int32_t> ids(eos.begin(), eos.end());
-    ids.push_back(static_cast<int32_t>(markers_.close));
+    if (chat) ids.push_back(static_cast<int32_t>(markers_.close));
     return ids;
   }
-  // Whether a sampled id's text is the answer's (not a stop or special id).
-  static bool shown(int32_t id) { return tok::shown_as_text(*tokenizer_, stop_ids(), id); }
-  // The ids generate() samples after `ids` (the service's stop ids; greedy by default).
+  // Whether a sampled id's text is the answer's (not a stop or special id: K3's <|close|> is not
+  // flagged special, so a completion shows it as text).
+  static bool shown(int32_t id, bool chat) {
+    return tok::shown_as_text(*tokenizer_, stop_ids(chat), id);
+  }
+  // The ids generate() samples after `ids` (the service's stop ids for chat or completions;
+  // greedy by default).
   static std::vector<int32_t> generated_ids(const std::vector<uint32_t>& ids, int64_t n,
-                                            const runtime::SamplingParams& sampling = {}) {
+                                            const runtime::SamplingParams& sampling = {},
+                                            bool chat = false) {
     runtime::GenerationOptions g;
     g.max_new_tokens = n;
     g.sampling = sampling;
-    g.stop_ids = stop_ids();
+    g.stop_ids = stop_ids(chat);
     const std::vector<int32_t> prompt(ids.begin(), ids.end());
     std::vector<int32_t> out;
     auto st = runtime::generate(engine_->model(), engine_->experts(), prompt, g, [&](int32_t id) {
@@ -154,11 +161,11 @@ class ServiceTest : public ::testing::Test {
     return out;
   }
   // Their text as the service shows it (special and stop ids hidden).
-  static std::string generated_text(const std::vector<uint32_t>& ids, int64_t n) {
-    const std::vector<int32_t> stops = stop_ids();
+  static std::string generated_text(const std::vector<uint32_t>& ids, int64_t n, bool chat) {
+    const std::vector<int32_t> stops = stop_ids(chat);
     tok::StreamingDecoder decoder(*tokenizer_);
     std::string text;
-    for (const int32_t id : generated_ids(ids, n)) {
+    for (const int32_t id : generated_ids(ids, n, {}, chat)) {
       if (!tok::shown_as_text(*tokenizer_, stops, id)) continue;
       auto piece = decoder.push(static_cast<uint32_t>(id));
       EXPECT_TRUE(piece.is_ok());

@@ -15,14 +15,14 @@ TEST_F(ServiceTest, AnAnswerIsTheGenerationOfTheRenderedRequest) {
   const std::vector<tok::ChatMessage> messages = {{tok::ChatMessage::Role::kUser, "hello there"}};
   const Completion c = answer(*s, chat_request(messages, 6));
   const std::vector<uint32_t> ids = tok::render_user_turn(*tokenizer_, markers_, "hello there");
-  EXPECT_EQ(c.text, generated_text(ids, 6));
+  EXPECT_EQ(c.text, generated_text(ids, 6, /*chat=*/true));
   EXPECT_FALSE(c.text.empty());
   EXPECT_EQ(c.usage.prompt_tokens, static_cast<int64_t>(ids.size()));
   EXPECT_EQ(c.usage.cached_tokens, 0);
   EXPECT_GE(c.usage.completion_tokens, 1);
   EXPECT_EQ(c.finish, c.usage.completion_tokens == 6 ? FinishReason::kLength : FinishReason::kStop);
   const Completion t = answer(*s, text_request("The lighthouse keeper", 5));
-  EXPECT_EQ(t.text, generated_text(tokenizer_->encode("The lighthouse keeper", false), 5));
+  EXPECT_EQ(t.text, generated_text(tokenizer_->encode("The lighthouse keeper", false), 5, false));
 }
 
 // The second request begins with everything the first ran: only the rest runs, and the answer
@@ -73,7 +73,7 @@ TEST_F(ServiceTest, AConversationsNextMessageReusesTheSequence) {
   EXPECT_EQ(b.usage.cached_tokens, a.usage.prompt_tokens);
   const std::vector<uint32_t> ids = tok::render_conversation(*tokenizer_, markers_, messages);
   EXPECT_EQ(b.usage.prompt_tokens, static_cast<int64_t>(ids.size()));
-  EXPECT_EQ(b.text, generated_text(ids, 6));
+  EXPECT_EQ(b.text, generated_text(ids, 6, /*chat=*/true));
 }
 
 // The previous answer's own tokens are reused too (all but the last, never run) when the next
@@ -183,7 +183,7 @@ TEST_F(ServiceTest, LogprobsAreTheModelsAtEachAnswerToken) {
   const std::string prompt = "The lighthouse keeper";
   const std::vector<uint32_t> prompt_ids = tokenizer_->encode(prompt);
   int checked = 0, held_back = 0, stop_tokens = 0, held_tokens = 0;
-  const std::vector<int32_t> stops = stop_ids();
+  const std::vector<int32_t> stops = stop_ids(false);
   for (uint64_t seed = 0; seed < 5; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const runtime::SamplingParams sampling{.temperature = seed == 0 ? 0.0 : 1.0, .seed = seed};
@@ -223,7 +223,7 @@ TEST_F(ServiceTest, LogprobsAreTheModelsAtEachAnswerToken) {
       const std::string held(whole.substr(whole.size() - tok::incomplete_utf8_suffix(whole)));
       std::string next;
       for (size_t j = i; j < generated.size() && next.empty(); ++j)
-        if (shown(generated[j]))
+        if (shown(generated[j], false))
           next = *tokenizer_->token_bytes(static_cast<uint32_t>(generated[j]));
       const bool completed = !held.empty() && !next.empty() &&
                              valid_utf8(held + next) != valid_utf8(held) + valid_utf8(next);
@@ -232,7 +232,7 @@ TEST_F(ServiceTest, LogprobsAreTheModelsAtEachAnswerToken) {
                                                                                  : 0)))));
       stop_tokens += std::count(stops.begin(), stops.end(), generated[i]) > 0;
       held_tokens += !held.empty();
-      if (shown(a.token.id)) bytes += a.token.bytes;
+      if (shown(a.token.id, false)) bytes += a.token.bytes;
       ++checked;
     }
     EXPECT_EQ(entry, c.logprobs.size());
@@ -265,7 +265,7 @@ TEST_F(ServiceTest, LogprobsAreTheModelsAtEachAnswerToken) {
     // with its whole text (answer() checks).
     std::string before;
     for (size_t i = 0; i + 1 < c.logprobs.size(); ++i) {
-      if (!shown(c.logprobs[i].token.id)) continue;
+      if (!shown(c.logprobs[i].token.id, false)) continue;
       const std::string& own = c.logprobs[i].token.bytes;
       if (tok::incomplete_utf8_suffix(before) == 0 && tok::incomplete_utf8_suffix(own) == 0 &&
           valid_utf8(own) == own && code_points(own) >= 2) {
@@ -384,7 +384,7 @@ TEST_F(ServiceTest, AStopTextAtACharacterSplitOverTokensKeepsTheSentEntries) {
   EXPECT_EQ(c.stopping_word, plain.stopping_word);
   std::string bytes;
   for (const AnswerToken& a : c.logprobs)
-    if (shown(a.token.id)) bytes += a.token.bytes;
+    if (shown(a.token.id, false)) bytes += a.token.bytes;
   EXPECT_EQ(valid_utf8(bytes), c.text);
 }
 
@@ -484,12 +484,19 @@ TEST_F(ServiceTest, AnEchoStoppedInItsPromptSendsNoUnscoredEntries) {
   }
 }
 
-// Chat lists its content's tokens only (OpenAI's chat never shows the end of a message);
-// completions list every token, a stop or special one too.
-TEST_F(ServiceTest, ChatLogprobsListTheContentsTokensOnly) {
+// Chat lists its content's tokens only (OpenAI's chat never shows the end of a message) and ends
+// where the response closes (<|close|>); a completion of the same rendered prompt lists every
+// token, a stop or special one too, and goes on past <|close|> to the config's stop ids
+// (K3-MODEL §8.6: a client's own prompt may open another element there), as `run` does.
+TEST_F(ServiceTest, ChatEndsAtTheResponsesCloseAndACompletionAtTheMessagesEnd) {
   auto s = service();
-  int hidden = 0;
-  for (uint64_t seed = 0; seed < 6; ++seed) {
+  const auto ids_of = [](const Completion& c) {
+    std::vector<int32_t> ids;
+    for (const AnswerToken& a : c.logprobs) ids.push_back(a.token.id);
+    return ids;
+  };
+  int hidden = 0, past_close = 0, reused = 0;
+  for (uint64_t seed = 0; seed < 12; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const runtime::SamplingParams sampling{.temperature = 1.0, .seed = seed};
     CompletionRequest chat = chat_request({{tok::ChatMessage::Role::kUser, "The lamp"}}, 12);
@@ -497,25 +504,33 @@ TEST_F(ServiceTest, ChatLogprobsListTheContentsTokensOnly) {
     chat.logprobs = 1;
     const std::vector<uint32_t> rendered =
         tok::render_conversation(*tokenizer_, markers_, chat.messages);
-    const std::vector<int32_t> generated = generated_ids(rendered, 12, sampling);
+    const std::vector<int32_t> chat_ids = generated_ids(rendered, 12, sampling, /*chat=*/true);
     std::vector<int32_t> content;
-    for (const int32_t id : generated)
-      if (shown(id)) content.push_back(id);
-    hidden += static_cast<int>(generated.size() - content.size());
-    const auto ids_of = [](const Completion& c) {
-      std::vector<int32_t> ids;
-      for (const AnswerToken& a : c.logprobs) ids.push_back(a.token.id);
-      return ids;
-    };
-    EXPECT_EQ(ids_of(answer(*s, chat)), content);
+    for (const int32_t id : chat_ids)
+      if (shown(id, /*chat=*/true)) content.push_back(id);
+    hidden += static_cast<int>(chat_ids.size() - content.size());
+    const Completion c = answer(*s, chat);
+    EXPECT_EQ(ids_of(c), content);
+    EXPECT_EQ(c.usage.completion_tokens, static_cast<int64_t>(chat_ids.size()));
     CompletionRequest text;
     text.prompt_ids.assign(rendered.begin(), rendered.end());
     text.max_tokens = 12;
     text.sampling = sampling;
     text.logprobs = 1;
-    EXPECT_EQ(ids_of(answer(*s, text)), generated);
+    const std::vector<int32_t> text_ids = generated_ids(rendered, 12, sampling);
+    const Completion t = answer(*s, text);
+    EXPECT_EQ(ids_of(t), text_ids);
+    reused += t.usage.cached_tokens > 0;  // the session chat left, told this request's stop ids
+    const auto close = std::find(text_ids.begin(), text_ids.end(), markers_.close);
+    if (close == text_ids.end() || close + 1 == text_ids.end()) continue;
+    ++past_close;  // the same draws up to <|close|>, where chat ended
+    EXPECT_EQ(c.finish, FinishReason::kStop);
+    EXPECT_EQ(c.usage.completion_tokens, close - text_ids.begin() + 1);
+    EXPECT_TRUE(std::equal(chat_ids.begin(), chat_ids.end(), text_ids.begin()));
   }
   EXPECT_GE(hidden, 1) << "the tiny model's chat answers here should end at a stop id";
+  EXPECT_GE(past_close, 1) << "no completion here went on past <|close|>: choose other seeds";
+  EXPECT_GE(reused, 1) << "no chat answer was <|close|> alone (then its sequence is reused)";
 }
 
 // Bytes held for a character that no token completes come out as U+FFFD, the text of the
