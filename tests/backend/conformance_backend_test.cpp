@@ -27,6 +27,8 @@ namespace ktier::backend::test {
 namespace {
 
 using cpu::test::Fixture;
+using cpu::test::glu_halves;
+using cpu::test::GluHalves;
 using cpu::test::Tensor;
 
 class BackendConformance : public ::testing::TestWithParam<DeviceKind> {
@@ -71,17 +73,10 @@ TEST_P(BackendConformance, RmsNorm) {
 
 TEST_P(BackendConformance, SituGlu) {
   const Fixture fx = Fixture::load_op("situ_glu");
-  const Tensor in = fx.tensor("in");  // [rows, 2h]: a = the first h columns, b = the rest
-  const int64_t rows = in.shape[0], half = in.shape[1] / 2;
-  std::vector<float> a(rows * half), b(rows * half);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < half; ++i) {
-      a[r * half + i] = static_cast<float>(in.data[r * 2 * half + i]);
-      b[r * half + i] = static_cast<float>(in.data[r * 2 * half + half + i]);
-    }
-  const Array<float> da(*be_, a), db(*be_, b);
-  auto out = Array<float>::poisoned(*be_, a.size());
-  ASSERT_TRUE(be_->situ_glu(da.data(), db.data(), rows * half, fx.number("beta"),
+  const GluHalves in = glu_halves(fx.tensor("in"));
+  const Array<float> da(*be_, in.a), db(*be_, in.b);
+  auto out = Array<float>::poisoned(*be_, in.a.size());
+  ASSERT_TRUE(be_->situ_glu(da.data(), db.data(), in.rows * in.half, fx.number("beta"),
                             fx.number("linear_beta"), out.data())
                   .is_ok());
   const std::vector<float> got = out.host();
@@ -247,11 +242,7 @@ TEST_P(BackendConformance, PackedProductOfTheRealMxfp4Bytes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, BackendConformance,
-                         ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda),
-                         [](const auto& info) {
-                           return std::string(info.param == DeviceKind::kCpu ? "cpu" : "cuda");
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, BackendConformance, kBackendKinds, BackendKindName());
 
 }  // namespace
 }  // namespace ktier::backend::test

@@ -13,13 +13,30 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 
+namespace ktier::backend {
+// gtest prints the parameter with this ("cuda" rather than "1-byte object <01>").
+inline void PrintTo(DeviceKind k, std::ostream* os) {
+  *os << (k == DeviceKind::kCpu ? "cpu" : "cuda");
+}
+}  // namespace ktier::backend
+
 namespace ktier::backend::test {
+
+// The backends an op test runs on, and their gtest names ("cpu", "cuda"):
+// INSTANTIATE_TEST_SUITE_P(Backends, Suite, kBackendKinds, BackendKindName()).
+inline const auto kBackendKinds = ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda);
+struct BackendKindName {
+  std::string operator()(const ::testing::TestParamInfo<DeviceKind>& info) const {
+    return info.param == DeviceKind::kCpu ? "cpu" : "cuda";
+  }
+};
 
 inline constexpr double kUnitRoundoff = 0x1p-24;
 inline double gamma(double d) { return d * kUnitRoundoff / (1.0 - d * kUnitRoundoff); }

@@ -20,11 +20,6 @@
 #include "op_bounds.h"
 #include "tests/common/fresh_seed.h"
 
-namespace ktier::backend {
-// gtest prints the parameter with this ("cuda" rather than "1-byte object <01>").
-inline void PrintTo(DeviceKind k, std::ostream* os) { *os << (k == DeviceKind::kCpu ? "cpu" : "cuda"); }
-}  // namespace ktier::backend
-
 namespace ktier::backend::test {
 namespace {
 
@@ -551,11 +546,7 @@ TEST_P(CrossBackend, FencesOrderCopiesAndOps) {
   for (auto f : {*fa, *fb, *fo}) be.destroy_fence(f);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, CrossBackend,
-                         ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda),
-                         [](const auto& info) {
-                           return std::string(info.param == DeviceKind::kCpu ? "cpu" : "cuda");
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, CrossBackend, kBackendKinds, BackendKindName());
 
 }  // namespace
 }  // namespace ktier::backend::test

@@ -66,16 +66,10 @@ TEST_P(Conformance, RmsNorm) {
 
 TEST_P(Conformance, SituGlu) {
   const Fixture fx = Fixture::load_op("situ_glu");
-  const Tensor in = fx.tensor("in");  // [6, 16]: a = cols 0..7, b = cols 8..15
-  const int64_t rows = in.shape[0], half = in.shape[1] / 2;
-  std::vector<float> a(rows * half), b(rows * half), out = poisoned(rows * half);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < half; ++i) {
-      a[r * half + i] = static_cast<float>(in.data[r * 2 * half + i]);
-      b[r * half + i] = static_cast<float>(in.data[r * 2 * half + half + i]);
-    }
-  situ_glu(a.data(), b.data(), rows * half, fx.number("beta"), fx.number("linear_beta"), out.data(),
-           env().ex);
+  const GluHalves in = glu_halves(fx.tensor("in"));  // [6, 16]: a = cols 0..7, b = cols 8..15
+  std::vector<float> out = poisoned(in.rows * in.half);
+  situ_glu(in.a.data(), in.b.data(), in.rows * in.half, fx.number("beta"), fx.number("linear_beta"),
+           out.data(), env().ex);
   const auto r = check_tolerance(out, fx.tensor("out").data);
   expect_case("situ_glu", r, 0.003, "0.003 / 0.003");
   float max_abs = 0.0f;

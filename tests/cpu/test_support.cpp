@@ -102,6 +102,18 @@ std::string router_weights_by_id(const Fixture& fx, const std::vector<int32_t>& 
   return "";
 }
 
+GluHalves glu_halves(const Tensor& in) {
+  GluHalves h{in.shape.at(0), in.shape.at(1) / 2, {}, {}};
+  h.a.reserve(static_cast<size_t>(h.rows * h.half));
+  h.b.reserve(h.a.capacity());
+  for (int64_t r = 0; r < h.rows; ++r)
+    for (int64_t i = 0; i < h.half; ++i) {
+      h.a.push_back(static_cast<float>(in.data[r * 2 * h.half + i]));
+      h.b.push_back(static_cast<float>(in.data[r * 2 * h.half + h.half + i]));
+    }
+  return h;
+}
+
 void report_ratio(const std::string& what, const ToleranceResult& r, const std::string& readme) {
   std::printf("[conformance] %-34s worst ratio %.4f at %lld (got %.9g want %.9g); README %s\n",
               what.c_str(), r.worst_ratio, static_cast<long long>(r.worst_index), r.got, r.want,

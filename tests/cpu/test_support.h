@@ -62,6 +62,14 @@ std::string router_weights_by_id(const Fixture& fx, const std::vector<int32_t>& 
                                  const std::vector<float>& weights, int k,
                                  std::vector<float>& got, std::vector<double>& want);
 
+// ops/situ_glu.json's input [rows, 2h] split into the gate half a (its first h columns) and
+// the value half b, each [rows, h] in f32.
+struct GluHalves {
+  int64_t rows = 0, half = 0;
+  std::vector<float> a, b;
+};
+GluHalves glu_halves(const Tensor& in);
+
 // Prints "[conformance] <what>: worst ratio R (README measured M)" so runs can be compared with
 // the margins of README §5.
 void report_ratio(const std::string& what, const ToleranceResult& r, const std::string& readme);

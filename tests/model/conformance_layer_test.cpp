@@ -185,6 +185,23 @@ struct Harness {
   model::Model model;
 };
 
+// The MANIFEST's config: the shapes the layer and op vectors share.
+Result<format::ModelConfig> manifest_config() {
+  return format::parse_model_config(Fixture::load_op("MANIFEST").json().at("config"),
+                                    "MANIFEST.json config");
+}
+
+// Layer `l` of `c` bound by bind_layer from `tensors`, with a harness that runs it on `isa`.
+// REQUIRES bound.is_ok() before harness is used (ASSERTed by each test).
+struct BoundLayer {
+  BoundLayer(LayerTensors t, const format::ModelConfig& c, int64_t l, cpu::Isa isa)
+      : tensors(std::move(t)), bound(model::bind_layer(c, l, tensors.lookup())),
+        harness(tensors, c, isa) {}
+  LayerTensors tensors;
+  Result<model::LayerWeights> bound;
+  Harness harness;
+};
+
 class ConformanceLayer : public ::testing::TestWithParam<cpu::Isa> {
  protected:
   void SetUp() override {
@@ -231,8 +248,7 @@ class ConformanceLayer : public ::testing::TestWithParam<cpu::Isa> {
 
   void run_case(const char* name, double readme_max, const char* readme) {
     const Fixture fx = Fixture::load_op(name);
-    const nlohmann::json cfg = Fixture::load_op("MANIFEST").json().at("config");
-    auto parsed = format::parse_model_config(cfg, "MANIFEST.json config");
+    auto parsed = manifest_config();
     ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
     const format::ModelConfig& c = parsed.value();
     const int64_t l = static_cast<int64_t>(fx.number("layer_idx"));
@@ -240,12 +256,10 @@ class ConformanceLayer : public ::testing::TestWithParam<cpu::Isa> {
     ASSERT_EQ(c.attn_res_block_size, static_cast<int64_t>(fx.number("attn_res_block_size")));
     ASSERT_FALSE(c.is_dense(l));
 
-    LayerTensors tensors(fx, l);
-    auto bound = model::bind_layer(c, l, tensors.lookup());
-    ASSERT_TRUE(bound.is_ok()) << bound.status().message();
-    const model::LayerWeights& lw = bound.value();
-    Harness h(tensors, c, GetParam());
-    model::Model& m = h.model;
+    BoundLayer b(LayerTensors(fx, l), c, l, GetParam());
+    ASSERT_TRUE(b.bound.is_ok()) << b.bound.status().message();
+    const model::LayerWeights& lw = b.bound.value();
+    model::Model& m = b.harness.model;
 
     const int64_t T = fx.tensor("in").shape[1], E = c.hidden_size;
     auto seq = m.new_sequence(T);
@@ -291,8 +305,7 @@ TEST_P(ConformanceLayer, MlaLayer) { run_case("layer_mla", 0.24, "0.24 / 0.24");
 // through the test's own composition (tests/cpu/compose.cpp).
 TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
   const Fixture mla = Fixture::load_op("mla"), moe = Fixture::load_op("moe");
-  auto parsed = format::parse_model_config(Fixture::load_op("MANIFEST").json().at("config"),
-                                           "MANIFEST.json config");
+  auto parsed = manifest_config();
   ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
   const format::ModelConfig& c = parsed.value();
   int64_t l = 0;
@@ -305,11 +318,10 @@ TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
   ASSERT_EQ(moe.number("routed_scale"), c.routed_scaling_factor);
   ASSERT_EQ(moe.number("rms_eps"), c.rms_norm_eps);
 
-  LayerTensors tensors({&mla, &moe}, l, c.hidden_size);
-  auto bound = model::bind_layer(c, l, tensors.lookup());
-  ASSERT_TRUE(bound.is_ok()) << bound.status().message();
-  const model::LayerWeights& lw = bound.value();
-  Harness h(tensors, c, GetParam());
+  BoundLayer b(LayerTensors({&mla, &moe}, l, c.hidden_size), c, l, GetParam());
+  ASSERT_TRUE(b.bound.is_ok()) << b.bound.status().message();
+  const model::LayerWeights& lw = b.bound.value();
+  Harness& h = b.harness;
   model::Model& m = h.model;
   const int64_t E = c.hidden_size;
 
@@ -375,8 +387,7 @@ TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
 // bytes. tests/cpu runs them through the test's own composition.
 TEST_P(ConformanceLayer, KdaBlockOnTheOpVectors) {
   const Fixture moe = Fixture::load_op("moe");
-  auto parsed = format::parse_model_config(Fixture::load_op("MANIFEST").json().at("config"),
-                                           "MANIFEST.json config");
+  auto parsed = manifest_config();
   ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
   const format::ModelConfig& c = parsed.value();
   int64_t l = 0;
@@ -395,10 +406,10 @@ TEST_P(ConformanceLayer, KdaBlockOnTheOpVectors) {
     ASSERT_EQ(static_cast<int64_t>(kda.number("d_k")), c.kda_head_dim);
     ASSERT_EQ(kda.number("rms_eps"), c.rms_norm_eps);
     ASSERT_EQ(kda.number("lower_bound"), c.gate_lower_bound);
-    LayerTensors tensors({&kda, &moe}, l, c.hidden_size);
-    auto bound = model::bind_layer(c, l, tensors.lookup());
-    ASSERT_TRUE(bound.is_ok()) << bound.status().message();
-    Harness h(tensors, c, GetParam());
+    BoundLayer b(LayerTensors({&kda, &moe}, l, c.hidden_size), c, l, GetParam());
+    ASSERT_TRUE(b.bound.is_ok()) << b.bound.status().message();
+    const model::LayerWeights& lw = b.bound.value();
+    Harness& h = b.harness;
     const int64_t E = c.hidden_size;
     const std::vector<float> x = kda.tensor("in").f32();
     const int64_t T = static_cast<int64_t>(x.size()) / E;
@@ -406,7 +417,7 @@ TEST_P(ConformanceLayer, KdaBlockOnTheOpVectors) {
     ASSERT_TRUE(all.is_ok() && one.is_ok());
     model::KdaState& st = all->layers[static_cast<size_t>(l)].kda;
     std::vector<float> out = cpu::test::poisoned(T * E), out1 = cpu::test::poisoned(T * E);
-    ASSERT_TRUE(model::kda_block(bound->kda, c, x.data(), T, st, out.data(), *h.be).is_ok());
+    ASSERT_TRUE(model::kda_block(lw.kda, c, x.data(), T, st, out.data(), *h.be).is_ok());
     const auto r = cpu::test::check_tolerance(out, kda.tensor("out").data);
     cpu::test::report_ratio(std::string(k.name) + " through model::kda_block", r, k.readme);
     EXPECT_LE(r.worst_ratio, 1.0);
@@ -416,7 +427,7 @@ TEST_P(ConformanceLayer, KdaBlockOnTheOpVectors) {
               kMarginSlack * k.state_f64);
     model::KdaState& st1 = one->layers[static_cast<size_t>(l)].kda;
     for (int64_t t = 0; t < T; ++t)
-      ASSERT_TRUE(model::kda_block(bound->kda, c, x.data() + t * E, 1, st1, out1.data() + t * E,
+      ASSERT_TRUE(model::kda_block(lw.kda, c, x.data() + t * E, 1, st1, out1.data() + t * E,
                                    *h.be).is_ok());
     EXPECT_EQ(cpu::test::compare_bits(out.data(), out1.data(), T * E), "");
     EXPECT_EQ(cpu::test::compare_bits(st.S.data(), st1.S.data(), st.S.size()), "");
