@@ -900,6 +900,10 @@ Status serve(const ServeArgs& a) {
   if (static_cast<int64_t>(tokenizer.vocab_size()) != engine->checkpoint().config().vocab_size)
     spdlog::warn("the tokenizer has {} ids and config.json's vocab_size is {}",
                  tokenizer.vocab_size(), engine->checkpoint().config().vocab_size);
+  // (`run` refuses such a model, K3-MODEL D3; chat still ends where the response closes.)
+  if (engine->checkpoint().config().eos_token_ids.empty())
+    spdlog::warn("neither config.json nor generation_config.json names an eos_token_id: "
+                 "completions end only at max_tokens, a stop text or the context's end");
   if (const auto limit = engine->checkpoint().config().max_position_embeddings;
       limit && a.ctx > *limit)
     spdlog::warn("-c/--ctx-size {} is past max_position_embeddings = {} of config.json", a.ctx,

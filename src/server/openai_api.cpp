@@ -203,7 +203,7 @@ Result<std::string> message_text(const json& content, const std::string& field) 
       return field_error(at, "only {\"type\": \"text\", \"text\": ...} parts are built");
     const auto t = part.find("text");
     if (t == part.end() || !t->is_string()) return field_error(at + ".text", "must be a string");
-    if (i > 0) text += '\n';  // the parts' separator of vLLM's and llama-server's renderers
+    if (i > 0) text += '\n';  // the parts' separator of vLLM's renderer
     text += t->get<std::string>();
   }
   return text;

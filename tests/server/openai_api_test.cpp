@@ -83,7 +83,7 @@ TEST(OpenAiRequest, ChatMessagesAndFieldsAreRead) {
   EXPECT_EQ(r->messages[0].role, tok::ChatMessage::Role::kUser);
   EXPECT_EQ(r->messages[1].role, tok::ChatMessage::Role::kAssistant);
   EXPECT_EQ(r->messages[1].text, "two");
-  EXPECT_EQ(r->messages[2].text, "thr\nee");  // parts joined by a line, as vLLM, llama-server
+  EXPECT_EQ(r->messages[2].text, "thr\nee");  // parts joined by a line, as vLLM
   EXPECT_EQ(r->max_tokens, 7);
   EXPECT_EQ(r->sampling.temperature, 0.0);
   EXPECT_EQ(r->sampling.top_p, 0.5);
