@@ -247,12 +247,14 @@ Result<std::vector<tok::ChatMessage>> parse_messages(const json& body) {
   return messages;
 }
 
-// A completion's prompt: text (a string, or an array of one string) or token ids (an array of
+// A completion's prompt: text (a string, or an array of one string), token ids (an array of
 // integers, or an array of one such array: a batch of one, as lm-eval-harness sends it, as
-// OpenAI's and llama-server's; checked against the vocabulary by Service::prepare).
+// OpenAI's and llama-server's; checked against the vocabulary by Service::prepare), or ids and
+// texts mixed in one array (llama-server's).
 Status parse_prompt(const json& body, CompletionRequest& r) {
   const auto found = body.find("prompt");
-  const char* what = "must be a string, an array of one string, or an array of token ids";
+  const char* what = "must be a string, an array of one string, or an array of token ids (texts "
+                     "may be mixed in)";
   if (found == body.end()) return field_error("prompt", what);
   const json* p = &*found;
   if (p->is_array() && p->size() == 1 && (*p)[0].is_array()) p = &(*p)[0];
@@ -266,12 +268,20 @@ Status parse_prompt(const json& body, CompletionRequest& r) {
     return Status::ok();
   }
   if (p->empty()) return field_error("prompt", "empty (no token to run)");
-  r.prompt_ids.reserve(p->size());
-  for (const json& id : *p) {
-    if (!id.is_number()) return field_error("prompt", what);
+  // Texts with ids (texts alone are a batch, split_prompt_batch's, or refused).
+  const bool mixed =
+      std::any_of(p->begin(), p->end(), [](const json& e) { return e.is_string(); }) &&
+      std::any_of(p->begin(), p->end(), [](const json& e) { return e.is_number(); });
+  for (const json& e : *p) {
+    if (mixed && e.is_string()) {
+      r.prompt_pieces.emplace_back(e.get<std::string>());
+      continue;
+    }
+    if (!e.is_number()) return field_error("prompt", what);
     KTIER_ASSIGN_OR_RETURN(const int64_t v,
-                           integer_value(id, "prompt", 0, std::numeric_limits<int32_t>::max()));
-    r.prompt_ids.push_back(static_cast<int32_t>(v));
+                           integer_value(e, "prompt", 0, std::numeric_limits<int32_t>::max()));
+    if (mixed) r.prompt_pieces.emplace_back(static_cast<int32_t>(v));
+    else r.prompt_ids.push_back(static_cast<int32_t>(v));
   }
   return Status::ok();
 }

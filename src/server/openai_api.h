@@ -25,6 +25,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -53,6 +54,9 @@ struct CompletionRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string prompt;                      // completions
   std::vector<int32_t> prompt_ids;         // completions given token ids (then prompt is empty)
+  // Completions given ids and texts mixed (llama-server's [12, "text", 34]; then prompt and
+  // prompt_ids are empty): each text encoded as `prompt` is, in its place.
+  std::vector<std::variant<int32_t, std::string>> prompt_pieces;
   std::vector<tok::ChatMessage> messages;  // chat: at least one, the last the user's
   std::optional<int64_t> max_tokens;       // unset: RequestDefaults::max_tokens, capped; 0
                                            // (n_predict only): the prompt runs, nothing more

@@ -1,6 +1,7 @@
 #include "server/service.h"
 
 #include <algorithm>
+#include <variant>
 
 #include "common/check.h"
 #include "cpu/kernels.h"
@@ -38,18 +39,14 @@ Service::Service(runtime::Engine& engine, const tok::Tokenizer& tokenizer,
 Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   const int64_t vocab = engine_.checkpoint().config().vocab_size;
   std::vector<int32_t> ids;
-  if (!request.prompt_ids.empty()) {  // the client's ids (parse_request: each >= 0)
-    for (const int32_t id : request.prompt_ids)
-      if (id >= vocab)
-        return field_error("prompt", "id " + std::to_string(id) + " is past the vocabulary (" +
-                                         std::to_string(vocab) + " ids)");
-    ids = request.prompt_ids;
-  } else {
-    const std::vector<uint32_t> encoded =
-        request.endpoint == Endpoint::kChatCompletions
-            ? tok::render_conversation(tokenizer_, markers_, request.messages)
-            : tokenizer_.encode(request.prompt, /*allow_special=*/false);
-    ids.reserve(encoded.size());
+  const auto add_client_id = [&](int32_t id) {  // (parse_request: each >= 0)
+    if (id >= vocab)
+      return field_error("prompt", "id " + std::to_string(id) + " is past the vocabulary (" +
+                                       std::to_string(vocab) + " ids)");
+    ids.push_back(id);
+    return Status::ok();
+  };
+  const auto add_encoded = [&](const std::vector<uint32_t>& encoded) {
     for (const uint32_t id : encoded) {
       if (static_cast<int64_t>(id) >= vocab)
         return Status::corrupt("the tokenizer encodes the request to id " + std::to_string(id) +
@@ -57,7 +54,24 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
                                ": the model folder disagrees with itself");
       ids.push_back(static_cast<int32_t>(id));
     }
-  }
+    return Status::ok();
+  };
+  // A chat message's content is text (K3-MODEL §8.3: special-token names in it stay text);
+  // a completion's prompt is the client's own render, read as llama-server and vLLM read it:
+  // special-token names in it are their ids.
+  const auto prompt_text = [&](const std::string& text) {
+    return tokenizer_.encode(text, /*allow_special=*/true);
+  };
+  for (const int32_t id : request.prompt_ids) KTIER_RETURN_IF_ERROR(add_client_id(id));
+  for (const auto& piece : request.prompt_pieces)
+    KTIER_RETURN_IF_ERROR(std::holds_alternative<int32_t>(piece)
+                              ? add_client_id(std::get<int32_t>(piece))
+                              : add_encoded(prompt_text(std::get<std::string>(piece))));
+  if (request.endpoint == Endpoint::kChatCompletions)
+    KTIER_RETURN_IF_ERROR(
+        add_encoded(tok::render_conversation(tokenizer_, markers_, request.messages)));
+  else if (request.prompt_ids.empty() && request.prompt_pieces.empty())
+    KTIER_RETURN_IF_ERROR(add_encoded(prompt_text(request.prompt)));
   if (ids.empty()) return Status::usage("request field \"prompt\": empty (no token to run)");
   const int64_t prompt = static_cast<int64_t>(ids.size());
   // A run of P prompt ids and n generated ones uses P + n - 1 positions (the last is not run).

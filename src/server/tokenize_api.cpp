@@ -16,7 +16,7 @@ Result<json> tokenize_response(const tok::Tokenizer& tokenizer, std::string_view
   const auto content = j.find("content");
   if (content == j.end() || !content->is_string())
     return field_error("content", "must be a string (the text to tokenize)");
-  KTIER_ASSIGN_OR_RETURN(const bool parse_special, bool_field(j, "parse_special", false));
+  KTIER_ASSIGN_OR_RETURN(const bool parse_special, bool_field(j, "parse_special", true));
   KTIER_ASSIGN_OR_RETURN(const bool with_pieces, bool_field(j, "with_pieces", false));
   KTIER_ASSIGN_OR_RETURN(const bool add_special, bool_field(j, "add_special", false));
   if (add_special)

@@ -102,7 +102,7 @@ TEST(LlamaRequest, RefusalsNameTheField) {
       {Endpoint::kLlamaCompletion, {{"prompt", json::array()}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"prompt", {1, -1}}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"prompt", {1, 2.5}}}, "prompt"},
-      {Endpoint::kLlamaCompletion, {{"prompt", {1, "a"}}}, "prompt"},
+      {Endpoint::kLlamaCompletion, {{"prompt", {1, "a", nullptr}}}, "prompt"},  // (mixed: ok)
       {Endpoint::kLlamaCompletion, {{"prompt", {1, big}}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"prompt", {{1, 2}, {3}}}}, "prompt"},
       {Endpoint::kLlamaCompletion, {{"n_predict", 3}}, "prompt"},

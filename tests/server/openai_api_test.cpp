@@ -8,6 +8,8 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "server/service.h"
 
@@ -146,6 +148,12 @@ TEST(OpenAiRequest, WhatARequestLeavesUnsaidComesFromTheFlags) {
   EXPECT_EQ(r->max_tokens, 4);
   EXPECT_EQ(r->stop, std::vector<std::string>{"Q"});
   EXPECT_EQ(r->sampling.temperature, 0.7);
+  // Ids and texts mixed (llama-server's): one prompt, in order.
+  r = completion({{"prompt", {12, "ab", 7}}});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_TRUE(r->prompt.empty() && r->prompt_ids.empty());
+  using Piece = std::variant<int32_t, std::string>;
+  EXPECT_EQ(r->prompt_pieces, (std::vector<Piece>{12, std::string("ab"), 7}));
 }
 
 // Each refusal is a usage error (HTTP 400) that names the field.
@@ -229,7 +237,9 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
   }
   EXPECT_EQ(error_param(Status::usage("the request body is not valid JSON")), std::nullopt);
   EXPECT_EQ(error_param(Status::budget("request field \"x\": not a field error")), std::nullopt);
-  for (const json& body : {json{{"prompt", 3}}, json{{"prompt", {"a", "b"}}}, json::object()}) {
+  for (const json& body : {json{{"prompt", 3}}, json{{"prompt", {"a", "b"}}}, json::object(),
+                           json{{"prompt", {1, "a", true}}}, json{{"prompt", {1, "a", -2}}},
+                           json{{"prompt", {1, json::array({2})}}}}) {
     auto r = completion(body);
     ASSERT_FALSE(r.is_ok()) << body.dump();
     EXPECT_NE(r.status().message().find("\"prompt\""), std::string::npos);

@@ -25,6 +25,41 @@ TEST_F(ServiceTest, AnAnswerIsTheGenerationOfTheRenderedRequest) {
   EXPECT_EQ(t.text, generated_text(tokenizer_->encode("The lighthouse keeper", false), 5, false));
 }
 
+// A completion's text prompt is the client's own render: special-token names in it run as their
+// ids (as llama-server and vLLM read a prompt), the answer that of those ids given; a chat
+// message's content keeps them as text (K3-MODEL §8.3).
+TEST_F(ServiceTest, ACompletionsPromptNamesSpecialTokensAndAChatMessageKeepsThemText) {
+  using Role = tok::ChatMessage::Role;
+  auto s = service();
+  const std::string text = "<|open|>message role=\"user\"<|sep|>The lamp";
+  const std::vector<uint32_t> ids = tokenizer_->encode(text, /*allow_special=*/true);
+  ASSERT_LT(ids.size(), tokenizer_->encode(text, false).size());
+  const Completion named = answer(*s, text_request(text, 6));
+  EXPECT_EQ(named.usage.prompt_tokens, static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(named.text, generated_text(ids, 6, /*chat=*/false));
+  CompletionRequest given;
+  given.prompt_ids.assign(ids.begin(), ids.end());
+  given.max_tokens = 6;
+  EXPECT_EQ(answer(*s, given).text, named.text);
+  // Ids and texts mixed (llama-server's): each text encoded in its place.
+  CompletionRequest mixed;
+  mixed.prompt_pieces = {static_cast<int32_t>(markers_.open),
+                         std::string("message role=\"user\""),
+                         static_cast<int32_t>(markers_.sep), std::string("The lamp")};
+  mixed.max_tokens = 6;
+  const Completion by_pieces = answer(*s, mixed);
+  EXPECT_EQ(by_pieces.usage.prompt_tokens, static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(by_pieces.text, named.text);
+  const Completion chat = answer(*s, chat_request({{Role::kUser, text}}, 6));
+  const auto opens = [&](const std::string& content) {
+    const std::vector<uint32_t> r = tok::render_user_turn(*tokenizer_, markers_, content);
+    return std::count(r.begin(), r.end(), markers_.open);
+  };
+  EXPECT_EQ(opens(text), opens("The lamp"));  // the names in the content are text
+  EXPECT_EQ(chat.usage.prompt_tokens,
+            static_cast<int64_t>(tok::render_user_turn(*tokenizer_, markers_, text).size()));
+}
+
 // The second request begins with everything the first ran: only the rest runs, and the answer
 // is a fresh service's, greedy and sampled (each request seeds its own sampler).
 TEST_F(ServiceTest, ARequestThatGoesOnFromTheLastRunsOnlyTheRestWithTheSameAnswer) {
