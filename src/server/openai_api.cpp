@@ -352,12 +352,12 @@ Result<std::vector<json>> split_prompt_batch(const json& j, size_t max_copied_by
   std::vector<json> bodies;
   const auto prompt = j.find("prompt");
   if (prompt == j.end() || !prompt->is_array() || prompt->size() < 2) return bodies;
-  // Each a string or an array of ids (an array of numbers is one prompt; anything else is
-  // refused as one, by parse_request).
+  // Each a string or an array of ids, texts mixed in or not (an array of numbers, or of numbers
+  // and strings, is one prompt; anything else is refused as one, by parse_request).
   for (const json& p : *prompt)
     if (!p.is_string() &&
-        !(p.is_array() && std::all_of(p.begin(), p.end(), [](const json& id) {
-          return id.is_number();
+        !(p.is_array() && std::all_of(p.begin(), p.end(), [](const json& e) {
+          return e.is_number() || e.is_string();
         })))
       return bodies;
   KTIER_ASSIGN_OR_RETURN(const bool stream, bool_field(j, "stream", false));

@@ -31,6 +31,8 @@
 #include "common/test_paths.h"
 #include "format/checkpoint.h"
 #include "format/st_builder.h"
+#include "io/io_engine.h"
+#include "io/read_file.h"
 #include "runtime/engine_outputs.h"
 #include "runtime/expert_cache.h"
 #include "runtime/vram_expert_tier.h"
@@ -81,6 +83,8 @@ std::string device_view_differs(backend::Backend& be, const model::ExpertWeights
   const cpu::WeightMatrix* m[] = {&v.w1, &v.w2, &v.w3};
   std::vector<uint8_t> packed(kPackedBytes), scales(kScaleBytes);
   for (int w = 0; w < 3; ++w) {
+    if (m[w]->type != cpu::WeightType::kMxfp4 || m[w]->rows != 32 || m[w]->cols != 32)
+      return "expert " + std::to_string(e) + ": not a 32 x 32 MXFP4 view";
     if (!be.download(packed.data(), m[w]->data, kPackedBytes).is_ok() ||
         !be.download(scales.data(), m[w]->scales, kScaleBytes).is_ok())
       return "expert " + std::to_string(e) + ": download failed";
@@ -168,7 +172,14 @@ class CacheFixtureTest : public ::testing::TestWithParam<IoParam> {
     auto engine = io::make_io_engine(io);
     if (!engine.is_ok() && io.backend == io::IoBackend::kUring)
       GTEST_SKIP() << "io_uring unavailable here: " << engine.status().message();
+    if (io.direct == io::DirectMode::kDirect) {
+      auto probe = io::ReadFile::open(dir_ / "model-cache-fixture.safetensors", io.direct);
+      if (!probe.is_ok())
+        GTEST_SKIP() << "O_DIRECT unavailable in " << dir_ << ": " << probe.status().message();
+    }
     ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt_, shards_, io));
+    for (const io::ReadFile& f : shards_.files)
+      ASSERT_EQ(f.direct(), io.direct == io::DirectMode::kDirect);
   }
 
   // The RAM tier over the fixture's shard: LRU, kSlots policy slots, `batch` for one fetch.
@@ -274,21 +285,32 @@ TEST_P(CacheFixtureTest, BatchedStreamedAndPrefetchedReadsServeTheSameBytes) {
                }).is_ok());
   EXPECT_EQ(std::count(handed.begin(), handed.end(), 1), kExperts);
 
-  // Predicted from layer 0 (dense: the lookahead scores layer 1's router there), read ahead.
+  // Predicted from layer 0 (dense: the lookahead scores layer 1's router there), read ahead:
+  // landed (the views peek gives hold the bytes), then fetched as hits.
   const int32_t predicted[] = {11, 5};
   const float weights[] = {0.5f, 0.5f};
   x->begin_pass();
   x->on_prediction(kLayer - 1, 1, 0, predicted, weights, 1, 2);
-  model::ExpertWeights view;
-  for (int i = 0; i < 500 && !(x->peek(kLayer, 11, &view) && x->peek(kLayer, 5, &view)); ++i) {
+  model::ExpertWeights landed[2];
+  bool both = false;
+  for (int i = 0; i < 500 && !both; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     x->on_prediction(kLayer - 1, 1, 0, nullptr, nullptr, 0, 2);  // takes completions
+    both = x->peek(kLayer, 11, &landed[0]) && x->peek(kLayer, 5, &landed[1]);
   }
+  ASSERT_TRUE(both) << "the prefetches did not land in 5 s";
+  EXPECT_EQ(host_view_differs(landed[0], 11), "");
+  EXPECT_EQ(host_view_differs(landed[1], 5), "");
+  const ExpertCacheStats before = x->stats();
   x->begin_layer(kLayer, 0, predicted, 1, 2);
   ASSERT_TRUE(x->fetch(kLayer, predicted, out).is_ok());
   EXPECT_EQ(host_view_differs(out[0], 11), "");
   EXPECT_EQ(host_view_differs(out[1], 5), "");
+  EXPECT_EQ(x->stats().prefetch_issued, 2u);
   EXPECT_EQ(x->stats().prefetch_useful, 2u);
+  EXPECT_EQ(x->stats().prefetch_timely, 2u);
+  EXPECT_EQ(x->stats().hits, before.hits + 2);
+  EXPECT_EQ(x->stats().demand_reads, before.demand_reads);
 }
 
 // (5): the VRAM tier over the RAM tier (both smaller than the working set), on the emulated

@@ -439,15 +439,16 @@ TEST(OpenAiResponse, BodiesHaveOpenAisShape) {
 
 constexpr size_t kBodyLimit = size_t{1} << 20;
 
-// Completions' batch of prompts: the request once per prompt (strings and id arrays alike, the
-// other fields kept); not a batch where the prompt is one (a string, an id array, a batch of
+// Completions' batch of prompts: the request once per prompt (strings and id arrays, texts
+// mixed in or not, alike, the other fields kept); not a batch where the prompt is one (a string, an id array, a batch of
 // one); a streamed batch refused. Its response: the choices in order, usage summed.
 TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
-  const json body = {{"prompt", {"a", {1, 2}, "c"}}, {"max_tokens", 2}, {"echo", true}};
+  const json body = {
+      {"prompt", {"a", {1, 2}, "c", {3, "d"}}}, {"max_tokens", 2}, {"echo", true}};
   auto batch = split_prompt_batch(body, kBodyLimit);
   ASSERT_TRUE(batch.is_ok()) << batch.status().message();
-  ASSERT_EQ(batch->size(), 3u);
-  for (size_t i = 0; i < 3; ++i) {
+  ASSERT_EQ(batch->size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
     json want = body;
     want["prompt"] = body["prompt"][i];
     EXPECT_EQ((*batch)[i], want);
