@@ -440,8 +440,9 @@ TEST(OpenAiResponse, BodiesHaveOpenAisShape) {
 constexpr size_t kBodyLimit = size_t{1} << 20;
 
 // Completions' batch of prompts: the request once per prompt (strings and id arrays, texts
-// mixed in or not, alike, the other fields kept); not a batch where the prompt is one (a string, an id array, a batch of
-// one); a streamed batch refused. Its response: the choices in order, usage summed.
+// mixed in or not, alike, the other fields kept); not a batch where the prompt is one (a string,
+// an id array, ids and texts mixed, a batch of one); a streamed batch refused. Its response: the
+// choices in order, usage summed.
 TEST(OpenAiRequest, ABatchOfPromptsIsOneRequestEach) {
   const json body = {
       {"prompt", {"a", {1, 2}, "c", {3, "d"}}}, {"max_tokens", 2}, {"echo", true}};
