@@ -463,12 +463,12 @@ Status run(const RunArgs& a) {
   // refused for them is a budget the run asked past (exit 4, as serve's -c), not a failure
   // mid-run. (Not inside GenerationSession::open: serve opens one per request, where it is a
   // server error, not the client's.)
-  const char* const smaller_caches = "give a smaller -c or -n";
+  const char* const caches_hint = "give a smaller -c or -n";
   std::optional<model::SequenceState> restored;
   if (cache) {
     Result<std::optional<model::SequenceState>> r =
         cache->restore(*engine, prompt, a.interactive, gen.reserve_positions);
-    if (!r.is_ok()) return caches_refused_as_budget(r.status(), smaller_caches);
+    if (!r.is_ok()) return caches_refused_as_budget(r.status(), caches_hint);
     restored = std::move(*r);
   }
   const int64_t cached = cache ? cache->restored() : 0;
@@ -539,7 +539,7 @@ Status run(const RunArgs& a) {
                      engine->model(), engine->experts(), gen, std::move(*restored),
                      {cache->restored_ids().begin(), cache->restored_ids().end()})
                : runtime::GenerationSession::open(engine->model(), engine->experts(), gen);
-  if (!opened.is_ok()) return caches_refused_as_budget(opened.status(), smaller_caches);
+  if (!opened.is_ok()) return caches_refused_as_budget(opened.status(), caches_hint);
   std::unique_ptr<runtime::GenerationSession> session = std::move(*opened);
   std::unique_ptr<RunTrace> trace;
   if (!a.trace.empty()) {

@@ -141,11 +141,11 @@ Status GenerationSession::forward(std::span<const int32_t> ids, model::LogitRows
 }
 
 void GenerationSession::configure_turns(int64_t max_new_tokens, const SamplingParams& sampling,
-                                        std::vector<int32_t> stop_ids) {
+                                        std::span<const int32_t> stop_ids) {
   KTIER_CHECK(max_new_tokens >= 0 && validate(sampling).is_ok());
   opts_.max_new_tokens = max_new_tokens;
   opts_.sampling = sampling;
-  opts_.stop_ids = std::move(stop_ids);
+  opts_.stop_ids.assign(stop_ids.begin(), stop_ids.end());
   sampler_ = Sampler(sampling);
 }
 

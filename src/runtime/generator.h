@@ -133,7 +133,7 @@ class GenerationSession {
   // Sampler(sampling) and stop at `stop_ids` (`ktier serve`: each request its own). REQUIRES
   // max_new_tokens >= 0 and validate(sampling).is_ok().
   void configure_turns(int64_t max_new_tokens, const SamplingParams& sampling,
-                       std::vector<int32_t> stop_ids);
+                       std::span<const int32_t> stop_ids);
   // The turns from now on generate at most `max_new_tokens` each, the same sampler going on.
   // REQUIRES max_new_tokens >= 0.
   void set_max_new_tokens(int64_t max_new_tokens);

@@ -4,7 +4,8 @@
 // No HTTP here (cli/cmd_serve.cpp has it), so that every rule is unit-tested.
 //
 // What a request may say (docs/TUNING.md "Serving"): model (any; the one loaded answers),
-// prompt (completions: a string, an array of one string, or an array of token ids; or a batch
+// prompt (completions: a string, an array of one string, an array of token ids, or ids and
+// texts mixed (llama-server's), special-token names in a text read as their ids; or a batch
 // of two or more of them, answered in turn as one choice each, not streamed), n_predict
 // (llama-server's /completion only: its max_tokens, capped to the context left, -1 or -2 = all
 // of it, 0 = the prompt only), messages (chat: roles user and assistant, content a string or an
@@ -50,13 +51,16 @@ struct RequestDefaults {
 // Most alternatives a request may ask log-probabilities of, per token (vLLM's default bound).
 constexpr int64_t kMaxTopLogprobs = 20;
 
+// A token id or a text of a prompt that mixes them.
+using PromptPiece = std::variant<int32_t, std::string>;
+
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string prompt;                      // completions
   std::vector<int32_t> prompt_ids;         // completions given token ids (then prompt is empty)
   // Completions given ids and texts mixed (llama-server's [12, "text", 34]; then prompt and
   // prompt_ids are empty): each text encoded as `prompt` is, in its place.
-  std::vector<std::variant<int32_t, std::string>> prompt_pieces;
+  std::vector<PromptPiece> prompt_pieces;
   std::vector<tok::ChatMessage> messages;  // chat: at least one, the last the user's
   std::optional<int64_t> max_tokens;       // unset: RequestDefaults::max_tokens, capped; 0
                                            // (n_predict only): the prompt runs, nothing more

@@ -28,9 +28,15 @@ Service::Service(runtime::Engine& engine, const tok::Tokenizer& tokenizer,
                  tok::ChatMarkers markers, ServiceOptions options)
     : engine_(engine), tokenizer_(tokenizer), markers_(markers), options_(std::move(options)) {
   const format::ModelConfig& cfg = engine_.checkpoint().config();
-  // Every answer ends at the config's stop ids (K3-MODEL §8.6: <|end_of_msg|>); chat's also
-  // where the response element closes (stop_ids_for).
-  gen_.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+  // Every answer ends at the config's stop ids (K3-MODEL §8.6: <|end_of_msg|>). Chat rendered
+  // the prompt, so what follows the response's <|close|> is markup, not the answer (as `run
+  // --chat`); a completion's prompt is the client's, which may open another element there (its
+  // own thinking prompt goes on past <|close|>think<|sep|>): it runs to the message's end, as
+  // `run` and llama-server do.
+  completion_stop_ids_.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+  chat_stop_ids_ = completion_stop_ids_;
+  chat_stop_ids_.push_back(static_cast<int32_t>(markers_.close));
+  gen_.stop_ids = completion_stop_ids_;
   gen_.prefill_chunk = options_.prefill_chunk;
   gen_.reserve_positions = options_.ctx;
   gen_.sampling = options_.defaults.sampling;
@@ -56,14 +62,14 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
     }
     return Status::ok();
   };
-  // A chat message's content is text (K3-MODEL §8.3: special-token names in it stay text);
+  // A chat message's content is text (K3-MODEL §8.4: special-token names in it stay text);
   // a completion's prompt is the client's own render, read as llama-server and vLLM read it:
   // special-token names in it are their ids.
   const auto prompt_text = [&](const std::string& text) {
     return tokenizer_.encode(text, /*allow_special=*/true);
   };
   for (const int32_t id : request.prompt_ids) KTIER_RETURN_IF_ERROR(add_client_id(id));
-  for (const auto& piece : request.prompt_pieces)
+  for (const PromptPiece& piece : request.prompt_pieces)
     KTIER_RETURN_IF_ERROR(std::holds_alternative<int32_t>(piece)
                               ? add_client_id(std::get<int32_t>(piece))
                               : add_encoded(prompt_text(std::get<std::string>(piece))));
@@ -93,16 +99,6 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   const bool context_end = to_context_end || asked > room;
   return PreparedRequest{std::move(request), std::move(ids), context_end ? room : asked,
                          context_end};
-}
-
-std::vector<int32_t> Service::stop_ids_for(Endpoint endpoint) const {
-  std::vector<int32_t> ids = gen_.stop_ids;
-  // Chat rendered the prompt, so what follows the response's <|close|> is markup, not the answer
-  // (as `run --chat`). A completion's prompt is the client's, which may open another element
-  // (its own thinking prompt goes on past <|close|>think<|sep|>): it runs to the message's end,
-  // as `run` and llama-server do.
-  if (endpoint == Endpoint::kChatCompletions) ids.push_back(static_cast<int32_t>(markers_.close));
-  return ids;
 }
 
 ServiceTotals Service::totals() const {
@@ -296,7 +292,8 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   // special one, which shows no text, goes with the text that follows it, or last. Chat lists
   // the tokens of its content only (as OpenAI's, which never shows the end of a message).
   const bool hidden_entries = request.endpoint != Endpoint::kChatCompletions;
-  const std::vector<int32_t> stop_ids = stop_ids_for(request.endpoint);
+  const std::vector<int32_t>& stop_ids =
+      request.endpoint == Endpoint::kChatCompletions ? chat_stop_ids_ : completion_stop_ids_;
   const runtime::TokenSink sink = [&](int32_t id) -> Status {
     const bool shown = tok::shown_as_text(tokenizer_, stop_ids, id);
     std::optional<runtime::TokenLogprobs> lp;

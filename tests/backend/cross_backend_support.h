@@ -1,6 +1,7 @@
 #pragma once
-// Helpers of the cross-backend op test: backend arrays, poisoned outputs, and the comparison
-// of a backend's output with the CPU reference under per-element tolerances.
+// Helpers of the backend op tests (cross_backend_test.cpp, conformance_backend_test.cpp): the
+// backends they run on and their gtest names, backend arrays, poisoned outputs, and the
+// comparison of a backend's output with the CPU reference under per-element tolerances.
 //
 // Tolerances are derived, not tuned (docs/NUMERICS.md, cuda/README.md): with u = 2^-24, a sum
 // of d terms in f32, in any order, is within gamma(d) * sum|terms| of the exact sum
@@ -21,10 +22,11 @@
 #include "backend/backend.h"
 
 namespace ktier::backend {
-// gtest prints the parameter with this ("cuda" rather than "1-byte object <01>").
-inline void PrintTo(DeviceKind k, std::ostream* os) {
-  *os << (k == DeviceKind::kCpu ? "cpu" : "cuda");
+inline const char* backend_kind_name(DeviceKind k) {
+  return k == DeviceKind::kCpu ? "cpu" : "cuda";
 }
+// gtest prints the parameter with this ("cuda" rather than "1-byte object <01>").
+inline void PrintTo(DeviceKind k, std::ostream* os) { *os << backend_kind_name(k); }
 }  // namespace ktier::backend
 
 namespace ktier::backend::test {
@@ -34,7 +36,7 @@ namespace ktier::backend::test {
 inline const auto kBackendKinds = ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda);
 struct BackendKindName {
   std::string operator()(const ::testing::TestParamInfo<DeviceKind>& info) const {
-    return info.param == DeviceKind::kCpu ? "cpu" : "cuda";
+    return backend_kind_name(info.param);
   }
 };
 

@@ -192,13 +192,13 @@ Result<format::ModelConfig> manifest_config() {
 }
 
 // Layer `l` of `c` bound by bind_layer from `tensors`, with a harness that runs it on `isa`.
-// REQUIRES bound.is_ok() before harness is used (ASSERTed by each test).
+// REQUIRES weights.is_ok() before harness is used (ASSERTed by each test).
 struct BoundLayer {
   BoundLayer(LayerTensors t, const format::ModelConfig& c, int64_t l, cpu::Isa isa)
-      : tensors(std::move(t)), bound(model::bind_layer(c, l, tensors.lookup())),
+      : tensors(std::move(t)), weights(model::bind_layer(c, l, tensors.lookup())),
         harness(tensors, c, isa) {}
   LayerTensors tensors;
-  Result<model::LayerWeights> bound;
+  Result<model::LayerWeights> weights;
   Harness harness;
 };
 
@@ -256,10 +256,10 @@ class ConformanceLayer : public ::testing::TestWithParam<cpu::Isa> {
     ASSERT_EQ(c.attn_res_block_size, static_cast<int64_t>(fx.number("attn_res_block_size")));
     ASSERT_FALSE(c.is_dense(l));
 
-    BoundLayer b(LayerTensors(fx, l), c, l, GetParam());
-    ASSERT_TRUE(b.bound.is_ok()) << b.bound.status().message();
-    const model::LayerWeights& lw = b.bound.value();
-    model::Model& m = b.harness.model;
+    BoundLayer layer(LayerTensors(fx, l), c, l, GetParam());
+    ASSERT_TRUE(layer.weights.is_ok()) << layer.weights.status().message();
+    const model::LayerWeights& lw = layer.weights.value();
+    model::Model& m = layer.harness.model;
 
     const int64_t T = fx.tensor("in").shape[1], E = c.hidden_size;
     auto seq = m.new_sequence(T);
@@ -318,10 +318,10 @@ TEST_P(ConformanceLayer, MlaAndMoeBlocksOnTheOpVectors) {
   ASSERT_EQ(moe.number("routed_scale"), c.routed_scaling_factor);
   ASSERT_EQ(moe.number("rms_eps"), c.rms_norm_eps);
 
-  BoundLayer b(LayerTensors({&mla, &moe}, l, c.hidden_size), c, l, GetParam());
-  ASSERT_TRUE(b.bound.is_ok()) << b.bound.status().message();
-  const model::LayerWeights& lw = b.bound.value();
-  Harness& h = b.harness;
+  BoundLayer layer(LayerTensors({&mla, &moe}, l, c.hidden_size), c, l, GetParam());
+  ASSERT_TRUE(layer.weights.is_ok()) << layer.weights.status().message();
+  const model::LayerWeights& lw = layer.weights.value();
+  Harness& h = layer.harness;
   model::Model& m = h.model;
   const int64_t E = c.hidden_size;
 
@@ -406,10 +406,10 @@ TEST_P(ConformanceLayer, KdaBlockOnTheOpVectors) {
     ASSERT_EQ(static_cast<int64_t>(kda.number("d_k")), c.kda_head_dim);
     ASSERT_EQ(kda.number("rms_eps"), c.rms_norm_eps);
     ASSERT_EQ(kda.number("lower_bound"), c.gate_lower_bound);
-    BoundLayer b(LayerTensors({&kda, &moe}, l, c.hidden_size), c, l, GetParam());
-    ASSERT_TRUE(b.bound.is_ok()) << b.bound.status().message();
-    const model::LayerWeights& lw = b.bound.value();
-    Harness& h = b.harness;
+    BoundLayer layer(LayerTensors({&kda, &moe}, l, c.hidden_size), c, l, GetParam());
+    ASSERT_TRUE(layer.weights.is_ok()) << layer.weights.status().message();
+    const model::LayerWeights& lw = layer.weights.value();
+    Harness& h = layer.harness;
     const int64_t E = c.hidden_size;
     const std::vector<float> x = kda.tensor("in").f32();
     const int64_t T = static_cast<int64_t>(x.size()) / E;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -65,16 +66,24 @@ std::string differs(const uint8_t* bytes, uint64_t n, int32_t e, int w, bool sca
   return "";
 }
 
+// "" when matrix w of expert e is a 32 x 32 MXFP4 view whose `packed` and `scales` bytes (in
+// host memory) are the fixture's.
+std::string matrix_differs(const cpu::WeightMatrix& m, const uint8_t* packed,
+                           const uint8_t* scales, int32_t e, int w) {
+  if (m.type != cpu::WeightType::kMxfp4 || m.rows != 32 || m.cols != 32)
+    return "expert " + std::to_string(e) + ": not a 32 x 32 MXFP4 view";
+  const std::string d = differs(packed, kPackedBytes, e, w, false);
+  return d.empty() ? differs(scales, kScaleBytes, e, w, true) : d;
+}
+
 // Host views (the RAM tier's) of expert e hold the fixture's bytes, each matrix.
 std::string host_view_differs(const model::ExpertWeights& v, int32_t e) {
   const cpu::WeightMatrix* m[] = {&v.w1, &v.w2, &v.w3};
-  for (int w = 0; w < 3; ++w) {
-    if (m[w]->type != cpu::WeightType::kMxfp4 || m[w]->rows != 32 || m[w]->cols != 32)
-      return "expert " + std::to_string(e) + ": not a 32 x 32 MXFP4 view";
-    std::string d = differs(static_cast<const uint8_t*>(m[w]->data), kPackedBytes, e, w, false);
-    if (d.empty()) d = differs(m[w]->scales, kScaleBytes, e, w, true);
-    if (!d.empty()) return d;
-  }
+  for (int w = 0; w < 3; ++w)
+    if (std::string d = matrix_differs(*m[w], static_cast<const uint8_t*>(m[w]->data),
+                                       m[w]->scales, e, w);
+        !d.empty())
+      return d;
   return "";
 }
 
@@ -83,14 +92,11 @@ std::string device_view_differs(backend::Backend& be, const model::ExpertWeights
   const cpu::WeightMatrix* m[] = {&v.w1, &v.w2, &v.w3};
   std::vector<uint8_t> packed(kPackedBytes), scales(kScaleBytes);
   for (int w = 0; w < 3; ++w) {
-    if (m[w]->type != cpu::WeightType::kMxfp4 || m[w]->rows != 32 || m[w]->cols != 32)
-      return "expert " + std::to_string(e) + ": not a 32 x 32 MXFP4 view";
     if (!be.download(packed.data(), m[w]->data, kPackedBytes).is_ok() ||
         !be.download(scales.data(), m[w]->scales, kScaleBytes).is_ok())
       return "expert " + std::to_string(e) + ": download failed";
-    std::string d = differs(packed.data(), kPackedBytes, e, w, false);
-    if (d.empty()) d = differs(scales.data(), kScaleBytes, e, w, true);
-    if (!d.empty()) return d;
+    if (std::string d = matrix_differs(*m[w], packed.data(), scales.data(), e, w); !d.empty())
+      return d;
   }
   return "";
 }
@@ -193,11 +199,11 @@ class CacheFixtureTest : public ::testing::TestWithParam<IoParam> {
     return cache.is_ok() ? std::move(*cache) : nullptr;
   }
 
-  // One decode token per step, routed to `ids` (top-2 pairs), through `tier`; each view checked
-  // by `check`. The requests in order (the model's input).
+  // One decode token per step of `steps` (each routed to a pair of experts) through `tier`, each
+  // view checked by `check`; the experts asked for, in order, appended to `seen`.
   template <class Check>
-  static void route(model::ExpertSource& tier, const std::vector<std::array<int32_t, 2>>& steps, std::vector<int32_t>& seen,
-                    const Check& check) {
+  static void route(model::ExpertSource& tier, const std::vector<std::array<int32_t, 2>>& steps,
+                    std::vector<int32_t>& seen, const Check& check) {
     int64_t position = 0;
     for (const auto& ids : steps) {
       tier.begin_pass();
@@ -213,12 +219,13 @@ class CacheFixtureTest : public ::testing::TestWithParam<IoParam> {
 
   // 3 cycles over the 24 experts in pairs, then 150 random pairs of distinct experts.
   static std::vector<std::array<int32_t, 2>> cycling_then_random() {
+    constexpr size_t kCycling = 3 * kExperts / 2, kRandom = 150;
     std::vector<std::array<int32_t, 2>> steps;
     for (int cycle = 0; cycle < 3; ++cycle)
       for (int32_t e = 0; e < kExperts; e += 2) steps.push_back({e, e + 1});
     std::mt19937 rng(8);
     std::uniform_int_distribution<int32_t> pick(0, kExperts - 1);
-    while (steps.size() < 36 + 150) {
+    while (steps.size() < kCycling + kRandom) {
       const int32_t a = pick(rng), b = pick(rng);
       if (a != b) steps.push_back({a, b});
     }
@@ -243,11 +250,11 @@ TEST_P(CacheFixtureTest, ExpertsAreContiguousRunsWhereTheReadmePutsThem) {
 
 // (2) and (4): every view holds the fixture's bytes; hits and misses add up and equal LRU's.
 TEST_P(CacheFixtureTest, ARamTierSmallerThanTheWorkingSetServesTheBytesAndCountsAsLru) {
-  auto x = ram_tier(2);
-  ASSERT_TRUE(x);
+  auto ram = ram_tier(2);
+  ASSERT_TRUE(ram);
   std::vector<int32_t> seen;
-  ASSERT_NO_FATAL_FAILURE(route(*x, cycling_then_random(), seen, host_view_differs));
-  const ExpertCacheStats& s = x->stats();
+  ASSERT_NO_FATAL_FAILURE(route(*ram, cycling_then_random(), seen, host_view_differs));
+  const ExpertCacheStats& s = ram->stats();
   EXPECT_EQ(s.hits + s.demand_reads + s.late, seen.size());
   EXPECT_EQ(s.policy_requests, seen.size());
   const uint64_t hits = lru_hits(seen, kSlots);
@@ -262,21 +269,21 @@ TEST_P(CacheFixtureTest, ARamTierSmallerThanTheWorkingSetServesTheBytesAndCounts
 // (3): one batched fetch of 4, a streamed fetch of all 24 through 2 lent slots, and landed
 // prefetches serve the same bytes as the single fetches above.
 TEST_P(CacheFixtureTest, BatchedStreamedAndPrefetchedReadsServeTheSameBytes) {
-  auto x = ram_tier(4);
-  ASSERT_TRUE(x);
-  const int32_t four[] = {17, 3, 22, 8};
-  x->begin_pass();
-  x->begin_layer(kLayer, 0, four, 2, 2);
+  auto ram = ram_tier(4);
+  ASSERT_TRUE(ram);
+  const int32_t batch[] = {17, 3, 22, 8};
+  ram->begin_pass();
+  ram->begin_layer(kLayer, 0, batch, 2, 2);
   model::ExpertWeights out[kExperts];
-  ASSERT_TRUE(x->fetch(kLayer, four, out).is_ok());
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(host_view_differs(out[i], four[i]), "");
+  ASSERT_TRUE(ram->fetch(kLayer, batch, out).is_ok());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(host_view_differs(out[i], batch[i]), "");
 
   std::vector<int32_t> all(kExperts);
   for (int32_t e = 0; e < kExperts; ++e) all[static_cast<size_t>(e)] = kExperts - 1 - e;
-  x->begin_pass();
-  x->begin_layer(kLayer, 2, all.data(), kExperts / 2, 2);
+  ram->begin_pass();
+  ram->begin_layer(kLayer, 2, all.data(), kExperts / 2, 2);
   std::vector<int> handed(kExperts, 0);
-  ASSERT_TRUE(x->fetch_each(kLayer, all, out, [&](std::span<const size_t> ready) {
+  ASSERT_TRUE(ram->fetch_each(kLayer, all, out, [&](std::span<const size_t> ready) {
                  for (const size_t i : ready) {
                    ++handed[i];
                    EXPECT_EQ(host_view_differs(out[i], all[i]), "");
@@ -289,47 +296,48 @@ TEST_P(CacheFixtureTest, BatchedStreamedAndPrefetchedReadsServeTheSameBytes) {
   // landed (the views peek gives hold the bytes), then fetched as hits.
   const int32_t predicted[] = {11, 5};
   const float weights[] = {0.5f, 0.5f};
-  x->begin_pass();
-  x->on_prediction(kLayer - 1, 1, 0, predicted, weights, 1, 2);
+  ram->begin_pass();
+  ram->on_prediction(kLayer - 1, 1, 0, predicted, weights, 1, 2);
   model::ExpertWeights landed[2];
   bool both = false;
   for (int i = 0; i < 500 && !both; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    x->on_prediction(kLayer - 1, 1, 0, nullptr, nullptr, 0, 2);  // takes completions
-    both = x->peek(kLayer, 11, &landed[0]) && x->peek(kLayer, 5, &landed[1]);
+    ram->on_prediction(kLayer - 1, 1, 0, nullptr, nullptr, 0, 2);  // takes completions
+    both = ram->peek(kLayer, 11, &landed[0]) && ram->peek(kLayer, 5, &landed[1]);
   }
   ASSERT_TRUE(both) << "the prefetches did not land in 5 s";
   EXPECT_EQ(host_view_differs(landed[0], 11), "");
   EXPECT_EQ(host_view_differs(landed[1], 5), "");
-  const ExpertCacheStats before = x->stats();
-  x->begin_layer(kLayer, 0, predicted, 1, 2);
-  ASSERT_TRUE(x->fetch(kLayer, predicted, out).is_ok());
+  const ExpertCacheStats before = ram->stats();
+  ram->begin_layer(kLayer, 0, predicted, 1, 2);
+  ASSERT_TRUE(ram->fetch(kLayer, predicted, out).is_ok());
   EXPECT_EQ(host_view_differs(out[0], 11), "");
   EXPECT_EQ(host_view_differs(out[1], 5), "");
-  EXPECT_EQ(x->stats().prefetch_issued, 2u);
-  EXPECT_EQ(x->stats().prefetch_useful, 2u);
-  EXPECT_EQ(x->stats().prefetch_timely, 2u);
-  EXPECT_EQ(x->stats().hits, before.hits + 2);
-  EXPECT_EQ(x->stats().demand_reads, before.demand_reads);
+  EXPECT_EQ(ram->stats().prefetch_issued, 2u);
+  EXPECT_EQ(ram->stats().prefetch_useful, 2u);
+  EXPECT_EQ(ram->stats().prefetch_timely, 2u);
+  EXPECT_EQ(ram->stats().hits, before.hits + 2);
+  EXPECT_EQ(ram->stats().demand_reads, before.demand_reads);
 }
 
 // (5): the VRAM tier over the RAM tier (both smaller than the working set), on the emulated
 // device: the views read back hold the fixture's bytes, and its counts add up as LRU's.
 TEST_P(CacheFixtureTest, AVramTierOverTheRamTierServesTheBytesAndCountsAsLru) {
-  auto x = ram_tier(2);
-  ASSERT_TRUE(x);
+  auto ram = ram_tier(2);
+  ASSERT_TRUE(ram);
   auto be = backend::make_emulated_device_backend(cpu::Exec{nullptr, cpu::Isa::kScalar});
   const int64_t vram_slots = VramExpertTier::minimum_slots(ckpt_->config()) + 2;
-  auto vram = VramExpertTier::open(*x, *be, ckpt_->config(), VramExpertTier::slot_bytes_for(*ckpt_),
-                                   vram_slots, strata::PolicyKind::kLru, strata::PolicyInputs{});
+  auto vram =
+      VramExpertTier::open(*ram, *be, ckpt_->config(), VramExpertTier::slot_bytes_for(*ckpt_),
+                           vram_slots, strata::PolicyKind::kLru, strata::PolicyInputs{});
   ASSERT_TRUE(vram.is_ok()) << vram.status().message();
-  VramExpertTier& v = **vram;
+  VramExpertTier& vram_tier = **vram;
   std::vector<int32_t> seen;
-  ASSERT_NO_FATAL_FAILURE(route(v, cycling_then_random(), seen,
+  ASSERT_NO_FATAL_FAILURE(route(vram_tier, cycling_then_random(), seen,
                                 [&](const model::ExpertWeights& w, int32_t e) {
                                   return device_view_differs(*be, w, e);
                                 }));
-  const VramTierStats& s = v.stats();
+  const VramTierStats& s = vram_tier.stats();
   // The VRAM policy keeps the slots less one fetch's bypass (VramExpertTier::minimum_slots).
   ASSERT_EQ(s.policy_slots, static_cast<uint64_t>(vram_slots - 2));
   const uint64_t hits = lru_hits(seen, vram_slots - 2);
@@ -340,9 +348,9 @@ TEST_P(CacheFixtureTest, AVramTierOverTheRamTierServesTheBytesAndCountsAsLru) {
   EXPECT_GT(hits, 0u);
   EXPECT_LT(hits, seen.size() / 2);
   // The RAM tier below saw every routed expert and was fetched from for every VRAM miss.
-  const ExpertCacheStats& ram = x->stats();
-  EXPECT_EQ(ram.policy_requests, seen.size());
-  EXPECT_EQ(ram.hits + ram.demand_reads + ram.late, seen.size() - hits);
+  const ExpertCacheStats& below = ram->stats();
+  EXPECT_EQ(below.policy_requests, seen.size());
+  EXPECT_EQ(below.hits + below.demand_reads + below.late, seen.size() - hits);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -152,8 +152,7 @@ TEST(OpenAiRequest, WhatARequestLeavesUnsaidComesFromTheFlags) {
   r = completion({{"prompt", {12, "ab", 7}}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_TRUE(r->prompt.empty() && r->prompt_ids.empty());
-  using Piece = std::variant<int32_t, std::string>;
-  EXPECT_EQ(r->prompt_pieces, (std::vector<Piece>{12, std::string("ab"), 7}));
+  EXPECT_EQ(r->prompt_pieces, (std::vector<PromptPiece>{12, std::string("ab"), 7}));
 }
 
 // Each refusal is a usage error (HTTP 400) that names the field.

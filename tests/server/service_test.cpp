@@ -27,7 +27,7 @@ TEST_F(ServiceTest, AnAnswerIsTheGenerationOfTheRenderedRequest) {
 
 // A completion's text prompt is the client's own render: special-token names in it run as their
 // ids (as llama-server and vLLM read a prompt), the answer that of those ids given; a chat
-// message's content keeps them as text (K3-MODEL §8.3).
+// message's content keeps them as text (K3-MODEL §8.4).
 TEST_F(ServiceTest, ACompletionsPromptNamesSpecialTokensAndAChatMessageKeepsThemText) {
   using Role = tok::ChatMessage::Role;
   auto s = service();
