@@ -2,7 +2,7 @@
 //
 //   ktier run -m DIR (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--temp T] [--top-k K]
 //             [--top-p P] [--min-p P] [--seed S] [--threads N] [--chunk N] [--print-ids]
-//             [--isa auto]
+//             [--special] [--no-parse-special] [--isa auto]
 //             [--pack PACKDIR] [--ram SIZE | --preset NAME] [--io auto] [--report-json FILE]
 //             [--trace FILE] [--lookahead D] [--policy NAME] [--profile TRACE]
 //             [--stop-id ID ...] [--chat [-i|--interactive] [-c|--ctx-size N]]
@@ -77,6 +77,7 @@ struct RunArgs {
   StrataArgs strata;
   bool has_prompt = false, has_ids = false, print_ids = false, special = false, chat = false,
        interactive = false, prompt_cache_all = false, prompt_cache_ro = false;
+  bool names_as_text = false;  // --no-parse-special
   int64_t max_new_tokens = 128, chunk = 256, ctx_size = 0;
   std::vector<int64_t> stop_ids;  // --stop-id, beside the config's eos_token_id
   runtime::SamplingParams sampling;  // greedy unless --temp
@@ -199,10 +200,12 @@ Result<RunPrompt> read_prompt(const RunArgs& a, const std::optional<tok::Tokeniz
     return Status::usage(std::string("the prompt is empty (") +
                          (a.file.empty() ? "-p \"\"" : "-f " + a.file + " has no text") +
                          "): give some text to continue, or --chat to ask an empty message");
+  // Special-token names in plain text are their ids, as llama-cli and serve's completions read a
+  // prompt; a chat message's stay text (K3-MODEL §8.4).
   if (a.chat && given)
     p.ids = tok::render_user_turn(*tokenizer, *markers, p.text);
   else
-    p.ids = tokenizer->encode(p.text, a.special);
+    p.ids = tokenizer->encode(p.text, !a.names_as_text);
   return p;
 }
 
@@ -700,15 +703,18 @@ void register_run_command(CLI::App& app, int& exit_code) {
       ->delimiter(',')
       ->allow_extra_args(false);
   sub->add_flag("--special", a->special,
-                "Encode added-token strings in the prompt text as their ids, and print special "
-                "tokens in the output (hidden by default), except the stop id that ends it "
-                "(--print-ids lists every id)");
+                "Print special tokens in the output (hidden by default), except the stop id "
+                "that ends it (--print-ids lists every id)");
+  sub->add_flag("--no-parse-special", a->names_as_text,
+                "Read added-token names (<|end_of_msg|>...) in -p/-f text as text; by default "
+                "they are their ids, as llama-cli and serve's completions read a prompt (--chat "
+                "keeps a message's names text either way)")
+      ->excludes("--ids");
   sub->add_flag("--chat", a->chat,
                 "Wrap the prompt text as one user message in Kimi K3's chat format (thinking "
                 "off; typed marker strings stay text) and stop where the model closes its "
                 "response")
-      ->excludes("--ids")
-      ->excludes("--special");
+      ->excludes("--ids");
   sub->add_flag("-i,--interactive", a->interactive,
                 "With --chat: a conversation. After each answer, read the next message as one "
                 "line from standard input (\"> \" on stderr; end of input or Ctrl-C there ends it; "

@@ -91,7 +91,8 @@ void register_tokenize_command(CLI::App& app, int& exit_code) {
   p->excludes(f);
   auto* special = sub->add_flag(
       "--special", args->special,
-      "Encode added-token strings in the input as their ids (trusted text only)");
+      "Encode added-token strings in the input as their ids (trusted text only), as `run "
+      "-p` and serve's completions read a prompt");
   auto* pattern = sub->add_option("--pattern", args->pattern,
                                   "Split pattern: k3 (default) or o200k (OpenAI's, for "
                                   "cross-checks); encoding only")

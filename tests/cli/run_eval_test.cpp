@@ -502,7 +502,37 @@ TEST_F(RunEvalCli, ChatRunsTheRenderedPromptAndStopsAtTheResponseClose) {
   EXPECT_EQ(closed, 1) << "one run stops at <|close|>";
   EXPECT_EQ(ended, 1) << "one run stops at <|end_of_msg|>";
   EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat --ids 1,2 -n 1").exit_code, 2);
-  EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat --special -p hi -n 1").exit_code, 2);
+  // --special only shows special tokens in the output, which a chat answer may hold too.
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --chat --special -p hi -n 1").exit_code, 0);
+}
+
+// A -p prompt's special-token names are their ids (as llama-cli and serve's completions read a
+// prompt): the run is that of those ids; --no-parse-special reads them as text.
+TEST_F(RunEvalCli, APromptsSpecialTokenNamesAreTheirIdsUnlessReadAsText) {
+  auto tok = tok::Tokenizer::load(dir_);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().message();
+  const std::string text = "the lighthouse<|end_of_msg|>keeper";
+  auto ids_of = [&](bool names_as_ids) {
+    const std::vector<uint32_t> ids = tok->encode(text, names_as_ids);
+    return join_ids(std::vector<int>(ids.begin(), ids.end()));
+  };
+  ASSERT_NE(ids_of(true), ids_of(false)) << "the name is one of the tokenizer's added tokens";
+  const std::string sampling = " -n 6 --temp 1.5 --seed 3 --print-ids";
+  for (const bool names_as_ids : {true, false}) {
+    const std::string flag = names_as_ids ? "" : " --no-parse-special";
+    const auto from_text = run_process(ktier() + " run" + model() + " -p '" + text + "'" + flag +
+                                       sampling);
+    const std::string ids = ids_of(names_as_ids);
+    const auto from_ids = run_process(ktier() + " run" + model() + " --ids " + ids + sampling);
+    ASSERT_EQ(from_text.exit_code, 0) << from_text.err;
+    ASSERT_EQ(from_ids.exit_code, 0) << from_ids.err;
+    EXPECT_EQ(last_line(from_text.out), last_line(from_ids.out)) << flag;
+    const size_t n = std::count(ids.begin(), ids.end(), ',') + 1;
+    EXPECT_NE(from_text.err.find("prompt " + std::to_string(n) + " tokens"), std::string::npos)
+        << flag << ": " << from_text.err;
+  }
+  EXPECT_EQ(run_process(ktier() + " run" + model() + " --ids 1,2 --no-parse-special -n 1")
+                .exit_code, 2);
 }
 
 // The interactive chat tests' conversation (two messages, answers of at most 9 greedy ids), and
