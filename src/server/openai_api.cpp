@@ -268,20 +268,18 @@ Status parse_prompt(const json& body, CompletionRequest& r) {
     return Status::ok();
   }
   if (p->empty()) return field_error("prompt", "empty (no token to run)");
-  // Texts with ids (texts alone are a batch, split_prompt_batch's, or refused).
-  const bool mixed =
-      std::any_of(p->begin(), p->end(), [](const json& e) { return e.is_string(); }) &&
+  // Texts only with ids (texts alone are a batch, split_prompt_batch's, or refused).
+  const bool has_id =
       std::any_of(p->begin(), p->end(), [](const json& e) { return e.is_number(); });
   for (const json& e : *p) {
-    if (mixed && e.is_string()) {
+    if (has_id && e.is_string()) {
       r.prompt_pieces.emplace_back(e.get<std::string>());
       continue;
     }
     if (!e.is_number()) return field_error("prompt", what);
     KTIER_ASSIGN_OR_RETURN(const int64_t v,
                            integer_value(e, "prompt", 0, std::numeric_limits<int32_t>::max()));
-    if (mixed) r.prompt_pieces.emplace_back(static_cast<int32_t>(v));
-    else r.prompt_ids.push_back(static_cast<int32_t>(v));
+    r.prompt_pieces.emplace_back(static_cast<int32_t>(v));
   }
   return Status::ok();
 }

@@ -56,10 +56,9 @@ using PromptPiece = std::variant<int32_t, std::string>;
 
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string prompt;                      // completions
-  std::vector<int32_t> prompt_ids;         // completions given token ids (then prompt is empty)
-  // Completions given ids and texts mixed (llama-server's [12, "text", 34]; then prompt and
-  // prompt_ids are empty): each text encoded as `prompt` is, in its place.
+  std::string prompt;                      // completions given text
+  // Completions given an array: token ids, or ids and texts mixed (llama-server's [12, "text",
+  // 34]; each text encoded as `prompt` is, in its place). Then `prompt` is empty.
   std::vector<PromptPiece> prompt_pieces;
   std::vector<tok::ChatMessage> messages;  // chat: at least one, the last the user's
   std::optional<int64_t> max_tokens;       // unset: RequestDefaults::max_tokens, capped; 0

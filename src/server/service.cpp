@@ -68,7 +68,6 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   const auto prompt_text = [&](const std::string& text) {
     return tokenizer_.encode(text, /*allow_special=*/true);
   };
-  for (const int32_t id : request.prompt_ids) KTIER_RETURN_IF_ERROR(add_client_id(id));
   for (const PromptPiece& piece : request.prompt_pieces)
     KTIER_RETURN_IF_ERROR(std::holds_alternative<int32_t>(piece)
                               ? add_client_id(std::get<int32_t>(piece))
@@ -76,7 +75,7 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   if (request.endpoint == Endpoint::kChatCompletions)
     KTIER_RETURN_IF_ERROR(
         add_encoded(tok::render_conversation(tokenizer_, markers_, request.messages)));
-  else if (request.prompt_ids.empty() && request.prompt_pieces.empty())
+  else if (request.prompt_pieces.empty())
     KTIER_RETURN_IF_ERROR(add_encoded(prompt_text(request.prompt)));
   if (ids.empty()) return Status::usage("request field \"prompt\": empty (no token to run)");
   const int64_t prompt = static_cast<int64_t>(ids.size());

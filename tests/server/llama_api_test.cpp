@@ -29,7 +29,7 @@ TEST(LlamaRequest, NPredictAndTokenIdPromptsAreRead) {
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_EQ(r->endpoint, Endpoint::kLlamaCompletion);
   EXPECT_EQ(r->prompt, "abc");
-  EXPECT_TRUE(r->prompt_ids.empty());
+  EXPECT_TRUE(r->prompt_pieces.empty());
   EXPECT_EQ(r->max_tokens, 7);
   EXPECT_FALSE(r->to_context_end);
   EXPECT_EQ(r->sampling.temperature, 0.0);
@@ -39,7 +39,7 @@ TEST(LlamaRequest, NPredictAndTokenIdPromptsAreRead) {
   r = llama({{"prompt", {5, 0, 7}}, {"n_predict", -1}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_EQ(r->prompt, "");
-  EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{5, 0, 7}));
+  EXPECT_EQ(r->prompt_pieces, (std::vector<PromptPiece>{5, 0, 7}));
   EXPECT_FALSE(r->max_tokens.has_value());
   EXPECT_TRUE(r->to_context_end);
   // Unset: the server's -n (Service::prepare), as the OpenAI endpoints.
@@ -75,15 +75,15 @@ TEST(LlamaRequest, NPredictAndTokenIdPromptsAreRead) {
   // OpenAI's completions take token ids too.
   r = parse(Endpoint::kCompletions, {{"prompt", {9, 8}}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
-  EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{9, 8}));
+  EXPECT_EQ(r->prompt_pieces, (std::vector<PromptPiece>{9, 8}));
   // A batch of one (lm-eval-harness's form).
   r = parse(Endpoint::kCompletions, {{"prompt", {{9, 8}}}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
-  EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{9, 8}));
+  EXPECT_EQ(r->prompt_pieces, (std::vector<PromptPiece>{9, 8}));
   // Whole numbers as every integer field takes them.
   r = llama({{"prompt", {3.0, 2147483647}}});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
-  EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{3, 2147483647}));
+  EXPECT_EQ(r->prompt_pieces, (std::vector<PromptPiece>{3, 2147483647}));
 }
 
 TEST(LlamaRequest, RefusalsNameTheField) {

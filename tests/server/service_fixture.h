@@ -34,6 +34,14 @@ inline int64_t code_points(std::string_view utf8) {
   return std::count_if(utf8.begin(), utf8.end(), [](char c) { return (c & 0xC0) != 0x80; });
 }
 
+// Token ids as a completion's array prompt (CompletionRequest::prompt_pieces).
+template <class Id>
+std::vector<PromptPiece> id_pieces(const std::vector<Id>& ids) {
+  std::vector<PromptPiece> pieces;
+  for (const Id id : ids) pieces.emplace_back(static_cast<int32_t>(id));
+  return pieces;
+}
+
 class ServiceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -38,7 +38,7 @@ TEST_F(ServiceTest, ACompletionsPromptNamesSpecialTokensAndAChatMessageKeepsThem
   EXPECT_EQ(named.usage.prompt_tokens, static_cast<int64_t>(ids.size()));
   EXPECT_EQ(named.text, generated_text(ids, 6, /*chat=*/false));
   CompletionRequest given;
-  given.prompt_ids.assign(ids.begin(), ids.end());
+  given.prompt_pieces = id_pieces(ids);
   given.max_tokens = 6;
   EXPECT_EQ(answer(*s, given).text, named.text);
   // Ids and texts mixed (llama-server's): each text encoded in its place.
@@ -381,7 +381,7 @@ TEST_F(ServiceTest, AnEchoedPromptComesFirstWithItsTokensLogprobs) {
     if (tokenizer_->token_bytes(static_cast<uint32_t>(id)) == std::string_view("\xe2")) lead = id;
   ASSERT_GE(lead, 0);
   CompletionRequest cut_char;
-  cut_char.prompt_ids = {lead};
+  cut_char.prompt_pieces = {lead};
   cut_char.max_tokens = 2;
   cut_char.echo = true;
   cut_char.logprobs = 0;
@@ -407,7 +407,7 @@ TEST_F(ServiceTest, AStopTextAtACharacterSplitOverTokensKeepsTheSentEntries) {
   auto s = service();
   CompletionRequest r;
   r.endpoint = Endpoint::kLlamaCompletion;
-  r.prompt_ids = {28, 28, 28, 28, 28, 28};
+  r.prompt_pieces = {28, 28, 28, 28, 28, 28};
   r.max_tokens = 8;
   r.sampling = {.temperature = 1.0, .seed = 2};
   r.stop = {"7\x01", "\xc7\x91H"};
@@ -451,7 +451,7 @@ TEST_F(ServiceTest, AStopTokenHasTheLastEntry) {
   Service eos_service(**engine, *tokenizer_, markers_, o);
   auto s = service();
   CompletionRequest r;
-  r.prompt_ids.assign(prompt_ids.begin(), prompt_ids.end());
+  r.prompt_pieces = id_pieces(prompt_ids);
   r.max_tokens = 3;
   r.logprobs = 2;
   const Completion plain = answer(*s, r);  // greedy[2] is text there
@@ -471,12 +471,12 @@ TEST_F(ServiceTest, AStopTokenHasTheLastEntry) {
   r.max_tokens = 2;
   EXPECT_EQ(c.text, answer(*s, r).text);
   // lm-eval-harness's request: the prompt goes on to the stop token, which comes next.
-  r.prompt_ids.insert(r.prompt_ids.end(), greedy.begin(), greedy.begin() + 2);
+  r.prompt_pieces.insert(r.prompt_pieces.end(), greedy.begin(), greedy.begin() + 2);
   r.max_tokens = 1;
   r.echo = true;
   r.logprobs = 1;
   const Completion echoed = answer(eos_service, r);
-  ASSERT_EQ(echoed.logprobs.size(), r.prompt_ids.size() + 1);
+  ASSERT_EQ(echoed.logprobs.size(), r.prompt_pieces.size() + 1);
   EXPECT_EQ(echoed.logprobs.back().token.id, greedy[2]);
   EXPECT_EQ(echoed.logprobs.back().token.logprob, plain.logprobs[2].token.logprob);
   fs::remove_all(copy);  // (a shard still mapped stays readable)
@@ -548,7 +548,7 @@ TEST_F(ServiceTest, ChatEndsAtTheResponsesCloseAndACompletionAtTheMessagesEnd) {
     EXPECT_EQ(ids_of(c), content);
     EXPECT_EQ(c.usage.completion_tokens, static_cast<int64_t>(chat_ids.size()));
     CompletionRequest text;
-    text.prompt_ids.assign(rendered.begin(), rendered.end());
+    text.prompt_pieces = id_pieces(rendered);
     text.max_tokens = 12;
     text.sampling = sampling;
     text.logprobs = 1;
@@ -591,7 +591,7 @@ TEST_F(ServiceTest, HeldBytesNoTokenCompletesComeBeforeTheNextTokensText) {
   // 0xEA held, then a special token, then the answer's end (length): the special follows the
   // U+FFFD, as a stop id there does.
   CompletionRequest special;
-  special.prompt_ids = {124, 206, 212, 88};
+  special.prompt_pieces = {124, 206, 212, 88};
   special.max_tokens = 4;
   special.logprobs = 0;
   const Completion h = answer(*s, special);

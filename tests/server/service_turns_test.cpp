@@ -304,12 +304,12 @@ TEST_F(ServiceTest, TheContextBoundsARequest) {
   // the vocabulary (a client's error, naming the field).
   const std::vector<uint32_t> encoded = tokenizer_->encode(prompt, false);
   CompletionRequest by_ids = text_request("", 2);
-  by_ids.prompt_ids.assign(encoded.begin(), encoded.end());
+  by_ids.prompt_pieces = id_pieces(encoded);
   p = s->prepare(by_ids);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   EXPECT_EQ(p->ids, std::vector<int32_t>(encoded.begin(), encoded.end()));
   const int32_t vocab = static_cast<int32_t>(engine_->checkpoint().config().vocab_size);
-  by_ids.prompt_ids = {1, vocab};
+  by_ids.prompt_pieces = {1, vocab};
   p = s->prepare(by_ids);
   ASSERT_FALSE(p.is_ok());
   EXPECT_EQ(p.status().code(), ExitCode::kUsage);
@@ -317,10 +317,10 @@ TEST_F(ServiceTest, TheContextBoundsARequest) {
   // n_predict 0 (llama-server's): the prompt runs and is kept, nothing is generated; a prompt
   // of all 12 positions fits.
   CompletionRequest full = by_ids;
-  full.prompt_ids.assign(12, 1);
+  full.prompt_pieces.assign(12, 1);
   full.max_tokens = 0;
   EXPECT_TRUE(s->prepare(full).is_ok());
-  full.prompt_ids.push_back(1);
+  full.prompt_pieces.emplace_back(1);
   p = s->prepare(full);
   ASSERT_FALSE(p.is_ok());
   EXPECT_EQ(p.status().code(), ExitCode::kBudget);
