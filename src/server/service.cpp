@@ -36,7 +36,6 @@ Service::Service(runtime::Engine& engine, const tok::Tokenizer& tokenizer,
   completion_stop_ids_.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
   chat_stop_ids_ = completion_stop_ids_;
   chat_stop_ids_.push_back(static_cast<int32_t>(markers_.close));
-  gen_.stop_ids = completion_stop_ids_;
   gen_.prefill_chunk = options_.prefill_chunk;
   gen_.reserve_positions = options_.ctx;
   gen_.sampling = options_.defaults.sampling;
@@ -323,8 +322,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
                      (ran.size() < ids.size() ||
                       (ran.size() == ids.size() && session_->holds_logits())) &&
                      std::equal(ran.begin(), ran.end(), ids.begin());
-  runtime::GenerationOptions gen = gen_;
-  gen.stop_ids = stop_ids;
+  runtime::GenerationOptions gen = gen_;  // its stop ids: configure_turns' below
   gen.stop_requested = [&] {
     return answer.stop_hit() || answer.client_gone() || (stop_requested && stop_requested());
   };
@@ -332,7 +330,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     out.report.decode_start = runtime::EngineCounters::start_window(engine_);
     if (!echo_unscored()) answer.send_upto(out.text.size());  // the echoed prompt, if any
   };
-  // The session keeps the options it was opened with; a reused one is told this request's.
+  // A fresh or reused session is told this request's limit, sampling and stop ids.
   if (!reuse) {
     session_.reset();
     KTIER_ASSIGN_OR_RETURN(session_, runtime::GenerationSession::open(

@@ -157,7 +157,7 @@ class Service {
   const tok::Tokenizer& tokenizer_;
   const tok::ChatMarkers markers_;
   const ServiceOptions options_;
-  // The config's stop ids, chunk, reserve; per request: sampling, limit, stop ids.
+  // What a session opens with: chunk, reserve (per request: sampling, limit, stop ids).
   runtime::GenerationOptions gen_;
   // The ids that end a request's answer: the config's, and for chat the response's <|close|>.
   std::vector<int32_t> completion_stop_ids_, chat_stop_ids_;

@@ -178,12 +178,14 @@ class CacheFixtureTest : public ::testing::TestWithParam<IoParam> {
     auto engine = io::make_io_engine(io);
     if (!engine.is_ok() && io.backend == io::IoBackend::kUring)
       GTEST_SKIP() << "io_uring unavailable here: " << engine.status().message();
+    ASSERT_TRUE(engine.is_ok()) << engine.status().message();
+    shards_.engine = std::move(*engine);  // open_shard_files opens the shard with it
     if (io.direct == io::DirectMode::kDirect) {
       auto probe = io::ReadFile::open(dir_ / "model-cache-fixture.safetensors", io.direct);
       if (!probe.is_ok())
         GTEST_SKIP() << "O_DIRECT unavailable in " << dir_ << ": " << probe.status().message();
     }
-    ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt_, shards_, io));
+    ASSERT_NO_FATAL_FAILURE(open_shard_files(*ckpt_, shards_));
     for (const io::ReadFile& f : shards_.files)
       ASSERT_EQ(f.direct(), io.direct == io::DirectMode::kDirect);
   }

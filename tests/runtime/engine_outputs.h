@@ -62,15 +62,18 @@ inline void synth_tiny(const std::filesystem::path& dir) {
 
 // The parts a tier is opened on without an Engine: an I/O engine and one ReadFile per shard of
 // `ckpt`, in Checkpoint order (call under ASSERT_NO_FATAL_FAILURE; `engine` is null on failure).
+// An engine already in `out` opens the files; otherwise one is made from `options`.
 struct ShardFiles {
   std::unique_ptr<io::IoEngine> engine;
   std::vector<io::ReadFile> files;
 };
 inline void open_shard_files(const format::Checkpoint& ckpt, ShardFiles& out,
                              const io::IoOptions& options = {}) {
-  auto io = io::make_io_engine(options);
-  ASSERT_TRUE(io.is_ok()) << io.status().message();
-  out.engine = std::move(*io);
+  if (!out.engine) {
+    auto io = io::make_io_engine(options);
+    ASSERT_TRUE(io.is_ok()) << io.status().message();
+    out.engine = std::move(*io);
+  }
   for (size_t i = 0; i < ckpt.num_shards(); ++i) {
     auto f = out.engine->open(ckpt.shard(i).path());
     ASSERT_TRUE(f.is_ok()) << f.status().message();
