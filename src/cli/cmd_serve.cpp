@@ -473,8 +473,7 @@ class ApiHandlers {
     const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
     auto request = std::make_shared<server::PreparedRequest>(std::move(*prepared));
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
+    httplib::ContentProviderWithoutLength events =
         [this, request, head, endpoint, native_api, peer](size_t, httplib::DataSink& sink) {
           // cpp-httplib does not catch what a content provider throws (std::bad_alloc while an
           // event is built: the process would end); false closes the connection instead, the
@@ -524,7 +523,13 @@ class ApiHandlers {
             spdlog::error("serve: a streamed answer ended early: building an event failed");
             return false;
           }
-        });
+        };
+    // An HTTP/1.0 client reads no chunked body (RFC 9112 §6.1): it gets the events unframed,
+    // ended by the connection's close.
+    if (req.version == "HTTP/1.0")
+      res.set_content_provider("text/event-stream", std::move(events));
+    else
+      res.set_chunked_content_provider("text/event-stream", std::move(events));
   }
 
   // The logprobs of `tokens` in the request's endpoint's form; null when it asked none.

@@ -899,6 +899,44 @@ TEST_F(ServeCli, APostWithoutABodyIsAnsweredAtOnce) {
   EXPECT_EQ(server.wait(), 0) << server.err();
 }
 
+// A streamed answer to an HTTP/1.0 client, which reads no chunked body (RFC 9112 §6.1), comes
+// unframed and ends with the connection; an HTTP/1.1 client's is chunked.
+TEST_F(ServeCli, AStreamToAnHttp10ClientIsNotChunked) {
+  ChildProcess server(serve_argv(dir_ / "model"));
+  const int port = start(server);
+  ASSERT_GT(port, 0) << server.err();
+  const std::string body = R"({"prompt": "The lamp", "max_tokens": 3, "stream": true})";
+  for (const std::string version : {"HTTP/1.0", "HTTP/1.1"}) {
+    const int sock = connect_to(port);
+    ASSERT_GE(sock, 0);
+    const timeval wait{30, 0};  // a bound on a broken server, not a timing claim
+    ASSERT_EQ(::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait), 0);
+    const std::string post = "POST /v1/completions " + version + "\r\nHost: x\r\n"
+                             "Connection: close\r\nContent-Length: " +
+                             std::to_string(body.size()) + "\r\n\r\n" + body;
+    ASSERT_EQ(::send(sock, post.data(), post.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(post.size()));
+    std::string got;  // all until the server closes (both asked it to)
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(sock, buf, sizeof buf, 0)) > 0;)
+      got.append(buf, static_cast<size_t>(n));
+    ::close(sock);
+    const size_t head_end = got.find("\r\n\r\n");
+    ASSERT_NE(head_end, std::string::npos) << version << ": " << got;
+    const std::string head = got.substr(0, head_end), events = got.substr(head_end + 4);
+    EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+    const bool chunked = head.find("Transfer-Encoding: chunked") != std::string::npos;
+    EXPECT_EQ(chunked, version == "HTTP/1.1") << head;
+    EXPECT_EQ(events.rfind(chunked ? "" : "data: {", 0), 0u) << version << ": " << events;
+    const std::string last = chunked ? "data: [DONE]\n\n\r\n0\r\n\r\n" : "data: [DONE]\n\n";
+    EXPECT_TRUE(events.size() >= last.size() &&
+                events.compare(events.size() - last.size(), last.size(), last) == 0)
+        << version << ": " << events;
+  }
+  server.signal(SIGINT);
+  EXPECT_EQ(server.wait(), 0) << server.err();
+}
+
 TEST_F(ServeCli, HelpListsServe) {
   auto r = run_process(ktier_bin().string() + " --help");
   EXPECT_EQ(r.exit_code, 0);
