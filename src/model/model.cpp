@@ -126,6 +126,13 @@ Status Model::aggregate(ResidualStream& s, const F32Vec& f, float* out) {
                      config().rms_norm_eps, out);
 }
 
+void Model::RoutingTap::on_routing(int64_t layer, int64_t first_position, const int32_t* ids,
+                                   const float* weights, int64_t T, int k) {
+  last.layer = layer;
+  last.ids.assign(ids, ids + T * k);  // within the capacity of earlier passes: no allocation
+  if (next) next->on_routing(layer, first_position, ids, weights, T, k);
+}
+
 Status Model::layer(int64_t l, const LayerWeights& lw, LayerState& ls, int64_t first_position,
                     ResidualStream& s) {
   const format::ModelConfig& c = config();
@@ -179,7 +186,7 @@ Status Model::layer(int64_t l, const LayerWeights& lw, LayerState& ls, int64_t f
     KTIER_RETURN_IF_ERROR(predict(l, 1, lookahead_depth_, first_position, s.sources, T));
   }
   if (!lw.is_dense) {
-    KTIER_RETURN_IF_ERROR(moe_block(lw.moe, c, l, first_position, *experts_, routing_observer_,
+    KTIER_RETURN_IF_ERROR(moe_block(lw.moe, c, l, first_position, *experts_, &last_routing_,
                                     x, known, T, s.y.as<float>(), be_));
   }
   KTIER_RETURN_IF_ERROR(be_.add(s.P.as<float>(), s.y.as<float>(), T * E, s.P.as<float>()));

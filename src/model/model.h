@@ -98,7 +98,15 @@ class Model {
   Status layer(int64_t l, const LayerWeights& lw, LayerState& ls, int64_t first_position,
                ResidualStream& s);
 
-  void set_routing_observer(RoutingObserver* o) { routing_observer_ = o; }
+  void set_routing_observer(RoutingObserver* o) { last_routing_.next = o; }
+  // The selection of the last MoE layer that routed (in the last forward() or layer() call that
+  // reached one): where a pass whose stream turned non-finite after it looks for a damaged
+  // expert (Engine::explain_nonfinite). Layer -1 before any.
+  struct MoeRouting {
+    int64_t layer = -1;
+    std::vector<int32_t> ids;  // [T, k] in selection order
+  };
+  const MoeRouting& last_moe_routing() const { return last_routing_.last; }
   // Router lookahead (docs/STRATA.md §4): after layer l's attention, for d = 1..depth, MoE layer
   // l+d's router is scored on the current residual stream (its own AttnRes mix of the bank and
   // P, its post-attention norm) and its top-k goes to the observers. With `refresh`, layer l+1's
@@ -146,7 +154,13 @@ class Model {
   // AttnRes over the stream's bank and P with scoring vector f: out [T, E].
   Status aggregate(ResidualStream& s, const F32Vec& f, float* out);
 
-  RoutingObserver* routing_observer_ = nullptr;
+  // Keeps the last routing, then tells the routing observer (set_routing_observer's) if any.
+  struct RoutingTap : RoutingObserver {
+    void on_routing(int64_t layer, int64_t first_position, const int32_t* ids,
+                    const float* weights, int64_t T, int k) override;
+    MoeRouting last;
+    RoutingObserver* next = nullptr;
+  } last_routing_;
   int lookahead_depth_ = 0;
   bool lookahead_refresh_ = false;
   RoutingWeightsFn routing_weights_;

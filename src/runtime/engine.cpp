@@ -312,17 +312,29 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& requested) {
 Status Engine::explain_nonfinite(const Status& s) const {
   if (!is_nonfinite_logits(s)) return s;
   std::lock_guard<std::mutex> lock(nonfinite_mutex_);
-  if (!nonfinite_note_) {
+  if (!nonfinite_trunk_) {
     spdlog::info("looking for a weight that is not finite in {} ...", ckpt_.dir().string());
     Result<std::optional<std::string>> found = find_nonfinite_weight(ckpt_);
     if (!found.is_ok())
       return s.with_note("Looking for the weight that is not finite failed: " +
                          found.status().message());
-    nonfinite_note_ = *found ? "The checkpoint's bytes are damaged: " + **found
-                             : "Every weight of the checkpoint the trunk reads is finite: "
-                               "activations overflowed, or a pack or expert bytes differ";
+    nonfinite_trunk_ = found->value_or("");
   }
-  return s.with_note(*nonfinite_note_);
+  if (!nonfinite_trunk_->empty())
+    return s.with_note("The checkpoint's bytes are damaged: " + *nonfinite_trunk_);
+  // The trunk is finite: the experts the stream last went through are looked at.
+  const model::Model::MoeRouting& routed = model_->last_moe_routing();
+  if (routed.layer >= 0) {
+    Result<std::optional<std::string>> scale =
+        find_damaged_expert_scale(ckpt_, routed.layer, routed.ids);
+    if (!scale.is_ok())
+      return s.with_note("Looking for a damaged expert scale failed: " +
+                         scale.status().message());
+    if (*scale) return s.with_note("The checkpoint's bytes are damaged: " + **scale);
+  }
+  return s.with_note("Every weight of the checkpoint the trunk reads is finite, and no scale of "
+                     "the experts last routed to is out of range: activations overflowed, or a "
+                     "pack or expert bytes differ");
 }
 
 }  // namespace ktier::runtime

@@ -83,8 +83,10 @@ class Engine {
   int threads() const { return pool_->size(); }
 
   // `s`, and where it is an error of values not finite (is_nonfinite_logits: the logits, a
-  // router's scores), the first weight of the checkpoint that is not finite
-  // (find_nonfinite_weight: read on the first such error only), or that none is. Thread-safe.
+  // router's scores), the first trunk weight of the checkpoint that is not finite
+  // (find_nonfinite_weight: read on the first such error only); where none is, a damaged scale
+  // of the experts the pass's last MoE layer routed to (find_damaged_expert_scale), or that none
+  // is. Call it after the failed pass, before another. Thread-safe.
   Status explain_nonfinite(const Status& s) const;
 
  private:
@@ -121,8 +123,9 @@ class Engine {
   std::vector<void*> pinned_host_;
   uint64_t pinned_host_bytes_ = 0, pin_refused_bytes_ = 0;
   EnginePlan plan_;  // open_plan's: the options with lookahead decided, where everything goes
-  mutable std::mutex nonfinite_mutex_;                 // guards nonfinite_note_
-  mutable std::optional<std::string> nonfinite_note_;  // explain_nonfinite's, once read
+  mutable std::mutex nonfinite_mutex_;  // guards nonfinite_trunk_
+  // explain_nonfinite's trunk scan, once read: "TENSOR in SHARD: ..." or "" (all finite).
+  mutable std::optional<std::string> nonfinite_trunk_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   cpu::Exec exec_;

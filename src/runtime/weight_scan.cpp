@@ -1,8 +1,11 @@
 #include "runtime/weight_scan.h"
 
+#include <algorithm>
+#include <array>
 #include <vector>
 
 #include "common/interrupt.h"
+#include "cpu/numerics.h"
 #include "format/value_check.h"
 #include "model/blocks.h"
 #include "model/weights.h"
@@ -45,6 +48,53 @@ Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoin
                                         ": element " + std::to_string(c.first_element) +
                                         " is " + (c.first_is_nan ? "NaN" : "infinite"));
   }
+  return std::optional<std::string>();
+}
+
+Result<std::optional<std::string>> find_damaged_expert_scale(const format::Checkpoint& ckpt,
+                                                             int64_t layer,
+                                                             std::span<const int32_t> experts) {
+  if (ckpt.expert_storage() != format::ExpertStorage::kMxfp4) return std::optional<std::string>();
+  std::vector<int32_t> ids(experts.begin(), experts.end());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  struct Scales {
+    std::string name;
+    const format::SafetensorsFile* shard;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Scales> read;
+  std::array<uint64_t, 256> count{};  // blocks by scale byte, zero blocks left out
+  using Parts = format::ExpertLocation;
+  // The weight_scale parts, w2's first: SiTU caps what w1 and w3 give (K3-MODEL §6.0: |out| <=
+  // 100), so w2's products are where an overflow reaches the stream.
+  for (const size_t p : {3, 1, 5}) {
+    for (const int32_t e : ids) {
+      const format::ExpertPart& part = ckpt.expert(layer, e).parts[p];
+      Scales s{format::expert_prefix(layer, e) + Parts::kPackedPartNames[p],
+               &ckpt.shard(part.shard), std::vector<uint8_t>(part.nbytes)};
+      KTIER_RETURN_IF_ERROR(s.shard->read_bytes(part.file_offset, part.nbytes, s.bytes.data()));
+      for (const uint8_t b : s.bytes)
+        if (b != cpu::num::kE8M0ZeroBlock) ++count[b];
+      read.push_back(std::move(s));
+    }
+  }
+  uint64_t blocks = 0, below = 0;
+  for (const uint64_t n : count) blocks += n;
+  int median = 0;
+  while (median < 255 && 2 * (below + count[static_cast<size_t>(median)]) <= blocks)
+    below += count[static_cast<size_t>(median++)];
+  for (const Scales& s : read)
+    for (size_t i = 0; i < s.bytes.size(); ++i) {
+      const int b = s.bytes[i];
+      if (b == cpu::num::kE8M0ZeroBlock || (b < 253 && b < median + 64)) continue;
+      return std::optional<std::string>(
+          s.name + " in " + s.shard->path().filename().string() + ": block " +
+          std::to_string(i) + "'s scale is 2^" + std::to_string(b - 127) + " (byte " +
+          std::to_string(b) + "), 2^" + std::to_string(b - median) + " times the median " +
+          "block's of the experts layer " + std::to_string(layer) + " routed to: a damaged " +
+          "byte? (blocks that large overflow 32-bit floats)");
+    }
   return std::optional<std::string>();
 }
 

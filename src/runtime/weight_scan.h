@@ -4,7 +4,9 @@
 // what a run's load costs again), so that the error names the tensor and its shard as well as
 // the position.
 
+#include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "common/status.h"
@@ -25,6 +27,19 @@ namespace ktier::runtime {
 inline constexpr int64_t kAllParts = -1, kHeadPart = -2;
 Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoint& ckpt,
                                                          int64_t part = kAllParts);
+
+// Where a pass whose stream turned non-finite after MoE layer `layer` may have overflowed, when
+// every trunk weight is finite: the experts it routed to (`experts`, repeats allowed). Their
+// MXFP4 scale tensors are read (on K3 1 MB per expert) and the first scale byte (w2's first,
+// whose products reach the stream uncapped, then w1's, w3's; each in expert id order) that is
+// 253 or 254 (a block whose values pass 32-bit floats' range) or 64 or more above the median of
+// all their blocks' bytes (2^64 times the typical block: a top bit set by damage; a trained
+// model's blocks span far less) is named as "TENSOR in SHARD: block B's scale is 2^X (byte S),
+// ...". nullopt where none is, or where the checkpoint's experts are not MXFP4. Errors: the
+// shards' read errors (Status::runtime).
+Result<std::optional<std::string>> find_damaged_expert_scale(const format::Checkpoint& ckpt,
+                                                             int64_t layer,
+                                                             std::span<const int32_t> experts);
 
 // Whether `s` is check_logits' error (runtime/generator.h): logits that are not finite; or
 // model::check_router_scores' (a router's scores).

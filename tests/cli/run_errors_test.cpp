@@ -242,9 +242,11 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     EXPECT_NE(r.err.find("the logits after 2 positions hold +Inf (first at id 7)"),
               std::string::npos) << r.err;
     EXPECT_EQ(r.out, "");
-    // The error says where: no weight is not finite (looked for once the logits were seen).
-    const std::string why = "Every weight of the checkpoint the trunk reads is finite: "
-                            "activations overflowed";
+    // The error says where: no weight is not finite, no scale of the experts last routed to
+    // out of range (looked for once the logits were seen).
+    const std::string why = "Every weight of the checkpoint the trunk reads is finite, and no "
+                            "scale of the experts last routed to is out of range: activations "
+                            "overflowed";
     EXPECT_NE(r.err.find(why), std::string::npos) << r.err;
     EXPECT_EQ(ev.exit_code, 3) << ev.err;  // eval --argmax reports no id from them either
     EXPECT_NE(ev.err.find("the logits after 1 position hold +Inf"), std::string::npos) << ev.err;

@@ -56,6 +56,115 @@ std::optional<std::string> scan(const fs::path& dir) {
   return found.is_ok() ? *found : std::string("(scan failed)");
 }
 
+// Writes `byte` over scale blocks [first, first + n) of expert `e`'s scale part `part` (1, 3, 5:
+// w1, w2, w3 weight_scale, ExpertLocation::kPackedPartNames) in MoE layer `layer` of `dir`'s
+// checkpoint (n = 0: to the part's end); "TENSOR in SHARD" for it.
+std::string set_expert_scale(const fs::path& dir, int64_t layer, int32_t e, size_t part,
+                             uint64_t first, uint64_t n, uint8_t byte) {
+  auto ckpt = format::Checkpoint::open(dir);
+  EXPECT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+  if (!ckpt.is_ok()) return "";
+  const format::ExpertPart& where = ckpt->expert(layer, e).parts[part];
+  if (n == 0) n = where.nbytes - first;
+  EXPECT_LE(first + n, where.nbytes);
+  const fs::path shard = ckpt->shard(where.shard).path();
+  std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(where.file_offset + first));
+  const std::string bytes(n, static_cast<char>(byte));
+  f.write(bytes.data(), static_cast<std::streamsize>(n));
+  return format::expert_prefix(layer, e) + format::ExpertLocation::kPackedPartNames[part] +
+         " in " + shard.filename().string();
+}
+
+std::optional<std::string> damaged_scale(const fs::path& dir, int64_t layer,
+                                         const std::vector<int32_t>& routed) {
+  auto ckpt = format::Checkpoint::open(dir);
+  EXPECT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+  if (!ckpt.is_ok()) return std::string("(not opened)");
+  auto found = find_damaged_expert_scale(*ckpt, layer, routed);
+  EXPECT_TRUE(found.is_ok()) << found.status().message();
+  return found.is_ok() ? *found : std::string("(scan failed)");
+}
+
+// An expert scale far above the others of the experts a layer routed to (a top bit set by
+// damage) is named, w2's first, then w1's, w3's, each in expert id order; one within the span
+// trained blocks have (the tiny model's are 123-125), a zero block (255) and the experts not
+// routed to are not.
+TEST(WeightScan, NamesAnExpertScaleFarAboveTheOthersOfTheRoutedExperts) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("ktier-expert-scale-" + std::to_string(::getpid()));
+  ASSERT_NO_FATAL_FAILURE(synth_tiny(dir));
+  auto ckpt = format::Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+  ASSERT_EQ(ckpt->expert_storage(), format::ExpertStorage::kMxfp4);
+  const int64_t layer = ckpt->config().first_k_dense_replace;  // the first MoE layer
+  const std::vector<int32_t> routed = {5, 3, 3, 0};             // one token's, say
+  EXPECT_EQ(damaged_scale(dir, layer, routed), std::nullopt);
+  set_expert_scale(dir, layer, 3, 3, 7, 1, 160);  // 2^36 above the rest
+  EXPECT_EQ(damaged_scale(dir, layer, routed), std::nullopt);
+  const std::string w1_of_5 = set_expert_scale(dir, layer, 5, 1, 2, 1, 200);
+  std::optional<std::string> named = damaged_scale(dir, layer, routed);
+  ASSERT_TRUE(named.has_value());
+  EXPECT_EQ(named->rfind(w1_of_5 + ": block 2's scale is 2^73 (byte 200), 2^7", 0), 0u) << *named;
+  EXPECT_NE(named->find("times the median block's of the experts layer " +
+                        std::to_string(layer) + " routed to"),
+            std::string::npos) << *named;
+  const std::string w2_of_3 = set_expert_scale(dir, layer, 3, 3, 7, 1, 254);
+  named = damaged_scale(dir, layer, routed);
+  ASSERT_TRUE(named.has_value());
+  EXPECT_EQ(named->rfind(w2_of_3 + ": block 7's scale is 2^127 (byte 254)", 0), 0u) << *named;
+  set_expert_scale(dir, layer, 3, 3, 7, 1, 255);  // a zero block
+  named = damaged_scale(dir, layer, routed);
+  ASSERT_TRUE(named.has_value());
+  EXPECT_EQ(named->rfind(w1_of_5 + ": block 2's", 0), 0u) << *named;
+  EXPECT_EQ(damaged_scale(dir, layer, {0, 3}), std::nullopt);
+  EXPECT_EQ(damaged_scale(dir, layer + 1, routed), std::nullopt);
+  fs::remove_all(dir);
+}
+
+// A pass whose last MoE layer's experts overflow (every w2 scale 2^127: the top bit of 126 set
+// in each) has non-finite logits; the engine names a scale of an expert the pass routed to.
+// (w2's: SiTU bounds what an overflowing w1 gives.)
+TEST(WeightScan, NonFiniteLogitsAfterDamagedExpertsNameTheirScale) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("ktier-expert-overflow-" + std::to_string(::getpid()));
+  ASSERT_NO_FATAL_FAILURE(synth_tiny(dir));
+  int64_t layer = -1, experts = 0, V = 0;
+  {
+    auto ckpt = format::Checkpoint::open(dir);
+    ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+    const format::ModelConfig& c = ckpt->config();
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      if (c.is_moe(l)) layer = l;
+    experts = c.num_experts;
+    V = c.vocab_size;
+  }
+  ASSERT_GE(layer, 0);
+  for (int32_t e = 0; e < experts; ++e) set_expert_scale(dir, layer, e, 3, 0, 0, 254);
+  for (const bool device : {false, true}) {
+    SCOPED_TRACE(device ? "emulated device" : "cpu");
+    EngineOptions eo;
+    eo.model_dir = dir;
+    eo.threads = 2;
+    eo.emulate_device = device;
+    if (device) eo.vram_budget = uint64_t{1} << 32;
+    auto e = Engine::open(eo);
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    const int64_t n = static_cast<int64_t>(kDialTestPrompt.size());
+    std::vector<float> logits(static_cast<size_t>(n * V));
+    ASSERT_TRUE(evaluate((*e)->model(), kDialTestPrompt, 5, logits.data()).is_ok());
+    const Status bad = check_logits(logits.data() + (n - 1) * V, V, n);
+    ASSERT_TRUE(is_nonfinite_logits(bad)) << bad.message();
+    const std::string why = (*e)->explain_nonfinite(bad).message();
+    EXPECT_NE(why.find("The checkpoint's bytes are damaged: " + format::layer_prefix(layer) +
+                       "block_sparse_moe.experts."),
+              std::string::npos) << why;
+    EXPECT_NE(why.find(".w2.weight_scale in "), std::string::npos) << why;
+    EXPECT_NE(why.find(": block 0's scale is 2^127 (byte 254)"), std::string::npos) << why;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(WeightScan, NamesTheFirstElementThatIsNotFinite) {
   const fs::path dir =
       fs::temp_directory_path() / ("ktier-weight-scan-" + std::to_string(::getpid()));
