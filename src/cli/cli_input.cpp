@@ -262,8 +262,9 @@ void add_memory_options(CLI::App* sub, MemoryArgs& a) {
       "--preset", a.preset,
       "Memory budget by name: laptop (8G), desktop (32G), workstation (96G), server (128G), max "
       "(everything), auto (55% of MemTotal, at most 90% of MemAvailable and MemAvailable less "
-      "2 GiB, or less half of it below 4 GiB: `ktier doctor` shows it); as with "
-      "--ram, a plan holding more than 90% of MemAvailable is made again to fit (a warning)");
+      "2 GiB, or less half of it below 4 GiB: `ktier doctor` shows it; below a run's minimum, "
+      "90% of MemAvailable, with a warning); as with --ram, a plan holding more than 90% of "
+      "MemAvailable is made again to fit (a warning)");
   preset->excludes(sub->get_option("--ram"));
   sub->add_option("--io", a.io,
                   "Read engine with --pack/--ram/--preset or in GPU mode: auto, uring or pread")
@@ -477,7 +478,9 @@ Status apply_memory_options(const MemoryArgs& a, runtime::EngineOptions& eo) {
     KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, parse_size(a.ram, "--ram"));
     eo.ram_budget = bytes;
   }
-  if (!a.preset.empty()) {
+  if (a.preset == "auto") {
+    eo.auto_budget = true;  // the dial reads MemAvailable (and may raise it: plan_engine)
+  } else if (!a.preset.empty()) {
     KTIER_ASSIGN_OR_RETURN(const uint64_t bytes, runtime::preset_budget_bytes(a.preset));
     eo.ram_budget = bytes;
   }

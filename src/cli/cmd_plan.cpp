@@ -214,6 +214,7 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
                                                      : ", the last position's logits\n");
   if (!p.engine.device_fallback.empty())
     out += "note: device: " + p.engine.device_fallback + "\n";
+  if (!p.engine.budget_raised.empty()) out += "note: " + p.engine.budget_raised + "\n";
   if (!p.engine.lookahead_lowered.empty()) out += "note: " + p.engine.lookahead_lowered + "\n";
   if (!p.engine.lookahead_capped.empty()) out += "note: " + p.engine.lookahead_capped + "\n";
   if (device) {

@@ -59,6 +59,7 @@ Status Engine::open_plan(const EngineOptions& requested) {
     spdlog::warn("device: {}", plan_.device_fallback);
     backend_.reset();  // the CPU backend is made with the model
   }
+  if (!plan_.budget_raised.empty()) spdlog::warn("{}", plan_.budget_raised);
   if (!plan_.lookahead_lowered.empty()) spdlog::warn("{}", plan_.lookahead_lowered);
   if (!plan_.lookahead_capped.empty()) spdlog::warn("{}", plan_.lookahead_capped);
   if (!plan_.device) return Status::ok();

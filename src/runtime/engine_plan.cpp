@@ -396,11 +396,11 @@ Result<DevicePlan> plan_device_choosing_lookahead(const format::Checkpoint& ckpt
   return fits;
 }
 
-}  // namespace
-
-Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
-                               const EngineOptions& requested, int threads,
-                               backend::Backend* gpu) {
+// plan_engine for the budget `requested` names (--ram, or --preset auto's).
+Result<EnginePlan> plan_engine_as_asked(const format::Checkpoint& ckpt,
+                                        const pack::TrunkPack* pack,
+                                        const EngineOptions& requested, int threads,
+                                        backend::Backend* gpu) {
   EnginePlan p;
   p.opts = requested;
   const bool dial = dial_mode(requested);
@@ -498,6 +498,38 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
   return p;
 }
 
+}  // namespace
+
+Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
+                               const EngineOptions& requested, int threads,
+                               backend::Backend* gpu) {
+  Result<EnginePlan> asked = plan_engine_as_asked(ckpt, pack, requested, threads, gpu);
+  if (asked.is_ok() || asked.status().code() != ExitCode::kBudget || requested.ram_budget ||
+      !dial_mode(requested))
+    return asked;
+  // --preset auto below the run's minimum (below 4 GiB free it leaves half of MemAvailable to
+  // the system): 90% of MemAvailable, what a larger budget given is lowered to
+  // (fit_plan_to_memory), rather than a refusal where a `--ram` of any size runs.
+  uint64_t mem_available = 0;
+  KTIER_ASSIGN_OR_RETURN(const uint64_t automatic, dial_budget_bytes(requested, &mem_available));
+  const uint64_t room = usable_memory(mem_available);
+  const std::string automatic_named = "--preset auto's budget of " + format_size(automatic);
+  EngineOptions at = requested;
+  at.ram_budget = room;
+  Result<EnginePlan> raised =
+      room > automatic ? plan_engine_as_asked(ckpt, pack, at, threads, gpu) : asked.status();
+  if (!raised.is_ok())
+    return asked.status().with_note(
+        "It is " + automatic_named + " (MemAvailable " +
+        format_size(mem_available) + "), and not even 90% of MemAvailable holds this run: a " +
+        "--ram of the minimum or more runs it anyway, with a warning");
+  raised->mem_available = mem_available;
+  raised->budget_raised = automatic_named + " is below this run's minimum: " +
+                          format_size(room) + " instead, 90% of MemAvailable (" +
+                          format_size(mem_available) + "); the output is the same";
+  return raised;
+}
+
 uint64_t DialPlan::held_at_open() const {
   // The store holds its ring and the head record until the device's mirror is made (GPU mode),
   // beside the routers; the expert tier opens after they are freed.
@@ -545,13 +577,17 @@ std::string lowered_budget_note(const EnginePlan& asked, const EnginePlan& here,
     note += ", the least a run needs: 90% of MemAvailable (" + format_size(mem_available) +
             ") is below it" +
             (h.held_at_open() > mem_available ? ", and so is MemAvailable itself" : "");
-  note += ": " + std::to_string(h.trunk.layers_pinned) + " trunk layers pinned instead of " +
-          std::to_string(a.trunk.layers_pinned) + ", " + std::to_string(h.expert_slots) +
-          " expert slots instead of " + std::to_string(a.expert_slots);
-  if (here.lookahead != asked.lookahead)
-    note += ", lookahead " + std::to_string(here.lookahead) + " instead of " +
-            std::to_string(asked.lookahead);
-  return note + "; the output is the same";
+  // What changed only ("0 trunk layers pinned instead of 0" said nothing).
+  std::string changed;
+  const auto instead = [&](int64_t now, int64_t was, const char* before, const char* after) {
+    if (now != was)
+      changed += (changed.empty() ? ": " : ", ") + std::string(before) + std::to_string(now) +
+                 after + " instead of " + std::to_string(was);
+  };
+  instead(h.trunk.layers_pinned, a.trunk.layers_pinned, "", " trunk layers pinned");
+  instead(h.expert_slots, a.expert_slots, "", " expert slots");
+  instead(here.lookahead, asked.lookahead, "lookahead ", "");
+  return note + changed + "; the output is the same";
 }
 
 }  // namespace ktier::runtime

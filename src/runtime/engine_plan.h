@@ -35,8 +35,10 @@ struct EngineOptions {
   // streamed ring, read with the I/O layer) and the checkpoint is opened without a mapping.
   std::optional<std::filesystem::path> pack_dir;  // trunk pack made by `ktier pack`
   // Bytes for the weights: trunk (TrunkStore) first, the rest is the expert RAM tier
-  // (ExpertCache). nullopt with a pack: automatic (preset_budget_bytes("auto")).
+  // (ExpertCache). nullopt with a pack, GPU mode or `auto_budget`: automatic
+  // (preset_budget_bytes("auto")).
   std::optional<uint64_t> ram_budget;
+  bool auto_budget = false;  // --preset auto: the memory dial at the automatic budget
   io::IoOptions io;
   // Strata (docs/STRATA.md): the expert tier's placement policy, router lookahead depth (0: off;
   // without the memory dial lookahead only feeds observers such as a trace) and its refresh
@@ -159,7 +161,8 @@ inline bool device_mode(const EngineOptions& opts) {
 // Whether `opts` runs the memory dial (the trunk through a TrunkStore, the experts through an
 // ExpertCache): with --pack, --ram or --preset, and always in GPU mode.
 inline bool dial_mode(const EngineOptions& opts) {
-  return opts.pack_dir.has_value() || opts.ram_budget.has_value() || device_mode(opts);
+  return opts.pack_dir.has_value() || opts.ram_budget.has_value() || opts.auto_budget ||
+         device_mode(opts);
 }
 // The router lookahead depth `opts` runs on `c` (kDefaultLookahead when automatic): at most the
 // layers after the first and a trace's limit; with the dial, 0 for the static policy (it never
@@ -267,10 +270,15 @@ struct EnginePlan {
   // the memory dial runs as GPU mode would have (its budget, --ram or --preset auto); a log
   // line and a plan note. Empty otherwise.
   std::string device_fallback;
+  // Why the budget is more than --preset auto's: auto's was below the run's minimum (a machine
+  // with little memory free), so the plan is that of a larger budget lowered to fit
+  // (fit_plan_to_memory); a log line and a plan note. Empty otherwise.
+  std::string budget_raised;
   // The MemAvailable --preset auto read for `budget` (0: a budget given): what the fit to
   // memory then weighs too, so that auto's budget is never lowered by a second, later read.
   uint64_t mem_available = 0;
 };
+// --preset auto's budget below the run's minimum is raised as budget_raised says.
 // `threads`: the engine's (plan_dial); `gpu`: the CUDA backend in GPU mode, asked for its free
 // memory (gpu_vram_bytes) and whether it runs cuBLAS; null on the CPU and the emulated device
 // (sized by --vram alone). Errors: those of dial_budget_bytes, Backend::free_memory,

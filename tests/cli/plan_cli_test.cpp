@@ -218,6 +218,39 @@ TEST_F(RunEvalCli, ABudgetPastTheMachinesMemoryIsLoweredToFitIt) {
       << at_least.err;
 }
 
+// --preset auto (the default with a pack and in GPU mode) leaves half of MemAvailable to the
+// system below 4 GiB free. Where that is below the run's minimum the run takes 90% of
+// MemAvailable, as a larger --ram is lowered to, with the same ids (a probe's find: it was
+// refused where --ram 6M ran); where even that is short, it is refused (exit 4) saying the
+// budget was auto's.
+TEST_F(RunEvalCli, AnAutomaticBudgetBelowTheMinimumIsRaisedTo90PercentOfMemAvailable) {
+  const std::string mem = "KTIER_DEBUG_MEM_AVAILABLE_MIB=1 ";  // auto: 512 KiB
+  const std::string ids = " --ids 1,2,3,4,5,6 -n 11 --temp 0 --print-ids";
+  const fs::path report = dir_.string() + "-auto-report.json";
+  const ProcessResult want = run_process(ktier() + " run" + model() + ids + " --preset max");
+  ASSERT_EQ(want.exit_code, 0) << want.err;
+  const std::string raised = "--preset auto's budget of 512.00 KiB is below this run's minimum: " +
+                             format_size((uint64_t{1} << 20) / 10 * 9) +
+                             " instead, 90% of MemAvailable (1.00 MiB)";
+  const ProcessResult r = run_process(mem + ktier() + " run" + model() + ids +
+                                      " --preset auto --report-json " + report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, want.out);
+  EXPECT_NE(r.err.find(raised), std::string::npos) << r.err;
+  EXPECT_EQ(read_json(report).at("budget_bytes").get<uint64_t>(), (uint64_t{1} << 20) / 10 * 9);
+  const ProcessResult plan = run_process(mem + ktier() + " plan" + model() + " -c 16 --preset auto");
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("note: " + raised), std::string::npos) << plan.out;
+  const ProcessResult refused =
+      run_process(mem + ktier() + " run" + model() + ids + " -c 3000 --preset auto");
+  EXPECT_EQ(refused.exit_code, 4) << refused.err;
+  EXPECT_NE(refused.err.find("It is --preset auto's budget of 512.00 KiB (MemAvailable 1.00 MiB), "
+                             "and not even 90% of MemAvailable holds this run"),
+            std::string::npos)
+      << refused.err;
+  fs::remove(report);
+}
+
 // GPU mode's placement on the emulated device: the device's working set, resident layers and
 // VRAM slots, and the host's pinned suffix and what it reads from disk (with the ring freed
 // when it pins every layer the device streams).
