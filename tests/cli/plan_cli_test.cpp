@@ -238,7 +238,8 @@ TEST_F(RunEvalCli, AnAutomaticBudgetBelowTheMinimumIsRaisedTo90PercentOfMemAvail
   EXPECT_EQ(r.out, want.out);
   EXPECT_NE(r.err.find(raised), std::string::npos) << r.err;
   EXPECT_EQ(read_json(report).at("budget_bytes").get<uint64_t>(), (uint64_t{1} << 20) / 10 * 9);
-  const ProcessResult plan = run_process(mem + ktier() + " plan" + model() + " -c 16 --preset auto");
+  const ProcessResult plan =
+      run_process(mem + ktier() + " plan" + model() + " -c 16 --preset auto");
   ASSERT_EQ(plan.exit_code, 0) << plan.err;
   EXPECT_NE(plan.out.find("note: " + raised), std::string::npos) << plan.out;
   const ProcessResult refused =
