@@ -11,6 +11,7 @@
 #include <system_error>
 #include <utility>
 
+#include "io/output_file.h"
 #include "io/read_file.h"
 
 namespace ktier::strata {
@@ -245,8 +246,7 @@ Result<TraceWriter> TraceWriter::create(const std::filesystem::path& path,
   TraceWriter w;
   w.path_ = path.string();
   w.header_ = header;
-  w.file_ = std::fopen(w.path_.c_str(), "wb");
-  if (!w.file_) return io_error(errno, w.path_, "cannot create the trace file");
+  KTIER_ASSIGN_OR_RETURN(w.file_, io::open_output_stream(w.path_, "cannot create the trace file"));
   const std::vector<uint8_t> bytes = encode_header(header);
   if (std::fwrite(bytes.data(), 1, bytes.size(), w.file_) != bytes.size()) {
     return io_error(errno, w.path_, "cannot write the trace header");

@@ -6,11 +6,16 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
+#include "common/interrupt.h"
 #include "io/read_file.h"
 
 namespace ktier::io {
@@ -79,6 +84,39 @@ Status check_can_write(const std::string& flag, const std::string& path) {
   return Status::ok();
 }
 
+Result<std::FILE*> open_output_stream(const std::string& path, std::string_view what) {
+  const auto failed = [&](int err) {
+    return Status::runtime(path + ": " + std::string(what) + ": " + errno_text(err));
+  };
+  struct stat target {};
+  if (::stat(path.c_str(), &target) != 0 || !S_ISFIFO(target.st_mode)) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) return failed(errno);
+    return f;
+  }
+  for (bool said = false;;) {
+    // O_NONBLOCK: ENXIO at once while no process has the FIFO open for reading.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+      const int flags = ::fcntl(fd, F_GETFL);
+      std::FILE* f = flags >= 0 && ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == 0
+                         ? ::fdopen(fd, "wb")
+                         : nullptr;
+      if (f) return f;
+      const int err = errno;
+      ::close(fd);
+      return failed(err);
+    }
+    if (errno != ENXIO && errno != EINTR) return failed(errno);
+    if (InterruptRequest::requested())
+      return Status::interrupted("stopped (Ctrl-C or SIGTERM) waiting for a process to read " +
+                                 path);
+    if (!said) spdlog::info("waiting for a process to read the FIFO {} (Ctrl-C stops)", path);
+    said = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 Status write_output_file(const std::string& path, std::string_view bytes) {
   struct stat target {};
   if (::stat(path.c_str(), &target) == 0) {
@@ -92,11 +130,7 @@ Status write_output_file(const std::string& path, std::string_view bytes) {
       return Status::ok();
     }
   }
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) {
-    const int err = errno;
-    return Status::runtime(path + ": cannot open for writing: " + errno_text(err));
-  }
+  KTIER_ASSIGN_OR_RETURN(std::FILE* f, open_output_stream(path, "cannot open for writing"));
   const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() &&
                   std::fflush(f) == 0;
   const int write_err = errno;

@@ -5,6 +5,7 @@
 //
 // Threads: none of these keeps state; callers serialize writes to the same path.
 
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -24,6 +25,13 @@ std::filesystem::path follow_dangling_symlinks(const std::filesystem::path& path
 // before the work, so that an output which cannot be written (a read-only file system, /proc) is
 // refused before minutes of decoding or benchmarking, not after.
 Status check_can_write(const std::string& flag, const std::string& path);
+
+// Opens `path` for writing from its start (created or truncated), as fopen "wb"; the caller owns
+// the stream. A FIFO no process reads yet is waited for, as any writer's open() waits, but said
+// so once (a log line) and polled, so that Ctrl-C (or serve's SIGTERM) under a live
+// InterruptRequest ends the wait (Status::interrupted), where a blocked open() outlasted it.
+// Other failures: Status::runtime "PATH: WHAT: <errno text>".
+Result<std::FILE*> open_output_stream(const std::string& path, std::string_view what);
 
 // Writes `bytes` as the file `path` (created or truncated), Status::runtime naming it on failure.
 // A path that is this process's own stdout or stderr (/dev/stdout, /dev/stderr, or the file they

@@ -2,7 +2,10 @@
 // being changed, written whole after it, and a path that is our own stdout is appended to.
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <gtest/gtest.h>
 
@@ -11,8 +14,11 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
+#include "common/interrupt.h"
 #include "io/output_file.h"
+#include "tests/common/sigint_disposition.h"
 
 namespace ktier::io::test {
 namespace {
@@ -169,6 +175,33 @@ TEST_F(OutputFileTest, OwnStdoutIsAppendedToNotTruncated) {
   ::close(saved);
   ASSERT_TRUE(written) << written.message();
   EXPECT_EQ(slurp(redirected), "table printed first\n{\"json\": 1}\n");
+}
+
+// A FIFO output waits for its reader, as any writer's open does (a reader that comes later gets
+// the bytes), but Ctrl-C under a live InterruptRequest ends the wait: it blocked in open(),
+// past the first Ctrl-C (a probe's find: `run --report-json FIFO` with no reader).
+TEST_F(OutputFileTest, AFifoWaitsForItsReaderUntilCtrlC) {
+  const fs::path fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::string read_back;
+  std::thread reader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // after the writer's open
+    read_back = slurp(fifo);
+  });
+  const Status written = write_output_file(fifo.string(), "{\"json\": 1}\n");
+  reader.join();
+  ASSERT_TRUE(written) << written.message();
+  EXPECT_EQ(read_back, "{\"json\": 1}\n");
+
+  ktier::test::SigintDisposition default_action(SIG_DFL);  // a background job inherits SIG_IGN
+  InterruptRequest interrupt("(test: Ctrl-C)\n");
+  ::raise(SIGINT);
+  const Result<std::FILE*> stopped = open_output_stream(fifo.string(), "cannot open");
+  ASSERT_FALSE(stopped.is_ok());
+  EXPECT_EQ(stopped.status().code(), ExitCode::kInterrupted) << stopped.status().message();
+  EXPECT_NE(stopped.status().message().find("waiting for a process to read " + fifo.string()),
+            std::string::npos)
+      << stopped.status().message();
 }
 
 }  // namespace
