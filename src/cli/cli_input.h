@@ -26,6 +26,11 @@ namespace ktier::cli {
 // bound instead of exhausting memory on `-f /dev/zero`.
 inline constexpr size_t kMaxInputBytes = size_t{256} << 20;
 
+// What sets a run's positions (EngineOptions::Workload::positions_from), as `run` and `plan`
+// for it name it in a budget refusal.
+inline constexpr const char* kRunPositionsFrom =
+    "-c; by default the prompt and -n, a --chat -i conversation at least 4096";
+
 // The whole content of `file` ("-" = standard input). Status::usage when it cannot be opened, is
 // a directory, or holds more than kMaxInputBytes; Status::runtime on a read error (errno named).
 Result<std::string> read_input(const std::string& file);

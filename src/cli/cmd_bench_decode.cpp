@@ -122,6 +122,7 @@ Result<runtime::EngineOptions> streamed_options(const DecodeOptions& o) {
                          format::Checkpoint::open(o.model, format::OpenMode::kPread));
   KTIER_ASSIGN_OR_RETURN(const pack::TrunkPack pk, pack::TrunkPack::open(o.pack, ck));
   eo.workload.positions = o.prompt_tokens + o.tokens;  // timed_decode's longest sequence
+  eo.workload.positions_from = "--prompt-tokens and -n";
   const int threads = runtime::resolve_threads(o.threads);
   const runtime::DialMinimum min =
       runtime::dial_minimum(ck, &pk, *eo.lookahead, threads, /*host_routers=*/true, &eo.workload);

@@ -55,6 +55,7 @@ Status eval(const EvalArgs& a) {
   KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
                          model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
   eo.workload.positions = static_cast<int64_t>(raw.size());
+  eo.workload.positions_from = "the ids given";
   eo.workload.chunk = a.chunk > 0 ? a.chunk : eo.workload.positions;
   eo.workload.rows = model::LogitRows::kAll;
   KTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine, runtime::Engine::open(eo));

@@ -108,6 +108,7 @@ Status perplexity(const PerplexityArgs& a) {
   KTIER_ASSIGN_OR_RETURN(runtime::EngineOptions eo,
                          model_engine_options(a.model, a.threads, isa, a.memory, a.strata));
   eo.workload.positions = window;
+  eo.workload.positions_from = "-c, the window; a shorter text's length";
   eo.workload.chunk = chunk;
   eo.workload.rows = model::LogitRows::kAll;
   spdlog::info("loading {}", a.model);

@@ -297,7 +297,9 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
 }
 
 Status plan(const PlanArgs& a) {
-  if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
+  // eval's --chunk 0 (all ids in one pass) is taken as eval takes it.
+  if (a.chunk < 1 && !(a.chunk == 0 && a.planned_for == "eval"))
+    return Status::usage("--chunk must be >= 1 (0 with --for eval: one pass)");
   KTIER_RETURN_IF_ERROR(check_output_is_not_input(
       "--json", a.json,
       {{"-m", a.model, true}, {"--pack", a.memory.pack, true}, {"--profile", a.strata.profile}}));
@@ -307,10 +309,12 @@ Status plan(const PlanArgs& a) {
                                               a.strata));
   eo.workload.positions = a.ctx;
   eo.workload.chunk = a.chunk;
+  if (a.planned_for == "run") eo.workload.positions_from = kRunPositionsFrom;
   if (a.planned_for != "run") eo.workload.rows = model::LogitRows::kAll;
   // The defaults of the command planned for: eval runs every id in one pass (its --chunk 0),
   // perplexity windows of 512 (its -c) in passes of at most 256.
-  if (a.planned_for == "eval" && !a.chunk_given) eo.workload.chunk = eo.workload.positions;
+  if (a.planned_for == "eval" && (!a.chunk_given || a.chunk == 0))
+    eo.workload.chunk = eo.workload.positions;
   if (a.planned_for == "perplexity" && !a.ctx_given) {
     eo.workload.positions = 512;
     eo.workload.chunk = std::min<int64_t>(eo.workload.chunk, 512);
@@ -347,7 +351,7 @@ void register_plan_command(CLI::App& app, int& exit_code) {
                    ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
   auto* chunk = sub->add_option("--chunk", a->chunk,
                                 "Prompt tokens per prefill pass (default with --for eval: -c, "
-                                "eval's one pass)")
+                                "eval's one pass, as its --chunk 0)")
                      ->capture_default_str();
   sub->add_option("--for", a->planned_for,
                   "The command planned for: run (the last position's logits), or serve, eval or "

@@ -430,6 +430,7 @@ Status run(const RunArgs& a) {
   KTIER_ASSIGN_OR_RETURN(const int64_t ctx,
                          run_positions(a, static_cast<int64_t>(raw.size()), history));
   eo.workload.positions = ctx;
+  eo.workload.positions_from = kRunPositionsFrom;
   // The whole --chunk, even for a shorter prompt (whose widest forward is the prompt): `plan`,
   // which knows no prompt, places exactly what the run places. A short prompt with a long -n
   // can pass --chunk near its length to budget less.
@@ -721,7 +722,8 @@ void register_run_command(CLI::App& app, int& exit_code) {
                 "Ctrl-C during an answer ends the answer) and run only its tokens in the same "
                 "sequence; the first message may come from there too");
   sub->add_option("-c,--ctx-size", a->ctx_size,
-                  "Positions a run may use (0 = auto: the prompt + -n - 1, with -n -1 4096 or "
+                  "Positions a run may use (0 = auto: the prompt + -n - 1, the prompt with -n 0, "
+                  "with -n -1 4096 or "
                   "the prompt if longer; for --interactive 4096, or the first turn + 1024 + -n if "
                   "more, a conversation resumed from --prompt-cache counted in; GPU mode sets the "
                   "state for this many aside). Too small for the prompt + -n - 1 (with -n -1 the "

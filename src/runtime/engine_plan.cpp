@@ -99,8 +99,7 @@ Status check_dial_budget(uint64_t budget, const DialMinimum& min, const pack::Tr
            : "") +
       (min.sequence ? "; the sequence " + format_size(min.sequence) +
                           ": state and activations for " + std::to_string(workload.positions) +
-                          " positions (-c; by default run's prompt and -n, a --chat -i "
-                          "conversation at least 4096, perplexity's window)"
+                          " positions (" + workload.positions_from + ")"
                     : "") +
       ")");
 }

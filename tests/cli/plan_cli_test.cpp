@@ -304,6 +304,11 @@ TEST_F(RunEvalCli, PlanRefusesABudgetAsTheRunDoes) {
   EXPECT_EQ(run.exit_code, 4) << run.err;
   EXPECT_EQ(last_line(plan.err), last_line(run.err));
   EXPECT_NE(plan.err.find("cannot be met: the minimum is"), std::string::npos) << plan.err;
+  // eval has no -c: its positions are the ids given, and its refusal says so.
+  const ProcessResult eval = run_process(ktier() + " eval" + model() + " --ids " + prompt_ids() +
+                                         " --argmax --ram 100K");
+  EXPECT_EQ(eval.exit_code, 4) << eval.err;
+  EXPECT_NE(eval.err.find(" positions (the ids given))"), std::string::npos) << eval.err;
   const ProcessResult vram = run_process(ktier() + " plan" + model() +
                                          " --device emulated --vram 100K");
   EXPECT_EQ(vram.exit_code, 4) << vram.err;
@@ -377,6 +382,10 @@ TEST(PlanFor, ServeEvalAndPerplexityHoldEveryPositionsLogits) {
   EXPECT_GT(sequence(" --for eval -c 1024", "all"), serve);
   EXPECT_EQ(sequence(" --for eval -c 1024", "all"),
             sequence(" --for serve -c 1024 --chunk 1024", "all"));
+  // eval's own --chunk 0 (its default: one pass) is taken too.
+  EXPECT_EQ(sequence(" --for eval -c 1024 --chunk 0", "all"),
+            sequence(" --for eval -c 1024", "all"));
+  EXPECT_EQ(run_process(ktier() + " plan -m " + dir.string() + " --chunk 0").exit_code, 2);
   EXPECT_EQ(sequence(" --for perplexity", "all"), sequence(" --for serve -c 512", "all"));
   EXPECT_LT(sequence(" --for perplexity", "all"), serve);
   EXPECT_EQ(sequence(" --for run", "last"), run);
