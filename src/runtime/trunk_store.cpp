@@ -154,6 +154,7 @@ Result<TrunkPlan> TrunkStore::plan_records(const std::vector<pack::Record>& reco
       used += records[static_cast<size_t>(layer(pinned++))].size;
   }
   p.layers_pinned = pinned;
+  p.layers_served = most;
   p.first_pinned = opts.pin_last ? L - pinned : 0;
   for (int64_t i = 0; i < pinned; ++i)
     p.pinned_layer_bytes += records[static_cast<size_t>(layer(i))].size;
@@ -299,10 +300,12 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   s->stats_.bytes_allocated =
       allocated + s->row_buf_.size() + s->row_sums_.size() * sizeof(uint64_t);
   KTIER_CHECK(s->stats_.bytes_allocated == placement.bytes_held);  // as `ktier plan` says
-  spdlog::info("trunk: {} of {} layers pinned{}, {} streamed through {} slots of {}; {} "
+  const int64_t served = placement.layers_served;
+  spdlog::info("trunk: {} of {} layers pinned{}, {} streamed through {} slots of {}{}; {} "
                "allocated ({}, {})", pinned, L,
-               pinned > 0 && s->pin_first_ > 0 && pinned < L ? " (the last ones)" : "", L - pinned,
-               pinned < L ? slots : 0, format_size(largest),
+               pinned > 0 && s->pin_first_ > 0 && pinned < L ? " (the last ones)" : "",
+               served - pinned, pinned < L ? slots : 0, format_size(placement.ring_slot_bytes),
+               served < L ? "; the device holds the other " + std::to_string(L - served) : "",
                format_size(s->stats_.bytes_allocated), s->engine_->name(),
                pack ? (pack->compressed() ? "compressed pack" : "pack") : "shards");
   return s;

@@ -99,6 +99,9 @@ struct TrunkStoreStats {
 struct TrunkPlan {
   int64_t layers_pinned = 0;
   int64_t first_pinned = 0;    // the pinned layers are first_pinned .. + layers_pinned - 1
+  // The layers the store's acquires serve: all, or in GPU mode those the device streams
+  // (TrunkStoreOptions::max_pinned; the device holds the others).
+  int64_t layers_served = 0;
   int ring_slots = 0;          // 0: every layer pinned, no ring
   uint64_t ring_slot_bytes = 0;  // each slot: the largest layer record (+ compressed staging)
   uint64_t minimum_bytes = 0;  // TrunkStoreStats::minimum_bytes
