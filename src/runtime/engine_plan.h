@@ -79,10 +79,10 @@ struct EngineOptions {
   // emulated device runs the CPU MLA kernel, whose buffer is counted in neither budget.)
   struct Workload {
     int64_t positions = 4096;  // tokens the sequence holds at most
-    // What set `positions`, for a refusal to name (the flag a user changes).
-    std::string positions_from = "-c";
     int64_t chunk = 256;       // tokens per forward() at most
     model::LogitRows rows = model::LogitRows::kLast;
+    // What set `positions`, for a refusal to name (the flag a user changes).
+    std::string positions_from = "-c";
   };
   Workload workload;
 };

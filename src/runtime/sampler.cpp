@@ -32,6 +32,10 @@ Status validate(const SamplingParams& p) {
     return Status::usage("--presence-penalty must be a finite number (0 = off)");
   if (!std::isfinite(p.frequency_penalty))
     return Status::usage("--frequency-penalty must be a finite number (0 = off)");
+  for (const auto& [id, bias] : p.logit_bias)
+    if (id < 0 || !(std::isfinite(bias) || bias == -std::numeric_limits<float>::infinity()))
+      return Status::usage("logit_bias: id " + std::to_string(id) + " must be >= 0 and its bias "
+                           "a finite number or -Inf (never drawn)");
   return Status::ok();
 }
 
@@ -52,9 +56,21 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
   KTIER_CHECK(validate(params).is_ok());
 }
 
-const float* Sampler::apply_penalties(const float* logits, int64_t n,
-                                      std::span<const int32_t> sequence) {
-  if (!penalizes(params_) || sequence.empty()) return logits;
+const float* Sampler::adjust_logits(const float* logits, int64_t n,
+                                    std::span<const int32_t> sequence) {
+  const bool penalized = penalizes(params_) && !sequence.empty();
+  if (!penalized && params_.logit_bias.empty()) return logits;
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  adjusted_.assign(logits, logits + n);
+  for (const auto& [id, bias] : params_.logit_bias) {
+    KTIER_CHECK(id < n);
+    const float logit = adjusted_[static_cast<size_t>(id)];
+    double l = static_cast<double>(logit) + bias;
+    // A finite logit stays finite unless banned (-Inf); NaN stays NaN.
+    if (std::isfinite(logit) && std::isfinite(bias)) l = std::clamp(l, -kFloatMax, kFloatMax);
+    adjusted_[static_cast<size_t>(id)] = static_cast<float>(l);
+  }
+  if (!penalized) return adjusted_.data();
   const size_t last = params_.repeat_last_n < 0
                           ? sequence.size()
                           : std::min(sequence.size(), static_cast<size_t>(params_.repeat_last_n));
@@ -65,27 +81,25 @@ const float* Sampler::apply_penalties(const float* logits, int64_t n,
     KTIER_CHECK(id >= 0 && id < n);
     ++counts_[static_cast<size_t>(id)];
   }
-  penalized_.assign(logits, logits + n);
-  constexpr double kFloatMax = std::numeric_limits<float>::max();
   for (const int32_t id : window) {
     const size_t i = static_cast<size_t>(id);
     if (counts_[i] == 0) continue;  // penalized already
     const double count = counts_[i];
     counts_[i] = 0;  // all zero again once every id is done
-    const float logit = penalized_[i];
+    const float logit = adjusted_[i];
     double l = logit;
     l = l <= 0 ? l * params_.repeat_penalty : l / params_.repeat_penalty;
     l -= count * params_.frequency_penalty + params_.presence_penalty;
     // -Inf (a token that cannot be) stays so; a finite logit stays finite.
     if (std::isfinite(logit)) l = std::clamp(l, -kFloatMax, kFloatMax);
-    penalized_[i] = static_cast<float>(l);
+    adjusted_[i] = static_cast<float>(l);
   }
-  return penalized_.data();
+  return adjusted_.data();
 }
 
 int32_t Sampler::next(const float* raw_logits, int64_t n, std::span<const int32_t> sequence) {
   const cpu::ExactFpScope exact_fp;  // the probabilities' rounding is part of the draw
-  const float* logits = apply_penalties(raw_logits, n, sequence);
+  const float* logits = adjust_logits(raw_logits, n, sequence);
   if (params_.temperature == 0) return static_cast<int32_t>(cpu::argmax(logits, n, cpu::Exec{}));
   order_.clear();
   for (int64_t i = 0; i < n; ++i)

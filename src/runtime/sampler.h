@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -52,6 +53,10 @@ struct SamplingParams {
   // top_p and min_p cut before the temperature is applied (llama.cpp's order), not after (the
   // Hugging Face order, the default). Only serve's `samplers` field sets it.
   bool temperature_last = false;
+  // (id, bias) added to that id's logit first, before the penalties and the cuts (llama.cpp's
+  // order; OpenAI's and llama-server's logit_bias): -Inf, never drawn. Ids below the logits'
+  // length. Serve's only (logit_bias, and ignore_eos as -Inf on the stop ids).
+  std::vector<std::pair<int32_t, float>> logit_bias{};
 };
 
 // Status::usage naming the flag when a parameter is out of range (temperature < 0 or not
@@ -59,6 +64,7 @@ struct SamplingParams {
 // number > 0, repeat_last_n outside -1..INT32_MAX, presence or frequency penalty not finite).
 Status validate(const SamplingParams& p);
 
+// (validate also: each logit_bias a finite number or -Inf, its id >= 0.)
 // Whether `p` changes any logit by the ids before it (a penalty on, over at least one id).
 bool penalizes(const SamplingParams& p);
 
@@ -84,11 +90,10 @@ class Sampler {
   std::vector<int32_t> order_;
   std::vector<double> prob_;
   std::vector<uint32_t> counts_;   // [n] per id; all zero between calls
-  std::vector<float> penalized_;   // the logits after the penalties
+  std::vector<float> adjusted_;    // the logits after the bias and the penalties
 
-  // `logits`, or penalized_ holding them after the penalties.
-  const float* apply_penalties(const float* logits, int64_t n,
-                               std::span<const int32_t> sequence);
+  // `logits`, or adjusted_ holding them after the bias and the penalties.
+  const float* adjust_logits(const float* logits, int64_t n, std::span<const int32_t> sequence);
 };
 
 }  // namespace ktier::runtime

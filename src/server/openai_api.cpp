@@ -1,6 +1,7 @@
 #include "server/openai_api.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -128,8 +129,8 @@ Status refuse_unsupported(Endpoint endpoint, const json& body) {
   if (min_keep && *min_keep != 0 && *min_keep != 1)
     return field_error("min_keep", "not built in ktier serve (0 or 1)");
   for (const char* name :
-       {"suffix", "logit_bias", "tools", "functions", "tool_choice",
-        "function_call", "best_of", "grammar", "json_schema", "ignore_eos", "n_predict",
+       {"suffix", "tools", "functions", "tool_choice",
+        "function_call", "best_of", "grammar", "json_schema", "n_predict",
         "return_tokens", "post_sampling_probs", "enable_thinking", "continue_final_message"}) {
     const auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
@@ -282,6 +283,50 @@ Status parse_prompt(const json& body, CompletionRequest& r) {
     r.prompt_pieces.emplace_back(static_cast<int32_t>(v));
   }
   return Status::ok();
+}
+
+// logit_bias: OpenAI's object of token ids (as strings) to biases, or llama-server's array of
+// [id, bias] pairs; a bias of false (llama-server's) is -Inf, never drawn. Biases are finite
+// (OpenAI bounds them to [-100, 100]; llama-server does not); ids are checked against the
+// vocabulary by Service::prepare. Token texts (llama-server's other form) are refused.
+Result<std::vector<std::pair<int32_t, float>>> parse_logit_bias(const json& body) {
+  std::vector<std::pair<int32_t, float>> out;
+  const auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return out;
+  const char* what = "must be an object of token ids to biases ({\"15043\": -100}) or an array "
+                     "of [id, bias] pairs (a bias false: never drawn)";
+  const auto add = [&](int64_t id, const json& bias) -> Status {
+    if (bias.is_boolean() && !bias.get<bool>()) {
+      out.emplace_back(static_cast<int32_t>(id), -std::numeric_limits<float>::infinity());
+      return Status::ok();
+    }
+    if (!bias.is_number() || !std::isfinite(bias.get<double>()) ||
+        std::abs(bias.get<double>()) > std::numeric_limits<float>::max())
+      return field_error("logit_bias", std::string(what) + ": token " + std::to_string(id) +
+                                           "'s bias is not a finite number");
+    out.emplace_back(static_cast<int32_t>(id), bias.get<float>());
+    return Status::ok();
+  };
+  constexpr int64_t kMaxId = std::numeric_limits<int32_t>::max();
+  if (it->is_object()) {
+    for (const auto& [key, bias] : it->items()) {
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > kMaxId)
+        return field_error("logit_bias", std::string(what) + ": \"" + key +
+                                             "\" is not a token id");
+      KTIER_RETURN_IF_ERROR(add(id, bias));
+    }
+    return out;
+  }
+  if (!it->is_array()) return field_error("logit_bias", what);
+  for (const json& pair : *it) {
+    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() ||
+        pair[0].get<int64_t>() < 0 || pair[0].get<int64_t>() > kMaxId)
+      return field_error("logit_bias", what);
+    KTIER_RETURN_IF_ERROR(add(pair[0].get<int64_t>(), pair[1]));
+  }
+  return out;
 }
 
 // At most kMaxStops texts (OpenAI's bound) unless `any_number` (llama-server's /completion).
@@ -485,6 +530,8 @@ Result<CompletionRequest> parse_request(Endpoint endpoint, const json& j,
                                        std::numeric_limits<int64_t>::max()));
   if (seed) r.sampling.seed = static_cast<uint64_t>(*seed);  // -1: kRandomSeed, random
   r.sampling.seed = runtime::resolve_seed(r.sampling.seed);
+  KTIER_ASSIGN_OR_RETURN(r.sampling.logit_bias, parse_logit_bias(j));
+  KTIER_ASSIGN_OR_RETURN(r.ignore_eos, bool_field(j, "ignore_eos", false));
   KTIER_ASSIGN_OR_RETURN(r.stop, parse_stop(j, endpoint == Endpoint::kLlamaCompletion));
   KTIER_ASSIGN_OR_RETURN(r.logprobs, parse_logprobs(endpoint, j));
   KTIER_ASSIGN_OR_RETURN(r.stream, bool_field(j, "stream", false));

@@ -64,7 +64,10 @@ struct CompletionRequest {
   std::optional<int64_t> max_tokens;       // unset: RequestDefaults::max_tokens, capped; 0
                                            // (n_predict only): the prompt runs, nothing more
   bool to_context_end = false;             // n_predict < 0: as many as the context holds
-  runtime::SamplingParams sampling;
+  runtime::SamplingParams sampling;  // logit_bias ids unchecked against the vocabulary yet
+  // llama-server's and vLLM's ignore_eos: the endpoint's stop ids are never drawn (a -Inf
+  // logit_bias, added by Service::prepare), so the answer runs to its limit.
+  bool ignore_eos = false;
   std::vector<std::string> stop;  // texts that end the answer (not part of it); none empty
   bool stream = false, include_usage = false;
   // Set: each answer token's log-probability and those of the `*logprobs` most likely tokens

@@ -43,6 +43,15 @@ Service::Service(runtime::Engine& engine, const tok::Tokenizer& tokenizer,
 
 Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   const int64_t vocab = engine_.checkpoint().config().vocab_size;
+  for (const auto& [id, bias] : request.sampling.logit_bias)  // (parse_request: each >= 0)
+    if (id >= vocab)
+      return field_error("logit_bias", "token " + std::to_string(id) +
+                                           " is past the vocabulary (" + std::to_string(vocab) +
+                                           " ids)");
+  if (request.ignore_eos)  // as llama-server: the ids that would end the answer never drawn
+    for (const int32_t id : request.endpoint == Endpoint::kChatCompletions ? chat_stop_ids_
+                                                                            : completion_stop_ids_)
+      request.sampling.logit_bias.emplace_back(id, -std::numeric_limits<float>::infinity());
   std::vector<int32_t> ids;
   const auto add_client_id = [&](int32_t id) {  // (parse_request: each >= 0)
     if (id >= vocab)

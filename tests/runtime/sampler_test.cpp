@@ -221,5 +221,28 @@ TEST(Sampler, RejectsOutOfRangeParameters) {
   EXPECT_TRUE(penalizes({.frequency_penalty = -0.5}));
 }
 
+// logit_bias (serve's): added to the logit before the penalties (llama.cpp's order), greedy and
+// sampled alike; -Inf is never drawn; a bias that is NaN or +Inf is refused.
+TEST(Sampler, LogitBiasComesBeforeThePenaltiesAndMinusInfinityIsNeverDrawn) {
+  const std::vector<float> l = {1.0f, -1.75f, -3.0f};
+  const std::vector<int32_t> seen = {0};
+  // Bias first: (1 - 2) * 2 = -2 < -1.75. Penalty first: 1 / 2 - 2 = -1.5 > -1.75.
+  Sampler both({.repeat_penalty = 2, .logit_bias = {{0, -2.0f}}});
+  EXPECT_EQ(both.next(l.data(), 3, seen), 1);
+  Sampler penalty_only({.repeat_penalty = 2});
+  EXPECT_EQ(penalty_only.next(l.data(), 3, seen), 0);
+  Sampler raised({.logit_bias = {{2, 4.5f}}});
+  EXPECT_EQ(raised.next(l.data(), 3, {}), 2);
+  const float banned = -INFINITY;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    Sampler hot({.temperature = 5.0, .seed = seed, .logit_bias = {{0, banned}, {1, banned}}});
+    EXPECT_EQ(hot.next(l.data(), 3, {}), 2) << seed;
+  }
+  EXPECT_EQ(validate({.logit_bias = {{0, NAN}}}).exit_code(), 2);
+  EXPECT_EQ(validate({.logit_bias = {{0, INFINITY}}}).exit_code(), 2);
+  EXPECT_EQ(validate({.logit_bias = {{-1, 1.0f}}}).exit_code(), 2);
+  EXPECT_TRUE(validate({.logit_bias = {{0, banned}, {7, -100.0f}}}).is_ok());
+}
+
 }  // namespace
 }  // namespace ktier::runtime

@@ -18,6 +18,27 @@ namespace {
 
 using nlohmann::json;
 
+// logit_bias as OpenAI sends it (ids as strings) and as llama-server's array (false: never
+// drawn); ignore_eos read (Service::prepare turns it into -Inf biases).
+TEST(OpenAiApi, LogitBiasAndIgnoreEosAreRead) {
+  const float banned = -std::numeric_limits<float>::infinity();
+  auto r = parse_request(Endpoint::kCompletions,
+                         json{{"prompt", "a"}, {"logit_bias", {{"15", -100}, {"7", 2.5}}}}, {});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->sampling.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{15, -100.0f}, {7, 2.5f}}));
+  EXPECT_FALSE(r->ignore_eos);
+  r = parse_request(Endpoint::kLlamaCompletion,
+                    json{{"prompt", "a"}, {"ignore_eos", true},
+                         {"logit_bias", json::array({json::array({3, false}),
+                                                     json::array({4, 1})})}},
+                    {});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->sampling.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{3, banned}, {4, 1.0f}}));
+  EXPECT_TRUE(r->ignore_eos);
+}
+
 RequestDefaults defaults() {
   RequestDefaults d;
   d.sampling = {.temperature = 0.7, .top_k = 5, .top_p = 0.9, .seed = 42,
@@ -208,7 +229,14 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
       {{{"messages", kUser}, {"suffix", " end"}}, "suffix"},
       {{{"messages", kUser}, {"tool_choice", "auto"}}, "tool_choice"},
       {{{"messages", kUser}, {"function_call", "auto"}}, "function_call"},
-      {{{"messages", kUser}, {"ignore_eos", true}}, "ignore_eos"},
+      {{{"messages", kUser}, {"ignore_eos", "yes"}}, "ignore_eos"},
+      {{{"messages", kUser}, {"logit_bias", 3}}, "logit_bias"},
+      {{{"messages", kUser}, {"logit_bias", {{"hello", 1}}}}, "logit_bias"},
+      {{{"messages", kUser}, {"logit_bias", {{"-5", 1}}}}, "logit_bias"},
+      {{{"messages", kUser}, {"logit_bias", {{"5", "up"}}}}, "logit_bias"},
+      {{{"messages", kUser}, {"logit_bias", {{"5", true}}}}, "logit_bias"},
+      {{{"messages", kUser}, {"logit_bias", json::array({json::array({5})})}}, "logit_bias"},
+      {{{"messages", kUser}, {"logit_bias", json::array({json::array({"a", 1})})}}, "logit_bias"},
       {{{"messages", kUser}, {"n_predict", 5}}, "n_predict"},
       {{{"messages", kUser}, {"echo", "yes"}}, "echo"},
       // Another prompt than K3's render with thinking off: never silently the same one.

@@ -575,6 +575,49 @@ TEST_F(ServiceTest, ChatEndsAtTheResponsesCloseAndACompletionAtTheMessagesEnd) {
 // tokens that held them: a token whose bytes follow begins after it (a stop text there drops
 // it), and so does a hidden token that came between (fuzzing finds, from the tiny model's
 // greedy answers).
+// ignore_eos (llama-server's, vLLM's): an answer that ended at a stop id runs to max_tokens
+// instead, no stop id of its endpoint drawn (chat's <|close|> too). logit_bias: -Inf on the
+// greedy answer's first token gives the runner-up there, +100 on another gives that one.
+TEST_F(ServiceTest, IgnoreEosRunsToTheLimitAndLogitBiasMovesTheDraw) {
+  auto s = service();
+  int stopped = 0;
+  for (const bool chat : {false, true}) {
+    for (uint64_t seed = 1; seed <= 12; ++seed) {
+      CompletionRequest r = chat ? chat_request({{tok::ChatMessage::Role::kUser, "The lamp"}}, 24)
+                                 : text_request("The lamp", 24);
+      r.sampling = {.temperature = 1.5, .seed = seed};
+      r.logprobs = 0;
+      const Completion plain = answer(*s, r);
+      if (plain.finish != FinishReason::kStop) continue;
+      ++stopped;
+      r.ignore_eos = true;
+      const Completion full = answer(*s, r);
+      EXPECT_EQ(full.finish, FinishReason::kLength) << seed;
+      EXPECT_EQ(full.usage.completion_tokens, 24) << seed;
+      const std::vector<int32_t> stops = stop_ids(chat);
+      for (const AnswerToken& t : full.logprobs)
+        EXPECT_EQ(std::count(stops.begin(), stops.end(), t.token.id), 0) << seed;
+    }
+  }
+  EXPECT_GE(stopped, 4) << "the tiny model's hot answers should often end at a stop id";
+  CompletionRequest greedy = text_request("The lamp", 2);
+  greedy.logprobs = 2;
+  const Completion first = answer(*s, greedy);
+  ASSERT_EQ(first.logprobs.size(), 2u);
+  ASSERT_EQ(first.logprobs[0].top.size(), 2u);
+  const int32_t best = first.logprobs[0].token.id, runner_up = first.logprobs[0].top[1].id;
+  greedy.sampling.logit_bias = {{best, -std::numeric_limits<float>::infinity()}};
+  EXPECT_EQ(answer(*s, greedy).logprobs[0].token.id, runner_up);
+  const int32_t other = best == 5 ? 6 : 5;
+  greedy.sampling.logit_bias = {{other, 100.0f}};
+  EXPECT_EQ(answer(*s, greedy).logprobs[0].token.id, other);
+  const int32_t vocab = static_cast<int32_t>(engine_->checkpoint().config().vocab_size);
+  greedy.sampling.logit_bias = {{vocab, 1.0f}};
+  const auto past = s->prepare(greedy);
+  ASSERT_FALSE(past.is_ok());
+  EXPECT_EQ(error_param(past.status()), "logit_bias") << past.status().message();
+}
+
 TEST_F(ServiceTest, HeldBytesNoTokenCompletesComeBeforeTheNextTokensText) {
   auto s = service();
   CompletionRequest r = text_request("The lighthouse keeper", 3);
