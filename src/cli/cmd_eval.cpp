@@ -72,6 +72,10 @@ Status eval(const EvalArgs& a) {
   const Status evaluated = runtime::evaluate_chunks(
       engine->model(), ids, a.chunk > 0 ? a.chunk : T, 0,
       [&](int64_t first, int64_t n, const float* rows) {
+        // Checked as each chunk ends: the routing explain_nonfinite looks at is its pass's.
+        // Logits from non-finite weights or activations are not an answer: nothing is written.
+        for (int64_t r = 0; r < n; ++r)
+          KTIER_RETURN_IF_ERROR(runtime::check_logits(rows + r * V, V, first + r + 1));
         std::copy(rows, rows + n * V, logits.data() + first * V);
         return Status::ok();
       },
@@ -79,10 +83,6 @@ Status eval(const EvalArgs& a) {
   if (!evaluated.is_ok()) meter.abandon();
   KTIER_RETURN_IF_ERROR(engine->explain_nonfinite(evaluated));
   meter.finish_if_shown(static_cast<uint64_t>(T));
-  // Logits from non-finite weights or activations are not an answer: nothing is written.
-  for (int64_t t = 0; t < T; ++t)
-    KTIER_RETURN_IF_ERROR(
-        engine->explain_nonfinite(runtime::check_logits(logits.data() + t * V, V, t + 1)));
   if (!a.logits_out.empty()) KTIER_RETURN_IF_ERROR(write_logits(a.logits_out, logits));
   if (a.argmax) {
     std::vector<int32_t> best;

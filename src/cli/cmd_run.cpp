@@ -707,9 +707,9 @@ void register_run_command(CLI::App& app, int& exit_code) {
                 "Print special tokens in the output (hidden by default), except the stop id "
                 "that ends it (--print-ids lists every id)");
   sub->add_flag("--no-parse-special", a->names_as_text,
-                "Read added-token names (<|end_of_msg|>...) in -p/-f text as text; by default "
-                "they are their ids, as llama-cli and serve's completions read a prompt (--chat "
-                "keeps a message's names text either way)")
+                "Read added-token names (<|end_of_msg|>...) in -p/-f text as text (for untrusted "
+                "text); by default they are their ids, as llama-cli and serve's completions read "
+                "a prompt (--chat keeps a message's names text either way)")
       ->excludes("--ids");
   sub->add_flag("--chat", a->chat,
                 "Wrap the prompt text as one user message in Kimi K3's chat format (thinking "

@@ -473,8 +473,12 @@ class ApiHandlers {
     const bool native_api = endpoint == server::Endpoint::kLlamaCompletion;
     auto request = std::make_shared<server::PreparedRequest>(std::move(*prepared));
     res.set_header("Cache-Control", "no-cache");
+    // An HTTP/1.0 client reads no chunked body (RFC 9112 §6.1): it gets the events unframed,
+    // ended by the connection's close (the provider's false closes it, keep-alive asked or not).
+    const bool unframed = req.version == "HTTP/1.0";
     httplib::ContentProviderWithoutLength events =
-        [this, request, head, endpoint, native_api, peer](size_t, httplib::DataSink& sink) {
+        [this, request, head, endpoint, native_api, peer, unframed](size_t,
+                                                                    httplib::DataSink& sink) {
           // cpp-httplib does not catch what a content provider throws (std::bad_alloc while an
           // event is built: the process would end); false closes the connection instead, the
           // answer cut short. run() answers what the generation throws as an error event.
@@ -518,18 +522,18 @@ class ApiHandlers {
               sink.write(end.data(), end.size());
             }
             sink.done();
-            return true;
+            return !unframed;
           } catch (...) {
             spdlog::error("serve: a streamed answer ended early: building an event failed");
             return false;
           }
         };
-    // An HTTP/1.0 client reads no chunked body (RFC 9112 §6.1): it gets the events unframed,
-    // ended by the connection's close.
-    if (req.version == "HTTP/1.0")
+    if (unframed) {
+      res.set_header("Connection", "close");
       res.set_content_provider("text/event-stream", std::move(events));
-    else
+    } else {
       res.set_chunked_content_provider("text/event-stream", std::move(events));
+    }
   }
 
   // The logprobs of `tokens` in the request's endpoint's form; null when it asked none.
@@ -549,7 +553,9 @@ class ApiHandlers {
     const int64_t n_predict = prepared.request.to_context_end ? -1 : prepared.max_tokens;
     json extra = extra_fields(done);
     extra.update(server::llama_request_fields(
-        prompt, server::llama_generation_settings(prepared.request.sampling, n_predict),
+        prompt,
+        server::llama_generation_settings(prepared.request.sampling, n_predict,
+                                          prepared.request.ignore_eos),
         done.text, done.positions_held));
     return extra;
   }

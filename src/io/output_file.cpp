@@ -94,6 +94,9 @@ Result<std::FILE*> open_output_stream(const std::string& path, std::string_view 
     if (!f) return failed(errno);
     return f;
   }
+  // A Ctrl-C before the call (the run stopped, its report still to write) does not end the wait;
+  // one during it does.
+  const bool stopped_before = InterruptRequest::requested();
   for (bool said = false;;) {
     // O_NONBLOCK: ENXIO at once while no process has the FIFO open for reading.
     const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
@@ -108,7 +111,7 @@ Result<std::FILE*> open_output_stream(const std::string& path, std::string_view 
       return failed(err);
     }
     if (errno != ENXIO && errno != EINTR) return failed(errno);
-    if (InterruptRequest::requested())
+    if (!stopped_before && InterruptRequest::requested())
       return Status::interrupted("stopped (Ctrl-C or SIGTERM) waiting for a process to read " +
                                  path);
     if (!said) spdlog::info("waiting for a process to read the FIFO {} (Ctrl-C stops)", path);

@@ -29,7 +29,8 @@ Status check_can_write(const std::string& flag, const std::string& path);
 // Opens `path` for writing from its start (created or truncated), as fopen "wb"; the caller owns
 // the stream. A FIFO no process reads yet is waited for, as any writer's open() waits, but said
 // so once (a log line) and polled, so that Ctrl-C (or serve's SIGTERM) under a live
-// InterruptRequest ends the wait (Status::interrupted), where a blocked open() outlasted it.
+// InterruptRequest ends the wait (Status::interrupted), where a blocked open() outlasted it; one
+// already requested when it is called (a run stopped, writing its report) does not.
 // Other failures: Status::runtime "PATH: WHAT: <errno text>".
 Result<std::FILE*> open_output_stream(const std::string& path, std::string_view what);
 

@@ -129,7 +129,7 @@ Status Model::aggregate(ResidualStream& s, const F32Vec& f, float* out) {
 void Model::RoutingTap::on_routing(int64_t layer, int64_t first_position, const int32_t* ids,
                                    const float* weights, int64_t T, int k) {
   last.layer = layer;
-  last.ids.assign(ids, ids + T * k);  // within the capacity of earlier passes: no allocation
+  last.ids.assign(ids, ids + T * k);  // allocates only past the largest pass so far
   if (next) next->on_routing(layer, first_position, ids, weights, T, k);
 }
 
@@ -212,6 +212,7 @@ Status Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitR
       return Status::usage("token id " + std::to_string(id) + " is outside the vocabulary 0.." +
                            std::to_string(V - 1));
   if (T == 0) return Status::ok();
+  last_routing_.last.layer = -1;  // this pass's, not an earlier one's
   if (experts_ != nullptr) experts_->begin_pass();
   const size_t row_bytes = static_cast<size_t>(T * E) * sizeof(float);
 

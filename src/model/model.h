@@ -99,9 +99,9 @@ class Model {
                ResidualStream& s);
 
   void set_routing_observer(RoutingObserver* o) { last_routing_.next = o; }
-  // The selection of the last MoE layer that routed (in the last forward() or layer() call that
-  // reached one): where a pass whose stream turned non-finite after it looks for a damaged
-  // expert (Engine::explain_nonfinite). Layer -1 before any.
+  // The selection of the last MoE layer that routed in the last forward() (or a layer() call
+  // since): where a pass whose stream turned non-finite after it looks for a damaged expert
+  // (Engine::explain_nonfinite). Layer -1 where none has routed in it.
   struct MoeRouting {
     int64_t layer = -1;
     std::vector<int32_t> ids;  // [T, k] in selection order

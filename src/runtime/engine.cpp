@@ -325,7 +325,9 @@ Status Engine::explain_nonfinite(const Status& s) const {
     return s.with_note("The checkpoint's bytes are damaged: " + *nonfinite_trunk_);
   // The trunk is finite: the experts the stream last went through are looked at.
   const model::Model::MoeRouting& routed = model_->last_moe_routing();
-  if (routed.layer >= 0) {
+  const bool scanned =
+      routed.layer >= 0 && ckpt_.expert_storage() == format::ExpertStorage::kMxfp4;
+  if (scanned) {
     Result<std::optional<std::string>> scale =
         find_damaged_expert_scale(ckpt_, routed.layer, routed.ids);
     if (!scale.is_ok())
@@ -333,9 +335,10 @@ Status Engine::explain_nonfinite(const Status& s) const {
                          scale.status().message());
     if (*scale) return s.with_note("The checkpoint's bytes are damaged: " + **scale);
   }
-  return s.with_note("Every weight of the checkpoint the trunk reads is finite, and no scale of "
-                     "the experts last routed to is out of range: activations overflowed, or a "
-                     "pack or expert bytes differ");
+  return s.with_note(std::string("Every weight of the checkpoint the trunk reads is finite") +
+                     (scanned ? ", and no scale of the experts last routed to is out of range"
+                              : "") +
+                     ": activations overflowed, or a pack or expert bytes differ");
 }
 
 }  // namespace ktier::runtime

@@ -86,7 +86,8 @@ class Engine {
   // router's scores), the first trunk weight of the checkpoint that is not finite
   // (find_nonfinite_weight: read on the first such error only); where none is, a damaged scale
   // of the experts the pass's last MoE layer routed to (find_damaged_expert_scale), or that none
-  // is. Call it after the failed pass, before another. Thread-safe.
+  // is. Call it after the failed pass, before another (it reads the model's last routing, which
+  // a pass writes: not concurrently with one; the trunk scan is thread-safe).
   Status explain_nonfinite(const Status& s) const;
 
  private:

@@ -395,11 +395,12 @@ Result<DevicePlan> plan_device_choosing_lookahead(const format::Checkpoint& ckpt
   return fits;
 }
 
-// plan_engine for the budget `requested` names (--ram, or --preset auto's).
+// plan_engine for the budget `requested` names (--ram, or --preset auto's). `host_short`, when
+// given, is set where the refusal is the dial's budget's (not --vram's).
 Result<EnginePlan> plan_engine_as_asked(const format::Checkpoint& ckpt,
                                         const pack::TrunkPack* pack,
                                         const EngineOptions& requested, int threads,
-                                        backend::Backend* gpu) {
+                                        backend::Backend* gpu, bool* host_short = nullptr) {
   EnginePlan p;
   p.opts = requested;
   const bool dial = dial_mode(requested);
@@ -486,6 +487,7 @@ Result<EnginePlan> plan_engine_as_asked(const format::Checkpoint& ckpt,
   if (dial) {
     Result<DialPlan> planned = plan_dial(ckpt, pack, p.opts, p.budget, threads,
                                          p.device ? &*p.device : nullptr);
+    if (host_short) *host_short = !planned.is_ok() && planned.status().code() == ExitCode::kBudget;
     // A refusal at lookahead 0 says why it is 0 (the --vram note is not logged then); one after
     // a fallback to the CPU, that the host now holds what the device would have.
     if (!planned.is_ok() && !p.device_fallback.empty())
@@ -502,9 +504,10 @@ Result<EnginePlan> plan_engine_as_asked(const format::Checkpoint& ckpt,
 Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::TrunkPack* pack,
                                const EngineOptions& requested, int threads,
                                backend::Backend* gpu) {
-  Result<EnginePlan> asked = plan_engine_as_asked(ckpt, pack, requested, threads, gpu);
-  if (asked.is_ok() || asked.status().code() != ExitCode::kBudget || requested.ram_budget ||
-      !dial_mode(requested))
+  bool host_short = false;
+  Result<EnginePlan> asked =
+      plan_engine_as_asked(ckpt, pack, requested, threads, gpu, &host_short);
+  if (asked.is_ok() || !host_short || requested.ram_budget || !dial_mode(requested))
     return asked;
   // --preset auto below the run's minimum (below 4 GiB free it leaves half of MemAvailable to
   // the system): 90% of MemAvailable, what a larger budget given is lowered to
@@ -517,6 +520,7 @@ Result<EnginePlan> plan_engine(const format::Checkpoint& ckpt, const pack::Trunk
   at.ram_budget = room;
   Result<EnginePlan> raised =
       room > automatic ? plan_engine_as_asked(ckpt, pack, at, threads, gpu) : asked.status();
+  if (!raised.is_ok() && raised.status().code() != ExitCode::kBudget) return raised.status();
   if (!raised.is_ok())
     return asked.status().with_note(
         "It is " + automatic_named + " (MemAvailable " +

@@ -1,9 +1,10 @@
 #pragma once
 // Choosing the next token from one row of logits (K3-MODEL §6.7 for greedy).
 //
-// First, when a penalty is on (llama.cpp's rule and order): the logit l of each token that
-// occurs c > 0 times among the last repeat_last_n ids of the sequence (prompt and answer so far;
-// -1: all of them) becomes (l <= 0 ? l * repeat_penalty : l / repeat_penalty)
+// First each logit_bias is added to its token's logit (in double; a finite logit stays finite
+// unless the bias is -Inf). Then, when a penalty is on (llama.cpp's rule and order): the logit l
+// of each token that occurs c > 0 times among the last repeat_last_n ids of the sequence (prompt
+// and answer so far; -1: all of them) becomes (l <= 0 ? l * repeat_penalty : l / repeat_penalty)
 // - c * frequency_penalty - presence_penalty, in double, rounded to float (a finite logit stays
 // finite: clamped to the float range). Then, on those logits:
 // temperature == 0: greedy, the largest logit, lowest index on ties (NaN never wins).
@@ -61,10 +62,10 @@ struct SamplingParams {
 
 // Status::usage naming the flag when a parameter is out of range (temperature < 0 or not
 // finite, top_k < 0, top_p outside [0, 1], min_p outside [0, 1], repeat_penalty not a finite
-// number > 0, repeat_last_n outside -1..INT32_MAX, presence or frequency penalty not finite).
+// number > 0, repeat_last_n outside -1..INT32_MAX, presence or frequency penalty not finite, a
+// logit_bias id < 0 or bias neither finite nor -Inf).
 Status validate(const SamplingParams& p);
 
-// (validate also: each logit_bias a finite number or -Inf, its id >= 0.)
 // Whether `p` changes any logit by the ids before it (a penalty on, over at least one id).
 bool penalizes(const SamplingParams& p);
 

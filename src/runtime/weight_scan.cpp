@@ -58,43 +58,53 @@ Result<std::optional<std::string>> find_damaged_expert_scale(const format::Check
   std::vector<int32_t> ids(experts.begin(), experts.end());
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  struct Scales {
-    std::string name;
-    const format::SafetensorsFile* shard;
-    std::vector<uint8_t> bytes;
+  // The weight_scale parts, w2's first: SiTU-GLU bounds the activation w2 reads where both its
+  // betas are set, as K3's (|SiTU| <= beta1 * beta2 = 100 even for infinite w1 and w3
+  // outputs: K3-MODEL §6.0), so w2's products are where an overflow reaches the stream.
+  struct Part {
+    int32_t expert;
+    size_t index;  // into ExpertLocation::kPackedPartNames
   };
-  std::vector<Scales> read;
+  std::vector<Part> parts;
+  for (const size_t p : {3, 1, 5})
+    for (const int32_t e : ids) parts.push_back({e, p});
+  // Two passes, one part's bytes held at a time (a prefill's routing may name every expert of
+  // the layer: ~0.9 GB of K3's scales): the histogram, then the first byte out of range.
+  std::vector<uint8_t> bytes;
+  const auto read = [&](const Part& p) -> Result<const format::ExpertPart*> {
+    const format::ExpertPart& part = ckpt.expert(layer, p.expert).parts[p.index];
+    bytes.resize(part.nbytes);
+    KTIER_RETURN_IF_ERROR(
+        ckpt.shard(part.shard).read_bytes(part.file_offset, part.nbytes, bytes.data()));
+    return &part;
+  };
   std::array<uint64_t, 256> count{};  // blocks by scale byte, zero blocks left out
-  using Parts = format::ExpertLocation;
-  // The weight_scale parts, w2's first: SiTU caps what w1 and w3 give (K3-MODEL §6.0: |out| <=
-  // 100), so w2's products are where an overflow reaches the stream.
-  for (const size_t p : {3, 1, 5}) {
-    for (const int32_t e : ids) {
-      const format::ExpertPart& part = ckpt.expert(layer, e).parts[p];
-      Scales s{format::expert_prefix(layer, e) + Parts::kPackedPartNames[p],
-               &ckpt.shard(part.shard), std::vector<uint8_t>(part.nbytes)};
-      KTIER_RETURN_IF_ERROR(s.shard->read_bytes(part.file_offset, part.nbytes, s.bytes.data()));
-      for (const uint8_t b : s.bytes)
-        if (b != cpu::num::kE8M0ZeroBlock) ++count[b];
-      read.push_back(std::move(s));
-    }
+  for (const Part& p : parts) {
+    KTIER_RETURN_IF_ERROR(read(p).status());
+    for (const uint8_t b : bytes)
+      if (b != cpu::num::kE8M0ZeroBlock) ++count[b];
   }
   uint64_t blocks = 0, below = 0;
   for (const uint64_t n : count) blocks += n;
   int median = 0;
   while (median < 255 && 2 * (below + count[static_cast<size_t>(median)]) <= blocks)
     below += count[static_cast<size_t>(median++)];
-  for (const Scales& s : read)
-    for (size_t i = 0; i < s.bytes.size(); ++i) {
-      const int b = s.bytes[i];
-      if (b == cpu::num::kE8M0ZeroBlock || (b < 253 && b < median + 64)) continue;
+  constexpr int kPastFloatRange = 253;  // 6 * 2^126 > the largest float
+  for (const Part& p : parts) {
+    KTIER_ASSIGN_OR_RETURN(const format::ExpertPart* part, read(p));
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      const int b = bytes[i];
+      if (b == cpu::num::kE8M0ZeroBlock || (b < kPastFloatRange && b < median + 64)) continue;
       return std::optional<std::string>(
-          s.name + " in " + s.shard->path().filename().string() + ": block " +
-          std::to_string(i) + "'s scale is 2^" + std::to_string(b - 127) + " (byte " +
-          std::to_string(b) + "), 2^" + std::to_string(b - median) + " times the median " +
-          "block's of the experts layer " + std::to_string(layer) + " routed to: a damaged " +
-          "byte? (blocks that large overflow 32-bit floats)");
+          format::expert_prefix(layer, p.expert) +
+          format::ExpertLocation::kPackedPartNames[p.index] + " in " +
+          ckpt.shard(part->shard).path().filename().string() + ": block " + std::to_string(i) +
+          "'s scale is 2^" + std::to_string(b - 127) + " (byte " + std::to_string(b) + "), 2^" +
+          std::to_string(b - median) + " times the median block's of the experts layer " +
+          std::to_string(layer) + " routed to: a damaged byte?" +
+          (b >= kPastFloatRange ? " (its values pass 32-bit floats' range)" : ""));
     }
+  }
   return std::optional<std::string>();
 }
 

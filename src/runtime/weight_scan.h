@@ -31,7 +31,7 @@ Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoin
 // Where a pass whose stream turned non-finite after MoE layer `layer` may have overflowed, when
 // every trunk weight is finite: the experts it routed to (`experts`, repeats allowed). Their
 // MXFP4 scale tensors are read (on K3 1 MB per expert) and the first scale byte (w2's first,
-// whose products reach the stream uncapped, then w1's, w3's; each in expert id order) that is
+// whose products reach the stream unbounded, then w1's, w3's; each in expert id order) that is
 // 253 or 254 (a block whose values pass 32-bit floats' range) or 64 or more above the median of
 // all their blocks' bytes (2^64 times the typical block: a top bit set by damage; a trained
 // model's blocks span far less) is named as "TENSOR in SHARD: block B's scale is 2^X (byte S),

@@ -1,5 +1,7 @@
 #include "server/llama_api.h"
 
+#include <cmath>
+
 namespace ktier::server {
 
 using nlohmann::json;
@@ -28,7 +30,11 @@ json llama_completion_result(const std::string& model, const std::string& text,
   return j;
 }
 
-json llama_generation_settings(const runtime::SamplingParams& s, int64_t n_predict) {
+json llama_generation_settings(const runtime::SamplingParams& s, int64_t n_predict,
+                               bool ignore_eos) {
+  json bias = json::array();
+  for (const auto& [id, b] : s.logit_bias)
+    bias.push_back({id, std::isfinite(b) ? json(b) : json(false)});
   return {{"n_predict", n_predict},
           {"temperature", s.temperature},
           {"top_k", s.top_k},
@@ -38,7 +44,9 @@ json llama_generation_settings(const runtime::SamplingParams& s, int64_t n_predi
           {"repeat_penalty", s.repeat_penalty},
           {"repeat_last_n", s.repeat_last_n},
           {"presence_penalty", s.presence_penalty},
-          {"frequency_penalty", s.frequency_penalty}};
+          {"frequency_penalty", s.frequency_penalty},
+          {"ignore_eos", ignore_eos},
+          {"logit_bias", std::move(bias)}};
 }
 
 json llama_request_fields(const std::string& prompt, json settings, const std::string& answer,

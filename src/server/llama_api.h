@@ -38,8 +38,10 @@ nlohmann::json llama_stream_piece(const std::string& text, const nlohmann::json&
 // The values a request runs with, as llama-server names them (its result's
 // "generation_settings", /props' "params"): `n_predict`, the most tokens it may generate (the
 // request's capped to the context's room, or the server's -n; -1: to the context's end), the
-// seed -1 where it is kRandomSeed (drawn per request).
-nlohmann::json llama_generation_settings(const runtime::SamplingParams& s, int64_t n_predict);
+// seed -1 where it is kRandomSeed (drawn per request), `ignore_eos`, and `logit_bias` as
+// [id, bias] pairs (false: never drawn; with ignore_eos its stop ids' too, as llama-server's).
+nlohmann::json llama_generation_settings(const runtime::SamplingParams& s, int64_t n_predict,
+                                         bool ignore_eos = false);
 
 // What llama-server's result says beside the answer: "prompt" (the prompt's text),
 // "generation_settings" (`settings`), "has_new_line" (the whole `answer` has one, streamed or

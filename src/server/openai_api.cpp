@@ -303,7 +303,7 @@ Result<std::vector<std::pair<int32_t, float>>> parse_logit_bias(const json& body
     if (!bias.is_number() || !std::isfinite(bias.get<double>()) ||
         std::abs(bias.get<double>()) > std::numeric_limits<float>::max())
       return field_error("logit_bias", std::string(what) + ": token " + std::to_string(id) +
-                                           "'s bias is not a finite number");
+                                           "'s bias is not a number within float range");
     out.emplace_back(static_cast<int32_t>(id), bias.get<float>());
     return Status::ok();
   };
@@ -321,10 +321,10 @@ Result<std::vector<std::pair<int32_t, float>>> parse_logit_bias(const json& body
   }
   if (!it->is_array()) return field_error("logit_bias", what);
   for (const json& pair : *it) {
-    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() ||
-        pair[0].get<int64_t>() < 0 || pair[0].get<int64_t>() > kMaxId)
+    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number())
       return field_error("logit_bias", what);
-    KTIER_RETURN_IF_ERROR(add(pair[0].get<int64_t>(), pair[1]));
+    KTIER_ASSIGN_OR_RETURN(const int64_t id, integer_value(pair[0], "logit_bias", 0, kMaxId));
+    KTIER_RETURN_IF_ERROR(add(id, pair[1]));
   }
   return out;
 }

@@ -11,13 +11,14 @@
 // of it, 0 = the prompt only), messages (chat: roles user and assistant, content a string or an
 // array of {"type": "text"} parts), max_tokens (max_completion_tokens), temperature, top_p,
 // top_k, min_p, seed, presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n
-// (llama-server's), stop (a string or up to 4; any number on /completion), stream,
-// stream_options.include_usage, n (1 only), log-probabilities (chat: logprobs true and
-// top_logprobs; completions: logprobs N; /completion: n_probs N; N <= 20), echo (completions).
-// Fields that would change the output in ways not built (repetition_penalty, the other
-// samplers of llama-server's that ktier knows of, grammars, return_tokens, suffix, tools,
-// logit_bias, system messages whose format is not in K3-MODEL.md) are refused with the field
-// named unless they hold their neutral value, never silently ignored; other fields are ignored.
+// (llama-server's), logit_bias, ignore_eos, stop (a string or up to 4; any number on
+// /completion), stream, stream_options.include_usage, n (1 only), log-probabilities (chat:
+// logprobs true and top_logprobs; completions: logprobs N; /completion: n_probs N; N <= 20),
+// echo (completions). Fields that would change the output in ways not built
+// (repetition_penalty, the other samplers of llama-server's that ktier knows of, grammars,
+// return_tokens, suffix, tools, system messages whose format is not in K3-MODEL.md) are refused
+// with the field named unless they hold their neutral value, never silently ignored; other
+// fields are ignored.
 //
 // Thread-safety: pure functions.
 
@@ -65,8 +66,8 @@ struct CompletionRequest {
                                            // (n_predict only): the prompt runs, nothing more
   bool to_context_end = false;             // n_predict < 0: as many as the context holds
   runtime::SamplingParams sampling;  // logit_bias ids unchecked against the vocabulary yet
-  // llama-server's and vLLM's ignore_eos: the endpoint's stop ids are never drawn (a -Inf
-  // logit_bias, added by Service::prepare), so the answer runs to its limit.
+  // ignore_eos, as llama-server's: the endpoint's stop ids are never drawn (a -Inf logit_bias,
+  // added by Service::prepare), so the answer runs to its limit (vLLM's draws them and goes on).
   bool ignore_eos = false;
   std::vector<std::string> stop;  // texts that end the answer (not part of it); none empty
   bool stream = false, include_usage = false;

@@ -43,11 +43,11 @@ Service::Service(runtime::Engine& engine, const tok::Tokenizer& tokenizer,
 
 Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
   const int64_t vocab = engine_.checkpoint().config().vocab_size;
-  for (const auto& [id, bias] : request.sampling.logit_bias)  // (parse_request: each >= 0)
-    if (id >= vocab)
+  for (const auto& [id, bias] : request.sampling.logit_bias)
+    if (id < 0 || id >= vocab)
       return field_error("logit_bias", "token " + std::to_string(id) +
-                                           " is past the vocabulary (" + std::to_string(vocab) +
-                                           " ids)");
+                                           " is outside the vocabulary (" +
+                                           std::to_string(vocab) + " ids)");
   if (request.ignore_eos)  // as llama-server: the ids that would end the answer never drawn
     for (const int32_t id : request.endpoint == Endpoint::kChatCompletions ? chat_stop_ids_
                                                                             : completion_stop_ids_)

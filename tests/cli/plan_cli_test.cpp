@@ -313,6 +313,8 @@ TEST_F(RunEvalCli, PlanRefusesABudgetAsTheRunDoes) {
                                          " --device emulated --vram 100K");
   EXPECT_EQ(vram.exit_code, 4) << vram.err;
   EXPECT_NE(vram.err.find("--vram 102400 bytes cannot hold"), std::string::npos) << vram.err;
+  // (The host's budget, --preset auto's here, is not what is short.)
+  EXPECT_EQ(vram.err.find("--preset auto"), std::string::npos) << vram.err;
   const ProcessResult no_vram = run_process(ktier() + " plan" + model() + " --device emulated");
   EXPECT_EQ(no_vram.exit_code, 2) << no_vram.err;
   EXPECT_NE(no_vram.err.find("needs --vram"), std::string::npos) << no_vram.err;

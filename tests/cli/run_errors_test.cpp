@@ -49,7 +49,7 @@ TEST_F(RunEvalCli, BadInputsGetDocumentedExitCodes) {
     added.erase(id);
     std::ofstream(bad_tok / "tokenizer_config.json") << tc.dump();
     const auto bad = run_process(ktier() + " run -m " + bad_tok.string() + " -p 'hi" + content +
-                                 "' --special -n 1");
+                                 "' -n 1");
     EXPECT_EQ(bad.exit_code, 3) << bad.err;
     EXPECT_NE(bad.err.find("the tokenizer's id 100000 is outside the vocabulary"),
               std::string::npos) << bad.err;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 
 #include <gtest/gtest.h>
@@ -195,13 +196,35 @@ TEST_F(OutputFileTest, AFifoWaitsForItsReaderUntilCtrlC) {
 
   ktier::test::SigintDisposition default_action(SIG_DFL);  // a background job inherits SIG_IGN
   InterruptRequest interrupt("(test: Ctrl-C)\n");
-  ::raise(SIGINT);
+  // Ctrl-C while it waits ends the wait. (Should it not, a reader comes after 10 s: the test
+  // then fails instead of hanging.)
+  std::atomic<bool> returned{false};
+  std::thread ctrl_c([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::raise(SIGINT);
+    for (int i = 0; i < 1000 && !returned; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!returned) slurp(fifo);
+  });
   const Result<std::FILE*> stopped = open_output_stream(fifo.string(), "cannot open");
+  returned = true;
+  if (stopped.is_ok()) std::fclose(*stopped);
+  ctrl_c.join();
   ASSERT_FALSE(stopped.is_ok());
   EXPECT_EQ(stopped.status().code(), ExitCode::kInterrupted) << stopped.status().message();
   EXPECT_NE(stopped.status().message().find("waiting for a process to read " + fifo.string()),
             std::string::npos)
       << stopped.status().message();
+  // A Ctrl-C made before the call (a run stopped, writing its report) does not end the wait.
+  std::string report;
+  std::thread late_reader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    report = slurp(fifo);
+  });
+  const Status kept = write_output_file(fifo.string(), "report\n");
+  late_reader.join();
+  EXPECT_TRUE(kept) << kept.message();
+  EXPECT_EQ(report, "report\n");
 }
 
 }  // namespace
