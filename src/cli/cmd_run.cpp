@@ -5,7 +5,8 @@
 //             [--special] [--no-parse-special] [--isa auto]
 //             [--pack PACKDIR] [--ram SIZE | --preset NAME] [--io auto] [--report-json FILE]
 //             [--trace FILE] [--lookahead D] [--policy NAME] [--profile TRACE]
-//             [--stop-id ID ...] [--chat [-i|--interactive] [-c|--ctx-size N]]
+//             [--stop-id ID ...] [-l|--logit-bias ID(+|-)BIAS ...] [--ignore-eos]
+//             [--chat [-i|--interactive] [-c|--ctx-size N]]
 //             [--prompt-cache FILE [--prompt-cache-all] [--prompt-cache-ro]]
 //
 // --chat wraps the prompt text as one user message in K3's chat format (tokenizer/chat.h,
@@ -21,7 +22,8 @@
 // the layer running); see docs/ARCHITECTURE.md.
 // A run stops at the eos_token_id of config.json and generation_config.json, at each --stop-id,
 // and with --chat at <|close|>; it is refused (exit 2) where none is named (K3-MODEL D3), unless
-// it generates nothing (-n 0).
+// it generates nothing (-n 0) or --ignore-eos (as llama-cli's: the stop ids are never drawn, so
+// the answer runs to -n).
 // A model folder without tiktoken.model (or with it but without tokenizer_config.json: a warning)
 // runs from --ids and prints the generated ids only.
 // --prompt-cache (cli/run_prompt_cache.h) starts from a saved state when the prompt begins with
@@ -33,13 +35,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -78,8 +84,10 @@ struct RunArgs {
   bool has_prompt = false, has_ids = false, print_ids = false, special = false, chat = false,
        interactive = false, prompt_cache_all = false, prompt_cache_ro = false;
   bool names_as_text = false;  // --no-parse-special
+  bool ignore_eos = false;      // --ignore-eos: the stop ids get a -Inf bias
   int64_t max_new_tokens = 128, chunk = 256, ctx_size = 0;
   std::vector<int64_t> stop_ids;  // --stop-id, beside the config's eos_token_id
+  std::vector<std::string> logit_bias;  // -l/--logit-bias ID(+|-)BIAS, each as given
   runtime::SamplingParams sampling;  // greedy unless --temp
   int threads = 0;
 };
@@ -316,12 +324,10 @@ void warn_untrained_positions(const RunArgs& a, const format::ModelConfig& cfg, 
 // The ids a generation stops at (K3-MODEL D3): config.json's and generation_config.json's
 // eos_token_id, each --stop-id (the opt-in extra stops, e.g. K3's [EOS] 163585), and with --chat
 // the response's <|close|>; in that order, once each. Read before the load, so that a run with
-// none (it would never end its text) or a --stop-id outside the vocabulary fails at once.
-Result<std::vector<int32_t>> run_stop_ids(const RunArgs& a,
+// none (it would never end its text; with --ignore-eos it runs to -n either way) or a --stop-id
+// outside the vocabulary fails at once.
+Result<std::vector<int32_t>> run_stop_ids(const RunArgs& a, const format::ModelConfig& cfg,
                                           const std::optional<tok::ChatMarkers>& markers) {
-  KTIER_ASSIGN_OR_RETURN(const format::ModelConfig cfg,
-                         format::load_model_config(std::filesystem::path(a.model) /
-                                                   "config.json"));
   std::vector<int32_t> ids;
   const auto add = [&](int64_t id) {
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(static_cast<int32_t>(id));
@@ -334,7 +340,7 @@ Result<std::vector<int32_t>> run_stop_ids(const RunArgs& a,
     add(id);
   }
   if (markers) add(markers->close);
-  if (ids.empty() && a.max_new_tokens != 0) {
+  if (ids.empty() && a.max_new_tokens != 0 && !a.ignore_eos) {
     const std::filesystem::path gen = std::filesystem::path(a.model) / "generation_config.json";
     KTIER_ASSIGN_OR_RETURN(const bool has_gen, io::path_exists(gen));
     return Status::usage(a.model + (has_gen ? ": config.json and generation_config.json name"
@@ -344,6 +350,49 @@ Result<std::vector<int32_t>> run_stop_ids(const RunArgs& a,
                          "ends: pass --stop-id ID (the id that ends a message; repeatable)");
   }
   return ids;
+}
+
+// One -l/--logit-bias as llama-cli writes it: ID+BIAS or ID-BIAS (`15043+1.5`, `15043-inf`: never
+// drawn), the id in the vocabulary, the bias a finite number or -inf.
+Result<std::pair<int32_t, float>> parse_logit_bias_flag(const std::string& text, int64_t vocab) {
+  const auto usage = [&](const std::string& why) {
+    return Status::usage("--logit-bias '" + text + "': " + why);
+  };
+  const size_t sign = text.find_first_of("+-");
+  if (sign == 0 || sign == std::string::npos || sign + 1 == text.size())
+    return usage("expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1.5 or 15043-inf");
+  int64_t id = -1;
+  const char* id_end = text.data() + sign;
+  if (const auto [end, ec] = std::from_chars(text.data(), id_end, id);
+      ec != std::errc() || end != id_end)
+    return usage("the token id '" + text.substr(0, sign) + "' is not a number");
+  if (id >= vocab)
+    return usage("token " + std::to_string(id) + " is outside the vocabulary (0.." +
+                 std::to_string(vocab - 1) + ", config.json's vocab_size)");
+  float magnitude = 0;
+  const char* end_of_text = text.data() + text.size();
+  if (const auto [end, ec] = std::from_chars(text.data() + sign + 1, end_of_text, magnitude);
+      ec != std::errc() || end != end_of_text || std::isnan(magnitude) || magnitude < 0)
+    return usage("the bias '" + text.substr(sign + 1) + "' is not a number (or inf)");
+  const float bias = text[sign] == '-' ? -magnitude : magnitude;
+  if (bias == std::numeric_limits<float>::infinity())
+    return usage("+inf would draw the token whatever the logits; -inf is never drawn");
+  return std::pair{static_cast<int32_t>(id), bias};
+}
+
+// The biases added to the logits before the penalties (llama-cli's --logit-bias and
+// --ignore-eos, in that order): each flag's, then -Inf on each stop id with --ignore-eos.
+Result<std::vector<std::pair<int32_t, float>>> run_logit_bias(
+    const RunArgs& a, int64_t vocab, const std::vector<int32_t>& stop_ids) {
+  std::vector<std::pair<int32_t, float>> biases;
+  for (const std::string& flag : a.logit_bias) {
+    KTIER_ASSIGN_OR_RETURN(const auto bias, parse_logit_bias_flag(flag, vocab));
+    biases.push_back(bias);
+  }
+  if (a.ignore_eos)
+    for (const int32_t id : stop_ids)
+      biases.emplace_back(id, -std::numeric_limits<float>::infinity());
+  return biases;
 }
 
 Status run(const RunArgs& a) {
@@ -385,7 +434,12 @@ Status run(const RunArgs& a) {
   if (a.chat) {
     KTIER_ASSIGN_OR_RETURN(markers, tok::chat_markers(*tokenizer));
   }
-  KTIER_ASSIGN_OR_RETURN(gen.stop_ids, run_stop_ids(a, markers));
+  KTIER_ASSIGN_OR_RETURN(const format::ModelConfig config,
+                         format::load_model_config(std::filesystem::path(a.model) /
+                                                   "config.json"));
+  KTIER_ASSIGN_OR_RETURN(gen.stop_ids, run_stop_ids(a, config, markers));
+  KTIER_ASSIGN_OR_RETURN(gen.sampling.logit_bias,
+                         run_logit_bias(a, config.vocab_size, gen.stop_ids));
   const auto is_stop = [&](int32_t id) {
     return std::find(gen.stop_ids.begin(), gen.stop_ids.end(), id) != gen.stop_ids.end();
   };
@@ -703,6 +757,16 @@ void register_run_command(CLI::App& app, int& exit_code) {
       ->type_name("ID")
       ->delimiter(',')
       ->allow_extra_args(false);
+  sub->add_option("-l,--logit-bias", a->logit_bias,
+                  "Add BIAS to the token's logit before sampling and the penalties, as "
+                  "llama-cli's: TOKEN_ID+BIAS or TOKEN_ID-BIAS (15043+1.5; 15043-inf: never "
+                  "drawn); repeatable")
+      ->type_name("ID(+|-)BIAS")
+      ->allow_extra_args(false);
+  sub->add_flag("--ignore-eos", a->ignore_eos,
+                "Never draw a stop id (config.json's eos_token_id, each --stop-id, --chat's "
+                "<|close|>: a -inf --logit-bias), so that the answer runs to -n, e.g. for "
+                "fixed-length speed runs; -n -1 runs to the end of the context");
   sub->add_flag("--special", a->special,
                 "Print special tokens in the output (hidden by default), except the stop id "
                 "that ends it (--print-ids lists every id)");

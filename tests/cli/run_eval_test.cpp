@@ -232,6 +232,7 @@ TEST_F(RunEvalCli, RunStopsAtEachStopIdAndNeedsOne) {
   const auto none_generated = run_process(ktier() + " run -m " + bare.string() + " --ids " +
                                           prompt_ids() + " -n 0");
   const auto outside = run_process(bare_run + " --stop-id 0 --stop-id 320");
+  const auto ignoring = run_process(bare_run + " --ignore-eos");  // runs to -n 20 either way
   // Several ids in one flag, as --ids takes them (it said "Could not convert"); each counts,
   // whichever place it has: beside an id the run does not generate before its k+1 tokens.
   int never = 1;
@@ -262,9 +263,57 @@ TEST_F(RunEvalCli, RunStopsAtEachStopIdAndNeedsOne) {
   ASSERT_EQ(listed_first.exit_code, 0) << listed_first.err;
   EXPECT_EQ(listed_first.out, stopped.out);
   EXPECT_EQ(none_generated.exit_code, 0) << none_generated.err;
+  ASSERT_EQ(ignoring.exit_code, 0) << ignoring.err;
+  EXPECT_EQ(last_line(ignoring.out), join_ids({greedy.begin(), greedy.begin() + 20}));
   EXPECT_EQ(outside.exit_code, 2);
   EXPECT_NE(outside.err.find("--stop-id 320 is outside the vocabulary (0..319"), std::string::npos)
       << outside.err;
+}
+
+// llama-cli's --ignore-eos (the stop ids never drawn: the answer runs to -n) and -l/--logit-bias
+// ID(+|-)BIAS (added to the logit before the penalties; -inf: never drawn); bad values exit 2
+// naming the flag.
+TEST_F(RunEvalCli, IgnoreEosAndLogitBiasAsLlamaCli) {
+  const auto greedy = golden_.at("greedy").get<std::vector<int>>();
+  size_t k = 1;  // as above: greedy[k] is not among the ids before it
+  while (k < greedy.size() && std::count(greedy.begin(), greedy.begin() + k, greedy[k]) > 0) ++k;
+  ASSERT_LT(k, greedy.size());
+  const std::string cmd = ktier() + " run" + model() + " --ids " + prompt_ids() + " --print-ids";
+  const std::string stop = std::to_string(greedy[k]);
+  const auto ids_of = [](const std::string& line) {
+    std::vector<int> ids;
+    std::istringstream in(line);
+    for (std::string id; std::getline(in, id, ',');) ids.push_back(std::stoi(id));
+    return ids;
+  };
+  const auto ignoring = run_process(cmd + " -n 20 --stop-id " + stop + " --ignore-eos");
+  ASSERT_EQ(ignoring.exit_code, 0) << ignoring.err;
+  const std::vector<int> ran = ids_of(last_line(ignoring.out));
+  ASSERT_EQ(ran.size(), 20u) << ignoring.out;
+  EXPECT_EQ(std::vector<int>(ran.begin(), ran.begin() + k),
+            std::vector<int>(greedy.begin(), greedy.begin() + k));
+  EXPECT_EQ(std::count(ran.begin(), ran.end(), greedy[k]), 0) << ignoring.out;
+  EXPECT_NE(ran[k], greedy[k]);
+
+  const std::string first = std::to_string(greedy[0]);
+  const auto banned = run_process(cmd + " -n 1 --logit-bias " + first + "-inf");
+  ASSERT_EQ(banned.exit_code, 0) << banned.err;
+  EXPECT_NE(last_line(banned.out), first);
+  // Each flag counts; a large finite bias draws its id whatever the logits.
+  int other = 1;
+  while (other == greedy[0] || other == greedy[1]) ++other;
+  const auto pushed = run_process(cmd + " -n 3 -l " + first + "-inf -l " +
+                                  std::to_string(other) + "+1e30 --logit-bias 7-1");
+  ASSERT_EQ(pushed.exit_code, 0) << pushed.err;
+  const std::string o = std::to_string(other);
+  EXPECT_EQ(last_line(pushed.out), o + "," + o + "," + o);
+  EXPECT_EQ(last_line(run_process(cmd + " -n 20 -l 0+0").out), join_ids(greedy));
+
+  for (const std::string bad : {"5", "5+", "x+1", "320+1", "5+inf", "5-nan", "5+1e60", "5*2"}) {
+    const auto r = run_process(cmd + " -n 1 --logit-bias " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find("--logit-bias '" + bad + "'"), std::string::npos) << r.err;
+  }
 }
 
 TEST_F(RunEvalCli, RunsFromIdsWithoutTokenizerFiles) {
