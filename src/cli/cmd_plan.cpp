@@ -117,6 +117,17 @@ Result<Plan> make_plan(const format::Checkpoint& ckpt, const pack::TrunkPack* pk
   return out;
 }
 
+// What the run would log as warnings about its plan, in that order: the fallback to the CPU,
+// the raised budget, lookahead lowered or capped, the options a mapped checkpoint ignores.
+std::vector<std::string> plan_notes(const runtime::EnginePlan& e) {
+  std::vector<std::string> notes;
+  if (!e.device_fallback.empty()) notes.push_back("device: " + e.device_fallback);
+  for (const std::string* note : {&e.budget_raised, &e.lookahead_lowered, &e.lookahead_capped})
+    if (!note->empty()) notes.push_back(*note);
+  notes.insert(notes.end(), e.unused_options.begin(), e.unused_options.end());
+  return notes;
+}
+
 nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOptions& eo,
                          const Plan& p) {
   const format::ModelConfig& c = ckpt.config();
@@ -136,7 +147,8 @@ nlohmann::json plan_json(const format::Checkpoint& ckpt, const runtime::EngineOp
                    {"device", nullptr},
                    {"device_fallback", p.engine.device_fallback.empty()
                                            ? nlohmann::ordered_json(nullptr)
-                                           : nlohmann::ordered_json(p.engine.device_fallback)}};
+                                           : nlohmann::ordered_json(p.engine.device_fallback)},
+                   {"notes", plan_notes(p.engine)}};
   if (!p.engine.dial) {
     j["mapped"] = {{"trunk_layer_bytes", p.mapped_layers}, {"sequence_bytes", p.mapped_sequence}};
   } else {
@@ -212,11 +224,7 @@ std::string plan_text(const format::Checkpoint& ckpt, const runtime::EngineOptio
          std::to_string(eo.workload.chunk) +
          (eo.workload.rows == model::LogitRows::kAll ? ", every position's logits\n"
                                                      : ", the last position's logits\n");
-  if (!p.engine.device_fallback.empty())
-    out += "note: device: " + p.engine.device_fallback + "\n";
-  if (!p.engine.budget_raised.empty()) out += "note: " + p.engine.budget_raised + "\n";
-  if (!p.engine.lookahead_lowered.empty()) out += "note: " + p.engine.lookahead_lowered + "\n";
-  if (!p.engine.lookahead_capped.empty()) out += "note: " + p.engine.lookahead_capped + "\n";
+  for (const std::string& note : plan_notes(p.engine)) out += "note: " + note + "\n";
   if (device) {
     const runtime::DevicePlan& v = *device;
     const int64_t res = v.trunk.resident_layers;

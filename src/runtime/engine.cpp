@@ -62,6 +62,7 @@ Status Engine::open_plan(const EngineOptions& requested) {
   if (!plan_.budget_raised.empty()) spdlog::warn("{}", plan_.budget_raised);
   if (!plan_.lookahead_lowered.empty()) spdlog::warn("{}", plan_.lookahead_lowered);
   if (!plan_.lookahead_capped.empty()) spdlog::warn("{}", plan_.lookahead_capped);
+  for (const std::string& unused : plan_.unused_options) spdlog::warn("{}", unused);
   if (!plan_.device) return Status::ok();
   const DevicePlan& d = *plan_.device;
   if (requested.emulate_device) backend_ = backend::make_emulated_device_backend(exec_, d.vram);
@@ -234,16 +235,6 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& requested) {
   // tier is the warm tier and the staging buffer NVMe -> RAM -> VRAM, filled by io_uring reads;
   // a mapped checkpoint's pageable pages would be copied to the device at page-fault speed.
   const bool dial = dial_mode(requested);
-  if (!dial) {  // a mapped checkpoint has no expert tier and reads nothing itself
-    const char* why = "ignored: the checkpoint is memory-mapped (give --pack, --ram or --preset)";
-    if (requested.policy != strata::PolicyKind::kTemperature || !requested.temperature_seed.empty())
-      spdlog::warn("--policy/--profile {}", why);
-    if (requested.io.backend != io::IoBackend::kAuto || requested.io.rate_limit_bytes_per_s != 0)
-      spdlog::warn("--io/--io-rate-limit {}", why);
-    if (requested.lookahead.value_or(0) > 0)  // the depth a trace records
-      spdlog::warn("--lookahead reads nothing ahead: the checkpoint is memory-mapped (give --pack, "
-                   "--ram or --preset); its predictions only go to a --trace");
-  }
   KTIER_ASSIGN_OR_RETURN(
       format::Checkpoint ckpt,
       format::Checkpoint::open(requested.model_dir,

@@ -276,11 +276,19 @@ Result<DevicePlan> plan_device(const format::Checkpoint& ckpt, const EngineOptio
   Result<DeviceTrunk::Plan> trunk =
       DeviceTrunk::plan(c, [&](int64_t l) { return model::bind_layer(c, l, shapes); },
                         std::move(head), vram_bytes, tier_min + d.working());
-  if (!trunk.is_ok() && trunk.status().code() == ExitCode::kBudget && moe) {
-    // What the expert tier's share is made of, and what lowers it.
+  if (!trunk.is_ok() && trunk.status().code() == ExitCode::kBudget) {
+    // What the sequence's share is made of (fewer positions lower its state), then the expert
+    // tier's, and what lowers it.
+    Status refused = trunk.status().with_note(
+        "The sequence's working set: " + format_size(d.working()) + " (state " +
+        format_size(d.working_set.state_bytes) + " for " + std::to_string(wl.positions) +
+        " positions, from " + wl.positions_from + "; activations " +
+        format_size(d.working_set.activation_bytes) + " for chunks of " +
+        std::to_string(wl.chunk) + (d.blas ? "; cuBLAS " + format_size(d.blas) : "") + ")");
+    if (!moe) return refused;
     const std::string k = std::to_string(c.num_experts_per_token);
     const bool capped = d.tier_min_slots < c.num_experts_per_token * (2 + lookahead);
-    return trunk.status().with_note(
+    return refused.with_note(
         "The VRAM expert tier's minimum: " + std::to_string(d.tier_min_slots) +
         " expert slots (" + format_size(tier_min) + "): " +
         (capped ? "every expert and " + k + " for one fetch"
@@ -406,6 +414,15 @@ Result<EnginePlan> plan_engine_as_asked(const format::Checkpoint& ckpt,
   const bool dial = dial_mode(requested);
   if (dial) {
     KTIER_ASSIGN_OR_RETURN(p.budget, dial_budget_bytes(requested, &p.mem_available));
+  } else {  // a mapped checkpoint has no expert tier and reads nothing itself
+    const std::string why = "the checkpoint is memory-mapped (give --pack, --ram or --preset)";
+    if (requested.policy != strata::PolicyKind::kTemperature || !requested.temperature_seed.empty())
+      p.unused_options.push_back("--policy/--profile ignored: " + why);
+    if (requested.io.backend != io::IoBackend::kAuto || requested.io.rate_limit_bytes_per_s != 0)
+      p.unused_options.push_back("--io/--io-rate-limit ignored: " + why);
+    if (requested.lookahead.value_or(0) > 0)  // the depth a trace records
+      p.unused_options.push_back("--lookahead reads nothing ahead: " + why +
+                                 "; its predictions only go to a --trace");
   }
   // GPU mode plans the device first: the layers it holds are those the host never pins, which
   // the host's minimum depends on. Automatic lookahead is weighed against --vram there, then

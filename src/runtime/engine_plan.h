@@ -279,6 +279,10 @@ struct EnginePlan {
   // The MemAvailable --preset auto read for `budget` (0: a budget given): what the fit to
   // memory then weighs too, so that auto's budget is never lowered by a second, later read.
   uint64_t mem_available = 0;
+  // What a run without the dial (a memory-mapped checkpoint) does not use of what was asked:
+  // --policy/--profile, --io/--io-rate-limit, --lookahead's reads (its predictions still go to
+  // a --trace); a log line and a plan note each. Empty with the dial.
+  std::vector<std::string> unused_options{};
 };
 // --preset auto's budget below the run's minimum is raised as budget_raised says.
 // `threads`: the engine's (plan_dial); `gpu`: the CUDA backend in GPU mode, asked for its free

@@ -165,11 +165,7 @@ nlohmann::json RunReport::to_json(const Engine& e) const {
       {"lookahead", e.model().lookahead_in_use() ? e.model().lookahead_depth() : 0},
       {"lookahead_refresh", e.model().lookahead_in_use() && e.model().lookahead_refresh()},
       {"trunk_layers_pinned", t ? t->stats().layers_pinned : e.checkpoint().config().num_hidden_layers},
-      // Read from disk every token: in GPU mode not the layers the device holds (the host
-      // streams those through its ring once, at open, to copy them).
-      {"trunk_layers_streamed",
-       t ? t->stats().layers_streamed - (e.device_trunk() ? e.device_trunk()->resident_layers() : 0)
-         : 0},
+      {"trunk_layers_streamed", t ? t->stats().layers_streamed : 0},  // from disk every token
       {"trunk_bytes", t ? t->stats().bytes_allocated : 0},
       {"router_bank_bytes", e.router_bank() ? e.router_bank()->bytes_allocated() : 0},
       {"peak_rss_bytes", peak_rss_bytes},

@@ -231,7 +231,7 @@ Result<std::unique_ptr<TrunkStore>> TrunkStore::open(const format::Checkpoint& c
   s->stats_.minimum_bytes = placement.minimum_bytes;
   s->stats_.layers_pinned = pinned;
   s->pin_first_ = placement.first_pinned;
-  s->stats_.layers_streamed = L - pinned;
+  s->stats_.layers_streamed = placement.layers_served - pinned;
 
   // Compressed packs: inflate scratch, one per pool thread, allocated now (counted).
   if (z.staging > 0) {

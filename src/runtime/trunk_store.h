@@ -77,6 +77,8 @@ struct TrunkStoreOptions {
 };
 
 struct TrunkStoreStats {
+  // Streamed: the layers acquire_layer() reads from disk every token, the served ones not pinned
+  // (in GPU mode not those the device holds, read through the ring once at open to copy them).
   int64_t layers_pinned = 0, layers_streamed = 0;
   uint64_t bytes_allocated = 0;     // head + pinned + ring + row buffer (+ compressed staging
                                     // and inflate scratch): held after open() (which, with

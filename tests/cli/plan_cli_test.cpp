@@ -313,6 +313,11 @@ TEST_F(RunEvalCli, PlanRefusesABudgetAsTheRunDoes) {
                                          " --device emulated --vram 100K");
   EXPECT_EQ(vram.exit_code, 4) << vram.err;
   EXPECT_NE(vram.err.find("--vram 102400 bytes cannot hold"), std::string::npos) << vram.err;
+  // It names what sets the sequence's share (a large -c can be what is short).
+  EXPECT_NE(vram.err.find("The sequence's working set: "), std::string::npos) << vram.err;
+  EXPECT_NE(vram.err.find(" for 4096 positions, from -c; by default the prompt and -n"),
+            std::string::npos)
+      << vram.err;
   // (The host's budget, --preset auto's here, is not what is short.)
   EXPECT_EQ(vram.err.find("--preset auto"), std::string::npos) << vram.err;
   const ProcessResult no_vram = run_process(ktier() + " plan" + model() + " --device emulated");
@@ -333,6 +338,22 @@ TEST_F(RunEvalCli, PlanOfAMappedCheckpointSaysSo) {
   EXPECT_TRUE(j.at("device").is_null());
   EXPECT_GT(j.at("mapped").at("trunk_layer_bytes").get<uint64_t>(), 0u);
   EXPECT_EQ(j.at("positions"), 4096);
+  EXPECT_EQ(j.at("notes"), nlohmann::json::array());
+  EXPECT_EQ(r.out.find("note:"), std::string::npos) << r.out;
+  // The dial's options a mapped run ignores are notes, as the run's warnings (run_errors_test).
+  const ProcessResult unused =
+      run_process(ktier() + " plan" + model() + " --device cpu --policy lru --io pread " +
+                  "--lookahead 2 --json " + json.string());
+  ASSERT_EQ(unused.exit_code, 0) << unused.err;
+  for (const char* note : {"note: --policy/--profile ignored: the checkpoint is memory-mapped",
+                           "note: --io/--io-rate-limit ignored: the checkpoint is memory-mapped",
+                           "note: --lookahead reads nothing ahead: the checkpoint is "})
+    EXPECT_NE(unused.out.find(note), std::string::npos) << note << "\n" << unused.out;
+  const nlohmann::json notes = read_json(json).at("notes");
+  ASSERT_EQ(notes.size(), 3u) << notes;
+  EXPECT_EQ(notes[1], "--io/--io-rate-limit ignored: the checkpoint is memory-mapped (give "
+                      "--pack, --ram or --preset)");
+  fs::remove(json);
 }
 
 // A `synth --shapes-only` checkpoint (every shard at its real size, the data holes) in a
