@@ -9,7 +9,8 @@
 //   POST /completion, /tokenize, /detokenize, GET /props.
 //
 // One sequence serves every request, one at a time (server/service.h): a request that begins
-// with what the previous one ran (a conversation's next message) runs only its new tokens.
+// with what the previous one ran (a conversation's next message) runs only its new tokens;
+// with --cache-ram, one that begins with what an earlier sequence kept in RAM ran, too.
 // Listening starts before the (long) load; until the model is ready every request is answered
 // 503 "the model is loading", as llama-server does, so that health checks see it.
 // Ctrl-C stops the server (exit 0): the answer in progress ends after the layer running as an
@@ -25,11 +26,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -47,10 +46,12 @@
 
 #include "cli/cli_input.h"
 #include "cli/commands.h"
+#include "cli/serve_threads.h"
 #include "cli/strata_options.h"
 #include "common/check.h"
 #include "common/debug_env.h"
 #include "common/interrupt.h"
+#include "common/size.h"
 #include "format/checkpoint.h"
 #include "io/read_file.h"
 #include "ktier/version.h"
@@ -67,121 +68,13 @@
 namespace ktier::cli {
 namespace {
 
-constexpr size_t kHttpThreads = 32;
 // Generation requests may wait for the one running (a connection thread each, a batch between
 // its prompts included: server::LinePlace) while this many of the threads that started stay
 // free for /health, /metrics, /v1/models; the next is answered 503 at once. At least one waits.
 constexpr int64_t kFreeConnectionThreads = 8;
 
-// The connections' threads. cpp-httplib's ThreadPool ends the process where the system refuses
-// a thread (a pids or thread limit: its constructor unwinds past joinable threads, which is
-// std::terminate); this one serves with the threads it could start (refusal() says why the
-// rest did not), and with none on the listening thread itself, one connection at a time.
-class HttpTaskQueue final : public httplib::TaskQueue {
- public:
-  explicit HttpTaskQueue(size_t threads) {
-    try {
-      threads_.reserve(threads);
-      for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
-    } catch (const std::exception& e) {
-      refusal_ = e.what();
-    }
-  }
-  ~HttpTaskQueue() override { shutdown(); }
-  size_t threads() const { return threads_.size(); }
-  const std::string& refusal() const { return refusal_; }
-  HttpTaskQueue(const HttpTaskQueue&) = delete;
-  HttpTaskQueue& operator=(const HttpTaskQueue&) = delete;
-
-  void enqueue(std::function<void()> fn) override {
-    bool queued = false;
-    if (!threads_.empty()) {
-      try {
-        std::lock_guard lock(mu_);
-        jobs_.push_back(std::move(fn));  // all or nothing: fn is kept on a std::bad_alloc
-        queued = true;
-      } catch (const std::bad_alloc&) {
-      }
-    }
-    if (queued) {
-      cv_.notify_one();
-    } else {  // no thread, or no room to queue: the listening thread serves it
-      run(fn);
-    }
-  }
-  // Runs what is queued, then joins the threads (cpp-httplib calls it once; so does the
-  // destructor).
-  void shutdown() override {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : threads_)
-      if (t.joinable()) t.join();
-  }
-
- private:
-  void work() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        fn = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      run(fn);
-    }
-  }
-  // A connection's work. What escapes it (cpp-httplib catches its handlers' exceptions, not
-  // all of its own) is logged and the thread goes on; the server lives, but cpp-httplib leaves
-  // that connection's socket open (its client waits for its own timeout).
-  static void run(const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      spdlog::error("serve: a connection ended with an error: {}", e.what());
-    } catch (...) {
-      spdlog::error("serve: a connection ended with an unknown exception");
-    }
-  }
-
-  std::mutex mu_;  // guards jobs_ and stopping_
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::string refusal_;  // empty when every thread asked for started
-  std::vector<std::thread> threads_;  // last: started once the members they use exist
-};
-
-// Threads a thread limit must leave to the rest of serve when the connection threads meet it:
-// the listening thread, the I/O engine's io_uring thread, the compute pool's one at least.
-constexpr size_t kThreadsLeftForTheEngine = 4;
-
-// kHttpThreads connection threads, or under a thread limit (ulimit -u, a container's
-// pids.max) as many as leave kThreadsLeftForTheEngine, said in one warning.
-std::unique_ptr<HttpTaskQueue> start_connection_threads() {
-  auto queue = std::make_unique<HttpTaskQueue>(kHttpThreads);
-  if (queue->refusal().empty()) return queue;
-  const size_t fit = queue->threads();
-  const std::string why = queue->refusal();
-  queue.reset();  // joins them
-  // A joined thread may still count against the limit for a moment (the kernel releases it
-  // just after the join returns): a pause, so that the threads below find their room.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  const size_t kept = fit > kThreadsLeftForTheEngine ? fit - kThreadsLeftForTheEngine : 0;
-  queue = std::make_unique<HttpTaskQueue>(kept);
-  spdlog::warn("serve: the system started {} of {} connection threads ({}); serving with {}, "
-               "to leave room for the engine's own: connections beyond them wait their turn, "
-               "/health and /metrics too while requests generate",
-               fit, kHttpThreads, why, queue->threads());
-  return queue;
-}
-
 struct ServeArgs {
-  std::string model, host = "127.0.0.1", alias, isa = "auto";
+  std::string model, host = "127.0.0.1", alias, isa = "auto", cache_ram = "0";
   MemoryArgs memory;
   StrataArgs strata;
   int port = 8080, threads = 0;
@@ -639,10 +532,11 @@ class ApiHandlers {
       return done;
     }
     const runtime::GenerationStats& g = done->report.gen;
-    spdlog::info("{}: prompt {} tokens ({} reused), generated {} ({}){}; prefill {:.2f} s, "
+    spdlog::info("{}: prompt {} tokens ({} reused{}), generated {} ({}){}; prefill {:.2f} s, "
                  "decode {:.2f} tok/s",
                  server::endpoint_name(request.request.endpoint),
-                 done->usage.prompt_tokens, done->usage.cached_tokens, g.generated_tokens,
+                 done->usage.prompt_tokens, done->usage.cached_tokens,
+                 done->from_kept_sequence ? " from a kept sequence" : "", g.generated_tokens,
                  server::finish_reason_name(done->finish),
                  done->cancelled ? ", cut short (the client went away)" : "",
                  g.prefill_seconds,
@@ -808,6 +702,23 @@ class TerminationSignals {
   bool loading_int_ = false, term_ = false;
 };
 
+// The --cache-ram `asked` a service keeps sequences of `sequence_bytes` each in: 0 in GPU
+// mode (its sequence lives in the VRAM set aside for one), or where not one fits (said).
+uint64_t cache_ram_in_use(const runtime::Engine& engine, uint64_t asked, uint64_t sequence_bytes) {
+  if (engine.device_vram_bytes() > 0) {
+    spdlog::warn("--cache-ram ignored: GPU mode keeps one sequence, in the VRAM set aside for it");
+    return 0;
+  }
+  if (asked < sequence_bytes)
+    spdlog::warn("--cache-ram {} holds no sequence: each takes {} (-c positions reserved); give "
+                 "a multiple of that (a bare number is bytes)", format_size(asked),
+                 format_size(sequence_bytes));
+  else
+    spdlog::info("--cache-ram {}: up to {} earlier sequences kept ({} each)", format_size(asked),
+                 asked / sequence_bytes, format_size(sequence_bytes));
+  return asked;
+}
+
 // The model's name in responses: --alias, or the folder's own name ("k3" for /models/k3/).
 std::string model_name(const ServeArgs& a) {
   if (!a.alias.empty()) return a.alias;
@@ -829,6 +740,7 @@ Status serve(const ServeArgs& a) {
   // A request's own temperature or penalty is refused past OpenAI's range; so is a default.
   KTIER_RETURN_IF_ERROR(server::check_openai_bounds(a.sampling));
   if (a.chunk < 1) return Status::usage("--chunk must be >= 1");
+  KTIER_ASSIGN_OR_RETURN(so.cache_ram_bytes, parse_size(a.cache_ram, "--cache-ram"));
   KTIER_ASSIGN_OR_RETURN(const std::optional<cpu::Isa> isa, runtime::parse_isa(a.isa));
   KTIER_RETURN_IF_ERROR(format::Checkpoint::check_directory(a.model));
   KTIER_ASSIGN_OR_RETURN(const bool has_tokenizer,
@@ -930,6 +842,8 @@ Status serve(const ServeArgs& a) {
         "give a smaller -c");
     listener.stop(refused);
     return refused;
+  } else if (so.cache_ram_bytes) {
+    so.cache_ram_bytes = cache_ram_in_use(*engine, so.cache_ram_bytes, probe->bytes());
   }
   server::Service service(*engine, tokenizer, markers, so);
   // Whatever leaves this scope, no connection still uses `service` or `engine` after it.
@@ -992,6 +906,14 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   add_threads_option(sub, a->threads, "Worker threads");
   sub->add_option("--chunk", a->chunk, "Prompt tokens per prefill pass")->capture_default_str();
   add_isa_option(sub, a->isa);
+  sub->add_option("--cache-ram", a->cache_ram,
+                  "As llama-server's: RAM for the states of earlier conversations (each "
+                  "reserves -c positions), so that a request going on from one of them runs "
+                  "only its new tokens (same answer); the least recently used dropped past it. "
+                  "A size (8G; a bare number is bytes); 0 = off. CPU only. Beyond the --ram "
+                  "budget, so off by default")
+      ->type_name("SIZE")
+      ->capture_default_str();
   add_memory_options(sub, a->memory);
   add_strata_options(sub, a->strata);
   sub->callback([a, &exit_code] { exit_code = finish(serve(*a)); });

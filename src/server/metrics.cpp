@@ -53,8 +53,15 @@ std::string prometheus_metrics(const ServiceTotals& t) {
           static_cast<double>(t.requests_left));
   counter("ktier:prompt_tokens_total", "Prompt tokens run.", static_cast<double>(t.prompt_tokens));
   counter("ktier:prompt_tokens_reused_total",
-          "Prompt tokens the previous request's sequence held (not run again).",
+          "Prompt tokens the previous request's sequence, or a kept one, held (not run again).",
           static_cast<double>(t.reused_tokens));
+  counter("ktier:kept_sequence_hits_total",
+          "Requests that went on from a sequence kept in RAM (--cache-ram).",
+          static_cast<double>(t.kept_sequence_hits));
+  m.add("ktier:kept_sequences", "gauge", "Earlier sequences kept in RAM (--cache-ram).",
+        static_cast<double>(t.kept_sequences));
+  m.add("ktier:kept_sequence_bytes", "gauge", "Their states' bytes.",
+        static_cast<double>(t.kept_bytes));
   counter("ktier:prompt_seconds_total", "Prefill time.", t.prefill_seconds);
   counter("ktier:tokens_predicted_total", "Tokens generated.",
           static_cast<double>(t.generated_tokens));

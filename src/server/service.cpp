@@ -236,8 +236,11 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
   const runtime::EngineCounters counters = runtime::EngineCounters::of(engine_);
   std::lock_guard<std::mutex> totals(totals_mutex_);
   totals_.engine = counters;
+  totals_.kept_sequences = static_cast<int64_t>(kept_.size());
+  totals_.kept_bytes = kept_bytes_;
   if (!done.is_ok()) return done;
   counted = true;
+  totals_.kept_sequence_hits += done->from_kept_sequence;
   const runtime::GenerationStats& g = done->report.gen;
   // An answer the server's stop cut short reaches its client as an error (cmd_serve.cpp).
   ++(done->cancelled && abandon_requested && abandon_requested() ? totals_.requests_failed
@@ -249,6 +252,32 @@ Result<Completion> Service::complete(const PreparedRequest& prepared, const Text
   totals_.prefill_seconds += g.prefill_seconds;
   totals_.decode_seconds += g.decode_seconds;
   return done;
+}
+
+void Service::keep_session() {
+  std::unique_ptr<runtime::GenerationSession> s = std::move(session_);
+  if (!s || s->positions() == 0) return;
+  const uint64_t bytes = s->state().bytes();
+  if (bytes > options_.cache_ram_bytes) return;  // would never fit
+  kept_.push_front(std::move(s));
+  kept_bytes_ += bytes;
+  while (kept_bytes_ > options_.cache_ram_bytes) {
+    kept_bytes_ -= kept_.back()->state().bytes();
+    kept_.pop_back();
+  }
+}
+
+std::unique_ptr<runtime::GenerationSession> Service::take_kept(
+    const std::function<bool(const runtime::GenerationSession&)>& usable) {
+  auto best = kept_.end();
+  for (auto it = kept_.begin(); it != kept_.end(); ++it)
+    if (usable(**it) && (best == kept_.end() || (*it)->positions() > (*best)->positions()))
+      best = it;
+  if (best == kept_.end()) return nullptr;
+  std::unique_ptr<runtime::GenerationSession> s = std::move(*best);
+  kept_bytes_ -= s->state().bytes();
+  kept_.erase(best);
+  return s;
 }
 
 Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
@@ -323,14 +352,24 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     return Status::ok();
   };
 
-  const std::span<const int32_t> ran =
-      session_ ? session_->ids() : std::span<const int32_t>();
   // The same ids as the sequence ran (a prompt run with n_predict 0, sent again) sample from the
   // logits it holds.
-  const bool reuse = session_ && !score_echo &&
-                     (ran.size() < ids.size() ||
-                      (ran.size() == ids.size() && session_->holds_logits())) &&
-                     std::equal(ran.begin(), ran.end(), ids.begin());
+  const auto extends = [&](const runtime::GenerationSession& s) {
+    const std::span<const int32_t> ran = s.ids();
+    return !score_echo &&
+           (ran.size() < ids.size() || (ran.size() == ids.size() && s.holds_logits())) &&
+           std::equal(ran.begin(), ran.end(), ids.begin());
+  };
+  bool reuse = session_ && extends(*session_);
+  if (!reuse && options_.cache_ram_bytes > 0) {
+    // Another conversation's turn: this sequence is kept, and a kept one it extends goes on.
+    std::unique_ptr<runtime::GenerationSession> kept = take_kept(extends);
+    keep_session();
+    if (kept) {
+      session_ = std::move(kept);
+      reuse = out.from_kept_sequence = true;
+    }
+  }
   runtime::GenerationOptions gen = gen_;  // its stop ids: configure_turns' below
   gen.stop_requested = [&] {
     return answer.stop_hit() || answer.client_gone() || (stop_requested && stop_requested());

@@ -8,6 +8,13 @@
 // depends on which it was (exact across chunking: the continuation is byte-identical to a fresh
 // run), and so in GPU mode by default; with --gpu-prefill cublas there is no such identity
 // across chunking (NUMERICS.md §13).
+// With ServiceOptions::cache_ram_bytes (`--cache-ram`, llama-server's), a sequence a request
+// would drop (it does not begin with that sequence's ids) is kept in RAM instead, the least
+// recently used dropped past the limit, and a request that begins with a kept sequence's ids
+// goes on from the longest such one: several conversations take turns without running each
+// other's prompts again. The state moves, nothing is copied or recomputed, so the answer's
+// bytes are those without the cache. CPU sequences only: GPU mode's lives in the VRAM set aside
+// for one.
 // A request's ids depend on its text only (tok::render_conversation for chat), so a conversation
 // reuses the previous answer's state when the answer's text encodes to the ids sampled for it
 // (as a trained model's text mostly does); otherwise it reuses nothing.
@@ -20,6 +27,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -47,6 +55,9 @@ struct ServiceOptions {
   // Requests that may wait for the one generating; one more is refused at once (503, "busy"),
   // so that waiting requests cannot take every connection thread from /health. 0: no limit.
   int64_t max_waiting = 0;
+  // Bytes of sequence state kept for later requests besides the current sequence (each
+  // SequenceState::bytes(): its -c positions reserved); 0: none kept. Not in GPU mode.
+  uint64_t cache_ram_bytes = 0;
 };
 
 class Service;
@@ -85,6 +96,9 @@ struct Completion {
   // special token too, but in chat: its `token` is its own text, which `text` does not show); a
   // stop text drops the tokens whose text begins at it or after.
   std::vector<AnswerToken> logprobs;
+  // The request went on from a sequence kept in RAM (ServiceOptions::cache_ram_bytes), not the
+  // last request's.
+  bool from_kept_sequence = false;
 };
 
 // What a service has done since it was made (`ktier serve --metrics`).
@@ -94,12 +108,18 @@ struct ServiceTotals {
   uint64_t requests_left = 0;    // accepted, and their client left before they started
   int64_t prompt_tokens = 0;     // prompt tokens run
   int64_t reused_tokens = 0;     // prompt tokens the previous request's sequence held
+                                 // (or a kept one: ServiceOptions::cache_ram_bytes)
   int64_t generated_tokens = 0, decode_steps = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   // Requests generating now / waiting for the sequence (a batch between two prompts included:
   // LinePlace), as the busy refusal counts them.
   int64_t processing = 0, waiting = 0;
   runtime::EngineCounters engine;       // the engine's counters after the last request
+  // Sequences kept (ServiceOptions::cache_ram_bytes) and their bytes; requests that went on from
+  // one of them.
+  int64_t kept_sequences = 0;
+  uint64_t kept_bytes = 0;
+  uint64_t kept_sequence_hits = 0;
 };
 
 // A request tokenized and checked against the context, ready to run.
@@ -185,6 +205,17 @@ class Service {
   bool generating_ = false;
   std::mutex mutex_;  // guards everything below
   std::unique_ptr<runtime::GenerationSession> session_;
+  // Sequences kept for later requests (cache_ram_bytes), the most recently used first, and
+  // their bytes.
+  std::list<std::unique_ptr<runtime::GenerationSession>> kept_;
+  uint64_t kept_bytes_ = 0;
+  // session_ into kept_ (when it holds positions and fits cache_ram_bytes), the least recently
+  // used dropped past the limit; session_ is null after it.
+  void keep_session();
+  // The kept sequence whose ids the request's `ids` extend (`usable`), the longest, moved out
+  // of kept_; null where none.
+  std::unique_ptr<runtime::GenerationSession> take_kept(
+      const std::function<bool(const runtime::GenerationSession&)>& usable);
 };
 
 // Where a stop text could still begin: the length of the longest suffix of `text` that is a

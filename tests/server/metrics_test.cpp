@@ -26,6 +26,9 @@ TEST(PrometheusMetrics, EveryFigureUnderItsNameInTheTextFormat) {
   t.decode_seconds = 0.25;
   t.waiting = 2;
   t.processing = 1;
+  t.kept_sequences = 2;
+  t.kept_bytes = 1 << 20;
+  t.kept_sequence_hits = 6;
   t.engine.experts.hit_bytes = 123456789012;
   t.engine.experts.miss_bytes = 5;
   t.engine.vram.hit_bytes = 7;
@@ -57,7 +60,7 @@ TEST(PrometheusMetrics, EveryFigureUnderItsNameInTheTextFormat) {
     }
   }
   EXPECT_EQ(text.back(), '\n');
-  EXPECT_EQ(samples.size(), 29u) << text;
+  EXPECT_EQ(samples.size(), 32u) << text;
   EXPECT_EQ(samples["ktier:requests_total"], "3");
   EXPECT_EQ(samples["ktier:requests_failed_total"], "1");
   EXPECT_EQ(samples["ktier:requests_left_total"], "4");
@@ -69,6 +72,9 @@ TEST(PrometheusMetrics, EveryFigureUnderItsNameInTheTextFormat) {
   EXPECT_EQ(samples["ktier:tokens_predicted_seconds_total"], "0.25");
   EXPECT_EQ(samples["ktier:requests_deferred"], "2");
   EXPECT_EQ(samples["ktier:requests_processing"], "1");
+  EXPECT_EQ(samples["ktier:kept_sequences"], "2");
+  EXPECT_EQ(samples["ktier:kept_sequence_bytes"], "1048576");
+  EXPECT_EQ(samples["ktier:kept_sequence_hits_total"], "6");
   EXPECT_EQ(samples["ktier:expert_hit_bytes_total{tier=\"ram\"}"], "123456789012");
   EXPECT_EQ(samples["ktier:expert_miss_bytes_total{tier=\"ram\"}"], "5");
   EXPECT_EQ(samples["ktier:expert_hit_bytes_total{tier=\"vram\"}"], "7");

@@ -71,12 +71,13 @@ class ServiceTest : public ::testing::Test {
 
   // max_waiting 0: no limit on the line (ServiceOptions).
   static std::unique_ptr<Service> service(int64_t ctx = 256, int64_t default_max_tokens = 9,
-                                          int64_t max_waiting = 0) {
+                                          int64_t max_waiting = 0, uint64_t cache_ram_bytes = 0) {
     ServiceOptions o;
     o.ctx = ctx;
     o.prefill_chunk = 7;
     o.defaults.max_tokens = default_max_tokens;
     o.max_waiting = max_waiting;
+    o.cache_ram_bytes = cache_ram_bytes;
     return std::make_unique<Service>(*engine_, *tokenizer_, markers_, o);
   }
   static CompletionRequest text_request(const std::string& prompt, int64_t max_tokens,

@@ -50,6 +50,64 @@ TEST_F(ServiceTest, TotalsAddUpTheRequests) {
   EXPECT_EQ(t.waiting, 0);
 }
 
+// --cache-ram: a request that does not go on from the last keeps its sequence, and a later
+// request going on from a kept one (the longest) runs only the rest, with the answer of a fresh
+// service, greedy or sampled; past the limit the least recently used is dropped.
+TEST_F(ServiceTest, KeptSequencesLetConversationsTakeTurns) {
+  const int64_t ctx = 256;
+  auto probe = engine_->model().new_sequence(ctx);
+  ASSERT_TRUE(probe.is_ok());
+  const uint64_t one = probe->bytes();
+  const std::string a1 = "The lighthouse keeper", a2 = a1 + " checked the lamp";
+  const std::string b1 = "Seven ships sailed", b2 = b1 + " before dawn";
+  const std::string c1 = "A quiet harbour";
+  const runtime::SamplingParams sampled{.temperature = 0.9, .seed = 7};
+  const auto fresh_text = [&](const std::string& prompt, const runtime::SamplingParams& p) {
+    auto fresh = service(ctx);
+    return answer(*fresh, text_request(prompt, 8, p)).text;
+  };
+  for (const runtime::SamplingParams& sampling : {runtime::SamplingParams{}, sampled}) {
+    SCOPED_TRACE("temperature " + std::to_string(sampling.temperature));
+    auto s = service(ctx, 9, 0, 3 * one);
+    const Completion a = answer(*s, text_request(a1, 1, sampling));
+    const Completion b = answer(*s, text_request(b1, 1, sampling));
+    EXPECT_EQ(b.usage.cached_tokens, 0);
+    EXPECT_EQ(s->totals().kept_sequences, 1);
+    EXPECT_EQ(s->totals().kept_bytes, one);
+    const Completion a_next = answer(*s, text_request(a2, 8, sampling));
+    EXPECT_TRUE(a_next.from_kept_sequence);
+    EXPECT_EQ(a_next.usage.cached_tokens, a.usage.prompt_tokens);
+    EXPECT_EQ(a_next.text, fresh_text(a2, sampling));
+    const Completion b_next = answer(*s, text_request(b2, 8, sampling));
+    EXPECT_TRUE(b_next.from_kept_sequence);
+    EXPECT_EQ(b_next.usage.cached_tokens, b.usage.prompt_tokens);
+    EXPECT_EQ(b_next.text, fresh_text(b2, sampling));
+    EXPECT_EQ(s->totals().kept_sequence_hits, 2u);
+    EXPECT_EQ(s->totals().kept_sequences, 1);  // a_next's (b's was taken back)
+  }
+  // Room for one: after a, b and c, b's sequence is kept (the most recently left), a's is gone.
+  auto s = service(ctx, 9, 0, one);
+  const Completion a = answer(*s, text_request(a1, 1));
+  answer(*s, text_request(b1, 1));
+  answer(*s, text_request(c1, 1));
+  EXPECT_EQ(s->totals().kept_sequences, 1);
+  const Completion b_next = answer(*s, text_request(b2, 8));
+  EXPECT_TRUE(b_next.from_kept_sequence);
+  EXPECT_GT(b_next.usage.cached_tokens, 0);
+  const Completion a_next = answer(*s, text_request(a2, 8));
+  EXPECT_FALSE(a_next.from_kept_sequence);
+  EXPECT_EQ(a_next.usage.cached_tokens, 0);
+  // Without --cache-ram nothing is kept.
+  auto off = service(ctx);
+  answer(*off, text_request(a1, 1));
+  answer(*off, text_request(b1, 1));
+  const Completion not_kept = answer(*off, text_request(a2, 8));
+  EXPECT_EQ(not_kept.usage.cached_tokens, 0);
+  EXPECT_EQ(off->totals().kept_sequences, 0);
+  EXPECT_EQ(a_next.text, not_kept.text);
+  EXPECT_GT(a.usage.prompt_tokens, 0);
+}
+
 // A request's thread gives the ops' per-thread buffers back when its turn ends: the server's
 // connection threads take turns with the model, and each kept its own set (K3: 117 MB and more
 // each, where the budget counts one).
