@@ -316,19 +316,22 @@ Status Engine::explain_nonfinite(const Status& s) const {
     return s.with_note("The checkpoint's bytes are damaged: " + *nonfinite_trunk_);
   // The trunk is finite: the experts the stream last went through are looked at.
   const model::Model::MoeRouting& routed = model_->last_moe_routing();
+  const bool packed = ckpt_.expert_storage() == format::ExpertStorage::kMxfp4;
   const bool scanned =
-      routed.layer >= 0 && ckpt_.expert_storage() == format::ExpertStorage::kMxfp4;
+      routed.layer >= 0 && ckpt_.expert_storage() != format::ExpertStorage::kNone;
   if (scanned) {
-    Result<std::optional<std::string>> scale =
-        find_damaged_expert_scale(ckpt_, routed.layer, routed.ids);
-    if (!scale.is_ok())
-      return s.with_note("Looking for a damaged expert scale failed: " +
-                         scale.status().message());
-    if (*scale) return s.with_note("The checkpoint's bytes are damaged: " + **scale);
+    Result<std::optional<std::string>> damage =
+        packed ? find_damaged_expert_scale(ckpt_, routed.layer, routed.ids)
+               : find_nonfinite_expert(ckpt_, routed.layer, routed.ids);
+    if (!damage.is_ok())
+      return s.with_note(std::string("Looking for a damaged expert ") +
+                         (packed ? "scale" : "weight") + " failed: " + damage.status().message());
+    if (*damage) return s.with_note("The checkpoint's bytes are damaged: " + **damage);
   }
   return s.with_note(std::string("Every weight of the checkpoint the trunk reads is finite") +
-                     (scanned ? ", and no scale of the experts last routed to is out of range"
-                              : "") +
+                     (!scanned ? ""
+                      : packed ? ", and no scale of the experts last routed to is out of range"
+                               : ", and so are the experts last routed to") +
                      ": activations overflowed, or a pack or expert bytes differ");
 }
 

@@ -12,6 +12,39 @@
 #include "runtime/generator.h"
 
 namespace ktier::runtime {
+namespace {
+
+// "NAME in SHARD: element E is NaN" for the checkpoint's float tensor `name` holding a NaN or an
+// infinity; nullopt where it is finite, not a float tensor or not there.
+Result<std::optional<std::string>> nonfinite_in(const format::Checkpoint& ckpt,
+                                                const std::string& name,
+                                                std::vector<uint8_t>& scratch) {
+  const std::optional<format::TensorRef> ref = ckpt.find(name);
+  if (!ref) return std::optional<std::string>();  // (bound from another name, or optional)
+  const format::TensorInfo& t = *ref->info;
+  const format::SafetensorsFile& shard = ckpt.shard(ref->shard);
+  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16)
+    return std::optional<std::string>();
+  format::TensorValueCounts c;
+  KTIER_RETURN_IF_ERROR(format::count_tensor_values(shard, t, c, scratch, [&](uint64_t) {
+    return InterruptRequest::requested()
+               ? Status::interrupted("stopped (Ctrl-C or SIGTERM) at " + name)
+               : Status::ok();
+  }));
+  if (c.nan + c.inf == 0) return std::optional<std::string>();
+  return std::optional<std::string>(name + " in " + shard.path().filename().string() +
+                                    ": element " + std::to_string(c.first_element) + " is " +
+                                    (c.first_is_nan ? "NaN" : "infinite"));
+}
+
+std::vector<int32_t> distinct(std::span<const int32_t> experts) {
+  std::vector<int32_t> ids(experts.begin(), experts.end());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+}  // namespace
 
 Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoint& ckpt,
                                                          int64_t part) {
@@ -32,22 +65,28 @@ Result<std::optional<std::string>> find_nonfinite_weight(const format::Checkpoin
 
   std::vector<uint8_t> scratch;
   for (const std::string& name : names) {
-    const std::optional<format::TensorRef> ref = ckpt.find(name);
-    if (!ref) continue;  // (bound from another name, or optional)
-    const format::TensorInfo& t = *ref->info;
-    const format::SafetensorsFile& shard = ckpt.shard(ref->shard);
-    if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) continue;
-    format::TensorValueCounts c;
-    KTIER_RETURN_IF_ERROR(format::count_tensor_values(shard, t, c, scratch, [&](uint64_t) {
-      return InterruptRequest::requested()
-                 ? Status::interrupted("stopped (Ctrl-C or SIGTERM) at " + name)
-                 : Status::ok();
-    }));
-    if (c.nan + c.inf > 0)
-      return std::optional<std::string>(name + " in " + shard.path().filename().string() +
-                                        ": element " + std::to_string(c.first_element) +
-                                        " is " + (c.first_is_nan ? "NaN" : "infinite"));
+    KTIER_ASSIGN_OR_RETURN(std::optional<std::string> found, nonfinite_in(ckpt, name, scratch));
+    if (found) return found;
   }
+  return std::optional<std::string>();
+}
+
+Result<std::optional<std::string>> find_nonfinite_expert(const format::Checkpoint& ckpt,
+                                                         int64_t layer,
+                                                         std::span<const int32_t> experts) {
+  if (ckpt.expert_storage() != format::ExpertStorage::kPlainFloat)
+    return std::optional<std::string>();
+  const std::vector<int32_t> ids = distinct(experts);
+  std::vector<uint8_t> scratch;
+  for (const size_t p : {1, 0, 2})  // w2's first, as the scale scan's
+    for (const int32_t e : ids) {
+      KTIER_ASSIGN_OR_RETURN(
+          std::optional<std::string> found,
+          nonfinite_in(ckpt, format::expert_prefix(layer, e) +
+                                 format::ExpertLocation::kPlainPartNames[p],
+                       scratch));
+      if (found) return found;
+    }
   return std::optional<std::string>();
 }
 
@@ -55,9 +94,7 @@ Result<std::optional<std::string>> find_damaged_expert_scale(const format::Check
                                                              int64_t layer,
                                                              std::span<const int32_t> experts) {
   if (ckpt.expert_storage() != format::ExpertStorage::kMxfp4) return std::optional<std::string>();
-  std::vector<int32_t> ids(experts.begin(), experts.end());
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  const std::vector<int32_t> ids = distinct(experts);
   // The weight_scale parts, w2's first: SiTU-GLU bounds the activation w2 reads where both its
   // betas are set, as K3's (|SiTU| <= beta1 * beta2 = 100 even for infinite w1 and w3
   // outputs: K3-MODEL §6.0), so w2's products are where an overflow reaches the stream.

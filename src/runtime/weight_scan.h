@@ -41,6 +41,13 @@ Result<std::optional<std::string>> find_damaged_expert_scale(const format::Check
                                                              int64_t layer,
                                                              std::span<const int32_t> experts);
 
+// The same for plain-float experts (small test models; K3's are MXFP4): the first NaN or
+// infinity in the tensors of the experts layer `layer` routed to, w2's first, as
+// find_nonfinite_weight names it. nullopt where they are finite, or not plain floats.
+Result<std::optional<std::string>> find_nonfinite_expert(const format::Checkpoint& ckpt,
+                                                         int64_t layer,
+                                                         std::span<const int32_t> experts);
+
 // Whether `s` is check_logits' error (runtime/generator.h): logits that are not finite; or
 // model::check_router_scores' (a router's scores).
 bool is_nonfinite_logits(const Status& s);

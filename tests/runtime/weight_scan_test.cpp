@@ -165,6 +165,58 @@ TEST(WeightScan, NonFiniteLogitsAfterDamagedExpertsNameTheirScale) {
   fs::remove_all(dir);
 }
 
+// Plain-float experts (BF16): a NaN in an expert an earlier MoE layer routed to turns the next
+// layer's router scores NaN; the engine names the expert's tensor, not the finite router's
+// weight (a probe's find), and nothing where the damaged expert was not routed to.
+TEST(WeightScan, NamesANonFiniteFloatExpertTheLayerRoutedTo) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("ktier-float-expert-nan-" + std::to_string(::getpid()));
+  synth::SynthOptions o;
+  o.out_dir = dir;
+  o.threads = 1;
+  o.experts = synth::ExpertFormat::kBF16;
+  ASSERT_TRUE(synth::run_synth(o).is_ok());
+  int64_t layer = -1, experts = 0;
+  {
+    auto ckpt = format::Checkpoint::open(dir);
+    ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().message();
+    ASSERT_EQ(ckpt->expert_storage(), format::ExpertStorage::kPlainFloat);
+    const format::ModelConfig& c = ckpt->config();
+    layer = c.first_k_dense_replace;  // the first MoE layer: another follows in tiny
+    ASSERT_TRUE(c.is_moe(layer));
+    experts = c.num_experts;
+    auto none = find_nonfinite_expert(*ckpt, layer, {{0, 1}});
+    ASSERT_TRUE(none.is_ok());
+    EXPECT_EQ(*none, std::nullopt);
+  }
+  std::string shard;
+  for (int32_t e = 0; e < experts; ++e)
+    shard = poison(dir, format::expert_prefix(layer, e) + "w2.weight", 3, 0x7FC0);
+  auto ckpt = format::Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.is_ok());
+  auto named = find_nonfinite_expert(*ckpt, layer, {{4, 2, 2}});
+  ASSERT_TRUE(named.is_ok());
+  EXPECT_EQ(named->value_or(""), format::expert_prefix(layer, 2) + "w2.weight in " + shard +
+                                     ": element 3 is NaN");
+  EngineOptions eo;
+  eo.model_dir = dir;
+  eo.threads = 2;
+  auto e = Engine::open(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const int64_t n = static_cast<int64_t>(kDialTestPrompt.size());
+  const int64_t V = (*e)->checkpoint().config().vocab_size;
+  std::vector<float> logits(static_cast<size_t>(n * V));
+  const Status bad = evaluate((*e)->model(), kDialTestPrompt, 5, logits.data());
+  ASSERT_TRUE(is_nonfinite_logits(bad)) << bad.message();
+  const std::string why = (*e)->explain_nonfinite(bad).message();
+  EXPECT_NE(why.find("The checkpoint's bytes are damaged: " + format::expert_prefix(layer, 0)
+                         .substr(0, format::expert_prefix(layer, 0).size() - 2)),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find(".w2.weight in " + shard + ": element 3 is NaN"), std::string::npos) << why;
+  fs::remove_all(dir);
+}
+
 TEST(WeightScan, NamesTheFirstElementThatIsNotFinite) {
   const fs::path dir =
       fs::temp_directory_path() / ("ktier-weight-scan-" + std::to_string(::getpid()));
