@@ -392,6 +392,11 @@ Result<std::vector<std::pair<int32_t, float>>> run_logit_bias(
   if (a.ignore_eos)
     for (const int32_t id : stop_ids)
       biases.emplace_back(id, -std::numeric_limits<float>::infinity());
+  if (runtime::bans_every_token(runtime::SamplingParams{.logit_bias = biases}, vocab))
+    return Status::usage(std::string(a.ignore_eos ? "--logit-bias and --ignore-eos leave"
+                                                  : "--logit-bias leaves") +
+                         " no token that can be drawn: each of the " + std::to_string(vocab) +
+                         " ids has a -inf bias");
   return biases;
 }
 

@@ -122,17 +122,25 @@ void send_busy(httplib::Response& res, const Status& s) {
 }
 
 // ktier's fields beside OpenAI's: llama-server's "timings" and the run report.
+// The timings are llama-server's, made its way: the rates are the tokens over the time (the
+// generated tokens' counts the first, sampled from the prompt's logits, whose time is the
+// prefill's), where the run report's decode rate is the decode steps' (one fewer).
 json extra_fields(const server::Completion& c) {
   const runtime::GenerationStats& g = c.report.gen;
-  const auto per_second = [](int64_t n, double s) { return s > 0 ? double(n) / s : 0.0; };
+  const auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  const double prompt_ms = g.prefill_seconds * 1e3, predicted_ms = g.decode_seconds * 1e3;
+  const auto prompt_n = static_cast<double>(g.prompt_tokens);
+  const auto predicted_n = static_cast<double>(g.generated_tokens);
   return {{"timings",
            {{"cache_n", c.usage.cached_tokens},
             {"prompt_n", g.prompt_tokens},
-            {"prompt_ms", g.prefill_seconds * 1e3},
-            {"prompt_per_second", per_second(g.prompt_tokens, g.prefill_seconds)},
+            {"prompt_ms", prompt_ms},
+            {"prompt_per_token_ms", ratio(prompt_ms, prompt_n)},
+            {"prompt_per_second", ratio(1e3 * prompt_n, prompt_ms)},
             {"predicted_n", g.generated_tokens},
-            {"predicted_ms", g.decode_seconds * 1e3},
-            {"predicted_per_second", per_second(g.decode_steps, g.decode_seconds)}}},
+            {"predicted_ms", predicted_ms},
+            {"predicted_per_token_ms", ratio(predicted_ms, predicted_n)},
+            {"predicted_per_second", ratio(1e3 * predicted_n, predicted_ms)}}},
           {"ktier", c.report_json}};
 }
 
@@ -141,9 +149,10 @@ class ApiHandlers {
  public:
   // `max_body_bytes`: the payload limit cpp-httplib was given (it checks only Content-Length
   // for handlers that read the body themselves; read_body checks what arrives).
-  ApiHandlers(std::string model_name, bool metrics, size_t max_body_bytes)
-      : model_(std::move(model_name)), metrics_(metrics), max_body_bytes_(max_body_bytes),
-        id_prefix_(random_id_prefix()) {}
+  ApiHandlers(std::string model_name, std::string model_path, bool metrics,
+              size_t max_body_bytes)
+      : model_(std::move(model_name)), model_path_(std::move(model_path)), metrics_(metrics),
+        max_body_bytes_(max_body_bytes), id_prefix_(random_id_prefix()) {}
 
   // `service` must outlive listening. Before this call no handler below runs.
   void set_service(server::Service& service) { service_.store(&service); }
@@ -221,7 +230,7 @@ class ApiHandlers {
       });
     http.Get("/props", [this](const httplib::Request&, httplib::Response& res) {
       const server::ServiceOptions& o = service().options();
-      res.set_content(server::dump(server::llama_props(o.defaults, o.ctx, model_,
+      res.set_content(server::dump(server::llama_props(o.defaults, o.ctx, model_, model_path_,
                                                        std::string("ktier ") + kVersion)),
                       "application/json");
     });
@@ -547,7 +556,7 @@ class ApiHandlers {
   server::Service& service() const { return *service_.load(); }
 
   std::atomic<server::Service*> service_{nullptr};
-  const std::string model_;
+  const std::string model_, model_path_;
   const bool metrics_;
   const size_t max_body_bytes_;
   std::atomic<uint64_t> requests_{0};
@@ -795,7 +804,7 @@ Status serve(const ServeArgs& a) {
     res.set_content(server::dump(server::error_body(what, "invalid_request_error")),
                     "application/json");
   });
-  ApiHandlers api(model_name(a), a.metrics, max_body_bytes);
+  ApiHandlers api(model_name(a), a.model, a.metrics, max_body_bytes);
   api.route(http);
   // The port before the (long) load: one in use is said at once, and requests made during the
   // load are answered (503) rather than left waiting.

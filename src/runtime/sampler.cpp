@@ -39,6 +39,19 @@ Status validate(const SamplingParams& p) {
   return Status::ok();
 }
 
+bool bans_every_token(const SamplingParams& p, int64_t vocab) {
+  if (vocab <= 0 || p.logit_bias.size() < static_cast<size_t>(vocab)) return false;
+  std::vector<bool> banned(static_cast<size_t>(vocab), false);
+  int64_t n = 0;
+  for (const auto& [id, bias] : p.logit_bias)
+    if (bias == -std::numeric_limits<float>::infinity() && id >= 0 && id < vocab &&
+        !banned[static_cast<size_t>(id)]) {
+      banned[static_cast<size_t>(id)] = true;
+      ++n;
+    }
+  return n == vocab;
+}
+
 bool penalizes(const SamplingParams& p) {
   return p.repeat_last_n != 0 &&
          (p.repeat_penalty != 1 || p.presence_penalty != 0 || p.frequency_penalty != 0);

@@ -66,6 +66,11 @@ struct SamplingParams {
 // logit_bias id < 0 or bias neither finite nor -Inf).
 Status validate(const SamplingParams& p);
 
+// Whether the -Inf biases of `p.logit_bias` ban every id of a vocabulary of `vocab` (then the
+// sampler's rule for a row without a finite logit would draw id 0, banned too): callers refuse
+// such a request before anything runs.
+bool bans_every_token(const SamplingParams& p, int64_t vocab);
+
 // Whether `p` changes any logit by the ids before it (a penalty on, over at least one id).
 bool penalizes(const SamplingParams& p);
 

@@ -58,11 +58,13 @@ json llama_request_fields(const std::string& prompt, json settings, const std::s
 }
 
 json llama_props(const RequestDefaults& defaults, int64_t ctx, const std::string& model,
-                 const std::string& build_info) {
+                 const std::string& model_path, const std::string& build_info) {
   const json params = llama_generation_settings(defaults.sampling, defaults.max_tokens);
   return {{"default_generation_settings", {{"n_ctx", ctx}, {"params", params}}},
           {"total_slots", 1},
           {"model_alias", model},
+          {"model_path", model_path},
+          {"modalities", {{"vision", false}, {"audio", false}}},
           {"build_info", build_info}};
 }
 

@@ -51,9 +51,11 @@ nlohmann::json llama_request_fields(const std::string& prompt, nlohmann::json se
                                     const std::string& answer, int64_t positions_held);
 
 // GET /props: what a request that gives none takes (`defaults`), the context (`ctx` positions),
-// one slot (one request at a time), the model's name and ktier's version as `build_info`. No
-// "chat_template": K3 has none (its renderer is ktier's, K3-MODEL §8.6).
+// one slot (one request at a time), the model's name, its folder as `model_path`, no
+// `modalities` (text only: front-ends look there for vision) and ktier's version as
+// `build_info`. No "chat_template": K3 has none (its renderer is ktier's, K3-MODEL §8.6).
 nlohmann::json llama_props(const RequestDefaults& defaults, int64_t ctx,
-                           const std::string& model, const std::string& build_info);
+                           const std::string& model, const std::string& model_path,
+                           const std::string& build_info);
 
 }  // namespace ktier::server

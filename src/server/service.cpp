@@ -52,6 +52,11 @@ Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
     for (const int32_t id : request.endpoint == Endpoint::kChatCompletions ? chat_stop_ids_
                                                                             : completion_stop_ids_)
       request.sampling.logit_bias.emplace_back(id, -std::numeric_limits<float>::infinity());
+  if (runtime::bans_every_token(request.sampling, vocab))
+    return field_error("logit_bias", std::string("no token can be drawn: each of the ") +
+                                         std::to_string(vocab) + " ids is banned (false or "
+                                         "-inf" + (request.ignore_eos ? ", or ignore_eos" : "") +
+                                         ")");
   std::vector<int32_t> ids;
   const auto add_client_id = [&](int32_t id) {  // (parse_request: each >= 0)
     if (id >= vocab)
@@ -295,12 +300,12 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   // Completions' echo: the prompt's text and tokens come first, sent once the prompt has run
   // (before_decode); with logprobs each token but the first is scored by the row before it
   // (score_prompt), so the whole prompt runs afresh. Stop texts are looked for after it.
+  // One decoder for both: a character whose bytes the prompt begins and the answer ends is
+  // itself (the text of the whole sequence), not two U+FFFD.
+  tok::StreamingDecoder decoder(tokenizer_);
   const bool score_echo = request.echo && request.logprobs;
   if (request.echo) {
-    tok::StreamingDecoder prompt_decoder(tokenizer_);
-    for (const int32_t id : ids)
-      KTIER_RETURN_IF_ERROR(answer.add_token(prompt_decoder, id, nullptr));
-    answer.add_held_text(valid_utf8(prompt_decoder.flush()));
+    for (const int32_t id : ids) KTIER_RETURN_IF_ERROR(answer.add_token(decoder, id, nullptr));
     if (score_echo) out.logprobs.front().scored = false;
   }
   int64_t prompt_scored = 1;  // score_echo: prompt tokens scored so far (the first needs none)
@@ -323,7 +328,6 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
     }
     return Status::ok();
   };
-  tok::StreamingDecoder decoder(tokenizer_);
   // Every sampled token has its entry (lm-eval-harness counts on one per token); a stop or
   // special one, which shows no text, goes with the text that follows it, or last. Chat lists
   // the tokens of its content only (as OpenAI's, which never shows the end of a message).

@@ -309,6 +309,20 @@ TEST_F(RunEvalCli, IgnoreEosAndLogitBiasAsLlamaCli) {
   EXPECT_EQ(last_line(pushed.out), o + "," + o + "," + o);
   EXPECT_EQ(last_line(run_process(cmd + " -n 20 -l 0+0").out), join_ids(greedy));
 
+  // Every id banned: refused before the load (the sampler would draw id 0 from a row of -inf).
+  std::string all_but_stop;
+  for (int id = 0; id < 320; ++id)
+    if (id != greedy[k]) all_but_stop += " -l " + std::to_string(id) + "-inf";
+  const auto open = run_process(cmd + " -n 3 --stop-id " + stop + all_but_stop);
+  ASSERT_EQ(open.exit_code, 0) << open.err;
+  EXPECT_EQ(last_line(open.out), stop);  // the one id left, which stops the run
+  const auto shut = run_process(cmd + " -n 3 --ignore-eos --stop-id " + stop + all_but_stop);
+  EXPECT_EQ(shut.exit_code, 2) << shut.err;
+  EXPECT_NE(shut.err.find("--logit-bias and --ignore-eos leave no token that can be drawn: each "
+                          "of the 320 ids"),
+            std::string::npos)
+      << shut.err;
+  EXPECT_EQ(shut.out, "");
   for (const std::string bad : {"5", "5+", "x+1", "320+1", "5+inf", "5-nan", "5+1e60", "5*2"}) {
     const auto r = run_process(cmd + " -n 1 --logit-bias " + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;

@@ -214,7 +214,16 @@ TEST_F(ServeCli, AnswersAsRunDoesStreamedOrWholeAndStopsOnCtrlC) {
   EXPECT_EQ(whole->get_header_value("Access-Control-Allow-Origin"), "*");
   EXPECT_EQ(body["choices"][0]["message"]["content"], want);
   EXPECT_GE(body["usage"]["completion_tokens"].get<int>(), 1);
-  EXPECT_TRUE(body["timings"].contains("predicted_per_second"));
+  // llama-server's timings, its way: rates are n over the time, per-token times the reverse.
+  const json& t = body["timings"];
+  for (const char* part : {"prompt", "predicted"}) {
+    const double n = t[std::string(part) + "_n"].get<double>();
+    const double ms = t[std::string(part) + "_ms"].get<double>();
+    ASSERT_GT(n, 0) << t;
+    EXPECT_DOUBLE_EQ(t[std::string(part) + "_per_second"].get<double>(), ms > 0 ? 1e3 * n / ms : 0)
+        << t;
+    EXPECT_DOUBLE_EQ(t[std::string(part) + "_per_token_ms"].get<double>(), ms / n) << t;
+  }
   EXPECT_TRUE(body["ktier"].contains("tiers"));
 
   json streaming = request;

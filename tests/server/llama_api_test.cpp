@@ -166,7 +166,7 @@ TEST(LlamaResponse, ResultPiecesAndPropsHaveLlamaServersShape) {
   RequestDefaults d;
   d.max_tokens = -1;
   d.sampling = {.temperature = 0.5, .top_k = 7, .seed = 9, .repeat_penalty = 1.1};
-  j = llama_props(d, 4096, "k3", "ktier 1.2");
+  j = llama_props(d, 4096, "k3", "/models/k3", "ktier 1.2");
   EXPECT_EQ(j["default_generation_settings"]["n_ctx"], 4096);
   const json& params = j["default_generation_settings"]["params"];
   EXPECT_EQ(params["n_predict"], -1);
@@ -174,13 +174,15 @@ TEST(LlamaResponse, ResultPiecesAndPropsHaveLlamaServersShape) {
   EXPECT_EQ(params["top_k"], 7);
   EXPECT_EQ(params["seed"], 9);
   d.sampling.seed = runtime::kRandomSeed;  // serve's default: shown as llama-server's -1
-  EXPECT_EQ(llama_props(d, 4096, "k3", "ktier 1.2")["default_generation_settings"]["params"]
+  EXPECT_EQ(llama_props(d, 4096, "k3", "/models/k3", "ktier 1.2")["default_generation_settings"]["params"]
                        ["seed"],
             -1);
   EXPECT_EQ(params["repeat_penalty"], 1.1);
   EXPECT_EQ(params["repeat_last_n"], 64);
   EXPECT_EQ(j["total_slots"], 1);
   EXPECT_EQ(j["model_alias"], "k3");
+  EXPECT_EQ(j["model_path"], "/models/k3");
+  EXPECT_EQ(j["modalities"], json({{"vision", false}, {"audio", false}}));
   EXPECT_FALSE(j.contains("chat_template"));
   // The settings' function is /props' params (-1 for the random seed; a request's own seed is
   // drawn before it is shown), with what llama-server says of its request.

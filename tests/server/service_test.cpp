@@ -374,21 +374,37 @@ TEST_F(ServiceTest, AnEchoedPromptComesFirstWithItsTokensLogprobs) {
     EXPECT_EQ(text_only.text, c.text);
     EXPECT_TRUE(text_only.logprobs.empty());
   }
-  // A prompt that ends inside a character: its bytes left over are U+FFFD, counted before the
-  // answer's offsets (a fuzzing find).
-  int32_t lead = -1;
-  for (int32_t id = 0; id < 300 && lead < 0; ++id)
-    if (tokenizer_->token_bytes(static_cast<uint32_t>(id)) == std::string_view("\xe2")) lead = id;
+  // A prompt that ends inside a character the answer does not go on with: its bytes left over
+  // are U+FFFD, counted before the answer's offsets (a fuzzing find).
+  const auto byte_token = [&](std::string_view bytes) {
+    for (int32_t id = 0; id < 300; ++id)
+      if (tokenizer_->token_bytes(static_cast<uint32_t>(id)) == bytes) return id;
+    return -1;
+  };
+  const int32_t lead = byte_token("\xe2"), second = byte_token("\x82"),
+                third = byte_token("\xac"), letter = byte_token("x");
   ASSERT_GE(lead, 0);
+  ASSERT_GE(second, 0);
+  ASSERT_GE(third, 0);
+  ASSERT_GE(letter, 0);
   CompletionRequest cut_char;
   cut_char.prompt_pieces = {lead};
   cut_char.max_tokens = 2;
   cut_char.echo = true;
   cut_char.logprobs = 0;
+  cut_char.sampling.logit_bias = {{letter, 1e30f}};
   const Completion partial = answer(*s, cut_char);
-  ASSERT_GE(partial.logprobs.size(), 2u);
-  EXPECT_EQ(partial.text.rfind("\xef\xbf\xbd", 0), 0u);
+  ASSERT_EQ(partial.logprobs.size(), 3u);
+  EXPECT_EQ(partial.text, "\ufffdxx");
   EXPECT_EQ(partial.logprobs[1].text_offset, 1);
+  // A character the prompt begins and the answer ends is itself: the echo is the text of the
+  // whole sequence (prompt and answer decoded apart, it was two U+FFFD).
+  CompletionRequest euro;
+  euro.prompt_pieces = {lead, second};
+  euro.max_tokens = 1;
+  euro.echo = true;
+  euro.sampling.logit_bias = {{third, 1e30f}};
+  EXPECT_EQ(answer(*s, euro).text, "\u20ac");
   // A stop text is looked for in the answer only, never in the echoed prompt.
   CompletionRequest r = text_request(prompt, 6);
   r.echo = true;
@@ -609,6 +625,20 @@ TEST_F(ServiceTest, IgnoreEosRunsToTheLimitAndLogitBiasMovesTheDraw) {
   const auto past = s->prepare(greedy);
   ASSERT_FALSE(past.is_ok());
   EXPECT_EQ(error_param(past.status()), "logit_bias") << past.status().message();
+  // Every id banned (here one by ignore_eos): refused, not id 0 drawn from a row of -Inf.
+  constexpr float kBan = -std::numeric_limits<float>::infinity();
+  greedy.sampling.logit_bias.clear();
+  const std::vector<int32_t> stops = stop_ids(/*chat=*/false);
+  ASSERT_FALSE(stops.empty());
+  for (int32_t id = 0; id < vocab; ++id)
+    if (id != stops.front()) greedy.sampling.logit_bias.emplace_back(id, kBan);
+  greedy.ignore_eos = false;
+  EXPECT_TRUE(s->prepare(greedy).is_ok());
+  greedy.ignore_eos = true;
+  const auto none = s->prepare(greedy);
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_EQ(error_param(none.status()), "logit_bias") << none.status().message();
+  EXPECT_NE(none.status().message().find("no token can be drawn"), std::string::npos);
 }
 
 // Bytes held for a character that no token completes come out as U+FFFD, the text of the
