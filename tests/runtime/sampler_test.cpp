@@ -244,5 +244,17 @@ TEST(Sampler, LogitBiasComesBeforeThePenaltiesAndMinusInfinityIsNeverDrawn) {
   EXPECT_TRUE(validate({.logit_bias = {{0, banned}, {7, -100.0f}}}).is_ok());
 }
 
+// Every id of the vocabulary with a -Inf bias (repeats and finite biases beside them counted
+// once): what callers refuse, since greedy's rule for a row of -Inf would draw banned id 0.
+TEST(Sampler, BansEveryTokenOnlyWhenEachIdHasAMinusInfinityBias) {
+  const float banned = -std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(bans_every_token({}, 3));
+  EXPECT_FALSE(bans_every_token({.logit_bias = {{0, banned}, {1, banned}, {1, banned}}}, 3));
+  EXPECT_FALSE(bans_every_token({.logit_bias = {{0, banned}, {1, banned}, {2, -1e30f}}}, 3));
+  EXPECT_TRUE(bans_every_token({.logit_bias = {{2, banned}, {0, banned}, {1, 5.0f}, {1, banned}}},
+                               3));
+  EXPECT_FALSE(bans_every_token({.logit_bias = {{2, banned}, {0, banned}, {1, banned}}}, 4));
+}
+
 }  // namespace
 }  // namespace ktier::runtime
