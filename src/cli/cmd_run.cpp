@@ -769,9 +769,10 @@ void register_run_command(CLI::App& app, int& exit_code) {
       ->type_name("ID(+|-)BIAS")
       ->allow_extra_args(false);
   sub->add_flag("--ignore-eos", a->ignore_eos,
-                "Never draw a stop id (config.json's eos_token_id, each --stop-id, --chat's "
-                "<|close|>: a -inf --logit-bias), so that the answer runs to -n, e.g. for "
-                "fixed-length speed runs; -n -1 runs to the end of the context");
+                "Never draw a stop id (config.json's and generation_config.json's "
+                "eos_token_id, each --stop-id, --chat's <|close|>: a -inf --logit-bias), so "
+                "that the answer runs to -n, e.g. for fixed-length speed runs; -n -1 runs to "
+                "the end of the context");
   sub->add_flag("--special", a->special,
                 "Print special tokens in the output (hidden by default), except the stop id "
                 "that ends it (--print-ids lists every id)");

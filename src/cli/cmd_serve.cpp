@@ -725,6 +725,11 @@ uint64_t cache_ram_in_use(const runtime::Engine& engine, uint64_t asked, uint64_
   else
     spdlog::info("--cache-ram {}: up to {} earlier sequences kept ({} each)", format_size(asked),
                  asked / sequence_bytes, format_size(sequence_bytes));
+  if (const uint64_t available = runtime::mem_available_bytes(); available && asked > available)
+    spdlog::warn("--cache-ram {} is more than the {} MemAvailable now that the model is loaded: "
+                 "kept sequences may crowd out the page cache, or the system end the server; "
+                 "where a new sequence cannot be made every kept one is dropped",
+                 format_size(asked), format_size(available));
   return asked;
 }
 

@@ -56,7 +56,8 @@ struct SamplingParams {
   bool temperature_last = false;
   // (id, bias) added to that id's logit first, before the penalties and the cuts (llama.cpp's
   // order; OpenAI's and llama-server's logit_bias): -Inf, never drawn. Ids below the logits'
-  // length. Serve's only (logit_bias, and ignore_eos as -Inf on the stop ids).
+  // length. serve's logit_bias and run's -l/--logit-bias; ignore_eos / --ignore-eos as -Inf on
+  // the stop ids.
   std::vector<std::pair<int32_t, float>> logit_bias{};
 };
 

@@ -50,7 +50,7 @@ void AnswerText::scan() {
   for (const std::string& stop : stops_) {
     // Of the stop texts found once this token's text is in, the one that begins first (the
     // first given of those that begin there; one found already would have ended the answer).
-    const size_t at = out_.text.find(stop, sent_);
+    const size_t at = out_.text.find(stop, std::max(sent_, stops_from_));
     if (at < first) first = at, out_.stopping_word = stop;
   }
   if (first != std::string::npos) {

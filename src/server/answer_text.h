@@ -45,9 +45,13 @@ class AnswerText {
   // Bytes a decoder held that no token completed (`text`: their U+FFFD), followed by the
   // entries of the tokens hidden while they were held.
   void add_held_text(const std::string& text);
-  // Looks for the stop texts in what is not sent yet: one found ends the answer before it;
-  // otherwise what cannot begin one is sent.
+  // Looks for the stop texts in what is not sent yet (and from stops_from()): one found ends
+  // the answer before it; otherwise what cannot begin one is sent.
   void scan();
+  // Stop texts are looked for from byte `at` of out.text on (an echoed prompt's end; past the
+  // first byte of a character the prompt began and the answer ends: a stop text beginning
+  // there would begin in the prompt).
+  void stops_from(size_t at) { stops_from_ = at; }
   // Sends the text up to byte `upto` of out.text, with the entries it completes.
   void send_upto(size_t upto);
   // Sends the entries not sent yet (tokens whose text was all sent before them), with no text.
@@ -68,6 +72,7 @@ class AnswerText {
   const Service::TextSink& on_text_;
   Completion& out_;
   size_t sent_ = 0;  // bytes of out_.text handed to on_text_
+  size_t stops_from_ = 0;
   bool stop_hit_ = false, client_gone_ = false;
   int64_t characters_ = 0;  // code points in out_.text (valid UTF-8)
   // Per out_.logprobs entry: where its token's text begins and ends in out_.text (bytes; a

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <variant>
 
+#include <spdlog/spdlog.h>
+
 #include "common/check.h"
+#include "common/size.h"
 #include "cpu/kernels.h"
 #include "runtime/logprobs.h"
 #include "server/answer_text.h"
@@ -39,6 +42,8 @@ Service::Service(runtime::Engine& engine, const tok::Tokenizer& tokenizer,
   gen_.prefill_chunk = options_.prefill_chunk;
   gen_.reserve_positions = options_.ctx;
   gen_.sampling = options_.defaults.sampling;
+  // GPU mode's sequence lives in the VRAM set aside for one (cmd_serve.cpp turns it off).
+  KTIER_CHECK(options_.cache_ram_bytes == 0 || engine_.device_vram_bytes() == 0);
 }
 
 Result<PreparedRequest> Service::prepare(CompletionRequest request) const {
@@ -307,6 +312,7 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   if (request.echo) {
     for (const int32_t id : ids) KTIER_RETURN_IF_ERROR(answer.add_token(decoder, id, nullptr));
     if (score_echo) out.logprobs.front().scored = false;
+    answer.stops_from(out.text.size() + (decoder.pending_bytes() > 0 ? 1 : 0));
   }
   int64_t prompt_scored = 1;  // score_echo: prompt tokens scored so far (the first needs none)
   // A prompt stopped before all of it ran (the server stopping) sends no echo: its entries
@@ -365,10 +371,15 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
            std::equal(ran.begin(), ran.end(), ids.begin());
   };
   bool reuse = session_ && extends(*session_);
-  if (!reuse && options_.cache_ram_bytes > 0) {
-    // Another conversation's turn: this sequence is kept, and a kept one it extends goes on.
-    std::unique_ptr<runtime::GenerationSession> kept = take_kept(extends);
-    keep_session();
+  if (options_.cache_ram_bytes > 0) {
+    // Another conversation's turn (or a kept sequence longer than this one that the request
+    // extends too): this sequence is kept, and the longest kept one it extends goes on.
+    const size_t have = reuse ? session_->ids().size() : 0;
+    std::unique_ptr<runtime::GenerationSession> kept =
+        take_kept([&](const runtime::GenerationSession& s) {
+          return extends(s) && s.ids().size() > have;
+        });
+    if (kept || !reuse) keep_session();
     if (kept) {
       session_ = std::move(kept);
       reuse = out.from_kept_sequence = true;
@@ -385,8 +396,16 @@ Result<Completion> Service::complete_locked(const PreparedRequest& prepared,
   // A fresh or reused session is told this request's limit, sampling and stop ids.
   if (!reuse) {
     session_.reset();
-    KTIER_ASSIGN_OR_RETURN(session_, runtime::GenerationSession::open(
-                                         engine_.model(), engine_.experts(), gen));
+    Result<std::unique_ptr<runtime::GenerationSession>> opened =
+        runtime::GenerationSession::open(engine_.model(), engine_.experts(), gen);
+    if (!opened.is_ok() && !kept_.empty()) {  // the kept sequences' memory given back first
+      spdlog::warn("a new sequence could not be made ({}): the {} kept ({}) are dropped",
+                   opened.status().message(), kept_.size(), format_size(kept_bytes_));
+      kept_.clear();
+      kept_bytes_ = 0;
+      opened = runtime::GenerationSession::open(engine_.model(), engine_.experts(), gen);
+    }
+    KTIER_ASSIGN_OR_RETURN(session_, std::move(opened));
   }
   session_->configure_turns(max_tokens, request.sampling, stop_ids);
   session_->set_callbacks(gen.stop_requested, gen.before_decode,

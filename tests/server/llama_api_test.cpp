@@ -174,9 +174,8 @@ TEST(LlamaResponse, ResultPiecesAndPropsHaveLlamaServersShape) {
   EXPECT_EQ(params["top_k"], 7);
   EXPECT_EQ(params["seed"], 9);
   d.sampling.seed = runtime::kRandomSeed;  // serve's default: shown as llama-server's -1
-  EXPECT_EQ(llama_props(d, 4096, "k3", "/models/k3", "ktier 1.2")["default_generation_settings"]["params"]
-                       ["seed"],
-            -1);
+  const json random = llama_props(d, 4096, "k3", "/models/k3", "ktier 1.2");
+  EXPECT_EQ(random["default_generation_settings"]["params"]["seed"], -1);
   EXPECT_EQ(params["repeat_penalty"], 1.1);
   EXPECT_EQ(params["repeat_last_n"], 64);
   EXPECT_EQ(j["total_slots"], 1);

@@ -404,7 +404,16 @@ TEST_F(ServiceTest, AnEchoedPromptComesFirstWithItsTokensLogprobs) {
   euro.max_tokens = 1;
   euro.echo = true;
   euro.sampling.logit_bias = {{third, 1e30f}};
-  EXPECT_EQ(answer(*s, euro).text, "\u20ac");
+  euro.logprobs = 0;
+  const Completion whole = answer(*s, euro);
+  EXPECT_EQ(whole.text, "\u20ac");
+  ASSERT_EQ(whole.logprobs.size(), 3u);  // one entry per token, the prompt's two too
+  // Nor is a stop text there: the character begins in the prompt.
+  euro.stop = {"\u20ac"};
+  const Completion unstopped = answer(*s, euro);
+  EXPECT_EQ(unstopped.text, "\u20ac");
+  EXPECT_EQ(unstopped.stopping_word, "");
+  EXPECT_EQ(unstopped.logprobs.size(), 3u);
   // A stop text is looked for in the answer only, never in the echoed prompt.
   CompletionRequest r = text_request(prompt, 6);
   r.echo = true;

@@ -97,6 +97,18 @@ TEST_F(ServiceTest, KeptSequencesLetConversationsTakeTurns) {
   const Completion a_next = answer(*s, text_request(a2, 8));
   EXPECT_FALSE(a_next.from_kept_sequence);
   EXPECT_EQ(a_next.usage.cached_tokens, 0);
+  // The request extends the current sequence, but a kept one longer still: that one goes on.
+  const std::string p1 = "The";
+  const std::vector<uint32_t> p1_ids = tokenizer_->encode(p1, false);
+  const std::vector<uint32_t> a1_ids = tokenizer_->encode(a1, false);
+  ASSERT_TRUE(std::equal(p1_ids.begin(), p1_ids.end(), a1_ids.begin()));
+  auto longest = service(ctx, 9, 0, 3 * one);
+  answer(*longest, text_request(a1, 1));
+  answer(*longest, text_request(p1, 1));  // a1's kept; p1's current, a prefix of a2
+  const Completion from_longest = answer(*longest, text_request(a2, 8));
+  EXPECT_TRUE(from_longest.from_kept_sequence);
+  EXPECT_EQ(from_longest.usage.cached_tokens, static_cast<int64_t>(a1_ids.size()));
+  EXPECT_EQ(from_longest.text, fresh_text(a2, {}));
   // Without --cache-ram nothing is kept.
   auto off = service(ctx);
   answer(*off, text_request(a1, 1));
