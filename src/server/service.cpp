@@ -269,6 +269,15 @@ void Service::keep_session() {
   if (!s || s->positions() == 0) return;
   const uint64_t bytes = s->state().bytes();
   if (bytes > options_.cache_ram_bytes) return;  // would never fit
+  // The same ids kept already (a request retried): one copy, the most recently used, so that
+  // retries do not push the other conversations out.
+  const auto same = std::find_if(kept_.begin(), kept_.end(), [&](const auto& k) {
+    return std::ranges::equal(k->ids(), s->ids());
+  });
+  if (same != kept_.end()) {
+    kept_bytes_ -= (*same)->state().bytes();
+    kept_.erase(same);
+  }
   kept_.push_front(std::move(s));
   kept_bytes_ += bytes;
   while (kept_bytes_ > options_.cache_ram_bytes) {

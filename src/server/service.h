@@ -209,8 +209,9 @@ class Service {
   // their bytes.
   std::list<std::unique_ptr<runtime::GenerationSession>> kept_;
   uint64_t kept_bytes_ = 0;
-  // session_ into kept_ (when it holds positions and fits cache_ram_bytes), the least recently
-  // used dropped past the limit; session_ is null after it. (A fresh sequence that cannot be
+  // session_ into kept_ (when it holds positions and fits cache_ram_bytes; in place of a kept
+  // one with the same ids), the least recently used dropped past the limit; session_ is null
+  // after it. (A fresh sequence that cannot be
   // made drops every kept one, and is tried again.)
   void keep_session();
   // The kept sequence whose ids the request's `ids` extend (`usable`), the longest, moved out

@@ -97,6 +97,14 @@ TEST_F(ServiceTest, KeptSequencesLetConversationsTakeTurns) {
   const Completion a_next = answer(*s, text_request(a2, 8));
   EXPECT_FALSE(a_next.from_kept_sequence);
   EXPECT_EQ(a_next.usage.cached_tokens, 0);
+  // A request retried keeps one copy of its sequence: the other conversations stay.
+  auto retried = service(ctx, 9, 0, 3 * one);
+  const Completion b_first = answer(*retried, text_request(b1, 1));
+  for (int i = 0; i < 4; ++i) answer(*retried, text_request(a1, 4));
+  EXPECT_EQ(retried->totals().kept_sequences, 2);  // b's and a1's (a1's last run is current)
+  const Completion b_again = answer(*retried, text_request(b2, 8));
+  EXPECT_TRUE(b_again.from_kept_sequence);
+  EXPECT_EQ(b_again.usage.cached_tokens, b_first.usage.prompt_tokens);
   // The request extends the current sequence, but a kept one longer still: that one goes on.
   const std::string p1 = "The";
   const std::vector<uint32_t> p1_ids = tokenizer_->encode(p1, false);
