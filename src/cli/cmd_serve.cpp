@@ -122,9 +122,9 @@ void send_busy(httplib::Response& res, const Status& s) {
 }
 
 // ktier's fields beside OpenAI's: llama-server's "timings" and the run report.
-// The timings are llama-server's, made its way: the rates are the tokens over the time (the
-// generated tokens' counts the first, sampled from the prompt's logits, whose time is the
-// prefill's), where the run report's decode rate is the decode steps' (one fewer).
+// The timings are llama-server's, computed its way: each rate is the tokens over the time.
+// predicted_n counts the first generated token, which is sampled from the prompt's logits in
+// the prefill's time; the run report's decode rate counts the decode steps (one fewer).
 json extra_fields(const server::Completion& c) {
   const runtime::GenerationStats& g = c.report.gen;
   const auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };

@@ -211,8 +211,7 @@ class Service {
   uint64_t kept_bytes_ = 0;
   // session_ into kept_ (when it holds positions and fits cache_ram_bytes; in place of a kept
   // one with the same ids), the least recently used dropped past the limit; session_ is null
-  // after it. (A fresh sequence that cannot be
-  // made drops every kept one, and is tried again.)
+  // after it. (A fresh sequence that cannot be made drops every kept one, and is tried again.)
   void keep_session();
   // The kept sequence whose ids the request's `ids` extend (`usable`), the longest, moved out
   // of kept_; null where none.
