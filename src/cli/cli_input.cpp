@@ -578,6 +578,27 @@ std::string llama_cpp_flag_problem(int argc, const char* const* argv,
   return "";
 }
 
+std::string empty_list_value_problem(int argc, const char* const* argv,
+                                     const std::function<bool(std::string_view)>& takes_value,
+                                     const std::function<char(std::string_view)>& delimiter_of) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    const std::string_view prev = i > 1 ? argv[i - 1] : "";
+    if (prev.size() > 1 && prev[0] == '-' && takes_value(prev)) continue;  // e.g. -p --stop-id=
+    const size_t eq = arg.find('=');
+    const std::string_view name = arg.substr(0, eq);
+    const char delimiter = delimiter_of(name);
+    if (delimiter == '\0') continue;
+    if (eq == std::string_view::npos && i + 1 >= argc) continue;  // CLI11 says it lacks one
+    const std::string_view value = eq == std::string_view::npos ? argv[i + 1] : arg.substr(eq + 1);
+    if (value.find_first_not_of(delimiter) == std::string_view::npos)
+      return std::string(name) + ": empty value (give one, or leave the option out)";
+  }
+  return "";
+}
+
 void ignore_sigpipe() {
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;

@@ -94,6 +94,15 @@ Status check_output_is_not_input(const std::string& flag, const std::string& out
 std::string llama_cpp_flag_problem(int argc, const char* const* argv,
                                    const std::function<bool(std::string_view)>& takes_value);
 
+// An option that reads a list split at a delimiter (`delimiter_of(name)`, '\0' for the others)
+// given an empty value or only delimiters ("--stop-id ,", "--stop-id="): "NAME: empty value
+// ..." for the first, else empty. CLI11 reads no item from such a value and takes the next
+// argument in its place (`--stop-id , 24` stopped at 24). As llama_cpp_flag_problem's scan: an
+// option's value is not looked at (`-p --stop-id=`), and the scan ends at "--".
+std::string empty_list_value_problem(int argc, const char* const* argv,
+                                     const std::function<bool(std::string_view)>& takes_value,
+                                     const std::function<char(std::string_view)>& delimiter_of);
+
 // Writes `s` to standard output and flushes it; Status::runtime naming the errno when the
 // reader has gone (EPIPE: SIGPIPE is ignored by the commands that stream) or the write fails.
 Status write_stdout(const std::string& s);

@@ -124,8 +124,21 @@ int main(int argc, char** argv) {
   const auto takes_value = [&](std::string_view name) {
     return takes_value_in(&app, std::string(name));
   };
-  if (const std::string problem = cli::llama_cpp_flag_problem(argc, argv, takes_value);
-      !problem.empty()) {
+  // The delimiter of some command's option of that name that reads a list ('\0': none).
+  std::function<char(const CLI::App*, const std::string&)> delimiter_in =
+      [&](const CLI::App* cmd, const std::string& name) {
+        for (const CLI::Option* opt : cmd->get_options())
+          if (opt->check_name(name) && opt->get_delimiter() != '\0') return opt->get_delimiter();
+        for (const CLI::App* sub : cmd->get_subcommands({}))
+          if (const char d = delimiter_in(sub, name); d != '\0') return d;
+        return '\0';
+      };
+  for (const std::string& problem :
+       {cli::llama_cpp_flag_problem(argc, argv, takes_value),
+        cli::empty_list_value_problem(argc, argv, takes_value, [&](std::string_view name) {
+          return delimiter_in(&app, std::string(name));
+        })}) {
+    if (problem.empty()) continue;
     std::fprintf(stderr, "ktier: error: %s\n", problem.c_str());
     return static_cast<int>(ExitCode::kUsage);
   }

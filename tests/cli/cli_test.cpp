@@ -47,6 +47,11 @@ TEST(Cli, UsageErrorsExitTwo) {
            {" run -m x --ids 1 -n ''", "--n-predict: empty value"},
            {" run -m x --ids 1 --pack ''", "--pack: empty value"},
            {" trace convert '' out", "IN: empty value"},
+           // A list of none (only delimiters, or "=" and nothing) took the next argument.
+           {" run -m x --ids 1 --stop-id , 24", "--stop-id: empty value"},
+           {" run -m x --ids 1 --stop-id= 24", "--stop-id: empty value"},
+           {" run -m x --ids 1 --stop-id ,,, -n 3", "--stop-id: empty value"},
+           {" run -m x -p --stop-id=", "x: not a model directory"},  // the prompt's text
            // CLI11 alone wraps a negative value of an unsigned option to its largest, and
            // saturates one past it.
            {" synth --preset tiny -o x --seed -1", "--seed: '-1' is not a whole number"},
