@@ -797,8 +797,9 @@ void register_run_command(CLI::App& app, int& exit_code) {
                   "the prompt if longer; for --interactive 4096, or the first turn + 1024 + -n if "
                   "more (a first message given with -p or -f: one read from standard input comes "
                   "after the load, within the 4096), a conversation resumed from --prompt-cache "
-                  "counted in; GPU mode sets the state for this many aside). Too small for the prompt + -n - 1 (with -n -1 the "
-                  "prompt): exit 2; a conversation's message past it: exit 4")
+                  "counted in; GPU mode sets the state for this many aside). Too small for the "
+                  "prompt + -n - 1 (with -n -1 the prompt): exit 2; a conversation's message past "
+                  "it: exit 4")
       ->capture_default_str();
   add_isa_option(sub, a->isa);
   add_memory_options(sub, a->memory);
