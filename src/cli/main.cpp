@@ -112,32 +112,34 @@ int main(int argc, char** argv) {
     refuse_empty_values(&app);
   });
 
-  // Whether some command's option of that name reads a value (a flag does not).
-  std::function<bool(const CLI::App*, const std::string&)> takes_value_in =
-      [&](const CLI::App* cmd, const std::string& name) {
+  // Whether `cmd` or one of its commands has an option named `name` for which `pred` holds
+  // (names are unique within a command; the app's own are --help, --version and --log-level).
+  using OptionTest = std::function<bool(const CLI::Option&)>;
+  std::function<bool(const CLI::App*, const std::string&, const OptionTest&)> any_option =
+      [&](const CLI::App* cmd, const std::string& name, const OptionTest& pred) {
         for (const CLI::Option* opt : cmd->get_options())
-          if (opt->check_name(name)) return opt->get_items_expected_min() > 0;
+          if (opt->check_name(name) && pred(*opt)) return true;
         for (const CLI::App* sub : cmd->get_subcommands({}))
-          if (takes_value_in(sub, name)) return true;
+          if (any_option(sub, name, pred)) return true;
         return false;
       };
+  // Whether some command's option of that name reads a value (a flag does not).
   const auto takes_value = [&](std::string_view name) {
-    return takes_value_in(&app, std::string(name));
+    return any_option(&app, std::string(name),
+                      [](const CLI::Option& o) { return o.get_items_expected_min() > 0; });
   };
   // The delimiter of some command's option of that name that reads a list ('\0': none).
-  std::function<char(const CLI::App*, const std::string&)> delimiter_in =
-      [&](const CLI::App* cmd, const std::string& name) {
-        for (const CLI::Option* opt : cmd->get_options())
-          if (opt->check_name(name) && opt->get_delimiter() != '\0') return opt->get_delimiter();
-        for (const CLI::App* sub : cmd->get_subcommands({}))
-          if (const char d = delimiter_in(sub, name); d != '\0') return d;
-        return '\0';
-      };
+  const auto delimiter_of = [&](std::string_view name) {
+    char delimiter = '\0';
+    any_option(&app, std::string(name), [&](const CLI::Option& o) {
+      delimiter = o.get_delimiter();
+      return delimiter != '\0';
+    });
+    return delimiter;
+  };
   for (const std::string& problem :
        {cli::llama_cpp_flag_problem(argc, argv, takes_value),
-        cli::empty_list_value_problem(argc, argv, takes_value, [&](std::string_view name) {
-          return delimiter_in(&app, std::string(name));
-        })}) {
+        cli::empty_list_value_problem(argc, argv, takes_value, delimiter_of)}) {
     if (problem.empty()) continue;
     std::fprintf(stderr, "ktier: error: %s\n", problem.c_str());
     return static_cast<int>(ExitCode::kUsage);
